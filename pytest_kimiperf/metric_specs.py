@@ -1,0 +1,62 @@
+"""What each measured metric is: unit, which direction is better, default tolerance.
+
+Field names follow vLLM's ``bench serve`` result JSON where the metric is the same
+(``median_ttft_ms``, ``output_throughput``, ...), so dashboards that read it read ours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from pytest_kimiperf.errors import ConfigError
+
+
+class Direction(str, Enum):
+    """Which way is better for a metric."""
+
+    HIGHER_IS_BETTER = "higher_is_better"
+    LOWER_IS_BETTER = "lower_is_better"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A metric's identity: one sample is one request (or one round, for run-level metrics)."""
+
+    name: str
+    label: str
+    unit: str
+    direction: Direction
+    default_tolerance: float
+    # Prefix vLLM's bench serve uses for summary fields (median_<x>, p99_<x>), or its field name.
+    bench_serve_name: str | None = None
+
+
+METRICS: dict[str, MetricSpec] = {
+    spec.name: spec
+    for spec in (
+        MetricSpec("decode_tok_s", "decode", "tok/s", Direction.HIGHER_IS_BETTER, 0.03, None),
+        MetricSpec("itl_ms", "inter-token latency", "ms", Direction.LOWER_IS_BETTER, 0.03, "itl_ms"),
+        MetricSpec("tpot_ms", "time per output token", "ms", Direction.LOWER_IS_BETTER, 0.03, "tpot_ms"),
+        MetricSpec("ttft_ms", "time to first token", "ms", Direction.LOWER_IS_BETTER, 0.05, "ttft_ms"),
+        MetricSpec("e2el_ms", "end-to-end latency", "ms", Direction.LOWER_IS_BETTER, 0.05, "e2el_ms"),
+        MetricSpec(
+            "output_throughput", "output throughput", "tok/s", Direction.HIGHER_IS_BETTER, 0.05,
+            "output_throughput",
+        ),
+        MetricSpec(
+            "request_throughput", "request throughput", "req/s", Direction.HIGHER_IS_BETTER, 0.05,
+            "request_throughput",
+        ),
+    )
+}
+
+
+def metric_spec(name: str) -> MetricSpec:
+    """Look a metric up by name; an unknown one is a ConfigError listing the known ones."""
+    try:
+        return METRICS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown metric {name!r}; known metrics: {', '.join(sorted(METRICS))}"
+        ) from None

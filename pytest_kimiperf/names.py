@@ -1,0 +1,20 @@
+"""Checks names (profiles, deployments) before they become parts of file paths."""
+
+from __future__ import annotations
+
+import re
+
+from pytest_kimiperf.errors import ConfigError
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def check_safe_name(kind: str, name: object, *, source: str = "") -> str:
+    """Return ``name`` if it can be used as a file-name part, else raise ConfigError."""
+    where = f" (from {source})" if source else ""
+    if not isinstance(name, str) or not _SAFE_NAME.match(name) or ".." in name:
+        raise ConfigError(
+            f"invalid {kind} name {name!r}{where}: use 1-64 characters of letters, digits, "
+            "'.', '_' and '-', starting with a letter or digit"
+        )
+    return name
