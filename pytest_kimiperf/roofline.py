@@ -1,0 +1,926 @@
+"""The ceiling a model and its hardware set on single-stream decode, and how far a run is from it.
+
+A decode step of one stream reads every weight the token touches once (active experts only,
+one embedding row, the whole lm_head), and under tensor parallelism waits for a fixed number of
+small collectives. So two ceilings bound tok/s:
+
+- bandwidth: ``bandwidth / bytes read per GPU per token``;
+- bandwidth and communication: ``1 / (bytes / bandwidth + collectives x latency)``.
+
+"81.9 tok/s" alone says little; "62% of the ceiling, bound by allreduce latency" tells an
+engineer whether tuning NCCL can still pay. The byte count follows how vLLM shards each tensor
+(cited where it matters); activations, the KV cache and kernel efficiency are not modelled, so
+these are ceilings, not predictions. GB means 10**9 bytes throughout, as in vendor datasheets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pytest_kimiperf.errors import ConfigError
+
+# ---------------------------------------------------------------------------------------------
+# Weight formats and quantization schemes
+# ---------------------------------------------------------------------------------------------
+
+_DTYPE_BYTES: dict[str, int] = {
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "float32": 4,
+    "float": 4,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "uint8": 1,
+    "int8": 1,
+}
+
+_WEIGHT_STRATEGIES = ("group", "tensor_group", "channel", "tensor", "block")
+
+
+def _dtype_bytes(name: object, *, where: str) -> int:
+    """Bytes per element of a dtype named as in config.json ("bfloat16", "torch.float16")."""
+    if isinstance(name, str):
+        key = name.removeprefix("torch.")
+        if key in _DTYPE_BYTES:
+            return _DTYPE_BYTES[key]
+    raise ConfigError(
+        f"unknown dtype {name!r} in {where}; known: {', '.join(sorted(_DTYPE_BYTES))}"
+    )
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How one weight matrix is stored: bits per element plus the scales (and zero points)
+    that quantization adds, which decode reads too."""
+
+    label: str
+    bits: int
+    # "none" (plain dtype), "group" (one scale per group_size inputs of a row), "channel" (one
+    # per row), "tensor" (one per matrix), "block" (one per block[0] x block[1] tile).
+    strategy: str = "none"
+    group_size: int | None = None
+    block: tuple[int, int] | None = None
+    scale_bytes: int = 0
+    zero_point_bits: int = 0
+    # GPTQ with act-order keeps an int32 group index per input column (g_idx).
+    index_bytes_per_input: int = 0
+
+    def matrix_bytes(self, rows: int, cols: int) -> int:
+        """Bytes of a ``rows x cols`` matrix in this format, scales and zero points included."""
+        data = math.ceil(rows * cols * self.bits / 8)
+        if self.strategy == "none":
+            n_scales = 0
+        elif self.strategy == "group":
+            assert self.group_size is not None
+            n_scales = rows * math.ceil(cols / self.group_size)
+        elif self.strategy == "channel":
+            n_scales = rows
+        elif self.strategy == "tensor":
+            n_scales = 1
+        elif self.strategy == "block":
+            assert self.block is not None
+            n_scales = math.ceil(rows / self.block[0]) * math.ceil(cols / self.block[1])
+        else:  # guarded at construction by _weight_format_from_compressed_tensors & co.
+            raise AssertionError(self.strategy)
+        zero_points = math.ceil(n_scales * self.zero_point_bits / 8)
+        return data + n_scales * self.scale_bytes + zero_points + cols * self.index_bytes_per_input
+
+    def vector_bytes(self, n: int) -> int:
+        """Bytes of a 1-D tensor (norm weights, biases): never quantized, so plain elements."""
+        return math.ceil(n * self.bits / 8)
+
+
+def _dense_format(dtype_bytes: int, label: str) -> WeightFormat:
+    return WeightFormat(label=label, bits=8 * dtype_bytes)
+
+
+@dataclass(frozen=True)
+class QuantRule:
+    """One compressed-tensors config group: which Linear modules it targets, in which format."""
+
+    targets: tuple[str, ...]
+    weight: WeightFormat
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """Which format each Linear module of a checkpoint is in, read from ``quantization_config``.
+
+    ``dense`` is the format of everything not quantized (the checkpoint's dtype, bf16 by default).
+    """
+
+    method: str
+    dense: WeightFormat
+    rules: tuple[QuantRule, ...] = ()
+    ignore: tuple[str, ...] = ()
+    # "regex": compressed-tensors ignore entries ("re:<pattern>" matched with re.match, else the
+    # exact module name). "substring": AWQ/GPTQ/FP8 modules_to_not_convert, which vLLM matches
+    # as substrings of the module name (quantization/awq.py is_layer_skipped_awq).
+    ignore_style: str = "regex"
+    quantize_lm_head: bool = False
+
+    @classmethod
+    def unquantized(cls, dtype: str = "bfloat16") -> QuantScheme:
+        """Every weight in ``dtype``: the scheme of a checkpoint without quantization_config."""
+        nbytes = _dtype_bytes(dtype, where="QuantScheme.unquantized")
+        return cls(method="none", dense=_dense_format(nbytes, dtype))
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], *, source: str = "model config") -> QuantScheme:
+        """Read a HF config.json dict's ``quantization_config`` (compressed-tensors, gptq, awq,
+        fp8); no quantization_config means every weight in the config's dtype (bf16 default)."""
+        text = _text_config(config, source=source)
+        dtype_name = _first_present(text, config, keys=("torch_dtype", "dtype")) or "bfloat16"
+        dense_bytes = _dtype_bytes(dtype_name, where=f"{source} torch_dtype/dtype")
+        dense = _dense_format(dense_bytes, str(dtype_name).removeprefix("torch."))
+        qcfg = _first_present(config, text, keys=("quantization_config",))
+        if qcfg is None:
+            return cls(method="none", dense=dense)
+        if not isinstance(qcfg, Mapping):
+            raise ConfigError(f"quantization_config in {source} must be an object, got {qcfg!r}")
+        method = qcfg.get("quant_method")
+        where = f"{source} quantization_config"
+        if method == "compressed-tensors":
+            return _compressed_tensors_scheme(qcfg, dense, dense_bytes, where=where)
+        if method == "gptq":
+            return _gptq_scheme(qcfg, dense, where=where)
+        if method == "awq":
+            return _awq_scheme(qcfg, dense, where=where)
+        if method == "fp8":
+            return _fp8_scheme(qcfg, dense, where=where)
+        raise ConfigError(
+            f"unsupported quant_method {method!r} in {where}; supported: compressed-tensors, "
+            "gptq, awq, fp8 (pass quant=QuantScheme(...) to describe another format)"
+        )
+
+    def format_for(self, module_name: str) -> WeightFormat:
+        """Format of the Linear module ``module_name`` (HF name, e.g. "model.layers.3.mlp.experts.0.up_proj")."""
+        if module_name == "lm_head" and not self.quantize_lm_head:
+            return self.dense
+        if self._ignored(module_name):
+            return self.dense
+        if self.ignore_style == "substring":
+            # AWQ/GPTQ/FP8 quantize every Linear that is not listed as skipped.
+            return self.rules[0].weight if self.rules else self.dense
+        for rule in self.rules:
+            if any(_target_matches(target, module_name) for target in rule.targets):
+                return rule.weight
+        return self.dense
+
+    def _ignored(self, module_name: str) -> bool:
+        if self.ignore_style == "substring":
+            return any(entry in module_name for entry in self.ignore)
+        return any(_target_matches(entry, module_name) for entry in self.ignore)
+
+
+def _target_matches(target: str, module_name: str) -> bool:
+    # compressed-tensors' own rule (utils/match.py): "re:" prefix = regex with re.match, a class
+    # name matches every module of that class, anything else is an exact module name. Only Linear
+    # modules are ever asked about here.
+    if target.startswith("re:"):
+        return re.match(target[3:], module_name) is not None
+    return target == "Linear" or target == module_name
+
+
+def _positive_int(value: object, *, name: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} in {where} must be a positive integer, got {value!r}")
+    return value
+
+
+def _compressed_tensors_scheme(
+    qcfg: Mapping[str, Any], dense: WeightFormat, dense_bytes: int, *, where: str
+) -> QuantScheme:
+    groups = qcfg.get("config_groups")
+    if not isinstance(groups, Mapping) or not groups:
+        raise ConfigError(f"{where} (compressed-tensors) has no config_groups object")
+    rules: list[QuantRule] = []
+    for group_name, group in groups.items():
+        group_where = f"{where} config_groups.{group_name}"
+        if not isinstance(group, Mapping):
+            raise ConfigError(f"{group_where} must be an object, got {group!r}")
+        weights = group.get("weights")
+        if weights is None:  # activation-only group: weights stay dense
+            continue
+        targets = group.get("targets")
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            raise ConfigError(f"{group_where}.targets must be a list of strings, got {targets!r}")
+        rules.append(
+            QuantRule(
+                targets=tuple(targets),
+                weight=_weight_format_from_compressed_tensors(weights, dense_bytes, where=group_where),
+            )
+        )
+    ignore = qcfg.get("ignore") or []
+    if not isinstance(ignore, list) or not all(isinstance(e, str) for e in ignore):
+        raise ConfigError(f"{where}.ignore must be a list of strings, got {ignore!r}")
+    return QuantScheme(
+        method="compressed-tensors", dense=dense, rules=tuple(rules), ignore=tuple(ignore),
+        ignore_style="regex",
+    )
+
+
+def _weight_format_from_compressed_tensors(
+    weights: Any, dense_bytes: int, *, where: str
+) -> WeightFormat:
+    if not isinstance(weights, Mapping):
+        raise ConfigError(f"{where}.weights must be an object, got {weights!r}")
+    bits = _positive_int(weights.get("num_bits"), name="weights.num_bits", where=where)
+    strategy = weights.get("strategy", "tensor")
+    kind = weights.get("type", "int")
+    # Scales are stored in the checkpoint's dtype unless the group says otherwise (MXFP4
+    # checkpoints declare "scale_dtype": "torch.uint8").
+    scale_dtype = weights.get("scale_dtype")
+    scale_bytes = dense_bytes if scale_dtype is None else _dtype_bytes(scale_dtype, where=where)
+    zero_point_bits = 0 if weights.get("symmetric", True) else bits
+    if strategy in ("group", "tensor_group"):
+        # tensor_group (NVFP4) adds one global scale per tensor: a few bytes, left out.
+        group_size = _positive_int(weights.get("group_size"), name="weights.group_size", where=where)
+        return WeightFormat(
+            label=f"{kind}{bits} g{group_size}", bits=bits, strategy="group",
+            group_size=group_size, scale_bytes=scale_bytes, zero_point_bits=zero_point_bits,
+        )
+    if strategy == "block":
+        block = weights.get("block_structure")
+        if (
+            not isinstance(block, list) or len(block) != 2
+            or not all(isinstance(b, int) and b > 0 for b in block)
+        ):
+            raise ConfigError(f"weights.block_structure in {where} must be [rows, cols], got {block!r}")
+        return WeightFormat(
+            label=f"{kind}{bits} block{block[0]}x{block[1]}", bits=bits, strategy="block",
+            block=(block[0], block[1]), scale_bytes=scale_bytes, zero_point_bits=zero_point_bits,
+        )
+    if strategy in ("channel", "tensor"):
+        return WeightFormat(
+            label=f"{kind}{bits} per-{strategy}", bits=bits, strategy=strategy,
+            scale_bytes=scale_bytes, zero_point_bits=zero_point_bits,
+        )
+    raise ConfigError(
+        f"unsupported weights.strategy {strategy!r} in {where}; supported: "
+        f"{', '.join(_WEIGHT_STRATEGIES)}"
+    )
+
+
+def _skip_list(qcfg: Mapping[str, Any], keys: tuple[str, ...], *, where: str) -> tuple[str, ...]:
+    for key in keys:
+        value = qcfg.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{key} in {where} must be a list of strings, got {value!r}")
+        return tuple(value)
+    return ()
+
+
+def _group_format(bits: int, group_size: int, *, label: str, zero_point_bits: int,
+                  index_bytes_per_input: int = 0) -> WeightFormat:
+    # GPTQ/AWQ keep fp16 scales; group_size -1 means one scale per output row.
+    if group_size == -1:
+        return WeightFormat(label=label, bits=bits, strategy="channel", scale_bytes=2,
+                            zero_point_bits=zero_point_bits,
+                            index_bytes_per_input=index_bytes_per_input)
+    return WeightFormat(label=label, bits=bits, strategy="group", group_size=group_size,
+                        scale_bytes=2, zero_point_bits=zero_point_bits,
+                        index_bytes_per_input=index_bytes_per_input)
+
+
+def _group_size(value: object, *, where: str) -> int:
+    if value == -1:
+        return -1
+    return _positive_int(value, name="group_size", where=where)
+
+
+def _gptq_scheme(qcfg: Mapping[str, Any], dense: WeightFormat, *, where: str) -> QuantScheme:
+    if qcfg.get("dynamic"):
+        raise ConfigError(
+            f"per-module GPTQ overrides ('dynamic') in {where} are not supported; "
+            "pass quant=QuantScheme(...) describing the formats instead"
+        )
+    bits = _positive_int(qcfg.get("bits"), name="bits", where=where)
+    group_size = _group_size(qcfg.get("group_size", 128), where=where)
+    sym = bool(qcfg.get("sym", True))
+    desc_act = bool(qcfg.get("desc_act", False))
+    # vLLM's GPTQ Marlin kernel reads zero points only for asymmetric checkpoints and the group
+    # index only with act-order (desc_act).
+    fmt = _group_format(
+        bits, group_size, label=f"gptq int{bits} g{group_size}",
+        zero_point_bits=0 if sym else bits, index_bytes_per_input=4 if desc_act else 0,
+    )
+    return QuantScheme(
+        method="gptq", dense=dense, rules=(QuantRule(("Linear",), fmt),),
+        ignore=_skip_list(qcfg, ("modules_to_not_convert",), where=where),
+        ignore_style="substring", quantize_lm_head=bool(qcfg.get("lm_head", False)),
+    )
+
+
+def _awq_scheme(qcfg: Mapping[str, Any], dense: WeightFormat, *, where: str) -> QuantScheme:
+    bits = _positive_int(qcfg.get("bits", qcfg.get("w_bit")), name="bits (w_bit)", where=where)
+    group_size = _group_size(qcfg.get("group_size", qcfg.get("q_group_size")), where=where)
+    zero_point = bool(qcfg.get("zero_point", True))
+    fmt = _group_format(bits, group_size, label=f"awq int{bits} g{group_size}",
+                        zero_point_bits=bits if zero_point else 0)
+    return QuantScheme(
+        method="awq", dense=dense, rules=(QuantRule(("Linear",), fmt),),
+        ignore=_skip_list(qcfg, ("modules_to_not_convert",), where=where), ignore_style="substring",
+    )
+
+
+def _fp8_scheme(qcfg: Mapping[str, Any], dense: WeightFormat, *, where: str) -> QuantScheme:
+    block = qcfg.get("weight_block_size")
+    # DeepSeek-V3 style block FP8 stores one fp32 scale (weight_scale_inv) per block; plain FP8
+    # one fp32 scale per tensor.
+    if block is None:
+        fmt = WeightFormat(label="fp8 per-tensor", bits=8, strategy="tensor", scale_bytes=4)
+    elif (
+        isinstance(block, list) and len(block) == 2
+        and all(isinstance(b, int) and b > 0 for b in block)
+    ):
+        fmt = WeightFormat(label=f"fp8 block{block[0]}x{block[1]}", bits=8, strategy="block",
+                           block=(block[0], block[1]), scale_bytes=4)
+    else:
+        raise ConfigError(f"weight_block_size in {where} must be [rows, cols], got {block!r}")
+    return QuantScheme(
+        method="fp8", dense=dense, rules=(QuantRule(("Linear",), fmt),),
+        ignore=_skip_list(qcfg, ("ignored_layers", "modules_to_not_convert"), where=where),
+        ignore_style="substring",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The model's tensors, as vLLM shards them
+# ---------------------------------------------------------------------------------------------
+
+# Breakdown keys, in the order a decoded token meets them.
+TENSOR_CLASSES: tuple[str, ...] = (
+    "embedding",
+    "attention_replicated",
+    "attention_sharded",
+    "norm",
+    "dense_mlp",
+    "router",
+    "routed_experts",
+    "shared_experts",
+    "lm_head",
+)
+
+
+@dataclass(frozen=True)
+class WeightTensor:
+    """One weight (or a set of identical ones, e.g. a layer's routed experts) as decode sees it."""
+
+    name: str  # HF module name, the one quantization_config patterns are written against
+    tensor_class: str  # one of TENSOR_CLASSES
+    kind: str  # "linear", "embedding", "norm", "router" (vLLM never quantizes the router), "bias"
+    shape: tuple[int, ...]  # full tensor: (out, in) for matrices, (n,) for vectors
+    rank_shape: tuple[int, ...]  # the part one tensor-parallel rank holds
+    copies: int = 1  # identical tensors this entry stands for (routed experts of a layer)
+    read_per_token: int = 1  # how many of the copies one decoded token reads (active experts)
+
+
+def _text_config(config: Mapping[str, Any], *, source: str) -> Mapping[str, Any]:
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"{source} must be a JSON object (config.json), got {type(config).__name__}")
+    # Multimodal wrappers (Kimi-K2.5, Llava, Qwen-VL) keep the language model in text_config.
+    text = config.get("text_config")
+    if text is None:
+        return config
+    if not isinstance(text, Mapping):
+        raise ConfigError(f"text_config in {source} must be an object, got {text!r}")
+    return text
+
+
+def _first_present(*configs: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
+    for cfg in configs:
+        for key in keys:
+            if cfg.get(key) is not None:
+                return cfg[key]
+    return None
+
+
+class _Reader:
+    """Reads integer fields of a text config, naming the field and source when one is bad."""
+
+    def __init__(self, text: Mapping[str, Any], source: str) -> None:
+        self.text = text
+        self.source = source
+
+    def int(self, key: str, default: int | None = None) -> int:
+        value = self.text.get(key)
+        if value is None:
+            if default is not None:
+                return default
+            raise ConfigError(f"{self.source} lacks {key!r}, needed for the roofline estimate")
+        return _positive_int(value, name=repr(key), where=self.source)
+
+    def optional_int(self, key: str) -> int | None:
+        if self.text.get(key) is None:
+            return None
+        return self.int(key)
+
+    def count(self, key: str, default: int = 0) -> int:
+        """A non-negative count (first_k_dense_replace may be 0)."""
+        value = self.text.get(key, default)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{key!r} in {self.source} must be a non-negative integer, got {value!r}")
+        return value
+
+
+def _split(n: int, tp: int) -> int:
+    return math.ceil(n / tp)
+
+
+def _check_tp(tp: object) -> int:
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ConfigError(f"tensor-parallel size tp must be an integer >= 1, got {tp!r}")
+    return tp
+
+
+def weight_tensors(
+    config: Mapping[str, Any], *, tp: int = 1, source: str = "model config"
+) -> tuple[WeightTensor, ...]:
+    """List the weights of a HF config.json's language model with what one TP rank holds.
+
+    Supports Llama-style MHA/GQA, DeepSeek-V2/V3/Kimi MLA, and DeepSeek-style MoE
+    (n_routed_experts, shared experts, first_k_dense_replace, moe_layer_freq).
+    """
+    tp = _check_tp(tp)
+    text = _text_config(config, source=source)
+    where = f"{source} text_config" if text is not config else source
+    r = _Reader(text, where)
+    for other_moe in ("num_local_experts", "num_experts"):
+        if text.get(other_moe) and text.get("n_routed_experts") is None:
+            raise ConfigError(
+                f"{where} describes a MoE through {other_moe!r} (model_type "
+                f"{text.get('model_type')!r}); only the DeepSeek-style MoE layout "
+                "(n_routed_experts, num_experts_per_tok, moe_intermediate_size) is supported"
+            )
+    layers = r.int("num_hidden_layers")
+    hidden = r.int("hidden_size")
+    heads = r.int("num_attention_heads")
+    vocab = r.int("vocab_size")
+    if heads % tp:
+        # vLLM asserts the same (deepseek_v2.py, llama.py: num_heads % tp_size == 0).
+        raise ConfigError(
+            f"num_attention_heads {heads} in {where} is not divisible by tp={tp}; vLLM needs "
+            "whole heads per rank"
+        )
+    is_mla = text.get("kv_lora_rank") is not None
+    n_routed = r.count("n_routed_experts")
+    # A wrapper's text_config knows its own lm_head; the top level answers for plain configs.
+    tied = bool(_first_present(text, config, keys=("tie_word_embeddings",)))
+
+    out: list[WeightTensor] = []
+
+    def add(name: str, tensor_class: str, kind: str, shape: tuple[int, ...],
+            rank_shape: tuple[int, ...], copies: int = 1, read: int = 1) -> None:
+        out.append(WeightTensor(name, tensor_class, kind, shape, rank_shape, copies, read))
+
+    def column(name: str, cls: str, rows: int, cols: int, copies: int = 1, read: int = 1) -> None:
+        add(name, cls, "linear", (rows, cols), (_split(rows, tp), cols), copies, read)
+
+    def row(name: str, cls: str, rows: int, cols: int, copies: int = 1, read: int = 1) -> None:
+        add(name, cls, "linear", (rows, cols), (rows, _split(cols, tp)), copies, read)
+
+    def replicated(name: str, cls: str, rows: int, cols: int) -> None:
+        add(name, cls, "linear", (rows, cols), (rows, cols))
+
+    def norm(name: str, n: int) -> None:
+        add(name, "norm", "norm", (n,), (n,))
+
+    # VocabParallelEmbedding: each rank holds vocab/tp rows, a token reads one row on one rank.
+    add("model.embed_tokens", "embedding", "embedding", (vocab, hidden), (_split(vocab, tp), hidden))
+
+    if is_mla:
+        q_lora = r.optional_int("q_lora_rank")
+        kv_lora = r.int("kv_lora_rank")
+        nope = r.int("qk_nope_head_dim")
+        rope = r.int("qk_rope_head_dim")
+        v_dim = r.int("v_head_dim")
+    else:
+        head_dim = r.int("head_dim", default=hidden // heads)
+        kv_heads = r.int("num_key_value_heads", default=heads)
+
+    moe_every = r.int("moe_layer_freq", default=1)
+    first_dense = r.count("first_k_dense_replace")
+    if n_routed:
+        top_k = r.int("num_experts_per_tok")
+        moe_inter = r.int("moe_intermediate_size")
+        n_shared = r.count("n_shared_experts")
+        if top_k > n_routed:
+            raise ConfigError(
+                f"num_experts_per_tok {top_k} in {where} exceeds n_routed_experts {n_routed}"
+            )
+
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        norm(f"{p}.input_layernorm", hidden)
+        if is_mla:
+            # vLLM deepseek_v2.py (DeepseekV2MLAAttention): q_a_proj and kv_a_proj_with_mqa are
+            # fused into DeepSeekV2FusedQkvAProjLinear(disable_tp=True), i.e. replicated on every
+            # rank (ReplicatedLinear when q_lora_rank is None), as are q_a_layernorm and
+            # kv_a_layernorm; q_b_proj/q_proj and kv_b_proj are ColumnParallelLinear over heads and
+            # o_proj is RowParallelLinear. Decode's weight absorption splits kv_b_proj into W_UK
+            # and W_UV of the same size, so its shard is what is read.
+            a = f"{p}.self_attn"
+            if q_lora is not None:
+                replicated(f"{a}.q_a_proj", "attention_replicated", q_lora, hidden)
+                norm(f"{a}.q_a_layernorm", q_lora)
+                column(f"{a}.q_b_proj", "attention_sharded", heads * (nope + rope), q_lora)
+            else:
+                column(f"{a}.q_proj", "attention_sharded", heads * (nope + rope), hidden)
+            replicated(f"{a}.kv_a_proj_with_mqa", "attention_replicated", kv_lora + rope, hidden)
+            norm(f"{a}.kv_a_layernorm", kv_lora)
+            column(f"{a}.kv_b_proj", "attention_sharded", heads * (nope + v_dim), kv_lora)
+            row(f"{a}.o_proj", "attention_sharded", hidden, heads * v_dim)
+        else:
+            a = f"{p}.self_attn"
+            column(f"{a}.q_proj", "attention_sharded", heads * head_dim, hidden)
+            # QKVParallelLinear: with fewer KV heads than ranks each rank keeps one whole KV head
+            # (a replica), so a rank reads max(1, kv_heads / tp) heads.
+            kv_rank_rows = max(1, kv_heads // tp) * head_dim
+            for proj in ("k_proj", "v_proj"):
+                add(f"{a}.{proj}", "attention_sharded", "linear", (kv_heads * head_dim, hidden),
+                    (kv_rank_rows, hidden))
+            row(f"{a}.o_proj", "attention_sharded", hidden, heads * head_dim)
+        norm(f"{p}.post_attention_layernorm", hidden)
+
+        m = f"{p}.mlp"
+        if n_routed and i >= first_dense and i % moe_every == 0:
+            # vLLM's router is GateLinear(ReplicatedLinear), built without quant_config
+            # (fused_moe, deepseek_v2.py DeepseekV2MoE): replicated and never quantized.
+            add(f"{m}.gate", "router", "router", (n_routed, hidden), (n_routed, hidden))
+            if text.get("topk_method") == "noaux_tc":
+                add(f"{m}.gate.e_score_correction_bias", "router", "bias_fp32", (n_routed,),
+                    (n_routed,))
+            # FusedMoE without expert parallelism splits every expert's intermediate dimension
+            # across ranks (w13 column-wise, w2 row-wise), so each rank reads 1/tp of every
+            # active expert. The expert index in the name is a representative for the pattern
+            # match: quantization configs address experts by module name, not index.
+            e = f"{m}.experts.0"
+            column(f"{e}.gate_proj", "routed_experts", moe_inter, hidden, n_routed, top_k)
+            column(f"{e}.up_proj", "routed_experts", moe_inter, hidden, n_routed, top_k)
+            row(f"{e}.down_proj", "routed_experts", hidden, moe_inter, n_routed, top_k)
+            if n_shared:
+                # DeepseekV2MoE: one DeepseekV2MLP of moe_intermediate_size * n_shared_experts,
+                # tensor-parallel like a dense MLP.
+                shared_inter = moe_inter * n_shared
+                s = f"{m}.shared_experts"
+                column(f"{s}.gate_proj", "shared_experts", shared_inter, hidden)
+                column(f"{s}.up_proj", "shared_experts", shared_inter, hidden)
+                row(f"{s}.down_proj", "shared_experts", hidden, shared_inter)
+        else:
+            inter = r.int("intermediate_size")
+            column(f"{m}.gate_proj", "dense_mlp", inter, hidden)
+            column(f"{m}.up_proj", "dense_mlp", inter, hidden)
+            row(f"{m}.down_proj", "dense_mlp", hidden, inter)
+
+    norm("model.norm", hidden)
+    # ParallelLMHead splits the vocabulary across ranks (vLLM pads it to a multiple of 64 per
+    # rank, ignored here). A tied lm_head is the embedding matrix, read in full.
+    lm_name = "model.embed_tokens" if tied else "lm_head"
+    add(lm_name, "lm_head", "linear", (vocab, hidden), (_split(vocab, tp), hidden))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bytes per token
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClassBytes:
+    """Bytes one decoded token reads from one tensor class."""
+
+    total_bytes: int
+    per_gpu_bytes: int
+
+
+@dataclass(frozen=True)
+class WeightBytes:
+    """Weight bytes one decoded token reads: in the whole model and on one TP rank.
+
+    ``per_gpu_bytes`` counts replicated tensors on every rank; ``total_bytes`` counts each
+    distinct weight once, so it does not depend on tp.
+    """
+
+    tp: int
+    total_bytes: int
+    per_gpu_bytes: int
+    breakdown: Mapping[str, ClassBytes]
+
+    def table(self) -> str:
+        """The breakdown as aligned text lines (class, total bytes, per-GPU bytes), for reports."""
+        rows = [("tensor class", "total bytes", f"per GPU bytes (tp={self.tp})")]
+        rows += [(name, f"{b.total_bytes:,}", f"{b.per_gpu_bytes:,}") for name, b in self.breakdown.items()]
+        rows.append(("sum", f"{self.total_bytes:,}", f"{self.per_gpu_bytes:,}"))
+        return "\n".join(f"{a:<22}{b:>18}{c:>26}" for a, b, c in rows)
+
+
+def _tensor_bytes(t: WeightTensor, shape: tuple[int, ...], quant: QuantScheme) -> int:
+    if t.kind == "embedding":
+        return quant.dense.vector_bytes(shape[1])  # one row per token
+    if t.kind == "bias_fp32":
+        return 4 * shape[0]
+    if len(shape) == 1:
+        return quant.dense.vector_bytes(shape[0])
+    fmt = quant.format_for(t.name) if t.kind == "linear" else quant.dense
+    return fmt.matrix_bytes(shape[0], shape[1])
+
+
+def weight_bytes_per_token(
+    config: Mapping[str, Any],
+    *,
+    tp: int,
+    quant: QuantScheme | None = None,
+    source: str = "model config",
+) -> WeightBytes:
+    """Weight bytes a single decode step reads, total and per GPU at tensor-parallel size ``tp``.
+
+    ``config`` is a HF config.json dict; ``quant`` defaults to ``QuantScheme.from_config(config)``.
+    """
+    tp = _check_tp(tp)
+    scheme = quant if quant is not None else QuantScheme.from_config(config, source=source)
+    totals = {name: [0, 0] for name in TENSOR_CLASSES}
+    for t in weight_tensors(config, tp=tp, source=source):
+        totals[t.tensor_class][0] += t.read_per_token * _tensor_bytes(t, t.shape, scheme)
+        totals[t.tensor_class][1] += t.read_per_token * _tensor_bytes(t, t.rank_shape, scheme)
+    breakdown = {name: ClassBytes(v[0], v[1]) for name, v in totals.items() if v[0]}
+    return WeightBytes(
+        tp=tp,
+        total_bytes=sum(b.total_bytes for b in breakdown.values()),
+        per_gpu_bytes=sum(b.per_gpu_bytes for b in breakdown.values()),
+        breakdown=breakdown,
+    )
+
+
+def tp_collectives_per_token(config: Mapping[str, Any], *, tp: int, source: str = "model config") -> int:
+    """Collectives one decode step waits for under tensor parallelism (0 when tp == 1).
+
+    Per layer, vLLM all-reduces after attention (o_proj is RowParallelLinear, reduce_results) and
+    after the MLP or MoE block (down_proj / FusedMoE reduce_results): 2 per layer. Outside the
+    layers, VocabParallelEmbedding.forward all-reduces the looked-up rows and LogitsProcessor
+    gathers the vocab-sharded logits: 2 more. Kimi-K2.5 (61 layers): 2 x 61 + 2 = 124.
+    """
+    tp = _check_tp(tp)
+    if tp == 1:
+        return 0
+    text = _text_config(config, source=source)
+    layers = _Reader(text, source).int("num_hidden_layers")
+    return 2 * layers + 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Hardware
+# ---------------------------------------------------------------------------------------------
+
+# Peak DRAM bandwidth per device, GB/s (10**9 bytes/s), from NVIDIA's product datasheets.
+# Patterns match the NVML device name lower-cased with the "nvidia " prefix removed; the first
+# match wins, so more specific names come first.
+_GPU_BANDWIDTH: tuple[tuple[str, str, float], ...] = (
+    # (pattern, label, GB/s)
+    (r"rtx pro 6000 blackwell", "RTX PRO 6000 Blackwell (GDDR7, 512-bit)", 1792.0),
+    (r"rtx 6000 ada", "RTX 6000 Ada Generation", 960.0),
+    (r"\bgb200\b", "GB200 (per B200 GPU)", 8000.0),
+    (r"\bb200\b", "B200", 8000.0),
+    (r"\bh200\b", "H200 (SXM and NVL)", 4800.0),
+    (r"\bh100 nvl\b", "H100 NVL", 3900.0),
+    (r"\bh100 pcie\b", "H100 PCIe", 2000.0),
+    (r"\bh100\b", "H100 SXM (NVML: 'H100 80GB HBM3')", 3350.0),
+    (r"\ba100\b.*80gb.*pcie", "A100 80GB PCIe", 1935.0),
+    (r"\ba100\b.*80gb", "A100 80GB SXM", 2039.0),
+    (r"\ba100\b", "A100 40GB", 1555.0),
+    (r"\bl40s\b", "L40S", 864.0),
+    (r"\bl40\b", "L40", 864.0),
+    (r"\bl4\b", "L4", 300.0),
+    (r"\ba10\b", "A10", 600.0),
+    (r"rtx 5090", "GeForce RTX 5090", 1792.0),
+    (r"rtx 4090", "GeForce RTX 4090", 1008.0),
+    (r"rtx 3090 ti", "GeForce RTX 3090 Ti", 1008.0),
+    (r"rtx 3090", "GeForce RTX 3090", 936.0),
+)
+
+
+def _normalize_gpu_name(name: str) -> str:
+    return " ".join(name.lower().removeprefix("nvidia ").split())
+
+
+def _check_bandwidth(value: object, *, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        math.isfinite(value) and value > 0
+    ):
+        raise ConfigError(f"memory bandwidth {value!r} from {where} must be a positive number of GB/s")
+    return float(value)
+
+
+def known_gpus() -> dict[str, float]:
+    """The built-in table: GPU label -> peak memory bandwidth in GB/s."""
+    return {label: gbs for _, label, gbs in _GPU_BANDWIDTH}
+
+
+def gpu_bandwidth_gbs(nvml_name: str, *, overrides: Mapping[str, float] | None = None) -> float:
+    """Peak memory bandwidth (GB/s) of the GPU NVML calls ``nvml_name``.
+
+    ``overrides`` maps NVML names (case-insensitive) to GB/s and wins over the built-in table.
+    """
+    if not isinstance(nvml_name, str) or not nvml_name.strip():
+        raise ConfigError(f"GPU name must be a non-empty string (the NVML device name), got {nvml_name!r}")
+    wanted = _normalize_gpu_name(nvml_name)
+    for name, gbs in (overrides or {}).items():
+        if _normalize_gpu_name(name) == wanted:
+            return _check_bandwidth(gbs, where=f"the bandwidth override for {name!r}")
+    for pattern, _, gbs in _GPU_BANDWIDTH:
+        if re.search(pattern, wanted):
+            return gbs
+    raise ConfigError(
+        f"no memory bandwidth known for GPU {nvml_name!r}; known: "
+        f"{', '.join(known_gpus())}. Pass overrides={{{nvml_name!r}: <GB/s>}} with the "
+        "datasheet figure"
+    )
+
+
+# Default per-call latency of one small allreduce (a decode step's hidden state: 2 x hidden bytes,
+# 14 KB for Kimi), by interconnect. Guides, not measurements of the target: measure with
+# nccl-tests `all_reduce_perf -b 16K -e 16K -G 100` (CUDA graph, as vLLM decodes) and pass it.
+# PCIe: nccl-tests on 8 PCIe-only GPUs report 42.6 us (8x RTX 4090, NVIDIA/nccl#1530) and 54 us
+# (8x RTX 3090, NVIDIA/nccl#1439) at 8 bytes without CUDA graphs, which add launch overhead that
+# vLLM's graphs remove; vLLM's custom allreduce is off on more than two PCIe-only GPUs, so NCCL
+# carries them. NVLink: ~6 us with NVLS on 2 H100s (NVIDIA/nccl#1259), more with 8.
+_DEFAULT_ALLREDUCE_LATENCY_US: dict[str, float] = {"pcie": 30.0, "nvlink": 10.0}
+
+
+def default_allreduce_latency_us(interconnect: str) -> float:
+    """A starting guess for one decode-sized allreduce on ``interconnect`` ("pcie", "nvlink")."""
+    if interconnect in _DEFAULT_ALLREDUCE_LATENCY_US:
+        return _DEFAULT_ALLREDUCE_LATENCY_US[interconnect]
+    if interconnect in ("cpu", "gloo"):
+        raise ConfigError(
+            f"no default allreduce latency for interconnect {interconnect!r}: gloo on CPU varies "
+            "too much with the host; pass allreduce_latency_us measured on it"
+        )
+    raise ConfigError(
+        f"unknown interconnect {interconnect!r}; known: "
+        f"{', '.join(sorted(_DEFAULT_ALLREDUCE_LATENCY_US))}, cpu (needs a measured latency)"
+    )
+
+
+def measure_cpu_copy_bandwidth_gbs(duration_s: float = 0.5, *, buffer_mib: int = 256) -> float:
+    """Memory bandwidth of this host in GB/s, from copying a buffer far larger than the caches.
+
+    Counts read + written bytes per copy (2 x buffer) and returns the best copy in
+    ``duration_s``: the ceiling, not the average, since neighbours on a shared host only slow it.
+    """
+    if isinstance(duration_s, bool) or not isinstance(duration_s, (int, float)) or not (
+        math.isfinite(duration_s) and 0 < duration_s <= 60
+    ):
+        raise ConfigError(f"duration_s must be a number of seconds in (0, 60], got {duration_s!r}")
+    if isinstance(buffer_mib, bool) or not isinstance(buffer_mib, int) or buffer_mib < 64:
+        # Server L3 caches reach 32-64 MiB per socket; smaller buffers would measure the cache.
+        raise ConfigError(f"buffer_mib must be an integer >= 64 (above L3 size), got {buffer_mib!r}")
+    n = buffer_mib * 1024 * 1024
+    src = np.ones(n, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # first touch faults dst's pages in; not timed
+    best_gbs = 0.0
+    deadline = time.perf_counter() + duration_s
+    while True:
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        elapsed = time.perf_counter() - start
+        if elapsed > 0:
+            best_gbs = max(best_gbs, 2 * n / elapsed / 1e9)
+        if time.perf_counter() >= deadline:
+            return best_gbs
+
+
+# ---------------------------------------------------------------------------------------------
+# The estimate
+# ---------------------------------------------------------------------------------------------
+
+BOUND_BY_BANDWIDTH = "memory bandwidth"
+BOUND_BY_ALLREDUCE = "allreduce latency"
+
+
+def _fmt_rate(tok_s: float) -> str:
+    if tok_s >= 100:
+        return f"{tok_s:,.0f}"
+    if tok_s >= 10:
+        return f"{tok_s:.1f}"
+    return f"{tok_s:.2f}"
+
+
+def _fmt_pct(part: float, whole: float) -> str:
+    pct = 100 * part / whole
+    return f"{pct:.0f}%" if pct >= 10 else f"{pct:.2g}%"
+
+
+def _fmt_us(us: float) -> str:
+    return f"{us:g}"
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Single-stream decode ceilings for one model on one hardware setup."""
+
+    weight_bytes: WeightBytes
+    bandwidth_gbs: float
+    allreduce_latency_us: float | None
+    collectives_per_token: int
+    bandwidth_ceiling_tok_s: float
+    # With the communication term; equals bandwidth_ceiling_tok_s when there is none.
+    ceiling_tok_s: float
+    binding_term: str
+
+    @property
+    def has_comm_term(self) -> bool:
+        """Whether a communication term (tp > 1 and a latency) lowers the ceiling."""
+        return self.collectives_per_token > 0 and self.allreduce_latency_us is not None
+
+    def describe(self, measured_tok_s: float) -> str:
+        """One line placing a measured decode rate against the ceilings, naming the binding term."""
+        if isinstance(measured_tok_s, bool) or not isinstance(measured_tok_s, (int, float)) or not (
+            math.isfinite(measured_tok_s) and measured_tok_s > 0
+        ):
+            raise ConfigError(f"measured decode rate must be a positive number of tok/s, got {measured_tok_s!r}")
+        text = (
+            f"{measured_tok_s:.1f} tok/s = "
+            f"{_fmt_pct(measured_tok_s, self.bandwidth_ceiling_tok_s)} of the "
+            f"{_fmt_rate(self.bandwidth_ceiling_tok_s)} tok/s bandwidth ceiling"
+        )
+        if self.has_comm_term:
+            assert self.allreduce_latency_us is not None
+            text += (
+                f", {_fmt_pct(measured_tok_s, self.ceiling_tok_s)} of the "
+                f"{_fmt_rate(self.ceiling_tok_s)} tok/s ceiling with "
+                f"{self.collectives_per_token} collectives x {_fmt_us(self.allreduce_latency_us)} us"
+            )
+        elif self.collectives_per_token > 0:
+            text += f" ({self.collectives_per_token} collectives not counted: no latency given)"
+        text += f"; bound by {self.binding_term}"
+        if measured_tok_s > self.ceiling_tok_s * 1.02:
+            text += " (above the ceiling: check bandwidth, latency and quantization inputs)"
+        return text
+
+
+def estimate(
+    config: Mapping[str, Any],
+    *,
+    tp: int,
+    bandwidth_gbs: float,
+    allreduce_latency_us: float | None,
+    quant: QuantScheme | None = None,
+    source: str = "model config",
+) -> Roofline:
+    """Decode ceilings for a HF config.json at tensor-parallel size ``tp`` on devices with
+    ``bandwidth_gbs`` each; ``allreduce_latency_us`` None leaves the communication term out."""
+    bandwidth = _check_bandwidth(bandwidth_gbs, where="estimate(bandwidth_gbs=...)")
+    if allreduce_latency_us is not None and (
+        isinstance(allreduce_latency_us, bool)
+        or not isinstance(allreduce_latency_us, (int, float))
+        or not (math.isfinite(allreduce_latency_us) and allreduce_latency_us >= 0)
+    ):
+        raise ConfigError(
+            f"allreduce_latency_us must be a non-negative number of microseconds or None, "
+            f"got {allreduce_latency_us!r}"
+        )
+    wb = weight_bytes_per_token(config, tp=tp, quant=quant, source=source)
+    collectives = tp_collectives_per_token(config, tp=tp, source=source)
+    memory_s = wb.per_gpu_bytes / (bandwidth * 1e9)
+    comm_s = collectives * allreduce_latency_us * 1e-6 if allreduce_latency_us is not None else 0.0
+    return Roofline(
+        weight_bytes=wb,
+        bandwidth_gbs=bandwidth,
+        allreduce_latency_us=None if allreduce_latency_us is None else float(allreduce_latency_us),
+        collectives_per_token=collectives,
+        bandwidth_ceiling_tok_s=1 / memory_s,
+        ceiling_tok_s=1 / (memory_s + comm_s),
+        binding_term=BOUND_BY_ALLREDUCE if comm_s > memory_s else BOUND_BY_BANDWIDTH,
+    )
+
+
+def read_model_config(path: str | Path) -> dict[str, Any]:
+    """Load a model's config.json (the file or its directory) as a dict for the functions above."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"model config {str(p)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"model config {str(p)!r} is not readable JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"model config {str(p)!r} must hold a JSON object, got {type(data).__name__}")
+    return data
