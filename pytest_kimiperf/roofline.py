@@ -164,7 +164,8 @@ class QuantScheme:
         )
 
     def format_for(self, module_name: str) -> WeightFormat:
-        """Format of the Linear module ``module_name`` (HF name, e.g. "model.layers.3.mlp.experts.0.up_proj")."""
+        """Format of the Linear module ``module_name``, a HF module name such as
+        "model.layers.3.mlp.experts.0.up_proj"."""
         if module_name == "lm_head" and not self.quantize_lm_head:
             return self.dense
         if self._ignored(module_name):
@@ -218,7 +219,9 @@ def _compressed_tensors_scheme(
         rules.append(
             QuantRule(
                 targets=tuple(targets),
-                weight=_weight_format_from_compressed_tensors(weights, dense_bytes, where=group_where),
+                weight=_weight_format_from_compressed_tensors(
+                    weights, dense_bytes, where=group_where
+                ),
             )
         )
     ignore = qcfg.get("ignore") or []
@@ -245,7 +248,9 @@ def _weight_format_from_compressed_tensors(
     zero_point_bits = 0 if weights.get("symmetric", True) else bits
     if strategy in ("group", "tensor_group"):
         # tensor_group (NVFP4) adds one global scale per tensor: a few bytes, left out.
-        group_size = _positive_int(weights.get("group_size"), name="weights.group_size", where=where)
+        group_size = _positive_int(
+            weights.get("group_size"), name="weights.group_size", where=where
+        )
         return WeightFormat(
             label=f"{kind}{bits} g{group_size}", bits=bits, strategy="group",
             group_size=group_size, scale_bytes=scale_bytes, zero_point_bits=zero_point_bits,
@@ -256,7 +261,9 @@ def _weight_format_from_compressed_tensors(
             not isinstance(block, list) or len(block) != 2
             or not all(isinstance(b, int) and b > 0 for b in block)
         ):
-            raise ConfigError(f"weights.block_structure in {where} must be [rows, cols], got {block!r}")
+            raise ConfigError(
+                f"weights.block_structure in {where} must be [rows, cols], got {block!r}"
+            )
         return WeightFormat(
             label=f"{kind}{bits} block{block[0]}x{block[1]}", bits=bits, strategy="block",
             block=(block[0], block[1]), scale_bytes=scale_bytes, zero_point_bits=zero_point_bits,
@@ -390,7 +397,9 @@ class WeightTensor:
 
 def _text_config(config: Mapping[str, Any], *, source: str) -> Mapping[str, Any]:
     if not isinstance(config, Mapping):
-        raise ConfigError(f"{source} must be a JSON object (config.json), got {type(config).__name__}")
+        raise ConfigError(
+            f"{source} must be a JSON object (config.json), got {type(config).__name__}"
+        )
     # Multimodal wrappers (Kimi-K2.5, Llava, Qwen-VL) keep the language model in text_config.
     text = config.get("text_config")
     if text is None:
@@ -415,7 +424,7 @@ class _Reader:
         self.text = text
         self.source = source
 
-    def int(self, key: str, default: int | None = None) -> int:
+    def required(self, key: str, default: int | None = None) -> int:
         value = self.text.get(key)
         if value is None:
             if default is not None:
@@ -423,10 +432,10 @@ class _Reader:
             raise ConfigError(f"{self.source} lacks {key!r}, needed for the roofline estimate")
         return _positive_int(value, name=repr(key), where=self.source)
 
-    def optional_int(self, key: str) -> int | None:
+    def optional(self, key: str) -> int | None:
         if self.text.get(key) is None:
             return None
-        return self.int(key)
+        return self.required(key)
 
     def count(self, key: str, default: int = 0) -> int:
         """A non-negative count (first_k_dense_replace may be 0)."""
@@ -434,7 +443,9 @@ class _Reader:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"{key!r} in {self.source} must be a non-negative integer, got {value!r}")
+            raise ConfigError(
+                f"{key!r} in {self.source} must be a non-negative integer, got {value!r}"
+            )
         return value
 
 
@@ -467,10 +478,10 @@ def weight_tensors(
                 f"{text.get('model_type')!r}); only the DeepSeek-style MoE layout "
                 "(n_routed_experts, num_experts_per_tok, moe_intermediate_size) is supported"
             )
-    layers = r.int("num_hidden_layers")
-    hidden = r.int("hidden_size")
-    heads = r.int("num_attention_heads")
-    vocab = r.int("vocab_size")
+    layers = r.required("num_hidden_layers")
+    hidden = r.required("hidden_size")
+    heads = r.required("num_attention_heads")
+    vocab = r.required("vocab_size")
     if heads % tp:
         # vLLM asserts the same (deepseek_v2.py, llama.py: num_heads % tp_size == 0).
         raise ConfigError(
@@ -501,23 +512,24 @@ def weight_tensors(
         add(name, "norm", "norm", (n,), (n,))
 
     # VocabParallelEmbedding: each rank holds vocab/tp rows, a token reads one row on one rank.
-    add("model.embed_tokens", "embedding", "embedding", (vocab, hidden), (_split(vocab, tp), hidden))
+    add("model.embed_tokens", "embedding", "embedding", (vocab, hidden),
+        (_split(vocab, tp), hidden))
 
     if is_mla:
-        q_lora = r.optional_int("q_lora_rank")
-        kv_lora = r.int("kv_lora_rank")
-        nope = r.int("qk_nope_head_dim")
-        rope = r.int("qk_rope_head_dim")
-        v_dim = r.int("v_head_dim")
+        q_lora = r.optional("q_lora_rank")
+        kv_lora = r.required("kv_lora_rank")
+        nope = r.required("qk_nope_head_dim")
+        rope = r.required("qk_rope_head_dim")
+        v_dim = r.required("v_head_dim")
     else:
-        head_dim = r.int("head_dim", default=hidden // heads)
-        kv_heads = r.int("num_key_value_heads", default=heads)
+        head_dim = r.required("head_dim", default=hidden // heads)
+        kv_heads = r.required("num_key_value_heads", default=heads)
 
-    moe_every = r.int("moe_layer_freq", default=1)
+    moe_every = r.required("moe_layer_freq", default=1)
     first_dense = r.count("first_k_dense_replace")
     if n_routed:
-        top_k = r.int("num_experts_per_tok")
-        moe_inter = r.int("moe_intermediate_size")
+        top_k = r.required("num_experts_per_tok")
+        moe_inter = r.required("moe_intermediate_size")
         n_shared = r.count("n_shared_experts")
         if top_k > n_routed:
             raise ConfigError(
@@ -582,7 +594,7 @@ def weight_tensors(
                 column(f"{s}.up_proj", "shared_experts", shared_inter, hidden)
                 row(f"{s}.down_proj", "shared_experts", hidden, shared_inter)
         else:
-            inter = r.int("intermediate_size")
+            inter = r.required("intermediate_size")
             column(f"{m}.gate_proj", "dense_mlp", inter, hidden)
             column(f"{m}.up_proj", "dense_mlp", inter, hidden)
             row(f"{m}.down_proj", "dense_mlp", hidden, inter)
@@ -624,7 +636,10 @@ class WeightBytes:
     def table(self) -> str:
         """The breakdown as aligned text lines (class, total bytes, per-GPU bytes), for reports."""
         rows = [("tensor class", "total bytes", f"per GPU bytes (tp={self.tp})")]
-        rows += [(name, f"{b.total_bytes:,}", f"{b.per_gpu_bytes:,}") for name, b in self.breakdown.items()]
+        rows += [
+            (name, f"{b.total_bytes:,}", f"{b.per_gpu_bytes:,}")
+            for name, b in self.breakdown.items()
+        ]
         rows.append(("sum", f"{self.total_bytes:,}", f"{self.per_gpu_bytes:,}"))
         return "\n".join(f"{a:<22}{b:>18}{c:>26}" for a, b, c in rows)
 
@@ -666,7 +681,9 @@ def weight_bytes_per_token(
     )
 
 
-def tp_collectives_per_token(config: Mapping[str, Any], *, tp: int, source: str = "model config") -> int:
+def tp_collectives_per_token(
+    config: Mapping[str, Any], *, tp: int, source: str = "model config"
+) -> int:
     """Collectives one decode step waits for under tensor parallelism (0 when tp == 1).
 
     Per layer, vLLM all-reduces after attention (o_proj is RowParallelLinear, reduce_results) and
@@ -678,7 +695,7 @@ def tp_collectives_per_token(config: Mapping[str, Any], *, tp: int, source: str 
     if tp == 1:
         return 0
     text = _text_config(config, source=source)
-    layers = _Reader(text, source).int("num_hidden_layers")
+    layers = _Reader(text, source).required("num_hidden_layers")
     return 2 * layers + 2
 
 
@@ -721,7 +738,9 @@ def _check_bandwidth(value: object, *, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
         math.isfinite(value) and value > 0
     ):
-        raise ConfigError(f"memory bandwidth {value!r} from {where} must be a positive number of GB/s")
+        raise ConfigError(
+            f"memory bandwidth {value!r} from {where} must be a positive number of GB/s"
+        )
     return float(value)
 
 
@@ -736,7 +755,9 @@ def gpu_bandwidth_gbs(nvml_name: str, *, overrides: Mapping[str, float] | None =
     ``overrides`` maps NVML names (case-insensitive) to GB/s and wins over the built-in table.
     """
     if not isinstance(nvml_name, str) or not nvml_name.strip():
-        raise ConfigError(f"GPU name must be a non-empty string (the NVML device name), got {nvml_name!r}")
+        raise ConfigError(
+            f"GPU name must be a non-empty string (the NVML device name), got {nvml_name!r}"
+        )
     wanted = _normalize_gpu_name(nvml_name)
     for name, gbs in (overrides or {}).items():
         if _normalize_gpu_name(name) == wanted:
@@ -788,7 +809,9 @@ def measure_cpu_copy_bandwidth_gbs(duration_s: float = 0.5, *, buffer_mib: int =
         raise ConfigError(f"duration_s must be a number of seconds in (0, 60], got {duration_s!r}")
     if isinstance(buffer_mib, bool) or not isinstance(buffer_mib, int) or buffer_mib < 64:
         # Server L3 caches reach 32-64 MiB per socket; smaller buffers would measure the cache.
-        raise ConfigError(f"buffer_mib must be an integer >= 64 (above L3 size), got {buffer_mib!r}")
+        raise ConfigError(
+            f"buffer_mib must be an integer >= 64 (above L3 size), got {buffer_mib!r}"
+        )
     n = buffer_mib * 1024 * 1024
     src = np.ones(n, dtype=np.uint8)
     dst = np.empty_like(src)
@@ -853,7 +876,9 @@ class Roofline:
         if isinstance(measured_tok_s, bool) or not isinstance(measured_tok_s, (int, float)) or not (
             math.isfinite(measured_tok_s) and measured_tok_s > 0
         ):
-            raise ConfigError(f"measured decode rate must be a positive number of tok/s, got {measured_tok_s!r}")
+            raise ConfigError(
+                f"measured decode rate must be a positive number of tok/s, got {measured_tok_s!r}"
+            )
         text = (
             f"{measured_tok_s:.1f} tok/s = "
             f"{_fmt_pct(measured_tok_s, self.bandwidth_ceiling_tok_s)} of the "
@@ -864,7 +889,8 @@ class Roofline:
             text += (
                 f", {_fmt_pct(measured_tok_s, self.ceiling_tok_s)} of the "
                 f"{_fmt_rate(self.ceiling_tok_s)} tok/s ceiling with "
-                f"{self.collectives_per_token} collectives x {_fmt_us(self.allreduce_latency_us)} us"
+                f"{self.collectives_per_token} collectives x "
+                f"{_fmt_us(self.allreduce_latency_us)} us"
             )
         elif self.collectives_per_token > 0:
             text += f" ({self.collectives_per_token} collectives not counted: no latency given)"
@@ -922,5 +948,7 @@ def read_model_config(path: str | Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"model config {str(p)!r} is not readable JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"model config {str(p)!r} must hold a JSON object, got {type(data).__name__}")
+        raise ConfigError(
+            f"model config {str(p)!r} must hold a JSON object, got {type(data).__name__}"
+        )
     return data
