@@ -362,7 +362,8 @@ def _bootstrap_ratio_ci(
     ) -> npt.NDArray[np.float64]:
         # A resample whose reference median is 0 gives inf, which is what the CI should show.
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.median(c, axis=axis) / np.median(r, axis=axis) - 1.0
+            ratio: npt.NDArray[np.float64] = np.median(c, axis=axis) / np.median(r, axis=axis) - 1.0
+        return ratio
 
     # Percentile, not BCa: BCa's jackknife of a median with n=10 is degenerate (scipy warns and
     # returns NaN on tied data), and percentile intervals need no such acceleration estimate.
@@ -386,7 +387,8 @@ def _reference_half_width(
 
     def ratio_from_reference(r: npt.NDArray[np.float64], axis: int = -1) -> npt.NDArray[np.float64]:
         with np.errstate(divide="ignore", invalid="ignore"):
-            return median_reference / np.median(r, axis=axis) - 1.0
+            ratio: npt.NDArray[np.float64] = median_reference / np.median(r, axis=axis) - 1.0
+        return ratio
 
     result = scipy_stats.bootstrap(
         (ref,),
@@ -407,14 +409,14 @@ def _valid_samples(side: str, samples: Samples) -> npt.NDArray[np.float64]:
         raise ValueError(f"{side} samples must be numbers: {exc}") from None
     if arr.ndim != 1:
         raise ValueError(f"{side} samples must be a flat sequence of numbers, got shape {arr.shape}")
-    arr = arr[np.isfinite(arr)]
-    negative = arr[arr < 0]
+    finite: npt.NDArray[np.float64] = arr[np.isfinite(arr)]
+    negative = finite[finite < 0]
     if negative.size:
         raise ValueError(
             f"{side} samples include negative value {float(negative[0])!r}: tok/s, req/s and ms "
             "are never negative, so the measurement is broken"
         )
-    return arr
+    return finite
 
 
 def _check_unit_interval(name: str, value: float) -> None:

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -186,14 +187,14 @@ def test_path_must_match_deployment_and_fingerprint(tmp_path: Path) -> None:
 
 
 def test_make_entry_rejects_what_cannot_be_stored() -> None:
-    common = dict(profile="default", metric="ttft_ms", unit="ms", direction=Direction.LOWER_IS_BETTER,
+    common: dict[str, Any] = dict(profile="default", metric="ttft_ms", unit="ms", direction=Direction.LOWER_IS_BETTER,
                   git_commit=None, profile_env={})
     with pytest.raises(BaselineError, match=r"no finite samples .* \(got 2 samples\)"):
-        make_entry(test="t", samples=[float("nan"), float("inf")], **common)  # type: ignore[arg-type]
+        make_entry(test="t", samples=[float("nan"), float("inf")], **common)
     with pytest.raises(BaselineError, match=r"test id 'a\|b' cannot be part of a baseline key"):
-        make_entry(test="a|b", samples=[1.0], **common)  # type: ignore[arg-type]
+        make_entry(test="a|b", samples=[1.0], **common)
     with pytest.raises(BaselineError, match="has no time zone"):
-        make_entry(test="t", samples=[1.0], recorded_at=datetime(2025, 1, 1), **common)  # type: ignore[arg-type]
+        make_entry(test="t", samples=[1.0], recorded_at=datetime(2025, 1, 1), **common)
 
 
 def test_recorded_at_defaults_to_now_in_utc() -> None:

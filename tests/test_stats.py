@@ -138,7 +138,7 @@ def test_bad_samples_are_named() -> None:
     with pytest.raises(ValueError, match=r"current samples include negative value -1\.0"):
         compare([-1.0, *REFERENCE], REFERENCE, direction=HIGHER, tolerance=0.03)
     with pytest.raises(ValueError, match="reference samples must be a flat sequence"):
-        compare(REFERENCE, [REFERENCE, REFERENCE], direction=HIGHER, tolerance=0.03)
+        compare(REFERENCE, [REFERENCE, REFERENCE], direction=HIGHER, tolerance=0.03)  # type: ignore[list-item]
     with pytest.raises(ValueError, match="reference median of ttft_ms is 0"):
         compare(REFERENCE, [0.0] * 5, direction=LOWER, tolerance=0.03, metric="ttft_ms")
 
