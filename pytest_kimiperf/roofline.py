@@ -75,6 +75,19 @@ class WeightFormat:
     # GPTQ with act-order keeps an int32 group index per input column (g_idx).
     index_bytes_per_input: int = 0
 
+    def __post_init__(self) -> None:
+        if self.strategy not in ("none", "group", "channel", "tensor", "block"):
+            raise ConfigError(
+                f"weight format {self.label!r}: unknown strategy {self.strategy!r}; "
+                "use none, group, channel, tensor or block"
+            )
+        if self.strategy == "group" and not (self.group_size and self.group_size > 0):
+            raise ConfigError(f"weight format {self.label!r}: group strategy needs group_size > 0")
+        if self.strategy == "block" and self.block is None:
+            raise ConfigError(
+                f"weight format {self.label!r}: block strategy needs block=(rows, cols)"
+            )
+
     def matrix_bytes(self, rows: int, cols: int) -> int:
         """Bytes of a ``rows x cols`` matrix in this format, scales and zero points included."""
         data = math.ceil(rows * cols * self.bits / 8)
@@ -90,7 +103,7 @@ class WeightFormat:
         elif self.strategy == "block":
             assert self.block is not None
             n_scales = math.ceil(rows / self.block[0]) * math.ceil(cols / self.block[1])
-        else:  # guarded at construction by _weight_format_from_compressed_tensors & co.
+        else:  # refused by __post_init__
             raise AssertionError(self.strategy)
         zero_points = math.ceil(n_scales * self.zero_point_bits / 8)
         return data + n_scales * self.scale_bytes + zero_points + cols * self.index_bytes_per_input
@@ -465,7 +478,8 @@ def weight_tensors(
     """List the weights of a HF config.json's language model with what one TP rank holds.
 
     Supports Llama-style MHA/GQA, DeepSeek-V2/V3/Kimi MLA, and DeepSeek-style MoE
-    (n_routed_experts, shared experts, first_k_dense_replace, moe_layer_freq).
+    (n_routed_experts, shared experts, first_k_dense_replace, moe_layer_freq). Biases
+    (attention_bias, mlp_bias) are left out: a few KB against MB-sized matrices.
     """
     tp = _check_tp(tp)
     text = _text_config(config, source=source)

@@ -321,6 +321,13 @@ def test_weight_format_byte_counts() -> None:
     assert WeightFormat("w8", 8, "channel", scale_bytes=2).matrix_bytes(256, 512) == 131_072 + 512
 
 
+def test_weight_format_refuses_incomplete_descriptions() -> None:
+    with pytest.raises(ConfigError, match="unknown strategy 'rows'"):
+        WeightFormat("x", 4, "rows")
+    with pytest.raises(ConfigError, match="group strategy needs group_size"):
+        WeightFormat("x", 4, "group")
+
+
 def test_gptq_awq_fp8_schemes_from_config() -> None:
     base = tiny_mla()
     gptq = QuantScheme.from_config(dict(base, quantization_config={
