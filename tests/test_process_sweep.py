@@ -1,0 +1,264 @@
+"""The zombie sweep on real process trees: a fake server that forks, an owner that gets SIGKILLed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pytest_kimiperf import process_sweep
+from pytest_kimiperf.errors import ConfigError
+from pytest_kimiperf.process_sweep import LAUNCH_ID_ENV, LaunchRecord
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The command line of every worker: the decoy runs exactly this too, without the marker.
+WORKER = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN) if 'stubborn' in sys.argv else None; time.sleep(120)"
+
+# A stand-in for `vllm serve`: forks two workers like EngineCore/Worker_TP, then waits.
+#  - worker A starts its own session but inherits the marker (found by the environment);
+#  - worker B stays in the server's process group, has the marker removed from its environment
+#    and ignores SIGTERM (found by group and start time; needs SIGKILL).
+SERVER = f"""
+import os, subprocess, sys, time
+env_b = {{k: v for k, v in os.environ.items() if k != {LAUNCH_ID_ENV!r}}}
+a = subprocess.Popen([sys.executable, "-c", {WORKER!r}, "a"], start_new_session=True)
+b = subprocess.Popen([sys.executable, "-c", {WORKER!r}, "b", "stubborn"], env=env_b)
+with open(sys.argv[1] + ".tmp", "w") as out:
+    out.write(f"{{a.pid}} {{b.pid}}")
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(120)
+"""
+
+# A stand-in for the pytest session that launched the server and recorded it.
+OWNER = f"""
+import os, subprocess, sys, time
+from pytest_kimiperf import process_sweep
+state_dir, launch_id, pids_file = sys.argv[1:4]
+env = dict(os.environ, {LAUNCH_ID_ENV}=launch_id)
+server = subprocess.Popen([sys.executable, "-c", {SERVER!r}, pids_file], env=env, start_new_session=True)
+record = process_sweep.record_for_popen(server.pid, launch_id=launch_id, deployment="tiny-cpu",
+                                        profile="default", log_path="/dev/null")
+process_sweep.record_launch(state_dir, record)
+time.sleep(120)
+"""
+
+
+def wait_for(path: Path, timeout_s: float = 20.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < end, f"{path} did not appear within {timeout_s}s"
+        time.sleep(0.02)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+Started = list[subprocess.Popen[bytes] | int]
+
+
+@pytest.fixture
+def cleanup() -> Iterator[Started]:
+    """Processes to SIGKILL (and reap, for our children) after the test, whatever happened."""
+    started: Started = []
+    yield started
+    for item in started:
+        if isinstance(item, int):
+            try:
+                psutil.Process(item).kill()
+            except psutil.NoSuchProcess:
+                pass
+        else:
+            item.kill()
+            item.wait()
+
+
+def start_decoy(cleanup: Started) -> subprocess.Popen[bytes]:
+    """An unrelated process with the workers' exact command line and no marker."""
+    decoy = subprocess.Popen([sys.executable, "-c", WORKER, "a"], start_new_session=True)
+    cleanup.append(decoy)
+    return decoy
+
+
+def test_sweep_ends_the_orphans_of_a_killed_run_and_nothing_else(tmp_path: Path, cleanup: Started) -> None:
+    state_dir, pids_file, launch_id = tmp_path / "state", tmp_path / "pids", uuid.uuid4().hex
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(state_dir), launch_id, str(pids_file)],
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    cleanup.append(owner)
+    wait_for(pids_file)
+    wait_for(state_dir / f"launch-{launch_id}.json")
+    worker_a, worker_b = map(int, pids_file.read_text().split())
+    cleanup.extend([worker_a, worker_b])
+    (record,) = process_sweep.load_launches(state_dir).records
+    cleanup.append(record.pid)
+    decoy = start_decoy(cleanup)
+
+    # The run dies hard: pytest and the API server are SIGKILLed, the workers are orphaned.
+    owner.kill()
+    owner.wait()
+    os.kill(record.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not gone(record.pid):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert psutil.Process(worker_a).ppid() != record.pid
+
+    found = {p.pid for p in process_sweep.find_launch_processes(record)}
+    assert found == {worker_a, worker_b}
+
+    report = process_sweep.sweep_stale_launches(state_dir, grace_s=1.0, gpu_probe=lambda: {worker_a: 512})
+    assert {p.pid for p in report.ended} == {worker_a, worker_b}
+    # Summaries are taken before the signals: the orphan's command line is still reported.
+    assert [p.cmdline[-1] for p in report.ended if p.pid == worker_b] == ["stubborn"]
+    assert report.survivors == ()
+    assert report.gpu_pids == [worker_a] and report.gpu_memory_mib == {worker_a: 512}
+    assert gone(worker_a) and gone(worker_b)
+    assert decoy.poll() is None, "the decoy with the same command line but no marker was touched"
+    assert process_sweep.load_launches(state_dir).records == ()
+    assert any(line.startswith("ended stale launch " + launch_id) for line in report.describe())
+
+
+def test_sweep_leaves_launches_of_a_live_session_alone(tmp_path: Path, cleanup: Started) -> None:
+    launch_id = uuid.uuid4().hex
+    server = subprocess.Popen(
+        [sys.executable, "-c", WORKER, "a"], env=dict(os.environ, **{LAUNCH_ID_ENV: launch_id}), start_new_session=True
+    )
+    cleanup.append(server)
+    record = process_sweep.record_for_popen(
+        server.pid, launch_id=launch_id, deployment="tiny-cpu", profile="default", log_path="/dev/null"
+    )
+    process_sweep.record_launch(tmp_path, record)
+
+    # This very process owns it, so it is not stale.
+    report = process_sweep.sweep_stale_launches(tmp_path, grace_s=1.0, gpu_probe=dict)
+    assert report.ended == () and len(report.skipped) == 1
+    assert server.poll() is None
+    assert process_sweep.load_launches(tmp_path).records == (record,)
+
+    # The session's own teardown path stops it.
+    stopped = process_sweep.stop_launch(record, grace_s=2.0)
+    assert [p.pid for p in stopped.terminated] == [server.pid] and stopped.survivors == ()
+    server.wait(timeout=5)
+
+
+def test_is_current_keeps_a_launch_even_if_its_owner_is_gone(tmp_path: Path, cleanup: Started) -> None:
+    decoy = start_decoy(cleanup)
+    record = LaunchRecord(
+        launch_id="abc",
+        pid=decoy.pid,
+        pgid=decoy.pid,
+        create_time=psutil.Process(decoy.pid).create_time(),
+        cmdline=(),
+        deployment="tiny-cpu",
+        profile="default",
+        log_path="/dev/null",
+        started_at=time.time(),
+        owner_pid=decoy.pid,
+        owner_create_time=0.0,  # no process started at the epoch: the owner reads as dead
+    )
+    process_sweep.record_launch(tmp_path, record)
+    report = process_sweep.sweep_stale_launches(tmp_path, grace_s=1.0, is_current=lambda r: r.launch_id == "abc")
+    assert report.ended == () and decoy.poll() is None
+
+
+def test_a_reused_pid_is_not_mistaken_for_the_server(cleanup: Started) -> None:
+    decoy = start_decoy(cleanup)
+    started = psutil.Process(decoy.pid).create_time()
+    stale = LaunchRecord(
+        launch_id=uuid.uuid4().hex,
+        pid=decoy.pid,
+        pgid=decoy.pid,
+        # The recorded server started a minute before this pid's current owner.
+        create_time=started + 60,
+        cmdline=(),
+        deployment="tiny-cpu",
+        profile="default",
+        log_path="/dev/null",
+        started_at=time.time(),
+        owner_pid=1,
+        owner_create_time=0.0,
+    )
+    assert process_sweep.find_launch_processes(stale) == []
+
+
+def test_terminate_processes_reports_what_needed_sigkill(cleanup: Started) -> None:
+    polite = subprocess.Popen([sys.executable, "-c", WORKER, "polite"])
+    stubborn = subprocess.Popen([sys.executable, "-c", WORKER, "stubborn"])
+    cleanup.extend([polite, stubborn])
+    time.sleep(0.5)  # let the stubborn one install its SIGTERM handler
+    report = process_sweep.terminate_processes(
+        [psutil.Process(polite.pid), psutil.Process(stubborn.pid)], grace_s=0.5
+    )
+    assert [p.pid for p in report.terminated] == [polite.pid]
+    assert [p.pid for p in report.killed] == [stubborn.pid]
+    assert report.survivors == ()
+    assert polite.wait(timeout=5) == -signal.SIGTERM and stubborn.wait(timeout=5) == -signal.SIGKILL
+    assert f"needed SIGKILL: pid {stubborn.pid} python" in "\n".join(report.describe())
+
+
+# --------------------------------------------------------------------------- state files
+
+
+def sample_record(launch_id: str = "0123abcd") -> LaunchRecord:
+    return LaunchRecord(
+        launch_id=launch_id,
+        pid=4242,
+        pgid=4242,
+        create_time=1700000000.25,
+        cmdline=("vllm", "serve", "tiny"),
+        deployment="tiny-cpu",
+        profile="ring-ll",
+        log_path="/tmp/server.log",
+        started_at=1700000000.5,
+        owner_pid=4000,
+        owner_create_time=1699999990.0,
+    )
+
+
+def test_state_files_round_trip_and_leave_no_temporaries(tmp_path: Path) -> None:
+    record = sample_record()
+    path = process_sweep.record_launch(tmp_path / "state", record)
+    assert path == tmp_path / "state" / "launch-0123abcd.json"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["launch-0123abcd.json"]
+    assert process_sweep.load_launches(tmp_path / "state") == process_sweep.LoadedLaunches(records=(record,), problems=())
+    process_sweep.forget_launch(tmp_path / "state", "0123abcd")
+    process_sweep.forget_launch(tmp_path / "state", "0123abcd")  # already gone: fine
+    assert process_sweep.load_launches(tmp_path / "state").records == ()
+    assert process_sweep.load_launches(tmp_path / "missing") == process_sweep.LoadedLaunches(records=(), problems=())
+
+
+def test_corrupt_state_files_are_reported_not_fatal(tmp_path: Path) -> None:
+    process_sweep.record_launch(tmp_path, sample_record("good"))
+    (tmp_path / "launch-torn.json").write_text('{"launch_id": "torn", "pid": 1')
+    data = sample_record("other").to_json()
+    (tmp_path / "launch-renamed.json").write_text(json.dumps(data))
+    data = dict(sample_record("badpid").to_json(), pid="4242")
+    (tmp_path / "launch-badpid.json").write_text(json.dumps(data))
+    loaded = process_sweep.load_launches(tmp_path)
+    assert [r.launch_id for r in loaded.records] == ["good"]
+    problems = "\n".join(loaded.problems)
+    assert "launch-torn.json is not a launch record (Expecting" in problems
+    assert "launch-renamed.json is not a launch record (holds launch 'other'" in problems
+    assert "launch-badpid.json is not a launch record (field 'pid' is '4242', expected a positive integer)" in problems
+    report = process_sweep.sweep_stale_launches(tmp_path, grace_s=0.1, gpu_probe=dict)
+    assert len(report.problems) == 3 and (tmp_path / "launch-torn.json").exists()
+
+
+def test_launch_ids_must_be_safe_file_name_parts(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"invalid launch id name '\.\./x'"):
+        process_sweep.record_launch(tmp_path, sample_record("../x"))
