@@ -1,0 +1,271 @@
+"""Where a verdict is decided: floors, baselines and profile-vs-reference comparisons.
+
+One measured test produces a :class:`TestResult` (plain data, JSON-able so it can travel from an
+xdist worker to the controller). The gate compares its samples with the stored baseline of the
+same test, profile and metric (only when the hardware fingerprint matches), and with the
+deployment's decode floor; the reports compare profiles with each other at session end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pytest_kimiperf import baselines as baseline_store
+from pytest_kimiperf.errors import BaselineError
+from pytest_kimiperf.metric_specs import Direction, metric_spec
+from pytest_kimiperf.stats import Comparison, FloorResult, VerdictKind, compare, floor_check
+
+FLOOR_METRIC = "decode_tok_s"
+
+
+@dataclass
+class MetricResult:
+    """Samples and verdicts of one metric of one test under one profile."""
+
+    metric: str
+    unit: str
+    direction: str
+    tolerance: float
+    samples: list[float]
+    baseline: dict[str, Any] | None = None  # Comparison.to_dict() against the baseline
+    baseline_message: str | None = None
+
+    @property
+    def finite(self) -> list[float]:
+        """The samples that are numbers (failed requests are NaN)."""
+        return [s for s in self.samples if math.isfinite(s)]
+
+    def summary(self) -> dict[str, float | int | None]:
+        """Median, quartiles and n of the finite samples."""
+        values = np.asarray(self.finite, dtype=float)
+        if values.size == 0:
+            return {"median": None, "q1": None, "q3": None, "n": 0}
+        q1, med, q3 = np.percentile(values, [25, 50, 75])
+        return {"median": float(med), "q1": float(q1), "q3": float(q3), "n": int(values.size)}
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able form (travels in xdist reports and into the JSON report)."""
+        return {
+            "metric": self.metric, "unit": self.unit, "direction": self.direction,
+            "tolerance": self.tolerance, "samples": self.samples, "summary": self.summary(),
+            "baseline": self.baseline, "baseline_message": self.baseline_message,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "MetricResult":
+        """Inverse of :meth:`to_json`."""
+        return cls(
+            metric=data["metric"], unit=data["unit"], direction=data["direction"],
+            tolerance=data["tolerance"], samples=[float(s) for s in data["samples"]],
+            baseline=data.get("baseline"), baseline_message=data.get("baseline_message"),
+        )
+
+
+@dataclass
+class TestResult:
+    """Everything one perf test measured and decided; JSON-able."""
+
+    test: str  # node id without the profile parameter
+    nodeid: str
+    profile: str
+    deployment: str
+    scenario: str
+    metrics: dict[str, MetricResult] = field(default_factory=dict)
+    run: dict[str, Any] = field(default_factory=dict)  # bench-serve style summary of the run
+    floor: dict[str, Any] | None = None
+    messages: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    interval_ns: tuple[int, int] | None = None  # CLOCK_MONOTONIC span of the measurement
+    server_env: dict[str, str] = field(default_factory=dict)
+    profile_env: dict[str, str] = field(default_factory=dict)
+    invalid: str | None = None
+    itl_timeline_ms: list[float] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able form."""
+        return {
+            "test": self.test, "nodeid": self.nodeid, "profile": self.profile,
+            "deployment": self.deployment, "scenario": self.scenario,
+            "metrics": {k: v.to_json() for k, v in self.metrics.items()},
+            "run": self.run, "floor": self.floor, "messages": self.messages,
+            "failures": self.failures, "warnings": self.warnings,
+            "interval_ns": list(self.interval_ns) if self.interval_ns else None,
+            "server_env": self.server_env, "profile_env": self.profile_env,
+            "invalid": self.invalid,
+            "itl_timeline_ms": self.itl_timeline_ms,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "TestResult":
+        """Inverse of :meth:`to_json`."""
+        interval = data.get("interval_ns")
+        return cls(
+            test=data["test"], nodeid=data["nodeid"], profile=data["profile"],
+            deployment=data["deployment"], scenario=data["scenario"],
+            metrics={k: MetricResult.from_json(v) for k, v in data["metrics"].items()},
+            run=dict(data.get("run") or {}), floor=data.get("floor"),
+            messages=list(data.get("messages") or []), failures=list(data.get("failures") or []),
+            warnings=list(data.get("warnings") or []),
+            interval_ns=(int(interval[0]), int(interval[1])) if interval else None,
+            server_env=dict(data.get("server_env") or {}),
+            profile_env=dict(data.get("profile_env") or {}), invalid=data.get("invalid"),
+            itl_timeline_ms=[float(x) for x in data.get("itl_timeline_ms") or []],
+        )
+
+
+class BaselineView:
+    """This process's read-only view of the baseline file for the current fingerprint."""
+
+    def __init__(self, baselines_dir: Path, deployment: str, fingerprint: baseline_store.Fingerprint) -> None:
+        self.fingerprint = fingerprint
+        self.path = baseline_store.baseline_path(baselines_dir, deployment, fingerprint.key)
+        self._loaded = False
+        self._file: baseline_store.BaselineFile | None = None
+
+    def file(self) -> baseline_store.BaselineFile | None:
+        """The baseline file (None when missing); BaselineError when it cannot be trusted."""
+        if not self._loaded:
+            self._file = baseline_store.load_baseline(self.path)
+            self._loaded = True
+        return self._file
+
+    def other_fingerprints(self) -> list[Path]:
+        """Baseline files of the same deployment recorded on other hardware."""
+        directory = self.path.parent
+        if not directory.is_dir():
+            return []
+        return sorted(p for p in directory.glob("*.json") if p != self.path)
+
+
+def judge_metric(
+    result: MetricResult,
+    *,
+    test: str,
+    profile: str,
+    view: BaselineView | None,
+    profile_env: Mapping[str, str],
+    strict: bool,
+) -> tuple[Comparison | None, str]:
+    """Compare one metric with its baseline; returns the comparison (if any) and a message."""
+    spec = metric_spec(result.metric)
+    if view is None:
+        return None, f"{spec.label}: baselines not in use"
+    base_file = view.file()
+    entry = base_file.entry(test, profile, result.metric) if base_file else None
+    if entry is None:
+        others = view.other_fingerprints()
+        hint = (
+            f" (baselines exist for other hardware: {', '.join(p.stem for p in others)}; "
+            "not comparable)" if others else ""
+        )
+        return None, (
+            f"{spec.label}: no baseline for this hardware ({view.fingerprint.key}): "
+            f"run --update-baselines{hint}"
+        )
+    comparable = dict(entry.profile_env) == dict(profile_env)
+    comparison = compare(
+        result.samples,
+        list(entry.samples),
+        direction=Direction(result.direction),
+        tolerance=result.tolerance,
+        metric=spec.label,
+        unit=result.unit,
+        comparable=comparable,
+    )
+    message = comparison.message()
+    if not comparable:
+        message += (
+            f" — the baseline was recorded with profile environment {dict(entry.profile_env)}, "
+            f"this run used {dict(profile_env)}"
+        )
+    return comparison, message
+
+
+def verdict_fails(comparison: Comparison, *, strict: bool) -> bool:
+    """Whether a baseline verdict fails the test."""
+    if comparison.verdict is VerdictKind.REGRESSION:
+        return True
+    return strict and comparison.verdict is VerdictKind.INCONCLUSIVE
+
+
+def check_floor(median: float, *, floor: float, target: float) -> FloorResult:
+    """Decode median against the deployment's floor (fail) and target (warn)."""
+    return floor_check(median, floor, target, "tok/s", "single-stream decode")
+
+
+def compare_profiles(
+    results: Sequence[TestResult], reference_profile: str
+) -> list[tuple[str, str, str, Comparison]]:
+    """Each profile against the reference, per test and metric: (test, metric, profile, comparison)."""
+    by_key: dict[tuple[str, str], dict[str, MetricResult]] = {}
+    for res in results:
+        for metric, mres in res.metrics.items():
+            by_key.setdefault((res.test, metric), {})[res.profile] = mres
+    rows: list[tuple[str, str, str, Comparison]] = []
+    for (test, metric), per_profile in by_key.items():
+        ref = per_profile.get(reference_profile)
+        if ref is None:
+            continue
+        spec = metric_spec(metric)
+        for profile, mres in per_profile.items():
+            if profile == reference_profile:
+                continue
+            rows.append((test, metric, profile, compare(
+                mres.samples, ref.samples, direction=Direction(mres.direction),
+                tolerance=mres.tolerance, metric=spec.label, unit=mres.unit,
+            )))
+    return rows
+
+
+def baseline_entries(
+    results: Sequence[TestResult], *, git_commit: str | None
+) -> list[baseline_store.BaselineEntry]:
+    """Baseline entries for every metric of the tests that ran (and only those)."""
+    entries = []
+    for res in results:
+        if res.invalid:
+            continue
+        for mres in res.metrics.values():
+            if not mres.finite:
+                continue
+            entries.append(baseline_store.make_entry(
+                test=res.test, profile=res.profile, metric=mres.metric, unit=mres.unit,
+                direction=Direction(mres.direction), samples=mres.samples,
+                git_commit=git_commit, profile_env=res.profile_env,
+            ))
+    return entries
+
+
+__all__ = [
+    "BaselineError", "BaselineView", "MetricResult", "TestResult", "baseline_entries",
+    "check_floor", "compare_profiles", "judge_metric", "verdict_fails",
+]
+
+
+def session_fingerprint(deployment: Any) -> Any:
+    """Fingerprint of this host, its software and ``deployment`` (hardware is probed once)."""
+    from pytest_kimiperf.fingerprint import collect_fingerprint
+    from pytest_kimiperf.gpu import probe_gpus, query_topology
+
+    probe = probe_gpus(timeout_s=10.0)
+    topology = query_topology(timeout_s=10.0) if probe.gpus else None
+    revision = deployment.revision
+    if revision is None and deployment.model.startswith("kimiperf:"):
+        from pytest_kimiperf.tiny_model import TinyModelSpec
+
+        revision = f"built-{TinyModelSpec().cache_key()}"
+    facts = {
+        "name": deployment.name,
+        "model": deployment.model,
+        "revision": revision or "unpinned",
+        "quantization": deployment.quantization or "none",
+        "tensor_parallel_size": str(deployment.tensor_parallel_size),
+    }
+    return collect_fingerprint(gpus=probe.gpus, topology=topology, deployment_facts=facts)

@@ -1,0 +1,442 @@
+"""pytest wiring of pytest-kimiperf: options, configure/unconfigure, fixtures and hooks.
+
+The logic lives in modules that do not import pytest; this file only connects them to pytest.
+Settings are validated once in ``pytest_configure`` (bad values are usage errors before anything
+is collected or booted); per-run state lives in ``config.stash``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_kimiperf import hookspec
+from pytest_kimiperf.errors import ConfigError, HardwareMissingError, KimiperfError
+from pytest_kimiperf.settings import DEFAULT_DEPLOYMENT, DEFAULT_PROFILES, RawOption, Settings, build_settings
+
+SERVER_FIXTURE = "kimiperf_server"
+PROFILE_FIXTURE = "kimiperf_profile"
+XDIST_GROUP = "kimiperf-server"
+COLLECTOR_NAME = "kimiperf-result-collector"
+
+
+@dataclass(frozen=True)
+class _Option:
+    dest: str
+    flag: str
+    ini: str | None
+    help: str
+    default: Any = None
+    env: str | None = None
+    kind: str = "string"  # string | bool
+
+
+_OPTIONS = (
+    _Option("deployment", "--deployment", "kimiperf_deployment",
+            "deployment to boot and judge (built-ins: kimi-k25-int4-tp8, tiny-cpu, tiny-cpu-tp2)",
+            DEFAULT_DEPLOYMENT, env="KIMIPERF_DEPLOYMENT"),
+    _Option("nccl_profiles", "--nccl-profile", "kimiperf_nccl_profiles",
+            "NCCL profile(s) to boot a server for, comma-separated, or 'all'", DEFAULT_PROFILES),
+    _Option("nccl_debug", "--nccl-debug", "kimiperf_nccl_debug",
+            "start servers with NCCL_DEBUG=INFO and check in the log that each variable took effect",
+            False, kind="bool"),
+    _Option("server_url", "--server-url", "kimiperf_server_url",
+            "measure an already-running server at this URL: no boot, no teardown, no sweep",
+            env="KIMIPERF_SERVER_URL"),
+    _Option("api_key", "--api-key", None,
+            "API key for the server and client (prefer the VLLM_API_KEY environment variable: "
+            "command lines are visible to other users)", env="VLLM_API_KEY"),
+    _Option("port", "--kimiperf-port", "kimiperf_port",
+            "fixed port for booted servers (default: a free port)"),
+    _Option("update_baselines", "--update-baselines", None,
+            "write the measured samples of the tests that ran as the new baselines", False, kind="bool"),
+    _Option("baselines_dir", "--baselines-dir", "kimiperf_baselines_dir",
+            "directory of JSON baselines (default: <rootdir>/baselines)"),
+    _Option("perf_strict", "--perf-strict", "kimiperf_strict",
+            "fail perf tests whose baseline comparison is inconclusive", False, kind="bool"),
+    _Option("perf_json", "--perf-json", "kimiperf_json", "write the JSON perf report to this path"),
+    _Option("perf_markdown", "--perf-markdown", "kimiperf_markdown",
+            "write the Markdown summary to this path (also to $GITHUB_STEP_SUMMARY when set)"),
+    _Option("perf_plots", "--perf-plots", "kimiperf_plots",
+            "write PNG plots into this directory (needs matplotlib: pytest-kimiperf[plots])"),
+    _Option("progress_interval", "--kimiperf-progress-interval", "kimiperf_progress_interval",
+            "seconds between boot progress lines when the output is not a terminal", "30"),
+    _Option("grace", "--kimiperf-grace", "kimiperf_grace",
+            "seconds a stopping server gets between SIGTERM and SIGKILL", "30"),
+)
+
+
+@dataclass
+class _RunState:
+    """Per-process state of one pytest run (kept in the stash)."""
+
+    settings: Settings
+    manager: Any = None  # ServerManager, created on first use
+    view: Any = None  # BaselineView, created on first use
+    fingerprint: Any = None
+    results: list[Any] = field(default_factory=list)  # TestResult, controller only
+    previous_sigterm: Any = None
+    perf_items: int = 0
+    output_error: str | None = None
+    log_dir: Path | None = None
+
+
+RUN_STATE = pytest.StashKey[_RunState]()
+RESULT_KEY = pytest.StashKey[Any]()
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+# -- options and configuration -------------------------------------------------------------
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    """Register the plugin's own hooks."""
+    pluginmanager.add_hookspecs(hookspec)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Command-line options and their ini twins, in one group."""
+    group = parser.getgroup("kimiperf", "LLM-serving performance tests (pytest-kimiperf)")
+    for opt in _OPTIONS:
+        if opt.kind == "bool":
+            group.addoption(opt.flag, action="store_true", dest=opt.dest, default=None, help=opt.help)
+        else:
+            group.addoption(opt.flag, action="store", dest=opt.dest, default=None, help=opt.help)
+        if opt.ini:
+            parser.addini(opt.ini, help=opt.help, type="bool" if opt.kind == "bool" else "string",
+                          default=opt.default if opt.kind == "bool" else None)
+
+
+def _raw_options(config: pytest.Config) -> dict[str, RawOption]:
+    raw: dict[str, RawOption] = {}
+    for opt in _OPTIONS:
+        value = config.getoption(opt.dest)
+        if value is not None:
+            raw[opt.dest] = RawOption(value, f"command line {opt.flag}")
+            continue
+        if opt.env and os.environ.get(opt.env):
+            raw[opt.dest] = RawOption(os.environ[opt.env], f"environment variable {opt.env}")
+            continue
+        if opt.ini:
+            ini_value = config.getini(opt.ini)
+            if ini_value not in (None, "", []):
+                raw[opt.dest] = RawOption(ini_value, f"ini option {opt.ini}")
+                continue
+        raw[opt.dest] = RawOption(opt.default, "default")
+    return raw
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Validate settings once; register markers."""
+    config.addinivalue_line(
+        "markers",
+        "kimiperf(tolerances={metric: fraction}): per-test tolerance overrides for the perf gate",
+    )
+    extra_deployments: dict[str, Any] = {}
+    for tables in config.hook.pytest_kimiperf_add_deployments(config=config):
+        extra_deployments.update(tables or {})
+    extra_profiles: dict[str, Any] = {}
+    for tables in config.hook.pytest_kimiperf_add_profiles(config=config):
+        extra_profiles.update(tables or {})
+    try:
+        settings = build_settings(
+            _raw_options(config), rootpath=config.rootpath,
+            extra_deployments=extra_deployments, extra_profiles=extra_profiles,
+        )
+    except ConfigError as exc:
+        raise pytest.UsageError(f"pytest-kimiperf: {exc}") from None
+    state = _RunState(settings=settings)
+    config.stash[RUN_STATE] = state
+    if not _is_worker(config):
+        config.pluginmanager.register(_ResultCollector(state), COLLECTOR_NAME)
+    for warning in settings.profile_warnings:
+        config.issue_config_time_warning(pytest.PytestConfigWarning(f"kimiperf: {warning}"), stacklevel=2)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Last line of defence: no server outlives the pytest process."""
+    state = config.stash.get(RUN_STATE, None)
+    if state is not None:
+        _close_servers(state)
+    collector = config.pluginmanager.get_plugin(COLLECTOR_NAME)
+    if collector is not None:
+        config.pluginmanager.unregister(collector)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The settings in effect: deployment, profiles with their environment, server mode."""
+    from pytest_kimiperf.nccl import describe_env
+
+    s = config.stash[RUN_STATE].settings
+    lines = [f"kimiperf: deployment {s.deployment.name} ({s.deployment.description})"]
+    mode = f"attached to {s.server_url}" if s.external else f"booted per profile, TP={s.deployment.tensor_parallel_size}"
+    lines.append(f"kimiperf: server {mode}; baselines in {s.baselines_dir}"
+                 + ("; --update-baselines" if s.update_baselines else ""))
+    for profile in s.profiles:
+        lines.append(f"kimiperf: NCCL profile {profile.name}: {describe_env(profile)}")
+    return lines
+
+
+# -- collection --------------------------------------------------------------------------
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that needs the server runs once per selected NCCL profile."""
+    if SERVER_FIXTURE not in metafunc.fixturenames:
+        return
+    profiles = metafunc.config.stash[RUN_STATE].settings.profiles
+    metafunc.parametrize(
+        PROFILE_FIXTURE, list(profiles), indirect=True, scope="session", ids=[p.name for p in profiles]
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Pin server tests to one xdist worker; check the hardware before anything boots."""
+    state = config.stash[RUN_STATE]
+    perf_items = [item for item in items if SERVER_FIXTURE in getattr(item, "fixturenames", ())]
+    state.perf_items = len(perf_items)
+    for item in perf_items:
+        item.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
+    if perf_items and not state.settings.external and state.settings.deployment.needs_gpus:
+        from pytest_kimiperf.gpu import HardwareRequirement, check_hardware, probe_gpus
+
+        dep = state.settings.deployment
+        probe = probe_gpus(timeout_s=10.0)
+        try:
+            check_hardware(
+                HardwareRequirement(dep.gpu_count, dep.gpu_name_contains), probe.gpus,
+                deployment=dep.name, unavailable_reason=probe.absence_reason(),
+            )
+        except HardwareMissingError as exc:
+            raise pytest.UsageError(f"pytest-kimiperf: {exc}") from None
+
+
+# -- fixtures ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def kimiperf_settings(pytestconfig: pytest.Config) -> Settings:
+    """The validated settings of this run."""
+    return pytestconfig.stash[RUN_STATE].settings
+
+
+@pytest.fixture(scope="session")
+def kimiperf_profile(request: pytest.FixtureRequest) -> Any:
+    """The NCCL profile of the current parametrization."""
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def kimiperf_server(
+    request: pytest.FixtureRequest, kimiperf_profile: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """A ready server for the current NCCL profile, booted once per profile and always stopped."""
+    state = request.config.stash[RUN_STATE]
+    if state.log_dir is None:
+        state.log_dir = tmp_path_factory.getbasetemp() / "kimiperf"
+    manager = _manager(request.config, state)
+    try:
+        handle = manager.acquire(kimiperf_profile)
+    except KimiperfError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield handle
+    finally:
+        manager.release()
+
+
+@pytest.fixture
+def perf(request: pytest.FixtureRequest, kimiperf_server: Any, kimiperf_profile: Any) -> Any:
+    """Measure scenarios against the session's server and judge them (floors, baselines)."""
+    from pytest_kimiperf.recorder import PerfRecorder
+
+    state = request.config.stash[RUN_STATE]
+    manager = _manager(request.config, state)
+    try:
+        manager.ensure_alive()
+    except KimiperfError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    marker = request.node.get_closest_marker("kimiperf")
+    tolerances = dict(marker.kwargs.get("tolerances", {})) if marker else {}
+    item = request.node
+
+    def publish(result: Any) -> None:
+        item.stash[RESULT_KEY] = result
+        for metric, mres in result.metrics.items():
+            median = mres.summary()["median"]
+            if median is not None:
+                item.user_properties.append((f"median_{metric}", round(median, 4)))
+
+    def ensure_alive() -> None:
+        try:
+            manager.ensure_alive()
+        except KimiperfError as exc:
+            pytest.fail(str(exc), pytrace=False)
+
+    return PerfRecorder(
+        nodeid=item.nodeid,
+        test=item.nodeid.split("[", 1)[0],
+        server=kimiperf_server,
+        settings=state.settings,
+        profile_env=dict(kimiperf_profile.env),
+        view=_baseline_view(request.config, state),
+        ensure_alive=ensure_alive,
+        publish=publish,
+        fail=lambda message: pytest.fail(message, pytrace=False),
+        tolerances=tolerances,
+    )
+
+
+def _manager(config: pytest.Config, state: _RunState) -> Any:
+    if state.manager is None:
+        from pytest_kimiperf.paths import launch_state_dir
+        from pytest_kimiperf.progress import ProgressDisplay
+        from pytest_kimiperf.server_manager import ServerManager
+
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        write_line: Callable[[str], None]
+        if reporter is not None:
+            def write_line(line: str) -> None:
+                reporter.ensure_newline()
+                reporter.write_line(line)
+            rewrite = reporter.rewrite
+            isatty = reporter.isatty
+        else:  # -p no:terminal: nowhere to show progress
+            write_line = rewrite = lambda line: None
+            isatty = False
+        import time
+
+        display = ProgressDisplay(
+            write_line=write_line, rewrite=lambda line: rewrite(line, erase=True),
+            isatty=isatty, interval_s=state.settings.progress_interval_s, clock=time.monotonic,
+        )
+
+        def on_progress(profile: str, progress: Any, elapsed: float, changed: bool) -> None:
+            display.update(profile, progress, elapsed, changed)
+            if progress.phase == "ready":
+                display.finish()
+
+        state.manager = ServerManager(
+            state.settings, log_dir=state.log_dir or Path.cwd() / "kimiperf-logs", state_dir=launch_state_dir(),
+            say=write_line, on_progress=on_progress,
+        )
+        _install_sigterm(state)
+    return state.manager
+
+
+def _baseline_view(config: pytest.Config, state: _RunState) -> Any:
+    if state.view is None:
+        from pytest_kimiperf.gate import BaselineView
+
+        state.view = BaselineView(state.settings.baselines_dir, state.settings.deployment.name,
+                                  _fingerprint(state))
+    return state.view
+
+
+def _fingerprint(state: _RunState) -> Any:
+    if state.fingerprint is None:
+        from pytest_kimiperf.gate import session_fingerprint
+
+        state.fingerprint = session_fingerprint(state.settings.deployment)
+    return state.fingerprint
+
+
+def _install_sigterm(state: _RunState) -> None:
+    """SIGTERM (a cancelled CI job) takes the same path as Ctrl-C: servers are stopped."""
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"received signal {signum}")
+
+    try:
+        state.previous_sigterm = signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:  # not the main thread
+        state.previous_sigterm = None
+
+
+def _close_servers(state: _RunState) -> None:
+    if state.manager is not None:
+        state.manager.close()
+    if state.previous_sigterm is not None:
+        signal.signal(signal.SIGTERM, state.previous_sigterm)
+        state.previous_sigterm = None
+
+
+# -- reports ----------------------------------------------------------------------------
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    """Attach the test's perf result and, on failure, the server log tail to its report."""
+    report = yield
+    if report.when == "call" and RESULT_KEY in item.stash:
+        report.kimiperf = item.stash[RESULT_KEY].to_json()
+    if report.failed and SERVER_FIXTURE in getattr(item, "fixturenames", ()):
+        state = item.config.stash[RUN_STATE]
+        manager = state.manager
+        profile = getattr(getattr(item, "callspec", None), "params", {}).get(PROFILE_FIXTURE)
+        if manager is not None and profile is not None:
+            rec = manager.records.get(profile.name)
+            if rec is not None and rec.log_path is not None:
+                from pytest_kimiperf.server import tail_lines
+
+                report.sections.append(
+                    (f"kimiperf server log, last 50 lines ({rec.log_path})", tail_lines(rec.log_path))
+                )
+    return report
+
+
+class _ResultCollector:
+    """Collects perf results from test reports on the process that writes files.
+
+    Registered only on the xdist controller (or the single process without xdist), as pytest's
+    junitxml registers its LogXML: workers' reports reach it serialized, ``kimiperf`` included.
+    """
+
+    def __init__(self, state: _RunState) -> None:
+        self.state = state
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Keep the perf result of each test's call phase."""
+        result = getattr(report, "kimiperf", None)
+        if result is not None and report.when == "call":
+            from pytest_kimiperf.gate import TestResult
+
+            self.state.results.append(TestResult.from_json(result))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop servers; on the controller write baselines and reports."""
+    config = session.config
+    state = config.stash.get(RUN_STATE, None)
+    if state is None:
+        return
+    _close_servers(state)
+    if _is_worker(config):
+        return
+    from pytest_kimiperf.session_outputs import write_outputs
+
+    try:
+        write_outputs(config, state)
+    except KimiperfError as exc:
+        state.output_error = str(exc)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The answer on one screen: profile comparison, baseline verdicts, floors, where files went."""
+    state = config.stash.get(RUN_STATE, None)
+    if state is None or _is_worker(config):
+        return
+    from pytest_kimiperf.session_outputs import terminal_summary
+
+    terminal_summary(terminalreporter, state)

@@ -1,0 +1,153 @@
+"""The object behind the ``perf`` fixture: measure a scenario, then let the gate judge it.
+
+A perf test is a few lines::
+
+    def test_single_stream_decode(perf):
+        run = perf.measure(SingleStream(prompt_tokens=128, output_tokens=128, requests=20))
+        perf.check(run, ["decode_tok_s", "itl_ms"], floor=True)
+
+``check`` fails the test with the one-line verdict when a floor or baseline says so; everything
+it decided is published as a JSON-able :class:`~pytest_kimiperf.gate.TestResult` for the
+controller's reports and baselines.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn
+
+from pytest_kimiperf.gate import (
+    FLOOR_METRIC,
+    BaselineView,
+    MetricResult,
+    TestResult,
+    check_floor,
+    judge_metric,
+    verdict_fails,
+)
+from pytest_kimiperf.metric_specs import metric_spec
+from pytest_kimiperf.server import ServerHandle
+from pytest_kimiperf.settings import Settings
+
+
+class PerfRecorder:
+    """Measures against the session's server and judges the result for one test."""
+
+    def __init__(
+        self,
+        *,
+        nodeid: str,
+        test: str,
+        server: ServerHandle,
+        settings: Settings,
+        profile_env: Mapping[str, str],
+        view: BaselineView | None,
+        ensure_alive: Callable[[], None],
+        publish: Callable[[TestResult], None],
+        fail: Callable[[str], NoReturn],
+        tolerances: Mapping[str, float] | None = None,
+    ) -> None:
+        self.nodeid = nodeid
+        self.test = test
+        self.server = server
+        self.settings = settings
+        self.profile_env = dict(profile_env)
+        self.view = view
+        self._ensure_alive = ensure_alive
+        self._publish = publish
+        self._fail = fail
+        self._tolerances = dict(tolerances or {})
+        self.intervals_ns: list[tuple[int, int]] = []
+
+    @property
+    def deployment(self) -> Any:
+        """The deployment under test (floors, TP size, model)."""
+        return self.settings.deployment
+
+    def measure(self, scenario: Any) -> Any:
+        """Run ``scenario`` against the server and return its RunResult."""
+        from pytest_kimiperf.scenarios import run_scenario
+
+        self._ensure_alive()
+        start = time.monotonic_ns()
+        try:
+            run = run_scenario(
+                self.server.base_url, self.server.model, scenario, api_key=self.server.api_key
+            )
+        finally:
+            self.intervals_ns.append((start, time.monotonic_ns()))
+        self._ensure_alive()
+        return run
+
+    def tolerance(self, metric: str) -> float:
+        """Marker override, else the deployment's default, else the metric's."""
+        return self._tolerances.get(metric, self.settings.deployment.tolerance(metric))
+
+    def check(self, run: Any, metrics: Sequence[str], *, floor: bool = False) -> TestResult:
+        """Judge ``run``'s metrics (floor, baseline); fail the test with the verdict line if needed."""
+        result = TestResult(
+            test=self.test,
+            nodeid=self.nodeid,
+            profile=self.server.profile,
+            deployment=self.settings.deployment.name,
+            scenario=run.scenario_name,
+            run=run.to_json(),
+            interval_ns=(self.intervals_ns[0][0], self.intervals_ns[-1][1]) if self.intervals_ns else None,
+            server_env=dict(self.server.env),
+            profile_env=self.profile_env,
+            itl_timeline_ms=list(run.itl_timeline_ms()),
+        )
+        for name in metrics:
+            spec = metric_spec(name)
+            result.metrics[name] = MetricResult(
+                metric=name, unit=spec.unit, direction=spec.direction.value,
+                tolerance=self.tolerance(name), samples=[float(x) for x in run.samples(name)],
+            )
+        if not run.valid:
+            result.invalid = run.invalid_reason
+            result.failures.append(f"INVALID measurement: {run.invalid_reason}")
+            return self._finish(result)
+
+        if floor:
+            decode = result.metrics.get(FLOOR_METRIC) or MetricResult(
+                FLOOR_METRIC, "tok/s", "higher_is_better", self.tolerance(FLOOR_METRIC),
+                [float(x) for x in run.samples(FLOOR_METRIC)],
+            )
+            median = decode.summary()["median"]
+            if median is None:
+                result.failures.append("single-stream decode: no valid request to measure")
+            else:
+                dep = self.settings.deployment
+                fr = check_floor(float(median), floor=dep.decode_floor_tok_s, target=dep.decode_target_tok_s)
+                result.floor = {"median": fr.median, "floor": fr.floor, "target": fr.target,
+                                "status": fr.status.value, "message": fr.message()}
+                if fr.failed:
+                    result.failures.append(fr.message())
+                elif fr.warned:
+                    result.warnings.append(fr.message())
+                result.messages.append(fr.message())
+
+        for mres in result.metrics.values():
+            comparison, message = judge_metric(
+                mres, test=self.test, profile=self.server.profile, view=self.view,
+                profile_env=self.profile_env, strict=self.settings.perf_strict,
+            )
+            mres.baseline_message = message
+            result.messages.append(message)
+            if comparison is None:
+                continue
+            mres.baseline = comparison.to_dict()
+            if verdict_fails(comparison, strict=self.settings.perf_strict):
+                result.failures.append(message)
+            elif comparison.verdict.value in ("inconclusive", "improvement", "not comparable"):
+                result.warnings.append(message + (
+                    "; run --update-baselines to adopt it" if comparison.verdict.value == "improvement" else ""
+                ))
+        return self._finish(result)
+
+    def _finish(self, result: TestResult) -> TestResult:
+        self._publish(result)
+        if result.failures:
+            self._fail("; ".join(result.failures))
+        return result

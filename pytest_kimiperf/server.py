@@ -1,0 +1,310 @@
+"""One vLLM server process: launch, wait for readiness, notice death, stop without leftovers.
+
+The server runs in its own session (so its whole process group can be signalled), writes
+stdout and stderr straight into a log file (a pipe that nobody drains would block a chatty
+server), and carries a ``KIMIPERF_LAUNCH_ID`` marker in its environment that every child
+inherits: that marker, with the recorded pid, process group and start time, is how teardown and
+the next run's zombie sweep find exactly the processes we started and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+import httpx
+
+from pytest_kimiperf import process_sweep
+from pytest_kimiperf.errors import ServerError
+from pytest_kimiperf.progress import BootProgress, BootTracker, split_log_records
+
+LAUNCH_ID_ENV = "KIMIPERF_LAUNCH_ID"
+LOG_TAIL_LINES = 50
+_POLL_S = 0.25
+_HTTP_CHECK_EVERY_S = 1.0
+
+# Variables worth recording as "the environment the server ran with": the ones that change
+# how vLLM, NCCL, CUDA and OpenMP behave. Secrets (VLLM_API_KEY) are never recorded.
+_RECORDED_PREFIXES = ("NCCL_", "CUDA_", "VLLM_", "OMP_", "HF_", "TORCH_", "GLOO_")
+_SECRET_NAMES = frozenset({"VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
+
+ProgressCallback = Callable[[BootProgress, float, bool], None]
+
+
+@dataclass(frozen=True)
+class ServerHandle:
+    """What a test gets: where the server is and how it was started."""
+
+    base_url: str
+    model: str
+    deployment: str
+    profile: str
+    log_path: Path | None
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    overridden_shell_env: Mapping[str, tuple[str, str]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    pid: int | None = None
+    external: bool = False
+    boot_s: float | None = None
+    api_key: str | None = field(default=None, repr=False)
+
+    def auth_headers(self) -> dict[str, str]:
+        """Headers that authenticate against the server (empty without an API key)."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+def recorded_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The part of a server's environment worth reporting, secrets left out."""
+    return {
+        k: v for k, v in sorted(env.items())
+        if k.startswith(_RECORDED_PREFIXES) and k not in _SECRET_NAMES
+    }
+
+
+def pick_free_port(host: str) -> int:
+    """A port the OS says is free on ``host`` right now."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise ServerError now if ``port`` is taken, rather than after a long load."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ServerError(
+                f"port {port} on {host} is already in use ({exc.strerror}); choose another "
+                "with --kimiperf-port or leave it unset to pick a free one"
+            ) from None
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def check_ready(base_url: str, model: str, headers: Mapping[str, str], timeout_s: float) -> str | None:
+    """None when the server is ready (``/health`` 200 and ``model`` listed), else why not."""
+    try:
+        with httpx.Client(timeout=timeout_s, headers=dict(headers)) as client:
+            health = client.get(f"{base_url}/health")
+            if health.status_code != 200:
+                return f"/health answered {health.status_code}"
+            models = client.get(f"{base_url}/v1/models")
+            if models.status_code != 200:
+                return f"/v1/models answered {models.status_code}"
+            served = [m.get("id") for m in models.json().get("data", [])]
+    except (httpx.HTTPError, ValueError) as exc:
+        return f"not answering ({type(exc).__name__})"
+    if model not in served:
+        return f"/v1/models lists {served}, not {model!r}"
+    return None
+
+
+def tail_lines(path: Path, n: int = LOG_TAIL_LINES) -> str:
+    """The last ``n`` records of a log (tqdm redraws count as records)."""
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - 256 * 1024))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError as exc:
+        return f"(log {path} unreadable: {exc})"
+    records, rest = split_log_records(text)
+    if rest.strip():
+        records.append(rest)
+    return "\n".join(deque(records, maxlen=n))
+
+
+class ServerProcess:
+    """A server this process launched and owns until :meth:`stop`."""
+
+    def __init__(
+        self,
+        *,
+        argv: list[str],
+        env: Mapping[str, str],
+        log_path: Path,
+        state_dir: Path,
+        base_url: str,
+        served_model_name: str,
+        deployment: str,
+        profile: str,
+        deadline_s: float,
+        grace_s: float = 30.0,
+        api_key: str | None = None,
+        overridden_shell_env: Mapping[str, tuple[str, str]] | None = None,
+    ) -> None:
+        self.argv = argv
+        self.launch_id = uuid.uuid4().hex
+        self.env = {**env, LAUNCH_ID_ENV: self.launch_id}
+        if api_key:
+            # vLLM reads VLLM_API_KEY itself: the key stays out of the command line (ps, logs).
+            self.env["VLLM_API_KEY"] = api_key
+        self.log_path = log_path
+        self.state_dir = state_dir
+        self.base_url = base_url
+        self.served_model_name = served_model_name
+        self.deployment = deployment
+        self.profile = profile
+        self.deadline_s = deadline_s
+        self.grace_s = grace_s
+        self.api_key = api_key
+        self.overridden_shell_env = dict(overridden_shell_env or {})
+        self.progress = BootProgress("not started")
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.record: process_sweep.LaunchRecord | None = None
+        self.started_at: float | None = None
+        self.boot_s: float | None = None
+
+    # -- launch and readiness -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Launch the server in its own session, output to the log file, and record it."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            try:
+                self.popen = subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise ServerError(
+                    f"could not start the {self.deployment} server ({self.argv[0]!r}: {exc.strerror}); "
+                    f"command: {' '.join(self.argv)}"
+                ) from None
+        self.started_at = time.monotonic()
+        self.record = process_sweep.record_for_popen(
+            self.popen.pid,
+            launch_id=self.launch_id,
+            deployment=self.deployment,
+            profile=self.profile,
+            log_path=str(self.log_path),
+        )
+        process_sweep.record_launch(self.state_dir, self.record)
+
+    def wait_ready(self, on_progress: ProgressCallback | None = None) -> ServerHandle:
+        """Block until the server is ready; fail fast if it dies, stop it past the deadline.
+
+        Any exception on the way (KeyboardInterrupt included) stops the server before it
+        propagates: a half-booted server must never outlive the wait.
+        """
+        assert self.popen is not None and self.started_at is not None, "start() first"
+        tracker = BootTracker()
+        self.progress = tracker.current
+        pending = ""
+        next_http = 0.0
+        why_not = "not checked yet"
+        try:
+            with open(self.log_path, "rb") as reader:
+                while True:
+                    code = self.popen.poll()
+                    chunk = reader.read().decode("utf-8", "replace")
+                    if chunk:
+                        records, pending = split_log_records(pending + chunk)
+                        changed = False
+                        for record in records:
+                            changed = tracker.feed(record) or changed
+                        self.progress = tracker.current
+                    else:
+                        changed = False
+                    if on_progress:
+                        on_progress(self.progress, self.elapsed_s(), changed)
+                    if code is not None:
+                        raise ServerError(
+                            f"the {self.deployment} server ({self.profile}) exited with code {code} "
+                            f"while {self.progress.describe()} after {self.elapsed_s():.0f}s; "
+                            f"log: {self.log_path}\n{tail_lines(self.log_path)}"
+                        )
+                    now = time.monotonic()
+                    if now >= next_http:
+                        next_http = now + _HTTP_CHECK_EVERY_S
+                        why_not = check_ready(
+                            self.base_url, self.served_model_name, self._headers(), timeout_s=1.0
+                        ) or ""
+                        if not why_not:
+                            self.boot_s = self.elapsed_s()
+                            return self.handle()
+                    if self.elapsed_s() > self.deadline_s:
+                        raise ServerError(
+                            f"the {self.deployment} server ({self.profile}) was not ready within "
+                            f"{self.deadline_s:.0f}s; stuck while {self.progress.describe()} "
+                            f"({why_not}); it was stopped. log: {self.log_path}\n"
+                            f"{tail_lines(self.log_path)}"
+                        )
+                    time.sleep(_POLL_S)
+        except BaseException:
+            self.stop()
+            raise
+
+    def elapsed_s(self) -> float:
+        """Seconds since launch."""
+        return 0.0 if self.started_at is None else time.monotonic() - self.started_at
+
+    def handle(self) -> ServerHandle:
+        """The handle tests receive."""
+        assert self.popen is not None
+        return ServerHandle(
+            base_url=self.base_url,
+            model=self.served_model_name,
+            deployment=self.deployment,
+            profile=self.profile,
+            log_path=self.log_path,
+            env=MappingProxyType(recorded_env(self.env)),
+            overridden_shell_env=MappingProxyType(dict(self.overridden_shell_env)),
+            pid=self.popen.pid,
+            boot_s=self.boot_s,
+            api_key=self.api_key,
+        )
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    # -- during the session ---------------------------------------------------------------
+
+    def is_alive(self) -> bool:
+        """Whether the server's main process still runs."""
+        return self.popen is not None and self.popen.poll() is None
+
+    def ensure_alive(self) -> None:
+        """Raise ServerError with the log tail if the server died after becoming ready."""
+        if self.popen is None:
+            raise ServerError(f"the {self.deployment} server ({self.profile}) was never started")
+        code = self.popen.poll()
+        if code is not None:
+            raise ServerError(
+                f"the {self.deployment} server ({self.profile}) died during the session "
+                f"(exit code {code}); log: {self.log_path}\n{tail_lines(self.log_path)}"
+            )
+
+    # -- teardown -------------------------------------------------------------------------
+
+    def stop(self) -> process_sweep.TerminationReport | None:
+        """Stop the whole server (group, descendants, orphans) and verify nothing is left."""
+        if self.record is None:
+            return None
+        procs = process_sweep.find_launch_processes(self.record)
+        report = process_sweep.terminate_processes(procs, grace_s=self.grace_s)
+        if self.popen is not None:
+            try:
+                self.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        if not report.survivors:
+            process_sweep.forget_launch(self.state_dir, self.record.launch_id)
+        self.record = None
+        return report

