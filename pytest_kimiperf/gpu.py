@@ -99,9 +99,7 @@ class Topology:
 
     def link_codes(self) -> frozenset[str]:
         """The distinct link codes between different GPUs (the diagonal ``X`` left out)."""
-        return frozenset(
-            code for i, row in enumerate(self.matrix) for j, code in enumerate(row) if i != j
-        )
+        return frozenset(code for i, row in enumerate(self.matrix) for j, code in enumerate(row) if i != j)
 
     def describe(self) -> str:
         """One phrase for reports: ``NVLink (NV6)`` or ``PCIe only (SYS)``."""
@@ -131,7 +129,9 @@ class HardwareRequirement:
             or not isinstance(self.min_memory_mib, int)
             or self.min_memory_mib <= 0
         ):
-            raise ConfigError(f"min_memory_mib must be a positive integer or None, got {self.min_memory_mib!r}")
+            raise ConfigError(
+                f"min_memory_mib must be a positive integer or None, got {self.min_memory_mib!r}"
+            )
 
     def matches(self, gpu: GpuInfo) -> bool:
         """True if this one GPU is of the kind the deployment needs."""
@@ -181,7 +181,7 @@ def _split_row(line: str, fields: Sequence[str], free_text: Iterable[str]) -> li
         raise ValueError(f"row has {len(values)} values for {len(fields)} fields {list(fields)}: {line!r}")
     at = spill[0]
     merged = ", ".join(values[at : at + surplus + 1])
-    return values[:at] + [merged] + values[at + surplus + 1 :]
+    return [*values[:at], merged, *values[at + surplus + 1 :]]
 
 
 def _gpu_field(name: str) -> str:
@@ -334,7 +334,7 @@ def _text(value: object) -> str:
 def _load_nvml(notes: list[str]) -> Any | None:
     """Import pynvml and initialise NVML; None (with a note saying why) if either fails."""
     try:
-        import pynvml  # noqa: PLC0415  (optional dependency, extra "gpu")
+        import pynvml  # optional dependency (extra "gpu"): imported only when asked
     except ImportError:
         notes.append("NVML: nvidia-ml-py is not installed")
         return None
@@ -415,7 +415,9 @@ def probe_gpus(timeout_s: float = 10.0) -> GpuProbe:
         notes.append("nvidia-smi not found on PATH")
         return GpuProbe(gpus=(), source="none", notes=tuple(notes))
     try:
-        text = _run_smi(smi, [f"--query-gpu={','.join(QUERY_GPU_FIELDS)}", "--format=csv,noheader,nounits"], timeout_s)
+        text = _run_smi(
+            smi, [f"--query-gpu={','.join(QUERY_GPU_FIELDS)}", "--format=csv,noheader,nounits"], timeout_s
+        )
         cuda = parse_cuda_version(_run_smi(smi, [], timeout_s)) if text.strip() else None
     except KimiperfError as error:
         notes.append(str(error))
@@ -500,7 +502,9 @@ def gpu_memory_by_pid(timeout_s: float = 10.0) -> dict[int, int]:
         )
     except KimiperfError as error:
         # A host that has GPUs but cannot say who holds them must not read as "all memory free".
-        raise ServerError(f"cannot read GPU memory per process: {error}; {'; '.join(notes)}".rstrip("; ")) from None
+        raise ServerError(
+            f"cannot read GPU memory per process: {error}; {'; '.join(notes)}".rstrip("; ")
+        ) from None
     return parse_compute_apps(text)
 
 
@@ -518,7 +522,9 @@ def wait_gpu_memory_freed(
     """
     watched = frozenset(int(pid) for pid in pids)
     if deadline_s < 0 or poll_s <= 0:
-        raise ValueError(f"deadline_s must be >= 0 and poll_s > 0, got deadline_s={deadline_s}, poll_s={poll_s}")
+        raise ValueError(
+            f"deadline_s must be >= 0 and poll_s > 0, got deadline_s={deadline_s}, poll_s={poll_s}"
+        )
     end = time.monotonic() + deadline_s
     while True:
         held = {pid: mib for pid, mib in probe().items() if pid in watched}

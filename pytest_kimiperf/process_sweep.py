@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
@@ -116,7 +116,7 @@ class LaunchRecord:
 
     def describe(self) -> str:
         """One line for reports: launch id, deployment/profile, pid, start time."""
-        started = datetime.fromtimestamp(self.started_at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        started = datetime.fromtimestamp(self.started_at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         return (
             f"launch {self.launch_id} ({self.deployment}/{self.profile}, pid {self.pid}, started {started}, "
             f"owner pid {self.owner_pid})"
@@ -250,7 +250,10 @@ def find_launch_processes(record: LaunchRecord) -> list[psutil.Process]:
         try:
             started = process.create_time()
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                if os.getpgid(process.pid) == record.pgid and started >= record.create_time - GROUP_START_SLACK_S:
+                if (
+                    os.getpgid(process.pid) == record.pgid
+                    and started >= record.create_time - GROUP_START_SLACK_S
+                ):
                     found[process.pid] = process
                     continue
             # environ() shows the environment the process was started with: the marker stays
@@ -317,7 +320,9 @@ class TerminationReport:
         return lines
 
 
-def _wait_gone(processes: Sequence[psutil.Process], timeout_s: float) -> tuple[list[psutil.Process], list[psutil.Process]]:
+def _wait_gone(
+    processes: Sequence[psutil.Process], timeout_s: float
+) -> tuple[list[psutil.Process], list[psutil.Process]]:
     """Split into (gone, alive) once all are gone or ``timeout_s`` passed.
 
     psutil.wait_procs is not used: for a process that is not our child it polls whether the pid
@@ -413,7 +418,8 @@ class SweepReport:
         lines += [f"left alone {launch}" for launch in self.skipped]
         lines += [f"ended {p.describe()}" for p in self.ended]
         lines += [
-            f"pid {pid} held {mib} MiB of GPU memory" for pid, mib in sorted((self.gpu_memory_mib or {}).items())
+            f"pid {pid} held {mib} MiB of GPU memory"
+            for pid, mib in sorted((self.gpu_memory_mib or {}).items())
         ]
         lines += [f"STILL RUNNING after SIGKILL: {p.describe()}" for p in self.survivors]
         return lines + list(self.problems)
@@ -455,7 +461,9 @@ def sweep_stale_launches(
         ended.extend(report.ended)
         survivors.extend(report.survivors)
         if report.survivors:
-            problems.append(f"{record.describe()}: kept its state file, {len(report.survivors)} process(es) survive")
+            problems.append(
+                f"{record.describe()}: kept its state file, {len(report.survivors)} process(es) survive"
+            )
         else:
             forget_launch(state_dir, record.launch_id)
             swept.append(record.describe())

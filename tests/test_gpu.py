@@ -33,7 +33,9 @@ def nvml_loads() -> bool:
     return True
 
 
-needs_no_nvml = pytest.mark.skipif(nvml_loads(), reason="NVML works on this host: it answers before nvidia-smi")
+needs_no_nvml = pytest.mark.skipif(
+    nvml_loads(), reason="NVML works on this host: it answers before nvidia-smi"
+)
 
 
 # --------------------------------------------------------------------------- topo -m
@@ -104,7 +106,9 @@ def test_parse_query_gpu_csv_with_header_and_units() -> None:
 
 def test_parse_query_gpu_csv_noheader_nounits_with_caller_fields() -> None:
     fields = recorded("query_gpu_rtx2080_noheader_nounits.fields").strip().split(",")
-    (card,) = gpu.parse_query_gpu_csv(recorded("query_gpu_rtx2080_noheader_nounits.csv"), fields, cuda_version="10.2")
+    (card,) = gpu.parse_query_gpu_csv(
+        recorded("query_gpu_rtx2080_noheader_nounits.csv"), fields, cuda_version="10.2"
+    )
     assert card == gpu.GpuInfo(
         index=0,
         name="GeForce RTX 2080",
@@ -120,7 +124,10 @@ def test_parse_query_gpu_csv_noheader_nounits_with_caller_fields() -> None:
 def test_parse_query_gpu_csv_default_fields_without_header() -> None:
     # The same rows as the fallback query prints them (csv,noheader,nounits; our field order).
     rows = [line.split(", ") for line in recorded("query_gpu_8x_rtx_pro_6000.csv").splitlines()[1:]]
-    text = "\n".join(f"{i}, {name}, {uuid}, {mib.removesuffix(' MiB')}, {drv}, 5, 16" for i, name, uuid, drv, mib, _ in rows)
+    text = "\n".join(
+        f"{i}, {name}, {uuid}, {mib.removesuffix(' MiB')}, {drv}, 5, 16"
+        for i, name, uuid, drv, mib, _ in rows
+    )
     gpus = gpu.parse_query_gpu_csv(text)
     assert len(gpus) == 8 and gpus[7].memory_total_mib == 97887
     assert (gpus[7].pcie_gen, gpus[7].pcie_width) == (5, 16)
@@ -131,7 +138,7 @@ def test_parse_query_gpu_csv_errors_name_the_problem() -> None:
         gpu.parse_query_gpu_csv("0, NVIDIA H100, 550.54.15", ("index", "name", "driver_version"))
     with pytest.raises(ValueError, match="row has 3 values for 7 fields"):
         gpu.parse_query_gpu_csv("0, 1, 2")
-    with pytest.raises(ValueError, match="memory.total is not reported"):
+    with pytest.raises(ValueError, match=r"memory\.total is not reported"):
         gpu.parse_query_gpu_csv("0, NVIDIA H100, GPU-1, [N/A], 550.54.15, 5, 16")
 
 
@@ -163,14 +170,19 @@ def test_parse_compute_apps_on_recorded_outputs(name: str, expected: dict[int, i
 
 def test_parse_compute_apps_noheader_nounits_and_summing() -> None:
     # csv,noheader,nounits of the default query; a pid on two GPUs (one context each) is summed.
-    assert gpu.parse_compute_apps("3858903, 6265\n3880364, 5530\n3858903, 100\n") == {3858903: 6365, 3880364: 5530}
+    assert gpu.parse_compute_apps("3858903, 6265\n3880364, 5530\n3858903, 100\n") == {
+        3858903: 6365,
+        3880364: 5530,
+    }
     assert gpu.parse_compute_apps("") == {}
     assert gpu.parse_compute_apps("12, [N/A]\n") == {12: 0}
 
 
 def test_parse_compute_apps_process_name_with_commas() -> None:
     # A browser GPU process's name can hold commas; they belong to process_name, not new columns.
-    text = "pid, process_name, used_gpu_memory [MiB]\n4242, /opt/chrome --type=gpu-process --a=1,2,3, 120 MiB\n"
+    text = (
+        "pid, process_name, used_gpu_memory [MiB]\n4242, /opt/chrome --type=gpu-process --a=1,2,3, 120 MiB\n"
+    )
     assert gpu.parse_compute_apps(text) == {4242: 120}
 
 
@@ -186,13 +198,18 @@ KIMI = gpu.HardwareRequirement(gpu_count=8, gpu_name_contains="RTX PRO 6000", mi
 
 
 def test_check_hardware_accepts_the_recorded_production_host() -> None:
-    gpu.check_hardware(KIMI, gpu.parse_query_gpu_csv(recorded("query_gpu_8x_rtx_pro_6000.csv")), deployment="kimi-k2.5")
+    gpu.check_hardware(
+        KIMI, gpu.parse_query_gpu_csv(recorded("query_gpu_8x_rtx_pro_6000.csv")), deployment="kimi-k2.5"
+    )
 
 
 def test_check_hardware_without_gpus_says_why_and_the_way_out() -> None:
     with pytest.raises(HardwareMissingError) as caught:
         gpu.check_hardware(
-            KIMI, [], deployment="kimi-k2.5", unavailable_reason="NVML: NVML Shared Library Not Found; nvidia-smi not found on PATH"
+            KIMI,
+            [],
+            deployment="kimi-k2.5",
+            unavailable_reason="NVML: NVML Shared Library Not Found; nvidia-smi not found on PATH",
         )
     assert str(caught.value) == (
         "deployment 'kimi-k2.5' needs 8x NVIDIA GPU whose name contains 'RTX PRO 6000' with at least "
@@ -204,10 +221,14 @@ def test_check_hardware_without_gpus_says_why_and_the_way_out() -> None:
 def test_check_hardware_names_what_was_found() -> None:
     fields = recorded("query_gpu_rtx2080_noheader_nounits.fields").strip().split(",")
     card = gpu.parse_query_gpu_csv(recorded("query_gpu_rtx2080_noheader_nounits.csv"), fields)
-    with pytest.raises(HardwareMissingError, match=r"found 1x GeForce RTX 2080 \(7979 MiB\), of which 0 qualify\."):
+    with pytest.raises(
+        HardwareMissingError, match=r"found 1x GeForce RTX 2080 \(7979 MiB\), of which 0 qualify\."
+    ):
         gpu.check_hardware(KIMI, card, deployment="kimi-k2.5")
     seven = gpu.parse_query_gpu_csv(recorded("query_gpu_8x_rtx_pro_6000.csv"))[:7]
-    with pytest.raises(HardwareMissingError, match=r"found 7x NVIDIA RTX PRO 6000 Blackwell Server Edition \(97887 MiB\)\."):
+    with pytest.raises(
+        HardwareMissingError, match=r"found 7x NVIDIA RTX PRO 6000 Blackwell Server Edition \(97887 MiB\)\."
+    ):
         gpu.check_hardware(KIMI, seven, deployment="kimi-k2.5")
 
 
@@ -221,7 +242,10 @@ def test_cpu_deployment_needs_nothing() -> None:
         ({"gpu_count": -1}, "gpu_count must be an integer >= 0, got -1"),
         ({"gpu_count": True}, "gpu_count must be an integer >= 0, got True"),
         ({"gpu_count": 8, "min_memory_mib": 0}, "min_memory_mib must be a positive integer or None, got 0"),
-        ({"gpu_count": 8, "gpu_name_contains": " "}, "gpu_name_contains must be a non-empty string or None, got ' '"),
+        (
+            {"gpu_count": 8, "gpu_name_contains": " "},
+            "gpu_name_contains must be a non-empty string or None, got ' '",
+        ),
     ],
 )
 def test_hardware_requirement_rejects_bad_values(kwargs: dict[str, object], message: str) -> None:
@@ -268,13 +292,20 @@ def test_no_gpu_host_answers_empty_and_fast(bin_dir: Path) -> None:
 def test_nvidia_smi_fallback_runs_the_query_and_reads_cuda(bin_dir: Path) -> None:
     rows = [line.split(", ") for line in recorded("query_gpu_8x_rtx_pro_6000.csv").splitlines()[1:]]
     (bin_dir / "query.csv").write_text(
-        "".join(f"{i}, {name}, {uuid}, {mib.removesuffix(' MiB')}, {drv}, 5, 16\n" for i, name, uuid, drv, mib, _ in rows)
+        "".join(
+            f"{i}, {name}, {uuid}, {mib.removesuffix(' MiB')}, {drv}, 5, 16\n"
+            for i, name, uuid, drv, mib, _ in rows
+        )
     )
     (bin_dir / "banner.txt").write_text(recorded("smi_header_535.txt"))
     install_nvidia_smi(
         bin_dir,
         f'echo "$@" >> {bin_dir}/calls\n'
-        f'case "$1" in --query-gpu=*) cat {bin_dir}/query.csv ;; "") cat {bin_dir}/banner.txt ;; *) exit 2 ;; esac\n',
+        f'case "$1" in\n'
+        f"  --query-gpu=*) cat {bin_dir}/query.csv ;;\n"
+        f'  "") cat {bin_dir}/banner.txt ;;\n'
+        f"  *) exit 2 ;;\n"
+        f"esac\n",
     )
     probe = gpu.probe_gpus()
     assert probe.source == "nvidia-smi" and len(probe.gpus) == 8
@@ -323,14 +354,18 @@ def test_wait_gpu_memory_freed_returns_once_the_pids_are_gone() -> None:
     before = gpu.parse_compute_apps(recorded("compute_apps_8gpu_before_release.csv"))
     after = gpu.parse_compute_apps(recorded("compute_apps_8gpu_after_release.csv"))
     released = [1425258, 1425259, 1425260, 1425261]
-    gpu.wait_gpu_memory_freed(released, deadline_s=5, poll_s=0.01, probe=scripted_probe(before, before, after))
+    gpu.wait_gpu_memory_freed(
+        released, deadline_s=5, poll_s=0.01, probe=scripted_probe(before, before, after)
+    )
 
 
 def test_wait_gpu_memory_freed_names_the_holders_at_the_deadline() -> None:
     after = gpu.parse_compute_apps(recorded("compute_apps_8gpu_after_release.csv"))
     started = time.monotonic()
     with pytest.raises(ServerError) as caught:
-        gpu.wait_gpu_memory_freed([1328667, 1758887, 99], deadline_s=0.2, poll_s=0.05, probe=scripted_probe(after))
+        gpu.wait_gpu_memory_freed(
+            [1328667, 1758887, 99], deadline_s=0.2, poll_s=0.05, probe=scripted_probe(after)
+        )
     assert 0.2 <= time.monotonic() - started < 2
     assert "pid 1328667 (130004 MiB), pid 1758887 (58060 MiB)" in str(caught.value)
     assert "pid 99" not in str(caught.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,7 +23,11 @@ from pytest_kimiperf.process_sweep import LAUNCH_ID_ENV, LaunchRecord
 REPO = Path(__file__).resolve().parents[1]
 
 # The command line of every worker: the decoy runs exactly this too, without the marker.
-WORKER = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN) if 'stubborn' in sys.argv else None; time.sleep(120)"
+WORKER = (
+    "import signal, sys, time\n"
+    "if 'stubborn' in sys.argv: signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "time.sleep(120)\n"
+)
 
 # A stand-in for `vllm serve`: forks two workers like EngineCore/Worker_TP, then waits.
 #  - worker A starts its own session but inherits the marker (found by the environment);
@@ -77,10 +82,8 @@ def cleanup() -> Iterator[Started]:
     yield started
     for item in started:
         if isinstance(item, int):
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 psutil.Process(item).kill()
-            except psutil.NoSuchProcess:
-                pass
         else:
             item.kill()
             item.wait()
@@ -136,7 +139,9 @@ def test_sweep_ends_the_orphans_of_a_killed_run_and_nothing_else(tmp_path: Path,
 def test_sweep_leaves_launches_of_a_live_session_alone(tmp_path: Path, cleanup: Started) -> None:
     launch_id = uuid.uuid4().hex
     server = subprocess.Popen(
-        [sys.executable, "-c", WORKER, "a"], env=dict(os.environ, **{LAUNCH_ID_ENV: launch_id}), start_new_session=True
+        [sys.executable, "-c", WORKER, "a"],
+        env=dict(os.environ, **{LAUNCH_ID_ENV: launch_id}),
+        start_new_session=True,
     )
     cleanup.append(server)
     record = process_sweep.record_for_popen(
@@ -172,7 +177,9 @@ def test_is_current_keeps_a_launch_even_if_its_owner_is_gone(tmp_path: Path, cle
         owner_create_time=0.0,  # no process started at the epoch: the owner reads as dead
     )
     process_sweep.record_launch(tmp_path, record)
-    report = process_sweep.sweep_stale_launches(tmp_path, grace_s=1.0, is_current=lambda r: r.launch_id == "abc")
+    report = process_sweep.sweep_stale_launches(
+        tmp_path, grace_s=1.0, is_current=lambda r: r.launch_id == "abc"
+    )
     assert report.ended == () and decoy.poll() is None
 
 
@@ -235,11 +242,15 @@ def test_state_files_round_trip_and_leave_no_temporaries(tmp_path: Path) -> None
     path = process_sweep.record_launch(tmp_path / "state", record)
     assert path == tmp_path / "state" / "launch-0123abcd.json"
     assert sorted(p.name for p in path.parent.iterdir()) == ["launch-0123abcd.json"]
-    assert process_sweep.load_launches(tmp_path / "state") == process_sweep.LoadedLaunches(records=(record,), problems=())
+    assert process_sweep.load_launches(tmp_path / "state") == process_sweep.LoadedLaunches(
+        records=(record,), problems=()
+    )
     process_sweep.forget_launch(tmp_path / "state", "0123abcd")
     process_sweep.forget_launch(tmp_path / "state", "0123abcd")  # already gone: fine
     assert process_sweep.load_launches(tmp_path / "state").records == ()
-    assert process_sweep.load_launches(tmp_path / "missing") == process_sweep.LoadedLaunches(records=(), problems=())
+    assert process_sweep.load_launches(tmp_path / "missing") == process_sweep.LoadedLaunches(
+        records=(), problems=()
+    )
 
 
 def test_corrupt_state_files_are_reported_not_fatal(tmp_path: Path) -> None:
@@ -254,7 +265,10 @@ def test_corrupt_state_files_are_reported_not_fatal(tmp_path: Path) -> None:
     problems = "\n".join(loaded.problems)
     assert "launch-torn.json is not a launch record (Expecting" in problems
     assert "launch-renamed.json is not a launch record (holds launch 'other'" in problems
-    assert "launch-badpid.json is not a launch record (field 'pid' is '4242', expected a positive integer)" in problems
+    assert (
+        "launch-badpid.json is not a launch record (field 'pid' is '4242', expected a positive integer)"
+        in problems
+    )
     report = process_sweep.sweep_stale_launches(tmp_path, grace_s=0.1, gpu_probe=dict)
     assert len(report.problems) == 3 and (tmp_path / "launch-torn.json").exists()
 
