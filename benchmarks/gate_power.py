@@ -30,8 +30,8 @@ from scipy import stats as scipy_stats
 # Runs from a checkout without installing the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_kimiperf.metric_specs import Direction  # noqa: E402
-from pytest_kimiperf.stats import VerdictKind, compare, single_threshold_regression  # noqa: E402
+from pytest_kimiperf.metric_specs import Direction
+from pytest_kimiperf.stats import VerdictKind, compare, single_threshold_regression
 
 OUTLIER_SHARE = 0.05
 OUTLIER_SLOWDOWN = 1.5
@@ -138,8 +138,10 @@ def _fmt(r: Rate) -> str:
 def format_table(results: list[ScenarioResult], tolerance: float, n: int, trials: int) -> str:
     """The side-by-side table printed to stdout."""
     lines = [
-        f"n={n} per side, tolerance {tolerance * 100:g}%, true change for detection "
-        f"-{2 * tolerance * 100:g}% tok/s, {trials} trials per cell; rate [95% Wilson CI]",
+        (
+            f"n={n} per side, tolerance {tolerance * 100:g}%, true change for detection "
+            f"-{2 * tolerance * 100:g}% tok/s, {trials} trials per cell; rate [95% Wilson CI]"
+        ),
         "",
         f"{'CV':>4} {'outliers':>8} | {'false regression':^41} | {'detection':^41}",
         f"{'':>4} {'':>8} | {'gate':^20} {'single threshold':^20} | {'gate':^20} {'single threshold':^20}",

@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +159,7 @@ def make_entry(
             f"no finite samples to record for {entry_key(test, profile, metric)} "
             f"(got {len(values)} samples)"
         )
-    when = recorded_at or datetime.now(timezone.utc)
+    when = recorded_at or datetime.now(UTC)
     if when.tzinfo is None:
         raise BaselineError(f"recorded_at {when.isoformat()} has no time zone; pass an aware UTC time")
     arr = np.asarray(finite)
@@ -174,7 +174,7 @@ def make_entry(
         median=_round(float(np.median(arr))),
         iqr=(_round(float(q1)), _round(float(q3))),
         n=len(finite),
-        recorded_at=when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        recorded_at=when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         git_commit=git_commit,
         profile_env={str(k): str(v) for k, v in profile_env.items()},
     )

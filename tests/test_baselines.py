@@ -6,7 +6,7 @@ import json
 import multiprocessing
 import shutil
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ FINGERPRINT = Fingerprint(
     hard={"engine": "vllm-cpu", "model": "tiny-llama", "tp": 1},
     soft={"vllm": "0.32.0"},
 )
-RECORDED_AT = datetime(2025, 2, 3, 4, 5, 6, tzinfo=timezone.utc)
+RECORDED_AT = datetime(2025, 2, 3, 4, 5, 6, tzinfo=UTC)
 DECODE_TEST = "perf_tests/test_decode.py::test_single_stream"
 
 
@@ -187,8 +187,10 @@ def test_path_must_match_deployment_and_fingerprint(tmp_path: Path) -> None:
 
 
 def test_make_entry_rejects_what_cannot_be_stored() -> None:
-    common: dict[str, Any] = dict(profile="default", metric="ttft_ms", unit="ms", direction=Direction.LOWER_IS_BETTER,
-                  git_commit=None, profile_env={})
+    common: dict[str, Any] = {
+        "profile": "default", "metric": "ttft_ms", "unit": "ms", "direction": Direction.LOWER_IS_BETTER,
+        "git_commit": None, "profile_env": {},
+    }
     with pytest.raises(BaselineError, match=r"no finite samples .* \(got 2 samples\)"):
         make_entry(test="t", samples=[float("nan"), float("inf")], **common)
     with pytest.raises(BaselineError, match=r"test id 'a\|b' cannot be part of a baseline key"):
@@ -198,11 +200,11 @@ def test_make_entry_rejects_what_cannot_be_stored() -> None:
 
 
 def test_recorded_at_defaults_to_now_in_utc() -> None:
-    before = datetime.now(timezone.utc).replace(microsecond=0)
+    before = datetime.now(UTC).replace(microsecond=0)
     entry = make_entry(test="t", profile="p", metric="ttft_ms", unit="ms", direction=Direction.LOWER_IS_BETTER,
                        samples=[1.0], git_commit=None, profile_env={})
-    recorded = datetime.strptime(entry.recorded_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-    assert before <= recorded <= datetime.now(timezone.utc)
+    recorded = datetime.strptime(entry.recorded_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    assert before <= recorded <= datetime.now(UTC)
 
 
 def test_current_git_commit(tmp_path: Path) -> None:
