@@ -16,7 +16,7 @@ import os
 import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ import filelock
 import numpy as np
 
 from pytest_kimiperf.errors import BaselineError
+from pytest_kimiperf.fingerprint import Fingerprint
 from pytest_kimiperf.metric_specs import Direction
 from pytest_kimiperf.names import check_safe_name
 
@@ -37,19 +38,6 @@ _RESTORE_HINT = (
     "restore it from version control (git checkout -- {path}) or delete it to record a new "
     "baseline; it was left unchanged"
 )
-
-
-@dataclass(frozen=True)
-class Fingerprint:
-    """What the baseline's numbers depend on: ``hard`` must match to compare, ``soft`` is shown."""
-
-    key: str
-    hard: Mapping[str, Any] = field(default_factory=dict)
-    soft: Mapping[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``fingerprint`` object as stored in the file."""
-        return {"key": self.key, "hard": dict(self.hard), "soft": dict(self.soft)}
 
 
 @dataclass(frozen=True)
@@ -341,14 +329,10 @@ def _parse(path: Path, text: str) -> BaselineFile:
     deployment = data.get("deployment")
     if not isinstance(deployment, str):
         raise bad(f"deployment is {deployment!r}, expected a name")
-    fp = data.get("fingerprint")
-    if (
-        not isinstance(fp, dict)
-        or not isinstance(fp.get("key"), str)
-        or not isinstance(fp.get("hard"), dict)
-        or not isinstance(fp.get("soft"), dict)
-    ):
-        raise bad("fingerprint must be an object with a string 'key' and objects 'hard' and 'soft'")
+    try:
+        fingerprint = Fingerprint.from_json(data.get("fingerprint"), source=f"baseline {path}")
+    except BaselineError as exc:
+        raise BaselineError(f"{exc}; {hint}") from None
     raw_entries = data.get("entries")
     if not isinstance(raw_entries, dict):
         raise bad("entries must be an object")
@@ -364,7 +348,7 @@ def _parse(path: Path, text: str) -> BaselineFile:
     return BaselineFile(
         path=path,
         deployment=deployment,
-        fingerprint=Fingerprint(key=fp["key"], hard=fp["hard"], soft=fp["soft"]),
+        fingerprint=fingerprint,
         entries=entries,
         schema_version=version,
     )

@@ -14,7 +14,6 @@ import pytest
 
 from pytest_kimiperf.baselines import (
     BaselineEntry,
-    Fingerprint,
     baseline_path,
     current_git_commit,
     dumps_baseline,
@@ -23,15 +22,13 @@ from pytest_kimiperf.baselines import (
     update_baseline,
 )
 from pytest_kimiperf.errors import BaselineError, ConfigError
+from pytest_kimiperf.fingerprint import Fingerprint
 from pytest_kimiperf.metric_specs import Direction
 
 DATA = Path(__file__).parent / "data" / "baselines"
 DEPLOYMENT = "tiny-llama-cpu"
-FINGERPRINT = Fingerprint(
-    key="cpu-x86-64-2c",
-    hard={"engine": "vllm-cpu", "model": "tiny-llama", "tp": 1},
-    soft={"vllm": "0.32.0"},
-)
+HARD_FACTS = {"cpu.cores": "2", "cpu.model": "x86-64", "engine": "vllm-cpu", "model": "tiny-llama", "tp": "1"}
+FINGERPRINT = Fingerprint(hard=HARD_FACTS, soft={"vllm": "0.32.0"})
 RECORDED_AT = datetime(2025, 2, 3, 4, 5, 6, tzinfo=UTC)
 DECODE_TEST = "perf_tests/test_decode.py::test_single_stream"
 
@@ -172,11 +169,23 @@ def test_malformed_entry_names_the_entry(tmp_path: Path, edit, expected: str) ->
 
 def test_file_of_another_fingerprint_is_not_merged_into(tmp_path: Path) -> None:
     path = _install(tmp_path, "merge_before.json")
+    other = Fingerprint(hard={**HARD_FACTS, "tp": "2"}, soft={})
     data = json.loads(path.read_text())
-    data["fingerprint"]["key"] = "rtxpro6000x8-ab12"
+    data["fingerprint"] = other.to_json()
     path.write_text(json.dumps(data))
     before = path.read_bytes()
-    with pytest.raises(BaselineError, match="belongs to deployment 'tiny-llama-cpu' with fingerprint 'rtxpro6000x8-ab12'"):
+    with pytest.raises(BaselineError, match=f"belongs to deployment 'tiny-llama-cpu' with fingerprint '{other.key}'"):
+        update_baseline(path, DEPLOYMENT, FINGERPRINT, _new_entries())
+    assert path.read_bytes() == before
+
+
+def test_hand_edited_hard_facts_are_refused_and_left_alone(tmp_path: Path) -> None:
+    path = _install(tmp_path, "merge_before.json")
+    data = json.loads(path.read_text())
+    data["fingerprint"]["hard"]["tp"] = "8"  # the key still says tp=1
+    path.write_text(json.dumps(data))
+    before = path.read_bytes()
+    with pytest.raises(BaselineError, match=r"does not match its hard facts.*git checkout -- "):
         update_baseline(path, DEPLOYMENT, FINGERPRINT, _new_entries())
     assert path.read_bytes() == before
 
