@@ -29,6 +29,21 @@ from pytest_kimiperf.fingerprint import Fingerprint
 from pytest_kimiperf.metric_specs import Direction
 from pytest_kimiperf.names import check_safe_name
 
+# Fingerprint is re-exported: it is the type baseline files are keyed by.
+__all__ = [
+    "SCHEMA_VERSION",
+    "BaselineEntry",
+    "BaselineFile",
+    "Fingerprint",
+    "baseline_path",
+    "current_git_commit",
+    "dumps_baseline",
+    "entry_key",
+    "load_baseline",
+    "make_entry",
+    "update_baseline",
+]
+
 SCHEMA_VERSION = 1
 SIGNIFICANT_DIGITS = 6
 LOCK_TIMEOUT_S = 120.0
