@@ -1,0 +1,170 @@
+"""The machine-readable report (``--perf-json``): every sample, statistic and verdict of the run.
+
+The schema is documented in ``docs/json-report-schema.md``; ``SCHEMA_VERSION`` changes whenever a
+field changes meaning or disappears (adding fields does not change it). Run-level figures that
+vLLM's ``bench serve`` also reports keep its field names (``completed``, ``median_ttft_ms``,
+``p99_itl_ms``, ``output_throughput``, ...; see vllm/benchmarks/serve.py), so a dashboard that
+reads bench-serve result files reads each test's ``run`` object unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pytest_kimiperf.errors import KimiperfError
+from pytest_kimiperf.gate import MetricResult, TestResult
+from pytest_kimiperf.metric_specs import METRICS
+from pytest_kimiperf.reports.model import ProfileFacts, SessionReport
+
+SCHEMA_VERSION = 1
+
+
+def build_json_report(report: SessionReport) -> dict[str, Any]:
+    """The report as a JSON-ready dict (non-finite numbers already turned into null)."""
+    data: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "generator": report.generator,
+        "created_at": report.created_at,
+        "deployment": dict(report.deployment),
+        "fingerprint": None if report.fingerprint is None else dict(report.fingerprint),
+        "reference_profile": report.reference_profile,
+        "profiles": {facts.name: _profile_json(facts) for facts in report.profiles},
+        "tests": [_test_json(res) for res in report.results],
+        "profile_comparisons": [
+            {
+                "test": row.test, "metric": row.metric, "profile": row.profile,
+                "reference_profile": row.reference_profile, "error": row.error,
+                **(row.comparison.to_dict() if row.comparison is not None else {}),
+            }
+            for row in report.profile_comparisons
+        ],
+        "baselines": {
+            "path": report.baselines_path,
+            "updated": report.baselines_update is not None,
+            "entries_written": report.baselines_update.entries if report.baselines_update else None,
+        },
+        "outputs": dict(report.outputs),
+        "plot_files": list(report.plot_files),
+        "errors": list(report.errors),
+    }
+    cleaned: dict[str, Any] = _finite(data)
+    return cleaned
+
+
+def dumps_json_report(data: Mapping[str, Any]) -> str:
+    """The report's text: two-space indent, keys in the order above, strict JSON (no NaN)."""
+    try:
+        return json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as exc:
+        # A pytest_kimiperf_update_json hook may have put something JSON cannot hold.
+        raise KimiperfError(
+            f"the JSON perf report cannot be serialized: {exc} (check the "
+            "pytest_kimiperf_update_json hooks: values must be JSON types, numbers finite)"
+        ) from None
+
+
+def write_json_report(path: Path, data: Mapping[str, Any]) -> None:
+    """Write the report to ``path`` (parents created), replacing any old file in one step."""
+    text = dumps_json_report(data)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+                handle.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as exc:
+        raise KimiperfError(
+            f"cannot write the JSON perf report to {path} (from --perf-json): {exc.strerror or exc}"
+        ) from None
+
+
+def metric_statistics(mres: MetricResult) -> dict[str, float | int | None]:
+    """Summary statistics of one metric's finite samples (``std`` is numpy's population std)."""
+    values = np.asarray(mres.finite, dtype=float)
+    failed = len(mres.samples) - int(values.size)
+    if values.size == 0:
+        return {"n": 0, "n_failed": failed, "median": None, "q1": None, "q3": None, "iqr": None,
+                "mean": None, "std": None, "min": None, "max": None, "p90": None, "p99": None}
+    q1, median, q3, p90, p99 = np.percentile(values, [25, 50, 75, 90, 99])
+    return {
+        "n": int(values.size), "n_failed": failed,
+        "median": float(median), "q1": float(q1), "q3": float(q3), "iqr": float(q3 - q1),
+        "mean": float(values.mean()), "std": float(values.std()),
+        "min": float(values.min()), "max": float(values.max()),
+        "p90": float(p90), "p99": float(p99),
+    }
+
+
+def _profile_json(facts: ProfileFacts) -> dict[str, Any]:
+    return {
+        "description": facts.description,
+        "profile_env": dict(facts.profile_env),
+        "server_env": dict(facts.server_env),
+        "overridden_shell_env": {
+            var: {"shell": shell, "profile": value}
+            for var, (shell, value) in sorted(facts.overridden_shell_env.items())
+        },
+        "boots": facts.boots,
+        "boot_s": facts.boot_s,
+        "log_path": facts.log_path,
+        "leftovers": list(facts.leftovers),
+        "error": facts.error,
+    }
+
+
+def _test_json(res: TestResult) -> dict[str, Any]:
+    return {
+        "test": res.test,
+        "nodeid": res.nodeid,
+        "profile": res.profile,
+        "deployment": res.deployment,
+        "scenario": res.scenario,
+        "invalid": res.invalid,
+        "failures": list(res.failures),
+        "warnings": list(res.warnings),
+        "messages": list(res.messages),
+        "floor": res.floor,
+        "run": dict(res.run),
+        "metrics": {name: _metric_json(mres) for name, mres in res.metrics.items()},
+        "itl_timeline_ms": list(res.itl_timeline_ms),
+        "interval_ns": list(res.interval_ns) if res.interval_ns else None,
+        "profile_env": dict(res.profile_env),
+        "server_env": dict(res.server_env),
+    }
+
+
+def _metric_json(mres: MetricResult) -> dict[str, Any]:
+    spec = METRICS.get(mres.metric)
+    return {
+        "label": spec.label if spec else mres.metric,
+        "unit": mres.unit,
+        "direction": mres.direction,
+        "tolerance": mres.tolerance,
+        "samples": list(mres.samples),
+        "summary": metric_statistics(mres),
+        "baseline": mres.baseline,
+        "baseline_message": mres.baseline_message,
+    }
+
+
+def _finite(value: Any) -> Any:
+    # JSON has no NaN; a failed request's NaN sample and an uncomputable CI bound become null.
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

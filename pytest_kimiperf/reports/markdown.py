@@ -1,0 +1,183 @@
+"""The Markdown summary: the terminal's tables as GitHub-flavoured Markdown.
+
+Written to ``--perf-markdown`` and appended to ``$GITHUB_STEP_SUMMARY`` (GitHub Actions shows
+that file on the run's summary page; each step appends to it, so we never overwrite it — see
+GitHub's "Adding a job summary" documentation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from pytest_kimiperf.errors import KimiperfError
+from pytest_kimiperf.reports.model import (
+    SessionReport,
+    fmt_ci,
+    fmt_iqr,
+    fmt_pct,
+    fmt_value,
+    profile_verdict,
+)
+from pytest_kimiperf.stats import VerdictKind
+
+
+def render_markdown(report: SessionReport) -> str:
+    """The whole summary as Markdown text, ending with a newline."""
+    dep = report.deployment
+    lines = [f"## kimiperf: {_text(str(dep.get('name', 'perf tests')))}", ""]
+    tests = len({r.test for r in report.results})
+    facts = [f"{tests} perf test{'' if tests == 1 else 's'}",
+             "profiles " + ", ".join(_code(p) for p in report.profile_names())]
+    if report.fingerprint is not None:
+        facts.append(f"fingerprint {_code(str(report.fingerprint.get('key', '?')))}")
+    lines += ["; ".join(facts) + ".", ""]
+    if not report.results:
+        lines += ["No perf test produced a result.", ""]
+    lines += _profile_tables(report)
+    lines += _baseline_tables(report)
+    lines += _floor_table(report)
+    lines += _bullets("Warnings", report.warnings())
+    lines += _servers(report)
+    lines += _bullets("Errors", report.errors)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def write_markdown(path: Path, text: str, *, append: bool, source: str) -> None:
+    """Write (or append, for $GITHUB_STEP_SUMMARY) the summary; ``source`` names where the path came from."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a" if append else "w", encoding="utf-8", newline="\n") as handle:
+            if append and handle.tell() > 0:
+                handle.write("\n")
+            handle.write(text)
+    except OSError as exc:
+        raise KimiperfError(
+            f"cannot write the Markdown perf summary to {path} (from {source}): {exc.strerror or exc}"
+        ) from None
+
+
+def _profile_tables(report: SessionReport) -> list[str]:
+    if not report.compared_profiles():
+        return []
+    ref = report.reference_profile
+    lines = [
+        f"### NCCL profiles vs {_code(ref)}", "",
+        f"Median (IQR) per profile; change of the median vs {_code(ref)} with its 95% bootstrap CI.", "",
+    ]
+    rows = []
+    for block in report.test_blocks():
+        test = _code(block.test)
+        for metric in block.metrics:
+            heading = _text(metric.heading)
+            for cell in metric.cells:
+                if cell.note:
+                    change, ci, verdict = "", "", _text(cell.note)
+                elif cell.comparison is not None:
+                    c = cell.comparison
+                    change, ci = fmt_pct(c.change), fmt_ci(c.ci_low, c.ci_high)
+                    verdict = _emphasize(profile_verdict(c), c.verdict)
+                else:
+                    change, ci, verdict = "", "", "reference" if cell.is_reference else ""
+                rows.append([test, heading, _code(cell.profile), fmt_value(cell.median),
+                             fmt_iqr(cell.q1, cell.q3), change, ci, verdict])
+                test = heading = ""
+    lines += _table(["test", "metric", "profile", "median", "IQR", f"vs {_text(ref)}", "95% CI", "verdict"],
+                    "lllrlrll", rows)
+    return lines + [""]
+
+
+def _baseline_tables(report: SessionReport) -> list[str]:
+    rows = report.baseline_rows()
+    if not rows:
+        return []
+    where = _code(report.baselines_path) if report.baselines_path else "baselines"
+    lines = [f"### Against baselines ({where})", ""]
+    compared = [row for row in rows if row.baseline is not None]
+    missing: dict[str, int] = {}
+    for row in rows:
+        if row.baseline is None:
+            missing[row.message] = missing.get(row.message, 0) + 1
+    if compared:
+        table_rows = []
+        for row in compared:
+            b = row.baseline or {}
+            verdict = VerdictKind(str(b["verdict"]))
+            word = "REGRESSION" if verdict is VerdictKind.REGRESSION else verdict.value
+            table_rows.append([
+                _code(row.test), _code(row.profile), _text(row.heading), fmt_value(row.median),
+                fmt_iqr(row.q1, row.q3), fmt_value(_num(b.get("median_reference"))),
+                fmt_pct(_num(b.get("change"))), fmt_ci(_num(b.get("ci_low")), _num(b.get("ci_high"))),
+                _emphasize(word, verdict),
+            ])
+        lines += _table(["test", "profile", "metric", "current", "IQR", "baseline", "change",
+                         "95% CI", "verdict"], "lllrlrrll", table_rows)
+        lines.append("")
+    for reason, count in missing.items():
+        lines.append(f"- {_text(reason)} ({count} {'metric' if count == 1 else 'metrics'})")
+    if missing:
+        lines.append("")
+    return lines
+
+
+def _floor_table(report: SessionReport) -> list[str]:
+    floored = report.floor_results()
+    if not floored:
+        return []
+    rows = []
+    for res in floored:
+        floor = res.floor or {}
+        status = str(floor.get("status", ""))
+        rows.append([_code(res.test), _code(res.profile), fmt_value(_num(floor.get("median"))),
+                     fmt_value(_num(floor.get("floor"))), fmt_value(_num(floor.get("target"))),
+                     f"**{status.upper()}**" if status == "below floor" else _text(status)])
+    return ["### Decode floor", ""] + _table(
+        ["test", "profile", "decode tok/s", "floor", "target", "status"], "llrrrl", rows) + [""]
+
+
+def _servers(report: SessionReport) -> list[str]:
+    if not report.profiles:
+        return []
+    rows = []
+    for facts in report.profiles:
+        overrides = " ".join(f"{k}={v}" for k, v in sorted(facts.profile_env.items())) or "(none)"
+        boots = "?" if facts.boots is None else str(facts.boots)
+        ready = "" if facts.boot_s is None else f"{facts.boot_s:.0f} s"
+        notes = [f"**LEFTOVER**: {_text(x)}" for x in facts.leftovers]
+        if facts.error:
+            notes.append(f"failed: {_text(facts.error)}")
+        rows.append([_code(facts.name), _code(overrides), boots, ready, "; ".join(notes)])
+    return ["### Servers", ""] + _table(
+        ["profile", "NCCL overrides", "boots", "ready after", "notes"], "llrrl", rows) + [""]
+
+
+def _bullets(title: str, items: Sequence[str]) -> list[str]:
+    if not items:
+        return []
+    return [f"### {title}", ""] + [f"- {_text(item)}" for item in items] + [""]
+
+
+def _table(header: Sequence[str], aligns: str, rows: Sequence[Sequence[str]]) -> list[str]:
+    rule = ["--:" if a == "r" else ":--" for a in aligns]
+    return ["| " + " | ".join(cells) + " |" for cells in [list(header), rule, *rows]]
+
+
+def _emphasize(word: str, verdict: VerdictKind) -> str:
+    return f"**{word}**" if verdict is VerdictKind.REGRESSION else word
+
+
+def _code(text: str) -> str:
+    # In a GFM table a pipe ends the cell even inside a code span unless escaped; a backtick
+    # would end the span, so it is replaced (test ids rarely carry one).
+    return "`" + text.replace("`", "'").replace("|", "\\|") + "`"
+
+
+def _text(text: str) -> str:
+    out = text.replace("\\", "\\\\").replace("|", "\\|")
+    for ch in "*_<>[]`":
+        out = out.replace(ch, "\\" + ch)
+    return out.replace("\n", " ")
+
+
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

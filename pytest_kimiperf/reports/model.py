@@ -1,0 +1,360 @@
+"""What the session's reports say, gathered once from the run.
+
+The terminal summary, the Markdown summary, the JSON report and the plots show the same facts.
+They are collected here into a :class:`SessionReport`, and the profile-vs-reference comparisons
+are computed once (each costs two bootstraps). The table cells (``81.4``, ``+0.6%``,
+``-0.8..+2.0%``) are formatted here too, so the terminal and Markdown tables cannot disagree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_kimiperf.gate import MetricResult, TestResult, compare_profiles
+from pytest_kimiperf.metric_specs import METRICS
+from pytest_kimiperf.stats import Comparison, VerdictKind
+
+
+@dataclass(frozen=True)
+class ProfileFacts:
+    """One NCCL profile as it ran: its overrides and what its server did.
+
+    ``boots`` is None when this process did not start the server (an xdist worker did, or the
+    server was attached with --server-url), so the report says "unknown" instead of "0".
+    """
+
+    name: str
+    description: str = ""
+    profile_env: Mapping[str, str] = field(default_factory=dict)
+    server_env: Mapping[str, str] = field(default_factory=dict)
+    # variable -> (value in the shell, value the profile set), as ServerRecord keeps them
+    overridden_shell_env: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    boots: int | None = None
+    boot_s: float | None = None
+    log_path: str | None = None
+    leftovers: tuple[str, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ProfileComparison:
+    """One profile against the reference profile for one test and metric."""
+
+    test: str
+    metric: str
+    profile: str
+    reference_profile: str
+    comparison: Comparison | None
+    error: str | None = None  # why no comparison could be computed
+
+
+@dataclass(frozen=True)
+class BaselineUpdate:
+    """The baseline file written by --update-baselines and how many entries went into it."""
+
+    path: str
+    entries: int
+
+
+@dataclass(frozen=True)
+class ProfileCell:
+    """One profile's figures for one metric of one test, and its comparison to the reference."""
+
+    profile: str
+    is_reference: bool
+    median: float | None
+    q1: float | None
+    q3: float | None
+    n: int
+    samples: tuple[float, ...]
+    comparison: Comparison | None = None
+    note: str | None = None  # replaces the verdict: invalid run, no reference, error
+
+
+@dataclass(frozen=True)
+class MetricBlock:
+    """One metric of one test across the profiles (reference first)."""
+
+    metric: str
+    heading: str
+    cells: tuple[ProfileCell, ...]
+
+
+@dataclass(frozen=True)
+class PerfTestBlock:
+    """One perf test (node id without the profile) across profiles and metrics."""
+
+    test: str
+    scenario: str
+    metrics: tuple[MetricBlock, ...]
+
+
+@dataclass(frozen=True)
+class BaselineRow:
+    """One metric of one test under one profile against its stored baseline."""
+
+    test: str
+    profile: str
+    metric: str
+    heading: str
+    median: float | None
+    q1: float | None
+    q3: float | None
+    baseline: Mapping[str, Any] | None  # Comparison.to_dict()
+    message: str  # the gate's line; for a missing baseline, the reason without the metric label
+
+    @property
+    def verdict(self) -> str | None:
+        """The gate's verdict word, or None when there was nothing to compare with."""
+        return None if self.baseline is None else str(self.baseline["verdict"])
+
+
+@dataclass
+class SessionReport:
+    """Everything the reports show about one pytest session."""
+
+    generator: str
+    created_at: str  # ISO 8601 UTC
+    deployment: Mapping[str, Any]
+    fingerprint: Mapping[str, Any] | None
+    reference_profile: str
+    profiles: list[ProfileFacts]
+    results: list[TestResult]
+    profile_comparisons: list[ProfileComparison]
+    baselines_path: str | None = None
+    baselines_update: BaselineUpdate | None = None
+    # what was written where: "json", "markdown", "github_step_summary", "plots" -> path
+    outputs: dict[str, str] = field(default_factory=dict)
+    plot_files: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def profile_names(self) -> list[str]:
+        """Profiles in display order: the reference first, then as selected, then any others seen."""
+        names = [p.name for p in self.profiles]
+        for res in self.results:
+            if res.profile not in names:
+                names.append(res.profile)
+        if self.reference_profile in names:
+            names.remove(self.reference_profile)
+            names.insert(0, self.reference_profile)
+        return names
+
+    def compared_profiles(self) -> bool:
+        """Whether more than one profile produced results, so a profile table means something."""
+        return len({res.profile for res in self.results}) > 1
+
+    def test_blocks(self) -> list[PerfTestBlock]:
+        """Per test and metric, each profile's figures and its comparison to the reference."""
+        order = {name: i for i, name in enumerate(self.profile_names())}
+        comparisons = {(c.test, c.metric, c.profile): c for c in self.profile_comparisons}
+        by_test: dict[str, list[TestResult]] = {}
+        for res in self.results:
+            by_test.setdefault(res.test, []).append(res)
+        blocks = []
+        for test, results in by_test.items():
+            results = sorted(results, key=lambda r: order.get(r.profile, len(order)))
+            has_reference = any(
+                r.profile == self.reference_profile and not r.invalid for r in results
+            )
+            metrics: list[str] = []
+            for res in results:
+                metrics.extend(m for m in res.metrics if m not in metrics)
+            metric_blocks = []
+            for metric in metrics:
+                cells = []
+                for res in results:
+                    mres = res.metrics.get(metric)
+                    if mres is None:
+                        continue
+                    cells.append(self._cell(res, mres, has_reference, comparisons))
+                metric_blocks.append(MetricBlock(metric, metric_heading(metric), tuple(cells)))
+            scenario = results[0].scenario if results else ""
+            blocks.append(PerfTestBlock(test, scenario, tuple(metric_blocks)))
+        return blocks
+
+    def _cell(
+        self,
+        res: TestResult,
+        mres: MetricResult,
+        has_reference: bool,
+        comparisons: Mapping[tuple[str, str, str], ProfileComparison],
+    ) -> ProfileCell:
+        summary = mres.summary()
+        is_reference = res.profile == self.reference_profile
+        note: str | None = None
+        comparison: Comparison | None = None
+        if res.invalid:
+            note = f"INVALID measurement: {res.invalid}"
+        elif not is_reference:
+            found = comparisons.get((res.test, mres.metric, res.profile))
+            if found is not None and found.comparison is not None:
+                comparison = found.comparison
+            elif found is not None and found.error:
+                note = found.error
+            elif not has_reference:
+                note = f"no valid result of the reference profile {self.reference_profile}"
+        return ProfileCell(
+            profile=res.profile, is_reference=is_reference,
+            median=_float_or_none(summary["median"]), q1=_float_or_none(summary["q1"]),
+            q3=_float_or_none(summary["q3"]), n=int(summary["n"] or 0),
+            samples=tuple(mres.samples), comparison=comparison, note=note,
+        )
+
+    def baseline_rows(self) -> list[BaselineRow]:
+        """Each test, profile and metric against its baseline (or why there is none)."""
+        rows = []
+        for res in self.results:
+            for mres in res.metrics.values():
+                summary = mres.summary()
+                message = mres.baseline_message or "not compared with a baseline"
+                label = METRICS[mres.metric].label if mres.metric in METRICS else mres.metric
+                # The gate prefixes its message with the metric's label; the tables have a metric
+                # column, so the reason reads better without it.
+                for prefix in (f"{label} {mres.unit}: ", f"{label}: "):
+                    if message.startswith(prefix):
+                        message = message[len(prefix):]
+                        break
+                rows.append(BaselineRow(
+                    test=res.test, profile=res.profile, metric=mres.metric,
+                    heading=metric_heading(mres.metric), median=_float_or_none(summary["median"]),
+                    q1=_float_or_none(summary["q1"]), q3=_float_or_none(summary["q3"]),
+                    baseline=mres.baseline, message=message,
+                ))
+        return rows
+
+    def floor_results(self) -> list[TestResult]:
+        """The results that were checked against the deployment's decode floor."""
+        return [res for res in self.results if res.floor]
+
+    def warnings(self) -> list[str]:
+        """Warnings worth reading after the run: inconclusive, improvements, below target, invalid."""
+        lines = []
+        for res in self.results:
+            where = f"{res.test} [{res.profile}]"
+            if res.invalid:
+                lines.append(f"{where}: INVALID measurement: {res.invalid}")
+            lines.extend(f"{where}: {warning}" for warning in res.warnings)
+        return lines
+
+
+def build_session_report(
+    *,
+    results: Sequence[TestResult],
+    reference_profile: str,
+    profiles: Sequence[ProfileFacts],
+    deployment: Mapping[str, Any],
+    fingerprint: Mapping[str, Any] | None,
+    created_at: str,
+    generator: str,
+    baselines_path: str | None = None,
+) -> SessionReport:
+    """Gather the run's facts and compare every profile with the reference profile."""
+    return SessionReport(
+        generator=generator,
+        created_at=created_at,
+        deployment=dict(deployment),
+        fingerprint=None if fingerprint is None else dict(fingerprint),
+        reference_profile=reference_profile,
+        profiles=list(profiles),
+        results=list(results),
+        profile_comparisons=profile_comparisons(results, reference_profile),
+        baselines_path=baselines_path,
+    )
+
+
+def profile_comparisons(
+    results: Sequence[TestResult], reference_profile: str
+) -> list[ProfileComparison]:
+    """Each profile against the reference, per test and metric; invalid runs are left out.
+
+    A run the client could not trust (``invalid``) measured the client, not NCCL, so comparing it
+    would make a verdict out of noise. Each test is compared on its own so that one test whose
+    samples cannot be compared (a reference median of 0) does not take the others' tables away.
+    """
+    by_test: dict[str, list[TestResult]] = {}
+    for res in results:
+        if not res.invalid:
+            by_test.setdefault(res.test, []).append(res)
+    rows: list[ProfileComparison] = []
+    for test, group in by_test.items():
+        try:
+            compared = compare_profiles(group, reference_profile)
+        except ValueError as exc:
+            rows.extend(
+                ProfileComparison(test, metric, res.profile, reference_profile, None,
+                                  error=f"cannot compare: {exc}")
+                for res in group if res.profile != reference_profile for metric in res.metrics
+            )
+            continue
+        rows.extend(
+            ProfileComparison(test, metric, profile, reference_profile, comparison)
+            for test, metric, profile, comparison in compared
+        )
+    return rows
+
+
+# -- cells shared by the terminal and Markdown tables -----------------------------------------
+
+
+def metric_heading(metric: str) -> str:
+    """The metric as a table row names it: label and unit, e.g. ``decode tok/s``."""
+    spec = METRICS.get(metric)
+    if spec is None:
+        return metric
+    return f"{spec.label} {spec.unit}".strip()
+
+
+def fmt_value(value: float | None) -> str:
+    """A measured figure at four significant digits, never in e-notation (81.4, 12.35, 1234)."""
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    text = f"{value:.4g}"
+    return f"{value:.0f}" if "e" in text else text
+
+
+def fmt_iqr(q1: float | None, q3: float | None) -> str:
+    """The interquartile range as ``80.9-82.0`` (both ends at the median's precision)."""
+    if q1 is None or q3 is None:
+        return "n/a"
+    return f"{fmt_value(q1)}-{fmt_value(q3)}"
+
+
+def fmt_pct(fraction: float | None) -> str:
+    """A signed change in percent, ``+0.6%``."""
+    if fraction is None or not math.isfinite(fraction):
+        return "n/a"
+    return f"{fraction * 100:+.1f}%"
+
+
+def fmt_ci(low: float | None, high: float | None) -> str:
+    """A confidence interval of a change, ``-0.8..+2.0%``."""
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+        return "n/a"
+    return f"{low * 100:+.1f}..{high * 100:+.1f}%"
+
+
+def fmt_p(p: float | None) -> str:
+    """A p-value as the gate prints it."""
+    if p is None or not math.isfinite(p):
+        return "p=n/a"
+    return "p<0.0001" if p < 0.0001 else f"p={p:.2g}"
+
+
+def profile_verdict(comparison: Comparison) -> str:
+    """The verdict of a profile against the reference, in words that fit a comparison of equals.
+
+    The gate's "regression"/"improvement" speak of a change over time; between two NCCL profiles
+    measured in the same session "worse"/"better" is what the data says.
+    """
+    if comparison.verdict is VerdictKind.REGRESSION:
+        return "worse"
+    if comparison.verdict is VerdictKind.IMPROVEMENT:
+        return "better"
+    return str(comparison.verdict.value)
+
+
+def _float_or_none(value: float | None) -> float | None:
+    return None if value is None else float(value)

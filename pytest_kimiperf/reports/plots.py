@@ -1,0 +1,212 @@
+"""PNG plots (``--perf-plots DIR``): where the samples lie, not only their medians.
+
+Two kinds per perf test: for each metric, the per-request (or per-round) samples of every
+profile as a box with the points on top, which shows a bimodal or long-tailed profile that a
+median hides; and for each profile, the inter-token latency of every token gap in the order the
+run produced them, which shows stalls and drift over the run.
+
+matplotlib is optional (``pip install 'pytest-kimiperf[plots]'``). Figures are drawn with
+``matplotlib.figure.Figure`` on the Agg canvas, never through pyplot, so the plugin does not
+change the global backend of a test process that uses pyplot itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pytest_kimiperf.errors import ConfigError, KimiperfError
+from pytest_kimiperf.gate import TestResult
+from pytest_kimiperf.metric_specs import METRICS, Direction
+from pytest_kimiperf.metrics import RUN_LEVEL_METRICS
+from pytest_kimiperf.reports.model import (
+    MetricBlock,
+    PerfTestBlock,
+    SessionReport,
+    fmt_ci,
+    fmt_pct,
+    fmt_value,
+    profile_verdict,
+)
+
+INSTALL_HINT = "pip install 'pytest-kimiperf[plots]'"
+DPI = 100
+_MAX_SLUG = 80
+_ROLLING_POINTS = 50  # the rolling median spans about 1/50 of the run
+
+
+def matplotlib_problem() -> str | None:
+    """Why plots cannot be drawn here (matplotlib missing or broken), or None when they can."""
+    try:
+        import matplotlib  # noqa: F401
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+    except ImportError as exc:
+        return (
+            f"--perf-plots needs matplotlib, which cannot be imported ({exc}): {INSTALL_HINT}"
+        )
+    return None
+
+
+def render_plots(report: SessionReport, out_dir: Path) -> list[Path]:
+    """Draw every plot of the session into ``out_dir`` and return the files written."""
+    problem = matplotlib_problem()
+    if problem:
+        raise ConfigError(problem)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KimiperfError(
+            f"cannot create the plot directory {out_dir} (from --perf-plots): {exc.strerror or exc}"
+        ) from None
+    written: list[Path] = []
+    slugs = _unique_slugs([block.test for block in report.test_blocks()])
+    by_test: dict[str, list[TestResult]] = {}
+    for res in report.results:
+        by_test.setdefault(res.test, []).append(res)
+    order = {name: i for i, name in enumerate(report.profile_names())}
+    for block in report.test_blocks():
+        slug = slugs[block.test]
+        for metric in block.metrics:
+            if not any(_finite(cell.samples) for cell in metric.cells):
+                continue
+            path = out_dir / f"{slug}--{metric.metric}.png"
+            _save(plot_distribution(block, metric, report.reference_profile), path)
+            written.append(path)
+        timelines = [
+            (res.profile, res.itl_timeline_ms)
+            for res in sorted(by_test[block.test], key=lambda r: order.get(r.profile, len(order)))
+            if res.itl_timeline_ms
+        ]
+        if timelines:
+            path = out_dir / f"{slug}--itl-timeline.png"
+            _save(plot_itl_timeline(block.test, block.scenario, timelines), path)
+            written.append(path)
+    return written
+
+
+def plot_distribution(block: PerfTestBlock, metric: MetricBlock, reference_profile: str) -> Any:
+    """One metric of one test: per profile a box (quartiles) and every sample as a point."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4.8), dpi=DPI, layout="constrained")
+    ax = fig.add_subplot()
+    rng = np.random.default_rng(0)  # fixed jitter: the same data draws the same picture
+    values = [_finite(cell.samples) for cell in metric.cells]
+    positions = list(range(1, len(values) + 1))
+    drawn = [(pos, v) for pos, v in zip(positions, values) if v]
+    ax.boxplot(
+        [v for _, v in drawn], positions=[p for p, _ in drawn], widths=0.5, showfliers=False,
+        medianprops={"color": "black", "linewidth": 2}, boxprops={"color": "0.35"},
+        whiskerprops={"color": "0.35"}, capprops={"color": "0.35"},
+    )
+    for pos, vals, cell in zip(positions, values, metric.cells):
+        jitter = rng.uniform(-0.15, 0.15, size=len(vals))
+        ax.scatter(np.full(len(vals), pos) + jitter, vals, s=14, alpha=0.55, zorder=3,
+                   color="tab:blue" if cell.is_reference else "tab:orange", edgecolors="none")
+    labels = []
+    for cell, vals in zip(metric.cells, values):
+        failed = len(cell.samples) - len(vals)
+        label = f"{cell.profile}\nmedian {fmt_value(cell.median)}, n={len(vals)}"
+        if failed:
+            label += f" ({failed} failed)"
+        if cell.comparison is not None:
+            c = cell.comparison
+            label += f"\n{fmt_pct(c.change)} ({fmt_ci(c.ci_low, c.ci_high)})\n{profile_verdict(c)}"
+        elif cell.note:
+            label += "\n" + _shorten(cell.note, 40)
+        elif cell.is_reference:
+            label += "\n(reference)"
+        labels.append(label)
+    ax.set_xticks(positions, labels, fontsize=8)
+    ax.set_xlim(0.4, len(positions) + 0.6)
+    spec = METRICS.get(metric.metric)
+    unit = spec.unit if spec else ""
+    label = spec.label if spec else metric.metric
+    ax.set_ylabel(f"{label} ({unit})" if unit else label)
+    better = ""
+    if spec is not None:
+        better = "higher is better" if spec.direction is Direction.HIGHER_IS_BETTER else "lower is better"
+    # Throughputs are measured per round (metrics.RUN_LEVEL_METRICS), the rest per request.
+    per = "round" if metric.metric in RUN_LEVEL_METRICS else "request"
+    ax.set_title(f"{_shorten(block.test, 70)}\n{label} per {per}, by NCCL profile"
+                 f"{f' — {block.scenario}' if block.scenario else ''}", fontsize=10)
+    if better:
+        ax.text(0.99, 0.98, better, transform=ax.transAxes, ha="right", va="top", fontsize=8, color="0.4")
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def plot_itl_timeline(test: str, scenario: str, timelines: Sequence[tuple[str, Sequence[float]]]) -> Any:
+    """Each profile's inter-token latencies in run order, with a rolling median over them."""
+    from matplotlib.figure import Figure
+
+    rows = len(timelines)
+    fig = Figure(figsize=(9, 1.0 + 2.2 * rows), dpi=DPI, layout="constrained")
+    axes = fig.subplots(rows, 1, sharex=True, sharey=True, squeeze=False)[:, 0]
+    for ax, (profile, timeline) in zip(axes, timelines):
+        values = np.asarray([v if math.isfinite(v) else np.nan for v in timeline], dtype=float)
+        index = np.arange(values.size)
+        ax.scatter(index, values, s=3, alpha=0.35, color="tab:blue", edgecolors="none",
+                   label="token gap")
+        window = max(5, values.size // _ROLLING_POINTS)
+        if values.size >= window:
+            ax.plot(index, _rolling_median(values, window), color="tab:red", linewidth=1.2,
+                    label=f"rolling median ({window} gaps)")
+        median = float(np.nanmedian(values)) if np.isfinite(values).any() else math.nan
+        ax.set_title(f"{profile}: {values.size} gaps, median {fmt_value(median)} ms", fontsize=9,
+                     loc="left")
+        ax.set_ylabel("ITL (ms)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="upper right", fontsize=8)
+    axes[-1].set_xlabel("token gap, in the order the run produced them")
+    fig.suptitle(f"{_shorten(test, 80)}\ninter-token latency over the run"
+                 f"{f' — {scenario}' if scenario else ''}", fontsize=10)
+    return fig
+
+
+def _rolling_median(values: np.ndarray, window: int) -> np.ndarray:
+    # Centered window, shrinking at the ends; nanmedian so a missing gap does not blank a stretch.
+    half = window // 2
+    out = np.empty(values.size)
+    for i in range(values.size):
+        chunk = values[max(0, i - half): i + half + 1]
+        out[i] = np.nanmedian(chunk) if np.isfinite(chunk).any() else np.nan
+    return out
+
+
+def _save(fig: Any, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    try:
+        fig.savefig(path, format="png")
+    except OSError as exc:
+        raise KimiperfError(f"cannot write plot {path} (from --perf-plots): {exc.strerror or exc}") from None
+
+
+def _finite(samples: Sequence[float]) -> list[float]:
+    return [s for s in samples if math.isfinite(s)]
+
+
+def _unique_slugs(tests: Sequence[str]) -> dict[str, str]:
+    """File-name-safe names for test ids; a hash keeps long or colliding ones apart."""
+    slugs: dict[str, str] = {}
+    seen: set[str] = set()
+    for test in tests:
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", test.replace("::", "--")).strip("._-") or "test"
+        if len(slug) > _MAX_SLUG or slug in seen:
+            digest = hashlib.sha1(test.encode()).hexdigest()[:8]
+            slug = f"{slug[: _MAX_SLUG - 9]}-{digest}"
+        seen.add(slug)
+        slugs[test] = slug
+    return slugs
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else "…" + text[-(width - 1):]
