@@ -219,7 +219,7 @@ def test_floor_and_warnings_and_files(report: SessionReport) -> None:
     assert len(floor) == 2 and all("below the target" in line for line in floor)
     assert "= kimiperf: warnings" in lines
     assert "server default: booted 1x, ready after 42 s; log: logs/server-tiny-cpu-default.log" in lines
-    assert "  ring-ll replaced NCCL_ALGO='Tree' from the shell with 'Ring'" in lines
+    assert "  profile ring-ll overrides NCCL_ALGO='Tree' from the shell with 'Ring'" in lines
     assert "JSON report: out/report.json" in lines
     assert "plots: out/plots (2 PNG files)" in lines
 
@@ -503,3 +503,21 @@ def test_plugin_quiet_summary_and_hook_edit(pytester: pytest.Pytester, monkeypat
     outcome.stdout.fnmatch_lines(["*time to first token ms: ring-ll * vs default *: +*% (*) worse"])
     assert "servers and files" not in outcome.stdout.str()
     assert json.loads((pytester.path / "r.json").read_text())["ci"] == {"job": "nightly"}
+
+
+def test_plugin_reports_results_from_xdist_workers(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                                                   results: list[gate.TestResult]) -> None:
+    """Under xdist the results reach the controller serialized in the reports; only it writes."""
+    pytest.importorskip("xdist")
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    payload = {res.profile: {**res.to_json(), "test": "test_perf.py::test_single_stream_decode"}
+               for res in results}
+    (pytester.path / "results.json").write_text(json.dumps(payload))
+    pytester.makepyfile(test_perf=PLUGIN_TEST)
+    outcome = pytester.runpytest("-n", "2", "-p", "no:cacheprovider", "--deployment", "tiny-cpu",
+                                 "--nccl-profile", "default,ring-ll", "--perf-json", "r.json")
+    outcome.assert_outcomes(passed=2)
+    outcome.stdout.fnmatch_lines(["*ring-ll*+*%*worse", "*not started by this process*"])
+    data = json.loads((pytester.path / "r.json").read_text())
+    assert sorted(t["profile"] for t in data["tests"]) == ["default", "ring-ll"]
+    assert data["profiles"]["default"]["boots"] is None  # booted (if at all) on a worker

@@ -291,7 +291,7 @@ def _servers_and_files(report: SessionReport, *, quiet: bool) -> list[TerminalLi
         lines.append(TerminalLine(f"server {facts.name}: {boot}{log}"))
         for var, (shell, value) in sorted(facts.overridden_shell_env.items()):
             lines.append(TerminalLine(
-                f"  {facts.name} replaced {var}={shell!r} from the shell with {value!r}", markup=_YELLOW))
+                f"  profile {facts.name} overrides {var}={shell!r} from the shell with {value!r}", markup=_YELLOW))
     if not quiet:
         labels = {"json": "JSON report", "markdown": "Markdown summary",
                   "github_step_summary": "Markdown appended to $GITHUB_STEP_SUMMARY", "plots": "plots"}
