@@ -158,7 +158,15 @@ def _update_baselines(state: Any, *, rootpath: Path) -> BaselineUpdate:
     path = baselines.baseline_path(settings.baselines_dir, settings.deployment.name, fp.key)
     if not entries:
         return BaselineUpdate(path=str(path), entries=0)
-    baselines.update_baseline(path, settings.deployment.name, fp, entries)
+    try:
+        baselines.update_baseline(path, settings.deployment.name, fp, entries)
+    except OSError as exc:
+        # update_baseline turns its own write errors into BaselineError; creating the directory
+        # (a --baselines-dir that is a file, no permission) can still fail underneath it.
+        raise KimiperfError(
+            f"cannot write baseline {path} (--update-baselines, --baselines-dir "
+            f"{settings.baselines_dir}): {exc.strerror or exc}"
+        ) from None
     return BaselineUpdate(path=str(path), entries=len(entries))
 
 

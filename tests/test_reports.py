@@ -521,3 +521,24 @@ def test_plugin_reports_results_from_xdist_workers(pytester: pytest.Pytester, mo
     data = json.loads((pytester.path / "r.json").read_text())
     assert sorted(t["profile"] for t in data["tests"]) == ["default", "ring-ll"]
     assert data["profiles"]["default"]["boots"] is None  # booted (if at all) on a worker
+
+
+def test_plugin_reports_a_baseline_it_cannot_write_and_still_writes_the_json(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, results: list[gate.TestResult]
+) -> None:
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    payload = {res.profile: {**res.to_json(), "test": "test_perf.py::test_single_stream_decode"}
+               for res in results}
+    (pytester.path / "results.json").write_text(json.dumps(payload))
+    (pytester.path / "not-a-dir").write_text("a file where the baselines directory should be\n")
+    pytester.makepyfile(test_perf=PLUGIN_TEST)
+    outcome = pytester.runpytest("-p", "no:cacheprovider", "--deployment", "tiny-cpu",
+                                 "--nccl-profile", "default,ring-ll", "--perf-json", "r.json",
+                                 "--update-baselines", "--baselines-dir", "not-a-dir")
+    assert outcome.ret == pytest.ExitCode.TESTS_FAILED
+    outcome.stdout.fnmatch_lines(["*kimiperf: reports and baselines*",
+                                  "ERROR: cannot write baseline *not-a-dir/tiny-cpu/*.json*"])
+    assert "Traceback" not in outcome.stdout.str()
+    data = json.loads((pytester.path / "r.json").read_text())
+    assert data["baselines"]["updated"] is False
+    assert len(data["errors"]) == 1 and "cannot write baseline" in data["errors"][0]
