@@ -27,7 +27,8 @@ token per whitespace-separated word, BOS when ``add_special_tokens``), ``/v1/mod
 A request can ask for faults through a ``"paced"`` object in its JSON body: ``tokens_per_chunk``,
 ``break_after_chunks`` (close the socket mid-stream), ``completion_tokens_delta`` (lie in usage),
 ``error_after_chunks`` (send a vLLM-style ``{"error": ...}`` event), ``status`` (answer with
-that HTTP status), ``ttft_ms`` / ``itl_ms`` (override the pace).
+that HTTP status), ``ttft_ms`` / ``itl_ms`` (override the pace), ``close_idle_after_ms`` (close
+the keep-alive connection that long after the stream ended, as uvicorn's keep-alive timeout does).
 
 Run it: ``python benchmarks/paced_server.py --port 8123 --ttft-ms 20 --itl-ms 5``; it prints
 ``PACED_SERVER_READY port=<port>`` on stdout when it accepts connections.
@@ -48,7 +49,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 _PR_SET_TIMERSLACK = 29
 # Not every Python build exposes the constant; the value is fixed by the Linux ABI.
@@ -74,6 +75,10 @@ class PacedServerConfig:
     # Emit on a global step grid (every itl_ms for all streams at once), as a continuous-batching
     # engine does, instead of each stream on its own phase.
     batched: bool = False
+    # Like vLLM's --api-key: /v1 routes then need "Authorization: Bearer <key>".
+    api_key: str | None = None
+    # Serve /tokenize and /detokenize (off: an OpenAI-compatible server that is not vLLM).
+    tokenizer: bool = True
 
 
 @dataclass
@@ -88,6 +93,7 @@ class _Stream:
     completion_tokens_delta: int
     break_after_chunks: int | None
     error_after_chunks: int | None
+    close_idle_after_ms: float | None
     t_arrival_ns: int
     first_due_ns: int
     itl_ns: int
@@ -145,7 +151,8 @@ class PacedServer:
         self._epoll = select.epoll()
         self._epoll.register(self._listener.fileno(), select.EPOLLIN)
         self._conns: dict[int, _Connection] = {}
-        self._heap: list[tuple[int, int, _Stream]] = []
+        self._heap: list[tuple[int, int, _Stream | _Connection]] = []
+        self.connections_accepted = 0
         self._seq = 0
         self._streams: list[_Stream] = []
         self._vocab: dict[str, int] = {"<s>": _BOS_ID}
@@ -164,7 +171,7 @@ class PacedServer:
         """The URL a client uses, e.g. ``http://127.0.0.1:8123``."""
         return f"http://{self.config.host}:{self.port}"
 
-    def start(self) -> PacedServer:
+    def start(self) -> Self:
         """Serve from a daemon thread (for tests); returns self."""
         self._thread = threading.Thread(target=self.serve_forever, name="paced-server", daemon=True)
         self._thread.start()
@@ -181,7 +188,7 @@ class PacedServer:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def __enter__(self) -> PacedServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -238,10 +245,11 @@ class PacedServer:
     def _fire_due(self) -> None:
         heap = self._heap
         while heap and heap[0][0] <= time.perf_counter_ns():
-            _, _, stream = heapq.heappop(heap)
-            if stream.outcome != "streaming":
-                continue
-            self._send_chunk(stream)
+            _, _, item = heapq.heappop(heap)
+            if isinstance(item, _Connection):
+                self._close(item)  # an idle keep-alive connection timing out
+            elif item.outcome == "streaming":
+                self._send_chunk(item)
 
     def _send_chunk(self, stream: _Stream) -> None:
         conn = stream.conn
@@ -275,6 +283,10 @@ class PacedServer:
             stream.outcome = "done"
             stream.t_end_ns = stream.write_ns[-1] if stream.write_ns else time.perf_counter_ns()
             conn.streaming = False
+            if stream.close_idle_after_ms is not None:
+                self._seq += 1
+                due_ns = time.perf_counter_ns() + int(stream.close_idle_after_ms * 1e6)
+                heapq.heappush(self._heap, (due_ns, self._seq, conn))
         else:
             self._schedule(stream, stream.first_due_ns + stream.chunks_sent * stream.itl_ns)
 
@@ -343,6 +355,7 @@ class PacedServer:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            self.connections_accepted += 1
             conn = _Connection(sock=sock)
             self._conns[sock.fileno()] = conn
             self._epoll.register(sock.fileno(), select.EPOLLIN)
@@ -398,6 +411,13 @@ class PacedServer:
         except ValueError:
             self._respond_json(conn, 400, _error("body is not JSON"))
             return
+        key = self.config.api_key
+        if key and path.startswith("/v1/") and headers.get("authorization") != f"Bearer {key}":
+            self._respond_json(conn, 401, _error("invalid API key"))
+            return
+        if not self.config.tokenizer and path in ("/tokenize", "/detokenize"):
+            self._respond_json(conn, 404, _error(f"no route {method} {path}"))
+            return
         if method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
             self._start_generation(conn, path.endswith("chat/completions"), headers, payload)
         elif method == "POST" and path == "/tokenize":
@@ -414,7 +434,8 @@ class PacedServer:
         elif method == "GET" and path == "/metrics":
             self._respond(conn, 200, self._metrics_text().encode(), b"text/plain; version=0.0.4")
         elif method == "GET" and path == "/paced/truth":
-            self._respond_json(conn, 200, {"streams": [_truth(s) for s in self._streams]})
+            self._respond_json(conn, 200, {"streams": [_truth(s) for s in self._streams],
+                                           "connections_accepted": self.connections_accepted})
         elif method == "POST" and path == "/paced/reset":
             self._streams = [s for s in self._streams if s.outcome == "streaming"]
             self._respond_json(conn, 200, {"ok": True})
@@ -523,6 +544,7 @@ class PacedServer:
             completion_tokens_delta=int(faults.get("completion_tokens_delta", 0)),
             break_after_chunks=faults.get("break_after_chunks"),
             error_after_chunks=faults.get("error_after_chunks"),
+            close_idle_after_ms=faults.get("close_idle_after_ms"),
             t_arrival_ns=t_arrival_ns, first_due_ns=first_due_ns, itl_ns=itl_ns,
             chunk_bytes=_chunked(_sse(_compact(chunk))),
             last_chunk_bytes=_chunked(_sse(_compact(last))),
@@ -538,7 +560,7 @@ class PacedServer:
         self._respond(conn, status, json.dumps(obj).encode(), b"application/json")
 
     def _respond(self, conn: _Connection, status: int, body: bytes, content_type: bytes) -> None:
-        reason = {200: b"OK", 400: b"Bad Request", 404: b"Not Found"}.get(status, b"Error")
+        reason = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Found"}.get(status, b"Error")
         head = (b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n"
                 % (status, reason, content_type, len(body)))
         self._queue(conn, head + body, None)
@@ -625,10 +647,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="paced-model")
     parser.add_argument("--batched", action="store_true",
                         help="emit all streams' tokens on one global step grid")
+    parser.add_argument("--api-key", default=None, help="require this bearer key on /v1 routes")
+    parser.add_argument("--no-tokenizer", action="store_true",
+                        help="answer 404 on /tokenize and /detokenize")
     args = parser.parse_args(argv)
     server = PacedServer(PacedServerConfig(host=args.host, port=args.port, ttft_ms=args.ttft_ms,
                                            itl_ms=args.itl_ms, model=args.model,
-                                           batched=args.batched))
+                                           batched=args.batched, api_key=args.api_key,
+                                           tokenizer=not args.no_tokenizer))
     print(f"PACED_SERVER_READY port={server.port}", flush=True)
     try:
         server.serve_forever()

@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 from pytest_kimiperf.errors import ConfigError
@@ -141,7 +141,7 @@ def _has_choices(payload: bytes) -> bool:
 class _SSEReader:
     """Splits SSE events out of the body and keeps the arrival time of each token chunk."""
 
-    __slots__ = ("chat", "buffer", "chunk_ns", "done_marker", "error", "usage")
+    __slots__ = ("buffer", "chat", "chunk_ns", "done_marker", "error", "usage")
 
     def __init__(self, chat: bool) -> None:
         self.chat = chat
@@ -208,7 +208,7 @@ class _SSEReader:
 class _Exchange:
     """One request/response on a connection."""
 
-    __slots__ = ("reader", "status", "error_body", "done", "failure", "bytes_received")
+    __slots__ = ("bytes_received", "done", "error_body", "failure", "reader", "status")
 
     def __init__(self, reader: _SSEReader, done: asyncio.Future[None]) -> None:
         self.reader = reader
@@ -481,7 +481,7 @@ class StreamingClient:
         # Never the request head: it holds the API key.
         return f"StreamingClient({self._address.base_url}{self._path!s}, model={self._model!r})"
 
-    async def __aenter__(self) -> StreamingClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(

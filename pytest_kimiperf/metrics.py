@@ -20,14 +20,15 @@ bench serve does.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_kimiperf.errors import ConfigError
-from pytest_kimiperf.metric_specs import METRICS, metric_spec
+from pytest_kimiperf.metric_specs import metric_spec
 
 PER_REQUEST_METRICS: tuple[str, ...] = ("decode_tok_s", "ttft_ms", "tpot_ms", "e2el_ms", "itl_ms")
 RUN_LEVEL_METRICS: tuple[str, ...] = ("output_throughput", "request_throughput")
@@ -94,7 +95,7 @@ class RequestRecord:
     def itl_ms(self) -> list[float]:
         """Gaps between consecutive chunks carrying choices."""
         chunks = self.chunk_ns
-        return [(b - a) / _NS_PER_MS for a, b in zip(chunks, chunks[1:])]
+        return [(b - a) / _NS_PER_MS for a, b in itertools.pairwise(chunks)]
 
     @property
     def median_itl_ms(self) -> float | None:
@@ -237,6 +238,8 @@ class RunResult:
     notes: tuple[str, ...] = ()
     # Workload index of the next request, so extend() sends prompts not used yet.
     next_request_index: int = 0
+    # The server's own view (server_metrics.ServerView.to_json()), one per run or extension.
+    server_metrics: tuple[Mapping[str, Any], ...] = ()
 
     # ------------------------------------------------------------------ records
 
@@ -297,7 +300,7 @@ class RunResult:
         stamped = [
             (b, (b - a) / _NS_PER_MS)
             for r in self.valid_records
-            for a, b in zip(r.chunk_ns, r.chunk_ns[1:])
+            for a, b in itertools.pairwise(r.chunk_ns)
         ]
         stamped.sort(key=lambda pair: pair[0])
         return [gap for _, gap in stamped]
@@ -404,6 +407,7 @@ class RunResult:
         lags = self.send_lags_ms
         result["send_lag_p99_ms"] = percentile(lags, 99) if lags else None
         result["notes"] = list(self.notes)
+        result["server_metrics"] = [dict(view) for view in self.server_metrics]
         return result
 
 
@@ -418,6 +422,7 @@ def merge_rounds(first: RunResult, more: RunResult) -> RunResult:
         client_processes=max(first.client_processes, more.client_processes),
         notes=notes,
         next_request_index=max(first.next_request_index, more.next_request_index),
+        server_metrics=first.server_metrics + more.server_metrics,
     )
 
 

@@ -35,10 +35,23 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pytest_kimiperf.client import RequestSpec, StreamingClient, check_endpoint, parse_base_url
+from pytest_kimiperf.client import (
+    RequestSpec,
+    StreamingClient,
+    check_endpoint,
+    parse_base_url,
+)
 from pytest_kimiperf.errors import ConfigError, KimiperfError
-from pytest_kimiperf.metrics import HealthBounds, ProcessHealth, RequestRecord, RoundResult, RunResult, merge_rounds
+from pytest_kimiperf.metrics import (
+    HealthBounds,
+    ProcessHealth,
+    RequestRecord,
+    RoundResult,
+    RunResult,
+    merge_rounds,
+)
 from pytest_kimiperf.names import check_safe_name
+from pytest_kimiperf.server_metrics import ServerView, Snapshot, fetch_snapshot
 from pytest_kimiperf.workload import Workload, build_requests
 
 _ARRIVALS = ("poisson", "constant")
@@ -297,7 +310,13 @@ class _ProcessPlan:
 
 
 class _LoopProbe:
-    """Times how long the loop takes to run a callback posted from another thread."""
+    """Times how late the loop runs a callback that became due at a known moment.
+
+    A thread wakes every ``_PROBE_INTERVAL_S`` and posts a callback stamped with the moment it
+    was *due* (not when the post happened): the delay then holds everything a socket event
+    would wait through before its ``data_received`` stamp, including the GIL held by another
+    thread of the process and CPU taken by other processes.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -313,14 +332,35 @@ class _LoopProbe:
         self._thread.join()
 
     def _post(self) -> None:
-        while not self._stop.wait(_PROBE_INTERVAL_S):
+        _set_thread_timer_slack_ns(1000)
+        interval_ns = int(_PROBE_INTERVAL_S * 1e9)
+        due_ns = time.perf_counter_ns() + interval_ns
+        while not self._stop.is_set():
+            wait_ns = due_ns - time.perf_counter_ns()
+            if wait_ns > 0:
+                time.sleep(wait_ns / 1e9)
             try:
-                self._loop.call_soon_threadsafe(self._answer, time.perf_counter_ns())
+                self._loop.call_soon_threadsafe(self._answer, due_ns)
             except RuntimeError:
                 return  # loop closed
+            due_ns += interval_ns
+            now_ns = time.perf_counter_ns()
+            if due_ns < now_ns:
+                due_ns = now_ns + interval_ns  # fell behind: do not post a burst to catch up
 
-    def _answer(self, posted_ns: int) -> None:
-        self.latencies_ms.append((time.perf_counter_ns() - posted_ns) / 1e6)
+    def _answer(self, due_ns: int) -> None:
+        self.latencies_ms.append((time.perf_counter_ns() - due_ns) / 1e6)
+
+
+def _set_thread_timer_slack_ns(slack_ns: int) -> None:
+    # Linux lets sleeps end up to 50 us late by default (timer slack, man 2 prctl); the probe
+    # would count that as loop latency. PR_SET_TIMERSLACK applies to the calling thread only.
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(29, slack_ns, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 class _Engine:
@@ -398,9 +438,9 @@ class _Engine:
 
         for spec, offset_s in zip(plan.specs, plan.arrivals_s):
             due_ns = start_ns + int(offset_s * 1e9)
-            wait_s = (due_ns - time.perf_counter_ns()) / 1e9
-            if wait_s > 0:
-                await asyncio.sleep(wait_s)
+            # Loop timers have ms resolution and may fire a little early: never send early.
+            while (wait_ns := due_ns - time.perf_counter_ns()) > 0:
+                await asyncio.sleep(wait_ns / 1e9)
             tasks.append(asyncio.create_task(send(spec, due_ns)))
         return list(await asyncio.gather(*tasks))
 
@@ -415,7 +455,7 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
         import uvloop
     except ImportError:
         return asyncio.new_event_loop
-    return uvloop.new_event_loop  # type: ignore[no-any-return]
+    return uvloop.new_event_loop
 
 
 def _worker_main(connection: Any, config: _EngineConfig) -> None:
@@ -613,13 +653,45 @@ def _check_call(base_url: str, model: object, scenario: object, endpoint: str) -
         )
 
 
+class _ServerWatch:
+    """Reads the server's /metrics after the warm-up and after the last round."""
+
+    def __init__(self, base_url: str, model: str, api_key: str | None, enabled: bool) -> None:
+        self._base_url = base_url
+        self._model = model
+        self._api_key = api_key
+        self._enabled = enabled
+        self._before: Snapshot | None = None
+        self.view: dict[str, Any] | None = None
+        self.note = ""
+
+    def _read(self) -> Snapshot | None:
+        try:
+            return fetch_snapshot(self._base_url, model=self._model, api_key=self._api_key)
+        except Exception as exc:  # noqa: BLE001 - a server without /metrics still gets measured
+            self.note = f"server metrics unavailable ({type(exc).__name__}: {exc})"
+            self._enabled = False
+            return None
+
+    def before(self) -> None:
+        if self._enabled:
+            self._before = self._read()
+
+    def after(self) -> None:
+        if self._enabled and self._before is not None:
+            after = self._read()
+            if after is not None:
+                self.view = ServerView.between(self._before, after).to_json()
+
+
 def _stamped(plans: Sequence[_ProcessPlan], margin_ns: int) -> tuple[int, list[_ProcessPlan]]:
     """The plans with a common start time ``margin_ns`` from now."""
     start_ns = time.perf_counter_ns() + margin_ns
     return start_ns, [replace(plan, start_ns=start_ns) for plan in plans]
 
 
-async def _play_in_loop(config: _EngineConfig, scenario: Scenario, prepared: _Prepared) -> list[RoundResult]:
+async def _play_in_loop(config: _EngineConfig, scenario: Scenario, prepared: _Prepared,
+                        watch: _ServerWatch) -> list[RoundResult]:
     """Warm-up and rounds on the running loop, one connection pool throughout."""
     engine = _Engine(config)
     results: list[RoundResult] = []
@@ -627,16 +699,19 @@ async def _play_in_loop(config: _EngineConfig, scenario: Scenario, prepared: _Pr
         if prepared.warmup:
             warmup = _plans(scenario, prepared.warmup, round_index=None, cycle=False, processes=1)
             await engine.execute(_stamped(warmup, 0)[1][0])
+        await asyncio.to_thread(watch.before)
         for k, specs in enumerate(prepared.rounds):
             plans = _plans(scenario, specs, round_index=k, cycle=prepared.cycle, processes=1)
             start_ns, stamped = _stamped(plans, 0)
             results.append(_round_result(start_ns, [await engine.execute(stamped[0])]))
+        await asyncio.to_thread(watch.after)
     finally:
         await engine.close()
     return results
 
 
-def _play_in_workers(configs: Sequence[_EngineConfig], scenario: Scenario, prepared: _Prepared) -> list[RoundResult]:
+def _play_in_workers(configs: Sequence[_EngineConfig], scenario: Scenario, prepared: _Prepared,
+                     watch: _ServerWatch) -> list[RoundResult]:
     """Warm-up and rounds spread over worker processes that start each round together."""
     processes = len(configs)
     timeout_s = scenario.request_timeout_s + (scenario.seconds or 0.0) + 60.0
@@ -649,43 +724,49 @@ def _play_in_workers(configs: Sequence[_EngineConfig], scenario: Scenario, prepa
         if prepared.warmup:
             warmup = _plans(scenario, prepared.warmup, round_index=None, cycle=False, processes=processes)
             pool.execute(_stamped(warmup, _START_MARGIN_NS)[1], timeout_s)
+        watch.before()
         for k, specs in enumerate(prepared.rounds):
             plans = _plans(scenario, specs, round_index=k, cycle=prepared.cycle, processes=processes)
             start_ns, stamped = _stamped(plans, _START_MARGIN_NS)
             results.append(_round_result(start_ns, pool.execute(stamped, timeout_s)))
+        watch.after()
     finally:
         pool.close()
     return results
 
 
-def _result(scenario: Scenario, prepared: _Prepared, rounds: Sequence[RoundResult]) -> RunResult:
-    notes = prepared.notes
+def _result(scenario: Scenario, prepared: _Prepared, rounds: Sequence[RoundResult],
+            watch: _ServerWatch) -> RunResult:
+    notes = prepared.notes + ((watch.note,) if watch.note else ())
     reused = sum(1 for rnd in rounds for r in rnd.records if _REUSED in r.request_id)
     if reused:
-        notes += (
+        notes += ((
             f"{reused} request(s) reused a prompt already sent (the budget outran the distinct "
-            "prompts built); vLLM's prefix cache may shorten their prefill (TTFT)",
-        )
+            "prompts built); vLLM's prefix cache may shorten their prefill (TTFT)"
+        ),)
     return RunResult(
         scenario_name=scenario.scenario_name, rounds=tuple(rounds),
         warmup_requests=len(prepared.warmup), bounds=scenario.bounds,
         client_processes=scenario.client_processes, notes=notes,
         next_request_index=prepared.next_index,
+        server_metrics=(watch.view,) if watch.view is not None else (),
     )
 
 
 def _run(base_url: str, model: str, scenario: Scenario, *, rounds: int, first_index: int,
-         endpoint: str, api_key: str | None, extra_body: Mapping[str, Any] | None) -> RunResult:
+         endpoint: str, api_key: str | None, extra_body: Mapping[str, Any] | None,
+         server_metrics: bool) -> RunResult:
     prepared = _prepare(base_url, model, scenario, rounds=rounds, first_index=first_index,
                         endpoint=endpoint, api_key=api_key)
     configs = _engine_configs(base_url, model, scenario, endpoint=endpoint, api_key=api_key,
                               extra_body=extra_body)
+    watch = _ServerWatch(base_url, model, api_key, server_metrics)
     if len(configs) == 1:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            results = runner.run(_play_in_loop(configs[0], scenario, prepared))
+            results = runner.run(_play_in_loop(configs[0], scenario, prepared, watch))
     else:
-        results = _play_in_workers(configs, scenario, prepared)
-    return _result(scenario, prepared, results)
+        results = _play_in_workers(configs, scenario, prepared, watch)
+    return _result(scenario, prepared, results, watch)
 
 
 def _check_no_running_loop(what: str) -> None:
@@ -704,12 +785,18 @@ def run_scenario(
     api_key: str | None = None,
     endpoint: str = "completions",
     extra_body: Mapping[str, Any] | None = None,
+    server_metrics: bool = True,
 ) -> RunResult:
-    """Play ``scenario`` against the OpenAI-compatible server at ``base_url`` and measure it."""
+    """Play ``scenario`` against the OpenAI-compatible server at ``base_url`` and measure it.
+
+    Scripts that use ``client_processes > 1`` must guard their entry point with
+    ``if __name__ == "__main__":`` (workers are spawned and re-import the main module).
+    """
     _check_call(base_url, model, scenario, endpoint)
     _check_no_running_loop("run_scenario()")
     return _run(base_url, model, scenario, rounds=scenario.rounds, first_index=0,
-                endpoint=endpoint, api_key=api_key, extra_body=extra_body)
+                endpoint=endpoint, api_key=api_key, extra_body=extra_body,
+                server_metrics=server_metrics)
 
 
 def run_sweep(
@@ -720,13 +807,14 @@ def run_sweep(
     api_key: str | None = None,
     endpoint: str = "completions",
     extra_body: Mapping[str, Any] | None = None,
+    server_metrics: bool = True,
 ) -> list[RunResult]:
     """Play every concurrency of ``sweep``, lowest first; one RunResult each."""
     if not isinstance(sweep, ConcurrencySweep):
         raise ConfigError(f"run_sweep() takes a ConcurrencySweep, got {sweep!r}")
     return [
         run_scenario(base_url, model, scenario, api_key=api_key, endpoint=endpoint,
-                     extra_body=extra_body)
+                     extra_body=extra_body, server_metrics=server_metrics)
         for scenario in sorted(sweep.scenarios(), key=lambda s: s.concurrency)
     ]
 
@@ -741,6 +829,7 @@ def extend(
     api_key: str | None = None,
     endpoint: str = "completions",
     extra_body: Mapping[str, Any] | None = None,
+    server_metrics: bool = True,
 ) -> RunResult:
     """``previous`` plus up to ``rounds`` more rounds (fresh prompts), capped at ``max_rounds``."""
     _check_call(base_url, model, scenario, endpoint)
@@ -757,7 +846,7 @@ def extend(
         return replace(previous, notes=previous.notes + ((note,) if note not in previous.notes else ()))
     more = _run(base_url, model, scenario, rounds=min(rounds, allowed),
                 first_index=previous.next_request_index, endpoint=endpoint, api_key=api_key,
-                extra_body=extra_body)
+                extra_body=extra_body, server_metrics=server_metrics)
     return merge_rounds(previous, more)
 
 
@@ -769,6 +858,7 @@ async def run_scenario_async(
     api_key: str | None = None,
     endpoint: str = "completions",
     extra_body: Mapping[str, Any] | None = None,
+    server_metrics: bool = True,
 ) -> RunResult:
     """``run_scenario`` on the caller's running loop (one client process only)."""
     _check_call(base_url, model, scenario, endpoint)
@@ -780,4 +870,5 @@ async def run_scenario_async(
     )
     config = _engine_configs(base_url, model, scenario, endpoint=endpoint, api_key=api_key,
                              extra_body=extra_body)[0]
-    return _result(scenario, prepared, await _play_in_loop(config, scenario, prepared))
+    watch = _ServerWatch(base_url, model, api_key, server_metrics)
+    return _result(scenario, prepared, await _play_in_loop(config, scenario, prepared, watch), watch)
