@@ -16,5 +16,11 @@ def default_cache_dir() -> Path:
 
 
 def launch_state_dir(cache_dir: Path | None = None) -> Path:
-    """Directory of launch records, read by the zombie sweep of a later run."""
+    """Directory of launch records, read by the zombie sweep of a later run.
+
+    $KIMIPERF_STATE_DIR overrides it (the plugin's own tests keep their launches apart).
+    """
+    explicit = os.environ.get("KIMIPERF_STATE_DIR")
+    if explicit:
+        return Path(explicit)
     return (cache_dir or default_cache_dir()) / "launches"

@@ -7,6 +7,7 @@ is collected or booted); per-run state lives in ``config.stash``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ SERVER_FIXTURE = "kimiperf_server"
 PROFILE_FIXTURE = "kimiperf_profile"
 XDIST_GROUP = "kimiperf-server"
 COLLECTOR_NAME = "kimiperf-result-collector"
+WORKEROUTPUT_KEY = "kimiperf_servers"
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ class _RunState:
     perf_items: int = 0
     output_error: str | None = None
     log_dir: Path | None = None
+    report: Any = None  # reports.model.SessionReport, built once at session finish
+    worker_records: list[Any] = field(default_factory=list)  # ServerRecord from xdist workers
 
 
 RUN_STATE = pytest.StashKey[_RunState]()
@@ -156,10 +160,29 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"pytest-kimiperf: {exc}") from None
     state = _RunState(settings=settings)
     config.stash[RUN_STATE] = state
+    if not _is_worker(config) and config.pluginmanager.hasplugin("xdist"):
+        _pin_server_tests_to_one_worker(config)
+    if settings.perf_plots is not None and not _is_worker(config):
+        from pytest_kimiperf.reports.plots import matplotlib_problem
+
+        problem = matplotlib_problem()
+        if problem:
+            raise pytest.UsageError(f"pytest-kimiperf: {problem}")
     if not _is_worker(config):
         config.pluginmanager.register(_ResultCollector(state), COLLECTOR_NAME)
     for warning in settings.profile_warnings:
         config.issue_config_time_warning(pytest.PytestConfigWarning(f"kimiperf: {warning}"), stacklevel=2)
+
+
+def _pin_server_tests_to_one_worker(config: pytest.Config) -> None:
+    """Under xdist's default ``--dist load``, switch to ``loadgroup``.
+
+    Perf tests carry ``xdist_group("kimiperf-server")``; only ``loadgroup`` honours it, sending
+    them all to one worker, so each profile's server boots once and measurements never overlap
+    while other tests still spread over all workers.
+    """
+    if config.getoption("dist", None) == "load" and config.getoption("numprocesses", None):
+        config.option.dist = "loadgroup"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -242,6 +265,12 @@ def kimiperf_server(
 ) -> Iterator[Any]:
     """A ready server for the current NCCL profile, booted once per profile and always stopped."""
     state = request.config.stash[RUN_STATE]
+    if _is_worker(request.config) and not request.config.getoption("loadgroup", False):
+        pytest.fail(
+            "pytest-kimiperf under xdist needs --dist loadgroup (or the default --dist load, which it "
+            "upgrades): other modes split the perf tests over workers, booting servers twice and "
+            "overlapping measurements", pytrace=False,
+        )
     if state.log_dir is None:
         state.log_dir = tmp_path_factory.getbasetemp() / "kimiperf"
     manager = _manager(request.config, state)
@@ -304,12 +333,22 @@ def _manager(config: pytest.Config, state: _RunState) -> Any:
         from pytest_kimiperf.server_manager import ServerManager
 
         reporter = config.pluginmanager.get_plugin("terminalreporter")
+        capture = config.pluginmanager.get_plugin("capturemanager")
         write_line: Callable[[str], None]
         if reporter is not None:
+            # Boot progress happens inside fixture setup, where output is captured: step
+            # around the capture so the user sees a 36-minute load as it happens.
+            def uncaptured() -> Any:
+                return capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+
             def write_line(line: str) -> None:
-                reporter.ensure_newline()
-                reporter.write_line(line)
-            rewrite = reporter.rewrite
+                with uncaptured():
+                    reporter.ensure_newline()
+                    reporter.write_line(line)
+
+            def rewrite(line: str, erase: bool = True) -> None:
+                with uncaptured():
+                    reporter.rewrite(line, erase=erase)
             isatty = reporter.isatty
         else:  # -p no:terminal: nowhere to show progress
             write_line = rewrite = lambda line: None
@@ -412,6 +451,15 @@ class _ResultCollector:
 
             self.state.results.append(TestResult.from_json(result))
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """xdist: a worker finished; keep what its servers did (boots, logs, leftovers)."""
+        from pytest_kimiperf.server_manager import ServerRecord
+
+        output = getattr(node, "workeroutput", None) or {}
+        for data in output.get(WORKEROUTPUT_KEY, []):
+            self.state.worker_records.append(ServerRecord.from_json(data))
+
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -422,7 +470,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     _close_servers(state)
     if _is_worker(config):
+        if state.manager is not None:
+            config.workeroutput[WORKEROUTPUT_KEY] = [  # type: ignore[attr-defined]
+                rec.to_json() for rec in state.manager.records.values()
+            ]
         return
+    if not (state.results or state.manager or state.worker_records):
+        return  # quiet when unused: a run without perf tests writes and imports nothing more
     from pytest_kimiperf.session_outputs import write_outputs
 
     try:
@@ -435,7 +489,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """The answer on one screen: profile comparison, baseline verdicts, floors, where files went."""
     state = config.stash.get(RUN_STATE, None)
-    if state is None or _is_worker(config):
+    if state is None or _is_worker(config) or not (state.results or state.manager or state.worker_records):
         return
     from pytest_kimiperf.session_outputs import terminal_summary
 

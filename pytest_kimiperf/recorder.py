@@ -13,6 +13,7 @@ controller's reports and baselines.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
@@ -70,6 +71,7 @@ class PerfRecorder:
         from pytest_kimiperf.scenarios import run_scenario
 
         self._ensure_alive()
+        scenario = self._with_deployment_bounds(scenario)
         start = time.monotonic_ns()
         try:
             run = run_scenario(
@@ -79,6 +81,15 @@ class PerfRecorder:
             self.intervals_ns.append((start, time.monotonic_ns()))
         self._ensure_alive()
         return run
+
+    def _with_deployment_bounds(self, scenario: Any) -> Any:
+        """Apply the deployment's client self-check bounds unless the scenario set its own."""
+        from pytest_kimiperf.metrics import HealthBounds
+
+        overrides = dict(self.settings.deployment.client_bounds)
+        if not overrides or scenario.bounds != HealthBounds():
+            return scenario
+        return dataclasses.replace(scenario, bounds=HealthBounds(**overrides))
 
     def tolerance(self, metric: str) -> float:
         """Marker override, else the deployment's default, else the metric's."""
@@ -96,7 +107,7 @@ class PerfRecorder:
             interval_ns=(self.intervals_ns[0][0], self.intervals_ns[-1][1]) if self.intervals_ns else None,
             server_env=dict(self.server.env),
             profile_env=self.profile_env,
-            itl_timeline_ms=list(run.itl_timeline_ms()),
+            itl_timeline_ms=[gap for rec in run.valid_records for gap in rec.itl_ms],
         )
         for name in metrics:
             spec = metric_spec(name)

@@ -26,7 +26,7 @@ from pytest_kimiperf import process_sweep
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.progress import BootProgress, BootTracker, split_log_records
 
-LAUNCH_ID_ENV = "KIMIPERF_LAUNCH_ID"
+LAUNCH_ID_ENV = process_sweep.LAUNCH_ID_ENV
 LOG_TAIL_LINES = 50
 _POLL_S = 0.25
 _HTTP_CHECK_EVERY_S = 1.0
@@ -297,8 +297,7 @@ class ServerProcess:
         """Stop the whole server (group, descendants, orphans) and verify nothing is left."""
         if self.record is None:
             return None
-        procs = process_sweep.find_launch_processes(self.record)
-        report = process_sweep.terminate_processes(procs, grace_s=self.grace_s)
+        report = process_sweep.stop_launch(self.record, grace_s=self.grace_s)
         if self.popen is not None:
             try:
                 self.popen.wait(timeout=5)

@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pytest_kimiperf import process_sweep
 from pytest_kimiperf.errors import ServerError
@@ -43,6 +44,36 @@ class ServerRecord:
     overridden_shell_env: dict[str, tuple[str, str]] = field(default_factory=dict)
     leftovers: list[str] = field(default_factory=list)
     error: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-able form: travels from an xdist worker to the controller in workeroutput."""
+        return {
+            "profile": self.profile, "boots": self.boots, "boot_s": self.boot_s,
+            "log_path": str(self.log_path) if self.log_path else None, "env": self.env,
+            "overridden_shell_env": {k: list(v) for k, v in self.overridden_shell_env.items()},
+            "leftovers": self.leftovers, "error": self.error,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "ServerRecord":
+        """Inverse of :meth:`to_json`."""
+        return cls(
+            profile=data["profile"], boots=int(data["boots"]), boot_s=data.get("boot_s"),
+            log_path=Path(data["log_path"]) if data.get("log_path") else None,
+            env=dict(data.get("env") or {}),
+            overridden_shell_env={k: (v[0], v[1]) for k, v in (data.get("overridden_shell_env") or {}).items()},
+            leftovers=list(data.get("leftovers") or []), error=data.get("error"),
+        )
+
+    def merge(self, other: "ServerRecord") -> None:
+        """Add another process's record of the same profile (boots add up)."""
+        self.boots += other.boots
+        self.boot_s = self.boot_s if self.boot_s is not None else other.boot_s
+        self.log_path = self.log_path or other.log_path
+        self.env = self.env or other.env
+        self.overridden_shell_env = self.overridden_shell_env or other.overridden_shell_env
+        self.leftovers.extend(other.leftovers)
+        self.error = self.error or other.error
 
 
 class ServerManager:

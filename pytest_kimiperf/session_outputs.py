@@ -171,8 +171,17 @@ def _update_baselines(state: Any, *, rootpath: Path) -> BaselineUpdate:
 
 
 def _records(state: Any) -> dict[str, Any]:
-    manager = state.manager
-    return dict(manager.records) if manager is not None else {}
+    """Server records of this process and, under xdist, those the workers sent back."""
+    from pytest_kimiperf.server_manager import ServerRecord
+
+    merged: dict[str, Any] = {}
+    own = dict(state.manager.records) if state.manager is not None else {}
+    for rec in [*own.values(), *getattr(state, "worker_records", [])]:
+        if rec.profile in merged:
+            merged[rec.profile].merge(rec)
+        else:
+            merged[rec.profile] = ServerRecord.from_json(rec.to_json())
+    return merged
 
 
 def _profile_facts(state: Any) -> list[ProfileFacts]:
@@ -187,7 +196,7 @@ def _profile_facts(state: Any) -> list[ProfileFacts]:
             # on that worker) or it never ran. The results still carry the env it ran with.
             facts.append(ProfileFacts(
                 name=profile.name, description=profile.description, profile_env=dict(profile.env),
-                server_env=seen_env, boots=0 if state.manager is not None else None,
+                server_env=seen_env, boots=0 if (state.manager is not None or getattr(state, "worker_records", None)) else None,
             ))
             continue
         facts.append(ProfileFacts(

@@ -1,0 +1,167 @@
+"""A small stand-in for a vLLM server, for faults a real one cannot show on demand.
+
+Used only where the real CPU engine cannot be made to misbehave on cue: hanging at boot,
+crashing during boot, crashing mid-stream, a slow load that prints vLLM-format progress lines,
+and counting boots for the parametrization tests. Its log lines copy vLLM 0.32's real formats
+(see tests/data/nccl_logs/vllm_cpu_tp1_gloo.log for a recorded boot).
+
+Usage: python stub_vllm.py --model NAME --host H --port P [--mode MODE] [--boot-count FILE]
+         [--load-seconds S] [--tok-per-s R]
+Modes: normal, hang (never ready), crash-boot (exits 3 while loading), crash-stream (dies
+after a few tokens of the first streamed request), spawn-children (forks two workers that
+outlive a SIGKILL of this process, like vLLM's EngineCore and workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def log(line: str, end: str = "\n") -> None:
+    sys.stdout.write(line + end)
+    sys.stdout.flush()
+
+
+def vllm_info(source: str, message: str, who: str = "APIServer") -> None:
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    log(f"({who} pid={os.getpid()}) INFO {stamp} [{source}] {message}")
+
+
+def boot(args: argparse.Namespace) -> None:
+    vllm_info("api_utils.py:286", f"non-default args: {{'model': '{args.model}', 'port': {args.port}}}")
+    vllm_info("model.py:733", "Resolved architecture: LlamaForCausalLM")
+    vllm_info("core.py:133", "Initializing a V1 LLM engine (v0.32.0) with config: ...", "EngineCore")
+    if args.mode == "hang":
+        while True:
+            time.sleep(1)
+    shards = 8
+    for done in range(shards + 1):
+        pct = done * 100 // shards
+        log(f"Loading safetensors checkpoint shards: {pct:3d}% Completed | {done}/{shards} "
+            f"[00:0{done}<00:00,  1.00it/s]", end="\r")
+        if args.mode == "crash-boot" and done == shards // 2:
+            log("")
+            log("RuntimeError: simulated crash while loading shard 5")
+            sys.exit(3)
+        time.sleep(args.load_seconds / shards)
+    log("")
+    vllm_info("default_loader.py:501", "Loading weights took 0.01 seconds", "Worker")
+    vllm_info("kv_cache_utils.py:2327", "CPU KV cache size: 2,097,152 tokens", "EngineCore")
+
+
+VOCAB: dict[str, int] = {}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    args: argparse.Namespace
+    streamed = 0
+
+    def log_message(self, format: str, *a: object) -> None:  # noqa: A002 - http.server API
+        log(f"INFO:     {self.client_address[0]} - \"{self.requestline}\" {a[1] if len(a) > 1 else ''}")
+
+    def _json(self, code: int, payload: object) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._json(200, {})
+        elif self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{"id": self.args.model, "object": "model"}]})
+        else:
+            self._json(404, {"error": "not found"})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", 0))
+        body = json.loads(self.rfile.read(length) or b"{}")
+        if self.path == "/tokenize":
+            # One token per whitespace-separated word, as a stable vocabulary.
+            tokens = [VOCAB.setdefault(w, len(VOCAB)) for w in str(body.get("prompt", "")).split()]
+            self._json(200, {"count": len(tokens), "max_model_len": 2048, "tokens": tokens})
+            return
+        if self.path == "/detokenize":
+            words = {i: w for w, i in VOCAB.items()}
+            self._json(200, {"prompt": " ".join(words[t] for t in body.get("tokens", []))})
+            return
+        if self.path != "/v1/completions":
+            self._json(404, {"error": "not found"})
+            return
+        n = int(body.get("max_tokens", 16))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        Handler.streamed += 1
+        gap = 1.0 / self.args.tok_per_s
+        for i in range(n):
+            if self.args.mode == "crash-stream" and i == 3:
+                log("ERROR simulated engine crash mid-stream")
+                os._exit(7)
+            chunk = {"id": "cmpl-stub", "object": "text_completion", "model": self.args.model,
+                     "choices": [{"index": 0, "text": "x", "finish_reason": None}]}
+            self._chunk(f"data: {json.dumps(chunk)}\n\n")
+            time.sleep(gap)
+        prompt_tokens = len(str(body.get("prompt", "")).split())
+        usage = {"id": "cmpl-stub", "choices": [],
+                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                           "total_tokens": n + prompt_tokens}}
+        self._chunk(f"data: {json.dumps(usage)}\n\n")
+        self._chunk("data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _chunk(self, text: str) -> None:
+        data = text.encode()
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+def spawn_children() -> None:
+    """Fork two long-lived workers, as vLLM's API server starts EngineCore and workers."""
+    for name in ("EngineCore", "Worker_TP0"):
+        if os.fork() == 0:
+            try:
+                import setproctitle  # type: ignore[import-not-found]
+
+                setproctitle.setproctitle(f"STUB::{name}")
+            except ImportError:
+                pass
+            while True:
+                time.sleep(1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--mode", default="normal",
+                        choices=["normal", "hang", "crash-boot", "crash-stream", "spawn-children"])
+    parser.add_argument("--boot-count", default=None)
+    parser.add_argument("--load-seconds", type=float, default=0.4)
+    parser.add_argument("--tok-per-s", type=float, default=500.0)
+    args, _ = parser.parse_known_args()
+    if args.boot_count:
+        with open(args.boot_count, "a") as fh:
+            fh.write(f"{os.getpid()} {os.environ.get('NCCL_PROTO', '-')} {os.environ.get('NCCL_ALGO', '-')}\n")
+    if args.mode == "spawn-children":
+        spawn_children()
+    boot(args)
+    Handler.args = args
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    vllm_info("entry.py:140", f"Starting vLLM server on http://{args.host}:{args.port}")
+    log("INFO:     Application startup complete.")
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""Server lifecycle faults that a real vLLM cannot show on cue, with the stub server.
+
+Each test here would fail without the handling it names: deadline, fast failure on early
+death, death during the session, visible progress, busy port, attach mode, Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import STUB_SERVER, stub_deployment_toml
+
+pytestmark = pytest.mark.usefixtures("isolated_state")
+
+USES_SERVER = """
+def test_uses_server(kimiperf_server):
+    assert kimiperf_server.base_url
+"""
+
+
+def _stub_pids(boots: Path) -> list[int]:
+    if not boots.exists():
+        return []
+    return [int(line.split()[0]) for line in boots.read_text().splitlines() if line.strip()]
+
+
+def _assert_gone(pids: list[int]) -> None:
+    deadline = time.monotonic() + 5
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if psutil.pid_exists(p)
+                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.1)
+    assert not alive, f"server processes left behind: {alive}"
+
+
+def test_hang_at_boot_is_stopped_at_the_deadline_with_phase_and_log_tail(
+    pytester: pytest.Pytester, stub_project, tmp_path: Path
+) -> None:
+    boots = tmp_path / "boots"
+    stub_project(stub_deployment_toml(mode="hang", boot_count=boots, health_deadline_s=3))
+    pytester.makepyfile(USES_SERVER)
+    start = time.monotonic()
+    result = pytester.runpytest_subprocess("--deployment", "stub", timeout=120)
+    assert time.monotonic() - start < 60
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([
+        "*was not ready within 3s; stuck while initializing engine*it was stopped*",
+        "*Initializing a V1 LLM engine*",  # the log tail is in the error
+    ])
+    _assert_gone(_stub_pids(boots))
+
+
+def test_crash_during_boot_fails_within_seconds_with_exit_code(
+    pytester: pytest.Pytester, stub_project, tmp_path: Path
+) -> None:
+    boots = tmp_path / "boots"
+    stub_project(stub_deployment_toml(mode="crash-boot", boot_count=boots, health_deadline_s=600,
+                                      load_seconds=1.0))
+    pytester.makepyfile(USES_SERVER)
+    start = time.monotonic()
+    result = pytester.runpytest_subprocess("--deployment", "stub", timeout=120)
+    elapsed = time.monotonic() - start
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([
+        "*exited with code 3 while loading weights*",
+        "*RuntimeError: simulated crash while loading shard 5*",
+    ])
+    assert elapsed < 60, "waited for the 600 s deadline instead of noticing the exit"
+
+
+def test_death_mid_session_errors_later_tests_and_next_profile_gets_a_fresh_server(
+    pytester: pytest.Pytester, stub_project, tmp_path: Path
+) -> None:
+    boots = tmp_path / "boots"
+    stub_project(stub_deployment_toml(mode="crash-stream", boot_count=boots))
+    pytester.makepyfile("""
+        import httpx, pytest
+
+        def test_a_crashes_it(kimiperf_server):
+            with pytest.raises(httpx.HTTPError):
+                with httpx.stream("POST", kimiperf_server.base_url + "/v1/completions",
+                                  json={"model": "stub-model", "max_tokens": 10, "stream": True}) as r:
+                    for _ in r.iter_bytes():
+                        pass
+
+        def test_b_needs_it(perf):
+            pass
+    """)
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--nccl-profile", "default,ring-ll",
+                                           "-p", "no:randomly", timeout=120)
+    result.assert_outcomes(passed=2, errors=2)
+    result.stdout.fnmatch_lines(["*died during the session (exit code 7)*", "*simulated engine crash*"])
+    assert len(_stub_pids(boots)) == 2, "the second profile did not get its own server"
+    _assert_gone(_stub_pids(boots))
+
+
+def test_slow_load_shows_vllm_progress_lines(pytester: pytest.Pytester, stub_project) -> None:
+    stub_project(stub_deployment_toml(load_seconds=2.0))
+    pytester.makepyfile(USES_SERVER)
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-progress-interval", "0.5",
+                                           timeout=120)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "*kimiperf [[]default[]] loading weights *% (*/8)*elapsed*",
+        "*kimiperf [[]default[]] ready*",
+        "*server (default) ready after*",
+    ])
+
+
+def test_fixed_port_in_use_fails_before_the_boot(pytester: pytest.Pytester, stub_project,
+                                                 tmp_path: Path) -> None:
+    boots = tmp_path / "boots"
+    stub_project(stub_deployment_toml(boot_count=boots))
+    pytester.makepyfile(USES_SERVER)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-port", str(port),
+                                               timeout=60)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"*port {port} on 127.0.0.1 is already in use*"])
+    assert not boots.exists(), "the server was launched although its port was taken"
+
+
+def test_attach_mode_measures_a_running_server_without_boot_or_teardown(
+    pytester: pytest.Pytester, stub_project, tmp_path: Path
+) -> None:
+    boots = tmp_path / "boots"
+    stub_project(stub_deployment_toml())
+    port = _free_port()
+    external = subprocess.Popen(
+        [sys.executable, str(STUB_SERVER), "--model", "stub-model", "--port", str(port),
+         "--boot-count", str(boots)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_http(port)
+        pytester.makepyfile("""
+            def test_external(kimiperf_server):
+                assert kimiperf_server.external
+                assert kimiperf_server.log_path is None
+        """)
+        result = pytester.runpytest_subprocess(
+            "--deployment", "stub", "--server-url", f"http://127.0.0.1:{port}", "--nccl-profile", "ring-ll",
+            timeout=60,
+        )
+        result.assert_outcomes(passed=1)
+        assert len(_stub_pids(boots)) == 1, "attach mode booted a server of its own"
+        assert external.poll() is None, "attach mode stopped a server it did not start"
+    finally:
+        external.kill()
+        external.wait()
+
+
+def test_attach_mode_with_two_profiles_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--server-url", "http://127.0.0.1:9", "--nccl-profile", "default,ring-ll")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*give at most one --nccl-profile as its label*"])
+
+
+def test_sigint_during_boot_stops_the_server_before_pytest_exits(
+    pytester: pytest.Pytester, stub_project, tmp_path: Path
+) -> None:
+    boots = tmp_path / "boots"
+    stub_project(stub_deployment_toml(mode="hang", boot_count=boots, health_deadline_s=600))
+    pytester.makepyfile(USES_SERVER)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "--deployment", "stub", "-p", "no:cacheprovider"],
+        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    _wait_for(lambda: _stub_pids(boots), 30)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out.decode()
+    _assert_gone(_stub_pids(boots))
+
+
+def test_sigterm_to_pytest_stops_the_server(pytester: pytest.Pytester, stub_project,
+                                           tmp_path: Path) -> None:
+    boots = tmp_path / "boots"
+    stub_project(stub_deployment_toml(mode="hang", boot_count=boots, health_deadline_s=600))
+    pytester.makepyfile(USES_SERVER)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "--deployment", "stub", "-p", "no:cacheprovider"],
+        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    _wait_for(lambda: _stub_pids(boots), 30)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out.decode()
+    _assert_gone(_stub_pids(boots))
+
+
+def test_orphans_of_a_killed_run_are_swept_before_the_next_launch(
+    pytester: pytest.Pytester, stub_project, tmp_path: Path
+) -> None:
+    """pytest SIGKILLed mid-session leaves server and workers; the next run ends exactly them."""
+    boots = tmp_path / "boots"
+    stub_project(stub_deployment_toml(mode="spawn-children", boot_count=boots))
+    pytester.makepyfile("""
+        import time
+        def test_hold(kimiperf_server):
+            print("READY", flush=True)
+            time.sleep(600)
+    """)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "--deployment", "stub", "-s", "-p", "no:cacheprovider"],
+        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    assert first.stdout is not None
+    for line in first.stdout:
+        if b"READY" in line:
+            break
+    server_pid = _stub_pids(boots)[0]
+    family = [server_pid] + [c.pid for c in psutil.Process(server_pid).children(recursive=True)]
+    assert len(family) == 3
+    first.kill()  # SIGKILL: no teardown runs
+    first.wait()
+    first.stdout.close()
+    psutil.Process(server_pid).kill()  # the API server dies too; its workers are orphaned
+    time.sleep(0.3)
+    orphans = [p for p in family[1:] if psutil.pid_exists(p)]
+    assert len(orphans) == 2
+    decoy = subprocess.Popen([sys.executable, str(STUB_SERVER), "--model", "decoy", "--port", "1",
+                              "--mode", "hang"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pytester.makepyfile(USES_SERVER)
+        result = pytester.runpytest_subprocess("--deployment", "stub", timeout=120)
+        result.assert_outcomes(passed=1)
+        result.stdout.fnmatch_lines(["*zombie sweep: ended stale launch*"])
+        _assert_gone(orphans)
+        assert decoy.poll() is None, "the sweep ended a process it did not start"
+    finally:
+        decoy.kill()
+        decoy.wait()
+    _assert_gone(_stub_pids(boots))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_http(port: int) -> None:
+    import httpx
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    _wait_for(ready, 30)
+
+
+def _wait_for(check, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting")

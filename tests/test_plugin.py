@@ -1,0 +1,181 @@
+"""The plugin's surface through pytester: options, usage errors, hardware check, the handle."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from conftest import stub_deployment_toml
+
+pytestmark = pytest.mark.usefixtures("isolated_state")
+
+SERVER_TEST = """
+import httpx
+
+def test_handle(kimiperf_server):
+    h = kimiperf_server
+    assert h.model == "stub-model"
+    assert httpx.get(h.base_url + "/health").status_code == 200
+    assert h.log_path.is_file()
+    print("PROFILE", h.profile, "ENV", dict(h.env))
+"""
+
+
+def test_options_and_ini_twins_are_registered(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--help")
+    result.stdout.fnmatch_lines([
+        "*LLM-serving performance tests (pytest-kimiperf)*",
+        "*--deployment=DEPLOYMENT*",
+        "*--nccl-profile=NCCL_PROFILES*",
+        "*--server-url=SERVER_URL*",
+        "*--update-baselines*",
+        "*kimiperf_deployment (string)*",
+        "*kimiperf_nccl_profiles (string)*",
+    ])
+
+
+def test_unknown_deployment_is_a_usage_error_listing_known_ones(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--deployment", "kimi-typo")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([
+        "*unknown deployment 'kimi-typo' (from command line --deployment)*kimi-k25-int4-tp8*tiny-cpu*"
+    ])
+
+
+def test_unknown_profile_is_a_usage_error_listing_profiles(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--nccl-profile", "ring-lll")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*ring-lll*ring-ll*"])
+
+
+def test_ini_twin_sets_the_deployment_and_cli_wins(pytester: pytest.Pytester, stub_project) -> None:
+    stub_project(stub_deployment_toml(), ini='kimiperf_deployment = "stub"')
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest()
+    result.stdout.fnmatch_lines(["kimiperf: deployment stub *"])
+    result = pytester.runpytest("--deployment", "tiny-cpu")
+    result.stdout.fnmatch_lines(["kimiperf: deployment tiny-cpu *"])
+
+
+def test_bad_user_deployment_table_is_a_usage_error(pytester: pytest.Pytester, stub_project) -> None:
+    stub_project('[tool.kimiperf.deployments.mine]\nextends = "tiny-cpu"\ntensor_parallel_size = "two"\n')
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*tensor_parallel_size = 'two' has the wrong type; expected an integer*"])
+
+
+def _fake_nvidia_smi(tmp_path: Path) -> tuple[Path, Path]:
+    """A PATH dir whose nvidia-smi only records that it was called and finds nothing."""
+    bindir = tmp_path / "fakebin"
+    bindir.mkdir()
+    marker = tmp_path / "nvidia-smi-called"
+    tool = bindir / "nvidia-smi"
+    tool.write_text(f"#!/bin/sh\necho called >> {marker}\nexit 9\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    return bindir, marker
+
+
+def test_missing_gpus_fail_fast_before_any_boot(pytester: pytest.Pytester, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    bindir, _ = _fake_nvidia_smi(tmp_path)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    pytester.makepyfile(SERVER_TEST)
+    result = pytester.runpytest_subprocess(timeout=60)  # default deployment: Kimi at TP=8
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([
+        "*deployment 'kimi-k25-int4-tp8' needs 8x NVIDIA GPU whose name contains 'RTX PRO 6000'"
+        "*found no NVIDIA GPU*--deployment tiny-cpu*"
+    ])
+    assert "starting" not in result.stdout.str()
+    assert not list(pytester.path.rglob("server-*.log"))
+
+
+def test_a_run_without_perf_fixtures_boots_nothing_and_queries_no_gpu(
+    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bindir, marker = _fake_nvidia_smi(tmp_path)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    pytester.makepyfile("def test_plain(): assert 1 + 1 == 2")
+    result = pytester.runpytest_subprocess(timeout=60)
+    result.assert_outcomes(passed=1)
+    assert not marker.exists(), "a run that uses no perf fixture called nvidia-smi"
+    assert "kimiperf: starting" not in result.stdout.str()
+
+
+def test_server_fixture_yields_a_ready_handle_and_stops_the_server(
+    pytester: pytest.Pytester, stub_project, tmp_path: Path
+) -> None:
+    boots = tmp_path / "boots.txt"
+    stub_project(stub_deployment_toml(boot_count=boots))
+    pytester.makepyfile(SERVER_TEST)
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--nccl-profile", "ring-ll", "-s",
+                                           timeout=120)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*PROFILE ring-ll ENV*'NCCL_ALGO': 'Ring'*'NCCL_PROTO': 'LL'*"])
+    pid = int(boots.read_text().split()[0])
+    assert not _alive(pid), f"server pid {pid} still runs after the session"
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_each_profile_boots_once_one_at_a_time_and_sees_its_own_env(
+    pytester: pytest.Pytester, stub_project, tmp_path: Path
+) -> None:
+    boots = tmp_path / "boots.txt"
+    stub_project(stub_deployment_toml(boot_count=boots))
+    check = f"""
+import psutil
+
+def _stub_servers():
+    return [p for p in psutil.process_iter(["cmdline"])
+            if {str(boots)!r} in " ".join(p.info["cmdline"] or [])]
+
+def test_one(kimiperf_server):
+    assert len(_stub_servers()) == 1, "two servers at once"
+
+def test_two(kimiperf_server):
+    assert len(_stub_servers()) == 1
+"""
+    pytester.makepyfile(test_a=check, test_b=check)
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--nccl-profile", "default,ring-ll",
+                                           "-v", timeout=120)
+    result.assert_outcomes(passed=8)
+    result.stdout.fnmatch_lines([
+        "*test_a.py::test_one[[]default[]] PASSED*",
+        "*test_b.py::test_two[[]default[]] PASSED*",
+        "*test_a.py::test_one[[]ring-ll[]] PASSED*",
+        "*test_b.py::test_two[[]ring-ll[]] PASSED*",
+    ])
+    lines = boots.read_text().splitlines()
+    assert len(lines) == 2, f"expected one boot per profile, got {lines}"
+    # the stub records NCCL_PROTO and NCCL_ALGO as its own process saw them
+    assert lines[0].split()[1:] == ["-", "-"]
+    assert lines[1].split()[1:] == ["LL", "Ring"]
+
+
+def test_profile_env_overrides_the_shell_for_that_server_only(
+    pytester: pytest.Pytester, stub_project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    boots = tmp_path / "boots.txt"
+    monkeypatch.setenv("NCCL_PROTO", "Simple")
+    stub_project(stub_deployment_toml(boot_count=boots))
+    pytester.makepyfile("""
+        import os
+        def test_env(kimiperf_server):
+            assert os.environ["NCCL_PROTO"] == "Simple"  # pytest's own environment untouched
+            assert kimiperf_server.overridden_shell_env["NCCL_PROTO"] == ("Simple", "LL")
+    """)
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--nccl-profile", "ring-ll", timeout=120)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*profile ring-ll overrides NCCL_PROTO='Simple' from the shell with 'LL'*"])
+    assert boots.read_text().split()[1] == "LL"
