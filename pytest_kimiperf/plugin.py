@@ -23,9 +23,11 @@ from pytest_kimiperf.settings import DEFAULT_DEPLOYMENT, DEFAULT_PROFILES, RawOp
 
 SERVER_FIXTURE = "kimiperf_server"
 PROFILE_FIXTURE = "kimiperf_profile"
-XDIST_GROUP = "kimiperf-server"
 COLLECTOR_NAME = "kimiperf-result-collector"
 WORKEROUTPUT_KEY = "kimiperf_servers"
+WORKERINPUT_IDS_DIR = "kimiperf_server_ids_dir"
+# xdist modes under which the plugin's scheduler takes over (load is what -n N means).
+_GROUPED_DIST_MODES = ("load", "loadgroup")
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class _RunState:
     log_dir: Path | None = None
     report: Any = None  # reports.model.SessionReport, built once at session finish
     worker_records: list[Any] = field(default_factory=list)  # ServerRecord from xdist workers
+    xdist_ids_dir: Path | None = None  # controller: where workers list their server tests
 
 
 RUN_STATE = pytest.StashKey[_RunState]()
@@ -160,8 +163,10 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"pytest-kimiperf: {exc}") from None
     state = _RunState(settings=settings)
     config.stash[RUN_STATE] = state
-    if not _is_worker(config) and config.pluginmanager.hasplugin("xdist"):
-        _pin_server_tests_to_one_worker(config)
+    if not _is_worker(config) and config.getoption("numprocesses", None):
+        import tempfile
+
+        state.xdist_ids_dir = Path(tempfile.mkdtemp(prefix="kimiperf-xdist-"))
     if settings.perf_plots is not None and not _is_worker(config):
         from pytest_kimiperf.reports.plots import matplotlib_problem
 
@@ -174,15 +179,23 @@ def pytest_configure(config: pytest.Config) -> None:
         config.issue_config_time_warning(pytest.PytestConfigWarning(f"kimiperf: {warning}"), stacklevel=2)
 
 
-def _pin_server_tests_to_one_worker(config: pytest.Config) -> None:
-    """Under xdist's default ``--dist load``, switch to ``loadgroup``.
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: tell each worker where to record its server tests, if we schedule."""
+    state = node.config.stash[RUN_STATE]
+    if state.xdist_ids_dir is not None and node.config.getoption("dist", None) in _GROUPED_DIST_MODES:
+        node.workerinput[WORKERINPUT_IDS_DIR] = str(state.xdist_ids_dir)
 
-    Perf tests carry ``xdist_group("kimiperf-server")``; only ``loadgroup`` honours it, sending
-    them all to one worker, so each profile's server boots once and measurements never overlap
-    while other tests still spread over all workers.
-    """
-    if config.getoption("dist", None) == "load" and config.getoption("numprocesses", None):
-        config.option.dist = "loadgroup"
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist controller: schedule so that one worker owns the servers (see xdist_scheduling)."""
+    state = config.stash[RUN_STATE]
+    if state.xdist_ids_dir is None or config.getoption("dist", None) not in _GROUPED_DIST_MODES:
+        return None
+    from pytest_kimiperf.xdist_scheduling import ServerGroupScheduling
+
+    return ServerGroupScheduling(config, log, state.xdist_ids_dir)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -224,24 +237,37 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Pin server tests to one xdist worker; check the hardware before anything boots."""
+    """Check the hardware before anything boots; under xdist, list the server tests."""
     state = config.stash[RUN_STATE]
     perf_items = [item for item in items if SERVER_FIXTURE in getattr(item, "fixturenames", ())]
     state.perf_items = len(perf_items)
-    for item in perf_items:
-        item.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
-    if perf_items and not state.settings.external and state.settings.deployment.needs_gpus:
-        from pytest_kimiperf.gpu import HardwareRequirement, check_hardware, probe_gpus
+    ids_dir = getattr(config, "workerinput", {}).get(WORKERINPUT_IDS_DIR)
+    if ids_dir:
+        from pytest_kimiperf.xdist_scheduling import write_server_test_ids
 
-        dep = state.settings.deployment
-        probe = probe_gpus(timeout_s=10.0)
+        write_server_test_ids(Path(ids_dir), config.workerinput["workerid"],  # type: ignore[attr-defined]
+                              (item.nodeid for item in perf_items))
+    if perf_items and not _is_worker(config):
+        # A worker cannot stop the run cleanly (xdist reports an internal error): there the
+        # server fixture fails every perf test with the same message instead.
         try:
-            check_hardware(
-                HardwareRequirement(dep.gpu_count, dep.gpu_name_contains), probe.gpus,
-                deployment=dep.name, unavailable_reason=probe.absence_reason(),
-            )
+            _check_hardware(state)
         except HardwareMissingError as exc:
             raise pytest.UsageError(f"pytest-kimiperf: {exc}") from None
+
+
+def _check_hardware(state: _RunState) -> None:
+    """HardwareMissingError unless this host has the GPUs the deployment needs."""
+    dep = state.settings.deployment
+    if state.settings.external or not dep.needs_gpus:
+        return
+    from pytest_kimiperf.gpu import HardwareRequirement, check_hardware, probe_gpus
+
+    probe = probe_gpus(timeout_s=10.0)
+    check_hardware(
+        HardwareRequirement(dep.gpu_count, dep.gpu_name_contains), probe.gpus,
+        deployment=dep.name, unavailable_reason=probe.absence_reason(),
+    )
 
 
 # -- fixtures ----------------------------------------------------------------------------
@@ -265,12 +291,17 @@ def kimiperf_server(
 ) -> Iterator[Any]:
     """A ready server for the current NCCL profile, booted once per profile and always stopped."""
     state = request.config.stash[RUN_STATE]
-    if _is_worker(request.config) and not request.config.getoption("loadgroup", False):
+    if _is_worker(request.config) and not request.config.workerinput.get(WORKERINPUT_IDS_DIR):  # type: ignore[attr-defined]
         pytest.fail(
-            "pytest-kimiperf under xdist needs --dist loadgroup (or the default --dist load, which it "
-            "upgrades): other modes split the perf tests over workers, booting servers twice and "
-            "overlapping measurements", pytrace=False,
+            "pytest-kimiperf under xdist needs --dist load (the default of -n) or loadgroup, which it "
+            "schedules itself; other modes would split the perf tests over workers, booting "
+            "servers twice and overlapping measurements", pytrace=False,
         )
+    if _is_worker(request.config):
+        try:
+            _check_hardware(state)
+        except HardwareMissingError as exc:
+            pytest.fail(str(exc), pytrace=False)
     if state.log_dir is None:
         state.log_dir = tmp_path_factory.getbasetemp() / "kimiperf"
     manager = _manager(request.config, state)

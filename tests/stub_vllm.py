@@ -59,6 +59,8 @@ VOCAB: dict[str, int] = {}
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # uvicorn (vLLM's server) sets TCP_NODELAY; without it small chunks coalesce under Nagle.
+    disable_nagle_algorithm = True
     args: argparse.Namespace
     streamed = 0
 
