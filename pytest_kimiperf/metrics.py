@@ -156,11 +156,12 @@ class HealthBounds:
 
     * ``max_cpu_fraction``: process CPU time / wall time of a client process. One asyncio loop
       uses at most one core; close to 1.0 it queues its work, so stamps and sends go late.
-    * ``max_loop_latency_p50_ms`` / ``_p99_ms``: how long an event that became ready waited
+    * ``max_loop_latency_p50_ms`` / ``_p99_ms``: how long an event that became due waited
       before its loop ran it (a probe thread posts to the loop every 2 ms and times the answer).
-      Arrival stamps are taken in the loop, so this is how stale a stamp can be. The median
-      catches a client that is always behind (every stamp biased); the p99 catches stalls as
-      long as a token gap (5 ms is one gap at 200 tok/s), which merge chunks.
+      Arrival stamps are the kernel's, but a loop that reads late reads two chunks of a stream
+      at once and both get the later one's stamp; where the kernel gives no stamp, the read
+      time is the stamp. The median catches a client that is always behind; the p99 catches
+      stalls as long as a token gap (5 ms is one gap at 200 tok/s).
     * ``max_send_lag_p99_ms``: request sent versus its schedule (its arrival time for a request
       rate; the previous request's end for a closed loop), which shapes the offered load.
     """

@@ -18,13 +18,14 @@ The runner checks itself while it measures (see metrics.HealthBounds): CPU share
 latency of every client process, and how late each request went out. When one process cannot
 keep up, ``client_processes`` spreads the streams over several processes, each with its own loop;
 their ``perf_counter_ns`` stamps (CLOCK_MONOTONIC) are system-wide on Linux, so records merge.
-One process handled 128 streams x 200 tok/s (25,600 chunks/s) at ~0.3 of a core here
-(benchmarks/client_accuracy.py).
+One process handled 128 streams x 200 tok/s (25,600 chunks/s) at ~0.3 of a core on the
+2-core CI machine (benchmarks/client_accuracy.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import multiprocessing
 import random
@@ -374,23 +375,31 @@ class _Engine:
         )
 
     async def execute(self, plan: _ProcessPlan) -> tuple[list[RequestRecord], ProcessHealth]:
-        loop = asyncio.get_running_loop()
-        delay_s = (plan.start_ns - time.perf_counter_ns()) / 1e9
-        if delay_s > 0:
-            await asyncio.sleep(delay_s)
-        probe = _LoopProbe(loop)
-        cpu_start_s = time.process_time()
-        wall_start_ns = time.perf_counter_ns()
-        probe.start()
+        # A collection is a pause of the loop; the hot path makes no reference cycles, so hold
+        # the collector off while measuring (bench serve freezes its heap for the same reason).
+        gc_was_enabled = gc.isenabled()
+        gc.collect()
+        gc.disable()
         try:
-            if plan.arrivals_s is None:
-                records = await self._closed_loop(plan, wall_start_ns)
-            else:
-                records = await self._open_loop(plan, wall_start_ns)
+            delay_s = (plan.start_ns - time.perf_counter_ns()) / 1e9
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)
+            probe = _LoopProbe(asyncio.get_running_loop())
+            cpu_start_s = time.process_time()
+            wall_start_ns = time.perf_counter_ns()
+            probe.start()
+            try:
+                if plan.arrivals_s is None:
+                    records = await self._closed_loop(plan, wall_start_ns)
+                else:
+                    records = await self._open_loop(plan, wall_start_ns)
+            finally:
+                probe.stop()
+            wall_s = (time.perf_counter_ns() - wall_start_ns) / 1e9
+            cpu_fraction = (time.process_time() - cpu_start_s) / wall_s if wall_s > 0 else 0.0
         finally:
-            probe.stop()
-        wall_s = (time.perf_counter_ns() - wall_start_ns) / 1e9
-        cpu_fraction = (time.process_time() - cpu_start_s) / wall_s if wall_s > 0 else 0.0
+            if gc_was_enabled:
+                gc.enable()
         return records, ProcessHealth(cpu_fraction, tuple(probe.latencies_ms), wall_s)
 
     async def _closed_loop(self, plan: _ProcessPlan, start_ns: int) -> list[RequestRecord]:
@@ -449,8 +458,8 @@ class _Engine:
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
-    # uvloop runs data_received closer to recv() and cut the p99 gap error ~10x at 128 streams
-    # (benchmarks/client_accuracy.py); plain asyncio works too.
+    # uvloop's loop iteration is cheaper (more CPU left at 128 streams, and send stamps and
+    # reads less late); plain asyncio works too.
     try:
         import uvloop
     except ImportError:
