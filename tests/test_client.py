@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 import subprocess
 import sys
 import threading
@@ -206,6 +207,95 @@ def test_api_key_is_sent_and_never_shown() -> None:
 def test_bad_base_urls_are_config_errors(url: object) -> None:
     with pytest.raises(ConfigError, match="invalid server URL"):
         parse_base_url(url)
+
+
+# --------------------------------------------------------------------------- HTTP/SSE framing
+
+
+class CannedServer:
+    """Answers each request with the next canned response, written in small pieces."""
+
+    def __init__(self, responses: list[bytes], piece_bytes: int = 7) -> None:
+        self._responses = list(responses)
+        self._piece = piece_bytes
+        self.accepted = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.base_url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        with self._listener:
+            while self._responses:
+                conn, _ = self._listener.accept()
+                self.accepted += 1
+                with conn:
+                    while self._responses and self._read_request(conn):
+                        response = self._responses.pop(0)
+                        for i in range(0, len(response), self._piece):
+                            conn.sendall(response[i:i + self._piece])
+                            time.sleep(0.0005)
+                        if response.startswith(b"HTTP/1.0"):
+                            break  # close-delimited body: closing ends it
+
+    @staticmethod
+    def _read_request(conn: socket.socket) -> bool:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            more = conn.recv(65536)
+            if not more:
+                return False
+            data += more
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        while len(body) < length:
+            body += conn.recv(65536)
+        return True
+
+
+def chunked(*events: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events)
+
+
+# json.dumps with its default spaces (http.server-style servers), CRLF line ends, a comment.
+SPACED_EVENTS = (
+    b": keep-alive ping\n\n",
+    b'data: {"id": "x", "choices": [{"index": 0, "text": "a"}]}\r\n\r\n',
+    b'data: {"id": "x", "choices": [{"index": 0, "text": "b", "finish_reason": "length"}]}\n\n',
+    b'data: {"id": "x", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}\n\n',
+    b"data: [DONE]\n\n",
+)
+
+
+def test_chunk_framing_split_anywhere_with_trailers_keeps_the_connection() -> None:
+    ok = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(*SPACED_EVENTS)
+          + b"0\r\nX-Trailer: yes\r\n\r\n")
+    server = CannedServer([ok, ok])
+    first, second = send(server.base_url, spec("canned-1", 2), spec("canned-2", 2))
+    assert first.ok and second.ok, (first.error, second.error)
+    assert len(first.chunk_ns) == 2 and first.output_tokens == 2
+    assert server.accepted == 1
+
+
+def test_close_delimited_http_1_0_body() -> None:
+    response = b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + b"".join(SPACED_EVENTS)
+    (rec,) = send(CannedServer([response]).base_url, spec("canned-3", 2))
+    assert rec.ok, rec.error
+    assert len(rec.chunk_ns) == 2
+
+
+def test_error_answer_with_a_length_delimited_body() -> None:
+    body = b'{"error": {"message": "max_tokens is too large", "code": 400}}'
+    response = b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    (rec,) = send(CannedServer([response]).base_url, spec("canned-4", 2))
+    assert not rec.ok
+    assert rec.error == "HTTP 400: " + body.decode()
+
+
+def test_garbage_answer_is_a_malformed_response() -> None:
+    (rec,) = send(CannedServer([b"SSH-2.0-OpenSSH_9.6\r\n\r\n"]).base_url, spec("canned-5", 2))
+    assert not rec.ok
+    assert rec.error.startswith("malformed HTTP response: bad status line")
 
 
 # --------------------------------------------------------------------------- the workload
