@@ -345,7 +345,7 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: Any, kimiperf_profile:
 
     return PerfRecorder(
         nodeid=item.nodeid,
-        test=item.nodeid.split("[", 1)[0],
+        test=_test_key(item, kimiperf_profile.name),
         server=kimiperf_server,
         settings=state.settings,
         profile_env=dict(kimiperf_profile.env),
@@ -355,6 +355,25 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: Any, kimiperf_profile:
         fail=lambda message: pytest.fail(message, pytrace=False),
         tolerances=tolerances,
     )
+
+
+def _test_key(item: pytest.Item, profile: str) -> str:
+    """The node id without the profile's part of the parameter id, other parameters kept.
+
+    ``test_tp.py::test_out[ring-ll-8]`` -> ``test_tp.py::test_out[8]``: baselines and profile
+    comparisons are keyed by it, so each concurrency keeps its own entry.
+    """
+    base, _, params = item.nodeid.partition("[")
+    params = params.removesuffix("]")
+    if params in ("", profile):
+        return base
+    if params.startswith(f"{profile}-"):
+        rest = params[len(profile) + 1:]
+    elif params.endswith(f"-{profile}"):
+        rest = params[: -len(profile) - 1]
+    else:
+        rest = params.replace(f"-{profile}-", "-", 1)
+    return f"{base}[{rest}]"
 
 
 def _manager(config: pytest.Config, state: _RunState) -> Any:

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The perf gate, usable from any CI system.
+#
+#   ci/perf-gate.sh [extra pytest args...]
+#
+# Environment:
+#   KIMIPERF_PROFILES   NCCL profiles to compare (default: default,ring-ll)
+#   KIMIPERF_OUT        where reports, plots and server logs go (default: perf-results)
+#   KIMIPERF_DEPLOYMENT deployment (default: the suite's, kimi-k25-int4-tp8)
+#   PYTHON              interpreter with pytest-kimiperf installed (default: python3)
+#
+# Exit codes are pytest's:
+#   0 every perf test passed (no regression, floors met)
+#   1 a perf test failed (regression, below floor, invalid measurement, server died)
+#   2 interrupted (Ctrl-C, or SIGTERM from a cancelled job: the servers were stopped)
+#   3 internal error
+#   4 usage error (bad option or profile, or the deployment's GPUs are missing)
+#   5 no perf test was collected
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${KIMIPERF_OUT:-perf-results}
+PROFILES=${KIMIPERF_PROFILES:-default,ring-ll}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+args=(perf_tests --nccl-profile "$PROFILES"
+      --perf-json "$OUT/report.json" --perf-markdown "$OUT/summary.md" --perf-plots "$OUT/plots"
+      --junitxml "$OUT/junit.xml" --basetemp "$OUT/tmp" -p no:cacheprovider)
+if [ -n "${KIMIPERF_DEPLOYMENT:-}" ]; then
+  args+=(--deployment "$KIMIPERF_DEPLOYMENT")
+fi
+"$PY" -m pytest "${args[@]}" "$@"
+status=$?
+# Server logs live under the basetemp; keep them next to the reports for the artifact upload.
+find "$OUT/tmp" -name 'server-*.log' -exec cp {} "$OUT/" \; 2>/dev/null
+exit $status
