@@ -291,12 +291,12 @@ def measure_mode(mode: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 def table(rows: Sequence[dict[str, Any]]) -> str:
     head = ("| mode | streams | client | ITL p50 true / err (ms) | ITL p99 true / err (ms) | "
             "per-gap abs err p99 (ms) | TTFT true / measured median (ms) | TTFT err median / p99 (ms) | "
-            "delivery p50 / p99 (us) | client CPU | server late p99 (us) | invalid |")
+            "delivery p50 / p99 (us) | client CPU | server late p99 (us) | invalid | self-check |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         if "itl_p50_true_ms" not in r:
             lines.append(f"| {r['mode']} | {r['streams']} | {r['client']} | no valid request | | | | | | | | "
-                         f"{r['invalid']}/{r['requests']} |")
+                         f"{r['invalid']}/{r['requests']} | |")
             continue
         lines.append(
             f"| {r['mode']} | {r['streams']} | {r['client']} "
@@ -307,7 +307,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
             f"| {r['ttft_err_median_ms']:+.3f} / {r['ttft_err_p99_ms']:+.3f} "
             f"| {r['delivery_p50_us']:.0f} / {r['delivery_p99_us']:.0f} "
             f"| {r['client_cpu_fraction']:.2f} | {r['server_lateness_p99_us']:.0f} "
-            f"| {r['invalid']}/{r['requests']} |"
+            f"| {r['invalid']}/{r['requests']} | {r['self_check'][:60]} |"
         )
     return "\n".join(lines)
 

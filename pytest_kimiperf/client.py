@@ -230,12 +230,11 @@ class _Exchange:
         self.bytes_received = 0
 
 
-def _enable_kernel_rx_stamps(sock: socket.socket) -> bool:
+def _enable_kernel_rx_stamps(sock: socket.socket) -> None:
     try:
         sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
     except OSError:
-        return False  # not Linux: stamps fall back to perf_counter_ns() at read time
-    return True
+        pass  # not Linux: stamps fall back to perf_counter_ns() at read time
 
 
 class _Connection:
@@ -290,7 +289,6 @@ class _Connection:
         if not size:
             self._lost(None)
             return
-        data = self._rx[:size].tobytes()
         arrival_ns = read_ns
         for level, kind, payload in ancdata:
             if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(payload) >= _TIMESPEC.size:
@@ -305,8 +303,8 @@ class _Connection:
             # Bytes while idle: the server broke the protocol; never reuse this connection.
             self.close()
             return
-        exchange.bytes_received += len(data)
-        self._buf += data
+        exchange.bytes_received += size
+        self._buf += self._rx[:size]
         try:
             self._parse(exchange, arrival_ns)
         except ValueError as exc:

@@ -56,6 +56,8 @@ from pytest_kimiperf.server_metrics import ServerView, Snapshot, fetch_snapshot
 from pytest_kimiperf.workload import Workload, build_requests
 
 _ARRIVALS = ("poisson", "constant")
+# Connection-pool size of a request rate without max_concurrency (connections open on demand).
+_UNCAPPED_STREAMS = 4096
 # Distinct prompts built for a budget in seconds only (the request count is not known ahead);
 # they are reused in turn past that, and the run says so in its notes.
 _SECONDS_BUDGET_PROMPTS = 256
@@ -216,10 +218,8 @@ class RequestRate(Scenario):
 
     @property
     def streams(self) -> int:
-        """The cap, or an estimate for the pool: 4 s of arrivals, at least 8, at most 1024."""
-        if self.max_concurrency is not None:
-            return self.max_concurrency
-        return min(1024, max(8, math.ceil(self.rate_per_s * 4)))
+        """The cap; without one, as many as the connection pool allows (an open loop never waits)."""
+        return self.max_concurrency if self.max_concurrency is not None else _UNCAPPED_STREAMS
 
     @property
     def effective_warmup_requests(self) -> int:
@@ -315,7 +315,7 @@ class _LoopProbe:
 
     A thread wakes every ``_PROBE_INTERVAL_S`` and posts a callback stamped with the moment it
     was *due* (not when the post happened): the delay then holds everything a socket event
-    would wait through before its ``data_received`` stamp, including the GIL held by another
+    would wait through before the client reads it, including the GIL held by another
     thread of the process and CPU taken by other processes.
     """
 
