@@ -49,6 +49,13 @@ class Deployment:
     # Overrides of the client's self-check bounds (metrics.HealthBounds field names).
     client_bounds: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     source: str = "built-in"
+    # Roofline inputs (roofline_report.py), each optional: the model's config.json when it is
+    # not found from ``model`` (a file or its directory; relative to the rootdir), the memory
+    # bandwidth per device in GB/s (10**9 B/s) instead of the GPU's datasheet figure or the
+    # CPU copy measured at session end, and one decode-sized allreduce's latency in us.
+    model_config: str | None = None
+    memory_bandwidth_gbs: float | None = None
+    allreduce_latency_us: float | None = None
 
     def argv(self, *, model_path: str, host: str, port: int) -> list[str]:
         """The server's argument list with placeholders filled in."""
@@ -161,6 +168,9 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "revision": str,
     "tolerances": dict,
     "client_bounds": dict,
+    "model_config": str,
+    "memory_bandwidth_gbs": (int, float),
+    "allreduce_latency_us": (int, float),
 }
 
 
@@ -233,7 +243,8 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
             fields[key] = MappingProxyType({**base.client_bounds, **_client_bounds(value, where)})
         elif key == "tolerances":
             fields[key] = MappingProxyType({**base.tolerances, **_tolerances(value, where)})
-        elif key in ("health_deadline_s", "decode_floor_tok_s", "decode_target_tok_s"):
+        elif key in ("health_deadline_s", "decode_floor_tok_s", "decode_target_tok_s",
+                     "memory_bandwidth_gbs", "allreduce_latency_us"):
             fields[key] = float(value)
         else:
             fields[key] = value
@@ -257,6 +268,19 @@ def _check(d: Deployment, where: str) -> None:
                          ("decode_target_tok_s", d.decode_target_tok_s)):
         if not (math.isfinite(value) and value >= 0):
             raise ConfigError(f"{where}: {label} = {value}; must be a number >= 0")
+    if d.model_config is not None and not d.model_config.strip():
+        raise ConfigError(f"{where}: model_config is empty; give the path of the model's config.json "
+                          "(or of its directory), or leave the key out")
+    if d.memory_bandwidth_gbs is not None and not (
+        math.isfinite(d.memory_bandwidth_gbs) and d.memory_bandwidth_gbs > 0
+    ):
+        raise ConfigError(f"{where}: memory_bandwidth_gbs = {d.memory_bandwidth_gbs}; must be a "
+                          "number of GB/s > 0 (per device, 10**9 bytes/s as in datasheets)")
+    if d.allreduce_latency_us is not None and not (
+        math.isfinite(d.allreduce_latency_us) and d.allreduce_latency_us >= 0
+    ):
+        raise ConfigError(f"{where}: allreduce_latency_us = {d.allreduce_latency_us}; must be a "
+                          "number of microseconds >= 0")
     if d.decode_target_tok_s < d.decode_floor_tok_s:
         raise ConfigError(
             f"{where}: decode_target_tok_s = {d.decode_target_tok_s} is below "
