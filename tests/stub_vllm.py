@@ -6,10 +6,15 @@ and counting boots for the parametrization tests. Its log lines copy vLLM 0.32's
 (see tests/data/nccl_logs/vllm_cpu_tp1_gloo.log for a recorded boot).
 
 Usage: python stub_vllm.py --model NAME --host H --port P [--mode MODE] [--boot-count FILE]
-         [--load-seconds S] [--tok-per-s R]
+         [--load-seconds S] [--tok-per-s R] [--nccl-lines] [--nccl-log-value VAR=VALUE ...]
 Modes: normal, hang (never ready), crash-boot (exits 3 while loading), crash-stream (dies
 after a few tokens of the first streamed request), spawn-children (forks two workers that
 outlive a SIGKILL of this process, like vLLM's EngineCore and workers).
+
+--nccl-lines stands in for a GPU engine under NCCL_DEBUG=INFO: each NCCL_* variable of its
+environment is logged the way NCCL's param.cc / tuning.cc log it (tests/data/nccl_logs/README.md
+has the formats), and --nccl-log-value VAR=VALUE logs VALUE instead, as when NCCL falls back
+to another value than the one set.
 """
 
 from __future__ import annotations
@@ -32,10 +37,29 @@ def vllm_info(source: str, message: str, who: str = "APIServer") -> None:
     log(f"({who} pid={os.getpid()}) INFO {stamp} [{source}] {message}")
 
 
+def nccl_env_lines(overrides: list[str]) -> None:
+    """Log the NCCL_* variables of the environment as NCCL does at NCCL_DEBUG=INFO."""
+    if os.environ.get("NCCL_DEBUG") != "INFO":
+        return  # NCCL prints its INFO lines only at that level
+    logged = {var: value for var, value in os.environ.items()
+              if var.startswith("NCCL_") and not var.startswith("NCCL_DEBUG")}
+    for item in overrides:
+        var, _, value = item.partition("=")
+        logged[var] = value
+    pid = os.getpid()
+    log(f"stub-host:{pid}:{pid} [0] NCCL INFO NCCL version 2.27.7+cuda12.9")
+    for var, value in sorted(logged.items()):
+        # Integer parameters end with a period ("%s set by environment to %lld."), strings do not.
+        end = "." if value.lstrip("-").isdigit() else ""
+        log(f"(Worker_TP0 pid={pid}) stub-host:{pid}:{pid} [0] NCCL INFO {var} set by environment to {value}{end}")
+
+
 def boot(args: argparse.Namespace) -> None:
     vllm_info("api_utils.py:286", f"non-default args: {{'model': '{args.model}', 'port': {args.port}}}")
     vllm_info("model.py:733", "Resolved architecture: LlamaForCausalLM")
     vllm_info("core.py:133", "Initializing a V1 LLM engine (v0.32.0) with config: ...", "EngineCore")
+    if args.nccl_lines:
+        nccl_env_lines(args.nccl_log_value)
     if args.mode == "hang":
         while True:
             time.sleep(1)
@@ -151,6 +175,8 @@ def main() -> None:
     parser.add_argument("--boot-count", default=None)
     parser.add_argument("--load-seconds", type=float, default=0.4)
     parser.add_argument("--tok-per-s", type=float, default=500.0)
+    parser.add_argument("--nccl-lines", action="store_true")
+    parser.add_argument("--nccl-log-value", action="append", default=[])
     args, _ = parser.parse_known_args()
     if args.boot_count:
         with open(args.boot_count, "a") as fh:
