@@ -24,6 +24,7 @@ from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.gate import baseline_entries
 from pytest_kimiperf.reports.json_report import build_json_report, write_json_report
 from pytest_kimiperf.reports.markdown import render_markdown, write_markdown
+from pytest_kimiperf.reports.nccl_check import NcclDebugCheck, check_server_log
 from pytest_kimiperf.reports.model import (
     BaselineUpdate,
     ProfileFacts,
@@ -31,6 +32,7 @@ from pytest_kimiperf.reports.model import (
     build_session_report,
 )
 from pytest_kimiperf.reports.terminal import render_summary
+from pytest_kimiperf.roofline_report import build_roofline_report, decode_results
 
 GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
@@ -105,7 +107,9 @@ def terminal_summary(terminalreporter: Any, state: Any) -> None:
     try:
         report: SessionReport | None = getattr(state, "report", None)
         if report is None and (state.results or _records(state)):
-            report = build_report(state, rootpath=None, probe_fingerprint=False)
+            config = getattr(terminalreporter, "config", None)
+            rootpath = Path(config.rootpath) if config is not None else None
+            report = build_report(state, rootpath=rootpath, probe_fingerprint=False)
         output_error = state.output_error
         if report is not None and output_error == "; ".join(report.errors):
             output_error = None  # already listed one by one
@@ -121,9 +125,17 @@ def terminal_summary(terminalreporter: Any, state: Any) -> None:
 
 
 def build_report(state: Any, *, rootpath: Path | None, probe_fingerprint: bool) -> SessionReport:
-    """The session's report from the plugin's run state (``probe_fingerprint`` may probe GPUs)."""
+    """The session's report from the plugin's run state (``probe_fingerprint`` may probe GPUs).
+
+    With single-stream decode results it also computes the roofline, which on a CPU deployment
+    measures this host's copy bandwidth (about half a second, after the servers have stopped).
+    """
     settings = state.settings
     fingerprint = state.fingerprint
+    if fingerprint is None and settings.deployment.needs_gpus and decode_results(state.results):
+        # The GPU ceiling needs the GPU's name and interconnect; under xdist only the workers
+        # probed them.
+        probe_fingerprint = True
     if fingerprint is None and probe_fingerprint:
         # Under xdist the workers probed the hardware; the controller needs it for the baseline
         # file name and the report, so it probes once itself (same function the plugin uses).
@@ -145,6 +157,9 @@ def build_report(state: Any, *, rootpath: Path | None, probe_fingerprint: bool) 
         created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         generator=_generator(),
         baselines_path=baselines_path,
+        roofline=build_roofline_report(
+            state.results, settings.deployment, fingerprint, rootpath=rootpath, external=settings.external,
+        ),
     )
 
 
@@ -206,8 +221,25 @@ def _profile_facts(state: Any) -> list[ProfileFacts]:
             boots=None if settings.external else rec.boots, boot_s=rec.boot_s,
             log_path=str(rec.log_path) if rec.log_path else None,
             leftovers=tuple(rec.leftovers), error=rec.error,
+            nccl_debug=_nccl_debug_check(settings, profile, rec),
         ))
     return facts
+
+
+def _nccl_debug_check(settings: Any, profile: Any, rec: Any) -> NcclDebugCheck | None:
+    """The --nccl-debug verdicts of one profile's server, from its log; None without --nccl-debug."""
+    if not settings.nccl_debug:
+        return None
+    if settings.external:
+        return NcclDebugCheck(
+            profile.name, None,
+            error="attached with --server-url: no server log here; start that server with "
+                  "NCCL_DEBUG=INFO and look for '<VAR> set by environment to' in its log",
+        )
+    if rec.boots == 0 and rec.log_path is None:
+        return None  # never started in this session: there is no log to judge
+    return check_server_log(profile.name, profile.env, rec.log_path,
+                            cpu_engine=not settings.deployment.needs_gpus)
 
 
 def _deployment_json(settings: Any) -> dict[str, Any]:
@@ -225,6 +257,9 @@ def _deployment_json(settings: Any) -> dict[str, Any]:
         "tolerances": dict(dep.tolerances),
         "source": dep.source,
         "server_url": settings.server_url,
+        "model_config": dep.model_config,
+        "memory_bandwidth_gbs": dep.memory_bandwidth_gbs,
+        "allreduce_latency_us": dep.allreduce_latency_us,
     }
 
 

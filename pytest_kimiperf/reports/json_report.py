@@ -51,6 +51,7 @@ def build_json_report(report: SessionReport) -> dict[str, Any]:
             "updated": report.baselines_update is not None,
             "entries_written": report.baselines_update.entries if report.baselines_update else None,
         },
+        "roofline": report.roofline.to_json() if report.roofline is not None else None,
         "outputs": dict(report.outputs),
         "plot_files": list(report.plot_files),
         "errors": list(report.errors),
@@ -121,6 +122,7 @@ def _profile_json(facts: ProfileFacts) -> dict[str, Any]:
         "log_path": facts.log_path,
         "leftovers": list(facts.leftovers),
         "error": facts.error,
+        "nccl_debug": facts.nccl_debug.to_json() if facts.nccl_debug is not None else None,
     }
 
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_kimiperf.errors import KimiperfError
+from pytest_kimiperf.reports.nccl_check import DIFFERENT
 from pytest_kimiperf.reports.model import (
     SessionReport,
     fmt_ci,
@@ -35,8 +36,10 @@ def render_markdown(report: SessionReport) -> str:
     if not report.results:
         lines += ["No perf test produced a result.", ""]
     lines += _profile_tables(report)
+    lines += _nccl_debug_table(report)
     lines += _baseline_tables(report)
     lines += _floor_table(report)
+    lines += _roofline(report)
     lines += _bullets("Warnings", report.warnings())
     lines += _servers(report)
     lines += _bullets("Errors", report.errors)
@@ -133,6 +136,81 @@ def _floor_table(report: SessionReport) -> list[str]:
                      f"**{status.upper()}**" if status == "below floor" else _text(status)])
     return ["### Decode floor", ""] + _table(
         ["test", "profile", "decode tok/s", "floor", "target", "status"], "llrrrl", rows) + [""]
+
+
+def _nccl_debug_table(report: SessionReport) -> list[str]:
+    checks = report.nccl_checks()
+    if not checks:
+        return []
+    lines = ["### NCCL variables in the server logs (`--nccl-debug`)", ""]
+    rows = []
+    notes: list[str] = []
+    for check in checks:
+        if check.error:
+            rows.append([_code(check.profile), "", "", "", _text(check.error)])
+        for v in check.variables:
+            word = _text(v.message)
+            rows.append([_code(check.profile), _code(v.variable), _code(v.expected),
+                         _code(v.logged) if v.logged is not None else "",
+                         f"**{word}**" if v.status == DIFFERENT else word])
+        notes.extend(f"{_code(check.profile)}: {_text(note)}" for note in check.notes if note not in notes)
+    if rows:
+        lines += _table(["profile", "variable", "profile value", "NCCL logged", "verdict"], "lllll", rows)
+        lines.append("")
+    seen: set[str] = set()
+    for note in notes:
+        if note not in seen:
+            seen.add(note)
+            lines.append(f"- {note}")
+    return lines + ([""] if notes else [])
+
+
+def _roofline(report: SessionReport) -> list[str]:
+    roof = report.roofline
+    if roof is None:
+        return []
+    lines = ["### Decode ceiling (roofline)", ""]
+    if not roof.known:
+        return lines + [_text(roof.arithmetic_line()), ""]
+    est = roof.estimate
+    assert est is not None
+    facts = [
+        f"weights read per GPU per token: {est.weight_bytes.per_gpu_bytes:,} bytes "
+        f"(tp={est.weight_bytes.tp}; {est.weight_bytes.total_bytes:,} in the whole model)",
+        f"memory bandwidth: {fmt_value(est.bandwidth_gbs)} GB/s ({_text(roof.bandwidth.source)})",
+        f"bandwidth ceiling: {fmt_value(est.bandwidth_ceiling_tok_s)} tok/s",
+    ]
+    if est.collectives_per_token:
+        if roof.comm_term_known:
+            facts.append(f"collectives per token: {est.collectives_per_token} x "
+                         f"{est.allreduce_latency_us:g} us ({_text(roof.allreduce_latency.source)})")
+            facts.append(f"ceiling with communication: {fmt_value(est.ceiling_tok_s)} tok/s")
+        else:
+            facts.append(f"collectives per token: {est.collectives_per_token}, latency unknown "
+                         f"({_text(roof.allreduce_latency.source)}): communication term unknown")
+    if roof.binding_term:
+        facts.append(f"bound by: {roof.binding_term}")
+    lines += [f"- {fact}" for fact in facts] + [""]
+    header = ["test", "profile", "decode tok/s", "of bandwidth ceiling"]
+    if est.collectives_per_token:  # at tp=1 the two ceilings are one
+        header.append("of ceiling with communication")
+    rows = []
+    for m in roof.measurements:
+        row = [_code(m.test), _code(m.profile), fmt_value(m.median_tok_s), _share(m.fraction_of_bandwidth_ceiling)]
+        if est.collectives_per_token:
+            row.append(_share(m.fraction_of_ceiling) if m.fraction_of_ceiling is not None else "unknown")
+        rows.append(row)
+    lines += _table(header, "llrrr"[: len(header)], rows) + [""]
+    lines += [f"- {_text(note)}" for note in roof.notes]
+    return lines + ([""] if roof.notes else [])
+
+
+def _share(fraction: float | None) -> str:
+    # A share of a ceiling: 27%, and two digits below ten (1.5%) so small shares do not read 0%.
+    if fraction is None:
+        return "n/a"
+    pct = 100 * fraction
+    return f"{pct:.0f}%" if pct >= 10 else f"{pct:.2g}%"
 
 
 def _servers(report: SessionReport) -> list[str]:

@@ -15,6 +15,8 @@ from typing import Any
 
 from pytest_kimiperf.gate import MetricResult, TestResult, compare_profiles
 from pytest_kimiperf.metric_specs import METRICS
+from pytest_kimiperf.reports.nccl_check import NcclDebugCheck
+from pytest_kimiperf.roofline_report import RooflineReport
 from pytest_kimiperf.stats import Comparison, VerdictKind
 
 
@@ -37,6 +39,8 @@ class ProfileFacts:
     log_path: str | None = None
     leftovers: tuple[str, ...] = ()
     error: str | None = None
+    # --nccl-debug: what the server's log says about the profile's variables (None without it)
+    nccl_debug: NcclDebugCheck | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,8 @@ class SessionReport:
     outputs: dict[str, str] = field(default_factory=dict)
     plot_files: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # the single-stream decode medians against the model's and hardware's ceilings
+    roofline: RooflineReport | None = None
 
     def profile_names(self) -> list[str]:
         """Profiles in display order: the reference first, then as selected, then any others seen."""
@@ -229,6 +235,12 @@ class SessionReport:
         """The results that were checked against the deployment's decode floor."""
         return [res for res in self.results if res.floor]
 
+    def nccl_checks(self) -> list[NcclDebugCheck]:
+        """The --nccl-debug verdicts of the profiles that have one, in display order."""
+        order = {name: i for i, name in enumerate(self.profile_names())}
+        checks = [facts.nccl_debug for facts in self.profiles if facts.nccl_debug is not None]
+        return sorted(checks, key=lambda check: order.get(check.profile, len(order)))
+
     def warnings(self) -> list[str]:
         """Warnings worth reading after the run: inconclusive, improvements, below target, invalid."""
         lines = []
@@ -237,6 +249,12 @@ class SessionReport:
             if res.invalid:
                 lines.append(f"{where}: INVALID measurement: {res.invalid}")
             lines.extend(f"{where}: {warning}" for warning in res.warnings)
+        for check in self.nccl_checks():
+            lines.extend(
+                f"NCCL profile {check.profile}: {v.variable}={v.expected} did not take effect, "
+                f"NCCL logged {v.variable}={v.logged} ({check.log_path})"
+                for v in check.mismatches
+            )
         return lines
 
 
@@ -250,6 +268,7 @@ def build_session_report(
     created_at: str,
     generator: str,
     baselines_path: str | None = None,
+    roofline: RooflineReport | None = None,
 ) -> SessionReport:
     """Gather the run's facts and compare every profile with the reference profile."""
     return SessionReport(
@@ -262,6 +281,7 @@ def build_session_report(
         results=list(results),
         profile_comparisons=profile_comparisons(results, reference_profile),
         baselines_path=baselines_path,
+        roofline=roofline,
     )
 
 

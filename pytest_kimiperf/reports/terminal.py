@@ -25,6 +25,7 @@ from pytest_kimiperf.reports.model import (
     fmt_value,
     profile_verdict,
 )
+from pytest_kimiperf.reports.nccl_check import APPLIED, DIFFERENT, NOT_SEEN
 from pytest_kimiperf.stats import VerdictKind
 
 MAX_WIDTH = 100
@@ -57,11 +58,19 @@ def render_summary(
     if report is not None and report.results:
         if verbosity <= QUIET:
             lines.extend(_quiet_verdicts(report))
+            lines.extend(_nccl_debug_lines(report, titled=True, quiet=True))
         else:
-            lines.extend(_profile_section(report, verbose=verbosity >= VERBOSE))
+            profiles = _profile_section(report, verbose=verbosity >= VERBOSE)
+            lines.extend(profiles)
+            lines.extend(_nccl_debug_lines(report, titled=not profiles, quiet=False))
             lines.extend(_baseline_section(report, verbose=verbosity >= VERBOSE))
-            lines.extend(_floor_section(report))
+            floors = _floor_section(report)
+            lines.extend(floors)
+            lines.extend(_roofline_lines(report, titled=not floors))
             lines.extend(_warning_section(report))
+    elif report is not None:
+        # The servers ran but no perf test got to a result: what NCCL logged still tells.
+        lines.extend(_nccl_debug_lines(report, titled=True, quiet=verbosity <= QUIET))
     if report is not None:
         lines.extend(_servers_and_files(report, quiet=verbosity <= QUIET))
     errors = list(report.errors) if report is not None else []
@@ -156,6 +165,43 @@ def _wrap_samples(samples: Sequence[float]) -> list[str]:
         current += " " + word
     lines.append(current)
     return lines
+
+
+# -- --nccl-debug ---------------------------------------------------------------------------
+
+_NCCL_DEBUG_TITLE = "NCCL variables in the server logs (--nccl-debug)"
+
+
+def _nccl_debug_lines(report: SessionReport, *, titled: bool, quiet: bool) -> list[TerminalLine]:
+    checks = report.nccl_checks()
+    if quiet:
+        # -q keeps what is alarming: a variable NCCL logged with another value.
+        checks = [check for check in checks if check.mismatches or check.error]
+    if not checks:
+        return []
+    if titled:
+        lines = [TerminalLine(f"kimiperf: {_NCCL_DEBUG_TITLE}", sep="=")]
+    else:
+        lines = [TerminalLine(_NCCL_DEBUG_TITLE, markup={"bold": True})]
+    for check in checks:
+        variables = [v for v in check.variables if not quiet or v.status == DIFFERENT]
+        log = f" (log: {check.log_path})" if check.log_path else ""
+        lines.append(TerminalLine(f"  {check.profile}{log}"))
+        if check.error:
+            lines.append(TerminalLine(f"    {check.error}", markup=_YELLOW))
+        table = _Table(["variable", "verdict"], aligns="ll", indent=4)
+        cells = [[f"{v.variable}={v.expected}", v.message] for v in variables]
+        for row in cells:
+            table.add(row)
+        for v, row in zip(variables, cells):
+            lines.append(TerminalLine(table.format(row), markup=_NCCL_MARKUP.get(v.status, {})))
+        if not quiet:
+            for note in check.notes:
+                lines.extend(_wrapped(f"note: {note}", indent=4))
+    return lines
+
+
+_NCCL_MARKUP: Mapping[str, Mapping[str, bool]] = {APPLIED: _GREEN, NOT_SEEN: _YELLOW, DIFFERENT: _RED}
 
 
 # -- baselines --------------------------------------------------------------------------------
@@ -255,6 +301,35 @@ def _floor_section(report: SessionReport) -> list[TerminalLine]:
                           "BELOW FLOOR" if status == "below floor" else status]),
             markup=_floor_markup(status)))
     return lines
+
+
+def _roofline_lines(report: SessionReport, *, titled: bool) -> list[TerminalLine]:
+    roof = report.roofline
+    if roof is None:
+        return []
+    title = "decode ceiling (roofline)"
+    lines = [TerminalLine(f"kimiperf: {title}", sep="=") if titled
+             else TerminalLine(title, markup={"bold": True})]
+    if not roof.known:
+        lines.extend(_wrapped(roof.arithmetic_line(), indent=2, markup=_YELLOW))
+        return lines
+    lines.extend(_wrapped(roof.arithmetic_line(), indent=2))
+    current_test = None
+    for m in roof.measurements:
+        if m.test != current_test:
+            current_test = m.test
+            lines.append(TerminalLine(f"  {m.test}"))
+        lines.append(TerminalLine(f"    {m.line()}"))
+    for note in roof.notes:
+        lines.extend(_wrapped(f"note: {note}", indent=2))
+    return lines
+
+
+def _wrapped(text: str, *, indent: int, markup: Mapping[str, bool] | None = None) -> list[TerminalLine]:
+    parts = textwrap.wrap(text, width=MAX_WIDTH, initial_indent=" " * indent,
+                          subsequent_indent=" " * (indent + 4), break_long_words=False,
+                          break_on_hyphens=False)
+    return [TerminalLine(part, markup=markup or {}) for part in parts]
 
 
 def _warning_section(report: SessionReport) -> list[TerminalLine]:
