@@ -24,6 +24,7 @@ from pytest_kimiperf.settings import DEFAULT_DEPLOYMENT, DEFAULT_PROFILES, RawOp
 SERVER_FIXTURE = "kimiperf_server"
 PROFILE_FIXTURE = "kimiperf_profile"
 COLLECTOR_NAME = "kimiperf-result-collector"
+BENCHMARK_INFO_NAME = "kimiperf-benchmark-machine-info"
 WORKEROUTPUT_KEY = "kimiperf_servers"
 WORKERINPUT_IDS_DIR = "kimiperf_server_ids_dir"
 # xdist modes under which the plugin's scheduler takes over (load is what -n N means).
@@ -175,6 +176,8 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"pytest-kimiperf: {problem}")
     if not _is_worker(config):
         config.pluginmanager.register(_ResultCollector(state), COLLECTOR_NAME)
+        if config.pluginmanager.hasplugin("benchmark"):
+            config.pluginmanager.register(_BenchmarkMachineInfo(state), BENCHMARK_INFO_NAME)
     for warning in settings.profile_warnings:
         config.issue_config_time_warning(pytest.PytestConfigWarning(f"kimiperf: {warning}"), stacklevel=2)
 
@@ -203,9 +206,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(RUN_STATE, None)
     if state is not None:
         _close_servers(state)
-    collector = config.pluginmanager.get_plugin(COLLECTOR_NAME)
-    if collector is not None:
-        config.pluginmanager.unregister(collector)
+    for name in (COLLECTOR_NAME, BENCHMARK_INFO_NAME):
+        plugin = config.pluginmanager.get_plugin(name)
+        if plugin is not None:
+            config.pluginmanager.unregister(plugin)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -343,6 +347,11 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: Any, kimiperf_profile:
         except KimiperfError as exc:
             pytest.fail(str(exc), pytrace=False)
 
+    def benchmark() -> Any:
+        from pytest_kimiperf.benchmark_bridge import active_benchmark
+
+        return active_benchmark(request.config, request.getfixturevalue, is_worker=_is_worker(request.config))
+
     return PerfRecorder(
         nodeid=item.nodeid,
         test=_test_key(item, kimiperf_profile.name),
@@ -354,6 +363,7 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: Any, kimiperf_profile:
         publish=publish,
         fail=lambda message: pytest.fail(message, pytrace=False),
         tolerances=tolerances,
+        benchmark=benchmark,
     )
 
 
@@ -509,6 +519,20 @@ class _ResultCollector:
         output = getattr(node, "workeroutput", None) or {}
         for data in output.get(WORKEROUTPUT_KEY, []):
             self.state.worker_records.append(ServerRecord.from_json(data))
+
+
+class _BenchmarkMachineInfo:
+    """pytest-benchmark's machine_info gets the kimiperf fingerprint (registered only with it)."""
+
+    def __init__(self, state: _RunState) -> None:
+        self.state = state
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_benchmark_update_machine_info(self, config: pytest.Config, machine_info: dict[str, Any]) -> None:
+        """Add ``machine_info["kimiperf"]``: the fingerprint the perf tests ran on."""
+        from pytest_kimiperf.benchmark_bridge import add_fingerprint
+
+        add_fingerprint(machine_info, self.state.fingerprint)
 
 
 @pytest.hookimpl(trylast=True)

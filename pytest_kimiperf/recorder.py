@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
+from pytest_kimiperf import benchmark_bridge
 from pytest_kimiperf.gate import (
     FLOOR_METRIC,
     BaselineView,
@@ -48,6 +49,7 @@ class PerfRecorder:
         publish: Callable[[TestResult], None],
         fail: Callable[[str], NoReturn],
         tolerances: Mapping[str, float] | None = None,
+        benchmark: Callable[[], Any | None] | None = None,
     ) -> None:
         self.nodeid = nodeid
         self.test = test
@@ -59,6 +61,8 @@ class PerfRecorder:
         self._publish = publish
         self._fail = fail
         self._tolerances = dict(tolerances or {})
+        # pytest-benchmark's fixture, asked for on the first measure (see benchmark_bridge).
+        self._benchmark = benchmark
         self.intervals_ns: list[tuple[int, int]] = []
 
     @property
@@ -72,15 +76,28 @@ class PerfRecorder:
 
         self._ensure_alive()
         scenario = self._with_deployment_bounds(scenario)
-        start = time.monotonic_ns()
-        try:
-            run = run_scenario(
+
+        def play() -> Any:
+            return run_scenario(
                 self.server.base_url, self.server.model, scenario, api_key=self.server.api_key
             )
+
+        benchmark = self._take_benchmark()
+        start = time.monotonic_ns()
+        try:
+            run = play() if benchmark is None else benchmark_bridge.run_timed(benchmark, play)
         finally:
             self.intervals_ns.append((start, time.monotonic_ns()))
+        if benchmark is not None:
+            benchmark.extra_info.update(benchmark_bridge.extra_info(
+                run, profile=self.server.profile, deployment=self.settings.deployment.name))
         self._ensure_alive()
         return run
+
+    def _take_benchmark(self) -> Any | None:
+        """pytest-benchmark's fixture for this measure, once per test (it times one call)."""
+        getter, self._benchmark = self._benchmark, None
+        return getter() if getter is not None else None
 
     def _with_deployment_bounds(self, scenario: Any) -> Any:
         """Apply the deployment's client self-check bounds unless the scenario set its own."""

@@ -1,0 +1,85 @@
+"""pytest-benchmark bridge: each measured scenario also lands in pytest-benchmark's results.
+
+When pytest-benchmark is active, ``perf.measure`` runs the scenario through its ``benchmark``
+fixture as ``benchmark.pedantic(target, rounds=1, iterations=1)``: one round, one call. The
+round's time is therefore the scenario's wall time as ``perf.measure`` spends it (prompt
+preparation through ``/tokenize``, warm-up requests and every measured round), not a per-request
+figure; the LLM figures pytest-benchmark cannot time go into ``benchmark.extra_info`` under vLLM
+``bench serve``'s names (vllm/benchmarks/serve.py): ``median_ttft_ms``, ``median_itl_ms``,
+``output_throughput``, ``median_decode_tok_s``, ``completed``, ``failed``, plus ``scenario``,
+``profile`` and ``deployment``. ``--benchmark-json``, ``--benchmark-autosave`` and
+``--benchmark-compare`` then carry them, and ``machine_info["kimiperf"]`` carries the hardware
+fingerprint that decides which baselines compare.
+
+Inactive means: pytest-benchmark not installed or ``-p no:benchmark``; an xdist worker (where
+pytest-benchmark disables itself, since parallel timings are not trustworthy);
+``--benchmark-disable``; and ``--benchmark-skip``, where asking for the fixture would skip the
+perf test itself. Only the first ``perf.measure`` of a test goes through the fixture, which
+pytest-benchmark allows to be used once per test. The regression gate never depends on any of
+this: it judges the samples, with or without pytest-benchmark.
+
+Nothing here imports pytest or pytest-benchmark; the plugin passes in what they provide.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, MutableMapping
+from typing import Any, TypeVar
+
+# The name pytest-benchmark's entry point registers its plugin under.
+BENCHMARK_PLUGIN = "benchmark"
+# Keys of RunResult.to_json() copied into extra_info, in vLLM bench serve's names.
+_BENCH_SERVE_KEYS = ("median_ttft_ms", "median_itl_ms", "output_throughput", "median_decode_tok_s",
+                     "completed", "failed")
+
+T = TypeVar("T")
+
+
+def active_benchmark(config: Any, getfixturevalue: Callable[[str], Any], *, is_worker: bool) -> Any | None:
+    """pytest-benchmark's ``benchmark`` fixture of the current test when it times anything, else None.
+
+    ``config`` is pytest's config and ``getfixturevalue`` the test's ``request.getfixturevalue``.
+    """
+    if is_worker:
+        return None  # pytest-benchmark disables itself on xdist workers
+    if not config.pluginmanager.hasplugin(BENCHMARK_PLUGIN):
+        return None
+    if config.getoption("benchmark_skip", False):
+        # The fixture calls pytest.skip under --benchmark-skip: the perf test must still run.
+        return None
+    fixture = getfixturevalue("benchmark")
+    return fixture if getattr(fixture, "enabled", False) else None
+
+
+def run_timed(benchmark: Any, target: Callable[[], T]) -> T:
+    """Call ``target`` once as pytest-benchmark's single timed round and return its result."""
+    result: T = benchmark.pedantic(target, rounds=1, iterations=1, warmup_rounds=0)
+    return result
+
+
+def extra_info(run: Any, *, profile: str, deployment: str) -> dict[str, Any]:
+    """The LLM figures of a RunResult for ``benchmark.extra_info`` (bench serve names, JSON-safe)."""
+    summary = run.to_json()
+    info: dict[str, Any] = {key: _finite(summary.get(key)) for key in _BENCH_SERVE_KEYS}
+    info.update({
+        "scenario": run.scenario_name,
+        "valid": bool(summary.get("valid")),
+        "invalid_reason": summary.get("invalid_reason") or None,
+        "profile": profile,
+        "deployment": deployment,
+    })
+    return info
+
+
+def add_fingerprint(machine_info: MutableMapping[str, Any], fingerprint: Any) -> None:
+    """Put the kimiperf fingerprint into pytest-benchmark's ``machine_info`` (when one was taken)."""
+    if fingerprint is not None:
+        machine_info["kimiperf"] = fingerprint.to_json()
+
+
+def _finite(value: Any) -> Any:
+    # pytest-benchmark writes extra_info with json.dumps, which would print NaN (not JSON).
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
