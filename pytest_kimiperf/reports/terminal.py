@@ -183,18 +183,20 @@ def _nccl_debug_lines(report: SessionReport, *, titled: bool, quiet: bool) -> li
         lines = [TerminalLine(f"kimiperf: {_NCCL_DEBUG_TITLE}", sep="=")]
     else:
         lines = [TerminalLine(_NCCL_DEBUG_TITLE, markup={"bold": True})]
+    shown = {check.profile: [v for v in check.variables if not quiet or v.status == DIFFERENT]
+             for check in checks}
+    table = _Table(["variable", "verdict"], aligns="ll", indent=4)  # one column width for all profiles
+    for variables in shown.values():
+        for v in variables:
+            table.add([f"{v.variable}={v.expected}", v.message])
     for check in checks:
-        variables = [v for v in check.variables if not quiet or v.status == DIFFERENT]
         log = f" (log: {check.log_path})" if check.log_path else ""
         lines.append(TerminalLine(f"  {check.profile}{log}"))
         if check.error:
             lines.append(TerminalLine(f"    {check.error}", markup=_YELLOW))
-        table = _Table(["variable", "verdict"], aligns="ll", indent=4)
-        cells = [[f"{v.variable}={v.expected}", v.message] for v in variables]
-        for row in cells:
-            table.add(row)
-        for v, row in zip(variables, cells):
-            lines.append(TerminalLine(table.format(row), markup=_NCCL_MARKUP.get(v.status, {})))
+        for v in shown[check.profile]:
+            lines.append(TerminalLine(table.format([f"{v.variable}={v.expected}", v.message]),
+                                      markup=_NCCL_MARKUP.get(v.status, {})))
         if not quiet:
             for note in check.notes:
                 lines.extend(_wrapped(f"note: {note}", indent=4))
