@@ -24,13 +24,13 @@ from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.gate import baseline_entries
 from pytest_kimiperf.reports.json_report import build_json_report, write_json_report
 from pytest_kimiperf.reports.markdown import render_markdown, write_markdown
-from pytest_kimiperf.reports.nccl_check import NcclDebugCheck, check_server_log
 from pytest_kimiperf.reports.model import (
     BaselineUpdate,
     ProfileFacts,
     SessionReport,
     build_session_report,
 )
+from pytest_kimiperf.reports.nccl_check import NcclDebugCheck, check_server_log
 from pytest_kimiperf.reports.terminal import render_summary
 from pytest_kimiperf.roofline_report import build_roofline_report, decode_results
 

@@ -116,9 +116,9 @@ def test_reports_show_the_verdicts_and_quiet_keeps_only_mismatches() -> None:
     data = build_json_report(report)  # type: ignore[arg-type]
     assert data["profiles"]["tree-ll"]["nccl_debug"]["variables"]["NCCL_ALGO"] == {
         "expected": "Tree", "status": DIFFERENT, "logged": "Ring", "message": f"{DIFFERENT}: Ring"}
-    assert report.warnings() == [  # type: ignore[attr-defined]
+    assert report.warnings() == [(  # type: ignore[attr-defined]
         "NCCL profile tree-ll: NCCL_ALGO=Tree did not take effect, NCCL logged NCCL_ALGO=Ring "
-        f"({LOGS / 'nccl_tp2_ring_ll_tuned.log'})"]
+        f"({LOGS / 'nccl_tp2_ring_ll_tuned.log'})")]
 
 
 # -- through the plugin ----------------------------------------------------------------------------

@@ -18,7 +18,12 @@ import pytest
 
 from conftest import stub_deployment_toml
 from pytest_kimiperf import gate
-from pytest_kimiperf.deployments import BUILTIN_DEPLOYMENTS, TINY_MODEL, Deployment, resolve_deployments
+from pytest_kimiperf.deployments import (
+    BUILTIN_DEPLOYMENTS,
+    TINY_MODEL,
+    Deployment,
+    resolve_deployments,
+)
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.fingerprint import Fingerprint
 from pytest_kimiperf.metric_specs import metric_spec
@@ -285,8 +290,8 @@ def test_unknown_gpu_and_missing_gpus_name_the_fix() -> None:
     ("memory_bandwidth_gbs", "0", "memory_bandwidth_gbs = 0.0; must be a number of GB/s > 0"),
     ("allreduce_latency_us", "-1", "allreduce_latency_us = -1.0; must be a number of microseconds >= 0"),
     ("model_config", '" "', "model_config is empty"),
-    ("memory_bandwidth_gbs", '"fast"', "memory_bandwidth_gbs = 'fast' has the wrong type; expected an "
-                                       "integer or a number"),
+    ("memory_bandwidth_gbs", '"fast"', ("memory_bandwidth_gbs = 'fast' has the wrong type; expected an "
+                                        "integer or a number")),
 ])
 def test_bad_roofline_fields_are_refused_naming_field_and_table(key: str, value: str, message: str) -> None:
     import tomllib

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_kimiperf.errors import KimiperfError
-from pytest_kimiperf.reports.nccl_check import DIFFERENT
 from pytest_kimiperf.reports.model import (
     SessionReport,
     fmt_ci,
@@ -20,6 +19,7 @@ from pytest_kimiperf.reports.model import (
     fmt_value,
     profile_verdict,
 )
+from pytest_kimiperf.reports.nccl_check import DIFFERENT
 from pytest_kimiperf.stats import VerdictKind
 
 
@@ -175,8 +175,8 @@ def _roofline(report: SessionReport) -> list[str]:
     est = roof.estimate
     assert est is not None
     facts = [
-        f"weights read per GPU per token: {est.weight_bytes.per_gpu_bytes:,} bytes "
-        f"(tp={est.weight_bytes.tp}; {est.weight_bytes.total_bytes:,} in the whole model)",
+        (f"weights read per GPU per token: {est.weight_bytes.per_gpu_bytes:,} bytes "
+         f"(tp={est.weight_bytes.tp}; {est.weight_bytes.total_bytes:,} in the whole model)"),
         f"memory bandwidth: {fmt_value(est.bandwidth_gbs)} GB/s ({_text(roof.bandwidth.source)})",
         f"bandwidth ceiling: {fmt_value(est.bandwidth_ceiling_tok_s)} tok/s",
     ]
