@@ -120,6 +120,25 @@ class TestResult:
         )
 
 
+def strip_profile(nodeid: str, profile: str) -> str:
+    """The node id without the profile's part of the parameter id, other parameters kept.
+
+    ``test_tp.py::test_out[ring-ll-8]`` -> ``test_tp.py::test_out[8]``: baselines and profile
+    comparisons are keyed by it, so each concurrency keeps its own entry.
+    """
+    base, _, params = nodeid.partition("[")
+    params = params.removesuffix("]")
+    if params in ("", profile):
+        return base
+    if params.startswith(f"{profile}-"):
+        rest = params[len(profile) + 1:]
+    elif params.endswith(f"-{profile}"):
+        rest = params[: -len(profile) - 1]
+    else:
+        rest = params.replace(f"-{profile}-", "-", 1)
+    return f"{base}[{rest}]"
+
+
 class BaselineView:
     """This process's read-only view of the baseline file for the current fingerprint."""
 

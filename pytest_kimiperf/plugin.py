@@ -7,10 +7,8 @@ is collected or booted); per-run state lives in ``config.stash``.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,62 +17,16 @@ import pytest
 
 from pytest_kimiperf import hookspec
 from pytest_kimiperf.errors import ConfigError, HardwareMissingError, KimiperfError
-from pytest_kimiperf.settings import DEFAULT_DEPLOYMENT, DEFAULT_PROFILES, RawOption, Settings, build_settings
+from pytest_kimiperf import xdist_scheduling
+from pytest_kimiperf.gate import strip_profile
+from pytest_kimiperf.options import OPTIONS, read_raw_options
+from pytest_kimiperf.settings import Settings, build_settings
 
 SERVER_FIXTURE = "kimiperf_server"
 PROFILE_FIXTURE = "kimiperf_profile"
 COLLECTOR_NAME = "kimiperf-result-collector"
 BENCHMARK_INFO_NAME = "kimiperf-benchmark-machine-info"
-WORKEROUTPUT_KEY = "kimiperf_servers"
-WORKERINPUT_IDS_DIR = "kimiperf_server_ids_dir"
-# xdist modes under which the plugin's scheduler takes over (load is what -n N means).
-_GROUPED_DIST_MODES = ("load", "loadgroup")
-
-
-@dataclass(frozen=True)
-class _Option:
-    dest: str
-    flag: str
-    ini: str | None
-    help: str
-    default: Any = None
-    env: str | None = None
-    kind: str = "string"  # string | bool
-
-
-_OPTIONS = (
-    _Option("deployment", "--deployment", "kimiperf_deployment",
-            "deployment to boot and judge (built-ins: kimi-k25-int4-tp8, tiny-cpu, tiny-cpu-tp2)",
-            DEFAULT_DEPLOYMENT, env="KIMIPERF_DEPLOYMENT"),
-    _Option("nccl_profiles", "--nccl-profile", "kimiperf_nccl_profiles",
-            "NCCL profile(s) to boot a server for, comma-separated, or 'all'", DEFAULT_PROFILES),
-    _Option("nccl_debug", "--nccl-debug", "kimiperf_nccl_debug",
-            "start servers with NCCL_DEBUG=INFO and check in the log that each variable took effect",
-            False, kind="bool"),
-    _Option("server_url", "--server-url", "kimiperf_server_url",
-            "measure an already-running server at this URL: no boot, no teardown, no sweep",
-            env="KIMIPERF_SERVER_URL"),
-    _Option("api_key", "--api-key", None,
-            "API key for the server and client (prefer the VLLM_API_KEY environment variable: "
-            "command lines are visible to other users)", env="VLLM_API_KEY"),
-    _Option("port", "--kimiperf-port", "kimiperf_port",
-            "fixed port for booted servers (default: a free port)"),
-    _Option("update_baselines", "--update-baselines", None,
-            "write the measured samples of the tests that ran as the new baselines", False, kind="bool"),
-    _Option("baselines_dir", "--baselines-dir", "kimiperf_baselines_dir",
-            "directory of JSON baselines (default: <rootdir>/baselines)"),
-    _Option("perf_strict", "--perf-strict", "kimiperf_strict",
-            "fail perf tests whose baseline comparison is inconclusive", False, kind="bool"),
-    _Option("perf_json", "--perf-json", "kimiperf_json", "write the JSON perf report to this path"),
-    _Option("perf_markdown", "--perf-markdown", "kimiperf_markdown",
-            "write the Markdown summary to this path (also to $GITHUB_STEP_SUMMARY when set)"),
-    _Option("perf_plots", "--perf-plots", "kimiperf_plots",
-            "write PNG plots into this directory (needs matplotlib: pytest-kimiperf[plots])"),
-    _Option("progress_interval", "--kimiperf-progress-interval", "kimiperf_progress_interval",
-            "seconds between boot progress lines when the output is not a terminal", "30"),
-    _Option("grace", "--kimiperf-grace", "kimiperf_grace",
-            "seconds a stopping server gets between SIGTERM and SIGKILL", "30"),
-)
+XDIST_NAME = "kimiperf-xdist-coordinator"
 
 
 @dataclass
@@ -92,7 +44,6 @@ class _RunState:
     log_dir: Path | None = None
     report: Any = None  # reports.model.SessionReport, built once at session finish
     worker_records: list[Any] = field(default_factory=list)  # ServerRecord from xdist workers
-    xdist_ids_dir: Path | None = None  # controller: where workers list their server tests
 
 
 RUN_STATE = pytest.StashKey[_RunState]()
@@ -114,7 +65,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Command-line options and their ini twins, in one group."""
     group = parser.getgroup("kimiperf", "LLM-serving performance tests (pytest-kimiperf)")
-    for opt in _OPTIONS:
+    for opt in OPTIONS:
         if opt.kind == "bool":
             group.addoption(opt.flag, action="store_true", dest=opt.dest, default=None, help=opt.help)
         else:
@@ -122,25 +73,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         if opt.ini:
             parser.addini(opt.ini, help=opt.help, type="bool" if opt.kind == "bool" else "string",
                           default=opt.default if opt.kind == "bool" else None)
-
-
-def _raw_options(config: pytest.Config) -> dict[str, RawOption]:
-    raw: dict[str, RawOption] = {}
-    for opt in _OPTIONS:
-        value = config.getoption(opt.dest)
-        if value is not None:
-            raw[opt.dest] = RawOption(value, f"command line {opt.flag}")
-            continue
-        if opt.env and os.environ.get(opt.env):
-            raw[opt.dest] = RawOption(os.environ[opt.env], f"environment variable {opt.env}")
-            continue
-        if opt.ini:
-            ini_value = config.getini(opt.ini)
-            if ini_value not in (None, "", []):
-                raw[opt.dest] = RawOption(ini_value, f"ini option {opt.ini}")
-                continue
-        raw[opt.dest] = RawOption(opt.default, "default")
-    return raw
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -157,17 +89,17 @@ def pytest_configure(config: pytest.Config) -> None:
         extra_profiles.update(tables or {})
     try:
         settings = build_settings(
-            _raw_options(config), rootpath=config.rootpath,
+            read_raw_options(config.getoption, config.getini), rootpath=config.rootpath,
             extra_deployments=extra_deployments, extra_profiles=extra_profiles,
         )
     except ConfigError as exc:
         raise pytest.UsageError(f"pytest-kimiperf: {exc}") from None
     state = _RunState(settings=settings)
     config.stash[RUN_STATE] = state
-    if not _is_worker(config) and config.getoption("numprocesses", None):
-        import tempfile
+    if not _is_worker(config) and config.pluginmanager.hasplugin("xdist"):
+        from pytest_kimiperf.xdist_scheduling import XdistCoordinator
 
-        state.xdist_ids_dir = Path(tempfile.mkdtemp(prefix="kimiperf-xdist-"))
+        config.pluginmanager.register(XdistCoordinator(state), XDIST_NAME)
     if settings.perf_plots is not None and not _is_worker(config):
         from pytest_kimiperf.reports.plots import matplotlib_problem
 
@@ -182,31 +114,12 @@ def pytest_configure(config: pytest.Config) -> None:
         config.issue_config_time_warning(pytest.PytestConfigWarning(f"kimiperf: {warning}"), stacklevel=2)
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
-    """xdist controller: tell each worker where to record its server tests, if we schedule."""
-    state = node.config.stash[RUN_STATE]
-    if state.xdist_ids_dir is not None and node.config.getoption("dist", None) in _GROUPED_DIST_MODES:
-        node.workerinput[WORKERINPUT_IDS_DIR] = str(state.xdist_ids_dir)
-
-
-@pytest.hookimpl(optionalhook=True, tryfirst=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """xdist controller: schedule so that one worker owns the servers (see xdist_scheduling)."""
-    state = config.stash[RUN_STATE]
-    if state.xdist_ids_dir is None or config.getoption("dist", None) not in _GROUPED_DIST_MODES:
-        return None
-    from pytest_kimiperf.xdist_scheduling import ServerGroupScheduling
-
-    return ServerGroupScheduling(config, log, state.xdist_ids_dir)
-
-
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Last line of defence: no server outlives the pytest process."""
     state = config.stash.get(RUN_STATE, None)
     if state is not None:
         _close_servers(state)
-    for name in (COLLECTOR_NAME, BENCHMARK_INFO_NAME):
+    for name in (COLLECTOR_NAME, BENCHMARK_INFO_NAME, XDIST_NAME):
         plugin = config.pluginmanager.get_plugin(name)
         if plugin is not None:
             config.pluginmanager.unregister(plugin)
@@ -245,7 +158,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     state = config.stash[RUN_STATE]
     perf_items = [item for item in items if SERVER_FIXTURE in getattr(item, "fixturenames", ())]
     state.perf_items = len(perf_items)
-    ids_dir = getattr(config, "workerinput", {}).get(WORKERINPUT_IDS_DIR)
+    ids_dir = getattr(config, "workerinput", {}).get(xdist_scheduling.WORKERINPUT_IDS_DIR)
     if ids_dir:
         from pytest_kimiperf.xdist_scheduling import write_server_test_ids
 
@@ -295,7 +208,7 @@ def kimiperf_server(
 ) -> Iterator[Any]:
     """A ready server for the current NCCL profile, booted once per profile and always stopped."""
     state = request.config.stash[RUN_STATE]
-    if _is_worker(request.config) and not request.config.workerinput.get(WORKERINPUT_IDS_DIR):  # type: ignore[attr-defined]
+    if _is_worker(request.config) and not request.config.workerinput.get(xdist_scheduling.WORKERINPUT_IDS_DIR):  # type: ignore[attr-defined]
         pytest.fail(
             "pytest-kimiperf under xdist needs --dist load (the default of -n) or loadgroup, which it "
             "schedules itself; other modes would split the perf tests over workers, booting "
@@ -354,7 +267,7 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: Any, kimiperf_profile:
 
     return PerfRecorder(
         nodeid=item.nodeid,
-        test=_test_key(item, kimiperf_profile.name),
+        test=strip_profile(item.nodeid, kimiperf_profile.name),
         server=kimiperf_server,
         settings=state.settings,
         profile_env=dict(kimiperf_profile.env),
@@ -367,67 +280,18 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: Any, kimiperf_profile:
     )
 
 
-def _test_key(item: pytest.Item, profile: str) -> str:
-    """The node id without the profile's part of the parameter id, other parameters kept.
-
-    ``test_tp.py::test_out[ring-ll-8]`` -> ``test_tp.py::test_out[8]``: baselines and profile
-    comparisons are keyed by it, so each concurrency keeps its own entry.
-    """
-    base, _, params = item.nodeid.partition("[")
-    params = params.removesuffix("]")
-    if params in ("", profile):
-        return base
-    if params.startswith(f"{profile}-"):
-        rest = params[len(profile) + 1:]
-    elif params.endswith(f"-{profile}"):
-        rest = params[: -len(profile) - 1]
-    else:
-        rest = params.replace(f"-{profile}-", "-", 1)
-    return f"{base}[{rest}]"
-
-
 def _manager(config: pytest.Config, state: _RunState) -> Any:
     if state.manager is None:
         from pytest_kimiperf.paths import launch_state_dir
-        from pytest_kimiperf.progress import ProgressDisplay
+        from pytest_kimiperf.progress import ProgressDisplay, TerminalOutput
         from pytest_kimiperf.server_manager import ServerManager
 
-        reporter = config.pluginmanager.get_plugin("terminalreporter")
-        capture = config.pluginmanager.get_plugin("capturemanager")
-        write_line: Callable[[str], None]
-        if reporter is not None:
-            # Boot progress happens inside fixture setup, where output is captured: step
-            # around the capture so the user sees a 36-minute load as it happens.
-            def uncaptured() -> Any:
-                return capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
-
-            def write_line(line: str) -> None:
-                with uncaptured():
-                    reporter.ensure_newline()
-                    reporter.write_line(line)
-
-            def rewrite(line: str, erase: bool = True) -> None:
-                with uncaptured():
-                    reporter.rewrite(line, erase=erase)
-            isatty = reporter.isatty
-        else:  # -p no:terminal: nowhere to show progress
-            write_line = rewrite = lambda line: None
-            isatty = False
-        import time
-
-        display = ProgressDisplay(
-            write_line=write_line, rewrite=lambda line: rewrite(line, erase=True),
-            isatty=isatty, interval_s=state.settings.progress_interval_s, clock=time.monotonic,
-        )
-
-        def on_progress(profile: str, progress: Any, elapsed: float, changed: bool) -> None:
-            display.update(profile, progress, elapsed, changed)
-            if progress.phase == "ready":
-                display.finish()
-
+        out = TerminalOutput(config.pluginmanager.get_plugin("terminalreporter"),
+                             config.pluginmanager.get_plugin("capturemanager"))
+        display = ProgressDisplay.for_output(out, interval_s=state.settings.progress_interval_s)
         state.manager = ServerManager(
-            state.settings, log_dir=state.log_dir or Path.cwd() / "kimiperf-logs", state_dir=launch_state_dir(),
-            say=write_line, on_progress=on_progress,
+            state.settings, log_dir=state.log_dir or Path.cwd() / "kimiperf-logs",
+            state_dir=launch_state_dir(), say=out.write_line, on_progress=display.update,
         )
         _install_sigterm(state)
     return state.manager
@@ -511,15 +375,6 @@ class _ResultCollector:
 
             self.state.results.append(TestResult.from_json(result))
 
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_testnodedown(self, node: Any, error: Any) -> None:
-        """xdist: a worker finished; keep what its servers did (boots, logs, leftovers)."""
-        from pytest_kimiperf.server_manager import ServerRecord
-
-        output = getattr(node, "workeroutput", None) or {}
-        for data in output.get(WORKEROUTPUT_KEY, []):
-            self.state.worker_records.append(ServerRecord.from_json(data))
-
 
 class _BenchmarkMachineInfo:
     """pytest-benchmark's machine_info gets the kimiperf fingerprint (registered only with it)."""
@@ -545,7 +400,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _close_servers(state)
     if _is_worker(config):
         if state.manager is not None:
-            config.workeroutput[WORKEROUTPUT_KEY] = [  # type: ignore[attr-defined]
+            config.workeroutput[xdist_scheduling.WORKEROUTPUT_KEY] = [  # type: ignore[attr-defined]
                 rec.to_json() for rec in state.manager.records.values()
             ]
         return

@@ -8,9 +8,11 @@ sees which phase it is in and how far along.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 # (phase, pattern) in boot order; the first match of a line wins.
 _PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -116,8 +118,23 @@ class ProgressDisplay:
         self._last_write = -1e18
         self._dirty = False
 
+    @classmethod
+    def for_output(cls, out: "TerminalOutput", *, interval_s: float) -> "ProgressDisplay":
+        """A display writing through ``out`` (pytest's terminal, around the capture)."""
+        import time
+
+        return cls(write_line=out.write_line, rewrite=out.rewrite, isatty=out.isatty,
+                   interval_s=interval_s, clock=time.monotonic)
+
     def update(self, label: str, progress: BootProgress, elapsed_s: float, changed: bool) -> None:
         """Take the latest progress; decides whether and how to show it."""
+        self._show(label, progress, elapsed_s, changed)
+        if progress.phase == "ready":
+            self.finish()
+
+    def _show(self, label: str, progress: BootProgress, elapsed_s: float, changed: bool) -> None:
+        if progress.phase == self._last_phase == "ready":
+            return
         now = self._clock()
         text = f"kimiperf [{label}] {progress.describe()} — {_format_elapsed(elapsed_s)}"
         if self._isatty:
@@ -142,3 +159,40 @@ class ProgressDisplay:
 def _format_elapsed(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     return f"{minutes}m{secs:02d}s elapsed" if minutes else f"{secs}s elapsed"
+
+
+class TerminalOutput:
+    """Lines through pytest's terminal reporter, stepping around output capture.
+
+    Boot progress is written during fixture setup, where pytest captures output; the capture
+    manager's ``global_and_fixture_disabled`` lets a 36-minute load be seen as it happens.
+    Both objects are duck-typed (TerminalReporter, CaptureManager) so this module does not
+    import pytest; with ``-p no:terminal`` there is nowhere to write and lines are dropped.
+    """
+
+    def __init__(self, reporter: object | None, capture: object | None) -> None:
+        self._reporter: Any = reporter
+        self._capture: Any = capture
+
+    @property
+    def isatty(self) -> bool:
+        """Whether the output is a terminal (progress is then one line rewritten in place)."""
+        return bool(self._reporter is not None and self._reporter.isatty)
+
+    def _uncaptured(self) -> Any:
+        return self._capture.global_and_fixture_disabled() if self._capture else contextlib.nullcontext()
+
+    def write_line(self, line: str) -> None:
+        """Write one line on a line of its own."""
+        if self._reporter is None:
+            return
+        with self._uncaptured():
+            self._reporter.ensure_newline()
+            self._reporter.write_line(line)
+
+    def rewrite(self, line: str) -> None:
+        """Replace the current terminal line with ``line``."""
+        if self._reporter is None:
+            return
+        with self._uncaptured():
+            self._reporter.rewrite(line, erase=True)

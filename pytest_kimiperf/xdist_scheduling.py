@@ -4,23 +4,31 @@ One worker must own the servers: each profile boots once, and measurements never
 while functional tests still run on every worker. xdist's ``xdist_group`` + ``--dist
 loadgroup`` was made for this, but it marks groups by rewriting the private ``Item._nodeid``,
 which pytest 9's ``nodeid`` no longer reads, so the group is lost. Instead each worker writes
-the node ids of its server tests into a directory the controller named, and this scheduler
-(a LoadScopeScheduling whose scope is "the server" for those ids and the test itself for the
+the node ids of its server tests into a directory the controller named, and a scheduler (a
+LoadScopeScheduling whose scope is "the server" for those ids and the test itself for the
 rest) reads them when it forms work units, after every worker has finished collecting.
-Imported only when xdist is installed.
+
+The coordinator is registered only on the controller and only when xdist is installed; xdist
+itself is imported only when a scheduler is made.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from xdist.scheduler import LoadScopeScheduling
 
 SERVER_SCOPE = "kimiperf-server"
+WORKERINPUT_IDS_DIR = "kimiperf_server_ids_dir"
+WORKEROUTPUT_KEY = "kimiperf_servers"
+# Modes under which the plugin's scheduler takes over (load is what a bare -n N means).
+GROUPED_DIST_MODES = ("load", "loadgroup")
 
 
 def write_server_test_ids(directory: Path, worker_id: str, nodeids: Iterable[str]) -> None:
@@ -39,15 +47,51 @@ def read_server_test_ids(directory: Path) -> frozenset[str]:
     return frozenset(ids)
 
 
-class ServerGroupScheduling(LoadScopeScheduling):
+def make_scheduler(config: pytest.Config, log: Any, ids_dir: Path) -> Any:
     """Load scheduling, except that all server tests form one work unit on one worker."""
+    from xdist.scheduler import LoadScopeScheduling
 
-    def __init__(self, config: pytest.Config, log: object, ids_dir: Path) -> None:
-        super().__init__(config, log)  # type: ignore[arg-type]
-        self._ids_dir = ids_dir
-        self._server_ids: frozenset[str] | None = None
+    class ServerGroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        _server_ids: frozenset[str] | None = None
 
-    def _split_scope(self, nodeid: str) -> str:
-        if self._server_ids is None:
-            self._server_ids = read_server_test_ids(self._ids_dir)
-        return SERVER_SCOPE if nodeid in self._server_ids else nodeid
+        def _split_scope(self, nodeid: str) -> str:
+            if self._server_ids is None:
+                self._server_ids = read_server_test_ids(ids_dir)
+            return SERVER_SCOPE if nodeid in self._server_ids else nodeid
+
+    return ServerGroupScheduling(config, log)
+
+
+class XdistCoordinator:
+    """The controller's xdist hooks: name the ids directory, schedule, collect server records."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.ids_dir = Path(tempfile.mkdtemp(prefix="kimiperf-xdist-"))
+
+    def _grouped(self, config: pytest.Config) -> bool:
+        return config.getoption("dist", None) in GROUPED_DIST_MODES
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """Tell each worker where to record its server tests (only when we schedule)."""
+        if self._grouped(node.config):
+            node.workerinput[WORKERINPUT_IDS_DIR] = str(self.ids_dir)
+
+    @pytest.hookimpl(optionalhook=True, tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        """Our scheduler for --dist load/loadgroup; other modes keep xdist's own."""
+        return make_scheduler(config, log, self.ids_dir) if self._grouped(config) else None
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """A worker finished: keep what its servers did (boots, logs, leftovers)."""
+        from pytest_kimiperf.server_manager import ServerRecord
+
+        output = getattr(node, "workeroutput", None) or {}
+        for data in output.get(WORKEROUTPUT_KEY, []):
+            self.state.worker_records.append(ServerRecord.from_json(data))
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """Remove the ids directory."""
+        shutil.rmtree(self.ids_dir, ignore_errors=True)

@@ -1,0 +1,84 @@
+"""The plugin's options: one table, shared by the command line and the ini twins.
+
+Precedence, applied by :func:`read_raw_options`: command line > environment variable (where
+one exists) > ini option > default. Validation happens once, in settings.build_settings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_kimiperf.settings import DEFAULT_DEPLOYMENT, DEFAULT_PROFILES, RawOption
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: its flag, ini twin, environment variable, default and help."""
+
+    dest: str
+    flag: str
+    ini: str | None
+    help: str
+    default: Any = None
+    env: str | None = None
+    kind: str = "string"  # string | bool
+
+
+OPTIONS = (
+    Option("deployment", "--deployment", "kimiperf_deployment",
+            "deployment to boot and judge (built-ins: kimi-k25-int4-tp8, tiny-cpu, tiny-cpu-tp2)",
+            DEFAULT_DEPLOYMENT, env="KIMIPERF_DEPLOYMENT"),
+    Option("nccl_profiles", "--nccl-profile", "kimiperf_nccl_profiles",
+            "NCCL profile(s) to boot a server for, comma-separated, or 'all'", DEFAULT_PROFILES),
+    Option("nccl_debug", "--nccl-debug", "kimiperf_nccl_debug",
+            "start servers with NCCL_DEBUG=INFO and check in the log that each variable took effect",
+            False, kind="bool"),
+    Option("server_url", "--server-url", "kimiperf_server_url",
+            "measure an already-running server at this URL: no boot, no teardown, no sweep",
+            env="KIMIPERF_SERVER_URL"),
+    Option("api_key", "--api-key", None,
+            "API key for the server and client (prefer the VLLM_API_KEY environment variable: "
+            "command lines are visible to other users)", env="VLLM_API_KEY"),
+    Option("port", "--kimiperf-port", "kimiperf_port",
+            "fixed port for booted servers (default: a free port)"),
+    Option("update_baselines", "--update-baselines", None,
+            "write the measured samples of the tests that ran as the new baselines", False, kind="bool"),
+    Option("baselines_dir", "--baselines-dir", "kimiperf_baselines_dir",
+            "directory of JSON baselines (default: <rootdir>/baselines)"),
+    Option("perf_strict", "--perf-strict", "kimiperf_strict",
+            "fail perf tests whose baseline comparison is inconclusive", False, kind="bool"),
+    Option("perf_json", "--perf-json", "kimiperf_json", "write the JSON perf report to this path"),
+    Option("perf_markdown", "--perf-markdown", "kimiperf_markdown",
+            "write the Markdown summary to this path (also to $GITHUB_STEP_SUMMARY when set)"),
+    Option("perf_plots", "--perf-plots", "kimiperf_plots",
+            "write PNG plots into this directory (needs matplotlib: pytest-kimiperf[plots])"),
+    Option("progress_interval", "--kimiperf-progress-interval", "kimiperf_progress_interval",
+            "seconds between boot progress lines when the output is not a terminal", "30"),
+    Option("grace", "--kimiperf-grace", "kimiperf_grace",
+            "seconds a stopping server gets between SIGTERM and SIGKILL", "30"),
+)
+
+
+
+
+def read_raw_options(
+    getoption: Callable[[str], Any],
+    getini: Callable[[str], Any],
+    environ: Mapping[str, str] = os.environ,
+) -> dict[str, RawOption]:
+    """Each option's value and where it came from, by the documented precedence."""
+    raw: dict[str, RawOption] = {}
+    for opt in OPTIONS:
+        value = getoption(opt.dest)
+        if value is not None:
+            raw[opt.dest] = RawOption(value, f"command line {opt.flag}")
+        elif opt.env and environ.get(opt.env):
+            raw[opt.dest] = RawOption(environ[opt.env], f"environment variable {opt.env}")
+        elif opt.ini and getini(opt.ini) not in (None, "", []):
+            raw[opt.dest] = RawOption(getini(opt.ini), f"ini option {opt.ini}")
+        else:
+            raw[opt.dest] = RawOption(opt.default, "default")
+    return raw
