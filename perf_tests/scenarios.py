@@ -11,18 +11,21 @@ PROMPT_TOKENS = 128
 OUTPUT_TOKENS = 128
 
 # 20 requests: about a minute on Kimi at 80 tok/s, seconds on the tiny CPU model.
+# max_rounds: an inconclusive baseline comparison may take up to two more rounds of samples.
 SINGLE_STREAM_DECODE = SingleStream(
-    prompt_tokens=PROMPT_TOKENS, output_tokens=OUTPUT_TOKENS, requests=20, warmup_requests=3
+    prompt_tokens=PROMPT_TOKENS, output_tokens=OUTPUT_TOKENS, requests=20, warmup_requests=3,
+    max_rounds=3,
 )
 
 # TTFT is mostly prefill: a longer prompt and a short answer.
 TTFT_PROMPT_TOKENS = 1024
-TTFT = SingleStream(prompt_tokens=TTFT_PROMPT_TOKENS, output_tokens=8, requests=20, warmup_requests=3)
+TTFT = SingleStream(prompt_tokens=TTFT_PROMPT_TOKENS, output_tokens=8, requests=20, warmup_requests=3,
+                    max_rounds=3)
 
 
 def throughput_at(concurrency: int) -> Concurrency:
     """Output throughput at ``concurrency`` streams: 5 rounds, each two requests per stream."""
     return Concurrency(
         concurrency=concurrency, prompt_tokens=PROMPT_TOKENS, output_tokens=64,
-        requests=2 * concurrency, rounds=5, warmup_requests=concurrency,
+        requests=2 * concurrency, rounds=5, warmup_requests=concurrency, max_rounds=8,
     )

@@ -136,7 +136,19 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
                  + ("; --update-baselines" if s.update_baselines else ""))
     for profile in s.profiles:
         lines.append(f"kimiperf: NCCL profile {profile.name}: {describe_env(profile)}")
+    if _perf_run_requested(config) and not _is_worker(config):
+        # The fingerprint probes the GPUs; a run that did not ask for perf settings stays quiet.
+        from pytest_kimiperf.fingerprint import describe
+
+        state = config.stash[RUN_STATE]
+        lines.extend(describe(_fingerprint(state)))
+        lines.append(f"kimiperf: baseline file {_baseline_view(config, state).path}")
     return lines
+
+
+def _perf_run_requested(config: pytest.Config) -> bool:
+    """Whether this run set any kimiperf option (command line, environment or ini)."""
+    return any(raw.source != "default" for raw in read_raw_options(config.getoption, config.getini).values())
 
 
 # -- collection --------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from pytest_kimiperf.gate import (
     verdict_fails,
 )
 from pytest_kimiperf.metric_specs import metric_spec
+from pytest_kimiperf.stats import needs_more_samples
 from pytest_kimiperf.server import ServerHandle
 from pytest_kimiperf.settings import Settings
 
@@ -64,6 +65,8 @@ class PerfRecorder:
         # pytest-benchmark's fixture, asked for on the first measure (see benchmark_bridge).
         self._benchmark = benchmark
         self.intervals_ns: list[tuple[int, int]] = []
+        # The scenario each run came from, so that check() can extend an inconclusive one.
+        self._scenario_of: dict[int, Any] = {}
 
     @property
     def deployment(self) -> Any:
@@ -92,6 +95,7 @@ class PerfRecorder:
             benchmark.extra_info.update(benchmark_bridge.extra_info(
                 run, profile=self.server.profile, deployment=self.settings.deployment.name))
         self._ensure_alive()
+        self._scenario_of[id(run)] = scenario
         return run
 
     def _take_benchmark(self) -> Any | None:
@@ -113,7 +117,39 @@ class PerfRecorder:
         return self._tolerances.get(metric, self.settings.deployment.tolerance(metric))
 
     def check(self, run: Any, metrics: Sequence[str], *, floor: bool = False) -> TestResult:
-        """Judge ``run``'s metrics (floor, baseline); fail the test with the verdict line if needed."""
+        """Judge ``run``'s metrics (floor, baseline); fail the test with the verdict line if needed.
+
+        A baseline comparison that is inconclusive but could still be settled by more samples
+        (stats.needs_more_samples) gets more rounds of the same scenario, up to its
+        ``max_rounds``, before the verdict stands.
+        """
+        while True:
+            result, comparisons = self._judge(run, metrics, floor=floor)
+            if result.invalid or not any(needs_more_samples(c) for c in comparisons):
+                break
+            longer = self._extend(run)
+            if longer is None:
+                break
+            run = longer
+        return self._finish(result)
+
+    def _extend(self, run: Any) -> Any | None:
+        """One more round of ``run``'s scenario, or None at its max_rounds."""
+        from pytest_kimiperf.scenarios import extend
+
+        scenario = self._scenario_of.get(id(run))
+        if scenario is None or len(run.rounds) >= scenario.max_rounds:
+            return None
+        self._ensure_alive()
+        start = time.monotonic_ns()
+        longer = extend(self.server.base_url, self.server.model, scenario, run, rounds=1,
+                        api_key=self.server.api_key)
+        self.intervals_ns.append((start, time.monotonic_ns()))
+        self._scenario_of[id(longer)] = scenario
+        return longer
+
+    def _judge(self, run: Any, metrics: Sequence[str], *, floor: bool) -> tuple[TestResult, list[Any]]:
+        comparisons: list[Any] = []
         result = TestResult(
             test=self.test,
             nodeid=self.nodeid,
@@ -135,7 +171,7 @@ class PerfRecorder:
         if not run.valid:
             result.invalid = run.invalid_reason
             result.failures.append(f"INVALID measurement: {run.invalid_reason}")
-            return self._finish(result)
+            return result, comparisons
 
         if floor:
             decode = result.metrics.get(FLOOR_METRIC) or MetricResult(
@@ -166,13 +202,18 @@ class PerfRecorder:
             if comparison is None:
                 continue
             mres.baseline = comparison.to_dict()
+            comparisons.append(comparison)
             if verdict_fails(comparison, strict=self.settings.perf_strict):
                 result.failures.append(message)
             elif comparison.verdict.value in ("inconclusive", "improvement", "not comparable"):
                 result.warnings.append(message + (
                     "; run --update-baselines to adopt it" if comparison.verdict.value == "improvement" else ""
                 ))
-        return self._finish(result)
+        scenario = self._scenario_of.get(id(run))
+        if scenario is not None and len(run.rounds) > scenario.rounds:
+            result.messages.append(
+                f"{len(run.rounds)} rounds measured: extended from {scenario.rounds} while inconclusive")
+        return result, comparisons
 
     def _finish(self, result: TestResult) -> TestResult:
         self._publish(result)

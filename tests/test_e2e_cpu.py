@@ -83,20 +83,18 @@ def test_single_stream_decode(perf):
 """
 
 
-def test_two_profiles_each_boot_once_see_their_env_and_stop(
+def test_two_profiles_under_xdist_each_boot_once_see_their_env_and_stop(
     pytester: pytest.Pytester, no_servers_before_and_after, tmp_path: Path
 ) -> None:
     pytester.makepyfile(test_e2e=TWO_PROFILES)
     report = tmp_path / "report.json"
+    # Under xdist (-n 2): the plugin's scheduler gives both perf tests of both profiles to
+    # one worker; the JSON report, written by the controller, says what the workers did.
     result = pytester.runpytest_subprocess(
-        "--deployment", "tiny-cpu", "--nccl-profile", "default,ring-ll", "--perf-json", str(report),
-        timeout=900,
+        "-n", "2", "--deployment", "tiny-cpu", "--nccl-profile", "default,ring-ll",
+        "--perf-json", str(report), timeout=900,
     )
     result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines([
-        "*tiny-cpu server (default) ready after*",
-        "*tiny-cpu server (ring-ll) ready after*",
-    ])
     data = json.loads(report.read_text())
     assert {name: p["boots"] for name, p in data["profiles"].items()} == {"default": 1, "ring-ll": 1}
     decode = [t for t in data["tests"] if t["test"].endswith("test_single_stream_decode")]

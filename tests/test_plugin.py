@@ -179,3 +179,32 @@ def test_profile_env_overrides_the_shell_for_that_server_only(
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*profile ring-ll overrides NCCL_PROTO='Simple' from the shell with 'LL'*"])
     assert boots.read_text().split()[1] == "LL"
+
+
+def test_api_key_reaches_server_and_client_but_no_log_report_or_json(
+    pytester: pytest.Pytester, stub_project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "sk-kimiperf-test-7f3a9c"
+    monkeypatch.setenv("VLLM_API_KEY", secret)
+    stub_project(stub_deployment_toml())
+    pytester.makepyfile("""
+        import os, psutil
+        from pytest_kimiperf.scenarios import SingleStream
+
+        def test_key(perf, kimiperf_server):
+            assert psutil.Process(kimiperf_server.pid).environ()["VLLM_API_KEY"] == os.environ["VLLM_API_KEY"]
+            assert os.environ["VLLM_API_KEY"] not in " ".join(psutil.Process(kimiperf_server.pid).cmdline())
+            assert kimiperf_server.auth_headers() == {"Authorization": "Bearer " + os.environ["VLLM_API_KEY"]}
+            assert os.environ["VLLM_API_KEY"] not in repr(kimiperf_server)
+            run = perf.measure(SingleStream(prompt_tokens=4, output_tokens=8, requests=5))
+            perf.check(run, ["decode_tok_s"])
+    """)
+    report = tmp_path / "report.json"
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--perf-json", str(report),
+                                           "--perf-markdown", str(tmp_path / "s.md"), timeout=120)
+    result.assert_outcomes(passed=1)
+    assert secret not in result.stdout.str() + result.stderr.str()
+    assert secret not in report.read_text()
+    assert secret not in (tmp_path / "s.md").read_text()
+    logs = list(pytester.path.rglob("server-*.log"))
+    assert logs and all(secret not in log.read_text() for log in logs)

@@ -1,0 +1,130 @@
+"""The perf fixture's object: verdicts from floors and baselines, extension while inconclusive."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pytest_kimiperf import baselines, scenarios
+from pytest_kimiperf.deployments import TINY_CPU
+from pytest_kimiperf.fingerprint import Fingerprint
+from pytest_kimiperf.gate import BaselineView, strip_profile
+from pytest_kimiperf.metric_specs import Direction
+from pytest_kimiperf.metrics import RequestRecord, RoundResult, RunResult, merge_rounds
+from pytest_kimiperf.recorder import PerfRecorder
+from pytest_kimiperf.server import ServerHandle
+
+SCENARIO = scenarios.SingleStream(prompt_tokens=8, output_tokens=65, requests=8, max_rounds=4)
+FP = Fingerprint(hard={"gpu.count": "0", "cpu.model": "test", "cpu.cores": "2"}, soft={})
+
+
+def _run(tok_s: list[float], name: str = SCENARIO.scenario_name) -> RunResult:
+    """A run whose requests decode at exactly the given rates (64 gaps each)."""
+    records = []
+    t = 0
+    for rate in tok_s:
+        gap_ns = int(1e9 / rate)
+        chunks = tuple(t + 10_000_000 + i * gap_ns for i in range(65))
+        records.append(RequestRecord(ok=True, error="", prompt_tokens=8, output_tokens=65, t_send_ns=t,
+                                     chunk_ns=chunks, t_done_ns=chunks[-1]))
+        t = chunks[-1] + 1_000_000
+    return RunResult(scenario_name=name, rounds=(RoundResult(records=tuple(records), wall_s=t / 1e9),))
+
+
+def _recorder(tmp_path: Path, failures: list[str], published: list[Any]) -> PerfRecorder:
+    view = BaselineView(tmp_path, "tiny-cpu", FP)
+    settings = SimpleNamespace(deployment=TINY_CPU, perf_strict=False)
+    server = ServerHandle(base_url="http://127.0.0.1:9", model="m", deployment="tiny-cpu", profile="default",
+                          log_path=None)
+
+    def fail(message: str) -> None:
+        failures.append(message)
+        raise AssertionError(message)
+
+    return PerfRecorder(nodeid="t.py::test[default]", test="t.py::test", server=server, settings=settings,
+                        profile_env={}, view=view, ensure_alive=lambda: None, publish=published.append, fail=fail)
+
+
+def _record_baseline(tmp_path: Path, samples: list[float]) -> None:
+    entry = baselines.make_entry(test="t.py::test", profile="default", metric="decode_tok_s", unit="tok/s",
+                                 direction=Direction.HIGHER_IS_BETTER, samples=samples, git_commit=None,
+                                 profile_env={})
+    baselines.update_baseline(baselines.baseline_path(tmp_path, "tiny-cpu", FP.key), "tiny-cpu", FP, [entry])
+
+
+def test_inconclusive_comparison_takes_more_rounds_until_settled(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(1)
+    _record_baseline(tmp_path, list(700 * rng.lognormal(0, 0.02, 40)))
+    noisy = _run(list(700 * rng.lognormal(0, 0.15, 8)))  # too wide to settle within +/-10%
+    calm = [_run(list(700 * rng.lognormal(0, 0.02, 8))) for _ in range(3)]
+    calls: list[int] = []
+
+    def fake_extend(base_url: str, model: str, scenario: Any, previous: RunResult, **kw: Any) -> RunResult:
+        calls.append(len(previous.rounds))
+        return merge_rounds(previous, calm[len(calls) - 1])
+
+    monkeypatch.setattr(scenarios, "extend", fake_extend)
+    failures: list[str] = []
+    published: list[Any] = []
+    recorder = _recorder(tmp_path, failures, published)
+    recorder._scenario_of[id(noisy)] = SCENARIO
+    result = recorder.check(noisy, ["decode_tok_s"])
+    assert calls, "an inconclusive comparison was not given more samples"
+    assert result.metrics["decode_tok_s"].baseline["verdict"] == "no significant change"
+    assert len(result.metrics["decode_tok_s"].samples) == 8 * (1 + len(calls))
+    assert any("extended from 1" in m for m in result.messages)
+    assert not failures
+
+
+def test_extension_stops_at_max_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(2)
+    _record_baseline(tmp_path, list(700 * rng.lognormal(0, 0.02, 40)))
+    wild = [_run(list(700 * rng.lognormal(0, 0.6, 8))) for _ in range(5)]
+    calls: list[int] = []
+
+    def fake_extend(base_url: str, model: str, scenario: Any, previous: RunResult, **kw: Any) -> RunResult:
+        calls.append(1)
+        return merge_rounds(previous, wild[len(calls)])
+
+    monkeypatch.setattr(scenarios, "extend", fake_extend)
+    recorder = _recorder(tmp_path, [], [])
+    recorder._scenario_of[id(wild[0])] = SCENARIO
+    result = recorder.check(wild[0], ["decode_tok_s"])
+    assert len(calls) <= SCENARIO.max_rounds - 1
+    assert result.metrics["decode_tok_s"].baseline["verdict"] in ("inconclusive", "no significant change")
+
+
+def test_a_clear_regression_fails_with_the_one_line_verdict(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    _record_baseline(tmp_path, list(700 * rng.lognormal(0, 0.02, 20)))
+    failures: list[str] = []
+    recorder = _recorder(tmp_path, failures, [])
+    with pytest.raises(AssertionError):
+        recorder.check(_run(list(500 * rng.lognormal(0, 0.02, 20))), ["decode_tok_s"])
+    assert len(failures) == 1 and "REGRESSION" in failures[0] and "\n" not in failures[0]
+
+
+def test_below_floor_fails_between_floor_and_target_warns(tmp_path: Path) -> None:
+    failures: list[str] = []
+    published: list[Any] = []
+    recorder = _recorder(tmp_path, failures, published)
+    with pytest.raises(AssertionError):
+        recorder.check(_run([30.0] * 8), ["decode_tok_s"], floor=True)
+    assert "below the floor of 40" in failures[0]
+    result = _recorder(tmp_path, failures, published).check(_run([70.0] * 8), ["decode_tok_s"], floor=True)
+    assert any("below the target of 100" in w for w in result.warnings)
+
+
+@pytest.mark.parametrize(("nodeid", "profile", "key"), [
+    ("t.py::test_x[ring-ll]", "ring-ll", "t.py::test_x"),
+    ("t.py::test_x[ring-ll-8]", "ring-ll", "t.py::test_x[8]"),
+    ("t.py::test_x[8-ring-ll]", "ring-ll", "t.py::test_x[8]"),
+    ("t.py::test_x[a-default-b]", "default", "t.py::test_x[a-b]"),
+])
+def test_baseline_key_drops_only_the_profile(nodeid: str, profile: str, key: str) -> None:
+    assert strip_profile(nodeid, profile) == key
