@@ -97,10 +97,11 @@ def main() -> int:
             spread = (max(medians) - min(medians)) / statistics.median(medians) if medians else float("nan")
             spec = METRICS[metric]
             tolerance = BUILTIN_DEPLOYMENTS[args.deployment].tolerance(metric)
-            verdicts = [
-                compare(later, per_boot[0], direction=spec.direction, tolerance=tolerance).verdict.value
+            comparisons = [
+                compare(later, per_boot[0], direction=spec.direction, tolerance=tolerance, metric=metric)
                 for later in per_boot[1:]
             ]
+            verdicts = [c.verdict.value for c in comparisons]
             invalid = [b[name]["_invalid"] for b in boots if b[name]["_invalid"]]
             print(f"{metric:<14}{statistics.median(cvs) * 100:>23.1f}%"
                   f"{' '.join(f'{m:.4g}' for m in medians):>40}{spread * 100:>8.1f}%  {', '.join(verdicts)}"
@@ -108,7 +109,12 @@ def main() -> int:
             report["metrics"][metric] = {  # type: ignore[index]
                 "within_boot_cv": cvs, "boot_medians": medians, "spread": spread,
                 "tolerance": tolerance, "verdicts_vs_first_boot": verdicts, "invalid": invalid,
+                "comparisons_vs_first_boot": [c.message() for c in comparisons], "samples": per_boot,
             }
+    print()
+    for metric, data in report["metrics"].items():  # type: ignore[union-attr]
+        for line in data["comparisons_vs_first_boot"]:
+            print(f"  {line}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0

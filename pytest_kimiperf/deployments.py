@@ -119,14 +119,17 @@ TINY_CPU = Deployment(
     health_deadline_s=600.0,
     gpu_count=0,
     gpu_name_contains=None,
-    # Measured on the 2-core machines: ~150-300 tok/s single-stream with large run-to-run
-    # noise (README, "Numbers"); the floor catches a broken server, not a 10% slowdown.
+    # Measured on the 2-core machines: 700-800 tok/s single-stream median (README, "Numbers");
+    # the floor catches a broken or badly starved server, the baseline gate smaller changes.
     decode_floor_tok_s=40.0,
     decode_target_tok_s=100.0,
     # Two cores shared by API server, engine core and client: noise is far above a GPU's.
+    # Measured (benchmarks/cpu_noise.py, README "Numbers"): per-request CV 3-10% within a boot,
+    # per-boot medians up to 8.5% apart on a quiet machine. A baseline is recorded on one boot
+    # and compared on another, so the tolerance must cover the boot-to-boot spread.
     tolerances=MappingProxyType(
-        {"decode_tok_s": 0.10, "itl_ms": 0.10, "tpot_ms": 0.10, "ttft_ms": 0.15,
-         "e2el_ms": 0.10, "output_throughput": 0.10, "request_throughput": 0.10}
+        {"decode_tok_s": 0.15, "itl_ms": 0.15, "tpot_ms": 0.15, "ttft_ms": 0.15,
+         "e2el_ms": 0.15, "output_throughput": 0.15, "request_throughput": 0.15}
     ),
     # API server, engine core and the client share the second core (the worker is pinned to
     # the first): every process there, the server included, sees scheduler stalls of up to
