@@ -180,23 +180,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # A worker cannot stop the run cleanly (xdist reports an internal error): there the
         # server fixture fails every perf test with the same message instead.
         try:
-            _check_hardware(state)
+            warnings = _check_hardware(state)
         except HardwareMissingError as exc:
             raise pytest.UsageError(f"pytest-kimiperf: {exc}") from None
+        for warning in warnings:
+            config.issue_config_time_warning(pytest.PytestConfigWarning(f"kimiperf: {warning}"), stacklevel=2)
 
 
-def _check_hardware(state: _RunState) -> None:
-    """HardwareMissingError unless this host has the GPUs the deployment needs."""
+def _check_hardware(state: _RunState) -> list[str]:
+    """HardwareMissingError unless this host has the GPUs the deployment needs.
+
+    Returns the profile warnings that depend on the hardware (an explicit LL128 on a host
+    whose GPUs talk over PCIe only), which configure-time validation could not know.
+    """
     dep = state.settings.deployment
     if state.settings.external or not dep.needs_gpus:
-        return
-    from pytest_kimiperf.gpu import HardwareRequirement, check_hardware, probe_gpus
+        return []
+    from pytest_kimiperf.gpu import HardwareRequirement, check_hardware, probe_gpus, query_topology
+    from pytest_kimiperf.nccl import validate_profile
 
     probe = probe_gpus(timeout_s=10.0)
     check_hardware(
         HardwareRequirement(dep.gpu_count, dep.gpu_name_contains), probe.gpus,
         deployment=dep.name, unavailable_reason=probe.absence_reason(),
     )
+    topology = query_topology(timeout_s=10.0)
+    if topology is None:
+        return []
+    pcie_only = not topology.nvlink
+    return [w for profile in state.settings.profiles for w in validate_profile(profile, pcie_only=pcie_only)
+            if "LL128" in w]
 
 
 # -- fixtures ----------------------------------------------------------------------------

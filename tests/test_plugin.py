@@ -208,3 +208,42 @@ def test_api_key_reaches_server_and_client_but_no_log_report_or_json(
     assert secret not in (tmp_path / "s.md").read_text()
     logs = list(pytester.path.rglob("server-*.log"))
     assert logs and all(secret not in log.read_text() for log in logs)
+
+
+def _recorded_8x_rtx_pro_6000_smi(bindir: Path) -> None:
+    """nvidia-smi answering as the recorded 8x RTX PRO 6000 PCIe-only host did."""
+    data = Path(__file__).with_name("data") / "gpu"
+    rows = [line.split(", ") for line in (data / "query_gpu_8x_rtx_pro_6000.csv").read_text().splitlines()[1:]]
+    (bindir / "query.csv").write_text("".join(
+        f"{i}, {name}, {uuid}, {mib.removesuffix(' MiB')}, {drv}, 5, 16\n" for i, name, uuid, drv, mib, _ in rows
+    ))
+    tool = bindir / "nvidia-smi"
+    tool.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        f"  --query-gpu=*) cat {bindir}/query.csv ;;\n"
+        f"  topo) cat {data}/topo_8x_rtx_pro_6000_sys.txt ;;\n"
+        f'  "") cat {data}/smi_header_535.txt ;;\n'
+        "  *) exit 2 ;;\n"
+        "esac\n"
+    )
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+
+
+def test_explicit_ll128_on_a_pcie_only_host_warns_before_the_boot(
+    pytester: pytest.Pytester, stub_project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from test_gpu import nvml_loads
+
+    if nvml_loads():
+        pytest.skip("NVML answers on this host before the recorded nvidia-smi would")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    _recorded_8x_rtx_pro_6000_smi(bindir)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    stub_project('[tool.kimiperf.profiles.ll128]\nenv = { NCCL_PROTO = "LL128" }\n')
+    pytester.makepyfile(SERVER_TEST)
+    result = pytester.runpytest_subprocess("--nccl-profile", "ll128,ring-ll", "--co", timeout=60)
+    assert result.ret == pytest.ExitCode.OK  # the recorded host has the 8 GPUs Kimi needs
+    result.stdout.fnmatch_lines(["*PytestConfigWarning: kimiperf:*ll128*LL128*PCIe-only*"])
+    assert "ring-ll" not in "".join(line for line in result.stdout.lines if "LL128" in line and "PCIe" in line)
