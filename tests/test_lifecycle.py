@@ -168,9 +168,11 @@ def test_attach_mode_with_two_profiles_is_a_usage_error(pytester: pytest.Pyteste
     result.stderr.fnmatch_lines(["*give at most one --nccl-profile as its label*"])
 
 
-def test_sigint_during_boot_stops_the_server_before_pytest_exits(
-    pytester: pytest.Pytester, stub_project, tmp_path: Path
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_signal_during_boot_stops_the_server_before_pytest_exits(
+    pytester: pytest.Pytester, stub_project, tmp_path: Path, signum: int
 ) -> None:
+    """Ctrl-C, or SIGTERM from a cancelled CI job, during a (hanging) boot: nothing is left."""
     boots = tmp_path / "boots"
     stub_project(stub_deployment_toml(mode="hang", boot_count=boots, health_deadline_s=600))
     pytester.makepyfile(USES_SERVER)
@@ -180,24 +182,7 @@ def test_sigint_during_boot_stops_the_server_before_pytest_exits(
     )
     _wait_for(lambda: _stub_pids(boots), 30)
     time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=90)
-    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out.decode()
-    _assert_gone(_stub_pids(boots))
-
-
-def test_sigterm_to_pytest_stops_the_server(pytester: pytest.Pytester, stub_project,
-                                           tmp_path: Path) -> None:
-    boots = tmp_path / "boots"
-    stub_project(stub_deployment_toml(mode="hang", boot_count=boots, health_deadline_s=600))
-    pytester.makepyfile(USES_SERVER)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "--deployment", "stub", "-p", "no:cacheprovider"],
-        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    _wait_for(lambda: _stub_pids(boots), 30)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out.decode()
     _assert_gone(_stub_pids(boots))
