@@ -124,12 +124,13 @@ TINY_CPU = Deployment(
     decode_floor_tok_s=40.0,
     decode_target_tok_s=100.0,
     # Two cores shared by API server, engine core and client: noise is far above a GPU's.
-    # Measured (benchmarks/cpu_noise.py, README "Numbers"): per-request CV 3-10% within a boot,
-    # per-boot medians up to 8.5% apart on a quiet machine. A baseline is recorded on one boot
-    # and compared on another, so the tolerance must cover the boot-to-boot spread.
+    # Measured (benchmarks/cpu_noise.py and the e2e tests, README "Numbers"): per-request CV
+    # 3-10% within a boot, but per-boot decode medians 2-15% apart on a quiet machine (a 2-vCPU
+    # VM) and 22% with other work on it. A baseline is recorded on one boot and judged on
+    # another, so the tolerance must cover that spread: this gate sees changes of 25% and more.
     tolerances=MappingProxyType(
-        {"decode_tok_s": 0.15, "itl_ms": 0.15, "tpot_ms": 0.15, "ttft_ms": 0.15,
-         "e2el_ms": 0.15, "output_throughput": 0.15, "request_throughput": 0.15}
+        {"decode_tok_s": 0.25, "itl_ms": 0.25, "tpot_ms": 0.25, "ttft_ms": 0.25,
+         "e2el_ms": 0.25, "output_throughput": 0.25, "request_throughput": 0.25}
     ),
     # API server, engine core and the client share the second core (the worker is pinned to
     # the first): every process there, the server included, sees scheduler stalls of up to

@@ -170,7 +170,6 @@ def judge_metric(
     profile: str,
     view: BaselineView | None,
     profile_env: Mapping[str, str],
-    strict: bool,
 ) -> tuple[Comparison | None, str]:
     """Compare one metric with its baseline; returns the comparison (if any) and a message."""
     spec = metric_spec(result.metric)

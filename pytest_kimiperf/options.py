@@ -77,8 +77,16 @@ def read_raw_options(
             raw[opt.dest] = RawOption(value, f"command line {opt.flag}")
         elif opt.env and environ.get(opt.env):
             raw[opt.dest] = RawOption(environ[opt.env], f"environment variable {opt.env}")
-        elif opt.ini and getini(opt.ini) not in (None, "", []):
+        elif opt.ini and _ini_is_set(opt, getini(opt.ini)):
             raw[opt.dest] = RawOption(getini(opt.ini), f"ini option {opt.ini}")
         else:
             raw[opt.dest] = RawOption(opt.default, "default")
     return raw
+
+
+def _ini_is_set(opt: Option, value: Any) -> bool:
+    # pytest returns a bool ini's default (False) when the file does not set it: False is
+    # therefore "not set", which is also what it means.
+    if opt.kind == "bool":
+        return value is True
+    return value not in (None, "", [])

@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 
-from pytest_kimiperf import hookspec
+from pytest_kimiperf import hookspec, xdist_scheduling
 from pytest_kimiperf.errors import ConfigError, HardwareMissingError, KimiperfError
-from pytest_kimiperf import xdist_scheduling
 from pytest_kimiperf.gate import strip_profile
 from pytest_kimiperf.options import OPTIONS, read_raw_options
 from pytest_kimiperf.settings import Settings, build_settings
@@ -97,9 +96,7 @@ def pytest_configure(config: pytest.Config) -> None:
     state = _RunState(settings=settings)
     config.stash[RUN_STATE] = state
     if not _is_worker(config) and config.pluginmanager.hasplugin("xdist"):
-        from pytest_kimiperf.xdist_scheduling import XdistCoordinator
-
-        config.pluginmanager.register(XdistCoordinator(state), XDIST_NAME)
+        config.pluginmanager.register(xdist_scheduling.XdistCoordinator(state), XDIST_NAME)
     if settings.perf_plots is not None and not _is_worker(config):
         from pytest_kimiperf.reports.plots import matplotlib_problem
 
@@ -172,10 +169,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     state.perf_items = len(perf_items)
     ids_dir = getattr(config, "workerinput", {}).get(xdist_scheduling.WORKERINPUT_IDS_DIR)
     if ids_dir:
-        from pytest_kimiperf.xdist_scheduling import write_server_test_ids
-
-        write_server_test_ids(Path(ids_dir), config.workerinput["workerid"],  # type: ignore[attr-defined]
-                              (item.nodeid for item in perf_items))
+        worker_id = config.workerinput["workerid"]  # type: ignore[attr-defined]
+        xdist_scheduling.write_server_test_ids(Path(ids_dir), worker_id, (item.nodeid for item in perf_items))
     if perf_items and not _is_worker(config):
         # A worker cannot stop the run cleanly (xdist reports an internal error): there the
         # server fixture fails every perf test with the same message instead.

@@ -195,7 +195,7 @@ class PerfRecorder:
         for mres in result.metrics.values():
             comparison, message = judge_metric(
                 mres, test=self.test, profile=self.server.profile, view=self.view,
-                profile_env=self.profile_env, strict=self.settings.perf_strict,
+                profile_env=self.profile_env,
             )
             mres.baseline_message = message
             result.messages.append(message)

@@ -247,3 +247,23 @@ def test_explicit_ll128_on_a_pcie_only_host_warns_before_the_boot(
     assert result.ret == pytest.ExitCode.OK  # the recorded host has the 8 GPUs Kimi needs
     result.stdout.fnmatch_lines(["*PytestConfigWarning: kimiperf:*ll128*LL128*PCIe-only*"])
     assert "ring-ll" not in "".join(line for line in result.stdout.lines if "LL128" in line and "PCIe" in line)
+
+
+def test_precedence_cli_over_env_over_ini_over_default() -> None:
+    from pytest_kimiperf.options import read_raw_options
+
+    ini = {"kimiperf_deployment": "from-ini", "kimiperf_nccl_debug": False, "kimiperf_strict": True}
+    cli = {"deployment": None}
+
+    def getoption(dest: str) -> object:
+        return cli.get(dest)
+
+    raw = read_raw_options(getoption, lambda name: ini.get(name), {"KIMIPERF_DEPLOYMENT": "from-env"})
+    assert (raw["deployment"].value, raw["deployment"].source) == ("from-env", "environment variable KIMIPERF_DEPLOYMENT")
+    raw = read_raw_options(getoption, lambda name: ini.get(name), {})
+    assert (raw["deployment"].value, raw["deployment"].source) == ("from-ini", "ini option kimiperf_deployment")
+    assert raw["nccl_debug"].source == "default"  # an unset bool ini reads False: not "set"
+    assert (raw["perf_strict"].value, raw["perf_strict"].source) == (True, "ini option kimiperf_strict")
+    cli["deployment"] = "from-cli"
+    raw = read_raw_options(getoption, lambda name: ini.get(name), {"KIMIPERF_DEPLOYMENT": "from-env"})
+    assert (raw["deployment"].value, raw["deployment"].source) == ("from-cli", "command line --deployment")

@@ -86,7 +86,7 @@ def judge(res: gate.TestResult, view: gate.BaselineView | None) -> gate.TestResu
         res.warnings.append(fr.message())
     for mres in res.metrics.values():
         comparison, message = gate.judge_metric(mres, test=res.test, profile=res.profile, view=view,
-                                                profile_env=res.profile_env, strict=False)
+                                                profile_env=res.profile_env)
         mres.baseline_message = message
         if comparison is not None:
             mres.baseline = comparison.to_dict()
