@@ -38,7 +38,6 @@ class _RunState:
     fingerprint: Any = None
     results: list[Any] = field(default_factory=list)  # TestResult, controller only
     previous_sigterm: Any = None
-    perf_items: int = 0
     output_error: str | None = None
     log_dir: Path | None = None
     report: Any = None  # reports.model.SessionReport, built once at session finish
@@ -166,7 +165,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Check the hardware before anything boots; under xdist, list the server tests."""
     state = config.stash[RUN_STATE]
     perf_items = [item for item in items if SERVER_FIXTURE in getattr(item, "fixturenames", ())]
-    state.perf_items = len(perf_items)
     ids_dir = getattr(config, "workerinput", {}).get(xdist_scheduling.WORKERINPUT_IDS_DIR)
     if ids_dir:
         worker_id = config.workerinput["workerid"]  # type: ignore[attr-defined]
