@@ -30,6 +30,10 @@ LAUNCH_ID_ENV = process_sweep.LAUNCH_ID_ENV
 LOG_TAIL_LINES = 50
 _POLL_S = 0.25
 _HTTP_CHECK_EVERY_S = 1.0
+# Between tests: how long /health may take to answer (vLLM answers it even under full load)
+# and how long a server that stopped answering gets to finish dying before we call it wedged.
+HEALTH_PROBE_TIMEOUT_S = 10.0
+EXIT_WAIT_S = 5.0
 
 # Variables worth recording as "the environment the server ran with": the ones that change
 # how vLLM, NCCL, CUDA and OpenMP behave. Secrets (VLLM_API_KEY) are never recorded.
@@ -91,6 +95,18 @@ def check_port_free(host: str, port: int) -> None:
 
 def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def check_health(base_url: str, headers: Mapping[str, str], timeout_s: float) -> str | None:
+    """None when ``/health`` answers 200, else why not."""
+    try:
+        with httpx.Client(timeout=timeout_s, headers=dict(headers)) as client:
+            health = client.get(f"{base_url}/health")
+    except httpx.HTTPError as exc:
+        return f"/health not answering ({type(exc).__name__})"
+    if health.status_code != 200:
+        return f"/health answered {health.status_code}"
+    return None
 
 
 def check_ready(base_url: str, model: str, headers: Mapping[str, str], timeout_s: float) -> str | None:
@@ -280,16 +296,33 @@ class ServerProcess:
         """Whether the server's main process still runs."""
         return self.popen is not None and self.popen.poll() is None
 
-    def ensure_alive(self) -> None:
-        """Raise ServerError with the log tail if the server died after becoming ready."""
+    def ensure_alive(self, *, health_timeout_s: float = HEALTH_PROBE_TIMEOUT_S,
+                     exit_wait_s: float = EXIT_WAIT_S) -> None:
+        """Raise ServerError with the log tail unless the server still runs and answers /health.
+
+        The process check alone races a server that is dying: its sockets close (the client
+        sees the stream break) a moment before its exit status can be collected. So a running
+        server must also answer ``/health``; one that does not gets ``exit_wait_s`` to finish
+        exiting (reported as a death, with its exit code) before it is reported as wedged.
+        """
         if self.popen is None:
             raise ServerError(f"the {self.deployment} server ({self.profile}) was never started")
         code = self.popen.poll()
-        if code is not None:
-            raise ServerError(
-                f"the {self.deployment} server ({self.profile}) died during the session "
-                f"(exit code {code}); log: {self.log_path}\n{tail_lines(self.log_path)}"
-            )
+        if code is None:
+            why = check_health(self.base_url, self._headers(), timeout_s=health_timeout_s)
+            if why is None:
+                return
+            try:
+                code = self.popen.wait(timeout=exit_wait_s)
+            except subprocess.TimeoutExpired:
+                raise ServerError(
+                    f"the {self.deployment} server ({self.profile}) still runs but stopped "
+                    f"serving: {why}; log: {self.log_path}\n{tail_lines(self.log_path)}"
+                ) from None
+        raise ServerError(
+            f"the {self.deployment} server ({self.profile}) died during the session "
+            f"(exit code {code}); log: {self.log_path}\n{tail_lines(self.log_path)}"
+        )
 
     # -- teardown -------------------------------------------------------------------------
 

@@ -19,8 +19,10 @@ from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.nccl import NCCL_DEBUG_ENV, NcclProfile, profile_server_env
 from pytest_kimiperf.progress import BootProgress
 from pytest_kimiperf.server import (
+    HEALTH_PROBE_TIMEOUT_S,
     ServerHandle,
     ServerProcess,
+    check_health,
     check_port_free,
     check_ready,
     pick_free_port,
@@ -95,6 +97,7 @@ class ServerManager:
         self.on_progress = on_progress
         self.records: dict[str, ServerRecord] = {}
         self._current: ServerProcess | None = None
+        self._external: ServerHandle | None = None
         self._swept = False
 
     def record(self, profile: str) -> ServerRecord:
@@ -166,9 +169,14 @@ class ServerManager:
         return handle
 
     def ensure_alive(self) -> None:
-        """Raise ServerError (with the log tail) if the current server died."""
+        """Raise ServerError (with the log tail) if the current server died or stopped serving."""
         if self._current is not None:
             self._current.ensure_alive()
+        elif self._external is not None:
+            why = check_health(self._external.base_url, self._external.auth_headers(),
+                               timeout_s=HEALTH_PROBE_TIMEOUT_S)
+            if why is not None:
+                raise ServerError(f"--server-url {self._external.base_url} stopped serving: {why}")
 
     def release(self) -> None:
         """Stop the current server and verify that nothing of it is left."""
@@ -203,7 +211,7 @@ class ServerManager:
                     f"(model {model!r}): {why_not}"
                 )
         rec.env = {}
-        return ServerHandle(
+        self._external = ServerHandle(
             base_url=url,
             model=model,
             deployment=self.settings.deployment.name,
@@ -212,6 +220,7 @@ class ServerManager:
             external=True,
             api_key=self.settings.api_key,
         )
+        return self._external
 
     def _sweep(self) -> None:
         report = process_sweep.sweep_stale_launches(self.state_dir, grace_s=self.settings.grace_s)

@@ -1,14 +1,16 @@
 """A small stand-in for a vLLM server, for faults a real one cannot show on demand.
 
 Used only where the real CPU engine cannot be made to misbehave on cue: hanging at boot,
-crashing during boot, crashing mid-stream, a slow load that prints vLLM-format progress lines,
+crashing during boot, crashing mid-stream, an engine that dies under a running API server, a slow load that prints vLLM-format progress lines,
 and counting boots for the parametrization tests. Its log lines copy vLLM 0.32's real formats
 (see tests/data/nccl_logs/vllm_cpu_tp1_gloo.log for a recorded boot).
 
 Usage: python stub_vllm.py --model NAME --host H --port P [--mode MODE] [--boot-count FILE]
          [--load-seconds S] [--tok-per-s R] [--nccl-lines] [--nccl-log-value VAR=VALUE ...]
 Modes: normal, hang (never ready), crash-boot (exits 3 while loading), crash-stream (dies
-after a few tokens of the first streamed request), spawn-children (forks two workers that
+after a few tokens of the first streamed request), dead-engine (cuts the first stream after a few
+tokens and keeps running, /health answering 503, as vLLM's API server does over a dead
+EngineCore until its watchdog stops it), spawn-children (forks two workers that
 outlive a SIGKILL of this process, like vLLM's EngineCore and workers).
 
 --nccl-lines stands in for a GPU engine under NCCL_DEBUG=INFO: each NCCL_* variable of its
@@ -87,6 +89,7 @@ class Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     args: argparse.Namespace
     streamed = 0
+    engine_dead = False
 
     def log_message(self, format: str, *a: object) -> None:  # noqa: A002 - http.server API
         log(f"INFO:     {self.client_address[0]} - \"{self.requestline}\" {a[1] if len(a) > 1 else ''}")
@@ -101,7 +104,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == "/health":
-            self._json(200, {})
+            self._json(503 if Handler.engine_dead else 200, {})
         elif self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": self.args.model, "object": "model"}]})
         else:
@@ -133,6 +136,11 @@ class Handler(BaseHTTPRequestHandler):
             if self.args.mode == "crash-stream" and i == 3:
                 log("ERROR simulated engine crash mid-stream")
                 os._exit(7)
+            if self.args.mode == "dead-engine" and i == 3:
+                log("ERROR EngineCore encountered a fatal error (simulated); engine dead")
+                Handler.engine_dead = True
+                self.close_connection = True
+                return
             chunk = {"id": "cmpl-stub", "object": "text_completion", "model": self.args.model,
                      "choices": [{"index": 0, "text": "x", "finish_reason": None}]}
             self._chunk(f"data: {json.dumps(chunk)}\n\n")
@@ -171,7 +179,8 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--mode", default="normal",
-                        choices=["normal", "hang", "crash-boot", "crash-stream", "spawn-children"])
+                        choices=["normal", "hang", "crash-boot", "crash-stream", "dead-engine",
+                                 "spawn-children"])
     parser.add_argument("--boot-count", default=None)
     parser.add_argument("--load-seconds", type=float, default=0.4)
     parser.add_argument("--tok-per-s", type=float, default=500.0)

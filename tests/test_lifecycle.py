@@ -103,6 +103,33 @@ def test_death_mid_session_errors_later_tests_and_next_profile_gets_a_fresh_serv
     _assert_gone(_stub_pids(boots))
 
 
+def test_server_that_runs_but_stopped_serving_errors_later_tests(
+    pytester: pytest.Pytester, stub_project, tmp_path: Path
+) -> None:
+    boots = tmp_path / "boots"
+    stub_project(stub_deployment_toml(mode="dead-engine", boot_count=boots))
+    pytester.makepyfile("""
+        import httpx, pytest
+
+        def test_a_kills_the_engine(kimiperf_server):
+            with pytest.raises(httpx.HTTPError):
+                with httpx.stream("POST", kimiperf_server.base_url + "/v1/completions",
+                                  json={"model": "stub-model", "max_tokens": 10, "stream": True}) as r:
+                    for _ in r.iter_bytes():
+                        pass
+
+        def test_b_needs_it(perf):
+            pass
+    """)
+    result = pytester.runpytest_subprocess("--deployment", "stub", "-p", "no:randomly", timeout=120)
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines([
+        "*stub server (default) still runs but stopped serving: /health answered 503; log: *",
+        "*EngineCore encountered a fatal error (simulated)*",
+    ])
+    _assert_gone(_stub_pids(boots))
+
+
 def test_slow_load_shows_vllm_progress_lines(pytester: pytest.Pytester, stub_project) -> None:
     stub_project(stub_deployment_toml(load_seconds=2.0))
     pytester.makepyfile(USES_SERVER)
@@ -157,6 +184,43 @@ def test_attach_mode_measures_a_running_server_without_boot_or_teardown(
         result.assert_outcomes(passed=1)
         assert len(_stub_pids(boots)) == 1, "attach mode booted a server of its own"
         assert external.poll() is None, "attach mode stopped a server it did not start"
+    finally:
+        external.kill()
+        external.wait()
+
+
+def test_attach_mode_errors_later_tests_once_the_server_stops_serving(
+    pytester: pytest.Pytester, stub_project
+) -> None:
+    stub_project(stub_deployment_toml())
+    port = _free_port()
+    external = subprocess.Popen(
+        [sys.executable, str(STUB_SERVER), "--model", "stub-model", "--port", str(port),
+         "--mode", "dead-engine"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_http(port)
+        pytester.makepyfile("""
+            import httpx, pytest
+
+            def test_a_kills_the_engine(kimiperf_server):
+                with pytest.raises(httpx.HTTPError):
+                    with httpx.stream("POST", kimiperf_server.base_url + "/v1/completions",
+                                      json={"model": "stub-model", "max_tokens": 10, "stream": True}) as r:
+                        for _ in r.iter_bytes():
+                            pass
+
+            def test_b_needs_it(perf):
+                pass
+        """)
+        result = pytester.runpytest_subprocess(
+            "--deployment", "stub", "--server-url", f"http://127.0.0.1:{port}", "-p", "no:randomly",
+            timeout=60,
+        )
+        result.assert_outcomes(passed=1, errors=1)
+        result.stdout.fnmatch_lines([f"*--server-url http://127.0.0.1:{port} stopped serving: "
+                                     "/health answered 503*"])
     finally:
         external.kill()
         external.wait()
