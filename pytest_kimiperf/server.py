@@ -9,7 +9,9 @@ the next run's zombie sweep find exactly the processes we started and nothing el
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -204,14 +206,24 @@ class ServerProcess:
                     f"command: {' '.join(self.argv)}"
                 ) from None
         self.started_at = time.monotonic()
-        self.record = process_sweep.record_for_popen(
-            self.popen.pid,
-            launch_id=self.launch_id,
-            deployment=self.deployment,
-            profile=self.profile,
-            log_path=str(self.log_path),
-        )
-        process_sweep.record_launch(self.state_dir, self.record)
+        try:
+            record = process_sweep.record_for_popen(
+                self.popen.pid,
+                launch_id=self.launch_id,
+                deployment=self.deployment,
+                profile=self.profile,
+                log_path=str(self.log_path),
+            )
+            process_sweep.record_launch(self.state_dir, record)
+        except BaseException:
+            # Ctrl-C (or a full disk) between the launch and its record: stop() would know
+            # nothing to stop and the next run's sweep nothing to find, so stop it here. The
+            # process is seconds old: its group holds at most the first children.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)  # its own session: pgid == pid
+            self.popen.wait()
+            raise
+        self.record = record
 
     def wait_ready(self, on_progress: ProgressCallback | None = None) -> ServerHandle:
         """Block until the server is ready; fail fast if it dies, stop it past the deadline.
