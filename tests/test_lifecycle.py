@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import STUB_SERVER, stub_deployment_toml
+from conftest import STUB_SERVER, gone, stub_deployment_toml
 
 pytestmark = pytest.mark.usefixtures("isolated_state")
 
@@ -36,8 +36,7 @@ def _assert_gone(pids: list[int]) -> None:
     deadline = time.monotonic() + 5
     alive = pids
     while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if psutil.pid_exists(p)
-                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in alive if not gone(p)]
         time.sleep(0.1)
     assert not alive, f"server processes left behind: {alive}"
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import gone
 from pytest_kimiperf import process_sweep
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.process_sweep import LAUNCH_ID_ENV, LaunchRecord
@@ -26,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 WORKER = (
     "import signal, sys, time\n"
     "if 'stubborn' in sys.argv: signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "if 'say-ready' in sys.argv: print('ready', flush=True)\n"
     "time.sleep(120)\n"
 )
 
@@ -63,13 +65,6 @@ def wait_for(path: Path, timeout_s: float = 20.0) -> None:
     while not path.exists():
         assert time.monotonic() < end, f"{path} did not appear within {timeout_s}s"
         time.sleep(0.02)
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 Started = list[subprocess.Popen[bytes] | int]
@@ -204,10 +199,12 @@ def test_a_reused_pid_is_not_mistaken_for_the_server(cleanup: Started) -> None:
 
 
 def test_terminate_processes_reports_what_needed_sigkill(cleanup: Started) -> None:
-    polite = subprocess.Popen([sys.executable, "-c", WORKER, "polite"])
-    stubborn = subprocess.Popen([sys.executable, "-c", WORKER, "stubborn"])
+    polite = subprocess.Popen([sys.executable, "-c", WORKER, "polite", "say-ready"], stdout=subprocess.PIPE)
+    stubborn = subprocess.Popen([sys.executable, "-c", WORKER, "stubborn", "say-ready"], stdout=subprocess.PIPE)
     cleanup.extend([polite, stubborn])
-    time.sleep(0.5)  # let the stubborn one install its SIGTERM handler
+    for proc in (polite, stubborn):  # both started; the stubborn one ignores SIGTERM by now
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        proc.stdout.close()
     report = process_sweep.terminate_processes(
         [psutil.Process(polite.pid), psutil.Process(stubborn.pid)], grace_s=0.5
     )
