@@ -122,8 +122,14 @@ class Comparison:
         if abs(self.change) > tol and not self.p_value < self.alpha:
             return f"; beyond {_fmt_tolerance(tol)} but {p} is not below {self.alpha:g}"
         if self.ci_low < -tol and self.ci_high > tol:
-            return f" is wider than +/-{_fmt_tolerance(tol)}; {p}"
-        return f" reaches past +/-{_fmt_tolerance(tol)}; {p}"
+            why = f" is wider than +/-{_fmt_tolerance(tol)}; {p}"
+        else:
+            why = f" reaches past +/-{_fmt_tolerance(tol)}; {p}"
+        if self.reference_ci_half_width > tol / 2:
+            # More current samples cannot fix this: the baseline's own median is that uncertain.
+            why += (f"; the baseline alone is uncertain by +/-{self.reference_ci_half_width * 100:.1f}% "
+                    f"({self.n_reference} samples): re-record it with --update-baselines on a quiet host")
+        return why
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready fields (enums as their values, NaN as None) for reports and xdist transport."""

@@ -170,6 +170,9 @@ def make(verdict: VerdictKind, change: float, ci: tuple[float, float], p_worse: 
          "inconclusive (+1.2%, CI -2.0%..+4.4% reaches past +/-3%; p=0.21)"),
         (make(VerdictKind.INCONCLUSIVE, -0.002, (-0.045, 0.041), 0.45, 0.55),
          "decode tok/s: inconclusive (-0.2%, CI -4.5%..+4.1% is wider than +/-3%; p=0.45)"),
+        (make(VerdictKind.INCONCLUSIVE, 0.01, (-0.01, 0.052), 0.8, 0.2, reference_half=0.021),
+         "decode tok/s: inconclusive (+1.0%, CI -1.0%..+5.2% reaches past +/-3%; p=0.2; the baseline "
+         "alone is uncertain by +/-2.1% (10 samples): re-record it with --update-baselines on a quiet host)"),
     ],
 )
 def test_message_wording(comparison: Comparison, expected: str) -> None:
