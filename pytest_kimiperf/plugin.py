@@ -301,11 +301,15 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: Any, kimiperf_profile:
 def _manager(config: pytest.Config, state: _RunState) -> Any:
     if state.manager is None:
         from pytest_kimiperf.paths import launch_state_dir
-        from pytest_kimiperf.progress import ProgressDisplay, TerminalOutput
+        from pytest_kimiperf.progress import ProgressDisplay, RelayOutput, TerminalOutput
         from pytest_kimiperf.server_manager import ServerManager
 
-        out = TerminalOutput(config.pluginmanager.get_plugin("terminalreporter"),
-                             config.pluginmanager.get_plugin("capturemanager"))
+        relay = getattr(config, "workerinput", {}).get(xdist_scheduling.WORKERINPUT_PROGRESS_FILE)
+        if relay:
+            out: Any = RelayOutput(relay, prefix=f"[{config.workerinput['workerid']}] ")  # type: ignore[attr-defined]
+        else:
+            out = TerminalOutput(config.pluginmanager.get_plugin("terminalreporter"),
+                                 config.pluginmanager.get_plugin("capturemanager"))
         display = ProgressDisplay.for_output(out, interval_s=state.settings.progress_interval_s)
         state.manager = ServerManager(
             state.settings, log_dir=state.log_dir or Path.cwd() / "kimiperf-logs",

@@ -24,9 +24,12 @@ from typing import Any
 
 import pytest
 
+from pytest_kimiperf.progress import RelayTail
+
 SERVER_SCOPE = "kimiperf-server"
 WORKERINPUT_IDS_DIR = "kimiperf_server_ids_dir"
 WORKEROUTPUT_KEY = "kimiperf_servers"
+WORKERINPUT_PROGRESS_FILE = "kimiperf_progress_file"
 # Modes under which the plugin's scheduler takes over (load is what a bare -n N means).
 GROUPED_DIST_MODES = ("load", "loadgroup")
 
@@ -62,21 +65,52 @@ def make_scheduler(config: pytest.Config, log: Any, ids_dir: Path) -> Any:
     return ServerGroupScheduling(config, log)
 
 
+def _line_writer(config: pytest.Config) -> Any:
+    """Write a line of its own on the controller's terminal (xdist's progress dots may be
+    mid-line); nowhere with ``-p no:terminal``."""
+    if config.pluginmanager.get_plugin("terminalreporter") is None:
+        return lambda line: None
+    tw = config.get_terminal_writer()
+
+    def write(line: str) -> None:
+        if tw.width_of_current_line:
+            tw.line()
+        tw.line(line)
+
+    return write
+
+
 class XdistCoordinator:
-    """The controller's xdist hooks: name the ids directory, schedule, collect server records."""
+    """The controller's xdist hooks: name the ids directory, schedule, collect server records,
+    and show the workers' boot progress (xdist shows nothing a worker writes)."""
 
     def __init__(self, state: Any) -> None:
         self.state = state
         self.ids_dir = Path(tempfile.mkdtemp(prefix="kimiperf-xdist-"))
+        self._relay: RelayTail | None = None
 
     def _grouped(self, config: pytest.Config) -> bool:
         return config.getoption("dist", None) in GROUPED_DIST_MODES
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        """Tell each worker where to record its server tests (only when we schedule)."""
+        """Tell each worker where to record its server tests (only when we schedule) and
+        where to write its boot progress."""
         if self._grouped(node.config):
             node.workerinput[WORKERINPUT_IDS_DIR] = str(self.ids_dir)
+        path = self.ids_dir / "progress.log"
+        if self._relay is None:
+            self._relay = RelayTail(path, _line_writer(node.config))
+        node.workerinput[WORKERINPUT_PROGRESS_FILE] = str(path)
+
+    def _close_relay(self) -> None:
+        if self._relay is not None:
+            self._relay.close()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self) -> None:
+        """Show the last progress lines before the terminal summary."""
+        self._close_relay()
 
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
@@ -94,4 +128,5 @@ class XdistCoordinator:
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         """Remove the ids directory."""
+        self._close_relay()
         shutil.rmtree(self.ids_dir, ignore_errors=True)

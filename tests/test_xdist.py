@@ -68,6 +68,15 @@ def test_each_profile_boots_once_for_all_workers(pytester: pytest.Pytester, stub
     _intervals_never_overlap(report)
     boots_by_profile = {name: p["boots"] for name, p in report["profiles"].items()}
     assert boots_by_profile == {"default": 1, "ring-ll": 1}
+    # The worker's boot progress reaches the controller's output, as it happens.
+    for profile in ("default", "ring-ll"):
+        result.stdout.fnmatch_lines([
+            f"[[]gw?[]] kimiperf: starting stub server for NCCL profile {profile} on *; log: *",
+            f"[[]gw?[]] kimiperf [[]{profile}[]] loading weights*elapsed",
+            f"[[]gw?[]] kimiperf: stub server ({profile}) ready after *s",
+        ])
+    summary = result.stdout.lines.index(next(line for line in result.stdout.lines if "passed" in line))
+    assert not any("] kimiperf" in line for line in result.stdout.lines[summary:])
 
 
 def test_update_baselines_under_xdist_writes_every_entry_once(
