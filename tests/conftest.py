@@ -64,7 +64,10 @@ def stub_project(pytester: pytest.Pytester):
 # built tiny model is shared); KIMIPERF_STATE_DIR is set per test by isolated_state.
 _KEEP = frozenset({"KIMIPERF_CACHE_DIR", "KIMIPERF_STATE_DIR"})
 _ISOLATED_PREFIXES = ("KIMIPERF_", "NCCL_")
-_ISOLATED_NAMES = ("GITHUB_STEP_SUMMARY", "VLLM_API_KEY", "CUDA_DEVICE_MAX_CONNECTIONS")
+# PYTEST_XDIST_*: when this suite itself runs under -n, a pytester subprocess must not look
+# like an xdist worker (pytest-benchmark disables itself there).
+_ISOLATED_NAMES = ("GITHUB_STEP_SUMMARY", "VLLM_API_KEY", "CUDA_DEVICE_MAX_CONNECTIONS",
+                   "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
 
 
 @pytest.fixture(autouse=True)
