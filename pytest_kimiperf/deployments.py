@@ -140,6 +140,25 @@ TINY_CPU = Deployment(
                                     "max_send_lag_p99_ms": 150.0}),
 )
 
+# What a user deployment without ``extends`` starts from: nothing of another deployment's
+# environment, tolerances, client bounds or floors (a GPU deployment given tiny-cpu's offline
+# mode and 25% tolerances would be judged as loosely as the 2-core CPU twin). Tolerances are the
+# metrics' own (3% decode/ITL, 5% TTFT/throughput), no floor, an hour to become ready.
+_USER_BASE = Deployment(
+    name="",
+    description="",
+    model="",
+    served_model_name="",
+    tensor_parallel_size=1,
+    command=(),
+    env=MappingProxyType({}),
+    health_deadline_s=3600.0,
+    gpu_count=0,
+    gpu_name_contains=None,
+    decode_floor_tok_s=0.0,
+    decode_target_tok_s=0.0,
+)
+
 TINY_CPU_TP2 = replace(
     TINY_CPU,
     name="tiny-cpu-tp2",
@@ -222,7 +241,7 @@ def resolve_deployments(
                     f"{where}: missing {', '.join(missing)} (or set 'extends' to a known "
                     f"deployment: {', '.join(sorted(known))})"
                 )
-            base = TINY_CPU  # shape defaults only; every identity field is overridden below
+            base = _USER_BASE
         known[name] = _apply(base, name, table, where)
         return known[name]
 
@@ -246,7 +265,7 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
         elif key == "client_bounds":
             fields[key] = MappingProxyType({**base.client_bounds, **_client_bounds(value, where)})
         elif key == "tolerances":
-            fields[key] = MappingProxyType({**base.tolerances, **_tolerances(value, where)})
+            fields[key] = MappingProxyType({**base.tolerances, **check_tolerances(value, where)})
         elif key in ("health_deadline_s", "decode_floor_tok_s", "decode_target_tok_s",
                      "memory_bandwidth_gbs", "allreduce_latency_us"):
             fields[key] = float(value)
@@ -317,7 +336,11 @@ def _string_env(value: Mapping[str, Any], where: str) -> dict[str, str]:
     return env
 
 
-def _tolerances(value: Mapping[str, Any], where: str) -> dict[str, float]:
+def check_tolerances(value: Any, where: str) -> dict[str, float]:
+    """``{metric: fraction}`` checked (known metric, 0 < fraction < 1); ConfigError naming ``where``."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: tolerances = {value!r}; must be a table of metric = fraction, "
+                          "e.g. {decode_tok_s = 0.05}")
     result: dict[str, float] = {}
     for metric, tol in value.items():
         if metric not in METRICS:
