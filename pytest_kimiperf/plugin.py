@@ -46,6 +46,7 @@ class _RunState:
 
 RUN_STATE = pytest.StashKey[_RunState]()
 RESULT_KEY = pytest.StashKey[Any]()
+TOLERANCES_KEY = pytest.StashKey[dict[str, float]]()
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -261,9 +262,8 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: Any, kimiperf_profile:
         manager.ensure_alive()
     except KimiperfError as exc:
         pytest.fail(str(exc), pytrace=False)
-    marker = request.node.get_closest_marker("kimiperf")
-    tolerances = dict(marker.kwargs.get("tolerances", {})) if marker else {}
     item = request.node
+    tolerances = item.stash.get(TOLERANCES_KEY, {})
 
     def publish(result: Any) -> None:
         item.stash[RESULT_KEY] = result
@@ -296,6 +296,30 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: Any, kimiperf_profile:
         tolerances=tolerances,
         benchmark=benchmark,
     )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Check the test's kimiperf marker before its fixtures run (a typo must not cost a boot)."""
+    if "perf" in getattr(item, "fixturenames", ()):
+        item.stash[TOLERANCES_KEY] = _marker_tolerances(item)
+
+
+def _marker_tolerances(item: pytest.Item) -> dict[str, float]:
+    """The test's ``@pytest.mark.kimiperf(tolerances=...)``, checked; a bad one fails the test."""
+    from pytest_kimiperf.deployments import check_tolerances
+
+    marker = item.get_closest_marker("kimiperf")
+    if marker is None:
+        return {}
+    where = f"@pytest.mark.kimiperf on {item.nodeid}"
+    try:
+        if marker.args or set(marker.kwargs) - {"tolerances"}:
+            raise ConfigError(f"{where}: takes only tolerances={{metric: fraction}}, got "
+                              f"{', '.join([repr(a) for a in marker.args] + sorted(marker.kwargs))}")
+        return check_tolerances(marker.kwargs.get("tolerances", {}), where)
+    except ConfigError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 def _manager(config: pytest.Config, state: _RunState) -> Any:

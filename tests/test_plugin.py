@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -267,3 +268,47 @@ def test_precedence_cli_over_env_over_ini_over_default() -> None:
     cli["deployment"] = "from-cli"
     raw = read_raw_options(getoption, lambda name: ini.get(name), {"KIMIPERF_DEPLOYMENT": "from-env"})
     assert (raw["deployment"].value, raw["deployment"].source) == ("from-cli", "command line --deployment")
+
+
+MARKED = """
+import pytest
+from pytest_kimiperf.scenarios import SingleStream
+
+SCENARIO = SingleStream(prompt_tokens=8, output_tokens=16, requests=5, warmup_requests=1)
+
+@pytest.mark.kimiperf(tolerances={TOLERANCES})
+def test_decode(perf):
+    perf.check(perf.measure(SCENARIO), ["decode_tok_s", "ttft_ms"])
+"""
+
+
+def test_marker_tolerance_overrides_the_deployments_for_that_metric(
+    pytester: pytest.Pytester, stub_project
+) -> None:
+    stub_project(stub_deployment_toml())
+    pytester.makepyfile(test_marked=MARKED.replace("{TOLERANCES}", '{"decode_tok_s": 0.4}'))
+    pytester.runpytest_subprocess("--deployment", "stub", "--update-baselines", timeout=120).assert_outcomes(passed=1)
+    out = pytester.path / "perf.json"
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--perf-json", str(out), timeout=120)
+    result.assert_outcomes(passed=1)
+    metrics = json.loads(out.read_text())["tests"][0]["metrics"]
+    assert metrics["decode_tok_s"]["tolerance"] == 0.4
+    assert metrics["decode_tok_s"]["baseline"]["tolerance"] == 0.4
+    assert metrics["ttft_ms"]["tolerance"] == 0.05  # not marked: the metric's default
+
+
+@pytest.mark.parametrize("tolerances, message", [
+    ('{"decode_tok": 0.4}', "*@pytest.mark.kimiperf on test_marked.py::test_decode[[]default[]]: tolerances names "
+                            "unknown metric 'decode_tok'; known: *decode_tok_s*"),
+    ('{"decode_tok_s": 3}', "*tolerances.decode_tok_s = 3; must be a fraction between 0 and 1 (0.03 = 3%)*"),
+    ('0.05', "*tolerances = 0.05; must be a table of metric = fraction*"),
+])
+def test_bad_marker_fails_the_test_before_any_boot(pytester: pytest.Pytester, stub_project, tmp_path: Path,
+                                                   tolerances: str, message: str) -> None:
+    boots = tmp_path / "boots"
+    stub_project(stub_deployment_toml(boot_count=boots))
+    pytester.makepyfile(test_marked=MARKED.replace("{TOLERANCES}", tolerances))
+    result = pytester.runpytest_subprocess("--deployment", "stub", timeout=120)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([message])
+    assert not boots.exists(), "the server was booted for a test whose marker was bad"
