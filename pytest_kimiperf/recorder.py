@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from pytest_kimiperf import benchmark_bridge
+from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.gate import (
     FLOOR_METRIC,
     BaselineView,
@@ -124,7 +125,10 @@ class PerfRecorder:
         ``max_rounds``, before the verdict stands.
         """
         while True:
-            result, comparisons = self._judge(run, metrics, floor=floor)
+            try:
+                result, comparisons = self._judge(run, metrics, floor=floor)
+            except BaselineError as exc:  # a corrupt or newer baseline file: its message says which
+                self._fail(str(exc))
             if result.invalid or not any(needs_more_samples(c) for c in comparisons):
                 break
             longer = self._extend(run)
@@ -160,7 +164,7 @@ class PerfRecorder:
             interval_ns=(self.intervals_ns[0][0], self.intervals_ns[-1][1]) if self.intervals_ns else None,
             server_env=dict(self.server.env),
             profile_env=self.profile_env,
-            itl_timeline_ms=[gap for rec in run.valid_records for gap in rec.itl_ms],
+            itl_timeline_ms=run.itl_timeline_ms(),
         )
         for name in metrics:
             spec = metric_spec(name)
@@ -205,7 +209,8 @@ class PerfRecorder:
             comparisons.append(comparison)
             if verdict_fails(comparison, strict=self.settings.perf_strict):
                 result.failures.append(message)
-            elif comparison.verdict.value in ("inconclusive", "improvement", "not comparable"):
+            elif comparison.verdict.value in ("inconclusive", "improvement", "not comparable",
+                                              "insufficient samples"):
                 result.warnings.append(message + (
                     "; run --update-baselines to adopt it" if comparison.verdict.value == "improvement" else ""
                 ))
