@@ -128,3 +128,23 @@ def test_below_floor_fails_between_floor_and_target_warns(tmp_path: Path) -> Non
 ])
 def test_baseline_key_drops_only_the_profile(nodeid: str, profile: str, key: str) -> None:
     assert strip_profile(nodeid, profile) == key
+
+
+def test_corrupt_baseline_fails_the_test_with_its_message_not_a_traceback(tmp_path: Path) -> None:
+    path = baselines.baseline_path(tmp_path, "tiny-cpu", FP.key)
+    path.parent.mkdir(parents=True)
+    path.write_text("{ not json")
+    failures: list[str] = []
+    with pytest.raises(AssertionError):
+        _recorder(tmp_path, failures, []).check(_run([700.0] * 8), ["decode_tok_s"])
+    assert len(failures) == 1 and str(path) in failures[0]
+    assert path.read_text() == "{ not json", "the corrupt file was touched"
+
+
+def test_insufficient_samples_pass_with_a_warning(tmp_path: Path) -> None:
+    _record_baseline(tmp_path, [700.0, 701.0, 699.0])
+    failures: list[str] = []
+    result = _recorder(tmp_path, failures, []).check(_run([700.0] * 8), ["decode_tok_s"])
+    assert not failures
+    assert result.metrics["decode_tok_s"].baseline["verdict"] == "insufficient samples"
+    assert any("insufficient samples" in w for w in result.warnings)
