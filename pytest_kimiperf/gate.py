@@ -147,6 +147,7 @@ class BaselineView:
         self.path = baseline_store.baseline_path(baselines_dir, deployment, fingerprint.key)
         self._loaded = False
         self._file: baseline_store.BaselineFile | None = None
+        self._others: list[baseline_store.BaselineFile] | None = None
 
     def file(self) -> baseline_store.BaselineFile | None:
         """The baseline file (None when missing); BaselineError when it cannot be trusted."""
@@ -154,6 +155,26 @@ class BaselineView:
             self._file = baseline_store.load_baseline(self.path)
             self._loaded = True
         return self._file
+
+    def soft_changes(self) -> list[str]:
+        """Soft facts (host name, full driver build, kernel) that differ from the baseline
+        file's, as ``name: old -> new``: they only warn, the hard facts decide comparability."""
+        baseline = self.file()
+        return [] if baseline is None else baseline.fingerprint.diff(self.fingerprint)[1]
+
+    def other_files(self) -> list[baseline_store.BaselineFile]:
+        """This deployment's baseline files from other hardware; unreadable ones are skipped
+        (they judge nothing here, and their own hardware reports them)."""
+        if self._others is None:
+            self._others = []
+            for path in self.other_fingerprints():
+                try:
+                    other = baseline_store.load_baseline(path)
+                except BaselineError:
+                    continue
+                if other is not None:
+                    self._others.append(other)
+        return self._others
 
     def other_fingerprints(self) -> list[Path]:
         """Baseline files of the same deployment recorded on other hardware."""
@@ -178,14 +199,27 @@ def judge_metric(
     base_file = view.file()
     entry = base_file.entry(test, profile, result.metric) if base_file else None
     if entry is None:
-        others = view.other_fingerprints()
-        hint = (
-            f" (baselines exist for other hardware: {', '.join(p.stem for p in others)}; "
-            "not comparable)" if others else ""
+        missing = f"no baseline for this hardware ({view.fingerprint.key}): run --update-baselines"
+        elsewhere = [(f, e) for f in view.other_files() if (e := f.entry(test, profile, result.metric))]
+        if not elsewhere:
+            others = view.other_fingerprints()
+            hint = (
+                f" (baselines exist for other hardware: {', '.join(p.stem for p in others)}; "
+                "not comparable)" if others else ""
+            )
+            return None, f"{spec.label}: {missing}{hint}"
+        # Shown, never judged: the closest other hardware's baseline, with what differs.
+        other, other_entry = min(
+            elsewhere, key=lambda fe: (len(fe[0].fingerprint.diff(view.fingerprint)[0]), str(fe[0].path)))
+        hard = other.fingerprint.diff(view.fingerprint)[0]
+        shown = "; ".join(hard[:3]) + (f"; and {len(hard) - 3} more" if len(hard) > 3 else "")
+        comparison = compare(
+            result.samples, list(other_entry.samples), direction=Direction(result.direction),
+            tolerance=result.tolerance, metric=spec.label, unit=result.unit, comparable=False,
         )
-        return None, (
-            f"{spec.label}: no baseline for this hardware ({view.fingerprint.key}): "
-            f"run --update-baselines{hint}"
+        return comparison, (
+            f"{comparison.message()} — the baseline was recorded on other hardware "
+            f"({other.fingerprint.key}: {shown}); {missing}"
         )
     comparable = dict(entry.profile_env) == dict(profile_env)
     comparison = compare(

@@ -214,6 +214,11 @@ class PerfRecorder:
                 result.warnings.append(message + (
                     "; run --update-baselines to adopt it" if comparison.verdict.value == "improvement" else ""
                 ))
+        soft = self.view.soft_changes() if self.view is not None and comparisons else []
+        if soft:
+            result.warnings.append(
+                "the baseline was recorded with other soft facts (they only warn; the hardware "
+                f"and software that set speed match): {'; '.join(soft)}")
         scenario = self._scenario_of.get(id(run))
         if scenario is not None and len(run.rounds) > scenario.rounds:
             result.messages.append(

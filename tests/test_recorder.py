@@ -148,3 +148,35 @@ def test_insufficient_samples_pass_with_a_warning(tmp_path: Path) -> None:
     assert not failures
     assert result.metrics["decode_tok_s"].baseline["verdict"] == "insufficient samples"
     assert any("insufficient samples" in w for w in result.warnings)
+
+
+def test_other_hardwares_baseline_is_shown_as_not_comparable_never_judged(tmp_path: Path) -> None:
+    other = Fingerprint(hard={**FP.hard, "cpu.cores": "64"}, soft={})
+    entry = baselines.make_entry(test="t.py::test", profile="default", metric="decode_tok_s", unit="tok/s",
+                                 direction=Direction.HIGHER_IS_BETTER, samples=[1400.0 + i for i in range(10)],
+                                 git_commit=None, profile_env={})
+    baselines.update_baseline(baselines.baseline_path(tmp_path, "tiny-cpu", other.key), "tiny-cpu", other, [entry])
+    failures: list[str] = []
+    result = _recorder(tmp_path, failures, []).check(_run([700.0 + i for i in range(8)]), ["decode_tok_s"])
+    assert not failures, "a baseline from other hardware failed the test"
+    metric = result.metrics["decode_tok_s"]
+    assert metric.baseline["verdict"] == "not comparable"
+    assert metric.baseline["change"] == pytest.approx(-0.5, abs=0.01)
+    assert f"recorded on other hardware ({other.key}: cpu.cores: 64 -> 2)" in metric.baseline_message
+    assert f"no baseline for this hardware ({FP.key}): run --update-baselines" in metric.baseline_message
+    assert any("not comparable" in w for w in result.warnings)
+
+
+def test_soft_facts_that_differ_only_warn(tmp_path: Path) -> None:
+    recorded = Fingerprint(hard=FP.hard, soft={"host.name": "gpu-runner-1", "kernel": "6.8.0"})
+    entry = baselines.make_entry(test="t.py::test", profile="default", metric="decode_tok_s", unit="tok/s",
+                                 direction=Direction.HIGHER_IS_BETTER, samples=[700.0 + i for i in range(10)],
+                                 git_commit=None, profile_env={})
+    baselines.update_baseline(baselines.baseline_path(tmp_path, "tiny-cpu", FP.key), "tiny-cpu", recorded, [entry])
+    failures: list[str] = []
+    result = _recorder(tmp_path, failures, []).check(_run([700.0 + i for i in range(8)]), ["decode_tok_s"])
+    assert not failures
+    assert result.metrics["decode_tok_s"].baseline["verdict"] == "no significant change"
+    assert [w for w in result.warnings if "soft facts" in w] == [
+        "the baseline was recorded with other soft facts (they only warn; the hardware and software "
+        "that set speed match): host.name: gpu-runner-1 -> <absent>; kernel: 6.8.0 -> <absent>"]
