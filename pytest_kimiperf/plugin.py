@@ -161,6 +161,36 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """After every plugin's reordering (--ff and --lf reorder in a hook wrapper registered
+    after this plugin, so even a wrapper here runs too early), run each profile's tests
+    together: pytest boots a session fixture again whenever its parameter changes back, and
+    for Kimi each boot is a 36-minute load. First, so an xdist worker reports this order."""
+    _group_by_profile(session.items)
+
+
+def _group_by_profile(items: list[pytest.Item]) -> None:
+    """Reorder the server tests in place so each profile's run together, profiles in the
+    order they first appear (so --ff's first test still runs first); within a profile, and
+    for every other test, the order stays as it was."""
+
+    def profile_of(item: pytest.Item) -> str | None:
+        callspec = getattr(item, "callspec", None)
+        profile = callspec.params.get(PROFILE_FIXTURE) if callspec is not None else None
+        return getattr(profile, "name", None)
+
+    order: dict[str, int] = {}
+    for item in items:
+        name = profile_of(item)
+        if name is not None:
+            order.setdefault(name, len(order))
+    slots = [i for i, item in enumerate(items) if profile_of(item) in order]
+    grouped = sorted((items[i] for i in slots), key=lambda item: order[profile_of(item)])  # stable
+    for i, item in zip(slots, grouped):
+        items[i] = item
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Check the hardware before anything boots; under xdist, list the server tests."""

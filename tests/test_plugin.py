@@ -312,3 +312,32 @@ def test_bad_marker_fails_the_test_before_any_boot(pytester: pytest.Pytester, st
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([message])
     assert not boots.exists(), "the server was booted for a test whose marker was bad"
+
+
+def test_failed_first_still_boots_each_profile_once(pytester: pytest.Pytester, stub_project, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    boots = tmp_path / "boots"
+    stub_project(stub_deployment_toml(boot_count=boots))
+    pytester.makepyfile("""
+        import os
+
+        def test_a(kimiperf_server):
+            pass
+
+        def test_b(kimiperf_server):
+            assert not (kimiperf_server.profile == "ring-ll" and os.environ.get("FAIL_RING_LL"))
+
+        def test_c(kimiperf_server):
+            pass
+    """)
+    args = ("--deployment", "stub", "--nccl-profile", "default,ring-ll", "-p", "no:randomly")
+    monkeypatch.setenv("FAIL_RING_LL", "1")
+    pytester.runpytest_subprocess(*args, timeout=120).assert_outcomes(passed=5, failed=1)
+    monkeypatch.delenv("FAIL_RING_LL")
+    # --ff puts test_b[ring-ll] first; pytest would then boot ring-ll, default, ring-ll again.
+    result = pytester.runpytest_subprocess(*args, "--ff", "-v", timeout=120)
+    result.assert_outcomes(passed=6)
+    second_run = boots.read_text().splitlines()[2:]
+    assert len(second_run) == 2, f"a profile booted twice: {second_run}"
+    result.stdout.fnmatch_lines(["*test_b[[]ring-ll[]] PASSED*", "*test_a[[]ring-ll[]] PASSED*",
+                                 "*test_c[[]ring-ll[]] PASSED*", "*test_a[[]default[]] PASSED*"])
