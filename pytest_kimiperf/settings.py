@@ -152,14 +152,17 @@ def _server_url(opt: RawOption) -> str | None:
     if opt.value in (None, ""):
         return None
     url = str(opt.value).rstrip("/")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(
-            f"server URL {opt.value!r} (from {opt.source}) is not an http(s) URL with a host, "
-            "e.g. http://127.0.0.1:8000"
-        )
-    if parts.path.endswith("/v1"):
+    if urlsplit(url).path.endswith("/v1"):
         url = url[: -len("/v1")]
+    if urlsplit(url).scheme == "https":
+        raise ConfigError(
+            f"server URL {opt.value!r} (from {opt.source}): the load client speaks plain HTTP/1.1 "
+            "(its timestamps come from the socket); use http://HOST:PORT, e.g. through an SSH "
+            "tunnel to the server"
+        )
+    from pytest_kimiperf.client import parse_base_url
+
+    parse_base_url(url, source=opt.source)  # ConfigError saying what is allowed
     return url
 
 

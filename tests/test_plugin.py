@@ -341,3 +341,16 @@ def test_failed_first_still_boots_each_profile_once(pytester: pytest.Pytester, s
     assert len(second_run) == 2, f"a profile booted twice: {second_run}"
     result.stdout.fnmatch_lines(["*test_b[[]ring-ll[]] PASSED*", "*test_a[[]ring-ll[]] PASSED*",
                                  "*test_c[[]ring-ll[]] PASSED*", "*test_a[[]default[]] PASSED*"])
+
+
+@pytest.mark.parametrize("url, message", [
+    ("https://gpu-box:8000", "*server URL 'https://gpu-box:8000' (from command line --server-url): the load "
+                             "client speaks plain HTTP/1.1*use http://HOST:PORT*"),
+    ("http://gpu-box:8000?x=1", "*invalid server URL 'http://gpu-box:8000?x=1' (from command line --server-url)*"
+                                "use the server root as http://HOST:PORT*"),
+    ("gpu-box:8000", "*invalid server URL 'gpu-box:8000'*"),
+])
+def test_unusable_server_url_is_a_usage_error(pytester: pytest.Pytester, url: str, message: str) -> None:
+    result = pytester.runpytest("--server-url", url)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
