@@ -35,6 +35,11 @@ from pytest_kimiperf.server import ServerHandle
 from pytest_kimiperf.settings import Settings
 
 
+# Failed requests beyond this share of a run fail the test: the figures of the requests that
+# did succeed would describe a server that is not the one being tested.
+MAX_FAILED_FRACTION = 0.10
+
+
 class PerfRecorder:
     """Measures against the session's server and judges the result for one test."""
 
@@ -176,6 +181,15 @@ class PerfRecorder:
             result.invalid = run.invalid_reason
             result.failures.append(f"INVALID measurement: {run.invalid_reason}")
             return result, comparisons
+        if run.invalid_count:
+            total = len(run.records)
+            reasons = "; ".join(f"{n}x {reason}" for reason, n in run.invalid_reasons.items())
+            line = f"{run.invalid_count} of {total} measured requests failed and are not counted ({reasons})"
+            if run.invalid_count > MAX_FAILED_FRACTION * total:
+                result.failures.append(
+                    f"{line}: more than {MAX_FAILED_FRACTION:.0%} failed, the server did not serve this load")
+            else:
+                result.warnings.append(line)
 
         if floor:
             decode = result.metrics.get(FLOOR_METRIC) or MetricResult(

@@ -180,3 +180,22 @@ def test_soft_facts_that_differ_only_warn(tmp_path: Path) -> None:
     assert [w for w in result.warnings if "soft facts" in w] == [
         "the baseline was recorded with other soft facts (they only warn; the hardware and software "
         "that set speed match): host.name: gpu-runner-1 -> <absent>; kernel: 6.8.0 -> <absent>"]
+
+
+def _with_failures(run: RunResult, n: int) -> RunResult:
+    bad = RequestRecord(ok=False, error="HTTP 500", prompt_tokens=8, output_tokens=0, t_send_ns=0,
+                        chunk_ns=(), t_done_ns=1)
+    rnd = run.rounds[0]
+    return RunResult(scenario_name=run.scenario_name,
+                     rounds=(RoundResult(records=rnd.records + (bad,) * n, wall_s=rnd.wall_s),))
+
+
+def test_a_few_failed_requests_warn_and_many_fail_the_test(tmp_path: Path) -> None:
+    failures: list[str] = []
+    result = _recorder(tmp_path, failures, []).check(_with_failures(_run([700.0] * 19), 1), ["decode_tok_s"])
+    assert not failures
+    assert "1 of 20 measured requests failed and are not counted (1x HTTP 500)" in result.warnings
+    with pytest.raises(AssertionError):
+        _recorder(tmp_path, failures, []).check(_with_failures(_run([700.0] * 17), 3), ["decode_tok_s"])
+    assert failures == ["3 of 20 measured requests failed and are not counted (3x HTTP 500): more than 10% "
+                        "failed, the server did not serve this load"]
