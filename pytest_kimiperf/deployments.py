@@ -119,10 +119,12 @@ TINY_CPU = Deployment(
     health_deadline_s=600.0,
     gpu_count=0,
     gpu_name_contains=None,
-    # Measured on the 2-core machines: 700-800 tok/s single-stream median (README, "Numbers");
-    # the floor catches a broken or badly starved server, the baseline gate smaller changes.
-    decode_floor_tok_s=40.0,
-    decode_target_tok_s=100.0,
+    # Measured on the 2-core machines: single-stream medians 646-800 tok/s per boot on a quiet
+    # host, about 22% lower with other work on it (README, "Numbers"). Below the target (600)
+    # is a warning: slower than any quiet boot measured. Below the floor (300), under half of
+    # it, the server is broken or starved: the test fails whatever the baseline says.
+    decode_floor_tok_s=300.0,
+    decode_target_tok_s=600.0,
     # Two cores shared by API server, engine core and client: noise is far above a GPU's.
     # Measured (benchmarks/cpu_noise.py and the e2e tests, README "Numbers"): per-request CV
     # 3-10% within a boot, but per-boot decode medians 2-15% apart on a quiet machine (a 2-vCPU
