@@ -42,6 +42,7 @@ class _RunState:
     log_dir: Path | None = None
     report: Any = None  # reports.model.SessionReport, built once at session finish
     worker_records: list[Any] = field(default_factory=list)  # ServerRecord from xdist workers
+    remote_worker: bool = False  # an xdist worker on another host (cannot be scheduled)
 
 
 RUN_STATE = pytest.StashKey[_RunState]()
@@ -197,7 +198,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     state = config.stash[RUN_STATE]
     perf_items = [item for item in items if SERVER_FIXTURE in getattr(item, "fixturenames", ())]
     ids_dir = getattr(config, "workerinput", {}).get(xdist_scheduling.WORKERINPUT_IDS_DIR)
-    if ids_dir:
+    if ids_dir and not Path(ids_dir).is_dir():
+        # The controller made it before starting workers: this worker runs on another host
+        # (--tx ssh=...), and the scheduler cannot learn which of its tests need the server.
+        state.remote_worker = True
+    elif ids_dir:
         worker_id = config.workerinput["workerid"]  # type: ignore[attr-defined]
         xdist_scheduling.write_server_test_ids(Path(ids_dir), worker_id, (item.nodeid for item in perf_items))
     if perf_items and not _is_worker(config):
@@ -262,6 +267,13 @@ def kimiperf_server(
             "pytest-kimiperf under xdist needs --dist load (the default of -n) or loadgroup, which it "
             "schedules itself; other modes would split the perf tests over workers, booting "
             "servers twice and overlapping measurements", pytrace=False,
+        )
+    if state.remote_worker:
+        pytest.fail(
+            "pytest-kimiperf's perf tests need xdist workers on this machine (-n N, or --tx "
+            "popen): this worker runs on another host, so they could not be kept on one worker "
+            "(one boot per profile, no overlapping measurements). Run the perf suite on the "
+            "server's machine; remote workers can still run the functional tests", pytrace=False,
         )
     if _is_worker(request.config):
         try:

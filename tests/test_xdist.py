@@ -102,3 +102,21 @@ def test_other_dist_modes_are_refused_for_perf_tests(pytester: pytest.Pytester, 
     result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadfile", "-k", "decode_0", timeout=120)
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*needs --dist load (the default of -n) or loadgroup*"])
+
+
+def test_workers_on_another_host_fail_perf_tests_before_any_boot(pytester: pytest.Pytester, stub_project,
+                                                                 tmp_path: Path) -> None:
+    boots = tmp_path / "boots"
+    _project(pytester, stub_project, boots)
+    # What a --tx ssh=... worker sees: the controller's scheduling folder is not on its disk.
+    pytester.makeconftest("""
+        import pytest
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_configure_node(node):
+            node.workerinput["kimiperf_server_ids_dir"] = "/nonexistent/kimiperf-xdist-elsewhere"
+    """)
+    result = pytester.runpytest_subprocess("-n", "2", "-k", "decode", timeout=120)
+    result.assert_outcomes(errors=3)
+    result.stdout.fnmatch_lines(["*perf tests need xdist workers on this machine*this worker runs on another host*"])
+    assert not boots.exists()
