@@ -103,6 +103,19 @@ def test_two_profiles_under_xdist_each_boot_once_see_their_env_and_stop(
     for test in decode:
         assert test["metrics"]["decode_tok_s"]["summary"]["n"] == 8
         assert test["metrics"]["decode_tok_s"]["summary"]["median"] > 0
+    # The worker's boot progress reached the controller's output, and the summary put the two
+    # profiles side by side with a verdict.
+    result.stdout.fnmatch_lines([
+        "[[]gw?[]] kimiperf [[]default[]] loading weights*elapsed",
+        "[[]gw?[]] kimiperf: tiny-cpu server (default) ready after *s",
+        "[[]gw?[]] kimiperf: tiny-cpu server (ring-ll) ready after *s",
+    ])
+    result.stdout.fnmatch_lines(["*kimiperf: NCCL profiles vs default*", "*test_e2e.py::test_single_stream_decode*"])
+    result.stdout.re_match_lines([
+        r"\s+default\s+[\d.]+\s+[\d.]+-[\d.]+\s+reference",
+        r"\s+ring-ll\s+[\d.]+\s+[\d.]+-[\d.]+\s+[+-][\d.]+%\s+[+-][\d.]+\.\.[+-][\d.]+%\s+"
+        r"(no significant change|inconclusive|improvement|REGRESSION)",
+    ])
 
 
 GATE = """

@@ -354,3 +354,20 @@ def test_unusable_server_url_is_a_usage_error(pytester: pytest.Pytester, url: st
     result = pytester.runpytest("--server-url", url)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
+
+
+def test_junit_xml_carries_the_medians_as_properties(pytester: pytest.Pytester, stub_project) -> None:
+    import xml.etree.ElementTree as ET
+
+    stub_project(stub_deployment_toml())
+    pytester.makepyfile(test_marked=MARKED.replace("{TOLERANCES}", "{}"))
+    junit, report = pytester.path / "junit.xml", pytester.path / "perf.json"
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--junitxml", str(junit),
+                                           "--perf-json", str(report), timeout=120)
+    result.assert_outcomes(passed=1)
+    (case,) = ET.parse(junit).getroot().iter("testcase")
+    properties = {p.get("name"): float(p.get("value")) for p in case.iter("property")}
+    metrics = json.loads(report.read_text())["tests"][0]["metrics"]
+    assert properties == {f"median_{name}": pytest.approx(m["summary"]["median"], abs=1e-4)
+                          for name, m in metrics.items()}
+    assert set(properties) == {"median_decode_tok_s", "median_ttft_ms"}
