@@ -112,7 +112,7 @@ def test_two_profiles_under_xdist_each_boot_once_see_their_env_and_stop(
     ])
     result.stdout.fnmatch_lines(["*kimiperf: NCCL profiles vs default*", "*test_e2e.py::test_single_stream_decode*"])
     result.stdout.re_match_lines([
-        r"\s+default\s+[\d.]+\s+[\d.]+-[\d.]+\s+reference",
+        r"\s+decode tok/s\s+default\s+[\d.]+\s+[\d.]+-[\d.]+\s+reference",
         r"\s+ring-ll\s+[\d.]+\s+[\d.]+-[\d.]+\s+[+-][\d.]+%\s+[+-][\d.]+\.\.[+-][\d.]+%\s+"
         r"(no significant change|inconclusive|improvement|REGRESSION)",
     ])
