@@ -17,7 +17,6 @@ import pytest
 
 from pytest_kimiperf import hookspec, xdist_scheduling
 from pytest_kimiperf.errors import ConfigError, HardwareMissingError, KimiperfError
-from pytest_kimiperf.gate import strip_profile
 from pytest_kimiperf.options import OPTIONS, read_raw_options
 from pytest_kimiperf.settings import Settings, build_settings
 
@@ -43,6 +42,7 @@ class _RunState:
     report: Any = None  # reports.model.SessionReport, built once at session finish
     worker_records: list[Any] = field(default_factory=list)  # ServerRecord from xdist workers
     remote_worker: bool = False  # an xdist worker on another host (cannot be scheduled)
+    fingerprint_shown: bool = False
 
 
 RUN_STATE = pytest.StashKey[_RunState]()
@@ -135,18 +135,28 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     for profile in s.profiles:
         lines.append(f"kimiperf: NCCL profile {profile.name}: {describe_env(profile)}")
     if _perf_run_requested(config) and not _is_worker(config):
-        # The fingerprint probes the GPUs; a run that did not ask for perf settings stays quiet.
-        from pytest_kimiperf.fingerprint import describe
-
-        state = config.stash[RUN_STATE]
-        lines.extend(describe(_fingerprint(state)))
-        lines.append(f"kimiperf: baseline file {_baseline_view(config, state).path}")
+        # The fingerprint probes the GPUs; a run that did not ask for perf settings stays
+        # quiet (if it collects perf tests, the lines come after collection instead).
+        lines.extend(_fingerprint_lines(config))
     return lines
 
 
+def _fingerprint_lines(config: pytest.Config) -> list[str]:
+    from pytest_kimiperf.fingerprint import describe
+
+    state = config.stash[RUN_STATE]
+    state.fingerprint_shown = True
+    return [*describe(_fingerprint(state)), f"kimiperf: baseline file {_baseline_view(config, state).path}"]
+
+
 def _perf_run_requested(config: pytest.Config) -> bool:
-    """Whether this run set any kimiperf option (command line, environment or ini)."""
-    return any(raw.source != "default" for raw in read_raw_options(config.getoption, config.getini).values())
+    """Whether this run set a kimiperf option: on the command line, in the ini file, or in a
+    KIMIPERF_* variable (VLLM_API_KEY alone is common in vLLM environments and asks for nothing)."""
+    return any(
+        raw.source != "default" and not (raw.source.startswith("environment variable")
+                                         and "KIMIPERF_" not in raw.source)
+        for raw in read_raw_options(config.getoption, config.getini).values()
+    )
 
 
 # -- collection --------------------------------------------------------------------------
@@ -169,6 +179,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     together: pytest boots a session fixture again whenever its parameter changes back, and
     for Kimi each boot is a 36-minute load. First, so an xdist worker reports this order."""
     _group_by_profile(session.items)
+    state = session.config.stash[RUN_STATE]
+    if (not state.fingerprint_shown and not _is_worker(session.config)
+            and any(SERVER_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items)):
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = _fingerprint_lines(session.config)
+        if reporter is not None:
+            for line in lines:
+                reporter.write_line(line)
 
 
 def _group_by_profile(items: list[pytest.Item]) -> None:
@@ -296,6 +314,7 @@ def kimiperf_server(
 @pytest.fixture
 def perf(request: pytest.FixtureRequest, kimiperf_server: Any, kimiperf_profile: Any) -> Any:
     """Measure scenarios against the session's server and judge them (floors, baselines)."""
+    from pytest_kimiperf.gate import strip_profile
     from pytest_kimiperf.recorder import PerfRecorder
 
     state = request.config.stash[RUN_STATE]

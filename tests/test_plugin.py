@@ -99,11 +99,31 @@ def test_a_run_without_perf_fixtures_boots_nothing_and_queries_no_gpu(
 ) -> None:
     bindir, marker = _fake_nvidia_smi(tmp_path)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    pytester.makepyfile("def test_plain(): assert 1 + 1 == 2")
+    monkeypatch.setenv("VLLM_API_KEY", "common-in-vllm-environments")
+    pytester.makepyfile("""
+        import sys
+
+        def test_plain():
+            # heavy imports stay lazy: numpy and scipy load only for perf tests
+            assert "scipy" not in sys.modules and "numpy" not in sys.modules
+    """)
     result = pytester.runpytest_subprocess(timeout=60)
     result.assert_outcomes(passed=1)
     assert not marker.exists(), "a run that uses no perf fixture called nvidia-smi"
     assert "kimiperf: starting" not in result.stdout.str()
+    assert "kimiperf fingerprint" not in result.stdout.str()
+
+
+def test_a_run_with_perf_tests_shows_the_fingerprint_after_collection(
+    pytester: pytest.Pytester, stub_project
+) -> None:
+    # `pytest perf_tests` with no option at all: the default deployment (here a stub under the
+    # default's name) gives the header nothing to go on, so the lines come once collection
+    # has found perf tests.
+    stub_project(stub_deployment_toml(name="kimi-k25-int4-tp8"))
+    pytester.makepyfile(SERVER_TEST)
+    result = pytester.runpytest_subprocess("--co", timeout=60)
+    result.stdout.fnmatch_lines(["kimiperf fingerprint: cpu-*", "kimiperf: baseline file *", "collected 1 item"])
 
 
 def test_server_fixture_yields_a_ready_handle_and_stops_the_server(
