@@ -7,8 +7,13 @@ import os
 import sys
 from pathlib import Path
 
+# pytester's in-process runs restore sys.modules afterwards: numpy (and scipy, built on it)
+# imported for the first time inside one would be imported again by the next, which numpy
+# refuses with a warning. The plugin loads them lazily, so the test process loads them first.
+import numpy  # noqa: F401
 import psutil
 import pytest
+import scipy.stats  # noqa: F401
 
 STUB_SERVER = Path(__file__).with_name("stub_vllm.py")
 
