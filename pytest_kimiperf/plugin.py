@@ -7,6 +7,7 @@ is collected or booted); per-run state lives in ``config.stash``.
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -125,7 +126,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """The settings in effect: deployment, profiles with their environment, server mode."""
-    from pytest_kimiperf.nccl import describe_env
+    from pytest_kimiperf.nccl import describe_env, inherited_nccl_env
 
     s = config.stash[RUN_STATE].settings
     lines = [f"kimiperf: deployment {s.deployment.name} ({s.deployment.description})"]
@@ -133,7 +134,12 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     lines.append(f"kimiperf: server {mode}; baselines in {s.baselines_dir}"
                  + ("; --update-baselines" if s.update_baselines else ""))
     for profile in s.profiles:
-        lines.append(f"kimiperf: NCCL profile {profile.name}: {describe_env(profile)}")
+        line = f"kimiperf: NCCL profile {profile.name}: {describe_env(profile)}"
+        if not s.external:
+            inherited = inherited_nccl_env(profile, {**os.environ, **s.deployment.env})
+            if inherited:
+                line += f"; from the shell and deployment: {describe_env(inherited)}"
+        lines.append(line)
     if _perf_run_requested(config) and not _is_worker(config):
         # The fingerprint probes the GPUs; a run that did not ask for perf settings stays
         # quiet (if it collects perf tests, the lines come after collection instead).

@@ -68,11 +68,13 @@ class ServerHandle:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
-def recorded_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The part of a server's environment worth reporting, secrets left out."""
+def recorded_env(env: Mapping[str, str], always: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The part of a server's environment worth reporting, secrets left out: variables that
+    change how vLLM, NCCL, CUDA and OpenMP behave, and every name in ``always`` (what the
+    deployment and the profile set, e.g. PYTORCH_CUDA_ALLOC_CONF or LD_PRELOAD)."""
     return {
         k: v for k, v in sorted(env.items())
-        if k.startswith(_RECORDED_PREFIXES) and k not in _SECRET_NAMES
+        if (k.startswith(_RECORDED_PREFIXES) or k in always) and k not in _SECRET_NAMES
     }
 
 
@@ -162,6 +164,7 @@ class ServerProcess:
         grace_s: float = 30.0,
         api_key: str | None = None,
         overridden_shell_env: Mapping[str, tuple[str, str]] | None = None,
+        always_record: frozenset[str] = frozenset(),
     ) -> None:
         self.argv = argv
         self.launch_id = uuid.uuid4().hex
@@ -179,6 +182,7 @@ class ServerProcess:
         self.grace_s = grace_s
         self.api_key = api_key
         self.overridden_shell_env = dict(overridden_shell_env or {})
+        self.always_record = always_record
         self.progress = BootProgress("not started")
         self.popen: subprocess.Popen[bytes] | None = None
         self.record: process_sweep.LaunchRecord | None = None
@@ -292,7 +296,7 @@ class ServerProcess:
             deployment=self.deployment,
             profile=self.profile,
             log_path=self.log_path,
-            env=MappingProxyType(recorded_env(self.env)),
+            env=MappingProxyType(recorded_env(self.env, self.always_record)),
             overridden_shell_env=MappingProxyType(dict(self.overridden_shell_env)),
             pid=self.popen.pid,
             boot_s=self.boot_s,

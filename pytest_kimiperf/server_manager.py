@@ -131,7 +131,8 @@ class ServerManager:
             env.update(NCCL_DEBUG_ENV)
         rec.log_path = self.log_dir / f"server-{deployment.name}-{profile.name}.log"
         rec.overridden_shell_env = dict(overridden)
-        rec.env = recorded_env(env)
+        set_here = frozenset(deployment.env) | frozenset(profile.env)
+        rec.env = recorded_env(env, set_here)
         url_host = f"[{host}]" if ":" in host else host
         server = ServerProcess(
             argv=deployment.argv(model_path=model_path, host=host, port=port),
@@ -146,6 +147,7 @@ class ServerManager:
             grace_s=self.settings.grace_s,
             api_key=self.settings.api_key,
             overridden_shell_env=overridden,
+            always_record=set_here,
         )
         for name, (shell, value) in sorted(overridden.items()):
             self.say(f"kimiperf: profile {profile.name} overrides {name}={shell!r} from the shell with {value!r}")

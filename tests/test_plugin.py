@@ -202,6 +202,24 @@ def test_profile_env_overrides_the_shell_for_that_server_only(
     assert boots.read_text().split()[1] == "LL"
 
 
+def test_environment_every_server_gets_is_shown_and_recorded(
+    pytester: pytest.Pytester, stub_project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NCCL_MAX_NCHANNELS", "4")  # from the shell: reaches every profile's server
+    stub_project(stub_deployment_toml() + 'env = { PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True" }\n')
+    pytester.makepyfile("""
+        def test_env(kimiperf_server):
+            assert kimiperf_server.env["NCCL_MAX_NCHANNELS"] == "4"
+            assert kimiperf_server.env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+            assert kimiperf_server.env["NCCL_PROTO"] == "LL"
+    """)
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--nccl-profile", "ring-ll", timeout=120)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "kimiperf: NCCL profile ring-ll: NCCL_ALGO=Ring NCCL_PROTO=LL; from the shell and deployment: "
+        "NCCL_MAX_NCHANNELS=4"])
+
+
 def test_api_key_reaches_server_and_client_but_no_log_report_or_json(
     pytester: pytest.Pytester, stub_project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
