@@ -135,7 +135,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
                  + ("; --update-baselines" if s.update_baselines else ""))
     for profile in s.profiles:
         line = f"kimiperf: NCCL profile {profile.name}: {describe_env(profile)}"
-        if not s.external:
+        if s.external:
+            line = (f"kimiperf: NCCL profile {profile.name}: only a label for the attached server, whose "
+                    "NCCL environment is whatever it was started with (not known here)")
+        else:
             inherited = inherited_nccl_env(profile, {**os.environ, **s.deployment.env})
             if inherited:
                 line += f"; from the shell and deployment: {describe_env(inherited)}"
