@@ -31,3 +31,26 @@ def test_launch_whose_record_cannot_be_written_is_stopped_not_leaked(tmp_path: P
     assert server.popen.returncode is not None, "the launched process was left running"
     assert not psutil.pid_exists(server.popen.pid)
     assert server.record is None
+
+
+def test_exit_during_boot_is_noticed_within_two_seconds(tmp_path: Path) -> None:
+    import time
+
+    from pytest_kimiperf.errors import ServerError
+
+    died_at = tmp_path / "died_at"
+    server = ServerProcess(
+        argv=[sys.executable, "-c",
+              "import sys, time; time.sleep(1.0); print('RuntimeError: simulated', flush=True); "
+              f"open({str(died_at)!r}, 'w').write(repr(time.time())); sys.exit(3)"],
+        env={}, log_path=tmp_path / "server.log", state_dir=tmp_path / "state",
+        base_url="http://127.0.0.1:9", served_model_name="m", deployment="d", profile="default",
+        deadline_s=600,
+    )
+    server.start()
+    with pytest.raises(ServerError, match=r"(?s)exited with code 3 .*RuntimeError: simulated"):
+        try:
+            server.wait_ready()
+        finally:
+            noticed = time.time()
+    assert noticed - float(died_at.read_text()) < 2.0
