@@ -406,6 +406,8 @@ class SweepReport:
     survivors: tuple[ProcessSummary, ...] = ()
     gpu_memory_mib: Mapping[int, int] | None = None
     problems: tuple[str, ...] = ()
+    # Survivors of SIGKILL (stuck in the driver, typically) that held GPU memory.
+    survivor_gpu_memory_mib: Mapping[int, int] | None = None
 
     @property
     def gpu_pids(self) -> list[int]:
@@ -468,6 +470,7 @@ def sweep_stale_launches(
             forget_launch(state_dir, record.launch_id)
             swept.append(record.describe())
     ended_pids = {p.pid for p in ended}
+    survivor_pids = {p.pid for p in survivors}
     return SweepReport(
         swept=tuple(swept),
         skipped=tuple(skipped),
@@ -475,6 +478,7 @@ def sweep_stale_launches(
         survivors=tuple(survivors),
         gpu_memory_mib={pid: mib for pid, mib in gpu_before.items() if pid in ended_pids},
         problems=tuple(problems),
+        survivor_gpu_memory_mib={pid: mib for pid, mib in gpu_before.items() if pid in survivor_pids},
     )
 
 

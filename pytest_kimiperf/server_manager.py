@@ -228,6 +228,14 @@ class ServerManager:
         report = process_sweep.sweep_stale_launches(self.state_dir, grace_s=self.settings.grace_s)
         for line in report.describe():
             self.say(f"kimiperf: zombie sweep: {line}")
+        stuck = report.survivor_gpu_memory_mib or {}
+        if stuck and self.settings.deployment.needs_gpus:
+            held = ", ".join(f"pid {pid} ({mib} MiB)" for pid, mib in sorted(stuck.items()))
+            raise ServerError(
+                f"processes of an earlier run survived SIGKILL and still hold GPU memory: {held}; "
+                "a new server would not fit next to them. They are usually stuck in the driver: "
+                "check `nvidia-smi` and the kernel log, free the GPUs (or reboot), then rerun"
+            )
         if report.gpu_pids and self.settings.deployment.needs_gpus:
             from pytest_kimiperf.gpu import wait_gpu_memory_freed
 

@@ -54,3 +54,28 @@ def test_exit_during_boot_is_noticed_within_two_seconds(tmp_path: Path) -> None:
         finally:
             noticed = time.time()
     assert noticed - float(died_at.read_text()) < 2.0
+
+
+def test_gpu_memory_held_by_sigkill_survivors_stops_a_gpu_launch(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from pytest_kimiperf import process_sweep
+    from pytest_kimiperf.deployments import KIMI_K25_INT4_TP8, TINY_CPU
+    from pytest_kimiperf.errors import ServerError
+    from pytest_kimiperf.server_manager import ServerManager
+
+    stuck = process_sweep.ProcessSummary(pid=4242, name="VLLM::Worker_TP3", cmdline=())
+    report = process_sweep.SweepReport(survivors=(stuck,), survivor_gpu_memory_mib={4242: 91_000})
+    monkeypatch.setattr(process_sweep, "sweep_stale_launches", lambda *a, **kw: report)
+    said: list[str] = []
+
+    def manager(deployment: object) -> ServerManager:
+        settings = SimpleNamespace(deployment=deployment, grace_s=1.0)
+        return ServerManager(settings, log_dir=tmp_path, state_dir=tmp_path,  # type: ignore[arg-type]
+                             say=said.append, on_progress=lambda *a: None)
+
+    with pytest.raises(ServerError, match=r"survived SIGKILL and still hold GPU memory: pid 4242 \(91000 MiB\)"):
+        manager(KIMI_K25_INT4_TP8)._sweep()
+    assert "kimiperf: zombie sweep: STILL RUNNING after SIGKILL: pid 4242 VLLM::Worker_TP3" in said
+    manager(TINY_CPU)._sweep()  # no GPUs needed: reported, not fatal
