@@ -16,6 +16,8 @@ import pytest
 import scipy.stats  # noqa: F401
 
 STUB_SERVER = Path(__file__).with_name("stub_vllm.py")
+STUB_TOLERANCE_METRICS = ("decode_tok_s", "itl_ms", "tpot_ms", "ttft_ms", "e2el_ms", "output_throughput",
+                          "request_throughput")
 
 
 def stub_deployment_toml(
@@ -48,6 +50,10 @@ def stub_deployment_toml(
         # These runs test plumbing, not the client: the host's scheduler stalls (one stall of
         # 5 ms in ~50 samples is a p99 past the default bound) must not make them INVALID.
         f"client_bounds = {{ max_loop_latency_p99_ms = 200, max_send_lag_p99_ms = 200 }}\n"
+        # The stub shares this host's two cores like tiny-cpu does: two runs of the identical
+        # stub differ by ~6% in decode and throughput (seen in test_perf_suite), so the metrics'
+        # GPU defaults of 3-5% give false regressions; tiny-cpu's measured 25% does not.
+        f"tolerances = {{ {', '.join(f'{m} = 0.25' for m in STUB_TOLERANCE_METRICS)} }}\n"
     )
 
 
