@@ -71,24 +71,38 @@ class PerfRecorder:
         # pytest-benchmark's fixture, asked for on the first measure (see benchmark_bridge).
         self._benchmark = benchmark
         self.intervals_ns: list[tuple[int, int]] = []
-        # The scenario each run came from, so that check() can extend an inconclusive one.
-        self._scenario_of: dict[int, Any] = {}
+        # id(run) -> (scenario, measure options), so that check() can extend an inconclusive run.
+        self._scenario_of: dict[int, tuple[Any, dict[str, Any]]] = {}
 
     @property
     def deployment(self) -> Any:
         """The deployment under test (floors, TP size, model)."""
         return self.settings.deployment
 
-    def measure(self, scenario: Any) -> Any:
-        """Run ``scenario`` against the server and return its RunResult."""
+    def measure(
+        self,
+        scenario: Any,
+        *,
+        endpoint: str = "completions",
+        server_metrics: bool = True,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Run ``scenario`` against the server and return its RunResult.
+
+        ``endpoint`` is ``"completions"`` or ``"chat"`` (``/v1/chat/completions``);
+        ``server_metrics=False`` skips the ``/metrics`` cross-check (a server without it, or a
+        test that wants no extra requests); ``extra_body`` adds fields to every request.
+        Extra rounds taken while a comparison is inconclusive use the same choices.
+        """
         from pytest_kimiperf.scenarios import run_scenario
 
         self._ensure_alive()
         scenario = self._with_deployment_bounds(scenario)
+        options = {"endpoint": endpoint, "server_metrics": server_metrics, "extra_body": extra_body}
 
         def play() -> Any:
             return run_scenario(
-                self.server.base_url, self.server.model, scenario, api_key=self.server.api_key
+                self.server.base_url, self.server.model, scenario, api_key=self.server.api_key, **options
             )
 
         benchmark = self._take_benchmark()
@@ -101,7 +115,7 @@ class PerfRecorder:
             benchmark.extra_info.update(benchmark_bridge.extra_info(
                 run, profile=self.server.profile, deployment=self.settings.deployment.name))
         self._ensure_alive()
-        self._scenario_of[id(run)] = scenario
+        self._scenario_of[id(run)] = (scenario, options)
         return run
 
     def _take_benchmark(self) -> Any | None:
@@ -146,15 +160,15 @@ class PerfRecorder:
         """One more round of ``run``'s scenario, or None at its max_rounds."""
         from pytest_kimiperf.scenarios import extend
 
-        scenario = self._scenario_of.get(id(run))
+        scenario, options = self._scenario_of.get(id(run), (None, {}))
         if scenario is None or len(run.rounds) >= scenario.max_rounds:
             return None
         self._ensure_alive()
         start = time.monotonic_ns()
         longer = extend(self.server.base_url, self.server.model, scenario, run, rounds=1,
-                        api_key=self.server.api_key)
+                        api_key=self.server.api_key, **options)
         self.intervals_ns.append((start, time.monotonic_ns()))
-        self._scenario_of[id(longer)] = scenario
+        self._scenario_of[id(longer)] = (scenario, options)
         return longer
 
     def _judge(self, run: Any, metrics: Sequence[str], *, floor: bool) -> tuple[TestResult, list[Any]]:
@@ -233,7 +247,7 @@ class PerfRecorder:
             result.warnings.append(
                 "the baseline was recorded with other soft facts (they only warn; the hardware "
                 f"and software that set speed match): {'; '.join(soft)}")
-        scenario = self._scenario_of.get(id(run))
+        scenario, _ = self._scenario_of.get(id(run), (None, {}))
         if scenario is not None and len(run.rounds) > scenario.rounds:
             result.messages.append(
                 f"{len(run.rounds)} rounds measured: extended from {scenario.rounds} while inconclusive")

@@ -68,13 +68,24 @@ def test_inconclusive_comparison_takes_more_rounds_until_settled(tmp_path: Path,
         calls.append(len(previous.rounds))
         return merge_rounds(previous, calm[len(calls) - 1])
 
+    def fake_run_scenario(base_url: str, model: str, scenario: Any, **kw: Any) -> RunResult:
+        played.append(kw)
+        return noisy
+
+    played: list[dict[str, Any]] = []
     monkeypatch.setattr(scenarios, "extend", fake_extend)
+    monkeypatch.setattr(scenarios, "run_scenario", fake_run_scenario)
     failures: list[str] = []
     published: list[Any] = []
     recorder = _recorder(tmp_path, failures, published)
-    recorder._scenario_of[id(noisy)] = SCENARIO
-    result = recorder.check(noisy, ["decode_tok_s"])
+    run = recorder.measure(SCENARIO, endpoint="chat", server_metrics=False)
+    assert played == [{"api_key": None, "endpoint": "chat", "server_metrics": False, "extra_body": None}]
+    extended_with: list[dict[str, Any]] = []
+    monkeypatch.setattr(scenarios, "extend", lambda *a, **kw: extended_with.append(kw) or fake_extend(*a, **kw))
+    result = recorder.check(run, ["decode_tok_s"])
     assert calls, "an inconclusive comparison was not given more samples"
+    # the extra rounds are played the way the test asked for the first ones
+    assert {(kw["endpoint"], kw["server_metrics"]) for kw in extended_with} == {("chat", False)}
     assert result.metrics["decode_tok_s"].baseline["verdict"] == "no significant change"
     assert len(result.metrics["decode_tok_s"].samples) == 8 * (1 + len(calls))
     assert any("extended from 1" in m for m in result.messages)
@@ -93,7 +104,7 @@ def test_extension_stops_at_max_rounds(tmp_path: Path, monkeypatch: pytest.Monke
 
     monkeypatch.setattr(scenarios, "extend", fake_extend)
     recorder = _recorder(tmp_path, [], [])
-    recorder._scenario_of[id(wild[0])] = SCENARIO
+    recorder._scenario_of[id(wild[0])] = (SCENARIO, {})
     result = recorder.check(wild[0], ["decode_tok_s"])
     assert len(calls) <= SCENARIO.max_rounds - 1
     assert result.metrics["decode_tok_s"].baseline["verdict"] in ("inconclusive", "no significant change")

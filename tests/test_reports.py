@@ -542,3 +542,27 @@ def test_plugin_reports_a_baseline_it_cannot_write_and_still_writes_the_json(
     data = json.loads((pytester.path / "r.json").read_text())
     assert data["baselines"]["updated"] is False
     assert len(data["errors"]) == 1 and "cannot write baseline" in data["errors"][0]
+
+
+def test_the_servers_view_is_shown_next_to_the_clients(results: list[gate.TestResult]) -> None:
+    res = results[0]
+    # one run extended by one round: two /metrics views, pooled by their counts
+    res.run.update({"mean_ttft_ms": 17.4, "mean_itl_ms": 1.30, "total_output_tokens": 2560,
+                    "server_metrics": [
+                        {"ttft_count": 10, "mean_ttft_ms": 17.0, "itl_count": 1270, "mean_itl_ms": 1.2,
+                         "generation_tokens": 1280.0, "itl_metric": "vllm:inter_token_latency_seconds"},
+                        {"ttft_count": 30, "mean_ttft_ms": 18.0, "itl_count": 3810, "mean_itl_ms": 1.4,
+                         "generation_tokens": 1280.0, "itl_metric": "vllm:inter_token_latency_seconds"}]})
+    rep = make_report(results)
+    (row,) = rep.server_views()
+    assert (row.server_ttft_ms, row.client_ttft_ms) == (pytest.approx(17.75), 17.4)
+    assert (row.server_itl_ms, row.client_itl_ms) == (pytest.approx(1.35), 1.3)
+    assert (row.server_tokens, row.client_tokens) == (2560.0, 2560.0)
+    text = [line.text for line in render_summary(rep, verbosity=0)]
+    title = text.index("kimiperf: the server's view (vLLM /metrics) next to the client's")
+    assert text[title + 2] == res.test
+    assert text[title + 4].split() == [res.profile, "17.75", "17.4", "1.35", "1.3", "2560", "2560"]
+    assert all(len(line) <= MAX_WIDTH for line in text)
+    markdown = render_markdown(rep)
+    assert "### The server's view (vLLM /metrics) next to the client's" in markdown
+    assert f"| {res.profile} | 17.75 | 17.4 | 1.35 | 1.3 | 2560 | 2560 |" in markdown

@@ -40,6 +40,7 @@ def render_markdown(report: SessionReport) -> str:
     lines += _baseline_tables(report)
     lines += _floor_table(report)
     lines += _roofline(report)
+    lines += _server_views(report)
     lines += _bullets("Warnings", report.warnings())
     lines += _servers(report)
     lines += _bullets("Errors", report.errors)
@@ -87,6 +88,21 @@ def _profile_tables(report: SessionReport) -> list[str]:
                 test = heading = ""
     lines += _table(["test", "metric", "profile", "median", "IQR", f"vs {_text(ref)}", "95% CI", "verdict"],
                     "lllrlrll", rows)
+    return lines + [""]
+
+
+def _server_views(report: SessionReport) -> list[str]:
+    rows = report.server_views()
+    if not rows:
+        return []
+    lines = ["### The server's view (vLLM /metrics) next to the client's", ""]
+    lines += _table(
+        ["test", "profile", "TTFT ms (server)", "TTFT ms (client)", "ITL ms (server)", "ITL ms (client)",
+         "tokens (server)", "tokens (client)"], "llrrrrrr",
+        [[_text(r.test), _text(r.profile), *(fmt_value(v) for v in (
+            r.server_ttft_ms, r.client_ttft_ms, r.server_itl_ms, r.client_itl_ms, r.server_tokens,
+            r.client_tokens))] for r in rows],
+    )
     return lines + [""]
 
 

@@ -79,6 +79,33 @@ class ProfileCell:
 
 
 @dataclass(frozen=True)
+class ServerViewRow:
+    """One test under one profile: means from vLLM's /metrics histograms and from the client."""
+
+    test: str
+    profile: str
+    server_ttft_ms: float | None
+    client_ttft_ms: float | None
+    server_itl_ms: float | None
+    client_itl_ms: float | None
+    server_tokens: float | None
+    client_tokens: float | None
+
+
+def _pooled_mean(views: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    """Count-weighted mean of the per-run means (a run extended while inconclusive has several)."""
+    pairs = [(v.get(f"{key}_count"), v.get(f"mean_{key}_ms")) for v in views]
+    if not pairs or any(count is None or mean is None for count, mean in pairs):
+        return None
+    total = sum(count for count, _ in pairs)
+    return sum(count * mean for count, mean in pairs) / total if total else None
+
+
+def _num_or_none(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
 class MetricBlock:
     """One metric of one test across the profiles (reference first)."""
 
@@ -240,6 +267,23 @@ class SessionReport:
         order = {name: i for i, name in enumerate(self.profile_names())}
         checks = [facts.nccl_debug for facts in self.profiles if facts.nccl_debug is not None]
         return sorted(checks, key=lambda check: order.get(check.profile, len(order)))
+
+    def server_views(self) -> list[ServerViewRow]:
+        """The server's own figures (vLLM's /metrics, read around each run) beside the client's."""
+        rows = []
+        for res in self.results:
+            views = [v for v in res.run.get("server_metrics") or [] if v]
+            if not views:
+                continue
+            tokens = [v.get("generation_tokens") for v in views]
+            rows.append(ServerViewRow(
+                test=res.test, profile=res.profile,
+                server_ttft_ms=_pooled_mean(views, "ttft"), client_ttft_ms=_num_or_none(res.run.get("mean_ttft_ms")),
+                server_itl_ms=_pooled_mean(views, "itl"), client_itl_ms=_num_or_none(res.run.get("mean_itl_ms")),
+                server_tokens=None if None in tokens else float(sum(tokens)),
+                client_tokens=_num_or_none(res.run.get("total_output_tokens")),
+            ))
+        return rows
 
     def warnings(self) -> list[str]:
         """Warnings worth reading after the run: inconclusive, improvements, below target, invalid."""

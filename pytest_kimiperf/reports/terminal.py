@@ -67,6 +67,7 @@ def render_summary(
             floors = _floor_section(report)
             lines.extend(floors)
             lines.extend(_roofline_lines(report, titled=not floors))
+            lines.extend(_server_view_section(report))
             lines.extend(_warning_section(report))
     elif report is not None:
         # The servers ran but no perf test got to a result: what NCCL logged still tells.
@@ -332,6 +333,28 @@ def _wrapped(text: str, *, indent: int, markup: Mapping[str, bool] | None = None
                           subsequent_indent=" " * (indent + 4), break_long_words=False,
                           break_on_hyphens=False)
     return [TerminalLine(part, markup=markup or {}) for part in parts]
+
+
+def _server_view_section(report: SessionReport) -> list[TerminalLine]:
+    rows = report.server_views()
+    if not rows:
+        return []
+    header = ["profile", "TTFT ms: server", "client", "ITL ms: server", "client", "tokens: server", "client"]
+    table = _Table(header, aligns="lrrrrrr", indent=4)
+    by_test: dict[str, list[list[str]]] = {}
+    for row in rows:
+        cells = [row.profile, *(fmt_value(v) for v in (
+            row.server_ttft_ms, row.client_ttft_ms, row.server_itl_ms, row.client_itl_ms,
+            row.server_tokens, row.client_tokens))]
+        table.add(cells)
+        by_test.setdefault(row.test, []).append(cells)
+    lines = [TerminalLine("kimiperf: the server's view (vLLM /metrics) next to the client's", sep="="),
+             TerminalLine("means over the measured requests; the server's are estimated from its histograms")]
+    for test, test_rows in by_test.items():
+        lines.append(TerminalLine(test, markup={"bold": True}))
+        lines.append(TerminalLine(table.format(header), markup={"bold": True}))
+        lines.extend(TerminalLine(table.format(cells)) for cells in test_rows)
+    return lines
 
 
 def _warning_section(report: SessionReport) -> list[TerminalLine]:
