@@ -26,6 +26,23 @@ def test_uses_server(kimiperf_server):
 """
 
 
+# The first test's stream breaks the stub (crash-stream: the process exits; dead-engine: it
+# keeps running with /health at 503); the second needs a working server.
+BREAK_IT_THEN_NEED_IT = """
+import httpx, pytest
+
+def test_a_breaks_it(kimiperf_server):
+    with pytest.raises(httpx.HTTPError):
+        with httpx.stream("POST", kimiperf_server.base_url + "/v1/completions",
+                          json={"model": "stub-model", "max_tokens": 10, "stream": True}) as r:
+            for _ in r.iter_bytes():
+                pass
+
+def test_b_needs_it(perf):
+    pass
+"""
+
+
 def _stub_pids(boots: Path) -> list[int]:
     if not boots.exists():
         return []
@@ -81,19 +98,7 @@ def test_death_mid_session_errors_later_tests_and_next_profile_gets_a_fresh_serv
 ) -> None:
     boots = tmp_path / "boots"
     stub_project(stub_deployment_toml(mode="crash-stream", boot_count=boots))
-    pytester.makepyfile("""
-        import httpx, pytest
-
-        def test_a_crashes_it(kimiperf_server):
-            with pytest.raises(httpx.HTTPError):
-                with httpx.stream("POST", kimiperf_server.base_url + "/v1/completions",
-                                  json={"model": "stub-model", "max_tokens": 10, "stream": True}) as r:
-                    for _ in r.iter_bytes():
-                        pass
-
-        def test_b_needs_it(perf):
-            pass
-    """)
+    pytester.makepyfile(BREAK_IT_THEN_NEED_IT)
     result = pytester.runpytest_subprocess("--deployment", "stub", "--nccl-profile", "default,ring-ll",
                                            "-p", "no:randomly", timeout=120)
     result.assert_outcomes(passed=2, errors=2)
@@ -107,19 +112,7 @@ def test_server_that_runs_but_stopped_serving_errors_later_tests(
 ) -> None:
     boots = tmp_path / "boots"
     stub_project(stub_deployment_toml(mode="dead-engine", boot_count=boots))
-    pytester.makepyfile("""
-        import httpx, pytest
-
-        def test_a_kills_the_engine(kimiperf_server):
-            with pytest.raises(httpx.HTTPError):
-                with httpx.stream("POST", kimiperf_server.base_url + "/v1/completions",
-                                  json={"model": "stub-model", "max_tokens": 10, "stream": True}) as r:
-                    for _ in r.iter_bytes():
-                        pass
-
-        def test_b_needs_it(perf):
-            pass
-    """)
+    pytester.makepyfile(BREAK_IT_THEN_NEED_IT)
     result = pytester.runpytest_subprocess("--deployment", "stub", "-p", "no:randomly", timeout=120)
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines([
@@ -202,19 +195,7 @@ def test_attach_mode_errors_later_tests_once_the_server_stops_serving(
     )
     try:
         _wait_http(port)
-        pytester.makepyfile("""
-            import httpx, pytest
-
-            def test_a_kills_the_engine(kimiperf_server):
-                with pytest.raises(httpx.HTTPError):
-                    with httpx.stream("POST", kimiperf_server.base_url + "/v1/completions",
-                                      json={"model": "stub-model", "max_tokens": 10, "stream": True}) as r:
-                        for _ in r.iter_bytes():
-                            pass
-
-            def test_b_needs_it(perf):
-                pass
-        """)
+        pytester.makepyfile(BREAK_IT_THEN_NEED_IT)
         result = pytester.runpytest_subprocess(
             "--deployment", "stub", "--server-url", f"http://127.0.0.1:{port}", "-p", "no:randomly",
             timeout=60,

@@ -49,11 +49,12 @@ def _recorder(tmp_path: Path, failures: list[str], published: list[Any]) -> Perf
                         profile_env={}, view=view, ensure_alive=lambda: None, publish=published.append, fail=fail)
 
 
-def _record_baseline(tmp_path: Path, samples: list[float]) -> None:
+def _record_baseline(tmp_path: Path, samples: list[float], fingerprint: Fingerprint = FP) -> None:
     entry = baselines.make_entry(test="t.py::test", profile="default", metric="decode_tok_s", unit="tok/s",
                                  direction=Direction.HIGHER_IS_BETTER, samples=samples, git_commit=None,
                                  profile_env={})
-    baselines.update_baseline(baselines.baseline_path(tmp_path, "tiny-cpu", FP.key), "tiny-cpu", FP, [entry])
+    path = baselines.baseline_path(tmp_path, "tiny-cpu", fingerprint.key)
+    baselines.update_baseline(path, "tiny-cpu", fingerprint, [entry])
 
 
 def test_inconclusive_comparison_takes_more_rounds_until_settled(tmp_path: Path,
@@ -163,10 +164,7 @@ def test_insufficient_samples_pass_with_a_warning(tmp_path: Path) -> None:
 
 def test_other_hardwares_baseline_is_shown_as_not_comparable_never_judged(tmp_path: Path) -> None:
     other = Fingerprint(hard={**FP.hard, "cpu.cores": "64"}, soft={})
-    entry = baselines.make_entry(test="t.py::test", profile="default", metric="decode_tok_s", unit="tok/s",
-                                 direction=Direction.HIGHER_IS_BETTER, samples=[1400.0 + i for i in range(10)],
-                                 git_commit=None, profile_env={})
-    baselines.update_baseline(baselines.baseline_path(tmp_path, "tiny-cpu", other.key), "tiny-cpu", other, [entry])
+    _record_baseline(tmp_path, [1400.0 + i for i in range(10)], fingerprint=other)
     failures: list[str] = []
     result = _recorder(tmp_path, failures, []).check(_run([700.0 + i for i in range(8)]), ["decode_tok_s"])
     assert not failures, "a baseline from other hardware failed the test"
@@ -180,10 +178,7 @@ def test_other_hardwares_baseline_is_shown_as_not_comparable_never_judged(tmp_pa
 
 def test_soft_facts_that_differ_only_warn(tmp_path: Path) -> None:
     recorded = Fingerprint(hard=FP.hard, soft={"host.name": "gpu-runner-1", "kernel": "6.8.0"})
-    entry = baselines.make_entry(test="t.py::test", profile="default", metric="decode_tok_s", unit="tok/s",
-                                 direction=Direction.HIGHER_IS_BETTER, samples=[700.0 + i for i in range(10)],
-                                 git_commit=None, profile_env={})
-    baselines.update_baseline(baselines.baseline_path(tmp_path, "tiny-cpu", FP.key), "tiny-cpu", recorded, [entry])
+    _record_baseline(tmp_path, [700.0 + i for i in range(10)], fingerprint=recorded)
     failures: list[str] = []
     result = _recorder(tmp_path, failures, []).check(_run([700.0 + i for i in range(8)]), ["decode_tok_s"])
     assert not failures
