@@ -6,7 +6,7 @@ and counting boots for the parametrization tests. Its log lines copy vLLM 0.32's
 (see tests/data/nccl_logs/vllm_cpu_tp1_gloo.log for a recorded boot).
 
 Usage: python stub_vllm.py --model NAME --host H --port P [--mode MODE] [--boot-count FILE]
-         [--load-seconds S] [--tok-per-s R] [--nccl-lines] [--nccl-log-value VAR=VALUE ...]
+         [--load-seconds S] [--tok-per-s R] [--ttft-ms T] [--nccl-lines] [--nccl-log-value VAR=VALUE ...]
 Modes: normal, hang (never ready), crash-boot (exits 3 while loading), crash-stream (dies
 after a few tokens of the first streamed request), dead-engine (cuts the first stream after a few
 tokens and keeps running, /health answering 503, as vLLM's API server does over a dead
@@ -132,6 +132,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         Handler.streamed += 1
         gap = 1.0 / self.args.tok_per_s
+        time.sleep(self.args.ttft_ms / 1000.0)  # prefill: without it TTFT is all host jitter
         for i in range(n):
             if self.args.mode == "crash-stream" and i == 3:
                 log("ERROR simulated engine crash mid-stream")
@@ -184,6 +185,9 @@ def main() -> None:
     parser.add_argument("--boot-count", default=None)
     parser.add_argument("--load-seconds", type=float, default=0.4)
     parser.add_argument("--tok-per-s", type=float, default=500.0)
+    # A first token after a fixed prefill time, as from a real engine: with none, TTFT is a
+    # millisecond or two and two runs of the same stub differ by 30-45% (host jitter).
+    parser.add_argument("--ttft-ms", type=float, default=20.0)
     parser.add_argument("--nccl-lines", action="store_true")
     parser.add_argument("--nccl-log-value", action="append", default=[])
     args, _ = parser.parse_known_args()
