@@ -1,0 +1,492 @@
+"""What else used the host during a measured window, so no verdict is drawn from a disturbed run.
+
+On the 2-core CPU host a run beside other work reported ring-ll 75-137% "better" (issue 13), and
+the client's timing self-check cannot see other processes. So :class:`HostWatch` reads the host
+around each measured round: **foreign CPU** (the host's busy time from ``/proc/stat`` minus our
+own processes' time, as a share of all cores: unlike summing other processes, this also catches
+short-lived ones such as compiler jobs that start and exit between two process listings),
+**steal** (``/proc/stat``), **PSI** ``some`` totals (``/proc/pressure``) where the kernel has
+them, and on GPU hosts through NVML: other processes on the deployment's GPUs, clock-event
+(throttle) reasons, SM clock, temperature and power at the window's two ends. The arithmetic is
+pure (:func:`compare_snapshots`, the parsers) and tested on recorded ``/proc`` files and a fake NVML.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from pytest_kimiperf.errors import ConfigError, KimiperfError
+
+# nvmlClocksEventReason* / nvmlClocksThrottleReason* bits (nvml.h; the same values in
+# nvidia-ml-py 13.615's pynvml.py). BoardLimit and Reliability exist only in the older
+# "throttle" set, which the fallback call can return.
+CLOCK_EVENT_REASON_BITS: Mapping[int, str] = {
+    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting", 0x200: "board_limit",
+    0x400: "reliability",
+}
+KNOWN_THROTTLE_REASONS = frozenset(CLOCK_EVENT_REASON_BITS.values())
+PSI_RESOURCES: tuple[str, ...] = ("cpu", "io", "memory")
+TOP_FOREIGN_COUNT = 5
+# Enough of a command line to recognise it in a report without letting one process fill the JSON.
+_CMDLINE_CHARS = 240
+
+
+def _checked_bound(key: str, value: object, source: str) -> object:
+    """Return the bound in its stored form, or raise ConfigError naming key, value and source."""
+    if key == "forbidden_throttle_reasons":
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{source}: host bound {key} = {value!r} must be a list of reason names")
+        if unknown := sorted(set(value) - KNOWN_THROTTLE_REASONS):
+            known = ", ".join(sorted(KNOWN_THROTTLE_REASONS))
+            raise ConfigError(f"{source}: host bound {key} = {list(value)!r} names unknown reasons {unknown}; "
+                              f"known: {known}")
+        return tuple(value)
+    # TOML has no null, so "none" is how a pyproject table switches a bound off.
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
+        return None
+    if key == "max_foreign_gpu_processes":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{source}: host bound {key} = {value!r} must be an integer >= 0 or 'none'")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
+        raise ConfigError(f"{source}: host bound {key} = {value!r} must be a share from 0 to 1 or 'none'")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class HostBounds:
+    """How much foreign activity a measured round tolerates; None = not bounded.
+
+    Shares are of the whole host's CPU capacity (all cores) or of wall time (PSI). The default
+    20% catches one busy core on the 2-core CPU host (about 50%) and on hosts of up to 4 cores;
+    on a 64-core GPU host one busy core is 1.6%, which is why GPU deployments should set their own.
+    PSI bounds are off by default: our own server oversubscribing the cores raises ``cpu some``.
+    """
+
+    max_foreign_cpu_share: float | None = 0.20
+    max_steal_share: float | None = 0.10
+    max_psi_cpu_some: float | None = None
+    max_psi_io_some: float | None = None
+    max_psi_memory_some: float | None = None
+    max_foreign_gpu_processes: int | None = 0
+    forbidden_throttle_reasons: tuple[str, ...] = (
+        "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_power_cap"
+    )
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            object.__setattr__(self, item.name, _checked_bound(item.name, getattr(self, item.name), "HostBounds"))
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, object], *, source: str) -> HostBounds:
+        """Build bounds from a config table (e.g. a deployment's ``host_bounds``), checking every key."""
+        known = [item.name for item in fields(cls)]
+        for key, value in data.items():
+            if key not in known:
+                raise ConfigError(f"{source}: unknown host bound {key!r} = {value!r}; known: {', '.join(known)}")
+        return cls(**{key: _checked_bound(key, value, source) for key, value in data.items()})
+
+
+@dataclass(frozen=True)
+class ForeignProcess:
+    """A process outside the measurement and its share of host CPU capacity during the window."""
+
+    pid: int
+    name: str
+    cmdline: str
+    cpu_share: float
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One watched GPU over the window: lowest SM clock, highest temperature and power seen."""
+
+    index: int
+    sm_clock_mhz: int | None
+    temperature_c: int | None
+    power_w: float | None
+    throttle_reasons: tuple[str, ...]
+    foreign_processes: tuple[tuple[int, int], ...]  # (pid, used_memory_bytes)
+
+
+def _pct(share: float) -> str:
+    return f"{share * 100:.0f}%"
+
+
+@dataclass(frozen=True)
+class HostReading:
+    """What else used the host during one measured window."""
+
+    wall_s: float
+    cpu_count: int
+    foreign_cpu_share: float
+    steal_share: float
+    psi: Mapping[str, float]
+    top_foreign: tuple[ForeignProcess, ...]
+    gpus: tuple[GpuReading, ...] = ()
+    notes: tuple[str, ...] = ()  # what could not be read (no PSI, NVML failed), for the report
+
+    def disturbances(self, bounds: HostBounds) -> list[str]:
+        """One human line per bound this window exceeded; [] when the host was quiet enough."""
+        found: list[str] = []
+        if bounds.max_foreign_cpu_share is not None and self.foreign_cpu_share > bounds.max_foreign_cpu_share:
+            named = "".join(f", pid {p.pid} {p.name} ({_pct(p.cpu_share)})" for p in self.top_foreign)
+            found.append(
+                f"other processes used {_pct(self.foreign_cpu_share)} of the host's CPU "
+                f"(bound {_pct(bounds.max_foreign_cpu_share)})" + (f": {named[2:]}" if named else "")
+            )
+        if bounds.max_steal_share is not None and self.steal_share > bounds.max_steal_share:
+            stolen, bound_text = _pct(self.steal_share), _pct(bounds.max_steal_share)
+            found.append(f"the hypervisor stole {stolen} of the host's CPU (bound {bound_text})")
+        for resource in PSI_RESOURCES:
+            bound, share = getattr(bounds, f"max_psi_{resource}_some"), self.psi.get(f"{resource}_some")
+            if bound is not None and share is not None and share > bound:
+                found.append(f"some task waited for {resource} {_pct(share)} of the time (PSI, bound {_pct(bound)})")
+        on_gpus = sorted((pid, gpu.index, used) for gpu in self.gpus for pid, used in gpu.foreign_processes)
+        pids = {pid for pid, _, _ in on_gpus}
+        if bounds.max_foreign_gpu_processes is not None and len(pids) > bounds.max_foreign_gpu_processes:
+            named = ", ".join(f"pid {pid} on GPU {index} ({used // 2**20} MiB)" for pid, index, used in on_gpus)
+            found.append(
+                f"{len(pids)} other process(es) held memory on the watched GPUs "
+                f"(bound {bounds.max_foreign_gpu_processes}): {named}"
+            )
+        for gpu in self.gpus:
+            if forbidden := [r for r in gpu.throttle_reasons if r in bounds.forbidden_throttle_reasons]:
+                shown = [f"SM {gpu.sm_clock_mhz} MHz"] if gpu.sm_clock_mhz is not None else []
+                shown += [f"{gpu.temperature_c} C"] if gpu.temperature_c is not None else []
+                shown += [f"{gpu.power_w:.0f} W"] if gpu.power_w is not None else []
+                state = ", ".join(shown) or "no readings"
+                found.append(f"GPU {gpu.index} clocks held back by {', '.join(forbidden)} ({state})")
+        return found
+
+    def describe_busy(self, bounds: HostBounds) -> str:
+        """One line for a verdict: ``host busy: ...`` naming every bound exceeded, else ``host quiet: ...``."""
+        if found := self.disturbances(bounds):
+            return "host busy: " + "; ".join(found)
+        cpu, steal = _pct(self.foreign_cpu_share), _pct(self.steal_share)
+        return f"host quiet: other processes used {cpu} of the host's CPU, steal {steal}"
+
+    def to_json(self) -> dict[str, object]:
+        """This reading as JSON-ready data (the report's ``host`` entry)."""
+        data = asdict(self)
+        data["psi"] = dict(self.psi)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any) -> HostReading:
+        """Read back what :meth:`to_json` wrote; KimiperfError if it is not such data."""
+        try:
+            gpus = tuple(
+                GpuReading(**{**g, "throttle_reasons": tuple(g["throttle_reasons"]),
+                              "foreign_processes": tuple((int(p), int(m)) for p, m in g["foreign_processes"])})
+                for g in data.get("gpus", ())
+            )
+            top = tuple(ForeignProcess(**p) for p in data["top_foreign"])
+            psi = {str(k): float(v) for k, v in data["psi"].items()}
+            notes = tuple(data.get("notes", ()))
+            return cls(**{**data, "psi": psi, "top_foreign": top, "gpus": gpus, "notes": notes})
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise KimiperfError(f"not a host reading ({type(error).__name__}: {error}): {data!r:.200}") from None
+
+
+# --------------------------------------------------------------------------- /proc and psutil
+
+
+@dataclass(frozen=True)
+class CpuCounters:
+    """Host-wide CPU time from the ``cpu`` line of /proc/stat, in seconds since boot."""
+
+    busy_s: float
+    steal_s: float
+    cpu_count: int
+
+
+def parse_proc_stat(text: str, ticks_per_s: float) -> CpuCounters:
+    """Read busy and steal time and the online core count from /proc/stat text."""
+    totals: list[int] | None = None
+    cpu_count = 0
+    for line in text.splitlines():
+        name, _, rest = line.partition(" ")
+        if name == "cpu":
+            totals = [int(v) for v in rest.split()]
+        elif name.startswith("cpu") and name[3:].isdigit():
+            cpu_count += 1
+    if totals is None or len(totals) < 8 or cpu_count == 0:
+        raise KimiperfError(f"/proc/stat has no usable cpu lines: {text[:120]!r}")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = totals[:8]
+    # Guest time is already inside user and nice (kernel account_guest_time), so it is not added;
+    # steal is the hypervisor's, reported on its own.
+    busy = user + nice + system + irq + softirq
+    return CpuCounters(busy_s=busy / ticks_per_s, steal_s=steal / ticks_per_s, cpu_count=cpu_count)
+
+
+def parse_pressure_some_us(text: str) -> int:
+    """The ``some ... total=`` microseconds from one /proc/pressure file."""
+    match = re.search(r"^some .*\btotal=(\d+)", text, re.MULTILINE)
+    if match:
+        return int(match.group(1))
+    raise KimiperfError(f"no 'some ... total=' line in pressure file: {text[:120]!r}")
+
+
+@dataclass(frozen=True)
+class ProcessCpu:
+    """One process's CPU time so far; ``children_s`` is that of its children it has reaped."""
+
+    create_time: float
+    cpu_s: float
+    children_s: float
+
+
+@dataclass(frozen=True)
+class HostSnapshot:
+    """The host's counters at one instant: the two ends of a window are compared."""
+
+    t_s: float
+    cpu: CpuCounters
+    psi_some_us: Mapping[str, int]
+    processes: Mapping[int, ProcessCpu]
+
+
+def compare_snapshots(
+    start: HostSnapshot, stop: HostSnapshot, own_pids: Iterable[int],
+    describe_process: Callable[[int], tuple[str, str]] = lambda pid: ("?", ""),
+) -> HostReading:
+    """What else used the host between two snapshots, given the pids that are the measurement.
+
+    Our processes' time includes that of children they reaped inside the window, so client
+    workers that exit before the window ends are not counted as foreign (a reaped child's time
+    from before the window is counted too: that errs towards "quiet"). A process is seen only if
+    alive at the end; one of ours that exits unreaped counts as foreign.
+    """
+    wall_s = max(stop.t_s - start.t_s, 1e-9)
+    capacity_s = wall_s * stop.cpu.cpu_count
+    own = set(own_pids)
+    own_s = 0.0
+    foreign: list[tuple[float, int]] = []
+    for pid, now in stop.processes.items():
+        before = start.processes.get(pid)
+        if before is None or before.create_time != now.create_time:
+            before = ProcessCpu(now.create_time, 0.0, 0.0)  # born inside the window (or a reused pid)
+        cpu_s, children_s = max(0.0, now.cpu_s - before.cpu_s), max(0.0, now.children_s - before.children_s)
+        if pid in own:
+            own_s += cpu_s + children_s
+        elif cpu_s > 0:
+            foreign.append((cpu_s, pid))
+    foreign.sort(reverse=True)
+    top = [ForeignProcess(pid, *describe_process(pid), cpu_s / capacity_s) for cpu_s, pid in foreign[:TOP_FOREIGN_COUNT]]
+    busy_s = stop.cpu.busy_s - start.cpu.busy_s
+    psi = {
+        f"{resource}_some": max(0, stop.psi_some_us[resource] - start.psi_some_us[resource]) / 1e6 / wall_s
+        for resource in PSI_RESOURCES
+        if resource in start.psi_some_us and resource in stop.psi_some_us
+    }
+    return HostReading(
+        wall_s=wall_s,
+        cpu_count=stop.cpu.cpu_count,
+        foreign_cpu_share=max(0.0, busy_s - own_s) / capacity_s,
+        steal_share=max(0.0, stop.cpu.steal_s - start.cpu.steal_s) / capacity_s,
+        psi=psi,
+        top_foreign=tuple(top),
+    )
+
+
+def read_processes() -> dict[int, ProcessCpu]:
+    """CPU time of every process psutil can read; ones that exit or deny access are left out."""
+    table: dict[int, ProcessCpu] = {}
+    # With attrs, process_iter turns NoSuchProcess/AccessDenied/ZombieProcess into None values.
+    for process in psutil.process_iter(["create_time", "cpu_times"]):
+        info = process.info
+        times = info.get("cpu_times")
+        if times is None or info.get("create_time") is None:
+            continue
+        children_s = getattr(times, "children_user", 0.0) + getattr(times, "children_system", 0.0)
+        table[process.pid] = ProcessCpu(info["create_time"], times.user + times.system, children_s)
+    return table
+
+
+def describe_pid(pid: int) -> tuple[str, str]:
+    """Name and (shortened) command line of a process, ``("?", "")`` once it is gone."""
+    try:
+        process = psutil.Process(pid)
+        name = process.name()
+        cmdline = " ".join(process.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return "?", ""
+    return name, cmdline[:_CMDLINE_CHARS]
+
+
+def read_host_counters(proc_root: str) -> tuple[CpuCounters, dict[str, int], tuple[str, ...]]:
+    """/proc/stat and /proc/pressure under ``proc_root``; notes say which PSI files were missing."""
+    root = Path(proc_root)
+    ticks_per_s = float(os.sysconf("SC_CLK_TCK"))
+    try:
+        cpu = parse_proc_stat((root / "stat").read_text(), ticks_per_s)
+    except OSError as error:
+        raise KimiperfError(f"cannot read the host's CPU counters: {error}") from None
+    psi: dict[str, int] = {}
+    missing = []
+    for resource in PSI_RESOURCES:
+        try:
+            psi[resource] = parse_pressure_some_us((root / "pressure" / resource).read_text())
+        except OSError:
+            # No file without CONFIG_PSI; EOPNOTSUPP on read when booted with psi=0.
+            missing.append(resource)
+    notes = (f"no PSI for {', '.join(missing)} under {root / 'pressure'}",) if missing else ()
+    return cpu, psi, notes
+
+
+# --------------------------------------------------------------------------- NVML
+
+
+def decode_clock_event_reasons(mask: int) -> tuple[str, ...]:
+    """Names of the bits set in an NVML clock-event (throttle) reason mask, lowest bit first."""
+    return tuple(CLOCK_EVENT_REASON_BITS.get(1 << i, f"unknown_0x{1 << i:x}") for i in range(64) if mask >> i & 1)
+
+
+def _nvml_optional(nvml: Any, getter_name: str, *args: Any) -> Any | None:
+    getter = getattr(nvml, getter_name, None)
+    if getter is None:
+        return None
+    try:
+        return getter(*args)
+    except nvml.NVMLError:
+        return None
+
+
+def sample_gpu(nvml: Any, index: int) -> GpuReading:
+    """Read one GPU now; ``foreign_processes`` holds every compute process (no pid filter yet)."""
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    # nvmlDeviceGetCurrentClocksEventReasons replaced ...ThrottleReasons (deprecated, "will be
+    # removed in CUDA 14.0" per pynvml); older drivers have only the old name, with the same bits.
+    mask = _nvml_optional(nvml, "nvmlDeviceGetCurrentClocksEventReasons", handle)
+    if mask is None:
+        mask = _nvml_optional(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+    milliwatts = _nvml_optional(nvml, "nvmlDeviceGetPowerUsage", handle)
+    processes: dict[int, int] = {}
+    for process in _nvml_optional(nvml, "nvmlDeviceGetComputeRunningProcesses", handle) or []:
+        # usedGpuMemory is None where the driver cannot attribute memory (as in gpu.py).
+        processes[int(process.pid)] = max(processes.get(int(process.pid), 0), int(process.usedGpuMemory or 0))
+    return GpuReading(
+        index=index,
+        sm_clock_mhz=_nvml_optional(nvml, "nvmlDeviceGetClockInfo", handle, nvml.NVML_CLOCK_SM),
+        temperature_c=_nvml_optional(nvml, "nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU),
+        power_w=None if milliwatts is None else milliwatts / 1000.0,
+        throttle_reasons=decode_clock_event_reasons(int(mask or 0)),
+        foreign_processes=tuple(sorted(processes.items())),
+    )
+
+
+def merge_gpu_samples(samples: Sequence[GpuReading], own_pids: Iterable[int]) -> GpuReading:
+    """One GPU over a window from its samples: lowest SM clock, highest temperature and power,
+    every reason seen, and every process not ours with the most memory it held."""
+    own = set(own_pids)
+    sm = [s.sm_clock_mhz for s in samples if s.sm_clock_mhz is not None]
+    temperature = [s.temperature_c for s in samples if s.temperature_c is not None]
+    power = [s.power_w for s in samples if s.power_w is not None]
+    order = {name: bit for bit, name in CLOCK_EVENT_REASON_BITS.items()}
+    reasons = sorted({r for s in samples for r in s.throttle_reasons}, key=lambda r: (order.get(r, 1 << 64), r))
+    foreign: dict[int, int] = {}
+    for pid, used in (item for s in samples for item in s.foreign_processes):
+        if pid not in own:
+            foreign[pid] = max(foreign.get(pid, 0), used)
+    return GpuReading(
+        index=samples[0].index,
+        sm_clock_mhz=min(sm) if sm else None,
+        temperature_c=max(temperature) if temperature else None,
+        power_w=max(power) if power else None,
+        throttle_reasons=tuple(reasons),
+        foreign_processes=tuple(sorted(foreign.items())),
+    )
+
+
+# --------------------------------------------------------------------------- the watch
+
+
+class HostWatch:
+    """Watches the host during one measured window.
+
+    ``own_pids`` is asked at start and at stop (children come and go) and the union is ours;
+    the process running the watch is always ours. NVML reports pids of the host PID namespace:
+    in a container our own GPU processes may show under other pids and count as foreign, which
+    errs towards "busy". GPU values are sampled at the two ends of the window.
+    """
+
+    def __init__(
+        self,
+        *,
+        own_pids: Callable[[], Iterable[int]],
+        gpu_indices: Sequence[int] = (),
+        nvml: Any | None = None,
+        proc_root: str = "/proc",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._own_pids = own_pids
+        self._gpu_indices = tuple(gpu_indices)
+        self._nvml = nvml if self._gpu_indices else None
+        self._proc_root = proc_root
+        self._clock = clock
+        self._start: HostSnapshot | None = None
+        self._own_at_start: set[int] = set()
+        self._gpu_samples: dict[int, list[GpuReading]] | None = None
+        self._notes: list[str] = []
+
+    def _sample_gpus(self) -> None:
+        assert self._gpu_samples is not None
+        for index in self._gpu_indices:
+            try:
+                sample = sample_gpu(self._nvml, index)
+            except self._nvml.NVMLError as error:
+                self._notes.append(f"NVML: GPU {index} not read: {error}")
+            else:
+                self._gpu_samples.setdefault(index, []).append(sample)
+
+    def _snapshot(self, processes: Mapping[int, ProcessCpu]) -> HostSnapshot:
+        cpu, psi, notes = read_host_counters(self._proc_root)
+        self._notes.extend(notes)
+        return HostSnapshot(t_s=self._clock(), cpu=cpu, psi_some_us=psi, processes=processes)
+
+    def start(self) -> None:
+        """Take the window's first snapshot; call right before the measured round begins."""
+        self._notes, self._gpu_samples = [], None
+        if self._nvml is not None:
+            try:
+                # nvmlInit/nvmlShutdown are reference counted (nvml.h), so this nests safely
+                # inside a caller that already holds NVML.
+                self._nvml.nvmlInit()
+                self._gpu_samples = {}
+                self._sample_gpus()
+            except self._nvml.NVMLError as error:
+                self._notes.append(f"NVML: {error}")
+        self._own_at_start = set(self._own_pids())
+        # The process table is read outside the /proc/stat reads at both ends, so our own time
+        # spans the host window: this timing error leans towards "quiet", by a few ms.
+        self._start = self._snapshot(read_processes())
+
+    def stop(self) -> HostReading:
+        """Take the last snapshot and say what else used the host since :meth:`start`."""
+        if self._start is None:
+            raise KimiperfError("HostWatch.stop() called before start()")
+        stop = self._snapshot({})
+        own = self._own_at_start | set(self._own_pids()) | {os.getpid()}
+        stop = replace(stop, processes=read_processes())  # after /proc/stat: see start()
+        reading = compare_snapshots(self._start, stop, own, describe_pid)
+        self._start = None
+        gpus: tuple[GpuReading, ...] = ()
+        if self._gpu_samples is not None:
+            try:
+                self._sample_gpus()
+            finally:
+                self._nvml.nvmlShutdown()
+            samples = self._gpu_samples
+            gpus = tuple(merge_gpu_samples(samples[i], own) for i in self._gpu_indices if i in samples)
+        return replace(reading, gpus=gpus, notes=tuple(dict.fromkeys(self._notes)))
