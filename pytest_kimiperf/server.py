@@ -1,19 +1,23 @@
 """One vLLM server process: launch, wait for readiness, notice death, stop without leftovers.
 
-The server runs in its own session (so its whole process group can be signalled), writes
-stdout and stderr straight into a log file (a pipe that nobody drains would block a chatty
-server), and carries a ``KIMIPERF_LAUNCH_ID`` marker in its environment that every child
-inherits: that marker, with the recorded pid, process group and start time, is how teardown and
-the next run's zombie sweep find exactly the processes we started and nothing else.
+The server runs under a small launcher (launcher.py) in its own session, so the launch's process
+group has a leader that lives exactly as long as the launch, and the launcher stops the whole
+launch within seconds if pytest dies without teardown. Output goes straight into a log file (a
+pipe that nobody drains would block a chatty server), and a ``KIMIPERF_LAUNCH_ID`` marker in the
+environment is inherited by every child: that marker, with the leader's pid, start ticks and
+boot, is how teardown and the next run's zombie sweep find exactly the processes we started and
+nothing else (process_sweep.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections import deque
@@ -23,6 +27,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 import httpx
+import psutil
 
 from pytest_kimiperf import process_sweep
 from pytest_kimiperf.errors import ServerError
@@ -43,6 +48,20 @@ _RECORDED_PREFIXES = ("NCCL_", "CUDA_", "VLLM_", "OMP_", "HF_", "TORCH_", "GLOO_
 _SECRET_NAMES = frozenset({"VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
 
 ProgressCallback = Callable[[BootProgress, float, bool], None]
+
+
+@dataclass
+class StopControl:
+    """Shared between the session's signal handlers and the stops in progress.
+
+    A handler cannot raise into a stop without abandoning it (the old behaviour: a second
+    Ctrl-C during teardown left the server running), so it sets ``kill_now`` instead and the
+    stop, which checks it every 50 ms, skips the rest of the grace and SIGKILLs everything the
+    launch owns.
+    """
+
+    stopping: bool = False
+    kill_now: bool = False
 
 
 @dataclass(frozen=True)
@@ -165,8 +184,10 @@ class ServerProcess:
         api_key: str | None = None,
         overridden_shell_env: Mapping[str, tuple[str, str]] | None = None,
         always_record: frozenset[str] = frozenset(),
+        control: StopControl | None = None,
     ) -> None:
         self.argv = argv
+        self.control = control or StopControl()
         self.launch_id = uuid.uuid4().hex
         self.env = {**env, LAUNCH_ID_ENV: self.launch_id}
         if api_key:
@@ -186,29 +207,40 @@ class ServerProcess:
         self.progress = BootProgress("not started")
         self.popen: subprocess.Popen[bytes] | None = None
         self.record: process_sweep.LaunchRecord | None = None
+        self._held: process_sweep.HeldLaunch | None = None
+        # pytest's end of the launcher's watchdog pipe: closed by the kernel when pytest dies.
+        self._watch_fd: int | None = None
         self.started_at: float | None = None
         self.boot_s: float | None = None
 
     # -- launch and readiness -------------------------------------------------------------
 
     def start(self) -> None:
-        """Launch the server in its own session, output to the log file, and record it."""
+        """Launch the server (under the launcher) in its own session, output to the log file,
+        and record it with the owner lock held."""
+        self._check_executable()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            try:
+        watch_read, self._watch_fd = os.pipe()
+        try:
+            with open(self.log_path, "ab") as log:
                 self.popen = subprocess.Popen(
-                    self.argv,
+                    [sys.executable, "-m", "pytest_kimiperf.launcher", "--watch-fd", str(watch_read),
+                     "--grace", f"{self.grace_s:g}", "--", *self.argv],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=self.env,
                     start_new_session=True,
+                    pass_fds=(watch_read,),
                 )
-            except OSError as exc:
-                raise ServerError(
-                    f"could not start the {self.deployment} server ({self.argv[0]!r}: {exc.strerror}); "
-                    f"command: {' '.join(self.argv)}"
-                ) from None
+        except OSError as exc:
+            self._close_watch()
+            raise ServerError(
+                f"could not start the {self.deployment} server's launcher ({sys.executable!r}: "
+                f"{exc.strerror}); command: {' '.join(self.argv)}"
+            ) from None
+        finally:
+            os.close(watch_read)
         self.started_at = time.monotonic()
         try:
             record = process_sweep.record_for_popen(
@@ -218,7 +250,7 @@ class ServerProcess:
                 profile=self.profile,
                 log_path=str(self.log_path),
             )
-            process_sweep.record_launch(self.state_dir, record)
+            self._held = process_sweep.record_launch(self.state_dir, record)
         except BaseException:
             # Ctrl-C (or a full disk) between the launch and its record: stop() would know
             # nothing to stop and the next run's sweep nothing to find, so stop it here. The
@@ -226,8 +258,26 @@ class ServerProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, signal.SIGKILL)  # its own session: pgid == pid
             self.popen.wait()
+            self._close_watch()
             raise
         self.record = record
+
+    def _check_executable(self) -> None:
+        """ServerError now, naming the command, if it cannot be run (the launcher would only
+        log it)."""
+        program = self.argv[0] if self.argv else ""
+        found = shutil.which(program, path=self.env.get("PATH", os.defpath)) if os.sep not in program else (
+            program if os.access(program, os.X_OK) and os.path.isfile(program) else None)
+        if not found:
+            raise ServerError(
+                f"could not start the {self.deployment} server ({program!r}: not found or not "
+                f"executable); command: {' '.join(self.argv)}"
+            )
+
+    def _close_watch(self) -> None:
+        if self._watch_fd is not None:
+            os.close(self._watch_fd)
+            self._watch_fd = None
 
     def wait_ready(self, on_progress: ProgressCallback | None = None) -> ServerHandle:
         """Block until the server is ready; fail fast if it dies, stop it past the deadline.
@@ -298,10 +348,20 @@ class ServerProcess:
             log_path=self.log_path,
             env=MappingProxyType(recorded_env(self.env, self.always_record)),
             overridden_shell_env=MappingProxyType(dict(self.overridden_shell_env)),
-            pid=self.popen.pid,
+            pid=self.server_pid(),
             boot_s=self.boot_s,
             api_key=self.api_key,
         )
+
+    def server_pid(self) -> int | None:
+        """The server's own pid (the launcher's child), else the launcher's."""
+        if self.popen is None:
+            return None
+        with contextlib.suppress(psutil.Error):
+            children = psutil.Process(self.popen.pid).children()
+            if children:
+                return int(children[0].pid)
+        return self.popen.pid
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -343,16 +403,28 @@ class ServerProcess:
     # -- teardown -------------------------------------------------------------------------
 
     def stop(self) -> process_sweep.TerminationReport | None:
-        """Stop the whole server (group, descendants, orphans) and verify nothing is left."""
+        """Stop the whole server (group, descendants, orphans) and verify nothing is left.
+
+        The record (and its owner lock) is kept while anything survives, so a later stop, or the
+        next run's sweep, tries again; ``self.record`` is None only once nothing is left.
+        """
         if self.record is None:
             return None
-        report = process_sweep.stop_launch(self.record, grace_s=self.grace_s)
+        self.control.stopping = True
+        try:
+            report = process_sweep.stop_launch(
+                self.record, grace_s=self.grace_s, kill_now=lambda: self.control.kill_now)
+        finally:
+            self.control.stopping = False
         if self.popen is not None:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        if not report.survivors:
-            process_sweep.forget_launch(self.state_dir, self.record.launch_id)
+        if report.survivors:
+            return report
+        process_sweep.forget_launch(self.state_dir, self.record.launch_id)
+        if self._held is not None:
+            self._held.release()
+            self._held = None
+        self._close_watch()
         self.record = None
         return report
