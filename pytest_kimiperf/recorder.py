@@ -57,10 +57,13 @@ class PerfRecorder:
         fail: Callable[[str], NoReturn],
         tolerances: Mapping[str, float] | None = None,
         benchmark: Callable[[], Any | None] | None = None,
+        boot: int = 1,
     ) -> None:
         self.nodeid = nodeid
         self.test = test
         self.server = server
+        # Which boot of this profile's server measures: part of the prompt seed (workload.prompt_seed).
+        self.boot = boot
         self.settings = settings
         self.profile_env = dict(profile_env)
         self.view = view
@@ -95,9 +98,14 @@ class PerfRecorder:
         Extra rounds taken while a comparison is inconclusive use the same choices.
         """
         from pytest_kimiperf.scenarios import run_scenario
+        from pytest_kimiperf.workload import prompt_seed
 
         self._ensure_alive()
         scenario = self._with_deployment_bounds(scenario)
+        # Prompts of this test, profile and boot only: vLLM's prefix cache must not hand this
+        # run another test's prefill, and -k or test order must not change what is sent.
+        scenario = dataclasses.replace(
+            scenario, seed=prompt_seed(self.test, self.server.profile, self.boot, scenario.seed))
         options = {"endpoint": endpoint, "server_metrics": server_metrics, "extra_body": extra_body}
 
         def play() -> Any:
@@ -204,6 +212,14 @@ class PerfRecorder:
                     f"{line}: more than {MAX_FAILED_FRACTION:.0%} failed, the server did not serve this load")
             else:
                 result.warnings.append(line)
+        from pytest_kimiperf.scenarios import reused_prompt_requests
+        from pytest_kimiperf.server_metrics import unexpected_prefix_hits
+
+        prefix_hits = unexpected_prefix_hits(
+            run.server_metrics, endpoint=self._scenario_of.get(id(run), (None, {}))[1].get("endpoint", "completions"),
+            reused_requests=reused_prompt_requests(run.records))
+        if prefix_hits:
+            result.warnings.append(prefix_hits)
 
         if floor:
             decode = result.metrics.get(FLOOR_METRIC) or MetricResult(

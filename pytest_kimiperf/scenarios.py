@@ -34,7 +34,7 @@ import random
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -775,10 +775,15 @@ def _play_in_workers(configs: Sequence[_EngineConfig], scenario: Scenario, prepa
     return results
 
 
+def reused_prompt_requests(records: Iterable[RequestRecord]) -> int:
+    """How many of ``records`` re-sent a prompt their run had already sent (a cycled budget)."""
+    return sum(1 for r in records if _REUSED in r.request_id)
+
+
 def _result(scenario: Scenario, prepared: _Prepared, rounds: Sequence[RoundResult],
             watch: _ServerWatch) -> RunResult:
     notes = prepared.notes + ((watch.note,) if watch.note else ())
-    reused = sum(1 for rnd in rounds for r in rnd.records if _REUSED in r.request_id)
+    reused = reused_prompt_requests(r for rnd in rounds for r in rnd.records)
     if reused:
         notes += ((
             f"{reused} request(s) reused a prompt already sent (the budget outran the distinct "

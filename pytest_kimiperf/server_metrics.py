@@ -9,10 +9,19 @@ vLLM (vllm/v1/metrics/loggers.py) exports, per engine and model:
   (vllm-project/vllm PRs #24110, #32661), so the old name is read only when the new one is
   absent.
 * ``vllm:generation_tokens_total`` (counter): tokens generated.
+* ``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total`` (counters, in
+  prompt *tokens*): tokens looked up in the prefix cache and tokens found there, counted when a
+  request is scheduled (vllm/v1/core/kv_cache_manager.py ``record_prefix_cache_stats``). Earlier
+  V1 releases named them ``vllm:gpu_prefix_cache_queries`` / ``vllm:gpu_prefix_cache_hits``
+  (dashboards still read both); those are read only when the new names are absent.
+* ``vllm:cache_config_info`` (gauge, 1): the cache config as labels; its ``block_size`` is the
+  KV block, the unit of every prefix-cache hit.
 
 The deltas give the server-side mean TTFT and ITL and the token count over exactly the measured
 requests, reported next to the client's figures: the client's TTFT also holds HTTP, queueing in
-the API server and detokenization, so the gap between the two says where time goes.
+the API server and detokenization, so the gap between the two says where time goes. The
+prefix-cache deltas say whether a measured prefill was really computed: the workload's prompts
+are unique, so hits mean a request was served from another's prefill (``unexpected_prefix_hits``).
 
 The text exposition format is parsed here by hand (a few lines), so the plugin does not need
 vLLM or prometheus_client to read it.
@@ -22,7 +31,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +41,16 @@ TTFT_METRIC = "vllm:time_to_first_token_seconds"
 ITL_METRIC = "vllm:inter_token_latency_seconds"
 ITL_METRIC_BEFORE_0_11 = "vllm:time_per_output_token_seconds"
 GENERATION_TOKENS_METRIC = "vllm:generation_tokens_total"
+# prometheus_client exposes a Counter named X as X_total (and X_created).
+PREFIX_CACHE_QUERIES_METRIC = "vllm:prefix_cache_queries_total"
+PREFIX_CACHE_HITS_METRIC = "vllm:prefix_cache_hits_total"
+PREFIX_CACHE_QUERIES_METRIC_GPU_NAME = "vllm:gpu_prefix_cache_queries_total"
+PREFIX_CACHE_HITS_METRIC_GPU_NAME = "vllm:gpu_prefix_cache_hits_total"
+CACHE_CONFIG_METRIC = "vllm:cache_config_info"
+# vLLM's KV block size on GPUs (CacheConfig.block_size default), for a server that does not say;
+# the CPU engine uses 128 (tests/data/server_metrics). A prefix-cache hit is a whole number of
+# blocks ("the computed blocks must be full", KVCacheManager.get_computed_blocks).
+DEFAULT_BLOCK_TOKENS = 16
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?\s*$")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
@@ -115,6 +134,11 @@ class Snapshot:
     itl: Histogram | None
     itl_metric: str
     generation_tokens: float | None
+    # Prompt tokens looked up in vLLM's prefix cache and found there (None: not exported).
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
+    # The KV block size the server reports (None: not reported).
+    block_tokens: int | None = None
 
 
 def _matches(labels: Mapping[str, str], model: str | None) -> bool:
@@ -143,7 +167,7 @@ def _histogram(samples: list[Sample], name: str, model: str | None) -> Histogram
 
 
 def snapshot_from_text(text: str, *, model: str | None = None) -> Snapshot:
-    """Read TTFT, ITL and generated tokens out of an exposition (summed over engines).
+    """TTFT, ITL, generated tokens and prefix-cache tokens of an exposition (summed over engines).
 
     ``model`` keeps only series whose ``model_name`` label is it; when no series has that
     label value (a served-model alias, say) every series counts: vLLM serves one model.
@@ -157,13 +181,32 @@ def snapshot_from_text(text: str, *, model: str | None = None) -> Snapshot:
         older = _histogram(samples, ITL_METRIC_BEFORE_0_11, model)
         if older is not None:
             itl, itl_metric = older, ITL_METRIC_BEFORE_0_11
-    tokens = [s.value for s in samples if s.name == GENERATION_TOKENS_METRIC and _matches(s.labels, model)]
+    queries = _counter(samples, PREFIX_CACHE_QUERIES_METRIC, model)
+    hits = _counter(samples, PREFIX_CACHE_HITS_METRIC, model)
+    if queries is None and hits is None:
+        queries = _counter(samples, PREFIX_CACHE_QUERIES_METRIC_GPU_NAME, model)
+        hits = _counter(samples, PREFIX_CACHE_HITS_METRIC_GPU_NAME, model)
     return Snapshot(
         ttft=_histogram(samples, TTFT_METRIC, model),
         itl=itl,
         itl_metric=itl_metric,
-        generation_tokens=sum(tokens) if tokens else None,
+        generation_tokens=_counter(samples, GENERATION_TOKENS_METRIC, model),
+        prefix_cache_queries=queries,
+        prefix_cache_hits=hits,
+        block_tokens=_block_tokens(samples),
     )
+
+
+def _block_tokens(samples: list[Sample]) -> int | None:
+    for sample in samples:
+        if sample.name == CACHE_CONFIG_METRIC and sample.labels.get("block_size", "").isdigit():
+            return int(sample.labels["block_size"])
+    return None
+
+
+def _counter(samples: list[Sample], name: str, model: str | None) -> float | None:
+    values = [s.value for s in samples if s.name == name and _matches(s.labels, model)]
+    return sum(values) if values else None
 
 
 def fetch_snapshot(
@@ -184,6 +227,9 @@ class ServerView:
     itl: Histogram | None
     itl_metric: str
     generation_tokens: float | None
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
+    block_tokens: int | None = None
 
     @classmethod
     def between(cls, before: Snapshot, after: Snapshot) -> ServerView:
@@ -191,15 +237,34 @@ class ServerView:
         def delta(a: Histogram | None, b: Histogram | None) -> Histogram | None:
             return a.minus(b) if a is not None and b is not None else None
 
-        tokens = None
-        if before.generation_tokens is not None and after.generation_tokens is not None:
-            tokens = after.generation_tokens - before.generation_tokens
+        def counted(a: float | None, b: float | None) -> float | None:
+            return a - b if a is not None and b is not None else None
+
         itl_before = before.itl if before.itl_metric == after.itl_metric else None
-        return cls(delta(after.ttft, before.ttft), delta(after.itl, itl_before), after.itl_metric, tokens)
+        return cls(
+            delta(after.ttft, before.ttft), delta(after.itl, itl_before), after.itl_metric,
+            counted(after.generation_tokens, before.generation_tokens),
+            counted(after.prefix_cache_queries, before.prefix_cache_queries),
+            counted(after.prefix_cache_hits, before.prefix_cache_hits),
+            after.block_tokens,
+        )
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """Share of the queried prompt tokens found in the prefix cache; None without queries."""
+        if not self.prefix_cache_queries or self.prefix_cache_hits is None:
+            return None
+        return self.prefix_cache_hits / self.prefix_cache_queries
 
     def to_json(self) -> dict[str, Any]:
-        """Means and estimated p50/p99 in ms, observation counts, generated tokens."""
-        out: dict[str, Any] = {"itl_metric": self.itl_metric, "generation_tokens": self.generation_tokens}
+        """Means and estimated p50/p99 in ms, observation counts, generated tokens, prefix-cache tokens."""
+        out: dict[str, Any] = {
+            "itl_metric": self.itl_metric, "generation_tokens": self.generation_tokens,
+            "prefix_cache_queries": self.prefix_cache_queries,
+            "prefix_cache_hits": self.prefix_cache_hits,
+            "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+            "kv_block_tokens": self.block_tokens,
+        }
         for key, hist in (("ttft", self.ttft), ("itl", self.itl)):
             out[f"{key}_count"] = hist.count if hist else None
             out[f"mean_{key}_ms"] = _ms(hist.mean) if hist else None
@@ -210,3 +275,38 @@ class ServerView:
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
+
+
+def unexpected_prefix_hits(
+    views: Sequence[Mapping[str, Any]], *, endpoint: str, reused_requests: int = 0,
+) -> str | None:
+    """A warning line when the prefix cache served a run whose prompts were all unique, else None.
+
+    ``views`` are the run's ``ServerView.to_json()`` (one per run or extension). The rule: on
+    the completions endpoint, a run's hits of one KV block or more (the server's block size,
+    else ``DEFAULT_BLOCK_TOKENS``) are unexpected. Two of the workload's prompts share at most
+    the BOS token and a chance word or two, never a whole block, and vLLM counts hits in whole
+    blocks, so an honest run hits 0 tokens; anything under a block is tolerated only in case an
+    engine ever counts partial blocks. No wider allowance: a single request served from another's
+    prefill hits just one block when its prompt is under two blocks long.
+    The chat endpoint is only reported, never flagged: every prompt starts with the same chat
+    template, whose whole blocks hit legitimately once per request. A run that re-sent its own
+    prompts (``reused_requests``: a seconds budget that outran the distinct prompts) says so in
+    its notes and is not flagged either.
+    """
+    if endpoint == "chat" or reused_requests > 0 or not views:
+        return None
+    hits = [v.get("prefix_cache_hits") for v in views]
+    if any(h is None for h in hits):
+        return None
+    block = max((int(v.get("kv_block_tokens") or 0) for v in views), default=0) or DEFAULT_BLOCK_TOKENS
+    total_hits = float(sum(hits))
+    if total_hits < block:
+        return None
+    total_queries = float(sum(v.get("prefix_cache_queries") or 0.0 for v in views))
+    share = f" ({total_hits / total_queries:.1%} of {total_queries:.0f} queried)" if total_queries else ""
+    return (
+        f"vLLM's prefix cache served {total_hits:.0f} prompt tokens of this run{share} though its "
+        "prompts are unique: another request's prefill was reused (a prompt sent twice, or other "
+        "traffic on the server), so TTFT and throughput do not measure a cold prefill"
+    )

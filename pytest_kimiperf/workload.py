@@ -10,7 +10,10 @@ template and generation prompt). The client later checks ``usage.prompt_tokens``
 
 Text comes from a seeded random walk over common words, a different walk per request, so no two
 prompts share a prefix and vLLM's prefix cache cannot shorten one request's prefill with
-another's. The same seed gives the same prompts on every run.
+another's. The same seed gives the same prompts on every run. ``prompt_seed`` derives a
+measurement's seed from the test id, NCCL profile and server boot, so two tests (or one test
+under two profiles) never send the same prompt, and a test sends the same prompts whether it
+runs alone (``-k``) or after others.
 
 Output length is exact because the client sends ``ignore_eos``, ``min_tokens`` and
 ``max_tokens`` equal to the wanted length, and rejects a request whose
@@ -19,6 +22,8 @@ Output length is exact because the client sends ``ignore_eos``, ``min_tokens`` a
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -126,6 +131,20 @@ class _Tokenizer:
     def text(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids``."""
         return str(self._post("/detokenize", {"model": self._model, "tokens": list(token_ids)})["prompt"])
+
+
+def prompt_seed(test: str, profile: str, boot: int, base_seed: int = 0) -> int:
+    """The workload seed of one measurement: stable everywhere, distinct per test, profile and boot.
+
+    A test's own position in the session (what ran before it, ``-k``) must not change its
+    prompts, and no two measurements that share a server may share a prompt: the result is a
+    hash of the test id, the NCCL profile, the server's boot index and the scenario's own seed.
+    SHA-256 of a JSON list, not ``hash()``: Python salts str hashes per process
+    (PYTHONHASHSEED), and JSON keeps ``("a:b", "c")`` apart from ``("a", "b:c")``. 63 bits, so
+    the seed is a non-negative int64 wherever it is stored.
+    """
+    key = json.dumps(["kimiperf-prompts", test, profile, boot, base_seed], separators=(",", ":"))
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") >> 1
 
 
 def _walk(seed: int, index: int, words: int) -> str:

@@ -7,6 +7,7 @@ and counting boots for the parametrization tests. Its log lines copy vLLM 0.32's
 
 Usage: python stub_vllm.py --model NAME --host H --port P [--mode MODE] [--boot-count FILE]
          [--load-seconds S] [--tok-per-s R] [--ttft-ms T] [--nccl-lines] [--nccl-log-value VAR=VALUE ...]
+         [--prompt-log FILE]
 Modes: normal, hang (never ready), crash-boot (exits 3 while loading), crash-stream (dies
 after a few tokens of the first streamed request), dead-engine (cuts the first stream after a few
 tokens and keeps running, /health answering 503, as vLLM's API server does over a dead
@@ -17,6 +18,9 @@ outlive a SIGKILL of this process, like vLLM's EngineCore and workers).
 environment is logged the way NCCL's param.cc / tuning.cc log it (tests/data/nccl_logs/README.md
 has the formats), and --nccl-log-value VAR=VALUE logs VALUE instead, as when NCCL falls back
 to another value than the one set.
+
+--prompt-log FILE appends one JSON line per completion request, ``{"pid", "request_id",
+"prompt"}``, so a test can see exactly which prompts reached the server (prompt isolation).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -81,6 +86,8 @@ def boot(args: argparse.Namespace) -> None:
 
 
 VOCAB: dict[str, int] = {}
+# Handler threads append to the prompt log; one line each, never interleaved.
+PROMPT_LOG_LOCK = threading.Lock()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -125,6 +132,11 @@ class Handler(BaseHTTPRequestHandler):
         if self.path != "/v1/completions":
             self._json(404, {"error": "not found"})
             return
+        if self.args.prompt_log:
+            line = json.dumps({"pid": os.getpid(), "request_id": self.headers.get("x-request-id"),
+                               "prompt": body.get("prompt")})
+            with PROMPT_LOG_LOCK, open(self.args.prompt_log, "a") as fh:
+                fh.write(line + "\n")
         n = int(body.get("max_tokens", 16))
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -190,6 +202,7 @@ def main() -> None:
     parser.add_argument("--ttft-ms", type=float, default=20.0)
     parser.add_argument("--nccl-lines", action="store_true")
     parser.add_argument("--nccl-log-value", action="append", default=[])
+    parser.add_argument("--prompt-log", default=None)
     args, _ = parser.parse_known_args()
     if args.boot_count:
         with open(args.boot_count, "a") as fh:
