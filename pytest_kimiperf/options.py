@@ -59,6 +59,12 @@ OPTIONS = (
             "seconds between boot progress lines when the output is not a terminal", "30"),
     Option("grace", "--kimiperf-grace", "kimiperf_grace",
             "seconds a stopping server gets between SIGTERM and SIGKILL", "30"),
+    Option("host_wait", "--kimiperf-host-wait", "kimiperf_host_wait",
+            "seconds to wait for another pytest session on this host to finish with its servers "
+            "before failing (default 600; 0: fail at once)", "600"),
+    Option("server_hardware", "--server-hardware", "kimiperf_server_hardware",
+            "with --server-url: the attached server's hardware in your words (e.g. '8x RTX PRO 6000 "
+            "Blackwell, PCIe'), recorded in its fingerprint; required there for --update-baselines"),
 )
 
 

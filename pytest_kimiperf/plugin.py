@@ -430,23 +430,34 @@ def _fingerprint(state: _RunState) -> Any:
     return state.fingerprint
 
 
+# SIGTERM: a cancelled CI job; SIGHUP: a dropped ssh session during a 36-minute load.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def _install_sigterm(state: _RunState) -> None:
-    """SIGTERM (a cancelled CI job) takes the same path as Ctrl-C: servers are stopped."""
-    def on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM and SIGHUP take Ctrl-C's path: the servers are stopped. A second signal during
+    teardown (GitHub Actions' cancel sends SIGINT, then SIGTERM) escalates the stop to SIGKILL
+    instead of abandoning it (ServerManager.on_signal)."""
+    def on_signal(signum: int, frame: Any) -> None:
+        if state.manager is not None and state.manager.on_signal():
+            return
         raise KeyboardInterrupt(f"received signal {signum}")
 
+    previous: dict[int, Any] = {}
     try:
-        state.previous_sigterm = signal.signal(signal.SIGTERM, on_sigterm)
+        for signum in _STOP_SIGNALS:
+            previous[signum] = signal.signal(signum, on_signal)
     except ValueError:  # not the main thread
-        state.previous_sigterm = None
+        pass
+    state.previous_sigterm = previous or None
 
 
 def _close_servers(state: _RunState) -> None:
     if state.manager is not None:
         state.manager.close()
-    if state.previous_sigterm is not None:
-        signal.signal(signal.SIGTERM, state.previous_sigterm)
-        state.previous_sigterm = None
+    for signum, handler in (state.previous_sigterm or {}).items():
+        signal.signal(signum, handler)
+    state.previous_sigterm = None
 
 
 # -- reports ----------------------------------------------------------------------------

@@ -16,12 +16,14 @@ from typing import Any
 
 from pytest_kimiperf import process_sweep
 from pytest_kimiperf.errors import ServerError
+from pytest_kimiperf.host_claim import HostClaim, claim_host
 from pytest_kimiperf.nccl import NCCL_DEBUG_ENV, NcclProfile, profile_server_env
 from pytest_kimiperf.progress import BootProgress
 from pytest_kimiperf.server import (
     HEALTH_PROBE_TIMEOUT_S,
     ServerHandle,
     ServerProcess,
+    StopControl,
     check_health,
     check_port_free,
     check_ready,
@@ -99,6 +101,11 @@ class ServerManager:
         self._current: ServerProcess | None = None
         self._external: ServerHandle | None = None
         self._swept = False
+        self._claim: HostClaim | None = None
+        # Shared with every ServerProcess: signal handlers escalate stops through it.
+        self.control = StopControl()
+        self._interrupted = False
+        self._signals = 0
 
     def record(self, profile: str) -> ServerRecord:
         """The (possibly new) record of ``profile``'s server."""
@@ -108,10 +115,16 @@ class ServerManager:
         """Start ``profile``'s server (or attach to the external one) and return its handle."""
         if self.settings.external:
             return self._attach(profile)
+        if self._interrupted:
+            # A signal arrived while the previous server was being stopped (and was absorbed
+            # so the stop could finish): honour it now instead of booting the next profile.
+            raise KeyboardInterrupt("interrupted while a server was being stopped")
         if self._current is not None:
             # pytest finalizes the previous profile's server before the next is set up; this
             # guards the "never two servers at once" promise should that ever change.
             self.release()
+        if self._claim is None:
+            self._claim = claim_host(self.state_dir, wait_s=self.settings.host_wait_s, say=self.say)
         if not self._swept:
             self._sweep()
             self._swept = True
@@ -148,6 +161,7 @@ class ServerManager:
             api_key=self.settings.api_key,
             overridden_shell_env=overridden,
             always_record=set_here,
+            control=self.control,
         )
         for name, (shell, value) in sorted(overridden.items()):
             self.say(f"kimiperf: profile {profile.name} overrides {name}={shell!r} from the shell with {value!r}")
@@ -163,7 +177,8 @@ class ServerManager:
                 lambda progress, elapsed, changed: self.on_progress(profile.name, progress, elapsed, changed)
             )
         except BaseException as exc:
-            self._current = None
+            if server.record is None:  # wait_ready stopped it, and the stop was verified
+                self._current = None
             rec.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise
         rec.boot_s = handle.boot_s
@@ -180,21 +195,43 @@ class ServerManager:
             if why is not None:
                 raise ServerError(f"--server-url {self._external.base_url} stopped serving: {why}")
 
+    def on_signal(self) -> bool:
+        """A stop signal (SIGINT, SIGTERM, SIGHUP) arrived. True: absorbed here, because a stop
+        is in progress (it now skips its grace and SIGKILLs everything the launch owns) or this
+        is the second signal (the teardown it interrupts will SIGKILL at once). False: the
+        caller interrupts the session, as Ctrl-C does (the first signal, and a third)."""
+        self._signals += 1
+        self._interrupted = True
+        if self.control.stopping or self._signals == 2:
+            self.control.kill_now = True
+            return True
+        return False
+
     def release(self) -> None:
-        """Stop the current server and verify that nothing of it is left."""
-        server, self._current = self._current, None
+        """Stop the current server and verify that nothing of it is left.
+
+        The server stays this manager's current one until its stop is verified: a stop that
+        did not finish (an exception, SIGKILL survivors) is tried again by :meth:`close`.
+        """
+        server = self._current
         if server is None:
             return
+        self.say(f"kimiperf: stopping the {server.deployment} server ({server.profile})")
         report = server.stop()
+        if report is not None and report.escalated:
+            self.say(f"kimiperf: a second signal during teardown: every process of the {server.deployment} "
+                     f"server ({server.profile}) got SIGKILL without waiting out the grace")
         if report is not None and report.survivors:
             rec = self.record(server.profile)
             survivors = [p.describe() for p in report.survivors]
-            rec.leftovers.extend(survivors)
+            rec.leftovers.extend(s for s in survivors if s not in rec.leftovers)
             self.say(
                 "kimiperf: WARNING: processes of the "
                 f"{server.deployment} server ({server.profile}) survived SIGKILL: "
                 + "; ".join(survivors)
             )
+            return
+        self._current = None
 
     def _attach(self, profile: NcclProfile) -> ServerHandle:
         url = self.settings.server_url
@@ -242,8 +279,18 @@ class ServerManager:
             wait_gpu_memory_freed(report.gpu_pids, deadline_s=120.0)
 
     def close(self) -> None:
-        """Stop whatever still runs (end of session, interrupt)."""
-        self.release()
+        """Stop whatever still runs (end of session, interrupt), then let the next session boot."""
+        try:
+            self.release()
+            if self._current is not None:
+                self.say(f"kimiperf: WARNING: left running at exit (survived SIGKILL): "
+                         f"{'; '.join(self.record(self._current.profile).leftovers)}; the next run's "
+                         "sweep tries again")
+                self._current = None
+        finally:
+            if self._claim is not None:
+                self._claim.release()
+                self._claim = None
 
 
 def _served_models(url: str, headers: dict[str, str]) -> list[str]:

@@ -53,6 +53,8 @@ class Settings:
     grace_s: float
     api_key: str | None = field(default=None, repr=False)
     profile_warnings: tuple[str, ...] = ()
+    host_wait_s: float = 600.0
+    server_hardware: str | None = None
 
     @property
     def external(self) -> bool:
@@ -127,6 +129,13 @@ def build_settings(
             f"was set when it started; give at most one --nccl-profile as its label, "
             f"not {', '.join(p.name for p in profiles)}"
         )
+    server_hardware = _server_hardware(options.get("server_hardware", RawOption(None, "default")), server_url)
+    if server_url and bool(options["update_baselines"].value) and server_hardware is None:
+        raise ConfigError(
+            f"--update-baselines with --server-url {server_url}: this host cannot see the attached "
+            "server's hardware, and a baseline must say what it was measured on; state it with "
+            "--server-hardware '8x <GPU>, <interconnect>' (or the kimiperf_server_hardware ini option)"
+        )
     return Settings(
         deployment=deployment,
         deployments=deployments,
@@ -145,6 +154,8 @@ def build_settings(
         grace_s=_positive_float(options["grace"]),
         api_key=_api_key(options["api_key"]),
         profile_warnings=tuple(warnings),
+        host_wait_s=_seconds(options.get("host_wait", RawOption("600", "default"))),
+        server_hardware=server_hardware,
     )
 
 
@@ -186,6 +197,27 @@ def _positive_float(opt: RawOption) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ConfigError(f"{opt.value!r} (from {opt.source}) must be a number of seconds > 0")
     return value
+
+
+def _seconds(opt: RawOption) -> float:
+    try:
+        value = float(opt.value)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"{opt.value!r} (from {opt.source}) must be a number of seconds >= 0")
+    return value
+
+
+def _server_hardware(opt: RawOption, server_url: str | None) -> str | None:
+    if opt.value in (None, ""):
+        return None
+    if server_url is None:
+        return None  # it describes attached servers only; a booted server's hardware is probed
+    text = " ".join(str(opt.value).split())
+    if len(text) > 200:
+        raise ConfigError(f"server hardware (from {opt.source}) is {len(text)} characters; keep it under 200")
+    return text
 
 
 def _path(opt: RawOption, rootpath: Path) -> Path | None:

@@ -12,7 +12,10 @@ Modes: normal, hang (never ready), crash-boot (exits 3 while loading), crash-str
 after a few tokens of the first streamed request), dead-engine (cuts the first stream after a few
 tokens and keeps running, /health answering 503, as vLLM's API server does over a dead
 EngineCore until its watchdog stops it), spawn-children (forks two workers that
-outlive a SIGKILL of this process, like vLLM's EngineCore and workers).
+outlive a SIGKILL of this process, like vLLM's EngineCore and workers), ignore-sigterm (a
+server slow to stop: only SIGKILL ends it), stall-first (streams answer their head and never a
+token), stall-mid (a few tokens, then nothing, connection open), endless-line (one SSE line that
+never ends), html-tokenize (/tokenize answers a proxy's HTML page).
 
 --nccl-lines stands in for a GPU engine under NCCL_DEBUG=INFO: each NCCL_* variable of its
 environment is logged the way NCCL's param.cc / tuning.cc log it (tests/data/nccl_logs/README.md
@@ -110,7 +113,9 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self) -> None:
-        if self.path == "/health":
+        if self.path == "/version":
+            self._json(200, {"version": "0.32.0-stub"})
+        elif self.path == "/health":
             self._json(503 if Handler.engine_dead else 200, {})
         elif self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": self.args.model, "object": "model"}]})
@@ -120,6 +125,14 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", 0))
         body = json.loads(self.rfile.read(length) or b"{}")
+        if self.path == "/tokenize" and self.args.mode == "html-tokenize":
+            page = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+            return
         if self.path == "/tokenize":
             # One token per whitespace-separated word, as a stable vocabulary.
             tokens = [VOCAB.setdefault(w, len(VOCAB)) for w in str(body.get("prompt", "")).split()]
@@ -145,10 +158,17 @@ class Handler(BaseHTTPRequestHandler):
         Handler.streamed += 1
         gap = 1.0 / self.args.tok_per_s
         time.sleep(self.args.ttft_ms / 1000.0)  # prefill: without it TTFT is all host jitter
+        if self.args.mode == "stall-first":
+            time.sleep(3600)
+        if self.args.mode == "endless-line":
+            while True:  # an SSE line that never ends: 64 KiB chunks of one "data:" value
+                self._chunk("data: " + "x" * 65536)
         for i in range(n):
             if self.args.mode == "crash-stream" and i == 3:
                 log("ERROR simulated engine crash mid-stream")
                 os._exit(7)
+            if self.args.mode == "stall-mid" and i == 3:
+                time.sleep(3600)
             if self.args.mode == "dead-engine" and i == 3:
                 log("ERROR EngineCore encountered a fatal error (simulated); engine dead")
                 Handler.engine_dead = True
@@ -193,7 +213,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--mode", default="normal",
                         choices=["normal", "hang", "crash-boot", "crash-stream", "dead-engine",
-                                 "spawn-children"])
+                                 "spawn-children", "ignore-sigterm", "stall-first", "stall-mid",
+                                 "endless-line", "html-tokenize"])
     parser.add_argument("--boot-count", default=None)
     parser.add_argument("--load-seconds", type=float, default=0.4)
     parser.add_argument("--tok-per-s", type=float, default=500.0)
@@ -209,6 +230,10 @@ def main() -> None:
             fh.write(f"{os.getpid()} {os.environ.get('NCCL_PROTO', '-')} {os.environ.get('NCCL_ALGO', '-')}\n")
     if args.mode == "spawn-children":
         spawn_children()
+    if args.mode == "ignore-sigterm":
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     boot(args)
     Handler.args = args
     server = ThreadingHTTPServer((args.host, args.port), Handler)

@@ -214,11 +214,13 @@ def test_attach_mode_with_two_profiles_is_a_usage_error(pytester: pytest.Pyteste
     result.stderr.fnmatch_lines(["*give at most one --nccl-profile as its label*"])
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=["ctrl-c", "sigterm", "sighup"])
 def test_signal_during_boot_stops_the_server_before_pytest_exits(
     pytester: pytest.Pytester, stub_project, tmp_path: Path, signum: int
 ) -> None:
-    """Ctrl-C, or SIGTERM from a cancelled CI job, during a (hanging) boot: nothing is left."""
+    """Ctrl-C, SIGTERM from a cancelled CI job, or SIGHUP from a dropped ssh session, during a
+    (hanging) boot: nothing is left."""
     boots = tmp_path / "boots"
     stub_project(stub_deployment_toml(mode="hang", boot_count=boots, health_deadline_s=600))
     pytester.makepyfile(USES_SERVER)
@@ -304,3 +306,129 @@ def _wait_for(check, timeout_s: float) -> None:
             return
         time.sleep(0.1)
     raise AssertionError("timed out waiting")
+
+
+HOLD_SERVER = """
+import os, time
+def test_hold(kimiperf_server):
+    print("READY", flush=True)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.environ["RELEASE_FILE"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+"""
+
+
+def _start_holding(pytester: pytest.Pytester, *args: str, env: dict[str, str] | None = None
+                   ) -> subprocess.Popen[bytes]:
+    """A pytest session that boots the stub and holds it; returns once the server is ready."""
+    import os
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "--deployment", "stub", "-s", "-p", "no:cacheprovider",
+         "-p", "no:randomly", *args],
+        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if b"READY" in line:
+            return proc
+    proc.wait()
+    raise AssertionError("the holding session ended before its server was ready")
+
+
+def _family(pid: int) -> list[int]:
+    return [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
+
+
+def test_a_second_signal_during_teardown_escalates_to_sigkill_instead_of_abandoning_the_stop(
+    pytester: pytest.Pytester, stub_project, tmp_path: Path
+) -> None:
+    """GitHub Actions' cancel: SIGINT, then SIGTERM while the server (slow to stop: it ignores
+    SIGTERM) is in its 60 s grace. The stop is cut short with SIGKILL, never abandoned."""
+    boots = tmp_path / "boots"
+    stub_project(stub_deployment_toml(mode="ignore-sigterm", boot_count=boots))
+    pytester.makepyfile(HOLD_SERVER)
+    proc = _start_holding(pytester, "--kimiperf-grace", "60", env={"RELEASE_FILE": str(tmp_path / "never")})
+    assert proc.stdout is not None
+    server = _stub_pids(boots)[0]
+    proc.send_signal(signal.SIGINT)
+    for line in proc.stdout:
+        if b"kimiperf: stopping the stub server" in line:
+            break
+    time.sleep(0.3)
+    assert not gone(server), "the stub stopped on SIGTERM; this test needs one that ignores it"
+    second = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stdout.read().decode()
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    assert time.monotonic() - second < 15, "the 60 s grace was waited out"
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, rest
+    assert "a second signal during teardown: every process of the stub server (default) got SIGKILL" in rest
+    _assert_gone([server])
+
+
+def test_server_stops_within_seconds_when_pytest_is_sigkilled(
+    pytester: pytest.Pytester, stub_project, tmp_path: Path
+) -> None:
+    """pytest dies without teardown (SIGKILL, the OOM killer, pytest-timeout's os._exit): the
+    launcher sees its watchdog pipe close and stops the server and its children."""
+    boots = tmp_path / "boots"
+    stub_project(stub_deployment_toml(mode="spawn-children", boot_count=boots))
+    pytester.makepyfile(HOLD_SERVER)
+    proc = _start_holding(pytester, "--kimiperf-grace", "2", env={"RELEASE_FILE": str(tmp_path / "never")})
+    family = _family(_stub_pids(boots)[0])
+    assert len(family) == 3
+    proc.kill()
+    killed = time.monotonic()
+    proc.wait()
+    assert proc.stdout is not None
+    proc.stdout.close()
+    alive = family
+    while alive and time.monotonic() - killed < 10:
+        alive = [p for p in alive if not gone(p)]
+        time.sleep(0.02)
+    took = time.monotonic() - killed
+    assert not alive, f"still running {took:.1f}s after pytest was SIGKILLed: {alive}"
+    print(f"server and children gone {took:.2f}s after pytest's SIGKILL")
+
+
+def test_a_second_session_waits_for_the_first_naming_it_then_boots(
+    pytester: pytest.Pytester, stub_project, tmp_path: Path
+) -> None:
+    """Two sessions on one host never boot side by side: the second says who holds the host,
+    fails once its bounded wait runs out, and boots as soon as the first is done."""
+    boots = tmp_path / "boots"
+    release = tmp_path / "release"
+    stub_project(stub_deployment_toml(boot_count=boots))
+    pytester.makepyfile(HOLD_SERVER)
+    first = _start_holding(pytester, env={"RELEASE_FILE": str(release)})
+    assert first.stdout is not None
+    try:
+        impatient = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-host-wait", "1",
+                                                  "-p", "no:randomly", timeout=60)
+        assert impatient.parseoutcomes().get("errors") == 1
+        impatient.stdout.fnmatch_lines([
+            f"*waiting for another pytest session on this host to finish with its servers: pid {first.pid} "
+            "(*pytest --deployment stub*), holding the host for *",
+            f"*another pytest session on this host is using it for its servers: pid {first.pid}*",
+        ])
+        assert len(_stub_pids(boots)) == 1, "the second session booted beside the first"
+        patient = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "--deployment", "stub", "-p", "no:cacheprovider",
+             "-p", "no:randomly", "--kimiperf-host-wait", "60"],
+            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env={**__import__("os").environ, "RELEASE_FILE": str(release)},
+        )
+        time.sleep(2)
+        assert len(_stub_pids(boots)) == 1
+        release.touch()
+        out, _ = patient.communicate(timeout=60)
+        assert patient.returncode == 0, out.decode()
+        assert b"waiting for another pytest session" in out and b"the host is free after" in out
+    finally:
+        release.touch()
+        first.wait(timeout=60)
+        first.stdout.close()
+    _assert_gone(_stub_pids(boots))
