@@ -31,6 +31,7 @@ import psutil
 
 from pytest_kimiperf import process_sweep
 from pytest_kimiperf.errors import ServerError
+from pytest_kimiperf.http_json import served_models
 from pytest_kimiperf.progress import BootProgress, BootTracker, split_log_records
 
 LAUNCH_ID_ENV = process_sweep.LAUNCH_ID_ENV
@@ -142,9 +143,11 @@ def check_ready(base_url: str, model: str, headers: Mapping[str, str], timeout_s
             models = client.get(f"{base_url}/v1/models")
             if models.status_code != 200:
                 return f"/v1/models answered {models.status_code}"
-            served = [m.get("id") for m in models.json().get("data", [])]
-    except (httpx.HTTPError, ValueError) as exc:
+            served = served_models(models, f"{base_url}/v1/models")
+    except httpx.HTTPError as exc:
         return f"not answering ({type(exc).__name__})"
+    except ServerError as exc:
+        return str(exc)
     if model not in served:
         return f"/v1/models lists {served}, not {model!r}"
     return None

@@ -17,6 +17,7 @@ from typing import Any
 from pytest_kimiperf import process_sweep
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.host_claim import HostClaim, claim_host
+from pytest_kimiperf.http_json import served_models
 from pytest_kimiperf.nccl import NCCL_DEBUG_ENV, NcclProfile, profile_server_env
 from pytest_kimiperf.progress import BootProgress
 from pytest_kimiperf.server import (
@@ -242,13 +243,18 @@ class ServerManager:
         why_not = check_ready(url, model, headers, timeout_s=5.0)
         if why_not:
             served = _served_models(url, headers)
-            if len(served) == 1 and "not answering" not in why_not:
-                model = served[0]
-            else:
+            if served and model not in served:
+                # Measuring another model silently would judge it against this deployment's
+                # floors and baselines.
                 raise ServerError(
-                    f"--server-url {url} is not ready for deployment {self.settings.deployment.name} "
-                    f"(model {model!r}): {why_not}"
+                    f"--server-url {url} serves {', '.join(repr(m) for m in served)}, but deployment "
+                    f"{self.settings.deployment.name} names model {model!r}: attach to the server of "
+                    "that model, or choose the deployment that names the served one (--deployment)"
                 )
+            raise ServerError(
+                f"--server-url {url} is not ready for deployment {self.settings.deployment.name} "
+                f"(model {model!r}): {why_not}"
+            )
         rec.env = {}
         self._external = ServerHandle(
             base_url=url,
@@ -298,8 +304,8 @@ def _served_models(url: str, headers: dict[str, str]) -> list[str]:
 
     try:
         resp = httpx.get(f"{url}/v1/models", headers=headers, timeout=5.0)
-        return [m["id"] for m in resp.json().get("data", [])]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return served_models(resp, f"{url}/v1/models") if resp.status_code == 200 else []
+    except (httpx.HTTPError, ServerError):
         return []
 
 

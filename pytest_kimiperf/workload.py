@@ -33,6 +33,7 @@ import httpx
 
 from pytest_kimiperf.client import RequestSpec, check_endpoint, parse_base_url
 from pytest_kimiperf.errors import ConfigError, ServerError
+from pytest_kimiperf.http_json import json_answer
 
 # Plain lowercase words: almost every tokenizer maps each to one or two tokens, so the walk
 # reaches a target length in few round trips.
@@ -84,6 +85,14 @@ class Workload:
             raise ConfigError(f"Workload.seed={self.seed!r}: must be an integer")
 
 
+# What vLLM's /tokenize and /detokenize answer (vllm/entrypoints/openai/protocol.py,
+# TokenizeResponse and DetokenizeResponse): the keys this module reads, with their types.
+_TOKENIZER_KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "/tokenize": {"tokens": list, "count": int},
+    "/detokenize": {"prompt": str},
+}
+
+
 class _Tokenizer:
     """The server's tokenizer, reached over HTTP."""
 
@@ -108,8 +117,7 @@ class _Tokenizer:
                 f"{url} answered HTTP {response.status_code} ({response.text[:200]!r}); exact-length "
                 "prompts need vLLM's /tokenize and /detokenize endpoints"
             )
-        result: dict[str, Any] = response.json()
-        return result
+        return json_answer(response, url, expect=_TOKENIZER_KEYS[path])
 
     def content_ids(self, text: str) -> list[int]:
         """Token ids of ``text`` alone (no BOS, no template)."""
