@@ -28,11 +28,17 @@ carry several tokens (vLLM ``--stream-interval``, speculative decoding).
 
 Connections are kept alive and reused (one pool per client, sized to the concurrency). The API
 key goes in the Authorization header and nowhere else (not in ``repr``, not in errors).
+
+A wedged server must not stall the suite: besides the whole-request timeout, each request has a
+first-token deadline (send to first token chunk) and an inter-chunk idle deadline (no token
+chunk for that long), and a response head or an SSE event that grows past a cap (an endless
+line) fails the request instead of growing memory without bound.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import struct
@@ -61,6 +67,13 @@ _USAGE_OBJECT = b'"usage":{'
 _WHITESPACE = b" \t\r\n"
 # A non-200 answer's body is kept for the error message, up to this much.
 _MAX_ERROR_BODY = 2048
+# Caps on what may be buffered before it parses: a response head (uvicorn's are < 1 KiB), one
+# chunk-size line, and one SSE event (vLLM's largest are chunks with logprobs of a few KiB;
+# 4 MiB leaves room for top-k logprobs of long chunks while bounding a server that never ends
+# its line).
+MAX_HEAD_BYTES = 64 * 1024
+MAX_SSE_EVENT_BYTES = 4 * 1024 * 1024
+_MAX_CHUNK_SIZE_LINE = 1024
 _RECV_BYTES = 64 * 1024
 # Linux's SO_TIMESTAMPNS (asm-generic/socket.h); not every Python build names it.
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
@@ -175,6 +188,10 @@ class _SSEReader:
             self._event(buffer[start:end], arrival_ns)
             start = end + 2
         self.buffer = buffer[start:]
+        if len(self.buffer) > MAX_SSE_EVENT_BYTES:
+            self.buffer = b""
+            raise ValueError(f"an SSE event grew past {MAX_SSE_EVENT_BYTES // 1024} KiB without ending "
+                             "(an endless line)")
 
     def _event(self, event: bytes, arrival_ns: int) -> None:
         if event.startswith(b"data: ") and b"\n" not in event:
@@ -363,8 +380,13 @@ class _Connection:
             if state == _CHUNK_SIZE:
                 line_end = buf.find(b"\r\n", pos)
                 if line_end < 0:
+                    if size - pos > _MAX_CHUNK_SIZE_LINE:
+                        raise ValueError(f"a chunk-size line longer than {_MAX_CHUNK_SIZE_LINE} bytes")
                     break
                 chunk_size = int(bytes(buf[pos:line_end]).split(b";", 1)[0], 16)
+                if chunk_size > MAX_SSE_EVENT_BYTES:
+                    raise ValueError(f"a chunk of {chunk_size} bytes (more than the "
+                                     f"{MAX_SSE_EVENT_BYTES // 1024} KiB cap)")
                 pos = line_end + 2
                 if chunk_size == 0:
                     self._state = _TRAILERS
@@ -384,6 +406,8 @@ class _Connection:
             elif state == _HEAD:
                 head_end = buf.find(b"\r\n\r\n", pos)
                 if head_end < 0:
+                    if size - pos > MAX_HEAD_BYTES:
+                        raise ValueError(f"a response head longer than {MAX_HEAD_BYTES // 1024} KiB")
                     break
                 head = bytes(buf[pos:head_end])
                 pos = head_end + 4
@@ -394,6 +418,8 @@ class _Connection:
                 else:
                     trailers_end = buf.find(b"\r\n\r\n", pos)
                     if trailers_end < 0:
+                        if size - pos > MAX_HEAD_BYTES:
+                            raise ValueError(f"trailers longer than {MAX_HEAD_BYTES // 1024} KiB")
                         break
                     pos = trailers_end + 4
                 self._finish(exchange)
@@ -530,8 +556,13 @@ class StreamingClient:
         max_connections: int = 1,
         request_timeout_s: float = 600.0,
         extra_body: Mapping[str, Any] | None = None,
+        first_token_deadline_s: float | None = None,
+        idle_deadline_s: float | None = None,
     ) -> None:
         self._address = parse_base_url(base_url)
+        # None: no deadline of that kind (the whole-request timeout still holds).
+        self._first_token_ns = None if first_token_deadline_s is None else int(first_token_deadline_s * 1e9)
+        self._idle_ns = None if idle_deadline_s is None else int(idle_deadline_s * 1e9)
         self._endpoint = check_endpoint(endpoint)
         self._path = self._address.path_prefix + ENDPOINT_PATHS[self._endpoint]
         self._model = model
@@ -585,6 +616,42 @@ class StreamingClient:
         body.update(self._extra_body)
         return body
 
+    async def _until_done(self, exchange: _Exchange, t_send_ns: int) -> str:
+        """Wait for the exchange to end; '' when it did, else why it stalled.
+
+        Deadlines are checked only when one falls due (a timer, no per-chunk cost): before the
+        first token chunk, ``first_token_deadline_s`` after the send; after it,
+        ``idle_deadline_s`` after the latest token chunk.
+        """
+        chunks = exchange.reader.chunk_ns
+        while not exchange.done.done():
+            if chunks:
+                if self._idle_ns is None:
+                    break
+                due_ns = chunks[-1] + self._idle_ns
+            else:
+                if self._first_token_ns is None:
+                    break
+                due_ns = t_send_ns + self._first_token_ns
+            now_ns = time.perf_counter_ns()
+            if now_ns >= due_ns:
+                if not chunks:
+                    return (f"stalled: no token within the {self._first_token_ns / 1e9:g} s first-token "
+                            f"deadline ({exchange.bytes_received} bytes of response, status "
+                            f"{exchange.status or 'none yet'})")
+                return (f"stalled: no token for {(now_ns - chunks[-1]) / 1e9:.1f} s (inter-chunk deadline "
+                        f"{self._idle_ns / 1e9:g} s) after {len(chunks)} token chunks; the last came "
+                        f"{(chunks[-1] - t_send_ns) / 1e9:.1f} s after the send")
+            wait_ns = due_ns - now_ns
+            if not chunks and self._idle_ns is not None:
+                # Wake at least every idle period: once tokens flow, the idle deadline applies,
+                # so a stall is noticed within one to two idle periods of the last chunk.
+                wait_ns = min(wait_ns, self._idle_ns)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(exchange.done), wait_ns / 1e9)
+        await exchange.done
+        return ""
+
     async def stream(self, spec: RequestSpec, *, scheduled_send_ns: int | None = None) -> RequestRecord:
         """Send ``spec``, read its stream to the end, and return its timeline (valid or not)."""
         t_start_ns = time.perf_counter_ns()
@@ -607,7 +674,9 @@ class StreamingClient:
                     exchange = _Exchange(reader, loop.create_future())
                     try:
                         t_send_ns = await connection.start(exchange, request)
-                        await exchange.done
+                        stall = await self._until_done(exchange, t_send_ns)
+                        if stall:
+                            exchange.failure = stall
                     finally:
                         if connection.exchange is exchange:  # cancelled or timed out mid-way
                             connection.keep_alive = False

@@ -164,16 +164,28 @@ class HealthBounds:
       stalls as long as a token gap (5 ms is one gap at 200 tok/s).
     * ``max_send_lag_p99_ms``: request sent versus its schedule (its arrival time for a request
       rate; the previous request's end for a closed loop), which shapes the offered load.
+
+    The client's per-request deadlines travel with them (a deployment sets both kinds in its
+    ``client_bounds`` table): past these a request has *stalled* and is invalid, and
+    ``STALLS_TO_ABORT`` stalls in a row end the scenario (scenarios.py):
+
+    * ``first_token_deadline_s``: send to the first token chunk. 120 s is two orders above
+      Kimi's TTFT at 64 streams of 1024-token prompts (the whole queue's prefill) and far below
+      the 600 s whole-request timeout a wedged server would otherwise cost per request.
+    * ``idle_deadline_s``: no token chunk for this long once the stream has begun. A busy
+      server's longest decode pause is a prefill of newly admitted prompts, seconds at most.
     """
 
     max_cpu_fraction: float = 0.90
     max_loop_latency_p50_ms: float = 0.5
     max_loop_latency_p99_ms: float = 5.0
     max_send_lag_p99_ms: float = 5.0
+    first_token_deadline_s: float = 120.0
+    idle_deadline_s: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("max_cpu_fraction", "max_loop_latency_p50_ms", "max_loop_latency_p99_ms",
-                     "max_send_lag_p99_ms"):
+                     "max_send_lag_p99_ms", "first_token_deadline_s", "idle_deadline_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ConfigError(f"HealthBounds.{name}={value!r}: must be a positive number")

@@ -44,7 +44,7 @@ from pytest_kimiperf.client import (
     check_endpoint,
     parse_base_url,
 )
-from pytest_kimiperf.errors import ConfigError, KimiperfError
+from pytest_kimiperf.errors import ConfigError, KimiperfError, ServerError
 from pytest_kimiperf.metrics import (
     HealthBounds,
     ProcessHealth,
@@ -294,6 +294,8 @@ class _EngineConfig:
     extra_body: Mapping[str, Any]
     request_timeout_s: float
     max_connections: int
+    first_token_deadline_s: float | None = None
+    idle_deadline_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -401,8 +403,19 @@ class _Engine:
         self.client = StreamingClient(
             config.base_url, config.model, endpoint=config.endpoint, api_key=config.api_key,
             max_connections=config.max_connections, request_timeout_s=config.request_timeout_s,
-            extra_body=config.extra_body,
+            extra_body=config.extra_body, first_token_deadline_s=config.first_token_deadline_s,
+            idle_deadline_s=config.idle_deadline_s,
         )
+        self._stalls_in_a_row = 0
+
+    def _count_stall(self, record: RequestRecord) -> None:
+        """Raise ScenarioStalled once ``STALLS_TO_ABORT`` requests in a row have stalled."""
+        if not record.error.startswith(STALL_PREFIX):
+            self._stalls_in_a_row = 0
+            return
+        self._stalls_in_a_row += 1
+        if self._stalls_in_a_row >= STALLS_TO_ABORT:
+            raise ScenarioStalled(f"{STALLS_TO_ABORT} requests in a row stalled; the last: {record.error}")
 
     async def execute(self, plan: _ProcessPlan) -> tuple[list[RequestRecord], ProcessHealth]:
         # A collection is a pause of the loop; the hot path makes no reference cycles, so hold
@@ -457,6 +470,7 @@ class _Engine:
             while (spec := next_spec()) is not None:
                 record = await self.client.stream(spec, scheduled_send_ns=scheduled)
                 records.append(record)
+                self._count_stall(record)
                 scheduled = record.t_done_ns
 
         if specs:
@@ -470,11 +484,14 @@ class _Engine:
 
         async def send(spec: RequestSpec, due_ns: int) -> RequestRecord:
             if semaphore is None:
-                return await self.client.stream(spec, scheduled_send_ns=due_ns)
-            async with semaphore:
-                # Waiting for a free slot is the cap working, not the client lagging.
-                scheduled = max(due_ns, time.perf_counter_ns())
-                return await self.client.stream(spec, scheduled_send_ns=scheduled)
+                record = await self.client.stream(spec, scheduled_send_ns=due_ns)
+            else:
+                async with semaphore:
+                    # Waiting for a free slot is the cap working, not the client lagging.
+                    scheduled = max(due_ns, time.perf_counter_ns())
+                    record = await self.client.stream(spec, scheduled_send_ns=scheduled)
+            self._count_stall(record)
+            return record
 
         for spec, offset_s in zip(plan.specs, plan.arrivals_s):
             due_ns = start_ns + int(offset_s * 1e9)
@@ -674,7 +691,8 @@ def _engine_configs(base_url: str, model: str, scenario: Scenario, *, endpoint: 
         _EngineConfig(
             base_url=base_url, model=model, endpoint=endpoint, api_key=api_key,
             extra_body=dict(extra_body or {}), request_timeout_s=scenario.request_timeout_s,
-            max_connections=max(1, slots),
+            max_connections=max(1, slots), first_token_deadline_s=scenario.bounds.first_token_deadline_s,
+            idle_deadline_s=scenario.bounds.idle_deadline_s,
         )
         for slots in _split(scenario.streams, scenario.client_processes)
     ]
@@ -806,12 +824,41 @@ def _run(base_url: str, model: str, scenario: Scenario, *, rounds: int, first_in
     configs = _engine_configs(base_url, model, scenario, endpoint=endpoint, api_key=api_key,
                               extra_body=extra_body)
     watch = _ServerWatch(base_url, model, api_key, server_metrics)
-    if len(configs) == 1:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            results = runner.run(_play_in_loop(configs[0], scenario, prepared, watch))
-    else:
-        results = _play_in_workers(configs, scenario, prepared, watch)
+    try:
+        if len(configs) == 1:
+            with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+                results = runner.run(_play_in_loop(configs[0], scenario, prepared, watch))
+        else:
+            results = _play_in_workers(configs, scenario, prepared, watch)
+    except ScenarioStalled as stall:
+        raise ServerError(_stall_verdict(str(stall), base_url, api_key)) from None
+    except KimiperfError as error:
+        if STALL_PREFIX not in str(error):  # a worker process's ScenarioStalled, as its traceback
+            raise
+        line = next(ln for ln in str(error).splitlines() if STALL_PREFIX in ln)
+        raise ServerError(_stall_verdict(line.partition("ScenarioStalled: ")[2] or line, base_url, api_key)) from None
     return _result(scenario, prepared, results, watch)
+
+
+def _stall_verdict(stall: str, base_url: str, api_key: str | None) -> str:
+    """The stall and what the server's /health says now (alive but wedged, or gone)."""
+    from pytest_kimiperf.server import check_health
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    why = check_health(base_url, headers, timeout_s=10.0)
+    state = "still answers /health 200 but stopped streaming" if why is None else why
+    return f"the scenario was aborted: {stall}; the server {state}"
+
+
+# A request that stalled (client.StreamingClient deadlines) fails with an error that starts so.
+STALL_PREFIX = "stalled: "
+# Stalls in a row that end a scenario: one stall can be a hiccup, three in a row is a server
+# that stopped serving, and every further request would only add its deadline to the run.
+STALLS_TO_ABORT = 3
+
+
+class ScenarioStalled(KimiperfError):
+    """Requests stalled ``STALLS_TO_ABORT`` times in a row: the scenario is given up."""
 
 
 def _check_no_running_loop(what: str) -> None:
