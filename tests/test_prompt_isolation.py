@@ -287,10 +287,7 @@ def test_the_decode_test_sends_the_same_prompts_alone_and_after_other_tests_and_
 ) -> None:
     log = tmp_path / "prompts.jsonl"
     boots = tmp_path / "boots.txt"
-    # About prompts, not the host: other work on the shared 2-core machine must neither fail
-    # these runs nor make the host watch measure them again.
-    stub_project(stub_deployment_toml(boot_count=boots, extra_args=("--prompt-log", str(log)))
-                 + "host_bounds = { max_foreign_cpu_share = 1.0, max_steal_share = 1.0 }\n")
+    stub_project(stub_deployment_toml(boot_count=boots, extra_args=("--prompt-log", str(log))))
     shutil.copytree(PERF_TESTS, pytester.path / "perf_tests")
     common = ("--deployment", "stub", "-p", "no:randomly")
 
