@@ -70,7 +70,9 @@ class Fingerprint:
     def hardware_class(self) -> str:
         """A readable name for the hardware, e.g. ``8xRTX-PRO-6000-Blackwell-Server-Edition``."""
         count = self.hard.get("gpu.count", "0")
-        if count != "0":
+        if ATTACHED_HARDWARE in self.hard:
+            text = f"attached-{_slug(self.hard[ATTACHED_HARDWARE])}"
+        elif count != "0":
             name = self.hard.get("gpu.name", UNKNOWN).removeprefix("NVIDIA ")
             text = f"{count}x{_slug(name)}"
         else:
@@ -253,9 +255,71 @@ def collect_fingerprint(
     return Fingerprint(hard=hard, soft=soft)
 
 
+def _section(hard: Mapping[str, str], prefix: str) -> str:
+    items = [(name.removeprefix(prefix), value) for name, value in hard.items() if name.startswith(prefix)]
+    return ", ".join(f"{name}={value}" for name, value in items) or "none"
+
+
+ATTACHED_HARDWARE = "server.hardware"
+NOT_STATED = "not stated (--server-hardware)"
+
+
+def probe_attached_server(base_url: str, api_key: str | None, timeout_s: float = 5.0) -> dict[str, str]:
+    """What an attached server tells about itself: ``/version`` and ``/v1/models`` (model ids and
+    max_model_len); ``unknown`` for whatever it does not answer."""
+    import httpx
+
+    from pytest_kimiperf.errors import ServerError
+    from pytest_kimiperf.http_json import json_answer
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    facts = {"server.vllm": UNKNOWN, "server.models": UNKNOWN, "server.max_model_len": UNKNOWN}
+    with httpx.Client(timeout=timeout_s, headers=headers) as client:
+        try:
+            version = json_answer(client.get(f"{base_url}/version"), f"{base_url}/version", expect={"version": str})
+            facts["server.vllm"] = version["version"]
+        except (httpx.HTTPError, ServerError):
+            pass
+        try:
+            models = json_answer(client.get(f"{base_url}/v1/models"), f"{base_url}/v1/models", expect={"data": list})
+            entries = [m for m in models["data"] if isinstance(m, dict)]
+            facts["server.models"] = ",".join(sorted(str(m.get("id")) for m in entries)) or UNKNOWN
+            lengths = sorted({str(m["max_model_len"]) for m in entries if "max_model_len" in m})
+            facts["server.max_model_len"] = ",".join(lengths) or UNKNOWN
+        except (httpx.HTTPError, ServerError):
+            pass
+    return facts
+
+
+def attached_fingerprint(local: Fingerprint, server: Mapping[str, str], *, stated_hardware: str | None) -> Fingerprint:
+    """The fingerprint of a measurement of an attached server (``--server-url``).
+
+    This host's probes describe the *client*: they move to soft facts (``client.*``). The hard
+    facts are what the server tells (vLLM version, models) and the hardware the user states,
+    since nothing here can see the server's GPUs; unstated, it reads as such, so such a run
+    never compares with (or, see settings, records) a baseline of known hardware.
+    """
+    hard = {name: value for name, value in local.hard.items() if name.startswith("deployment.")}
+    hard.update(server)
+    hard[ATTACHED_HARDWARE] = stated_hardware or NOT_STATED
+    soft = {f"client.{name}": value for name, value in {**local.hard, **local.soft}.items()
+            if not name.startswith("deployment.")}
+    return Fingerprint(hard=hard, soft=soft)
+
+
 def describe(fp: Fingerprint) -> list[str]:
     """Lines for the pytest report header: key, hardware, software, deployment."""
     hard = fp.hard
+    if ATTACHED_HARDWARE in hard:
+        return [
+            f"kimiperf fingerprint: {fp.key}",
+            f"  hardware: attached server: {hard[ATTACHED_HARDWARE]}"
+            + ("" if hard[ATTACHED_HARDWARE] == NOT_STATED else " (as stated)"),
+            f"  server: vLLM {hard.get('server.vllm', UNKNOWN)}, models {hard.get('server.models', UNKNOWN)}, "
+            f"max_model_len {hard.get('server.max_model_len', UNKNOWN)}",
+            f"  deployment: {_section(hard, 'deployment.')}",
+            f"  client host (not compared): {fp.soft.get('client.host.name', UNKNOWN)}",
+        ]
     if hard.get("gpu.count", "0") != "0":
         hardware = (
             f"{hard['gpu.count']}x {hard.get('gpu.name', UNKNOWN)} ({hard.get('gpu.memory_mib', '?')} MiB), "
@@ -286,7 +350,10 @@ def describe(fp: Fingerprint) -> list[str]:
 
 
 __all__ = [
+    "ATTACHED_HARDWARE",
     "ISA_FLAGS",
+    "attached_fingerprint",
+    "probe_attached_server",
     "CpuInfo",
     "Fingerprint",
     "collect_fingerprint",

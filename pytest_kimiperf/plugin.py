@@ -427,6 +427,13 @@ def _fingerprint(state: _RunState) -> Any:
         from pytest_kimiperf.gate import session_fingerprint
 
         state.fingerprint = session_fingerprint(state.settings.deployment)
+        if state.settings.external:
+            # This host is only the client: the server's own facts, and its stated hardware.
+            from pytest_kimiperf.fingerprint import attached_fingerprint, probe_attached_server
+
+            state.fingerprint = attached_fingerprint(
+                state.fingerprint, probe_attached_server(state.settings.server_url, state.settings.api_key),
+                stated_hardware=state.settings.server_hardware)
     return state.fingerprint
 
 

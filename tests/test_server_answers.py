@@ -144,3 +144,30 @@ def test_update_baselines_in_attach_mode_needs_the_stated_server_hardware(pytest
     result = pytester.runpytest("--server-url", "http://127.0.0.1:9", "--update-baselines")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--update-baselines with --server-url http://127.0.0.1:9*--server-hardware*"])
+
+
+@pytest.fixture
+def attached_stub() -> Iterator[str]:
+    yield from _stub()
+
+
+@pytest.mark.parametrize("stated", [None, "8x Test GPU, PCIe"], ids=["unstated", "stated"])
+def test_attach_mode_fingerprints_the_server_not_the_client(
+    pytester: pytest.Pytester, stub_project, attached_stub: str, stated: str | None
+) -> None:
+    """The fingerprint takes the server's /version and /v1/models and the hardware the user
+    states; this host's CPU and GPUs are the client's, reported but not compared."""
+    stub_project(stub_deployment_toml())
+    pytester.makepyfile("def test_x(kimiperf_server):\n    pass\n")
+    args = ["--deployment", "stub", "--server-url", attached_stub]
+    args += ["--server-hardware", stated] if stated else []
+    result = pytester.runpytest_subprocess(*args, timeout=60)
+    assert result.parseoutcomes().get("passed") == 1
+    hardware = f"{stated} (as stated)" if stated else "not stated (--server-hardware)"
+    result.stdout.fnmatch_lines([
+        f"kimiperf fingerprint: attached-{'8x-Test-GPU-PCIe' if stated else 'not-stated-server-hardware'}-*",
+        f"  hardware: attached server: {hardware}",
+        "  server: vLLM 0.32.0-stub, models stub-model, max_model_len unknown",
+        "  client host (not compared): *",
+    ])
+    result.stdout.no_fnmatch_line("*hardware: CPU*")
