@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml ci/setup-venv.sh
 setup: $(STAMP)
 
 perf: $(STAMP)
-	$(PY) -m pytest perf_tests --deployment tiny-cpu --nccl-profile default,ring-ll \
+	$(PY) -m pytest perf_tests --deployment tiny-cpu --nccl-profile default,ring-ll --kimiperf-boots 2 \
 		--perf-json $(PERF_OUT)/report.json --perf-markdown $(PERF_OUT)/summary.md \
 		--perf-plots $(PERF_OUT)/plots $(PYTEST_ARGS)
 

@@ -1,7 +1,11 @@
 """JSON baselines: one human-diffable file per deployment and hardware fingerprint.
 
 ``baselines/<deployment>/<fingerprint key>.json`` holds, for each ``<test id>|<profile>|<metric>``,
-the raw samples of the run that recorded it plus their median and IQR for readers of the diff.
+a *history*: one summary per server boot (median, samples, within-boot error of the median, when,
+which commit and software) for the last :data:`HISTORY_BOOTS` boots, because the boot is the unit
+the gate judges on (stats.py); plus the per-request samples of the latest boot for plots.
+``--update-baselines`` appends the session's boots. Schema 1 files (one run's samples) load as a
+history of one boot and are rewritten as schema 2 on the next update.
 Files are reviewed like code, so the output is stable: sorted keys, two-space indent, floats at
 six significant digits, a trailing newline. Writers merge under a file lock and replace the file
 atomically, so parallel pytest-xdist controllers or CI jobs never lose each other's entries and a
@@ -16,7 +20,7 @@ import os
 import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,11 +32,15 @@ from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.fingerprint import Fingerprint
 from pytest_kimiperf.metric_specs import Direction
 from pytest_kimiperf.names import check_safe_name
+from pytest_kimiperf.stats import BootSummary, summarize_boot
 
 # Fingerprint is re-exported: it is the type baseline files are keyed by.
 __all__ = [
     "SCHEMA_VERSION",
+    "BaselineBoot",
     "BaselineEntry",
+    "HISTORY_BOOTS",
+    "append_history",
     "BaselineFile",
     "Fingerprint",
     "baseline_path",
@@ -44,7 +52,8 @@ __all__ = [
     "update_baseline",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+HISTORY_BOOTS = 20
 SIGNIFICANT_DIGITS = 6
 LOCK_TIMEOUT_S = 120.0
 KEY_SEPARATOR = "|"
@@ -56,21 +65,48 @@ _RESTORE_HINT = (
 
 
 @dataclass(frozen=True)
+class BaselineBoot:
+    """One recorded server boot of one metric: the unit the gate compares."""
+
+    median: float
+    n: int
+    se_log: float | None
+    recorded_at: str
+    git_commit: str | None
+    versions: Mapping[str, str]
+
+    def summary(self) -> BootSummary:
+        """As stats sees a boot."""
+        return BootSummary(median=self.median, n=self.n,
+                           se_log=math.nan if self.se_log is None else self.se_log, label=self.recorded_at)
+
+    def to_json(self) -> dict[str, Any]:
+        """The boot as stored in the file."""
+        return {"median": self.median, "n": self.n, "se_log": self.se_log, "recorded_at": self.recorded_at,
+                "git_commit": self.git_commit, "versions": dict(self.versions)}
+
+
+@dataclass(frozen=True)
 class BaselineEntry:
-    """The stored samples of one metric of one test under one NCCL profile."""
+    """The boot history of one metric of one test under one NCCL profile."""
 
     test: str
     profile: str
     metric: str
     unit: str
     direction: Direction
-    samples: tuple[float, ...]
-    median: float
+    samples: tuple[float, ...]  # the latest boot's per-request samples (plots, tails)
+    median: float  # of the latest boot's samples, for readers of the diff
     iqr: tuple[float, float]
     n: int
     recorded_at: str
     git_commit: str | None
     profile_env: Mapping[str, str]
+    boots: tuple[BaselineBoot, ...] = ()
+
+    def summaries(self) -> list[BootSummary]:
+        """The history as stats.BootSummary, oldest first."""
+        return [b.summary() for b in self.boots]
 
     @property
     def key(self) -> str:
@@ -92,6 +128,7 @@ class BaselineEntry:
             "recorded_at": self.recorded_at,
             "git_commit": self.git_commit,
             "profile_env": dict(self.profile_env),
+            "boots": [b.to_json() for b in self.boots],
         }
 
 
@@ -148,6 +185,8 @@ def make_entry(
     git_commit: str | None,
     profile_env: Mapping[str, str],
     recorded_at: datetime | None = None,
+    boot_samples: Sequence[Sequence[float]] | None = None,
+    versions: Mapping[str, str] | None = None,
 ) -> BaselineEntry:
     """Build an entry from raw samples: rounds them and derives median, IQR and n from the rounded ones.
 
@@ -167,6 +206,17 @@ def make_entry(
         raise BaselineError(f"recorded_at {when.isoformat()} has no time zone; pass an aware UTC time")
     arr = np.asarray(finite)
     q1, q3 = np.percentile(arr, [25.0, 75.0])
+    stamp = when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    boots = []
+    for boot in (boot_samples if boot_samples is not None else [values]):
+        summary = summarize_boot([v for v in boot if math.isfinite(v)])
+        if summary.n == 0:
+            continue
+        boots.append(BaselineBoot(
+            median=_round(summary.median), n=summary.n,
+            se_log=None if not math.isfinite(summary.se_log) else _round(summary.se_log),
+            recorded_at=stamp, git_commit=git_commit,
+            versions={str(k): str(v) for k, v in (versions or {}).items()}))
     return BaselineEntry(
         test=test,
         profile=profile,
@@ -177,10 +227,23 @@ def make_entry(
         median=_round(float(np.median(arr))),
         iqr=(_round(float(q1)), _round(float(q3))),
         n=len(finite),
-        recorded_at=when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        recorded_at=stamp,
         git_commit=git_commit,
         profile_env={str(k): str(v) for k, v in profile_env.items()},
+        boots=tuple(boots),
     )
+
+
+def append_history(old: BaselineEntry | None, new: BaselineEntry, keep: int = HISTORY_BOOTS) -> BaselineEntry:
+    """``new``'s boots appended to ``old``'s history (last ``keep`` boots kept).
+
+    A history recorded with another profile environment, unit or direction is another thing:
+    it is replaced, not extended.
+    """
+    if old is None or dict(old.profile_env) != dict(new.profile_env) or (old.unit, old.direction) != (
+            new.unit, new.direction):
+        return new
+    return replace(new, boots=(old.boots + new.boots)[-keep:])
 
 
 def load_baseline(path: str | os.PathLike[str]) -> BaselineFile | None:
@@ -221,9 +284,9 @@ def update_baseline(
             f"baseline {path} does not match deployment {deployment!r} and fingerprint "
             f"{fingerprint.key!r}: use baseline_path() so every file is <deployment>/<key>.json"
         )
-    new_entries = {}
+    new_entries: dict[str, BaselineEntry] = {}
     for entry in entries:
-        new_entries[entry.key] = entry
+        new_entries[entry.key] = append_history(new_entries.get(entry.key), entry)
     path.parent.mkdir(parents=True, exist_ok=True)
     lock_path = f"{path}.lock"
     try:
@@ -233,7 +296,8 @@ def update_baseline(
             if existing is not None:
                 _check_same_owner(path, existing, deployment, fingerprint)
                 merged.update(existing.entries)
-            merged.update(new_entries)
+            for key, entry in new_entries.items():
+                merged[key] = append_history(merged.get(key), entry)
             result = BaselineFile(
                 path=path,
                 deployment=deployment,
@@ -365,7 +429,7 @@ def _parse(path: Path, text: str) -> BaselineFile:
         deployment=deployment,
         fingerprint=fingerprint,
         entries=entries,
-        schema_version=version,
+        schema_version=SCHEMA_VERSION,
     )
 
 
@@ -404,6 +468,16 @@ def _parse_entry(raw: object) -> BaselineEntry:
         raise ValueError(
             f"direction {raw['direction']!r} is not one of {', '.join(d.value for d in Direction)}"
         ) from None
+    if "boots" in raw:
+        boots = tuple(_parse_boot(b, i) for i, b in enumerate(raw["boots"] if isinstance(raw["boots"], list) else [None]))
+        if not boots:
+            raise ValueError("boots must be a non-empty list")
+    else:
+        # Schema 1: the samples of one run, which was one boot.
+        summary = summarize_boot([float(s) for s in samples])
+        boots = (BaselineBoot(median=summary.median, n=summary.n,
+                              se_log=None if not math.isfinite(summary.se_log) else summary.se_log,
+                              recorded_at=raw["recorded_at"], git_commit=raw["git_commit"], versions={}),)
     return BaselineEntry(
         test=raw["test"],
         profile=raw["profile"],
@@ -417,7 +491,27 @@ def _parse_entry(raw: object) -> BaselineEntry:
         recorded_at=raw["recorded_at"],
         git_commit=raw["git_commit"],
         profile_env=dict(env),
+        boots=boots,
     )
+
+
+def _parse_boot(raw: object, index: int) -> BaselineBoot:
+    if not isinstance(raw, dict):
+        raise TypeError(f"boots[{index}] is not an object")
+    if not _is_number(raw.get("median")) or raw["median"] <= 0:
+        raise ValueError(f"boots[{index}].median must be a number > 0")
+    n = raw.get("n")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"boots[{index}].n must be an integer >= 1")
+    se = raw.get("se_log")
+    if se is not None and not _is_number(se):
+        raise ValueError(f"boots[{index}].se_log must be a number or null")
+    versions = raw.get("versions") or {}
+    if not isinstance(versions, dict):
+        raise TypeError(f"boots[{index}].versions must be an object")
+    return BaselineBoot(median=float(raw["median"]), n=n, se_log=None if se is None else float(se),
+                        recorded_at=str(raw.get("recorded_at") or ""), git_commit=raw.get("git_commit"),
+                        versions={str(k): str(v) for k, v in versions.items()})
 
 
 def _is_number(value: object) -> bool:

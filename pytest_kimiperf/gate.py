@@ -1,9 +1,10 @@
 """Where a verdict is decided: floors, baselines and profile-vs-reference comparisons.
 
-One measured test produces a :class:`TestResult` (plain data, JSON-able so it can travel from an
-xdist worker to the controller). The gate compares its samples with the stored baseline of the
-same test, profile and metric (only when the hardware fingerprint matches), and with the
-deployment's decode floor; the reports compare profiles with each other at session end.
+One measured test on one server boot produces a :class:`TestResult` (plain data, JSON-able so
+it can travel from an xdist worker to the controller). The gate compares the per-boot summaries
+of all boots of the same test and profile with the stored boot history of the baseline (only
+when the hardware fingerprint matches), and with the deployment's decode floor; the reports
+compare profiles with each other, boot against boot, at session end (stats.py says why).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import numpy as np
 from pytest_kimiperf import baselines as baseline_store
 from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.metric_specs import Direction, metric_spec
-from pytest_kimiperf.stats import Comparison, FloorResult, VerdictKind, compare, floor_check
+from pytest_kimiperf.stats import (
+    BootSummary, Comparison, FloorResult, VerdictKind, compare_boots, floor_check, summarize_boot,
+)
 
 FLOOR_METRIC = "decode_tok_s"
 
@@ -35,6 +38,11 @@ class MetricResult:
     samples: list[float]
     baseline: dict[str, Any] | None = None  # Comparison.to_dict() against the baseline
     baseline_message: str | None = None
+    boot_label: str = ""
+
+    def boot_summary(self) -> BootSummary:
+        """This boot's summary of the metric (the unit of replication)."""
+        return summarize_boot(self.samples, self.boot_label)
 
     @property
     def finite(self) -> list[float]:
@@ -55,6 +63,7 @@ class MetricResult:
             "metric": self.metric, "unit": self.unit, "direction": self.direction,
             "tolerance": self.tolerance, "samples": self.samples, "summary": self.summary(),
             "baseline": self.baseline, "baseline_message": self.baseline_message,
+            "boot_label": self.boot_label, "boot_summary": self.boot_summary().to_json(),
         }
 
     @classmethod
@@ -64,6 +73,7 @@ class MetricResult:
             metric=data["metric"], unit=data["unit"], direction=data["direction"],
             tolerance=data["tolerance"], samples=[float(s) for s in data["samples"]],
             baseline=data.get("baseline"), baseline_message=data.get("baseline_message"),
+            boot_label=str(data.get("boot_label") or ""),
         )
 
 
@@ -87,6 +97,11 @@ class TestResult:
     profile_env: dict[str, str] = field(default_factory=dict)
     invalid: str | None = None
     itl_timeline_ms: list[float] = field(default_factory=list)
+    boot: int = 1
+    # Why --update-baselines must not record this boot (a failure that is not a verdict).
+    unrecordable: str | None = None
+    host: dict[str, Any] | None = None  # hostwatch readings of the measured rounds
+    versions: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-able form."""
@@ -100,6 +115,8 @@ class TestResult:
             "server_env": self.server_env, "profile_env": self.profile_env,
             "invalid": self.invalid,
             "itl_timeline_ms": self.itl_timeline_ms,
+            "boot": self.boot, "unrecordable": self.unrecordable, "host": self.host,
+            "versions": self.versions,
         }
 
     @classmethod
@@ -117,26 +134,16 @@ class TestResult:
             server_env=dict(data.get("server_env") or {}),
             profile_env=dict(data.get("profile_env") or {}), invalid=data.get("invalid"),
             itl_timeline_ms=[float(x) for x in data.get("itl_timeline_ms") or []],
+            boot=int(data.get("boot") or 1), unrecordable=data.get("unrecordable"),
+            host=data.get("host"), versions=dict(data.get("versions") or {}),
         )
 
 
 def strip_profile(nodeid: str, profile: str) -> str:
-    """The node id without the profile's part of the parameter id, other parameters kept.
+    """The node id without the profile's (or boot slot's) part of the parameter id."""
+    from pytest_kimiperf.boots import strip_slot
 
-    ``test_tp.py::test_out[ring-ll-8]`` -> ``test_tp.py::test_out[8]``: baselines and profile
-    comparisons are keyed by it, so each concurrency keeps its own entry.
-    """
-    base, _, params = nodeid.partition("[")
-    params = params.removesuffix("]")
-    if params in ("", profile):
-        return base
-    if params.startswith(f"{profile}-"):
-        rest = params[len(profile) + 1:]
-    elif params.endswith(f"-{profile}"):
-        rest = params[: -len(profile) - 1]
-    else:
-        rest = params.replace(f"-{profile}-", "-", 1)
-    return f"{base}[{rest}]"
+    return strip_slot(nodeid, profile)
 
 
 class BaselineView:
@@ -191,8 +198,11 @@ def judge_metric(
     profile: str,
     view: BaselineView | None,
     profile_env: Mapping[str, str],
+    current: Sequence[BootSummary],
+    prior_spread: float,
 ) -> tuple[Comparison | None, str]:
-    """Compare one metric with its baseline; returns the comparison (if any) and a message."""
+    """Compare one metric's boots so far with the baseline's boot history; returns the
+    comparison (if any) and a message."""
     spec = metric_spec(result.metric)
     if view is None:
         return None, f"{spec.label}: baselines not in use"
@@ -213,23 +223,19 @@ def judge_metric(
             elsewhere, key=lambda fe: (len(fe[0].fingerprint.diff(view.fingerprint)[0]), str(fe[0].path)))
         hard = other.fingerprint.diff(view.fingerprint)[0]
         shown = "; ".join(hard[:3]) + (f"; and {len(hard) - 3} more" if len(hard) > 3 else "")
-        comparison = compare(
-            result.samples, list(other_entry.samples), direction=Direction(result.direction),
-            tolerance=result.tolerance, metric=spec.label, unit=result.unit, comparable=False,
+        comparison = compare_boots(
+            current, other_entry.summaries(), direction=Direction(result.direction),
+            tolerance=result.tolerance, prior_spread=prior_spread, metric=spec.label, unit=result.unit,
+            comparable=False,
         )
         return comparison, (
             f"{comparison.message()} — the baseline was recorded on other hardware "
             f"({other.fingerprint.key}: {shown}); {missing}"
         )
     comparable = dict(entry.profile_env) == dict(profile_env)
-    comparison = compare(
-        result.samples,
-        list(entry.samples),
-        direction=Direction(result.direction),
-        tolerance=result.tolerance,
-        metric=spec.label,
-        unit=result.unit,
-        comparable=comparable,
+    comparison = compare_boots(
+        current, entry.summaries(), direction=Direction(result.direction), tolerance=result.tolerance,
+        prior_spread=prior_spread, metric=spec.label, unit=result.unit, comparable=comparable,
     )
     message = comparison.message()
     if not comparable:
@@ -253,46 +259,61 @@ def check_floor(median: float, *, floor: float, target: float) -> FloorResult:
 
 
 def compare_profiles(
-    results: Sequence[TestResult], reference_profile: str
+    results: Sequence[TestResult], reference_profile: str, *, prior_spread: float = 0.01
 ) -> list[tuple[str, str, str, Comparison]]:
-    """Each profile against the reference, per test and metric: (test, metric, profile, comparison)."""
-    by_key: dict[tuple[str, str], dict[str, MetricResult]] = {}
+    """Each profile against the reference, per test and metric, boot against boot:
+    (test, metric, profile, comparison). Boots measured on a disturbed host (INVALID) are
+    not samples of either profile and are left out."""
+    boots: dict[tuple[str, str], dict[str, list[BootSummary]]] = {}
+    meta: dict[tuple[str, str], MetricResult] = {}
     for res in results:
+        if res.invalid:
+            continue
         for metric, mres in res.metrics.items():
-            by_key.setdefault((res.test, metric), {})[res.profile] = mres
+            boots.setdefault((res.test, metric), {}).setdefault(res.profile, []).append(mres.boot_summary())
+            meta.setdefault((res.test, metric), mres)
     rows: list[tuple[str, str, str, Comparison]] = []
-    for (test, metric), per_profile in by_key.items():
+    for (test, metric), per_profile in boots.items():
         ref = per_profile.get(reference_profile)
         if ref is None:
             continue
         spec = metric_spec(metric)
-        for profile, mres in per_profile.items():
+        mres = meta[(test, metric)]
+        for profile, current in per_profile.items():
             if profile == reference_profile:
                 continue
-            rows.append((test, metric, profile, compare(
-                mres.samples, ref.samples, direction=Direction(mres.direction),
-                tolerance=mres.tolerance, metric=spec.label, unit=mres.unit,
+            rows.append((test, metric, profile, compare_boots(
+                current, ref, direction=Direction(mres.direction), tolerance=mres.tolerance,
+                prior_spread=prior_spread, metric=spec.label, unit=mres.unit,
             )))
     return rows
 
 
 def baseline_entries(
     results: Sequence[TestResult], *, git_commit: str | None
-) -> list[baseline_store.BaselineEntry]:
-    """Baseline entries for every metric of the tests that ran (and only those)."""
-    entries = []
-    for res in results:
-        if res.invalid:
+) -> tuple[list[baseline_store.BaselineEntry], list[str]]:
+    """Baseline entries for every metric of the tests that ran, every boot of this session
+    appended in order; and, for each boot not recorded, the test and why."""
+    grouped: dict[tuple[str, str, str], list[tuple[TestResult, MetricResult]]] = {}
+    skipped: list[str] = []
+    for res in sorted(results, key=lambda r: r.boot):
+        why = res.invalid and f"INVALID: {res.invalid}" or res.unrecordable
+        if why:
+            skipped.append(f"{res.test} [{res.profile}, boot {res.boot}]: {why}")
             continue
         for mres in res.metrics.values():
-            if not mres.finite:
-                continue
-            entries.append(baseline_store.make_entry(
-                test=res.test, profile=res.profile, metric=mres.metric, unit=mres.unit,
-                direction=Direction(mres.direction), samples=mres.samples,
-                git_commit=git_commit, profile_env=res.profile_env,
-            ))
-    return entries
+            if mres.finite:
+                grouped.setdefault((res.test, res.profile, mres.metric), []).append((res, mres))
+    entries = []
+    for (test, profile, metric), boots in grouped.items():
+        last_res, last = boots[-1]
+        entries.append(baseline_store.make_entry(
+            test=test, profile=profile, metric=metric, unit=last.unit,
+            direction=Direction(last.direction), samples=last.samples, git_commit=git_commit,
+            profile_env=last_res.profile_env, boot_samples=[m.samples for _, m in boots],
+            versions=last_res.versions,
+        ))
+    return entries, skipped
 
 
 __all__ = [

@@ -65,6 +65,17 @@ OPTIONS = (
     Option("server_hardware", "--server-hardware", "kimiperf_server_hardware",
             "with --server-url: the attached server's hardware in your words (e.g. '8x RTX PRO 6000 "
             "Blackwell, PCIe'), recorded in its fingerprint; required there for --update-baselines"),
+    Option("boots", "--kimiperf-boots", "kimiperf_boots",
+            "boots per profile planned up front (default 1), in interleaved order A B B A; for "
+            "recording a baseline or a careful comparison", "1"),
+    Option("max_boots", "--kimiperf-max-boots", "kimiperf_max_boots",
+            "most boots per profile, on demand when a first boot looks worse (default: the "
+            "deployment's max_boots)"),
+    Option("boot_order", "--kimiperf-boot-order", "kimiperf_boot_order",
+            "order of the boots of several profiles: interleaved (A B B A ...) or random "
+            "(seeded by --kimiperf-boot-seed)", "interleaved"),
+    Option("boot_seed", "--kimiperf-boot-seed", "kimiperf_boot_seed",
+            "seed of --kimiperf-boot-order random (default 0)", "0"),
 )
 
 

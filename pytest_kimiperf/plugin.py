@@ -44,6 +44,7 @@ class _RunState:
     worker_records: list[Any] = field(default_factory=list)  # ServerRecord from xdist workers
     remote_worker: bool = False  # an xdist worker on another host (cannot be scheduled)
     fingerprint_shown: bool = False
+    ledger: Any = None  # boots.BootLedger: what each test measured, boot by boot (runs them)
 
 
 RUN_STATE = pytest.StashKey[_RunState]()
@@ -172,12 +173,16 @@ def _perf_run_requested(config: pytest.Config) -> bool:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Every test that needs the server runs once per selected NCCL profile."""
+    """Every test that needs the server runs once per selected NCCL profile and boot slot
+    (planned boots always, boots on demand only when an earlier boot asked for them)."""
     if SERVER_FIXTURE not in metafunc.fixturenames:
         return
-    profiles = metafunc.config.stash[RUN_STATE].settings.profiles
+    from pytest_kimiperf.boots import schedule
+
+    s = metafunc.config.stash[RUN_STATE].settings
+    slots = schedule(s.profiles, s.max_boots, order=s.boot_order, seed=s.boot_seed)
     metafunc.parametrize(
-        PROFILE_FIXTURE, list(profiles), indirect=True, scope="session", ids=[p.name for p in profiles]
+        PROFILE_FIXTURE, slots, indirect=True, scope="session", ids=[slot.id for slot in slots]
     )
 
 
@@ -199,24 +204,27 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def _group_by_profile(items: list[pytest.Item]) -> None:
-    """Reorder the server tests in place so each profile's run together, profiles in the
-    order they first appear (so --ff's first test still runs first); within a profile, and
-    for every other test, the order stays as it was."""
-
-    def profile_of(item: pytest.Item) -> str | None:
-        callspec = getattr(item, "callspec", None)
-        profile = callspec.params.get(PROFILE_FIXTURE) if callspec is not None else None
-        return getattr(profile, "name", None)
-
-    order: dict[str, int] = {}
+    """Reorder the server tests in place so each boot slot's tests run together, slots in the
+    schedule's order (A B B A ..., boots.schedule); within a slot, and for every other test,
+    the order stays as it was."""
+    rank: dict[str, int] = {}
     for item in items:
-        name = profile_of(item)
-        if name is not None:
-            order.setdefault(name, len(order))
-    slots = [i for i, item in enumerate(items) if profile_of(item) in order]
-    grouped = sorted((items[i] for i in slots), key=lambda item: order[profile_of(item)])  # stable
+        slot = _slot_of(item)
+        if slot is not None and not rank:
+            s = item.config.stash[RUN_STATE].settings
+            from pytest_kimiperf.boots import schedule
+
+            rank = {sl.id: i for i, sl in enumerate(schedule(s.profiles, s.max_boots, order=s.boot_order,
+                                                              seed=s.boot_seed))}
+    slots = [i for i, item in enumerate(items) if _slot_of(item) is not None]
+    grouped = sorted((items[i] for i in slots), key=lambda item: rank.get(_slot_of(item).id, 0))  # stable
     for i, item in zip(slots, grouped):
         items[i] = item
+
+
+def _slot_of(item: pytest.Item) -> Any:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get(PROFILE_FIXTURE) if callspec is not None else None
 
 
 @pytest.hookimpl(trylast=True)
@@ -280,7 +288,13 @@ def kimiperf_settings(pytestconfig: pytest.Config) -> Settings:
 @pytest.fixture(scope="session")
 def kimiperf_profile(request: pytest.FixtureRequest) -> Any:
     """The NCCL profile of the current parametrization."""
-    return request.param
+    return request.param.profile
+
+
+@pytest.fixture(scope="session")
+def kimiperf_boot(request: pytest.FixtureRequest, kimiperf_profile: Any) -> int:
+    """Which boot of the current profile the server is (1 for the first)."""
+    return int(request.node.callspec.params[PROFILE_FIXTURE].boot) if hasattr(request.node, "callspec") else 1
 
 
 @pytest.fixture(scope="session")
@@ -323,7 +337,7 @@ def kimiperf_server(
 @pytest.fixture
 def perf(request: pytest.FixtureRequest, kimiperf_server: Any, kimiperf_profile: Any) -> Any:
     """Measure scenarios against the session's server and judge them (floors, baselines)."""
-    from pytest_kimiperf.gate import strip_profile
+    from pytest_kimiperf.boots import strip_slot
     from pytest_kimiperf.recorder import PerfRecorder
 
     state = request.config.stash[RUN_STATE]
@@ -353,9 +367,12 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: Any, kimiperf_profile:
 
         return active_benchmark(request.config, request.getfixturevalue, is_worker=_is_worker(request.config))
 
+    slot = _slot_of(item)
     return PerfRecorder(
         nodeid=item.nodeid,
-        test=strip_profile(item.nodeid, kimiperf_profile.name),
+        test=strip_slot(item.nodeid, slot.id),
+        boot=slot.boot,
+        ledger=_ledger(state),
         server=kimiperf_server,
         settings=state.settings,
         profile_env=dict(kimiperf_profile.env),
@@ -373,6 +390,28 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """Check the test's kimiperf marker before its fixtures run (a typo must not cost a boot)."""
     if "perf" in getattr(item, "fixturenames", ()):
         item.stash[TOLERANCES_KEY] = _marker_tolerances(item)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """A boot on demand that no earlier boot asked for does not run at all: no boot, no
+    report (it is not a skipped check, it is a confirmation nobody needed)."""
+    slot = _slot_of(item)
+    if slot is None or slot.boot == 1:
+        return None
+    from pytest_kimiperf.boots import strip_slot
+
+    state = item.config.stash[RUN_STATE]
+    needed, _why = _ledger(state).needed(strip_slot(item.nodeid, slot.id), slot, state.settings.boots)
+    return None if needed else True
+
+
+def _ledger(state: _RunState) -> Any:
+    if state.ledger is None:
+        from pytest_kimiperf.boots import BootLedger
+
+        state.ledger = BootLedger()
+    return state.ledger
 
 
 def _marker_tolerances(item: pytest.Item) -> dict[str, float]:

@@ -14,6 +14,7 @@ controller's reports and baselines.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
@@ -30,10 +31,15 @@ from pytest_kimiperf.gate import (
     verdict_fails,
 )
 from pytest_kimiperf.metric_specs import metric_spec
-from pytest_kimiperf.stats import needs_more_samples
+from pytest_kimiperf.boots import BootLedger
+from pytest_kimiperf.stats import Comparison, VerdictKind, plan_line, wants_another_boot
 from pytest_kimiperf.server import ServerHandle
 from pytest_kimiperf.settings import Settings
 
+
+# A measurement the host watch finds disturbed is measured again this many times before the
+# run is INVALID: one burst of a cron job should cost a repeat, a busy host a verdict.
+HOST_RETRIES = 2
 
 # Failed requests beyond this share of a run fail the test: the figures of the requests that
 # did succeed would describe a server that is not the one being tested.
@@ -58,12 +64,16 @@ class PerfRecorder:
         tolerances: Mapping[str, float] | None = None,
         benchmark: Callable[[], Any | None] | None = None,
         boot: int = 1,
+        ledger: BootLedger | None = None,
     ) -> None:
         self.nodeid = nodeid
         self.test = test
         self.server = server
         # Which boot of this profile's server measures: part of the prompt seed (workload.prompt_seed).
         self.boot = boot
+        self.ledger = ledger if ledger is not None else BootLedger()
+        self.host_readings: list[Any] = []  # hostwatch.HostReading of every measured attempt
+        self.host_busy: str | None = None
         self.settings = settings
         self.profile_env = dict(profile_env)
         self.view = view
@@ -95,7 +105,8 @@ class PerfRecorder:
         ``endpoint`` is ``"completions"`` or ``"chat"`` (``/v1/chat/completions``);
         ``server_metrics=False`` skips the ``/metrics`` cross-check (a server without it, or a
         test that wants no extra requests); ``extra_body`` adds fields to every request.
-        Extra rounds taken while a comparison is inconclusive use the same choices.
+        The host is watched while it runs (hostwatch.py): a disturbed measurement is taken
+        again with fresh prompts, and one disturbed every time makes the run INVALID.
         """
         from pytest_kimiperf.scenarios import run_scenario
         from pytest_kimiperf.workload import prompt_seed
@@ -104,19 +115,24 @@ class PerfRecorder:
         scenario = self._with_deployment_bounds(scenario)
         # Prompts of this test, profile and boot only: vLLM's prefix cache must not hand this
         # run another test's prefill, and -k or test order must not change what is sent.
-        scenario = dataclasses.replace(
-            scenario, seed=prompt_seed(self.test, self.server.profile, self.boot, scenario.seed))
+        # A repeat after a disturbed attempt gets prompts of its own too (the first attempt's
+        # prefill would come from the cache and its TTFT read short).
+        base = scenario
         options = {"endpoint": endpoint, "server_metrics": server_metrics, "extra_body": extra_body}
 
-        def play() -> Any:
+        def play(attempt: int = 0) -> Any:
+            seeded = dataclasses.replace(
+                base, seed=prompt_seed(self.test, self.server.profile, self.boot, base.seed + attempt))
+            nonlocal scenario
+            scenario = seeded
             return run_scenario(
-                self.server.base_url, self.server.model, scenario, api_key=self.server.api_key, **options
+                self.server.base_url, self.server.model, seeded, api_key=self.server.api_key, **options
             )
 
         benchmark = self._take_benchmark()
         start = time.monotonic_ns()
         try:
-            run = play() if benchmark is None else benchmark_bridge.run_timed(benchmark, play)
+            run = self._watched(play, benchmark)
         finally:
             self.intervals_ns.append((start, time.monotonic_ns()))
         if benchmark is not None:
@@ -125,6 +141,60 @@ class PerfRecorder:
         self._ensure_alive()
         self._scenario_of[id(run)] = (scenario, options)
         return run
+
+    def _watched(self, play: Callable[..., Any], benchmark: Any | None) -> Any:
+        """Play the scenario under the host watch; a disturbed measurement is measured again
+        (at most HOST_RETRIES times), and one still disturbed makes the run INVALID."""
+        from pytest_kimiperf.hostwatch import HostBounds, HostWatch
+
+        self.host_busy = None
+        if self.server.external:
+            # The attached server's processes are unknown here: on this host they would count
+            # as foreign; on another host this host says nothing about the server's.
+            return play() if benchmark is None else benchmark_bridge.run_timed(benchmark, play)
+        bounds = HostBounds.from_mapping(self.settings.deployment.host_bounds,
+                                         source=f"deployment {self.settings.deployment.name} host_bounds")
+        for attempt in range(1 + HOST_RETRIES):
+            watch = HostWatch(own_pids=self._own_pids, **self._gpu_watch())
+            watch.start()
+            if attempt == 0 and benchmark is not None:
+                run = benchmark_bridge.run_timed(benchmark, play)
+            else:
+                run = play(attempt)
+            reading = watch.stop()
+            self.host_readings.append(reading)
+            if not reading.disturbances(bounds):
+                return run
+        self.host_busy = (f"{reading.describe_busy(bounds)}; measured {1 + HOST_RETRIES} times, disturbed "
+                          "every time: no verdict from a busy host")
+        return run
+
+    def _own_pids(self) -> list[int]:
+        """The server's process tree and this client with its worker processes."""
+        import psutil
+
+        pids = []
+        for root in (self.server.pid, os.getpid()):
+            if root is None:
+                continue
+            try:
+                proc = psutil.Process(root)
+                pids.append(proc.pid)
+                pids.extend(child.pid for child in proc.children(recursive=True))
+            except psutil.Error:
+                continue
+        return pids
+
+    def _gpu_watch(self) -> dict[str, Any]:
+        """NVML and the deployment's GPU indices, where the deployment runs on GPUs."""
+        dep = self.settings.deployment
+        if not dep.needs_gpus:
+            return {}
+        try:
+            import pynvml
+        except ImportError:
+            return {}
+        return {"nvml": pynvml, "gpu_indices": tuple(range(dep.gpu_count))}
 
     def _take_benchmark(self) -> Any | None:
         """pytest-benchmark's fixture for this measure, once per test (it times one call)."""
@@ -147,37 +217,17 @@ class PerfRecorder:
     def check(self, run: Any, metrics: Sequence[str], *, floor: bool = False) -> TestResult:
         """Judge ``run``'s metrics (floor, baseline); fail the test with the verdict line if needed.
 
-        A baseline comparison that is inconclusive but could still be settled by more samples
-        (stats.needs_more_samples) gets more rounds of the same scenario, up to its
-        ``max_rounds``, before the verdict stands.
+        The run is this test's measurement on one server boot. Its per-boot summaries join the
+        test's earlier boots (``BootLedger``) and the comparison rests on all of them. A boot
+        that looks worse than the tolerance without a verdict asks for another boot of this
+        profile (up to the maximum): then this test passes with a note and the next boot's run
+        of it decides. Planned boots (``--kimiperf-boots``) are judged after the last of them.
         """
-        while True:
-            try:
-                result, comparisons = self._judge(run, metrics, floor=floor)
-            except BaselineError as exc:  # a corrupt or newer baseline file: its message says which
-                self._fail(str(exc))
-            if result.invalid or not any(needs_more_samples(c) for c in comparisons):
-                break
-            longer = self._extend(run)
-            if longer is None:
-                break
-            run = longer
+        try:
+            result, _ = self._judge(run, metrics, floor=floor)
+        except BaselineError as exc:  # a corrupt or newer baseline file: its message says which
+            self._fail(str(exc))
         return self._finish(result)
-
-    def _extend(self, run: Any) -> Any | None:
-        """One more round of ``run``'s scenario, or None at its max_rounds."""
-        from pytest_kimiperf.scenarios import extend
-
-        scenario, options = self._scenario_of.get(id(run), (None, {}))
-        if scenario is None or len(run.rounds) >= scenario.max_rounds:
-            return None
-        self._ensure_alive()
-        start = time.monotonic_ns()
-        longer = extend(self.server.base_url, self.server.model, scenario, run, rounds=1,
-                        api_key=self.server.api_key, **options)
-        self.intervals_ns.append((start, time.monotonic_ns()))
-        self._scenario_of[id(longer)] = (scenario, options)
-        return longer
 
     def _judge(self, run: Any, metrics: Sequence[str], *, floor: bool) -> tuple[TestResult, list[Any]]:
         comparisons: list[Any] = []
@@ -192,13 +242,26 @@ class PerfRecorder:
             server_env=dict(self.server.env),
             profile_env=self.profile_env,
             itl_timeline_ms=run.itl_timeline_ms(),
+            boot=self.boot,
+            host=self.host_readings[-1].to_json() if self.host_readings else None,
         )
         for name in metrics:
             spec = metric_spec(name)
             result.metrics[name] = MetricResult(
                 metric=name, unit=spec.unit, direction=spec.direction.value,
                 tolerance=self.tolerance(name), samples=[float(x) for x in run.samples(name)],
+                boot_label=f"{self.server.profile} boot {self.boot}",
             )
+        if self.host_readings:
+            r = self.host_readings[-1]
+            psi = ", ".join(f"PSI {k.replace('_', ' ')} {v * 100:.0f}%" for k, v in sorted(r.psi.items()))
+            result.messages.append(
+                f"host watch ({len(self.host_readings)} attempt(s)): foreign CPU {r.foreign_cpu_share * 100:.0f}% "
+                f"of the host, steal {r.steal_share * 100:.0f}%" + (f", {psi}" if psi else ""))
+        if self.host_busy is not None:
+            result.invalid = self.host_busy
+            result.failures.append(f"INVALID measurement: {self.host_busy}")
+            return result, comparisons
         if not run.valid:
             result.invalid = run.invalid_reason
             result.failures.append(f"INVALID measurement: {run.invalid_reason}")
@@ -240,34 +303,62 @@ class PerfRecorder:
                     result.warnings.append(fr.message())
                 result.messages.append(fr.message())
 
+        record = self.ledger.of(self.test, self.server.profile)
+        if result.failures:
+            # A boot that failed for another reason than a verdict is no sample of this build.
+            result.unrecordable = "; ".join(result.failures)
+        else:
+            record.add(self.boot, {name: mres.boot_summary() for name, mres in result.metrics.items()})
+        planned = self.settings.boots
+        pending_plan = self.boot < planned
         for mres in result.metrics.values():
+            current = record.summaries.get(mres.metric, [])
             comparison, message = judge_metric(
                 mres, test=self.test, profile=self.server.profile, view=self.view,
-                profile_env=self.profile_env,
+                profile_env=self.profile_env, current=current,
+                prior_spread=self.settings.deployment.boot_spread,
             )
             mres.baseline_message = message
             result.messages.append(message)
-            if comparison is None:
-                continue
-            mres.baseline = comparison.to_dict()
-            comparisons.append(comparison)
-            if verdict_fails(comparison, strict=self.settings.perf_strict):
-                result.failures.append(message)
-            elif comparison.verdict.value in ("inconclusive", "improvement", "not comparable",
-                                              "insufficient samples"):
-                result.warnings.append(message + (
-                    "; run --update-baselines to adopt it" if comparison.verdict.value == "improvement" else ""
-                ))
+            if comparison is not None:
+                mres.baseline = comparison.to_dict()
+                comparisons.append(comparison)
+        screening = [c for c in comparisons if wants_another_boot(c)]
+        if pending_plan:
+            record.wants_boot = self.boot + 1
+            result.messages.append(f"boot {self.boot} of {planned} planned: the verdict comes after boot {planned}")
+        elif screening and not result.failures and self.boot < self.settings.max_boots:
+            record.wants_boot = self.boot + 1
+            result.messages.append(
+                f"boot {self.boot + 1} of {self.server.profile} asked for: "
+                + "; ".join(f"{c.metric} looks {c.change * 100:+.1f}% on {c.boots_current} boot(s)"
+                            for c in screening)
+                + " (one boot can screen, never convict)")
+        else:
+            record.wants_boot = None
+            for comparison in comparisons:
+                self._verdict_to_result(comparison, result)
         soft = self.view.soft_changes() if self.view is not None and comparisons else []
         if soft:
             result.warnings.append(
                 "the baseline was recorded with other soft facts (they only warn; the hardware "
                 f"and software that set speed match): {'; '.join(soft)}")
-        scenario, _ = self._scenario_of.get(id(run), (None, {}))
-        if scenario is not None and len(run.rounds) > scenario.rounds:
-            result.messages.append(
-                f"{len(run.rounds)} rounds measured: extended from {scenario.rounds} while inconclusive")
         return result, comparisons
+
+    def _verdict_to_result(self, comparison: Comparison, result: TestResult) -> None:
+        """A final verdict becomes a failure, a warning (with the planner's advice) or a note."""
+        message = comparison.message()
+        kind = comparison.verdict
+        if verdict_fails(comparison, strict=self.settings.perf_strict):
+            result.failures.append(message)
+        elif kind is VerdictKind.IMPROVEMENT:
+            result.warnings.append(message + "; run --update-baselines to adopt it")
+        elif kind in (VerdictKind.INCONCLUSIVE, VerdictKind.NO_DETECTABLE_CHANGE):
+            plan = plan_line(comparison)
+            line = message + (f"; {plan}" if plan else "")
+            (result.warnings if kind is VerdictKind.INCONCLUSIVE else result.messages).append(line)
+        elif kind in (VerdictKind.NOT_COMPARABLE, VerdictKind.INSUFFICIENT_SAMPLES):
+            result.warnings.append(message)
 
     def _finish(self, result: TestResult) -> TestResult:
         self._publish(result)

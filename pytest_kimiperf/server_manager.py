@@ -143,7 +143,8 @@ class ServerManager:
         env, overridden = profile_server_env(profile, base_env)
         if self.settings.nccl_debug:
             env.update(NCCL_DEBUG_ENV)
-        rec.log_path = self.log_dir / f"server-{deployment.name}-{profile.name}.log"
+        boot_suffix = "" if rec.boots == 0 else f"-boot{rec.boots + 1}"  # every boot keeps its log
+        rec.log_path = self.log_dir / f"server-{deployment.name}-{profile.name}{boot_suffix}.log"
         rec.overridden_shell_env = dict(overridden)
         set_here = frozenset(deployment.env) | frozenset(profile.env)
         rec.env = recorded_env(env, set_here)

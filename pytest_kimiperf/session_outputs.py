@@ -157,6 +157,7 @@ def build_report(state: Any, *, rootpath: Path | None, probe_fingerprint: bool) 
         created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         generator=_generator(),
         baselines_path=baselines_path,
+        prior_spread=settings.deployment.boot_spread,
         roofline=build_roofline_report(
             state.results, settings.deployment, fingerprint, rootpath=rootpath, external=settings.external,
         ),
@@ -165,14 +166,14 @@ def build_report(state: Any, *, rootpath: Path | None, probe_fingerprint: bool) 
 
 def _update_baselines(state: Any, *, rootpath: Path) -> BaselineUpdate:
     settings = state.settings
-    entries = baseline_entries(state.results, git_commit=baselines.current_git_commit(rootpath))
+    entries, not_recorded = baseline_entries(state.results, git_commit=baselines.current_git_commit(rootpath))
     fp = state.fingerprint
     if fp is None:
         # No perf test ran anywhere, so there is nothing to record and no hardware to name.
-        return BaselineUpdate(path=str(settings.baselines_dir), entries=0)
+        return BaselineUpdate(path=str(settings.baselines_dir), entries=0, not_recorded=tuple(not_recorded))
     path = baselines.baseline_path(settings.baselines_dir, settings.deployment.name, fp.key)
     if not entries:
-        return BaselineUpdate(path=str(path), entries=0)
+        return BaselineUpdate(path=str(path), entries=0, not_recorded=tuple(not_recorded))
     try:
         baselines.update_baseline(path, settings.deployment.name, fp, entries)
     except OSError as exc:
@@ -182,7 +183,7 @@ def _update_baselines(state: Any, *, rootpath: Path) -> BaselineUpdate:
             f"cannot write baseline {path} (--update-baselines, --baselines-dir "
             f"{settings.baselines_dir}): {exc.strerror or exc}"
         ) from None
-    return BaselineUpdate(path=str(path), entries=len(entries))
+    return BaselineUpdate(path=str(path), entries=len(entries), not_recorded=tuple(not_recorded))
 
 
 def _records(state: Any) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from pytest_kimiperf.nccl import NcclProfile, resolve_profiles, select_profiles
 
 DEFAULT_DEPLOYMENT = "kimi-k25-int4-tp8"
 DEFAULT_PROFILES = "default"
+BOOT_ORDERS = ("interleaved", "random")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,10 @@ class Settings:
     profile_warnings: tuple[str, ...] = ()
     host_wait_s: float = 600.0
     server_hardware: str | None = None
+    boots: int = 1
+    max_boots: int = 1
+    boot_order: str = "interleaved"
+    boot_seed: int = 0
 
     @property
     def external(self) -> bool:
@@ -136,6 +141,29 @@ def build_settings(
             "server's hardware, and a baseline must say what it was measured on; state it with "
             "--server-hardware '8x <GPU>, <interconnect>' (or the kimiperf_server_hardware ini option)"
         )
+    boots = _count(options["boots"], "boots per profile") if "boots" in options else 1
+    max_boots_opt = options.get("max_boots", RawOption(None, "default"))
+    if max_boots_opt.value in (None, ""):
+        max_boots = max(deployment.max_boots, boots)
+    else:
+        max_boots = _count(max_boots_opt, "most boots per profile")
+        if max_boots < boots:
+            raise ConfigError(f"most boots per profile {max_boots} (from {max_boots_opt.source}) is below the "
+                              f"{boots} planned boots (from {options['boots'].source}); use at least {boots}")
+    if server_url:
+        if boots > 1:
+            raise ConfigError(f"{boots} boots per profile (from {options['boots'].source}) with --server-url "
+                              f"{server_url}: an attached server is not booted by this run; use 1")
+        max_boots = 1
+    boot_order = str(options.get("boot_order", RawOption("interleaved", "default")).value)
+    if boot_order not in BOOT_ORDERS:
+        raise ConfigError(f"boot order {boot_order!r} (from {options['boot_order'].source}); allowed: "
+                          f"{', '.join(BOOT_ORDERS)}")
+    boot_seed_opt = options.get("boot_seed", RawOption("0", "default"))
+    try:
+        boot_seed = int(str(boot_seed_opt.value))
+    except ValueError:
+        raise ConfigError(f"boot seed {boot_seed_opt.value!r} (from {boot_seed_opt.source}) must be an integer") from None
     return Settings(
         deployment=deployment,
         deployments=deployments,
@@ -156,7 +184,21 @@ def build_settings(
         profile_warnings=tuple(warnings),
         host_wait_s=_seconds(options.get("host_wait", RawOption("600", "default"))),
         server_hardware=server_hardware,
+        boots=boots,
+        max_boots=max_boots,
+        boot_order=boot_order,
+        boot_seed=boot_seed,
     )
+
+
+def _count(opt: RawOption, what: str) -> int:
+    try:
+        value = int(str(opt.value))
+    except ValueError:
+        value = 0
+    if value < 1 or value > 100:
+        raise ConfigError(f"{what} {opt.value!r} (from {opt.source}) must be an integer from 1 to 100")
+    return value
 
 
 def _server_url(opt: RawOption) -> str | None:

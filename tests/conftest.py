@@ -30,6 +30,8 @@ def stub_deployment_toml(
     floor: float = 1.0,
     target: float = 2.0,
     extra_args: tuple[str, ...] = (),
+    host_bounds: str = '{ max_foreign_cpu_share = "none", max_steal_share = "none" }',
+    boot_spread: float = 0.06,
 ) -> str:
     """A ``[tool.kimiperf.deployments.<name>]`` table that boots tests/stub_vllm.py."""
     command = [
@@ -54,6 +56,10 @@ def stub_deployment_toml(
         # stub differ by ~6% in decode and throughput (seen in test_perf_suite), so the metrics'
         # GPU defaults of 3-5% give false regressions; tiny-cpu's measured 25% does not.
         f"tolerances = {{ {', '.join(f'{m} = 0.25' for m in STUB_TOLERANCE_METRICS)} }}\n"
+        # Plumbing runs are not about the host: other tests (xdist workers, the outer pytest)
+        # share it. The host-watch tests pass their own bounds.
+        f"host_bounds = {host_bounds}\n"
+        f"boot_spread = {boot_spread}\n"
     )
 
 

@@ -2,7 +2,7 @@
 
 Each pytester run boots real servers (30-60 s each on two cores), so the suite keeps their
 number small: two profiles once, three single-profile runs for the baseline gate, one TP=2
-server for the orphan sweep, one interrupted boot.
+server for the orphan sweep, one interrupted boot, one teardown interrupted twice.
 """
 
 from __future__ import annotations
@@ -84,22 +84,30 @@ def test_single_stream_decode(perf):
 """
 
 
-def test_two_profiles_under_xdist_each_boot_once_see_their_env_and_stop(
+def test_two_profiles_under_xdist_boot_interleaved_see_their_env_and_a_a_gives_no_verdict(
     pytester: pytest.Pytester, no_servers_before_and_after, tmp_path: Path
 ) -> None:
     pytester.makepyfile(test_e2e=TWO_PROFILES)
     report = tmp_path / "report.json"
-    # Under xdist (-n 2): the plugin's scheduler gives both perf tests of both profiles to
-    # one worker; the JSON report, written by the controller, says what the workers did.
+    # Under xdist (-n 2): the plugin's scheduler gives every perf test of every boot to one
+    # worker; the JSON report, written by the controller, says what the workers did. Two boots
+    # per profile, interleaved A B B A. On the CPU engine NCCL variables cannot act (gloo): an
+    # A/A case, so any "better" or "worse" would be false.
     result = pytester.runpytest_subprocess(
-        "-n", "2", "--deployment", "tiny-cpu", "--nccl-profile", "default,ring-ll",
-        "--perf-json", str(report), timeout=900,
+        "-n", "2", "--deployment", "tiny-cpu", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "2",
+        "--perf-json", str(report), timeout=1200,
     )
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=8)
     data = json.loads(report.read_text())
-    assert {name: p["boots"] for name, p in data["profiles"].items()} == {"default": 1, "ring-ll": 1}
+    assert {name: p["boots"] for name, p in data["profiles"].items()} == {"default": 2, "ring-ll": 2}
+    starts = [line.split("NCCL profile ")[1].split()[0] for line in result.outlines
+              if "starting tiny-cpu server for NCCL profile" in line]
+    assert starts == ["default", "ring-ll", "ring-ll", "default"], starts
     decode = [t for t in data["tests"] if t["test"].endswith("test_single_stream_decode")]
-    assert len(decode) == 2
+    assert len(decode) == 4
+    compared = [c for c in data["profile_comparisons"] if c["metric"] == "decode_tok_s"]
+    assert compared and all(c["verdict"] not in ("regression", "improvement") for c in compared)
+    assert all(c["boots_current"] == 2 and c["boots_reference"] == 2 for c in compared)
     for test in decode:
         assert test["metrics"]["decode_tok_s"]["summary"]["n"] == 8
         assert test["metrics"]["decode_tok_s"]["summary"]["median"] > 0
@@ -113,8 +121,8 @@ def test_two_profiles_under_xdist_each_boot_once_see_their_env_and_stop(
     result.stdout.fnmatch_lines(["*kimiperf: NCCL profiles vs default*", "*test_e2e.py::test_single_stream_decode*"])
     result.stdout.re_match_lines([
         r"\s+decode tok/s\s+default\s+[\d.]+\s+[\d.]+-[\d.]+\s+reference",
-        r"\s+ring-ll\s+[\d.]+\s+[\d.]+-[\d.]+\s+[+-][\d.]+%\s+[+-][\d.]+\.\.[+-][\d.]+%\s+"
-        r"(no significant change|inconclusive|improvement|REGRESSION)",
+        r"\s+ring-ll boot 2\s+[\d.]+\s+[\d.]+-[\d.]+\s+[+-][\d.]+%\s+[+-][\d.]+\.\.[+-][\d.]+%\s+"
+        r"(within tolerance|no detectable change|inconclusive)",
     ])
 
 
@@ -179,10 +187,12 @@ class ServerThrottle:
             pass
         pgids: list[int] = []
         while not self._done.is_set():
-            if not pgids:
+            if not pgids or self.cycles % 16 == 0:
+                # Re-read: a boot on demand starts a new server in a new process group.
                 pgids = self._pgids()
-                time.sleep(0.05)
-                continue
+                if not pgids:
+                    time.sleep(0.05)
+                    continue
             self._signal(pgids, signal.SIGSTOP)
             time.sleep(self._stopped_s)
             self._signal(pgids, signal.SIGCONT)
@@ -203,17 +213,89 @@ def test_baseline_then_no_significant_change_then_regression_when_slowed(
     entry = json.loads(files[0].read_text())["entries"]["test_gate.py::test_single_stream_decode|default|decode_tok_s"]
     assert entry["n"] == 30
 
-    same = pytester.runpytest_subprocess(*args, timeout=900)
-    same.assert_outcomes(passed=1)
-    same.stdout.fnmatch_lines(["*decode tok/s*no significant change*"])
+    assert len(entry["boots"]) == 1
 
+    same = pytester.runpytest_subprocess(*args, timeout=900)
+    same.assert_outcomes(passed=1)  # one quiet boot: no screen, no second boot
+    same.stdout.re_match_lines([r".*decode tok/s.*(within tolerance|no detectable change).*"])
+    assert "REGRESSION" not in same.stdout.str()
+
+    # A really slower server: its first boot looks worse and asks for a second (one boot can
+    # screen, never convict); the second boot's item gives the verdict on both boots.
     with ServerThrottle(isolated_state) as throttle:
-        slowed = pytester.runpytest_subprocess(*args, timeout=900)
+        slowed = pytester.runpytest_subprocess(*args, timeout=1200)
     assert throttle.cycles > 100
     assert slowed.ret == pytest.ExitCode.TESTS_FAILED, slowed.stdout.str()[-4000:]
-    slowed.assert_outcomes(failed=1)
-    assert slowed.ret == pytest.ExitCode.TESTS_FAILED
-    slowed.stdout.fnmatch_lines(["*decode tok/s: REGRESSION -*"])
+    slowed.assert_outcomes(passed=1, failed=1)
+    slowed.stdout.fnmatch_lines(["*decode tok/s: REGRESSION -*2 boots*vs 1 reference boot*"])
+
+
+BUSY = """
+from pytest_kimiperf.scenarios import SingleStream
+
+SCENARIO = SingleStream(prompt_tokens=64, output_tokens=64, requests=12, warmup_requests=2)
+
+def test_single_stream_decode(perf):
+    run = perf.measure(SCENARIO)
+    perf.check(run, ["decode_tok_s"])
+"""
+
+
+class BusyDuringSecondProfile:
+    """CPU-bound processes (one per core) that start when the second profile's server is
+    launched (its launch record appears in the state directory) and stop on exit."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self._state_dir = state_dir
+        self._done = threading.Event()
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "BusyDuringSecondProfile":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            profiles = set()
+            for path in self._state_dir.glob("*.json"):
+                try:
+                    profiles.add(json.loads(path.read_text())["profile"])
+                except (OSError, ValueError, KeyError):
+                    continue
+            if "ring-ll" in profiles:
+                self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                              for _ in range(os.cpu_count() or 2)]
+                return
+            time.sleep(0.2)
+
+
+def test_busy_host_during_one_profiles_block_is_invalid_naming_the_process_and_gives_no_verdict(
+    pytester: pytest.Pytester, isolated_state: Path, no_servers_before_and_after, tmp_path: Path
+) -> None:
+    pytester.makepyfile(test_busy=BUSY)
+    report = tmp_path / "report.json"
+    with BusyDuringSecondProfile(isolated_state) as busy:
+        result = pytester.runpytest_subprocess(
+            "--deployment", "tiny-cpu", "--nccl-profile", "default,ring-ll", "-p", "no:cacheprovider",
+            "--perf-json", str(report), timeout=1200)
+    assert busy.procs, "the busy processes never started"
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "INVALID measurement: host busy" in out
+    assert any(f"pid {proc.pid} " in out for proc in busy.procs), out[-3000:]
+    data = json.loads(report.read_text())
+    ring = [t for t in data["tests"] if t["profile"] == "ring-ll"]
+    assert ring and ring[0]["invalid"].startswith("host busy") and ring[0]["host"]["foreign_cpu_share"] > 0.2
+    # The disturbed profile is not a sample of anything: no better or worse against default.
+    assert not [c for c in data["profile_comparisons"] if c.get("verdict") in ("regression", "improvement")]
 
 
 ORPHANS = """
@@ -243,8 +325,11 @@ def test_tp2_orphans_of_a_killed_run_are_swept_exactly(
     orphans = json.loads(orphans_file.read_text())
     names = sorted(name for _, name in orphans)
     assert names[0] == "VLLM::EngineCore" and sum(n.startswith("VLLM::Worker") for n in names) == 2, names
-    alive = [pid for pid, _ in orphans if psutil.pid_exists(pid)]
-    assert sorted(alive) == sorted(pid for pid, _ in orphans), "vLLM cleaned up by itself: nothing to test"
+    # The launcher ends what the SIGKILLed API server left in its group, and pytest's death
+    # closes its watchdog pipe: the orphans are gone within seconds, before any next run.
+    deadline = time.monotonic() + 15
+    while [pid for pid, _ in orphans if psutil.pid_exists(pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
 
     decoy = subprocess.Popen([sys.executable, str(STUB_SERVER), "--model", "decoy", "--port", "1",
                               "--mode", "hang"], stdout=subprocess.DEVNULL)
@@ -286,3 +371,44 @@ def test_ctrl_c_during_a_real_boot_stops_every_server_process(
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out.decode()[-3000:]
+
+
+def test_a_second_signal_during_a_real_teardown_sigkills_the_launch_and_leaves_nothing(
+    pytester: pytest.Pytester, isolated_state: Path, no_servers_before_and_after
+) -> None:
+    """GitHub Actions' cancel on the real engine: SIGINT stops the session, and SIGTERM arrives
+    while vLLM is shutting down. The stop escalates to SIGKILL and nothing is left."""
+    pytester.makepyfile(test_hold="""
+import time
+def test_hold(kimiperf_server):
+    print("READY", flush=True)
+    time.sleep(600)
+""")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "--deployment", "tiny-cpu", "-s", "-p", "no:cacheprovider",
+         "--kimiperf-grace", "60"],
+        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ.copy(),
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    for raw in proc.stdout:
+        lines.append(raw.decode(errors="replace"))
+        if "READY" in lines[-1]:
+            break
+    else:
+        pytest.fail("the server never became ready:\n" + "".join(lines[-40:]))
+    proc.send_signal(signal.SIGINT)
+    for raw in proc.stdout:
+        lines.append(raw.decode(errors="replace"))
+        if "kimiperf: stopping the tiny-cpu server" in lines[-1]:
+            break
+    proc.send_signal(signal.SIGTERM)
+    second = time.monotonic()
+    rest = proc.stdout.read().decode(errors="replace")
+    proc.wait(timeout=60)
+    proc.stdout.close()
+    out = "".join(lines) + rest
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-3000:]
+    assert time.monotonic() - second < 20, out[-3000:]
+    assert "a second signal during teardown: every process of the tiny-cpu server (default) got SIGKILL" in out
+    assert "survived SIGKILL" not in out

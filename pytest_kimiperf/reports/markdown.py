@@ -86,7 +86,7 @@ def _profile_tables(report: SessionReport) -> list[str]:
                 rows.append([test, heading, _code(cell.profile), fmt_value(cell.median),
                              fmt_iqr(cell.q1, cell.q3), change, ci, verdict])
                 test = heading = ""
-    lines += _table(["test", "metric", "profile", "median", "IQR", f"vs {_text(ref)}", "95% CI", "verdict"],
+    lines += _table(["test", "metric", "profile", "median", "IQR", f"vs {_text(ref)}", "90% CI", "verdict"],
                     "lllrlrll", rows)
     return lines + [""]
 
@@ -130,7 +130,7 @@ def _baseline_tables(report: SessionReport) -> list[str]:
                 _emphasize(word, verdict),
             ])
         lines += _table(["test", "profile", "metric", "current", "IQR", "baseline", "change",
-                         "95% CI", "verdict"], "lllrlrrll", table_rows)
+                         "90% CI", "verdict"], "lllrlrrll", table_rows)
         lines.append("")
     for reason, count in missing.items():
         lines.append(f"- {_text(reason)} ({count} {'metric' if count == 1 else 'metrics'})")

@@ -61,6 +61,7 @@ class BaselineUpdate:
 
     path: str
     entries: int
+    not_recorded: tuple[str, ...] = ()  # "test [profile, boot N]: why" for each boot left out
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,10 @@ class SessionReport:
             metrics: list[str] = []
             for res in results:
                 metrics.extend(m for m in res.metrics if m not in metrics)
+            last_boot: dict[str, int] = {}
+            for res in results:
+                last_boot[res.profile] = max(last_boot.get(res.profile, 0), res.boot)
+            results = sorted(results, key=lambda r: (order.get(r.profile, len(order)), r.boot))
             metric_blocks = []
             for metric in metrics:
                 cells = []
@@ -202,7 +207,8 @@ class SessionReport:
                     mres = res.metrics.get(metric)
                     if mres is None:
                         continue
-                    cells.append(self._cell(res, mres, has_reference, comparisons))
+                    cells.append(self._cell(res, mres, has_reference, comparisons,
+                                            last=res.boot == last_boot[res.profile]))
                 metric_blocks.append(MetricBlock(metric, metric_heading(metric), tuple(cells)))
             scenario = results[0].scenario if results else ""
             blocks.append(PerfTestBlock(test, scenario, tuple(metric_blocks)))
@@ -214,6 +220,8 @@ class SessionReport:
         mres: MetricResult,
         has_reference: bool,
         comparisons: Mapping[tuple[str, str, str], ProfileComparison],
+        *,
+        last: bool = True,
     ) -> ProfileCell:
         summary = mres.summary()
         is_reference = res.profile == self.reference_profile
@@ -221,7 +229,8 @@ class SessionReport:
         comparison: Comparison | None = None
         if res.invalid:
             note = f"INVALID measurement: {res.invalid}"
-        elif not is_reference:
+        elif not is_reference and last:
+            # The comparison rests on every boot of the profile: shown once, on its last boot.
             found = comparisons.get((res.test, mres.metric, res.profile))
             if found is not None and found.comparison is not None:
                 comparison = found.comparison
@@ -230,7 +239,7 @@ class SessionReport:
             elif not has_reference:
                 note = f"no valid result of the reference profile {self.reference_profile}"
         return ProfileCell(
-            profile=res.profile, is_reference=is_reference,
+            profile=res.profile if res.boot == 1 else f"{res.profile} boot {res.boot}", is_reference=is_reference,
             median=_float_or_none(summary["median"]), q1=_float_or_none(summary["q1"]),
             q3=_float_or_none(summary["q3"]), n=int(summary["n"] or 0),
             samples=tuple(mres.samples), comparison=comparison, note=note,
@@ -313,8 +322,10 @@ def build_session_report(
     generator: str,
     baselines_path: str | None = None,
     roofline: RooflineReport | None = None,
+    prior_spread: float = 0.01,
 ) -> SessionReport:
-    """Gather the run's facts and compare every profile with the reference profile."""
+    """Gather the run's facts and compare every profile with the reference profile, boot
+    against boot (``prior_spread``: the deployment's declared boot spread)."""
     return SessionReport(
         generator=generator,
         created_at=created_at,
@@ -323,14 +334,14 @@ def build_session_report(
         reference_profile=reference_profile,
         profiles=list(profiles),
         results=list(results),
-        profile_comparisons=profile_comparisons(results, reference_profile),
+        profile_comparisons=profile_comparisons(results, reference_profile, prior_spread=prior_spread),
         baselines_path=baselines_path,
         roofline=roofline,
     )
 
 
 def profile_comparisons(
-    results: Sequence[TestResult], reference_profile: str
+    results: Sequence[TestResult], reference_profile: str, *, prior_spread: float = 0.01
 ) -> list[ProfileComparison]:
     """Each profile against the reference, per test and metric; invalid runs are left out.
 
@@ -345,7 +356,7 @@ def profile_comparisons(
     rows: list[ProfileComparison] = []
     for test, group in by_test.items():
         try:
-            compared = compare_profiles(group, reference_profile)
+            compared = compare_profiles(group, reference_profile, prior_spread=prior_spread)
         except ValueError as exc:
             rows.extend(
                 ProfileComparison(test, metric, res.profile, reference_profile, None,
@@ -398,13 +409,6 @@ def fmt_ci(low: float | None, high: float | None) -> str:
     if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
         return "n/a"
     return f"{low * 100:+.1f}..{high * 100:+.1f}%"
-
-
-def fmt_p(p: float | None) -> str:
-    """A p-value as the gate prints it."""
-    if p is None or not math.isfinite(p):
-        return "p=n/a"
-    return "p<0.0001" if p < 0.0001 else f"p={p:.2g}"
 
 
 def profile_verdict(comparison: Comparison) -> str:

@@ -9,6 +9,8 @@ moves to a line of its own above its profiles.
 
 from __future__ import annotations
 
+import math
+
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +22,6 @@ from pytest_kimiperf.reports.model import (
     SessionReport,
     fmt_ci,
     fmt_iqr,
-    fmt_p,
     fmt_pct,
     fmt_value,
     profile_verdict,
@@ -92,10 +93,10 @@ def _profile_section(report: SessionReport, *, verbose: bool) -> list[TerminalLi
     ref = report.reference_profile
     lines = [
         TerminalLine(f"kimiperf: NCCL profiles vs {ref}", sep="="),
-        TerminalLine(f"median (IQR) per profile; change of the median vs {ref} with its 95% CI"),
+        TerminalLine(f"per-boot medians (IQR) per profile; change of the mean boot log-median vs {ref} with its 90% CI (boots are the samples)"),
     ]
     blocks = report.test_blocks()
-    header = ["metric", "profile", "median", "IQR", "change", "95% CI", "verdict"]
+    header = ["metric", "profile", "median", "IQR", "change", "90% CI", "verdict"]
     rows: list[tuple[list[str], Mapping[str, bool], list[str]]] = []  # cells, markup, details
     for block in blocks:
         for metric in block.metrics:
@@ -150,8 +151,7 @@ def _cell_details(cell: ProfileCell, reference: str) -> list[str]:
     parts = [f"n={cell.n}"]
     if cell.comparison is not None:
         c = cell.comparison
-        parts.append(f"{c.n_reference} on {reference}")
-        parts.append(f"{fmt_p(c.p_value)} (one-sided Mann-Whitney U), tolerance {c.tolerance * 100:g}%")
+        parts.append(f"rests on {c.rests_on()} ({reference}), tolerance {c.tolerance * 100:g}%")
     return [", ".join(parts)] + _wrap_samples(cell.samples)
 
 
@@ -225,7 +225,7 @@ def _baseline_section(report: SessionReport, *, verbose: bool) -> list[TerminalL
         for reason, count in reasons.items():
             lines.append(TerminalLine(f"{reason} ({_plural(count, 'metric')})", markup=_YELLOW))
         return lines
-    header = ["metric", "current", "baseline", "change", "95% CI", "verdict"]
+    header = ["metric", "current", "baseline", "change", "90% CI", "verdict"]
     table = _Table(header, aligns="lrrrll", indent=4)
     groups: dict[tuple[str, str], list[BaselineRow]] = {}
     for row in rows:
@@ -247,8 +247,9 @@ def _baseline_section(report: SessionReport, *, verbose: bool) -> list[TerminalL
             if verbose:
                 b = row.baseline
                 lines.append(TerminalLine(
-                    " " * 6 + f"IQR {fmt_iqr(row.q1, row.q3)}, n={b['n_current']} vs "
-                    f"{b['n_reference']} baseline samples, {fmt_p(_num(b.get('p_value')))}, "
+                    " " * 6 + f"IQR {fmt_iqr(row.q1, row.q3)}, {b.get('boots_current')} boot(s) vs "
+                    f"{b.get('boots_reference')} baseline boots, boot spread "
+                    f"{fmt_pct(_spread(b.get('spread_sd_log')))} ({b.get('spread_source')}), "
                     f"tolerance {float(b['tolerance']) * 100:g}%"
                 ))
     return lines
@@ -408,6 +409,8 @@ def _servers_and_files(report: SessionReport, *, quiet: bool) -> list[TerminalLi
         else:
             lines.append(TerminalLine(
                 "baselines: nothing written (no perf test produced valid samples)", markup=_YELLOW))
+        for why in update.not_recorded:
+            lines.append(TerminalLine(f"baselines: not recorded: {why}", markup=_YELLOW))
     if not lines and not loud:
         return []
     out = [TerminalLine("kimiperf: servers and files", sep="=")] if lines and not quiet else []
@@ -501,10 +504,14 @@ class _Table:
         return (" " * self.indent + "  ".join(parts)).rstrip()
 
 
+def _spread(sd_log: object) -> float | None:
+    return None if not isinstance(sd_log, (int, float)) else math.expm1(float(sd_log))
+
+
 def _verdict_markup(verdict: str) -> Mapping[str, bool]:
     if verdict == VerdictKind.REGRESSION.value:
         return _LOUD
-    if verdict == VerdictKind.IMPROVEMENT.value or verdict == VerdictKind.NO_SIGNIFICANT_CHANGE.value:
+    if verdict == VerdictKind.IMPROVEMENT.value or verdict == VerdictKind.WITHIN_TOLERANCE.value:
         return _GREEN
     return _YELLOW
 
