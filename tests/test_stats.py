@@ -114,7 +114,7 @@ def test_the_spread_is_never_below_the_boots_own_error_of_the_median() -> None:
 
 
 def test_boots_with_too_few_requests_do_not_count() -> None:
-    c = compare_boots(boots(90, n=3), history(), direction=HIGHER, tolerance=0.03, prior_spread=0.01)
+    c = compare_boots(boots(90, n=2), history(), direction=HIGHER, tolerance=0.03, prior_spread=0.01)
     assert c.verdict is VerdictKind.INSUFFICIENT_SAMPLES
     assert "insufficient samples (0 current and 10 reference boots" in c.message()
 
@@ -219,3 +219,17 @@ def test_single_threshold_rule_follows_direction() -> None:
     assert not single_threshold_regression(scaled(0.98), REFERENCE, HIGHER, 0.03)
     with pytest.raises(ValueError, match="needs samples on both sides"):
         single_threshold_regression([math.nan], REFERENCE, HIGHER, 0.03)
+
+
+def test_the_planner_command_answers_in_one_line_and_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_kimiperf.planner import main
+
+    assert main(["--from", "81.4", "--to", "81.9", "--spread", "0.8%"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("to tell 81.4 vs 81.9 (0.61%) at a boot spread of 0.8% you need ")
+    assert "boots per profile" in out
+    assert main(["--change", "4%", "--spread", "5%", "--tolerance", "3%", "--reference-boots", "2"]) == 1
+    assert "no number of boots will do" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--change", "abc", "--spread", "1%"])
+    assert "'abc' is not a fraction" in capsys.readouterr().err
