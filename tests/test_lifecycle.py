@@ -416,17 +416,24 @@ def test_a_second_session_waits_for_the_first_naming_it_then_boots(
         ])
         assert len(_stub_pids(boots)) == 1, "the second session booted beside the first"
         patient = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "--deployment", "stub", "-p", "no:cacheprovider",
+            [sys.executable, "-m", "pytest", "--deployment", "stub", "-s", "-p", "no:cacheprovider",
              "-p", "no:randomly", "--kimiperf-host-wait", "60"],
             cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env={**__import__("os").environ, "RELEASE_FILE": str(release)},
+            env={**os.environ, "RELEASE_FILE": str(release)},
         )
-        time.sleep(2)
-        assert len(_stub_pids(boots)) == 1
+        assert patient.stdout is not None
+        seen = b""
+        for line in patient.stdout:  # its start-up takes seconds: release only once it waits
+            seen += line
+            if b"waiting for another pytest session" in line:
+                break
+        assert first.poll() is None and len(_stub_pids(boots)) == 1
         release.touch()
-        out, _ = patient.communicate(timeout=60)
+        out = seen + patient.stdout.read()
+        patient.wait(timeout=60)
+        patient.stdout.close()
         assert patient.returncode == 0, out.decode()
-        assert b"waiting for another pytest session" in out and b"the host is free after" in out
+        assert b"waiting for another pytest session" in out and b"the host is free after" in out, out.decode()
     finally:
         release.touch()
         first.wait(timeout=60)
