@@ -6,6 +6,7 @@ death, death during the session, visible progress, busy port, attach mode, Ctrl-
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
