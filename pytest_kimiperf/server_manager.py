@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from datetime import datetime
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pytest_kimiperf import process_sweep
+from pytest_kimiperf.boot_account import BootAccount, account_boot
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.host_claim import HostClaim, claim_host
 from pytest_kimiperf.http_json import served_models
@@ -49,6 +51,8 @@ class ServerRecord:
     overridden_shell_env: dict[str, tuple[str, str]] = field(default_factory=dict)
     leftovers: list[str] = field(default_factory=list)
     error: str | None = None
+    # One per boot that became ready, in boot order (boot_account.py).
+    accounts: list[BootAccount] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         """JSON-able form: travels from an xdist worker to the controller in workeroutput."""
@@ -57,6 +61,7 @@ class ServerRecord:
             "log_path": str(self.log_path) if self.log_path else None, "env": self.env,
             "overridden_shell_env": {k: list(v) for k, v in self.overridden_shell_env.items()},
             "leftovers": self.leftovers, "error": self.error,
+            "accounts": [a.to_json() for a in self.accounts],
         }
 
     @classmethod
@@ -68,6 +73,7 @@ class ServerRecord:
             env=dict(data.get("env") or {}),
             overridden_shell_env={k: (v[0], v[1]) for k, v in (data.get("overridden_shell_env") or {}).items()},
             leftovers=list(data.get("leftovers") or []), error=data.get("error"),
+            accounts=[BootAccount.from_json(a) for a in data.get("accounts") or []],
         )
 
     def merge(self, other: "ServerRecord") -> None:
@@ -79,6 +85,7 @@ class ServerRecord:
         self.overridden_shell_env = self.overridden_shell_env or other.overridden_shell_env
         self.leftovers.extend(other.leftovers)
         self.error = self.error or other.error
+        self.accounts.extend(other.accounts)
 
 
 class ServerManager:
@@ -107,6 +114,7 @@ class ServerManager:
         self.control = StopControl()
         self._interrupted = False
         self._signals = 0
+        self._ready_boots = 0  # boots of the deployment that became ready in this process
 
     def record(self, profile: str) -> ServerRecord:
         """The (possibly new) record of ``profile``'s server."""
@@ -173,6 +181,7 @@ class ServerManager:
         )
         rec.boots += 1
         self._current = server
+        started_wall = datetime.now()  # local time, as vLLM stamps its log lines
         server.start()
         try:
             handle = server.wait_ready(
@@ -184,8 +193,25 @@ class ServerManager:
             rec.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise
         rec.boot_s = handle.boot_s
+        rec.accounts.append(self._account(rec, started_wall, handle.boot_s or 0.0))
         self.say(f"kimiperf: {deployment.name} server ({profile.name}) ready after {handle.boot_s:.0f}s")
         return handle
+
+    def _account(self, rec: ServerRecord, started_wall: datetime, total_s: float) -> BootAccount:
+        """The account of the boot that just became ready, from its log."""
+        assert rec.log_path is not None
+        try:
+            text = rec.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            text = ""  # the account then holds the total only
+        account = account_boot(
+            text, profile=rec.profile, ordinal=rec.boots, first_of_deployment=self._ready_boots == 0,
+            started_at=started_wall, total_s=total_s, log_path=str(rec.log_path),
+            environments={"engine": dict(rec.env)},
+        )
+        self._ready_boots += 1
+        self.say(f"kimiperf: {account.summary()}")
+        return account
 
     def ensure_alive(self) -> None:
         """Raise ServerError (with the log tail) if the current server died or stopped serving."""
