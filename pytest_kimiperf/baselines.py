@@ -475,8 +475,8 @@ def _parse_entry(raw: object) -> BaselineEntry:
     else:
         # Schema 1: the samples of one run, which was one boot.
         summary = summarize_boot([float(s) for s in samples])
-        boots = (BaselineBoot(median=summary.median, n=summary.n,
-                              se_log=None if not math.isfinite(summary.se_log) else summary.se_log,
+        boots = (BaselineBoot(median=_round(summary.median), n=summary.n,
+                              se_log=None if not math.isfinite(summary.se_log) else _round(summary.se_log),
                               recorded_at=raw["recorded_at"], git_commit=raw["git_commit"], versions={}),)
     return BaselineEntry(
         test=raw["test"],

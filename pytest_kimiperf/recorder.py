@@ -174,6 +174,9 @@ class PerfRecorder:
         import psutil
 
         pids = []
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            # The xdist controller only relays reports; other workers' tests are foreign load.
+            pids.append(os.getppid())
         for root in (self.server.pid, os.getpid()):
             if root is None:
                 continue

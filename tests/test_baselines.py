@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from pytest_kimiperf.baselines import (
+    HISTORY_BOOTS,
+    SCHEMA_VERSION,
     BaselineEntry,
     baseline_path,
     current_git_commit,
@@ -95,11 +97,14 @@ def test_golden_file_loads_and_dumps_back_byte_for_byte() -> None:
     assert entry.samples == (43.0, 43.1, 43.2, 42.9, 43.3)
     assert entry.direction is Direction.HIGHER_IS_BETTER
     assert entry.profile_env == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"}
+    assert [(b.median, b.n, b.recorded_at) for b in entry.boots] == [(43.1, 5, "2025-01-02T03:04:05Z")]
     assert loaded.entry(DECODE_TEST, "tree", "decode_tok_s") is None
+    assert json.loads((DATA / "merge_before.json").read_text())["schema_version"] == SCHEMA_VERSION == 2
     assert dumps_baseline(loaded) == (DATA / "merge_before.json").read_text()
 
 
 def test_unsorted_compact_file_is_written_back_sorted_and_indented() -> None:
+    # compact_unsorted.json is schema 1: it also comes back as schema 2, one boot per entry.
     compact = load_baseline(DATA / "compact_unsorted.json")
     assert compact is not None
     text = dumps_baseline(compact)
@@ -110,9 +115,16 @@ def test_unsorted_compact_file_is_written_back_sorted_and_indented() -> None:
 def test_update_merges_into_golden_result(tmp_path: Path) -> None:
     path = _install(tmp_path, "merge_before.json")
     result = update_baseline(path, DEPLOYMENT, FINGERPRINT, _new_entries())
-    # merge_after.json: ring-ll replaced, the ttft entry added, the default entry kept untouched
-    # (its 2025-01-02 recorded_at and commit 111...), everything rounded, sorted and indented.
+    # merge_after.json: ring-ll's latest samples replaced and its new boot appended to its
+    # history (the 2025-01-02 boot kept first), the ttft entry added with a one-boot history,
+    # the default entry kept untouched (its 2025-01-02 recorded_at and commit 111...),
+    # everything rounded, sorted and indented.
     assert path.read_text() == (DATA / "merge_after.json").read_text()
+    ring_ll = result.entry(DECODE_TEST, "ring-ll", "decode_tok_s")
+    assert ring_ll is not None
+    assert [(b.recorded_at, b.git_commit) for b in ring_ll.boots] == [
+        ("2025-01-02T03:04:05Z", None), ("2025-02-03T04:05:06Z", "2" * 40)]
+    assert [b.n for b in ring_ll.boots] == [5, 5]  # the failed request (NaN) is not counted
     assert result == load_baseline(path)
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name, path.name + ".lock"]
 
@@ -124,14 +136,69 @@ def test_update_creates_a_new_file(tmp_path: Path) -> None:
     loaded = load_baseline(path)
     assert loaded is not None
     assert sorted(loaded.entries) == sorted(e.key for e in entries)
-    assert json.loads(path.read_text())["schema_version"] == 1
+    assert json.loads(path.read_text())["schema_version"] == 2
+    assert all(len(e.boots) == 1 for e in loaded.entries.values())
+
+
+def test_schema_1_file_loads_as_one_boot_and_is_written_back_as_schema_2(tmp_path: Path) -> None:
+    assert json.loads((DATA / "schema1.json").read_text())["schema_version"] == 1
+    path = _install(tmp_path, "schema1.json")
+    loaded = load_baseline(path)
+    assert loaded is not None and loaded.schema_version == SCHEMA_VERSION
+    default = loaded.entry(DECODE_TEST, "default", "decode_tok_s")
+    assert default is not None
+    (boot,) = default.boots  # one run of schema 1 was one boot
+    assert (boot.median, boot.n, boot.recorded_at, boot.git_commit) == (
+        41.2, 5, "2025-01-02T03:04:05Z", "1" * 40)
+    assert boot.se_log is not None and 0 < boot.se_log < 0.01  # from its own five samples
+    assert path.read_text() == (DATA / "schema1.json").read_text()  # loading writes nothing
+    # The next update rewrites the whole file as schema 2, untouched entries included.
+    update_baseline(path, DEPLOYMENT, FINGERPRINT, _new_entries())
+    assert path.read_text() == (DATA / "merge_after.json").read_text()
+    assert json.loads(path.read_text())["schema_version"] == 2
+
+
+def test_update_appends_boots_and_keeps_the_last_history_boots(tmp_path: Path) -> None:
+    path = baseline_path(tmp_path, DEPLOYMENT, FINGERPRINT.key)
+
+    def boot_entry(i: int, *, env: dict[str, str] | None = None) -> BaselineEntry:
+        return make_entry(
+            test=DECODE_TEST, profile="ring-ll", metric="decode_tok_s", unit="tok/s",
+            direction=Direction.HIGHER_IS_BETTER, samples=[40.0 + i, 40.1 + i, 39.9 + i],
+            git_commit=f"{i % 10}" * 40, profile_env=env if env is not None else {"NCCL_PROTO": "LL"},
+            recorded_at=datetime(2025, 1, 1, 0, i % 60, 0, tzinfo=UTC),
+        )
+
+    for i in range(3):
+        update_baseline(path, DEPLOYMENT, FINGERPRINT, [boot_entry(i)])
+    loaded = load_baseline(path)
+    assert loaded is not None
+    entry = loaded.entry(DECODE_TEST, "ring-ll", "decode_tok_s")
+    assert entry is not None
+    assert [b.median for b in entry.boots] == [40.0, 41.0, 42.0]  # oldest first
+    assert entry.samples == (42.0, 42.1, 41.9)  # the latest boot's samples
+    # One session's several boots of a test arrive as several entries of the same key.
+    update_baseline(path, DEPLOYMENT, FINGERPRINT, [boot_entry(i) for i in range(3, HISTORY_BOOTS + 5)])
+    loaded = load_baseline(path)
+    assert loaded is not None
+    entry = loaded.entry(DECODE_TEST, "ring-ll", "decode_tok_s")
+    assert entry is not None
+    assert len(entry.boots) == HISTORY_BOOTS == 20
+    assert [b.median for b in entry.boots] == [40.0 + i for i in range(5, HISTORY_BOOTS + 5)]
+    assert entry.boots[-1].recorded_at == f"2025-01-01T00:{HISTORY_BOOTS + 4:02d}:00Z"
+    # Another profile environment is another thing: its history starts over.
+    update_baseline(path, DEPLOYMENT, FINGERPRINT, [boot_entry(99, env={"NCCL_PROTO": "Simple"})])
+    loaded = load_baseline(path)
+    assert loaded is not None
+    entry = loaded.entry(DECODE_TEST, "ring-ll", "decode_tok_s")
+    assert entry is not None and [b.median for b in entry.boots] == [139.0]
 
 
 @pytest.mark.parametrize(
     "golden, expected",
     [
         ("corrupt.json", r"is not valid JSON \(line 2, column \d+.*git checkout -- .*left unchanged"),
-        ("future_schema.json", r"schema_version 2, newer than the 1 .* upgrade pytest-kimiperf"),
+        ("future_schema.json", r"schema_version 3, newer than the 2 .* upgrade pytest-kimiperf"),
     ],
 )
 def test_bad_file_is_a_clear_error_and_stays_untouched(tmp_path: Path, golden: str, expected: str) -> None:
@@ -154,6 +221,9 @@ def test_bad_file_is_a_clear_error_and_stays_untouched(tmp_path: Path, golden: s
         (lambda e: e.update(samples=[]), "samples must be a non-empty list"),
         (lambda e: e.pop("unit"), "missing unit"),
         (lambda e: e.update(metric="itl_ms"), "holds test/profile/metric"),
+        (lambda e: e.update(boots=[]), "boots must be a non-empty list"),
+        (lambda e: e["boots"][0].update(median=0), r"boots\[0\]\.median must be a number > 0"),
+        (lambda e: e["boots"][0].update(n=0), r"boots\[0\]\.n must be an integer >= 1"),
     ],
 )
 def test_malformed_entry_names_the_entry(tmp_path: Path, edit, expected: str) -> None:  # type: ignore[no-untyped-def]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import stub_deployment_toml
+from pytest_kimiperf.stats import MIN_SAMPLES_PER_BOOT
 
 pytestmark = pytest.mark.usefixtures("isolated_state")
 
@@ -30,13 +31,23 @@ def test_shipped_perf_suite_runs_records_and_compares(pytester: pytest.Pytester,
     recorded.assert_outcomes(passed=10)
     report = pytester.path / "report.json"
     result = pytester.runpytest_subprocess(*args, "--perf-json", str(report), timeout=600)
-    result.assert_outcomes(passed=10)
     data = json.loads(report.read_text())
+    # A first boot that looks worse than the tolerance asks for a second boot of its profile
+    # (the stub's runs differ by a few percent, so it is rare): those items run on top of the 10.
+    on_demand = [t for t in data["tests"] if t["boot"] > 1]
+    result.assert_outcomes(passed=10 + len(on_demand))
+    for extra in on_demand:
+        (first,) = [t for t in data["tests"] if (t["test"], t["profile"], t["boot"]) == (
+            extra["test"], extra["profile"], extra["boot"] - 1)]
+        assert any(m.startswith(f"boot {extra['boot']} of {extra['profile']} asked for") for m in first["messages"])
     tests = {(t["test"].split("::")[-1], t["profile"]) for t in data["tests"]}
     assert tests == {(name, p) for p in ("default", "ring-ll") for name in (
         "test_single_stream_decode", "test_ttft", "test_output_throughput[8]", "test_output_throughput[32]",
         "test_output_throughput[64]")}
-    judged = [m["baseline"] for t in data["tests"] for m in t["metrics"].values()]
-    assert judged and all(b is not None and b["n_reference"] >= 5 for b in judged)
+    # every metric is judged against the one boot the recording run stored, on this run's boots
+    judged = [(t["boot"], m["baseline"]) for t in data["tests"] for m in t["metrics"].values()]
+    assert judged and all(b is not None and b["verdict"] != "insufficient samples" and b["boots_reference"] == 1
+                          and b["boots_current"] == boot and b["n_reference"] >= MIN_SAMPLES_PER_BOOT
+                          for boot, b in judged)
     result.stdout.fnmatch_lines(["*kimiperf: NCCL profiles vs default*", "*kimiperf: against baselines*",
                                  "*decode floor of stub*"])

@@ -276,7 +276,7 @@ def test_two_seeds_share_no_prompt(stub_server: tuple[str, Path]) -> None:
 
 
 def _assert_passed(result: pytest.RunResult, passed: int) -> None:
-    # Not assert_outcomes: boots the plan does not need are reported as skipped items.
+    # Not assert_outcomes: only what ran must pass (boots on demand nobody asked for never run).
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed") == passed and not outcomes.get("failed") and not outcomes.get("errors")
 
