@@ -223,6 +223,7 @@ def _profile_facts(state: Any) -> list[ProfileFacts]:
             log_path=str(rec.log_path) if rec.log_path else None,
             leftovers=tuple(rec.leftovers), error=rec.error,
             nccl_debug=_nccl_debug_check(settings, profile, rec),
+            boot_accounts=tuple(rec.accounts),
         ))
     return facts
 

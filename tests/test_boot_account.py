@@ -6,6 +6,10 @@ from datetime import datetime
 from pathlib import Path
 
 from pytest_kimiperf.boot_account import BootAccount, PhaseTime, account_boot
+from pytest_kimiperf.reports.json_report import build_json_report
+from pytest_kimiperf.reports.markdown import render_markdown
+from pytest_kimiperf.reports.model import ProfileFacts, SessionReport, build_session_report
+from pytest_kimiperf.reports.terminal import render_summary
 
 DATA = Path(__file__).parent / "data" / "boot_logs"
 
@@ -90,3 +94,34 @@ def test_a_log_without_timestamps_leaves_the_whole_boot_to_process_start() -> No
                            started_at=CPU_STARTED, total_s=3.0)
     assert account.phases == (PhaseTime("process start", 3.0),)
     assert account.summary() == "boot 1 of p (first of the deployment): 3 s"
+
+
+# -- in the reports ---------------------------------------------------------------------------
+
+
+def _report_with_boots() -> SessionReport:
+    first = BootAccount(profile="ring-ll", ordinal=1, total_s=2400.0, first_of_deployment=True,
+                                     phases=(PhaseTime("loading weights", 2100.0),), compile_cached=False)
+    facts = ProfileFacts("ring-ll", boots=2, boot_s=76.0, boot_accounts=(first, _gpu_account()))
+    return build_session_report(
+        results=[], reference_profile="ring-ll", profiles=[facts], deployment={"name": "gpu"},
+        fingerprint={"hard": {}, "soft": {}}, created_at="2027-01-02T03:04:05Z", generator="test",
+        baselines_path=None)
+
+
+def test_the_terminal_summary_gives_one_line_per_boot_under_its_server() -> None:
+    lines = [line.text for line in render_summary(_report_with_boots(), verbosity=0)]
+    at = lines.index(next(t for t in lines if t.startswith("server ring-ll: booted 2x")))
+    assert lines[at + 1:at + 3] == [
+        "  boot 1 of ring-ll (first of the deployment): 2400 s, of which weights 2100 s",
+        "  boot 2 of ring-ll: 76 s, of which weights 11 s, 2.15 GB/s, compile 9 s (cached), CUDA graphs 11 s",
+    ]
+
+
+def test_the_markdown_lists_the_boots_and_the_json_keeps_every_phase() -> None:
+    report = _report_with_boots()
+    assert "- boot 1 of ring-ll (first of the deployment): 2400 s, of which weights 2100 s" in render_markdown(report)
+    boots = build_json_report(report)["profiles"]["ring-ll"]["boot_accounts"]
+    assert [b["boot"] for b in boots] == [1, 2]
+    assert boots[1]["weights_gbs"] == 2.147 and boots[1]["compile_cached"] is True
+    assert sum(p["seconds"] for p in boots[1]["phases"]) == 76.0

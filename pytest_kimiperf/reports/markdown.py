@@ -242,7 +242,15 @@ def _servers(report: SessionReport) -> list[str]:
             notes.append(f"failed: {_text(facts.error)}")
         rows.append([_code(facts.name), _code(overrides), boots, ready, "; ".join(notes)])
     return ["### Servers", ""] + _table(
-        ["profile", "NCCL overrides", "boots", "ready after", "notes"], "llrrl", rows) + [""]
+        ["profile", "NCCL overrides", "boots", "ready after", "notes"], "llrrl", rows) + [""] + _boot_accounts(report)
+
+
+def _boot_accounts(report: SessionReport) -> list[str]:
+    # One line per boot, in the words of the terminal summary: where each boot's seconds went.
+    accounts = [a for facts in report.profiles for a in facts.boot_accounts]
+    if not accounts:
+        return []
+    return ["Boots:", ""] + [f"- {_text(a.summary())}" for a in accounts] + [""]
 
 
 def _bullets(title: str, items: Sequence[str]) -> list[str]:

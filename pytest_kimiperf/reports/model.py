@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_kimiperf.boot_account import BootAccount
 from pytest_kimiperf.gate import MetricResult, TestResult, compare_profiles
 from pytest_kimiperf.metric_specs import METRICS
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck
@@ -41,6 +42,9 @@ class ProfileFacts:
     error: str | None = None
     # --nccl-debug: what the server's log says about the profile's variables (None without it)
     nccl_debug: NcclDebugCheck | None = None
+    # Where each boot's seconds went (boot_account.py), in boot order; empty when this process
+    # booted nothing (attached, or an xdist worker's boots not sent back).
+    boot_accounts: tuple[BootAccount, ...] = ()
 
 
 @dataclass(frozen=True)

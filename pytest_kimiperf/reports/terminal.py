@@ -390,6 +390,7 @@ def _servers_and_files(report: SessionReport, *, quiet: bool) -> list[TerminalLi
             boot = f"booted {facts.boots}x{ready}"
         log = f"; log: {facts.log_path}" if facts.log_path else ""
         lines.append(TerminalLine(f"server {facts.name}: {boot}{log}"))
+        lines.extend(TerminalLine(f"  {account.summary()}") for account in facts.boot_accounts)
         for var, (shell, value) in sorted(facts.overridden_shell_env.items()):
             lines.append(TerminalLine(
                 f"  profile {facts.name} overrides {var}={shell!r} from the shell with {value!r}", markup=_YELLOW))
