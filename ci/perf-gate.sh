@@ -11,10 +11,12 @@
 #
 # Exit codes are pytest's:
 #   0 every perf test passed (no regression, floors met)
-#   1 a perf test failed (regression, below floor, invalid measurement, server died)
+#   1 a perf test failed (regression, below floor, no baseline for this hardware, invalid
+#     measurement, server died) or errored (the deployment's GPUs are missing: each perf test
+#     errors, naming them, before any boot)
 #   2 interrupted (Ctrl-C, or SIGTERM from a cancelled job: the servers were stopped)
 #   3 internal error
-#   4 usage error (bad option or profile, or the deployment's GPUs are missing)
+#   4 usage error (bad option, profile or policy)
 #   5 no perf test was collected
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +24,9 @@ OUT=${KIMIPERF_OUT:-perf-results}
 PROFILES=${KIMIPERF_PROFILES:-default,ring-ll}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
-args=(perf_tests --nccl-profile "$PROFILES"
+# A gate without a baseline to judge against must not pass: record one first (the
+# workflow's "record baselines" job), review it, commit it.
+args=(perf_tests --nccl-profile "$PROFILES" --kimiperf-missing-baseline fail
       --perf-json "$OUT/report.json" --perf-markdown "$OUT/summary.md" --perf-plots "$OUT/plots"
       --junitxml "$OUT/junit.xml" --basetemp "$OUT/tmp" -p no:cacheprovider)
 if [ -n "${KIMIPERF_DEPLOYMENT:-}" ]; then

@@ -1,6 +1,6 @@
 """Single-stream decode: the number the 81.4-vs-81.9 question is about."""
 
-from scenarios import SINGLE_STREAM_DECODE
+from .workloads import SINGLE_STREAM_DECODE
 
 
 def test_single_stream_decode(perf):

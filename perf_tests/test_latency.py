@@ -1,6 +1,6 @@
 """Time to first token at a fixed prompt length."""
 
-from scenarios import TTFT
+from .workloads import TTFT
 
 
 def test_ttft(perf):

@@ -1,7 +1,7 @@
 """Output throughput under concurrent load."""
 
 import pytest
-from scenarios import throughput_at
+from .workloads import throughput_at
 
 
 @pytest.mark.parametrize("concurrency", [8, 32, 64])

@@ -2,6 +2,52 @@
 
 The plugin itself is wired in :mod:`pytest_kimiperf.plugin`; every other module holds one
 piece of logic and, apart from a few fixtures' helpers, does not import pytest.
+
+The public API, for perf tests in any repository::
+
+    from pytest_kimiperf import Concurrency, ConcurrencySweep, PerfRecorder, RequestRate, SingleStream
+
+Names are resolved on first use, so loading the plugin (which imports this package) stays cheap
+for runs without perf tests.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from pytest_kimiperf.gate import TestResult
+    from pytest_kimiperf.recorder import PerfRecorder
+    from pytest_kimiperf.scenarios import Concurrency, ConcurrencySweep, RequestRate, Scenario, SingleStream
+    from pytest_kimiperf.settings import Settings
+    from pytest_kimiperf.warning_types import (
+        BelowTargetWarning, InconclusiveWarning, KimiperfWarning, MissingBaselineWarning,
+        OtherVersionsWarning, SoftFingerprintWarning,
+    )
+
+_HOME: dict[str, str] = {
+    "Concurrency": "scenarios", "ConcurrencySweep": "scenarios", "RequestRate": "scenarios",
+    "Scenario": "scenarios", "SingleStream": "scenarios",
+    "PerfRecorder": "recorder", "TestResult": "gate", "Settings": "settings",
+    "KimiperfWarning": "warning_types", "InconclusiveWarning": "warning_types",
+    "MissingBaselineWarning": "warning_types", "BelowTargetWarning": "warning_types",
+    "SoftFingerprintWarning": "warning_types", "OtherVersionsWarning": "warning_types",
+}
+
+__all__ = ["__version__", *sorted(_HOME)]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'pytest_kimiperf' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"pytest_kimiperf.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))

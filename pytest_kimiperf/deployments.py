@@ -10,9 +10,12 @@ through the ``pytest_kimiperf_add_deployments`` hook, with the same table shape.
 from __future__ import annotations
 
 import math
+import os
+import shlex
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -74,7 +77,8 @@ class Deployment:
             "port": str(port),
             "tp": str(self.tensor_parallel_size),
         }
-        return [part.format(**values) for part in self.command]
+        argv = [part.format(**values) for part in self.command]
+        return [resolve_executable(argv[0]), *argv[1:]] if argv else argv
 
     def tolerance(self, metric: str) -> float:
         """This deployment's default tolerance for ``metric`` (else the metric's own)."""
@@ -86,7 +90,26 @@ class Deployment:
         return self.gpu_count > 0
 
 
-_VLLM_SERVE = ("vllm", "serve", "{model}")
+def resolve_executable(program: str) -> str:
+    """A bare program name (``vllm``) resolved next to this session's interpreter when it is
+    installed there: a CI runner's ``PATH`` seldom holds the virtualenv's ``bin``, and a system
+    vLLM found there would not be the one whose version the fingerprint records."""
+    if os.sep in program:
+        return program
+    beside = Path(sys.executable).with_name(program)
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else program
+
+
+def describe_command(deployment: Deployment) -> str:
+    """The resolved command line a boot of ``deployment`` runs (port and model shown as
+    placeholders), for the report header."""
+    argv = deployment.argv(model_path="{model}", host=deployment.host, port=0)
+    return shlex.join(argv).replace("--port 0", "--port {port}")
+
+
+# The CLI's module, run by the session's interpreter: the vLLM this session imports (and the
+# fingerprint records) is the one that serves, whatever PATH holds.
+_VLLM_SERVE = ("{python}", "-m", "vllm.entrypoints.cli.main", "serve", "{model}")
 _SERVE_ARGS = (
     "--served-model-name", "{served_model_name}",
     "--host", "{host}",

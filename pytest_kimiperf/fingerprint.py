@@ -261,6 +261,20 @@ def _section(hard: Mapping[str, str], prefix: str) -> str:
 
 
 ATTACHED_HARDWARE = "server.hardware"
+
+# The hard facts that name software versions. A baseline recorded on the same hardware under
+# other versions is still judged by default (an upgrade is what a gate is for), with the
+# differing versions named beside the verdict; every other hard fact must match.
+VERSION_KEYS: tuple[str, ...] = ("software.vllm", "software.torch", "software.nccl", "server.vllm")
+
+
+def version_changes(old: Fingerprint, new: Fingerprint) -> list[str] | None:
+    """The version facts that differ from ``old`` to ``new`` (``name: old -> new``), or None
+    when anything else that is hard differs too (then the two are not comparable at all)."""
+    hard = old.diff(new)[0]
+    if any(change.split(":", 1)[0] not in VERSION_KEYS for change in hard):
+        return None
+    return hard
 NOT_STATED = "not stated (--server-hardware)"
 
 
@@ -351,6 +365,8 @@ def describe(fp: Fingerprint) -> list[str]:
 
 __all__ = [
     "ATTACHED_HARDWARE",
+    "VERSION_KEYS",
+    "version_changes",
     "ISA_FLAGS",
     "attached_fingerprint",
     "probe_attached_server",

@@ -9,6 +9,7 @@ compare profiles with each other, boot against boot, at session end (stats.py sa
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,8 @@ from pytest_kimiperf import baselines as baseline_store
 from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.metric_specs import Direction, metric_spec
 from pytest_kimiperf.stats import (
-    BootSummary, Comparison, FloorResult, VerdictKind, compare_boots, floor_check, summarize_boot,
+    BootSummary, Comparison, FloorResult, FloorStatus, VerdictKind, compare_boots, floor_check,
+    summarize_boot,
 )
 
 FLOOR_METRIC = "decode_tok_s"
@@ -183,12 +185,37 @@ class BaselineView:
                     self._others.append(other)
         return self._others
 
+    def across_versions(
+        self, test: str, profile: str, metric: str
+    ) -> tuple[baseline_store.BaselineFile, baseline_store.BaselineEntry, list[str]] | None:
+        """The entry recorded on this same hardware under other vLLM / torch / NCCL versions
+        (fingerprint.VERSION_KEYS), with the versions that differ; the fewest differences win,
+        then the newest recording. None when no such baseline exists."""
+        from pytest_kimiperf.fingerprint import version_changes
+
+        found = []
+        for other in self.other_files():
+            versions = version_changes(other.fingerprint, self.fingerprint)
+            entry = other.entry(test, profile, metric)
+            if versions is not None and entry is not None:
+                found.append((len(versions), _newest_boot(entry), other, entry, versions))
+        if not found:
+            return None
+        found.sort(key=lambda f: (f[0], _reverse(f[1])))
+        _, _, other, entry, versions = found[0]
+        return other, entry, versions
+
     def other_fingerprints(self) -> list[Path]:
         """Baseline files of the same deployment recorded on other hardware."""
         directory = self.path.parent
         if not directory.is_dir():
             return []
         return sorted(p for p in directory.glob("*.json") if p != self.path)
+
+
+# Markers in the messages judge_metric writes; warning_kinds reads them back.
+NO_BASELINE = "no baseline for this hardware"
+ACROSS_VERSIONS = "judged against the baseline of other software versions"
 
 
 def judge_metric(
@@ -209,7 +236,17 @@ def judge_metric(
     base_file = view.file()
     entry = base_file.entry(test, profile, result.metric) if base_file else None
     if entry is None:
-        missing = f"no baseline for this hardware ({view.fingerprint.key}): run --update-baselines"
+        upgrade = view.across_versions(test, profile, result.metric)
+        if upgrade is not None:
+            other, entry, versions = upgrade
+            comparable = dict(entry.profile_env) == dict(profile_env)
+            comparison = compare_boots(
+                current, entry.summaries(), direction=Direction(result.direction), tolerance=result.tolerance,
+                prior_spread=prior_spread, metric=spec.label, unit=result.unit, comparable=comparable,
+            )
+            return comparison, (f"{comparison.message()} — {ACROSS_VERSIONS} on the same hardware "
+                                f"({other.fingerprint.key}): {'; '.join(versions)}")
+        missing = f"{NO_BASELINE} ({view.fingerprint.key}): run --update-baselines"
         elsewhere = [(f, e) for f in view.other_files() if (e := f.entry(test, profile, result.metric))]
         if not elsewhere:
             others = view.other_fingerprints()
@@ -244,6 +281,59 @@ def judge_metric(
             f"this run used {dict(profile_env)}"
         )
     return comparison, message
+
+
+def _newest_boot(entry: baseline_store.BaselineEntry) -> str:
+    return max((boot.recorded_at for boot in entry.boots), default="")
+
+
+def _reverse(text: str) -> tuple[int, ...]:
+    # Sort key putting the newest ISO timestamp first.
+    return tuple(-ord(ch) for ch in text)
+
+
+def missing_baselines(result: TestResult) -> list[str]:
+    """The baseline messages of the metrics that have no baseline on this hardware (under any
+    software versions): what ``--kimiperf-missing-baseline`` warns or fails on."""
+    return [m.baseline_message for m in result.metrics.values()
+            if m.baseline_message and NO_BASELINE in m.baseline_message]
+
+
+class WarningKind(str, enum.Enum):
+    """What a perf test's warning is about (each has its pytest warning class)."""
+
+    INCONCLUSIVE = "inconclusive"
+    MISSING_BASELINE = "missing-baseline"
+    BELOW_TARGET = "below-target"
+    SOFT_FINGERPRINT = "soft-fingerprint"
+    OTHER_VERSIONS = "other-versions"
+    OTHER = "other"
+
+
+SOFT_FACTS = "the baseline was recorded with other soft facts"
+
+
+def warning_kinds(result: TestResult, *, missing_baseline_fails: bool) -> list[tuple[WarningKind, str]]:
+    """Each warning of ``result`` with its kind, plus one per metric without a baseline (unless
+    that fails the test) and one per metric judged across software versions."""
+    inconclusive = {m.baseline_message for m in result.metrics.values()
+                    if m.baseline and m.baseline.get("verdict") == VerdictKind.INCONCLUSIVE.value}
+    below_target = result.floor["message"] if result.floor and result.floor.get("status") == FloorStatus.BELOW_TARGET.value else None
+    kinds: list[tuple[WarningKind, str]] = []
+    for line in result.warnings:
+        if line == below_target:
+            kinds.append((WarningKind.BELOW_TARGET, line))
+        elif line.startswith(SOFT_FACTS):
+            kinds.append((WarningKind.SOFT_FINGERPRINT, line))
+        elif any(m and line.startswith(m.split(" — ")[0]) for m in inconclusive):
+            kinds.append((WarningKind.INCONCLUSIVE, line))
+        else:
+            kinds.append((WarningKind.OTHER, line))
+    if not missing_baseline_fails:
+        kinds.extend((WarningKind.MISSING_BASELINE, line) for line in missing_baselines(result))
+    kinds.extend((WarningKind.OTHER_VERSIONS, m.baseline_message) for m in result.metrics.values()
+                 if m.baseline_message and ACROSS_VERSIONS in m.baseline_message)
+    return kinds
 
 
 def verdict_fails(comparison: Comparison, *, strict: bool) -> bool:
@@ -318,7 +408,8 @@ def baseline_entries(
 
 __all__ = [
     "BaselineError", "BaselineView", "MetricResult", "TestResult", "baseline_entries",
-    "check_floor", "compare_profiles", "judge_metric", "verdict_fails",
+    "check_floor", "compare_profiles", "judge_metric", "missing_baselines", "verdict_fails",
+    "WarningKind", "warning_kinds",
 ]
 
 

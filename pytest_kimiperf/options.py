@@ -16,15 +16,24 @@ from pytest_kimiperf.settings import DEFAULT_DEPLOYMENT, DEFAULT_PROFILES, RawOp
 
 @dataclass(frozen=True)
 class Option:
-    """One option: its flag, ini twin, environment variable, default and help."""
+    """One option: its flag, ini twin, environment variable, default and help.
 
-    dest: str
+    ``name`` is the key Settings are built from; the argparse ``dest`` carries the plugin's
+    prefix, so a user's conftest may add ``--port`` or ``--grace`` of its own.
+    """
+
+    name: str
     flag: str
     ini: str | None
     help: str
     default: Any = None
     env: str | None = None
     kind: str = "string"  # string | bool
+
+    @property
+    def dest(self) -> str:
+        """Where argparse keeps the value: ``kimiperf_<name>``."""
+        return f"kimiperf_{self.name}"
 
 
 OPTIONS = (
@@ -39,17 +48,22 @@ OPTIONS = (
     Option("server_url", "--server-url", "kimiperf_server_url",
             "measure an already-running server at this URL: no boot, no teardown, no sweep",
             env="KIMIPERF_SERVER_URL"),
-    Option("api_key", "--api-key", None,
+    # No ini twin: a key in a committed ini file is a leaked key.
+    Option("api_key", "--kimiperf-api-key", None,
             "API key for the server and client (prefer the VLLM_API_KEY environment variable: "
             "command lines are visible to other users)", env="VLLM_API_KEY"),
     Option("port", "--kimiperf-port", "kimiperf_port",
             "fixed port for booted servers (default: a free port)"),
+    # No ini twin: an ini file that always records would turn the gate into a recorder.
     Option("update_baselines", "--update-baselines", None,
             "write the measured samples of the tests that ran as the new baselines", False, kind="bool"),
     Option("baselines_dir", "--baselines-dir", "kimiperf_baselines_dir",
             "directory of JSON baselines (default: <rootdir>/baselines)"),
     Option("perf_strict", "--perf-strict", "kimiperf_strict",
             "fail perf tests whose baseline comparison is inconclusive", False, kind="bool"),
+    Option("missing_baseline", "--kimiperf-missing-baseline", "kimiperf_missing_baseline",
+            "a perf test without a baseline for this hardware: 'warn' (default) or 'fail' (for a "
+            "CI gate, where a missing baseline must not pass)", "warn", env="KIMIPERF_MISSING_BASELINE"),
     Option("perf_json", "--perf-json", "kimiperf_json", "write the JSON perf report to this path"),
     Option("perf_markdown", "--perf-markdown", "kimiperf_markdown",
             "write the Markdown summary to this path (also to $GITHUB_STEP_SUMMARY when set)"),
@@ -91,13 +105,13 @@ def read_raw_options(
     for opt in OPTIONS:
         value = getoption(opt.dest)
         if value is not None:
-            raw[opt.dest] = RawOption(value, f"command line {opt.flag}")
+            raw[opt.name] = RawOption(value, f"command line {opt.flag}")
         elif opt.env and environ.get(opt.env):
-            raw[opt.dest] = RawOption(environ[opt.env], f"environment variable {opt.env}")
+            raw[opt.name] = RawOption(environ[opt.env], f"environment variable {opt.env}")
         elif opt.ini and _ini_is_set(opt, getini(opt.ini)):
-            raw[opt.dest] = RawOption(getini(opt.ini), f"ini option {opt.ini}")
+            raw[opt.name] = RawOption(getini(opt.ini), f"ini option {opt.ini}")
         else:
-            raw[opt.dest] = RawOption(opt.default, "default")
+            raw[opt.name] = RawOption(opt.default, "default")
     return raw
 
 

@@ -45,6 +45,8 @@ class _RunState:
     remote_worker: bool = False  # an xdist worker on another host (cannot be scheduled)
     fingerprint_shown: bool = False
     ledger: Any = None  # boots.BootLedger: what each test measured, boot by boot (runs them)
+    hardware_problem: str | None = None  # set by the first perf test's hardware check
+    hardware_checked: bool = False
 
 
 RUN_STATE = pytest.StashKey[_RunState]()
@@ -71,7 +73,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         if opt.kind == "bool":
             group.addoption(opt.flag, action="store_true", dest=opt.dest, default=None, help=opt.help)
         else:
-            group.addoption(opt.flag, action="store", dest=opt.dest, default=None, help=opt.help)
+            group.addoption(opt.flag, action="store", dest=opt.dest, default=None, help=opt.help,
+                            metavar=opt.name.upper())
         if opt.ini:
             parser.addini(opt.ini, help=opt.help, type="bool" if opt.kind == "bool" else "string",
                           default=opt.default if opt.kind == "bool" else None)
@@ -144,6 +147,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             if inherited:
                 line += f"; from the shell and deployment: {describe_env(inherited)}"
         lines.append(line)
+    if not s.external:
+        from pytest_kimiperf.deployments import describe_command
+
+        lines.append(f"kimiperf: server command: {describe_command(s.deployment)}")
     if _perf_run_requested(config) and not _is_worker(config):
         # The fingerprint probes the GPUs; a run that did not ask for perf settings stays
         # quiet (if it collects perf tests, the lines come after collection instead).
@@ -227,9 +234,22 @@ def _slot_of(item: pytest.Item) -> Any:
     return callspec.params.get(PROFILE_FIXTURE) if callspec is not None else None
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Perf tests (those that use the server) carry the ``kimiperf`` marker, so ``-m "not
+    kimiperf"`` runs the rest; with pytest-timeout their timeout covers the test's own call,
+    never the boot in their setup (a Kimi load takes 36 minutes)."""
+    if SERVER_FIXTURE not in getattr(item, "fixturenames", ()):
+        return
+    if item.get_closest_marker("kimiperf") is None:
+        item.add_marker(pytest.mark.kimiperf)
+    if item.config.pluginmanager.hasplugin("timeout") and item.get_closest_marker("timeout") is None:
+        item.add_marker(pytest.mark.timeout(func_only=True))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Check the hardware before anything boots; under xdist, list the server tests."""
+    """Under xdist, list the server tests. The hardware is checked by the first selected perf
+    test's setup, so a run that deselects them, or only collects, never depends on it."""
     state = config.stash[RUN_STATE]
     perf_items = [item for item in items if SERVER_FIXTURE in getattr(item, "fixturenames", ())]
     ids_dir = getattr(config, "workerinput", {}).get(xdist_scheduling.WORKERINPUT_IDS_DIR)
@@ -241,34 +261,42 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         worker_id = config.workerinput["workerid"]  # type: ignore[attr-defined]
         xdist_scheduling.write_server_test_ids(Path(ids_dir), worker_id, (item.nodeid for item in perf_items))
     if perf_items and not _is_worker(config):
-        # A worker cannot stop the run cleanly (xdist reports an internal error): there the
-        # server fixture fails every perf test with the same message instead.
-        try:
-            warnings = _check_hardware(state)
-        except HardwareMissingError as exc:
-            raise pytest.UsageError(f"pytest-kimiperf: {exc}") from None
-        for warning in warnings:
+        for warning in _topology_warnings(state):
             config.issue_config_time_warning(pytest.PytestConfigWarning(f"kimiperf: {warning}"), stacklevel=2)
 
 
-def _check_hardware(state: _RunState) -> list[str]:
-    """HardwareMissingError unless this host has the GPUs the deployment needs.
+def _hardware_problem(state: _RunState) -> str | None:
+    """Why this host cannot run the deployment (GPUs missing), or None; probed once a run."""
+    if not state.hardware_checked:
+        state.hardware_checked = True
+        dep = state.settings.deployment
+        if not state.settings.external and dep.needs_gpus:
+            from pytest_kimiperf.gpu import HardwareRequirement, check_hardware, probe_gpus
 
-    Returns the profile warnings that depend on the hardware (an explicit LL128 on a host
-    whose GPUs talk over PCIe only), which configure-time validation could not know.
-    """
+            probe = probe_gpus(timeout_s=10.0)
+            try:
+                check_hardware(
+                    HardwareRequirement(dep.gpu_count, dep.gpu_name_contains), probe.gpus,
+                    deployment=dep.name, unavailable_reason=probe.absence_reason(),
+                )
+            except HardwareMissingError as exc:
+                state.hardware_problem = str(exc)
+    return state.hardware_problem
+
+
+def _topology_warnings(state: _RunState) -> list[str]:
+    """The profile warnings that depend on the hardware (an explicit LL128 on a host whose
+    GPUs talk over PCIe only), which configure-time validation could not know."""
     dep = state.settings.deployment
     if state.settings.external or not dep.needs_gpus:
         return []
-    from pytest_kimiperf.gpu import HardwareRequirement, check_hardware, probe_gpus, query_topology
+    from pytest_kimiperf.gpu import query_topology
     from pytest_kimiperf.nccl import validate_profile
 
-    probe = probe_gpus(timeout_s=10.0)
-    check_hardware(
-        HardwareRequirement(dep.gpu_count, dep.gpu_name_contains), probe.gpus,
-        deployment=dep.name, unavailable_reason=probe.absence_reason(),
-    )
-    topology = query_topology(timeout_s=10.0)
+    try:
+        topology = query_topology(timeout_s=10.0)
+    except KimiperfError:
+        return []  # no GPUs to ask: the perf tests' own hardware check says so, at setup
     if topology is None:
         return []
     pcie_only = not topology.nvlink
@@ -316,11 +344,9 @@ def kimiperf_server(
             "(one boot per profile, no overlapping measurements). Run the perf suite on the "
             "server's machine; remote workers can still run the functional tests", pytrace=False,
         )
-    if _is_worker(request.config):
-        try:
-            _check_hardware(state)
-        except HardwareMissingError as exc:
-            pytest.fail(str(exc), pytrace=False)
+    problem = _hardware_problem(state)
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)  # an error of each selected perf test, before any boot
     if state.log_dir is None:
         state.log_dir = tmp_path_factory.getbasetemp() / "kimiperf"
     manager = _manager(request.config, state)
@@ -404,6 +430,32 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     state = item.config.stash[RUN_STATE]
     needed, _why = _ledger(state).needed(strip_slot(item.nodeid, slot.id), slot, state.settings.boots)
     return None if needed else True
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """After a perf test measured: its warnings become pytest warnings of the plugin's classes
+    (so ``filterwarnings = error::...`` escalates them), and a missing baseline fails the test
+    under ``--kimiperf-missing-baseline=fail``."""
+    outcome = yield
+    result = item.stash.get(RESULT_KEY, None)
+    if result is None:
+        return outcome
+    import warnings
+
+    from pytest_kimiperf.gate import missing_baselines, warning_kinds
+    from pytest_kimiperf.warning_types import CLASS_OF
+
+    settings = item.config.stash[RUN_STATE].settings
+    fails = settings.missing_baseline == "fail" and not settings.update_baselines
+    missing = missing_baselines(result) if fails else []
+    if missing:
+        line = ("missing baseline (--kimiperf-missing-baseline=fail): " + "; ".join(missing))
+        result.failures.append(line)
+        pytest.fail(line, pytrace=False)
+    for kind, message in warning_kinds(result, missing_baseline_fails=fails):
+        warnings.warn(CLASS_OF[kind.value](f"kimiperf: {message}"), stacklevel=1)
+    return outcome
 
 
 def _ledger(state: _RunState) -> Any:

@@ -23,6 +23,7 @@ from pytest_kimiperf.nccl import NcclProfile, resolve_profiles, select_profiles
 DEFAULT_DEPLOYMENT = "kimi-k25-int4-tp8"
 DEFAULT_PROFILES = "default"
 BOOT_ORDERS = ("interleaved", "random")
+MISSING_BASELINE_POLICIES = ("warn", "fail")
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class Settings:
     max_boots: int = 1
     boot_order: str = "interleaved"
     boot_seed: int = 0
+    # What a perf test without a baseline for this hardware does: warn, or fail (a CI gate).
+    missing_baseline: str = "warn"
 
     @property
     def external(self) -> bool:
@@ -164,6 +167,11 @@ def build_settings(
         boot_seed = int(str(boot_seed_opt.value))
     except ValueError:
         raise ConfigError(f"boot seed {boot_seed_opt.value!r} (from {boot_seed_opt.source}) must be an integer") from None
+    missing_opt = options.get("missing_baseline", RawOption("warn", "default"))
+    missing_baseline = str(missing_opt.value).strip().lower()
+    if missing_baseline not in MISSING_BASELINE_POLICIES:
+        raise ConfigError(f"missing-baseline policy {missing_opt.value!r} (from {missing_opt.source}); allowed: "
+                          f"{', '.join(MISSING_BASELINE_POLICIES)}")
     return Settings(
         deployment=deployment,
         deployments=deployments,
@@ -188,6 +196,7 @@ def build_settings(
         max_boots=max_boots,
         boot_order=boot_order,
         boot_seed=boot_seed,
+        missing_baseline=missing_baseline,
     )
 
 

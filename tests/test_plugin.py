@@ -79,14 +79,16 @@ def _fake_nvidia_smi(tmp_path: Path) -> tuple[Path, Path]:
     return bindir, marker
 
 
-def test_missing_gpus_fail_fast_before_any_boot(pytester: pytest.Pytester, tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_gpus_error_each_selected_perf_test_before_any_boot(
+    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     bindir, _ = _fake_nvidia_smi(tmp_path)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     pytester.makepyfile(SERVER_TEST)
     result = pytester.runpytest_subprocess(timeout=60)  # default deployment: Kimi at TP=8
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([
         "*deployment 'kimi-k25-int4-tp8' needs 8x NVIDIA GPU whose name contains 'RTX PRO 6000'"
         "*found no NVIDIA GPU*--deployment tiny-cpu*"
     ])
@@ -292,7 +294,7 @@ def test_precedence_cli_over_env_over_ini_over_default() -> None:
     from pytest_kimiperf.options import read_raw_options
 
     ini = {"kimiperf_deployment": "from-ini", "kimiperf_nccl_debug": False, "kimiperf_strict": True}
-    cli = {"deployment": None}
+    cli = {"kimiperf_deployment": None}  # every dest carries the plugin's prefix
 
     def getoption(dest: str) -> object:
         return cli.get(dest)
@@ -303,7 +305,7 @@ def test_precedence_cli_over_env_over_ini_over_default() -> None:
     assert (raw["deployment"].value, raw["deployment"].source) == ("from-ini", "ini option kimiperf_deployment")
     assert raw["nccl_debug"].source == "default"  # an unset bool ini reads False: not "set"
     assert (raw["perf_strict"].value, raw["perf_strict"].source) == (True, "ini option kimiperf_strict")
-    cli["deployment"] = "from-cli"
+    cli["kimiperf_deployment"] = "from-cli"
     raw = read_raw_options(getoption, lambda name: ini.get(name), {"KIMIPERF_DEPLOYMENT": "from-env"})
     assert (raw["deployment"].value, raw["deployment"].source) == ("from-cli", "command line --deployment")
 
