@@ -30,9 +30,9 @@ import numpy as np
 
 from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.fingerprint import Fingerprint
-from pytest_kimiperf.metric_specs import Direction
+from pytest_kimiperf.metric_specs import METRICS, Direction
 from pytest_kimiperf.names import check_safe_name
-from pytest_kimiperf.stats import BootSummary, summarize_boot
+from pytest_kimiperf.stats import BootSummary, summarize_boot, summarize_boot_quantile, tail_min_samples
 
 # Fingerprint is re-exported: it is the type baseline files are keyed by.
 __all__ = [
@@ -105,8 +105,11 @@ class BaselineEntry:
     boots: tuple[BaselineBoot, ...] = ()
 
     def summaries(self) -> list[BootSummary]:
-        """The history as stats.BootSummary, oldest first."""
-        return [b.summary() for b in self.boots]
+        """The history as stats.BootSummary, oldest first (a tail metric's boots need as many
+        samples as stats.tail_min_samples says)."""
+        spec = METRICS.get(self.metric)
+        min_n = tail_min_samples(spec.quantile) if spec is not None and spec.quantile else 0
+        return [replace(b.summary(), min_n=min_n) for b in self.boots]
 
     @property
     def key(self) -> str:
@@ -208,8 +211,11 @@ def make_entry(
     q1, q3 = np.percentile(arr, [25.0, 75.0])
     stamp = when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     boots = []
+    spec = METRICS.get(metric)
     for boot in (boot_samples if boot_samples is not None else [values]):
-        summary = summarize_boot([v for v in boot if math.isfinite(v)])
+        finite_boot = [v for v in boot if math.isfinite(v)]
+        summary = (summarize_boot_quantile(finite_boot, spec.quantile) if spec is not None and spec.quantile
+                   else summarize_boot(finite_boot))
         if summary.n == 0:
             continue
         boots.append(BaselineBoot(

@@ -23,7 +23,7 @@ from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.metric_specs import Direction, metric_spec
 from pytest_kimiperf.stats import (
     BootSummary, Comparison, FloorResult, FloorStatus, VerdictKind, compare_boots, floor_check,
-    summarize_boot,
+    summarize_boot, summarize_boot_quantile,
 )
 
 FLOOR_METRIC = "decode_tok_s"
@@ -43,7 +43,11 @@ class MetricResult:
     boot_label: str = ""
 
     def boot_summary(self) -> BootSummary:
-        """This boot's summary of the metric (the unit of replication)."""
+        """This boot's summary of the metric (the unit of replication): its median, or its
+        quantile for a tail metric (p99_itl_ms)."""
+        spec = metric_spec(self.metric)
+        if spec.quantile is not None:
+            return summarize_boot_quantile(self.samples, spec.quantile, self.boot_label)
         return summarize_boot(self.samples, self.boot_label)
 
     @property
@@ -82,6 +86,8 @@ class MetricResult:
 @dataclass
 class TestResult:
     """Everything one perf test measured and decided; JSON-able."""
+
+    __test__ = False  # imported into a test module (it is public API), it is no test class
 
     test: str  # node id without the profile parameter
     nodeid: str

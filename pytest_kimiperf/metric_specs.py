@@ -30,6 +30,10 @@ class MetricSpec:
     default_tolerance: float
     # Prefix vLLM's bench serve uses for summary fields (median_<x>, p99_<x>), or its field name.
     bench_serve_name: str | None = None
+    # Tail metrics: a boot is summarized by this quantile (0.99) of ``base``'s samples instead
+    # of their median (stats.summarize_boot_quantile); None for the median metrics.
+    quantile: float | None = None
+    base: str | None = None
 
 
 METRICS: dict[str, MetricSpec] = {
@@ -48,6 +52,17 @@ METRICS: dict[str, MetricSpec] = {
             "request_throughput", "request throughput", "req/s", Direction.HIGHER_IS_BETTER, 0.05,
             "request_throughput",
         ),
+        MetricSpec(
+            "request_goodput", "request goodput", "req/s", Direction.HIGHER_IS_BETTER, 0.05,
+            "request_goodput",
+        ),
+        # Tails: noisier than medians (fewer samples carry them), so wider default tolerances.
+        # p99 ITL pools every gap of the boot, as bench serve pools them.
+        *(MetricSpec(f"p{q}_{base}", f"p{q} {label}", "ms", Direction.LOWER_IS_BETTER, tol, None,
+                     quantile=q / 100, base=base)
+          for base, label in (("ttft_ms", "time to first token"), ("itl_ms", "inter-token latency"),
+                              ("tpot_ms", "time per output token"), ("e2el_ms", "end-to-end latency"))
+          for q, tol in ((90, 0.05), (95, 0.08), (99, 0.10))),
     )
 }
 

@@ -32,7 +32,7 @@ from pytest_kimiperf.metric_specs import metric_spec
 
 PER_REQUEST_METRICS: tuple[str, ...] = ("decode_tok_s", "ttft_ms", "tpot_ms", "e2el_ms", "itl_ms")
 RUN_LEVEL_METRICS: tuple[str, ...] = ("output_throughput", "request_throughput")
-PERCENTILES: tuple[int, ...] = (50, 90, 99)
+PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 
 CLIENT_BOUND = "client-bound: the load generator, not the server, limited this run: "
 
@@ -238,6 +238,36 @@ class RoundResult:
             return 0.0
         return len(self.valid_records) / self.wall_s
 
+    def request_goodput(self, slo_ms: Mapping[str, float]) -> float:
+        """Requests per second of this round that met every per-request SLO (vLLM bench serve's
+        ``--goodput ttft:300 tpot:50``: a request counts only if each of its figures is within)."""
+        if self.wall_s <= 0:
+            return 0.0
+        good = 0
+        for r in self.valid_records:
+            values = [r.value(metric) for metric in slo_ms]
+            if all(v is not None and v <= limit for v, limit in zip(values, slo_ms.values())):
+                good += 1
+        return good / self.wall_s
+
+
+GOODPUT_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "e2el_ms")
+
+
+def check_goodput_slo(slo_ms: Mapping[str, Any]) -> dict[str, float]:
+    """``{"ttft_ms": 300, "tpot_ms": 50}`` checked: per-request metrics vLLM's goodput knows,
+    each a positive number of ms; ConfigError naming what is wrong."""
+    if not isinstance(slo_ms, Mapping) or not slo_ms:
+        raise ConfigError(f"goodput={slo_ms!r}: give a mapping such as {{'ttft_ms': 300, 'tpot_ms': 50}}")
+    checked: dict[str, float] = {}
+    for name, limit in slo_ms.items():
+        if name not in GOODPUT_METRICS:
+            raise ConfigError(f"goodput SLO {name!r}: allowed are {', '.join(GOODPUT_METRICS)} (as vLLM's --goodput)")
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0:
+            raise ConfigError(f"goodput SLO {name} = {limit!r}: must be a number of ms > 0")
+        checked[name] = float(limit)
+    return checked
+
 
 @dataclass(frozen=True)
 class RunResult:
@@ -253,6 +283,9 @@ class RunResult:
     next_request_index: int = 0
     # The server's own view (server_metrics.ServerView.to_json()), one per run or extension.
     server_metrics: tuple[Mapping[str, Any], ...] = ()
+    # The offered load in bench serve's terms (scenarios.load_facts): what the exports need to
+    # say which --max-concurrency / --request-rate this run stands for.
+    load: Mapping[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ records
 
@@ -297,7 +330,13 @@ class RunResult:
 
     def samples(self, metric_name: str) -> list[float]:
         """The samples of a metric: one per valid request, or one per round for throughputs."""
-        metric_spec(metric_name)
+        spec = metric_spec(metric_name)
+        if metric_name == "request_goodput":
+            raise ConfigError("request_goodput needs its SLOs: perf.check(run, [...], goodput={'ttft_ms': 300, "
+                              "'tpot_ms': 50}) computes it per round (RoundResult.request_goodput)")
+        if spec.base is not None:
+            # A tail metric's samples are its base's distribution (every ITL gap pooled).
+            return self._distribution(spec.base)
         if metric_name in RUN_LEVEL_METRICS:
             return [float(getattr(rnd, metric_name)) for rnd in self.rounds]
         values = (r.value(metric_name) for r in self.valid_records)
@@ -421,6 +460,10 @@ class RunResult:
         result["send_lag_p99_ms"] = percentile(lags, 99) if lags else None
         result["notes"] = list(self.notes)
         result["server_metrics"] = [dict(view) for view in self.server_metrics]
+        result["load"] = dict(self.load)
+        # Every measured request's timeline: the raw data behind the figures, and what the
+        # bench-serve and JSON Lines exports are written from (reports/export.py).
+        result["requests"] = [r.to_json() for r in self.records]
         return result
 
 
@@ -436,6 +479,7 @@ def merge_rounds(first: RunResult, more: RunResult) -> RunResult:
         notes=notes,
         next_request_index=max(first.next_request_index, more.next_request_index),
         server_metrics=first.server_metrics + more.server_metrics,
+        load=first.load,
     )
 
 

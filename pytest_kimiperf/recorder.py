@@ -14,13 +14,15 @@ controller's reports and baselines.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from pytest_kimiperf import benchmark_bridge
-from pytest_kimiperf.errors import BaselineError
+from pytest_kimiperf.errors import BaselineError, ConfigError
+from pytest_kimiperf.metrics import check_goodput_slo
 from pytest_kimiperf.gate import (
     FLOOR_METRIC,
     BaselineView,
@@ -35,6 +37,21 @@ from pytest_kimiperf.boots import BootLedger
 from pytest_kimiperf.stats import Comparison, VerdictKind, plan_line, wants_another_boot
 from pytest_kimiperf.server import ServerHandle
 from pytest_kimiperf.settings import Settings
+
+
+def _checked_slo(slo: Mapping[str, Any]) -> dict[str, float]:
+    """``{"p99_ttft_ms": 2000}`` checked: known metrics, positive finite limits."""
+    if not isinstance(slo, Mapping):
+        raise ConfigError(f"slo={slo!r}: give a mapping of metric name to limit, e.g. {{'p99_itl_ms': 60}}")
+    checked: dict[str, float] = {}
+    for name, limit in slo.items():
+        if name == "request_goodput":
+            raise ConfigError("slo: request_goodput is gated against its baseline; pass goodput={...} instead")
+        metric_spec(name)  # ConfigError listing the known metrics
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0:
+            raise ConfigError(f"slo {name} = {limit!r}: must be a number > 0")
+        checked[name] = float(limit)
+    return checked
 
 
 # A measurement the host watch finds disturbed is measured again this many times before the
@@ -217,7 +234,15 @@ class PerfRecorder:
         """Marker override, else the deployment's default, else the metric's."""
         return self._tolerances.get(metric, self.settings.deployment.tolerance(metric))
 
-    def check(self, run: Any, metrics: Sequence[str], *, floor: bool = False) -> TestResult:
+    def check(
+        self,
+        run: Any,
+        metrics: Sequence[str],
+        *,
+        floor: bool = False,
+        slo: Mapping[str, float] | None = None,
+        goodput: Mapping[str, float] | None = None,
+    ) -> TestResult:
         """Judge ``run``'s metrics (floor, baseline); fail the test with the verdict line if needed.
 
         The run is this test's measurement on one server boot. Its per-boot summaries join the
@@ -225,14 +250,25 @@ class PerfRecorder:
         that looks worse than the tolerance without a verdict asks for another boot of this
         profile (up to the maximum): then this test passes with a note and the next boot's run
         of it decides. Planned boots (``--kimiperf-boots``) are judged after the last of them.
+
+        ``slo`` asserts absolute limits on this boot's figures, e.g. ``{"p99_ttft_ms": 2000,
+        "p99_itl_ms": 60}`` (a tail with too few samples for its quantile warns instead of
+        deciding); ``goodput`` adds ``request_goodput`` (requests per second meeting every
+        per-request SLO, as vLLM's ``--goodput ttft:300 tpot:50``), gated like any metric.
         """
         try:
-            result, _ = self._judge(run, metrics, floor=floor)
+            slo_checked = _checked_slo(slo) if slo else {}
+            goodput_slo = check_goodput_slo(goodput) if goodput is not None else None
+        except ConfigError as exc:
+            self._fail(f"perf.check of {self.test}: {exc}")
+        try:
+            result, _ = self._judge(run, metrics, floor=floor, slo=slo_checked, goodput=goodput_slo)
         except BaselineError as exc:  # a corrupt or newer baseline file: its message says which
             self._fail(str(exc))
         return self._finish(result)
 
-    def _judge(self, run: Any, metrics: Sequence[str], *, floor: bool) -> tuple[TestResult, list[Any]]:
+    def _judge(self, run: Any, metrics: Sequence[str], *, floor: bool, slo: Mapping[str, float] | None = None,
+               goodput: Mapping[str, float] | None = None) -> tuple[TestResult, list[Any]]:
         comparisons: list[Any] = []
         result = TestResult(
             test=self.test,
@@ -286,6 +322,16 @@ class PerfRecorder:
             reused_requests=reused_prompt_requests(run.records))
         if prefix_hits:
             result.warnings.append(prefix_hits)
+
+        if goodput is not None:
+            result.metrics["request_goodput"] = MetricResult(
+                metric="request_goodput", unit="req/s", direction="higher_is_better",
+                tolerance=self.tolerance("request_goodput"),
+                samples=[rnd.request_goodput(goodput) for rnd in run.rounds],
+                boot_label=f"{self.server.profile} boot {self.boot}")
+            result.messages.append("goodput SLOs: " + ", ".join(f"{k} <= {v:g}" for k, v in goodput.items()))
+        for name, limit in (slo or {}).items():
+            self._check_slo(run, name, limit, result)
 
         if floor:
             decode = result.metrics.get(FLOOR_METRIC) or MetricResult(
@@ -347,6 +393,22 @@ class PerfRecorder:
                 "the baseline was recorded with other soft facts (they only warn; the hardware "
                 f"and software that set speed match): {'; '.join(soft)}")
         return result, comparisons
+
+    def _check_slo(self, run: Any, name: str, limit: float, result: TestResult) -> None:
+        """An absolute limit on this boot's figure (its median, or its quantile for a tail)."""
+        spec = metric_spec(name)
+        mres = MetricResult(metric=name, unit=spec.unit, direction=spec.direction.value,
+                            tolerance=self.tolerance(name), samples=[float(x) for x in run.samples(name)])
+        boot = mres.boot_summary()
+        label = f"SLO {name} {'<=' if spec.direction.value == 'lower_is_better' else '>='} {limit:g} {spec.unit}"
+        if not boot.usable:
+            result.warnings.append(
+                f"{label}: insufficient samples for {spec.label} ({boot.n} on this boot, "
+                f"{max(boot.min_n, 1)} needed): not checked")
+            return
+        ok = boot.median <= limit if spec.direction.value == "lower_is_better" else boot.median >= limit
+        line = f"{label}: {boot.median:.4g} {spec.unit} on this boot ({boot.n} samples)"
+        (result.messages if ok else result.failures).append(line + ("" if ok else " — SLO missed"))
 
     def _verdict_to_result(self, comparison: Comparison, result: TestResult) -> None:
         """A final verdict becomes a failure, a warning (with the planner's advice) or a note."""

@@ -65,6 +65,10 @@ MIN_BOOTS_DIRECTIONAL = 2
 SCREEN_FRACTION = 1.0
 # Within-boot: a boot's median needs this many samples (requests, or rounds for throughputs) to count.
 MIN_SAMPLES_PER_BOOT = 3
+# A tail quantile q needs this many samples beyond it in each boot: n >= 3 / (1 - q), so 30 for
+# a p90, 300 for a p99 (ITL pools every gap of a boot, so 20 requests of 128 tokens are 2540).
+TAIL_SAMPLES_BEYOND = 3
+_TAIL_BOOTSTRAP = 200
 # Asymptotic standard error of a sample median is sqrt(pi/2) ~ 1.2533 times that of the mean
 # for normal data; 1.4826 * MAD estimates the standard deviation robustly (outliers do not
 # widen it).
@@ -98,18 +102,28 @@ class BootSummary:
     n: int
     se_log: float
     label: str = ""
+    # Samples a boot needs to count: MIN_SAMPLES_PER_BOOT for a median, more for a tail
+    # (tail_min_samples); ``median`` then holds the boot's quantile.
+    min_n: int = 0
+
+    @property
+    def usable(self) -> bool:
+        """Whether this boot has enough valid samples to stand for its server boot."""
+        return self.n >= max(self.min_n, MIN_SAMPLES_PER_BOOT) and math.isfinite(self.median) and self.median > 0
 
     def to_json(self) -> dict[str, object]:
         """JSON-ready fields (NaN as None)."""
         return {"median": self.median, "n": self.n,
-                "se_log": None if not math.isfinite(self.se_log) else self.se_log, "label": self.label}
+                "se_log": None if not math.isfinite(self.se_log) else self.se_log, "label": self.label,
+                "min_n": self.min_n}
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> "BootSummary":
         """Inverse of :meth:`to_json`."""
         se = data.get("se_log")
         return cls(median=float(data["median"]), n=int(data["n"]),  # type: ignore[arg-type]
-                   se_log=math.nan if se is None else float(se), label=str(data.get("label") or ""))  # type: ignore[arg-type]
+                   se_log=math.nan if se is None else float(se), label=str(data.get("label") or ""),  # type: ignore[arg-type]
+                   min_n=int(data.get("min_n") or 0))  # type: ignore[arg-type]
 
 
 def summarize_boot(samples: Samples, label: str = "") -> BootSummary:
@@ -125,6 +139,32 @@ def summarize_boot(samples: Samples, label: str = "") -> BootSummary:
         mad = float(np.median(np.abs(logs - np.median(logs))))
         se = _MEDIAN_SE_FACTOR * _MAD_TO_SD * mad / math.sqrt(positive.size)
     return BootSummary(median=median, n=int(values.size), se_log=se, label=label)
+
+
+def tail_min_samples(quantile: float) -> int:
+    """Samples one boot needs before its ``quantile`` means anything: at least
+    :data:`TAIL_SAMPLES_BEYOND` of them beyond it (a p99 of 20 requests is their maximum,
+    one slow request's luck; MLPerf LoadGen's early stopping makes the same point)."""
+    return math.ceil(TAIL_SAMPLES_BEYOND / (1.0 - quantile) - 1e-9)
+
+
+def summarize_boot_quantile(samples: Samples, quantile: float, label: str = "") -> BootSummary:
+    """One boot's ``quantile`` (e.g. 0.99) of a metric, with the standard error of its log
+    from a seeded bootstrap of the boot's own samples."""
+    if not 0.0 < quantile < 1.0:
+        raise ValueError(f"quantile={quantile!r}: use a fraction between 0 and 1 (0.99 for p99)")
+    values = _valid_samples("boot", samples)
+    min_n = tail_min_samples(quantile)
+    if values.size == 0:
+        return BootSummary(median=math.nan, n=0, se_log=math.nan, label=label, min_n=min_n)
+    value = float(np.quantile(values, quantile))
+    se = math.nan
+    positive = values[values > 0]
+    if positive.size >= 2:
+        rng = np.random.default_rng(0)
+        draws = rng.choice(np.log(positive), size=(_TAIL_BOOTSTRAP, positive.size), replace=True)
+        se = float(np.std(np.quantile(draws, quantile, axis=1), ddof=1))
+    return BootSummary(median=value, n=int(values.size), se_log=se, label=label, min_n=min_n)
 
 
 @dataclass(frozen=True)
@@ -256,7 +296,7 @@ class Comparison:
                     f"{_fmt_tolerance(self.mdc)} or more")
         elif kind is VerdictKind.INSUFFICIENT_SAMPLES:
             body = (f"insufficient samples ({self.boots_current} current and {self.boots_reference} reference "
-                    f"boots with at least {MIN_SAMPLES_PER_BOOT} valid samples each)")
+                    f"boots with enough valid samples, at least {MIN_SAMPLES_PER_BOOT} each)")
             return prefix + body + (f"; {self.note}" if self.note else "")
         elif kind is VerdictKind.NOT_COMPARABLE:
             body = f"not comparable to the baseline ({change}, {ci}; reported only"
@@ -304,8 +344,8 @@ def compare_boots(
     _check_unit_interval("tolerance", tolerance)
     if not _is_real(prior_spread) or not 0.0 <= prior_spread < 1.0:
         raise ValueError(f"prior_spread={prior_spread!r}: use a fraction >= 0 and below 1 (0.01 means 1%)")
-    cur = [b for b in current if b.n >= MIN_SAMPLES_PER_BOOT and math.isfinite(b.median) and b.median > 0]
-    ref = [b for b in reference if b.n >= MIN_SAMPLES_PER_BOOT and math.isfinite(b.median) and b.median > 0]
+    cur = [b for b in current if b.usable]
+    ref = [b for b in reference if b.usable]
     nan = math.nan
     common = dict(metric=metric, unit=unit, direction=direction, tolerance=float(tolerance),
                   boots_current=len(cur), boots_reference=len(ref),
@@ -314,7 +354,8 @@ def compare_boots(
         return Comparison(
             **common, median_current=_geomean(cur), median_reference=_geomean(ref), change=nan,
             bound_low=nan, bound_high=nan, ci_low=nan, ci_high=nan, spread_sd_log=nan, spread_df=nan,
-            spread_source="", se_log=nan, mdc=nan, verdict=VerdictKind.INSUFFICIENT_SAMPLES)
+            spread_source="", se_log=nan, mdc=nan, verdict=VerdictKind.INSUFFICIENT_SAMPLES,
+            note=_insufficient_note(current, reference))
     spread = estimate_spread(cur, ref, prior_sd_log=math.log1p(prior_spread))
     mean_cur = sum(math.log(b.median) for b in cur) / len(cur)
     mean_ref = sum(math.log(b.median) for b in ref) / len(ref)
@@ -354,6 +395,14 @@ def compare_boots(
         bound_low=bound_low, bound_high=bound_high, ci_low=ci_low, ci_high=ci_high,
         spread_sd_log=spread.sd_log, spread_df=spread.df, spread_source=spread.source, se_log=se,
         mdc=mdc, verdict=verdict, note=note)
+
+
+def _insufficient_note(current: Sequence[BootSummary], reference: Sequence[BootSummary]) -> str:
+    need = max([b.min_n for b in (*current, *reference)] + [MIN_SAMPLES_PER_BOOT])
+    have = max([b.n for b in current] + [0])
+    if need > MIN_SAMPLES_PER_BOOT:
+        return f"insufficient samples for this tail: a boot needs {need}, this one has {have}"
+    return ""
 
 
 def wants_another_boot(c: Comparison, *, screen_fraction: float = SCREEN_FRACTION) -> bool:

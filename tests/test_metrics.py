@@ -18,6 +18,7 @@ from pytest_kimiperf.metrics import (
     RequestRecord,
     RoundResult,
     RunResult,
+    check_goodput_slo,
     merge_rounds,
     percentile,
 )
@@ -191,10 +192,28 @@ def test_itl_timeline_is_in_arrival_order() -> None:
 
 
 def test_metric_names_match_metric_specs() -> None:
-    assert set(PER_REQUEST_METRICS) | set(RUN_LEVEL_METRICS) == set(METRICS)
+    tails = {name for name, spec in METRICS.items() if spec.quantile is not None}
+    assert set(PER_REQUEST_METRICS) | set(RUN_LEVEL_METRICS) | tails | {"request_goodput"} == set(METRICS)
     run = two_round_run()
-    for name in METRICS:
+    for name in set(METRICS) - {"request_goodput"}:
         assert run.samples(name), name
+    # A tail's samples are its base's distribution: p99 ITL pools every gap, as bench serve does.
+    assert run.samples("p99_itl_ms") == [gap for r in run.valid_records for gap in r.itl_ms]
+    with pytest.raises(ConfigError, match="request_goodput needs its SLOs"):
+        run.samples("request_goodput")
+
+
+def test_goodput_counts_requests_that_meet_every_slo_per_second() -> None:
+    rnd = two_round_run().rounds[0]
+    ttfts = sorted(r.ttft_ms for r in rnd.valid_records)
+    everyone = rnd.request_goodput({"ttft_ms": ttfts[-1] + 1})
+    assert everyone == pytest.approx(rnd.request_throughput)
+    nobody = rnd.request_goodput({"ttft_ms": ttfts[0] / 2})
+    assert nobody == 0.0
+    with pytest.raises(ConfigError, match="goodput SLO 'itl_ms'"):
+        check_goodput_slo({"itl_ms": 5})
+    with pytest.raises(ConfigError, match="must be a number of ms > 0"):
+        check_goodput_slo({"ttft_ms": -1})
 
 
 def test_merge_rounds_appends_and_keeps_the_later_index() -> None:

@@ -15,7 +15,7 @@ from pytest_kimiperf import baselines, scenarios
 from pytest_kimiperf.boots import BootLedger, BootSlot
 from pytest_kimiperf.deployments import TINY_CPU
 from pytest_kimiperf.fingerprint import Fingerprint
-from pytest_kimiperf.gate import BaselineView, strip_profile
+from pytest_kimiperf.gate import BaselineView, baseline_entries, strip_profile
 from pytest_kimiperf.metric_specs import Direction
 from pytest_kimiperf.metrics import RequestRecord, RoundResult, RunResult
 from pytest_kimiperf.recorder import PerfRecorder
@@ -262,3 +262,62 @@ def test_a_few_failed_requests_warn_and_many_fail_the_test(tmp_path: Path) -> No
         _recorder(tmp_path, failures, []).check(_with_failures(_run([700.0] * 17), 3), ["decode_tok_s"])
     assert failures == ["3 of 20 measured requests failed and are not counted (3x HTTP 500): more than 10% "
                         "failed, the server did not serve this load"]
+
+
+def test_a_p99_of_eight_requests_is_insufficient_never_a_verdict_while_pooled_itl_has_enough(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(3)
+    runs = iter([_boot(700, rng), _boot(400, rng)])
+    monkeypatch.setattr(scenarios, "run_scenario", lambda *a, **k: next(runs))
+    record = _recorder(tmp_path, [], [], deployment=QUIET)
+    first = record.check(record.measure(SCENARIO), ["p99_e2el_ms", "p99_itl_ms"])
+    entries, _ = baseline_entries([first], git_commit=None)
+    path = baselines.baseline_path(tmp_path, "tiny-cpu", FP.key)
+    baselines.update_baseline(path, "tiny-cpu", FP, entries)
+    failures: list[str] = []
+    again = _recorder(tmp_path, failures, [], deployment=QUIET, ledger=BootLedger())
+    result = again.check(again.measure(SCENARIO), ["p99_e2el_ms", "p99_itl_ms"])
+    e2el = result.metrics["p99_e2el_ms"].baseline
+    # 8 requests cannot carry a p99 (300 per boot needed): said, never judged.
+    assert e2el["verdict"] == "insufficient samples"
+    assert "insufficient samples for this tail: a boot needs 300, this one has 8" in e2el["message"]
+    # 8 x 64 pooled gaps can: the 43% slower boot is screened for a second boot.
+    itl = result.metrics["p99_itl_ms"].baseline
+    assert itl["verdict"] == "inconclusive" and itl["boots_current"] == 1
+    assert not failures
+
+
+def test_slos_fail_a_missed_limit_and_a_tail_too_thin_for_its_quantile_only_warns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(4)
+    monkeypatch.setattr(scenarios, "run_scenario", lambda *a, **k: _boot(100, rng))
+    failures: list[str] = []
+    record = _recorder(tmp_path, failures, [], deployment=QUIET)
+    # 100 tok/s: every gap is 10 ms, so a p99 ITL under 5 ms is missed.
+    with pytest.raises(AssertionError):
+        record.check(record.measure(SCENARIO), ["decode_tok_s"], slo={"p99_itl_ms": 5, "p99_ttft_ms": 2000})
+    assert "SLO p99_itl_ms <= 5 ms: 10" in failures[0] and "SLO missed" in failures[0]
+    published: list[Any] = []
+    ok = _recorder(tmp_path, [], published, deployment=QUIET)
+    result = ok.check(ok.measure(SCENARIO), ["decode_tok_s"], slo={"p99_itl_ms": 50, "p99_ttft_ms": 2000})
+    assert any(m.startswith("SLO p99_itl_ms <= 50 ms: 10") for m in result.messages)
+    assert any("SLO p99_ttft_ms <= 2000 ms: insufficient samples" in w for w in result.warnings)
+    typo: list[str] = []
+    bad = _recorder(tmp_path, typo, [], deployment=QUIET)
+    with pytest.raises(AssertionError):
+        bad.check(bad.measure(SCENARIO), ["decode_tok_s"], slo={"p99_tft_ms": 5})
+    assert "unknown metric 'p99_tft_ms'" in typo[0]
+
+
+def test_goodput_counts_requests_meeting_every_slo_and_is_gated_like_a_metric(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(5)
+    monkeypatch.setattr(scenarios, "run_scenario", lambda *a, **k: _boot(100, rng))
+    record = _recorder(tmp_path, [], [], deployment=QUIET)
+    run = record.measure(SCENARIO)
+    result = record.check(run, ["decode_tok_s"], goodput={"ttft_ms": 1000, "tpot_ms": 50})
+    goodput = result.metrics["request_goodput"]
+    assert goodput.samples == [pytest.approx(run.rounds[0].request_throughput)]  # every request met both
+    strict = record.check(run, ["decode_tok_s"], goodput={"tpot_ms": 5})
+    assert strict.metrics["request_goodput"].samples == [0.0]
+    assert "goodput SLOs: tpot_ms <= 5" in strict.messages
