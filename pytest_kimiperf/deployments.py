@@ -66,6 +66,9 @@ class Deployment:
     max_boots: int = 3
     # Host watch bounds (hostwatch.HostBounds field names) overriding its defaults.
     host_bounds: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    # `vllm preload` daemons hold the weights between engine boots (weight_cache.py): "auto"
+    # where the platform allows (CUDA), "off" never.
+    weight_cache: str = "auto"
 
     def argv(self, *, model_path: str, host: str, port: int) -> list[str]:
         """The server's argument list with placeholders filled in."""
@@ -152,7 +155,13 @@ TINY_CPU = Deployment(
     served_model_name="tiny-llama",
     tensor_parallel_size=1,
     command=_CPU_SERVER + _SERVE_ARGS + ("--max-model-len", "2048", "--dtype", "bfloat16"),
-    env=MappingProxyType({"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}),
+    # VLLM_USE_AOT_COMPILE=0: on the CPU, vLLM 0.32 compiles with stock Inductor
+    # (platforms/cpu.py: DYNAMO_TRACE_ONCE), whose AOT artifact loads back as a plain function;
+    # compilation/decorators.py:318 then calls its missing finalize_loading, logs "Compiling
+    # model again due to a load failure" and compiles from scratch on every boot. Without AOT,
+    # Dynamo traces each boot and Inductor's FX-graph cache (paths.compile_cache_env) serves
+    # the kernels: the second boot's compile phase is shorter (README, "Boot cost").
+    env=MappingProxyType({"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_USE_AOT_COMPILE": "0"}),
     health_deadline_s=600.0,
     gpu_count=0,
     gpu_name_contains=None,
@@ -241,6 +250,7 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "boot_spread": (int, float),
     "max_boots": int,
     "host_bounds": dict,
+    "weight_cache": str,
 }
 
 
@@ -359,6 +369,8 @@ def _check(d: Deployment, where: str) -> None:
     if not (math.isfinite(d.boot_spread) and 0 <= d.boot_spread < 1):
         raise ConfigError(f"{where}: boot_spread = {d.boot_spread}; must be a fraction >= 0 and below 1 "
                           "(the SD of a boot's median: 0.01 = 1%)")
+    if d.weight_cache not in ("auto", "off"):
+        raise ConfigError(f"{where}: weight_cache = {d.weight_cache!r}; allowed: 'auto', 'off'")
     if d.max_boots < 1:
         raise ConfigError(f"{where}: max_boots = {d.max_boots}; must be an integer >= 1")
     if d.decode_target_tok_s < d.decode_floor_tok_s:

@@ -24,3 +24,16 @@ def launch_state_dir(cache_dir: Path | None = None) -> Path:
     if explicit:
         return Path(explicit)
     return (cache_dir or default_cache_dir()) / "launches"
+
+
+def compile_cache_env(cache_dir: Path | None = None) -> dict[str, str]:
+    """Where a server keeps its compile caches, next to the tiny model, so they survive sessions.
+
+    vLLM keys its torch.compile cache by model, config and source hashes under $VLLM_CACHE_ROOT
+    (vllm/envs.py, default ~/.cache/vllm; compilation/backends.py), and Inductor's FX-graph
+    cache lives under $TORCHINDUCTOR_CACHE_DIR (default /tmp/torchinductor_$USER, lost with
+    /tmp). Both go under the plugin's cache folder; a value set in the shell or the deployment
+    wins (the caller applies these as defaults).
+    """
+    root = cache_dir or default_cache_dir()
+    return {"VLLM_CACHE_ROOT": str(root / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(root / "torchinductor")}

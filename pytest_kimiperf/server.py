@@ -188,8 +188,12 @@ class ServerProcess:
         overridden_shell_env: Mapping[str, tuple[str, str]] | None = None,
         always_record: frozenset[str] = frozenset(),
         control: StopControl | None = None,
+        ready_when_healthy: bool = False,
     ) -> None:
         self.argv = argv
+        # A process that serves no model (the weight-cache daemons, weight_cache.py) is ready
+        # when /health answers 200; a server, when /v1/models also lists its model.
+        self.ready_when_healthy = ready_when_healthy
         self.control = control or StopControl()
         self.launch_id = uuid.uuid4().hex
         self.env = {**env, LAUNCH_ID_ENV: self.launch_id}
@@ -318,9 +322,9 @@ class ServerProcess:
                     now = time.monotonic()
                     if now >= next_http:
                         next_http = now + _HTTP_CHECK_EVERY_S
-                        why_not = check_ready(
-                            self.base_url, self.served_model_name, self._headers(), timeout_s=1.0
-                        ) or ""
+                        why_not = (check_health(self.base_url, {}, timeout_s=1.0) if self.ready_when_healthy
+                                   else check_ready(self.base_url, self.served_model_name, self._headers(),
+                                                    timeout_s=1.0)) or ""
                         if not why_not:
                             self.boot_s = self.elapsed_s()
                             return self.handle()

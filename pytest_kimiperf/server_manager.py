@@ -9,9 +9,11 @@ reports need (boot counts and times, leftovers, the environment each server ran 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
-from datetime import datetime
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.host_claim import HostClaim, claim_host
 from pytest_kimiperf.http_json import served_models
 from pytest_kimiperf.nccl import NCCL_DEBUG_ENV, NcclProfile, profile_server_env
+from pytest_kimiperf.paths import compile_cache_env
 from pytest_kimiperf.progress import BootProgress
 from pytest_kimiperf.server import (
     HEALTH_PROBE_TIMEOUT_S,
@@ -34,6 +37,17 @@ from pytest_kimiperf.server import (
     recorded_env,
 )
 from pytest_kimiperf.settings import Settings
+from pytest_kimiperf.weight_cache import (
+    WeightCachePlan,
+    daemon_argv,
+    daemon_env,
+    held_gib_per_rank,
+    plan_weight_cache,
+    unsupported_reason,
+)
+
+# The daemons' launch record and log name them as this "profile": they serve every profile.
+WEIGHT_CACHE = "weight-cache"
 
 Say = Callable[[str], None]
 ProgressSink = Callable[[str, BootProgress, float, bool], None]
@@ -115,6 +129,11 @@ class ServerManager:
         self._interrupted = False
         self._signals = 0
         self._ready_boots = 0  # boots of the deployment that became ready in this process
+        # `vllm preload` daemons (weight_cache.py): planned at the first boot, started once,
+        # stopped after the last engine. ``weight_cache_record`` is what the reports say of them.
+        self.weight_cache: WeightCachePlan | None = None
+        self.weight_cache_record: ServerRecord | None = None
+        self._daemons: ServerProcess | None = None
 
     def record(self, profile: str) -> ServerRecord:
         """The (possibly new) record of ``profile``'s server."""
@@ -146,8 +165,12 @@ class ServerManager:
         else:
             port = pick_free_port(host)
         model_path = resolve_model_path(deployment.model, self.say)
-        base_env = dict(os.environ)
-        base_env.update(deployment.env)
+        engine_argv = deployment.argv(model_path=model_path, host=host, port=port)
+        if self.weight_cache is None:
+            self._start_weight_cache(engine_argv)
+        assert self.weight_cache is not None
+        engine_argv += self.weight_cache.engine_args()
+        base_env = {**compile_cache_env(), **os.environ, **deployment.env}
         env, overridden = profile_server_env(profile, base_env)
         if self.settings.nccl_debug:
             env.update(NCCL_DEBUG_ENV)
@@ -158,7 +181,7 @@ class ServerManager:
         rec.env = recorded_env(env, set_here)
         url_host = f"[{host}]" if ":" in host else host
         server = ServerProcess(
-            argv=deployment.argv(model_path=model_path, host=host, port=port),
+            argv=engine_argv,
             env=env,
             log_path=rec.log_path,
             state_dir=self.state_dir,
@@ -207,11 +230,85 @@ class ServerManager:
         account = account_boot(
             text, profile=rec.profile, ordinal=rec.boots, first_of_deployment=self._ready_boots == 0,
             started_at=started_wall, total_s=total_s, log_path=str(rec.log_path),
-            environments={"engine": dict(rec.env)},
+            environments=self._environments(rec),
         )
         self._ready_boots += 1
         self.say(f"kimiperf: {account.summary()}")
         return account
+
+    def _environments(self, rec: ServerRecord) -> dict[str, dict[str, str]]:
+        """The environment of each process a boot depended on: the engine's, and the daemons'
+        while they serve (never the profile's: weight_cache.daemon_env)."""
+        envs = {"engine": dict(rec.env)}
+        if self._daemons is not None and self.weight_cache_record is not None:
+            envs[WEIGHT_CACHE] = dict(self.weight_cache_record.env)
+        return envs
+
+    def _start_weight_cache(self, engine_argv: list[str]) -> None:
+        """Plan the weight cache and, where it works, start the daemons and wait for them.
+
+        A daemon that cannot start is never a failed session: the engines load from disk and
+        the reason is said once (the report carries it as the plan's fallback reason).
+        """
+        deployment = self.settings.deployment
+        socket_dir = tempfile.mkdtemp(prefix="kimiperf-wc-")  # short: a Unix socket path is <108 bytes
+        plan = plan_weight_cache(setting=deployment.weight_cache, gpu_count=deployment.gpu_count,
+                                 command=engine_argv, socket_dir=socket_dir,
+                                 health_port=pick_free_port("127.0.0.1"))
+        if not plan.enabled:
+            shutil.rmtree(socket_dir, ignore_errors=True)
+            self.weight_cache = plan
+            return
+        rec = self.weight_cache_record = ServerRecord(WEIGHT_CACHE)
+        rec.log_path = self.log_dir / f"server-{deployment.name}-{WEIGHT_CACHE}.log"
+        env = daemon_env({**compile_cache_env(), **os.environ}, deployment.env)
+        rec.env = recorded_env(env, frozenset(deployment.env))
+        daemons = ServerProcess(
+            argv=daemon_argv(engine_argv, plan), env=env, log_path=rec.log_path, state_dir=self.state_dir,
+            base_url=f"http://127.0.0.1:{plan.health_port}", served_model_name=deployment.served_model_name,
+            deployment=deployment.name, profile=WEIGHT_CACHE, deadline_s=deployment.health_deadline_s,
+            grace_s=self.settings.grace_s, control=self.control, ready_when_healthy=True,
+        )
+        self.say(f"kimiperf: starting the {deployment.name} weight-cache daemons (vllm preload); log: {rec.log_path}")
+        rec.boots += 1
+        self._daemons = daemons
+        daemons.start()
+        try:
+            daemons.wait_ready(
+                lambda progress, elapsed, changed: self.on_progress(WEIGHT_CACHE, progress, elapsed, changed))
+        except ServerError as exc:
+            if daemons.record is not None:  # its stop left survivors: not a fallback, a failure
+                raise
+            self._daemons = None
+            shutil.rmtree(socket_dir, ignore_errors=True)
+            log = rec.log_path.read_text(encoding="utf-8", errors="replace") if rec.log_path.exists() else ""
+            reason = unsupported_reason(log) or str(exc).splitlines()[0]
+            rec.error = reason
+            self.weight_cache = WeightCachePlan(False, f"the weight-cache daemons did not start: {reason}")
+            self.say(f"kimiperf: weight cache off, engines load from disk: {reason}")
+            return
+        rec.boot_s = daemons.boot_s
+        self.weight_cache = plan
+        held = held_gib_per_rank(rec.log_path.read_text(encoding="utf-8", errors="replace"))
+        per_gpu = ", ".join(f"rank {r}: {gib:.1f} GiB" for r, gib in sorted(held.items())) or "not stated in its log"
+        self.say(f"kimiperf: weight-cache daemons ready after {daemons.boot_s or 0:.0f}s; they hold {per_gpu}")
+
+    def _stop_weight_cache(self) -> None:
+        """Stop the daemons after the last engine and verify nothing of them is left."""
+        daemons = self._daemons
+        if daemons is None:
+            return
+        self.say(f"kimiperf: stopping the {daemons.deployment} weight-cache daemons")
+        report = daemons.stop()
+        if report is not None and report.survivors:
+            assert self.weight_cache_record is not None
+            survivors = [p.describe() for p in report.survivors]
+            self.weight_cache_record.leftovers.extend(survivors)
+            self.say("kimiperf: WARNING: weight-cache daemon processes survived SIGKILL: " + "; ".join(survivors))
+            return
+        self._daemons = None
+        if self.weight_cache is not None and self.weight_cache.socket_dir:
+            shutil.rmtree(self.weight_cache.socket_dir, ignore_errors=True)
 
     def ensure_alive(self) -> None:
         """Raise ServerError (with the log tail) if the current server died or stopped serving."""
@@ -314,12 +411,15 @@ class ServerManager:
     def close(self) -> None:
         """Stop whatever still runs (end of session, interrupt), then let the next session boot."""
         try:
-            self.release()
-            if self._current is not None:
-                self.say(f"kimiperf: WARNING: left running at exit (survived SIGKILL): "
-                         f"{'; '.join(self.record(self._current.profile).leftovers)}; the next run's "
-                         "sweep tries again")
-                self._current = None
+            try:
+                self.release()
+                if self._current is not None:
+                    self.say(f"kimiperf: WARNING: left running at exit (survived SIGKILL): "
+                             f"{'; '.join(self.record(self._current.profile).leftovers)}; the next run's "
+                             "sweep tries again")
+                    self._current = None
+            finally:
+                self._stop_weight_cache()  # after the last engine, whose weights it may hold
         finally:
             if self._claim is not None:
                 self._claim.release()

@@ -73,6 +73,12 @@ def boot(args: argparse.Namespace) -> None:
     if args.mode == "hang":
         while True:
             time.sleep(1)
+    if args.load_format == "ipc_cache":
+        # weight_cache/ipc_loader.py:284: the weights are mapped from a `vllm preload` daemon
+        vllm_info("cpu_model_runner.py:68", f"Starting to load model {args.model}...", "Worker")
+        vllm_info("ipc_loader.py:284", "Mapped 24 tensors from the weight cache daemon (zero_copy mode)", "Worker")
+        vllm_info("kv_cache_utils.py:2327", "CPU KV cache size: 2,097,152 tokens", "EngineCore")
+        return
     shards = 8
     for done in range(shards + 1):
         pct = done * 100 // shards
@@ -224,6 +230,7 @@ def main() -> None:
     parser.add_argument("--nccl-lines", action="store_true")
     parser.add_argument("--nccl-log-value", action="append", default=[])
     parser.add_argument("--prompt-log", default=None)
+    parser.add_argument("--load-format", default="auto")
     args, _ = parser.parse_known_args()
     if args.boot_count:
         with open(args.boot_count, "a") as fh:

@@ -1,0 +1,218 @@
+"""The weight cache: `vllm preload` daemons that hold the weights between engine boots.
+
+Every NCCL profile needs a fresh engine (NCCL reads its environment when the communicators are
+made), and on Kimi-K2.5 an engine's boot is a 20-36 minute load of 547 GB. vLLM 0.32's
+``vllm preload`` starts one daemon per GPU that loads the post-quantized, TP-sharded weights
+once and hands CUDA IPC handles to engines started with ``--load-format ipc_cache``
+(vllm/entrypoints/cli/preload.py, model_executor/model_loader/weight_cache/), so a later
+engine maps the weights instead of reading them.
+
+This module decides whether a deployment can use it and builds the daemons' command line and
+environment and the engine's extra arguments; server_manager.py runs the daemons as a managed
+process (server.py) with the engine's lifecycle guarantees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pytest_kimiperf.errors import HardwareMissingError
+
+# Deployment setting: "auto" uses it where it works, "off" never.
+SETTINGS = ("auto", "off")
+
+# The engine's arguments that are the API server's, not the engine's: `vllm preload` parses
+# EngineArgs only (preload.py add_cli_args) and rejects these.
+_FRONTEND_ARGS_WITH_VALUE = frozenset({
+    "--host", "--port", "--api-key", "--served-model-name", "--uds", "--root-path",
+    "--chat-template", "--ssl-keyfile", "--ssl-certfile", "--allowed-origins",
+    "--tool-call-parser", "--reasoning-parser", "--load-format", "--model-loader-extra-config",
+})
+_FRONTEND_FLAGS = frozenset({"--enable-auto-tool-choice", "--disable-log-requests", "--disable-uvicorn-access-log"})
+
+# vLLM's own start-up failures that mean "this deployment cannot use the weight cache": the
+# daemon exits with one of these in its log (weight_cache/protocol.py), and the session loads
+# from disk instead.
+UNSUPPORTED_MARKERS = ("UnsupportedPlatformForIPCError", "UnsupportedQuantForIPCError")
+
+
+@dataclass(frozen=True)
+class WeightCachePlan:
+    """Whether the session boots its engines from the weight cache, and how.
+
+    ``fallback_reason`` is the one line the header shows when the deployment asked for the
+    cache ("auto") but loads from disk instead.
+    """
+
+    enabled: bool
+    fallback_reason: str | None = None
+    socket_dir: str | None = None
+    health_port: int | None = None
+
+    def engine_args(self) -> list[str]:
+        """Arguments added to each engine's command line while the daemons serve.
+
+        ``fallback: true``: a daemon that does not answer, or holds other weights, means a disk
+        load with a warning in the engine's log (ipc_loader.py), which the boot account then
+        shows as a disk load: a slower boot, never a failed one.
+        """
+        if not self.enabled:
+            return []
+        extra = {"socket_dir": self.socket_dir, "fallback": True}
+        return ["--load-format", "ipc_cache", "--model-loader-extra-config", json.dumps(extra, sort_keys=True)]
+
+    def header_line(self) -> str:
+        """What the report header says about it."""
+        if self.enabled:
+            return (f"weight cache: vllm preload daemons (sockets in {self.socket_dir}); engines boot "
+                    "with --load-format ipc_cache")
+        return f"weight cache: off ({self.fallback_reason})" if self.fallback_reason else "weight cache: off"
+
+
+def why_not_used(*, setting: str, gpu_count: int, command: Sequence[str]) -> str | None:
+    """Why the deployment's engines will load from disk, or None when they boot from the cache.
+
+    Decided before any boot (the header shows it); a daemon that then fails to start (a
+    quantization without pre-processed weight support) is a later fallback with its own reason.
+    """
+    if setting == "off":
+        return "the deployment sets weight_cache = \"off\""
+    if gpu_count == 0:
+        return ("CPU engine: vLLM's weight cache shares CUDA IPC handles "
+                "(UnsupportedPlatformForIPCError on CPU); loading from disk")
+    if not _is_vllm_serve(command):
+        return "the command is not `vllm serve`: no `vllm preload` to pair it with"
+    return None
+
+
+def plan_weight_cache(*, setting: str, gpu_count: int, command: Sequence[str],
+                      socket_dir: str, health_port: int) -> WeightCachePlan:
+    """The session's plan: the cache with its socket folder and health port, or the reason not."""
+    reason = why_not_used(setting=setting, gpu_count=gpu_count, command=command)
+    if reason is not None:
+        return WeightCachePlan(False, reason)
+    return WeightCachePlan(True, socket_dir=socket_dir, health_port=health_port)
+
+
+def _is_vllm_serve(command: Sequence[str]) -> bool:
+    return len(command) >= 2 and os.path.basename(command[0]) == "vllm" and command[1] == "serve"
+
+
+def daemon_argv(engine_argv: Sequence[str], plan: WeightCachePlan) -> list[str]:
+    """`vllm preload` with the engine's model and engine arguments (``vllm serve MODEL ...``).
+
+    The daemons must hold the weights exactly as the engine would build them (the engine
+    checks a fingerprint of model, dtype, quantization and parallel sizes, protocol.py
+    WeightCacheKey), so every engine argument is passed on; only the API server's are left out.
+    Its /health answers 200 once every rank serves (preload.py _HealthState).
+    """
+    assert plan.enabled and plan.socket_dir is not None and plan.health_port is not None
+    program, _serve, model, *rest = engine_argv
+    kept: list[str] = []
+    skip = False
+    for arg in rest:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in _FRONTEND_ARGS_WITH_VALUE:
+            skip = "=" not in arg
+            continue
+        if name in _FRONTEND_FLAGS:
+            continue
+        kept.append(arg)
+    return [program, "preload", "--model", model, *kept,
+            "--weight-cache-socket-dir", plan.socket_dir,
+            "--weight-cache-health-host", "127.0.0.1", "--weight-cache-health-port", str(plan.health_port)]
+
+
+def daemon_env(shell_env: Mapping[str, str], deployment_env: Mapping[str, str]) -> dict[str, str]:
+    """The daemons' environment: the shell's and the deployment's, never a profile's.
+
+    A profile's NCCL variables are what the session measures; the daemons form their own NCCL
+    group (preload.py: their own rendezvous port) that no measured request crosses, so the
+    profile's settings have no business there, and the daemons outlive every profile.
+    """
+    return {**shell_env, **deployment_env}
+
+
+def unsupported_reason(log_text: str) -> str | None:
+    """The line of a daemon's log that says the deployment cannot use the cache, if any."""
+    for line in log_text.splitlines():
+        if any(marker in line for marker in UNSUPPORTED_MARKERS):
+            return line.strip()[-300:]
+    return None
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """What the daemons hold per GPU against what the engine is allowed, in GiB."""
+
+    daemon_gib_per_gpu: float
+    gpu_total_gib: float
+    gpu_memory_utilization: float
+    min_engine_gib: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def engine_left_gib(self) -> float:
+        """The engine's budget less the mapped weights: what is left for activations and KV.
+
+        In zero-copy mode the engine counts the daemon's weights inside its own
+        ``gpu_memory_utilization`` budget (ipc_loader.py get_external_weight_memory).
+        """
+        return self.gpu_total_gib * self.gpu_memory_utilization - self.daemon_gib_per_gpu
+
+    def describe(self) -> str:
+        """``daemons hold 68.4 GiB per GPU of 95.0; the engine keeps 17.1 GiB for KV cache``."""
+        return (f"daemons hold {self.daemon_gib_per_gpu:.1f} GiB per GPU of {self.gpu_total_gib:.1f}; "
+                f"the engine keeps {self.engine_left_gib:.1f} GiB for activations and KV cache")
+
+
+def check_fit(fit: MemoryFit) -> None:
+    """HardwareMissingError, before any boot, when daemons and engine cannot share a GPU."""
+    if fit.engine_left_gib < fit.min_engine_gib:
+        raise HardwareMissingError(
+            f"the weight cache does not fit: {fit.describe()}, under the {fit.min_engine_gib:.1f} GiB "
+            "an engine needs; use GPUs with more memory or set weight_cache = \"off\" in the deployment"
+        )
+
+
+def estimate_daemon_gib(checkpoint_bytes: int, tensor_parallel_size: int) -> float:
+    """Weights per GPU held by the daemons, estimated from the checkpoint's size on disk.
+
+    Post-quantized weights are about the checkpoint's size (INT4 stays INT4); each TP rank
+    holds its shard.
+    """
+    return checkpoint_bytes / max(1, tensor_parallel_size) / 1024**3
+
+
+def checkpoint_bytes(model: str) -> int | None:
+    """Size of a model's weight files, for a local folder or a Hugging Face cache snapshot;
+    None when they are not on this host yet (the fit is then checked once the daemons report)."""
+    from pathlib import Path
+
+    candidates = [Path(model)]
+    if "/" in model and not Path(model).exists():
+        hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME") or
+                   Path.home() / ".cache" / "huggingface") / "hub")
+        candidates = sorted((hub / f"models--{model.replace('/', '--')}" / "snapshots").glob("*"))
+    for folder in candidates:
+        files = [f for f in folder.glob("*.safetensors") if f.is_file()] if folder.is_dir() else []
+        if files:
+            return sum(f.stat().st_size for f in files)  # stat follows the hub's symlinks
+    return None
+
+
+# weight_cache/daemon.py load_model: "Weight cache target daemon rank 0 loaded model
+# (68.41 GiB allocated, 70.00 GiB reserved)"
+_LOADED = re.compile(r"daemon rank (\d+) loaded model \(([\d.]+) GiB allocated, ([\d.]+) GiB reserved\)")
+
+
+def held_gib_per_rank(log_text: str) -> dict[int, float]:
+    """GiB each daemon rank reserved on its GPU, as the daemons' log says once loaded."""
+    return {int(m.group(1)): float(m.group(3)) for m in _LOADED.finditer(log_text)}

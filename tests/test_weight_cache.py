@@ -1,0 +1,184 @@
+"""The weight cache: `vllm preload` daemons as a managed process, engines booted from them.
+
+The daemons need CUDA; here a stand-in (stub_preload.py) runs them through the same lifecycle
+(own process group under the launcher, log, progress, deadline, verified teardown), paired with
+the stub engine behind a fake ``vllm`` executable. ci/gpu-weight-cache-check.sh checks the real
+thing on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType, SimpleNamespace
+
+import psutil
+import pytest
+
+from pytest_kimiperf.deployments import TINY_CPU
+from pytest_kimiperf.errors import HardwareMissingError
+from pytest_kimiperf.nccl import NcclProfile
+from pytest_kimiperf.server_manager import WEIGHT_CACHE, ServerManager
+from pytest_kimiperf.weight_cache import (
+    MemoryFit,
+    WeightCachePlan,
+    check_fit,
+    daemon_argv,
+    daemon_env,
+    held_gib_per_rank,
+    plan_weight_cache,
+    unsupported_reason,
+)
+
+TESTS = Path(__file__).parent
+KIMI_ARGV = ["/venv/bin/vllm", "serve", "moonshotai/Kimi-K2.5", "--served-model-name", "kimi-k2.5",
+             "--host", "127.0.0.1", "--port", "8000", "--tensor-parallel-size", "8",
+             "--trust-remote-code", "--max-model-len", "32768"]
+PLAN = WeightCachePlan(True, socket_dir="/tmp/kimiperf-wc-x", health_port=9100)
+
+
+def test_the_daemons_get_the_engines_model_and_engine_arguments_but_not_the_api_servers() -> None:
+    assert daemon_argv(KIMI_ARGV, PLAN) == [
+        "/venv/bin/vllm", "preload", "--model", "moonshotai/Kimi-K2.5", "--tensor-parallel-size", "8",
+        "--trust-remote-code", "--max-model-len", "32768", "--weight-cache-socket-dir", "/tmp/kimiperf-wc-x",
+        "--weight-cache-health-host", "127.0.0.1", "--weight-cache-health-port", "9100"]
+
+
+def test_engines_boot_with_ipc_cache_from_the_sessions_sockets_and_fall_back_to_disk() -> None:
+    args = PLAN.engine_args()
+    assert args[:2] == ["--load-format", "ipc_cache"]
+    assert json.loads(args[3]) == {"socket_dir": "/tmp/kimiperf-wc-x", "fallback": True}
+
+
+def test_the_daemons_environment_is_never_a_profiles() -> None:
+    env = daemon_env({"PATH": "/bin", "NCCL_SOCKET_IFNAME": "eth0"}, {"HF_HUB_OFFLINE": "1"})
+    assert env == {"PATH": "/bin", "NCCL_SOCKET_IFNAME": "eth0", "HF_HUB_OFFLINE": "1"}
+
+
+def test_a_cpu_deployment_loads_from_disk_and_says_why_in_one_line() -> None:
+    plan = plan_weight_cache(setting="auto", gpu_count=0, command=KIMI_ARGV, socket_dir="/s", health_port=1)
+    assert not plan.enabled and plan.engine_args() == []
+    assert plan.header_line() == ("weight cache: off (CPU engine: vLLM's weight cache shares CUDA IPC handles "
+                                  "(UnsupportedPlatformForIPCError on CPU); loading from disk)")
+
+
+def test_the_cpu_reason_is_what_the_installed_vllm_raises_on_this_platform() -> None:
+    protocol = pytest.importorskip("vllm.model_executor.model_loader.weight_cache.protocol")
+    with pytest.raises(protocol.UnsupportedPlatformForIPCError, match="does not support CUDA IPC"):
+        protocol.check_ipc_platform_support()
+
+
+def test_off_and_non_vllm_commands_never_start_daemons() -> None:
+    assert not plan_weight_cache(setting="off", gpu_count=8, command=KIMI_ARGV, socket_dir="/s", health_port=1).enabled
+    python_server = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "m"]
+    plan = plan_weight_cache(setting="auto", gpu_count=8, command=python_server, socket_dir="/s", health_port=1)
+    assert plan.fallback_reason == "the command is not `vllm serve`: no `vllm preload` to pair it with"
+
+
+def test_an_unsupported_quantization_in_the_daemons_log_is_the_fallback_reason() -> None:
+    log = ("(APIServer pid=1) INFO 01-02 10:00:00 [api_utils.py:286] non-default args\n"
+           "vllm...UnsupportedQuantForIPCError: layer model.layers.0.mlp: FooMethod does not support "
+           "loading from pre-processed weights.\n")
+    assert unsupported_reason(log) is not None and "FooMethod" in unsupported_reason(log)  # type: ignore[operator]
+    assert unsupported_reason("all well\n") is None
+
+
+def test_daemons_and_engine_that_cannot_share_a_gpu_fail_before_any_boot() -> None:
+    fits = MemoryFit(daemon_gib_per_gpu=68.4, gpu_total_gib=95.0, gpu_memory_utilization=0.9, min_engine_gib=4.0)
+    check_fit(fits)
+    assert fits.describe() == ("daemons hold 68.4 GiB per GPU of 95.0; the engine keeps 17.1 GiB for "
+                               "activations and KV cache")
+    with pytest.raises(HardwareMissingError, match="the weight cache does not fit: daemons hold 84.0 GiB"):
+        check_fit(replace(fits, daemon_gib_per_gpu=84.0))
+
+
+def test_what_the_daemons_hold_is_read_from_their_log() -> None:
+    log = ("(vllm-weight-cache-target-1 pid=9) INFO 01-02 10:00:00 [daemon.py:296] Weight cache target daemon "
+           "rank 1 loaded model (68.41 GiB allocated, 70.00 GiB reserved)\n")
+    assert held_gib_per_rank(log) == {1: 70.0}
+
+
+# -- the lifecycle, with the stand-in daemons ---------------------------------------------------
+
+
+@pytest.fixture
+def fake_vllm(tmp_path: Path) -> Path:
+    """A ``vllm`` executable: ``serve`` runs the stub engine, ``preload`` the stand-in daemons."""
+    exe = tmp_path / "bin" / "vllm"
+    exe.parent.mkdir()
+    exe.write_text(
+        "#!/bin/sh\n"
+        "cmd=$1; shift\n"
+        f'if [ "$cmd" = serve ]; then model=$1; shift; exec {sys.executable} {TESTS / "stub_vllm.py"} --model "$model" "$@"; fi\n'
+        f'exec {sys.executable} {TESTS / "stub_preload.py"} "$@" $STUB_PRELOAD_ARGS\n'
+    )
+    exe.chmod(0o755)
+    return exe
+
+
+def _manager(tmp_path: Path, fake_vllm: Path, said: list[str], **env: str) -> ServerManager:
+    deployment = replace(
+        TINY_CPU, name="stub-gpu", model="stub-model", served_model_name="stub-model", gpu_count=1,
+        command=(str(fake_vllm), "serve", "{model}", "--served-model-name", "{served_model_name}",
+                 "--host", "{host}", "--port", "{port}", "--tensor-parallel-size", "2"),
+        env=MappingProxyType(env), health_deadline_s=30.0)
+    settings = SimpleNamespace(deployment=deployment, external=False, port=None, nccl_debug=False,
+                               grace_s=2.0, host_wait_s=0.0, api_key=None)
+    return ServerManager(settings, log_dir=tmp_path / "logs", state_dir=tmp_path / "state",  # type: ignore[arg-type]
+                         say=said.append, on_progress=lambda *a: None)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE  # a zombie is gone, not yet reaped
+    except psutil.NoSuchProcess:
+        return False
+
+
+RING = NcclProfile("ring-ll", "Ring/LL", {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"})
+TREE = NcclProfile("tree", "Tree", {"NCCL_ALGO": "Tree"})
+
+
+def test_daemons_start_once_serve_every_profile_and_leave_nothing_behind(tmp_path: Path, fake_vllm: Path) -> None:
+    pids = tmp_path / "daemon-pids"
+    said: list[str] = []
+    manager = _manager(tmp_path, fake_vllm, said, STUB_PRELOAD_ARGS=f"--pid-file {pids}")
+    try:
+        manager.acquire(RING)
+        manager.release()
+        manager.acquire(TREE)
+        socket_dir = manager.weight_cache.socket_dir  # type: ignore[union-attr]
+        assert socket_dir and len(os.listdir(socket_dir)) == 2  # one socket per TP rank
+    finally:
+        manager.close()
+    daemons = manager.weight_cache_record
+    assert daemons is not None and daemons.boots == 1 and daemons.log_path is not None
+    assert "daemon rank 1 serving on" in daemons.log_path.read_text()
+    assert any("weight-cache daemons ready" in s and "rank 0: 0.5 GiB" in s for s in said)
+    for profile in ("ring-ll", "tree"):
+        (account,) = manager.records[profile].accounts
+        assert account.weights_source == "weight cache"
+        assert account.environments["engine"]["NCCL_ALGO"] == ("Ring" if profile == "ring-ll" else "Tree")
+        assert not any(k.startswith("NCCL_") for k in account.environments[WEIGHT_CACHE])
+    # Teardown verified: every daemon process is gone, their sockets and launch records too.
+    assert [int(p) for p in pids.read_text().split() if _alive(int(p))] == []
+    assert not os.path.exists(socket_dir)
+    assert list((tmp_path / "state").glob("launch-*.json")) == []
+
+
+def test_daemons_that_cannot_serve_the_model_leave_a_disk_load_and_a_reason(tmp_path: Path, fake_vllm: Path) -> None:
+    said: list[str] = []
+    manager = _manager(tmp_path, fake_vllm, said, STUB_PRELOAD_ARGS="--fail-with UnsupportedQuantForIPCError")
+    try:
+        manager.acquire(RING)
+    finally:
+        manager.close()
+    plan = manager.weight_cache
+    assert plan is not None and not plan.enabled
+    assert "UnsupportedQuantForIPCError" in (plan.fallback_reason or "")
+    (account,) = manager.records["ring-ll"].accounts
+    assert account.weights_source == "disk"
+    assert any(s.startswith("kimiperf: weight cache off, engines load from disk: ") for s in said)
