@@ -21,7 +21,9 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from pytest_kimiperf.gate import TestResult
     from pytest_kimiperf.recorder import PerfRecorder
-    from pytest_kimiperf.scenarios import Concurrency, ConcurrencySweep, RequestRate, Scenario, SingleStream
+    from pytest_kimiperf.scenarios import (
+        Concurrency, ConcurrencySweep, RequestRate, Scenario, SingleStream, run_sweep,
+    )
     from pytest_kimiperf.settings import Settings
     from pytest_kimiperf.warning_types import (
         BelowTargetWarning, InconclusiveWarning, KimiperfWarning, MissingBaselineWarning,
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 
 _HOME: dict[str, str] = {
     "Concurrency": "scenarios", "ConcurrencySweep": "scenarios", "RequestRate": "scenarios",
-    "Scenario": "scenarios", "SingleStream": "scenarios",
+    "Scenario": "scenarios", "SingleStream": "scenarios", "run_sweep": "scenarios",
     "PerfRecorder": "recorder", "TestResult": "gate", "Settings": "settings",
     "KimiperfWarning": "warning_types", "InconclusiveWarning": "warning_types",
     "MissingBaselineWarning": "warning_types", "BelowTargetWarning": "warning_types",

@@ -437,6 +437,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     """After a perf test measured: its warnings become pytest warnings of the plugin's classes
     (so ``filterwarnings = error::...`` escalates them), and a missing baseline fails the test
     under ``--kimiperf-missing-baseline=fail``."""
+    __tracebackhide__ = True  # an escalated warning reads as its message, not as this hook's code
     outcome = yield
     result = item.stash.get(RESULT_KEY, None)
     if result is None:
@@ -580,6 +581,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                     (f"kimiperf server log, last 50 lines ({rec.log_path})", tail_lines(rec.log_path))
                 )
     return report
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_kimiperf_update_json(config: pytest.Config, report: dict[str, Any]) -> None:
+    """The JSON report's deployment carries the resolved command its servers ran (booted
+    servers only: an attached server's command is not known here)."""
+    settings = config.stash[RUN_STATE].settings
+    if not settings.external and isinstance(report.get("deployment"), dict):
+        from pytest_kimiperf.deployments import describe_command
+
+        report["deployment"].setdefault("server_command", describe_command(settings.deployment))
 
 
 class _ResultCollector:

@@ -139,3 +139,17 @@ def test_the_shipped_suite_collects_under_every_import_mode(pytester: pytest.Pyt
                                            "--deployment", "tiny-cpu", "--kimiperf-max-boots", "1", timeout=60)
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     assert sum("::" in line for line in result.stdout.lines) >= 3
+
+
+def test_the_report_records_the_resolved_server_command(pytester: pytest.Pytester, stub_project) -> None:
+    import json
+    import sys
+
+    stub_project(stub_deployment_toml())
+    pytester.makepyfile(test_unit_and_perf=UNIT_AND_PERF)
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-max-boots", "1",
+                                           "--perf-json", "report.json", "-p", "no:cacheprovider", timeout=120)
+    result.assert_outcomes(passed=2, warnings=1)
+    command = json.loads((pytester.path / "report.json").read_text())["deployment"]["server_command"]
+    assert command.startswith(f"{sys.executable} ") and "stub_vllm.py" in command
+    result.stdout.fnmatch_lines([f"kimiperf: server command: {sys.executable} *stub_vllm.py*"])
