@@ -35,6 +35,22 @@ class Option:
         """Where argparse keeps the value: ``kimiperf_<name>``."""
         return f"kimiperf_{self.name}"
 
+    @property
+    def own_flag(self) -> str:
+        """The flag under the plugin's prefix, always registered: ``--kimiperf-deployment``."""
+        if self.flag.startswith(OWN_PREFIXES):
+            return self.flag
+        return f"--kimiperf-{self.flag[2:]}"
+
+    @property
+    def short_flag(self) -> str | None:
+        """The documented bare flag (``--deployment``), registered only where no conftest of the
+        user's took the name first; None when the flag already has the plugin's prefix."""
+        return None if self.flag == self.own_flag else self.flag
+
+
+OWN_PREFIXES = ("--kimiperf-", "--perf-")
+
 
 OPTIONS = (
     Option("deployment", "--deployment", "kimiperf_deployment",

@@ -70,14 +70,40 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     """Command-line options and their ini twins, in one group."""
     group = parser.getgroup("kimiperf", "LLM-serving performance tests (pytest-kimiperf)")
     for opt in OPTIONS:
-        if opt.kind == "bool":
-            group.addoption(opt.flag, action="store_true", dest=opt.dest, default=None, help=opt.help)
-        else:
-            group.addoption(opt.flag, action="store", dest=opt.dest, default=None, help=opt.help,
-                            metavar=opt.name.upper())
+        _add_flag(group, opt, opt.own_flag)
         if opt.ini:
             parser.addini(opt.ini, help=opt.help, type="bool" if opt.kind == "bool" else "string",
                           default=opt.default if opt.kind == "bool" else None)
+
+
+def _add_flag(group: pytest.OptionGroup, opt: Any, flag: str) -> None:
+    if opt.kind == "bool":
+        group.addoption(flag, action="store_true", dest=opt.dest, default=None, help=opt.help)
+    else:
+        group.addoption(flag, action="store", dest=opt.dest, default=None, help=opt.help,
+                        metavar=opt.name.upper())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> Iterator[None]:
+    """The documented short flags (``--deployment``, ``--server-url``, ...) as aliases of the
+    ``--kimiperf-`` ones, each unless a conftest of the user's added that name first: their
+    option wins, ours stays reachable under the prefix."""
+    result = yield
+    group = parser.getgroup("kimiperf")
+    for opt in OPTIONS:
+        if opt.short_flag is not None and not _flag_taken(parser, opt.short_flag):
+            _add_flag(group, opt, opt.short_flag)
+    return result
+
+
+def _flag_taken(parser: pytest.Parser, flag: str) -> bool:
+    # Asked through parsing (pytest's parser has no public list of names): a name nobody
+    # registered comes back unknown; a taken one is parsed, or rejected for its value.
+    try:
+        return flag not in parser.parse_known_and_unknown_args([flag, "kimiperf-probe"])[1]
+    except (pytest.UsageError, SystemExit):
+        return True
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -32,21 +32,30 @@ def _no_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
 
 
-def test_a_user_conftest_may_add_port_grace_and_api_key_options(pytester: pytest.Pytester) -> None:
+def test_a_user_conftest_may_add_port_grace_api_key_and_deployment_options(pytester: pytest.Pytester) -> None:
     pytester.makeconftest("""
         def pytest_addoption(parser):
             parser.addoption("--port", default="8080")
             parser.addoption("--grace", default="1")
             parser.addoption("--api-key", default="")
+            parser.addoption("--deployment", default="prod")
             parser.addini("port", "the user's own port")
 
         def pytest_report_header(config):
-            return f"user port {config.getoption('port')}"
+            return f"user port {config.getoption('port')}, user deployment {config.getoption('deployment')}"
     """)
     pytester.makepyfile("def test_ok(pytestconfig):\n    assert pytestconfig.getoption('port') == '9'\n")
-    result = pytester.runpytest_subprocess("--port", "9", "--grace", "2", "--kimiperf-grace", "3", timeout=60)
+    result = pytester.runpytest_subprocess("--port", "9", "--grace", "2", "--kimiperf-grace", "3",
+                                           "--deployment", "staging", "--kimiperf-deployment", "tiny-cpu",
+                                           timeout=60)
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["user port 9"])
+    # Their --deployment is theirs; the plugin's stays reachable under its prefix.
+    result.stdout.fnmatch_lines(["kimiperf: deployment tiny-cpu *", "user port 9, user deployment staging"])
+
+
+def test_the_documented_short_flags_work_where_no_conftest_takes_them(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess("--deployment", "tiny-cpu", "--nccl-profile", "ring-ll", timeout=60)
+    result.stdout.fnmatch_lines(["kimiperf: deployment tiny-cpu *", "kimiperf: NCCL profile ring-ll: *"])
 
 
 def test_every_option_keeps_its_value_under_a_kimiperf_dest(pytester: pytest.Pytester) -> None:
@@ -54,12 +63,10 @@ def test_every_option_keeps_its_value_under_a_kimiperf_dest(pytester: pytest.Pyt
 
     assert all(opt.dest.startswith("kimiperf_") for opt in OPTIONS)
     assert all(opt.ini is None or opt.ini.startswith("kimiperf_") for opt in OPTIONS)
-    assert all(opt.flag.startswith(("--kimiperf-", "--perf-")) or opt.flag in DOCUMENTED_FLAGS
-               for opt in OPTIONS)
-
-
-DOCUMENTED_FLAGS = {"--deployment", "--nccl-profile", "--nccl-debug", "--server-url", "--update-baselines",
-                    "--baselines-dir", "--server-hardware"}
+    assert all(opt.own_flag.startswith(("--kimiperf-", "--perf-")) for opt in OPTIONS)
+    assert {opt.short_flag for opt in OPTIONS} - {None} == {
+        "--deployment", "--nccl-profile", "--nccl-debug", "--server-url", "--update-baselines", "--baselines-dir",
+        "--server-hardware"}
 
 
 @pytest.mark.parametrize("args", [(), ("--collect-only",), ("-m", "not kimiperf")])
