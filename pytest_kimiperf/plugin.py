@@ -465,7 +465,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     under ``--kimiperf-missing-baseline=fail``."""
     __tracebackhide__ = True  # an escalated warning reads as its message, not as this hook's code
     outcome = yield
-    result = item.stash.get(RESULT_KEY, None)
+    result = item.stash.get(RESULT_KEY, None) if "perf" in getattr(item, "fixturenames", ()) else None
     if result is None:
         return outcome
     import warnings
