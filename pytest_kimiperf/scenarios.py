@@ -798,6 +798,27 @@ def reused_prompt_requests(records: Iterable[RequestRecord]) -> int:
     return sum(1 for r in records if _REUSED in r.request_id)
 
 
+def load_facts(scenario: Scenario) -> dict[str, Any]:
+    """The offered load of ``scenario`` in ``vllm bench serve``'s terms.
+
+    A closed loop of N streams is bench serve's ``--request-rate inf --max-concurrency N``; a
+    Poisson request rate is ``--burstiness 1.0``; an unlimited rate is the string "inf", as bench
+    serve writes it. Evenly spaced arrivals have no finite gamma
+    shape in bench serve, so their burstiness is None.
+    """
+    facts: dict[str, Any] = {
+        "kind": "single-stream", "request_rate": "inf", "burstiness": 1.0, "max_concurrency": 1,
+        "prompt_tokens": scenario.prompt_tokens, "output_tokens": scenario.output_tokens,
+    }
+    if isinstance(scenario, Concurrency):
+        facts.update(kind="concurrency", max_concurrency=scenario.concurrency)
+    elif isinstance(scenario, RequestRate):
+        facts.update(kind="request-rate", request_rate=float(scenario.rate_per_s),
+                     burstiness=1.0 if scenario.arrivals == "poisson" else None,
+                     max_concurrency=scenario.max_concurrency)
+    return facts
+
+
 def _result(scenario: Scenario, prepared: _Prepared, rounds: Sequence[RoundResult],
             watch: _ServerWatch) -> RunResult:
     notes = prepared.notes + ((watch.note,) if watch.note else ())
@@ -813,6 +834,7 @@ def _result(scenario: Scenario, prepared: _Prepared, rounds: Sequence[RoundResul
         client_processes=scenario.client_processes, notes=notes,
         next_request_index=prepared.next_index,
         server_metrics=(watch.view,) if watch.view is not None else (),
+        load=load_facts(scenario),
     )
 
 
@@ -837,7 +859,8 @@ def _run(base_url: str, model: str, scenario: Scenario, *, rounds: int, first_in
             raise
         line = next(ln for ln in str(error).splitlines() if STALL_PREFIX in ln)
         raise ServerError(_stall_verdict(line.partition("ScenarioStalled: ")[2] or line, base_url, api_key)) from None
-    return _result(scenario, prepared, results, watch)
+    return replace(_result(scenario, prepared, results, watch),
+                   load={**load_facts(scenario), "endpoint": endpoint})
 
 
 def _stall_verdict(stall: str, base_url: str, api_key: str | None) -> str:
@@ -963,4 +986,5 @@ async def run_scenario_async(
     config = _engine_configs(base_url, model, scenario, endpoint=endpoint, api_key=api_key,
                              extra_body=extra_body)[0]
     watch = _ServerWatch(base_url, model, api_key, server_metrics)
-    return _result(scenario, prepared, await _play_in_loop(config, scenario, prepared, watch), watch)
+    result = _result(scenario, prepared, await _play_in_loop(config, scenario, prepared, watch), watch)
+    return replace(result, load={**load_facts(scenario), "endpoint": endpoint})

@@ -41,13 +41,16 @@ def write_outputs(config: Any, state: Any) -> None:
     """Write the baselines (--update-baselines) and the reports asked for; raise KimiperfError on failure."""
     settings = state.settings
     asked = bool(settings.update_baselines or settings.perf_json or settings.perf_markdown
-                 or settings.perf_plots)
+                 or settings.perf_plots or settings.perf_export)
     if not state.results and not asked and not _records(state):
         return  # not a perf run: say nothing, write nothing
     needs_fingerprint = bool(state.results) and asked
     report = build_report(state, rootpath=Path(config.rootpath), probe_fingerprint=needs_fingerprint)
     state.report = report
     errors: list[str] = report.errors
+    # The plots set this run beside the baseline it was judged against: read it before
+    # --update-baselines replaces it.
+    judged_against = _baseline_file(report) if settings.perf_plots and state.results else None
 
     if settings.update_baselines:
         try:
@@ -59,7 +62,7 @@ def write_outputs(config: Any, state: Any) -> None:
         from pytest_kimiperf.reports.plots import render_plots
 
         try:
-            files = render_plots(report, settings.perf_plots)
+            files = render_plots(report, settings.perf_plots, baseline=judged_against)
         except KimiperfError as exc:
             errors.append(str(exc))
         except Exception as exc:  # noqa: BLE001 - a drawing bug must not cost the JSON report
@@ -87,6 +90,16 @@ def write_outputs(config: Any, state: Any) -> None:
             except KimiperfError as exc:
                 errors.append(str(exc))
                 report.outputs.pop("github_step_summary" if append else "markdown", None)
+
+    if settings.perf_export is not None and state.results:
+        from pytest_kimiperf.reports.export import write_exports
+
+        try:
+            write_exports(report, settings.perf_export, detailed=settings.perf_export_detailed)
+        except KimiperfError as exc:
+            errors.append(str(exc))
+        else:
+            report.outputs["export"] = str(settings.perf_export)
 
     if settings.perf_json:
         report.outputs["json"] = str(settings.perf_json)
@@ -162,6 +175,17 @@ def build_report(state: Any, *, rootpath: Path | None, probe_fingerprint: bool) 
             state.results, settings.deployment, fingerprint, rootpath=rootpath, external=settings.external,
         ),
     )
+
+
+def _baseline_file(report: SessionReport) -> baselines.BaselineFile | None:
+    """The baseline file this run was judged against, or None (none, or unreadable: the
+    verdicts already said so)."""
+    if report.baselines_path is None:
+        return None
+    try:
+        return baselines.load_baseline(report.baselines_path)
+    except (KimiperfError, OSError):
+        return None
 
 
 def _update_baselines(state: Any, *, rootpath: Path) -> BaselineUpdate:

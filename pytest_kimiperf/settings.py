@@ -63,6 +63,9 @@ class Settings:
     boot_seed: int = 0
     # What a perf test without a baseline for this hardware does: warn, or fail (a CI gate).
     missing_baseline: str = "warn"
+    # --perf-export DIR: bench-serve result files and requests.jsonl (reports/export.py).
+    perf_export: Path | None = None
+    perf_export_detailed: bool = False
 
     @property
     def external(self) -> bool:
@@ -172,6 +175,9 @@ def build_settings(
     if missing_baseline not in MISSING_BASELINE_POLICIES:
         raise ConfigError(f"missing-baseline policy {missing_opt.value!r} (from {missing_opt.source}); allowed: "
                           f"{', '.join(MISSING_BASELINE_POLICIES)}")
+    perf_export, export_detailed = _export(
+        options.get("perf_export", RawOption(None, "default")),
+        options.get("perf_export_detailed", RawOption(False, "default")), rootpath)
     return Settings(
         deployment=deployment,
         deployments=deployments,
@@ -197,7 +203,21 @@ def build_settings(
         boot_order=boot_order,
         boot_seed=boot_seed,
         missing_baseline=missing_baseline,
+        perf_export=perf_export,
+        perf_export_detailed=export_detailed,
     )
+
+
+def _export(dir_opt: RawOption, detailed_opt: RawOption, rootpath: Path) -> tuple[Path | None, bool]:
+    directory = _path(dir_opt, rootpath)
+    detailed = bool(detailed_opt.value)
+    if detailed and directory is None:
+        raise ConfigError(f"--perf-export-detailed (from {detailed_opt.source}) adds the per-request "
+                          "arrays to the --perf-export files: give --perf-export DIR too")
+    if directory is not None and directory.exists() and not directory.is_dir():
+        raise ConfigError(f"export directory {dir_opt.value!r} (from {dir_opt.source}) is a file, "
+                          "not a directory")
+    return directory, detailed
 
 
 def _count(opt: RawOption, what: str) -> int:

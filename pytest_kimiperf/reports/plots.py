@@ -5,6 +5,11 @@ profile as a box with the points on top, which shows a bimodal or long-tailed pr
 median hides; and for each profile, the inter-token latency of every token gap in the order the
 run produced them, which shows stalls and drift over the run.
 
+Where the run was judged against a baseline, one more per gated metric and profile: this run's
+samples beside the baseline entry's latest samples, with the verdict. And for a test
+parametrized over concurrency, one throughput-vs-latency curve per profile (each point a
+concurrency): the picture people choose a serving configuration from.
+
 matplotlib is optional (``pip install 'pytest-kimiperf[plots]'``). Figures are drawn with
 ``matplotlib.figure.Figure`` on the Agg canvas, never through pyplot, so the plugin does not
 change the global backend of a test process that uses pyplot itself.
@@ -21,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from pytest_kimiperf.baselines import BaselineFile
 from pytest_kimiperf.errors import ConfigError, KimiperfError
-from pytest_kimiperf.gate import TestResult
+from pytest_kimiperf.gate import MetricResult, TestResult
 from pytest_kimiperf.metric_specs import METRICS, Direction
 from pytest_kimiperf.metrics import RUN_LEVEL_METRICS
 from pytest_kimiperf.reports.model import (
@@ -53,8 +59,9 @@ def matplotlib_problem() -> str | None:
     return None
 
 
-def render_plots(report: SessionReport, out_dir: Path) -> list[Path]:
-    """Draw every plot of the session into ``out_dir`` and return the files written."""
+def render_plots(report: SessionReport, out_dir: Path, *, baseline: BaselineFile | None = None) -> list[Path]:
+    """Draw every plot of the session into ``out_dir`` and return the files written
+    (``baseline``: the file this run was judged against, for the current-vs-baseline plots)."""
     problem = matplotlib_problem()
     if problem:
         raise ConfigError(problem)
@@ -87,7 +94,105 @@ def render_plots(report: SessionReport, out_dir: Path) -> list[Path]:
             path = out_dir / f"{slug}--itl-timeline.png"
             _save(plot_itl_timeline(block.test, block.scenario, timelines), path)
             written.append(path)
+        if baseline is not None:
+            for res in sorted(by_test[block.test], key=lambda r: (order.get(r.profile, len(order)), r.boot)):
+                for mres in res.metrics.values():
+                    entry = baseline.entry(res.test, res.profile, mres.metric)
+                    if mres.baseline is None or entry is None or not _finite(mres.samples):
+                        continue
+                    path = out_dir / f"{slug}--{res.profile}--boot{res.boot}--{mres.metric}--vs-baseline.png"
+                    _save(plot_against_baseline(res, mres, entry.samples, entry.recorded_at), path)
+                    written.append(path)
+    curves = throughput_curves(report.results)
+    curve_slugs = _unique_slugs(list(curves))
+    for group, points in curves.items():
+        path = out_dir / f"{curve_slugs[group]}--throughput-vs-latency.png"
+        _save(plot_throughput_latency(group, points), path)
+        written.append(path)
     return written
+
+
+def plot_against_baseline(res: TestResult, mres: MetricResult, baseline_samples: Sequence[float],
+                          recorded_at: str) -> Any:
+    """One gated metric of one boot: the baseline's latest samples beside this run's, and the verdict."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.8), dpi=DPI, layout="constrained")
+    ax = fig.add_subplot()
+    groups = [(f"baseline\n{recorded_at[:10]}", _finite(baseline_samples), "tab:blue"),
+              (f"this run\n{res.profile} boot {res.boot}", _finite(mres.samples), "tab:orange")]
+    rng = np.random.default_rng(0)
+    drawn = [(pos, vals) for pos, (_, vals, _) in enumerate(groups, start=1) if vals]
+    ax.boxplot([v for _, v in drawn], positions=[p for p, _ in drawn], widths=0.5, showfliers=False,
+               medianprops={"color": "black", "linewidth": 2})
+    for pos, (_, vals, color) in enumerate(groups, start=1):
+        ax.scatter(np.full(len(vals), pos) + rng.uniform(-0.15, 0.15, size=len(vals)), vals,
+                   s=14, alpha=0.55, zorder=3, color=color, edgecolors="none")
+    ax.set_xticks([1, 2], [f"{label}\nmedian {fmt_value(float(np.median(vals))) if vals else '-'}, n={len(vals)}"
+                           for label, vals, _ in groups], fontsize=8)
+    ax.set_xlim(0.4, 2.6)
+    spec = METRICS.get(mres.metric)
+    label = spec.label if spec else mres.metric
+    ax.set_ylabel(f"{label} ({mres.unit})" if mres.unit else label)
+    verdict = str((mres.baseline or {}).get("message") or mres.baseline_message or "")
+    ax.set_title(f"{_shorten(res.test, 70)}\n{label}: this run against the baseline\n"
+                 f"{_shorten(verdict, 90)}", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+# (profile, concurrency, output tok/s, median TTFT ms, median TPOT ms)
+CurvePoint = tuple[str, int, float, float | None, float | None]
+
+
+def throughput_curves(results: Sequence[TestResult]) -> dict[str, list[CurvePoint]]:
+    """The tests parametrized over concurrency: per test function and request shape, one point
+    per profile and concurrency (boots averaged), where at least two concurrencies ran."""
+    cells: dict[tuple[str, str, int], list[TestResult]] = {}
+    for res in results:
+        load = res.run.get("load") or {}
+        if load.get("kind") != "concurrency" or res.invalid:
+            continue
+        base = re.sub(r"\[.*\]$", "", res.test)
+        group = f"{base} {load.get('prompt_tokens')}in-{load.get('output_tokens')}out"
+        cells.setdefault((group, res.profile, int(load["max_concurrency"])), []).append(res)
+    curves: dict[str, list[CurvePoint]] = {}
+    for (group, profile, concurrency), boots in sorted(cells.items()):
+        curves.setdefault(group, []).append((
+            profile, concurrency, _mean([r.run.get("output_throughput") for r in boots]) or 0.0,
+            _mean([r.run.get("median_ttft_ms") for r in boots]),
+            _mean([r.run.get("median_tpot_ms") for r in boots]),
+        ))
+    return {g: pts for g, pts in curves.items() if len({p[1] for p in pts}) >= 2}
+
+
+def plot_throughput_latency(group: str, points: Sequence[CurvePoint]) -> Any:
+    """Output throughput against median TTFT and median TPOT, one line per profile, each point
+    labelled with its concurrency."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4.5), dpi=DPI, layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, index, xlabel in ((axes[0], 3, "median TTFT (ms)"), (axes[1], 4, "median TPOT (ms)")):
+        for profile in dict.fromkeys(p[0] for p in points):
+            line = [(p[index], p[2], p[1]) for p in points if p[0] == profile and p[index] is not None]
+            if not line:
+                continue
+            xs, ys, ns = zip(*sorted(line, key=lambda t: t[2]))
+            ax.plot(xs, ys, marker="o", label=profile)
+            for x, y, n in zip(xs, ys, ns):
+                ax.annotate(f"c{n}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("output throughput (tok/s)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{_shorten(group, 90)}\nthroughput against latency, by concurrency", fontsize=10)
+    return fig
+
+
+def _mean(values: Sequence[Any]) -> float | None:
+    numbers = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return sum(numbers) / len(numbers) if numbers else None
 
 
 def plot_distribution(block: PerfTestBlock, metric: MetricBlock, reference_profile: str) -> Any:

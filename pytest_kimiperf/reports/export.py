@@ -1,0 +1,230 @@
+"""Exports other tools read (``--perf-export DIR``): bench-serve result files and request records.
+
+Per test and profile (and boot), one file in the shape of ``vllm bench serve --save-result``
+(vllm/benchmarks/serve.py: ``result_json`` of ``main`` merged with the ``result`` dict of
+``benchmark``): same top-level field names and units (durations in s, latencies in ms,
+per-request arrays in s), so a dashboard that reads bench serve's files reads ours unchanged.
+With ``--perf-export-detailed`` the per-request arrays (``input_lens``, ``output_lens``,
+``ttfts``, ``itls``, ``start_times``, ``errors``, ...) are kept, as ``--save-detailed`` keeps them.
+
+Beside them, ``requests.jsonl``: one JSON object per measured request of the session (profile,
+boot, test, send time, TTFT, every token chunk's arrival, tokens, status, error), the raw data
+behind every figure, as AIPerf's profile export gives.
+
+The figures are computed here from the request records, by bench serve's rules
+(``calculate_metrics``): every statistic over successful requests, ``itl`` pools every gap of
+every request, a failed request has output length 0, std is the population std. Pure: no pytest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pytest_kimiperf.errors import KimiperfError
+from pytest_kimiperf.gate import TestResult
+from pytest_kimiperf.reports.json_report import _finite
+from pytest_kimiperf.reports.model import SessionReport
+
+REQUESTS_FILE = "requests.jsonl"
+# Percentiles written for each latency (bench serve's --metric-percentiles, default "99").
+EXPORT_PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
+# Fields bench serve drops without --save-detailed (vllm/benchmarks/serve.py, main()).
+DETAILED_FIELDS: tuple[str, ...] = (
+    "input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts", "errors",
+)
+BACKEND = {"chat": "openai-chat", "completions": "openai"}
+
+_MAX_SLUG = 80
+_NS_PER_S = 1e9
+_NS_PER_MS = 1e6
+
+
+def bench_serve_result(res: TestResult, *, model_id: str, tokenizer_id: str, date: str,
+                       detailed: bool = False) -> dict[str, Any]:
+    """One test's run under one profile as a ``vllm bench serve --save-result`` dict."""
+    run = res.run
+    requests = list(run.get("requests") or [])
+    load = dict(run.get("load") or {})
+    endpoint = str(load.get("endpoint") or "completions")
+    backend = BACKEND.get(endpoint, endpoint)
+    duration = float(run.get("duration") or 0.0)
+    ok = [r for r in requests if r.get("ok")]
+    output_lens = [int(r["output_tokens"]) if r.get("ok") else 0 for r in requests]
+    ttfts = [_ttft_s(r) for r in requests]
+    latencies = [_latency_s(r) for r in requests]
+    itls = [_itls_s(r) for r in requests]
+    total_input = sum(int(r["prompt_tokens"]) for r in ok)
+    total_output = sum(output_lens)
+    result: dict[str, Any] = {
+        "date": date,
+        "endpoint_type": backend,
+        "backend": backend,
+        "label": f"{res.test} [{res.profile}, boot {res.boot}]",
+        "model_id": model_id,
+        "tokenizer_id": tokenizer_id,
+        "num_prompts": len(requests),
+        "request_rate": load.get("request_rate", "inf"),
+        "burstiness": load.get("burstiness", 1.0),
+        "max_concurrency": load.get("max_concurrency"),
+        # Not bench serve's: where the run came from, for a reader joining files.
+        "kimiperf_test": res.test, "kimiperf_profile": res.profile, "kimiperf_boot": res.boot,
+        "kimiperf_scenario": res.scenario, "kimiperf_valid": not res.invalid,
+        "duration": duration,
+        "completed": len(ok),
+        "failed": len(requests) - len(ok),
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "request_throughput": len(ok) / duration if duration > 0 else 0.0,
+        "request_goodput": None,  # no --goodput SLO given (bench serve writes None then too)
+        "output_throughput": total_output / duration if duration > 0 else 0.0,
+        "total_token_throughput": (total_input + total_output) / duration if duration > 0 else 0.0,
+        "input_lens": [int(r["prompt_tokens"]) for r in requests],
+        "output_lens": output_lens,
+        "ttfts": [t if t is not None else 0.0 for t in ttfts],
+        "itls": itls,
+        "latencies": [t if t is not None else 0.0 for t in latencies],
+        "start_times": [r["t_send_ns"] / _NS_PER_S for r in requests],
+        "queue_times": [_queue_s(r) for r in requests],
+        "generated_texts": ["" for _ in requests],  # the client never decodes text
+        "errors": [r.get("error") or "" for r in requests],
+        **_peaks(ok),
+        "rtfx": 0.0,  # audio input seconds per second; text runs have none
+    }
+    ok_ttft = [t for r, t in zip(requests, ttfts) if r.get("ok") and t is not None]
+    ok_lat = [t for r, t in zip(requests, latencies) if r.get("ok") and t is not None]
+    tpots = [(lat - ttft) / (r["output_tokens"] - 1)
+             for r, ttft, lat in zip(requests, ttfts, latencies)
+             if r.get("ok") and ttft is not None and lat is not None and r["output_tokens"] > 1]
+    pooled_itl = [gap for r, gaps in zip(requests, itls) if r.get("ok") for gap in gaps]
+    for stem, values in (("ttft", ok_ttft), ("tpot", tpots), ("itl", pooled_itl), ("e2el", ok_lat)):
+        result.update(_stats_ms(stem, values))
+    if not detailed:
+        for name in DETAILED_FIELDS:
+            result.pop(name, None)
+    cleaned: dict[str, Any] = _finite(result)
+    return cleaned
+
+
+def request_lines(res: TestResult) -> Iterable[dict[str, Any]]:
+    """One JSON object per measured request of ``res`` (times in ns of CLOCK_MONOTONIC and ms)."""
+    for r in res.run.get("requests") or []:
+        send = int(r["t_send_ns"])
+        chunks = [int(c) for c in r.get("chunk_ns") or []]
+        ttft = _ttft_s(r)
+        yield {
+            "profile": res.profile, "boot": res.boot, "test": res.test, "nodeid": res.nodeid,
+            "scenario": res.scenario, "request_id": r.get("request_id", ""),
+            "status": "ok" if r.get("ok") else "error", "error": r.get("error") or None,
+            "prompt_tokens": r.get("prompt_tokens"), "output_tokens": r.get("output_tokens"),
+            "t_start_ns": r.get("t_start_ns"), "scheduled_send_ns": r.get("scheduled_send_ns"),
+            "t_send_ns": send, "chunk_ns": chunks, "t_done_ns": r.get("t_done_ns"),
+            "ttft_ms": ttft * 1000 if ttft is not None else None,
+            "chunk_offsets_ms": [(c - send) / _NS_PER_MS for c in chunks],
+        }
+
+
+def export_file_name(res: TestResult) -> str:
+    """``<test>--<profile>--boot<N>.json``, safe as a file name (a hash keeps long ids apart)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", res.test.replace("::", "--")).strip("._-") or "test"
+    if len(slug) > _MAX_SLUG:
+        slug = f"{slug[: _MAX_SLUG - 9]}-{hashlib.sha1(res.test.encode()).hexdigest()[:8]}"
+    return f"{slug}--{res.profile}--boot{res.boot}.json"
+
+
+def write_exports(report: SessionReport, out_dir: Path, *, detailed: bool,
+                  now: datetime | None = None) -> list[Path]:
+    """Write every bench-serve file and the request records into ``out_dir``; the files written."""
+    model = str(report.deployment.get("served_model_name") or report.deployment.get("model") or "")
+    tokenizer = str(report.deployment.get("model") or model)
+    date = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")  # bench serve's format
+    written: list[Path] = []
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for res in report.results:
+            data = bench_serve_result(res, model_id=model, tokenizer_id=tokenizer, date=date,
+                                      detailed=detailed)
+            path = out_dir / export_file_name(res)
+            _write(path, json.dumps(data, allow_nan=False) + "\n")
+            written.append(path)
+        lines = [json.dumps(_finite(line), allow_nan=False)
+                 for res in report.results for line in request_lines(res)]
+        path = out_dir / REQUESTS_FILE
+        _write(path, "".join(f"{line}\n" for line in lines))
+        written.append(path)
+    except OSError as exc:
+        raise KimiperfError(
+            f"cannot write the exports into {out_dir} (from --perf-export): {exc.strerror or exc}"
+        ) from None
+    return written
+
+
+def _ttft_s(r: Mapping[str, Any]) -> float | None:
+    chunks = r.get("chunk_ns") or []
+    return (chunks[0] - r["t_send_ns"]) / _NS_PER_S if chunks else None
+
+
+def _latency_s(r: Mapping[str, Any]) -> float | None:
+    chunks = r.get("chunk_ns") or []
+    return (chunks[-1] - r["t_send_ns"]) / _NS_PER_S if chunks else None
+
+
+def _itls_s(r: Mapping[str, Any]) -> list[float]:
+    chunks = r.get("chunk_ns") or []
+    return [(b - a) / _NS_PER_S for a, b in zip(chunks, chunks[1:])]
+
+
+def _queue_s(r: Mapping[str, Any]) -> float:
+    # bench serve's client_queue_time: waiting for a --max-concurrency slot before sending.
+    scheduled = r.get("scheduled_send_ns")
+    return max(0.0, (r["t_send_ns"] - scheduled) / _NS_PER_S) if scheduled is not None else 0.0
+
+
+def _peaks(ok: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """bench serve's max_output_tokens_per_s and max_concurrent_requests: one-second buckets
+    from the first send; each token chunk counts one token there, as bench serve counts its itls."""
+    if not ok:
+        return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
+    start = min(r["t_send_ns"] for r in ok)
+    end = max((r["chunk_ns"] or [r["t_send_ns"]])[-1] for r in ok)
+    buckets = int(math.ceil((end - start) / _NS_PER_S)) + 1
+    tokens = np.zeros(buckets)
+    active = np.zeros(buckets)
+    for r in ok:
+        for c in r["chunk_ns"]:
+            tokens[int((c - start) / _NS_PER_S)] += 1
+        last = (r["chunk_ns"] or [r["t_send_ns"]])[-1]
+        active[int((r["t_send_ns"] - start) / _NS_PER_S): int((last - start) / _NS_PER_S) + 1] += 1
+    return {"max_output_tokens_per_s": float(tokens.max()), "max_concurrent_requests": int(active.max())}
+
+
+def _stats_ms(stem: str, values_s: Sequence[float]) -> dict[str, float]:
+    # bench serve reports 0 for a metric with no values (np.mean(x or 0)).
+    values = np.asarray(values_s or [0.0], dtype=float) * 1000
+    out = {f"mean_{stem}_ms": float(values.mean()), f"median_{stem}_ms": float(np.median(values)),
+           f"std_{stem}_ms": float(values.std())}
+    for q in EXPORT_PERCENTILES:
+        out[f"p{q}_{stem}_ms"] = float(np.percentile(values, q))
+    return out
+
+
+def _write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
