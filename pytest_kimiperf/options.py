@@ -85,6 +85,13 @@ OPTIONS = (
             "write the Markdown summary to this path (also to $GITHUB_STEP_SUMMARY when set)"),
     Option("perf_plots", "--perf-plots", "kimiperf_plots",
             "write PNG plots into this directory (needs matplotlib: pytest-kimiperf[plots])"),
+    Option("perf_export", "--perf-export", "kimiperf_export",
+            "write per test and profile a `vllm bench serve --save-result` JSON file, and every "
+            "request's timeline as requests.jsonl, into this directory"),
+    Option("perf_export_detailed", "--perf-export-detailed", "kimiperf_export_detailed",
+            "with --perf-export: keep the per-request arrays in the bench-serve files (input_lens, "
+            "output_lens, ttfts, itls, start_times, errors), as bench serve's --save-detailed",
+            False, kind="bool"),
     Option("progress_interval", "--kimiperf-progress-interval", "kimiperf_progress_interval",
             "seconds between boot progress lines when the output is not a terminal", "30"),
     Option("grace", "--kimiperf-grace", "kimiperf_grace",
