@@ -23,14 +23,14 @@ the API server and detokenization, so the gap between the two says where time go
 prefix-cache deltas say whether a measured prefill was really computed: the workload's prompts
 are unique, so hits mean a request was served from another's prefill (``unexpected_prefix_hits``).
 
-The text exposition format is parsed here by hand (a few lines), so the plugin does not need
-vLLM or prometheus_client to read it.
+The text exposition format is parsed by prometheus_client (``prometheus_client.parser``, the
+parser of the library vLLM exports with), not by hand.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,9 +52,6 @@ CACHE_CONFIG_METRIC = "vllm:cache_config_info"
 # blocks ("the computed blocks must be full", KVCacheManager.get_computed_blocks).
 DEFAULT_BLOCK_TOKENS = 16
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?\s*$")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
 @dataclass(frozen=True)
@@ -67,24 +64,31 @@ class Sample:
 
 
 def parse_prometheus_text(text: str) -> Iterator[Sample]:
-    """The samples of a Prometheus text exposition (comments and malformed lines skipped)."""
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if match is None:
-            continue
-        name, raw_labels, raw_value = match.groups()
-        try:
-            value = float(raw_value)
-        except ValueError:
-            continue
-        labels: dict[str, str] = {}
-        if raw_labels:
-            for label in _LABEL.finditer(raw_labels):
-                labels[label.group(1)] = re.sub(r'\\[\\"n]', lambda m: _UNESCAPE[m.group(0)], label.group(2))
-        yield Sample(name, labels, value)
+    """The samples of a Prometheus text exposition, read by prometheus_client's own parser.
+
+    That parser rejects the whole text at the first malformed line; a server's one bad line
+    must not cost the run its server view, so then the text is read again line by line and
+    only the malformed lines are skipped.
+    """
+    try:
+        samples = list(_parse(text))
+    except ValueError:
+        samples = []
+        for line in text.splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                with contextlib.suppress(ValueError):
+                    samples.extend(_parse(line + "\n"))
+    yield from samples
+
+
+def _parse(text: str) -> Iterator[Sample]:
+    # Imported here: prometheus_client is a dependency of the plugin (and of vLLM), but an
+    # environment that lacks it should still import the plugin and fail only where /metrics is read.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            yield Sample(sample.name, dict(sample.labels), float(sample.value))
 
 
 @dataclass(frozen=True)
