@@ -25,12 +25,14 @@ _OPENERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("initializing engine", re.compile(r"Initializing a V1 LLM engine")),
     # v1/worker/gpu_model_runner.py:5040, cpu_model_runner.py:68
     ("loading weights", re.compile(r"Starting to load model")),
-    # v1/worker/cpu_model_runner.py:87 (the CPU runner's warm-up is where it compiles),
     # v1/worker/gpu_worker.py (memory profiling before the KV cache is sized)
-    ("profiling", re.compile(r"Warming up model for the compilation|Memory profiling|profile_run")),
-    # compilation/monitor.py:40, backends.py:399 and :296, decorators.py:333
+    ("profiling", re.compile(r"Memory profiling|profile_run")),
+    # compilation/monitor.py:40, backends.py:399 and :296, decorators.py:333; on the CPU,
+    # cpu_model_runner.py:87: its warm-up is where Dynamo and Inductor run (there are no CUDA
+    # graphs to capture, so this is also the CPU's stand-in for that phase)
     ("compiling", re.compile(r"Starting torch\.compile|Compiling a graph|Directly load the compiled graph"
-                             r"|Directly load AOT compilation|Compiling model again")),
+                             r"|Directly load AOT compilation|Compiling model again"
+                             r"|Warming up model for the compilation")),
     # v1/worker/gpu_worker.py:760, cpu_worker.py:260, v1/core/kv_cache_utils.py
     ("allocating KV cache", re.compile(r"Available KV cache memory|GiB for KV cache|KV cache size")),
     # v1/worker/gpu_model_runner.py (CUDA graphs); on the CPU the warm-up stands in for them

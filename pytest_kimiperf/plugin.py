@@ -177,6 +177,12 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         from pytest_kimiperf.deployments import describe_command
 
         lines.append(f"kimiperf: server command: {describe_command(s.deployment)}")
+        from pytest_kimiperf.weight_cache import header_lines
+
+        dep = s.deployment
+        lines.extend(f"kimiperf: {line}" for line in header_lines(
+            setting=dep.weight_cache, gpu_count=dep.gpu_count, command=list(dep.command), model=dep.model,
+            tensor_parallel_size=dep.tensor_parallel_size))
     if _perf_run_requested(config) and not _is_worker(config):
         # The fingerprint probes the GPUs; a run that did not ask for perf settings stays
         # quiet (if it collects perf tests, the lines come after collection instead).
@@ -305,9 +311,23 @@ def _hardware_problem(state: _RunState) -> str | None:
                     HardwareRequirement(dep.gpu_count, dep.gpu_name_contains), probe.gpus,
                     deployment=dep.name, unavailable_reason=probe.absence_reason(),
                 )
+                _check_weight_cache_fit(dep, probe.gpus)
             except HardwareMissingError as exc:
                 state.hardware_problem = str(exc)
     return state.hardware_problem
+
+
+def _check_weight_cache_fit(dep: Any, gpus: Any) -> None:
+    """HardwareMissingError before any boot when the weight-cache daemons and an engine
+    cannot share the smallest GPU (weight_cache.py)."""
+    from pytest_kimiperf.weight_cache import check_fit, memory_fit, why_not_used
+
+    if not gpus or why_not_used(setting=dep.weight_cache, gpu_count=dep.gpu_count, command=list(dep.command)):
+        return
+    fit = memory_fit(dep.model, dep.tensor_parallel_size, list(dep.command),
+                     min(g.memory_total_mib for g in gpus))
+    if fit is not None:
+        check_fit(fit)
 
 
 def _topology_warnings(state: _RunState) -> list[str]:

@@ -98,12 +98,23 @@ def plan_weight_cache(*, setting: str, gpu_count: int, command: Sequence[str],
     return WeightCachePlan(True, socket_dir=socket_dir, health_port=health_port)
 
 
+def _serve_at(command: Sequence[str]) -> int | None:
+    """Where ``serve`` stands in a vLLM CLI command: ``vllm serve MODEL ...`` or
+    ``PYTHON -m vllm.entrypoints.cli.main serve MODEL ...`` (the GPU deployment's form); None
+    for any other command (the CPU engine's deprecated api_server module has no ``preload``)."""
+    if len(command) >= 3 and os.path.basename(command[0]) == "vllm" and command[1] == "serve":
+        return 1
+    if len(command) >= 5 and command[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]:
+        return 3
+    return None
+
+
 def _is_vllm_serve(command: Sequence[str]) -> bool:
-    return len(command) >= 2 and os.path.basename(command[0]) == "vllm" and command[1] == "serve"
+    return _serve_at(list(command)) is not None
 
 
 def daemon_argv(engine_argv: Sequence[str], plan: WeightCachePlan) -> list[str]:
-    """`vllm preload` with the engine's model and engine arguments (``vllm serve MODEL ...``).
+    """`vllm preload` with the engine's model and engine arguments, in the engine's CLI form.
 
     The daemons must hold the weights exactly as the engine would build them (the engine
     checks a fingerprint of model, dtype, quantization and parallel sizes, protocol.py
@@ -111,7 +122,9 @@ def daemon_argv(engine_argv: Sequence[str], plan: WeightCachePlan) -> list[str]:
     Its /health answers 200 once every rank serves (preload.py _HealthState).
     """
     assert plan.enabled and plan.socket_dir is not None and plan.health_port is not None
-    program, _serve, model, *rest = engine_argv
+    at = _serve_at(list(engine_argv))
+    assert at is not None, "plan_weight_cache enables the cache for vLLM CLI commands only"
+    program, model, rest = list(engine_argv[:at]), engine_argv[at + 1], engine_argv[at + 2:]
     kept: list[str] = []
     skip = False
     for arg in rest:
@@ -125,7 +138,7 @@ def daemon_argv(engine_argv: Sequence[str], plan: WeightCachePlan) -> list[str]:
         if name in _FRONTEND_FLAGS:
             continue
         kept.append(arg)
-    return [program, "preload", "--model", model, *kept,
+    return [*program, "preload", "--model", model, *kept,
             "--weight-cache-socket-dir", plan.socket_dir,
             "--weight-cache-health-host", "127.0.0.1", "--weight-cache-health-port", str(plan.health_port)]
 
@@ -163,7 +176,8 @@ class MemoryFit:
         """The engine's budget less the mapped weights: what is left for activations and KV.
 
         In zero-copy mode the engine counts the daemon's weights inside its own
-        ``gpu_memory_utilization`` budget (ipc_loader.py get_external_weight_memory).
+        ``gpu_memory_utilization`` budget (v1/worker/utils.py:728 request_memory, fed by
+        ipc_loader.py get_external_weight_memory), and fails at boot when nothing is left.
         """
         return self.gpu_total_gib * self.gpu_memory_utilization - self.daemon_gib_per_gpu
 
@@ -216,3 +230,45 @@ _LOADED = re.compile(r"daemon rank (\d+) loaded model \(([\d.]+) GiB allocated, 
 def held_gib_per_rank(log_text: str) -> dict[int, float]:
     """GiB each daemon rank reserved on its GPU, as the daemons' log says once loaded."""
     return {int(m.group(1)): float(m.group(3)) for m in _LOADED.finditer(log_text)}
+
+
+# vLLM's default (config/cache.py CacheConfig.gpu_memory_utilization).
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+# Declared, not measured: activations, NCCL buffers and a useful KV cache of a 32k context.
+MIN_ENGINE_GIB = 4.0
+
+
+def memory_fit(model: str, tensor_parallel_size: int, command: Sequence[str],
+               gpu_total_mib: int) -> MemoryFit | None:
+    """The daemons' expected hold against one GPU; None when the checkpoint is not on this host."""
+    size = checkpoint_bytes(model)
+    if size is None:
+        return None
+    utilization = DEFAULT_GPU_MEMORY_UTILIZATION
+    for i, arg in enumerate(command):
+        if arg == "--gpu-memory-utilization" and i + 1 < len(command):
+            utilization = float(command[i + 1])
+        elif arg.startswith("--gpu-memory-utilization="):
+            utilization = float(arg.split("=", 1)[1])
+    return MemoryFit(estimate_daemon_gib(size, tensor_parallel_size), gpu_total_mib / 1024, utilization,
+                     MIN_ENGINE_GIB)
+
+
+def header_lines(*, setting: str, gpu_count: int, command: Sequence[str], model: str,
+                 tensor_parallel_size: int) -> list[str]:
+    """What the report header says before any boot: on, or off with the reason; and what
+    the daemons will hold per GPU where the checkpoint is already on this host."""
+    reason = why_not_used(setting=setting, gpu_count=gpu_count, command=command)
+    if reason is not None:
+        return [f"weight cache: off ({reason})"]
+    lines = ["weight cache: on: `vllm preload` daemons load the weights once; each profile's engine "
+             "boots with --load-format ipc_cache; the daemons run with the shell's and deployment's "
+             "environment, never a profile's"]
+    size = checkpoint_bytes(model)
+    if size is None:
+        lines.append("weight cache: the daemons' GPU memory is stated once they have loaded "
+                     "(the checkpoint is not on this host yet)")
+    else:
+        lines.append(f"weight cache: the daemons will hold about "
+                     f"{estimate_daemon_gib(size, tensor_parallel_size):.1f} GiB per GPU (checkpoint / TP)")
+    return lines

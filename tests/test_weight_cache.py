@@ -28,7 +28,9 @@ from pytest_kimiperf.weight_cache import (
     check_fit,
     daemon_argv,
     daemon_env,
+    header_lines,
     held_gib_per_rank,
+    memory_fit,
     plan_weight_cache,
     unsupported_reason,
 )
@@ -45,6 +47,17 @@ def test_the_daemons_get_the_engines_model_and_engine_arguments_but_not_the_api_
         "/venv/bin/vllm", "preload", "--model", "moonshotai/Kimi-K2.5", "--tensor-parallel-size", "8",
         "--trust-remote-code", "--max-model-len", "32768", "--weight-cache-socket-dir", "/tmp/kimiperf-wc-x",
         "--weight-cache-health-host", "127.0.0.1", "--weight-cache-health-port", "9100"]
+
+
+def test_the_gpu_deployments_python_module_form_gets_its_preload_too() -> None:
+    from pytest_kimiperf.deployments import KIMI_K25_INT4_TP8
+
+    argv = KIMI_K25_INT4_TP8.argv(model_path="moonshotai/Kimi-K2.5", host="127.0.0.1", port=8000)
+    assert daemon_argv(argv, PLAN)[:6] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "preload",
+                                           "--model", "moonshotai/Kimi-K2.5"]
+    plan = plan_weight_cache(setting=KIMI_K25_INT4_TP8.weight_cache, gpu_count=8, command=argv,
+                             socket_dir="/s", health_port=1)
+    assert plan.enabled
 
 
 def test_engines_boot_with_ipc_cache_from_the_sessions_sockets_and_fall_back_to_disk() -> None:
@@ -182,3 +195,27 @@ def test_daemons_that_cannot_serve_the_model_leave_a_disk_load_and_a_reason(tmp_
     (account,) = manager.records["ring-ll"].accounts
     assert account.weights_source == "disk"
     assert any(s.startswith("kimiperf: weight cache off, engines load from disk: ") for s in said)
+
+
+def test_the_header_says_off_with_the_reason_for_the_cpu_deployment() -> None:
+    dep = TINY_CPU
+    assert header_lines(setting=dep.weight_cache, gpu_count=dep.gpu_count, command=list(dep.command),
+                        model=dep.model, tensor_parallel_size=1) == [
+        "weight cache: off (CPU engine: vLLM's weight cache shares CUDA IPC handles "
+        "(UnsupportedPlatformForIPCError on CPU); loading from disk)"]
+
+
+def test_the_header_states_what_the_daemons_will_hold_per_gpu_and_the_fit_uses_it(tmp_path: Path) -> None:
+    from pytest_kimiperf.deployments import KIMI_K25_INT4_TP8 as kimi
+
+    model = tmp_path / "Kimi-K2.5"
+    model.mkdir()
+    with open(model / "model-00001.safetensors", "wb") as fh:
+        fh.truncate(547 * 10**9)  # sparse: the size on disk is what counts, not its blocks
+    lines = header_lines(setting="auto", gpu_count=8, command=list(kimi.command), model=str(model),
+                         tensor_parallel_size=8)
+    assert lines[1] == "weight cache: the daemons will hold about 63.7 GiB per GPU (checkpoint / TP)"
+    fit = memory_fit(str(model), 8, list(kimi.command), gpu_total_mib=97_887)  # RTX PRO 6000: 95.6 GiB
+    assert fit is not None and round(fit.engine_left_gib, 1) == 22.4
+    with pytest.raises(HardwareMissingError):
+        check_fit(memory_fit(str(model), 8, [*kimi.command, "--gpu-memory-utilization", "0.7"], 97_887))  # type: ignore[arg-type]
