@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
 
@@ -125,3 +126,14 @@ def test_the_markdown_lists_the_boots_and_the_json_keeps_every_phase() -> None:
     assert [b["boot"] for b in boots] == [1, 2]
     assert boots[1]["weights_gbs"] == 2.147 and boots[1]["compile_cached"] is True
     assert sum(p["seconds"] for p in boots[1]["phases"]) == 76.0
+
+
+def test_boot_accounts_travel_with_a_server_record_from_an_xdist_worker() -> None:
+    from pytest_kimiperf.server_manager import ServerRecord
+
+    rec = ServerRecord("ring-ll", boots=1)
+    rec.accounts.append(account := _gpu_account())
+    back = ServerRecord.from_json(json.loads(json.dumps(rec.to_json())))  # as workeroutput carries it
+    assert back.accounts == [account]
+    back.merge(ServerRecord.from_json(rec.to_json()))
+    assert [a.ordinal for a in back.accounts] == [2, 2]

@@ -219,3 +219,49 @@ def test_the_header_states_what_the_daemons_will_hold_per_gpu_and_the_fit_uses_i
     assert fit is not None and round(fit.engine_left_gib, 1) == 22.4
     with pytest.raises(HardwareMissingError):
         check_fit(memory_fit(str(model), 8, [*kimi.command, "--gpu-memory-utilization", "0.7"], 97_887))  # type: ignore[arg-type]
+
+
+def test_the_report_header_says_whether_the_weight_cache_is_used(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest("--deployment", "tiny-cpu")
+    result.stdout.fnmatch_lines(["kimiperf: weight cache: off (CPU engine: *UnsupportedPlatformForIPCError*"])
+    result = pytester.runpytest("--deployment", "kimi-k25-int4-tp8")
+    result.stdout.fnmatch_lines(["kimiperf: weight cache: on: `vllm preload` daemons load the weights once*"])
+
+
+
+def test_daemons_of_a_sigkilled_session_are_stopped_and_the_next_sweep_finds_nothing(
+        tmp_path: Path, fake_vllm: Path) -> None:
+    import signal
+    import subprocess
+    import time
+
+    from pytest_kimiperf import process_sweep
+
+    pids = tmp_path / "daemon-pids"
+    session = subprocess.Popen([sys.executable, "-c", (
+        f"import sys; sys.path.insert(0, {str(TESTS)!r})\n"
+        "from pathlib import Path\n"
+        "from test_weight_cache import RING, _manager\n"
+        f"m = _manager(Path({str(tmp_path)!r}), Path({str(fake_vllm)!r}), [], STUB_PRELOAD_ARGS='--pid-file {pids}')\n"
+        "m.acquire(RING)\n"
+        "print('READY', flush=True)\n"
+        "import time; time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert session.stdout is not None and session.stdout.readline().strip() == "READY"
+        daemon_pids = [int(p) for p in pids.read_text().split()]
+        assert all(_alive(p) for p in daemon_pids)
+        session.send_signal(signal.SIGKILL)  # pytest dies: no teardown runs
+        session.wait()
+        deadline = time.monotonic() + 20
+        while any(_alive(p) for p in daemon_pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [p for p in daemon_pids if _alive(p)] == []  # the launcher's watchdog stopped them
+        report = process_sweep.sweep_stale_launches(tmp_path / "state", grace_s=1.0)
+        assert report.survivors == ()
+        assert list((tmp_path / "state").glob("launch-*.json")) == []
+    finally:
+        session.kill()
+        session.wait()
+        if session.stdout is not None:
+            session.stdout.close()
