@@ -45,6 +45,7 @@ FINGERPRINT = Fingerprint(
     soft={"host.name": "ci-runner"},
 )
 DEPLOYMENT = {"name": "tiny-cpu", "decode_floor_tok_s": 60.0, "decode_target_tok_s": 85.0}
+PRIOR_SPREAD = 0.01  # the declared boot-to-boot spread of the tiny CPU deployment
 
 
 def samples(seed: int, center: float, spread: float, n: int = 20) -> list[float]:
@@ -54,11 +55,12 @@ def samples(seed: int, center: float, spread: float, n: int = 20) -> list[float]
 
 
 def measured(profile: str, *, decode: float, itl: float, ttft: float, seed: int,
-             test: str = DECODE_TEST) -> gate.TestResult:
-    """A result of the decode test under ``profile`` with three metrics, not yet judged."""
+             test: str = DECODE_TEST, boot: int = 1) -> gate.TestResult:
+    """A result of the decode test on ``boot`` of ``profile`` with three metrics, not yet judged."""
+    slot = profile if boot == 1 else f"{profile}-boot{boot}"
     res = gate.TestResult(
-        test=test, nodeid=f"{test}[{profile}]", profile=profile, deployment="tiny-cpu",
-        scenario="single-stream",
+        test=test, nodeid=f"{test}[{slot}]", profile=profile, deployment="tiny-cpu",
+        scenario="single-stream", boot=boot,
         profile_env={"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"} if profile == "ring-ll" else {},
     )
     for metric, center, spread, offset in (("decode_tok_s", decode, 0.01, 0), ("itl_ms", itl, 0.01, 1),
@@ -66,7 +68,7 @@ def measured(profile: str, *, decode: float, itl: float, ttft: float, seed: int,
         spec = metric_spec(metric)
         res.metrics[metric] = gate.MetricResult(
             metric, spec.unit, spec.direction.value, spec.default_tolerance,
-            samples(seed + offset, center, spread))
+            samples(seed + offset, center, spread), boot_label=f"{profile} boot {boot}")
     rng = np.random.default_rng(seed + 3)
     res.itl_timeline_ms = [round(float(x), 3) for x in rng.gamma(20.0, itl / 20.0, 120)]
     res.run = {"scenario": "single-stream", "completed": 20, "failed": 0,
@@ -74,8 +76,10 @@ def measured(profile: str, *, decode: float, itl: float, ttft: float, seed: int,
     return res
 
 
-def judge(res: gate.TestResult, view: gate.BaselineView | None) -> gate.TestResult:
-    """What the recorder does after measuring: floor, then each metric against its baseline."""
+def judge(res: gate.TestResult, view: gate.BaselineView | None,
+          earlier: list[gate.TestResult] = ()) -> gate.TestResult:  # type: ignore[assignment]
+    """What the recorder does after measuring: floor, then each metric against its baseline,
+    on this boot and the ``earlier`` boots of the same test and profile."""
     decode = res.metrics["decode_tok_s"].summary()["median"]
     assert decode is not None
     fr = gate.check_floor(float(decode), floor=DEPLOYMENT["decode_floor_tok_s"],
@@ -85,8 +89,10 @@ def judge(res: gate.TestResult, view: gate.BaselineView | None) -> gate.TestResu
     if fr.warned:
         res.warnings.append(fr.message())
     for mres in res.metrics.values():
+        current = [r.metrics[mres.metric].boot_summary() for r in (*earlier, res)]
         comparison, message = gate.judge_metric(mres, test=res.test, profile=res.profile, view=view,
-                                                profile_env=res.profile_env)
+                                                profile_env=res.profile_env, current=current,
+                                                prior_spread=PRIOR_SPREAD)
         mres.baseline_message = message
         if comparison is not None:
             mres.baseline = comparison.to_dict()
@@ -101,7 +107,8 @@ def view(tmp_path: Path) -> gate.BaselineView:
     stored = FINGERPRINT
     base = measured("default", decode=81.4, itl=12.3, ttft=40.0, seed=100)
     base.metrics["ttft_ms"].samples = samples(102, 36.0, 0.02)  # today's TTFT is ~11% slower
-    entries = gate.baseline_entries([base], git_commit=None)
+    entries, not_recorded = gate.baseline_entries([base], git_commit=None)
+    assert not_recorded == []
     path = baselines.baseline_path(tmp_path, "tiny-cpu", FINGERPRINT.key)
     baselines.update_baseline(path, "tiny-cpu", stored, entries)
     return gate.BaselineView(tmp_path, "tiny-cpu", stored)
@@ -109,9 +116,14 @@ def view(tmp_path: Path) -> gate.BaselineView:
 
 @pytest.fixture
 def results(view: gate.BaselineView) -> list[gate.TestResult]:
+    """Two boots of each profile, interleaved A B B A: one boot can screen, never convict."""
+    default = judge(measured("default", decode=81.4, itl=12.3, ttft=40.0, seed=1), view)
+    ring_ll = judge(measured("ring-ll", decode=81.9, itl=12.2, ttft=44.0, seed=10), view)
     return [
-        judge(measured("default", decode=81.4, itl=12.3, ttft=40.0, seed=1), view),
-        judge(measured("ring-ll", decode=81.9, itl=12.2, ttft=44.0, seed=10), view),
+        default,
+        ring_ll,
+        judge(measured("ring-ll", decode=82.1, itl=12.2, ttft=44.3, seed=30, boot=2), view, [ring_ll]),
+        judge(measured("default", decode=81.2, itl=12.3, ttft=40.2, seed=20, boot=2), view, [default]),
     ]
 
 
@@ -184,19 +196,27 @@ def golden(name: str, text: str) -> str:
 def test_profile_table_has_medians_iqr_change_ci_and_verdict_in_aligned_columns(report: SessionReport) -> None:
     lines = summary(report).lines()
     assert "= kimiperf: NCCL profiles vs default" in lines
-    header = next(line for line in lines if line.lstrip().startswith("metric") and "change" in line)
-    ttft = report.results[1].metrics["ttft_ms"].summary()
-    row = next(line for line in lines if "ring-ll" in line and f"{ttft['median']:.4g}" in line)
+    # "default boot 2" is too wide for a metric column beside it: metrics stack above their rows
+    header = next(line for line in lines if line.lstrip().startswith("profile") and "change" in line)
+    assert "  time to first token ms" in lines
+    ttft = report.results[2].metrics["ttft_ms"].summary()  # ring-ll boot 2
+    row = next(line for line in lines if "ring-ll boot 2" in line and f"{ttft['median']:.4g}" in line)
     comparison = next(c.comparison for c in report.profile_comparisons
                       if c.metric == "ttft_ms" and c.comparison is not None)
+    # boots are the samples: both boots of ring-ll against both boots of default
+    assert (comparison.boots_current, comparison.boots_reference) == (2, 2)
     assert f"{comparison.change * 100:+.1f}%" in row
     assert f"{comparison.ci_low * 100:+.1f}..{comparison.ci_high * 100:+.1f}%" in row
     assert f"{ttft['q1']:.4g}-{ttft['q3']:.4g}" in row
     assert row.endswith("worse")  # ~+11% TTFT on ring-ll, far beyond 5% tolerance
+    # the comparison rests on every boot, so it is shown once, on the profile's last boot
+    first = report.results[1].metrics["ttft_ms"].summary()  # ring-ll boot 1
+    first_row = next(line for line in lines if line.split()[:2] == ["ring-ll", f"{first['median']:.4g}"])
+    assert first_row.endswith(f"{first['q1']:.4g}-{first['q3']:.4g}")
     # the verdict column starts where its header does, on every row of the table
-    table = lines[lines.index(header) + 1: lines.index(header) + 7]
-    assert [line.find(v) for line in table for v in ("reference", "no significant change", "worse")
-            if v in line] == [header.index("verdict")] * 6
+    table = lines[lines.index(header) + 1: next(i for i, line in enumerate(lines) if "against baselines" in line)]
+    verdicts = ("reference", "within tolerance", "no detectable change", "inconclusive", "worse")
+    assert [line.find(v) for line in table for v in verdicts if v in line] == [header.index("verdict")] * 9
     assert max(len(line) for line in lines) <= MAX_WIDTH
 
 
@@ -216,7 +236,7 @@ def test_floor_and_warnings_and_files(report: SessionReport) -> None:
     report.plot_files = ["a.png", "b.png"]
     lines = summary(report).lines()
     floor = [line for line in lines if "target of 85 tok/s" in line]
-    assert len(floor) == 2 and all("below the target" in line for line in floor)
+    assert len(floor) == 4 and all("below the target" in line for line in floor)  # one per boot
     assert "= kimiperf: warnings" in lines
     assert "server default: booted 1x, ready after 42 s; log: logs/server-tiny-cpu-default.log" in lines
     assert "  profile ring-ll overrides NCCL_ALGO='Tree' from the shell with 'Ring'" in lines
@@ -229,23 +249,30 @@ def test_quiet_keeps_only_verdict_lines(report: SessionReport) -> None:
     assert not any("servers and files" in line or "median (IQR)" in line for line in lines)
     assert lines[:2] == ["= kimiperf", DECODE_TEST]
     verdicts = lines[2:]
-    assert [line.split()[-1] for line in verdicts[:3]] == ["change", "change", "worse"]
-    assert verdicts[5].startswith("  [default] time to first token ms: ")
-    assert verdicts[5].endswith("REGRESSION")
-    assert verdicts[6].startswith("  [default] decode ") and verdicts[6].endswith(
+    compared = [line for line in verdicts if "ring-ll boot 2" in line and " vs " in line]
+    assert [line.split()[-1] for line in compared] == ["tolerance", "tolerance", "worse"]
+    assert verdicts[8].startswith("  [default] time to first token ms: ")
+    assert verdicts[8].endswith("inconclusive")  # one boot screens, never convicts
+    assert verdicts[11].startswith("  [default boot 2] time to first token ms: ")
+    assert verdicts[11].endswith("REGRESSION")  # the second boot convicts
+    assert verdicts[12].startswith("  [default] decode ") and verdicts[12].endswith(
         "tok/s: below target (floor 60, target 85)")
-    assert verdicts[-1].endswith(": run --update-baselines (3 metrics)")
-    assert len(verdicts) == 9
+    assert verdicts[-1].endswith(": run --update-baselines (6 metrics)")
+    assert len(verdicts) == 17
 
 
-def test_verbose_adds_every_sample_and_the_p_value(report: SessionReport) -> None:
+def test_verbose_adds_every_sample_and_the_boots_and_spread(report: SessionReport) -> None:
     normal = summary(report).lines()
     verbose = summary(report, verbosity=1).lines()
     assert not any("samples:" in line for line in normal)
     sample_text = " ".join(verbose)
     for value in report.results[1].metrics["decode_tok_s"].samples:
         assert f"{value:.4g}" in sample_text
-    assert any("(one-sided Mann-Whitney U), tolerance 3%" in line for line in verbose)
+    words = " ".join(sample_text.split())  # details wrap to the width
+    assert ("rests on 2 boots (40 samples) vs 2 reference boots; boot spread 0.9% (declared 1% pooled "
+            "with 2 df measured) (default), tolerance 5%") in words
+    assert ("IQR 39.26-41.01, 2 boot(s) vs 1 baseline boots, boot spread 1% (declared 1% pooled "
+            "with 1 df measured), tolerance 5%") in words
     assert max(len(line) for line in verbose) <= MAX_WIDTH
 
 
@@ -433,6 +460,11 @@ def test_plots_without_matplotlib_name_the_extra(monkeypatch: pytest.MonkeyPatch
 # -- through the plugin -----------------------------------------------------------------------------
 
 
+def slot_id(res: gate.TestResult) -> str:
+    """The boot slot's parameter id, as boots.BootSlot.id spells it."""
+    return res.profile if res.boot == 1 else f"{res.profile}-boot{res.boot}"
+
+
 PLUGIN_TEST = """
 import json
 from pathlib import Path
@@ -445,9 +477,9 @@ from pytest_kimiperf.plugin import RESULT_KEY
 RESULTS = json.loads(Path(__file__).with_name("results.json").read_text())
 
 
-@pytest.mark.parametrize("profile", ["default", "ring-ll"])
-def test_single_stream_decode(request, profile):
-    request.node.stash[RESULT_KEY] = gate.TestResult.from_json(RESULTS[profile])
+@pytest.mark.parametrize("slot", list(RESULTS))
+def test_single_stream_decode(request, slot):
+    request.node.stash[RESULT_KEY] = gate.TestResult.from_json(RESULTS[slot])
 """
 
 
@@ -460,7 +492,7 @@ def test_plugin_writes_reports_and_baselines_and_summarizes(
     payload = {}
     for res in results:
         res.test = "test_perf.py::test_single_stream_decode"
-        payload[res.profile] = res.to_json()
+        payload[slot_id(res)] = res.to_json()
     (pytester.path / "results.json").write_text(json.dumps(payload))
     pytester.makepyfile(test_perf=PLUGIN_TEST)
     outcome = pytester.runpytest(
@@ -468,16 +500,19 @@ def test_plugin_writes_reports_and_baselines_and_summarizes(
         "--perf-json", "out/report.json", "--perf-markdown", "out/summary.md",
         "--update-baselines", "--baselines-dir", "bl",
     )
-    outcome.assert_outcomes(passed=2)
+    outcome.assert_outcomes(passed=4)
     outcome.stdout.fnmatch_lines([
         "*kimiperf: NCCL profiles vs default*",
-        "*time to first token ms*default*reference",
-        "*ring-ll*+*%*worse",
+        "*time to first token ms",
+        "*default*reference",
+        # tiny-cpu declares an 18% boot spread: two boots a side cannot tell +11% apart
+        "*ring-ll boot 2*+11.3%*-*..+*%*inconclusive",
         "*kimiperf: against baselines*",
         "*baselines written: *bl/tiny-cpu/*.json (6 entries)",
     ])
     data = json.loads((pytester.path / "out" / "report.json").read_text())
-    assert [t["profile"] for t in data["tests"]] == ["default", "ring-ll"]
+    assert [(t["profile"], t["boot"]) for t in data["tests"]] == [
+        ("default", 1), ("ring-ll", 1), ("ring-ll", 2), ("default", 2)]
     assert data["baselines"]["entries_written"] == 6
     assert data["fingerprint"]["key"] in data["baselines"]["path"]
     written = baselines.load_baseline(data["baselines"]["path"])
@@ -489,7 +524,7 @@ def test_plugin_writes_reports_and_baselines_and_summarizes(
 def test_plugin_quiet_summary_and_hook_edit(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
                                             results: list[gate.TestResult]) -> None:
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    payload = {res.profile: {**res.to_json(), "test": "test_perf.py::test_single_stream_decode"}
+    payload = {slot_id(res): {**res.to_json(), "test": "test_perf.py::test_single_stream_decode"}
                for res in results}
     (pytester.path / "results.json").write_text(json.dumps(payload))
     pytester.makepyfile(test_perf=PLUGIN_TEST)
@@ -499,8 +534,8 @@ def test_plugin_quiet_summary_and_hook_edit(pytester: pytest.Pytester, monkeypat
     )
     outcome = pytester.runpytest("-q", "-p", "no:cacheprovider", "--deployment", "tiny-cpu",
                                  "--nccl-profile", "default,ring-ll", "--perf-json", "r.json")
-    outcome.assert_outcomes(passed=2)
-    outcome.stdout.fnmatch_lines(["*time to first token ms: ring-ll * vs default *: +*% (*) worse"])
+    outcome.assert_outcomes(passed=4)
+    outcome.stdout.fnmatch_lines(["*time to first token ms: ring-ll boot 2 * vs default *: +11.3% (*) inconclusive"])
     assert "servers and files" not in outcome.stdout.str()
     assert json.loads((pytester.path / "r.json").read_text())["ci"] == {"job": "nightly"}
 
@@ -510,16 +545,17 @@ def test_plugin_reports_results_from_xdist_workers(pytester: pytest.Pytester, mo
     """Under xdist the results reach the controller serialized in the reports; only it writes."""
     pytest.importorskip("xdist")
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    payload = {res.profile: {**res.to_json(), "test": "test_perf.py::test_single_stream_decode"}
+    payload = {slot_id(res): {**res.to_json(), "test": "test_perf.py::test_single_stream_decode"}
                for res in results}
     (pytester.path / "results.json").write_text(json.dumps(payload))
     pytester.makepyfile(test_perf=PLUGIN_TEST)
     outcome = pytester.runpytest("-n", "2", "-p", "no:cacheprovider", "--deployment", "tiny-cpu",
                                  "--nccl-profile", "default,ring-ll", "--perf-json", "r.json")
-    outcome.assert_outcomes(passed=2)
-    outcome.stdout.fnmatch_lines(["*ring-ll*+*%*worse", "*not started by this process*"])
+    outcome.assert_outcomes(passed=4)
+    outcome.stdout.fnmatch_lines(["*ring-ll boot 2*+11.3%*inconclusive", "*not started by this process*"])
     data = json.loads((pytester.path / "r.json").read_text())
-    assert sorted(t["profile"] for t in data["tests"]) == ["default", "ring-ll"]
+    assert sorted((t["profile"], t["boot"]) for t in data["tests"]) == [
+        ("default", 1), ("default", 2), ("ring-ll", 1), ("ring-ll", 2)]
     assert data["profiles"]["default"]["boots"] is None  # booted (if at all) on a worker
 
 
@@ -527,7 +563,7 @@ def test_plugin_reports_a_baseline_it_cannot_write_and_still_writes_the_json(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, results: list[gate.TestResult]
 ) -> None:
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    payload = {res.profile: {**res.to_json(), "test": "test_perf.py::test_single_stream_decode"}
+    payload = {slot_id(res): {**res.to_json(), "test": "test_perf.py::test_single_stream_decode"}
                for res in results}
     (pytester.path / "results.json").write_text(json.dumps(payload))
     (pytester.path / "not-a-dir").write_text("a file where the baselines directory should be\n")

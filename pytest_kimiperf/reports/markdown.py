@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.reports.model import (
+    boot_label,
     SessionReport,
     fmt_ci,
     fmt_iqr,
@@ -67,7 +68,8 @@ def _profile_tables(report: SessionReport) -> list[str]:
     ref = report.reference_profile
     lines = [
         f"### NCCL profiles vs {_code(ref)}", "",
-        f"Median (IQR) per profile; change of the median vs {_code(ref)} with its 95% bootstrap CI.", "",
+        f"Median (IQR) of each boot; change vs {_code(ref)} of the mean boot log-median, with its 90% CI "
+        "(boots are the samples).", "",
     ]
     rows = []
     for block in report.test_blocks():
@@ -147,7 +149,7 @@ def _floor_table(report: SessionReport) -> list[str]:
     for res in floored:
         floor = res.floor or {}
         status = str(floor.get("status", ""))
-        rows.append([_code(res.test), _code(res.profile), fmt_value(_num(floor.get("median"))),
+        rows.append([_code(res.test), _code(boot_label(res)), fmt_value(_num(floor.get("median"))),
                      fmt_value(_num(floor.get("floor"))), fmt_value(_num(floor.get("target"))),
                      f"**{status.upper()}**" if status == "below floor" else _text(status)])
     return ["### Decode floor", ""] + _table(

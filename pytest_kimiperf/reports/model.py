@@ -264,7 +264,8 @@ class SessionReport:
                         message = message[len(prefix):]
                         break
                 rows.append(BaselineRow(
-                    test=res.test, profile=res.profile, metric=mres.metric,
+                    test=res.test, profile=res.profile if res.boot == 1 else f"{res.profile} boot {res.boot}",
+                    metric=mres.metric,
                     heading=metric_heading(mres.metric), median=_float_or_none(summary["median"]),
                     q1=_float_or_none(summary["q1"]), q3=_float_or_none(summary["q3"]),
                     baseline=mres.baseline, message=message,
@@ -392,6 +393,16 @@ def fmt_value(value: float | None) -> str:
         return "n/a"
     text = f"{value:.4g}"
     return f"{value:.0f}" if "e" in text else text
+
+
+def boot_label(res: TestResult) -> str:
+    """``ring-ll`` for a profile's first boot, ``ring-ll boot 2`` for its second."""
+    return res.profile if res.boot == 1 else f"{res.profile} boot {res.boot}"
+
+
+def fmt_spread(fraction: float | None) -> str:
+    """A boot spread (always positive) as ``0.8%``."""
+    return "n/a" if fraction is None else f"{fraction * 100:.2g}%"
 
 
 def fmt_iqr(q1: float | None, q3: float | None) -> str:

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pytest_kimiperf.reports.model import (
+    boot_label,
+    fmt_spread,
     BaselineRow,
     MetricBlock,
     ProfileCell,
@@ -93,7 +95,7 @@ def _profile_section(report: SessionReport, *, verbose: bool) -> list[TerminalLi
     ref = report.reference_profile
     lines = [
         TerminalLine(f"kimiperf: NCCL profiles vs {ref}", sep="="),
-        TerminalLine(f"per-boot medians (IQR) per profile; change of the mean boot log-median vs {ref} with its 90% CI (boots are the samples)"),
+        TerminalLine(f"median (IQR) of each boot; change vs {ref} of the mean boot log-median, with its 90% CI"),
     ]
     blocks = report.test_blocks()
     header = ["metric", "profile", "median", "IQR", "change", "90% CI", "verdict"]
@@ -152,7 +154,7 @@ def _cell_details(cell: ProfileCell, reference: str) -> list[str]:
     if cell.comparison is not None:
         c = cell.comparison
         parts.append(f"rests on {c.rests_on()} ({reference}), tolerance {c.tolerance * 100:g}%")
-    return [", ".join(parts)] + _wrap_samples(cell.samples)
+    return textwrap.wrap(", ".join(parts), width=MAX_WIDTH - 6, subsequent_indent="  ") + _wrap_samples(cell.samples)
 
 
 def _wrap_samples(samples: Sequence[float]) -> list[str]:
@@ -246,12 +248,12 @@ def _baseline_section(report: SessionReport, *, verbose: bool) -> list[TerminalL
                                       markup=_verdict_markup(str(row.baseline["verdict"]))))
             if verbose:
                 b = row.baseline
-                lines.append(TerminalLine(
-                    " " * 6 + f"IQR {fmt_iqr(row.q1, row.q3)}, {b.get('boots_current')} boot(s) vs "
-                    f"{b.get('boots_reference')} baseline boots, boot spread "
-                    f"{fmt_pct(_spread(b.get('spread_sd_log')))} ({b.get('spread_source')}), "
-                    f"tolerance {float(b['tolerance']) * 100:g}%"
-                ))
+                detail = (f"IQR {fmt_iqr(row.q1, row.q3)}, {b.get('boots_current')} boot(s) vs "
+                          f"{b.get('boots_reference')} baseline boots, boot spread "
+                          f"{fmt_spread(_spread(b.get('spread_sd_log')))} ({b.get('spread_source')}), "
+                          f"tolerance {float(b['tolerance']) * 100:g}%")
+                lines.extend(TerminalLine(" " * 6 + part) for part in
+                             textwrap.wrap(detail, width=MAX_WIDTH - 6, subsequent_indent="  "))
     return lines
 
 
@@ -291,7 +293,7 @@ def _floor_section(report: SessionReport) -> list[TerminalLine]:
     lines = [TerminalLine(f"{title} ({limits})" if limits else title, sep="=")]
     table = _Table(["profile", "decode tok/s", "status"], aligns="lrl", indent=4)
     for res in floored:
-        table.add([res.profile, fmt_value(_num((res.floor or {}).get("median"))), ""])
+        table.add([boot_label(res), fmt_value(_num((res.floor or {}).get("median"))), ""])
     current_test = None
     for res in floored:
         floor = res.floor or {}
@@ -301,7 +303,7 @@ def _floor_section(report: SessionReport) -> list[TerminalLine]:
             lines.append(TerminalLine(table.format(table.header), markup={"bold": True}))
         status = str(floor.get("status", ""))
         lines.append(TerminalLine(
-            table.format([res.profile, fmt_value(_num(floor.get("median"))),
+            table.format([boot_label(res), fmt_value(_num(floor.get("median"))),
                           "BELOW FLOOR" if status == "below floor" else status]),
             markup=_floor_markup(status)))
     return lines
@@ -461,7 +463,7 @@ def _quiet_verdicts(report: SessionReport) -> list[TerminalLine]:
         limits = ", ".join(f"{name} {fmt_value(_num(floor.get(name)))}"
                            for name in ("floor", "target") if floor.get(name) is not None)
         verdicts.setdefault(res.test, []).append(TerminalLine(
-            f"  [{res.profile}] decode {fmt_value(_num(floor.get('median')))} tok/s: "
+            f"  [{boot_label(res)}] decode {fmt_value(_num(floor.get('median')))} tok/s: "
             f"{'BELOW FLOOR' if status == 'below floor' else status} ({limits})",
             markup=_floor_markup(status)))
     lines = []
