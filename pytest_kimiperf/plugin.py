@@ -365,10 +365,11 @@ def kimiperf_profile(request: pytest.FixtureRequest) -> Any:
     return request.param.profile
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def kimiperf_boot(request: pytest.FixtureRequest, kimiperf_profile: Any) -> int:
-    """Which boot of the current profile the server is (1 for the first)."""
-    return int(request.node.callspec.params[PROFILE_FIXTURE].boot) if hasattr(request.node, "callspec") else 1
+    """Which boot of the current profile the test's server is (1 for the first)."""
+    slot = _slot_of(request.node)
+    return 1 if slot is None else int(slot.boot)
 
 
 @pytest.fixture(scope="session")
