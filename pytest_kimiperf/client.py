@@ -47,11 +47,14 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import urlsplit
 
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.metrics import RequestRecord
+
+if TYPE_CHECKING:
+    from pytest_kimiperf.client_https import HttpsStreamingClient
 
 ENDPOINT_PATHS: dict[str, str] = {
     "completions": "/v1/completions",
@@ -104,24 +107,26 @@ class ServerAddress:
     host: str
     port: int
     path_prefix: str
+    scheme: str = "http"
 
     @property
     def base_url(self) -> str:
         """The base URL again, normalized."""
-        return f"http://{self.host}:{self.port}{self.path_prefix}"
+        return f"{self.scheme}://{self.host}:{self.port}{self.path_prefix}"
 
 
 def parse_base_url(base_url: object, *, source: str = "base_url") -> ServerAddress:
-    """Split an ``http://HOST:PORT`` server root URL, or raise ConfigError saying what is allowed."""
-    allowed = "use the server root as http://HOST:PORT (plain HTTP/1.1, no /v1 suffix)"
+    """Split an ``http(s)://HOST:PORT`` server root URL, or raise ConfigError saying what is allowed."""
+    allowed = "use the server root as http://HOST:PORT or https://HOST[:PORT] (no /v1 suffix)"
     if not isinstance(base_url, str):
         raise ConfigError(f"invalid server URL {base_url!r} (from {source}): {allowed}")
     parts = urlsplit(base_url)
     try:
-        port = parts.port or 80
+        port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         port = -1
-    if parts.scheme != "http" or not parts.hostname or port < 1 or parts.query or parts.fragment:
+    if (parts.scheme not in ("http", "https") or not parts.hostname or port < 1 or parts.query
+            or parts.fragment):
         raise ConfigError(f"invalid server URL {base_url!r} (from {source}): {allowed}")
     prefix = parts.path.rstrip("/")
     if prefix.endswith("/v1"):
@@ -129,7 +134,7 @@ def parse_base_url(base_url: object, *, source: str = "base_url") -> ServerAddre
             f"invalid server URL {base_url!r} (from {source}): drop the trailing /v1, the "
             f"client adds {ENDPOINT_PATHS['completions']} itself"
         )
-    return ServerAddress(parts.hostname, port, prefix)
+    return ServerAddress(parts.hostname, port, prefix, parts.scheme)
 
 
 def check_endpoint(endpoint: object, *, source: str = "endpoint") -> str:
@@ -560,6 +565,9 @@ class StreamingClient:
         idle_deadline_s: float | None = None,
     ) -> None:
         self._address = parse_base_url(base_url)
+        if self._address.scheme != "http":
+            raise ConfigError(f"StreamingClient speaks plain HTTP; {base_url} needs streaming_client(), "
+                              "which picks the HTTPS client")
         # None: no deadline of that kind (the whole-request timeout still holds).
         self._first_token_ns = None if first_token_deadline_s is None else int(first_token_deadline_s * 1e9)
         self._idle_ns = None if idle_deadline_s is None else int(idle_deadline_s * 1e9)
@@ -600,21 +608,7 @@ class StreamingClient:
 
     def request_body(self, spec: RequestSpec) -> dict[str, Any]:
         """The JSON body sent for ``spec``: exact output length via ignore_eos and min/max tokens."""
-        body: dict[str, Any] = {
-            "model": self._model,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "ignore_eos": True,
-            "min_tokens": spec.output_tokens,
-        }
-        if self._endpoint == "chat":
-            body["messages"] = [{"role": "user", "content": spec.prompt}]
-            body["max_completion_tokens"] = spec.output_tokens
-        else:
-            body["prompt"] = spec.prompt
-            body["max_tokens"] = spec.output_tokens
-        body.update(self._extra_body)
-        return body
+        return request_body(self._model, self._endpoint, spec, self._extra_body)
 
     async def _until_done(self, exchange: _Exchange, t_send_ns: int) -> str:
         """Wait for the exchange to end; '' when it did, else why it stalled.
@@ -710,6 +704,36 @@ class StreamingClient:
             request_id=request_id,
             t_start_ns=t_start_ns,
         )
+
+
+def request_body(model: str, endpoint: str, spec: RequestSpec, extra_body: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON body either client sends for ``spec``: exact output length via ignore_eos and
+    min/max tokens, usage in the stream."""
+    body: dict[str, Any] = {
+        "model": model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+        "min_tokens": spec.output_tokens,
+    }
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": spec.prompt}]
+        body["max_completion_tokens"] = spec.output_tokens
+    else:
+        body["prompt"] = spec.prompt
+        body["max_tokens"] = spec.output_tokens
+    body.update(extra_body)
+    return body
+
+
+def streaming_client(base_url: str, model: str, **options: Any) -> StreamingClient | HttpsStreamingClient:
+    """The client for ``base_url``: the kernel-stamped :class:`StreamingClient` for ``http://``,
+    the httpx one (client_https.py, timed in the event loop) for ``https://``."""
+    if parse_base_url(base_url).scheme == "https":
+        from pytest_kimiperf.client_https import HttpsStreamingClient
+
+        return HttpsStreamingClient(base_url, model, **options)
+    return StreamingClient(base_url, model, **options)
 
 
 def _stream_problem(reader: _SSEReader, spec: RequestSpec) -> str:

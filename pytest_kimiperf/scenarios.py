@@ -40,10 +40,11 @@ from typing import Any
 
 from pytest_kimiperf.client import (
     RequestSpec,
-    StreamingClient,
     check_endpoint,
     parse_base_url,
+    streaming_client,
 )
+from pytest_kimiperf.client_https import EVENT_LOOP_TIMING
 from pytest_kimiperf.errors import ConfigError, KimiperfError, ServerError
 from pytest_kimiperf.metrics import (
     HealthBounds,
@@ -400,7 +401,7 @@ class _Engine:
     """Runs plans on one event loop with one connection pool."""
 
     def __init__(self, config: _EngineConfig) -> None:
-        self.client = StreamingClient(
+        self.client = streaming_client(
             config.base_url, config.model, endpoint=config.endpoint, api_key=config.api_key,
             max_connections=config.max_connections, request_timeout_s=config.request_timeout_s,
             extra_body=config.extra_body, first_token_deadline_s=config.first_token_deadline_s,
@@ -819,6 +820,14 @@ def load_facts(scenario: Scenario) -> dict[str, Any]:
     return facts
 
 
+def _with_load(result: RunResult, scenario: Scenario, endpoint: str, base_url: str) -> RunResult:
+    """``result`` with its load facts, and how its chunks were timed."""
+    https = parse_base_url(base_url).scheme == "https"
+    notes = result.notes + ((EVENT_LOOP_TIMING,) if https and EVENT_LOOP_TIMING not in result.notes else ())
+    timing = "event-loop" if https else "kernel"
+    return replace(result, notes=notes, load={**load_facts(scenario), "endpoint": endpoint, "timing": timing})
+
+
 def _result(scenario: Scenario, prepared: _Prepared, rounds: Sequence[RoundResult],
             watch: _ServerWatch) -> RunResult:
     notes = prepared.notes + ((watch.note,) if watch.note else ())
@@ -859,8 +868,7 @@ def _run(base_url: str, model: str, scenario: Scenario, *, rounds: int, first_in
             raise
         line = next(ln for ln in str(error).splitlines() if STALL_PREFIX in ln)
         raise ServerError(_stall_verdict(line.partition("ScenarioStalled: ")[2] or line, base_url, api_key)) from None
-    return replace(_result(scenario, prepared, results, watch),
-                   load={**load_facts(scenario), "endpoint": endpoint})
+    return _with_load(_result(scenario, prepared, results, watch), scenario, endpoint, base_url)
 
 
 def _stall_verdict(stall: str, base_url: str, api_key: str | None) -> str:
@@ -987,4 +995,4 @@ async def run_scenario_async(
                              extra_body=extra_body)[0]
     watch = _ServerWatch(base_url, model, api_key, server_metrics)
     result = _result(scenario, prepared, await _play_in_loop(config, scenario, prepared, watch), watch)
-    return replace(result, load={**load_facts(scenario), "endpoint": endpoint})
+    return _with_load(result, scenario, endpoint, base_url)
