@@ -216,7 +216,10 @@ def test_baseline_then_no_significant_change_then_regression_when_slowed(
     assert len(entry["boots"]) == 1
 
     same = pytester.runpytest_subprocess(*args, timeout=900)
-    same.assert_outcomes(passed=1)  # one quiet boot: no screen, no second boot
+    # The identical server: passes. One boot, or two when the first happened to look worse than
+    # the tolerance (the tiny-cpu boots of one quiet hour ranged 517-779 tok/s).
+    assert same.ret == pytest.ExitCode.OK, same.stdout.str()[-4000:]
+    assert same.parseoutcomes().get("passed") in (1, 2) and not same.parseoutcomes().get("failed")
     same.stdout.re_match_lines([r".*decode tok/s.*(within tolerance|no detectable change).*"])
     assert "REGRESSION" not in same.stdout.str()
 
