@@ -161,6 +161,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     s = config.stash[RUN_STATE].settings
     lines = [f"kimiperf: deployment {s.deployment.name} ({s.deployment.description})"]
     mode = f"attached to {s.server_url}" if s.external else f"booted per profile, TP={s.deployment.tensor_parallel_size}"
+    if s.server_url and s.server_url.startswith("https://"):
+        mode += " (HTTPS: timed in the event loop, not by the kernel)"
     lines.append(f"kimiperf: server {mode}; baselines in {s.baselines_dir}"
                  + ("; --update-baselines" if s.update_baselines else ""))
     for profile in s.profiles:

@@ -100,3 +100,12 @@ def test_a_plain_http_scenario_stays_kernel_stamped(gateway: tuple[str, str, Pat
     run = run_scenario(gateway[1], MODEL, Concurrency(concurrency=1, prompt_tokens=4, output_tokens=4, requests=2),
                        server_metrics=False)
     assert EVENT_LOOP_TIMING not in run.notes and run.to_json()["load"]["timing"] == "kernel"
+
+
+@pytest.mark.usefixtures("isolated_state")
+def test_an_https_server_url_is_accepted_and_the_header_says_how_it_is_timed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_plain(): pass")
+    result = pytester.runpytest("--server-url", "https://gw.example:8443", "--co")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["kimiperf: server attached to https://gw.example:8443 (HTTPS: timed in the "
+                                 "event loop, not by the kernel)*"])
