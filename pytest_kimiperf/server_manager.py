@@ -38,6 +38,7 @@ from pytest_kimiperf.server import (
 )
 from pytest_kimiperf.settings import Settings
 from pytest_kimiperf.weight_cache import (
+    WeightCacheFacts,
     WeightCachePlan,
     daemon_argv,
     daemon_env,
@@ -292,6 +293,18 @@ class ServerManager:
         held = held_gib_per_rank(rec.log_path.read_text(encoding="utf-8", errors="replace"))
         per_gpu = ", ".join(f"rank {r}: {gib:.1f} GiB" for r, gib in sorted(held.items())) or "not stated in its log"
         self.say(f"kimiperf: weight-cache daemons ready after {daemons.boot_s or 0:.0f}s; they hold {per_gpu}")
+
+    def weight_cache_facts(self) -> WeightCacheFacts | None:
+        """What the weight cache did in this session (None when no server was booted here)."""
+        plan, rec = self.weight_cache, self.weight_cache_record
+        if plan is None:
+            return None
+        if rec is None or rec.log_path is None:
+            return WeightCacheFacts(used=plan.enabled, reason=plan.fallback_reason)
+        log = rec.log_path.read_text(encoding="utf-8", errors="replace") if rec.log_path.exists() else ""
+        return WeightCacheFacts(used=plan.enabled, reason=plan.fallback_reason, boot_s=rec.boot_s,
+                                log_path=str(rec.log_path), held_gib_per_rank=held_gib_per_rank(log),
+                                env=dict(rec.env), leftovers=tuple(rec.leftovers))
 
     def _stop_weight_cache(self) -> None:
         """Stop the daemons after the last engine and verify nothing of them is left."""

@@ -161,7 +161,7 @@ def build_report(state: Any, *, rootpath: Path | None, probe_fingerprint: bool) 
     elif fingerprint is not None:
         baselines_path = str(baselines.baseline_path(
             settings.baselines_dir, settings.deployment.name, fingerprint.key))
-    return build_session_report(
+    report = build_session_report(
         results=state.results,
         reference_profile=settings.reference_profile.name,
         profiles=_profile_facts(state),
@@ -175,6 +175,8 @@ def build_report(state: Any, *, rootpath: Path | None, probe_fingerprint: bool) 
             state.results, settings.deployment, fingerprint, rootpath=rootpath, external=settings.external,
         ),
     )
+    report.weight_cache = state.manager.weight_cache_facts() if state.manager is not None else None
+    return report
 
 
 def _baseline_file(report: SessionReport) -> baselines.BaselineFile | None:

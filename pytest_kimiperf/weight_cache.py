@@ -272,3 +272,32 @@ def header_lines(*, setting: str, gpu_count: int, command: Sequence[str], model:
         lines.append(f"weight cache: the daemons will hold about "
                      f"{estimate_daemon_gib(size, tensor_parallel_size):.1f} GiB per GPU (checkpoint / TP)")
     return lines
+
+
+@dataclass(frozen=True)
+class WeightCacheFacts:
+    """What the session's weight cache did, for the reports: used or not (and why not), the
+    daemons' start-up time, log, what they held, the environment they ran with, leftovers."""
+
+    used: bool
+    reason: str | None = None
+    boot_s: float | None = None
+    log_path: str | None = None
+    held_gib_per_rank: dict[int, float] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    leftovers: tuple[str, ...] = ()
+
+    def summary(self) -> str:
+        """One line for the terminal summary and the Markdown."""
+        if not self.used:
+            return f"weight cache: off ({self.reason})" if self.reason else "weight cache: off"
+        held = ", ".join(f"rank {r} {gib:.1f} GiB" for r, gib in sorted(self.held_gib_per_rank.items()))
+        ready = f"ready after {self.boot_s:.0f} s" if self.boot_s is not None else "started"
+        return (f"weight cache: daemons {ready}" + (f", holding {held}" if held else "")
+                + (f"; log: {self.log_path}" if self.log_path else ""))
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-able form (the JSON report's ``weight_cache``)."""
+        return {"used": self.used, "reason": self.reason, "boot_s": self.boot_s, "log_path": self.log_path,
+                "held_gib_per_rank": {str(r): g for r, g in sorted(self.held_gib_per_rank.items())},
+                "env": dict(self.env), "leftovers": list(self.leftovers)}

@@ -180,6 +180,10 @@ def test_daemons_start_once_serve_every_profile_and_leave_nothing_behind(tmp_pat
     assert [int(p) for p in pids.read_text().split() if _alive(int(p))] == []
     assert not os.path.exists(socket_dir)
     assert list((tmp_path / "state").glob("launch-*.json")) == []
+    facts = manager.weight_cache_facts()
+    assert facts is not None and facts.used and facts.held_gib_per_rank == {0: 0.5, 1: 0.5}
+    assert facts.summary().startswith("weight cache: daemons ready after ")
+    assert not any(k.startswith("NCCL_") for k in facts.env)
 
 
 def test_daemons_that_cannot_serve_the_model_leave_a_disk_load_and_a_reason(tmp_path: Path, fake_vllm: Path) -> None:
@@ -195,6 +199,31 @@ def test_daemons_that_cannot_serve_the_model_leave_a_disk_load_and_a_reason(tmp_
     (account,) = manager.records["ring-ll"].accounts
     assert account.weights_source == "disk"
     assert any(s.startswith("kimiperf: weight cache off, engines load from disk: ") for s in said)
+    facts = manager.weight_cache_facts()
+    assert facts is not None and facts.summary().startswith(
+        "weight cache: off (the weight-cache daemons did not start: ")
+
+
+def test_the_reports_say_what_the_weight_cache_did() -> None:
+    from pytest_kimiperf.reports.json_report import build_json_report
+    from pytest_kimiperf.reports.markdown import render_markdown
+    from pytest_kimiperf.reports.model import ProfileFacts, build_session_report
+    from pytest_kimiperf.reports.terminal import render_summary
+    from pytest_kimiperf.weight_cache import WeightCacheFacts
+
+    report = build_session_report(
+        results=[], reference_profile="default", profiles=[ProfileFacts("default", boots=1)],
+        deployment={"name": "gpu"}, fingerprint=None, created_at="2027-01-02T03:04:05Z", generator="test")
+    report.weight_cache = WeightCacheFacts(used=True, boot_s=1500.0, log_path="logs/server-gpu-weight-cache.log",
+                                           held_gib_per_rank={0: 68.4, 1: 68.4}, env={"HF_HUB_OFFLINE": "1"},
+                                           leftovers=("pid 7 vllm-weight-cache-target-1",))
+    line = ("weight cache: daemons ready after 1500 s, holding rank 0 68.4 GiB, rank 1 68.4 GiB; "
+            "log: logs/server-gpu-weight-cache.log")
+    terminal = [t.text for t in render_summary(report, verbosity=0)]
+    assert line in terminal
+    assert "LEFTOVER process of the weight-cache daemons survived SIGKILL: pid 7 vllm-weight-cache-target-1" in terminal
+    assert line in render_markdown(report)
+    assert build_json_report(report)["weight_cache"]["env"] == {"HF_HUB_OFFLINE": "1"}
 
 
 def test_the_header_says_off_with_the_reason_for_the_cpu_deployment() -> None:

@@ -57,6 +57,8 @@ def build_json_report(report: SessionReport) -> dict[str, Any]:
         "plot_files": list(report.plot_files),
         "errors": list(report.errors),
     }
+    if report.weight_cache is not None:
+        data["weight_cache"] = report.weight_cache.to_json()
     cleaned: dict[str, Any] = _finite(data)
     return cleaned
 

@@ -250,9 +250,10 @@ def _servers(report: SessionReport) -> list[str]:
 def _boot_accounts(report: SessionReport) -> list[str]:
     # One line per boot, in the words of the terminal summary: where each boot's seconds went.
     accounts = [a for facts in report.profiles for a in facts.boot_accounts]
+    cache = [f"{_text(report.weight_cache.summary())}", ""] if report.weight_cache is not None else []
     if not accounts:
-        return []
-    return ["Boots:", ""] + [f"- {_text(a.summary())}" for a in accounts] + [""]
+        return cache
+    return cache + ["Boots:", ""] + [f"- {_text(a.summary())}" for a in accounts] + [""]
 
 
 def _bullets(title: str, items: Sequence[str]) -> list[str]:

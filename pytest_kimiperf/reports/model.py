@@ -19,6 +19,7 @@ from pytest_kimiperf.metric_specs import METRICS
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck
 from pytest_kimiperf.roofline_report import RooflineReport
 from pytest_kimiperf.stats import Comparison, VerdictKind
+from pytest_kimiperf.weight_cache import WeightCacheFacts
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,8 @@ class SessionReport:
     errors: list[str] = field(default_factory=list)
     # the single-stream decode medians against the model's and hardware's ceilings
     roofline: RooflineReport | None = None
+    # the `vllm preload` daemons' part in the session (weight_cache.py); None: no boot here
+    weight_cache: WeightCacheFacts | None = None
 
     def profile_names(self) -> list[str]:
         """Profiles in display order: the reference first, then as selected, then any others seen."""

@@ -396,6 +396,12 @@ def _servers_and_files(report: SessionReport, *, quiet: bool) -> list[TerminalLi
         for var, (shell, value) in sorted(facts.overridden_shell_env.items()):
             lines.append(TerminalLine(
                 f"  profile {facts.name} overrides {var}={shell!r} from the shell with {value!r}", markup=_YELLOW))
+    wc = report.weight_cache
+    if wc is not None:
+        loud.extend(TerminalLine(f"LEFTOVER process of the weight-cache daemons survived SIGKILL: {p}",
+                                 markup=_LOUD) for p in wc.leftovers)
+        if not quiet:
+            lines.append(TerminalLine(wc.summary()))
     if not quiet:
         labels = {"json": "JSON report", "markdown": "Markdown summary",
                   "github_step_summary": "Markdown appended to $GITHUB_STEP_SUMMARY", "plots": "plots"}
