@@ -47,14 +47,11 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.metrics import RequestRecord
-
-if TYPE_CHECKING:
-    from pytest_kimiperf.client_https import HttpsStreamingClient
 
 ENDPOINT_PATHS: dict[str, str] = {
     "completions": "/v1/completions",
@@ -320,13 +317,17 @@ class _Connection:
                 # Trust it only if it is plausible (a clock step would move it by seconds).
                 if read_ns - _MAX_KERNEL_STAMP_AGE_NS <= kernel_ns <= read_ns:
                     arrival_ns = kernel_ns
+        self.received(self._rx[:size], arrival_ns)
+
+    def received(self, data: bytes | memoryview, arrival_ns: int) -> None:
+        """Parse bytes that arrived at ``arrival_ns`` (the TLS connection calls this too)."""
         exchange = self.exchange
         if exchange is None:
             # Bytes while idle: the server broke the protocol; never reuse this connection.
             self.close()
             return
-        exchange.bytes_received += size
-        self._buf += self._rx[:size]
+        exchange.bytes_received += len(data)
+        self._buf += data
         try:
             self._parse(exchange, arrival_ns)
         except ValueError as exc:
@@ -565,9 +566,6 @@ class StreamingClient:
         idle_deadline_s: float | None = None,
     ) -> None:
         self._address = parse_base_url(base_url)
-        if self._address.scheme != "http":
-            raise ConfigError(f"StreamingClient speaks plain HTTP; {base_url} needs streaming_client(), "
-                              "which picks the HTTPS client")
         # None: no deadline of that kind (the whole-request timeout still holds).
         self._first_token_ns = None if first_token_deadline_s is None else int(first_token_deadline_s * 1e9)
         self._idle_ns = None if idle_deadline_s is None else int(idle_deadline_s * 1e9)
@@ -585,7 +583,12 @@ class StreamingClient:
         if api_key:
             head += f"Authorization: Bearer {api_key}\r\n"
         self._head = head.encode("latin-1")
-        self._pool = _Pool(self._address, max(1, max_connections))
+        if self._address.scheme == "https":
+            from pytest_kimiperf.client_https import TlsPool
+
+            self._pool: _Pool = TlsPool(self._address, max(1, max_connections))
+        else:
+            self._pool = _Pool(self._address, max(1, max_connections))
 
     def __repr__(self) -> str:
         # Never the request head: it holds the API key.
@@ -724,16 +727,6 @@ def request_body(model: str, endpoint: str, spec: RequestSpec, extra_body: Mappi
         body["max_tokens"] = spec.output_tokens
     body.update(extra_body)
     return body
-
-
-def streaming_client(base_url: str, model: str, **options: Any) -> StreamingClient | HttpsStreamingClient:
-    """The client for ``base_url``: the kernel-stamped :class:`StreamingClient` for ``http://``,
-    the httpx one (client_https.py, timed in the event loop) for ``https://``."""
-    if parse_base_url(base_url).scheme == "https":
-        from pytest_kimiperf.client_https import HttpsStreamingClient
-
-        return HttpsStreamingClient(base_url, model, **options)
-    return StreamingClient(base_url, model, **options)
 
 
 def _stream_problem(reader: _SSEReader, spec: RequestSpec) -> str:

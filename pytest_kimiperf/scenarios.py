@@ -41,8 +41,8 @@ from typing import Any
 from pytest_kimiperf.client import (
     RequestSpec,
     check_endpoint,
+    StreamingClient,
     parse_base_url,
-    streaming_client,
 )
 from pytest_kimiperf.client_https import EVENT_LOOP_TIMING
 from pytest_kimiperf.errors import ConfigError, KimiperfError, ServerError
@@ -401,7 +401,7 @@ class _Engine:
     """Runs plans on one event loop with one connection pool."""
 
     def __init__(self, config: _EngineConfig) -> None:
-        self.client = streaming_client(
+        self.client = StreamingClient(
             config.base_url, config.model, endpoint=config.endpoint, api_key=config.api_key,
             max_connections=config.max_connections, request_timeout_s=config.request_timeout_s,
             extra_body=config.extra_body, first_token_deadline_s=config.first_token_deadline_s,

@@ -12,9 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pytest_kimiperf.client import RequestSpec, StreamingClient, streaming_client
-from pytest_kimiperf.client_https import EVENT_LOOP_TIMING, HttpsStreamingClient
-from pytest_kimiperf.errors import ConfigError
+from pytest_kimiperf.client import RequestSpec, StreamingClient
+from pytest_kimiperf.client_https import EVENT_LOOP_TIMING
 from pytest_kimiperf.scenarios import Concurrency, run_scenario
 from tests.test_client import ITL_MS, MODEL, TTFT_MS, start_server, stop_server
 
@@ -52,16 +51,17 @@ def trusted(gateway: tuple[str, str, Path], monkeypatch: pytest.MonkeyPatch) -> 
     return gateway[0]
 
 
-def test_an_https_url_gets_the_httpx_client_and_http_keeps_the_kernel_stamped_one() -> None:
-    assert isinstance(streaming_client("https://gw.example", MODEL), HttpsStreamingClient)
-    assert isinstance(streaming_client("http://127.0.0.1:1", MODEL), StreamingClient)
-    with pytest.raises(ConfigError, match="streaming_client"):
-        StreamingClient("https://gw.example", MODEL)
+def test_an_https_url_gets_a_tls_pool_and_http_keeps_the_kernel_stamped_one() -> None:
+    from pytest_kimiperf.client import _Pool
+    from pytest_kimiperf.client_https import TlsPool
+
+    assert type(StreamingClient("https://gw.example", MODEL)._pool) is TlsPool
+    assert type(StreamingClient("http://127.0.0.1:1", MODEL)._pool) is _Pool
 
 
-def test_the_https_client_streams_through_a_tls_gateway_and_counts_like_the_plain_one(trusted: str) -> None:
+def test_the_client_streams_through_a_tls_gateway_and_counts_as_over_plain_http(trusted: str) -> None:
     async def go() -> list:
-        async with HttpsStreamingClient(trusted, MODEL, endpoint="chat", max_connections=2,
+        async with StreamingClient(trusted, MODEL, endpoint="chat", max_connections=2,
                                         first_token_deadline_s=10, idle_deadline_s=10) as client:
             return [await client.stream(RequestSpec("a b c d", 12, request_id=f"tls-{i}")) for i in range(3)]
 
@@ -80,7 +80,7 @@ def test_an_untrusted_certificate_fails_the_request_naming_the_tls_error(gateway
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
 
     async def go():
-        async with HttpsStreamingClient(gateway[0], MODEL) as client:
+        async with StreamingClient(gateway[0], MODEL) as client:
             return await client.stream(RequestSpec("a b", 4))
 
     rec = asyncio.run(go())
