@@ -21,6 +21,7 @@ import pytest
 from pytest_kimiperf.deployments import TINY_CPU
 from pytest_kimiperf.errors import HardwareMissingError
 from pytest_kimiperf.nccl import NcclProfile
+from pytest_kimiperf.paths import default_cache_dir
 from pytest_kimiperf.server_manager import WEIGHT_CACHE, ServerManager
 from pytest_kimiperf.weight_cache import (
     MemoryFit,
@@ -176,6 +177,9 @@ def test_daemons_start_once_serve_every_profile_and_leave_nothing_behind(tmp_pat
         assert account.weights_source == "weight cache"
         assert account.environments["engine"]["NCCL_ALGO"] == ("Ring" if profile == "ring-ll" else "Tree")
         assert not any(k.startswith("NCCL_") for k in account.environments[WEIGHT_CACHE])
+        # Both keep vLLM's compile cache in the plugin's cache folder, which outlives the session.
+        for env in account.environments.values():
+            assert env["VLLM_CACHE_ROOT"] == str(default_cache_dir() / "vllm")
     # Teardown verified: every daemon process is gone, their sockets and launch records too.
     assert [int(p) for p in pids.read_text().split() if _alive(int(p))] == []
     assert not os.path.exists(socket_dir)
