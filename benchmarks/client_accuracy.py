@@ -23,7 +23,13 @@ load. The machine has 2 cores shared with other work, so the run takes the vLLM 
 priority (SCHED_FIFO, inherited by the server and client processes) so other tenants' load does
 not land in either client's numbers; ``--priority normal`` measures without it.
 
-Run: ``.venv/bin/python benchmarks/client_accuracy.py [--modes paced,batched] [--json out.json]``
+Mode ``https``: the same paced server behind a TLS-terminating gateway (benchmarks/tls_gateway.py,
+self-signed certificate trusted through SSL_CERT_FILE), both clients speaking HTTPS to it. Ours is
+then the httpx client (pytest_kimiperf/client_https.py): timed in the event loop, not by the
+kernel. Compare its rows with mode ``paced`` (plain HTTP, kernel stamps) for the cost; the
+gateway's forwarding hop is in both clients' https figures alike.
+
+Run: ``.venv/bin/python benchmarks/client_accuracy.py [--modes paced,batched,https] [--json out.json]``
 """
 
 from __future__ import annotations
@@ -144,7 +150,9 @@ def worker_main(args: argparse.Namespace) -> int:
     else:
         result = run_vllm(config["base_url"], config["streams"], config["prompts"], config["prompt_tokens"],
                           config["output_tokens"])
-    sys.stdout.write(json.dumps(result))
+    # Into a file, not stdout: at 128 streams something else in the worker wrote to stdout
+    # in the middle of the JSON.
+    Path(config["out"]).write_text(json.dumps(result))
     return 0
 
 
@@ -186,6 +194,33 @@ def vllm_lock() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def tls_gateway(base_url: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """A TLS gateway in front of ``base_url`` in its own process: its https URL, and the
+    environment that makes clients trust its self-signed certificate."""
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from tls_gateway import make_self_signed
+
+    with tempfile.TemporaryDirectory(prefix="kimiperf-tls-") as tmp:
+        cert, _ = make_self_signed(Path(tmp))
+        target = base_url.rsplit(":", 1)[1]
+        proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "tls_gateway.py"),
+                                 "--target-port", target, "--cert-dir", tmp], stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if "port=" not in line:
+                raise RuntimeError(f"TLS gateway did not start: {line!r}")
+            yield f"https://localhost:{line.split('port=')[1].strip()}", {"SSL_CERT_FILE": str(cert)}
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+@contextlib.contextmanager
 def paced_server(ttft_ms: float, itl_ms: float, batched: bool) -> Iterator[str]:
     """The truth server in its own process."""
     command = [sys.executable, str(ROOT / "benchmarks" / "paced_server.py"), "--port", "0",
@@ -206,14 +241,18 @@ def paced_server(ttft_ms: float, itl_ms: float, batched: bool) -> Iterator[str]:
             proc.stdout.close()
 
 
-def run_worker(kind: str, config: dict[str, Any]) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, __file__, "--worker", kind], input=json.dumps(config), capture_output=True,
-        text=True, check=False, timeout=600,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{kind} client worker failed:\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(done.stdout)
+def run_worker(kind: str, config: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="kimiperf-accuracy-") as tmp:
+        out = Path(tmp) / "result.json"
+        done = subprocess.run(
+            [sys.executable, __file__, "--worker", kind], input=json.dumps({**config, "out": str(out)}),
+            capture_output=True, text=True, check=False, timeout=600, env={**os.environ, **(env or {})},
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{kind} client worker failed:\n{done.stderr[-3000:]}")
+        result: dict[str, Any] = json.loads(out.read_text())
     return result
 
 
@@ -270,15 +309,19 @@ def compare(result: dict[str, Any], truth: dict[str, dict[str, Any]]) -> dict[st
 
 def measure_mode(mode: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
-    with paced_server(args.ttft_ms, args.itl_ms, batched=mode == "batched") as base_url:
+    with contextlib.ExitStack() as stack:
+        base_url = stack.enter_context(paced_server(args.ttft_ms, args.itl_ms, batched=mode == "batched"))
+        client_url, env = base_url, {}
+        if mode == "https":
+            client_url, env = stack.enter_context(tls_gateway(base_url))
         prompts = build_prompts(base_url, MODEL, prompt_tokens=args.prompt_tokens,
                                 count=2 * max(args.streams), seed=1)
         for streams in args.streams:
             for client in ("ours", "vllm"):
-                config = {"base_url": base_url, "streams": streams, "prompt_tokens": args.prompt_tokens,
+                config = {"base_url": client_url, "streams": streams, "prompt_tokens": args.prompt_tokens,
                           "output_tokens": args.output_tokens, "prompts": prompts}
                 httpx.post(f"{base_url}/paced/reset")
-                result = run_worker(client, config)
+                result = run_worker(client, config, env)
                 truth = {s["request_id"]: s for s in httpx.get(f"{base_url}/paced/truth").json()["streams"]}
                 row = {"mode": mode, "streams": streams, "client": client, **compare(result, truth)}
                 rows.append(row)
@@ -339,7 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker", choices=["ours", "vllm"], help=argparse.SUPPRESS)
     parser.add_argument("--streams", default="1,32,128")
-    parser.add_argument("--modes", default="paced", help="paced, batched, or both (comma-separated)")
+    parser.add_argument("--modes", default="paced",
+                        help="paced, batched, https (paced behind a TLS gateway), comma-separated")
     parser.add_argument("--ttft-ms", type=float, default=20.0)
     parser.add_argument("--itl-ms", type=float, default=5.0)
     parser.add_argument("--prompt-tokens", type=int, default=32)
