@@ -384,8 +384,8 @@ def test_failed_first_still_boots_each_profile_once(pytester: pytest.Pytester, s
 
 
 @pytest.mark.parametrize("url, message", [
-    ("https://gpu-box:8000", "*server URL 'https://gpu-box:8000' (from command line --server-url): the load "
-                             "client speaks plain HTTP/1.1*use http://HOST:PORT*"),
+    ("ftp://gpu-box:8000", "*invalid server URL 'ftp://gpu-box:8000' (from command line --server-url)*"
+                           "http://HOST:PORT or https://HOST*"),
     ("http://gpu-box:8000?x=1", "*invalid server URL 'http://gpu-box:8000?x=1' (from command line --server-url)*"
                                 "use the server root as http://HOST:PORT*"),
     ("gpu-box:8000", "*invalid server URL 'gpu-box:8000'*"),
