@@ -90,3 +90,35 @@ def test_a_single_concurrency_draws_no_curve() -> None:
     from pytest_kimiperf.reports.plots import throughput_curves
 
     assert throughput_curves([result("default", 4), result("ring-ll", 4)]) == {}
+
+
+SWEPT = """
+import pytest
+from pytest_kimiperf.scenarios import Concurrency
+
+@pytest.mark.parametrize("streams", [1, 2])
+def test_streams(perf, streams):
+    perf.check(perf.measure(Concurrency(concurrency=streams, prompt_tokens=4, output_tokens=8,
+                                        requests=6 * streams)), ["ttft_ms"])
+"""
+
+
+@pytest.mark.usefixtures("isolated_state")
+def test_the_plugin_draws_baseline_and_throughput_plots_at_session_end(
+    pytester: pytest.Pytester, stub_project, tmp_path: Path
+) -> None:
+    pytest.importorskip("matplotlib")
+    from conftest import stub_deployment_toml
+
+    stub_project(stub_deployment_toml())
+    pytester.makepyfile(test_swept=SWEPT)
+    pytester.runpytest_subprocess("--deployment", "stub", "--update-baselines", timeout=180).assert_outcomes(passed=2)
+    plots = tmp_path / "plots"
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--perf-plots", str(plots), timeout=180)
+    result.assert_outcomes(passed=2)
+    names = sorted(p.name for p in plots.iterdir())
+    assert "test_swept.py--test_streams_1--default--boot1--ttft_ms--vs-baseline.png" in names, names
+    assert [n for n in names if n.endswith("--throughput-vs-latency.png")] == [
+        "test_swept.py--test_streams_4in-8out--throughput-vs-latency.png"]
+    for name in names:
+        assert_sensible_png(plots / name)
