@@ -53,6 +53,9 @@ _CHECKPOINT_SIZE = re.compile(r"Checkpoint size: ([\d.]+) GiB")
 _IPC_MAPPED = re.compile(r"Mapped (\d+) tensors from the weight cache daemon")
 # compilation/monitor.py:20 (also "torch.compile and initial profiling/warmup run together took")
 _COMPILE_TOOK = re.compile(r"torch\.compile (?:and initial profiling/warmup run together )?took ([\d.]+) s")
+# compilation/monitor.py:91: the first dummy run after compile, which the compile phase's
+# timestamps cannot separate from compiling
+_WARMUP_TOOK = re.compile(r"Initial profiling/warmup run took ([\d.]+) s")
 _COMPILE_CACHE_HIT = re.compile(r"Directly load the compiled graph|Directly load AOT compilation")
 _COMPILE_CACHE_MISS = re.compile(r"Compiling a graph for|Compiling model again|saved AOT compiled function")
 
@@ -167,7 +170,7 @@ def account_boot(
     """
     marks: list[tuple[str, float]] = [("process start", 0.0)]
     seen: set[str] = set()
-    weights_s = weights_gib = compile_s = None
+    weights_s = weights_gib = compile_s = warmup_s = None
     mapped = False
     cached: bool | None = None
     last_t = 0.0
@@ -191,6 +194,8 @@ def account_boot(
             mapped = True
         elif m := _COMPILE_TOOK.search(line):
             compile_s = float(m.group(1))
+        elif m := _WARMUP_TOOK.search(line):
+            warmup_s = (warmup_s or 0.0) + float(m.group(1))
         if _COMPILE_CACHE_HIT.search(line) and cached is None:
             cached = True
         if _COMPILE_CACHE_MISS.search(line):
@@ -199,6 +204,8 @@ def account_boot(
         PhaseTime(name, max(0.0, end - start))
         for (name, start), (_, end) in zip(marks, [*marks[1:], ("ready", total_s)])
     )
+    if warmup_s is not None and "compiling" in seen and "profiling" not in seen:
+        phases = _split_warmup(phases, warmup_s)
     return BootAccount(
         profile=profile, ordinal=ordinal, total_s=total_s, first_of_deployment=first_of_deployment,
         phases=phases, weights_s=weights_s,
@@ -207,6 +214,18 @@ def account_boot(
         compile_s=compile_s, compile_cached=cached, log_path=log_path,
         environments=dict(environments or {}),
     )
+
+
+def _split_warmup(phases: tuple[PhaseTime, ...], warmup_s: float) -> tuple[PhaseTime, ...]:
+    """The compile phase less the warm-up run vLLM states it took, that run as "profiling"."""
+    out: list[PhaseTime] = []
+    for p in phases:
+        if p.phase == "compiling":
+            profiling = min(warmup_s, p.seconds)
+            out += [PhaseTime("compiling", p.seconds - profiling), PhaseTime("profiling", profiling)]
+        else:
+            out.append(p)
+    return tuple(out)
 
 
 def _offset_s(stamp: re.Match[str], started_at: datetime) -> float:
