@@ -125,7 +125,11 @@ def test_a_run_with_perf_tests_shows_the_fingerprint_after_collection(
     stub_project(stub_deployment_toml(name="kimi-k25-int4-tp8"))
     pytester.makepyfile(SERVER_TEST)
     result = pytester.runpytest_subprocess("--co", timeout=60)
-    result.stdout.fnmatch_lines(["kimiperf fingerprint: cpu-*", "kimiperf: baseline file *", "collected 1 item"])
+    # A user deployment allows 3 boots of a profile: the slots of boots 2 and 3 are collected,
+    # and run only when an earlier boot of the test asks for them.
+    result.stdout.fnmatch_lines(["kimiperf fingerprint: cpu-*", "kimiperf: baseline file *", "collected 3 items",
+                                 "*<Function test_handle[[]default[]]>", "*<Function test_handle[[]default-boot2[]]>",
+                                 "*<Function test_handle[[]default-boot3[]]>"])
 
 
 def test_server_fixture_yields_a_ready_handle_and_stops_the_server(
@@ -160,8 +164,10 @@ def test_each_profile_boots_once_one_at_a_time_and_sees_its_own_env(
 import psutil
 
 def _stub_servers():
+    # the launcher between pytest and the server carries the server's command line too
     return [p for p in psutil.process_iter(["cmdline"])
-            if {str(boots)!r} in " ".join(p.info["cmdline"] or [])]
+            if {str(boots)!r} in " ".join(p.info["cmdline"] or [])
+            and "pytest_kimiperf.launcher" not in (p.info["cmdline"] or [])]
 
 def test_one(kimiperf_server):
     assert len(_stub_servers()) == 1, "two servers at once"
@@ -172,7 +178,11 @@ def test_two(kimiperf_server):
     pytester.makepyfile(test_a=check, test_b=check)
     result = pytester.runpytest_subprocess("--deployment", "stub", "--nccl-profile", "default,ring-ll",
                                            "-v", timeout=120)
+    # The boots on demand (default-boot2, ...) are collected; nothing asked for them (these
+    # tests measure nothing), so they neither run nor report.
+    result.stdout.fnmatch_lines(["collecting ... collected 24 items"])
     result.assert_outcomes(passed=8)
+    assert "boot2" not in result.stdout.str().split("collected 24 items")[1]
     result.stdout.fnmatch_lines([
         "*test_a.py::test_one[[]default[]] PASSED*",
         "*test_b.py::test_two[[]default[]] PASSED*",
@@ -375,12 +385,51 @@ def test_failed_first_still_boots_each_profile_once(pytester: pytest.Pytester, s
     pytester.runpytest_subprocess(*args, timeout=120).assert_outcomes(passed=5, failed=1)
     monkeypatch.delenv("FAIL_RING_LL")
     # --ff puts test_b[ring-ll] first; pytest would then boot ring-ll, default, ring-ll again.
+    # The boots keep the schedule's order (boots.schedule: drift must fall on every profile
+    # alike), so --ff moves the failed test to the front of its own boot only.
     result = pytester.runpytest_subprocess(*args, "--ff", "-v", timeout=120)
     result.assert_outcomes(passed=6)
     second_run = boots.read_text().splitlines()[2:]
     assert len(second_run) == 2, f"a profile booted twice: {second_run}"
-    result.stdout.fnmatch_lines(["*test_b[[]ring-ll[]] PASSED*", "*test_a[[]ring-ll[]] PASSED*",
-                                 "*test_c[[]ring-ll[]] PASSED*", "*test_a[[]default[]] PASSED*"])
+    result.stdout.fnmatch_lines(["*test_a[[]default[]] PASSED*", "*test_c[[]default[]] PASSED*",
+                                 "*test_b[[]ring-ll[]] PASSED*", "*test_a[[]ring-ll[]] PASSED*",
+                                 "*test_c[[]ring-ll[]] PASSED*"])
+
+
+def test_planned_boots_run_interleaved_and_each_comparison_rests_on_them(
+    pytester: pytest.Pytester, stub_project, tmp_path: Path
+) -> None:
+    boots = tmp_path / "boots"
+    stub_project(stub_deployment_toml(boot_count=boots))
+    pytester.makepyfile(test_marked=MARKED.replace("{TOLERANCES}", "{}"))
+    # --kimiperf-max-boots 2: no boot on demand, so the order is the plan's alone.
+    args = ("--deployment", "stub", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "2",
+            "--kimiperf-max-boots", "2", "-v")
+    pytester.runpytest_subprocess(*args, "--update-baselines", timeout=180).assert_outcomes(passed=4)
+    report = pytester.path / "perf.json"
+    result = pytester.runpytest_subprocess(*args, "--perf-json", str(report), timeout=180)
+    result.assert_outcomes(passed=4)
+    started = [line.split("for NCCL profile ")[1].split()[0] for line in result.stdout.lines
+               if line.startswith("kimiperf: starting stub server for NCCL profile ")]
+    assert started == ["default", "ring-ll", "ring-ll", "default"], "boots not interleaved A B B A"
+    result.stdout.fnmatch_lines(["*test_decode[[]default[]] PASSED*", "*test_decode[[]ring-ll[]] PASSED*",
+                                 "*test_decode[[]ring-ll-boot2[]] PASSED*", "*test_decode[[]default-boot2[]] PASSED*"])
+    assert len(boots.read_text().splitlines()) == 8, "each run boots each profile twice, no more"
+    data = json.loads(report.read_text())
+    assert sorted((t["profile"], t["boot"]) for t in data["tests"]) == [
+        ("default", 1), ("default", 2), ("ring-ll", 1), ("ring-ll", 2)]
+    for test in data["tests"]:
+        for metric in test["metrics"].values():
+            # the first boot waits for the plan; the second's verdict rests on both, against the
+            # two boots the recording run appended to the baseline's history
+            assert (metric["baseline"]["boots_current"], metric["baseline"]["boots_reference"]) == (
+                test["boot"], 2)
+        if test["boot"] == 1:
+            assert "boot 1 of 2 planned: the verdict comes after boot 2" in test["messages"]
+    rows = data["profile_comparisons"]
+    assert {(row["profile"], row["metric"]) for row in rows} == {
+        ("ring-ll", "decode"), ("ring-ll", "time to first token")}
+    assert all((row["boots_current"], row["boots_reference"]) == (2, 2) for row in rows)
 
 
 @pytest.mark.parametrize("url, message", [
