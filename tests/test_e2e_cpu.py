@@ -200,7 +200,7 @@ class ServerThrottle:
             time.sleep(self._running_s)
 
 
-def test_baseline_then_no_significant_change_then_regression_when_slowed(
+def test_baseline_then_the_identical_server_passes_then_a_slowed_one_is_a_regression_on_two_boots(
     pytester: pytest.Pytester, isolated_state: Path, no_servers_before_and_after
 ) -> None:
     pytester.makepyfile(test_gate=GATE)
