@@ -30,9 +30,9 @@ per-request CV 1-2%, heavy tails, drift over the session, 2 profiles x 10 gated 
 bound (about one standard error) confirmed on a second boot kept false alarms at or under 0.3%
 per session and detected 94% or more of changes twice the tolerance at boot spreads up to 1.5%
 (600 sessions a cell), at 1.0-1.23 boots per run; a 95% bound detected only 82% at a 1.5%
-spread (200 sessions). The screen is the tolerance itself (:data:`SCREEN_FRACTION` 1.0): three quarters of
-it cost 1.53 boots per run at a 1.5% spread (150 sessions). The 90% equivalence interval is the
-usual TOST level (two one-sided 5% tests): "within" is a claim, so it gets the stricter level.
+spread (200 sessions). The screen is the tolerance itself (:data:`SCREEN_FRACTION` 1.0):
+three quarters of it cost 1.53 boots per run at a 1.5% spread (150 sessions). The 90%
+equivalence interval is the usual TOST level (two one-sided 5% tests): "within" is a claim, so it gets the stricter level.
 """
 
 from __future__ import annotations
