@@ -165,12 +165,15 @@ TINY_CPU = Deployment(
     health_deadline_s=600.0,
     gpu_count=0,
     gpu_name_contains=None,
-    # Measured on the 2-core machines: single-stream medians 646-800 tok/s per boot on a quiet
-    # host, about 22% lower with other work on it (README, "Numbers"). Below the target (600)
-    # is a warning: slower than any quiet boot measured. Below the floor (300), under half of
-    # it, the server is broken or starved: the test fails whatever the baseline says.
-    decode_floor_tok_s=300.0,
-    decode_target_tok_s=600.0,
+    # Measured on the 2-core machines ("AMD EPYC", no AVX-512): single-stream medians of
+    # 646-800 tok/s per boot on a quiet host in earlier sessions, but 307-376 tok/s on a quiet
+    # host of the same model name in a later one (benchmarks/cpu_noise.py, the old code too),
+    # and ~200 tok/s beside a second test run. The host, not the build, moves it 2x, so the
+    # floor only catches a broken or starved server (100: a third of the slowest quiet host);
+    # the target (300) warns below the slowest quiet boot seen. Changes of the build are the
+    # baseline's job, per hardware fingerprint.
+    decode_floor_tok_s=100.0,
+    decode_target_tok_s=300.0,
     # Two cores shared by API server, engine core and client: noise is far above a GPU's.
     # Measured (benchmarks/cpu_noise.py and the e2e tests, README "Numbers"): per-request CV
     # 3-10% within a boot, but per-boot decode medians 2-15% apart on a quiet machine (a 2-vCPU

@@ -295,7 +295,7 @@ class Comparison:
             body = f"within +/-{tol} ({change}, {ci}"
         elif kind is VerdictKind.NO_DETECTABLE_CHANGE:
             body = (f"no detectable change ({change}, {ci}; this design detects changes of "
-                    f"{_fmt_tolerance(self.mdc)} or more")
+                    f"{self.mdc * 100:.2g}% or more")
         elif kind is VerdictKind.INSUFFICIENT_SAMPLES:
             body = (f"insufficient samples ({self.boots_current} current and {self.boots_reference} reference "
                     f"boots with enough valid samples, at least {MIN_SAMPLES_PER_BOOT} each)")

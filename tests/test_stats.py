@@ -98,7 +98,7 @@ def test_within_needs_the_whole_interval_inside_else_no_detectable_change_with_t
                          prior_spread=0.03)
     assert wide.verdict is VerdictKind.NO_DETECTABLE_CHANGE
     assert wide.mdc > 0.03
-    assert f"this design detects changes of {wide.mdc * 100:g}% or more" in wide.message()
+    assert f"this design detects changes of {wide.mdc * 100:.2g}% or more" in wide.message()
 
 
 def test_the_prior_spread_rules_until_the_baseline_has_enough_boots() -> None:
