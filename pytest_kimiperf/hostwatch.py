@@ -67,9 +67,10 @@ def _checked_bound(key: str, value: object, source: str) -> object:
 class HostBounds:
     """How much foreign activity a measured round tolerates; None = not bounded.
 
-    Shares are of the whole host's CPU capacity (all cores) or of wall time (PSI). The default
-    20% catches one busy core on the 2-core CPU host (about 50%) and on hosts of up to 4 cores;
-    on a 64-core GPU host one busy core is 1.6%, which is why GPU deployments should set their own.
+    Shares are of the whole host's CPU capacity (all cores) or of wall time (PSI). A busy
+    process beside a server gets less than a core: the scheduler favours the server's mostly
+    waiting processes (on the 2-core CPU host one busy-looping process per core read 18.5%), so
+    deployments set their own bound (tiny-cpu 10%, Kimi's 64+ core host 5%); 20% is the default.
     PSI bounds are off by default: our own server oversubscribing the cores raises ``cpu some``.
     """
 
