@@ -179,10 +179,9 @@ TINY_CPU = Deployment(
     # 3-10% within a boot, but per-boot decode medians 2-15% apart on a quiet machine (a 2-vCPU
     # VM) and 22% with other work on it. A baseline is recorded on one boot and judged on
     # another, so the tolerance must cover that spread: this gate sees changes of 25% and more.
-    tolerances=MappingProxyType(
-        {"decode_tok_s": 0.25, "itl_ms": 0.25, "tpot_ms": 0.25, "ttft_ms": 0.25,
-         "e2el_ms": 0.25, "output_throughput": 0.25, "request_throughput": 0.25}
-    ),
+    # Every metric, tails and goodput included: `make perf` gave an A/A "worse" for a p99 left
+    # at its GPU default (10%) beside an 18% boot spread.
+    tolerances=MappingProxyType({name: 0.25 for name in METRICS}),
     # API server, engine core and the client share the second core (the worker is pinned to
     # the first): every process there, the server included, sees scheduler stalls of up to
     # ~100 ms (README, "Numbers"). Stalls that long are the host's, not a saturated client's;
