@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 # pytester's in-process runs restore sys.modules afterwards: numpy (and scipy, built on it)
@@ -18,6 +19,37 @@ import scipy.stats  # noqa: F401
 STUB_SERVER = Path(__file__).with_name("stub_vllm.py")
 STUB_TOLERANCE_METRICS = ("decode_tok_s", "itl_ms", "tpot_ms", "ttft_ms", "e2el_ms", "output_throughput",
                           "request_throughput")
+
+
+def running_stub(*args: str) -> Iterator[str]:
+    """A bare stub server (tests/stub_vllm.py ``args``) that answers /health; yields its URL
+    and kills it after (for client tests that need no plugin around the server)."""
+    import socket
+    import subprocess
+    import time
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    proc = subprocess.Popen([sys.executable, str(STUB_SERVER), "--model", "stub-model", "--port", str(port),
+                             "--load-seconds", "0", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=0.5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "stub did not start"
+        time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def stub_deployment_toml(

@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from conftest import STUB_SERVER, stub_deployment_toml
+from conftest import STUB_SERVER, running_stub, stub_deployment_toml
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.server import check_ready
 from pytest_kimiperf.workload import build_prompts
@@ -33,24 +33,7 @@ def _free_port() -> int:
 
 
 def _stub(*args: str) -> Iterator[str]:
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(STUB_SERVER), "--model", "stub-model", "--port", str(port),
-                             "--load-seconds", "0", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=0.5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "stub did not start"
-        time.sleep(0.05)
-    try:
-        yield url
-    finally:
-        proc.kill()
-        proc.wait()
+    yield from running_stub(*args)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from conftest import STUB_SERVER, stub_deployment_toml
+from conftest import STUB_SERVER, running_stub, stub_deployment_toml
 from pytest_kimiperf.client import MAX_SSE_EVENT_BYTES, RequestSpec, StreamingClient
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.metrics import HealthBounds
@@ -22,27 +22,7 @@ from pytest_kimiperf.scenarios import SingleStream, run_scenario
 
 
 def _stub(mode: str) -> Iterator[str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, str(STUB_SERVER), "--model", "stub-model", "--port", str(port),
-                             "--load-seconds", "0", "--mode", mode],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=0.5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "stub did not start"
-        time.sleep(0.05)
-    try:
-        yield url
-    finally:
-        proc.kill()
-        proc.wait()
+    yield from running_stub("--mode", mode)
 
 
 @pytest.fixture
