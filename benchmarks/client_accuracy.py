@@ -1,6 +1,6 @@
 """How exact are the load generator's timestamps? Ours and vLLM's bench-serve client, same run.
 
-The paced server (benchmarks/paced_server.py, its own process) streams every request at a set
+The paced server (tests/fakes/paced_server.py, its own process) streams every request at a set
 pace (default TTFT 20 ms, then one token every 5 ms = 200 tok/s) and records when it wrote each
 chunk and when each request's bytes reached its socket (kernel timestamp). Each client runs in
 its own process against it, at 1, 32 and 128 concurrent streams, and its stamps are compared
@@ -23,9 +23,9 @@ load. The machine has 2 cores shared with other work, so the run takes the vLLM 
 priority (SCHED_FIFO, inherited by the server and client processes) so other tenants' load does
 not land in either client's numbers; ``--priority normal`` measures without it.
 
-Mode ``https``: the same paced server behind a TLS-terminating gateway (benchmarks/tls_gateway.py,
+Mode ``https``: the same paced server behind a TLS-terminating gateway (tests/fakes/tls_gateway.py,
 self-signed certificate trusted through SSL_CERT_FILE), both clients speaking HTTPS to it. Ours is
-then the httpx client (pytest_kimiperf/client_https.py): timed in the event loop, not by the
+then the httpx client (pytest_kimiperf/measure/client_https.py): timed in the event loop, not by the
 kernel. Compare its rows with mode ``paced`` (plain HTTP, kernel stamps) for the cost; the
 gateway's forwarding hop is in both clients' https figures alike.
 
@@ -49,9 +49,9 @@ from typing import Any
 
 import httpx
 
-from pytest_kimiperf.metrics import percentile
-from pytest_kimiperf.scenarios import Concurrency, run_scenario
-from pytest_kimiperf.workload import build_prompts
+from pytest_kimiperf.measure.results import percentile
+from pytest_kimiperf.measure.scenarios import Concurrency, run_scenario
+from pytest_kimiperf.measure.workload import build_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK_PATH = "/tmp/kimiperf-vllm.lock"
@@ -199,13 +199,13 @@ def tls_gateway(base_url: str) -> Iterator[tuple[str, dict[str, str]]]:
     environment that makes clients trust its self-signed certificate."""
     import tempfile
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from tls_gateway import make_self_signed
+    sys.path.insert(0, str(ROOT))
+    from tests.fakes.tls_gateway import make_self_signed
 
     with tempfile.TemporaryDirectory(prefix="kimiperf-tls-") as tmp:
         cert, _ = make_self_signed(Path(tmp))
         target = base_url.rsplit(":", 1)[1]
-        proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "tls_gateway.py"),
+        proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fakes" / "tls_gateway.py"),
                                  "--target-port", target, "--cert-dir", tmp], stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None
@@ -223,7 +223,7 @@ def tls_gateway(base_url: str) -> Iterator[tuple[str, dict[str, str]]]:
 @contextlib.contextmanager
 def paced_server(ttft_ms: float, itl_ms: float, batched: bool) -> Iterator[str]:
     """The truth server in its own process."""
-    command = [sys.executable, str(ROOT / "benchmarks" / "paced_server.py"), "--port", "0",
+    command = [sys.executable, str(ROOT / "tests" / "fakes" / "paced_server.py"), "--port", "0",
                "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--model", MODEL]
     if batched:
         command.append("--batched")

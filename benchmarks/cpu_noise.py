@@ -34,15 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perf_tests.workloads import SINGLE_STREAM_DECODE, TTFT  # noqa: E402  (the perf suite's own)
 
-from pytest_kimiperf.boots import BootLedger  # noqa: E402
-from pytest_kimiperf.deployments import BUILTIN_DEPLOYMENTS  # noqa: E402
-from pytest_kimiperf.metric_specs import METRICS  # noqa: E402
-from pytest_kimiperf.nccl import BUILTIN_PROFILES  # noqa: E402
-from pytest_kimiperf.options import OPTIONS  # noqa: E402
+from pytest_kimiperf.judge.boots import BootLedger  # noqa: E402
+from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS  # noqa: E402
+from pytest_kimiperf.config.metric_specs import METRICS  # noqa: E402
+from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES  # noqa: E402
+from pytest_kimiperf.config.options import OPTIONS  # noqa: E402
 from pytest_kimiperf.recorder import PerfRecorder  # noqa: E402
-from pytest_kimiperf.server_manager import ServerManager  # noqa: E402
-from pytest_kimiperf.settings import RawOption, build_settings  # noqa: E402
-from pytest_kimiperf.stats import compare_boots, summarize_boot  # noqa: E402
+from pytest_kimiperf.server.manager import ServerManager  # noqa: E402
+from pytest_kimiperf.config.settings import RawOption, build_settings  # noqa: E402
+from pytest_kimiperf.judge.stats import compare_boots, summarize_boot  # noqa: E402
 
 CASES = (("decode", SINGLE_STREAM_DECODE, ("decode_tok_s", "itl_ms")), ("ttft", TTFT, ("ttft_ms",)))
 

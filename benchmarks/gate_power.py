@@ -1,7 +1,7 @@
 """How often the gate cries wolf, how often it catches a real change, and how many boots it costs.
 
 A simulation of whole gate sessions with the noise structure measured on real servers: the
-boot, not the request, is the unit that varies most (pytest_kimiperf/stats.py). Each simulated
+boot, not the request, is the unit that varies most (pytest_kimiperf/judge/stats.py). Each simulated
 session has 2 NCCL profiles, each judged against its own baseline history of ``--history``
 boots, and the perf suite's shape: 5 tests gating 3, 1, 2, 2, 2 metrics (decode tok/s, ITL,
 TPOT; TTFT; output and request throughput at 8, 32 and 64 streams). Per request, log-normal
@@ -43,8 +43,8 @@ from scipy import stats as scipy_stats
 # Runs from a checkout without installing the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_kimiperf.metric_specs import Direction  # noqa: E402
-from pytest_kimiperf.stats import (  # noqa: E402
+from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
+from pytest_kimiperf.judge.stats import (  # noqa: E402
     BootSummary, VerdictKind, compare_boots, summarize_boot, wants_another_boot,
 )
 

@@ -28,9 +28,9 @@ from types import MappingProxyType, SimpleNamespace
 
 import psutil
 
-from pytest_kimiperf.deployments import TINY_CPU
-from pytest_kimiperf.nccl import NcclProfile
-from pytest_kimiperf.server_manager import ServerManager
+from pytest_kimiperf.config.deployments import TINY_CPU
+from pytest_kimiperf.config.nccl.profiles import NcclProfile
+from pytest_kimiperf.server.manager import ServerManager
 
 out = Path(sys.argv[1])
 deployment = replace(

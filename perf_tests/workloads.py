@@ -1,12 +1,12 @@
 """The perf suite's workloads, sized once for every deployment.
 
-The boot is the unit the gate judges (pytest_kimiperf/stats.py): requests within one boot only
+The boot is the unit the gate judges (pytest_kimiperf/judge/stats.py): requests within one boot only
 fix that boot's median, so a boot needs few of them (at least 3 valid samples); more boots, not
 more requests, make a verdict surer. One sample is one request for latency metrics and one round
 for throughputs.
 """
 
-from pytest_kimiperf.scenarios import Concurrency, SingleStream
+from pytest_kimiperf.measure.scenarios import Concurrency, SingleStream
 
 PROMPT_TOKENS = 128
 OUTPUT_TOKENS = 128

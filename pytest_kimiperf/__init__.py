@@ -19,21 +19,22 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from pytest_kimiperf.gate import TestResult
+    from pytest_kimiperf.judge.gate import TestResult
     from pytest_kimiperf.recorder import PerfRecorder
-    from pytest_kimiperf.scenarios import (
+    from pytest_kimiperf.measure.scenarios import (
         Concurrency, ConcurrencySweep, RequestRate, Scenario, SingleStream, run_sweep,
     )
-    from pytest_kimiperf.settings import Settings
+    from pytest_kimiperf.config.settings import Settings
     from pytest_kimiperf.warning_types import (
         BelowTargetWarning, InconclusiveWarning, KimiperfWarning, MissingBaselineWarning,
         OtherVersionsWarning, SoftFingerprintWarning,
     )
 
 _HOME: dict[str, str] = {
-    "Concurrency": "scenarios", "ConcurrencySweep": "scenarios", "RequestRate": "scenarios",
-    "Scenario": "scenarios", "SingleStream": "scenarios", "run_sweep": "scenarios",
-    "PerfRecorder": "recorder", "TestResult": "gate", "Settings": "settings",
+    "Concurrency": "measure.scenarios", "ConcurrencySweep": "measure.scenarios",
+    "RequestRate": "measure.scenarios", "Scenario": "measure.scenarios",
+    "SingleStream": "measure.scenarios", "run_sweep": "measure.scenarios",
+    "PerfRecorder": "recorder", "TestResult": "judge.gate", "Settings": "config.settings",
     "KimiperfWarning": "warning_types", "InconclusiveWarning": "warning_types",
     "MissingBaselineWarning": "warning_types", "BelowTargetWarning": "warning_types",
     "SoftFingerprintWarning": "warning_types", "OtherVersionsWarning": "warning_types",

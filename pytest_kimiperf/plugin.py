@@ -18,8 +18,8 @@ import pytest
 
 from pytest_kimiperf import hookspec, xdist_scheduling
 from pytest_kimiperf.errors import ConfigError, HardwareMissingError, KimiperfError
-from pytest_kimiperf.options import OPTIONS, read_raw_options
-from pytest_kimiperf.settings import Settings, build_settings
+from pytest_kimiperf.config.options import OPTIONS, read_raw_options
+from pytest_kimiperf.config.settings import Settings, build_settings
 
 SERVER_FIXTURE = "kimiperf_server"
 PROFILE_FIXTURE = "kimiperf_profile"
@@ -156,7 +156,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """The settings in effect: deployment, profiles with their environment, server mode."""
-    from pytest_kimiperf.nccl import describe_env, inherited_nccl_env
+    from pytest_kimiperf.config.nccl.profiles import describe_env, inherited_nccl_env
 
     s = config.stash[RUN_STATE].settings
     lines = [f"kimiperf: deployment {s.deployment.name} ({s.deployment.description})"]
@@ -176,10 +176,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
                 line += f"; from the shell and deployment: {describe_env(inherited)}"
         lines.append(line)
     if not s.external:
-        from pytest_kimiperf.deployments import describe_command
+        from pytest_kimiperf.config.deployments import describe_command
 
         lines.append(f"kimiperf: server command: {describe_command(s.deployment)}")
-        from pytest_kimiperf.weight_cache import header_lines
+        from pytest_kimiperf.server.weight_cache import header_lines
 
         dep = s.deployment
         lines.extend(f"kimiperf: {line}" for line in header_lines(
@@ -193,7 +193,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def _fingerprint_lines(config: pytest.Config) -> list[str]:
-    from pytest_kimiperf.fingerprint import describe
+    from pytest_kimiperf.judge.fingerprint import describe
 
     state = config.stash[RUN_STATE]
     state.fingerprint_shown = True
@@ -218,7 +218,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     (planned boots always, boots on demand only when an earlier boot asked for them)."""
     if SERVER_FIXTURE not in metafunc.fixturenames:
         return
-    from pytest_kimiperf.boots import schedule
+    from pytest_kimiperf.judge.boots import schedule
 
     s = metafunc.config.stash[RUN_STATE].settings
     slots = schedule(s.profiles, s.max_boots, order=s.boot_order, seed=s.boot_seed)
@@ -253,7 +253,7 @@ def _group_by_profile(items: list[pytest.Item]) -> None:
         slot = _slot_of(item)
         if slot is not None and not rank:
             s = item.config.stash[RUN_STATE].settings
-            from pytest_kimiperf.boots import schedule
+            from pytest_kimiperf.judge.boots import schedule
 
             rank = {sl.id: i for i, sl in enumerate(schedule(s.profiles, s.max_boots, order=s.boot_order,
                                                               seed=s.boot_seed))}
@@ -305,7 +305,7 @@ def _hardware_problem(state: _RunState) -> str | None:
         state.hardware_checked = True
         dep = state.settings.deployment
         if not state.settings.external and dep.needs_gpus:
-            from pytest_kimiperf.gpu import HardwareRequirement, check_hardware, probe_gpus
+            from pytest_kimiperf.server.gpu import HardwareRequirement, check_hardware, probe_gpus
 
             probe = probe_gpus(timeout_s=10.0)
             try:
@@ -322,7 +322,7 @@ def _hardware_problem(state: _RunState) -> str | None:
 def _check_weight_cache_fit(dep: Any, gpus: Any) -> None:
     """HardwareMissingError before any boot when the weight-cache daemons and an engine
     cannot share the smallest GPU (weight_cache.py)."""
-    from pytest_kimiperf.weight_cache import check_fit, memory_fit, why_not_used
+    from pytest_kimiperf.server.weight_cache import check_fit, memory_fit, why_not_used
 
     if not gpus or why_not_used(setting=dep.weight_cache, gpu_count=dep.gpu_count, command=list(dep.command)):
         return
@@ -338,8 +338,8 @@ def _topology_warnings(state: _RunState) -> list[str]:
     dep = state.settings.deployment
     if state.settings.external or not dep.needs_gpus:
         return []
-    from pytest_kimiperf.gpu import query_topology
-    from pytest_kimiperf.nccl import validate_profile
+    from pytest_kimiperf.server.gpu import query_topology
+    from pytest_kimiperf.config.nccl.profiles import validate_profile
 
     try:
         topology = query_topology(timeout_s=10.0)
@@ -412,7 +412,7 @@ def kimiperf_server(
 @pytest.fixture
 def perf(request: pytest.FixtureRequest, kimiperf_server: Any, kimiperf_profile: Any) -> Any:
     """Measure scenarios against the session's server and judge them (floors, baselines)."""
-    from pytest_kimiperf.boots import strip_slot
+    from pytest_kimiperf.judge.boots import strip_slot
     from pytest_kimiperf.recorder import PerfRecorder
 
     state = request.config.stash[RUN_STATE]
@@ -438,7 +438,7 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: Any, kimiperf_profile:
             pytest.fail(str(exc), pytrace=False)
 
     def benchmark() -> Any:
-        from pytest_kimiperf.benchmark_bridge import active_benchmark
+        from pytest_kimiperf.reports.benchmark_bridge import active_benchmark
 
         return active_benchmark(request.config, request.getfixturevalue, is_worker=_is_worker(request.config))
 
@@ -474,7 +474,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     slot = _slot_of(item)
     if slot is None or slot.boot == 1:
         return None
-    from pytest_kimiperf.boots import strip_slot
+    from pytest_kimiperf.judge.boots import strip_slot
 
     state = item.config.stash[RUN_STATE]
     needed, _why = _ledger(state).needed(strip_slot(item.nodeid, slot.id), slot, state.settings.boots)
@@ -493,7 +493,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         return outcome
     import warnings
 
-    from pytest_kimiperf.gate import missing_baselines, warning_kinds
+    from pytest_kimiperf.judge.gate import missing_baselines, warning_kinds
     from pytest_kimiperf.warning_types import CLASS_OF
 
     settings = item.config.stash[RUN_STATE].settings
@@ -510,7 +510,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 def _ledger(state: _RunState) -> Any:
     if state.ledger is None:
-        from pytest_kimiperf.boots import BootLedger
+        from pytest_kimiperf.judge.boots import BootLedger
 
         state.ledger = BootLedger()
     return state.ledger
@@ -518,7 +518,7 @@ def _ledger(state: _RunState) -> Any:
 
 def _marker_tolerances(item: pytest.Item) -> dict[str, float]:
     """The test's ``@pytest.mark.kimiperf(tolerances=...)``, checked; a bad one fails the test."""
-    from pytest_kimiperf.deployments import check_tolerances
+    from pytest_kimiperf.config.deployments import check_tolerances
 
     marker = item.get_closest_marker("kimiperf")
     if marker is None:
@@ -536,8 +536,8 @@ def _marker_tolerances(item: pytest.Item) -> dict[str, float]:
 def _manager(config: pytest.Config, state: _RunState) -> Any:
     if state.manager is None:
         from pytest_kimiperf.paths import launch_state_dir
-        from pytest_kimiperf.progress import ProgressDisplay, RelayOutput, TerminalOutput
-        from pytest_kimiperf.server_manager import ServerManager
+        from pytest_kimiperf.server.progress import ProgressDisplay, RelayOutput, TerminalOutput
+        from pytest_kimiperf.server.manager import ServerManager
 
         relay = getattr(config, "workerinput", {}).get(xdist_scheduling.WORKERINPUT_PROGRESS_FILE)
         if relay:
@@ -556,7 +556,7 @@ def _manager(config: pytest.Config, state: _RunState) -> Any:
 
 def _baseline_view(config: pytest.Config, state: _RunState) -> Any:
     if state.view is None:
-        from pytest_kimiperf.gate import BaselineView
+        from pytest_kimiperf.judge.gate import BaselineView
 
         state.view = BaselineView(state.settings.baselines_dir, state.settings.deployment.name,
                                   _fingerprint(state))
@@ -565,12 +565,12 @@ def _baseline_view(config: pytest.Config, state: _RunState) -> Any:
 
 def _fingerprint(state: _RunState) -> Any:
     if state.fingerprint is None:
-        from pytest_kimiperf.gate import session_fingerprint
+        from pytest_kimiperf.judge.gate import session_fingerprint
 
         state.fingerprint = session_fingerprint(state.settings.deployment)
         if state.settings.external:
             # This host is only the client: the server's own facts, and its stated hardware.
-            from pytest_kimiperf.fingerprint import attached_fingerprint, probe_attached_server
+            from pytest_kimiperf.judge.fingerprint import attached_fingerprint, probe_attached_server
 
             state.fingerprint = attached_fingerprint(
                 state.fingerprint, probe_attached_server(state.settings.server_url, state.settings.api_key),
@@ -624,7 +624,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if manager is not None and profile is not None:
             rec = manager.records.get(profile.name)
             if rec is not None and rec.log_path is not None:
-                from pytest_kimiperf.server import tail_lines
+                from pytest_kimiperf.server.process import tail_lines
 
                 report.sections.append(
                     (f"kimiperf server log, last 50 lines ({rec.log_path})", tail_lines(rec.log_path))
@@ -638,7 +638,7 @@ def pytest_kimiperf_update_json(config: pytest.Config, report: dict[str, Any]) -
     servers only: an attached server's command is not known here)."""
     settings = config.stash[RUN_STATE].settings
     if not settings.external and isinstance(report.get("deployment"), dict):
-        from pytest_kimiperf.deployments import describe_command
+        from pytest_kimiperf.config.deployments import describe_command
 
         report["deployment"].setdefault("server_command", describe_command(settings.deployment))
 
@@ -657,7 +657,7 @@ class _ResultCollector:
         """Keep the perf result of each test's call phase."""
         result = getattr(report, "kimiperf", None)
         if result is not None and report.when == "call":
-            from pytest_kimiperf.gate import TestResult
+            from pytest_kimiperf.judge.gate import TestResult
 
             self.state.results.append(TestResult.from_json(result))
 
@@ -671,7 +671,7 @@ class _BenchmarkMachineInfo:
     @pytest.hookimpl(optionalhook=True)
     def pytest_benchmark_update_machine_info(self, config: pytest.Config, machine_info: dict[str, Any]) -> None:
         """Add ``machine_info["kimiperf"]``: the fingerprint the perf tests ran on."""
-        from pytest_kimiperf.benchmark_bridge import add_fingerprint
+        from pytest_kimiperf.reports.benchmark_bridge import add_fingerprint
 
         add_fingerprint(machine_info, self.state.fingerprint)
 
@@ -692,7 +692,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     if not (state.results or state.manager or state.worker_records):
         return  # quiet when unused: a run without perf tests writes and imports nothing more
-    from pytest_kimiperf.session_outputs import write_outputs
+    from pytest_kimiperf.reports.session import write_outputs
 
     try:
         write_outputs(config, state)
@@ -706,6 +706,6 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     state = config.stash.get(RUN_STATE, None)
     if state is None or _is_worker(config) or not (state.results or state.manager or state.worker_records):
         return
-    from pytest_kimiperf.session_outputs import terminal_summary
+    from pytest_kimiperf.reports.session import terminal_summary
 
     terminal_summary(terminalreporter, state)

@@ -7,7 +7,7 @@ A perf test is a few lines::
         perf.check(run, ["decode_tok_s", "itl_ms"], floor=True)
 
 ``check`` fails the test with the one-line verdict when a floor or baseline says so; everything
-it decided is published as a JSON-able :class:`~pytest_kimiperf.gate.TestResult` for the
+it decided is published as a JSON-able :class:`~pytest_kimiperf.judge.gate.TestResult` for the
 controller's reports and baselines.
 """
 
@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
-from pytest_kimiperf import benchmark_bridge
+from pytest_kimiperf.reports import benchmark_bridge
 from pytest_kimiperf.errors import BaselineError, ConfigError
-from pytest_kimiperf.metrics import check_goodput_slo
-from pytest_kimiperf.gate import (
+from pytest_kimiperf.measure.results import check_goodput_slo
+from pytest_kimiperf.judge.gate import (
     FLOOR_METRIC,
     BaselineView,
     MetricResult,
@@ -32,11 +32,11 @@ from pytest_kimiperf.gate import (
     judge_metric,
     verdict_fails,
 )
-from pytest_kimiperf.metric_specs import metric_spec
-from pytest_kimiperf.boots import BootLedger
-from pytest_kimiperf.stats import Comparison, VerdictKind, plan_line, wants_another_boot
-from pytest_kimiperf.server import ServerHandle
-from pytest_kimiperf.settings import Settings
+from pytest_kimiperf.config.metric_specs import metric_spec
+from pytest_kimiperf.judge.boots import BootLedger
+from pytest_kimiperf.judge.stats import Comparison, VerdictKind, plan_line, wants_another_boot
+from pytest_kimiperf.server.process import ServerHandle
+from pytest_kimiperf.config.settings import Settings
 
 
 def _checked_slo(slo: Mapping[str, Any]) -> dict[str, float]:
@@ -125,8 +125,8 @@ class PerfRecorder:
         The host is watched while it runs (hostwatch.py): a disturbed measurement is taken
         again with fresh prompts, and one disturbed every time makes the run INVALID.
         """
-        from pytest_kimiperf.scenarios import run_scenario
-        from pytest_kimiperf.workload import prompt_seed
+        from pytest_kimiperf.measure.scenarios import run_scenario
+        from pytest_kimiperf.measure.workload import prompt_seed
 
         self._ensure_alive()
         scenario = self._with_deployment_bounds(scenario)
@@ -162,7 +162,7 @@ class PerfRecorder:
     def _watched(self, play: Callable[..., Any], benchmark: Any | None) -> Any:
         """Play the scenario under the host watch; a disturbed measurement is measured again
         (at most HOST_RETRIES times), and one still disturbed makes the run INVALID."""
-        from pytest_kimiperf.hostwatch import HostBounds, HostWatch
+        from pytest_kimiperf.measure.hostwatch import HostBounds, HostWatch
 
         self.host_busy = None
         if self.server.external:
@@ -223,7 +223,7 @@ class PerfRecorder:
 
     def _with_deployment_bounds(self, scenario: Any) -> Any:
         """Apply the deployment's client self-check bounds unless the scenario set its own."""
-        from pytest_kimiperf.metrics import HealthBounds
+        from pytest_kimiperf.measure.results import HealthBounds
 
         overrides = dict(self.settings.deployment.client_bounds)
         if not overrides or scenario.bounds != HealthBounds():
@@ -314,8 +314,8 @@ class PerfRecorder:
                     f"{line}: more than {MAX_FAILED_FRACTION:.0%} failed, the server did not serve this load")
             else:
                 result.warnings.append(line)
-        from pytest_kimiperf.scenarios import reused_prompt_requests
-        from pytest_kimiperf.server_metrics import unexpected_prefix_hits
+        from pytest_kimiperf.measure.scenarios import reused_prompt_requests
+        from pytest_kimiperf.measure.server_view import unexpected_prefix_hits
 
         prefix_hits = unexpected_prefix_hits(
             run.server_metrics, endpoint=self._scenario_of.get(id(run), (None, {}))[1].get("endpoint", "completions"),

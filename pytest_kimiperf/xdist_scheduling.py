@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from pytest_kimiperf.progress import RelayTail
+from pytest_kimiperf.server.progress import RelayTail
 
 SERVER_SCOPE = "kimiperf-server"
 WORKERINPUT_IDS_DIR = "kimiperf_server_ids_dir"
@@ -120,7 +120,7 @@ class XdistCoordinator:
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         """A worker finished: keep what its servers did (boots, logs, leftovers)."""
-        from pytest_kimiperf.server_manager import ServerRecord
+        from pytest_kimiperf.server.manager import ServerRecord
 
         output = getattr(node, "workeroutput", None) or {}
         for data in output.get(WORKEROUTPUT_KEY, []):

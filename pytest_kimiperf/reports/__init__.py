@@ -3,7 +3,7 @@
 All of them show the same facts, gathered once into a :class:`~.model.SessionReport` (plain data,
 no pytest): ``model`` gathers and compares, ``terminal`` and ``markdown`` lay the same table cells
 out for a terminal or for GitHub, ``json_report`` builds the machine-readable report and ``plots``
-draws PNGs. ``pytest_kimiperf.session_outputs`` connects them to the plugin's run state.
+draws PNGs. ``pytest_kimiperf.reports.session`` connects them to the plugin's run state.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from pytest_kimiperf.reports.model import (
     profile_verdict,
 )
 from pytest_kimiperf.reports.nccl_check import DIFFERENT
-from pytest_kimiperf.stats import VerdictKind
+from pytest_kimiperf.judge.stats import VerdictKind
 
 
 def render_markdown(report: SessionReport) -> str:

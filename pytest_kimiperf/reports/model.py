@@ -13,13 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_kimiperf.boot_account import BootAccount
-from pytest_kimiperf.gate import MetricResult, TestResult, compare_profiles
-from pytest_kimiperf.metric_specs import METRICS
+from pytest_kimiperf.server.boot_account import BootAccount
+from pytest_kimiperf.judge.gate import MetricResult, TestResult, compare_profiles
+from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck
-from pytest_kimiperf.roofline_report import RooflineReport
-from pytest_kimiperf.stats import Comparison, VerdictKind
-from pytest_kimiperf.weight_cache import WeightCacheFacts
+from pytest_kimiperf.roofline.inputs import RooflineReport
+from pytest_kimiperf.judge.stats import Comparison, VerdictKind
+from pytest_kimiperf.server.weight_cache import WeightCacheFacts
 
 
 @dataclass(frozen=True)

@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from pytest_kimiperf.baselines import BaselineFile
+from pytest_kimiperf.judge.baselines import BaselineFile
 from pytest_kimiperf.errors import ConfigError, KimiperfError
-from pytest_kimiperf.gate import MetricResult, TestResult
-from pytest_kimiperf.metric_specs import METRICS, Direction
-from pytest_kimiperf.metrics import RUN_LEVEL_METRICS
+from pytest_kimiperf.judge.gate import MetricResult, TestResult
+from pytest_kimiperf.config.metric_specs import METRICS, Direction
+from pytest_kimiperf.measure.results import RUN_LEVEL_METRICS
 from pytest_kimiperf.reports.model import (
     MetricBlock,
     PerfTestBlock,

@@ -29,7 +29,7 @@ from pytest_kimiperf.reports.model import (
     profile_verdict,
 )
 from pytest_kimiperf.reports.nccl_check import APPLIED, DIFFERENT, NOT_SEEN
-from pytest_kimiperf.stats import VerdictKind
+from pytest_kimiperf.judge.stats import VerdictKind
 
 MAX_WIDTH = 100
 QUIET = -1

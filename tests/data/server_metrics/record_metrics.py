@@ -1,5 +1,5 @@
 # Records vLLM's /metrics around three batches of requests on the tiny CPU engine, for
-# tests/test_prompt_isolation.py: unique completions prompts, the same prompts sent again, and
+# tests/plugin/test_prompt_isolation.py: unique completions prompts, the same prompts sent again, and
 # unique chat prompts. Run it alone on the machine (it boots a server):
 #   flock /tmp/kimiperf-engine.lock .venv/bin/python tests/data/server_metrics/record_metrics.py
 import subprocess, sys, time
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import httpx
 
-from pytest_kimiperf.server import pick_free_port
-from pytest_kimiperf.tiny_model import ensure_tiny_model
-from pytest_kimiperf.workload import build_prompts
+from pytest_kimiperf.server.process import pick_free_port
+from pytest_kimiperf.server.tiny_model import ensure_tiny_model
+from pytest_kimiperf.measure.workload import build_prompts
 
 OUT = Path(__file__).resolve().parent
 MODEL = "tiny-llama"

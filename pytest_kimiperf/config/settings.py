@@ -1,0 +1,303 @@
+"""The plugin's settings, read and validated once into a frozen object.
+
+Precedence for every option: command line > environment variable (where one exists) > ini
+option (``[tool.pytest.ini_options]`` / pytest.ini) > default. Deployments and NCCL profiles
+defined by users come from ``[tool.kimiperf]`` in the rootdir's ``pyproject.toml`` and from the
+``pytest_kimiperf_add_deployments`` / ``pytest_kimiperf_add_profiles`` hooks.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pytest_kimiperf.config.deployments import Deployment, resolve_deployments, select_deployment
+from pytest_kimiperf.errors import ConfigError
+from pytest_kimiperf.config.nccl.profiles import NcclProfile, resolve_profiles, select_profiles
+
+DEFAULT_DEPLOYMENT = "kimi-k25-int4-tp8"
+DEFAULT_PROFILES = "default"
+BOOT_ORDERS = ("interleaved", "random")
+MISSING_BASELINE_POLICIES = ("warn", "fail")
+
+
+@dataclass(frozen=True)
+class RawOption:
+    """One option's value and where it came from (for error messages)."""
+
+    value: Any
+    source: str
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything downstream needs to know about this run's configuration."""
+
+    deployment: Deployment
+    deployments: Mapping[str, Deployment]
+    profiles: tuple[NcclProfile, ...]
+    known_profiles: Mapping[str, NcclProfile]
+    server_url: str | None
+    port: int | None
+    nccl_debug: bool
+    update_baselines: bool
+    baselines_dir: Path
+    perf_strict: bool
+    perf_json: Path | None
+    perf_markdown: Path | None
+    perf_plots: Path | None
+    progress_interval_s: float
+    grace_s: float
+    api_key: str | None = field(default=None, repr=False)
+    profile_warnings: tuple[str, ...] = ()
+    host_wait_s: float = 600.0
+    server_hardware: str | None = None
+    boots: int = 1
+    max_boots: int = 1
+    boot_order: str = "interleaved"
+    boot_seed: int = 0
+    # What a perf test without a baseline for this hardware does: warn, or fail (a CI gate).
+    missing_baseline: str = "warn"
+    # --perf-export DIR: bench-serve result files and requests.jsonl (reports/export.py).
+    perf_export: Path | None = None
+    perf_export_detailed: bool = False
+
+    @property
+    def external(self) -> bool:
+        """Attach mode: measure a server somebody else started."""
+        return self.server_url is not None
+
+    @property
+    def reference_profile(self) -> NcclProfile:
+        """The profile others are compared with: ``default`` when selected, else the first."""
+        for profile in self.profiles:
+            if profile.name == "default":
+                return profile
+        return self.profiles[0]
+
+
+def read_pyproject_table(rootpath: Path) -> tuple[dict[str, Any], str]:
+    """``[tool.kimiperf]`` of the rootdir's pyproject.toml (empty when there is none)."""
+    path = rootpath / "pyproject.toml"
+    if not path.is_file():
+        return {}, str(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    table = data.get("tool", {}).get("kimiperf", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [tool.kimiperf] must be a table")
+    allowed = {"deployments", "profiles"}
+    unknown = set(table) - allowed
+    if unknown:
+        raise ConfigError(
+            f"{path}: [tool.kimiperf] has unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}"
+        )
+    return table, str(path)
+
+
+def build_settings(
+    options: Mapping[str, RawOption],
+    *,
+    rootpath: Path,
+    extra_deployments: Mapping[str, Mapping[str, Any]] | None = None,
+    extra_profiles: Mapping[str, Mapping[str, Any]] | None = None,
+    pcie_only: bool | None = None,
+) -> Settings:
+    """Validate raw option values into Settings; any bad value raises ConfigError."""
+    table, pyproject = read_pyproject_table(rootpath)
+    deployments = resolve_deployments(
+        {**table.get("deployments", {}), **(extra_deployments or {})},
+        source=f"{pyproject} [tool.kimiperf]" if not extra_deployments else
+        f"{pyproject} [tool.kimiperf] / pytest_kimiperf_add_deployments",
+    )
+    dep_opt = options["deployment"]
+    deployment = select_deployment(str(dep_opt.value), deployments, source=dep_opt.source)
+
+    known_profiles = resolve_profiles(
+        {**table.get("profiles", {}), **(extra_profiles or {})},
+        source=f"{pyproject} [tool.kimiperf.profiles]",
+    )
+    prof_opt = options["nccl_profiles"]
+    profiles = tuple(select_profiles(str(prof_opt.value), known_profiles, source=prof_opt.source))
+
+    from pytest_kimiperf.config.nccl.profiles import validate_profile
+
+    warnings: list[str] = []
+    for profile in profiles:
+        warnings.extend(validate_profile(profile, pcie_only=pcie_only))
+
+    server_url = _server_url(options["server_url"])
+    if server_url and len(profiles) > 1:
+        raise ConfigError(
+            f"--server-url {server_url} attaches to one running server, whose NCCL environment "
+            f"was set when it started; give at most one --nccl-profile as its label, "
+            f"not {', '.join(p.name for p in profiles)}"
+        )
+    server_hardware = _server_hardware(options.get("server_hardware", RawOption(None, "default")), server_url)
+    if server_url and bool(options["update_baselines"].value) and server_hardware is None:
+        raise ConfigError(
+            f"--update-baselines with --server-url {server_url}: this host cannot see the attached "
+            "server's hardware, and a baseline must say what it was measured on; state it with "
+            "--server-hardware '8x <GPU>, <interconnect>' (or the kimiperf_server_hardware ini option)"
+        )
+    boots = _count(options["boots"], "boots per profile") if "boots" in options else 1
+    max_boots_opt = options.get("max_boots", RawOption(None, "default"))
+    if max_boots_opt.value in (None, ""):
+        max_boots = max(deployment.max_boots, boots)
+    else:
+        max_boots = _count(max_boots_opt, "most boots per profile")
+        if max_boots < boots:
+            raise ConfigError(f"most boots per profile {max_boots} (from {max_boots_opt.source}) is below the "
+                              f"{boots} planned boots (from {options['boots'].source}); use at least {boots}")
+    if server_url:
+        if boots > 1:
+            raise ConfigError(f"{boots} boots per profile (from {options['boots'].source}) with --server-url "
+                              f"{server_url}: an attached server is not booted by this run; use 1")
+        max_boots = 1
+    boot_order = str(options.get("boot_order", RawOption("interleaved", "default")).value)
+    if boot_order not in BOOT_ORDERS:
+        raise ConfigError(f"boot order {boot_order!r} (from {options['boot_order'].source}); allowed: "
+                          f"{', '.join(BOOT_ORDERS)}")
+    boot_seed_opt = options.get("boot_seed", RawOption("0", "default"))
+    try:
+        boot_seed = int(str(boot_seed_opt.value))
+    except ValueError:
+        raise ConfigError(f"boot seed {boot_seed_opt.value!r} (from {boot_seed_opt.source}) must be an integer") from None
+    missing_opt = options.get("missing_baseline", RawOption("warn", "default"))
+    missing_baseline = str(missing_opt.value).strip().lower()
+    if missing_baseline not in MISSING_BASELINE_POLICIES:
+        raise ConfigError(f"missing-baseline policy {missing_opt.value!r} (from {missing_opt.source}); allowed: "
+                          f"{', '.join(MISSING_BASELINE_POLICIES)}")
+    perf_export, export_detailed = _export(
+        options.get("perf_export", RawOption(None, "default")),
+        options.get("perf_export_detailed", RawOption(False, "default")), rootpath)
+    return Settings(
+        deployment=deployment,
+        deployments=deployments,
+        profiles=profiles,
+        known_profiles=known_profiles,
+        server_url=server_url,
+        port=_port(options["port"]),
+        nccl_debug=bool(options["nccl_debug"].value),
+        update_baselines=bool(options["update_baselines"].value),
+        baselines_dir=_path(options["baselines_dir"], rootpath) or rootpath / "baselines",
+        perf_strict=bool(options["perf_strict"].value),
+        perf_json=_path(options["perf_json"], rootpath),
+        perf_markdown=_path(options["perf_markdown"], rootpath),
+        perf_plots=_path(options["perf_plots"], rootpath),
+        progress_interval_s=_positive_float(options["progress_interval"]),
+        grace_s=_positive_float(options["grace"]),
+        api_key=_api_key(options["api_key"]),
+        profile_warnings=tuple(warnings),
+        host_wait_s=_seconds(options.get("host_wait", RawOption("600", "default"))),
+        server_hardware=server_hardware,
+        boots=boots,
+        max_boots=max_boots,
+        boot_order=boot_order,
+        boot_seed=boot_seed,
+        missing_baseline=missing_baseline,
+        perf_export=perf_export,
+        perf_export_detailed=export_detailed,
+    )
+
+
+def _export(dir_opt: RawOption, detailed_opt: RawOption, rootpath: Path) -> tuple[Path | None, bool]:
+    directory = _path(dir_opt, rootpath)
+    detailed = bool(detailed_opt.value)
+    if detailed and directory is None:
+        raise ConfigError(f"--perf-export-detailed (from {detailed_opt.source}) adds the per-request "
+                          "arrays to the --perf-export files: give --perf-export DIR too")
+    if directory is not None and directory.exists() and not directory.is_dir():
+        raise ConfigError(f"export directory {dir_opt.value!r} (from {dir_opt.source}) is a file, "
+                          "not a directory")
+    return directory, detailed
+
+
+def _count(opt: RawOption, what: str) -> int:
+    try:
+        value = int(str(opt.value))
+    except ValueError:
+        value = 0
+    if value < 1 or value > 100:
+        raise ConfigError(f"{what} {opt.value!r} (from {opt.source}) must be an integer from 1 to 100")
+    return value
+
+
+def _server_url(opt: RawOption) -> str | None:
+    if opt.value in (None, ""):
+        return None
+    url = str(opt.value).rstrip("/")
+    if urlsplit(url).path.endswith("/v1"):
+        url = url[: -len("/v1")]
+    # https:// is measured by the httpx client (client_https.py), timed in the event loop rather
+    # than by the kernel; each run's notes say so.
+    from pytest_kimiperf.measure.client import parse_base_url
+
+    parse_base_url(url, source=opt.source)  # ConfigError saying what is allowed
+    return url
+
+
+def _port(opt: RawOption) -> int | None:
+    if opt.value in (None, ""):
+        return None
+    try:
+        port = int(opt.value)
+    except (TypeError, ValueError):
+        port = -1
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"port {opt.value!r} (from {opt.source}) must be an integer from 1 to 65535")
+    return port
+
+
+def _positive_float(opt: RawOption) -> float:
+    try:
+        value = float(opt.value)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{opt.value!r} (from {opt.source}) must be a number of seconds > 0")
+    return value
+
+
+def _seconds(opt: RawOption) -> float:
+    try:
+        value = float(opt.value)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"{opt.value!r} (from {opt.source}) must be a number of seconds >= 0")
+    return value
+
+
+def _server_hardware(opt: RawOption, server_url: str | None) -> str | None:
+    if opt.value in (None, ""):
+        return None
+    if server_url is None:
+        return None  # it describes attached servers only; a booted server's hardware is probed
+    text = " ".join(str(opt.value).split())
+    if len(text) > 200:
+        raise ConfigError(f"server hardware (from {opt.source}) is {len(text)} characters; keep it under 200")
+    return text
+
+
+def _path(opt: RawOption, rootpath: Path) -> Path | None:
+    if opt.value in (None, ""):
+        return None
+    path = Path(str(opt.value)).expanduser()
+    return path if path.is_absolute() else rootpath / path if opt.source.startswith("ini") else path.resolve()
+
+
+def _api_key(opt: RawOption) -> str | None:
+    if opt.value in (None, ""):
+        return None
+    key = str(opt.value)
+    if any(ch.isspace() for ch in key):
+        raise ConfigError(f"the API key (from {opt.source}) contains whitespace; it must be one token")
+    return key

@@ -1,0 +1,626 @@
+"""Where a verdict is decided: is this build's metric really different from its baseline?
+
+**The unit of replication is the server boot, not the request.** All requests of one boot share
+one process, one compile, one memory layout, one host state and one stretch of time; on the
+2-core CPU deployment the medians of five boots of the identical server were 779, 677, 517, 746
+and 747 tok/s while the requests inside each boot varied by 4% (benchmarks/cpu_noise.py). A
+test that treats 20 requests as 20 independent samples sees only the within-boot part, so it
+credits a boot's luck to the change (Kalibera & Jones, "Rigorous benchmarking in reasonable
+time", ISMM 2013: replicate at the level that varies most). So:
+
+* each boot is summarized once per metric (:class:`BootSummary`: its median, and the standard
+  error of that median from its own requests); a change is the difference of the mean per-boot
+  log-medians of the two sides;
+* its standard error comes from the spread *between* boots. That spread is measured from the
+  data where a side has two boots or more, pooled with a prior: the deployment's declared
+  spread, worth :data:`PRIOR_DF` degrees of freedom. Once the reference side alone has
+  :data:`ENOUGH_BOOTS` boots, the measured spread replaces the prior. Student's t with the
+  pooled degrees of freedom turns it into bounds;
+* **the tolerance is inside the test**: REGRESSION only when the one-sided
+  :data:`DIRECTIONAL_CONFIDENCE` bound of the change lies beyond the tolerance, and only on two
+  boots or more (one boot can screen, never convict: a first boot that looks bad asks for
+  another, see :func:`wants_another_boot`); "within +/-tol" only when the whole
+  :data:`EQUIVALENCE_CONFIDENCE` interval lies inside the tolerance; anything else is "no
+  detectable change", with the smallest change this design would have detected, or
+  "inconclusive" when the point estimate is beyond the tolerance but not shown.
+
+Why these levels (benchmarks/gate_power.py simulates the whole gate: boot effects of 0-3%,
+per-request CV 1-2%, heavy tails, drift over the session, 2 profiles x 10 gated metrics, a
+10-boot baseline history, boots on demand up to 3; README, "Gate power"): an 84% one-sided
+bound (about one standard error) confirmed on a second boot kept false alarms at or under 0.3%
+per session and detected 94% or more of changes twice the tolerance at boot spreads up to 1.5%
+(600 sessions a cell), at 1.0-1.23 boots per run; a 95% bound detected only 82% at a 1.5%
+spread (200 sessions). The screen is the tolerance itself (:data:`SCREEN_FRACTION` 1.0):
+three quarters of it cost 1.53 boots per run at a 1.5% spread (150 sessions). The 90%
+equivalence interval is the usual TOST level (two one-sided 5% tests): "within" is a claim, so it gets the stricter level.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+import numpy.typing as npt
+from scipy import stats as scipy_stats
+
+from pytest_kimiperf.config.metric_specs import Direction
+
+Samples = Sequence[float] | npt.NDArray[np.floating]
+
+DIRECTIONAL_CONFIDENCE = 0.84
+EQUIVALENCE_CONFIDENCE = 0.90
+# Power at which the minimum detectable change is quoted ("detects changes of X% or more").
+DETECTION_POWER = 0.90
+# The declared prior spread counts as this many boots' worth of evidence (degrees of freedom):
+# enough to keep t finite with one boot a side, little enough that three measured boots
+# outweigh a wrong guess.
+PRIOR_DF = 3.0
+# With this many boots in the reference history, its measured spread replaces the prior.
+ENOUGH_BOOTS = 5
+# A directional verdict (REGRESSION, IMPROVEMENT) needs this many boots on the current side.
+MIN_BOOTS_DIRECTIONAL = 2
+# First-boot screen: another boot when the change looks worse than this share of the tolerance.
+SCREEN_FRACTION = 1.0
+# Within-boot: a boot's median needs this many samples (requests, or rounds for throughputs) to count.
+MIN_SAMPLES_PER_BOOT = 3
+# A tail quantile q needs this many samples beyond it in each boot: n >= 3 / (1 - q), so 30 for
+# a p90, 300 for a p99 (ITL pools every gap of a boot, so 20 requests of 128 tokens are 2540).
+TAIL_SAMPLES_BEYOND = 3
+_TAIL_BOOTSTRAP = 200
+# Asymptotic standard error of a sample median is sqrt(pi/2) ~ 1.2533 times that of the mean
+# for normal data; 1.4826 * MAD estimates the standard deviation robustly (outliers do not
+# widen it).
+_MEDIAN_SE_FACTOR = 1.2533
+_MAD_TO_SD = 1.4826
+
+
+class VerdictKind(str, Enum):
+    """The gate's answer for one metric of one test under one NCCL profile."""
+
+    REGRESSION = "regression"
+    IMPROVEMENT = "improvement"
+    WITHIN_TOLERANCE = "within tolerance"
+    NO_DETECTABLE_CHANGE = "no detectable change"
+    INCONCLUSIVE = "inconclusive"
+    INSUFFICIENT_SAMPLES = "insufficient samples"
+    NOT_COMPARABLE = "not comparable"
+    NOT_JUDGED = "not judged"
+
+
+@dataclass(frozen=True)
+class BootSummary:
+    """One server boot's figure for one metric: the unit of replication.
+
+    ``median`` is the boot's median; ``se_log`` the standard error of log(median) from the
+    boot's own requests (NaN below two samples); ``n`` how many valid samples it rests on;
+    ``label`` says which boot it was (``ring-ll boot 2``, or a baseline's recording time).
+    """
+
+    median: float
+    n: int
+    se_log: float
+    label: str = ""
+    # Samples a boot needs to count: MIN_SAMPLES_PER_BOOT for a median, more for a tail
+    # (tail_min_samples); ``median`` then holds the boot's quantile.
+    min_n: int = 0
+
+    @property
+    def usable(self) -> bool:
+        """Whether this boot has enough valid samples to stand for its server boot."""
+        return self.n >= max(self.min_n, MIN_SAMPLES_PER_BOOT) and math.isfinite(self.median) and self.median > 0
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-ready fields (NaN as None)."""
+        return {"median": self.median, "n": self.n,
+                "se_log": None if not math.isfinite(self.se_log) else self.se_log, "label": self.label,
+                "min_n": self.min_n}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> "BootSummary":
+        """Inverse of :meth:`to_json`."""
+        se = data.get("se_log")
+        return cls(median=float(data["median"]), n=int(data["n"]),  # type: ignore[arg-type]
+                   se_log=math.nan if se is None else float(se), label=str(data.get("label") or ""),  # type: ignore[arg-type]
+                   min_n=int(data.get("min_n") or 0))  # type: ignore[arg-type]
+
+
+def summarize_boot(samples: Samples, label: str = "") -> BootSummary:
+    """Summarize one boot's per-request samples of one metric (non-finite ones dropped)."""
+    values = _valid_samples("boot", samples)
+    positive = values[values > 0]
+    if values.size == 0:
+        return BootSummary(median=math.nan, n=0, se_log=math.nan, label=label)
+    median = float(np.median(values))
+    se = math.nan
+    if positive.size >= 2:
+        logs = np.log(positive)
+        mad = float(np.median(np.abs(logs - np.median(logs))))
+        se = _MEDIAN_SE_FACTOR * _MAD_TO_SD * mad / math.sqrt(positive.size)
+    return BootSummary(median=median, n=int(values.size), se_log=se, label=label)
+
+
+def tail_min_samples(quantile: float) -> int:
+    """Samples one boot needs before its ``quantile`` means anything: at least
+    :data:`TAIL_SAMPLES_BEYOND` of them beyond it (a p99 of 20 requests is their maximum,
+    one slow request's luck; MLPerf LoadGen's early stopping makes the same point)."""
+    return math.ceil(TAIL_SAMPLES_BEYOND / (1.0 - quantile) - 1e-9)
+
+
+def summarize_boot_quantile(samples: Samples, quantile: float, label: str = "") -> BootSummary:
+    """One boot's ``quantile`` (e.g. 0.99) of a metric, with the standard error of its log
+    from a seeded bootstrap of the boot's own samples."""
+    if not 0.0 < quantile < 1.0:
+        raise ValueError(f"quantile={quantile!r}: use a fraction between 0 and 1 (0.99 for p99)")
+    values = _valid_samples("boot", samples)
+    min_n = tail_min_samples(quantile)
+    if values.size == 0:
+        return BootSummary(median=math.nan, n=0, se_log=math.nan, label=label, min_n=min_n)
+    value = float(np.quantile(values, quantile))
+    se = math.nan
+    positive = values[values > 0]
+    if positive.size >= 2:
+        rng = np.random.default_rng(0)
+        draws = rng.choice(np.log(positive), size=(_TAIL_BOOTSTRAP, positive.size), replace=True)
+        se = float(np.std(np.quantile(draws, quantile, axis=1), ddof=1))
+    return BootSummary(median=value, n=int(values.size), se_log=se, label=label, min_n=min_n)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The between-boot spread a comparison used: SD of a boot's log-median, its degrees of
+    freedom, and where it came from (said next to every verdict)."""
+
+    sd_log: float
+    df: float
+    source: str
+
+    @property
+    def percent(self) -> float:
+        """The spread as a percentage of the metric (exp(sd) - 1)."""
+        return (math.exp(self.sd_log) - 1.0) * 100.0
+
+
+def estimate_spread(
+    current: Sequence[BootSummary], reference: Sequence[BootSummary], *, prior_sd_log: float,
+) -> Spread:
+    """Pooled SD of per-boot log-medians: measured where a side has 2+ boots, pooled with the
+    deployment's declared spread (:data:`PRIOR_DF` degrees of freedom) until the reference
+    alone has :data:`ENOUGH_BOOTS`. Never below the boots' own within-boot error of the median
+    (a spread smaller than that is chance)."""
+    if not (math.isfinite(prior_sd_log) and prior_sd_log >= 0):
+        raise ValueError(f"prior spread {prior_sd_log!r}: use a finite SD of log-medians >= 0 (0.01 means 1%)")
+    sum_sq = 0.0
+    df = 0.0
+    for side in (current, reference):
+        logs = [math.log(b.median) for b in side]
+        if len(logs) >= 2:
+            mean = sum(logs) / len(logs)
+            sum_sq += sum((x - mean) ** 2 for x in logs)
+            df += len(logs) - 1
+    within = [b.se_log ** 2 for b in (*current, *reference) if math.isfinite(b.se_log)]
+    within_var = sum(within) / len(within) if within else 0.0
+    if len(reference) >= ENOUGH_BOOTS:
+        var = sum_sq / df
+        source = f"measured over {len(current)} + {len(reference)} boots"
+    else:
+        prior_var = prior_sd_log ** 2 + within_var
+        var = (PRIOR_DF * prior_var + sum_sq) / (PRIOR_DF + df)
+        source = (f"declared {_fmt_spread(prior_sd_log)}" if df == 0 else
+                  f"declared {_fmt_spread(prior_sd_log)} pooled with {df:g} df measured")
+        df += PRIOR_DF
+    var = max(var, within_var)
+    return Spread(sd_log=math.sqrt(var), df=df, source=source)
+
+
+@functools.lru_cache(maxsize=4096)
+def t_quantile(level: float, df: float) -> float:
+    """Student's t quantile (cached: the simulation asks for the same few thousands of times)."""
+    return float(scipy_stats.t.ppf(level, df))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The current boots against the reference boots for one metric, and the verdict.
+
+    ``change`` is ``exp(mean log-median current - mean log-median reference) - 1``: -0.004
+    means 0.4% lower, whatever the metric's direction. ``bound_low``/``bound_high`` are the
+    one-sided :data:`DIRECTIONAL_CONFIDENCE` bounds that decide REGRESSION and IMPROVEMENT;
+    ``ci_low``/``ci_high`` the :data:`EQUIVALENCE_CONFIDENCE` interval that decides "within".
+    ``mdc`` is the smallest change (as a positive fraction) that this design, with at least
+    :data:`MIN_BOOTS_DIRECTIONAL` boots, reports as a regression with :data:`DETECTION_POWER`.
+    """
+
+    metric: str
+    unit: str
+    direction: Direction
+    tolerance: float
+    boots_current: int
+    boots_reference: int
+    n_current: int
+    n_reference: int
+    median_current: float
+    median_reference: float
+    change: float
+    bound_low: float
+    bound_high: float
+    ci_low: float
+    ci_high: float
+    spread_sd_log: float
+    spread_df: float
+    spread_source: str
+    se_log: float
+    mdc: float
+    verdict: VerdictKind
+    confidence: float = DIRECTIONAL_CONFIDENCE
+    equivalence_confidence: float = EQUIVALENCE_CONFIDENCE
+    note: str = ""
+
+    @property
+    def gain(self) -> float:
+        """The change signed so that positive is better, whatever the metric's direction."""
+        return self.change if self.direction is Direction.HIGHER_IS_BETTER else -self.change
+
+    @property
+    def failed(self) -> bool:
+        """True when the verdict should fail the perf test."""
+        return self.verdict is VerdictKind.REGRESSION
+
+    def rests_on(self) -> str:
+        """What the verdict rests on, e.g. "2 boots (40 requests) vs 10 baseline boots; boot
+        spread 0.8% (measured over 2 + 10 boots)"."""
+        return (f"{self.boots_current} boot{'s' * (self.boots_current != 1)} ({self.n_current} samples) vs "
+                f"{self.boots_reference} reference boot{'s' * (self.boots_reference != 1)}; boot spread "
+                f"{_fmt_spread(self.spread_sd_log)} ({self.spread_source})")
+
+    def message(self) -> str:
+        """One line for the test report: the verdict, its numbers and what it rests on."""
+        prefix = " ".join(part for part in (self.metric, self.unit) if part)
+        prefix = f"{prefix}: " if prefix else ""
+        tol = _fmt_tolerance(self.tolerance)
+        change = _fmt_pct(self.change)
+        worse_bound = self.bound_high if self.direction is Direction.HIGHER_IS_BETTER else self.bound_low
+        better_bound = self.bound_low if self.direction is Direction.HIGHER_IS_BETTER else self.bound_high
+        level = f"{self.confidence * 100:g}% bound"
+        ci = f"{self.equivalence_confidence * 100:g}% CI {_fmt_pct(self.ci_low)}..{_fmt_pct(self.ci_high)}"
+        kind = self.verdict
+        if kind is VerdictKind.REGRESSION:
+            body = f"REGRESSION {change} ({level} {_fmt_pct(worse_bound)} is beyond the {tol} tolerance"
+        elif kind is VerdictKind.IMPROVEMENT:
+            body = f"improvement {change} ({level} {_fmt_pct(better_bound)} is beyond the {tol} tolerance"
+        elif kind is VerdictKind.WITHIN_TOLERANCE:
+            body = f"within +/-{tol} ({change}, {ci}"
+        elif kind is VerdictKind.NO_DETECTABLE_CHANGE:
+            body = (f"no detectable change ({change}, {ci}; this design detects changes of "
+                    f"{self.mdc * 100:.2g}% or more")
+        elif kind is VerdictKind.INSUFFICIENT_SAMPLES:
+            body = (f"insufficient samples ({self.boots_current} current and {self.boots_reference} reference "
+                    f"boots with enough valid samples, at least {MIN_SAMPLES_PER_BOOT} each)")
+            return prefix + body + (f"; {self.note}" if self.note else "")
+        elif kind is VerdictKind.NOT_COMPARABLE:
+            body = f"not comparable to the baseline ({change}, {ci}; reported only"
+        elif kind is VerdictKind.NOT_JUDGED:
+            return prefix + f"not judged ({self.note})"
+        else:
+            body = f"inconclusive ({change}, beyond the {tol} tolerance but not shown: {ci}"
+        tail = f"; {self.note}" if self.note else ""
+        return f"{prefix}{body}; {self.rests_on()}{tail})"
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready fields (enums as their values, NaN as None) for reports and xdist transport."""
+        out: dict[str, object] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if isinstance(value, Enum):
+                value = value.value
+            elif isinstance(value, float) and not math.isfinite(value):
+                value = None
+            out[name] = value
+        out["message"] = self.message()
+        return out
+
+
+def compare_boots(
+    current: Sequence[BootSummary],
+    reference: Sequence[BootSummary],
+    *,
+    direction: Direction,
+    tolerance: float,
+    prior_spread: float,
+    metric: str = "",
+    unit: str = "",
+    comparable: bool = True,
+    min_boots_directional: int = MIN_BOOTS_DIRECTIONAL,
+) -> Comparison:
+    """Decide whether the ``current`` boots regressed, improved or held against ``reference``.
+
+    ``prior_spread`` is the deployment's declared boot-to-boot spread as a fraction (0.01 for
+    1%). Boots with fewer than :data:`MIN_SAMPLES_PER_BOOT` valid samples are left out. With
+    ``comparable=False`` (another fingerprint or profile environment) everything is computed
+    but the verdict is NOT_COMPARABLE, so it is shown and never fails a test.
+    """
+    direction = Direction(direction)
+    _check_unit_interval("tolerance", tolerance)
+    if not _is_real(prior_spread) or not 0.0 <= prior_spread < 1.0:
+        raise ValueError(f"prior_spread={prior_spread!r}: use a fraction >= 0 and below 1 (0.01 means 1%)")
+    cur = [b for b in current if b.usable]
+    ref = [b for b in reference if b.usable]
+    nan = math.nan
+    common = dict(metric=metric, unit=unit, direction=direction, tolerance=float(tolerance),
+                  boots_current=len(cur), boots_reference=len(ref),
+                  n_current=sum(b.n for b in cur), n_reference=sum(b.n for b in ref))
+    if not cur or not ref:
+        return Comparison(
+            **common, median_current=_geomean(cur), median_reference=_geomean(ref), change=nan,
+            bound_low=nan, bound_high=nan, ci_low=nan, ci_high=nan, spread_sd_log=nan, spread_df=nan,
+            spread_source="", se_log=nan, mdc=nan, verdict=VerdictKind.INSUFFICIENT_SAMPLES,
+            note=_insufficient_note(current, reference))
+    spread = estimate_spread(cur, ref, prior_sd_log=math.log1p(prior_spread))
+    mean_cur = sum(math.log(b.median) for b in cur) / len(cur)
+    mean_ref = sum(math.log(b.median) for b in ref) / len(ref)
+    d = mean_cur - mean_ref
+    se = spread.sd_log * math.sqrt(1.0 / len(cur) + 1.0 / len(ref))
+    t_dir = t_quantile(DIRECTIONAL_CONFIDENCE, spread.df)
+    t_eq = t_quantile(1.0 - (1.0 - EQUIVALENCE_CONFIDENCE) / 2.0, spread.df)
+    bound_low, bound_high = math.expm1(d - t_dir * se), math.expm1(d + t_dir * se)
+    ci_low, ci_high = math.expm1(d - t_eq * se), math.expm1(d + t_eq * se)
+    change = math.expm1(d)
+    gain = change if direction is Direction.HIGHER_IS_BETTER else -change
+    worst, best = ((bound_high, bound_low) if direction is Direction.HIGHER_IS_BETTER
+                   else (-bound_low, -bound_high))
+    # Minimum detectable change for a design with at least the directional minimum of boots.
+    k = max(len(cur), min_boots_directional)
+    se_k = spread.sd_log * math.sqrt(1.0 / k + 1.0 / len(ref))
+    z_power = float(scipy_stats.norm.ppf(DETECTION_POWER))
+    mdc = -math.expm1(-(-math.log1p(-tolerance) + (t_dir + z_power) * se_k))
+    enough = len(cur) >= min_boots_directional
+    if not comparable:
+        verdict = VerdictKind.NOT_COMPARABLE
+    elif enough and worst < -tolerance:
+        verdict = VerdictKind.REGRESSION
+    elif enough and best > tolerance:
+        verdict = VerdictKind.IMPROVEMENT
+    elif -tolerance <= ci_low and ci_high <= tolerance:
+        verdict = VerdictKind.WITHIN_TOLERANCE
+    elif abs(gain) > tolerance:
+        verdict = VerdictKind.INCONCLUSIVE
+    else:
+        verdict = VerdictKind.NO_DETECTABLE_CHANGE
+    note = ""
+    if not enough and (worst < -tolerance or best > tolerance):
+        note = f"a verdict needs {min_boots_directional} boots: one boot can screen, never convict"
+    return Comparison(
+        **common, median_current=_geomean(cur), median_reference=_geomean(ref), change=change,
+        bound_low=bound_low, bound_high=bound_high, ci_low=ci_low, ci_high=ci_high,
+        spread_sd_log=spread.sd_log, spread_df=spread.df, spread_source=spread.source, se_log=se,
+        mdc=mdc, verdict=verdict, note=note)
+
+
+def _insufficient_note(current: Sequence[BootSummary], reference: Sequence[BootSummary]) -> str:
+    need = max([b.min_n for b in (*current, *reference)] + [MIN_SAMPLES_PER_BOOT])
+    have = max([b.n for b in current] + [0])
+    if need > MIN_SAMPLES_PER_BOOT:
+        return f"insufficient samples for this tail: a boot needs {need}, this one has {have}"
+    return ""
+
+
+def wants_another_boot(c: Comparison, *, screen_fraction: float = SCREEN_FRACTION) -> bool:
+    """Whether another boot of the current side is worth its cost for this comparison.
+
+    Boots on demand: a run boots once; a comparison asks for another boot while it looks worse
+    than ``screen_fraction`` of the tolerance without a verdict (inconclusive, or a regression
+    that one boot cannot convict). Only the worse side screens: the gate exists to catch
+    regressions, and every extra boot costs a full model load. The caller stops at the
+    deployment's maximum.
+    """
+    if c.verdict not in (VerdictKind.INCONCLUSIVE, VerdictKind.NO_DETECTABLE_CHANGE):
+        return False
+    return c.gain < -screen_fraction * c.tolerance
+
+
+def boots_needed(
+    change: float, spread: float, *, tolerance: float = 0.0, reference_boots: int | None = None,
+    power: float = DETECTION_POWER, confidence: float = 0.95, max_boots: int = 10_000,
+) -> int | None:
+    """Boots per side that resolve a true ``change`` (fraction, e.g. 0.006) at boot ``spread``.
+
+    Two profiles booted alike (``reference_boots=None``): N boots each, so that the one-sided
+    ``confidence`` bound of the difference clears ``tolerance`` (0: "tell them apart") with
+    ``power``. Against a baseline of ``reference_boots``: N boots of the current side. None when
+    no number of boots can do it (the baseline alone is too uncertain): record more baseline
+    boots. Uses the normal quantile: the spread is taken as known.
+    """
+    for name, value in (("change", change), ("spread", spread)):
+        if not _is_real(value) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name}={value!r}: use a fraction above 0 (0.006 means 0.6%)")
+    if not _is_real(tolerance) or not 0 <= tolerance < abs(change):
+        raise ValueError(f"tolerance={tolerance!r}: use a fraction >= 0 and below the change {change!r}")
+    margin = math.log1p(abs(change)) - math.log1p(tolerance)
+    z = float(scipy_stats.norm.ppf(confidence) + scipy_stats.norm.ppf(power))
+    sd = math.log1p(spread)
+    allowed_var = (margin / z) ** 2  # the SE of the difference may be at most margin / z
+    if reference_boots is None:
+        n = math.ceil(2.0 * sd ** 2 / allowed_var)
+    else:
+        if reference_boots < 1:
+            raise ValueError(f"reference_boots={reference_boots!r}: use a count of at least 1")
+        room = allowed_var / sd ** 2 - 1.0 / reference_boots
+        if room <= 0:
+            return None
+        n = math.ceil(1.0 / room)
+    n = max(n, MIN_BOOTS_DIRECTIONAL)
+    return n if n <= max_boots else None
+
+
+def plan_line(c: Comparison, *, target: float | None = None) -> str:
+    """The planner's sentence next to an inconclusive or "no detectable change" verdict."""
+    if not math.isfinite(c.spread_sd_log) or c.spread_sd_log <= 0:
+        return ""
+    spread = math.expm1(c.spread_sd_log)
+    goal = target if target is not None else c.tolerance * 2.0
+    n = boots_needed(goal, spread, tolerance=c.tolerance, reference_boots=c.boots_reference)
+    if n is None:
+        return (f"to resolve a {_fmt_tolerance(goal)} change at a boot spread of {_fmt_tolerance(spread)} "
+                f"the baseline's {c.boots_reference} boots are too few: record more with --update-baselines "
+                "--kimiperf-boots N")
+    return (f"to resolve a {_fmt_tolerance(goal)} change at a boot spread of {_fmt_tolerance(spread)} "
+            f"you need {n} boots of this profile against the baseline's {c.boots_reference}")
+
+
+class FloorStatus(str, Enum):
+    """Where an absolute figure sits against its hard floor and its target."""
+
+    BELOW_FLOOR = "below floor"
+    BELOW_TARGET = "below target"
+    OK = "ok"
+
+
+@dataclass(frozen=True)
+class FloorResult:
+    """An absolute check of a higher-is-better median (e.g. decode tok/s) against floor/target."""
+
+    label: str
+    unit: str
+    median: float
+    floor: float | None
+    target: float | None
+    status: FloorStatus
+
+    @property
+    def failed(self) -> bool:
+        """True below the floor: the test fails."""
+        return self.status is FloorStatus.BELOW_FLOOR
+
+    @property
+    def warned(self) -> bool:
+        """True above the floor but below the target: the test passes with a warning."""
+        return self.status is FloorStatus.BELOW_TARGET
+
+    def message(self) -> str:
+        """One line, e.g. "decode 38.2 tok/s is below the floor of 40 tok/s"."""
+        unit = f" {self.unit}" if self.unit else ""
+        head = f"{self.label} {_fmt_value(self.median)}{unit}".strip()
+        if self.status is FloorStatus.BELOW_FLOOR:
+            return f"{head} is below the floor of {_fmt_value(self.floor)}{unit}"
+        if self.status is FloorStatus.BELOW_TARGET:
+            floor = "" if self.floor is None else f"above the floor of {_fmt_value(self.floor)}{unit} but "
+            return f"{head} is {floor}below the target of {_fmt_value(self.target)}{unit}"
+        if self.target is not None:
+            return f"{head} meets the target of {_fmt_value(self.target)}{unit}"
+        if self.floor is not None:
+            return f"{head} meets the floor of {_fmt_value(self.floor)}{unit} (no target set)"
+        return f"{head} (no floor or target set)"
+
+
+def floor_check(
+    median: float, floor: float | None, target: float | None, unit: str, label: str
+) -> FloorResult:
+    """Check a higher-is-better median against an absolute floor (fail) and target (warn)."""
+    if not _is_real(median) or not math.isfinite(median):
+        raise ValueError(f"{label} median {median!r} is not a finite number; nothing to check")
+    for name, value in (("floor", floor), ("target", target)):
+        if value is not None and (not _is_real(value) or not math.isfinite(value) or value < 0):
+            raise ValueError(f"{label} {name} {value!r}: use a finite number >= 0, or no {name}")
+    if floor is not None and target is not None and floor > target:
+        raise ValueError(
+            f"{label} floor {floor!r} {unit} is above its target {target!r} {unit}: the floor is "
+            "the hard minimum, the target what we aim for, so floor <= target"
+        )
+    if floor is not None and median < floor:
+        status = FloorStatus.BELOW_FLOOR
+    elif target is not None and median < target:
+        status = FloorStatus.BELOW_TARGET
+    else:
+        status = FloorStatus.OK
+    return FloorResult(
+        label=label,
+        unit=unit,
+        median=float(median),
+        floor=None if floor is None else float(floor),
+        target=None if target is None else float(target),
+        status=status,
+    )
+
+
+def single_threshold_regression(
+    current: Samples, reference: Samples, direction: Direction, threshold: float
+) -> bool:
+    """pytest-benchmark's ``--benchmark-compare-fail=median:<threshold>`` rule, for comparison only.
+
+    pytest-benchmark fails when ``current / reference * 100 - 100 > percentage`` on the chosen
+    field (pytest_benchmark/utils.py, PercentageRegressionCheck); times only get worse upwards.
+    Here "worse" follows ``direction`` and the change is the same raw median ratio the gate uses,
+    so both rules see the same number. Used by benchmarks/gate_power.py, never by the plugin.
+    """
+    direction = Direction(direction)
+    _check_unit_interval("threshold", threshold)
+    cur = _valid_samples("current", current)
+    ref = _valid_samples("reference", reference)
+    if cur.size == 0 or ref.size == 0:
+        raise ValueError(
+            f"single-threshold rule needs samples on both sides ({cur.size} current, "
+            f"{ref.size} reference valid samples)"
+        )
+    change = float(np.median(cur)) / float(np.median(ref)) - 1.0
+    gain = change if direction is Direction.HIGHER_IS_BETTER else -change
+    return -gain > threshold
+
+
+def _valid_samples(side: str, samples: Samples) -> npt.NDArray[np.float64]:
+    try:
+        arr = np.asarray(samples, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{side} samples must be numbers: {exc}") from None
+    if arr.ndim != 1:
+        raise ValueError(f"{side} samples must be a flat sequence of numbers, got shape {arr.shape}")
+    finite: npt.NDArray[np.float64] = arr[np.isfinite(arr)]
+    negative = finite[finite < 0]
+    if negative.size:
+        raise ValueError(
+            f"{side} samples include negative value {float(negative[0])!r}: tok/s, req/s and ms "
+            "are never negative, so the measurement is broken"
+        )
+    return finite
+
+
+def _check_unit_interval(name: str, value: float) -> None:
+    if not _is_real(value) or not 0.0 < value < 1.0:
+        raise ValueError(f"{name}={value!r}: use a fraction between 0 and 1 (0.03 means 3%)")
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def _fmt_pct(fraction: float) -> str:
+    if math.isnan(fraction):
+        return "n/a"
+    return f"{fraction * 100:+.1f}%"
+
+
+def _fmt_tolerance(fraction: float) -> str:
+    return f"{fraction * 100:g}%"
+
+
+
+
+def _fmt_value(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    text = f"{value:.4g}"
+    # .4g turns 12345 into 1.234e+04; tok/s and ms read better as plain numbers.
+    return f"{value:.0f}" if "e" in text else text
+
+
+def _geomean(boots: Sequence[BootSummary]) -> float:
+    if not boots:
+        return math.nan
+    return math.exp(sum(math.log(b.median) for b in boots) / len(boots))
+
+
+def _fmt_spread(sd_log: float) -> str:
+    return f"{math.expm1(sd_log) * 100:.2g}%"
+

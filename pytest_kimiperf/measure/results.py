@@ -1,0 +1,496 @@
+"""Per-request timelines and the run-level figures computed from them (pure: no I/O, no pytest).
+
+Definitions follow vLLM's ``bench serve`` (vllm/benchmarks/serve.py ``calculate_metrics`` and
+vllm/benchmarks/lib/endpoint_request_func.py), so numbers line up with what vLLM users know:
+
+* TTFT: request sent -> first chunk that carries choices.
+* E2EL: request sent -> last chunk that carries choices (the trailing usage chunk is not a token).
+* ITL: gaps between consecutive chunks that carry choices (a chunk may hold several tokens).
+* TPOT: (E2EL - TTFT) / (output_tokens - 1), output_tokens from ``usage.completion_tokens``.
+* decode tok/s (ours): (output_tokens - 1) / (last chunk - first chunk): the decode rate one
+  stream sees, excluding prefill. It is ``1000 / TPOT`` when the first chunk holds one token.
+* output_throughput: output tokens of valid requests / wall time; request_throughput: valid
+  requests / wall time.
+
+One sample is one valid request for per-request metrics (``itl_ms``: that request's median
+gap, so a long request does not weigh more than a short one) and one round for run-level
+metrics (throughputs). The p50/p90/p99 of ``itl_ms`` pool every gap of every valid request, as
+bench serve does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_kimiperf.errors import ConfigError
+from pytest_kimiperf.config.metric_specs import metric_spec
+
+PER_REQUEST_METRICS: tuple[str, ...] = ("decode_tok_s", "ttft_ms", "tpot_ms", "e2el_ms", "itl_ms")
+RUN_LEVEL_METRICS: tuple[str, ...] = ("output_throughput", "request_throughput")
+PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
+
+CLIENT_BOUND = "client-bound: the load generator, not the server, limited this run: "
+
+_NS_PER_MS = 1_000_000
+_NS_PER_S = 1_000_000_000
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation, as numpy's default method."""
+    if not values:
+        raise ValueError("percentile of no values")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q={q!r} is outside 0..100")
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    fraction = position - low
+    return ordered[low] + (ordered[high] - ordered[low]) * fraction
+
+
+def median(values: Sequence[float]) -> float:
+    """The median (the 50th percentile)."""
+    return percentile(values, 50)
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request's timeline, in ``perf_counter_ns`` (CLOCK_MONOTONIC, comparable across processes)."""
+
+    ok: bool
+    error: str
+    prompt_tokens: int
+    output_tokens: int
+    t_send_ns: int
+    # Arrival of each chunk that carries choices, in order.
+    chunk_ns: tuple[int, ...]
+    t_done_ns: int
+    # When the load pattern wanted it sent (None: no schedule, e.g. a lone test request).
+    scheduled_send_ns: int | None = None
+    request_id: str = ""
+    # When the client started handling it (before building the HTTP request).
+    t_start_ns: int = 0
+
+    @property
+    def ttft_ms(self) -> float | None:
+        """Send -> first chunk carrying choices."""
+        if not self.chunk_ns:
+            return None
+        return (self.chunk_ns[0] - self.t_send_ns) / _NS_PER_MS
+
+    @property
+    def e2el_ms(self) -> float | None:
+        """Send -> last chunk carrying choices."""
+        if not self.chunk_ns:
+            return None
+        return (self.chunk_ns[-1] - self.t_send_ns) / _NS_PER_MS
+
+    @property
+    def itl_ms(self) -> list[float]:
+        """Gaps between consecutive chunks carrying choices."""
+        chunks = self.chunk_ns
+        return [(b - a) / _NS_PER_MS for a, b in itertools.pairwise(chunks)]
+
+    @property
+    def median_itl_ms(self) -> float | None:
+        """This request's median gap (its one ``itl_ms`` sample)."""
+        gaps = self.itl_ms
+        return median(gaps) if gaps else None
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """(E2EL - TTFT) / (output_tokens - 1); None with fewer than two output tokens."""
+        if self.output_tokens < 2 or not self.chunk_ns:
+            return None
+        return (self.chunk_ns[-1] - self.chunk_ns[0]) / _NS_PER_MS / (self.output_tokens - 1)
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """(output_tokens - 1) / (last chunk - first chunk); None when that span is empty."""
+        if self.output_tokens < 2 or len(self.chunk_ns) < 2:
+            return None
+        span_ns = self.chunk_ns[-1] - self.chunk_ns[0]
+        if span_ns <= 0:
+            return None
+        return (self.output_tokens - 1) * _NS_PER_S / span_ns
+
+    @property
+    def send_lag_ms(self) -> float | None:
+        """How late the request went out versus its schedule."""
+        if self.scheduled_send_ns is None:
+            return None
+        return (self.t_send_ns - self.scheduled_send_ns) / _NS_PER_MS
+
+    def value(self, metric_name: str) -> float | None:
+        """This request's one sample of a per-request metric (None when undefined for it)."""
+        if metric_name == "itl_ms":
+            return self.median_itl_ms
+        if metric_name not in PER_REQUEST_METRICS:
+            raise ConfigError(
+                f"{metric_name!r} is not a per-request metric; per-request metrics: "
+                f"{', '.join(PER_REQUEST_METRICS)}"
+            )
+        result: float | None = getattr(self, metric_name)
+        return result
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (timestamps kept in ns)."""
+        return {
+            "ok": self.ok, "error": self.error, "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens, "t_send_ns": self.t_send_ns,
+            "chunk_ns": list(self.chunk_ns), "t_done_ns": self.t_done_ns,
+            "scheduled_send_ns": self.scheduled_send_ns, "request_id": self.request_id,
+            "t_start_ns": self.t_start_ns,
+        }
+
+
+@dataclass(frozen=True)
+class HealthBounds:
+    """Past these, the client (not the server) shaped the numbers and the run is INVALID.
+
+    * ``max_cpu_fraction``: process CPU time / wall time of a client process. One asyncio loop
+      uses at most one core; close to 1.0 it queues its work, so stamps and sends go late.
+    * ``max_loop_latency_p50_ms`` / ``_p99_ms``: how long an event that became due waited
+      before its loop ran it (a probe thread posts to the loop every 2 ms and times the answer).
+      Arrival stamps are the kernel's, but a loop that reads late reads two chunks of a stream
+      at once and both get the later one's stamp; where the kernel gives no stamp, the read
+      time is the stamp. The median catches a client that is always behind; the p99 catches
+      stalls as long as a token gap (5 ms is one gap at 200 tok/s).
+    * ``max_send_lag_p99_ms``: request sent versus its schedule (its arrival time for a request
+      rate; the previous request's end for a closed loop), which shapes the offered load.
+
+    The client's per-request deadlines travel with them (a deployment sets both kinds in its
+    ``client_bounds`` table): past these a request has *stalled* and is invalid, and
+    ``STALLS_TO_ABORT`` stalls in a row end the scenario (scenarios.py):
+
+    * ``first_token_deadline_s``: send to the first token chunk. 120 s is two orders above
+      Kimi's TTFT at 64 streams of 1024-token prompts (the whole queue's prefill) and far below
+      the 600 s whole-request timeout a wedged server would otherwise cost per request.
+    * ``idle_deadline_s``: no token chunk for this long once the stream has begun. A busy
+      server's longest decode pause is a prefill of newly admitted prompts, seconds at most.
+    """
+
+    max_cpu_fraction: float = 0.90
+    max_loop_latency_p50_ms: float = 0.5
+    max_loop_latency_p99_ms: float = 5.0
+    max_send_lag_p99_ms: float = 5.0
+    first_token_deadline_s: float = 120.0
+    idle_deadline_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_cpu_fraction", "max_loop_latency_p50_ms", "max_loop_latency_p99_ms",
+                     "max_send_lag_p99_ms", "first_token_deadline_s", "idle_deadline_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ConfigError(f"HealthBounds.{name}={value!r}: must be a positive number")
+
+
+@dataclass(frozen=True)
+class ProcessHealth:
+    """What one client process saw of itself during one round."""
+
+    cpu_fraction: float
+    loop_latency_ms: tuple[float, ...]
+    wall_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict with the loop-latency distribution summarized."""
+        lat = self.loop_latency_ms
+        return {
+            "cpu_fraction": round(self.cpu_fraction, 4),
+            "loop_latency_p50_ms": round(median(lat), 4) if lat else None,
+            "loop_latency_p99_ms": round(percentile(lat, 99), 4) if lat else None,
+            "loop_latency_max_ms": round(max(lat), 4) if lat else None,
+            "wall_s": round(self.wall_s, 4),
+        }
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """One round: its requests (warm-up excluded), its wall time and its processes' health."""
+
+    records: tuple[RequestRecord, ...]
+    wall_s: float
+    health: tuple[ProcessHealth, ...] = ()
+
+    @property
+    def valid_records(self) -> list[RequestRecord]:
+        """The requests that count."""
+        return [r for r in self.records if r.ok]
+
+    @property
+    def output_throughput(self) -> float:
+        """Output tokens of valid requests per second of this round."""
+        if self.wall_s <= 0:
+            return 0.0
+        return sum(r.output_tokens for r in self.valid_records) / self.wall_s
+
+    @property
+    def request_throughput(self) -> float:
+        """Valid requests per second of this round."""
+        if self.wall_s <= 0:
+            return 0.0
+        return len(self.valid_records) / self.wall_s
+
+    def request_goodput(self, slo_ms: Mapping[str, float]) -> float:
+        """Requests per second of this round that met every per-request SLO (vLLM bench serve's
+        ``--goodput ttft:300 tpot:50``: a request counts only if each of its figures is within)."""
+        if self.wall_s <= 0:
+            return 0.0
+        good = 0
+        for r in self.valid_records:
+            values = [r.value(metric) for metric in slo_ms]
+            if all(v is not None and v <= limit for v, limit in zip(values, slo_ms.values())):
+                good += 1
+        return good / self.wall_s
+
+
+GOODPUT_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "e2el_ms")
+
+
+def check_goodput_slo(slo_ms: Mapping[str, Any]) -> dict[str, float]:
+    """``{"ttft_ms": 300, "tpot_ms": 50}`` checked: per-request metrics vLLM's goodput knows,
+    each a positive number of ms; ConfigError naming what is wrong."""
+    if not isinstance(slo_ms, Mapping) or not slo_ms:
+        raise ConfigError(f"goodput={slo_ms!r}: give a mapping such as {{'ttft_ms': 300, 'tpot_ms': 50}}")
+    checked: dict[str, float] = {}
+    for name, limit in slo_ms.items():
+        if name not in GOODPUT_METRICS:
+            raise ConfigError(f"goodput SLO {name!r}: allowed are {', '.join(GOODPUT_METRICS)} (as vLLM's --goodput)")
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0:
+            raise ConfigError(f"goodput SLO {name} = {limit!r}: must be a number of ms > 0")
+        checked[name] = float(limit)
+    return checked
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A scenario's outcome: rounds of request records, the figures, and whether to trust them."""
+
+    scenario_name: str
+    rounds: tuple[RoundResult, ...]
+    warmup_requests: int = 0
+    bounds: HealthBounds = field(default_factory=HealthBounds)
+    client_processes: int = 1
+    notes: tuple[str, ...] = ()
+    # Workload index of the next request, so extend() sends prompts not used yet.
+    next_request_index: int = 0
+    # The server's own view (server_metrics.ServerView.to_json()), one per run or extension.
+    server_metrics: tuple[Mapping[str, Any], ...] = ()
+    # The offered load in bench serve's terms (scenarios.load_facts): what the exports need to
+    # say which --max-concurrency / --request-rate this run stands for.
+    load: Mapping[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ records
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        """Every measured request (valid or not), warm-up excluded."""
+        return [r for rnd in self.rounds for r in rnd.records]
+
+    @property
+    def valid_records(self) -> list[RequestRecord]:
+        """The requests that count."""
+        return [r for r in self.records if r.ok]
+
+    @property
+    def invalid_count(self) -> int:
+        """How many measured requests were not counted."""
+        return sum(1 for r in self.records if not r.ok)
+
+    @property
+    def invalid_reasons(self) -> dict[str, int]:
+        """Why requests were not counted: reason -> how many."""
+        return dict(Counter(r.error for r in self.records if not r.ok).most_common())
+
+    @property
+    def wall_s(self) -> float:
+        """Measured wall time, all rounds together."""
+        return sum(rnd.wall_s for rnd in self.rounds)
+
+    @property
+    def output_throughput(self) -> float:
+        """Output tokens of valid requests per measured second, all rounds together."""
+        wall = self.wall_s
+        return sum(r.output_tokens for r in self.valid_records) / wall if wall > 0 else 0.0
+
+    @property
+    def request_throughput(self) -> float:
+        """Valid requests per measured second, all rounds together."""
+        wall = self.wall_s
+        return len(self.valid_records) / wall if wall > 0 else 0.0
+
+    # ------------------------------------------------------------------ samples
+
+    def samples(self, metric_name: str) -> list[float]:
+        """The samples of a metric: one per valid request, or one per round for throughputs."""
+        spec = metric_spec(metric_name)
+        if metric_name == "request_goodput":
+            raise ConfigError("request_goodput needs its SLOs: perf.check(run, [...], goodput={'ttft_ms': 300, "
+                              "'tpot_ms': 50}) computes it per round (RoundResult.request_goodput)")
+        if spec.base is not None:
+            # A tail metric's samples are its base's distribution (every ITL gap pooled).
+            return self._distribution(spec.base)
+        if metric_name in RUN_LEVEL_METRICS:
+            return [float(getattr(rnd, metric_name)) for rnd in self.rounds]
+        values = (r.value(metric_name) for r in self.valid_records)
+        return [v for v in values if v is not None]
+
+    def _distribution(self, metric_name: str) -> list[float]:
+        if metric_name == "itl_ms":
+            return [gap for r in self.valid_records for gap in r.itl_ms]
+        return self.samples(metric_name)
+
+    def itl_timeline_ms(self) -> list[float]:
+        """Every gap of every valid request, in the order the run produced them (by arrival)."""
+        stamped = [
+            (b, (b - a) / _NS_PER_MS)
+            for r in self.valid_records
+            for a, b in itertools.pairwise(r.chunk_ns)
+        ]
+        stamped.sort(key=lambda pair: pair[0])
+        return [gap for _, gap in stamped]
+
+    def percentiles(self, metric_name: str) -> dict[int, float]:
+        """p50/p90/p99 of a metric ({} when it has no values); itl_ms pools every gap."""
+        values = self._distribution(metric_name)
+        if not values:
+            return {}
+        return {q: percentile(values, q) for q in PERCENTILES}
+
+    # ------------------------------------------------------------------ self-check
+
+    @property
+    def send_lags_ms(self) -> list[float]:
+        """Send lag of every measured request that had a schedule."""
+        lags = (r.send_lag_ms for r in self.records)
+        return [lag for lag in lags if lag is not None]
+
+    @property
+    def invalid_reason(self) -> str:
+        """Why the whole run cannot be trusted ('' when it can)."""
+        if not self.rounds or not self.records:
+            return "no measured requests"
+        if not self.valid_records:
+            first = next(iter(self.invalid_reasons))
+            return f"no valid request ({self.invalid_count} invalid; first reason: {first})"
+        problems: list[str] = []
+        bounds = self.bounds
+        health = [h for rnd in self.rounds for h in rnd.health]
+        if health:
+            worst_cpu = max(h.cpu_fraction for h in health)
+            if worst_cpu > bounds.max_cpu_fraction:
+                problems.append(
+                    f"a client process used {worst_cpu:.0%} of a core "
+                    f"(bound {bounds.max_cpu_fraction:.0%})"
+                )
+            latencies = [x for h in health for x in h.loop_latency_ms]
+            if latencies:
+                p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+                if p50 > bounds.max_loop_latency_p50_ms or p99 > bounds.max_loop_latency_p99_ms:
+                    problems.append(
+                        f"event-loop latency p50 {p50:.2f} ms / p99 {p99:.2f} ms (bounds "
+                        f"{bounds.max_loop_latency_p50_ms:g} / {bounds.max_loop_latency_p99_ms:g} "
+                        "ms), so chunk timestamps are stale"
+                    )
+        lags = self.send_lags_ms
+        if lags:
+            p99 = percentile(lags, 99)
+            if p99 > bounds.max_send_lag_p99_ms:
+                problems.append(
+                    f"requests went out late versus schedule: p99 {p99:.2f} ms "
+                    f"(bound {bounds.max_send_lag_p99_ms:g} ms)"
+                )
+        if problems:
+            hint = " (spread streams over more client processes, or give the client more CPU)"
+            return CLIENT_BOUND + "; ".join(problems) + hint
+        return ""
+
+    @property
+    def valid(self) -> bool:
+        """True when the run's numbers measure the server, not the client."""
+        return not self.invalid_reason
+
+    # ------------------------------------------------------------------ output
+
+    def to_json(self) -> dict[str, Any]:
+        """Summary with vLLM bench-serve field names, plus validity and client health."""
+        valid = self.valid_records
+        result: dict[str, Any] = {
+            "scenario": self.scenario_name,
+            "valid": self.valid,
+            "invalid_reason": self.invalid_reason,
+            "duration": self.wall_s,
+            "completed": len(valid),
+            "failed": self.invalid_count,
+            "invalid_reasons": self.invalid_reasons,
+            "warmup_requests": self.warmup_requests,
+            "rounds": len(self.rounds),
+            "client_processes": self.client_processes,
+            "total_input_tokens": sum(r.prompt_tokens for r in valid),
+            "total_output_tokens": sum(r.output_tokens for r in valid),
+            "request_throughput": self.request_throughput,
+            "output_throughput": self.output_throughput,
+            "total_token_throughput": (
+                sum(r.prompt_tokens + r.output_tokens for r in valid) / self.wall_s
+                if self.wall_s > 0 else 0.0
+            ),
+        }
+        for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "decode_tok_s"):
+            values = self._distribution(name)
+            stem, unit = (name[:-3], "_ms") if name.endswith("_ms") else (name, "")
+            result[f"mean_{stem}{unit}"] = _mean(values)
+            result[f"median_{stem}{unit}"] = median(values) if values else None
+            result[f"std_{stem}{unit}"] = _pstdev(values)
+            for q in PERCENTILES:
+                result[f"p{q}_{stem}{unit}"] = percentile(values, q) if values else None
+        result["per_round"] = [
+            {"wall_s": rnd.wall_s, "output_throughput": rnd.output_throughput,
+             "request_throughput": rnd.request_throughput,
+             "client_health": [h.to_json() for h in rnd.health]}
+            for rnd in self.rounds
+        ]
+        lags = self.send_lags_ms
+        result["send_lag_p99_ms"] = percentile(lags, 99) if lags else None
+        result["notes"] = list(self.notes)
+        result["server_metrics"] = [dict(view) for view in self.server_metrics]
+        result["load"] = dict(self.load)
+        # Every measured request's timeline: the raw data behind the figures, and what the
+        # bench-serve and JSON Lines exports are written from (reports/export.py).
+        result["requests"] = [r.to_json() for r in self.records]
+        return result
+
+
+def merge_rounds(first: RunResult, more: RunResult) -> RunResult:
+    """``first`` followed by ``more``'s rounds (what ``extend`` returns)."""
+    notes = first.notes + tuple(n for n in more.notes if n not in first.notes)
+    return RunResult(
+        scenario_name=first.scenario_name,
+        rounds=first.rounds + more.rounds,
+        warmup_requests=first.warmup_requests + more.warmup_requests,
+        bounds=first.bounds,
+        client_processes=max(first.client_processes, more.client_processes),
+        notes=notes,
+        next_request_index=max(first.next_request_index, more.next_request_index),
+        server_metrics=first.server_metrics + more.server_metrics,
+        load=first.load,
+    )
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
+def _pstdev(values: Sequence[float]) -> float | None:
+    # Population standard deviation, as numpy.std (what bench serve reports).
+    if not values:
+        return None
+    mean = math.fsum(values) / len(values)
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
+

@@ -1,0 +1,270 @@
+"""Requests of an exact shape: prompts of an exact token count, outputs of an exact length.
+
+Prompts are built with the server's own tokenizer through vLLM's ``/tokenize`` and
+``/detokenize`` endpoints (vllm/entrypoints/serve/tokenize/protocol.py: POST ``{"model",
+"prompt", "add_special_tokens"}`` or ``{"model", "messages"}`` -> ``{"count", "tokens",
+"max_model_len"}``; POST ``{"model", "tokens"}`` -> ``{"prompt"}``), then checked by tokenizing
+the final text again, counted the way the endpoint will count it (completions: with special
+tokens, as ``CompletionRequest.add_special_tokens`` defaults to true; chat: with the chat
+template and generation prompt). The client later checks ``usage.prompt_tokens`` against it.
+
+Text comes from a seeded random walk over common words, a different walk per request, so no two
+prompts share a prefix and vLLM's prefix cache cannot shorten one request's prefill with
+another's. The same seed gives the same prompts on every run. ``prompt_seed`` derives a
+measurement's seed from the test id, NCCL profile and server boot, so two tests (or one test
+under two profiles) never send the same prompt, and a test sends the same prompts whether it
+runs alone (``-k``) or after others.
+
+Output length is exact because the client sends ``ignore_eos``, ``min_tokens`` and
+``max_tokens`` equal to the wanted length, and rejects a request whose
+``usage.completion_tokens`` differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from pytest_kimiperf.measure.client import RequestSpec, check_endpoint, parse_base_url
+from pytest_kimiperf.errors import ConfigError, ServerError
+from pytest_kimiperf.server.http_json import json_answer
+
+# Plain lowercase words: almost every tokenizer maps each to one or two tokens, so the walk
+# reaches a target length in few round trips.
+_WORDS: tuple[str, ...] = (
+    "time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world",
+    "school", "state", "family", "student", "group", "country", "problem", "hand", "part",
+    "place", "case", "week", "company", "system", "program", "question", "work", "government",
+    "number", "night", "point", "home", "water", "room", "mother", "area", "money", "story",
+    "fact", "month", "lot", "right", "study", "book", "eye", "job", "word", "business", "issue",
+    "side", "kind", "head", "house", "service", "friend", "father", "power", "hour", "game",
+    "line", "end", "member", "law", "car", "city", "community", "name", "president", "team",
+    "minute", "idea", "kid", "body", "information", "back", "parent", "face", "others", "level",
+    "office", "door", "health", "person", "art", "war", "history", "party", "result", "change",
+    "morning", "reason", "research", "girl", "guy", "moment", "air", "teacher", "force",
+    "education", "foot", "boy", "age", "policy", "music", "market", "sense", "nation", "plan",
+    "college", "interest", "death", "experience", "effect", "use", "class", "control", "care",
+    "field", "development", "role", "effort", "rate", "heart", "drug", "show", "leader", "light",
+    "voice", "wife", "police", "mind", "price", "report", "decision", "son", "view",
+    "relationship", "town", "road", "arm", "difference", "value", "building", "action", "model",
+    "season", "society", "tax", "director", "position", "player", "record", "paper", "space",
+    "ground", "form", "event", "official", "matter", "center", "couple", "site", "project",
+    "activity", "star", "table", "need", "court", "oil", "situation", "cost", "industry",
+    "figure", "street", "image", "phone", "data", "picture", "practice", "piece", "land",
+    "product", "doctor", "wall", "patient", "worker", "news", "test", "movie", "north", "love",
+    "support", "technology", "step", "baby", "computer", "type", "attention", "film", "tree",
+    "source", "organization", "hair", "window", "evidence", "population", "river",
+)
+_MAX_ATTEMPTS = 8
+
+
+class TokenizerUnavailable(ServerError):
+    """The server has no /tokenize or /detokenize (an OpenAI-compatible server that is not vLLM)."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The shape of every request in a scenario."""
+
+    prompt_tokens: int
+    output_tokens: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_tokens", "output_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"Workload.{name}={value!r}: must be an integer >= 1")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ConfigError(f"Workload.seed={self.seed!r}: must be an integer")
+
+
+# What vLLM's /tokenize and /detokenize answer (vllm/entrypoints/openai/protocol.py,
+# TokenizeResponse and DetokenizeResponse): the keys this module reads, with their types.
+_TOKENIZER_KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "/tokenize": {"tokens": list, "count": int},
+    "/detokenize": {"prompt": str},
+}
+
+
+class _Tokenizer:
+    """The server's tokenizer, reached over HTTP."""
+
+    def __init__(self, http: httpx.Client, base_url: str, model: str, endpoint: str) -> None:
+        self._http = http
+        self._base_url = base_url
+        self._model = model
+        self._chat = endpoint == "chat"
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        url = self._base_url + path
+        try:
+            response = self._http.post(url, json=body)
+        except httpx.HTTPError as exc:
+            raise ServerError(f"cannot reach {url} to build prompts: {exc}") from exc
+        if response.status_code in (404, 405, 501):
+            raise TokenizerUnavailable(
+                f"{url} answered HTTP {response.status_code}: the server has no {path} endpoint"
+            )
+        if response.status_code != 200:
+            raise ServerError(
+                f"{url} answered HTTP {response.status_code} ({response.text[:200]!r}); exact-length "
+                "prompts need vLLM's /tokenize and /detokenize endpoints"
+            )
+        return json_answer(response, url, expect=_TOKENIZER_KEYS[path])
+
+    def content_ids(self, text: str) -> list[int]:
+        """Token ids of ``text`` alone (no BOS, no template)."""
+        body = {"model": self._model, "prompt": text, "add_special_tokens": False}
+        return list(self._post("/tokenize", body)["tokens"])
+
+    def counted(self, text: str) -> int:
+        """How many prompt tokens the generation endpoint will count for ``text``."""
+        if self._chat:
+            body: dict[str, Any] = {
+                "model": self._model,
+                "messages": [{"role": "user", "content": text}],
+                "add_generation_prompt": True,
+            }
+        else:
+            body = {"model": self._model, "prompt": text, "add_special_tokens": True}
+        return int(self._post("/tokenize", body)["count"])
+
+    def text(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids``."""
+        return str(self._post("/detokenize", {"model": self._model, "tokens": list(token_ids)})["prompt"])
+
+
+def prompt_seed(test: str, profile: str, boot: int, base_seed: int = 0) -> int:
+    """The workload seed of one measurement: stable everywhere, distinct per test, profile and boot.
+
+    A test's own position in the session (what ran before it, ``-k``) must not change its
+    prompts, and no two measurements that share a server may share a prompt: the result is a
+    hash of the test id, the NCCL profile, the server's boot index and the scenario's own seed.
+    SHA-256 of a JSON list, not ``hash()``: Python salts str hashes per process
+    (PYTHONHASHSEED), and JSON keeps ``("a:b", "c")`` apart from ``("a", "b:c")``. 63 bits, so
+    the seed is a non-negative int64 wherever it is stored.
+    """
+    key = json.dumps(["kimiperf-prompts", test, profile, boot, base_seed], separators=(",", ":"))
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") >> 1
+
+
+def _walk(seed: int, index: int, words: int) -> str:
+    rng = random.Random(f"kimiperf-workload:{seed}:{index}")
+    return " ".join(rng.choice(_WORDS) for _ in range(words))
+
+
+def _exact_prompt(tokenizer: _Tokenizer, prompt_tokens: int, seed: int, index: int) -> str:
+    words = prompt_tokens + 8
+    text = _walk(seed, index, words)
+    ids = tokenizer.content_ids(text)
+    # Tokens the endpoint adds around the text (BOS, chat template).
+    overhead = tokenizer.counted(text) - len(ids)
+    keep = prompt_tokens - overhead
+    if keep < 1:
+        raise ConfigError(
+            f"prompt_tokens={prompt_tokens} is too small for this model: its endpoint adds "
+            f"{overhead} tokens of its own (BOS/chat template); use at least {overhead + 1}"
+        )
+    last_count = -1
+    for _ in range(_MAX_ATTEMPTS):
+        while len(ids) < keep:
+            words *= 2
+            text = _walk(seed, index, words)
+            ids = tokenizer.content_ids(text)
+        candidate = tokenizer.text(ids[:keep])
+        last_count = tokenizer.counted(candidate)
+        if last_count == prompt_tokens:
+            return candidate
+        # Detokenize -> tokenize is not always the identity at the cut (merges, leading
+        # spaces); move the cut by the difference and try again.
+        keep += prompt_tokens - last_count
+        if keep < 1:
+            break
+    raise ServerError(
+        f"could not build a prompt of exactly {prompt_tokens} tokens (seed {seed}, request "
+        f"{index}): the server's tokenizer counted {last_count} after {_MAX_ATTEMPTS} attempts"
+    )
+
+
+_CACHE: dict[tuple[str, str, str, int, int, int], str] = {}
+
+
+def build_prompts(
+    base_url: str,
+    model: str,
+    *,
+    prompt_tokens: int,
+    count: int,
+    seed: int = 0,
+    endpoint: str = "completions",
+    api_key: str | None = None,
+    first_index: int = 0,
+    timeout_s: float = 60.0,
+) -> list[str]:
+    """``count`` distinct prompts of exactly ``prompt_tokens`` tokens each, same for the same seed."""
+    address = parse_base_url(base_url)
+    check_endpoint(endpoint)
+    if not isinstance(count, int) or count < 0:
+        raise ConfigError(f"prompt count {count!r}: must be an integer >= 0")
+    Workload(prompt_tokens=prompt_tokens, output_tokens=1, seed=seed)  # validates the numbers
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    prompts: list[str] = []
+    with httpx.Client(headers=headers, timeout=timeout_s) as http:
+        tokenizer = _Tokenizer(http, address.base_url, model, endpoint)
+        for index in range(first_index, first_index + count):
+            key = (address.base_url, model, endpoint, prompt_tokens, seed, index)
+            prompt = _CACHE.get(key)
+            if prompt is None:
+                prompt = _exact_prompt(tokenizer, prompt_tokens, seed, index)
+                _CACHE[key] = prompt
+            prompts.append(prompt)
+    return prompts
+
+
+def build_requests(
+    base_url: str,
+    model: str,
+    workload: Workload,
+    count: int,
+    *,
+    endpoint: str = "completions",
+    api_key: str | None = None,
+    first_index: int = 0,
+    id_prefix: str = "kimiperf",
+    require_exact: bool = False,
+) -> list[RequestSpec]:
+    """``count`` requests of the workload's shape, with ids ``<id_prefix>-<index>``.
+
+    Without /tokenize and /detokenize on the server (not vLLM) and unless ``require_exact``,
+    each prompt is ``prompt_tokens`` words and its token count is not checked
+    (``RequestSpec.prompt_tokens`` is None); the output length is still exact.
+    """
+    expected: int | None = workload.prompt_tokens
+    try:
+        prompts = build_prompts(
+            base_url, model, prompt_tokens=workload.prompt_tokens, count=count,
+            seed=workload.seed, endpoint=endpoint, api_key=api_key, first_index=first_index,
+        )
+    except TokenizerUnavailable:
+        if require_exact:
+            raise
+        prompts = [_walk(workload.seed, i, workload.prompt_tokens)
+                   for i in range(first_index, first_index + count)]
+        expected = None
+    return [
+        RequestSpec(
+            prompt=prompt,
+            output_tokens=workload.output_tokens,
+            prompt_tokens=expected,
+            request_id=f"{id_prefix}-{first_index + i}",
+        )
+        for i, prompt in enumerate(prompts)
+    ]
+

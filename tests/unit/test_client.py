@@ -1,0 +1,522 @@
+"""The load generator against a real local server: tests/fakes/paced_server.py in a subprocess.
+
+The paced server writes each chunk on a schedule and records when it wrote it, so these tests
+check the client against what actually happened on the wire, and inject the faults a real
+server shows (a chunk carrying several tokens, a stream cut mid-way, a lying usage, an error
+event) on request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from pytest_kimiperf.measure.client import RequestSpec, StreamingClient, parse_base_url
+from pytest_kimiperf.config.deployments import TINY_CPU
+from pytest_kimiperf.errors import ConfigError, ServerError
+from pytest_kimiperf.measure.results import CLIENT_BOUND, HealthBounds
+from pytest_kimiperf.measure.scenarios import (
+    Concurrency,
+    ConcurrencySweep,
+    RequestRate,
+    SingleStream,
+    extend,
+    run_scenario,
+    run_scenario_async,
+    run_sweep,
+)
+from pytest_kimiperf.measure.workload import Workload, build_prompts, build_requests
+from tests import helpers
+
+SERVER = helpers.PACED_SERVER
+MODEL = "paced-model"
+TTFT_MS = 5.0
+ITL_MS = 1.0
+
+
+def start_server(*args: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, str(SERVER), "--port", "0", "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS), *args],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "port=" not in line:
+        proc.kill()
+        raise RuntimeError(f"paced server did not start: {line!r}")
+    return proc, f"http://127.0.0.1:{line.split('port=')[1].strip()}"
+
+
+def stop_server(proc: subprocess.Popen[str]) -> None:
+    proc.terminate()
+    proc.wait(timeout=10)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    proc, base_url = start_server()
+    try:
+        yield base_url
+    finally:
+        stop_server(proc)
+
+
+def truth(base_url: str) -> dict[str, Any]:
+    data: dict[str, Any] = httpx.get(f"{base_url}/paced/truth").json()
+    return data
+
+
+def stream_truth(base_url: str, request_id: str) -> dict[str, Any]:
+    streams: list[dict[str, Any]] = [s for s in truth(base_url)["streams"] if s["request_id"] == request_id]
+    assert len(streams) == 1, request_id
+    return streams[0]
+
+
+def send(base_url: str, *specs: RequestSpec, endpoint: str = "completions",
+         extra_body: dict[str, Any] | None = None, api_key: str | None = None) -> list[Any]:
+    async def go() -> list[Any]:
+        async with StreamingClient(base_url, MODEL, endpoint=endpoint, extra_body=extra_body,
+                                   api_key=api_key) as client:
+            return [await client.stream(spec) for spec in specs]
+    return asyncio.run(go())
+
+
+def spec(request_id: str, output_tokens: int = 6, **kwargs: Any) -> RequestSpec:
+    return RequestSpec(prompt="a b c", output_tokens=output_tokens, request_id=request_id, **kwargs)
+
+
+# --------------------------------------------------------------------------- the client
+
+
+def test_token_counts_come_from_usage_and_stamps_follow_the_server_writes(server: str) -> None:
+    (rec,) = send(server, spec("exact-1", 8, prompt_tokens=4))
+    assert rec.ok, rec.error
+    assert (rec.prompt_tokens, rec.output_tokens) == (4, 8)
+    wrote = stream_truth(server, "exact-1")
+    assert len(rec.chunk_ns) == len(wrote["write_ns"]) == 8
+    # Causality on one monotonic clock: sent before the server got it, arrived after it was written.
+    assert rec.t_send_ns <= wrote["t_arrival_ns"]
+    assert all(arrived >= written for arrived, written in zip(rec.chunk_ns, wrote["write_ns"]))
+    assert rec.ttft_ms >= TTFT_MS
+
+
+def test_one_chunk_carrying_several_tokens(server: str) -> None:
+    # 20 ms gaps: far apart enough that a busy machine does not merge the chunks into one read.
+    (rec,) = send(server, spec("multi-1", 10), extra_body={"paced": {"tokens_per_chunk": 3, "itl_ms": 20}})
+    assert rec.ok, rec.error
+    assert rec.output_tokens == 10
+    assert len(rec.chunk_ns) == 4  # 3 + 3 + 3 + 1
+    span_ms = (rec.chunk_ns[-1] - rec.chunk_ns[0]) / 1e6
+    assert rec.tpot_ms == pytest.approx(span_ms / 9)
+    assert rec.decode_tok_s == pytest.approx(9 / (span_ms / 1000))
+
+
+def test_stream_broken_mid_way_is_invalid_with_reason(server: str) -> None:
+    (rec,) = send(server, spec("broken-1", 10), extra_body={"paced": {"break_after_chunks": 3}})
+    assert not rec.ok
+    assert rec.error.startswith("connection closed after 3 token chunks")
+
+
+def test_wrong_completion_tokens_is_invalid(server: str) -> None:
+    (rec,) = send(server, spec("short-1", 10), extra_body={"paced": {"completion_tokens_delta": -1}})
+    assert not rec.ok
+    assert "usage.completion_tokens=9 but 10 were asked" in rec.error
+
+
+def test_wrong_prompt_tokens_is_invalid(server: str) -> None:
+    (rec,) = send(server, spec("prompt-1", 3, prompt_tokens=99))
+    assert not rec.ok
+    assert "usage.prompt_tokens=4 but the prompt was built to 99" in rec.error
+
+
+def test_error_event_mid_stream_is_invalid(server: str) -> None:
+    (rec,) = send(server, spec("error-1", 10), extra_body={"paced": {"error_after_chunks": 2}})
+    assert not rec.ok
+    assert rec.error == "server error event: paced server: injected error"
+    assert len(rec.chunk_ns) == 2
+
+
+def test_http_error_status_is_invalid(server: str) -> None:
+    (rec,) = send(server, spec("status-1"), extra_body={"paced": {"status": 503}})
+    assert not rec.ok
+    assert rec.error.startswith("HTTP 503:")
+
+
+def test_stream_without_usage_is_invalid(server: str) -> None:
+    (rec,) = send(server, spec("nousage-1"), extra_body={"stream_options": {"include_usage": False}})
+    assert not rec.ok
+    assert "no usage" in rec.error
+
+
+def test_chat_role_only_delta_is_not_a_token_chunk(server: str) -> None:
+    (rec,) = send(server, spec("chat-1", 5), endpoint="chat")
+    assert rec.ok, rec.error
+    assert len(rec.chunk_ns) == 5
+    assert rec.chunk_ns[0] >= stream_truth(server, "chat-1")["write_ns"][0]
+
+
+def test_connections_are_reused(server: str) -> None:
+    before = truth(server)["connections_accepted"]
+    records = send(server, *(spec(f"reuse-{i}", 2) for i in range(5)))
+    assert all(r.ok for r in records)
+    # One for the five requests, one for this truth() read itself.
+    assert truth(server)["connections_accepted"] - before == 2
+
+
+def test_connection_closed_by_the_server_while_idle_is_retried(server: str) -> None:
+    async def go() -> list[Any]:
+        async with StreamingClient(server, MODEL, extra_body={"paced": {"close_idle_after_ms": 20}}) as client:
+            first = await client.stream(spec("idle-1", 2))
+            time.sleep(0.2)  # noqa: ASYNC251 - block the loop so the server's close goes unseen
+            return [first, await client.stream(spec("idle-2", 2))]
+    first, second = asyncio.run(go())
+    assert first.ok and second.ok, (first.error, second.error)
+
+
+def test_unreachable_server_is_an_invalid_record() -> None:
+    (rec,) = send("http://127.0.0.1:9", spec("nobody-1"))
+    assert not rec.ok
+    assert rec.error.startswith("cannot connect to http://127.0.0.1:9")
+
+
+def test_api_key_is_sent_and_never_shown() -> None:
+    proc, base_url = start_server("--api-key", "sekrit-key")
+    try:
+        (ok,) = send(base_url, spec("key-1", 2), api_key="sekrit-key")
+        (refused,) = send(base_url, spec("key-2", 2), api_key="wrong-key")
+    finally:
+        stop_server(proc)
+    assert ok.ok, ok.error
+    assert refused.error.startswith("HTTP 401")
+    assert "key" not in repr(StreamingClient(base_url, MODEL, api_key="sekrit-key")).lower()
+    assert "wrong-key" not in refused.error
+
+
+@pytest.mark.parametrize("url", ["ftp://h:1", "http://h:1/v1", "h:1", "http://h:99999", 42])
+def test_bad_base_urls_are_config_errors(url: object) -> None:
+    with pytest.raises(ConfigError, match="invalid server URL"):
+        parse_base_url(url)
+
+
+# --------------------------------------------------------------------------- HTTP/SSE framing
+
+
+class CannedServer:
+    """Answers each request with the next canned response, written in small pieces."""
+
+    def __init__(self, responses: list[bytes], piece_bytes: int = 7) -> None:
+        self._responses = list(responses)
+        self._piece = piece_bytes
+        self.accepted = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.base_url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        with self._listener:
+            while self._responses:
+                conn, _ = self._listener.accept()
+                self.accepted += 1
+                with conn:
+                    while self._responses and self._read_request(conn):
+                        response = self._responses.pop(0)
+                        for i in range(0, len(response), self._piece):
+                            conn.sendall(response[i:i + self._piece])
+                            time.sleep(0.0005)
+                        if response.startswith(b"HTTP/1.0"):
+                            break  # close-delimited body: closing ends it
+
+    @staticmethod
+    def _read_request(conn: socket.socket) -> bool:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            more = conn.recv(65536)
+            if not more:
+                return False
+            data += more
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        while len(body) < length:
+            body += conn.recv(65536)
+        return True
+
+
+def chunked(*events: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events)
+
+
+# json.dumps with its default spaces (http.server-style servers), CRLF line ends, a comment.
+SPACED_EVENTS = (
+    b": keep-alive ping\n\n",
+    b'data: {"id": "x", "choices": [{"index": 0, "text": "a"}]}\r\n\r\n',
+    b'data: {"id": "x", "choices": [{"index": 0, "text": "b", "finish_reason": "length"}]}\n\n',
+    b'data: {"id": "x", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}\n\n',
+    b"data: [DONE]\n\n",
+)
+
+
+def test_chunk_framing_split_anywhere_with_trailers_keeps_the_connection() -> None:
+    ok = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(*SPACED_EVENTS)
+          + b"0\r\nX-Trailer: yes\r\n\r\n")
+    server = CannedServer([ok, ok])
+    first, second = send(server.base_url, spec("canned-1", 2), spec("canned-2", 2))
+    assert first.ok and second.ok, (first.error, second.error)
+    assert len(first.chunk_ns) == 2 and first.output_tokens == 2
+    assert server.accepted == 1
+
+
+def test_close_delimited_http_1_0_body() -> None:
+    response = b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + b"".join(SPACED_EVENTS)
+    (rec,) = send(CannedServer([response]).base_url, spec("canned-3", 2))
+    assert rec.ok, rec.error
+    assert len(rec.chunk_ns) == 2
+
+
+def test_error_answer_with_a_length_delimited_body() -> None:
+    body = b'{"error": {"message": "max_tokens is too large", "code": 400}}'
+    response = b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    (rec,) = send(CannedServer([response]).base_url, spec("canned-4", 2))
+    assert not rec.ok
+    assert rec.error == "HTTP 400: " + body.decode()
+
+
+def test_garbage_answer_is_a_malformed_response() -> None:
+    (rec,) = send(CannedServer([b"SSH-2.0-OpenSSH_9.6\r\n\r\n"]).base_url, spec("canned-5", 2))
+    assert not rec.ok
+    assert rec.error.startswith("malformed HTTP response: bad status line")
+
+
+# --------------------------------------------------------------------------- the workload
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_prompts_have_the_exact_token_count_and_are_deterministic(server: str, endpoint: str) -> None:
+    prompts = build_prompts(server, MODEL, prompt_tokens=12, count=3, seed=7, endpoint=endpoint)
+    body: dict[str, Any]
+    for prompt in prompts:
+        if endpoint == "chat":
+            body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}]}
+        else:
+            body = {"model": MODEL, "prompt": prompt}
+        assert httpx.post(f"{server}/tokenize", json=body).json()["count"] == 12
+    assert len(set(prompts)) == 3
+    # Same seed, same prompts (past the cache: the seed decides, not the memo).
+    again = build_prompts(server, MODEL, prompt_tokens=12, count=3, seed=7, endpoint=endpoint, first_index=1)
+    assert again[:2] == prompts[1:]
+    other = build_prompts(server, MODEL, prompt_tokens=12, count=3, seed=8, endpoint=endpoint)
+    assert set(other).isdisjoint(prompts)
+
+
+def test_prompt_shorter_than_the_template_is_a_config_error(server: str) -> None:
+    with pytest.raises(ConfigError, match="prompt_tokens=2 is too small"):
+        build_prompts(server, MODEL, prompt_tokens=2, count=1, endpoint="chat")
+
+
+def test_requests_built_and_sent_come_back_exact(server: str) -> None:
+    specs = build_requests(server, MODEL, Workload(prompt_tokens=20, output_tokens=7), 2, id_prefix="wl")
+    records = send(server, *specs)
+    assert [r.request_id for r in records] == ["wl-0", "wl-1"]
+    assert all(r.ok and r.prompt_tokens == 20 and r.output_tokens == 7 for r in records), records
+
+
+def test_server_without_tokenizer_gets_approximate_prompts() -> None:
+    proc, base_url = start_server("--no-tokenizer")
+    try:
+        with pytest.raises(ServerError, match="no /tokenize endpoint"):
+            build_requests(base_url, MODEL, Workload(10, 3), 1, require_exact=True)
+        run = run_scenario(base_url, MODEL, SingleStream(prompt_tokens=10, output_tokens=3, requests=2))
+    finally:
+        stop_server(proc)
+    assert all(r.ok for r in run.records)
+    assert any("not exact" in note for note in run.notes)
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+def test_single_stream_run_counts_every_measured_request(server: str) -> None:
+    # The bounds the CPU deployment runs with: a p50 that catches a client always behind, a
+    # p99 that lets this host's scheduler stall the client now and then.
+    scenario = SingleStream(prompt_tokens=16, output_tokens=10, requests=4, warmup_requests=2,
+                            bounds=HealthBounds(**TINY_CPU.client_bounds))
+    run = run_scenario(server, MODEL, scenario)
+    # The one test that a healthy client is not reported client-bound (one light stream).
+    assert run.valid, run.invalid_reason
+    assert run.scenario_name == "single-stream-16in-10out"
+    assert len(run.samples("decode_tok_s")) == 4
+    assert run.warmup_requests == 2
+    assert len(run.samples("output_throughput")) == 1
+    # Single stream: never two requests in flight.
+    records = sorted(run.records, key=lambda r: r.t_send_ns)
+    assert all(a.t_done_ns <= b.t_send_ns for a, b in itertools.pairwise(records))
+    # The server saw exactly the measured requests between the two /metrics reads.
+    (server_view,) = run.server_metrics
+    assert server_view["ttft_count"] == 4
+    assert server_view["generation_tokens"] == 40
+
+
+def test_concurrency_rounds_give_one_throughput_sample_each(server: str) -> None:
+    scenario = Concurrency(concurrency=4, prompt_tokens=8, output_tokens=6, requests=8, rounds=3)
+    run = run_scenario(server, MODEL, scenario)
+    assert all(r.ok for r in run.records)
+    assert len(run.samples("output_throughput")) == 3
+    assert len(run.samples("ttft_ms")) == 24
+    assert len({r.request_id for r in run.records}) == 24
+    in_flight = max(
+        sum(1 for r in run.records if r.t_send_ns <= t < r.t_done_ns) for t in (r.t_send_ns for r in run.records)
+    )
+    assert in_flight == 4
+
+
+def test_request_rate_sends_on_schedule(server: str) -> None:
+    scenario = RequestRate(rate_per_s=200.0, arrivals="constant", prompt_tokens=8, output_tokens=4, requests=10)
+    run = run_scenario(server, MODEL, scenario)
+    assert all(r.ok for r in run.records)
+    offsets = scenario.arrival_offsets_s(0)
+    assert offsets == pytest.approx([i / 200.0 for i in range(10)])
+    assert all(r.send_lag_ms is not None and r.send_lag_ms >= 0 for r in run.records)  # never early
+    # Each request is due on the schedule (5 ms apart) and goes out after it, not before; how
+    # late is the host's scheduling (self-checked by send-lag bounds), so the wall clock is
+    # only held to a loose bound here.
+    due = sorted(r.scheduled_send_ns for r in run.records if r.scheduled_send_ns is not None)
+    assert len(due) == 10
+    assert [(b - a) / 1e9 for a, b in itertools.pairwise(due)] == pytest.approx([0.005] * 9, abs=1e-6)
+    assert statistics.median(r.send_lag_ms for r in run.records) < 50
+
+
+def test_poisson_arrivals_are_seeded() -> None:
+    def make(seed: int) -> RequestRate:
+        return RequestRate(rate_per_s=10.0, prompt_tokens=8, output_tokens=4, requests=50, seed=seed)
+    assert make(1).arrival_offsets_s(0) == make(1).arrival_offsets_s(0)
+    assert make(1).arrival_offsets_s(0) != make(2).arrival_offsets_s(0)
+    assert make(1).arrival_offsets_s(0) != make(1).arrival_offsets_s(1)
+
+
+def test_seconds_budget_stops_sending(server: str) -> None:
+    run = run_scenario(server, MODEL, Concurrency(concurrency=2, prompt_tokens=8, output_tokens=5, seconds=0.3))
+    assert run.records and all(r.ok for r in run.records)
+    # Every request after a slot's first was due (its predecessor ended) within 0.3 s of the
+    # start; the first send is after the start. (The send itself may be stamped a little later
+    # when the host pauses the client: that is send lag, not a budget overrun.)
+    first_send = min(r.t_send_ns for r in run.records)
+    due = [r.scheduled_send_ns for r in run.records if r.scheduled_send_ns is not None]
+    assert due and all((d - first_send) / 1e9 < 0.3 for d in due)
+    assert max(r.t_done_ns for r in run.records) - first_send > 0.25e9, "stopped well before its budget"
+
+
+def test_streams_spread_over_client_processes_merge(server: str) -> None:
+    scenario = Concurrency(concurrency=4, prompt_tokens=8, output_tokens=5, requests=8, client_processes=2)
+    run = run_scenario(server, MODEL, scenario)
+    assert all(r.ok for r in run.records)
+    assert len(run.records) == 8 and len({r.request_id for r in run.records}) == 8
+    assert len(run.rounds[0].health) == 2
+    written = {s["request_id"]: s for s in truth(server)["streams"]}
+    for rec in run.records:  # stamps from both processes sit on the server's clock
+        assert rec.chunk_ns[0] >= written[rec.request_id]["write_ns"][0]
+
+
+def test_extend_adds_rounds_with_fresh_prompts_up_to_the_cap(server: str) -> None:
+    scenario = SingleStream(prompt_tokens=8, output_tokens=4, requests=2, max_rounds=2, warmup_requests=0)
+    first = run_scenario(server, MODEL, scenario)
+    more = extend(server, MODEL, scenario, first, rounds=5)
+    assert len(more.rounds) == 2
+    assert len({r.request_id for r in more.records}) == 4
+    capped = extend(server, MODEL, scenario, more)
+    assert len(capped.rounds) == 2
+    assert any("max_rounds=2 reached" in note for note in capped.notes)
+
+
+def test_sweep_runs_each_concurrency(server: str) -> None:
+    sweep = ConcurrencySweep(concurrencies=(2, 1), prompt_tokens=8, output_tokens=3, requests=2, name="sw")
+    runs = run_sweep(server, MODEL, sweep)
+    assert [r.scenario_name for r in runs] == ["sw-c1", "sw-c2"]
+    assert all(rec.ok for r in runs for rec in r.records)
+    with pytest.raises(ConfigError, match="run_sweep"):
+        run_scenario(server, MODEL, sweep)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: SingleStream(prompt_tokens=8, output_tokens=4), "give a budget per round"),
+        (lambda: SingleStream(prompt_tokens=8, output_tokens=4, requests=0), r"SingleStream.requests=0"),
+        (lambda: SingleStream(prompt_tokens=0, output_tokens=4, requests=1), r"Workload.prompt_tokens=0"),
+        (lambda: Concurrency(concurrency=2, prompt_tokens=8, output_tokens=4, requests=1, client_processes=3),
+         "client_processes=3 exceeds"),
+        (lambda: RequestRate(rate_per_s=1.0, arrivals="bursty", prompt_tokens=8, output_tokens=4, requests=1),
+         "arrivals='bursty'"),
+        (lambda: SingleStream(prompt_tokens=8, output_tokens=4, requests=1, rounds=3, max_rounds=2),
+         "max_rounds=2 is below rounds=3"),
+        (lambda: SingleStream(prompt_tokens=8, output_tokens=4, requests=1, name="../x"), "invalid scenario name"),
+    ],
+)
+def test_bad_scenarios_are_config_errors(make: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make()
+
+
+# --------------------------------------------------------------------------- the self-check
+
+
+def test_client_starved_by_a_cpu_hog_thread_is_invalid(server: str) -> None:
+    stop = threading.Event()
+
+    def hog() -> None:
+        while not stop.is_set():
+            pass  # holds the GIL for whole switch intervals, as a busy client would
+
+    thread = threading.Thread(target=hog, daemon=True)
+    thread.start()
+    try:
+        run = run_scenario(server, MODEL, Concurrency(concurrency=4, prompt_tokens=8, output_tokens=50, requests=8))
+    finally:
+        stop.set()
+        thread.join()
+    assert not run.valid
+    assert run.invalid_reason.startswith(CLIENT_BOUND)
+
+
+def test_client_whose_loop_is_kept_busy_is_invalid(server: str) -> None:
+    async def go() -> Any:
+        done = asyncio.Event()
+
+        async def busy() -> None:
+            while not done.is_set():
+                time.sleep(0.004)  # noqa: ASYNC251 - hog the loop: a tiny budget left for the client
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(busy())
+        try:
+            return await run_scenario_async(
+                server, MODEL, SingleStream(prompt_tokens=8, output_tokens=30, requests=3, warmup_requests=0)
+            )
+        finally:
+            done.set()
+            await task
+
+    run = asyncio.run(go())
+    assert not run.valid
+    assert "event-loop latency" in run.invalid_reason
+
+
+def test_bounds_decide_validity_not_the_data(server: str) -> None:
+    scenario = SingleStream(prompt_tokens=8, output_tokens=5, requests=2, warmup_requests=0,
+                            bounds=HealthBounds(max_loop_latency_p50_ms=1e-6))
+    run = run_scenario(server, MODEL, scenario)
+    assert all(r.ok for r in run.records)
+    assert run.invalid_reason.startswith(CLIENT_BOUND)

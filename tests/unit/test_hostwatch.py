@@ -1,0 +1,359 @@
+"""The host watch: a real busy process is named, our own load is not, /proc and NVML recordings parse."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pytest_kimiperf.measure import hostwatch
+from pytest_kimiperf.errors import ConfigError, KimiperfError
+from pytest_kimiperf.measure.hostwatch import (
+    CpuCounters,
+    ForeignProcess,
+    GpuReading,
+    HostBounds,
+    HostReading,
+    HostSnapshot,
+    HostWatch,
+    ProcessCpu,
+)
+from tests import helpers
+
+DATA = helpers.DATA / "hostwatch"
+RECORDED_WALL_S = 2.000330  # tests/data/hostwatch/README.md
+# Long enough that one busy core shows as tens of percent despite 10 ms ticks, short enough for a unit test.
+WINDOW_S = 1.5
+
+
+@pytest.fixture
+def busy_process() -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    time.sleep(0.2)  # past interpreter start-up, into the loop
+    yield process
+    process.kill()
+    process.wait()
+
+
+def watch_window(own: list[int]) -> HostReading:
+    watch = HostWatch(own_pids=lambda: own)
+    watch.start()
+    time.sleep(WINDOW_S)
+    return watch.stop()
+
+
+# --------------------------------------------------------------------------- real processes
+
+
+def test_a_busy_process_beside_the_measurement_is_named_and_flags_the_window(
+    busy_process: subprocess.Popen[bytes],
+) -> None:
+    reading = watch_window(own=[])
+    bounds = HostBounds()
+    # One busy core of two is ~50% of the host; other engineers' load on this shared VM only adds.
+    assert reading.foreign_cpu_share > bounds.max_foreign_cpu_share
+    busy = [p for p in reading.top_foreign if p.pid == busy_process.pid]
+    assert busy, reading.top_foreign
+    assert busy[0].cpu_share > 0.05
+    assert busy[0].cmdline.endswith("while True: pass")
+    assert any(f"pid {busy_process.pid} " in line for line in reading.disturbances(bounds))
+    message = reading.describe_busy(bounds)
+    assert message.startswith("host busy: other processes used ")
+    assert f"pid {busy_process.pid} " in message
+    assert reading.cpu_count >= 1 and reading.wall_s == pytest.approx(WINDOW_S, abs=0.5)
+
+
+def test_a_busy_process_that_is_ours_is_neither_named_nor_blamed(busy_process: subprocess.Popen[bytes]) -> None:
+    reading = watch_window(own=[busy_process.pid])
+    # Whether the host is otherwise quiet depends on other engineers' load on this VM; what must
+    # hold is that our own load is never what makes the window "busy".
+    assert busy_process.pid not in [p.pid for p in reading.top_foreign]
+    assert f"pid {busy_process.pid} " not in reading.describe_busy(HostBounds())
+
+
+def test_a_window_where_only_our_processes_ran_is_quiet() -> None:
+    start = snapshot(0.0, busy_s=100.0, processes={10: ProcessCpu(1.0, 50.0, 0.0)})
+    stop = snapshot(2.0, busy_s=103.0, processes={10: ProcessCpu(1.0, 52.0, 1.0)})
+    reading = hostwatch.compare_snapshots(start, stop, own_pids=[10])
+    assert reading.foreign_cpu_share == 0.0
+    assert reading.top_foreign == ()
+    assert reading.disturbances(HostBounds()) == []
+    assert reading.describe_busy(HostBounds()).startswith("host quiet: other processes used 0%")
+
+
+def test_cpu_the_process_listing_missed_still_counts_as_foreign() -> None:
+    # 1.5 s of host busy time, 0.5 s ours, no foreign process alive at the end: a short-lived job.
+    start = snapshot(0.0, busy_s=10.0, processes={10: ProcessCpu(1.0, 5.0, 0.0), 20: ProcessCpu(1.0, 1.0, 0.0)})
+    stop = snapshot(2.0, busy_s=11.5, processes={10: ProcessCpu(1.0, 5.5, 0.0), 30: ProcessCpu(1.5, 0.2, 0.0)})
+    reading = hostwatch.compare_snapshots(start, stop, [10], describe_process=lambda pid: ("make", "make -j2"))
+    assert reading.foreign_cpu_share == pytest.approx(1.0 / 4.0)
+    # pid 30 was born inside the window: all its time is the window's.
+    assert reading.top_foreign == (ForeignProcess(30, "make", "make -j2", pytest.approx(0.2 / 4.0)),)
+
+
+def test_a_reused_pid_is_a_new_process_not_a_negative_delta() -> None:
+    start = snapshot(0.0, busy_s=0.0, processes={40: ProcessCpu(1.0, 90.0, 0.0)})
+    stop = snapshot(1.0, busy_s=0.5, processes={40: ProcessCpu(1.7, 0.4, 0.0)})
+    reading = hostwatch.compare_snapshots(start, stop, own_pids=[])
+    assert reading.top_foreign[0].cpu_share == pytest.approx(0.4 / 2.0)
+
+
+def test_a_process_that_exits_between_calls_is_left_out_quietly() -> None:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()  # reaped: its pid is gone
+    assert process.pid not in hostwatch.read_processes()
+    assert hostwatch.describe_pid(process.pid) == ("?", "")
+
+
+def snapshot(t_s: float, busy_s: float, processes: dict[int, ProcessCpu]) -> HostSnapshot:
+    return HostSnapshot(t_s, CpuCounters(busy_s=busy_s, steal_s=0.0, cpu_count=2), {}, processes)
+
+
+# --------------------------------------------------------------------------- recorded /proc files
+
+
+def test_steal_and_psi_are_read_from_recorded_proc_files() -> None:
+    start_cpu, start_psi, start_notes = hostwatch.read_host_counters(str(DATA / "busy_2s" / "start"))
+    stop_cpu, stop_psi, _ = hostwatch.read_host_counters(str(DATA / "busy_2s" / "stop"))
+    assert start_notes == ()
+    assert start_cpu.cpu_count == 2
+    assert stop_cpu.busy_s - start_cpu.busy_s == pytest.approx(3.89)
+    assert stop_cpu.steal_s - start_cpu.steal_s == pytest.approx(0.10)
+    assert start_psi == {"cpu": 14286162, "io": 6168304, "memory": 0}
+    reading = hostwatch.compare_snapshots(
+        HostSnapshot(0.0, start_cpu, start_psi, {}), HostSnapshot(RECORDED_WALL_S, stop_cpu, stop_psi, {}), []
+    )
+    assert reading.steal_share == pytest.approx(0.10 / (2 * RECORDED_WALL_S))
+    cpu_some = 9376e-6 / RECORDED_WALL_S  # 9376 us of 'some' stall in the window
+    assert reading.psi == pytest.approx({"cpu_some": cpu_some, "io_some": 0.0, "memory_some": 0.0})
+    assert reading.foreign_cpu_share == pytest.approx(3.89 / (2 * RECORDED_WALL_S))
+
+
+def test_the_watch_reads_proc_root_and_notes_a_kernel_without_psi(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    root.mkdir()
+    shutil.copy(DATA / "busy_2s" / "start" / "stat", root / "stat")
+    clock = iter([100.0, 100.0 + RECORDED_WALL_S])
+    watch = HostWatch(own_pids=list, proc_root=str(root), clock=lambda: next(clock))
+    watch.start()
+    shutil.copy(DATA / "busy_2s" / "stop" / "stat", root / "stat")
+    reading = watch.stop()
+    assert reading.wall_s == pytest.approx(RECORDED_WALL_S)
+    assert reading.steal_share == pytest.approx(0.10 / (2 * RECORDED_WALL_S))
+    assert reading.psi == {}
+    assert reading.notes == (f"no PSI for cpu, io, memory under {root / 'pressure'}",)
+    assert reading.gpus == ()
+
+
+def test_steal_over_its_bound_and_psi_bounds_are_reported() -> None:
+    reading = HostReading(2.0, 2, 0.0, 0.25, {"cpu_some": 0.5, "io_some": 0.01}, ())
+    bounds = HostBounds(max_psi_cpu_some=0.2, max_psi_io_some=0.2, max_psi_memory_some=0.2)
+    assert reading.disturbances(bounds) == [
+        "the hypervisor stole 25% of the host's CPU (bound 10%)",
+        "some task waited for cpu 50% of the time (PSI, bound 20%)",
+    ]
+    assert reading.disturbances(HostBounds(max_steal_share=None)) == []
+
+
+def test_unreadable_proc_stat_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(KimiperfError, match="cannot read the host's CPU counters"):
+        hostwatch.read_host_counters(str(tmp_path))
+    with pytest.raises(KimiperfError, match="no usable cpu lines"):
+        hostwatch.parse_proc_stat("intr 1 2 3\n", 100.0)
+
+
+# --------------------------------------------------------------------------- bounds
+
+
+def test_bounds_from_a_config_table_accept_none_and_reason_lists() -> None:
+    bounds = HostBounds.from_mapping(
+        {"max_foreign_cpu_share": 0.3, "max_steal_share": "none", "forbidden_throttle_reasons": ["hw_slowdown"]},
+        source="deployment cpu-tiny",
+    )
+    assert bounds.max_foreign_cpu_share == 0.3
+    assert bounds.max_steal_share is None
+    assert bounds.forbidden_throttle_reasons == ("hw_slowdown",)
+    assert bounds.max_foreign_gpu_processes == 0
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        ({"max_cpu": 0.2}, ["unknown host bound 'max_cpu'", "max_foreign_cpu_share"]),
+        ({"max_foreign_cpu_share": 20}, ["max_foreign_cpu_share = 20", "share from 0 to 1"]),
+        ({"max_steal_share": True}, ["max_steal_share = True", "share from 0 to 1"]),
+        ({"max_psi_io_some": "high"}, ["max_psi_io_some = 'high'", "share from 0 to 1"]),
+        ({"max_foreign_gpu_processes": -1}, ["max_foreign_gpu_processes = -1", "integer >= 0"]),
+        ({"max_foreign_gpu_processes": 1.5}, ["max_foreign_gpu_processes = 1.5", "integer >= 0"]),
+        ({"forbidden_throttle_reasons": "hw_slowdown"}, ["forbidden_throttle_reasons = 'hw_slowdown'", "list"]),
+        ({"forbidden_throttle_reasons": ["hot"]}, ["unknown reasons ['hot']", "sw_power_cap"]),
+    ],
+)
+def test_a_bad_bound_names_key_value_source_and_what_is_allowed(data: dict[str, object], words: list[str]) -> None:
+    with pytest.raises(ConfigError) as error:
+        HostBounds.from_mapping(data, source="pyproject.toml [tool.kimiperf.deployments.cpu-tiny]")
+    message = str(error.value)
+    assert message.startswith("pyproject.toml [tool.kimiperf.deployments.cpu-tiny]: ")
+    for word in words:
+        assert word in message
+
+
+def test_bounds_built_in_code_are_checked_too() -> None:
+    with pytest.raises(ConfigError, match="HostBounds: host bound max_steal_share = -0.1"):
+        HostBounds(max_steal_share=-0.1)
+
+
+# --------------------------------------------------------------------------- NVML
+
+
+class FakeNvml:
+    """Replays recorded NVML answers: each nvmlDeviceGetHandleByIndex call moves a GPU to its next sample."""
+
+    NVML_CLOCK_SM = 1
+    NVML_TEMPERATURE_GPU = 0
+    NVML_ERROR_NOT_SUPPORTED = 3
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, recording: dict[str, Any], *, has_event_reasons: bool = True) -> None:
+        self.samples = {int(index): list(samples) for index, samples in recording["gpus"].items()}
+        self.calls = {index: 0 for index in self.samples}
+        self.live = 0
+        if not has_event_reasons:  # pynvml before the "clocks event" rename (driver < 535)
+            self.nvmlDeviceGetCurrentClocksEventReasons = None
+
+    def nvmlInit(self) -> None:
+        self.live += 1
+
+    def nvmlShutdown(self) -> None:
+        self.live -= 1
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> dict[str, Any]:
+        if index not in self.samples:
+            raise self.NVMLError("Invalid Argument")
+        sample = self.samples[index][min(self.calls[index], len(self.samples[index]) - 1)]
+        self.calls[index] += 1
+        return sample
+
+    def _value(self, handle: dict[str, Any], key: str) -> Any:
+        if handle[key] is None:
+            raise self.NVMLError("Not Supported")
+        return handle[key]
+
+    def nvmlDeviceGetClockInfo(self, handle: dict[str, Any], clock: int) -> int:
+        assert clock == self.NVML_CLOCK_SM
+        return self._value(handle, "sm_clock_mhz")
+
+    def nvmlDeviceGetTemperature(self, handle: dict[str, Any], sensor: int) -> int:
+        assert sensor == self.NVML_TEMPERATURE_GPU
+        return self._value(handle, "temperature_c")
+
+    def nvmlDeviceGetPowerUsage(self, handle: dict[str, Any]) -> int:
+        return self._value(handle, "power_mw")
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: dict[str, Any]) -> int:
+        return self._value(handle, "clocks_event_reasons")
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: dict[str, Any]) -> int:
+        return self._value(handle, "clocks_event_reasons")
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: dict[str, Any]) -> list[SimpleNamespace]:
+        return [
+            SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_gpu_memory_bytes"])
+            for p in handle["compute_processes"]
+        ]
+
+
+def recorded_nvml(**options: bool) -> FakeNvml:
+    return FakeNvml(json.loads((DATA / "nvml_power_capped_two_engines.json").read_text()), **options)
+
+
+OUR_ENGINE, OTHER_ENGINE = 3858903, 3880364  # tests/data/gpu/compute_apps_vllm_enginecore.csv
+
+
+@pytest.mark.parametrize("has_event_reasons", [True, False])
+def test_a_power_capped_gpu_with_a_foreign_engine_is_a_disturbed_window(has_event_reasons: bool) -> None:
+    nvml = recorded_nvml(has_event_reasons=has_event_reasons)
+    watch = HostWatch(own_pids=lambda: [OUR_ENGINE], gpu_indices=[0, 1], nvml=nvml)
+    watch.start()
+    reading = watch.stop()
+    assert nvml.live == 0
+    assert reading.gpus == (
+        GpuReading(0, 1500, 74, 314.0, ("sw_power_cap",), ((OTHER_ENGINE, 5530 * 1024 * 1024),)),
+        GpuReading(1, 915, 42, None, ("gpu_idle",), ()),
+    )
+    lines = [line for line in reading.disturbances(HostBounds()) if "GPU" in line]
+    assert lines == [
+        f"1 other process(es) held memory on the watched GPUs (bound 0): pid {OTHER_ENGINE} on GPU 0 (5530 MiB)",
+        "GPU 0 clocks held back by sw_power_cap (SM 1500 MHz, 74 C, 314 W)",
+    ]
+    relaxed = HostBounds(max_foreign_gpu_processes=1, forbidden_throttle_reasons=("hw_slowdown",))
+    assert [line for line in reading.disturbances(relaxed) if "GPU" in line] == []
+
+
+def test_a_gpu_nvml_cannot_read_is_noted_not_fatal() -> None:
+    nvml = recorded_nvml()
+    watch = HostWatch(own_pids=list, gpu_indices=[0, 7], nvml=nvml)
+    watch.start()
+    reading = watch.stop()
+    assert [gpu.index for gpu in reading.gpus] == [0]
+    assert "NVML: GPU 7 not read: Invalid Argument" in reading.notes
+
+
+def test_without_nvml_or_gpu_indices_there_are_no_gpu_readings() -> None:
+    nvml = recorded_nvml()
+    for watch in (HostWatch(own_pids=list, nvml=nvml), HostWatch(own_pids=list, gpu_indices=[0])):
+        watch.start()
+        assert watch.stop().gpus == ()
+    assert nvml.calls == {0: 0, 1: 0}
+
+
+def test_reason_masks_decode_to_names_unknown_bits_kept() -> None:
+    assert hostwatch.decode_clock_event_reasons(0) == ()
+    names = ("gpu_idle", "sw_power_cap", "hw_thermal_slowdown")
+    assert hostwatch.decode_clock_event_reasons(0x1 | 0x4 | 0x40) == names
+    assert hostwatch.decode_clock_event_reasons(0x800) == ("unknown_0x800",)
+
+
+def test_reason_bits_match_the_installed_nvml_constants() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    for bit, name in hostwatch.CLOCK_EVENT_REASON_BITS.items():
+        camel = "".join(part.capitalize() for part in name.split("_"))
+        assert getattr(pynvml, f"nvmlClocksThrottleReason{camel}") == bit
+        if bit <= 0x100:  # the renamed "event" set stops at DisplayClockSetting
+            assert getattr(pynvml, f"nvmlClocksEventReason{camel}") == bit
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+def test_a_reading_survives_a_json_round_trip() -> None:
+    reading = HostReading(
+        wall_s=1.5,
+        cpu_count=2,
+        foreign_cpu_share=0.48,
+        steal_share=0.01,
+        psi={"cpu_some": 0.03, "io_some": 0.0},
+        top_foreign=(ForeignProcess(1234, "python3", "python3 -c while True: pass", 0.45),),
+        gpus=(GpuReading(0, 1500, 74, 314.0, ("sw_power_cap",), ((3880364, 5798625280),)),),
+        notes=("no PSI for memory under /proc/pressure",),
+    )
+    text = json.dumps(reading.to_json())
+    assert HostReading.from_json(json.loads(text)) == reading
+    assert reading.describe_busy(HostBounds()).startswith(
+        "host busy: other processes used 48% of the host's CPU (bound 20%): pid 1234 python3 (45%); "
+    )
+
+
+def test_json_that_is_not_a_reading_is_a_clear_error() -> None:
+    with pytest.raises(KimiperfError, match="not a host reading"):
+        HostReading.from_json({"wall_s": 1.0})

@@ -1,0 +1,607 @@
+"""Reports: terminal summary lines, JSON schema (golden), Markdown (snapshot), plots, plugin glue.
+
+The results are synthetic but decided by the real gate: baselines are written with
+``baselines.update_baseline`` and judged with ``gate.judge_metric``, floors with
+``gate.check_floor``, profiles compared with ``gate.compare_profiles``. Set
+``KIMIPERF_UPDATE_GOLDEN=1`` to rewrite the golden files after an intended change, then review
+their diff like code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pytest_kimiperf.judge import baselines
+
+from pytest_kimiperf.judge import gate
+from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.config.metric_specs import metric_spec
+from pytest_kimiperf.reports.json_report import (
+    SCHEMA_VERSION,
+    build_json_report,
+    dumps_json_report,
+)
+from pytest_kimiperf.reports.markdown import render_markdown, write_markdown
+from pytest_kimiperf.reports.model import (
+    ProfileFacts,
+    SessionReport,
+    build_session_report,
+)
+from pytest_kimiperf.reports.terminal import MAX_WIDTH, render_summary
+from pytest_kimiperf.reports.session import terminal_summary
+from tests import helpers
+
+GOLDEN = helpers.DATA / "reports"
+UPDATE_GOLDEN = os.environ.get("KIMIPERF_UPDATE_GOLDEN") == "1"
+DECODE_TEST = "perf_tests/test_decode.py::test_single_stream_decode"
+FINGERPRINT = Fingerprint(
+    hard={"gpu.count": "0", "cpu.model": "Test CPU", "cpu.cores": "2", "cpu.isa": "avx2"},
+    soft={"host.name": "ci-runner"},
+)
+DEPLOYMENT = {"name": "tiny-cpu", "decode_floor_tok_s": 60.0, "decode_target_tok_s": 85.0}
+PRIOR_SPREAD = 0.01  # the declared boot-to-boot spread of the tiny CPU deployment
+
+
+def samples(seed: int, center: float, spread: float, n: int = 20) -> list[float]:
+    """Normal samples rounded to 3 decimals, as stable as a golden file needs."""
+    rng = np.random.default_rng(seed)
+    return [round(float(x), 3) for x in rng.normal(center, center * spread, n)]
+
+
+def measured(profile: str, *, decode: float, itl: float, ttft: float, seed: int,
+             test: str = DECODE_TEST, boot: int = 1) -> gate.TestResult:
+    """A result of the decode test on ``boot`` of ``profile`` with three metrics, not yet judged."""
+    slot = profile if boot == 1 else f"{profile}-boot{boot}"
+    res = gate.TestResult(
+        test=test, nodeid=f"{test}[{slot}]", profile=profile, deployment="tiny-cpu",
+        scenario="single-stream", boot=boot,
+        profile_env={"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"} if profile == "ring-ll" else {},
+    )
+    for metric, center, spread, offset in (("decode_tok_s", decode, 0.01, 0), ("itl_ms", itl, 0.01, 1),
+                                           ("ttft_ms", ttft, 0.02, 2)):
+        spec = metric_spec(metric)
+        res.metrics[metric] = gate.MetricResult(
+            metric, spec.unit, spec.direction.value, spec.default_tolerance,
+            samples(seed + offset, center, spread), boot_label=f"{profile} boot {boot}")
+    rng = np.random.default_rng(seed + 3)
+    res.itl_timeline_ms = [round(float(x), 3) for x in rng.gamma(20.0, itl / 20.0, 120)]
+    res.run = {"scenario": "single-stream", "completed": 20, "failed": 0,
+               "median_ttft_ms": res.metrics["ttft_ms"].summary()["median"]}
+    return res
+
+
+def judge(res: gate.TestResult, view: gate.BaselineView | None,
+          earlier: list[gate.TestResult] = ()) -> gate.TestResult:  # type: ignore[assignment]
+    """What the recorder does after measuring: floor, then each metric against its baseline,
+    on this boot and the ``earlier`` boots of the same test and profile."""
+    decode = res.metrics["decode_tok_s"].summary()["median"]
+    assert decode is not None
+    fr = gate.check_floor(float(decode), floor=DEPLOYMENT["decode_floor_tok_s"],
+                          target=DEPLOYMENT["decode_target_tok_s"])
+    res.floor = {"median": fr.median, "floor": fr.floor, "target": fr.target,
+                 "status": fr.status.value, "message": fr.message()}
+    if fr.warned:
+        res.warnings.append(fr.message())
+    for mres in res.metrics.values():
+        current = [r.metrics[mres.metric].boot_summary() for r in (*earlier, res)]
+        comparison, message = gate.judge_metric(mres, test=res.test, profile=res.profile, view=view,
+                                                profile_env=res.profile_env, current=current,
+                                                prior_spread=PRIOR_SPREAD)
+        mres.baseline_message = message
+        if comparison is not None:
+            mres.baseline = comparison.to_dict()
+            if comparison.verdict.value in ("inconclusive", "improvement"):
+                res.warnings.append(message)
+    return res
+
+
+@pytest.fixture
+def view(tmp_path: Path) -> gate.BaselineView:
+    """A baseline file holding the default profile only (ring-ll has no baseline)."""
+    stored = FINGERPRINT
+    base = measured("default", decode=81.4, itl=12.3, ttft=40.0, seed=100)
+    base.metrics["ttft_ms"].samples = samples(102, 36.0, 0.02)  # today's TTFT is ~11% slower
+    entries, not_recorded = gate.baseline_entries([base], git_commit=None)
+    assert not_recorded == []
+    path = baselines.baseline_path(tmp_path, "tiny-cpu", FINGERPRINT.key)
+    baselines.update_baseline(path, "tiny-cpu", stored, entries)
+    return gate.BaselineView(tmp_path, "tiny-cpu", stored)
+
+
+@pytest.fixture
+def results(view: gate.BaselineView) -> list[gate.TestResult]:
+    """Two boots of each profile, interleaved A B B A: one boot can screen, never convict."""
+    default = judge(measured("default", decode=81.4, itl=12.3, ttft=40.0, seed=1), view)
+    ring_ll = judge(measured("ring-ll", decode=81.9, itl=12.2, ttft=44.0, seed=10), view)
+    return [
+        default,
+        ring_ll,
+        judge(measured("ring-ll", decode=82.1, itl=12.2, ttft=44.3, seed=30, boot=2), view, [ring_ll]),
+        judge(measured("default", decode=81.2, itl=12.3, ttft=40.2, seed=20, boot=2), view, [default]),
+    ]
+
+
+def make_report(results: list[gate.TestResult], *, profiles: list[ProfileFacts] | None = None,
+                reference: str = "default") -> SessionReport:
+    facts = profiles if profiles is not None else [
+        ProfileFacts("default", "NCCL's own choices", {}, {"VLLM_CPU_KVCACHE_SPACE": "1"},
+                     boots=1, boot_s=42.3, log_path="logs/server-tiny-cpu-default.log"),
+        ProfileFacts("ring-ll", "Ring/LL", {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"},
+                     {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"},
+                     overridden_shell_env={"NCCL_ALGO": ("Tree", "Ring")},
+                     boots=1, boot_s=40.6, log_path="logs/server-tiny-cpu-ring-ll.log"),
+    ]
+    return build_session_report(
+        results=results, reference_profile=reference, profiles=facts, deployment=DEPLOYMENT,
+        fingerprint=FINGERPRINT.to_json(), created_at="2026-01-02T03:04:05Z",
+        generator="pytest-kimiperf test", baselines_path=f"baselines/tiny-cpu/{FINGERPRINT.key}.json",
+    )
+
+
+@pytest.fixture
+def report(results: list[gate.TestResult]) -> SessionReport:
+    return make_report(results)
+
+
+class FakeReporter:
+    """Records what the summary asks pytest's terminal reporter to write."""
+
+    def __init__(self, verbosity: int = 0) -> None:
+        self.verbosity = verbosity
+        self.calls: list[tuple[str, str, dict[str, bool]]] = []
+
+    def write_sep(self, sep: str, title: str | None = None, **markup: bool) -> None:
+        self.calls.append(("sep", f"{sep} {title}", markup))
+
+    def write_line(self, line: str, **markup: bool) -> None:
+        self.calls.append(("line", line, markup))
+
+    def lines(self) -> list[str]:
+        return [text for _, text, _ in self.calls]
+
+
+class State:
+    """The attributes of the plugin's run state that session_outputs reads."""
+
+    def __init__(self, report: SessionReport | None, output_error: str | None = None) -> None:
+        self.report = report
+        self.results = report.results if report else []
+        self.output_error = output_error
+        self.manager = None
+
+
+def summary(report: SessionReport, verbosity: int = 0, output_error: str | None = None) -> FakeReporter:
+    reporter = FakeReporter(verbosity)
+    terminal_summary(reporter, State(report, output_error))
+    return reporter
+
+
+def golden(name: str, text: str) -> str:
+    path = GOLDEN / name
+    if UPDATE_GOLDEN:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return path.read_text(encoding="utf-8")
+
+
+# -- terminal ---------------------------------------------------------------------------------
+
+
+def test_profile_table_has_medians_iqr_change_ci_and_verdict_in_aligned_columns(report: SessionReport) -> None:
+    lines = summary(report).lines()
+    assert "= kimiperf: NCCL profiles vs default" in lines
+    # "default boot 2" is too wide for a metric column beside it: metrics stack above their rows
+    header = next(line for line in lines if line.lstrip().startswith("profile") and "change" in line)
+    assert "  time to first token ms" in lines
+    ttft = report.results[2].metrics["ttft_ms"].summary()  # ring-ll boot 2
+    row = next(line for line in lines if "ring-ll boot 2" in line and f"{ttft['median']:.4g}" in line)
+    comparison = next(c.comparison for c in report.profile_comparisons
+                      if c.metric == "ttft_ms" and c.comparison is not None)
+    # boots are the samples: both boots of ring-ll against both boots of default
+    assert (comparison.boots_current, comparison.boots_reference) == (2, 2)
+    assert f"{comparison.change * 100:+.1f}%" in row
+    assert f"{comparison.ci_low * 100:+.1f}..{comparison.ci_high * 100:+.1f}%" in row
+    assert f"{ttft['q1']:.4g}-{ttft['q3']:.4g}" in row
+    assert row.endswith("worse")  # ~+11% TTFT on ring-ll, far beyond 5% tolerance
+    # the comparison rests on every boot, so it is shown once, on the profile's last boot
+    first = report.results[1].metrics["ttft_ms"].summary()  # ring-ll boot 1
+    first_row = next(line for line in lines if line.split()[:2] == ["ring-ll", f"{first['median']:.4g}"])
+    assert first_row.endswith(f"{first['q1']:.4g}-{first['q3']:.4g}")
+    # the verdict column starts where its header does, on every row of the table
+    table = lines[lines.index(header) + 1: next(i for i, line in enumerate(lines) if "against baselines" in line)]
+    verdicts = ("reference", "within tolerance", "no detectable change", "inconclusive", "worse")
+    assert [line.find(v) for line in table for v in verdicts if v in line] == [header.index("verdict")] * 9
+    assert max(len(line) for line in lines) <= MAX_WIDTH
+
+
+def test_baseline_section_shows_verdicts_and_the_missing_baseline(report: SessionReport) -> None:
+    lines = summary(report).lines()
+    start = lines.index(f"= kimiperf: against baselines (baselines/tiny-cpu/{FINGERPRINT.key}.json)")
+    section = lines[start:]
+    assert any(line.strip().startswith("time to first token ms") and line.endswith("REGRESSION")
+               for line in section)
+    assert f"{DECODE_TEST} [ring-ll]" in section
+    missing = section[section.index(f"{DECODE_TEST} [ring-ll]") + 1]
+    assert missing.strip() == f"no baseline for this hardware ({FINGERPRINT.key}): run --update-baselines"
+
+
+def test_floor_and_warnings_and_files(report: SessionReport) -> None:
+    report.outputs = {"json": "out/report.json", "plots": "out/plots"}
+    report.plot_files = ["a.png", "b.png"]
+    lines = summary(report).lines()
+    floor = [line for line in lines if "target of 85 tok/s" in line]
+    assert len(floor) == 4 and all("below the target" in line for line in floor)  # one per boot
+    assert "= kimiperf: warnings" in lines
+    assert "server default: booted 1x, ready after 42 s; log: logs/server-tiny-cpu-default.log" in lines
+    assert "  profile ring-ll overrides NCCL_ALGO='Tree' from the shell with 'Ring'" in lines
+    assert "JSON report: out/report.json" in lines
+    assert "plots: out/plots (2 PNG files)" in lines
+
+
+def test_quiet_keeps_only_verdict_lines(report: SessionReport) -> None:
+    lines = summary(report, verbosity=-1).lines()
+    assert not any("servers and files" in line or "median (IQR)" in line for line in lines)
+    assert lines[:2] == ["= kimiperf", DECODE_TEST]
+    verdicts = lines[2:]
+    compared = [line for line in verdicts if "ring-ll boot 2" in line and " vs " in line]
+    assert [line.split()[-1] for line in compared] == ["tolerance", "tolerance", "worse"]
+    assert verdicts[8].startswith("  [default] time to first token ms: ")
+    assert verdicts[8].endswith("inconclusive")  # one boot screens, never convicts
+    assert verdicts[11].startswith("  [default boot 2] time to first token ms: ")
+    assert verdicts[11].endswith("REGRESSION")  # the second boot convicts
+    assert verdicts[12].startswith("  [default] decode ") and verdicts[12].endswith(
+        "tok/s: below target (floor 60, target 85)")
+    assert verdicts[-1].endswith(": run --update-baselines (6 metrics)")
+    assert len(verdicts) == 17
+
+
+def test_verbose_adds_every_sample_and_the_boots_and_spread(report: SessionReport) -> None:
+    normal = summary(report).lines()
+    verbose = summary(report, verbosity=1).lines()
+    assert not any("samples:" in line for line in normal)
+    sample_text = " ".join(verbose)
+    for value in report.results[1].metrics["decode_tok_s"].samples:
+        assert f"{value:.4g}" in sample_text
+    words = " ".join(sample_text.split())  # details wrap to the width
+    assert ("rests on 2 boots (40 samples) vs 2 reference boots; boot spread 0.9% (declared 1% pooled "
+            "with 2 df measured) (default), tolerance 5%") in words
+    assert ("IQR 39.26-41.01, 2 boot(s) vs 1 baseline boots, boot spread 1% (declared 1% pooled "
+            "with 1 df measured), tolerance 5%") in words
+    assert max(len(line) for line in verbose) <= MAX_WIDTH
+
+
+def test_colour_goes_through_reporter_markup(report: SessionReport) -> None:
+    calls = summary(report).calls
+    regression = next(markup for _, text, markup in calls if text.endswith("REGRESSION"))
+    worse = next(markup for _, text, markup in calls if text.endswith("worse"))
+    plain = next(markup for _, text, markup in calls if text.startswith("server default"))
+    assert regression == {"red": True, "bold": True} and worse == {"red": True} and plain == {}
+
+
+def test_leftovers_and_errors_are_loud_even_with_q(results: list[gate.TestResult]) -> None:
+    report = make_report(results, profiles=[
+        ProfileFacts("default", boots=1, leftovers=("pid 4242 VLLM::EngineCore (ppid 1)",)),
+        ProfileFacts("ring-ll", boots=1, error="server exited with code 1 before it was ready"),
+    ])
+    calls = summary(report, verbosity=-1, output_error="cannot write baseline x: disk full").calls
+    texts = [text for _, text, _ in calls]
+    assert "! kimiperf: server trouble" in texts
+    leftover = next(c for c in calls if "LEFTOVER" in c[1])
+    assert leftover[2] == {"red": True, "bold": True} and "pid 4242" in leftover[1]
+    assert "server ring-ll failed: server exited with code 1 before it was ready" in texts
+    assert "ERROR: cannot write baseline x: disk full" in texts
+
+
+def test_many_profiles_stack_the_metric_above_its_rows_to_stay_in_width(view: gate.BaselineView) -> None:
+    names = ["default", "ring-ll-with-a-long-name", "tree-simple-with-a-long-name"]
+    results = [measured(name, decode=81.0 + i, itl=12.3, ttft=40.0, seed=10 * i)
+               for i, name in enumerate(names)]
+    report = make_report(results, profiles=[ProfileFacts(n, boots=1) for n in names])
+    lines = summary(report).lines()
+    assert "  decode tok/s" in lines  # the metric on a line of its own
+    assert max(len(line) for line in lines) <= MAX_WIDTH
+
+
+def test_invalid_run_and_missing_reference_are_not_compared(results: list[gate.TestResult]) -> None:
+    results[1].invalid = "client event loop lagged (p99 3.1 ms > 1 ms)"
+    lines = summary(make_report(results)).lines()
+    invalid = [line for line in lines if "INVALID measurement" in line]
+    assert invalid and all("worse" not in line for line in invalid)
+    results[1].invalid = None
+    no_reference = make_report([results[1], measured("tree", decode=80, itl=12, ttft=40, seed=5)],
+                               reference="default")
+    lines = summary(no_reference).lines()
+    assert sum("no valid result of the reference profile default" in line for line in lines) == 6
+
+
+def test_a_broken_state_writes_one_line_instead_of_raising() -> None:
+    reporter = FakeReporter()
+
+    class Broken:
+        report = None
+        output_error = None
+        manager = None
+
+        @property
+        def results(self) -> list[Any]:
+            raise RuntimeError("state went away")
+
+    terminal_summary(reporter, Broken())
+    message = "kimiperf: could not write the perf summary: RuntimeError: state went away"
+    assert reporter.calls == [("line", message, {"red": True})]
+
+
+def test_single_profile_has_no_profile_table(results: list[gate.TestResult]) -> None:
+    lines = summary(make_report(results[:1], profiles=[ProfileFacts("default", boots=1)])).lines()
+    assert not any("NCCL profiles vs" in line for line in lines)
+    assert any("against baselines" in line for line in lines)
+
+
+def test_render_summary_without_report_only_reports_the_error() -> None:
+    lines = render_summary(None, verbosity=0, output_error="boom")
+    assert [line.text for line in lines] == ["kimiperf: reports and baselines", "ERROR: boom"]
+
+
+# -- JSON ---------------------------------------------------------------------------------------
+
+
+def _approx(value: Any) -> Any:
+    if isinstance(value, float):
+        return pytest.approx(value, rel=1e-9, abs=1e-12)
+    if isinstance(value, dict):
+        return {k: _approx(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_approx(v) for v in value]
+    return value
+
+
+def test_json_report_matches_the_golden_schema(report: SessionReport) -> None:
+    report.outputs = {"json": "out/report.json"}
+    data = build_json_report(report)
+    text = dumps_json_report(data)
+    expected = json.loads(golden("report.json", text))
+    assert json.loads(text) == _approx(expected)
+    # field names that follow vLLM bench serve stay where dashboards look for them
+    test = data["tests"][0]
+    assert data["schema_version"] == SCHEMA_VERSION == 1
+    assert test["run"]["completed"] == 20 and "median_ttft_ms" in test["run"]
+    assert set(test["metrics"]) == {"decode_tok_s", "itl_ms", "ttft_ms"}
+    assert data["profiles"]["ring-ll"]["overridden_shell_env"] == {
+        "NCCL_ALGO": {"shell": "Tree", "profile": "Ring"}}
+
+
+def test_json_report_turns_failed_samples_into_null(report: SessionReport) -> None:
+    report.results[0].metrics["ttft_ms"].samples[3] = math.nan
+    data = build_json_report(report)
+    ttft = data["tests"][0]["metrics"]["ttft_ms"]
+    assert ttft["samples"][3] is None
+    assert ttft["summary"]["n"] == 19 and ttft["summary"]["n_failed"] == 1
+    assert "NaN" not in dumps_json_report(data)
+
+
+def test_json_report_rejects_what_a_hook_made_unserializable(report: SessionReport) -> None:
+    data = build_json_report(report)
+    data["extra"] = {"when": object()}
+    with pytest.raises(Exception, match="pytest_kimiperf_update_json"):
+        dumps_json_report(data)
+
+
+# -- Markdown -------------------------------------------------------------------------------------
+
+
+def test_markdown_matches_the_snapshot(report: SessionReport) -> None:
+    text = render_markdown(report)
+    assert text == golden("summary.md", text)
+
+
+def test_markdown_escapes_pipes_in_test_ids(results: list[gate.TestResult]) -> None:
+    for res in results:
+        res.test = "perf_tests/test_x.py::test_y[a|b]"
+    text = render_markdown(make_report(results))
+    table = [line for line in text.splitlines() if "test_y" in line]
+    assert table and all("`perf_tests/test_x.py::test_y[a\\|b]`" in line for line in table)
+    # every row of the profile table still has exactly the header's cell count
+    header = next(line for line in text.splitlines() if line.startswith("| test | metric"))
+    rows = text.splitlines()[text.splitlines().index(header):]
+    rows = rows[: rows.index("")]
+    assert {line.replace("\\|", "").count("|") for line in rows} == {header.count("|")}
+
+
+def test_markdown_appends_to_the_step_summary(tmp_path: Path, report: SessionReport) -> None:
+    step = tmp_path / "step_summary.md"
+    step.write_text("## earlier step\n", encoding="utf-8")
+    text = render_markdown(report)
+    write_markdown(step, text, append=True, source="$GITHUB_STEP_SUMMARY")
+    assert step.read_text(encoding="utf-8") == "## earlier step\n\n" + text
+
+
+# -- plots ---------------------------------------------------------------------------------------
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return int(width), int(height)
+
+
+def test_plots_are_valid_pngs_of_sensible_size(tmp_path: Path, report: SessionReport) -> None:
+    pytest.importorskip("matplotlib")
+    from pytest_kimiperf.reports.plots import render_plots
+
+    files = render_plots(report, tmp_path / "plots")
+    names = sorted(p.name for p in files)
+    slug = "perf_tests_test_decode.py--test_single_stream_decode"
+    assert names == sorted([f"{slug}--decode_tok_s.png", f"{slug}--itl_ms.png", f"{slug}--ttft_ms.png",
+                            f"{slug}--itl-timeline.png"])
+    for path in files:
+        width, height = png_size(path)
+        assert 600 <= width <= 1200 and 300 <= height <= 1200, (path.name, width, height)
+        assert path.stat().st_size > 10_000  # an empty canvas compresses to a few kB
+
+
+def test_plots_without_matplotlib_name_the_extra(monkeypatch: pytest.MonkeyPatch,
+                                                 report: SessionReport, tmp_path: Path) -> None:
+    from pytest_kimiperf.errors import ConfigError
+    from pytest_kimiperf.reports.plots import render_plots
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an absent package looks like
+    with pytest.raises(ConfigError, match=r"pip install 'pytest-kimiperf\[plots\]'"):
+        render_plots(report, tmp_path / "plots")
+    assert not (tmp_path / "plots").exists()
+
+
+# -- through the plugin -----------------------------------------------------------------------------
+
+
+def slot_id(res: gate.TestResult) -> str:
+    """The boot slot's parameter id, as boots.BootSlot.id spells it."""
+    return res.profile if res.boot == 1 else f"{res.profile}-boot{res.boot}"
+
+
+PLUGIN_TEST = """
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_kimiperf.judge import gate
+from pytest_kimiperf.plugin import RESULT_KEY
+
+RESULTS = json.loads(Path(__file__).with_name("results.json").read_text())
+
+
+@pytest.mark.parametrize("slot", list(RESULTS))
+def test_single_stream_decode(request, slot):
+    request.node.stash[RESULT_KEY] = gate.TestResult.from_json(RESULTS[slot])
+"""
+
+
+def test_plugin_writes_reports_and_baselines_and_summarizes(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, results: list[gate.TestResult]
+) -> None:
+    """The plugin's session end: results travel from the test reports to every output."""
+    step = pytester.path / "step_summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
+    payload = {}
+    for res in results:
+        res.test = "test_perf.py::test_single_stream_decode"
+        payload[slot_id(res)] = res.to_json()
+    (pytester.path / "results.json").write_text(json.dumps(payload))
+    pytester.makepyfile(test_perf=PLUGIN_TEST)
+    outcome = pytester.runpytest(
+        "-p", "no:cacheprovider", "--deployment", "tiny-cpu", "--nccl-profile", "default,ring-ll",
+        "--perf-json", "out/report.json", "--perf-markdown", "out/summary.md",
+        "--update-baselines", "--baselines-dir", "bl",
+    )
+    outcome.assert_outcomes(passed=4)
+    outcome.stdout.fnmatch_lines([
+        "*kimiperf: NCCL profiles vs default*",
+        "*time to first token ms",
+        "*default*reference",
+        # tiny-cpu declares an 18% boot spread: two boots a side cannot tell +11% apart
+        "*ring-ll boot 2*+11.3%*-*..+*%*inconclusive",
+        "*kimiperf: against baselines*",
+        "*baselines written: *bl/tiny-cpu/*.json (6 entries)",
+    ])
+    data = json.loads((pytester.path / "out" / "report.json").read_text())
+    assert [(t["profile"], t["boot"]) for t in data["tests"]] == [
+        ("default", 1), ("ring-ll", 1), ("ring-ll", 2), ("default", 2)]
+    assert data["baselines"]["entries_written"] == 6
+    assert data["fingerprint"]["key"] in data["baselines"]["path"]
+    written = baselines.load_baseline(data["baselines"]["path"])
+    assert written is not None and len(written.entries) == 6
+    assert step.read_text().startswith("## kimiperf: tiny-cpu")
+    assert (pytester.path / "out" / "summary.md").read_text() == step.read_text()
+
+
+def test_plugin_quiet_summary_and_hook_edit(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                                            results: list[gate.TestResult]) -> None:
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    payload = {slot_id(res): {**res.to_json(), "test": "test_perf.py::test_single_stream_decode"}
+               for res in results}
+    (pytester.path / "results.json").write_text(json.dumps(payload))
+    pytester.makepyfile(test_perf=PLUGIN_TEST)
+    pytester.makeconftest(
+        "def pytest_kimiperf_update_json(config, report):\n"
+        "    report['ci'] = {'job': 'nightly'}\n"
+    )
+    outcome = pytester.runpytest("-q", "-p", "no:cacheprovider", "--deployment", "tiny-cpu",
+                                 "--nccl-profile", "default,ring-ll", "--perf-json", "r.json")
+    outcome.assert_outcomes(passed=4)
+    outcome.stdout.fnmatch_lines(["*time to first token ms: ring-ll boot 2 * vs default *: +11.3% (*) inconclusive"])
+    assert "servers and files" not in outcome.stdout.str()
+    assert json.loads((pytester.path / "r.json").read_text())["ci"] == {"job": "nightly"}
+
+
+def test_plugin_reports_results_from_xdist_workers(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                                                   results: list[gate.TestResult]) -> None:
+    """Under xdist the results reach the controller serialized in the reports; only it writes."""
+    pytest.importorskip("xdist")
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    payload = {slot_id(res): {**res.to_json(), "test": "test_perf.py::test_single_stream_decode"}
+               for res in results}
+    (pytester.path / "results.json").write_text(json.dumps(payload))
+    pytester.makepyfile(test_perf=PLUGIN_TEST)
+    outcome = pytester.runpytest("-n", "2", "-p", "no:cacheprovider", "--deployment", "tiny-cpu",
+                                 "--nccl-profile", "default,ring-ll", "--perf-json", "r.json")
+    outcome.assert_outcomes(passed=4)
+    outcome.stdout.fnmatch_lines(["*ring-ll boot 2*+11.3%*inconclusive", "*not started by this process*"])
+    data = json.loads((pytester.path / "r.json").read_text())
+    assert sorted((t["profile"], t["boot"]) for t in data["tests"]) == [
+        ("default", 1), ("default", 2), ("ring-ll", 1), ("ring-ll", 2)]
+    assert data["profiles"]["default"]["boots"] is None  # booted (if at all) on a worker
+
+
+def test_plugin_reports_a_baseline_it_cannot_write_and_still_writes_the_json(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, results: list[gate.TestResult]
+) -> None:
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    payload = {slot_id(res): {**res.to_json(), "test": "test_perf.py::test_single_stream_decode"}
+               for res in results}
+    (pytester.path / "results.json").write_text(json.dumps(payload))
+    (pytester.path / "not-a-dir").write_text("a file where the baselines directory should be\n")
+    pytester.makepyfile(test_perf=PLUGIN_TEST)
+    outcome = pytester.runpytest("-p", "no:cacheprovider", "--deployment", "tiny-cpu",
+                                 "--nccl-profile", "default,ring-ll", "--perf-json", "r.json",
+                                 "--update-baselines", "--baselines-dir", "not-a-dir")
+    assert outcome.ret == pytest.ExitCode.TESTS_FAILED
+    outcome.stdout.fnmatch_lines(["*kimiperf: reports and baselines*",
+                                  "ERROR: cannot write baseline *not-a-dir/tiny-cpu/*.json*"])
+    assert "Traceback" not in outcome.stdout.str()
+    data = json.loads((pytester.path / "r.json").read_text())
+    assert data["baselines"]["updated"] is False
+    assert len(data["errors"]) == 1 and "cannot write baseline" in data["errors"][0]
+
+
+def test_the_servers_view_is_shown_next_to_the_clients(results: list[gate.TestResult]) -> None:
+    res = results[0]
+    # one run extended by one round: two /metrics views, pooled by their counts
+    res.run.update({"mean_ttft_ms": 17.4, "mean_itl_ms": 1.30, "total_output_tokens": 2560,
+                    "server_metrics": [
+                        {"ttft_count": 10, "mean_ttft_ms": 17.0, "itl_count": 1270, "mean_itl_ms": 1.2,
+                         "generation_tokens": 1280.0, "itl_metric": "vllm:inter_token_latency_seconds"},
+                        {"ttft_count": 30, "mean_ttft_ms": 18.0, "itl_count": 3810, "mean_itl_ms": 1.4,
+                         "generation_tokens": 1280.0, "itl_metric": "vllm:inter_token_latency_seconds"}]})
+    rep = make_report(results)
+    (row,) = rep.server_views()
+    assert (row.server_ttft_ms, row.client_ttft_ms) == (pytest.approx(17.75), 17.4)
+    assert (row.server_itl_ms, row.client_itl_ms) == (pytest.approx(1.35), 1.3)
+    assert (row.server_tokens, row.client_tokens) == (2560.0, 2560.0)
+    text = [line.text for line in render_summary(rep, verbosity=0)]
+    title = text.index("kimiperf: the server's view (vLLM /metrics) next to the client's")
+    assert text[title + 2] == res.test
+    assert text[title + 4].split() == [res.profile, "17.75", "17.4", "1.35", "1.3", "2560", "2560"]
+    assert all(len(line) <= MAX_WIDTH for line in text)
+    markdown = render_markdown(rep)
+    assert "### The server's view (vLLM /metrics) next to the client's" in markdown
+    assert f"| {res.profile} | 17.75 | 17.4 | 1.35 | 1.3 | 2560 | 2560 |" in markdown

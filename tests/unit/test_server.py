@@ -1,0 +1,81 @@
+"""ServerProcess pieces that need no server: what happens between the launch and its record."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pytest_kimiperf.server.process import ServerProcess
+
+
+def test_launch_whose_record_cannot_be_written_is_stopped_not_leaked(tmp_path: Path) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the state folder should be")
+    server = ServerProcess(
+        argv=[sys.executable, "-c", "import time; time.sleep(120)"],
+        env={},
+        log_path=tmp_path / "server.log",
+        state_dir=blocker,
+        base_url="http://127.0.0.1:9",
+        served_model_name="m",
+        deployment="d",
+        profile="default",
+        deadline_s=10,
+    )
+    with pytest.raises(OSError):
+        server.start()
+    assert server.popen is not None
+    assert server.popen.returncode is not None, "the launched process was left running"
+    assert not psutil.pid_exists(server.popen.pid)
+    assert server.record is None
+
+
+def test_exit_during_boot_is_noticed_within_two_seconds(tmp_path: Path) -> None:
+    import time
+
+    from pytest_kimiperf.errors import ServerError
+
+    died_at = tmp_path / "died_at"
+    server = ServerProcess(
+        argv=[sys.executable, "-c",
+              "import sys, time; time.sleep(1.0); print('RuntimeError: simulated', flush=True); "
+              f"open({str(died_at)!r}, 'w').write(repr(time.time())); sys.exit(3)"],
+        env={}, log_path=tmp_path / "server.log", state_dir=tmp_path / "state",
+        base_url="http://127.0.0.1:9", served_model_name="m", deployment="d", profile="default",
+        deadline_s=600,
+    )
+    server.start()
+    with pytest.raises(ServerError, match=r"(?s)exited with code 3 .*RuntimeError: simulated"):
+        try:
+            server.wait_ready()
+        finally:
+            noticed = time.time()
+    assert noticed - float(died_at.read_text()) < 2.0
+
+
+def test_gpu_memory_held_by_sigkill_survivors_stops_a_gpu_launch(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from pytest_kimiperf.server import sweep as process_sweep
+    from pytest_kimiperf.config.deployments import KIMI_K25_INT4_TP8, TINY_CPU
+    from pytest_kimiperf.errors import ServerError
+    from pytest_kimiperf.server.manager import ServerManager
+
+    stuck = process_sweep.ProcessSummary(pid=4242, name="VLLM::Worker_TP3", cmdline=())
+    report = process_sweep.SweepReport(survivors=(stuck,), survivor_gpu_memory_mib={4242: 91_000})
+    monkeypatch.setattr(process_sweep, "sweep_stale_launches", lambda *a, **kw: report)
+    said: list[str] = []
+
+    def manager(deployment: object) -> ServerManager:
+        settings = SimpleNamespace(deployment=deployment, grace_s=1.0)
+        return ServerManager(settings, log_dir=tmp_path, state_dir=tmp_path,  # type: ignore[arg-type]
+                             say=said.append, on_progress=lambda *a: None)
+
+    with pytest.raises(ServerError, match=r"survived SIGKILL and still hold GPU memory: pid 4242 \(91000 MiB\)"):
+        manager(KIMI_K25_INT4_TP8)._sweep()
+    assert "kimiperf: zombie sweep: STILL RUNNING after SIGKILL: pid 4242 VLLM::Worker_TP3" in said
+    manager(TINY_CPU)._sweep()  # no GPUs needed: reported, not fatal
