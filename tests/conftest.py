@@ -8,6 +8,9 @@ from pathlib import Path
 # pytester's in-process runs restore sys.modules afterwards: numpy (and scipy, built on it)
 # imported for the first time inside one would be imported again by the next, which numpy
 # refuses with a warning. The plugin loads them lazily, so the test process loads them first.
+# httpx too: a test's own httpx call after an in-process run that imported httpcore afresh
+# would see httpcore's errors unmapped (httpx maps them by class), raw ConnectError escaping.
+import httpx  # noqa: F401
 import numpy  # noqa: F401
 import pytest
 import scipy.stats  # noqa: F401
