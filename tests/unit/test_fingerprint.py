@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pytest_kimiperf.judge import fingerprint as fpmod
-from pytest_kimiperf.server import gpu
+from pytest_kimiperf.server import nvidia_smi
 from pytest_kimiperf.errors import BaselineError, ConfigError
 from pytest_kimiperf.judge.fingerprint import Fingerprint, collect_fingerprint
 from pytest_kimiperf.config.names import check_safe_name
@@ -25,12 +25,12 @@ KIMI_FACTS = {"model": "moonshotai/Kimi-K2.5", "revision": "main", "quantization
 PINNED_SOFTWARE = {"vllm": "vllm 0.11.0", "torch": "2.8.0+cu128", "nccl": "2.27.3"}
 
 
-def rtx_pro_gpus() -> list[gpu.GpuInfo]:
-    return gpu.parse_query_gpu_csv((DATA / "query_gpu_8x_rtx_pro_6000.csv").read_text())
+def rtx_pro_gpus() -> list[nvidia_smi.GpuInfo]:
+    return nvidia_smi.parse_query_gpu_csv((DATA / "query_gpu_8x_rtx_pro_6000.csv").read_text())
 
 
-def topology(name: str) -> gpu.Topology:
-    return gpu.parse_topology((DATA / name).read_text())
+def topology(name: str) -> nvidia_smi.Topology:
+    return nvidia_smi.parse_topology((DATA / name).read_text())
 
 
 def production(**changes: object) -> Fingerprint:

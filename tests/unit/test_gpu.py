@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kimiperf.server import gpu
+from pytest_kimiperf.server import gpu, nvidia_smi
 from pytest_kimiperf.errors import ConfigError, HardwareMissingError, ServerError
 from tests import helpers
 
@@ -53,7 +53,7 @@ needs_no_nvml = pytest.mark.skipif(
     ],
 )
 def test_parse_topology_on_recorded_outputs(name: str, gpu_count: int, nvlink: bool, codes: set[str]) -> None:
-    topology = gpu.parse_topology(recorded(name))
+    topology = nvidia_smi.parse_topology(recorded(name))
     assert topology.gpu_labels == tuple(f"GPU{i}" for i in range(gpu_count))
     assert topology.nvlink is nvlink
     assert topology.link_codes() == codes
@@ -63,39 +63,39 @@ def test_parse_topology_on_recorded_outputs(name: str, gpu_count: int, nvlink: b
 
 def test_topology_ignores_nic_columns_and_rows() -> None:
     # NIC0 is PHB to GPU1 on the RTX PRO host; it must not leak into the GPU matrix.
-    topology = gpu.parse_topology(recorded("topo_8x_rtx_pro_6000_sys.txt"))
+    topology = nvidia_smi.parse_topology(recorded("topo_8x_rtx_pro_6000_sys.txt"))
     assert topology.matrix[1] == ("SYS", "X", "SYS", "SYS", "SYS", "SYS", "SYS", "SYS")
     assert topology.describe() == "PCIe only (SYS)"
-    assert gpu.parse_topology(recorded("topo_4x_h100_nv6_nics.txt")).describe() == "NVLink (NV6)"
+    assert nvidia_smi.parse_topology(recorded("topo_4x_h100_nv6_nics.txt")).describe() == "NVLink (NV6)"
 
 
 def test_topology_header_without_leading_whitespace() -> None:
     # vLLM's collect_env prints the matrix with the header's leading whitespace stripped.
     stripped = "\n".join(line.lstrip() for line in recorded("topo_4x_h100_nv6_nics.txt").splitlines())
-    assert gpu.parse_topology(stripped) == gpu.parse_topology(recorded("topo_4x_h100_nv6_nics.txt"))
+    assert nvidia_smi.parse_topology(stripped) == nvidia_smi.parse_topology(recorded("topo_4x_h100_nv6_nics.txt"))
 
 
 def test_topology_unknown_link_code_is_an_error_naming_it() -> None:
     text = recorded("topo_2x_rtx5090_phb_tabs.txt").replace("GPU1\tPHB", "GPU1\tC2C", 1)
     with pytest.raises(ValueError, match=r"unknown link code 'C2C' between GPU1 and GPU0"):
-        gpu.parse_topology(text)
+        nvidia_smi.parse_topology(text)
 
 
 def test_topology_without_header_or_with_missing_rows() -> None:
     with pytest.raises(ValueError, match="no header row starting with GPU0"):
-        gpu.parse_topology("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
+        nvidia_smi.parse_topology("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
     text = "\n".join(
         line for line in recorded("topo_2x_rtx5090_phb_tabs.txt").splitlines() if not line.startswith("GPU1")
     )
     with pytest.raises(ValueError, match=r"names GPUs \['GPU0', 'GPU1'\] but rows are \['GPU0'\]"):
-        gpu.parse_topology(text)
+        nvidia_smi.parse_topology(text)
 
 
 # --------------------------------------------------------------------------- --query-gpu
 
 
 def test_parse_query_gpu_csv_with_header_and_units() -> None:
-    gpus = gpu.parse_query_gpu_csv(recorded("query_gpu_8x_rtx_pro_6000.csv"))
+    gpus = nvidia_smi.parse_query_gpu_csv(recorded("query_gpu_8x_rtx_pro_6000.csv"))
     assert [g.index for g in gpus] == list(range(8))
     assert {g.name for g in gpus} == {"NVIDIA RTX PRO 6000 Blackwell Server Edition"}
     assert {g.memory_total_mib for g in gpus} == {97887}
@@ -107,10 +107,10 @@ def test_parse_query_gpu_csv_with_header_and_units() -> None:
 
 def test_parse_query_gpu_csv_noheader_nounits_with_caller_fields() -> None:
     fields = recorded("query_gpu_rtx2080_noheader_nounits.fields").strip().split(",")
-    (card,) = gpu.parse_query_gpu_csv(
+    (card,) = nvidia_smi.parse_query_gpu_csv(
         recorded("query_gpu_rtx2080_noheader_nounits.csv"), fields, cuda_version="10.2"
     )
-    assert card == gpu.GpuInfo(
+    assert card == nvidia_smi.GpuInfo(
         index=0,
         name="GeForce RTX 2080",
         uuid="GPU-22b2c6ac-2d49-4863-197c-9c469071178a",
@@ -129,25 +129,25 @@ def test_parse_query_gpu_csv_default_fields_without_header() -> None:
         f"{i}, {name}, {uuid}, {mib.removesuffix(' MiB')}, {drv}, 5, 16"
         for i, name, uuid, drv, mib, _ in rows
     )
-    gpus = gpu.parse_query_gpu_csv(text)
+    gpus = nvidia_smi.parse_query_gpu_csv(text)
     assert len(gpus) == 8 and gpus[7].memory_total_mib == 97887
     assert (gpus[7].pcie_gen, gpus[7].pcie_width) == (5, 16)
 
 
 def test_parse_query_gpu_csv_errors_name_the_problem() -> None:
     with pytest.raises(ValueError, match=r"lack \['memory.total'\]"):
-        gpu.parse_query_gpu_csv("0, NVIDIA H100, 550.54.15", ("index", "name", "driver_version"))
+        nvidia_smi.parse_query_gpu_csv("0, NVIDIA H100, 550.54.15", ("index", "name", "driver_version"))
     with pytest.raises(ValueError, match="row has 3 values for 7 fields"):
-        gpu.parse_query_gpu_csv("0, 1, 2")
+        nvidia_smi.parse_query_gpu_csv("0, 1, 2")
     with pytest.raises(ValueError, match=r"memory\.total is not reported"):
-        gpu.parse_query_gpu_csv("0, NVIDIA H100, GPU-1, [N/A], 550.54.15, 5, 16")
+        nvidia_smi.parse_query_gpu_csv("0, NVIDIA H100, GPU-1, [N/A], 550.54.15, 5, 16")
 
 
 def test_parse_cuda_version_from_banner_and_query_log() -> None:
-    assert gpu.parse_cuda_version(recorded("smi_header_535.txt")) == "12.2"
+    assert nvidia_smi.parse_cuda_version(recorded("smi_header_535.txt")) == "12.2"
     # `-q` on a host where no CUDA driver is visible says "Not Found": not a version.
-    assert gpu.parse_cuda_version(recorded("smi_q_cuda_not_found.txt")) is None
-    assert gpu.parse_cuda_version("") is None
+    assert nvidia_smi.parse_cuda_version(recorded("smi_q_cuda_not_found.txt")) is None
+    assert nvidia_smi.parse_cuda_version("") is None
 
 
 # --------------------------------------------------------------------------- --query-compute-apps
@@ -166,17 +166,17 @@ def test_parse_cuda_version_from_banner_and_query_log() -> None:
     ],
 )
 def test_parse_compute_apps_on_recorded_outputs(name: str, expected: dict[int, int]) -> None:
-    assert gpu.parse_compute_apps(recorded(name)) == expected
+    assert nvidia_smi.parse_compute_apps(recorded(name)) == expected
 
 
 def test_parse_compute_apps_noheader_nounits_and_summing() -> None:
     # csv,noheader,nounits of the default query; a pid on two GPUs (one context each) is summed.
-    assert gpu.parse_compute_apps("3858903, 6265\n3880364, 5530\n3858903, 100\n") == {
+    assert nvidia_smi.parse_compute_apps("3858903, 6265\n3880364, 5530\n3858903, 100\n") == {
         3858903: 6365,
         3880364: 5530,
     }
-    assert gpu.parse_compute_apps("") == {}
-    assert gpu.parse_compute_apps("12, [N/A]\n") == {12: 0}
+    assert nvidia_smi.parse_compute_apps("") == {}
+    assert nvidia_smi.parse_compute_apps("12, [N/A]\n") == {12: 0}
 
 
 def test_parse_compute_apps_process_name_with_commas() -> None:
@@ -184,12 +184,12 @@ def test_parse_compute_apps_process_name_with_commas() -> None:
     text = (
         "pid, process_name, used_gpu_memory [MiB]\n4242, /opt/chrome --type=gpu-process --a=1,2,3, 120 MiB\n"
     )
-    assert gpu.parse_compute_apps(text) == {4242: 120}
+    assert nvidia_smi.parse_compute_apps(text) == {4242: 120}
 
 
 def test_parse_compute_apps_needs_pid_and_memory() -> None:
     with pytest.raises(ValueError, match="need pid and used_memory"):
-        gpu.parse_compute_apps("1, python3", ("pid", "process_name"))
+        nvidia_smi.parse_compute_apps("1, python3", ("pid", "process_name"))
 
 
 # --------------------------------------------------------------------------- hardware check
@@ -200,7 +200,7 @@ KIMI = gpu.HardwareRequirement(gpu_count=8, gpu_name_contains="RTX PRO 6000", mi
 
 def test_check_hardware_accepts_the_recorded_production_host() -> None:
     gpu.check_hardware(
-        KIMI, gpu.parse_query_gpu_csv(recorded("query_gpu_8x_rtx_pro_6000.csv")), deployment="kimi-k2.5"
+        KIMI, nvidia_smi.parse_query_gpu_csv(recorded("query_gpu_8x_rtx_pro_6000.csv")), deployment="kimi-k2.5"
     )
 
 
@@ -221,12 +221,12 @@ def test_check_hardware_without_gpus_says_why_and_the_way_out() -> None:
 
 def test_check_hardware_names_what_was_found() -> None:
     fields = recorded("query_gpu_rtx2080_noheader_nounits.fields").strip().split(",")
-    card = gpu.parse_query_gpu_csv(recorded("query_gpu_rtx2080_noheader_nounits.csv"), fields)
+    card = nvidia_smi.parse_query_gpu_csv(recorded("query_gpu_rtx2080_noheader_nounits.csv"), fields)
     with pytest.raises(
         HardwareMissingError, match=r"found 1x GeForce RTX 2080 \(7979 MiB\), of which 0 qualify\."
     ):
         gpu.check_hardware(KIMI, card, deployment="kimi-k2.5")
-    seven = gpu.parse_query_gpu_csv(recorded("query_gpu_8x_rtx_pro_6000.csv"))[:7]
+    seven = nvidia_smi.parse_query_gpu_csv(recorded("query_gpu_8x_rtx_pro_6000.csv"))[:7]
     with pytest.raises(
         HardwareMissingError, match=r"found 7x NVIDIA RTX PRO 6000 Blackwell Server Edition \(97887 MiB\)\."
     ):
@@ -312,7 +312,7 @@ def test_nvidia_smi_fallback_runs_the_query_and_reads_cuda(bin_dir: Path) -> Non
     assert probe.source == "nvidia-smi" and len(probe.gpus) == 8
     assert probe.gpus[3].cuda_version == "12.2" and probe.gpus[3].pcie_gen == 5
     calls = (bin_dir / "calls").read_text().splitlines()
-    assert calls[0] == f"--query-gpu={','.join(gpu.QUERY_GPU_FIELDS)} --format=csv,noheader,nounits"
+    assert calls[0] == f"--query-gpu={','.join(nvidia_smi.QUERY_GPU_FIELDS)} --format=csv,noheader,nounits"
 
 
 @needs_no_nvml
@@ -352,8 +352,8 @@ def scripted_probe(*answers: dict[int, int]) -> Callable[[], dict[int, int]]:
 
 
 def test_wait_gpu_memory_freed_returns_once_the_pids_are_gone() -> None:
-    before = gpu.parse_compute_apps(recorded("compute_apps_8gpu_before_release.csv"))
-    after = gpu.parse_compute_apps(recorded("compute_apps_8gpu_after_release.csv"))
+    before = nvidia_smi.parse_compute_apps(recorded("compute_apps_8gpu_before_release.csv"))
+    after = nvidia_smi.parse_compute_apps(recorded("compute_apps_8gpu_after_release.csv"))
     released = [1425258, 1425259, 1425260, 1425261]
     gpu.wait_gpu_memory_freed(
         released, deadline_s=5, poll_s=0.01, probe=scripted_probe(before, before, after)
@@ -361,7 +361,7 @@ def test_wait_gpu_memory_freed_returns_once_the_pids_are_gone() -> None:
 
 
 def test_wait_gpu_memory_freed_names_the_holders_at_the_deadline() -> None:
-    after = gpu.parse_compute_apps(recorded("compute_apps_8gpu_after_release.csv"))
+    after = nvidia_smi.parse_compute_apps(recorded("compute_apps_8gpu_after_release.csv"))
     started = time.monotonic()
     with pytest.raises(ServerError) as caught:
         gpu.wait_gpu_memory_freed(
