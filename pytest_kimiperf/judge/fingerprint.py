@@ -23,7 +23,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from pytest_kimiperf.errors import BaselineError, ConfigError
-from pytest_kimiperf.server.gpu import GpuInfo, Topology
+from pytest_kimiperf.server.nvidia_smi import GpuInfo, Topology
 
 UNKNOWN = "unknown"
 
