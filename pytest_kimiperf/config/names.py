@@ -1,8 +1,11 @@
-"""Checks names (profiles, deployments) before they become parts of file paths."""
+"""Names the user gives (profiles, deployments): checked before they become parts of file paths,
+and the closest known name suggested when one is misspelled."""
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 
 from pytest_kimiperf.errors import ConfigError
 
@@ -18,3 +21,9 @@ def check_safe_name(kind: str, name: object, *, source: str = "") -> str:
             "'.', '_' and '-', starting with a letter or digit"
         )
     return name
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the closest of ``choices`` to ``word``, or ``""`` if none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

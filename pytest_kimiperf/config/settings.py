@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from pytest_kimiperf.config.deployments import Deployment, resolve_deployments, select_deployment
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.nccl.profiles import NcclProfile, resolve_profiles, select_profiles
+from pytest_kimiperf.config.nccl.values import validate_profile
 
 DEFAULT_DEPLOYMENT = "kimi-k25-int4-tp8"
 DEFAULT_PROFILES = "default"
@@ -126,8 +127,6 @@ def build_settings(
     )
     prof_opt = options["nccl_profiles"]
     profiles = tuple(select_profiles(str(prof_opt.value), known_profiles, source=prof_opt.source))
-
-    from pytest_kimiperf.config.nccl.profiles import validate_profile
 
     warnings: list[str] = []
     for profile in profiles:

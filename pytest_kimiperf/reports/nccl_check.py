@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_kimiperf.config.nccl.profiles import applied_status, parse_nccl_env_lines
+from pytest_kimiperf.config.nccl.debug_log import applied_status, parse_nccl_env_lines
 
 APPLIED = "applied"
 NOT_SEEN = "not seen in the log"

@@ -22,7 +22,8 @@ from pytest_kimiperf.server.boot_account import BootAccount, account_boot
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.server.host_claim import HostClaim, claim_host
 from pytest_kimiperf.server.http_json import served_models
-from pytest_kimiperf.config.nccl.profiles import NCCL_DEBUG_ENV, NcclProfile, profile_server_env
+from pytest_kimiperf.config.nccl.debug_log import NCCL_DEBUG_ENV
+from pytest_kimiperf.config.nccl.profiles import NcclProfile, profile_server_env
 from pytest_kimiperf.paths import compile_cache_env
 from pytest_kimiperf.server.progress import BootProgress
 from pytest_kimiperf.server.process import (

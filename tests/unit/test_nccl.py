@@ -1,4 +1,4 @@
-"""Unit tests for pytest_kimiperf.config.nccl.profiles: profiles, validation, selection, env and log checks."""
+"""Unit tests for pytest_kimiperf.config.nccl: profiles, validation, selection, env and log checks."""
 
 from __future__ import annotations
 
@@ -11,20 +11,17 @@ from pathlib import Path
 import pytest
 
 from pytest_kimiperf.errors import ConfigError
+from pytest_kimiperf.config.nccl.debug_log import NCCL_DEBUG_ENV, applied_status, parse_nccl_env_lines
 from pytest_kimiperf.config.nccl.profiles import (
     BUILTIN_PROFILES,
-    KNOWN_NCCL_VARIABLES,
-    NCCL_DEBUG_ENV,
     NcclProfile,
-    applied_status,
     describe_env,
     inherited_nccl_env,
-    parse_nccl_env_lines,
     profile_server_env,
     resolve_profiles,
     select_profiles,
-    validate_profile,
 )
+from pytest_kimiperf.config.nccl.values import KNOWN_NCCL_VARIABLES, validate_profile
 from tests import helpers
 
 LOGS = helpers.DATA / "nccl_logs"
@@ -92,7 +89,10 @@ def test_nccl_debug_env_is_info_and_read_only() -> None:
 
 
 def test_module_does_not_import_pytest() -> None:
-    code = "import sys, pytest_kimiperf.config.nccl.profiles; sys.exit('pytest' in sys.modules)"
+    code = (
+        "import sys, pytest_kimiperf.config.nccl.profiles, pytest_kimiperf.config.nccl.values, "
+        "pytest_kimiperf.config.nccl.debug_log; sys.exit('pytest' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=helpers.ROOT, timeout=60)
     assert done.returncode == 0
 
