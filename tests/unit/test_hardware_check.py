@@ -1,0 +1,117 @@
+"""Whether a host can run a deployment, decided on real recorded nvidia-smi outputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_kimiperf.config.deployments import KIMI_K25_INT4_TP8, TINY_CPU, Deployment
+from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES, NcclProfile
+from pytest_kimiperf.errors import HardwareMissingError
+from pytest_kimiperf.server import hardware_check, nvidia_smi
+from pytest_kimiperf.server.gpu import GpuProbe
+from tests import helpers
+
+DATA = helpers.DATA / "gpu"
+GIB = 1024**3
+LL128_EVERYWHERE = NcclProfile("ll128", "LL128 forced on every collective", {"NCCL_PROTO": "LL128"})
+
+
+def recorded(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+def production_host() -> GpuProbe:
+    """The recorded 8x RTX PRO 6000 host, as NVML would have answered."""
+    return GpuProbe(gpus=tuple(nvidia_smi.parse_query_gpu_csv(recorded("query_gpu_8x_rtx_pro_6000.csv"))),
+                    source="NVML")
+
+
+@pytest.fixture(autouse=True)
+def empty_hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No checkpoint is on this host unless a test puts one there."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+
+
+def kimi_with_checkpoint(folder: Path, gib_per_gpu: float, **changes: object) -> Deployment:
+    """Kimi with a local checkpoint of ``gib_per_gpu`` per TP rank (a sparse file: no disk used)."""
+    folder.mkdir()
+    with (folder / "model.safetensors").open("wb") as weights:
+        weights.truncate(int(gib_per_gpu * KIMI_K25_INT4_TP8.tensor_parallel_size * GIB))
+    return dataclasses.replace(KIMI_K25_INT4_TP8, model=str(folder), **changes)  # type: ignore[arg-type]
+
+
+def test_the_recorded_production_host_runs_kimi() -> None:
+    assert hardware_check.hardware_problem(KIMI_K25_INT4_TP8, production_host()) is None
+
+
+def test_a_cpu_deployment_needs_no_gpu() -> None:
+    assert hardware_check.hardware_problem(TINY_CPU, GpuProbe(gpus=(), source="none")) is None
+
+
+def test_a_host_without_gpus_says_why_in_one_message() -> None:
+    probe = GpuProbe(gpus=(), source="none",
+                     notes=("NVML: NVML Shared Library Not Found", "nvidia-smi not found on PATH"))
+    assert hardware_check.hardware_problem(KIMI_K25_INT4_TP8, probe) == (
+        "deployment 'kimi-k25-int4-tp8' needs 8x NVIDIA GPU whose name contains 'RTX PRO 6000'; "
+        "found no NVIDIA GPU (NVML: NVML Shared Library Not Found; nvidia-smi not found on PATH). "
+        "Run here with --deployment tiny-cpu, or on a host that has those GPUs."
+    )
+
+
+def test_too_few_gpus_of_the_kind_are_named() -> None:
+    seven = GpuProbe(gpus=production_host().gpus[:7], source="NVML")
+    problem = hardware_check.hardware_problem(KIMI_K25_INT4_TP8, seven)
+    assert problem is not None
+    assert "found 7x NVIDIA RTX PRO 6000 Blackwell Server Edition (97887 MiB)." in problem
+
+
+def test_a_weight_cache_that_leaves_the_engine_no_room_is_a_hardware_problem(tmp_path: Path) -> None:
+    kimi = kimi_with_checkpoint(tmp_path / "kimi", gib_per_gpu=83.0)
+    problem = hardware_check.hardware_problem(kimi, production_host())
+    assert problem == (
+        "the weight cache does not fit: daemons hold 83.0 GiB per GPU of 95.6; the engine keeps "
+        "3.0 GiB for activations and KV cache, under the 4.0 GiB an engine needs; use GPUs with more "
+        "memory or set weight_cache = \"off\" in the deployment"
+    )
+    with pytest.raises(HardwareMissingError, match="the weight cache does not fit"):
+        hardware_check.check_weight_cache_fit(kimi, production_host().gpus)
+
+
+def test_a_weight_cache_that_fits_or_is_off_is_no_problem(tmp_path: Path) -> None:
+    assert hardware_check.hardware_problem(
+        kimi_with_checkpoint(tmp_path / "fits", gib_per_gpu=68.4), production_host()
+    ) is None
+    off = kimi_with_checkpoint(tmp_path / "off", gib_per_gpu=83.0, weight_cache="off")
+    assert hardware_check.hardware_problem(off, production_host()) is None
+    hardware_check.check_weight_cache_fit(off, production_host().gpus)
+    hardware_check.check_weight_cache_fit(kimi_with_checkpoint(tmp_path / "no-gpus", gib_per_gpu=83.0), ())
+
+
+def test_ll128_forced_on_a_pcie_only_host_warns() -> None:
+    topology = nvidia_smi.parse_topology(recorded("topo_8x_rtx_pro_6000_sys.txt"))
+    (warning,) = hardware_check.topology_warnings([BUILTIN_PROFILES["default"], LL128_EVERYWHERE], topology)
+    assert warning.startswith(
+        "NCCL profile 'll128' (from built-in): NCCL_PROTO='LL128' turns LL128 on (every collective) on a "
+        "PCIe-only host"
+    )
+
+
+@pytest.mark.parametrize("name", ["topo_4x_h100_nv6_nics.txt", "topo_2x_nv12_mlx5_tabs.txt"])
+def test_ll128_on_nvlink_hosts_is_fine(name: str) -> None:
+    topology = nvidia_smi.parse_topology(recorded(name))
+    assert hardware_check.topology_warnings([LL128_EVERYWHERE], topology) == []
+
+
+def test_without_a_topology_there_is_nothing_to_warn_about() -> None:
+    assert hardware_check.topology_warnings([LL128_EVERYWHERE], None) == []
+
+
+def test_module_does_not_import_pytest() -> None:
+    code = "import sys, pytest_kimiperf.server.hardware_check; sys.exit('pytest' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=helpers.ROOT, timeout=60)
+    assert done.returncode == 0
