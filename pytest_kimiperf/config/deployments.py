@@ -52,7 +52,7 @@ class Deployment:
     # Overrides of the client's self-check bounds (metrics.HealthBounds field names).
     client_bounds: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     source: str = "built-in"
-    # Roofline inputs (roofline_report.py), each optional: the model's config.json when it is
+    # Roofline inputs (roofline/inputs.py), each optional: the model's config.json when it is
     # not found from ``model`` (a file or its directory; relative to the rootdir), the memory
     # bandwidth per device in GB/s (10**9 B/s) instead of the GPU's datasheet figure or the
     # CPU copy measured at session end, and one decode-sized allreduce's latency in us.

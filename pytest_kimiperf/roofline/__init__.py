@@ -1,6 +1,8 @@
 """The roofline: the ceiling a model and its hardware set on single-stream decode.
 
-Owns weight quantization and accounting and the ceiling itself (pure arithmetic on a model's
-config and the GPU's bandwidth), and gathers the session's inputs for the report (``inputs``).
+Owns the model's ``config.json``, found and read (``model_config``), the weight formats a
+checkpoint's quantization config describes (``quantization``), the bytes a decoded token reads
+(``weights``), the ceiling itself with the hardware's bandwidth and latency (``ceiling``: pure
+arithmetic), and gathers the session's inputs for the report (``inputs``).
 May import ``config``, ``server`` (GPU facts), ``judge`` (results) and the base modules.
 """

@@ -1,13 +1,14 @@
 """The decode ceiling next to the measurement: gather the roofline's inputs for this session and
-place each single-stream decode median against the ceilings ``roofline.estimate`` computes.
+place each single-stream decode median against the ceilings ``ceiling.estimate`` computes.
 
 Inputs, each with where it came from (the report names the source, so a guess never passes for
 a measurement):
 
 - the model's ``config.json``: the deployment's ``model_config`` if set, else the tiny model's
-  build directory, a local model directory, or the Hugging Face hub cache for a hub id;
+  build directory, a local model directory, or the Hugging Face hub cache for a hub id (found by
+  ``model_config.find_model_config``);
 - memory bandwidth per device: the deployment's ``memory_bandwidth_gbs``, else the GPU's
-  datasheet peak (``roofline.gpu_bandwidth_gbs`` on the fingerprint's GPU name), else, for a
+  datasheet peak (``ceiling.gpu_bandwidth_gbs`` on the fingerprint's GPU name), else, for a
   CPU deployment, a copy measured on this host at session end;
 - one decode-sized allreduce's latency: the deployment's ``allreduce_latency_us``, else the
   default for the fingerprint's interconnect (PCIe, NVLink); a CPU engine at tp > 1 has none
@@ -20,23 +21,24 @@ imports pytest.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_kimiperf.roofline import ceiling as roofline
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.gate import FLOOR_METRIC, TestResult
+from pytest_kimiperf.numbers import fmt_share
+from pytest_kimiperf.roofline import ceiling
+from pytest_kimiperf.roofline.model_config import ModelConfigLookup, find_model_config, read_model_config
 
-# Server L3 caches reach 32-64 MiB per socket (roofline.measure_cpu_copy_bandwidth_gbs): weights
+# Server L3 caches reach 32-64 MiB per socket (ceiling.measure_cpu_copy_bandwidth_gbs): weights
 # smaller than this stay in cache between tokens, so DRAM bandwidth does not bind them.
 CPU_CACHE_BYTES = 64 * 1024 * 1024
 CPU_COPY_DURATION_S = 0.5
 CPU_COPY_BUFFER_MIB = 256
 
-# Fingerprint "gpu.interconnect" values -> roofline.default_allreduce_latency_us keys.
+# Fingerprint "gpu.interconnect" values -> ceiling.default_allreduce_latency_us keys.
 _INTERCONNECTS = {"PCIe": "pcie", "NVLink": "nvlink"}
 
 
@@ -47,15 +49,6 @@ class Sourced:
     value: float | None
     source: str
     measured: bool = False
-
-
-@dataclass(frozen=True)
-class ModelConfigLookup:
-    """Where the model's config.json was found (``path``), or why it was not (``reason``)."""
-
-    path: Path | None
-    source: str
-    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -73,10 +66,10 @@ class DecodeAgainstCeiling:
         text = f"{self.profile}: {_sig(self.median_tok_s)} tok/s"
         if self.fraction_of_bandwidth_ceiling is None:
             return text
-        text += f" = {_pct(self.fraction_of_bandwidth_ceiling)} of the bandwidth ceiling"
+        text += f" = {fmt_share(self.fraction_of_bandwidth_ceiling)} of the bandwidth ceiling"
         # At tp=1 there is no communication term: the two ceilings are one.
         if self.fraction_of_ceiling is not None and self.fraction_of_ceiling != self.fraction_of_bandwidth_ceiling:
-            text += f", {_pct(self.fraction_of_ceiling)} of the ceiling with communication"
+            text += f", {fmt_share(self.fraction_of_ceiling)} of the ceiling with communication"
         return text
 
     def to_json(self) -> dict[str, Any]:
@@ -97,7 +90,7 @@ class RooflineReport:
     model_config: ModelConfigLookup
     bandwidth: Sourced
     allreduce_latency: Sourced
-    estimate: roofline.Roofline | None
+    estimate: ceiling.Roofline | None
     measurements: tuple[DecodeAgainstCeiling, ...]
     unknown_reason: str | None = None  # why no ceiling could be computed
     notes: tuple[str, ...] = field(default=())
@@ -197,101 +190,6 @@ class RooflineReport:
 # -- inputs -----------------------------------------------------------------------------------
 
 
-def hub_cache_dir(environ: Mapping[str, str]) -> Path:
-    """The Hugging Face hub cache: $HF_HUB_CACHE, else $HF_HOME/hub, else the XDG/home default.
-
-    The order huggingface_hub resolves it in (constants.py; "Hub Local Cache" in the hub docs).
-    """
-    if environ.get("HF_HUB_CACHE"):
-        return Path(environ["HF_HUB_CACHE"]).expanduser()
-    if environ.get("HF_HOME"):
-        return Path(environ["HF_HOME"]).expanduser() / "hub"
-    xdg = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "huggingface" / "hub"
-
-
-def _hub_snapshot(repo_id: str, revision: str | None, cache: Path) -> tuple[Path | None, str]:
-    """The snapshot directory of ``repo_id`` in the hub cache, or None with what was looked at.
-
-    Layout: ``models--ORG--NAME/refs/<branch or tag>`` holds a commit hash, and
-    ``snapshots/<commit>/`` holds the files (links into ``blobs/``).
-    """
-    repo_dir = cache / ("models--" + repo_id.replace("/", "--"))
-    if not repo_dir.is_dir():
-        return None, f"{repo_id} is not in the Hugging Face cache ({repo_dir} does not exist)"
-    wanted = revision or "main"
-    ref = repo_dir / "refs" / wanted
-    commit: str | None = None
-    if ref.is_file():
-        commit = ref.read_text(encoding="utf-8").strip()
-    elif (repo_dir / "snapshots" / wanted).is_dir():
-        commit = wanted
-    if commit is not None:
-        snapshot = repo_dir / "snapshots" / commit
-        if (snapshot / "config.json").is_file():
-            return snapshot, f"Hugging Face cache, {wanted} -> {commit[:12]}"
-        return None, f"{snapshot / 'config.json'} is not in the Hugging Face cache"
-    if revision is not None:
-        return None, f"revision {revision!r} of {repo_id} is not in the Hugging Face cache ({repo_dir})"
-    snapshots = sorted(
-        (p for p in (repo_dir / "snapshots").glob("*") if (p / "config.json").is_file()),
-        key=lambda p: p.stat().st_mtime,
-    )
-    if not snapshots:
-        return None, f"{repo_id} has no snapshot with a config.json in the Hugging Face cache ({repo_dir})"
-    # No refs/main (a download by commit hash): the newest snapshot, named in the source.
-    return snapshots[-1], f"Hugging Face cache, newest snapshot {snapshots[-1].name[:12]} (no refs/{wanted})"
-
-
-def find_model_config(
-    deployment: Any,
-    *,
-    rootpath: Path | None = None,
-    environ: Mapping[str, str] | None = None,
-    tiny_model_dir: Path | None = None,
-) -> ModelConfigLookup:
-    """Where the deployment's model config.json is on this host, or why it was not found."""
-    from pytest_kimiperf.config.deployments import TINY_MODEL
-
-    env = os.environ if environ is None else environ
-    where = f"deployment {deployment.name}"
-    if deployment.model_config is not None:
-        path = Path(deployment.model_config).expanduser()
-        if not path.is_absolute():
-            path = (rootpath or Path.cwd()) / path
-        if path.is_dir():
-            path = path / "config.json"
-        if path.is_file():
-            return ModelConfigLookup(path, f"model_config of {where}")
-        return ModelConfigLookup(None, f"model_config of {where}",
-                                 f"model_config {deployment.model_config!r} of {where}: {path} does not exist")
-    if deployment.model == TINY_MODEL:
-        if tiny_model_dir is None:
-            from pytest_kimiperf.server.tiny_model import tiny_model_dir as default_dir
-
-            tiny_model_dir = default_dir()
-        path = tiny_model_dir / "config.json"
-        if path.is_file():
-            return ModelConfigLookup(path, "the tiny model's build")
-        return ModelConfigLookup(None, "the tiny model's build",
-                                 f"the tiny model is not built yet ({path} does not exist)")
-    local = Path(deployment.model).expanduser()
-    if local.is_dir():
-        path = local / "config.json"
-        if path.is_file():
-            return ModelConfigLookup(path, "the local model directory")
-        return ModelConfigLookup(None, "the local model directory", f"{path} does not exist")
-    if local.is_absolute() or deployment.model.startswith((".", "~")) or deployment.model.count("/") > 1:
-        return ModelConfigLookup(None, "the local model directory",
-                                 f"model {deployment.model!r} of {where} is not a directory on this host; "
-                                 "set model_config in the deployment")
-    snapshot, source = _hub_snapshot(deployment.model, deployment.revision, hub_cache_dir(env))
-    if snapshot is None:
-        return ModelConfigLookup(None, "Hugging Face cache",
-                                 f"{source}; set model_config in the deployment to its config.json")
-    return ModelConfigLookup(snapshot / "config.json", source)
-
-
 def resolve_bandwidth(
     deployment: Any,
     fingerprint: Any,
@@ -309,7 +207,7 @@ def resolve_bandwidth(
             return Sourced(None, "no GPU found on this host; set memory_bandwidth_gbs in the deployment")
         name = hard.get("gpu.name", "")
         try:
-            return Sourced(roofline.gpu_bandwidth_gbs(name), f"datasheet peak of {name}")
+            return Sourced(ceiling.gpu_bandwidth_gbs(name), f"datasheet peak of {name}")
         except ConfigError as exc:
             return Sourced(None, f"{exc}; or set memory_bandwidth_gbs in the deployment")
     try:
@@ -334,13 +232,13 @@ def resolve_allreduce_latency(deployment: Any, fingerprint: Any) -> Sourced:
     if interconnect is None:
         return Sourced(None, f"GPU interconnect {hard.get('gpu.interconnect', 'unknown')!r} has no default "
                              "latency; set allreduce_latency_us in the deployment")
-    value = roofline.default_allreduce_latency_us(interconnect)
+    value = ceiling.default_allreduce_latency_us(interconnect)
     return Sourced(value, f"default for {hard['gpu.interconnect']}, a guide, not a measurement")
 
 
 def measure_cpu_bandwidth_gbs() -> float:
     """This host's copy bandwidth, measured once at session end (about half a second)."""
-    return roofline.measure_cpu_copy_bandwidth_gbs(CPU_COPY_DURATION_S, buffer_mib=CPU_COPY_BUFFER_MIB)
+    return ceiling.measure_cpu_copy_bandwidth_gbs(CPU_COPY_DURATION_S, buffer_mib=CPU_COPY_BUFFER_MIB)
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -396,8 +294,8 @@ def build_roofline_report(
     if bandwidth.value is None:
         return unknown(f"no memory bandwidth ({bandwidth.source})", bandwidth)
     try:
-        config = roofline.read_model_config(lookup.path)
-        est = roofline.estimate(config, tp=tp, bandwidth_gbs=bandwidth.value,
+        config = read_model_config(lookup.path)
+        est = ceiling.estimate(config, tp=tp, bandwidth_gbs=bandwidth.value,
                                 allreduce_latency_us=latency.value, source=str(lookup.path))
     except ConfigError as exc:
         return unknown(str(exc), bandwidth)
@@ -441,11 +339,6 @@ def _sig(value: float) -> str:
     if value >= 1000:
         return f"{value:,.0f}"
     return f"{value:.4g}"
-
-
-def _pct(fraction: float) -> str:
-    pct = 100 * fraction
-    return f"{pct:.0f}%" if pct >= 10 else f"{pct:.2g}%"
 
 
 def _bytes(n: int) -> str:

@@ -14,17 +14,14 @@ from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.roofline.ceiling import (
     BOUND_BY_ALLREDUCE,
     BOUND_BY_BANDWIDTH,
-    QuantScheme,
-    WeightFormat,
     default_allreduce_latency_us,
     estimate,
     gpu_bandwidth_gbs,
     measure_cpu_copy_bandwidth_gbs,
-    read_model_config,
-    tp_collectives_per_token,
-    weight_bytes_per_token,
-    weight_tensors,
 )
+from pytest_kimiperf.roofline.model_config import read_model_config
+from pytest_kimiperf.roofline.quantization import QuantScheme, WeightFormat
+from pytest_kimiperf.roofline.weights import tp_collectives_per_token, weight_bytes_per_token, weight_tensors
 from tests import helpers
 
 CONFIGS = helpers.DATA / "model_configs"

@@ -31,12 +31,8 @@ from pytest_kimiperf.reports.json_report import build_json_report, dumps_json_re
 from pytest_kimiperf.reports.markdown import render_markdown
 from pytest_kimiperf.reports.model import ProfileFacts, build_session_report
 from pytest_kimiperf.reports.terminal import MAX_WIDTH, render_summary
-from pytest_kimiperf.roofline.inputs import (
-    build_roofline_report,
-    decode_results,
-    find_model_config,
-    hub_cache_dir,
-)
+from pytest_kimiperf.roofline.inputs import build_roofline_report, decode_results
+from pytest_kimiperf.roofline.model_config import find_model_config, hub_cache_dir
 from tests import helpers
 
 DATA = helpers.DATA
