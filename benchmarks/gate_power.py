@@ -44,8 +44,9 @@ from scipy import stats as scipy_stats
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
+from pytest_kimiperf.judge.planning import wants_another_boot  # noqa: E402
 from pytest_kimiperf.judge.stats import (  # noqa: E402
-    BootSummary, VerdictKind, compare_boots, summarize_boot, wants_another_boot,
+    BootSummary, VerdictKind, compare_boots, summarize_boot,
 )
 
 TESTS = (3, 1, 2, 2, 2)  # metrics gated per test, as in perf_tests/

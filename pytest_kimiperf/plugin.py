@@ -556,7 +556,7 @@ def _manager(config: pytest.Config, state: _RunState) -> Any:
 
 def _baseline_view(config: pytest.Config, state: _RunState) -> Any:
     if state.view is None:
-        from pytest_kimiperf.judge.gate import BaselineView
+        from pytest_kimiperf.judge.baselines import BaselineView
 
         state.view = BaselineView(state.settings.baselines_dir, state.settings.deployment.name,
                                   _fingerprint(state))
@@ -565,7 +565,7 @@ def _baseline_view(config: pytest.Config, state: _RunState) -> Any:
 
 def _fingerprint(state: _RunState) -> Any:
     if state.fingerprint is None:
-        from pytest_kimiperf.judge.gate import session_fingerprint
+        from pytest_kimiperf.judge.fingerprint import session_fingerprint
 
         state.fingerprint = session_fingerprint(state.settings.deployment)
         if state.settings.external:
@@ -657,7 +657,7 @@ class _ResultCollector:
         """Keep the perf result of each test's call phase."""
         result = getattr(report, "kimiperf", None)
         if result is not None and report.when == "call":
-            from pytest_kimiperf.judge.gate import TestResult
+            from pytest_kimiperf.judge.results import TestResult
 
             self.state.results.append(TestResult.from_json(result))
 

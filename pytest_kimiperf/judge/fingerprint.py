@@ -377,3 +377,24 @@ __all__ = [
     "installed_software",
     "parse_cpuinfo",
 ]
+
+
+def session_fingerprint(deployment: Any) -> Any:
+    """Fingerprint of this host, its software and ``deployment`` (hardware is probed once)."""
+    from pytest_kimiperf.server.gpu import probe_gpus, query_topology
+
+    probe = probe_gpus(timeout_s=10.0)
+    topology = query_topology(timeout_s=10.0) if probe.gpus else None
+    revision = deployment.revision
+    if revision is None and deployment.model.startswith("kimiperf:"):
+        from pytest_kimiperf.server.tiny_model import TinyModelSpec
+
+        revision = f"built-{TinyModelSpec().cache_key()}"
+    facts = {
+        "name": deployment.name,
+        "model": deployment.model,
+        "revision": revision or "unpinned",
+        "quantization": deployment.quantization or "none",
+        "tensor_parallel_size": str(deployment.tensor_parallel_size),
+    }
+    return collect_fingerprint(gpus=probe.gpus, topology=topology, deployment_facts=facts)

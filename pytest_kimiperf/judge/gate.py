@@ -1,222 +1,35 @@
-"""Where a verdict is decided: floors, baselines and profile-vs-reference comparisons.
+"""Where a verdict is decided: floors, SLOs, baselines and profile-vs-reference comparisons.
 
-One measured test on one server boot produces a :class:`TestResult` (plain data, JSON-able so
-it can travel from an xdist worker to the controller). The gate compares the per-boot summaries
-of all boots of the same test and profile with the stored boot history of the baseline (only
-when the hardware fingerprint matches), and with the deployment's decode floor; the reports
+:func:`judge` takes one measured test on one server boot as plain data (its samples, the
+deployment's limits and tolerances, the boots of the same test and profile measured so far, the
+baseline view) and returns the filled :class:`~pytest_kimiperf.judge.results.TestResult`: every
+failure, warning and note, and whether the test wants another boot. It compares the per-boot
+summaries of all boots of the same test and profile with the stored boot history of the baseline
+(only when the hardware fingerprint matches), and with the deployment's decode floor; the reports
 compare profiles with each other, boot against boot, at session end (stats.py says why).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-import numpy as np
-
-from pytest_kimiperf.judge import baselines as baseline_store
-from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
-from pytest_kimiperf.judge.stats import (
-    BootSummary, Comparison, FloorResult, FloorStatus, VerdictKind, compare_boots, floor_check,
-    summarize_boot, summarize_boot_quantile,
-)
+from pytest_kimiperf.judge.baselines import BaselineView
+from pytest_kimiperf.judge.boots import TestBoots, strip_slot
+from pytest_kimiperf.judge.planning import plan_line, wants_another_boot
+from pytest_kimiperf.judge.results import MetricResult, TestResult
+from pytest_kimiperf.judge.floors import FloorResult, FloorStatus, floor_check
+from pytest_kimiperf.judge.stats import BootSummary, Comparison, VerdictKind, compare_boots
 
 FLOOR_METRIC = "decode_tok_s"
 
 
-@dataclass
-class MetricResult:
-    """Samples and verdicts of one metric of one test under one profile."""
-
-    metric: str
-    unit: str
-    direction: str
-    tolerance: float
-    samples: list[float]
-    baseline: dict[str, Any] | None = None  # Comparison.to_dict() against the baseline
-    baseline_message: str | None = None
-    boot_label: str = ""
-
-    def boot_summary(self) -> BootSummary:
-        """This boot's summary of the metric (the unit of replication): its median, or its
-        quantile for a tail metric (p99_itl_ms)."""
-        spec = metric_spec(self.metric)
-        if spec.quantile is not None:
-            return summarize_boot_quantile(self.samples, spec.quantile, self.boot_label)
-        return summarize_boot(self.samples, self.boot_label)
-
-    @property
-    def finite(self) -> list[float]:
-        """The samples that are numbers (failed requests are NaN)."""
-        return [s for s in self.samples if math.isfinite(s)]
-
-    def summary(self) -> dict[str, float | int | None]:
-        """Median, quartiles and n of the finite samples."""
-        values = np.asarray(self.finite, dtype=float)
-        if values.size == 0:
-            return {"median": None, "q1": None, "q3": None, "n": 0}
-        q1, med, q3 = np.percentile(values, [25, 50, 75])
-        return {"median": float(med), "q1": float(q1), "q3": float(q3), "n": int(values.size)}
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON-able form (travels in xdist reports and into the JSON report)."""
-        return {
-            "metric": self.metric, "unit": self.unit, "direction": self.direction,
-            "tolerance": self.tolerance, "samples": self.samples, "summary": self.summary(),
-            "baseline": self.baseline, "baseline_message": self.baseline_message,
-            "boot_label": self.boot_label, "boot_summary": self.boot_summary().to_json(),
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "MetricResult":
-        """Inverse of :meth:`to_json`."""
-        return cls(
-            metric=data["metric"], unit=data["unit"], direction=data["direction"],
-            tolerance=data["tolerance"], samples=[float(s) for s in data["samples"]],
-            baseline=data.get("baseline"), baseline_message=data.get("baseline_message"),
-            boot_label=str(data.get("boot_label") or ""),
-        )
-
-
-@dataclass
-class TestResult:
-    """Everything one perf test measured and decided; JSON-able."""
-
-    __test__ = False  # imported into a test module (it is public API), it is no test class
-
-    test: str  # node id without the profile parameter
-    nodeid: str
-    profile: str
-    deployment: str
-    scenario: str
-    metrics: dict[str, MetricResult] = field(default_factory=dict)
-    run: dict[str, Any] = field(default_factory=dict)  # bench-serve style summary of the run
-    floor: dict[str, Any] | None = None
-    messages: list[str] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    interval_ns: tuple[int, int] | None = None  # CLOCK_MONOTONIC span of the measurement
-    server_env: dict[str, str] = field(default_factory=dict)
-    profile_env: dict[str, str] = field(default_factory=dict)
-    invalid: str | None = None
-    itl_timeline_ms: list[float] = field(default_factory=list)
-    boot: int = 1
-    # Why --update-baselines must not record this boot (a failure that is not a verdict).
-    unrecordable: str | None = None
-    host: dict[str, Any] | None = None  # hostwatch readings of the measured rounds
-    versions: dict[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON-able form."""
-        return {
-            "test": self.test, "nodeid": self.nodeid, "profile": self.profile,
-            "deployment": self.deployment, "scenario": self.scenario,
-            "metrics": {k: v.to_json() for k, v in self.metrics.items()},
-            "run": self.run, "floor": self.floor, "messages": self.messages,
-            "failures": self.failures, "warnings": self.warnings,
-            "interval_ns": list(self.interval_ns) if self.interval_ns else None,
-            "server_env": self.server_env, "profile_env": self.profile_env,
-            "invalid": self.invalid,
-            "itl_timeline_ms": self.itl_timeline_ms,
-            "boot": self.boot, "unrecordable": self.unrecordable, "host": self.host,
-            "versions": self.versions,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "TestResult":
-        """Inverse of :meth:`to_json`."""
-        interval = data.get("interval_ns")
-        return cls(
-            test=data["test"], nodeid=data["nodeid"], profile=data["profile"],
-            deployment=data["deployment"], scenario=data["scenario"],
-            metrics={k: MetricResult.from_json(v) for k, v in data["metrics"].items()},
-            run=dict(data.get("run") or {}), floor=data.get("floor"),
-            messages=list(data.get("messages") or []), failures=list(data.get("failures") or []),
-            warnings=list(data.get("warnings") or []),
-            interval_ns=(int(interval[0]), int(interval[1])) if interval else None,
-            server_env=dict(data.get("server_env") or {}),
-            profile_env=dict(data.get("profile_env") or {}), invalid=data.get("invalid"),
-            itl_timeline_ms=[float(x) for x in data.get("itl_timeline_ms") or []],
-            boot=int(data.get("boot") or 1), unrecordable=data.get("unrecordable"),
-            host=data.get("host"), versions=dict(data.get("versions") or {}),
-        )
-
-
 def strip_profile(nodeid: str, profile: str) -> str:
     """The node id without the profile's (or boot slot's) part of the parameter id."""
-    from pytest_kimiperf.judge.boots import strip_slot
-
     return strip_slot(nodeid, profile)
-
-
-class BaselineView:
-    """This process's read-only view of the baseline file for the current fingerprint."""
-
-    def __init__(self, baselines_dir: Path, deployment: str, fingerprint: baseline_store.Fingerprint) -> None:
-        self.fingerprint = fingerprint
-        self.path = baseline_store.baseline_path(baselines_dir, deployment, fingerprint.key)
-        self._loaded = False
-        self._file: baseline_store.BaselineFile | None = None
-        self._others: list[baseline_store.BaselineFile] | None = None
-
-    def file(self) -> baseline_store.BaselineFile | None:
-        """The baseline file (None when missing); BaselineError when it cannot be trusted."""
-        if not self._loaded:
-            self._file = baseline_store.load_baseline(self.path)
-            self._loaded = True
-        return self._file
-
-    def soft_changes(self) -> list[str]:
-        """Soft facts (host name, full driver build, kernel) that differ from the baseline
-        file's, as ``name: old -> new``: they only warn, the hard facts decide comparability."""
-        baseline = self.file()
-        return [] if baseline is None else baseline.fingerprint.diff(self.fingerprint)[1]
-
-    def other_files(self) -> list[baseline_store.BaselineFile]:
-        """This deployment's baseline files from other hardware; unreadable ones are skipped
-        (they judge nothing here, and their own hardware reports them)."""
-        if self._others is None:
-            self._others = []
-            for path in self.other_fingerprints():
-                try:
-                    other = baseline_store.load_baseline(path)
-                except BaselineError:
-                    continue
-                if other is not None:
-                    self._others.append(other)
-        return self._others
-
-    def across_versions(
-        self, test: str, profile: str, metric: str
-    ) -> tuple[baseline_store.BaselineFile, baseline_store.BaselineEntry, list[str]] | None:
-        """The entry recorded on this same hardware under other vLLM / torch / NCCL versions
-        (fingerprint.VERSION_KEYS), with the versions that differ; the fewest differences win,
-        then the newest recording. None when no such baseline exists."""
-        from pytest_kimiperf.judge.fingerprint import version_changes
-
-        found = []
-        for other in self.other_files():
-            versions = version_changes(other.fingerprint, self.fingerprint)
-            entry = other.entry(test, profile, metric)
-            if versions is not None and entry is not None:
-                found.append((len(versions), _newest_boot(entry), other, entry, versions))
-        if not found:
-            return None
-        found.sort(key=lambda f: (f[0], _reverse(f[1])))
-        _, _, other, entry, versions = found[0]
-        return other, entry, versions
-
-    def other_fingerprints(self) -> list[Path]:
-        """Baseline files of the same deployment recorded on other hardware."""
-        directory = self.path.parent
-        if not directory.is_dir():
-            return []
-        return sorted(p for p in directory.glob("*.json") if p != self.path)
 
 
 # Markers in the messages judge_metric writes; warning_kinds reads them back.
@@ -289,15 +102,6 @@ def judge_metric(
     return comparison, message
 
 
-def _newest_boot(entry: baseline_store.BaselineEntry) -> str:
-    return max((boot.recorded_at for boot in entry.boots), default="")
-
-
-def _reverse(text: str) -> tuple[int, ...]:
-    # Sort key putting the newest ISO timestamp first.
-    return tuple(-ord(ch) for ch in text)
-
-
 def missing_baselines(result: TestResult) -> list[str]:
     """The baseline messages of the metrics that have no baseline on this hardware (under any
     software versions): what ``--kimiperf-missing-baseline`` warns or fails on."""
@@ -354,6 +158,213 @@ def check_floor(median: float, *, floor: float, target: float) -> FloorResult:
     return floor_check(median, floor, target, "tok/s", "single-stream decode")
 
 
+# Failed requests beyond this share of a run fail the test: the figures of the requests that
+# did succeed would describe a server that is not the one being tested.
+MAX_FAILED_FRACTION = 0.10
+
+
+@dataclass(frozen=True)
+class BootRun:
+    """One boot's measurement as the gate needs it: plain numbers, no request objects.
+
+    ``samples`` holds the per-request (or per-round) samples of every metric the check names,
+    its SLOs name, and the floor metric when the floor is checked. ``invalid`` says why the run
+    cannot be judged at all (a busy host, no valid request); ``failed_reasons`` counts the failed
+    requests by reason; ``cross_check_warnings`` are the client's own warnings about the run
+    (an unexpected prefix-cache hit); ``goodput_samples`` the request goodput of each round.
+    """
+
+    samples: Mapping[str, Sequence[float]]
+    requests: int = 0
+    failed_requests: int = 0
+    failed_reasons: Mapping[str, int] = field(default_factory=dict)
+    invalid: str | None = None
+    cross_check_warnings: Sequence[str] = ()
+    goodput_samples: Sequence[float] = ()
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What a run is judged against, from the settings and the deployment.
+
+    ``tolerances`` holds the tolerance of every metric judged (marker override, else the
+    deployment's, else the metric's); ``boots`` the planned boots, ``max_boots`` the most boots
+    on demand; ``strict`` makes an inconclusive verdict fail.
+    """
+
+    tolerances: Mapping[str, float]
+    decode_floor_tok_s: float
+    decode_target_tok_s: float
+    boot_spread: float
+    boots: int = 1
+    max_boots: int = 1
+    strict: bool = False
+
+
+@dataclass
+class Judgement:
+    """What :func:`judge` decided: the filled result, the baseline comparisons, this boot's
+    summaries to add to the test's boot record (None for a boot that is no sample of this
+    build) and the boot this test asks for next (None when it is settled)."""
+
+    result: TestResult
+    comparisons: list[Comparison]
+    recorded: dict[str, BootSummary] | None
+    wants_boot: int | None
+
+
+def judge(
+    result: TestResult,
+    metrics: Sequence[str],
+    run: BootRun,
+    rules: Rules,
+    *,
+    view: BaselineView | None,
+    earlier: TestBoots,
+    floor: bool = False,
+    slo: Mapping[str, float] | None = None,
+    goodput: Mapping[str, float] | None = None,
+) -> Judgement:
+    """Judge one boot of one test: validity, failed requests, SLOs, the decode floor, and each
+    metric against its baseline, over this boot and the ``earlier`` boots of the same test and
+    profile. ``result`` carries the test's identity and run facts; a copy is filled and returned.
+
+    A boot that looks worse than the tolerance without a verdict asks for another boot (up to
+    ``rules.max_boots``): the test then passes with a note and the next boot decides. Planned
+    boots are judged after the last of them. Reads the baseline files through ``view`` (a
+    BaselineError when one cannot be trusted); changes nothing else.
+    """
+    result = dataclasses.replace(result, metrics={}, messages=list(result.messages),
+                                 failures=list(result.failures), warnings=list(result.warnings))
+    comparisons: list[Comparison] = []
+    label = f"{result.profile} boot {result.boot}"
+    for name in metrics:
+        spec = metric_spec(name)
+        result.metrics[name] = MetricResult(
+            metric=name, unit=spec.unit, direction=spec.direction.value,
+            tolerance=rules.tolerances[name], samples=[float(x) for x in run.samples[name]], boot_label=label,
+        )
+    if run.invalid is not None:
+        result.invalid = run.invalid
+        result.failures.append(f"INVALID measurement: {run.invalid}")
+        return Judgement(result, comparisons, None, None)
+    if run.failed_requests:
+        total = run.requests
+        reasons = "; ".join(f"{n}x {reason}" for reason, n in run.failed_reasons.items())
+        line = f"{run.failed_requests} of {total} measured requests failed and are not counted ({reasons})"
+        if run.failed_requests > MAX_FAILED_FRACTION * total:
+            result.failures.append(
+                f"{line}: more than {MAX_FAILED_FRACTION:.0%} failed, the server did not serve this load")
+        else:
+            result.warnings.append(line)
+    result.warnings.extend(run.cross_check_warnings)
+
+    if goodput is not None:
+        result.metrics["request_goodput"] = MetricResult(
+            metric="request_goodput", unit="req/s", direction="higher_is_better",
+            tolerance=rules.tolerances["request_goodput"],
+            samples=[float(x) for x in run.goodput_samples], boot_label=label)
+        result.messages.append("goodput SLOs: " + ", ".join(f"{k} <= {v:g}" for k, v in goodput.items()))
+    for name, limit in (slo or {}).items():
+        _check_slo(name, limit, run.samples[name], rules.tolerances[name], result)
+    if floor:
+        _check_decode_floor(result, run, rules)
+
+    current = TestBoots(summaries={k: list(v) for k, v in earlier.summaries.items()}, boots=list(earlier.boots))
+    recorded = None
+    if result.failures:
+        # A boot that failed for another reason than a verdict is no sample of this build.
+        result.unrecordable = "; ".join(result.failures)
+    else:
+        recorded = {name: mres.boot_summary() for name, mres in result.metrics.items()}
+        current.add(result.boot, recorded)
+    for mres in result.metrics.values():
+        comparison, message = judge_metric(
+            mres, test=result.test, profile=result.profile, view=view, profile_env=result.profile_env,
+            current=current.summaries.get(mres.metric, []), prior_spread=rules.boot_spread,
+        )
+        mres.baseline_message = message
+        result.messages.append(message)
+        if comparison is not None:
+            mres.baseline = comparison.to_dict()
+            comparisons.append(comparison)
+    screening = [c for c in comparisons if wants_another_boot(c)]
+    wants_boot: int | None = None
+    if result.boot < rules.boots:
+        wants_boot = result.boot + 1
+        result.messages.append(
+            f"boot {result.boot} of {rules.boots} planned: the verdict comes after boot {rules.boots}")
+    elif screening and not result.failures and result.boot < rules.max_boots:
+        wants_boot = result.boot + 1
+        result.messages.append(
+            f"boot {result.boot + 1} of {result.profile} asked for: "
+            + "; ".join(f"{c.metric} looks {c.change * 100:+.1f}% on {c.boots_current} boot(s)"
+                        for c in screening)
+            + " (one boot can screen, never convict)")
+    else:
+        for comparison in comparisons:
+            verdict_to_result(comparison, result, strict=rules.strict)
+    soft = view.soft_changes() if view is not None and comparisons else []
+    if soft:
+        result.warnings.append(
+            "the baseline was recorded with other soft facts (they only warn; the hardware "
+            f"and software that set speed match): {'; '.join(soft)}")
+    return Judgement(result, comparisons, recorded, wants_boot)
+
+
+def _check_decode_floor(result: TestResult, run: BootRun, rules: Rules) -> None:
+    """This boot's single-stream decode median against the deployment's floor and target."""
+    decode = result.metrics.get(FLOOR_METRIC) or MetricResult(
+        FLOOR_METRIC, "tok/s", "higher_is_better", rules.tolerances[FLOOR_METRIC],
+        [float(x) for x in run.samples[FLOOR_METRIC]],
+    )
+    median = decode.summary()["median"]
+    if median is None:
+        result.failures.append("single-stream decode: no valid request to measure")
+        return
+    fr = check_floor(float(median), floor=rules.decode_floor_tok_s, target=rules.decode_target_tok_s)
+    result.floor = {"median": fr.median, "floor": fr.floor, "target": fr.target,
+                    "status": fr.status.value, "message": fr.message()}
+    if fr.failed:
+        result.failures.append(fr.message())
+    elif fr.warned:
+        result.warnings.append(fr.message())
+    result.messages.append(fr.message())
+
+
+def _check_slo(name: str, limit: float, samples: Sequence[float], tolerance: float, result: TestResult) -> None:
+    """An absolute limit on this boot's figure (its median, or its quantile for a tail)."""
+    spec = metric_spec(name)
+    mres = MetricResult(metric=name, unit=spec.unit, direction=spec.direction.value,
+                        tolerance=tolerance, samples=[float(x) for x in samples])
+    boot = mres.boot_summary()
+    label = f"SLO {name} {'<=' if spec.direction.value == 'lower_is_better' else '>='} {limit:g} {spec.unit}"
+    if not boot.usable:
+        result.warnings.append(
+            f"{label}: insufficient samples for {spec.label} ({boot.n} on this boot, "
+            f"{max(boot.min_n, 1)} needed): not checked")
+        return
+    ok = boot.median <= limit if spec.direction.value == "lower_is_better" else boot.median >= limit
+    line = f"{label}: {boot.median:.4g} {spec.unit} on this boot ({boot.n} samples)"
+    (result.messages if ok else result.failures).append(line + ("" if ok else " — SLO missed"))
+
+
+def verdict_to_result(comparison: Comparison, result: TestResult, *, strict: bool) -> None:
+    """A final verdict becomes a failure, a warning (with the planner's advice) or a note."""
+    message = comparison.message()
+    kind = comparison.verdict
+    if verdict_fails(comparison, strict=strict):
+        result.failures.append(message)
+    elif kind is VerdictKind.IMPROVEMENT:
+        result.warnings.append(message + "; run --update-baselines to adopt it")
+    elif kind in (VerdictKind.INCONCLUSIVE, VerdictKind.NO_DETECTABLE_CHANGE):
+        plan = plan_line(comparison)
+        line = message + (f"; {plan}" if plan else "")
+        (result.warnings if kind is VerdictKind.INCONCLUSIVE else result.messages).append(line)
+    elif kind in (VerdictKind.NOT_COMPARABLE, VerdictKind.INSUFFICIENT_SAMPLES):
+        result.warnings.append(message)
+
+
 def compare_profiles(
     results: Sequence[TestResult], reference_profile: str, *, prior_spread: float = 0.01
 ) -> list[tuple[str, str, str, Comparison]]:
@@ -383,59 +394,3 @@ def compare_profiles(
                 prior_spread=prior_spread, metric=spec.label, unit=mres.unit,
             )))
     return rows
-
-
-def baseline_entries(
-    results: Sequence[TestResult], *, git_commit: str | None
-) -> tuple[list[baseline_store.BaselineEntry], list[str]]:
-    """Baseline entries for every metric of the tests that ran, every boot of this session
-    appended in order; and, for each boot not recorded, the test and why."""
-    grouped: dict[tuple[str, str, str], list[tuple[TestResult, MetricResult]]] = {}
-    skipped: list[str] = []
-    for res in sorted(results, key=lambda r: r.boot):
-        why = res.invalid and f"INVALID: {res.invalid}" or res.unrecordable
-        if why:
-            skipped.append(f"{res.test} [{res.profile}, boot {res.boot}]: {why}")
-            continue
-        for mres in res.metrics.values():
-            if mres.finite:
-                grouped.setdefault((res.test, res.profile, mres.metric), []).append((res, mres))
-    entries = []
-    for (test, profile, metric), boots in grouped.items():
-        last_res, last = boots[-1]
-        entries.append(baseline_store.make_entry(
-            test=test, profile=profile, metric=metric, unit=last.unit,
-            direction=Direction(last.direction), samples=last.samples, git_commit=git_commit,
-            profile_env=last_res.profile_env, boot_samples=[m.samples for _, m in boots],
-            versions=last_res.versions,
-        ))
-    return entries, skipped
-
-
-__all__ = [
-    "BaselineError", "BaselineView", "MetricResult", "TestResult", "baseline_entries",
-    "check_floor", "compare_profiles", "judge_metric", "missing_baselines", "verdict_fails",
-    "WarningKind", "warning_kinds",
-]
-
-
-def session_fingerprint(deployment: Any) -> Any:
-    """Fingerprint of this host, its software and ``deployment`` (hardware is probed once)."""
-    from pytest_kimiperf.judge.fingerprint import collect_fingerprint
-    from pytest_kimiperf.server.gpu import probe_gpus, query_topology
-
-    probe = probe_gpus(timeout_s=10.0)
-    topology = query_topology(timeout_s=10.0) if probe.gpus else None
-    revision = deployment.revision
-    if revision is None and deployment.model.startswith("kimiperf:"):
-        from pytest_kimiperf.server.tiny_model import TinyModelSpec
-
-        revision = f"built-{TinyModelSpec().cache_key()}"
-    facts = {
-        "name": deployment.name,
-        "model": deployment.model,
-        "revision": revision or "unpinned",
-        "quantization": deployment.quantization or "none",
-        "tensor_parallel_size": str(deployment.tensor_parallel_size),
-    }
-    return collect_fingerprint(gpus=probe.gpus, topology=topology, deployment_facts=facts)

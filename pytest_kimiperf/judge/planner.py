@@ -15,7 +15,8 @@ import argparse
 import math
 import sys
 
-from pytest_kimiperf.judge.stats import DETECTION_POWER, boots_needed
+from pytest_kimiperf.judge.planning import boots_needed
+from pytest_kimiperf.judge.stats import DETECTION_POWER
 
 
 def _fraction(text: str) -> float:

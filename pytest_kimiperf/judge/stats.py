@@ -19,7 +19,7 @@ time", ISMM 2013: replicate at the level that varies most). So:
 * **the tolerance is inside the test**: REGRESSION only when the one-sided
   :data:`DIRECTIONAL_CONFIDENCE` bound of the change lies beyond the tolerance, and only on two
   boots or more (one boot can screen, never convict: a first boot that looks bad asks for
-  another, see :func:`wants_another_boot`); "within +/-tol" only when the whole
+  another, see ``planning.wants_another_boot``); "within +/-tol" only when the whole
   :data:`EQUIVALENCE_CONFIDENCE` interval lies inside the tolerance; anything else is "no
   detectable change", with the smallest change this design would have detected, or
   "inconclusive" when the point estimate is beyond the tolerance but not shown.
@@ -30,7 +30,7 @@ per-request CV 1-2%, heavy tails, drift over the session, 2 profiles x 10 gated 
 bound (about one standard error) confirmed on a second boot kept false alarms at or under 0.3%
 per session and detected 94% or more of changes twice the tolerance at boot spreads up to 1.5%
 (600 sessions a cell), at 1.0-1.23 boots per run; a 95% bound detected only 82% at a 1.5%
-spread (200 sessions). The screen is the tolerance itself (:data:`SCREEN_FRACTION` 1.0):
+spread (200 sessions). The screen is the tolerance itself (``planning.SCREEN_FRACTION`` 1.0):
 three quarters of it cost 1.53 boots per run at a 1.5% spread (150 sessions). The 90%
 equivalence interval is the usual TOST level (two one-sided 5% tests): "within" is a claim, so it gets the stricter level.
 """
@@ -48,6 +48,7 @@ import numpy.typing as npt
 from scipy import stats as scipy_stats
 
 from pytest_kimiperf.config.metric_specs import Direction
+from pytest_kimiperf.numbers import fmt_change, fmt_spread
 
 Samples = Sequence[float] | npt.NDArray[np.floating]
 
@@ -63,8 +64,6 @@ PRIOR_DF = 3.0
 ENOUGH_BOOTS = 5
 # A directional verdict (REGRESSION, IMPROVEMENT) needs this many boots on the current side.
 MIN_BOOTS_DIRECTIONAL = 2
-# First-boot screen: another boot when the change looks worse than this share of the tolerance.
-SCREEN_FRACTION = 1.0
 # Within-boot: a boot's median needs this many samples (requests, or rounds for throughputs) to count.
 MIN_SAMPLES_PER_BOOT = 3
 # A tail quantile q needs this many samples beyond it in each boot: n >= 3 / (1 - q), so 30 for
@@ -209,8 +208,8 @@ def estimate_spread(
     else:
         prior_var = prior_sd_log ** 2 + within_var
         var = (PRIOR_DF * prior_var + sum_sq) / (PRIOR_DF + df)
-        source = (f"declared {_fmt_spread(prior_sd_log)}" if df == 0 else
-                  f"declared {_fmt_spread(prior_sd_log)} pooled with {df:g} df measured")
+        source = (f"declared {fmt_spread(math.expm1(prior_sd_log))}" if df == 0 else
+                  f"declared {fmt_spread(math.expm1(prior_sd_log))} pooled with {df:g} df measured")
         df += PRIOR_DF
     var = max(var, within_var)
     return Spread(sd_log=math.sqrt(var), df=df, source=source)
@@ -274,23 +273,23 @@ class Comparison:
         spread 0.8% (measured over 2 + 10 boots)"."""
         return (f"{self.boots_current} boot{'s' * (self.boots_current != 1)} ({self.n_current} samples) vs "
                 f"{self.boots_reference} reference boot{'s' * (self.boots_reference != 1)}; boot spread "
-                f"{_fmt_spread(self.spread_sd_log)} ({self.spread_source})")
+                f"{fmt_spread(math.expm1(self.spread_sd_log))} ({self.spread_source})")
 
     def message(self) -> str:
         """One line for the test report: the verdict, its numbers and what it rests on."""
         prefix = " ".join(part for part in (self.metric, self.unit) if part)
         prefix = f"{prefix}: " if prefix else ""
-        tol = _fmt_tolerance(self.tolerance)
-        change = _fmt_pct(self.change)
+        tol = fmt_tolerance(self.tolerance)
+        change = fmt_change(self.change)
         worse_bound = self.bound_high if self.direction is Direction.HIGHER_IS_BETTER else self.bound_low
         better_bound = self.bound_low if self.direction is Direction.HIGHER_IS_BETTER else self.bound_high
         level = f"{self.confidence * 100:g}% bound"
-        ci = f"{self.equivalence_confidence * 100:g}% CI {_fmt_pct(self.ci_low)}..{_fmt_pct(self.ci_high)}"
+        ci = f"{self.equivalence_confidence * 100:g}% CI {fmt_change(self.ci_low)}..{fmt_change(self.ci_high)}"
         kind = self.verdict
         if kind is VerdictKind.REGRESSION:
-            body = f"REGRESSION {change} ({level} {_fmt_pct(worse_bound)} is beyond the {tol} tolerance"
+            body = f"REGRESSION {change} ({level} {fmt_change(worse_bound)} is beyond the {tol} tolerance"
         elif kind is VerdictKind.IMPROVEMENT:
-            body = f"improvement {change} ({level} {_fmt_pct(better_bound)} is beyond the {tol} tolerance"
+            body = f"improvement {change} ({level} {fmt_change(better_bound)} is beyond the {tol} tolerance"
         elif kind is VerdictKind.WITHIN_TOLERANCE:
             body = f"within +/-{tol} ({change}, {ci}"
         elif kind is VerdictKind.NO_DETECTABLE_CHANGE:
@@ -344,7 +343,7 @@ def compare_boots(
     """
     direction = Direction(direction)
     _check_unit_interval("tolerance", tolerance)
-    if not _is_real(prior_spread) or not 0.0 <= prior_spread < 1.0:
+    if not is_real(prior_spread) or not 0.0 <= prior_spread < 1.0:
         raise ValueError(f"prior_spread={prior_spread!r}: use a fraction >= 0 and below 1 (0.01 means 1%)")
     cur = [b for b in current if b.usable]
     ref = [b for b in reference if b.usable]
@@ -407,144 +406,6 @@ def _insufficient_note(current: Sequence[BootSummary], reference: Sequence[BootS
     return ""
 
 
-def wants_another_boot(c: Comparison, *, screen_fraction: float = SCREEN_FRACTION) -> bool:
-    """Whether another boot of the current side is worth its cost for this comparison.
-
-    Boots on demand: a run boots once; a comparison asks for another boot while it looks worse
-    than ``screen_fraction`` of the tolerance without a verdict (inconclusive, or a regression
-    that one boot cannot convict). Only the worse side screens: the gate exists to catch
-    regressions, and every extra boot costs a full model load. The caller stops at the
-    deployment's maximum.
-    """
-    if c.verdict not in (VerdictKind.INCONCLUSIVE, VerdictKind.NO_DETECTABLE_CHANGE):
-        return False
-    return c.gain < -screen_fraction * c.tolerance
-
-
-def boots_needed(
-    change: float, spread: float, *, tolerance: float = 0.0, reference_boots: int | None = None,
-    power: float = DETECTION_POWER, confidence: float = 0.95, max_boots: int = 10_000,
-) -> int | None:
-    """Boots per side that resolve a true ``change`` (fraction, e.g. 0.006) at boot ``spread``.
-
-    Two profiles booted alike (``reference_boots=None``): N boots each, so that the one-sided
-    ``confidence`` bound of the difference clears ``tolerance`` (0: "tell them apart") with
-    ``power``. Against a baseline of ``reference_boots``: N boots of the current side. None when
-    no number of boots can do it (the baseline alone is too uncertain): record more baseline
-    boots. Uses the normal quantile: the spread is taken as known.
-    """
-    for name, value in (("change", change), ("spread", spread)):
-        if not _is_real(value) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{name}={value!r}: use a fraction above 0 (0.006 means 0.6%)")
-    if not _is_real(tolerance) or not 0 <= tolerance < abs(change):
-        raise ValueError(f"tolerance={tolerance!r}: use a fraction >= 0 and below the change {change!r}")
-    margin = math.log1p(abs(change)) - math.log1p(tolerance)
-    z = float(scipy_stats.norm.ppf(confidence) + scipy_stats.norm.ppf(power))
-    sd = math.log1p(spread)
-    allowed_var = (margin / z) ** 2  # the SE of the difference may be at most margin / z
-    if reference_boots is None:
-        n = math.ceil(2.0 * sd ** 2 / allowed_var)
-    else:
-        if reference_boots < 1:
-            raise ValueError(f"reference_boots={reference_boots!r}: use a count of at least 1")
-        room = allowed_var / sd ** 2 - 1.0 / reference_boots
-        if room <= 0:
-            return None
-        n = math.ceil(1.0 / room)
-    n = max(n, MIN_BOOTS_DIRECTIONAL)
-    return n if n <= max_boots else None
-
-
-def plan_line(c: Comparison, *, target: float | None = None) -> str:
-    """The planner's sentence next to an inconclusive or "no detectable change" verdict."""
-    if not math.isfinite(c.spread_sd_log) or c.spread_sd_log <= 0:
-        return ""
-    spread = math.expm1(c.spread_sd_log)
-    goal = target if target is not None else c.tolerance * 2.0
-    n = boots_needed(goal, spread, tolerance=c.tolerance, reference_boots=c.boots_reference)
-    if n is None:
-        return (f"to resolve a {_fmt_tolerance(goal)} change at a boot spread of {_fmt_tolerance(spread)} "
-                f"the baseline's {c.boots_reference} boots are too few: record more with --update-baselines "
-                "--kimiperf-boots N")
-    return (f"to resolve a {_fmt_tolerance(goal)} change at a boot spread of {_fmt_tolerance(spread)} "
-            f"you need {n} boots of this profile against the baseline's {c.boots_reference}")
-
-
-class FloorStatus(str, Enum):
-    """Where an absolute figure sits against its hard floor and its target."""
-
-    BELOW_FLOOR = "below floor"
-    BELOW_TARGET = "below target"
-    OK = "ok"
-
-
-@dataclass(frozen=True)
-class FloorResult:
-    """An absolute check of a higher-is-better median (e.g. decode tok/s) against floor/target."""
-
-    label: str
-    unit: str
-    median: float
-    floor: float | None
-    target: float | None
-    status: FloorStatus
-
-    @property
-    def failed(self) -> bool:
-        """True below the floor: the test fails."""
-        return self.status is FloorStatus.BELOW_FLOOR
-
-    @property
-    def warned(self) -> bool:
-        """True above the floor but below the target: the test passes with a warning."""
-        return self.status is FloorStatus.BELOW_TARGET
-
-    def message(self) -> str:
-        """One line, e.g. "decode 38.2 tok/s is below the floor of 40 tok/s"."""
-        unit = f" {self.unit}" if self.unit else ""
-        head = f"{self.label} {_fmt_value(self.median)}{unit}".strip()
-        if self.status is FloorStatus.BELOW_FLOOR:
-            return f"{head} is below the floor of {_fmt_value(self.floor)}{unit}"
-        if self.status is FloorStatus.BELOW_TARGET:
-            floor = "" if self.floor is None else f"above the floor of {_fmt_value(self.floor)}{unit} but "
-            return f"{head} is {floor}below the target of {_fmt_value(self.target)}{unit}"
-        if self.target is not None:
-            return f"{head} meets the target of {_fmt_value(self.target)}{unit}"
-        if self.floor is not None:
-            return f"{head} meets the floor of {_fmt_value(self.floor)}{unit} (no target set)"
-        return f"{head} (no floor or target set)"
-
-
-def floor_check(
-    median: float, floor: float | None, target: float | None, unit: str, label: str
-) -> FloorResult:
-    """Check a higher-is-better median against an absolute floor (fail) and target (warn)."""
-    if not _is_real(median) or not math.isfinite(median):
-        raise ValueError(f"{label} median {median!r} is not a finite number; nothing to check")
-    for name, value in (("floor", floor), ("target", target)):
-        if value is not None and (not _is_real(value) or not math.isfinite(value) or value < 0):
-            raise ValueError(f"{label} {name} {value!r}: use a finite number >= 0, or no {name}")
-    if floor is not None and target is not None and floor > target:
-        raise ValueError(
-            f"{label} floor {floor!r} {unit} is above its target {target!r} {unit}: the floor is "
-            "the hard minimum, the target what we aim for, so floor <= target"
-        )
-    if floor is not None and median < floor:
-        status = FloorStatus.BELOW_FLOOR
-    elif target is not None and median < target:
-        status = FloorStatus.BELOW_TARGET
-    else:
-        status = FloorStatus.OK
-    return FloorResult(
-        label=label,
-        unit=unit,
-        median=float(median),
-        floor=None if floor is None else float(floor),
-        target=None if target is None else float(target),
-        status=status,
-    )
-
-
 def single_threshold_regression(
     current: Samples, reference: Samples, direction: Direction, threshold: float
 ) -> bool:
@@ -587,40 +448,22 @@ def _valid_samples(side: str, samples: Samples) -> npt.NDArray[np.float64]:
 
 
 def _check_unit_interval(name: str, value: float) -> None:
-    if not _is_real(value) or not 0.0 < value < 1.0:
+    if not is_real(value) or not 0.0 < value < 1.0:
         raise ValueError(f"{name}={value!r}: use a fraction between 0 and 1 (0.03 means 3%)")
 
 
-def _is_real(value: object) -> bool:
+def is_real(value: object) -> bool:
+    """Whether ``value`` is a real number (numpy scalars too), not a bool."""
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
-def _fmt_pct(fraction: float) -> str:
-    if math.isnan(fraction):
-        return "n/a"
-    return f"{fraction * 100:+.1f}%"
-
-
-def _fmt_tolerance(fraction: float) -> str:
+def fmt_tolerance(fraction: float) -> str:
+    """A tolerance (or a target change) as written in verdicts: ``3%``, ``0.5%``."""
     return f"{fraction * 100:g}%"
-
-
-
-
-def _fmt_value(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    text = f"{value:.4g}"
-    # .4g turns 12345 into 1.234e+04; tok/s and ms read better as plain numbers.
-    return f"{value:.0f}" if "e" in text else text
 
 
 def _geomean(boots: Sequence[BootSummary]) -> float:
     if not boots:
         return math.nan
     return math.exp(sum(math.log(b.median) for b in boots) / len(boots))
-
-
-def _fmt_spread(sd_log: float) -> str:
-    return f"{math.expm1(sd_log) * 100:.2g}%"
 

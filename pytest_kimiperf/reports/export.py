@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from pytest_kimiperf.errors import KimiperfError
-from pytest_kimiperf.judge.gate import TestResult
+from pytest_kimiperf.judge.results import TestResult
 from pytest_kimiperf.reports.json_report import _finite
 from pytest_kimiperf.reports.model import SessionReport
 

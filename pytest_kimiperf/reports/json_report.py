@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from pytest_kimiperf.errors import KimiperfError
-from pytest_kimiperf.judge.gate import MetricResult, TestResult
+from pytest_kimiperf.judge.results import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.reports.model import ProfileFacts, SessionReport
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_kimiperf.server.boot_account import BootAccount
-from pytest_kimiperf.judge.gate import MetricResult, TestResult, compare_profiles
+from pytest_kimiperf.judge.gate import compare_profiles
+from pytest_kimiperf.judge.results import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck
 from pytest_kimiperf.roofline.inputs import RooflineReport

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from pytest_kimiperf.judge.baselines import BaselineFile
+from pytest_kimiperf.judge.baseline_schema import BaselineFile
 from pytest_kimiperf.errors import ConfigError, KimiperfError
-from pytest_kimiperf.judge.gate import MetricResult, TestResult
+from pytest_kimiperf.judge.results import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS, Direction
 from pytest_kimiperf.measure.results import RUN_LEVEL_METRICS
 from pytest_kimiperf.reports.model import (

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_kimiperf.judge import baselines
+from pytest_kimiperf.judge.baseline_schema import BaselineFile
 from pytest_kimiperf.errors import KimiperfError
-from pytest_kimiperf.judge.gate import baseline_entries
+from pytest_kimiperf.judge.baselines import baseline_entries
 from pytest_kimiperf.reports.json_report import build_json_report, write_json_report
 from pytest_kimiperf.reports.markdown import render_markdown, write_markdown
 from pytest_kimiperf.reports.model import (
@@ -152,7 +153,7 @@ def build_report(state: Any, *, rootpath: Path | None, probe_fingerprint: bool) 
     if fingerprint is None and probe_fingerprint:
         # Under xdist the workers probed the hardware; the controller needs it for the baseline
         # file name and the report, so it probes once itself (same function the plugin uses).
-        from pytest_kimiperf.judge.gate import session_fingerprint
+        from pytest_kimiperf.judge.fingerprint import session_fingerprint
 
         fingerprint = state.fingerprint = session_fingerprint(settings.deployment)
     baselines_path: str | None = None
@@ -179,7 +180,7 @@ def build_report(state: Any, *, rootpath: Path | None, probe_fingerprint: bool) 
     return report
 
 
-def _baseline_file(report: SessionReport) -> baselines.BaselineFile | None:
+def _baseline_file(report: SessionReport) -> BaselineFile | None:
     """The baseline file this run was judged against, or None (none, or unreadable: the
     verdicts already said so)."""
     if report.baselines_path is None:

@@ -10,7 +10,8 @@ import pytest
 
 from pytest_kimiperf.judge import baselines
 
-from pytest_kimiperf.judge import gate
+from pytest_kimiperf.judge.baselines import baseline_entries
+from pytest_kimiperf.judge.results import MetricResult, TestResult
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.config.metric_specs import metric_spec
 from pytest_kimiperf.reports.model import SessionReport, build_session_report
@@ -32,16 +33,16 @@ def assert_sensible_png(path: Path) -> None:
     assert path.stat().st_size > 10_000  # an empty canvas compresses to a few kB
 
 
-def ttft_result(center: float, boot: int = 1) -> gate.TestResult:
+def ttft_result(center: float, boot: int = 1) -> TestResult:
     res = result("default", boot=boot)
     spec = metric_spec("ttft_ms")
-    res.metrics["ttft_ms"] = gate.MetricResult(
+    res.metrics["ttft_ms"] = MetricResult(
         "ttft_ms", spec.unit, spec.direction.value, spec.default_tolerance,
         [center + 0.1 * i for i in range(20)], boot_label=f"default boot {boot}")
     return res
 
 
-def report_of(results: list[gate.TestResult]) -> SessionReport:
+def report_of(results: list[TestResult]) -> SessionReport:
     return build_session_report(results=results, reference_profile="default", profiles=[],
                                 deployment={"name": "tiny-cpu"}, fingerprint=None,
                                 created_at="2026-01-02T03:04:05Z", generator="test")
@@ -51,7 +52,7 @@ def test_a_judged_metric_gets_a_plot_beside_its_baseline_with_the_verdict(tmp_pa
     pytest.importorskip("matplotlib")
     from pytest_kimiperf.reports.plots import render_plots
 
-    entries, _ = gate.baseline_entries([ttft_result(18.0)], git_commit=None)
+    entries, _ = baseline_entries([ttft_result(18.0)], git_commit=None)
     path = baselines.baseline_path(tmp_path, "tiny-cpu", FINGERPRINT.key)
     baselines.update_baseline(path, "tiny-cpu", FINGERPRINT, entries)
     stored = baselines.load_baseline(path)

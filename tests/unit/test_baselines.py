@@ -12,13 +12,11 @@ from typing import Any
 
 import pytest
 
+from pytest_kimiperf.judge.baseline_schema import SCHEMA_VERSION, BaselineEntry, dumps_baseline
 from pytest_kimiperf.judge.baselines import (
     HISTORY_BOOTS,
-    SCHEMA_VERSION,
-    BaselineEntry,
     baseline_path,
     current_git_commit,
-    dumps_baseline,
     load_baseline,
     make_entry,
     update_baseline,

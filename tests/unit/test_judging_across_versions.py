@@ -7,8 +7,10 @@ from pathlib import Path
 
 from pytest_kimiperf.judge import baselines
 from pytest_kimiperf.judge.fingerprint import Fingerprint, version_changes
+from pytest_kimiperf.judge.baselines import BaselineView
+from pytest_kimiperf.judge.results import MetricResult, TestResult
 from pytest_kimiperf.judge.gate import (
-    BaselineView, MetricResult, TestResult, WarningKind, judge_metric, missing_baselines, warning_kinds,
+    WarningKind, judge_metric, missing_baselines, warning_kinds,
 )
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.stats import summarize_boot

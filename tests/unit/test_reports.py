@@ -24,6 +24,7 @@ from pytest_kimiperf.judge import baselines
 
 from pytest_kimiperf.judge import gate
 from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.judge.results import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import metric_spec
 from pytest_kimiperf.reports.json_report import (
     SCHEMA_VERSION,
@@ -58,10 +59,10 @@ def samples(seed: int, center: float, spread: float, n: int = 20) -> list[float]
 
 
 def measured(profile: str, *, decode: float, itl: float, ttft: float, seed: int,
-             test: str = DECODE_TEST, boot: int = 1) -> gate.TestResult:
+             test: str = DECODE_TEST, boot: int = 1) -> TestResult:
     """A result of the decode test on ``boot`` of ``profile`` with three metrics, not yet judged."""
     slot = profile if boot == 1 else f"{profile}-boot{boot}"
-    res = gate.TestResult(
+    res = TestResult(
         test=test, nodeid=f"{test}[{slot}]", profile=profile, deployment="tiny-cpu",
         scenario="single-stream", boot=boot,
         profile_env={"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"} if profile == "ring-ll" else {},
@@ -69,7 +70,7 @@ def measured(profile: str, *, decode: float, itl: float, ttft: float, seed: int,
     for metric, center, spread, offset in (("decode_tok_s", decode, 0.01, 0), ("itl_ms", itl, 0.01, 1),
                                            ("ttft_ms", ttft, 0.02, 2)):
         spec = metric_spec(metric)
-        res.metrics[metric] = gate.MetricResult(
+        res.metrics[metric] = MetricResult(
             metric, spec.unit, spec.direction.value, spec.default_tolerance,
             samples(seed + offset, center, spread), boot_label=f"{profile} boot {boot}")
     rng = np.random.default_rng(seed + 3)
@@ -79,8 +80,8 @@ def measured(profile: str, *, decode: float, itl: float, ttft: float, seed: int,
     return res
 
 
-def judge(res: gate.TestResult, view: gate.BaselineView | None,
-          earlier: list[gate.TestResult] = ()) -> gate.TestResult:  # type: ignore[assignment]
+def judge(res: TestResult, view: baselines.BaselineView | None,
+          earlier: list[TestResult] = ()) -> TestResult:  # type: ignore[assignment]
     """What the recorder does after measuring: floor, then each metric against its baseline,
     on this boot and the ``earlier`` boots of the same test and profile."""
     decode = res.metrics["decode_tok_s"].summary()["median"]
@@ -105,20 +106,20 @@ def judge(res: gate.TestResult, view: gate.BaselineView | None,
 
 
 @pytest.fixture
-def view(tmp_path: Path) -> gate.BaselineView:
+def view(tmp_path: Path) -> baselines.BaselineView:
     """A baseline file holding the default profile only (ring-ll has no baseline)."""
     stored = FINGERPRINT
     base = measured("default", decode=81.4, itl=12.3, ttft=40.0, seed=100)
     base.metrics["ttft_ms"].samples = samples(102, 36.0, 0.02)  # today's TTFT is ~11% slower
-    entries, not_recorded = gate.baseline_entries([base], git_commit=None)
+    entries, not_recorded = baselines.baseline_entries([base], git_commit=None)
     assert not_recorded == []
     path = baselines.baseline_path(tmp_path, "tiny-cpu", FINGERPRINT.key)
     baselines.update_baseline(path, "tiny-cpu", stored, entries)
-    return gate.BaselineView(tmp_path, "tiny-cpu", stored)
+    return baselines.BaselineView(tmp_path, "tiny-cpu", stored)
 
 
 @pytest.fixture
-def results(view: gate.BaselineView) -> list[gate.TestResult]:
+def results(view: baselines.BaselineView) -> list[TestResult]:
     """Two boots of each profile, interleaved A B B A: one boot can screen, never convict."""
     default = judge(measured("default", decode=81.4, itl=12.3, ttft=40.0, seed=1), view)
     ring_ll = judge(measured("ring-ll", decode=81.9, itl=12.2, ttft=44.0, seed=10), view)
@@ -130,7 +131,7 @@ def results(view: gate.BaselineView) -> list[gate.TestResult]:
     ]
 
 
-def make_report(results: list[gate.TestResult], *, profiles: list[ProfileFacts] | None = None,
+def make_report(results: list[TestResult], *, profiles: list[ProfileFacts] | None = None,
                 reference: str = "default") -> SessionReport:
     facts = profiles if profiles is not None else [
         ProfileFacts("default", "NCCL's own choices", {}, {"VLLM_CPU_KVCACHE_SPACE": "1"},
@@ -148,7 +149,7 @@ def make_report(results: list[gate.TestResult], *, profiles: list[ProfileFacts] 
 
 
 @pytest.fixture
-def report(results: list[gate.TestResult]) -> SessionReport:
+def report(results: list[TestResult]) -> SessionReport:
     return make_report(results)
 
 
@@ -287,7 +288,7 @@ def test_colour_goes_through_reporter_markup(report: SessionReport) -> None:
     assert regression == {"red": True, "bold": True} and worse == {"red": True} and plain == {}
 
 
-def test_leftovers_and_errors_are_loud_even_with_q(results: list[gate.TestResult]) -> None:
+def test_leftovers_and_errors_are_loud_even_with_q(results: list[TestResult]) -> None:
     report = make_report(results, profiles=[
         ProfileFacts("default", boots=1, leftovers=("pid 4242 VLLM::EngineCore (ppid 1)",)),
         ProfileFacts("ring-ll", boots=1, error="server exited with code 1 before it was ready"),
@@ -301,7 +302,7 @@ def test_leftovers_and_errors_are_loud_even_with_q(results: list[gate.TestResult
     assert "ERROR: cannot write baseline x: disk full" in texts
 
 
-def test_many_profiles_stack_the_metric_above_its_rows_to_stay_in_width(view: gate.BaselineView) -> None:
+def test_many_profiles_stack_the_metric_above_its_rows_to_stay_in_width(view: baselines.BaselineView) -> None:
     names = ["default", "ring-ll-with-a-long-name", "tree-simple-with-a-long-name"]
     results = [measured(name, decode=81.0 + i, itl=12.3, ttft=40.0, seed=10 * i)
                for i, name in enumerate(names)]
@@ -311,7 +312,7 @@ def test_many_profiles_stack_the_metric_above_its_rows_to_stay_in_width(view: ga
     assert max(len(line) for line in lines) <= MAX_WIDTH
 
 
-def test_invalid_run_and_missing_reference_are_not_compared(results: list[gate.TestResult]) -> None:
+def test_invalid_run_and_missing_reference_are_not_compared(results: list[TestResult]) -> None:
     results[1].invalid = "client event loop lagged (p99 3.1 ms > 1 ms)"
     lines = summary(make_report(results)).lines()
     invalid = [line for line in lines if "INVALID measurement" in line]
@@ -340,7 +341,7 @@ def test_a_broken_state_writes_one_line_instead_of_raising() -> None:
     assert reporter.calls == [("line", message, {"red": True})]
 
 
-def test_single_profile_has_no_profile_table(results: list[gate.TestResult]) -> None:
+def test_single_profile_has_no_profile_table(results: list[TestResult]) -> None:
     lines = summary(make_report(results[:1], profiles=[ProfileFacts("default", boots=1)])).lines()
     assert not any("NCCL profiles vs" in line for line in lines)
     assert any("against baselines" in line for line in lines)
@@ -403,7 +404,7 @@ def test_markdown_matches_the_snapshot(report: SessionReport) -> None:
     assert text == golden("summary.md", text)
 
 
-def test_markdown_escapes_pipes_in_test_ids(results: list[gate.TestResult]) -> None:
+def test_markdown_escapes_pipes_in_test_ids(results: list[TestResult]) -> None:
     for res in results:
         res.test = "perf_tests/test_x.py::test_y[a|b]"
     text = render_markdown(make_report(results))
@@ -463,7 +464,7 @@ def test_plots_without_matplotlib_name_the_extra(monkeypatch: pytest.MonkeyPatch
 # -- through the plugin -----------------------------------------------------------------------------
 
 
-def slot_id(res: gate.TestResult) -> str:
+def slot_id(res: TestResult) -> str:
     """The boot slot's parameter id, as boots.BootSlot.id spells it."""
     return res.profile if res.boot == 1 else f"{res.profile}-boot{res.boot}"
 
@@ -474,7 +475,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kimiperf.judge import gate
+from pytest_kimiperf.judge.results import TestResult
 from pytest_kimiperf.plugin import RESULT_KEY
 
 RESULTS = json.loads(Path(__file__).with_name("results.json").read_text())
@@ -482,12 +483,12 @@ RESULTS = json.loads(Path(__file__).with_name("results.json").read_text())
 
 @pytest.mark.parametrize("slot", list(RESULTS))
 def test_single_stream_decode(request, slot):
-    request.node.stash[RESULT_KEY] = gate.TestResult.from_json(RESULTS[slot])
+    request.node.stash[RESULT_KEY] = TestResult.from_json(RESULTS[slot])
 """
 
 
 def test_plugin_writes_reports_and_baselines_and_summarizes(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, results: list[gate.TestResult]
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, results: list[TestResult]
 ) -> None:
     """The plugin's session end: results travel from the test reports to every output."""
     step = pytester.path / "step_summary.md"
@@ -525,7 +526,7 @@ def test_plugin_writes_reports_and_baselines_and_summarizes(
 
 
 def test_plugin_quiet_summary_and_hook_edit(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
-                                            results: list[gate.TestResult]) -> None:
+                                            results: list[TestResult]) -> None:
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     payload = {slot_id(res): {**res.to_json(), "test": "test_perf.py::test_single_stream_decode"}
                for res in results}
@@ -544,7 +545,7 @@ def test_plugin_quiet_summary_and_hook_edit(pytester: pytest.Pytester, monkeypat
 
 
 def test_plugin_reports_results_from_xdist_workers(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
-                                                   results: list[gate.TestResult]) -> None:
+                                                   results: list[TestResult]) -> None:
     """Under xdist the results reach the controller serialized in the reports; only it writes."""
     pytest.importorskip("xdist")
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
@@ -563,7 +564,7 @@ def test_plugin_reports_results_from_xdist_workers(pytester: pytest.Pytester, mo
 
 
 def test_plugin_reports_a_baseline_it_cannot_write_and_still_writes_the_json(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, results: list[gate.TestResult]
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, results: list[TestResult]
 ) -> None:
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     payload = {slot_id(res): {**res.to_json(), "test": "test_perf.py::test_single_stream_decode"}
@@ -583,7 +584,7 @@ def test_plugin_reports_a_baseline_it_cannot_write_and_still_writes_the_json(
     assert len(data["errors"]) == 1 and "cannot write baseline" in data["errors"][0]
 
 
-def test_the_servers_view_is_shown_next_to_the_clients(results: list[gate.TestResult]) -> None:
+def test_the_servers_view_is_shown_next_to_the_clients(results: list[TestResult]) -> None:
     res = results[0]
     # one run extended by one round: two /metrics views, pooled by their counts
     res.run.update({"mean_ttft_ms": 17.4, "mean_itl_ms": 1.30, "total_output_tokens": 2560,

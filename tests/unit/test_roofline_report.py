@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import stub_deployment_toml
-from pytest_kimiperf.judge import gate
+from pytest_kimiperf.judge.results import MetricResult, TestResult
 from pytest_kimiperf.config.deployments import (
     BUILTIN_DEPLOYMENTS,
     TINY_MODEL,
@@ -59,11 +59,11 @@ H100_NVLINK = Fingerprint(
 
 def decode_result(profile: str, samples: list[float], *, scenario: str = "single-stream-128in-128out",
                   floor: bool = True, test: str = "perf_tests/test_decode.py::test_single_stream_decode",
-                  invalid: str | None = None) -> gate.TestResult:
-    res = gate.TestResult(test=test, nodeid=f"{test}[{profile}]", profile=profile, deployment="d",
+                  invalid: str | None = None) -> TestResult:
+    res = TestResult(test=test, nodeid=f"{test}[{profile}]", profile=profile, deployment="d",
                           scenario=scenario, invalid=invalid)
     spec = metric_spec("decode_tok_s")
-    res.metrics["decode_tok_s"] = gate.MetricResult("decode_tok_s", spec.unit, spec.direction.value,
+    res.metrics["decode_tok_s"] = MetricResult("decode_tok_s", spec.unit, spec.direction.value,
                                                     spec.default_tolerance, samples)
     if floor:
         res.floor = {"median": sorted(samples)[len(samples) // 2], "floor": 40.0, "target": 50.0,
@@ -303,7 +303,7 @@ def test_bad_roofline_fields_are_refused_naming_field_and_table(key: str, value:
 # -- in the reports (golden) ----------------------------------------------------------------------
 
 
-def report_with(roof: object, results: list[gate.TestResult] | None = None) -> object:
+def report_with(roof: object, results: list[TestResult] | None = None) -> object:
     return build_session_report(
         results=results or [decode_result("default", [81.4])], reference_profile="default",
         profiles=[ProfileFacts("default"), ProfileFacts("ring-ll", profile_env={"NCCL_PROTO": "LL"})],

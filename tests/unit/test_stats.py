@@ -12,17 +12,14 @@ from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.stats import (
     ENOUGH_BOOTS,
     BootSummary,
-    FloorStatus,
     VerdictKind,
-    boots_needed,
     compare_boots,
     estimate_spread,
-    floor_check,
-    plan_line,
     single_threshold_regression,
     summarize_boot,
-    wants_another_boot,
 )
+from pytest_kimiperf.judge.floors import FloorStatus, floor_check
+from pytest_kimiperf.judge.planning import boots_needed, plan_line, wants_another_boot
 
 HIGHER = Direction.HIGHER_IS_BETTER
 LOWER = Direction.LOWER_IS_BETTER

@@ -1,0 +1,280 @@
+"""What a baseline file is: its entries, their boot histories, and its JSON form.
+
+The types a baseline file loads into (:class:`BaselineFile` of :class:`BaselineEntry`, each a
+history of :class:`BaselineBoot`), the exact text written for one (:func:`dumps_baseline`) and
+the checks a file's JSON passes before anything trusts it (:func:`parse_baseline`). Reading and
+writing the files on disk, and recording a session's boots, is ``baselines``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from pytest_kimiperf.config.metric_specs import METRICS, Direction
+from pytest_kimiperf.errors import BaselineError
+from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.judge.stats import BootSummary, summarize_boot, tail_min_samples
+
+SCHEMA_VERSION = 2
+SIGNIFICANT_DIGITS = 6
+KEY_SEPARATOR = "|"
+
+RESTORE_HINT = (
+    "restore it from version control (git checkout -- {path}) or delete it to record a new "
+    "baseline; it was left unchanged"
+)
+
+
+@dataclass(frozen=True)
+class BaselineBoot:
+    """One recorded server boot of one metric: the unit the gate compares."""
+
+    median: float
+    n: int
+    se_log: float | None
+    recorded_at: str
+    git_commit: str | None
+    versions: Mapping[str, str]
+
+    def summary(self) -> BootSummary:
+        """As stats sees a boot."""
+        return BootSummary(median=self.median, n=self.n,
+                           se_log=math.nan if self.se_log is None else self.se_log, label=self.recorded_at)
+
+    def to_json(self) -> dict[str, Any]:
+        """The boot as stored in the file."""
+        return {"median": self.median, "n": self.n, "se_log": self.se_log, "recorded_at": self.recorded_at,
+                "git_commit": self.git_commit, "versions": dict(self.versions)}
+
+
+@dataclass(frozen=True)
+class BaselineEntry:
+    """The boot history of one metric of one test under one NCCL profile."""
+
+    test: str
+    profile: str
+    metric: str
+    unit: str
+    direction: Direction
+    samples: tuple[float, ...]  # the latest boot's per-request samples (plots, tails)
+    median: float  # of the latest boot's samples, for readers of the diff
+    iqr: tuple[float, float]
+    n: int
+    recorded_at: str
+    git_commit: str | None
+    profile_env: Mapping[str, str]
+    boots: tuple[BaselineBoot, ...] = ()
+
+    def summaries(self) -> list[BootSummary]:
+        """The history as stats.BootSummary, oldest first (a tail metric's boots need as many
+        samples as stats.tail_min_samples says)."""
+        spec = METRICS.get(self.metric)
+        min_n = tail_min_samples(spec.quantile) if spec is not None and spec.quantile else 0
+        return [replace(b.summary(), min_n=min_n) for b in self.boots]
+
+    @property
+    def key(self) -> str:
+        """The entry's key in the file: ``<test id>|<profile>|<metric>``."""
+        return entry_key(self.test, self.profile, self.metric)
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as stored in the file."""
+        return {
+            "test": self.test,
+            "profile": self.profile,
+            "metric": self.metric,
+            "unit": self.unit,
+            "direction": self.direction.value,
+            "samples": list(self.samples),
+            "median": self.median,
+            "iqr": list(self.iqr),
+            "n": self.n,
+            "recorded_at": self.recorded_at,
+            "git_commit": self.git_commit,
+            "profile_env": dict(self.profile_env),
+            "boots": [b.to_json() for b in self.boots],
+        }
+
+
+@dataclass(frozen=True)
+class BaselineFile:
+    """A loaded (or just written) baseline file."""
+
+    path: Path
+    deployment: str
+    fingerprint: Fingerprint
+    entries: Mapping[str, BaselineEntry]
+    schema_version: int = SCHEMA_VERSION
+
+    def entry(self, test: str, profile: str, metric: str) -> BaselineEntry | None:
+        """The stored entry for this test, profile and metric, or None if never recorded."""
+        return self.entries.get(entry_key(test, profile, metric))
+
+    def to_json(self) -> dict[str, Any]:
+        """The whole file's JSON object."""
+        return {
+            "schema_version": self.schema_version,
+            "deployment": self.deployment,
+            "fingerprint": self.fingerprint.to_json(),
+            "entries": {key: e.to_json() for key, e in self.entries.items()},
+        }
+
+
+def entry_key(test: str, profile: str, metric: str) -> str:
+    """Join test id, profile and metric into the entry key; none of them may contain ``|``."""
+    for kind, value in (("test id", test), ("profile", profile), ("metric", metric)):
+        if not isinstance(value, str) or not value or KEY_SEPARATOR in value:
+            raise BaselineError(
+                f"{kind} {value!r} cannot be part of a baseline key: it must be a non-empty string "
+                f"without {KEY_SEPARATOR!r} (the key separator)"
+            )
+    return KEY_SEPARATOR.join((test, profile, metric))
+
+
+def dumps_baseline(baseline: BaselineFile) -> str:
+    """The exact text written for a baseline: sorted keys, indent 2, trailing newline."""
+    return json.dumps(baseline.to_json(), sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def round_figure(value: float) -> float:
+    return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+
+
+def parse_baseline(path: Path, text: str) -> BaselineFile:
+    hint = RESTORE_HINT.format(path=path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BaselineError(
+            f"baseline {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); {hint}"
+        ) from None
+
+    def bad(what: str) -> BaselineError:
+        return BaselineError(f"baseline {path} is malformed: {what}; {hint}")
+
+    if not isinstance(data, dict):
+        raise bad(f"the top level is a {type(data).__name__}, not an object")
+    version = data.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise bad(f"schema_version is {version!r}, expected {SCHEMA_VERSION}")
+    if version > SCHEMA_VERSION:
+        raise BaselineError(
+            f"baseline {path} has schema_version {version}, newer than the {SCHEMA_VERSION} this "
+            "pytest-kimiperf supports: upgrade pytest-kimiperf to use it; it was left unchanged"
+        )
+    deployment = data.get("deployment")
+    if not isinstance(deployment, str):
+        raise bad(f"deployment is {deployment!r}, expected a name")
+    try:
+        fingerprint = Fingerprint.from_json(data.get("fingerprint"), source=f"baseline {path}")
+    except BaselineError as exc:
+        raise BaselineError(f"{exc}; {hint}") from None
+    raw_entries = data.get("entries")
+    if not isinstance(raw_entries, dict):
+        raise bad("entries must be an object")
+    entries: dict[str, BaselineEntry] = {}
+    for key, raw in raw_entries.items():
+        try:
+            entry = _parse_entry(raw)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise bad(f"entry {key!r}: {exc}") from None
+        if entry.key != key:
+            raise bad(f"entry {key!r} holds test/profile/metric {entry.key!r}")
+        entries[key] = entry
+    return BaselineFile(
+        path=path,
+        deployment=deployment,
+        fingerprint=fingerprint,
+        entries=entries,
+        schema_version=SCHEMA_VERSION,
+    )
+
+
+def _parse_entry(raw: object) -> BaselineEntry:
+    if not isinstance(raw, dict):
+        raise TypeError("not an object")
+    missing = [
+        name
+        for name in ("test", "profile", "metric", "unit", "direction", "samples", "median", "iqr",
+                     "n", "recorded_at", "git_commit", "profile_env")
+        if name not in raw
+    ]
+    if missing:
+        raise KeyError(f"missing {', '.join(missing)}")
+    samples = raw["samples"]
+    if not isinstance(samples, list) or not samples or not all(_is_number(s) for s in samples):
+        raise ValueError("samples must be a non-empty list of numbers")
+    iqr = raw["iqr"]
+    if not isinstance(iqr, list) or len(iqr) != 2 or not all(_is_number(q) for q in iqr):
+        raise ValueError("iqr must be [q1, q3]")
+    if not _is_number(raw["median"]):
+        raise ValueError("median must be a number")
+    if raw["n"] != len(samples):
+        raise ValueError(f"n is {raw['n']!r} but there are {len(samples)} samples")
+    for name in ("test", "profile", "metric", "unit", "recorded_at"):
+        if not isinstance(raw[name], str):
+            raise TypeError(f"{name} must be a string")
+    if raw["git_commit"] is not None and not isinstance(raw["git_commit"], str):
+        raise TypeError("git_commit must be a string or null")
+    env = raw["profile_env"]
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise TypeError("profile_env must be an object of strings")
+    try:
+        direction = Direction(raw["direction"])
+    except ValueError:
+        raise ValueError(
+            f"direction {raw['direction']!r} is not one of {', '.join(d.value for d in Direction)}"
+        ) from None
+    if "boots" in raw:
+        boots = tuple(_parse_boot(b, i) for i, b in enumerate(raw["boots"] if isinstance(raw["boots"], list) else [None]))
+        if not boots:
+            raise ValueError("boots must be a non-empty list")
+    else:
+        # Schema 1: the samples of one run, which was one boot.
+        summary = summarize_boot([float(s) for s in samples])
+        boots = (BaselineBoot(median=round_figure(summary.median), n=summary.n,
+                              se_log=None if not math.isfinite(summary.se_log) else round_figure(summary.se_log),
+                              recorded_at=raw["recorded_at"], git_commit=raw["git_commit"], versions={}),)
+    return BaselineEntry(
+        test=raw["test"],
+        profile=raw["profile"],
+        metric=raw["metric"],
+        unit=raw["unit"],
+        direction=direction,
+        samples=tuple(float(s) for s in samples),
+        median=float(raw["median"]),
+        iqr=(float(iqr[0]), float(iqr[1])),
+        n=len(samples),
+        recorded_at=raw["recorded_at"],
+        git_commit=raw["git_commit"],
+        profile_env=dict(env),
+        boots=boots,
+    )
+
+
+def _parse_boot(raw: object, index: int) -> BaselineBoot:
+    if not isinstance(raw, dict):
+        raise TypeError(f"boots[{index}] is not an object")
+    if not _is_number(raw.get("median")) or raw["median"] <= 0:
+        raise ValueError(f"boots[{index}].median must be a number > 0")
+    n = raw.get("n")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"boots[{index}].n must be an integer >= 1")
+    se = raw.get("se_log")
+    if se is not None and not _is_number(se):
+        raise ValueError(f"boots[{index}].se_log must be a number or null")
+    versions = raw.get("versions") or {}
+    if not isinstance(versions, dict):
+        raise TypeError(f"boots[{index}].versions must be an object")
+    return BaselineBoot(median=float(raw["median"]), n=n, se_log=None if se is None else float(se),
+                        recorded_at=str(raw.get("recorded_at") or ""), git_commit=raw.get("git_commit"),
+                        versions={str(k): str(v) for k, v in versions.items()})
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

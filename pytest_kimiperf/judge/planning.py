@@ -1,0 +1,84 @@
+"""How many boots a verdict needs: the first-boot screen and the boot planner's advice.
+
+A comparison that looks worse than the tolerance without a verdict asks for another boot
+(:func:`wants_another_boot`); an inconclusive or "no detectable change" verdict says how many
+boots would resolve a change of interest (:func:`plan_line`, from :func:`boots_needed`: the
+normal-approximation power calculation against the baseline's boot history). The verdicts
+themselves, and the minimum detectable change quoted with them, are ``stats``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from scipy import stats as scipy_stats
+
+from pytest_kimiperf.judge.stats import (
+    DETECTION_POWER, MIN_BOOTS_DIRECTIONAL, Comparison, VerdictKind, is_real, fmt_tolerance,
+)
+
+# First-boot screen: another boot when the change looks worse than this share of the tolerance.
+SCREEN_FRACTION = 1.0
+
+
+def wants_another_boot(c: Comparison, *, screen_fraction: float = SCREEN_FRACTION) -> bool:
+    """Whether another boot of the current side is worth its cost for this comparison.
+
+    Boots on demand: a run boots once; a comparison asks for another boot while it looks worse
+    than ``screen_fraction`` of the tolerance without a verdict (inconclusive, or a regression
+    that one boot cannot convict). Only the worse side screens: the gate exists to catch
+    regressions, and every extra boot costs a full model load. The caller stops at the
+    deployment's maximum.
+    """
+    if c.verdict not in (VerdictKind.INCONCLUSIVE, VerdictKind.NO_DETECTABLE_CHANGE):
+        return False
+    return c.gain < -screen_fraction * c.tolerance
+
+
+def boots_needed(
+    change: float, spread: float, *, tolerance: float = 0.0, reference_boots: int | None = None,
+    power: float = DETECTION_POWER, confidence: float = 0.95, max_boots: int = 10_000,
+) -> int | None:
+    """Boots per side that resolve a true ``change`` (fraction, e.g. 0.006) at boot ``spread``.
+
+    Two profiles booted alike (``reference_boots=None``): N boots each, so that the one-sided
+    ``confidence`` bound of the difference clears ``tolerance`` (0: "tell them apart") with
+    ``power``. Against a baseline of ``reference_boots``: N boots of the current side. None when
+    no number of boots can do it (the baseline alone is too uncertain): record more baseline
+    boots. Uses the normal quantile: the spread is taken as known.
+    """
+    for name, value in (("change", change), ("spread", spread)):
+        if not is_real(value) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name}={value!r}: use a fraction above 0 (0.006 means 0.6%)")
+    if not is_real(tolerance) or not 0 <= tolerance < abs(change):
+        raise ValueError(f"tolerance={tolerance!r}: use a fraction >= 0 and below the change {change!r}")
+    margin = math.log1p(abs(change)) - math.log1p(tolerance)
+    z = float(scipy_stats.norm.ppf(confidence) + scipy_stats.norm.ppf(power))
+    sd = math.log1p(spread)
+    allowed_var = (margin / z) ** 2  # the SE of the difference may be at most margin / z
+    if reference_boots is None:
+        n = math.ceil(2.0 * sd ** 2 / allowed_var)
+    else:
+        if reference_boots < 1:
+            raise ValueError(f"reference_boots={reference_boots!r}: use a count of at least 1")
+        room = allowed_var / sd ** 2 - 1.0 / reference_boots
+        if room <= 0:
+            return None
+        n = math.ceil(1.0 / room)
+    n = max(n, MIN_BOOTS_DIRECTIONAL)
+    return n if n <= max_boots else None
+
+
+def plan_line(c: Comparison, *, target: float | None = None) -> str:
+    """The planner's sentence next to an inconclusive or "no detectable change" verdict."""
+    if not math.isfinite(c.spread_sd_log) or c.spread_sd_log <= 0:
+        return ""
+    spread = math.expm1(c.spread_sd_log)
+    goal = target if target is not None else c.tolerance * 2.0
+    n = boots_needed(goal, spread, tolerance=c.tolerance, reference_boots=c.boots_reference)
+    if n is None:
+        return (f"to resolve a {fmt_tolerance(goal)} change at a boot spread of {fmt_tolerance(spread)} "
+                f"the baseline's {c.boots_reference} boots are too few: record more with --update-baselines "
+                "--kimiperf-boots N")
+    return (f"to resolve a {fmt_tolerance(goal)} change at a boot spread of {fmt_tolerance(spread)} "
+            f"you need {n} boots of this profile against the baseline's {c.boots_reference}")

@@ -1,0 +1,136 @@
+"""What one perf test measured and decided: plain data, JSON-able.
+
+One measured test on one server boot produces a :class:`TestResult` holding a
+:class:`MetricResult` per metric. Both travel from an xdist worker to the controller as JSON;
+the gate (``gate.judge``) fills their verdicts and the reports only read them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pytest_kimiperf.config.metric_specs import metric_spec
+from pytest_kimiperf.judge.stats import BootSummary, summarize_boot, summarize_boot_quantile
+
+
+@dataclass
+class MetricResult:
+    """Samples and verdicts of one metric of one test under one profile."""
+
+    metric: str
+    unit: str
+    direction: str
+    tolerance: float
+    samples: list[float]
+    baseline: dict[str, Any] | None = None  # Comparison.to_dict() against the baseline
+    baseline_message: str | None = None
+    boot_label: str = ""
+
+    def boot_summary(self) -> BootSummary:
+        """This boot's summary of the metric (the unit of replication): its median, or its
+        quantile for a tail metric (p99_itl_ms)."""
+        spec = metric_spec(self.metric)
+        if spec.quantile is not None:
+            return summarize_boot_quantile(self.samples, spec.quantile, self.boot_label)
+        return summarize_boot(self.samples, self.boot_label)
+
+    @property
+    def finite(self) -> list[float]:
+        """The samples that are numbers (failed requests are NaN)."""
+        return [s for s in self.samples if math.isfinite(s)]
+
+    def summary(self) -> dict[str, float | int | None]:
+        """Median, quartiles and n of the finite samples."""
+        values = np.asarray(self.finite, dtype=float)
+        if values.size == 0:
+            return {"median": None, "q1": None, "q3": None, "n": 0}
+        q1, med, q3 = np.percentile(values, [25, 50, 75])
+        return {"median": float(med), "q1": float(q1), "q3": float(q3), "n": int(values.size)}
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able form (travels in xdist reports and into the JSON report)."""
+        return {
+            "metric": self.metric, "unit": self.unit, "direction": self.direction,
+            "tolerance": self.tolerance, "samples": self.samples, "summary": self.summary(),
+            "baseline": self.baseline, "baseline_message": self.baseline_message,
+            "boot_label": self.boot_label, "boot_summary": self.boot_summary().to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "MetricResult":
+        """Inverse of :meth:`to_json`."""
+        return cls(
+            metric=data["metric"], unit=data["unit"], direction=data["direction"],
+            tolerance=data["tolerance"], samples=[float(s) for s in data["samples"]],
+            baseline=data.get("baseline"), baseline_message=data.get("baseline_message"),
+            boot_label=str(data.get("boot_label") or ""),
+        )
+
+
+@dataclass
+class TestResult:
+    """Everything one perf test measured and decided; JSON-able."""
+
+    __test__ = False  # imported into a test module (it is public API), it is no test class
+
+    test: str  # node id without the profile parameter
+    nodeid: str
+    profile: str
+    deployment: str
+    scenario: str
+    metrics: dict[str, MetricResult] = field(default_factory=dict)
+    run: dict[str, Any] = field(default_factory=dict)  # bench-serve style summary of the run
+    floor: dict[str, Any] | None = None
+    messages: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    interval_ns: tuple[int, int] | None = None  # CLOCK_MONOTONIC span of the measurement
+    server_env: dict[str, str] = field(default_factory=dict)
+    profile_env: dict[str, str] = field(default_factory=dict)
+    invalid: str | None = None
+    itl_timeline_ms: list[float] = field(default_factory=list)
+    boot: int = 1
+    # Why --update-baselines must not record this boot (a failure that is not a verdict).
+    unrecordable: str | None = None
+    host: dict[str, Any] | None = None  # hostwatch readings of the measured rounds
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able form."""
+        return {
+            "test": self.test, "nodeid": self.nodeid, "profile": self.profile,
+            "deployment": self.deployment, "scenario": self.scenario,
+            "metrics": {k: v.to_json() for k, v in self.metrics.items()},
+            "run": self.run, "floor": self.floor, "messages": self.messages,
+            "failures": self.failures, "warnings": self.warnings,
+            "interval_ns": list(self.interval_ns) if self.interval_ns else None,
+            "server_env": self.server_env, "profile_env": self.profile_env,
+            "invalid": self.invalid,
+            "itl_timeline_ms": self.itl_timeline_ms,
+            "boot": self.boot, "unrecordable": self.unrecordable, "host": self.host,
+            "versions": self.versions,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "TestResult":
+        """Inverse of :meth:`to_json`."""
+        interval = data.get("interval_ns")
+        return cls(
+            test=data["test"], nodeid=data["nodeid"], profile=data["profile"],
+            deployment=data["deployment"], scenario=data["scenario"],
+            metrics={k: MetricResult.from_json(v) for k, v in data["metrics"].items()},
+            run=dict(data.get("run") or {}), floor=data.get("floor"),
+            messages=list(data.get("messages") or []), failures=list(data.get("failures") or []),
+            warnings=list(data.get("warnings") or []),
+            interval_ns=(int(interval[0]), int(interval[1])) if interval else None,
+            server_env=dict(data.get("server_env") or {}),
+            profile_env=dict(data.get("profile_env") or {}), invalid=data.get("invalid"),
+            itl_timeline_ms=[float(x) for x in data.get("itl_timeline_ms") or []],
+            boot=int(data.get("boot") or 1), unrecordable=data.get("unrecordable"),
+            host=data.get("host"), versions=dict(data.get("versions") or {}),
+        )

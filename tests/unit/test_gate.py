@@ -1,0 +1,124 @@
+"""The gate's verdict from plain data: ``gate.judge`` with samples, rules and a baseline view, no server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pytest_kimiperf.config.metric_specs import Direction
+from pytest_kimiperf.judge import baselines
+from pytest_kimiperf.judge.baselines import BaselineView
+from pytest_kimiperf.judge import boots
+from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.judge.gate import BootRun, Judgement, Rules, judge, missing_baselines
+from pytest_kimiperf.judge.results import TestResult
+from pytest_kimiperf.judge.stats import VerdictKind
+
+FP = Fingerprint(hard={"gpu.count": "0", "cpu.model": "test", "cpu.cores": "2"}, soft={})
+TEST = "t.py::test"
+RULES = Rules(tolerances={"decode_tok_s": 0.05}, decode_floor_tok_s=40.0, decode_target_tok_s=45.0,
+              boot_spread=0.01, boots=1, max_boots=3)
+
+
+def _shell(boot: int = 1) -> TestResult:
+    return TestResult(test=TEST, nodeid=f"{TEST}[default]", profile="default", deployment="tiny-cpu",
+                      scenario="single_stream", boot=boot)
+
+
+def _decode(median: float, seed: int, n: int = 20) -> BootRun:
+    """One boot's decode rates, 1% around ``median``."""
+    rng = np.random.default_rng(seed)
+    return BootRun(samples={"decode_tok_s": list(median * rng.lognormal(0, 0.01, n))}, requests=n)
+
+
+def _baseline(tmp_path: Path, medians: list[float]) -> BaselineView:
+    """A baseline of one boot per median, 20 requests each."""
+    rng = np.random.default_rng(7)
+    boot_samples = [list(m * rng.lognormal(0, 0.01, 20)) for m in medians]
+    entry = baselines.make_entry(test=TEST, profile="default", metric="decode_tok_s", unit="tok/s",
+                                 direction=Direction.HIGHER_IS_BETTER,
+                                 samples=[x for boot in boot_samples for x in boot], git_commit=None,
+                                 profile_env={}, boot_samples=boot_samples)
+    baselines.update_baseline(baselines.baseline_path(tmp_path, "tiny-cpu", FP.key), "tiny-cpu", FP, [entry])
+    return BaselineView(tmp_path, "tiny-cpu", FP)
+
+
+def _judge(run: BootRun, *, view: BaselineView | None = None, earlier: boots.TestBoots | None = None,
+           boot: int = 1, floor: bool = False) -> Judgement:
+    return judge(_shell(boot), ["decode_tok_s"], run, RULES, view=view, earlier=earlier or boots.TestBoots(), floor=floor)
+
+
+def test_decode_above_the_target_passes_the_floor() -> None:
+    judged = _judge(_decode(50.0, seed=1), floor=True)
+    assert judged.result.failures == [] and judged.result.warnings == []
+    assert judged.result.floor is not None and judged.result.floor["status"] == "ok"
+    assert judged.result.messages == ["single-stream decode 50.08 tok/s meets the target of 45 tok/s",
+                                      "decode: baselines not in use"]
+
+
+def test_decode_below_the_floor_fails_and_is_not_recorded() -> None:
+    judged = _judge(_decode(30.0, seed=2), floor=True)
+    [failure] = judged.result.failures
+    assert failure == "single-stream decode 29.94 tok/s is below the floor of 40 tok/s"
+    assert judged.result.unrecordable == failure
+    assert judged.recorded is None, "a failed boot is no sample of this build"
+
+
+def test_one_boot_that_looks_worse_screens_and_asks_for_another(tmp_path: Path) -> None:
+    view = _baseline(tmp_path, [100, 99, 101, 100, 100])
+    judged = _judge(_decode(80.0, seed=3), view=view)
+    assert judged.result.failures == [], "one boot can screen, never convict"
+    assert judged.wants_boot == 2
+    assert judged.recorded is not None and set(judged.recorded) == {"decode_tok_s"}
+    assert judged.result.messages[-1] == (
+        "boot 2 of default asked for: decode looks -20.1% on 1 boot(s) (one boot can screen, never convict)")
+    [comparison] = judged.comparisons
+    assert comparison.verdict in (VerdictKind.INCONCLUSIVE, VerdictKind.NO_DETECTABLE_CHANGE)
+
+
+def test_a_regression_on_two_boots_fails(tmp_path: Path) -> None:
+    view = _baseline(tmp_path, [100, 99, 101, 100, 100])
+    first = _judge(_decode(80.0, seed=3), view=view)
+    earlier = boots.TestBoots()
+    assert first.recorded is not None
+    earlier.add(1, first.recorded)
+    second = _judge(_decode(80.0, seed=4), view=view, earlier=earlier, boot=2)
+    assert second.wants_boot is None
+    [comparison] = second.comparisons
+    assert comparison.verdict is VerdictKind.REGRESSION and comparison.boots_current == 2
+    assert second.result.failures == [comparison.message()]
+    assert second.result.failures[0].startswith("decode tok/s: REGRESSION -19.9% (84% bound -19.3% is beyond")
+    assert second.result.metrics["decode_tok_s"].baseline == comparison.to_dict()
+
+
+def test_a_missing_baseline_is_said_and_judges_nothing(tmp_path: Path) -> None:
+    judged = _judge(_decode(50.0, seed=5), view=BaselineView(tmp_path, "tiny-cpu", FP))
+    assert judged.comparisons == [] and judged.result.failures == []
+    message = judged.result.metrics["decode_tok_s"].baseline_message
+    assert message == f"decode: no baseline for this hardware ({FP.key}): run --update-baselines"
+    assert missing_baselines(judged.result) == [message]
+    assert judged.wants_boot is None
+
+
+def test_an_invalid_run_fails_without_a_verdict() -> None:
+    run = BootRun(samples={"decode_tok_s": []}, invalid="no valid request (8 invalid; first reason: timeout)")
+    judged = _judge(run, floor=True)
+    assert judged.result.failures == ["INVALID measurement: no valid request (8 invalid; first reason: timeout)"]
+    assert judged.result.invalid == run.invalid and judged.result.floor is None
+    assert judged.recorded is None and judged.comparisons == []
+
+
+def test_too_many_failed_requests_fail_the_boot() -> None:
+    run = BootRun(samples={"decode_tok_s": [50.0] * 8}, requests=10, failed_requests=2,
+                  failed_reasons={"HTTP 500": 2})
+    judged = _judge(run)
+    assert judged.result.failures == [
+        "2 of 10 measured requests failed and are not counted (2x HTTP 500): more than 10% failed, "
+        "the server did not serve this load"]
+
+
+def test_judge_leaves_its_input_result_alone() -> None:
+    shell = _shell()
+    judge(shell, ["decode_tok_s"], _decode(30.0, seed=6), RULES, view=None, earlier=boots.TestBoots(), floor=True)
+    assert shell.failures == [] and shell.messages == [] and shell.metrics == {}
