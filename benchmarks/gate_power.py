@@ -12,7 +12,7 @@ and the baseline history (recorded in earlier sessions) does not.
 
 The gate is the plugin's own code: ``stats.summarize_boot`` for each boot,
 ``stats.compare_boots`` for each verdict, and boots on demand as ``recorder.py`` does them: the
-server boots once per profile; a test whose comparison ``stats.wants_another_boot`` says so
+server boots once per profile; a test whose comparison ``planning.wants_another_boot`` says so
 reboots the server (up to ``--max-boots``) and is measured again, and the tests after it run on
 the new boot.
 

@@ -1,4 +1,4 @@
-"""Where a verdict is decided: is this build's metric really different from its baseline?
+"""The statistics behind a verdict: is this build's metric really different from its baseline?
 
 **The unit of replication is the server boot, not the request.** All requests of one boot share
 one process, one compile, one memory layout, one host state and one stretch of time; on the

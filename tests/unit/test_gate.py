@@ -46,7 +46,8 @@ def _baseline(tmp_path: Path, medians: list[float]) -> BaselineView:
 
 def _judge(run: BootRun, *, view: BaselineView | None = None, earlier: boots.TestBoots | None = None,
            boot: int = 1, floor: bool = False) -> Judgement:
-    return judge(_shell(boot), ["decode_tok_s"], run, RULES, view=view, earlier=earlier or boots.TestBoots(), floor=floor)
+    return judge(_shell(boot), ["decode_tok_s"], run, RULES, view=view, earlier=earlier or boots.TestBoots(),
+                 floor=floor)
 
 
 def test_decode_above_the_target_passes_the_floor() -> None:
