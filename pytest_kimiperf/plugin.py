@@ -518,7 +518,7 @@ def _ledger(state: _RunState) -> Any:
 
 def _marker_tolerances(item: pytest.Item) -> dict[str, float]:
     """The test's ``@pytest.mark.kimiperf(tolerances=...)``, checked; a bad one fails the test."""
-    from pytest_kimiperf.config.deployments import check_tolerances
+    from pytest_kimiperf.config.deployment_tables import check_tolerances
 
     marker = item.get_closest_marker("kimiperf")
     if marker is None:

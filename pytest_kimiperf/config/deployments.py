@@ -2,14 +2,14 @@
 
 A deployment holds the command line (an argument list with ``{placeholders}``, never a shell
 string), the model, the tensor-parallel size, extra environment, the health deadline, the
-hardware it needs, and its single-stream decode floor and target. Two are built in; users add
-their own in ``pyproject.toml`` under ``[tool.kimiperf.deployments.NAME]`` or from a conftest
-through the ``pytest_kimiperf_add_deployments`` hook, with the same table shape.
+hardware it needs, and its single-stream decode floor and target. This module holds what a
+deployment is and the ones that ship with the plugin, each number with where it was measured;
+users add their own in ``pyproject.toml`` under ``[tool.kimiperf.deployments.NAME]`` or from a
+conftest through the ``pytest_kimiperf_add_deployments`` hook, read by ``deployment_tables``.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import shlex
 import sys
@@ -17,11 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
-from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.metric_specs import METRICS
-from pytest_kimiperf.config.names import check_safe_name
 
 # A model value of this form is built locally on first use (see tiny_model.py).
 TINY_MODEL = "kimiperf:tiny-llama"
@@ -200,25 +197,6 @@ TINY_CPU = Deployment(
     host_bounds=MappingProxyType({"max_foreign_cpu_share": 0.10}),
 )
 
-# What a user deployment without ``extends`` starts from: nothing of another deployment's
-# environment, tolerances, client bounds or floors (a GPU deployment given tiny-cpu's offline
-# mode and 25% tolerances would be judged as loosely as the 2-core CPU twin). Tolerances are the
-# metrics' own (3% decode/ITL, 5% TTFT/throughput), no floor, an hour to become ready.
-_USER_BASE = Deployment(
-    name="",
-    description="",
-    model="",
-    served_model_name="",
-    tensor_parallel_size=1,
-    command=(),
-    env=MappingProxyType({}),
-    health_deadline_s=3600.0,
-    gpu_count=0,
-    gpu_name_contains=None,
-    decode_floor_tok_s=0.0,
-    decode_target_tok_s=0.0,
-)
-
 TINY_CPU_TP2 = replace(
     TINY_CPU,
     name="tiny-cpu-tp2",
@@ -232,230 +210,3 @@ TINY_CPU_TP2 = replace(
 BUILTIN_DEPLOYMENTS: dict[str, Deployment] = {
     d.name: d for d in (KIMI_K25_INT4_TP8, TINY_CPU, TINY_CPU_TP2)
 }
-
-_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "extends": str,
-    "description": str,
-    "model": str,
-    "served_model_name": str,
-    "tensor_parallel_size": int,
-    "command": list,
-    "env": dict,
-    "health_deadline_s": (int, float),
-    "gpu_count": int,
-    "gpu_name_contains": str,
-    "decode_floor_tok_s": (int, float),
-    "decode_target_tok_s": (int, float),
-    "host": str,
-    "quantization": str,
-    "revision": str,
-    "tolerances": dict,
-    "client_bounds": dict,
-    "model_config": str,
-    "memory_bandwidth_gbs": (int, float),
-    "allreduce_latency_us": (int, float),
-    "boot_spread": (int, float),
-    "max_boots": int,
-    "host_bounds": dict,
-    "weight_cache": str,
-}
-
-
-def resolve_deployments(
-    user_tables: Mapping[str, Mapping[str, Any]], *, source: str
-) -> dict[str, Deployment]:
-    """Built-in deployments plus the user's tables (which may ``extends`` another one)."""
-    known = dict(BUILTIN_DEPLOYMENTS)
-    pending = dict(user_tables)
-
-    def build(name: str, chain: tuple[str, ...]) -> Deployment:
-        if name in chain:
-            raise ConfigError(
-                f"deployment {name!r} in {source} extends itself: {' -> '.join(chain + (name,))}"
-            )
-        table = pending.pop(name)
-        where = f"{source} [deployments.{name}]"
-        check_safe_name("deployment", name, source=where)
-        if not isinstance(table, Mapping):
-            raise ConfigError(f"{where} must be a table, got {type(table).__name__}")
-        for key, value in table.items():
-            if key not in _FIELDS:
-                raise ConfigError(
-                    f"{where}: unknown key {key!r}; allowed keys: {', '.join(sorted(_FIELDS))}"
-                )
-            expected = _FIELDS[key]
-            if not isinstance(value, expected) or isinstance(value, bool):
-                raise ConfigError(
-                    f"{where}: {key} = {value!r} has the wrong type; expected {_type_names(expected)}"
-                )
-        parent_name = table.get("extends")
-        if parent_name is not None:
-            if parent_name in pending:
-                build(parent_name, chain + (name,))
-            if parent_name not in known:
-                raise ConfigError(
-                    f"{where}: extends unknown deployment {parent_name!r}; "
-                    f"known: {', '.join(sorted(known))}"
-                )
-            base = known[parent_name]
-        else:
-            missing = [k for k in ("model", "command") if k not in table]
-            if missing:
-                raise ConfigError(
-                    f"{where}: missing {', '.join(missing)} (or set 'extends' to a known "
-                    f"deployment: {', '.join(sorted(known))})"
-                )
-            base = _USER_BASE
-        known[name] = _apply(base, name, table, where)
-        return known[name]
-
-    while pending:
-        build(next(iter(pending)), ())
-    return known
-
-
-def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) -> Deployment:
-    fields: dict[str, Any] = {"name": name, "source": where}
-    for key, value in table.items():
-        if key == "extends":
-            continue
-        if key == "command":
-            if not value or not all(isinstance(part, str) for part in value):
-                raise ConfigError(f"{where}: command must be a non-empty list of strings")
-            _check_placeholders(value, where)
-            fields[key] = tuple(value)
-        elif key == "env":
-            fields[key] = MappingProxyType({**base.env, **_string_env(value, where)})
-        elif key == "client_bounds":
-            fields[key] = MappingProxyType({**base.client_bounds, **_client_bounds(value, where)})
-        elif key == "tolerances":
-            fields[key] = MappingProxyType({**base.tolerances, **check_tolerances(value, where)})
-        elif key == "host_bounds":
-            from pytest_kimiperf.measure.hostwatch import HostBounds
-
-            HostBounds.from_mapping({**base.host_bounds, **value}, source=where)  # ConfigError if bad
-            fields[key] = MappingProxyType({**base.host_bounds, **value})
-        elif key in ("health_deadline_s", "decode_floor_tok_s", "decode_target_tok_s",
-                     "memory_bandwidth_gbs", "allreduce_latency_us", "boot_spread"):
-            fields[key] = float(value)
-        else:
-            fields[key] = value
-    if "served_model_name" not in table and "model" in table and "extends" not in table:
-        fields["served_model_name"] = table["model"].rstrip("/").rsplit("/", 1)[-1]
-    if "description" not in table and "extends" not in table:
-        fields["description"] = f"user deployment from {where}"
-    result = replace(base, **fields)
-    _check(result, where)
-    return result
-
-
-def _check(d: Deployment, where: str) -> None:
-    if d.tensor_parallel_size < 1:
-        raise ConfigError(f"{where}: tensor_parallel_size = {d.tensor_parallel_size}; must be >= 1")
-    if d.gpu_count < 0:
-        raise ConfigError(f"{where}: gpu_count = {d.gpu_count}; must be >= 0")
-    if not (math.isfinite(d.health_deadline_s) and d.health_deadline_s > 0):
-        raise ConfigError(f"{where}: health_deadline_s = {d.health_deadline_s}; must be > 0 seconds")
-    for label, value in (("decode_floor_tok_s", d.decode_floor_tok_s),
-                         ("decode_target_tok_s", d.decode_target_tok_s)):
-        if not (math.isfinite(value) and value >= 0):
-            raise ConfigError(f"{where}: {label} = {value}; must be a number >= 0")
-    if d.model_config is not None and not d.model_config.strip():
-        raise ConfigError(f"{where}: model_config is empty; give the path of the model's config.json "
-                          "(or of its directory), or leave the key out")
-    if d.memory_bandwidth_gbs is not None and not (
-        math.isfinite(d.memory_bandwidth_gbs) and d.memory_bandwidth_gbs > 0
-    ):
-        raise ConfigError(f"{where}: memory_bandwidth_gbs = {d.memory_bandwidth_gbs}; must be a "
-                          "number of GB/s > 0 (per device, 10**9 bytes/s as in datasheets)")
-    if d.allreduce_latency_us is not None and not (
-        math.isfinite(d.allreduce_latency_us) and d.allreduce_latency_us >= 0
-    ):
-        raise ConfigError(f"{where}: allreduce_latency_us = {d.allreduce_latency_us}; must be a "
-                          "number of microseconds >= 0")
-    if not (math.isfinite(d.boot_spread) and 0 <= d.boot_spread < 1):
-        raise ConfigError(f"{where}: boot_spread = {d.boot_spread}; must be a fraction >= 0 and below 1 "
-                          "(the SD of a boot's median: 0.01 = 1%)")
-    if d.weight_cache not in ("auto", "off"):
-        raise ConfigError(f"{where}: weight_cache = {d.weight_cache!r}; allowed: 'auto', 'off'")
-    if d.max_boots < 1:
-        raise ConfigError(f"{where}: max_boots = {d.max_boots}; must be an integer >= 1")
-    if d.decode_target_tok_s < d.decode_floor_tok_s:
-        raise ConfigError(
-            f"{where}: decode_target_tok_s = {d.decode_target_tok_s} is below "
-            f"decode_floor_tok_s = {d.decode_floor_tok_s}; the target must be >= the floor"
-        )
-
-
-def _check_placeholders(command: list[str], where: str) -> None:
-    import string
-
-    for part in command:
-        try:
-            names = [f for _, f, _, _ in string.Formatter().parse(part) if f is not None]
-        except ValueError as exc:
-            raise ConfigError(f"{where}: command part {part!r} is not a valid template: {exc}") from None
-        for placeholder in names:
-            if placeholder not in PLACEHOLDERS:
-                raise ConfigError(
-                    f"{where}: command part {part!r} uses unknown placeholder {{{placeholder}}}; "
-                    f"allowed: {', '.join('{' + p + '}' for p in PLACEHOLDERS)}"
-                )
-
-
-def _string_env(value: Mapping[str, Any], where: str) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for key, item in value.items():
-        if isinstance(item, bool) or not isinstance(item, (str, int)):
-            raise ConfigError(f"{where}: env {key} = {item!r}; values must be strings or integers")
-        env[str(key)] = str(item)
-    return env
-
-
-def check_tolerances(value: Any, where: str) -> dict[str, float]:
-    """``{metric: fraction}`` checked (known metric, 0 < fraction < 1); ConfigError naming ``where``."""
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{where}: tolerances = {value!r}; must be a table of metric = fraction, "
-                          "e.g. {decode_tok_s = 0.05}")
-    result: dict[str, float] = {}
-    for metric, tol in value.items():
-        if metric not in METRICS:
-            raise ConfigError(
-                f"{where}: tolerances names unknown metric {metric!r}; known: {', '.join(sorted(METRICS))}"
-            )
-        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 1:
-            raise ConfigError(
-                f"{where}: tolerances.{metric} = {tol!r}; must be a fraction between 0 and 1 (0.03 = 3%)"
-            )
-        result[metric] = float(tol)
-    return result
-
-
-def _client_bounds(value: Mapping[str, Any], where: str) -> dict[str, float]:
-    from pytest_kimiperf.measure.results import HealthBounds
-
-    allowed = set(HealthBounds.__dataclass_fields__)
-    result: dict[str, float] = {}
-    for name, bound in value.items():
-        if name not in allowed:
-            raise ConfigError(f"{where}: client_bounds names unknown bound {name!r}; allowed: {', '.join(sorted(allowed))}")
-        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:
-            raise ConfigError(f"{where}: client_bounds.{name} = {bound!r}; must be a positive number")
-        result[name] = float(bound)
-    return result
-
-
-def _type_names(expected: type | tuple[type, ...]) -> str:
-    types = expected if isinstance(expected, tuple) else (expected,)
-    names = {"str": "a string", "int": "an integer", "float": "a number", "list": "a list",
-             "dict": "a table"}
-    return " or ".join(names.get(t.__name__, t.__name__) for t in types)
-
-
-def select_deployment(name: str, known: Mapping[str, Deployment], *, source: str) -> Deployment:
-    """The deployment called ``name``; an unknown name lists the known ones."""
-    try:
-        return known[name]
-    except KeyError:
-        listing = "; ".join(f"{d.name} ({d.description})" for d in known.values())
-        raise ConfigError(f"unknown deployment {name!r} (from {source}); known deployments: {listing}") from None

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pytest_kimiperf.config.deployments import Deployment, resolve_deployments, select_deployment
+from pytest_kimiperf.config.deployment_tables import resolve_deployments, select_deployment
+from pytest_kimiperf.config.deployments import Deployment
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.nccl.profiles import NcclProfile, resolve_profiles, select_profiles
 from pytest_kimiperf.config.nccl.values import validate_profile

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pytest_kimiperf.config.deployments import TINY_CPU, resolve_deployments
+from pytest_kimiperf.config.deployment_tables import resolve_deployments
+from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.config.metric_specs import METRICS
 
 COMMAND = ["vllm", "serve", "{model}", "--port", "{port}"]

@@ -18,12 +18,8 @@ import pytest
 
 from tests.helpers import stub_deployment_toml
 from pytest_kimiperf.judge.results import MetricResult, TestResult
-from pytest_kimiperf.config.deployments import (
-    BUILTIN_DEPLOYMENTS,
-    TINY_MODEL,
-    Deployment,
-    resolve_deployments,
-)
+from pytest_kimiperf.config.deployment_tables import resolve_deployments
+from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, TINY_MODEL, Deployment
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.config.metric_specs import metric_spec
