@@ -50,7 +50,9 @@ from typing import Any
 import httpx
 
 from pytest_kimiperf.measure.results import percentile
-from pytest_kimiperf.measure.scenarios import Concurrency, run_scenario
+from pytest_kimiperf.measure.runner import run_scenario
+from pytest_kimiperf.measure.scenarios import Concurrency
+from pytest_kimiperf.measure.target import Target
 from pytest_kimiperf.measure.workload import build_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +75,7 @@ def run_ours(base_url: str, streams: int, prompt_tokens: int, output_tokens: int
         concurrency=streams, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
         requests=requests_for(streams), warmup_requests=streams, name=f"accuracy-c{streams}",
     )
-    run = run_scenario(base_url, MODEL, scenario, server_metrics=False)
+    run = run_scenario(Target(base_url, MODEL, server_metrics=False), scenario)
     return {
         "requests": [
             {"request_id": r.request_id, "ok": r.ok, "error": r.error,

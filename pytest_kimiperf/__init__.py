@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from pytest_kimiperf.judge.results import TestResult
+    from pytest_kimiperf.judge.gate import TestResult
     from pytest_kimiperf.recorder import PerfRecorder
+    from pytest_kimiperf.measure.runner import run_sweep
     from pytest_kimiperf.measure.scenarios import (
-        Concurrency, ConcurrencySweep, RequestRate, Scenario, SingleStream, run_sweep,
+        Concurrency, ConcurrencySweep, RequestRate, Scenario, SingleStream,
     )
+    from pytest_kimiperf.measure.target import Target
     from pytest_kimiperf.config.settings import Settings
     from pytest_kimiperf.warning_types import (
         BelowTargetWarning, InconclusiveWarning, KimiperfWarning, MissingBaselineWarning,
@@ -33,8 +35,8 @@ if TYPE_CHECKING:
 _HOME: dict[str, str] = {
     "Concurrency": "measure.scenarios", "ConcurrencySweep": "measure.scenarios",
     "RequestRate": "measure.scenarios", "Scenario": "measure.scenarios",
-    "SingleStream": "measure.scenarios", "run_sweep": "measure.scenarios",
-    "PerfRecorder": "recorder", "TestResult": "judge.results", "Settings": "config.settings",
+    "SingleStream": "measure.scenarios", "run_sweep": "measure.runner", "Target": "measure.target",
+    "PerfRecorder": "recorder", "TestResult": "judge.gate", "Settings": "config.settings",
     "KimiperfWarning": "warning_types", "InconclusiveWarning": "warning_types",
     "MissingBaselineWarning": "warning_types", "BelowTargetWarning": "warning_types",
     "SoftFingerprintWarning": "warning_types", "OtherVersionsWarning": "warning_types",

@@ -1,8 +1,8 @@
 """Numbers as every part of the plugin writes and checks them: one home, low in the layers.
 
 Formatting (a figure at four significant digits, a signed change, a boot spread, a share), the
-JSON-safe form of a value (no NaN), and the one rule for integer settings. Imports only
-``errors``; every package may import it.
+JSON-safe form of a value (no NaN), and the rules for integer and positive-number settings.
+Imports only ``errors``; every package may import it.
 """
 
 from __future__ import annotations
@@ -80,4 +80,14 @@ def positive_int(value: object, *, what: str, allow_none: bool = False) -> int |
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         extra = " or None" if allow_none else ""
         raise ConfigError(f"{what}={value!r}: must be an integer >= 1{extra}")
+    return value
+
+
+def positive_number(value: object, *, what: str, allow_none: bool = False) -> float | None:
+    """``value`` if it is a finite number > 0 (not a bool); else a ConfigError naming ``what`` and the value."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        extra = " or None" if allow_none else ""
+        raise ConfigError(f"{what}={value!r}: must be a positive number{extra}")
     return value

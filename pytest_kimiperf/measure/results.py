@@ -167,7 +167,7 @@ class HealthBounds:
 
     The client's per-request deadlines travel with them (a deployment sets both kinds in its
     ``client_bounds`` table): past these a request has *stalled* and is invalid, and
-    ``STALLS_TO_ABORT`` stalls in a row end the scenario (scenarios.py):
+    ``STALLS_TO_ABORT`` stalls in a row end the scenario (engine.py):
 
     * ``first_token_deadline_s``: send to the first token chunk. 120 s is two orders above
       Kimi's TTFT at 64 streams of 1024-token prompts (the whole queue's prefill) and far below

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ import httpx
 
 from pytest_kimiperf.measure.client import RequestSpec, check_endpoint, parse_base_url
 from pytest_kimiperf.errors import ConfigError, ServerError
+from pytest_kimiperf.measure.results import RequestRecord
 from pytest_kimiperf.server.http_json import json_answer
 
 # Plain lowercase words: almost every tokenizer maps each to one or two tokens, so the walk
@@ -62,6 +63,8 @@ _WORDS: tuple[str, ...] = (
     "source", "organization", "hair", "window", "evidence", "population", "river",
 )
 _MAX_ATTEMPTS = 8
+# Marks the request id of a prompt sent again (cycled budget), so the run can say so.
+REUSED_MARK = "~"
 
 
 class TokenizerUnavailable(ServerError):
@@ -268,3 +271,7 @@ def build_requests(
         for i, prompt in enumerate(prompts)
     ]
 
+
+def reused_prompt_requests(records: Iterable[RequestRecord]) -> int:
+    """How many of ``records`` re-sent a prompt their run had already sent (a cycled budget)."""
+    return sum(1 for r in records if REUSED_MARK in r.request_id)

@@ -59,7 +59,9 @@ def no_servers_before_and_after():
 
 TWO_PROFILES = """
 import psutil
-from pytest_kimiperf.measure.scenarios import SingleStream, run_scenario
+from pytest_kimiperf.measure.runner import run_scenario
+from pytest_kimiperf.measure.scenarios import SingleStream
+from pytest_kimiperf.measure.target import Target
 
 SCENARIO = SingleStream(prompt_tokens=64, output_tokens=32, requests=8, warmup_requests=1)
 
@@ -74,7 +76,7 @@ def test_server_env_and_exact_lengths(kimiperf_server, kimiperf_profile):
         assert env.get(name) == value, name
     if kimiperf_profile.name == "default":
         assert "NCCL_PROTO" not in env and "NCCL_ALGO" not in env
-    run = run_scenario(kimiperf_server.base_url, kimiperf_server.model, SCENARIO)
+    run = run_scenario(Target(kimiperf_server.base_url, kimiperf_server.model), SCENARIO)
     assert len(run.valid_records) == 8, run.invalid_reasons
     assert {(r.prompt_tokens, r.output_tokens) for r in run.records} == {(64, 32)}
 

@@ -22,7 +22,8 @@ import httpx
 import pytest
 
 from tests.helpers import STUB_SERVER, stub_deployment_toml
-from pytest_kimiperf.measure import scenarios
+from pytest_kimiperf.measure import runner, scenarios
+from pytest_kimiperf.measure.target import Target
 from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.measure.results import RequestRecord, RoundResult, RunResult
 from pytest_kimiperf.recorder import PerfRecorder
@@ -119,11 +120,11 @@ def test_measure_sends_prompts_seeded_from_test_profile_and_boot(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     played: list[scenarios.Scenario] = []
 
-    def fake_run_scenario(base_url: str, model: str, scenario: scenarios.Scenario, **kw: Any) -> RunResult:
+    def fake_run_scenario(target: Target, scenario: scenarios.Scenario) -> RunResult:
         played.append(scenario)
         return _run_with_server_view({}, scenario.scenario_name)
 
-    monkeypatch.setattr(scenarios, "run_scenario", fake_run_scenario)
+    monkeypatch.setattr(runner, "run_scenario", fake_run_scenario)
     scenario = scenarios.SingleStream(prompt_tokens=300, output_tokens=4, requests=8, seed=5)
     _recorder(tmp_path, boot=2).measure(scenario)
     assert played[0].seed == prompt_seed("t.py::test", "ring-ll", 2, 5)
@@ -133,8 +134,8 @@ def test_measure_sends_prompts_seeded_from_test_profile_and_boot(tmp_path: Path,
 def test_unexpected_prefix_hits_are_a_warning_of_the_test(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     repeated = _view("after_8_unique_completions", "after_8_repeated_completions")
-    monkeypatch.setattr(scenarios, "run_scenario",
-                        lambda *a, **kw: _run_with_server_view(repeated, a[2].scenario_name))
+    monkeypatch.setattr(runner, "run_scenario",
+                        lambda target, scenario: _run_with_server_view(repeated, scenario.scenario_name))
     recorder = _recorder(tmp_path)
     run = recorder.measure(scenarios.SingleStream(prompt_tokens=300, output_tokens=4, requests=8))
     result = recorder.check(run, ["ttft_ms"])
@@ -258,8 +259,9 @@ def test_warm_up_rounds_and_extended_rounds_never_repeat_a_prompt(stub_server: t
     base_url, log = stub_server
     scenario = scenarios.Concurrency(concurrency=2, prompt_tokens=16, output_tokens=4, requests=4, rounds=2,
                                      warmup_requests=3, max_rounds=4, seed=prompt_seed("t.py::test", "default", 1))
-    run = scenarios.run_scenario(base_url, "stub-model", scenario, server_metrics=False)
-    run = scenarios.extend(base_url, "stub-model", scenario, run, rounds=2, server_metrics=False)
+    target = Target(base_url, "stub-model", server_metrics=False)
+    run = runner.run_scenario(target, scenario)
+    run = runner.extend(target, scenario, run, rounds=2)
     prompts = [entry["prompt"] for entry in _prompt_log(log)]
     assert len(run.rounds) == 4
     assert len(prompts) == 3 + 2 * 4 + 3 + 2 * 4  # warm-up and rounds, twice
@@ -270,8 +272,8 @@ def test_two_seeds_share_no_prompt(stub_server: tuple[str, Path]) -> None:
     base_url, log = stub_server
     for test in ("a.py::test", "b.py::test"):
         seed = prompt_seed(test, "default", 1)
-        scenarios.run_scenario(base_url, "stub-model", scenarios.SingleStream(
-            prompt_tokens=16, output_tokens=4, requests=3, warmup_requests=1, seed=seed), server_metrics=False)
+        runner.run_scenario(Target(base_url, "stub-model", server_metrics=False), scenarios.SingleStream(
+            prompt_tokens=16, output_tokens=4, requests=3, warmup_requests=1, seed=seed))
     prompts = [entry["prompt"] for entry in _prompt_log(log)]
     assert len(prompts) == 8 and len(set(prompts)) == 8
 

@@ -18,7 +18,9 @@ from tests.helpers import STUB_SERVER, running_stub, stub_deployment_toml
 from pytest_kimiperf.measure.client import MAX_SSE_EVENT_BYTES, RequestSpec, StreamingClient
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.measure.results import HealthBounds
-from pytest_kimiperf.measure.scenarios import SingleStream, run_scenario
+from pytest_kimiperf.measure.runner import run_scenario
+from pytest_kimiperf.measure.scenarios import SingleStream
+from pytest_kimiperf.measure.target import Target
 
 
 def _stub(mode: str) -> Iterator[str]:
@@ -79,7 +81,7 @@ def test_three_stalls_in_a_row_abort_the_scenario_and_say_the_server_still_answe
                             bounds=HealthBounds(first_token_deadline_s=0.3, idle_deadline_s=0.3))
     start = time.monotonic()
     with pytest.raises(ServerError) as info:
-        run_scenario(stalls_before_the_first_token, "stub-model", scenario, server_metrics=False)
+        run_scenario(Target(stalls_before_the_first_token, "stub-model", server_metrics=False), scenario)
     assert time.monotonic() - start < 10, "the scenario ran on past three stalls"
     assert str(info.value).startswith("the scenario was aborted: 3 requests in a row stalled; the last: "
                                       "stalled: no token within the 0.3 s first-token deadline")

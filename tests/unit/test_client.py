@@ -27,16 +27,9 @@ from pytest_kimiperf.measure.client import RequestSpec, StreamingClient, parse_b
 from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.errors import ConfigError, ServerError
 from pytest_kimiperf.measure.results import CLIENT_BOUND, HealthBounds
-from pytest_kimiperf.measure.scenarios import (
-    Concurrency,
-    ConcurrencySweep,
-    RequestRate,
-    SingleStream,
-    extend,
-    run_scenario,
-    run_scenario_async,
-    run_sweep,
-)
+from pytest_kimiperf.measure.runner import extend, run_scenario, run_scenario_async, run_sweep
+from pytest_kimiperf.measure.scenarios import Concurrency, ConcurrencySweep, RequestRate, SingleStream
+from pytest_kimiperf.measure.target import Target
 from pytest_kimiperf.measure.workload import Workload, build_prompts, build_requests
 from tests import helpers
 
@@ -339,7 +332,7 @@ def test_server_without_tokenizer_gets_approximate_prompts() -> None:
     try:
         with pytest.raises(ServerError, match="no /tokenize endpoint"):
             build_requests(base_url, MODEL, Workload(10, 3), 1, require_exact=True)
-        run = run_scenario(base_url, MODEL, SingleStream(prompt_tokens=10, output_tokens=3, requests=2))
+        run = run_scenario(Target(base_url, MODEL), SingleStream(prompt_tokens=10, output_tokens=3, requests=2))
     finally:
         stop_server(proc)
     assert all(r.ok for r in run.records)
@@ -354,7 +347,7 @@ def test_single_stream_run_counts_every_measured_request(server: str) -> None:
     # p99 that lets this host's scheduler stall the client now and then.
     scenario = SingleStream(prompt_tokens=16, output_tokens=10, requests=4, warmup_requests=2,
                             bounds=HealthBounds(**TINY_CPU.client_bounds))
-    run = run_scenario(server, MODEL, scenario)
+    run = run_scenario(Target(server, MODEL), scenario)
     # The one test that a healthy client is not reported client-bound (one light stream).
     assert run.valid, run.invalid_reason
     assert run.scenario_name == "single-stream-16in-10out"
@@ -372,7 +365,7 @@ def test_single_stream_run_counts_every_measured_request(server: str) -> None:
 
 def test_concurrency_rounds_give_one_throughput_sample_each(server: str) -> None:
     scenario = Concurrency(concurrency=4, prompt_tokens=8, output_tokens=6, requests=8, rounds=3)
-    run = run_scenario(server, MODEL, scenario)
+    run = run_scenario(Target(server, MODEL), scenario)
     assert all(r.ok for r in run.records)
     assert len(run.samples("output_throughput")) == 3
     assert len(run.samples("ttft_ms")) == 24
@@ -385,7 +378,7 @@ def test_concurrency_rounds_give_one_throughput_sample_each(server: str) -> None
 
 def test_request_rate_sends_on_schedule(server: str) -> None:
     scenario = RequestRate(rate_per_s=200.0, arrivals="constant", prompt_tokens=8, output_tokens=4, requests=10)
-    run = run_scenario(server, MODEL, scenario)
+    run = run_scenario(Target(server, MODEL), scenario)
     assert all(r.ok for r in run.records)
     offsets = scenario.arrival_offsets_s(0)
     assert offsets == pytest.approx([i / 200.0 for i in range(10)])
@@ -408,7 +401,7 @@ def test_poisson_arrivals_are_seeded() -> None:
 
 
 def test_seconds_budget_stops_sending(server: str) -> None:
-    run = run_scenario(server, MODEL, Concurrency(concurrency=2, prompt_tokens=8, output_tokens=5, seconds=0.3))
+    run = run_scenario(Target(server, MODEL), Concurrency(concurrency=2, prompt_tokens=8, output_tokens=5, seconds=0.3))
     assert run.records and all(r.ok for r in run.records)
     # Every request after a slot's first was due (its predecessor ended) within 0.3 s of the
     # start; the first send is after the start. (The send itself may be stamped a little later
@@ -421,7 +414,7 @@ def test_seconds_budget_stops_sending(server: str) -> None:
 
 def test_streams_spread_over_client_processes_merge(server: str) -> None:
     scenario = Concurrency(concurrency=4, prompt_tokens=8, output_tokens=5, requests=8, client_processes=2)
-    run = run_scenario(server, MODEL, scenario)
+    run = run_scenario(Target(server, MODEL), scenario)
     assert all(r.ok for r in run.records)
     assert len(run.records) == 8 and len({r.request_id for r in run.records}) == 8
     assert len(run.rounds[0].health) == 2
@@ -432,22 +425,22 @@ def test_streams_spread_over_client_processes_merge(server: str) -> None:
 
 def test_extend_adds_rounds_with_fresh_prompts_up_to_the_cap(server: str) -> None:
     scenario = SingleStream(prompt_tokens=8, output_tokens=4, requests=2, max_rounds=2, warmup_requests=0)
-    first = run_scenario(server, MODEL, scenario)
-    more = extend(server, MODEL, scenario, first, rounds=5)
+    first = run_scenario(Target(server, MODEL), scenario)
+    more = extend(Target(server, MODEL), scenario, first, rounds=5)
     assert len(more.rounds) == 2
     assert len({r.request_id for r in more.records}) == 4
-    capped = extend(server, MODEL, scenario, more)
+    capped = extend(Target(server, MODEL), scenario, more)
     assert len(capped.rounds) == 2
     assert any("max_rounds=2 reached" in note for note in capped.notes)
 
 
 def test_sweep_runs_each_concurrency(server: str) -> None:
     sweep = ConcurrencySweep(concurrencies=(2, 1), prompt_tokens=8, output_tokens=3, requests=2, name="sw")
-    runs = run_sweep(server, MODEL, sweep)
+    runs = run_sweep(Target(server, MODEL), sweep)
     assert [r.scenario_name for r in runs] == ["sw-c1", "sw-c2"]
     assert all(rec.ok for r in runs for rec in r.records)
     with pytest.raises(ConfigError, match="run_sweep"):
-        run_scenario(server, MODEL, sweep)
+        run_scenario(Target(server, MODEL), sweep)
 
 
 @pytest.mark.parametrize(
@@ -483,7 +476,7 @@ def test_client_starved_by_a_cpu_hog_thread_is_invalid(server: str) -> None:
     thread = threading.Thread(target=hog, daemon=True)
     thread.start()
     try:
-        run = run_scenario(server, MODEL, Concurrency(concurrency=4, prompt_tokens=8, output_tokens=50, requests=8))
+        run = run_scenario(Target(server, MODEL), Concurrency(concurrency=4, prompt_tokens=8, output_tokens=50, requests=8))
     finally:
         stop.set()
         thread.join()
@@ -503,7 +496,7 @@ def test_client_whose_loop_is_kept_busy_is_invalid(server: str) -> None:
         task = asyncio.create_task(busy())
         try:
             return await run_scenario_async(
-                server, MODEL, SingleStream(prompt_tokens=8, output_tokens=30, requests=3, warmup_requests=0)
+                Target(server, MODEL), SingleStream(prompt_tokens=8, output_tokens=30, requests=3, warmup_requests=0)
             )
         finally:
             done.set()
@@ -517,6 +510,6 @@ def test_client_whose_loop_is_kept_busy_is_invalid(server: str) -> None:
 def test_bounds_decide_validity_not_the_data(server: str) -> None:
     scenario = SingleStream(prompt_tokens=8, output_tokens=5, requests=2, warmup_requests=0,
                             bounds=HealthBounds(max_loop_latency_p50_ms=1e-6))
-    run = run_scenario(server, MODEL, scenario)
+    run = run_scenario(Target(server, MODEL), scenario)
     assert all(r.ok for r in run.records)
     assert run.invalid_reason.startswith(CLIENT_BOUND)

@@ -14,7 +14,9 @@ import pytest
 
 from pytest_kimiperf.measure.client import RequestSpec, StreamingClient
 from pytest_kimiperf.measure.client_https import EVENT_LOOP_TIMING
-from pytest_kimiperf.measure.scenarios import Concurrency, run_scenario
+from pytest_kimiperf.measure.runner import run_scenario
+from pytest_kimiperf.measure.scenarios import Concurrency
+from pytest_kimiperf.measure.target import Target
 from tests.unit.test_client import ITL_MS, MODEL, TTFT_MS, start_server, stop_server
 
 from tests.fakes.tls_gateway import make_self_signed
@@ -87,8 +89,8 @@ def test_an_untrusted_certificate_fails_the_request_naming_the_tls_error(gateway
 
 
 def test_a_scenario_over_https_is_marked_timed_in_the_event_loop(trusted: str) -> None:
-    run = run_scenario(trusted, MODEL, Concurrency(concurrency=2, prompt_tokens=4, output_tokens=8, requests=4),
-                       server_metrics=False)
+    run = run_scenario(Target(trusted, MODEL, server_metrics=False),
+                       Concurrency(concurrency=2, prompt_tokens=4, output_tokens=8, requests=4))
     assert run.invalid_count == 0, run.invalid_reasons
     assert EVENT_LOOP_TIMING in run.notes
     assert run.to_json()["load"]["timing"] == "event-loop"
@@ -96,8 +98,8 @@ def test_a_scenario_over_https_is_marked_timed_in_the_event_loop(trusted: str) -
 
 
 def test_a_plain_http_scenario_stays_kernel_stamped(gateway: tuple[str, str, Path]) -> None:
-    run = run_scenario(gateway[1], MODEL, Concurrency(concurrency=1, prompt_tokens=4, output_tokens=4, requests=2),
-                       server_metrics=False)
+    run = run_scenario(Target(gateway[1], MODEL, server_metrics=False),
+                       Concurrency(concurrency=1, prompt_tokens=4, output_tokens=4, requests=2))
     assert EVENT_LOOP_TIMING not in run.notes and run.to_json()["load"]["timing"] == "kernel"
 
 

@@ -13,12 +13,12 @@ import pytest
 
 from pytest_kimiperf.judge import baselines
 
-from pytest_kimiperf.measure import scenarios
+from pytest_kimiperf.measure import runner, scenarios
+from pytest_kimiperf.measure.target import Target
 from pytest_kimiperf.judge.boots import BootLedger, BootSlot
 from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.judge.fingerprint import Fingerprint
-from pytest_kimiperf.judge.baselines import BaselineView, baseline_entries
-from pytest_kimiperf.judge.gate import strip_profile
+from pytest_kimiperf.judge.gate import BaselineView, baseline_entries, strip_profile
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.measure.results import RequestRecord, RoundResult, RunResult
 from pytest_kimiperf.recorder import PerfRecorder
@@ -99,11 +99,12 @@ def test_a_first_boot_that_looks_worse_asks_for_another_boot_and_the_second_deci
     played: list[tuple[int, dict[str, Any]]] = []
     ledger = BootLedger()
 
-    def fake_run_scenario(base_url: str, model: str, scenario: Any, **kw: Any) -> RunResult:
-        played.append((scenario.seed, kw))
+    def fake_run_scenario(target: Target, scenario: Any) -> RunResult:
+        played.append((scenario.seed, {"api_key": target.api_key, "endpoint": target.endpoint,
+                                       "server_metrics": target.server_metrics, "extra_body": target.extra_body}))
         return boot_runs[len(played)]
 
-    monkeypatch.setattr(scenarios, "run_scenario", fake_run_scenario)
+    monkeypatch.setattr(runner, "run_scenario", fake_run_scenario)
     failures: list[str] = []
     first = _recorder(tmp_path, failures, [], ledger=ledger)
     result = first.check(first.measure(SCENARIO, endpoint="chat", server_metrics=False), ["decode_tok_s"])
@@ -271,7 +272,7 @@ def test_a_p99_of_eight_requests_is_insufficient_never_a_verdict_while_pooled_it
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(3)
     runs = iter([_boot(700, rng), _boot(400, rng)])
-    monkeypatch.setattr(scenarios, "run_scenario", lambda *a, **k: next(runs))
+    monkeypatch.setattr(runner, "run_scenario", lambda *a, **k: next(runs))
     record = _recorder(tmp_path, [], [], deployment=QUIET)
     first = record.check(record.measure(SCENARIO), ["p99_e2el_ms", "p99_itl_ms"])
     entries, _ = baseline_entries([first], git_commit=None)
@@ -293,7 +294,7 @@ def test_a_p99_of_eight_requests_is_insufficient_never_a_verdict_while_pooled_it
 def test_slos_fail_a_missed_limit_and_a_tail_too_thin_for_its_quantile_only_warns(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(4)
-    monkeypatch.setattr(scenarios, "run_scenario", lambda *a, **k: _boot(100, rng))
+    monkeypatch.setattr(runner, "run_scenario", lambda *a, **k: _boot(100, rng))
     failures: list[str] = []
     record = _recorder(tmp_path, failures, [], deployment=QUIET)
     # 100 tok/s: every gap is 10 ms, so a p99 ITL under 5 ms is missed.
@@ -315,7 +316,7 @@ def test_slos_fail_a_missed_limit_and_a_tail_too_thin_for_its_quantile_only_warn
 def test_goodput_counts_requests_meeting_every_slo_and_is_gated_like_a_metric(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(5)
-    monkeypatch.setattr(scenarios, "run_scenario", lambda *a, **k: _boot(100, rng))
+    monkeypatch.setattr(runner, "run_scenario", lambda *a, **k: _boot(100, rng))
     record = _recorder(tmp_path, [], [], deployment=QUIET)
     run = record.measure(SCENARIO)
     result = record.check(run, ["decode_tok_s"], goodput={"ttft_ms": 1000, "tpot_ms": 50})
