@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from pytest_kimiperf.judge.gate import TestResult
+    from pytest_kimiperf.judge.results import TestResult
     from pytest_kimiperf.recorder import PerfRecorder
     from pytest_kimiperf.measure.runner import run_sweep
     from pytest_kimiperf.measure.scenarios import (
@@ -36,7 +36,7 @@ _HOME: dict[str, str] = {
     "Concurrency": "measure.scenarios", "ConcurrencySweep": "measure.scenarios",
     "RequestRate": "measure.scenarios", "Scenario": "measure.scenarios",
     "SingleStream": "measure.scenarios", "run_sweep": "measure.runner", "Target": "measure.target",
-    "PerfRecorder": "recorder", "TestResult": "judge.gate", "Settings": "config.settings",
+    "PerfRecorder": "recorder", "TestResult": "judge.results", "Settings": "config.settings",
     "KimiperfWarning": "warning_types", "InconclusiveWarning": "warning_types",
     "MissingBaselineWarning": "warning_types", "BelowTargetWarning": "warning_types",
     "SoftFingerprintWarning": "warning_types", "OtherVersionsWarning": "warning_types",

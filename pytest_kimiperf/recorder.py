@@ -7,7 +7,7 @@ A perf test is a few lines::
         perf.check(run, ["decode_tok_s", "itl_ms"], floor=True)
 
 ``check`` fails the test with the one-line verdict when a floor or baseline says so; everything
-it decided is published as a JSON-able :class:`~pytest_kimiperf.judge.gate.TestResult` for the
+it decided is published as a JSON-able :class:`~pytest_kimiperf.judge.results.TestResult` for the
 controller's reports and baselines.
 """
 
@@ -23,18 +23,11 @@ from typing import Any, NoReturn
 from pytest_kimiperf.reports import benchmark_bridge
 from pytest_kimiperf.errors import BaselineError, ConfigError
 from pytest_kimiperf.measure.results import check_goodput_slo
-from pytest_kimiperf.judge.gate import (
-    FLOOR_METRIC,
-    BaselineView,
-    MetricResult,
-    TestResult,
-    check_floor,
-    judge_metric,
-    verdict_fails,
-)
+from pytest_kimiperf.judge.baselines import BaselineView
+from pytest_kimiperf.judge.gate import FLOOR_METRIC, BootRun, Rules, judge
+from pytest_kimiperf.judge.results import TestResult
 from pytest_kimiperf.config.metric_specs import metric_spec
-from pytest_kimiperf.judge.boots import BootLedger
-from pytest_kimiperf.judge.stats import Comparison, VerdictKind, plan_line, wants_another_boot
+from pytest_kimiperf.judge.boots import BootLedger, TestBoots
 from pytest_kimiperf.server.process import ServerHandle
 from pytest_kimiperf.config.settings import Settings
 
@@ -57,11 +50,6 @@ def _checked_slo(slo: Mapping[str, Any]) -> dict[str, float]:
 # A measurement the host watch finds disturbed is measured again this many times before the
 # run is INVALID: one burst of a cron job should cost a repeat, a busy host a verdict.
 HOST_RETRIES = 2
-
-# Failed requests beyond this share of a run fail the test: the figures of the requests that
-# did succeed would describe a server that is not the one being tested.
-MAX_FAILED_FRACTION = 0.10
-
 
 class PerfRecorder:
     """Measures against the session's server and judges the result for one test."""
@@ -269,7 +257,7 @@ class PerfRecorder:
 
     def _judge(self, run: Any, metrics: Sequence[str], *, floor: bool, slo: Mapping[str, float] | None = None,
                goodput: Mapping[str, float] | None = None) -> tuple[TestResult, list[Any]]:
-        comparisons: list[Any] = []
+        """Hand ``run`` to the gate as plain data and keep the test's boot record up to date."""
         result = TestResult(
             test=self.test,
             nodeid=self.nodeid,
@@ -284,146 +272,48 @@ class PerfRecorder:
             boot=self.boot,
             host=self.host_readings[-1].to_json() if self.host_readings else None,
         )
-        for name in metrics:
-            spec = metric_spec(name)
-            result.metrics[name] = MetricResult(
-                metric=name, unit=spec.unit, direction=spec.direction.value,
-                tolerance=self.tolerance(name), samples=[float(x) for x in run.samples(name)],
-                boot_label=f"{self.server.profile} boot {self.boot}",
-            )
         if self.host_readings:
             r = self.host_readings[-1]
             psi = ", ".join(f"PSI {k.replace('_', ' ')} {v * 100:.0f}%" for k, v in sorted(r.psi.items()))
             result.messages.append(
                 f"host watch ({len(self.host_readings)} attempt(s)): foreign CPU {r.foreign_cpu_share * 100:.0f}% "
                 f"of the host, steal {r.steal_share * 100:.0f}%" + (f", {psi}" if psi else ""))
-        if self.host_busy is not None:
-            result.invalid = self.host_busy
-            result.failures.append(f"INVALID measurement: {self.host_busy}")
-            return result, comparisons
-        if not run.valid:
-            result.invalid = run.invalid_reason
-            result.failures.append(f"INVALID measurement: {run.invalid_reason}")
-            return result, comparisons
-        if run.invalid_count:
-            total = len(run.records)
-            reasons = "; ".join(f"{n}x {reason}" for reason, n in run.invalid_reasons.items())
-            line = f"{run.invalid_count} of {total} measured requests failed and are not counted ({reasons})"
-            if run.invalid_count > MAX_FAILED_FRACTION * total:
-                result.failures.append(
-                    f"{line}: more than {MAX_FAILED_FRACTION:.0%} failed, the server did not serve this load")
-            else:
-                result.warnings.append(line)
-        from pytest_kimiperf.measure.workload import reused_prompt_requests
-        from pytest_kimiperf.measure.server_view import unexpected_prefix_hits
+        invalid = self.host_busy if self.host_busy is not None else (None if run.valid else run.invalid_reason)
+        cross_checks: list[str] = []
+        if invalid is None:
+            from pytest_kimiperf.measure.workload import reused_prompt_requests
+            from pytest_kimiperf.measure.server_view import unexpected_prefix_hits
 
-        prefix_hits = unexpected_prefix_hits(
-            run.server_metrics, endpoint=self._scenario_of.get(id(run), (None, {}))[1].get("endpoint", "completions"),
-            reused_requests=reused_prompt_requests(run.records))
-        if prefix_hits:
-            result.warnings.append(prefix_hits)
-
-        if goodput is not None:
-            result.metrics["request_goodput"] = MetricResult(
-                metric="request_goodput", unit="req/s", direction="higher_is_better",
-                tolerance=self.tolerance("request_goodput"),
-                samples=[rnd.request_goodput(goodput) for rnd in run.rounds],
-                boot_label=f"{self.server.profile} boot {self.boot}")
-            result.messages.append("goodput SLOs: " + ", ".join(f"{k} <= {v:g}" for k, v in goodput.items()))
-        for name, limit in (slo or {}).items():
-            self._check_slo(run, name, limit, result)
-
-        if floor:
-            decode = result.metrics.get(FLOOR_METRIC) or MetricResult(
-                FLOOR_METRIC, "tok/s", "higher_is_better", self.tolerance(FLOOR_METRIC),
-                [float(x) for x in run.samples(FLOOR_METRIC)],
-            )
-            median = decode.summary()["median"]
-            if median is None:
-                result.failures.append("single-stream decode: no valid request to measure")
-            else:
-                dep = self.settings.deployment
-                fr = check_floor(float(median), floor=dep.decode_floor_tok_s, target=dep.decode_target_tok_s)
-                result.floor = {"median": fr.median, "floor": fr.floor, "target": fr.target,
-                                "status": fr.status.value, "message": fr.message()}
-                if fr.failed:
-                    result.failures.append(fr.message())
-                elif fr.warned:
-                    result.warnings.append(fr.message())
-                result.messages.append(fr.message())
-
-        record = self.ledger.of(self.test, self.server.profile)
-        if result.failures:
-            # A boot that failed for another reason than a verdict is no sample of this build.
-            result.unrecordable = "; ".join(result.failures)
-        else:
-            record.add(self.boot, {name: mres.boot_summary() for name, mres in result.metrics.items()})
-        planned = self.settings.boots
-        pending_plan = self.boot < planned
-        for mres in result.metrics.values():
-            current = record.summaries.get(mres.metric, [])
-            comparison, message = judge_metric(
-                mres, test=self.test, profile=self.server.profile, view=self.view,
-                profile_env=self.profile_env, current=current,
-                prior_spread=self.settings.deployment.boot_spread,
-            )
-            mres.baseline_message = message
-            result.messages.append(message)
-            if comparison is not None:
-                mres.baseline = comparison.to_dict()
-                comparisons.append(comparison)
-        screening = [c for c in comparisons if wants_another_boot(c)]
-        if pending_plan:
-            record.wants_boot = self.boot + 1
-            result.messages.append(f"boot {self.boot} of {planned} planned: the verdict comes after boot {planned}")
-        elif screening and not result.failures and self.boot < self.settings.max_boots:
-            record.wants_boot = self.boot + 1
-            result.messages.append(
-                f"boot {self.boot + 1} of {self.server.profile} asked for: "
-                + "; ".join(f"{c.metric} looks {c.change * 100:+.1f}% on {c.boots_current} boot(s)"
-                            for c in screening)
-                + " (one boot can screen, never convict)")
-        else:
-            record.wants_boot = None
-            for comparison in comparisons:
-                self._verdict_to_result(comparison, result)
-        soft = self.view.soft_changes() if self.view is not None and comparisons else []
-        if soft:
-            result.warnings.append(
-                "the baseline was recorded with other soft facts (they only warn; the hardware "
-                f"and software that set speed match): {'; '.join(soft)}")
-        return result, comparisons
-
-    def _check_slo(self, run: Any, name: str, limit: float, result: TestResult) -> None:
-        """An absolute limit on this boot's figure (its median, or its quantile for a tail)."""
-        spec = metric_spec(name)
-        mres = MetricResult(metric=name, unit=spec.unit, direction=spec.direction.value,
-                            tolerance=self.tolerance(name), samples=[float(x) for x in run.samples(name)])
-        boot = mres.boot_summary()
-        label = f"SLO {name} {'<=' if spec.direction.value == 'lower_is_better' else '>='} {limit:g} {spec.unit}"
-        if not boot.usable:
-            result.warnings.append(
-                f"{label}: insufficient samples for {spec.label} ({boot.n} on this boot, "
-                f"{max(boot.min_n, 1)} needed): not checked")
-            return
-        ok = boot.median <= limit if spec.direction.value == "lower_is_better" else boot.median >= limit
-        line = f"{label}: {boot.median:.4g} {spec.unit} on this boot ({boot.n} samples)"
-        (result.messages if ok else result.failures).append(line + ("" if ok else " — SLO missed"))
-
-    def _verdict_to_result(self, comparison: Comparison, result: TestResult) -> None:
-        """A final verdict becomes a failure, a warning (with the planner's advice) or a note."""
-        message = comparison.message()
-        kind = comparison.verdict
-        if verdict_fails(comparison, strict=self.settings.perf_strict):
-            result.failures.append(message)
-        elif kind is VerdictKind.IMPROVEMENT:
-            result.warnings.append(message + "; run --update-baselines to adopt it")
-        elif kind in (VerdictKind.INCONCLUSIVE, VerdictKind.NO_DETECTABLE_CHANGE):
-            plan = plan_line(comparison)
-            line = message + (f"; {plan}" if plan else "")
-            (result.warnings if kind is VerdictKind.INCONCLUSIVE else result.messages).append(line)
-        elif kind in (VerdictKind.NOT_COMPARABLE, VerdictKind.INSUFFICIENT_SAMPLES):
-            result.warnings.append(message)
+            prefix_hits = unexpected_prefix_hits(
+                run.server_metrics,
+                endpoint=self._scenario_of.get(id(run), (None, {}))[1].get("endpoint", "completions"),
+                reused_requests=reused_prompt_requests(run.records))
+            if prefix_hits:
+                cross_checks.append(prefix_hits)
+        named = [*metrics, *(slo or {}), *([FLOOR_METRIC] if floor else [])]
+        judged = [*named, *(["request_goodput"] if goodput is not None else [])]
+        measured = BootRun(
+            samples={name: run.samples(name) for name in dict.fromkeys(named)},
+            requests=len(run.records), failed_requests=run.invalid_count, failed_reasons=run.invalid_reasons,
+            invalid=invalid, cross_check_warnings=cross_checks,
+            goodput_samples=[rnd.request_goodput(goodput) for rnd in run.rounds] if goodput is not None else [],
+        )
+        dep = self.settings.deployment
+        rules = Rules(
+            tolerances={name: self.tolerance(name) for name in judged},
+            decode_floor_tok_s=dep.decode_floor_tok_s, decode_target_tok_s=dep.decode_target_tok_s,
+            boot_spread=dep.boot_spread, boots=self.settings.boots, max_boots=self.settings.max_boots,
+            strict=self.settings.perf_strict,
+        )
+        record = self.ledger.of(self.test, self.server.profile) if invalid is None else None
+        judgement = judge(result, metrics, measured, rules, view=self.view,
+                          earlier=record if record is not None else TestBoots(),
+                          floor=floor, slo=slo, goodput=goodput)
+        if record is not None:
+            if judgement.recorded is not None:
+                record.add(self.boot, judgement.recorded)
+            record.wants_boot = judgement.wants_boot
+        return judgement.result, list(judgement.comparisons)
 
     def _finish(self, result: TestResult) -> TestResult:
         self._publish(result)

@@ -18,7 +18,8 @@ from pytest_kimiperf.measure.target import Target
 from pytest_kimiperf.judge.boots import BootLedger, BootSlot
 from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.judge.fingerprint import Fingerprint
-from pytest_kimiperf.judge.gate import BaselineView, baseline_entries, strip_profile
+from pytest_kimiperf.judge.baselines import BaselineView, baseline_entries
+from pytest_kimiperf.judge.gate import strip_profile
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.measure.results import RequestRecord, RoundResult, RunResult
 from pytest_kimiperf.recorder import PerfRecorder
