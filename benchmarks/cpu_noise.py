@@ -42,7 +42,8 @@ from pytest_kimiperf.config.options import OPTIONS  # noqa: E402
 from pytest_kimiperf.recorder import PerfRecorder  # noqa: E402
 from pytest_kimiperf.server.manager import ServerManager  # noqa: E402
 from pytest_kimiperf.config.settings import RawOption, build_settings  # noqa: E402
-from pytest_kimiperf.judge.stats import compare_boots, summarize_boot  # noqa: E402
+from pytest_kimiperf.judge.boot_summary import summarize_boot  # noqa: E402
+from pytest_kimiperf.judge.stats import compare_boots  # noqa: E402
 
 CASES = (("decode", SINGLE_STREAM_DECODE, ("decode_tok_s", "itl_ms")), ("ttft", TTFT, ("ttft_ms",)))
 

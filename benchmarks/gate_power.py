@@ -10,7 +10,7 @@ noise at CV ``c`` with heavy tails (5% of requests 1.5-3x worse); per boot, a bo
 the metric's own; a linear drift of ``--drift`` over the session, which the current boots see
 and the baseline history (recorded in earlier sessions) does not.
 
-The gate is the plugin's own code: ``stats.summarize_boot`` for each boot,
+The gate is the plugin's own code: ``boot_summary.summarize_boot`` for each boot,
 ``stats.compare_boots`` for each verdict, and boots on demand as ``recorder.py`` does them: the
 server boots once per profile; a test whose comparison ``planning.wants_another_boot`` says so
 reboots the server (up to ``--max-boots``) and is measured again, and the tests after it run on
@@ -45,9 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
 from pytest_kimiperf.judge.planning import wants_another_boot  # noqa: E402
-from pytest_kimiperf.judge.stats import (  # noqa: E402
-    BootSummary, VerdictKind, compare_boots, summarize_boot,
-)
+from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot  # noqa: E402
+from pytest_kimiperf.judge.stats import VerdictKind, compare_boots  # noqa: E402
 
 TESTS = (3, 1, 2, 2, 2)  # metrics gated per test, as in perf_tests/
 PROFILES = 2

@@ -18,7 +18,7 @@ from typing import Any
 from pytest_kimiperf.config.metric_specs import METRICS, Direction
 from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.judge.fingerprint import Fingerprint
-from pytest_kimiperf.judge.stats import BootSummary, summarize_boot, tail_min_samples
+from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot, tail_min_samples
 
 SCHEMA_VERSION = 2
 SIGNIFICANT_DIGITS = 6
@@ -71,8 +71,8 @@ class BaselineEntry:
     boots: tuple[BaselineBoot, ...] = ()
 
     def summaries(self) -> list[BootSummary]:
-        """The history as stats.BootSummary, oldest first (a tail metric's boots need as many
-        samples as stats.tail_min_samples says)."""
+        """The history as BootSummary, oldest first (a tail metric's boots need as many
+        samples as tail_min_samples says)."""
         spec = METRICS.get(self.metric)
         min_n = tail_min_samples(spec.quantile) if spec is not None and spec.quantile else 0
         return [replace(b.summary(), min_n=min_n) for b in self.boots]

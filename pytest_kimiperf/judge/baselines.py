@@ -3,7 +3,7 @@
 ``baselines/<deployment>/<fingerprint key>.json`` holds, for each ``<test id>|<profile>|<metric>``,
 a *history*: one summary per server boot (median, samples, within-boot error of the median, when,
 which commit and software) for the last :data:`HISTORY_BOOTS` boots, because the boot is the unit
-the gate judges on (stats.py); plus the per-request samples of the latest boot for plots.
+the gate judges on (boot_summary.py, stats.py); plus the per-request samples of the latest boot for plots.
 ``--update-baselines`` appends the session's boots (:func:`baseline_entries`). Schema 1 files (one
 run's samples) load as a history of one boot and are rewritten as schema 2 on the next update
 (the format itself is ``baseline_schema``). The gate reads them through a :class:`BaselineView`.
@@ -36,7 +36,7 @@ from pytest_kimiperf.judge.baseline_schema import (
 )
 from pytest_kimiperf.judge.fingerprint import Fingerprint, version_changes
 from pytest_kimiperf.judge.results import MetricResult, TestResult
-from pytest_kimiperf.judge.stats import summarize_boot, summarize_boot_quantile
+from pytest_kimiperf.judge.boot_summary import summarize_boot, summarize_boot_quantile
 
 HISTORY_BOOTS = 20
 LOCK_TIMEOUT_S = 120.0

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_kimiperf.judge.stats import BootSummary
+from pytest_kimiperf.judge.boot_summary import BootSummary
 
 BOOT_ID_SEPARATOR = "-boot"
 

@@ -22,7 +22,8 @@ from pytest_kimiperf.judge.boots import TestBoots, strip_slot
 from pytest_kimiperf.judge.planning import plan_line, wants_another_boot
 from pytest_kimiperf.judge.results import MetricResult, TestResult
 from pytest_kimiperf.judge.floors import FloorResult, FloorStatus, floor_check
-from pytest_kimiperf.judge.stats import BootSummary, Comparison, VerdictKind, compare_boots
+from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.stats import Comparison, VerdictKind, compare_boots
 
 FLOOR_METRIC = "decode_tok_s"
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from pytest_kimiperf.config.metric_specs import metric_spec
-from pytest_kimiperf.judge.stats import BootSummary, summarize_boot, summarize_boot_quantile
+from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot, summarize_boot_quantile
 
 
 @dataclass

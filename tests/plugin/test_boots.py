@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import stub_deployment_toml
 from pytest_kimiperf.judge.boots import BootLedger, BootSlot, schedule, strip_slot
-from pytest_kimiperf.judge.stats import BootSummary
+from pytest_kimiperf.judge.boot_summary import BootSummary
 
 A, B, C = (SimpleNamespace(name=n) for n in ("default", "ring-ll", "tree-ll"))
 

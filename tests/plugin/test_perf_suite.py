@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import stub_deployment_toml
-from pytest_kimiperf.judge.stats import MIN_SAMPLES_PER_BOOT
+from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT
 from tests import helpers
 
 pytestmark = pytest.mark.usefixtures("isolated_state")

@@ -13,7 +13,7 @@ from pytest_kimiperf.judge.gate import (
     WarningKind, judge_metric, missing_baselines, warning_kinds,
 )
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.stats import summarize_boot
+from pytest_kimiperf.judge.boot_summary import summarize_boot
 
 TEST = "t.py::test"
 HARDWARE = {"gpu.count": "8", "gpu.name": "NVIDIA RTX PRO 6000", "gpu.interconnect": "PCIe"}

@@ -24,7 +24,7 @@ from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.measure.results import RequestRecord, RoundResult, RunResult
 from pytest_kimiperf.recorder import PerfRecorder
 from pytest_kimiperf.server.process import ServerHandle
-from pytest_kimiperf.judge.stats import MIN_SAMPLES_PER_BOOT
+from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT
 
 SCENARIO = scenarios.SingleStream(prompt_tokens=8, output_tokens=65, requests=8)
 FP = Fingerprint(hard={"gpu.count": "0", "cpu.model": "test", "cpu.cores": "2"}, soft={})

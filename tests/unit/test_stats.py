@@ -11,13 +11,12 @@ import pytest
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.stats import (
     ENOUGH_BOOTS,
-    BootSummary,
     VerdictKind,
     compare_boots,
     estimate_spread,
     single_threshold_regression,
-    summarize_boot,
 )
+from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot
 from pytest_kimiperf.judge.floors import FloorStatus, floor_check
 from pytest_kimiperf.judge.planning import boots_needed, plan_line, wants_another_boot
 

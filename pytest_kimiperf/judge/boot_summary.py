@@ -1,0 +1,125 @@
+"""One server boot's figure for one metric: the unit of replication the gate compares.
+
+A boot is summarized once per metric (:class:`BootSummary`): its median, or its quantile for a
+tail metric, with the standard error of that figure's log from the boot's own samples, and how
+many samples it rests on (a boot with too few does not count). Comparing boots is ``stats``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+Samples = Sequence[float] | npt.NDArray[np.floating]
+
+# Within-boot: a boot's median needs this many samples (requests, or rounds for throughputs) to count.
+MIN_SAMPLES_PER_BOOT = 3
+# A tail quantile q needs this many samples beyond it in each boot: n >= 3 / (1 - q), so 30 for
+# a p90, 300 for a p99 (ITL pools every gap of a boot, so 20 requests of 128 tokens are 2540).
+TAIL_SAMPLES_BEYOND = 3
+_TAIL_BOOTSTRAP = 200
+# Asymptotic standard error of a sample median is sqrt(pi/2) ~ 1.2533 times that of the mean
+# for normal data; 1.4826 * MAD estimates the standard deviation robustly (outliers do not
+# widen it).
+_MEDIAN_SE_FACTOR = 1.2533
+_MAD_TO_SD = 1.4826
+
+
+@dataclass(frozen=True)
+class BootSummary:
+    """One server boot's figure for one metric: the unit of replication.
+
+    ``median`` is the boot's median; ``se_log`` the standard error of log(median) from the
+    boot's own requests (NaN below two samples); ``n`` how many valid samples it rests on;
+    ``label`` says which boot it was (``ring-ll boot 2``, or a baseline's recording time).
+    """
+
+    median: float
+    n: int
+    se_log: float
+    label: str = ""
+    # Samples a boot needs to count: MIN_SAMPLES_PER_BOOT for a median, more for a tail
+    # (tail_min_samples); ``median`` then holds the boot's quantile.
+    min_n: int = 0
+
+    @property
+    def usable(self) -> bool:
+        """Whether this boot has enough valid samples to stand for its server boot."""
+        return self.n >= max(self.min_n, MIN_SAMPLES_PER_BOOT) and math.isfinite(self.median) and self.median > 0
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-ready fields (NaN as None)."""
+        return {"median": self.median, "n": self.n,
+                "se_log": None if not math.isfinite(self.se_log) else self.se_log, "label": self.label,
+                "min_n": self.min_n}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> "BootSummary":
+        """Inverse of :meth:`to_json`."""
+        se = data.get("se_log")
+        return cls(median=float(data["median"]), n=int(data["n"]),  # type: ignore[arg-type]
+                   se_log=math.nan if se is None else float(se), label=str(data.get("label") or ""),  # type: ignore[arg-type]
+                   min_n=int(data.get("min_n") or 0))  # type: ignore[arg-type]
+
+
+def summarize_boot(samples: Samples, label: str = "") -> BootSummary:
+    """Summarize one boot's per-request samples of one metric (non-finite ones dropped)."""
+    values = valid_samples("boot", samples)
+    positive = values[values > 0]
+    if values.size == 0:
+        return BootSummary(median=math.nan, n=0, se_log=math.nan, label=label)
+    median = float(np.median(values))
+    se = math.nan
+    if positive.size >= 2:
+        logs = np.log(positive)
+        mad = float(np.median(np.abs(logs - np.median(logs))))
+        se = _MEDIAN_SE_FACTOR * _MAD_TO_SD * mad / math.sqrt(positive.size)
+    return BootSummary(median=median, n=int(values.size), se_log=se, label=label)
+
+
+def tail_min_samples(quantile: float) -> int:
+    """Samples one boot needs before its ``quantile`` means anything: at least
+    :data:`TAIL_SAMPLES_BEYOND` of them beyond it (a p99 of 20 requests is their maximum,
+    one slow request's luck; MLPerf LoadGen's early stopping makes the same point)."""
+    return math.ceil(TAIL_SAMPLES_BEYOND / (1.0 - quantile) - 1e-9)
+
+
+def summarize_boot_quantile(samples: Samples, quantile: float, label: str = "") -> BootSummary:
+    """One boot's ``quantile`` (e.g. 0.99) of a metric, with the standard error of its log
+    from a seeded bootstrap of the boot's own samples."""
+    if not 0.0 < quantile < 1.0:
+        raise ValueError(f"quantile={quantile!r}: use a fraction between 0 and 1 (0.99 for p99)")
+    values = valid_samples("boot", samples)
+    min_n = tail_min_samples(quantile)
+    if values.size == 0:
+        return BootSummary(median=math.nan, n=0, se_log=math.nan, label=label, min_n=min_n)
+    value = float(np.quantile(values, quantile))
+    se = math.nan
+    positive = values[values > 0]
+    if positive.size >= 2:
+        rng = np.random.default_rng(0)
+        draws = rng.choice(np.log(positive), size=(_TAIL_BOOTSTRAP, positive.size), replace=True)
+        se = float(np.std(np.quantile(draws, quantile, axis=1), ddof=1))
+    return BootSummary(median=value, n=int(values.size), se_log=se, label=label, min_n=min_n)
+
+
+def valid_samples(side: str, samples: Samples) -> npt.NDArray[np.float64]:
+    """The finite samples of one side as an array; ValueError for non-numbers or negative values."""
+    try:
+        arr = np.asarray(samples, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{side} samples must be numbers: {exc}") from None
+    if arr.ndim != 1:
+        raise ValueError(f"{side} samples must be a flat sequence of numbers, got shape {arr.shape}")
+    finite: npt.NDArray[np.float64] = arr[np.isfinite(arr)]
+    negative = finite[finite < 0]
+    if negative.size:
+        raise ValueError(
+            f"{side} samples include negative value {float(negative[0])!r}: tok/s, req/s and ms "
+            "are never negative, so the measurement is broken"
+        )
+    return finite
