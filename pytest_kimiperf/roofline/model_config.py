@@ -166,7 +166,7 @@ def positive_int_field(value: object, *, name: str, where: str) -> int:
 
 
 def read_model_config(path: str | Path) -> dict[str, Any]:
-    """Load a model's config.json (the file or its directory) as a dict for the functions above."""
+    """Load a model's config.json (the file or its directory) as a dict for ``weights`` and ``quantization``."""
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
