@@ -1,36 +1,52 @@
 """Whether this host can run a deployment: enough of the right GPUs, room beside the weight cache,
 and links that suit the NCCL profiles asked for.
 
-Pure functions of the deployment and the GPU facts a query found (``gpu.probe_gpus``,
-``gpu.query_topology``): the caller asks the driver once per run and passes the answers in, so
-every rule here is tested on recorded nvidia-smi outputs (``tests/data/gpu``).  A server we do
-not boot (``--server-url``) is the caller's to skip: it needs no check.
+Each check takes the deployment and the query that finds the GPU facts (``gpu.probe_gpus``,
+``gpu.query_topology`` by default), and asks it only when the answer matters: never for a
+server we do not boot (``--server-url``, ``external``) nor for a CPU deployment.  Passing a
+query that returns recorded facts makes every rule here testable on a host without GPUs
+(``tests/data/gpu``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from pytest_kimiperf.config.deployments import Deployment
 from pytest_kimiperf.config.nccl.profiles import NcclProfile
 from pytest_kimiperf.config.nccl.values import validate_profile
-from pytest_kimiperf.errors import HardwareMissingError
-from pytest_kimiperf.server.gpu import GpuProbe, HardwareRequirement, check_hardware
+from pytest_kimiperf.errors import HardwareMissingError, KimiperfError
+from pytest_kimiperf.server.gpu import GpuProbe, HardwareRequirement, check_hardware, probe_gpus, query_topology
 from pytest_kimiperf.server.nvidia_smi import GpuInfo, Topology
 from pytest_kimiperf.server.weight_cache import check_fit, memory_fit, why_not_used
 
+# How long one driver query may take before it reads as "no answer".
+QUERY_TIMEOUT_S = 10.0
 
-def hardware_problem(deployment: Deployment, probe: GpuProbe) -> str | None:
+
+def _probe_host() -> GpuProbe:
+    return probe_gpus(timeout_s=QUERY_TIMEOUT_S)
+
+
+def _host_topology() -> Topology | None:
+    return query_topology(timeout_s=QUERY_TIMEOUT_S)
+
+
+def hardware_problem(
+    deployment: Deployment, *, external: bool = False, probe: Callable[[], GpuProbe] = _probe_host
+) -> str | None:
     """Why this host cannot run ``deployment`` (GPUs missing, or the weight cache would leave an
-    engine no room on them), in one message; None when it can or the deployment runs on CPU."""
-    if not deployment.needs_gpus:
+    engine no room on them), in one message; None when it can, when it runs on CPU, or when the
+    server is ``external`` (not ours to boot)."""
+    if external or not deployment.needs_gpus:
         return None
+    found = probe()
     try:
         check_hardware(
-            HardwareRequirement(deployment.gpu_count, deployment.gpu_name_contains), probe.gpus,
-            deployment=deployment.name, unavailable_reason=probe.absence_reason(),
+            HardwareRequirement(deployment.gpu_count, deployment.gpu_name_contains), found.gpus,
+            deployment=deployment.name, unavailable_reason=found.absence_reason(),
         )
-        check_weight_cache_fit(deployment, probe.gpus)
+        check_weight_cache_fit(deployment, found.gpus)
     except HardwareMissingError as exc:
         return str(exc)
     return None
@@ -50,14 +66,26 @@ def check_weight_cache_fit(deployment: Deployment, gpus: Sequence[GpuInfo]) -> N
         check_fit(fit)
 
 
-def topology_warnings(profiles: Iterable[NcclProfile], topology: Topology | None) -> list[str]:
+def topology_warnings(
+    deployment: Deployment,
+    profiles: Iterable[NcclProfile],
+    *,
+    external: bool = False,
+    topology: Callable[[], Topology | None] = _host_topology,
+) -> list[str]:
     """The profile warnings that depend on the hardware, which configure-time validation could
-    not know: an explicit LL128 on a host whose GPUs talk over PCIe only.  None for
-    ``topology`` (no nvidia-smi to ask) gives no warning."""
-    if topology is None:
+    not know: an explicit LL128 on a host whose GPUs talk over PCIe only.  No warning where
+    nvidia-smi is absent or cannot answer: the perf tests' own hardware check says so, at setup."""
+    if external or not deployment.needs_gpus:
         return []
-    pcie_only = not topology.nvlink
+    try:
+        links = topology()
+    except KimiperfError:
+        return []
+    if links is None:
+        return []
+    pcie_only = not links.nvlink
     return [w for profile in profiles for w in validate_profile(profile, pcie_only=pcie_only) if "LL128" in w]
 
 
-__all__ = ["check_weight_cache_fit", "hardware_problem", "topology_warnings"]
+__all__ = ["QUERY_TIMEOUT_S", "check_weight_cache_fit", "hardware_problem", "topology_warnings"]

@@ -6,12 +6,13 @@ import dataclasses
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 from pytest_kimiperf.config.deployments import KIMI_K25_INT4_TP8, TINY_CPU, Deployment
 from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES, NcclProfile
-from pytest_kimiperf.errors import HardwareMissingError
+from pytest_kimiperf.errors import HardwareMissingError, KimiperfError
 from pytest_kimiperf.server import hardware_check, nvidia_smi
 from pytest_kimiperf.server.gpu import GpuProbe
 from tests import helpers
@@ -31,6 +32,10 @@ def production_host() -> GpuProbe:
                     source="NVML")
 
 
+def never_asked() -> NoReturn:
+    raise AssertionError("the driver was asked although the answer could not matter")
+
+
 @pytest.fixture(autouse=True)
 def empty_hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No checkpoint is on this host unless a test puts one there."""
@@ -46,17 +51,17 @@ def kimi_with_checkpoint(folder: Path, gib_per_gpu: float, **changes: object) ->
 
 
 def test_the_recorded_production_host_runs_kimi() -> None:
-    assert hardware_check.hardware_problem(KIMI_K25_INT4_TP8, production_host()) is None
+    assert hardware_check.hardware_problem(KIMI_K25_INT4_TP8, probe=production_host) is None
 
 
 def test_a_cpu_deployment_needs_no_gpu() -> None:
-    assert hardware_check.hardware_problem(TINY_CPU, GpuProbe(gpus=(), source="none")) is None
+    assert hardware_check.hardware_problem(TINY_CPU, probe=never_asked) is None
 
 
 def test_a_host_without_gpus_says_why_in_one_message() -> None:
     probe = GpuProbe(gpus=(), source="none",
                      notes=("NVML: NVML Shared Library Not Found", "nvidia-smi not found on PATH"))
-    assert hardware_check.hardware_problem(KIMI_K25_INT4_TP8, probe) == (
+    assert hardware_check.hardware_problem(KIMI_K25_INT4_TP8, probe=lambda: probe) == (
         "deployment 'kimi-k25-int4-tp8' needs 8x NVIDIA GPU whose name contains 'RTX PRO 6000'; "
         "found no NVIDIA GPU (NVML: NVML Shared Library Not Found; nvidia-smi not found on PATH). "
         "Run here with --deployment tiny-cpu, or on a host that has those GPUs."
@@ -65,14 +70,14 @@ def test_a_host_without_gpus_says_why_in_one_message() -> None:
 
 def test_too_few_gpus_of_the_kind_are_named() -> None:
     seven = GpuProbe(gpus=production_host().gpus[:7], source="NVML")
-    problem = hardware_check.hardware_problem(KIMI_K25_INT4_TP8, seven)
+    problem = hardware_check.hardware_problem(KIMI_K25_INT4_TP8, probe=lambda: seven)
     assert problem is not None
     assert "found 7x NVIDIA RTX PRO 6000 Blackwell Server Edition (97887 MiB)." in problem
 
 
 def test_a_weight_cache_that_leaves_the_engine_no_room_is_a_hardware_problem(tmp_path: Path) -> None:
     kimi = kimi_with_checkpoint(tmp_path / "kimi", gib_per_gpu=83.0)
-    problem = hardware_check.hardware_problem(kimi, production_host())
+    problem = hardware_check.hardware_problem(kimi, probe=production_host)
     assert problem == (
         "the weight cache does not fit: daemons hold 83.0 GiB per GPU of 95.6; the engine keeps "
         "3.0 GiB for activations and KV cache, under the 4.0 GiB an engine needs; use GPUs with more "
@@ -84,17 +89,19 @@ def test_a_weight_cache_that_leaves_the_engine_no_room_is_a_hardware_problem(tmp
 
 def test_a_weight_cache_that_fits_or_is_off_is_no_problem(tmp_path: Path) -> None:
     assert hardware_check.hardware_problem(
-        kimi_with_checkpoint(tmp_path / "fits", gib_per_gpu=68.4), production_host()
+        kimi_with_checkpoint(tmp_path / "fits", gib_per_gpu=68.4), probe=production_host
     ) is None
     off = kimi_with_checkpoint(tmp_path / "off", gib_per_gpu=83.0, weight_cache="off")
-    assert hardware_check.hardware_problem(off, production_host()) is None
+    assert hardware_check.hardware_problem(off, probe=production_host) is None
     hardware_check.check_weight_cache_fit(off, production_host().gpus)
     hardware_check.check_weight_cache_fit(kimi_with_checkpoint(tmp_path / "no-gpus", gib_per_gpu=83.0), ())
 
 
 def test_ll128_forced_on_a_pcie_only_host_warns() -> None:
     topology = nvidia_smi.parse_topology(recorded("topo_8x_rtx_pro_6000_sys.txt"))
-    (warning,) = hardware_check.topology_warnings([BUILTIN_PROFILES["default"], LL128_EVERYWHERE], topology)
+    (warning,) = hardware_check.topology_warnings(
+        KIMI_K25_INT4_TP8, [BUILTIN_PROFILES["default"], LL128_EVERYWHERE], topology=lambda: topology
+    )
     assert warning.startswith(
         "NCCL profile 'll128' (from built-in): NCCL_PROTO='LL128' turns LL128 on (every collective) on a "
         "PCIe-only host"
@@ -104,11 +111,23 @@ def test_ll128_forced_on_a_pcie_only_host_warns() -> None:
 @pytest.mark.parametrize("name", ["topo_4x_h100_nv6_nics.txt", "topo_2x_nv12_mlx5_tabs.txt"])
 def test_ll128_on_nvlink_hosts_is_fine(name: str) -> None:
     topology = nvidia_smi.parse_topology(recorded(name))
-    assert hardware_check.topology_warnings([LL128_EVERYWHERE], topology) == []
+    assert hardware_check.topology_warnings(KIMI_K25_INT4_TP8, [LL128_EVERYWHERE], topology=lambda: topology) == []
 
 
 def test_without_a_topology_there_is_nothing_to_warn_about() -> None:
-    assert hardware_check.topology_warnings([LL128_EVERYWHERE], None) == []
+    def smi_fails() -> None:
+        raise KimiperfError("nvidia-smi topo -m exited with 9: no driver")
+
+    assert hardware_check.topology_warnings(KIMI_K25_INT4_TP8, [LL128_EVERYWHERE], topology=lambda: None) == []
+    assert hardware_check.topology_warnings(KIMI_K25_INT4_TP8, [LL128_EVERYWHERE], topology=smi_fails) == []
+
+
+def test_external_servers_and_cpu_deployments_ask_the_driver_nothing() -> None:
+    assert hardware_check.hardware_problem(KIMI_K25_INT4_TP8, external=True, probe=never_asked) is None
+    assert hardware_check.topology_warnings(
+        KIMI_K25_INT4_TP8, [LL128_EVERYWHERE], external=True, topology=never_asked
+    ) == []
+    assert hardware_check.topology_warnings(TINY_CPU, [LL128_EVERYWHERE], topology=never_asked) == []
 
 
 def test_module_does_not_import_pytest() -> None:
