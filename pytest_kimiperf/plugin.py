@@ -339,7 +339,7 @@ def _topology_warnings(state: _RunState) -> list[str]:
     if state.settings.external or not dep.needs_gpus:
         return []
     from pytest_kimiperf.server.gpu import query_topology
-    from pytest_kimiperf.config.nccl.profiles import validate_profile
+    from pytest_kimiperf.config.nccl.values import validate_profile
 
     try:
         topology = query_topology(timeout_s=10.0)
