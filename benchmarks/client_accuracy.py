@@ -49,7 +49,7 @@ from typing import Any
 
 import httpx
 
-from pytest_kimiperf.measure.results import percentile
+from pytest_kimiperf.measure.records import percentile
 from pytest_kimiperf.measure.runner import run_scenario
 from pytest_kimiperf.measure.scenarios import Concurrency
 from pytest_kimiperf.measure.target import Target

@@ -1,6 +1,6 @@
 """HTTPS for the streaming client (a gateway in front of vLLM): timed in the event loop.
 
-The plain-HTTP connection (client._Connection) stamps each chunk with the kernel's receive time,
+The plain-HTTP connection (connection.Connection) stamps each chunk with the kernel's receive time,
 read from the socket before any parsing. Through TLS the bytes on the socket are ciphertext:
 chunk boundaries exist only after OpenSSL decrypted them. So over HTTPS a chunk's arrival is
 ``perf_counter_ns()`` when asyncio's SSL transport hands the decrypted bytes to the protocol
@@ -9,7 +9,7 @@ says so in its notes, and benchmarks/client_accuracy.py ``--modes https`` measur
 
 Only the transport differs: HTTP/1.1 framing, SSE splitting, the role-only chat chunk rule,
 token counts from ``usage``, deadlines and the keep-alive retry are the plain client's
-(``_TlsConnection`` is a ``client._Connection`` fed by a protocol instead of ``recvmsg``).
+(``_TlsConnection`` is a ``connection.Connection`` fed by a protocol instead of ``recvmsg``).
 
 Why not httpx, the first plan: measured with client_accuracy.py through the same TLS gateway on
 this 2-core host, httpx (anyio's TLS stream over ``ssl.MemoryBIO``, h11, httpcore's pool) was
@@ -26,23 +26,24 @@ import asyncio
 import ssl
 import time
 
-from pytest_kimiperf.measure.client import _DONE, _HEAD, ServerAddress, _Connection, _Exchange, _Pool
+from pytest_kimiperf.measure.client import ServerAddress
+from pytest_kimiperf.measure.connection import _DONE, _HEAD, Connection, Exchange, Pool
 
 EVENT_LOOP_TIMING = ("timed in the event loop, not by the kernel: HTTPS chunks are stamped when "
                      "the TLS transport hands the decrypted bytes to the client (benchmarks/"
                      "client_accuracy.py --modes https measures the cost)")
 
 
-class _TlsConnection(_Connection):
+class _TlsConnection(Connection):
     """A keep-alive HTTP/1.1 connection over asyncio's SSL transport."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, transport: asyncio.Transport) -> None:
-        # Not _Connection.__init__: there is no socket of ours to read.
+        # Not Connection.__init__: there is no socket of ours to read.
         self._loop = loop
         self._transport = transport
         self.closed = False
         self.keep_alive = True
-        self.exchange: _Exchange | None = None
+        self.exchange: Exchange | None = None
         self.used = False
         self._buf = bytearray()
         self._state = _DONE
@@ -59,7 +60,7 @@ class _TlsConnection(_Connection):
         if exchange is not None:
             self._fail(exchange, "connection closed by the client")
 
-    async def start(self, exchange: _Exchange, request: bytes) -> int:
+    async def start(self, exchange: Exchange, request: bytes) -> int:
         """Hand ``request`` to the TLS transport; returns the time it did (perf_counter_ns)."""
         if self.closed or self._transport.is_closing():
             exchange.failure = "connection closed before the request was sent"
@@ -92,14 +93,14 @@ class _TlsProtocol(asyncio.Protocol):
             connection._lost(exc if isinstance(exc, OSError) or exc is None else OSError(str(exc)))
 
 
-class TlsPool(_Pool):
+class TlsPool(Pool):
     """The plain client's pool, opening TLS connections (certificates verified)."""
 
     def __init__(self, address: ServerAddress, max_connections: int) -> None:
         super().__init__(address, max_connections)
         self._context = ssl.create_default_context()
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
         transport, protocol = await loop.create_connection(
             _TlsProtocol, self._address.host, self._address.port, ssl=self._context,

@@ -29,7 +29,8 @@ from typing import Any
 
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.measure.client import RequestSpec, StreamingClient
-from pytest_kimiperf.measure.results import ProcessHealth, RequestRecord
+from pytest_kimiperf.measure.records import RequestRecord
+from pytest_kimiperf.measure.results import ProcessHealth
 from pytest_kimiperf.measure.workload import REUSED_MARK
 
 _PROBE_INTERVAL_S = 0.002

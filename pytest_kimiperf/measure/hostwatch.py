@@ -8,37 +8,36 @@ short-lived ones such as compiler jobs that start and exit between two process l
 **steal** (``/proc/stat``), **PSI** ``some`` totals (``/proc/pressure``) where the kernel has
 them, and on GPU hosts through NVML: other processes on the deployment's GPUs, clock-event
 (throttle) reasons, SM clock, temperature and power at the window's two ends. The arithmetic is
-pure (:func:`compare_snapshots`, the parsers) and tested on recorded ``/proc`` files and a fake NVML.
+pure (:func:`compare_snapshots`, and host_readings.py's parsers) and tested on recorded ``/proc``
+files and a fake NVML. This module holds the bounds (:class:`HostBounds`), the reading of one
+window and what in it counts as a disturbance, and the watch; host_readings.py reads the host.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
-from pathlib import Path
 from typing import Any
 
-import psutil
-
 from pytest_kimiperf.errors import ConfigError, KimiperfError
+from pytest_kimiperf.measure.host_readings import (
+    CLOCK_EVENT_REASON_BITS,
+    PSI_RESOURCES,
+    TOP_FOREIGN_COUNT,
+    ForeignProcess,
+    GpuReading,
+    HostSnapshot,
+    ProcessCpu,
+    describe_pid,
+    merge_gpu_samples,
+    read_host_counters,
+    read_processes,
+    sample_gpu,
+)
 
-# nvmlClocksEventReason* / nvmlClocksThrottleReason* bits (nvml.h; the same values in
-# nvidia-ml-py 13.615's pynvml.py). BoardLimit and Reliability exist only in the older
-# "throttle" set, which the fallback call can return.
-CLOCK_EVENT_REASON_BITS: Mapping[int, str] = {
-    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting", 0x200: "board_limit",
-    0x400: "reliability",
-}
 KNOWN_THROTTLE_REASONS = frozenset(CLOCK_EVENT_REASON_BITS.values())
-PSI_RESOURCES: tuple[str, ...] = ("cpu", "io", "memory")
-TOP_FOREIGN_COUNT = 5
-# Enough of a command line to recognise it in a report without letting one process fill the JSON.
-_CMDLINE_CHARS = 240
 
 
 def _checked_bound(key: str, value: object, source: str) -> object:
@@ -96,28 +95,6 @@ class HostBounds:
             if key not in known:
                 raise ConfigError(f"{source}: unknown host bound {key!r} = {value!r}; known: {', '.join(known)}")
         return cls(**{key: _checked_bound(key, value, source) for key, value in data.items()})
-
-
-@dataclass(frozen=True)
-class ForeignProcess:
-    """A process outside the measurement and its share of host CPU capacity during the window."""
-
-    pid: int
-    name: str
-    cmdline: str
-    cpu_share: float
-
-
-@dataclass(frozen=True)
-class GpuReading:
-    """One watched GPU over the window: lowest SM clock, highest temperature and power seen."""
-
-    index: int
-    sm_clock_mhz: int | None
-    temperature_c: int | None
-    power_w: float | None
-    throttle_reasons: tuple[str, ...]
-    foreign_processes: tuple[tuple[int, int], ...]  # (pid, used_memory_bytes)
 
 
 def _pct(share: float) -> str:
@@ -200,62 +177,7 @@ class HostReading:
             raise KimiperfError(f"not a host reading ({type(error).__name__}: {error}): {data!r:.200}") from None
 
 
-# --------------------------------------------------------------------------- /proc and psutil
-
-
-@dataclass(frozen=True)
-class CpuCounters:
-    """Host-wide CPU time from the ``cpu`` line of /proc/stat, in seconds since boot."""
-
-    busy_s: float
-    steal_s: float
-    cpu_count: int
-
-
-def parse_proc_stat(text: str, ticks_per_s: float) -> CpuCounters:
-    """Read busy and steal time and the online core count from /proc/stat text."""
-    totals: list[int] | None = None
-    cpu_count = 0
-    for line in text.splitlines():
-        name, _, rest = line.partition(" ")
-        if name == "cpu":
-            totals = [int(v) for v in rest.split()]
-        elif name.startswith("cpu") and name[3:].isdigit():
-            cpu_count += 1
-    if totals is None or len(totals) < 8 or cpu_count == 0:
-        raise KimiperfError(f"/proc/stat has no usable cpu lines: {text[:120]!r}")
-    user, nice, system, _idle, _iowait, irq, softirq, steal = totals[:8]
-    # Guest time is already inside user and nice (kernel account_guest_time), so it is not added;
-    # steal is the hypervisor's, reported on its own.
-    busy = user + nice + system + irq + softirq
-    return CpuCounters(busy_s=busy / ticks_per_s, steal_s=steal / ticks_per_s, cpu_count=cpu_count)
-
-
-def parse_pressure_some_us(text: str) -> int:
-    """The ``some ... total=`` microseconds from one /proc/pressure file."""
-    match = re.search(r"^some .*\btotal=(\d+)", text, re.MULTILINE)
-    if match:
-        return int(match.group(1))
-    raise KimiperfError(f"no 'some ... total=' line in pressure file: {text[:120]!r}")
-
-
-@dataclass(frozen=True)
-class ProcessCpu:
-    """One process's CPU time so far; ``children_s`` is that of its children it has reaped."""
-
-    create_time: float
-    cpu_s: float
-    children_s: float
-
-
-@dataclass(frozen=True)
-class HostSnapshot:
-    """The host's counters at one instant: the two ends of a window are compared."""
-
-    t_s: float
-    cpu: CpuCounters
-    psi_some_us: Mapping[str, int]
-    processes: Mapping[int, ProcessCpu]
+# --------------------------------------------------------------------------- two snapshots, one reading
 
 
 def compare_snapshots(
@@ -298,115 +220,6 @@ def compare_snapshots(
         steal_share=max(0.0, stop.cpu.steal_s - start.cpu.steal_s) / capacity_s,
         psi=psi,
         top_foreign=tuple(top),
-    )
-
-
-def read_processes() -> dict[int, ProcessCpu]:
-    """CPU time of every process psutil can read; ones that exit or deny access are left out."""
-    table: dict[int, ProcessCpu] = {}
-    # With attrs, process_iter turns NoSuchProcess/AccessDenied/ZombieProcess into None values.
-    for process in psutil.process_iter(["create_time", "cpu_times"]):
-        info = process.info
-        times = info.get("cpu_times")
-        if times is None or info.get("create_time") is None:
-            continue
-        children_s = getattr(times, "children_user", 0.0) + getattr(times, "children_system", 0.0)
-        table[process.pid] = ProcessCpu(info["create_time"], times.user + times.system, children_s)
-    return table
-
-
-def describe_pid(pid: int) -> tuple[str, str]:
-    """Name and (shortened) command line of a process, ``("?", "")`` once it is gone."""
-    try:
-        process = psutil.Process(pid)
-        name = process.name()
-        cmdline = " ".join(process.cmdline())
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return "?", ""
-    return name, cmdline[:_CMDLINE_CHARS]
-
-
-def read_host_counters(proc_root: str) -> tuple[CpuCounters, dict[str, int], tuple[str, ...]]:
-    """/proc/stat and /proc/pressure under ``proc_root``; notes say which PSI files were missing."""
-    root = Path(proc_root)
-    ticks_per_s = float(os.sysconf("SC_CLK_TCK"))
-    try:
-        cpu = parse_proc_stat((root / "stat").read_text(), ticks_per_s)
-    except OSError as error:
-        raise KimiperfError(f"cannot read the host's CPU counters: {error}") from None
-    psi: dict[str, int] = {}
-    missing = []
-    for resource in PSI_RESOURCES:
-        try:
-            psi[resource] = parse_pressure_some_us((root / "pressure" / resource).read_text())
-        except OSError:
-            # No file without CONFIG_PSI; EOPNOTSUPP on read when booted with psi=0.
-            missing.append(resource)
-    notes = (f"no PSI for {', '.join(missing)} under {root / 'pressure'}",) if missing else ()
-    return cpu, psi, notes
-
-
-# --------------------------------------------------------------------------- NVML
-
-
-def decode_clock_event_reasons(mask: int) -> tuple[str, ...]:
-    """Names of the bits set in an NVML clock-event (throttle) reason mask, lowest bit first."""
-    return tuple(CLOCK_EVENT_REASON_BITS.get(1 << i, f"unknown_0x{1 << i:x}") for i in range(64) if mask >> i & 1)
-
-
-def _nvml_optional(nvml: Any, getter_name: str, *args: Any) -> Any | None:
-    getter = getattr(nvml, getter_name, None)
-    if getter is None:
-        return None
-    try:
-        return getter(*args)
-    except nvml.NVMLError:
-        return None
-
-
-def sample_gpu(nvml: Any, index: int) -> GpuReading:
-    """Read one GPU now; ``foreign_processes`` holds every compute process (no pid filter yet)."""
-    handle = nvml.nvmlDeviceGetHandleByIndex(index)
-    # nvmlDeviceGetCurrentClocksEventReasons replaced ...ThrottleReasons (deprecated, "will be
-    # removed in CUDA 14.0" per pynvml); older drivers have only the old name, with the same bits.
-    mask = _nvml_optional(nvml, "nvmlDeviceGetCurrentClocksEventReasons", handle)
-    if mask is None:
-        mask = _nvml_optional(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", handle)
-    milliwatts = _nvml_optional(nvml, "nvmlDeviceGetPowerUsage", handle)
-    processes: dict[int, int] = {}
-    for process in _nvml_optional(nvml, "nvmlDeviceGetComputeRunningProcesses", handle) or []:
-        # usedGpuMemory is None where the driver cannot attribute memory (as in gpu.py).
-        processes[int(process.pid)] = max(processes.get(int(process.pid), 0), int(process.usedGpuMemory or 0))
-    return GpuReading(
-        index=index,
-        sm_clock_mhz=_nvml_optional(nvml, "nvmlDeviceGetClockInfo", handle, nvml.NVML_CLOCK_SM),
-        temperature_c=_nvml_optional(nvml, "nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU),
-        power_w=None if milliwatts is None else milliwatts / 1000.0,
-        throttle_reasons=decode_clock_event_reasons(int(mask or 0)),
-        foreign_processes=tuple(sorted(processes.items())),
-    )
-
-
-def merge_gpu_samples(samples: Sequence[GpuReading], own_pids: Iterable[int]) -> GpuReading:
-    """One GPU over a window from its samples: lowest SM clock, highest temperature and power,
-    every reason seen, and every process not ours with the most memory it held."""
-    own = set(own_pids)
-    sm = [s.sm_clock_mhz for s in samples if s.sm_clock_mhz is not None]
-    temperature = [s.temperature_c for s in samples if s.temperature_c is not None]
-    power = [s.power_w for s in samples if s.power_w is not None]
-    order = {name: bit for bit, name in CLOCK_EVENT_REASON_BITS.items()}
-    reasons = sorted({r for s in samples for r in s.throttle_reasons}, key=lambda r: (order.get(r, 1 << 64), r))
-    foreign: dict[int, int] = {}
-    for pid, used in (item for s in samples for item in s.foreign_processes):
-        if pid not in own:
-            foreign[pid] = max(foreign.get(pid, 0), used)
-    return GpuReading(
-        index=samples[0].index,
-        sm_clock_mhz=min(sm) if sm else None,
-        temperature_c=max(temperature) if temperature else None,
-        power_w=max(power) if power else None,
-        throttle_reasons=tuple(reasons),
-        foreign_processes=tuple(sorted(foreign.items())),
     )
 
 

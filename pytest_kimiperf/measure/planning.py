@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 
 from pytest_kimiperf.measure.client import RequestSpec
 from pytest_kimiperf.measure.engine import ProcessPlan
-from pytest_kimiperf.measure.results import ProcessHealth, RequestRecord, RoundResult
+from pytest_kimiperf.measure.records import RequestRecord
+from pytest_kimiperf.measure.results import ProcessHealth, RoundResult
 from pytest_kimiperf.measure.scenarios import RequestRate, Scenario
 from pytest_kimiperf.measure.target import Target
 from pytest_kimiperf.measure.workload import REUSED_MARK, build_requests

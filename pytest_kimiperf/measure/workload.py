@@ -33,7 +33,7 @@ import httpx
 
 from pytest_kimiperf.measure.client import RequestSpec, check_endpoint, parse_base_url
 from pytest_kimiperf.errors import ConfigError, ServerError
-from pytest_kimiperf.measure.results import RequestRecord
+from pytest_kimiperf.measure.records import RequestRecord
 from pytest_kimiperf.server.http_json import json_answer
 
 # Plain lowercase words: almost every tokenizer maps each to one or two tokens, so the walk

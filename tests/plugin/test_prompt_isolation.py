@@ -25,7 +25,8 @@ from tests.helpers import STUB_SERVER, stub_deployment_toml
 from pytest_kimiperf.measure import runner, scenarios
 from pytest_kimiperf.measure.target import Target
 from pytest_kimiperf.config.deployments import TINY_CPU
-from pytest_kimiperf.measure.results import RequestRecord, RoundResult, RunResult
+from pytest_kimiperf.measure.records import RequestRecord
+from pytest_kimiperf.measure.results import RoundResult, RunResult
 from pytest_kimiperf.recorder import PerfRecorder
 from pytest_kimiperf.server.process import ServerHandle, pick_free_port
 from pytest_kimiperf.measure.server_view import (

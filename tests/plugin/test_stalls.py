@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from tests.helpers import STUB_SERVER, running_stub, stub_deployment_toml
-from pytest_kimiperf.measure.client import MAX_SSE_EVENT_BYTES, RequestSpec, StreamingClient
+from pytest_kimiperf.measure.client import RequestSpec, StreamingClient
+from pytest_kimiperf.measure.sse import MAX_SSE_EVENT_BYTES
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.measure.results import HealthBounds
 from pytest_kimiperf.measure.runner import run_scenario

@@ -53,11 +53,11 @@ def trusted(gateway: tuple[str, str, Path], monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_an_https_url_gets_a_tls_pool_and_http_keeps_the_kernel_stamped_one() -> None:
-    from pytest_kimiperf.measure.client import _Pool
+    from pytest_kimiperf.measure.connection import Pool
     from pytest_kimiperf.measure.client_https import TlsPool
 
     assert type(StreamingClient("https://gw.example", MODEL)._pool) is TlsPool
-    assert type(StreamingClient("http://127.0.0.1:1", MODEL)._pool) is _Pool
+    assert type(StreamingClient("http://127.0.0.1:1", MODEL)._pool) is Pool
 
 
 def test_the_client_streams_through_a_tls_gateway_and_counts_as_over_plain_http(trusted: str) -> None:

@@ -14,18 +14,10 @@ from typing import Any
 
 import pytest
 
-from pytest_kimiperf.measure import hostwatch
+from pytest_kimiperf.measure import host_readings, hostwatch
 from pytest_kimiperf.errors import ConfigError, KimiperfError
-from pytest_kimiperf.measure.hostwatch import (
-    CpuCounters,
-    ForeignProcess,
-    GpuReading,
-    HostBounds,
-    HostReading,
-    HostSnapshot,
-    HostWatch,
-    ProcessCpu,
-)
+from pytest_kimiperf.measure.host_readings import CpuCounters, ForeignProcess, GpuReading, HostSnapshot, ProcessCpu
+from pytest_kimiperf.measure.hostwatch import HostBounds, HostReading, HostWatch
 from tests import helpers
 
 DATA = helpers.DATA / "hostwatch"
@@ -109,8 +101,8 @@ def test_a_reused_pid_is_a_new_process_not_a_negative_delta() -> None:
 def test_a_process_that_exits_between_calls_is_left_out_quietly() -> None:
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()  # reaped: its pid is gone
-    assert process.pid not in hostwatch.read_processes()
-    assert hostwatch.describe_pid(process.pid) == ("?", "")
+    assert process.pid not in host_readings.read_processes()
+    assert host_readings.describe_pid(process.pid) == ("?", "")
 
 
 def snapshot(t_s: float, busy_s: float, processes: dict[int, ProcessCpu]) -> HostSnapshot:
@@ -121,8 +113,8 @@ def snapshot(t_s: float, busy_s: float, processes: dict[int, ProcessCpu]) -> Hos
 
 
 def test_steal_and_psi_are_read_from_recorded_proc_files() -> None:
-    start_cpu, start_psi, start_notes = hostwatch.read_host_counters(str(DATA / "busy_2s" / "start"))
-    stop_cpu, stop_psi, _ = hostwatch.read_host_counters(str(DATA / "busy_2s" / "stop"))
+    start_cpu, start_psi, start_notes = host_readings.read_host_counters(str(DATA / "busy_2s" / "start"))
+    stop_cpu, stop_psi, _ = host_readings.read_host_counters(str(DATA / "busy_2s" / "stop"))
     assert start_notes == ()
     assert start_cpu.cpu_count == 2
     assert stop_cpu.busy_s - start_cpu.busy_s == pytest.approx(3.89)
@@ -165,9 +157,9 @@ def test_steal_over_its_bound_and_psi_bounds_are_reported() -> None:
 
 def test_unreadable_proc_stat_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(KimiperfError, match="cannot read the host's CPU counters"):
-        hostwatch.read_host_counters(str(tmp_path))
+        host_readings.read_host_counters(str(tmp_path))
     with pytest.raises(KimiperfError, match="no usable cpu lines"):
-        hostwatch.parse_proc_stat("intr 1 2 3\n", 100.0)
+        host_readings.parse_proc_stat("intr 1 2 3\n", 100.0)
 
 
 # --------------------------------------------------------------------------- bounds
@@ -318,15 +310,15 @@ def test_without_nvml_or_gpu_indices_there_are_no_gpu_readings() -> None:
 
 
 def test_reason_masks_decode_to_names_unknown_bits_kept() -> None:
-    assert hostwatch.decode_clock_event_reasons(0) == ()
+    assert host_readings.decode_clock_event_reasons(0) == ()
     names = ("gpu_idle", "sw_power_cap", "hw_thermal_slowdown")
-    assert hostwatch.decode_clock_event_reasons(0x1 | 0x4 | 0x40) == names
-    assert hostwatch.decode_clock_event_reasons(0x800) == ("unknown_0x800",)
+    assert host_readings.decode_clock_event_reasons(0x1 | 0x4 | 0x40) == names
+    assert host_readings.decode_clock_event_reasons(0x800) == ("unknown_0x800",)
 
 
 def test_reason_bits_match_the_installed_nvml_constants() -> None:
     pynvml = pytest.importorskip("pynvml")
-    for bit, name in hostwatch.CLOCK_EVENT_REASON_BITS.items():
+    for bit, name in host_readings.CLOCK_EVENT_REASON_BITS.items():
         camel = "".join(part.capitalize() for part in name.split("_"))
         assert getattr(pynvml, f"nvmlClocksThrottleReason{camel}") == bit
         if bit <= 0x100:  # the renamed "event" set stops at DisplayClockSetting

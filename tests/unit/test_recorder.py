@@ -21,7 +21,8 @@ from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.baselines import BaselineView, baseline_entries
 from pytest_kimiperf.judge.gate import strip_profile
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.measure.results import RequestRecord, RoundResult, RunResult
+from pytest_kimiperf.measure.records import RequestRecord
+from pytest_kimiperf.measure.results import RoundResult, RunResult
 from pytest_kimiperf.recorder import PerfRecorder
 from pytest_kimiperf.server.process import ServerHandle
 from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT

@@ -9,18 +9,16 @@ import pytest
 
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.metric_specs import METRICS
+from pytest_kimiperf.measure.records import PER_REQUEST_METRICS, RequestRecord, percentile
 from pytest_kimiperf.measure.results import (
     CLIENT_BOUND,
-    PER_REQUEST_METRICS,
     RUN_LEVEL_METRICS,
     HealthBounds,
     ProcessHealth,
-    RequestRecord,
     RoundResult,
     RunResult,
     check_goodput_slo,
     merge_rounds,
-    percentile,
 )
 from pytest_kimiperf.measure.server_view import (
     ITL_METRIC,

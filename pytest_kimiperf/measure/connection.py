@@ -1,0 +1,350 @@
+"""HTTP/1.1 keep-alive connections that stamp every read with the kernel's receive time.
+
+A :class:`Connection` reads its socket itself (``add_reader`` + ``recvmsg``) and splits the
+chunked framing in the same reader callback as the SSE events (sse.py), ~2 us of Python per
+chunk and no task switch; the request's task only wakes when the stream ends. A :class:`Pool`
+keeps connections alive and reused, sized to the concurrency. A response head or a chunk-size
+line that grows past its cap fails the request instead of growing memory without bound.
+client_https.py feeds the same parser from asyncio's TLS transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+from typing import TYPE_CHECKING
+
+from pytest_kimiperf.measure.sse import MAX_SSE_EVENT_BYTES, SSEReader
+
+if TYPE_CHECKING:
+    from pytest_kimiperf.measure.client import ServerAddress
+
+# A non-200 answer's body is kept for the error message, up to this much.
+_MAX_ERROR_BODY = 2048
+# Caps on what may be buffered before it parses: a response head (uvicorn's are < 1 KiB) and
+# one chunk-size line (an SSE event's cap is sse.MAX_SSE_EVENT_BYTES).
+MAX_HEAD_BYTES = 64 * 1024
+_MAX_CHUNK_SIZE_LINE = 1024
+_RECV_BYTES = 64 * 1024
+# Linux's SO_TIMESTAMPNS (asm-generic/socket.h); not every Python build names it.
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+_TIMESPEC = struct.Struct("@ll")
+_ANCILLARY_BYTES = socket.CMSG_SPACE(_TIMESPEC.size)
+# A kernel stamp older than this is taken for a clock step, and the read time used instead.
+_MAX_KERNEL_STAMP_AGE_NS = 10_000_000_000
+
+# HTTP/1.1 response parser states.
+_HEAD, _CHUNK_SIZE, _CHUNK_DATA, _TRAILERS, _LENGTH, _UNTIL_CLOSE, _DONE = range(7)
+
+
+class Exchange:
+    """One request/response on a connection."""
+
+    __slots__ = ("bytes_received", "done", "error_body", "failure", "reader", "status")
+
+    def __init__(self, reader: SSEReader, done: asyncio.Future[None]) -> None:
+        self.reader = reader
+        self.status = 0
+        self.error_body = bytearray()
+        self.done = done
+        self.failure = ""
+        self.bytes_received = 0
+
+
+def _enable_kernel_rx_stamps(sock: socket.socket) -> None:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+    except OSError:
+        pass  # not Linux: stamps fall back to perf_counter_ns() at read time
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection; parses the response as its bytes arrive.
+
+    It reads its socket itself (``add_reader`` + ``recvmsg``) to get the kernel's receive
+    timestamp of the bytes (``SO_TIMESTAMPNS``, socket(7); TCP reports the time of the last
+    segment a read returns), so a stamp does not grow stale while this process waits for a
+    CPU or its loop is busy elsewhere. The kernel stamps CLOCK_REALTIME; it is moved onto
+    ``perf_counter_ns``'s CLOCK_MONOTONIC with the two clocks' offset read at that moment.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        self._loop = loop
+        self.sock = sock
+        self.closed = False
+        self.keep_alive = True
+        self.exchange: Exchange | None = None
+        self.used = False
+        self._buf = bytearray()
+        self._state = _DONE
+        self._remaining = 0
+        self._fd = sock.fileno()
+        self._rx = memoryview(bytearray(_RECV_BYTES))
+        loop.add_reader(self._fd, self._readable)
+
+    def close(self) -> None:
+        """Close the socket; an exchange still in flight fails."""
+        if self.closed:
+            return
+        self.closed = True
+        self.keep_alive = False
+        self._loop.remove_reader(self._fd)
+        self.sock.close()
+        exchange = self.exchange
+        if exchange is not None:
+            self._fail(exchange, "connection closed by the client")
+
+    # reading ----------------------------------------------------------
+
+    def _readable(self) -> None:
+        try:
+            # Into a buffer kept per connection: recvmsg(n) would allocate n bytes per call,
+            # which cost 13 us per chunk at n = 256 KiB (an mmap for every read).
+            size, ancdata, _, _ = self.sock.recvmsg_into([self._rx], _ANCILLARY_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lost(exc)
+            return
+        read_ns = time.perf_counter_ns()
+        if not size:
+            self._lost(None)
+            return
+        arrival_ns = read_ns
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(payload) >= _TIMESPEC.size:
+                seconds, nanoseconds = _TIMESPEC.unpack_from(payload)
+                offset_ns = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.perf_counter_ns()
+                kernel_ns = seconds * 1_000_000_000 + nanoseconds - offset_ns
+                # Trust it only if it is plausible (a clock step would move it by seconds).
+                if read_ns - _MAX_KERNEL_STAMP_AGE_NS <= kernel_ns <= read_ns:
+                    arrival_ns = kernel_ns
+        self.received(self._rx[:size], arrival_ns)
+
+    def received(self, data: bytes | memoryview, arrival_ns: int) -> None:
+        """Parse bytes that arrived at ``arrival_ns`` (the TLS connection calls this too)."""
+        exchange = self.exchange
+        if exchange is None:
+            # Bytes while idle: the server broke the protocol; never reuse this connection.
+            self.close()
+            return
+        exchange.bytes_received += len(data)
+        self._buf += data
+        try:
+            self._parse(exchange, arrival_ns)
+        except ValueError as exc:
+            self._fail(exchange, f"malformed HTTP response: {exc}")
+            self.close()
+
+    def _lost(self, exc: OSError | None) -> None:
+        exchange = self.exchange
+        self.exchange = None
+        if exchange is not None and self._state == _UNTIL_CLOSE:
+            self._finish(exchange)  # a body delimited by the server closing the connection
+            exchange = None
+        self.close()
+        if exchange is not None:
+            chunks = len(exchange.reader.chunk_ns)
+            cause = f": {exc}" if exc else ""
+            self._fail(exchange, f"connection closed after {chunks} token chunks{cause}")
+
+    # request ----------------------------------------------------------
+
+    async def start(self, exchange: Exchange, request: bytes) -> int:
+        """Send ``request`` and return when its first byte went to the socket (perf_counter_ns)."""
+        if self.closed:
+            exchange.failure = "connection closed before the request was sent"
+            exchange.done.set_result(None)
+            return time.perf_counter_ns()
+        self.exchange = exchange
+        self.used = True
+        self._state = _HEAD
+        self._buf.clear()
+        t_send_ns = time.perf_counter_ns()
+        try:
+            sent = self.sock.send(request)
+            if sent < len(request):
+                await self._loop.sock_sendall(self.sock, request[sent:])
+        except BlockingIOError:
+            await self._loop.sock_sendall(self.sock, request)
+        except OSError as exc:
+            # Not a single byte reached the server: the caller may retry on a fresh connection.
+            self._lost(exc)
+        return t_send_ns
+
+    @property
+    def reusable(self) -> bool:
+        """True when idle, open and keep-alive."""
+        return self.exchange is None and not self.closed and self.keep_alive
+
+    # parsing ----------------------------------------------------------
+
+    def _parse(self, exchange: Exchange, arrival_ns: int) -> None:
+        buf = self._buf
+        pos = 0
+        size = len(buf)
+        while pos < size:
+            state = self._state
+            if state == _CHUNK_SIZE:
+                line_end = buf.find(b"\r\n", pos)
+                if line_end < 0:
+                    if size - pos > _MAX_CHUNK_SIZE_LINE:
+                        raise ValueError(f"a chunk-size line longer than {_MAX_CHUNK_SIZE_LINE} bytes")
+                    break
+                chunk_size = int(bytes(buf[pos:line_end]).split(b";", 1)[0], 16)
+                if chunk_size > MAX_SSE_EVENT_BYTES:
+                    raise ValueError(f"a chunk of {chunk_size} bytes (more than the "
+                                     f"{MAX_SSE_EVENT_BYTES // 1024} KiB cap)")
+                pos = line_end + 2
+                if chunk_size == 0:
+                    self._state = _TRAILERS
+                    continue
+                self._remaining = chunk_size
+                self._state = _CHUNK_DATA
+            elif state == _CHUNK_DATA:
+                need = self._remaining
+                if size - pos < need + 2:
+                    break
+                data = bytes(buf[pos:pos + need])
+                if buf[pos + need:pos + need + 2] != b"\r\n":
+                    raise ValueError("chunk data not followed by CRLF")
+                pos += need + 2
+                self._state = _CHUNK_SIZE
+                self._body(exchange, data, arrival_ns)
+            elif state == _HEAD:
+                head_end = buf.find(b"\r\n\r\n", pos)
+                if head_end < 0:
+                    if size - pos > MAX_HEAD_BYTES:
+                        raise ValueError(f"a response head longer than {MAX_HEAD_BYTES // 1024} KiB")
+                    break
+                head = bytes(buf[pos:head_end])
+                pos = head_end + 4
+                self._head(exchange, head)
+            elif state == _TRAILERS:
+                if buf.startswith(b"\r\n", pos):
+                    pos += 2
+                else:
+                    trailers_end = buf.find(b"\r\n\r\n", pos)
+                    if trailers_end < 0:
+                        if size - pos > MAX_HEAD_BYTES:
+                            raise ValueError(f"trailers longer than {MAX_HEAD_BYTES // 1024} KiB")
+                        break
+                    pos = trailers_end + 4
+                self._finish(exchange)
+            elif state == _LENGTH:
+                take = min(self._remaining, size - pos)
+                self._body(exchange, bytes(buf[pos:pos + take]), arrival_ns)
+                pos += take
+                self._remaining -= take
+                if self._remaining == 0:
+                    self._finish(exchange)
+            elif state == _UNTIL_CLOSE:
+                self._body(exchange, bytes(buf[pos:]), arrival_ns)
+                pos = size
+            else:  # _DONE: bytes after the response ended
+                self.keep_alive = False
+                pos = size
+        del buf[:pos]
+
+    def _head(self, exchange: Exchange, head: bytes) -> None:
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ", 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
+            raise ValueError(f"bad status line {lines[0][:80]!r}")
+        status = int(parts[1])
+        if 100 <= status < 200:
+            return  # interim response; the real head follows
+        exchange.status = status
+        headers: dict[bytes, bytes] = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip().lower()
+        if parts[0] == b"HTTP/1.0" or headers.get(b"connection") == b"close":
+            self.keep_alive = False
+        if b"chunked" in headers.get(b"transfer-encoding", b""):
+            self._state = _CHUNK_SIZE
+        elif b"content-length" in headers:
+            self._remaining = int(headers[b"content-length"])
+            self._state = _LENGTH
+            if self._remaining == 0:
+                self._finish(exchange)
+        else:
+            self._state = _UNTIL_CLOSE
+            self.keep_alive = False
+
+    def _body(self, exchange: Exchange, data: bytes, arrival_ns: int) -> None:
+        if exchange.status == 200:
+            exchange.reader.feed(data, arrival_ns)
+        elif len(exchange.error_body) < _MAX_ERROR_BODY:
+            exchange.error_body += data[: _MAX_ERROR_BODY - len(exchange.error_body)]
+
+    def _finish(self, exchange: Exchange) -> None:
+        self._state = _DONE
+        self.exchange = None
+        if not exchange.done.done():
+            exchange.done.set_result(None)
+
+    def _fail(self, exchange: Exchange, reason: str) -> None:
+        exchange.failure = exchange.failure or reason
+        self.keep_alive = False
+        self.exchange = None
+        if not exchange.done.done():
+            exchange.done.set_result(None)
+
+
+class Pool:
+    """Keep-alive connections to one server, at most ``max_connections`` in use at once."""
+
+    def __init__(self, address: ServerAddress, max_connections: int) -> None:
+        self._address = address
+        self._max_connections = max_connections
+        self._idle: list[Connection] = []
+        self._semaphore: asyncio.Semaphore | None = None
+
+    async def acquire(self, *, fresh: bool = False) -> Connection:
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self._max_connections)
+        await self._semaphore.acquire()
+        try:
+            while self._idle and not fresh:
+                connection = self._idle.pop()
+                if connection.reusable:
+                    return connection
+                connection.close()
+            return await self._connect()
+        except BaseException:
+            self._semaphore.release()
+            raise
+
+    async def _connect(self) -> Connection:
+        loop = asyncio.get_running_loop()
+        host, port = self._address.host, self._address.port
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+        if not infos:
+            raise OSError(f"no address for {host}")
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _enable_kernel_rx_stamps(sock)
+            await loop.sock_connect(sock, address)
+        except BaseException:
+            sock.close()
+            raise
+        return Connection(loop, sock)
+
+    def release(self, connection: Connection) -> None:
+        if connection.reusable:
+            self._idle.append(connection)
+        else:
+            connection.close()
+        assert self._semaphore is not None
+        self._semaphore.release()
+
+    def close(self) -> None:
+        for connection in self._idle:
+            connection.close()
+        self._idle.clear()
