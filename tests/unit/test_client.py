@@ -456,11 +456,34 @@ def test_sweep_runs_each_concurrency(server: str) -> None:
         (lambda: SingleStream(prompt_tokens=8, output_tokens=4, requests=1, rounds=3, max_rounds=2),
          "max_rounds=2 is below rounds=3"),
         (lambda: SingleStream(prompt_tokens=8, output_tokens=4, requests=1, name="../x"), "invalid scenario name"),
+        (lambda: SingleStream(prompt_tokens=8, output_tokens=4, seconds=-1),
+         r"^SingleStream\.seconds=-1: must be a positive number or None$"),
+        (lambda: RequestRate(rate_per_s=float("inf"), prompt_tokens=8, output_tokens=4, requests=1),
+         r"^RequestRate\.rate_per_s=inf: must be a positive number$"),
+        (lambda: Concurrency(concurrency=True, prompt_tokens=8, output_tokens=4, requests=1),
+         r"^Concurrency\.concurrency=True: must be an integer >= 1$"),
     ],
 )
 def test_bad_scenarios_are_config_errors(make: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         make()
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Target("http://127.0.0.1:8000/v1", MODEL), "drop the trailing /v1"),
+        (lambda: Target("http://127.0.0.1:8000", ""), r"^model='': must be the served model's name$"),
+        (lambda: Target("http://127.0.0.1:8000", MODEL, endpoint="embeddings"), "unknown endpoint 'embeddings'"),
+    ],
+)
+def test_a_bad_target_is_a_config_error_when_built(make: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make()
+
+
+def test_a_target_keeps_its_api_key_out_of_its_repr() -> None:
+    assert "s3cret" not in repr(Target("http://127.0.0.1:8000", MODEL, api_key="s3cret"))
 
 
 # --------------------------------------------------------------------------- the self-check
