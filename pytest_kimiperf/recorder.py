@@ -150,7 +150,8 @@ class PerfRecorder:
     def _watched(self, play: Callable[..., Any], benchmark: Any | None) -> Any:
         """Play the scenario under the host watch; a disturbed measurement is measured again
         (at most HOST_RETRIES times), and one still disturbed makes the run INVALID."""
-        from pytest_kimiperf.measure.hostwatch import HostBounds, HostWatch
+        from pytest_kimiperf.config.measure_bounds import HostBounds
+        from pytest_kimiperf.measure.hostwatch import HostWatch
 
         self.host_busy = None
         if self.server.external:
@@ -211,7 +212,7 @@ class PerfRecorder:
 
     def _with_deployment_bounds(self, scenario: Any) -> Any:
         """Apply the deployment's client self-check bounds unless the scenario set its own."""
-        from pytest_kimiperf.measure.results import HealthBounds
+        from pytest_kimiperf.config.measure_bounds import HealthBounds
 
         overrides = dict(self.settings.deployment.client_bounds)
         if not overrides or scenario.bounds != HealthBounds():

@@ -139,7 +139,7 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
         elif key == "tolerances":
             fields[key] = MappingProxyType({**base.tolerances, **check_tolerances(value, where)})
         elif key == "host_bounds":
-            from pytest_kimiperf.measure.hostwatch import HostBounds
+            from pytest_kimiperf.config.measure_bounds import HostBounds
 
             HostBounds.from_mapping({**base.host_bounds, **value}, source=where)  # ConfigError if bad
             fields[key] = MappingProxyType({**base.host_bounds, **value})
@@ -240,7 +240,7 @@ def check_tolerances(value: Any, where: str) -> dict[str, float]:
 
 
 def _client_bounds(value: Mapping[str, Any], where: str) -> dict[str, float]:
-    from pytest_kimiperf.measure.results import HealthBounds
+    from pytest_kimiperf.config.measure_bounds import HealthBounds
 
     allowed = set(HealthBounds.__dataclass_fields__)
     result: dict[str, float] = {}

@@ -61,7 +61,7 @@ class Deployment:
     # ``max_boots`` caps the boots on demand per profile in one session.
     boot_spread: float = 0.01
     max_boots: int = 3
-    # Host watch bounds (hostwatch.HostBounds field names) overriding its defaults.
+    # Host watch bounds (measure_bounds.HostBounds field names) overriding its defaults.
     host_bounds: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     # `vllm preload` daemons hold the weights between engine boots (weight_cache.py): "auto"
     # where the platform allows (CUDA), "off" never.

@@ -238,7 +238,7 @@ def _server_url(opt: RawOption) -> str | None:
         url = url[: -len("/v1")]
     # https:// is measured by the httpx client (client_https.py), timed in the event loop rather
     # than by the kernel; each run's notes say so.
-    from pytest_kimiperf.measure.client import parse_base_url
+    from pytest_kimiperf.config.server_url import parse_base_url
 
     parse_base_url(url, source=opt.source)  # ConfigError saying what is allowed
     return url

@@ -26,7 +26,7 @@ import asyncio
 import ssl
 import time
 
-from pytest_kimiperf.measure.client import ServerAddress
+from pytest_kimiperf.config.server_url import ServerAddress
 from pytest_kimiperf.measure.connection import _DONE, _HEAD, Connection, Exchange, Pool
 
 EVENT_LOOP_TIMING = ("timed in the event loop, not by the kernel: HTTPS chunks are stamped when "

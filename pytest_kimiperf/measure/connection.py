@@ -14,12 +14,9 @@ import asyncio
 import socket
 import struct
 import time
-from typing import TYPE_CHECKING
 
+from pytest_kimiperf.config.server_url import ServerAddress
 from pytest_kimiperf.measure.sse import MAX_SSE_EVENT_BYTES, SSEReader
-
-if TYPE_CHECKING:
-    from pytest_kimiperf.measure.client import ServerAddress
 
 # A non-200 answer's body is kept for the error message, up to this much.
 _MAX_ERROR_BODY = 2048

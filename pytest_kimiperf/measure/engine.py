@@ -3,7 +3,7 @@
 :class:`Engine` plays a :class:`ProcessPlan` (its share of one round) on one event loop:
 closed-loop streams or open-loop arrivals, every request through one ``StreamingClient``. While
 it plays, :class:`LoopProbe` times how late the loop runs a callback and the process's CPU share
-is taken (see results.HealthBounds), the measured part runs at real-time priority where the OS
+is taken (see config.measure_bounds.HealthBounds), the measured part runs at real-time priority where the OS
 allows it, and the garbage collector is held off. :class:`WorkerPool` runs one Engine per worker
 process when ``client_processes`` spreads the streams; their ``perf_counter_ns`` stamps
 (CLOCK_MONOTONIC) are system-wide on Linux, so records merge. One process handled 128 streams x

@@ -18,17 +18,9 @@ from typing import Any
 
 import psutil
 
+from pytest_kimiperf.config.measure_bounds import CLOCK_EVENT_REASON_BITS
 from pytest_kimiperf.errors import KimiperfError
 
-# nvmlClocksEventReason* / nvmlClocksThrottleReason* bits (nvml.h; the same values in
-# nvidia-ml-py 13.615's pynvml.py). BoardLimit and Reliability exist only in the older
-# "throttle" set, which the fallback call can return.
-CLOCK_EVENT_REASON_BITS: Mapping[int, str] = {
-    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting", 0x200: "board_limit",
-    0x400: "reliability",
-}
 PSI_RESOURCES: tuple[str, ...] = ("cpu", "io", "memory")
 TOP_FOREIGN_COUNT = 5
 # Enough of a command line to recognise it in a report without letting one process fill the JSON.

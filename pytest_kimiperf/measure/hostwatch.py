@@ -9,8 +9,9 @@ short-lived ones such as compiler jobs that start and exit between two process l
 them, and on GPU hosts through NVML: other processes on the deployment's GPUs, clock-event
 (throttle) reasons, SM clock, temperature and power at the window's two ends. The arithmetic is
 pure (:func:`compare_snapshots`, and host_readings.py's parsers) and tested on recorded ``/proc``
-files and a fake NVML. This module holds the bounds (:class:`HostBounds`), the reading of one
-window and what in it counts as a disturbance, and the watch; host_readings.py reads the host.
+files and a fake NVML. This module holds the reading of one window and what in it counts as a
+disturbance against the deployment's bounds (config.measure_bounds.HostBounds), and the watch;
+host_readings.py reads the host.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from pytest_kimiperf.errors import ConfigError, KimiperfError
+from pytest_kimiperf.config.measure_bounds import HostBounds
+from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.measure.host_readings import (
-    CLOCK_EVENT_REASON_BITS,
     PSI_RESOURCES,
     TOP_FOREIGN_COUNT,
     ForeignProcess,
@@ -36,66 +37,6 @@ from pytest_kimiperf.measure.host_readings import (
     read_processes,
     sample_gpu,
 )
-
-KNOWN_THROTTLE_REASONS = frozenset(CLOCK_EVENT_REASON_BITS.values())
-
-
-def _checked_bound(key: str, value: object, source: str) -> object:
-    """Return the bound in its stored form, or raise ConfigError naming key, value and source."""
-    if key == "forbidden_throttle_reasons":
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{source}: host bound {key} = {value!r} must be a list of reason names")
-        if unknown := sorted(set(value) - KNOWN_THROTTLE_REASONS):
-            known = ", ".join(sorted(KNOWN_THROTTLE_REASONS))
-            raise ConfigError(f"{source}: host bound {key} = {list(value)!r} names unknown reasons {unknown}; "
-                              f"known: {known}")
-        return tuple(value)
-    # TOML has no null, so "none" is how a pyproject table switches a bound off.
-    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
-        return None
-    if key == "max_foreign_gpu_processes":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"{source}: host bound {key} = {value!r} must be an integer >= 0 or 'none'")
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
-        raise ConfigError(f"{source}: host bound {key} = {value!r} must be a share from 0 to 1 or 'none'")
-    return float(value)
-
-
-@dataclass(frozen=True)
-class HostBounds:
-    """How much foreign activity a measured round tolerates; None = not bounded.
-
-    Shares are of the whole host's CPU capacity (all cores) or of wall time (PSI). A busy
-    process beside a server gets less than a core: the scheduler favours the server's mostly
-    waiting processes (on the 2-core CPU host one busy-looping process per core read 18.5%), so
-    deployments set their own bound (tiny-cpu 10%, Kimi's 64+ core host 5%); 20% is the default.
-    PSI bounds are off by default: our own server oversubscribing the cores raises ``cpu some``.
-    """
-
-    max_foreign_cpu_share: float | None = 0.20
-    max_steal_share: float | None = 0.10
-    max_psi_cpu_some: float | None = None
-    max_psi_io_some: float | None = None
-    max_psi_memory_some: float | None = None
-    max_foreign_gpu_processes: int | None = 0
-    forbidden_throttle_reasons: tuple[str, ...] = (
-        "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_power_cap"
-    )
-
-    def __post_init__(self) -> None:
-        for item in fields(self):
-            object.__setattr__(self, item.name, _checked_bound(item.name, getattr(self, item.name), "HostBounds"))
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, object], *, source: str) -> HostBounds:
-        """Build bounds from a config table (e.g. a deployment's ``host_bounds``), checking every key."""
-        known = [item.name for item in fields(cls)]
-        for key, value in data.items():
-            if key not in known:
-                raise ConfigError(f"{source}: unknown host bound {key!r} = {value!r}; known: {', '.join(known)}")
-        return cls(**{key: _checked_bound(key, value, source) for key, value in data.items()})
-
 
 def _pct(share: float) -> str:
     return f"{share * 100:.0f}%"

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_kimiperf.errors import ConfigError
+from pytest_kimiperf.config.measure_bounds import HealthBounds
 from pytest_kimiperf.config.metric_specs import metric_spec
 from pytest_kimiperf.measure.records import NS_PER_MS, RequestRecord, median, percentile
 
@@ -28,47 +29,6 @@ RUN_LEVEL_METRICS: tuple[str, ...] = ("output_throughput", "request_throughput")
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 
 CLIENT_BOUND = "client-bound: the load generator, not the server, limited this run: "
-
-
-@dataclass(frozen=True)
-class HealthBounds:
-    """Past these, the client (not the server) shaped the numbers and the run is INVALID.
-
-    * ``max_cpu_fraction``: process CPU time / wall time of a client process. One asyncio loop
-      uses at most one core; close to 1.0 it queues its work, so stamps and sends go late.
-    * ``max_loop_latency_p50_ms`` / ``_p99_ms``: how long an event that became due waited
-      before its loop ran it (a probe thread posts to the loop every 2 ms and times the answer).
-      Arrival stamps are the kernel's, but a loop that reads late reads two chunks of a stream
-      at once and both get the later one's stamp; where the kernel gives no stamp, the read
-      time is the stamp. The median catches a client that is always behind; the p99 catches
-      stalls as long as a token gap (5 ms is one gap at 200 tok/s).
-    * ``max_send_lag_p99_ms``: request sent versus its schedule (its arrival time for a request
-      rate; the previous request's end for a closed loop), which shapes the offered load.
-
-    The client's per-request deadlines travel with them (a deployment sets both kinds in its
-    ``client_bounds`` table): past these a request has *stalled* and is invalid, and
-    ``STALLS_TO_ABORT`` stalls in a row end the scenario (engine.py):
-
-    * ``first_token_deadline_s``: send to the first token chunk. 120 s is two orders above
-      Kimi's TTFT at 64 streams of 1024-token prompts (the whole queue's prefill) and far below
-      the 600 s whole-request timeout a wedged server would otherwise cost per request.
-    * ``idle_deadline_s``: no token chunk for this long once the stream has begun. A busy
-      server's longest decode pause is a prefill of newly admitted prompts, seconds at most.
-    """
-
-    max_cpu_fraction: float = 0.90
-    max_loop_latency_p50_ms: float = 0.5
-    max_loop_latency_p99_ms: float = 5.0
-    max_send_lag_p99_ms: float = 5.0
-    first_token_deadline_s: float = 120.0
-    idle_deadline_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        for name in ("max_cpu_fraction", "max_loop_latency_p50_ms", "max_loop_latency_p99_ms",
-                     "max_send_lag_p99_ms", "first_token_deadline_s", "idle_deadline_s"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-                raise ConfigError(f"HealthBounds.{name}={value!r}: must be a positive number")
 
 
 @dataclass(frozen=True)

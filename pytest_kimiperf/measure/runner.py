@@ -7,7 +7,7 @@ more samples; ``run_scenario_async`` plays on the caller's loop.
 
 A run is: requests built once (planning.py), a warm-up that is never counted, the server's
 ``/metrics`` read, the rounds (each process starts together; engine.py), ``/metrics`` read
-again. The runner checks itself while it measures (see results.HealthBounds): CPU share and
+again. The runner checks itself while it measures (see config.measure_bounds.HealthBounds): CPU share and
 event-loop latency of every client process, and how late each request went out. When one
 process cannot keep up, ``client_processes`` spreads the streams over several processes.
 """
@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from pytest_kimiperf.errors import ConfigError, KimiperfError, ServerError
-from pytest_kimiperf.measure.client import parse_base_url
+from pytest_kimiperf.config.server_url import parse_base_url
 from pytest_kimiperf.measure.client_https import EVENT_LOOP_TIMING
 from pytest_kimiperf.measure.engine import (
     STALL_PREFIX,

@@ -23,7 +23,7 @@ from typing import Any
 
 from pytest_kimiperf.config.names import check_safe_name
 from pytest_kimiperf.errors import ConfigError
-from pytest_kimiperf.measure.results import HealthBounds
+from pytest_kimiperf.config.measure_bounds import HealthBounds
 from pytest_kimiperf.measure.workload import Workload
 from pytest_kimiperf.numbers import positive_int, positive_number
 

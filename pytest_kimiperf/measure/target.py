@@ -12,7 +12,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from pytest_kimiperf.errors import ConfigError
-from pytest_kimiperf.measure.client import check_endpoint, parse_base_url
+from pytest_kimiperf.config.server_url import check_endpoint, parse_base_url
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ from typing import Any
 
 import httpx
 
-from pytest_kimiperf.measure.client import RequestSpec, check_endpoint, parse_base_url
+from pytest_kimiperf.config.server_url import check_endpoint, parse_base_url
+from pytest_kimiperf.measure.client import RequestSpec
 from pytest_kimiperf.errors import ConfigError, ServerError
 from pytest_kimiperf.measure.records import RequestRecord
 from pytest_kimiperf.server.http_json import json_answer

@@ -12,7 +12,8 @@ import pytest
 
 from pytest_kimiperf.judge.results import TestResult
 from pytest_kimiperf.measure.records import RequestRecord
-from pytest_kimiperf.measure.results import HealthBounds, RoundResult, RunResult
+from pytest_kimiperf.config.measure_bounds import HealthBounds
+from pytest_kimiperf.measure.results import RoundResult, RunResult
 from pytest_kimiperf.reports.export import REQUESTS_FILE, bench_serve_result, write_exports
 from pytest_kimiperf.reports.model import SessionReport, build_session_report
 from pytest_kimiperf.measure.scenarios import Concurrency, load_facts

@@ -18,7 +18,7 @@ from tests.helpers import STUB_SERVER, running_stub, stub_deployment_toml
 from pytest_kimiperf.measure.client import RequestSpec, StreamingClient
 from pytest_kimiperf.measure.sse import MAX_SSE_EVENT_BYTES
 from pytest_kimiperf.errors import ServerError
-from pytest_kimiperf.measure.results import HealthBounds
+from pytest_kimiperf.config.measure_bounds import HealthBounds
 from pytest_kimiperf.measure.runner import run_scenario
 from pytest_kimiperf.measure.scenarios import SingleStream
 from pytest_kimiperf.measure.target import Target

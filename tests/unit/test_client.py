@@ -23,10 +23,12 @@ from typing import Any
 import httpx
 import pytest
 
-from pytest_kimiperf.measure.client import RequestSpec, StreamingClient, parse_base_url
+from pytest_kimiperf.config.server_url import parse_base_url
+from pytest_kimiperf.measure.client import RequestSpec, StreamingClient
 from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.errors import ConfigError, ServerError
-from pytest_kimiperf.measure.results import CLIENT_BOUND, HealthBounds
+from pytest_kimiperf.config.measure_bounds import HealthBounds
+from pytest_kimiperf.measure.results import CLIENT_BOUND
 from pytest_kimiperf.measure.runner import extend, run_scenario, run_scenario_async, run_sweep
 from pytest_kimiperf.measure.scenarios import Concurrency, ConcurrencySweep, RequestRate, SingleStream
 from pytest_kimiperf.measure.target import Target

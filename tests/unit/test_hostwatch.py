@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 
+from pytest_kimiperf.config import measure_bounds
 from pytest_kimiperf.measure import host_readings, hostwatch
 from pytest_kimiperf.errors import ConfigError, KimiperfError
 from pytest_kimiperf.measure.host_readings import CpuCounters, ForeignProcess, GpuReading, HostSnapshot, ProcessCpu
-from pytest_kimiperf.measure.hostwatch import HostBounds, HostReading, HostWatch
+from pytest_kimiperf.config.measure_bounds import HostBounds
+from pytest_kimiperf.measure.hostwatch import HostReading, HostWatch
 from tests import helpers
 
 DATA = helpers.DATA / "hostwatch"
@@ -318,7 +320,7 @@ def test_reason_masks_decode_to_names_unknown_bits_kept() -> None:
 
 def test_reason_bits_match_the_installed_nvml_constants() -> None:
     pynvml = pytest.importorskip("pynvml")
-    for bit, name in host_readings.CLOCK_EVENT_REASON_BITS.items():
+    for bit, name in measure_bounds.CLOCK_EVENT_REASON_BITS.items():
         camel = "".join(part.capitalize() for part in name.split("_"))
         assert getattr(pynvml, f"nvmlClocksThrottleReason{camel}") == bit
         if bit <= 0x100:  # the renamed "event" set stops at DisplayClockSetting

@@ -9,11 +9,11 @@ import pytest
 
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.metric_specs import METRICS
+from pytest_kimiperf.config.measure_bounds import HealthBounds
 from pytest_kimiperf.measure.records import PER_REQUEST_METRICS, RequestRecord, percentile
 from pytest_kimiperf.measure.results import (
     CLIENT_BOUND,
     RUN_LEVEL_METRICS,
-    HealthBounds,
     ProcessHealth,
     RoundResult,
     RunResult,
