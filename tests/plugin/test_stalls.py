@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
-from tests.helpers import STUB_SERVER, running_stub, stub_deployment_toml
+from tests.helpers import running_stub, stub_deployment_toml
 from pytest_kimiperf.measure.client import RequestSpec, StreamingClient
 from pytest_kimiperf.measure.sse import MAX_SSE_EVENT_BYTES
 from pytest_kimiperf.errors import ServerError
