@@ -27,6 +27,20 @@ STUB_TOLERANCE_METRICS = ("decode_tok_s", "itl_ms", "tpot_ms", "ttft_ms", "e2el_
                           "request_throughput")
 
 
+def nvml_loads() -> bool:
+    """Whether NVML answers on this host (then it is asked before any nvidia-smi)."""
+    try:
+        import pynvml
+    except ImportError:
+        return False
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
 def running_stub(*args: str) -> Iterator[str]:
     """A bare stub server (tests/stub_vllm.py ``args``) that answers /health; yields its URL
     and kills it after (for client tests that need no plugin around the server)."""

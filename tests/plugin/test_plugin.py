@@ -285,9 +285,7 @@ def _recorded_8x_rtx_pro_6000_smi(bindir: Path) -> None:
 def test_explicit_ll128_on_a_pcie_only_host_warns_before_the_boot(
     pytester: pytest.Pytester, stub_project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from test_gpu import nvml_loads
-
-    if nvml_loads():
+    if helpers.nvml_loads():
         pytest.skip("NVML answers on this host before the recorded nvidia-smi would")
     bindir = tmp_path / "bin"
     bindir.mkdir()

@@ -22,21 +22,8 @@ def recorded(name: str) -> str:
     return (DATA / name).read_text()
 
 
-def nvml_loads() -> bool:
-    try:
-        import pynvml
-    except ImportError:
-        return False
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return True
-
-
 needs_no_nvml = pytest.mark.skipif(
-    nvml_loads(), reason="NVML works on this host: it answers before nvidia-smi"
+    helpers.nvml_loads(), reason="NVML works on this host: it answers before nvidia-smi"
 )
 
 
