@@ -51,6 +51,7 @@ def _checked_slo(slo: Mapping[str, Any]) -> dict[str, float]:
 # run is INVALID: one burst of a cron job should cost a repeat, a busy host a verdict.
 HOST_RETRIES = 2
 
+
 class PerfRecorder:
     """Measures against the session's server and judges the result for one test."""
 

@@ -38,6 +38,7 @@ from pytest_kimiperf.measure.host_readings import (
     sample_gpu,
 )
 
+
 def _pct(share: float) -> str:
     return f"{share * 100:.0f}%"
 

@@ -23,9 +23,10 @@ Nothing here imports pytest or pytest-benchmark; the plugin passes in what they 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, MutableMapping
 from typing import Any, TypeVar
+
+from pytest_kimiperf.numbers import json_safe
 
 # The name pytest-benchmark's entry point registers its plugin under.
 BENCHMARK_PLUGIN = "benchmark"
@@ -61,7 +62,7 @@ def run_timed(benchmark: Any, target: Callable[[], T]) -> T:
 def extra_info(run: Any, *, profile: str, deployment: str) -> dict[str, Any]:
     """The LLM figures of a RunResult for ``benchmark.extra_info`` (bench serve names, JSON-safe)."""
     summary = run.to_json()
-    info: dict[str, Any] = {key: _finite(summary.get(key)) for key in _BENCH_SERVE_KEYS}
+    info: dict[str, Any] = {key: json_safe(summary.get(key)) for key in _BENCH_SERVE_KEYS}
     info.update({
         "scenario": run.scenario_name,
         "valid": bool(summary.get("valid")),
@@ -77,9 +78,3 @@ def add_fingerprint(machine_info: MutableMapping[str, Any], fingerprint: Any) ->
     if fingerprint is not None:
         machine_info["kimiperf"] = fingerprint.to_json()
 
-
-def _finite(value: Any) -> Any:
-    # pytest-benchmark writes extra_info with json.dumps, which would print NaN (not JSON).
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

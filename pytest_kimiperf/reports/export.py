@@ -33,7 +33,7 @@ import numpy as np
 
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.judge.results import TestResult
-from pytest_kimiperf.reports.json_report import _finite
+from pytest_kimiperf.numbers import json_safe
 from pytest_kimiperf.reports.model import SessionReport
 
 REQUESTS_FILE = "requests.jsonl"
@@ -112,7 +112,7 @@ def bench_serve_result(res: TestResult, *, model_id: str, tokenizer_id: str, dat
     if not detailed:
         for name in DETAILED_FIELDS:
             result.pop(name, None)
-    cleaned: dict[str, Any] = _finite(result)
+    cleaned: dict[str, Any] = json_safe(result)
     return cleaned
 
 
@@ -157,7 +157,7 @@ def write_exports(report: SessionReport, out_dir: Path, *, detailed: bool,
             path = out_dir / export_file_name(res)
             _write(path, json.dumps(data, allow_nan=False) + "\n")
             written.append(path)
-        lines = [json.dumps(_finite(line), allow_nan=False)
+        lines = [json.dumps(json_safe(line), allow_nan=False)
                  for res in report.results for line in request_lines(res)]
         path = out_dir / REQUESTS_FILE
         _write(path, "".join(f"{line}\n" for line in lines))

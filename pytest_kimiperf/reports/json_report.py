@@ -10,7 +10,6 @@ reads bench-serve result files reads each test's ``run`` object unchanged.
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -22,6 +21,7 @@ import numpy as np
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.judge.results import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS
+from pytest_kimiperf.numbers import json_safe
 from pytest_kimiperf.reports.model import ProfileFacts, SessionReport
 
 SCHEMA_VERSION = 1
@@ -59,7 +59,7 @@ def build_json_report(report: SessionReport) -> dict[str, Any]:
     }
     if report.weight_cache is not None:
         data["weight_cache"] = report.weight_cache.to_json()
-    cleaned: dict[str, Any] = _finite(data)
+    cleaned: dict[str, Any] = json_safe(data)
     return cleaned
 
 
@@ -168,13 +168,3 @@ def _metric_json(mres: MetricResult) -> dict[str, Any]:
         "baseline_message": mres.baseline_message,
     }
 
-
-def _finite(value: Any) -> Any:
-    # JSON has no NaN; a failed request's NaN sample and an uncomputable CI bound become null.
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value

@@ -14,12 +14,10 @@ from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.reports.model import (
     boot_label,
     SessionReport,
-    fmt_ci,
     fmt_iqr,
-    fmt_pct,
-    fmt_value,
     profile_verdict,
 )
+from pytest_kimiperf.numbers import as_number, fmt_change, fmt_ci, fmt_value
 from pytest_kimiperf.reports.nccl_check import DIFFERENT
 from pytest_kimiperf.judge.stats import VerdictKind
 
@@ -81,7 +79,7 @@ def _profile_tables(report: SessionReport) -> list[str]:
                     change, ci, verdict = "", "", _text(cell.note)
                 elif cell.comparison is not None:
                     c = cell.comparison
-                    change, ci = fmt_pct(c.change), fmt_ci(c.ci_low, c.ci_high)
+                    change, ci = fmt_change(c.change), fmt_ci(c.ci_low, c.ci_high)
                     verdict = _emphasize(profile_verdict(c), c.verdict)
                 else:
                     change, ci, verdict = "", "", "reference" if cell.is_reference else ""
@@ -127,8 +125,8 @@ def _baseline_tables(report: SessionReport) -> list[str]:
             word = "REGRESSION" if verdict is VerdictKind.REGRESSION else verdict.value
             table_rows.append([
                 _code(row.test), _code(row.profile), _text(row.heading), fmt_value(row.median),
-                fmt_iqr(row.q1, row.q3), fmt_value(_num(b.get("median_reference"))),
-                fmt_pct(_num(b.get("change"))), fmt_ci(_num(b.get("ci_low")), _num(b.get("ci_high"))),
+                fmt_iqr(row.q1, row.q3), fmt_value(as_number(b.get("median_reference"))),
+                fmt_change(as_number(b.get("change"))), fmt_ci(as_number(b.get("ci_low")), as_number(b.get("ci_high"))),
                 _emphasize(word, verdict),
             ])
         lines += _table(["test", "profile", "metric", "current", "IQR", "baseline", "change",
@@ -149,8 +147,8 @@ def _floor_table(report: SessionReport) -> list[str]:
     for res in floored:
         floor = res.floor or {}
         status = str(floor.get("status", ""))
-        rows.append([_code(res.test), _code(boot_label(res)), fmt_value(_num(floor.get("median"))),
-                     fmt_value(_num(floor.get("floor"))), fmt_value(_num(floor.get("target"))),
+        rows.append([_code(res.test), _code(boot_label(res)), fmt_value(as_number(floor.get("median"))),
+                     fmt_value(as_number(floor.get("floor"))), fmt_value(as_number(floor.get("target"))),
                      f"**{status.upper()}**" if status == "below floor" else _text(status)])
     return ["### Decode floor", ""] + _table(
         ["test", "profile", "decode tok/s", "floor", "target", "status"], "llrrrl", rows) + [""]
@@ -283,6 +281,3 @@ def _text(text: str) -> str:
         out = out.replace(ch, "\\" + ch)
     return out.replace("\n", " ")
 
-
-def _num(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

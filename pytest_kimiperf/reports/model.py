@@ -17,6 +17,7 @@ from pytest_kimiperf.server.boot_account import BootAccount
 from pytest_kimiperf.judge.gate import compare_profiles
 from pytest_kimiperf.judge.results import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS
+from pytest_kimiperf.numbers import fmt_value
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck
 from pytest_kimiperf.roofline.inputs import RooflineReport
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind
@@ -391,22 +392,9 @@ def metric_heading(metric: str) -> str:
     return f"{spec.label} {spec.unit}".strip()
 
 
-def fmt_value(value: float | None) -> str:
-    """A measured figure at four significant digits, never in e-notation (81.4, 12.35, 1234)."""
-    if value is None or not math.isfinite(value):
-        return "n/a"
-    text = f"{value:.4g}"
-    return f"{value:.0f}" if "e" in text else text
-
-
 def boot_label(res: TestResult) -> str:
     """``ring-ll`` for a profile's first boot, ``ring-ll boot 2`` for its second."""
     return res.profile if res.boot == 1 else f"{res.profile} boot {res.boot}"
-
-
-def fmt_spread(fraction: float | None) -> str:
-    """A boot spread (always positive) as ``0.8%``."""
-    return "n/a" if fraction is None else f"{fraction * 100:.2g}%"
 
 
 def fmt_iqr(q1: float | None, q3: float | None) -> str:
@@ -414,20 +402,6 @@ def fmt_iqr(q1: float | None, q3: float | None) -> str:
     if q1 is None or q3 is None:
         return "n/a"
     return f"{fmt_value(q1)}-{fmt_value(q3)}"
-
-
-def fmt_pct(fraction: float | None) -> str:
-    """A signed change in percent, ``+0.6%``."""
-    if fraction is None or not math.isfinite(fraction):
-        return "n/a"
-    return f"{fraction * 100:+.1f}%"
-
-
-def fmt_ci(low: float | None, high: float | None) -> str:
-    """A confidence interval of a change, ``-0.8..+2.0%``."""
-    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
-        return "n/a"
-    return f"{low * 100:+.1f}..{high * 100:+.1f}%"
 
 
 def profile_verdict(comparison: Comparison) -> str:

@@ -31,13 +31,11 @@ from pytest_kimiperf.errors import ConfigError, KimiperfError
 from pytest_kimiperf.judge.results import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS, Direction
 from pytest_kimiperf.measure.results import RUN_LEVEL_METRICS
+from pytest_kimiperf.numbers import finite_only, fmt_change, fmt_ci, fmt_value
 from pytest_kimiperf.reports.model import (
     MetricBlock,
     PerfTestBlock,
     SessionReport,
-    fmt_ci,
-    fmt_pct,
-    fmt_value,
     profile_verdict,
 )
 
@@ -80,7 +78,7 @@ def render_plots(report: SessionReport, out_dir: Path, *, baseline: BaselineFile
     for block in report.test_blocks():
         slug = slugs[block.test]
         for metric in block.metrics:
-            if not any(_finite(cell.samples) for cell in metric.cells):
+            if not any(finite_only(cell.samples) for cell in metric.cells):
                 continue
             path = out_dir / f"{slug}--{metric.metric}.png"
             _save(plot_distribution(block, metric, report.reference_profile), path)
@@ -98,7 +96,7 @@ def render_plots(report: SessionReport, out_dir: Path, *, baseline: BaselineFile
             for res in sorted(by_test[block.test], key=lambda r: (order.get(r.profile, len(order)), r.boot)):
                 for mres in res.metrics.values():
                     entry = baseline.entry(res.test, res.profile, mres.metric)
-                    if mres.baseline is None or entry is None or not _finite(mres.samples):
+                    if mres.baseline is None or entry is None or not finite_only(mres.samples):
                         continue
                     path = out_dir / f"{slug}--{res.profile}--boot{res.boot}--{mres.metric}--vs-baseline.png"
                     _save(plot_against_baseline(res, mres, entry.samples, entry.recorded_at), path)
@@ -119,8 +117,8 @@ def plot_against_baseline(res: TestResult, mres: MetricResult, baseline_samples:
 
     fig = Figure(figsize=(7, 4.8), dpi=DPI, layout="constrained")
     ax = fig.add_subplot()
-    groups = [(f"baseline\n{recorded_at[:10]}", _finite(baseline_samples), "tab:blue"),
-              (f"this run\n{res.profile} boot {res.boot}", _finite(mres.samples), "tab:orange")]
+    groups = [(f"baseline\n{recorded_at[:10]}", finite_only(baseline_samples), "tab:blue"),
+              (f"this run\n{res.profile} boot {res.boot}", finite_only(mres.samples), "tab:orange")]
     rng = np.random.default_rng(0)
     drawn = [(pos, vals) for pos, (_, vals, _) in enumerate(groups, start=1) if vals]
     ax.boxplot([v for _, v in drawn], positions=[p for p, _ in drawn], widths=0.5, showfliers=False,
@@ -202,7 +200,7 @@ def plot_distribution(block: PerfTestBlock, metric: MetricBlock, reference_profi
     fig = Figure(figsize=(8, 4.8), dpi=DPI, layout="constrained")
     ax = fig.add_subplot()
     rng = np.random.default_rng(0)  # fixed jitter: the same data draws the same picture
-    values = [_finite(cell.samples) for cell in metric.cells]
+    values = [finite_only(cell.samples) for cell in metric.cells]
     positions = list(range(1, len(values) + 1))
     drawn = [(pos, v) for pos, v in zip(positions, values) if v]
     ax.boxplot(
@@ -222,7 +220,7 @@ def plot_distribution(block: PerfTestBlock, metric: MetricBlock, reference_profi
             label += f" ({failed} failed)"
         if cell.comparison is not None:
             c = cell.comparison
-            label += f"\n{fmt_pct(c.change)} ({fmt_ci(c.ci_low, c.ci_high)})\n{profile_verdict(c)}"
+            label += f"\n{fmt_change(c.change)} ({fmt_ci(c.ci_low, c.ci_high)})\n{profile_verdict(c)}"
         elif cell.note:
             label += "\n" + _shorten(cell.note, 40)
         elif cell.is_reference:
@@ -294,9 +292,6 @@ def _save(fig: Any, path: Path) -> None:
     except OSError as exc:
         raise KimiperfError(f"cannot write plot {path} (from --perf-plots): {exc.strerror or exc}") from None
 
-
-def _finite(samples: Sequence[float]) -> list[float]:
-    return [s for s in samples if math.isfinite(s)]
 
 
 def _unique_slugs(tests: Sequence[str]) -> dict[str, str]:

@@ -33,6 +33,7 @@ from pytest_kimiperf.server.nvidia_smi import (
 _MIB = 1024 * 1024
 _T = TypeVar("_T")
 
+
 @dataclass(frozen=True)
 class GpuProbe:
     """What a GPU query found, which source answered, and why a source gave nothing."""
