@@ -1,7 +1,9 @@
 """pytest-kimiperf: LLM-serving benchmarks (vLLM) as performance tests.
 
-The plugin itself is wired in :mod:`pytest_kimiperf.plugin`; every other module holds one
-piece of logic and, apart from a few fixtures' helpers, does not import pytest.
+The plugin itself is wired in :mod:`pytest_kimiperf.plugin` (hooks) and
+:mod:`pytest_kimiperf.fixtures`; the logic lives in subpackages by role (``config``, ``server``,
+``measure``, ``judge``, ``roofline``, ``reports``) that do not import pytest. docs/architecture.md
+draws the layers and the import rule between them.
 
 The public API, for perf tests in any repository::
 

@@ -18,13 +18,13 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_kimiperf.server.progress import RelayTail
+from pytest_kimiperf.server.progress import RelayOutput, RelayTail, TerminalOutput
 
 SERVER_SCOPE = "kimiperf-server"
 WORKERINPUT_IDS_DIR = "kimiperf_server_ids_dir"
@@ -48,6 +48,43 @@ def read_server_test_ids(directory: Path) -> frozenset[str]:
     for path in directory.glob("*.json"):
         ids.update(json.loads(path.read_text()))
     return frozenset(ids)
+
+
+def note_server_tests(config: pytest.Config, nodeids: Iterable[str]) -> bool:
+    """Worker side, after collection: record the server tests for the controller's scheduler.
+    Returns False when this worker runs on another host (--tx ssh=...): the controller made the
+    directory before starting workers, so not seeing it means the tests cannot be placed."""
+    ids_dir = getattr(config, "workerinput", {}).get(WORKERINPUT_IDS_DIR)
+    if ids_dir and not Path(ids_dir).is_dir():
+        return False
+    if ids_dir:
+        write_server_test_ids(Path(ids_dir), config.workerinput["workerid"], nodeids)  # type: ignore[attr-defined]
+    return True
+
+
+def placement_problem(config: pytest.Config, *, remote_worker: bool) -> str | None:
+    """Why this process may not boot servers under xdist, or None."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and not workerinput.get(WORKERINPUT_IDS_DIR):
+        return ("pytest-kimiperf under xdist needs --dist load (the default of -n) or loadgroup, which it "
+                "schedules itself; other modes would split the perf tests over workers, booting "
+                "servers twice and overlapping measurements")
+    if remote_worker:
+        return ("pytest-kimiperf's perf tests need xdist workers on this machine (-n N, or --tx "
+                "popen): this worker runs on another host, so they could not be kept on one worker "
+                "(one boot per profile, no overlapping measurements). Run the perf suite on the "
+                "server's machine; remote workers can still run the functional tests")
+    return None
+
+
+def progress_output(config: pytest.Config) -> TerminalOutput | RelayOutput:
+    """Where boot progress goes: pytest's terminal (around the capture) or, on an xdist worker,
+    the file the controller relays."""
+    relay = getattr(config, "workerinput", {}).get(WORKERINPUT_PROGRESS_FILE)
+    if relay:
+        return RelayOutput(relay, prefix=f"[{config.workerinput['workerid']}] ")  # type: ignore[attr-defined]
+    return TerminalOutput(config.pluginmanager.get_plugin("terminalreporter"),
+                          config.pluginmanager.get_plugin("capturemanager"))
 
 
 def make_scheduler(config: pytest.Config, log: Any, ids_dir: Path) -> Any:
@@ -84,8 +121,8 @@ class XdistCoordinator:
     """The controller's xdist hooks: name the ids directory, schedule, collect server records,
     and show the workers' boot progress (xdist shows nothing a worker writes)."""
 
-    def __init__(self, state: Any) -> None:
-        self.state = state
+    def __init__(self, on_worker_records: Callable[[list[Any]], None]) -> None:
+        self.on_worker_records = on_worker_records  # the session reporter's
         self.ids_dir = Path(tempfile.mkdtemp(prefix="kimiperf-xdist-"))
         self._relay: RelayTail | None = None
 
@@ -120,11 +157,8 @@ class XdistCoordinator:
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         """A worker finished: keep what its servers did (boots, logs, leftovers)."""
-        from pytest_kimiperf.server.manager import ServerRecord
-
         output = getattr(node, "workeroutput", None) or {}
-        for data in output.get(WORKEROUTPUT_KEY, []):
-            self.state.worker_records.append(ServerRecord.from_json(data))
+        self.on_worker_records(list(output.get(WORKEROUTPUT_KEY, [])))
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         """Remove the ids directory."""

@@ -10,7 +10,7 @@ here, so a bad table is a usage error naming the table, the key and what is allo
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
@@ -237,6 +237,14 @@ def check_tolerances(value: Any, where: str) -> dict[str, float]:
             )
         result[metric] = float(tol)
     return result
+
+
+def marker_tolerances(args: Sequence[Any], kwargs: Mapping[str, Any], where: str) -> dict[str, float]:
+    """A ``@pytest.mark.kimiperf(tolerances=...)`` marker's arguments, checked (ConfigError)."""
+    if args or set(kwargs) - {"tolerances"}:
+        raise ConfigError(f"{where}: takes only tolerances={{metric: fraction}}, got "
+                          f"{', '.join([repr(a) for a in args] + sorted(kwargs))}")
+    return check_tolerances(kwargs.get("tolerances", {}), where)
 
 
 def _client_bounds(value: Mapping[str, Any], where: str) -> dict[str, float]:

@@ -138,6 +138,15 @@ def read_raw_options(
     return raw
 
 
+def perf_run_requested(raw: Mapping[str, RawOption]) -> bool:
+    """Whether this run set a kimiperf option: on the command line, in the ini file, or in a
+    KIMIPERF_* variable (VLLM_API_KEY alone is common in vLLM environments and asks for nothing)."""
+    return any(
+        r.source != "default" and not (r.source.startswith("environment variable") and "KIMIPERF_" not in r.source)
+        for r in raw.values()
+    )
+
+
 def _ini_is_set(opt: Option, value: Any) -> bool:
     # pytest returns a bool ini's default (False) when the file does not set it: False is
     # therefore "not set", which is also what it means.

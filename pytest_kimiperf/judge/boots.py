@@ -11,13 +11,14 @@ seeded random order per round; never A A B B.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, MutableSequence, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pytest_kimiperf.judge.boot_summary import BootSummary
 
 BOOT_ID_SEPARATOR = "-boot"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,19 @@ def schedule(profiles: Sequence[Any], max_boots: int, *, order: str = "interleav
             round_order = names if boot % 2 == 1 else names[::-1]
         slots += [BootSlot(p, boot) for p in round_order]
     return slots
+
+
+def group_by_slot(items: MutableSequence[T], slot_of: Callable[[T], BootSlot | None],
+                  order: Sequence[BootSlot]) -> None:
+    """Reorder ``items`` in place so each boot slot's items run together, slots in ``order``
+    (the schedule's A B B A ...); within a slot, and for every item without one, the order
+    stays as it was (pytest boots a session fixture again whenever its parameter changes back,
+    and for Kimi each boot is a 36-minute load)."""
+    rank = {slot.id: i for i, slot in enumerate(order)}
+    at = [i for i, item in enumerate(items) if slot_of(item) is not None]
+    grouped = sorted((items[i] for i in at), key=lambda item: rank.get(slot_of(item).id, 0))  # type: ignore[union-attr]
+    for i, item in zip(at, grouped):
+        items[i] = item
 
 
 @dataclass

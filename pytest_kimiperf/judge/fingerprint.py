@@ -21,9 +21,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from pytest_kimiperf.errors import BaselineError, ConfigError
 from pytest_kimiperf.server.nvidia_smi import GpuInfo, Topology
+
+if TYPE_CHECKING:
+    from pytest_kimiperf.config.deployments import Deployment
 
 UNKNOWN = "unknown"
 
@@ -363,23 +367,7 @@ def describe(fp: Fingerprint) -> list[str]:
     ]
 
 
-__all__ = [
-    "ATTACHED_HARDWARE",
-    "VERSION_KEYS",
-    "version_changes",
-    "ISA_FLAGS",
-    "attached_fingerprint",
-    "probe_attached_server",
-    "CpuInfo",
-    "Fingerprint",
-    "collect_fingerprint",
-    "describe",
-    "installed_software",
-    "parse_cpuinfo",
-]
-
-
-def session_fingerprint(deployment: Any) -> Any:
+def session_fingerprint(deployment: Deployment) -> Fingerprint:
     """Fingerprint of this host, its software and ``deployment`` (hardware is probed once)."""
     from pytest_kimiperf.server.gpu import probe_gpus, query_topology
 
@@ -398,3 +386,20 @@ def session_fingerprint(deployment: Any) -> Any:
         "tensor_parallel_size": str(deployment.tensor_parallel_size),
     }
     return collect_fingerprint(gpus=probe.gpus, topology=topology, deployment_facts=facts)
+
+
+__all__ = [
+    "ATTACHED_HARDWARE",
+    "VERSION_KEYS",
+    "version_changes",
+    "ISA_FLAGS",
+    "attached_fingerprint",
+    "probe_attached_server",
+    "CpuInfo",
+    "Fingerprint",
+    "collect_fingerprint",
+    "describe",
+    "installed_software",
+    "parse_cpuinfo",
+    "session_fingerprint",
+]

@@ -110,6 +110,17 @@ def missing_baselines(result: TestResult) -> list[str]:
             if m.baseline_message and NO_BASELINE in m.baseline_message]
 
 
+def missing_baseline_failure(result: TestResult, *, fails: bool) -> str | None:
+    """Under ``--kimiperf-missing-baseline=fail`` (``fails``): the failure line for the metrics
+    without a baseline, added to ``result.failures``; None when nothing is missing."""
+    missing = missing_baselines(result) if fails else []
+    if not missing:
+        return None
+    line = "missing baseline (--kimiperf-missing-baseline=fail): " + "; ".join(missing)
+    result.failures.append(line)
+    return line
+
+
 class WarningKind(str, enum.Enum):
     """What a perf test's warning is about (each has its pytest warning class)."""
 

@@ -100,6 +100,11 @@ class TestResult:
     host: dict[str, Any] | None = None  # hostwatch readings of the measured rounds
     versions: dict[str, str] = field(default_factory=dict)
 
+    def medians(self) -> dict[str, float]:
+        """Each metric's median (those with one), rounded for a junitxml property."""
+        medians = {metric: m.summary()["median"] for metric, m in self.metrics.items()}
+        return {metric: round(float(v), 4) for metric, v in medians.items() if v is not None}
+
     def to_json(self) -> dict[str, Any]:
         """JSON-able form."""
         return {

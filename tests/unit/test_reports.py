@@ -38,7 +38,7 @@ from pytest_kimiperf.reports.model import (
     build_session_report,
 )
 from pytest_kimiperf.reports.terminal import MAX_WIDTH, render_summary
-from pytest_kimiperf.reports.session import terminal_summary
+from pytest_kimiperf.reports.reporter import SessionReporter
 from tests import helpers
 
 GOLDEN = helpers.DATA / "reports"
@@ -170,20 +170,43 @@ class FakeReporter:
         return [text for _, text, _ in self.calls]
 
 
-class State:
-    """The attributes of the plugin's run state that session_outputs reads."""
+class FakeRun:
+    """The run facts the reporter reads; ``broken`` makes building the report raise."""
 
-    def __init__(self, report: SessionReport | None, output_error: str | None = None) -> None:
-        self.report = report
-        self.results = report.results if report else []
-        self.output_error = output_error
-        self.manager = None
+    settings: Any = None
+
+    def __init__(self, broken: bool = False) -> None:
+        self.broken = broken
+
+    def fingerprint(self) -> Fingerprint:
+        return FINGERPRINT
+
+    def known_fingerprint(self) -> Fingerprint | None:
+        if self.broken:
+            raise RuntimeError("state went away")
+        return FINGERPRINT
+
+    def baselines_path(self) -> Path | None:
+        return None
+
+    def server_records(self) -> None:
+        return None
+
+    def weight_cache_facts(self) -> None:
+        return None
+
+
+def reporter_for(report: SessionReport | None, output_error: str | None = None,
+                 run: FakeRun | None = None) -> SessionReporter:
+    return SessionReporter(run=run or FakeRun(), rootpath=Path("."), update_json=lambda data: None,
+                           results=list(report.results) if report else [], report=report,
+                           output_error=output_error)
 
 
 def summary(report: SessionReport, verbosity: int = 0, output_error: str | None = None) -> FakeReporter:
-    reporter = FakeReporter(verbosity)
-    terminal_summary(reporter, State(report, output_error))
-    return reporter
+    terminal = FakeReporter(verbosity)
+    reporter_for(report, output_error).write_summary(terminal)
+    return terminal
 
 
 def golden(name: str, text: str) -> str:
@@ -324,21 +347,13 @@ def test_invalid_run_and_missing_reference_are_not_compared(results: list[TestRe
     assert sum("no valid result of the reference profile default" in line for line in lines) == 6
 
 
-def test_a_broken_state_writes_one_line_instead_of_raising() -> None:
-    reporter = FakeReporter()
-
-    class Broken:
-        report = None
-        output_error = None
-        manager = None
-
-        @property
-        def results(self) -> list[Any]:
-            raise RuntimeError("state went away")
-
-    terminal_summary(reporter, Broken())
+def test_a_broken_state_writes_one_line_instead_of_raising(report: SessionReport) -> None:
+    terminal = FakeReporter()
+    reporter = reporter_for(None, run=FakeRun(broken=True))
+    reporter.results = list(report.results)
+    reporter.write_summary(terminal)
     message = "kimiperf: could not write the perf summary: RuntimeError: state went away"
-    assert reporter.calls == [("line", message, {"red": True})]
+    assert terminal.calls == [("line", message, {"red": True})]
 
 
 def test_single_profile_has_no_profile_table(results: list[TestResult]) -> None:

@@ -1,0 +1,50 @@
+"""The report header: the settings in effect, as pytest prints them before the first test.
+
+As pytest-benchmark and pytest-randomly do: deployment, server mode, baseline directory, each
+NCCL profile with its environment (and what the shell and deployment add to it), the server
+command, the weight-cache plan, and, once something asked for it, the fingerprint and the
+baseline file it selects. Plain lines; ``plugin.py`` returns them from ``pytest_report_header``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from pytest_kimiperf.config.deployments import describe_command
+from pytest_kimiperf.config.nccl.profiles import describe_env, inherited_nccl_env
+from pytest_kimiperf.config.settings import Settings
+from pytest_kimiperf.judge.fingerprint import Fingerprint, describe
+from pytest_kimiperf.server.weight_cache import header_lines as weight_cache_lines
+
+
+def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
+    """The settings in effect: deployment, profiles with their environment, server mode."""
+    lines = [f"kimiperf: deployment {s.deployment.name} ({s.deployment.description})"]
+    mode = f"attached to {s.server_url}" if s.external else f"booted per profile, TP={s.deployment.tensor_parallel_size}"
+    if s.server_url and s.server_url.startswith("https://"):
+        mode += " (HTTPS: timed in the event loop, not by the kernel)"
+    lines.append(f"kimiperf: server {mode}; baselines in {s.baselines_dir}"
+                 + ("; --update-baselines" if s.update_baselines else ""))
+    for profile in s.profiles:
+        line = f"kimiperf: NCCL profile {profile.name}: {describe_env(profile)}"
+        if s.external:
+            line = (f"kimiperf: NCCL profile {profile.name}: only a label for the attached server, whose "
+                    "NCCL environment is whatever it was started with (not known here)")
+        else:
+            inherited = inherited_nccl_env(profile, {**environ, **s.deployment.env})
+            if inherited:
+                line += f"; from the shell and deployment: {describe_env(inherited)}"
+        lines.append(line)
+    if not s.external:
+        dep = s.deployment
+        lines.append(f"kimiperf: server command: {describe_command(dep)}")
+        lines.extend(f"kimiperf: {line}" for line in weight_cache_lines(
+            setting=dep.weight_cache, gpu_count=dep.gpu_count, command=list(dep.command), model=dep.model,
+            tensor_parallel_size=dep.tensor_parallel_size))
+    return lines
+
+
+def fingerprint_lines(fingerprint: Fingerprint, baseline_file: Path) -> list[str]:
+    """The hardware and software the run measures on, and the baseline file that selects."""
+    return [*describe(fingerprint), f"kimiperf: baseline file {baseline_file}"]

@@ -1,0 +1,371 @@
+"""The session reporter: the perf results of a run and everything written from them at its end.
+
+The role pytest's junitxml gives its ``LogXML``: one :class:`SessionReporter`, made in
+``pytest_configure`` on the process that writes files (the xdist controller, or the only
+process) and kept in the stash. ``plugin.py`` forwards it the hooks it needs: each test report's
+perf result (``pytest_runtest_logreport``), the records xdist workers send back, session finish
+(write baselines and reports) and the terminal summary. It does not import pytest.
+
+It owns the results, the workers' server records, the report (built once, at session finish, so
+the summary does not compute the comparisons twice) and the output errors. The facts of the
+run itself (settings, fingerprint, this process's servers) it reads from a :class:`RunFacts`,
+which the plugin's :class:`~pytest_kimiperf.session.PerfSession` is.
+
+One failing output does not stop the others: every error is collected, the rest is still
+written, and the run fails with one message naming all of them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from pytest_kimiperf.config.nccl.profiles import NcclProfile
+from pytest_kimiperf.config.settings import Settings
+from pytest_kimiperf.errors import KimiperfError
+from pytest_kimiperf.judge import baselines
+from pytest_kimiperf.judge.baseline_schema import BaselineFile
+from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.judge.baselines import baseline_entries
+from pytest_kimiperf.judge.results import TestResult
+from pytest_kimiperf.reports.json_report import build_json_report, write_json_report
+from pytest_kimiperf.reports.markdown import render_markdown, write_markdown
+from pytest_kimiperf.reports.model import (
+    BaselineUpdate,
+    ProfileFacts,
+    SessionReport,
+    build_session_report,
+)
+from pytest_kimiperf.reports.nccl_check import NcclDebugCheck, check_server_log
+from pytest_kimiperf.reports.terminal import render_summary
+from pytest_kimiperf.roofline.inputs import build_roofline_report, decode_results
+from pytest_kimiperf.server.manager import ServerRecord
+from pytest_kimiperf.server.weight_cache import WeightCacheFacts
+
+
+class RunFacts(Protocol):
+    """What the reporter reads of the run it reports on."""
+
+    settings: Settings
+
+    def fingerprint(self) -> Fingerprint: ...
+
+    def known_fingerprint(self) -> Fingerprint | None: ...
+
+    def baselines_path(self) -> Path | None: ...
+
+    def server_records(self) -> dict[str, ServerRecord] | None: ...
+
+    def weight_cache_facts(self) -> WeightCacheFacts | None: ...
+
+
+GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
+
+
+class TerminalWriter(Protocol):
+    """The part of pytest's terminal reporter the summary writes through."""
+
+    verbosity: int
+
+    def write_sep(self, sep: str, title: str | None = None, **markup: bool) -> None: ...
+
+    def write_line(self, line: str, **markup: bool) -> None: ...
+
+
+@dataclass
+class SessionReporter:
+    """The perf results of this run and the files and summary made from them (controller only)."""
+
+    run: RunFacts
+    rootpath: Path
+    update_json: Callable[[dict[str, Any]], None]  # the pytest_kimiperf_update_json hook
+    results: list[TestResult] = field(default_factory=list)
+    worker_records: list[ServerRecord] = field(default_factory=list)  # sent back by xdist workers
+    report: SessionReport | None = None
+    output_error: str | None = None
+
+    @property
+    def settings(self) -> Settings:
+        return self.run.settings
+
+    # -- forwarded hooks ------------------------------------------------------------------------
+
+    def add_result(self, data: Mapping[str, Any]) -> None:
+        """Keep one perf test's result, as its test report carried it (serialized under xdist)."""
+        self.results.append(TestResult.from_json(data))
+
+    def add_worker_records(self, data: list[Mapping[str, Any]]) -> None:
+        """Keep the server records an xdist worker sent back at its end."""
+        self.worker_records.extend(ServerRecord.from_json(rec) for rec in data)
+
+    def has_work(self) -> bool:
+        """Whether this run measured or booted anything (else the reporter stays silent)."""
+        return bool(self.results or self.run.server_records() is not None or self.worker_records)
+
+    def finish(self) -> bool:
+        """Session finish: write the baselines (--update-baselines) and the reports asked for.
+
+        Returns False when an output could not be written (the run then fails, the message
+        kept for the summary)."""
+        if not self.has_work():
+            return True  # quiet when unused: a run without perf tests writes and imports nothing more
+        try:
+            self._write_outputs()
+        except KimiperfError as exc:
+            self.output_error = str(exc)
+            return False
+        return True
+
+    def write_summary(self, terminal: TerminalWriter) -> None:
+        """Write the kimiperf part of pytest's terminal summary; never raises."""
+        if not self.has_work():
+            return
+        try:
+            report = self.report
+            if report is None and (self.results or self._records()):
+                report = self.build_report(probe_fingerprint=False)
+            output_error = self.output_error
+            if report is not None and output_error == "; ".join(report.errors):
+                output_error = None  # already listed one by one
+            for line in render_summary(report, verbosity=int(getattr(terminal, "verbosity", 0)),
+                                       output_error=output_error):
+                if line.sep is not None:
+                    terminal.write_sep(line.sep, line.text, **line.markup)
+                else:
+                    terminal.write_line(line.text, **line.markup)
+        except Exception as exc:  # noqa: BLE001 - a raise here would hide pytest's own summary line
+            terminal.write_line(f"kimiperf: could not write the perf summary: {type(exc).__name__}: {exc}", red=True)
+
+    # -- the report -------------------------------------------------------------------------------
+
+    def build_report(self, *, probe_fingerprint: bool) -> SessionReport:
+        """The session's report (``probe_fingerprint`` may probe GPUs).
+
+        With single-stream decode results it also computes the roofline, which on a CPU deployment
+        measures this host's copy bandwidth (about half a second, after the servers have stopped).
+        """
+        settings = self.settings
+        fingerprint = self.run.known_fingerprint()
+        if fingerprint is None and settings.deployment.needs_gpus and decode_results(self.results):
+            # The GPU ceiling needs the GPU's name and interconnect; under xdist only the workers
+            # probed them.
+            probe_fingerprint = True
+        if fingerprint is None and probe_fingerprint:
+            # Under xdist the workers probed the hardware; the controller needs it for the baseline
+            # file name and the report, so it probes once itself.
+            fingerprint = self.run.fingerprint()
+        opened = self.run.baselines_path()
+        baselines_path: str | None = None
+        if opened is not None:
+            baselines_path = str(opened)
+        elif fingerprint is not None:
+            baselines_path = str(baselines.baseline_path(
+                settings.baselines_dir, settings.deployment.name, fingerprint.key))
+        report = build_session_report(
+            results=self.results,
+            reference_profile=settings.reference_profile.name,
+            profiles=self._profile_facts(),
+            deployment=_deployment_json(settings),
+            fingerprint=fingerprint.to_json() if fingerprint is not None else None,
+            created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            generator=_generator(),
+            baselines_path=baselines_path,
+            prior_spread=settings.deployment.boot_spread,
+            roofline=build_roofline_report(
+                self.results, settings.deployment, fingerprint, rootpath=self.rootpath, external=settings.external,
+            ),
+        )
+        report.weight_cache = self.run.weight_cache_facts()
+        return report
+
+    def _write_outputs(self) -> None:
+        settings = self.settings
+        asked = bool(settings.update_baselines or settings.perf_json or settings.perf_markdown
+                     or settings.perf_plots or settings.perf_export)
+        if not self.results and not asked and not self._records():
+            return  # not a perf run: say nothing, write nothing
+        report = self.report = self.build_report(probe_fingerprint=bool(self.results) and asked)
+        errors: list[str] = report.errors
+        # The plots set this run beside the baseline it was judged against: read it before
+        # --update-baselines replaces it.
+        judged_against = _baseline_file(report) if settings.perf_plots and self.results else None
+
+        if settings.update_baselines:
+            try:
+                report.baselines_update = self._update_baselines()
+            except KimiperfError as exc:
+                errors.append(str(exc))
+
+        if settings.perf_plots and self.results:
+            from pytest_kimiperf.reports.plots import render_plots
+
+            try:
+                files = render_plots(report, settings.perf_plots, baseline=judged_against)
+            except KimiperfError as exc:
+                errors.append(str(exc))
+            except Exception as exc:  # noqa: BLE001 - a drawing bug must not cost the JSON report
+                errors.append(f"drawing plots into {settings.perf_plots} failed: {type(exc).__name__}: {exc}")
+            else:
+                report.outputs["plots"] = str(settings.perf_plots)
+                report.plot_files = [str(path) for path in files]
+
+        markdown_targets: list[tuple[Path, bool, str]] = []
+        if settings.perf_markdown:
+            markdown_targets.append((settings.perf_markdown, False, "--perf-markdown"))
+        step_summary = os.environ.get(GITHUB_STEP_SUMMARY)
+        # Only a run that measured something adds to the job summary: the plugin is loaded by every
+        # pytest run in the environment, and unit-test jobs should not get an empty perf section.
+        if step_summary and self.results:
+            markdown_targets.append((Path(step_summary), True, f"${GITHUB_STEP_SUMMARY}"))
+        if markdown_targets:
+            for path, append, source in markdown_targets:
+                report.outputs["github_step_summary" if append else "markdown"] = str(path)
+            text = render_markdown(report)
+            for path, append, source in markdown_targets:
+                try:
+                    write_markdown(path, text, append=append, source=source)
+                except KimiperfError as exc:
+                    errors.append(str(exc))
+                    report.outputs.pop("github_step_summary" if append else "markdown", None)
+
+        if settings.perf_export is not None and self.results:
+            from pytest_kimiperf.reports.export import write_exports
+
+            try:
+                write_exports(report, settings.perf_export, detailed=settings.perf_export_detailed)
+            except KimiperfError as exc:
+                errors.append(str(exc))
+            else:
+                report.outputs["export"] = str(settings.perf_export)
+
+        if settings.perf_json:
+            report.outputs["json"] = str(settings.perf_json)
+            data = build_json_report(report)
+            self.update_json(data)
+            try:
+                write_json_report(settings.perf_json, data)
+            except KimiperfError as exc:
+                errors.append(str(exc))
+                report.outputs.pop("json", None)
+
+        if errors:
+            raise KimiperfError("; ".join(errors))
+
+    def _update_baselines(self) -> BaselineUpdate:
+        settings = self.settings
+        entries, not_recorded = baseline_entries(self.results, git_commit=baselines.current_git_commit(self.rootpath))
+        fp = self.run.known_fingerprint()
+        if fp is None:
+            # No perf test ran anywhere, so there is nothing to record and no hardware to name.
+            return BaselineUpdate(path=str(settings.baselines_dir), entries=0, not_recorded=tuple(not_recorded))
+        path = baselines.baseline_path(settings.baselines_dir, settings.deployment.name, fp.key)
+        if not entries:
+            return BaselineUpdate(path=str(path), entries=0, not_recorded=tuple(not_recorded))
+        try:
+            baselines.update_baseline(path, settings.deployment.name, fp, entries)
+        except OSError as exc:
+            # update_baseline turns its own write errors into BaselineError; creating the directory
+            # (a --baselines-dir that is a file, no permission) can still fail underneath it.
+            raise KimiperfError(
+                f"cannot write baseline {path} (--update-baselines, --baselines-dir "
+                f"{settings.baselines_dir}): {exc.strerror or exc}"
+            ) from None
+        return BaselineUpdate(path=str(path), entries=len(entries), not_recorded=tuple(not_recorded))
+
+    def _records(self) -> dict[str, ServerRecord]:
+        """Server records of this process and, under xdist, those the workers sent back."""
+        merged: dict[str, ServerRecord] = {}
+        for rec in [*(self.run.server_records() or {}).values(), *self.worker_records]:
+            if rec.profile in merged:
+                merged[rec.profile].merge(rec)
+            else:
+                merged[rec.profile] = ServerRecord.from_json(rec.to_json())
+        return merged
+
+    def _profile_facts(self) -> list[ProfileFacts]:
+        settings = self.settings
+        records = self._records()
+        managed_here = self.run.server_records() is not None
+        facts = []
+        for profile in settings.profiles:
+            rec = records.get(profile.name)
+            seen_env = next((dict(r.server_env) for r in self.results if r.profile == profile.name), {})
+            if rec is None:
+                # This process never held the server: an xdist worker booted it (its record stays
+                # on that worker) or it never ran. The results still carry the env it ran with.
+                facts.append(ProfileFacts(
+                    name=profile.name, description=profile.description, profile_env=dict(profile.env),
+                    server_env=seen_env, boots=0 if (managed_here or self.worker_records) else None,
+                ))
+                continue
+            facts.append(ProfileFacts(
+                name=profile.name, description=profile.description, profile_env=dict(profile.env),
+                server_env=dict(rec.env) or seen_env,
+                overridden_shell_env=dict(rec.overridden_shell_env),
+                boots=None if settings.external else rec.boots, boot_s=rec.boot_s,
+                log_path=str(rec.log_path) if rec.log_path else None,
+                leftovers=tuple(rec.leftovers), error=rec.error,
+                nccl_debug=_nccl_debug_check(settings, profile, rec),
+                boot_accounts=tuple(rec.accounts),
+            ))
+        return facts
+
+
+def _baseline_file(report: SessionReport) -> BaselineFile | None:
+    """The baseline file this run was judged against, or None (none, or unreadable: the
+    verdicts already said so)."""
+    if report.baselines_path is None:
+        return None
+    try:
+        return baselines.load_baseline(report.baselines_path)
+    except (KimiperfError, OSError):
+        return None
+
+
+def _nccl_debug_check(settings: Settings, profile: NcclProfile, rec: ServerRecord) -> NcclDebugCheck | None:
+    """The --nccl-debug verdicts of one profile's server, from its log; None without --nccl-debug."""
+    if not settings.nccl_debug:
+        return None
+    if settings.external:
+        return NcclDebugCheck(
+            profile.name, None,
+            error="attached with --server-url: no server log here; start that server with "
+                  "NCCL_DEBUG=INFO and look for '<VAR> set by environment to' in its log",
+        )
+    if rec.boots == 0 and rec.log_path is None:
+        return None  # never started in this session: there is no log to judge
+    return check_server_log(profile.name, profile.env, rec.log_path,
+                            cpu_engine=not settings.deployment.needs_gpus)
+
+
+def _deployment_json(settings: Settings) -> dict[str, Any]:
+    dep = settings.deployment
+    return {
+        "name": dep.name,
+        "description": dep.description,
+        "model": dep.model,
+        "served_model_name": dep.served_model_name,
+        "revision": dep.revision,
+        "quantization": dep.quantization,
+        "tensor_parallel_size": dep.tensor_parallel_size,
+        "decode_floor_tok_s": dep.decode_floor_tok_s,
+        "decode_target_tok_s": dep.decode_target_tok_s,
+        "tolerances": dict(dep.tolerances),
+        "source": dep.source,
+        "server_url": settings.server_url,
+        "model_config": dep.model_config,
+        "memory_bandwidth_gbs": dep.memory_bandwidth_gbs,
+        "allreduce_latency_us": dep.allreduce_latency_us,
+    }
+
+
+def _generator() -> str:
+    try:
+        return f"pytest-kimiperf {importlib.metadata.version('pytest-kimiperf')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "pytest-kimiperf"

@@ -1,0 +1,174 @@
+"""What one pytest process holds for its perf tests: servers, fingerprint, baseline view, boots.
+
+A :class:`PerfSession` is made once in ``pytest_configure`` from the validated settings and kept
+in the config's stash; the fixtures and hooks in ``plugin.py`` ask it for what they need and it
+builds each part on first use (a run that collects no perf test probes no GPU and starts nothing).
+It does not import pytest: the terminal output the server manager writes to is handed in.
+
+What the session reports at its end is not kept here but in the controller's
+:class:`~pytest_kimiperf.reports.reporter.SessionReporter`, which reads this object's facts.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from pytest_kimiperf.config.settings import Settings
+
+if TYPE_CHECKING:
+    from pytest_kimiperf.judge.baselines import BaselineView
+    from pytest_kimiperf.judge.boots import BootLedger, BootSlot
+    from pytest_kimiperf.judge.fingerprint import Fingerprint
+    from pytest_kimiperf.server.manager import ServerManager, ServerRecord
+    from pytest_kimiperf.server.progress import RelayOutput, TerminalOutput
+    from pytest_kimiperf.server.weight_cache import WeightCacheFacts
+
+# SIGTERM: a cancelled CI job; SIGHUP: a dropped ssh session during a 36-minute load.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass
+class PerfSession:
+    """The perf side of one pytest process (the controller, a worker, or the only process)."""
+
+    settings: Settings
+    is_worker: bool = False
+    log_dir: Path | None = None  # set from pytest's basetemp by the first server fixture
+    remote_worker: bool = False  # an xdist worker on another host (cannot be scheduled)
+    fingerprint_shown: bool = False
+    manager: ServerManager | None = None
+    _fingerprint: Fingerprint | None = None
+    _view: BaselineView | None = None
+    _ledger: BootLedger | None = None
+    _hardware_problem: str | None = None
+    _hardware_checked: bool = False
+    _previous_handlers: dict[int, Any] = field(default_factory=dict)
+
+    # -- what the perf tests are judged against ---------------------------------------------
+
+    def fingerprint(self) -> Fingerprint:
+        """The hardware and software this session measures on (probed once)."""
+        if self._fingerprint is None:
+            from pytest_kimiperf.judge.fingerprint import session_fingerprint
+
+            fp = session_fingerprint(self.settings.deployment)
+            if self.settings.external:
+                # This host is only the client: the server's own facts, and its stated hardware.
+                from pytest_kimiperf.judge.fingerprint import attached_fingerprint, probe_attached_server
+
+                fp = attached_fingerprint(
+                    fp, probe_attached_server(self.settings.server_url, self.settings.api_key),
+                    stated_hardware=self.settings.server_hardware)
+            self._fingerprint = fp
+        return self._fingerprint
+
+    def known_fingerprint(self) -> Fingerprint | None:
+        """The fingerprint if something asked for it already (never probes)."""
+        return self._fingerprint
+
+    def baseline_view(self) -> BaselineView:
+        """The baseline file of this deployment and fingerprint (read once)."""
+        if self._view is None:
+            from pytest_kimiperf.judge.baselines import BaselineView
+
+            self._view = BaselineView(self.settings.baselines_dir, self.settings.deployment.name, self.fingerprint())
+        return self._view
+
+    def baselines_path(self) -> Path | None:
+        """Where this session's baseline file is, if the view was opened."""
+        return self._view.path if self._view is not None else None
+
+    def schedule(self) -> list[BootSlot]:
+        """Every boot slot of the session, in the order the boots happen (judge.boots.schedule)."""
+        from pytest_kimiperf.judge.boots import schedule
+
+        s = self.settings
+        return schedule(s.profiles, s.max_boots, order=s.boot_order, seed=s.boot_seed)
+
+    def ledger(self) -> BootLedger:
+        """What each perf test measured on each boot; says whether another boot is needed."""
+        if self._ledger is None:
+            from pytest_kimiperf.judge.boots import BootLedger
+
+            self._ledger = BootLedger()
+        return self._ledger
+
+    # -- the host ---------------------------------------------------------------------------
+
+    def hardware_problem(self) -> str | None:
+        """Why this host cannot run the deployment (GPUs missing), or None; probed once a run."""
+        if not self._hardware_checked:
+            self._hardware_checked = True
+            from pytest_kimiperf.server.hardware_check import hardware_problem
+
+            self._hardware_problem = hardware_problem(self.settings.deployment, external=self.settings.external)
+        return self._hardware_problem
+
+    def topology_warnings(self) -> list[str]:
+        """The profile warnings that depend on the hardware (LL128 on a PCIe-only host)."""
+        from pytest_kimiperf.server.hardware_check import topology_warnings
+
+        return topology_warnings(self.settings.deployment, self.settings.profiles, external=self.settings.external)
+
+    # -- servers ----------------------------------------------------------------------------
+
+    def server_manager(self, output: Callable[[], TerminalOutput | RelayOutput]) -> ServerManager:
+        """The manager of this process's servers, made on first use; ``output`` makes where
+        its progress goes. From then on SIGTERM and SIGHUP take Ctrl-C's path."""
+        if self.manager is None:
+            from pytest_kimiperf.paths import launch_state_dir
+            from pytest_kimiperf.server.manager import ServerManager
+            from pytest_kimiperf.server.progress import ProgressDisplay
+
+            out = output()
+            display = ProgressDisplay.for_output(out, interval_s=self.settings.progress_interval_s)
+            self.manager = ServerManager(
+                self.settings, log_dir=self.log_dir or Path.cwd() / "kimiperf-logs",
+                state_dir=launch_state_dir(), say=out.write_line, on_progress=display.update,
+            )
+            self._install_signal_handlers()
+        return self.manager
+
+    def server_records(self) -> dict[str, ServerRecord] | None:
+        """This process's server records, by profile; None if it never managed servers."""
+        return dict(self.manager.records) if self.manager is not None else None
+
+    def server_log_tail(self, profile: str) -> tuple[str, str] | None:
+        """The title and last 50 lines of ``profile``'s server log, for a failed test's report."""
+        rec = self.manager.records.get(profile) if self.manager is not None else None
+        if rec is None or rec.log_path is None:
+            return None
+        from pytest_kimiperf.server.process import tail_lines
+
+        return f"kimiperf server log, last 50 lines ({rec.log_path})", tail_lines(rec.log_path)
+
+    def weight_cache_facts(self) -> WeightCacheFacts | None:
+        """What the weight-cache daemons did this session, if this process managed servers."""
+        return self.manager.weight_cache_facts() if self.manager is not None else None
+
+    def close(self) -> None:
+        """Stop every server (idempotent) and give the signals back their earlier handlers."""
+        if self.manager is not None:
+            self.manager.close()
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers = {}
+
+    def _install_signal_handlers(self) -> None:
+        """A second signal during teardown (GitHub Actions' cancel sends SIGINT, then SIGTERM)
+        escalates the stop to SIGKILL instead of abandoning it (ServerManager.on_signal)."""
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            if self.manager is not None and self.manager.on_signal():
+                return
+            raise KeyboardInterrupt(f"received signal {signum}")
+
+        try:
+            for signum in STOP_SIGNALS:
+                self._previous_handlers[signum] = signal.signal(signum, on_signal)
+        except ValueError:  # not the main thread
+            pass
