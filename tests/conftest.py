@@ -9,7 +9,9 @@ from pathlib import Path
 # imported for the first time inside one would be imported again by the next, which numpy
 # refuses with a warning. The plugin loads them lazily, so the test process loads them first.
 # httpx too: a test's own httpx call after an in-process run that imported httpcore afresh
-# would see httpcore's errors unmapped (httpx maps them by class), raw ConnectError escaping.
+# would see httpcore's errors unmapped (httpx maps them by class), raw ConnectError escaping;
+# httpx 0.28 imports httpcore only on its first request, so both are loaded here.
+import httpcore  # noqa: F401
 import httpx  # noqa: F401
 import numpy  # noqa: F401
 import pytest

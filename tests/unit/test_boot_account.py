@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from pathlib import Path
 
 from pytest_kimiperf.server.boot_account import BootAccount, PhaseTime, account_boot
 from pytest_kimiperf.reports.json_report import build_json_report
