@@ -41,9 +41,9 @@ def nvml_loads() -> bool:
     return True
 
 
-def running_stub(*args: str) -> Iterator[str]:
-    """A bare stub server (tests/stub_vllm.py ``args``) that answers /health; yields its URL
-    and kills it after (for client tests that need no plugin around the server)."""
+def running_stub(*args: str, model: str = "stub-model") -> Iterator[str]:
+    """A bare stub server (tests/fakes/stub_vllm.py ``args``) serving ``model`` that answers
+    /health; yields its URL and kills it after (for tests that need no plugin around it)."""
     import socket
     import subprocess
     import time
@@ -53,7 +53,7 @@ def running_stub(*args: str) -> Iterator[str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
-    proc = subprocess.Popen([sys.executable, str(STUB_SERVER), "--model", "stub-model", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, str(STUB_SERVER), "--model", model, "--port", str(port),
                              "--load-seconds", "0", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30

@@ -7,29 +7,18 @@ or a silent measurement of the wrong model.
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import httpx
 import pytest
 
-from tests.helpers import STUB_SERVER, running_stub, stub_deployment_toml
+from tests.helpers import running_stub, stub_deployment_toml
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.server.process import check_ready
 from pytest_kimiperf.measure.workload import build_prompts
 
 pytestmark = pytest.mark.usefixtures("isolated_state")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _stub(*args: str) -> Iterator[str]:
@@ -94,22 +83,7 @@ def test_attach_to_a_proxy_page_fails_clearly(pytester: pytest.Pytester, stub_pr
 
 @pytest.fixture
 def other_model_stub() -> Iterator[str]:
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(STUB_SERVER), "--model", "some-other-model", "--port", str(port),
-                             "--load-seconds", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=0.5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    yield url
-    proc.kill()
-    proc.wait()
+    yield from running_stub(model="some-other-model")
 
 
 def test_attach_to_a_server_of_another_model_fails_with_both_names(
