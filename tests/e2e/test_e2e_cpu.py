@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -222,8 +223,16 @@ def test_baseline_then_the_identical_server_passes_then_a_slowed_one_is_a_regres
     # the tolerance (the tiny-cpu boots of one quiet hour ranged 517-779 tok/s).
     assert same.ret == pytest.ExitCode.OK, same.stdout.str()[-4000:]
     assert same.parseoutcomes().get("passed") in (1, 2) and not same.parseoutcomes().get("failed")
-    same.stdout.re_match_lines([r".*decode tok/s.*(within tolerance|no detectable change).*"])
-    assert "REGRESSION" not in same.stdout.str()
+    # An A/A comparison: never a regression, never an improvement. Against a one-boot baseline
+    # a boot 28% off is within the boot-to-boot noise of this host, so "inconclusive" is an
+    # honest answer too, provided it says what it rests on and how to resolve it.
+    out = same.stdout.str()
+    verdicts = re.findall(r"^\s+decode tok/s\s.*?\s(regression|improvement|within tolerance|no detectable change"
+                          r"|inconclusive)\s*$", out, re.MULTILINE | re.IGNORECASE)
+    assert verdicts and set(verdicts) <= {"within tolerance", "no detectable change", "inconclusive"}, out[-4000:]
+    if "inconclusive" in verdicts:
+        assert "vs 1 reference boot" in out and "--update-baselines --kimiperf-boots N" in out, out[-4000:]
+    assert "REGRESSION" not in out
 
     # A really slower server: its first boot looks worse and asks for a second (one boot can
     # screen, never convict); the second boot's item gives the verdict on both boots.
