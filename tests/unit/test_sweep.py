@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -415,6 +416,10 @@ print("SWEPT", len(report.ended))
 @needs_root_and_setpriv
 def test_a_sweep_that_may_not_signal_a_process_does_not_crash(cleanup: Started) -> None:
     """psutil.AccessDenied (another user's process behind a record of ours) is handled, not raised."""
+    hidden = next((p for p in (REPO, *REPO.parents) if not p.stat().st_mode & stat.S_IXOTH), None)
+    if hidden is not None:
+        pytest.skip(f"uid 65534 cannot reach this checkout ({hidden} is not searchable by others), so it "
+                    "cannot import the plugin; clone it under a world-readable directory to run this check")
     state_dir = Path(tempfile.mkdtemp(prefix="kimiperf-shared-state-"))
     try:
         state_dir.chmod(0o777)
