@@ -123,7 +123,7 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     except ConfigError as exc:
         raise pytest.UsageError(f"pytest-kimiperf: {exc}") from None
-    run = config.stash[RUN_KEY] = PerfSession(settings=settings, is_worker=is_worker(config))
+    run = config.stash[RUN_KEY] = PerfSession(settings=settings)
     if not is_worker(config) and config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(xdist_scheduling.XdistCoordinator(
             lambda records: _reporter(config).add_worker_records(records)), XDIST_NAME)

@@ -37,7 +37,6 @@ class PerfSession:
     """The perf side of one pytest process (the controller, a worker, or the only process)."""
 
     settings: Settings
-    is_worker: bool = False
     log_dir: Path | None = None  # set from pytest's basetemp by the first server fixture
     remote_worker: bool = False  # an xdist worker on another host (cannot be scheduled)
     fingerprint_shown: bool = False
@@ -139,13 +138,13 @@ class PerfSession:
         return dict(self.manager.records) if self.manager is not None else None
 
     def server_log_tail(self, profile: str) -> tuple[str, str] | None:
-        """The title and last 50 lines of ``profile``'s server log, for a failed test's report."""
+        """The title and tail of ``profile``'s server log, for a failed test's report."""
         rec = self.manager.records.get(profile) if self.manager is not None else None
         if rec is None or rec.log_path is None:
             return None
-        from pytest_kimiperf.server.process import tail_lines
+        from pytest_kimiperf.server.process import LOG_TAIL_LINES, tail_lines
 
-        return f"kimiperf server log, last 50 lines ({rec.log_path})", tail_lines(rec.log_path)
+        return f"kimiperf server log, last {LOG_TAIL_LINES} lines ({rec.log_path})", tail_lines(rec.log_path)
 
     def weight_cache_facts(self) -> WeightCacheFacts | None:
         """What the weight-cache daemons did this session, if this process managed servers."""

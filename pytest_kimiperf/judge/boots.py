@@ -64,9 +64,9 @@ def group_by_slot(items: MutableSequence[T], slot_of: Callable[[T], BootSlot | N
     stays as it was (pytest boots a session fixture again whenever its parameter changes back,
     and for Kimi each boot is a 36-minute load)."""
     rank = {slot.id: i for i, slot in enumerate(order)}
-    at = [i for i, item in enumerate(items) if slot_of(item) is not None]
-    grouped = sorted((items[i] for i in at), key=lambda item: rank.get(slot_of(item).id, 0))  # type: ignore[union-attr]
-    for i, item in zip(at, grouped):
+    placed = [(i, slot) for i, slot in ((i, slot_of(item)) for i, item in enumerate(items)) if slot is not None]
+    grouped = [items[i] for i, slot in sorted(placed, key=lambda p: rank.get(p[1].id, 0))]  # stable
+    for (i, _), item in zip(placed, grouped):
         items[i] = item
 
 
