@@ -47,9 +47,13 @@ def test_gpu_log_shows_each_tuned_variable_applied_and_cuda_ones_unseen() -> Non
     assert check.notes == ("NCCL never logs CUDA_* variables, so they always read 'not seen in the log'",)
 
 
+# A profile asking for Tree everywhere (the built-in tree-ll's env before issue 23): the log's
+# NCCL_ALGO=Ring is then a mismatch the reports must show.
+TREE = {"NCCL_ALGO": "Tree", "NCCL_PROTO": "LL"}
+
+
 def test_a_value_nccl_did_not_take_is_named_with_what_it_logged() -> None:
-    tree = dict(BUILTIN_PROFILES["tree-ll"].env)
-    check = check_server_log("tree-ll", tree, LOGS / "nccl_tp2_ring_ll_tuned.log", cpu_engine=False)
+    check = check_server_log("tree-ll", TREE, LOGS / "nccl_tp2_ring_ll_tuned.log", cpu_engine=False)
     assert statuses(check) == {"NCCL_ALGO": f"{DIFFERENT}: Ring", "NCCL_PROTO": APPLIED}
     (mismatch,) = check.mismatches
     assert (mismatch.expected, mismatch.logged) == ("Tree", "Ring")
@@ -100,7 +104,7 @@ def _report(checks: list[object]) -> object:
 
 def test_reports_show_the_verdicts_and_quiet_keeps_only_mismatches() -> None:
     tuned = check_server_log("ring-ll-tuned", TUNED, LOGS / "nccl_tp2_ring_ll_tuned.log", cpu_engine=False)
-    tree = check_server_log("tree-ll", dict(BUILTIN_PROFILES["tree-ll"].env),
+    tree = check_server_log("tree-ll", TREE,
                             LOGS / "nccl_tp2_ring_ll_tuned.log", cpu_engine=False)
     report = _report([tuned, tree])
     lines = render_summary(report, verbosity=0)  # type: ignore[arg-type]

@@ -20,7 +20,12 @@ from pytest_kimiperf.config.nccl.profiles import (
     resolve_profiles,
     select_profiles,
 )
-from pytest_kimiperf.config.nccl.values import KNOWN_NCCL_VARIABLES, validate_profile
+from pytest_kimiperf.config.nccl.values import (
+    KNOWN_NCCL_VARIABLES,
+    VLLM_COLLECTIVES,
+    enabled_choices,
+    validate_profile,
+)
 from tests import helpers
 
 LOGS = helpers.DATA / "nccl_logs"
@@ -45,8 +50,8 @@ def test_builtins_are_the_specified_set() -> None:
         "default": {},
         "ring-ll": {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"},
         "ring-simple": {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"},
-        "tree-ll": {"NCCL_ALGO": "Tree", "NCCL_PROTO": "LL"},
-        "tree-simple": {"NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple"},
+        "tree-ll": {"NCCL_ALGO": "allreduce:Tree", "NCCL_PROTO": "LL"},
+        "tree-simple": {"NCCL_ALGO": "allreduce:Tree", "NCCL_PROTO": "Simple"},
         "ring-ll-tuned": {
             "NCCL_PROTO": "LL",
             "NCCL_ALGO": "Ring",
@@ -62,9 +67,14 @@ def test_builtins_are_the_specified_set() -> None:
 
 
 @pytest.mark.parametrize("pcie_only", [True, False, None])
-def test_builtins_validate_without_warnings(pcie_only: bool | None) -> None:
+def test_builtins_validate_without_warnings_but_the_tree_profiles_version_note(pcie_only: bool | None) -> None:
     for profile in BUILTIN_PROFILES.values():
-        assert validate_profile(profile, pcie_only=pcie_only) == [], profile.name
+        warnings = validate_profile(profile, pcie_only=pcie_only)
+        if profile.name.startswith("tree-"):
+            # NCCL_ALGO=allreduce:Tree: the per-collective form, which NCCL before 2.24 misreads.
+            assert len(warnings) == 1 and "needs NCCL 2.24+" in warnings[0], warnings
+        else:
+            assert warnings == [], profile.name
 
 
 def test_profile_is_frozen_hashable_and_detached_from_the_callers_dict() -> None:
@@ -227,10 +237,9 @@ GOOD_VALUES = [
     ("NCCL_PROTO", "^LL128"),
     ("NCCL_PROTO", "LL128"),  # fine when the hardware is unknown (pcie_only=None)
     ("NCCL_ALGO", "Ring"),
-    ("NCCL_ALGO", "tree"),
-    ("NCCL_ALGO", "Ring,Tree"),
+    ("NCCL_ALGO", "Ring,tree"),
     ("NCCL_ALGO", "^Tree"),
-    ("NCCL_ALGO", "CollnetDirect,CollnetChain,NVLS,NVLSTree,PAT"),
+    ("NCCL_ALGO", "Ring,CollnetDirect,CollnetChain,NVLS,NVLSTree,PAT"),
     ("NCCL_MIN_NCHANNELS", "1"),
     ("NCCL_MIN_NCHANNELS", "32"),
     ("NCCL_MAX_NCHANNELS", "1"),
@@ -336,6 +345,68 @@ def test_bad_values_name_profile_variable_value_and_what_is_allowed(
     assert f"{var}={value!r}" in message
     for fragment in fragments:
         assert fragment in message
+
+
+# ------------------------------------------------------------------------------------------
+# Every collective vLLM runs keeps an algorithm (issue 23 item 1)
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pcie_only", [None, True, False])
+def test_a_bare_tree_is_rejected_because_nccl_has_no_tree_allgather(pcie_only: bool | None) -> None:
+    # tuning.cc v2.28.9-1 lines 273-277: AllGather runs on Ring, CollnetDirect, NVLS or PAT only.
+    with pytest.raises(ConfigError) as excinfo:
+        validate_profile(_profile({"NCCL_ALGO": "Tree", "NCCL_PROTO": "LL"}, name="old-tree"), pcie_only=pcie_only)
+    message = str(excinfo.value)
+    assert "'old-tree' (from test)" in message and "NCCL_ALGO='Tree'" in message
+    assert "leaves AllGather with no algorithm/protocol" in message
+    assert "AllGather with Ring, CollnetDirect, NVLS, PAT only" in message
+    assert "NCCL_ALGO='allreduce:Tree'" in message
+
+
+def test_the_builtin_tree_profiles_keep_ring_for_the_logits_allgather_on_a_pcie_node() -> None:
+    for name, protocol in (("tree-ll", "LL"), ("tree-simple", "Simple")):
+        profile = BUILTIN_PROFILES[name]
+        choices = enabled_choices(profile.env, pcie_only=True)
+        assert choices["AllReduce"] == [("Tree", protocol)]
+        assert choices["AllGather"] == [("Ring", protocol)]
+        (warning,) = validate_profile(profile, pcie_only=True)
+        assert "NCCL 2.24+" in warning
+
+
+def test_every_builtin_profile_leaves_each_collective_an_algorithm_on_a_pcie_node() -> None:
+    for profile in BUILTIN_PROFILES.values():
+        choices = enabled_choices(profile.env, pcie_only=True)
+        assert all(choices[f] for f in choices), (profile.name, choices)
+    assert set(VLLM_COLLECTIVES) == {"AllReduce", "AllGather"}
+
+
+@pytest.mark.parametrize(
+    ("env", "pcie_only", "collective"),
+    [
+        ({"NCCL_ALGO": "PAT"}, None, "AllReduce"),  # PAT has no AllReduce (tuning.cc line 277)
+        ({"NCCL_ALGO": "NVLS", "NCCL_PROTO": "LL"}, None, "AllGather and AllReduce"),  # NVLS: Simple only
+        ({"NCCL_ALGO": "NVLS"}, True, "AllGather and AllReduce"),  # no NVSwitch on a PCIe node
+        ({"NCCL_ALGO": "Ring;allgather:PAT"}, True, "AllGather"),  # PAT: one GPU per node
+        ({"NCCL_ALGO": "allgather:^Ring"}, True, "AllGather"),
+        ({"NCCL_PROTO": "LL128"}, None, None),  # forced LL128 still runs Ring: no error
+    ],
+)
+def test_a_list_that_starves_a_collective_vllm_runs_is_an_error(
+    env: dict[str, str], pcie_only: bool | None, collective: str | None
+) -> None:
+    if collective is None:
+        validate_profile(_profile(env), pcie_only=pcie_only)
+        return
+    with pytest.raises(ConfigError, match=f"leaves {collective} with no algorithm/protocol"):
+        validate_profile(_profile(env), pcie_only=pcie_only)
+
+
+def test_starving_a_collective_vllm_does_not_run_is_only_a_warning() -> None:
+    warnings = validate_profile(_profile({"NCCL_ALGO": "Tree;allgather:Ring;allreduce:Ring"}), pcie_only=True)
+    starved = [w for w in warnings if "no algorithm/protocol" in w]
+    assert [w.split(" leaves ")[1].split(" ")[0] for w in starved] == ["Broadcast", "Reduce", "ReduceScatter"]
+    assert all("vLLM does not run it" in w for w in starved)
 
 
 @pytest.mark.parametrize(

@@ -86,15 +86,18 @@ BUILTIN_PROFILES: Mapping[str, NcclProfile] = MappingProxyType(
                 "Ring algorithm, Simple protocol: bandwidth over latency (large prefill all-reduces)",
                 {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"},
             ),
+            # Tree for AllReduce only: NCCL has no Tree AllGather (tuning.cc), and vLLM gathers
+            # the logits with one, so a bare NCCL_ALGO=Tree fails the engine (values.py
+            # VLLM_COLLECTIVES). The per-collective form needs NCCL 2.24+.
             NcclProfile(
                 "tree-ll",
-                "Tree algorithm, LL protocol",
-                {"NCCL_ALGO": "Tree", "NCCL_PROTO": "LL"},
+                "Tree algorithm for all-reduce (NCCL's other collectives have no Tree), LL protocol",
+                {"NCCL_ALGO": "allreduce:Tree", "NCCL_PROTO": "LL"},
             ),
             NcclProfile(
                 "tree-simple",
-                "Tree algorithm, Simple protocol",
-                {"NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple"},
+                "Tree algorithm for all-reduce (NCCL's other collectives have no Tree), Simple protocol",
+                {"NCCL_ALGO": "allreduce:Tree", "NCCL_PROTO": "Simple"},
             ),
             NcclProfile(
                 "ring-ll-tuned",

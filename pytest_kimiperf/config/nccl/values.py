@@ -17,6 +17,7 @@ Sources for the rules below (checked, not guessed):
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,14 @@ from pytest_kimiperf.errors import ConfigError
 if TYPE_CHECKING:
     from pytest_kimiperf.config.nccl.profiles import NcclProfile
 
-__all__ = ["KNOWN_NCCL_VARIABLES", "P2P_LEGACY_LEVELS", "is_nccl_related", "validate_profile"]
+__all__ = [
+    "KNOWN_NCCL_VARIABLES",
+    "P2P_LEGACY_LEVELS",
+    "VLLM_COLLECTIVES",
+    "enabled_choices",
+    "is_nccl_related",
+    "validate_profile",
+]
 
 # Every variable the NCCL 2.29 user guide documents (env.html, both "System configuration" and
 # "Debugging"), plus a few that NCCL's source reads without documenting them and two that
@@ -86,6 +94,34 @@ P2P_LEGACY_LEVELS = {"0": "LOC", "1": "PIX", "2": "PXB", "3": "PHB", "4": "SYS"}
 _NTHREADS = ("64", "128", "256", "512")
 _MAX_MIN_NCHANNELS = 32  # user guide: "up to 32 (2.5 and later)"
 _MAX_CTAS = 64  # user guide: "a positive integer value up to 64 (32 prior to 2.25)"
+
+# Which algorithms NCCL implements for each collective: the `continue` rules at the top of
+# ncclTopoTuneModel, src/graph/tuning.cc (v2.28.9-1 lines 273-277; the same rules since
+# v2.24.3-1 lines 233-236). Tree is an AllReduce algorithm only, so a bare NCCL_ALGO=Tree leaves
+# AllGather with no algorithm and enqueue.cc (v2.28.9-1 lines 1848-1859) fails the call:
+# "no algorithm/protocol available for function AllGather ... NCCL_ALGO was set to Tree",
+# ncclInvalidUsage.
+_ALGORITHMS_FOR: dict[str, tuple[str, ...]] = {
+    "Broadcast": ("Ring",),
+    "Reduce": ("Ring",),
+    "AllGather": ("Ring", "CollnetDirect", "NVLS", "PAT"),
+    "ReduceScatter": ("Ring", "CollnetDirect", "NVLS", "PAT"),
+    "AllReduce": ("Tree", "Ring", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree"),
+}
+# Algorithms that run the Simple protocol only (tuning.cc v2.28.9-1 lines 280-282 for NVLS,
+# NVLSTree and PAT; CollNet's bandwidth is zeroed for LL and LL128, lines 311-312).
+_SIMPLE_ONLY = frozenset({"CollnetDirect", "CollnetChain", "NVLS", "NVLSTree", "PAT"})
+# What is left on one node of PCIe-only GPUs (tuning.cc v2.28.9-1 lines 465-473 and 206): NVLS
+# needs NVSwitch multicast, CollNet a CollNet plugin (CollnetDirect also NVSwitch), NVLSTree is
+# off on a single node, and PAT runs with one GPU per node only.
+_PCIE_NODE_ALGORITHMS = frozenset({"Tree", "Ring"})
+# The collectives vLLM 0.32 runs on a tensor-parallel CUDA engine through PyNccl: AllReduce for
+# the row-parallel and MoE layers (device_communicators/cuda_communicator.py:432-438; its custom
+# all-reduce is off on more than two PCIe-only GPUs, custom_all_reduce.py:270) and AllGather for
+# the logits (layers/logits_processor.py:124-130: platforms/interface.py:1267 use_all_gather() is
+# True and CUDA keeps it; cuda_communicator.py:470-487). A profile that leaves either with no
+# algorithm crashes the engine at its first forward pass.
+VLLM_COLLECTIVES: tuple[str, ...] = ("AllReduce", "AllGather")
 
 
 def is_nccl_related(var: str) -> bool:
@@ -166,6 +202,74 @@ def _forced_on(entries: list[_ListEntry], element: str) -> list[str]:
                 (element not in entry.elements) if entry.exclude else (element in entry.elements)
             )
     return [f for f, on in state.items() if on]
+
+
+def _enabled(entries: list[_ListEntry], elements: tuple[str, ...]) -> dict[str, frozenset[str]]:
+    """Per collective, the elements a parsed list leaves on (parseList's result, tuning.cc)."""
+    enabled = {f: frozenset(elements) for f in _NCCL_FUNCTIONS}
+    for entry in entries:
+        for function in entry.functions:
+            listed = frozenset(entry.elements)
+            enabled[function] = frozenset(elements) - listed if entry.exclude else listed
+    return enabled
+
+
+def enabled_choices(env: Mapping[str, str], *, pcie_only: bool | None) -> dict[str, list[tuple[str, str]]]:
+    """Per collective, the (algorithm, protocol) pairs NCCL can still choose under ``env``.
+
+    What a profile's NCCL_ALGO and NCCL_PROTO leave on, crossed with what NCCL implements for
+    each collective (``_ALGORITHMS_FOR``, ``_SIMPLE_ONLY``); on a PCIe-only node also what the
+    host offers (``_PCIE_NODE_ALGORITHMS``, and LL128 only where the list forces it: NCCL's own
+    default leaves it off without NVLink, tuning.cc v2.28.9-1 lines 480-491). The values must
+    already be valid lists.
+    """
+    algos = _enabled(_parse_nccl_list(env["NCCL_ALGO"], _NCCL_ALGORITHMS, "algorithm"), _NCCL_ALGORITHMS) \
+        if "NCCL_ALGO" in env else {f: frozenset(_NCCL_ALGORITHMS) for f in _NCCL_FUNCTIONS}
+    if "NCCL_PROTO" in env:
+        entries = _parse_nccl_list(env["NCCL_PROTO"], _NCCL_PROTOCOLS, "protocol")
+        protos = _enabled(entries, _NCCL_PROTOCOLS)
+        forced_ll128 = set(_forced_on(entries, "LL128"))
+    else:
+        protos, forced_ll128 = {f: frozenset(_NCCL_PROTOCOLS) for f in _NCCL_FUNCTIONS}, set()
+    choices: dict[str, list[tuple[str, str]]] = {}
+    for function in _NCCL_FUNCTIONS:
+        pairs = []
+        for algorithm in _ALGORITHMS_FOR[function]:
+            if algorithm not in algos[function] or (pcie_only and algorithm not in _PCIE_NODE_ALGORITHMS):
+                continue
+            for protocol in _NCCL_PROTOCOLS:
+                if protocol not in protos[function] or (algorithm in _SIMPLE_ONLY and protocol != "Simple"):
+                    continue
+                if protocol == "LL128" and pcie_only and function not in forced_ll128:
+                    continue
+                pairs.append((algorithm, protocol))
+        choices[function] = pairs
+    return choices
+
+
+def _check_coverage(who: str, env: Mapping[str, str], pcie_only: bool | None) -> list[str]:
+    """ConfigError when a collective vLLM runs is left with no algorithm; warnings for the others."""
+    if "NCCL_ALGO" not in env and "NCCL_PROTO" not in env:
+        return []
+    given = " ".join(f"{var}={env[var]!r}" for var in ("NCCL_ALGO", "NCCL_PROTO") if var in env)
+    host = " on a PCIe-only node (Tree and Ring only)" if pcie_only else ""
+    starved = [f for f, pairs in enabled_choices(env, pcie_only=pcie_only).items() if not pairs]
+    fatal = [f for f in starved if f in VLLM_COLLECTIVES]
+    if fatal:
+        offers = "; ".join(f"{f} with {', '.join(_ALGORITHMS_FOR[f])}" for f in fatal)
+        raise ConfigError(
+            f"{who}: {given} leaves {' and '.join(fatal)} with no algorithm/protocol{host}; NCCL "
+            f"implements {offers} only, and vLLM runs {' and '.join(fatal)} on every tensor-parallel "
+            "engine, so the engine would fail with ncclInvalidUsage (\"no algorithm/protocol "
+            f"available for function {fatal[0]}\"). Name the collective instead, e.g. "
+            "NCCL_ALGO='allreduce:Tree' (NCCL 2.24+), which leaves the other collectives to NCCL"
+        )
+    return [
+        f"{who}: {given} leaves {f} with no algorithm/protocol{host} (NCCL implements it with "
+        f"{', '.join(_ALGORITHMS_FOR[f])}); vLLM does not run it on a tensor-parallel engine, but "
+        "anything that does fails with ncclInvalidUsage"
+        for f in starved
+    ]
 
 
 def _nccl_decimal(value: str) -> int:
@@ -298,4 +402,5 @@ def validate_profile(profile: NcclProfile, *, pcie_only: bool | None) -> list[st
                     "host; NCCL enables LL128 by itself only where it is supported (NVLink), and "
                     "its docs warn that enabling it on other platforms can corrupt data"
                 )
+    warnings.extend(_check_coverage(who, env, pcie_only))
     return warnings
