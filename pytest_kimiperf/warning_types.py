@@ -15,7 +15,9 @@ class KimiperfWarning(pytest.PytestWarning):
 
 
 class InconclusiveWarning(KimiperfWarning):
-    """The change against the baseline is beyond the tolerance but not shown (too few boots)."""
+    """The change against the baseline looks beyond the tolerance without a verdict: the
+    interval holds zero (inconclusive) or excludes it without settling the size (changed, size
+    unresolved), on too few boots."""
 
 
 class MissingBaselineWarning(KimiperfWarning):

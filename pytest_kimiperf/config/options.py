@@ -76,7 +76,8 @@ OPTIONS = (
     Option("baselines_dir", "--baselines-dir", "kimiperf_baselines_dir",
             "directory of JSON baselines (default: <rootdir>/baselines)"),
     Option("perf_strict", "--perf-strict", "kimiperf_strict",
-            "fail perf tests whose baseline comparison is inconclusive", False, kind="bool"),
+            "fail perf tests whose baseline comparison puts the change beyond the tolerance without "
+            "a verdict (inconclusive, or changed with its size unresolved)", False, kind="bool"),
     Option("missing_baseline", "--kimiperf-missing-baseline", "kimiperf_missing_baseline",
             "a perf test without a baseline for this hardware: 'warn' (default) or 'fail' (for a "
             "CI gate, where a missing baseline must not pass)", "warn", env="KIMIPERF_MISSING_BASELINE"),

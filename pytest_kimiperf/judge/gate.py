@@ -138,8 +138,9 @@ SOFT_FACTS = "the baseline was recorded with other soft facts"
 def warning_kinds(result: TestResult, *, missing_baseline_fails: bool) -> list[tuple[WarningKind, str]]:
     """Each warning of ``result`` with its kind, plus one per metric without a baseline (unless
     that fails the test) and one per metric judged across software versions."""
+    unresolved = (VerdictKind.INCONCLUSIVE.value, VerdictKind.CHANGED_SIZE_UNRESOLVED.value)
     inconclusive = {m.baseline_message for m in result.metrics.values()
-                    if m.baseline and m.baseline.get("verdict") == VerdictKind.INCONCLUSIVE.value}
+                    if m.baseline and m.baseline.get("verdict") in unresolved}
     below_target = result.floor["message"] if result.floor and result.floor.get("status") == FloorStatus.BELOW_TARGET.value else None
     kinds: list[tuple[WarningKind, str]] = []
     for line in result.warnings:
@@ -162,7 +163,7 @@ def verdict_fails(comparison: Comparison, *, strict: bool) -> bool:
     """Whether a baseline verdict fails the test."""
     if comparison.verdict is VerdictKind.REGRESSION:
         return True
-    return strict and comparison.verdict is VerdictKind.INCONCLUSIVE
+    return strict and comparison.unresolved_beyond_tolerance
 
 
 def check_floor(median: float, *, floor: float, target: float) -> FloorResult:
@@ -369,10 +370,10 @@ def verdict_to_result(comparison: Comparison, result: TestResult, *, strict: boo
         result.failures.append(message)
     elif kind is VerdictKind.IMPROVEMENT:
         result.warnings.append(message + "; run --update-baselines to adopt it")
-    elif kind in (VerdictKind.INCONCLUSIVE, VerdictKind.NO_DETECTABLE_CHANGE):
+    elif kind in (VerdictKind.INCONCLUSIVE, VerdictKind.CHANGED_SIZE_UNRESOLVED, VerdictKind.NO_DETECTABLE_CHANGE):
         plan = plan_line(comparison)
         line = message + (f"; {plan}" if plan else "")
-        (result.warnings if kind is VerdictKind.INCONCLUSIVE else result.messages).append(line)
+        (result.warnings if comparison.unresolved_beyond_tolerance else result.messages).append(line)
     elif kind in (VerdictKind.NOT_COMPARABLE, VerdictKind.INSUFFICIENT_SAMPLES):
         result.warnings.append(message)
 

@@ -1,10 +1,11 @@
 """How many boots a verdict needs: the first-boot screen and the boot planner's advice.
 
 A comparison that looks worse than the tolerance without a verdict asks for another boot
-(:func:`wants_another_boot`); an inconclusive or "no detectable change" verdict says how many
-boots would resolve a change of interest (:func:`plan_line`, from :func:`boots_needed`: the
-normal-approximation power calculation against the baseline's boot history). The verdicts
-themselves, and the minimum detectable change quoted with them, are ``stats``.
+(:func:`wants_another_boot`); an inconclusive, "changed, size unresolved" or "no detectable
+change" verdict says how many boots would resolve a change of interest (:func:`plan_line`,
+from :func:`boots_needed`: the normal-approximation power calculation against the baseline's
+boot history). The verdicts themselves, and the minimum detectable change quoted with them,
+are ``stats``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def wants_another_boot(c: Comparison, *, screen_fraction: float = SCREEN_FRACTIO
     regressions, and every extra boot costs a full model load. The caller stops at the
     deployment's maximum.
     """
-    if c.verdict not in (VerdictKind.INCONCLUSIVE, VerdictKind.NO_DETECTABLE_CHANGE):
+    if c.verdict not in (VerdictKind.INCONCLUSIVE, VerdictKind.CHANGED_SIZE_UNRESOLVED,
+                         VerdictKind.NO_DETECTABLE_CHANGE):
         return False
     return c.gain < -screen_fraction * c.tolerance
 

@@ -20,9 +20,12 @@ time", ISMM 2013: replicate at the level that varies most). So:
   :data:`DIRECTIONAL_CONFIDENCE` bound of the change lies beyond the tolerance, and only on two
   boots or more (one boot can screen, never convict: a first boot that looks bad asks for
   another, see ``planning.wants_another_boot``); "within +/-tol" only when the whole
-  :data:`EQUIVALENCE_CONFIDENCE` interval lies inside the tolerance; anything else is "no
-  detectable change", with the smallest change this design would have detected, or
-  "inconclusive" when the point estimate is beyond the tolerance but not shown.
+  :data:`EQUIVALENCE_CONFIDENCE` interval lies inside the tolerance. Short of those, the
+  interval says what it can: "changed, size unresolved" when it excludes zero (something
+  changed, but whether beyond the tolerance is not shown); "no detectable change" when it holds
+  zero and the point estimate is inside the tolerance (with the smallest change this design
+  would have detected); "inconclusive" when it holds zero and the point estimate is beyond the
+  tolerance (both no change and a change beyond the tolerance fit the data).
 
 Why these levels (benchmarks/gate_power.py simulates the whole gate: boot effects of 0-3%,
 per-request CV 1-2%, heavy tails, drift over the session, 2 profiles x 10 gated metrics, a
@@ -69,6 +72,7 @@ class VerdictKind(str, Enum):
     IMPROVEMENT = "improvement"
     WITHIN_TOLERANCE = "within tolerance"
     NO_DETECTABLE_CHANGE = "no detectable change"
+    CHANGED_SIZE_UNRESOLVED = "changed, size unresolved"
     INCONCLUSIVE = "inconclusive"
     INSUFFICIENT_SAMPLES = "insufficient samples"
     NOT_COMPARABLE = "not comparable"
@@ -175,6 +179,14 @@ class Comparison:
         """True when the verdict should fail the perf test."""
         return self.verdict is VerdictKind.REGRESSION
 
+    @property
+    def unresolved_beyond_tolerance(self) -> bool:
+        """The point estimate is beyond the tolerance without a directional verdict: what
+        warns (InconclusiveWarning) and what ``--perf-strict`` fails, whether or not the
+        interval excludes zero."""
+        return (self.verdict in (VerdictKind.INCONCLUSIVE, VerdictKind.CHANGED_SIZE_UNRESOLVED)
+                and abs(self.gain) > self.tolerance)
+
     def rests_on(self) -> str:
         """What the verdict rests on, e.g. "2 boots (40 requests) vs 10 baseline boots; boot
         spread 0.8% (measured over 2 + 10 boots)"."""
@@ -200,8 +212,12 @@ class Comparison:
         elif kind is VerdictKind.WITHIN_TOLERANCE:
             body = f"within +/-{tol} ({change}, {ci}"
         elif kind is VerdictKind.NO_DETECTABLE_CHANGE:
-            body = (f"no detectable change ({change}, {ci}; this design detects changes of "
+            body = (f"no detectable change ({change}, {ci} holds zero; this design detects changes of "
                     f"{self.mdc * 100:.2g}% or more")
+        elif kind is VerdictKind.CHANGED_SIZE_UNRESOLVED:
+            beyond = self.ci_high < -self.tolerance or self.ci_low > self.tolerance
+            reach = f"lies beyond the {tol} tolerance" if beyond else f"crosses the {tol} tolerance"
+            body = f"changed, size unresolved ({change}, {ci} excludes zero and {reach}"
         elif kind is VerdictKind.INSUFFICIENT_SAMPLES:
             body = (f"insufficient samples ({self.boots_current} current and {self.boots_reference} reference "
                     f"boots with enough valid samples, at least {MIN_SAMPLES_PER_BOOT} each)")
@@ -211,7 +227,7 @@ class Comparison:
         elif kind is VerdictKind.NOT_JUDGED:
             return prefix + f"not judged ({self.note})"
         else:
-            body = f"inconclusive ({change}, beyond the {tol} tolerance but not shown: {ci}"
+            body = f"inconclusive ({change} is beyond the {tol} tolerance, but the {ci} holds zero"
         tail = f"; {self.note}" if self.note else ""
         return f"{prefix}{body}; {self.rests_on()}{tail})"
 
@@ -291,6 +307,8 @@ def compare_boots(
         verdict = VerdictKind.IMPROVEMENT
     elif -tolerance <= ci_low and ci_high <= tolerance:
         verdict = VerdictKind.WITHIN_TOLERANCE
+    elif ci_low > 0.0 or ci_high < 0.0:
+        verdict = VerdictKind.CHANGED_SIZE_UNRESOLVED
     elif abs(gain) > tolerance:
         verdict = VerdictKind.INCONCLUSIVE
     else:

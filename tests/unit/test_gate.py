@@ -75,7 +75,8 @@ def test_one_boot_that_looks_worse_screens_and_asks_for_another(tmp_path: Path) 
     assert judged.result.messages[-1] == (
         "boot 2 of default asked for: decode looks -20.1% on 1 boot(s) (one boot can screen, never convict)")
     [comparison] = judged.comparisons
-    assert comparison.verdict in (VerdictKind.INCONCLUSIVE, VerdictKind.NO_DETECTABLE_CHANGE)
+    # -20% on one boot against a tight history: changed, but one boot cannot say by how much
+    assert comparison.verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED
 
 
 def test_a_regression_on_two_boots_fails(tmp_path: Path) -> None:

@@ -100,7 +100,7 @@ def judge(res: TestResult, view: baselines.BaselineView | None,
         mres.baseline_message = message
         if comparison is not None:
             mres.baseline = comparison.to_dict()
-            if comparison.verdict.value in ("inconclusive", "improvement"):
+            if comparison.unresolved_beyond_tolerance or comparison.verdict.value == "improvement":
                 res.warnings.append(message)
     return res
 
@@ -279,7 +279,7 @@ def test_quiet_keeps_only_verdict_lines(report: SessionReport) -> None:
     compared = [line for line in verdicts if "ring-ll boot 2" in line and " vs " in line]
     assert [line.split()[-1] for line in compared] == ["tolerance", "tolerance", "worse"]
     assert verdicts[8].startswith("  [default] time to first token ms: ")
-    assert verdicts[8].endswith("inconclusive")  # one boot screens, never convicts
+    assert verdicts[8].endswith("changed, size unresolved")  # one boot screens, never convicts
     assert verdicts[11].startswith("  [default boot 2] time to first token ms: ")
     assert verdicts[11].endswith("REGRESSION")  # the second boot convicts
     assert verdicts[12].startswith("  [default] decode ") and verdicts[12].endswith(

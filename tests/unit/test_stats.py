@@ -97,6 +97,36 @@ def test_within_needs_the_whole_interval_inside_else_no_detectable_change_with_t
     assert f"this design detects changes of {wide.mdc * 100:.2g}% or more" in wide.message()
 
 
+def test_each_region_of_point_interval_and_tolerance_has_the_name_of_what_it_shows() -> None:
+    # The case: -24.7%, 90% CI -43.1..-0.4% against a 25% tolerance. The interval
+    # excludes zero, so something changed; it is neither inside nor beyond the tolerance.
+    changed = compare_boots(boots(75.3, 75.3), boots(100.0, 100.0), direction=HIGHER, tolerance=0.25,
+                            prior_spread=0.14, metric="output throughput", unit="tok/s")
+    assert changed.ci_high < 0 and changed.ci_low < -0.25 < changed.change
+    assert changed.verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED
+    assert not changed.failed and not changed.unresolved_beyond_tolerance
+    assert changed.message().startswith(
+        f"output throughput tok/s: changed, size unresolved (-24.7%, 90% CI {changed.ci_low * 100:+.1f}%.."
+        f"{changed.ci_high * 100:+.1f}% excludes zero and crosses the 25% tolerance; 2 boots")
+    # An interval that holds zero: no detectable change while the point is inside the tolerance,
+    # inconclusive when it is beyond (both "no change" and "beyond" fit the data).
+    quiet = compare_boots(boots(90.0, 90.0), boots(100.0, 100.0), direction=HIGHER, tolerance=0.25,
+                          prior_spread=0.14)
+    assert quiet.ci_low < 0 < quiet.ci_high and quiet.verdict is VerdictKind.NO_DETECTABLE_CHANGE
+    assert "% holds zero; this design detects changes of" in quiet.message()
+    loud = compare_boots(boots(70.0), boots(100.0), direction=HIGHER, tolerance=0.25, prior_spread=0.3)
+    assert loud.ci_low < 0 < loud.ci_high and loud.verdict is VerdictKind.INCONCLUSIVE
+    assert loud.unresolved_beyond_tolerance
+    assert "inconclusive (-30.0% is beyond the 25% tolerance, but the 90% CI" in loud.message()
+    assert "% holds zero; 1 boot" in loud.message()
+    # One boot wholly beyond the tolerance: changed, but one boot can screen, never convict.
+    screened = compare_boots(boots(50.0), boots(100.0), direction=HIGHER, tolerance=0.25, prior_spread=0.05)
+    assert screened.ci_high < -0.25 and screened.verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED
+    assert screened.unresolved_beyond_tolerance and not screened.failed
+    assert "excludes zero and lies beyond the 25% tolerance" in screened.message()
+    assert screened.message().endswith("a verdict needs 2 boots: one boot can screen, never convict)")
+
+
 def test_the_prior_spread_rules_until_the_baseline_has_enough_boots() -> None:
     few = estimate_spread(boots(100), boots(100, 100.1), prior_sd_log=0.05)
     assert few.sd_log > 0.03 and "declared" in few.source and few.df == pytest.approx(4)
