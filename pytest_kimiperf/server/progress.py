@@ -30,7 +30,11 @@ _PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("resolving model", re.compile(r"Resolved architecture|non-default args")),
 )
 
-_PERCENT = re.compile(r"(\d{1,3})%\s*(?:Completed\s*)?\|\s*(\d+)/(\d+)")
+# Two bar shapes: vLLM's checkpoint loader ("56% Completed | 36/64", model_loader/weight_utils.py
+# line 837 _BAR_FORMAT) and tqdm's default ("45%|████▌     | 23/51", tqdm/std.py 4.70.1 lines
+# 585-589 and 628: '{l_bar}{bar}{r_bar}', the bar between '%|' and '| n/total'), which the
+# CUDA-graph capture uses (v1/worker/gpu_model_runner.py line 6654).
+_PERCENT = re.compile(r"(\d{1,3})%\s*(?:Completed\s*)?\|(?:[^|\r\n]*\|)?\s*(\d+)/(\d+)")
 
 
 @dataclass(frozen=True)
