@@ -41,7 +41,7 @@ def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
         lines.append(f"kimiperf: server command: {describe_command(dep)}")
         lines.extend(f"kimiperf: {line}" for line in weight_cache_lines(
             setting=dep.weight_cache, gpu_count=dep.gpu_count, command=list(dep.command), model=dep.model,
-            tensor_parallel_size=dep.tensor_parallel_size))
+            tensor_parallel_size=dep.tensor_parallel_size, quantization=dep.quantization))
     return lines
 
 

@@ -57,7 +57,8 @@ def check_weight_cache_fit(deployment: Deployment, gpus: Sequence[GpuInfo]) -> N
     share the smallest GPU (weight_cache.py); nothing to check without GPUs, without the cache,
     or while the checkpoint is not on this host yet."""
     if not gpus or why_not_used(
-        setting=deployment.weight_cache, gpu_count=deployment.gpu_count, command=list(deployment.command)
+        setting=deployment.weight_cache, gpu_count=deployment.gpu_count, command=list(deployment.command),
+        model=deployment.model, quantization=deployment.quantization,
     ):
         return
     fit = memory_fit(deployment.model, deployment.tensor_parallel_size, list(deployment.command),

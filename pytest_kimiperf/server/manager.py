@@ -257,7 +257,8 @@ class ServerManager:
         socket_dir = tempfile.mkdtemp(prefix="kimiperf-wc-")  # short: a Unix socket path is <108 bytes
         plan = plan_weight_cache(setting=deployment.weight_cache, gpu_count=deployment.gpu_count,
                                  command=engine_argv, socket_dir=socket_dir,
-                                 health_port=pick_free_port("127.0.0.1"))
+                                 health_port=pick_free_port("127.0.0.1"), model=deployment.model,
+                                 quantization=deployment.quantization)
         if not plan.enabled:
             shutil.rmtree(socket_dir, ignore_errors=True)
             self.weight_cache = plan

@@ -19,6 +19,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pytest_kimiperf.errors import HardwareMissingError
 
@@ -35,9 +36,37 @@ _FRONTEND_ARGS_WITH_VALUE = frozenset({
 _FRONTEND_FLAGS = frozenset({"--enable-auto-tool-choice", "--disable-log-requests", "--disable-uvicorn-access-log"})
 
 # vLLM's own start-up failures that mean "this deployment cannot use the weight cache": the
-# daemon exits with one of these in its log (weight_cache/protocol.py), and the session loads
-# from disk instead.
+# daemon exits with one of these in its log (weight_cache/protocol.py:64-69), and the session
+# loads from disk instead. The traceback's last line is "<module>.<Error>: <message>"; the
+# "raise UnsupportedQuantForIPCError(" line above it names the error but says nothing.
 UNSUPPORTED_MARKERS = ("UnsupportedPlatformForIPCError", "UnsupportedQuantForIPCError")
+_UNSUPPORTED_MESSAGE = re.compile(r"(Unsupported\w+ForIPCError): (.+)$")
+
+# The daemons hand the engine post-processed weights, so every layer's quantization method must
+# declare ``supports_pre_processed_weights``; vLLM 0.32 checks it after building the model and
+# before reading a weight (model_loader/weight_cache/daemon.py:327, protocol.py:93-112) and the
+# default is False (layers/quantization/base_config.py:36). In 0.32 only the unquantized methods
+# (layers/linear.py:168, vocab_parallel_embedding.py:42, fused_moe/unquantized_fused_moe_method.py:60),
+# fp8's (quantization/fp8.py:239, 478), the KV-cache method (kv_cache.py:55) and some of mxfp4's,
+# modelopt's and the mxfp8 kernels' declare True. The methods of the quantizations below derive
+# from LinearMethodBase / FusedMoEMethodBase directly and never set it, so their daemons cannot
+# serve: Kimi-K2.5's INT4 experts run CompressedTensorsWNA16MoEMethod
+# (compressed_tensors_moe/compressed_tensors_moe_wna16.py:52). Any other method is tried, with
+# the daemons' own error as the fallback reason.
+IPC_QUANT_UNSUPPORTED = frozenset({
+    "compressed-tensors", "awq", "awq_marlin", "auto_awq", "gptq", "gptq_marlin", "auto_gptq",
+    "moe_wna16", "fbgemm_fp8", "fp_quant", "humming", "torchao",
+})
+# vLLM 0.32's names of the quantization methods (layers/quantization/__init__.py
+# QUANTIZATION_METHODS), longest first so "gptq_marlin" is not read as "gptq" in a deployment's
+# free-text field.
+_KNOWN_QUANT_METHODS = tuple(sorted((
+    "awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
+    "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin", "humming", "compressed-tensors",
+    "experts_int8", "quark", "moe_wna16", "torchao", "inc", "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8",
+    "online", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only",
+    "nvfp4_per_token", "mxfp8",
+), key=len, reverse=True))
 
 
 @dataclass(frozen=True)
@@ -73,11 +102,58 @@ class WeightCachePlan:
         return f"weight cache: off ({self.fallback_reason})" if self.fallback_reason else "weight cache: off"
 
 
-def why_not_used(*, setting: str, gpu_count: int, command: Sequence[str]) -> str | None:
+def quant_method_of(model_config: Mapping[str, object]) -> str | None:
+    """vLLM's name of a model's quantization method, from its config.json (None: unquantized).
+
+    A multimodal wrapper (Kimi-K2.5's ``kimi_k25``) may carry it in ``text_config`` only."""
+    for config in (model_config, model_config.get("text_config")):
+        quant = config.get("quantization_config") if isinstance(config, Mapping) else None
+        if isinstance(quant, Mapping) and isinstance(quant.get("quant_method"), str):
+            return str(quant["quant_method"]).lower()
+    return None
+
+
+def declared_quant_method(quantization: str | None) -> str | None:
+    """The vLLM method a deployment's free-text ``quantization`` names ("int4 (compressed-tensors)")."""
+    text = (quantization or "").lower()
+    return next((m for m in _KNOWN_QUANT_METHODS if re.search(rf"(?<![\w-]){re.escape(m)}(?![\w-])", text)), None)
+
+
+def _model_config(model: str) -> dict[str, object] | None:
+    for folder in _model_folders(model):
+        try:
+            data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            return data
+    return None
+
+
+def quant_reason(*, model: str | None, quantization: str | None) -> str | None:
+    """Why the daemons cannot serve this model's quantization, or None when they can (or may).
+
+    The model's own config.json decides where it is on this host; otherwise the deployment's
+    declared ``quantization``."""
+    config = _model_config(model) if model else None
+    if config is not None:
+        method, source = quant_method_of(config), f"{model}'s config.json"
+    else:
+        method, source = declared_quant_method(quantization), f"the deployment's quantization {quantization!r}"
+    if method not in IPC_QUANT_UNSUPPORTED:
+        return None
+    return (f"quantization {method!r} (from {source}) has no pre-processed weight support in vLLM 0.32 "
+            "(supports_pre_processed_weights, quantization/base_config.py:36), so each `vllm preload` "
+            "daemon would stop with UnsupportedQuantForIPCError (weight_cache/daemon.py:327); loading from disk")
+
+
+def why_not_used(*, setting: str, gpu_count: int, command: Sequence[str], model: str | None = None,
+                 quantization: str | None = None) -> str | None:
     """Why the deployment's engines will load from disk, or None when they boot from the cache.
 
-    Decided before any boot (the header shows it); a daemon that then fails to start (a
-    quantization without pre-processed weight support) is a later fallback with its own reason.
+    Decided before any boot, and before any daemon starts (the header shows it): the setting,
+    the platform, the command, and the model's quantization method. A daemon that still fails
+    to start is a later fallback with the daemons' own error as its reason.
     """
     if setting == "off":
         return "the deployment sets weight_cache = \"off\""
@@ -86,13 +162,15 @@ def why_not_used(*, setting: str, gpu_count: int, command: Sequence[str]) -> str
                 "(UnsupportedPlatformForIPCError on CPU); loading from disk")
     if not _is_vllm_serve(command):
         return "the command is not `vllm serve`: no `vllm preload` to pair it with"
-    return None
+    return quant_reason(model=model, quantization=quantization)
 
 
 def plan_weight_cache(*, setting: str, gpu_count: int, command: Sequence[str],
-                      socket_dir: str, health_port: int) -> WeightCachePlan:
+                      socket_dir: str, health_port: int, model: str | None = None,
+                      quantization: str | None = None) -> WeightCachePlan:
     """The session's plan: the cache with its socket folder and health port, or the reason not."""
-    reason = why_not_used(setting=setting, gpu_count=gpu_count, command=command)
+    reason = why_not_used(setting=setting, gpu_count=gpu_count, command=command, model=model,
+                          quantization=quantization)
     if reason is not None:
         return WeightCachePlan(False, reason)
     return WeightCachePlan(True, socket_dir=socket_dir, health_port=health_port)
@@ -154,10 +232,13 @@ def daemon_env(shell_env: Mapping[str, str], deployment_env: Mapping[str, str]) 
 
 
 def unsupported_reason(log_text: str) -> str | None:
-    """The line of a daemon's log that says the deployment cannot use the cache, if any."""
+    """What a daemon's log says about why the deployment cannot use the cache, if it says so:
+    ``UnsupportedQuantForIPCError: layer ...: ... does not support loading from pre-processed
+    weights.`` (the error's message, not the traceback's ``raise`` line)."""
     for line in log_text.splitlines():
-        if any(marker in line for marker in UNSUPPORTED_MARKERS):
-            return line.strip()[-300:]
+        match = _UNSUPPORTED_MESSAGE.search(line)
+        if match:
+            return f"{match.group(1)}: {match.group(2).strip()}"[:300]
     return None
 
 
@@ -205,17 +286,20 @@ def estimate_daemon_gib(checkpoint_bytes: int, tensor_parallel_size: int) -> flo
     return checkpoint_bytes / max(1, tensor_parallel_size) / 1024**3
 
 
-def checkpoint_bytes(model: str) -> int | None:
-    """Size of a model's weight files, for a local folder or a Hugging Face cache snapshot;
-    None when they are not on this host yet (the fit is then checked once the daemons report)."""
-    from pathlib import Path
-
+def _model_folders(model: str) -> list[Path]:
+    """Where a model's files may be on this host: its folder, or its Hugging Face cache snapshots."""
     candidates = [Path(model)]
     if "/" in model and not Path(model).exists():
         hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME") or
                    Path.home() / ".cache" / "huggingface") / "hub")
         candidates = sorted((hub / f"models--{model.replace('/', '--')}" / "snapshots").glob("*"))
-    for folder in candidates:
+    return candidates
+
+
+def checkpoint_bytes(model: str) -> int | None:
+    """Size of a model's weight files, for a local folder or a Hugging Face cache snapshot;
+    None when they are not on this host yet (the fit is then checked once the daemons report)."""
+    for folder in _model_folders(model):
         files = [f for f in folder.glob("*.safetensors") if f.is_file()] if folder.is_dir() else []
         if files:
             return sum(f.stat().st_size for f in files)  # stat follows the hub's symlinks
@@ -255,10 +339,11 @@ def memory_fit(model: str, tensor_parallel_size: int, command: Sequence[str],
 
 
 def header_lines(*, setting: str, gpu_count: int, command: Sequence[str], model: str,
-                 tensor_parallel_size: int) -> list[str]:
+                 tensor_parallel_size: int, quantization: str | None = None) -> list[str]:
     """What the report header says before any boot: on, or off with the reason; and what
     the daemons will hold per GPU where the checkpoint is already on this host."""
-    reason = why_not_used(setting=setting, gpu_count=gpu_count, command=command)
+    reason = why_not_used(setting=setting, gpu_count=gpu_count, command=command, model=model,
+                          quantization=quantization)
     if reason is not None:
         return [f"weight cache: off ({reason})"]
     lines = ["weight cache: on: `vllm preload` daemons load the weights once; each profile's engine "

@@ -28,11 +28,14 @@ from pytest_kimiperf.server.weight_cache import (
     WeightCachePlan,
     check_fit,
     daemon_argv,
+    declared_quant_method,
     daemon_env,
     header_lines,
     held_gib_per_rank,
     memory_fit,
     plan_weight_cache,
+    quant_method_of,
+    quant_reason,
     unsupported_reason,
 )
 from tests import helpers
@@ -93,11 +96,70 @@ def test_off_and_non_vllm_commands_never_start_daemons() -> None:
 
 
 def test_an_unsupported_quantization_in_the_daemons_log_is_the_fallback_reason() -> None:
+    # A daemon rank's traceback as multiprocessing prints it: the message is on the last line,
+    # the "raise" line above it names the error and says nothing (weight_cache/protocol.py:110).
     log = ("(APIServer pid=1) INFO 01-02 10:00:00 [api_utils.py:286] non-default args\n"
-           "vllm...UnsupportedQuantForIPCError: layer model.layers.0.mlp: FooMethod does not support "
-           "loading from pre-processed weights.\n")
-    assert unsupported_reason(log) is not None and "FooMethod" in unsupported_reason(log)  # type: ignore[operator]
+           "Process vllm-weight-cache-target-0:\n"
+           "Traceback (most recent call last):\n"
+           '  File ".../vllm/model_executor/model_loader/weight_cache/protocol.py", line 110, in '
+           "check_ipc_quant_support\n"
+           "    raise UnsupportedQuantForIPCError(\n"
+           "vllm.model_executor.model_loader.weight_cache.protocol.UnsupportedQuantForIPCError: layer "
+           "model.layers.1.mlp.experts: CompressedTensorsWNA16MoEMethod does not support loading from "
+           "pre-processed weights.\n")
+    assert unsupported_reason(log) == (
+        "UnsupportedQuantForIPCError: layer model.layers.1.mlp.experts: CompressedTensorsWNA16MoEMethod "
+        "does not support loading from pre-processed weights.")
     assert unsupported_reason("all well\n") is None
+
+
+def test_kimis_int4_checkpoint_turns_the_cache_off_before_any_daemon_starts(tmp_path: Path) -> None:
+    from pytest_kimiperf.config.deployments import KIMI_K25_INT4_TP8 as kimi
+
+    # Its recorded config.json: compressed-tensors, in text_config too (tests/data/model_configs).
+    config = helpers.DATA / "model_configs" / "kimi-k2.5" / "config.json"
+    assert quant_method_of(json.loads(config.read_text())) == "compressed-tensors"
+    model = tmp_path / "Kimi-K2.5"
+    model.mkdir()
+    (model / "config.json").write_text(config.read_text())
+    for where in (str(model), kimi.model):  # the checkpoint's own config, else the deployment's word
+        plan = plan_weight_cache(setting="auto", gpu_count=8, command=list(kimi.command), socket_dir="/s",
+                                 health_port=1, model=where, quantization=kimi.quantization)
+        assert not plan.enabled
+        assert plan.fallback_reason is not None and "'compressed-tensors'" in plan.fallback_reason
+        assert "UnsupportedQuantForIPCError" in plan.fallback_reason
+    lines = header_lines(setting="auto", gpu_count=8, command=list(kimi.command), model=str(model),
+                         tensor_parallel_size=8, quantization=kimi.quantization)
+    assert len(lines) == 1 and lines[0].startswith("weight cache: off (quantization 'compressed-tensors' (from ")
+
+
+@pytest.mark.parametrize(("quantization", "method", "off"), [
+    (None, None, False), ("fp8", "fp8", False), ("FP8 (fp8_per_block)", "fp8_per_block", False),
+    ("mxfp4", "mxfp4", False), ("awq_marlin int4", "awq_marlin", True), ("int4 gptq_marlin", "gptq_marlin", True),
+    ("int4 (compressed-tensors)", "compressed-tensors", True), ("int8 (bf16 activations)", None, False),
+])
+def test_a_declared_quantization_names_vllms_method(quantization: str | None, method: str | None, off: bool) -> None:
+    assert declared_quant_method(quantization) == method
+    assert (quant_reason(model=None, quantization=quantization) is not None) == off
+
+
+def test_the_quantization_methods_known_to_the_cache_are_the_installed_vllms() -> None:
+    # Source-derived: the names are the installed vLLM's, and the flag the daemons check reads
+    # as this module says on the classes Kimi's checkpoint and an unquantized one build.
+    quantization = pytest.importorskip("vllm.model_executor.layers.quantization")
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+        compressed_tensors_moe_wna16 as wna16,
+    )
+    from vllm.model_executor.layers.quantization.fp8 import Fp8LinearMethod
+
+    from pytest_kimiperf.server import weight_cache
+
+    assert set(weight_cache._KNOWN_QUANT_METHODS) == set(quantization.QUANTIZATION_METHODS)
+    assert weight_cache.IPC_QUANT_UNSUPPORTED <= set(quantization.QUANTIZATION_METHODS)
+    assert wna16.CompressedTensorsWNA16MoEMethod.supports_pre_processed_weights is False
+    assert Fp8LinearMethod.supports_pre_processed_weights is True
+    assert UnquantizedLinearMethod.supports_pre_processed_weights is True
 
 
 def test_daemons_and_engine_that_cannot_share_a_gpu_fail_before_any_boot() -> None:
@@ -246,7 +308,8 @@ def test_the_header_states_what_the_daemons_will_hold_per_gpu_and_the_fit_uses_i
     with open(model / "model-00001.safetensors", "wb") as fh:
         fh.truncate(547 * 10**9)  # sparse: the size on disk is what counts, not its blocks
     lines = header_lines(setting="auto", gpu_count=8, command=list(kimi.command), model=str(model),
-                         tensor_parallel_size=8)
+                         tensor_parallel_size=8)  # no config.json, no declared quantization: tried
+    assert lines[0].startswith("weight cache: on: `vllm preload` daemons load the weights once")
     assert lines[1] == "weight cache: the daemons will hold about 63.7 GiB per GPU (checkpoint / TP)"
     fit = memory_fit(str(model), 8, list(kimi.command), gpu_total_mib=97_887)  # RTX PRO 6000: 95.6 GiB
     assert fit is not None and round(fit.engine_left_gib, 1) == 22.4
@@ -258,8 +321,10 @@ def test_the_report_header_says_whether_the_weight_cache_is_used(pytester: pytes
     pytester.makepyfile("def test_nothing(): pass")
     result = pytester.runpytest("--deployment", "tiny-cpu")
     result.stdout.fnmatch_lines(["kimiperf: weight cache: off (CPU engine: *UnsupportedPlatformForIPCError*"])
+    # Kimi's INT4 (compressed-tensors) weights: off, said before any daemon starts (issue 23 item 2).
     result = pytester.runpytest("--deployment", "kimi-k25-int4-tp8")
-    result.stdout.fnmatch_lines(["kimiperf: weight cache: on: `vllm preload` daemons load the weights once*"])
+    result.stdout.fnmatch_lines(["kimiperf: weight cache: off (quantization 'compressed-tensors' (from the "
+                                 "deployment's quantization 'int4 (compressed-tensors)') *UnsupportedQuantForIPCError*"])
 
 
 

@@ -43,10 +43,13 @@ def empty_hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def kimi_with_checkpoint(folder: Path, gib_per_gpu: float, **changes: object) -> Deployment:
-    """Kimi with a local checkpoint of ``gib_per_gpu`` per TP rank (a sparse file: no disk used)."""
+    """Kimi with a local checkpoint of ``gib_per_gpu`` per TP rank (a sparse file: no disk used),
+    quantized to fp8 unless ``changes`` say otherwise: its own INT4 (compressed-tensors) weights
+    turn the weight cache off before any fit is asked (weight_cache.IPC_QUANT_UNSUPPORTED)."""
     folder.mkdir()
     with (folder / "model.safetensors").open("wb") as weights:
         weights.truncate(int(gib_per_gpu * KIMI_K25_INT4_TP8.tensor_parallel_size * GIB))
+    changes = {"quantization": "fp8", **changes}
     return dataclasses.replace(KIMI_K25_INT4_TP8, model=str(folder), **changes)  # type: ignore[arg-type]
 
 
@@ -95,6 +98,9 @@ def test_a_weight_cache_that_fits_or_is_off_is_no_problem(tmp_path: Path) -> Non
     assert hardware_check.hardware_problem(off, probe=production_host) is None
     hardware_check.check_weight_cache_fit(off, production_host().gpus)
     hardware_check.check_weight_cache_fit(kimi_with_checkpoint(tmp_path / "no-gpus", gib_per_gpu=83.0), ())
+    # Kimi's own INT4 checkpoint: no daemons, so nothing to fit, however large.
+    int4 = kimi_with_checkpoint(tmp_path / "int4", gib_per_gpu=83.0, quantization=KIMI_K25_INT4_TP8.quantization)
+    assert hardware_check.hardware_problem(int4, probe=production_host) is None
 
 
 def test_ll128_forced_on_a_pcie_only_host_warns() -> None:
