@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_kimiperf.errors import KimiperfError
+from pytest_kimiperf.reports.figures import figure_legend, fmt_range, range_names
 from pytest_kimiperf.reports.model import (
     boot_label,
     SessionReport,
-    fmt_iqr,
     profile_verdict,
 )
 from pytest_kimiperf.numbers import as_number, fmt_change, fmt_ci, fmt_value
@@ -66,8 +66,8 @@ def _profile_tables(report: SessionReport) -> list[str]:
     ref = report.reference_profile
     lines = [
         f"### NCCL profiles vs {_code(ref)}", "",
-        f"Median (IQR) of each boot; change vs {_code(ref)} of the mean boot log-median, with its 90% CI "
-        "(boots are the samples).", "",
+        f"{_text(_sentence(figure_legend(report.has_tails())))}; change vs {_code(ref)}: of the boots' "
+        "geometric mean, with its 90% CI (boots are the samples).", "",
     ]
     rows = []
     for block in report.test_blocks():
@@ -83,10 +83,11 @@ def _profile_tables(report: SessionReport) -> list[str]:
                     verdict = _emphasize(profile_verdict(c), c.verdict)
                 else:
                     change, ci, verdict = "", "", "reference" if cell.is_reference else ""
-                rows.append([test, heading, _code(cell.profile), fmt_value(cell.median),
-                             fmt_iqr(cell.q1, cell.q3), change, ci, verdict])
+                rows.append([test, heading, _code(cell.profile), fmt_value(cell.figure.value),
+                             _text(fmt_range(cell.figure)), change, ci, verdict])
                 test = heading = ""
-    lines += _table(["test", "metric", "profile", "median", "IQR", f"vs {_text(ref)}", "90% CI", "verdict"],
+    lines += _table(["test", "metric", "profile", *range_names(report.has_tails()), f"vs {_text(ref)}", "90% CI",
+                     "verdict"],
                     "lllrlrll", rows)
     return lines + [""]
 
@@ -124,13 +125,13 @@ def _baseline_tables(report: SessionReport) -> list[str]:
             verdict = VerdictKind(str(b["verdict"]))
             word = "REGRESSION" if verdict is VerdictKind.REGRESSION else verdict.value
             table_rows.append([
-                _code(row.test), _code(row.profile), _text(row.heading), fmt_value(row.median),
-                fmt_iqr(row.q1, row.q3), fmt_value(as_number(b.get("median_reference"))),
+                _code(row.test), _code(row.profile), _text(row.heading), fmt_value(row.figure.value),
+                _text(fmt_range(row.figure)), fmt_value(as_number(b.get("median_reference"))),
                 fmt_change(as_number(b.get("change"))), fmt_ci(as_number(b.get("ci_low")), as_number(b.get("ci_high"))),
                 _emphasize(word, verdict),
             ])
-        lines += _table(["test", "profile", "metric", "current", "IQR", "baseline", "change",
-                         "90% CI", "verdict"], "lllrlrrll", table_rows)
+        lines += _table(["test", "profile", "metric", "current", range_names(report.has_tails())[1], "baseline",
+                         "change", "90% CI", "verdict"], "lllrlrrll", table_rows)
         lines.append("")
     for reason, count in missing.items():
         lines.append(f"- {_text(reason)} ({count} {'metric' if count == 1 else 'metrics'})")
@@ -267,6 +268,10 @@ def _table(header: Sequence[str], aligns: str, rows: Sequence[Sequence[str]]) ->
 
 def _emphasize(word: str, verdict: VerdictKind) -> str:
     return f"**{word}**" if verdict is VerdictKind.REGRESSION else word
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def _code(text: str) -> str:

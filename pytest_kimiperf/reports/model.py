@@ -15,9 +15,11 @@ from typing import Any
 
 from pytest_kimiperf.server.boot_account import BootAccount
 from pytest_kimiperf.judge.gate import compare_profiles
+from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT
 from pytest_kimiperf.judge.results import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.numbers import fmt_value
+from pytest_kimiperf.reports.figures import BootFigure, boot_figure
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck
 from pytest_kimiperf.roofline.inputs import RooflineReport
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind
@@ -77,9 +79,7 @@ class ProfileCell:
 
     profile: str
     is_reference: bool
-    median: float | None
-    q1: float | None
-    q3: float | None
+    figure: BootFigure
     n: int
     samples: tuple[float, ...]
     comparison: Comparison | None = None
@@ -139,9 +139,7 @@ class BaselineRow:
     profile: str
     metric: str
     heading: str
-    median: float | None
-    q1: float | None
-    q3: float | None
+    figure: BootFigure
     baseline: Mapping[str, Any] | None  # Comparison.to_dict()
     message: str  # the gate's line; for a missing baseline, the reason without the metric label
 
@@ -232,7 +230,6 @@ class SessionReport:
         *,
         last: bool = True,
     ) -> ProfileCell:
-        summary = mres.summary()
         is_reference = res.profile == self.reference_profile
         note: str | None = None
         comparison: Comparison | None = None
@@ -247,10 +244,12 @@ class SessionReport:
                 note = found.error
             elif not has_reference:
                 note = f"no valid result of the reference profile {self.reference_profile}"
+        if note is None and comparison is None and not (boot := mres.boot_summary()).usable and boot.n:
+            name = boot_figure(mres).name
+            note = f"not counted: {boot.n} samples, a {name} needs {max(boot.min_n, MIN_SAMPLES_PER_BOOT)}"
         return ProfileCell(
-            profile=res.profile if res.boot == 1 else f"{res.profile} boot {res.boot}", is_reference=is_reference,
-            median=_float_or_none(summary["median"]), q1=_float_or_none(summary["q1"]),
-            q3=_float_or_none(summary["q3"]), n=int(summary["n"] or 0),
+            profile=boot_label(res), is_reference=is_reference, figure=boot_figure(mres),
+            n=len(mres.finite),
             samples=tuple(mres.samples), comparison=comparison, note=note,
         )
 
@@ -259,7 +258,6 @@ class SessionReport:
         rows = []
         for res in self.results:
             for mres in res.metrics.values():
-                summary = mres.summary()
                 message = mres.baseline_message or "not compared with a baseline"
                 label = METRICS[mres.metric].label if mres.metric in METRICS else mres.metric
                 # The gate prefixes its message with the metric's label; the tables have a metric
@@ -269,13 +267,15 @@ class SessionReport:
                         message = message[len(prefix):]
                         break
                 rows.append(BaselineRow(
-                    test=res.test, profile=res.profile if res.boot == 1 else f"{res.profile} boot {res.boot}",
-                    metric=mres.metric,
-                    heading=metric_heading(mres.metric), median=_float_or_none(summary["median"]),
-                    q1=_float_or_none(summary["q1"]), q3=_float_or_none(summary["q3"]),
+                    test=res.test, profile=boot_label(res), metric=mres.metric,
+                    heading=metric_heading(mres.metric), figure=boot_figure(mres),
                     baseline=mres.baseline, message=message,
                 ))
         return rows
+
+    def has_tails(self) -> bool:
+        """Whether any metric of the run is a tail (a quantile), so range columns say so."""
+        return any(METRICS[m].quantile is not None for res in self.results for m in res.metrics if m in METRICS)
 
     def floor_results(self) -> list[TestResult]:
         """The results that were checked against the deployment's decode floor."""
@@ -397,13 +397,6 @@ def boot_label(res: TestResult) -> str:
     return res.profile if res.boot == 1 else f"{res.profile} boot {res.boot}"
 
 
-def fmt_iqr(q1: float | None, q3: float | None) -> str:
-    """The interquartile range as ``80.9-82.0`` (both ends at the median's precision)."""
-    if q1 is None or q3 is None:
-        return "n/a"
-    return f"{fmt_value(q1)}-{fmt_value(q3)}"
-
-
 def profile_verdict(comparison: Comparison) -> str:
     """The verdict of a profile against the reference, in words that fit a comparison of equals.
 
@@ -415,7 +408,3 @@ def profile_verdict(comparison: Comparison) -> str:
     if comparison.verdict is VerdictKind.IMPROVEMENT:
         return "better"
     return str(comparison.verdict.value)
-
-
-def _float_or_none(value: float | None) -> float | None:
-    return None if value is None else float(value)

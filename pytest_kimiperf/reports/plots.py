@@ -126,10 +126,12 @@ def plot_against_baseline(res: TestResult, mres: MetricResult, baseline_samples:
     for pos, (_, vals, color) in enumerate(groups, start=1):
         ax.scatter(np.full(len(vals), pos) + rng.uniform(-0.15, 0.15, size=len(vals)), vals,
                    s=14, alpha=0.55, zorder=3, color=color, edgecolors="none")
-    ax.set_xticks([1, 2], [f"{label}\nmedian {fmt_value(float(np.median(vals))) if vals else '-'}, n={len(vals)}"
-                           for label, vals, _ in groups], fontsize=8)
-    ax.set_xlim(0.4, 2.6)
     spec = METRICS.get(mres.metric)
+    quantile = spec.quantile if spec is not None else None
+    name = "median" if quantile is None else f"p{quantile * 100:g}"
+    ax.set_xticks([1, 2], [f"{label}\n{name} {fmt_value(float(np.quantile(vals, quantile or 0.5))) if vals else '-'}, "
+                           f"n={len(vals)}" for label, vals, _ in groups], fontsize=8)
+    ax.set_xlim(0.4, 2.6)
     label = spec.label if spec else mres.metric
     ax.set_ylabel(f"{label} ({mres.unit})" if mres.unit else label)
     verdict = str((mres.baseline or {}).get("message") or mres.baseline_message or "")
@@ -215,7 +217,7 @@ def plot_distribution(block: PerfTestBlock, metric: MetricBlock, reference_profi
     labels = []
     for cell, vals in zip(metric.cells, values):
         failed = len(cell.samples) - len(vals)
-        label = f"{cell.profile}\nmedian {fmt_value(cell.median)}, n={len(vals)}"
+        label = f"{cell.profile}\n{cell.figure.name} {fmt_value(cell.figure.value)}, n={len(vals)}"
         if failed:
             label += f" ({failed} failed)"
         if cell.comparison is not None:

@@ -15,13 +15,13 @@ from collections.abc import Mapping, Sequence
 
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.numbers import as_number, fmt_change, fmt_ci, fmt_spread, fmt_value
+from pytest_kimiperf.reports.figures import figure_legend, fmt_range, range_names
 from pytest_kimiperf.reports.model import (
     BaselineRow,
     MetricBlock,
     ProfileCell,
     SessionReport,
     boot_label,
-    fmt_iqr,
     profile_verdict,
 )
 from pytest_kimiperf.reports.terminal_context import (
@@ -90,12 +90,12 @@ def _profile_section(report: SessionReport, *, verbose: bool) -> list[TerminalLi
     if not report.compared_profiles():
         return []
     ref = report.reference_profile
-    lines = [
-        TerminalLine(f"kimiperf: NCCL profiles vs {ref}", sep="="),
-        TerminalLine(f"median (IQR) of each boot; change vs {ref} of the mean boot log-median, with its 90% CI"),
-    ]
+    tails = report.has_tails()
+    lines = [TerminalLine(f"kimiperf: NCCL profiles vs {ref}", sep="=")]
+    lines.append(TerminalLine(f"{figure_legend(tails)};"))
+    lines.append(TerminalLine(f"change vs {ref}: of the boots' geometric mean, with its 90% CI (boots are the samples)"))
     blocks = report.test_blocks()
-    header = ["metric", "profile", "median", "IQR", "change", "90% CI", "verdict"]
+    header = ["metric", "profile", *range_names(tails), "change", "90% CI", "verdict"]
     rows: list[tuple[list[str], Mapping[str, bool], list[str]]] = []  # cells, markup, details
     for block in blocks:
         for metric in block.metrics:
@@ -127,7 +127,7 @@ def _profile_section(report: SessionReport, *, verbose: bool) -> list[TerminalLi
 
 def _profile_cells(metric: MetricBlock, cell: ProfileCell, *, first: bool) -> list[str]:
     heading = metric.heading if first else ""
-    base = [heading, cell.profile, fmt_value(cell.median), fmt_iqr(cell.q1, cell.q3)]
+    base = [heading, cell.profile, fmt_value(cell.figure.value), fmt_range(cell.figure)]
     if cell.note:
         return base + ["", "", cell.note]
     if cell.comparison is None:
@@ -206,7 +206,8 @@ def _baseline_section(report: SessionReport, *, verbose: bool) -> list[TerminalL
                                       markup=verdict_markup(str(row.baseline["verdict"]))))
             if verbose:
                 b = row.baseline
-                detail = (f"IQR {fmt_iqr(row.q1, row.q3)}, {b.get('boots_current')} boot(s) vs "
+                detail = (f"{'IQR' if row.figure.quantile is None else '90% CI of the ' + row.figure.name} "
+                          f"{fmt_range(row.figure)}, {b.get('boots_current')} boot(s) vs "
                           f"{b.get('boots_reference')} baseline boots, boot spread "
                           f"{fmt_spread(_spread(b.get('spread_sd_log')))} ({b.get('spread_source')}), "
                           f"tolerance {float(b['tolerance']) * 100:g}%")
@@ -221,7 +222,7 @@ def _baseline_cells(row: BaselineRow) -> list[str]:
     if verdict == VerdictKind.REGRESSION.value:
         verdict = "REGRESSION"
     return [
-        row.heading, fmt_value(row.median),
+        row.heading, fmt_value(row.figure.value),
         fmt_value(as_number(b.get("median_reference"))), fmt_change(as_number(b.get("change"))),
         fmt_ci(as_number(b.get("ci_low")), as_number(b.get("ci_high"))), verdict,
     ]
@@ -281,9 +282,9 @@ def _quiet_verdicts(report: SessionReport) -> list[TerminalLine]:
                 for cell in metric.cells:
                     if cell.is_reference:
                         continue
-                    head = f"  {metric.heading}: {cell.profile} {fmt_value(cell.median)}"
+                    head = f"  {metric.heading}: {cell.profile} {fmt_value(cell.figure.value)}"
                     if reference is not None:
-                        head += f" vs {ref} {fmt_value(reference.median)}"
+                        head += f" vs {ref} {fmt_value(reference.figure.value)}"
                     if cell.note or cell.comparison is None:
                         lines.append(TerminalLine(f"{head}: {cell.note or 'not compared'}", markup=YELLOW))
                         continue

@@ -26,6 +26,7 @@ from pytest_kimiperf.judge import gate
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.results import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import metric_spec
+from pytest_kimiperf.numbers import fmt_value
 from pytest_kimiperf.reports.json_report import (
     SCHEMA_VERSION,
     build_json_report,
@@ -273,7 +274,7 @@ def test_floor_and_warnings_and_files(report: SessionReport) -> None:
 
 def test_quiet_keeps_only_verdict_lines(report: SessionReport) -> None:
     lines = summary(report, verbosity=-1).lines()
-    assert not any("servers and files" in line or "median (IQR)" in line for line in lines)
+    assert not any("servers and files" in line or "each boot's median" in line for line in lines)
     assert lines[:2] == ["= kimiperf", DECODE_TEST]
     verdicts = lines[2:]
     compared = [line for line in verdicts if "ring-ll boot 2" in line and " vs " in line]
@@ -417,6 +418,55 @@ def test_json_report_rejects_what_a_hook_made_unserializable(report: SessionRepo
 def test_markdown_matches_the_snapshot(report: SessionReport) -> None:
     text = render_markdown(report)
     assert text == golden("summary.md", text)
+
+
+def test_terminal_summary_matches_the_snapshot(report: SessionReport) -> None:
+    text = "\n".join(summary(report).lines()) + "\n"
+    assert text == golden("terminal.txt", text)
+
+
+def tail_results(view: baselines.BaselineView) -> list[TestResult]:
+    """The decode test with a tail metric (p90 TTFT, 40 requests a boot) beside its median, and
+    one boot of ring-ll with 20 requests: too few for a p90 (30 needed)."""
+    def with_tail(res: TestResult, seed: int, center: float, n: int = 40) -> TestResult:
+        spec = metric_spec("p90_ttft_ms")
+        res.metrics = {"decode_tok_s": res.metrics["decode_tok_s"], "ttft_ms": res.metrics["ttft_ms"],
+                       "p90_ttft_ms": MetricResult(
+            "p90_ttft_ms", spec.unit, spec.direction.value, spec.default_tolerance,
+            samples(seed, center, 0.05, n), boot_label=res.metrics["ttft_ms"].boot_label)}
+        res.metrics["ttft_ms"].samples = samples(seed, center, 0.05, n)
+        return res
+    default = judge(with_tail(measured("default", decode=81.4, itl=12.3, ttft=40.0, seed=1), 41, 40.0), view)
+    ring_ll = judge(with_tail(measured("ring-ll", decode=81.9, itl=12.2, ttft=44.0, seed=10), 42, 44.0, n=20), view)
+    return [
+        default, ring_ll,
+        judge(with_tail(measured("ring-ll", decode=82.1, itl=12.2, ttft=44.3, seed=30, boot=2), 43, 44.3), view,
+              [ring_ll]),
+        judge(with_tail(measured("default", decode=81.2, itl=12.3, ttft=40.2, seed=20, boot=2), 44, 40.2), view,
+              [default]),
+    ]
+
+
+def test_a_tail_row_shows_each_boots_quantile_and_its_bootstrap_interval(view: baselines.BaselineView) -> None:
+    report = make_report(tail_results(view))
+    lines = summary(report).lines()
+    assert "each boot's median (IQR of its samples), or for a pNN metric its pNN (90% bootstrap interval);" in lines
+    [header] = [line for line in lines if "median or pNN" in line]
+    assert header.split()[:7] == ["profile", "median", "or", "pNN", "IQR", "or", "90%"]
+    default = report.results[0]
+    boot = default.metrics["p90_ttft_ms"].boot_summary()
+    ttft = default.metrics["ttft_ms"].summary()
+    assert boot.median > float(ttft["median"] or 0) * 1.03, "the p90 row holds the p90, not the median"
+    low, high = boot.median * math.exp(-1.6449 * boot.se_log), boot.median * math.exp(1.6449 * boot.se_log)
+    p90_rows = lines[lines.index("  p90 time to first token ms") + 1:]
+    assert p90_rows[0].split()[:3] == ["default", fmt_value(boot.median), f"{fmt_value(low)}-{fmt_value(high)}"]
+    # a boot with too few requests for its p90 shows its figure and why it does not count
+    assert p90_rows[2].split()[0] == "ring-ll"
+    assert p90_rows[2].endswith("not counted: 20 samples, a p90 needs 30")
+    text = "\n".join(lines) + "\n"
+    assert text == golden("tails_terminal.txt", text)
+    markdown = render_markdown(report)
+    assert markdown == golden("tails_summary.md", markdown)
 
 
 def test_markdown_escapes_pipes_in_test_ids(results: list[TestResult]) -> None:
