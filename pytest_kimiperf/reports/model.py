@@ -296,7 +296,7 @@ class SessionReport:
                 continue
             tokens = [v.get("generation_tokens") for v in views]
             rows.append(ServerViewRow(
-                test=res.test, profile=res.profile,
+                test=res.test, profile=boot_label(res),
                 server_ttft_ms=_pooled_mean(views, "ttft"), client_ttft_ms=_num_or_none(res.run.get("mean_ttft_ms")),
                 server_itl_ms=_pooled_mean(views, "itl"), client_itl_ms=_num_or_none(res.run.get("mean_itl_ms")),
                 server_tokens=None if None in tokens else float(sum(tokens)),

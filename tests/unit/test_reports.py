@@ -671,3 +671,16 @@ def test_the_servers_view_is_shown_next_to_the_clients(results: list[TestResult]
     markdown = render_markdown(rep)
     assert "### The server's view (vLLM /metrics) next to the client's" in markdown
     assert f"| {res.profile} | 17.75 | 17.4 | 1.35 | 1.3 | 2560 | 2560 |" in markdown
+
+
+def test_the_servers_view_labels_each_boot_as_the_comparison_table_does(results: list[TestResult]) -> None:
+    for res in results:
+        res.run.update({"mean_ttft_ms": 17.4, "mean_itl_ms": 1.30, "total_output_tokens": 2560,
+                        "server_metrics": [{"ttft_count": 20, "mean_ttft_ms": 17.0, "itl_count": 2540,
+                                            "mean_itl_ms": 1.2, "generation_tokens": 2560.0}]})
+    rep = make_report(results)
+    assert [row.profile for row in rep.server_views()] == ["default", "ring-ll", "ring-ll boot 2", "default boot 2"]
+    text = [line.text for line in render_summary(rep, verbosity=0)]
+    title = text.index("kimiperf: the server's view (vLLM /metrics) next to the client's")
+    assert [line.split()[0:3] for line in text[title + 4:title + 8]] == [
+        ["default", "17", "17.4"], ["ring-ll", "17", "17.4"], ["ring-ll", "boot", "2"], ["default", "boot", "2"]]
