@@ -138,9 +138,20 @@ def _nvml_gpus(pynvml: Any) -> list[GpuInfo]:
                 cuda_version=cuda,
                 pcie_gen=_nvml_optional(pynvml, pynvml.nvmlDeviceGetMaxPcieLinkGeneration, handle),
                 pcie_width=_nvml_optional(pynvml, pynvml.nvmlDeviceGetMaxPcieLinkWidth, handle),
+                mig_mode=_nvml_mig_mode(pynvml, handle),
             )
         )
     return gpus
+
+
+def _nvml_mig_mode(pynvml: Any, handle: Any) -> str | None:
+    """The current MIG mode (nvmlDeviceGetMigMode: [current, pending]); None where the GPU has
+    no MIG (NVML_ERROR_NOT_SUPPORTED) or the library predates it."""
+    getter = getattr(pynvml, "nvmlDeviceGetMigMode", None)
+    modes = _nvml_optional(pynvml, getter, handle) if getter is not None else None
+    if not modes:
+        return None
+    return "Enabled" if modes[0] == getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1) else "Disabled"
 
 
 def _run_smi(smi: str, args: Sequence[str], timeout_s: float) -> str:
@@ -253,9 +264,20 @@ def check_hardware(
     """
     if req.gpu_count == 0:
         return
-    matching = [gpu for gpu in gpus if req.matches(gpu)]
+    matching = [gpu for gpu in gpus if req.matches(gpu) and not gpu.in_mig_mode]
     if len(matching) >= req.gpu_count:
         return
+    split = [gpu for gpu in gpus if req.matches(gpu) and gpu.in_mig_mode]
+    if split:
+        # A GPU in MIG mode shows CUDA only its MIG instances (none until they are created), so
+        # vLLM cannot place a tensor-parallel rank on it; say so instead of "GPUs missing".
+        indices = ",".join(str(gpu.index) for gpu in split)
+        raise HardwareMissingError(
+            f"deployment {deployment!r} needs {req.describe()}; {len(split)} of the matching GPUs "
+            f"(index {indices}: {split[0].name}) are in MIG mode (mig.mode.current = Enabled), which "
+            f"leaves {len(matching)} whole GPU(s). Disable MIG on them (`sudo nvidia-smi -i {indices} "
+            "-mig 0`, then reset the GPUs or reboot) or run where whole GPUs are free."
+        )
     if not gpus:
         found = "found no NVIDIA GPU" + (f" ({unavailable_reason})" if unavailable_reason else "")
     else:

@@ -23,6 +23,7 @@ QUERY_GPU_FIELDS: tuple[str, ...] = (
     "driver_version",
     "pcie.link.gen.max",
     "pcie.link.width.max",
+    "mig.mode.current",
 )
 QUERY_COMPUTE_APPS_FIELDS: tuple[str, ...] = ("pid", "used_memory")
 
@@ -58,6 +59,14 @@ class GpuInfo:
     cuda_version: str | None
     pcie_gen: int | None
     pcie_width: int | None
+    # "Enabled" or "Disabled" (nvidia-smi's mig.mode.current; NVML's nvmlDeviceGetMigMode);
+    # None where the GPU has no MIG or the driver does not say.
+    mig_mode: str | None = None
+
+    @property
+    def in_mig_mode(self) -> bool:
+        """True when the GPU is split into MIG instances: CUDA then sees no whole GPU here."""
+        return self.mig_mode == "Enabled"
 
 
 @dataclass(frozen=True)
@@ -162,9 +171,16 @@ def parse_query_gpu_csv(
                 cuda_version=cuda_version,
                 pcie_gen=_optional_int(gen, what=f"{where} pcie gen"),
                 pcie_width=_optional_int(width, what=f"{where} pcie width"),
+                mig_mode=_mig_mode(row.get("mig.mode.current", "")),
             )
         )
     return gpus
+
+
+def _mig_mode(value: str) -> str | None:
+    """``Enabled``/``Disabled`` as nvidia-smi prints them; ``[N/A]`` (no MIG on this GPU): None."""
+    value = _strip_value(value)
+    return value if value in ("Enabled", "Disabled") else None
 
 
 def parse_cuda_version(text: str) -> str | None:

@@ -39,7 +39,6 @@ _FRONTEND_FLAGS = frozenset({"--enable-auto-tool-choice", "--disable-log-request
 # daemon exits with one of these in its log (weight_cache/protocol.py:64-69), and the session
 # loads from disk instead. The traceback's last line is "<module>.<Error>: <message>"; the
 # "raise UnsupportedQuantForIPCError(" line above it names the error but says nothing.
-UNSUPPORTED_MARKERS = ("UnsupportedPlatformForIPCError", "UnsupportedQuantForIPCError")
 _UNSUPPORTED_MESSAGE = re.compile(r"(Unsupported\w+ForIPCError): (.+)$")
 
 # The daemons hand the engine post-processed weights, so every layer's quantization method must

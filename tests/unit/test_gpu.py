@@ -3,6 +3,8 @@ on real recorded nvidia-smi outputs and a stand-in nvidia-smi."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import shutil
 import stat
 import time
@@ -33,10 +35,27 @@ needs_no_nvml = pytest.mark.skipif(
 KIMI = gpu.HardwareRequirement(gpu_count=8, gpu_name_contains="RTX PRO 6000", min_memory_mib=90000)
 
 
-def test_check_hardware_accepts_the_recorded_production_host() -> None:
-    gpu.check_hardware(
-        KIMI, nvidia_smi.parse_query_gpu_csv(recorded("query_gpu_8x_rtx_pro_6000.csv")), deployment="kimi-k2.5"
-    )
+def whole_gpus() -> list[nvidia_smi.GpuInfo]:
+    """The recorded 8x RTX PRO 6000 host with MIG off: it was recorded in MIG mode (a dynamic-MIG
+    write-up), where CUDA sees no whole GPU (test_check_hardware_says_mig_mode_keeps_the_gpus)."""
+    gpus = nvidia_smi.parse_query_gpu_csv(recorded("query_gpu_8x_rtx_pro_6000.csv"))
+    return [dataclasses.replace(g, mig_mode="Disabled") for g in gpus]
+
+
+def test_check_hardware_accepts_the_recorded_production_host_with_mig_off() -> None:
+    gpu.check_hardware(KIMI, whole_gpus(), deployment="kimi-k2.5")
+
+
+def test_check_hardware_says_mig_mode_keeps_the_gpus() -> None:
+    recorded_host = nvidia_smi.parse_query_gpu_csv(recorded("query_gpu_8x_rtx_pro_6000.csv"))
+    with pytest.raises(HardwareMissingError) as caught:
+        gpu.check_hardware(KIMI, recorded_host, deployment="kimi-k2.5")
+    message = str(caught.value)
+    assert "8 of the matching GPUs (index 0,1,2,3,4,5,6,7: NVIDIA RTX PRO 6000 Blackwell Server Edition) " \
+           "are in MIG mode (mig.mode.current = Enabled), which leaves 0 whole GPU(s)" in message
+    assert "sudo nvidia-smi -i 0,1,2,3,4,5,6,7 -mig 0" in message
+    # One GPU in MIG mode beside eight whole ones: the eight are enough.
+    gpu.check_hardware(KIMI, [*whole_gpus(), dataclasses.replace(recorded_host[0], index=8)], deployment="kimi-k2.5")
 
 
 def test_check_hardware_without_gpus_says_why_and_the_way_out() -> None:
@@ -61,7 +80,7 @@ def test_check_hardware_names_what_was_found() -> None:
         HardwareMissingError, match=r"found 1x GeForce RTX 2080 \(7979 MiB\), of which 0 qualify\."
     ):
         gpu.check_hardware(KIMI, card, deployment="kimi-k2.5")
-    seven = nvidia_smi.parse_query_gpu_csv(recorded("query_gpu_8x_rtx_pro_6000.csv"))[:7]
+    seven = whole_gpus()[:7]
     with pytest.raises(
         HardwareMissingError, match=r"found 7x NVIDIA RTX PRO 6000 Blackwell Server Edition \(97887 MiB\)\."
     ):
@@ -129,8 +148,8 @@ def test_nvidia_smi_fallback_runs_the_query_and_reads_cuda(bin_dir: Path) -> Non
     rows = [line.split(", ") for line in recorded("query_gpu_8x_rtx_pro_6000.csv").splitlines()[1:]]
     (bin_dir / "query.csv").write_text(
         "".join(
-            f"{i}, {name}, {uuid}, {mib.removesuffix(' MiB')}, {drv}, 5, 16\n"
-            for i, name, uuid, drv, mib, _ in rows
+            f"{i}, {name}, {uuid}, {mib.removesuffix(' MiB')}, {drv}, 5, 16, {mig}\n"
+            for i, name, uuid, drv, mib, mig in rows
         )
     )
     (bin_dir / "banner.txt").write_text(recorded("smi_header_535.txt"))

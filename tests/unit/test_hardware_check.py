@@ -27,9 +27,17 @@ def recorded(name: str) -> str:
 
 
 def production_host() -> GpuProbe:
-    """The recorded 8x RTX PRO 6000 host, as NVML would have answered."""
-    return GpuProbe(gpus=tuple(nvidia_smi.parse_query_gpu_csv(recorded("query_gpu_8x_rtx_pro_6000.csv"))),
-                    source="NVML")
+    """The recorded 8x RTX PRO 6000 host, as NVML would have answered, with MIG off (it was
+    recorded in MIG mode: test_the_recorded_host_in_mig_mode_is_a_clear_hardware_problem)."""
+    gpus = nvidia_smi.parse_query_gpu_csv(recorded("query_gpu_8x_rtx_pro_6000.csv"))
+    return GpuProbe(gpus=tuple(dataclasses.replace(g, mig_mode="Disabled") for g in gpus), source="NVML")
+
+
+def test_the_recorded_host_in_mig_mode_is_a_clear_hardware_problem() -> None:
+    recorded_host = GpuProbe(gpus=tuple(nvidia_smi.parse_query_gpu_csv(recorded("query_gpu_8x_rtx_pro_6000.csv"))),
+                             source="NVML")
+    problem = hardware_check.hardware_problem(KIMI_K25_INT4_TP8, probe=lambda: recorded_host)
+    assert problem is not None and "are in MIG mode (mig.mode.current = Enabled)" in problem
 
 
 def never_asked() -> NoReturn:

@@ -102,21 +102,31 @@ def test_parse_query_gpu_csv_default_fields_without_header() -> None:
     # The same rows as the fallback query prints them (csv,noheader,nounits; our field order).
     rows = [line.split(", ") for line in recorded("query_gpu_8x_rtx_pro_6000.csv").splitlines()[1:]]
     text = "\n".join(
-        f"{i}, {name}, {uuid}, {mib.removesuffix(' MiB')}, {drv}, 5, 16"
-        for i, name, uuid, drv, mib, _ in rows
+        f"{i}, {name}, {uuid}, {mib.removesuffix(' MiB')}, {drv}, 5, 16, {mig}"
+        for i, name, uuid, drv, mib, mig in rows
     )
     gpus = nvidia_smi.parse_query_gpu_csv(text)
     assert len(gpus) == 8 and gpus[7].memory_total_mib == 97887
     assert (gpus[7].pcie_gen, gpus[7].pcie_width) == (5, 16)
+    assert gpus[7].mig_mode == "Enabled" and gpus[7].in_mig_mode
+
+
+def test_mig_mode_is_read_from_the_recorded_query_and_n_a_means_no_mig() -> None:
+    # The recorded 8x RTX PRO 6000 host had MIG on (a dynamic-MIG write-up, tests/data/gpu).
+    gpus = nvidia_smi.parse_query_gpu_csv(recorded("query_gpu_8x_rtx_pro_6000.csv"))
+    assert {g.mig_mode for g in gpus} == {"Enabled"}
+    (card,) = nvidia_smi.parse_query_gpu_csv("0, GeForce RTX 2080, 7979, 440.64, [N/A]",
+                                              ("index", "name", "memory.total", "driver_version", "mig.mode.current"))
+    assert card.mig_mode is None and not card.in_mig_mode
 
 
 def test_parse_query_gpu_csv_errors_name_the_problem() -> None:
     with pytest.raises(ValueError, match=r"lack \['memory.total'\]"):
         nvidia_smi.parse_query_gpu_csv("0, NVIDIA H100, 550.54.15", ("index", "name", "driver_version"))
-    with pytest.raises(ValueError, match="row has 3 values for 7 fields"):
+    with pytest.raises(ValueError, match="row has 3 values for 8 fields"):
         nvidia_smi.parse_query_gpu_csv("0, 1, 2")
     with pytest.raises(ValueError, match=r"memory\.total is not reported"):
-        nvidia_smi.parse_query_gpu_csv("0, NVIDIA H100, GPU-1, [N/A], 550.54.15, 5, 16")
+        nvidia_smi.parse_query_gpu_csv("0, NVIDIA H100, GPU-1, [N/A], 550.54.15, 5, 16, Disabled")
 
 
 def test_parse_cuda_version_from_banner_and_query_log() -> None:
