@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_kimiperf.config.nccl.debug_log import applied_status, parse_nccl_env_lines
+from pytest_kimiperf.config.nccl.debug_log import (
+    applied_status,
+    debug_file_lines,
+    debug_files,
+    matrix_status,
+    parse_enabled_matrix,
+    parse_nccl_env_lines,
+)
 
 APPLIED = "applied"
 NOT_SEEN = "not seen in the log"
@@ -111,8 +118,12 @@ def check_server_log(
     if log_path is None:
         return NcclDebugCheck(profile, None, error="the server has no log here (attached with --server-url?)")
     gloo_seen = [False]
+    # NCCL's own per-process files (NCCL_DEBUG_FILE, debug_log.nccl_debug_env) where the server
+    # wrote them: the server log interleaves the workers' block-buffered stdout mid-line.
+    files = debug_files(log_path)
     try:
-        logged = parse_nccl_env_lines(_lines(log_path, gloo_seen))
+        logged = parse_nccl_env_lines(debug_file_lines(files) if files else _lines(log_path, gloo_seen))
+        matrix = parse_enabled_matrix(debug_file_lines(files)) if files else None
     except OSError as exc:
         return NcclDebugCheck(profile, str(log_path),
                               error=f"cannot read the server log {log_path}: {exc.strerror or exc}")
@@ -120,6 +131,14 @@ def check_server_log(
     if not variables:
         return NcclDebugCheck(profile, str(log_path), notes=(NOTHING_TO_CHECK,))
     notes: list[str] = []
+    if files:
+        notes.append(f"read from NCCL's {len(files)} per-process debug file(s) {files[0].parent}/"
+                     f"{log_path.stem}.nccl.*")
+    if matrix is not None:
+        differences = matrix_status(profile_env, matrix)
+        notes.append("NCCL's enabled algorithm/protocol matrix (rank 0) "
+                     + ("is what the profile asks for: the setting was used" if not differences
+                        else "differs from the profile: " + "; ".join(differences)))
     if (cpu_engine or gloo_seen[0]) and not logged:
         notes.append(CPU_ENGINE_NOTE)
     if any(v.variable.startswith("CUDA_") and v.status == NOT_SEEN for v in variables):

@@ -22,7 +22,7 @@ from pytest_kimiperf.server.boot_account import BootAccount, account_boot
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.server.host_claim import HostClaim, claim_host
 from pytest_kimiperf.server.http_json import fetch_served_models
-from pytest_kimiperf.config.nccl.debug_log import NCCL_DEBUG_ENV
+from pytest_kimiperf.config.nccl.debug_log import nccl_debug_env
 from pytest_kimiperf.config.nccl.profiles import NcclProfile, profile_server_env
 from pytest_kimiperf.paths import compile_cache_env
 from pytest_kimiperf.server.progress import BootProgress
@@ -175,10 +175,10 @@ class ServerManager:
         engine_argv += self.weight_cache.engine_args()
         base_env = {**compile_cache_env(), **os.environ, **deployment.env}
         env, overridden = profile_server_env(profile, base_env)
-        if self.settings.nccl_debug:
-            env.update(NCCL_DEBUG_ENV)
         boot_suffix = "" if rec.boots == 0 else f"-boot{rec.boots + 1}"  # every boot keeps its log
         rec.log_path = self.log_dir / f"server-{deployment.name}-{profile.name}{boot_suffix}.log"
+        if self.settings.nccl_debug:  # one NCCL debug file per process, beside the log (debug_log.py)
+            env.update(nccl_debug_env(rec.log_path))
         rec.overridden_shell_env = dict(overridden)
         set_here = frozenset(deployment.env) | frozenset(profile.env)
         rec.env = recorded_env(env, set_here)

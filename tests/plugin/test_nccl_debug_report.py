@@ -128,6 +128,23 @@ def test_reports_show_the_verdicts_and_quiet_keeps_only_mismatches() -> None:
         f"({LOGS / 'nccl_tp2_ring_ll_tuned.log'})")]
 
 
+def test_nccls_per_process_files_are_read_instead_of_the_log_and_the_matrix_shows_use(tmp_path: Path) -> None:
+    import shutil
+
+    for name in ("server-tiny-gpu-tree-ll.nccl.gpu-node.4711", "server-tiny-gpu-tree-ll.nccl.gpu-node.4712"):
+        shutil.copy(LOGS / "tree_ll_debug_files" / name, tmp_path / name)
+    log = tmp_path / "server-tiny-gpu-tree-ll.log"
+    log.write_text("(Worker_TP0 pid=4711) INFO NCCL_ALGO set by environment to allre\n")  # a torn line
+    check = check_server_log("tree-ll", dict(BUILTIN_PROFILES["tree-ll"].env), log, cpu_engine=False)
+    assert statuses(check) == {"NCCL_ALGO": APPLIED, "NCCL_PROTO": APPLIED}
+    assert check.notes == (
+        f"read from NCCL's 2 per-process debug file(s) {tmp_path}/server-tiny-gpu-tree-ll.nccl.*",
+        "NCCL's enabled algorithm/protocol matrix (rank 0) is what the profile asks for: the setting was used",
+    )
+    ring = check_server_log("ring-ll", dict(BUILTIN_PROFILES["ring-ll"].env), log, cpu_engine=False)
+    assert "differs from the profile: " in ring.notes[1] and "AllReduce algorithm: NCCL enabled Tree" in ring.notes[1]
+
+
 # -- through the plugin ----------------------------------------------------------------------------
 
 SERVER_TEST = """
@@ -155,6 +172,10 @@ def test_plugin_reads_the_stub_servers_nccl_lines(pytester: pytest.Pytester, stu
     variables = data["profiles"]["ring-ll"]["nccl_debug"]["variables"]
     assert {var: v["status"] for var, v in variables.items()} == {"NCCL_ALGO": DIFFERENT, "NCCL_PROTO": APPLIED}
     assert data["profiles"]["default"]["nccl_debug"]["variables"] == {}
+    # NCCL writes one line-buffered file per process beside the server log (issue 23 item 4).
+    server_env = data["profiles"]["ring-ll"]["server_env"]
+    assert server_env["NCCL_DEBUG"] == "INFO"
+    assert server_env["NCCL_DEBUG_FILE"].endswith("/server-stub-ring-ll.nccl.%h.%p")
 
 
 @pytest.mark.usefixtures("isolated_state")

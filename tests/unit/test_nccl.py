@@ -6,11 +6,21 @@ import dataclasses
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from pytest_kimiperf.errors import ConfigError
-from pytest_kimiperf.config.nccl.debug_log import NCCL_DEBUG_ENV, applied_status, parse_nccl_env_lines
+from pytest_kimiperf.config.nccl.debug_log import (
+    NCCL_DEBUG_ENV,
+    applied_status,
+    debug_file_lines,
+    debug_files,
+    matrix_status,
+    nccl_debug_env,
+    parse_enabled_matrix,
+    parse_nccl_env_lines,
+)
 from pytest_kimiperf.config.nccl.profiles import (
     BUILTIN_PROFILES,
     NcclProfile,
@@ -95,6 +105,54 @@ def test_nccl_debug_env_is_info_and_read_only() -> None:
     assert dict(NCCL_DEBUG_ENV) == {"NCCL_DEBUG": "INFO"}
     with pytest.raises(TypeError):
         NCCL_DEBUG_ENV["NCCL_DEBUG"] = "WARN"  # type: ignore[index]
+
+
+# ------------------------------------------------------------------------------------------
+# --nccl-debug: one file per process, and NCCL's enabled matrix (issue 23 item 4)
+# ------------------------------------------------------------------------------------------
+
+TREE_FILES = LOGS / "tree_ll_debug_files"
+
+
+def test_nccl_debug_writes_one_file_per_process_beside_the_server_log(tmp_path: Path) -> None:
+    log = tmp_path / "server-kimi-tree-ll.log"
+    assert nccl_debug_env(log) == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": f"{tmp_path}/server-kimi-tree-ll.nccl.%h.%p"}
+    # Each boot's files go with that boot's log only.
+    for name in ("server-kimi-tree-ll.nccl.gpu-node.11", "server-kimi-tree-ll-boot2.nccl.gpu-node.12"):
+        (tmp_path / name).write_text("")
+    assert [f.name for f in debug_files(log)] == ["server-kimi-tree-ll.nccl.gpu-node.11"]
+    assert [f.name for f in debug_files(tmp_path / "server-kimi-tree-ll-boot2.log")] == [
+        "server-kimi-tree-ll-boot2.nccl.gpu-node.12"]
+
+
+def test_the_per_process_files_show_each_value_and_the_matrix_shows_it_was_used() -> None:
+    files = debug_files(TREE_FILES / "server-tiny-gpu-tree-ll.log")
+    assert len(files) == 2
+    tree_ll = BUILTIN_PROFILES["tree-ll"].env
+    logged = parse_nccl_env_lines(debug_file_lines(files))
+    assert logged == {"NCCL_PROTO": "LL", "NCCL_ALGO": "allreduce:Tree"}
+    assert applied_status(tree_ll, logged) == {"NCCL_ALGO": "applied", "NCCL_PROTO": "applied"}
+    matrix = parse_enabled_matrix(debug_file_lines(files))
+    assert matrix is not None and set(matrix) == {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce"}
+    assert matrix["AllReduce"] == {"LL": 1, "LL128": 0, "Simple": 0, "Tree": 1, "Ring": 0, "CollNetDirect": 0,
+                                   "CollNetChain": 0, "NVLS": 0, "NVLSTree": 0, "PAT": 0}
+    assert matrix_status(tree_ll, matrix) == []
+    wrong = matrix_status(BUILTIN_PROFILES["ring-ll"].env, matrix)
+    assert len(wrong) == 5 and "AllReduce algorithm: NCCL enabled Tree, the profile asks for Ring" in wrong
+    assert parse_enabled_matrix(_log_lines("nccl_tp2_ring_ll_tuned.log")) is None  # no matrix: None
+
+
+def test_a_shared_stdout_splits_lines_where_the_per_process_files_do_not() -> None:
+    # NCCL's stdout is block-buffered (debug.cc v2.28.9-1 lines 34 and 385): two ranks' 4 KiB
+    # blocks land in the server log one after the other, the boundary anywhere in a line.
+    rank0, rank1 = (f.read_text() for f in debug_files(TREE_FILES / "server-tiny-gpu-tree-ll.log"))
+    cut = rank0.index("allreduce:Tree") + len("allre")
+    shared = rank0[:cut] + rank1 + rank0[cut:]
+    # The value regex takes rank 1's text as rank 0's value (the review's prediction).
+    assert parse_nccl_env_lines(shared.splitlines(keepends=True))["NCCL_ALGO"] == (
+        "allregpu-node:4712:4712 [1] NCCL INFO cudaDriverVersion 12090 | allreduce:Tree")
+    assert parse_nccl_env_lines(debug_file_lines(debug_files(TREE_FILES / "server-tiny-gpu-tree-ll.log")))[
+        "NCCL_ALGO"] == "allreduce:Tree"
 
 
 def test_module_does_not_import_pytest() -> None:

@@ -1,21 +1,34 @@
-"""What NCCL says it read: the ``--nccl-debug`` environment and reading its ``NCCL_DEBUG=INFO`` log.
+"""What NCCL says it read: the ``--nccl-debug`` environment and reading its ``NCCL_DEBUG=INFO`` logs.
 
-With ``--nccl-debug`` the server gets :data:`NCCL_DEBUG_ENV` on top of its profile;
-:func:`parse_nccl_env_lines` reads the values NCCL logged and :func:`applied_status` compares
-them with what the profile asked for. Sources: NCCL's ``src/misc/param.cc`` ``ncclLoadParam``
-(the ``"%s set by environment to %lld."`` log line of integer parameters) and
-``src/graph/paths.cc`` ``ncclGetLevel`` (how NCCL_P2P_LEVEL is logged).
+With ``--nccl-debug`` the server gets :func:`nccl_debug_env` on top of its profile: INFO level,
+written to one file per process (``NCCL_DEBUG_FILE``) beside the server log.
+:func:`parse_nccl_env_lines` reads the values NCCL logged, :func:`applied_status` compares them
+with what the profile asked for, and :func:`parse_enabled_matrix` reads the table NCCL prints
+of what it enabled per collective, which shows a setting was used, not only read. Sources:
+NCCL's ``src/misc/param.cc`` ``ncclLoadParam`` (the ``"%s set by environment to %lld."`` log line
+of integer parameters), ``src/graph/paths.cc`` ``ncclGetLevel`` (how NCCL_P2P_LEVEL is logged),
+``src/debug.cc`` (where the lines go) and ``src/graph/tuning.cc`` (the matrix).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from types import MappingProxyType
 
-from pytest_kimiperf.config.nccl.values import P2P_LEGACY_LEVELS, is_nccl_related
+from pytest_kimiperf.config.nccl.values import P2P_LEGACY_LEVELS, enabled_lists, is_nccl_related
 
-__all__ = ["NCCL_DEBUG_ENV", "applied_status", "parse_nccl_env_lines"]
+__all__ = [
+    "NCCL_DEBUG_ENV",
+    "applied_status",
+    "debug_file_lines",
+    "debug_files",
+    "matrix_status",
+    "nccl_debug_env",
+    "parse_enabled_matrix",
+    "parse_nccl_env_lines",
+]
 
 # With --nccl-debug the server gets this on top of its profile: INFO level is what prints the
 # "<VAR> set by environment to <value>" lines (the default NCCL_DEBUG_SUBSYS, INIT,BOOTSTRAP,ENV,
@@ -32,6 +45,37 @@ _INVALID_VALUE = re.compile(
     r"using default (?P<value>-?[0-9]+)\.$"
 )
 _INT_WITH_PERIOD = re.compile(r"^(-?[0-9]+)\.$")
+
+# Why files, not the server log: NCCL writes its lines to stdout with one fwrite each and never
+# flushes (src/debug.cc v2.28.9-1 line 34 ``ncclDebugFile = stdout``, line 385 ``fwrite``), so
+# each worker's libc buffers them in 4 KiB blocks. vLLM's workers share one stdout, the server
+# log: blocks of eight ranks interleave mid-line, and a worker that is SIGKILLed loses its last
+# block. With NCCL_DEBUG_FILE set, NCCL opens the file itself and line-buffers it (debug.cc
+# lines 224-263, ``setlinebuf``); ``%h`` and ``%p`` expand to host name and pid, one file per
+# process.
+_DEBUG_FILE_SUFFIX = ".nccl"
+
+
+def debug_files_pattern(server_log: Path) -> str:
+    """NCCL_DEBUG_FILE for a server whose log is ``server_log``: ``<log stem>.nccl.%h.%p``."""
+    return str(server_log.with_name(f"{server_log.stem}{_DEBUG_FILE_SUFFIX}.%h.%p"))
+
+
+def nccl_debug_env(server_log: Path) -> dict[str, str]:
+    """What ``--nccl-debug`` adds to a server's environment: INFO level, one file per process."""
+    return {**NCCL_DEBUG_ENV, "NCCL_DEBUG_FILE": debug_files_pattern(server_log)}
+
+
+def debug_files(server_log: Path) -> list[Path]:
+    """The per-process NCCL debug files of the server whose log is ``server_log``, by name."""
+    return sorted(server_log.parent.glob(f"{server_log.stem}{_DEBUG_FILE_SUFFIX}.*"))
+
+
+def debug_file_lines(files: Iterable[Path]) -> Iterator[str]:
+    """Every line of the files, file after file (each holds one process's whole lines)."""
+    for path in files:
+        with path.open(encoding="utf-8", errors="replace") as handle:
+            yield from handle
 
 
 def parse_nccl_env_lines(lines: Iterable[str]) -> dict[str, str]:
@@ -89,3 +133,57 @@ def applied_status(profile_env: Mapping[str, str], seen: Mapping[str, str]) -> d
         else:
             status[var] = f"seen with a different value: {seen[var]}"
     return status
+
+
+# tuning.cc (v2.24.3-1 and later; v2.28.9-1 lines 430-456), on rank 0 when NCCL_ALGO or
+# NCCL_PROTO is set: INFO(NCCL_ENV, "Enabled NCCL Func/Proto/Algo Matrix:%s") where the string is
+# a header row ("     Function | " then "%8s  " per protocol, " | ", "%13s  " per algorithm) and
+# one row per collective ("%13s | ", "%8d  " per protocol, " | ", "%13d  " per algorithm): 1 on,
+# 0 off, 2 for LL128 left to NCCL. It is what parseList made of the variables, before NCCL
+# drops what the host cannot run (NVLS without NVSwitch, CollNet without a plugin).
+_MATRIX_START = re.compile(r"NCCL INFO Enabled NCCL Func/Proto/Algo Matrix:\s*$")
+_MATRIX_ROW = re.compile(r"^\s*(?P<name>[A-Za-z]+) \|(?P<protocols>[^|]*)\|(?P<algorithms>.*)$")
+
+
+def parse_enabled_matrix(lines: Iterable[str]) -> dict[str, dict[str, int]] | None:
+    """The first enabled-matrix NCCL printed: ``{collective: {protocol or algorithm: 0/1/2}}``."""
+    rows = iter(line.rstrip("\r\n") for line in lines)
+    for line in rows:
+        if not _MATRIX_START.search(line):
+            continue
+        head = _MATRIX_ROW.match(next(rows, ""))
+        if head is None or head.group("name") != "Function":
+            return None
+        protocols, algorithms = head.group("protocols").split(), head.group("algorithms").split()
+        matrix: dict[str, dict[str, int]] = {}
+        for row_text in rows:
+            row = _MATRIX_ROW.match(row_text)
+            values = (row.group("protocols").split(), row.group("algorithms").split()) if row else ((), ())
+            if row is None or len(values[0]) != len(protocols) or len(values[1]) != len(algorithms):
+                break
+            matrix[row.group("name")] = {
+                name: int(flag) for name, flag in zip([*protocols, *algorithms], [*values[0], *values[1]])
+            }
+        return matrix or None
+    return None
+
+
+def matrix_status(profile_env: Mapping[str, str], matrix: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """Where NCCL's enabled matrix differs from what the profile's NCCL_ALGO / NCCL_PROTO ask;
+    [] when every collective's algorithms and protocols are the ones asked for.
+
+    LL128 left to NCCL (2) counts as on unless the profile names it."""
+    asked = enabled_lists(profile_env)
+    differences = []
+    for function, wanted in asked.items():
+        row = matrix.get(function)
+        if row is None:
+            differences.append(f"{function}: not in NCCL's matrix")
+            continue
+        enabled = {name for name, flag in row.items() if flag}
+        for kind, names in wanted.items():
+            seen = sorted(enabled & set(names["all"]), key=str.lower)
+            if {n.lower() for n in seen} != {n.lower() for n in names["on"]}:
+                differences.append(f"{function} {kind}: NCCL enabled {', '.join(seen) or 'none'}, "
+                                   f"the profile asks for {', '.join(names['on']) or 'none'}")
+    return differences

@@ -32,6 +32,7 @@ __all__ = [
     "P2P_LEGACY_LEVELS",
     "VLLM_COLLECTIVES",
     "enabled_choices",
+    "enabled_lists",
     "is_nccl_related",
     "validate_profile",
 ]
@@ -88,6 +89,8 @@ KNOWN_NCCL_VARIABLES: frozenset[str] = frozenset(
 _NCCL_FUNCTIONS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
 _NCCL_PROTOCOLS = ("LL", "LL128", "Simple")
 _NCCL_ALGORITHMS = ("Tree", "Ring", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree", "PAT")
+# How NCCL itself spells the algorithms it prints (ncclAlgoStr, src/init.cc v2.28.9-1 line 50).
+_NCCL_SPELLING = {"CollnetDirect": "CollNetDirect", "CollnetChain": "CollNetChain"}
 _P2P_LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS")
 # NCCL_P2P_LEVEL's legacy integers (user guide; paths.cc levelsOldToNew). NVL has none.
 P2P_LEGACY_LEVELS = {"0": "LOC", "1": "PIX", "2": "PXB", "3": "PHB", "4": "SYS"}
@@ -245,6 +248,21 @@ def enabled_choices(env: Mapping[str, str], *, pcie_only: bool | None) -> dict[s
                 pairs.append((algorithm, protocol))
         choices[function] = pairs
     return choices
+
+
+def enabled_lists(env: Mapping[str, str]) -> dict[str, dict[str, dict[str, tuple[str, ...]]]]:
+    """Per collective, the algorithms and protocols the profile's lists leave on, as NCCL's
+    parseList sets them (``{"AllReduce": {"algorithm": {"on": (...), "all": (...)}, ...}}``);
+    only the variables the profile sets, and the names in NCCL's own spelling (init.cc)."""
+    result: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {f: {} for f in _NCCL_FUNCTIONS}
+    for var, elements, kind in (("NCCL_ALGO", _NCCL_ALGORITHMS, "algorithm"),
+                                ("NCCL_PROTO", _NCCL_PROTOCOLS, "protocol")):
+        if var not in env:
+            continue
+        for function, on in _enabled(_parse_nccl_list(env[var], elements, kind), elements).items():
+            ordered = tuple(_NCCL_SPELLING.get(e, e) for e in elements if e in on)
+            result[function][kind] = {"on": ordered, "all": tuple(_NCCL_SPELLING.get(e, e) for e in elements)}
+    return result
 
 
 def _check_coverage(who: str, env: Mapping[str, str], pcie_only: bool | None) -> list[str]:
