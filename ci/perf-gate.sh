@@ -7,6 +7,8 @@
 #   KIMIPERF_PROFILES   NCCL profiles to compare (default: default,ring-ll)
 #   KIMIPERF_OUT        where reports, plots and server logs go (default: perf-results)
 #   KIMIPERF_DEPLOYMENT deployment (default: the suite's, kimi-k25-int4-tp8)
+#   KIMIPERF_MAX_BOOTS  most boots per profile, boots on demand included (default: the
+#                       deployment's max_boots); the workflow's job timeout is sized from it
 #   PYTHON              interpreter with pytest-kimiperf installed (default: python3)
 #
 # Exit codes are pytest's:
@@ -31,6 +33,9 @@ args=(perf_tests --nccl-profile "$PROFILES" --kimiperf-missing-baseline fail
       --junitxml "$OUT/junit.xml" --basetemp "$OUT/tmp" -p no:cacheprovider)
 if [ -n "${KIMIPERF_DEPLOYMENT:-}" ]; then
   args+=(--deployment "$KIMIPERF_DEPLOYMENT")
+fi
+if [ -n "${KIMIPERF_MAX_BOOTS:-}" ]; then
+  args+=(--kimiperf-max-boots "$KIMIPERF_MAX_BOOTS")
 fi
 "$PY" -m pytest "${args[@]}" "$@"
 status=$?

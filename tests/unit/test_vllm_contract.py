@@ -1,0 +1,47 @@
+"""The vLLM the plugin was read from: its log formats and flags, checked on the installed engine."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_kimiperf.server import vllm_contract
+from tests.helpers import ROOT
+
+
+def test_the_installed_vllm_writes_every_line_the_plugin_reads() -> None:
+    version, folder = vllm_contract.installed_vllm()
+    if folder is None:
+        pytest.skip("no vLLM installed")
+    assert version == vllm_contract.VERIFIED_VLLM
+    assert vllm_contract.check_log_formats(folder) == []
+
+
+def test_a_format_vllm_no_longer_writes_is_named_with_its_reader(tmp_path: Path) -> None:
+    _, folder = vllm_contract.installed_vllm()
+    if folder is None:
+        pytest.skip("no vLLM installed")
+    fmt = next(f for f in vllm_contract.LOG_FORMATS if f.path.endswith("default_loader.py"))
+    changed = tmp_path / fmt.path
+    changed.parent.mkdir(parents=True)
+    # The real file with the wording changed, as a later release might.
+    changed.write_text((folder / fmt.path).read_text().replace("Loading weights took", "Loaded weights in"))
+    assert vllm_contract.check_log_formats(tmp_path, (fmt,)) == [
+        f"{fmt.path} no longer contains {fmt.text!r}; boot_account: weights_s reads it"]
+    gone = vllm_contract.LogFormat("model_executor/nowhere.py", "x", "someone")
+    assert vllm_contract.check_log_formats(tmp_path, (gone,)) == [
+        "model_executor/nowhere.py is missing; someone reads 'x' from it"]
+
+
+def test_the_contract_check_passes_on_the_installed_engine_and_the_gpu_pin_is_the_verified_version() -> None:
+    pytest.importorskip("vllm")
+    done = subprocess.run([sys.executable, "-m", "pytest_kimiperf.server.vllm_contract"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1].startswith(f"vllm-contract: OK vLLM {vllm_contract.VERIFIED_VLLM} ")
+    pins = (ROOT / "ci" / "gpu-constraints.txt").read_text().splitlines()
+    assert f"vllm=={vllm_contract.VERIFIED_VLLM}" in pins
+    assert "-m pytest_kimiperf.server.vllm_contract" in (ROOT / "ci" / "gpu-venv.sh").read_text()
