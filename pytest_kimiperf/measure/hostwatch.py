@@ -20,10 +20,12 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from pytest_kimiperf.config.measure_bounds import HostBounds
 from pytest_kimiperf.errors import KimiperfError
+from pytest_kimiperf.server.pid_namespace import UNMAPPABLE, read_pid_view
 from pytest_kimiperf.measure.host_readings import (
     PSI_RESOURCES,
     TOP_FOREIGN_COUNT,
@@ -173,8 +175,9 @@ class HostWatch:
 
     ``own_pids`` is asked at start and at stop (children come and go) and the union is ours;
     the process running the watch is always ours. NVML reports pids of the host PID namespace:
-    in a container our own GPU processes may show under other pids and count as foreign, which
-    errs towards "busy". GPU values are sampled at the two ends of the window.
+    in a container ours are mapped to them through NSpid, and where the container's /proc shows
+    no host pid the bound on other GPU processes is off, with a note (server/pid_namespace.py).
+    GPU values are sampled at the two ends of the window.
     """
 
     def __init__(
@@ -244,5 +247,11 @@ class HostWatch:
             finally:
                 self._nvml.nvmlShutdown()
             samples = self._gpu_samples
-            gpus = tuple(merge_gpu_samples(samples[i], own) for i in self._gpu_indices if i in samples)
+            # NVML names GPU processes by host pid; in a container ours have other pids here.
+            view = read_pid_view(Path(self._proc_root))
+            gpus = tuple(merge_gpu_samples(samples[i], view.host_pids(own)) for i in self._gpu_indices if i in samples)
+            if view.mode == UNMAPPABLE:  # no bound on what cannot be told apart from ours
+                gpus = tuple(replace(gpu, foreign_processes=()) for gpu in gpus)
+            if view.note:
+                self._notes.append(view.note)
         return replace(reading, gpus=gpus, notes=tuple(dict.fromkeys(self._notes)))

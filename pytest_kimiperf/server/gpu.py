@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from pytest_kimiperf.errors import ConfigError, HardwareMissingError, KimiperfError, ServerError
+from pytest_kimiperf.server.pid_namespace import read_pid_view
 from pytest_kimiperf.server.nvidia_smi import (
     QUERY_COMPUTE_APPS_FIELDS,
     QUERY_GPU_FIELDS,
@@ -305,8 +306,10 @@ def _nvml_memory_by_pid(pynvml: Any) -> dict[int, int]:
 def gpu_memory_by_pid(timeout_s: float = 10.0) -> dict[int, int]:
     """Map each pid holding GPU memory to the MiB it holds, summed over GPUs; {} without GPUs.
 
-    Pids are as the driver sees them: the host PID namespace (a process in another container
-    shows as ``[Not Found]`` in nvidia-smi).
+    The driver names processes by their host pid (a process in another container shows as
+    ``[Not Found]`` in nvidia-smi); in a container they are turned into the pids this process
+    sees (pid_namespace.py), and where that is impossible, a process cannot be named and is left
+    out (the sweep's GPU check then sees nothing, said in pid_namespace's note).
     """
 
     def from_smi(smi: str) -> dict[int, int]:
@@ -320,7 +323,7 @@ def gpu_memory_by_pid(timeout_s: float = 10.0) -> dict[int, int]:
 
     answer = ask_driver(_nvml_memory_by_pid, from_smi)
     if answer.value is not None:
-        return answer.value
+        return read_pid_view().local_pids(answer.value)
     if answer.smi_on_path:
         # A host that has GPUs but cannot say who holds them must not read as "all memory free".
         raise ServerError(

@@ -1,0 +1,94 @@
+"""Which of this process's pids NVML means: the driver reports the host's, a container sees its own.
+
+NVML names the processes on a GPU by their pid in the host's (the initial) PID namespace; psutil
+and /proc inside a container name them by the container's. Compared as they are, our own eight
+workers would count as foreign GPU processes (every window INVALID) and the zombie sweep's GPU
+check would match nothing. :func:`read_pid_view` says how to translate: not at all in the host's
+namespace; through ``NSpid`` in ``/proc/<pid>/status`` where this /proc is an ancestor
+namespace's (``NSpid`` lists a process's pid in the namespace of the /proc it is read from
+first, then in each nested namespace down to its own; proc(5)); and not at all where the
+container mounted its own /proc, which shows no host pid: then callers turn the GPU-process
+bound off and say so.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["INIT_PID_NS_INODE", "MAPPED", "SAME", "UNMAPPABLE", "PidView", "read_pid_view"]
+
+# The initial PID namespace's inode (PROC_PID_INIT_INO, include/linux/proc_ns.h: 0xEFFFFFFC,
+# fixed since Linux 3.8): /proc/self/ns/pid points at it only outside every container.
+INIT_PID_NS_INODE = 0xEFFFFFFC
+
+SAME, MAPPED, UNMAPPABLE = "same", "mapped", "unmappable"
+
+
+@dataclass(frozen=True)
+class PidView:
+    """How NVML's (host) pids relate to the pids this process sees."""
+
+    mode: str  # SAME, MAPPED or UNMAPPABLE
+    host_to_local: Mapping[int, int] = field(default_factory=dict)
+    note: str | None = None
+
+    def local(self, host_pid: int) -> int | None:
+        """The pid this process knows ``host_pid`` by; None where it cannot say."""
+        if self.mode == SAME:
+            return host_pid
+        return self.host_to_local.get(host_pid)
+
+    def local_pids(self, by_host_pid: Mapping[int, int]) -> dict[int, int]:
+        """``{host pid: value}`` re-keyed by local pid, dropping what this view cannot name."""
+        result: dict[int, int] = {}
+        for host_pid, value in by_host_pid.items():
+            pid = self.local(host_pid)
+            if pid is not None:
+                result[pid] = value
+        return result
+
+    def host_pids(self, local_pids: Iterable[int]) -> set[int]:
+        """The host pids of ``local_pids`` (those this view can name)."""
+        wanted = set(local_pids)
+        if self.mode == SAME:
+            return wanted
+        return {host for host, local in self.host_to_local.items() if local in wanted}
+
+
+def _nspid(status: Path) -> list[int]:
+    """The ``NSpid:`` line of a /proc/<pid>/status file; [] when absent or unreadable."""
+    try:
+        text = status.read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return []
+    for line in text.splitlines():
+        if line.startswith("NSpid:"):
+            return [int(part) for part in line.split()[1:] if part.isdigit()]
+    return []
+
+
+def read_pid_view(proc_root: Path = Path("/proc")) -> PidView:
+    """How to read NVML's pids here (see the module docstring)."""
+    try:
+        inode = os.stat(proc_root / "self" / "ns" / "pid").st_ino
+    except OSError:  # no /proc of this kind (a recorded /proc tree in the tests): as before
+        return PidView(SAME)
+    if inode == INIT_PID_NS_INODE:
+        return PidView(SAME)
+    depth = len(_nspid(proc_root / "self" / "status")) - 1
+    if depth < 1:
+        return PidView(UNMAPPABLE, note=(
+            "this process runs in a PID namespace of its own (a container) whose /proc shows no host "
+            "pids, so NVML's process list (host pids) cannot be matched with our processes: the bound "
+            "on other GPU processes is off and the sweep cannot see GPU memory; run with the host's "
+            "PID namespace (docker --pid=host) to have both"))
+    mapping: dict[int, int] = {}
+    for status in proc_root.glob("[0-9]*/status"):
+        nspid = _nspid(status)
+        if len(nspid) > depth:
+            mapping[nspid[0]] = nspid[depth]
+    return PidView(MAPPED, mapping, note=(
+        f"in a container: NVML's host pids are mapped to ours through NSpid ({len(mapping)} processes)"))
