@@ -34,7 +34,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +46,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
 from pytest_kimiperf.judge.planning import wants_another_boot  # noqa: E402
 from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot  # noqa: E402
-from pytest_kimiperf.judge.stats import VerdictKind, compare_boots  # noqa: E402
+from pytest_kimiperf.judge.stats import VerdictKind  # noqa: E402
+from pytest_kimiperf.judge.gate import Spreads, compare_with_history  # noqa: E402
+from pytest_kimiperf.judge.levels import CorpusBoot, canary_shift, load_corpus  # noqa: E402
+from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS  # noqa: E402
+from pytest_kimiperf.config.metric_specs import metric_spec  # noqa: E402
 
 TESTS = (3, 1, 2, 2, 2)  # metrics gated per test, as in perf_tests/
 PROFILES = 2
@@ -81,11 +85,26 @@ def rate(hits: int, trials: int) -> Rate:
 
 @dataclass(frozen=True)
 class Noise:
-    """The noise model of one cell of the table."""
+    """The noise model of one cell of the table: per-boot SD ``boot_sd``, per-request ``cv``,
+    a linear ``drift`` over the session; a session effect of SD ``session_sd`` shared by every
+    boot of a session (half of it shared by all metrics, like the boot effect); the history's
+    ``history_sessions`` sessions (1: recorded by one --update-baselines run); spawn modes: a
+    share ``slow_share`` of boots ``slow_drop`` slower; ``host_factor``: the run's host is this
+    much slower than the history's (same fingerprint), which its canary shows."""
 
     boot_sd: float
     cv: float
     drift: float
+    session_sd: float = 0.0
+    history_sessions: int = 1
+    slow_share: float = 0.0
+    slow_drop: float = 0.0
+    host_factor: float = 1.0
+    history_boots: int | None = None  # the cell's own history length (else --history)
+    label: str = ""
+
+
+CANARY_NOISE = 0.03  # SD of a canary score between sessions of one host (corpus: see README)
 
 
 class World:
@@ -96,12 +115,27 @@ class World:
         self.rng = rng
         self.metrics = sum(TESTS)
 
-    def boot_effects(self) -> np.ndarray:
-        """Per-metric log offsets of one boot: a shared part and each metric's own."""
-        b = self.noise.boot_sd
+    def _effects(self, sd: float) -> np.ndarray:
         shared = self.rng.normal() * math.sqrt(SHARED_BOOT_SHARE)
         own = self.rng.normal(size=self.metrics) * math.sqrt(1 - SHARED_BOOT_SHARE)
-        return b * (shared + own)
+        return sd * (shared + own)
+
+    def session_effects(self) -> np.ndarray:
+        """Per-metric log offsets every boot of one session shares."""
+        return self._effects(self.noise.session_sd)
+
+    def boot_effects(self) -> np.ndarray:
+        """Per-metric log offsets of one boot: a shared part and each metric's own, plus the
+        spawn mode (a slow boot is slow at everything)."""
+        effects = self._effects(self.noise.boot_sd)
+        if self.noise.slow_share and self.rng.random() < self.noise.slow_share:
+            effects = effects + math.log1p(-self.noise.slow_drop)
+        return effects
+
+    def canary(self, host_factor: float = 1.0) -> dict[str, float]:
+        """A session's canary scores on a host ``host_factor`` as fast as the history's."""
+        return {"python_mops": host_factor * math.exp(self.rng.normal(0.0, CANARY_NOISE)),
+                "copy_gbs": host_factor * math.exp(self.rng.normal(0.0, CANARY_NOISE))}
 
     def requests(self, offset: float) -> np.ndarray:
         """One test's per-request samples of a higher-is-better metric around exp(offset)."""
@@ -110,24 +144,42 @@ class World:
         logs[slow] -= np.log(self.rng.uniform(1.5, 3.0, int(slow.sum())))
         return np.exp(logs)
 
-    def history(self, boots: int) -> list[list[BootSummary]]:
-        """A baseline history: ``boots`` boots of the unchanged server, per metric."""
+    def history(self, boots: int) -> tuple[list[list[BootSummary]], list[dict[str, float]]]:
+        """A baseline history: ``boots`` boots of the unchanged server over the cell's sessions
+        (round robin), per metric; and each session's canary."""
         per_metric: list[list[BootSummary]] = [[] for _ in range(self.metrics)]
-        for _ in range(boots):
-            effects = self.boot_effects()
+        sessions = max(1, min(self.noise.history_sessions, boots))
+        session_effects = [self.session_effects() for _ in range(sessions)]
+        for i in range(boots):
+            k = i % sessions
+            effects = self.boot_effects() + session_effects[k]
             for m in range(self.metrics):
-                per_metric[m].append(summarize_boot(self.requests(effects[m])))
-        return per_metric
+                summary = summarize_boot(self.requests(effects[m]))
+                per_metric[m].append(replace(summary, session=f"history-{k}", host="history"))
+        return per_metric, [self.canary() for _ in range(sessions)]
 
 
-def gate_run(world: World, history: list[list[BootSummary]], *, change: float, tolerance: float,
-             prior: float, max_boots: int, start: float, span: float) -> tuple[list[VerdictKind], int]:
+@dataclass(frozen=True)
+class Rules:
+    """The gate's settings in a cell."""
+
+    tolerance: float
+    spreads: Spreads
+    max_boots: int
+
+
+def gate_run(world: World, history: tuple[list[list[BootSummary]], list[dict[str, float]]], *, change: float,
+             rules: Rules, start: float, span: float) -> tuple[list[VerdictKind], int]:
     """One profile against its baseline, boots on demand: its verdicts and how many boots it took.
 
     As the plugin schedules it: every test is measured on boot 1; boot k+1 happens only if a
     test's comparison on boots 1..k wants another boot, and then re-measures just those tests.
+    The comparison is the plugin's own ``gate.compare_with_history`` after its canary check.
     """
-    shift = math.log1p(change)
+    summaries, canaries = history
+    shift = math.log1p(change) + math.log(world.noise.host_factor)
+    check = canary_shift(world.canary(world.noise.host_factor), canaries)
+    comparable = not (check is not None and check.moved)
     measured: dict[int, list[BootSummary]] = {m: [] for m in range(world.metrics)}
     final: dict[int, VerdictKind] = {}
     groups, first = [], 0
@@ -136,18 +188,21 @@ def gate_run(world: World, history: list[list[BootSummary]], *, change: float, t
         first += size
     open_groups = groups
     boots = 0
-    while open_groups and boots < max_boots:
+    session = world.session_effects()
+    while open_groups and boots < rules.max_boots:
         boots += 1
-        effects = world.boot_effects()
-        when = start + span * (boots - 1) / max(max_boots, 1)
+        effects = world.boot_effects() + session
+        when = start + span * (boots - 1) / max(rules.max_boots, 1)
         still_open = []
         for metrics in open_groups:
             comparisons = []
             for m in metrics:
                 offset = effects[m] + shift + world.noise.drift * when
-                measured[m].append(summarize_boot(world.requests(offset)))
-                comparisons.append(compare_boots(measured[m], history[m], direction=Direction.HIGHER_IS_BETTER,
-                                                 tolerance=tolerance, prior_spread=prior))
+                measured[m].append(replace(summarize_boot(world.requests(offset)), session="current", host="current"
+                                           if world.noise.host_factor != 1.0 else "history"))
+                comparisons.append(compare_with_history(
+                    measured[m], summaries[m], direction=Direction.HIGHER_IS_BETTER, tolerance=rules.tolerance,
+                    spreads=rules.spreads, comparable=comparable))
             for m, c in zip(metrics, comparisons):
                 final[m] = c.verdict
             if any(wants_another_boot(c) for c in comparisons):
@@ -160,42 +215,47 @@ def gate_run(world: World, history: list[list[BootSummary]], *, change: float, t
 class Cell:
     """One row of the table."""
 
+    label: str
     boot_sd: float
     cv: float
     false_alarm_per_session: Rate
+    false_regression_per_session: Rate
     false_alarm_per_comparison: Rate
+    false_regression_per_comparison: Rate
     detect_2x: Rate
     regress_0_8x: Rate
     mean_boots: float
     within_claimed_null: Rate
 
 
-def run_cell(noise: Noise, *, trials: int, history_boots: int, max_boots: int, tolerance: float,
-             prior: float, seed: int) -> Cell:
+def run_cell(noise: Noise, *, trials: int, history_boots: int, rules: Rules, seed: int) -> Cell:
     """Simulate ``trials`` sessions for each true change (0, 0.8x and 2x the tolerance)."""
     rng = np.random.default_rng(seed)
     world = World(noise, rng)
-    sessions_alarm = comparisons_alarm = comparisons = within = 0
+    history_boots = noise.history_boots or history_boots
+    sessions_alarm = sessions_regress = comparisons_alarm = comparisons = within = false_regressions = 0
     boots_total = runs = 0
     detect = regress_small = changed = 0
     for _ in range(trials):
-        alarm = False
+        alarm = regress = False
         for p in range(PROFILES):
             history = world.history(history_boots)
-            verdicts, boots = gate_run(world, history, change=0.0, tolerance=tolerance, prior=prior,
-                                       max_boots=max_boots, start=p / PROFILES, span=1 / PROFILES)
+            verdicts, boots = gate_run(world, history, change=0.0, rules=rules, start=p / PROFILES,
+                                       span=1 / PROFILES)
             boots_total += boots
             runs += 1
             directional = sum(v in (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT) for v in verdicts)
             comparisons_alarm += directional
+            false_regressions += sum(v is VerdictKind.REGRESSION for v in verdicts)
             comparisons += len(verdicts)
             within += sum(v is VerdictKind.WITHIN_TOLERANCE for v in verdicts)
             alarm = alarm or directional > 0
+            regress = regress or any(v is VerdictKind.REGRESSION for v in verdicts)
         sessions_alarm += alarm
+        sessions_regress += regress
         for factor, counter in ((-2.0, "detect"), (-0.8, "small")):
             history = world.history(history_boots)
-            verdicts, _ = gate_run(world, history, change=factor * tolerance, tolerance=tolerance,
-                                   prior=prior, max_boots=max_boots, start=0.5, span=0.5)
+            verdicts, _ = gate_run(world, history, change=factor * rules.tolerance, rules=rules, start=0.5, span=0.5)
             hits = sum(v is VerdictKind.REGRESSION for v in verdicts)
             if counter == "detect":
                 detect += hits
@@ -203,9 +263,11 @@ def run_cell(noise: Noise, *, trials: int, history_boots: int, max_boots: int, t
             else:
                 regress_small += hits
     return Cell(
-        boot_sd=noise.boot_sd, cv=noise.cv,
+        label=noise.label, boot_sd=noise.boot_sd, cv=noise.cv,
         false_alarm_per_session=rate(sessions_alarm, trials),
+        false_regression_per_session=rate(sessions_regress, trials),
         false_alarm_per_comparison=rate(comparisons_alarm, comparisons),
+        false_regression_per_comparison=rate(false_regressions, comparisons),
         detect_2x=rate(detect, changed), regress_0_8x=rate(regress_small, changed),
         mean_boots=boots_total / runs, within_claimed_null=rate(within, comparisons),
     )
@@ -218,13 +280,130 @@ def _pct(r: Rate) -> str:
 def print_table(title: str, cells: list[Cell]) -> None:
     """The cells as a plain-text table."""
     print(title)
-    print(f"{'b':>5} {'CV':>4} | {'false alarm/session':>24} | {'detect 2x tol':>24} | "
-          f"{'REGRESSION at 0.8x':>24} | {'boots/run':>9} | {'within claimed (null)':>24}")
+    print(f"{'noise':<46} | {'false REGR/session':>22} | {'false alarm/session':>22} | {'false REGR/metric':>20} | {'detect 2x tol':>22} | "
+          f"{'REGRESSION at 0.8x':>22} | {'boots/run':>9}")
     for c in cells:
-        print(f"{c.boot_sd * 100:4.1f}% {c.cv * 100:3.0f}% | {_pct(c.false_alarm_per_session):>24} | "
-              f"{_pct(c.detect_2x):>24} | {_pct(c.regress_0_8x):>24} | {c.mean_boots:9.2f} | "
-              f"{_pct(c.within_claimed_null):>24}")
+        print(f"{c.label:<46} | {_pct(c.false_regression_per_session):>22} | {_pct(c.false_alarm_per_session):>22} | {_pct(c.false_regression_per_comparison):>20} | "
+              f"{_pct(c.detect_2x):>22} | {_pct(c.regress_0_8x):>22} | {c.mean_boots:9.2f}")
     print()
+
+
+def simulation_cells(args: argparse.Namespace) -> list[Noise]:
+    """The independent cells of earlier tables, and the real-host levels of issue 22."""
+    d = args.drift
+    cells = [Noise(b, cv, d, history_sessions=args.history,
+                   label=f"boot {b:.1%}, CV {cv:.0%}, indep.; history {args.history} sessions")
+             for b in args.boot_sd for cv in args.cv]
+    cells += [
+        Noise(0.01, 0.02, d, history_sessions=1, label="boot 1%, CV 2%, indep.; history 1 session"),
+        Noise(0.01, 0.02, d, session_sd=0.01, history_sessions=1, label="session 1% + boot 1%; history 1 session"),
+        Noise(0.01, 0.02, d, session_sd=0.02, history_sessions=1, label="session 2% + boot 1%; history 1 session"),
+        Noise(0.01, 0.02, d, session_sd=0.02, history_sessions=3, label="session 2% + boot 1%; history 3 sessions"),
+        Noise(0.01, 0.02, d, session_sd=0.02, history_sessions=5, label="session 2% + boot 1%; history 5 sessions"),
+        Noise(0.01, 0.02, d, slow_share=0.30, slow_drop=0.20, history_sessions=20, history_boots=20,
+              label="bimodal 30% of boots 20% slower; history 20"),
+        Noise(0.01, 0.02, d, slow_share=0.15, slow_drop=0.10, history_sessions=20, history_boots=20,
+              label="bimodal 15% of boots 10% slower; history 20"),
+        Noise(0.01, 0.02, d, host_factor=0.5, history_sessions=args.history, label="host 2x slower, same fingerprint"),
+    ]
+    return cells
+
+
+# -- replay: sessions of real boots from the noise corpus -------------------------------------
+
+def _test_groups(keys: list[str]) -> list[list[str]]:
+    groups: dict[str, list[str]] = {}
+    for key in keys:
+        groups.setdefault(key.split("|")[0], []).append(key)
+    return list(groups.values())
+
+
+def replay_run(current: list[CorpusBoot], history: list[CorpusBoot], *, keys: list[str], shift: float,
+               deployment: str, max_boots: int) -> tuple[list[VerdictKind], int]:
+    """One gate run replayed on real boots: ``current`` boots (of one session, in the order they
+    would boot) against ``history``, every metric ``shift`` (a fraction) worse; boots on demand."""
+    dep = BUILTIN_DEPLOYMENTS[deployment]
+    spreads = Spreads(dep.boot_spread, dep.session_spread, dep.host_spread)
+    check = canary_shift(current[0].canary, [b.canary for b in history if b.canary])
+    comparable = not (check is not None and check.moved)
+    final: dict[str, VerdictKind] = {}
+    open_groups = _test_groups(keys)
+    boots = 0
+    while open_groups and boots < min(max_boots, len(current)):
+        boot = current[boots]
+        boots += 1
+        still_open = []
+        for group in open_groups:
+            comparisons = []
+            for key in group:
+                metric = key.split("|")[1]
+                spec = metric_spec(metric)
+                worse = 1.0 - shift if spec.direction is Direction.HIGHER_IS_BETTER else 1.0 + shift
+                cur = [replace(b.metrics[key], median=b.metrics[key].median * worse, session="current",
+                               host=b.host) for b in current[:boots] if key in b.metrics]
+                ref = [replace(b.metrics[key], session=b.session, host=b.host) for b in history if key in b.metrics]
+                c = compare_with_history(cur, ref, direction=spec.direction, tolerance=dep.tolerance(metric),
+                                         spreads=spreads, comparable=comparable)
+                final[key] = c.verdict
+                comparisons.append(c)
+            if any(wants_another_boot(c) for c in comparisons):
+                still_open.append(group)
+        open_groups = still_open
+    return [final[k] for k in keys if k in final], boots
+
+
+def replay(args: argparse.Namespace) -> dict[str, object]:
+    """A/A and injected shifts on real boots: each session of the corpus in turn is "this run",
+    the other sessions (or one other session) the baseline history; boots resampled inside
+    sessions for the trials."""
+    boots = load_corpus(sorted(args.corpus.glob("*.jsonl")), variant="default", max_foreign_cpu=args.max_foreign_cpu)
+    by_session: dict[str, list[CorpusBoot]] = {}
+    for b in boots:
+        by_session.setdefault(b.session, []).append(b)
+    sessions = sorted(s for s, v in by_session.items() if len(v) >= 2)
+    if len(sessions) < 2:
+        print(f"replay: {len(sessions)} sessions with 2+ valid boots in {args.corpus}; it needs 2")
+        return {}
+    keys = sorted({k for b in boots for k in b.metrics})
+    rng = np.random.default_rng(7)
+    dep = BUILTIN_DEPLOYMENTS[args.deployment]
+    tol = max(dep.tolerance(k.split("|")[1]) for k in keys)
+    out: dict[str, object] = {"sessions": len(sessions), "boots": len(boots),
+                              "hosts": len({b.host for b in boots}), "metrics": len(keys), "rows": []}
+    print(f"replay on the noise corpus: {len(boots)} valid boots in {len(sessions)} sessions on "
+          f"{out['hosts']} host(s), {len(keys)} gated metrics, deployment {args.deployment} "
+          f"(tolerance {tol:.0%}, declared boot/session/host spread {dep.boot_spread:.0%}/"
+          f"{dep.session_spread:.0%}/{dep.host_spread:.0%}, up to {dep.max_boots} boots)")
+    print(f"{'history':<28} | {'shift':>6} | {'sessions alarmed':>22} | {'REGRESSION/metric':>22} | {'boots/run':>9}")
+    for history_kind in ("all other sessions", "one other session"):
+        for factor in (0.0, 1.0, 2.0):
+            alarmed = regress = metrics = boots_total = 0
+            for _ in range(args.replay_trials):
+                current_session = sessions[rng.integers(len(sessions))]
+                others = [s for s in sessions if s != current_session]
+                if history_kind == "one other session":
+                    others = [others[rng.integers(len(others))]]
+                pool = [b for s in others for b in by_session[s]]
+                history = [pool[i] for i in rng.integers(len(pool), size=min(args.history, 2 * len(pool)))]
+                mine = by_session[current_session]
+                current = [mine[i] for i in rng.permutation(len(mine))]
+                verdicts, used = replay_run(current, history, keys=keys, shift=factor * tol,
+                                            deployment=args.deployment, max_boots=dep.max_boots)
+                directional = sum(v in (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT) for v in verdicts)
+                alarmed += directional > 0
+                regress += sum(v is VerdictKind.REGRESSION for v in verdicts)
+                metrics += len(verdicts)
+                boots_total += used
+            row = {"history": history_kind, "shift_x_tolerance": factor,
+                   "sessions_alarmed": asdict(rate(alarmed, args.replay_trials)),
+                   "regression_per_metric": asdict(rate(regress, metrics)),
+                   "mean_boots": boots_total / args.replay_trials}
+            out["rows"].append(row)  # type: ignore[union-attr]
+            what = "alarm" if factor == 0 else "detect"
+            print(f"{history_kind:<28} | {factor:5.0f}x | {_pct(rate(alarmed, args.replay_trials)):>22} | "
+                  f"{_pct(rate(regress, metrics)):>22} | {boots_total / args.replay_trials:9.2f}  ({what})")
+    print()
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,30 +414,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-boots", type=int, default=3, help="boots on demand per profile (default 3)")
     parser.add_argument("--tolerance", type=float, default=0.03)
     parser.add_argument("--prior", type=float, default=0.01, help="declared boot spread (default 0.01)")
+    parser.add_argument("--session-prior", type=float, default=0.01, help="declared session spread (default 0.01)")
+    parser.add_argument("--host-prior", type=float, default=0.02, help="declared host spread (default 0.02)")
     parser.add_argument("--drift", type=float, default=0.005, help="linear drift over a session (default 0.005)")
-    parser.add_argument("--boot-sd", type=float, nargs="*", default=[0.0, 0.005, 0.01, 0.015, 0.03])
-    parser.add_argument("--cv", type=float, nargs="*", default=[0.01, 0.02])
+    parser.add_argument("--boot-sd", type=float, nargs="*", default=[0.01, 0.015])
+    parser.add_argument("--cv", type=float, nargs="*", default=[0.02])
+    parser.add_argument("--cells", choices=("all", "none"), default="all", help="'none': the replay alone")
+    parser.add_argument("--replay", action="store_true", help="also replay sessions of the noise corpus")
+    parser.add_argument("--replay-trials", type=int, default=300)
+    parser.add_argument("--corpus", type=Path, default=Path(__file__).parent / "data" / "noise")
+    parser.add_argument("--deployment", default="tiny-cpu", help="the replay's deployment (default tiny-cpu)")
+    parser.add_argument("--max-foreign-cpu", type=float, default=0.10)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.trials < 1 or args.history < 1 or args.max_boots < 1:
         parser.error("--trials, --history and --max-boots must be at least 1")
     started = time.monotonic()
-    tables: dict[str, list[Cell]] = {}
-    for label, max_boots in ((f"boots on demand (up to {args.max_boots})", args.max_boots),
-                             ("single boot (what one boot can claim)", 1)):
-        cells = []
-        for i, b in enumerate(args.boot_sd):
-            for j, cv in enumerate(args.cv):
-                cells.append(run_cell(Noise(b, cv, args.drift), trials=args.trials, history_boots=args.history,
-                                      max_boots=max_boots, tolerance=args.tolerance, prior=args.prior,
-                                      seed=1000 * i + j))
-        tables[label] = cells
-        print_table(f"{label}; tolerance {args.tolerance:.0%}, history {args.history} boots, "
-                    f"declared spread {args.prior:.1%}, drift {args.drift:.1%}, {args.trials} sessions per cell",
-                    cells)
+    tables: dict[str, object] = {}
+    rules = Rules(args.tolerance, Spreads(args.prior, args.session_prior, args.host_prior), args.max_boots)
+    if args.cells == "all":
+        cells = [run_cell(noise, trials=args.trials, history_boots=args.history, rules=rules, seed=1000 + i)
+                 for i, noise in enumerate(simulation_cells(args))]
+        tables["simulation"] = [asdict(c) for c in cells]
+        print_table(f"simulation, boots on demand (up to {args.max_boots}); tolerance {args.tolerance:.0%}, history "
+                    f"{args.history} boots, declared boot/session/host spread {args.prior:.1%}/{args.session_prior:.1%}/"
+                    f"{args.host_prior:.1%}, drift {args.drift:.1%}, {args.trials} sessions per cell", cells)
+    if args.replay:
+        tables["replay"] = replay(args)
     print(f"targets: {TARGETS}; {time.monotonic() - started:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps({k: [asdict(c) for c in v] for k, v in tables.items()}, indent=2) + "\n")
+        args.json.write_text(json.dumps(tables, indent=2) + "\n")
     return 0
 
 

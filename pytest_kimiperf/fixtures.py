@@ -81,6 +81,7 @@ def kimiperf_server(
     if run.log_dir is None:
         run.log_dir = tmp_path_factory.getbasetemp() / "kimiperf"
     manager = server_manager(request.config)
+    run.origin()  # the host canary, before the first boot loads the host
     try:
         handle = manager.acquire(kimiperf_profile)
     except KimiperfError as exc:
@@ -134,5 +135,6 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
         publish=publish,
         fail=lambda message: pytest.fail(message, pytrace=False),
         tolerances=tolerances,
+        origin=run.origin(),
         benchmark=benchmark,
     )

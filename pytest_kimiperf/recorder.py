@@ -28,6 +28,7 @@ from pytest_kimiperf.judge.gate import FLOOR_METRIC, BootRun, Rules, judge
 from pytest_kimiperf.judge.results import TestResult
 from pytest_kimiperf.config.metric_specs import metric_spec
 from pytest_kimiperf.judge.boots import BootLedger, TestBoots
+from pytest_kimiperf.judge.levels import BootOrigin
 from pytest_kimiperf.server.process import ServerHandle
 from pytest_kimiperf.config.settings import Settings
 
@@ -71,6 +72,7 @@ class PerfRecorder:
         benchmark: Callable[[], Any | None] | None = None,
         boot: int = 1,
         ledger: BootLedger | None = None,
+        origin: BootOrigin | None = None,
     ) -> None:
         self.nodeid = nodeid
         self.test = test
@@ -78,6 +80,7 @@ class PerfRecorder:
         # Which boot of this profile's server measures: part of the prompt seed (workload.prompt_seed).
         self.boot = boot
         self.ledger = ledger if ledger is not None else BootLedger()
+        self.origin = origin  # session, host and canary of the boots this records (judge/levels.py)
         self.host_readings: list[Any] = []  # hostwatch.HostReading of every measured attempt
         self.host_busy: str | None = None
         self.settings = settings
@@ -273,6 +276,7 @@ class PerfRecorder:
             itl_timeline_ms=run.itl_timeline_ms(),
             boot=self.boot,
             host=self.host_readings[-1].to_json() if self.host_readings else None,
+            origin=self.origin,
         )
         if self.host_readings:
             r = self.host_readings[-1]
@@ -304,7 +308,8 @@ class PerfRecorder:
         rules = Rules(
             tolerances={name: self.tolerance(name) for name in judged},
             decode_floor_tok_s=dep.decode_floor_tok_s, decode_target_tok_s=dep.decode_target_tok_s,
-            boot_spread=dep.boot_spread, boots=self.settings.boots, max_boots=self.settings.max_boots,
+            boot_spread=dep.boot_spread, session_spread=dep.session_spread, host_spread=dep.host_spread,
+            boots=self.settings.boots, max_boots=self.settings.max_boots,
             strict=self.settings.perf_strict,
         )
         record = self.ledger.of(self.test, self.server.profile) if invalid is None else None

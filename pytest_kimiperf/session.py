@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from pytest_kimiperf.judge.baselines import BaselineView
     from pytest_kimiperf.judge.boots import BootLedger, BootSlot
     from pytest_kimiperf.judge.fingerprint import Fingerprint
+    from pytest_kimiperf.judge.levels import BootOrigin
     from pytest_kimiperf.server.manager import ServerManager, ServerRecord
     from pytest_kimiperf.server.progress import RelayOutput, TerminalOutput
     from pytest_kimiperf.server.weight_cache import WeightCacheFacts
@@ -46,6 +47,7 @@ class PerfSession:
     _ledger: BootLedger | None = None
     _hardware_problem: str | None = None
     _hardware_checked: bool = False
+    _origin: BootOrigin | None = None
     _previous_handlers: dict[int, Any] = field(default_factory=dict)
 
     # -- what the perf tests are judged against ---------------------------------------------
@@ -107,6 +109,23 @@ class PerfSession:
 
             self._hardware_problem = hardware_problem(self.settings.deployment, external=self.settings.external)
         return self._hardware_problem
+
+    def origin(self) -> BootOrigin:
+        """This session's id, this host's id and its canary (judge/levels.py), taken once,
+        before the first boot while the host is quiet. Under pytest-xdist every worker of the
+        run shares xdist's test-run uid, so they are one session. An attached server's host is
+        not this one: no canary then."""
+        if self._origin is None:
+            import os
+            import uuid
+
+            from pytest_kimiperf.judge.levels import BootOrigin
+            from pytest_kimiperf.measure.canary import host_canary, host_identity
+
+            session = os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
+            canary = {} if self.settings.external else dict(host_canary().scores)
+            self._origin = BootOrigin(session=session[:12], host=host_identity()["host"], canary=canary)
+        return self._origin
 
     def topology_warnings(self) -> list[str]:
         """The profile warnings that depend on the hardware (LL128 on a PCIe-only host)."""

@@ -63,6 +63,8 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "memory_bandwidth_gbs": (int, float),
     "allreduce_latency_us": (int, float),
     "boot_spread": (int, float),
+    "session_spread": (int, float),
+    "host_spread": (int, float),
     "max_boots": int,
     "host_bounds": dict,
     "weight_cache": str,
@@ -144,7 +146,8 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
             HostBounds.from_mapping({**base.host_bounds, **value}, source=where)  # ConfigError if bad
             fields[key] = MappingProxyType({**base.host_bounds, **value})
         elif key in ("health_deadline_s", "decode_floor_tok_s", "decode_target_tok_s",
-                     "memory_bandwidth_gbs", "allreduce_latency_us", "boot_spread"):
+                     "memory_bandwidth_gbs", "allreduce_latency_us", "boot_spread", "session_spread",
+                     "host_spread"):
             fields[key] = float(value)
         else:
             fields[key] = value
@@ -181,9 +184,12 @@ def _check(d: Deployment, where: str) -> None:
     ):
         raise ConfigError(f"{where}: allreduce_latency_us = {d.allreduce_latency_us}; must be a "
                           "number of microseconds >= 0")
-    if not (math.isfinite(d.boot_spread) and 0 <= d.boot_spread < 1):
-        raise ConfigError(f"{where}: boot_spread = {d.boot_spread}; must be a fraction >= 0 and below 1 "
-                          "(the SD of a boot's median: 0.01 = 1%)")
+    for name, what in (("boot_spread", "a boot's median"), ("session_spread", "a session's effect"),
+                       ("host_spread", "a host's effect")):
+        value = getattr(d, name)
+        if not (math.isfinite(value) and 0 <= value < 1):
+            raise ConfigError(f"{where}: {name} = {value}; must be a fraction >= 0 and below 1 "
+                              f"(the SD of {what}: 0.01 = 1%)")
     if d.weight_cache not in ("auto", "off"):
         raise ConfigError(f"{where}: weight_cache = {d.weight_cache!r}; allowed: 'auto', 'off'")
     if d.max_boots < 1:

@@ -60,6 +60,11 @@ class Deployment:
     # boot's median (fraction, 0.01 = 1%) before the baseline history has measured it;
     # ``max_boots`` caps the boots on demand per profile in one session.
     boot_spread: float = 0.01
+    # The levels above the boot (judge/levels.py), declared until the history spans 3 sessions
+    # (hosts): the SD of a session's shared effect on every boot of it, and of a host's among
+    # hosts with the same fingerprint whose canaries agree.
+    session_spread: float = 0.01
+    host_spread: float = 0.02
     max_boots: int = 3
     # Host watch bounds (measure_bounds.HostBounds field names) overriding its defaults.
     host_bounds: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))

@@ -18,6 +18,7 @@ from typing import Any
 from pytest_kimiperf.config.metric_specs import METRICS, Direction
 from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.judge.levels import BootOrigin
 from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot, tail_min_samples
 
 SCHEMA_VERSION = 2
@@ -40,16 +41,24 @@ class BaselineBoot:
     recorded_at: str
     git_commit: str | None
     versions: Mapping[str, str]
+    # Session, host and host canary (judge/levels.py); None for boots recorded before they were
+    # stored (those count as one unknown session on one unknown host).
+    origin: BootOrigin | None = None
 
     def summary(self) -> BootSummary:
         """As stats sees a boot."""
         return BootSummary(median=self.median, n=self.n,
-                           se_log=math.nan if self.se_log is None else self.se_log, label=self.recorded_at)
+                           se_log=math.nan if self.se_log is None else self.se_log, label=self.recorded_at,
+                           session=self.origin.session if self.origin else "",
+                           host=self.origin.host if self.origin else "")
 
     def to_json(self) -> dict[str, Any]:
-        """The boot as stored in the file."""
-        return {"median": self.median, "n": self.n, "se_log": self.se_log, "recorded_at": self.recorded_at,
-                "git_commit": self.git_commit, "versions": dict(self.versions)}
+        """The boot as stored in the file (``origin`` only where known: older files stay as they were)."""
+        out = {"median": self.median, "n": self.n, "se_log": self.se_log, "recorded_at": self.recorded_at,
+               "git_commit": self.git_commit, "versions": dict(self.versions)}
+        if self.origin is not None:
+            out["origin"] = self.origin.to_json()
+        return out
 
 
 @dataclass(frozen=True)
@@ -271,9 +280,13 @@ def _parse_boot(raw: object, index: int) -> BaselineBoot:
     versions = raw.get("versions") or {}
     if not isinstance(versions, dict):
         raise TypeError(f"boots[{index}].versions must be an object")
+    try:
+        origin = BootOrigin.from_json(raw.get("origin"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"boots[{index}].origin: {exc}") from None
     return BaselineBoot(median=float(raw["median"]), n=n, se_log=None if se is None else float(se),
                         recorded_at=str(raw.get("recorded_at") or ""), git_commit=raw.get("git_commit"),
-                        versions={str(k): str(v) for k, v in versions.items()})
+                        versions={str(k): str(v) for k, v in versions.items()}, origin=origin)
 
 
 def _is_number(value: object) -> bool:

@@ -35,6 +35,7 @@ from pytest_kimiperf.judge.baseline_schema import (
     round_figure,
 )
 from pytest_kimiperf.judge.fingerprint import Fingerprint, version_changes
+from pytest_kimiperf.judge.levels import BootOrigin
 from pytest_kimiperf.judge.results import MetricResult, TestResult
 from pytest_kimiperf.judge.boot_summary import summarize_boot, summarize_boot_quantile
 
@@ -62,6 +63,7 @@ def make_entry(
     recorded_at: datetime | None = None,
     boot_samples: Sequence[Sequence[float]] | None = None,
     versions: Mapping[str, str] | None = None,
+    boot_origins: Sequence[BootOrigin | None] | None = None,
 ) -> BaselineEntry:
     """Build an entry from raw samples: rounds them and derives median, IQR and n from the rounded ones.
 
@@ -84,7 +86,12 @@ def make_entry(
     stamp = when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     boots = []
     spec = METRICS.get(metric)
-    for boot in (boot_samples if boot_samples is not None else [values]):
+    per_boot = list(boot_samples if boot_samples is not None else [values])
+    origins = list(boot_origins) if boot_origins is not None else [None] * len(per_boot)
+    if len(origins) != len(per_boot):
+        raise BaselineError(f"{len(origins)} boot origins for {len(per_boot)} boots of "
+                            f"{entry_key(test, profile, metric)}")
+    for boot, origin in zip(per_boot, origins):
         finite_boot = [v for v in boot if math.isfinite(v)]
         summary = (summarize_boot_quantile(finite_boot, spec.quantile) if spec is not None and spec.quantile
                    else summarize_boot(finite_boot))
@@ -94,7 +101,7 @@ def make_entry(
             median=round_figure(summary.median), n=summary.n,
             se_log=None if not math.isfinite(summary.se_log) else round_figure(summary.se_log),
             recorded_at=stamp, git_commit=git_commit,
-            versions={str(k): str(v) for k, v in (versions or {}).items()}))
+            versions={str(k): str(v) for k, v in (versions or {}).items()}, origin=origin))
     return BaselineEntry(
         test=test,
         profile=profile,
@@ -346,6 +353,6 @@ def baseline_entries(
             test=test, profile=profile, metric=metric, unit=last.unit,
             direction=Direction(last.direction), samples=last.samples, git_commit=git_commit,
             profile_env=last_res.profile_env, boot_samples=[m.samples for _, m in boots],
-            versions=last_res.versions,
+            versions=last_res.versions, boot_origins=[r.origin for r, _ in boots],
         ))
     return entries, skipped

@@ -45,6 +45,10 @@ class BootSummary:
     # Samples a boot needs to count: MIN_SAMPLES_PER_BOOT for a median, more for a tail
     # (tail_min_samples); ``median`` then holds the boot's quantile.
     min_n: int = 0
+    # The session and host the boot ran in (judge/levels.py); "" when not known (a boot recorded
+    # before they were stored counts as one unknown session and host).
+    session: str = ""
+    host: str = ""
 
     @property
     def usable(self) -> bool:
@@ -55,7 +59,7 @@ class BootSummary:
         """JSON-ready fields (NaN as None)."""
         return {"median": self.median, "n": self.n,
                 "se_log": None if not math.isfinite(self.se_log) else self.se_log, "label": self.label,
-                "min_n": self.min_n}
+                "min_n": self.min_n, "session": self.session, "host": self.host}
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> "BootSummary":
@@ -63,7 +67,8 @@ class BootSummary:
         se = data.get("se_log")
         return cls(median=float(data["median"]), n=int(data["n"]),  # type: ignore[arg-type]
                    se_log=math.nan if se is None else float(se), label=str(data.get("label") or ""),  # type: ignore[arg-type]
-                   min_n=int(data.get("min_n") or 0))  # type: ignore[arg-type]
+                   min_n=int(data.get("min_n") or 0),  # type: ignore[arg-type]
+                   session=str(data.get("session") or ""), host=str(data.get("host") or ""))
 
 
 def summarize_boot(samples: Samples, label: str = "") -> BootSummary:

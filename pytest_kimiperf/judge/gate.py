@@ -17,7 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
+from pytest_kimiperf.judge.baseline_schema import BaselineEntry
 from pytest_kimiperf.judge.baselines import BaselineView
+from pytest_kimiperf.judge.levels import canary_shift, level_terms
+from pytest_kimiperf.judge.modes import align_modes, find_modes
 from pytest_kimiperf.judge.boots import TestBoots, strip_slot
 from pytest_kimiperf.judge.planning import plan_line, wants_another_boot
 from pytest_kimiperf.judge.results import MetricResult, TestResult
@@ -38,6 +41,63 @@ NO_BASELINE = "no baseline for this hardware"
 ACROSS_VERSIONS = "judged against the baseline of other software versions"
 
 
+@dataclass(frozen=True)
+class Spreads:
+    """The deployment's declared spreads at each level (fractions): the boot's, the session's
+    and the host's (judge/levels.py), used until the history measures them."""
+
+    boot: float
+    session: float = 0.0
+    host: float = 0.0
+
+
+def compare_with_history(
+    current: Sequence[BootSummary], history: Sequence[BootSummary], *, direction: Direction,
+    tolerance: float, spreads: Spreads, metric: str = "", unit: str = "", comparable: bool = True,
+) -> Comparison:
+    """This run's boots of one metric against a baseline history: the one comparison the gate
+    and benchmarks/gate_power.py both make. Modes first (a history whose boots fall into two
+    clusters is judged per mode, levels.align_modes), then every level the two sides do not
+    share (levels.level_terms), then the boots (stats.compare_boots)."""
+    modes = find_modes(history)
+    note = ""
+    if modes is not None:
+        current, history = align_modes(current, modes)
+        note = modes.text()
+    comparison = compare_boots(
+        current, history, direction=direction, tolerance=tolerance, prior_spread=spreads.boot,
+        metric=metric, unit=unit, comparable=comparable,
+        levels=level_terms(current, history, boot_spread=spreads.boot, session_spread=spreads.session,
+                           host_spread=spreads.host),
+    )
+    if note:
+        comparison = dataclasses.replace(comparison, note="; ".join(n for n in (comparison.note, note) if n))
+    return comparison
+
+
+def _against_history(
+    result: MetricResult, entry: BaselineEntry, *, current: Sequence[BootSummary], spreads: Spreads,
+    canary: Mapping[str, float] | None, profile_env: Mapping[str, str],
+) -> tuple[Comparison, str]:
+    """One metric's boots against one baseline entry's history, and "not comparable" when the
+    host canary moved or the profile's environment differs."""
+    check = canary_shift(canary, [b.origin.canary for b in entry.boots if b.origin is not None and b.origin.canary])
+    same_env = dict(entry.profile_env) == dict(profile_env)
+    comparison = compare_with_history(
+        current, entry.summaries(), direction=Direction(result.direction), tolerance=result.tolerance,
+        spreads=spreads, metric=metric_spec(result.metric).label, unit=result.unit,
+        comparable=same_env and not (check is not None and check.moved))
+    message = comparison.message()
+    if check is not None and check.moved:
+        message += f" — {check.text()}: the baseline was measured on a host of other speed"
+    if not same_env:
+        message += (
+            f" — the baseline was recorded with profile environment {dict(entry.profile_env)}, "
+            f"this run used {dict(profile_env)}"
+        )
+    return comparison, message
+
+
 def judge_metric(
     result: MetricResult,
     *,
@@ -46,10 +106,12 @@ def judge_metric(
     view: BaselineView | None,
     profile_env: Mapping[str, str],
     current: Sequence[BootSummary],
-    prior_spread: float,
+    prior_spread: float | Spreads,
+    canary: Mapping[str, float] | None = None,
 ) -> tuple[Comparison | None, str]:
     """Compare one metric's boots so far with the baseline's boot history; returns the
-    comparison (if any) and a message."""
+    comparison (if any) and a message. ``canary`` is this session's host canary."""
+    spreads = prior_spread if isinstance(prior_spread, Spreads) else Spreads(prior_spread)
     spec = metric_spec(result.metric)
     if view is None:
         return None, f"{spec.label}: baselines not in use"
@@ -59,12 +121,9 @@ def judge_metric(
         upgrade = view.across_versions(test, profile, result.metric)
         if upgrade is not None:
             other, entry, versions = upgrade
-            comparable = dict(entry.profile_env) == dict(profile_env)
-            comparison = compare_boots(
-                current, entry.summaries(), direction=Direction(result.direction), tolerance=result.tolerance,
-                prior_spread=prior_spread, metric=spec.label, unit=result.unit, comparable=comparable,
-            )
-            return comparison, (f"{comparison.message()} — {ACROSS_VERSIONS} on the same hardware "
+            comparison, message = _against_history(result, entry, current=current, spreads=spreads,
+                                                   canary=canary, profile_env=profile_env)
+            return comparison, (f"{message} — {ACROSS_VERSIONS} on the same hardware "
                                 f"({other.fingerprint.key}): {'; '.join(versions)}")
         missing = f"{NO_BASELINE} ({view.fingerprint.key}): run --update-baselines"
         elsewhere = [(f, e) for f in view.other_files() if (e := f.entry(test, profile, result.metric))]
@@ -82,25 +141,15 @@ def judge_metric(
         shown = "; ".join(hard[:3]) + (f"; and {len(hard) - 3} more" if len(hard) > 3 else "")
         comparison = compare_boots(
             current, other_entry.summaries(), direction=Direction(result.direction),
-            tolerance=result.tolerance, prior_spread=prior_spread, metric=spec.label, unit=result.unit,
+            tolerance=result.tolerance, prior_spread=spreads.boot, metric=spec.label, unit=result.unit,
             comparable=False,
         )
         return comparison, (
             f"{comparison.message()} — the baseline was recorded on other hardware "
             f"({other.fingerprint.key}: {shown}); {missing}"
         )
-    comparable = dict(entry.profile_env) == dict(profile_env)
-    comparison = compare_boots(
-        current, entry.summaries(), direction=Direction(result.direction), tolerance=result.tolerance,
-        prior_spread=prior_spread, metric=spec.label, unit=result.unit, comparable=comparable,
-    )
-    message = comparison.message()
-    if not comparable:
-        message += (
-            f" — the baseline was recorded with profile environment {dict(entry.profile_env)}, "
-            f"this run used {dict(profile_env)}"
-        )
-    return comparison, message
+    return _against_history(result, entry, current=current, spreads=spreads, canary=canary,
+                            profile_env=profile_env)
 
 
 def missing_baselines(result: TestResult) -> list[str]:
@@ -209,6 +258,8 @@ class Rules:
     decode_floor_tok_s: float
     decode_target_tok_s: float
     boot_spread: float
+    session_spread: float = 0.0
+    host_spread: float = 0.0
     boots: int = 1
     max_boots: int = 1
     strict: bool = False
@@ -289,12 +340,16 @@ def judge(
         # A boot that failed for another reason than a verdict is no sample of this build.
         result.unrecordable = "; ".join(result.failures)
     else:
-        recorded = {name: mres.boot_summary() for name, mres in result.metrics.items()}
+        origin = result.origin
+        recorded = {name: dataclasses.replace(mres.boot_summary(), session=origin.session, host=origin.host)
+                    if origin is not None else mres.boot_summary() for name, mres in result.metrics.items()}
         current.add(result.boot, recorded)
     for mres in result.metrics.values():
         comparison, message = judge_metric(
             mres, test=result.test, profile=result.profile, view=view, profile_env=result.profile_env,
-            current=current.summaries.get(mres.metric, []), prior_spread=rules.boot_spread,
+            current=current.summaries.get(mres.metric, []),
+            prior_spread=Spreads(rules.boot_spread, rules.session_spread, rules.host_spread),
+            canary=result.origin.canary if result.origin is not None else None,
         )
         mres.baseline_message = message
         result.messages.append(message)

@@ -16,6 +16,7 @@ import numpy as np
 
 from pytest_kimiperf.config.metric_specs import metric_spec
 from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot, summarize_boot_quantile
+from pytest_kimiperf.judge.levels import BootOrigin
 
 
 @dataclass
@@ -99,6 +100,7 @@ class TestResult:
     unrecordable: str | None = None
     host: dict[str, Any] | None = None  # hostwatch readings of the measured rounds
     versions: dict[str, str] = field(default_factory=dict)
+    origin: BootOrigin | None = None  # session, host and canary of this boot (judge/levels.py)
 
     def medians(self) -> dict[str, float]:
         """Each metric's median (those with one), rounded for a junitxml property."""
@@ -118,7 +120,7 @@ class TestResult:
             "invalid": self.invalid,
             "itl_timeline_ms": self.itl_timeline_ms,
             "boot": self.boot, "unrecordable": self.unrecordable, "host": self.host,
-            "versions": self.versions,
+            "versions": self.versions, "origin": self.origin.to_json() if self.origin else None,
         }
 
     @classmethod
@@ -138,4 +140,5 @@ class TestResult:
             itl_timeline_ms=[float(x) for x in data.get("itl_timeline_ms") or []],
             boot=int(data.get("boot") or 1), unrecordable=data.get("unrecordable"),
             host=data.get("host"), versions=dict(data.get("versions") or {}),
+            origin=BootOrigin.from_json(data.get("origin")),
         )

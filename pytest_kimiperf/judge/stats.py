@@ -63,6 +63,10 @@ DETECTION_POWER = 0.90
 PRIOR_DF = 3.0
 # With this many boots in the reference history, its measured spread replaces the prior.
 ENOUGH_BOOTS = 5
+# A level above the boot (session, host: judge/levels.py) enters the directional bound at this
+# one-sided confidence: more boots of one run never re-draw it, so the second boot's confirmation
+# does not protect against it (benchmarks/gate_power.py, session cells).
+LEVEL_CONFIDENCE = 0.975
 # A directional verdict (REGRESSION, IMPROVEMENT) needs this many boots on the current side.
 MIN_BOOTS_DIRECTIONAL = 2
 class VerdictKind(str, Enum):
@@ -97,23 +101,31 @@ class Spread:
 def estimate_spread(
     current: Sequence[BootSummary], reference: Sequence[BootSummary], *, prior_sd_log: float,
 ) -> Spread:
-    """Pooled SD of per-boot log-medians: measured where a side has 2+ boots, pooled with the
+    """Pooled SD of per-boot log-medians *within sessions* (boots of one session share its
+    effect, so only their spread around their own session's mean measures the boot level; the
+    session level is judge/levels.py's): measured where a session has 2+ boots, pooled with the
     deployment's declared spread (:data:`PRIOR_DF` degrees of freedom) until the reference
-    alone has :data:`ENOUGH_BOOTS`. Never below the boots' own within-boot error of the median
-    (a spread smaller than that is chance)."""
+    alone has :data:`ENOUGH_BOOTS` - 1 such degrees of freedom. Never below the boots' own
+    within-boot error of the median (a spread smaller than that is chance)."""
     if not (math.isfinite(prior_sd_log) and prior_sd_log >= 0):
         raise ValueError(f"prior spread {prior_sd_log!r}: use a finite SD of log-medians >= 0 (0.01 means 1%)")
     sum_sq = 0.0
     df = 0.0
+    df_reference = 0.0
     for side in (current, reference):
-        logs = [math.log(b.median) for b in side]
-        if len(logs) >= 2:
-            mean = sum(logs) / len(logs)
-            sum_sq += sum((x - mean) ** 2 for x in logs)
-            df += len(logs) - 1
+        sessions: dict[str, list[float]] = {}
+        for b in side:
+            sessions.setdefault(b.session, []).append(math.log(b.median))
+        for logs in sessions.values():
+            if len(logs) >= 2:
+                mean = sum(logs) / len(logs)
+                sum_sq += sum((x - mean) ** 2 for x in logs)
+                df += len(logs) - 1
+                if side is reference:
+                    df_reference += len(logs) - 1
     within = [b.se_log ** 2 for b in (*current, *reference) if math.isfinite(b.se_log)]
     within_var = sum(within) / len(within) if within else 0.0
-    if len(reference) >= ENOUGH_BOOTS:
+    if df_reference >= ENOUGH_BOOTS - 1:
         var = sum_sq / df
         source = f"measured over {len(current)} + {len(reference)} boots"
     else:
@@ -124,6 +136,27 @@ def estimate_spread(
         df += PRIOR_DF
     var = max(var, within_var)
     return Spread(sd_log=math.sqrt(var), df=df, source=source)
+
+
+@dataclass(frozen=True)
+class LevelTerm:
+    """A level the two sides of a comparison do not share (sessions, hosts: judge/levels.py):
+    the variance it adds to the difference of their mean log-figures, its degrees of freedom,
+    and what to say of it ("session spread 0.8% (declared)")."""
+
+    name: str
+    var_log: float
+    df: float
+    text: str
+
+
+def satterthwaite_df(parts: Sequence[tuple[float, float]]) -> float:
+    """Welch-Satterthwaite degrees of freedom of a sum of variance estimates ``(var, df)``."""
+    total = sum(v for v, _ in parts)
+    denom = sum(v * v / d for v, d in parts if v > 0 and d > 0 and math.isfinite(d))
+    if total <= 0 or denom <= 0:
+        return min((d for _, d in parts), default=math.inf)
+    return total * total / denom
 
 
 @functools.lru_cache(maxsize=4096)
@@ -168,6 +201,11 @@ class Comparison:
     confidence: float = DIRECTIONAL_CONFIDENCE
     equivalence_confidence: float = EQUIVALENCE_CONFIDENCE
     note: str = ""
+    sessions_current: int = 1
+    sessions_reference: int = 1
+    # The levels above the boot that the two sides do not share (judge/levels.py), with the
+    # variance each added to se_log.
+    levels: tuple[LevelTerm, ...] = ()
 
     @property
     def gain(self) -> float:
@@ -190,9 +228,13 @@ class Comparison:
     def rests_on(self) -> str:
         """What the verdict rests on, e.g. "2 boots (40 requests) vs 10 baseline boots; boot
         spread 0.8% (measured over 2 + 10 boots)"."""
-        return (f"{self.boots_current} boot{'s' * (self.boots_current != 1)} ({self.n_current} samples) vs "
-                f"{self.boots_reference} reference boot{'s' * (self.boots_reference != 1)}; boot spread "
-                f"{fmt_spread(math.expm1(self.spread_sd_log))} ({self.spread_source})")
+        def side(boots: int, sessions: int, what: str) -> str:
+            text = f"{boots} {what}boot{'s' * (boots != 1)}"
+            return text + (f" of {sessions} session{'s' * (sessions != 1)}" if self.levels else "")
+        levels = "".join(f", {term.text}" for term in self.levels)
+        return (f"{side(self.boots_current, self.sessions_current, '')} ({self.n_current} samples) vs "
+                f"{side(self.boots_reference, self.sessions_reference, 'reference ')}; boot spread "
+                f"{fmt_spread(math.expm1(self.spread_sd_log))} ({self.spread_source}){levels}")
 
     def message(self) -> str:
         """One line for the test report: the verdict, its numbers and what it rests on."""
@@ -238,6 +280,9 @@ class Comparison:
             value = getattr(self, name)
             if isinstance(value, Enum):
                 value = value.value
+            elif name == "levels":
+                value = [{"name": t.name, "var_log": t.var_log, "df": t.df if math.isfinite(t.df) else None,
+                          "text": t.text} for t in value]
             elif isinstance(value, float) and not math.isfinite(value):
                 value = None
             out[name] = value
@@ -256,13 +301,16 @@ def compare_boots(
     unit: str = "",
     comparable: bool = True,
     min_boots_directional: int = MIN_BOOTS_DIRECTIONAL,
+    levels: Sequence[LevelTerm] = (),
 ) -> Comparison:
     """Decide whether the ``current`` boots regressed, improved or held against ``reference``.
 
     ``prior_spread`` is the deployment's declared boot-to-boot spread as a fraction (0.01 for
     1%). Boots with fewer than :data:`MIN_SAMPLES_PER_BOOT` valid samples are left out. With
     ``comparable=False`` (another fingerprint or profile environment) everything is computed
-    but the verdict is NOT_COMPARABLE, so it is shown and never fails a test.
+    but the verdict is NOT_COMPARABLE, so it is shown and never fails a test. ``levels`` are
+    the levels above the boot that the sides do not share (judge/levels.level_terms): each adds
+    its variance to the difference, which more boots of this session cannot shrink.
     """
     direction = Direction(direction)
     _check_unit_interval("tolerance", tolerance)
@@ -273,7 +321,9 @@ def compare_boots(
     nan = math.nan
     common = dict(metric=metric, unit=unit, direction=direction, tolerance=float(tolerance),
                   boots_current=len(cur), boots_reference=len(ref),
-                  n_current=sum(b.n for b in cur), n_reference=sum(b.n for b in ref))
+                  n_current=sum(b.n for b in cur), n_reference=sum(b.n for b in ref),
+                  sessions_current=len({b.session for b in cur}), sessions_reference=len({b.session for b in ref}),
+                  levels=tuple(levels))
     if not cur or not ref:
         return Comparison(
             **common, median_current=_geomean(cur), median_reference=_geomean(ref), change=nan,
@@ -284,10 +334,18 @@ def compare_boots(
     mean_cur = sum(math.log(b.median) for b in cur) / len(cur)
     mean_ref = sum(math.log(b.median) for b in ref) / len(ref)
     d = mean_cur - mean_ref
-    se = spread.sd_log * math.sqrt(1.0 / len(cur) + 1.0 / len(ref))
-    t_dir = t_quantile(DIRECTIONAL_CONFIDENCE, spread.df)
-    t_eq = t_quantile(1.0 - (1.0 - EQUIVALENCE_CONFIDENCE) / 2.0, spread.df)
-    bound_low, bound_high = math.expm1(d - t_dir * se), math.expm1(d + t_dir * se)
+    boot_var = spread.sd_log ** 2 * (1.0 / len(cur) + 1.0 / len(ref))
+    fixed_var = sum(term.var_log for term in levels)
+    se = math.sqrt(boot_var + fixed_var)
+    df = round(satterthwaite_df([(boot_var, spread.df), *((t.var_log, t.df) for t in levels)]), 2)
+    t_dir = t_quantile(DIRECTIONAL_CONFIDENCE, df)
+    t_eq = t_quantile(1.0 - (1.0 - EQUIVALENCE_CONFIDENCE) / 2.0, df)
+    # The directional bound: the boots' share at DIRECTIONAL_CONFIDENCE (a second boot re-draws
+    # it, so one standard error confirmed on two boots suffices), each level's share at
+    # LEVEL_CONFIDENCE (no boot of this run re-draws the session or host it shares).
+    margin = math.sqrt(t_quantile(DIRECTIONAL_CONFIDENCE, spread.df) ** 2 * boot_var
+                       + sum(_level_quantile(t.df) ** 2 * t.var_log for t in levels))
+    bound_low, bound_high = math.expm1(d - margin), math.expm1(d + margin)
     ci_low, ci_high = math.expm1(d - t_eq * se), math.expm1(d + t_eq * se)
     change = math.expm1(d)
     gain = change if direction is Direction.HIGHER_IS_BETTER else -change
@@ -295,9 +353,11 @@ def compare_boots(
                    else (-bound_low, -bound_high))
     # Minimum detectable change for a design with at least the directional minimum of boots.
     k = max(len(cur), min_boots_directional)
-    se_k = spread.sd_log * math.sqrt(1.0 / k + 1.0 / len(ref))
+    boot_var_k = spread.sd_log ** 2 * (1.0 / k + 1.0 / len(ref))
     z_power = float(scipy_stats.norm.ppf(DETECTION_POWER))
-    mdc = -math.expm1(-(-math.log1p(-tolerance) + (t_dir + z_power) * se_k))
+    margin_k = math.sqrt(t_quantile(DIRECTIONAL_CONFIDENCE, spread.df) ** 2 * boot_var_k
+                         + sum(_level_quantile(t.df) ** 2 * t.var_log for t in levels))
+    mdc = -math.expm1(-(-math.log1p(-tolerance) + margin_k + z_power * math.sqrt(boot_var_k + fixed_var)))
     enough = len(cur) >= min_boots_directional
     if not comparable:
         verdict = VerdictKind.NOT_COMPARABLE
@@ -353,6 +413,17 @@ def single_threshold_regression(
     change = float(np.median(cur)) / float(np.median(ref)) - 1.0
     gain = change if direction is Direction.HIGHER_IS_BETTER else -change
     return -gain > threshold
+
+
+def _level_quantile(df: float) -> float:
+    """The one-sided LEVEL_CONFIDENCE quantile for a level's share of the bound: Student's t at
+    a measured level's df, the normal quantile for a declared (known) one."""
+    return t_quantile(LEVEL_CONFIDENCE, df) if math.isfinite(df) else _z(LEVEL_CONFIDENCE)
+
+
+@functools.lru_cache(maxsize=16)
+def _z(level: float) -> float:
+    return float(scipy_stats.norm.ppf(level))
 
 
 def _check_unit_interval(name: str, value: float) -> None:

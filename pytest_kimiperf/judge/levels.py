@@ -1,0 +1,359 @@
+"""The levels a figure varies at: requests, boots within a session, sessions, hosts.
+
+A boot's median varies with the boot (spawn, compile, memory layout: stats.py), but boots of one
+session also share that session's state (the host's day, its neighbours, its thermal and
+firmware state) and sessions of one host share the host. A baseline recorded in ONE session
+knows nothing of the session level, and every boot of the next run shares that run's session
+effect, so a comparison of the two must carry it: its uncertainty includes each level that the
+two sides do not share (:func:`level_terms`). A level is measured from the history once it spans
+:data:`MIN_UNITS` of its units (the method of moments of a nested random-effects model, below),
+and declared per deployment before that (``boot_spread``, ``session_spread``, ``host_spread``).
+
+Hosts differ by more than a spread: two machines of one family ran the tiny-cpu server 2x apart
+under one fingerprint. The host canary (measure/canary.py) is stored with every boot; when this
+run's canary moved beyond its noise from the history's (:func:`canary_shift`), the comparison is
+"not comparable: host differs", never a verdict. The same estimator reads the noise corpus
+(benchmarks/noise_study.py), so the study and the gate agree on what a level is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scipy import stats as scipy_stats
+
+from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.stats import LevelTerm, estimate_spread
+from pytest_kimiperf.numbers import fmt_spread
+
+# A level is measured once the history spans this many of its units (sessions, hosts); until
+# it spans ENOUGH_UNITS, the declared spread is its floor (history_level says why).
+MIN_UNITS = 3
+ENOUGH_UNITS = 6
+# Interval quoted for a measured level.
+LEVEL_INTERVAL = 0.90
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level's spread: the SD of its effect on a log-figure, its degrees of freedom, where
+    it came from, and (when measured) its :data:`LEVEL_INTERVAL` interval."""
+
+    name: str
+    sd_log: float
+    df: float
+    source: str
+    low: float = math.nan
+    high: float = math.nan
+
+    @property
+    def percent(self) -> float:
+        """The spread in percent (exp(sd) - 1)."""
+        return math.expm1(self.sd_log) * 100.0
+
+    def text(self) -> str:
+        """``1.1% (0.7-2.0%, 3 df)``, or ``n/a (one session)`` when not measurable."""
+        if not math.isfinite(self.sd_log):
+            return f"n/a ({self.source})"
+        if math.isfinite(self.low) and math.isfinite(self.high):
+            return (f"{fmt_spread(math.expm1(self.sd_log))} ({math.expm1(self.low) * 100:.1f}-"
+                    f"{math.expm1(self.high) * 100:.1f}%, {self.df:g} df)")
+        return f"{fmt_spread(math.expm1(self.sd_log))} ({self.source})"
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-ready (NaN as None)."""
+        def num(x: float) -> float | None:
+            return round(x, 6) if math.isfinite(x) else None
+        return {"name": self.name, "sd_log": num(self.sd_log), "df": num(self.df), "source": self.source,
+                "low": num(self.low), "high": num(self.high)}
+
+
+@dataclass(frozen=True)
+class Levels:
+    """What the corpus (or a history) says about every level of one metric."""
+
+    metric: str
+    request_cv: float
+    boot: Level
+    session: Level
+    host: Level
+    boots: int
+    sessions: int
+    hosts: int
+
+    def request_cv_text(self) -> str:
+        """The median per-request CV inside a boot, as a percentage."""
+        return f"{self.request_cv * 100:.1f}%" if math.isfinite(self.request_cv) else "n/a"
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-ready form."""
+        return {"metric": self.metric, "request_cv": None if not math.isfinite(self.request_cv) else self.request_cv,
+                "boot": self.boot.to_json(), "session": self.session.to_json(), "host": self.host.to_json(),
+                "boots": self.boots, "sessions": self.sessions, "hosts": self.hosts}
+
+
+@dataclass(frozen=True)
+class CorpusBoot:
+    """One boot of the noise corpus: its session and host, and per ``test|metric`` its summary."""
+
+    session: str
+    host: str
+    variant: str
+    metrics: Mapping[str, BootSummary]
+    cv: Mapping[str, float] = field(default_factory=dict)
+    canary: Mapping[str, float] = field(default_factory=dict)
+    foreign_cpu_max: float = 0.0
+    invalid: tuple[str, ...] = ()
+
+
+def load_corpus(paths: Iterable[Path], *, variant: str | None = None,
+                max_foreign_cpu: float = 1.0) -> list[CorpusBoot]:
+    """The corpus's valid boots (of ``variant``, measured beside at most ``max_foreign_cpu``
+    foreign CPU); a line that is not a boot (the session's closing canary) is skipped."""
+    boots = []
+    for path in paths:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
+            if "metrics" not in data:
+                continue
+            if variant is not None and data.get("variant") != variant:
+                continue
+            foreign = max(data.get("foreign_cpu") or [0.0])
+            if data.get("invalid") or foreign > max_foreign_cpu:
+                continue
+            metrics = {k: BootSummary.from_json(v) for k, v in data["metrics"].items()}
+            boots.append(CorpusBoot(
+                session=str(data["session"]), host=str(data["host"]), variant=str(data.get("variant") or ""),
+                metrics={k: v for k, v in metrics.items() if v.usable},
+                cv={k: float(v["cv"]) for k, v in data["metrics"].items() if v.get("cv") is not None},
+                canary={k: float(v) for k, v in ((data.get("canary") or {}).get("scores") or {}).items()},
+                foreign_cpu_max=float(foreign)))
+    return boots
+
+
+def _chi2_interval(ss: float, df: float) -> tuple[float, float]:
+    """The :data:`LEVEL_INTERVAL` interval of a variance from its sum of squares and df."""
+    tail = (1.0 - LEVEL_INTERVAL) / 2.0
+    return ss / float(scipy_stats.chi2.ppf(1.0 - tail, df)), ss / float(scipy_stats.chi2.ppf(tail, df))
+
+
+def _sd(var: float) -> float:
+    return math.sqrt(max(var, 0.0))
+
+
+def nested_levels(groups: Mapping[str, Mapping[str, Sequence[float]]], metric: str = "",
+                  request_cv: float = math.nan, *, boot_var: float | None = None) -> Levels:
+    """Levels of log-figures ``groups[host][session] = [per-boot log figure, ...]`` by the
+    method of moments (unbalanced nested ANOVA): the boot level from the pooled variance inside
+    sessions; the session level from the spread of session means inside hosts, less what their
+    boots alone explain; the host level likewise from the host means. A level needs two units
+    inside one unit above it; intervals are chi-square intervals of each mean square, less the
+    lower levels' share (a negative estimate reads as 0). ``boot_var`` replaces the measured boot
+    level in that subtraction (the gate's pooled or declared boot spread: a history of one boot
+    per session measures no boot level of its own)."""
+    ss_w = df_w = 0.0
+    session_means: dict[str, list[tuple[float, int]]] = {}
+    for host, sessions in groups.items():
+        for values in sessions.values():
+            if not values:
+                continue
+            mean = sum(values) / len(values)
+            ss_w += sum((v - mean) ** 2 for v in values)
+            df_w += len(values) - 1
+            session_means.setdefault(host, []).append((mean, len(values)))
+    boots = sum(n for means in session_means.values() for _, n in means)
+    sessions = sum(len(m) for m in session_means.values())
+    if df_w > 0:
+        ms_w = ss_w / df_w
+        lo, hi = _chi2_interval(ss_w, df_w)
+        boot = Level("boot", _sd(ms_w), df_w, f"measured over {boots} boots of {sessions} sessions", _sd(lo), _sd(hi))
+    else:
+        ms_w = math.nan
+        boot = Level("boot", math.nan, 0.0, "one boot per session")
+    ss_s = df_s = 0.0
+    inv_m: list[float] = []
+    host_means: list[tuple[float, int, float]] = []
+    for means in session_means.values():
+        host_mean = sum(m for m, _ in means) / len(means)
+        ss_s += sum((m - host_mean) ** 2 for m, _ in means)
+        df_s += len(means) - 1
+        inv_m.extend(1.0 / n for _, n in means)
+        host_means.append((host_mean, len(means), sum(1.0 / n for _, n in means) / len(means)))
+    if boot_var is not None:
+        ms_w = boot_var
+    within_share = (ms_w if math.isfinite(ms_w) else 0.0) * (sum(inv_m) / len(inv_m) if inv_m else 0.0)
+    if df_s > 0:
+        ms_s = ss_s / df_s
+        lo, hi = _chi2_interval(ss_s, df_s)
+        session = Level("session", _sd(ms_s - within_share), df_s, f"measured over {sessions} sessions",
+                        _sd(lo - within_share), _sd(hi - within_share))
+    else:
+        ms_s = math.nan
+        session = Level("session", math.nan, 0.0, "one session per host")
+    if len(host_means) >= 2:
+        grand = sum(m for m, _, _ in host_means) / len(host_means)
+        ss_h = sum((m - grand) ** 2 for m, _, _ in host_means)
+        df_h = len(host_means) - 1.0
+        sess_var = max(ms_s - within_share, 0.0) if math.isfinite(ms_s) else 0.0
+        lower = sum(sess_var / k + (ms_w if math.isfinite(ms_w) else 0.0) * inv / k
+                    for _, k, inv in host_means) / len(host_means)
+        lo, hi = _chi2_interval(ss_h, df_h)
+        host = Level("host", _sd(ss_h / df_h - lower), df_h, f"measured over {len(host_means)} hosts",
+                     _sd(lo - lower), _sd(hi - lower))
+    else:
+        host = Level("host", math.nan, 0.0, "one host")
+    return Levels(metric, request_cv, boot, session, host, boots, sessions, len(host_means))
+
+
+def estimate_levels(boots: Sequence[CorpusBoot], key: str) -> Levels:
+    """The levels of one corpus metric (``test|metric``) over the boots that measured it."""
+    groups: dict[str, dict[str, list[float]]] = {}
+    cvs = []
+    for b in boots:
+        summary = b.metrics.get(key)
+        if summary is None:
+            continue
+        groups.setdefault(b.host, {}).setdefault(b.session, []).append(math.log(summary.median))
+        if key in b.cv:
+            cvs.append(b.cv[key])
+    return nested_levels(groups, key, statistics.median(cvs) if cvs else math.nan)
+
+
+@dataclass(frozen=True)
+class BootOrigin:
+    """Where a boot ran: its session (one pytest run), its host (measure.canary.host_identity)
+    and the session's host canary scores. Stored with every recorded boot."""
+
+    session: str
+    host: str
+    canary: Mapping[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-ready (xdist transport, baselines)."""
+        return {"session": self.session, "host": self.host, "canary": dict(self.canary)}
+
+    @classmethod
+    def from_json(cls, data: object) -> "BootOrigin | None":
+        """Inverse of :meth:`to_json`; None for None."""
+        if data is None:
+            return None
+        if not isinstance(data, Mapping):
+            raise ValueError(f"boot origin {data!r}: expected an object with session, host and canary")
+        return cls(session=str(data.get("session") or ""), host=str(data.get("host") or ""),
+                   canary={str(k): float(v) for k, v in (data.get("canary") or {}).items()})
+
+
+def _weights_sq(current: Sequence[BootSummary], reference: Sequence[BootSummary], unit: str) -> float:
+    """sum over units u of (share of current boots in u - share of reference boots in u)^2: the
+    factor by which a level's variance enters the difference of the two sides' means. 0 when
+    the sides share their units alike (two profiles interleaved in one session), 2 for one
+    session against one other session, 1 + 1/k against a history spread evenly over k."""
+    wc: dict[str, int] = {}
+    wr: dict[str, int] = {}
+    for side, counts in ((current, wc), (reference, wr)):
+        for b in side:
+            key = getattr(b, unit)
+            counts[key] = counts.get(key, 0) + 1
+    return sum((wc.get(u, 0) / len(current) - wr.get(u, 0) / len(reference)) ** 2 for u in {*wc, *wr})
+
+
+def history_level(reference: Sequence[BootSummary], name: str, declared: float, *, boot_var: float) -> Level:
+    """The ``session`` or ``host`` level as the reference history shows it: the declared spread
+    (taken as known) until the history spans :data:`MIN_UNITS` units; from then until
+    :data:`ENOUGH_UNITS`, the larger of the declared and the measured spread, at the measured
+    degrees of freedom (a spread measured on 3 sessions is as likely far too small as right:
+    2 df); from :data:`ENOUGH_UNITS` on, the measured spread alone. ``boot_var`` is the boot
+    level's variance the comparison uses, taken out of the spread of the units' means.
+
+    Why not pool the declared spread with a few measured units (as stats.estimate_spread does
+    for boots): with a session effect of 2% declared as 1%, a history of 3 sessions pooled so gave
+    3-5% false REGRESSION per session, the larger-of rule none (benchmarks/gate_power.py)."""
+    if name not in ("session", "host"):
+        raise ValueError(f"level {name!r}: use 'session' or 'host'")
+    groups: dict[str, dict[str, list[float]]] = {}
+    for b in reference:
+        groups.setdefault(b.host, {}).setdefault(b.session, []).append(math.log(b.median))
+    found = nested_levels(groups, boot_var=boot_var)
+    measured = found.session if name == "session" else found.host
+    units = found.sessions if name == "session" else found.hosts
+    prior = math.log1p(declared)
+    if units < MIN_UNITS or not math.isfinite(measured.sd_log) or measured.df <= 0:
+        # A declared spread is taken as known (infinite df) in the bound.
+        return Level(name, prior, math.inf, f"declared {fmt_spread(declared)}")
+    if units >= ENOUGH_UNITS:
+        return replace_source(measured, f"measured over {units} {name}s")
+    if measured.sd_log >= prior:
+        return replace_source(measured, f"measured over {units} {name}s")
+    return Level(name, prior, measured.df,
+                 f"declared {fmt_spread(declared)}; {units} {name}s measured {fmt_spread(math.expm1(measured.sd_log))}")
+
+
+def replace_source(level: Level, source: str) -> Level:
+    """``level`` with another ``source`` text."""
+    return Level(level.name, level.sd_log, level.df, source, level.low, level.high)
+
+
+def level_terms(current: Sequence[BootSummary], reference: Sequence[BootSummary], *,
+                boot_spread: float, session_spread: float, host_spread: float) -> list[LevelTerm]:
+    """The levels above the boot that ``current`` and ``reference`` do not share, as the
+    variance each adds to the difference of their mean log-figures (stats.compare_boots)."""
+    cur = [b for b in current if b.usable]
+    ref = [b for b in reference if b.usable]
+    if not cur or not ref:
+        return []
+    terms = []
+    boot_var = estimate_spread(cur, ref, prior_sd_log=math.log1p(boot_spread)).sd_log ** 2
+    for name, declared in (("session", session_spread), ("host", host_spread)):
+        weight = _weights_sq(cur, ref, name)
+        if weight <= 1e-12:
+            continue
+        level = history_level(ref, name, declared, boot_var=boot_var)
+        terms.append(LevelTerm(name, level.sd_log ** 2 * weight, level.df,
+                               f"{name} spread {fmt_spread(math.expm1(level.sd_log))} ({level.source})"))
+    return terms
+
+
+# The canary moved when a probe is this much off the history's (log scale). Measured on the
+# noise corpus (benchmarks/noise_study.py): see CANARY_NOISE_NOTE.
+CANARY_MOVED_LOG = math.log(1.15)
+
+
+@dataclass(frozen=True)
+class CanaryCheck:
+    """This session's canary against the history's: the change of each probe (fraction), and
+    whether any moved beyond :data:`CANARY_MOVED_LOG`."""
+
+    shifts: Mapping[str, float]
+    moved: bool
+
+    def text(self) -> str:
+        """``host differs (canary cpu_gflops -48%, copy_gbs -41%)``, or what was compared."""
+        parts = ", ".join(f"{k} {v * 100:+.0f}%" for k, v in sorted(self.shifts.items()))
+        return f"host differs (canary {parts})" if self.moved else f"host canary within noise ({parts})"
+
+
+def canary_shift(current: Mapping[str, float] | None,
+                 reference: Sequence[Mapping[str, float]]) -> CanaryCheck | None:
+    """Each probe this session shares with the history: its change against the history's median
+    score. None when either side has no canary (a history recorded before canaries)."""
+    if not current:
+        return None
+    shifts = {}
+    for probe, score in current.items():
+        history = [c[probe] for c in reference if c.get(probe)]
+        if history and score > 0:
+            shifts[probe] = score / statistics.median(history) - 1.0
+    if not shifts:
+        return None
+    moved = any(abs(math.log1p(s)) > CANARY_MOVED_LOG for s in shifts.values())
+    return CanaryCheck(shifts, moved)

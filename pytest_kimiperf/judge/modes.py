@@ -1,0 +1,109 @@
+"""Spawn modes: a history whose boots fall into clusters, and judging a run against it robustly.
+
+vLLM's decode speed can be "bimodal (~33 vs ~26 tok/s), fixed at process spawn" (ROCm
+legacy-rocm-build #6347: 2 of 7 spawns fast); restarted instances fall into "different stable
+regimes" (vllm-project/vllm #39903). A gate that pools such a history into one mean and one
+spread has two failures at once: the spread is wide (a real 6% regression hides in it) and a
+boot that lands in the other mode reads as a change (benchmarks/gate_power.py, bimodal cells:
+10% false REGRESSION, 28% detection of a 6% change before this module).
+
+The method, chosen on the simulation and the corpus (README, "Gate power"): **per-mode
+comparison**. :func:`find_modes` splits the history at its widest gap when that gap is
+:data:`MODE_GAP` times wider than the spread inside the two clusters, each holds at least
+:data:`MIN_MODE_BOOTS` boots and the history :data:`MIN_HISTORY_BOOTS`. :func:`align_modes` then expresses every boot relative to its
+mode: a history boot by its own cluster's centre, a current boot by the centre nearest it. A boot
+that lands in a mode the history already holds is so no change, and a shift within a mode is
+judged against the spread inside the modes, which is the spread a build change must beat.
+
+Rejected: a rank test of the current boots against the history shifted by the tolerance needs
+more current boots than a gate run has (1-3) to say anything; a two-component mixture fit
+needs more history boots than 10-20 to place its weights. The limit, said in every verdict that
+used modes: a true change of about the gap itself moves a boot into the other mode and is not
+seen; the modes' own centres are reported so a reader can see when that happened.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pytest_kimiperf.judge.boot_summary import BootSummary
+
+# The widest gap between sorted boot log-medians must be this many times the pooled SD inside
+# the two clusters it leaves, each of at least MIN_MODE_BOOTS boots, in a history of at least
+# MIN_HISTORY_BOOTS. Simulated (5,000 histories of one normal mode each): the ratio exceeds 5
+# in 0.9% of 8-boot histories, 0.4% of 10 and none of 20; with 2 boots a side allowed in 4-6
+# boot histories it exceeded 4 in 7-11%, hence the minimum history. A history with 30% of its
+# boots 20% slower (boot SD 1%) is split in 85% of 10-boot and 99.5% of 20-boot histories; the
+# rest hold fewer than 2 slow boots (tests/unit/test_modes.py pins both rates).
+MODE_GAP = 5.0
+MIN_MODE_BOOTS = 2
+MIN_HISTORY_BOOTS = 8
+
+
+@dataclass(frozen=True)
+class Modes:
+    """The history's two clusters (low first): their centres (mean log-median) and boots."""
+
+    low: tuple[BootSummary, ...]
+    high: tuple[BootSummary, ...]
+    low_center: float
+    high_center: float
+    gap_ratio: float
+
+    @property
+    def main_center(self) -> float:
+        """The centre of the larger mode (the slower on a tie): the figures read in its units."""
+        return self.low_center if len(self.low) >= len(self.high) else self.high_center
+
+    def text(self) -> str:
+        """What a verdict says of the modes it was judged with."""
+        apart = math.expm1(self.high_center - self.low_center) * 100
+        return (f"the history holds 2 modes {apart:.0f}% apart ({len(self.low)} boots at "
+                f"{math.exp(self.low_center):.4g}, {len(self.high)} at {math.exp(self.high_center):.4g}): "
+                "each boot judged against its nearest mode, so a change of about that size is not seen")
+
+
+def find_modes(history: Sequence[BootSummary]) -> Modes | None:
+    """The history's two modes, or None when its boots form one cluster (or are too few)."""
+    boots = sorted((b for b in history if b.usable), key=lambda b: b.median)
+    if len(boots) < MIN_HISTORY_BOOTS:
+        return None
+    logs = [math.log(b.median) for b in boots]
+    gaps = [(logs[i + 1] - logs[i], i + 1) for i in range(MIN_MODE_BOOTS - 1, len(logs) - MIN_MODE_BOOTS)]
+    if not gaps:
+        return None
+    gap, cut = max(gaps)
+    low, high = logs[:cut], logs[cut:]
+    low_mean, high_mean = sum(low) / len(low), sum(high) / len(high)
+    ss = sum((x - low_mean) ** 2 for x in low) + sum((x - high_mean) ** 2 for x in high)
+    within = math.sqrt(ss / (len(logs) - 2))
+    # The boots' own error of their medians is a floor: two tight clusters of 2 boots each
+    # are no modes if their gap is within what the requests alone explain.
+    floor = max((b.se_log for b in boots if math.isfinite(b.se_log)), default=0.0)
+    within = max(within, floor)
+    if within <= 0 or gap < MODE_GAP * within:
+        return None
+    return Modes(tuple(boots[:cut]), tuple(boots[cut:]), low_mean, high_mean, gap / within)
+
+
+def align_modes(current: Sequence[BootSummary], modes: Modes) -> tuple[list[BootSummary], list[BootSummary]]:
+    """Every boot moved by its mode's offset from the main mode: history boots by their own
+    cluster, current boots by the centre nearest them."""
+    main = modes.main_center
+
+    def moved(b: BootSummary, center: float) -> BootSummary:
+        return dataclasses.replace(b, median=b.median * math.exp(main - center))
+
+    history = [moved(b, modes.low_center) for b in modes.low] + [moved(b, modes.high_center) for b in modes.high]
+    aligned = []
+    for b in current:
+        if not b.usable:
+            aligned.append(b)
+            continue
+        x = math.log(b.median)
+        center = modes.low_center if abs(x - modes.low_center) <= abs(x - modes.high_center) else modes.high_center
+        aligned.append(moved(b, center))
+    return aligned, history

@@ -1,0 +1,168 @@
+"""The host's own speed, measured by a short fixed piece of work: the canary beside every boot.
+
+Two machines of one family ran the tiny-cpu server 2x apart under one fingerprint (same CPU
+model string, same core count), and a baseline recorded on one would convict the other. The
+fingerprint cannot see that; a fixed workload timed on the host can. :func:`cpu_canary` times a
+fixed interpreter loop (one core's compute, as vLLM's Python processes see it) and a fixed copy of a buffer larger than the caches
+(memory) a few times each and keeps the best round of each (a neighbour only slows fixed work),
+plus the spread of its faster rounds (its noise, so a comparison knows what "moved" means). On a GPU host with torch and CUDA,
+:func:`gpu_canary` adds a fixed device-to-device copy. Taken once per session before the first
+boot, stored with the session's boots in the baseline history (judge/levels.py compares them).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Both probes are single-threaded: a probe that spreads over every core (a BLAS product) reads
+# whatever a neighbour leaves of the other cores, not the host's speed (seen here: 15-37 GFLOP/s
+# for one host within a minute). 300k loop iterations take ~30 ms, a 64 MiB copy (above L3 size)
+# ~5 ms a pass; the whole canary costs well under a second on these hosts.
+PYTHON_LOOP = 300_000
+COPY_MIB = 64
+COPY_REPEATS = 5
+ROUNDS = 9
+
+
+@dataclass(frozen=True)
+class Canary:
+    """The host's speed on fixed work: ``scores`` maps a probe (``python_mops``, ``copy_gbs``,
+    ``gpu_copy_gbs``) to its best round, higher is faster; ``noise`` maps it to the
+    SD of the log of its rounds (its own repeatability, as a fraction)."""
+
+    scores: Mapping[str, float]
+    noise: Mapping[str, float] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-ready form (stored with boots in baselines and the noise corpus)."""
+        return {"scores": {k: _sig(v) for k, v in sorted(self.scores.items())},
+                "noise": {k: _sig(v) for k, v in sorted(self.noise.items())},
+                "notes": list(self.notes)}
+
+    @classmethod
+    def from_json(cls, data: object) -> "Canary | None":
+        """Inverse of :meth:`to_json`; None for a missing canary, ValueError for a malformed one."""
+        if data is None:
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("scores"), dict):
+            raise ValueError(f"canary {data!r}: expected an object with a 'scores' object")
+        scores = {str(k): float(v) for k, v in data["scores"].items()}
+        noise = {str(k): float(v) for k, v in (data.get("noise") or {}).items()}
+        bad = [k for k, v in scores.items() if not (math.isfinite(v) and v > 0)]
+        if bad:
+            raise ValueError(f"canary score {bad[0]}={scores[bad[0]]!r}: expected a positive number")
+        return cls(scores=scores, noise=noise, notes=tuple(str(n) for n in data.get("notes") or ()))
+
+
+def _sig(value: float) -> float:
+    return float(f"{value:.4g}")
+
+
+def _rounds(probe: Callable[[], float], rounds: int) -> tuple[float, float]:
+    """The best of ``rounds`` (neighbours on a shared host only ever slow fixed work, so the
+    best round is the host's own speed) and the SD of the log of the faster half of them."""
+    values = sorted((probe() for _ in range(rounds)), reverse=True)
+    top = [math.log(v) for v in values[: max(2, (rounds + 1) // 2)] if v > 0]
+    noise = statistics.stdev(top) if len(top) >= 2 else math.nan
+    return values[0], noise
+
+
+def _python_mops() -> float:
+    """Millions of interpreter loop iterations per second: one core's speed as the API server,
+    scheduler and client (all single-threaded Python) see it."""
+    start = time.perf_counter()
+    total = 0
+    for i in range(PYTHON_LOOP):
+        total += i * i & 0xFF
+    elapsed = time.perf_counter() - start
+    return PYTHON_LOOP / elapsed / 1e6
+
+
+def _copy_gbs() -> float:
+    n = COPY_MIB * 1024 * 1024
+    src = np.ones(n, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # faults dst's pages in; not timed
+    start = time.perf_counter()
+    for _ in range(COPY_REPEATS):
+        np.copyto(dst, src)
+    elapsed = time.perf_counter() - start
+    return 2.0 * n * COPY_REPEATS / elapsed / 1e9  # bytes read + written
+
+
+def cpu_canary(rounds: int = ROUNDS) -> Canary:
+    """Time the fixed compute and memory work ``rounds`` times each: about a second in all.
+
+    The best rounds are the scores; each probe's noise is the SD of its faster log-rounds.
+    """
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 3:
+        raise ValueError(f"rounds={rounds!r}: use an integer >= 3 (a noise estimate needs repeats)")
+    mops, mops_noise = _rounds(_python_mops, rounds)
+    copy, copy_noise = _rounds(_copy_gbs, rounds)
+    return Canary(scores={"python_mops": mops, "copy_gbs": copy},
+                  noise={"python_mops": mops_noise, "copy_gbs": copy_noise})
+
+
+def gpu_canary(rounds: int = ROUNDS) -> Canary | None:
+    """A fixed 256 MiB device-to-device copy on GPU 0 when torch with CUDA is importable here;
+    None elsewhere (the CPU engine, or a client host without torch)."""
+    try:
+        import torch  # noqa: PLC0415  (optional: only GPU hosts have CUDA torch)
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    n = 256 * 1024 * 1024
+    src = torch.ones(n, dtype=torch.uint8, device="cuda:0")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize()
+
+    def probe() -> float:
+        start = time.perf_counter()
+        for _ in range(COPY_REPEATS):
+            dst.copy_(src)
+        torch.cuda.synchronize()
+        return 2.0 * n * COPY_REPEATS / (time.perf_counter() - start) / 1e9
+
+    best, noise = _rounds(probe, rounds)
+    return Canary(scores={"gpu_copy_gbs": best}, noise={"gpu_copy_gbs": noise})
+
+
+def host_canary(rounds: int = ROUNDS) -> Canary:
+    """The canary this host can take: the CPU probes, plus the GPU copy where CUDA is here."""
+    cpu = cpu_canary(rounds)
+    try:
+        gpu = gpu_canary(rounds)
+    except Exception as exc:  # noqa: BLE001  (a broken CUDA stack must not stop the session)
+        return Canary(cpu.scores, cpu.noise, notes=(f"GPU canary failed: {type(exc).__name__}: {exc}",))
+    if gpu is None:
+        return cpu
+    return Canary({**cpu.scores, **gpu.scores}, {**cpu.noise, **gpu.noise})
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="ascii") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def host_identity() -> dict[str, str]:
+    """Which host this is, beyond its fingerprint: ``host`` (a hash of the machine id and the
+    kernel's boot id: a cloned VM image shares its machine id, a reboot or a new VM gets a new
+    boot id), and both ids as read. Same fingerprint, other host: the canary decides."""
+    import hashlib  # noqa: PLC0415
+
+    machine = _read("/etc/machine-id") or _read("/var/lib/dbus/machine-id")
+    boot = _read("/proc/sys/kernel/random/boot_id")
+    digest = hashlib.sha256(f"{machine}|{boot}".encode()).hexdigest()[:16]
+    return {"host": digest, "machine_id": machine[:12], "kernel_boot_id": boot[:12]}
