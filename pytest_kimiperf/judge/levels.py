@@ -319,7 +319,7 @@ def level_terms(current: Sequence[BootSummary], reference: Sequence[BootSummary]
             continue
         level = history_level(ref, name, declared, boot_var=boot_var)
         terms.append(LevelTerm(name, level.sd_log ** 2 * weight, level.df,
-                               f"{name} spread {fmt_spread(math.expm1(level.sd_log))} ({level.source})"))
+                               f"{name} spread {fmt_spread(math.expm1(level.sd_log))} ({level.source})", weight))
     return terms
 
 

@@ -40,6 +40,7 @@ def wants_another_boot(c: Comparison, *, screen_fraction: float = SCREEN_FRACTIO
 def boots_needed(
     change: float, spread: float, *, tolerance: float = 0.0, reference_boots: int | None = None,
     power: float = DETECTION_POWER, confidence: float = 0.95, max_boots: int = 10_000,
+    fixed_var: float = 0.0,
 ) -> int | None:
     """Boots per side that resolve a true ``change`` (fraction, e.g. 0.006) at boot ``spread``.
 
@@ -47,7 +48,9 @@ def boots_needed(
     ``confidence`` bound of the difference clears ``tolerance`` (0: "tell them apart") with
     ``power``. Against a baseline of ``reference_boots``: N boots of the current side. None when
     no number of boots can do it (the baseline alone is too uncertain): record more baseline
-    boots. Uses the normal quantile: the spread is taken as known.
+    boots. Uses the normal quantile: the spread is taken as known. ``fixed_var`` is the variance
+    that no boot of this run shrinks (the session and host levels the sides do not share:
+    judge/levels.py); when it alone fills the room, no number of boots can do it either.
     """
     for name, value in (("change", change), ("spread", spread)):
         if not is_real(value) or not math.isfinite(value) or value <= 0:
@@ -57,7 +60,9 @@ def boots_needed(
     margin = math.log1p(abs(change)) - math.log1p(tolerance)
     z = float(scipy_stats.norm.ppf(confidence) + scipy_stats.norm.ppf(power))
     sd = math.log1p(spread)
-    allowed_var = (margin / z) ** 2  # the SE of the difference may be at most margin / z
+    allowed_var = (margin / z) ** 2 - fixed_var  # the SE of the difference may be at most margin / z
+    if allowed_var <= 0:
+        return None
     if reference_boots is None:
         n = math.ceil(2.0 * sd ** 2 / allowed_var)
     else:
@@ -71,13 +76,46 @@ def boots_needed(
     return n if n <= max_boots else None
 
 
+def sessions_needed(c: Comparison, goal: float, *, boots_per_session: int = MIN_BOOTS_DIRECTIONAL,
+                    max_sessions: int = 100) -> int | None:
+    """Sessions of this profile (runs on separate days or hosts, each ``boots_per_session``
+    boots) that resolve a true change ``goal`` when the levels above the boot are what stands
+    in the way: each session re-draws the session (and host) effect, which more boots of one run
+    never do; the baseline history is taken to span at least as many. None when even
+    ``max_sessions`` cannot."""
+    sd_boot = c.spread_sd_log
+    margin = math.log1p(goal) - math.log1p(c.tolerance)
+    z = float(scipy_stats.norm.ppf(0.95) + scipy_stats.norm.ppf(DETECTION_POWER))
+    allowed = (margin / z) ** 2
+    # A term holds spread^2 * weight, its weight 1 (this run's one session) + the history's
+    # share; k sessions of this profile carry 1/k instead of that 1, and a baseline history
+    # spread over at least k sessions at most 1/k.
+    for k in range(1, max_sessions + 1):
+        fixed = sum(t.var_log / t.weight * (1.0 / k + min(max(t.weight - 1.0, 0.0), 1.0 / k))
+                    for t in c.levels if t.weight > 0)
+        boots = k * boots_per_session
+        if sd_boot ** 2 * (1.0 / boots + 1.0 / max(c.boots_reference, 1)) + fixed <= allowed:
+            return k
+    return None
+
+
 def plan_line(c: Comparison, *, target: float | None = None) -> str:
-    """The planner's sentence next to an inconclusive or "no detectable change" verdict."""
+    """The planner's sentence next to an unresolved or "no detectable change" verdict: in
+    boots of this run, or, where the session and host levels stand in the way, in sessions."""
     if not math.isfinite(c.spread_sd_log) or c.spread_sd_log <= 0:
         return ""
     spread = math.expm1(c.spread_sd_log)
     goal = target if target is not None else c.tolerance * 2.0
-    n = boots_needed(goal, spread, tolerance=c.tolerance, reference_boots=c.boots_reference)
+    fixed = sum(t.var_log for t in c.levels)
+    n = boots_needed(goal, spread, tolerance=c.tolerance, reference_boots=c.boots_reference, fixed_var=fixed)
+    if n is None and fixed > 0:
+        level = ", ".join(t.text for t in c.levels)
+        k = sessions_needed(c, goal)
+        more = (f"about {k} sessions of this profile (separate runs, {MIN_BOOTS_DIRECTIONAL} boots each) "
+                f"against a baseline recorded over as many" if k is not None
+                else "a wider tolerance: even 100 sessions would not")
+        return (f"to resolve a {fmt_tolerance(goal)} change no number of boots in this run is enough "
+                f"({level}: each run shares its session); it takes {more}")
     if n is None:
         return (f"to resolve a {fmt_tolerance(goal)} change at a boot spread of {fmt_tolerance(spread)} "
                 f"the baseline's {c.boots_reference} boots are too few: record more with --update-baselines "

@@ -148,6 +148,9 @@ class LevelTerm:
     var_log: float
     df: float
     text: str
+    # var_log is the level's variance times this weight: sum over units of the difference of
+    # the two sides' shares in it, squared (2 for one session against one other).
+    weight: float = 1.0
 
 
 def satterthwaite_df(parts: Sequence[tuple[float, float]]) -> float:
@@ -282,7 +285,7 @@ class Comparison:
                 value = value.value
             elif name == "levels":
                 value = [{"name": t.name, "var_log": t.var_log, "df": t.df if math.isfinite(t.df) else None,
-                          "text": t.text} for t in value]
+                          "weight": t.weight, "text": t.text} for t in value]
             elif isinstance(value, float) and not math.isfinite(value):
                 value = None
             out[name] = value

@@ -153,3 +153,18 @@ def test_the_corpus_loader_keeps_valid_boots_of_the_variant(tmp_path) -> None:  
     path.write_text("{not json\n")
     with pytest.raises(ValueError, match="c.jsonl:1"):
         load_corpus([path])
+
+
+def test_the_planner_answers_in_sessions_when_the_session_level_stands_in_the_way() -> None:
+    from pytest_kimiperf.judge.planning import plan_line
+
+    current = [boot(97, "now"), boot(97.2, "now")]
+    history = [boot(100 + 0.1 * (i % 2), "then") for i in range(10)]
+    wide = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
+                                spreads=Spreads(0.005, 0.04, 0.02))
+    line = plan_line(wide)
+    assert "no number of boots in this run is enough (session spread 4% (declared 4%)" in line
+    assert "it takes about" in line and "sessions of this profile" in line
+    narrow = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
+                                  spreads=Spreads(0.005, 0.002, 0.02))
+    assert "boots of this profile against the baseline's 10" in plan_line(narrow)
