@@ -47,6 +47,12 @@ class GpuReading:
     power_w: float | None
     throttle_reasons: tuple[str, ...]
     foreign_processes: tuple[tuple[int, int], ...]  # (pid, used_memory_bytes)
+    # NVML's cumulative counters: in a sample, totals since the driver loaded; in a window's
+    # reading (merge_gpu_samples), what accrued between its first and last sample. Reasons are
+    # instantaneous and the window's ends are idle moments; these see the load in between.
+    power_violation_ms: float | None = None  # clocks held back by the power limit
+    thermal_violation_ms: float | None = None  # clocks held back by temperature
+    energy_j: float | None = None
 
 
 # --------------------------------------------------------------------------- /proc and psutil
@@ -190,12 +196,37 @@ def sample_gpu(nvml: Any, index: int) -> GpuReading:
         power_w=None if milliwatts is None else milliwatts / 1000.0,
         throttle_reasons=decode_clock_event_reasons(int(mask or 0)),
         foreign_processes=tuple(sorted(processes.items())),
+        power_violation_ms=_violation_ms(nvml, handle, "NVML_PERF_POLICY_POWER"),
+        thermal_violation_ms=_violation_ms(nvml, handle, "NVML_PERF_POLICY_THERMAL"),
+        energy_j=_energy_j(nvml, handle),
     )
+
+
+def _violation_ms(nvml: Any, handle: Any, policy: str) -> float | None:
+    """Total time NVML says the clocks were held back by ``policy`` (nvmlDeviceGetViolationStatus:
+    nvmlViolationTime_t.violationTime, in ns, nvml.h), in ms; None where the GPU does not say."""
+    if not hasattr(nvml, policy):
+        return None
+    status = _nvml_optional(nvml, "nvmlDeviceGetViolationStatus", handle, getattr(nvml, policy))
+    return None if status is None else int(status.violationTime) / 1e6
+
+
+def _energy_j(nvml: Any, handle: Any) -> float | None:
+    """Energy since the driver loaded (nvmlDeviceGetTotalEnergyConsumption, mJ; Volta and later)."""
+    millijoules = _nvml_optional(nvml, "nvmlDeviceGetTotalEnergyConsumption", handle)
+    return None if millijoules is None else int(millijoules) / 1000.0
+
+
+def _accrued(first: float | None, last: float | None) -> float | None:
+    """What a cumulative counter gained between two samples; None if either is missing or it went
+    back (a driver reload resets it)."""
+    return None if first is None or last is None or last < first else last - first
 
 
 def merge_gpu_samples(samples: Sequence[GpuReading], own_pids: Iterable[int]) -> GpuReading:
     """One GPU over a window from its samples: lowest SM clock, highest temperature and power,
-    every reason seen, and every process not ours with the most memory it held."""
+    every reason seen, every process not ours with the most memory it held, and what the
+    cumulative counters (throttled time, energy) gained from the first sample to the last."""
     own = set(own_pids)
     sm = [s.sm_clock_mhz for s in samples if s.sm_clock_mhz is not None]
     temperature = [s.temperature_c for s in samples if s.temperature_c is not None]
@@ -206,6 +237,7 @@ def merge_gpu_samples(samples: Sequence[GpuReading], own_pids: Iterable[int]) ->
     for pid, used in (item for s in samples for item in s.foreign_processes):
         if pid not in own:
             foreign[pid] = max(foreign.get(pid, 0), used)
+    first, last = samples[0], samples[-1]
     return GpuReading(
         index=samples[0].index,
         sm_clock_mhz=min(sm) if sm else None,
@@ -213,4 +245,7 @@ def merge_gpu_samples(samples: Sequence[GpuReading], own_pids: Iterable[int]) ->
         power_w=max(power) if power else None,
         throttle_reasons=tuple(reasons),
         foreign_processes=tuple(sorted(foreign.items())),
+        power_violation_ms=_accrued(first.power_violation_ms, last.power_violation_ms),
+        thermal_violation_ms=_accrued(first.thermal_violation_ms, last.thermal_violation_ms),
+        energy_j=_accrued(first.energy_j, last.energy_j),
     )

@@ -82,6 +82,7 @@ class HostReading:
                 f"{len(pids)} other process(es) held memory on the watched GPUs "
                 f"(bound {bounds.max_foreign_gpu_processes}): {named}"
             )
+        found.extend(self._throttled_under_load(bounds))
         for gpu in self.gpus:
             if forbidden := [r for r in gpu.throttle_reasons if r in bounds.forbidden_throttle_reasons]:
                 shown = [f"SM {gpu.sm_clock_mhz} MHz"] if gpu.sm_clock_mhz is not None else []
@@ -89,6 +90,21 @@ class HostReading:
                 shown += [f"{gpu.power_w:.0f} W"] if gpu.power_w is not None else []
                 state = ", ".join(shown) or "no readings"
                 found.append(f"GPU {gpu.index} clocks held back by {', '.join(forbidden)} ({state})")
+        return found
+
+    def _throttled_under_load(self, bounds: HostBounds) -> list[str]:
+        """The window's throttled time from NVML's violation counters (host_readings.GpuReading),
+        where the bounds forbid that kind of clock event, with the window's average power."""
+        found = []
+        kinds = (("power_violation_ms", "the power limit", ("sw_power_cap", "hw_power_brake_slowdown")),
+                 ("thermal_violation_ms", "temperature", ("sw_thermal_slowdown", "hw_thermal_slowdown")))
+        for gpu in self.gpus:
+            power = f", average {gpu.energy_j / self.wall_s:.0f} W" if gpu.energy_j is not None else ""
+            for field_name, cause, reasons in kinds:
+                held_ms = getattr(gpu, field_name)
+                if held_ms and any(r in bounds.forbidden_throttle_reasons for r in reasons):
+                    found.append(f"GPU {gpu.index} clocks held back by {cause} for {held_ms:.0f} ms of the "
+                                 f"{self.wall_s:.1f} s window (NVML violation counters{power})")
         return found
 
     def describe_busy(self, bounds: HostBounds) -> str:

@@ -1,0 +1,79 @@
+"""NVML's cumulative counters across a measured window: throttled time and energy under load.
+
+Clock-event reasons are instantaneous and the watch samples them at the window's two ends, both
+idle moments; the violation counters (nvmlDeviceGetViolationStatus, ns since the driver loaded)
+and total energy (nvmlDeviceGetTotalEnergyConsumption, mJ) see what happened in between.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_kimiperf.config.measure_bounds import HostBounds
+from pytest_kimiperf.measure.host_readings import GpuReading, merge_gpu_samples
+from pytest_kimiperf.measure.hostwatch import HostReading, HostWatch
+from tests.unit.test_hostwatch import FakeNvml
+
+pynvml = pytest.importorskip("pynvml")
+
+
+class CountingNvml(FakeNvml):
+    """The recorded-answer fake, plus the two cumulative counters in pynvml's own types."""
+
+    NVML_PERF_POLICY_POWER = pynvml.NVML_PERF_POLICY_POWER
+    NVML_PERF_POLICY_THERMAL = pynvml.NVML_PERF_POLICY_THERMAL
+
+    def nvmlDeviceGetViolationStatus(self, handle: dict[str, Any], policy: int) -> Any:
+        key = {pynvml.NVML_PERF_POLICY_POWER: "power_violation_ns",
+               pynvml.NVML_PERF_POLICY_THERMAL: "thermal_violation_ns"}[policy]
+        return pynvml.c_nvmlViolationTime_t(referenceTime=0, violationTime=self._value(handle, key))
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: dict[str, Any]) -> int:
+        return self._value(handle, "energy_mj")
+
+
+def _sample(**counters: int | None) -> dict[str, Any]:
+    # Both ends of the window idle: 2100 MHz, no reason but gpu_idle, 60 W.
+    return {"sm_clock_mhz": 2100, "temperature_c": 40, "power_mw": 60000, "clocks_event_reasons": 1,
+            "compute_processes": [], **counters}
+
+
+# A 1-minute window on one GPU: 2.1 s held back by the power limit, none by temperature, 18 kJ used.
+WINDOW = {"gpus": {"0": [
+    _sample(power_violation_ns=1_200_000_000, thermal_violation_ns=5_000_000, energy_mj=1_000_000),
+    _sample(power_violation_ns=3_300_000_000, thermal_violation_ns=5_000_000, energy_mj=19_000_000),
+]}}
+
+
+def test_throttling_between_two_idle_ends_is_seen_through_the_counters() -> None:
+    nvml = CountingNvml(WINDOW)
+    watch = HostWatch(own_pids=list, gpu_indices=[0], nvml=nvml)
+    watch.start()
+    reading = watch.stop()
+    (gpu,) = reading.gpus
+    assert gpu.throttle_reasons == ("gpu_idle",)  # what the two ends alone say: nothing
+    assert (gpu.power_violation_ms, gpu.thermal_violation_ms, gpu.energy_j) == (2100.0, 0.0, 18000.0)
+    minute = HostReading(wall_s=60.0, cpu_count=2, foreign_cpu_share=0.0, steal_share=0.0, psi={},
+                         top_foreign=(), gpus=reading.gpus)
+    assert [line for line in minute.disturbances(HostBounds()) if "GPU" in line] == [
+        "GPU 0 clocks held back by the power limit for 2100 ms of the 60.0 s window "
+        "(NVML violation counters, average 300 W)"]
+    allowed = HostBounds(forbidden_throttle_reasons=("hw_slowdown", "sw_thermal_slowdown"))
+    assert [line for line in minute.disturbances(allowed) if "GPU" in line] == []
+
+
+def test_a_counter_that_went_back_or_is_missing_says_nothing() -> None:
+    start = GpuReading(0, 2100, 40, 60.0, (), (), power_violation_ms=500.0, energy_j=None)
+    reset = GpuReading(0, 2100, 40, 60.0, (), (), power_violation_ms=10.0, energy_j=5.0)  # driver reloaded
+    merged = merge_gpu_samples([start, reset], own_pids=())
+    assert (merged.power_violation_ms, merged.thermal_violation_ms, merged.energy_j) == (None, None, None)
+
+
+def test_a_reading_with_counters_survives_a_json_round_trip() -> None:
+    gpu = GpuReading(0, 2100, 40, 60.0, ("gpu_idle",), (), power_violation_ms=2100.0, thermal_violation_ms=0.0,
+                     energy_j=18000.0)
+    reading = HostReading(wall_s=60.0, cpu_count=2, foreign_cpu_share=0.0, steal_share=0.0, psi={},
+                          top_foreign=(), gpus=(gpu,))
+    assert HostReading.from_json(reading.to_json()) == reading
