@@ -54,7 +54,8 @@ def _reporter(config: pytest.Config) -> SessionReporter:
 
         reporter = config.stash[REPORTER_KEY] = SessionReporter(
             run=config.stash[RUN_KEY], rootpath=Path(config.rootpath),
-            update_json=lambda report: config.hook.pytest_kimiperf_update_json(config=config, report=report))
+            update_json=lambda report: config.hook.pytest_kimiperf_update_json(config=config, report=report),
+            invocation=tuple(config.invocation_params.args))
     return reporter
 
 
@@ -267,7 +268,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         return outcome
     import warnings
 
-    from pytest_kimiperf.judge.gate import missing_baseline_failure, warning_kinds
+    from pytest_kimiperf.judge.gate import WarningKind, missing_baseline_failure, warning_kinds
     from pytest_kimiperf.warning_types import CLASS_OF
 
     settings = item.config.stash[RUN_KEY].settings
@@ -276,7 +277,8 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     if failure is not None:
         pytest.fail(failure, pytrace=False)
     for kind, message in warning_kinds(result, missing_baseline_fails=fails):
-        warnings.warn(CLASS_OF[kind.value](f"kimiperf: {message}"), stacklevel=1)
+        if kind is not WarningKind.MISSING_BASELINE:  # said once, at session end
+            warnings.warn(CLASS_OF[kind.value](f"kimiperf: {message}"), stacklevel=1)
     return outcome
 
 
@@ -369,8 +371,27 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                 rec.to_json() for rec in records.values()
             ]
         return
-    if _has_perf_work(config) and not _reporter(config).finish():
+    if not _has_perf_work(config):
+        return
+    reporter = _reporter(config)
+    if not reporter.finish():
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    missing = reporter.missing_baseline_warning()
+    if missing is not None:
+        import warnings
+
+        from pytest_kimiperf.warning_types import MissingBaselineWarning
+
+        # One warning for the session, in pytest's warnings summary (its warnings plugin records
+        # what session finish warns), located at the baseline file it did not find; escalated by
+        # filterwarnings, it fails the run, not a test.
+        where = reporter.report.baselines_path if reporter.report is not None else None
+        try:
+            warnings.warn_explicit(MissingBaselineWarning(f"kimiperf: {missing}"), MissingBaselineWarning,
+                                   filename=where or "baselines", lineno=1)
+        except MissingBaselineWarning as exc:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            reporter.add_output_error(f"MissingBaselineWarning (an error by -W or filterwarnings): {exc}")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:

@@ -81,6 +81,10 @@ OPTIONS = (
     Option("missing_baseline", "--kimiperf-missing-baseline", "kimiperf_missing_baseline",
             "a perf test without a baseline for this hardware: 'warn' (default) or 'fail' (for a "
             "CI gate, where a missing baseline must not pass)", "warn", env="KIMIPERF_MISSING_BASELINE"),
+    Option("record_command", "--kimiperf-record-command", "kimiperf_record_command",
+            "the command that records this suite's baselines, quoted when a run finds none (e.g. "
+            "'make baseline'; default: this run's pytest command with --update-baselines)",
+            env="KIMIPERF_RECORD_COMMAND"),
     Option("perf_json", "--perf-json", "kimiperf_json", "write the JSON perf report to this path"),
     Option("perf_markdown", "--perf-markdown", "kimiperf_markdown",
             "write the Markdown summary to this path (also to $GITHUB_STEP_SUMMARY when set)"),

@@ -65,6 +65,8 @@ class Settings:
     boot_seed: int = 0
     # What a perf test without a baseline for this hardware does: warn, or fail (a CI gate).
     missing_baseline: str = "warn"
+    # The command that records baselines, quoted when a run finds none (None: the run's own).
+    record_command: str | None = None
     # --perf-export DIR: bench-serve result files and requests.jsonl (reports/export.py).
     perf_export: Path | None = None
     perf_export_detailed: bool = False
@@ -203,6 +205,7 @@ def build_settings(
         boot_order=boot_order,
         boot_seed=boot_seed,
         missing_baseline=missing_baseline,
+        record_command=str(options.get("record_command", RawOption(None, "default")).value or "").strip() or None,
         perf_export=perf_export,
         perf_export_detailed=export_detailed,
     )

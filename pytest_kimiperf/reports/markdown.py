@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.reports.figures import figure_legend, fmt_range, range_names
+from pytest_kimiperf.reports.next_step import outcome_line, with_record_command
 from pytest_kimiperf.reports.model import (
     boot_label,
     SessionReport,
@@ -32,6 +33,9 @@ def render_markdown(report: SessionReport) -> str:
     if report.fingerprint is not None:
         facts.append(f"fingerprint {_code(str(report.fingerprint.get('key', '?')))}")
     lines += ["; ".join(facts) + ".", ""]
+    outcome = outcome_line(report, report.record_command)
+    if outcome is not None:
+        lines += [f"**What this run showed:** {_text(outcome)}", ""]
     if not report.results:
         lines += ["No perf test produced a result.", ""]
     lines += _profile_tables(report)
@@ -134,6 +138,7 @@ def _baseline_tables(report: SessionReport) -> list[str]:
                          "change", "90% CI", "verdict"], "lllrlrrll", table_rows)
         lines.append("")
     for reason, count in missing.items():
+        reason = with_record_command(reason, report.record_command)
         lines.append(f"- {_text(reason)} ({count} {'metric' if count == 1 else 'metrics'})")
     if missing:
         lines.append("")

@@ -171,6 +171,8 @@ class SessionReport:
     roofline: RooflineReport | None = None
     # the `vllm preload` daemons' part in the session (weight_cache.py); None: no boot here
     weight_cache: WeightCacheFacts | None = None
+    # the command that records this machine's baselines, quoted when a run finds none
+    record_command: str = "python -m pytest --update-baselines"
 
     def profile_names(self) -> list[str]:
         """Profiles in display order: the reference first, then as selected, then any others seen."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -42,6 +43,7 @@ from pytest_kimiperf.reports.model import (
     build_session_report,
 )
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck, check_server_log
+from pytest_kimiperf.reports.next_step import missing_baseline_warning
 from pytest_kimiperf.reports.terminal import render_summary
 from pytest_kimiperf.roofline.inputs import build_roofline_report, decode_results
 from pytest_kimiperf.server.manager import ServerRecord
@@ -88,10 +90,31 @@ class SessionReporter:
     worker_records: list[ServerRecord] = field(default_factory=list)  # sent back by xdist workers
     report: SessionReport | None = None
     output_error: str | None = None
+    # how pytest was invoked (config.invocation_params.args): the default record command
+    invocation: tuple[str, ...] = ()
 
     @property
     def settings(self) -> Settings:
         return self.run.settings
+
+    @property
+    def record_command(self) -> str:
+        """The command that records this machine's baselines: --kimiperf-record-command, else
+        this run's own pytest command with --update-baselines."""
+        if self.settings.record_command:
+            return self.settings.record_command
+        return " ".join(part for part in ("python -m pytest", shlex.join(self.invocation), "--update-baselines") if part)
+
+    def missing_baseline_warning(self) -> str | None:
+        """The session's one missing-baseline warning (None: nothing missing, or it fails the
+        tests instead under --kimiperf-missing-baseline=fail)."""
+        if self.report is None or self.settings.missing_baseline == "fail" or self.settings.update_baselines:
+            return None
+        return missing_baseline_warning(self.report, self.record_command)
+
+    def add_output_error(self, error: str) -> None:
+        """One more line for the summary's error section (it fails the run)."""
+        self.output_error = error if not self.output_error else f"{self.output_error}; {error}"
 
     # -- forwarded hooks ------------------------------------------------------------------------
 
@@ -181,6 +204,7 @@ class SessionReporter:
             ),
         )
         report.weight_cache = self.run.weight_cache_facts()
+        report.record_command = self.record_command
         return report
 
     def _write_outputs(self) -> None:

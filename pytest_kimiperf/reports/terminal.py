@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.numbers import as_number, fmt_change, fmt_ci, fmt_spread, fmt_value
 from pytest_kimiperf.reports.figures import figure_legend, fmt_range, range_names
+from pytest_kimiperf.reports.next_step import outcome_line, with_record_command
 from pytest_kimiperf.reports.model import (
     BaselineRow,
     MetricBlock,
@@ -41,6 +42,7 @@ from pytest_kimiperf.reports.terminal_layout import (
     floor_markup,
     plural,
     verdict_markup,
+    wrapped,
 )
 
 QUIET = -1
@@ -80,6 +82,11 @@ def render_summary(
     if errors:
         lines.append(TerminalLine("kimiperf: reports and baselines", sep="!", markup=LOUD))
         lines.extend(TerminalLine(f"ERROR: {error}", markup=RED) for error in errors)
+    outcome = outcome_line(report, report.record_command) if report is not None else None
+    if outcome is not None:
+        # Last, where the eye lands: what the run judged and what to do next.
+        lines.append(TerminalLine("kimiperf: what this run showed", sep="="))
+        lines.extend(wrapped(outcome, indent=0))
     return lines
 
 
@@ -183,7 +190,8 @@ def _baseline_section(report: SessionReport, *, verbose: bool) -> list[TerminalL
         for row in rows:
             reasons[row.message] = reasons.get(row.message, 0) + 1
         for reason, count in reasons.items():
-            lines.append(TerminalLine(f"{reason} ({plural(count, 'metric')})", markup=YELLOW))
+            lines.extend(wrapped(f"{with_record_command(reason, report.record_command)} "
+                                 f"({plural(count, 'metric')})", indent=0, markup=YELLOW))
         return lines
     header = ["metric", "current", "baseline", "change", "90% CI", "verdict"]
     table = Table(header, aligns="lrrrll", indent=4)
@@ -195,12 +203,14 @@ def _baseline_section(report: SessionReport, *, verbose: bool) -> list[TerminalL
     for (test, profile), group in groups.items():
         lines.append(TerminalLine(f"{test} [{profile}]", markup={"bold": True}))
         if all(row.baseline is None for row in group):
-            lines.append(TerminalLine(f"  {_shared_message(group)}", markup=YELLOW))
+            lines.extend(wrapped(with_record_command(_shared_message(group), report.record_command), indent=2,
+                                 markup=YELLOW))
             continue
         lines.append(TerminalLine(table.format(header), markup={"bold": True}))
         for row in group:
             if row.baseline is None:
-                lines.append(TerminalLine(f"    {row.heading}: {row.message}", markup=YELLOW))
+                lines.extend(wrapped(f"{row.heading}: {with_record_command(row.message, report.record_command)}",
+                                     indent=4, markup=YELLOW))
                 continue
             lines.append(TerminalLine(table.format(_baseline_cells(row)),
                                       markup=verdict_markup(str(row.baseline["verdict"]))))
@@ -285,8 +295,10 @@ def _quiet_verdicts(report: SessionReport) -> list[TerminalLine]:
                     head = f"  {metric.heading}: {cell.profile} {fmt_value(cell.figure.value)}"
                     if reference is not None:
                         head += f" vs {ref} {fmt_value(reference.figure.value)}"
+                    if cell.note is None and cell.comparison is None:
+                        continue  # an earlier boot: its profile is compared on its last boot
                     if cell.note or cell.comparison is None:
-                        lines.append(TerminalLine(f"{head}: {cell.note or 'not compared'}", markup=YELLOW))
+                        lines.append(TerminalLine(f"{head}: {cell.note}", markup=YELLOW))
                         continue
                     c = cell.comparison
                     lines.append(TerminalLine(
@@ -316,7 +328,8 @@ def _quiet_verdicts(report: SessionReport) -> list[TerminalLine]:
             lines.append(TerminalLine(test))
             lines.extend(test_lines)
     for reason, count in missing.items():
-        lines.append(TerminalLine(f"baselines: {reason} ({plural(count, 'metric')})", markup=YELLOW))
+        lines.extend(wrapped(f"baselines: {with_record_command(reason, report.record_command)} "
+                             f"({plural(count, 'metric')})", indent=0, markup=YELLOW))
     if lines:
         lines.insert(0, TerminalLine("kimiperf", sep="="))
     return lines

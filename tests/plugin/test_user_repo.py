@@ -103,11 +103,26 @@ def test_a_missing_baseline_fails_the_gate_and_warns_at_a_terminal(pytester: pyt
     result = pytester.runpytest_subprocess(*args, "--kimiperf-missing-baseline", "fail", timeout=120)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*missing baseline (--kimiperf-missing-baseline=fail): *no baseline for this hardware*"])
+    # escalated, the session's one warning fails the run (no test is to blame for it)
     result = pytester.runpytest_subprocess(*args, "-W", "error::pytest_kimiperf.MissingBaselineWarning", timeout=120)
-    result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*MissingBaselineWarning: kimiperf: *no baseline for this hardware*"])
-    result = pytester.runpytest_subprocess(*args, timeout=120)  # warn, the default
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*ERROR: MissingBaselineWarning (an error by -W or filterwarnings): kimiperf: "
+                                 "no baseline for this hardware*"])
+    result = pytester.runpytest_subprocess(*args, timeout=120)  # warn, the default: once for the session
     result.assert_outcomes(passed=2, warnings=1)
+    result.stdout.fnmatch_lines([
+        "*MissingBaselineWarning: kimiperf: no baseline for this hardware (*) for 1 metric of 1 test, judged "
+        "against no history: test_gate.py::test_decode [[]default[]]: decode. Record it with: python -m pytest "
+        "* --deployment stub --kimiperf-max-boots 1 -p no:cacheprovider --update-baselines (1 boot per profile, "
+        "as this run)",
+        "*= kimiperf: what this run showed =*",
+        "no baseline for this machine (*) yet: this run measured but judged",
+        "    nothing. Next: python -m pytest",
+        "*--deployment stub --kimiperf-max-boots 1 -p no:cacheprovider --update-baselines records one,",
+    ])
+    assert result.stdout.str().count("MissingBaselineWarning: kimiperf") == 1
+    result.stdout.fnmatch_lines(["*/baselines/stub/*.json:1: MissingBaselineWarning: kimiperf: *"])
 
 
 def test_a_bad_missing_baseline_policy_is_a_usage_error(pytester: pytest.Pytester) -> None:

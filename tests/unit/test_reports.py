@@ -142,11 +142,13 @@ def make_report(results: list[TestResult], *, profiles: list[ProfileFacts] | Non
                      overridden_shell_env={"NCCL_ALGO": ("Tree", "Ring")},
                      boots=1, boot_s=40.6, log_path="logs/server-tiny-cpu-ring-ll.log"),
     ]
-    return build_session_report(
+    report = build_session_report(
         results=results, reference_profile=reference, profiles=facts, deployment=DEPLOYMENT,
         fingerprint=FINGERPRINT.to_json(), created_at="2026-01-02T03:04:05Z",
         generator="pytest-kimiperf test", baselines_path=f"baselines/tiny-cpu/{FINGERPRINT.key}.json",
     )
+    report.record_command = "make baseline"  # as the Makefile sets KIMIPERF_RECORD_COMMAND
+    return report
 
 
 @pytest.fixture
@@ -256,7 +258,7 @@ def test_baseline_section_shows_verdicts_and_the_missing_baseline(report: Sessio
                for line in section)
     assert f"{DECODE_TEST} [ring-ll]" in section
     missing = section[section.index(f"{DECODE_TEST} [ring-ll]") + 1]
-    assert missing.strip() == f"no baseline for this hardware ({FINGERPRINT.key}): run --update-baselines"
+    assert missing.strip() == f"no baseline for this hardware ({FINGERPRINT.key}): record it with make baseline"
 
 
 def test_floor_and_warnings_and_files(report: SessionReport) -> None:
@@ -276,17 +278,24 @@ def test_quiet_keeps_only_verdict_lines(report: SessionReport) -> None:
     lines = summary(report, verbosity=-1).lines()
     assert not any("servers and files" in line or "each boot's median" in line for line in lines)
     assert lines[:2] == ["= kimiperf", DECODE_TEST]
-    verdicts = lines[2:]
-    compared = [line for line in verdicts if "ring-ll boot 2" in line and " vs " in line]
+    verdicts = lines[2:lines.index("= kimiperf: what this run showed")]
+    # an earlier boot of a profile has no verdict of its own: -q shows the comparison on the last
+    compared = [line for line in verdicts if " vs default " in line]
+    assert [line.split(":")[1].split()[0:3] for line in compared] == [["ring-ll", "boot", "2"]] * 3
     assert [line.split()[-1] for line in compared] == ["tolerance", "tolerance", "worse"]
-    assert verdicts[8].startswith("  [default] time to first token ms: ")
-    assert verdicts[8].endswith("changed, size unresolved")  # one boot screens, never convicts
-    assert verdicts[11].startswith("  [default boot 2] time to first token ms: ")
-    assert verdicts[11].endswith("REGRESSION")  # the second boot convicts
-    assert verdicts[12].startswith("  [default] decode ") and verdicts[12].endswith(
+    assert verdicts[5].startswith("  [default] time to first token ms: ")
+    assert verdicts[5].endswith("changed, size unresolved")  # one boot screens, never convicts
+    assert verdicts[8].startswith("  [default boot 2] time to first token ms: ")
+    assert verdicts[8].endswith("REGRESSION")  # the second boot convicts
+    assert verdicts[9].startswith("  [default] decode ") and verdicts[9].endswith(
         "tok/s: below target (floor 60, target 85)")
-    assert verdicts[-1].endswith(": run --update-baselines (6 metrics)")
-    assert len(verdicts) == 17
+    assert " ".join(verdicts[-2:]) == (f"baselines: no baseline for this hardware ({FINGERPRINT.key}): record it "
+                                       "with make     baseline (6 metrics)")
+    assert len(verdicts) == 15
+    outcome = " ".join(line.strip() for line in lines[lines.index("= kimiperf: what this run showed") + 1:])
+    assert outcome == ("against this machine's baseline, each test's last boot: 1 REGRESSION, 2 within tolerance; "
+                       "besides, ring-ll against default and the decode floor. 3 metrics had no baseline: make "
+                       "baseline records them")
 
 
 def test_verbose_adds_every_sample_and_the_boots_and_spread(report: SessionReport) -> None:

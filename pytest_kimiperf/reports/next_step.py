@@ -1,0 +1,146 @@
+"""What a run showed, in one line, and what to do next; and the one missing-baseline warning.
+
+A first run on a new machine has no baseline: it judges the profiles against each other and the
+decode floor, nothing against history. Saying so once per metric, test and boot (48 warnings for
+one fact) buried it; the run now says it once, listing what is missing and the exact command
+that records it (``--kimiperf-record-command``, else this run's own pytest command with
+``--update-baselines``). The run after that is judged against the baseline; its line tallies the
+verdicts of each test's last boot, the one that decides.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pytest_kimiperf.config.metric_specs import METRICS
+from pytest_kimiperf.judge.gate import NO_BASELINE
+from pytest_kimiperf.judge.results import TestResult
+from pytest_kimiperf.reports.model import SessionReport
+
+
+@dataclass(frozen=True)
+class MissingBaselines:
+    """The tests, profiles and metrics that had no baseline for this machine's fingerprint."""
+
+    fingerprint: str
+    # test -> (profiles, metric labels), in the order the run met them
+    tests: dict[str, tuple[list[str], list[str]]]
+    metrics: int  # metric x test x profile, each counted once however many boots it had
+
+    def listing(self) -> str:
+        """``test_ttft [default, ring-ll]: time to first token, p90 time to first token; ...``"""
+        return "; ".join(f"{test} [{', '.join(profiles)}]: {', '.join(labels)}"
+                         for test, (profiles, labels) in self.tests.items())
+
+
+def missing_baselines(results: Sequence[TestResult], fingerprint: str) -> MissingBaselines | None:
+    """What had no baseline on this hardware in ``results`` (None when nothing is missing)."""
+    tests: dict[str, tuple[list[str], list[str]]] = {}
+    seen: set[tuple[str, str, str]] = set()
+    for res in results:
+        for metric, mres in res.metrics.items():
+            if not (mres.baseline_message and NO_BASELINE in mres.baseline_message):
+                continue
+            profiles, labels = tests.setdefault(res.test, ([], []))
+            if res.profile not in profiles:
+                profiles.append(res.profile)
+            label = METRICS[metric].label if metric in METRICS else metric
+            if label not in labels:
+                labels.append(label)
+            seen.add((res.test, res.profile, metric))
+    return MissingBaselines(fingerprint, tests, len(seen)) if tests else None
+
+
+def with_record_command(message: str, record_command: str) -> str:
+    """A missing-baseline reason with the command that records one in this repository in place
+    of the gate's generic ": run --update-baselines"."""
+    generic = ": run --update-baselines"
+    if NO_BASELINE in message and generic in message:
+        return message.replace(generic, f": record it with {record_command}", 1)
+    return message
+
+
+def boots_per_profile(results: Sequence[TestResult]) -> int:
+    """The most boots any profile had in this run."""
+    return max((res.boot for res in results), default=0)
+
+
+def missing_baseline_warning(report: SessionReport, record_command: str) -> str | None:
+    """The session's one MissingBaselineWarning text, or None when every metric had a baseline
+    (or this run records them)."""
+    if report.baselines_update is not None:
+        return None
+    missing = missing_baselines(report.results, _fingerprint(report))
+    if missing is None:
+        return None
+    boots = boots_per_profile(report.results)
+    metrics, tests = missing.metrics, len(missing.tests)
+    return (f"no baseline for this hardware ({missing.fingerprint}) for {metrics} metric{'s' * (metrics != 1)} "
+            f"of {tests} test{'s' * (tests != 1)}, judged against no history: {missing.listing()}. Record it "
+            f"with: {record_command} ({boots} boot{'s' * (boots != 1)} per profile, as this run)")
+
+
+def outcome_line(report: SessionReport, record_command: str) -> str | None:
+    """One line: what this run judged, and what to do next."""
+    if not report.results:
+        return None
+    judged = _judged_besides_history(report)
+    update = report.baselines_update
+    if update is not None:
+        if not update.entries:
+            return "no baseline recorded: no test produced a boot that may be recorded (see above)"
+        boots = boots_per_profile(report.results)
+        return (f"recorded {update.entries} baseline entries ({boots} boot{'s' * (boots != 1)} per profile) "
+                f"in {update.path}; the same run without --update-baselines now judges against them")
+    missing = missing_baselines(report.results, _fingerprint(report))
+    tally = _tally(report.results)
+    if missing is not None and not tally:
+        did = f"this run judged {judged}, nothing against history" if judged else "this run measured but judged nothing"
+        return (f"no baseline for this machine ({missing.fingerprint}) yet: {did}. Next: {record_command} "
+                "records one, then the run you just made judges against it")
+    if not tally:
+        return f"this run judged {judged or 'nothing'}; no metric was compared with a baseline"
+    order = {word: i for i, word in enumerate(_VERDICT_ORDER)}
+    verdicts = ", ".join(f"{tally[v]} {v}" for v in sorted(tally, key=lambda v: order.get(v, len(order))))
+    line = f"against this machine's baseline, each test's last boot: {verdicts}"
+    if judged:
+        line += f"; besides, {judged}"
+    if missing is not None:
+        line += f". {missing.metrics} metrics had no baseline: {record_command} records them"
+    return line
+
+
+# The tally's order: what fails first, what passes last.
+_VERDICT_ORDER = ("REGRESSION", "improvement", "changed, size unresolved", "inconclusive", "not comparable",
+                  "insufficient samples", "no detectable change", "within tolerance")
+
+
+def _judged_besides_history(report: SessionReport) -> str:
+    parts = []
+    if report.compared_profiles():
+        others = [p for p in report.profile_names() if p != report.reference_profile]
+        parts.append(f"{', '.join(others)} against {report.reference_profile}")
+    if report.floor_results():
+        parts.append("the decode floor")
+    return " and ".join(parts)
+
+
+def _tally(results: Sequence[TestResult]) -> Counter[str]:
+    last: dict[tuple[str, str], int] = {}
+    for res in results:
+        last[(res.test, res.profile)] = max(last.get((res.test, res.profile), 0), res.boot)
+    tally: Counter[str] = Counter()
+    for res in results:
+        if res.boot != last[(res.test, res.profile)]:
+            continue
+        for mres in res.metrics.values():
+            if mres.baseline is not None:
+                verdict = str(mres.baseline["verdict"])
+                tally["REGRESSION" if verdict == "regression" else verdict] += 1
+    return tally
+
+
+def _fingerprint(report: SessionReport) -> str:
+    return str((report.fingerprint or {}).get("key", "unknown"))
