@@ -121,7 +121,10 @@ def _measure_boot(settings, log_dir: Path, boot: int, variant: str) -> dict[str,
         handle = manager.acquire(BUILTIN_PROFILES["default"])
         boot_s = time.monotonic() - start
         if variant == "pin-reserved":
+            # After the boot: a server launched from a pinned client would inherit the mask, and
+            # the worker's OpenMP binding (VLLM_CPU_OMP_THREADS_BIND=auto) would see core 1 only.
             notes.append(_pin_api_server(handle.pid))
+            os.sched_setaffinity(0, {RESERVED_CORE})
         for test, scenario, names in CASES:
             if variant == "long-warmup":
                 scenario = dataclasses.replace(scenario, warmup_requests=4 * (scenario.warmup_requests or 1))
@@ -143,6 +146,7 @@ def _measure_boot(settings, log_dir: Path, boot: int, variant: str) -> dict[str,
                 cv = statistics.pstdev(finite) / statistics.mean(finite) if len(finite) > 1 else None
                 metrics[f"{test}|{name}"] = {**summary.to_json(), "cv": None if cv is None else round(cv, 5)}
     finally:
+        os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
         manager.close()
     return {"boot_s": round(boot_s, 1), "metrics": metrics, "foreign_cpu": [round(f, 4) for f in foreign],
             "invalid": invalid, "notes": notes}
@@ -160,8 +164,6 @@ def record(args: argparse.Namespace) -> int:
     host = host_identity()
     CORPUS.mkdir(parents=True, exist_ok=True)
     out = CORPUS / f"{datetime.now(UTC):%Y%m%d}-{host['host'][:8]}-{session}.jsonl"
-    if args.variant == "pin-reserved":
-        os.sched_setaffinity(0, {RESERVED_CORE})
     with open("/tmp/kimiperf-engine.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         canary = host_canary()

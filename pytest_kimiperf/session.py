@@ -123,7 +123,8 @@ class PerfSession:
             from pytest_kimiperf.measure.canary import host_canary, host_identity
 
             session = os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
-            canary = {} if self.settings.external else dict(host_canary().scores)
+            canary = {} if self.settings.external else dict(
+                host_canary(gpus=self.settings.deployment.needs_gpus).scores)
             self._origin = BootOrigin(session=session[:12], host=host_identity()["host"], canary=canary)
         return self._origin
 

@@ -6,7 +6,8 @@ fingerprint cannot see that; a fixed workload timed on the host can. :func:`cpu_
 fixed interpreter loop (one core's compute, as vLLM's Python processes see it) and a fixed copy of a buffer larger than the caches
 (memory) a few times each and keeps the best round of each (a neighbour only slows fixed work),
 plus the spread of its faster rounds (its noise, so a comparison knows what "moved" means). On a GPU host with torch and CUDA,
-:func:`gpu_canary` adds a fixed device-to-device copy. Taken once per session before the first
+:func:`gpu_canary` adds a fixed device-to-device copy, and the GPUs' lowest power limit
+(:func:`gpu_power_limit`) is a probe too. Taken once per session before the first
 boot, stored with the session's boots in the baseline history (judge/levels.py compares them).
 """
 
@@ -136,16 +137,61 @@ def gpu_canary(rounds: int = ROUNDS) -> Canary | None:
     return Canary(scores={"gpu_copy_gbs": best}, noise={"gpu_copy_gbs": noise})
 
 
-def host_canary(rounds: int = ROUNDS) -> Canary:
-    """The canary this host can take: the CPU probes, plus the GPU copy where CUDA is here."""
+POWER_LIMIT_QUERY = ("--query-gpu=power.limit", "--format=csv,noheader,nounits")
+
+
+def parse_power_limits(text: str) -> float | None:
+    """The lowest enforced power limit in W from ``nvidia-smi --query-gpu=power.limit,...
+    --format=csv,noheader,nounits`` (the first column), None when no GPU reports one ("[N/A]").
+    A host whose GPUs are capped lower is slower at the same clocks: a canary probe with no
+    noise of its own."""
+    limits = []
+    for line in text.splitlines():
+        first = line.split(",")[0].strip()
+        try:
+            value = float(first)
+        except ValueError:
+            continue
+        if math.isfinite(value) and value > 0:
+            limits.append(value)
+    return min(limits) if limits else None
+
+
+def gpu_power_limit(timeout_s: float = 10.0) -> float | None:
+    """This host's lowest GPU power limit (nvidia-smi), None without nvidia-smi or GPUs."""
+    import shutil  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        proc = subprocess.run([smi, *POWER_LIMIT_QUERY], capture_output=True, text=True, timeout=timeout_s,
+                              check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_power_limits(proc.stdout) if proc.returncode == 0 else None
+
+
+def host_canary(rounds: int = ROUNDS, *, gpus: bool = False) -> Canary:
+    """The canary this host can take: the CPU probes, and on a GPU deployment (``gpus``) the
+    GPUs' lowest power limit and, where torch with CUDA is here, the device copy."""
     cpu = cpu_canary(rounds)
+    if not gpus:
+        return cpu
+    scores, noise, notes = dict(cpu.scores), dict(cpu.noise), []
+    limit = gpu_power_limit()
+    if limit is not None:
+        scores["gpu_power_limit_w"], noise["gpu_power_limit_w"] = limit, 0.0
     try:
         gpu = gpu_canary(rounds)
     except Exception as exc:  # noqa: BLE001  (a broken CUDA stack must not stop the session)
-        return Canary(cpu.scores, cpu.noise, notes=(f"GPU canary failed: {type(exc).__name__}: {exc}",))
-    if gpu is None:
-        return cpu
-    return Canary({**cpu.scores, **gpu.scores}, {**cpu.noise, **gpu.noise})
+        gpu = None
+        notes.append(f"GPU copy canary failed: {type(exc).__name__}: {exc}")
+    if gpu is not None:
+        scores.update(gpu.scores)
+        noise.update(gpu.noise)
+    return Canary(scores, noise, tuple(notes))
 
 
 def _read(path: str) -> str:

@@ -217,6 +217,10 @@ def test_baseline_then_the_identical_server_passes_then_a_slowed_one_is_a_regres
     assert entry["n"] == 30
 
     assert len(entry["boots"]) == 1
+    # The boot carries where it ran: the session, the host and the host's canary (judge/levels.py).
+    origin = entry["boots"][0]["origin"]
+    assert len(origin["session"]) == 12 and len(origin["host"]) == 16
+    assert origin["canary"]["python_mops"] > 0 and origin["canary"]["copy_gbs"] > 0
 
     same = pytester.runpytest_subprocess(*args, timeout=900)
     # The identical server: passes. One boot, or two when the first happened to look worse than
@@ -236,6 +240,8 @@ def test_baseline_then_the_identical_server_passes_then_a_slowed_one_is_a_regres
     if {"inconclusive", "changed, size unresolved"} & set(verdicts):
         assert "vs 1 reference boot" in out and "--update-baselines --kimiperf-boots N" in out, out[-4000:]
     assert "REGRESSION" not in out
+    # Another session than the baseline's: the verdict carries the session level it rests on.
+    assert "vs 1 reference boot of 1 session; boot spread" in out and "session spread" in out, out[-4000:]
 
     # A really slower server: its first boot looks worse and asks for a second (one boot can
     # screen, never convict); the second boot's item gives the verdict on both boots.

@@ -168,3 +168,13 @@ def test_the_planner_answers_in_sessions_when_the_session_level_stands_in_the_wa
     narrow = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
                                   spreads=Spreads(0.005, 0.002, 0.02))
     assert "boots of this profile against the baseline's 10" in plan_line(narrow)
+
+
+def test_the_gpu_power_limit_probe_reads_nvidia_smi_as_recorded() -> None:
+    from pytest_kimiperf.measure.canary import parse_power_limits
+    from tests.helpers import ROOT
+
+    recorded = (ROOT / "tests/data/gpu/query_gpu_rtx2080_noheader_nounits.csv").read_text()
+    assert parse_power_limits(recorded) == 200.0
+    assert parse_power_limits("600.00\n450.00\n") == 450.0
+    assert parse_power_limits("[N/A]\n") is None
