@@ -124,3 +124,49 @@ def test_judge_leaves_its_input_result_alone() -> None:
     shell = _shell()
     judge(shell, ["decode_tok_s"], _decode(30.0, seed=6), RULES, view=None, earlier=boots.TestBoots(), floor=True)
     assert shell.failures == [] and shell.messages == [] and shell.metrics == {}
+
+
+def _recorded_on(tmp_path: Path, medians: list[float], canary: dict[str, float]) -> BaselineView:
+    """A baseline whose boots were recorded in session 'then' on host 'h' with ``canary``."""
+    from pytest_kimiperf.judge.levels import BootOrigin
+
+    rng = np.random.default_rng(7)
+    boot_samples = [list(m * rng.lognormal(0, 0.01, 20)) for m in medians]
+    origin = BootOrigin("then", "h", canary)
+    entry = baselines.make_entry(test=TEST, profile="default", metric="decode_tok_s", unit="tok/s",
+                                 direction=Direction.HIGHER_IS_BETTER,
+                                 samples=[x for boot in boot_samples for x in boot], git_commit=None,
+                                 profile_env={}, boot_samples=boot_samples, boot_origins=[origin] * len(medians))
+    baselines.update_baseline(baselines.baseline_path(tmp_path, "tiny-cpu", FP.key), "tiny-cpu", FP, [entry])
+    return BaselineView(tmp_path, "tiny-cpu", FP)
+
+
+def _two_boots_in_session(view: BaselineView, median: float, canary: dict[str, float]) -> Judgement:
+    import dataclasses
+
+    from pytest_kimiperf.judge.levels import BootOrigin
+
+    origin = BootOrigin("now", "h", canary)
+    first = judge(dataclasses.replace(_shell(1), origin=origin), ["decode_tok_s"], _decode(median, seed=3), RULES,
+                  view=view, earlier=boots.TestBoots())
+    earlier = boots.TestBoots()
+    assert first.recorded is not None and first.recorded["decode_tok_s"].session == "now"
+    earlier.add(1, first.recorded)
+    return judge(dataclasses.replace(_shell(2), origin=origin), ["decode_tok_s"], _decode(median, seed=4), RULES,
+                 view=view, earlier=earlier)
+
+
+def test_a_host_half_as_fast_by_its_canary_is_not_comparable_never_a_regression(tmp_path: Path) -> None:
+    view = _recorded_on(tmp_path, [100, 99, 101, 100, 100], {"python_mops": 23.0, "copy_gbs": 40.0})
+    judged = _two_boots_in_session(view, 50.0, {"python_mops": 11.5, "copy_gbs": 21.0})
+    [comparison] = judged.comparisons
+    assert comparison.verdict is VerdictKind.NOT_COMPARABLE and judged.result.failures == []
+    assert "host differs (canary copy_gbs -48%, python_mops -50%)" in judged.result.metrics["decode_tok_s"].baseline_message
+
+
+def test_the_same_host_by_its_canary_still_convicts_a_real_regression(tmp_path: Path) -> None:
+    view = _recorded_on(tmp_path, [100, 99, 101, 100, 100], {"python_mops": 23.0, "copy_gbs": 40.0})
+    judged = _two_boots_in_session(view, 50.0, {"python_mops": 22.4, "copy_gbs": 41.0})
+    [comparison] = judged.comparisons
+    assert comparison.verdict is VerdictKind.REGRESSION
+    assert "vs 5 reference boots of 1 session" in comparison.message() and "session spread" in comparison.message()
