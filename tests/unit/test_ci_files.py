@@ -195,3 +195,18 @@ def test_a_bare_program_resolves_next_to_the_interpreter(tmp_path: Path) -> None
     assert resolve_executable("pytest") == str(beside)
     assert resolve_executable("no-such-program-kimiperf") == "no-such-program-kimiperf"
     assert resolve_executable("/bin/true") == "/bin/true"
+
+
+def test_gpu_first_run_says_one_line_per_check_and_fails_cleanly_without_a_gpu(tmp_path: Path) -> None:
+    # On a lent GPU it boots vLLM; here (no NVML, no nvidia-smi) it must stop before any boot.
+    pytest.importorskip("vllm")
+    done = subprocess.run(["bash", str(ROOT / "ci" / "gpu-first-run.sh")], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHON": sys.executable, "KIMIPERF_OUT": str(tmp_path)})
+    if "nvml: OK" in done.stdout:
+        pytest.skip("this host has a GPU: ci/gpu-first-run.sh is run by hand there")
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[1].strip() for line in lines] == ["vllm-contract", "nvml", "weight-cache"], lines
+    assert lines[0].startswith("first-run: vllm-contract: vllm-contract: OK vLLM 0.32.0")
+    assert lines[1].startswith("first-run: nvml: FAIL no GPU")
+    assert lines[2] == "first-run: weight-cache: FAIL not run: no whole GPU (see the nvml line)"
