@@ -338,10 +338,22 @@ class _ResultCollector:
 
 
 class _BenchmarkMachineInfo:
-    """pytest-benchmark's machine_info gets the kimiperf fingerprint (registered only with it)."""
+    """pytest-benchmark's machine_info gets the kimiperf fingerprint, and its table leaves out
+    the perf scenarios' one-round rows (registered only with it; benchmark_bridge says why)."""
 
     def __init__(self, run: PerfSession) -> None:
         self.run = run
+
+    @pytest.hookimpl(wrapper=True, optionalhook=True)
+    def pytest_benchmark_group_stats(self, config: pytest.Config, benchmarks: list[dict[str, Any]],
+                                     group_by: str) -> Iterator[Any]:
+        """The groups pytest-benchmark's table prints, without the kimiperf scenarios."""
+        from pytest_kimiperf.reports.benchmark_bridge import without_scenario_rows
+
+        groups, hidden = without_scenario_rows(list((yield)))
+        if hidden:
+            _reporter(config).benchmark_rows_hidden += hidden
+        return groups
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_benchmark_update_machine_info(self, config: pytest.Config, machine_info: dict[str, Any]) -> None:

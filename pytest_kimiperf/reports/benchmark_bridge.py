@@ -11,6 +11,16 @@ figure; the LLM figures pytest-benchmark cannot time go into ``benchmark.extra_i
 ``--benchmark-compare`` then carry them, and ``machine_info["kimiperf"]`` carries the hardware
 fingerprint that decides which baselines compare.
 
+**Its table leaves these rows out.** One round per test gives "StdDev 0.0000", "Outliers 0;0"
+and the whole scenario's wall time as "time": a pytest-benchmark user reads that table as the
+distribution of one operation, and it is none. It could not be made one honestly: a round per
+request (or per closed-loop round) would hand pytest-benchmark the within-boot distribution, and
+its table and ``--benchmark-compare-fail`` would judge that across runs request by request, the
+test stats.py rejects (the boot, not the request, is the unit that varies: 20 requests of one
+boot varied by 4% while five boots of the same server spread 18%). So :func:`without_scenario_rows`
+drops them from the groups the table prints (``pytest_benchmark_group_stats``, after its JSON
+and storage were written), and the summary says where they went.
+
 Inactive means: pytest-benchmark not installed or ``-p no:benchmark``; an xdist worker (where
 pytest-benchmark disables itself, since parallel timings are not trustworthy);
 ``--benchmark-disable``; and ``--benchmark-skip``, where asking for the fixture would skip the
@@ -30,6 +40,9 @@ from pytest_kimiperf.numbers import json_safe
 
 # The name pytest-benchmark's entry point registers its plugin under.
 BENCHMARK_PLUGIN = "benchmark"
+# The extra_info key that marks a round as a kimiperf scenario (what the table leaves out).
+TIMED_KEY = "kimiperf_timed"
+TIMED = "one round: the scenario's wall time (prompt preparation, warm-up and measured rounds)"
 # Keys of RunResult.to_json() copied into extra_info, in vLLM bench serve's names.
 _BENCH_SERVE_KEYS = ("median_ttft_ms", "median_itl_ms", "output_throughput", "median_decode_tok_s",
                      "completed", "failed")
@@ -69,8 +82,22 @@ def extra_info(run: Any, *, profile: str, deployment: str) -> dict[str, Any]:
         "invalid_reason": summary.get("invalid_reason") or None,
         "profile": profile,
         "deployment": deployment,
+        TIMED_KEY: TIMED,
     })
     return info
+
+
+def without_scenario_rows(groups: list[tuple[Any, list[dict[str, Any]]]]) -> tuple[list[tuple[Any, list[dict[str, Any]]]], int]:
+    """pytest-benchmark's table groups without the kimiperf scenarios' rows (their JSON and
+    storage keep them), and how many rows were left out."""
+    kept: list[tuple[Any, list[dict[str, Any]]]] = []
+    hidden = 0
+    for name, benches in groups:
+        rows = [b for b in benches if TIMED_KEY not in (b.get("extra_info") or {})]
+        hidden += len(benches) - len(rows)
+        if rows:
+            kept.append((name, rows))
+    return kept, hidden
 
 
 def add_fingerprint(machine_info: MutableMapping[str, Any], fingerprint: Any) -> None:

@@ -173,6 +173,8 @@ class SessionReport:
     weight_cache: WeightCacheFacts | None = None
     # the command that records this machine's baselines, quoted when a run finds none
     record_command: str = "python -m pytest --update-baselines"
+    # perf scenarios left out of pytest-benchmark's table (reports/benchmark_bridge.py)
+    benchmark_rows_hidden: int = 0
 
     def profile_names(self) -> list[str]:
         """Profiles in display order: the reference first, then as selected, then any others seen."""

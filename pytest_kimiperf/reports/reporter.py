@@ -92,6 +92,8 @@ class SessionReporter:
     output_error: str | None = None
     # how pytest was invoked (config.invocation_params.args): the default record command
     invocation: tuple[str, ...] = ()
+    # perf scenarios left out of pytest-benchmark's table (reports/benchmark_bridge.py)
+    benchmark_rows_hidden: int = 0
 
     @property
     def settings(self) -> Settings:
@@ -205,6 +207,7 @@ class SessionReporter:
         )
         report.weight_cache = self.run.weight_cache_facts()
         report.record_command = self.record_command
+        report.benchmark_rows_hidden = self.benchmark_rows_hidden
         return report
 
     def _write_outputs(self) -> None:

@@ -149,6 +149,11 @@ def servers_and_files(report: SessionReport, *, quiet: bool) -> list[TerminalLin
             if key in report.outputs:
                 extra = f" ({plural(len(report.plot_files), 'PNG file')})" if key == "plots" else ""
                 lines.append(TerminalLine(f"{label}: {report.outputs[key]}{extra}"))
+        if report.benchmark_rows_hidden:
+            lines.extend(wrapped(
+                f"pytest-benchmark: its table leaves out {plural(report.benchmark_rows_hidden, 'perf test')} "
+                "(one round each, the scenario's wall time, is no distribution to tabulate); its JSON and "
+                "storage keep them, with the LLM figures in extra_info", indent=0))
     if report.baselines_update is not None:
         update = report.baselines_update
         if update.entries:

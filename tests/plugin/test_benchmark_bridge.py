@@ -61,6 +61,23 @@ def test_benchmark_json_carries_the_llm_figures_and_the_fingerprint(project: pyt
     assert bench["machine_info"]["kimiperf"] == perf["fingerprint"]
 
 
+def test_the_benchmark_table_leaves_out_the_scenarios_one_round_and_keeps_a_users_own(project: pytest.Pytester) -> None:
+    project.makepyfile(test_own="def test_sum(benchmark):\n    benchmark(sum, range(100))\n")
+    bench_json = project.path / "bench.json"
+    result = project.runpytest_subprocess("--benchmark-json", str(bench_json), timeout=120)
+    result.assert_outcomes(passed=2)
+    out = result.stdout.str()
+    # the user's benchmark has a table of its own rounds; the perf scenario's single round has none
+    result.stdout.fnmatch_lines(["*benchmark: 1 tests*", "*test_sum*"])
+    assert "test_decode[default]" not in out.split("benchmark: 1 tests")[1].split("Legend")[0]
+    result.stdout.fnmatch_lines(["pytest-benchmark: its table leaves out 1 perf test (one round each, the scenario's "
+                                 "wall time, is no", "    distribution to tabulate); its JSON and storage keep them, *"])
+    entries = {e["name"]: e for e in json.loads(bench_json.read_text())["benchmarks"]}
+    assert set(entries) == {"test_decode[default]", "test_sum"}
+    assert entries["test_decode[default]"]["extra_info"]["kimiperf_timed"].startswith("one round: the scenario's")
+    assert entries["test_sum"]["stats"]["rounds"] > 1
+
+
 def test_under_xdist_benchmark_stands_aside_and_the_gate_still_judges(project: pytest.Pytester) -> None:
     pytest.importorskip("xdist")
     bench_json = project.path / "bench.json"
