@@ -351,6 +351,8 @@ def judge(
             prior_spread=Spreads(rules.boot_spread, rules.session_spread, rules.host_spread),
             canary=result.origin.canary if result.origin is not None else None,
         )
+        if comparison is not None and result.unrecordable:
+            comparison, message = _left_out(comparison, message, result)
         mres.baseline_message = message
         result.messages.append(message)
         if comparison is not None:
@@ -378,6 +380,17 @@ def judge(
             "the baseline was recorded with other soft facts (they only warn; the hardware "
             f"and software that set speed match): {'; '.join(soft)}")
     return Judgement(result, comparisons, recorded, wants_boot)
+
+
+def _left_out(comparison: Comparison, message: str, result: TestResult) -> tuple[Comparison, str]:
+    """A boot that failed for another reason (the floor, failed requests) is no sample of this
+    build: its figures are shown but not compared, and the line says so instead of calling its
+    samples insufficient."""
+    why = f"boot {result.boot} failed and is no sample of this build: {result.unrecordable}"
+    if comparison.boots_current == 0:
+        comparison = dataclasses.replace(comparison, verdict=VerdictKind.NOT_JUDGED, note=why)
+        return comparison, comparison.message()
+    return comparison, f"{message} — {why}"
 
 
 def _check_decode_floor(result: TestResult, run: BootRun, rules: Rules) -> None:
