@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pytest_kimiperf.config.deployments import Deployment
 from pytest_kimiperf.config.nccl.profiles import NcclProfile
 from pytest_kimiperf.config.nccl.values import validate_profile
-from pytest_kimiperf.errors import HardwareMissingError, KimiperfError
+from pytest_kimiperf.errors import ConfigError, HardwareMissingError, KimiperfError
 from pytest_kimiperf.server.gpu import GpuProbe, HardwareRequirement, check_hardware, probe_gpus, query_topology
 from pytest_kimiperf.server.nvidia_smi import GpuInfo, Topology
 from pytest_kimiperf.server.weight_cache import check_fit, memory_fit, why_not_used
@@ -75,7 +75,8 @@ def topology_warnings(
     topology: Callable[[], Topology | None] = _host_topology,
 ) -> list[str]:
     """The profile warnings that depend on the hardware, which configure-time validation could
-    not know: an explicit LL128 on a host whose GPUs talk over PCIe only.  No warning where
+    not know: an explicit LL128 on a host whose GPUs talk over PCIe only, and an algorithm list
+    that leaves a collective vLLM runs nothing this host offers (values.enabled_choices).  No warning where
     nvidia-smi is absent or cannot answer: the perf tests' own hardware check says so, at setup."""
     if external or not deployment.needs_gpus:
         return []
@@ -86,7 +87,16 @@ def topology_warnings(
     if links is None:
         return []
     pcie_only = not links.nvlink
-    return [w for profile in profiles for w in validate_profile(profile, pcie_only=pcie_only) if "LL128" in w]
+    found: list[str] = []
+    for profile in profiles:
+        try:
+            found += [w for w in validate_profile(profile, pcie_only=pcie_only) if "LL128" in w]
+        except ConfigError as exc:
+            # Valid where the hardware was unknown (configure time), fatal on this host: an
+            # algorithm list that leaves a collective vLLM runs nothing it can use here (NVLS
+            # on a PCIe node). Said before any boot, which would fail with ncclInvalidUsage.
+            found.append(f"{exc}; this profile's server cannot serve on this host")
+    return found
 
 
 __all__ = ["QUERY_TIMEOUT_S", "check_weight_cache_fit", "hardware_problem", "topology_warnings"]

@@ -122,6 +122,15 @@ def test_ll128_forced_on_a_pcie_only_host_warns() -> None:
     )
 
 
+def test_an_algorithm_the_pcie_host_lacks_is_said_before_any_boot() -> None:
+    # NVLS needs NVSwitch: valid where the hardware is unknown, nothing left on this PCIe host.
+    topology = nvidia_smi.parse_topology(recorded("topo_8x_rtx_pro_6000_sys.txt"))
+    nvls = NcclProfile("nvls", "NVLS everywhere", {"NCCL_ALGO": "NVLS"})
+    (warning,) = hardware_check.topology_warnings(KIMI_K25_INT4_TP8, [nvls], topology=lambda: topology)
+    assert "leaves AllGather and AllReduce with no algorithm/protocol on a PCIe-only node" in warning
+    assert warning.endswith("this profile's server cannot serve on this host")
+
+
 @pytest.mark.parametrize("name", ["topo_4x_h100_nv6_nics.txt", "topo_2x_nv12_mlx5_tabs.txt"])
 def test_ll128_on_nvlink_hosts_is_fine(name: str) -> None:
     topology = nvidia_smi.parse_topology(recorded(name))
