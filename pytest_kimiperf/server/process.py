@@ -36,6 +36,7 @@ from pytest_kimiperf.server.http_json import served_models
 from pytest_kimiperf.server.progress import BootProgress, BootTracker, split_log_records
 
 LAUNCH_ID_ENV = process_sweep.LAUNCH_ID_ENV
+SPT_NOENV = "SPT_NOENV"
 LOG_TAIL_LINES = 50
 _POLL_S = 0.25
 _HTTP_CHECK_EVERY_S = 1.0
@@ -197,7 +198,11 @@ class ServerProcess:
         self.ready_when_healthy = ready_when_healthy
         self.control = control or StopControl()
         self.launch_id = uuid.uuid4().hex
-        self.env = {**env, LAUNCH_ID_ENV: self.launch_id}
+        # SPT_NOENV: vLLM names its processes with setproctitle (utils/system_utils.py:194),
+        # which by default moves environ away and writes the title over the memory that
+        # /proc/PID/environ shows (py-setproctitle src/spt_status.c:204-230), blanking the
+        # launch marker in EngineCore and the workers. Set, it clobbers argv only.
+        self.env = {**env, LAUNCH_ID_ENV: self.launch_id, SPT_NOENV: "1"}
         if api_key:
             # vLLM reads VLLM_API_KEY itself: the key stays out of the command line (ps, logs).
             self.env["VLLM_API_KEY"] = api_key
