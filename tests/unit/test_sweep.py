@@ -436,3 +436,41 @@ def test_a_sweep_that_may_not_signal_a_process_does_not_crash(cleanup: Started) 
         assert root_process.poll() is None
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)
+
+
+# vLLM names EngineCore and its workers the way this child does (utils/system_utils.py:194).
+_RENAMED = (
+    "import setproctitle, time\n"
+    "setproctitle.setproctitle('VLLM::EngineCore')\n"
+    "print('renamed', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.mark.parametrize("spt_noenv", [None, "1"])
+def test_the_marker_survives_vllms_setproctitle_only_under_spt_noenv(spt_noenv: str | None) -> None:
+    # The real py-setproctitle: without SPT_NOENV it writes the title over the memory that
+    # /proc/PID/environ shows (src/spt_status.c:204-230), so the sweep cannot find the process;
+    # ServerProcess therefore starts every server with SPT_NOENV=1 (process.py).
+    env = {k: v for k, v in os.environ.items() if k != "SPT_NOENV"}
+    env[LAUNCH_ID_ENV] = launch_id = uuid.uuid4().hex
+    if spt_noenv:
+        env["SPT_NOENV"] = spt_noenv
+    child = subprocess.Popen([sys.executable, "-c", _RENAMED], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "renamed\n"
+        assert psutil.Process(child.pid).name() == "VLLM::EngineCore"
+        found = [p.pid for p in process_sweep.processes_of(launch_id, uid=os.getuid(), trusted_pgid=None)]
+        assert found == ([child.pid] if spt_noenv else [])
+    finally:
+        child.kill()
+        child.communicate()
+
+
+def test_every_server_is_started_with_spt_noenv(tmp_path: Path) -> None:
+    from pytest_kimiperf.server.process import ServerProcess
+
+    server = ServerProcess(argv=["true"], env={"SPT_NOENV": ""}, log_path=tmp_path / "log",
+                           state_dir=tmp_path, base_url="http://127.0.0.1:1", served_model_name="m",
+                           deployment="d", profile="p", deadline_s=1.0)
+    assert server.env["SPT_NOENV"] == "1"  # an empty value would leave setproctitle clobbering
