@@ -206,9 +206,34 @@ def analyze(args: argparse.Namespace) -> int:
         report[key] = levels.to_json()
         print(f"{key:<36}{levels.request_cv_text():>11}{levels.boot.text():>24}{levels.session.text():>24}"
               f"{levels.host.text():>24}")
+    report["canary"] = canary_noise(sorted(CORPUS.glob("*.jsonl")))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     return 0
+
+
+def canary_noise(paths: list[Path]) -> dict[str, object]:
+    """The canary's own noise: its drift from a session's start to its end, and its spread
+    between sessions of one host (what judge/levels.CANARY_MOVED_LOG must stay clear of)."""
+    drift: dict[str, list[float]] = {}
+    starts: dict[tuple[str, str], list[float]] = {}
+    for path in paths:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            data = json.loads(line)
+            if "canary_end" not in data:
+                continue
+            start, end = data["canary"]["scores"], data["canary_end"]["scores"]
+            for probe in start.keys() & end.keys():
+                drift.setdefault(probe, []).append(abs(math.log(end[probe] / start[probe])))
+                starts.setdefault((probe, data["host"]), []).append(math.log(start[probe]))
+    out: dict[str, object] = {}
+    for probe, values in sorted(drift.items()):
+        between = [statistics.stdev(v) for (p, _), v in starts.items() if p == probe and len(v) >= 2]
+        out[probe] = {"sessions": len(values), "max_drift_in_session": max(values),
+                      "sd_between_sessions": max(between) if between else None}
+        print(f"canary {probe}: {len(values)} sessions; start-to-end drift up to {math.expm1(max(values)) * 100:.1f}%"
+              + (f"; SD between sessions of one host {math.expm1(max(between)) * 100:.1f}%" if between else ""))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -106,10 +106,13 @@ def test_a_session_effect_alone_does_not_convict_what_boots_would() -> None:
 
 def test_a_moved_canary_makes_the_host_not_comparable_and_a_steady_one_does_not() -> None:
     history = [{"python_mops": 23.0, "copy_gbs": 40.0}, {"python_mops": 22.5, "copy_gbs": 41.0}]
-    slow = canary_shift({"python_mops": 11.6, "copy_gbs": 39.0}, history)
+    slow = canary_shift({"python_mops": 11.6, "copy_gbs": 21.0}, history)
     assert slow is not None and slow.moved and "python_mops -49%" in slow.text()
     steady = canary_shift({"python_mops": 22.0, "copy_gbs": 42.0}, history)
     assert steady is not None and not steady.moved
+    # The copy probe alone moves 30% beside another process's memory traffic (corpus): not a host.
+    noisy_copy = canary_shift({"python_mops": 22.8, "copy_gbs": 28.0}, history)
+    assert noisy_copy is not None and not noisy_copy.moved
     assert canary_shift(None, history) is None and canary_shift({"python_mops": 1.0}, []) is None
 
 
