@@ -169,7 +169,7 @@ TINY_CPU = Deployment(
     gpu_name_contains=None,
     # Measured on the 2-core machines ("AMD EPYC", no AVX-512): single-stream medians of
     # 646-800 tok/s per boot on a quiet host in earlier sessions, but 307-376 tok/s on a quiet
-    # host of the same model name in a later one (benchmarks/cpu_noise.py, the old code too),
+    # host of the same model name in a later one (benchmarks/cpu_noise.py, now noise_study.py, the old code too),
     # and ~200 tok/s beside a second test run. The host, not the build, moves it 2x, so the
     # floor only catches a broken or starved server (100: a third of the slowest quiet host);
     # the target (300) warns below the slowest quiet boot seen. Changes of the build are the
@@ -177,7 +177,7 @@ TINY_CPU = Deployment(
     decode_floor_tok_s=100.0,
     decode_target_tok_s=300.0,
     # Two cores shared by API server, engine core and client: noise is far above a GPU's.
-    # Measured (benchmarks/cpu_noise.py and the e2e tests, README "Numbers"): per-request CV
+    # Measured (benchmarks/cpu_noise.py, now noise_study.py and the e2e tests, README "Numbers"): per-request CV
     # 3-10% within a boot, but per-boot decode medians 2-15% apart on a quiet machine (a 2-vCPU
     # VM) and 22% with other work on it. A baseline is recorded on one boot and judged on
     # another, so the tolerance must cover that spread: this gate sees changes of 25% and more.
@@ -191,11 +191,11 @@ TINY_CPU = Deployment(
     client_bounds=MappingProxyType({"max_loop_latency_p50_ms": 1.0, "max_loop_latency_p99_ms": 150.0,
                                     "max_send_lag_p99_ms": 150.0}),
     # Measured: five boots of the identical server on a quiet host, decode medians 779, 677,
-    # 517, 746 and 747 tok/s (benchmarks/cpu_noise.py --boots 5): SD of the log-medians 0.166,
+    # 517, 746 and 747 tok/s (benchmarks/cpu_noise.py, now noise_study.py --boots 5): SD of the log-medians 0.166,
     # an 18% spread. Two boots on demand: the second confirms a first boot that looks worse.
     boot_spread=0.18,
     max_boots=2,
-    # Measured with benchmarks/cpu_noise.py: a quiet host reads 0.2-0.5% foreign CPU; a second
+    # Measured with benchmarks/cpu_noise.py, now noise_study.py: a quiet host reads 0.2-0.5% foreign CPU; a second
     # pytest run beside the server read 5-11% and slowed decode by about 35% (the worker owns
     # core 0, everything else shares core 1); one busy-looping process per core read 18.5%
     # (the scheduler favours the server). 10% keeps a 20x margin over quiet and catches both.

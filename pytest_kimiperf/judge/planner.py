@@ -6,7 +6,7 @@
 Two profiles booted alike need N boots each; against a baseline of ``--reference-boots`` boots,
 N boots of the current build (planning.boots_needed says how, and why a too-small baseline cannot be
 outbooted). The spread is the SD of one boot's median: read it from a baseline's history (the
-summary prints it next to every verdict) or measure it with benchmarks/cpu_noise.py.
+summary prints it next to every verdict) or measure it with benchmarks/noise_study.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 **The unit of replication is the server boot, not the request.** All requests of one boot share
 one process, one compile, one memory layout, one host state and one stretch of time; on the
 2-core CPU deployment the medians of five boots of the identical server were 779, 677, 517, 746
-and 747 tok/s while the requests inside each boot varied by 4% (benchmarks/cpu_noise.py). A
+and 747 tok/s while the requests inside each boot varied by 4% (benchmarks/cpu_noise.py, now noise_study.py). A
 test that treats 20 requests as 20 independent samples sees only the within-boot part, so it
 credits a boot's luck to the change (Kalibera & Jones, "Rigorous benchmarking in reasonable
 time", ISMM 2013: replicate at the level that varies most). So:

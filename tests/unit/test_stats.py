@@ -52,7 +52,7 @@ def test_a_boot_is_summarized_by_its_median_and_the_error_of_that_median() -> No
 
 
 def test_one_boots_luck_is_not_a_regression_however_many_requests_it_had() -> None:
-    # Boot 3 of cpu_noise.py (517 tok/s) against boot 1 (779): the old request-level test said
+    # Boot 3 of cpu_noise.py (now noise_study.py) (517 tok/s) against boot 1 (779): the old request-level test said
     # REGRESSION -33.6% (p < 0.0001). With the measured 18% boot spread it is no verdict.
     c = compare_boots(boots(517, n=400, se=0.002), boots(779, n=400, se=0.002), direction=HIGHER,
                       tolerance=0.25, prior_spread=0.18)

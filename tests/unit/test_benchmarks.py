@@ -1,0 +1,57 @@
+"""The benchmarks that back the README's gate figures still run on the plugin's own code."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from tests.helpers import BENCHMARKS
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _corpus(path: Path, *, sessions: int, boots: int, rng: np.random.Generator) -> None:
+    lines = []
+    for s in range(sessions):
+        effect = rng.normal(0, 0.03)
+        for b in range(boots):
+            medians = {"decode|decode_tok_s": 500.0, "ttft|ttft_ms": 40.0}
+            metrics = {k: {"median": float(v * np.exp(effect + rng.normal(0, 0.05))), "n": 20, "se_log": 0.01,
+                           "cv": 0.05} for k, v in medians.items()}
+            lines.append({"session": f"s{s}", "host": "h", "variant": "default", "boot": b + 1, "foreign_cpu": [0.01],
+                          "invalid": [], "metrics": metrics, "canary": {"scores": {"python_mops": 22.0}}})
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_the_replay_judges_real_shaped_sessions_and_an_aa_pair_never_alarms(tmp_path: Path) -> None:
+    gate_power = _load("gate_power")
+    _corpus(tmp_path / "c.jsonl", sessions=3, boots=4, rng=np.random.default_rng(0))
+    args = argparse.Namespace(corpus=tmp_path, max_foreign_cpu=0.1, replay_trials=20, history=8,
+                              deployment="tiny-cpu")
+    out = gate_power.replay(args)
+    assert out["sessions"] == 3 and out["metrics"] == 2
+    aa = [r for r in out["rows"] if r["shift_x_tolerance"] == 0.0]
+    assert aa and all(r["sessions_alarmed"]["hits"] == 0 for r in aa)
+    shifted = [r for r in out["rows"] if r["shift_x_tolerance"] == 2.0]
+    assert all(r["regression_per_metric"]["hits"] > 0 for r in shifted)
+
+
+def test_a_host_twice_as_slow_never_gets_a_directional_verdict_in_the_simulation() -> None:
+    gate_power = _load("gate_power")
+    noise = gate_power.Noise(0.01, 0.02, 0.005, history_sessions=10, host_factor=0.5)
+    rules = gate_power.Rules(0.03, gate_power.Spreads(0.01, 0.01, 0.02), 3)
+    cell = gate_power.run_cell(noise, trials=5, history_boots=10, rules=rules, seed=1)
+    assert cell.false_alarm_per_session.hits == 0 and cell.detect_2x.hits == 0
