@@ -2,11 +2,16 @@
 
     python -m pytest_kimiperf.judge.planner --from 81.4 --to 81.9 --spread 0.8%
     python -m pytest_kimiperf.judge.planner --change 6% --spread 1% --tolerance 3% --reference-boots 10
+    python -m pytest_kimiperf.judge.planner --change 6% --spread 1% --tolerance 3% --reference-boots 10 \
+        --session-spread 2% --reference-sessions 1
 
 Two profiles booted alike need N boots each; against a baseline of ``--reference-boots`` boots,
 N boots of the current build (planning.boots_needed says how, and why a too-small baseline cannot be
 outbooted). The spread is the SD of one boot's median: read it from a baseline's history (the
-summary prints it next to every verdict) or measure it with benchmarks/noise_study.py.
+summary prints it next to every verdict) or measure it with benchmarks/noise_study.py. With
+``--session-spread`` the comparison is across sessions (judge/levels.py): this run's one session
+against a baseline of ``--reference-sessions``; when that alone is too wide for any number of
+boots, the planner says how many sessions would do.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import argparse
 import math
 import sys
 
-from pytest_kimiperf.judge.planning import boots_needed
+from pytest_kimiperf.judge.planning import boots_needed, sessions_for
 from pytest_kimiperf.judge.stats import DETECTION_POWER
 
 
@@ -43,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="changes inside it do not matter (default 0: tell the two apart)")
     parser.add_argument("--reference-boots", type=int, help="judge against a baseline of this many boots")
     parser.add_argument("--confidence", type=_fraction, default=0.95, help="one-sided (default 0.95)")
+    parser.add_argument("--session-spread", type=_fraction, default=0.0,
+                        help="SD of a session's shared effect (across sessions; default 0: one session)")
+    parser.add_argument("--reference-sessions", type=int, default=1,
+                        help="sessions the baseline spans (default 1), with --session-spread")
     args = parser.parse_args(argv)
     if args.before is not None:
         if args.after is None or args.before <= 0 or args.after <= 0:
@@ -52,11 +61,22 @@ def main(argv: list[str] | None = None) -> int:
     else:
         change = args.change
         what = f"a {change * 100:.2g}% change"
+    if args.reference_sessions < 1:
+        parser.error(f"--reference-sessions {args.reference_sessions}: use a count of at least 1")
+    session_var = math.log1p(args.session_spread) ** 2
+    fixed_var = session_var * (1.0 + 1.0 / args.reference_sessions) if args.reference_boots else 2 * session_var
     try:
         n = boots_needed(change, args.spread, tolerance=args.tolerance, reference_boots=args.reference_boots,
-                         confidence=args.confidence)
+                         confidence=args.confidence, fixed_var=fixed_var)
     except ValueError as exc:
         parser.error(str(exc))
+    if n is None and session_var > 0:
+        k = sessions_for(change, args.spread, session_var, tolerance=args.tolerance, confidence=args.confidence)
+        more = (f"about {k} sessions of each side (separate runs, 2 boots each)" if k is not None
+                else "a wider tolerance: no number of sessions will do")
+        print(f"to tell {what} at a session spread of {args.session_spread * 100:.2g}% no number of boots in "
+              f"one session will do (each run shares its session); it takes {more}")
+        return 1
     side = ("boots per profile" if args.reference_boots is None
             else f"boots of the current build against a {args.reference_boots}-boot baseline")
     if n is None:

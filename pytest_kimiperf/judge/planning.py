@@ -76,6 +76,21 @@ def boots_needed(
     return n if n <= max_boots else None
 
 
+def sessions_for(change: float, spread: float, session_var: float, *, tolerance: float = 0.0,
+                 confidence: float = 0.95, boots_per_session: int = MIN_BOOTS_DIRECTIONAL,
+                 max_sessions: int = 100) -> int | None:
+    """Sessions per side (each of ``boots_per_session`` boots at boot ``spread``) that resolve a
+    true ``change`` when every session adds its own effect of variance ``session_var``."""
+    margin = math.log1p(abs(change)) - math.log1p(tolerance)
+    z = float(scipy_stats.norm.ppf(confidence) + scipy_stats.norm.ppf(DETECTION_POWER))
+    allowed = (margin / z) ** 2
+    sd = math.log1p(spread)
+    for k in range(1, max_sessions + 1):
+        if 2.0 * (session_var / k + sd ** 2 / (k * boots_per_session)) <= allowed:
+            return k
+    return None
+
+
 def sessions_needed(c: Comparison, goal: float, *, boots_per_session: int = MIN_BOOTS_DIRECTIONAL,
                     max_sessions: int = 100) -> int | None:
     """Sessions of this profile (runs on separate days or hosts, each ``boots_per_session``

@@ -181,3 +181,18 @@ def test_the_gpu_power_limit_probe_reads_nvidia_smi_as_recorded() -> None:
     assert parse_power_limits(recorded) == 200.0
     assert parse_power_limits("600.00\n450.00\n") == 450.0
     assert parse_power_limits("[N/A]\n") is None
+
+
+def test_the_planner_command_answers_in_sessions_across_sessions(capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_kimiperf.judge.planner import main
+
+    assert main(["--change", "6%", "--spread", "1%", "--tolerance", "3%", "--reference-boots", "10",
+                 "--session-spread", "2%"]) == 1
+    out = capsys.readouterr().out
+    assert "no number of boots in one session will do" in out and "about 10 sessions of each side" in out
+    assert main(["--change", "6%", "--spread", "1%", "--tolerance", "3%", "--reference-boots", "10",
+                 "--session-spread", "0.5%", "--reference-sessions", "5"]) == 0
+    assert "you need 2 boots" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--change", "6%", "--spread", "1%", "--session-spread", "1%", "--reference-sessions", "0"])
+    assert "--reference-sessions 0: use a count of at least 1" in capsys.readouterr().err
