@@ -337,18 +337,40 @@ def memory_fit(model: str, tensor_parallel_size: int, command: Sequence[str],
                      MIN_ENGINE_GIB)
 
 
+def _host_ram_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+def page_cache_line(checkpoint_size: int, ram_bytes: int | None) -> str:
+    """Whether the host's RAM can keep the checkpoint in the page cache between boots: where it
+    can, every boot after the first reads its weights from memory; where not, from disk."""
+    size_gb = checkpoint_size / 1e9
+    if ram_bytes is None:
+        return f"page cache: the checkpoint is {size_gb:.0f} GB; this host's RAM is not known"
+    ram_gb = ram_bytes / 1e9
+    if ram_bytes > checkpoint_size:
+        return (f"page cache: host RAM {ram_gb:.0f} GB holds the {size_gb:.0f} GB checkpoint: boots after "
+                "the first can read the weights from memory")
+    return (f"page cache: host RAM {ram_gb:.0f} GB is below the {size_gb:.0f} GB checkpoint: every boot "
+            "reads the weights from disk")
+
+
 def header_lines(*, setting: str, gpu_count: int, command: Sequence[str], model: str,
                  tensor_parallel_size: int, quantization: str | None = None) -> list[str]:
     """What the report header says before any boot: on, or off with the reason; and what
     the daemons will hold per GPU where the checkpoint is already on this host."""
     reason = why_not_used(setting=setting, gpu_count=gpu_count, command=command, model=model,
                           quantization=quantization)
+    size = checkpoint_bytes(model) if gpu_count else None
+    page_cache = [page_cache_line(size, _host_ram_bytes())] if size is not None else []
     if reason is not None:
-        return [f"weight cache: off ({reason})"]
+        return [f"weight cache: off ({reason})", *page_cache]
     lines = ["weight cache: on: `vllm preload` daemons load the weights once; each profile's engine "
              "boots with --load-format ipc_cache; the daemons run with the shell's and deployment's "
-             "environment, never a profile's"]
-    size = checkpoint_bytes(model)
+             "environment, never a profile's", *page_cache]
     if size is None:
         lines.append("weight cache: the daemons' GPU memory is stated once they have loaded "
                      "(the checkpoint is not on this host yet)")

@@ -33,6 +33,7 @@ from pytest_kimiperf.server.weight_cache import (
     header_lines,
     held_gib_per_rank,
     memory_fit,
+    page_cache_line,
     plan_weight_cache,
     quant_method_of,
     quant_reason,
@@ -111,6 +112,19 @@ def test_an_unsupported_quantization_in_the_daemons_log_is_the_fallback_reason()
         "UnsupportedQuantForIPCError: layer model.layers.1.mlp.experts: CompressedTensorsWNA16MoEMethod "
         "does not support loading from pre-processed weights.")
     assert unsupported_reason("all well\n") is None
+
+
+def test_the_header_says_whether_the_page_cache_can_hold_the_checkpoint() -> None:
+    kimi_bytes = 547 * 10**9
+    assert page_cache_line(kimi_bytes, 1024 * 2**30) == (
+        "page cache: host RAM 1100 GB holds the 547 GB checkpoint: boots after the first can read the "
+        "weights from memory")
+    assert page_cache_line(kimi_bytes, 512 * 2**30) == (
+        "page cache: host RAM 550 GB holds the 547 GB checkpoint: boots after the first can read the "
+        "weights from memory")
+    assert page_cache_line(kimi_bytes, 256 * 2**30) == (
+        "page cache: host RAM 275 GB is below the 547 GB checkpoint: every boot reads the weights from disk")
+    assert page_cache_line(kimi_bytes, None) == "page cache: the checkpoint is 547 GB; this host's RAM is not known"
 
 
 def test_the_fallback_reason_is_the_message_of_a_recorded_vllm_traceback() -> None:
@@ -318,7 +332,8 @@ def test_the_header_states_what_the_daemons_will_hold_per_gpu_and_the_fit_uses_i
     lines = header_lines(setting="auto", gpu_count=8, command=list(kimi.command), model=str(model),
                          tensor_parallel_size=8)  # no config.json, no declared quantization: tried
     assert lines[0].startswith("weight cache: on: `vllm preload` daemons load the weights once")
-    assert lines[1] == "weight cache: the daemons will hold about 63.7 GiB per GPU (checkpoint / TP)"
+    assert lines[1].startswith("page cache: host RAM ")  # this host's RAM against 547 GB
+    assert lines[2] == "weight cache: the daemons will hold about 63.7 GiB per GPU (checkpoint / TP)"
     fit = memory_fit(str(model), 8, list(kimi.command), gpu_total_mib=97_887)  # RTX PRO 6000: 95.6 GiB
     assert fit is not None and round(fit.engine_left_gib, 1) == 22.4
     with pytest.raises(HardwareMissingError):
