@@ -107,7 +107,7 @@ deployment = replace(
              "--gpu-memory-utilization", "0.5"),
     env=MappingProxyType({"HF_HUB_OFFLINE": "1"}), health_deadline_s=300.0, weight_cache="off")
 settings = SimpleNamespace(deployment=deployment, external=False, port=None, nccl_debug=True, grace_s=30.0,
-                           host_wait_s=60.0, api_key=None)
+                           host_wait_s=60.0, api_key=None, command_plans={})
 manager = ServerManager(settings, log_dir=out, state_dir=Path(tempfile.mkdtemp(prefix="kimiperf-first-run-")),
                         say=lambda _: None, on_progress=lambda *a: None)
 profile = BUILTIN_PROFILES["tree-ll"]

@@ -41,7 +41,7 @@ deployment = replace(
              "--gpu-memory-utilization", "0.5"),
     env=MappingProxyType({"HF_HUB_OFFLINE": "1"}), health_deadline_s=900.0, weight_cache="auto")
 settings = SimpleNamespace(deployment=deployment, external=False, port=None, nccl_debug=False,
-                           grace_s=30.0, host_wait_s=3600.0, api_key=None)
+                           grace_s=30.0, host_wait_s=3600.0, api_key=None, command_plans={})
 manager = ServerManager(settings, log_dir=out, state_dir=Path(tempfile.mkdtemp(prefix="kimiperf-wc-state-")),
                         say=print, on_progress=lambda *a: None)
 profiles = [NcclProfile("default", "NCCL's own choices", {}),
