@@ -53,6 +53,9 @@ class GpuReading:
     power_violation_ms: float | None = None  # clocks held back by the power limit
     thermal_violation_ms: float | None = None  # clocks held back by temperature
     energy_j: float | None = None
+    # The median SM clock of the driver's own samples inside the window (nvmlDeviceGetSamples),
+    # where the two ends' readings see only idle moments; None where not asked or not kept.
+    sm_clock_under_load_mhz: int | None = None
 
 
 # --------------------------------------------------------------------------- /proc and psutil
@@ -176,9 +179,13 @@ def _nvml_optional(nvml: Any, getter_name: str, *args: Any) -> Any | None:
         return None
 
 
-def sample_gpu(nvml: Any, index: int) -> GpuReading:
-    """Read one GPU now; ``foreign_processes`` holds every compute process (no pid filter yet)."""
+def sample_gpu(nvml: Any, index: int, *, since_us: int | None = None) -> GpuReading:
+    """Read one GPU now; ``foreign_processes`` holds every compute process (no pid filter yet).
+
+    With ``since_us`` (CPU time in microseconds, the window's start) it also reads the SM clock
+    the driver sampled since then (:func:`clock_samples_mhz`)."""
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    under_load = clock_samples_mhz(nvml, handle, since_us) if since_us is not None else []
     # nvmlDeviceGetCurrentClocksEventReasons replaced ...ThrottleReasons (deprecated, "will be
     # removed in CUDA 14.0" per pynvml); older drivers have only the old name, with the same bits.
     mask = _nvml_optional(nvml, "nvmlDeviceGetCurrentClocksEventReasons", handle)
@@ -199,7 +206,21 @@ def sample_gpu(nvml: Any, index: int) -> GpuReading:
         power_violation_ms=_violation_ms(nvml, handle, "NVML_PERF_POLICY_POWER"),
         thermal_violation_ms=_violation_ms(nvml, handle, "NVML_PERF_POLICY_THERMAL"),
         energy_j=_energy_j(nvml, handle),
+        sm_clock_under_load_mhz=sorted(under_load)[len(under_load) // 2] if under_load else None,
     )
+
+
+def clock_samples_mhz(nvml: Any, handle: Any, since_us: int) -> list[int]:
+    """The SM clock values the driver sampled after ``since_us`` (nvmlDeviceGetSamples with
+    NVML_PROCESSOR_CLK_SAMPLES: (value type, [nvmlSample_t(timeStamp us, sampleValue)]); clocks
+    are unsigned ints). The driver keeps a short buffer, so a long window gets its latest part;
+    [] where the GPU does not keep samples."""
+    kind = getattr(nvml, "NVML_PROCESSOR_CLK_SAMPLES", None)
+    answer = _nvml_optional(nvml, "nvmlDeviceGetSamples", handle, kind, since_us) if kind is not None else None
+    if not answer:
+        return []
+    _value_type, samples = answer
+    return [int(sample.sampleValue.uiVal) for sample in samples if int(sample.timeStamp) > since_us]
 
 
 def _violation_ms(nvml: Any, handle: Any, policy: str) -> float | None:
@@ -248,4 +269,5 @@ def merge_gpu_samples(samples: Sequence[GpuReading], own_pids: Iterable[int]) ->
         power_violation_ms=_accrued(first.power_violation_ms, last.power_violation_ms),
         thermal_violation_ms=_accrued(first.thermal_violation_ms, last.thermal_violation_ms),
         energy_j=_accrued(first.energy_j, last.energy_j),
+        sm_clock_under_load_mhz=last.sm_clock_under_load_mhz,
     )

@@ -100,6 +100,8 @@ class HostReading:
                  ("thermal_violation_ms", "temperature", ("sw_thermal_slowdown", "hw_thermal_slowdown")))
         for gpu in self.gpus:
             power = f", average {gpu.energy_j / self.wall_s:.0f} W" if gpu.energy_j is not None else ""
+            if gpu.sm_clock_under_load_mhz is not None:
+                power += f", SM clock {gpu.sm_clock_under_load_mhz} MHz under load"
             for field_name, cause, reasons in kinds:
                 held_ms = getattr(gpu, field_name)
                 if held_ms and any(r in bounds.forbidden_throttle_reasons for r in reasons):
@@ -213,13 +215,14 @@ class HostWatch:
         self._start: HostSnapshot | None = None
         self._own_at_start: set[int] = set()
         self._gpu_samples: dict[int, list[GpuReading]] | None = None
+        self._started_us = 0
         self._notes: list[str] = []
 
-    def _sample_gpus(self) -> None:
+    def _sample_gpus(self, since_us: int | None = None) -> None:
         assert self._gpu_samples is not None
         for index in self._gpu_indices:
             try:
-                sample = sample_gpu(self._nvml, index)
+                sample = sample_gpu(self._nvml, index, since_us=since_us)
             except self._nvml.NVMLError as error:
                 self._notes.append(f"NVML: GPU {index} not read: {error}")
             else:
@@ -239,6 +242,8 @@ class HostWatch:
                 # inside a caller that already holds NVML.
                 self._nvml.nvmlInit()
                 self._gpu_samples = {}
+                # NVML stamps its own samples in CPU microseconds (nvmlSample_t.timeStamp).
+                self._started_us = int(time.time() * 1e6)
                 self._sample_gpus()
             except self._nvml.NVMLError as error:
                 self._notes.append(f"NVML: {error}")
@@ -259,7 +264,7 @@ class HostWatch:
         gpus: tuple[GpuReading, ...] = ()
         if self._gpu_samples is not None:
             try:
-                self._sample_gpus()
+                self._sample_gpus(since_us=self._started_us)
             finally:
                 self._nvml.nvmlShutdown()
             samples = self._gpu_samples

@@ -1,8 +1,9 @@
 """NVML's cumulative counters across a measured window: throttled time and energy under load.
 
 Clock-event reasons are instantaneous and the watch samples them at the window's two ends, both
-idle moments; the violation counters (nvmlDeviceGetViolationStatus, ns since the driver loaded)
-and total energy (nvmlDeviceGetTotalEnergyConsumption, mJ) see what happened in between.
+idle moments; the violation counters (nvmlDeviceGetViolationStatus, ns since the driver loaded),
+total energy (nvmlDeviceGetTotalEnergyConsumption, mJ) and the driver's own clock samples
+(nvmlDeviceGetSamples) see what happened in between.
 """
 
 from __future__ import annotations
@@ -33,6 +34,19 @@ class CountingNvml(FakeNvml):
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: dict[str, Any]) -> int:
         return self._value(handle, "energy_mj")
 
+    NVML_PROCESSOR_CLK_SAMPLES = pynvml.NVML_PROCESSOR_CLK_SAMPLES
+
+    def nvmlDeviceGetSamples(self, handle: dict[str, Any], kind: int, since_us: int) -> Any:
+        # The driver's ring buffer as pynvml returns it: (value type, [nvmlSample_t]); the test's
+        # clocks are stamped relative to the call, as the driver stamps them in CPU microseconds.
+        assert kind == pynvml.NVML_PROCESSOR_CLK_SAMPLES
+        samples = []
+        for offset_us, mhz in handle.get("clock_samples", []):
+            value = pynvml.c_nvmlValue_t()
+            value.uiVal = mhz
+            samples.append(pynvml.c_nvmlSample_t(timeStamp=since_us + offset_us, sampleValue=value))
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, samples
+
 
 def _sample(**counters: int | None) -> dict[str, Any]:
     # Both ends of the window idle: 2100 MHz, no reason but gpu_idle, 60 W.
@@ -43,7 +57,9 @@ def _sample(**counters: int | None) -> dict[str, Any]:
 # A 1-minute window on one GPU: 2.1 s held back by the power limit, none by temperature, 18 kJ used.
 WINDOW = {"gpus": {"0": [
     _sample(power_violation_ns=1_200_000_000, thermal_violation_ns=5_000_000, energy_mj=1_000_000),
-    _sample(power_violation_ns=3_300_000_000, thermal_violation_ns=5_000_000, energy_mj=19_000_000),
+    _sample(power_violation_ns=3_300_000_000, thermal_violation_ns=5_000_000, energy_mj=19_000_000,
+            # Held at 1800-1900 MHz under load, before the idle end read 2100; one stamp before the start.
+            clock_samples=[(-5, 2100), (1_000_000, 1890), (2_000_000, 1800), (3_000_000, 1850)]),
 ]}}
 
 
@@ -55,11 +71,12 @@ def test_throttling_between_two_idle_ends_is_seen_through_the_counters() -> None
     (gpu,) = reading.gpus
     assert gpu.throttle_reasons == ("gpu_idle",)  # what the two ends alone say: nothing
     assert (gpu.power_violation_ms, gpu.thermal_violation_ms, gpu.energy_j) == (2100.0, 0.0, 18000.0)
+    assert gpu.sm_clock_mhz == 2100 and gpu.sm_clock_under_load_mhz == 1850  # the median inside the window
     minute = HostReading(wall_s=60.0, cpu_count=2, foreign_cpu_share=0.0, steal_share=0.0, psi={},
                          top_foreign=(), gpus=reading.gpus)
     assert [line for line in minute.disturbances(HostBounds()) if "GPU" in line] == [
         "GPU 0 clocks held back by the power limit for 2100 ms of the 60.0 s window "
-        "(NVML violation counters, average 300 W)"]
+        "(NVML violation counters, average 300 W, SM clock 1850 MHz under load)"]
     allowed = HostBounds(forbidden_throttle_reasons=("hw_slowdown", "sw_thermal_slowdown"))
     assert [line for line in minute.disturbances(allowed) if "GPU" in line] == []
 
@@ -73,7 +90,7 @@ def test_a_counter_that_went_back_or_is_missing_says_nothing() -> None:
 
 def test_a_reading_with_counters_survives_a_json_round_trip() -> None:
     gpu = GpuReading(0, 2100, 40, 60.0, ("gpu_idle",), (), power_violation_ms=2100.0, thermal_violation_ms=0.0,
-                     energy_j=18000.0)
+                     energy_j=18000.0, sm_clock_under_load_mhz=1850)
     reading = HostReading(wall_s=60.0, cpu_count=2, foreign_cpu_share=0.0, steal_share=0.0, psi={},
                           top_foreign=(), gpus=(gpu,))
     assert HostReading.from_json(reading.to_json()) == reading
