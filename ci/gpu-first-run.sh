@@ -77,13 +77,14 @@ from pytest_kimiperf.measure.host_readings import merge_gpu_samples, sample_gpu
 
 pynvml.nvmlInit()
 try:
+    started_us = int(time.time() * 1e6)
     first = sample_gpu(pynvml, whole[0].index)
     time.sleep(5)
-    window = merge_gpu_samples([first, sample_gpu(pynvml, whole[0].index)], own_pids=())
+    window = merge_gpu_samples([first, sample_gpu(pynvml, whole[0].index, since_us=started_us)], own_pids=())
 finally:
     pynvml.nvmlShutdown()
 counters = {"power_violation_ms": window.power_violation_ms, "thermal_violation_ms": window.thermal_violation_ms,
-            "energy_j": window.energy_j}
+            "energy_j": window.energy_j, "sm_clock_samples_median_mhz": window.sm_clock_under_load_mhz}
 line("counters", "OK" if None not in counters.values() else "INFO",
      f"GPU {whole[0].index} over 5 s idle: {counters}; totals since driver load: "
      f"power {first.power_violation_ms} ms, thermal {first.thermal_violation_ms} ms, {first.energy_j} J")
