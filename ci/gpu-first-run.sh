@@ -114,10 +114,11 @@ manager = ServerManager(settings, log_dir=out, state_dir=Path(tempfile.mkdtemp(p
 profile = BUILTIN_PROFILES["tree-ll"]
 try:
     handle = manager.acquire(profile)
+    assert handle.pid is not None, "the server's handle names no pid"
     server = psutil.Process(handle.pid)
     family = [p for p in server.children(recursive=True) if p.name().startswith("VLLM::")]
     marked = {p.name(): p.environ().get(LAUNCH_ID_ENV) is not None for p in family}
-    line("boot", "OK", f"TP={tp} ready after {handle.boot_s:.0f} s; {manager.records[profile.name].accounts[0].summary()}")
+    line("boot", "OK", f"TP={tp} ready after {handle.boot_s or 0:.0f} s; {manager.records[profile.name].accounts[0].summary()}")
     line("spt-noenv", "OK" if family and all(marked.values()) else "FAIL", f"launch marker in {marked}")
     held = gpu_memory_by_pid()
     ours = {p.pid for p in [server, *family]} & set(held)
