@@ -130,6 +130,7 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
         server=kimiperf_server,
         settings=run.settings,
         profile_env=dict(kimiperf_profile.env),
+        profile_args=kimiperf_profile.args,
         view=run.baseline_view(),
         ensure_alive=ensure_alive,
         publish=publish,

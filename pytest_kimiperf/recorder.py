@@ -65,6 +65,7 @@ class PerfRecorder:
         settings: Settings,
         profile_env: Mapping[str, str],
         view: BaselineView | None,
+        profile_args: Sequence[str] = (),
         ensure_alive: Callable[[], None],
         publish: Callable[[TestResult], None],
         fail: Callable[[str], NoReturn],
@@ -85,6 +86,7 @@ class PerfRecorder:
         self.host_busy: str | None = None
         self.settings = settings
         self.profile_env = dict(profile_env)
+        self.profile_args = list(profile_args)
         self.view = view
         self._ensure_alive = ensure_alive
         self._publish = publish
@@ -273,6 +275,7 @@ class PerfRecorder:
             interval_ns=(self.intervals_ns[0][0], self.intervals_ns[-1][1]) if self.intervals_ns else None,
             server_env=dict(self.server.env),
             profile_env=self.profile_env,
+            profile_args=self.profile_args,
             itl_timeline_ms=run.itl_timeline_ms(),
             boot=self.boot,
             host=self.host_readings[-1].to_json() if self.host_readings else None,

@@ -11,16 +11,19 @@ from __future__ import annotations
 import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+import os
+import sys
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from pytest_kimiperf.config.deployment_tables import resolve_deployments, select_deployment
-from pytest_kimiperf.config.deployments import Deployment
+from pytest_kimiperf.config.deployments import Deployment, resolve_executable
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.nccl.profiles import NcclProfile, resolve_profiles, select_profiles
 from pytest_kimiperf.config.nccl.values import validate_profile
+from pytest_kimiperf.config.serve_args import CommandPlan, plan_command, read_serve_parser, serve_entry
 
 DEFAULT_DEPLOYMENT = "kimi-k25-int4-tp8"
 DEFAULT_PROFILES = "default"
@@ -70,6 +73,9 @@ class Settings:
     # --perf-export DIR: bench-serve result files and requests.jsonl (reports/export.py).
     perf_export: Path | None = None
     perf_export_detailed: bool = False
+    # Each selected profile's server command against the deployment's (serve_args.CommandPlan):
+    # what its args replaced and which parser checked them. Empty when attached.
+    command_plans: Mapping[str, CommandPlan] = field(default_factory=dict)
 
     @property
     def external(self) -> bool:
@@ -136,6 +142,10 @@ def build_settings(
         warnings.extend(validate_profile(profile, pcie_only=pcie_only))
 
     server_url = _server_url(options["server_url"])
+    command_plans: dict[str, CommandPlan] = {}
+    if server_url is None:
+        command_plans = _command_plans(profiles, deployment)
+        profiles = tuple(replace(p, args=command_plans[p.name].args) for p in profiles)
     if server_url and len(profiles) > 1:
         raise ConfigError(
             f"--server-url {server_url} attaches to one running server, whose NCCL environment "
@@ -208,7 +218,22 @@ def build_settings(
         record_command=str(options.get("record_command", RawOption(None, "default")).value or "").strip() or None,
         perf_export=perf_export,
         perf_export_detailed=export_detailed,
+        command_plans=command_plans,
     )
+
+
+def _command_plans(profiles: tuple[NcclProfile, ...], deployment: Deployment) -> dict[str, CommandPlan]:
+    """Each profile's args checked, before any boot, against the serve parser of the vLLM the
+    deployment runs (read only when a selected profile has args: it imports vLLM once)."""
+    parser = None
+    entry = serve_entry(deployment.command)
+    if entry is not None and any(p.args for p in profiles):
+        program = deployment.command[0]
+        python = sys.executable if program in ("{python}", "vllm") or os.path.basename(program) == "vllm" \
+            else resolve_executable(program)
+        parser = read_serve_parser(python)
+    return {p.name: plan_command(p.args, deployment.command, parser,
+                                 who=f"profile {p.name!r} (from {p.source}) args") for p in profiles}
 
 
 def _export(dir_opt: RawOption, detailed_opt: RawOption, rootpath: Path) -> tuple[Path | None, bool]:

@@ -78,6 +78,8 @@ class BaselineEntry:
     git_commit: str | None
     profile_env: Mapping[str, str]
     boots: tuple[BaselineBoot, ...] = ()
+    # The profile's server arguments (written only when it has some: older files have none).
+    profile_args: tuple[str, ...] = ()
 
     def summaries(self) -> list[BootSummary]:
         """The history as BootSummary, oldest first (a tail metric's boots need as many
@@ -106,6 +108,7 @@ class BaselineEntry:
             "recorded_at": self.recorded_at,
             "git_commit": self.git_commit,
             "profile_env": dict(self.profile_env),
+            **({"profile_args": list(self.profile_args)} if self.profile_args else {}),
             "boots": [b.to_json() for b in self.boots],
         }
 
@@ -233,6 +236,9 @@ def _parse_entry(raw: object) -> BaselineEntry:
     env = raw["profile_env"]
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise TypeError("profile_env must be an object of strings")
+    args = raw.get("profile_args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise TypeError("profile_args must be a list of strings")
     try:
         direction = Direction(raw["direction"])
     except ValueError:
@@ -263,6 +269,7 @@ def _parse_entry(raw: object) -> BaselineEntry:
         git_commit=raw["git_commit"],
         profile_env=dict(env),
         boots=boots,
+        profile_args=tuple(args),
     )
 
 

@@ -61,6 +61,7 @@ def make_entry(
     git_commit: str | None,
     profile_env: Mapping[str, str],
     recorded_at: datetime | None = None,
+    profile_args: Sequence[str] = (),
     boot_samples: Sequence[Sequence[float]] | None = None,
     versions: Mapping[str, str] | None = None,
     boot_origins: Sequence[BootOrigin | None] | None = None,
@@ -116,17 +117,18 @@ def make_entry(
         git_commit=git_commit,
         profile_env={str(k): str(v) for k, v in profile_env.items()},
         boots=tuple(boots),
+        profile_args=tuple(str(a) for a in profile_args),
     )
 
 
 def append_history(old: BaselineEntry | None, new: BaselineEntry, keep: int = HISTORY_BOOTS) -> BaselineEntry:
     """``new``'s boots appended to ``old``'s history (last ``keep`` boots kept).
 
-    A history recorded with another profile environment, unit or direction is another thing:
-    it is replaced, not extended.
+    A history recorded with another profile environment or other profile arguments, unit or
+    direction is another thing: it is replaced, not extended.
     """
-    if old is None or dict(old.profile_env) != dict(new.profile_env) or (old.unit, old.direction) != (
-            new.unit, new.direction):
+    if old is None or dict(old.profile_env) != dict(new.profile_env) or (
+            old.unit, old.direction, old.profile_args) != (new.unit, new.direction, new.profile_args):
         return new
     return replace(new, boots=(old.boots + new.boots)[-keep:])
 
@@ -352,7 +354,7 @@ def baseline_entries(
         entries.append(make_entry(
             test=test, profile=profile, metric=metric, unit=last.unit,
             direction=Direction(last.direction), samples=last.samples, git_commit=git_commit,
-            profile_env=last_res.profile_env, boot_samples=[m.samples for _, m in boots],
+            profile_env=last_res.profile_env, profile_args=last_res.profile_args, boot_samples=[m.samples for _, m in boots],
             versions=last_res.versions, boot_origins=[r.origin for r, _ in boots],
         ))
     return entries, skipped

@@ -77,12 +77,12 @@ def compare_with_history(
 
 def _against_history(
     result: MetricResult, entry: BaselineEntry, *, current: Sequence[BootSummary], spreads: Spreads,
-    canary: Mapping[str, float] | None, profile_env: Mapping[str, str],
+    canary: Mapping[str, float] | None, profile_env: Mapping[str, str], profile_args: Sequence[str] = (),
 ) -> tuple[Comparison, str]:
     """One metric's boots against one baseline entry's history, and "not comparable" when the
-    host canary moved or the profile's environment differs."""
+    host canary moved or the profile's environment or server arguments differ."""
     check = canary_shift(canary, [b.origin.canary for b in entry.boots if b.origin is not None and b.origin.canary])
-    same_env = dict(entry.profile_env) == dict(profile_env)
+    same_env = dict(entry.profile_env) == dict(profile_env) and tuple(entry.profile_args) == tuple(profile_args)
     comparison = compare_with_history(
         current, entry.summaries(), direction=Direction(result.direction), tolerance=result.tolerance,
         spreads=spreads, metric=metric_spec(result.metric).label, unit=result.unit,
@@ -91,10 +91,10 @@ def _against_history(
     if check is not None and check.moved:
         message += f" — {check.text()}: the baseline was measured on a host of other speed"
     if not same_env:
-        message += (
-            f" — the baseline was recorded with profile environment {dict(entry.profile_env)}, "
-            f"this run used {dict(profile_env)}"
-        )
+        said = bool(entry.profile_args or profile_args)  # server arguments: said where either side has some
+        message += (f" — the baseline was recorded with profile environment {dict(entry.profile_env)}"
+                    f"{f' and args {list(entry.profile_args)}' * said}, this run used {dict(profile_env)}"
+                    f"{f' and args {list(profile_args)}' * said}")
     return comparison, message
 
 
@@ -104,7 +104,7 @@ def judge_metric(
     test: str,
     profile: str,
     view: BaselineView | None,
-    profile_env: Mapping[str, str],
+    profile_env: Mapping[str, str], profile_args: Sequence[str] = (),
     current: Sequence[BootSummary],
     prior_spread: float | Spreads,
     canary: Mapping[str, float] | None = None,
@@ -122,7 +122,7 @@ def judge_metric(
         if upgrade is not None:
             other, entry, versions = upgrade
             comparison, message = _against_history(result, entry, current=current, spreads=spreads,
-                                                   canary=canary, profile_env=profile_env)
+                                                   canary=canary, profile_env=profile_env, profile_args=profile_args)
             return comparison, (f"{message} — {ACROSS_VERSIONS} on the same hardware "
                                 f"({other.fingerprint.key}): {'; '.join(versions)}")
         missing = f"{NO_BASELINE} ({view.fingerprint.key}): run --update-baselines"
@@ -149,7 +149,7 @@ def judge_metric(
             f"({other.fingerprint.key}: {shown}); {missing}"
         )
     return _against_history(result, entry, current=current, spreads=spreads, canary=canary,
-                            profile_env=profile_env)
+                            profile_env=profile_env, profile_args=profile_args)
 
 
 def missing_baselines(result: TestResult) -> list[str]:
@@ -347,6 +347,7 @@ def judge(
     for mres in result.metrics.values():
         comparison, message = judge_metric(
             mres, test=result.test, profile=result.profile, view=view, profile_env=result.profile_env,
+            profile_args=result.profile_args,
             current=current.summaries.get(mres.metric, []),
             prior_spread=Spreads(rules.boot_spread, rules.session_spread, rules.host_spread),
             canary=result.origin.canary if result.origin is not None else None,

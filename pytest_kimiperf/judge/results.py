@@ -93,6 +93,8 @@ class TestResult:
     interval_ns: tuple[int, int] | None = None  # CLOCK_MONOTONIC span of the measurement
     server_env: dict[str, str] = field(default_factory=dict)
     profile_env: dict[str, str] = field(default_factory=dict)
+    # The profile's server arguments: with profile_env, what the profile is (baselines key on both).
+    profile_args: list[str] = field(default_factory=list)
     invalid: str | None = None
     itl_timeline_ms: list[float] = field(default_factory=list)
     boot: int = 1
@@ -117,7 +119,7 @@ class TestResult:
             "failures": self.failures, "warnings": self.warnings,
             "interval_ns": list(self.interval_ns) if self.interval_ns else None,
             "server_env": self.server_env, "profile_env": self.profile_env,
-            "invalid": self.invalid,
+            "profile_args": list(self.profile_args), "invalid": self.invalid,
             "itl_timeline_ms": self.itl_timeline_ms,
             "boot": self.boot, "unrecordable": self.unrecordable, "host": self.host,
             "versions": self.versions, "origin": self.origin.to_json() if self.origin else None,
@@ -136,7 +138,8 @@ class TestResult:
             warnings=list(data.get("warnings") or []),
             interval_ns=(int(interval[0]), int(interval[1])) if interval else None,
             server_env=dict(data.get("server_env") or {}),
-            profile_env=dict(data.get("profile_env") or {}), invalid=data.get("invalid"),
+            profile_env=dict(data.get("profile_env") or {}),
+            profile_args=[str(a) for a in data.get("profile_args") or []], invalid=data.get("invalid"),
             itl_timeline_ms=[float(x) for x in data.get("itl_timeline_ms") or []],
             boot=int(data.get("boot") or 1), unrecordable=data.get("unrecordable"),
             host=data.get("host"), versions=dict(data.get("versions") or {}),

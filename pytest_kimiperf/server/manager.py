@@ -38,6 +38,7 @@ from pytest_kimiperf.server.process import (
     pick_free_port,
     recorded_env,
 )
+from pytest_kimiperf.config.serve_args import CommandPlan
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.server.weight_cache import (
     WeightCacheFacts,
@@ -46,6 +47,7 @@ from pytest_kimiperf.server.weight_cache import (
     daemon_env,
     held_gib_per_rank,
     plan_weight_cache,
+    profile_cache_reason,
     unsupported_reason,
 )
 
@@ -169,10 +171,13 @@ class ServerManager:
             port = pick_free_port(host)
         model_path = resolve_model_path(deployment.model, self.say)
         engine_argv = deployment.argv(model_path=model_path, host=host, port=port)
-        if self.weight_cache is None:
+        if self.weight_cache is None:  # from the deployment's own command: the daemons serve every profile
             self._start_weight_cache(engine_argv)
         assert self.weight_cache is not None
-        engine_argv += self.weight_cache.engine_args()
+        plan = self.settings.command_plans.get(profile.name, CommandPlan())
+        engine_argv = plan.apply(engine_argv)
+        cache_off = profile_cache_reason(profile.name, plan.dests) if self.weight_cache.enabled else None
+        engine_argv += self.weight_cache.engine_args() if cache_off is None else []
         base_env = {**compile_cache_env(), **os.environ, **deployment.env}
         env, overridden = profile_server_env(profile, base_env)
         boot_suffix = "" if rec.boots == 0 else f"-boot{rec.boots + 1}"  # every boot keeps its log
@@ -201,8 +206,11 @@ class ServerManager:
         )
         for name, (shell, value) in sorted(overridden.items()):
             self.say(f"kimiperf: profile {profile.name} overrides {name}={shell!r} from the shell with {value!r}")
+        for line in [*(f"profile {profile.name} replaces the deployment's {r.describe()}" for r in plan.replaced),
+                     *([cache_off] if cache_off else [])]:
+            self.say(f"kimiperf: {line}")
         self.say(
-            f"kimiperf: starting {deployment.name} server for NCCL profile {profile.name} "
+            f"kimiperf: starting {deployment.name} server for profile {profile.name} "
             f"on {server.base_url}; log: {rec.log_path}"
         )
         rec.boots += 1

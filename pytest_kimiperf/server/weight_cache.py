@@ -68,6 +68,29 @@ _KNOWN_QUANT_METHODS = tuple(sorted((
 ), key=len, reverse=True))
 
 
+# The serve arguments (argparse dests) that feed vLLM 0.32's WeightCacheKey, the fingerprint a
+# daemon's weights must match (weight_cache/protocol.py:282-303): checkpoint <- model, revision;
+# model_arch and quant_config_hash <- hf_overrides, quantization; dtype; tp/pp/dp sizes;
+# is_draft <- speculative_config. A profile that sets one would be handed other weights than
+# it asks for (or fall back to disk with a warning), so its engines load from disk; so do a
+# profile's own --load-format and loader config, which replace the cache's.
+WEIGHT_KEY_DESTS = frozenset({
+    "model", "revision", "code_revision", "hf_overrides", "quantization", "dtype",
+    "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "speculative_config",
+    "load_format", "model_loader_extra_config",
+})
+
+
+def profile_cache_reason(profile: str, dests: frozenset[str]) -> str | None:
+    """Why a profile's engines cannot boot from the daemons' weights, or None when they can:
+    its arguments change what the weights are (WEIGHT_KEY_DESTS)."""
+    changed = sorted(dests & WEIGHT_KEY_DESTS)
+    if not changed:
+        return None
+    return (f"profile {profile} sets {', '.join('--' + d.replace('_', '-') for d in changed)}, which "
+            "changes the weights the daemons hold (vLLM's WeightCacheKey): its engines load from disk")
+
+
 @dataclass(frozen=True)
 class WeightCachePlan:
     """Whether the session boots its engines from the weight cache, and how.

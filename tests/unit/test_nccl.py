@@ -255,7 +255,7 @@ def test_extends_unknown_parent_names_chain_and_known_profiles() -> None:
 @pytest.mark.parametrize(
     ("tables", "fragments"),
     [
-        ({"a": {"envs": {}}}, ["unknown key 'envs'", "description, env, extends", "did you mean 'env'"]),
+        ({"a": {"envs": {}}}, ["unknown key 'envs'", "description, env, args, extends", "did you mean 'env'"]),
         ({"a": "NCCL_PROTO=LL"}, ["must be a table"]),
         ({"a": {"env": "NCCL_PROTO=LL"}}, ["env must be a table"]),
         ({"a": {"env": {"NCCL_P2P_DISABLE": True}}}, ["NCCL_P2P_DISABLE", "bool", "1/0"]),

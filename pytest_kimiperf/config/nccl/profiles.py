@@ -1,9 +1,11 @@
-"""NCCL profiles: named sets of environment overrides a vLLM server is booted with.
+"""Profiles: named variants of the server, as environment overrides and extra server arguments.
 
 A profile is resolved from the built-ins and the user's ``[tool.kimiperf.profiles]`` table,
-selected by ``--nccl-profile`` and turned into the server's environment. Its values are checked
-against NCCL's own rules in ``values``; what NCCL logged with ``--nccl-debug`` is read in
-``debug_log``.
+selected by ``--nccl-profile`` (alias ``--kimiperf-profile``) and turned into the server's
+environment and command. Its NCCL values are checked against NCCL's own rules in ``values``, its
+arguments against the installed vLLM's serve parser in ``config.serve_args``; what NCCL logged
+with ``--nccl-debug`` is read in ``debug_log``. The built-ins are NCCL's; a user's profile may
+change anything the server takes.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pytest_kimiperf.config.nccl.values import is_nccl_related
 __all__ = [
     "BUILTIN_PROFILES",
     "NcclProfile",
+    "describe_args",
     "describe_env",
     "inherited_nccl_env",
     "profile_server_env",
@@ -55,18 +58,23 @@ class _FrozenEnv(Mapping[str, str]):
 
 @dataclass(frozen=True)
 class NcclProfile:
-    """One named set of environment overrides for the server, and where it was defined."""
+    """One named variant of the server: environment overrides, arguments appended to the
+    deployment's command (an argument list, never a shell string), and where it was defined.
+
+    Both are what the profile is: baselines, the weight cache and the reports key on them."""
 
     name: str
     description: str
     env: Mapping[str, str]
     source: str = "built-in"
+    args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Freeze whatever mapping the caller passed, so the profile stays hashable and
         # nobody can change a profile's environment after it was validated.
         if not isinstance(self.env, _FrozenEnv):
             object.__setattr__(self, "env", _FrozenEnv(self.env))
+        object.__setattr__(self, "args", tuple(self.args))
 
 
 BUILTIN_PROFILES: Mapping[str, NcclProfile] = MappingProxyType(
@@ -120,7 +128,7 @@ BUILTIN_PROFILES: Mapping[str, NcclProfile] = MappingProxyType(
 )
 
 _RESERVED_PROFILE_NAMES = frozenset({"all"})
-_PROFILE_TABLE_KEYS = ("description", "env", "extends")
+_PROFILE_TABLE_KEYS = ("description", "env", "args", "extends")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -136,6 +144,7 @@ class _UserTable:
     extends: str | None
     env: dict[str, str]
     source: str
+    args: tuple[str, ...] = ()
 
 
 def _profile_source(table_source: str, name: str) -> str:
@@ -197,7 +206,30 @@ def _read_user_table(name: object, table: object, table_source: str) -> _UserTab
                 "(write 1/0, not true/false)"
             )
         env[var] = str(value)
-    return _UserTable(name, description, extends, env, where)
+    return _UserTable(name, description, extends, env, where, _read_args(table.get("args", []), name, where))
+
+
+def _read_args(raw: object, name: str, where: str) -> tuple[str, ...]:
+    """A table's ``args``: a list of strings (integers allowed for values), never a shell string."""
+    if isinstance(raw, str):
+        raise ConfigError(
+            f"profile {name!r} (from {where}): args must be a list of arguments, never a shell "
+            f"string; write {[*shlex.split(raw)]!r} instead of {raw!r}"
+        )
+    if not isinstance(raw, (list, tuple)):
+        raise ConfigError(
+            f"profile {name!r} (from {where}): args must be a list of arguments such as "
+            f"[\"--max-num-batched-tokens\", \"4096\"]; got {type(raw).__name__} {raw!r}"
+        )
+    args = []
+    for item in raw:
+        if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+            raise ConfigError(
+                f"profile {name!r} (from {where}): args item {item!r} has type {type(item).__name__}; "
+                "each item is a string (or a number for a value)"
+            )
+        args.append(str(item))
+    return tuple(args)
 
 
 def resolve_profiles(user_tables: Mapping[str, Mapping[str, object]], source: str) -> dict[str, NcclProfile]:
@@ -232,6 +264,7 @@ def resolve_profiles(user_tables: Mapping[str, Mapping[str, object]], source: st
         table = tables[name]
         chain = (*chain, name)
         parent_env: Mapping[str, str] = {}
+        parent_args: tuple[str, ...] = ()
         if table.extends is not None:
             parent = table.extends
             if parent in chain:
@@ -248,14 +281,16 @@ def resolve_profiles(user_tables: Mapping[str, Mapping[str, object]], source: st
                     f"(chain: {' -> '.join((*chain, parent))}){did_you_mean(parent, known)}; "
                     f"known profiles: {', '.join(known)}"
                 )
-            parent_env = resolve(parent, chain).env
+            parent_profile = resolve(parent, chain)
+            parent_env, parent_args = parent_profile.env, parent_profile.args
         env = {**parent_env, **table.env}
+        args = (*parent_args, *table.args)
         description = table.description
         if description is None:
-            description = describe_env(env)
+            description = _describe(env, args)
             if table.extends is not None:
-                description = f"{table.extends} + {describe_env(table.env)}"
-        profile = NcclProfile(name, description.strip(), env, table.source)
+                description = f"{table.extends} + {_describe(table.env, table.args)}"
+        profile = NcclProfile(name, description.strip(), env, table.source, args)
         resolved[name] = profile
         return profile
 
@@ -271,7 +306,7 @@ def resolve_profiles(user_tables: Mapping[str, Mapping[str, object]], source: st
 
 def _known_listing(known: Mapping[str, NcclProfile]) -> str:
     width = max((len(name) for name in known), default=0)
-    lines = [f"  {name.ljust(width)}  {p.description} [{describe_env(p)}]" for name, p in known.items()]
+    lines = [f"  {name.ljust(width)}  {p.description} [{_describe(p.env, p.args)}]" for name, p in known.items()]
     return "\n".join(lines)
 
 
@@ -349,6 +384,18 @@ def inherited_nccl_env(profile: NcclProfile, base_env: Mapping[str, str]) -> dic
         for var, value in sorted(base_env.items())
         if is_nccl_related(var) and var not in profile.env
     }
+
+
+def _describe(env: Mapping[str, str], args: tuple[str, ...]) -> str:
+    if not args:
+        return describe_env(env)
+    return f"{describe_env(env)} {describe_args(args)}" if env else describe_args(args)
+
+
+def describe_args(args: NcclProfile | tuple[str, ...]) -> str:
+    """A profile's server arguments as one shell-quoted line (``--enforce-eager``), or ``""``."""
+    items = args.args if isinstance(args, NcclProfile) else args
+    return shlex.join(items)
 
 
 def describe_env(profile: NcclProfile | Mapping[str, str]) -> str:
