@@ -71,17 +71,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     """Command-line options and their ini twins, in one group."""
     group = parser.getgroup("kimiperf", "LLM-serving performance tests (pytest-kimiperf)")
     for opt in OPTIONS:
-        _add_flag(group, opt, opt.own_flag)
+        _add_flag(group, opt, opt.own_flag, *opt.aliases)
         if opt.ini:
             parser.addini(opt.ini, help=opt.help, type="bool" if opt.kind == "bool" else "string",
                           default=opt.default if opt.kind == "bool" else None)
 
 
-def _add_flag(group: pytest.OptionGroup, opt: Any, flag: str) -> None:
+def _add_flag(group: pytest.OptionGroup, opt: Any, flag: str, *aliases: str) -> None:
     if opt.kind == "bool":
-        group.addoption(flag, action="store_true", dest=opt.dest, default=None, help=opt.help)
+        group.addoption(flag, *aliases, action="store_true", dest=opt.dest, default=None, help=opt.help)
     else:
-        group.addoption(flag, action="store", dest=opt.dest, default=None, help=opt.help,
+        group.addoption(flag, *aliases, action="store", dest=opt.dest, default=None, help=opt.help,
                         metavar=opt.name.upper())
 
 

@@ -29,6 +29,8 @@ class Option:
     default: Any = None
     env: str | None = None
     kind: str = "string"  # string | bool
+    # Other names of the plugin's own flag, always registered with it.
+    aliases: tuple[str, ...] = ()
 
     @property
     def dest(self) -> str:
@@ -57,7 +59,9 @@ OPTIONS = (
             "deployment to boot and judge (built-ins: kimi-k25-int4-tp8, tiny-cpu, tiny-cpu-tp2)",
             DEFAULT_DEPLOYMENT, env="KIMIPERF_DEPLOYMENT"),
     Option("nccl_profiles", "--nccl-profile", "kimiperf_nccl_profiles",
-            "NCCL profile(s) to boot a server for, comma-separated, or 'all'", DEFAULT_PROFILES),
+            "profile(s) to boot a server for, comma-separated, or 'all': NCCL environments and, "
+            "in [tool.kimiperf.profiles], any server environment and arguments", DEFAULT_PROFILES,
+            aliases=("--kimiperf-profile",)),
     Option("nccl_debug", "--nccl-debug", "kimiperf_nccl_debug",
             "start servers with NCCL_DEBUG=INFO and check in the log that each variable took effect",
             False, kind="bool"),

@@ -1,8 +1,9 @@
 """The report header: the settings in effect, as pytest prints them before the first test.
 
 As pytest-benchmark and pytest-randomly do: deployment, server mode, baseline directory, each
-NCCL profile with its environment (and what the shell and deployment add to it), the server
-command, the weight-cache plan, and, once something asked for it, the fingerprint and the
+profile with its environment (and what the shell and deployment add to it) and its server
+arguments (what they replace, which parser checked them), the server command, the weight-cache
+plan, and, once something asked for it, the fingerprint and the
 baseline file it selects. Plain lines; ``plugin.py`` returns them from ``pytest_report_header``.
 """
 
@@ -12,10 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pytest_kimiperf.config.deployments import describe_command
-from pytest_kimiperf.config.nccl.profiles import describe_env, inherited_nccl_env
+from pytest_kimiperf.config.nccl.profiles import describe_args, describe_env, inherited_nccl_env
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.judge.fingerprint import Fingerprint, describe
-from pytest_kimiperf.server.weight_cache import header_lines as weight_cache_lines
+from pytest_kimiperf.server.weight_cache import header_lines as weight_cache_lines, profile_cache_reason
 
 
 def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
@@ -27,14 +28,21 @@ def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
     lines.append(f"kimiperf: server {mode}; baselines in {s.baselines_dir}"
                  + ("; --update-baselines" if s.update_baselines else ""))
     for profile in s.profiles:
-        line = f"kimiperf: NCCL profile {profile.name}: {describe_env(profile)}"
+        line = f"kimiperf: profile {profile.name}: {describe_env(profile)}"
         if s.external:
-            line = (f"kimiperf: NCCL profile {profile.name}: only a label for the attached server, whose "
-                    "NCCL environment is whatever it was started with (not known here)")
+            line = (f"kimiperf: profile {profile.name}: only a label for the attached server, whose "
+                    "environment and arguments are whatever it was started with (not known here)")
         else:
             inherited = inherited_nccl_env(profile, {**environ, **s.deployment.env})
             if inherited:
                 line += f"; from the shell and deployment: {describe_env(inherited)}"
+            plan = s.command_plans.get(profile.name)
+            if profile.args and plan is not None:
+                checked = f"checked against {plan.checked_by}" if plan.checked_by else \
+                    "not checked: the deployment's command is not vLLM's server"
+                line = line.replace(": (no overrides)", ":", 1) if not profile.env else line + ";"
+                line += f" args {describe_args(profile)} ({checked})"
+                line += "".join(f"; replaces the deployment's {r.describe()}" for r in plan.replaced)
         lines.append(line)
     if not s.external:
         dep = s.deployment
@@ -42,6 +50,9 @@ def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
         lines.extend(f"kimiperf: {line}" for line in weight_cache_lines(
             setting=dep.weight_cache, gpu_count=dep.gpu_count, command=list(dep.command), model=dep.model,
             tensor_parallel_size=dep.tensor_parallel_size, quantization=dep.quantization))
+        if not lines[-1].startswith("kimiperf: weight cache: off"):
+            lines.extend(f"kimiperf: weight cache: {reason}" for p in s.profiles if (reason := profile_cache_reason(
+                p.name, s.command_plans[p.name].dests if p.name in s.command_plans else frozenset())))
     return lines
 
 

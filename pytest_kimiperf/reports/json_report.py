@@ -115,6 +115,8 @@ def _profile_json(facts: ProfileFacts) -> dict[str, Any]:
     return {
         "description": facts.description,
         "profile_env": dict(facts.profile_env),
+        "profile_args": list(facts.profile_args),
+        "replaced_args": list(facts.replaced_args),
         "server_env": dict(facts.server_env),
         "overridden_shell_env": {
             var: {"shell": shell, "profile": value}
@@ -151,6 +153,7 @@ def _test_json(res: TestResult) -> dict[str, Any]:
         "itl_timeline_ms": list(res.itl_timeline_ms),
         "interval_ns": list(res.interval_ns) if res.interval_ns else None,
         "profile_env": dict(res.profile_env),
+        "profile_args": list(res.profile_args),
         "server_env": dict(res.server_env),
     }
 

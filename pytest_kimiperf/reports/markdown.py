@@ -69,7 +69,7 @@ def _profile_tables(report: SessionReport) -> list[str]:
         return []
     ref = report.reference_profile
     lines = [
-        f"### NCCL profiles vs {_code(ref)}", "",
+        f"### Profiles vs {_code(ref)}", "",
         f"{_text(_sentence(figure_legend(report.has_tails())))}; change vs {_code(ref)}: of the boots' "
         "geometric mean, with its 90% CI (boots are the samples).", "",
     ]
@@ -240,15 +240,17 @@ def _servers(report: SessionReport) -> list[str]:
         return []
     rows = []
     for facts in report.profiles:
-        overrides = " ".join(f"{k}={v}" for k, v in sorted(facts.profile_env.items())) or "(none)"
+        overrides = " ".join([*(f"{k}={v}" for k, v in sorted(facts.profile_env.items())),
+                              *facts.profile_args]) or "(none)"
         boots = "?" if facts.boots is None else str(facts.boots)
         ready = "" if facts.boot_s is None else f"{facts.boot_s:.0f} s"
         notes = [f"**LEFTOVER**: {_text(x)}" for x in facts.leftovers]
         if facts.error:
             notes.append(f"failed: {_text(facts.error)}")
+        notes += [f"replaces the deployment's {_code(r)}" for r in facts.replaced_args]
         rows.append([_code(facts.name), _code(overrides), boots, ready, "; ".join(notes)])
     return ["### Servers", ""] + _table(
-        ["profile", "NCCL overrides", "boots", "ready after", "notes"], "llrrl", rows) + [""] + _boot_accounts(report)
+        ["profile", "overrides", "boots", "ready after", "notes"], "llrrl", rows) + [""] + _boot_accounts(report)
 
 
 def _boot_accounts(report: SessionReport) -> list[str]:

@@ -28,7 +28,8 @@ from pytest_kimiperf.server.weight_cache import WeightCacheFacts
 
 @dataclass(frozen=True)
 class ProfileFacts:
-    """One NCCL profile as it ran: its overrides and what its server did.
+    """One profile as it ran: its overrides (environment and server arguments) and what its
+    server did.
 
     ``boots`` is None when this process did not start the server (an xdist worker did, or the
     server was attached with --server-url), so the report says "unknown" instead of "0".
@@ -50,6 +51,9 @@ class ProfileFacts:
     # Where each boot's seconds went (boot_account.py), in boot order; empty when this process
     # booted nothing (attached, or an xdist worker's boots not sent back).
     boot_accounts: tuple[BootAccount, ...] = ()
+    # The profile's server arguments, and the deployment arguments they replaced ("old -> new").
+    profile_args: tuple[str, ...] = ()
+    replaced_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

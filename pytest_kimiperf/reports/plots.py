@@ -239,7 +239,7 @@ def plot_distribution(block: PerfTestBlock, metric: MetricBlock, reference_profi
         better = "higher is better" if spec.direction is Direction.HIGHER_IS_BETTER else "lower is better"
     # Throughputs are measured per round (metrics.RUN_LEVEL_METRICS), the rest per request.
     per = "round" if metric.metric in RUN_LEVEL_METRICS else "request"
-    ax.set_title(f"{_shorten(block.test, 70)}\n{label} per {per}, by NCCL profile"
+    ax.set_title(f"{_shorten(block.test, 70)}\n{label} per {per}, by profile"
                  f"{f' — {block.scenario}' if block.scenario else ''}", fontsize=10)
     if better:
         ax.text(0.99, 0.98, better, transform=ax.transAxes, ha="right", va="top", fontsize=8, color="0.4")

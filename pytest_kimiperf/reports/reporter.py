@@ -327,11 +327,13 @@ class SessionReporter:
                 # on that worker) or it never ran. The results still carry the env it ran with.
                 facts.append(ProfileFacts(
                     name=profile.name, description=profile.description, profile_env=dict(profile.env),
+                    profile_args=profile.args, replaced_args=_replaced(settings, profile.name),
                     server_env=seen_env, boots=0 if (managed_here or self.worker_records) else None,
                 ))
                 continue
             facts.append(ProfileFacts(
                 name=profile.name, description=profile.description, profile_env=dict(profile.env),
+                profile_args=profile.args, replaced_args=_replaced(settings, profile.name),
                 server_env=dict(rec.env) or seen_env,
                 overridden_shell_env=dict(rec.overridden_shell_env),
                 boots=None if settings.external else rec.boots, boot_s=rec.boot_s,
@@ -341,6 +343,12 @@ class SessionReporter:
                 boot_accounts=tuple(rec.accounts),
             ))
         return facts
+
+
+def _replaced(settings: Settings, profile: str) -> tuple[str, ...]:
+    """The deployment arguments the profile's own replaced, as ``old -> new`` lines."""
+    plan = settings.command_plans.get(profile)
+    return tuple(r.describe() for r in plan.replaced) if plan is not None else ()
 
 
 def _baseline_file(report: SessionReport) -> BaselineFile | None:

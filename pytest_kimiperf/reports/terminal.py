@@ -90,7 +90,7 @@ def render_summary(
     return lines
 
 
-# -- NCCL profile comparison ------------------------------------------------------------------
+# -- profile comparison -----------------------------------------------------------------------
 
 
 def _profile_section(report: SessionReport, *, verbose: bool) -> list[TerminalLine]:
@@ -98,7 +98,7 @@ def _profile_section(report: SessionReport, *, verbose: bool) -> list[TerminalLi
         return []
     ref = report.reference_profile
     tails = report.has_tails()
-    lines = [TerminalLine(f"kimiperf: NCCL profiles vs {ref}", sep="=")]
+    lines = [TerminalLine(f"kimiperf: profiles vs {ref}", sep="=")]
     lines.append(TerminalLine(f"{figure_legend(tails)};"))
     lines.append(TerminalLine(f"change vs {ref}: of the boots' geometric mean, with its 90% CI (boots are the samples)"))
     blocks = report.test_blocks()

@@ -175,7 +175,7 @@ def test_attach_mode_measures_a_running_server_without_boot_or_teardown(
             timeout=60,
         )
         result.assert_outcomes(passed=1)
-        result.stdout.fnmatch_lines(["kimiperf: NCCL profile ring-ll: only a label for the attached server*"
+        result.stdout.fnmatch_lines(["kimiperf: profile ring-ll: only a label for the attached server*"
                                      "not known here)"])
         assert len(_stub_pids(boots)) == 1, "attach mode booted a server of its own"
         assert external.poll() is None, "attach mode stopped a server it did not start"

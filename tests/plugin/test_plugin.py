@@ -229,7 +229,7 @@ def test_environment_every_server_gets_is_shown_and_recorded(
     result = pytester.runpytest_subprocess("--deployment", "stub", "--nccl-profile", "ring-ll", timeout=120)
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
-        "kimiperf: NCCL profile ring-ll: NCCL_ALGO=Ring NCCL_PROTO=LL; from the shell and deployment: "
+        "kimiperf: profile ring-ll: NCCL_ALGO=Ring NCCL_PROTO=LL; from the shell and deployment: "
         "NCCL_MAX_NCHANNELS=4"])
 
 
