@@ -305,6 +305,8 @@ def simulation_cells(args: argparse.Namespace) -> list[Noise]:
         Noise(0.01, 0.02, d, slow_share=0.15, slow_drop=0.10, history_sessions=20, history_boots=20,
               label="bimodal 15% of boots 10% slower; history 20"),
         Noise(0.01, 0.02, d, host_factor=0.5, history_sessions=args.history, label="host 2x slower, same fingerprint"),
+        Noise(0.015, 0.02, d, history_sessions=max(1, args.history // 2),
+              label=f"boot 1.5%, indep.; history {max(1, args.history // 2)} sessions x 2 boots"),
     ]
     return cells
 
