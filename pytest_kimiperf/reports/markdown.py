@@ -138,7 +138,7 @@ def _baseline_tables(report: SessionReport) -> list[str]:
                          "change", "90% CI", "verdict"], "lllrlrrll", table_rows)
         lines.append("")
     for reason, count in missing.items():
-        reason = with_record_command(reason, report.record_command)
+        reason = with_record_command(reason, report)
         lines.append(f"- {_text(reason)} ({count} {'metric' if count == 1 else 'metrics'})")
     if missing:
         lines.append("")
@@ -218,7 +218,7 @@ def _roofline(report: SessionReport) -> list[str]:
         header.append("of ceiling with communication")
     rows = []
     for m in roof.measurements:
-        row = [_code(m.test), _code(m.profile), fmt_value(m.median_tok_s), _share(m.fraction_of_bandwidth_ceiling)]
+        row = [_code(m.test), _code(m.label), fmt_value(m.median_tok_s), _share(m.fraction_of_bandwidth_ceiling)]
         if est.collectives_per_token:
             row.append(_share(m.fraction_of_ceiling) if m.fraction_of_ceiling is not None else "unknown")
         rows.append(row)

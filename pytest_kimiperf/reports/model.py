@@ -266,7 +266,9 @@ class SessionReport:
         rows = []
         for res in self.results:
             for mres in res.metrics.values():
-                message = mres.baseline_message or "not compared with a baseline"
+                message = mres.baseline_message or (
+                    f"not compared: INVALID measurement ({res.invalid})" if res.invalid
+                    else "not compared with a baseline")
                 label = METRICS[mres.metric].label if mres.metric in METRICS else mres.metric
                 # The gate prefixes its message with the metric's label; the tables have a metric
                 # column, so the reason reads better without it.
@@ -316,7 +318,7 @@ class SessionReport:
         """Warnings worth reading after the run: inconclusive, improvements, below target, invalid."""
         lines = []
         for res in self.results:
-            where = f"{res.test} [{res.profile}]"
+            where = f"{res.test} [{boot_label(res)}]"
             if res.invalid:
                 lines.append(f"{where}: INVALID measurement: {res.invalid}")
             lines.extend(f"{where}: {warning}" for warning in res.warnings)

@@ -53,12 +53,14 @@ def missing_baselines(results: Sequence[TestResult], fingerprint: str) -> Missin
     return MissingBaselines(fingerprint, tests, len(seen)) if tests else None
 
 
-def with_record_command(message: str, record_command: str) -> str:
-    """A missing-baseline reason with the command that records one in this repository in place
-    of the gate's generic ": run --update-baselines"."""
+def with_record_command(message: str, report: SessionReport) -> str:
+    """A missing-baseline reason with what records one in place of the gate's generic ": run
+    --update-baselines": this run, when it records, else the command that does it here."""
     generic = ": run --update-baselines"
     if NO_BASELINE in message and generic in message:
-        return message.replace(generic, f": record it with {record_command}", 1)
+        instead = ("this run records it" if report.baselines_update is not None
+                   else f"record it with {report.record_command}")
+        return message.replace(generic, f": {instead}", 1)
     return message
 
 
@@ -91,15 +93,16 @@ def outcome_line(report: SessionReport, record_command: str) -> str | None:
     if update is not None:
         if not update.entries:
             return "no baseline recorded: no test produced a boot that may be recorded (see above)"
-        boots = boots_per_profile(report.results)
-        return (f"recorded {update.entries} baseline entries ({boots} boot{'s' * (boots != 1)} per profile) "
-                f"in {update.path}; the same run without --update-baselines now judges against them")
+        left = len(update.not_recorded)
+        skipped = f"; {left} test boot{'s' * (left != 1)} not recorded (listed above)" if left else ""
+        return (f"recorded {update.entries} baseline entries in {update.path}{skipped}; the same run "
+                "without --update-baselines now judges against them")
     missing = missing_baselines(report.results, _fingerprint(report))
     tally = _tally(report.results)
     if missing is not None and not tally:
         did = f"this run judged {judged}, nothing against history" if judged else "this run measured but judged nothing"
         return (f"no baseline for this machine ({missing.fingerprint}) yet: {did}. Next: {record_command} "
-                "records one, then the run you just made judges against it")
+                "records one, then the run you just made judges against it") + _invalid(report.results)
     if not tally:
         return f"this run judged {judged or 'nothing'}; no metric was compared with a baseline"
     order = {word: i for i, word in enumerate(_VERDICT_ORDER)}
@@ -109,7 +112,15 @@ def outcome_line(report: SessionReport, record_command: str) -> str | None:
         line += f"; besides, {judged}"
     if missing is not None:
         line += f". {missing.metrics} metrics had no baseline: {record_command} records them"
-    return line
+    return line + _invalid(report.results)
+
+
+def _invalid(results: Sequence[TestResult]) -> str:
+    count = sum(1 for res in results if res.invalid)
+    if not count:
+        return ""
+    return (f". {count} test boot{'s' * (count != 1)} measured INVALID (no verdict from a busy host or an "
+            "untrusted client: the failures above say which)")
 
 
 # The tally's order: what fails first, what passes last.

@@ -238,7 +238,9 @@ def plot_distribution(block: PerfTestBlock, metric: MetricBlock, reference_profi
     if spec is not None:
         better = "higher is better" if spec.direction is Direction.HIGHER_IS_BETTER else "lower is better"
     # Throughputs are measured per round (metrics.RUN_LEVEL_METRICS), the rest per request.
-    per = "round" if metric.metric in RUN_LEVEL_METRICS else "request"
+    per = ("round" if metric.metric in RUN_LEVEL_METRICS
+           else "token gap (every gap of the boot, pooled)" if spec is not None and spec.base == "itl_ms"
+           else "request")
     ax.set_title(f"{_shorten(block.test, 70)}\n{label} per {per}, by profile"
                  f"{f' — {block.scenario}' if block.scenario else ''}", fontsize=10)
     if better:

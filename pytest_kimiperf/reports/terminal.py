@@ -190,7 +190,7 @@ def _baseline_section(report: SessionReport, *, verbose: bool) -> list[TerminalL
         for row in rows:
             reasons[row.message] = reasons.get(row.message, 0) + 1
         for reason, count in reasons.items():
-            lines.extend(wrapped(f"{with_record_command(reason, report.record_command)} "
+            lines.extend(wrapped(f"{with_record_command(reason, report)} "
                                  f"({plural(count, 'metric')})", indent=0, markup=YELLOW))
         return lines
     header = ["metric", "current", "baseline", "change", "90% CI", "verdict"]
@@ -203,13 +203,13 @@ def _baseline_section(report: SessionReport, *, verbose: bool) -> list[TerminalL
     for (test, profile), group in groups.items():
         lines.append(TerminalLine(f"{test} [{profile}]", markup={"bold": True}))
         if all(row.baseline is None for row in group):
-            lines.extend(wrapped(with_record_command(_shared_message(group), report.record_command), indent=2,
+            lines.extend(wrapped(with_record_command(_shared_message(group), report), indent=2,
                                  markup=YELLOW))
             continue
         lines.append(TerminalLine(table.format(header), markup={"bold": True}))
         for row in group:
             if row.baseline is None:
-                lines.extend(wrapped(f"{row.heading}: {with_record_command(row.message, report.record_command)}",
+                lines.extend(wrapped(f"{row.heading}: {with_record_command(row.message, report)}",
                                      indent=4, markup=YELLOW))
                 continue
             lines.append(TerminalLine(table.format(_baseline_cells(row)),
@@ -328,7 +328,7 @@ def _quiet_verdicts(report: SessionReport) -> list[TerminalLine]:
             lines.append(TerminalLine(test))
             lines.extend(test_lines)
     for reason, count in missing.items():
-        lines.extend(wrapped(f"baselines: {with_record_command(reason, report.record_command)} "
+        lines.extend(wrapped(f"baselines: {with_record_command(reason, report)} "
                              f"({plural(count, 'metric')})", indent=0, markup=YELLOW))
     if lines:
         lines.insert(0, TerminalLine("kimiperf", sep="="))

@@ -61,10 +61,16 @@ class DecodeAgainstCeiling:
     median_tok_s: float
     fraction_of_bandwidth_ceiling: float | None
     fraction_of_ceiling: float | None  # with the communication term; None when it is unknown
+    boot: int = 1
+
+    @property
+    def label(self) -> str:
+        """``ring-ll`` for a profile's first boot, ``ring-ll boot 2`` for its second (as the tables)."""
+        return self.profile if self.boot == 1 else f"{self.profile} boot {self.boot}"
 
     def line(self) -> str:
         """``ring-ll: 81.4 tok/s = 27% of the bandwidth ceiling, 58% of the ceiling with communication``."""
-        text = f"{self.profile}: {_sig(self.median_tok_s)} tok/s"
+        text = f"{self.label}: {_sig(self.median_tok_s)} tok/s"
         if self.fraction_of_bandwidth_ceiling is None:
             return text
         text += f" = {fmt_share(self.fraction_of_bandwidth_ceiling)} of the bandwidth ceiling"
@@ -76,7 +82,7 @@ class DecodeAgainstCeiling:
     def to_json(self) -> dict[str, Any]:
         """JSON-able form (the report's ``roofline.measurements[]``)."""
         return {
-            "test": self.test, "profile": self.profile, "median_tok_s": self.median_tok_s,
+            "test": self.test, "profile": self.profile, "boot": self.boot, "median_tok_s": self.median_tok_s,
             "fraction_of_bandwidth_ceiling": self.fraction_of_bandwidth_ceiling,
             "fraction_of_ceiling": self.fraction_of_ceiling, "line": self.line(),
         }
@@ -284,7 +290,8 @@ def build_roofline_report(
         return RooflineReport(
             deployment=deployment.name, tensor_parallel_size=tp, model_config=lookup,
             bandwidth=bandwidth, allreduce_latency=latency, estimate=None,
-            measurements=tuple(DecodeAgainstCeiling(r.test, r.profile, m, None, None) for r, m in decoded),
+            measurements=tuple(DecodeAgainstCeiling(r.test, r.profile, m, None, None, boot=r.boot)
+                               for r, m in decoded),
             unknown_reason=reason,
         )
 
@@ -306,6 +313,7 @@ def build_roofline_report(
             res.test, res.profile, median,
             fraction_of_bandwidth_ceiling=median / est.bandwidth_ceiling_tok_s,
             fraction_of_ceiling=median / est.ceiling_tok_s if comm_known else None,
+            boot=res.boot,
         )
         for res, median in decoded
     )

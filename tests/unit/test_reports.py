@@ -33,7 +33,9 @@ from pytest_kimiperf.reports.json_report import (
     dumps_json_report,
 )
 from pytest_kimiperf.reports.markdown import render_markdown, write_markdown
+from pytest_kimiperf.reports.next_step import missing_baseline_warning
 from pytest_kimiperf.reports.model import (
+    BaselineUpdate,
     ProfileFacts,
     SessionReport,
     build_session_report,
@@ -693,3 +695,53 @@ def test_the_servers_view_labels_each_boot_as_the_comparison_table_does(results:
     title = text.index("kimiperf: the server's view (vLLM /metrics) next to the client's")
     assert [line.split()[0:3] for line in text[title + 4:title + 8]] == [
         ["default", "17", "17.4"], ["ring-ll", "17", "17.4"], ["ring-ll", "boot", "2"], ["default", "boot", "2"]]
+
+
+def test_a_first_run_says_once_what_it_judged_and_the_command_that_records_the_baseline(
+        results: list[TestResult]) -> None:
+    for res in results:
+        for mres in res.metrics.values():
+            mres.baseline = None
+            mres.baseline_message = (f"{metric_spec(mres.metric).label}: no baseline for this hardware "
+                                     f"({FINGERPRINT.key}): run --update-baselines")
+    report = make_report(results)
+    warning = missing_baseline_warning(report, report.record_command)
+    assert warning == (
+        f"no baseline for this hardware ({FINGERPRINT.key}) for 6 metrics of 1 test, judged against no history: "
+        f"{DECODE_TEST} [default, ring-ll]: decode, inter-token latency, time to first token. Record it with: "
+        "make baseline (2 boots per profile, as this run)")
+    lines = summary(report).lines()
+    start = lines.index(f"= kimiperf: against baselines (baselines/tiny-cpu/{FINGERPRINT.key}.json)")
+    assert " ".join(line.strip() for line in lines[start + 1:start + 3]) == (
+        f"no baseline for this hardware ({FINGERPRINT.key}): record it with make baseline (12 metrics)")
+    outcome = " ".join(line.strip() for line in lines[lines.index("= kimiperf: what this run showed") + 1:])
+    assert outcome == (f"no baseline for this machine ({FINGERPRINT.key}) yet: this run judged ring-ll against "
+                       "default and the decode floor, nothing against history. Next: make baseline records one, "
+                       "then the run you just made judges against it")
+    # the run that records: no warning, and the rows say this run records them
+    report.baselines_update = BaselineUpdate(path="baselines/tiny-cpu/x.json", entries=6,
+                                             not_recorded=("t [ring-ll, boot 1]: INVALID: host busy",))
+    assert missing_baseline_warning(report, report.record_command) is None
+    lines = summary(report).lines()
+    start = lines.index(f"= kimiperf: against baselines (baselines/tiny-cpu/{FINGERPRINT.key}.json)")
+    assert lines[start + 1] == f"no baseline for this hardware ({FINGERPRINT.key}): this run records it (12 metrics)"
+    outcome = " ".join(line.strip() for line in lines[lines.index("= kimiperf: what this run showed") + 1:])
+    assert outcome == ("recorded 6 baseline entries in baselines/tiny-cpu/x.json; 1 test boot not recorded (listed "
+                       "above); the same run without --update-baselines now judges against them")
+
+
+def test_an_invalid_boot_is_named_where_its_verdict_would_be(results: list[TestResult]) -> None:
+    invalid = results[2]  # ring-ll boot 2
+    invalid.invalid = "host busy: other processes used 25% of the host's CPU (bound 10%)"
+    for mres in invalid.metrics.values():
+        mres.baseline, mres.baseline_message = None, None
+    report = make_report(results)
+    rows = [row for row in report.baseline_rows() if row.profile == "ring-ll boot 2"]
+    assert {row.message for row in rows} == {
+        "not compared: INVALID measurement (host busy: other processes used 25% of the host's CPU (bound 10%))"}
+    assert f"{DECODE_TEST} [ring-ll boot 2]: INVALID measurement: host busy: other processes used 25% of the " \
+        "host's CPU (bound 10%)" in report.warnings()
+    lines = summary(report).lines()
+    outcome = " ".join(line.strip() for line in lines[lines.index("= kimiperf: what this run showed") + 1:])
+    assert outcome.endswith(". 1 test boot measured INVALID (no verdict from a busy host or an untrusted client: "
+                            "the failures above say which)")

@@ -400,3 +400,11 @@ def test_plugin_puts_the_ceiling_next_to_the_stub_servers_decode(
         "  decode ceiling unknown: no model config (stub-model is not in the Hugging Face cache*",
     ])
     assert json.loads((pytester.path / "r2.json").read_text())["roofline"]["known"] is False
+
+
+def test_a_second_boot_is_labelled_as_the_tables_label_it() -> None:
+    from pytest_kimiperf.roofline.inputs import DecodeAgainstCeiling
+
+    second = DecodeAgainstCeiling("t.py::test_decode", "ring-ll", 870.0, 0.015, 0.015, boot=2)
+    assert second.line() == "ring-ll boot 2: 870 tok/s = 1.5% of the bandwidth ceiling"
+    assert (second.to_json()["profile"], second.to_json()["boot"]) == ("ring-ll", 2)
