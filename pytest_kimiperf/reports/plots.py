@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,7 @@ def plot_against_baseline(res: TestResult, mres: MetricResult, baseline_samples:
     ax.set_ylabel(f"{label} ({mres.unit})" if mres.unit else label)
     verdict = str((mres.baseline or {}).get("message") or mres.baseline_message or "")
     ax.set_title(f"{_shorten(res.test, 70)}\n{label}: this run against the baseline\n"
-                 f"{_shorten(verdict, 90)}", fontsize=10)
+                 f"{_head(verdict, 80, lines=2)}", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     return fig
 
@@ -224,7 +225,7 @@ def plot_distribution(block: PerfTestBlock, metric: MetricBlock, reference_profi
             c = cell.comparison
             label += f"\n{fmt_change(c.change)} ({fmt_ci(c.ci_low, c.ci_high)})\n{profile_verdict(c)}"
         elif cell.note:
-            label += "\n" + _shorten(cell.note, 40)
+            label += "\n" + _head(cell.note, 26, lines=2)
         elif cell.is_reference:
             label += "\n(reference)"
         labels.append(label)
@@ -313,4 +314,15 @@ def _unique_slugs(tests: Sequence[str]) -> dict[str, str]:
 
 
 def _shorten(text: str, width: int) -> str:
+    # A test id: its end (the test's name) is what tells it apart.
     return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
+def _head(text: str, width: int, *, lines: int = 1) -> str:
+    # A verdict or a note: its start (the verdict word, "INVALID measurement") is what it says.
+    wrapped = textwrap.wrap(text, width)
+    if len(wrapped) <= lines:
+        return "\n".join(wrapped)
+    kept = wrapped[:lines]
+    kept[-1] = kept[-1][: width - 1] + "…"
+    return "\n".join(kept)
