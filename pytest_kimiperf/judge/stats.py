@@ -391,6 +391,9 @@ def _insufficient_note(current: Sequence[BootSummary], reference: Sequence[BootS
     have = max([b.n for b in current] + [0])
     if need > MIN_SAMPLES_PER_BOOT:
         return f"insufficient samples for this tail: a boot needs {need}, this one has {have}"
+    if current and have < need:
+        # Failed requests are NaN, never samples: the test's warnings count them by reason.
+        return f"this boot has {have} valid sample{'s' * (have != 1)}: failed requests are not samples"
     return ""
 
 

@@ -259,3 +259,10 @@ def test_the_planner_command_answers_in_one_line_and_refuses_bad_input(capsys: p
     with pytest.raises(SystemExit):
         main(["--change", "abc", "--spread", "1%"])
     assert "'abc' is not a fraction" in capsys.readouterr().err
+
+
+def test_insufficient_samples_says_how_many_this_boot_had() -> None:
+    c = compare_boots([summarize_boot([90.0, math.nan, math.nan, 91.0])], history(), direction=HIGHER,
+                      tolerance=0.03, prior_spread=0.01)
+    assert c.verdict is VerdictKind.INSUFFICIENT_SAMPLES
+    assert c.message().endswith("at least 3 each); this boot has 2 valid samples: failed requests are not samples")
