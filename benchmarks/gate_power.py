@@ -47,7 +47,7 @@ from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
 from pytest_kimiperf.judge.planning import wants_another_boot  # noqa: E402
 from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot  # noqa: E402
 from pytest_kimiperf.judge.stats import VerdictKind  # noqa: E402
-from pytest_kimiperf.judge.gate import Spreads, compare_with_history  # noqa: E402
+from pytest_kimiperf.judge.history import Spreads, compare_with_history  # noqa: E402
 from pytest_kimiperf.judge.levels import CorpusBoot, canary_shift, load_corpus  # noqa: E402
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS  # noqa: E402
 from pytest_kimiperf.config.metric_specs import metric_spec  # noqa: E402
@@ -174,7 +174,7 @@ def gate_run(world: World, history: tuple[list[list[BootSummary]], list[dict[str
 
     As the plugin schedules it: every test is measured on boot 1; boot k+1 happens only if a
     test's comparison on boots 1..k wants another boot, and then re-measures just those tests.
-    The comparison is the plugin's own ``gate.compare_with_history`` after its canary check.
+    The comparison is the plugin's own ``history.compare_with_history`` after its canary check.
     """
     summaries, canaries = history
     shift = math.log1p(change) + math.log(world.noise.host_factor)

@@ -17,10 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
-from pytest_kimiperf.judge.baseline_schema import BaselineEntry
 from pytest_kimiperf.judge.baselines import BaselineView
-from pytest_kimiperf.judge.levels import canary_shift, level_terms
-from pytest_kimiperf.judge.modes import align_modes, find_modes
+from pytest_kimiperf.judge.history import Spreads, against_history
 from pytest_kimiperf.judge.boots import TestBoots, strip_slot
 from pytest_kimiperf.judge.planning import plan_line, wants_another_boot
 from pytest_kimiperf.judge.results import MetricResult, TestResult
@@ -39,63 +37,6 @@ def strip_profile(nodeid: str, profile: str) -> str:
 # Markers in the messages judge_metric writes; warning_kinds reads them back.
 NO_BASELINE = "no baseline for this hardware"
 ACROSS_VERSIONS = "judged against the baseline of other software versions"
-
-
-@dataclass(frozen=True)
-class Spreads:
-    """The deployment's declared spreads at each level (fractions): the boot's, the session's
-    and the host's (judge/levels.py), used until the history measures them."""
-
-    boot: float
-    session: float = 0.0
-    host: float = 0.0
-
-
-def compare_with_history(
-    current: Sequence[BootSummary], history: Sequence[BootSummary], *, direction: Direction,
-    tolerance: float, spreads: Spreads, metric: str = "", unit: str = "", comparable: bool = True,
-) -> Comparison:
-    """This run's boots of one metric against a baseline history: the one comparison the gate
-    and benchmarks/gate_power.py both make. Modes first (a history whose boots fall into two
-    clusters is judged per mode, levels.align_modes), then every level the two sides do not
-    share (levels.level_terms), then the boots (stats.compare_boots)."""
-    modes = find_modes(history)
-    note = ""
-    if modes is not None:
-        current, history = align_modes(current, modes)
-        note = modes.text()
-    comparison = compare_boots(
-        current, history, direction=direction, tolerance=tolerance, prior_spread=spreads.boot,
-        metric=metric, unit=unit, comparable=comparable,
-        levels=level_terms(current, history, boot_spread=spreads.boot, session_spread=spreads.session,
-                           host_spread=spreads.host),
-    )
-    if note:
-        comparison = dataclasses.replace(comparison, note="; ".join(n for n in (comparison.note, note) if n))
-    return comparison
-
-
-def _against_history(
-    result: MetricResult, entry: BaselineEntry, *, current: Sequence[BootSummary], spreads: Spreads,
-    canary: Mapping[str, float] | None, profile_env: Mapping[str, str], profile_args: Sequence[str] = (),
-) -> tuple[Comparison, str]:
-    """One metric's boots against one baseline entry's history, and "not comparable" when the
-    host canary moved or the profile's environment or server arguments differ."""
-    check = canary_shift(canary, [b.origin.canary for b in entry.boots if b.origin is not None and b.origin.canary])
-    same_env = dict(entry.profile_env) == dict(profile_env) and tuple(entry.profile_args) == tuple(profile_args)
-    comparison = compare_with_history(
-        current, entry.summaries(), direction=Direction(result.direction), tolerance=result.tolerance,
-        spreads=spreads, metric=metric_spec(result.metric).label, unit=result.unit,
-        comparable=same_env and not (check is not None and check.moved))
-    message = comparison.message()
-    if check is not None and check.moved:
-        message += f" — {check.text()}: the baseline was measured on a host of other speed"
-    if not same_env:
-        said = bool(entry.profile_args or profile_args)  # server arguments: said where either side has some
-        message += (f" — the baseline was recorded with profile environment {dict(entry.profile_env)}"
-                    f"{f' and args {list(entry.profile_args)}' * said}, this run used {dict(profile_env)}"
-                    f"{f' and args {list(profile_args)}' * said}")
-    return comparison, message
 
 
 def judge_metric(
@@ -121,7 +62,7 @@ def judge_metric(
         upgrade = view.across_versions(test, profile, result.metric)
         if upgrade is not None:
             other, entry, versions = upgrade
-            comparison, message = _against_history(result, entry, current=current, spreads=spreads,
+            comparison, message = against_history(result, entry, current=current, spreads=spreads,
                                                    canary=canary, profile_env=profile_env, profile_args=profile_args)
             return comparison, (f"{message} — {ACROSS_VERSIONS} on the same hardware "
                                 f"({other.fingerprint.key}): {'; '.join(versions)}")
@@ -148,7 +89,7 @@ def judge_metric(
             f"{comparison.message()} — the baseline was recorded on other hardware "
             f"({other.fingerprint.key}: {shown}); {missing}"
         )
-    return _against_history(result, entry, current=current, spreads=spreads, canary=canary,
+    return against_history(result, entry, current=current, spreads=spreads, canary=canary,
                             profile_env=profile_env, profile_args=profile_args)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boot_summary import BootSummary
-from pytest_kimiperf.judge.gate import Spreads, compare_with_history
+from pytest_kimiperf.judge.history import Spreads, compare_with_history
 from pytest_kimiperf.judge.levels import (
     ENOUGH_UNITS, BootOrigin, canary_shift, history_level, level_terms, load_corpus, nested_levels,
 )

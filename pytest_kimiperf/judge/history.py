@@ -1,0 +1,79 @@
+"""A run's boots against a baseline history: the one comparison the gate and the simulation make.
+
+:func:`compare_with_history` takes plain boots (a history of :class:`BootSummary` with their
+sessions and hosts) and returns the comparison: spawn modes first (``modes``), then the levels
+the two sides do not share (``levels``), then the boots (``stats``). :func:`against_history`
+adds what only a stored entry knows: whether the host canary moved and whether the profile's
+environment is the one recorded. ``gate.judge`` decides what the comparison means for the test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pytest_kimiperf.config.metric_specs import Direction, metric_spec
+from pytest_kimiperf.judge.baseline_schema import BaselineEntry
+from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.levels import canary_shift, level_terms
+from pytest_kimiperf.judge.modes import align_modes, find_modes
+from pytest_kimiperf.judge.results import MetricResult
+from pytest_kimiperf.judge.stats import Comparison, compare_boots
+
+
+@dataclass(frozen=True)
+class Spreads:
+    """The deployment's declared spreads at each level (fractions): the boot's, the session's
+    and the host's (judge/levels.py), used until the history measures them."""
+
+    boot: float
+    session: float = 0.0
+    host: float = 0.0
+
+
+def compare_with_history(
+    current: Sequence[BootSummary], history: Sequence[BootSummary], *, direction: Direction,
+    tolerance: float, spreads: Spreads, metric: str = "", unit: str = "", comparable: bool = True,
+) -> Comparison:
+    """This run's boots of one metric against a baseline history: the one comparison the gate
+    and benchmarks/gate_power.py both make. Modes first (a history whose boots fall into two
+    clusters is judged per mode, levels.align_modes), then every level the two sides do not
+    share (levels.level_terms), then the boots (stats.compare_boots)."""
+    modes = find_modes(history)
+    note = ""
+    if modes is not None:
+        current, history = align_modes(current, modes)
+        note = modes.text()
+    comparison = compare_boots(
+        current, history, direction=direction, tolerance=tolerance, prior_spread=spreads.boot,
+        metric=metric, unit=unit, comparable=comparable,
+        levels=level_terms(current, history, boot_spread=spreads.boot, session_spread=spreads.session,
+                           host_spread=spreads.host),
+    )
+    if note:
+        comparison = dataclasses.replace(comparison, note="; ".join(n for n in (comparison.note, note) if n))
+    return comparison
+
+
+def against_history(
+    result: MetricResult, entry: BaselineEntry, *, current: Sequence[BootSummary], spreads: Spreads,
+    canary: Mapping[str, float] | None, profile_env: Mapping[str, str], profile_args: Sequence[str] = (),
+) -> tuple[Comparison, str]:
+    """One metric's boots against one baseline entry's history, and "not comparable" when the
+    host canary moved or the profile's environment or server arguments differ."""
+    check = canary_shift(canary, [b.origin.canary for b in entry.boots if b.origin is not None and b.origin.canary])
+    same_env = dict(entry.profile_env) == dict(profile_env) and tuple(entry.profile_args) == tuple(profile_args)
+    comparison = compare_with_history(
+        current, entry.summaries(), direction=Direction(result.direction), tolerance=result.tolerance,
+        spreads=spreads, metric=metric_spec(result.metric).label, unit=result.unit,
+        comparable=same_env and not (check is not None and check.moved))
+    message = comparison.message()
+    if check is not None and check.moved:
+        message += f" — {check.text()}: the baseline was measured on a host of other speed"
+    if not same_env:
+        said = bool(entry.profile_args or profile_args)  # server arguments: said where either side has some
+        message += (f" — the baseline was recorded with profile environment {dict(entry.profile_env)}"
+                    f"{f' and args {list(entry.profile_args)}' * said}, this run used {dict(profile_env)}"
+                    f"{f' and args {list(profile_args)}' * said}")
+    return comparison, message
