@@ -199,13 +199,13 @@ def analyze(args: argparse.Namespace) -> int:
     sessions = {b.session for b in boots}
     hosts = {b.host for b in boots}
     print(f"corpus: {len(boots)} boots, {len(sessions)} sessions, {len(hosts)} hosts (variant {args.variant})")
-    print(f"{'metric':<36}{'request CV':>11}{'boot (in session)':>24}{'session':>24}{'host':>24}")
+    print(f"{'metric':<36}{'request CV':>11}  {'boot (in session)':<28}{'session':<28}{'host':<28}")
     report = {}
     for key in sorted({k for b in boots for k in b.metrics}):
         levels = estimate_levels([b for b in boots if key in b.metrics], key)
         report[key] = levels.to_json()
-        print(f"{key:<36}{levels.request_cv_text():>11}{levels.boot.text():>24}{levels.session.text():>24}"
-              f"{levels.host.text():>24}")
+        print(f"{key:<36}{levels.request_cv_text():>11}  {levels.boot.text():<28}{levels.session.text():<28}"
+              f"{levels.host.text():<28}")
     report["canary"] = canary_noise(sorted(CORPUS.glob("*.jsonl")))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

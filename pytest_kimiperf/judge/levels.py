@@ -324,11 +324,12 @@ def level_terms(current: Sequence[BootSummary], reference: Sequence[BootSummary]
 
 
 # The canary moved when every probe is this much off the history's, all the same way (log
-# scale). Measured on the noise corpus (benchmarks/noise_study.py --analyze): the interpreter
-# probe drifted up to 2% within a session on a busy host, the copy probe up to 30% (another
-# process's memory traffic), so one probe alone cannot say "another host"; a host 2x slower
-# moves both by about 50%.
-CANARY_MOVED_LOG = math.log(1.15)
+# scale). Measured on the noise corpus (benchmarks/noise_study.py --analyze), on one host shared
+# with other engineers' test runs: the interpreter probe drifted up to 16% from a session's
+# start to its end, the copy probe up to 30% (another process's memory traffic), and both
+# varied 5% (SD) between sessions; so one probe alone cannot say "another host", and both must
+# move 25%. A host 2x slower moves both by about 50%; one 1.2x slower is left to host_spread.
+CANARY_MOVED_LOG = math.log(1.25)
 
 
 @dataclass(frozen=True)
