@@ -263,11 +263,13 @@ def test_api_key_reaches_server_and_client_but_no_log_report_or_json(
 
 
 def _recorded_8x_rtx_pro_6000_smi(bindir: Path) -> None:
-    """nvidia-smi answering as the recorded 8x RTX PRO 6000 PCIe-only host did."""
+    """nvidia-smi answering as the recorded 8x RTX PRO 6000 PCIe-only host did, its MIG mode
+    turned off (the recording was taken with MIG on, which the hardware check refuses)."""
     data = helpers.DATA / "gpu"
     rows = [line.split(", ") for line in (data / "query_gpu_8x_rtx_pro_6000.csv").read_text().splitlines()[1:]]
     (bindir / "query.csv").write_text("".join(
-        f"{i}, {name}, {uuid}, {mib.removesuffix(' MiB')}, {drv}, 5, 16\n" for i, name, uuid, drv, mib, _ in rows
+        f"{i}, {name}, {uuid}, {mib.removesuffix(' MiB')}, {drv}, 5, 16, Disabled\n"
+        for i, name, uuid, drv, mib, _ in rows
     ))
     tool = bindir / "nvidia-smi"
     tool.write_text(
