@@ -148,8 +148,8 @@ def build_settings(
         profiles = tuple(replace(p, args=command_plans[p.name].args) for p in profiles)
     if server_url and len(profiles) > 1:
         raise ConfigError(
-            f"--server-url {server_url} attaches to one running server, whose NCCL environment "
-            f"was set when it started; give at most one --nccl-profile as its label, "
+            f"--server-url {server_url} attaches to one running server, whose environment and arguments "
+            f"were set when it started; give at most one --nccl-profile as its label, "
             f"not {', '.join(p.name for p in profiles)}"
         )
     server_hardware = _server_hardware(options.get("server_hardware", RawOption(None, "default")), server_url)

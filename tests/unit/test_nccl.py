@@ -580,7 +580,7 @@ def test_unknown_profile_lists_every_known_profile_with_its_description() -> Non
     with pytest.raises(ConfigError) as excinfo:
         select_profiles("default,ring-l", known, source="ini nccl_profile")
     message = str(excinfo.value)
-    assert "unknown NCCL profile 'ring-l' (from ini nccl_profile)" in message
+    assert "unknown profile 'ring-l' (from ini nccl_profile)" in message
     assert "did you mean 'ring-ll'" in message
     for profile in known.values():
         assert profile.name in message and profile.description in message
@@ -589,8 +589,8 @@ def test_unknown_profile_lists_every_known_profile_with_its_description() -> Non
 @pytest.mark.parametrize(
     ("spec", "fragment"),
     [
-        ("", "empty NCCL profile selection"),
-        ("   ", "empty NCCL profile selection"),
+        ("", "empty profile selection"),
+        ("   ", "empty profile selection"),
         ("ring-ll,,default", "has an empty name"),
         ("ring-ll,ring-ll", "'ring-ll' is selected twice"),
         ("all,ring-ll", "mixes 'all' with names"),

@@ -208,3 +208,20 @@ def test_the_gate_does_not_compare_a_run_with_a_baseline_of_other_args(tmp_path:
     assert ("the baseline was recorded with profile environment {} and args ['--enforce-eager'], this run used "
             "{} and args ['--enforce-eager', '--max-num-seqs', '8']") in message
     assert judged(["--enforce-eager"])[0] is not VerdictKind.NOT_COMPARABLE
+
+
+def test_the_weight_keying_arguments_are_the_installed_vllms(parser: ServeParser) -> None:
+    from pytest_kimiperf.server.vllm_contract import installed_vllm
+    from pytest_kimiperf.server.weight_cache import WEIGHT_KEY_DESTS
+
+    dests = {opt.dest for opt in parser.options.values()}
+    assert WEIGHT_KEY_DESTS - {"model"} <= dests, "a weight-keying argument was renamed in vLLM"
+    _, root = installed_vllm()
+    assert root is not None
+    source = (root / "model_executor/model_loader/weight_cache/protocol.py").read_text(encoding="utf-8")
+    key = source[source.index("class WeightCacheKey"):source.index("def from_model_config")]
+    fields = {line.split(":")[0].strip() for line in key.splitlines() if line.startswith("    ") and ": " in line
+              and not line.strip().startswith(('"', "#"))}
+    # The fields WEIGHT_KEY_DESTS stands for (weight_cache.py); a new one needs a look there.
+    assert fields == {"checkpoint", "model_arch", "tp_size", "tp_rank", "dtype", "quantization", "quant_config_hash",
+                      "revision", "vllm_version", "pp_size", "pp_rank", "is_draft", "dp_size", "dp_rank"}, fields

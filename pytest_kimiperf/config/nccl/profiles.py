@@ -318,19 +318,19 @@ def select_profiles(spec: str, known: Mapping[str, NcclProfile], *, source: str)
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(
-            f"empty NCCL profile selection (from {source}); give comma-separated profile names "
+            f"empty profile selection (from {source}); give comma-separated profile names "
             f"or 'all'. Known profiles:\n{_known_listing(known)}"
         )
     names = [part.strip() for part in spec.split(",")]
     if any(not name for name in names):
         raise ConfigError(
-            f"NCCL profile selection {spec!r} (from {source}) has an empty name; use "
+            f"profile selection {spec!r} (from {source}) has an empty name; use "
             "comma-separated names such as 'default,ring-ll'"
         )
     if "all" in names:
         if len(names) > 1:
             raise ConfigError(
-                f"NCCL profile selection {spec!r} (from {source}) mixes 'all' with names; use "
+                f"profile selection {spec!r} (from {source}) mixes 'all' with names; use "
                 "'all' alone or list the names"
             )
         return list(known.values())
@@ -339,12 +339,12 @@ def select_profiles(spec: str, known: Mapping[str, NcclProfile], *, source: str)
     for name in names:
         if name in seen:
             raise ConfigError(
-                f"NCCL profile {name!r} is selected twice in {spec!r} (from {source}); list each profile once"
+                f"profile {name!r} is selected twice in {spec!r} (from {source}); list each profile once"
             )
         seen.add(name)
         if name not in known:
             raise ConfigError(
-                f"unknown NCCL profile {name!r} (from {source}){did_you_mean(name, known)}; "
+                f"unknown profile {name!r} (from {source}){did_you_mean(name, known)}; "
                 f"known profiles (or 'all'):\n{_known_listing(known)}"
             )
         selected.append(known[name])
