@@ -126,11 +126,12 @@ def plan_line(c: Comparison, *, target: float | None = None) -> str:
     if n is None and fixed > 0:
         level = ", ".join(t.text for t in c.levels)
         k = sessions_needed(c, goal)
-        more = (f"about {k} sessions of this profile (separate runs, {MIN_BOOTS_DIRECTIONAL} boots each) "
-                f"against a baseline recorded over as many" if k is not None
-                else "a wider tolerance: even 100 sessions would not")
+        if k is None:
+            return (f"to resolve a {fmt_tolerance(goal)} change neither boots in this run nor up to 100 "
+                    f"sessions of this profile are enough ({level}): it takes a wider tolerance")
         return (f"to resolve a {fmt_tolerance(goal)} change no number of boots in this run is enough "
-                f"({level}: each run shares its session); it takes {more}")
+                f"({level}: each run shares its session); it takes about {k} sessions of this profile "
+                f"(separate runs, {MIN_BOOTS_DIRECTIONAL} boots each) against a baseline recorded over as many")
     if n is None:
         return (f"to resolve a {fmt_tolerance(goal)} change at a boot spread of {fmt_tolerance(spread)} "
                 f"the baseline's {c.boots_reference} boots are too few: record more with --update-baselines "

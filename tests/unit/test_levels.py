@@ -196,3 +196,15 @@ def test_the_planner_command_answers_in_sessions_across_sessions(capsys: pytest.
     with pytest.raises(SystemExit):
         main(["--change", "6%", "--spread", "1%", "--session-spread", "1%", "--reference-sessions", "0"])
     assert "--reference-sessions 0: use a count of at least 1" in capsys.readouterr().err
+
+
+def test_the_planner_says_when_no_number_of_sessions_helps() -> None:
+    from pytest_kimiperf.judge.planning import plan_line
+
+    current = [boot(97, "now"), boot(97.2, "now")]
+    history = [boot(100 + 0.1 * (i % 2), "then") for i in range(10)]
+    hopeless = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
+                                    spreads=Spreads(0.005, 0.5, 0.02))
+    assert plan_line(hopeless).endswith(
+        "neither boots in this run nor up to 100 sessions of this profile are enough "
+        "(session spread 50% (declared 50%)): it takes a wider tolerance")
