@@ -108,7 +108,6 @@ class CorpusBoot:
     cv: Mapping[str, float] = field(default_factory=dict)
     canary: Mapping[str, float] = field(default_factory=dict)
     foreign_cpu_max: float = 0.0
-    invalid: tuple[str, ...] = ()
 
 
 def load_corpus(paths: Iterable[Path], *, variant: str | None = None,

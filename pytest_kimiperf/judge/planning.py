@@ -37,6 +37,15 @@ def wants_another_boot(c: Comparison, *, screen_fraction: float = SCREEN_FRACTIO
     return c.gain < -screen_fraction * c.tolerance
 
 
+def allowed_variance(change: float, tolerance: float, *, confidence: float = 0.95,
+                     power: float = DETECTION_POWER) -> float:
+    """The largest variance of the log difference at which a true ``change`` clears
+    ``tolerance`` at one-sided ``confidence`` with ``power``: the SE may be at most margin / z."""
+    margin = math.log1p(abs(change)) - math.log1p(tolerance)
+    z = float(scipy_stats.norm.ppf(confidence) + scipy_stats.norm.ppf(power))
+    return (margin / z) ** 2
+
+
 def boots_needed(
     change: float, spread: float, *, tolerance: float = 0.0, reference_boots: int | None = None,
     power: float = DETECTION_POWER, confidence: float = 0.95, max_boots: int = 10_000,
@@ -57,10 +66,8 @@ def boots_needed(
             raise ValueError(f"{name}={value!r}: use a fraction above 0 (0.006 means 0.6%)")
     if not is_real(tolerance) or not 0 <= tolerance < abs(change):
         raise ValueError(f"tolerance={tolerance!r}: use a fraction >= 0 and below the change {change!r}")
-    margin = math.log1p(abs(change)) - math.log1p(tolerance)
-    z = float(scipy_stats.norm.ppf(confidence) + scipy_stats.norm.ppf(power))
     sd = math.log1p(spread)
-    allowed_var = (margin / z) ** 2 - fixed_var  # the SE of the difference may be at most margin / z
+    allowed_var = allowed_variance(change, tolerance, confidence=confidence, power=power) - fixed_var
     if allowed_var <= 0:
         return None
     if reference_boots is None:
@@ -81,9 +88,7 @@ def sessions_for(change: float, spread: float, session_var: float, *, tolerance:
                  max_sessions: int = 100) -> int | None:
     """Sessions per side (each of ``boots_per_session`` boots at boot ``spread``) that resolve a
     true ``change`` when every session adds its own effect of variance ``session_var``."""
-    margin = math.log1p(abs(change)) - math.log1p(tolerance)
-    z = float(scipy_stats.norm.ppf(confidence) + scipy_stats.norm.ppf(DETECTION_POWER))
-    allowed = (margin / z) ** 2
+    allowed = allowed_variance(change, tolerance, confidence=confidence)
     sd = math.log1p(spread)
     for k in range(1, max_sessions + 1):
         if 2.0 * (session_var / k + sd ** 2 / (k * boots_per_session)) <= allowed:
@@ -99,9 +104,7 @@ def sessions_needed(c: Comparison, goal: float, *, boots_per_session: int = MIN_
     never do; the baseline history is taken to span at least as many. None when even
     ``max_sessions`` cannot."""
     sd_boot = c.spread_sd_log
-    margin = math.log1p(goal) - math.log1p(c.tolerance)
-    z = float(scipy_stats.norm.ppf(0.95) + scipy_stats.norm.ppf(DETECTION_POWER))
-    allowed = (margin / z) ** 2
+    allowed = allowed_variance(goal, c.tolerance)
     # A term holds spread^2 * weight, its weight 1 (this run's one session) + the history's
     # share; k sessions of this profile carry 1/k instead of that 1, and a baseline history
     # spread over at least k sessions at most 1/k.
