@@ -189,7 +189,8 @@ class PerfRecorder:
         if os.environ.get("PYTEST_XDIST_WORKER"):
             # The xdist controller only relays reports; other workers' tests are foreign load.
             pids.append(os.getppid())
-        for root in (self.server.pid, os.getpid()):
+        # A deployment that spans nodes: its worker nodes on this machine are the server too.
+        for root in (self.server.pid, *self.server.node_pids, os.getpid()):
             if root is None:
                 continue
             try:

@@ -19,6 +19,7 @@ from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, PLACEHOLDERS, Deployment
 from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.config.names import check_safe_name
+from pytest_kimiperf.config.nodes import check_nodes, parse_nodes
 
 __all__ = ["check_tolerances", "resolve_deployments", "select_deployment"]
 
@@ -68,6 +69,8 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "max_boots": int,
     "host_bounds": dict,
     "weight_cache": str,
+    "nodes": list,
+    "master_port": int,
 }
 
 
@@ -136,6 +139,8 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
             fields[key] = tuple(value)
         elif key == "env":
             fields[key] = MappingProxyType({**base.env, **_string_env(value, where)})
+        elif key == "nodes":
+            fields[key] = parse_nodes(value, where)
         elif key == "client_bounds":
             fields[key] = MappingProxyType({**base.client_bounds, **_client_bounds(value, where)})
         elif key == "tolerances":
@@ -194,6 +199,8 @@ def _check(d: Deployment, where: str) -> None:
         raise ConfigError(f"{where}: weight_cache = {d.weight_cache!r}; allowed: 'auto', 'off'")
     if d.max_boots < 1:
         raise ConfigError(f"{where}: max_boots = {d.max_boots}; must be an integer >= 1")
+    check_nodes(d.nodes, command=d.command, tensor_parallel_size=d.tensor_parallel_size,
+                master_port=d.master_port, where=where)
     if d.decode_target_tok_s < d.decode_floor_tok_s:
         raise ConfigError(
             f"{where}: decode_target_tok_s = {d.decode_target_tok_s} is below "

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from pytest_kimiperf.config.metric_specs import METRICS
+from pytest_kimiperf.config.nodes import Node
 
 # A model value of this form is built locally on first use (see tiny_model.py).
 TINY_MODEL = "kimiperf:tiny-llama"
@@ -71,6 +72,10 @@ class Deployment:
     # `vllm preload` daemons hold the weights between engine boots (weight_cache.py): "auto"
     # where the platform allows (CUDA), "off" never.
     weight_cache: str = "auto"
+    # A deployment that spans nodes (config/nodes.py): every node, the head first, and the head's
+    # torch.distributed port (None: a free one is picked per boot). Empty: one machine.
+    nodes: tuple[Node, ...] = ()
+    master_port: int | None = None
 
     def argv(self, *, model_path: str, host: str, port: int) -> list[str]:
         """The server's argument list with placeholders filled in."""
@@ -221,6 +226,22 @@ TINY_CPU_TP2 = replace(
     env=MappingProxyType({**TINY_CPU.env, "VLLM_CPU_OMP_THREADS_BIND": "0|1"}),
 )
 
+# Two "nodes" on this machine over loopback, one core each: vLLM's multiprocessing executor across
+# nodes (config/nodes.py), the head serving and a --headless worker node, gloo over TCP between
+# them. `vllm serve` (not the api_server module) is what runs a node headless; server/vllm_cli.py
+# runs it from the vllm-cpu distribution.
+TINY_CPU_2NODE = replace(
+    TINY_CPU_TP2,
+    name="tiny-cpu-2node",
+    description="tiny-cpu at tensor parallel 2 across two loopback nodes (vLLM --nnodes 2, one "
+    "worker a node): the CPU twin of a multi-node server",
+    command=("{python}", "-m", "pytest_kimiperf.server.vllm_cli", "serve", "{model}", *TINY_CPU.command[5:],
+             "--distributed-executor-backend", "mp"),
+    env=TINY_CPU.env,
+    nodes=(Node("node0", "127.0.0.1", env=MappingProxyType({"VLLM_CPU_OMP_THREADS_BIND": "0"})),
+           Node("node1", "127.0.0.1", env=MappingProxyType({"VLLM_CPU_OMP_THREADS_BIND": "1"}))),
+)
+
 BUILTIN_DEPLOYMENTS: dict[str, Deployment] = {
-    d.name: d for d in (KIMI_K25_INT4_TP8, TINY_CPU, TINY_CPU_TP2)
+    d.name: d for d in (KIMI_K25_INT4_TP8, TINY_CPU, TINY_CPU_TP2, TINY_CPU_2NODE)
 }

@@ -19,6 +19,7 @@ from typing import Any
 
 from pytest_kimiperf.server import sweep as process_sweep
 from pytest_kimiperf.server.boot_account import BootAccount, account_boot
+from pytest_kimiperf.server.cluster import NodeGroup, node_group
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.server.host_claim import HostClaim, claim_host
 from pytest_kimiperf.server.http_json import fetch_served_models
@@ -125,7 +126,7 @@ class ServerManager:
         self.say = say
         self.on_progress = on_progress
         self.records: dict[str, ServerRecord] = {}
-        self._current: ServerProcess | None = None
+        self._current: ServerProcess | NodeGroup | None = None
         self._external: ServerHandle | None = None
         self._swept = False
         self._claim: HostClaim | None = None
@@ -204,6 +205,9 @@ class ServerManager:
             always_record=set_here,
             control=self.control,
         )
+        if deployment.nodes:  # every node of the deployment, the head being this one (cluster.py)
+            server = node_group(server, deployment.nodes, engine_argv, exported={k: env[k] for k in set_here if k in env},
+                                master_port=deployment.master_port or pick_free_port(host))
         for name, (shell, value) in sorted(overridden.items()):
             self.say(f"kimiperf: profile {profile.name} overrides {name}={shell!r} from the shell with {value!r}")
         for line in [*(f"profile {profile.name} replaces the deployment's {r.describe()}" for r in plan.replaced),
@@ -212,6 +216,7 @@ class ServerManager:
         self.say(
             f"kimiperf: starting {deployment.name} server for profile {profile.name} "
             f"on {server.base_url}; log: {rec.log_path}"
+            + (f"; {server.describe()}" if isinstance(server, NodeGroup) else "")
         )
         rec.boots += 1
         self._current = server

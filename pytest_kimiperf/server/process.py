@@ -84,6 +84,10 @@ class ServerHandle:
     external: bool = False
     boot_s: float | None = None
     api_key: str | None = field(default=None, repr=False)
+    # A deployment that spans nodes (cluster.py): every node's name, the head first, and the
+    # server pids of the worker nodes on this machine (their processes are ours, not foreign).
+    nodes: tuple[str, ...] = ()
+    node_pids: tuple[int, ...] = ()
 
     def auth_headers(self) -> dict[str, str]:
         """Headers that authenticate against the server (empty without an API key)."""
