@@ -1,0 +1,165 @@
+"""The three-way merge of baseline files, as a function and as git's merge driver."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from pytest_kimiperf.config.metric_specs import Direction
+from pytest_kimiperf.judge.baseline_merge import (
+    BaselineConflict, main, merge_baseline_texts, merge_baselines,
+)
+from pytest_kimiperf.judge.baseline_schema import BaselineEntry, BaselineFile, dumps_baseline, parse_baseline
+from pytest_kimiperf.judge.baselines import HISTORY_BOOTS, append_history, make_entry
+from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.judge.levels import BootOrigin
+from tests.helpers import DATA
+
+DEPLOYMENT = "tiny-llama-cpu"
+HARD_FACTS = {"cpu.cores": "2", "cpu.model": "x86-64", "engine": "vllm-cpu", "model": "tiny-llama", "tp": "1"}
+FINGERPRINT = Fingerprint(hard=HARD_FACTS, soft={"host.name": "runner-a"})
+PATH = Path("baselines") / DEPLOYMENT / f"{FINGERPRINT.key}.json"
+START = datetime(2025, 2, 3, 4, 5, 6, tzinfo=UTC)
+DECODE = "perf_tests/test_decode.py::test_single_stream|default|decode_tok_s"
+
+
+def _entry(minute: int, median: float, *, host: str = "runner-a", test: str = "perf_tests/test_decode.py::test_single_stream",
+           env: dict[str, str] | None = None) -> BaselineEntry:
+    """One session's one boot of decode_tok_s, recorded ``minute`` minutes after START on ``host``."""
+    return make_entry(
+        test=test, profile="default", metric="decode_tok_s", unit="tok/s",
+        direction=Direction.HIGHER_IS_BETTER, samples=[median, median * 1.01, median * 0.99],
+        git_commit=f"{minute % 10}" * 40, profile_env=env or {}, recorded_at=START + timedelta(minutes=minute),
+        boot_origins=[BootOrigin(session=f"s{minute}", host=host)],
+    )
+
+
+def _file(*entries: BaselineEntry, fingerprint: Fingerprint = FINGERPRINT, deployment: str = DEPLOYMENT) -> BaselineFile:
+    return BaselineFile(path=PATH, deployment=deployment, fingerprint=fingerprint,
+                        entries={e.key: e for e in entries})
+
+
+def _history(entry: BaselineEntry | None) -> list[str]:
+    assert entry is not None
+    return [boot.origin.session for boot in entry.boots if boot.origin is not None]
+
+
+def _texts(base: BaselineFile, ours: BaselineFile, theirs: BaselineFile) -> tuple[str, str, str]:
+    return dumps_baseline(base), dumps_baseline(ours), dumps_baseline(theirs)
+
+
+def test_boots_appended_on_both_sides_are_kept_oldest_first_either_way_round() -> None:
+    base = append_history(_entry(0, 40.0), _entry(1, 41.0))
+    ours = append_history(base, _entry(3, 42.0, host="runner-b"))
+    theirs = append_history(base, _entry(2, 43.0))
+    merged = merge_baselines(_file(base), _file(ours), _file(theirs))
+    assert _history(merged.entries[DECODE]) == ["s0", "s1", "s2", "s3"]
+    # A merge and a rebase (the sides swapped) write the same bytes.
+    assert (merge_baseline_texts(*_texts(_file(base), _file(ours), _file(theirs)), path=PATH)
+            == merge_baseline_texts(*_texts(_file(base), _file(theirs), _file(ours)), path=PATH))
+
+
+def test_a_boot_on_both_sides_is_kept_once() -> None:
+    base = _entry(0, 40.0)
+    shared = append_history(base, _entry(1, 41.0))  # e.g. one commit cherry-picked onto both
+    merged = merge_baselines(_file(base), _file(shared), _file(append_history(shared, _entry(2, 42.0))))
+    assert _history(merged.entries[DECODE]) == ["s0", "s1", "s2"]
+
+
+def test_a_full_history_merges_as_if_the_two_updates_had_run_one_after_the_other() -> None:
+    base: BaselineEntry | None = None
+    for minute in range(HISTORY_BOOTS):
+        base = append_history(base, _entry(minute, 40.0 + minute))
+    assert base is not None
+    ours, theirs = _entry(100, 50.0, host="runner-b"), _entry(101, 51.0)
+    merged = merge_baselines(_file(base), _file(append_history(base, ours)), _file(append_history(base, theirs)))
+    assert merged.entries[DECODE] == append_history(append_history(base, ours), theirs)
+    assert len(merged.entries[DECODE].boots) == HISTORY_BOOTS
+
+
+def test_an_entry_deleted_on_one_side_stays_deleted_and_keeps_only_boots_recorded_since() -> None:
+    other = _entry(0, 7.0, test="perf_tests/test_decode.py::test_other")
+    base = append_history(_entry(0, 40.0), _entry(1, 41.0))
+    reset = _file(other)  # someone deleted the decode history to record it anew
+    untouched = merge_baselines(_file(base, other), reset, _file(base, other))
+    assert DECODE not in untouched.entries
+    appended = merge_baselines(_file(base, other), reset, _file(append_history(base, _entry(2, 42.0)), other))
+    assert _history(appended.entries[DECODE]) == ["s2"]
+
+
+def test_entries_present_on_one_side_only_are_kept() -> None:
+    base = _entry(0, 40.0)
+    ours = _entry(1, 5.0, test="perf_tests/test_decode.py::test_ours")
+    theirs = _entry(2, 6.0, test="perf_tests/test_decode.py::test_theirs")
+    merged = merge_baselines(_file(base), _file(base, ours), _file(base, theirs))
+    assert sorted(merged.entries) == sorted([DECODE, ours.key, theirs.key])
+    assert list(merged.entries) == sorted(merged.entries)
+
+
+def test_the_latest_samples_and_soft_facts_come_from_the_side_that_recorded_last() -> None:
+    base = _entry(0, 40.0)
+    later = append_history(base, _entry(9, 60.0, host="runner-b"))
+    earlier = append_history(base, _entry(5, 50.0))
+    fp_b = Fingerprint(hard=HARD_FACTS, soft={"host.name": "runner-b"})
+    fp_c = Fingerprint(hard=HARD_FACTS, soft={"host.name": "runner-c"})
+    merged = merge_baselines(_file(base), _file(earlier, fingerprint=fp_c), _file(later, fingerprint=fp_b))
+    assert merged.entries[DECODE].samples == later.samples
+    assert merged.entries[DECODE].recorded_at == later.recorded_at
+    assert merged.fingerprint == fp_b
+
+
+def test_a_file_both_runners_added_merges_as_a_union() -> None:
+    # Two runners of new hardware record its first baseline at once: git's add/add, an empty base.
+    ours, theirs = _file(_entry(1, 41.0)), _file(_entry(2, 42.0, host="runner-b"))
+    text = merge_baseline_texts("", dumps_baseline(ours), dumps_baseline(theirs), path=PATH)
+    assert _history(parse_baseline(PATH, text).entries[DECODE]) == ["s1", "s2"]
+
+
+def test_a_side_left_as_it_was_gives_the_other_side_byte_for_byte() -> None:
+    base = dumps_baseline(_file(_entry(0, 40.0)))
+    changed = dumps_baseline(_file(append_history(_entry(0, 40.0), _entry(1, 41.0))))
+    assert merge_baseline_texts(base, base, changed, path=PATH) == changed
+    assert merge_baseline_texts(base, changed, base, path=PATH) == changed
+
+
+@pytest.mark.parametrize("theirs, field", [
+    (_file(_entry(2, 42.0), fingerprint=Fingerprint(hard={**HARD_FACTS, "tp": "2"}, soft={})), "fingerprint"),
+    (_file(_entry(2, 42.0), deployment="other-deployment"), "deployment"),
+    (_file(append_history(_entry(0, 40.0), _entry(2, 42.0, env={"NCCL_PROTO": "LL"}))), "profile_env"),
+])
+def test_sides_that_disagree_on_what_is_not_history_are_a_conflict(theirs: BaselineFile, field: str) -> None:
+    base = _entry(0, 40.0)
+    with pytest.raises(BaselineConflict, match=rf"baseline {PATH}.*{field} differs between the two sides"):
+        merge_baselines(_file(base), _file(append_history(base, _entry(1, 41.0))), theirs)
+
+
+def test_sides_of_different_schema_versions_are_a_conflict() -> None:
+    schema_1 = (DATA / "baselines" / "schema1.json").read_text()
+    schema_2 = dumps_baseline(parse_baseline(PATH, schema_1))
+    edited = schema_1.replace('"recorded_at": "', '"recorded_at": "1', 1)
+    with pytest.raises(BaselineConflict, match=r"schema_version differs between the two sides \(ours 2, theirs 1\)"):
+        merge_baseline_texts(schema_1, schema_2, edited, path=PATH)
+
+
+def test_driver_writes_the_merge_into_ours(tmp_path: Path) -> None:
+    base = _entry(0, 40.0)
+    files = [tmp_path / name for name in ("O", "A", "B")]
+    for file, side in zip(files, (base, append_history(base, _entry(1, 41.0)), append_history(base, _entry(2, 42.0)))):
+        file.write_text(dumps_baseline(_file(side)))
+    assert main([*map(str, files), str(PATH)]) == 0
+    assert _history(parse_baseline(PATH, files[1].read_text()).entries[DECODE]) == ["s0", "s1", "s2"]
+
+
+def test_driver_refusing_leaves_conflict_markers_and_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = _entry(0, 40.0)
+    other = Fingerprint(hard={**HARD_FACTS, "tp": "2"}, soft={})
+    files = [tmp_path / name for name in ("O", "A", "B")]
+    for file, side in zip(files, (_file(base), _file(append_history(base, _entry(1, 41.0))),
+                                  _file(append_history(base, _entry(2, 42.0)), fingerprint=other))):
+        file.write_text(dumps_baseline(side))
+    assert main([*map(str, files), str(PATH)]) == 1
+    assert "<<<<<<< ours:" in files[1].read_text()
+    assert f"baseline {PATH}: fingerprint differs" in capsys.readouterr().err
+    assert main(["only-one"]) == 2
