@@ -1,7 +1,11 @@
-"""The three-way merge of baseline files, as a function and as git's merge driver."""
+"""The three-way merge of baseline files, as a function and as git's merge driver on real clones."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -12,10 +16,12 @@ from pytest_kimiperf.judge.baseline_merge import (
     BaselineConflict, main, merge_baseline_texts, merge_baselines,
 )
 from pytest_kimiperf.judge.baseline_schema import BaselineEntry, BaselineFile, dumps_baseline, parse_baseline
-from pytest_kimiperf.judge.baselines import HISTORY_BOOTS, append_history, make_entry
+from pytest_kimiperf.judge.baselines import (
+    HISTORY_BOOTS, append_history, baseline_path, load_baseline, make_entry, update_baseline,
+)
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.levels import BootOrigin
-from tests.helpers import DATA
+from tests.helpers import DATA, ROOT
 
 DEPLOYMENT = "tiny-llama-cpu"
 HARD_FACTS = {"cpu.cores": "2", "cpu.model": "x86-64", "engine": "vllm-cpu", "model": "tiny-llama", "tp": "1"}
@@ -163,3 +169,85 @@ def test_driver_refusing_leaves_conflict_markers_and_says_why(tmp_path: Path, ca
     assert "<<<<<<< ours:" in files[1].read_text()
     assert f"baseline {PATH}: fingerprint differs" in capsys.readouterr().err
     assert main(["only-one"]) == 2
+
+
+# Real git: an origin, and runners that each record on their own clone and push.
+
+def _git_env(tmp_path: Path) -> dict[str, str]:
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    return {**env, "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": str(home / ".gitconfig"),
+            "PYTHONPATH": str(ROOT)}
+
+
+def _runner(tmp_path: Path, origin: Path, name: str) -> tuple[Path, list[str]]:
+    """A clone of ``origin`` with the driver configured by the Makefile's target (this python)."""
+    env = _git_env(tmp_path)
+    clone = tmp_path / name
+    subprocess.run(["git", "clone", "-q", str(origin), str(clone)], check=True, env=env)
+    git = ["git", "-C", str(clone)]
+    for key, value in (("user.name", name), ("user.email", f"{name}@example.com")):
+        subprocess.run([*git, "config", key, value], check=True, env=env)
+    subprocess.run(["make", "-s", "-f", str(ROOT / "Makefile"), "merge-driver", f"PY={sys.executable}"],
+                   cwd=clone, check=True, env=env)
+    return clone, git
+
+
+def _record(clone: Path, git: list[str], env: dict[str, str], entry: BaselineEntry,
+            fingerprint: Fingerprint = FINGERPRINT) -> None:
+    update_baseline(baseline_path(clone / "baselines", DEPLOYMENT, FINGERPRINT.key), DEPLOYMENT, fingerprint, [entry])
+    subprocess.run([*git, "add", "baselines"], check=True, env=env)
+    subprocess.run([*git, "commit", "-q", "-m", f"baselines: {entry.recorded_at}"], check=True, env=env)
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> tuple[Path, list[str], Path, list[str], dict[str, str]]:
+    """Two runners' clones of an origin whose baseline holds one boot, and the git environment."""
+    env = _git_env(tmp_path)
+    origin = tmp_path / "origin.git"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True, env=env)
+    seed, git = _runner(tmp_path, origin, "seed")
+    subprocess.run([*git, "checkout", "-q", "-b", "main"], check=True, env=env)
+    for name in (".gitattributes", ".gitignore"):  # the driver, and the lock files left out
+        (seed / name).write_text((ROOT / name).read_text())
+    subprocess.run([*git, "add", ".gitattributes", ".gitignore"], check=True, env=env)
+    _record(seed, git, env, _entry(0, 40.0))
+    subprocess.run([*git, "push", "-q", "origin", "main"], check=True, env=env)
+    return (*_runner(tmp_path, origin, "runner-a"), *_runner(tmp_path, origin, "runner-b"), env)
+
+
+@pytest.mark.parametrize("pull", ["--rebase", "--no-rebase"])
+def test_two_runners_recording_the_same_entry_merge_through_git(fleet, pull: str) -> None:  # type: ignore[no-untyped-def]
+    a, git_a, b, git_b, env = fleet
+    _record(a, git_a, env, _entry(1, 41.0, host="runner-a"))
+    subprocess.run([*git_a, "push", "-q", "origin", "main"], check=True, env=env)
+    _record(b, git_b, env, _entry(2, 42.0, host="runner-b"))
+    rejected = subprocess.run([*git_b, "push", "-q", "origin", "main"], capture_output=True, env=env)
+    assert rejected.returncode != 0  # non-fast-forward: b must pull first
+    subprocess.run([*git_b, "pull", "-q", pull, "origin", "main"], check=True, env=env, capture_output=True)
+    subprocess.run([*git_b, "push", "-q", "origin", "main"], check=True, env=env)
+    path = baseline_path(b / "baselines", DEPLOYMENT, FINGERPRINT.key)
+    assert "<<<<<<<" not in path.read_text()
+    assert _history(load_baseline(path).entries[DECODE]) == ["s0", "s1", "s2"]  # type: ignore[union-attr]
+
+
+def test_a_fingerprint_mismatch_through_git_is_left_as_a_conflict(fleet) -> None:  # type: ignore[no-untyped-def]
+    a, git_a, b, git_b, env = fleet
+    _record(a, git_a, env, _entry(1, 41.0))
+    subprocess.run([*git_a, "push", "-q", "origin", "main"], check=True, env=env)
+    path = baseline_path(b / "baselines", DEPLOYMENT, FINGERPRINT.key)
+    moved = load_baseline(path)
+    assert moved is not None  # a file of other hardware copied over this one by hand
+    other = Fingerprint(hard={**HARD_FACTS, "tp": "2"}, soft={})
+    path.write_text(dumps_baseline(BaselineFile(path=path, deployment=DEPLOYMENT, fingerprint=other,
+                                                entries={DECODE: append_history(moved.entries[DECODE], _entry(2, 42.0))})))
+    subprocess.run([*git_b, "commit", "-q", "-am", "by hand"], check=True, env=env)
+    pulled = subprocess.run([*git_b, "pull", "--no-rebase", "origin", "main"], capture_output=True, text=True, env=env)
+    assert pulled.returncode != 0
+    assert "fingerprint differs" in pulled.stderr
+    unmerged = subprocess.run([*git_b, "diff", "--name-only", "--diff-filter=U"], capture_output=True, text=True,
+                              check=True, env=env).stdout.split()
+    assert unmerged == [str(PATH)]
+    assert "<<<<<<<" in path.read_text()
+    assert json.loads((a / PATH).read_text())["fingerprint"]["key"] == FINGERPRINT.key
