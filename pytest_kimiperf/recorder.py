@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from pytest_kimiperf.reports import benchmark_bridge
-from pytest_kimiperf.errors import BaselineError, ConfigError
+from pytest_kimiperf.errors import BaselineError, ConfigError, KimiperfError
 from pytest_kimiperf.measure.results import check_goodput_slo
 from pytest_kimiperf.judge.baselines import BaselineView
 from pytest_kimiperf.judge.gate import FLOOR_METRIC, BootRun, Rules, judge
@@ -83,6 +83,8 @@ class PerfRecorder:
         self.ledger = ledger if ledger is not None else BootLedger()
         self.origin = origin  # session, host and canary of the boots this records (judge/levels.py)
         self.host_readings: list[Any] = []  # hostwatch.HostReading of every measured attempt
+        self.node_readings: list[Any] = []  # the last attempt's, one per node behind a launch template
+        self.nodes_here: list[str] = []  # nodes behind a template that are this machine (node_watch.py)
         self.host_busy: str | None = None
         self.settings = settings
         self.profile_env = dict(profile_env)
@@ -144,6 +146,11 @@ class PerfRecorder:
         start = time.monotonic_ns()
         try:
             run = self._watched(play, benchmark)
+        except KimiperfError:
+            # A server that died mid-run fails the request first ("cannot reach ..."); its own
+            # death, with the log tail (or the node that took it down), is the message to give.
+            self._ensure_alive()
+            raise
         finally:
             self.intervals_ns.append((start, time.monotonic_ns()))
         if benchmark is not None:
@@ -158,6 +165,7 @@ class PerfRecorder:
         (at most HOST_RETRIES times), and one still disturbed makes the run INVALID."""
         from pytest_kimiperf.config.measure_bounds import HostBounds
         from pytest_kimiperf.measure.hostwatch import HostWatch
+        from pytest_kimiperf.measure.node_watch import NodeWatch
 
         self.host_busy = None
         if self.server.external:
@@ -168,6 +176,10 @@ class PerfRecorder:
                                          source=f"deployment {self.settings.deployment.name} host_bounds")
         for attempt in range(1 + HOST_RETRIES):
             watch = HostWatch(own_pids=self._own_pids, **self._gpu_watch())
+            # The nodes this machine reaches through a launch template (a multi-node deployment).
+            nodes = NodeWatch(self.server.remote_nodes) if self.server.remote_nodes else None
+            if nodes is not None:
+                nodes.start()
             watch.start()
             if attempt == 0 and benchmark is not None:
                 run = benchmark_bridge.run_timed(benchmark, play)
@@ -175,10 +187,13 @@ class PerfRecorder:
                 run = play(attempt)
             reading = watch.stop()
             self.host_readings.append(reading)
-            if not reading.disturbances(bounds):
+            self.node_readings = nodes.stop() if nodes is not None else []
+            self.nodes_here = nodes.here if nodes is not None else []
+            disturbed = [r for r in (reading, *self.node_readings) if r.disturbances(bounds)]
+            if not disturbed:
                 return run
-        self.host_busy = (f"{reading.describe_busy(bounds)}; measured {1 + HOST_RETRIES} times, disturbed "
-                          "every time: no verdict from a busy host")
+        self.host_busy = ("; ".join(r.describe_busy(bounds) for r in disturbed) + f"; measured {1 + HOST_RETRIES} "
+                          "times, disturbed every time: no verdict from a busy host")
         return run
 
     def _own_pids(self) -> list[int]:
@@ -287,7 +302,9 @@ class PerfRecorder:
             psi = ", ".join(f"PSI {k.replace('_', ' ')} {v * 100:.0f}%" for k, v in sorted(r.psi.items()))
             result.messages.append(
                 f"host watch ({len(self.host_readings)} attempt(s)): foreign CPU {r.foreign_cpu_share * 100:.0f}% "
-                f"of the host, steal {r.steal_share * 100:.0f}%" + (f", {psi}" if psi else ""))
+                f"of the host, steal {r.steal_share * 100:.0f}%" + (f", {psi}" if psi else "")
+                + "".join(f"; node {n.node}: foreign CPU {n.foreign_cpu_share * 100:.0f}%" for n in self.node_readings)
+                + "".join(f"; node {name}: this machine, read above" for name in self.nodes_here))
         invalid = self.host_busy if self.host_busy is not None else (None if run.valid else run.invalid_reason)
         cross_checks: list[str] = []
         if invalid is None:

@@ -56,7 +56,7 @@ OWN_PREFIXES = ("--kimiperf-", "--perf-")
 
 OPTIONS = (
     Option("deployment", "--deployment", "kimiperf_deployment",
-            "deployment to boot and judge (built-ins: kimi-k25-int4-tp8, tiny-cpu, tiny-cpu-tp2)",
+            "deployment to boot and judge (built-ins: kimi-k25-int4-tp8, tiny-cpu, tiny-cpu-tp2, tiny-cpu-2node)",
             DEFAULT_DEPLOYMENT, env="KIMIPERF_DEPLOYMENT"),
     Option("nccl_profiles", "--nccl-profile", "kimiperf_nccl_profiles",
             "profile(s) to boot a server for, comma-separated, or 'all': NCCL environments and, "

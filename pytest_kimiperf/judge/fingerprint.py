@@ -74,6 +74,7 @@ class Fingerprint:
     def hardware_class(self) -> str:
         """A readable name for the hardware, e.g. ``8xRTX-PRO-6000-Blackwell-Server-Edition``."""
         count = self.hard.get("gpu.count", "0")
+        nodes = f"{self.hard['nodes.count']}n-" if "nodes.count" in self.hard else ""
         if ATTACHED_HARDWARE in self.hard:
             text = f"attached-{_slug(self.hard[ATTACHED_HARDWARE])}"
         elif count != "0":
@@ -82,7 +83,7 @@ class Fingerprint:
         else:
             cores = self.hard.get("cpu.cores", "?")
             text = f"cpu-{_slug(self.hard.get('cpu.model', UNKNOWN))}-{cores}c"
-        return text[:_KEY_CLASS_MAX].rstrip("-.")
+        return (nodes + text)[:_KEY_CLASS_MAX].rstrip("-.")
 
     @property
     def key(self) -> str:
@@ -385,6 +386,10 @@ def session_fingerprint(deployment: Deployment) -> Fingerprint:
         "quantization": deployment.quantization or "none",
         "tensor_parallel_size": str(deployment.tensor_parallel_size),
     }
+    if deployment.nodes:  # every node's hardware, sorted (node_fingerprint.py)
+        from pytest_kimiperf.judge.node_fingerprint import agent_facts, collect_nodes_fingerprint
+
+        return collect_nodes_fingerprint(deployment.nodes, facts, remote_facts=agent_facts)
     return collect_fingerprint(gpus=probe.gpus, topology=topology, deployment_facts=facts)
 
 

@@ -57,9 +57,15 @@ class HostReading:
     top_foreign: tuple[ForeignProcess, ...]
     gpus: tuple[GpuReading, ...] = ()
     notes: tuple[str, ...] = ()  # what could not be read (no PSI, NVML failed), for the report
+    # "" for this machine; else the node of a multi-node deployment it was read on (node_watch.py).
+    node: str = ""
 
     def disturbances(self, bounds: HostBounds) -> list[str]:
         """One human line per bound this window exceeded; [] when the host was quiet enough."""
+        found = self._disturbances(bounds)
+        return [f"on node {self.node}, {line}" for line in found] if self.node else found
+
+    def _disturbances(self, bounds: HostBounds) -> list[str]:
         found: list[str] = []
         if bounds.max_foreign_cpu_share is not None and self.foreign_cpu_share > bounds.max_foreign_cpu_share:
             named = "".join(f", pid {p.pid} {p.name} ({_pct(p.cpu_share)})" for p in self.top_foreign)

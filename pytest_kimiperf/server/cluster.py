@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -36,6 +37,9 @@ from pytest_kimiperf.server.process import (
 )
 
 AGENT_TIMEOUT_S = 60.0
+# How long worker nodes get to finish exiting once the head stopped serving (their launcher gives
+# what a node left 2 s: launcher.ORPHAN_GRACE_S).
+WORKER_EXIT_WAIT_S = 5.0
 # argv (the node's launch template filled with its host) -> the agent's stdout
 AgentRunner = Callable[[Node, list[str]], str]
 
@@ -141,7 +145,8 @@ class NodeGroup:
         others = tuple(pid for n in self.launches[1:] if n.node.local and (pid := n.process.server_pid()))
         from dataclasses import replace
 
-        return replace(handle, node_pids=others, nodes=tuple(n.node.name for n in self.launches))
+        remote = tuple((n.node, n.process.launch_id) for n in self.launches[1:] if not n.node.local)
+        return replace(handle, node_pids=others, nodes=tuple(n.node.name for n in self.launches), remote_nodes=remote)
 
     def _raise_if_a_worker_died(self, when: str) -> None:
         for launch in self.launches[1:]:
@@ -152,10 +157,26 @@ class NodeGroup:
                     f"{launch.describe()} of the {self.deployment} server ({self.profile}) exited with code "
                     f"{code} {when}; log: {launch.process.log_path}\n{tail_lines(launch.process.log_path)}")
 
-    def ensure_alive(self) -> None:
-        """ServerError naming the node (with its log tail) unless every node runs and the head serves."""
+    def ensure_alive(self, *, settle_s: float = WORKER_EXIT_WAIT_S) -> None:
+        """ServerError naming the node (with its log tail) unless every node runs and the head serves.
+
+        A head that stopped serving is often the consequence: its engine died at the first
+        collective after a worker node's death. So the worker nodes get ``settle_s`` to finish
+        exiting (their launcher ends what the node left first), and a dead one is the message.
+        """
         self._raise_if_a_worker_died("during the session")
-        self.head.ensure_alive()
+        try:
+            self.head.ensure_alive()
+        except ServerError as head_error:
+            deadline = time.monotonic() + settle_s
+            while True:
+                try:
+                    self._raise_if_a_worker_died("during the session")
+                except ServerError as node_error:
+                    raise ServerError(f"{node_error}\nthe head then failed too: {str(head_error).splitlines()[0]}") from None
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
 
     def stop(self) -> process_sweep.TerminationReport | None:
         """Stop the head first (vLLM shuts its engine down), then every worker node; on a node

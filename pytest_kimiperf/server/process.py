@@ -29,6 +29,7 @@ from types import MappingProxyType
 import httpx
 import psutil
 
+from pytest_kimiperf.config.nodes import Node
 from pytest_kimiperf.server import launch_records
 from pytest_kimiperf.server import sweep as process_sweep
 from pytest_kimiperf.errors import ServerError
@@ -88,6 +89,9 @@ class ServerHandle:
     # server pids of the worker nodes on this machine (their processes are ours, not foreign).
     nodes: tuple[str, ...] = ()
     node_pids: tuple[int, ...] = ()
+    # Nodes behind a launch template, with the launch marker of their processes there: the host
+    # watch reads them through the node agent (measure/node_watch.py).
+    remote_nodes: tuple[tuple[Node, str], ...] = ()
 
     def auth_headers(self) -> dict[str, str]:
         """Headers that authenticate against the server (empty without an API key)."""

@@ -1,0 +1,94 @@
+"""What the plugin runs on another node of a deployment, through that node's launch template.
+
+``python -m pytest_kimiperf.node_agent facts`` prints the node's hardware and software facts (the
+fingerprint's, judge/fingerprint.py ``collect_fingerprint``), ``snapshot --launch-id ID`` its
+host counters and process table with the pids carrying the launch marker (the host watch's two
+ends, measure/host_readings.py), and ``stop --launch-id ID --grace S`` ends every process of
+that launch there (server/sweep.py) and says what it ended and what survived. Each prints one
+JSON object on stdout. The same code that reads this machine reads the node: nothing is
+reimplemented for the remote side, and the node needs only this package installed at the
+interpreter path the deployment's command names (a fleet's runners share one image).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def facts() -> dict[str, Any]:
+    """This node's fingerprint facts (hard and soft), without any deployment's."""
+    from pytest_kimiperf.judge.fingerprint import collect_fingerprint
+    from pytest_kimiperf.server.gpu import probe_gpus, query_topology
+
+    probe = probe_gpus(timeout_s=10.0)
+    topology = query_topology(timeout_s=10.0) if probe.gpus else None
+    fp = collect_fingerprint(gpus=probe.gpus, topology=topology, deployment_facts={})
+    return {"hard": dict(fp.hard), "soft": dict(fp.soft)}
+
+
+def snapshot(launch_id: str) -> dict[str, Any]:
+    """The host counters, the process table, and which pids are the launch's, right now."""
+    import psutil
+
+    from pytest_kimiperf.measure.host_readings import read_host_counters, read_processes
+    from pytest_kimiperf.server.launch_records import boot_id
+    from pytest_kimiperf.server.sweep import LAUNCH_ID_ENV
+
+    cpu, psi, notes = read_host_counters("/proc")
+    t_s = time.monotonic()
+    processes = read_processes()
+    own = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get(LAUNCH_ID_ENV) == launch_id:
+                own.append(process.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return {"boot_id": boot_id(), "t_s": t_s, "busy_s": cpu.busy_s, "steal_s": cpu.steal_s, "cpu_count": cpu.cpu_count,
+            "psi_some_us": psi, "notes": list(notes), "own": own,
+            "processes": {str(pid): [p.create_time, p.cpu_s, p.children_s] for pid, p in processes.items()}}
+
+
+def stop(launch_id: str, grace_s: float) -> dict[str, Any]:
+    """End every process of this uid carrying the launch marker; what ended and what survived."""
+    from pytest_kimiperf.server.sweep import processes_of, terminate_processes
+
+    report = terminate_processes(processes_of(launch_id, uid=os.getuid(), trusted_pgid=None), grace_s=grace_s)
+
+    def rows(procs: Sequence[Any]) -> list[Mapping[str, Any]]:
+        return [{"pid": p.pid, "name": p.name, "cmdline": list(p.cmdline)} for p in procs]
+
+    return {"terminated": rows(report.terminated), "killed": rows(report.killed),
+            "survivors": rows(report.survivors)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one agent command and print its JSON."""
+    parser = argparse.ArgumentParser(prog="python -m pytest_kimiperf.node_agent")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("facts", help="the node's fingerprint facts")
+    for name in ("snapshot", "stop"):
+        sub = commands.add_parser(name)
+        sub.add_argument("--launch-id", required=True)
+        if name == "stop":
+            sub.add_argument("--grace", type=float, default=15.0)
+    args = parser.parse_args(argv)
+    if args.command == "facts":
+        result = facts()
+    elif args.command == "snapshot":
+        result = snapshot(args.launch_id)
+    else:
+        result = stop(args.launch_id, args.grace)
+    json.dump(result, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
