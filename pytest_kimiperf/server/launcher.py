@@ -42,7 +42,8 @@ def _end_the_rest(grace_s: float) -> None:
 
 def _exit_like(code: int) -> None:
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two cannot be caught, nor reset
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     sys.exit(code)
 

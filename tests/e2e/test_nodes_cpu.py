@@ -101,7 +101,7 @@ def test_a_two_node_deployment_boots_measures_and_leaves_no_process_on_either_no
         "kimiperf: starting two-nodes server for profile default on *; 2 nodes: head (127.0.0.1, this machine) "
         "head, far (127.0.0.1, via env) worker rank 1; log: *-far.log",
         # The node's death is named, with its log tail.
-        "*node far (127.0.0.1, via env), worker rank 1 of the two-nodes server (default) exited with code * during the session; log: *-far.log",
+        "*node far (127.0.0.1, via env), worker rank 1 of the two-nodes server (default) exited with code -9 during the session; log: *-far.log",
     ])
     data = json.loads(report.read_text())
     fingerprint = data["fingerprint"]

@@ -1,0 +1,269 @@
+"""A deployment that spans nodes: its table, each node's command, the node group's boot, death and
+teardown (with stand-in processes: a head that serves, worker nodes that sleep or die), the node
+agent, the node watch's arithmetic and the fingerprint of every node."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from types import MappingProxyType
+
+import psutil
+import pytest
+
+from pytest_kimiperf import node_agent
+from pytest_kimiperf.config.deployment_tables import resolve_deployments
+from pytest_kimiperf.config.deployments import TINY_CPU_2NODE
+from pytest_kimiperf.config.nodes import Node, check_nodes, launch_argv, node_commands, parse_nodes
+from pytest_kimiperf.errors import ConfigError, ServerError
+from pytest_kimiperf.judge.node_fingerprint import nodes_fingerprint
+from pytest_kimiperf.measure.node_watch import NodeWatch, parse_snapshot
+from pytest_kimiperf.server.cluster import NodeGroup, NodeLaunch, agent_argv, node_group
+from pytest_kimiperf.server.process import ServerProcess
+from tests.helpers import STUB_SERVER, gone
+
+SSH = ["ssh", "-tt", "{host}", "{command}"]
+HEAD = Node("a", "10.0.0.1")
+FAR = Node("b", "10.0.0.2", launch=tuple(SSH), env=MappingProxyType({"NCCL_SOCKET_IFNAME": "eth1"}))
+
+
+def _table(**overrides: object) -> dict[str, object]:
+    return {"extends": "tiny-cpu-tp2", "nodes": [{"name": "a", "host": "10.0.0.1"},
+                                                 {"name": "b", "host": "10.0.0.2", "launch": SSH}], **overrides}
+
+
+def test_a_table_with_nodes_resolves_to_the_head_first() -> None:
+    dep = resolve_deployments({"two": _table(master_port=29600)}, source="pyproject.toml")["two"]
+    assert [n.name for n in dep.nodes] == ["a", "b"] and dep.nodes[1].launch == tuple(SSH)
+    assert dep.master_port == 29600
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"nodes": [{"name": "a", "host": "h"}]}, "nodes lists 1 node"),
+    ({"nodes": [{"name": "a", "host": "h"}, {"name": "a", "host": "g"}]}, "node name(s) a appear more than once"),
+    ({"nodes": [{"name": "a", "host": "h"}, {"name": "b", "host": "g", "launch": ["ssh", "{hots}"]}]},
+     "unknown placeholder {hots}; allowed: {host}, {name}, {command}"),
+    ({"nodes": [{"name": "a", "host": "h"}, {"name": "b", "host": "g", "launch": ["sh", "-c", "x {command}"]}]},
+     "must be '{command}' alone"),
+    ({"nodes": [{"name": "a", "host": "h"}, {"name": "b", "host": "two words"}]}, "host = 'two words'"),
+    ({"nodes": [{"name": "a", "host": "h"}, {"name": "b", "host": "g", "user": "x"}]}, "unknown key(s) user"),
+    ({"nodes": ["a", "b"]}, "nodes = ['a', 'b']; must be a list of tables"),
+    ({"tensor_parallel_size": 3}, "2 nodes do not divide the world size 3"),
+    ({"master_port": 70000}, "master_port = 70000; must be a TCP port 1-65535"),
+    ({"command": ["{python}", "-m", "vllm", "--nnodes", "2"]}, "command sets --nnodes"),
+    ({"command": ["{python}", "-m", "vllm", "--distributed-executor-backend", "ray"]},
+     "--distributed-executor-backend ray with nodes"),
+])
+def test_a_bad_node_table_is_a_usage_error_naming_the_value(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_deployments({"two": _table(**overrides)}, source="pyproject.toml")
+    assert message in str(info.value) and "[deployments.two]" in str(info.value)
+
+
+def test_master_port_without_nodes_is_a_usage_error() -> None:
+    with pytest.raises(ConfigError, match="master_port = 29600 without nodes"):
+        resolve_deployments({"one": {"extends": "tiny-cpu", "master_port": 29600}}, source="p")
+
+
+def test_pipeline_parallel_counts_in_the_world_size() -> None:
+    check_nodes((HEAD, FAR, Node("c", "h3"), Node("d", "h4")), command=["x", "-pp", "2"], tensor_parallel_size=2,
+                master_port=None, where="w")
+    with pytest.raises(ConfigError, match=r"3 nodes do not divide the world size 4 \(tensor parallel 2 x pipeline"):
+        check_nodes((HEAD, FAR, Node("c", "h3")), command=["x", "--pipeline-parallel-size=2"],
+                    tensor_parallel_size=2, master_port=None, where="w")
+
+
+def test_each_node_gets_vllms_own_multi_node_flags_and_only_the_workers_run_headless() -> None:
+    head, far = node_commands((HEAD, FAR), ["py", "-m", "vllm", "serve", "m"], master_port=29511,
+                              env={"NCCL_ALGO": "Ring"})
+    tail = ["--distributed-executor-backend", "mp", "--nnodes", "2", "--master-addr", "10.0.0.1",
+            "--master-port", "29511", "--node-rank"]
+    assert list(head.argv) == ["py", "-m", "vllm", "serve", "m", *tail, "0"] and head.role == "head"
+    assert list(far.argv) == ["py", "-m", "vllm", "serve", "m", *tail, "1", "--headless"] and far.role == "worker"
+    assert dict(far.exported) == {"NCCL_ALGO": "Ring", "NCCL_SOCKET_IFNAME": "eth1"}
+
+
+def test_a_template_node_gets_its_variables_through_env_in_one_quoted_string() -> None:
+    _, far = node_commands((HEAD, FAR), ["py", "serve", "my model"], master_port=1, env={"NCCL_PROTO": "LL"})
+    argv = launch_argv(far, {"KIMIPERF_LAUNCH_ID": "abc"})
+    assert argv[:3] == ["ssh", "-tt", "10.0.0.2"] and len(argv) == 4
+    assert argv[3].startswith("env KIMIPERF_LAUNCH_ID=abc NCCL_PROTO=LL NCCL_SOCKET_IFNAME=eth1 py serve 'my model' ")
+    srun = Node("b", "n2", launch=("srun", "-w", "{host}"))
+    _, far = node_commands((HEAD, srun), ["py"], master_port=1, env={})
+    assert launch_argv(far, {"M": "1"})[:6] == ["srun", "-w", "n2", "env", "M=1", "py"]
+    local = node_commands((HEAD, Node("c", "127.0.0.1")), ["py"], master_port=1, env={})[1]
+    assert launch_argv(local, {"M": "1"})[0] == "py", "a local node's variables travel in its environment"
+
+
+def test_the_cpu_twin_binds_one_core_a_node() -> None:
+    assert [n.env["VLLM_CPU_OMP_THREADS_BIND"] for n in TINY_CPU_2NODE.nodes] == ["0", "1"]
+    assert TINY_CPU_2NODE.command[:3] == ("{python}", "-m", "pytest_kimiperf.server.vllm_cli")
+    check_nodes(TINY_CPU_2NODE.nodes, command=TINY_CPU_2NODE.command, tensor_parallel_size=2,
+                master_port=None, where="built-in")
+
+
+def test_parse_nodes_keeps_integer_env_values_as_strings() -> None:
+    (node,) = parse_nodes([{"name": "n", "host": "h", "env": {"OMP_NUM_THREADS": 8}}], "w")
+    assert dict(node.env) == {"OMP_NUM_THREADS": "8"} and node.local
+
+
+# --------------------------------------------------------------------------- the node group
+
+
+def _process(tmp_path: Path, name: str, argv: list[str], **kw: object) -> ServerProcess:
+    return ServerProcess(argv=argv, env=dict(os.environ), log_path=tmp_path / f"{name}.log",
+                         state_dir=tmp_path / "state", base_url=kw.pop("base_url", "http://127.0.0.1:9"),  # type: ignore[arg-type]
+                         served_model_name="stub-model", deployment="d", profile="default",
+                         deadline_s=60, grace_s=2, **kw)  # type: ignore[arg-type]
+
+
+def _stub_head(tmp_path: Path) -> ServerProcess:
+    from pytest_kimiperf.server.process import pick_free_port
+
+    port = pick_free_port("127.0.0.1")
+    return _process(tmp_path, "head", [sys.executable, str(STUB_SERVER), "--model", "stub-model", "--port",
+                                       str(port), "--load-seconds", "3"], base_url=f"http://127.0.0.1:{port}")
+
+
+def test_a_worker_node_that_dies_while_the_head_boots_fails_the_boot_naming_it(tmp_path: Path) -> None:
+    worker = _process(tmp_path, "far", [sys.executable, "-c",
+                                        "print('ssh: connect to host gpu-b port 22: Connection refused'); exit(255)"])
+    group = NodeGroup([NodeLaunch(HEAD, 0, _stub_head(tmp_path)), NodeLaunch(Node("b", "gpu-b"), 1, worker)],
+                      python=sys.executable)
+    group.start()
+    with pytest.raises(ServerError) as info:
+        group.wait_ready()
+    text = str(info.value)
+    assert text.startswith("node b (gpu-b, this machine), worker rank 1 of the d server (default) exited with code "
+                           "255 while booting; log: ")
+    assert "Connection refused" in text
+    assert group.record is None, "every node was stopped"
+
+
+def test_a_group_serves_names_its_nodes_and_stops_every_node(tmp_path: Path) -> None:
+    sleeper = _process(tmp_path, "far", [sys.executable, "-c", "import time; time.sleep(120)"])
+    group = NodeGroup([NodeLaunch(HEAD, 0, _stub_head(tmp_path)), NodeLaunch(Node("b", "h"), 1, sleeper)],
+                      python=sys.executable)
+    group.start()
+    try:
+        handle = group.wait_ready()
+        assert handle.nodes == ("a", "b") and handle.node_pids == (sleeper.server_pid(),)
+        group.ensure_alive()
+        worker_pid = sleeper.server_pid()
+        assert worker_pid is not None
+        psutil.Process(worker_pid).kill()
+        with pytest.raises(ServerError, match=r"node b \(h, this machine\), worker rank 1 .* exited with code -9 "
+                                              "during the session"):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                group.ensure_alive()
+                time.sleep(0.1)
+    finally:
+        group.stop()
+    assert group.record is None and gone(group.head.popen.pid)  # type: ignore[union-attr]
+
+
+def test_a_template_node_is_stopped_there_by_the_agent_and_its_survivors_reported(tmp_path: Path) -> None:
+    calls: list[list[str]] = []
+
+    def agent(node: Node, argv: list[str]) -> str:
+        calls.append(argv)
+        return json.dumps({"terminated": [{"pid": 7, "name": "VLLM::Worker_TP1", "cmdline": []}], "killed": [],
+                           "survivors": [{"pid": 8, "name": "python", "cmdline": ["stuck"]}]})
+
+    far = _process(tmp_path, "far", [sys.executable, "-c", "pass"])
+    head = _process(tmp_path, "head", [sys.executable, "-c", "import time; time.sleep(60)"])
+    group = NodeGroup([NodeLaunch(HEAD, 0, head), NodeLaunch(FAR, 1, far)], python="/venv/bin/python", agent=agent)
+    group.start()
+    report = group.stop()
+    assert report is not None
+    assert [p.name for p in report.terminated if p.pid == 7] == ["VLLM::Worker_TP1 on b"]
+    assert [p.describe() for p in report.survivors] == ["pid 8 python on b (stuck)"]
+    (argv,) = calls
+    assert argv[:3] == ["ssh", "-tt", "10.0.0.2"]
+    assert argv[3].startswith(f"/venv/bin/python -m pytest_kimiperf.node_agent stop --launch-id {far.launch_id} ")
+
+
+def test_node_group_builds_each_nodes_process_from_the_head(tmp_path: Path) -> None:
+    head = _process(tmp_path, "server-d-default", ["py"])
+    group = node_group(head, (Node("a", "127.0.0.1", env=MappingProxyType({"X": "0"})), FAR), ["py", "serve"],
+                       exported={"NCCL_ALGO": "Ring"}, master_port=29511)
+    head_launch, far = group.launches
+    assert head.argv[-2:] == ["--node-rank", "0"] and head.env["X"] == "0"
+    assert far.process.log_path == tmp_path / "server-d-default-b.log"
+    assert far.process.launch_id != head.launch_id
+    assert f"KIMIPERF_LAUNCH_ID={far.process.launch_id}" in far.process.argv[3]
+    assert "NCCL_ALGO=Ring" in far.process.argv[3] and far.process.argv[0] == "ssh"
+    with pytest.raises(ServerError, match="the head node b .* must run on this machine"):
+        node_group(head, (FAR, HEAD), ["py"], exported={}, master_port=1)
+
+
+def test_agent_argv_runs_the_agent_inside_the_template() -> None:
+    assert agent_argv(HEAD, "py", "facts") == ["py", "-m", "pytest_kimiperf.node_agent", "facts"]
+    assert agent_argv(FAR, "py", "facts") == ["ssh", "-tt", "10.0.0.2", "py -m pytest_kimiperf.node_agent facts"]
+
+
+# --------------------------------------------------------------------------- agent, watch, fingerprint
+
+
+def test_the_agent_finds_its_launch_by_marker_and_stops_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import subprocess
+
+    env = {**os.environ, "KIMIPERF_LAUNCH_ID": "nodeagenttest01"}
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        time.sleep(0.3)
+        assert child.pid in node_agent.snapshot("nodeagenttest01")["own"]
+        assert node_agent.main(["stop", "--launch-id", "nodeagenttest01", "--grace", "2"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert [p["pid"] for p in data["terminated"] + data["killed"]] == [child.pid] and not data["survivors"]
+        assert child.wait(5) is not None
+    finally:
+        child.kill()
+
+
+def _snapshot_json(t: float, busy: float, own: list[int], procs: dict[str, list[float]], boot: str = "other") -> str:
+    return json.dumps({"boot_id": boot, "t_s": t, "busy_s": busy, "steal_s": 0.0, "cpu_count": 4,
+                       "psi_some_us": {}, "notes": [], "own": own, "processes": procs})
+
+
+def test_the_node_watch_counts_the_launchs_processes_as_ours_and_the_rest_as_foreign() -> None:
+    ends = iter([_snapshot_json(0.0, 100.0, [10], {"10": [1.0, 5.0, 0.0], "20": [1.0, 1.0, 0.0]}),
+                 _snapshot_json(10.0, 118.0, [10], {"10": [1.0, 15.0, 0.0], "20": [1.0, 9.0, 0.0]})])
+    watch = NodeWatch([(FAR, "id")], run=lambda node, argv: next(ends), python="py", here_boot_id="this")
+    watch.start()
+    (reading,) = watch.stop()
+    # 18 s busy of 40 s capacity, 10 s of it ours: 8 s foreign = 20%, named by node
+    assert reading.node == "b" and reading.foreign_cpu_share == pytest.approx(0.2)
+    from pytest_kimiperf.config.measure_bounds import HostBounds
+
+    assert reading.disturbances(HostBounds.from_mapping({"max_foreign_cpu_share": 0.1}, source="t"))[0].startswith(
+        "on node b, other processes used 20% of the host's CPU")
+
+
+def test_a_node_on_this_machine_is_left_to_the_local_watch() -> None:
+    snap = _snapshot_json(0.0, 1.0, [], {}, boot="this")
+    watch = NodeWatch([(FAR, "id")], run=lambda node, argv: snap, python="py", here_boot_id="this")
+    watch.start()
+    assert watch.stop() == [] and watch.here == ["b"]
+
+
+def test_a_snapshot_that_is_not_the_agents_json_names_the_node() -> None:
+    with pytest.raises(Exception, match="node b: the node agent's snapshot is not its JSON"):
+        parse_snapshot("bash: python: command not found", node="b")
+
+
+def test_every_nodes_hardware_is_in_the_key_sorted_and_one_differing_node_changes_it() -> None:
+    h100 = ({"gpu.count": "8", "gpu.name": "NVIDIA H100", "software.vllm": "0.32.0"}, {"host.name": "x"})
+    a100 = ({"gpu.count": "8", "gpu.name": "NVIDIA A100", "software.vllm": "0.32.0"}, {"host.name": "y"})
+    facts = {"name": "d"}
+    same = nodes_fingerprint({"a": h100, "b": h100}, facts)
+    assert same.hard["gpu.count"] == "16" and same.hardware_class == "2n-16xH100"
+    assert nodes_fingerprint({"b": h100, "a": h100}, facts).key == same.key
+    mixed = nodes_fingerprint({"a": h100, "b": a100}, facts)
+    assert mixed.key != same.key
+    assert nodes_fingerprint({"a": a100, "b": h100}, facts).key == mixed.key, "which node is the head does not matter"
+    assert same.soft["node0.name"] in ("a", "b") and "host.name" not in same.hard
