@@ -14,6 +14,10 @@
 #                   SPT_NOENV keeping the launch marker in EngineCore and workers (item 10), and
 #                   the sweep seeing the engine's GPU memory (item 6)
 #   weight-cache    ci/gpu-weight-cache-check.sh on the unquantized tiny model (item 2)
+#   nodes           issue 25: the node agent's facts through a launch template (an ssh stand-in:
+#                   env -i, bash -c) carry NVML's GPUs; with 2+ whole GPUs, one boot of the tiny
+#                   model at TP=2 across two loopback "nodes" (--nnodes 2, one GPU a node, NCCL
+#                   between them) serves 16 tokens and is stopped with nothing left
 #
 #   ci/gpu-first-run.sh            # with PYTHON pointing at the GPU venv (ci/gpu-venv.sh)
 #
@@ -149,4 +153,60 @@ else
   status=1
   echo "first-run: weight-cache: FAIL $(tail -4 "$OUT/weight-cache.txt" | tr '\n' ' ' | cut -c1-400)"
 fi
+timeout 240 "$PY" - "$OUT" "$(cat "$OUT/whole-gpus")" <<'EOF' || status=1
+import os
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType, SimpleNamespace
+
+import httpx
+import psutil
+
+from pytest_kimiperf.config.deployments import TINY_CPU
+from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES
+from pytest_kimiperf.config.nodes import Node
+from pytest_kimiperf.judge.node_fingerprint import agent_facts
+from pytest_kimiperf.server.manager import ServerManager
+
+out, whole = Path(sys.argv[1]), int(sys.argv[2])
+stand_in = ("env", "-i", f"HOME={os.environ.get('HOME', '/tmp')}", f"PATH={os.environ.get('PATH', '/usr/bin:/bin')}",
+            "bash", "-c", "{command}")
+hard, _ = agent_facts(Node("far", "127.0.0.1", launch=stand_in))
+ok = int(hard.get("gpu.count", "0")) >= 1
+print(f"first-run: nodes: {'OK' if ok else 'FAIL'} node agent facts through a template: gpu.count "
+      f"{hard.get('gpu.count')}, gpu.name {hard.get('gpu.name')}", flush=True)
+if whole < 2:
+    print("first-run: nodes: INFO one whole GPU: the two-node boot needs one GPU a node (NCCL refuses two "
+          "ranks on one device)")
+    sys.exit(0 if ok else 1)
+nodes = tuple(Node(f"n{i}", "127.0.0.1", env=MappingProxyType({"CUDA_VISIBLE_DEVICES": str(i)})) for i in range(2))
+deployment = replace(
+    TINY_CPU, name="tiny-gpu-2node", description="the tiny model across two loopback GPU nodes", gpu_count=1,
+    tensor_parallel_size=2, nodes=nodes,
+    command=("{python}", "-m", "vllm.entrypoints.cli.main", "serve", "{model}",
+             "--served-model-name", "{served_model_name}", "--host", "{host}", "--port", "{port}",
+             "--tensor-parallel-size", "{tp}", "--max-model-len", "2048", "--dtype", "bfloat16",
+             "--gpu-memory-utilization", "0.5"),
+    env=MappingProxyType({"HF_HUB_OFFLINE": "1"}), health_deadline_s=200.0, weight_cache="off")
+settings = SimpleNamespace(deployment=deployment, external=False, port=None, nccl_debug=False, grace_s=30.0,
+                           host_wait_s=60.0, api_key=None, command_plans={})
+manager = ServerManager(settings, log_dir=out / "nodes", state_dir=Path(tempfile.mkdtemp(prefix="kimiperf-nodes-")),
+                        say=lambda _: None, on_progress=lambda *a: None)
+try:
+    handle = manager.acquire(BUILTIN_PROFILES["default"])
+    reply = httpx.post(f"{handle.base_url}/v1/completions", timeout=60,
+                       json={"model": handle.model, "prompt": "hello", "max_tokens": 16}).json()
+    tokens = reply.get("usage", {}).get("completion_tokens")
+    pids = [handle.pid, *handle.node_pids]
+    manager.release()
+finally:
+    manager.close()
+left = [p for p in pids if p is not None and psutil.pid_exists(p)]
+ok = tokens == 16 and not left and handle.nodes == ("n0", "n1")
+print(f"first-run: nodes: {'OK' if ok else 'FAIL'} TP=2 across 2 loopback nodes ready after {handle.boot_s or 0:.0f} s, "
+      f"{tokens} tokens served, left running: {left}; logs: {out / 'nodes'}")
+sys.exit(0 if ok else 1)
+EOF
 exit $status

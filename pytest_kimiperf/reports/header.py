@@ -49,7 +49,8 @@ def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
         lines.append(f"kimiperf: server command: {describe_command(dep)}")
         lines.extend(f"kimiperf: {line}" for line in weight_cache_lines(
             setting=dep.weight_cache, gpu_count=dep.gpu_count, command=list(dep.command), model=dep.model,
-            tensor_parallel_size=dep.tensor_parallel_size, quantization=dep.quantization))
+            tensor_parallel_size=dep.tensor_parallel_size, quantization=dep.quantization,
+            nodes=max(1, len(dep.nodes))))
         if not lines[-1].startswith("kimiperf: weight cache: off"):
             lines.extend(f"kimiperf: weight cache: {reason}" for p in s.profiles if (reason := profile_cache_reason(
                 p.name, s.command_plans[p.name].dests if p.name in s.command_plans else frozenset())))

@@ -17,7 +17,6 @@ process; its processes on the node are found and stopped there by the node agent
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -66,6 +65,11 @@ def run_agent(node: Node, argv: list[str]) -> str:
         raise ServerError(f"node {node.describe()}: the node agent exited with code {done.returncode}: "
                           f"{done.stderr.strip()[-800:]}; command: {' '.join(argv)}")
     return done.stdout
+
+
+def stop_argv(node: Node, python: str, launch_id: str, grace_s: float) -> list[str]:
+    """The node agent's stop of one launch on ``node``, inside its launch template."""
+    return agent_argv(node, python, "stop", "--launch-id", launch_id, "--grace", f"{grace_s:g}")
 
 
 @dataclass
@@ -192,28 +196,13 @@ class NodeGroup:
             return None
         total = process_sweep.TerminationReport()
         for report in reports:
-            total = process_sweep.TerminationReport(
-                terminated=total.terminated + report.terminated, killed=total.killed + report.killed,
-                survivors=total.survivors + report.survivors, escalated=total.escalated or report.escalated)
+            total = total.combined(report)
         return total
 
     def _stop_there(self, launch: NodeLaunch) -> process_sweep.TerminationReport:
-        argv = agent_argv(launch.node, self.python, "stop", "--launch-id", launch.process.launch_id,
-                          "--grace", f"{launch.process.grace_s:g}")
-        try:
-            data = json.loads(self._agent(launch.node, argv))
-        except (ServerError, ValueError) as exc:
-            survivor = process_sweep.ProcessSummary(pid=0, name=f"on {launch.node.name}",
-                                                    cmdline=(f"unverified: {exc}",))
-            return process_sweep.TerminationReport(survivors=(survivor,))
-
-        def summaries(key: str) -> tuple[process_sweep.ProcessSummary, ...]:
-            return tuple(process_sweep.ProcessSummary(pid=int(p["pid"]), name=f"{p['name']} on {launch.node.name}",
-                                                      cmdline=tuple(p.get("cmdline", ())))
-                         for p in data.get(key, []))
-
-        return process_sweep.TerminationReport(terminated=summaries("terminated"), killed=summaries("killed"),
-                                               survivors=summaries("survivors"))
+        argv = stop_argv(launch.node, self.python, launch.process.launch_id, launch.process.grace_s)
+        return process_sweep.remote_stop(argv, where=launch.node.name,
+                                         run=lambda argv: self._agent(launch.node, argv))
 
     def server_pid(self) -> int | None:
         """The head's server pid."""
@@ -255,8 +244,10 @@ def node_group(head: ServerProcess, nodes: Sequence[Node], engine_argv: Sequence
             process.env.update(node.env)
         marker = {LAUNCH_ID_ENV: process.launch_id, SPT_NOENV: "1"}
         process.argv = launch_argv(command, marker)
+        if not node.local:
+            process.node_stop = tuple(stop_argv(node, sys.executable, process.launch_id, process.grace_s))
         launches.append(NodeLaunch(node, command.rank, process))
     return NodeGroup(launches, python=sys.executable)
 
 
-__all__ = ["AgentRunner", "NodeGroup", "NodeLaunch", "agent_argv", "node_group", "run_agent"]
+__all__ = ["AgentRunner", "NodeGroup", "NodeLaunch", "agent_argv", "node_group", "run_agent", "stop_argv"]

@@ -58,7 +58,7 @@ def check_weight_cache_fit(deployment: Deployment, gpus: Sequence[GpuInfo]) -> N
     or while the checkpoint is not on this host yet."""
     if not gpus or why_not_used(
         setting=deployment.weight_cache, gpu_count=deployment.gpu_count, command=list(deployment.command),
-        model=deployment.model, quantization=deployment.quantization,
+        model=deployment.model, quantization=deployment.quantization, nodes=max(1, len(deployment.nodes)),
     ):
         return
     fit = memory_fit(deployment.model, deployment.tensor_parallel_size, list(deployment.command),

@@ -127,11 +127,18 @@ class LaunchRecord:
     boot_id: str = ""
     pid_ns: str = ""
     uid: int = -1
+    # A node of a multi-node deployment started through a launch template (server/cluster.py):
+    # the node agent's command that stops this launch's processes there. Empty for a launch
+    # whose processes all run on this machine.
+    node_stop: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         """The record as stored in its state file."""
         data = asdict(self)
         data["cmdline"] = list(self.cmdline)
+        data["node_stop"] = list(self.node_stop)
+        if not self.node_stop:
+            del data["node_stop"]  # a one-machine launch's file is as before
         return data
 
     @classmethod
@@ -145,6 +152,9 @@ class LaunchRecord:
         launch_id = _text_field(data, "launch_id")
         check_safe_name("launch id", launch_id, source="state file")
         place_known = "boot_id" in data
+        node_stop = data.get("node_stop", [])
+        if not isinstance(node_stop, list) or not all(isinstance(arg, str) for arg in node_stop):
+            raise ValueError(f"field 'node_stop' is {node_stop!r}, expected a list of strings")
         return cls(
             launch_id=launch_id,
             pid=_int_field(data, "pid"),
@@ -162,6 +172,7 @@ class LaunchRecord:
             boot_id=_text_field(data, "boot_id") if place_known else "",
             pid_ns=_text_field(data, "pid_ns") if place_known else "",
             uid=_int_field(data, "uid", minimum=0) if place_known else -1,
+            node_stop=tuple(node_stop),
         )
 
     @property

@@ -271,7 +271,7 @@ class ServerManager:
         plan = plan_weight_cache(setting=deployment.weight_cache, gpu_count=deployment.gpu_count,
                                  command=engine_argv, socket_dir=socket_dir,
                                  health_port=pick_free_port("127.0.0.1"), model=deployment.model,
-                                 quantization=deployment.quantization)
+                                 quantization=deployment.quantization, nodes=max(1, len(deployment.nodes)))
         if not plan.enabled:
             shutil.rmtree(socket_dir, ignore_errors=True)
             self.weight_cache = plan

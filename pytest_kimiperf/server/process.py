@@ -12,6 +12,7 @@ nothing else (sweep.py, launch_records.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -233,6 +234,9 @@ class ServerProcess:
         self._watch_fd: int | None = None
         self.started_at: float | None = None
         self.boot_s: float | None = None
+        # A node behind a launch template: the node agent's stop of this launch there, kept in
+        # the launch record so the next run's sweep ends what a killed session left on the node.
+        self.node_stop: tuple[str, ...] = ()
 
     # -- launch and readiness -------------------------------------------------------------
 
@@ -264,13 +268,13 @@ class ServerProcess:
             os.close(watch_read)
         self.started_at = time.monotonic()
         try:
-            record = launch_records.record_for_popen(
+            record = dataclasses.replace(launch_records.record_for_popen(
                 self.popen.pid,
                 launch_id=self.launch_id,
                 deployment=self.deployment,
                 profile=self.profile,
                 log_path=str(self.log_path),
-            )
+            ), node_stop=self.node_stop)
             self._held = launch_records.record_launch(self.state_dir, record)
         except BaseException:
             # Ctrl-C (or a full disk) between the launch and its record: stop() would know

@@ -31,7 +31,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psutil
 
@@ -174,6 +174,11 @@ class TerminationReport:
             escalated=self.escalated or other.escalated,
         )
 
+    def combined(self, other: TerminationReport) -> TerminationReport:
+        """Two stops of different processes together (a launch here and its node's, or the
+        nodes of one server): every survivor of either is kept."""
+        return replace(self.merged(other), survivors=self.survivors + other.survivors)
+
     def describe(self) -> list[str]:
         """Report lines: one per process that needed SIGKILL or survived, plus a count."""
         lines = [f"ended {len(self.ended)} process(es), {len(self.killed)} of them with SIGKILL"]
@@ -241,6 +246,44 @@ def terminate_processes(procs: Sequence[psutil.Process], *, grace_s: float = 15.
         survivors=tuple(summaries[p.pid] for p in survivors),
         escalated=kill_now(),
     )
+
+
+REMOTE_STOP_TIMEOUT_S = 120.0
+
+
+def _run_remote(argv: Sequence[str]) -> str:
+    import subprocess
+
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=REMOTE_STOP_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise KimiperfError(f"did not run ({exc})") from None
+    if done.returncode != 0:
+        raise KimiperfError(f"exited with code {done.returncode}: {done.stderr.strip()[-400:]}")
+    return done.stdout
+
+
+def remote_stop(argv: Sequence[str], *, where: str,
+                run: Callable[[Sequence[str]], str] = _run_remote) -> TerminationReport:
+    """Run the node agent's stop of a launch on another node (``python -m pytest_kimiperf.node_agent
+    stop``, inside the node's launch template) and read what it ended and what survived there.
+    An agent that cannot run or answers nonsense leaves one unverified survivor, so the launch's
+    record is kept and the next sweep tries again."""
+    import json
+
+    try:
+        data = json.loads(run(argv))
+        rows = {key: [(int(p["pid"]), str(p["name"]), tuple(p.get("cmdline", ()))) for p in data[key]]
+                for key in ("terminated", "killed", "survivors")}
+    except (KimiperfError, ValueError, KeyError, TypeError) as exc:
+        return TerminationReport(survivors=(ProcessSummary(0, f"on {where}", (f"unverified: {exc}",)),))
+
+    def summaries(key: str) -> tuple[ProcessSummary, ...]:
+        return tuple(ProcessSummary(pid, f"{name} on {where}", cmdline) for pid, name, cmdline in rows[key])
+
+    return TerminationReport(terminated=summaries("terminated"), killed=summaries("killed"),
+                             survivors=summaries("survivors"))
 
 
 def stop_launch(record: LaunchRecord, *, grace_s: float = 15.0,
@@ -333,6 +376,8 @@ def sweep_stale_launches(
                 except KimiperfError as error:
                     problems.append(f"could not read GPU memory per process before the sweep: {error}")
             report = stop_launch(record, grace_s=grace_s) if procs else TerminationReport()
+            if record.node_stop:  # a node behind a launch template: what the launch left there
+                report = report.combined(remote_stop(record.node_stop, where=f"the node of {record.describe()}"))
             ended.extend(report.ended)
             survivors.extend(report.survivors)
             if report.survivors:
@@ -363,6 +408,7 @@ __all__ = [
     "find_launch_processes",
     "leader_alive",
     "processes_of",
+    "remote_stop",
     "stop_launch",
     "sweep_stale_launches",
     "terminate_processes",

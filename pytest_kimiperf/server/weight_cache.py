@@ -170,7 +170,7 @@ def quant_reason(*, model: str | None, quantization: str | None) -> str | None:
 
 
 def why_not_used(*, setting: str, gpu_count: int, command: Sequence[str], model: str | None = None,
-                 quantization: str | None = None) -> str | None:
+                 quantization: str | None = None, nodes: int = 1) -> str | None:
     """Why the deployment's engines will load from disk, or None when they boot from the cache.
 
     Decided before any boot, and before any daemon starts (the header shows it): the setting,
@@ -182,6 +182,12 @@ def why_not_used(*, setting: str, gpu_count: int, command: Sequence[str], model:
     if gpu_count == 0:
         return ("CPU engine: vLLM's weight cache shares CUDA IPC handles "
                 "(UnsupportedPlatformForIPCError on CPU); loading from disk")
+    if nodes > 1:
+        # CUDA IPC handles are valid on one host only: a daemon on the head cannot serve the
+        # ranks of the other nodes, and the plugin starts daemons nowhere else.
+        return (f"a deployment across {nodes} nodes: `vllm preload` daemons run on the head only and CUDA "
+                "IPC handles do not cross hosts, so the other nodes' engines would find no cache; "
+                "loading from disk")
     if not _is_vllm_serve(command):
         return "the command is not `vllm serve`: no `vllm preload` to pair it with"
     return quant_reason(model=model, quantization=quantization)
@@ -189,10 +195,10 @@ def why_not_used(*, setting: str, gpu_count: int, command: Sequence[str], model:
 
 def plan_weight_cache(*, setting: str, gpu_count: int, command: Sequence[str],
                       socket_dir: str, health_port: int, model: str | None = None,
-                      quantization: str | None = None) -> WeightCachePlan:
+                      quantization: str | None = None, nodes: int = 1) -> WeightCachePlan:
     """The session's plan: the cache with its socket folder and health port, or the reason not."""
     reason = why_not_used(setting=setting, gpu_count=gpu_count, command=command, model=model,
-                          quantization=quantization)
+                          quantization=quantization, nodes=nodes)
     if reason is not None:
         return WeightCachePlan(False, reason)
     return WeightCachePlan(True, socket_dir=socket_dir, health_port=health_port)
@@ -382,11 +388,11 @@ def page_cache_line(checkpoint_size: int, ram_bytes: int | None) -> str:
 
 
 def header_lines(*, setting: str, gpu_count: int, command: Sequence[str], model: str,
-                 tensor_parallel_size: int, quantization: str | None = None) -> list[str]:
+                 tensor_parallel_size: int, quantization: str | None = None, nodes: int = 1) -> list[str]:
     """What the report header says before any boot: on, or off with the reason; and what
     the daemons will hold per GPU where the checkpoint is already on this host."""
     reason = why_not_used(setting=setting, gpu_count=gpu_count, command=command, model=model,
-                          quantization=quantization)
+                          quantization=quantization, nodes=nodes)
     size = checkpoint_bytes(model) if gpu_count else None
     page_cache = [page_cache_line(size, _host_ram_bytes())] if size is not None else []
     if reason is not None:

@@ -267,3 +267,54 @@ def test_every_nodes_hardware_is_in_the_key_sorted_and_one_differing_node_change
     assert mixed.key != same.key
     assert nodes_fingerprint({"a": a100, "b": h100}, facts).key == mixed.key, "which node is the head does not matter"
     assert same.soft["node0.name"] in ("a", "b") and "host.name" not in same.hard
+
+
+# --------------------------------------------------------------------------- the next run's sweep, the weight cache
+
+
+def _stale_record(launch_id: str, node_stop: tuple[str, ...]) -> object:
+    from pytest_kimiperf.server.launch_records import LaunchRecord, Place
+
+    here = Place.here()
+    # A launch whose leader and owner are long gone (pid 1's identity never matches a record).
+    return LaunchRecord(launch_id=launch_id, pid=999999, pgid=999999, create_time=1.0, cmdline=("ssh",),
+                        deployment="d", profile="default", log_path="/dev/null", started_at=time.time(),
+                        owner_pid=999999, owner_create_time=1.0, start_ticks=1, host=here.host,
+                        boot_id=here.boot_id, pid_ns=here.pid_ns, uid=here.uid, node_stop=node_stop)
+
+
+def _agent_answer(survivors: list[dict[str, object]]) -> tuple[str, ...]:
+    answer = json.dumps({"terminated": [{"pid": 5, "name": "VLLM::Worker_TP1", "cmdline": []}], "killed": [],
+                         "survivors": survivors})
+    return (sys.executable, "-c", f"print({answer!r})")
+
+
+def test_the_next_runs_sweep_stops_a_killed_sessions_processes_on_a_template_node(tmp_path: Path) -> None:
+    from pytest_kimiperf.server import launch_records
+    from pytest_kimiperf.server.sweep import sweep_stale_launches
+
+    launch_records.record_launch(tmp_path, _stale_record("nodesweep01", _agent_answer([]))).release()  # type: ignore[arg-type]
+    report = sweep_stale_launches(tmp_path, grace_s=1.0)
+    assert [p.name for p in report.ended] == ["VLLM::Worker_TP1 on the node of launch nodesweep01 (d/default, "
+                                              f"pid 999999, started {report.swept[0].split('started ')[1]}"]
+    assert not launch_records.load_launches(tmp_path).records, "nothing survived: the record is forgotten"
+
+
+def test_a_node_the_sweep_cannot_reach_keeps_the_record_for_the_next_one(tmp_path: Path) -> None:
+    from pytest_kimiperf.server import launch_records
+    from pytest_kimiperf.server.sweep import sweep_stale_launches
+
+    unreachable = ("sh", "-c", "echo 'ssh: Could not resolve hostname gpu-b' >&2; exit 255")
+    launch_records.record_launch(tmp_path, _stale_record("nodesweep02", unreachable)).release()  # type: ignore[arg-type]
+    report = sweep_stale_launches(tmp_path, grace_s=1.0)
+    assert "unverified: exited with code 255: ssh: Could not resolve hostname gpu-b" in report.survivors[0].describe()
+    assert [r.launch_id for r in launch_records.load_launches(tmp_path).records] == ["nodesweep02"]
+    assert launch_records.LaunchRecord.from_json(_stale_record("x", ("a", "b")).to_json()).node_stop == ("a", "b")  # type: ignore[attr-defined]
+    assert "node_stop" not in _stale_record("y", ()).to_json()  # type: ignore[attr-defined]
+
+
+def test_a_multi_node_deployment_loads_weights_from_disk_and_says_why() -> None:
+    from pytest_kimiperf.server.weight_cache import why_not_used
+
+    reason = why_not_used(setting="auto", gpu_count=8, command=["vllm", "serve", "m"], nodes=2)
+    assert reason is not None and reason.startswith("a deployment across 2 nodes: `vllm preload` daemons run on the head")
