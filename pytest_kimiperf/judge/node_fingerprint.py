@@ -5,8 +5,9 @@ agent's ``facts``, or this machine's for a node that runs here). The deployment'
 hold every node's, in the order of their sorted facts, so which host is the head does not
 matter, and one node that differs (another GPU, driver class or vLLM) makes the key differ:
 a baseline recorded on eight H100 nodes never judges a run with one A100 among them. The
-summary keys the key's readable class is built from (``gpu.count`` the total, ``gpu.name``,
-``cpu.*``, ``software.*``) come from the first node in that order; node names and host names are soft.
+one-machine keys (``gpu.*``, ``cpu.*``, ``software.*``: what the report header and the key's
+readable class read) are the first node's in that order, except ``gpu.count``, every node's
+together; node names and host names are soft.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ def nodes_fingerprint(per_node: Mapping[str, NodeFacts], deployment_facts: Mappi
         hard.update({f"node{k}.{fact}": value for fact, value in node_hard.items()})
         soft.update({f"node{k}.{fact}": value for fact, value in node_soft.items()})
         soft[f"node{k}.name"] = name
-    first_hard = ordered[0][1][0]
+    # The one-machine keys (what describe() and the readable class read) are the first node's;
+    # the GPU count is every node's; the host names are every node's.
+    first_hard, first_soft = ordered[0][1]
+    hard.update(first_hard)
     hard["gpu.count"] = str(sum(int(h.get("gpu.count", "0")) for _, (h, _) in ordered))
-    for fact in first_hard:
-        if fact in ("gpu.name", "cpu.model", "cpu.cores") or fact.startswith("software."):
-            hard[fact] = first_hard[fact]
+    soft.update(first_soft)
+    soft["host.name"] = ",".join(dict.fromkeys(s.get("host.name", "?") for _, (_, s) in ordered))
     hard.update({f"deployment.{name}": value for name, value in deployment_facts.items()})
     return Fingerprint(hard=hard, soft=soft)
 

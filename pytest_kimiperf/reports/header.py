@@ -47,6 +47,9 @@ def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
     if not s.external:
         dep = s.deployment
         lines.append(f"kimiperf: server command: {describe_command(dep)}")
+        if dep.nodes:  # config/nodes.py: the head runs here, every other node through its template
+            lines.append("kimiperf: nodes (vLLM --nnodes, head first): " + ", ".join(
+                f"{n.describe()}" + (f" [{' '.join(n.launch)}]" if n.launch else "") for n in dep.nodes))
         lines.extend(f"kimiperf: {line}" for line in weight_cache_lines(
             setting=dep.weight_cache, gpu_count=dep.gpu_count, command=list(dep.command), model=dep.model,
             tensor_parallel_size=dep.tensor_parallel_size, quantization=dep.quantization,

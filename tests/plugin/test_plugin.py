@@ -62,6 +62,23 @@ def test_ini_twin_sets_the_deployment_and_cli_wins(pytester: pytest.Pytester, st
     result.stdout.fnmatch_lines(["kimiperf: deployment tiny-cpu *"])
 
 
+def test_the_header_names_every_node_and_the_fingerprint_counts_them(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--deployment", "tiny-cpu-2node", "--co")
+    result.stdout.fnmatch_lines([
+        "kimiperf: nodes (vLLM --nnodes, head first): node0 (127.0.0.1, this machine), node1 (127.0.0.1, this machine)",
+        "kimiperf fingerprint: 2n-cpu-*",
+    ])
+
+
+def test_a_ray_deployment_with_nodes_is_a_usage_error_saying_why(pytester: pytest.Pytester, stub_project) -> None:
+    stub_project('[tool.kimiperf.deployments.mine]\nextends = "tiny-cpu-2node"\n'
+                 'command = ["{python}", "-m", "vllm", "serve", "{model}", "--distributed-executor-backend", "ray"]\n')
+    result = pytester.runpytest("--deployment", "mine")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--distributed-executor-backend ray with nodes*cannot watch, sweep or stop them*"])
+
+
 def test_bad_user_deployment_table_is_a_usage_error(pytester: pytest.Pytester, stub_project) -> None:
     stub_project('[tool.kimiperf.deployments.mine]\nextends = "tiny-cpu"\ntensor_parallel_size = "two"\n')
     result = pytester.runpytest()
