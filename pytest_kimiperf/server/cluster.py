@@ -28,6 +28,7 @@ from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.server import sweep as process_sweep
 from pytest_kimiperf.server.process import (
     LAUNCH_ID_ENV,
+    SECRET_NAMES,
     SPT_NOENV,
     ProgressCallback,
     ServerHandle,
@@ -225,6 +226,9 @@ def node_group(head: ServerProcess, nodes: Sequence[Node], engine_argv: Sequence
     profile's NCCL settings reach every rank); a node started through a template gets them, its
     own and the launch marker through ``env``, one on this machine through its environment.
     """
+    # A template's command line is visible in `ps` on both machines: secrets never travel on it.
+    # A remote node that needs one (HF_TOKEN to fetch weights) reads it from its own environment.
+    exported = {k: v for k, v in exported.items() if k not in SECRET_NAMES}
     commands = node_commands(nodes, engine_argv, master_port=master_port, env=exported)
     if not nodes[0].local:
         raise ServerError(f"the head node {nodes[0].describe()} must run on this machine (launch = []): "

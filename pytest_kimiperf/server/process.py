@@ -50,7 +50,7 @@ EXIT_WAIT_S = 5.0
 # Variables worth recording as "the environment the server ran with": the ones that change
 # how vLLM, NCCL, CUDA and OpenMP behave. Secrets (VLLM_API_KEY) are never recorded.
 _RECORDED_PREFIXES = ("NCCL_", "CUDA_", "VLLM_", "OMP_", "HF_", "TORCH_", "GLOO_")
-_SECRET_NAMES = frozenset({"VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
+SECRET_NAMES = frozenset({"VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
 
 ProgressCallback = Callable[[BootProgress, float, bool], None]
 
@@ -105,7 +105,7 @@ def recorded_env(env: Mapping[str, str], always: frozenset[str] = frozenset()) -
     deployment and the profile set, e.g. PYTORCH_CUDA_ALLOC_CONF or LD_PRELOAD)."""
     return {
         k: v for k, v in sorted(env.items())
-        if (k.startswith(_RECORDED_PREFIXES) or k in always) and k not in _SECRET_NAMES
+        if (k.startswith(_RECORDED_PREFIXES) or k in always) and k not in SECRET_NAMES
     }
 
 

@@ -190,13 +190,14 @@ def test_a_template_node_is_stopped_there_by_the_agent_and_its_survivors_reporte
 def test_node_group_builds_each_nodes_process_from_the_head(tmp_path: Path) -> None:
     head = _process(tmp_path, "server-d-default", ["py"])
     group = node_group(head, (Node("a", "127.0.0.1", env=MappingProxyType({"X": "0"})), FAR), ["py", "serve"],
-                       exported={"NCCL_ALGO": "Ring"}, master_port=29511)
+                       exported={"NCCL_ALGO": "Ring", "HF_TOKEN": "hf_secret"}, master_port=29511)
     head_launch, far = group.launches
     assert head.argv[-2:] == ["--node-rank", "0"] and head.env["X"] == "0"
     assert far.process.log_path == tmp_path / "server-d-default-b.log"
     assert far.process.launch_id != head.launch_id
     assert f"KIMIPERF_LAUNCH_ID={far.process.launch_id}" in far.process.argv[3]
     assert "NCCL_ALGO=Ring" in far.process.argv[3] and far.process.argv[0] == "ssh"
+    assert "hf_secret" not in " ".join(far.process.argv), "a secret never travels on a command line"
     with pytest.raises(ServerError, match="the head node b .* must run on this machine"):
         node_group(head, (FAR, HEAD), ["py"], exported={}, master_port=1)
 
