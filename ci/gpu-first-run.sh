@@ -177,11 +177,14 @@ hard, _ = agent_facts(Node("far", "127.0.0.1", launch=stand_in))
 ok = int(hard.get("gpu.count", "0")) >= 1
 print(f"first-run: nodes: {'OK' if ok else 'FAIL'} node agent facts through a template: gpu.count "
       f"{hard.get('gpu.count')}, gpu.name {hard.get('gpu.name')}", flush=True)
-if whole < 2:
+if whole < 2 or len([d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "0,1").split(",") if d.strip()]) < 2:
     print("first-run: nodes: INFO one whole GPU: the two-node boot needs one GPU a node (NCCL refuses two "
           "ranks on one device)")
     sys.exit(0 if ok else 1)
-nodes = tuple(Node(f"n{i}", "127.0.0.1", env=MappingProxyType({"CUDA_VISIBLE_DEVICES": str(i)})) for i in range(2))
+# One GPU a node, from the runner's own restriction where it sets one.
+visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "0,1").split(",") if d.strip()][:2]
+nodes = tuple(Node(f"n{i}", "127.0.0.1", env=MappingProxyType({"CUDA_VISIBLE_DEVICES": d}))
+              for i, d in enumerate(visible))
 deployment = replace(
     TINY_CPU, name="tiny-gpu-2node", description="the tiny model across two loopback GPU nodes", gpu_count=1,
     tensor_parallel_size=2, nodes=nodes,
@@ -199,7 +202,8 @@ try:
     reply = httpx.post(f"{handle.base_url}/v1/completions", timeout=60,
                        json={"model": handle.model, "prompt": "hello", "max_tokens": 16}).json()
     tokens = reply.get("usage", {}).get("completion_tokens")
-    pids = [handle.pid, *handle.node_pids]
+    roots = [psutil.Process(p) for p in (handle.pid, *handle.node_pids) if p is not None]
+    pids = [p.pid for root in roots for p in (root, *root.children(recursive=True))]  # workers included
     manager.release()
 finally:
     manager.close()

@@ -5,7 +5,7 @@ fingerprint's, judge/fingerprint.py ``collect_fingerprint``), ``snapshot --launc
 host counters and process table with the pids carrying the launch marker (the host watch's two
 ends, measure/host_readings.py), and ``stop --launch-id ID --grace S`` ends every process of
 that launch there (server/sweep.py) and says what it ended and what survived. Each prints one
-JSON object on stdout. The same code that reads this machine reads the node: nothing is
+JSON object on its last stdout line, marked (server/agent_wire.py). The same code that reads this machine reads the node: nothing is
 reimplemented for the remote side, and the node needs only this package installed at the
 interpreter path the deployment's command names (a fleet's runners share one image).
 """
@@ -19,6 +19,8 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from pytest_kimiperf.server.agent_wire import AGENT_MARK
 
 
 def facts() -> dict[str, Any]:
@@ -85,8 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = snapshot(args.launch_id)
     else:
         result = stop(args.launch_id, args.grace)
-    json.dump(result, sys.stdout)
-    sys.stdout.write("\n")
+    # One marked line, the last: a template may mix the node's stderr and banners in (agent_wire.py).
+    print(AGENT_MARK + json.dumps(result), flush=True)
     return 0
 
 

@@ -175,11 +175,12 @@ class PerfRecorder:
         bounds = HostBounds.from_mapping(self.settings.deployment.host_bounds,
                                          source=f"deployment {self.settings.deployment.name} host_bounds")
         for attempt in range(1 + HOST_RETRIES):
-            watch = HostWatch(own_pids=self._own_pids, **self._gpu_watch())
             # The nodes this machine reaches through a launch template (a multi-node deployment).
             nodes = NodeWatch(self.server.remote_nodes) if self.server.remote_nodes else None
             if nodes is not None:
                 nodes.start()
+            here = nodes.here_pids if nodes is not None else set()
+            watch = HostWatch(own_pids=lambda: [*self._own_pids(), *here], **self._gpu_watch())
             watch.start()
             if attempt == 0 and benchmark is not None:
                 run = benchmark_bridge.run_timed(benchmark, play)

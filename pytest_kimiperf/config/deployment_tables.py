@@ -18,7 +18,7 @@ from typing import Any
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, PLACEHOLDERS, Deployment
 from pytest_kimiperf.config.metric_specs import METRICS
-from pytest_kimiperf.config.names import check_safe_name
+from pytest_kimiperf.config.names import check_placeholders, check_safe_name
 from pytest_kimiperf.config.nodes import check_nodes, parse_nodes
 
 __all__ = ["check_tolerances", "resolve_deployments", "select_deployment"]
@@ -135,7 +135,7 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
         if key == "command":
             if not value or not all(isinstance(part, str) for part in value):
                 raise ConfigError(f"{where}: command must be a non-empty list of strings")
-            _check_placeholders(value, where)
+            check_placeholders(value, PLACEHOLDERS, what="command part", where=where)
             fields[key] = tuple(value)
         elif key == "env":
             fields[key] = MappingProxyType({**base.env, **_string_env(value, where)})
@@ -206,22 +206,6 @@ def _check(d: Deployment, where: str) -> None:
             f"{where}: decode_target_tok_s = {d.decode_target_tok_s} is below "
             f"decode_floor_tok_s = {d.decode_floor_tok_s}; the target must be >= the floor"
         )
-
-
-def _check_placeholders(command: list[str], where: str) -> None:
-    import string
-
-    for part in command:
-        try:
-            names = [f for _, f, _, _ in string.Formatter().parse(part) if f is not None]
-        except ValueError as exc:
-            raise ConfigError(f"{where}: command part {part!r} is not a valid template: {exc}") from None
-        for placeholder in names:
-            if placeholder not in PLACEHOLDERS:
-                raise ConfigError(
-                    f"{where}: command part {part!r} uses unknown placeholder {{{placeholder}}}; "
-                    f"allowed: {', '.join('{' + p + '}' for p in PLACEHOLDERS)}"
-                )
 
 
 def _string_env(value: Mapping[str, Any], where: str) -> dict[str, str]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
+import string
+from collections.abc import Iterable, Sequence
 
 from pytest_kimiperf.errors import ConfigError
 
@@ -27,3 +28,17 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """``" (did you mean 'x'?)"`` for the closest of ``choices`` to ``word``, or ``""`` if none is close."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_placeholders(parts: Sequence[str], allowed: Sequence[str], *, what: str, where: str) -> None:
+    """ConfigError unless every ``{name}`` in ``parts`` (``what`` says whose: "command part")
+    is one of ``allowed``, naming the part, the placeholder and the allowed ones."""
+    for part in parts:
+        try:
+            names = [f for _, f, _, _ in string.Formatter().parse(part) if f is not None]
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {what} {part!r} is not a valid template: {exc}") from None
+        for name in names:
+            if name not in allowed:
+                raise ConfigError(f"{where}: {what} {part!r} uses unknown placeholder {{{name}}}; "
+                                  f"allowed: {', '.join('{' + p + '}' for p in allowed)}")

@@ -5,8 +5,10 @@ executor across nodes (vllm/engine/arg_utils.py ``--nnodes``, ``--node-rank``, `
 ``--master-port``; entrypoints/cli/serve.py ``run_headless``). Node 0, the head, runs the API
 server, the engine core and its local workers; every other node runs ``--headless`` (its workers
 only) and joins the head's torch.distributed store at ``master_addr:master_port``. vLLM splits
-the world (TP x PP) evenly: ``world_size // nnodes`` ranks a node (arg_utils.py, the
-``world_size % self.nnodes`` check).
+the world (TP x PP x PCP within one data-parallel rank) evenly: ``world_size // nnodes`` ranks a
+node (arg_utils.py, the ``world_size % self.nnodes`` check). Data parallelism across nodes is
+another launch (``--data-parallel-address``, one API server per rank) that this module does not
+drive: ``--data-parallel-size`` above 1 with nodes is a usage error.
 
 A node is started through a launch template, an argument-list prefix: ``[]`` runs the node's
 command on this machine (a loopback "node", what the CPU twin does), ``["ssh", "-tt", "{host}",
@@ -22,21 +24,24 @@ not own: it is a usage error here, with the reason (docs/scaling.md).
 from __future__ import annotations
 
 import shlex
-import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from pytest_kimiperf.config.names import check_safe_name
+from pytest_kimiperf.config.names import check_placeholders, check_safe_name
 from pytest_kimiperf.errors import ConfigError
 
 LAUNCH_PLACEHOLDERS = ("host", "name", "command")
 # What vLLM's multi-node flags are called; the plugin sets them per node, a command may not.
 NODE_FLAGS = ("--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port", "--headless")
 _EXECUTOR_FLAG = "--distributed-executor-backend"
+_TP_FLAGS = ("--tensor-parallel-size", "-tp")
 _PP_FLAGS = ("--pipeline-parallel-size", "-pp")
-DEFAULT_MASTER_PORT = 29501  # vLLM's own default (config/parallel.py ParallelConfig.master_port)
+_PCP_FLAGS = ("--prefill-context-parallel-size", "-pcp")
+_DP_FLAGS = ("--data-parallel-size", "-dp")
+# Never on a command line that `ps` shows (a launch template's), nor in a report.
+SECRET_NAMES = frozenset({"VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
 
 
 @dataclass(frozen=True)
@@ -137,33 +142,46 @@ def check_nodes(nodes: Sequence[Node], *, command: Sequence[str], tensor_paralle
             "multiprocessing executor across them ('mp', or leave the flag out). Ray starts its workers "
             "through a cluster the plugin does not own, so it cannot watch, sweep or stop them "
             "(docs/scaling.md): attach to such a server with --server-url instead")
-    pp = flag_value(command, _PP_FLAGS)
-    try:
-        world = tensor_parallel_size * (int(pp) if pp is not None else 1)
-    except ValueError:
-        raise ConfigError(f"{where}: --pipeline-parallel-size {pp!r} is not an integer") from None
+    sizes = {name: _int_flag(command, flags, where) for name, flags in
+             (("pipeline parallel", _PP_FLAGS), ("prefill context parallel", _PCP_FLAGS), ("data parallel", _DP_FLAGS))}
+    if sizes["data parallel"] > 1:
+        raise ConfigError(f"{where}: --data-parallel-size {sizes['data parallel']} with nodes; the plugin drives "
+                          "tensor, pipeline and prefill-context parallelism across nodes (one engine, one API "
+                          "server on the head), not data-parallel ranks, which vLLM launches differently")
+    tp_text = flag_value(command, _TP_FLAGS)  # a profile's own size, where one replaced "{tp}"
+    tensor_parallel_size = int(tp_text) if tp_text is not None and tp_text.isdigit() else tensor_parallel_size
+    world = tensor_parallel_size * sizes["pipeline parallel"] * sizes["prefill context parallel"]
     if world % len(nodes):
         raise ConfigError(
             f"{where}: {len(nodes)} nodes do not divide the world size {world} (tensor parallel "
-            f"{tensor_parallel_size} x pipeline parallel {pp or 1}); vLLM gives every node "
-            "world_size / nnodes ranks")
+            f"{tensor_parallel_size} x pipeline parallel {sizes['pipeline parallel']} x prefill context parallel "
+            f"{sizes['prefill context parallel']}); vLLM gives every node world_size / nnodes ranks")
+
+
+def _int_flag(command: Sequence[str], flags: Sequence[str], where: str) -> int:
+    value = flag_value(command, flags)
+    try:
+        return int(value) if value is not None else 1
+    except ValueError:
+        raise ConfigError(f"{where}: {flags[0]} {value!r} is not an integer") from None
 
 
 def _check_launch(node: Node, where: str) -> None:
-    for part in node.launch:
-        try:
-            names = [f for _, f, _, _ in string.Formatter().parse(part) if f is not None]
-        except ValueError as exc:
-            raise ConfigError(f"{where}: node {node.name} launch part {part!r} is not a valid template: {exc}") from None
-        for name in names:
-            if name not in LAUNCH_PLACEHOLDERS:
-                raise ConfigError(f"{where}: node {node.name} launch part {part!r} uses unknown placeholder "
-                                  f"{{{name}}}; allowed: {', '.join('{' + p + '}' for p in LAUNCH_PLACEHOLDERS)}")
+    check_placeholders(node.launch, LAUNCH_PLACEHOLDERS, what=f"node {node.name} launch part", where=where)
     if sum("{command}" in part for part in node.launch) > 1:
         raise ConfigError(f"{where}: node {node.name} launch uses {{command}} more than once")
     if any("{command}" in part and part != "{command}" for part in node.launch):
         raise ConfigError(f"{where}: node {node.name} launch part must be '{{command}}' alone, "
                           "the whole command as one quoted string (e.g. for ssh)")
+    if node.launch and node.launch[0].rsplit("/", 1)[-1] == "ssh" and "{command}" not in node.launch:
+        raise ConfigError(f"{where}: node {node.name} launch {list(node.launch)} has no '{{command}}': ssh joins "
+                          "separate arguments with spaces for the remote shell, unquoted (a value such as "
+                          "VLLM_CPU_OMP_THREADS_BIND=0|1 would become a pipe); end it with '{command}'")
+    secrets = sorted(SECRET_NAMES & set(node.env))
+    if node.launch and secrets:
+        raise ConfigError(f"{where}: node {node.name} env sets {', '.join(secrets)}; a node started through a "
+                          "launch template gets its variables on a command line that `ps` shows on both "
+                          "machines: set secrets in that node's own environment instead")
 
 
 def flag_value(argv: Sequence[str], names: Sequence[str]) -> str | None:
@@ -210,5 +228,5 @@ def launch_argv(command: NodeCommand, marker: Mapping[str, str]) -> list[str]:
     return prefix if any(part == "{command}" for part in node.launch) else [*prefix, *inner]
 
 
-__all__ = ["DEFAULT_MASTER_PORT", "LAUNCH_PLACEHOLDERS", "NODE_FLAGS", "Node", "NodeCommand",
+__all__ = ["LAUNCH_PLACEHOLDERS", "NODE_FLAGS", "SECRET_NAMES", "Node", "NodeCommand",
            "check_nodes", "flag_value", "launch_argv", "node_commands", "parse_nodes"]

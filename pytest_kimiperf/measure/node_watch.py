@@ -56,8 +56,8 @@ class NodeWatch:
     """Watches the remote nodes of a deployment during one measured window.
 
     A node whose kernel boot id is this machine's is this machine (a loopback node behind a
-    template, as in the CPU twin's test): the local watch, which knows every pid of the
-    measurement, reads it, and the node is said to be so instead of being read twice.
+    template, as in the CPU twin's test): the local watch reads it, with that launch's processes
+    (``here_pids``) among its own, and the node is said to be so instead of being read twice.
     """
 
     def __init__(self, nodes: Sequence[tuple[Node, str]], *, run: AgentRun = run_agent,
@@ -68,6 +68,9 @@ class NodeWatch:
         self._here = here_boot_id if here_boot_id is not None else boot_id()
         self._start: dict[str, NodeSnapshot] = {}
         self.here: list[str] = []  # nodes found to be this machine
+        # Their launches' processes: ours for the local watch (a node reached by `ssh localhost`
+        # runs under sshd, not under pytest, so only its marker says it is ours).
+        self.here_pids: set[int] = set()
 
     def _snapshot(self, node: Node, launch_id: str) -> NodeSnapshot:
         text = self._run(node, agent_argv(node, self._python, "snapshot", "--launch-id", launch_id))
@@ -75,11 +78,12 @@ class NodeWatch:
 
     def start(self) -> None:
         """Take every node's first snapshot."""
-        self._start, self.here = {}, []
+        self._start, self.here, self.here_pids = {}, [], set()
         for node, launch_id in self._nodes:
             first = self._snapshot(node, launch_id)
             if first.boot_id and first.boot_id == self._here:
                 self.here.append(node.name)
+                self.here_pids |= first.own
             else:
                 self._start[node.name] = first
 

@@ -17,60 +17,78 @@ process; its processes on the node are found and stopped there by the node agent
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
-from pytest_kimiperf.config.nodes import Node, launch_argv, node_commands
-from pytest_kimiperf.errors import ServerError
+from pytest_kimiperf.config.nodes import SECRET_NAMES, Node, launch_argv, node_commands
+from pytest_kimiperf.errors import KimiperfError, ServerError
 from pytest_kimiperf.server import sweep as process_sweep
+from pytest_kimiperf.server.agent_wire import agent_payload
+from pytest_kimiperf.server.launcher import ENDED
 from pytest_kimiperf.server.process import (
     LAUNCH_ID_ENV,
-    SECRET_NAMES,
     SPT_NOENV,
     ProgressCallback,
     ServerHandle,
     ServerProcess,
     tail_lines,
 )
+from pytest_kimiperf.server.progress import BootProgress
 
 AGENT_TIMEOUT_S = 60.0
 # How long worker nodes get to finish exiting once the head stopped serving (their launcher gives
 # what a node left 2 s: launcher.ORPHAN_GRACE_S).
 WORKER_EXIT_WAIT_S = 5.0
-# argv (the node's launch template filled with its host) -> the agent's stdout
-AgentRunner = Callable[[Node, list[str]], str]
+# argv (the node's launch template filled with its host), timeout -> what the agent printed
+AgentRunner = Callable[[Node, list[str], float], str]
 
 
 def agent_argv(node: Node, python: str, *args: str) -> list[str]:
     """The node agent's command line, inside ``node``'s launch template (as its server's is)."""
-    import shlex
-
     inner = [python, "-m", "pytest_kimiperf.node_agent", *args]
     values = {"host": node.host, "name": node.name, "command": shlex.join(inner)}
     prefix = [part.format(**values) for part in node.launch]
     return prefix if "{command}" in node.launch else [*prefix, *inner]
 
 
-def run_agent(node: Node, argv: list[str]) -> str:
-    """Run the node agent and return what it printed; ServerError naming the node if it failed."""
+def run_agent(node: Node, argv: list[str], timeout_s: float = AGENT_TIMEOUT_S) -> str:
+    """Run the node agent and return its answer's JSON; ServerError naming the node if it failed."""
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=AGENT_TIMEOUT_S,
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
                               stdin=subprocess.DEVNULL, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ServerError(f"node {node.describe()}: the node agent did not run ({exc}); command: "
                           f"{' '.join(argv)}") from None
     if done.returncode != 0:
         raise ServerError(f"node {node.describe()}: the node agent exited with code {done.returncode}: "
-                          f"{done.stderr.strip()[-800:]}; command: {' '.join(argv)}")
-    return done.stdout
+                          f"{(done.stderr or done.stdout).strip()[-800:]}; command: {' '.join(argv)}")
+    try:
+        return agent_payload(done.stdout, where=f"node {node.describe()}")
+    except KimiperfError as exc:
+        raise ServerError(str(exc)) from None
 
 
 def stop_argv(node: Node, python: str, launch_id: str, grace_s: float) -> list[str]:
     """The node agent's stop of one launch on ``node``, inside its launch template."""
     return agent_argv(node, python, "stop", "--launch-id", launch_id, "--grace", f"{grace_s:g}")
+
+
+def _ended_at(log_path: Path | None) -> float | None:
+    """When the launcher saw the node's command end (its last ``launcher.ENDED`` line), if it says."""
+    if log_path is None:
+        return None
+    for line in reversed(tail_lines(log_path, 20).splitlines()):
+        if line.startswith(ENDED) and " at " in line:
+            try:
+                return float(line.rsplit(" at ", 1)[1])
+            except ValueError:
+                return None
+    return None
 
 
 @dataclass
@@ -85,17 +103,24 @@ class NodeLaunch:
         """``node node1 (127.0.0.1, this machine), worker rank 1``."""
         return f"node {self.node.describe()}, {'head' if self.rank == 0 else 'worker'} rank {self.rank}"
 
+    def exit_code(self) -> int | None:
+        """The node's exit status on this machine (its launcher's), None while it runs."""
+        popen = self.process.popen
+        return popen.poll() if popen is not None else None
+
 
 class NodeGroup:
     """Every node of one boot: the head and its worker nodes, managed as one server."""
 
-    def __init__(self, launches: Sequence[NodeLaunch], *, python: str,
-                 agent: AgentRunner = lambda node, argv: run_agent(node, argv)) -> None:
+    def __init__(self, launches: Sequence[NodeLaunch], *, python: str, agent: AgentRunner = run_agent) -> None:
         assert launches and launches[0].rank == 0, "the head first"
         self.launches = list(launches)
         self.head = launches[0].process
         self.python = python
         self._agent = agent
+        # Nodes whose processes there may not all have ended (a failed or unverified agent
+        # stop): their local record is kept so close() and the next run's sweep try again.
+        self._unverified: set[str] = set()
 
     # ServerProcess's face, as the manager uses it
     @property
@@ -124,75 +149,105 @@ class NodeGroup:
         started: list[NodeLaunch] = []
         try:
             for launch in self.launches:
-                launch.process.start()
                 started.append(launch)
+                launch.process.start()
         except BaseException:
-            for launch in reversed(started):
-                launch.process.stop()
+            self._stop_all(started)
             raise
 
     def wait_ready(self, on_progress: ProgressCallback | None = None) -> ServerHandle:
         """Wait for the head to serve; a worker node that exits meanwhile fails the boot.
 
         Any exception (a node's death, the deadline, Ctrl-C) stops every node before it
-        propagates, as a one-machine server's wait does.
+        propagates, as a one-machine server's wait does. While the head runs, a dead worker is
+        the cause; once the head itself exited, its own error is (with the nodes that died too).
         """
-        def progress(state: object, elapsed: float, changed: bool) -> None:
-            self._raise_if_a_worker_died("while booting")
+        def progress(state: BootProgress, elapsed: float, changed: bool) -> None:
+            if self.launches[0].exit_code() is None:
+                self._raise_for_dead_workers("while booting")
             if on_progress is not None:
-                on_progress(state, elapsed, changed)  # type: ignore[arg-type]
+                on_progress(state, elapsed, changed)
 
         try:
-            handle = self.head.wait_ready(progress)
+            try:
+                handle = self.head.wait_ready(progress)
+            except ServerError as head_error:
+                raise self._cause(head_error, "while booting") from None
+            self._raise_for_dead_workers("while booting")
         except BaseException:
             self.stop()
             raise
         others = tuple(pid for n in self.launches[1:] if n.node.local and (pid := n.process.server_pid()))
-        from dataclasses import replace
-
         remote = tuple((n.node, n.process.launch_id) for n in self.launches[1:] if not n.node.local)
         return replace(handle, node_pids=others, nodes=tuple(n.node.name for n in self.launches), remote_nodes=remote)
 
-    def _raise_if_a_worker_died(self, when: str) -> None:
-        for launch in self.launches[1:]:
-            popen = launch.process.popen
-            code = popen.poll() if popen is not None else None
-            if code is not None:
-                raise ServerError(
-                    f"{launch.describe()} of the {self.deployment} server ({self.profile}) exited with code "
-                    f"{code} {when}; log: {launch.process.log_path}\n{tail_lines(launch.process.log_path)}")
+    def _dead_workers(self) -> list[tuple[NodeLaunch, int]]:
+        return [(n, code) for n in self.launches[1:] if (code := n.exit_code()) is not None]
+
+    def _worker_error(self, launch: NodeLaunch, code: int, when: str) -> ServerError:
+        log = launch.process.log_path
+        return ServerError(f"{launch.describe()} of the {self.deployment} server ({self.profile}) exited with code "
+                           f"{code} {when}; log: {log}\n{tail_lines(log)}")
+
+    def _raise_for_dead_workers(self, when: str) -> None:
+        dead = self._dead_workers()
+        if dead:
+            raise self._worker_error(*dead[0], when)
+
+    def _cause(self, head_error: ServerError, when: str, settle_s: float = 0.0) -> ServerError:
+        """The error to report when the head failed: a worker node that died before it (by the
+        launchers' ENDED lines) is the cause; else the head's own error, naming the nodes that
+        died too. ``settle_s``: how long worker nodes get to finish exiting first."""
+        deadline = time.monotonic() + settle_s
+        dead = self._dead_workers()
+        while not dead and time.monotonic() < deadline:
+            time.sleep(0.2)
+            dead = self._dead_workers()
+        if not dead:
+            return head_error
+        head_ended = _ended_at(self.head.log_path) if self.launches[0].exit_code() is not None else None
+        first, code = min(dead, key=lambda item: _ended_at(item[0].process.log_path) or float("inf"))
+        first_ended = _ended_at(first.process.log_path)
+        if head_ended is None or (first_ended is not None and first_ended <= head_ended):
+            return ServerError(f"{self._worker_error(first, code, when)}\nthe head then failed too: "
+                               f"{str(head_error).splitlines()[0]}")
+        also = ", ".join(f"{n.node.name} (code {c}; log: {n.process.log_path})" for n, c in dead)
+        return ServerError(f"{head_error}\nworker node(s) that exited after the head: {also}")
 
     def ensure_alive(self, *, settle_s: float = WORKER_EXIT_WAIT_S) -> None:
         """ServerError naming the node (with its log tail) unless every node runs and the head serves.
 
         A head that stopped serving is often the consequence: its engine died at the first
-        collective after a worker node's death. So the worker nodes get ``settle_s`` to finish
-        exiting (their launcher ends what the node left first), and a dead one is the message.
+        collective after a worker node's death. So, when the head fails, the worker nodes get
+        ``settle_s`` to finish exiting (their launcher first ends what the node left), and the
+        node that ended first is the message.
         """
-        self._raise_if_a_worker_died("during the session")
+        if self.launches[0].exit_code() is None:
+            self._raise_for_dead_workers("during the session")
         try:
             self.head.ensure_alive()
         except ServerError as head_error:
-            deadline = time.monotonic() + settle_s
-            while True:
-                try:
-                    self._raise_if_a_worker_died("during the session")
-                except ServerError as node_error:
-                    raise ServerError(f"{node_error}\nthe head then failed too: {str(head_error).splitlines()[0]}") from None
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.2)
+            raise self._cause(head_error, "during the session", settle_s) from None
 
     def stop(self) -> process_sweep.TerminationReport | None:
-        """Stop the head first (vLLM shuts its engine down), then every worker node; on a node
-        behind a launch template, the node agent stops what the launch left there."""
-        reports = []
-        for launch in self.launches:
-            report = launch.process.stop()
+        """Stop the head first (vLLM shuts its engine down), then every worker node."""
+        return self._stop_all(self.launches)
+
+    def _stop_all(self, launches: Sequence[NodeLaunch]) -> process_sweep.TerminationReport | None:
+        """Stop each of ``launches``, every one even if another's stop raises (the first error
+        is raised after the rest were stopped)."""
+        reports: list[process_sweep.TerminationReport] = []
+        error: BaseException | None = None
+        for launch in launches:
+            try:
+                report = self._stop_one(launch)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, after every node
+                error = error or exc
+                continue
             if report is not None:
                 reports.append(report)
-            if not launch.node.local:
-                reports.append(self._stop_there(launch))
+        if error is not None:
+            raise error
         if not reports:
             return None
         total = process_sweep.TerminationReport()
@@ -200,10 +255,29 @@ class NodeGroup:
             total = total.combined(report)
         return total
 
-    def _stop_there(self, launch: NodeLaunch) -> process_sweep.TerminationReport:
-        argv = stop_argv(launch.node, self.python, launch.process.launch_id, launch.process.grace_s)
-        return process_sweep.remote_stop(argv, where=launch.node.name,
-                                         run=lambda argv: self._agent(launch.node, argv))
+    def _stop_one(self, launch: NodeLaunch) -> process_sweep.TerminationReport | None:
+        """One node's stop. Behind a template, the agent stops the launch there first (while the
+        template's process still holds the node's session); the local record is kept unless
+        that stop is verified, so close() and the next run's sweep try again."""
+        if launch.node.local:
+            return launch.process.stop()
+        if launch.process.record is None and launch.node.name not in self._unverified:
+            return None  # never started, or already stopped and verified
+        control = launch.process.control
+        grace = 0.0 if control.kill_now else launch.process.grace_s
+        argv = stop_argv(launch.node, self.python, launch.process.launch_id, grace)
+        timeout = grace + process_sweep.KILL_WAIT_S + AGENT_TIMEOUT_S
+        control.stopping = True
+        try:
+            there = process_sweep.remote_stop(argv, where=launch.node.name,
+                                              run=lambda argv: self._agent(launch.node, list(argv), timeout))
+        finally:
+            control.stopping = False
+        if there.survivors:
+            self._unverified.add(launch.node.name)
+            return there.combined(launch.process.stop(keep_record=True) or process_sweep.TerminationReport())
+        self._unverified.discard(launch.node.name)
+        return there.combined(launch.process.stop() or process_sweep.TerminationReport())
 
     def server_pid(self) -> int | None:
         """The head's server pid."""
@@ -234,13 +308,14 @@ def node_group(head: ServerProcess, nodes: Sequence[Node], engine_argv: Sequence
         raise ServerError(f"the head node {nodes[0].describe()} must run on this machine (launch = []): "
                           "its API server is measured and its processes watched from here")
     head.argv = list(commands[0].argv)
+    shared_env = {k: v for k, v in head.env.items() if k != LAUNCH_ID_ENV}  # before the head's own
     head.env.update(nodes[0].env)
     launches = [NodeLaunch(nodes[0], 0, head)]
     for command in commands[1:]:
         node = command.node
         log = head.log_path.with_name(f"{head.log_path.stem}-{node.name}{head.log_path.suffix}")
         process = ServerProcess(
-            argv=[], env={k: v for k, v in head.env.items() if k != LAUNCH_ID_ENV}, log_path=log,
+            argv=[], env=dict(shared_env), log_path=log,
             state_dir=head.state_dir, base_url=head.base_url, served_model_name=head.served_model_name,
             deployment=head.deployment, profile=head.profile, deadline_s=head.deadline_s,
             grace_s=head.grace_s, control=head.control)

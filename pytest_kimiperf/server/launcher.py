@@ -23,6 +23,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import time
 
 from pytest_kimiperf.server import sweep as process_sweep
 
@@ -31,6 +32,9 @@ from pytest_kimiperf.server import sweep as process_sweep
 ORPHAN_GRACE_S = 2.0
 # Launcher exit code when the command cannot be started at all (as a shell says it).
 CANNOT_START = 127
+# The line the launcher writes to the log when the command ends, with the wall-clock time: the
+# nodes of one server (cluster.py) are ordered by it to say which died first.
+ENDED = "kimiperf launcher: the command ended with code "
 
 
 def _end_the_rest(grace_s: float) -> None:
@@ -80,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             _end_the_rest(args.grace)
             sys.exit(0)
+    print(f"{ENDED}{child.returncode} at {time.time():.3f}", file=sys.stderr, flush=True)
     _end_the_rest(ORPHAN_GRACE_S)
     _exit_like(child.returncode)
 

@@ -30,7 +30,7 @@ from types import MappingProxyType
 import httpx
 import psutil
 
-from pytest_kimiperf.config.nodes import Node
+from pytest_kimiperf.config.nodes import SECRET_NAMES, Node
 from pytest_kimiperf.server import launch_records
 from pytest_kimiperf.server import sweep as process_sweep
 from pytest_kimiperf.errors import ServerError
@@ -50,7 +50,6 @@ EXIT_WAIT_S = 5.0
 # Variables worth recording as "the environment the server ran with": the ones that change
 # how vLLM, NCCL, CUDA and OpenMP behave. Secrets (VLLM_API_KEY) are never recorded.
 _RECORDED_PREFIXES = ("NCCL_", "CUDA_", "VLLM_", "OMP_", "HF_", "TORCH_", "GLOO_")
-SECRET_NAMES = frozenset({"VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
 
 ProgressCallback = Callable[[BootProgress, float, bool], None]
 
@@ -427,11 +426,13 @@ class ServerProcess:
 
     # -- teardown -------------------------------------------------------------------------
 
-    def stop(self) -> process_sweep.TerminationReport | None:
+    def stop(self, *, keep_record: bool = False) -> process_sweep.TerminationReport | None:
         """Stop the whole server (group, descendants, orphans) and verify nothing is left.
 
         The record (and its owner lock) is kept while anything survives, so a later stop, or the
         next run's sweep, tries again; ``self.record`` is None only once nothing is left.
+        ``keep_record``: kept even so (what the launch started elsewhere, on a node behind a
+        template, is not verified gone: cluster.py).
         """
         if self.record is None:
             return None
@@ -444,7 +445,7 @@ class ServerProcess:
         if self.popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout=5)
-        if report.survivors:
+        if report.survivors or keep_record:
             return report
         launch_records.forget_launch(self.state_dir, self.record.launch_id)
         if self._held is not None:

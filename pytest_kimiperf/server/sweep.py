@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 import psutil
 
 from pytest_kimiperf.errors import KimiperfError
+from pytest_kimiperf.server.agent_wire import agent_payload
 from pytest_kimiperf.server.gpu import gpu_memory_by_pid
 from pytest_kimiperf.server.launch_records import (
     LaunchRecord,
@@ -134,6 +135,8 @@ class ProcessSummary:
     pid: int
     name: str
     cmdline: tuple[str, ...]
+    # On another node (its pid means nothing here: never matched against this machine's GPUs).
+    remote: bool = False
 
     def describe(self) -> str:
         """``pid 123 python3 (python3 -m vllm.entrypoints...)``, the command cut at 160 characters."""
@@ -260,14 +263,15 @@ def _run_remote(argv: Sequence[str]) -> str:
     except (OSError, subprocess.SubprocessError) as exc:
         raise KimiperfError(f"did not run ({exc})") from None
     if done.returncode != 0:
-        raise KimiperfError(f"exited with code {done.returncode}: {done.stderr.strip()[-400:]}")
-    return done.stdout
+        raise KimiperfError(f"exited with code {done.returncode}: {(done.stderr or done.stdout).strip()[-400:]}")
+    return agent_payload(done.stdout, where="the node agent's stop")
 
 
 def remote_stop(argv: Sequence[str], *, where: str,
                 run: Callable[[Sequence[str]], str] = _run_remote) -> TerminationReport:
     """Run the node agent's stop of a launch on another node (``python -m pytest_kimiperf.node_agent
-    stop``, inside the node's launch template) and read what it ended and what survived there.
+    stop``, inside the node's launch template) and read what it ended and what survived there;
+    ``run`` returns the agent's answer (agent_wire.py).
     An agent that cannot run or answers nonsense leaves one unverified survivor, so the launch's
     record is kept and the next sweep tries again."""
     import json
@@ -277,10 +281,10 @@ def remote_stop(argv: Sequence[str], *, where: str,
         rows = {key: [(int(p["pid"]), str(p["name"]), tuple(p.get("cmdline", ()))) for p in data[key]]
                 for key in ("terminated", "killed", "survivors")}
     except (KimiperfError, ValueError, KeyError, TypeError) as exc:
-        return TerminationReport(survivors=(ProcessSummary(0, f"on {where}", (f"unverified: {exc}",)),))
+        return TerminationReport(survivors=(ProcessSummary(0, f"on {where}", (f"unverified: {exc}",), remote=True),))
 
     def summaries(key: str) -> tuple[ProcessSummary, ...]:
-        return tuple(ProcessSummary(pid, f"{name} on {where}", cmdline) for pid, name, cmdline in rows[key])
+        return tuple(ProcessSummary(pid, f"{name} on {where}", cmdline, remote=True) for pid, name, cmdline in rows[key])
 
     return TerminationReport(terminated=summaries("terminated"), killed=summaries("killed"),
                              survivors=summaries("survivors"))
@@ -387,8 +391,8 @@ def sweep_stale_launches(
             else:
                 forget_launch(state_dir, record.launch_id)
                 swept.append(record.describe())
-    ended_pids = {p.pid for p in ended}
-    survivor_pids = {p.pid for p in survivors}
+    ended_pids = {p.pid for p in ended if not p.remote}
+    survivor_pids = {p.pid for p in survivors if not p.remote}
     return SweepReport(
         swept=tuple(swept),
         skipped=tuple(skipped),

@@ -71,6 +71,14 @@ def test_the_header_names_every_node_and_the_fingerprint_counts_them(pytester: p
     ])
 
 
+def test_a_profile_whose_args_undo_the_node_layout_is_a_usage_error(pytester: pytest.Pytester, stub_project) -> None:
+    stub_project('[tool.kimiperf.profiles.wide]\nargs = ["--data-parallel-size", "2"]\n')
+    result = pytester.runpytest("--deployment", "tiny-cpu-2node", "--kimiperf-profile", "wide")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*profile 'wide' (from *) args on deployment tiny-cpu-2node: --data-parallel-size 2 "
+                                 "with nodes*"])
+
+
 def test_a_ray_deployment_with_nodes_is_a_usage_error_saying_why(pytester: pytest.Pytester, stub_project) -> None:
     stub_project('[tool.kimiperf.deployments.mine]\nextends = "tiny-cpu-2node"\n'
                  'command = ["{python}", "-m", "vllm", "serve", "{model}", "--distributed-executor-backend", "ray"]\n')

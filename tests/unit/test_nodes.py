@@ -21,6 +21,7 @@ from pytest_kimiperf.config.nodes import Node, check_nodes, launch_argv, node_co
 from pytest_kimiperf.errors import ConfigError, ServerError
 from pytest_kimiperf.judge.node_fingerprint import nodes_fingerprint
 from pytest_kimiperf.measure.node_watch import NodeWatch, parse_snapshot
+from pytest_kimiperf.server.agent_wire import AGENT_MARK, agent_payload
 from pytest_kimiperf.server.cluster import NodeGroup, NodeLaunch, agent_argv, node_group
 from pytest_kimiperf.server.process import ServerProcess
 from tests.helpers import STUB_SERVER, gone
@@ -53,6 +54,14 @@ def test_a_table_with_nodes_resolves_to_the_head_first() -> None:
     ({"nodes": ["a", "b"]}, "nodes = ['a', 'b']; must be a list of tables"),
     ({"tensor_parallel_size": 3}, "2 nodes do not divide the world size 3"),
     ({"master_port": 70000}, "master_port = 70000; must be a TCP port 1-65535"),
+    ({"nodes": [{"name": "a", "host": "h"}, {"name": "b", "host": "g", "launch": ["ssh", "{host}"]}]},
+     "has no '{command}': ssh joins separate arguments with spaces"),
+    ({"nodes": [{"name": "a", "host": "h"},
+                {"name": "b", "host": "g", "launch": SSH, "env": {"HF_TOKEN": "hf_x"}}]},
+     "node b env sets HF_TOKEN; a node started through a launch template"),
+    ({"command": ["{python}", "-m", "vllm", "--tensor-parallel-size", "{tp}", "-dp", "2"]},
+     "--data-parallel-size 2 with nodes"),
+    ({"command": ["{python}", "-m", "vllm", "-pcp", "x"]}, "--prefill-context-parallel-size 'x' is not an integer"),
     ({"command": ["{python}", "-m", "vllm", "--nnodes", "2"]}, "command sets --nnodes"),
     ({"command": ["{python}", "-m", "vllm", "--distributed-executor-backend", "ray"]},
      "--distributed-executor-backend ray with nodes"),
@@ -66,6 +75,18 @@ def test_a_bad_node_table_is_a_usage_error_naming_the_value(overrides: dict[str,
 def test_master_port_without_nodes_is_a_usage_error() -> None:
     with pytest.raises(ConfigError, match="master_port = 29600 without nodes"):
         resolve_deployments({"one": {"extends": "tiny-cpu", "master_port": 29600}}, source="p")
+
+
+def test_a_local_nodes_env_may_hold_a_secret_it_never_leaves_this_machine() -> None:
+    check_nodes((Node("a", "h", env=MappingProxyType({"HF_TOKEN": "x"})), FAR), command=["x"],
+                tensor_parallel_size=2, master_port=None, where="w")
+
+
+def test_the_world_counts_prefill_context_parallel_and_a_tensor_size_the_command_sets() -> None:
+    with pytest.raises(ConfigError, match=r"2 nodes do not divide the world size 3 \(tensor parallel 3 x"):
+        check_nodes((HEAD, FAR), command=["x", "--tensor-parallel-size", "3"], tensor_parallel_size=2,
+                    master_port=None, where="w")
+    check_nodes((HEAD, FAR), command=["x", "-pcp", "2"], tensor_parallel_size=1, master_port=None, where="w")
 
 
 def test_pipeline_parallel_counts_in_the_world_size() -> None:
@@ -169,10 +190,12 @@ def test_a_group_serves_names_its_nodes_and_stops_every_node(tmp_path: Path) -> 
 def test_a_template_node_is_stopped_there_by_the_agent_and_its_survivors_reported(tmp_path: Path) -> None:
     calls: list[list[str]] = []
 
-    def agent(node: Node, argv: list[str]) -> str:
+    answers = iter([[{"pid": 8, "name": "python", "cmdline": ["stuck"]}], []])
+
+    def agent(node: Node, argv: list[str], timeout_s: float) -> str:
         calls.append(argv)
         return json.dumps({"terminated": [{"pid": 7, "name": "VLLM::Worker_TP1", "cmdline": []}], "killed": [],
-                           "survivors": [{"pid": 8, "name": "python", "cmdline": ["stuck"]}]})
+                           "survivors": next(answers)})
 
     far = _process(tmp_path, "far", [sys.executable, "-c", "pass"])
     head = _process(tmp_path, "head", [sys.executable, "-c", "import time; time.sleep(60)"])
@@ -182,9 +205,57 @@ def test_a_template_node_is_stopped_there_by_the_agent_and_its_survivors_reporte
     assert report is not None
     assert [p.name for p in report.terminated if p.pid == 7] == ["VLLM::Worker_TP1 on b"]
     assert [p.describe() for p in report.survivors] == ["pid 8 python on b (stuck)"]
-    (argv,) = calls
-    assert argv[:3] == ["ssh", "-tt", "10.0.0.2"]
-    assert argv[3].startswith(f"/venv/bin/python -m pytest_kimiperf.node_agent stop --launch-id {far.launch_id} ")
+    assert group.record is not None, "a node whose processes may still run there keeps its record"
+    assert [p.pid for p in report.terminated if p.remote] == [7] and report.survivors[0].remote
+    assert group.stop() is not None and group.record is None, "the second stop verified it: forgotten"
+    first, second = calls
+    assert first[:3] == ["ssh", "-tt", "10.0.0.2"] and first == second
+    assert first[3].startswith(f"/venv/bin/python -m pytest_kimiperf.node_agent stop --launch-id {far.launch_id} ")
+
+
+def test_a_node_that_cannot_start_stops_the_nodes_already_up(tmp_path: Path) -> None:
+    head = _process(tmp_path, "head", [sys.executable, "-c", "import time; time.sleep(60)"])
+    missing = _process(tmp_path, "far", ["/nonexistent/ssh", "gpu-b"])
+    group = NodeGroup([NodeLaunch(HEAD, 0, head), NodeLaunch(Node("b", "gpu-b"), 1, missing)], python="py")
+    with pytest.raises(ServerError, match="'/nonexistent/ssh': not found or not executable"):
+        group.start()
+    assert head.record is None and gone(head.popen.pid)  # type: ignore[union-attr]
+
+
+def test_a_failed_boot_stops_a_template_node_there_too(tmp_path: Path) -> None:
+    stops: list[list[str]] = []
+
+    def agent(node: Node, argv: list[str], timeout_s: float) -> str:
+        stops.append(argv)
+        return json.dumps({"terminated": [], "killed": [], "survivors": []})
+
+    head = _process(tmp_path, "head", [sys.executable, "-c", "print('RuntimeError: no GPU'); exit(3)"])
+    far = _process(tmp_path, "far", [sys.executable, "-c", "import time; time.sleep(60)"])
+    group = NodeGroup([NodeLaunch(HEAD, 0, head), NodeLaunch(FAR, 1, far)], python="py", agent=agent)
+    group.start()
+    with pytest.raises(ServerError, match=r"(?s)the d server \(default\) exited with code 3 .*RuntimeError: no GPU"):
+        group.wait_ready()
+    assert len(stops) == 1 and far.launch_id in stops[0][3] and group.record is None
+
+
+def test_a_head_that_died_first_is_the_message_and_names_the_nodes_that_followed(tmp_path: Path) -> None:
+    sleeper = _process(tmp_path, "far", [sys.executable, "-c", "import time; time.sleep(120)"])
+    group = NodeGroup([NodeLaunch(HEAD, 0, _stub_head(tmp_path)), NodeLaunch(Node("b", "h"), 1, sleeper)],
+                      python=sys.executable)
+    group.start()
+    try:
+        group.wait_ready()
+        psutil.Process(group.head.server_pid()).kill()  # type: ignore[arg-type]
+        group.head.popen.wait(10)  # type: ignore[union-attr]
+        psutil.Process(sleeper.server_pid()).kill()  # type: ignore[arg-type]
+        sleeper.popen.wait(10)  # type: ignore[union-attr]
+        with pytest.raises(ServerError) as info:
+            group.ensure_alive(settle_s=0)
+    finally:
+        group.stop()
+    text = str(info.value)
+    assert text.startswith("the d server (default) died during the session (exit code -9)"), text
+    assert "worker node(s) that exited after the head: b (code -9" in text
 
 
 def test_node_group_builds_each_nodes_process_from_the_head(tmp_path: Path) -> None:
@@ -219,7 +290,7 @@ def test_the_agent_finds_its_launch_by_marker_and_stops_it(tmp_path: Path, capsy
         time.sleep(0.3)
         assert child.pid in node_agent.snapshot("nodeagenttest01")["own"]
         assert node_agent.main(["stop", "--launch-id", "nodeagenttest01", "--grace", "2"]) == 0
-        data = json.loads(capsys.readouterr().out)
+        data = json.loads(agent_payload(capsys.readouterr().out, where="test"))
         assert [p["pid"] for p in data["terminated"] + data["killed"]] == [child.pid] and not data["survivors"]
         assert child.wait(5) is not None
     finally:
@@ -287,7 +358,8 @@ def _stale_record(launch_id: str, node_stop: tuple[str, ...]) -> object:
 def _agent_answer(survivors: list[dict[str, object]]) -> tuple[str, ...]:
     answer = json.dumps({"terminated": [{"pid": 5, "name": "VLLM::Worker_TP1", "cmdline": []}], "killed": [],
                          "survivors": survivors})
-    return (sys.executable, "-c", f"print({answer!r})")
+    # A banner first, as a remote shell may print: only the marked last line is the answer.
+    return (sys.executable, "-c", f"print('Welcome to gpu-b'); print({AGENT_MARK + answer!r})")
 
 
 def test_the_next_runs_sweep_stops_a_killed_sessions_processes_on_a_template_node(tmp_path: Path) -> None:
