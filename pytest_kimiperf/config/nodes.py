@@ -215,18 +215,25 @@ def node_commands(nodes: Sequence[Node], engine_argv: Sequence[str], *, master_p
     return commands
 
 
+def in_template(node: Node, inner: Sequence[str]) -> list[str]:
+    """``inner`` as ``node`` starts it: itself on this machine, else inside the node's launch
+    template (as one shell-quoted string for ``{command}``, else appended as arguments)."""
+    if node.local:
+        return list(inner)
+    values = {"host": node.host, "name": node.name, "command": shlex.join(inner)}
+    prefix = [part.format(**values) for part in node.launch]
+    return prefix if "{command}" in node.launch else [*prefix, *inner]
+
+
 def launch_argv(command: NodeCommand, marker: Mapping[str, str]) -> list[str]:
     """What this machine starts for ``command``: the argv itself for a local node (its variables
     travel in the process environment), else the node's launch template around ``env K=V ...
-    argv`` (``{command}`` as one shell-quoted string, or appended as separate arguments)."""
-    node = command.node
-    if node.local:
+    argv``."""
+    if command.node.local:
         return list(command.argv)
-    inner = ["env", *(f"{k}={v}" for k, v in sorted({**command.exported, **marker}.items())), *command.argv]
-    values = {"host": node.host, "name": node.name, "command": shlex.join(inner)}
-    prefix = [part.format(**values) for part in node.launch]
-    return prefix if any(part == "{command}" for part in node.launch) else [*prefix, *inner]
+    exported = {**command.exported, **marker}
+    return in_template(command.node, ["env", *(f"{k}={v}" for k, v in sorted(exported.items())), *command.argv])
 
 
 __all__ = ["LAUNCH_PLACEHOLDERS", "NODE_FLAGS", "SECRET_NAMES", "Node", "NodeCommand",
-           "check_nodes", "flag_value", "launch_argv", "node_commands", "parse_nodes"]
+           "check_nodes", "flag_value", "in_template", "launch_argv", "node_commands", "parse_nodes"]

@@ -17,7 +17,6 @@ process; its processes on the node are found and stopped there by the node agent
 
 from __future__ import annotations
 
-import shlex
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pytest_kimiperf.config.nodes import SECRET_NAMES, Node, launch_argv, node_commands
+from pytest_kimiperf.config.nodes import SECRET_NAMES, Node, in_template, launch_argv, node_commands
 from pytest_kimiperf.errors import KimiperfError, ServerError
 from pytest_kimiperf.server import sweep as process_sweep
 from pytest_kimiperf.server.agent_wire import agent_payload
@@ -50,10 +49,7 @@ AgentRunner = Callable[[Node, list[str], float], str]
 
 def agent_argv(node: Node, python: str, *args: str) -> list[str]:
     """The node agent's command line, inside ``node``'s launch template (as its server's is)."""
-    inner = [python, "-m", "pytest_kimiperf.node_agent", *args]
-    values = {"host": node.host, "name": node.name, "command": shlex.join(inner)}
-    prefix = [part.format(**values) for part in node.launch]
-    return prefix if "{command}" in node.launch else [*prefix, *inner]
+    return in_template(node, [python, "-m", "pytest_kimiperf.node_agent", *args])
 
 
 def run_agent(node: Node, argv: list[str], timeout_s: float = AGENT_TIMEOUT_S) -> str:
