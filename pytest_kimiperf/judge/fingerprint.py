@@ -389,7 +389,9 @@ def session_fingerprint(deployment: Deployment) -> Fingerprint:
     if deployment.nodes:  # every node's hardware, sorted (node_fingerprint.py)
         from pytest_kimiperf.judge.node_fingerprint import agent_facts, collect_nodes_fingerprint
 
-        return collect_nodes_fingerprint(deployment.nodes, facts, remote_facts=agent_facts)
+        here = collect_fingerprint(gpus=probe.gpus, topology=topology, deployment_facts={})
+        return collect_nodes_fingerprint(deployment.nodes, facts, local=(here.hard, here.soft),
+                                         remote_facts=agent_facts)
     return collect_fingerprint(gpus=probe.gpus, topology=topology, deployment_facts=facts)
 
 

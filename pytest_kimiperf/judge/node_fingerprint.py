@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 
 from pytest_kimiperf.config.nodes import Node
-from pytest_kimiperf.judge.fingerprint import Fingerprint, collect_fingerprint
+from pytest_kimiperf.judge.fingerprint import Fingerprint
 
 NodeFacts = tuple[Mapping[str, str], Mapping[str, str]]  # (hard, soft) of one node
 
@@ -41,23 +41,11 @@ def nodes_fingerprint(per_node: Mapping[str, NodeFacts], deployment_facts: Mappi
     return Fingerprint(hard=hard, soft=soft)
 
 
-def collect_nodes_fingerprint(nodes: Sequence[Node], deployment_facts: Mapping[str, str], *,
+def collect_nodes_fingerprint(nodes: Sequence[Node], deployment_facts: Mapping[str, str], *, local: NodeFacts,
                               remote_facts: Callable[[Node], NodeFacts]) -> Fingerprint:
-    """Facts of every node (this machine's for a node that runs here, else ``remote_facts``)."""
-    per_node: dict[str, NodeFacts] = {}
-    local: NodeFacts | None = None
-    for node in nodes:
-        if node.local:
-            if local is None:
-                from pytest_kimiperf.server.gpu import probe_gpus, query_topology
-
-                probe = probe_gpus(timeout_s=10.0)
-                topology = query_topology(timeout_s=10.0) if probe.gpus else None
-                fp = collect_fingerprint(gpus=probe.gpus, topology=topology, deployment_facts={})
-                local = (fp.hard, fp.soft)
-            per_node[node.name] = local
-        else:
-            per_node[node.name] = remote_facts(node)
+    """Facts of every node: ``local`` (this machine's, probed once) for a node that runs here,
+    else ``remote_facts``."""
+    per_node = {node.name: local if node.local else remote_facts(node) for node in nodes}
     return nodes_fingerprint(per_node, deployment_facts)
 
 
