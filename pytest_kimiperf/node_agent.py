@@ -26,11 +26,11 @@ from pytest_kimiperf.server.agent_wire import AGENT_MARK
 def facts() -> dict[str, Any]:
     """This node's fingerprint facts (hard and soft), without any deployment's."""
     from pytest_kimiperf.judge.fingerprint import collect_fingerprint
-    from pytest_kimiperf.server.gpu import probe_gpus, query_topology
+    from pytest_kimiperf.server.gpu import host_topology, probe_gpus
 
     probe = probe_gpus(timeout_s=10.0)
-    topology = query_topology(timeout_s=10.0) if probe.gpus else None
-    fp = collect_fingerprint(gpus=probe.gpus, topology=topology, deployment_facts={})
+    topology, why_not = host_topology(probe.gpus, timeout_s=10.0)
+    fp = collect_fingerprint(gpus=probe.gpus, topology=topology, deployment_facts={}, topology_note=why_not)
     return {"hard": dict(fp.hard), "soft": dict(fp.soft)}
 
 

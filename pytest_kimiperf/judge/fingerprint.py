@@ -218,12 +218,14 @@ def collect_fingerprint(
     deployment_facts: Mapping[str, str],
     software: Mapping[str, str] | None = None,
     cpuinfo_path: Path = Path("/proc/cpuinfo"),
+    topology_note: str | None = None,
 ) -> Fingerprint:
     """Describe this host, its software and the deployment as a Fingerprint.
 
     ``software`` overrides or adds versions (e.g. the NCCL version torch reports, when the caller
     has torch imported already); the rest is read from installed distributions.  vLLM and torch
-    are never imported here: importing torch costs seconds.
+    are never imported here: importing torch costs seconds.  ``topology_note`` says why the link
+    matrix could not be read (a soft fact: the interconnect then reads ``unknown``).
     """
     for name, value in deployment_facts.items():
         if not isinstance(name, str) or not name or not isinstance(value, str) or not value:
@@ -251,6 +253,8 @@ def collect_fingerprint(
     if gpus:
         hard.update(_gpu_facts(gpus, topology))
         soft["gpu.driver"] = ",".join(sorted({gpu.driver_version for gpu in gpus}))
+        if topology_note:
+            soft["gpu.topology"] = topology_note
         # On a GPU host the CPU only feeds the scheduler; it is reported, not compared.
         soft.update({"cpu.model": cpu.model, "cpu.cores": str(cores), "cpu.isa": isa})
     else:
@@ -370,10 +374,10 @@ def describe(fp: Fingerprint) -> list[str]:
 
 def session_fingerprint(deployment: Deployment) -> Fingerprint:
     """Fingerprint of this host, its software and ``deployment`` (hardware is probed once)."""
-    from pytest_kimiperf.server.gpu import probe_gpus, query_topology
+    from pytest_kimiperf.server.gpu import host_topology, probe_gpus
 
     probe = probe_gpus(timeout_s=10.0)
-    topology = query_topology(timeout_s=10.0) if probe.gpus else None
+    topology, why_not = host_topology(probe.gpus, timeout_s=10.0)
     revision = deployment.revision
     if revision is None and deployment.model.startswith("kimiperf:"):
         from pytest_kimiperf.server.tiny_model import TinyModelSpec
@@ -389,10 +393,10 @@ def session_fingerprint(deployment: Deployment) -> Fingerprint:
     if deployment.nodes:  # every node's hardware, sorted (node_fingerprint.py)
         from pytest_kimiperf.judge.node_fingerprint import agent_facts, collect_nodes_fingerprint
 
-        here = collect_fingerprint(gpus=probe.gpus, topology=topology, deployment_facts={})
+        here = collect_fingerprint(gpus=probe.gpus, topology=topology, deployment_facts={}, topology_note=why_not)
         return collect_nodes_fingerprint(deployment.nodes, facts, local=(here.hard, here.soft),
                                          remote_facts=agent_facts)
-    return collect_fingerprint(gpus=probe.gpus, topology=topology, deployment_facts=facts)
+    return collect_fingerprint(gpus=probe.gpus, topology=topology, deployment_facts=facts, topology_note=why_not)
 
 
 __all__ = [

@@ -245,11 +245,29 @@ def query_gpus(timeout_s: float = 10.0) -> list[GpuInfo]:
 
 
 def query_topology(timeout_s: float = 10.0) -> Topology | None:
-    """Read ``nvidia-smi topo -m``; None where nvidia-smi is absent."""
+    """Read ``nvidia-smi topo -m``; None where nvidia-smi is absent, KimiperfError (naming the
+    command and what it printed) where it fails or prints no matrix."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
-    return parse_topology(_run_smi(smi, ["topo", "-m"], timeout_s))
+    text = _run_smi(smi, ["topo", "-m"], timeout_s)
+    try:
+        return parse_topology(text)
+    except ValueError as error:
+        # gVisor without PCI sysfs prints the header, then "Failed to run topology matrix"
+        # (google/gvisor#14407, tests/data/gpu/topo_8x_gvisor_failed.txt).
+        raise KimiperfError(f"{smi} topo -m printed no link matrix: {error}") from None
+
+
+def host_topology(gpus: Sequence[GpuInfo], timeout_s: float = 10.0) -> tuple[Topology | None, str | None]:
+    """The GPUs' link matrix where there are GPUs, with why it is missing where it could not be
+    read (the fingerprint then says ``unknown`` for the interconnect instead of failing)."""
+    if not gpus:
+        return None, None
+    try:
+        return query_topology(timeout_s), None
+    except KimiperfError as error:
+        return None, str(error)
 
 
 def check_hardware(
@@ -375,5 +393,6 @@ __all__ = [
     "probe_gpus",
     "query_gpus",
     "query_topology",
+    "host_topology",
     "wait_gpu_memory_freed",
 ]

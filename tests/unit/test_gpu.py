@@ -215,6 +215,38 @@ def test_ask_driver_gives_nvidia_smi_its_path_and_keeps_its_error(bin_dir: Path)
     assert answer.smi_note == f"{smi} exited with 9: no driver" and answer.notes[-1] == answer.smi_note
 
 
+@needs_no_nvml
+@pytest.mark.parametrize("exit_code", [0, 255])
+def test_a_topology_nvidia_smi_cannot_draw_leaves_the_fingerprint_unknown_not_crashed(
+    bin_dir: Path, exit_code: int
+) -> None:
+    # gVisor without PCI sysfs: the header, then "Failed to run topology matrix"
+    # (google/gvisor#14407); the exit code was not published, so both are tried.
+    (bin_dir / "topo.txt").write_text(recorded("topo_8x_gvisor_failed.txt"))
+    (bin_dir / "query.csv").write_text("".join(f"{i}, NVIDIA H200, GPU-{i}, 143771, 580.95.05, 5, 16, Disabled\n"
+                                               for i in range(2)))
+    install_nvidia_smi(
+        bin_dir,
+        f'case "$1" in\n'
+        f"  --query-gpu=*) cat {bin_dir}/query.csv ;;\n"
+        f"  topo) cat {bin_dir}/topo.txt; exit {exit_code} ;;\n"
+        f'  "") exit 0 ;;\n'
+        f"esac\n",
+    )
+    with pytest.raises(KimiperfError, match="topo -m"):
+        gpu.query_topology()
+    probe = gpu.probe_gpus()
+    topology, why_not = gpu.host_topology(probe.gpus)
+    assert topology is None and why_not is not None and "topo -m" in why_not
+    assert gpu.host_topology(()) == (None, None)  # no GPU: nothing asked
+
+    from pytest_kimiperf import node_agent
+
+    facts = node_agent.facts()
+    assert facts["hard"]["gpu.count"] == "2" and facts["hard"]["gpu.interconnect"] == "unknown"
+    assert "topo -m" in facts["soft"]["gpu.topology"]
+
+
 # --------------------------------------------------------------------------- waiting for memory
 
 
