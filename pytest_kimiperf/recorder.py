@@ -301,9 +301,10 @@ class PerfRecorder:
         if self.host_readings:
             r = self.host_readings[-1]
             psi = ", ".join(f"PSI {k.replace('_', ' ')} {v * 100:.0f}%" for k, v in sorted(r.psi.items()))
+            cpu = ("; ".join(r.blind) if r.blind else
+                   f"foreign CPU {r.foreign_cpu_share * 100:.0f}% of the host, steal {r.steal_share * 100:.0f}%")
             result.messages.append(
-                f"host watch ({len(self.host_readings)} attempt(s)): foreign CPU {r.foreign_cpu_share * 100:.0f}% "
-                f"of the host, steal {r.steal_share * 100:.0f}%" + (f", {psi}" if psi else "")
+                f"host watch ({len(self.host_readings)} attempt(s)): {cpu}" + (f", {psi}" if psi else "")
                 + "".join(f"; node {n.node}: foreign CPU {n.foreign_cpu_share * 100:.0f}%" for n in self.node_readings)
                 + "".join(f"; node {name}: this machine, read above" for name in self.nodes_here))
         invalid = self.host_busy if self.host_busy is not None else (None if run.valid else run.invalid_reason)

@@ -68,6 +68,9 @@ class CpuCounters:
     busy_s: float
     steal_s: float
     cpu_count: int
+    # Every column of the ``cpu`` line (idle included), which a real kernel advances by
+    # ``cpu_count`` seconds a second; None where not read (a node agent's snapshot).
+    total_s: float | None = None
 
 
 def parse_proc_stat(text: str, ticks_per_s: float) -> CpuCounters:
@@ -86,7 +89,10 @@ def parse_proc_stat(text: str, ticks_per_s: float) -> CpuCounters:
     # Guest time is already inside user and nice (kernel account_guest_time), so it is not added;
     # steal is the hypervisor's, reported on its own.
     busy = user + nice + system + irq + softirq
-    return CpuCounters(busy_s=busy / ticks_per_s, steal_s=steal / ticks_per_s, cpu_count=cpu_count)
+    # guest and guest_nice (columns 9-10) are inside user and nice already: not added twice.
+    total = sum(totals[:8])
+    return CpuCounters(busy_s=busy / ticks_per_s, steal_s=steal / ticks_per_s, cpu_count=cpu_count,
+                       total_s=total / ticks_per_s)
 
 
 def parse_pressure_some_us(text: str) -> int:

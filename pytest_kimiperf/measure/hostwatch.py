@@ -57,6 +57,9 @@ class HostReading:
     top_foreign: tuple[ForeignProcess, ...]
     gpus: tuple[GpuReading, ...] = ()
     notes: tuple[str, ...] = ()  # what could not be read (no PSI, NVML failed), for the report
+    # What the watch could not see at all in this window (a sandbox's /proc/stat that never
+    # advances): such a window is neither busy nor quiet, and says so.
+    blind: tuple[str, ...] = ()
     # "" for this machine; else the node of a multi-node deployment it was read on (node_watch.py).
     node: str = ""
 
@@ -119,6 +122,8 @@ class HostReading:
         """One line for a verdict: ``host busy: ...`` naming every bound exceeded, else ``host quiet: ...``."""
         if found := self.disturbances(bounds):
             return "host busy: " + "; ".join(found)
+        if self.blind:
+            return "host unwatched: " + "; ".join(self.blind)
         cpu, steal = _pct(self.foreign_cpu_share), _pct(self.steal_share)
         return f"host quiet: other processes used {cpu} of the host's CPU, steal {steal}"
 
@@ -139,8 +144,8 @@ class HostReading:
             )
             top = tuple(ForeignProcess(**p) for p in data["top_foreign"])
             psi = {str(k): float(v) for k, v in data["psi"].items()}
-            notes = tuple(data.get("notes", ()))
-            return cls(**{**data, "psi": psi, "top_foreign": top, "gpus": gpus, "notes": notes})
+            notes, blind = tuple(data.get("notes", ())), tuple(data.get("blind", ()))
+            return cls(**{**data, "psi": psi, "top_foreign": top, "gpus": gpus, "notes": notes, "blind": blind})
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise KimiperfError(f"not a host reading ({type(error).__name__}: {error}): {data!r:.200}") from None
 
@@ -188,7 +193,23 @@ def compare_snapshots(
         steal_share=max(0.0, stop.cpu.steal_s - start.cpu.steal_s) / capacity_s,
         psi=psi,
         top_foreign=tuple(top),
+        blind=_cpu_blindness(start, stop, wall_s, psi),
     )
+
+
+# Below this a window is too short for one clock tick (CLK_TCK 100) on every core to be expected.
+_MIN_BLIND_CHECK_S = 0.05
+
+
+def _cpu_blindness(start: HostSnapshot, stop: HostSnapshot, wall_s: float, psi: Mapping[str, float]) -> tuple[str, ...]:
+    """Why this window's CPU figures mean nothing: /proc/stat's ``cpu`` line (idle included)
+    did not advance, as in gVisor, which exports zeros there (google/gvisor#1336, #9967)."""
+    first, last = start.cpu.total_s, stop.cpu.total_s
+    if first is None or last is None or wall_s < _MIN_BLIND_CHECK_S or last > first:
+        return ()
+    psi_text = "" if psi else "; no PSI either"
+    return (f"/proc/stat's cpu counters did not advance in {wall_s:.1f} s (a sandbox such as gVisor exports "
+            f"zeros): other processes' CPU and steal were not measured{psi_text}",)
 
 
 # --------------------------------------------------------------------------- the watch

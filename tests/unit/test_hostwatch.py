@@ -147,6 +147,30 @@ def test_the_watch_reads_proc_root_and_notes_a_kernel_without_psi(tmp_path: Path
     assert reading.gpus == ()
 
 
+def test_a_sandbox_whose_proc_stat_never_advances_is_called_unwatched_never_quiet(tmp_path: Path) -> None:
+    # gVisor's /proc/stat: every cpu column 0, at both ends (google/gvisor#9967, #1336), no PSI.
+    root = tmp_path / "proc"
+    root.mkdir()
+    shutil.copy(DATA / "gvisor_zeros" / "stat", root / "stat")
+    clock = iter([100.0, 102.0])
+    watch = HostWatch(own_pids=list, proc_root=str(root), clock=lambda: next(clock))
+    watch.start()
+    reading = watch.stop()
+    assert reading.cpu_count == 8 and reading.foreign_cpu_share == 0.0
+    assert reading.disturbances(HostBounds()) == []  # nothing seen is not something seen
+    assert reading.describe_busy(HostBounds()) == (
+        "host unwatched: /proc/stat's cpu counters did not advance in 2.0 s (a sandbox such as gVisor exports "
+        "zeros): other processes' CPU and steal were not measured; no PSI either")
+    assert HostReading.from_json(reading.to_json()) == reading
+
+
+def test_a_real_kernels_window_is_watched() -> None:
+    ends = [host_readings.read_host_counters(str(DATA / "busy_2s" / end))[0] for end in ("start", "stop")]
+    reading = hostwatch.compare_snapshots(HostSnapshot(0.0, ends[0], {}, {}),
+                                          HostSnapshot(RECORDED_WALL_S, ends[1], {}, {}), [])
+    assert reading.blind == () and reading.describe_busy(HostBounds()).startswith("host busy: ")
+
+
 def test_steal_over_its_bound_and_psi_bounds_are_reported() -> None:
     reading = HostReading(2.0, 2, 0.0, 0.25, {"cpu_some": 0.5, "io_some": 0.01}, ())
     bounds = HostBounds(max_psi_cpu_some=0.2, max_psi_io_some=0.2, max_psi_memory_some=0.2)
