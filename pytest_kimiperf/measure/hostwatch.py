@@ -296,7 +296,8 @@ class HostWatch:
                 self._nvml.nvmlShutdown()
             samples = self._gpu_samples
             # NVML names GPU processes by host pid; in a container ours have other pids here.
-            view = read_pid_view(Path(self._proc_root))
+            reported = {pid for runs in samples.values() for sample in runs for pid, _ in sample.foreign_processes}
+            view = read_pid_view(Path(self._proc_root), nvml_pids=reported)
             gpus = tuple(merge_gpu_samples(samples[i], view.host_pids(own)) for i in self._gpu_indices if i in samples)
             if view.mode == UNMAPPABLE:  # no bound on what cannot be told apart from ours
                 gpus = tuple(replace(gpu, foreign_processes=()) for gpu in gpus)

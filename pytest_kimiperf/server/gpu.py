@@ -341,7 +341,7 @@ def gpu_memory_by_pid(timeout_s: float = 10.0) -> dict[int, int]:
 
     answer = ask_driver(_nvml_memory_by_pid, from_smi)
     if answer.value is not None:
-        return read_pid_view().local_pids(answer.value)
+        return read_pid_view(nvml_pids=answer.value).local_pids(answer.value)
     if answer.smi_on_path:
         # A host that has GPUs but cannot say who holds them must not read as "all memory free".
         raise ServerError(

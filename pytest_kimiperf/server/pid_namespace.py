@@ -8,7 +8,10 @@ namespace; through ``NSpid`` in ``/proc/<pid>/status`` where this /proc is an an
 namespace's (``NSpid`` lists a process's pid in the namespace of the /proc it is read from
 first, then in each nested namespace down to its own; proc(5)); and not at all where the
 container mounted its own /proc, which shows no host pid: then callers turn the GPU-process
-bound off and say so.
+bound off and say so. gVisor's /proc has a pid namespace link but no ``NSpid`` line at all
+(google/gvisor pkg/sentry/fsimpl/proc/task_files.go, ``statusData.Generate``); there the pids
+NVML names are taken as ours only where each one is a process here that holds an NVIDIA device
+open (``/proc/<pid>/fd`` links to ``/dev/nvidia*``), which is what a CUDA process does.
 """
 
 from __future__ import annotations
@@ -70,15 +73,44 @@ def _nspid(status: Path) -> list[int]:
     return []
 
 
-def read_pid_view(proc_root: Path = Path("/proc")) -> PidView:
-    """How to read NVML's pids here (see the module docstring)."""
+def _holds_nvidia_device(proc_root: Path, pid: int) -> bool:
+    """True if ``pid`` here has a ``/dev/nvidia*`` file open (a CUDA context keeps
+    /dev/nvidiactl and /dev/nvidia<N> open for its lifetime)."""
+    try:
+        fds = list((proc_root / str(pid) / "fd").iterdir())
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(fd).startswith("/dev/nvidia"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def read_pid_view(proc_root: Path = Path("/proc"), nvml_pids: Iterable[int] = ()) -> PidView:
+    """How to read NVML's pids here (see the module docstring); ``nvml_pids``, the pids NVML
+    reported, decide where /proc has no ``NSpid`` line to map them with."""
     try:
         inode = os.stat(proc_root / "self" / "ns" / "pid").st_ino
     except OSError:  # no /proc of this kind (a recorded /proc tree in the tests): as before
         return PidView(SAME)
     if inode == INIT_PID_NS_INODE:
         return PidView(SAME)
-    depth = len(_nspid(proc_root / "self" / "status")) - 1
+    own_nspid = _nspid(proc_root / "self" / "status")
+    if not own_nspid:
+        reported = sorted(set(nvml_pids))
+        if reported and all(_holds_nvidia_device(proc_root, pid) for pid in reported):
+            return PidView(SAME, note=(
+                f"no NSpid in {proc_root}/self/status (a sandbox such as gVisor): each of the {len(reported)} "
+                "pid(s) NVML reports is a process here holding an NVIDIA device, so NVML's pids are ours"))
+        return PidView(UNMAPPABLE, note=(
+            f"no NSpid in {proc_root}/self/status (a sandbox such as gVisor) and NVML's pids "
+            f"{reported[:8]} are not all processes here holding an NVIDIA device: NVML's process list "
+            "cannot be matched with our processes, so the bound on other GPU processes is off and the "
+            "sweep cannot see GPU memory"))
+    depth = len(own_nspid) - 1
     if depth < 1:
         return PidView(UNMAPPABLE, note=(
             "this process runs in a PID namespace of its own (a container) whose /proc shows no host "

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -60,3 +61,41 @@ def test_a_container_with_its_own_proc_cannot_map_and_says_the_bound_is_off() ->
     seen, _ = _in_new_pid_namespace("--mount-proc")
     assert seen["mode"] == UNMAPPABLE and seen["host_of_self"] == []
     assert "the bound on other GPU processes is off" in str(seen["note"])
+
+
+# /proc/<pid>/status as gVisor writes it (google/gvisor pkg/sentry/fsimpl/proc/task_files.go,
+# statusData.Generate): Tgid and Pid in the sandbox's namespace, no NSpid line.
+GVISOR_STATUS = ("Name:\tpython3\nState:\tS (sleeping)\nTgid:\t{pid}\nPid:\t{pid}\nPPid:\t1\nTracerPid:\t0\n"
+                 "FDSize:\t64\nVmSize:\t1024 kB\nVmRSS:\t512 kB\nVmData:\t256 kB\nThreads:\t4\n"
+                 "CapInh:\t0000000000000000\nCapPrm:\t00000000a80425fb\nCapEff:\t00000000a80425fb\n"
+                 "CapBnd:\t00000000a80425fb\nSeccomp:\t0\nMems_allowed:\t1\nMems_allowed_list:\t0\n")
+
+
+def _gvisor_proc(root: Path, *, cuda_pids: list[int], other_pids: list[int]) -> Path:
+    (root / "self" / "ns").mkdir(parents=True)
+    (root / "self" / "ns" / "pid").write_text("")  # gVisor fakes the link's inode: not the host's
+    (root / "self" / "status").write_text(GVISOR_STATUS.format(pid=1))
+    for pid in [*cuda_pids, *other_pids]:
+        (root / str(pid) / "fd").mkdir(parents=True)
+        (root / str(pid) / "status").write_text(GVISOR_STATUS.format(pid=pid))
+        (root / str(pid) / "fd" / "0").symlink_to("/dev/null")
+        if pid in cuda_pids:
+            (root / str(pid) / "fd" / "3").symlink_to("/dev/nvidiactl")
+            (root / str(pid) / "fd" / "4").symlink_to("/dev/nvidia0")
+    return root
+
+
+def test_without_nspid_nvmls_pids_are_ours_where_each_holds_an_nvidia_device(tmp_path: Path) -> None:
+    root = _gvisor_proc(tmp_path / "proc", cuda_pids=[7, 9], other_pids=[8])
+    view = read_pid_view(root, nvml_pids=[7, 9])
+    assert view.mode == SAME and view.local(7) == 7 and view.host_pids([7, 8]) == {7, 8}
+    assert "no NSpid" in str(view.note) and "so NVML's pids are ours" in str(view.note)
+
+
+def test_without_nspid_a_pid_that_is_no_cuda_process_here_turns_the_bound_off(tmp_path: Path) -> None:
+    root = _gvisor_proc(tmp_path / "proc", cuda_pids=[7], other_pids=[8])
+    # 8 is a process here without a device open; 4101 (the sandbox's host pid, say) is none at all.
+    for reported in ([7, 8], [7, 4101], []):
+        view = read_pid_view(root, nvml_pids=reported)
+        assert view.mode == UNMAPPABLE and view.local(7) is None
+        assert "the bound on other GPU processes is off" in str(view.note)
