@@ -14,6 +14,7 @@ boot, stored with the session's boots in the baseline history (judge/levels.py c
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -111,9 +112,49 @@ def cpu_canary(rounds: int = ROUNDS) -> Canary:
                   noise={"python_mops": mops_noise, "copy_gbs": copy_noise})
 
 
-def gpu_canary(rounds: int = ROUNDS) -> Canary | None:
-    """A fixed 256 MiB device-to-device copy on GPU 0 when torch with CUDA is importable here;
-    None elsewhere (the CPU engine, or a client host without torch)."""
+# The child that runs the GPU probe: its CUDA context (hundreds of MiB) and the probe's 512 MiB
+# of buffers on the first visible GPU go when it exits. In this process they would stay for the
+# whole session (torch keeps a context until the process ends), leaving that GPU less room for
+# the server's KV cache than the others of a tensor-parallel group.
+_GPU_CHILD = (
+    "import json, sys\n"
+    "from pytest_kimiperf.measure.canary import gpu_canary_here\n"
+    "canary = gpu_canary_here(int(sys.argv[1]))\n"
+    "print(json.dumps(None if canary is None else canary.to_json()), flush=True)\n"
+)
+GPU_CANARY_TIMEOUT_S = 180.0
+
+
+def gpu_canary(rounds: int = ROUNDS, *, timeout_s: float = GPU_CANARY_TIMEOUT_S) -> Canary | None:
+    """A fixed 256 MiB device-to-device copy on the first visible GPU, timed in a child process
+    (see ``_GPU_CHILD``); None where torch with CUDA is not there (the CPU engine, a client host).
+    Raises KimiperfError, with the child's last words, if the child fails or hangs."""
+    import importlib.util  # noqa: PLC0415
+    import json  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from pytest_kimiperf.errors import KimiperfError  # noqa: PLC0415
+
+    if importlib.util.find_spec("torch") is None:
+        return None  # no child needed to know there is no GPU probe
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+    try:
+        done = subprocess.run([sys.executable, "-c", _GPU_CHILD, str(rounds)], capture_output=True, text=True,
+                              timeout=timeout_s, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        raise KimiperfError(f"the GPU copy canary did not finish within {timeout_s:g} s") from None
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise KimiperfError(f"the GPU copy canary's child exited with {done.returncode}: {last}")
+    return Canary.from_json(json.loads(lines[-1]))
+
+
+def gpu_canary_here(rounds: int = ROUNDS) -> Canary | None:
+    """:func:`gpu_canary`'s probe in this process (the child runs this); None without CUDA torch."""
     try:
         import torch  # noqa: PLC0415  (optional: only GPU hosts have CUDA torch)
     except ImportError:
