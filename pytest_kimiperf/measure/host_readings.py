@@ -20,6 +20,7 @@ import psutil
 
 from pytest_kimiperf.config.measure_bounds import CLOCK_EVENT_REASON_BITS
 from pytest_kimiperf.errors import KimiperfError
+from pytest_kimiperf.server.gpu import nvml_failures
 
 PSI_RESOURCES: tuple[str, ...] = ("cpu", "io", "memory")
 TOP_FOREIGN_COUNT = 5
@@ -181,8 +182,16 @@ def _nvml_optional(nvml: Any, getter_name: str, *args: Any) -> Any | None:
         return None
     try:
         return getter(*args)
-    except nvml.NVMLError:
+    except nvml_failures(nvml):
         return None
+
+
+def _temperature_c(nvml: Any, handle: Any) -> int | None:
+    """The GPU's temperature: nvmlDeviceGetTemperatureV where the bindings and driver have it
+    (nvmlDeviceGetTemperature is "DEPRECATED ... will be removed in CUDA 14.0", pynvml 13.615)."""
+    sensor = nvml.NVML_TEMPERATURE_GPU
+    value = _nvml_optional(nvml, "nvmlDeviceGetTemperatureV", handle, sensor)
+    return value if value is not None else _nvml_optional(nvml, "nvmlDeviceGetTemperature", handle, sensor)
 
 
 def sample_gpu(nvml: Any, index: int, *, since_us: int | None = None) -> GpuReading:
@@ -205,7 +214,7 @@ def sample_gpu(nvml: Any, index: int, *, since_us: int | None = None) -> GpuRead
     return GpuReading(
         index=index,
         sm_clock_mhz=_nvml_optional(nvml, "nvmlDeviceGetClockInfo", handle, nvml.NVML_CLOCK_SM),
-        temperature_c=_nvml_optional(nvml, "nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU),
+        temperature_c=_temperature_c(nvml, handle),
         power_w=None if milliwatts is None else milliwatts / 1000.0,
         throttle_reasons=decode_clock_event_reasons(int(mask or 0)),
         foreign_processes=tuple(sorted(processes.items())),
@@ -229,9 +238,29 @@ def clock_samples_mhz(nvml: Any, handle: Any, since_us: int) -> list[int]:
     return [int(sample.sampleValue.uiVal) for sample in samples if int(sample.timeStamp) > since_us]
 
 
+# The perf-policy counters as field values (ids 74 and 75, the same in every nvml.h since they
+# were added; the newer CLOCKS_EVENT_REASON_*_SLOWDOWN ids moved between headers, 251-253 against
+# 269-271, so they are not used). Like nvmlViolationTime_t.violationTime they count nanoseconds.
+_VIOLATION_FIELDS = {"NVML_PERF_POLICY_POWER": "NVML_FI_DEV_PERF_POLICY_POWER",
+                     "NVML_PERF_POLICY_THERMAL": "NVML_FI_DEV_PERF_POLICY_THERMAL"}
+
+
+def _violation_field_ns(nvml: Any, handle: Any, policy: str) -> int | None:
+    """One counter through nvmlDeviceGetFieldValues (which pynvml names as the replacement of
+    nvmlDeviceGetViolationStatus, "will be removed in CUDA 14.0"); None where not answered."""
+    field = getattr(nvml, _VIOLATION_FIELDS[policy], None)
+    values = _nvml_optional(nvml, "nvmlDeviceGetFieldValues", handle, [field]) if field is not None else None
+    if not values or int(values[0].nvmlReturn) != getattr(nvml, "NVML_SUCCESS", 0):
+        return None
+    return int(values[0].value.ullVal)
+
+
 def _violation_ms(nvml: Any, handle: Any, policy: str) -> float | None:
-    """Total time NVML says the clocks were held back by ``policy`` (nvmlDeviceGetViolationStatus:
-    nvmlViolationTime_t.violationTime, in ns, nvml.h), in ms; None where the GPU does not say."""
+    """Total time NVML says the clocks were held back by ``policy``, in ms: the field value, else
+    nvmlDeviceGetViolationStatus (nvmlViolationTime_t.violationTime, ns, nvml.h) on a driver
+    without it; None where the GPU does not say."""
+    if (ns := _violation_field_ns(nvml, handle, policy)) is not None:
+        return ns / 1e6
     if not hasattr(nvml, policy):
         return None
     status = _nvml_optional(nvml, "nvmlDeviceGetViolationStatus", handle, getattr(nvml, policy))

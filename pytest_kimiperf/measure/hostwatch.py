@@ -25,6 +25,7 @@ from typing import Any
 
 from pytest_kimiperf.config.measure_bounds import HostBounds
 from pytest_kimiperf.errors import KimiperfError
+from pytest_kimiperf.server.gpu import nvml_failures
 from pytest_kimiperf.server.pid_namespace import UNMAPPABLE, read_pid_view
 from pytest_kimiperf.measure.host_readings import (
     PSI_RESOURCES,
@@ -250,7 +251,7 @@ class HostWatch:
         for index in self._gpu_indices:
             try:
                 sample = sample_gpu(self._nvml, index, since_us=since_us)
-            except self._nvml.NVMLError as error:
+            except nvml_failures(self._nvml) as error:
                 self._notes.append(f"NVML: GPU {index} not read: {error}")
             else:
                 self._gpu_samples.setdefault(index, []).append(sample)
@@ -272,7 +273,7 @@ class HostWatch:
                 # NVML stamps its own samples in CPU microseconds (nvmlSample_t.timeStamp).
                 self._started_us = int(time.time() * 1e6)
                 self._sample_gpus()
-            except self._nvml.NVMLError as error:
+            except nvml_failures(self._nvml) as error:
                 self._notes.append(f"NVML: {error}")
         self._own_at_start = set(self._own_pids())
         # The process table is read outside the /proc/stat reads at both ends, so our own time

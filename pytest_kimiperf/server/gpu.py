@@ -97,6 +97,17 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def nvml_failures(pynvml: Any) -> tuple[type[BaseException], ...]:
+    """What an NVML call raises when the GPU, driver or library cannot answer.
+
+    ``NVMLLibraryMismatchError`` is a plain ``Exception`` in pynvml, not an ``NVMLError``: its
+    ``throwOnVersionMismatch`` raises it where the driver's libnvidia-ml lacks the versioned
+    function a wrapper calls (nvidia-ml-py 13.615 wraps nvmlDeviceGetComputeRunningProcesses,
+    which calls ``..._v3``, so a driver older than the bindings hits it)."""
+    mismatch = getattr(pynvml, "NVMLLibraryMismatchError", None)
+    return (pynvml.NVMLError,) if mismatch is None else (pynvml.NVMLError, mismatch)
+
+
 def _load_nvml(notes: list[str]) -> Any | None:
     """Import pynvml and initialise NVML; None (with a note saying why) if either fails."""
     try:
@@ -106,7 +117,7 @@ def _load_nvml(notes: list[str]) -> Any | None:
         return None
     try:
         pynvml.nvmlInit()
-    except pynvml.NVMLError as error:
+    except nvml_failures(pynvml) as error:
         notes.append(f"NVML: {error}")
         return None
     return pynvml
@@ -115,7 +126,7 @@ def _load_nvml(notes: list[str]) -> Any | None:
 def _nvml_optional(pynvml: Any, getter: Callable[..., Any], *args: Any) -> Any | None:
     try:
         return getter(*args)
-    except pynvml.NVMLError:
+    except nvml_failures(pynvml):
         return None
 
 
@@ -203,7 +214,7 @@ def ask_driver(
     if pynvml is not None:
         try:
             return DriverAnswer(value=nvml_query(pynvml), source="NVML")
-        except pynvml.NVMLError as error:
+        except nvml_failures(pynvml) as error:
             notes.append(f"NVML: {error}")
         finally:
             pynvml.nvmlShutdown()
@@ -394,5 +405,6 @@ __all__ = [
     "query_gpus",
     "query_topology",
     "host_topology",
+    "nvml_failures",
     "wait_gpu_memory_freed",
 ]

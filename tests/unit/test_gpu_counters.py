@@ -94,3 +94,64 @@ def test_a_reading_with_counters_survives_a_json_round_trip() -> None:
     reading = HostReading(wall_s=60.0, cpu_count=2, foreign_cpu_share=0.0, steal_share=0.0, psi={},
                           top_foreign=(), gpus=(gpu,))
     assert HostReading.from_json(reading.to_json()) == reading
+
+
+class FieldValueNvml(FakeNvml):
+    """The same window as CountingNvml answers it, through what replaces the calls marked for
+    removal in CUDA 14 (pynvml 13.615): the perf-policy counters as field values in pynvml's own
+    c_nvmlFieldValue_t, and nvmlDeviceGetTemperatureV; the old calls are gone."""
+
+    NVML_SUCCESS = pynvml.NVML_SUCCESS
+    NVML_FI_DEV_PERF_POLICY_POWER = pynvml.NVML_FI_DEV_PERF_POLICY_POWER
+    NVML_FI_DEV_PERF_POLICY_THERMAL = pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL
+    NVML_PERF_POLICY_POWER = pynvml.NVML_PERF_POLICY_POWER
+    NVML_PERF_POLICY_THERMAL = pynvml.NVML_PERF_POLICY_THERMAL
+    nvmlDeviceGetTemperature = None  # removed
+
+    def nvmlDeviceGetTemperatureV(self, handle: dict[str, Any], sensor: int) -> int:
+        assert sensor == self.NVML_TEMPERATURE_GPU
+        return self._value(handle, "temperature_c")
+
+    def nvmlDeviceGetFieldValues(self, handle: dict[str, Any], field_ids: list[int]) -> Any:
+        keys = {pynvml.NVML_FI_DEV_PERF_POLICY_POWER: "power_violation_ns",
+                pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL: "thermal_violation_ns"}
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        for value, field in zip(values, field_ids, strict=True):
+            value.fieldId, value.nvmlReturn = field, pynvml.NVML_SUCCESS
+            value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            value.value.ullVal = self._value(handle, keys[field])
+        return values
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: dict[str, Any]) -> int:
+        return self._value(handle, "energy_mj")
+
+
+def test_counters_and_temperature_are_read_without_the_calls_cuda_14_removes() -> None:
+    watch = HostWatch(own_pids=list, gpu_indices=[0], nvml=FieldValueNvml(WINDOW))
+    watch.start()
+    (gpu,) = watch.stop().gpus
+    assert (gpu.power_violation_ms, gpu.thermal_violation_ms, gpu.energy_j) == (2100.0, 0.0, 18000.0)
+    assert gpu.temperature_c == 40
+
+
+class MismatchedNvml(CountingNvml):
+    """Bindings newer than the driver: pynvml's throwOnVersionMismatch turns the missing
+    nvmlDeviceGetComputeRunningProcesses_v3 into NVMLLibraryMismatchError, not an NVMLError."""
+
+    NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: dict[str, Any]) -> Any:
+        raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match")
+
+
+def test_bindings_newer_than_the_driver_lose_the_process_list_not_the_window() -> None:
+    assert not issubclass(pynvml.NVMLLibraryMismatchError, pynvml.NVMLError)  # why it needs its own catch
+    watch = HostWatch(own_pids=list, gpu_indices=[0], nvml=MismatchedNvml(WINDOW))
+    watch.start()
+    (gpu,) = watch.stop().gpus
+    assert gpu.foreign_processes == () and gpu.power_violation_ms == 2100.0
+
+    from pytest_kimiperf.server import gpu as gpu_module
+
+    # The guard ask_driver and the GPU probe share (NVML itself cannot load on a host without GPUs).
+    assert pynvml.NVMLLibraryMismatchError in gpu_module.nvml_failures(pynvml)
