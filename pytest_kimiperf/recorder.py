@@ -226,7 +226,12 @@ class PerfRecorder:
             import pynvml
         except ImportError:
             return {}
-        return {"nvml": pynvml, "gpu_indices": tuple(range(dep.gpu_count))}
+        from pytest_kimiperf.server.gpu import visible_nvml_indices
+
+        # The server's GPUs: CUDA_VISIBLE_DEVICES as the server gets it (manager.py: the shell's,
+        # then the deployment's env), which NVML's indices do not follow.
+        visible = {**os.environ, **dep.env}.get("CUDA_VISIBLE_DEVICES")
+        return {"nvml": pynvml, "gpu_indices": visible_nvml_indices(visible, dep.gpu_count)}
 
     def _take_benchmark(self) -> Any | None:
         """pytest-benchmark's fixture for this measure, once per test (it times one call)."""

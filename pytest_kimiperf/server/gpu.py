@@ -281,6 +281,40 @@ def host_topology(gpus: Sequence[GpuInfo], timeout_s: float = 10.0) -> tuple[Top
         return None, str(error)
 
 
+def visible_nvml_indices(
+    visible: str | None, count: int, gpus: Callable[[], Sequence[GpuInfo]] = lambda: query_gpus()
+) -> tuple[int, ...]:
+    """The NVML indices of the first ``count`` GPUs a CUDA process sees under
+    ``CUDA_VISIBLE_DEVICES=visible`` (None: unset, every GPU); NVML itself ignores the variable.
+
+    CUDA's rules (CUDA C Programming Guide, "CUDA Environment Variables"): a comma-separated list
+    of indices or UUIDs (``GPU-...``, a unique prefix is enough); the list ends at the first entry
+    that names no device, and an empty value hides every GPU. Indices are taken as NVML's, which
+    holds where CUDA_DEVICE_ORDER=PCI_BUS_ID and on hosts of one GPU model (CUDA's default
+    FASTEST_FIRST order breaks ties by PCI bus id). ``gpus`` is asked only for UUID entries. A
+    ``MIG-`` entry names no whole GPU: the list ends there.
+    """
+    if visible is None:
+        return tuple(range(count))
+    found: list[int] = []
+    known: Sequence[GpuInfo] | None = None
+    for entry in (part.strip() for part in visible.split(",")):
+        if entry.isdigit():
+            index = int(entry)
+        elif entry.startswith("GPU-"):
+            known = gpus() if known is None else known
+            matching = [g.index for g in known if g.uuid is not None and g.uuid.startswith(entry)]
+            if len(matching) != 1:
+                break
+            index = matching[0]
+        else:  # "", a MIG instance, a typo, "-1": CUDA stops here
+            break
+        if index in found:
+            break  # named twice: counted once, and nothing after it is trusted
+        found.append(index)
+    return tuple(found[:count])
+
+
 def check_hardware(
     req: HardwareRequirement,
     gpus: Sequence[GpuInfo],
@@ -405,6 +439,7 @@ __all__ = [
     "query_gpus",
     "query_topology",
     "host_topology",
+    "visible_nvml_indices",
     "nvml_failures",
     "wait_gpu_memory_freed",
 ]

@@ -247,6 +247,34 @@ def test_a_topology_nvidia_smi_cannot_draw_leaves_the_fingerprint_unknown_not_cr
     assert "topo -m" in facts["soft"]["gpu.topology"]
 
 
+@pytest.mark.parametrize(
+    ("visible", "count", "indices"),
+    [
+        (None, 2, (0, 1)),  # unset: NVML's first GPUs
+        ("6,7", 2, (6, 7)),  # a runner that lends GPUs 6 and 7
+        ("3,1,5", 2, (3, 1)),  # CUDA's order is the list's; the server takes the first count
+        ("", 2, ()),  # an empty value hides every GPU
+        ("2,-1,4", 2, (2,)),  # the list ends at the first entry that names no device
+        ("MIG-1a2b,0", 1, ()),
+    ],
+)
+def test_the_watched_gpus_are_the_ones_cuda_visible_devices_gives_the_server(
+    visible: str | None, count: int, indices: tuple[int, ...]
+) -> None:
+    assert gpu.visible_nvml_indices(visible, count, gpus=whole_gpus) == indices
+
+
+def test_cuda_visible_devices_by_uuid_or_unique_prefix_maps_to_nvml_indices() -> None:
+    gpus = whole_gpus()
+    full, prefix = gpus[5].uuid, (gpus[2].uuid or "")[:12]
+    assert full is not None and sum(1 for g in gpus if (g.uuid or "").startswith(prefix)) == 1
+    assert gpu.visible_nvml_indices(f"{full},{prefix}", 2, gpus=lambda: gpus) == (5, 2)
+    assert gpu.visible_nvml_indices("GPU-,3", 2, gpus=lambda: gpus) == ()  # "GPU-" matches all: ambiguous
+    asked: list[int] = []
+    gpu.visible_nvml_indices("1,2", 2, gpus=lambda: asked.append(1) or gpus)
+    assert asked == []  # indices need no probe
+
+
 # --------------------------------------------------------------------------- waiting for memory
 
 

@@ -327,3 +327,14 @@ def test_goodput_counts_requests_meeting_every_slo_and_is_gated_like_a_metric(
     strict = record.check(run, ["decode_tok_s"], goodput={"tpot_ms": 5})
     assert strict.metrics["request_goodput"].samples == [0.0]
     assert "goodput SLOs: tpot_ms <= 5" in strict.messages
+
+
+def test_the_host_watch_reads_the_gpus_cuda_visible_devices_gives_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("pynvml")
+    gpu_deployment = dataclasses.replace(NOISY, gpu_count=2, tensor_parallel_size=2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7")
+    assert _recorder(tmp_path, [], [], deployment=gpu_deployment)._gpu_watch()["gpu_indices"] == (6, 7)
+    pinned = dataclasses.replace(gpu_deployment, env=MappingProxyType({"CUDA_VISIBLE_DEVICES": "2,3"}))
+    assert _recorder(tmp_path, [], [], deployment=pinned)._gpu_watch()["gpu_indices"] == (2, 3)
