@@ -311,7 +311,8 @@ class PerfRecorder:
             result.messages.append(
                 f"host watch ({len(self.host_readings)} attempt(s)): {cpu}" + (f", {psi}" if psi else "")
                 + "".join(f"; node {n.node}: foreign CPU {n.foreign_cpu_share * 100:.0f}%" for n in self.node_readings)
-                + "".join(f"; node {name}: this machine, read above" for name in self.nodes_here))
+                + "".join(f"; node {name}: this machine, read above" for name in self.nodes_here)
+                + "".join(f"; {line}" for line in r.own_throttling()))
         invalid = self.host_busy if self.host_busy is not None else (None if run.valid else run.invalid_reason)
         cross_checks: list[str] = []
         if invalid is None:

@@ -46,6 +46,16 @@ def _pct(share: float) -> str:
     return f"{share * 100:.0f}%"
 
 
+# Clock events the measured load causes itself. sw_power_cap is the driver holding clocks so the
+# board stays inside its power limit (nvml.h, nvmlClocksEventReasonSwPowerCap): a bf16 GEMM or a
+# large prefill batch reaches it on any datacenter GPU, every run alike, so it is part of what is
+# measured, reported, and a disturbance only where another process shares the GPU. The power
+# violation counter is the same event's time: pynvml defines NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP
+# as NVML_FI_DEV_PERF_POLICY_POWER. Power brake, HW slowdown and thermal events come from the
+# board, the PSU or the cooling, not from the load: they stay disturbances.
+OWN_LOAD_REASONS = frozenset({"sw_power_cap"})
+
+
 @dataclass(frozen=True)
 class HostReading:
     """What else used the host during one measured window."""
@@ -94,7 +104,8 @@ class HostReading:
             )
         found.extend(self._throttled_under_load(bounds))
         for gpu in self.gpus:
-            if forbidden := [r for r in gpu.throttle_reasons if r in bounds.forbidden_throttle_reasons]:
+            if forbidden := [r for r in gpu.throttle_reasons if r in bounds.forbidden_throttle_reasons
+                             and (r not in OWN_LOAD_REASONS or gpu.foreign_processes)]:
                 shown = [f"SM {gpu.sm_clock_mhz} MHz"] if gpu.sm_clock_mhz is not None else []
                 shown += [f"{gpu.temperature_c} C"] if gpu.temperature_c is not None else []
                 shown += [f"{gpu.power_w:.0f} W"] if gpu.power_w is not None else []
@@ -102,21 +113,43 @@ class HostReading:
                 found.append(f"GPU {gpu.index} clocks held back by {', '.join(forbidden)} ({state})")
         return found
 
+    def _load_state(self, gpu: GpuReading) -> str:
+        power = f", average {gpu.energy_j / self.wall_s:.0f} W" if gpu.energy_j is not None else ""
+        if gpu.sm_clock_under_load_mhz is not None:
+            power += f", SM clock {gpu.sm_clock_under_load_mhz} MHz under load"
+        return power
+
     def _throttled_under_load(self, bounds: HostBounds) -> list[str]:
         """The window's throttled time from NVML's violation counters (host_readings.GpuReading),
-        where the bounds forbid that kind of clock event, with the window's average power."""
+        where the bounds forbid that kind of clock event and the load did not cause it itself
+        (OWN_LOAD_REASONS), with the window's average power."""
         found = []
-        kinds = (("power_violation_ms", "the power limit", ("sw_power_cap", "hw_power_brake_slowdown")),
+        # NVML_PERF_POLICY_POWER counts sw_power_cap time, NVML_PERF_POLICY_THERMAL the thermal
+        # slowdowns (pynvml's NVML_FI_DEV_CLOCKS_EVENT_REASON_* aliases of the perf-policy ids).
+        kinds = (("power_violation_ms", "the power limit", ("sw_power_cap",)),
                  ("thermal_violation_ms", "temperature", ("sw_thermal_slowdown", "hw_thermal_slowdown")))
         for gpu in self.gpus:
-            power = f", average {gpu.energy_j / self.wall_s:.0f} W" if gpu.energy_j is not None else ""
-            if gpu.sm_clock_under_load_mhz is not None:
-                power += f", SM clock {gpu.sm_clock_under_load_mhz} MHz under load"
             for field_name, cause, reasons in kinds:
                 held_ms = getattr(gpu, field_name)
-                if held_ms and any(r in bounds.forbidden_throttle_reasons for r in reasons):
+                blamed = [r for r in reasons if r in bounds.forbidden_throttle_reasons
+                          and (r not in OWN_LOAD_REASONS or gpu.foreign_processes)]
+                if held_ms and blamed:
                     found.append(f"GPU {gpu.index} clocks held back by {cause} for {held_ms:.0f} ms of the "
-                                 f"{self.wall_s:.1f} s window (NVML violation counters{power})")
+                                 f"{self.wall_s:.1f} s window (NVML violation counters{self._load_state(gpu)})")
+        return found
+
+    def own_throttling(self) -> list[str]:
+        """The clock events the measured load caused itself (OWN_LOAD_REASONS on a GPU no other
+        process shared): part of the measurement, reported with it, never a disturbance."""
+        found = []
+        for gpu in self.gpus:
+            if gpu.foreign_processes:
+                continue
+            if gpu.power_violation_ms:
+                found.append(f"GPU {gpu.index} ran at its power limit for {gpu.power_violation_ms:.0f} ms of the "
+                             f"{self.wall_s:.1f} s window{self._load_state(gpu)}")
+            elif "sw_power_cap" in gpu.throttle_reasons:
+                found.append(f"GPU {gpu.index} ran at its power limit ({gpu.power_w or 0:.0f} W)")
         return found
 
     def describe_busy(self, bounds: HostBounds) -> str:
@@ -126,7 +159,8 @@ class HostReading:
         if self.blind:
             return "host unwatched: " + "; ".join(self.blind)
         cpu, steal = _pct(self.foreign_cpu_share), _pct(self.steal_share)
-        return f"host quiet: other processes used {cpu} of the host's CPU, steal {steal}"
+        own = "".join(f"; {line}" for line in self.own_throttling())
+        return f"host quiet: other processes used {cpu} of the host's CPU, steal {steal}{own}"
 
     def to_json(self) -> dict[str, object]:
         """This reading as JSON-ready data (the report's ``host`` entry)."""

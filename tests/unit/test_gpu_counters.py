@@ -8,6 +8,7 @@ total energy (nvmlDeviceGetTotalEnergyConsumption, mJ) and the driver's own cloc
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -74,11 +75,31 @@ def test_throttling_between_two_idle_ends_is_seen_through_the_counters() -> None
     assert gpu.sm_clock_mhz == 2100 and gpu.sm_clock_under_load_mhz == 1850  # the median inside the window
     minute = HostReading(wall_s=60.0, cpu_count=2, foreign_cpu_share=0.0, steal_share=0.0, psi={},
                          top_foreign=(), gpus=reading.gpus)
-    assert [line for line in minute.disturbances(HostBounds()) if "GPU" in line] == [
+    # Only our load was on the GPU: its power capping is part of the measurement, reported.
+    assert minute.disturbances(HostBounds()) == []
+    assert minute.own_throttling() == [
+        "GPU 0 ran at its power limit for 2100 ms of the 60.0 s window, average 300 W, SM clock 1850 MHz under load"]
+    assert minute.describe_busy(HostBounds()).endswith("; " + minute.own_throttling()[0])
+    # Another process on the GPU: the same capping is no longer the measured load's alone.
+    (gpu,) = minute.gpus
+    shared = dataclasses.replace(minute, gpus=(dataclasses.replace(gpu, foreign_processes=((4242, 2**30),)),))
+    assert [line for line in shared.disturbances(HostBounds()) if "power limit" in line] == [
         "GPU 0 clocks held back by the power limit for 2100 ms of the 60.0 s window "
         "(NVML violation counters, average 300 W, SM clock 1850 MHz under load)"]
-    allowed = HostBounds(forbidden_throttle_reasons=("hw_slowdown", "sw_thermal_slowdown"))
-    assert [line for line in minute.disturbances(allowed) if "GPU" in line] == []
+    assert shared.own_throttling() == []
+    allowed = HostBounds(max_foreign_gpu_processes=1, forbidden_throttle_reasons=("hw_slowdown", "sw_thermal_slowdown"))
+    assert shared.disturbances(allowed) == []
+
+
+def test_thermal_throttling_under_our_own_load_is_still_a_disturbance() -> None:
+    gpu = GpuReading(0, 1500, 88, 700.0, ("sw_thermal_slowdown",), (), power_violation_ms=0.0,
+                     thermal_violation_ms=900.0, energy_j=42000.0)
+    reading = HostReading(wall_s=60.0, cpu_count=2, foreign_cpu_share=0.0, steal_share=0.0, psi={},
+                          top_foreign=(), gpus=(gpu,))
+    assert reading.disturbances(HostBounds()) == [
+        "GPU 0 clocks held back by temperature for 900 ms of the 60.0 s window "
+        "(NVML violation counters, average 700 W)",
+        "GPU 0 clocks held back by sw_thermal_slowdown (SM 1500 MHz, 88 C, 700 W)"]
 
 
 def test_a_counter_that_went_back_or_is_missing_says_nothing() -> None:
