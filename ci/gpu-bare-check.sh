@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Every GPU path of the plugin, run for real through its own code on one GPU, without vLLM and
+# without network, in under 8 minutes: the runtime, nvidia-smi and NVML as the plugin reads them,
+# the canary, a load window (idle, GEMM, HBM copy, GEMV, idle) under the host watch with
+# `nvidia-smi dmon` beside it, the GPU-memory sweep, PID namespaces, NCCL's debug files under two
+# profiles, CUDA IPC, the real ServerManager with a stand-in server holding GPU memory, and the
+# GPU-relevant unit tests. The steps are listed, with their time limits, by
+# `python ci/gpu_bare_check.py --plan`; each is independent and prints one line
+#
+#   check: OK|FAIL|INFO <step>: <what was seen>
+#
+# After every step all recordings so far are packed into $OUT/recordings.tgz, so a run cut off
+# still returns what it had; $OUT/checks.txt holds the check lines. The last line names the
+# steps that passed (or were skipped) as a SKIP= list: a rerun with it runs only the rest.
+#
+#   ci/gpu-bare-check.sh                    # needs torch with CUDA, nvidia-ml-py, pytest, psutil, httpx
+#   SKIP=runtime,smi ci/gpu-bare-check.sh   # leave steps out (comma- or space-separated)
+#
+# Environment:
+#   PYTHON            interpreter (default: python3)
+#   OUT               where checks.txt and recordings.tgz go (default: bare-check)
+#   SKIP              steps not to run
+#   BARE_BUDGET_S     the whole run's time budget in seconds (default: 480); a step whose limit
+#                     does not fit in what is left is not started, and says so
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT=${OUT:-bare-check}
+BUDGET=${BARE_BUDGET_S:-480}
+KILL_GRACE_S=5
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/kimiperf-bare.XXXXXX")
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+skip=" ${SKIP//,/ } "
+passed=()
+status=0
+: > "$OUT/checks.txt"
+
+say() {
+  echo "$1" | tee -a "$OUT/checks.txt"
+}
+
+pack() {
+  # Written aside and moved: a run cut off mid-pack still leaves the previous archive whole.
+  tar -czf "$OUT/recordings.tgz.part" -C "$WORK" . 2>/dev/null && mv -f "$OUT/recordings.tgz.part" "$OUT/recordings.tgz"
+}
+
+if ! plan=$(timeout 30 "$PY" ci/gpu_bare_check.py --plan 2>&1); then
+  say "check: FAIL plan: $(echo "$plan" | tail -1)"
+  exit 1
+fi
+while read -r step limit; do
+  if [[ "$skip" == *" $step "* ]]; then
+    say "check: INFO $step: skipped (SKIP)"
+    passed+=("$step")
+    continue
+  fi
+  left=$((BUDGET - SECONDS))
+  if ((left < limit + KILL_GRACE_S)); then
+    say "check: INFO $step: not run: ${left} s of the ${BUDGET} s budget left, it may take ${limit} s"
+    continue
+  fi
+  timeout -k "$KILL_GRACE_S" "$limit" "$PY" ci/gpu_bare_check.py "$step" "$WORK" > "$WORK/$step.log" 2>&1
+  rc=$?
+  line=$(grep -m1 '^check: ' "$WORK/$step.log")
+  if [ -z "$line" ]; then
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+      line="check: FAIL $step: cut off after ${limit} s"
+    else
+      line="check: FAIL $step: exited with $rc: $(tail -1 "$WORK/$step.log" | cut -c1-300)"
+    fi
+  fi
+  say "$line"
+  case "$line" in
+    "check: FAIL "*) status=1 ;;
+    *) passed+=("$step") ;;
+  esac
+  pack
+done <<< "$plan"
+pack
+echo "SKIP=$(IFS=,; echo "${passed[*]:-}")" | tee -a "$OUT/checks.txt"
+rm -rf "$WORK"
+exit $status

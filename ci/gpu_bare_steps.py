@@ -1,0 +1,260 @@
+"""The bare GPU check's longer steps (ci/gpu_bare_check.py lists them all): the load window, the
+real ServerManager on the GPU, NCCL under two profiles, CUDA IPC and the GPU-relevant unit tests.
+
+  python ci/gpu_bare_steps.py server-session STATE LOGS   a session that boots and is then killed
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType, SimpleNamespace
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ci.gpu_bare_check import LOAD, nvml_sample, run, save  # noqa: E402
+from pytest_kimiperf.server import gpu  # noqa: E402
+
+STUB = str(ROOT / "tests" / "fakes" / "stub_vllm.py")
+PHASE_S = 8.0
+
+
+# --------------------------------------------------------------------------- the load window
+
+
+def _watch_pair(load_pid: int, indices: tuple[int, ...], pynvml: Any) -> tuple[Any, Any]:
+    """Two watches over one window: the load counted as ours, and as a foreign process."""
+    from pytest_kimiperf.measure.hostwatch import HostWatch
+
+    ours = HostWatch(own_pids=lambda: [load_pid], gpu_indices=indices, nvml=pynvml)
+    foreign = HostWatch(own_pids=list, gpu_indices=indices, nvml=pynvml)
+    ours.start()
+    foreign.start()
+    return ours, foreign
+
+
+def _judged(pair: tuple[Any, Any]) -> dict[str, object]:
+    from pytest_kimiperf.config.measure_bounds import HostBounds
+
+    ours, foreign = (watch.stop() for watch in pair)
+    return {"ours": ours.to_json(), "foreign": foreign.to_json(),
+            "ours_disturbances": ours.disturbances(HostBounds()), "ours_own_throttling": ours.own_throttling(),
+            "foreign_disturbances": foreign.disturbances(HostBounds())}
+
+
+def step_load_window(out: Path) -> tuple[str, str]:
+    """Idle, GEMM, HBM copy, GEMV, idle, watched phase by phase and whole, with dmon beside it."""
+    import pynvml
+
+    indices = gpu.visible_nvml_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), 1)
+    if not indices:
+        return "FAIL", f"no GPU visible under CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}"
+    pynvml.nvmlInit()  # before any child: a host where NVML cannot start fails here, leaving nothing running
+    out.mkdir(parents=True, exist_ok=True)
+    smi = shutil.which("nvidia-smi")
+    dmon_log = (out / "dmon.txt").open("w")
+    dmon = (subprocess.Popen([smi, "dmon", "-s", "pucv", "-d", "1", "-o", "T", "-i", str(indices[0])],
+                             stdout=dmon_log, stderr=subprocess.STDOUT) if smi else None)
+    child = subprocess.Popen([sys.executable, LOAD, "window", "--phase-s", str(PHASE_S)], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    phases: list[dict[str, Any]] = []
+    samples: list[dict[str, object]] = []
+    readings: dict[str, object] = {}
+    others: list[str] = []
+    try:
+        whole = _watch_pair(child.pid, indices, pynvml)
+        pair, since_us = whole, int(time.time() * 1e6)
+        assert child.stdout is not None
+        for text in child.stdout:
+            try:
+                event = json.loads(text)
+            except ValueError:
+                others.append(text.rstrip())
+                continue
+            phases.append(event)
+            if event["event"] == "start":
+                since_us = int(time.time() * 1e6)
+                samples.append({"phase": event["phase"], "at": "start", **nvml_sample(pynvml, indices[0])})
+                pair = _watch_pair(child.pid, indices, pynvml)
+            else:
+                readings[event["phase"]] = _judged(pair)
+                samples.append({"phase": event["phase"], "at": "end", **nvml_sample(pynvml, indices[0], since_us)})
+        child.wait(timeout=10)
+        readings["whole"] = _judged(whole)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        pynvml.nvmlShutdown()
+        if dmon is not None:
+            dmon.terminate()
+            dmon.wait(timeout=5)
+        dmon_log.close()
+    save(out, "window_fake_nvml.json", {"gpus": {str(indices[0]): samples}, "phases": phases, "child": others})
+    save(out, "readings.json", readings)
+    gemm = readings.get("gemm_bf16")
+    if not isinstance(gemm, dict):
+        return "FAIL", f"the load child gave no GEMM phase (exit {child.returncode}): {(others or ['no output'])[-1]}"
+    (reading,) = gemm["ours"]["gpus"]
+    rate = next((e.get("rate", 0.0) for e in phases if e["phase"] == "gemm_bf16" and e["event"] == "end"), 0.0)
+    watts = reading["energy_j"] / gemm["ours"]["wall_s"] if reading["energy_j"] is not None else None
+    return "OK", (f"GEMM {rate / 1e12:.0f} TFLOP/s, {watts or 0:.0f} W average, power-capped "
+                  f"{reading['power_violation_ms']} ms, reasons {reading['throttle_reasons']}; as ours "
+                  f"{len(gemm['ours_disturbances'])} disturbance(s), as foreign {len(gemm['foreign_disturbances'])}")
+
+
+# --------------------------------------------------------------------------- the server manager
+
+
+def _stub_gpu_deployment() -> Any:
+    from pytest_kimiperf.config.deployments import TINY_CPU
+
+    return replace(
+        TINY_CPU, name="stub-gpu", description="the stub server with a process holding GPU memory",
+        model="stub-model", served_model_name="stub-model", gpu_count=1, tensor_parallel_size=1,
+        command=(sys.executable, LOAD, "serve", "--mib", "1024", "--", sys.executable, STUB, "--model",
+                 "{served_model_name}", "--host", "{host}", "--port", "{port}", "--load-seconds", "0"),
+        env=MappingProxyType({}), health_deadline_s=60.0, weight_cache="off")
+
+
+def _manager(logs: Path, state: Path, say: Any) -> Any:
+    from pytest_kimiperf.server.manager import ServerManager
+
+    settings = SimpleNamespace(deployment=_stub_gpu_deployment(), external=False, port=None, nccl_debug=False,
+                               grace_s=10.0, host_wait_s=30.0, api_key=None, command_plans={})
+    return ServerManager(settings, log_dir=logs, state_dir=state, say=say, on_progress=lambda *a: None)
+
+
+def _family(pid: int | None) -> list[int]:
+    import psutil
+
+    if pid is None:
+        return []
+    root = psutil.Process(pid)
+    return [root.pid, *(p.pid for p in root.children(recursive=True))]
+
+
+def step_server(out: Path) -> tuple[str, str]:
+    """Boot, mark, measure, stop and free; then a killed session and the next one's sweep."""
+    import httpx
+
+    from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES
+    from pytest_kimiperf.measure.hostwatch import HostWatch
+    from pytest_kimiperf.server.sweep import LAUNCH_ID_ENV
+
+    said: list[str] = []
+    default = BUILTIN_PROFILES["default"]
+    manager = _manager(out / "logs", out / "state", said.append)
+    try:
+        handle = manager.acquire(default)
+        family = _family(handle.pid)
+        import psutil
+
+        marked = sum(1 for pid in family if psutil.Process(pid).environ().get(LAUNCH_ID_ENV))
+        held = {pid: mib for pid, mib in gpu.gpu_memory_by_pid().items() if pid in family}
+        watch = HostWatch(own_pids=lambda: family)
+        watch.start()
+        reply = httpx.post(f"{handle.base_url}/v1/completions", timeout=30,
+                           json={"model": handle.model, "prompt": "hi", "max_tokens": 8}).json()
+        measured = watch.stop()
+        manager.release()
+        gpu.wait_gpu_memory_freed(held, deadline_s=20.0, poll_s=0.2)
+    finally:
+        manager.close()
+    first = (f"{len(family)} process(es), {marked} marked, GPU memory {held} MiB, "
+             f"{reply.get('usage', {}).get('completion_tokens')} tokens, {measured.describe_busy(_bounds())[:60]}; freed")
+    session = subprocess.Popen([sys.executable, __file__, "server-session", str(out / "state2"), str(out / "logs2")],
+                               stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert session.stdout is not None
+    orphans = json.loads(session.stdout.readline() or "{}").get("family", [])
+    session.send_signal(signal.SIGKILL)
+    session.wait()
+    swept: list[str] = []
+    follower = _manager(out / "logs2", out / "state2", swept.append)
+    try:
+        follower.acquire(default)
+        follower.release()
+    finally:
+        follower.close()
+    save(out, "said.json", {"first": said, "second_session": swept, "orphans": orphans})
+    named = [line for line in swept if "MiB of GPU memory" in line]
+    ok = bool(held) and marked == len(family) and bool(named)
+    return ("OK" if ok else "FAIL"), f"{first}; killed session's sweep: {named or swept[-3:]}"
+
+
+def _bounds() -> Any:
+    from pytest_kimiperf.config.measure_bounds import HostBounds
+
+    return HostBounds()
+
+
+def server_session(state: Path, logs: Path) -> None:
+    """A session that boots the stub GPU server, says its processes, and waits to be killed."""
+    from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES
+
+    manager = _manager(logs, state, lambda line: None)
+    handle = manager.acquire(BUILTIN_PROFILES["default"])
+    print(json.dumps({"family": _family(handle.pid)}), flush=True)
+    while True:
+        time.sleep(3600)
+
+
+# --------------------------------------------------------------------------- NCCL, IPC, unit tests
+
+
+def step_nccl(out: Path) -> tuple[str, str]:
+    """A one-rank all-reduce under tree-ll's and ring-ll's environment with --nccl-debug's files."""
+    from pytest_kimiperf.config.nccl.debug_log import nccl_debug_env
+    from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES
+    from pytest_kimiperf.reports.nccl_check import check_server_log
+
+    out.mkdir(parents=True, exist_ok=True)
+    seen, failed = [], False
+    for name in ("tree-ll", "ring-ll"):
+        profile = BUILTIN_PROFILES[name]
+        log = out / f"{name}.log"
+        code, text = run([sys.executable, LOAD, "nccl"], 20, env={**os.environ, **profile.env, **nccl_debug_env(log)})
+        log.write_text(f"exit {code}\n{text}")
+        check = check_server_log(name, profile.env, log, cpu_engine=False)
+        save(out, f"{name}.check.json", check.to_json())
+        statuses = {v.variable: v.status for v in check.variables}
+        failed |= code != 0 or check.error is not None
+        seen.append(f"{name}: exit {code}, {statuses}, {len(list(out.glob(f'{name}.nccl.*')))} debug file(s)")
+    return ("FAIL" if failed else "OK"), "; ".join(seen)
+
+
+def step_ipc(out: Path) -> tuple[str, str]:
+    """A CUDA tensor read by a second process through CUDA IPC."""
+    code, text = run([sys.executable, LOAD, "ipc"], 20)
+    save(out, "ipc.txt", f"exit {code}\n{text}")
+    try:
+        result = json.loads(text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return "FAIL", f"exit {code}: {text.strip()[-200:] or 'no output'}"
+    ok = code == 0 and result["parent_sum"] == result["child_sum"] and result["child_exit"] == 0
+    return ("OK" if ok else "FAIL"), f"parent sum {result['parent_sum']:.0f}, child sum {result['child_sum']:.0f}"
+
+
+GPU_TESTS = ("tests/unit/test_gpu.py", "tests/unit/test_gpu_counters.py", "tests/unit/test_hostwatch.py",
+             "tests/unit/test_pid_namespace.py", "tests/unit/test_canary.py", "tests/unit/test_nvidia_smi.py")
+
+
+def step_unit_tests(out: Path) -> tuple[str, str]:
+    """The GPU-relevant unit tests, here where NVML loads (the CPU hosts skip what needs it)."""
+    code, text = run([sys.executable, "-m", "pytest", *GPU_TESTS, "-q", "-p", "no:cacheprovider", "-rs"], 45,
+                     env={**os.environ, "PYTHONPATH": str(ROOT)})
+    save(out, "pytest.txt", text)
+    return ("OK" if code == 0 else "FAIL"), f"exit {code}: {text.strip().splitlines()[-1] if text.strip() else ''}"
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["server-session"]:
+    server_session(Path(sys.argv[2]), Path(sys.argv[3]))

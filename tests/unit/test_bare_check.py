@@ -1,0 +1,101 @@
+"""ci/gpu-bare-check.sh on a host without a GPU: one check line a step, what a rerun may skip, the
+recordings packed under $OUT after every step, and a time budget that fits a 10-minute command.
+
+nvidia-smi is a stand-in that answers with recorded outputs (tests/data/gpu), including gVisor's
+failed `topo -m`; NVML cannot load here and torch has no CUDA, so the GPU steps must each fail
+with their own line, not stop the run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from tests.helpers import DATA, ROOT
+
+SCRIPT = ROOT / "ci" / "gpu-bare-check.sh"
+LINE = re.compile(r"^check: (OK|FAIL|INFO) (?P<step>[a-z-]+): .+$")
+BUDGET_S = 480  # 8 minutes: the device command limit is 10, the machine's start comes on top
+
+
+def plan() -> list[tuple[str, int]]:
+    done = subprocess.run([sys.executable, str(ROOT / "ci" / "gpu_bare_check.py"), "--plan"], capture_output=True,
+                          text=True, check=True, timeout=60, cwd=ROOT)
+    return [(name, int(limit)) for name, limit in (line.split() for line in done.stdout.splitlines())]
+
+
+def fake_nvidia_smi(directory: Path) -> Path:
+    """nvidia-smi answering each query the bare check makes with a recorded output."""
+    gpu = DATA / "gpu"
+    script = directory / "nvidia-smi"
+    script.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        f'  "") cat {gpu}/smi_header_535.txt ;;\n'
+        "  --query-gpu=power.limit) echo 600.00 ;;\n"
+        f"  --query-gpu=*) cat {gpu}/query_gpu_8x_rtx_pro_6000.csv ;;\n"
+        f"  topo) cat {gpu}/topo_8x_gvisor_failed.txt; exit 255 ;;\n"
+        f"  --query-compute-apps=*) cat {gpu}/compute_apps_vllm_enginecore.csv ;;\n"
+        f"  -q) cat {gpu}/smi_q_cuda_not_found.txt ;;\n"
+        "  *) exit 2 ;;\n"
+        "esac\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def bare_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake_nvidia_smi(bin_dir)
+    return subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=BUDGET_S + 60,
+                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable,
+                               "OUT": str(tmp_path / "out"), "TMPDIR": str(tmp_path), **env})
+
+
+def test_the_steps_fit_the_budget_even_when_each_runs_to_its_limit() -> None:
+    steps = plan()
+    assert [name for name, _ in steps][:3] == ["runtime", "smi", "nvml"]
+    assert sum(limit for _, limit in steps) <= BUDGET_S
+    assert f"BUDGET=${{BARE_BUDGET_S:-{BUDGET_S}}}" in SCRIPT.read_text()
+
+
+def test_without_a_gpu_every_step_says_one_line_and_the_recordings_come_back(tmp_path: Path) -> None:
+    done = bare_check(tmp_path, SKIP="unit-tests")  # the unit tests are this suite's own
+    lines = done.stdout.splitlines()
+    checks = [LINE.match(line) for line in lines[:-1]]
+    assert all(checks), lines
+    assert [m.group("step") for m in checks if m] == [name for name, _ in plan()]
+    verdicts = {m.group("step"): m.group(1) for m in checks if m}
+    assert verdicts["smi"] == "OK" and verdicts["nvml"] == "FAIL" and verdicts["unit-tests"] == "INFO"
+    assert "topo -m exit 255 unparsed" in next(line for line in lines if " smi: " in line)
+    # No CUDA: each GPU step fails on its own and the run goes on to the next.
+    assert all(verdicts[step] == "FAIL" for step in ("load-window", "canary", "gpu-memory", "server", "nccl", "ipc"))
+    assert done.returncode == 1
+    # A rerun skips what passed or was skipped.
+    passed = [step for step, verdict in verdicts.items() if verdict != "FAIL"]
+    assert lines[-1] == f"SKIP={','.join(passed)}"
+    out = tmp_path / "out"
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert files == ["checks.txt", "recordings.tgz"]  # at most 8 files come back from a device
+    assert (out / "checks.txt").read_text().splitlines() == lines
+    with tarfile.open(out / "recordings.tgz") as tar:
+        names = set(tar.getnames())
+        topo = tar.extractfile("./smi/topo_m.txt")
+        assert topo is not None and topo.read().decode() == (DATA / "gpu" / "topo_8x_gvisor_failed.txt").read_text()
+    assert {"./runtime/stat", "./runtime/facts.json", "./smi/exit_codes.json", "./nvml.log"} <= names
+    assert not list(tmp_path.glob("kimiperf-bare.*"))  # the work folder is removed
+
+
+def test_a_step_that_does_not_fit_what_is_left_of_the_budget_is_not_started(tmp_path: Path) -> None:
+    rest = ",".join(name for name, _ in plan() if name not in ("runtime", "smi"))
+    done = bare_check(tmp_path, SKIP=rest, BARE_BUDGET_S="25")  # runtime (15 s) fits, smi (40 s) does not
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("check: INFO runtime: kernel ")
+    assert re.fullmatch(r"check: INFO smi: not run: \d+ s of the 25 s budget left, it may take 40 s", lines[1])
+    assert lines[-1] == f"SKIP=runtime,{rest}" and done.returncode == 0
