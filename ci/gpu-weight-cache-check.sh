@@ -13,6 +13,11 @@
 #   PYTHON        interpreter with pytest-kimiperf and a CUDA vLLM 0.32 (default: python3)
 #   KIMIPERF_OUT  where the server logs go (default: weight-cache-check)
 #   CUDA_VISIBLE_DEVICES  the GPU to use (default: 0)
+#   KIMIPERF_BOOT_DEADLINE_S  each boot's health deadline (default: 900)
+#   KIMIPERF_STATE_DIR    the servers' state directory (default: a new one), shared with the
+#                         caller's other checks so a server one of them left is swept here
+#
+# SIGTERM stops the daemons and engines through the manager's teardown before exiting.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -20,6 +25,8 @@ OUT=${KIMIPERF_OUT:-weight-cache-check}
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 mkdir -p "$OUT"
 exec "$PY" - "$OUT" <<'EOF'
+import os
+import signal
 import sys
 import tempfile
 from dataclasses import replace
@@ -39,11 +46,21 @@ deployment = replace(
              "--served-model-name", "{served_model_name}", "--host", "{host}", "--port", "{port}",
              "--tensor-parallel-size", "{tp}", "--max-model-len", "2048", "--dtype", "bfloat16",
              "--gpu-memory-utilization", "0.5"),
-    env=MappingProxyType({"HF_HUB_OFFLINE": "1"}), health_deadline_s=900.0, weight_cache="auto")
+    env=MappingProxyType({"HF_HUB_OFFLINE": "1"}),
+    health_deadline_s=float(os.environ.get("KIMIPERF_BOOT_DEADLINE_S", "900")), weight_cache="auto")
 settings = SimpleNamespace(deployment=deployment, external=False, port=None, nccl_debug=False,
                            grace_s=30.0, host_wait_s=3600.0, api_key=None, command_plans={})
-manager = ServerManager(settings, log_dir=out, state_dir=Path(tempfile.mkdtemp(prefix="kimiperf-wc-state-")),
-                        say=print, on_progress=lambda *a: None)
+state = os.environ.get("KIMIPERF_STATE_DIR") or tempfile.mkdtemp(prefix="kimiperf-wc-state-")
+manager = ServerManager(settings, log_dir=out, state_dir=Path(state), say=print, on_progress=lambda *a: None)
+
+
+def on_term(signum, _frame):
+    # The manager absorbs a signal during a stop; otherwise leave through the finally below.
+    if not manager.on_signal():
+        raise SystemExit(128 + signum)
+
+
+signal.signal(signal.SIGTERM, on_term)
 profiles = [NcclProfile("default", "NCCL's own choices", {}),
             NcclProfile("ring-ll", "Ring/LL", {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"})]
 try:

@@ -206,7 +206,10 @@ def test_gpu_first_run_says_one_line_per_check_and_fails_cleanly_without_a_gpu(t
         pytest.skip("this host has a GPU: ci/gpu-first-run.sh is run by hand there")
     assert done.returncode == 1
     lines = done.stdout.splitlines()
-    assert [line.split(":")[1].strip() for line in lines] == ["vllm-contract", "nvml", "weight-cache"], lines
+    assert [line.split(":")[1].strip() for line in lines[:-1]] == [
+        "vllm-contract", "nvml", "sweep-gpu-memory", "boot", "weight-cache", "nodes", "nodes"], lines
     assert lines[0].startswith("first-run: vllm-contract: vllm-contract: OK vLLM 0.32.0")
     assert lines[1].startswith("first-run: nvml: FAIL no GPU")
-    assert lines[2] == "first-run: weight-cache: FAIL not run: no whole GPU (see the nvml line)"
+    assert lines[3] == "first-run: boot: FAIL not run: no whole GPU (see the nvml line)"
+    assert lines[4] == "first-run: weight-cache: FAIL not run: no whole GPU (see the nvml line)"
+    assert lines[-1] == "SKIP=vllm-contract"
