@@ -163,21 +163,27 @@ def step_server(out: Path) -> tuple[str, str]:
         held = {pid: mib for pid, mib in gpu.gpu_memory_by_pid().items() if pid in family}
         watch = HostWatch(own_pids=lambda: family)
         watch.start()
+        # The stub answers every completion as a stream of SSE chunks, as vLLM does with "stream".
         reply = httpx.post(f"{handle.base_url}/v1/completions", timeout=30,
-                           json={"model": handle.model, "prompt": "hi", "max_tokens": 8}).json()
+                           json={"model": handle.model, "prompt": "hi", "max_tokens": 8, "stream": True}).text
+        chunks = sum(1 for text in reply.splitlines() if text.startswith("data: {"))
         measured = watch.stop()
         manager.release()
         gpu.wait_gpu_memory_freed(held, deadline_s=20.0, poll_s=0.2)
     finally:
         manager.close()
     first = (f"{len(family)} process(es), {marked} marked, GPU memory {held} MiB, "
-             f"{reply.get('usage', {}).get('completion_tokens')} tokens, {measured.describe_busy(_bounds())[:60]}; freed")
-    session = subprocess.Popen([sys.executable, __file__, "server-session", str(out / "state2"), str(out / "logs2")],
-                               stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert session.stdout is not None
-    orphans = json.loads(session.stdout.readline() or "{}").get("family", [])
-    session.send_signal(signal.SIGKILL)
-    session.wait()
+             f"{chunks} stream chunks, {measured.describe_busy(_bounds())[:60]}; freed")
+    # A session SIGKILLed: its launcher's watchdog pipe closes and the launcher stops the server.
+    watched = _killed_session(out, kill_launcher=False)
+    started = time.monotonic()
+    while any(_alive(pid) for pid in watched) and time.monotonic() - started < 20:
+        time.sleep(0.2)
+    watchdog = f"watchdog: {'all gone' if not any(_alive(p) for p in watched) else 'LEFT RUNNING'} " \
+               f"{time.monotonic() - started:.1f} s after the session's SIGKILL"
+    # The launcher killed first as well (a job killed as a whole): the next session's sweep must
+    # find the server and the GPU memory its holder keeps.
+    orphans = _killed_session(out, kill_launcher=True)
     swept: list[str] = []
     follower = _manager(out / "logs2", out / "state2", swept.append)
     try:
@@ -185,10 +191,39 @@ def step_server(out: Path) -> tuple[str, str]:
         follower.release()
     finally:
         follower.close()
-    save(out, "said.json", {"first": said, "second_session": swept, "orphans": orphans})
+    save(out, "said.json", {"first": said, "second_session": swept, "orphans": orphans, "watchdog": watchdog})
     named = [line for line in swept if "MiB of GPU memory" in line]
-    ok = bool(held) and marked == len(family) and bool(named)
-    return ("OK" if ok else "FAIL"), f"{first}; killed session's sweep: {named or swept[-3:]}"
+    ok = bool(held) and marked == len(family) and bool(named) and "all gone" in watchdog
+    return ("OK" if ok else "FAIL"), f"{first}; {watchdog}; killed session's sweep: {named or swept[-3:]}"
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _killed_session(out: Path, *, kill_launcher: bool) -> list[int]:
+    """Start a session that boots the stub GPU server (state in OUT/state2), SIGKILL it (and its
+    server's launcher first, where asked); the server's processes as the session saw them."""
+    import psutil
+
+    session = subprocess.Popen([sys.executable, __file__, "server-session", str(out / "state2"), str(out / "logs2")],
+                               stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert session.stdout is not None
+    family = json.loads(session.stdout.readline() or "{}").get("family", [])
+    if kill_launcher and family:
+        candidates = [psutil.Process(family[0]), *(p for p in [psutil.Process(family[0]).parent()] if p)]
+        for process in candidates:
+            if "pytest_kimiperf.server.launcher" in " ".join(process.cmdline()):
+                process.send_signal(signal.SIGKILL)
+    session.send_signal(signal.SIGKILL)
+    session.wait()
+    session.stdout.close()
+    return family
 
 
 def _bounds() -> Any:
