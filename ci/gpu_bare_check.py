@@ -81,10 +81,12 @@ def step_runtime(out: Path) -> tuple[str, str]:
     save(out, "watch.json", reading.to_json())
     facts = {"kernel": platform.release(), "pid_ns": ns, "pid_view": view.mode, "pid_note": view.note,
              "dmesg": _last(run(["dmesg"], 5)[1]), "watch": reading.describe_busy(_bounds())}
+    status = (out / "self_status").read_text() if (out / "self_status").is_file() else ""
+    facts["nspid_line"] = any(text.startswith("NSpid:") for text in status.splitlines())
     save(out, "facts.json", facts)
-    sandbox = "gVisor" if "gVisor" in facts["dmesg"] or "gvisor" in (Path("/proc/version").read_text().lower()
-                                                                         if Path("/proc/version").exists() else "") else "?"
-    return "INFO", (f"kernel {facts['kernel']}, sandbox {sandbox}, pid view {view.mode}, "
+    # gVisor's kernel log opens with "Starting gVisor..." (its dmesg is synthetic).
+    sandbox = "gVisor" if "gVisor" in run(["dmesg"], 5)[1] else "none seen"
+    return "INFO", (f"kernel {facts['kernel']}, sandbox {sandbox}, NSpid {facts['nspid_line']}, pid view {view.mode}, "
                     f"PSI {'yes' if reading.psi else 'no'}, watch: {facts['watch'][:160]}")
 
 
