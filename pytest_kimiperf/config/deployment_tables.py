@@ -66,6 +66,9 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "boot_spread": (int, float),
     "session_spread": (int, float),
     "host_spread": (int, float),
+    "boot_spread_df": (int, float),
+    "spawn_mode_drop": (int, float),
+    "spawn_mode_share": (int, float),
     "max_boots": int,
     "host_bounds": dict,
     "weight_cache": str,
@@ -152,7 +155,7 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
             fields[key] = MappingProxyType({**base.host_bounds, **value})
         elif key in ("health_deadline_s", "decode_floor_tok_s", "decode_target_tok_s",
                      "memory_bandwidth_gbs", "allreduce_latency_us", "boot_spread", "session_spread",
-                     "host_spread"):
+                     "host_spread", "boot_spread_df", "spawn_mode_drop", "spawn_mode_share"):
             fields[key] = float(value)
         else:
             fields[key] = value
@@ -195,6 +198,17 @@ def _check(d: Deployment, where: str) -> None:
         if not (math.isfinite(value) and 0 <= value < 1):
             raise ConfigError(f"{where}: {name} = {value}; must be a fraction >= 0 and below 1 "
                               f"(the SD of {what}: 0.01 = 1%)")
+    if not (math.isfinite(d.boot_spread_df) and d.boot_spread_df >= 1):
+        raise ConfigError(f"{where}: boot_spread_df = {d.boot_spread_df}; must be a number >= 1 (the "
+                          "degrees of freedom boot_spread was measured with: 3 for a guess)")
+    for name, what in (("spawn_mode_drop", "how much slower the slow spawn mode is: 0.5 = half as fast"),
+                       ("spawn_mode_share", "the share of boots that land in the slow mode")):
+        value = getattr(d, name)
+        if not (math.isfinite(value) and 0 <= value < 1):
+            raise ConfigError(f"{where}: {name} = {value}; must be a fraction >= 0 and below 1 ({what}; 0: no modes)")
+    if (d.spawn_mode_drop > 0) != (d.spawn_mode_share > 0):
+        raise ConfigError(f"{where}: spawn_mode_drop = {d.spawn_mode_drop} and spawn_mode_share = "
+                          f"{d.spawn_mode_share}; declare both (modes) or neither")
     if d.weight_cache not in ("auto", "off"):
         raise ConfigError(f"{where}: weight_cache = {d.weight_cache!r}; allowed: 'auto', 'off'")
     if d.max_boots < 1:

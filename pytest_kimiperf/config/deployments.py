@@ -61,6 +61,13 @@ class Deployment:
     # boot's median (fraction, 0.01 = 1%) before the baseline history has measured it;
     # ``max_boots`` caps the boots on demand per profile in one session.
     boot_spread: float = 0.01
+    # The evidence behind ``boot_spread``, in degrees of freedom: 3 for a guess, the boots a
+    # noise corpus measured it on otherwise (judge/in_session.py pools it with the boots' own).
+    boot_spread_df: float = 3.0
+    # Spawn modes (judge/in_session.py): a share ``spawn_mode_share`` of boots land in a mode
+    # ``spawn_mode_drop`` slower (0.5: half as fast). 0: none declared.
+    spawn_mode_drop: float = 0.0
+    spawn_mode_share: float = 0.0
     # The levels above the boot (judge/levels.py), declared until the history spans 3 sessions
     # (hosts): the SD of a session's shared effect on every boot of it, and of a host's among
     # hosts with the same fingerprint whose canaries agree.
@@ -208,6 +215,16 @@ TINY_CPU = Deployment(
     # differ up to 2x under one fingerprint: the canary catches that; a residue of 15% is left.
     session_spread=0.20,
     host_spread=0.15,
+    # Spawn modes (judge/in_session.py): one quiet boot in ten or so runs at about half speed on
+    # every metric (the corpus: 598 against 1135-1285 tok/s in one session, 876 against 1195-1283
+    # in another; 146 against 271 on a slower host of the family). Declared, so a profile
+    # comparison never reads two boots of opposite modes as a change; with 2 boots a side it
+    # cannot tell a halving from them, with 3 it can (benchmarks/profile_power.py).
+    spawn_mode_drop=0.5,
+    spawn_mode_share=0.10,
+    # The corpus measured the boot level inside sessions on 15 df (5-10% for most metrics, 24%
+    # for p99 ITL; `python benchmarks/noise_study.py --analyze`): 18% covers all but the tail.
+    boot_spread_df=15.0,
     max_boots=2,
     # Measured with benchmarks/cpu_noise.py, now noise_study.py: a quiet host reads 0.2-0.5% foreign CPU; a second
     # pytest run beside the server read 5-11% and slowed decode by about 35% (the worker owns

@@ -24,6 +24,7 @@ from pytest_kimiperf.judge.planning import plan_line, wants_another_boot
 from pytest_kimiperf.judge.results import MetricResult, TestResult
 from pytest_kimiperf.judge.floors import FloorResult, FloorStatus, floor_check
 from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind, compare_boots
 
 FLOOR_METRIC = "decode_tok_s"
@@ -389,11 +390,11 @@ def verdict_to_result(comparison: Comparison, result: TestResult, *, strict: boo
 
 
 def compare_profiles(
-    results: Sequence[TestResult], reference_profile: str, *, prior_spread: float = 0.01
+    results: Sequence[TestResult], reference_profile: str, *, rules: InSessionRules = InSessionRules()
 ) -> list[tuple[str, str, str, Comparison]]:
-    """Each profile against the reference, per test and metric, boot against boot:
-    (test, metric, profile, comparison). Boots measured on a disturbed host (INVALID) are
-    not samples of either profile and are left out."""
+    """Each profile against the reference, per test and metric, boot against boot in this
+    session (judge/in_session.py): (test, metric, profile, comparison). Boots measured on a
+    disturbed host (INVALID) are not samples of either profile and are left out."""
     boots: dict[tuple[str, str], dict[str, list[BootSummary]]] = {}
     meta: dict[tuple[str, str], MetricResult] = {}
     for res in results:
@@ -412,8 +413,8 @@ def compare_profiles(
         for profile, current in per_profile.items():
             if profile == reference_profile:
                 continue
-            rows.append((test, metric, profile, compare_boots(
+            rows.append((test, metric, profile, compare_in_session(
                 current, ref, direction=Direction(mres.direction), tolerance=mres.tolerance,
-                prior_spread=prior_spread, metric=spec.label, unit=mres.unit,
+                rules=rules, metric=spec.label, unit=mres.unit,
             )))
     return rows

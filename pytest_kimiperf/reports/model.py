@@ -15,6 +15,7 @@ from typing import Any
 
 from pytest_kimiperf.server.boot_account import BootAccount
 from pytest_kimiperf.judge.gate import compare_profiles
+from pytest_kimiperf.judge.in_session import InSessionRules
 from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT
 from pytest_kimiperf.judge.results import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS
@@ -342,10 +343,10 @@ def build_session_report(
     generator: str,
     baselines_path: str | None = None,
     roofline: RooflineReport | None = None,
-    prior_spread: float = 0.01,
+    rules: InSessionRules = InSessionRules(),
 ) -> SessionReport:
     """Gather the run's facts and compare every profile with the reference profile, boot
-    against boot (``prior_spread``: the deployment's declared boot spread)."""
+    against boot (``rules``: the deployment's declared boot spread and spawn modes)."""
     return SessionReport(
         generator=generator,
         created_at=created_at,
@@ -354,14 +355,14 @@ def build_session_report(
         reference_profile=reference_profile,
         profiles=list(profiles),
         results=list(results),
-        profile_comparisons=profile_comparisons(results, reference_profile, prior_spread=prior_spread),
+        profile_comparisons=profile_comparisons(results, reference_profile, rules=rules),
         baselines_path=baselines_path,
         roofline=roofline,
     )
 
 
 def profile_comparisons(
-    results: Sequence[TestResult], reference_profile: str, *, prior_spread: float = 0.01
+    results: Sequence[TestResult], reference_profile: str, *, rules: InSessionRules = InSessionRules()
 ) -> list[ProfileComparison]:
     """Each profile against the reference, per test and metric; invalid runs are left out.
 
@@ -376,7 +377,7 @@ def profile_comparisons(
     rows: list[ProfileComparison] = []
     for test, group in by_test.items():
         try:
-            compared = compare_profiles(group, reference_profile, prior_spread=prior_spread)
+            compared = compare_profiles(group, reference_profile, rules=rules)
         except ValueError as exc:
             rows.extend(
                 ProfileComparison(test, metric, res.profile, reference_profile, None,

@@ -32,6 +32,7 @@ from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.judge import baselines
 from pytest_kimiperf.judge.baseline_schema import BaselineFile
 from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.judge.in_session import InSessionRules
 from pytest_kimiperf.judge.baselines import baseline_entries
 from pytest_kimiperf.judge.results import TestResult
 from pytest_kimiperf.reports.json_report import build_json_report, write_json_report
@@ -200,7 +201,7 @@ class SessionReporter:
             created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             generator=_generator(),
             baselines_path=baselines_path,
-            prior_spread=settings.deployment.boot_spread,
+            rules=InSessionRules.of(settings.deployment),
             roofline=build_roofline_report(
                 self.results, settings.deployment, fingerprint, rootpath=self.rootpath, external=settings.external,
             ),

@@ -1,0 +1,312 @@
+"""Two profiles measured in one session, boot against boot: is one of them really different?
+
+The profile comparison (``--nccl-profile default,ring-ll``) boots each profile a few times,
+interleaved (A B B A), on one host in one session. Nothing above the boot differs between the
+sides, so the boot is the only level; but with two boots a side the boot level itself is known
+badly, and it is not always normal. Three rules, each from a failure seen on a real host:
+
+* **The spread is never below the declared one.** The measured spread of the boots inside each
+  side is pooled with the deployment's declared ``boot_spread`` (worth its declared degrees of
+  freedom) and floored at it: two boots that happen to agree (155.5 and 155.1 tok/s) must not
+  shrink the spread that judges the other side, whose boots were 27% apart (207 and 271).
+* **Spawn modes are part of the null.** vLLM's decode speed can be "bimodal, fixed at process
+  spawn" (ROCm/legacy-rocm-build #6347; "different stable regimes" after restarts,
+  vllm-project/vllm #39903), and so is the CPU engine's (598 against 1135-1285 tok/s on one
+  host, 146 against 271 on another). With two boots a side, both boots of one side slow and both
+  of the other fast happens in 1 session in 8 at even odds, and then the sides differ by the
+  whole gap with no spread inside either. A deployment declares its modes (:class:`SpawnModes`:
+  the slow mode's drop and its share of boots); every way the boots could fall into the modes
+  is weighed by its prior and by how well it explains the spread *inside* each side (a side
+  whose two boots agree was not split between modes; one whose boots differ by the gap likely
+  was), and the p-value of a direction is the mixture's. A direction is claimed only when the
+  tolerance's edge, with every likely mode assignment, cannot explain the difference.
+* **A symmetric tolerance.** A tolerance of 25% is the band ``[0.75, 1/0.75]`` on the ratio: the
+  same data with the sides swapped reads the same, mirrored.
+
+A direction needs :data:`IN_SESSION_ALPHA` (one-sided, per metric and direction) and the sides'
+boots may not overlap. "Within +/-tol" needs both one-sided :data:`EQUIVALENCE_LEVEL` bounds inside
+the band and every likely mode assignment agreeing (a true halving whose reference boots were
+slow and whose current boots were fast reads as no change). Short of those the verdict says what
+the data does allow, and :func:`boots_to_decide` what would decide it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pytest_kimiperf.config.deployments import Deployment
+from pytest_kimiperf.config.metric_specs import Direction
+from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.stats import (
+    DIRECTIONAL_CONFIDENCE,
+    MIN_BOOTS_DIRECTIONAL,
+    Comparison,
+    VerdictKind,
+    _insufficient_note,
+    satterthwaite_df,
+    t_quantile,
+)
+
+# One-sided, per metric and direction, at the tolerance's edge: the test is calibrated there, and
+# an inert profile sits far inside the band (25% on the CPU engine, 3% on GPUs, against boot
+# spreads of 10% and 1%), so its false directions come almost only from mode assignments the
+# declared modes make likely, whose weight this bounds. A profile comparison judges 12 metrics
+# and an inert profile must get a direction in at most 1% of sessions (benchmarks/profile_power.py:
+# the replay of every host of the noise corpus and the spawn-mode cells).
+IN_SESSION_ALPHA = 0.005
+# "Within +/-tol" when both one-sided bounds at this level lie inside the band: the level of the
+# directional bound of the gate (stats.DIRECTIONAL_CONFIDENCE), so the two claims are made on
+# evidence of one weight. Two profiles 0.6% apart (boot noise 1% declared as a guess, 3 df;
+# tolerance 3%; 2 boots each) read "within" in 88% of sessions at 84%, 73% at 90% (profile_power.py).
+EQUIVALENCE_LEVEL = DIRECTIONAL_CONFIDENCE
+# The two-sided interval those bounds make, as the profile tables head it.
+INTERVAL_LEVEL = round(2.0 * EQUIVALENCE_LEVEL - 1.0, 6)
+INTERVAL_HEADING = f"{INTERVAL_LEVEL * 100:g}% CI"
+# "Changed, size unresolved" when no change at all is this unlikely one-sided, modes weighed: the
+# gate's 90% interval excluding zero (stats.EQUIVALENCE_CONFIDENCE).
+CHANGE_ALPHA = 0.05
+# A mode assignment whose posterior weight is below this is ignored by the "within" claim.
+MODE_WEIGHT_IGNORED = 0.01
+# The planner looks this far for the boots that would decide a comparison.
+MAX_PLANNED_BOOTS = 8
+# Boots a side beyond which the mode assignments are not enumerated one by one (2**k each).
+MAX_ENUMERATED_BOOTS = 12
+
+
+@dataclass(frozen=True)
+class SpawnModes:
+    """A deployment's spawn modes: a share ``slow_share`` of boots land in a mode ``drop`` worse
+    (0.5: half as fast; on a latency, twice as slow). ``drop`` 0 declares no modes."""
+
+    drop: float = 0.0
+    slow_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.drop) and 0.0 <= self.drop < 1.0):
+            raise ValueError(f"spawn mode drop {self.drop!r}: use a fraction >= 0 and below 1 (0.5 = half as fast)")
+        if not (math.isfinite(self.slow_share) and 0.0 <= self.slow_share < 1.0):
+            raise ValueError(f"spawn mode slow_share {self.slow_share!r}: use a fraction >= 0 and below 1")
+
+    @property
+    def gap_log(self) -> float:
+        """The gap between the modes on the log scale (0 when none are declared)."""
+        return -math.log1p(-self.drop) if self.declared else 0.0
+
+    @property
+    def declared(self) -> bool:
+        """Whether the deployment declares modes at all."""
+        return self.drop > 0.0 and self.slow_share > 0.0
+
+    def text(self) -> str:
+        """What a verdict says of the modes it weighed."""
+        if not self.declared:
+            return "no spawn modes declared"
+        return f"spawn modes {self.drop:.0%} apart declared ({self.slow_share:.0%} of boots slow)"
+
+
+@dataclass(frozen=True)
+class InSessionRules:
+    """What a profile comparison is judged by, from the deployment."""
+
+    boot_spread: float = 0.01
+    boot_spread_df: float = 3.0
+    modes: SpawnModes = SpawnModes()
+    alpha: float = IN_SESSION_ALPHA
+
+    @classmethod
+    def of(cls, deployment: Deployment) -> InSessionRules:
+        """The rules a deployment declares."""
+        return cls(deployment.boot_spread, deployment.boot_spread_df,
+                   SpawnModes(deployment.spawn_mode_drop, deployment.spawn_mode_share))
+
+
+def band_log(tolerance: float) -> float:
+    """The tolerance as a symmetric band on the log ratio: 25% is [log 0.75, -log 0.75]."""
+    return -math.log1p(-tolerance)
+
+
+def _side_offsets(gains: Sequence[float], sd: float, modes: SpawnModes) -> list[tuple[float, float]]:
+    """The side's mean mode offset (on the gain scale: a slow boot is ``-gap``) and its posterior
+    weight, for every assignment of the side's boots to the modes."""
+    if not modes.declared:
+        return [(0.0, 1.0)]
+    k = len(gains)
+    gap = modes.gap_log
+    mean = sum(gains) / k
+    residuals = [g - mean for g in gains]
+    log_weights: dict[float, list[float]] = {}
+    if k > MAX_ENUMERATED_BOOTS:
+        # The worst case instead: every boot of the side in either mode, with equal weight.
+        return [(0.0, 0.5), (-gap, 0.5)]
+    for mask in itertools.product((0, 1), repeat=k):
+        slow = sum(mask)
+        share = slow / k
+        # The residuals the modes leave inside the side, as the within-mode spread sees them.
+        misfit = sum((r + gap * (m - share)) ** 2 for r, m in zip(residuals, mask))
+        log_w = (slow * math.log(modes.slow_share) + (k - slow) * math.log1p(-modes.slow_share)
+                 - misfit / (2.0 * sd * sd))
+        log_weights.setdefault(round(-gap * share, 12), []).append(log_w)
+    top = max(w for ws in log_weights.values() for w in ws)
+    weights = {off: sum(math.exp(w - top) for w in ws) for off, ws in log_weights.items()}
+    total = sum(weights.values())
+    return [(off, w / total) for off, w in sorted(weights.items())]
+
+
+def _t_sf(x: float, df: float) -> float:
+    from scipy import stats as scipy_stats
+
+    return float(scipy_stats.t.sf(x, df))
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """The difference of the sides' mean gains and its two standard errors: pooled (the boots of
+    both sides with the declared spread, for "within" and the interval) and separate (each
+    side's own spread where it exceeds the declared one, for a direction)."""
+
+    d: float
+    sd: float  # pooled SD of a boot's log-median, never below the declared
+    df: float
+    se: float
+    se_dir: float
+    df_dir: float
+    pairs: tuple[tuple[float, float], ...]  # (offset of current - offset of reference, weight)
+
+
+def _fit(cur: Sequence[float], ref: Sequence[float], rules: InSessionRules) -> _Fit:
+    declared_var = math.log1p(rules.boot_spread) ** 2
+    sides = [(len(side), sum((x - sum(side) / len(side)) ** 2 for x in side)) for side in (cur, ref)]
+    df_measured = sum(k - 1 for k, _ in sides)
+    pooled = (rules.boot_spread_df * declared_var + sum(ss for _, ss in sides)) / (rules.boot_spread_df + df_measured)
+    var = max(pooled, declared_var)
+    df = rules.boot_spread_df + df_measured
+    se = math.sqrt(var * (1.0 / len(cur) + 1.0 / len(ref)))
+    # A direction takes each side's own spread where it exceeds the declared one (with the side's
+    # own few degrees of freedom): one side whose boots agree by chance must not vouch for the other.
+    parts = []
+    for k, ss in sides:
+        own = ss / (k - 1) if k > 1 else 0.0
+        parts.append((own / k, k - 1.0) if own > declared_var else (declared_var / k, rules.boot_spread_df))
+    se_dir = math.sqrt(sum(v for v, _ in parts))
+    df_dir = satterthwaite_df(parts)
+    d = sum(cur) / len(cur) - sum(ref) / len(ref)
+    sd = math.sqrt(var)
+    cur_off, ref_off = _side_offsets(cur, sd, rules.modes), _side_offsets(ref, sd, rules.modes)
+    pairs = tuple((oc - orf, wc * wr) for oc, wc in cur_off for orf, wr in ref_off)
+    return _Fit(d=d, sd=sd, df=df, se=se, se_dir=se_dir, df_dir=df_dir, pairs=pairs)
+
+
+def _p_better(fit: _Fit, band: float) -> float:
+    """P(a difference this large | the true gain at the band's upper edge), the modes weighed."""
+    return sum(w * _t_sf((fit.d - band - off) / fit.se_dir, fit.df_dir) for off, w in fit.pairs)
+
+
+def _p_worse(fit: _Fit, band: float) -> float:
+    """P(a difference this low | the true gain at the band's lower edge), the modes weighed."""
+    return sum(w * _t_sf((off - band - fit.d) / fit.se_dir, fit.df_dir) for off, w in fit.pairs)
+
+
+def compare_in_session(
+    current: Sequence[BootSummary],
+    reference: Sequence[BootSummary],
+    *,
+    direction: Direction,
+    tolerance: float,
+    rules: InSessionRules,
+    metric: str = "",
+    unit: str = "",
+) -> Comparison:
+    """Decide whether the ``current`` profile's boots differ from the ``reference`` profile's,
+    both measured in this session (see the module docstring for the rules)."""
+    direction = Direction(direction)
+    if not (math.isfinite(tolerance) and 0.0 < tolerance < 1.0):
+        raise ValueError(f"tolerance={tolerance!r}: use a fraction between 0 and 1 (0.03 means 3%)")
+    cur_b = [b for b in current if b.usable]
+    ref_b = [b for b in reference if b.usable]
+    sign = 1.0 if direction is Direction.HIGHER_IS_BETTER else -1.0
+    nan = math.nan
+    common = dict(metric=metric, unit=unit, direction=direction, tolerance=float(tolerance),
+                  boots_current=len(cur_b), boots_reference=len(ref_b),
+                  n_current=sum(b.n for b in cur_b), n_reference=sum(b.n for b in ref_b),
+                  confidence=1.0 - rules.alpha, equivalence_confidence=INTERVAL_LEVEL)
+    if not cur_b or not ref_b:
+        return Comparison(**common, median_current=nan, median_reference=nan, change=nan, bound_low=nan,
+                          bound_high=nan, ci_low=nan, ci_high=nan, spread_sd_log=nan, spread_df=nan,
+                          spread_source="", se_log=nan, mdc=nan, verdict=VerdictKind.INSUFFICIENT_SAMPLES,
+                          note=_insufficient_note(current, reference))
+    cur = [sign * math.log(b.median) for b in cur_b]
+    ref = [sign * math.log(b.median) for b in ref_b]
+    fit = _fit(cur, ref, rules)
+    band = band_log(tolerance)
+    p_better, p_worse = _p_better(fit, band), _p_worse(fit, band)
+    t_dir = t_quantile(1.0 - rules.alpha, fit.df_dir)
+    t_eq = t_quantile(EQUIVALENCE_LEVEL, fit.df)
+    enough = min(len(cur), len(ref)) >= MIN_BOOTS_DIRECTIONAL
+    apart_better = min(cur) > max(ref)
+    apart_worse = max(cur) < min(ref)
+    # Every likely mode assignment must agree that the change is inside the band.
+    likely = [off for off, w in fit.pairs if w >= MODE_WEIGHT_IGNORED]
+    inside = all(abs(fit.d - off) + t_eq * fit.se <= band for off in likely)
+    if enough and p_worse <= rules.alpha and apart_worse:
+        verdict = VerdictKind.REGRESSION
+    elif enough and p_better <= rules.alpha and apart_better:
+        verdict = VerdictKind.IMPROVEMENT
+    elif inside:
+        verdict = VerdictKind.WITHIN_TOLERANCE
+    elif min(_p_better(fit, 0.0), _p_worse(fit, 0.0)) <= CHANGE_ALPHA:
+        verdict = VerdictKind.CHANGED_SIZE_UNRESOLVED
+    elif abs(fit.d) > band:
+        verdict = VerdictKind.INCONCLUSIVE
+    else:
+        verdict = VerdictKind.NO_DETECTABLE_CHANGE
+    # Reported on the metric's own scale (change > 0: the current side's figure is higher).
+    lo, hi = fit.d - t_dir * fit.se_dir, fit.d + t_dir * fit.se_dir
+    # The interval holds every likely mode assignment's (the modes are part of what is unknown).
+    clo = min(fit.d - off for off in likely) - t_eq * fit.se
+    chi = max(fit.d - off for off in likely) + t_eq * fit.se
+    if sign < 0:
+        lo, hi, clo, chi = -hi, -lo, -chi, -clo
+    change = math.expm1(sign * fit.d)
+    notes = [rules.modes.text()] if rules.modes.declared else []
+    if verdict in (VerdictKind.CHANGED_SIZE_UNRESOLVED, VerdictKind.INCONCLUSIVE) and abs(fit.d) > band:
+        needed = boots_to_decide(fit.d, fit.sd, band, rules)
+        have = min(len(cur), len(ref))
+        notes.append(f"{needed} boots a side would decide a change this size" if needed is not None else
+                     f"no number of boots up to {MAX_PLANNED_BOOTS} a side decides a change this size: "
+                     "the spawn modes explain it")
+        if needed is not None and needed <= have:
+            notes[-1] = "the boots' own spread is what holds it back"
+    source = (f"declared {rules.boot_spread:.0%}" if fit.sd <= math.log1p(rules.boot_spread) + 1e-12
+              else f"measured {math.expm1(fit.sd):.0%} inside the sides")
+    return Comparison(
+        **common, median_current=math.exp(sum(math.log(b.median) for b in cur_b) / len(cur_b)),
+        median_reference=math.exp(sum(math.log(b.median) for b in ref_b) / len(ref_b)),
+        change=change, bound_low=math.expm1(lo), bound_high=math.expm1(hi), ci_low=math.expm1(clo),
+        ci_high=math.expm1(chi), spread_sd_log=fit.sd, spread_df=fit.df, spread_source=source, se_log=fit.se,
+        mdc=_mdc(fit, band, rules), verdict=verdict, note="; ".join(notes))
+
+
+def boots_to_decide(d: float, sd: float, band: float, rules: InSessionRules) -> int | None:
+    """The boots a side at which a difference ``d`` (log, gain scale) would get its direction,
+    were every boot to fall as these did (each side in one mode, spread ``sd``); None when no
+    number up to :data:`MAX_PLANNED_BOOTS` would."""
+    for k in range(MIN_BOOTS_DIRECTIONAL, MAX_PLANNED_BOOTS + 1):
+        side = [0.0] * k
+        offsets = _side_offsets(side, sd, rules.modes)
+        pairs = tuple((oc - orf, wc * wr) for oc, wc in offsets for orf, wr in offsets)
+        se = sd * math.sqrt(2.0 / k)
+        df = rules.boot_spread_df + 2 * (k - 1)
+        fit = _Fit(d=abs(d), sd=sd, df=df, se=se, se_dir=se, df_dir=df, pairs=pairs)
+        if _p_better(fit, band) <= rules.alpha:
+            return k
+    return None
+
+
+def _mdc(fit: _Fit, band: float, rules: InSessionRules) -> float:
+    """The smallest change (a positive fraction) this design calls a direction with 90% power,
+    modes left out (they can only make it larger)."""
+    z = t_quantile(1.0 - rules.alpha, fit.df) + t_quantile(0.90, fit.df)
+    return math.expm1(band + z * fit.se)
