@@ -27,7 +27,8 @@ from pytest_kimiperf.measure.client import RequestSpec, StreamingClient
 from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.errors import ConfigError, ServerError
 from pytest_kimiperf.config.measure_bounds import HealthBounds
-from pytest_kimiperf.measure.results import CLIENT_BOUND
+from pytest_kimiperf.measure.records import median
+from pytest_kimiperf.measure.results import CLIENT_BOUND, HOST_LOOP_FACTOR, loop_latency_bounds
 from pytest_kimiperf.measure.runner import extend, run_scenario, run_scenario_async, run_sweep
 from pytest_kimiperf.measure.scenarios import Concurrency, ConcurrencySweep, RequestRate, SingleStream
 from pytest_kimiperf.measure.target import Target
@@ -533,7 +534,20 @@ def test_client_whose_loop_is_kept_busy_is_invalid(server: str) -> None:
 
 def test_bounds_decide_validity_not_the_data(server: str) -> None:
     scenario = SingleStream(prompt_tokens=8, output_tokens=5, requests=2, warmup_requests=0,
-                            bounds=HealthBounds(max_loop_latency_p50_ms=1e-6))
+                            bounds=HealthBounds(max_cpu_fraction=1e-6))
     run = run_scenario(Target(server, MODEL), scenario)
     assert all(r.ok for r in run.records)
     assert run.invalid_reason.startswith(CLIENT_BOUND)
+
+
+def test_a_loop_latency_bound_below_what_this_host_can_do_is_raised_to_it(server: str) -> None:
+    # A bound set on a fast host judges the host on a slow one: the bound in force is never
+    # below HOST_LOOP_FACTOR times what an idle loop reads here, and the reason says so.
+    scenario = SingleStream(prompt_tokens=8, output_tokens=5, requests=2, warmup_requests=0,
+                            bounds=HealthBounds(max_loop_latency_p50_ms=1e-6, max_loop_latency_p99_ms=1e-6))
+    run = run_scenario(Target(server, MODEL), scenario)
+    health = [h for rnd in run.rounds for h in rnd.health]
+    assert health and all(len(h.idle_loop_latency_ms) > 50 for h in health)
+    bound50, _, host = loop_latency_bounds(scenario.bounds, health)
+    assert bound50 == pytest.approx(HOST_LOOP_FACTOR * median([x for h in health for x in h.idle_loop_latency_ms]))
+    assert host.startswith("; this host's idle loop ")

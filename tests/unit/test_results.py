@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import random
 
 import numpy as np
@@ -244,6 +246,23 @@ def test_late_event_loop_makes_the_run_invalid(latencies: tuple[float, ...]) -> 
     run = run_of(RoundResult(records=(record([5.0, 6.0], 2),), wall_s=1.0, health=(lagging,)))
     assert run.invalid_reason.startswith(CLIENT_BOUND)
     assert "event-loop latency" in run.invalid_reason
+
+
+def test_the_loop_latency_bound_follows_the_hosts_idle_loop() -> None:
+    # A slow host's loop at p50 0.84 ms: client-bound against the fast host's 0.5 ms bound, but
+    # inside four times what an idle loop reads on the same slow host (0.3 ms).
+    latencies = (0.84,) * 100
+    slow_host = ProcessHealth(cpu_fraction=0.3, loop_latency_ms=latencies, wall_s=1.0,
+                              idle_loop_latency_ms=(0.3,) * 100)
+    assert run_of(RoundResult(records=(record([5.0, 6.0], 2),), wall_s=1.0, health=(slow_host,))).valid
+    fast_host = dataclasses.replace(slow_host, idle_loop_latency_ms=(0.05,) * 100)
+    reason = run_of(RoundResult(records=(record([5.0, 6.0], 2),), wall_s=1.0, health=(fast_host,))).invalid_reason
+    assert "event-loop latency p50 0.84 ms / p99 0.84 ms (bounds 0.5 / 5 ms; this host's idle loop 0.05 / " \
+           "0.05 ms), so chunk timestamps are stale" in reason
+    # A loop that cannot keep up is late far past a few idle wakes, on any host.
+    queued = dataclasses.replace(slow_host, loop_latency_ms=(3.0,) * 100)
+    assert not run_of(RoundResult(records=(record([5.0, 6.0], 2),), wall_s=1.0, health=(queued,))).valid
+    assert slow_host.to_json()["idle_loop_latency_p50_ms"] == 0.3
 
 
 def test_late_sends_make_the_run_invalid() -> None:
