@@ -334,9 +334,10 @@ class PerfRecorder:
             goodput_samples=[rnd.request_goodput(goodput) for rnd in run.rounds] if goodput is not None else [],
         )
         dep = self.settings.deployment
+        floor_tok_s, target_tok_s = dep.decode_floor_and_target(self.origin.canary if self.origin else None)
         rules = Rules(
             tolerances={name: self.tolerance(name) for name in judged},
-            decode_floor_tok_s=dep.decode_floor_tok_s, decode_target_tok_s=dep.decode_target_tok_s,
+            decode_floor_tok_s=floor_tok_s, decode_target_tok_s=target_tok_s,
             boot_spread=dep.boot_spread, session_spread=dep.session_spread, host_spread=dep.host_spread,
             boots=self.settings.boots, max_boots=self.settings.max_boots,
             strict=self.settings.perf_strict,

@@ -57,6 +57,12 @@ class Deployment:
     model_config: str | None = None
     memory_bandwidth_gbs: float | None = None
     allreduce_latency_us: float | None = None
+    # Floor and target relative to the host, in tok/s per Mops of the host canary's interpreter
+    # loop (measure/canary.py): on a host whose canary reads 14 Mops, (7, 20) is a floor of 98 and
+    # a target of 280 tok/s. None: the absolute figures above hold on every host.
+    decode_per_canary_mops: tuple[float, float] | None = None
+    # Where the spreads, modes, floor and target were declared from (the report header says it).
+    declared_from: str = ""
     # The boot is the unit of replication (stats.py). ``boot_spread`` is the declared SD of a
     # boot's median (fraction, 0.01 = 1%) before the baseline history has measured it;
     # ``max_boots`` caps the boots on demand per profile in one session.
@@ -96,6 +102,15 @@ class Deployment:
         }
         argv = [part.format(**values) for part in self.command]
         return [resolve_executable(argv[0]), *argv[1:]] if argv else argv
+
+    def decode_floor_and_target(self, canary: Mapping[str, float] | None) -> tuple[float, float]:
+        """The decode floor and target on a host whose canary read ``canary`` (the absolute ones
+        when the deployment declares none relative to it, or no canary was taken)."""
+        mops = (canary or {}).get("python_mops")
+        if self.decode_per_canary_mops is None or not mops:
+            return self.decode_floor_tok_s, self.decode_target_tok_s
+        per_floor, per_target = self.decode_per_canary_mops
+        return round(per_floor * mops, 1), round(per_target * mops, 1)
 
     def tolerance(self, metric: str) -> float:
         """This deployment's default tolerance for ``metric`` (else the metric's own)."""
@@ -149,6 +164,7 @@ KIMI_K25_INT4_TP8 = Deployment(
     decode_floor_tok_s=40.0,
     decode_target_tok_s=50.0,
     quantization="int4 (compressed-tensors)",
+    declared_from="a guess: no Kimi boot has been recorded yet (no spawn modes declared)",
     # Declared, not measured: no Kimi boot-to-boot spread has been recorded yet. Once the
     # baseline history holds 5 boots (stats.ENOUGH_BOOTS) its measured spread replaces this.
     boot_spread=0.01,
@@ -179,15 +195,17 @@ TINY_CPU = Deployment(
     health_deadline_s=600.0,
     gpu_count=0,
     gpu_name_contains=None,
-    # Measured on the 2-core machines ("AMD EPYC", no AVX-512): single-stream medians of
-    # 646-800 tok/s per boot on a quiet host in earlier sessions, but 307-376 tok/s on a quiet
-    # host of the same model name in a later one (benchmarks/cpu_noise.py, now noise_study.py, the old code too),
-    # and ~200 tok/s beside a second test run. The host, not the build, moves it 2x, so the
-    # floor only catches a broken or starved server (100: a third of the slowest quiet host);
-    # the target (300) warns below the slowest quiet boot seen. Changes of the build are the
-    # baseline's job, per hardware fingerprint.
+    # Hosts of this family decode 146 to 1285 tok/s per boot under one fingerprint, so absolute
+    # figures fit one host: the floor and target follow the host's canary. Quiet boots of the
+    # noise corpus decode 31-48 tok/s per canary Mops on its two hosts (444-540 at 14.2-14.7
+    # Mops; 1135-1285 at 25-28), a slow-mode boot 22: the target (20 per Mops) warns below every
+    # quiet boot seen, the floor (7, a third of it) catches a broken or starved server. The
+    # absolute figures stand where no canary was taken.
     decode_floor_tok_s=100.0,
     decode_target_tok_s=300.0,
+    decode_per_canary_mops=(7.0, 20.0),
+    declared_from="the noise corpus (benchmarks/data/noise): 26 quiet boots, 6 sessions, 2 hosts "
+    "(canary 14-28 Mops, decode 444-1285 tok/s per boot)",
     # Two cores shared by API server, engine core and client: noise is far above a GPU's.
     # Measured (benchmarks/cpu_noise.py, now noise_study.py and the e2e tests, README "Numbers"): per-request CV
     # 3-10% within a boot, but per-boot decode medians 2-15% apart on a quiet machine (a 2-vCPU
@@ -240,6 +258,9 @@ TINY_CPU_TP2 = replace(
     "the CPU twin of a multi-GPU server",
     tensor_parallel_size=2,
     command=TINY_CPU.command + ("--distributed-executor-backend", "mp"),
+    # The canary-relative floor is tiny-cpu's at TP=1: two workers all-reducing over gloo decode
+    # several times slower (docs/scaling.md), so the absolute floor and target stand.
+    decode_per_canary_mops=None,
     env=MappingProxyType({**TINY_CPU.env, "VLLM_CPU_OMP_THREADS_BIND": "0|1"}),
 )
 

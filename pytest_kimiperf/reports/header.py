@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from pytest_kimiperf.config.deployments import describe_command
+from pytest_kimiperf.config.deployments import Deployment, describe_command
 from pytest_kimiperf.config.nccl.profiles import describe_args, describe_env, inherited_nccl_env
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.judge.fingerprint import Fingerprint, describe
@@ -44,6 +44,7 @@ def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
                 line += f" args {describe_args(profile)} ({checked})"
                 line += "".join(f"; replaces the deployment's {r.describe()}" for r in plan.replaced)
         lines.append(line)
+    lines.append(declarations_line(s.deployment))
     if not s.external:
         dep = s.deployment
         lines.append(f"kimiperf: server command: {describe_command(dep)}")
@@ -58,6 +59,20 @@ def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
             lines.extend(f"kimiperf: weight cache: {reason}" for p in s.profiles if (reason := profile_cache_reason(
                 p.name, s.command_plans[p.name].dests if p.name in s.command_plans else frozenset())))
     return lines
+
+
+def declarations_line(dep: Deployment) -> str:
+    """What the verdicts of this deployment rest on before its own boots measure it, and where
+    that was declared from: how this host compares with those hosts is the canary's to say."""
+    modes = (f"spawn modes {dep.spawn_mode_drop:.0%} slower in {dep.spawn_mode_share:.0%} of boots"
+             if dep.spawn_mode_drop > 0 else "no spawn modes")
+    floor = (f"decode floor / target {dep.decode_per_canary_mops[0]:g} / {dep.decode_per_canary_mops[1]:g} tok/s "
+             "per Mops of this host's canary" if dep.decode_per_canary_mops else
+             f"decode floor / target {dep.decode_floor_tok_s:g} / {dep.decode_target_tok_s:g} tok/s")
+    where = (f"from {dep.declared_from}" if dep.declared_from else
+             f"as {dep.source} declares them (the defaults where it is silent)")
+    return (f"kimiperf: declared for {dep.name}: boot spread {dep.boot_spread:.0%} ({dep.boot_spread_df:g} df), "
+            f"session {dep.session_spread:.0%}, host {dep.host_spread:.0%}; {modes}; {floor}; {where}")
 
 
 def fingerprint_lines(fingerprint: Fingerprint, baseline_file: Path) -> list[str]:
