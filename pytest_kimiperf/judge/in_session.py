@@ -42,6 +42,7 @@ from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.stats import (
     DIRECTIONAL_CONFIDENCE,
+    EQUIVALENCE_CONFIDENCE,
     MIN_BOOTS_DIRECTIONAL,
     Comparison,
     VerdictKind,
@@ -62,12 +63,12 @@ IN_SESSION_ALPHA = 0.005
 # evidence of one weight. Two profiles 0.6% apart (boot noise 1% declared as a guess, 3 df;
 # tolerance 3%; 2 boots each) read "within" in 88% of sessions at 84%, 73% at 90% (profile_power.py).
 EQUIVALENCE_LEVEL = DIRECTIONAL_CONFIDENCE
-# The two-sided interval those bounds make, as the profile tables head it.
-INTERVAL_LEVEL = round(2.0 * EQUIVALENCE_LEVEL - 1.0, 6)
-INTERVAL_HEADING = f"{INTERVAL_LEVEL * 100:g}% CI"
-# "Changed, size unresolved" when no change at all is this unlikely one-sided, modes weighed: the
-# gate's 90% interval excluding zero (stats.EQUIVALENCE_CONFIDENCE).
-CHANGE_ALPHA = 0.05
+# The two-sided interval a "within" row shows (both EQUIVALENCE_LEVEL bounds) and the one every
+# other row shows and "changed" / "holds zero" speak of: the gate's (stats.EQUIVALENCE_CONFIDENCE).
+# Both hold every likely mode assignment.
+WITHIN_INTERVAL = round(2.0 * EQUIVALENCE_LEVEL - 1.0, 6)
+INTERVAL_LEGEND = (f"{EQUIVALENCE_CONFIDENCE * 100:g}% CI ({WITHIN_INTERVAL * 100:g}% on rows within "
+                   "tolerance)")
 # A mode assignment whose posterior weight is below this is ignored by the "within" claim.
 MODE_WEIGHT_IGNORED = 0.01
 # The planner looks this far for the boots that would decide a comparison.
@@ -231,7 +232,7 @@ def compare_in_session(
     common = dict(metric=metric, unit=unit, direction=direction, tolerance=float(tolerance),
                   boots_current=len(cur_b), boots_reference=len(ref_b),
                   n_current=sum(b.n for b in cur_b), n_reference=sum(b.n for b in ref_b),
-                  confidence=1.0 - rules.alpha, equivalence_confidence=INTERVAL_LEVEL)
+                  confidence=1.0 - rules.alpha)
     if not cur_b or not ref_b:
         return Comparison(**common, median_current=nan, median_reference=nan, change=nan, bound_low=nan,
                           bound_high=nan, ci_low=nan, ci_high=nan, spread_sd_log=nan, spread_df=nan,
@@ -244,29 +245,34 @@ def compare_in_session(
     p_better, p_worse = _p_better(fit, band), _p_worse(fit, band)
     t_dir = t_quantile(1.0 - rules.alpha, fit.df_dir)
     t_eq = t_quantile(EQUIVALENCE_LEVEL, fit.df)
+    t_ci = t_quantile(1.0 - (1.0 - EQUIVALENCE_CONFIDENCE) / 2.0, fit.df)
     enough = min(len(cur), len(ref)) >= MIN_BOOTS_DIRECTIONAL
     apart_better = min(cur) > max(ref)
     apart_worse = max(cur) < min(ref)
     # Every likely mode assignment must agree that the change is inside the band.
     likely = [off for off, w in fit.pairs if w >= MODE_WEIGHT_IGNORED]
     inside = all(abs(fit.d - off) + t_eq * fit.se <= band for off in likely)
+    # The intervals hold every likely mode assignment's (the modes are part of what is unknown).
+    def interval(t: float) -> tuple[float, float]:
+        return min(fit.d - off for off in likely) - t * fit.se, max(fit.d - off for off in likely) + t * fit.se
+
+    clo, chi = interval(t_ci)
     if enough and p_worse <= rules.alpha and apart_worse:
         verdict = VerdictKind.REGRESSION
     elif enough and p_better <= rules.alpha and apart_better:
         verdict = VerdictKind.IMPROVEMENT
     elif inside:
         verdict = VerdictKind.WITHIN_TOLERANCE
-    elif min(_p_better(fit, 0.0), _p_worse(fit, 0.0)) <= CHANGE_ALPHA:
+    elif clo > 0.0 or chi < 0.0:
         verdict = VerdictKind.CHANGED_SIZE_UNRESOLVED
     elif abs(fit.d) > band:
         verdict = VerdictKind.INCONCLUSIVE
     else:
         verdict = VerdictKind.NO_DETECTABLE_CHANGE
+    if verdict is VerdictKind.WITHIN_TOLERANCE:
+        clo, chi = interval(t_eq)
     # Reported on the metric's own scale (change > 0: the current side's figure is higher).
     lo, hi = fit.d - t_dir * fit.se_dir, fit.d + t_dir * fit.se_dir
-    # The interval holds every likely mode assignment's (the modes are part of what is unknown).
-    clo = min(fit.d - off for off in likely) - t_eq * fit.se
-    chi = max(fit.d - off for off in likely) + t_eq * fit.se
     if sign < 0:
         lo, hi, clo, chi = -hi, -lo, -chi, -clo
     change = math.expm1(sign * fit.d)
@@ -286,7 +292,8 @@ def compare_in_session(
         median_reference=math.exp(sum(math.log(b.median) for b in ref_b) / len(ref_b)),
         change=change, bound_low=math.expm1(lo), bound_high=math.expm1(hi), ci_low=math.expm1(clo),
         ci_high=math.expm1(chi), spread_sd_log=fit.sd, spread_df=fit.df, spread_source=source, se_log=fit.se,
-        mdc=_mdc(fit, band, rules), verdict=verdict, note="; ".join(notes))
+        mdc=_mdc(fit, band, rules), verdict=verdict, note="; ".join(notes),
+        equivalence_confidence=WITHIN_INTERVAL if verdict is VerdictKind.WITHIN_TOLERANCE else EQUIVALENCE_CONFIDENCE)
 
 
 def boots_to_decide(d: float, sd: float, band: float, rules: InSessionRules) -> int | None:

@@ -20,7 +20,7 @@ from pytest_kimiperf.reports.model import (
 )
 from pytest_kimiperf.numbers import as_number, fmt_change, fmt_ci, fmt_value
 from pytest_kimiperf.reports.nccl_check import DIFFERENT
-from pytest_kimiperf.judge.in_session import INTERVAL_HEADING
+from pytest_kimiperf.judge.in_session import INTERVAL_LEGEND
 from pytest_kimiperf.judge.stats import VerdictKind
 
 
@@ -72,7 +72,7 @@ def _profile_tables(report: SessionReport) -> list[str]:
     lines = [
         f"### Profiles vs {_code(ref)}", "",
         f"{_text(_sentence(figure_legend(report.has_tails())))}; change vs {_code(ref)}: of the boots' "
-        f"geometric mean, with its {INTERVAL_HEADING} (boots are the samples).", "",
+        f"geometric mean, with its {INTERVAL_LEGEND}; boots are the samples.", "",
     ]
     rows = []
     for block in report.test_blocks():
@@ -91,7 +91,7 @@ def _profile_tables(report: SessionReport) -> list[str]:
                 rows.append([test, heading, _code(cell.profile), fmt_value(cell.figure.value),
                              _text(fmt_range(cell.figure)), change, ci, verdict])
                 test = heading = ""
-    lines += _table(["test", "metric", "profile", *range_names(report.has_tails()), f"vs {_text(ref)}", INTERVAL_HEADING,
+    lines += _table(["test", "metric", "profile", *range_names(report.has_tails()), f"vs {_text(ref)}", "CI",
                      "verdict"],
                     "lllrlrll", rows)
     return lines + [""]

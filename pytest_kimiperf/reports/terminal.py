@@ -13,7 +13,7 @@ import math
 import textwrap
 from collections.abc import Mapping, Sequence
 
-from pytest_kimiperf.judge.in_session import INTERVAL_HEADING
+from pytest_kimiperf.judge.in_session import INTERVAL_LEGEND
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.numbers import as_number, fmt_change, fmt_ci, fmt_spread, fmt_value
 from pytest_kimiperf.reports.figures import figure_legend, fmt_range, range_names
@@ -101,10 +101,9 @@ def _profile_section(report: SessionReport, *, verbose: bool) -> list[TerminalLi
     tails = report.has_tails()
     lines = [TerminalLine(f"kimiperf: profiles vs {ref}", sep="=")]
     lines.append(TerminalLine(f"{figure_legend(tails)};"))
-    lines.append(TerminalLine(f"change vs {ref}: of the boots' geometric mean, with its {INTERVAL_HEADING} "
-                              "(boots are the samples)"))
+    lines.append(TerminalLine(f"change vs {ref}: of the boots' geometric mean, with its {INTERVAL_LEGEND}"))
     blocks = report.test_blocks()
-    header = ["metric", "profile", *range_names(tails), "change", INTERVAL_HEADING, "verdict"]
+    header = ["metric", "profile", *range_names(tails), "change", "CI", "verdict"]
     rows: list[tuple[list[str], Mapping[str, bool], list[str]]] = []  # cells, markup, details
     for block in blocks:
         for metric in block.metrics:
