@@ -23,6 +23,10 @@ change of 0.8x the tolerance <= 10%; mean boots per gate run (per profile) <= 1.
 with 95% Wilson intervals; seeded, so the same arguments print the same table.
 
     python benchmarks/gate_power.py [--trials N] [--history 10] [--max-boots 3] [--json PATH]
+                                    [--replay] [--profiles]
+
+``--profiles`` adds the profile comparison's tables (benchmarks/profile_power.py): A/A splits
+of every host's real sessions and spawn-mode cells, judged by the summary's own function.
 
 The single-boot table shows what a run that boots once can honestly claim.
 """
@@ -42,6 +46,7 @@ from scipy import stats as scipy_stats
 
 # Runs from a checkout without installing the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
 from pytest_kimiperf.judge.planning import wants_another_boot  # noqa: E402
@@ -427,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, default=Path(__file__).parent / "data" / "noise")
     parser.add_argument("--deployment", default="tiny-cpu", help="the replay's deployment (default tiny-cpu)")
     parser.add_argument("--max-foreign-cpu", type=float, default=0.10)
+    parser.add_argument("--profiles", action="store_true",
+                        help="also the profile comparison's tables (benchmarks/profile_power.py)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.trials < 1 or args.history < 1 or args.max_boots < 1:
@@ -443,6 +450,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"{args.host_prior:.1%}, drift {args.drift:.1%}, {args.trials} sessions per cell", cells)
     if args.replay:
         tables["replay"] = replay(args)
+    if args.profiles:
+        import profile_power
+
+        profile_power.main(["--trials", str(min(args.trials, 400)), "--splits", str(args.replay_trials),
+                            "--deployment", args.deployment, "--max-foreign-cpu", str(args.max_foreign_cpu)])
     print(f"targets: {TARGETS}; {time.monotonic() - started:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(tables, indent=2) + "\n")

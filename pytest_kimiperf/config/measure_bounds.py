@@ -98,6 +98,10 @@ class HostBounds:
     waiting processes (on the 2-core CPU host one busy-looping process per core read 18.5%), so
     deployments set their own bound (tiny-cpu 10%, Kimi's 64+ core host 5%); 20% is the default.
     PSI bounds are off by default: our own server oversubscribing the cores raises ``cpu some``.
+    ``forbidden_throttle_reasons``: clock events that flag a window. ``sw_power_cap`` (the board
+    holding its power limit) is the measured load's own on a GPU no other process shares: it is
+    reported with the result then, and flags the window only beside another GPU process
+    (measure/hostwatch.py).
     """
 
     max_foreign_cpu_share: float | None = 0.20
