@@ -113,8 +113,12 @@ def simulation_rows(trials: int) -> list[Row]:
     rows = [
         simulate("GPU: 0.6% apart, boot 1%, tol 3%, 2 v 2 (1 metric)", trials=trials, k=2, boot_sd=0.01,
                  slow_share=0, slow_drop=0, effect=0.006, rules=gpu, tolerance=0.03, metrics=1),
+        simulate("GPU: 0.6% apart, boot 1%, tol 3%, 3 v 3 (1 metric)", trials=trials, k=3, boot_sd=0.01,
+                 slow_share=0, slow_drop=0, effect=0.006, rules=gpu, tolerance=0.03, metrics=1),
         simulate("GPU: A/A, boot 1%, tol 3%, 2 v 2", trials=trials, k=2, boot_sd=0.01, slow_share=0,
                  slow_drop=0, effect=0, rules=gpu, tolerance=0.03),
+        simulate("GPU: A/A, 30% modes at even odds, not declared, 2 v 2", trials=trials, k=2, boot_sd=0.01,
+                 slow_share=0.5, slow_drop=0.3, effect=0, rules=gpu, tolerance=0.03),
         simulate("GPU: A/A, 30% modes at even odds, declared, 2 v 2", trials=trials, k=2, boot_sd=0.01,
                  slow_share=0.5, slow_drop=0.3, effect=0, rules=replace(gpu, modes=SpawnModes(0.3, 0.5)),
                  tolerance=0.03),

@@ -55,3 +55,16 @@ def test_a_host_twice_as_slow_never_gets_a_directional_verdict_in_the_simulation
     rules = gate_power.Rules(0.03, gate_power.Spreads(0.01, 0.01, 0.02), 3)
     cell = gate_power.run_cell(noise, trials=5, history_boots=10, rules=rules, seed=1)
     assert cell.false_alarm_per_session.hits == 0 and cell.detect_2x.hits == 0
+
+
+def test_the_profile_replay_splits_every_hosts_sessions_and_an_inert_split_gets_no_direction() -> None:
+    # The committed corpus, as benchmarks/profile_power.py replays it: every host with a session
+    # of 4+ accepted boots gets its A/A rows, judged by the summary's own function.
+    profile_power = _load("profile_power")
+    rows = profile_power.replay_rows(4, "tiny-cpu", 0.10)
+    hosts = {row.label.split(":")[0] for row in rows}
+    assert {"host 4600bad4", "host 6ef3c830"} <= hosts
+    aa = [row for row in rows if ", A/A, " in row.label]
+    assert aa and all(row.directional == 0 for row in aa), [row.text() for row in aa]
+    doubled = [row for row in rows if ", x2, 3 v 3" in row.label]
+    assert doubled and all(row.directional > 0 for row in doubled), [row.text() for row in doubled]
