@@ -32,7 +32,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/kimiperf-bare.XXXXXX")
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-skip=" ${SKIP//,/ } "
+skip=" ${SKIP:+${SKIP//,/ }} "
 passed=()
 status=0
 : > "$OUT/checks.txt"

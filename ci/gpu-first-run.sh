@@ -42,9 +42,9 @@ KILL_GRACE_S=30
 TEARDOWN_S=60
 mkdir -p "$OUT"
 # The facts check writes how many whole GPUs there are; a rerun that skips it keeps the last count.
-[[ " ${SKIP//,/ } " == *" facts "* ]] || rm -f "$OUT/whole-gpus"
+[[ " ${SKIP:+${SKIP//,/ }} " == *" facts "* ]] || rm -f "$OUT/whole-gpus"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-skip=" ${SKIP//,/ } "
+skip=" ${SKIP:+${SKIP//,/ }} "
 passed=()
 status=0
 
