@@ -37,6 +37,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from scipy import stats as scipy_stats
+
 from pytest_kimiperf.config.deployments import Deployment
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boot_summary import BootSummary
@@ -157,8 +159,6 @@ def _side_offsets(gains: Sequence[float], sd: float, modes: SpawnModes) -> list[
 
 
 def _t_sf(x: float, df: float) -> float:
-    from scipy import stats as scipy_stats
-
     return float(scipy_stats.t.sf(x, df))
 
 
