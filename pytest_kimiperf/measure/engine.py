@@ -2,7 +2,7 @@
 
 :class:`Engine` plays a :class:`ProcessPlan` (its share of one round) on one event loop:
 closed-loop streams or open-loop arrivals, every request through one ``StreamingClient``. While
-it plays, :class:`LoopProbe` times how late the loop runs a callback and the process's CPU share
+it plays, :class:`~pytest_kimiperf.measure.loop_probe.LoopProbe` times how late the loop runs a callback and the process's CPU share
 is taken (see config.measure_bounds.HealthBounds), the measured part runs at real-time priority where the OS
 allows it, and the garbage collector is held off. :class:`WorkerPool` runs one Engine per worker
 process when ``client_processes`` spreads the streams; their ``perf_counter_ns`` stamps
@@ -16,28 +16,22 @@ Requests that stall ``STALLS_TO_ABORT`` times in a row end the scenario (:class:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import multiprocessing
 import os
-import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.measure.client import RequestSpec, StreamingClient
+from pytest_kimiperf.measure.loop_probe import LoopProbe, host_idle_loop_latency_ms, realtime_priority
 from pytest_kimiperf.measure.records import RequestRecord
 from pytest_kimiperf.measure.results import ProcessHealth
 from pytest_kimiperf.measure.workload import REUSED_MARK
 
-_PROBE_INTERVAL_S = 0.002
-# The loop's latency with nothing to do, timed once per client process before its first measured
-# round: what this host charges any loop to wake (a host 5x slower than another charges about 5x),
-# so the self-check judges what the client's own work adds to it (results.py).
-_IDLE_PROBE_S = 0.25
 _WORKER_READY_TIMEOUT_S = 120.0
 # A request that stalled (client.StreamingClient deadlines) fails with an error that starts so.
 STALL_PREFIX = "stalled: "
@@ -82,104 +76,6 @@ class ProcessPlan:
     start_ns: int = 0
 
 
-class LoopProbe:
-    """Times how late the loop runs a callback that became due at a known moment.
-
-    A thread wakes every ``_PROBE_INTERVAL_S`` and posts a callback stamped with the moment it
-    was *due* (not when the post happened): the delay then holds everything a socket event
-    would wait through before the client reads it, including the GIL held by another
-    thread of the process and CPU taken by other processes.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._stop = threading.Event()
-        self.latencies_ms: list[float] = []
-        self._thread = threading.Thread(target=self._post, name="kimiperf-loop-probe", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _post(self) -> None:
-        _set_thread_timer_slack_ns(1000)
-        interval_ns = int(_PROBE_INTERVAL_S * 1e9)
-        due_ns = time.perf_counter_ns() + interval_ns
-        while not self._stop.is_set():
-            wait_ns = due_ns - time.perf_counter_ns()
-            if wait_ns > 0:
-                time.sleep(wait_ns / 1e9)
-            try:
-                self._loop.call_soon_threadsafe(self._answer, due_ns)
-            except RuntimeError:
-                return  # loop closed
-            due_ns += interval_ns
-            now_ns = time.perf_counter_ns()
-            if due_ns < now_ns:
-                due_ns = now_ns + interval_ns  # fell behind: do not post a burst to catch up
-
-    def _answer(self, due_ns: int) -> None:
-        self.latencies_ms.append((time.perf_counter_ns() - due_ns) / 1e6)
-
-
-def _idle_loop_latency_ms() -> tuple[float, ...]:
-    """The loop probe on a fresh event loop with nothing to do, for ``_IDLE_PROBE_S``."""
-    loop = asyncio.new_event_loop()
-    try:
-        with _realtime_priority():
-            probe = LoopProbe(loop)
-            probe.start()
-            try:
-                loop.run_until_complete(asyncio.sleep(_IDLE_PROBE_S))
-            finally:
-                probe.stop()
-        return tuple(probe.latencies_ms)
-    finally:
-        loop.close()
-
-
-def _set_thread_timer_slack_ns(slack_ns: int) -> None:
-    # Linux lets sleeps end up to 50 us late by default (timer slack, man 2 prctl); the probe
-    # would count that as loop latency. PR_SET_TIMERSLACK applies to the calling thread only.
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(29, slack_ns, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-@contextlib.contextmanager
-def _realtime_priority() -> Iterator[None]:
-    """Run the measured part at SCHED_FIFO where the OS allows it, then restore.
-
-    On a host where the server shares cores with the client (the 2-core CPU deployment: API
-    server, engine core and client on one core), the scheduler can hold the client off the CPU
-    for 100+ ms; chunks then pile up and are read, and stamped, together. The client uses a
-    small fraction of a core, so letting it preempt costs the server little and keeps stamps
-    on time. Linux applies the policy per thread (the probe thread, started inside, inherits
-    it); without CAP_SYS_NICE this is a no-op and the self-check still guards the numbers.
-    """
-    try:
-        before = os.sched_getscheduler(0), os.sched_getparam(0)
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(_CLIENT_RT_PRIORITY))
-    except (AttributeError, OSError):
-        yield
-        return
-    try:
-        yield
-    finally:
-        os.sched_setscheduler(0, before[0], before[1])
-
-
-# Low among real-time priorities: above every normal process, below kernel threads and
-# anything an administrator set up as real-time.
-_CLIENT_RT_PRIORITY = 5
-
-
 class Engine:
     """Runs plans on one event loop with one connection pool."""
 
@@ -191,15 +87,6 @@ class Engine:
             idle_deadline_s=config.idle_deadline_s,
         )
         self._stalls_in_a_row = 0
-        self._idle_latency_ms: tuple[float, ...] | None = None
-
-    async def _idle_latency(self) -> tuple[float, ...]:
-        """The probe's latencies on an idle loop of this host, at the measured rounds' priority
-        (cached per process). The loop is a fresh one in a thread of its own: what the host
-        charges a wake, not what this process's own loop is busy with."""
-        if self._idle_latency_ms is None:
-            self._idle_latency_ms = await asyncio.to_thread(_idle_loop_latency_ms)
-        return self._idle_latency_ms
 
     def _count_stall(self, record: RequestRecord) -> None:
         """Raise ScenarioStalled once ``STALLS_TO_ABORT`` requests in a row have stalled."""
@@ -218,11 +105,11 @@ class Engine:
         gc.collect()
         gc.disable()
         try:
-            idle = await self._idle_latency()
+            idle = await asyncio.to_thread(host_idle_loop_latency_ms)
             delay_s = (plan.start_ns - time.perf_counter_ns()) / 1e9
             if delay_s > 0:
                 await asyncio.sleep(delay_s)
-            with _realtime_priority():
+            with realtime_priority():
                 probe = LoopProbe(asyncio.get_running_loop())
                 cpu_start_s = time.process_time()
                 wall_start_ns = time.perf_counter_ns()
