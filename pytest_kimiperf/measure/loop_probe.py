@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -131,25 +132,19 @@ def idle_loop_latency_ms() -> tuple[float, ...]:
         loop.close()
 
 
-_host_idle_lock = threading.Lock()
-_host_idle_ms: tuple[float, ...] | None = None
-
-
+@functools.cache
 def host_idle_loop_latency_ms() -> tuple[float, ...]:
     """What an idle loop reads on this host, timed once per process in a fresh interpreter;
-    empty where the child could not tell (then the absolute bounds stay in force)."""
-    global _host_idle_ms
-    with _host_idle_lock:
-        if _host_idle_ms is None:
-            try:
-                done = subprocess.run(
-                    [sys.executable, "-m", __name__], capture_output=True, text=True,
-                    timeout=_IDLE_CHILD_TIMEOUT_S, check=True,
-                )
-                _host_idle_ms = tuple(float(x) for x in json.loads(done.stdout))
-            except (OSError, subprocess.SubprocessError, ValueError, TypeError):
-                _host_idle_ms = ()
-        return _host_idle_ms
+    empty where the child could not tell (then the absolute bounds stay in force).
+    ``host_idle_loop_latency_ms.cache_clear()`` times it again (a benchmark that slows the host)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", __name__], capture_output=True, text=True,
+            timeout=_IDLE_CHILD_TIMEOUT_S, check=True,
+        )
+        return tuple(float(x) for x in json.loads(done.stdout))
+    except (OSError, subprocess.SubprocessError, ValueError, TypeError):
+        return ()
 
 
 if __name__ == "__main__":

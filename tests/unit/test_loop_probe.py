@@ -31,10 +31,14 @@ def gil_hog() -> Iterator[None]:
         thread.join()
 
 
-def test_the_idle_reading_is_taken_outside_a_process_whose_thread_holds_the_gil(
-    gil_hog: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(loop_probe, "_host_idle_ms", None)
+@pytest.fixture(autouse=True)
+def fresh_reading() -> Iterator[None]:
+    host_idle_loop_latency_ms.cache_clear()
+    yield
+    host_idle_loop_latency_ms.cache_clear()
+
+
+def test_the_idle_reading_is_taken_outside_a_process_whose_thread_holds_the_gil(gil_hog: None) -> None:
     host = host_idle_loop_latency_ms()
     assert len(host) >= IDLE_PROBE_S / PROBE_INTERVAL_S / 2
     # The same probe in this process waits for the hog's GIL on every wake (switch interval
@@ -46,13 +50,11 @@ def test_the_idle_reading_is_taken_outside_a_process_whose_thread_holds_the_gil(
     assert statistics.median(host) < switch_ms / 3
 
 
-def test_the_idle_reading_is_taken_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loop_probe, "_host_idle_ms", None)
+def test_the_idle_reading_is_taken_once_per_process() -> None:
     first = host_idle_loop_latency_ms()
     assert first and host_idle_loop_latency_ms() is first
 
 
 def test_a_child_that_cannot_answer_leaves_the_absolute_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loop_probe, "_host_idle_ms", None)
     monkeypatch.setattr(loop_probe.sys, "executable", "/nonexistent/python")
     assert host_idle_loop_latency_ms() == ()
