@@ -16,6 +16,7 @@ import pytest
 from pytest_kimiperf import xdist_scheduling
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.errors import KimiperfError
+from pytest_kimiperf.reports.outcome import INVALID_OUTCOME, OUTCOME_PROPERTY
 from pytest_kimiperf.session import PerfSession
 
 if TYPE_CHECKING:
@@ -106,6 +107,8 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
     def publish(result: TestResult) -> None:
         item.stash[RESULT_KEY] = result
         item.user_properties.extend((f"median_{metric}", median) for metric, median in result.medians().items())
+        if result.invalid is not None:  # its failure is the INVALID one (reports/outcome.py)
+            item.user_properties.append((OUTCOME_PROPERTY, INVALID_OUTCOME))
 
     def ensure_alive() -> None:
         try:

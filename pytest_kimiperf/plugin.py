@@ -19,6 +19,7 @@ from pytest_kimiperf import hookspec, xdist_scheduling
 from pytest_kimiperf.config.options import OPTIONS, perf_run_requested, read_raw_options
 from pytest_kimiperf.config.settings import build_settings
 from pytest_kimiperf.errors import ConfigError
+from pytest_kimiperf.reports.outcome import INVALID_ONLY_EXIT, FailureTally, is_invalid_failure
 from pytest_kimiperf.fixtures import (  # noqa: F401 - the fixtures are registered with this module
     PROFILE_FIXTURE,
     RESULT_KEY,
@@ -329,12 +330,21 @@ class _ResultCollector:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
+        self.failures = FailureTally()
+        self.exit_status: int | None = None  # what session finish decided, for the summary
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Keep the perf result of each test's call phase."""
+        """Keep the perf result of each test's call phase, and which failures were INVALID."""
         result = getattr(report, "kimiperf", None)
         if result is not None and report.when == "call":
             _reporter(self.config).add_result(result)
+        if report.failed:
+            self.failures.add(report.nodeid, invalid=is_invalid_failure(report.when, report.user_properties))
+
+
+def _collector(config: pytest.Config) -> _ResultCollector | None:
+    collector = config.pluginmanager.get_plugin(COLLECTOR_NAME)
+    return collector if isinstance(collector, _ResultCollector) else None
 
 
 class _BenchmarkMachineInfo:
@@ -386,8 +396,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not _has_perf_work(config):
         return
     reporter = _reporter(config)
-    if not reporter.finish():
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    failed_here = not reporter.finish()
     missing = reporter.missing_baseline_warning()
     if missing is not None:
         import warnings
@@ -402,8 +411,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             warnings.warn_explicit(MissingBaselineWarning(f"kimiperf: {missing}"), MissingBaselineWarning,
                                    filename=where or "baselines", lineno=1)
         except MissingBaselineWarning as exc:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            failed_here = True
             reporter.add_output_error(f"MissingBaselineWarning (an error by -W or filterwarnings): {exc}")
+    collector = _collector(config)
+    if failed_here:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    elif collector is not None:
+        session.exitstatus = collector.exit_status = collector.failures.exit_status(int(session.exitstatus))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
@@ -411,3 +425,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     if RUN_KEY not in config.stash or is_worker(config) or not _has_perf_work(config):
         return
     _reporter(config).write_summary(terminalreporter)
+    collector = _collector(config)
+    if collector is not None and collector.exit_status == INVALID_ONLY_EXIT:
+        terminalreporter.write_line(collector.failures.summary_line())

@@ -213,3 +213,30 @@ def test_gpu_first_run_says_one_line_per_check_and_fails_cleanly_without_a_gpu(t
     assert lines[3] == "first-run: boot: FAIL not run: no whole GPU (see the nvml line)"
     assert lines[4] == "first-run: weight-cache: FAIL not run: no whole GPU (see the nvml line)"
     assert lines[-1] == "SKIP=vllm-contract"
+
+
+@pytest.mark.parametrize(("answers", "runs", "code"), [
+    ([75, 0], 2, 0),    # INVALID on a busy moment, then a clean run: the gate passes
+    ([75, 75], 2, 75),  # INVALID twice: the CI system's to retry on another runner
+    ([75, 1], 2, 1),    # the rerun found a regression: the build is blamed
+    ([1], 1, 1),        # a regression is never rerun
+])
+def test_gate_script_reruns_a_run_whose_only_failures_were_invalid_once(
+    tmp_path: Path, answers: list[int], runs: int, code: int
+) -> None:
+    # The interpreter the gate runs stands in for pytest: it answers each call with the next code.
+    calls = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\nn=$(wc -l < {calls})\n"
+                    f"set -- {' '.join(map(str, answers))}\nshift $((n - 1))\n"
+                    "mkdir -p \"$KIMIPERF_OUT\" && echo attempt$n > \"$KIMIPERF_OUT/junit.xml\"\nexit $1\n")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": str(fake), "KIMIPERF_OUT": str(out)}
+    result = subprocess.run(["bash", str(GATE)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == code, result.stdout + result.stderr
+    assert len(calls.read_text().splitlines()) == runs
+    if runs == 2:
+        assert "rerunning the gate once" in result.stdout
+        assert (out / "junit-attempt1.xml").read_text() == "attempt1\n"
+        assert (out / "junit.xml").read_text() == "attempt2\n"
