@@ -159,6 +159,10 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
             fields[key] = float(value)
         else:
             fields[key] = value
+    if "decode_floor_tok_s" in table and "decode_target_tok_s" not in table:
+        # A floor alone: the target (below which a run warns) is at least the floor, so
+        # `decode_floor_tok_s = 40` is a deployment, not a target-below-floor error.
+        fields["decode_target_tok_s"] = max(base.decode_target_tok_s, float(table["decode_floor_tok_s"]))
     if "served_model_name" not in table and "model" in table and "extends" not in table:
         fields["served_model_name"] = table["model"].rstrip("/").rsplit("/", 1)[-1]
     if "description" not in table and "extends" not in table:

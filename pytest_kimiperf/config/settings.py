@@ -145,6 +145,7 @@ def build_settings(
     server_url = _server_url(options["server_url"])
     command_plans: dict[str, CommandPlan] = {}
     if server_url is None:
+        _check_port_placeholder(deployment)
         command_plans = _command_plans(profiles, deployment)
         profiles = tuple(replace(p, args=command_plans[p.name].args) for p in profiles)
     if server_url and len(profiles) > 1:
@@ -221,6 +222,15 @@ def build_settings(
         perf_export_detailed=export_detailed,
         command_plans=command_plans,
     )
+
+
+def _check_port_placeholder(deployment: Deployment) -> None:
+    """A booted server listens where the plugin waits for it: on the port it puts in ``{port}``."""
+    if not any("{port}" in part for part in deployment.command):
+        raise ConfigError(
+            f"deployment {deployment.name!r} ({deployment.source}): its command has no '{{port}}' placeholder, "
+            "but each boot gets a free port (or --kimiperf-port) and the plugin waits for the server there; "
+            "add '--port', '{port}' to the command (or attach to a running server with --server-url)")
 
 
 def _command_plans(profiles: tuple[NcclProfile, ...], deployment: Deployment) -> dict[str, CommandPlan]:

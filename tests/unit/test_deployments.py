@@ -48,3 +48,15 @@ def test_the_header_says_what_the_verdicts_rest_on_and_where_it_was_declared() -
                                          "decode_target_tok_s": 50}}, source="pyproject.toml")["mine"]
     assert declarations_line(mine).endswith("no spawn modes; decode floor / target 40 / 50 tok/s; as pyproject.toml "
                                             "[deployments.mine] declares them (the defaults where it is silent)")
+
+
+def test_a_floor_alone_sets_the_target_too() -> None:
+    # The target warns below it and the floor fails below it: a table that gives only the floor
+    # means "fail below 40", not "a target of 0 below the floor" (a usage error before).
+    mine = resolve_deployments({"mine": {"model": "/m", "command": COMMAND, "decode_floor_tok_s": 40}},
+                               source="pyproject.toml")["mine"]
+    assert (mine.decode_floor_tok_s, mine.decode_target_tok_s) == (40.0, 40.0)
+    # Extending a deployment whose target is above the new floor keeps that target.
+    kimi = resolve_deployments({"k": {"extends": "kimi-k25-int4-tp8", "decode_floor_tok_s": 45}},
+                               source="pyproject.toml")["k"]
+    assert (kimi.decode_floor_tok_s, kimi.decode_target_tok_s) == (45.0, 50.0)

@@ -5,6 +5,7 @@ deployment's command; the baselines and the weight cache key on them."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -225,3 +226,15 @@ def test_the_weight_keying_arguments_are_the_installed_vllms(parser: ServeParser
     # The fields WEIGHT_KEY_DESTS stands for (weight_cache.py); a new one needs a look there.
     assert fields == {"checkpoint", "model_arch", "tp_size", "tp_rank", "dtype", "quantization", "quant_config_hash",
                       "revision", "vllm_version", "pp_size", "pp_rank", "is_draft", "dp_size", "dp_rank"}, fields
+
+
+def test_a_booted_deployment_whose_command_has_no_port_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.kimiperf.deployments.mine]\nmodel = "/m"\ncommand = ["vllm", "serve", "{model}"]\n')
+    with pytest.raises(ConfigError, match=re.escape(
+            "deployment 'mine' (pyproject.toml [tool.kimiperf] [deployments.mine]): its command has no '{port}' "
+            "placeholder, but each boot gets a free port")):
+        build_settings(_options("mine", "default"), rootpath=tmp_path)
+    # Attached, nothing boots: the command is not used.
+    options = {**_options("mine", "default"), "server_url": RawOption("http://127.0.0.1:8000", "command line")}
+    assert build_settings(options, rootpath=tmp_path).server_url == "http://127.0.0.1:8000"
