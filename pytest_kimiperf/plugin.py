@@ -254,7 +254,25 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
     run = item.config.stash[RUN_KEY]
     needed, _why = run.ledger().needed(strip_slot(item.nodeid, slot.id), slot, run.settings.boots)
-    return None if needed else True
+    if needed:
+        return None
+    _tear_down_to(item, nextitem)
+    return True
+
+
+def _tear_down_to(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Finish what the item before this unrun one left set up for it. That item tore down only to
+    this one's module (pytest tears down to the next item's collectors); were the next item run in
+    another module (a user's own tests after the perf tests), its setup would find this module
+    still set up ("previous item was not torn down properly"). pytest's runner does the same in
+    its pytest_runtest_teardown, through the session's SetupState, which has no public handle;
+    calling that hook instead would run every plugin's teardown for an item never set up."""
+    call = pytest.CallInfo.from_call(
+        lambda: item.session._setupstate.teardown_exact(nextitem), when="teardown")  # noqa: SLF001
+    if call.excinfo is not None:  # a module or session fixture's teardown failed: report it here
+        item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        item.ihook.pytest_runtest_logreport(report=item.ihook.pytest_runtest_makereport(item=item, call=call))
+        item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
 
 
 @pytest.hookimpl(wrapper=True)

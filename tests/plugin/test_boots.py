@@ -70,3 +70,30 @@ def test_boot(kimiperf_server, kimiperf_boot, kimiperf_profile):
                                            "-p", "no:cacheprovider", timeout=300)
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*BOOT default 1*", "*BOOT default 2*"])
+
+
+BOOTS_ON_DEMAND = """
+import pytest
+from pytest_kimiperf.measure.scenarios import SingleStream
+
+@pytest.fixture(scope="module")
+def module_state():
+    yield
+    print("TEARDOWN test_perf module")
+
+def test_decode(perf, module_state):
+    perf.check(perf.measure(SingleStream(prompt_tokens=8, output_tokens=8, requests=3, warmup_requests=0)),
+               ["decode_tok_s"])
+"""
+
+
+def test_boots_nobody_asked_for_leave_nothing_set_up_for_the_users_next_test(
+        pytester: pytest.Pytester, stub_project) -> None:
+    # Boots 2 and 3 of default are on demand and not needed: they do not run. The module of the
+    # last test that did run must still be torn down before a test of another module runs.
+    stub_project(stub_deployment_toml(), ini='kimiperf_deployment = "stub"')
+    pytester.makepyfile(test_perf=BOOTS_ON_DEMAND,
+                        test_zz_plain="def test_plain():\n    print('RUN test_plain')\n")
+    result = pytester.runpytest_subprocess("--kimiperf-max-boots", "3", "-p", "no:randomly", "-s", timeout=120)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*TEARDOWN test_perf module*", "*RUN test_plain*"])

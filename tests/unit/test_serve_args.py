@@ -232,8 +232,8 @@ def test_a_booted_deployment_whose_command_has_no_port_is_a_usage_error(tmp_path
     (tmp_path / "pyproject.toml").write_text(
         '[tool.kimiperf.deployments.mine]\nmodel = "/m"\ncommand = ["vllm", "serve", "{model}"]\n')
     with pytest.raises(ConfigError, match=re.escape(
-            "deployment 'mine' (pyproject.toml [tool.kimiperf] [deployments.mine]): its command has no '{port}' "
-            "placeholder, but each boot gets a free port")):
+            f"deployment 'mine' ({tmp_path / 'pyproject.toml'} [tool.kimiperf] [deployments.mine]): its command has "
+            "no '{port}' placeholder, but each boot gets a free port (or --kimiperf-port)")):
         build_settings(_options("mine", "default"), rootpath=tmp_path)
     # Attached, nothing boots: the command is not used.
     options = {**_options("mine", "default"), "server_url": RawOption("http://127.0.0.1:8000", "command line")}
