@@ -31,7 +31,7 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 # A gate without a baseline to judge against must not pass: record one first (the
 # workflow's "record baselines" job), review it, commit it.
-args=(perf_tests --nccl-profile "$PROFILES" --kimiperf-missing-baseline fail
+args=(perf_tests --nccl-profile "$PROFILES" --kimiperf-gate
       --perf-json "$OUT/report.json" --perf-markdown "$OUT/summary.md" --perf-plots "$OUT/plots"
       --junitxml "$OUT/junit.xml" --basetemp "$OUT/tmp" -p no:cacheprovider)
 if [ -n "${KIMIPERF_DEPLOYMENT:-}" ]; then

@@ -17,7 +17,7 @@ import pytest
 
 from pytest_kimiperf import hookspec, xdist_scheduling
 from pytest_kimiperf.config.options import OPTIONS, perf_run_requested, read_raw_options
-from pytest_kimiperf.config.settings import build_settings
+from pytest_kimiperf.config.settings import Settings, build_settings
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.reports.outcome import INVALID_ONLY_EXIT, FailureTally, is_invalid_failure
 from pytest_kimiperf.fixtures import (  # noqa: F401 - the fixtures are registered with this module
@@ -108,23 +108,38 @@ def _flag_taken(parser: pytest.Parser, flag: str) -> bool:
         return True
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Validate settings once; register markers."""
-    config.addinivalue_line(
-        "markers",
-        "kimiperf(tolerances={metric: fraction}): per-test tolerance overrides for the perf gate",
-    )
+def _settings(config: pytest.Config) -> Settings:
+    """The run's settings, validated (a bad value is a usage error naming it)."""
     def merged(answers: list[dict[str, Any] | None]) -> dict[str, Any]:
         return {name: table for tables in answers for name, table in (tables or {}).items()}
 
     try:
-        settings = build_settings(
+        return build_settings(
             read_raw_options(config.getoption, config.getini), rootpath=config.rootpath,
             extra_deployments=merged(config.hook.pytest_kimiperf_add_deployments(config=config)),
             extra_profiles=merged(config.hook.pytest_kimiperf_add_profiles(config=config)),
         )
     except ConfigError as exc:
         raise pytest.UsageError(f"pytest-kimiperf: {exc}") from None
+
+
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """``--kimiperf-list``: print what the run could use and exit, as ``--markers`` does."""
+    if not config.getoption("kimiperf_list"):
+        return None
+    from pytest_kimiperf.reports.listing import listing_lines
+
+    print("\n".join(listing_lines(_settings(config))))
+    return 0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Validate settings once; register markers."""
+    config.addinivalue_line(
+        "markers",
+        "kimiperf(tolerances={metric: fraction}): per-test tolerance overrides for the perf gate",
+    )
+    settings = _settings(config)
     run = config.stash[RUN_KEY] = PerfSession(settings=settings)
     if not is_worker(config) and config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(xdist_scheduling.XdistCoordinator(

@@ -122,6 +122,14 @@ OPTIONS = (
             "(seeded by --kimiperf-boot-seed)", "interleaved"),
     Option("boot_seed", "--kimiperf-boot-seed", "kimiperf_boot_seed",
             "seed of --kimiperf-boot-order random (default 0)", "0"),
+    Option("gate", "--kimiperf-gate", "kimiperf_gate",
+            "gate mode, for CI: a perf test without a baseline for this hardware fails, and so does a "
+            "change beyond the tolerance without a verdict (as --perf-strict); the header says what fails",
+            False, env="KIMIPERF_GATE", kind="bool"),
+    # No ini twin: an ini file that always lists would never run a test.
+    Option("list", "--kimiperf-list", None,
+            "list the deployments, profiles and metrics this run could use, with where each is "
+            "defined, then exit without running anything", False, kind="bool"),
 )
 
 

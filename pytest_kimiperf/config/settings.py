@@ -69,6 +69,8 @@ class Settings:
     boot_seed: int = 0
     # What a perf test without a baseline for this hardware does: warn, or fail (a CI gate).
     missing_baseline: str = "warn"
+    # --kimiperf-gate: missing baselines and changes beyond the tolerance without a verdict fail.
+    gate: bool = False
     # The command that records baselines, quoted when a run finds none (None: the run's own).
     record_command: str | None = None
     # --perf-export DIR: bench-serve result files and requests.jsonl (reports/export.py).
@@ -189,6 +191,14 @@ def build_settings(
     if missing_baseline not in MISSING_BASELINE_POLICIES:
         raise ConfigError(f"missing-baseline policy {missing_opt.value!r} (from {missing_opt.source}); allowed: "
                           f"{', '.join(MISSING_BASELINE_POLICIES)}")
+    gate_opt = options.get("gate", RawOption(False, "default"))
+    gate = _flag(gate_opt, "gate")
+    if gate:
+        if missing_opt.source != "default" and missing_baseline != "fail":
+            raise ConfigError(f"gate mode (from {gate_opt.source}) with missing-baseline policy {missing_opt.value!r} "
+                              f"(from {missing_opt.source}): a gate fails where it has no baseline to judge "
+                              "against; drop the policy, or run without the gate")
+        missing_baseline = "fail"
     perf_export, export_detailed = _export(
         options.get("perf_export", RawOption(None, "default")),
         options.get("perf_export_detailed", RawOption(False, "default")), rootpath)
@@ -202,7 +212,7 @@ def build_settings(
         nccl_debug=bool(options["nccl_debug"].value),
         update_baselines=bool(options["update_baselines"].value),
         baselines_dir=_path(options["baselines_dir"], rootpath) or rootpath / "baselines",
-        perf_strict=bool(options["perf_strict"].value),
+        perf_strict=bool(options["perf_strict"].value) or gate,
         perf_json=_path(options["perf_json"], rootpath),
         perf_markdown=_path(options["perf_markdown"], rootpath),
         perf_plots=_path(options["perf_plots"], rootpath),
@@ -217,11 +227,24 @@ def build_settings(
         boot_order=boot_order,
         boot_seed=boot_seed,
         missing_baseline=missing_baseline,
+        gate=gate,
         record_command=str(options.get("record_command", RawOption(None, "default")).value or "").strip() or None,
         perf_export=perf_export,
         perf_export_detailed=export_detailed,
         command_plans=command_plans,
     )
+
+
+def _flag(opt: RawOption, what: str) -> bool:
+    """A switch from the command line (True), an ini bool (True/False) or an environment variable."""
+    if isinstance(opt.value, bool):
+        return opt.value
+    text = str(opt.value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{what} {opt.value!r} (from {opt.source}); allowed: 1, true, yes, on or 0, false, no, off")
 
 
 def _check_port_placeholder(deployment: Deployment) -> None:

@@ -45,6 +45,7 @@ def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
                 line += "".join(f"; replaces the deployment's {r.describe()}" for r in plan.replaced)
         lines.append(line)
     lines.append(declarations_line(s.deployment))
+    lines.append(failures_line(s))
     if not s.external:
         dep = s.deployment
         lines.append(f"kimiperf: server command: {describe_command(dep)}")
@@ -59,6 +60,18 @@ def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
             lines.extend(f"kimiperf: weight cache: {reason}" for p in s.profiles if (reason := profile_cache_reason(
                 p.name, s.command_plans[p.name].dests if p.name in s.command_plans else frozenset())))
     return lines
+
+
+def failures_line(s: Settings) -> str:
+    """What fails this run, as the settings in force decide it."""
+    fails = ["a regression", "decode below the floor"]
+    if s.missing_baseline == "fail" and not s.update_baselines:
+        fails.append("no baseline for this hardware")
+    if s.perf_strict:
+        fails.append("a change beyond the tolerance without a verdict")
+    mode = "gate (--kimiperf-gate)" if s.gate else "not a gate (--kimiperf-gate makes one)"
+    return (f"kimiperf: {mode}: fails on {', '.join(fails)}; a run whose only failures are INVALID "
+            "measurements exits 75")
 
 
 def declarations_line(dep: Deployment) -> str:

@@ -158,7 +158,7 @@ def test_perf_gate_installs_the_pinned_engine_and_fails_without_a_baseline() -> 
     pins = [line for line in (ROOT / "ci" / "gpu-constraints.txt").read_text().splitlines()
             if line and not line.startswith("#")]
     assert any(line.startswith("vllm==") for line in pins), "the engine is not pinned"
-    assert "--kimiperf-missing-baseline fail" in GATE.read_text()
+    assert "--kimiperf-gate" in GATE.read_text()
 
 
 def test_perf_gate_records_baselines_by_hand_and_uploads_them_for_review() -> None:

@@ -1,0 +1,46 @@
+"""``--kimiperf-list``: deployments, profiles and metrics with where each is defined; nothing runs."""
+
+from __future__ import annotations
+
+import pytest
+
+PROJECT = """
+[tool.kimiperf.deployments.mine]
+model = "/models/llama"
+command = ["vllm", "serve", "{model}", "--port", "{port}"]
+tolerances = {decode_tok_s = 0.07}
+
+[tool.kimiperf.profiles.eager]
+description = "no torch.compile"
+args = ["--enforce-eager"]
+"""
+
+
+def test_the_list_names_every_deployment_profile_and_metric_and_runs_nothing(pytester: pytest.Pytester) -> None:
+    pytester.makepyprojecttoml(PROJECT)
+    pytester.makepyfile("def test_never():\n    raise AssertionError('a listing ran a test')\n")
+    result = pytester.runpytest_subprocess("--kimiperf-list", "--deployment", "mine", "--nccl-profile",
+                                           "default,eager", timeout=60)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines([
+        "kimiperf deployments (--deployment; * selected):",
+        "    kimi-k25-int4-tp8  built-in: Kimi-K2.5 (1T, INT4, MLA) on vLLM at TP=8*",
+        "  * mine               */pyproject.toml [[]tool.kimiperf[]] [[]deployments.mine[]]: user deployment from *",
+        "    tiny-cpu           built-in: real vLLM on the CPU*",
+        "kimiperf profiles (--nccl-profile, comma-separated, or 'all'; * selected):",
+        "  * default        built-in: (no overrides)",
+        "  * eager          */pyproject.toml [[]tool.kimiperf.profiles.eager[]]: (no overrides); args --enforce-eager",
+        "    ring-ll        built-in: NCCL_ALGO=Ring NCCL_PROTO=LL",
+        "kimiperf metrics (perf.check names; tolerance of deployment mine; defined in "
+        "pytest_kimiperf/config/metric_specs.py):",
+        "  decode_tok_s        decode                     tok/s  higher is better  tolerance 7%",
+        "  ttft_ms             time to first token        ms     lower is better   tolerance 5%",
+    ])
+    out = result.stdout.str()
+    assert "collected" not in out and "a listing ran a test" not in out
+
+
+def test_a_bad_setting_is_still_a_usage_error_when_listing(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess("--kimiperf-list", "--deployment", "kimi-typo", timeout=60)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unknown deployment 'kimi-typo' (from command line --deployment)*"])

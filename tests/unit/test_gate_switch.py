@@ -1,0 +1,54 @@
+"""--kimiperf-gate: one switch for a CI gate, and the header line that says what fails a run."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pytest_kimiperf.config.settings import RawOption, build_settings
+from pytest_kimiperf.errors import ConfigError
+from pytest_kimiperf.reports.header import failures_line
+from tests.unit.test_serve_args import _options
+
+
+def _settings(tmp_path: Path, **raw: RawOption):  # type: ignore[no-untyped-def]
+    return build_settings({**_options("tiny-cpu", "default"), **raw}, rootpath=tmp_path)
+
+
+def test_without_the_gate_a_missing_baseline_warns_and_the_header_says_so(tmp_path: Path) -> None:
+    s = _settings(tmp_path)
+    assert (s.gate, s.missing_baseline, s.perf_strict) == (False, "warn", False)
+    assert failures_line(s) == ("kimiperf: not a gate (--kimiperf-gate makes one): fails on a regression, decode "
+                                "below the floor; a run whose only failures are INVALID measurements exits 75")
+
+
+@pytest.mark.parametrize("raw", [RawOption(True, "command line --kimiperf-gate"),
+                                 RawOption(True, "ini option kimiperf_gate"),
+                                 RawOption("1", "environment variable KIMIPERF_GATE")])
+def test_the_gate_fails_a_missing_baseline_and_an_unresolved_change_beyond_the_tolerance(
+        tmp_path: Path, raw: RawOption) -> None:
+    s = _settings(tmp_path, gate=raw)
+    assert (s.gate, s.missing_baseline, s.perf_strict) == (True, "fail", True)
+    assert failures_line(s) == (
+        "kimiperf: gate (--kimiperf-gate): fails on a regression, decode below the floor, no baseline for this "
+        "hardware, a change beyond the tolerance without a verdict; a run whose only failures are INVALID "
+        "measurements exits 75")
+    # Recording baselines is not failed for the baselines it is recording.
+    assert "no baseline" not in failures_line(replace(s, update_baselines=True))
+
+
+def test_a_gate_told_to_only_warn_of_a_missing_baseline_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"gate mode \(from command line --kimiperf-gate\) with missing-baseline "
+                                          r"policy 'warn' \(from ini option kimiperf_missing_baseline\)"):
+        _settings(tmp_path, gate=RawOption(True, "command line --kimiperf-gate"),
+                  missing_baseline=RawOption("warn", "ini option kimiperf_missing_baseline"))
+    s = _settings(tmp_path, gate=RawOption(True, "command line --kimiperf-gate"),
+                  missing_baseline=RawOption("fail", "command line --kimiperf-missing-baseline"))
+    assert s.missing_baseline == "fail"
+
+
+def test_a_gate_switch_that_is_not_a_yes_or_no_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"gate 'sometimes' \(from environment variable KIMIPERF_GATE\); allowed: "):
+        _settings(tmp_path, gate=RawOption("sometimes", "environment variable KIMIPERF_GATE"))
