@@ -33,6 +33,7 @@ IDLE_PROBE_S = 0.25
 # deployment's absolute bounds in force.
 _IDLE_CHILD_TIMEOUT_S = 30.0
 
+
 class LoopProbe:
     """Times how late the loop runs a callback that became due at a known moment.
 
