@@ -123,8 +123,8 @@ class StreamingClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close every pooled connection."""
-        self._pool.close()
+        """Close every pooled connection (over TLS, wait for the sockets to be closed)."""
+        await self._pool.aclose()
 
     def request_body(self, spec: RequestSpec) -> dict[str, Any]:
         """The JSON body sent for ``spec``: exact output length via ignore_eos and min/max tokens."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+from typing import Final
 
 from pytest_kimiperf.config.server_url import ServerAddress
 from pytest_kimiperf.measure.connection import _DONE, _HEAD, Connection, Exchange, Pool
@@ -32,6 +33,11 @@ from pytest_kimiperf.measure.connection import _DONE, _HEAD, Connection, Exchang
 EVENT_LOOP_TIMING = ("timed in the event loop, not by the kernel: HTTPS chunks are stamped when "
                      "the TLS transport hands the decrypted bytes to the client (benchmarks/"
                      "client_accuracy.py --modes https measures the cost)")
+
+# How long closing the pool waits for the peer's close_notify before it drops the socket. A TLS
+# transport's close() only starts the shutdown; a loop that ends first (asyncio.run returning)
+# would leave the socket open until garbage collection (ResourceWarning: unclosed transport).
+TLS_SHUTDOWN_WAIT_S: Final = 1.0
 
 
 class _TlsConnection(Connection):
@@ -48,6 +54,7 @@ class _TlsConnection(Connection):
         self._buf = bytearray()
         self._state = _DONE
         self._remaining = 0
+        self.lost: asyncio.Future[None] = loop.create_future()
 
     def close(self) -> None:
         """Close the transport; an exchange still in flight fails."""
@@ -89,7 +96,11 @@ class _TlsProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         connection = self.connection
-        if connection is not None and not connection.closed:
+        if connection is None:
+            return
+        if not connection.lost.done():
+            connection.lost.set_result(None)
+        if not connection.closed:
             connection._lost(exc if isinstance(exc, OSError) or exc is None else OSError(str(exc)))
 
 
@@ -99,6 +110,7 @@ class TlsPool(Pool):
     def __init__(self, address: ServerAddress, max_connections: int) -> None:
         super().__init__(address, max_connections)
         self._context = ssl.create_default_context()
+        self._opened: list[_TlsConnection] = []
 
     async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
@@ -108,4 +120,21 @@ class TlsPool(Pool):
         )
         connection = _TlsConnection(loop, transport)  # type: ignore[arg-type]
         protocol.connection = connection
+        self._opened = [c for c in self._opened if not c.lost.done()] + [connection]
         return connection
+
+    async def aclose(self) -> None:
+        """Close every connection and wait until its socket is closed: the TLS shutdown for at
+        most TLS_SHUTDOWN_WAIT_S, then the socket is dropped (``abort``)."""
+        self.close()
+        for connection in self._opened:
+            connection.close()
+        pending = [c for c in self._opened if not c.lost.done()]
+        if pending:
+            await asyncio.wait([c.lost for c in pending], timeout=TLS_SHUTDOWN_WAIT_S)
+        stuck = [c for c in pending if not c.lost.done()]
+        for connection in stuck:
+            connection._transport.abort()
+        if stuck:  # abort schedules connection_lost, which closes the socket, on the next turns
+            await asyncio.wait([c.lost for c in stuck], timeout=TLS_SHUTDOWN_WAIT_S)
+        self._opened = []

@@ -345,3 +345,7 @@ class Pool:
         for connection in self._idle:
             connection.close()
         self._idle.clear()
+
+    async def aclose(self) -> None:
+        """Close the pool; a plain socket is closed at once, so nothing is left to wait for."""
+        self.close()

@@ -76,6 +76,27 @@ def test_the_client_streams_through_a_tls_gateway_and_counts_as_over_plain_http(
         assert sum(rec.itl_ms) >= 11 * ITL_MS * 0.8
 
 
+def test_closing_the_client_closes_its_tls_sockets_before_the_loop_ends(trusted: str) -> None:
+    # A TLS transport's close() only starts the shutdown: a loop that ended right after left the
+    # socket open until garbage collection, and CI failed on "unclosed transport".
+    import psutil
+
+    port = int(trusted.rsplit(":", 1)[1])
+
+    def to_gateway() -> list:
+        return [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port == port]
+
+    async def go() -> tuple[int, list]:
+        async with StreamingClient(trusted, MODEL, max_connections=3) as client:
+            records = await asyncio.gather(*(client.stream(RequestSpec("a b", 4)) for _ in range(3)))
+            assert all(rec.ok for rec in records), [rec.error for rec in records]
+            opened = len(to_gateway())
+        return opened, to_gateway()
+
+    opened, left = asyncio.run(go())
+    assert opened >= 1 and left == [], f"{opened} sockets to the gateway, {len(left)} still open: {left}"
+
+
 def test_an_untrusted_certificate_fails_the_request_naming_the_tls_error(gateway: tuple[str, str, Path],
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
