@@ -97,8 +97,6 @@ class PerfRecorder:
         # pytest-benchmark's fixture, asked for on the first measure (see benchmark_bridge).
         self._benchmark = benchmark
         self.intervals_ns: list[tuple[int, int]] = []
-        # id(run) -> (scenario, measure options), so that check() can extend an inconclusive run.
-        self._scenario_of: dict[int, tuple[Any, dict[str, Any]]] = {}
 
     @property
     def deployment(self) -> Any:
@@ -157,7 +155,6 @@ class PerfRecorder:
             benchmark.extra_info.update(benchmark_bridge.extra_info(
                 run, profile=self.server.profile, deployment=self.settings.deployment.name))
         self._ensure_alive()
-        self._scenario_of[id(run)] = (scenario, options)
         return run
 
     def _watched(self, play: Callable[..., Any], benchmark: Any | None) -> Any:
@@ -279,13 +276,13 @@ class PerfRecorder:
         except ConfigError as exc:
             self._fail(f"perf.check of {self.test}: {exc}")
         try:
-            result, _ = self._judge(run, metrics, floor=floor, slo=slo_checked, goodput=goodput_slo)
+            result = self._judge(run, metrics, floor=floor, slo=slo_checked, goodput=goodput_slo)
         except BaselineError as exc:  # a corrupt or newer baseline file: its message says which
             self._fail(str(exc))
         return self._finish(result)
 
     def _judge(self, run: Any, metrics: Sequence[str], *, floor: bool, slo: Mapping[str, float] | None = None,
-               goodput: Mapping[str, float] | None = None) -> tuple[TestResult, list[Any]]:
+               goodput: Mapping[str, float] | None = None) -> TestResult:
         """Hand ``run`` to the gate as plain data and keep the test's boot record up to date."""
         result = TestResult(
             test=self.test,
@@ -321,7 +318,7 @@ class PerfRecorder:
 
             prefix_hits = unexpected_prefix_hits(
                 run.server_metrics,
-                endpoint=self._scenario_of.get(id(run), (None, {}))[1].get("endpoint", "completions"),
+                endpoint=run.load.get("endpoint", "completions"),
                 reused_requests=reused_prompt_requests(run.records))
             if prefix_hits:
                 cross_checks.append(prefix_hits)
@@ -350,7 +347,7 @@ class PerfRecorder:
             if judgement.recorded is not None:
                 record.add(self.boot, judgement.recorded)
             record.wants_boot = judgement.wants_boot
-        return judgement.result, list(judgement.comparisons)
+        return judgement.result
 
     def _finish(self, result: TestResult) -> TestResult:
         self._publish(result)

@@ -15,7 +15,6 @@ itself is imported only when a scheduler is made.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
@@ -24,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from pytest_kimiperf.files import write_atomically
 from pytest_kimiperf.server.progress import RelayOutput, RelayTail, TerminalOutput
 
 SERVER_SCOPE = "kimiperf-server"
@@ -37,9 +37,7 @@ GROUPED_DIST_MODES = ("load", "loadgroup")
 def write_server_test_ids(directory: Path, worker_id: str, nodeids: Iterable[str]) -> None:
     """Worker side: record which collected tests need the server."""
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{worker_id}.json.tmp"
-    tmp.write_text(json.dumps(sorted(nodeids)))
-    os.replace(tmp, directory / f"{worker_id}.json")
+    write_atomically(directory / f"{worker_id}.json", json.dumps(sorted(nodeids)))
 
 
 def read_server_test_ids(directory: Path) -> frozenset[str]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from pytest_kimiperf.files import write_atomically
 from pytest_kimiperf.config.names import did_you_mean
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.paths import default_cache_dir
@@ -193,9 +194,7 @@ def read_serve_parser(python: str, cache_dir: Path | None = None) -> ServeParser
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data), encoding="utf-8")
-            os.replace(tmp, path)
+            write_atomically(path, json.dumps(data))
         except OSError:
             pass  # a read-only cache folder costs the next session the import, nothing more
     return ServeParser.from_json(data, origin=f"vLLM {data['version']}'s serve parser")

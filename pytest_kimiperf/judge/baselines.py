@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -30,6 +29,7 @@ import numpy as np
 from pytest_kimiperf.config.metric_specs import METRICS, Direction
 from pytest_kimiperf.config.names import check_safe_name
 from pytest_kimiperf.errors import BaselineError
+from pytest_kimiperf.files import write_atomically
 from pytest_kimiperf.judge.baseline_schema import (
     RESTORE_HINT, BaselineBoot, BaselineEntry, BaselineFile, dumps_baseline, entry_key, parse_baseline,
     round_figure,
@@ -228,37 +228,10 @@ def _check_same_owner(path: Path, existing: BaselineFile, deployment: str, finge
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    # Same directory, so os.replace is a rename on one file system (atomic on POSIX); fsync of
-    # the data before and of the directory after makes the rename survive a crash.
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as tmp:
-            tmp.write(text)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.chmod(tmp_name, mode)
-        os.replace(tmp_name, path)
+        write_atomically(path, text, durable=True, keep_mode=True)
     except OSError as exc:
-        try:
-            os.unlink(tmp_name)
-        except OSError:
-            pass
         raise BaselineError(f"cannot write baseline {path}: {exc.strerror or exc}") from None
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # Windows cannot open directories; its replace is already durable enough.
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
 
 
 class BaselineView:

@@ -12,32 +12,23 @@ compare profiles with each other, boot against boot, at session end (stats.py sa
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.baselines import BaselineView
 from pytest_kimiperf.judge.history import Spreads, against_history
-from pytest_kimiperf.judge.boots import TestBoots, strip_slot
+from pytest_kimiperf.judge.boots import TestBoots
 from pytest_kimiperf.judge.planning import plan_line, wants_another_boot
-from pytest_kimiperf.judge.results import MetricResult, TestResult
-from pytest_kimiperf.judge.floors import FloorResult, FloorStatus, floor_check
+from pytest_kimiperf.judge.results import (
+    BaselineLine, BaselineState, MetricResult, TestResult, WarningKind,
+)
+from pytest_kimiperf.judge.floors import FloorResult, floor_check
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind, compare_boots
 
 FLOOR_METRIC = "decode_tok_s"
-
-
-def strip_profile(nodeid: str, profile: str) -> str:
-    """The node id without the profile's (or boot slot's) part of the parameter id."""
-    return strip_slot(nodeid, profile)
-
-
-# Markers in the messages judge_metric writes; warning_kinds reads them back.
-NO_BASELINE = "no baseline for this hardware"
-ACROSS_VERSIONS = "judged against the baseline of other software versions"
 
 
 def judge_metric(
@@ -50,24 +41,26 @@ def judge_metric(
     current: Sequence[BootSummary],
     prior_spread: float | Spreads,
     canary: Mapping[str, float] | None = None,
-) -> tuple[Comparison | None, str]:
+) -> tuple[Comparison | None, BaselineLine]:
     """Compare one metric's boots so far with the baseline's boot history; returns the
-    comparison (if any) and a message. ``canary`` is this session's host canary."""
+    comparison (if any) and the line about it. ``canary`` is this session's host canary."""
     spreads = prior_spread if isinstance(prior_spread, Spreads) else Spreads(prior_spread)
     spec = metric_spec(result.metric)
     if view is None:
-        return None, f"{spec.label}: baselines not in use"
+        return None, BaselineLine(BaselineState.OFF, spec.label, "baselines not in use")
     base_file = view.file()
     entry = base_file.entry(test, profile, result.metric) if base_file else None
     if entry is None:
         upgrade = view.across_versions(test, profile, result.metric)
         if upgrade is not None:
             other, entry, versions = upgrade
-            comparison, message = against_history(result, entry, current=current, spreads=spreads,
-                                                   canary=canary, profile_env=profile_env, profile_args=profile_args)
-            return comparison, (f"{message} — {ACROSS_VERSIONS} on the same hardware "
-                                f"({other.fingerprint.key}): {'; '.join(versions)}")
-        missing = f"{NO_BASELINE} ({view.fingerprint.key}): run --update-baselines"
+            comparison, line = against_history(result, entry, current=current, spreads=spreads, canary=canary,
+                                               profile_env=profile_env, profile_args=profile_args,
+                                               state=BaselineState.OTHER_VERSIONS)
+            return comparison, line.with_tail(
+                " — judged against the baseline of other software versions on the same hardware "
+                f"({other.fingerprint.key}): {'; '.join(versions)}")
+        missing = f"no baseline for this hardware ({view.fingerprint.key})"
         elsewhere = [(f, e) for f in view.other_files() if (e := f.entry(test, profile, result.metric))]
         if not elsewhere:
             others = view.other_fingerprints()
@@ -75,7 +68,7 @@ def judge_metric(
                 f" (baselines exist for other hardware: {', '.join(p.stem for p in others)}; "
                 "not comparable)" if others else ""
             )
-            return None, f"{spec.label}: {missing}{hint}"
+            return None, BaselineLine(BaselineState.MISSING, spec.label, missing, hint)
         # Shown, never judged: the closest other hardware's baseline, with what differs.
         other, other_entry = min(
             elsewhere, key=lambda fe: (len(fe[0].fingerprint.diff(view.fingerprint)[0]), str(fe[0].path)))
@@ -86,19 +79,19 @@ def judge_metric(
             tolerance=result.tolerance, prior_spread=spreads.boot, metric=spec.label, unit=result.unit,
             comparable=False,
         )
-        return comparison, (
-            f"{comparison.message()} — the baseline was recorded on other hardware "
-            f"({other.fingerprint.key}: {shown}); {missing}"
-        )
+        return comparison, BaselineLine(
+            BaselineState.OTHER_HARDWARE, comparison.label,
+            f"{comparison.message(label=False)} — the baseline was recorded on other hardware "
+            f"({other.fingerprint.key}: {shown}); {missing}")
     return against_history(result, entry, current=current, spreads=spreads, canary=canary,
-                            profile_env=profile_env, profile_args=profile_args)
+                           profile_env=profile_env, profile_args=profile_args)
 
 
 def missing_baselines(result: TestResult) -> list[str]:
-    """The baseline messages of the metrics that have no baseline on this hardware (under any
+    """The baseline lines of the metrics that have no baseline on this hardware (under any
     software versions): what ``--kimiperf-missing-baseline`` warns or fails on."""
-    return [m.baseline_message for m in result.metrics.values()
-            if m.baseline_message and NO_BASELINE in m.baseline_message]
+    return [m.baseline_line.render() for m in result.metrics.values()
+            if m.baseline_line is not None and m.baseline_line.state.missing]
 
 
 def missing_baseline_failure(result: TestResult, *, fails: bool) -> str | None:
@@ -112,41 +105,14 @@ def missing_baseline_failure(result: TestResult, *, fails: bool) -> str | None:
     return line
 
 
-class WarningKind(str, enum.Enum):
-    """What a perf test's warning is about (each has its pytest warning class)."""
-
-    INCONCLUSIVE = "inconclusive"
-    MISSING_BASELINE = "missing-baseline"
-    BELOW_TARGET = "below-target"
-    SOFT_FINGERPRINT = "soft-fingerprint"
-    OTHER_VERSIONS = "other-versions"
-    OTHER = "other"
-
-
-SOFT_FACTS = "the baseline was recorded with other soft facts"
-
-
 def warning_kinds(result: TestResult, *, missing_baseline_fails: bool) -> list[tuple[WarningKind, str]]:
     """Each warning of ``result`` with its kind, plus one per metric without a baseline (unless
     that fails the test) and one per metric judged across software versions."""
-    unresolved = (VerdictKind.INCONCLUSIVE.value, VerdictKind.CHANGED_SIZE_UNRESOLVED.value)
-    inconclusive = {m.baseline_message for m in result.metrics.values()
-                    if m.baseline and m.baseline.get("verdict") in unresolved}
-    below_target = result.floor["message"] if result.floor and result.floor.get("status") == FloorStatus.BELOW_TARGET.value else None
-    kinds: list[tuple[WarningKind, str]] = []
-    for line in result.warnings:
-        if line == below_target:
-            kinds.append((WarningKind.BELOW_TARGET, line))
-        elif line.startswith(SOFT_FACTS):
-            kinds.append((WarningKind.SOFT_FINGERPRINT, line))
-        elif any(m and line.startswith(m.split(" — ")[0]) for m in inconclusive):
-            kinds.append((WarningKind.INCONCLUSIVE, line))
-        else:
-            kinds.append((WarningKind.OTHER, line))
+    kinds = [(w.kind, w.text) for w in result.warnings]
     if not missing_baseline_fails:
         kinds.extend((WarningKind.MISSING_BASELINE, line) for line in missing_baselines(result))
-    kinds.extend((WarningKind.OTHER_VERSIONS, m.baseline_message) for m in result.metrics.values()
-                 if m.baseline_message and ACROSS_VERSIONS in m.baseline_message)
+    kinds.extend((WarningKind.OTHER_VERSIONS, m.baseline_line.render()) for m in result.metrics.values()
+                 if m.baseline_line is not None and m.baseline_line.state is BaselineState.OTHER_VERSIONS)
     return kinds
 
 
@@ -262,8 +228,9 @@ def judge(
             result.failures.append(
                 f"{line}: more than {MAX_FAILED_FRACTION:.0%} failed, the server did not serve this load")
         else:
-            result.warnings.append(line)
-    result.warnings.extend(run.cross_check_warnings)
+            result.warn(WarningKind.OTHER, line)
+    for line in run.cross_check_warnings:
+        result.warn(WarningKind.OTHER, line)
 
     if goodput is not None:
         result.metrics["request_goodput"] = MetricResult(
@@ -287,7 +254,7 @@ def judge(
                     if origin is not None else mres.boot_summary() for name, mres in result.metrics.items()}
         current.add(result.boot, recorded)
     for mres in result.metrics.values():
-        comparison, message = judge_metric(
+        comparison, line = judge_metric(
             mres, test=result.test, profile=result.profile, view=view, profile_env=result.profile_env,
             profile_args=result.profile_args,
             current=current.summaries.get(mres.metric, []),
@@ -295,9 +262,9 @@ def judge(
             canary=result.origin.canary if result.origin is not None else None,
         )
         if comparison is not None and result.unrecordable:
-            comparison, message = _left_out(comparison, message, result)
-        mres.baseline_message = message
-        result.messages.append(message)
+            comparison, line = _left_out(comparison, line, result)
+        mres.baseline_line = line
+        result.messages.append(line.render())
         if comparison is not None:
             mres.baseline = comparison.to_dict()
             comparisons.append(comparison)
@@ -319,21 +286,21 @@ def judge(
             verdict_to_result(comparison, result, strict=rules.strict)
     soft = view.soft_changes() if view is not None and comparisons else []
     if soft:
-        result.warnings.append(
-            "the baseline was recorded with other soft facts (they only warn; the hardware "
+        result.warn(
+            WarningKind.SOFT_FINGERPRINT, "the baseline was recorded with other soft facts (they only warn; the hardware "
             f"and software that set speed match): {'; '.join(soft)}")
     return Judgement(result, comparisons, recorded, wants_boot)
 
 
-def _left_out(comparison: Comparison, message: str, result: TestResult) -> tuple[Comparison, str]:
+def _left_out(comparison: Comparison, line: BaselineLine, result: TestResult) -> tuple[Comparison, BaselineLine]:
     """A boot that failed for another reason (the floor, failed requests) is no sample of this
     build: its figures are shown but not compared, and the line says so instead of calling its
     samples insufficient."""
     why = f"boot {result.boot} failed and is no sample of this build: {result.unrecordable}"
     if comparison.boots_current == 0:
         comparison = dataclasses.replace(comparison, verdict=VerdictKind.NOT_JUDGED, note=why)
-        return comparison, comparison.message()
-    return comparison, f"{message} — {why}"
+        return comparison, BaselineLine(line.state, comparison.label, comparison.message(label=False))
+    return comparison, line.with_tail(f" — {why}")
 
 
 def _check_decode_floor(result: TestResult, run: BootRun, rules: Rules) -> None:
@@ -352,7 +319,7 @@ def _check_decode_floor(result: TestResult, run: BootRun, rules: Rules) -> None:
     if fr.failed:
         result.failures.append(fr.message())
     elif fr.warned:
-        result.warnings.append(fr.message())
+        result.warn(WarningKind.BELOW_TARGET, fr.message())
     result.messages.append(fr.message())
 
 
@@ -364,8 +331,8 @@ def _check_slo(name: str, limit: float, samples: Sequence[float], tolerance: flo
     boot = mres.boot_summary()
     label = f"SLO {name} {'<=' if spec.direction.value == 'lower_is_better' else '>='} {limit:g} {spec.unit}"
     if not boot.usable:
-        result.warnings.append(
-            f"{label}: insufficient samples for {spec.label} ({boot.n} on this boot, "
+        result.warn(
+            WarningKind.OTHER, f"{label}: insufficient samples for {spec.label} ({boot.n} on this boot, "
             f"{max(boot.min_n, 1)} needed): not checked")
         return
     ok = boot.median <= limit if spec.direction.value == "lower_is_better" else boot.median >= limit
@@ -380,13 +347,18 @@ def verdict_to_result(comparison: Comparison, result: TestResult, *, strict: boo
     if verdict_fails(comparison, strict=strict):
         result.failures.append(message)
     elif kind is VerdictKind.IMPROVEMENT:
-        result.warnings.append(message + "; run --update-baselines to adopt it")
+        result.warn(WarningKind.OTHER, message + "; run --update-baselines to adopt it")
     elif kind in (VerdictKind.INCONCLUSIVE, VerdictKind.CHANGED_SIZE_UNRESOLVED, VerdictKind.NO_DETECTABLE_CHANGE):
         plan = plan_line(comparison)
         line = message + (f"; {plan}" if plan else "")
-        (result.warnings if comparison.unresolved_beyond_tolerance else result.messages).append(line)
+        if not comparison.unresolved_beyond_tolerance:
+            result.messages.append(line)
+        elif kind is VerdictKind.NO_DETECTABLE_CHANGE:
+            result.warn(WarningKind.OTHER, line)
+        else:
+            result.warn(WarningKind.INCONCLUSIVE, line)
     elif kind in (VerdictKind.NOT_COMPARABLE, VerdictKind.INSUFFICIENT_SAMPLES):
-        result.warnings.append(message)
+        result.warn(WarningKind.OTHER, message)
 
 
 def compare_profiles(

@@ -18,7 +18,7 @@ from pytest_kimiperf.judge.baseline_schema import BaselineEntry
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.levels import canary_shift, level_terms
 from pytest_kimiperf.judge.modes import align_modes, find_modes
-from pytest_kimiperf.judge.results import MetricResult
+from pytest_kimiperf.judge.results import BaselineLine, BaselineState, MetricResult
 from pytest_kimiperf.judge.stats import Comparison, compare_boots
 
 
@@ -59,7 +59,8 @@ def compare_with_history(
 def against_history(
     result: MetricResult, entry: BaselineEntry, *, current: Sequence[BootSummary], spreads: Spreads,
     canary: Mapping[str, float] | None, profile_env: Mapping[str, str], profile_args: Sequence[str] = (),
-) -> tuple[Comparison, str]:
+    state: BaselineState = BaselineState.JUDGED,
+) -> tuple[Comparison, BaselineLine]:
     """One metric's boots against one baseline entry's history, and "not comparable" when the
     host canary moved or the profile's environment or server arguments differ."""
     check = canary_shift(canary, [b.origin.canary for b in entry.boots if b.origin is not None and b.origin.canary])
@@ -68,12 +69,12 @@ def against_history(
         current, entry.summaries(), direction=Direction(result.direction), tolerance=result.tolerance,
         spreads=spreads, metric=metric_spec(result.metric).label, unit=result.unit,
         comparable=same_env and not (check is not None and check.moved))
-    message = comparison.message()
+    body = comparison.message(label=False)
     if check is not None and check.moved:
-        message += f" — {check.text()}: the baseline was measured on a host of other speed"
+        body += f" — {check.text()}: the baseline was measured on a host of other speed"
     if not same_env:
         said = bool(entry.profile_args or profile_args)  # server arguments: said where either side has some
-        message += (f" — the baseline was recorded with profile environment {dict(entry.profile_env)}"
-                    f"{f' and args {list(entry.profile_args)}' * said}, this run used {dict(profile_env)}"
-                    f"{f' and args {list(profile_args)}' * said}")
-    return comparison, message
+        body += (f" — the baseline was recorded with profile environment {dict(entry.profile_env)}"
+                 f"{f' and args {list(entry.profile_args)}' * said}, this run used {dict(profile_env)}"
+                 f"{f' and args {list(profile_args)}' * said}")
+    return comparison, BaselineLine(state, comparison.label, body)

@@ -58,7 +58,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT, BootSummary, Samples, valid_samples
+from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT, BootSummary
 from pytest_kimiperf.numbers import fmt_change, fmt_spread
 
 DIRECTIONAL_CONFIDENCE = 0.84
@@ -247,10 +247,15 @@ class Comparison:
                 f"{side(self.boots_reference, self.sessions_reference, 'reference ')}; boot spread "
                 f"{fmt_spread(math.expm1(self.spread_sd_log))} ({self.spread_source}){levels}")
 
-    def message(self) -> str:
-        """One line for the test report: the verdict, its numbers and what it rests on."""
-        prefix = " ".join(part for part in (self.metric, self.unit) if part)
-        prefix = f"{prefix}: " if prefix else ""
+    @property
+    def label(self) -> str:
+        """The metric and unit a line about this comparison opens with ("decode tok/s")."""
+        return " ".join(part for part in (self.metric, self.unit) if part)
+
+    def message(self, *, label: bool = True) -> str:
+        """One line for the test report: the verdict, its numbers and what it rests on (after
+        the metric's label unless ``label`` is false)."""
+        prefix = f"{self.label}: " if label and self.label else ""
         tol = fmt_tolerance(self.tolerance)
         change = fmt_change(self.change)
         worse_bound = self.bound_high if self.direction is Direction.HIGHER_IS_BETTER else self.bound_low
@@ -403,30 +408,6 @@ def _insufficient_note(current: Sequence[BootSummary], reference: Sequence[BootS
         # Failed requests are NaN, never samples: the test's warnings count them by reason.
         return f"this boot has {have} valid sample{'s' * (have != 1)}: failed requests are not samples"
     return ""
-
-
-def single_threshold_regression(
-    current: Samples, reference: Samples, direction: Direction, threshold: float
-) -> bool:
-    """pytest-benchmark's ``--benchmark-compare-fail=median:<threshold>`` rule, for comparison only.
-
-    pytest-benchmark fails when ``current / reference * 100 - 100 > percentage`` on the chosen
-    field (pytest_benchmark/utils.py, PercentageRegressionCheck); times only get worse upwards.
-    Here "worse" follows ``direction`` and the change is the same raw median ratio the gate uses,
-    so both rules see the same number. Used by benchmarks/gate_power.py, never by the plugin.
-    """
-    direction = Direction(direction)
-    _check_unit_interval("threshold", threshold)
-    cur = valid_samples("current", current)
-    ref = valid_samples("reference", reference)
-    if cur.size == 0 or ref.size == 0:
-        raise ValueError(
-            f"single-threshold rule needs samples on both sides ({cur.size} current, "
-            f"{ref.size} reference valid samples)"
-        )
-    change = float(np.median(cur)) / float(np.median(ref)) - 1.0
-    gain = change if direction is Direction.HIGHER_IS_BETTER else -change
-    return -gain > threshold
 
 
 def _level_quantile(df: float) -> float:

@@ -21,9 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -31,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from pytest_kimiperf.files import write_atomically
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.judge.results import TestResult
 from pytest_kimiperf.numbers import json_safe
@@ -219,12 +218,5 @@ def _stats_ms(stem: str, values_s: Sequence[float]) -> dict[str, float]:
 
 
 def _write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_atomically(path, text)
 

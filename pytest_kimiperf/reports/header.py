@@ -16,7 +16,7 @@ from pytest_kimiperf.config.deployments import Deployment, describe_command
 from pytest_kimiperf.config.nccl.profiles import describe_args, describe_env, inherited_nccl_env
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.judge.fingerprint import Fingerprint, describe
-from pytest_kimiperf.server.weight_cache import header_lines as weight_cache_lines, profile_cache_reason
+from pytest_kimiperf.server.weight_cache import header_lines as weight_cache_lines, profile_cache_reason, why_not_used
 
 
 def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
@@ -56,7 +56,9 @@ def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
             setting=dep.weight_cache, gpu_count=dep.gpu_count, command=list(dep.command), model=dep.model,
             tensor_parallel_size=dep.tensor_parallel_size, quantization=dep.quantization,
             nodes=max(1, len(dep.nodes))))
-        if not lines[-1].startswith("kimiperf: weight cache: off"):
+        cache_off = why_not_used(setting=dep.weight_cache, gpu_count=dep.gpu_count, command=list(dep.command),
+                                 model=dep.model, quantization=dep.quantization, nodes=max(1, len(dep.nodes)))
+        if cache_off is None:  # the engines boot from the cache: say which profiles cannot
             lines.extend(f"kimiperf: weight cache: {reason}" for p in s.profiles if (reason := profile_cache_reason(
                 p.name, s.command_plans[p.name].dests if p.name in s.command_plans else frozenset())))
     return lines

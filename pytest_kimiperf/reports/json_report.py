@@ -10,14 +10,13 @@ reads bench-serve result files reads each test's ``run`` object unchanged.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pytest_kimiperf.files import write_atomically
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.judge.results import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS
@@ -80,14 +79,7 @@ def write_json_report(path: Path, data: Mapping[str, Any]) -> None:
     text = dumps_json_report(data)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-                handle.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_atomically(path, text)
     except OSError as exc:
         raise KimiperfError(
             f"cannot write the JSON perf report to {path} (from --perf-json): {exc.strerror or exc}"
@@ -145,7 +137,7 @@ def _test_json(res: TestResult) -> dict[str, Any]:
         "host": res.host,
         "unrecordable": res.unrecordable,
         "failures": list(res.failures),
-        "warnings": list(res.warnings),
+        "warnings": res.warning_lines(),
         "messages": list(res.messages),
         "floor": res.floor,
         "run": dict(res.run),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.reports.figures import figure_legend, fmt_range, range_names
-from pytest_kimiperf.reports.next_step import outcome_line, with_record_command
+from pytest_kimiperf.reports.next_step import outcome_line
 from pytest_kimiperf.reports.model import (
     boot_label,
     SessionReport,
@@ -139,7 +139,6 @@ def _baseline_tables(report: SessionReport) -> list[str]:
                          "change", "90% CI", "verdict"], "lllrlrrll", table_rows)
         lines.append("")
     for reason, count in missing.items():
-        reason = with_record_command(reason, report)
         lines.append(f"- {_text(reason)} ({count} {'metric' if count == 1 else 'metrics'})")
     if missing:
         lines.append("")

@@ -19,7 +19,6 @@ from pytest_kimiperf.judge.in_session import InSessionRules
 from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT
 from pytest_kimiperf.judge.results import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS
-from pytest_kimiperf.numbers import fmt_value
 from pytest_kimiperf.reports.figures import BootFigure, boot_figure
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck
 from pytest_kimiperf.roofline.inputs import RooflineReport
@@ -146,7 +145,7 @@ class BaselineRow:
     heading: str
     figure: BootFigure
     baseline: Mapping[str, Any] | None  # Comparison.to_dict()
-    message: str  # the gate's line; for a missing baseline, the reason without the metric label
+    message: str  # the gate's line without the metric's label; a missing baseline's says what records it
 
     @property
     def verdict(self) -> str | None:
@@ -262,21 +261,24 @@ class SessionReport:
             samples=tuple(mres.samples), comparison=comparison, note=note,
         )
 
+    def record_advice(self) -> str:
+        """What records a missing baseline: this run, when it records, else the command that
+        does it here (``--kimiperf-record-command``, or this run's own with --update-baselines)."""
+        return "this run records it" if self.baselines_update is not None else f"record it with {self.record_command}"
+
     def baseline_rows(self) -> list[BaselineRow]:
         """Each test, profile and metric against its baseline (or why there is none)."""
         rows = []
+        advice = self.record_advice()
         for res in self.results:
             for mres in res.metrics.values():
-                message = mres.baseline_message or (
-                    f"not compared: INVALID measurement ({res.invalid})" if res.invalid
-                    else "not compared with a baseline")
-                label = METRICS[mres.metric].label if mres.metric in METRICS else mres.metric
-                # The gate prefixes its message with the metric's label; the tables have a metric
-                # column, so the reason reads better without it.
-                for prefix in (f"{label} {mres.unit}: ", f"{label}: "):
-                    if message.startswith(prefix):
-                        message = message[len(prefix):]
-                        break
+                # The tables have a metric column, so the line goes without the metric's label.
+                if mres.baseline_line is not None:
+                    message = mres.baseline_line.render(label=False, advice=advice)
+                elif res.invalid:
+                    message = f"not compared: INVALID measurement ({res.invalid})"
+                else:
+                    message = "not compared with a baseline"
                 rows.append(BaselineRow(
                     test=res.test, profile=boot_label(res), metric=mres.metric,
                     heading=metric_heading(mres.metric), figure=boot_figure(mres),
@@ -322,7 +324,7 @@ class SessionReport:
             where = f"{res.test} [{boot_label(res)}]"
             if res.invalid:
                 lines.append(f"{where}: INVALID measurement: {res.invalid}")
-            lines.extend(f"{where}: {warning}" for warning in res.warnings)
+            lines.extend(f"{where}: {warning}" for warning in res.warning_lines())
         for check in self.nccl_checks():
             lines.extend(
                 f"NCCL profile {check.profile}: {v.variable}={v.expected} did not take effect, "

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pytest_kimiperf.config.metric_specs import METRICS
-from pytest_kimiperf.judge.gate import NO_BASELINE
 from pytest_kimiperf.judge.results import TestResult
 from pytest_kimiperf.reports.model import SessionReport
 
@@ -41,7 +40,7 @@ def missing_baselines(results: Sequence[TestResult], fingerprint: str) -> Missin
     seen: set[tuple[str, str, str]] = set()
     for res in results:
         for metric, mres in res.metrics.items():
-            if not (mres.baseline_message and NO_BASELINE in mres.baseline_message):
+            if mres.baseline_line is None or not mres.baseline_line.state.missing:
                 continue
             profiles, labels = tests.setdefault(res.test, ([], []))
             if res.profile not in profiles:
@@ -51,17 +50,6 @@ def missing_baselines(results: Sequence[TestResult], fingerprint: str) -> Missin
                 labels.append(label)
             seen.add((res.test, res.profile, metric))
     return MissingBaselines(fingerprint, tests, len(seen)) if tests else None
-
-
-def with_record_command(message: str, report: SessionReport) -> str:
-    """A missing-baseline reason with what records one in place of the gate's generic ": run
-    --update-baselines": this run, when it records, else the command that does it here."""
-    generic = ": run --update-baselines"
-    if NO_BASELINE in message and generic in message:
-        instead = ("this run records it" if report.baselines_update is not None
-                   else f"record it with {report.record_command}")
-        return message.replace(generic, f": {instead}", 1)
-    return message
 
 
 def boots_per_profile(results: Sequence[TestResult]) -> int:

@@ -17,7 +17,7 @@ from pytest_kimiperf.judge.in_session import INTERVAL_LEGEND
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.numbers import as_number, fmt_change, fmt_ci, fmt_spread, fmt_value
 from pytest_kimiperf.reports.figures import figure_legend, fmt_range, range_names
-from pytest_kimiperf.reports.next_step import outcome_line, with_record_command
+from pytest_kimiperf.reports.next_step import outcome_line
 from pytest_kimiperf.reports.model import (
     BaselineRow,
     MetricBlock,
@@ -191,7 +191,7 @@ def _baseline_section(report: SessionReport, *, verbose: bool) -> list[TerminalL
         for row in rows:
             reasons[row.message] = reasons.get(row.message, 0) + 1
         for reason, count in reasons.items():
-            lines.extend(wrapped(f"{with_record_command(reason, report)} "
+            lines.extend(wrapped(f"{reason} "
                                  f"({plural(count, 'metric')})", indent=0, markup=YELLOW))
         return lines
     header = ["metric", "current", "baseline", "change", "90% CI", "verdict"]
@@ -204,13 +204,13 @@ def _baseline_section(report: SessionReport, *, verbose: bool) -> list[TerminalL
     for (test, profile), group in groups.items():
         lines.append(TerminalLine(f"{test} [{profile}]", markup={"bold": True}))
         if all(row.baseline is None for row in group):
-            lines.extend(wrapped(with_record_command(_shared_message(group), report), indent=2,
+            lines.extend(wrapped(_shared_message(group), indent=2,
                                  markup=YELLOW))
             continue
         lines.append(TerminalLine(table.format(header), markup={"bold": True}))
         for row in group:
             if row.baseline is None:
-                lines.extend(wrapped(f"{row.heading}: {with_record_command(row.message, report)}",
+                lines.extend(wrapped(f"{row.heading}: {row.message}",
                                      indent=4, markup=YELLOW))
                 continue
             lines.append(TerminalLine(table.format(_baseline_cells(row)),
@@ -329,7 +329,7 @@ def _quiet_verdicts(report: SessionReport) -> list[TerminalLine]:
             lines.append(TerminalLine(test))
             lines.extend(test_lines)
     for reason, count in missing.items():
-        lines.extend(wrapped(f"baselines: {with_record_command(reason, report)} "
+        lines.extend(wrapped(f"baselines: {reason} "
                              f"({plural(count, 'metric')})", indent=0, markup=YELLOW))
     if lines:
         lines.insert(0, TerminalLine("kimiperf", sep="="))

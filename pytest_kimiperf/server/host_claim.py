@@ -19,7 +19,6 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import psutil
 
+from pytest_kimiperf.files import write_atomically
 from pytest_kimiperf.errors import ServerError
 
 LOCK_NAME = "host.lock"
@@ -63,10 +63,7 @@ def _write_holder(path: Path) -> None:
     except psutil.Error:
         command = "?"
     command = command if len(command) <= 200 else command[:197] + "..."
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        json.dump({"pid": os.getpid(), "command": command, "since": time.time()}, out)
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps({"pid": os.getpid(), "command": command, "since": time.time()}))
 
 
 class HostClaim:

@@ -116,14 +116,6 @@ class WeightCachePlan:
         extra = {"socket_dir": self.socket_dir, "fallback": True}
         return ["--load-format", "ipc_cache", "--model-loader-extra-config", json.dumps(extra, sort_keys=True)]
 
-    def header_line(self) -> str:
-        """What the report header says about it."""
-        if self.enabled:
-            return (f"weight cache: vllm preload daemons (sockets in {self.socket_dir}); engines boot "
-                    "with --load-format ipc_cache")
-        return f"weight cache: off ({self.fallback_reason})" if self.fallback_reason else "weight cache: off"
-
-
 def quant_method_of(model_config: Mapping[str, object]) -> str | None:
     """vLLM's name of a model's quantization method, from its config.json (None: unquantized).
 

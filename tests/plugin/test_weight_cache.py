@@ -79,8 +79,8 @@ def test_the_daemons_environment_is_never_a_profiles() -> None:
 def test_a_cpu_deployment_loads_from_disk_and_says_why_in_one_line() -> None:
     plan = plan_weight_cache(setting="auto", gpu_count=0, command=KIMI_ARGV, socket_dir="/s", health_port=1)
     assert not plan.enabled and plan.engine_args() == []
-    assert plan.header_line() == ("weight cache: off (CPU engine: vLLM's weight cache shares CUDA IPC handles "
-                                  "(UnsupportedPlatformForIPCError on CPU); loading from disk)")
+    assert plan.fallback_reason == ("CPU engine: vLLM's weight cache shares CUDA IPC handles "
+                                    "(UnsupportedPlatformForIPCError on CPU); loading from disk")
 
 
 def test_the_cpu_reason_is_what_the_installed_vllm_raises_on_this_platform() -> None:

@@ -292,9 +292,16 @@ def test_wait_gpu_memory_freed_returns_once_the_pids_are_gone() -> None:
     before = nvidia_smi.parse_compute_apps(recorded("compute_apps_8gpu_before_release.csv"))
     after = nvidia_smi.parse_compute_apps(recorded("compute_apps_8gpu_after_release.csv"))
     released = [1425258, 1425259, 1425260, 1425261]
-    gpu.wait_gpu_memory_freed(
-        released, deadline_s=5, poll_s=0.01, probe=scripted_probe(before, before, after)
-    )
+    assert set(released) <= set(before) and not set(released) & set(after)  # the recordings show it
+    snapshots = [before, before, after]
+    polled: list[dict[int, int]] = []
+
+    def probe() -> dict[int, int]:
+        polled.append(snapshots[min(len(polled), len(snapshots) - 1)])
+        return polled[-1]
+
+    gpu.wait_gpu_memory_freed(released, deadline_s=5, poll_s=0.01, probe=probe)
+    assert polled == snapshots  # it polled while the pids held memory, and stopped at the first free read
 
 
 def test_wait_gpu_memory_freed_names_the_holders_at_the_deadline() -> None:

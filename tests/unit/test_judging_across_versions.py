@@ -36,12 +36,12 @@ def _record(tmp_path: Path, fingerprint: Fingerprint, median: float) -> None:
 def _judge(tmp_path: Path, median: float) -> tuple[MetricResult, object]:
     samples = [median * (1 + 0.001 * i) for i in range(10)]
     metric = MetricResult("decode_tok_s", "tok/s", "higher_is_better", 0.03, samples, boot_label="default boot 1")
-    comparison, message = judge_metric(
+    comparison, line = judge_metric(
         metric, test=TEST, profile="default", view=BaselineView(tmp_path, "kimi", NEW), profile_env={},
         current=[summarize_boot(samples, "b1")] * 3, prior_spread=0.01,
     )
     metric.baseline = comparison.to_dict() if comparison else None
-    metric.baseline_message = message
+    metric.baseline_line = line
     return metric, comparison
 
 

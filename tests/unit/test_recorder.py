@@ -19,7 +19,8 @@ from pytest_kimiperf.judge.boots import BootLedger, BootSlot
 from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.baselines import BaselineView, baseline_entries
-from pytest_kimiperf.judge.gate import strip_profile
+from pytest_kimiperf.judge.boots import strip_slot as strip_profile
+from pytest_kimiperf.judge.results import ResultWarning, WarningKind
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.measure.records import RequestRecord
 from pytest_kimiperf.measure.results import RoundResult, RunResult
@@ -144,8 +145,9 @@ def test_boots_on_demand_stop_at_the_deployments_maximum(tmp_path: Path) -> None
     verdict = last.metrics["decode_tok_s"].baseline
     assert (verdict["verdict"], verdict["boots_current"]) == ("changed, size unresolved", 2)
     # the last boot's verdict is final: a warning with the planner's advice, never a failure
-    (warning,) = [w for w in last.warnings if "changed, size unresolved" in w]
-    assert "you need" in warning or "too few" in warning
+    (warning,) = [w for w in last.warnings if "changed, size unresolved" in w.text]
+    assert "you need" in warning.text or "too few" in warning.text
+    assert warning.kind is WarningKind.INCONCLUSIVE  # an InconclusiveWarning, for filterwarnings
     assert not failures
 
 
@@ -192,7 +194,7 @@ def test_below_floor_fails_between_floor_and_target_warns(tmp_path: Path) -> Non
         recorder.check(_run([80.0] * 8), ["decode_tok_s"], floor=True)
     assert "below the floor of 100" in failures[0]
     result = _recorder(tmp_path, failures, published).check(_run([200.0] * 8), ["decode_tok_s"], floor=True)
-    assert any("below the target of 300" in w for w in result.warnings)
+    assert [w.kind for w in result.warnings if "below the target of 300" in w.text] == [WarningKind.BELOW_TARGET]
 
 
 @pytest.mark.parametrize(("nodeid", "profile", "key"), [
@@ -222,7 +224,7 @@ def test_insufficient_samples_pass_with_a_warning(tmp_path: Path) -> None:
     result = _recorder(tmp_path, failures, []).check(_run([700.0] * 8), ["decode_tok_s"])
     assert not failures
     assert result.metrics["decode_tok_s"].baseline["verdict"] == "insufficient samples"
-    assert any("insufficient samples" in w for w in result.warnings)
+    assert any("insufficient samples" in w for w in result.warning_lines())
 
 
 def test_other_hardwares_baseline_is_shown_as_not_comparable_never_judged(tmp_path: Path) -> None:
@@ -236,7 +238,7 @@ def test_other_hardwares_baseline_is_shown_as_not_comparable_never_judged(tmp_pa
     assert metric.baseline["change"] == pytest.approx(-0.5, abs=0.01)
     assert f"recorded on other hardware ({other.key}: cpu.cores: 64 -> 2)" in metric.baseline_message
     assert f"no baseline for this hardware ({FP.key}): run --update-baselines" in metric.baseline_message
-    assert any("not comparable" in w for w in result.warnings)
+    assert any("not comparable" in w for w in result.warning_lines())
 
 
 def test_soft_facts_that_differ_only_warn(tmp_path: Path) -> None:
@@ -246,9 +248,9 @@ def test_soft_facts_that_differ_only_warn(tmp_path: Path) -> None:
     result = _recorder(tmp_path, failures, []).check(_run([700.0 + i for i in range(8)]), ["decode_tok_s"])
     assert not failures
     assert result.metrics["decode_tok_s"].baseline["verdict"] == "no detectable change"
-    assert [w for w in result.warnings if "soft facts" in w] == [
-        "the baseline was recorded with other soft facts (they only warn; the hardware and software "
-        "that set speed match): host.name: gpu-runner-1 -> <absent>; kernel: 6.8.0 -> <absent>"]
+    assert [w for w in result.warnings if "soft facts" in w.text] == [ResultWarning(
+        WarningKind.SOFT_FINGERPRINT, "the baseline was recorded with other soft facts (they only warn; the hardware and software "
+        "that set speed match): host.name: gpu-runner-1 -> <absent>; kernel: 6.8.0 -> <absent>")]
 
 
 def _with_failures(run: RunResult, n: int) -> RunResult:
@@ -263,7 +265,7 @@ def test_a_few_failed_requests_warn_and_many_fail_the_test(tmp_path: Path) -> No
     failures: list[str] = []
     result = _recorder(tmp_path, failures, []).check(_with_failures(_run([700.0] * 19), 1), ["decode_tok_s"])
     assert not failures
-    assert "1 of 20 measured requests failed and are not counted (1x HTTP 500)" in result.warnings
+    assert "1 of 20 measured requests failed and are not counted (1x HTTP 500)" in result.warning_lines()
     with pytest.raises(AssertionError):
         _recorder(tmp_path, failures, []).check(_with_failures(_run([700.0] * 17), 3), ["decode_tok_s"])
     assert failures == ["3 of 20 measured requests failed and are not counted (3x HTTP 500): more than 10% "
@@ -307,7 +309,7 @@ def test_slos_fail_a_missed_limit_and_a_tail_too_thin_for_its_quantile_only_warn
     ok = _recorder(tmp_path, [], published, deployment=QUIET)
     result = ok.check(ok.measure(SCENARIO), ["decode_tok_s"], slo={"p99_itl_ms": 50, "p99_ttft_ms": 2000})
     assert any(m.startswith("SLO p99_itl_ms <= 50 ms: 10") for m in result.messages)
-    assert any("SLO p99_ttft_ms <= 2000 ms: insufficient samples" in w for w in result.warnings)
+    assert any("SLO p99_ttft_ms <= 2000 ms: insufficient samples" in w for w in result.warning_lines())
     typo: list[str] = []
     bad = _recorder(tmp_path, typo, [], deployment=QUIET)
     with pytest.raises(AssertionError):

@@ -24,7 +24,7 @@ from pytest_kimiperf.judge import baselines
 
 from pytest_kimiperf.judge import gate
 from pytest_kimiperf.judge.fingerprint import Fingerprint
-from pytest_kimiperf.judge.results import MetricResult, TestResult
+from pytest_kimiperf.judge.results import BaselineLine, BaselineState, MetricResult, TestResult, WarningKind
 from pytest_kimiperf.config.metric_specs import metric_spec
 from pytest_kimiperf.numbers import fmt_value
 from pytest_kimiperf.reports.json_report import (
@@ -94,17 +94,17 @@ def judge(res: TestResult, view: baselines.BaselineView | None,
     res.floor = {"median": fr.median, "floor": fr.floor, "target": fr.target,
                  "status": fr.status.value, "message": fr.message()}
     if fr.warned:
-        res.warnings.append(fr.message())
+        res.warn(WarningKind.BELOW_TARGET, fr.message())
     for mres in res.metrics.values():
         current = [r.metrics[mres.metric].boot_summary() for r in (*earlier, res)]
-        comparison, message = gate.judge_metric(mres, test=res.test, profile=res.profile, view=view,
-                                                profile_env=res.profile_env, current=current,
-                                                prior_spread=PRIOR_SPREAD)
-        mres.baseline_message = message
+        comparison, line = gate.judge_metric(mres, test=res.test, profile=res.profile, view=view,
+                                             profile_env=res.profile_env, current=current,
+                                             prior_spread=PRIOR_SPREAD)
+        mres.baseline_line = line
         if comparison is not None:
             mres.baseline = comparison.to_dict()
             if comparison.unresolved_beyond_tolerance or comparison.verdict.value == "improvement":
-                res.warnings.append(message)
+                res.warn(WarningKind.OTHER, line.render())
     return res
 
 
@@ -703,8 +703,8 @@ def test_a_first_run_says_once_what_it_judged_and_the_command_that_records_the_b
     for res in results:
         for mres in res.metrics.values():
             mres.baseline = None
-            mres.baseline_message = (f"{metric_spec(mres.metric).label}: no baseline for this hardware "
-                                     f"({FINGERPRINT.key}): run --update-baselines")
+            mres.baseline_line = BaselineLine(BaselineState.MISSING, metric_spec(mres.metric).label,
+                                              f"no baseline for this hardware ({FINGERPRINT.key})")
     report = make_report(results)
     warning = missing_baseline_warning(report, report.record_command)
     assert warning == (
@@ -735,7 +735,7 @@ def test_an_invalid_boot_is_named_where_its_verdict_would_be(results: list[TestR
     invalid = results[2]  # ring-ll boot 2
     invalid.invalid = "host busy: other processes used 25% of the host's CPU (bound 10%)"
     for mres in invalid.metrics.values():
-        mres.baseline, mres.baseline_message = None, None
+        mres.baseline, mres.baseline_line = None, None
     report = make_report(results)
     rows = [row for row in report.baseline_rows() if row.profile == "ring-ll boot 2"]
     assert {row.message for row in rows} == {

@@ -14,7 +14,6 @@ from pytest_kimiperf.judge.stats import (
     VerdictKind,
     compare_boots,
     estimate_spread,
-    single_threshold_regression,
 )
 from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot
 from pytest_kimiperf.judge.floors import FloorStatus, floor_check
@@ -235,16 +234,6 @@ def test_floor_check_rejects_bad_input() -> None:
         floor_check(math.nan, 40, 50, "tok/s", "decode")
     with pytest.raises(ValueError, match="decode target -1"):
         floor_check(45.0, None, -1, "tok/s", "decode")
-
-
-def test_single_threshold_rule_follows_direction() -> None:
-    down_4 = scaled(0.96)
-    assert single_threshold_regression(down_4, REFERENCE, HIGHER, 0.03)
-    assert not single_threshold_regression(down_4, REFERENCE, LOWER, 0.03)
-    assert single_threshold_regression(scaled(1.04), REFERENCE, LOWER, 0.03)
-    assert not single_threshold_regression(scaled(0.98), REFERENCE, HIGHER, 0.03)
-    with pytest.raises(ValueError, match="needs samples on both sides"):
-        single_threshold_regression([math.nan], REFERENCE, HIGHER, 0.03)
 
 
 def test_the_planner_command_answers_in_one_line_and_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None:

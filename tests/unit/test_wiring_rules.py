@@ -12,8 +12,8 @@ from pytest_kimiperf.config.options import perf_run_requested
 from pytest_kimiperf.config.settings import RawOption
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.boots import BootSlot, group_by_slot, schedule
-from pytest_kimiperf.judge.gate import NO_BASELINE, missing_baseline_failure
-from pytest_kimiperf.judge.results import MetricResult, TestResult
+from pytest_kimiperf.judge.gate import missing_baseline_failure
+from pytest_kimiperf.judge.results import BaselineLine, BaselineState, MetricResult, TestResult
 
 
 @dataclass(frozen=True)
@@ -57,18 +57,20 @@ def test_the_marker_takes_only_known_tolerances() -> None:
         marker_tolerances((), {"tolerances": {"decode": 0.05}}, where)
 
 
-def _result(message: str | None) -> TestResult:
+def _result(line: BaselineLine | None) -> TestResult:
     metric = MetricResult(metric="decode_tok_s", unit="tok/s", direction="higher", tolerance=0.05,
-                          samples=[1.0], baseline_message=message)
+                          samples=[1.0], baseline_line=line)
     return TestResult(test="t.py::test_x", nodeid="t.py::test_x[default]", profile="default",
                       deployment="tiny-cpu", scenario="single", metrics={"decode_tok_s": metric})
 
 
 def test_a_missing_baseline_fails_only_when_asked_and_the_failure_is_kept() -> None:
-    missing = f"decode_tok_s: {NO_BASELINE} (fingerprint abc)"
+    missing = BaselineLine(BaselineState.MISSING, "decode tok/s", "no baseline for this hardware (fingerprint abc)")
     assert missing_baseline_failure(_result(missing), fails=False) is None
-    assert missing_baseline_failure(_result("decode_tok_s: within noise"), fails=True) is None
+    judged = BaselineLine(BaselineState.JUDGED, "decode tok/s", "within noise")
+    assert missing_baseline_failure(_result(judged), fails=True) is None
     result = _result(missing)
     line = missing_baseline_failure(result, fails=True)
-    assert line == f"missing baseline (--kimiperf-missing-baseline=fail): {missing}"
+    assert line == ("missing baseline (--kimiperf-missing-baseline=fail): decode tok/s: no baseline for this "
+                    "hardware (fingerprint abc): run --update-baselines")
     assert result.failures == [line]
