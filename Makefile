@@ -32,11 +32,12 @@ baseline: $(STAMP)
 
 # Once per clone that records baselines: git then merges baselines/**/*.json (.gitattributes) as
 # boot histories, so runners sharing one history can pull each other's recordings without a text
-# conflict (judge/baseline_merge.py). git runs the driver from the top of the work tree, so the
-# relative $(PY) holds; a runner whose virtualenv lives elsewhere passes VENV=<its path>.
+# conflict (judge/baseline_merge.py, run by pytest_kimiperf/merge_driver.py). git runs the driver
+# from the top of the work tree, so the relative $(PY) holds; a runner whose virtualenv lives
+# elsewhere passes VENV=<its path>.
 merge-driver:
 	git config merge.kimiperf-baselines.name "pytest-kimiperf baseline histories"
-	git config merge.kimiperf-baselines.driver "$(PY) -m pytest_kimiperf.judge.baseline_merge %O %A %B %P"
+	git config merge.kimiperf-baselines.driver "$(PY) -m pytest_kimiperf.merge_driver %O %A %B %P"
 
 test: $(STAMP)
 	$(PY) -m pytest tests $(PYTEST_ARGS)

@@ -52,7 +52,8 @@ from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
 from pytest_kimiperf.judge.planning import wants_another_boot  # noqa: E402
 from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot  # noqa: E402
 from pytest_kimiperf.judge.stats import VerdictKind  # noqa: E402
-from pytest_kimiperf.judge.history import Spreads, compare_with_history  # noqa: E402
+from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
+from pytest_kimiperf.judge.history import compare_with_history  # noqa: E402
 from pytest_kimiperf.judge.levels import CorpusBoot, canary_shift, load_corpus  # noqa: E402
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS  # noqa: E402
 from pytest_kimiperf.config.metric_specs import metric_spec  # noqa: E402
@@ -330,7 +331,7 @@ def replay_run(current: list[CorpusBoot], history: list[CorpusBoot], *, keys: li
     """One gate run replayed on real boots: ``current`` boots (of one session, in the order they
     would boot) against ``history``, every metric ``shift`` (a fraction) worse; boots on demand."""
     dep = BUILTIN_DEPLOYMENTS[deployment]
-    spreads = Spreads(dep.boot_spread, dep.session_spread, dep.host_spread)
+    spreads = dep.spreads
     check = canary_shift(current[0].canary, [b.canary for b in history if b.canary])
     comparable = not (check is not None and check.moved)
     final: dict[str, VerdictKind] = {}

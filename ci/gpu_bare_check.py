@@ -198,7 +198,8 @@ def nvml_sample(pynvml: Any, index: int, since_us: int | None = None) -> dict[st
 
 def step_nvml(out: Path) -> tuple[str, str]:
     """Every NVML call the plugin makes, raw; probe_gpus over NVML against nvidia-smi alone."""
-    from pytest_kimiperf.judge.fingerprint import collect_fingerprint
+    from pytest_kimiperf.judge.fingerprint import host_fingerprint
+    from pytest_kimiperf.measure.host_facts import host_facts
 
     import pynvml
 
@@ -232,7 +233,7 @@ def step_nvml(out: Path) -> tuple[str, str]:
     keys = {}
     for label, gpus in (("nvml", with_nvml.gpus), ("smi", gpus_smi)):
         topology, why_not = gpu.host_topology(gpus)
-        keys[label] = collect_fingerprint(gpus=gpus, topology=topology, deployment_facts={}, topology_note=why_not)
+        keys[label] = host_fingerprint(host_facts(gpus=gpus, topology=topology, topology_note=why_not), {})
     save(out, "probe.json", {"nvml": {"source": with_nvml.source, "notes": with_nvml.notes,
                                       "gpus": [repr(g) for g in with_nvml.gpus]}, "smi_only": smi_only,
                              "hard": {k: dict(v.hard) for k, v in keys.items()}})

@@ -178,7 +178,7 @@ def nodes(out: Path, deadline_s: float) -> None:
 
     from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES
     from pytest_kimiperf.config.nodes import Node
-    from pytest_kimiperf.judge.node_fingerprint import agent_facts
+    from pytest_kimiperf.measure.host_facts import agent_facts
 
     whole = int((out / "whole-gpus").read_text()) if (out / "whole-gpus").is_file() else 0
     stand_in = ("env", "-i", f"HOME={os.environ.get('HOME', '/tmp')}", f"PATH={os.environ.get('PATH', '/usr/bin:/bin')}",

@@ -1,7 +1,7 @@
 """What the plugin runs on another node of a deployment, through that node's launch template.
 
 ``python -m pytest_kimiperf.node_agent facts`` prints the node's hardware and software facts (the
-fingerprint's, judge/fingerprint.py ``collect_fingerprint``), ``snapshot --launch-id ID`` its
+fingerprint's, measure/host_facts.py ``probe_host_facts``), ``snapshot --launch-id ID`` its
 host counters and process table with the pids carrying the launch marker (the host watch's two
 ends, measure/host_readings.py), and ``stop --launch-id ID --grace S`` ends every process of
 that launch there (server/sweep.py) and says what it ended and what survived. Each prints one
@@ -25,13 +25,10 @@ from pytest_kimiperf.server.agent_wire import AGENT_MARK
 
 def facts() -> dict[str, Any]:
     """This node's fingerprint facts (hard and soft), without any deployment's."""
-    from pytest_kimiperf.judge.fingerprint import collect_fingerprint
-    from pytest_kimiperf.server.gpu import host_topology, probe_gpus
+    from pytest_kimiperf.measure.host_facts import probe_host_facts
 
-    probe = probe_gpus(timeout_s=10.0)
-    topology, why_not = host_topology(probe.gpus, timeout_s=10.0)
-    fp = collect_fingerprint(gpus=probe.gpus, topology=topology, deployment_facts={}, topology_note=why_not)
-    return {"hard": dict(fp.hard), "soft": dict(fp.soft)}
+    hard, soft = probe_host_facts()
+    return {"hard": dict(hard), "soft": dict(soft)}
 
 
 def snapshot(launch_id: str) -> dict[str, Any]:

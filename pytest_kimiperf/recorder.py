@@ -335,7 +335,7 @@ class PerfRecorder:
         rules = Rules(
             tolerances={name: self.tolerance(name) for name in judged},
             decode_floor_tok_s=floor_tok_s, decode_target_tok_s=target_tok_s,
-            boot_spread=dep.boot_spread, session_spread=dep.session_spread, host_spread=dep.host_spread,
+            spreads=dep.spreads,
             boots=self.settings.boots, max_boots=self.settings.max_boots,
             strict=self.settings.perf_strict,
         )

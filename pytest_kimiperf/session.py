@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_kimiperf.config.settings import Settings
 
 if TYPE_CHECKING:
+    from pytest_kimiperf.config.deployments import Deployment
     from pytest_kimiperf.judge.baselines import BaselineView
     from pytest_kimiperf.judge.boots import BootLedger, BootSlot
     from pytest_kimiperf.judge.fingerprint import Fingerprint
@@ -55,12 +56,11 @@ class PerfSession:
     def fingerprint(self) -> Fingerprint:
         """The hardware and software this session measures on (probed once)."""
         if self._fingerprint is None:
-            from pytest_kimiperf.judge.fingerprint import session_fingerprint
-
             fp = session_fingerprint(self.settings.deployment)
             if self.settings.external:
                 # This host is only the client: the server's own facts, and its stated hardware.
-                from pytest_kimiperf.judge.fingerprint import attached_fingerprint, probe_attached_server
+                from pytest_kimiperf.judge.fingerprint import attached_fingerprint
+                from pytest_kimiperf.measure.host_facts import probe_attached_server
 
                 fp = attached_fingerprint(
                     fp, probe_attached_server(self.settings.server_url, self.settings.api_key),
@@ -191,3 +191,17 @@ class PerfSession:
                 self._previous_handlers[signum] = signal.signal(signum, on_signal)
         except ValueError:  # not the main thread
             pass
+
+
+def session_fingerprint(deployment: Deployment) -> Fingerprint:
+    """Fingerprint of this host, its software and ``deployment`` (hardware probed once; on a
+    deployment that spans nodes, every node's through its agent)."""
+    from pytest_kimiperf.judge.fingerprint import collect_nodes_fingerprint, deployment_facts, host_fingerprint
+    from pytest_kimiperf.measure.host_facts import agent_facts, probe_host_facts
+    from pytest_kimiperf.server.tiny_model import TinyModelSpec
+
+    here = probe_host_facts()
+    facts = deployment_facts(deployment, built_revision=f"built-{TinyModelSpec().cache_key()}")
+    if deployment.nodes:
+        return collect_nodes_fingerprint(deployment.nodes, facts, local=here, remote_facts=agent_facts)
+    return host_fingerprint(here, facts)

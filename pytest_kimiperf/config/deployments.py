@@ -26,6 +26,28 @@ TINY_MODEL = "kimiperf:tiny-llama"
 
 PLACEHOLDERS = ("python", "model", "served_model_name", "host", "port", "tp")
 
+# The levels a figure varies at, innermost first: a boot within a session on a host
+# (judge/levels.py). Each has a declared spread until the history measures it.
+LEVELS: tuple[str, ...] = ("boot", "session", "host")
+
+
+@dataclass(frozen=True)
+class Spreads:
+    """The declared SD of each level's effect on a figure (fractions, 0.01 = 1%), carried whole
+    from the deployment to the comparison."""
+
+    boot: float
+    session: float = 0.0
+    host: float = 0.0
+
+    def by_level(self) -> tuple[tuple[str, float], ...]:
+        """(level, spread) in LEVELS order."""
+        return tuple((level, float(getattr(self, level))) for level in LEVELS)
+
+    def above_boot(self) -> tuple[tuple[str, float], ...]:
+        """The levels a comparison across sessions or hosts adds, in LEVELS order."""
+        return self.by_level()[1:]
+
 
 @dataclass(frozen=True)
 class Deployment:
@@ -102,6 +124,11 @@ class Deployment:
         }
         argv = [part.format(**values) for part in self.command]
         return [resolve_executable(argv[0]), *argv[1:]] if argv else argv
+
+    @property
+    def spreads(self) -> Spreads:
+        """The declared spreads, one value: boot_spread, session_spread, host_spread."""
+        return Spreads(self.boot_spread, self.session_spread, self.host_spread)
 
     def decode_floor_and_target(self, canary: Mapping[str, float] | None) -> tuple[float, float]:
         """The decode floor and target on a host whose canary read ``canary`` (the absolute ones

@@ -10,6 +10,9 @@ from collections.abc import Iterable, Sequence
 
 from pytest_kimiperf.errors import ConfigError
 
+# What a fact reads when nothing could read it (a fingerprint's, a server's).
+UNKNOWN = "unknown"
+
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 

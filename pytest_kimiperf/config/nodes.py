@@ -32,6 +32,10 @@ from typing import Any
 from pytest_kimiperf.config.names import check_placeholders, check_safe_name
 from pytest_kimiperf.errors import ConfigError
 
+# One machine's fingerprint facts, (hard, soft): measure/host_facts.py reads them, a node agent
+# sends them, judge/fingerprint.py composes them.
+NodeFacts = tuple[Mapping[str, str], Mapping[str, str]]
+
 LAUNCH_PLACEHOLDERS = ("host", "name", "command")
 # What vLLM's multi-node flags are called; the plugin sets them per node, a command may not.
 NODE_FLAGS = ("--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port", "--headless")

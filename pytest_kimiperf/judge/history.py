@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
+from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.baseline_schema import BaselineEntry
 from pytest_kimiperf.judge.boot_summary import BootSummary
@@ -20,16 +20,6 @@ from pytest_kimiperf.judge.levels import canary_shift, level_terms
 from pytest_kimiperf.judge.modes import align_modes, find_modes
 from pytest_kimiperf.judge.results import BaselineLine, BaselineState, MetricResult
 from pytest_kimiperf.judge.stats import Comparison, compare_boots
-
-
-@dataclass(frozen=True)
-class Spreads:
-    """The deployment's declared spreads at each level (fractions): the boot's, the session's
-    and the host's (judge/levels.py), used until the history measures them."""
-
-    boot: float
-    session: float = 0.0
-    host: float = 0.0
 
 
 def compare_with_history(
@@ -48,8 +38,7 @@ def compare_with_history(
     comparison = compare_boots(
         current, history, direction=direction, tolerance=tolerance, prior_spread=spreads.boot,
         metric=metric, unit=unit, comparable=comparable,
-        levels=level_terms(current, history, boot_spread=spreads.boot, session_spread=spreads.session,
-                           host_spread=spreads.host),
+        levels=level_terms(current, history, spreads=spreads),
     )
     if note:
         comparison = dataclasses.replace(comparison, note="; ".join(n for n in (comparison.note, note) if n))

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from scipy import stats as scipy_stats
 
+from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.stats import LevelTerm, estimate_spread
 from pytest_kimiperf.numbers import fmt_spread
@@ -303,7 +304,7 @@ def replace_source(level: Level, source: str) -> Level:
 
 
 def level_terms(current: Sequence[BootSummary], reference: Sequence[BootSummary], *,
-                boot_spread: float, session_spread: float, host_spread: float) -> list[LevelTerm]:
+                spreads: Spreads) -> list[LevelTerm]:
     """The levels above the boot that ``current`` and ``reference`` do not share, as the
     variance each adds to the difference of their mean log-figures (stats.compare_boots)."""
     cur = [b for b in current if b.usable]
@@ -311,8 +312,8 @@ def level_terms(current: Sequence[BootSummary], reference: Sequence[BootSummary]
     if not cur or not ref:
         return []
     terms = []
-    boot_var = estimate_spread(cur, ref, prior_sd_log=math.log1p(boot_spread)).sd_log ** 2
-    for name, declared in (("session", session_spread), ("host", host_spread)):
+    boot_var = estimate_spread(cur, ref, prior_sd_log=math.log1p(spreads.boot)).sd_log ** 2
+    for name, declared in spreads.above_boot():
         weight = _weights_sq(cur, ref, name)
         if weight <= 1e-12:
             continue

@@ -35,6 +35,7 @@ from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.in_session import InSessionRules
 from pytest_kimiperf.judge.baselines import baseline_entries
 from pytest_kimiperf.judge.results import TestResult
+from pytest_kimiperf.measure.host_facts import current_git_commit
 from pytest_kimiperf.reports.json_report import build_json_report, write_json_report
 from pytest_kimiperf.reports.markdown import render_markdown, write_markdown
 from pytest_kimiperf.reports.model import (
@@ -286,7 +287,7 @@ class SessionReporter:
 
     def _update_baselines(self) -> BaselineUpdate:
         settings = self.settings
-        entries, not_recorded = baseline_entries(self.results, git_commit=baselines.current_git_commit(self.rootpath))
+        entries, not_recorded = baseline_entries(self.results, git_commit=current_git_commit(self.rootpath))
         fp = self.run.known_fingerprint()
         if fp is None:
             # No perf test ran anywhere, so there is nothing to record and no hardware to name.

@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     "roofline": 5,
     "reports": 6,
     "session": 7, "recorder": 7, "xdist_scheduling": 7, "fixtures": 7, "plugin": 7, "node_agent": 7,
+    "merge_driver": 7,
 }
 PYTEST_GLUE = {"plugin", "fixtures", "hookspec", "warning_types", "xdist_scheduling"}
 MAX_LINES = 470
@@ -82,3 +83,92 @@ def test_the_layer_rule_catches_an_upward_import(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", tmp_path / "pytest_kimiperf")
     with pytest.raises(AssertionError, match="pytest_kimiperf.reports"):
         test_a_module_imports_only_its_own_layer_or_lower_ones(fake / "bad.py")
+
+
+# What starts a process or opens a connection: the probes' business (measure/host_facts.py,
+# server/), never the judge's, which decides from the facts it is handed.
+PROBING = {"subprocess", "socket", "ssl", "http", "urllib", "httpx", "httpcore", "multiprocessing", "asyncio",
+           "psutil", "pynvml", "concurrent"}
+
+
+def _module_path(module: str) -> Path | None:
+    parts = module.split(".")[1:]
+    for candidate in (PACKAGE.joinpath(*parts).with_suffix(".py"), PACKAGE.joinpath(*parts, "__init__.py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported_names(path: Path) -> list[str]:
+    # As _imports, and ``from package import module`` names the module too.
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+    return names
+
+
+def _reaches(path: Path) -> dict[str, str]:
+    """Every outside module ``path`` imports, itself or through the package's modules it imports
+    (lazy ones too): {module: the package module that imports it}."""
+    seen: set[Path] = set()
+    found: dict[str, str] = {}
+    todo = [path]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for module in _imported_names(current):
+            if module.startswith("pytest_kimiperf"):
+                target = _module_path(module)
+                if target is not None:
+                    todo.append(target)
+            else:
+                found.setdefault(module.split(".")[0], str(current.relative_to(PACKAGE)))
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "judge").glob("*.py")), ids=lambda p: p.name)
+def test_the_judge_reaches_nothing_that_starts_a_process_or_opens_a_socket(path: Path) -> None:
+    probing = {module: via for module, via in _reaches(path).items() if module in PROBING}
+    assert not probing, f"{path.name} reaches {probing} (module: imported by)"
+
+
+def test_the_probe_rule_sees_an_import_through_another_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "pytest_kimiperf"
+    (fake / "judge").mkdir(parents=True)
+    (fake / "config").mkdir()
+    (fake / "judge" / "bad.py").write_text("from pytest_kimiperf.config import helper\n")
+    (fake / "config" / "helper.py").write_text("def f():\n    import subprocess\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", fake)
+    with pytest.raises(AssertionError, match="subprocess"):
+        test_the_judge_reaches_nothing_that_starts_a_process_or_opens_a_socket(fake / "judge" / "bad.py")
+
+
+def _package_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (lazy and TYPE_CHECKING ones too)."""
+    graph: dict[str, set[str]] = {}
+    for path in _modules():
+        name = "pytest_kimiperf." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        targets = {m for m in _imported_names(path) if m.startswith("pytest_kimiperf.") and _module_path(m)}
+        graph[name.removesuffix(".__init__")] = {m for m in targets if m != name}
+    return graph
+
+
+def test_no_two_modules_import_each_other_even_through_others() -> None:
+    graph = _package_graph()
+    circles = []
+    for start in sorted(graph):
+        todo, seen = list(graph[start]), set()
+        while todo:
+            current = todo.pop()
+            if current == start:
+                circles.append(start)
+                break
+            if current not in seen:
+                seen.add(current)
+                todo.extend(graph.get(current, ()))
+    assert not circles, f"modules on an import circle: {circles}"

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.baseline_merge import (
-    BaselineConflict, main, merge_baseline_texts, merge_baselines,
-)
+from pytest_kimiperf.judge.baseline_merge import BaselineConflict, merge_baseline_texts, merge_baselines
+from pytest_kimiperf.merge_driver import main
 from pytest_kimiperf.judge.baseline_schema import BaselineEntry, BaselineFile, dumps_baseline, parse_baseline
 from pytest_kimiperf.judge.baselines import (
     HISTORY_BOOTS, append_history, baseline_path, load_baseline, make_entry, update_baseline,
@@ -156,6 +155,15 @@ def test_driver_writes_the_merge_into_ours(tmp_path: Path) -> None:
         file.write_text(dumps_baseline(_file(side)))
     assert main([*map(str, files), str(PATH)]) == 0
     assert _history(parse_baseline(PATH, files[1].read_text()).entries[DECODE]) == ["s0", "s1", "s2"]
+
+
+def test_the_drivers_old_command_leaves_the_merge_conflicted_and_says_what_to_run(tmp_path: Path) -> None:
+    # A clone configured before the driver moved to pytest_kimiperf.merge_driver: git must not
+    # take "ours" as merged (exit 0 with %A untouched would drop the other runner's boots).
+    done = subprocess.run([sys.executable, "-m", "pytest_kimiperf.judge.baseline_merge", "a", "b", "c", "d"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 1
+    assert "python -m pytest_kimiperf.merge_driver" in done.stderr and "make merge-driver" in done.stderr
 
 
 def test_driver_refusing_leaves_conflict_markers_and_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

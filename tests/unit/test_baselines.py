@@ -16,13 +16,13 @@ from pytest_kimiperf.judge.baseline_schema import SCHEMA_VERSION, BaselineEntry,
 from pytest_kimiperf.judge.baselines import (
     HISTORY_BOOTS,
     baseline_path,
-    current_git_commit,
     load_baseline,
     make_entry,
     update_baseline,
 )
 from pytest_kimiperf.errors import BaselineError, ConfigError
 from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.measure.host_facts import current_git_commit
 from pytest_kimiperf.config.metric_specs import Direction
 from tests import helpers
 

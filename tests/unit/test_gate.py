@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge import baselines
 from pytest_kimiperf.judge.baselines import BaselineView
@@ -18,7 +19,7 @@ from pytest_kimiperf.judge.stats import VerdictKind
 FP = Fingerprint(hard={"gpu.count": "0", "cpu.model": "test", "cpu.cores": "2"}, soft={})
 TEST = "t.py::test"
 RULES = Rules(tolerances={"decode_tok_s": 0.05}, decode_floor_tok_s=40.0, decode_target_tok_s=45.0,
-              boot_spread=0.01, boots=1, max_boots=3)
+              spreads=Spreads(0.01), boots=1, max_boots=3)
 
 
 def _shell(boot: int = 1) -> TestResult:

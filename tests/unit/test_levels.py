@@ -10,7 +10,8 @@ import pytest
 
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boot_summary import BootSummary
-from pytest_kimiperf.judge.history import Spreads, compare_with_history
+from pytest_kimiperf.config.deployments import Spreads
+from pytest_kimiperf.judge.history import compare_with_history
 from pytest_kimiperf.judge.levels import (
     ENOUGH_UNITS, BootOrigin, canary_shift, history_level, level_terms, load_corpus, nested_levels,
 )
@@ -47,7 +48,7 @@ def test_one_session_measures_no_session_level() -> None:
 def test_a_history_of_one_session_adds_the_declared_session_spread_twice() -> None:
     current = [boot(100, "now"), boot(101, "now")]
     history = [boot(100 + i % 3, "then") for i in range(10)]
-    terms = level_terms(current, history, boot_spread=0.01, session_spread=0.02, host_spread=0.05)
+    terms = level_terms(current, history, spreads=Spreads(0.01, 0.02, 0.05))
     assert [t.name for t in terms] == ["session"]  # one host on both sides
     assert terms[0].var_log == pytest.approx(2 * math.log1p(0.02) ** 2)
     assert terms[0].text == "session spread 2% (declared 2%)"
@@ -56,13 +57,13 @@ def test_a_history_of_one_session_adds_the_declared_session_spread_twice() -> No
 def test_two_profiles_interleaved_in_one_session_share_it_and_add_nothing() -> None:
     a = [boot(100, "run"), boot(99, "run")]
     b = [boot(98, "run"), boot(101, "run")]
-    assert level_terms(a, b, boot_spread=0.01, session_spread=0.02, host_spread=0.05) == []
+    assert level_terms(a, b, spreads=Spreads(0.01, 0.02, 0.05)) == []
 
 
 def test_another_host_adds_the_host_level() -> None:
     current = [boot(100, "now", host="new")]
     history = [boot(100, f"s{i}", host="old") for i in range(3)]
-    names = [t.name for t in level_terms(current, history, boot_spread=0.01, session_spread=0.01, host_spread=0.03)]
+    names = [t.name for t in level_terms(current, history, spreads=Spreads(0.01, 0.01, 0.03))]
     assert names == ["session", "host"]
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boot_summary import BootSummary
-from pytest_kimiperf.judge.history import Spreads, compare_with_history
+from pytest_kimiperf.config.deployments import Spreads
+from pytest_kimiperf.judge.history import compare_with_history
 from pytest_kimiperf.judge.modes import MIN_HISTORY_BOOTS, align_modes, find_modes
 from pytest_kimiperf.judge.stats import VerdictKind
 

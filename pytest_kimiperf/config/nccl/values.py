@@ -19,13 +19,23 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pytest_kimiperf.config.names import did_you_mean
 from pytest_kimiperf.errors import ConfigError
 
-if TYPE_CHECKING:
-    from pytest_kimiperf.config.nccl.profiles import NcclProfile
+
+class NamedEnv(Protocol):
+    """What a profile check reads of a profile (profiles.NcclProfile is one; no import of it,
+    so profiles.py may import this module)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
+
 
 __all__ = [
     "KNOWN_NCCL_VARIABLES",
@@ -353,7 +363,7 @@ def _check_value(var: str, value: str) -> None:
         _check_range(value, 1, 32, "an integer")  # CUDA docs: 1 to 32, default 8
 
 
-def validate_profile(profile: NcclProfile, *, pcie_only: bool | None) -> list[str]:
+def validate_profile(profile: NamedEnv, *, pcie_only: bool | None) -> list[str]:
     """Check a profile's values against NCCL's documented rules; return warnings, raise on errors.
 
     ``pcie_only`` is True when the GPUs talk over PCIe only (no NVLink), False when NVLink is
