@@ -134,10 +134,10 @@ def _measure_boot(settings, log_dir: Path, boot: int, variant: str) -> dict[str,
                 fail=lambda message: (_ for _ in ()).throw(RuntimeError(message)), boot=boot, ledger=BootLedger(),
             )
             run = recorder.measure(scenario)
-            why = run.invalid_reason if not run.valid else recorder.host_busy
+            why = run.invalid_reason if not run.valid else recorder.watched.busy
             if why:
                 invalid.append(f"{test}: {why}")
-            foreign.extend(r.foreign_cpu_share for r in recorder.host_readings)
+            foreign.extend(r.foreign_cpu_share for r in recorder.watched.readings)
             for name in names:
                 spec = metric_spec(name)
                 samples = [float(x) for x in run.samples(name)]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
@@ -23,6 +22,8 @@ from typing import Any, NoReturn
 from pytest_kimiperf.reports import benchmark_bridge
 from pytest_kimiperf.errors import BaselineError, ConfigError, KimiperfError
 from pytest_kimiperf.measure.results import check_goodput_slo
+from pytest_kimiperf.measure.server_view import run_cross_checks
+from pytest_kimiperf.measure.watched import WatchedRun, measure_watched
 from pytest_kimiperf.judge.baselines import BaselineView
 from pytest_kimiperf.judge.gate import FLOOR_METRIC, BootRun, Rules, judge
 from pytest_kimiperf.judge.results import TestResult
@@ -46,11 +47,6 @@ def _checked_slo(slo: Mapping[str, Any]) -> dict[str, float]:
             raise ConfigError(f"slo {name} = {limit!r}: must be a number > 0")
         checked[name] = float(limit)
     return checked
-
-
-# A measurement the host watch finds disturbed is measured again this many times before the
-# run is INVALID: one burst of a cron job should cost a repeat, a busy host a verdict.
-HOST_RETRIES = 2
 
 
 class PerfRecorder:
@@ -82,10 +78,7 @@ class PerfRecorder:
         self.boot = boot
         self.ledger = ledger if ledger is not None else BootLedger()
         self.origin = origin  # session, host and canary of the boots this records (judge/levels.py)
-        self.host_readings: list[Any] = []  # hostwatch.HostReading of every measured attempt
-        self.node_readings: list[Any] = []  # the last attempt's, one per node behind a launch template
-        self.nodes_here: list[str] = []  # nodes behind a template that are this machine (node_watch.py)
-        self.host_busy: str | None = None
+        self.watched: WatchedRun | None = None  # the last measure's host watch
         self.settings = settings
         self.profile_env = dict(profile_env)
         self.profile_args = list(profile_args)
@@ -141,9 +134,11 @@ class PerfRecorder:
             return run_scenario(target, seeded)
 
         benchmark = self._take_benchmark()
+        first = (lambda: benchmark_bridge.run_timed(benchmark, play)) if benchmark is not None else None
         start = time.monotonic_ns()
         try:
-            run = self._watched(play, benchmark)
+            self.watched = measure_watched(play, self.server, self.settings.deployment, first=first)
+            run = self.watched.run
         except KimiperfError:
             # A server that died mid-run fails the request first ("cannot reach ..."); its own
             # death, with the log tail (or the node that took it down), is the message to give.
@@ -156,79 +151,6 @@ class PerfRecorder:
                 run, profile=self.server.profile, deployment=self.settings.deployment.name))
         self._ensure_alive()
         return run
-
-    def _watched(self, play: Callable[..., Any], benchmark: Any | None) -> Any:
-        """Play the scenario under the host watch; a disturbed measurement is measured again
-        (at most HOST_RETRIES times), and one still disturbed makes the run INVALID."""
-        from pytest_kimiperf.config.measure_bounds import HostBounds
-        from pytest_kimiperf.measure.hostwatch import HostWatch
-        from pytest_kimiperf.measure.node_watch import NodeWatch
-
-        self.host_busy = None
-        if self.server.external:
-            # The attached server's processes are unknown here: on this host they would count
-            # as foreign; on another host this host says nothing about the server's.
-            return play() if benchmark is None else benchmark_bridge.run_timed(benchmark, play)
-        bounds = HostBounds.from_mapping(self.settings.deployment.host_bounds,
-                                         source=f"deployment {self.settings.deployment.name} host_bounds")
-        for attempt in range(1 + HOST_RETRIES):
-            # The nodes this machine reaches through a launch template (a multi-node deployment).
-            nodes = NodeWatch(self.server.remote_nodes) if self.server.remote_nodes else None
-            if nodes is not None:
-                nodes.start()
-            here = nodes.here_pids if nodes is not None else set()
-            watch = HostWatch(own_pids=lambda: [*self._own_pids(), *here], **self._gpu_watch())
-            watch.start()
-            if attempt == 0 and benchmark is not None:
-                run = benchmark_bridge.run_timed(benchmark, play)
-            else:
-                run = play(attempt)
-            reading = watch.stop()
-            self.host_readings.append(reading)
-            self.node_readings = nodes.stop() if nodes is not None else []
-            self.nodes_here = nodes.here if nodes is not None else []
-            disturbed = [r for r in (reading, *self.node_readings) if r.disturbances(bounds)]
-            if not disturbed:
-                return run
-        self.host_busy = ("; ".join(r.describe_busy(bounds) for r in disturbed) + f"; measured {1 + HOST_RETRIES} "
-                          "times, disturbed every time: no verdict from a busy host")
-        return run
-
-    def _own_pids(self) -> list[int]:
-        """The server's process tree and this client with its worker processes."""
-        import psutil
-
-        pids = []
-        if os.environ.get("PYTEST_XDIST_WORKER"):
-            # The xdist controller only relays reports; other workers' tests are foreign load.
-            pids.append(os.getppid())
-        # A deployment that spans nodes: its worker nodes on this machine are the server too.
-        for root in (self.server.pid, *self.server.node_pids, os.getpid()):
-            if root is None:
-                continue
-            try:
-                proc = psutil.Process(root)
-                pids.append(proc.pid)
-                pids.extend(child.pid for child in proc.children(recursive=True))
-            except psutil.Error:
-                continue
-        return pids
-
-    def _gpu_watch(self) -> dict[str, Any]:
-        """NVML and the deployment's GPU indices, where the deployment runs on GPUs."""
-        dep = self.settings.deployment
-        if not dep.needs_gpus:
-            return {}
-        try:
-            import pynvml
-        except ImportError:
-            return {}
-        from pytest_kimiperf.server.gpu import visible_nvml_indices
-
-        # The server's GPUs: CUDA_VISIBLE_DEVICES as the server gets it (manager.py: the shell's,
-        # then the deployment's env), which NVML's indices do not follow.
-        visible = {**os.environ, **dep.env}.get("CUDA_VISIBLE_DEVICES")
-        return {"nvml": pynvml, "gpu_indices": visible_nvml_indices(visible, dep.gpu_count)}
 
     def _take_benchmark(self) -> Any | None:
         """pytest-benchmark's fixture for this measure, once per test (it times one call)."""
@@ -284,6 +206,7 @@ class PerfRecorder:
     def _judge(self, run: Any, metrics: Sequence[str], *, floor: bool, slo: Mapping[str, float] | None = None,
                goodput: Mapping[str, float] | None = None) -> TestResult:
         """Hand ``run`` to the gate as plain data and keep the test's boot record up to date."""
+        watched = self.watched if self.watched is not None and self.watched.run is run else WatchedRun(run)
         result = TestResult(
             test=self.test,
             nodeid=self.nodeid,
@@ -297,48 +220,24 @@ class PerfRecorder:
             profile_args=self.profile_args,
             itl_timeline_ms=run.itl_timeline_ms(),
             boot=self.boot,
-            host=self.host_readings[-1].to_json() if self.host_readings else None,
+            host=watched.readings[-1].to_json() if watched.readings else None,
             origin=self.origin,
         )
-        if self.host_readings:
-            r = self.host_readings[-1]
-            psi = ", ".join(f"PSI {k.replace('_', ' ')} {v * 100:.0f}%" for k, v in sorted(r.psi.items()))
-            cpu = ("; ".join(r.blind) if r.blind else
-                   f"foreign CPU {r.foreign_cpu_share * 100:.0f}% of the host, steal {r.steal_share * 100:.0f}%")
-            result.messages.append(
-                f"host watch ({len(self.host_readings)} attempt(s)): {cpu}" + (f", {psi}" if psi else "")
-                + "".join(f"; node {n.node}: foreign CPU {n.foreign_cpu_share * 100:.0f}%" for n in self.node_readings)
-                + "".join(f"; node {name}: this machine, read above" for name in self.nodes_here)
-                + "".join(f"; {line}" for line in r.own_throttling()))
-        invalid = self.host_busy if self.host_busy is not None else (None if run.valid else run.invalid_reason)
-        cross_checks: list[str] = []
-        if invalid is None:
-            from pytest_kimiperf.measure.workload import reused_prompt_requests
-            from pytest_kimiperf.measure.server_view import unexpected_prefix_hits
-
-            prefix_hits = unexpected_prefix_hits(
-                run.server_metrics,
-                endpoint=run.load.get("endpoint", "completions"),
-                reused_requests=reused_prompt_requests(run.records))
-            if prefix_hits:
-                cross_checks.append(prefix_hits)
+        if (line := watched.describe()) is not None:
+            result.messages.append(line)
+        invalid = watched.busy if watched.busy is not None else (None if run.valid else run.invalid_reason)
         named = [*metrics, *(slo or {}), *([FLOOR_METRIC] if floor else [])]
         judged = [*named, *(["request_goodput"] if goodput is not None else [])]
         measured = BootRun(
             samples={name: run.samples(name) for name in dict.fromkeys(named)},
             requests=len(run.records), failed_requests=run.invalid_count, failed_reasons=run.invalid_reasons,
-            invalid=invalid, cross_check_warnings=cross_checks,
+            invalid=invalid, cross_check_warnings=run_cross_checks(run) if invalid is None else [],
             goodput_samples=[rnd.request_goodput(goodput) for rnd in run.rounds] if goodput is not None else [],
         )
-        dep = self.settings.deployment
-        floor_tok_s, target_tok_s = dep.decode_floor_and_target(self.origin.canary if self.origin else None)
-        rules = Rules(
-            tolerances={name: self.tolerance(name) for name in judged},
-            decode_floor_tok_s=floor_tok_s, decode_target_tok_s=target_tok_s,
-            spreads=dep.spreads,
-            boots=self.settings.boots, max_boots=self.settings.max_boots,
-            strict=self.settings.perf_strict,
-        )
+        rules = Rules.for_deployment(
+            self.settings.deployment, tolerances={name: self.tolerance(name) for name in judged},
+            canary=self.origin.canary if self.origin else None,
+            boots=self.settings.boots, max_boots=self.settings.max_boots, strict=self.settings.perf_strict)
         record = self.ledger.of(self.test, self.server.profile) if invalid is None else None
         judgement = judge(result, metrics, measured, rules, view=self.view,
                           earlier=record if record is not None else TestBoots(),

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.baselines import BaselineView
-from pytest_kimiperf.config.deployments import Spreads
+from pytest_kimiperf.config.deployments import Deployment, Spreads
 from pytest_kimiperf.judge.history import against_history
 from pytest_kimiperf.judge.boots import TestBoots
 from pytest_kimiperf.judge.planning import plan_line, wants_another_boot
@@ -170,6 +170,15 @@ class Rules:
     boots: int = 1
     max_boots: int = 1
     strict: bool = False
+
+    @classmethod
+    def for_deployment(cls, deployment: Deployment, *, tolerances: Mapping[str, float],
+                       canary: Mapping[str, float] | None, boots: int, max_boots: int, strict: bool) -> Rules:
+        """The deployment's floor and target (scaled to this host's ``canary`` where it declares
+        them per canary Mops) and its declared spreads, with the run's boots and strictness."""
+        floor, target = deployment.decode_floor_and_target(canary)
+        return cls(tolerances=dict(tolerances), decode_floor_tok_s=floor, decode_target_tok_s=target,
+                   spreads=deployment.spreads, boots=boots, max_boots=max_boots, strict=strict)
 
 
 @dataclass

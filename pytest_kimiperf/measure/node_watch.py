@@ -2,7 +2,7 @@
 template: the node agent's snapshot (``python -m pytest_kimiperf.node_agent snapshot``) at the
 window's two ends, compared by the same arithmetic as this machine's (hostwatch.compare_snapshots).
 
-A node running here is this machine: its processes are the server's (recorder._own_pids), and
+A node running here is this machine: its processes are the server's (watched.own_pids), and
 the local HostWatch reads it. A node elsewhere counts as ours every process that carries its
 launch's marker; everything else on it is foreign. The agent runs through ssh or srun, so each
 end costs a round trip (tens of ms on a LAN) outside the measured requests; its own process is

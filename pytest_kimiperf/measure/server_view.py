@@ -33,7 +33,10 @@ import contextlib
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_kimiperf.measure.results import RunResult
 
 import httpx
 
@@ -314,3 +317,13 @@ def unexpected_prefix_hits(
         "prompts are unique: another request's prefill was reused (a prompt sent twice, or other "
         "traffic on the server), so TTFT and throughput do not measure a cold prefill"
     )
+
+
+def run_cross_checks(run: RunResult) -> list[str]:
+    """The server's view against what the client sent: a warning line per surprise (an
+    unexpected prefix-cache hit), for the gate to show beside the verdict."""
+    from pytest_kimiperf.measure.workload import reused_prompt_requests
+
+    hits = unexpected_prefix_hits(run.server_metrics, endpoint=run.load.get("endpoint", "completions"),
+                                  reused_requests=reused_prompt_requests(run.records))
+    return [hits] if hits else []

@@ -21,6 +21,7 @@ from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.baselines import BaselineView, baseline_entries
 from pytest_kimiperf.judge.boots import strip_slot as strip_profile
 from pytest_kimiperf.judge.results import ResultWarning, WarningKind
+from pytest_kimiperf.measure.watched import gpu_watch
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.measure.records import RequestRecord
 from pytest_kimiperf.measure.results import RoundResult, RunResult
@@ -337,6 +338,6 @@ def test_the_host_watch_reads_the_gpus_cuda_visible_devices_gives_the_server(
     pytest.importorskip("pynvml")
     gpu_deployment = dataclasses.replace(NOISY, gpu_count=2, tensor_parallel_size=2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7")
-    assert _recorder(tmp_path, [], [], deployment=gpu_deployment)._gpu_watch()["gpu_indices"] == (6, 7)
+    assert gpu_watch(gpu_deployment)["gpu_indices"] == (6, 7)
     pinned = dataclasses.replace(gpu_deployment, env=MappingProxyType({"CUDA_VISIBLE_DEVICES": "2,3"}))
-    assert _recorder(tmp_path, [], [], deployment=pinned)._gpu_watch()["gpu_indices"] == (2, 3)
+    assert gpu_watch(pinned)["gpu_indices"] == (2, 3)
