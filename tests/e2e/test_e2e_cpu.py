@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -41,6 +42,30 @@ def _vllm_processes() -> list[psutil.Process]:
         if (proc.info["name"] or "").startswith("VLLM::") or "vllm.entrypoints" in " ".join(proc.info["cmdline"] or []):
             found.append(proc)
     return found
+
+
+def ready_servers(state_dir: Path, known: dict[int, str]) -> dict[int, str]:
+    """{pgid: profile} of the plugin's servers in ``state_dir`` that answer /health: a load the
+    test puts on a server starts after its boot, or it would slow the boot (four boots of
+    tiny-cpu throttled to a quarter took 4 minutes more), not the measurement. ``known``: the
+    ones found ready before (a ready server stays so)."""
+    ready = dict(known)
+    for path in state_dir.glob("*.json"):
+        try:
+            record = json.loads(path.read_text())
+            pgid, profile, argv = int(record["pgid"]), str(record["profile"]), list(record["cmdline"])
+            port = int(argv[argv.index("--port") + 1])
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            continue
+        if pgid in ready:
+            continue
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as answer:
+                if answer.status == 200:
+                    ready[pgid] = profile
+        except OSError:
+            continue
+    return ready
 
 
 @pytest.fixture
@@ -147,13 +172,15 @@ class ServerThrottle:
     four per core 11%): the scheduler favours the server's processes, which mostly wait. A
     SIGSTOP/SIGCONT duty cycle takes three quarters of its time away whatever it does, like a
     CPU quota.
-    The server is found from the plugin's own launch records in the test's state directory.
+    The server is found from the plugin's own launch records in the test's state directory, and
+    throttled once it is ready (ready_servers).
     """
 
     def __init__(self, state_dir: Path, stopped_s: float = 0.045, running_s: float = 0.015) -> None:
         self._state_dir = state_dir
         self._stopped_s, self._running_s = stopped_s, running_s
         self._done = threading.Event()
+        self._ready: dict[int, str] = {}
         self.cycles = 0
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -166,13 +193,20 @@ class ServerThrottle:
         self._thread.join()
 
     def _pgids(self) -> list[int]:
-        pgids = []
+        # Only the launches still recorded: a stopped boot's record is gone, its pgid with it.
+        live = self._live()
+        self._ready = {pgid: profile for pgid, profile in ready_servers(self._state_dir, self._ready).items()
+                       if pgid in live}
+        return list(self._ready)
+
+    def _live(self) -> set[int]:
+        live = set()
         for path in self._state_dir.glob("*.json"):
             try:
-                pgids.append(int(json.loads(path.read_text())["pgid"]))
-            except (OSError, ValueError, KeyError):
+                live.add(int(json.loads(path.read_text())["pgid"]))
+            except (OSError, ValueError, KeyError, TypeError):
                 continue
-        return pgids
+        return live
 
     def _signal(self, pgids: list[int], signum: int) -> None:
         for pgid in pgids:
@@ -271,8 +305,8 @@ def test_single_stream_decode(perf):
 
 
 class BusyDuringSecondProfile:
-    """CPU-bound processes (two per core) that start when the second profile's server is
-    launched (its launch record appears in the state directory) and stop on exit."""
+    """CPU-bound processes (two per core) that start when the second profile's server is ready
+    and stop on exit."""
 
     def __init__(self, state_dir: Path) -> None:
         self._state_dir = state_dir
@@ -292,14 +326,10 @@ class BusyDuringSecondProfile:
             proc.wait()
 
     def _run(self) -> None:
+        ready: dict[int, str] = {}
         while not self._done.is_set():
-            profiles = set()
-            for path in self._state_dir.glob("*.json"):
-                try:
-                    profiles.add(json.loads(path.read_text())["profile"])
-                except (OSError, ValueError, KeyError):
-                    continue
-            if "ring-ll" in profiles:
+            ready = ready_servers(self._state_dir, ready)
+            if "ring-ll" in ready.values():
                 # Two per core: the scheduler favours the server's mostly-waiting processes, so
                 # one per core used only ~10% of the host each (measured), two per core more.
                 self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
