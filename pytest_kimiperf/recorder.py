@@ -27,7 +27,7 @@ from pytest_kimiperf.measure.watched import WatchedRun, measure_watched
 from pytest_kimiperf.judge.baselines import BaselineView
 from pytest_kimiperf.judge.gate import FLOOR_METRIC, BootRun, Rules, judge
 from pytest_kimiperf.judge.results import TestResult
-from pytest_kimiperf.config.metric_specs import metric_spec
+from pytest_kimiperf.config.metric_specs import SampleKind, metric_spec
 from pytest_kimiperf.judge.boots import BootLedger, TestBoots
 from pytest_kimiperf.judge.levels import BootOrigin
 from pytest_kimiperf.server.process import ServerHandle
@@ -229,7 +229,8 @@ class PerfRecorder:
         named = [*metrics, *(slo or {}), *([FLOOR_METRIC] if floor else [])]
         judged = [*named, *(["request_goodput"] if goodput is not None else [])]
         measured = BootRun(
-            samples={name: run.samples(name) for name in dict.fromkeys(named)},
+            samples={name: self._boot_samples(name) if metric_spec(name).sample is SampleKind.BOOT else run.samples(name)
+                     for name in dict.fromkeys(named)},
             requests=len(run.records), failed_requests=run.invalid_count, failed_reasons=run.invalid_reasons,
             invalid=invalid, cross_check_warnings=run_cross_checks(run) if invalid is None else [],
             goodput_samples=[rnd.request_goodput(goodput) for rnd in run.rounds] if goodput is not None else [],
@@ -247,6 +248,17 @@ class PerfRecorder:
                 record.add(self.boot, judgement.recorded)
             record.wants_boot = judgement.wants_boot
         return judgement.result
+
+    def _boot_samples(self, metric: str) -> list[float]:
+        """A boot metric's one sample: this boot's seconds to ready, or in one phase of it. None
+        for the session's first boot of the deployment: it fills the page and compile caches
+        for the boots that follow, so its time is another quantity (metric_specs.py)."""
+        account = self.server.boot_account
+        if account is None or account.first_of_deployment:
+            return []
+        phase = metric_spec(metric).boot_phase
+        seconds = account.total_s if phase is None else account.phase_s(phase)
+        return [] if seconds is None else [float(seconds)]
 
     def _finish(self, result: TestResult) -> TestResult:
         self._publish(result)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import psutil
 
+from pytest_kimiperf.config.metric_specs import SampleKind, metrics_of
+
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 DATA = TESTS / "data"
@@ -23,8 +25,7 @@ STUB_SERVER = FAKES / "stub_vllm.py"
 STUB_PRELOAD = FAKES / "stub_preload.py"
 PACED_SERVER = FAKES / "paced_server.py"
 TLS_GATEWAY = FAKES / "tls_gateway.py"
-STUB_TOLERANCE_METRICS = ("decode_tok_s", "itl_ms", "tpot_ms", "ttft_ms", "e2el_ms", "output_throughput",
-                          "request_throughput")
+STUB_TOLERANCE_METRICS = (*metrics_of(SampleKind.REQUEST), *metrics_of(SampleKind.ROUND))
 
 
 def nvml_loads() -> bool:

@@ -1,4 +1,5 @@
-"""What each measured metric is: unit, which direction is better, default tolerance.
+"""What each measured metric is: unit, which direction is better, default tolerance, and what one
+sample of it is (:class:`SampleKind`): the one table a new metric is declared in.
 
 Field names follow vLLM's ``bench serve`` result JSON where the metric is the same
 (``median_ttft_ms``, ``output_throughput``, ...), so dashboards that read it read ours.
@@ -19,9 +20,19 @@ class Direction(str, Enum):
     LOWER_IS_BETTER = "lower_is_better"
 
 
+class SampleKind(str, Enum):
+    """What one sample of a metric is, and so where its samples come from."""
+
+    REQUEST = "request"  # one per valid request (measure/records.RequestRecord.value)
+    ROUND = "round"  # one per measured round (measure/results.RoundResult)
+    TAIL = "tail"  # its base's samples pooled; a boot is summarized by their quantile
+    GOODPUT = "goodput"  # one per round, counted against the SLOs perf.check(goodput=...) gives
+    BOOT = "boot"  # one per server boot: the boot's own seconds (server/boot_account.py)
+
+
 @dataclass(frozen=True)
 class MetricSpec:
-    """A metric's identity: one sample is one request (or one round, for run-level metrics)."""
+    """A metric's identity, and what one sample of it is (``sample``)."""
 
     name: str
     label: str
@@ -34,6 +45,9 @@ class MetricSpec:
     # of their median (boot_summary.summarize_boot_quantile); None for the median metrics.
     quantile: float | None = None
     base: str | None = None
+    sample: SampleKind = SampleKind.REQUEST
+    # A boot metric: the boot-account phase it is (None: the whole boot, to ready).
+    boot_phase: str | None = None
 
 
 METRICS: dict[str, MetricSpec] = {
@@ -46,25 +60,39 @@ METRICS: dict[str, MetricSpec] = {
         MetricSpec("e2el_ms", "end-to-end latency", "ms", Direction.LOWER_IS_BETTER, 0.05, "e2el_ms"),
         MetricSpec(
             "output_throughput", "output throughput", "tok/s", Direction.HIGHER_IS_BETTER, 0.05,
-            "output_throughput",
+            "output_throughput", sample=SampleKind.ROUND,
         ),
         MetricSpec(
             "request_throughput", "request throughput", "req/s", Direction.HIGHER_IS_BETTER, 0.05,
-            "request_throughput",
+            "request_throughput", sample=SampleKind.ROUND,
         ),
         MetricSpec(
             "request_goodput", "request goodput", "req/s", Direction.HIGHER_IS_BETTER, 0.05,
-            "request_goodput",
+            "request_goodput", sample=SampleKind.GOODPUT,
         ),
+        # The boot's own time, one sample per boot that is not the session's first of the
+        # deployment (that one fills the page and compile caches for all that follow, so its
+        # time is another quantity). A load that got slower after a driver, vLLM or disk change
+        # is a regression like any other (vllm bench startup measures it; this gates it).
+        *(MetricSpec(name, label, "s", Direction.LOWER_IS_BETTER, tol, None, sample=SampleKind.BOOT, boot_phase=phase)
+          for name, label, phase, tol in (("boot_ready_s", "seconds to ready", None, 0.10),
+                                          ("boot_weights_s", "weight load", "loading weights", 0.15),
+                                          ("boot_compile_s", "compile", "compiling", 0.15),
+                                          ("boot_graphs_s", "CUDA graph capture", "capturing CUDA graphs", 0.15))),
         # Tails: noisier than medians (fewer samples carry them), so wider default tolerances.
         # p99 ITL pools every gap of the boot, as bench serve pools them.
         *(MetricSpec(f"p{q}_{base}", f"p{q} {label}", "ms", Direction.LOWER_IS_BETTER, tol, None,
-                     quantile=q / 100, base=base)
+                     quantile=q / 100, base=base, sample=SampleKind.TAIL)
           for base, label in (("ttft_ms", "time to first token"), ("itl_ms", "inter-token latency"),
                               ("tpot_ms", "time per output token"), ("e2el_ms", "end-to-end latency"))
           for q, tol in ((90, 0.05), (95, 0.08), (99, 0.10))),
     )
 }
+
+
+def metrics_of(kind: SampleKind) -> tuple[str, ...]:
+    """The metrics whose samples are of ``kind``, in table order."""
+    return tuple(name for name, spec in METRICS.items() if spec.sample is kind)
 
 
 def metric_spec(name: str) -> MetricSpec:

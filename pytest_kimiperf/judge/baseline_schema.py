@@ -19,7 +19,7 @@ from pytest_kimiperf.config.metric_specs import METRICS, Direction
 from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.levels import BootOrigin
-from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot, tail_min_samples
+from pytest_kimiperf.judge.boot_summary import BootSummary, min_samples, summarize_boot
 
 SCHEMA_VERSION = 2
 SIGNIFICANT_DIGITS = 6
@@ -83,9 +83,8 @@ class BaselineEntry:
 
     def summaries(self) -> list[BootSummary]:
         """The history as BootSummary, oldest first (a tail metric's boots need as many
-        samples as tail_min_samples says)."""
-        spec = METRICS.get(self.metric)
-        min_n = tail_min_samples(spec.quantile) if spec is not None and spec.quantile else 0
+        samples as tail_min_samples says; a boot metric's, one)."""
+        min_n = min_samples(self.metric) if self.metric in METRICS else 0
         return [replace(b.summary(), min_n=min_n) for b in self.boots]
 
     @property

@@ -36,7 +36,7 @@ from pytest_kimiperf.judge.baseline_schema import (
 from pytest_kimiperf.judge.fingerprint import Fingerprint, version_changes
 from pytest_kimiperf.judge.levels import BootOrigin
 from pytest_kimiperf.judge.results import MetricResult, TestResult
-from pytest_kimiperf.judge.boot_summary import summarize_boot, summarize_boot_quantile
+from pytest_kimiperf.judge.boot_summary import summarize_boot, summarize_metric
 
 HISTORY_BOOTS = 20
 LOCK_TIMEOUT_S = 120.0
@@ -93,8 +93,7 @@ def make_entry(
                             f"{entry_key(test, profile, metric)}")
     for boot, origin in zip(per_boot, origins):
         finite_boot = [v for v in boot if math.isfinite(v)]
-        summary = (summarize_boot_quantile(finite_boot, spec.quantile) if spec is not None and spec.quantile
-                   else summarize_boot(finite_boot))
+        summary = summarize_metric(metric, finite_boot) if spec is not None else summarize_boot(finite_boot)
         if summary.n == 0:
             continue
         boots.append(BaselineBoot(

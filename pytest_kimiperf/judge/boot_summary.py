@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
+
+from pytest_kimiperf.config.metric_specs import SampleKind, metric_spec
 
 Samples = Sequence[float] | npt.NDArray[np.floating]
 
@@ -42,8 +44,9 @@ class BootSummary:
     n: int
     se_log: float
     label: str = ""
-    # Samples a boot needs to count: MIN_SAMPLES_PER_BOOT for a median, more for a tail
-    # (tail_min_samples); ``median`` then holds the boot's quantile.
+    # Samples a boot needs to count: MIN_SAMPLES_PER_BOOT for a median (0 here), more for a tail
+    # (tail_min_samples; ``median`` then holds the boot's quantile), 1 for a boot metric (the
+    # boot's own seconds: one exact figure per boot).
     min_n: int = 0
     # The session and host the boot ran in (judge/levels.py); "" when not known (a boot recorded
     # before they were stored counts as one unknown session and host).
@@ -51,9 +54,15 @@ class BootSummary:
     host: str = ""
 
     @property
+    def needed(self) -> int:
+        """Samples this boot needs to count: ``min_n`` where the metric sets it (a tail's more,
+        a boot metric's one), else MIN_SAMPLES_PER_BOOT."""
+        return self.min_n or MIN_SAMPLES_PER_BOOT
+
+    @property
     def usable(self) -> bool:
         """Whether this boot has enough valid samples to stand for its server boot."""
-        return self.n >= max(self.min_n, MIN_SAMPLES_PER_BOOT) and math.isfinite(self.median) and self.median > 0
+        return self.n >= self.needed and math.isfinite(self.median) and self.median > 0
 
     def to_json(self) -> dict[str, object]:
         """JSON-ready fields (NaN as None)."""
@@ -110,6 +119,24 @@ def summarize_boot_quantile(samples: Samples, quantile: float, label: str = "") 
         draws = rng.choice(np.log(positive), size=(_TAIL_BOOTSTRAP, positive.size), replace=True)
         se = float(np.std(np.quantile(draws, quantile, axis=1), ddof=1))
     return BootSummary(median=value, n=int(values.size), se_log=se, label=label, min_n=min_n)
+
+
+def summarize_metric(metric: str, samples: Samples, label: str = "") -> BootSummary:
+    """One boot's figure of ``metric`` as its spec says: the median, a tail's quantile, or a
+    boot metric's one sample."""
+    spec = metric_spec(metric)
+    if spec.quantile is not None:
+        return summarize_boot_quantile(samples, spec.quantile, label)
+    summary = summarize_boot(samples, label)
+    return replace(summary, min_n=1) if spec.sample is SampleKind.BOOT else summary
+
+
+def min_samples(metric: str) -> int:
+    """The ``min_n`` a stored boot of ``metric`` carries (0: the median's default)."""
+    spec = metric_spec(metric)
+    if spec.quantile is not None:
+        return tail_min_samples(spec.quantile)
+    return 1 if spec.sample is SampleKind.BOOT else 0
 
 
 def valid_samples(side: str, samples: Samples) -> npt.NDArray[np.float64]:

@@ -341,7 +341,7 @@ def _check_slo(name: str, limit: float, samples: Sequence[float], tolerance: flo
     if not boot.usable:
         result.warn(
             WarningKind.OTHER, f"{label}: insufficient samples for {spec.label} ({boot.n} on this boot, "
-            f"{max(boot.min_n, 1)} needed): not checked")
+            f"{boot.needed} needed): not checked")
         return
     ok = boot.median <= limit if spec.direction.value == "lower_is_better" else boot.median >= limit
     line = f"{label}: {boot.median:.4g} {spec.unit} on this boot ({boot.n} samples)"

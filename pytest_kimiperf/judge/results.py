@@ -20,8 +20,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from pytest_kimiperf.config.metric_specs import metric_spec
-from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot, summarize_boot_quantile
+from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_metric
 from pytest_kimiperf.judge.levels import BootOrigin
 
 
@@ -125,10 +124,7 @@ class MetricResult:
     def boot_summary(self) -> BootSummary:
         """This boot's summary of the metric (the unit of replication): its median, or its
         quantile for a tail metric (p99_itl_ms)."""
-        spec = metric_spec(self.metric)
-        if spec.quantile is not None:
-            return summarize_boot_quantile(self.samples, spec.quantile, self.boot_label)
-        return summarize_boot(self.samples, self.boot_label)
+        return summarize_metric(self.metric, self.samples, self.boot_label)
 
     @property
     def finite(self) -> list[float]:

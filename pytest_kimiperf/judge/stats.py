@@ -400,7 +400,7 @@ def compare_boots(
 
 
 def _insufficient_note(current: Sequence[BootSummary], reference: Sequence[BootSummary]) -> str:
-    need = max([b.min_n for b in (*current, *reference)] + [MIN_SAMPLES_PER_BOOT])
+    need = max(b.needed for b in (*current, *reference)) if (*current, *reference) else MIN_SAMPLES_PER_BOOT
     have = max([b.n for b in current] + [0])
     if need > MIN_SAMPLES_PER_BOOT:
         return f"insufficient samples for this tail: a boot needs {need}, this one has {have}"

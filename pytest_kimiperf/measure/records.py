@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_kimiperf.config.metric_specs import SampleKind, metrics_of
 from pytest_kimiperf.errors import ConfigError
 
-PER_REQUEST_METRICS: tuple[str, ...] = ("decode_tok_s", "ttft_ms", "tpot_ms", "e2el_ms", "itl_ms")
+PER_REQUEST_METRICS: tuple[str, ...] = metrics_of(SampleKind.REQUEST)
 
 NS_PER_MS = 1_000_000
 _NS_PER_S = 1_000_000_000
@@ -128,6 +129,16 @@ class RequestRecord:
             )
         result: float | None = getattr(self, metric_name)
         return result
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "RequestRecord":
+        """Inverse of :meth:`to_json` (a run's ``requests`` in the JSON it travels as)."""
+        scheduled = data.get("scheduled_send_ns")
+        return cls(ok=bool(data["ok"]), error=str(data.get("error") or ""), prompt_tokens=int(data["prompt_tokens"]),
+                   output_tokens=int(data["output_tokens"]), t_send_ns=int(data["t_send_ns"]),
+                   chunk_ns=tuple(int(c) for c in data.get("chunk_ns") or ()), t_done_ns=int(data["t_done_ns"]),
+                   scheduled_send_ns=None if scheduled is None else int(scheduled),
+                   request_id=str(data.get("request_id") or ""), t_start_ns=int(data.get("t_start_ns") or 0))
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (timestamps kept in ns)."""

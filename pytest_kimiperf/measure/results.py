@@ -22,10 +22,10 @@ from typing import Any
 
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.measure_bounds import HealthBounds
-from pytest_kimiperf.config.metric_specs import metric_spec
-from pytest_kimiperf.measure.records import NS_PER_MS, RequestRecord, median, percentile
+from pytest_kimiperf.config.metric_specs import SampleKind, metric_spec, metrics_of
+from pytest_kimiperf.measure.records import NS_PER_MS, PER_REQUEST_METRICS, RequestRecord, median, percentile
 
-RUN_LEVEL_METRICS: tuple[str, ...] = ("output_throughput", "request_throughput")
+RUN_LEVEL_METRICS: tuple[str, ...] = metrics_of(SampleKind.ROUND)
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 
 CLIENT_BOUND = "client-bound: the load generator, not the server, limited this run: "
@@ -192,13 +192,17 @@ class RunResult:
     def samples(self, metric_name: str) -> list[float]:
         """The samples of a metric: one per valid request, or one per round for throughputs."""
         spec = metric_spec(metric_name)
-        if metric_name == "request_goodput":
-            raise ConfigError("request_goodput needs its SLOs: perf.check(run, [...], goodput={'ttft_ms': 300, "
+        if spec.sample is SampleKind.GOODPUT:
+            raise ConfigError(f"{metric_name} needs its SLOs: perf.check(run, [...], goodput={{'ttft_ms': 300, "
                               "'tpot_ms': 50}) computes it per round (RoundResult.request_goodput)")
-        if spec.base is not None:
+        if spec.sample is SampleKind.BOOT:
+            raise ConfigError(f"{metric_name} is the boot's, not the run's: perf.check(run, [{metric_name!r}]) "
+                              "takes it from the server's boot account")
+        if spec.sample is SampleKind.TAIL:
             # A tail metric's samples are its base's distribution (every ITL gap pooled).
+            assert spec.base is not None
             return self._distribution(spec.base)
-        if metric_name in RUN_LEVEL_METRICS:
+        if spec.sample is SampleKind.ROUND:
             return [float(getattr(rnd, metric_name)) for rnd in self.rounds]
         values = (r.value(metric_name) for r in self.valid_records)
         return [v for v in values if v is not None]
@@ -303,7 +307,7 @@ class RunResult:
                 if self.wall_s > 0 else 0.0
             ),
         }
-        for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "decode_tok_s"):
+        for name in PER_REQUEST_METRICS:
             values = self._distribution(name)
             stem, unit = (name[:-3], "_ms") if name.endswith("_ms") else (name, "")
             result[f"mean_{stem}{unit}"] = _mean(values)

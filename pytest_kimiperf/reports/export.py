@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from pytest_kimiperf.measure.records import RequestRecord
 from pytest_kimiperf.files import write_atomically
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.judge.results import TestResult
@@ -60,9 +61,11 @@ def bench_serve_result(res: TestResult, *, model_id: str, tokenizer_id: str, dat
     duration = float(run.get("duration") or 0.0)
     ok = [r for r in requests if r.get("ok")]
     output_lens = [int(r["output_tokens"]) if r.get("ok") else 0 for r in requests]
-    ttfts = [_ttft_s(r) for r in requests]
-    latencies = [_latency_s(r) for r in requests]
-    itls = [_itls_s(r) for r in requests]
+    # The metric definitions are records.py's (RequestRecord), in bench serve's seconds here.
+    records = [RequestRecord.from_json(r) for r in requests]
+    ttfts = [_s(rec.ttft_ms) for rec in records]
+    latencies = [_s(rec.e2el_ms) for rec in records]
+    itls = [[gap / 1000 for gap in rec.itl_ms] for rec in records]
     total_input = sum(int(r["prompt_tokens"]) for r in ok)
     total_output = sum(output_lens)
     result: dict[str, Any] = {
@@ -94,7 +97,8 @@ def bench_serve_result(res: TestResult, *, model_id: str, tokenizer_id: str, dat
         "itls": itls,
         "latencies": [t if t is not None else 0.0 for t in latencies],
         "start_times": [r["t_send_ns"] / _NS_PER_S for r in requests],
-        "queue_times": [_queue_s(r) for r in requests],
+        # bench serve's client_queue_time: waiting for a --max-concurrency slot before sending.
+        "queue_times": [max(0.0, _s(rec.send_lag_ms) or 0.0) for rec in records],
         "generated_texts": ["" for _ in requests],  # the client never decodes text
         "errors": [r.get("error") or "" for r in requests],
         **_peaks(ok),
@@ -102,9 +106,7 @@ def bench_serve_result(res: TestResult, *, model_id: str, tokenizer_id: str, dat
     }
     ok_ttft = [t for r, t in zip(requests, ttfts) if r.get("ok") and t is not None]
     ok_lat = [t for r, t in zip(requests, latencies) if r.get("ok") and t is not None]
-    tpots = [(lat - ttft) / (r["output_tokens"] - 1)
-             for r, ttft, lat in zip(requests, ttfts, latencies)
-             if r.get("ok") and ttft is not None and lat is not None and r["output_tokens"] > 1]
+    tpots = [tpot / 1000 for rec in records if rec.ok and (tpot := rec.tpot_ms) is not None]
     pooled_itl = [gap for r, gaps in zip(requests, itls) if r.get("ok") for gap in gaps]
     for stem, values in (("ttft", ok_ttft), ("tpot", tpots), ("itl", pooled_itl), ("e2el", ok_lat)):
         result.update(_stats_ms(stem, values))
@@ -120,7 +122,7 @@ def request_lines(res: TestResult) -> Iterable[dict[str, Any]]:
     for r in res.run.get("requests") or []:
         send = int(r["t_send_ns"])
         chunks = [int(c) for c in r.get("chunk_ns") or []]
-        ttft = _ttft_s(r)
+        ttft = _s(RequestRecord.from_json(r).ttft_ms)
         yield {
             "profile": res.profile, "boot": res.boot, "test": res.test, "nodeid": res.nodeid,
             "scenario": res.scenario, "request_id": r.get("request_id", ""),
@@ -168,25 +170,8 @@ def write_exports(report: SessionReport, out_dir: Path, *, detailed: bool,
     return written
 
 
-def _ttft_s(r: Mapping[str, Any]) -> float | None:
-    chunks = r.get("chunk_ns") or []
-    return (chunks[0] - r["t_send_ns"]) / _NS_PER_S if chunks else None
-
-
-def _latency_s(r: Mapping[str, Any]) -> float | None:
-    chunks = r.get("chunk_ns") or []
-    return (chunks[-1] - r["t_send_ns"]) / _NS_PER_S if chunks else None
-
-
-def _itls_s(r: Mapping[str, Any]) -> list[float]:
-    chunks = r.get("chunk_ns") or []
-    return [(b - a) / _NS_PER_S for a, b in zip(chunks, chunks[1:])]
-
-
-def _queue_s(r: Mapping[str, Any]) -> float:
-    # bench serve's client_queue_time: waiting for a --max-concurrency slot before sending.
-    scheduled = r.get("scheduled_send_ns")
-    return max(0.0, (r["t_send_ns"] - scheduled) / _NS_PER_S) if scheduled is not None else 0.0
+def _s(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000
 
 
 def _peaks(ok: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -254,7 +254,7 @@ class SessionReport:
                 note = f"no valid result of the reference profile {self.reference_profile}"
         if note is None and comparison is None and not (boot := mres.boot_summary()).usable and boot.n:
             name = boot_figure(mres).name
-            note = f"not counted: {boot.n} samples, a {name} needs {max(boot.min_n, MIN_SAMPLES_PER_BOOT)}"
+            note = f"not counted: {boot.n} samples, a {name} needs {boot.needed}"
         return ProfileCell(
             profile=boot_label(res), is_reference=is_reference, figure=boot_figure(mres),
             n=len(mres.finite),

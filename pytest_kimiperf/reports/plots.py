@@ -30,8 +30,7 @@ import numpy as np
 from pytest_kimiperf.judge.baseline_schema import BaselineFile
 from pytest_kimiperf.errors import ConfigError, KimiperfError
 from pytest_kimiperf.judge.results import MetricResult, TestResult
-from pytest_kimiperf.config.metric_specs import METRICS, Direction
-from pytest_kimiperf.measure.results import RUN_LEVEL_METRICS
+from pytest_kimiperf.config.metric_specs import METRICS, Direction, SampleKind
 from pytest_kimiperf.numbers import finite_only, fmt_change, fmt_ci, fmt_value
 from pytest_kimiperf.reports.model import (
     MetricBlock,
@@ -238,8 +237,9 @@ def plot_distribution(block: PerfTestBlock, metric: MetricBlock, reference_profi
     better = ""
     if spec is not None:
         better = "higher is better" if spec.direction is Direction.HIGHER_IS_BETTER else "lower is better"
-    # Throughputs are measured per round (metrics.RUN_LEVEL_METRICS), the rest per request.
-    per = ("round" if metric.metric in RUN_LEVEL_METRICS
+    # What one sample is, as the metric's spec says (metric_specs.SampleKind).
+    kind = spec.sample if spec is not None else SampleKind.REQUEST
+    per = ("round" if kind in (SampleKind.ROUND, SampleKind.GOODPUT) else "boot" if kind is SampleKind.BOOT
            else "token gap (every gap of the boot, pooled)" if spec is not None and spec.base == "itl_ms"
            else "request")
     ax.set_title(f"{_shorten(block.test, 70)}\n{label} per {per}, by profile"

@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -233,6 +233,7 @@ class ServerManager:
             raise
         rec.boot_s = handle.boot_s
         rec.accounts.append(self._account(rec, started_wall, handle.boot_s or 0.0))
+        handle = replace(handle, boot_account=rec.accounts[-1])
         self.say(f"kimiperf: {deployment.name} server ({profile.name}) ready after {handle.boot_s:.0f}s")
         return handle
 

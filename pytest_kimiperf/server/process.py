@@ -30,6 +30,7 @@ from types import MappingProxyType
 import httpx
 import psutil
 
+from pytest_kimiperf.server.boot_account import BootAccount
 from pytest_kimiperf.config.nodes import SECRET_NAMES, Node
 from pytest_kimiperf.server import launch_records
 from pytest_kimiperf.server import sweep as process_sweep
@@ -92,6 +93,8 @@ class ServerHandle:
     # Nodes behind a launch template, with the launch marker of their processes there: the host
     # watch reads them through the node agent (measure/node_watch.py).
     remote_nodes: tuple[tuple[Node, str], ...] = ()
+    # Where this boot's seconds went (boot_account.py): set by the manager once it is ready.
+    boot_account: BootAccount | None = None
 
     def auth_headers(self) -> dict[str, str]:
         """Headers that authenticate against the server (empty without an API key)."""

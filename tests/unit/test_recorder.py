@@ -3,6 +3,7 @@ first boot looks worse."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from types import MappingProxyType, SimpleNamespace
@@ -22,6 +23,8 @@ from pytest_kimiperf.judge.baselines import BaselineView, baseline_entries
 from pytest_kimiperf.judge.boots import strip_slot as strip_profile
 from pytest_kimiperf.judge.results import ResultWarning, WarningKind
 from pytest_kimiperf.measure.watched import gpu_watch
+from pytest_kimiperf.server.boot_account import BootAccount, PhaseTime
+from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.measure.records import RequestRecord
 from pytest_kimiperf.measure.results import RoundResult, RunResult
@@ -59,12 +62,13 @@ def _boot(median: float, rng: np.random.Generator, n: int = 8) -> RunResult:
 
 
 def _recorder(tmp_path: Path, failures: list[str], published: list[Any], *, boot: int = 1,
-              ledger: BootLedger | None = None, deployment: Any = NOISY, boots: int = 1) -> PerfRecorder:
+              ledger: BootLedger | None = None, deployment: Any = NOISY, boots: int = 1,
+              account: BootAccount | None = None) -> PerfRecorder:
     view = BaselineView(tmp_path, "tiny-cpu", FP)
     settings = SimpleNamespace(deployment=deployment, perf_strict=False, boots=boots,
                                max_boots=max(deployment.max_boots, boots))
     server = ServerHandle(base_url="http://127.0.0.1:9", model="m", deployment="tiny-cpu", profile="default",
-                          log_path=None)
+                          log_path=None, boot_account=account)
 
     def fail(message: str) -> None:
         failures.append(message)
@@ -341,3 +345,37 @@ def test_the_host_watch_reads_the_gpus_cuda_visible_devices_gives_the_server(
     assert gpu_watch(gpu_deployment)["gpu_indices"] == (6, 7)
     pinned = dataclasses.replace(gpu_deployment, env=MappingProxyType({"CUDA_VISIBLE_DEVICES": "2,3"}))
     assert gpu_watch(pinned)["gpu_indices"] == (2, 3)
+
+
+def _account(boot: int, ready_s: float, weights_s: float, *, first: bool = False) -> BootAccount:
+    return BootAccount(profile="default", ordinal=boot, total_s=ready_s, first_of_deployment=first,
+                       phases=(PhaseTime("loading weights", weights_s), PhaseTime("compiling", ready_s - weights_s)))
+
+
+def test_a_boot_that_got_slower_to_ready_is_a_regression_against_its_history(tmp_path: Path) -> None:
+    # Boot metrics are metrics like any other: one sample per boot (the boot's own seconds),
+    # judged boot against boot with the history, here on the quiet deployment's spreads.
+    entry = baselines.make_entry(test=TEST, profile="default", metric="boot_ready_s", unit="s",
+                                 direction=Direction.LOWER_IS_BETTER, samples=[40.0], git_commit=None,
+                                 profile_env={}, boot_samples=[[40.0], [40.4], [39.6], [40.2], [39.8]])
+    baselines.update_baseline(baselines.baseline_path(tmp_path, "tiny-cpu", FP.key), "tiny-cpu", FP, [entry])
+    ledger, failures, published = BootLedger(), [], []
+    for boot, ready_s in ((1, 52.0), (2, 51.0), (3, 53.0)):  # a disk or driver change: +30%
+        recorder = _recorder(tmp_path, failures, published, boot=boot, ledger=ledger, deployment=QUIET, boots=3,
+                             account=_account(boot, ready_s, 10.0))
+        with contextlib.suppress(AssertionError):
+            recorder.check(_run([700.0] * 8), ["boot_ready_s", "boot_weights_s"])
+    result = published[-1]
+    assert result.metrics["boot_ready_s"].samples == [53.0] and result.metrics["boot_weights_s"].samples == [10.0]
+    verdict = result.metrics["boot_ready_s"].baseline
+    assert (verdict["verdict"], verdict["boots_current"], verdict["boots_reference"]) == ("regression", 3, 5)
+    assert failures and "seconds to ready s: REGRESSION +" in failures[-1]
+
+
+def test_the_sessions_first_boot_of_the_deployment_is_no_sample_of_boot_time(tmp_path: Path) -> None:
+    # It fills the page and compile caches for every boot after it: another quantity.
+    recorder = _recorder(tmp_path, [], [], account=_account(1, 90.0, 30.0, first=True))
+    result = recorder.check(_run([700.0] * 8), ["boot_ready_s"])
+    assert result.metrics["boot_ready_s"].samples == []
+    with pytest.raises(ConfigError, match="boot_ready_s is the boot's, not the run's"):
+        _run([700.0] * 8).samples("boot_ready_s")
