@@ -8,6 +8,7 @@ Imports only ``errors``; every package may import it.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -48,9 +49,17 @@ def fmt_share(fraction: float) -> str:
     return f"{pct:.0f}%" if pct >= 10 else f"{pct:.2g}%"
 
 
+def is_real(value: object, *, finite: bool = False) -> bool:
+    """Whether ``value`` is a real number (ints, floats, numpy scalars), not a bool; with
+    ``finite``, also not NaN or infinite. The one copy of this check."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    return not finite or math.isfinite(value)
+
+
 def as_number(value: object) -> float | None:
-    """``value`` as a float if it is an int or float (not a bool), else None: for JSON-read cells."""
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """``value`` as a float if it is a real number (not a bool), else None: for JSON-read cells."""
+    return float(value) if is_real(value) else None
 
 
 def finite_only(samples: Iterable[float]) -> list[float]:

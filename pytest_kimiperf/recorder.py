@@ -17,11 +17,11 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from pytest_kimiperf.reports import benchmark_bridge
 from pytest_kimiperf.errors import BaselineError, ConfigError, KimiperfError
-from pytest_kimiperf.measure.results import check_goodput_slo
+from pytest_kimiperf.measure.results import RunResult, check_goodput_slo
 from pytest_kimiperf.measure.server_view import run_cross_checks
 from pytest_kimiperf.measure.watched import WatchedRun, measure_watched
 from pytest_kimiperf.judge.baselines import BaselineView
@@ -32,6 +32,10 @@ from pytest_kimiperf.judge.boots import BootLedger, TestBoots
 from pytest_kimiperf.judge.levels import BootOrigin
 from pytest_kimiperf.server.process import ServerHandle
 from pytest_kimiperf.config.settings import Settings
+
+if TYPE_CHECKING:
+    from pytest_kimiperf.config.deployments import Deployment
+    from pytest_kimiperf.measure.scenarios import Scenario
 
 
 def _checked_slo(slo: Mapping[str, Any]) -> dict[str, float]:
@@ -92,18 +96,18 @@ class PerfRecorder:
         self.intervals_ns: list[tuple[int, int]] = []
 
     @property
-    def deployment(self) -> Any:
+    def deployment(self) -> Deployment:
         """The deployment under test (floors, TP size, model)."""
         return self.settings.deployment
 
     def measure(
         self,
-        scenario: Any,
+        scenario: Scenario,
         *,
         endpoint: str = "completions",
         server_metrics: bool = True,
         extra_body: Mapping[str, Any] | None = None,
-    ) -> Any:
+    ) -> RunResult:
         """Run ``scenario`` against the server and return its RunResult.
 
         ``endpoint`` is ``"completions"`` or ``"chat"`` (``/v1/chat/completions``);
@@ -125,7 +129,7 @@ class PerfRecorder:
         base = scenario
         options = {"endpoint": endpoint, "server_metrics": server_metrics, "extra_body": extra_body}
 
-        def play(attempt: int = 0) -> Any:
+        def play(attempt: int = 0) -> RunResult:
             seeded = dataclasses.replace(
                 base, seed=prompt_seed(self.test, self.server.profile, self.boot, base.seed + attempt))
             nonlocal scenario
@@ -157,7 +161,7 @@ class PerfRecorder:
         getter, self._benchmark = self._benchmark, None
         return getter() if getter is not None else None
 
-    def _with_deployment_bounds(self, scenario: Any) -> Any:
+    def _with_deployment_bounds(self, scenario: Scenario) -> Scenario:
         """Apply the deployment's client self-check bounds unless the scenario set its own."""
         from pytest_kimiperf.config.measure_bounds import HealthBounds
 
@@ -172,7 +176,7 @@ class PerfRecorder:
 
     def check(
         self,
-        run: Any,
+        run: RunResult,
         metrics: Sequence[str],
         *,
         floor: bool = False,
@@ -203,7 +207,7 @@ class PerfRecorder:
             self._fail(str(exc))
         return self._finish(result)
 
-    def _judge(self, run: Any, metrics: Sequence[str], *, floor: bool, slo: Mapping[str, float] | None = None,
+    def _judge(self, run: RunResult, metrics: Sequence[str], *, floor: bool, slo: Mapping[str, float] | None = None,
                goodput: Mapping[str, float] | None = None) -> TestResult:
         """Hand ``run`` to the gate as plain data and keep the test's boot record up to date."""
         watched = self.watched if self.watched is not None and self.watched.run is run else WatchedRun(run)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pytest_kimiperf.numbers import is_real
 from pytest_kimiperf.config.metric_specs import METRICS, Direction
 from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.judge.fingerprint import Fingerprint
@@ -218,12 +219,12 @@ def _parse_entry(raw: object) -> BaselineEntry:
     if missing:
         raise KeyError(f"missing {', '.join(missing)}")
     samples = raw["samples"]
-    if not isinstance(samples, list) or not samples or not all(_is_number(s) for s in samples):
+    if not isinstance(samples, list) or not samples or not all(is_real(s, finite=True) for s in samples):
         raise ValueError("samples must be a non-empty list of numbers")
     iqr = raw["iqr"]
-    if not isinstance(iqr, list) or len(iqr) != 2 or not all(_is_number(q) for q in iqr):
+    if not isinstance(iqr, list) or len(iqr) != 2 or not all(is_real(q, finite=True) for q in iqr):
         raise ValueError("iqr must be [q1, q3]")
-    if not _is_number(raw["median"]):
+    if not is_real(raw["median"], finite=True):
         raise ValueError("median must be a number")
     if raw["n"] != len(samples):
         raise ValueError(f"n is {raw['n']!r} but there are {len(samples)} samples")
@@ -275,13 +276,13 @@ def _parse_entry(raw: object) -> BaselineEntry:
 def _parse_boot(raw: object, index: int) -> BaselineBoot:
     if not isinstance(raw, dict):
         raise TypeError(f"boots[{index}] is not an object")
-    if not _is_number(raw.get("median")) or raw["median"] <= 0:
+    if not is_real(raw.get("median"), finite=True) or raw["median"] <= 0:
         raise ValueError(f"boots[{index}].median must be a number > 0")
     n = raw.get("n")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"boots[{index}].n must be an integer >= 1")
     se = raw.get("se_log")
-    if se is not None and not _is_number(se):
+    if se is not None and not is_real(se, finite=True):
         raise ValueError(f"boots[{index}].se_log must be a number or null")
     versions = raw.get("versions") or {}
     if not isinstance(versions, dict):
@@ -294,6 +295,3 @@ def _parse_boot(raw: object, index: int) -> BaselineBoot:
                         recorded_at=str(raw.get("recorded_at") or ""), git_commit=raw.get("git_commit"),
                         versions={str(k): str(v) for k, v in versions.items()}, origin=origin)
 
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

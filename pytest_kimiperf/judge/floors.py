@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
-from pytest_kimiperf.judge.stats import is_real
+from pytest_kimiperf.numbers import is_real
 from pytest_kimiperf.numbers import fmt_value
 
 

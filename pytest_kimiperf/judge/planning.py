@@ -15,8 +15,9 @@ import math
 from scipy import stats as scipy_stats
 
 from pytest_kimiperf.judge.stats import (
-    DETECTION_POWER, MIN_BOOTS_DIRECTIONAL, Comparison, VerdictKind, is_real, fmt_tolerance,
+    DETECTION_POWER, MIN_BOOTS_DIRECTIONAL, Comparison, VerdictKind, fmt_tolerance,
 )
+from pytest_kimiperf.numbers import is_real
 
 # First-boot screen: another boot when the change looks worse than this share of the tolerance.
 SCREEN_FRACTION = 1.0

@@ -59,7 +59,7 @@ from scipy import stats as scipy_stats
 
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT, BootSummary
-from pytest_kimiperf.numbers import fmt_change, fmt_spread
+from pytest_kimiperf.numbers import fmt_change, fmt_spread, is_real
 
 DIRECTIONAL_CONFIDENCE = 0.84
 EQUIVALENCE_CONFIDENCE = 0.90
@@ -424,11 +424,6 @@ def _z(level: float) -> float:
 def _check_unit_interval(name: str, value: float) -> None:
     if not is_real(value) or not 0.0 < value < 1.0:
         raise ValueError(f"{name}={value!r}: use a fraction between 0 and 1 (0.03 means 3%)")
-
-
-def is_real(value: object) -> bool:
-    """Whether ``value`` is a real number (numpy scalars too), not a bool."""
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
 def fmt_tolerance(fraction: float) -> str:

@@ -140,7 +140,7 @@ class RunResult:
     bounds: HealthBounds = field(default_factory=HealthBounds)
     client_processes: int = 1
     notes: tuple[str, ...] = ()
-    # Workload index of the next request, so extend() sends prompts not used yet.
+    # Workload index of the next request (the runner deals prompts from it).
     next_request_index: int = 0
     # The server's own view (server_metrics.ServerView.to_json()), one per run or extension.
     server_metrics: tuple[Mapping[str, Any], ...] = ()
@@ -330,22 +330,6 @@ class RunResult:
         # bench-serve and JSON Lines exports are written from (reports/export.py).
         result["requests"] = [r.to_json() for r in self.records]
         return result
-
-
-def merge_rounds(first: RunResult, more: RunResult) -> RunResult:
-    """``first`` followed by ``more``'s rounds (what ``extend`` returns)."""
-    notes = first.notes + tuple(n for n in more.notes if n not in first.notes)
-    return RunResult(
-        scenario_name=first.scenario_name,
-        rounds=first.rounds + more.rounds,
-        warmup_requests=first.warmup_requests + more.warmup_requests,
-        bounds=first.bounds,
-        client_processes=max(first.client_processes, more.client_processes),
-        notes=notes,
-        next_request_index=max(first.next_request_index, more.next_request_index),
-        server_metrics=first.server_metrics + more.server_metrics,
-        load=first.load,
-    )
 
 
 def _mean(values: Sequence[float]) -> float | None:

@@ -1,9 +1,8 @@
 """The runner: plays a scenario against a target and returns what it measured.
 
 ``run_scenario`` is synchronous (it runs its own event loop, uvloop when installed) so a pytest
-test calls it directly; ``run_sweep`` plays every point of a ``ConcurrencySweep``; ``extend``
-runs more rounds of the same scenario, never beyond ``max_rounds``, when the statistics want
-more samples; ``run_scenario_async`` plays on the caller's loop.
+test calls it directly; ``run_sweep`` plays every point of a ``ConcurrencySweep``;
+``run_scenario_async`` plays on the caller's loop.
 
 A run is: requests built once (planning.py), a warm-up that is never counted, the server's
 ``/metrics`` read, the rounds (each process starts together; engine.py), ``/metrics`` read
@@ -33,7 +32,7 @@ from pytest_kimiperf.measure.engine import (
     loop_factory,
 )
 from pytest_kimiperf.measure.planning import Prepared, prepare, process_plans, round_result, split
-from pytest_kimiperf.measure.results import RoundResult, RunResult, merge_rounds
+from pytest_kimiperf.measure.results import RoundResult, RunResult
 from pytest_kimiperf.measure.scenarios import (
     Concurrency,
     ConcurrencySweep,
@@ -45,7 +44,6 @@ from pytest_kimiperf.measure.scenarios import (
 from pytest_kimiperf.measure.server_view import ServerView, Snapshot, fetch_snapshot
 from pytest_kimiperf.measure.target import Target
 from pytest_kimiperf.measure.workload import reused_prompt_requests
-from pytest_kimiperf.numbers import positive_int
 
 # Workers get this long between "go" and the common start time.
 _START_MARGIN_NS = 300_000_000
@@ -240,24 +238,6 @@ def run_sweep(target: Target, sweep: ConcurrencySweep) -> list[RunResult]:
         raise ConfigError(f"run_sweep() takes a ConcurrencySweep, got {sweep!r}")
     return [run_scenario(target, scenario)
             for scenario in sorted(sweep.scenarios(), key=lambda s: s.concurrency)]
-
-
-def extend(target: Target, scenario: Scenario, previous: RunResult, *, rounds: int = 1) -> RunResult:
-    """``previous`` plus up to ``rounds`` more rounds (fresh prompts), capped at ``max_rounds``."""
-    _check_call(target, scenario)
-    _check_no_running_loop("extend()")
-    positive_int(rounds, what="extend.rounds")
-    if previous.scenario_name != scenario.scenario_name:
-        raise ConfigError(
-            f"extend(): the previous run is of scenario {previous.scenario_name!r}, not "
-            f"{scenario.scenario_name!r}"
-        )
-    allowed = scenario.max_rounds - len(previous.rounds)
-    if allowed <= 0:
-        note = f"max_rounds={scenario.max_rounds} reached: extend() added nothing"
-        return replace(previous, notes=previous.notes + ((note,) if note not in previous.notes else ()))
-    more = _run(target, scenario, rounds=min(rounds, allowed), first_index=previous.next_request_index)
-    return merge_rounds(previous, more)
 
 
 async def run_scenario_async(target: Target, scenario: Scenario) -> RunResult:

@@ -44,8 +44,6 @@ class Scenario:
     rounds: int = 1
     # Sent first with the same load and never counted; None: one per stream (at least 1).
     warmup_requests: int | None = None
-    # extend() stops here.
-    max_rounds: int = 10
     seed: int = 0
     client_processes: int = 1
     name: str | None = None
@@ -60,9 +58,6 @@ class Scenario:
         if self.requests is None and self.seconds is None:
             raise ConfigError(f"{owner}: give a budget per round: requests=N, seconds=S, or both")
         positive_int(self.rounds, what=f"{owner}.rounds")
-        positive_int(self.max_rounds, what=f"{owner}.max_rounds")
-        if self.max_rounds < self.rounds:
-            raise ConfigError(f"{owner}.max_rounds={self.max_rounds} is below rounds={self.rounds}")
         if self.warmup_requests is not None and (
             not isinstance(self.warmup_requests, int) or isinstance(self.warmup_requests, bool)
             or self.warmup_requests < 0
@@ -217,7 +212,7 @@ class ConcurrencySweep(Scenario):
             Concurrency(
                 prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
                 requests=self.requests, seconds=self.seconds, rounds=self.rounds,
-                warmup_requests=self.warmup_requests, max_rounds=self.max_rounds, seed=self.seed,
+                warmup_requests=self.warmup_requests, seed=self.seed,
                 client_processes=min(self.client_processes, n), bounds=self.bounds,
                 request_timeout_s=self.request_timeout_s, name=f"{self.scenario_name}-c{n}",
                 concurrency=n,

@@ -256,16 +256,14 @@ def stub_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         proc.wait(timeout=10)
 
 
-def test_warm_up_rounds_and_extended_rounds_never_repeat_a_prompt(stub_server: tuple[str, Path]) -> None:
+def test_warm_up_and_rounds_never_repeat_a_prompt(stub_server: tuple[str, Path]) -> None:
     base_url, log = stub_server
-    scenario = scenarios.Concurrency(concurrency=2, prompt_tokens=16, output_tokens=4, requests=4, rounds=2,
-                                     warmup_requests=3, max_rounds=4, seed=prompt_seed("t.py::test", "default", 1))
-    target = Target(base_url, "stub-model", server_metrics=False)
-    run = runner.run_scenario(target, scenario)
-    run = runner.extend(target, scenario, run, rounds=2)
+    scenario = scenarios.Concurrency(concurrency=2, prompt_tokens=16, output_tokens=4, requests=4, rounds=4,
+                                     warmup_requests=3, seed=prompt_seed("t.py::test", "default", 1))
+    run = runner.run_scenario(Target(base_url, "stub-model", server_metrics=False), scenario)
     prompts = [entry["prompt"] for entry in _prompt_log(log)]
     assert len(run.rounds) == 4
-    assert len(prompts) == 3 + 2 * 4 + 3 + 2 * 4  # warm-up and rounds, twice
+    assert len(prompts) == 3 + 4 * 4  # warm-up and rounds
     assert len(set(prompts)) == len(prompts)
 
 

@@ -29,7 +29,7 @@ from pytest_kimiperf.errors import ConfigError, ServerError
 from pytest_kimiperf.config.measure_bounds import HealthBounds
 from pytest_kimiperf.measure.records import median
 from pytest_kimiperf.measure.results import CLIENT_BOUND, HOST_LOOP_FACTOR, loop_latency_bounds
-from pytest_kimiperf.measure.runner import extend, run_scenario, run_scenario_async, run_sweep
+from pytest_kimiperf.measure.runner import run_scenario, run_scenario_async, run_sweep
 from pytest_kimiperf.measure.scenarios import Concurrency, ConcurrencySweep, RequestRate, SingleStream
 from pytest_kimiperf.measure.target import Target
 from pytest_kimiperf.measure.workload import Workload, build_prompts, build_requests
@@ -425,17 +425,6 @@ def test_streams_spread_over_client_processes_merge(server: str) -> None:
         assert rec.chunk_ns[0] >= written[rec.request_id]["write_ns"][0]
 
 
-def test_extend_adds_rounds_with_fresh_prompts_up_to_the_cap(server: str) -> None:
-    scenario = SingleStream(prompt_tokens=8, output_tokens=4, requests=2, max_rounds=2, warmup_requests=0)
-    first = run_scenario(Target(server, MODEL), scenario)
-    more = extend(Target(server, MODEL), scenario, first, rounds=5)
-    assert len(more.rounds) == 2
-    assert len({r.request_id for r in more.records}) == 4
-    capped = extend(Target(server, MODEL), scenario, more)
-    assert len(capped.rounds) == 2
-    assert any("max_rounds=2 reached" in note for note in capped.notes)
-
-
 def test_sweep_runs_each_concurrency(server: str) -> None:
     sweep = ConcurrencySweep(concurrencies=(2, 1), prompt_tokens=8, output_tokens=3, requests=2, name="sw")
     runs = run_sweep(Target(server, MODEL), sweep)
@@ -455,8 +444,6 @@ def test_sweep_runs_each_concurrency(server: str) -> None:
          "client_processes=3 exceeds"),
         (lambda: RequestRate(rate_per_s=1.0, arrivals="bursty", prompt_tokens=8, output_tokens=4, requests=1),
          "arrivals='bursty'"),
-        (lambda: SingleStream(prompt_tokens=8, output_tokens=4, requests=1, rounds=3, max_rounds=2),
-         "max_rounds=2 is below rounds=3"),
         (lambda: SingleStream(prompt_tokens=8, output_tokens=4, requests=1, name="../x"), "invalid scenario name"),
         (lambda: SingleStream(prompt_tokens=8, output_tokens=4, seconds=-1),
          r"^SingleStream\.seconds=-1: must be a positive number or None$"),

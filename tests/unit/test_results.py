@@ -20,7 +20,6 @@ from pytest_kimiperf.measure.results import (
     RoundResult,
     RunResult,
     check_goodput_slo,
-    merge_rounds,
 )
 from pytest_kimiperf.measure.server_view import (
     ITL_METRIC,
@@ -219,19 +218,6 @@ def test_goodput_counts_requests_that_meet_every_slo_per_second() -> None:
         check_goodput_slo({"itl_ms": 5})
     with pytest.raises(ConfigError, match="must be a number of ms > 0"):
         check_goodput_slo({"ttft_ms": -1})
-
-
-def test_merge_rounds_appends_and_keeps_the_later_index() -> None:
-    first = RunResult("s", two_round_run().rounds[:1], warmup_requests=2, next_request_index=5,
-                      notes=("a",), server_metrics=({"generation_tokens": 1.0},))
-    more = RunResult("s", two_round_run().rounds[1:], warmup_requests=1, next_request_index=9,
-                     notes=("a", "b"), server_metrics=({"generation_tokens": 2.0},))
-    merged = merge_rounds(first, more)
-    assert len(merged.rounds) == 2
-    assert merged.next_request_index == 9
-    assert merged.warmup_requests == 3
-    assert merged.notes == ("a", "b")
-    assert len(merged.server_metrics) == 2
 
 
 # --------------------------------------------------------------------------- the self-check
