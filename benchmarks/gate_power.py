@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
-from pytest_kimiperf.judge.planning import wants_another_boot  # noqa: E402
+from pytest_kimiperf.judge.power import wants_another_boot  # noqa: E402
 from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot  # noqa: E402
 from pytest_kimiperf.judge.stats import VerdictKind  # noqa: E402
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402

@@ -55,7 +55,7 @@ from pytest_kimiperf.config.options import OPTIONS  # noqa: E402
 from pytest_kimiperf.config.settings import RawOption, build_settings  # noqa: E402
 from pytest_kimiperf.judge.boots import BootLedger  # noqa: E402
 from pytest_kimiperf.judge.levels import CorpusBoot, estimate_levels, load_corpus  # noqa: E402
-from pytest_kimiperf.judge.results import MetricResult  # noqa: E402
+from pytest_kimiperf.judge.verdicts import MetricResult  # noqa: E402
 from pytest_kimiperf.config.metric_specs import metric_spec  # noqa: E402
 from pytest_kimiperf.measure.canary import host_canary, host_identity  # noqa: E402
 from pytest_kimiperf.recorder import PerfRecorder  # noqa: E402

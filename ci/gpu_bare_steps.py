@@ -149,7 +149,7 @@ def step_server(out: Path) -> tuple[str, str]:
 
     from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES
     from pytest_kimiperf.measure.hostwatch import HostWatch
-    from pytest_kimiperf.server.sweep import LAUNCH_ID_ENV
+    from pytest_kimiperf.server.zombies import LAUNCH_ID_ENV
 
     said: list[str] = []
     default = BUILTIN_PROFILES["default"]

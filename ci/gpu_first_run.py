@@ -136,7 +136,7 @@ def boot(out: Path, deadline_s: float) -> None:
     from pytest_kimiperf.errors import KimiperfError
     from pytest_kimiperf.reports.nccl_check import check_server_log
     from pytest_kimiperf.server.gpu import gpu_memory_by_pid
-    from pytest_kimiperf.server.sweep import LAUNCH_ID_ENV
+    from pytest_kimiperf.server.zombies import LAUNCH_ID_ENV
 
     if not (out / "whole-gpus").is_file():
         line("boot", "FAIL", "not run: no whole GPU (see the nvml line)")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from pytest_kimiperf.judge.results import TestResult
+    from pytest_kimiperf.judge.verdicts import TestResult
     from pytest_kimiperf.recorder import PerfRecorder
     from pytest_kimiperf.measure.runner import run_sweep
     from pytest_kimiperf.measure.scenarios import (

@@ -22,7 +22,7 @@ from pytest_kimiperf.session import PerfSession
 if TYPE_CHECKING:
     from pytest_kimiperf.config.nccl.profiles import NcclProfile
     from pytest_kimiperf.judge.boots import BootSlot
-    from pytest_kimiperf.judge.results import TestResult
+    from pytest_kimiperf.judge.verdicts import TestResult
     from pytest_kimiperf.recorder import PerfRecorder
     from pytest_kimiperf.server.manager import ServerManager
     from pytest_kimiperf.server.process import ServerHandle

@@ -4,7 +4,7 @@
 fingerprint's, measure/host_facts.py ``probe_host_facts``), ``snapshot --launch-id ID`` its
 host counters and process table with the pids carrying the launch marker (the host watch's two
 ends, measure/host_readings.py), and ``stop --launch-id ID --grace S`` ends every process of
-that launch there (server/sweep.py) and says what it ended and what survived. Each prints one
+that launch there (server/zombies.py) and says what it ended and what survived. Each prints one
 JSON object on its last stdout line, marked (server/agent_wire.py). The same code that reads this machine reads the node: nothing is
 reimplemented for the remote side, and the node needs only this package installed at the
 interpreter path the deployment's command names (a fleet's runners share one image).
@@ -37,7 +37,7 @@ def snapshot(launch_id: str) -> dict[str, Any]:
 
     from pytest_kimiperf.measure.host_readings import read_host_counters, read_processes
     from pytest_kimiperf.server.launch_records import boot_id
-    from pytest_kimiperf.server.sweep import LAUNCH_ID_ENV
+    from pytest_kimiperf.server.zombies import LAUNCH_ID_ENV
 
     cpu, psi, notes = read_host_counters("/proc")
     t_s = time.monotonic()
@@ -56,7 +56,7 @@ def snapshot(launch_id: str) -> dict[str, Any]:
 
 def stop(launch_id: str, grace_s: float) -> dict[str, Any]:
     """End every process of this uid carrying the launch marker; what ended and what survived."""
-    from pytest_kimiperf.server.sweep import processes_of, terminate_processes
+    from pytest_kimiperf.server.zombies import processes_of, terminate_processes
 
     report = terminate_processes(processes_of(launch_id, uid=os.getuid(), trusted_pgid=None), grace_s=grace_s)
 

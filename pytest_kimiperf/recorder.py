@@ -7,7 +7,7 @@ A perf test is a few lines::
         perf.check(run, ["decode_tok_s", "itl_ms"], floor=True)
 
 ``check`` fails the test with the one-line verdict when a floor or baseline says so; everything
-it decided is published as a JSON-able :class:`~pytest_kimiperf.judge.results.TestResult` for the
+it decided is published as a JSON-able :class:`~pytest_kimiperf.judge.verdicts.TestResult` for the
 controller's reports and baselines.
 """
 
@@ -26,7 +26,7 @@ from pytest_kimiperf.measure.server_view import run_cross_checks
 from pytest_kimiperf.measure.watched import WatchedRun, measure_watched
 from pytest_kimiperf.judge.baselines import BaselineView
 from pytest_kimiperf.judge.gate import FLOOR_METRIC, BootRun, Rules, judge
-from pytest_kimiperf.judge.results import TestResult
+from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.config.metric_specs import SampleKind, metric_spec
 from pytest_kimiperf.judge.boots import BootLedger, TestBoots
 from pytest_kimiperf.judge.levels import BootOrigin

@@ -35,7 +35,7 @@ from pytest_kimiperf.judge.baseline_schema import (
 )
 from pytest_kimiperf.judge.fingerprint import Fingerprint, version_changes
 from pytest_kimiperf.judge.levels import BootOrigin
-from pytest_kimiperf.judge.results import MetricResult, TestResult
+from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.judge.boot_summary import summarize_boot, summarize_metric
 
 HISTORY_BOOTS = 20

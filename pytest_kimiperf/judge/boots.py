@@ -2,7 +2,7 @@
 
 Each NCCL profile is booted up to ``max_boots`` times in one session. The first ``boots`` are
 planned (``--kimiperf-boots``); the rest happen on demand, only for the tests whose comparison
-asked for another boot (planning.wants_another_boot). Boots of several profiles run interleaved,
+asked for another boot (power.wants_another_boot). Boots of several profiles run interleaved,
 A B B A ... (each round reverses the last, so a linear drift over the session falls equally on
 every profile; Abedi & Brecht, ICPE 2017, randomized multiple interleaved trials), or in a
 seeded random order per round; never A A B B.

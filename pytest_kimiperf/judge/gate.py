@@ -2,7 +2,7 @@
 
 :func:`judge` takes one measured test on one server boot as plain data (its samples, the
 deployment's limits and tolerances, the boots of the same test and profile measured so far, the
-baseline view) and returns the filled :class:`~pytest_kimiperf.judge.results.TestResult`: every
+baseline view) and returns the filled :class:`~pytest_kimiperf.judge.verdicts.TestResult`: every
 failure, warning and note, and whether the test wants another boot. It compares the per-boot
 summaries of all boots of the same test and profile with the stored boot history of the baseline
 (only when the hardware fingerprint matches), and with the deployment's decode floor; the reports
@@ -20,8 +20,8 @@ from pytest_kimiperf.judge.baselines import BaselineView
 from pytest_kimiperf.config.deployments import Deployment, Spreads
 from pytest_kimiperf.judge.history import against_history
 from pytest_kimiperf.judge.boots import TestBoots
-from pytest_kimiperf.judge.planning import plan_line, wants_another_boot
-from pytest_kimiperf.judge.results import (
+from pytest_kimiperf.judge.power import plan_line, wants_another_boot
+from pytest_kimiperf.judge.verdicts import (
     BaselineLine, BaselineState, MetricResult, TestResult, WarningKind,
 )
 from pytest_kimiperf.judge.floors import FloorResult, floor_check

@@ -18,7 +18,7 @@ from pytest_kimiperf.judge.baseline_schema import BaselineEntry
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.levels import canary_shift, level_terms
 from pytest_kimiperf.judge.modes import align_modes, find_modes
-from pytest_kimiperf.judge.results import BaselineLine, BaselineState, MetricResult
+from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult
 from pytest_kimiperf.judge.stats import Comparison, compare_boots
 
 

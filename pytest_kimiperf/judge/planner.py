@@ -6,7 +6,7 @@
         --session-spread 2% --reference-sessions 1
 
 Two profiles booted alike need N boots each; against a baseline of ``--reference-boots`` boots,
-N boots of the current build (planning.boots_needed says how, and why a too-small baseline cannot be
+N boots of the current build (power.boots_needed says how, and why a too-small baseline cannot be
 outbooted). The spread is the SD of one boot's median: read it from a baseline's history (the
 summary prints it next to every verdict) or measure it with benchmarks/noise_study.py. With
 ``--session-spread`` the comparison is across sessions (judge/levels.py): this run's one session
@@ -20,7 +20,7 @@ import argparse
 import math
 import sys
 
-from pytest_kimiperf.judge.planning import boots_needed, sessions_for
+from pytest_kimiperf.judge.power import boots_needed, sessions_for
 from pytest_kimiperf.judge.stats import DETECTION_POWER
 
 

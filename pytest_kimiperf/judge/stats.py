@@ -19,7 +19,7 @@ time", ISMM 2013: replicate at the level that varies most). So:
 * **the tolerance is inside the test**: REGRESSION only when the one-sided
   :data:`DIRECTIONAL_CONFIDENCE` bound of the change lies beyond the tolerance, and only on two
   boots or more (one boot can screen, never convict: a first boot that looks bad asks for
-  another, see ``planning.wants_another_boot``); "within +/-tol" only when the whole
+  another, see ``power.wants_another_boot``); "within +/-tol" only when the whole
   :data:`EQUIVALENCE_CONFIDENCE` interval lies inside the tolerance. Short of those, the
   interval says what it can: "changed, size unresolved" when it excludes zero (something
   changed, but whether beyond the tolerance is not shown); "no detectable change" when it holds
@@ -33,7 +33,7 @@ per-request CV 1-2%, heavy tails, drift over the session, 2 profiles x 10 gated 
 bound (about one standard error) confirmed on a second boot kept false alarms at or under 0.3%
 per session and detected 94% or more of changes twice the tolerance at boot spreads up to 1.5%
 (600 sessions a cell), at 1.0-1.23 boots per run; a 95% bound detected only 82% at a 1.5%
-spread (200 sessions). The screen is the tolerance itself (``planning.SCREEN_FRACTION`` 1.0):
+spread (200 sessions). The screen is the tolerance itself (``power.SCREEN_FRACTION`` 1.0):
 three quarters of it cost 1.53 boots per run at a 1.5% spread (150 sessions). The 90%
 equivalence interval is the usual TOST level (two one-sided 5% tests): "within" is a claim, so it gets the stricter level.
 

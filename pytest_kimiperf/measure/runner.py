@@ -4,7 +4,7 @@
 test calls it directly; ``run_sweep`` plays every point of a ``ConcurrencySweep``;
 ``run_scenario_async`` plays on the caller's loop.
 
-A run is: requests built once (planning.py), a warm-up that is never counted, the server's
+A run is: requests built once and dealt to rounds and processes (dealing.py), a warm-up that is never counted, the server's
 ``/metrics`` read, the rounds (each process starts together; engine.py), ``/metrics`` read
 again. The runner checks itself while it measures (see config.measure_bounds.HealthBounds): CPU share and
 event-loop latency of every client process, and how late each request went out. When one
@@ -31,7 +31,7 @@ from pytest_kimiperf.measure.engine import (
     WorkerPool,
     loop_factory,
 )
-from pytest_kimiperf.measure.planning import Prepared, prepare, process_plans, round_result, split
+from pytest_kimiperf.measure.dealing import Prepared, prepare, process_plans, round_result, split
 from pytest_kimiperf.measure.results import RoundResult, RunResult
 from pytest_kimiperf.measure.scenarios import (
     Concurrency,

@@ -32,7 +32,7 @@ import numpy as np
 from pytest_kimiperf.measure.records import RequestRecord
 from pytest_kimiperf.files import write_atomically
 from pytest_kimiperf.errors import KimiperfError
-from pytest_kimiperf.judge.results import TestResult
+from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.numbers import json_safe
 from pytest_kimiperf.reports.model import SessionReport
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from pytest_kimiperf.files import write_atomically
 from pytest_kimiperf.errors import KimiperfError
-from pytest_kimiperf.judge.results import MetricResult, TestResult
+from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.numbers import json_safe
 from pytest_kimiperf.reports.model import ProfileFacts, SessionReport

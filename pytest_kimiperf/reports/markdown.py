@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_kimiperf.errors import KimiperfError
-from pytest_kimiperf.reports.figures import figure_legend, fmt_range, range_names
+from pytest_kimiperf.reports.cells import figure_legend, fmt_range, range_names
 from pytest_kimiperf.reports.next_step import outcome_line
 from pytest_kimiperf.reports.model import (
     boot_label,

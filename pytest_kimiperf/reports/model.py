@@ -17,9 +17,9 @@ from pytest_kimiperf.server.boot_account import BootAccount
 from pytest_kimiperf.judge.gate import compare_profiles
 from pytest_kimiperf.judge.in_session import InSessionRules
 from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT
-from pytest_kimiperf.judge.results import MetricResult, TestResult
+from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS
-from pytest_kimiperf.reports.figures import BootFigure, boot_figure
+from pytest_kimiperf.reports.cells import BootFigure, boot_figure
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck
 from pytest_kimiperf.roofline.inputs import RooflineReport
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pytest_kimiperf.config.metric_specs import METRICS
-from pytest_kimiperf.judge.results import TestResult
+from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.reports.model import SessionReport
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from pytest_kimiperf.judge.baseline_schema import BaselineFile
 from pytest_kimiperf.errors import ConfigError, KimiperfError
-from pytest_kimiperf.judge.results import MetricResult, TestResult
+from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS, Direction, SampleKind
 from pytest_kimiperf.numbers import finite_only, fmt_change, fmt_ci, fmt_value
 from pytest_kimiperf.reports.model import (

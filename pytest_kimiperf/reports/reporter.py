@@ -34,7 +34,7 @@ from pytest_kimiperf.judge.baseline_schema import BaselineFile
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.in_session import InSessionRules
 from pytest_kimiperf.judge.baselines import baseline_entries
-from pytest_kimiperf.judge.results import TestResult
+from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.measure.host_facts import current_git_commit
 from pytest_kimiperf.reports.json_report import build_json_report, write_json_report
 from pytest_kimiperf.reports.markdown import render_markdown, write_markdown

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pytest_kimiperf.judge.in_session import INTERVAL_LEGEND
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.numbers import as_number, fmt_change, fmt_ci, fmt_spread, fmt_value
-from pytest_kimiperf.reports.figures import figure_legend, fmt_range, range_names
+from pytest_kimiperf.reports.cells import figure_legend, fmt_range, range_names
 from pytest_kimiperf.reports.next_step import outcome_line
 from pytest_kimiperf.reports.model import (
     BaselineRow,

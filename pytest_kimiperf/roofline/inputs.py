@@ -28,7 +28,7 @@ from typing import Any
 
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.gate import FLOOR_METRIC
-from pytest_kimiperf.judge.results import TestResult
+from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.numbers import fmt_share
 from pytest_kimiperf.roofline import ceiling
 from pytest_kimiperf.roofline.model_config import ModelConfigLookup, find_model_config, read_model_config

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pytest_kimiperf.config.nodes import SECRET_NAMES, Node, in_template, launch_argv, node_commands
 from pytest_kimiperf.errors import KimiperfError, ServerError
-from pytest_kimiperf.server import sweep as process_sweep
+from pytest_kimiperf.server import zombies as process_sweep
 from pytest_kimiperf.server.agent_wire import agent_payload
 from pytest_kimiperf.server.launcher import ENDED
 from pytest_kimiperf.server.process import (

@@ -1,7 +1,7 @@
 """A server launch's record on disk: what it started, where, and whether its owner still runs.
 
 One JSON file per launch in the state directory (``launch-<id>.json``), written atomically by
-the session that launched the server and read by any later sweep (``sweep.py``).  A record says
+the session that launched the server and read by any later sweep (``zombies.py``).  A record says
 who the launch's leader is beyond its pid (its start time in clock ticks since boot,
 ``/proc/PID/stat`` field 22, and the boot's id), the host, boot, pid namespace and uid it was
 launched in (``Place``), and carries its owner's liveness as an exclusive ``flock`` held on the

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from pytest_kimiperf.server import sweep as process_sweep
+from pytest_kimiperf.server import zombies as process_sweep
 
 # After the server exited on its own, what it left gets this long before SIGKILL: the server
 # is already gone, its engine serves nobody, and pytest is waiting to report the exit.

@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pytest_kimiperf.server import sweep as process_sweep
+from pytest_kimiperf.server import zombies as process_sweep
 from pytest_kimiperf.server.boot_account import BootAccount, account_boot
 from pytest_kimiperf.server.cluster import NodeGroup, node_group
 from pytest_kimiperf.errors import ServerError

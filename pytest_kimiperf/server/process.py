@@ -6,7 +6,7 @@ launch within seconds if pytest dies without teardown. Output goes straight into
 pipe that nobody drains would block a chatty server), and a ``KIMIPERF_LAUNCH_ID`` marker in the
 environment is inherited by every child: that marker, with the leader's pid, start ticks and
 boot, is how teardown and the next run's zombie sweep find exactly the processes we started and
-nothing else (sweep.py, launch_records.py).
+nothing else (zombies.py, launch_records.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import psutil
 from pytest_kimiperf.server.boot_account import BootAccount
 from pytest_kimiperf.config.nodes import SECRET_NAMES, Node
 from pytest_kimiperf.server import launch_records
-from pytest_kimiperf.server import sweep as process_sweep
+from pytest_kimiperf.server import zombies as process_sweep
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.server.http_json import served_models
 from pytest_kimiperf.server.progress import BootProgress, BootTracker, split_log_records

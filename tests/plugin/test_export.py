@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kimiperf.judge.results import TestResult
+from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.measure.records import RequestRecord
 from pytest_kimiperf.config.measure_bounds import HealthBounds
 from pytest_kimiperf.measure.results import RoundResult, RunResult

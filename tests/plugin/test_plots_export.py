@@ -11,7 +11,7 @@ import pytest
 from pytest_kimiperf.judge import baselines
 
 from pytest_kimiperf.judge.baselines import baseline_entries
-from pytest_kimiperf.judge.results import MetricResult, TestResult
+from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.config.metric_specs import metric_spec
 from pytest_kimiperf.reports.model import SessionReport, build_session_report

@@ -357,7 +357,7 @@ def test_daemons_of_a_sigkilled_session_are_stopped_and_the_next_sweep_finds_not
     import subprocess
     import time
 
-    from pytest_kimiperf.server import sweep as process_sweep
+    from pytest_kimiperf.server import zombies as process_sweep
 
     pids = tmp_path / "daemon-pids"
     session = subprocess.Popen([sys.executable, "-c", (

@@ -13,7 +13,7 @@ from pytest_kimiperf.judge.baselines import BaselineView
 from pytest_kimiperf.judge import boots
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.gate import BootRun, Judgement, Rules, judge, missing_baselines
-from pytest_kimiperf.judge.results import TestResult
+from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.judge.stats import VerdictKind
 
 FP = Fingerprint(hard={"gpu.count": "0", "cpu.model": "test", "cpu.cores": "2"}, soft={})

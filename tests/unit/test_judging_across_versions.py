@@ -8,7 +8,7 @@ from pathlib import Path
 from pytest_kimiperf.judge import baselines
 from pytest_kimiperf.judge.fingerprint import Fingerprint, version_changes
 from pytest_kimiperf.judge.baselines import BaselineView
-from pytest_kimiperf.judge.results import MetricResult, TestResult
+from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.judge.gate import (
     WarningKind, judge_metric, missing_baselines, warning_kinds,
 )

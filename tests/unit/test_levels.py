@@ -160,7 +160,7 @@ def test_the_corpus_loader_keeps_valid_boots_of_the_variant(tmp_path) -> None:  
 
 
 def test_the_planner_answers_in_sessions_when_the_session_level_stands_in_the_way() -> None:
-    from pytest_kimiperf.judge.planning import plan_line
+    from pytest_kimiperf.judge.power import plan_line
 
     current = [boot(97, "now"), boot(97.2, "now")]
     history = [boot(100 + 0.1 * (i % 2), "then") for i in range(10)]
@@ -200,7 +200,7 @@ def test_the_planner_command_answers_in_sessions_across_sessions(capsys: pytest.
 
 
 def test_the_planner_says_when_no_number_of_sessions_helps() -> None:
-    from pytest_kimiperf.judge.planning import plan_line
+    from pytest_kimiperf.judge.power import plan_line
 
     current = [boot(97, "now"), boot(97.2, "now")]
     history = [boot(100 + 0.1 * (i % 2), "then") for i in range(10)]

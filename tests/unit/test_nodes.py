@@ -364,7 +364,7 @@ def _agent_answer(survivors: list[dict[str, object]]) -> tuple[str, ...]:
 
 def test_the_next_runs_sweep_stops_a_killed_sessions_processes_on_a_template_node(tmp_path: Path) -> None:
     from pytest_kimiperf.server import launch_records
-    from pytest_kimiperf.server.sweep import sweep_stale_launches
+    from pytest_kimiperf.server.zombies import sweep_stale_launches
 
     launch_records.record_launch(tmp_path, _stale_record("nodesweep01", _agent_answer([]))).release()  # type: ignore[arg-type]
     report = sweep_stale_launches(tmp_path, grace_s=1.0)
@@ -375,7 +375,7 @@ def test_the_next_runs_sweep_stops_a_killed_sessions_processes_on_a_template_nod
 
 def test_a_node_the_sweep_cannot_reach_keeps_the_record_for_the_next_one(tmp_path: Path) -> None:
     from pytest_kimiperf.server import launch_records
-    from pytest_kimiperf.server.sweep import sweep_stale_launches
+    from pytest_kimiperf.server.zombies import sweep_stale_launches
 
     unreachable = ("sh", "-c", "echo 'ssh: Could not resolve hostname gpu-b' >&2; exit 255")
     launch_records.record_launch(tmp_path, _stale_record("nodesweep02", unreachable)).release()  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.baselines import BaselineView, baseline_entries
 from pytest_kimiperf.judge.boots import strip_slot as strip_profile
-from pytest_kimiperf.judge.results import ResultWarning, WarningKind
+from pytest_kimiperf.judge.verdicts import ResultWarning, WarningKind
 from pytest_kimiperf.measure.watched import gpu_watch
 from pytest_kimiperf.server.boot_account import BootAccount, PhaseTime
 from pytest_kimiperf.errors import ConfigError

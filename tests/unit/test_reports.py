@@ -24,7 +24,7 @@ from pytest_kimiperf.judge import baselines
 
 from pytest_kimiperf.judge import gate
 from pytest_kimiperf.judge.fingerprint import Fingerprint
-from pytest_kimiperf.judge.results import BaselineLine, BaselineState, MetricResult, TestResult, WarningKind
+from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult, TestResult, WarningKind
 from pytest_kimiperf.config.metric_specs import metric_spec
 from pytest_kimiperf.numbers import fmt_value
 from pytest_kimiperf.reports.json_report import (
@@ -552,7 +552,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kimiperf.judge.results import TestResult
+from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.plugin import RESULT_KEY
 
 RESULTS = json.loads(Path(__file__).with_name("results.json").read_text())

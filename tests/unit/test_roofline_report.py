@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import stub_deployment_toml
-from pytest_kimiperf.judge.results import MetricResult, TestResult
+from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.config.deployment_tables import resolve_deployments
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, TINY_MODEL, Deployment
 from pytest_kimiperf.errors import ConfigError

@@ -185,7 +185,7 @@ def test_the_gate_does_not_compare_a_run_with_a_baseline_of_other_args(tmp_path:
     from pytest_kimiperf.judge import boots
     from pytest_kimiperf.judge.baselines import BaselineView, baseline_path, update_baseline
     from pytest_kimiperf.judge.gate import BootRun, judge
-    from pytest_kimiperf.judge.results import TestResult
+    from pytest_kimiperf.judge.verdicts import TestResult
     from pytest_kimiperf.judge.stats import VerdictKind
     from tests.unit.test_gate import FP, RULES, TEST
 

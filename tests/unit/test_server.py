@@ -60,7 +60,7 @@ def test_gpu_memory_held_by_sigkill_survivors_stops_a_gpu_launch(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    from pytest_kimiperf.server import sweep as process_sweep
+    from pytest_kimiperf.server import zombies as process_sweep
     from pytest_kimiperf.config.deployments import KIMI_K25_INT4_TP8, TINY_CPU
     from pytest_kimiperf.errors import ServerError
     from pytest_kimiperf.server.manager import ServerManager

@@ -17,7 +17,7 @@ from pytest_kimiperf.judge.stats import (
 )
 from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot
 from pytest_kimiperf.judge.floors import FloorStatus, floor_check
-from pytest_kimiperf.judge.planning import boots_needed, plan_line, wants_another_boot
+from pytest_kimiperf.judge.power import boots_needed, plan_line, wants_another_boot
 
 HIGHER = Direction.HIGHER_IS_BETTER
 LOWER = Direction.LOWER_IS_BETTER

@@ -13,7 +13,7 @@ from pytest_kimiperf.config.settings import RawOption
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.boots import BootSlot, group_by_slot, schedule
 from pytest_kimiperf.judge.gate import missing_baseline_failure
-from pytest_kimiperf.judge.results import BaselineLine, BaselineState, MetricResult, TestResult
+from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult, TestResult
 
 
 @dataclass(frozen=True)

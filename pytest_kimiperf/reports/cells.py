@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from pytest_kimiperf.config.metric_specs import METRICS
-from pytest_kimiperf.judge.results import MetricResult
+from pytest_kimiperf.judge.verdicts import MetricResult
 from pytest_kimiperf.numbers import fmt_value
 
 

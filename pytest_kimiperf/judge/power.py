@@ -11,6 +11,7 @@ are ``stats``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from scipy import stats as scipy_stats
 
@@ -88,13 +89,11 @@ def sessions_for(change: float, spread: float, session_var: float, *, tolerance:
                  confidence: float = 0.95, boots_per_session: int = MIN_BOOTS_DIRECTIONAL,
                  max_sessions: int = 100) -> int | None:
     """Sessions per side (each of ``boots_per_session`` boots at boot ``spread``) that resolve a
-    true ``change`` when every session adds its own effect of variance ``session_var``."""
-    allowed = allowed_variance(change, tolerance, confidence=confidence)
-    sd = math.log1p(spread)
-    for k in range(1, max_sessions + 1):
-        if 2.0 * (session_var / k + sd ** 2 / (k * boots_per_session)) <= allowed:
-            return k
-    return None
+    true ``change`` when every session adds its own effect of variance ``session_var``: both
+    sides run that many sessions (the planner's question, before any history exists)."""
+    return sessions_to_resolve(allowed_variance(change, tolerance, confidence=confidence), math.log1p(spread) ** 2,
+                               [(session_var, None)], boots_per_session=boots_per_session, reference_boots=None,
+                               max_sessions=max_sessions)
 
 
 def sessions_needed(c: Comparison, goal: float, *, boots_per_session: int = MIN_BOOTS_DIRECTIONAL,
@@ -104,16 +103,25 @@ def sessions_needed(c: Comparison, goal: float, *, boots_per_session: int = MIN_
     in the way: each session re-draws the session (and host) effect, which more boots of one run
     never do; the baseline history is taken to span at least as many. None when even
     ``max_sessions`` cannot."""
-    sd_boot = c.spread_sd_log
-    allowed = allowed_variance(goal, c.tolerance)
-    # A term holds spread^2 * weight, its weight 1 (this run's one session) + the history's
-    # share; k sessions of this profile carry 1/k instead of that 1, and a baseline history
-    # spread over at least k sessions at most 1/k.
+    # A term holds spread^2 * weight, its weight 1 (this run's one session) + the history's share.
+    levels = [(t.var_log / t.weight, max(t.weight - 1.0, 0.0)) for t in c.levels if t.weight > 0]
+    return sessions_to_resolve(allowed_variance(goal, c.tolerance), c.spread_sd_log ** 2, levels,
+                               boots_per_session=boots_per_session, reference_boots=max(c.boots_reference, 1),
+                               max_sessions=max_sessions)
+
+
+def sessions_to_resolve(allowed: float, boot_var: float, levels: Sequence[tuple[float, float | None]], *,
+                        boots_per_session: int, reference_boots: int | None, max_sessions: int) -> int | None:
+    """The one formula behind both questions: the fewest sessions k of this side whose
+    comparison's variance fits in ``allowed``. ``levels`` holds each level's variance and the
+    history's share of it (None: the history runs as many sessions as this side); this side's k
+    sessions carry 1/k of each, and a history spread over at least k sessions at most 1/k.
+    ``reference_boots`` None: the history has as many boots as this side."""
     for k in range(1, max_sessions + 1):
-        fixed = sum(t.var_log / t.weight * (1.0 / k + min(max(t.weight - 1.0, 0.0), 1.0 / k))
-                    for t in c.levels if t.weight > 0)
+        fixed = sum(var * (1.0 / k + (1.0 / k if share is None else min(share, 1.0 / k))) for var, share in levels)
         boots = k * boots_per_session
-        if sd_boot ** 2 * (1.0 / boots + 1.0 / max(c.boots_reference, 1)) + fixed <= allowed:
+        reference = boots if reference_boots is None else reference_boots
+        if boot_var * (1.0 / boots + 1.0 / reference) + fixed <= allowed:
             return k
     return None
 

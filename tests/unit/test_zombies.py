@@ -23,10 +23,10 @@ import pytest
 
 from tests.helpers import gone
 from pytest_kimiperf.server import launch_records
-from pytest_kimiperf.server import sweep as process_sweep
+from pytest_kimiperf.server import zombies as process_sweep
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.server.launch_records import LaunchRecord
-from pytest_kimiperf.server.sweep import LAUNCH_ID_ENV
+from pytest_kimiperf.server.zombies import LAUNCH_ID_ENV
 from tests import helpers
 
 REPO = helpers.ROOT
@@ -407,7 +407,7 @@ def test_a_process_of_another_uid_is_never_signalled(tmp_path: Path, cleanup: St
 
 SWEEP_AS_NOBODY = """
 import sys
-from pytest_kimiperf.server import sweep as process_sweep
+from pytest_kimiperf.server import zombies as process_sweep
 report = process_sweep.sweep_stale_launches(sys.argv[1], grace_s=1.0, gpu_probe=dict)
 print("SWEPT", len(report.ended))
 """
