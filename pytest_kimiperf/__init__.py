@@ -38,7 +38,7 @@ _HOME: dict[str, str] = {
     "Concurrency": "measure.scenarios", "ConcurrencySweep": "measure.scenarios",
     "RequestRate": "measure.scenarios", "Scenario": "measure.scenarios",
     "SingleStream": "measure.scenarios", "run_sweep": "measure.runner", "Target": "measure.target",
-    "PerfRecorder": "recorder", "TestResult": "judge.results", "Settings": "config.settings",
+    "PerfRecorder": "recorder", "TestResult": "judge.verdicts", "Settings": "config.settings",
     "KimiperfWarning": "warning_types", "InconclusiveWarning": "warning_types",
     "MissingBaselineWarning": "warning_types", "BelowTargetWarning": "warning_types",
     "SoftFingerprintWarning": "warning_types", "OtherVersionsWarning": "warning_types",
