@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from pytest_kimiperf.config.metric_specs import SampleKind, metrics_of
+from pytest_kimiperf.config.metric_specs import METRICS
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -25,7 +25,6 @@ STUB_SERVER = FAKES / "stub_vllm.py"
 STUB_PRELOAD = FAKES / "stub_preload.py"
 PACED_SERVER = FAKES / "paced_server.py"
 TLS_GATEWAY = FAKES / "tls_gateway.py"
-STUB_TOLERANCE_METRICS = (*metrics_of(SampleKind.REQUEST), *metrics_of(SampleKind.ROUND))
 
 
 def nvml_loads() -> bool:
@@ -106,9 +105,10 @@ def stub_deployment_toml(
         # 5 ms in ~50 samples is a p99 past the default bound) must not make them INVALID.
         f"client_bounds = {{ max_loop_latency_p99_ms = 200, max_send_lag_p99_ms = 200 }}\n"
         # The stub shares this host's two cores like tiny-cpu does: two runs of the identical
-        # stub differ by ~6% in decode and throughput (seen in test_perf_suite), so the metrics'
-        # GPU defaults of 3-5% give false regressions; tiny-cpu's measured 25% does not.
-        f"tolerances = {{ {', '.join(f'{m} = 0.25' for m in STUB_TOLERANCE_METRICS)} }}\n"
+        # stub differ by ~6% in decode and throughput, and its p99 ITL (a tail of 2 ms gaps,
+        # host jitter) read +23% and +43% in two A/A sessions of test_perf_suite, so the metrics'
+        # GPU defaults of 3-10% give false regressions. Every metric gets tiny-cpu's 25%.
+        f"tolerances = {{ {', '.join(f'{m} = 0.25' for m in METRICS)} }}\n"
         # Plumbing runs are not about the host: other tests (xdist workers, the outer pytest)
         # share it. The host-watch tests pass their own bounds.
         f"host_bounds = {host_bounds}\n"
