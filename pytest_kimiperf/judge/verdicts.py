@@ -22,6 +22,7 @@ import numpy as np
 
 from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_metric
 from pytest_kimiperf.judge.levels import BootOrigin
+from pytest_kimiperf.measure.results import RunSummary
 
 
 class WarningKind(str, enum.Enum):
@@ -172,7 +173,7 @@ class TestResult:
     deployment: str
     scenario: str
     metrics: dict[str, MetricResult] = field(default_factory=dict)
-    run: dict[str, Any] = field(default_factory=dict)  # bench-serve style summary of the run
+    run: RunSummary | None = None  # what the run produced: figures, request records, load
     floor: dict[str, Any] | None = None
     messages: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
@@ -183,6 +184,9 @@ class TestResult:
     # The profile's server arguments: with profile_env, what the profile is (baselines key on both).
     profile_args: list[str] = field(default_factory=list)
     invalid: str | None = None
+    # Why a change beyond the tolerance stays unresolved for good (one boot of an attached server
+    # this run cannot restart): the test fails as UNRESOLVED, an outcome of its own.
+    unresolved: str | None = None
     itl_timeline_ms: list[float] = field(default_factory=list)
     boot: int = 1
     # Why --update-baselines must not record this boot (a failure that is not a verdict).
@@ -210,11 +214,11 @@ class TestResult:
             "test": self.test, "nodeid": self.nodeid, "profile": self.profile,
             "deployment": self.deployment, "scenario": self.scenario,
             "metrics": {k: v.to_json() for k, v in self.metrics.items()},
-            "run": self.run, "floor": self.floor, "messages": self.messages,
+            "run": self.run.to_json() if self.run is not None else {}, "floor": self.floor, "messages": self.messages,
             "failures": self.failures, "warnings": [w.to_json() for w in self.warnings],
             "interval_ns": list(self.interval_ns) if self.interval_ns else None,
             "server_env": self.server_env, "profile_env": self.profile_env,
-            "profile_args": list(self.profile_args), "invalid": self.invalid,
+            "profile_args": list(self.profile_args), "invalid": self.invalid, "unresolved": self.unresolved,
             "itl_timeline_ms": self.itl_timeline_ms,
             "boot": self.boot, "unrecordable": self.unrecordable, "host": self.host,
             "versions": self.versions, "origin": self.origin.to_json() if self.origin else None,
@@ -228,13 +232,14 @@ class TestResult:
             test=data["test"], nodeid=data["nodeid"], profile=data["profile"],
             deployment=data["deployment"], scenario=data["scenario"],
             metrics={k: MetricResult.from_json(v) for k, v in data["metrics"].items()},
-            run=dict(data.get("run") or {}), floor=data.get("floor"),
+            run=RunSummary.from_json(run) if (run := data.get("run")) else None, floor=data.get("floor"),
             messages=list(data.get("messages") or []), failures=list(data.get("failures") or []),
             warnings=[ResultWarning.from_json(w) for w in data.get("warnings") or []],
             interval_ns=(int(interval[0]), int(interval[1])) if interval else None,
             server_env=dict(data.get("server_env") or {}),
             profile_env=dict(data.get("profile_env") or {}),
             profile_args=[str(a) for a in data.get("profile_args") or []], invalid=data.get("invalid"),
+            unresolved=data.get("unresolved"),
             itl_timeline_ms=[float(x) for x in data.get("itl_timeline_ms") or []],
             boot=int(data.get("boot") or 1), unrecordable=data.get("unrecordable"),
             host=data.get("host"), versions=dict(data.get("versions") or {}),

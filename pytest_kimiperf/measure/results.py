@@ -22,7 +22,7 @@ from typing import Any
 
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.measure_bounds import HealthBounds
-from pytest_kimiperf.config.metric_specs import SampleKind, metric_spec, metrics_of
+from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, SampleKind, metric_spec, metrics_of
 from pytest_kimiperf.measure.records import NS_PER_MS, PER_REQUEST_METRICS, RequestRecord, median, percentile
 
 RUN_LEVEL_METRICS: tuple[str, ...] = metrics_of(SampleKind.ROUND)
@@ -113,6 +113,18 @@ class RoundResult:
 
 
 GOODPUT_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "e2el_ms")
+
+
+def check_rounds(metrics: Sequence[str], rounds: int) -> None:
+    """ConfigError unless a run of ``rounds`` rounds gives each per-round metric of ``metrics``
+    (throughputs, goodput) the samples a boot needs for a verdict: one round is one sample."""
+    short = [m for m in metrics if metric_spec(m).sample.per_round]
+    if short and rounds < MIN_SAMPLES_PER_BOOT:
+        raise ConfigError(
+            f"{', '.join(short)} {'is' if len(short) == 1 else 'are'} one sample per round: this run has "
+            f"{rounds} round{'s' * (rounds != 1)} and a boot needs {MIN_SAMPLES_PER_BOOT} for a verdict "
+            f"(fewer would pass as 'insufficient samples' and gate nothing); measure it with "
+            f"rounds={MIN_SAMPLES_PER_BOOT} or more")
 
 
 def check_goodput_slo(slo_ms: Mapping[str, Any]) -> dict[str, float]:
@@ -284,52 +296,164 @@ class RunResult:
 
     # ------------------------------------------------------------------ output
 
-    def to_json(self) -> dict[str, Any]:
-        """Summary with vLLM bench-serve field names, plus validity and client health."""
+    def summary(self) -> "RunSummary":
+        """The run's figures, its request records and its context, as the gate and reports keep it."""
         valid = self.valid_records
-        result: dict[str, Any] = {
-            "scenario": self.scenario_name,
-            "valid": self.valid,
-            "invalid_reason": self.invalid_reason,
-            "duration": self.wall_s,
-            "completed": len(valid),
-            "failed": self.invalid_count,
-            "invalid_reasons": self.invalid_reasons,
-            "warmup_requests": self.warmup_requests,
-            "rounds": len(self.rounds),
-            "client_processes": self.client_processes,
-            "total_input_tokens": sum(r.prompt_tokens for r in valid),
-            "total_output_tokens": sum(r.output_tokens for r in valid),
-            "request_throughput": self.request_throughput,
-            "output_throughput": self.output_throughput,
-            "total_token_throughput": (
-                sum(r.prompt_tokens + r.output_tokens for r in valid) / self.wall_s
-                if self.wall_s > 0 else 0.0
-            ),
-        }
+        wall = self.wall_s
+        stats = {}
         for name in PER_REQUEST_METRICS:
             values = self._distribution(name)
-            stem, unit = (name[:-3], "_ms") if name.endswith("_ms") else (name, "")
-            result[f"mean_{stem}{unit}"] = _mean(values)
-            result[f"median_{stem}{unit}"] = median(values) if values else None
-            result[f"std_{stem}{unit}"] = _pstdev(values)
+            stats[name] = MetricStats(
+                mean=_mean(values), median=median(values) if values else None, std=_pstdev(values),
+                percentiles={q: percentile(values, q) for q in PERCENTILES} if values else {},
+            )
+        lags = self.send_lags_ms
+        return RunSummary(
+            scenario=self.scenario_name, valid=self.valid, invalid_reason=self.invalid_reason,
+            duration=wall, completed=len(valid), failed=self.invalid_count,
+            invalid_reasons=self.invalid_reasons, warmup_requests=self.warmup_requests,
+            rounds=tuple(RoundSummary(rnd.wall_s, rnd.output_throughput, rnd.request_throughput,
+                                      tuple(h.to_json() for h in rnd.health)) for rnd in self.rounds),
+            client_processes=self.client_processes,
+            total_input_tokens=sum(r.prompt_tokens for r in valid),
+            total_output_tokens=sum(r.output_tokens for r in valid),
+            request_throughput=self.request_throughput, output_throughput=self.output_throughput,
+            total_token_throughput=(sum(r.prompt_tokens + r.output_tokens for r in valid) / wall if wall > 0 else 0.0),
+            stats=stats, send_lag_p99_ms=percentile(lags, 99) if lags else None, notes=self.notes,
+            server_metrics=tuple(dict(view) for view in self.server_metrics), load=dict(self.load),
+            requests=tuple(self.records),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """Summary with vLLM bench-serve field names, plus validity and client health."""
+        return self.summary().to_json()
+
+
+@dataclass(frozen=True)
+class MetricStats:
+    """A per-request metric's distribution over a run's valid requests (bench serve's figures)."""
+
+    mean: float | None
+    median: float | None
+    std: float | None
+    percentiles: Mapping[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RoundSummary:
+    """One round's wall time, throughputs and client health (ProcessHealth.to_json each)."""
+
+    wall_s: float
+    output_throughput: float
+    request_throughput: float
+    client_health: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a run produced, as the gate and the reports keep it: bench serve's figures, each
+    measured request's record (what the exports and figures are computed from, records.py),
+    the server's own view and the offered load. JSON only at the xdist and file boundaries
+    (:meth:`to_json` is the ``run`` of the JSON report; :meth:`from_json` its inverse)."""
+
+    scenario: str
+    valid: bool
+    invalid_reason: str
+    duration: float
+    completed: int
+    failed: int
+    invalid_reasons: Mapping[str, int]
+    warmup_requests: int
+    rounds: tuple[RoundSummary, ...]
+    client_processes: int
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    output_throughput: float
+    total_token_throughput: float
+    stats: Mapping[str, MetricStats]  # per-request metric -> its distribution
+    send_lag_p99_ms: float | None = None
+    notes: tuple[str, ...] = ()
+    server_metrics: tuple[Mapping[str, Any], ...] = ()  # server_view.ServerView.to_json() each
+    load: Mapping[str, Any] = field(default_factory=dict)  # scenarios.load_facts
+    requests: tuple[RequestRecord, ...] = ()
+
+    def stat(self, metric: str, which: str) -> float | None:
+        """``which`` ("mean", "median", "std") of a per-request metric; None when it has none."""
+        stats = self.stats.get(metric)
+        value: float | None = getattr(stats, which) if stats is not None else None
+        return value
+
+    def to_json(self) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "scenario": self.scenario, "valid": self.valid, "invalid_reason": self.invalid_reason,
+            "duration": self.duration, "completed": self.completed, "failed": self.failed,
+            "invalid_reasons": dict(self.invalid_reasons), "warmup_requests": self.warmup_requests,
+            "rounds": len(self.rounds), "client_processes": self.client_processes,
+            "total_input_tokens": self.total_input_tokens, "total_output_tokens": self.total_output_tokens,
+            "request_throughput": self.request_throughput, "output_throughput": self.output_throughput,
+            "total_token_throughput": self.total_token_throughput,
+        }
+        for name, stats in self.stats.items():
+            stem, unit = _stem(name)
+            result[f"mean_{stem}{unit}"] = stats.mean
+            result[f"median_{stem}{unit}"] = stats.median
+            result[f"std_{stem}{unit}"] = stats.std
             for q in PERCENTILES:
-                result[f"p{q}_{stem}{unit}"] = percentile(values, q) if values else None
+                result[f"p{q}_{stem}{unit}"] = stats.percentiles.get(q)
         result["per_round"] = [
             {"wall_s": rnd.wall_s, "output_throughput": rnd.output_throughput,
-             "request_throughput": rnd.request_throughput,
-             "client_health": [h.to_json() for h in rnd.health]}
+             "request_throughput": rnd.request_throughput, "client_health": [dict(h) for h in rnd.client_health]}
             for rnd in self.rounds
         ]
-        lags = self.send_lags_ms
-        result["send_lag_p99_ms"] = percentile(lags, 99) if lags else None
+        result["send_lag_p99_ms"] = self.send_lag_p99_ms
         result["notes"] = list(self.notes)
         result["server_metrics"] = [dict(view) for view in self.server_metrics]
         result["load"] = dict(self.load)
         # Every measured request's timeline: the raw data behind the figures, and what the
         # bench-serve and JSON Lines exports are written from (reports/export.py).
-        result["requests"] = [r.to_json() for r in self.records]
+        result["requests"] = [r.to_json() for r in self.requests]
         return result
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "RunSummary":
+        """Inverse of :meth:`to_json`."""
+        stats = {}
+        for name in PER_REQUEST_METRICS:
+            stem, unit = _stem(name)
+            if not any(f"{which}_{stem}{unit}" in data for which in ("mean", "median", "std")):
+                continue
+            stats[name] = MetricStats(
+                mean=data.get(f"mean_{stem}{unit}"), median=data.get(f"median_{stem}{unit}"),
+                std=data.get(f"std_{stem}{unit}"),
+                percentiles={q: v for q in PERCENTILES if (v := data.get(f"p{q}_{stem}{unit}")) is not None},
+            )
+        return cls(
+            scenario=str(data.get("scenario") or ""), valid=bool(data.get("valid", True)),
+            invalid_reason=str(data.get("invalid_reason") or ""), duration=float(data.get("duration") or 0.0),
+            completed=int(data.get("completed") or 0), failed=int(data.get("failed") or 0),
+            invalid_reasons=dict(data.get("invalid_reasons") or {}),
+            warmup_requests=int(data.get("warmup_requests") or 0),
+            rounds=tuple(RoundSummary(float(r["wall_s"]), float(r["output_throughput"]),
+                                      float(r["request_throughput"]), tuple(r.get("client_health") or ()))
+                         for r in data.get("per_round") or ()),
+            client_processes=int(data.get("client_processes") or 1),
+            total_input_tokens=int(data.get("total_input_tokens") or 0),
+            total_output_tokens=int(data.get("total_output_tokens") or 0),
+            request_throughput=float(data.get("request_throughput") or 0.0),
+            output_throughput=float(data.get("output_throughput") or 0.0),
+            total_token_throughput=float(data.get("total_token_throughput") or 0.0),
+            stats=stats, send_lag_p99_ms=data.get("send_lag_p99_ms"),
+            notes=tuple(data.get("notes") or ()),
+            server_metrics=tuple(dict(v) for v in data.get("server_metrics") or ()),
+            load=dict(data.get("load") or {}),
+            requests=tuple(RequestRecord.from_json(r) for r in data.get("requests") or ()),
+        )
+
+
+def _stem(name: str) -> tuple[str, str]:
+    # bench serve's figure names: "ttft_ms" -> mean_ttft_ms, "decode_tok_s" -> mean_decode_tok_s.
+    return (name[:-3], "_ms") if name.endswith("_ms") else (name, "")
 
 
 def _mean(values: Sequence[float]) -> float | None:

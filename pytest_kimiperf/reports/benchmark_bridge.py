@@ -5,8 +5,9 @@ fixture as ``benchmark.pedantic(target, rounds=1, iterations=1)``: one round, on
 round's time is therefore the scenario's wall time as ``perf.measure`` spends it (prompt
 preparation through ``/tokenize``, warm-up requests and every measured round), not a per-request
 figure; the LLM figures pytest-benchmark cannot time go into ``benchmark.extra_info`` under vLLM
-``bench serve``'s names (vllm/benchmarks/serve.py): ``median_ttft_ms``, ``median_itl_ms``,
-``output_throughput``, ``median_decode_tok_s``, ``completed``, ``failed``, plus ``scenario``,
+``bench serve``'s names (vllm/benchmarks/serve.py): the median of each per-request metric of
+the metric table (``median_ttft_ms``, ``median_decode_tok_s``, ...), each per-round one
+(``output_throughput``, ...), ``completed`` and ``failed``, plus ``scenario``,
 ``profile`` and ``deployment``. ``--benchmark-json``, ``--benchmark-autosave`` and
 ``--benchmark-compare`` then carry them, and ``machine_info["kimiperf"]`` carries the hardware
 fingerprint that decides which baselines compare.
@@ -36,6 +37,8 @@ from __future__ import annotations
 from collections.abc import Callable, MutableMapping
 from typing import Any, TypeVar
 
+from pytest_kimiperf.config.metric_specs import SampleKind, metrics_of
+from pytest_kimiperf.measure.results import RunResult
 from pytest_kimiperf.numbers import json_safe
 
 # The name pytest-benchmark's entry point registers its plugin under.
@@ -43,11 +46,14 @@ BENCHMARK_PLUGIN = "benchmark"
 # The extra_info key that marks a round as a kimiperf scenario (what the table leaves out).
 TIMED_KEY = "kimiperf_timed"
 TIMED = "one round: the scenario's wall time (prompt preparation, warm-up and measured rounds)"
-# Keys of RunResult.to_json() copied into extra_info, in vLLM bench serve's names.
-_BENCH_SERVE_KEYS = ("median_ttft_ms", "median_itl_ms", "output_throughput", "median_decode_tok_s",
-                     "completed", "failed")
 
 T = TypeVar("T")
+
+
+def bench_serve_keys() -> tuple[str, ...]:
+    """The figures extra_info carries, in bench serve's names: each per-request metric's median
+    and each per-round throughput of the metric table (config/metric_specs.py)."""
+    return (*(f"median_{name}" for name in metrics_of(SampleKind.REQUEST)), *metrics_of(SampleKind.ROUND))
 
 
 def active_benchmark(config: Any, getfixturevalue: Callable[[str], Any], *, is_worker: bool) -> Any | None:
@@ -72,14 +78,18 @@ def run_timed(benchmark: Any, target: Callable[[], T]) -> T:
     return result
 
 
-def extra_info(run: Any, *, profile: str, deployment: str) -> dict[str, Any]:
-    """The LLM figures of a RunResult for ``benchmark.extra_info`` (bench serve names, JSON-safe)."""
-    summary = run.to_json()
-    info: dict[str, Any] = {key: json_safe(summary.get(key)) for key in _BENCH_SERVE_KEYS}
+def extra_info(run: RunResult, *, profile: str, deployment: str) -> dict[str, Any]:
+    """The LLM figures of a RunResult for ``benchmark.extra_info`` (bench serve names, JSON-safe):
+    the median of each per-request metric and each per-round one, from the metric table."""
+    summary = run.summary()
+    figures = summary.to_json()
+    info: dict[str, Any] = {key: json_safe(figures.get(key)) for key in bench_serve_keys()}
     info.update({
+        "completed": summary.completed,
+        "failed": summary.failed,
         "scenario": run.scenario_name,
-        "valid": bool(summary.get("valid")),
-        "invalid_reason": summary.get("invalid_reason") or None,
+        "valid": summary.valid,
+        "invalid_reason": summary.invalid_reason or None,
         "profile": profile,
         "deployment": deployment,
         TIMED_KEY: TIMED,

@@ -22,7 +22,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -53,20 +53,18 @@ _NS_PER_MS = 1e6
 def bench_serve_result(res: TestResult, *, model_id: str, tokenizer_id: str, date: str,
                        detailed: bool = False) -> dict[str, Any]:
     """One test's run under one profile as a ``vllm bench serve --save-result`` dict."""
-    run = res.run
-    requests = list(run.get("requests") or [])
-    load = dict(run.get("load") or {})
+    # The metric definitions are records.py's (RequestRecord), in bench serve's seconds here.
+    records = list(res.run.requests) if res.run is not None else []
+    load = dict(res.run.load) if res.run is not None else {}
     endpoint = str(load.get("endpoint") or "completions")
     backend = BACKEND.get(endpoint, endpoint)
-    duration = float(run.get("duration") or 0.0)
-    ok = [r for r in requests if r.get("ok")]
-    output_lens = [int(r["output_tokens"]) if r.get("ok") else 0 for r in requests]
-    # The metric definitions are records.py's (RequestRecord), in bench serve's seconds here.
-    records = [RequestRecord.from_json(r) for r in requests]
+    duration = res.run.duration if res.run is not None else 0.0
+    ok = [rec for rec in records if rec.ok]
+    output_lens = [rec.output_tokens if rec.ok else 0 for rec in records]
     ttfts = [_s(rec.ttft_ms) for rec in records]
     latencies = [_s(rec.e2el_ms) for rec in records]
     itls = [[gap / 1000 for gap in rec.itl_ms] for rec in records]
-    total_input = sum(int(r["prompt_tokens"]) for r in ok)
+    total_input = sum(rec.prompt_tokens for rec in ok)
     total_output = sum(output_lens)
     result: dict[str, Any] = {
         "date": date,
@@ -75,7 +73,7 @@ def bench_serve_result(res: TestResult, *, model_id: str, tokenizer_id: str, dat
         "label": f"{res.test} [{res.profile}, boot {res.boot}]",
         "model_id": model_id,
         "tokenizer_id": tokenizer_id,
-        "num_prompts": len(requests),
+        "num_prompts": len(records),
         "request_rate": load.get("request_rate", "inf"),
         "burstiness": load.get("burstiness", 1.0),
         "max_concurrency": load.get("max_concurrency"),
@@ -84,30 +82,30 @@ def bench_serve_result(res: TestResult, *, model_id: str, tokenizer_id: str, dat
         "kimiperf_scenario": res.scenario, "kimiperf_valid": not res.invalid,
         "duration": duration,
         "completed": len(ok),
-        "failed": len(requests) - len(ok),
+        "failed": len(records) - len(ok),
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
         "request_throughput": len(ok) / duration if duration > 0 else 0.0,
         "request_goodput": None,  # no --goodput SLO given (bench serve writes None then too)
         "output_throughput": total_output / duration if duration > 0 else 0.0,
         "total_token_throughput": (total_input + total_output) / duration if duration > 0 else 0.0,
-        "input_lens": [int(r["prompt_tokens"]) for r in requests],
+        "input_lens": [rec.prompt_tokens for rec in records],
         "output_lens": output_lens,
         "ttfts": [t if t is not None else 0.0 for t in ttfts],
         "itls": itls,
         "latencies": [t if t is not None else 0.0 for t in latencies],
-        "start_times": [r["t_send_ns"] / _NS_PER_S for r in requests],
+        "start_times": [rec.t_send_ns / _NS_PER_S for rec in records],
         # bench serve's client_queue_time: waiting for a --max-concurrency slot before sending.
         "queue_times": [max(0.0, _s(rec.send_lag_ms) or 0.0) for rec in records],
-        "generated_texts": ["" for _ in requests],  # the client never decodes text
-        "errors": [r.get("error") or "" for r in requests],
+        "generated_texts": ["" for _ in records],  # the client never decodes text
+        "errors": [rec.error for rec in records],
         **_peaks(ok),
         "rtfx": 0.0,  # audio input seconds per second; text runs have none
     }
-    ok_ttft = [t for r, t in zip(requests, ttfts) if r.get("ok") and t is not None]
-    ok_lat = [t for r, t in zip(requests, latencies) if r.get("ok") and t is not None]
+    ok_ttft = [t for rec, t in zip(records, ttfts) if rec.ok and t is not None]
+    ok_lat = [t for rec, t in zip(records, latencies) if rec.ok and t is not None]
     tpots = [tpot / 1000 for rec in records if rec.ok and (tpot := rec.tpot_ms) is not None]
-    pooled_itl = [gap for r, gaps in zip(requests, itls) if r.get("ok") for gap in gaps]
+    pooled_itl = [gap for rec, gaps in zip(records, itls) if rec.ok for gap in gaps]
     for stem, values in (("ttft", ok_ttft), ("tpot", tpots), ("itl", pooled_itl), ("e2el", ok_lat)):
         result.update(_stats_ms(stem, values))
     if not detailed:
@@ -119,19 +117,17 @@ def bench_serve_result(res: TestResult, *, model_id: str, tokenizer_id: str, dat
 
 def request_lines(res: TestResult) -> Iterable[dict[str, Any]]:
     """One JSON object per measured request of ``res`` (times in ns of CLOCK_MONOTONIC and ms)."""
-    for r in res.run.get("requests") or []:
-        send = int(r["t_send_ns"])
-        chunks = [int(c) for c in r.get("chunk_ns") or []]
-        ttft = _s(RequestRecord.from_json(r).ttft_ms)
+    for rec in res.run.requests if res.run is not None else ():
+        send = rec.t_send_ns
         yield {
             "profile": res.profile, "boot": res.boot, "test": res.test, "nodeid": res.nodeid,
-            "scenario": res.scenario, "request_id": r.get("request_id", ""),
-            "status": "ok" if r.get("ok") else "error", "error": r.get("error") or None,
-            "prompt_tokens": r.get("prompt_tokens"), "output_tokens": r.get("output_tokens"),
-            "t_start_ns": r.get("t_start_ns"), "scheduled_send_ns": r.get("scheduled_send_ns"),
-            "t_send_ns": send, "chunk_ns": chunks, "t_done_ns": r.get("t_done_ns"),
-            "ttft_ms": ttft * 1000 if ttft is not None else None,
-            "chunk_offsets_ms": [(c - send) / _NS_PER_MS for c in chunks],
+            "scenario": res.scenario, "request_id": rec.request_id,
+            "status": "ok" if rec.ok else "error", "error": rec.error or None,
+            "prompt_tokens": rec.prompt_tokens, "output_tokens": rec.output_tokens,
+            "t_start_ns": rec.t_start_ns, "scheduled_send_ns": rec.scheduled_send_ns,
+            "t_send_ns": send, "chunk_ns": list(rec.chunk_ns), "t_done_ns": rec.t_done_ns,
+            "ttft_ms": rec.ttft_ms,
+            "chunk_offsets_ms": [(c - send) / _NS_PER_MS for c in rec.chunk_ns],
         }
 
 
@@ -174,21 +170,21 @@ def _s(ms: float | None) -> float | None:
     return None if ms is None else ms / 1000
 
 
-def _peaks(ok: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _peaks(ok: Sequence[RequestRecord]) -> dict[str, Any]:
     """bench serve's max_output_tokens_per_s and max_concurrent_requests: one-second buckets
     from the first send; each token chunk counts one token there, as bench serve counts its itls."""
     if not ok:
         return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
-    start = min(r["t_send_ns"] for r in ok)
-    end = max((r["chunk_ns"] or [r["t_send_ns"]])[-1] for r in ok)
+    start = min(rec.t_send_ns for rec in ok)
+    end = max((rec.chunk_ns or (rec.t_send_ns,))[-1] for rec in ok)
     buckets = int(math.ceil((end - start) / _NS_PER_S)) + 1
     tokens = np.zeros(buckets)
     active = np.zeros(buckets)
-    for r in ok:
-        for c in r["chunk_ns"]:
+    for rec in ok:
+        for c in rec.chunk_ns:
             tokens[int((c - start) / _NS_PER_S)] += 1
-        last = (r["chunk_ns"] or [r["t_send_ns"]])[-1]
-        active[int((r["t_send_ns"] - start) / _NS_PER_S): int((last - start) / _NS_PER_S) + 1] += 1
+        last = (rec.chunk_ns or (rec.t_send_ns,))[-1]
+        active[int((rec.t_send_ns - start) / _NS_PER_S): int((last - start) / _NS_PER_S) + 1] += 1
     return {"max_output_tokens_per_s": float(tokens.max()), "max_concurrent_requests": int(active.max())}
 
 

@@ -140,7 +140,7 @@ def _test_json(res: TestResult) -> dict[str, Any]:
         "warnings": res.warning_lines(),
         "messages": list(res.messages),
         "floor": res.floor,
-        "run": dict(res.run),
+        "run": res.run.to_json() if res.run is not None else {},
         "metrics": {name: _metric_json(mres) for name, mres in res.metrics.items()},
         "itl_timeline_ms": list(res.itl_timeline_ms),
         "interval_ns": list(res.interval_ns) if res.interval_ns else None,

@@ -8,7 +8,6 @@ are computed once (each costs two bootstraps). The table cells (``81.4``, ``+0.6
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +15,6 @@ from typing import Any
 from pytest_kimiperf.server.boot_account import BootAccount
 from pytest_kimiperf.judge.gate import compare_profiles
 from pytest_kimiperf.judge.in_session import InSessionRules
-from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.reports.cells import BootFigure, boot_figure
@@ -111,10 +109,6 @@ def _pooled_mean(views: Sequence[Mapping[str, Any]], key: str) -> float | None:
         return None
     total = sum(count for count, _ in pairs)
     return sum(count * mean for count, mean in pairs) / total if total else None
-
-
-def _num_or_none(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 @dataclass(frozen=True)
@@ -304,16 +298,16 @@ class SessionReport:
         """The server's own figures (vLLM's /metrics, read around each run) beside the client's."""
         rows = []
         for res in self.results:
-            views = [v for v in res.run.get("server_metrics") or [] if v]
-            if not views:
+            views = [v for v in res.run.server_metrics if v] if res.run is not None else []
+            if not views or res.run is None:
                 continue
             tokens = [v.get("generation_tokens") for v in views]
             rows.append(ServerViewRow(
                 test=res.test, profile=boot_label(res),
-                server_ttft_ms=_pooled_mean(views, "ttft"), client_ttft_ms=_num_or_none(res.run.get("mean_ttft_ms")),
-                server_itl_ms=_pooled_mean(views, "itl"), client_itl_ms=_num_or_none(res.run.get("mean_itl_ms")),
+                server_ttft_ms=_pooled_mean(views, "ttft"), client_ttft_ms=res.run.stat("ttft_ms", "mean"),
+                server_itl_ms=_pooled_mean(views, "itl"), client_itl_ms=res.run.stat("itl_ms", "mean"),
                 server_tokens=None if None in tokens else float(sum(tokens)),
-                client_tokens=_num_or_none(res.run.get("total_output_tokens")),
+                client_tokens=float(res.run.total_output_tokens),
             ))
         return rows
 

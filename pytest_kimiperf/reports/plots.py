@@ -150,7 +150,7 @@ def throughput_curves(results: Sequence[TestResult]) -> dict[str, list[CurvePoin
     per profile and concurrency (boots averaged), where at least two concurrencies ran."""
     cells: dict[tuple[str, str, int], list[TestResult]] = {}
     for res in results:
-        load = res.run.get("load") or {}
+        load = res.run.load if res.run is not None else {}
         if load.get("kind") != "concurrency" or res.invalid:
             continue
         base = re.sub(r"\[.*\]$", "", res.test)
@@ -159,9 +159,9 @@ def throughput_curves(results: Sequence[TestResult]) -> dict[str, list[CurvePoin
     curves: dict[str, list[CurvePoint]] = {}
     for (group, profile, concurrency), boots in sorted(cells.items()):
         curves.setdefault(group, []).append((
-            profile, concurrency, _mean([r.run.get("output_throughput") for r in boots]) or 0.0,
-            _mean([r.run.get("median_ttft_ms") for r in boots]),
-            _mean([r.run.get("median_tpot_ms") for r in boots]),
+            profile, concurrency, _mean([r.run.output_throughput for r in boots if r.run]) or 0.0,
+            _mean([r.run.stat("ttft_ms", "median") for r in boots if r.run]),
+            _mean([r.run.stat("tpot_ms", "median") for r in boots if r.run]),
         ))
     return {g: pts for g, pts in curves.items() if len({p[1] for p in pts}) >= 2}
 

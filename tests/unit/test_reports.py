@@ -26,6 +26,7 @@ from pytest_kimiperf.judge import gate
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult, TestResult, WarningKind
 from pytest_kimiperf.config.metric_specs import metric_spec
+from pytest_kimiperf.measure.results import RunSummary
 from pytest_kimiperf.numbers import fmt_value
 from pytest_kimiperf.reports.json_report import (
     SCHEMA_VERSION,
@@ -78,8 +79,8 @@ def measured(profile: str, *, decode: float, itl: float, ttft: float, seed: int,
             samples(seed + offset, center, spread), boot_label=f"{profile} boot {boot}")
     rng = np.random.default_rng(seed + 3)
     res.itl_timeline_ms = [round(float(x), 3) for x in rng.gamma(20.0, itl / 20.0, 120)]
-    res.run = {"scenario": "single-stream", "completed": 20, "failed": 0,
-               "median_ttft_ms": res.metrics["ttft_ms"].summary()["median"]}
+    res.run = RunSummary.from_json({"scenario": "single-stream", "completed": 20, "failed": 0,
+                                    "median_ttft_ms": res.metrics["ttft_ms"].summary()["median"]})
     return res
 
 
@@ -664,7 +665,9 @@ def test_plugin_reports_a_baseline_it_cannot_write_and_still_writes_the_json(
 def test_the_servers_view_is_shown_next_to_the_clients(results: list[TestResult]) -> None:
     res = results[0]
     # one run extended by one round: two /metrics views, pooled by their counts
-    res.run.update({"mean_ttft_ms": 17.4, "mean_itl_ms": 1.30, "total_output_tokens": 2560,
+    assert res.run is not None
+    res.run = RunSummary.from_json({
+                    **res.run.to_json(), "mean_ttft_ms": 17.4, "mean_itl_ms": 1.30, "total_output_tokens": 2560,
                     "server_metrics": [
                         {"ttft_count": 10, "mean_ttft_ms": 17.0, "itl_count": 1270, "mean_itl_ms": 1.2,
                          "generation_tokens": 1280.0, "itl_metric": "vllm:inter_token_latency_seconds"},
@@ -687,7 +690,9 @@ def test_the_servers_view_is_shown_next_to_the_clients(results: list[TestResult]
 
 def test_the_servers_view_labels_each_boot_as_the_comparison_table_does(results: list[TestResult]) -> None:
     for res in results:
-        res.run.update({"mean_ttft_ms": 17.4, "mean_itl_ms": 1.30, "total_output_tokens": 2560,
+        assert res.run is not None
+        res.run = RunSummary.from_json({
+                        **res.run.to_json(), "mean_ttft_ms": 17.4, "mean_itl_ms": 1.30, "total_output_tokens": 2560,
                         "server_metrics": [{"ttft_count": 20, "mean_ttft_ms": 17.0, "itl_count": 2540,
                                             "mean_itl_ms": 1.2, "generation_tokens": 2560.0}]})
     rep = make_report(results)
