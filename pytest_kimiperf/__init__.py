@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from pytest_kimiperf.config.settings import Settings
     from pytest_kimiperf.warning_types import (
         BelowTargetWarning, InconclusiveWarning, KimiperfWarning, MissingBaselineWarning,
-        OtherVersionsWarning, SoftFingerprintWarning,
+        OneSessionHistoryWarning, OtherVersionsWarning, SoftFingerprintWarning,
     )
 
 _HOME: dict[str, str] = {
@@ -42,6 +42,7 @@ _HOME: dict[str, str] = {
     "KimiperfWarning": "warning_types", "InconclusiveWarning": "warning_types",
     "MissingBaselineWarning": "warning_types", "BelowTargetWarning": "warning_types",
     "SoftFingerprintWarning": "warning_types", "OtherVersionsWarning": "warning_types",
+    "OneSessionHistoryWarning": "warning_types",
 }
 
 __all__ = ["__version__", *sorted(_HOME)]

@@ -16,7 +16,7 @@ import pytest
 from pytest_kimiperf import xdist_scheduling
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.errors import KimiperfError
-from pytest_kimiperf.reports.outcome import INVALID_OUTCOME, OUTCOME_PROPERTY
+from pytest_kimiperf.reports.outcome import INVALID_OUTCOME, OUTCOME_PROPERTY, UNRESOLVED_OUTCOME
 from pytest_kimiperf.session import PerfSession
 
 if TYPE_CHECKING:
@@ -109,6 +109,8 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
         item.user_properties.extend((f"median_{metric}", median) for metric, median in result.medians().items())
         if result.invalid is not None:  # its failure is the INVALID one (reports/outcome.py)
             item.user_properties.append((OUTCOME_PROPERTY, INVALID_OUTCOME))
+        elif result.unresolved is not None:  # its failure is UNRESOLVED: one boot of an attached server
+            item.user_properties.append((OUTCOME_PROPERTY, UNRESOLVED_OUTCOME))
 
     def ensure_alive() -> None:
         try:

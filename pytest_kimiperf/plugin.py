@@ -18,8 +18,8 @@ import pytest
 from pytest_kimiperf import hookspec, xdist_scheduling
 from pytest_kimiperf.config.options import OPTIONS, perf_run_requested, read_raw_options
 from pytest_kimiperf.config.settings import Settings, build_settings
-from pytest_kimiperf.errors import ConfigError
-from pytest_kimiperf.reports.outcome import INVALID_ONLY_EXIT, FailureTally, is_invalid_failure
+from pytest_kimiperf.errors import ConfigError, KimiperfError
+from pytest_kimiperf.reports.outcome import INVALID_ONLY_EXIT, UNRESOLVED_EXIT, FailureTally, failure_outcome
 from pytest_kimiperf.fixtures import (  # noqa: F401 - the fixtures are registered with this module
     PROFILE_FIXTURE,
     RESULT_KEY,
@@ -35,6 +35,7 @@ from pytest_kimiperf.fixtures import (  # noqa: F401 - the fixtures are register
     slot_of,
 )
 from pytest_kimiperf.session import PerfSession
+from pytest_kimiperf.warning_types import OneSessionHistoryWarning
 
 if TYPE_CHECKING:
     from pytest_kimiperf.reports.reporter import SessionReporter
@@ -124,12 +125,14 @@ def _settings(config: pytest.Config) -> Settings:
 
 
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
-    """``--kimiperf-list``: print what the run could use and exit, as ``--markers`` does."""
-    if not config.getoption("kimiperf_list"):
+    """``--kimiperf-list`` / ``--kimiperf-plan``: print, and exit before any boot (as ``--markers``)."""
+    if not (config.getoption("kimiperf_list") or config.getoption("kimiperf_plan")):
         return None
-    from pytest_kimiperf.reports.listing import listing_lines
-
-    print("\n".join(listing_lines(_settings(config))))
+    run = PerfSession(settings=_settings(config))
+    try:
+        print("\n".join(run.listing() if config.getoption("kimiperf_list") else run.plan()))
+    except KimiperfError as exc:
+        raise pytest.UsageError(f"pytest-kimiperf: {exc}") from None
     return 0
 
 
@@ -186,7 +189,9 @@ def _fingerprint_lines(config: pytest.Config) -> list[str]:
 
     run = config.stash[RUN_KEY]
     run.fingerprint_shown = True
-    return fingerprint_lines(run.fingerprint(), run.baseline_view().path)
+    view = run.baseline_view()
+    return fingerprint_lines(run.fingerprint(), view.path, deployment=run.settings.deployment,
+                             span=view.span())
 
 
 def _perf_run_requested(config: pytest.Config) -> bool:
@@ -249,6 +254,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if perf_items and not is_worker(config):
         for warning in run.topology_warnings():
             config.issue_config_time_warning(pytest.PytestConfigWarning(f"kimiperf: {warning}"), stacklevel=2)
+        if (history := run.history_warning()) is not None:
+            config.issue_config_time_warning(OneSessionHistoryWarning(f"kimiperf: {history}"), stacklevel=2)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -367,12 +374,12 @@ class _ResultCollector:
         self.exit_status: int | None = None  # what session finish decided, for the summary
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Keep the perf result of each test's call phase, and which failures were INVALID."""
+        """Keep the perf result of each test's call phase, and which failures were INVALID or UNRESOLVED."""
         result = getattr(report, "kimiperf", None)
         if result is not None and report.when == "call":
             _reporter(self.config).add_result(result)
         if report.failed:
-            self.failures.add(report.nodeid, invalid=is_invalid_failure(report.when, report.user_properties))
+            self.failures.add(report.nodeid, outcome=failure_outcome(report.when, report.user_properties))
 
 
 def _collector(config: pytest.Config) -> _ResultCollector | None:
@@ -459,5 +466,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
         return
     _reporter(config).write_summary(terminalreporter)
     collector = _collector(config)
-    if collector is not None and collector.exit_status == INVALID_ONLY_EXIT:
+    if collector is not None and collector.exit_status in (INVALID_ONLY_EXIT, UNRESOLVED_EXIT):
         terminalreporter.write_line(collector.failures.summary_line())

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from pytest_kimiperf.reports import benchmark_bridge
 from pytest_kimiperf.errors import BaselineError, ConfigError, KimiperfError
-from pytest_kimiperf.measure.results import RunResult, check_goodput_slo
+from pytest_kimiperf.measure.results import RunResult, check_goodput_slo, check_rounds
 from pytest_kimiperf.measure.server_view import run_cross_checks
 from pytest_kimiperf.measure.watched import WatchedRun, measure_watched
 from pytest_kimiperf.judge.baselines import BaselineView
@@ -199,6 +199,7 @@ class PerfRecorder:
         try:
             slo_checked = _checked_slo(slo) if slo else {}
             goodput_slo = check_goodput_slo(goodput) if goodput is not None else None
+            check_rounds([*metrics, *(["request_goodput"] if goodput is not None else [])], len(run.rounds))
         except ConfigError as exc:
             self._fail(f"perf.check of {self.test}: {exc}")
         try:
@@ -217,7 +218,7 @@ class PerfRecorder:
             profile=self.server.profile,
             deployment=self.settings.deployment.name,
             scenario=run.scenario_name,
-            run=run.to_json(),
+            run=run.summary(),
             interval_ns=(self.intervals_ns[0][0], self.intervals_ns[-1][1]) if self.intervals_ns else None,
             server_env=dict(self.server.env),
             profile_env=self.profile_env,
@@ -242,7 +243,8 @@ class PerfRecorder:
         rules = Rules.for_deployment(
             self.settings.deployment, tolerances={name: self.tolerance(name) for name in judged},
             canary=self.origin.canary if self.origin else None,
-            boots=self.settings.boots, max_boots=self.settings.max_boots, strict=self.settings.perf_strict)
+            boots=self.settings.boots, max_boots=self.settings.max_boots, strict=self.settings.perf_strict,
+            attached=self.server.external)
         record = self.ledger.of(self.test, self.server.profile) if invalid is None else None
         judgement = judge(result, metrics, measured, rules, view=self.view,
                           earlier=record if record is not None else TestBoots(),

@@ -128,6 +128,27 @@ class PerfSession:
             self._origin = BootOrigin(session=session[:12], host=host_identity()["host"], canary=canary)
         return self._origin
 
+    def listing(self) -> list[str]:
+        """``--kimiperf-list``'s lines: deployments, profiles and metrics, where each is defined."""
+        from pytest_kimiperf.reports.listing import listing_lines
+
+        return listing_lines(self.settings)
+
+    def plan(self) -> list[str]:
+        """``--kimiperf-plan``'s lines: boots, loading time, the smallest change resolved (no boot)."""
+        from pytest_kimiperf.reports.plan import plan_lines
+
+        return plan_lines(self.settings, self.baseline_view().file())
+
+    def history_warning(self) -> str | None:
+        """Said before the first boot when the baseline history spans one session (not while
+        recording, which adds a session)."""
+        from pytest_kimiperf.reports.header import one_session_warning
+
+        if self.settings.update_baselines:
+            return None
+        return one_session_warning(self.settings.deployment, self.baseline_view().span())
+
     def topology_warnings(self) -> list[str]:
         """The profile warnings that depend on the hardware (LL128 on a PCIe-only host)."""
         from pytest_kimiperf.server.hardware_check import topology_warnings

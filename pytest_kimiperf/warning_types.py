@@ -36,6 +36,10 @@ class OtherVersionsWarning(KimiperfWarning):
     """Judged against a baseline of the same hardware recorded under other vLLM/torch/NCCL."""
 
 
+class OneSessionHistoryWarning(KimiperfWarning):
+    """The baseline history spans one session: the session spread in force is declared, not measured."""
+
+
 # By gate.WarningKind value (this module stays free of the gate's numpy imports).
 CLASS_OF: dict[str, type[KimiperfWarning]] = {
     "inconclusive": InconclusiveWarning,

@@ -97,6 +97,7 @@ def stub_deployment_toml(
         f"[tool.kimiperf.deployments.{name}]\n"
         f"model = \"stub-model\"\n"
         f"served_model_name = \"stub-model\"\n"
+        "gpu_count = 0\n"
         f"command = {json.dumps(command)}\n"
         f"health_deadline_s = {health_deadline_s}\n"
         f"decode_floor_tok_s = {floor}\n"
@@ -122,3 +123,62 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+RESTART_SCRIPT = FAKES / "restart_server.py"
+
+
+class RestartableServer:
+    """A server started as ``systemctl`` would start a service, and its ``restart_command``:
+    tests/fakes/restart_server.py with a pidfile. ``start()`` waits until ``model`` is served;
+    ``stop()`` kills whatever process the pidfile names last (a restart replaces it)."""
+
+    def __init__(self, argv: list[str], port: int, directory: Path, *, model: str) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.model = model
+        self.pidfile = directory / "server.pid"
+        self.log = directory / "server.log"
+        self.restart_command = [sys.executable, str(RESTART_SCRIPT), "--pidfile", str(self.pidfile),
+                                "--log", str(self.log), "--", *argv]
+
+    def pid(self) -> int:
+        return int(self.pidfile.read_text())
+
+    def start(self, deadline_s: float = 30.0) -> None:
+        import subprocess
+        import time
+
+        import httpx
+
+        subprocess.run(self.restart_command, check=True, timeout=60)
+        deadline = time.monotonic() + deadline_s
+        while True:
+            try:
+                answer = httpx.get(self.url + "/v1/models", timeout=1.0)
+                if answer.status_code == 200 and self.model in answer.text:
+                    return
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"the server did not serve {self.model} within {deadline_s:g} s: " \
+                                                f"{self.log.read_text()[-2000:] if self.log.exists() else 'no log'}"
+            time.sleep(0.2)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM to the server's process group, SIGKILL after ``grace_s`` (as the script does)."""
+        import importlib.util
+
+        if not self.pidfile.exists():
+            return
+        spec = importlib.util.spec_from_file_location("restart_server", RESTART_SCRIPT)
+        assert spec is not None and spec.loader is not None
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+        script.stop(self.pid(), grace_s)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -19,7 +19,7 @@ from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, PLACEHOLDERS, Deployment
 from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.config.names import check_placeholders, check_safe_name
-from pytest_kimiperf.config.nodes import check_nodes, parse_nodes
+from pytest_kimiperf.config.nodes import check_nodes, layout_gpu_count, parse_nodes
 
 __all__ = ["check_tolerances", "resolve_deployments", "select_deployment"]
 
@@ -74,6 +74,8 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "weight_cache": str,
     "nodes": list,
     "master_port": int,
+    "restart_command": list,
+    "load_s": (int, float),
 }
 
 
@@ -115,12 +117,13 @@ def resolve_deployments(
                 )
             base = known[parent_name]
         else:
-            missing = [k for k in ("model", "command") if k not in table]
-            if missing:
+            if "command" in table and "model" not in table:
                 raise ConfigError(
-                    f"{where}: missing {', '.join(missing)} (or set 'extends' to a known "
-                    f"deployment: {', '.join(sorted(known))})"
+                    f"{where}: a command without a model; give model (what '{{model}}' in the command "
+                    f"becomes), or set 'extends' to a known deployment: {', '.join(sorted(known))}"
                 )
+            # Without a command the deployment can only attach (--server-url): nothing boots, and
+            # without a model the served one comes from the server's /v1/models.
             base = _USER_BASE
         known[name] = _apply(base, name, table, where)
         return known[name]
@@ -140,6 +143,11 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
                 raise ConfigError(f"{where}: command must be a non-empty list of strings")
             check_placeholders(value, PLACEHOLDERS, what="command part", where=where)
             fields[key] = tuple(value)
+        elif key == "restart_command":
+            if not value or not all(isinstance(part, str) and part for part in value):
+                raise ConfigError(f"{where}: restart_command = {value!r}; must be a non-empty list of non-empty "
+                                  "strings (an argument list such as ['systemctl', 'restart', 'vllm'])")
+            fields[key] = tuple(value)
         elif key == "env":
             fields[key] = MappingProxyType({**base.env, **_string_env(value, where)})
         elif key == "nodes":
@@ -155,7 +163,7 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
             fields[key] = MappingProxyType({**base.host_bounds, **value})
         elif key in ("health_deadline_s", "decode_floor_tok_s", "decode_target_tok_s",
                      "memory_bandwidth_gbs", "allreduce_latency_us", "boot_spread", "session_spread",
-                     "host_spread", "boot_spread_df", "spawn_mode_drop", "spawn_mode_share"):
+                     "host_spread", "boot_spread_df", "spawn_mode_drop", "spawn_mode_share", "load_s"):
             fields[key] = float(value)
         else:
             fields[key] = value
@@ -163,6 +171,13 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
         # A floor alone: the target (below which a run warns) is at least the floor, so
         # `decode_floor_tok_s = 40` is a deployment, not a target-below-floor error.
         fields["decode_target_tok_s"] = max(base.decode_target_tok_s, float(table["decode_floor_tok_s"]))
+    if "gpu_count" not in table and ("extends" not in table or base.gpu_count > 0):
+        # Unless given, a deployment holds the GPUs its parallel layout places on this machine
+        # (a CPU one says gpu_count = 0): the hardware check and the NVML watch follow it. One
+        # without a command only attaches: its GPUs are the server's, not this machine's.
+        probe = replace(base, **fields)
+        fields["gpu_count"] = 0 if not probe.command else layout_gpu_count(probe.command, tensor_parallel_size=probe.tensor_parallel_size,
+                                               nodes=len(probe.nodes), where=where)
     if "served_model_name" not in table and "model" in table and "extends" not in table:
         fields["served_model_name"] = table["model"].rstrip("/").rsplit("/", 1)[-1]
     if "description" not in table and "extends" not in table:
@@ -179,6 +194,8 @@ def _check(d: Deployment, where: str) -> None:
         raise ConfigError(f"{where}: gpu_count = {d.gpu_count}; must be >= 0")
     if not (math.isfinite(d.health_deadline_s) and d.health_deadline_s > 0):
         raise ConfigError(f"{where}: health_deadline_s = {d.health_deadline_s}; must be > 0 seconds")
+    if d.load_s is not None and not (math.isfinite(d.load_s) and d.load_s > 0):
+        raise ConfigError(f"{where}: load_s = {d.load_s}; must be the seconds one boot takes to be ready, > 0")
     for label, value in (("decode_floor_tok_s", d.decode_floor_tok_s),
                          ("decode_target_tok_s", d.decode_target_tok_s)):
         if not (math.isfinite(value) and value >= 0):

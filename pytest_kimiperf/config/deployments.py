@@ -31,6 +31,11 @@ PLACEHOLDERS = ("python", "model", "served_model_name", "host", "port", "tp")
 LEVELS: tuple[str, ...] = ("boot", "session", "host")
 
 
+# A directional verdict (REGRESSION, IMPROVEMENT) needs this many boots on the current side
+# (judge/stats.py); a comparison of profiles plans as many of each by default (settings.py).
+MIN_BOOTS_DIRECTIONAL = 2
+
+
 @dataclass(frozen=True)
 class Spreads:
     """The declared SD of each level's effect on a figure (fractions, 0.01 = 1%), carried whole
@@ -111,6 +116,13 @@ class Deployment:
     # torch.distributed port (None: a free one is picked per boot). Empty: one machine.
     nodes: tuple[Node, ...] = ()
     master_port: int | None = None
+    # Attached (--server-url): how to restart the server this run does not own, as an argument
+    # list (["systemctl", "restart", "vllm"]); between boots the plugin runs it and waits for the
+    # server to serve again, so an attached run gets the boots a verdict needs. Empty: one boot.
+    restart_command: tuple[str, ...] = ()
+    # Seconds one boot takes to become ready, declared for --kimiperf-plan until the baseline
+    # history records boot_ready_s; None: not declared.
+    load_s: float | None = None
 
     def argv(self, *, model_path: str, host: str, port: int) -> list[str]:
         """The server's argument list with placeholders filled in."""
@@ -192,6 +204,9 @@ KIMI_K25_INT4_TP8 = Deployment(
     decode_target_tok_s=50.0,
     quantization="int4 (compressed-tensors)",
     declared_from="a guess: no Kimi boot has been recorded yet (no spawn modes declared)",
+    # Loading takes 20-36 minutes on the target (the mission): the middle, until boot_ready_s
+    # is recorded in the baseline history.
+    load_s=28 * 60.0,
     # Declared, not measured: no Kimi boot-to-boot spread has been recorded yet. Once the
     # baseline history holds 5 boots (stats.ENOUGH_BOOTS) its measured spread replaces this.
     boot_spread=0.01,
@@ -231,7 +246,7 @@ TINY_CPU = Deployment(
     decode_floor_tok_s=100.0,
     decode_target_tok_s=300.0,
     decode_per_canary_mops=(7.0, 20.0),
-    declared_from="the noise corpus (benchmarks/data/noise): 26 quiet boots, 6 sessions, 3 hosts "
+    declared_from="the noise corpus (benchmarks/data/noise): 32 quiet boots, 7 sessions, 4 hosts "
     "(canary 14-28 Mops, decode 431-1285 tok/s per boot)",
     # Two cores shared by API server, engine core and client: noise is far above a GPU's.
     # Measured (benchmarks/cpu_noise.py, now noise_study.py and the e2e tests, README "Numbers"): per-request CV
@@ -271,6 +286,9 @@ TINY_CPU = Deployment(
     # for p99 ITL; `python benchmarks/noise_study.py --analyze`): 18% covers all but the tail.
     boot_spread_df=15.0,
     max_boots=2,
+    # Seconds to ready: 44-75 s on the faster hosts of the family (benchmarks/noise_study.py), 62-127 s
+    # on the slowest (a fresh clone's make perf); the plan takes 90 until boot_ready_s is recorded.
+    load_s=90.0,
     # Measured with benchmarks/cpu_noise.py, now noise_study.py: a quiet host reads 0.2-0.5% foreign CPU; a second
     # pytest run beside the server read 5-11% and slowed decode by about 35% (the worker owns
     # core 0, everything else shares core 1); one busy-looping process per core read 18.5%

@@ -20,6 +20,10 @@ class Direction(str, Enum):
     LOWER_IS_BETTER = "lower_is_better"
 
 
+# Within-boot: a boot's median needs this many samples (requests, or rounds for throughputs) to count.
+MIN_SAMPLES_PER_BOOT = 3
+
+
 class SampleKind(str, Enum):
     """What one sample of a metric is, and so where its samples come from."""
 
@@ -28,6 +32,11 @@ class SampleKind(str, Enum):
     TAIL = "tail"  # its base's samples pooled; a boot is summarized by their quantile
     GOODPUT = "goodput"  # one per round, counted against the SLOs perf.check(goodput=...) gives
     BOOT = "boot"  # one per server boot: the boot's own seconds (server/boot_account.py)
+
+    @property
+    def per_round(self) -> bool:
+        """Whether a run gives one sample per measured round (so a verdict needs rounds)."""
+        return self in (SampleKind.ROUND, SampleKind.GOODPUT)
 
 
 @dataclass(frozen=True)

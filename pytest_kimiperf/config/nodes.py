@@ -162,6 +162,18 @@ def check_nodes(nodes: Sequence[Node], *, command: Sequence[str], tensor_paralle
             f"{sizes['prefill context parallel']}); vLLM gives every node world_size / nnodes ranks")
 
 
+def layout_gpu_count(command: Sequence[str], *, tensor_parallel_size: int, nodes: int, where: str) -> int:
+    """The GPUs one machine of a deployment holds by its parallel layout: tensor x pipeline x
+    prefill-context x data parallel ranks (from the command's flags, ``{tp}`` or none being
+    ``tensor_parallel_size``), over its ``nodes`` (0 or 1: one machine)."""
+    tp_text = flag_value(command, _TP_FLAGS)
+    tp = int(tp_text) if tp_text is not None and tp_text.isdigit() else tensor_parallel_size
+    world = tp
+    for flags in (_PP_FLAGS, _PCP_FLAGS, _DP_FLAGS):
+        world *= _int_flag(command, flags, where)
+    return max(1, world // max(1, nodes))
+
+
 def _int_flag(command: Sequence[str], flags: Sequence[str], where: str) -> int:
     value = flag_value(command, flags)
     try:

@@ -112,7 +112,8 @@ OPTIONS = (
             "with --server-url: the attached server's hardware in your words (e.g. '8x RTX PRO 6000 "
             "Blackwell, PCIe'), recorded in its fingerprint; required there for --update-baselines"),
     Option("boots", "--kimiperf-boots", "kimiperf_boots",
-            "boots per profile planned up front (default 1), in interleaved order A B B A; for "
+            "boots per profile planned up front (default 1; 2 when several profiles are compared: one boot "
+            "each can never give a direction), in interleaved order A B B A; for "
             "recording a baseline or a careful comparison", "1"),
     Option("max_boots", "--kimiperf-max-boots", "kimiperf_max_boots",
             "most boots per profile, on demand when a first boot looks worse (default: the "
@@ -126,6 +127,10 @@ OPTIONS = (
             "gate mode, for CI: a perf test without a baseline for this hardware fails, and so does a "
             "change beyond the tolerance without a verdict (as --perf-strict); the header says what fails",
             False, env="KIMIPERF_GATE", kind="bool"),
+    # No ini twin: an ini file that always plans would never run a test.
+    Option("plan", "--kimiperf-plan", None,
+            "print the run's plan: boots per profile, the expected time of loading them, and the smallest "
+            "change it can resolve, then exit before any boot", False, kind="bool"),
     # No ini twin: an ini file that always lists would never run a test.
     Option("list", "--kimiperf-list", None,
             "list the deployments, profiles and metrics this run could use, with where each is "

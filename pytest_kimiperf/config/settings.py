@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pytest_kimiperf.config.deployment_tables import resolve_deployments, select_deployment
-from pytest_kimiperf.config.deployments import Deployment, resolve_executable
+from pytest_kimiperf.config.deployments import MIN_BOOTS_DIRECTIONAL, Deployment, resolve_executable
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.nccl.profiles import NcclProfile, resolve_profiles, select_profiles
 from pytest_kimiperf.config.nccl.values import validate_profile
@@ -164,6 +164,10 @@ def build_settings(
             "--server-hardware '8x <GPU>, <interconnect>' (or the kimiperf_server_hardware ini option)"
         )
     boots = _count(options["boots"], "boots per profile") if "boots" in options else 1
+    if len(profiles) > 1 and options.get("boots", RawOption("1", "default")).source == "default" and not server_url:
+        # One boot each can never give a direction between profiles (nor tell a change from a
+        # spawn mode): a comparison plans the boots a verdict needs unless told otherwise.
+        boots = MIN_BOOTS_DIRECTIONAL
     max_boots_opt = options.get("max_boots", RawOption(None, "default"))
     if max_boots_opt.value in (None, ""):
         max_boots = max(deployment.max_boots, boots)
@@ -172,10 +176,12 @@ def build_settings(
         if max_boots < boots:
             raise ConfigError(f"most boots per profile {max_boots} (from {max_boots_opt.source}) is below the "
                               f"{boots} planned boots (from {options['boots'].source}); use at least {boots}")
-    if server_url:
+    if server_url and not deployment.restart_command:
         if boots > 1:
             raise ConfigError(f"{boots} boots per profile (from {options['boots'].source}) with --server-url "
-                              f"{server_url}: an attached server is not booted by this run; use 1")
+                              f"{server_url}: an attached server is not booted by this run, and deployment "
+                              f"{deployment.name} names no restart_command to restart it with; use 1, or give "
+                              "the deployment a restart_command (such as ['systemctl', 'restart', 'vllm'])")
         max_boots = 1
     boot_order = str(options.get("boot_order", RawOption("interleaved", "default")).value)
     if boot_order not in BOOT_ORDERS:
@@ -249,6 +255,11 @@ def _flag(opt: RawOption, what: str) -> bool:
 
 def _check_port_placeholder(deployment: Deployment) -> None:
     """A booted server listens where the plugin waits for it: on the port it puts in ``{port}``."""
+    if not deployment.command:
+        raise ConfigError(
+            f"deployment {deployment.name!r} ({deployment.source}) has no command, so this run has nothing to "
+            "boot: attach to its running server with --server-url, or give the table model and command "
+            "(such as command = ['vllm', 'serve', '{model}', '--port', '{port}'])")
     if not any("{port}" in part for part in deployment.command):
         raise ConfigError(
             f"deployment {deployment.name!r} ({deployment.source}): its command has no '{{port}}' placeholder, "

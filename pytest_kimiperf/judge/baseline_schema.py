@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -114,6 +114,21 @@ class BaselineEntry:
 
 
 @dataclass(frozen=True)
+class HistorySpan:
+    """The boots of a history, and the sessions and hosts they came from (a boot recorded
+    before origins were stored counts as one unknown session on one unknown host)."""
+
+    boots: int
+    sessions: int
+    hosts: int
+
+    @classmethod
+    def of(cls, boots: Sequence[BaselineBoot]) -> "HistorySpan":
+        origins = [(b.origin.host, b.origin.session) if b.origin else ("", "") for b in boots]
+        return cls(len(boots), len(set(origins)), len({host for host, _ in origins}))
+
+
+@dataclass(frozen=True)
 class BaselineFile:
     """A loaded (or just written) baseline file."""
 
@@ -126,6 +141,11 @@ class BaselineFile:
     def entry(self, test: str, profile: str, metric: str) -> BaselineEntry | None:
         """The stored entry for this test, profile and metric, or None if never recorded."""
         return self.entries.get(entry_key(test, profile, metric))
+
+    def span(self) -> "HistorySpan":
+        """How many boots, sessions and hosts the file's history spans (its fullest entry's)."""
+        spans = [HistorySpan.of(entry.boots) for entry in self.entries.values()]
+        return max(spans, key=lambda s: (s.sessions, s.hosts, s.boots), default=HistorySpan(0, 0, 0))
 
     def to_json(self) -> dict[str, Any]:
         """The whole file's JSON object."""

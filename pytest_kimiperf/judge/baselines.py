@@ -30,7 +30,7 @@ from pytest_kimiperf.config.names import check_safe_name
 from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.files import write_atomically
 from pytest_kimiperf.judge.baseline_schema import (
-    RESTORE_HINT, BaselineBoot, BaselineEntry, BaselineFile, dumps_baseline, entry_key, parse_baseline,
+    RESTORE_HINT, BaselineBoot, BaselineEntry, BaselineFile, HistorySpan, dumps_baseline, entry_key, parse_baseline,
     round_figure,
 )
 from pytest_kimiperf.judge.fingerprint import Fingerprint, version_changes
@@ -230,6 +230,15 @@ class BaselineView:
             self._file = load_baseline(self.path)
             self._loaded = True
         return self._file
+
+    def span(self) -> HistorySpan | None:
+        """How many boots, sessions and hosts the file's history spans; None without a file, or
+        when it cannot be trusted (the perf tests say why)."""
+        try:
+            found = self.file()
+        except BaselineError:
+            return None
+        return found.span() if found is not None else None
 
     def soft_changes(self) -> list[str]:
         """Soft facts (host name, full driver build, kernel) that differ from the baseline

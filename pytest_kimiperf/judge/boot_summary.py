@@ -14,12 +14,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
-from pytest_kimiperf.config.metric_specs import SampleKind, metric_spec
+from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, SampleKind, metric_spec
 
 Samples = Sequence[float] | npt.NDArray[np.floating]
 
-# Within-boot: a boot's median needs this many samples (requests, or rounds for throughputs) to count.
-MIN_SAMPLES_PER_BOOT = 3
 # A tail quantile q needs this many samples beyond it in each boot: n >= 3 / (1 - q), so 30 for
 # a p90, 300 for a p99 (ITL pools every gap of a boot, so 20 requests of 128 tokens are 2540).
 TAIL_SAMPLES_BEYOND = 3

@@ -221,7 +221,8 @@ def deployment_facts(deployment: Deployment, *, built_revision: str | None = Non
     revision = deployment.revision or (built_revision if deployment.model.startswith("kimiperf:") else None)
     return {
         "name": deployment.name,
-        "model": deployment.model,
+        # An attach-only deployment names no model: the server's /v1/models (server.models) does.
+        "model": deployment.model or "from-/v1/models",
         "revision": revision or "unpinned",
         "quantization": deployment.quantization or "none",
         "tensor_parallel_size": str(deployment.tensor_parallel_size),

@@ -27,7 +27,7 @@ from pytest_kimiperf.judge.verdicts import (
 from pytest_kimiperf.judge.floors import FloorResult, floor_check
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session
-from pytest_kimiperf.judge.stats import Comparison, VerdictKind, compare_boots
+from pytest_kimiperf.judge.stats import MIN_BOOTS_DIRECTIONAL, Comparison, VerdictKind, compare_boots
 
 FLOOR_METRIC = "decode_tok_s"
 
@@ -160,7 +160,9 @@ class Rules:
 
     ``tolerances`` holds the tolerance of every metric judged (marker override, else the
     deployment's, else the metric's); ``boots`` the planned boots, ``max_boots`` the most boots
-    on demand; ``strict`` makes an inconclusive verdict fail.
+    on demand; ``strict`` makes an inconclusive verdict fail. ``no_more_boots`` says why this run
+    can never boot the server again (an attached server without a restart_command): a change
+    beyond the tolerance it saw then fails as UNRESOLVED instead of passing with a warning.
     """
 
     tolerances: Mapping[str, float]
@@ -170,15 +172,22 @@ class Rules:
     boots: int = 1
     max_boots: int = 1
     strict: bool = False
+    no_more_boots: str | None = None
 
     @classmethod
     def for_deployment(cls, deployment: Deployment, *, tolerances: Mapping[str, float],
-                       canary: Mapping[str, float] | None, boots: int, max_boots: int, strict: bool) -> Rules:
+                       canary: Mapping[str, float] | None, boots: int, max_boots: int, strict: bool,
+                       attached: bool = False) -> Rules:
         """The deployment's floor and target (scaled to this host's ``canary`` where it declares
         them per canary Mops) and its declared spreads, with the run's boots and strictness."""
         floor, target = deployment.decode_floor_and_target(canary)
+        no_more = (f"this run cannot boot the attached server again: give deployment {deployment.name} a "
+                   "restart_command (such as ['systemctl', 'restart', 'vllm']) and the plugin restarts it for the "
+                   f"{MIN_BOOTS_DIRECTIONAL} or more boots a verdict needs"
+                   if attached and not deployment.restart_command else None)
         return cls(tolerances=dict(tolerances), decode_floor_tok_s=floor, decode_target_tok_s=target,
-                   spreads=deployment.spreads, boots=boots, max_boots=max_boots, strict=strict)
+                   spreads=deployment.spreads, boots=boots, max_boots=max_boots, strict=strict,
+                   no_more_boots=no_more)
 
 
 @dataclass
@@ -282,6 +291,17 @@ def judge(
         wants_boot = result.boot + 1
         result.messages.append(
             f"boot {result.boot} of {rules.boots} planned: the verdict comes after boot {rules.boots}")
+    elif (unresolved := [c for c in comparisons if c.unresolved_beyond_tolerance and c.gain < 0]) \
+            and rules.no_more_boots is not None and not result.failures:
+        # One boot of a server this run cannot restart: the change it saw can never be convicted
+        # here, and passing with a warning would let a 20% slower server through the gate.
+        result.unresolved = ("; ".join(f"{c.metric} looks {c.change * 100:+.1f}% on {c.boots_current} boot(s), "
+                                       f"beyond the {c.tolerance:.0%} tolerance" for c in unresolved)
+                             + f" (one boot can screen, never convict); {rules.no_more_boots}")
+        result.failures.append(f"UNRESOLVED: {result.unresolved}")
+        for comparison in comparisons:
+            if comparison not in unresolved:
+                verdict_to_result(comparison, result, strict=rules.strict)
     elif screening and not result.failures and result.boot < rules.max_boots:
         wants_boot = result.boot + 1
         result.messages.append(

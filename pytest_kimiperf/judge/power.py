@@ -85,6 +85,21 @@ def boots_needed(
     return n if n <= max_boots else None
 
 
+def smallest_change(spread: float, boots: int, *, reference_boots: int | None = None, tolerance: float = 0.0,
+                    fixed_var: float = 0.0, confidence: float = 0.95, power: float = DETECTION_POWER) -> float:
+    """The smallest true change (fraction) that ``boots`` boots of the current side resolve with
+    ``power``, the inverse of :func:`boots_needed`: against ``reference_boots`` boots of a
+    baseline, or (None) against as many boots of another profile; ``fixed_var`` as there."""
+    if not is_real(spread) or not math.isfinite(spread) or spread < 0:
+        raise ValueError(f"spread={spread!r}: use a fraction >= 0 (0.01 means 1%)")
+    if boots < 1 or (reference_boots is not None and reference_boots < 1):
+        raise ValueError(f"boots={boots!r}, reference_boots={reference_boots!r}: use counts of at least 1")
+    sd2 = math.log1p(spread) ** 2
+    var = sd2 * (1.0 / boots + 1.0 / (reference_boots if reference_boots is not None else boots)) + fixed_var
+    z = float(scipy_stats.norm.ppf(confidence) + scipy_stats.norm.ppf(power))
+    return math.expm1(math.log1p(tolerance) + z * math.sqrt(var))
+
+
 def sessions_for(change: float, spread: float, session_var: float, *, tolerance: float = 0.0,
                  confidence: float = 0.95, boots_per_session: int = MIN_BOOTS_DIRECTIONAL,
                  max_sessions: int = 100) -> int | None:

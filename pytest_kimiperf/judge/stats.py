@@ -54,9 +54,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-import numpy as np
 from scipy import stats as scipy_stats
 
+from pytest_kimiperf.config.deployments import MIN_BOOTS_DIRECTIONAL
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT, BootSummary
 from pytest_kimiperf.numbers import fmt_change, fmt_spread, is_real
@@ -75,8 +75,8 @@ ENOUGH_BOOTS = 5
 # one-sided confidence: more boots of one run never re-draw it, so the second boot's confirmation
 # does not protect against it (benchmarks/gate_power.py, session cells).
 LEVEL_CONFIDENCE = 0.975
-# A directional verdict (REGRESSION, IMPROVEMENT) needs this many boots on the current side.
-MIN_BOOTS_DIRECTIONAL = 2
+
+
 class VerdictKind(str, Enum):
     """The gate's answer for one metric of one test under one NCCL profile."""
 

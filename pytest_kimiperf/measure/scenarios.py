@@ -2,7 +2,9 @@
 
 A scenario is a frozen dataclass: the request shape (prompt and output tokens, seed), a budget
 per round (requests, seconds, or both: whichever ends first), how many rounds, and warm-up
-requests that run first and are never counted. The load patterns:
+requests that run first and are never counted. A load of many streams defaults to
+``MIN_SAMPLES_PER_BOOT`` rounds: its throughputs are one sample per round, and a boot's needs
+that many to count (``perf.check`` refuses fewer). The load patterns:
 
 * :class:`SingleStream`: one request at a time (decode speed as one user sees it).
 * :class:`Concurrency`: ``concurrency`` streams, each sending its next request when the last ends.
@@ -21,6 +23,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT
 from pytest_kimiperf.config.names import check_safe_name
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.measure_bounds import HealthBounds
@@ -123,6 +126,8 @@ class Concurrency(Scenario):
     """``concurrency`` closed-loop streams: each sends its next request when its last one ends."""
 
     concurrency: int
+    # Its throughputs are one sample per round: by default enough rounds for a verdict.
+    rounds: int = MIN_SAMPLES_PER_BOOT
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -143,6 +148,8 @@ class RequestRate(Scenario):
     """Open loop: requests arrive at ``rate_per_s`` (Poisson from the seed, or evenly spaced)."""
 
     rate_per_s: float
+    # Its throughputs are one sample per round: by default enough rounds for a verdict.
+    rounds: int = MIN_SAMPLES_PER_BOOT
     arrivals: str = "poisson"
     # Cap on requests in flight; a request over the cap waits (bench serve's --max-concurrency).
     max_concurrency: int | None = None
@@ -188,6 +195,8 @@ class ConcurrencySweep(Scenario):
     """The same workload at each of ``concurrencies`` (run with ``run_sweep``)."""
 
     concurrencies: tuple[int, ...]
+    # Its throughputs are one sample per round: by default enough rounds for a verdict.
+    rounds: int = MIN_SAMPLES_PER_BOOT
 
     def __post_init__(self) -> None:
         super().__post_init__()

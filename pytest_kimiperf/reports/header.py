@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pytest_kimiperf.config.deployments import Deployment, describe_command
 from pytest_kimiperf.config.nccl.profiles import describe_args, describe_env, inherited_nccl_env
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.judge.fingerprint import Fingerprint, describe
 from pytest_kimiperf.server.weight_cache import header_lines as weight_cache_lines, profile_cache_reason, why_not_used
+
+if TYPE_CHECKING:  # the header of a run without perf tests must not import numpy and scipy
+    from pytest_kimiperf.judge.baseline_schema import HistorySpan
 
 
 def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
@@ -72,6 +76,9 @@ def failures_line(s: Settings) -> str:
     if s.perf_strict:
         fails.append("a change beyond the tolerance without a verdict")
     mode = "gate (--kimiperf-gate)" if s.gate else "not a gate (--kimiperf-gate makes one)"
+    if s.external and not s.deployment.restart_command:
+        fails.append("a change beyond the tolerance on its one boot (UNRESOLVED, exit 76: attached without a "
+                     "restart_command, it cannot take the boots a verdict needs)")
     return (f"kimiperf: {mode}: fails on {', '.join(fails)}; a run whose only failures are INVALID "
             "measurements exits 75")
 
@@ -90,6 +97,48 @@ def declarations_line(dep: Deployment) -> str:
             f"session {dep.session_spread:.0%}, host {dep.host_spread:.0%}; {modes}; {floor}; {where}")
 
 
-def fingerprint_lines(fingerprint: Fingerprint, baseline_file: Path) -> list[str]:
-    """The hardware and software the run measures on, and the baseline file that selects."""
-    return [*describe(fingerprint), f"kimiperf: baseline file {baseline_file}"]
+def fingerprint_lines(fingerprint: Fingerprint, baseline_file: Path, *, deployment: Deployment | None = None,
+                      span: HistorySpan | None = None) -> list[str]:
+    """The hardware and software the run measures on, the baseline file that selects, and (with
+    ``deployment``) the spreads in force over the history that file holds (``span``)."""
+    lines = [*describe(fingerprint), f"kimiperf: baseline file {baseline_file}"]
+    if deployment is not None:
+        lines.append(spreads_line(deployment, span))
+    return lines
+
+
+def spreads_line(dep: Deployment, span: HistorySpan | None) -> str:
+    """The spreads the verdicts use, and whether each is declared or measured: the boot spread
+    is pooled with the boots' own; a session or host level is declared until the history spans
+    MIN_UNITS of them, the larger of declared and measured until ENOUGH_UNITS, then measured
+    (judge/levels.py history_level; per metric, this line counts the file's fullest history)."""
+    from pytest_kimiperf.judge.baseline_schema import HistorySpan
+    from pytest_kimiperf.judge.levels import ENOUGH_UNITS, MIN_UNITS
+
+    span = span or HistorySpan(0, 0, 0)
+    parts = [f"boot {dep.boot_spread:.0%} declared ({dep.boot_spread_df:g} df)"
+             + (f", pooled with what the boots measure ({span.boots} recorded)" if span.boots else "")]
+    for name, declared, units in (("session", dep.session_spread, span.sessions), ("host", dep.host_spread, span.hosts)):
+        plural = f"{units} {name}{'s' * (units != 1)}"
+        if units < MIN_UNITS:
+            parts.append(f"{name} {declared:.0%} declared (the history spans {plural}; measured from {MIN_UNITS})")
+        elif units < ENOUGH_UNITS:
+            parts.append(f"{name}: the larger of {declared:.0%} declared and what {plural} measure "
+                         f"(measured alone from {ENOUGH_UNITS})")
+        else:
+            parts.append(f"{name} measured over {plural}")
+    return "kimiperf: spreads in force: " + "; ".join(parts)
+
+
+def one_session_warning(dep: Deployment, span: HistorySpan | None) -> str | None:
+    """What to do when the baseline history spans one session: the session level is then a
+    guess the next session is judged on (README gate power: a 2% session effect declared as 1%
+    convicts an unchanged build in 23% of sessions against a one-session history)."""
+    if span is None or span.boots == 0 or span.sessions != 1:
+        return None
+    from pytest_kimiperf.judge.levels import MIN_UNITS
+
+    return (f"the baseline history of {dep.name} spans one session ({span.boots} boot{'s' * (span.boots != 1)}): the session spread in "
+            f"force ({dep.session_spread:.0%}) is declared, not measured, and every later session is judged on "
+            f"that guess; record in {MIN_UNITS - 1} more sessions (another day or runner: --update-baselines "
+            "appends to the history) to measure it")

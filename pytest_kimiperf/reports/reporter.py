@@ -338,7 +338,7 @@ class SessionReporter:
                 profile_args=profile.args, replaced_args=_replaced(settings, profile.name),
                 server_env=dict(rec.env) or seen_env,
                 overridden_shell_env=dict(rec.overridden_shell_env),
-                boots=None if settings.external else rec.boots, boot_s=rec.boot_s,
+                boots=None if settings.external and not settings.deployment.restart_command else rec.boots, boot_s=rec.boot_s,
                 log_path=str(rec.log_path) if rec.log_path else None,
                 leftovers=tuple(rec.leftovers), error=rec.error,
                 nccl_debug=_nccl_debug_check(settings, profile, rec),

@@ -351,7 +351,8 @@ def check_hardware(
             found += f", of which {len(matching)} qualify"
     raise HardwareMissingError(
         f"deployment {deployment!r} needs {req.describe()}; {found}. "
-        "Run here with --deployment tiny-cpu, or on a host that has those GPUs."
+        "Run here with --deployment tiny-cpu, or on a host that has those GPUs (a deployment that "
+        "runs on the CPU says gpu_count = 0; unless given, gpu_count follows its parallel layout)."
     )
 
 

@@ -22,11 +22,11 @@ from pytest_kimiperf.server.boot_account import BootAccount, account_boot
 from pytest_kimiperf.server.cluster import NodeGroup, node_group
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.server.host_claim import HostClaim, claim_host
-from pytest_kimiperf.server.http_json import fetch_served_models
 from pytest_kimiperf.config.nccl.debug_log import nccl_debug_env
 from pytest_kimiperf.config.nccl.profiles import NcclProfile, profile_server_env
 from pytest_kimiperf.paths import compile_cache_env
 from pytest_kimiperf.server.progress import BootProgress
+from pytest_kimiperf.server.attach import attach_server
 from pytest_kimiperf.server.tiny_model import resolve_model_path
 from pytest_kimiperf.server.process import (
     HEALTH_PROBE_TIMEOUT_S,
@@ -35,7 +35,6 @@ from pytest_kimiperf.server.process import (
     StopControl,
     check_health,
     check_port_free,
-    check_ready,
     pick_free_port,
     recorded_env,
 )
@@ -389,36 +388,11 @@ class ServerManager:
         self._current = None
 
     def _attach(self, profile: NcclProfile) -> ServerHandle:
-        url = self.settings.server_url
-        assert url is not None
         rec = self.record(profile.name)
-        model = self.settings.deployment.served_model_name
-        headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
-        why_not = check_ready(url, model, headers, timeout_s=5.0)
-        if why_not:
-            served = fetch_served_models(url, headers)
-            if served and model not in served:
-                # Measuring another model silently would judge it against this deployment's
-                # floors and baselines.
-                raise ServerError(
-                    f"--server-url {url} serves {', '.join(repr(m) for m in served)}, but deployment "
-                    f"{self.settings.deployment.name} names model {model!r}: attach to the server of "
-                    "that model, or choose the deployment that names the served one (--deployment)"
-                )
-            raise ServerError(
-                f"--server-url {url} is not ready for deployment {self.settings.deployment.name} "
-                f"(model {model!r}): {why_not}"
-            )
+        self._external, restart = attach_server(self.settings, profile.name, previous=self._external, say=self.say)
         rec.env = {}
-        self._external = ServerHandle(
-            base_url=url,
-            model=model,
-            deployment=self.settings.deployment.name,
-            profile=profile.name,
-            log_path=None,
-            external=True,
-            api_key=self.settings.api_key,
-        )
+        rec.boots += 1
+        rec.boot_s = restart.ready_s if restart is not None else rec.boot_s
         return self._external
 
     def _sweep(self) -> None:

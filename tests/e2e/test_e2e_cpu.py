@@ -345,7 +345,8 @@ def test_busy_host_during_one_profiles_block_is_invalid_naming_the_process_and_g
     report = tmp_path / "report.json"
     with BusyDuringSecondProfile(isolated_state) as busy:
         result = pytester.runpytest_subprocess(
-            "--deployment", "tiny-cpu", "--nccl-profile", "default,ring-ll", "-p", "no:cacheprovider",
+            "--deployment", "tiny-cpu", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1",
+            "-p", "no:cacheprovider",
             "--perf-json", str(report), timeout=1200)
     assert busy.procs, "the busy processes never started"
     result.assert_outcomes(passed=1, failed=1)

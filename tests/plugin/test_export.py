@@ -46,7 +46,7 @@ def result(profile: str = "default", concurrency: int = 4, boot: int = 1) -> Tes
     return TestResult(test=f"test_perf.py::test_throughput[{concurrency}]",
                       nodeid=f"test_perf.py::test_throughput[{concurrency}-{profile}]",
                       profile=profile, deployment="tiny-cpu", scenario=scenario.scenario_name,
-                      run=run.to_json(), boot=boot)
+                      run=run.summary(), boot=boot)
 
 
 def report_of(results: list[TestResult]) -> SessionReport:
@@ -172,7 +172,7 @@ EXPORTED = """
 from pytest_kimiperf.measure.scenarios import Concurrency
 
 def test_streams(perf):
-    perf.check(perf.measure(Concurrency(concurrency=2, prompt_tokens=4, output_tokens=8, requests=6)),
+    perf.check(perf.measure(Concurrency(concurrency=2, prompt_tokens=4, output_tokens=8, requests=6, rounds=1)),
                ["decode_tok_s"])
 """
 

@@ -100,7 +100,7 @@ def test_death_mid_session_errors_later_tests_and_next_profile_gets_a_fresh_serv
     boots = tmp_path / "boots"
     stub_project(stub_deployment_toml(mode="crash-stream", boot_count=boots))
     pytester.makepyfile(BREAK_IT_THEN_NEED_IT)
-    result = pytester.runpytest_subprocess("--deployment", "stub", "--nccl-profile", "default,ring-ll",
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1",
                                            "-p", "no:randomly", timeout=120)
     result.assert_outcomes(passed=2, errors=2)
     result.stdout.fnmatch_lines(["*died during the session (exit code 7)*", "*simulated engine crash*"])

@@ -44,3 +44,21 @@ def test_a_bad_setting_is_still_a_usage_error_when_listing(pytester: pytest.Pyte
     result = pytester.runpytest_subprocess("--kimiperf-list", "--deployment", "kimi-typo", timeout=60)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*unknown deployment 'kimi-typo' (from command line --deployment)*"])
+
+
+def test_the_plan_says_boots_load_time_and_resolution_and_boots_nothing(pytester: pytest.Pytester) -> None:
+    pytester.makepyprojecttoml(PROJECT)
+    pytester.makepyfile("def test_never():\n    raise AssertionError('a plan ran a test')\n")
+    result = pytester.runpytest_subprocess("--kimiperf-plan", "--deployment", "tiny-cpu", "--nccl-profile",
+                                           "default,ring-ll", "-p", "no:cacheprovider", timeout=120)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines([
+        "kimiperf plan for deployment tiny-cpu (nothing boots):",
+        "  boots: 2 profiles (default, ring-ll) x 2 = 4 boots",
+        "  loading: 2 min a boot (declared by deployment tiny-cpu (load_s)): 6 min of loading",
+        "  profiles against each other (2 boots each, boot spread 18% declared): decode changes of * or more are "
+        "told apart (90% power)",
+        "  against the baseline: none recorded for this hardware yet (--update-baselines records one)"])
+    assert "a plan ran a test" not in result.stdout.str()
+    result = pytester.runpytest_subprocess("--kimiperf-plan", "--kimiperf-boots", "0", timeout=60)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR

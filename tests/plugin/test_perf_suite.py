@@ -26,7 +26,8 @@ def test_shipped_perf_suite_runs_records_and_compares(pytester: pytest.Pytester,
     # the 0.5 ms gaps are mostly host jitter, and two runs of one stub differ by more than 25%.
     stub_project(stub_deployment_toml())
     shutil.copytree(PERF_TESTS, pytester.path / "perf_tests")
-    args = ("perf_tests", "--deployment", "stub", "--nccl-profile", "default,ring-ll", "-p", "no:randomly")
+    args = ("perf_tests", "--deployment", "stub", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1",
+            "-p", "no:randomly")
     recorded = pytester.runpytest_subprocess(*args, "--update-baselines", timeout=600)
     recorded.assert_outcomes(passed=10)
     report = pytester.path / "report.json"

@@ -202,7 +202,7 @@ def test_two(kimiperf_server):
     assert len(_stub_servers()) == 1
 """
     pytester.makepyfile(test_a=check, test_b=check)
-    result = pytester.runpytest_subprocess("--deployment", "stub", "--nccl-profile", "default,ring-ll",
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1",
                                            "-v", timeout=120)
     # The boots on demand (default-boot2, ...) are collected; nothing asked for them (these
     # tests measure nothing), so they neither run nor report.
@@ -367,6 +367,11 @@ def test_marker_tolerance_overrides_the_deployments_for_that_metric(
     out = pytester.path / "perf.json"
     result = pytester.runpytest_subprocess("--deployment", "stub", "--perf-json", str(out), timeout=120)
     result.assert_outcomes(passed=1)
+    # A history recorded in one session: the header and a warning say the session level is a guess.
+    result.stdout.fnmatch_lines([
+        "kimiperf: spreads in force: boot 6% declared (3 df), pooled with what the boots measure (1 recorded); "
+        "session 1% declared (the history spans 1 session; measured from 3); host 2% declared (*",
+        "*OneSessionHistoryWarning: kimiperf: the baseline history of stub spans one session (1 boot)*"])
     metrics = json.loads(out.read_text())["tests"][0]["metrics"]
     assert metrics["decode_tok_s"]["tolerance"] == 0.4
     assert metrics["decode_tok_s"]["baseline"]["tolerance"] == 0.4
@@ -406,7 +411,7 @@ def test_failed_first_still_boots_each_profile_once(pytester: pytest.Pytester, s
         def test_c(kimiperf_server):
             pass
     """)
-    args = ("--deployment", "stub", "--nccl-profile", "default,ring-ll", "-p", "no:randomly")
+    args = ("--deployment", "stub", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1", "-p", "no:randomly")
     monkeypatch.setenv("FAIL_RING_LL", "1")
     pytester.runpytest_subprocess(*args, timeout=120).assert_outcomes(passed=5, failed=1)
     monkeypatch.delenv("FAIL_RING_LL")

@@ -379,7 +379,7 @@ def test_concurrency_rounds_give_one_throughput_sample_each(server: str) -> None
 
 
 def test_request_rate_sends_on_schedule(server: str) -> None:
-    scenario = RequestRate(rate_per_s=200.0, arrivals="constant", prompt_tokens=8, output_tokens=4, requests=10)
+    scenario = RequestRate(rate_per_s=200.0, arrivals="constant", prompt_tokens=8, output_tokens=4, requests=10, rounds=1)
     run = run_scenario(Target(server, MODEL), scenario)
     assert all(r.ok for r in run.records)
     offsets = scenario.arrival_offsets_s(0)
@@ -403,7 +403,7 @@ def test_poisson_arrivals_are_seeded() -> None:
 
 
 def test_seconds_budget_stops_sending(server: str) -> None:
-    run = run_scenario(Target(server, MODEL), Concurrency(concurrency=2, prompt_tokens=8, output_tokens=5, seconds=0.3))
+    run = run_scenario(Target(server, MODEL), Concurrency(concurrency=2, prompt_tokens=8, output_tokens=5, seconds=0.3, rounds=1))
     assert run.records and all(r.ok for r in run.records)
     # Every request after a slot's first was due (its predecessor ended) within 0.3 s of the
     # start; the first send is after the start. (The send itself may be stamped a little later
@@ -415,7 +415,7 @@ def test_seconds_budget_stops_sending(server: str) -> None:
 
 
 def test_streams_spread_over_client_processes_merge(server: str) -> None:
-    scenario = Concurrency(concurrency=4, prompt_tokens=8, output_tokens=5, requests=8, client_processes=2)
+    scenario = Concurrency(concurrency=4, prompt_tokens=8, output_tokens=5, requests=8, client_processes=2, rounds=1)
     run = run_scenario(Target(server, MODEL), scenario)
     assert all(r.ok for r in run.records)
     assert len(run.records) == 8 and len({r.request_id for r in run.records}) == 8
@@ -488,7 +488,7 @@ def test_client_starved_by_a_cpu_hog_thread_is_invalid(server: str) -> None:
     thread = threading.Thread(target=hog, daemon=True)
     thread.start()
     try:
-        run = run_scenario(Target(server, MODEL), Concurrency(concurrency=4, prompt_tokens=8, output_tokens=50, requests=8))
+        run = run_scenario(Target(server, MODEL), Concurrency(concurrency=4, prompt_tokens=8, output_tokens=50, requests=8, rounds=1))
     finally:
         stop.set()
         thread.join()

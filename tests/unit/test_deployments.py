@@ -42,7 +42,7 @@ def test_the_header_says_what_the_verdicts_rest_on_and_where_it_was_declared() -
     assert declarations_line(TINY_CPU) == (
         "kimiperf: declared for tiny-cpu: boot spread 18% (15 df), session 20%, host 15%; spawn modes 50% "
         "slower in 10% of boots; decode floor / target 7 / 20 tok/s per Mops of this host's canary; from the "
-        "noise corpus (benchmarks/data/noise): 26 quiet boots, 6 sessions, 3 hosts (canary 14-28 Mops, decode "
+        "noise corpus (benchmarks/data/noise): 32 quiet boots, 7 sessions, 4 hosts (canary 14-28 Mops, decode "
         "431-1285 tok/s per boot)")
     mine = resolve_deployments({"mine": {"model": "/m", "command": COMMAND, "decode_floor_tok_s": 40,
                                          "decode_target_tok_s": 50}}, source="pyproject.toml")["mine"]
@@ -60,3 +60,67 @@ def test_a_floor_alone_sets_the_target_too() -> None:
     kimi = resolve_deployments({"k": {"extends": "kimi-k25-int4-tp8", "decode_floor_tok_s": 45}},
                                source="pyproject.toml")["k"]
     assert (kimi.decode_floor_tok_s, kimi.decode_target_tok_s) == (45.0, 50.0)
+
+
+def test_gpu_count_follows_the_parallel_layout_unless_given() -> None:
+    # Left out, gpu_count once defaulted to 0: the hardware check and the NVML watch were off.
+    tables = {
+        "tp4": {"model": "/m", "command": [*COMMAND, "-tp", "{tp}"], "tensor_parallel_size": 4},
+        "tp2-pp2": {"model": "/m", "command": [*COMMAND, "--tensor-parallel-size=2", "--pipeline-parallel-size", "2"]},
+        "dp2": {"model": "/m", "command": [*COMMAND, "--data-parallel-size", "2"], "tensor_parallel_size": 2},
+        "cpu": {"model": "/m", "command": COMMAND, "gpu_count": 0},
+        "kimi-tp4": {"extends": "kimi-k25-int4-tp8", "tensor_parallel_size": 4},
+        "tiny-more": {"extends": "tiny-cpu", "tensor_parallel_size": 2},
+        "plain": {"model": "/m", "command": COMMAND},
+    }
+    found = resolve_deployments(tables, source="pyproject.toml")
+    assert {name: found[name].gpu_count for name in tables} == {
+        "tp4": 4, "tp2-pp2": 4, "dp2": 4, "cpu": 0, "kimi-tp4": 4, "tiny-more": 0, "plain": 1}
+
+
+def test_a_parallel_size_that_is_no_integer_is_a_usage_error() -> None:
+    import pytest
+    from pytest_kimiperf.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"\[deployments.bad\]: --pipeline-parallel-size 'two' is not an integer"):
+        resolve_deployments({"bad": {"model": "/m", "command": [*COMMAND, "-pp", "two"]}}, source="pyproject.toml")
+
+
+def _boots(*origins: tuple[str, str]) -> list[object]:
+    from pytest_kimiperf.judge.baseline_schema import BaselineBoot
+    from pytest_kimiperf.judge.levels import BootOrigin
+
+    return [BaselineBoot(median=100.0, n=20, se_log=0.01, recorded_at="2026-12-01T00:00:00Z", git_commit=None,
+                         versions={}, origin=BootOrigin(session=session, host=host)) for host, session in origins]
+
+
+def test_the_header_says_which_spreads_are_declared_and_which_the_history_measured() -> None:
+    from pytest_kimiperf.judge.baseline_schema import HistorySpan
+    from pytest_kimiperf.reports.header import spreads_line
+
+    mine = resolve_deployments({"mine": {"model": "/m", "command": COMMAND}}, source="pyproject.toml")["mine"]
+    assert spreads_line(mine, None) == (
+        "kimiperf: spreads in force: boot 1% declared (3 df); session 1% declared (the history spans 0 sessions; "
+        "measured from 3); host 2% declared (the history spans 0 hosts; measured from 3)")
+    four = HistorySpan.of(_boots(("h1", "s1"), ("h1", "s2"), ("h1", "s3"), ("h2", "s4"), ("h2", "s4")))  # type: ignore[arg-type]
+    assert (four.boots, four.sessions, four.hosts) == (5, 4, 2)
+    assert spreads_line(mine, four) == (
+        "kimiperf: spreads in force: boot 1% declared (3 df), pooled with what the boots measure (5 recorded); "
+        "session: the larger of 1% declared and what 4 sessions measure (measured alone from 6); "
+        "host 2% declared (the history spans 2 hosts; measured from 3)")
+    many = HistorySpan(boots=12, sessions=6, hosts=1)
+    assert "session measured over 6 sessions" in spreads_line(mine, many)
+
+
+def test_a_history_of_one_session_warns_that_the_session_spread_is_a_guess() -> None:
+    from pytest_kimiperf.judge.baseline_schema import HistorySpan
+    from pytest_kimiperf.reports.header import one_session_warning
+
+    mine = resolve_deployments({"mine": {"model": "/m", "command": COMMAND}}, source="pyproject.toml")["mine"]
+    one = HistorySpan.of(_boots(("h1", "s1"), ("h1", "s1"), ("h1", "s1")))  # type: ignore[arg-type]
+    assert one_session_warning(mine, one) == (
+        "the baseline history of mine spans one session (3 boots): the session spread in force (1%) is declared, "
+        "not measured, and every later session is judged on that guess; record in 2 more sessions (another day or "
+        "runner: --update-baselines appends to the history) to measure it")
+    assert one_session_warning(mine, HistorySpan.of(_boots(("h1", "s1"), ("h1", "s2")))) is None  # type: ignore[arg-type]
+    assert one_session_warning(mine, None) is None  # no history: the missing baseline says so

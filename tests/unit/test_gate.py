@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +103,37 @@ def test_one_boot_that_looks_worse_screens_and_asks_for_another(tmp_path: Path) 
     [comparison] = judged.comparisons
     # -20% on one boot against a tight history: changed, but one boot cannot say by how much
     assert comparison.verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED
+
+
+def test_one_boot_of_a_server_that_cannot_be_restarted_fails_unresolved_and_says_what_would_resolve_it(
+        tmp_path: Path) -> None:
+    # An attached server without a restart_command: a 20% slower server passed with a warning.
+    view = _baseline(tmp_path, [100, 99, 101, 100, 100])
+    attached = dataclasses.replace(RULES, max_boots=1, no_more_boots="this run cannot boot the attached server again")
+    judged = judge(_shell(), ["decode_tok_s"], _decode(80.0, seed=3), attached, view=view, earlier=boots.TestBoots())
+    assert judged.wants_boot is None
+    assert judged.result.unresolved == (
+        "decode looks -20.1% on 1 boot(s), beyond the 5% tolerance (one boot can screen, never convict); "
+        "this run cannot boot the attached server again")
+    assert judged.result.failures == [f"UNRESOLVED: {judged.result.unresolved}"]
+    # within the tolerance it passes, as any boot does
+    calm = judge(_shell(), ["decode_tok_s"], _decode(99.0, seed=3), attached, view=view, earlier=boots.TestBoots())
+    assert calm.result.failures == [] and calm.result.unresolved is None
+    # a server the run can restart asks for another boot instead
+    assert _judge(_decode(80.0, seed=3), view=view).wants_boot == 2
+
+
+def test_the_deployment_says_why_an_attached_run_cannot_boot_again() -> None:
+    from pytest_kimiperf.config.deployments import TINY_CPU
+
+    rules = Rules.for_deployment(TINY_CPU, tolerances={}, canary=None, boots=1, max_boots=1, strict=False,
+                                 attached=True)
+    assert rules.no_more_boots is not None and "give deployment tiny-cpu a restart_command" in rules.no_more_boots
+    restartable = dataclasses.replace(TINY_CPU, restart_command=("systemctl", "restart", "vllm"))
+    assert Rules.for_deployment(restartable, tolerances={}, canary=None, boots=1, max_boots=2, strict=False,
+                                attached=True).no_more_boots is None
+    assert Rules.for_deployment(TINY_CPU, tolerances={}, canary=None, boots=1, max_boots=2,
+                                strict=False).no_more_boots is None  # booted here: more boots on demand
 
 
 def test_a_regression_on_two_boots_fails(tmp_path: Path) -> None:

@@ -75,7 +75,8 @@ def test_a_host_without_gpus_says_why_in_one_message() -> None:
     assert hardware_check.hardware_problem(KIMI_K25_INT4_TP8, probe=lambda: probe) == (
         "deployment 'kimi-k25-int4-tp8' needs 8x NVIDIA GPU whose name contains 'RTX PRO 6000'; "
         "found no NVIDIA GPU (NVML: NVML Shared Library Not Found; nvidia-smi not found on PATH). "
-        "Run here with --deployment tiny-cpu, or on a host that has those GPUs."
+        "Run here with --deployment tiny-cpu, or on a host that has those GPUs (a deployment that runs on the CPU "
+        "says gpu_count = 0; unless given, gpu_count follows its parallel layout)."
     )
 
 

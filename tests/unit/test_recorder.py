@@ -325,15 +325,37 @@ def test_slos_fail_a_missed_limit_and_a_tail_too_thin_for_its_quantile_only_warn
 def test_goodput_counts_requests_meeting_every_slo_and_is_gated_like_a_metric(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(5)
-    monkeypatch.setattr(runner, "run_scenario", lambda *a, **k: _boot(100, rng))
+    monkeypatch.setattr(runner, "run_scenario", lambda *a, **k: _rounds(3, 100, rng))
     record = _recorder(tmp_path, [], [], deployment=QUIET)
     run = record.measure(SCENARIO)
     result = record.check(run, ["decode_tok_s"], goodput={"ttft_ms": 1000, "tpot_ms": 50})
     goodput = result.metrics["request_goodput"]
-    assert goodput.samples == [pytest.approx(run.rounds[0].request_throughput)]  # every request met both
+    # every request met both: one sample per round
+    assert goodput.samples == [pytest.approx(rnd.request_throughput) for rnd in run.rounds]
     strict = record.check(run, ["decode_tok_s"], goodput={"tpot_ms": 5})
-    assert strict.metrics["request_goodput"].samples == [0.0]
+    assert strict.metrics["request_goodput"].samples == [0.0, 0.0, 0.0]
     assert "goodput SLOs: tpot_ms <= 5" in strict.messages
+
+
+def _rounds(n: int, median: float, rng: np.random.Generator) -> RunResult:
+    """A run of ``n`` rounds of 8 requests each, 1% around ``median``."""
+    return dataclasses.replace(_boot(median, rng), rounds=tuple(_boot(median, rng).rounds[0] for _ in range(n)))
+
+
+@pytest.mark.parametrize("metrics,goodput", [(["output_throughput"], None), (["decode_tok_s"], {"ttft_ms": 1000})])
+def test_a_per_round_metric_of_fewer_rounds_than_a_verdict_needs_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metrics: list[str], goodput: dict[str, float] | None) -> None:
+    # One round is one throughput sample: judged, it passed as "insufficient samples" and gated nothing.
+    rng = np.random.default_rng(6)
+    monkeypatch.setattr(runner, "run_scenario", lambda *a, **k: _rounds(MIN_SAMPLES_PER_BOOT - 1, 100, rng))
+    failures: list[str] = []
+    record = _recorder(tmp_path, failures, [], deployment=QUIET)
+    with pytest.raises(AssertionError):
+        record.check(record.measure(SCENARIO), metrics, goodput=goodput)
+    name = metrics[0] if goodput is None else "request_goodput"
+    assert failures == [
+        f"perf.check of {TEST}: {name} is one sample per round: this run has 2 rounds and a boot needs 3 for a "
+        "verdict (fewer would pass as 'insufficient samples' and gate nothing); measure it with rounds=3 or more"]
 
 
 def test_the_host_watch_reads_the_gpus_cuda_visible_devices_gives_the_server(

@@ -378,3 +378,16 @@ def test_label_values_with_escapes_and_commas_are_parsed() -> None:
     assert samples[0].labels == {"a": "x,y", "b": 'say "hi"\\'}
     assert samples[0].value == 2.5
     assert samples[1].labels == {} and samples[1].value == 1.0
+
+
+def test_loads_of_many_streams_default_to_the_rounds_a_verdict_needs() -> None:
+    from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT
+    from pytest_kimiperf.measure.scenarios import Concurrency, ConcurrencySweep, RequestRate, SingleStream
+
+    shape = {"prompt_tokens": 8, "output_tokens": 8, "requests": 4}
+    assert SingleStream(**shape).rounds == 1  # its metrics are one sample per request
+    assert Concurrency(concurrency=2, **shape).rounds == MIN_SAMPLES_PER_BOOT == 3
+    assert RequestRate(rate_per_s=2.0, **shape).rounds == 3
+    sweep = ConcurrencySweep(concurrencies=(1, 2), **shape)
+    assert sweep.rounds == 3 and {s.rounds for s in sweep.scenarios()} == {3}
+    assert Concurrency(concurrency=2, rounds=5, **shape).rounds == 5

@@ -238,3 +238,41 @@ def test_a_booted_deployment_whose_command_has_no_port_is_a_usage_error(tmp_path
     # Attached, nothing boots: the command is not used.
     options = {**_options("mine", "default"), "server_url": RawOption("http://127.0.0.1:8000", "command line")}
     assert build_settings(options, rootpath=tmp_path).server_url == "http://127.0.0.1:8000"
+
+
+def test_an_attach_only_deployment_needs_no_command_and_no_model(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.kimiperf.deployments.remote]\ndecode_floor_tok_s = 40\nrestart_command = ["systemctl", "restart", "vllm"]\n')
+    attached = {**_options("remote", "default"), "server_url": RawOption("http://127.0.0.1:8000", "command line")}
+    settings = build_settings({**attached, "boots": RawOption("2", "command line --kimiperf-boots")}, rootpath=tmp_path)
+    dep = settings.deployment
+    assert (dep.model, dep.served_model_name, dep.command, dep.gpu_count) == ("", "", (), 0)
+    assert dep.restart_command == ("systemctl", "restart", "vllm")
+    # a restart_command gives an attached run the boots a verdict needs
+    assert (settings.boots, settings.max_boots) == (2, 3)
+    with pytest.raises(ConfigError, match=re.escape(
+            f"deployment 'remote' ({tmp_path / 'pyproject.toml'} [tool.kimiperf] [deployments.remote]) has no command, "
+            "so this run has nothing to boot: attach to its running server with --server-url")):
+        build_settings(_options("remote", "default"), rootpath=tmp_path)
+
+
+def test_boots_of_an_attached_server_without_a_restart_command_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text('[tool.kimiperf.deployments.remote]\ndecode_floor_tok_s = 40\n')
+    attached = {**_options("remote", "default"), "server_url": RawOption("http://127.0.0.1:8000", "command line")}
+    assert build_settings(attached, rootpath=tmp_path).max_boots == 1
+    with pytest.raises(ConfigError, match=r"2 boots per profile \(from command line --kimiperf-boots\) with --server-url "
+                       r"http://127.0.0.1:8000: an attached server is not booted by this run, and deployment remote "
+                       r"names no restart_command to restart it with"):
+        build_settings({**attached, "boots": RawOption("2", "command line --kimiperf-boots")}, rootpath=tmp_path)
+
+
+@pytest.mark.parametrize("table, message", [
+    ('restart_command = []', "restart_command = []; must be a non-empty list of non-empty strings"),
+    ('restart_command = ["systemctl", ""]', "restart_command = ['systemctl', '']; must be a non-empty list"),
+    ('command = ["vllm", "serve", "{model}", "--port", "{port}"]', "a command without a model; give model"),
+])
+def test_a_bad_attach_table_is_a_usage_error_that_names_the_value(tmp_path: Path, table: str, message: str) -> None:
+    (tmp_path / "pyproject.toml").write_text(f'[tool.kimiperf.deployments.remote]\n{table}\n')
+    attached = {**_options("remote", "default"), "server_url": RawOption("http://127.0.0.1:8000", "command line")}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build_settings(attached, rootpath=tmp_path)

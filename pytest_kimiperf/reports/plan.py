@@ -1,0 +1,90 @@
+"""``--kimiperf-plan``: what a run will cost and what it can resolve, before any boot.
+
+For Kimi-K2.5 a boot is a 20-36 minute load, so a user who selects ``--nccl-profile all`` must
+learn before the first one that it means 7 profiles x 2 boots, about 6.5 hours of loading. The
+plan says, from the same settings the run would use:
+
+* the boots: planned per profile, and the most with boots on demand;
+* the wall time of loading them: the load time this deployment's baseline history recorded
+  (``boot_ready_s``), else the one its table declares (``load_s``), else unknown;
+* the smallest change the run resolves (judge/power.py ``smallest_change``, at DETECTION_POWER): between
+  two of its profiles in this session, and against the baseline history beyond the tolerance.
+
+Nothing is collected or booted; the fingerprint is probed (to find the baseline file).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from pytest_kimiperf.config.metric_specs import metric_spec
+from pytest_kimiperf.config.settings import Settings
+from pytest_kimiperf.judge.baseline_schema import BaselineFile, HistorySpan
+from pytest_kimiperf.judge.power import smallest_change
+from pytest_kimiperf.judge.stats import DETECTION_POWER
+
+HEADLINE_METRIC = "decode_tok_s"
+
+
+def fmt_duration(seconds: float) -> str:
+    """``1 h 52 min``, ``28 min``, ``45 s``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
+def load_time(s: Settings, baseline: BaselineFile | None) -> tuple[float | None, str]:
+    """Seconds one boot takes to become ready, and where that figure comes from."""
+    recorded = [boot.median for entry in (baseline.entries.values() if baseline else ())
+                if entry.metric == "boot_ready_s" for boot in entry.boots]
+    if recorded:
+        return statistics.median(recorded), f"the median of {len(recorded)} recorded boots (boot_ready_s)"
+    if s.deployment.load_s is not None:
+        return s.deployment.load_s, f"declared by deployment {s.deployment.name} (load_s)"
+    return None, (f"unknown: deployment {s.deployment.name} declares no load_s and its baseline history has no "
+                  "boot_ready_s; perf.check(run, ['boot_ready_s']) records it")
+
+
+def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:
+    """The plan, as printed by ``--kimiperf-plan``."""
+    dep = s.deployment
+    profiles = [p.name for p in s.profiles]
+    planned, most = s.boots * len(profiles), s.max_boots * len(profiles)
+    lines = [f"kimiperf plan for deployment {dep.name} (nothing boots):",
+             f"  boots: {len(profiles)} profile{'s' * (len(profiles) != 1)} ({', '.join(profiles)}) x {s.boots} = "
+             f"{planned} boot{'s' * (planned != 1)}"
+             + (f", up to {most} with boots on demand ({s.max_boots} per profile)" if most > planned else "")]
+    if s.external:
+        lines.append("  attached (--server-url): " + (
+            f"restarted with {' '.join(dep.restart_command)} for each boot after the first" if dep.restart_command
+            else "one boot, never restarted (no restart_command): it can screen a change, never convict one"))
+    seconds, source = load_time(s, baseline)
+    if seconds is None:
+        lines.append(f"  loading: {source}")
+    else:
+        span = f"{fmt_duration(seconds * planned)} of loading" + (
+            f", up to {fmt_duration(seconds * most)}" if most > planned else "")
+        lines.append(f"  loading: {fmt_duration(seconds)} a boot ({source}): {span}")
+    tolerance = dep.tolerance(HEADLINE_METRIC)
+    label = metric_spec(HEADLINE_METRIC).label
+    power = f"{DETECTION_POWER:.0%} power"
+    if len(profiles) > 1:
+        apart = smallest_change(dep.boot_spread, s.boots)
+        lines.append(f"  profiles against each other ({s.boots} boot{'s' * (s.boots != 1)} each, boot spread "
+                     f"{dep.boot_spread:.0%} declared): {label} changes of {apart:.1%} or more are told apart "
+                     f"({power})" + ("; one boot each can never give a direction: use --kimiperf-boots 2 or more"
+                                     if s.boots < 2 else ""))
+    span = baseline.span() if baseline is not None else HistorySpan(0, 0, 0)
+    if span.boots == 0:
+        lines.append("  against the baseline: none recorded for this hardware yet (--update-baselines records one)")
+    else:
+        session_var = math.log1p(dep.session_spread) ** 2 * (1.0 + 1.0 / span.sessions)
+        beyond = smallest_change(dep.boot_spread, max(s.boots, 2), reference_boots=span.boots, tolerance=tolerance,
+                                 fixed_var=session_var)
+        lines.append(f"  against the baseline ({span.boots} boots over {span.sessions} session"
+                     f"{'s' * (span.sessions != 1)}): a {label} regression of {beyond:.1%} or more is convicted "
+                     f"beyond the {tolerance:.0%} tolerance ({power}, the session spread {dep.session_spread:.0%} "
+                     "as declared; another host adds its own)")
+    return lines

@@ -1,0 +1,61 @@
+"""An attached tiny-cpu server restarted for real between boots (a deployment's restart_command).
+
+The test starts a real vLLM server (tiny-cpu) as a service manager would, through
+tests/fakes/restart_server.py and a pidfile; the plugin attaches to it with ``--server-url`` and,
+for the second boot a verdict needs, runs the same script as the deployment's restart_command:
+SIGTERM to the old server, a new process, a new load. Two boots of tiny-cpu.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_kimiperf.config.deployments import TINY_CPU
+from pytest_kimiperf.paths import compile_cache_env
+from pytest_kimiperf.server.tiny_model import ensure_tiny_model
+from tests.helpers import RestartableServer, free_port
+
+PERF_TEST = """
+from pytest_kimiperf import SingleStream
+
+DECODE = SingleStream(prompt_tokens=8, output_tokens=32, requests=10, warmup_requests=2)
+
+
+def test_decode(perf):
+    perf.check(perf.measure(DECODE), ["decode_tok_s"])
+"""
+
+
+def test_an_attached_tiny_cpu_server_is_restarted_for_its_second_boot(pytester: pytest.Pytester,
+                                                                       tmp_path: Path) -> None:
+    port = free_port()
+    server_argv = TINY_CPU.argv(model_path=str(ensure_tiny_model()), host="127.0.0.1", port=port)
+    # As the plugin starts tiny-cpu (server/manager.py): its compile cache, the deployment's environment.
+    env = [f"{k}={v}" for k, v in {**compile_cache_env(), **TINY_CPU.env, "SPT_NOENV": "1"}.items()]
+    server = RestartableServer(["env", *env, *server_argv], port, tmp_path, model=TINY_CPU.served_model_name)
+    server.start(deadline_s=TINY_CPU.health_deadline_s)
+    try:
+        first_pid = server.pid()
+        pytester.makepyprojecttoml(
+            "[tool.kimiperf.deployments.remote]\n"
+            'extends = "tiny-cpu"\n'
+            f"restart_command = {json.dumps(server.restart_command)}\n")
+        pytester.makepyfile(test_perf=PERF_TEST)
+        result = pytester.runpytest_subprocess(
+            "--deployment", "remote", "--server-url", server.url, "--server-hardware", "tiny-cpu on this host",
+            "--kimiperf-boots", "2", "--update-baselines", "-p", "no:cacheprovider", timeout=900)
+        result.assert_outcomes(passed=2)
+        result.stdout.fnmatch_lines([
+            "*kimiperf: restarting the attached server for another boot: *restart_server.py*",
+            f"*kimiperf: {server.url} serves '{TINY_CPU.served_model_name}' again, * s after the restart command started*"])
+        assert server.pid() != first_pid, "the second boot is another vLLM process"
+        (baseline,) = (pytester.path / "baselines" / "remote").glob("*.json")
+        [entry] = json.loads(baseline.read_text())["entries"].values()
+        assert len(entry["boots"]) == 2
+        medians = [boot["median"] for boot in entry["boots"]]
+        assert all(m > 0 for m in medians), medians
+    finally:
+        server.stop()

@@ -1,0 +1,84 @@
+"""``--kimiperf-plan``: boots, the time of loading them and the smallest change resolved, before any boot."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from pytest_kimiperf.config.options import OPTIONS
+from pytest_kimiperf.config.settings import RawOption, build_settings
+from pytest_kimiperf.judge import baselines
+from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.judge.power import boots_needed, smallest_change
+from pytest_kimiperf.config.metric_specs import Direction
+from pytest_kimiperf.reports.plan import fmt_duration, plan_lines
+
+FP = Fingerprint(hard={"gpu.count": "8", "gpu.name": "RTX PRO 6000"}, soft={})
+
+
+def _settings(tmp_path: Path, **given: str) -> object:
+    raw = {opt.name: RawOption(opt.default, "default") for opt in OPTIONS}
+    raw.update({name: RawOption(value, f"command line --{name}") for name, value in given.items()})
+    return build_settings(raw, rootpath=tmp_path)
+
+
+def test_the_smallest_change_is_the_inverse_of_the_boots_needed() -> None:
+    for boots in (2, 3, 5):
+        change = smallest_change(0.01, boots, reference_boots=10, tolerance=0.03)
+        assert boots_needed(change * 1.001, 0.01, tolerance=0.03, reference_boots=10) == boots
+    assert smallest_change(0.01, 2) > smallest_change(0.01, 4) > 0  # more boots resolve less
+    with pytest.raises(ValueError, match="boots=0"):
+        smallest_change(0.01, 0)
+
+
+def test_all_kimi_profiles_say_their_hours_of_loading_before_the_first_boot(tmp_path: Path) -> None:
+    # The README's `--nccl-profile all` is 7 profiles; nothing said so before the first 28-minute load.
+    s = _settings(tmp_path, deployment="kimi-k25-int4-tp8", nccl_profiles="all")
+    lines = plan_lines(s, None)  # type: ignore[arg-type]
+    assert lines[0] == "kimiperf plan for deployment kimi-k25-int4-tp8 (nothing boots):"
+    assert lines[1].startswith("  boots: 7 profiles (default, ") and lines[1].endswith(
+        "x 2 = 14 boots, up to 21 with boots on demand (3 per profile)")
+    assert lines[2] == ("  loading: 28 min a boot (declared by deployment kimi-k25-int4-tp8 (load_s)): 6 h 32 min of "
+                        "loading, up to 9 h 48 min")
+    apart = smallest_change(0.01, 2)
+    assert lines[3] == (f"  profiles against each other (2 boots each, boot spread 1% declared): decode changes of "
+                        f"{apart:.1%} or more are told apart (90% power)")
+    assert lines[4] == "  against the baseline: none recorded for this hardware yet (--update-baselines records one)"
+
+
+def test_a_profile_comparison_plans_two_boots_each_unless_told(tmp_path: Path) -> None:
+    assert _settings(tmp_path, nccl_profiles="default,ring-ll").boots == 2  # type: ignore[attr-defined]
+    assert _settings(tmp_path, nccl_profiles="default").boots == 1  # type: ignore[attr-defined]
+    one = _settings(tmp_path, nccl_profiles="default,ring-ll", boots="1")
+    assert one.boots == 1  # type: ignore[attr-defined]
+    assert plan_lines(one, None)[3].endswith(  # type: ignore[arg-type]
+        "; one boot each can never give a direction: use --kimiperf-boots 2 or more")
+
+
+def test_against_a_history_the_plan_says_what_regression_it_convicts_and_the_recorded_load_time(
+        tmp_path: Path) -> None:
+    entries = []
+    for metric, unit, medians in (("decode_tok_s", "tok/s", [81.4, 81.9, 81.2]), ("boot_ready_s", "s", [1500.0, 1800.0])):
+        spec_dir = Direction.HIGHER_IS_BETTER if metric == "decode_tok_s" else Direction.LOWER_IS_BETTER
+        entries.append(baselines.make_entry(
+            test="perf_tests/test_decode.py::test_single_stream_decode", profile="default", metric=metric, unit=unit,
+            direction=spec_dir, samples=medians, git_commit=None, profile_env={},
+            boot_samples=[[m] * (20 if metric == "decode_tok_s" else 1) for m in medians]))
+    path = baselines.baseline_path(tmp_path / "b", "kimi-k25-int4-tp8", FP.key)
+    baselines.update_baseline(path, "kimi-k25-int4-tp8", FP, entries)
+    s = _settings(tmp_path, deployment="kimi-k25-int4-tp8")
+    lines = plan_lines(s, baselines.load_baseline(path))  # type: ignore[arg-type]
+    assert lines[1] == "  boots: 1 profile (default) x 1 = 1 boot, up to 3 with boots on demand (3 per profile)"
+    assert lines[2] == ("  loading: 28 min a boot (the median of 2 recorded boots (boot_ready_s)): 28 min of loading, "
+                        "up to 1 h 22 min")
+    beyond = smallest_change(0.01, 2, reference_boots=3, tolerance=0.03, fixed_var=math.log1p(0.01) ** 2 * 2)
+    assert lines[3] == (f"  against the baseline (3 boots over 1 session): a decode regression of {beyond:.1%} "
+                        "or more is convicted beyond the 3% tolerance (90% power, the session spread 1% as declared; "
+                        "another host adds its own)")
+
+
+@pytest.mark.parametrize("seconds, text", [(45, "45 s"), (90, "2 min"), (1680, "28 min"), (6720, "1 h 52 min")])
+def test_durations_read_as_a_person_says_them(seconds: float, text: str) -> None:
+    assert fmt_duration(seconds) == text
