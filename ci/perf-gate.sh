@@ -23,6 +23,8 @@
 #  75 every failure was an INVALID measurement (a busy host, a client-bound load): nothing was
 #     learned about the build. This script reruns the gate once on its own; a second 75 is
 #     returned for the CI system to retry on a quieter runner.
+#  76 every failure was UNRESOLVED: a change beyond the tolerance on the one boot of an attached
+#     server (--server-url) that the run cannot restart; give the deployment a restart_command.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${KIMIPERF_OUT:-perf-results}

@@ -143,10 +143,10 @@ def test_perf_gate_workflow_is_safe_on_a_self_hosted_runner() -> None:
     assert wf["on"]["workflow_dispatch"]["inputs"]["record"]["type"] == "boolean"
     for name, job in wf["jobs"].items():
         assert "self-hosted" in job["runs-on"]
-        # A fork's pull request never runs here: it never reaches the record job (dispatch
-        # only), and the gate job names the condition.
+        # A fork's pull request never runs here: it never reaches the record job (dispatch or
+        # schedule only), and the gate job names the condition.
         assert ("github.event.pull_request.head.repo.full_name == github.repository" in job["if"]
-                or job["if"].startswith("github.event_name == 'workflow_dispatch'")), name
+                or job["if"].startswith("(github.event_name == 'workflow_dispatch' && inputs.record)")), name
 
 
 def test_perf_gate_installs_the_pinned_engine_and_fails_without_a_baseline() -> None:
@@ -165,6 +165,13 @@ def test_perf_gate_records_baselines_by_hand_and_uploads_them_for_review() -> No
     wf = _load(ROOT / ".github" / "workflows" / "perf-gate.yml")
     job = wf["jobs"]["record-baselines"]
     assert "inputs.record" in job["if"]
+    # and weekly, as one more session of the history, proposed as a pull request; the gate
+    # never runs on that schedule
+    weekly = [c["cron"] for c in wf["on"]["schedule"] if f"github.event.schedule == '{c['cron']}'" in job["if"]]
+    assert len(weekly) == 1 and f"github.event.schedule != '{weekly[0]}'" in wf["jobs"]["gate"]["if"]
+    assert job["permissions"] == {"contents": "write", "pull-requests": "write"}
+    assert any("gh pr create" in s.get("run", "") and s.get("if") == "github.event_name == 'schedule'"
+               for s in job["steps"])
     runs = " ".join(s.get("run", "") for s in job["steps"])
     assert "ci/perf-gate.sh --update-baselines" in runs
     assert any(s.get("with", {}).get("path") == "baselines/" for s in job["steps"])
