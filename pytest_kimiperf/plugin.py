@@ -34,7 +34,7 @@ from pytest_kimiperf.fixtures import (  # noqa: F401 - the fixtures are register
     perf,
     slot_of,
 )
-from pytest_kimiperf.session import PerfSession
+from pytest_kimiperf.session import PerfSession, with_gate_plan
 from pytest_kimiperf.warning_types import OneSessionHistoryWarning
 
 if TYPE_CHECKING:
@@ -115,11 +115,11 @@ def _settings(config: pytest.Config) -> Settings:
         return {name: table for tables in answers for name, table in (tables or {}).items()}
 
     try:
-        return build_settings(
+        return with_gate_plan(build_settings(
             read_raw_options(config.getoption, config.getini), rootpath=config.rootpath,
             extra_deployments=merged(config.hook.pytest_kimiperf_add_deployments(config=config)),
             extra_profiles=merged(config.hook.pytest_kimiperf_add_profiles(config=config)),
-        )
+        ))
     except ConfigError as exc:
         raise pytest.UsageError(f"pytest-kimiperf: {exc}") from None
 

@@ -226,3 +226,28 @@ def session_fingerprint(deployment: Deployment) -> Fingerprint:
     if deployment.nodes:
         return collect_nodes_fingerprint(deployment.nodes, facts, local=here, remote_facts=agent_facts)
     return host_fingerprint(here, facts)
+
+
+def with_gate_plan(settings: Settings) -> Settings:
+    """A gate's boots on demand capped from the plan: the boots that resolve a change of twice
+    the tolerance of single-stream decode at the deployment's declared boot spread
+    (judge/power.py), never more than the deployment allows nor fewer than a verdict needs. A
+    run that is no gate, or whose cap was given (--kimiperf-max-boots), keeps its own."""
+    dep = settings.deployment
+    if not settings.gate or settings.max_boots_from != f"deployment {dep.name}'s max_boots":
+        return settings
+    from dataclasses import replace
+
+    from pytest_kimiperf.config.deployments import MIN_BOOTS_DIRECTIONAL
+    from pytest_kimiperf.judge.power import boots_needed
+
+    tolerance = dep.tolerance("decode_tok_s")
+    needed = boots_needed(2 * tolerance, dep.boot_spread, tolerance=tolerance)
+    cap = max(settings.boots, MIN_BOOTS_DIRECTIONAL, min(needed or dep.max_boots, dep.max_boots))
+    why = (f"the plan: {needed} boot{'s' * (needed != 1)} resolve a {2 * tolerance:.0%} change at the declared "
+           f"{dep.boot_spread:.0%} boot spread" if needed is not None else
+           f"deployment {dep.name}'s max_boots: no number of boots resolves a {2 * tolerance:.0%} change at its "
+           f"{dep.boot_spread:.0%} boot spread")
+    return replace(settings, max_boots=cap, max_boots_from=f"{why}, capped by deployment {dep.name}'s {dep.max_boots}"
+                   if needed is not None and needed > dep.max_boots else why)
+

@@ -65,6 +65,8 @@ class Settings:
     server_hardware: str | None = None
     boots: int = 1
     max_boots: int = 1
+    # Where max_boots comes from, as the header says it (session.py may cap a gate's from the plan).
+    max_boots_from: str = "the deployment's max_boots"
     boot_order: str = "interleaved"
     boot_seed: int = 0
     # What a perf test without a baseline for this hardware does: warn, or fail (a CI gate).
@@ -169,9 +171,11 @@ def build_settings(
         # spawn mode): a comparison plans the boots a verdict needs unless told otherwise.
         boots = MIN_BOOTS_DIRECTIONAL
     max_boots_opt = options.get("max_boots", RawOption(None, "default"))
+    max_boots_from = f"deployment {deployment.name}'s max_boots"
     if max_boots_opt.value in (None, ""):
         max_boots = max(deployment.max_boots, boots)
     else:
+        max_boots_from = max_boots_opt.source
         max_boots = _count(max_boots_opt, "most boots per profile")
         if max_boots < boots:
             raise ConfigError(f"most boots per profile {max_boots} (from {max_boots_opt.source}) is below the "
@@ -182,7 +186,7 @@ def build_settings(
                               f"{server_url}: an attached server is not booted by this run, and deployment "
                               f"{deployment.name} names no restart_command to restart it with; use 1, or give "
                               "the deployment a restart_command (such as ['systemctl', 'restart', 'vllm'])")
-        max_boots = 1
+        max_boots, max_boots_from = 1, "an attached server without a restart_command"
     boot_order = str(options.get("boot_order", RawOption("interleaved", "default")).value)
     if boot_order not in BOOT_ORDERS:
         raise ConfigError(f"boot order {boot_order!r} (from {options['boot_order'].source}); allowed: "
@@ -230,6 +234,7 @@ def build_settings(
         server_hardware=server_hardware,
         boots=boots,
         max_boots=max_boots,
+        max_boots_from=max_boots_from,
         boot_order=boot_order,
         boot_seed=boot_seed,
         missing_baseline=missing_baseline,

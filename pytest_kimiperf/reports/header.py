@@ -79,8 +79,10 @@ def failures_line(s: Settings) -> str:
     if s.external and not s.deployment.restart_command:
         fails.append("a change beyond the tolerance on its one boot (UNRESOLVED, exit 76: attached without a "
                      "restart_command, it cannot take the boots a verdict needs)")
+    boots = (f"; boots per profile: {s.boots} planned, up to {s.max_boots} on demand ({s.max_boots_from})"
+             if s.gate else "")
     return (f"kimiperf: {mode}: fails on {', '.join(fails)}; a run whose only failures are INVALID "
-            "measurements exits 75")
+            f"measurements exits 75{boots}")
 
 
 def declarations_line(dep: Deployment) -> str:

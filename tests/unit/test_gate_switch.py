@@ -34,7 +34,7 @@ def test_the_gate_fails_a_missing_baseline_and_an_unresolved_change_beyond_the_t
     assert failures_line(s) == (
         "kimiperf: gate (--kimiperf-gate): fails on a regression, decode below the floor, no baseline for this "
         "hardware, a change beyond the tolerance without a verdict; a run whose only failures are INVALID "
-        "measurements exits 75")
+        "measurements exits 75; boots per profile: 1 planned, up to 2 on demand (deployment tiny-cpu's max_boots)")
     # Recording baselines is not failed for the baselines it is recording.
     assert "no baseline" not in failures_line(replace(s, update_baselines=True))
 
@@ -52,3 +52,25 @@ def test_a_gate_told_to_only_warn_of_a_missing_baseline_is_a_usage_error(tmp_pat
 def test_a_gate_switch_that_is_not_a_yes_or_no_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"gate 'sometimes' \(from environment variable KIMIPERF_GATE\); allowed: "):
         _settings(tmp_path, gate=RawOption("sometimes", "environment variable KIMIPERF_GATE"))
+
+
+def test_the_gate_caps_its_boots_on_demand_from_the_plan(tmp_path: Path) -> None:
+    from pytest_kimiperf.config.deployments import KIMI_K25_INT4_TP8
+    from pytest_kimiperf.judge.power import boots_needed
+    from pytest_kimiperf.session import with_gate_plan
+
+    gate = RawOption(True, "command line --kimiperf-gate")
+    # tiny-cpu: no number of boots within its 2 resolves a 50% change at an 18% spread
+    tiny = with_gate_plan(_settings(tmp_path, gate=gate))
+    assert tiny.max_boots == 2 and tiny.max_boots_from == (
+        "the plan: 15 boots resolve a 50% change at the declared 18% boot spread, capped by deployment tiny-cpu's 2")
+    # a quiet deployment: the plan's 2 boots, not the deployment's 3 (each a 36-minute load)
+    quiet = replace(KIMI_K25_INT4_TP8, name="quiet", tolerances={"decode_tok_s": 0.05})
+    assert boots_needed(0.10, 0.01, tolerance=0.05) == 2
+    s = with_gate_plan(replace(_settings(tmp_path, gate=gate), deployment=quiet, max_boots=3,
+                               max_boots_from="deployment quiet's max_boots"))
+    assert (s.max_boots, s.max_boots_from) == (2, "the plan: 2 boots resolve a 10% change at the declared 1% boot spread")
+    # no gate, or a cap given by hand: left alone
+    assert with_gate_plan(_settings(tmp_path)).max_boots == 2
+    given = _settings(tmp_path, gate=gate, max_boots=RawOption("4", "command line --kimiperf-max-boots"))
+    assert with_gate_plan(given) == given and given.max_boots == 4
