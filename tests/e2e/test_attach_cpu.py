@@ -29,10 +29,18 @@ def test_decode(perf):
 """
 
 
+@pytest.fixture(scope="module")
+def tiny_model() -> str:
+    """The tiny model's path, found before pytester's sys.modules snapshot: finding it imports
+    torch and transformers, and pytester drops what a test imported at its end, which leaves a
+    later ``import torch`` in this process half-initialized (a segfault in the next e2e test)."""
+    return str(ensure_tiny_model())
+
+
 def test_an_attached_tiny_cpu_server_is_restarted_for_its_second_boot(pytester: pytest.Pytester,
-                                                                       tmp_path: Path) -> None:
+                                                                       tmp_path: Path, tiny_model: str) -> None:
     port = free_port()
-    server_argv = TINY_CPU.argv(model_path=str(ensure_tiny_model()), host="127.0.0.1", port=port)
+    server_argv = TINY_CPU.argv(model_path=tiny_model, host="127.0.0.1", port=port)
     # As the plugin starts tiny-cpu (server/manager.py): its compile cache, the deployment's environment.
     env = [f"{k}={v}" for k, v in {**compile_cache_env(), **TINY_CPU.env, "SPT_NOENV": "1"}.items()]
     server = RestartableServer(["env", *env, *server_argv], port, tmp_path, model=TINY_CPU.served_model_name)
