@@ -1,8 +1,8 @@
 """Attaching to a running server (``--server-url``), and restarting it between boots.
 
 :func:`attach_server` checks that the server serves the deployment's model (or, for a deployment
-that names none, takes the one its ``/v1/models`` lists) and returns its handle. An attached run (``--server-url``) measures a server it does not own, so on its own it gets one
-boot, and one boot can screen a change, never convict it (judge/stats.py). A deployment that
+that names none, takes the one its ``/v1/models`` lists) and returns its handle. An attached run
+measures a server it does not own, so on its own it gets one boot, and one boot can screen a change, never convict it (judge/stats.py). A deployment that
 names a ``restart_command`` (an argument list: ``["systemctl", "restart", "vllm"]``, or a script
 that deletes a Kubernetes pod and waits for the next) gives it more: before each boot after the
 first, :func:`restart_server` runs the command, sees the server go down, and waits for it to
@@ -14,12 +14,17 @@ balancer) would hand the next boot's measurement to the same server process, and
 count one boot twice. So the server's ``/health`` is polled while the command runs and after it
 returns; a server that never stopped answering within the deployment's ``health_deadline_s`` is
 an error that says so.
+
+The command's output goes to a temporary file, not a pipe: a script that starts the new server in
+the background (``vllm serve ... &``) leaves it holding whatever it inherited, and a pipe would
+keep :func:`subprocess.run` waiting for that server to exit.
 """
 
 from __future__ import annotations
 
 import shlex
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -72,20 +77,24 @@ def restart_server(
 
     watcher = threading.Thread(target=watch, name="kimiperf-restart-watch", daemon=True)
     watcher.start()
-    try:
-        done = run(list(argv), capture_output=True, text=True, timeout=deadline_s, check=False)
-    except FileNotFoundError:
-        raise ServerError(f"restart_command {shown}: {argv[0]!r} was not found (give its path, or install it)") from None
-    except subprocess.TimeoutExpired:
-        raise ServerError(f"restart_command {shown} did not return within health_deadline_s = "
-                          f"{deadline_s:g} s") from None
-    finally:
-        stop_watch.set()
-        watcher.join()
+    with tempfile.TemporaryFile(mode="w+") as output:
+        try:
+            done = run(list(argv), stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                       timeout=deadline_s, check=False)
+        except FileNotFoundError:
+            raise ServerError(f"restart_command {shown}: {argv[0]!r} was not found (give its path, or install "
+                              "it)") from None
+        except subprocess.TimeoutExpired:
+            raise ServerError(f"restart_command {shown} did not return within health_deadline_s = "
+                              f"{deadline_s:g} s") from None
+        finally:
+            stop_watch.set()
+            watcher.join()
+        output.seek(0)
+        said = output.read().strip()[-_OUTPUT_TAIL:]
     command_s = clock() - start
     if done.returncode != 0:
-        output = ((done.stderr or "") + (done.stdout or "")).strip()[-_OUTPUT_TAIL:]
-        raise ServerError(f"restart_command {shown} exited {done.returncode}" + (f": {output}" if output else ""))
+        raise ServerError(f"restart_command {shown} exited {done.returncode}" + (f": {said}" if said else ""))
     while not went_down.is_set():
         if health(base_url, headers, _HEALTH_TIMEOUT_S) is not None:
             went_down.set()

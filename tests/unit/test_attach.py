@@ -39,7 +39,8 @@ class Clock:
 
 def _run(returncode: int = 0, stderr: str = "") -> object:
     def run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-        return subprocess.CompletedProcess(argv, returncode, stdout="", stderr=stderr)
+        kwargs["stdout"].write(stderr)  # type: ignore[attr-defined]  # the command's output goes to a file
+        return subprocess.CompletedProcess(argv, returncode)
     return run
 
 
@@ -153,3 +154,16 @@ def test_the_restart_script_restarts_a_real_process(tmp_path: Path) -> None:
     while log.read_text().count("serving") < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert log.read_text().count("serving") == 2
+
+
+def test_a_restart_script_that_leaves_the_new_server_in_the_background_returns_at_once(tmp_path: Path) -> None:
+    # `vllm serve ... &`: the background server keeps the script's stdout; a pipe there would
+    # hold subprocess.run until that server exits (the deadline, then "did not return").
+    script = tmp_path / "restart.sh"
+    script.write_text("#!/bin/sh\necho restarting\nsleep 30 &\n")
+    script.chmod(0o755)
+    down = iter(["down"])
+    started = time.monotonic()
+    restart = restart_server([str(script)], base_url="http://127.0.0.1:9", model="m", headers={}, deadline_s=20.0,
+                             health=lambda *a: next(down, None), ready=lambda *a: None)
+    assert restart.command_s < 5 and time.monotonic() - started < 10
