@@ -310,16 +310,16 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     import warnings
 
     from pytest_kimiperf.judge.gate import WarningKind, missing_baseline_failure, warning_kinds
+    from pytest_kimiperf.reports.sentences import say
     from pytest_kimiperf.warning_types import CLASS_OF
 
     settings = item.config.stash[RUN_KEY].settings
     fails = settings.missing_baseline == "fail" and not settings.update_baselines
-    failure = missing_baseline_failure(result, fails=fails)
-    if failure is not None:
-        pytest.fail(failure, pytrace=False)
-    for kind, message in warning_kinds(result, missing_baseline_fails=fails):
-        if kind is not WarningKind.MISSING_BASELINE:  # said once, at session end
-            warnings.warn(CLASS_OF[kind.value](f"kimiperf: {message}"), stacklevel=1)
+    if (failure := missing_baseline_failure(result, fails=fails)) is not None:
+        pytest.fail(say(failure), pytrace=False)
+    for warning in warning_kinds(result, missing_baseline_fails=fails):
+        if warning.kind is not WarningKind.MISSING_BASELINE:  # said once, at session end
+            warnings.warn(CLASS_OF[warning.kind.value](f"kimiperf: {say(warning.note)}"), stacklevel=1)
     return outcome
 
 

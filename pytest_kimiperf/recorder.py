@@ -26,7 +26,9 @@ from pytest_kimiperf.measure.server_view import run_cross_checks
 from pytest_kimiperf.measure.watched import WatchedRun, measure_watched
 from pytest_kimiperf.judge.baselines import BaselineView
 from pytest_kimiperf.judge.gate import FLOOR_METRIC, BootRun, Rules, judge
+from pytest_kimiperf.judge.notes import Said
 from pytest_kimiperf.judge.verdicts import TestResult
+from pytest_kimiperf.reports.sentences import failure_message
 from pytest_kimiperf.config.metric_specs import SampleKind, metric_spec
 from pytest_kimiperf.judge.boots import BootLedger, TestBoots
 from pytest_kimiperf.judge.levels import BootOrigin
@@ -229,7 +231,7 @@ class PerfRecorder:
             origin=self.origin,
         )
         if (line := watched.describe()) is not None:
-            result.messages.append(line)
+            result.messages.append(Said(line))
         invalid = watched.busy if watched.busy is not None else (None if run.valid else run.invalid_reason)
         named = [*metrics, *(slo or {}), *([FLOOR_METRIC] if floor else [])]
         judged = [*named, *(["request_goodput"] if goodput is not None else [])]
@@ -269,5 +271,5 @@ class PerfRecorder:
     def _finish(self, result: TestResult) -> TestResult:
         self._publish(result)
         if result.failures:
-            self._fail("; ".join(result.failures))
+            self._fail(failure_message(result))
         return result

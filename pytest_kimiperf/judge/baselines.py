@@ -297,15 +297,15 @@ def _reverse(text: str) -> tuple[int, ...]:
 
 def baseline_entries(
     results: Sequence[TestResult], *, git_commit: str | None
-) -> tuple[list[BaselineEntry], list[str]]:
+) -> tuple[list[BaselineEntry], list[TestResult]]:
     """Baseline entries for every metric of the tests that ran, every boot of this session
-    appended in order; and, for each boot not recorded, the test and why."""
+    appended in order; and the boots not recorded (INVALID, or failed for another reason than
+    a verdict: their ``invalid`` and ``unrecordable`` say why)."""
     grouped: dict[tuple[str, str, str], list[tuple[TestResult, MetricResult]]] = {}
-    skipped: list[str] = []
+    skipped: list[TestResult] = []
     for res in sorted(results, key=lambda r: r.boot):
-        why = res.invalid and f"INVALID: {res.invalid}" or res.unrecordable
-        if why:
-            skipped.append(f"{res.test} [{res.profile}, boot {res.boot}]: {why}")
+        if res.invalid or res.unrecordable:
+            skipped.append(res)
             continue
         for mres in res.metrics.values():
             if mres.finite:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from enum import Enum
 
 from pytest_kimiperf.numbers import is_real
-from pytest_kimiperf.numbers import fmt_value
 
 
 class FloorStatus(str, Enum):
@@ -42,21 +41,6 @@ class FloorResult:
     def warned(self) -> bool:
         """True above the floor but below the target: the test passes with a warning."""
         return self.status is FloorStatus.BELOW_TARGET
-
-    def message(self) -> str:
-        """One line, e.g. "decode 38.2 tok/s is below the floor of 40 tok/s"."""
-        unit = f" {self.unit}" if self.unit else ""
-        head = f"{self.label} {fmt_value(self.median)}{unit}".strip()
-        if self.status is FloorStatus.BELOW_FLOOR:
-            return f"{head} is below the floor of {fmt_value(self.floor)}{unit}"
-        if self.status is FloorStatus.BELOW_TARGET:
-            floor = "" if self.floor is None else f"above the floor of {fmt_value(self.floor)}{unit} but "
-            return f"{head} is {floor}below the target of {fmt_value(self.target)}{unit}"
-        if self.target is not None:
-            return f"{head} meets the target of {fmt_value(self.target)}{unit}"
-        if self.floor is not None:
-            return f"{head} meets the floor of {fmt_value(self.floor)}{unit} (no target set)"
-        return f"{head} (no floor or target set)"
 
 
 def floor_check(

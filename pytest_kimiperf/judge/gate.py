@@ -20,9 +20,13 @@ from pytest_kimiperf.judge.baselines import BaselineView
 from pytest_kimiperf.config.deployments import Deployment, Spreads
 from pytest_kimiperf.judge.history import against_history
 from pytest_kimiperf.judge.boots import TestBoots
-from pytest_kimiperf.judge.power import plan_line, wants_another_boot
+from pytest_kimiperf.judge.notes import (
+    BootAsked, BootPlanned, FailedRequests, FloorNote, GoodputSlos, InvalidRun, LeftOut, Look, NoDecode, Said,
+    SloCheck, SoftFingerprint, Unresolved,
+)
+from pytest_kimiperf.judge.power import plan, wants_another_boot
 from pytest_kimiperf.judge.verdicts import (
-    BaselineLine, BaselineState, MetricResult, TestResult, WarningKind,
+    BaselineLine, BaselineState, MetricResult, MissingBaselines, ResultWarning, TestResult, VerdictNote, WarningKind,
 )
 from pytest_kimiperf.judge.floors import FloorResult, floor_check
 from pytest_kimiperf.judge.boot_summary import BootSummary
@@ -48,7 +52,7 @@ def judge_metric(
     spreads = prior_spread if isinstance(prior_spread, Spreads) else Spreads(prior_spread)
     spec = metric_spec(result.metric)
     if view is None:
-        return None, BaselineLine(BaselineState.OFF, spec.label, "baselines not in use")
+        return None, BaselineLine(BaselineState.OFF, spec.label)
     base_file = view.file()
     entry = base_file.entry(test, profile, result.metric) if base_file else None
     if entry is None:
@@ -58,61 +62,52 @@ def judge_metric(
             comparison, line = against_history(result, entry, current=current, spreads=spreads, canary=canary,
                                                profile_env=profile_env, profile_args=profile_args,
                                                state=BaselineState.OTHER_VERSIONS)
-            return comparison, line.with_tail(
-                " — judged against the baseline of other software versions on the same hardware "
-                f"({other.fingerprint.key}): {'; '.join(versions)}")
-        missing = f"no baseline for this hardware ({view.fingerprint.key})"
+            return comparison, dataclasses.replace(line, other=other.fingerprint.key, versions=tuple(versions))
         elsewhere = [(f, e) for f in view.other_files() if (e := f.entry(test, profile, result.metric))]
         if not elsewhere:
-            others = view.other_fingerprints()
-            hint = (
-                f" (baselines exist for other hardware: {', '.join(p.stem for p in others)}; "
-                "not comparable)" if others else ""
-            )
-            return None, BaselineLine(BaselineState.MISSING, spec.label, missing, hint)
+            return None, BaselineLine(BaselineState.MISSING, spec.label, fingerprint=view.fingerprint.key,
+                                      others=tuple(p.stem for p in view.other_fingerprints()))
         # Shown, never judged: the closest other hardware's baseline, with what differs.
         other, other_entry = min(
             elsewhere, key=lambda fe: (len(fe[0].fingerprint.diff(view.fingerprint)[0]), str(fe[0].path)))
         hard = other.fingerprint.diff(view.fingerprint)[0]
-        shown = "; ".join(hard[:3]) + (f"; and {len(hard) - 3} more" if len(hard) > 3 else "")
         comparison = compare_boots(
             current, other_entry.summaries(), direction=Direction(result.direction),
             tolerance=result.tolerance, prior_spread=spreads.boot, metric=spec.label, unit=result.unit,
             comparable=False,
         )
-        return comparison, BaselineLine(
-            BaselineState.OTHER_HARDWARE, comparison.label,
-            f"{comparison.message(label=False)} — the baseline was recorded on other hardware "
-            f"({other.fingerprint.key}: {shown}); {missing}")
+        return comparison, BaselineLine(BaselineState.OTHER_HARDWARE, comparison.label, comparison,
+                                        fingerprint=view.fingerprint.key, other=other.fingerprint.key,
+                                        hard=tuple(hard))
     return against_history(result, entry, current=current, spreads=spreads, canary=canary,
                            profile_env=profile_env, profile_args=profile_args)
 
 
-def missing_baselines(result: TestResult) -> list[str]:
+def missing_baselines(result: TestResult) -> list[BaselineLine]:
     """The baseline lines of the metrics that have no baseline on this hardware (under any
     software versions): what ``--kimiperf-missing-baseline`` warns or fails on."""
-    return [m.baseline_line.render() for m in result.metrics.values()
+    return [m.baseline_line for m in result.metrics.values()
             if m.baseline_line is not None and m.baseline_line.state.missing]
 
 
-def missing_baseline_failure(result: TestResult, *, fails: bool) -> str | None:
-    """Under ``--kimiperf-missing-baseline=fail`` (``fails``): the failure line for the metrics
+def missing_baseline_failure(result: TestResult, *, fails: bool) -> MissingBaselines | None:
+    """Under ``--kimiperf-missing-baseline=fail`` (``fails``): the failure for the metrics
     without a baseline, added to ``result.failures``; None when nothing is missing."""
     missing = missing_baselines(result) if fails else []
     if not missing:
         return None
-    line = "missing baseline (--kimiperf-missing-baseline=fail): " + "; ".join(missing)
-    result.failures.append(line)
-    return line
+    failure = MissingBaselines(tuple(missing))
+    result.failures.append(failure)
+    return failure
 
 
-def warning_kinds(result: TestResult, *, missing_baseline_fails: bool) -> list[tuple[WarningKind, str]]:
-    """Each warning of ``result`` with its kind, plus one per metric without a baseline (unless
-    that fails the test) and one per metric judged across software versions."""
-    kinds = [(w.kind, w.text) for w in result.warnings]
+def warning_kinds(result: TestResult, *, missing_baseline_fails: bool) -> list[ResultWarning]:
+    """Each warning of ``result``, plus one per metric without a baseline (unless that fails
+    the test) and one per metric judged across software versions."""
+    kinds = list(result.warnings)
     if not missing_baseline_fails:
-        kinds.extend((WarningKind.MISSING_BASELINE, line) for line in missing_baselines(result))
-    kinds.extend((WarningKind.OTHER_VERSIONS, m.baseline_line.render()) for m in result.metrics.values()
+        kinds.extend(ResultWarning(WarningKind.MISSING_BASELINE, line) for line in missing_baselines(result))
+    kinds.extend(ResultWarning(WarningKind.OTHER_VERSIONS, m.baseline_line) for m in result.metrics.values()
                  if m.baseline_line is not None and m.baseline_line.state is BaselineState.OTHER_VERSIONS)
     return kinds
 
@@ -160,8 +155,8 @@ class Rules:
 
     ``tolerances`` holds the tolerance of every metric judged (marker override, else the
     deployment's, else the metric's); ``boots`` the planned boots, ``max_boots`` the most boots
-    on demand; ``strict`` makes an inconclusive verdict fail. ``no_more_boots`` says why this run
-    can never boot the server again (an attached server without a restart_command): a change
+    on demand; ``strict`` makes an inconclusive verdict fail. ``no_more_boots`` names the deployment
+    this run can never boot again (an attached server without a restart_command): a change
     beyond the tolerance it saw then fails as UNRESOLVED instead of passing with a warning.
     """
 
@@ -172,7 +167,7 @@ class Rules:
     boots: int = 1
     max_boots: int = 1
     strict: bool = False
-    no_more_boots: str | None = None
+    no_more_boots: str | None = None  # the attached deployment this run cannot restart
 
     @classmethod
     def for_deployment(cls, deployment: Deployment, *, tolerances: Mapping[str, float],
@@ -181,10 +176,7 @@ class Rules:
         """The deployment's floor and target (scaled to this host's ``canary`` where it declares
         them per canary Mops) and its declared spreads, with the run's boots and strictness."""
         floor, target = deployment.decode_floor_and_target(canary)
-        no_more = (f"this run cannot boot the attached server again: give deployment {deployment.name} a "
-                   "restart_command (such as ['systemctl', 'restart', 'vllm']) and the plugin restarts it for the "
-                   f"{MIN_BOOTS_DIRECTIONAL} or more boots a verdict needs"
-                   if attached and not deployment.restart_command else None)
+        no_more = deployment.name if attached and not deployment.restart_command else None
         return cls(tolerances=dict(tolerances), decode_floor_tok_s=floor, decode_target_tok_s=target,
                    spreads=deployment.spreads, boots=boots, max_boots=max_boots, strict=strict,
                    no_more_boots=no_more)
@@ -235,26 +227,24 @@ def judge(
         )
     if run.invalid is not None:
         result.invalid = run.invalid
-        result.failures.append(f"INVALID measurement: {run.invalid}")
+        result.failures.append(InvalidRun(run.invalid))
         return Judgement(result, comparisons, None, None)
     if run.failed_requests:
         total = run.requests
-        reasons = "; ".join(f"{n}x {reason}" for reason, n in run.failed_reasons.items())
-        line = f"{run.failed_requests} of {total} measured requests failed and are not counted ({reasons})"
+        reasons = tuple((reason, n) for reason, n in run.failed_reasons.items())
         if run.failed_requests > MAX_FAILED_FRACTION * total:
-            result.failures.append(
-                f"{line}: more than {MAX_FAILED_FRACTION:.0%} failed, the server did not serve this load")
+            result.failures.append(FailedRequests(run.failed_requests, total, reasons, MAX_FAILED_FRACTION))
         else:
-            result.warn(WarningKind.OTHER, line)
+            result.warn(WarningKind.OTHER, FailedRequests(run.failed_requests, total, reasons))
     for line in run.cross_check_warnings:
-        result.warn(WarningKind.OTHER, line)
+        result.warn(WarningKind.OTHER, Said(line))
 
     if goodput is not None:
         result.metrics["request_goodput"] = MetricResult(
             metric="request_goodput", unit="req/s", direction="higher_is_better",
             tolerance=rules.tolerances["request_goodput"],
             samples=[float(x) for x in run.goodput_samples], boot_label=label)
-        result.messages.append("goodput SLOs: " + ", ".join(f"{k} <= {v:g}" for k, v in goodput.items()))
+        result.messages.append(GoodputSlos(tuple(goodput.items())))
     for name, limit in (slo or {}).items():
         _check_slo(name, limit, run.samples[name], rules.tolerances[name], result)
     if floor:
@@ -264,7 +254,7 @@ def judge(
     recorded = None
     if result.failures:
         # A boot that failed for another reason than a verdict is no sample of this build.
-        result.unrecordable = "; ".join(result.failures)
+        result.unrecordable = tuple(result.failures)
     else:
         origin = result.origin
         recorded = {name: dataclasses.replace(mres.boot_summary(), session=origin.session, host=origin.host)
@@ -281,54 +271,49 @@ def judge(
         if comparison is not None and result.unrecordable:
             comparison, line = _left_out(comparison, line, result)
         mres.baseline_line = line
-        result.messages.append(line.render())
+        result.messages.append(line)
         if comparison is not None:
-            mres.baseline = comparison.to_dict()
+            mres.baseline = comparison
             comparisons.append(comparison)
     screening = [c for c in comparisons if wants_another_boot(c)]
     wants_boot: int | None = None
     if result.boot < rules.boots:
         wants_boot = result.boot + 1
-        result.messages.append(
-            f"boot {result.boot} of {rules.boots} planned: the verdict comes after boot {rules.boots}")
+        result.messages.append(BootPlanned(result.boot, rules.boots))
     elif (unresolved := [c for c in comparisons if c.unresolved_beyond_tolerance and c.gain < 0]) \
             and rules.no_more_boots is not None and not result.failures:
         # One boot of a server this run cannot restart: the change it saw can never be convicted
         # here, and passing with a warning would let a 20% slower server through the gate.
-        result.unresolved = ("; ".join(f"{c.metric} looks {c.change * 100:+.1f}% on {c.boots_current} boot(s), "
-                                       f"beyond the {c.tolerance:.0%} tolerance" for c in unresolved)
-                             + f" (one boot can screen, never convict); {rules.no_more_boots}")
-        result.failures.append(f"UNRESOLVED: {result.unresolved}")
+        result.unresolved = Unresolved(_looks(unresolved), rules.no_more_boots, MIN_BOOTS_DIRECTIONAL)
+        result.failures.append(result.unresolved)
         for comparison in comparisons:
             if comparison not in unresolved:
                 verdict_to_result(comparison, result, strict=rules.strict)
     elif screening and not result.failures and result.boot < rules.max_boots:
         wants_boot = result.boot + 1
-        result.messages.append(
-            f"boot {result.boot + 1} of {result.profile} asked for: "
-            + "; ".join(f"{c.metric} looks {c.change * 100:+.1f}% on {c.boots_current} boot(s)"
-                        for c in screening)
-            + " (one boot can screen, never convict)")
+        result.messages.append(BootAsked(result.profile, result.boot + 1, _looks(screening)))
     else:
         for comparison in comparisons:
             verdict_to_result(comparison, result, strict=rules.strict)
     soft = view.soft_changes() if view is not None and comparisons else []
     if soft:
-        result.warn(
-            WarningKind.SOFT_FINGERPRINT, "the baseline was recorded with other soft facts (they only warn; the hardware "
-            f"and software that set speed match): {'; '.join(soft)}")
+        result.warn(WarningKind.SOFT_FINGERPRINT, SoftFingerprint(tuple(soft)))
     return Judgement(result, comparisons, recorded, wants_boot)
+
+
+def _looks(comparisons: Sequence[Comparison]) -> tuple[Look, ...]:
+    return tuple(Look(c.metric, c.change, c.boots_current, c.tolerance) for c in comparisons)
 
 
 def _left_out(comparison: Comparison, line: BaselineLine, result: TestResult) -> tuple[Comparison, BaselineLine]:
     """A boot that failed for another reason (the floor, failed requests) is no sample of this
     build: its figures are shown but not compared, and the line says so instead of calling its
     samples insufficient."""
-    why = f"boot {result.boot} failed and is no sample of this build: {result.unrecordable}"
+    why = LeftOut(result.boot, result.unrecordable)
     if comparison.boots_current == 0:
-        comparison = dataclasses.replace(comparison, verdict=VerdictKind.NOT_JUDGED, note=why)
-        return comparison, BaselineLine(line.state, comparison.label, comparison.message(label=False))
-    return comparison, line.with_tail(f" — {why}")
+        comparison = dataclasses.replace(comparison, verdict=VerdictKind.NOT_JUDGED, notes=(why,))
+        return comparison, BaselineLine(line.state, comparison.label, comparison)
+    return comparison, dataclasses.replace(line, left_out=why)
 
 
 def _check_decode_floor(result: TestResult, run: BootRun, rules: Rules) -> None:
@@ -339,16 +324,15 @@ def _check_decode_floor(result: TestResult, run: BootRun, rules: Rules) -> None:
     )
     median = decode.summary()["median"]
     if median is None:
-        result.failures.append("single-stream decode: no valid request to measure")
+        result.failures.append(NoDecode())
         return
     fr = check_floor(float(median), floor=rules.decode_floor_tok_s, target=rules.decode_target_tok_s)
-    result.floor = {"median": fr.median, "floor": fr.floor, "target": fr.target,
-                    "status": fr.status.value, "message": fr.message()}
+    result.floor = fr
     if fr.failed:
-        result.failures.append(fr.message())
+        result.failures.append(FloorNote(fr))
     elif fr.warned:
-        result.warn(WarningKind.BELOW_TARGET, fr.message())
-    result.messages.append(fr.message())
+        result.warn(WarningKind.BELOW_TARGET, FloorNote(fr))
+    result.messages.append(FloorNote(fr))
 
 
 def _check_slo(name: str, limit: float, samples: Sequence[float], tolerance: float, result: TestResult) -> None:
@@ -357,28 +341,25 @@ def _check_slo(name: str, limit: float, samples: Sequence[float], tolerance: flo
     mres = MetricResult(metric=name, unit=spec.unit, direction=spec.direction.value,
                         tolerance=tolerance, samples=[float(x) for x in samples])
     boot = mres.boot_summary()
-    label = f"SLO {name} {'<=' if spec.direction.value == 'lower_is_better' else '>='} {limit:g} {spec.unit}"
+    lower = spec.direction.value == "lower_is_better"
+    ok = boot.usable and (boot.median <= limit if lower else boot.median >= limit)
+    status = SloCheck.UNCHECKED if not boot.usable else SloCheck.MET if ok else SloCheck.MISSED
+    note = SloCheck(name, spec.label, limit, spec.unit, lower, status, boot.median, boot.n, boot.needed)
     if not boot.usable:
-        result.warn(
-            WarningKind.OTHER, f"{label}: insufficient samples for {spec.label} ({boot.n} on this boot, "
-            f"{boot.needed} needed): not checked")
+        result.warn(WarningKind.OTHER, note)
         return
-    ok = boot.median <= limit if spec.direction.value == "lower_is_better" else boot.median >= limit
-    line = f"{label}: {boot.median:.4g} {spec.unit} on this boot ({boot.n} samples)"
-    (result.messages if ok else result.failures).append(line + ("" if ok else " — SLO missed"))
+    (result.messages if ok else result.failures).append(note)
 
 
 def verdict_to_result(comparison: Comparison, result: TestResult, *, strict: bool) -> None:
     """A final verdict becomes a failure, a warning (with the planner's advice) or a note."""
-    message = comparison.message()
     kind = comparison.verdict
     if verdict_fails(comparison, strict=strict):
-        result.failures.append(message)
+        result.failures.append(VerdictNote(comparison))
     elif kind is VerdictKind.IMPROVEMENT:
-        result.warn(WarningKind.OTHER, message + "; run --update-baselines to adopt it")
+        result.warn(WarningKind.OTHER, VerdictNote(comparison, adopt=True))
     elif kind in (VerdictKind.INCONCLUSIVE, VerdictKind.CHANGED_SIZE_UNRESOLVED, VerdictKind.NO_DETECTABLE_CHANGE):
-        plan = plan_line(comparison)
-        line = message + (f"; {plan}" if plan else "")
+        line = VerdictNote(comparison, plan(comparison))
         if not comparison.unresolved_beyond_tolerance:
             result.messages.append(line)
         elif kind is VerdictKind.NO_DETECTABLE_CHANGE:
@@ -386,7 +367,7 @@ def verdict_to_result(comparison: Comparison, result: TestResult, *, strict: boo
         else:
             result.warn(WarningKind.INCONCLUSIVE, line)
     elif kind in (VerdictKind.NOT_COMPARABLE, VerdictKind.INSUFFICIENT_SAMPLES):
-        result.warn(WarningKind.OTHER, message)
+        result.warn(WarningKind.OTHER, VerdictNote(comparison))
 
 
 def compare_profiles(

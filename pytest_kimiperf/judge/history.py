@@ -9,7 +9,6 @@ environment is the one recorded. ``gate.judge`` decides what the comparison mean
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 
 from pytest_kimiperf.config.deployments import Spreads
@@ -18,7 +17,7 @@ from pytest_kimiperf.judge.baseline_schema import BaselineEntry
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.levels import canary_shift, level_terms
 from pytest_kimiperf.judge.modes import align_modes, find_modes
-from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult
+from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, EnvDiff, MetricResult
 from pytest_kimiperf.judge.stats import Comparison, compare_boots
 
 
@@ -31,18 +30,14 @@ def compare_with_history(
     clusters is judged per mode, levels.align_modes), then every level the two sides do not
     share (levels.level_terms), then the boots (stats.compare_boots)."""
     modes = find_modes(history)
-    note = ""
     if modes is not None:
         current, history = align_modes(current, modes)
-        note = modes.text()
     comparison = compare_boots(
         current, history, direction=direction, tolerance=tolerance, prior_spread=spreads.boot,
         metric=metric, unit=unit, comparable=comparable,
         levels=level_terms(current, history, spreads=spreads),
     )
-    if note:
-        comparison = dataclasses.replace(comparison, note="; ".join(n for n in (comparison.note, note) if n))
-    return comparison
+    return comparison.with_notes(modes.note()) if modes is not None else comparison
 
 
 def against_history(
@@ -58,12 +53,7 @@ def against_history(
         current, entry.summaries(), direction=Direction(result.direction), tolerance=result.tolerance,
         spreads=spreads, metric=metric_spec(result.metric).label, unit=result.unit,
         comparable=same_env and not (check is not None and check.moved))
-    body = comparison.message(label=False)
-    if check is not None and check.moved:
-        body += f" — {check.text()}: the baseline was measured on a host of other speed"
-    if not same_env:
-        said = bool(entry.profile_args or profile_args)  # server arguments: said where either side has some
-        body += (f" — the baseline was recorded with profile environment {dict(entry.profile_env)}"
-                 f"{f' and args {list(entry.profile_args)}' * said}, this run used {dict(profile_env)}"
-                 f"{f' and args {list(profile_args)}' * said}")
-    return comparison, BaselineLine(state, comparison.label, body)
+    env = None if same_env else EnvDiff(dict(entry.profile_env), tuple(entry.profile_args), dict(profile_env),
+                                        tuple(profile_args))
+    return comparison, BaselineLine(state, comparison.label, comparison,
+                                    canary=check if check is not None and check.moved else None, env=env)

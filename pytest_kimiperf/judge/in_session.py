@@ -42,6 +42,7 @@ from scipy import stats as scipy_stats
 from pytest_kimiperf.config.deployments import Deployment
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.notes import BootsToDecide, DeclaredModes, Note
 from pytest_kimiperf.judge.stats import (
     DIRECTIONAL_CONFIDENCE,
     EQUIVALENCE_CONFIDENCE,
@@ -102,12 +103,6 @@ class SpawnModes:
     def declared(self) -> bool:
         """Whether the deployment declares modes at all."""
         return self.drop > 0.0 and self.slow_share > 0.0
-
-    def text(self) -> str:
-        """What a verdict says of the modes it weighed."""
-        if not self.declared:
-            return "no spawn modes declared"
-        return f"spawn modes {self.drop:.0%} apart declared ({self.slow_share:.0%} of boots slow)"
 
 
 @dataclass(frozen=True)
@@ -237,7 +232,7 @@ def compare_in_session(
         return Comparison(**common, median_current=nan, median_reference=nan, change=nan, bound_low=nan,
                           bound_high=nan, ci_low=nan, ci_high=nan, spread_sd_log=nan, spread_df=nan,
                           spread_source="", se_log=nan, mdc=nan, verdict=VerdictKind.INSUFFICIENT_SAMPLES,
-                          note=_insufficient_note(current, reference))
+                          notes=_insufficient_note(current, reference))
     cur = [sign * math.log(b.median) for b in cur_b]
     ref = [sign * math.log(b.median) for b in ref_b]
     fit = _fit(cur, ref, rules)
@@ -276,15 +271,11 @@ def compare_in_session(
     if sign < 0:
         lo, hi, clo, chi = -hi, -lo, -chi, -clo
     change = math.expm1(sign * fit.d)
-    notes = [rules.modes.text()] if rules.modes.declared else []
+    notes: list[Note] = [DeclaredModes(rules.modes.drop, rules.modes.slow_share)] if rules.modes.declared else []
     if verdict in (VerdictKind.CHANGED_SIZE_UNRESOLVED, VerdictKind.INCONCLUSIVE) and abs(fit.d) > band:
         needed = boots_to_decide(fit.d, fit.sd, band, rules)
         have = min(len(cur), len(ref))
-        notes.append(f"{needed} boots a side would decide a change this size" if needed is not None else
-                     f"no number of boots up to {MAX_PLANNED_BOOTS} a side decides a change this size: "
-                     "the spawn modes explain it")
-        if needed is not None and needed <= have:
-            notes[-1] = "the boots' own spread is what holds it back"
+        notes.append(BootsToDecide(needed, MAX_PLANNED_BOOTS, have_them=needed is not None and needed <= have))
     source = (f"declared {rules.boot_spread:.0%}" if fit.sd <= math.log1p(rules.boot_spread) + 1e-12
               else f"measured {math.expm1(fit.sd):.0%} inside the sides")
     return Comparison(
@@ -292,7 +283,7 @@ def compare_in_session(
         median_reference=math.exp(sum(math.log(b.median) for b in ref_b) / len(ref_b)),
         change=change, bound_low=math.expm1(lo), bound_high=math.expm1(hi), ci_low=math.expm1(clo),
         ci_high=math.expm1(chi), spread_sd_log=fit.sd, spread_df=fit.df, spread_source=source, se_log=fit.se,
-        mdc=_mdc(fit, band, rules), verdict=verdict, note="; ".join(notes),
+        mdc=_mdc(fit, band, rules), verdict=verdict, notes=tuple(notes),
         equivalence_confidence=WITHIN_INTERVAL if verdict is VerdictKind.WITHIN_TOLERANCE else EQUIVALENCE_CONFIDENCE)
 
 

@@ -340,10 +340,8 @@ class CanaryCheck:
     shifts: Mapping[str, float]
     moved: bool
 
-    def text(self) -> str:
-        """``host differs (canary cpu_gflops -48%, copy_gbs -41%)``, or what was compared."""
-        parts = ", ".join(f"{k} {v * 100:+.0f}%" for k, v in sorted(self.shifts.items()))
-        return f"host differs (canary {parts})" if self.moved else f"host canary within noise ({parts})"
+    def to_dict(self) -> dict[str, object]:
+        return {"shifts": dict(self.shifts), "moved": self.moved}
 
 
 def canary_shift(current: Mapping[str, float] | None,

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.notes import HistoryModes
 
 # The widest gap between sorted boot log-medians must be this many times the pooled SD inside
 # the two clusters it leaves, each of at least MIN_MODE_BOOTS boots, in a history of at least
@@ -58,12 +59,9 @@ class Modes:
         """The centre of the larger mode (the slower on a tie): the figures read in its units."""
         return self.low_center if len(self.low) >= len(self.high) else self.high_center
 
-    def text(self) -> str:
-        """What a verdict says of the modes it was judged with."""
-        apart = math.expm1(self.high_center - self.low_center) * 100
-        return (f"the history holds 2 modes {apart:.0f}% apart ({len(self.low)} boots at "
-                f"{math.exp(self.low_center):.4g}, {len(self.high)} at {math.exp(self.high_center):.4g}): "
-                "each boot judged against its nearest mode, so a change of about that size is not seen")
+    def note(self) -> HistoryModes:
+        """What a verdict judged with these modes notes of them."""
+        return HistoryModes(len(self.low), math.exp(self.low_center), len(self.high), math.exp(self.high_center))
 
 
 def find_modes(history: Sequence[BootSummary]) -> Modes | None:

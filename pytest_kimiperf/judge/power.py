@@ -2,7 +2,7 @@
 
 A comparison that looks worse than the tolerance without a verdict asks for another boot
 (:func:`wants_another_boot`); an inconclusive, "changed, size unresolved" or "no detectable
-change" verdict says how many boots would resolve a change of interest (:func:`plan_line`,
+change" verdict says how many boots would resolve a change of interest (:func:`plan`,
 from :func:`boots_needed`: the normal-approximation power calculation against the baseline's
 boot history). The verdicts themselves, and the minimum detectable change quoted with them,
 are ``stats``.
@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from scipy import stats as scipy_stats
 
 from pytest_kimiperf.judge.stats import (
-    DETECTION_POWER, MIN_BOOTS_DIRECTIONAL, Comparison, VerdictKind, fmt_tolerance,
+    DETECTION_POWER, MIN_BOOTS_DIRECTIONAL, Comparison, VerdictKind,
 )
+from pytest_kimiperf.judge.notes import Plan
 from pytest_kimiperf.numbers import is_real
 
 # First-boot screen: another boot when the change looks worse than this share of the tolerance.
@@ -141,27 +142,17 @@ def sessions_to_resolve(allowed: float, boot_var: float, levels: Sequence[tuple[
     return None
 
 
-def plan_line(c: Comparison, *, target: float | None = None) -> str:
-    """The planner's sentence next to an unresolved or "no detectable change" verdict: in
-    boots of this run, or, where the session and host levels stand in the way, in sessions."""
+def plan(c: Comparison, *, target: float | None = None) -> Plan | None:
+    """What the planner says next to an unresolved or "no detectable change" verdict: in
+    boots of this run, or, where the session and host levels stand in the way, in sessions
+    (reports/sentences.py says it). None where the comparison has no spread to plan with."""
     if not math.isfinite(c.spread_sd_log) or c.spread_sd_log <= 0:
-        return ""
+        return None
     spread = math.expm1(c.spread_sd_log)
     goal = target if target is not None else c.tolerance * 2.0
     fixed = sum(t.var_log for t in c.levels)
     n = boots_needed(goal, spread, tolerance=c.tolerance, reference_boots=c.boots_reference, fixed_var=fixed)
     if n is None and fixed > 0:
-        level = ", ".join(t.text for t in c.levels)
-        k = sessions_needed(c, goal)
-        if k is None:
-            return (f"to resolve a {fmt_tolerance(goal)} change neither boots in this run nor up to 100 "
-                    f"sessions of this profile are enough ({level}): it takes a wider tolerance")
-        return (f"to resolve a {fmt_tolerance(goal)} change no number of boots in this run is enough "
-                f"({level}: each run shares its session); it takes about {k} sessions of this profile "
-                f"(separate runs, {MIN_BOOTS_DIRECTIONAL} boots each) against a baseline recorded over as many")
-    if n is None:
-        return (f"to resolve a {fmt_tolerance(goal)} change at a boot spread of {fmt_tolerance(spread)} "
-                f"the baseline's {c.boots_reference} boots are too few: record more with --update-baselines "
-                "--kimiperf-boots N")
-    return (f"to resolve a {fmt_tolerance(goal)} change at a boot spread of {fmt_tolerance(spread)} "
-            f"you need {n} boots of this profile against the baseline's {c.boots_reference}")
+        return Plan(goal, spread, c.boots_reference, sessions=sessions_needed(c, goal),
+                    levels=tuple(t.text for t in c.levels), boots_per_session=MIN_BOOTS_DIRECTIONAL)
+    return Plan(goal, spread, c.boots_reference, boots=n, boots_per_session=MIN_BOOTS_DIRECTIONAL)

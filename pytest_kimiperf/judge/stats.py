@@ -48,18 +48,21 @@ same, with detection of twice the tolerance down from 92% to 87% at a 1% boot sp
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from scipy import stats as scipy_stats
 
 from pytest_kimiperf.config.deployments import MIN_BOOTS_DIRECTIONAL
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT, BootSummary
-from pytest_kimiperf.numbers import fmt_change, fmt_spread, is_real
+from pytest_kimiperf.judge.notes import NeedsBoots, Note, TooFewSamples, notes_from_json
+from pytest_kimiperf.numbers import fmt_spread, is_real
 
 DIRECTIONAL_CONFIDENCE = 0.84
 EQUIVALENCE_CONFIDENCE = 0.90
@@ -211,7 +214,7 @@ class Comparison:
     verdict: VerdictKind
     confidence: float = DIRECTIONAL_CONFIDENCE
     equivalence_confidence: float = EQUIVALENCE_CONFIDENCE
-    note: str = ""
+    notes: tuple[Note, ...] = ()  # what else the verdict rests on (judge/notes.py)
     sessions_current: int = 1
     sessions_reference: int = 1
     # The levels above the boot that the two sides do not share (judge/levels.py), with the
@@ -236,58 +239,14 @@ class Comparison:
         return (self.verdict in (VerdictKind.INCONCLUSIVE, VerdictKind.CHANGED_SIZE_UNRESOLVED)
                 and abs(self.gain) > self.tolerance)
 
-    def rests_on(self) -> str:
-        """What the verdict rests on, e.g. "2 boots (40 requests) vs 10 baseline boots; boot
-        spread 0.8% (measured over 2 + 10 boots)"."""
-        def side(boots: int, sessions: int, what: str) -> str:
-            text = f"{boots} {what}boot{'s' * (boots != 1)}"
-            return text + (f" of {sessions} session{'s' * (sessions != 1)}" if self.levels else "")
-        levels = "".join(f", {term.text}" for term in self.levels)
-        return (f"{side(self.boots_current, self.sessions_current, '')} ({self.n_current} samples) vs "
-                f"{side(self.boots_reference, self.sessions_reference, 'reference ')}; boot spread "
-                f"{fmt_spread(math.expm1(self.spread_sd_log))} ({self.spread_source}){levels}")
-
     @property
     def label(self) -> str:
         """The metric and unit a line about this comparison opens with ("decode tok/s")."""
         return " ".join(part for part in (self.metric, self.unit) if part)
 
-    def message(self, *, label: bool = True) -> str:
-        """One line for the test report: the verdict, its numbers and what it rests on (after
-        the metric's label unless ``label`` is false)."""
-        prefix = f"{self.label}: " if label and self.label else ""
-        tol = fmt_tolerance(self.tolerance)
-        change = fmt_change(self.change)
-        worse_bound = self.bound_high if self.direction is Direction.HIGHER_IS_BETTER else self.bound_low
-        better_bound = self.bound_low if self.direction is Direction.HIGHER_IS_BETTER else self.bound_high
-        level = f"{self.confidence * 100:g}% bound"
-        ci = f"{self.equivalence_confidence * 100:g}% CI {fmt_change(self.ci_low)}..{fmt_change(self.ci_high)}"
-        kind = self.verdict
-        if kind is VerdictKind.REGRESSION:
-            body = f"REGRESSION {change} ({level} {fmt_change(worse_bound)} is beyond the {tol} tolerance"
-        elif kind is VerdictKind.IMPROVEMENT:
-            body = f"improvement {change} ({level} {fmt_change(better_bound)} is beyond the {tol} tolerance"
-        elif kind is VerdictKind.WITHIN_TOLERANCE:
-            body = f"within +/-{tol} ({change}, {ci}"
-        elif kind is VerdictKind.NO_DETECTABLE_CHANGE:
-            body = (f"no detectable change ({change}, {ci} holds zero; this design detects changes of "
-                    f"{self.mdc * 100:.2g}% or more")
-        elif kind is VerdictKind.CHANGED_SIZE_UNRESOLVED:
-            beyond = self.ci_high < -self.tolerance or self.ci_low > self.tolerance
-            reach = f"lies beyond the {tol} tolerance" if beyond else f"crosses the {tol} tolerance"
-            body = f"changed, size unresolved ({change}, {ci} excludes zero and {reach}"
-        elif kind is VerdictKind.INSUFFICIENT_SAMPLES:
-            body = (f"insufficient samples ({self.boots_current} current and {self.boots_reference} reference "
-                    f"boots with enough valid samples, at least {MIN_SAMPLES_PER_BOOT} each)")
-            return prefix + body + (f"; {self.note}" if self.note else "")
-        elif kind is VerdictKind.NOT_COMPARABLE:
-            body = f"not comparable to the baseline ({change}, {ci}; reported only"
-        elif kind is VerdictKind.NOT_JUDGED:
-            return prefix + f"not judged ({self.note})"
-        else:
-            body = f"inconclusive ({change} is beyond the {tol} tolerance, but the {ci} holds zero"
-        tail = f"; {self.note}" if self.note else ""
-        return f"{prefix}{body}; {self.rests_on()}{tail})"
+    def with_notes(self, *more: Note) -> "Comparison":
+        """This comparison with ``more`` notes after its own."""
+        return dataclasses.replace(self, notes=(*self.notes, *more))
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready fields (enums as their values, NaN as None) for reports and xdist transport."""
@@ -299,11 +258,36 @@ class Comparison:
             elif name == "levels":
                 value = [{"name": t.name, "var_log": t.var_log, "df": t.df if math.isfinite(t.df) else None,
                           "weight": t.weight, "text": t.text} for t in value]
+            elif name == "notes":
+                value = [n.to_json() for n in value]
             elif isinstance(value, float) and not math.isfinite(value):
                 value = None
             out[name] = value
-        out["message"] = self.message()
         return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Comparison":
+        """Inverse of :meth:`to_dict` (None back to NaN)."""
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in data:
+                continue
+            raw = data[f.name]
+            if f.name == "direction":
+                values[f.name] = Direction(raw)
+            elif f.name == "verdict":
+                values[f.name] = VerdictKind(raw)
+            elif f.name == "levels":
+                values[f.name] = tuple(LevelTerm(str(t["name"]), float(t["var_log"]),
+                                                 math.inf if t["df"] is None else float(t["df"]), str(t["text"]),
+                                                 float(t["weight"])) for t in raw)
+            elif f.name == "notes":
+                values[f.name] = tuple(notes_from_json(raw))
+            elif f.type in ("float",) and raw is None:
+                values[f.name] = math.nan
+            else:
+                values[f.name] = raw
+        return cls(**values)
 
 
 def compare_boots(
@@ -345,7 +329,7 @@ def compare_boots(
             **common, median_current=_geomean(cur), median_reference=_geomean(ref), change=nan,
             bound_low=nan, bound_high=nan, ci_low=nan, ci_high=nan, spread_sd_log=nan, spread_df=nan,
             spread_source="", se_log=nan, mdc=nan, verdict=VerdictKind.INSUFFICIENT_SAMPLES,
-            note=_insufficient_note(current, reference))
+            notes=_insufficient_note(current, reference))
     spread = estimate_spread(cur, ref, prior_sd_log=math.log1p(prior_spread))
     mean_cur = sum(math.log(b.median) for b in cur) / len(cur)
     mean_ref = sum(math.log(b.median) for b in ref) / len(ref)
@@ -389,25 +373,25 @@ def compare_boots(
         verdict = VerdictKind.INCONCLUSIVE
     else:
         verdict = VerdictKind.NO_DETECTABLE_CHANGE
-    note = ""
+    notes: tuple[Note, ...] = ()
     if not enough and (worst < -tolerance or best > tolerance):
-        note = f"a verdict needs {min_boots_directional} boots: one boot can screen, never convict"
+        notes = (NeedsBoots(min_boots_directional),)
     return Comparison(
         **common, median_current=_geomean(cur), median_reference=_geomean(ref), change=change,
         bound_low=bound_low, bound_high=bound_high, ci_low=ci_low, ci_high=ci_high,
         spread_sd_log=spread.sd_log, spread_df=spread.df, spread_source=spread.source, se_log=se,
-        mdc=mdc, verdict=verdict, note=note)
+        mdc=mdc, verdict=verdict, notes=notes)
 
 
-def _insufficient_note(current: Sequence[BootSummary], reference: Sequence[BootSummary]) -> str:
+def _insufficient_note(current: Sequence[BootSummary], reference: Sequence[BootSummary]) -> tuple[Note, ...]:
     need = max(b.needed for b in (*current, *reference)) if (*current, *reference) else MIN_SAMPLES_PER_BOOT
     have = max([b.n for b in current] + [0])
     if need > MIN_SAMPLES_PER_BOOT:
-        return f"insufficient samples for this tail: a boot needs {need}, this one has {have}"
+        return (TooFewSamples(need, have, tail=True),)
     if current and have < need:
         # Failed requests are NaN, never samples: the test's warnings count them by reason.
-        return f"this boot has {have} valid sample{'s' * (have != 1)}: failed requests are not samples"
-    return ""
+        return (TooFewSamples(need, have, tail=False),)
+    return ()
 
 
 def _level_quantile(df: float) -> float:

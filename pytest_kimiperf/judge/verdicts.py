@@ -4,24 +4,30 @@ One measured test on one server boot produces a :class:`TestResult` holding a
 :class:`MetricResult` per metric. Both travel from an xdist worker to the controller as JSON;
 the gate (``gate.judge``) fills their verdicts and the reports only read them.
 
-Verdicts travel as data: each warning carries its :class:`WarningKind` (what pytest warning class
-it becomes), and each metric's line about its baseline is a :class:`BaselineLine` whose
-:class:`BaselineState` says whether a baseline was there. Nothing downstream reads a sentence to
-learn what happened; the sentences are only shown.
+Verdicts travel as data: failures, warnings and notes are typed values (judge/notes.py and the
+notes here that hold a comparison); each warning carries its :class:`WarningKind` (what pytest
+warning class it becomes), and each metric's line about its baseline is a :class:`BaselineLine`
+whose :class:`BaselineState` says whether a baseline was there. Nothing reads a sentence to learn
+what happened: reports/sentences.py writes every sentence, and only to show it.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, ClassVar
 
 import numpy as np
 
 from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_metric
-from pytest_kimiperf.judge.levels import BootOrigin
+from pytest_kimiperf.judge.floors import FloorResult
+from pytest_kimiperf.judge.levels import BootOrigin, CanaryCheck
+from pytest_kimiperf.judge.notes import (
+    FloorNote, LeftOut, Note, Plan, Unresolved, note_from_json, note_kind, notes_from_json,
+)
+from pytest_kimiperf.judge.stats import Comparison
 from pytest_kimiperf.measure.results import RunSummary
 
 
@@ -38,22 +44,17 @@ class WarningKind(str, enum.Enum):
 
 @dataclass(frozen=True)
 class ResultWarning:
-    """One warning of a perf test: its kind and the line shown."""
+    """One warning of a perf test: its kind and what it is about."""
 
     kind: WarningKind
-    text: str
+    note: Note
 
-    def __str__(self) -> str:
-        return self.text
-
-    def to_json(self) -> dict[str, str]:
-        return {"kind": self.kind.value, "text": self.text}
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "note": self.note.to_json()}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any] | str) -> "ResultWarning":
-        if isinstance(data, str):  # a line of a JSON report: shown, of no known kind
-            return cls(WarningKind.OTHER, data)
-        return cls(WarningKind(data["kind"]), str(data["text"]))
+    def from_json(cls, data: Mapping[str, Any]) -> "ResultWarning":
+        return cls(WarningKind(data["kind"]), note_from_json(data["note"]))
 
 
 class BaselineState(str, enum.Enum):
@@ -71,37 +72,83 @@ class BaselineState(str, enum.Enum):
         return self in (BaselineState.MISSING, BaselineState.OTHER_HARDWARE)
 
 
-RECORD_ADVICE: Final = "run --update-baselines"
-
-
 @dataclass(frozen=True)
-class BaselineLine:
-    """The gate's line about one metric against its baseline, in parts.
+class EnvDiff:
+    """The profile environment and server arguments the baseline was recorded with, and this run's."""
 
-    Shown as ``"{label}: {body}: {advice}{tail}"``; the advice (what records the missing
-    baseline) is there only for a missing one, and a report puts its own command in its place.
+    baseline_env: Mapping[str, str]
+    baseline_args: tuple[str, ...]
+    run_env: Mapping[str, str]
+    run_args: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"baseline_env": dict(self.baseline_env), "baseline_args": list(self.baseline_args),
+                "run_env": dict(self.run_env), "run_args": list(self.run_args)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "EnvDiff":
+        return cls(dict(data["baseline_env"]), tuple(data["baseline_args"]), dict(data["run_env"]),
+                   tuple(data["run_args"]))
+
+
+def _canary_from_json(data: Mapping[str, Any]) -> CanaryCheck:
+    return CanaryCheck({str(k): float(v) for k, v in data["shifts"].items()}, bool(data["moved"]))
+
+
+def _left_out_from_json(data: Mapping[str, Any]) -> LeftOut:
+    return LeftOut.from_fields(data)
+
+
+@note_kind("baseline")
+@dataclass(frozen=True)
+class BaselineLine(Note):
+    """The gate's line about one metric against its baseline, as facts.
+
+    ``state`` says whether there was a baseline; ``comparison`` is the verdict (None where
+    nothing was compared). The rest is what the line adds: this hardware's key and the other
+    hardware that has baselines (missing); the other file's key with the software versions
+    that differ (judged across versions) or the hard facts that differ (other hardware, shown
+    only); a host canary that moved and a profile environment that differs (not comparable);
+    and why a failed boot was left out. reports/sentences.py says it.
     """
 
     state: BaselineState
     label: str  # the metric's label (and unit) the line opens with
-    body: str
-    tail: str = ""
+    comparison: Comparison | None = None
+    fingerprint: str = ""
+    others: tuple[str, ...] = ()
+    other: str = ""
+    versions: tuple[str, ...] = ()
+    hard: tuple[str, ...] = ()
+    canary: CanaryCheck | None = None
+    env: EnvDiff | None = None
+    left_out: LeftOut | None = None
 
-    def render(self, *, label: bool = True, advice: str = RECORD_ADVICE) -> str:
-        head = f"{self.label}: " if label and self.label else ""
-        return f"{head}{self.body}{f': {advice}' if self.state.missing else ''}{self.tail}"
+    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
+        "state": BaselineState, "comparison": Comparison.from_dict, "canary": _canary_from_json,
+        "env": EnvDiff.from_dict, "left_out": _left_out_from_json,
+    }
 
-    def with_tail(self, more: str) -> "BaselineLine":
-        return BaselineLine(self.state, self.label, self.body, self.tail + more)
 
-    def to_json(self) -> dict[str, str]:
-        return {"state": self.state.value, "label": self.label, "body": self.body, "tail": self.tail}
+@note_kind("verdict")
+@dataclass(frozen=True)
+class VerdictNote(Note):
+    """A final verdict against the baseline, with what would resolve it (``plan``) and whether
+    an improvement is there to adopt."""
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any] | None) -> "BaselineLine | None":
-        if not data:
-            return None
-        return cls(BaselineState(data["state"]), str(data["label"]), str(data["body"]), str(data.get("tail") or ""))
+    comparison: Comparison
+    plan: Plan | None = None
+    adopt: bool = False
+
+    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"comparison": Comparison.from_dict}
+
+
+@note_kind("missing-baselines")
+@dataclass(frozen=True)
+class MissingBaselines(Note):
+    """Under --kimiperf-missing-baseline=fail: the metrics without a baseline here."""
+
+    lines: tuple[BaselineLine, ...]
 
 
 @dataclass
@@ -113,14 +160,9 @@ class MetricResult:
     direction: str
     tolerance: float
     samples: list[float]
-    baseline: dict[str, Any] | None = None  # Comparison.to_dict() against the baseline
+    baseline: Comparison | None = None  # against the baseline
     baseline_line: BaselineLine | None = None
     boot_label: str = ""
-
-    @property
-    def baseline_message(self) -> str | None:
-        """The baseline line as the JSON report and a failure show it."""
-        return self.baseline_line.render() if self.baseline_line is not None else None
 
     def boot_summary(self) -> BootSummary:
         """This boot's summary of the metric (the unit of replication): its median, or its
@@ -145,7 +187,7 @@ class MetricResult:
         return {
             "metric": self.metric, "unit": self.unit, "direction": self.direction,
             "tolerance": self.tolerance, "samples": self.samples, "summary": self.summary(),
-            "baseline": self.baseline, "baseline_message": self.baseline_message,
+            "baseline": self.baseline.to_dict() if self.baseline is not None else None,
             "baseline_line": self.baseline_line.to_json() if self.baseline_line else None,
             "boot_label": self.boot_label, "boot_summary": self.boot_summary().to_json(),
         }
@@ -156,7 +198,8 @@ class MetricResult:
         return cls(
             metric=data["metric"], unit=data["unit"], direction=data["direction"],
             tolerance=data["tolerance"], samples=[float(s) for s in data["samples"]],
-            baseline=data.get("baseline"), baseline_line=BaselineLine.from_json(data.get("baseline_line")),
+            baseline=Comparison.from_dict(b) if (b := data.get("baseline")) else None,
+            baseline_line=BaselineLine.from_fields(line) if (line := data.get("baseline_line")) else None,
             boot_label=str(data.get("boot_label") or ""),
         )
 
@@ -174,9 +217,9 @@ class TestResult:
     scenario: str
     metrics: dict[str, MetricResult] = field(default_factory=dict)
     run: RunSummary | None = None  # what the run produced: figures, request records, load
-    floor: dict[str, Any] | None = None
-    messages: list[str] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
+    floor: FloorResult | None = None
+    messages: list[Note] = field(default_factory=list)
+    failures: list[Note] = field(default_factory=list)
     warnings: list[ResultWarning] = field(default_factory=list)
     interval_ns: tuple[int, int] | None = None  # CLOCK_MONOTONIC span of the measurement
     server_env: dict[str, str] = field(default_factory=dict)
@@ -186,22 +229,18 @@ class TestResult:
     invalid: str | None = None
     # Why a change beyond the tolerance stays unresolved for good (one boot of an attached server
     # this run cannot restart): the test fails as UNRESOLVED, an outcome of its own.
-    unresolved: str | None = None
+    unresolved: Unresolved | None = None
     itl_timeline_ms: list[float] = field(default_factory=list)
     boot: int = 1
-    # Why --update-baselines must not record this boot (a failure that is not a verdict).
-    unrecordable: str | None = None
+    # Why --update-baselines must not record this boot (failures that are not a verdict).
+    unrecordable: tuple[Note, ...] = ()
     host: dict[str, Any] | None = None  # hostwatch readings of the measured rounds
     versions: dict[str, str] = field(default_factory=dict)
     origin: BootOrigin | None = None  # session, host and canary of this boot (judge/levels.py)
 
-    def warn(self, kind: WarningKind, text: str) -> None:
+    def warn(self, kind: WarningKind, note: Note) -> None:
         """Add a warning of ``kind``."""
-        self.warnings.append(ResultWarning(kind, text))
-
-    def warning_lines(self) -> list[str]:
-        """The warnings as shown."""
-        return [w.text for w in self.warnings]
+        self.warnings.append(ResultWarning(kind, note))
 
     def medians(self) -> dict[str, float]:
         """Each metric's median (those with one), rounded for a junitxml property."""
@@ -214,13 +253,16 @@ class TestResult:
             "test": self.test, "nodeid": self.nodeid, "profile": self.profile,
             "deployment": self.deployment, "scenario": self.scenario,
             "metrics": {k: v.to_json() for k, v in self.metrics.items()},
-            "run": self.run.to_json() if self.run is not None else {}, "floor": self.floor, "messages": self.messages,
-            "failures": self.failures, "warnings": [w.to_json() for w in self.warnings],
+            "run": self.run.to_json() if self.run is not None else {},
+            "floor": FloorNote(self.floor).to_json() if self.floor is not None else None,
+            "messages": [n.to_json() for n in self.messages],
+            "failures": [n.to_json() for n in self.failures], "warnings": [w.to_json() for w in self.warnings],
             "interval_ns": list(self.interval_ns) if self.interval_ns else None,
             "server_env": self.server_env, "profile_env": self.profile_env,
-            "profile_args": list(self.profile_args), "invalid": self.invalid, "unresolved": self.unresolved,
+            "profile_args": list(self.profile_args), "invalid": self.invalid,
+            "unresolved": self.unresolved.to_json() if self.unresolved is not None else None,
             "itl_timeline_ms": self.itl_timeline_ms,
-            "boot": self.boot, "unrecordable": self.unrecordable, "host": self.host,
+            "boot": self.boot, "unrecordable": [n.to_json() for n in self.unrecordable], "host": self.host,
             "versions": self.versions, "origin": self.origin.to_json() if self.origin else None,
         }
 
@@ -232,16 +274,17 @@ class TestResult:
             test=data["test"], nodeid=data["nodeid"], profile=data["profile"],
             deployment=data["deployment"], scenario=data["scenario"],
             metrics={k: MetricResult.from_json(v) for k, v in data["metrics"].items()},
-            run=RunSummary.from_json(run) if (run := data.get("run")) else None, floor=data.get("floor"),
-            messages=list(data.get("messages") or []), failures=list(data.get("failures") or []),
+            run=RunSummary.from_json(run) if (run := data.get("run")) else None,
+            floor=FloorNote.from_fields(floor).floor if (floor := data.get("floor")) else None,
+            messages=notes_from_json(data.get("messages")), failures=notes_from_json(data.get("failures")),
             warnings=[ResultWarning.from_json(w) for w in data.get("warnings") or []],
             interval_ns=(int(interval[0]), int(interval[1])) if interval else None,
             server_env=dict(data.get("server_env") or {}),
             profile_env=dict(data.get("profile_env") or {}),
             profile_args=[str(a) for a in data.get("profile_args") or []], invalid=data.get("invalid"),
-            unresolved=data.get("unresolved"),
+            unresolved=Unresolved.from_fields(u) if (u := data.get("unresolved")) else None,
             itl_timeline_ms=[float(x) for x in data.get("itl_timeline_ms") or []],
-            boot=int(data.get("boot") or 1), unrecordable=data.get("unrecordable"),
+            boot=int(data.get("boot") or 1), unrecordable=tuple(notes_from_json(data.get("unrecordable"))),
             host=data.get("host"), versions=dict(data.get("versions") or {}),
             origin=BootOrigin.from_json(data.get("origin")),
         )

@@ -22,6 +22,9 @@ from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.numbers import json_safe
 from pytest_kimiperf.reports.model import ProfileFacts, SessionReport
+from pytest_kimiperf.reports.sentences import (
+    comparison_json, floor_json, say, say_all, unrecordable_text, warning_lines,
+)
 
 SCHEMA_VERSION = 1
 
@@ -41,7 +44,7 @@ def build_json_report(report: SessionReport) -> dict[str, Any]:
             {
                 "test": row.test, "metric": row.metric, "profile": row.profile,
                 "reference_profile": row.reference_profile, "error": row.error,
-                **(row.comparison.to_dict() if row.comparison is not None else {}),
+                **(comparison_json(row.comparison) if row.comparison is not None else {}),
             }
             for row in report.profile_comparisons
         ],
@@ -135,11 +138,11 @@ def _test_json(res: TestResult) -> dict[str, Any]:
         "invalid": res.invalid,
         "boot": res.boot,
         "host": res.host,
-        "unrecordable": res.unrecordable,
-        "failures": list(res.failures),
-        "warnings": res.warning_lines(),
-        "messages": list(res.messages),
-        "floor": res.floor,
+        "unrecordable": unrecordable_text(res),
+        "failures": say_all(res.failures),
+        "warnings": warning_lines(res),
+        "messages": say_all(res.messages),
+        "floor": floor_json(res.floor) if res.floor is not None else None,
         "run": res.run.to_json() if res.run is not None else {},
         "metrics": {name: _metric_json(mres) for name, mres in res.metrics.items()},
         "itl_timeline_ms": list(res.itl_timeline_ms),
@@ -159,7 +162,7 @@ def _metric_json(mres: MetricResult) -> dict[str, Any]:
         "tolerance": mres.tolerance,
         "samples": list(mres.samples),
         "summary": metric_statistics(mres),
-        "baseline": mres.baseline,
-        "baseline_message": mres.baseline_message,
+        "baseline": comparison_json(mres.baseline) if mres.baseline is not None else None,
+        "baseline_message": say(mres.baseline_line) if mres.baseline_line is not None else None,
     }
 

@@ -18,7 +18,7 @@ from pytest_kimiperf.reports.model import (
     SessionReport,
     profile_verdict,
 )
-from pytest_kimiperf.numbers import as_number, fmt_change, fmt_ci, fmt_value
+from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_value
 from pytest_kimiperf.reports.nccl_check import DIFFERENT
 from pytest_kimiperf.judge.in_session import INTERVAL_LEGEND
 from pytest_kimiperf.judge.stats import VerdictKind
@@ -126,13 +126,14 @@ def _baseline_tables(report: SessionReport) -> list[str]:
     if compared:
         table_rows = []
         for row in compared:
-            b = row.baseline or {}
-            verdict = VerdictKind(str(b["verdict"]))
+            b = row.baseline
+            assert b is not None
+            verdict = b.verdict
             word = "REGRESSION" if verdict is VerdictKind.REGRESSION else verdict.value
             table_rows.append([
                 _code(row.test), _code(row.profile), _text(row.heading), fmt_value(row.figure.value),
-                _text(fmt_range(row.figure)), fmt_value(as_number(b.get("median_reference"))),
-                fmt_change(as_number(b.get("change"))), fmt_ci(as_number(b.get("ci_low")), as_number(b.get("ci_high"))),
+                _text(fmt_range(row.figure)), fmt_value(b.median_reference),
+                fmt_change(b.change), fmt_ci(b.ci_low, b.ci_high),
                 _emphasize(word, verdict),
             ])
         lines += _table(["test", "profile", "metric", "current", range_names(report.has_tails())[1], "baseline",
@@ -151,10 +152,12 @@ def _floor_table(report: SessionReport) -> list[str]:
         return []
     rows = []
     for res in floored:
-        floor = res.floor or {}
-        status = str(floor.get("status", ""))
-        rows.append([_code(res.test), _code(boot_label(res)), fmt_value(as_number(floor.get("median"))),
-                     fmt_value(as_number(floor.get("floor"))), fmt_value(as_number(floor.get("target"))),
+        floor = res.floor
+        if floor is None:
+            continue
+        status = floor.status.value
+        rows.append([_code(res.test), _code(boot_label(res)), fmt_value(floor.median),
+                     fmt_value(floor.floor), fmt_value(floor.target),
                      f"**{status.upper()}**" if status == "below floor" else _text(status)])
     return ["### Decode floor", ""] + _table(
         ["test", "profile", "decode tok/s", "floor", "target", "status"], "llrrrl", rows) + [""]

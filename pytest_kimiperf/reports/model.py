@@ -19,6 +19,7 @@ from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.reports.cells import BootFigure, boot_figure
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck
+from pytest_kimiperf.reports.sentences import baseline_line, warning_lines
 from pytest_kimiperf.roofline.inputs import RooflineReport
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind
 from pytest_kimiperf.server.weight_cache import WeightCacheFacts
@@ -138,13 +139,13 @@ class BaselineRow:
     metric: str
     heading: str
     figure: BootFigure
-    baseline: Mapping[str, Any] | None  # Comparison.to_dict()
+    baseline: Comparison | None
     message: str  # the gate's line without the metric's label; a missing baseline's says what records it
 
     @property
     def verdict(self) -> str | None:
         """The gate's verdict word, or None when there was nothing to compare with."""
-        return None if self.baseline is None else str(self.baseline["verdict"])
+        return None if self.baseline is None else self.baseline.verdict.value
 
 
 @dataclass
@@ -268,7 +269,7 @@ class SessionReport:
             for mres in res.metrics.values():
                 # The tables have a metric column, so the line goes without the metric's label.
                 if mres.baseline_line is not None:
-                    message = mres.baseline_line.render(label=False, advice=advice)
+                    message = baseline_line(mres.baseline_line, label=False, advice=advice)
                 elif res.invalid:
                     message = f"not compared: INVALID measurement ({res.invalid})"
                 else:
@@ -318,7 +319,7 @@ class SessionReport:
             where = f"{res.test} [{boot_label(res)}]"
             if res.invalid:
                 lines.append(f"{where}: INVALID measurement: {res.invalid}")
-            lines.extend(f"{where}: {warning}" for warning in res.warning_lines())
+            lines.extend(f"{where}: {warning}" for warning in warning_lines(res))
         for check in self.nccl_checks():
             lines.extend(
                 f"NCCL profile {check.profile}: {v.variable}={v.expected} did not take effect, "

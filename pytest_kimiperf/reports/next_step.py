@@ -136,7 +136,7 @@ def _tally(results: Sequence[TestResult]) -> Counter[str]:
             continue
         for mres in res.metrics.values():
             if mres.baseline is not None:
-                verdict = str(mres.baseline["verdict"])
+                verdict = mres.baseline.verdict.value
                 tally["REGRESSION" if verdict == "regression" else verdict] += 1
     return tally
 

@@ -32,6 +32,7 @@ from pytest_kimiperf.errors import ConfigError, KimiperfError
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS, Direction, SampleKind
 from pytest_kimiperf.numbers import finite_only, fmt_change, fmt_ci, fmt_value
+from pytest_kimiperf.reports.sentences import comparison_line, say
 from pytest_kimiperf.reports.model import (
     MetricBlock,
     PerfTestBlock,
@@ -134,7 +135,8 @@ def plot_against_baseline(res: TestResult, mres: MetricResult, baseline_samples:
     ax.set_xlim(0.4, 2.6)
     label = spec.label if spec else mres.metric
     ax.set_ylabel(f"{label} ({mres.unit})" if mres.unit else label)
-    verdict = str((mres.baseline or {}).get("message") or mres.baseline_message or "")
+    verdict = (comparison_line(mres.baseline) if mres.baseline is not None else
+               say(mres.baseline_line) if mres.baseline_line is not None else "")
     ax.set_title(f"{_shorten(res.test, 70)}\n{label}: this run against the baseline\n"
                  f"{_head(verdict, 80, lines=2)}", fontsize=10)
     ax.grid(axis="y", alpha=0.3)

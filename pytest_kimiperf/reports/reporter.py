@@ -34,6 +34,7 @@ from pytest_kimiperf.judge.baseline_schema import BaselineFile
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.in_session import InSessionRules
 from pytest_kimiperf.judge.baselines import baseline_entries
+from pytest_kimiperf.reports.sentences import not_recorded_line
 from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.measure.host_facts import current_git_commit
 from pytest_kimiperf.reports.json_report import build_json_report, write_json_report
@@ -287,7 +288,8 @@ class SessionReporter:
 
     def _update_baselines(self) -> BaselineUpdate:
         settings = self.settings
-        entries, not_recorded = baseline_entries(self.results, git_commit=current_git_commit(self.rootpath))
+        entries, skipped = baseline_entries(self.results, git_commit=current_git_commit(self.rootpath))
+        not_recorded = [not_recorded_line(res) for res in skipped]
         fp = self.run.known_fingerprint()
         if fp is None:
             # No perf test ran anywhere, so there is nothing to record and no hardware to name.

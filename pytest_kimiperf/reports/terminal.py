@@ -14,10 +14,12 @@ import textwrap
 from collections.abc import Mapping, Sequence
 
 from pytest_kimiperf.judge.in_session import INTERVAL_LEGEND
+from pytest_kimiperf.judge.floors import FloorResult
 from pytest_kimiperf.judge.stats import VerdictKind
-from pytest_kimiperf.numbers import as_number, fmt_change, fmt_ci, fmt_spread, fmt_value
+from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_spread, fmt_value
 from pytest_kimiperf.reports.cells import figure_legend, fmt_range, range_names
 from pytest_kimiperf.reports.next_step import outcome_line
+from pytest_kimiperf.reports.sentences import rests_on
 from pytest_kimiperf.reports.model import (
     BaselineRow,
     MetricBlock,
@@ -158,7 +160,7 @@ def _cell_details(cell: ProfileCell, reference: str) -> list[str]:
     parts = [f"n={cell.n}"]
     if cell.comparison is not None:
         c = cell.comparison
-        parts.append(f"rests on {c.rests_on()} ({reference}), tolerance {c.tolerance * 100:g}%")
+        parts.append(f"rests on {rests_on(c)} ({reference}), tolerance {c.tolerance * 100:g}%")
     return textwrap.wrap(", ".join(parts), width=MAX_WIDTH - 6, subsequent_indent="  ") + _wrap_samples(cell.samples)
 
 
@@ -214,29 +216,34 @@ def _baseline_section(report: SessionReport, *, verbose: bool) -> list[TerminalL
                                      indent=4, markup=YELLOW))
                 continue
             lines.append(TerminalLine(table.format(_baseline_cells(row)),
-                                      markup=verdict_markup(str(row.baseline["verdict"]))))
+                                      markup=verdict_markup(row.baseline.verdict.value)))
             if verbose:
                 b = row.baseline
                 detail = (f"{'IQR' if row.figure.quantile is None else '90% CI of the ' + row.figure.name} "
-                          f"{fmt_range(row.figure)}, {b.get('boots_current')} boot(s) vs "
-                          f"{b.get('boots_reference')} baseline boots, boot spread "
-                          f"{fmt_spread(_spread(b.get('spread_sd_log')))} ({b.get('spread_source')}), "
-                          f"tolerance {float(b['tolerance']) * 100:g}%")
+                          f"{fmt_range(row.figure)}, {b.boots_current} boot(s) vs "
+                          f"{b.boots_reference} baseline boots, boot spread "
+                          f"{fmt_spread(_spread(b.spread_sd_log))} ({b.spread_source}), "
+                          f"tolerance {b.tolerance * 100:g}%")
                 lines.extend(TerminalLine(" " * 6 + part) for part in
                              textwrap.wrap(detail, width=MAX_WIDTH - 6, subsequent_indent="  "))
     return lines
 
 
 def _baseline_cells(row: BaselineRow) -> list[str]:
-    b = row.baseline or {}
-    verdict = str(b.get("verdict", ""))
-    if verdict == VerdictKind.REGRESSION.value:
-        verdict = "REGRESSION"
+    b = row.baseline
+    if b is None:
+        return [row.heading, fmt_value(row.figure.value), "", "", "", ""]
+    verdict = "REGRESSION" if b.verdict is VerdictKind.REGRESSION else b.verdict.value
     return [
-        row.heading, fmt_value(row.figure.value),
-        fmt_value(as_number(b.get("median_reference"))), fmt_change(as_number(b.get("change"))),
-        fmt_ci(as_number(b.get("ci_low")), as_number(b.get("ci_high"))), verdict,
+        row.heading, fmt_value(row.figure.value), fmt_value(b.median_reference), fmt_change(b.change),
+        fmt_ci(b.ci_low, b.ci_high), verdict,
     ]
+
+
+def _limits(floor: FloorResult | None) -> list[tuple[str, float]]:
+    if floor is None:
+        return []
+    return [(name, value) for name, value in (("floor", floor.floor), ("target", floor.target)) if value is not None]
 
 
 def _shared_message(group: Sequence[BaselineRow]) -> str:
@@ -254,26 +261,25 @@ def _floor_section(report: SessionReport) -> list[TerminalLine]:
     if not floored:
         return []
     dep = report.deployment
-    first = floored[0].floor or {}
-    limits = ", ".join(
-        f"{name} {fmt_value(as_number(first.get(name)))} tok/s"
-        for name in ("floor", "target") if first.get(name) is not None
-    )
+    first = floored[0].floor
+    limits = ", ".join(f"{name} {fmt_value(value)} tok/s" for name, value in _limits(first))
     title = f"kimiperf: decode floor of {dep.get('name', 'the deployment')}"
     lines = [TerminalLine(f"{title} ({limits})" if limits else title, sep="=")]
     table = Table(["profile", "decode tok/s", "status"], aligns="lrl", indent=4)
     for res in floored:
-        table.add([boot_label(res), fmt_value(as_number((res.floor or {}).get("median"))), ""])
+        table.add([boot_label(res), fmt_value(res.floor.median if res.floor else None), ""])
     current_test = None
     for res in floored:
-        floor = res.floor or {}
+        floor = res.floor
+        if floor is None:
+            continue
         if res.test != current_test:
             current_test = res.test
             lines.append(TerminalLine(res.test, markup={"bold": True}))
             lines.append(TerminalLine(table.format(table.header), markup={"bold": True}))
-        status = str(floor.get("status", ""))
+        status = floor.status.value
         lines.append(TerminalLine(
-            table.format([boot_label(res), fmt_value(as_number(floor.get("median"))),
+            table.format([boot_label(res), fmt_value(floor.median),
                           "BELOW FLOOR" if status == "below floor" else status]),
             markup=floor_markup(status)))
     return lines
@@ -313,14 +319,15 @@ def _quiet_verdicts(report: SessionReport) -> list[TerminalLine]:
         _, current, base, change, ci, verdict = _baseline_cells(row)
         verdicts.setdefault(row.test, []).append(TerminalLine(
             f"  [{row.profile}] {row.heading}: {current} vs baseline {base}: {change} ({ci}) {verdict}",
-            markup=verdict_markup(str(row.baseline["verdict"]))))
+            markup=verdict_markup(row.baseline.verdict.value)))
     for res in report.floor_results():
-        floor = res.floor or {}
-        status = str(floor.get("status", ""))
-        limits = ", ".join(f"{name} {fmt_value(as_number(floor.get(name)))}"
-                           for name in ("floor", "target") if floor.get(name) is not None)
+        floor = res.floor
+        if floor is None:
+            continue
+        status = floor.status.value
+        limits = ", ".join(f"{name} {fmt_value(value)}" for name, value in _limits(floor))
         verdicts.setdefault(res.test, []).append(TerminalLine(
-            f"  [{boot_label(res)}] decode {fmt_value(as_number(floor.get('median')))} tok/s: "
+            f"  [{boot_label(res)}] decode {fmt_value(floor.median)} tok/s: "
             f"{'BELOW FLOOR' if status == 'below floor' else status} ({limits})",
             markup=floor_markup(status)))
     lines = []

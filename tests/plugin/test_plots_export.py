@@ -13,7 +13,8 @@ from pytest_kimiperf.judge import baselines
 from pytest_kimiperf.judge.baselines import baseline_entries
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.judge.fingerprint import Fingerprint
-from pytest_kimiperf.config.metric_specs import metric_spec
+from pytest_kimiperf.config.metric_specs import Direction, metric_spec
+from pytest_kimiperf.judge.stats import compare_boots
 from pytest_kimiperf.reports.model import SessionReport, build_session_report
 from tests.plugin.test_export import result
 
@@ -58,7 +59,11 @@ def test_a_judged_metric_gets_a_plot_beside_its_baseline_with_the_verdict(tmp_pa
     stored = baselines.load_baseline(path)
     assert stored is not None
     current = ttft_result(20.0)
-    current.metrics["ttft_ms"].baseline = {"verdict": "regression", "message": "TTFT +11% (CI +9%..+13%): regression"}
+    entry = stored.entry(current.test, current.profile, "ttft_ms")
+    assert entry is not None
+    current.metrics["ttft_ms"].baseline = compare_boots(
+        [current.metrics["ttft_ms"].boot_summary()], entry.summaries(), direction=Direction.LOWER_IS_BETTER,
+        tolerance=0.05, prior_spread=0.01, metric="time to first token", unit="ms")
     files = render_plots(report_of([current]), tmp_path / "plots", baseline=stored)
     against = [p for p in files if p.name.endswith("--vs-baseline.png")]
     assert [p.name for p in against] == [

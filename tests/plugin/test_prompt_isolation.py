@@ -36,6 +36,7 @@ from pytest_kimiperf.measure.server_view import (
     unexpected_prefix_hits,
 )
 from pytest_kimiperf.measure.workload import prompt_seed
+from pytest_kimiperf.reports.sentences import warning_lines
 from tests import helpers
 
 DATA = helpers.DATA / "server_metrics"
@@ -140,7 +141,7 @@ def test_unexpected_prefix_hits_are_a_warning_of_the_test(tmp_path: Path,
     recorder = _recorder(tmp_path)
     run = recorder.measure(scenarios.SingleStream(prompt_tokens=300, output_tokens=4, requests=8))
     result = recorder.check(run, ["ttft_ms"])
-    assert any("prefix cache served 2048 prompt tokens" in w for w in result.warning_lines())
+    assert any("prefix cache served 2048 prompt tokens" in w for w in warning_lines(result))
     assert result.run is not None and result.run.server_metrics[0]["prefix_cache_hits"] == 2048
 
 

@@ -14,7 +14,8 @@ from pytest_kimiperf.judge.baselines import BaselineView
 from pytest_kimiperf.judge import boots
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.gate import BootRun, Judgement, Rules, judge, missing_baselines
-from pytest_kimiperf.judge.verdicts import TestResult
+from pytest_kimiperf.reports.sentences import comparison_line, say, say_all, unresolved_text
+from pytest_kimiperf.judge.verdicts import TestResult, VerdictNote
 from pytest_kimiperf.judge.stats import VerdictKind
 
 FP = Fingerprint(hard={"gpu.count": "0", "cpu.model": "test", "cpu.cores": "2"}, soft={})
@@ -55,16 +56,16 @@ def _judge(run: BootRun, *, view: BaselineView | None = None, earlier: boots.Tes
 def test_decode_above_the_target_passes_the_floor() -> None:
     judged = _judge(_decode(50.0, seed=1), floor=True)
     assert judged.result.failures == [] and judged.result.warnings == []
-    assert judged.result.floor is not None and judged.result.floor["status"] == "ok"
-    assert judged.result.messages == ["single-stream decode 50.08 tok/s meets the target of 45 tok/s",
+    assert judged.result.floor is not None and judged.result.floor.status.value == "ok"
+    assert say_all(judged.result.messages) == ["single-stream decode 50.08 tok/s meets the target of 45 tok/s",
                                       "decode: baselines not in use"]
 
 
 def test_decode_below_the_floor_fails_and_is_not_recorded() -> None:
     judged = _judge(_decode(30.0, seed=2), floor=True)
     [failure] = judged.result.failures
-    assert failure == "single-stream decode 29.94 tok/s is below the floor of 40 tok/s"
-    assert judged.result.unrecordable == failure
+    assert say(failure) == "single-stream decode 29.94 tok/s is below the floor of 40 tok/s"
+    assert judged.result.unrecordable == (failure,)
     assert judged.recorded is None, "a failed boot is no sample of this build"
 
 
@@ -75,7 +76,7 @@ def test_a_boot_below_the_floor_is_not_judged_against_the_baseline_and_says_why(
     judged = _judge(_decode(30.0, seed=2), view=view, floor=True)
     [comparison] = judged.comparisons
     assert comparison.verdict is VerdictKind.NOT_JUDGED and comparison.boots_current == 0
-    message = judged.result.metrics["decode_tok_s"].baseline_message
+    message = say(judged.result.metrics["decode_tok_s"].baseline_line)
     assert message == ("decode tok/s: not judged (boot 1 failed and is no sample of this build: single-stream "
                        "decode 29.94 tok/s is below the floor of 40 tok/s)")
     assert "insufficient samples" not in message
@@ -87,7 +88,7 @@ def test_a_boot_below_the_floor_is_not_judged_against_the_baseline_and_says_why(
     second = _judge(_decode(30.0, seed=4), view=view, earlier=earlier, boot=2, floor=True)
     [comparison] = second.comparisons
     assert comparison.boots_current == 1
-    assert second.result.metrics["decode_tok_s"].baseline_message.endswith(
+    assert say(second.result.metrics["decode_tok_s"].baseline_line).endswith(
         " — boot 2 failed and is no sample of this build: single-stream decode 30.02 tok/s is below the floor "
         "of 40 tok/s")
 
@@ -98,7 +99,7 @@ def test_one_boot_that_looks_worse_screens_and_asks_for_another(tmp_path: Path) 
     assert judged.result.failures == [], "one boot can screen, never convict"
     assert judged.wants_boot == 2
     assert judged.recorded is not None and set(judged.recorded) == {"decode_tok_s"}
-    assert judged.result.messages[-1] == (
+    assert say(judged.result.messages[-1]) == (
         "boot 2 of default asked for: decode looks -20.1% on 1 boot(s) (one boot can screen, never convict)")
     [comparison] = judged.comparisons
     # -20% on one boot against a tight history: changed, but one boot cannot say by how much
@@ -109,13 +110,14 @@ def test_one_boot_of_a_server_that_cannot_be_restarted_fails_unresolved_and_says
         tmp_path: Path) -> None:
     # An attached server without a restart_command: a 20% slower server passed with a warning.
     view = _baseline(tmp_path, [100, 99, 101, 100, 100])
-    attached = dataclasses.replace(RULES, max_boots=1, no_more_boots="this run cannot boot the attached server again")
+    attached = dataclasses.replace(RULES, max_boots=1, no_more_boots="remote")
     judged = judge(_shell(), ["decode_tok_s"], _decode(80.0, seed=3), attached, view=view, earlier=boots.TestBoots())
     assert judged.wants_boot is None
-    assert judged.result.unresolved == (
+    assert judged.result.unresolved is not None and unresolved_text(judged.result.unresolved) == (
         "decode looks -20.1% on 1 boot(s), beyond the 5% tolerance (one boot can screen, never convict); "
-        "this run cannot boot the attached server again")
-    assert judged.result.failures == [f"UNRESOLVED: {judged.result.unresolved}"]
+        "this run cannot boot the attached server again: give deployment remote a restart_command (such as "
+        "['systemctl', 'restart', 'vllm']) and the plugin restarts it for the 2 or more boots a verdict needs")
+    assert say_all(judged.result.failures) == [f"UNRESOLVED: {unresolved_text(judged.result.unresolved)}"]
     # within the tolerance it passes, as any boot does
     calm = judge(_shell(), ["decode_tok_s"], _decode(99.0, seed=3), attached, view=view, earlier=boots.TestBoots())
     assert calm.result.failures == [] and calm.result.unresolved is None
@@ -128,7 +130,7 @@ def test_the_deployment_says_why_an_attached_run_cannot_boot_again() -> None:
 
     rules = Rules.for_deployment(TINY_CPU, tolerances={}, canary=None, boots=1, max_boots=1, strict=False,
                                  attached=True)
-    assert rules.no_more_boots is not None and "give deployment tiny-cpu a restart_command" in rules.no_more_boots
+    assert rules.no_more_boots == "tiny-cpu"  # the deployment the UNRESOLVED line tells to give a restart_command
     restartable = dataclasses.replace(TINY_CPU, restart_command=("systemctl", "restart", "vllm"))
     assert Rules.for_deployment(restartable, tolerances={}, canary=None, boots=1, max_boots=2, strict=False,
                                 attached=True).no_more_boots is None
@@ -146,24 +148,25 @@ def test_a_regression_on_two_boots_fails(tmp_path: Path) -> None:
     assert second.wants_boot is None
     [comparison] = second.comparisons
     assert comparison.verdict is VerdictKind.REGRESSION and comparison.boots_current == 2
-    assert second.result.failures == [comparison.message()]
-    assert second.result.failures[0].startswith("decode tok/s: REGRESSION -19.9% (84% bound -19.3% is beyond")
-    assert second.result.metrics["decode_tok_s"].baseline == comparison.to_dict()
+    assert second.result.failures == [VerdictNote(comparison)]
+    assert say(second.result.failures[0]) == comparison_line(comparison)
+    assert say(second.result.failures[0]).startswith("decode tok/s: REGRESSION -19.9% (84% bound -19.3% is beyond")
+    assert second.result.metrics["decode_tok_s"].baseline == comparison
 
 
 def test_a_missing_baseline_is_said_and_judges_nothing(tmp_path: Path) -> None:
     judged = _judge(_decode(50.0, seed=5), view=BaselineView(tmp_path, "tiny-cpu", FP))
     assert judged.comparisons == [] and judged.result.failures == []
-    message = judged.result.metrics["decode_tok_s"].baseline_message
-    assert message == f"decode: no baseline for this hardware ({FP.key}): run --update-baselines"
-    assert missing_baselines(judged.result) == [message]
+    line = judged.result.metrics["decode_tok_s"].baseline_line
+    assert line is not None and say(line) == f"decode: no baseline for this hardware ({FP.key}): run --update-baselines"
+    assert missing_baselines(judged.result) == [line]
     assert judged.wants_boot is None
 
 
 def test_an_invalid_run_fails_without_a_verdict() -> None:
     run = BootRun(samples={"decode_tok_s": []}, invalid="no valid request (8 invalid; first reason: timeout)")
     judged = _judge(run, floor=True)
-    assert judged.result.failures == ["INVALID measurement: no valid request (8 invalid; first reason: timeout)"]
+    assert say_all(judged.result.failures) == ["INVALID measurement: no valid request (8 invalid; first reason: timeout)"]
     assert judged.result.invalid == run.invalid and judged.result.floor is None
     assert judged.recorded is None and judged.comparisons == []
 
@@ -172,7 +175,7 @@ def test_too_many_failed_requests_fail_the_boot() -> None:
     run = BootRun(samples={"decode_tok_s": [50.0] * 8}, requests=10, failed_requests=2,
                   failed_reasons={"HTTP 500": 2})
     judged = _judge(run)
-    assert judged.result.failures == [
+    assert say_all(judged.result.failures) == [
         "2 of 10 measured requests failed and are not counted (2x HTTP 500): more than 10% failed, "
         "the server did not serve this load"]
 
@@ -218,7 +221,7 @@ def test_a_host_half_as_fast_by_its_canary_is_not_comparable_never_a_regression(
     judged = _two_boots_in_session(view, 50.0, {"python_mops": 11.5, "copy_gbs": 21.0})
     [comparison] = judged.comparisons
     assert comparison.verdict is VerdictKind.NOT_COMPARABLE and judged.result.failures == []
-    assert "host differs (canary copy_gbs -48%, python_mops -50%)" in judged.result.metrics["decode_tok_s"].baseline_message
+    assert "host differs (canary copy_gbs -48%, python_mops -50%)" in say(judged.result.metrics["decode_tok_s"].baseline_line)
 
 
 def test_the_same_host_by_its_canary_still_convicts_a_real_regression(tmp_path: Path) -> None:
@@ -226,4 +229,5 @@ def test_the_same_host_by_its_canary_still_convicts_a_real_regression(tmp_path: 
     judged = _two_boots_in_session(view, 50.0, {"python_mops": 22.4, "copy_gbs": 41.0})
     [comparison] = judged.comparisons
     assert comparison.verdict is VerdictKind.REGRESSION
-    assert "vs 5 reference boots of 1 session" in comparison.message() and "session spread" in comparison.message()
+    assert "vs 5 reference boots of 1 session" in comparison_line(comparison)
+    assert "session spread" in comparison_line(comparison)

@@ -14,6 +14,7 @@ from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.in_session import InSessionRules, SpawnModes, band_log, compare_in_session
 from pytest_kimiperf.judge.stats import VerdictKind, compare_boots
+from pytest_kimiperf.reports.sentences import comparison_line
 
 HIGHER = Direction.HIGHER_IS_BETTER
 LOWER = Direction.LOWER_IS_BETTER
@@ -66,7 +67,7 @@ def test_opposite_spawn_modes_are_no_direction_when_the_deployment_declares_them
     moded = dataclasses.replace(GPU, modes=SpawnModes(drop=0.5, slow_share=0.5))
     c = compare_in_session(fast, slow, direction=HIGHER, tolerance=0.03, rules=moded)
     assert c.verdict not in DIRECTIONAL and c.verdict is not VerdictKind.WITHIN_TOLERANCE
-    assert "spawn modes 50% apart declared (50% of boots slow)" in c.message()
+    assert "spawn modes 50% apart declared (50% of boots slow)" in comparison_line(c)
 
 
 def test_a_change_beyond_the_modes_still_gets_its_direction() -> None:
@@ -95,7 +96,7 @@ def test_boots_that_overlap_get_no_direction() -> None:
 def test_identical_servers_within_tolerance_say_so() -> None:
     c = compare_in_session(boots(100.3, 99.8), boots(100.0, 100.2), direction=HIGHER, tolerance=0.03, rules=GPU)
     assert c.verdict is VerdictKind.WITHIN_TOLERANCE
-    assert c.message().startswith("within +/-3% (-0.1%, 68% CI -1.1%..+1.1%; 2 boots (40 samples) vs 2 reference boots")
+    assert comparison_line(c).startswith("within +/-3% (-0.1%, 68% CI -1.1%..+1.1%; 2 boots (40 samples) vs 2 reference boots")
 
 
 def test_a_profile_without_usable_boots_is_insufficient() -> None:

@@ -8,12 +8,13 @@ from pathlib import Path
 from pytest_kimiperf.judge import baselines
 from pytest_kimiperf.judge.fingerprint import Fingerprint, version_changes
 from pytest_kimiperf.judge.baselines import BaselineView
-from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
+from pytest_kimiperf.judge.verdicts import MetricResult, ResultWarning, TestResult
 from pytest_kimiperf.judge.gate import (
     WarningKind, judge_metric, missing_baselines, warning_kinds,
 )
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boot_summary import summarize_boot
+from pytest_kimiperf.reports.sentences import say
 
 TEST = "t.py::test"
 HARDWARE = {"gpu.count": "8", "gpu.name": "NVIDIA RTX PRO 6000", "gpu.interconnect": "PCIe"}
@@ -55,12 +56,12 @@ def test_an_upgrade_is_judged_against_the_same_hardwares_baseline_naming_the_ver
     _record(tmp_path, OLD, 80.0)
     metric, comparison = _judge(tmp_path, 60.0)  # 25% slower after the upgrade
     assert comparison is not None and comparison.verdict.value == "regression"
-    assert "judged against the baseline of other software versions on the same hardware" in metric.baseline_message
-    assert "software.vllm: vllm 0.32.0 -> vllm 0.33.0" in metric.baseline_message
+    assert "judged against the baseline of other software versions on the same hardware" in say(metric.baseline_line)
+    assert "software.vllm: vllm 0.32.0 -> vllm 0.33.0" in say(metric.baseline_line)
     result = TestResult(test=TEST, nodeid=TEST, profile="default", deployment="kimi", scenario="s",
                         metrics={"decode_tok_s": metric})
     assert missing_baselines(result) == []
-    assert [k for k, _ in warning_kinds(result, missing_baseline_fails=False)] == [WarningKind.OTHER_VERSIONS]
+    assert [w.kind for w in warning_kinds(result, missing_baseline_fails=False)] == [WarningKind.OTHER_VERSIONS]
 
 
 def test_other_hardware_is_never_judged_and_counts_as_missing(tmp_path: Path) -> None:
@@ -71,5 +72,5 @@ def test_other_hardware_is_never_judged_and_counts_as_missing(tmp_path: Path) ->
                         metrics={"decode_tok_s": metric})
     assert len(missing_baselines(result)) == 1
     kinds = warning_kinds(result, missing_baseline_fails=False)
-    assert (WarningKind.MISSING_BASELINE, metric.baseline_message) in kinds
-    assert WarningKind.MISSING_BASELINE not in [k for k, _ in warning_kinds(result, missing_baseline_fails=True)]
+    assert ResultWarning(WarningKind.MISSING_BASELINE, metric.baseline_line) in kinds
+    assert WarningKind.MISSING_BASELINE not in [w.kind for w in warning_kinds(result, missing_baseline_fails=True)]

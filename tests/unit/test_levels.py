@@ -17,6 +17,7 @@ from pytest_kimiperf.judge.levels import (
 )
 from pytest_kimiperf.judge.stats import VerdictKind, compare_boots
 from pytest_kimiperf.measure.canary import Canary, cpu_canary, host_identity
+from pytest_kimiperf.reports.sentences import canary_text, comparison_line, say
 
 
 def boot(median: float, session: str = "", host: str = "h") -> BootSummary:
@@ -89,8 +90,8 @@ def test_the_verdict_says_what_it_rests_on_at_every_level() -> None:
     history = [boot(100 + (i % 2), f"s{i % 4}") for i in range(12)]
     c = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
                              spreads=Spreads(0.01, 0.008, 0.02), metric="decode tok/s")
-    assert "2 boots of 1 session (40 samples) vs 12 reference boots of 4 sessions" in c.message()
-    assert "session spread 0.8% (declared 0.8%" in c.message()
+    assert "2 boots of 1 session (40 samples) vs 12 reference boots of 4 sessions" in comparison_line(c)
+    assert "session spread 0.8% (declared 0.8%" in comparison_line(c)
 
 
 def test_a_session_effect_alone_does_not_convict_what_boots_would() -> None:
@@ -108,7 +109,7 @@ def test_a_session_effect_alone_does_not_convict_what_boots_would() -> None:
 def test_a_moved_canary_makes_the_host_not_comparable_and_a_steady_one_does_not() -> None:
     history = [{"python_mops": 23.0, "copy_gbs": 40.0}, {"python_mops": 22.5, "copy_gbs": 41.0}]
     slow = canary_shift({"python_mops": 11.6, "copy_gbs": 21.0}, history)
-    assert slow is not None and slow.moved and "python_mops -49%" in slow.text()
+    assert slow is not None and slow.moved and "python_mops -49%" in canary_text(slow)
     steady = canary_shift({"python_mops": 22.0, "copy_gbs": 42.0}, history)
     assert steady is not None and not steady.moved
     # The copy probe alone moves 30% beside another process's memory traffic (corpus): not a host.
@@ -160,18 +161,18 @@ def test_the_corpus_loader_keeps_valid_boots_of_the_variant(tmp_path) -> None:  
 
 
 def test_the_planner_answers_in_sessions_when_the_session_level_stands_in_the_way() -> None:
-    from pytest_kimiperf.judge.power import plan_line
+    from pytest_kimiperf.judge.power import plan
 
     current = [boot(97, "now"), boot(97.2, "now")]
     history = [boot(100 + 0.1 * (i % 2), "then") for i in range(10)]
     wide = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
                                 spreads=Spreads(0.005, 0.04, 0.02))
-    line = plan_line(wide)
+    line = say(plan(wide))
     assert "no number of boots in this run is enough (session spread 4% (declared 4%)" in line
     assert "it takes about" in line and "sessions of this profile" in line
     narrow = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
                                   spreads=Spreads(0.005, 0.002, 0.02))
-    assert "boots of this profile against the baseline's 10" in plan_line(narrow)
+    assert "boots of this profile against the baseline's 10" in say(plan(narrow))
 
 
 def test_the_gpu_power_limit_probe_reads_nvidia_smi_as_recorded() -> None:
@@ -200,12 +201,12 @@ def test_the_planner_command_answers_in_sessions_across_sessions(capsys: pytest.
 
 
 def test_the_planner_says_when_no_number_of_sessions_helps() -> None:
-    from pytest_kimiperf.judge.power import plan_line
+    from pytest_kimiperf.judge.power import plan
 
     current = [boot(97, "now"), boot(97.2, "now")]
     history = [boot(100 + 0.1 * (i % 2), "then") for i in range(10)]
     hopeless = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
                                     spreads=Spreads(0.005, 0.5, 0.02))
-    assert plan_line(hopeless).endswith(
+    assert say(plan(hopeless)).endswith(
         "neither boots in this run nor up to 100 sessions of this profile are enough "
         "(session spread 50% (declared 50%)): it takes a wider tolerance")

@@ -13,6 +13,7 @@ from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.judge.history import compare_with_history
 from pytest_kimiperf.judge.modes import MIN_HISTORY_BOOTS, align_modes, find_modes
 from pytest_kimiperf.judge.stats import VerdictKind
+from pytest_kimiperf.reports.sentences import comparison_line
 
 
 def boots(values: list[float], session: str = "s") -> list[BootSummary]:
@@ -52,7 +53,7 @@ def test_a_boot_in_a_mode_the_history_holds_is_no_regression() -> None:
     c = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
                              spreads=Spreads(0.01))
     assert c.verdict is not VerdictKind.REGRESSION
-    assert "2 modes 25% apart (3 boots at" in c.message()
+    assert "2 modes 25% apart (3 boots at" in comparison_line(c)
     aligned, _ = align_modes(current, modes)
     assert [b.median for b in aligned] == pytest.approx([100.2 * 1.0, 99.9], rel=0.01)
 

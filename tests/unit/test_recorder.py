@@ -21,7 +21,8 @@ from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.baselines import BaselineView, baseline_entries
 from pytest_kimiperf.judge.boots import strip_slot as strip_profile
-from pytest_kimiperf.judge.verdicts import ResultWarning, WarningKind
+from pytest_kimiperf.judge.verdicts import WarningKind
+from pytest_kimiperf.reports.sentences import comparison_json, say, say_all, warning_lines
 from pytest_kimiperf.measure.watched import gpu_watch
 from pytest_kimiperf.server.boot_account import BootAccount, PhaseTime
 from pytest_kimiperf.errors import ConfigError
@@ -118,19 +119,19 @@ def test_a_first_boot_that_looks_worse_asks_for_another_boot_and_the_second_deci
     result = first.check(first.measure(SCENARIO, endpoint="chat", server_metrics=False), ["decode_tok_s"])
     assert played[0][1] == {"api_key": None, "endpoint": "chat", "server_metrics": False, "extra_body": None}
     assert not failures, "one boot convicted"
-    assert result.metrics["decode_tok_s"].baseline["boots_current"] == 1
+    assert result.metrics["decode_tok_s"].baseline.boots_current == 1
     assert any(m.startswith("boot 2 of default asked for: decode looks -28") and
-               "one boot can screen, never convict" in m for m in result.messages), result.messages
+               "one boot can screen, never convict" in m for m in say_all(result.messages)), result.messages
     assert _needs(ledger, 2) and not _needs(ledger, 3)
 
     second = _recorder(tmp_path, failures, [], boot=2, ledger=ledger)
     result = second.check(second.measure(SCENARIO, endpoint="chat", server_metrics=False), ["decode_tok_s"])
     # the second boot is measured the way the test asked for the first, with prompts of its own
     assert played[1][1] == played[0][1] and played[1][0] != played[0][0]
-    verdict = result.metrics["decode_tok_s"].baseline
+    verdict = comparison_json(result.metrics["decode_tok_s"].baseline)
     assert verdict["boots_current"] == 2 and verdict["n_current"] == 16 and verdict["boots_reference"] == 5
     assert verdict["verdict"] in ("no detectable change", "within tolerance")
-    assert not any("asked for" in m for m in result.messages)
+    assert not any("asked for" in m for m in say_all(result.messages))
     assert not failures
     assert not _needs(ledger, 3), "a settled test asked for a third boot"
 
@@ -143,15 +144,15 @@ def test_boots_on_demand_stop_at_the_deployments_maximum(tmp_path: Path) -> None
     ledger = BootLedger()
     failures: list[str] = []
     first = _recorder(tmp_path, failures, [], ledger=ledger).check(_boot(500, rng), ["decode_tok_s"])
-    assert any("boot 2 of default asked for" in m for m in first.messages)
+    assert any("boot 2 of default asked for" in m for m in say_all(first.messages))
     last = _recorder(tmp_path, failures, [], boot=2, ledger=ledger).check(_boot(500, rng), ["decode_tok_s"])
     assert NOISY.max_boots == 2 and not _needs(ledger, 3)
-    assert not any("asked for" in m for m in last.messages)
-    verdict = last.metrics["decode_tok_s"].baseline
+    assert not any("asked for" in m for m in say_all(last.messages))
+    verdict = comparison_json(last.metrics["decode_tok_s"].baseline)
     assert (verdict["verdict"], verdict["boots_current"]) == ("changed, size unresolved", 2)
     # the last boot's verdict is final: a warning with the planner's advice, never a failure
-    (warning,) = [w for w in last.warnings if "changed, size unresolved" in w.text]
-    assert "you need" in warning.text or "too few" in warning.text
+    (warning,) = [w for w in last.warnings if "changed, size unresolved" in say(w.note)]
+    assert "you need" in say(warning.note) or "too few" in say(warning.note)
     assert warning.kind is WarningKind.INCONCLUSIVE  # an InconclusiveWarning, for filterwarnings
     assert not failures
 
@@ -164,7 +165,7 @@ def test_a_clear_regression_fails_on_the_second_boot_with_the_one_line_verdict(t
     first = _recorder(tmp_path, failures, [], ledger=ledger, deployment=QUIET).check(
         _boot(500, rng), ["decode_tok_s"])
     assert not failures, "one boot convicted"
-    assert "a verdict needs 2 boots" in first.metrics["decode_tok_s"].baseline_message
+    assert "a verdict needs 2 boots" in say(first.metrics["decode_tok_s"].baseline_line)
     assert _needs(ledger, 2)
     with pytest.raises(AssertionError):
         _recorder(tmp_path, failures, [], boot=2, ledger=ledger, deployment=QUIET).check(
@@ -182,7 +183,7 @@ def test_planned_boots_are_judged_after_the_last_of_them(tmp_path: Path) -> None
     for boot in (1, 2):
         result = _recorder(tmp_path, failures, [], boot=boot, ledger=ledger, deployment=QUIET, boots=3).check(
             _boot(500, rng), ["decode_tok_s"])
-        assert f"boot {boot} of 3 planned: the verdict comes after boot 3" in result.messages
+        assert f"boot {boot} of 3 planned: the verdict comes after boot 3" in say_all(result.messages)
         assert not failures
     with pytest.raises(AssertionError):
         _recorder(tmp_path, failures, [], boot=3, ledger=ledger, deployment=QUIET, boots=3).check(
@@ -199,7 +200,7 @@ def test_below_floor_fails_between_floor_and_target_warns(tmp_path: Path) -> Non
         recorder.check(_run([80.0] * 8), ["decode_tok_s"], floor=True)
     assert "below the floor of 100" in failures[0]
     result = _recorder(tmp_path, failures, published).check(_run([200.0] * 8), ["decode_tok_s"], floor=True)
-    assert [w.kind for w in result.warnings if "below the target of 300" in w.text] == [WarningKind.BELOW_TARGET]
+    assert [w.kind for w in result.warnings if "below the target of 300" in say(w.note)] == [WarningKind.BELOW_TARGET]
 
 
 @pytest.mark.parametrize(("nodeid", "profile", "key"), [
@@ -228,8 +229,8 @@ def test_insufficient_samples_pass_with_a_warning(tmp_path: Path) -> None:
     failures: list[str] = []
     result = _recorder(tmp_path, failures, []).check(_run([700.0] * 8), ["decode_tok_s"])
     assert not failures
-    assert result.metrics["decode_tok_s"].baseline["verdict"] == "insufficient samples"
-    assert any("insufficient samples" in w for w in result.warning_lines())
+    assert result.metrics["decode_tok_s"].baseline.verdict.value == "insufficient samples"
+    assert any("insufficient samples" in w for w in warning_lines(result))
 
 
 def test_other_hardwares_baseline_is_shown_as_not_comparable_never_judged(tmp_path: Path) -> None:
@@ -239,11 +240,11 @@ def test_other_hardwares_baseline_is_shown_as_not_comparable_never_judged(tmp_pa
     result = _recorder(tmp_path, failures, []).check(_run([700.0 + i for i in range(8)]), ["decode_tok_s"])
     assert not failures, "a baseline from other hardware failed the test"
     metric = result.metrics["decode_tok_s"]
-    assert metric.baseline["verdict"] == "not comparable"
-    assert metric.baseline["change"] == pytest.approx(-0.5, abs=0.01)
-    assert f"recorded on other hardware ({other.key}: cpu.cores: 64 -> 2)" in metric.baseline_message
-    assert f"no baseline for this hardware ({FP.key}): run --update-baselines" in metric.baseline_message
-    assert any("not comparable" in w for w in result.warning_lines())
+    assert metric.baseline.verdict.value == "not comparable"
+    assert metric.baseline.change == pytest.approx(-0.5, abs=0.01)
+    assert f"recorded on other hardware ({other.key}: cpu.cores: 64 -> 2)" in say(metric.baseline_line)
+    assert f"no baseline for this hardware ({FP.key}): run --update-baselines" in say(metric.baseline_line)
+    assert any("not comparable" in w for w in warning_lines(result))
 
 
 def test_soft_facts_that_differ_only_warn(tmp_path: Path) -> None:
@@ -252,8 +253,8 @@ def test_soft_facts_that_differ_only_warn(tmp_path: Path) -> None:
     failures: list[str] = []
     result = _recorder(tmp_path, failures, []).check(_run([700.0 + i for i in range(8)]), ["decode_tok_s"])
     assert not failures
-    assert result.metrics["decode_tok_s"].baseline["verdict"] == "no detectable change"
-    assert [w for w in result.warnings if "soft facts" in w.text] == [ResultWarning(
+    assert result.metrics["decode_tok_s"].baseline.verdict.value == "no detectable change"
+    assert [(w.kind, say(w.note)) for w in result.warnings if "soft facts" in say(w.note)] == [(
         WarningKind.SOFT_FINGERPRINT, "the baseline was recorded with other soft facts (they only warn; the hardware and software "
         "that set speed match): host.name: gpu-runner-1 -> <absent>; kernel: 6.8.0 -> <absent>")]
 
@@ -270,7 +271,7 @@ def test_a_few_failed_requests_warn_and_many_fail_the_test(tmp_path: Path) -> No
     failures: list[str] = []
     result = _recorder(tmp_path, failures, []).check(_with_failures(_run([700.0] * 19), 1), ["decode_tok_s"])
     assert not failures
-    assert "1 of 20 measured requests failed and are not counted (1x HTTP 500)" in result.warning_lines()
+    assert "1 of 20 measured requests failed and are not counted (1x HTTP 500)" in warning_lines(result)
     with pytest.raises(AssertionError):
         _recorder(tmp_path, failures, []).check(_with_failures(_run([700.0] * 17), 3), ["decode_tok_s"])
     assert failures == ["3 of 20 measured requests failed and are not counted (3x HTTP 500): more than 10% "
@@ -290,12 +291,12 @@ def test_a_p99_of_eight_requests_is_insufficient_never_a_verdict_while_pooled_it
     failures: list[str] = []
     again = _recorder(tmp_path, failures, [], deployment=QUIET, ledger=BootLedger())
     result = again.check(again.measure(SCENARIO), ["p99_e2el_ms", "p99_itl_ms"])
-    e2el = result.metrics["p99_e2el_ms"].baseline
+    e2el = comparison_json(result.metrics["p99_e2el_ms"].baseline)
     # 8 requests cannot carry a p99 (300 per boot needed): said, never judged.
     assert e2el["verdict"] == "insufficient samples"
     assert "insufficient samples for this tail: a boot needs 300, this one has 8" in e2el["message"]
     # 8 x 64 pooled gaps can: the 43% slower boot is screened for a second boot.
-    itl = result.metrics["p99_itl_ms"].baseline
+    itl = comparison_json(result.metrics["p99_itl_ms"].baseline)
     assert itl["verdict"] == "changed, size unresolved" and itl["boots_current"] == 1
     assert not failures
 
@@ -313,8 +314,8 @@ def test_slos_fail_a_missed_limit_and_a_tail_too_thin_for_its_quantile_only_warn
     published: list[Any] = []
     ok = _recorder(tmp_path, [], published, deployment=QUIET)
     result = ok.check(ok.measure(SCENARIO), ["decode_tok_s"], slo={"p99_itl_ms": 50, "p99_ttft_ms": 2000})
-    assert any(m.startswith("SLO p99_itl_ms <= 50 ms: 10") for m in result.messages)
-    assert any("SLO p99_ttft_ms <= 2000 ms: insufficient samples" in w for w in result.warning_lines())
+    assert any(m.startswith("SLO p99_itl_ms <= 50 ms: 10") for m in say_all(result.messages))
+    assert any("SLO p99_ttft_ms <= 2000 ms: insufficient samples" in w for w in warning_lines(result))
     typo: list[str] = []
     bad = _recorder(tmp_path, typo, [], deployment=QUIET)
     with pytest.raises(AssertionError):
@@ -334,7 +335,7 @@ def test_goodput_counts_requests_meeting_every_slo_and_is_gated_like_a_metric(
     assert goodput.samples == [pytest.approx(rnd.request_throughput) for rnd in run.rounds]
     strict = record.check(run, ["decode_tok_s"], goodput={"tpot_ms": 5})
     assert strict.metrics["request_goodput"].samples == [0.0, 0.0, 0.0]
-    assert "goodput SLOs: tpot_ms <= 5" in strict.messages
+    assert "goodput SLOs: tpot_ms <= 5" in say_all(strict.messages)
 
 
 def _rounds(n: int, median: float, rng: np.random.Generator) -> RunResult:
@@ -389,7 +390,7 @@ def test_a_boot_that_got_slower_to_ready_is_a_regression_against_its_history(tmp
             recorder.check(_run([700.0] * 8), ["boot_ready_s", "boot_weights_s"])
     result = published[-1]
     assert result.metrics["boot_ready_s"].samples == [53.0] and result.metrics["boot_weights_s"].samples == [10.0]
-    verdict = result.metrics["boot_ready_s"].baseline
+    verdict = comparison_json(result.metrics["boot_ready_s"].baseline)
     assert (verdict["verdict"], verdict["boots_current"], verdict["boots_reference"]) == ("regression", 3, 5)
     assert failures and "seconds to ready s: REGRESSION +" in failures[-1]
 

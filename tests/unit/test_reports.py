@@ -24,6 +24,7 @@ from pytest_kimiperf.judge import baselines
 
 from pytest_kimiperf.judge import gate
 from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.judge.notes import FloorNote
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult, TestResult, WarningKind
 from pytest_kimiperf.config.metric_specs import metric_spec
 from pytest_kimiperf.measure.results import RunSummary
@@ -92,10 +93,9 @@ def judge(res: TestResult, view: baselines.BaselineView | None,
     assert decode is not None
     fr = gate.check_floor(float(decode), floor=DEPLOYMENT["decode_floor_tok_s"],
                           target=DEPLOYMENT["decode_target_tok_s"])
-    res.floor = {"median": fr.median, "floor": fr.floor, "target": fr.target,
-                 "status": fr.status.value, "message": fr.message()}
+    res.floor = fr
     if fr.warned:
-        res.warn(WarningKind.BELOW_TARGET, fr.message())
+        res.warn(WarningKind.BELOW_TARGET, FloorNote(fr))
     for mres in res.metrics.values():
         current = [r.metrics[mres.metric].boot_summary() for r in (*earlier, res)]
         comparison, line = gate.judge_metric(mres, test=res.test, profile=res.profile, view=view,
@@ -103,9 +103,9 @@ def judge(res: TestResult, view: baselines.BaselineView | None,
                                              prior_spread=PRIOR_SPREAD)
         mres.baseline_line = line
         if comparison is not None:
-            mres.baseline = comparison.to_dict()
+            mres.baseline = comparison
             if comparison.unresolved_beyond_tolerance or comparison.verdict.value == "improvement":
-                res.warn(WarningKind.OTHER, line.render())
+                res.warn(WarningKind.OTHER, line)
     return res
 
 
@@ -709,7 +709,7 @@ def test_a_first_run_says_once_what_it_judged_and_the_command_that_records_the_b
         for mres in res.metrics.values():
             mres.baseline = None
             mres.baseline_line = BaselineLine(BaselineState.MISSING, metric_spec(mres.metric).label,
-                                              f"no baseline for this hardware ({FINGERPRINT.key})")
+                                              fingerprint=FINGERPRINT.key)
     report = make_report(results)
     warning = missing_baseline_warning(report, report.record_command)
     assert warning == (

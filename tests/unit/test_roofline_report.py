@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import stub_deployment_toml
+from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.config.deployment_tables import resolve_deployments
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, TINY_MODEL, Deployment
@@ -62,8 +63,8 @@ def decode_result(profile: str, samples: list[float], *, scenario: str = "single
     res.metrics["decode_tok_s"] = MetricResult("decode_tok_s", spec.unit, spec.direction.value,
                                                     spec.default_tolerance, samples)
     if floor:
-        res.floor = {"median": sorted(samples)[len(samples) // 2], "floor": 40.0, "target": 50.0,
-                     "status": "ok", "message": "ok"}
+        res.floor = FloorResult("single-stream decode", "tok/s", sorted(samples)[len(samples) // 2], 40.0, 50.0,
+                                FloorStatus.OK)
     return res
 
 

@@ -26,6 +26,7 @@ from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.baseline_schema import Direction
 from pytest_kimiperf.judge.baselines import append_history, make_entry
 from pytest_kimiperf.server.weight_cache import profile_cache_reason
+from pytest_kimiperf.reports.sentences import say
 
 TABLE = "pyproject.toml [tool.kimiperf.profiles]"
 
@@ -201,8 +202,8 @@ def test_the_gate_does_not_compare_a_run_with_a_baseline_of_other_args(tmp_path:
                            scenario="single_stream", profile_args=args)
         result = judge(shell, ["decode_tok_s"], BootRun(samples={"decode_tok_s": samples[1]}, requests=20),
                        RULES, view=view, earlier=boots.TestBoots()).result
-        return VerdictKind(result.metrics["decode_tok_s"].baseline["verdict"]), \
-            result.metrics["decode_tok_s"].baseline_message or ""
+        return result.metrics["decode_tok_s"].baseline.verdict, \
+            say(result.metrics["decode_tok_s"].baseline_line) if result.metrics["decode_tok_s"].baseline_line else ""
 
     verdict, message = judged(["--enforce-eager", "--max-num-seqs", "8"])
     assert verdict is VerdictKind.NOT_COMPARABLE

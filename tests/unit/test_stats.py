@@ -17,7 +17,8 @@ from pytest_kimiperf.judge.stats import (
 )
 from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot
 from pytest_kimiperf.judge.floors import FloorStatus, floor_check
-from pytest_kimiperf.judge.power import boots_needed, plan_line, wants_another_boot
+from pytest_kimiperf.judge.power import boots_needed, plan, wants_another_boot
+from pytest_kimiperf.reports.sentences import comparison_json, comparison_line, floor_line, say
 
 HIGHER = Direction.HIGHER_IS_BETTER
 LOWER = Direction.LOWER_IS_BETTER
@@ -56,7 +57,7 @@ def test_one_boots_luck_is_not_a_regression_however_many_requests_it_had() -> No
     c = compare_boots(boots(517, n=400, se=0.002), boots(779, n=400, se=0.002), direction=HIGHER,
                       tolerance=0.25, prior_spread=0.18)
     assert c.verdict is VerdictKind.INCONCLUSIVE and not c.failed
-    assert "1 boot (400 samples) vs 1 reference boot; boot spread 18% (declared 18%)" in c.message()
+    assert "1 boot (400 samples) vs 1 reference boot; boot spread 18% (declared 18%)" in comparison_line(c)
 
 
 def test_two_boots_beyond_the_tolerance_bound_are_a_regression_that_says_what_it_rests_on() -> None:
@@ -65,7 +66,7 @@ def test_two_boots_beyond_the_tolerance_bound_are_a_regression_that_says_what_it
     assert c.verdict is VerdictKind.REGRESSION and c.failed
     assert c.boots_current == 2 and c.boots_reference == 10 and c.n_current == 40
     assert c.bound_high < -0.03
-    msg = c.message()
+    msg = comparison_line(c)
     assert msg.startswith("decode tok/s: REGRESSION -")
     assert "2 boots (40 samples) vs 10 reference boots; boot spread" in msg
     assert "measured over 2 + 10 boots" in msg
@@ -93,7 +94,7 @@ def test_within_needs_the_whole_interval_inside_else_no_detectable_change_with_t
                          prior_spread=0.03)
     assert wide.verdict is VerdictKind.NO_DETECTABLE_CHANGE
     assert wide.mdc > 0.03
-    assert f"this design detects changes of {wide.mdc * 100:.2g}% or more" in wide.message()
+    assert f"this design detects changes of {wide.mdc * 100:.2g}% or more" in comparison_line(wide)
 
 
 def test_each_region_of_point_interval_and_tolerance_has_the_name_of_what_it_shows() -> None:
@@ -104,7 +105,7 @@ def test_each_region_of_point_interval_and_tolerance_has_the_name_of_what_it_sho
     assert changed.ci_high < 0 and changed.ci_low < -0.25 < changed.change
     assert changed.verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED
     assert not changed.failed and not changed.unresolved_beyond_tolerance
-    assert changed.message().startswith(
+    assert comparison_line(changed).startswith(
         f"output throughput tok/s: changed, size unresolved (-24.7%, 90% CI {changed.ci_low * 100:+.1f}%.."
         f"{changed.ci_high * 100:+.1f}% excludes zero and crosses the 25% tolerance; 2 boots")
     # An interval that holds zero: no detectable change while the point is inside the tolerance,
@@ -112,18 +113,18 @@ def test_each_region_of_point_interval_and_tolerance_has_the_name_of_what_it_sho
     quiet = compare_boots(boots(90.0, 90.0), boots(100.0, 100.0), direction=HIGHER, tolerance=0.25,
                           prior_spread=0.14)
     assert quiet.ci_low < 0 < quiet.ci_high and quiet.verdict is VerdictKind.NO_DETECTABLE_CHANGE
-    assert "% holds zero; this design detects changes of" in quiet.message()
+    assert "% holds zero; this design detects changes of" in comparison_line(quiet)
     loud = compare_boots(boots(70.0), boots(100.0), direction=HIGHER, tolerance=0.25, prior_spread=0.3)
     assert loud.ci_low < 0 < loud.ci_high and loud.verdict is VerdictKind.INCONCLUSIVE
     assert loud.unresolved_beyond_tolerance
-    assert "inconclusive (-30.0% is beyond the 25% tolerance, but the 90% CI" in loud.message()
-    assert "% holds zero; 1 boot" in loud.message()
+    assert "inconclusive (-30.0% is beyond the 25% tolerance, but the 90% CI" in comparison_line(loud)
+    assert "% holds zero; 1 boot" in comparison_line(loud)
     # One boot wholly beyond the tolerance: changed, but one boot can screen, never convict.
     screened = compare_boots(boots(50.0), boots(100.0), direction=HIGHER, tolerance=0.25, prior_spread=0.05)
     assert screened.ci_high < -0.25 and screened.verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED
     assert screened.unresolved_beyond_tolerance and not screened.failed
-    assert "excludes zero and lies beyond the 25% tolerance" in screened.message()
-    assert screened.message().endswith("a verdict needs 2 boots: one boot can screen, never convict)")
+    assert "excludes zero and lies beyond the 25% tolerance" in comparison_line(screened)
+    assert comparison_line(screened).endswith("a verdict needs 2 boots: one boot can screen, never convict)")
 
 
 def test_the_prior_spread_rules_until_the_baseline_has_enough_boots() -> None:
@@ -141,7 +142,7 @@ def test_the_spread_is_never_below_the_boots_own_error_of_the_median() -> None:
 def test_boots_with_too_few_requests_do_not_count() -> None:
     c = compare_boots(boots(90, n=2), history(), direction=HIGHER, tolerance=0.03, prior_spread=0.01)
     assert c.verdict is VerdictKind.INSUFFICIENT_SAMPLES
-    assert "insufficient samples (0 current and 10 reference boots" in c.message()
+    assert "insufficient samples (0 current and 10 reference boots" in comparison_line(c)
 
 
 def test_not_comparable_is_computed_and_never_fails() -> None:
@@ -167,7 +168,7 @@ def test_the_planner_answers_the_814_vs_819_question() -> None:
     assert boots_needed(0.04, 0.05, tolerance=0.03, reference_boots=2) is None
     c = compare_boots(boots(99.0), history(spread=0.03, count=3), direction=HIGHER, tolerance=0.03,
                       prior_spread=0.03)
-    assert "you need" in plan_line(c) or "too few" in plan_line(c)
+    assert "you need" in say(plan(c)) or "too few" in say(plan(c))
 
 
 @pytest.mark.parametrize("kwargs, expected", [
@@ -196,7 +197,7 @@ def test_bad_samples_are_named() -> None:
 def test_to_dict_is_json_ready() -> None:
     c = compare_boots(boots(100), boots(100), direction=HIGHER, tolerance=0.03, prior_spread=0.01)
     data = json.loads(json.dumps(c.to_dict(), allow_nan=False))
-    assert data["verdict"] == c.verdict.value and data["message"] == c.message()
+    assert data["verdict"] == c.verdict.value and comparison_json(c)["message"] == comparison_line(c)
     assert data["boots_current"] == 1 and "spread_source" in data
 
 
@@ -214,15 +215,15 @@ def test_floor_check(median: float, status: FloorStatus, message: str) -> None:
     assert result.status is status
     assert result.failed is (status is FloorStatus.BELOW_FLOOR)
     assert result.warned is (status is FloorStatus.BELOW_TARGET)
-    assert result.message() == message
+    assert floor_line(result) == message
 
 
 def test_floor_check_without_floor_or_target() -> None:
-    assert floor_check(45.0, None, 50, "tok/s", "decode").message() == (
+    assert floor_line(floor_check(45.0, None, 50, "tok/s", "decode")) == (
         "decode 45 tok/s is below the target of 50 tok/s"
     )
     assert floor_check(45.0, 40, None, "tok/s", "decode").status is FloorStatus.OK
-    assert floor_check(12345.6, None, None, "tok/s", "decode").message() == (
+    assert floor_line(floor_check(12345.6, None, None, "tok/s", "decode")) == (
         "decode 12346 tok/s (no floor or target set)"
     )
 
@@ -254,4 +255,4 @@ def test_insufficient_samples_says_how_many_this_boot_had() -> None:
     c = compare_boots([summarize_boot([90.0, math.nan, math.nan, 91.0])], history(), direction=HIGHER,
                       tolerance=0.03, prior_spread=0.01)
     assert c.verdict is VerdictKind.INSUFFICIENT_SAMPLES
-    assert c.message().endswith("at least 3 each); this boot has 2 valid samples: failed requests are not samples")
+    assert comparison_line(c).endswith("at least 3 each); this boot has 2 valid samples: failed requests are not samples")

@@ -13,6 +13,7 @@ from pytest_kimiperf.config.settings import RawOption
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.boots import BootSlot, group_by_slot, schedule
 from pytest_kimiperf.judge.gate import missing_baseline_failure
+from pytest_kimiperf.reports.sentences import say
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult, TestResult
 
 
@@ -65,12 +66,13 @@ def _result(line: BaselineLine | None) -> TestResult:
 
 
 def test_a_missing_baseline_fails_only_when_asked_and_the_failure_is_kept() -> None:
-    missing = BaselineLine(BaselineState.MISSING, "decode tok/s", "no baseline for this hardware (fingerprint abc)")
+    missing = BaselineLine(BaselineState.MISSING, "decode tok/s", fingerprint="fingerprint abc")
     assert missing_baseline_failure(_result(missing), fails=False) is None
-    judged = BaselineLine(BaselineState.JUDGED, "decode tok/s", "within noise")
+    judged = BaselineLine(BaselineState.JUDGED, "decode tok/s")
     assert missing_baseline_failure(_result(judged), fails=True) is None
     result = _result(missing)
-    line = missing_baseline_failure(result, fails=True)
-    assert line == ("missing baseline (--kimiperf-missing-baseline=fail): decode tok/s: no baseline for this "
-                    "hardware (fingerprint abc): run --update-baselines")
-    assert result.failures == [line]
+    failure = missing_baseline_failure(result, fails=True)
+    assert failure is not None and say(failure) == (
+        "missing baseline (--kimiperf-missing-baseline=fail): decode tok/s: no baseline for this "
+        "hardware (fingerprint abc): run --update-baselines")
+    assert result.failures == [failure]

@@ -1,0 +1,318 @@
+"""What the gate noticed, as typed values: each note holds the facts, never a sentence.
+
+The gate (``gate.judge``) fills a test's failures, warnings and notes with these values, and a
+comparison (``stats.Comparison``) carries its own notes the same way; ``reports/sentences.py``
+is the one place that turns them into the lines a user reads. Every note crosses xdist as JSON
+(``to_json`` / :func:`note_from_json`), its kind first; a line kept as text (a saved report's,
+or another layer's own line such as the host watch's) is a :class:`Said`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
+
+N = TypeVar("N", bound="Note")
+
+_KINDS: dict[str, type[Note]] = {}
+
+
+def note_kind(kind: str) -> Callable[[type[N]], type[N]]:
+    """Register a note class under ``kind`` (its JSON tag)."""
+    def register(cls: type[N]) -> type[N]:
+        cls.kind = kind
+        _KINDS[kind] = cls
+        return cls
+    return register
+
+
+@dataclass(frozen=True)
+class Note:
+    """One thing the gate noticed. Subclasses are frozen dataclasses of plain facts."""
+
+    kind: ClassVar[str] = ""
+    # Fields that hold another value type: the function that decodes each from JSON.
+    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {}
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able form, tagged with the kind."""
+        return {"kind": self.kind, **{f.name: _encode(getattr(self, f.name)) for f in dataclasses.fields(self)}}
+
+    @classmethod
+    def from_fields(cls: type[N], data: Mapping[str, Any]) -> N:
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name in data:
+                raw = data[f.name]
+                decode = cls.decoders.get(f.name)
+                values[f.name] = decode(raw) if decode is not None and raw is not None else _decode(raw)
+        return cls(**values)
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, Note):
+        return value.to_json()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, FloorResult):
+        return {"label": value.label, "unit": value.unit, "median": value.median, "floor": value.floor,
+                "target": value.target, "status": value.status.value}
+    if isinstance(value, (tuple, list)):
+        return [_encode(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: _encode(v) for k, v in value.items()}
+    return value
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, Mapping) and "kind" in value and value["kind"] in _KINDS:
+        return note_from_json(value)
+    if isinstance(value, list):
+        return tuple(_decode(v) for v in value)
+    return value
+
+
+def note_from_json(data: Mapping[str, Any] | str) -> Note:
+    """Inverse of :meth:`Note.to_json`; a bare string (a line of a saved report) is a Said."""
+    if isinstance(data, str):
+        return Said(data)
+    cls = _KINDS.get(str(data.get("kind")))
+    if cls is None:
+        raise ValueError(f"unknown note kind {data.get('kind')!r}; known: {', '.join(sorted(_KINDS))}")
+    return cls.from_fields(data)
+
+
+def notes_from_json(data: Any) -> list[Note]:
+    """A list of notes from JSON (None: none)."""
+    return [note_from_json(d) for d in data or []]
+
+
+def floor_from_json(data: Mapping[str, Any]) -> FloorResult:
+    return FloorResult(label=str(data["label"]), unit=str(data["unit"]), median=float(data["median"]),
+                       floor=data.get("floor"), target=data.get("target"), status=FloorStatus(data["status"]))
+
+
+# --- lines from elsewhere -------------------------------------------------------------------
+
+@note_kind("said")
+@dataclass(frozen=True)
+class Said(Note):
+    """A line as another layer wrote it (the host watch, the client's cross-checks), or as a
+    saved report kept it: shown as is, never read."""
+
+    text: str
+
+
+# --- what a comparison says of itself -------------------------------------------------------
+
+@note_kind("needs-boots")
+@dataclass(frozen=True)
+class NeedsBoots(Note):
+    """The change is beyond the tolerance on fewer boots than a verdict needs."""
+
+    boots: int
+
+
+@note_kind("too-few-samples")
+@dataclass(frozen=True)
+class TooFewSamples(Note):
+    """A boot has fewer valid samples than it needs: a tail needs more (``tail``), or failed
+    requests left too few."""
+
+    need: int
+    have: int
+    tail: bool
+
+
+@note_kind("history-modes")
+@dataclass(frozen=True)
+class HistoryModes(Note):
+    """The history holds two spawn modes (judge/modes.py); each boot was judged against its
+    nearest. Centres are the modes' geometric means."""
+
+    low_boots: int
+    low_center: float
+    high_boots: int
+    high_center: float
+
+
+@note_kind("declared-modes")
+@dataclass(frozen=True)
+class DeclaredModes(Note):
+    """The deployment declares spawn modes, weighed by a profile comparison."""
+
+    drop: float
+    slow_share: float
+
+
+@note_kind("boots-to-decide")
+@dataclass(frozen=True)
+class BootsToDecide(Note):
+    """Boots a side that would decide a profile change this size (None: none up to
+    ``max_boots``); ``have_them``: this run already had them, so the spread holds it back."""
+
+    needed: int | None
+    max_boots: int
+    have_them: bool
+
+
+@note_kind("left-out")
+@dataclass(frozen=True)
+class LeftOut(Note):
+    """A boot that failed for another reason than a verdict is no sample of this build."""
+
+    boot: int
+    reasons: tuple[Note, ...]
+
+
+# --- what the gate says of a boot -----------------------------------------------------------
+
+@note_kind("invalid")
+@dataclass(frozen=True)
+class InvalidRun(Note):
+    """The measurement cannot be judged (a busy host, no valid request): its reason."""
+
+    reason: str
+
+
+@note_kind("failed-requests")
+@dataclass(frozen=True)
+class FailedRequests(Note):
+    """Requests that failed, by reason; ``limit`` is the share they exceeded (the test fails),
+    None when they were few enough to only warn."""
+
+    failed: int
+    total: int
+    reasons: tuple[tuple[str, int], ...]
+    limit: float | None = None
+
+
+@note_kind("goodput-slos")
+@dataclass(frozen=True)
+class GoodputSlos(Note):
+    """The SLOs request goodput counts against."""
+
+    limits: tuple[tuple[str, float], ...]
+
+
+@note_kind("slo")
+@dataclass(frozen=True)
+class SloCheck(Note):
+    """An absolute limit on this boot's figure: met, missed, or unchecked for too few samples."""
+
+    metric: str
+    label: str  # the metric's label
+    limit: float
+    unit: str
+    lower_is_better: bool
+    status: str  # "met", "missed" or "unchecked"
+    median: float
+    n: int
+    needed: int
+
+    MET: ClassVar[str] = "met"
+    MISSED: ClassVar[str] = "missed"
+    UNCHECKED: ClassVar[str] = "unchecked"
+
+
+@note_kind("floor")
+@dataclass(frozen=True)
+class FloorNote(Note):
+    """The single-stream decode median against the deployment's floor and target."""
+
+    floor: FloorResult
+
+    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"floor": floor_from_json}
+
+
+@note_kind("no-decode")
+@dataclass(frozen=True)
+class NoDecode(Note):
+    """No valid request measured single-stream decode, so the floor could not be checked."""
+
+
+@note_kind("boot-planned")
+@dataclass(frozen=True)
+class BootPlanned(Note):
+    """A planned boot that is not the last: the verdict waits for the last one."""
+
+    boot: int
+    boots: int
+
+
+@dataclass(frozen=True)
+class Look:
+    """What one metric looks like on the boots so far, short of a verdict."""
+
+    metric: str
+    change: float
+    boots: int
+    tolerance: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def looks_from_json(data: Any) -> tuple[Look, ...]:
+    return tuple(Look(str(d["metric"]), float(d["change"]), int(d["boots"]), float(d["tolerance"])) for d in data)
+
+
+@note_kind("boot-asked")
+@dataclass(frozen=True)
+class BootAsked(Note):
+    """A boot that looks worse than the tolerance asks for another of its profile."""
+
+    profile: str
+    boot: int
+    looks: tuple[Look, ...]
+
+    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"looks": looks_from_json}
+
+
+@note_kind("unresolved")
+@dataclass(frozen=True)
+class Unresolved(Note):
+    """A change beyond the tolerance on the one boot of an attached server this run cannot
+    restart: it can never be convicted here (the test fails as UNRESOLVED)."""
+
+    looks: tuple[Look, ...]
+    deployment: str
+    boots_needed: int
+
+    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"looks": looks_from_json}
+
+
+@note_kind("soft-fingerprint")
+@dataclass(frozen=True)
+class SoftFingerprint(Note):
+    """Soft facts that differ from the baseline's, each ``name: old -> new``: they only warn."""
+
+    changes: tuple[str, ...]
+
+
+@note_kind("plan")
+@dataclass(frozen=True)
+class Plan(Note):
+    """What would resolve a change of ``goal`` (judge/power.py): ``boots`` of this profile
+    against the baseline's; or (``boots`` None) ``sessions`` of it where the session and host
+    ``levels`` stand in the way; or, with neither, a wider tolerance (``levels`` set) or more
+    baseline boots."""
+
+    goal: float
+    spread: float
+    boots_reference: int
+    boots: int | None = None
+    sessions: int | None = None
+    levels: tuple[str, ...] = ()
+    boots_per_session: int = 2
+    max_sessions: int = 100

@@ -1,0 +1,370 @@
+"""Every sentence the gate's verdicts are read as: the one place that writes them.
+
+The gate (judge/gate.py) and the statistics (judge/stats.py, judge/in_session.py) return typed
+values: a :class:`~pytest_kimiperf.judge.stats.Comparison` and notes (judge/notes.py,
+judge/verdicts.py). :func:`say` turns a note into its line, :func:`comparison_line` a comparison
+into the line a test report shows; the terminal summary, the JSON report, the pytest warnings and
+a test's failure message all read them from here. Nothing reads these sentences back.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable
+
+from pytest_kimiperf.config.metric_specs import Direction
+from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT
+from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
+from pytest_kimiperf.judge.levels import CanaryCheck
+from pytest_kimiperf.judge.notes import (
+    BootAsked, BootPlanned, BootsToDecide, DeclaredModes, FailedRequests, FloorNote, GoodputSlos, HistoryModes,
+    InvalidRun, LeftOut, Look, NeedsBoots, NoDecode, Note, Plan, Said, SloCheck, SoftFingerprint, TooFewSamples,
+    Unresolved,
+)
+from pytest_kimiperf.judge.stats import Comparison, VerdictKind, fmt_tolerance
+from pytest_kimiperf.judge.verdicts import (
+    BaselineLine, BaselineState, EnvDiff, MissingBaselines, TestResult, VerdictNote,
+)
+from pytest_kimiperf.numbers import fmt_change, fmt_spread, fmt_value
+
+RECORD_ADVICE = "run --update-baselines"
+
+
+def say_all(notes: Iterable[Note]) -> list[str]:
+    """Each note's line."""
+    return [say(n) for n in notes]
+
+
+def joined(notes: Iterable[Note]) -> str:
+    """The notes' lines in one, ``; ``-separated."""
+    return "; ".join(say(n) for n in notes)
+
+
+@functools.singledispatch
+def say(note: Note) -> str:
+    """The line a note is shown as."""
+    raise TypeError(f"no sentence for note kind {note.kind!r} ({type(note).__name__})")
+
+
+@say.register
+def _(note: Said) -> str:
+    return note.text
+
+
+# --- a comparison ---------------------------------------------------------------------------
+
+def rests_on(c: Comparison) -> str:
+    """What the verdict rests on, e.g. "2 boots (40 samples) vs 10 reference boots; boot
+    spread 0.8% (measured over 2 + 10 boots)"."""
+    def side(boots: int, sessions: int, what: str) -> str:
+        text = f"{boots} {what}boot{'s' * (boots != 1)}"
+        return text + (f" of {sessions} session{'s' * (sessions != 1)}" if c.levels else "")
+    levels = "".join(f", {term.text}" for term in c.levels)
+    return (f"{side(c.boots_current, c.sessions_current, '')} ({c.n_current} samples) vs "
+            f"{side(c.boots_reference, c.sessions_reference, 'reference ')}; boot spread "
+            f"{fmt_spread(math.expm1(c.spread_sd_log))} ({c.spread_source}){levels}")
+
+
+def comparison_note(c: Comparison) -> str:
+    """The comparison's own notes in one line ("" when it has none)."""
+    return joined(c.notes)
+
+
+def comparison_line(c: Comparison, *, label: bool = True) -> str:
+    """One line for the test report: the verdict, its numbers and what it rests on (after the
+    metric's label unless ``label`` is false)."""
+    prefix = f"{c.label}: " if label and c.label else ""
+    note = comparison_note(c)
+    tol = fmt_tolerance(c.tolerance)
+    change = fmt_change(c.change)
+    worse_bound = c.bound_high if c.direction is Direction.HIGHER_IS_BETTER else c.bound_low
+    better_bound = c.bound_low if c.direction is Direction.HIGHER_IS_BETTER else c.bound_high
+    level = f"{c.confidence * 100:g}% bound"
+    ci = f"{c.equivalence_confidence * 100:g}% CI {fmt_change(c.ci_low)}..{fmt_change(c.ci_high)}"
+    kind = c.verdict
+    if kind is VerdictKind.REGRESSION:
+        body = f"REGRESSION {change} ({level} {fmt_change(worse_bound)} is beyond the {tol} tolerance"
+    elif kind is VerdictKind.IMPROVEMENT:
+        body = f"improvement {change} ({level} {fmt_change(better_bound)} is beyond the {tol} tolerance"
+    elif kind is VerdictKind.WITHIN_TOLERANCE:
+        body = f"within +/-{tol} ({change}, {ci}"
+    elif kind is VerdictKind.NO_DETECTABLE_CHANGE:
+        body = (f"no detectable change ({change}, {ci} holds zero; this design detects changes of "
+                f"{c.mdc * 100:.2g}% or more")
+    elif kind is VerdictKind.CHANGED_SIZE_UNRESOLVED:
+        beyond = c.ci_high < -c.tolerance or c.ci_low > c.tolerance
+        reach = f"lies beyond the {tol} tolerance" if beyond else f"crosses the {tol} tolerance"
+        body = f"changed, size unresolved ({change}, {ci} excludes zero and {reach}"
+    elif kind is VerdictKind.INSUFFICIENT_SAMPLES:
+        body = (f"insufficient samples ({c.boots_current} current and {c.boots_reference} reference "
+                f"boots with enough valid samples, at least {MIN_SAMPLES_PER_BOOT} each)")
+        return prefix + body + (f"; {note}" if note else "")
+    elif kind is VerdictKind.NOT_COMPARABLE:
+        body = f"not comparable to the baseline ({change}, {ci}; reported only"
+    elif kind is VerdictKind.NOT_JUDGED:
+        return prefix + f"not judged ({note})"
+    else:
+        body = f"inconclusive ({change} is beyond the {tol} tolerance, but the {ci} holds zero"
+    tail = f"; {note}" if note else ""
+    return f"{prefix}{body}; {rests_on(c)}{tail})"
+
+
+def comparison_json(c: Comparison) -> dict[str, object]:
+    """A comparison as the JSON report holds it: its fields, its notes as one ``note`` line,
+    and its ``message``."""
+    out: dict[str, object] = {}
+    for key, value in c.to_dict().items():
+        if key == "notes":
+            out["note"] = comparison_note(c)
+        else:
+            out[key] = value
+    out["message"] = comparison_line(c)
+    return out
+
+
+@say.register
+def _(note: NeedsBoots) -> str:
+    return f"a verdict needs {note.boots} boots: one boot can screen, never convict"
+
+
+@say.register
+def _(note: TooFewSamples) -> str:
+    if note.tail:
+        return f"insufficient samples for this tail: a boot needs {note.need}, this one has {note.have}"
+    return f"this boot has {note.have} valid sample{'s' * (note.have != 1)}: failed requests are not samples"
+
+
+@say.register
+def _(note: HistoryModes) -> str:
+    apart = (note.high_center / note.low_center - 1.0) * 100
+    return (f"the history holds 2 modes {apart:.0f}% apart ({note.low_boots} boots at "
+            f"{note.low_center:.4g}, {note.high_boots} at {note.high_center:.4g}): "
+            "each boot judged against its nearest mode, so a change of about that size is not seen")
+
+
+@say.register
+def _(note: DeclaredModes) -> str:
+    return f"spawn modes {note.drop:.0%} apart declared ({note.slow_share:.0%} of boots slow)"
+
+
+@say.register
+def _(note: BootsToDecide) -> str:
+    if note.have_them:
+        return "the boots' own spread is what holds it back"
+    if note.needed is not None:
+        return f"{note.needed} boots a side would decide a change this size"
+    return (f"no number of boots up to {note.max_boots} a side decides a change this size: "
+            "the spawn modes explain it")
+
+
+@say.register
+def _(note: LeftOut) -> str:
+    return f"boot {note.boot} failed and is no sample of this build: {joined(note.reasons)}"
+
+
+@say.register
+def _(note: Plan) -> str:
+    goal = fmt_tolerance(note.goal)
+    if note.boots is None and note.levels:
+        level = ", ".join(note.levels)
+        if note.sessions is None:
+            return (f"to resolve a {goal} change neither boots in this run nor up to {note.max_sessions} "
+                    f"sessions of this profile are enough ({level}): it takes a wider tolerance")
+        return (f"to resolve a {goal} change no number of boots in this run is enough "
+                f"({level}: each run shares its session); it takes about {note.sessions} sessions of this profile "
+                f"(separate runs, {note.boots_per_session} boots each) against a baseline recorded over as many")
+    spread = fmt_tolerance(note.spread)
+    if note.boots is None:
+        return (f"to resolve a {goal} change at a boot spread of {spread} "
+                f"the baseline's {note.boots_reference} boots are too few: record more with --update-baselines "
+                "--kimiperf-boots N")
+    return (f"to resolve a {goal} change at a boot spread of {spread} "
+            f"you need {note.boots} boots of this profile against the baseline's {note.boots_reference}")
+
+
+# --- a metric against its baseline ----------------------------------------------------------
+
+def canary_text(check: CanaryCheck) -> str:
+    """``host differs (canary cpu_gflops -48%, copy_gbs -41%)``, or what was compared."""
+    parts = ", ".join(f"{k} {v * 100:+.0f}%" for k, v in sorted(check.shifts.items()))
+    return f"host differs (canary {parts})" if check.moved else f"host canary within noise ({parts})"
+
+
+def _env_text(env: EnvDiff) -> str:
+    said = bool(env.baseline_args or env.run_args)  # server arguments: said where either side has some
+    return (f" — the baseline was recorded with profile environment {dict(env.baseline_env)}"
+            f"{f' and args {list(env.baseline_args)}' * said}, this run used {dict(env.run_env)}"
+            f"{f' and args {list(env.run_args)}' * said}")
+
+
+def baseline_line(line: BaselineLine, *, label: bool = True, advice: str = RECORD_ADVICE) -> str:
+    """The gate's line about one metric against its baseline: ``"{label}: {body}: {advice}{tail}"``;
+    the advice (what records a missing baseline) only where it is missing, and a report puts
+    its own command there."""
+    missing = f"no baseline for this hardware ({line.fingerprint})"
+    tail = ""
+    if line.state is BaselineState.OFF:
+        body = "baselines not in use"
+    elif line.state is BaselineState.MISSING:
+        body = missing
+        if line.others:
+            tail = f" (baselines exist for other hardware: {', '.join(line.others)}; not comparable)"
+    elif line.state is BaselineState.OTHER_HARDWARE and line.comparison is not None:
+        hard = list(line.hard)
+        shown = "; ".join(hard[:3]) + (f"; and {len(hard) - 3} more" if len(hard) > 3 else "")
+        body = (f"{comparison_line(line.comparison, label=False)} — the baseline was recorded on other hardware "
+                f"({line.other}: {shown}); {missing}")
+    else:
+        body = comparison_line(line.comparison, label=False) if line.comparison is not None else ""
+        if line.canary is not None:
+            body += f" — {canary_text(line.canary)}: the baseline was measured on a host of other speed"
+        if line.env is not None:
+            body += _env_text(line.env)
+        if line.versions:
+            tail = (" — judged against the baseline of other software versions on the same hardware "
+                    f"({line.other}): {'; '.join(line.versions)}")
+    if line.left_out is not None:
+        tail += f" — {say(line.left_out)}"
+    head = f"{line.label}: " if label and line.label else ""
+    return f"{head}{body}{f': {advice}' if line.state.missing else ''}{tail}"
+
+
+@say.register
+def _(note: BaselineLine) -> str:
+    return baseline_line(note)
+
+
+@say.register
+def _(note: VerdictNote) -> str:
+    line = comparison_line(note.comparison)
+    if note.adopt:
+        return line + f"; {RECORD_ADVICE} to adopt it"
+    return line + (f"; {say(note.plan)}" if note.plan is not None else "")
+
+
+@say.register
+def _(note: MissingBaselines) -> str:
+    return "missing baseline (--kimiperf-missing-baseline=fail): " + joined(note.lines)
+
+
+# --- what the gate says of a boot -----------------------------------------------------------
+
+@say.register
+def _(note: InvalidRun) -> str:
+    return f"INVALID measurement: {note.reason}"
+
+
+@say.register
+def _(note: FailedRequests) -> str:
+    reasons = "; ".join(f"{n}x {reason}" for reason, n in note.reasons)
+    line = f"{note.failed} of {note.total} measured requests failed and are not counted ({reasons})"
+    if note.limit is None:
+        return line
+    return f"{line}: more than {note.limit:.0%} failed, the server did not serve this load"
+
+
+@say.register
+def _(note: GoodputSlos) -> str:
+    return "goodput SLOs: " + ", ".join(f"{k} <= {v:g}" for k, v in note.limits)
+
+
+@say.register
+def _(note: SloCheck) -> str:
+    label = f"SLO {note.metric} {'<=' if note.lower_is_better else '>='} {note.limit:g} {note.unit}"
+    if note.status == SloCheck.UNCHECKED:
+        return (f"{label}: insufficient samples for {note.label} ({note.n} on this boot, "
+                f"{note.needed} needed): not checked")
+    line = f"{label}: {note.median:.4g} {note.unit} on this boot ({note.n} samples)"
+    return line + (" — SLO missed" if note.status == SloCheck.MISSED else "")
+
+
+def floor_line(fr: FloorResult) -> str:
+    """One line, e.g. "decode 38.2 tok/s is below the floor of 40 tok/s"."""
+    unit = f" {fr.unit}" if fr.unit else ""
+    head = f"{fr.label} {fmt_value(fr.median)}{unit}".strip()
+    if fr.status is FloorStatus.BELOW_FLOOR:
+        return f"{head} is below the floor of {fmt_value(fr.floor)}{unit}"
+    if fr.status is FloorStatus.BELOW_TARGET:
+        floor = "" if fr.floor is None else f"above the floor of {fmt_value(fr.floor)}{unit} but "
+        return f"{head} is {floor}below the target of {fmt_value(fr.target)}{unit}"
+    if fr.target is not None:
+        return f"{head} meets the target of {fmt_value(fr.target)}{unit}"
+    if fr.floor is not None:
+        return f"{head} meets the floor of {fmt_value(fr.floor)}{unit} (no target set)"
+    return f"{head} (no floor or target set)"
+
+
+def floor_json(fr: FloorResult) -> dict[str, object]:
+    """The floor check as the JSON report holds it."""
+    return {"median": fr.median, "floor": fr.floor, "target": fr.target, "status": fr.status.value,
+            "message": floor_line(fr)}
+
+
+@say.register
+def _(note: FloorNote) -> str:
+    return floor_line(note.floor)
+
+
+@say.register
+def _(note: NoDecode) -> str:
+    return "single-stream decode: no valid request to measure"
+
+
+@say.register
+def _(note: BootPlanned) -> str:
+    return f"boot {note.boot} of {note.boots} planned: the verdict comes after boot {note.boots}"
+
+
+def _look(look: Look, *, tolerance: bool) -> str:
+    line = f"{look.metric} looks {look.change * 100:+.1f}% on {look.boots} boot(s)"
+    return line + (f", beyond the {look.tolerance:.0%} tolerance" if tolerance else "")
+
+
+@say.register
+def _(note: BootAsked) -> str:
+    return (f"boot {note.boot} of {note.profile} asked for: "
+            + "; ".join(_look(look, tolerance=False) for look in note.looks)
+            + " (one boot can screen, never convict)")
+
+
+def unresolved_text(note: Unresolved) -> str:
+    """Why a change stays unresolved for good, and what would resolve it."""
+    return ("; ".join(_look(look, tolerance=True) for look in note.looks)
+            + " (one boot can screen, never convict); this run cannot boot the attached server again: "
+            f"give deployment {note.deployment} a restart_command (such as ['systemctl', 'restart', 'vllm']) "
+            f"and the plugin restarts it for the {note.boots_needed} or more boots a verdict needs")
+
+
+@say.register
+def _(note: Unresolved) -> str:
+    return f"UNRESOLVED: {unresolved_text(note)}"
+
+
+@say.register
+def _(note: SoftFingerprint) -> str:
+    return ("the baseline was recorded with other soft facts (they only warn; the hardware "
+            f"and software that set speed match): {'; '.join(note.changes)}")
+
+
+# --- a whole test ---------------------------------------------------------------------------
+
+def failure_message(result: TestResult) -> str:
+    """What a failed perf test fails with: its failures in one line."""
+    return joined(result.failures)
+
+
+def warning_lines(result: TestResult) -> list[str]:
+    """The test's warnings as shown."""
+    return [say(w.note) for w in result.warnings]
+
+
+def unrecordable_text(result: TestResult) -> str | None:
+    """Why --update-baselines does not record this boot (None: it may)."""
+    return joined(result.unrecordable) if result.unrecordable else None
+
+
+def not_recorded_line(result: TestResult) -> str:
+    """A boot --update-baselines left out, and why."""
+    why = f"INVALID: {result.invalid}" if result.invalid else unrecordable_text(result)
+    return f"{result.test} [{result.profile}, boot {result.boot}]: {why}"
