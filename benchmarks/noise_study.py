@@ -59,6 +59,7 @@ from pytest_kimiperf.judge.verdicts import MetricResult  # noqa: E402
 from pytest_kimiperf.config.metric_specs import metric_spec  # noqa: E402
 from pytest_kimiperf.measure.canary import host_canary, host_identity  # noqa: E402
 from pytest_kimiperf.recorder import PerfRecorder  # noqa: E402
+from pytest_kimiperf.reports.sentences import level_text, request_cv_text  # noqa: E402
 from pytest_kimiperf.server.manager import ServerManager  # noqa: E402
 
 CORPUS = ROOT / "benchmarks" / "data" / "noise"
@@ -204,8 +205,8 @@ def analyze(args: argparse.Namespace) -> int:
     for key in sorted({k for b in boots for k in b.metrics}):
         levels = estimate_levels([b for b in boots if key in b.metrics], key)
         report[key] = levels.to_json()
-        print(f"{key:<36}{levels.request_cv_text():>11}  {levels.boot.text():<28}{levels.session.text():<28}"
-              f"{levels.host.text():<28}")
+        print(f"{key:<36}{request_cv_text(levels):>11}  {level_text(levels.boot):<28}"
+              f"{level_text(levels.session):<28}{level_text(levels.host):<28}")
     report["canary"] = canary_noise(sorted(CORPUS.glob("*.jsonl")))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

@@ -42,7 +42,7 @@ from scipy import stats as scipy_stats
 from pytest_kimiperf.config.deployments import Deployment
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boot_summary import BootSummary
-from pytest_kimiperf.judge.notes import BootsToDecide, DeclaredModes, Note
+from pytest_kimiperf.judge.notes import BootsToDecide, DeclaredModes, Note, SpreadSource
 from pytest_kimiperf.judge.stats import (
     DIRECTIONAL_CONFIDENCE,
     EQUIVALENCE_CONFIDENCE,
@@ -231,7 +231,7 @@ def compare_in_session(
     if not cur_b or not ref_b:
         return Comparison(**common, median_current=nan, median_reference=nan, change=nan, bound_low=nan,
                           bound_high=nan, ci_low=nan, ci_high=nan, spread_sd_log=nan, spread_df=nan,
-                          spread_source="", se_log=nan, mdc=nan, verdict=VerdictKind.INSUFFICIENT_SAMPLES,
+                          spread_source=None, se_log=nan, mdc=nan, verdict=VerdictKind.INSUFFICIENT_SAMPLES,
                           notes=_insufficient_note(current, reference))
     cur = [sign * math.log(b.median) for b in cur_b]
     ref = [sign * math.log(b.median) for b in ref_b]
@@ -276,8 +276,9 @@ def compare_in_session(
         needed = boots_to_decide(fit.d, fit.sd, band, rules)
         have = min(len(cur), len(ref))
         notes.append(BootsToDecide(needed, MAX_PLANNED_BOOTS, have_them=needed is not None and needed <= have))
-    source = (f"declared {rules.boot_spread:.0%}" if fit.sd <= math.log1p(rules.boot_spread) + 1e-12
-              else f"measured {math.expm1(fit.sd):.0%} inside the sides")
+    source = (SpreadSource(SpreadSource.DECLARED, declared=rules.boot_spread, whole=True)
+              if fit.sd <= math.log1p(rules.boot_spread) + 1e-12
+              else SpreadSource(SpreadSource.SIDES, measured=math.expm1(fit.sd), whole=True))
     return Comparison(
         **common, median_current=math.exp(sum(math.log(b.median) for b in cur_b) / len(cur_b)),
         median_reference=math.exp(sum(math.log(b.median) for b in ref_b) / len(ref_b)),

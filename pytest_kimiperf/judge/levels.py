@@ -29,8 +29,8 @@ from scipy import stats as scipy_stats
 
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.notes import LevelSpread, SpreadSource
 from pytest_kimiperf.judge.stats import LevelTerm, estimate_spread
-from pytest_kimiperf.numbers import fmt_spread
 
 # A level is measured once the history spans this many of its units (sessions, hosts); until
 # it spans ENOUGH_UNITS, the declared spread is its floor (history_level says why).
@@ -48,7 +48,7 @@ class Level:
     name: str
     sd_log: float
     df: float
-    source: str
+    source: SpreadSource
     low: float = math.nan
     high: float = math.nan
 
@@ -57,20 +57,11 @@ class Level:
         """The spread in percent (exp(sd) - 1)."""
         return math.expm1(self.sd_log) * 100.0
 
-    def text(self) -> str:
-        """``1.1% (0.7-2.0%, 3 df)``, or ``n/a (one session)`` when not measurable."""
-        if not math.isfinite(self.sd_log):
-            return f"n/a ({self.source})"
-        if math.isfinite(self.low) and math.isfinite(self.high):
-            return (f"{fmt_spread(math.expm1(self.sd_log))} ({math.expm1(self.low) * 100:.1f}-"
-                    f"{math.expm1(self.high) * 100:.1f}%, {self.df:g} df)")
-        return f"{fmt_spread(math.expm1(self.sd_log))} ({self.source})"
-
     def to_json(self) -> dict[str, object]:
         """JSON-ready (NaN as None)."""
         def num(x: float) -> float | None:
             return round(x, 6) if math.isfinite(x) else None
-        return {"name": self.name, "sd_log": num(self.sd_log), "df": num(self.df), "source": self.source,
+        return {"name": self.name, "sd_log": num(self.sd_log), "df": num(self.df), "source": self.source.to_json(),
                 "low": num(self.low), "high": num(self.high)}
 
 
@@ -86,10 +77,6 @@ class Levels:
     boots: int
     sessions: int
     hosts: int
-
-    def request_cv_text(self) -> str:
-        """The median per-request CV inside a boot, as a percentage."""
-        return f"{self.request_cv * 100:.1f}%" if math.isfinite(self.request_cv) else "n/a"
 
     def to_json(self) -> dict[str, object]:
         """JSON-ready form."""
@@ -176,10 +163,10 @@ def nested_levels(groups: Mapping[str, Mapping[str, Sequence[float]]], metric: s
     if df_w > 0:
         ms_w = ss_w / df_w
         lo, hi = _chi2_interval(ss_w, df_w)
-        boot = Level("boot", _sd(ms_w), df_w, f"measured over {boots} boots of {sessions} sessions", _sd(lo), _sd(hi))
+        boot = Level("boot", _sd(ms_w), df_w, SpreadSource(SpreadSource.MEASURED, count=boots, within=sessions), _sd(lo), _sd(hi))
     else:
         ms_w = math.nan
-        boot = Level("boot", math.nan, 0.0, "one boot per session")
+        boot = Level("boot", math.nan, 0.0, SpreadSource(SpreadSource.NONE))
     ss_s = df_s = 0.0
     inv_m: list[float] = []
     host_means: list[tuple[float, int, float]] = []
@@ -195,11 +182,11 @@ def nested_levels(groups: Mapping[str, Mapping[str, Sequence[float]]], metric: s
     if df_s > 0:
         ms_s = ss_s / df_s
         lo, hi = _chi2_interval(ss_s, df_s)
-        session = Level("session", _sd(ms_s - within_share), df_s, f"measured over {sessions} sessions",
+        session = Level("session", _sd(ms_s - within_share), df_s, SpreadSource(SpreadSource.MEASURED, "session", count=sessions),
                         _sd(lo - within_share), _sd(hi - within_share))
     else:
         ms_s = math.nan
-        session = Level("session", math.nan, 0.0, "one session per host")
+        session = Level("session", math.nan, 0.0, SpreadSource(SpreadSource.NONE, "session"))
     if len(host_means) >= 2:
         grand = sum(m for m, _, _ in host_means) / len(host_means)
         ss_h = sum((m - grand) ** 2 for m, _, _ in host_means)
@@ -208,10 +195,10 @@ def nested_levels(groups: Mapping[str, Mapping[str, Sequence[float]]], metric: s
         lower = sum(sess_var / k + (ms_w if math.isfinite(ms_w) else 0.0) * inv / k
                     for _, k, inv in host_means) / len(host_means)
         lo, hi = _chi2_interval(ss_h, df_h)
-        host = Level("host", _sd(ss_h / df_h - lower), df_h, f"measured over {len(host_means)} hosts",
+        host = Level("host", _sd(ss_h / df_h - lower), df_h, SpreadSource(SpreadSource.MEASURED, "host", count=len(host_means)),
                      _sd(lo - lower), _sd(hi - lower))
     else:
-        host = Level("host", math.nan, 0.0, "one host")
+        host = Level("host", math.nan, 0.0, SpreadSource(SpreadSource.NONE, "host"))
     return Levels(metric, request_cv, boot, session, host, boots, sessions, len(host_means))
 
 
@@ -289,17 +276,15 @@ def history_level(reference: Sequence[BootSummary], name: str, declared: float, 
     prior = math.log1p(declared)
     if units < MIN_UNITS or not math.isfinite(measured.sd_log) or measured.df <= 0:
         # A declared spread is taken as known (infinite df) in the bound.
-        return Level(name, prior, math.inf, f"declared {fmt_spread(declared)}")
-    if units >= ENOUGH_UNITS:
-        return replace_source(measured, f"measured over {units} {name}s")
-    if measured.sd_log >= prior:
-        return replace_source(measured, f"measured over {units} {name}s")
-    return Level(name, prior, measured.df,
-                 f"declared {fmt_spread(declared)}; {units} {name}s measured {fmt_spread(math.expm1(measured.sd_log))}")
+        return Level(name, prior, math.inf, SpreadSource(SpreadSource.DECLARED, name, declared=declared))
+    if units >= ENOUGH_UNITS or measured.sd_log >= prior:
+        return replace_source(measured, SpreadSource(SpreadSource.MEASURED, name, count=units))
+    return Level(name, prior, measured.df, SpreadSource(SpreadSource.FLOOR, name, declared=declared,
+                                                        measured=math.expm1(measured.sd_log), count=units))
 
 
-def replace_source(level: Level, source: str) -> Level:
-    """``level`` with another ``source`` text."""
+def replace_source(level: Level, source: SpreadSource) -> Level:
+    """``level`` with another ``source``."""
     return Level(level.name, level.sd_log, level.df, source, level.low, level.high)
 
 
@@ -319,7 +304,7 @@ def level_terms(current: Sequence[BootSummary], reference: Sequence[BootSummary]
             continue
         level = history_level(ref, name, declared, boot_var=boot_var)
         terms.append(LevelTerm(name, level.sd_log ** 2 * weight, level.df,
-                               f"{name} spread {fmt_spread(math.expm1(level.sd_log))} ({level.source})", weight))
+                               LevelSpread(name, math.expm1(level.sd_log), level.source), weight))
     return terms
 
 

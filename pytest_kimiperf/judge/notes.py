@@ -113,6 +113,55 @@ class Said(Note):
     text: str
 
 
+# --- where a spread came from --------------------------------------------------------------
+
+@note_kind("spread-source")
+@dataclass(frozen=True)
+class SpreadSource(Note):
+    """Where a spread came from, said beside it: ``how`` is one of the constants below, ``unit``
+    the level ("boot", "session", "host"). ``declared`` and ``measured`` are spreads (fractions);
+    ``count`` the units measured, ``within`` the sessions a corpus's boot level was measured in,
+    ``sides`` the boots of the two sides a comparison measured it over; ``whole`` says a profile
+    comparison's spread in whole percent."""
+
+    how: str
+    unit: str = "boot"
+    declared: float | None = None
+    measured: float | None = None
+    df: float = 0.0
+    count: int = 0
+    within: int = 0
+    sides: tuple[int, int] | None = None
+    whole: bool = False
+
+    MEASURED: ClassVar[str] = "measured"  # measured over ``count`` units (or the ``sides``)
+    DECLARED: ClassVar[str] = "declared"  # the deployment's declared spread, taken as known
+    POOLED: ClassVar[str] = "pooled"  # declared, pooled with ``df`` measured degrees of freedom
+    FLOOR: ClassVar[str] = "floor"  # declared, above the ``measured`` spread of ``count`` units
+    SIDES: ClassVar[str] = "sides"  # a profile comparison's spread measured inside its sides
+    NONE: ClassVar[str] = "none"  # not measurable: one unit per unit above
+
+
+@dataclass(frozen=True)
+class LevelSpread:
+    """A level's spread as a comparison used it: the level, the spread (fraction), its source."""
+
+    name: str
+    spread: float
+    source: SpreadSource
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "spread": self.spread, "source": self.source.to_json()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "LevelSpread":
+        return cls(str(data["name"]), float(data["spread"]), SpreadSource.from_fields(data["source"]))
+
+
+def _levels_from_json(data: Any) -> tuple[LevelSpread, ...]:
+    return tuple(LevelSpread.from_dict(d) for d in data)
+
+
 # --- what a comparison says of itself -------------------------------------------------------
 
 @note_kind("needs-boots")
@@ -313,6 +362,8 @@ class Plan(Note):
     boots_reference: int
     boots: int | None = None
     sessions: int | None = None
-    levels: tuple[str, ...] = ()
+    levels: tuple[LevelSpread, ...] = ()
     boots_per_session: int = 2
     max_sessions: int = 100
+
+    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"levels": _levels_from_json}

@@ -154,5 +154,5 @@ def plan(c: Comparison, *, target: float | None = None) -> Plan | None:
     n = boots_needed(goal, spread, tolerance=c.tolerance, reference_boots=c.boots_reference, fixed_var=fixed)
     if n is None and fixed > 0:
         return Plan(goal, spread, c.boots_reference, sessions=sessions_needed(c, goal),
-                    levels=tuple(t.text for t in c.levels), boots_per_session=MIN_BOOTS_DIRECTIONAL)
+                    levels=tuple(t.level for t in c.levels), boots_per_session=MIN_BOOTS_DIRECTIONAL)
     return Plan(goal, spread, c.boots_reference, boots=n, boots_per_session=MIN_BOOTS_DIRECTIONAL)

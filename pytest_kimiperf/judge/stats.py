@@ -61,8 +61,10 @@ from scipy import stats as scipy_stats
 from pytest_kimiperf.config.deployments import MIN_BOOTS_DIRECTIONAL
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT, BootSummary
-from pytest_kimiperf.judge.notes import NeedsBoots, Note, TooFewSamples, notes_from_json
-from pytest_kimiperf.numbers import fmt_spread, is_real
+from pytest_kimiperf.judge.notes import (
+    LevelSpread, NeedsBoots, Note, SpreadSource, TooFewSamples, notes_from_json,
+)
+from pytest_kimiperf.numbers import is_real
 
 DIRECTIONAL_CONFIDENCE = 0.84
 EQUIVALENCE_CONFIDENCE = 0.90
@@ -101,7 +103,7 @@ class Spread:
 
     sd_log: float
     df: float
-    source: str
+    source: SpreadSource
 
     @property
     def percent(self) -> float:
@@ -138,12 +140,13 @@ def estimate_spread(
     within_var = sum(within) / len(within) if within else 0.0
     if df_reference >= ENOUGH_BOOTS - 1:
         var = sum_sq / df
-        source = f"measured over {len(current)} + {len(reference)} boots"
+        source = SpreadSource(SpreadSource.MEASURED, sides=(len(current), len(reference)))
     else:
         prior_var = prior_sd_log ** 2 + within_var
         var = (PRIOR_DF * prior_var + sum_sq) / (PRIOR_DF + df)
-        source = (f"declared {fmt_spread(math.expm1(prior_sd_log))}" if df == 0 else
-                  f"declared {fmt_spread(math.expm1(prior_sd_log))} pooled with {df:g} df measured")
+        declared = math.expm1(prior_sd_log)
+        source = (SpreadSource(SpreadSource.DECLARED, declared=declared) if df == 0 else
+                  SpreadSource(SpreadSource.POOLED, declared=declared, df=df))
         df += PRIOR_DF
     var = max(var, within_var)
     return Spread(sd_log=math.sqrt(var), df=df, source=source)
@@ -153,12 +156,12 @@ def estimate_spread(
 class LevelTerm:
     """A level the two sides of a comparison do not share (sessions, hosts: judge/levels.py):
     the variance it adds to the difference of their mean log-figures, its degrees of freedom,
-    and what to say of it ("session spread 0.8% (declared)")."""
+    and the spread it came from (said as "session spread 0.8% (declared 0.8%)")."""
 
     name: str
     var_log: float
     df: float
-    text: str
+    level: LevelSpread
     # var_log is the level's variance times this weight: sum over units of the difference of
     # the two sides' shares in it, squared (2 for one session against one other).
     weight: float = 1.0
@@ -208,7 +211,7 @@ class Comparison:
     ci_high: float
     spread_sd_log: float
     spread_df: float
-    spread_source: str
+    spread_source: SpreadSource | None
     se_log: float
     mdc: float
     verdict: VerdictKind
@@ -257,7 +260,9 @@ class Comparison:
                 value = value.value
             elif name == "levels":
                 value = [{"name": t.name, "var_log": t.var_log, "df": t.df if math.isfinite(t.df) else None,
-                          "weight": t.weight, "text": t.text} for t in value]
+                          "weight": t.weight, "level": t.level.to_dict()} for t in value]
+            elif name == "spread_source":
+                value = value.to_json() if value is not None else None
             elif name == "notes":
                 value = [n.to_json() for n in value]
             elif isinstance(value, float) and not math.isfinite(value):
@@ -279,8 +284,10 @@ class Comparison:
                 values[f.name] = VerdictKind(raw)
             elif f.name == "levels":
                 values[f.name] = tuple(LevelTerm(str(t["name"]), float(t["var_log"]),
-                                                 math.inf if t["df"] is None else float(t["df"]), str(t["text"]),
-                                                 float(t["weight"])) for t in raw)
+                                                 math.inf if t["df"] is None else float(t["df"]),
+                                                 LevelSpread.from_dict(t["level"]), float(t["weight"])) for t in raw)
+            elif f.name == "spread_source":
+                values[f.name] = SpreadSource.from_fields(raw) if raw else None
             elif f.name == "notes":
                 values[f.name] = tuple(notes_from_json(raw))
             elif f.type in ("float",) and raw is None:
@@ -328,7 +335,7 @@ def compare_boots(
         return Comparison(
             **common, median_current=_geomean(cur), median_reference=_geomean(ref), change=nan,
             bound_low=nan, bound_high=nan, ci_low=nan, ci_high=nan, spread_sd_log=nan, spread_df=nan,
-            spread_source="", se_log=nan, mdc=nan, verdict=VerdictKind.INSUFFICIENT_SAMPLES,
+            spread_source=None, se_log=nan, mdc=nan, verdict=VerdictKind.INSUFFICIENT_SAMPLES,
             notes=_insufficient_note(current, reference))
     spread = estimate_spread(cur, ref, prior_sd_log=math.log1p(prior_spread))
     mean_cur = sum(math.log(b.median) for b in cur) / len(cur)

@@ -16,11 +16,11 @@ from collections.abc import Iterable
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT
 from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
-from pytest_kimiperf.judge.levels import CanaryCheck
+from pytest_kimiperf.judge.levels import CanaryCheck, Level, Levels
 from pytest_kimiperf.judge.notes import (
     BootAsked, BootPlanned, BootsToDecide, DeclaredModes, FailedRequests, FloorNote, GoodputSlos, HistoryModes,
-    InvalidRun, LeftOut, Look, NeedsBoots, NoDecode, Note, Plan, Said, SloCheck, SoftFingerprint, TooFewSamples,
-    Unresolved,
+    InvalidRun, LeftOut, LevelSpread, Look, NeedsBoots, NoDecode, Note, Plan, Said, SloCheck, SoftFingerprint,
+    SpreadSource, TooFewSamples, Unresolved,
 )
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind, fmt_tolerance
 from pytest_kimiperf.judge.verdicts import (
@@ -52,6 +52,59 @@ def _(note: Said) -> str:
     return note.text
 
 
+# --- spreads ---------------------------------------------------------------------------------
+
+def source_text(source: SpreadSource | None) -> str:
+    """Where a spread came from: "declared 18%", "measured over 2 + 10 boots", ..."""
+    if source is None:
+        return ""
+    return say(source)
+
+
+def _pct(fraction: float | None, whole: bool) -> str:
+    return f"{fraction or 0.0:.0%}" if whole else fmt_spread(fraction)
+
+
+@say.register
+def _(note: SpreadSource) -> str:
+    how, unit = note.how, note.unit
+    if how == SpreadSource.MEASURED:
+        if note.sides is not None:
+            return f"measured over {note.sides[0]} + {note.sides[1]} boots"
+        if note.within:
+            return f"measured over {note.count} boots of {note.within} sessions"
+        return f"measured over {note.count} {unit}s"
+    if how == SpreadSource.DECLARED:
+        return f"declared {_pct(note.declared, note.whole)}"
+    if how == SpreadSource.POOLED:
+        return f"declared {_pct(note.declared, note.whole)} pooled with {note.df:g} df measured"
+    if how == SpreadSource.FLOOR:
+        return f"declared {fmt_spread(note.declared)}; {note.count} {unit}s measured {fmt_spread(note.measured)}"
+    if how == SpreadSource.SIDES:
+        return f"measured {_pct(note.measured, note.whole)} inside the sides"
+    return {"boot": "one boot per session", "session": "one session per host"}.get(unit, "one host")
+
+
+def level_spread_text(level: LevelSpread) -> str:
+    """``session spread 0.8% (declared 0.8%)``."""
+    return f"{level.name} spread {fmt_spread(level.spread)} ({say(level.source)})"
+
+
+def level_text(level: Level) -> str:
+    """A corpus level: ``1.1% (0.7-2.0%, 3 df)``, or ``n/a (one session per host)``."""
+    if not math.isfinite(level.sd_log):
+        return f"n/a ({say(level.source)})"
+    if math.isfinite(level.low) and math.isfinite(level.high):
+        return (f"{fmt_spread(math.expm1(level.sd_log))} ({math.expm1(level.low) * 100:.1f}-"
+                f"{math.expm1(level.high) * 100:.1f}%, {level.df:g} df)")
+    return f"{fmt_spread(math.expm1(level.sd_log))} ({say(level.source)})"
+
+
+def request_cv_text(levels: Levels) -> str:
+    """The median per-request CV inside a boot, as a percentage."""
+    return f"{levels.request_cv * 100:.1f}%" if math.isfinite(levels.request_cv) else "n/a"
+
+
 # --- a comparison ---------------------------------------------------------------------------
 
 def rests_on(c: Comparison) -> str:
@@ -60,10 +113,10 @@ def rests_on(c: Comparison) -> str:
     def side(boots: int, sessions: int, what: str) -> str:
         text = f"{boots} {what}boot{'s' * (boots != 1)}"
         return text + (f" of {sessions} session{'s' * (sessions != 1)}" if c.levels else "")
-    levels = "".join(f", {term.text}" for term in c.levels)
+    levels = "".join(f", {level_spread_text(term.level)}" for term in c.levels)
     return (f"{side(c.boots_current, c.sessions_current, '')} ({c.n_current} samples) vs "
             f"{side(c.boots_reference, c.sessions_reference, 'reference ')}; boot spread "
-            f"{fmt_spread(math.expm1(c.spread_sd_log))} ({c.spread_source}){levels}")
+            f"{fmt_spread(math.expm1(c.spread_sd_log))} ({source_text(c.spread_source)}){levels}")
 
 
 def comparison_note(c: Comparison) -> str:
@@ -117,6 +170,11 @@ def comparison_json(c: Comparison) -> dict[str, object]:
     for key, value in c.to_dict().items():
         if key == "notes":
             out["note"] = comparison_note(c)
+        elif key == "spread_source":
+            out[key] = source_text(c.spread_source)
+        elif key == "levels":
+            out[key] = [{"name": t.name, "var_log": t.var_log, "df": t.df if math.isfinite(t.df) else None,
+                         "weight": t.weight, "text": level_spread_text(t.level)} for t in c.levels]
         else:
             out[key] = value
     out["message"] = comparison_line(c)
@@ -167,7 +225,7 @@ def _(note: LeftOut) -> str:
 def _(note: Plan) -> str:
     goal = fmt_tolerance(note.goal)
     if note.boots is None and note.levels:
-        level = ", ".join(note.levels)
+        level = ", ".join(level_spread_text(ls) for ls in note.levels)
         if note.sessions is None:
             return (f"to resolve a {goal} change neither boots in this run nor up to {note.max_sessions} "
                     f"sessions of this profile are enough ({level}): it takes a wider tolerance")

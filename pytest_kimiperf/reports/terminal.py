@@ -19,7 +19,7 @@ from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_spread, fmt_value
 from pytest_kimiperf.reports.cells import figure_legend, fmt_range, range_names
 from pytest_kimiperf.reports.next_step import outcome_line
-from pytest_kimiperf.reports.sentences import rests_on
+from pytest_kimiperf.reports.sentences import rests_on, source_text
 from pytest_kimiperf.reports.model import (
     BaselineRow,
     MetricBlock,
@@ -222,7 +222,7 @@ def _baseline_section(report: SessionReport, *, verbose: bool) -> list[TerminalL
                 detail = (f"{'IQR' if row.figure.quantile is None else '90% CI of the ' + row.figure.name} "
                           f"{fmt_range(row.figure)}, {b.boots_current} boot(s) vs "
                           f"{b.boots_reference} baseline boots, boot spread "
-                          f"{fmt_spread(_spread(b.spread_sd_log))} ({b.spread_source}), "
+                          f"{fmt_spread(_spread(b.spread_sd_log))} ({source_text(b.spread_source)}), "
                           f"tolerance {b.tolerance * 100:g}%")
                 lines.extend(TerminalLine(" " * 6 + part) for part in
                              textwrap.wrap(detail, width=MAX_WIDTH - 6, subsequent_indent="  "))

@@ -14,7 +14,7 @@ from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.in_session import InSessionRules, SpawnModes, band_log, compare_in_session
 from pytest_kimiperf.judge.stats import VerdictKind, compare_boots
-from pytest_kimiperf.reports.sentences import comparison_line
+from pytest_kimiperf.reports.sentences import comparison_line, source_text
 
 HIGHER = Direction.HIGHER_IS_BETTER
 LOWER = Direction.LOWER_IS_BETTER
@@ -42,7 +42,7 @@ def test_the_slow_hosts_inert_ring_ll_gets_no_direction() -> None:
 
 def test_a_side_whose_boots_agree_never_shrinks_the_spread_below_the_declared() -> None:
     c = compare_in_session(boots(100.0, 100.0), boots(100.0, 100.0), direction=HIGHER, tolerance=0.25, rules=TINY)
-    assert c.spread_sd_log >= 0.18 / 1.18 - 1e-9 and "declared 18%" in c.spread_source
+    assert c.spread_sd_log >= 0.18 / 1.18 - 1e-9 and "declared 18%" in source_text(c.spread_source)
 
 
 def test_swapping_the_sides_mirrors_the_verdict() -> None:

@@ -17,7 +17,7 @@ from pytest_kimiperf.judge.levels import (
 )
 from pytest_kimiperf.judge.stats import VerdictKind, compare_boots
 from pytest_kimiperf.measure.canary import Canary, cpu_canary, host_identity
-from pytest_kimiperf.reports.sentences import canary_text, comparison_line, say
+from pytest_kimiperf.reports.sentences import canary_text, comparison_line, level_spread_text, level_text, say
 
 
 def boot(median: float, session: str = "", host: str = "h") -> BootSummary:
@@ -42,7 +42,7 @@ def test_nested_levels_recover_known_boot_session_and_host_spreads() -> None:
 
 def test_one_session_measures_no_session_level() -> None:
     levels = nested_levels({"h": {"s": [0.0, 0.01, -0.01]}})
-    assert math.isnan(levels.session.sd_log) and levels.session.text() == "n/a (one session per host)"
+    assert math.isnan(levels.session.sd_log) and level_text(levels.session) == "n/a (one session per host)"
     assert math.isnan(levels.host.sd_log)
 
 
@@ -52,7 +52,7 @@ def test_a_history_of_one_session_adds_the_declared_session_spread_twice() -> No
     terms = level_terms(current, history, spreads=Spreads(0.01, 0.02, 0.05))
     assert [t.name for t in terms] == ["session"]  # one host on both sides
     assert terms[0].var_log == pytest.approx(2 * math.log1p(0.02) ** 2)
-    assert terms[0].text == "session spread 2% (declared 2%)"
+    assert level_spread_text(terms[0].level) == "session spread 2% (declared 2%)"
 
 
 def test_two_profiles_interleaved_in_one_session_share_it_and_add_nothing() -> None:
@@ -82,7 +82,7 @@ def test_a_session_level_measured_larger_than_declared_widens_the_comparison() -
     history = [boot(100 * math.exp(e + rng.normal(0, 0.005)), f"s{i // 3}")
                for i, e in enumerate(np.repeat(rng.normal(0, 0.08, 4), 3))]
     level = history_level(history, "session", 0.01, boot_var=0.005 ** 2)
-    assert level.sd_log > math.log1p(0.03) and "measured over 4 sessions" in level.source
+    assert level.sd_log > math.log1p(0.03) and "measured over 4 sessions" == say(level.source)
 
 
 def test_the_verdict_says_what_it_rests_on_at_every_level() -> None:

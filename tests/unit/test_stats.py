@@ -17,6 +17,7 @@ from pytest_kimiperf.judge.stats import (
 )
 from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot
 from pytest_kimiperf.judge.floors import FloorStatus, floor_check
+from pytest_kimiperf.judge.notes import SpreadSource
 from pytest_kimiperf.judge.power import boots_needed, plan, wants_another_boot
 from pytest_kimiperf.reports.sentences import comparison_json, comparison_line, floor_line, say
 
@@ -129,9 +130,9 @@ def test_each_region_of_point_interval_and_tolerance_has_the_name_of_what_it_sho
 
 def test_the_prior_spread_rules_until_the_baseline_has_enough_boots() -> None:
     few = estimate_spread(boots(100), boots(100, 100.1), prior_sd_log=0.05)
-    assert few.sd_log > 0.03 and "declared" in few.source and few.df == pytest.approx(4)
+    assert few.sd_log > 0.03 and few.source.how == SpreadSource.POOLED and few.df == pytest.approx(4)
     many = estimate_spread(boots(100), boots(*[100, 100.1] * (ENOUGH_BOOTS // 2 + 1)), prior_sd_log=0.05)
-    assert many.sd_log < 0.01 and many.source.startswith("measured")
+    assert many.sd_log < 0.01 and say(many.source) == f"measured over 1 + {2 * (ENOUGH_BOOTS // 2 + 1)} boots"
 
 
 def test_the_spread_is_never_below_the_boots_own_error_of_the_median() -> None:
