@@ -108,6 +108,9 @@ class Noise:
     host_factor: float = 1.0
     history_boots: int | None = None  # the cell's own history length (else --history)
     label: str = ""
+    # The run is on another host than the history (a reboot counted as a new host, another
+    # runner): its boots carry another host id, though the host is as fast.
+    new_host: bool = False
 
 
 CANARY_NOISE = 0.03  # SD of a canary score between sessions of one host (corpus: see README)
@@ -172,6 +175,7 @@ class Rules:
     tolerance: float
     spreads: Spreads
     max_boots: int
+    boots: int = 1  # planned boots per run (the gate's --kimiperf-boots); more on demand up to max_boots
 
 
 def gate_run(world: World, history: tuple[list[list[BootSummary]], list[dict[str, float]]], *, change: float,
@@ -204,14 +208,15 @@ def gate_run(world: World, history: tuple[list[list[BootSummary]], list[dict[str
             comparisons = []
             for m in metrics:
                 offset = effects[m] + shift + world.noise.drift * when
-                measured[m].append(replace(summarize_boot(world.requests(offset)), session="current", host="current"
-                                           if world.noise.host_factor != 1.0 else "history"))
+                other_host = world.noise.host_factor != 1.0 or world.noise.new_host
+                measured[m].append(replace(summarize_boot(world.requests(offset)), session="current",
+                                           host="current" if other_host else "history"))
                 comparisons.append(compare_with_history(
                     measured[m], summaries[m], direction=Direction.HIGHER_IS_BETTER, tolerance=rules.tolerance,
                     spreads=rules.spreads, comparable=comparable))
             for m, c in zip(metrics, comparisons):
                 final[m] = c.verdict
-            if any(wants_another_boot(c) for c in comparisons):
+            if boots < rules.boots or any(wants_another_boot(c) for c in comparisons):
                 still_open.append(metrics)
         open_groups = still_open
     return [final[m] for m in range(world.metrics)], boots
@@ -314,6 +319,25 @@ def simulation_cells(args: argparse.Namespace) -> list[Noise]:
         Noise(0.015, 0.02, d, history_sessions=max(1, args.history // 2),
               label=f"boot 1.5%, indep.; history {max(1, args.history // 2)} sessions x 2 boots"),
     ]
+    return cells
+
+
+def shape_cells(args: argparse.Namespace) -> list[Noise]:
+    """Issue 34's cells: the history shapes users record (one session of 5 boots, three
+    recordings of 2, nightly single boots), each against a run of 2 planned boots of one
+    session (a third on demand), under boot, session and spawn-mode noise; and a run after a
+    reboot that the host identity counts as another host."""
+    d = args.drift
+    shapes = ((1, 5), (3, 2), (10, 1), (20, 1))
+    truths = (("boot 1%", 0.01, 0.0), ("boot 1%, session 1%", 0.01, 0.01), ("boot 1%, session 2%", 0.01, 0.02),
+              ("boot 1.5%, session 1%", 0.015, 0.01))
+    cells = [Noise(boot, 0.02, d, session_sd=session, history_sessions=k, history_boots=k * n,
+                   label=f"{name}; history {k} x {n}")
+             for name, boot, session in truths for k, n in shapes]
+    cells += [Noise(0.01, 0.02, d, slow_share=0.30, slow_drop=0.20, history_sessions=k, history_boots=k * n,
+                    label=f"30% of boots 20% slower; history {k} x {n}") for k, n in ((10, 2), (1, 5))]
+    cells += [Noise(0.01, 0.02, d, history_sessions=k, history_boots=k * n, new_host=True,
+                    label=f"boot 1%; history {k} x {n}, run on a new host id") for k, n in ((3, 2), (10, 1))]
     return cells
 
 
@@ -427,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drift", type=float, default=0.005, help="linear drift over a session (default 0.005)")
     parser.add_argument("--boot-sd", type=float, nargs="*", default=[0.01, 0.015])
     parser.add_argument("--cv", type=float, nargs="*", default=[0.02])
-    parser.add_argument("--cells", choices=("all", "none"), default="all", help="'none': the replay alone")
+    parser.add_argument("--cells", choices=("all", "shapes", "none"), default="all",
+                        help="'shapes': issue 34's history shapes (2 planned boots a run); 'none': the replay alone")
     parser.add_argument("--replay", action="store_true", help="also replay sessions of the noise corpus")
     parser.add_argument("--replay-trials", type=int, default=300)
     parser.add_argument("--corpus", type=Path, default=Path(__file__).parent / "data" / "noise")
@@ -442,6 +467,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     tables: dict[str, object] = {}
     rules = Rules(args.tolerance, Spreads(args.prior, args.session_prior, args.host_prior), args.max_boots)
+    if args.cells == "shapes":
+        shape_rules = replace(rules, boots=2)
+        cells = [run_cell(noise, trials=args.trials, history_boots=args.history, rules=shape_rules, seed=2000 + i)
+                 for i, noise in enumerate(shape_cells(args))]
+        tables["shapes"] = [asdict(c) for c in cells]
+        print_table(f"history shapes, 2 planned boots a run (up to {args.max_boots}); tolerance {args.tolerance:.0%}, "
+                    f"declared boot/session/host spread {args.prior:.1%}/{args.session_prior:.1%}/"
+                    f"{args.host_prior:.1%}, drift {args.drift:.1%}, {args.trials} sessions per cell", cells)
     if args.cells == "all":
         cells = [run_cell(noise, trials=args.trials, history_boots=args.history, rules=rules, seed=1000 + i)
                  for i, noise in enumerate(simulation_cells(args))]
