@@ -191,7 +191,7 @@ def _fingerprint_lines(config: pytest.Config) -> list[str]:
     run.fingerprint_shown = True
     view = run.baseline_view()
     return fingerprint_lines(run.fingerprint(), view.path, deployment=run.settings.deployment,
-                             span=view.span())
+                             span=view.span(), host=run.host())
 
 
 def _perf_run_requested(config: pytest.Config) -> bool:

@@ -49,6 +49,7 @@ class PerfSession:
     _hardware_problem: str | None = None
     _hardware_checked: bool = False
     _origin: BootOrigin | None = None
+    _host: dict[str, str] | None = None
     _previous_handlers: dict[int, Any] = field(default_factory=dict)
 
     # -- what the perf tests are judged against ---------------------------------------------
@@ -110,6 +111,14 @@ class PerfSession:
             self._hardware_problem = hardware_problem(self.settings.deployment, external=self.settings.external)
         return self._hardware_problem
 
+    def host(self) -> dict[str, str]:
+        """Which host this is, and on what basis (measure/canary.host_identity), read once."""
+        if self._host is None:
+            from pytest_kimiperf.measure.canary import host_identity
+
+            self._host = host_identity(self.settings.host_id)
+        return self._host
+
     def origin(self) -> BootOrigin:
         """This session's id, this host's id and its canary (judge/levels.py), taken once,
         before the first boot while the host is quiet. Under pytest-xdist every worker of the
@@ -120,12 +129,12 @@ class PerfSession:
             import uuid
 
             from pytest_kimiperf.judge.levels import BootOrigin
-            from pytest_kimiperf.measure.canary import host_canary, host_identity
+            from pytest_kimiperf.measure.canary import host_canary
 
             session = os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
             canary = {} if self.settings.external else dict(
                 host_canary(gpus=self.settings.deployment.needs_gpus).scores)
-            self._origin = BootOrigin(session=session[:12], host=host_identity()["host"], canary=canary)
+            self._origin = BootOrigin(session=session[:12], host=self.host()["host"], canary=canary)
         return self._origin
 
     def listing(self) -> list[str]:

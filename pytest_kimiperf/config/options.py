@@ -123,6 +123,10 @@ OPTIONS = (
             "(seeded by --kimiperf-boot-seed)", "interleaved"),
     Option("boot_seed", "--kimiperf-boot-seed", "kimiperf_boot_seed",
             "seed of --kimiperf-boot-order random (default 0)", "0"),
+    Option("host_id", "--kimiperf-host-id", "kimiperf_host_id",
+            "the name of the machine this run measures on, kept across reboots (a runner's name): boots "
+            "of one host id are sessions of one host (default: the machine id and DMI product UUID, or "
+            "the machine id and kernel boot id where the UUID cannot be read)", env="KIMIPERF_HOST_ID"),
     Option("gate", "--kimiperf-gate", "kimiperf_gate",
             "gate mode, for CI: a perf test without a baseline for this hardware fails, and so does a "
             "change beyond the tolerance without a verdict (as --perf-strict); the header says what fails",

@@ -9,6 +9,7 @@ defined by users come from ``[tool.kimiperf]`` in the rootdir's ``pyproject.toml
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 import os
@@ -69,6 +70,8 @@ class Settings:
     max_boots_from: str = "the deployment's max_boots"
     boot_order: str = "interleaved"
     boot_seed: int = 0
+    # --kimiperf-host-id: this machine's declared name (None: measure/canary.host_identity's own).
+    host_id: str | None = None
     # What a perf test without a baseline for this hardware does: warn, or fail (a CI gate).
     missing_baseline: str = "warn"
     # --kimiperf-gate: missing baselines and changes beyond the tolerance without a verdict fail.
@@ -237,6 +240,7 @@ def build_settings(
         max_boots_from=max_boots_from,
         boot_order=boot_order,
         boot_seed=boot_seed,
+        host_id=_host_id(options.get("host_id", RawOption(None, "default"))),
         missing_baseline=missing_baseline,
         gate=gate,
         record_command=str(options.get("record_command", RawOption(None, "default")).value or "").strip() or None,
@@ -244,6 +248,20 @@ def build_settings(
         perf_export_detailed=export_detailed,
         command_plans=command_plans,
     )
+
+
+HOST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
+
+
+def _host_id(opt: RawOption) -> str | None:
+    """A declared host id: a name such as a runner's (letters, digits and ``._:@-``)."""
+    if opt.value is None or str(opt.value).strip() == "":
+        return None
+    value = str(opt.value).strip()
+    if not HOST_ID.fullmatch(value):
+        raise ConfigError(f"host id {value!r} (from {opt.source}): use 1-128 letters, digits and '._:@-', "
+                          "starting with a letter or digit, such as the runner's name 'gpu-runner-1'")
+    return value
 
 
 def _flag(opt: RawOption, what: str) -> bool:

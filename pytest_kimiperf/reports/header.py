@@ -100,13 +100,26 @@ def declarations_line(dep: Deployment) -> str:
 
 
 def fingerprint_lines(fingerprint: Fingerprint, baseline_file: Path, *, deployment: Deployment | None = None,
-                      span: HistorySpan | None = None) -> list[str]:
-    """The hardware and software the run measures on, the baseline file that selects, and (with
-    ``deployment``) the spreads in force over the history that file holds (``span``)."""
+                      span: HistorySpan | None = None, host: Mapping[str, str] | None = None) -> list[str]:
+    """The hardware and software the run measures on, the baseline file that selects, (with
+    ``deployment``) the spreads in force over the history that file holds (``span``), and which
+    host this is (``host``: measure/canary.host_identity)."""
     lines = [*describe(fingerprint), f"kimiperf: baseline file {baseline_file}"]
     if deployment is not None:
         lines.append(spreads_line(deployment, span))
+    if host is not None:
+        lines.append(host_line(host))
     return lines
+
+
+def host_line(host: Mapping[str, str]) -> str:
+    """This host's id and what it is made of: a boot id in it makes every reboot another host."""
+    basis = host.get("basis", "")
+    line = f"kimiperf: host id {host.get('host', '?')} ({basis})"
+    if basis == "machine-id+boot-id":
+        line += ("; the DMI product UUID is not readable, so a reboot counts as another host (each run then "
+                 "adds the host spread): name the machine with --kimiperf-host-id (a runner's name) to keep one")
+    return line
 
 
 def spreads_line(dep: Deployment, span: HistorySpan | None) -> str:
