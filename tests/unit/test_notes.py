@@ -1,0 +1,68 @@
+"""Every note the gate can return crosses xdist as JSON and has its sentence (reports/sentences.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from pytest_kimiperf.config.metric_specs import Direction
+from pytest_kimiperf.judge import notes
+from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.floors import floor_check
+from pytest_kimiperf.judge.levels import CanaryCheck
+from pytest_kimiperf.judge.stats import compare_boots
+from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, EnvDiff, MissingBaselines, VerdictNote
+from pytest_kimiperf.reports.sentences import say
+
+
+def _boots(*medians: float, session: str = "s") -> list[BootSummary]:
+    return [BootSummary(median=m, n=20, se_log=0.002, session=session, host="h") for m in medians]
+
+
+COMPARISON = compare_boots(_boots(90, 91), _boots(100, 101, 99, 100, 100, session="old"),
+                           direction=Direction.HIGHER_IS_BETTER, tolerance=0.03, prior_spread=0.01,
+                           metric="decode", unit="tok/s")
+SPREAD = notes.SpreadSource(notes.SpreadSource.FLOOR, "session", declared=0.01, measured=0.004, count=3)
+LOOK = notes.Look("decode", -0.2, 1, 0.05)
+LINE = BaselineLine(BaselineState.JUDGED, "decode tok/s", COMPARISON, canary=CanaryCheck({"copy_gbs": -0.4}, True),
+                    env=EnvDiff({"NCCL_PROTO": "LL"}, (), {}, ()),
+                    left_out=notes.LeftOut(2, (notes.NoDecode(),)))
+
+EVERY_KIND = [
+    notes.Said("a line"), notes.NeedsBoots(2), notes.TooFewSamples(300, 8, tail=True),
+    notes.HistoryModes(7, 80.0, 3, 100.0), notes.DeclaredModes(0.5, 0.3), notes.BootsToDecide(None, 8, False),
+    notes.LeftOut(1, (notes.InvalidRun("busy host"),)), notes.InvalidRun("busy host"),
+    notes.FailedRequests(2, 10, (("HTTP 500", 2),), 0.1), notes.GoodputSlos((("tpot_ms", 5.0),)),
+    notes.SloCheck("p99_itl_ms", "p99 ITL", 50.0, "ms", True, notes.SloCheck.MISSED, 61.0, 20, 3),
+    notes.FloorNote(floor_check(30.0, 40.0, 50.0, "tok/s", "decode")), notes.NoDecode(), notes.BootPlanned(1, 3),
+    notes.BootAsked("default", 2, (LOOK,)), notes.Unresolved((LOOK,), "remote", 2),
+    notes.SoftFingerprint(("kernel: 6.8 -> 6.9",)), SPREAD,
+    notes.Plan(0.06, 0.01, 5, sessions=4, levels=(notes.LevelSpread("session", 0.01, SPREAD),)),
+    LINE, VerdictNote(COMPARISON, notes.Plan(0.06, 0.01, 5, boots=4)), MissingBaselines((LINE,)),
+]
+
+
+def test_the_list_holds_every_registered_kind() -> None:
+    assert {type(n).kind for n in EVERY_KIND} == set(notes._KINDS)
+
+
+@pytest.mark.parametrize("note", EVERY_KIND, ids=lambda n: type(n).kind)
+def test_a_note_crosses_json_whole_and_is_said_the_same_on_both_sides(note: notes.Note) -> None:
+    wire = json.loads(json.dumps(note.to_json(), allow_nan=False))
+    back = notes.note_from_json(wire)
+    assert type(back) is type(note)
+    assert say(back) == say(note) and say(note).strip()
+
+
+def test_a_comparison_keeps_its_notes_across_json() -> None:
+    noted = COMPARISON.with_notes(notes.NeedsBoots(2))
+    back = type(COMPARISON).from_dict(json.loads(json.dumps(noted.to_dict(), allow_nan=False)))
+    assert back.notes == (notes.NeedsBoots(2),) and back.verdict is noted.verdict
+    assert math.isclose(back.change, noted.change) and back.spread_source == noted.spread_source
+
+
+def test_an_unknown_kind_is_named() -> None:
+    with pytest.raises(ValueError, match="unknown note kind 'nope'; known: .*baseline"):
+        notes.note_from_json({"kind": "nope"})
