@@ -438,6 +438,15 @@ def replay(args: argparse.Namespace) -> dict[str, object]:
     return out
 
 
+def run_table(noises: list[Noise], args: argparse.Namespace, rules: Rules, *, seed: int,
+              title: str) -> list[dict[str, object]]:
+    """Run each cell (seeded ``seed`` + its index), print the table, return it as JSON rows."""
+    cells = [run_cell(noise, trials=args.trials, history_boots=args.history, rules=rules, seed=seed + i)
+             for i, noise in enumerate(noises)]
+    print_table(title, cells)
+    return [asdict(c) for c in cells]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the tables (and write them as JSON with --json)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -467,21 +476,17 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     tables: dict[str, object] = {}
     rules = Rules(args.tolerance, Spreads(args.prior, args.session_prior, args.host_prior), args.max_boots)
+    spreads = (f"declared boot/session/host spread {args.prior:.1%}/{args.session_prior:.1%}/{args.host_prior:.1%}, "
+               f"drift {args.drift:.1%}, {args.trials} sessions per cell")
     if args.cells == "shapes":
-        shape_rules = replace(rules, boots=2)
-        cells = [run_cell(noise, trials=args.trials, history_boots=args.history, rules=shape_rules, seed=2000 + i)
-                 for i, noise in enumerate(shape_cells(args))]
-        tables["shapes"] = [asdict(c) for c in cells]
-        print_table(f"history shapes, 2 planned boots a run (up to {args.max_boots}); tolerance {args.tolerance:.0%}, "
-                    f"declared boot/session/host spread {args.prior:.1%}/{args.session_prior:.1%}/"
-                    f"{args.host_prior:.1%}, drift {args.drift:.1%}, {args.trials} sessions per cell", cells)
+        tables["shapes"] = run_table(
+            shape_cells(args), args, replace(rules, boots=2), seed=2000,
+            title=f"history shapes, 2 planned boots a run (up to {args.max_boots}); tolerance {args.tolerance:.0%}, {spreads}")
     if args.cells == "all":
-        cells = [run_cell(noise, trials=args.trials, history_boots=args.history, rules=rules, seed=1000 + i)
-                 for i, noise in enumerate(simulation_cells(args))]
-        tables["simulation"] = [asdict(c) for c in cells]
-        print_table(f"simulation, boots on demand (up to {args.max_boots}); tolerance {args.tolerance:.0%}, history "
-                    f"{args.history} boots, declared boot/session/host spread {args.prior:.1%}/{args.session_prior:.1%}/"
-                    f"{args.host_prior:.1%}, drift {args.drift:.1%}, {args.trials} sessions per cell", cells)
+        tables["simulation"] = run_table(
+            simulation_cells(args), args, rules, seed=1000,
+            title=f"simulation, boots on demand (up to {args.max_boots}); tolerance {args.tolerance:.0%}, history "
+                  f"{args.history} boots, {spreads}")
     if args.replay:
         tables["replay"] = replay(args)
     if args.profiles:
