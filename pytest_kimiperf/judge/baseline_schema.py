@@ -51,7 +51,7 @@ class BaselineBoot:
         return BootSummary(median=self.median, n=self.n,
                            se_log=math.nan if self.se_log is None else self.se_log, label=self.recorded_at,
                            session=self.origin.session if self.origin else "",
-                           host=self.origin.host if self.origin else "")
+                           host=self.origin.host if self.origin else "", commit=self.git_commit or "")
 
     def to_json(self) -> dict[str, Any]:
         """The boot as stored in the file (``origin`` only where known: older files stay as they were)."""

@@ -50,6 +50,8 @@ class BootSummary:
     # before they were stored counts as one unknown session and host).
     session: str = ""
     host: str = ""
+    # The commit a stored boot was recorded at ("" when not known): where a history stepped.
+    commit: str = ""
 
     @property
     def needed(self) -> int:
@@ -66,7 +68,7 @@ class BootSummary:
         """JSON-ready fields (NaN as None)."""
         return {"median": self.median, "n": self.n,
                 "se_log": None if not math.isfinite(self.se_log) else self.se_log, "label": self.label,
-                "min_n": self.min_n, "session": self.session, "host": self.host}
+                "min_n": self.min_n, "session": self.session, "host": self.host, "commit": self.commit}
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> "BootSummary":
@@ -75,7 +77,8 @@ class BootSummary:
         return cls(median=float(data["median"]), n=int(data["n"]),  # type: ignore[arg-type]
                    se_log=math.nan if se is None else float(se), label=str(data.get("label") or ""),  # type: ignore[arg-type]
                    min_n=int(data.get("min_n") or 0),  # type: ignore[arg-type]
-                   session=str(data.get("session") or ""), host=str(data.get("host") or ""))
+                   session=str(data.get("session") or ""), host=str(data.get("host") or ""),
+                   commit=str(data.get("commit") or ""))
 
 
 def summarize_boot(samples: Samples, label: str = "") -> BootSummary:

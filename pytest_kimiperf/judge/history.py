@@ -1,7 +1,8 @@
 """A run's boots against a baseline history: the one comparison the gate and the simulation make.
 
 :func:`compare_with_history` takes plain boots (a history of :class:`BootSummary` with their
-sessions and hosts) and returns the comparison: spawn modes first (``modes``), then the levels
+sessions and hosts, oldest first) and returns the comparison: the history's last segment when
+it stepped (``changepoints``), spawn modes (``modes``), then the levels
 the two sides do not share (``levels``), then the boots (``stats``). :func:`against_history`
 adds what only a stored entry knows: whether the host canary moved and whether the profile's
 environment is the one recorded. ``gate.judge`` decides what the comparison means for the test.
@@ -15,8 +16,10 @@ from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.baseline_schema import BaselineEntry
 from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.changepoints import find_steps, last_segment
 from pytest_kimiperf.judge.levels import canary_shift, level_terms
 from pytest_kimiperf.judge.modes import align_modes, find_modes
+from pytest_kimiperf.judge.notes import HistorySteps
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, EnvDiff, MetricResult
 from pytest_kimiperf.judge.stats import Comparison, compare_boots
 
@@ -24,11 +27,17 @@ from pytest_kimiperf.judge.stats import Comparison, compare_boots
 def compare_with_history(
     current: Sequence[BootSummary], history: Sequence[BootSummary], *, direction: Direction,
     tolerance: float, spreads: Spreads, metric: str = "", unit: str = "", comparable: bool = True,
+    segment: bool = True,
 ) -> Comparison:
     """This run's boots of one metric against a baseline history: the one comparison the gate
     and benchmarks/gate_power.py both make. Modes first (a history whose boots fall into two
-    clusters is judged per mode, levels.align_modes), then every level the two sides do not
-    share (levels.level_terms), then the boots (stats.compare_boots)."""
+    clusters is judged per mode, levels.align_modes) within the history's last segment when it
+    stepped (changepoints.find_steps), then every level the two sides do not
+    share (levels.level_terms), then the boots (stats.compare_boots). ``segment=False`` judges
+    a stepped history as one pool (benchmarks/gate_power.py measures what segmenting buys)."""
+    steps = find_steps(history, spreads=spreads) if segment else []
+    if steps:
+        history = last_segment(history, steps)
     modes = find_modes(history)
     if modes is not None:
         current, history = align_modes(current, modes)
@@ -37,6 +46,8 @@ def compare_with_history(
         metric=metric, unit=unit, comparable=comparable,
         levels=level_terms(current, history, spreads=spreads),
     )
+    if steps:
+        comparison = comparison.with_notes(HistorySteps(tuple(steps), len(history)))
     return comparison.with_notes(modes.note()) if modes is not None else comparison
 
 

@@ -240,7 +240,7 @@ class BootOrigin:
                    canary={str(k): float(v) for k, v in (data.get("canary") or {}).items()})
 
 
-def _weights_sq(current: Sequence[BootSummary], reference: Sequence[BootSummary], unit: str) -> float:
+def weights_sq(current: Sequence[BootSummary], reference: Sequence[BootSummary], unit: str) -> float:
     """sum over units u of (share of current boots in u - share of reference boots in u)^2: the
     factor by which a level's variance enters the difference of the two sides' means. 0 when
     the sides share their units alike (two profiles interleaved in one session), 2 for one
@@ -307,7 +307,7 @@ def level_terms(current: Sequence[BootSummary], reference: Sequence[BootSummary]
     terms = []
     boot_var = estimate_spread(cur, ref, prior_sd_log=math.log1p(spreads.boot)).sd_log ** 2
     for name, declared in spreads.above_boot():
-        weight = _weights_sq(cur, ref, name)
+        weight = weights_sq(cur, ref, name)
         if weight <= 1e-12:
             continue
         level = history_level(ref, name, declared, boot_var=boot_var)

@@ -195,6 +195,32 @@ class HistoryModes(Note):
     high_center: float
 
 
+@note_kind("history-step")
+@dataclass(frozen=True)
+class HistoryStep(Note):
+    """The history's level moved and stayed (judge/changepoints.py): ``change`` is the fraction
+    between the means of the boots either side; ``before``/``after`` the recording times (and
+    commits) of the last boot before the step and the first after it."""
+
+    change: float
+    z: float
+    boots_before: int
+    boots_after: int
+    before: str
+    before_commit: str
+    after: str
+    after_commit: str
+
+
+@note_kind("history-steps")
+@dataclass(frozen=True)
+class HistorySteps(Note):
+    """The history stepped; the run was judged against the ``judged_boots`` boots since the last step."""
+
+    steps: tuple[HistoryStep, ...]
+    judged_boots: int
+
+
 @note_kind("declared-modes")
 @dataclass(frozen=True)
 class DeclaredModes(Note):

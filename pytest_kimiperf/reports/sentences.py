@@ -19,7 +19,7 @@ from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
 from pytest_kimiperf.judge.levels import CanaryCheck, Level, Levels
 from pytest_kimiperf.judge.notes import (
     BootAsked, BootPlanned, BootsToDecide, DeclaredModes, FailedRequests, FloorNote, GoodputSlos, HistoryModes,
-    InvalidRun, LeftOut, LevelSpread, Look, NeedsBoots, NoDecode, Note, Plan, Said, SloCheck, SoftFingerprint,
+    HistoryStep, HistorySteps, InvalidRun, LeftOut, LevelSpread, Look, NeedsBoots, NoDecode, Note, Plan, Said, SloCheck, SoftFingerprint,
     SpreadSource, TooFewSamples, Unresolved,
 )
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind, fmt_tolerance
@@ -165,7 +165,7 @@ def comparison_line(c: Comparison, *, label: bool = True) -> str:
 
 def comparison_json(c: Comparison) -> dict[str, object]:
     """A comparison as the JSON report holds it: its fields, its notes as one ``note`` line,
-    and its ``message``."""
+    the history's ``steps`` it was judged after, and its ``message``."""
     out: dict[str, object] = {}
     for key, value in c.to_dict().items():
         if key == "notes":
@@ -177,8 +177,14 @@ def comparison_json(c: Comparison) -> dict[str, object]:
                          "weight": t.weight, "text": level_spread_text(t.level)} for t in c.levels]
         else:
             out[key] = value
+    out["steps"] = steps_json(step for note in c.notes if isinstance(note, HistorySteps) for step in note.steps)
     out["message"] = comparison_line(c)
     return out
+
+
+def steps_json(steps: Iterable[HistoryStep]) -> list[dict[str, object]]:
+    """A history's steps as the JSON report and ``history_steps --json`` hold them."""
+    return [{k: v for k, v in step.to_json().items() if k != "kind"} for step in steps]
 
 
 @say.register
@@ -199,6 +205,25 @@ def _(note: HistoryModes) -> str:
     return (f"the history holds 2 modes {apart:.0f}% apart ({note.low_boots} boots at "
             f"{note.low_center:.4g}, {note.high_boots} at {note.high_center:.4g}): "
             "each boot judged against its nearest mode, so a change of about that size is not seen")
+
+
+def _when(at: str, commit: str) -> str:
+    """A stored boot as a reader finds it: its recording time to the minute, and its commit."""
+    when = at.replace("T", " ")[:16] if at else "an unknown time"
+    return f"{when} ({commit[:10]})" if commit else when
+
+
+@say.register
+def _(note: HistoryStep) -> str:
+    return (f"stepped {note.change * 100:+.1f}% between {_when(note.before, note.before_commit)} and "
+            f"{_when(note.after, note.after_commit)} ({note.boots_before} boots before, {note.boots_after} after)")
+
+
+@say.register
+def _(note: HistorySteps) -> str:
+    steps = "; ".join(say(step) for step in note.steps)
+    return (f"the history {steps}: judged against the {note.judged_boots} "
+            f"boot{'s' * (note.judged_boots != 1)} since the last step")
 
 
 @say.register

@@ -32,7 +32,9 @@ LINE = BaselineLine(BaselineState.JUDGED, "decode tok/s", COMPARISON, canary=Can
 
 EVERY_KIND = [
     notes.Said("a line"), notes.NeedsBoots(2), notes.TooFewSamples(300, 8, tail=True),
-    notes.HistoryModes(7, 80.0, 3, 100.0), notes.DeclaredModes(0.5, 0.3), notes.BootsToDecide(None, 8, False),
+    notes.HistoryModes(7, 80.0, 3, 100.0),
+    notes.HistoryStep(-0.041, 5.2, 6, 4, "2026-11-02T10:00:00+00:00", "abc1234", "2026-11-05T10:00:00+00:00", ""),
+    notes.HistorySteps((notes.HistoryStep(0.05, 4.0, 3, 3, "a", "", "b", "c"),), 3), notes.DeclaredModes(0.5, 0.3), notes.BootsToDecide(None, 8, False),
     notes.LeftOut(1, (notes.InvalidRun("busy host"),)), notes.InvalidRun("busy host"),
     notes.FailedRequests(2, 10, (("HTTP 500", 2),), 0.1), notes.GoodputSlos((("tpot_ms", 5.0),)),
     notes.SloCheck("p99_itl_ms", "p99 ITL", 50.0, "ms", True, notes.SloCheck.MISSED, 61.0, 20, 3),

@@ -1,0 +1,216 @@
+"""Steps in a metric's boot history: where its level moved and stayed, and the segment a run is judged against.
+
+A baseline history grows over weeks (``--update-baselines``, the fleet's merged recordings), and
+the hardware, driver or a landed change can move it for good: a history that stepped -4% judged
+as one pool is a wide spread around a centre no current build has, which hides a regression of
+the current build and, after a step up, calls an unchanged build a regression.
+
+The method: **binary segmentation of the boots' log-figures with a test that knows the noise
+levels**, the boot as the unit. A step can only fall between two sessions (a build, a driver or
+a machine changes between recordings, not inside one), with at least :data:`MIN_SEGMENT`
+sessions each side: one session's offset is the session level, and a step that one session
+shows alone is indistinguishable from it. Each candidate split of a segment is scored by the difference of the two sides' mean log-figures over its
+standard error under the nested model the gate uses (levels.py): the boot level with weight
+1/n1 + 1/n2, and each level above it (session, host) with the weight its units give it, the
+same factor ``levels.weights_sq`` gives a run against a history. The best split is a step when
+its two-sided p-value, Bonferroni-corrected over the segment's candidate splits, is below
+:data:`STEP_ALPHA`; then each side is searched again.
+
+The noise is never taken smaller than the deployment declares, and raised where the history
+shows more: the boot level from successive boots of one session, the level above it from
+successive boots of different sessions (both by the median absolute difference, so a step or
+an outlier among them barely moves them). Spawn modes interleaved in time are not steps: the
+history is first aligned to its modes (modes.py) unless the two clusters are contiguous in time,
+which is a step and judged as one.
+
+Why not the others (issue 34): E-divisive means (Apache Otava/Hunter, MongoDB) is a permutation
+test that assumes exchangeable points: boots of one session are not (they share the session's
+effect), so a session's offset would read as a step. Hunter's Student-t windows are the same
+test as ours with a sample variance of a few boots in place of the known levels. asv's penalized
+step fit needs a penalty tuned per series. With 20 boots at most (baselines.HISTORY_BOOTS) an
+exact search would cost nothing, but binary segmentation with a known-variance test keeps the
+false-step rate a stated number: benchmarks/gate_power.py --cells steps measures it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from statistics import NormalDist
+
+import numpy as np
+
+from pytest_kimiperf.config.deployments import Spreads
+from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.levels import nested_levels, weights_sq
+from pytest_kimiperf.judge.modes import Modes, find_modes
+from pytest_kimiperf.judge.notes import HistoryStep, HistorySteps
+from pytest_kimiperf.judge.stats import t_quantile
+
+# Each side of a step holds at least this many sessions: one session after a step is an offset
+# of that session as much as a new level, and the gate judges a single slow session itself.
+MIN_SEGMENT = 2
+# The chance, per metric history without a step, that one is reported (Bonferroni over the
+# candidate splits of each segment searched). Apache Otava documents its p-value threshold of
+# 0.01 as about 1% false positives; ours is the same budget per metric.
+STEP_ALPHA = 0.01
+# 1.4826 * MAD estimates an SD robustly; a difference of two boots has sqrt(2) times a boot's SD.
+_MAD_TO_SD = 1.4826
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The SD (log scale) of each level the step test charges: the boot, and above it."""
+
+    boot: float
+    session: float
+    host: float
+
+
+def history_noise(history: Sequence[BootSummary], spreads: Spreads) -> Noise:
+    """The levels' SDs for the step test: the declared spreads, raised to what successive boots
+    of the history show (within a session: the boot level; across sessions: boot and session
+    together)."""
+    boot = math.log1p(spreads.boot)
+    session = math.log1p(spreads.session)
+    logs = [math.log(b.median) for b in history]
+    within = [abs(logs[i + 1] - logs[i]) for i in range(len(logs) - 1)
+              if history[i].session == history[i + 1].session]
+    across = [abs(logs[i + 1] - logs[i]) for i in range(len(logs) - 1)
+              if history[i].session != history[i + 1].session and history[i].host == history[i + 1].host]
+    # Three differences at least before a measured spread raises a declared one.
+    if len(within) >= 3:
+        boot = max(boot, _MAD_TO_SD * float(np.median(within)) / math.sqrt(2))
+    own = [b.se_log for b in history if math.isfinite(b.se_log)]
+    if own:
+        boot = max(boot, float(np.median(own)))
+    if len(across) >= 3:
+        total = _MAD_TO_SD * float(np.median(across)) / math.sqrt(2)
+        session = max(session, math.sqrt(max(total ** 2 - boot ** 2, 0.0)))
+    return Noise(boot, session, math.log1p(spreads.host))
+
+
+def _split_z(left: Sequence[BootSummary], right: Sequence[BootSummary], noise: Noise) -> tuple[float, float]:
+    """(difference of mean log-figures right - left, its z score) under the nested levels."""
+    mean_l = sum(math.log(b.median) for b in left) / len(left)
+    mean_r = sum(math.log(b.median) for b in right) / len(right)
+    var = noise.boot ** 2 * (1 / len(left) + 1 / len(right))
+    var += noise.session ** 2 * weights_sq(right, left, "session")
+    var += noise.host ** 2 * weights_sq(right, left, "host")
+    diff = mean_r - mean_l
+    return diff, (abs(diff) / math.sqrt(var) if var > 0 else math.inf if diff else 0.0)
+
+
+def _threshold(candidates: int, alpha: float, df: float) -> float:
+    """The two-sided quantile at ``alpha`` Bonferroni-corrected over ``candidates`` splits (normal
+    for known spreads, Student t at ``df`` for a measured one)."""
+    p = 1.0 - alpha / (2 * candidates)
+    return NormalDist().inv_cdf(p) if math.isinf(df) else t_quantile(p, df)
+
+
+def _session_key(b: BootSummary, index: int) -> str:
+    """The boot's session; a boot of an unknown session (recorded before sessions were stored) is its own."""
+    return b.session or f"#{index}"
+
+
+def _splits(boots: Sequence[BootSummary], keys: Sequence[str]) -> list[int]:
+    """The candidate steps: between two sessions (a build or a machine changes between
+    sessions, not inside one), with at least :data:`MIN_SEGMENT` sessions on each side (one
+    session's offset is the session level, not a step)."""
+    return [k for k in range(1, len(boots)) if keys[k - 1] != keys[k]
+            and len(set(keys[:k])) >= MIN_SEGMENT and len(set(keys[k:])) >= MIN_SEGMENT]
+
+
+def _segment(boots: Sequence[BootSummary], keys: Sequence[str], start: int, noise: Noise,
+             alpha: float) -> list[tuple[int, float, float]]:
+    """(index of the first boot after each step, change in log, z) within ``boots``, a segment
+    that starts at ``start`` in the history."""
+    splits = _splits(boots, keys)
+    if not splits:
+        return []
+    scored = [(_split_z(boots[:k], boots[k:], noise), k) for k in splits]
+    (diff, z), k = max(scored, key=lambda s: (s[0][1], -s[1]))
+    if z < _threshold(len(splits), alpha, math.inf):
+        return []
+    # Confirmed against the noise left around the two segments' means, where it is more than
+    # declared: a session spread declared too small must not make its sessions steps.
+    wider, df = _residual_noise(boots[:k], boots[k:], noise)
+    diff, z = _split_z(boots[:k], boots[k:], wider)
+    if z < _threshold(len(splits), alpha, df):
+        return []
+    return (_segment(boots[:k], keys[:k], start, noise, alpha) + [(start + k, diff, z)]
+            + _segment(boots[k:], keys[k:], start + k, noise, alpha))
+
+
+def _residual_noise(left: Sequence[BootSummary], right: Sequence[BootSummary], noise: Noise) -> tuple[Noise, float]:
+    """``noise`` raised to the boot and session spreads measured on the boots' residuals
+    around their segments' means, and the degrees of freedom of the measured spread that
+    raised it (infinite when none did)."""
+    groups: dict[str, dict[str, list[float]]] = {}
+    for side in (left, right):
+        mean = _mean_log(side)
+        for b in side:
+            groups.setdefault(b.host, {}).setdefault(b.session, []).append(math.log(b.median) - mean)
+    found = nested_levels(groups, boot_var=noise.boot ** 2)
+    boot, session, df = noise.boot, noise.session, math.inf
+    # Two means were fitted: the residuals' degrees of freedom are one fewer than nested_levels counts.
+    if found.session.df > 1 and math.isfinite(found.session.sd_log):
+        scale = math.sqrt(found.session.df / (found.session.df - 1))
+        if found.session.sd_log * scale > session:
+            session, df = found.session.sd_log * scale, found.session.df - 1
+    if found.boot.df > 1 and math.isfinite(found.boot.sd_log) and found.boot.sd_log > boot:
+        boot, df = found.boot.sd_log, min(df, found.boot.df)
+    return Noise(boot, session, noise.host), df
+
+
+def _contiguous(history: Sequence[BootSummary], modes: Modes) -> bool:
+    """Whether the modes' boots follow each other in time (all of one, then all of the other): a step."""
+    low = {id(b) for b in modes.low}
+    marks = [id(b) in low for b in history if b.usable]
+    changes = sum(1 for i in range(len(marks) - 1) if marks[i] != marks[i + 1])
+    return changes <= 1
+
+
+def find_steps(history: Sequence[BootSummary], *, spreads: Spreads, alpha: float = STEP_ALPHA) -> list[HistoryStep]:
+    """The steps in ``history`` (oldest boot first), oldest step first: each with the boots
+    either side of it (label and commit) and the change of the level, a fraction."""
+    boots = [b for b in history if b.usable]
+    if len(boots) < 2 * MIN_SEGMENT:
+        return []
+    modes = find_modes(boots)
+    series = boots
+    if modes is not None and not _contiguous(boots, modes):
+        low = {id(b) for b in modes.low}
+        main = modes.main_center
+        series = [_moved(b, main - (modes.low_center if id(b) in low else modes.high_center)) for b in boots]
+    noise = history_noise(series, spreads)
+    found = _segment(series, [_session_key(b, i) for i, b in enumerate(series)], 0, noise, alpha)
+    steps = []
+    for index, _, z in found:
+        # The change is the level's, between the neighbouring segments' means.
+        bounds = [0] + [i for i, _, _ in found] + [len(series)]
+        at = bounds.index(index)
+        before, after = series[bounds[at - 1]:index], series[index:bounds[at + 1]]
+        change = math.expm1(_mean_log(after) - _mean_log(before))
+        last, first = boots[index - 1], boots[index]
+        steps.append(HistoryStep(change=change, z=z, boots_before=len(before), boots_after=len(after),
+                                 before=last.label, before_commit=last.commit, after=first.label,
+                                 after_commit=first.commit))
+    return steps
+
+
+def last_segment(history: Sequence[BootSummary], steps: Sequence[HistoryStep]) -> list[BootSummary]:
+    """The usable boots of ``history`` since its last step (all of them when it has none)."""
+    boots = [b for b in history if b.usable]
+    if not steps:
+        return boots
+    return boots[len(boots) - steps[-1].boots_after:]
+
+
+def _mean_log(boots: Sequence[BootSummary]) -> float:
+    return sum(math.log(b.median) for b in boots) / len(boots)
+
+
+def _moved(b: BootSummary, by_log: float) -> BootSummary:
+    return replace(b, median=b.median * math.exp(by_log))
