@@ -6,7 +6,8 @@ median hides; and for each profile, the inter-token latency of every token gap i
 run produced them, which shows stalls and drift over the run.
 
 Where the run was judged against a baseline, one more per gated metric and profile: this run's
-samples beside the baseline entry's latest samples, with the verdict. And for a test
+samples beside the baseline entry's latest samples, with the verdict; and where that history
+stepped, the history with its steps (history_plot.py). And for a test
 parametrized over concurrency, one throughput-vs-latency curve per profile (each point a
 concurrency): the picture people choose a serving configuration from.
 
@@ -32,6 +33,8 @@ from pytest_kimiperf.errors import ConfigError, KimiperfError
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS, Direction, SampleKind
 from pytest_kimiperf.numbers import finite_only, fmt_change, fmt_ci, fmt_value
+from pytest_kimiperf.judge.notes import HistorySteps
+from pytest_kimiperf.reports.history_plot import plot_history
 from pytest_kimiperf.reports.sentences import comparison_line, say
 from pytest_kimiperf.reports.model import (
     MetricBlock,
@@ -71,7 +74,7 @@ def render_plots(report: SessionReport, out_dir: Path, *, baseline: BaselineFile
             f"cannot create the plot directory {out_dir} (from --perf-plots): {exc.strerror or exc}"
         ) from None
     written: list[Path] = []
-    slugs = _unique_slugs([block.test for block in report.test_blocks()])
+    slugs = unique_slugs([block.test for block in report.test_blocks()])
     by_test: dict[str, list[TestResult]] = {}
     for res in report.results:
         by_test.setdefault(res.test, []).append(res)
@@ -82,7 +85,7 @@ def render_plots(report: SessionReport, out_dir: Path, *, baseline: BaselineFile
             if not any(finite_only(cell.samples) for cell in metric.cells):
                 continue
             path = out_dir / f"{slug}--{metric.metric}.png"
-            _save(plot_distribution(block, metric, report.reference_profile), path)
+            save_figure(plot_distribution(block, metric, report.reference_profile), path)
             written.append(path)
         timelines = [
             (res.profile, res.itl_timeline_ms)
@@ -91,7 +94,7 @@ def render_plots(report: SessionReport, out_dir: Path, *, baseline: BaselineFile
         ]
         if timelines:
             path = out_dir / f"{slug}--itl-timeline.png"
-            _save(plot_itl_timeline(block.test, block.scenario, timelines), path)
+            save_figure(plot_itl_timeline(block.test, block.scenario, timelines), path)
             written.append(path)
         if baseline is not None:
             for res in sorted(by_test[block.test], key=lambda r: (order.get(r.profile, len(order)), r.boot)):
@@ -100,13 +103,22 @@ def render_plots(report: SessionReport, out_dir: Path, *, baseline: BaselineFile
                     if mres.baseline is None or entry is None or not finite_only(mres.samples):
                         continue
                     path = out_dir / f"{slug}--{res.profile}--boot{res.boot}--{mres.metric}--vs-baseline.png"
-                    _save(plot_against_baseline(res, mres, entry.samples, entry.recorded_at), path)
+                    save_figure(plot_against_baseline(res, mres, entry.samples, entry.recorded_at), path)
                     written.append(path)
+                    steps = [st for note in mres.baseline.notes if isinstance(note, HistorySteps) for st in note.steps]
+                    path = out_dir / f"{slug}--{res.profile}--{mres.metric}--history.png"
+                    if steps:
+                        # Once per metric and profile: the latest boot's comparison holds every boot so far.
+                        c = mres.baseline
+                        save_figure(plot_history(entry, steps, current=[c.median_current],
+                                           current_label=f"this run ({c.boots_current} boots)"), path)
+                        if path not in written:
+                            written.append(path)
     curves = throughput_curves(report.results)
-    curve_slugs = _unique_slugs(list(curves))
+    curve_slugs = unique_slugs(list(curves))
     for group, points in curves.items():
         path = out_dir / f"{curve_slugs[group]}--throughput-vs-latency.png"
-        _save(plot_throughput_latency(group, points), path)
+        save_figure(plot_throughput_latency(group, points), path)
         written.append(path)
     return written
 
@@ -290,7 +302,8 @@ def _rolling_median(values: np.ndarray, window: int) -> np.ndarray:
     return out
 
 
-def _save(fig: Any, path: Path) -> None:
+def save_figure(fig: Any, path: Path) -> None:
+    """Write ``fig`` to ``path`` as PNG on the Agg canvas."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)
@@ -301,7 +314,7 @@ def _save(fig: Any, path: Path) -> None:
 
 
 
-def _unique_slugs(tests: Sequence[str]) -> dict[str, str]:
+def unique_slugs(tests: Sequence[str]) -> dict[str, str]:
     """File-name-safe names for test ids; a hash keeps long or colliding ones apart."""
     slugs: dict[str, str] = {}
     seen: set[str] = set()

@@ -130,3 +130,40 @@ def test_the_plugin_draws_baseline_and_throughput_plots_at_session_end(
         "test_swept.py--test_streams_4in-8out--throughput-vs-latency.png"]
     for name in names:
         assert_sensible_png(plots / name)
+
+
+def test_a_metric_judged_after_a_step_gets_its_history_plotted(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from datetime import UTC, datetime, timedelta
+
+    from pytest_kimiperf.config.deployments import Spreads
+    from pytest_kimiperf.judge.baseline_schema import BaselineFile, dumps_baseline
+    from pytest_kimiperf.judge.history import compare_with_history
+    from pytest_kimiperf.judge.levels import BootOrigin
+    from pytest_kimiperf.reports.plots import render_plots
+
+    current = ttft_result(20.0)
+    entry = None
+    for night, center in enumerate([18.0, 18.1, 17.9, 18.0, 20.0, 20.1, 19.9, 20.0]):
+        boot = baselines.make_entry(
+            test=current.test, profile="default", metric="ttft_ms", unit="ms", direction=Direction.LOWER_IS_BETTER,
+            samples=[center + 0.01 * i for i in range(20)], git_commit=f"{night}" * 40, profile_env={},
+            recorded_at=datetime(2026, 11, 1, tzinfo=UTC) + timedelta(days=night),
+            boot_origins=[BootOrigin(session=f"night-{night}", host="runner")])
+        entry = boot if entry is None else baselines.append_history(entry, boot)
+    assert entry is not None
+    path = baselines.baseline_path(tmp_path, "tiny-cpu", FINGERPRINT.key)
+    path.parent.mkdir(parents=True)
+    path.write_text(dumps_baseline(BaselineFile(path=path, deployment="tiny-cpu", fingerprint=FINGERPRINT,
+                                                entries={entry.key: entry})))
+    stored = baselines.load_baseline(path)
+    assert stored is not None
+    comparison = compare_with_history(
+        [current.metrics["ttft_ms"].boot_summary()], stored.entries[entry.key].summaries(),
+        direction=Direction.LOWER_IS_BETTER, tolerance=0.05, spreads=Spreads(0.01, 0.01, 0.02))
+    assert comparison.boots_reference == 4  # judged against the 4 nights since the step
+    current.metrics["ttft_ms"].baseline = comparison
+    files = render_plots(report_of([current]), tmp_path / "plots", baseline=stored)
+    history = [p for p in files if p.name.endswith("--history.png")]
+    assert [p.name for p in history] == ["test_perf.py--test_throughput_4--default--ttft_ms--history.png"]
+    assert_sensible_png(history[0])
