@@ -436,7 +436,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not _has_perf_work(config):
         return
     reporter = _reporter(config)
-    failed_here = not reporter.finish()
+    failed_here = not reporter.finish(passed=exitstatus == 0)
     missing = reporter.missing_baseline_warning()
     if missing is not None:
         import warnings

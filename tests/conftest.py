@@ -38,8 +38,12 @@ _KEEP = frozenset({"KIMIPERF_CACHE_DIR", "KIMIPERF_STATE_DIR"})
 _ISOLATED_PREFIXES = ("KIMIPERF_", "NCCL_")
 # PYTEST_XDIST_*: when this suite itself runs under -n, a pytester subprocess must not look
 # like an xdist worker (pytest-benchmark disables itself there).
+# The CI system's branch (measure/host_facts.current_git_branch) must not decide whether a test's
+# run may append its boots.
 _ISOLATED_NAMES = ("GITHUB_STEP_SUMMARY", "VLLM_API_KEY", "CUDA_DEVICE_MAX_CONNECTIONS",
-                   "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
+                   "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID",
+                   "GITHUB_ACTIONS", "GITHUB_REF_NAME", "GITLAB_CI", "CI_COMMIT_BRANCH", "BUILDKITE",
+                   "BUILDKITE_BRANCH")
 
 
 @pytest.fixture(autouse=True)

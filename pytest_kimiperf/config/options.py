@@ -77,6 +77,11 @@ OPTIONS = (
     # No ini twin: an ini file that always records would turn the gate into a recorder.
     Option("update_baselines", "--update-baselines", None,
             "write the measured samples of the tests that ran as the new baselines", False, kind="bool"),
+    Option("append_on_pass", "--kimiperf-append-on-pass", "kimiperf_append_on_pass",
+            "branch(es), comma-separated, on which a passing run appends its boots to the baseline "
+            "history (e.g. 'main' for a scheduled job; default: off). A failing run appends nothing, "
+            "nor one whose figure is worse than the history by half its tolerance (a slow drift)",
+            env="KIMIPERF_APPEND_ON_PASS"),
     Option("baselines_dir", "--baselines-dir", "kimiperf_baselines_dir",
             "directory of JSON baselines (default: <rootdir>/baselines)"),
     Option("perf_strict", "--perf-strict", "kimiperf_strict",

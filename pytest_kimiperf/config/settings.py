@@ -76,6 +76,8 @@ class Settings:
     missing_baseline: str = "warn"
     # --kimiperf-gate: missing baselines and changes beyond the tolerance without a verdict fail.
     gate: bool = False
+    # --kimiperf-append-on-pass: the branches on which a passing run appends its boots (empty: off).
+    append_on_pass: tuple[str, ...] = ()
     # The command that records baselines, quoted when a run finds none (None: the run's own).
     record_command: str | None = None
     # --perf-export DIR: bench-serve result files and requests.jsonl (reports/export.py).
@@ -168,6 +170,15 @@ def build_settings(
             "server's hardware, and a baseline must say what it was measured on; state it with "
             "--server-hardware '8x <GPU>, <interconnect>' (or the kimiperf_server_hardware ini option)"
         )
+    append_on_pass = _branches(options.get("append_on_pass", RawOption(None, "default")))
+    if append_on_pass and bool(options["update_baselines"].value):
+        raise ConfigError(
+            f"--update-baselines with append-on-pass {','.join(append_on_pass)!r}: the first records "
+            "every run, the second only a passing run on those branches; give one")
+    if append_on_pass and server_url and server_hardware is None:
+        raise ConfigError(
+            f"append-on-pass with --server-url {server_url}: a baseline must say what it was measured on; "
+            "state the attached server's hardware with --server-hardware '8x <GPU>, <interconnect>'")
     boots = _count(options["boots"], "boots per profile") if "boots" in options else 1
     if len(profiles) > 1 and options.get("boots", RawOption("1", "default")).source == "default" and not server_url:
         # One boot each can never give a direction between profiles (nor tell a change from a
@@ -243,6 +254,7 @@ def build_settings(
         host_id=_host_id(options.get("host_id", RawOption(None, "default"))),
         missing_baseline=missing_baseline,
         gate=gate,
+        append_on_pass=append_on_pass,
         record_command=str(options.get("record_command", RawOption(None, "default")).value or "").strip() or None,
         perf_export=perf_export,
         perf_export_detailed=export_detailed,
@@ -262,6 +274,21 @@ def _host_id(opt: RawOption) -> str | None:
         raise ConfigError(f"host id {value!r} (from {opt.source}): use 1-128 letters, digits and '._:@-', "
                           "starting with a letter or digit, such as the runner's name 'gpu-runner-1'")
     return value
+
+
+BRANCH = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
+
+
+def _branches(opt: RawOption) -> tuple[str, ...]:
+    """Branch names, comma-separated (letters, digits and ``._/-``); empty: off."""
+    if opt.value is None:
+        return ()
+    names = tuple(n.strip() for n in str(opt.value).split(",") if n.strip())
+    for name in names:
+        if not BRANCH.fullmatch(name) or ".." in name:
+            raise ConfigError(f"append-on-pass branch {name!r} (from {opt.source}): use branch names of letters, "
+                              "digits and '._/-', comma-separated, such as 'main' or 'main,release/1.2'")
+    return names
 
 
 def _flag(opt: RawOption, what: str) -> bool:

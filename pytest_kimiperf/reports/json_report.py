@@ -53,6 +53,8 @@ def build_json_report(report: SessionReport) -> dict[str, Any]:
             "updated": report.baselines_update is not None,
             "entries_written": report.baselines_update.entries if report.baselines_update else None,
             "not_recorded": list(report.baselines_update.not_recorded) if report.baselines_update else [],
+            "appended_on_pass": report.baselines_update.on_pass if report.baselines_update else False,
+            "not_appended": say(report.not_appended) if report.not_appended is not None else None,
         },
         "roofline": report.roofline.to_json() if report.roofline is not None else None,
         "outputs": dict(report.outputs),

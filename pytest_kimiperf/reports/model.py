@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_kimiperf.server.boot_account import BootAccount
+from pytest_kimiperf.judge.append import NotAppended
 from pytest_kimiperf.judge.gate import compare_profiles
 from pytest_kimiperf.judge.in_session import InSessionRules
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
@@ -69,11 +70,13 @@ class ProfileComparison:
 
 @dataclass(frozen=True)
 class BaselineUpdate:
-    """The baseline file written by --update-baselines and how many entries went into it."""
+    """The baseline file written by --update-baselines (or appended by a passing run,
+    ``on_pass``) and how many entries went into it."""
 
     path: str
     entries: int
     not_recorded: tuple[str, ...] = ()  # "test [profile, boot N]: why" for each boot left out
+    on_pass: bool = False
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,8 @@ class SessionReport:
     profile_comparisons: list[ProfileComparison]
     baselines_path: str | None = None
     baselines_update: BaselineUpdate | None = None
+    # --kimiperf-append-on-pass: why this run appended nothing (None: it appended, or was not asked).
+    not_appended: NotAppended | None = None
     # what was written where: "json", "markdown", "github_step_summary", "plots" -> path
     outputs: dict[str, str] = field(default_factory=dict)
     plot_files: list[str] = field(default_factory=list)

@@ -83,6 +83,8 @@ def outcome_line(report: SessionReport, record_command: str) -> str | None:
             return "no baseline recorded: no test produced a boot that may be recorded (see above)"
         left = len(update.not_recorded)
         skipped = f"; {left} test boot{'s' * (left != 1)} not recorded (listed above)" if left else ""
+        if update.on_pass:
+            return f"this passing run appended its boots to {update.entries} baseline entries in {update.path}{skipped}"
         return (f"recorded {update.entries} baseline entries in {update.path}{skipped}; the same run "
                 "without --update-baselines now judges against them")
     missing = missing_baselines(report.results, _fingerprint(report))

@@ -17,6 +17,7 @@ written, and the run fails with one message naming all of them.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import os
 import shlex
@@ -33,10 +34,11 @@ from pytest_kimiperf.judge import baselines
 from pytest_kimiperf.judge.baseline_schema import BaselineFile
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.in_session import InSessionRules
+from pytest_kimiperf.judge.append import append_refusal
 from pytest_kimiperf.judge.baselines import baseline_entries
 from pytest_kimiperf.reports.sentences import not_recorded_line
 from pytest_kimiperf.judge.verdicts import TestResult
-from pytest_kimiperf.measure.host_facts import current_git_commit
+from pytest_kimiperf.measure.host_facts import current_git_branch, current_git_commit
 from pytest_kimiperf.reports.json_report import build_json_report, write_json_report
 from pytest_kimiperf.reports.markdown import render_markdown, write_markdown
 from pytest_kimiperf.reports.model import (
@@ -135,15 +137,16 @@ class SessionReporter:
         """Whether this run measured or booted anything (else the reporter stays silent)."""
         return bool(self.results or self.run.server_records() is not None or self.worker_records)
 
-    def finish(self) -> bool:
-        """Session finish: write the baselines (--update-baselines) and the reports asked for.
+    def finish(self, *, passed: bool = False) -> bool:
+        """Session finish: write the baselines (--update-baselines, or append-on-pass when the
+        session ``passed``) and the reports asked for.
 
         Returns False when an output could not be written (the run then fails, the message
         kept for the summary)."""
         if not self.has_work():
             return True  # quiet when unused: a run without perf tests writes and imports nothing more
         try:
-            self._write_outputs()
+            self._write_outputs(passed=passed)
         except KimiperfError as exc:
             self.output_error = str(exc)
             return False
@@ -213,9 +216,9 @@ class SessionReporter:
         report.benchmark_rows_hidden = self.benchmark_rows_hidden
         return report
 
-    def _write_outputs(self) -> None:
+    def _write_outputs(self, *, passed: bool) -> None:
         settings = self.settings
-        asked = bool(settings.update_baselines or settings.perf_json or settings.perf_markdown
+        asked = bool(settings.update_baselines or settings.append_on_pass or settings.perf_json or settings.perf_markdown
                      or settings.perf_plots or settings.perf_export)
         if not self.results and not asked and not self._records():
             return  # not a perf run: say nothing, write nothing
@@ -230,6 +233,14 @@ class SessionReporter:
                 report.baselines_update = self._update_baselines()
             except KimiperfError as exc:
                 errors.append(str(exc))
+        elif settings.append_on_pass and self.results:
+            report.not_appended = append_refusal(self.results, passed=passed, branch=current_git_branch(self.rootpath),
+                                                 allowed=settings.append_on_pass)
+            if report.not_appended is None:
+                try:
+                    report.baselines_update = dataclasses.replace(self._update_baselines(), on_pass=True)
+                except KimiperfError as exc:
+                    errors.append(str(exc))
 
         if settings.perf_plots and self.results:
             from pytest_kimiperf.reports.plots import render_plots

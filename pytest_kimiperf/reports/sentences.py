@@ -13,8 +13,9 @@ import functools
 import math
 from collections.abc import Iterable
 
-from pytest_kimiperf.config.metric_specs import Direction
+from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT
+from pytest_kimiperf.judge.append import AppendWhy, NotAppended
 from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
 from pytest_kimiperf.judge.levels import CanaryCheck, Level, Levels
 from pytest_kimiperf.judge.notes import (
@@ -180,6 +181,22 @@ def comparison_json(c: Comparison) -> dict[str, object]:
     out["steps"] = steps_json(step for note in c.notes if isinstance(note, HistorySteps) for step in note.steps)
     out["message"] = comparison_line(c)
     return out
+
+
+@say.register
+def _(note: NotAppended) -> str:
+    allowed = ",".join(note.allowed)
+    if note.why is AppendWhy.FAILED:
+        which = (f"{note.failed} perf test{'s' * (note.failed != 1)} failed or {'was' if note.failed == 1 else 'were'} "
+                 "invalid" if note.failed else "a test failed")
+        return f"not appended to the baseline history: {which}, and a failing run appends nothing"
+    if note.why is AppendWhy.BRANCH:
+        on = f"branch {note.branch!r}" if note.branch else "no branch (a detached checkout)"
+        return f"not appended to the baseline history: this run is on {on}, and appends only on {allowed}"
+    label = metric_spec(note.metric).label if note.metric else note.metric
+    return (f"not appended to the baseline history: {label} of {note.test} [{note.profile}] is "
+            f"{fmt_change(-abs(note.gain))} worse than the history, more than half its {fmt_tolerance(note.tolerance)} "
+            "tolerance: a slow drift is not taken into the history (--update-baselines records it on purpose)")
 
 
 def steps_json(steps: Iterable[HistoryStep]) -> list[dict[str, object]]:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pytest_kimiperf.numbers import fmt_value
 from pytest_kimiperf.reports.model import SessionReport
 from pytest_kimiperf.reports.nccl_check import APPLIED, DIFFERENT, NOT_SEEN
+from pytest_kimiperf.reports.sentences import say
 from pytest_kimiperf.reports.terminal_layout import (
     GREEN, LOUD, MAX_WIDTH, RED, YELLOW, Table, TerminalLine, plural, wrapped,
 )
@@ -157,14 +158,17 @@ def servers_and_files(report: SessionReport, *, quiet: bool) -> list[TerminalLin
     if report.baselines_update is not None:
         update = report.baselines_update
         if update.entries:
+            how = "appended (a passing run, --kimiperf-append-on-pass)" if update.on_pass else "written"
             lines.append(TerminalLine(
-                f"baselines written: {update.path} ({plural(update.entries, 'entry', 'entries')})",
+                f"baselines {how}: {update.path} ({plural(update.entries, 'entry', 'entries')})",
                 markup=GREEN))
         else:
             lines.append(TerminalLine(
                 "baselines: nothing written (no perf test produced valid samples)", markup=YELLOW))
         for why in update.not_recorded:
             lines.append(TerminalLine(f"baselines: not recorded: {why}", markup=YELLOW))
+    if report.not_appended is not None:
+        lines.append(TerminalLine(f"baselines: {say(report.not_appended)}", markup=YELLOW))
     if not lines and not loud:
         return []
     out = [TerminalLine("kimiperf: servers and files", sep="=")] if lines and not quiet else []

@@ -238,7 +238,7 @@ class ServerThrottle:
 
 
 def test_baseline_then_the_identical_server_passes_then_a_slowed_one_is_a_regression_on_two_boots(
-    pytester: pytest.Pytester, isolated_state: Path, no_servers_before_and_after
+    pytester: pytest.Pytester, isolated_state: Path, no_servers_before_and_after, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytester.makepyfile(test_gate=GATE)
     args = ("--deployment", "tiny-cpu", "-p", "no:cacheprovider")
@@ -285,12 +285,19 @@ def test_baseline_then_the_identical_server_passes_then_a_slowed_one_is_a_regres
 
     # A really slower server: its first boot looks worse and asks for a second (one boot can
     # screen, never convict); the second boot's item gives the verdict on both boots.
+    # It runs as a scheduled job on main that appends a passing run's boots: failing, it appends nothing.
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_REF_NAME", "main")
     with ServerThrottle(isolated_state) as throttle:
-        slowed = pytester.runpytest_subprocess(*args, timeout=1200)
+        slowed = pytester.runpytest_subprocess(*args, "--kimiperf-append-on-pass", "main", timeout=1200)
     assert throttle.cycles > 100
     assert slowed.ret == pytest.ExitCode.TESTS_FAILED, slowed.stdout.str()[-4000:]
     slowed.assert_outcomes(passed=1, failed=1)
-    slowed.stdout.fnmatch_lines(["*decode tok/s: REGRESSION -*2 boots*vs 1 reference boot*"])
+    slowed.stdout.fnmatch_lines(["*decode tok/s: REGRESSION -*2 boots*vs 1 reference boot*",
+                                 "*baselines: not appended to the baseline history: 1 perf test failed or was invalid, "
+                                 "and a failing run appends nothing*"])
+    after = json.loads(files[0].read_text())["entries"]["test_gate.py::test_single_stream_decode|default|decode_tok_s"]
+    assert len(after["boots"]) == 1
 
 
 BUSY = """

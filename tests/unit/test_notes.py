@@ -9,6 +9,7 @@ import pytest
 
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge import notes
+from pytest_kimiperf.judge.append import AppendWhy, NotAppended
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.floors import floor_check
 from pytest_kimiperf.judge.levels import CanaryCheck
@@ -33,6 +34,8 @@ LINE = BaselineLine(BaselineState.JUDGED, "decode tok/s", COMPARISON, canary=Can
 EVERY_KIND = [
     notes.Said("a line"), notes.NeedsBoots(2), notes.TooFewSamples(300, 8, tail=True),
     notes.HistoryModes(7, 80.0, 3, 100.0),
+    NotAppended(AppendWhy.DRIFT, "main", ("main",), test="t.py::t", profile="default", metric="decode_tok_s",
+                gain=-0.02, tolerance=0.03),
     notes.HistoryStep(-0.041, 5.2, 6, 4, "2026-11-02T10:00:00+00:00", "abc1234", "2026-11-05T10:00:00+00:00", ""),
     notes.HistorySteps((notes.HistoryStep(0.05, 4.0, 3, 3, "a", "", "b", "c"),), 3), notes.DeclaredModes(0.5, 0.3), notes.BootsToDecide(None, 8, False),
     notes.LeftOut(1, (notes.InvalidRun("busy host"),)), notes.InvalidRun("busy host"),

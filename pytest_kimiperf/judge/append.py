@@ -1,0 +1,88 @@
+"""When a passing run may grow the baseline history itself (``--kimiperf-append-on-pass``).
+
+A scheduled job on the default branch that passes appends its boots (with their session, host
+and canary, within the history's window, baselines.HISTORY_BOOTS) to the baseline, so the
+history spans many sessions without anyone recording by hand. Two ways a regression could creep
+in, and what keeps each out:
+
+- **One that landed** fails the gate, and a failing run appends nothing: the history stays at
+  the level before it, and every later run fails too until it is fixed or recorded on purpose
+  (``--update-baselines``).
+- **A slow drift**, each step inside the tolerance, would pass every night and pull the history
+  with it. A run appends only when no judged metric is worse than the history by more than
+  :data:`DRIFT_SHARE` of its tolerance: once a drift has moved that far from the window, the
+  history stops following it and the drift goes on to fail the gate at the tolerance
+  (benchmarks/gate_power.py --cells append measures the nights that takes).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pytest_kimiperf.judge.notes import Note, note_kind
+from pytest_kimiperf.judge.stats import VerdictKind
+from pytest_kimiperf.judge.verdicts import TestResult
+
+# A run whose figure is worse than the history by more than this share of the tolerance (its
+# point estimate) appends nothing.
+DRIFT_SHARE = 0.5
+
+
+class AppendWhy(str, enum.Enum):
+    """Why a run appended nothing."""
+
+    FAILED = "failed"
+    BRANCH = "branch"
+    DRIFT = "drift"
+
+
+@note_kind("not-appended")
+@dataclass(frozen=True)
+class NotAppended(Note):
+    """A run with append-on-pass that appended nothing, and why: it failed (``failed`` tests),
+    it ran on another ``branch`` than ``allowed``, or a metric drifted (``gain``, the change
+    signed so that negative is worse, against ``tolerance``)."""
+
+    why: AppendWhy
+    branch: str | None
+    allowed: tuple[str, ...]
+    failed: int = 0
+    test: str = ""
+    profile: str = ""
+    metric: str = ""
+    gain: float = math.nan
+    tolerance: float = math.nan
+
+    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"why": AppendWhy}
+
+
+def append_refusal(results: Sequence[TestResult], *, passed: bool, branch: str | None,
+                   allowed: Sequence[str]) -> NotAppended | None:
+    """Why this run must not append its boots (None: it may). ``passed``: pytest's own outcome
+    (every test of the session passed)."""
+    allowed = tuple(allowed)
+    failed = sum(1 for r in results if r.failures or r.invalid or r.unresolved is not None)
+    if not passed or failed:
+        return NotAppended(AppendWhy.FAILED, branch, allowed, failed=failed)
+    if branch not in allowed:
+        return NotAppended(AppendWhy.BRANCH, branch, allowed)
+    last: dict[tuple[str, str], TestResult] = {}
+    for res in results:
+        if (res.test, res.profile) not in last or res.boot >= last[(res.test, res.profile)].boot:
+            last[(res.test, res.profile)] = res
+    worst: NotAppended | None = None
+    for res in last.values():
+        for mres in res.metrics.values():
+            c = mres.baseline
+            if c is None or c.verdict in (VerdictKind.NOT_COMPARABLE, VerdictKind.INSUFFICIENT_SAMPLES):
+                continue
+            if not math.isfinite(c.gain) or c.gain >= -DRIFT_SHARE * c.tolerance:
+                continue
+            if worst is None or c.gain / c.tolerance < worst.gain / worst.tolerance:
+                worst = NotAppended(AppendWhy.DRIFT, branch, allowed, test=res.test, profile=res.profile,
+                                    metric=mres.metric, gain=c.gain, tolerance=c.tolerance)
+    return worst

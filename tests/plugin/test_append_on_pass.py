@@ -1,0 +1,57 @@
+"""--kimiperf-append-on-pass through pytest: a passing run on the branch grows the history; others leave it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import stub_deployment_toml
+from tests.plugin.test_plugin import MARKED
+
+KEY = "test_marked.py::test_decode|default|decode_tok_s"
+
+
+def _boots(pytester: pytest.Pytester) -> int:
+    [path] = (pytester.path / "baselines" / "stub").glob("*.json")
+    return len(json.loads(path.read_text())["entries"][KEY]["boots"])
+
+
+def test_a_passing_run_on_the_branch_appends_and_a_run_elsewhere_does_not(
+        pytester: pytest.Pytester, stub_project, monkeypatch: pytest.MonkeyPatch) -> None:
+    stub_project(stub_deployment_toml())
+    pytester.makepyfile(test_marked=MARKED.replace("{TOLERANCES}", '{"decode_tok_s": 0.4, "ttft_ms": 0.9}'))
+    args = ("--deployment", "stub", "-p", "no:cacheprovider")
+    pytester.runpytest_subprocess(*args, "--update-baselines", timeout=120).assert_outcomes(passed=1)
+    assert _boots(pytester) == 1
+
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_REF_NAME", "main")
+    out = pytester.path / "perf.json"
+    result = pytester.runpytest_subprocess(*args, "--kimiperf-append-on-pass", "main", "--perf-json", str(out),
+                                           timeout=120)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*baselines appended (a passing run, --kimiperf-append-on-pass): *stub*.json (2 entries)*"])
+    assert _boots(pytester) == 2
+    assert json.loads(out.read_text())["baselines"]["appended_on_pass"] is True
+
+    # A pull request's run (GitHub's ref is "<n>/merge"), set by the ini twin: nothing appended, and why.
+    monkeypatch.setenv("GITHUB_REF_NAME", "7/merge")
+    result = pytester.runpytest_subprocess(*args, "-o", "kimiperf_append_on_pass=main", "--perf-json", str(out),
+                                           timeout=120)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*baselines: not appended to the baseline history: this run is on branch "
+                                 "'7/merge', and appends only on main*"])
+    assert _boots(pytester) == 2
+    baselines = json.loads(out.read_text())["baselines"]
+    assert (baselines["updated"], baselines["appended_on_pass"]) == (False, False)
+    assert "this run is on branch '7/merge'" in baselines["not_appended"]
+
+
+def test_a_bad_branch_name_is_a_usage_error(pytester: pytest.Pytester, stub_project) -> None:
+    stub_project(stub_deployment_toml())
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-append-on-pass", "main branch",
+                                           timeout=60)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*append-on-pass branch 'main branch' (from command line --kimiperf-append-on-pass)*"])

@@ -1,0 +1,107 @@
+"""--kimiperf-append-on-pass: which runs grow the history, which do not, and why they say."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pytest_kimiperf.config.metric_specs import Direction, metric_spec
+from pytest_kimiperf.config.settings import RawOption
+from pytest_kimiperf.errors import ConfigError
+from pytest_kimiperf.judge.append import DRIFT_SHARE, AppendWhy, NotAppended, append_refusal
+from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.notes import Said, note_from_json
+from pytest_kimiperf.judge.stats import compare_boots
+from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
+from pytest_kimiperf.measure.host_facts import current_git_branch
+from pytest_kimiperf.reports.sentences import say
+from tests.unit.test_gate_switch import _settings
+
+TOL = 0.03
+
+
+def judged(change: float, *, boot: int = 1, test: str = "t.py::test_decode", comparable: bool = True) -> TestResult:
+    """A test whose decode is ``change`` (a fraction) off a tight history of 5 boots."""
+    spec = metric_spec("decode_tok_s")
+    ref = [BootSummary(median=100.0 * (1 + 0.001 * i), n=20, se_log=0.001, session=f"s{i}") for i in range(5)]
+    cur = [BootSummary(median=100.0 * (1 + change) * (1 + 0.001 * i), n=20, se_log=0.001, session="now")
+           for i in range(2)]
+    mres = MetricResult("decode_tok_s", spec.unit, spec.direction.value, TOL, [100.0] * 20)
+    mres.baseline = compare_boots(cur, ref, direction=Direction.HIGHER_IS_BETTER, tolerance=TOL, prior_spread=0.001,
+                                  comparable=comparable)
+    res = TestResult(test=test, nodeid=f"{test}[default]", profile="default", deployment="d", scenario="s", boot=boot)
+    res.metrics["decode_tok_s"] = mres
+    return res
+
+
+def test_a_passing_run_on_an_allowed_branch_within_half_the_tolerance_appends() -> None:
+    assert append_refusal([judged(-0.01), judged(0.05, test="t.py::other")], passed=True, branch="main",
+                          allowed=("main",)) is None
+
+
+def test_a_failing_run_appends_nothing_and_says_how_many_failed() -> None:
+    res = judged(0.0)
+    res.failures.append(Said("decode below the floor"))
+    refusal = append_refusal([res, judged(0.0, test="t.py::b")], passed=False, branch="main", allowed=("main",))
+    assert refusal == NotAppended(AppendWhy.FAILED, "main", ("main",), failed=1)
+    assert say(refusal) == ("not appended to the baseline history: 1 perf test failed or was invalid, and a "
+                            "failing run appends nothing")
+    # pytest's own outcome counts too: a failing test that is no perf test.
+    assert append_refusal([judged(0.0)], passed=False, branch="main", allowed=("main",)).failed == 0  # type: ignore[union-attr]
+
+
+def test_another_branch_or_a_detached_checkout_appends_nothing() -> None:
+    refusal = append_refusal([judged(0.0)], passed=True, branch="42/merge", allowed=("main", "release"))
+    assert refusal is not None and refusal.why is AppendWhy.BRANCH
+    assert say(refusal) == ("not appended to the baseline history: this run is on branch '42/merge', and appends "
+                            "only on main,release")
+    detached = append_refusal([judged(0.0)], passed=True, branch=None, allowed=("main",))
+    assert "no branch (a detached checkout)" in say(detached)  # type: ignore[arg-type]
+
+
+def test_a_slow_drift_beyond_half_the_tolerance_is_not_taken_in() -> None:
+    assert DRIFT_SHARE == 0.5
+    refusal = append_refusal([judged(-0.01), judged(-0.02, test="t.py::worse")], passed=True, branch="main",
+                             allowed=("main",))
+    assert refusal is not None and refusal.why is AppendWhy.DRIFT
+    assert (refusal.test, refusal.metric) == ("t.py::worse", "decode_tok_s")
+    assert refusal.gain == pytest.approx(-0.02, abs=0.002)
+    assert say(refusal).startswith("not appended to the baseline history: decode of t.py::worse [default] is -2")
+    assert "more than half its 3% tolerance" in say(refusal)
+    assert note_from_json(refusal.to_json()) == refusal
+
+
+def test_only_each_tests_last_boot_and_comparable_verdicts_count() -> None:
+    # Boot 1 looked 2% worse, boot 2 (whose comparison rests on both) is within half the tolerance.
+    assert append_refusal([judged(-0.02, boot=1), judged(-0.005, boot=2)], passed=True, branch="main",
+                          allowed=("main",)) is None
+    assert append_refusal([judged(-0.2, comparable=False)], passed=True, branch="main", allowed=("main",)) is None
+
+
+def test_the_branch_is_the_ci_systems_else_the_checkouts(tmp_path: Path) -> None:
+    assert current_git_branch(tmp_path, {"GITHUB_ACTIONS": "true", "GITHUB_REF_NAME": "main"}) == "main"
+    assert current_git_branch(tmp_path, {"GITHUB_ACTIONS": "true", "GITHUB_REF_NAME": "7/merge"}) == "7/merge"
+    assert current_git_branch(tmp_path, {"GITLAB_CI": "true"}) is None  # a merge request pipeline
+    assert current_git_branch(tmp_path, {"GITLAB_CI": "true", "CI_COMMIT_BRANCH": "main"}) == "main"
+    assert current_git_branch(tmp_path, {"BUILDKITE": "true", "BUILDKITE_BRANCH": "trunk"}) == "trunk"
+    assert current_git_branch(tmp_path, {}) is None  # not a checkout
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", "-b", "trunk"], check=True, timeout=30)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "one"], check=True, timeout=30)
+    assert current_git_branch(tmp_path, {}) == "trunk"
+    subprocess.run([*git, "checkout", "-q", "--detach"], check=True, timeout=30)
+    assert current_git_branch(tmp_path, {}) is None
+
+
+def test_the_option_is_branch_names_checked_once(tmp_path: Path) -> None:
+    assert _settings(tmp_path).append_on_pass == ()
+    s = _settings(tmp_path, append_on_pass=RawOption("main, release/1.2", "ini option kimiperf_append_on_pass"))
+    assert s.append_on_pass == ("main", "release/1.2")
+    with pytest.raises(ConfigError, match=r"append-on-pass branch 'my branch' \(from command line "
+                                          r"--kimiperf-append-on-pass\): use branch names of letters"):
+        _settings(tmp_path, append_on_pass=RawOption("my branch", "command line --kimiperf-append-on-pass"))
+    with pytest.raises(ConfigError, match=r"--update-baselines with append-on-pass 'main': .* give one"):
+        _settings(tmp_path, append_on_pass=RawOption("main", "ini option kimiperf_append_on_pass"),
+                  update_baselines=RawOption(True, "command line --update-baselines"))
