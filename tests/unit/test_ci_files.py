@@ -76,6 +76,8 @@ def test_each_gpu_jobs_timeout_covers_its_plan_at_the_boot_deadline(name: str) -
 def test_the_gpu_jobs_set_up_python_before_building_the_venv() -> None:
     wf = _load(ROOT / ".github" / "workflows" / "perf-gate.yml")
     for job in wf["jobs"].values():
+        if "self-hosted" not in job["runs-on"]:
+            continue
         uses = [s.get("uses", "") or s.get("run", "") for s in job["steps"]]
         setup = next(i for i, u in enumerate(uses) if u.startswith("actions/setup-python@"))
         assert job["steps"][setup]["with"]["python-version"] == "3.11"
@@ -142,11 +144,18 @@ def test_perf_gate_workflow_is_safe_on_a_self_hosted_runner() -> None:
     assert wf["on"]["schedule"][0]["cron"]
     assert wf["on"]["workflow_dispatch"]["inputs"]["record"]["type"] == "boolean"
     for name, job in wf["jobs"].items():
+        if name == "append-history":
+            # Not on the GPU runner: it commits what the nightly gate appended, on the schedule
+            # only (never a pull request's code), and holds the only write token.
+            assert job["if"].startswith("github.event.schedule == ") and job["needs"] == "gate"
+            assert job["permissions"] == {"contents": "write"}
+            continue
         assert "self-hosted" in job["runs-on"]
         # A fork's pull request never runs here: it never reaches the record job (dispatch or
         # schedule only), and the gate job names the condition.
         assert ("github.event.pull_request.head.repo.full_name == github.repository" in job["if"]
                 or job["if"].startswith("(github.event_name == 'workflow_dispatch' && inputs.record)")), name
+        assert "permissions" not in job or name == "record-baselines", name
 
 
 def test_perf_gate_installs_the_pinned_engine_and_fails_without_a_baseline() -> None:
@@ -175,6 +184,18 @@ def test_perf_gate_records_baselines_by_hand_and_uploads_them_for_review() -> No
     runs = " ".join(s.get("run", "") for s in job["steps"])
     assert "ci/perf-gate.sh --update-baselines" in runs
     assert any(s.get("with", {}).get("path") == "baselines/" for s in job["steps"])
+
+
+def test_the_nightly_gate_appends_a_passing_nights_boots_and_nothing_else_does() -> None:
+    wf = _load(ROOT / ".github" / "workflows" / "perf-gate.yml")
+    nightly = wf["on"]["schedule"][0]["cron"]
+    [step] = [s for s in wf["jobs"]["gate"]["steps"] if s.get("run") == "ci/perf-gate.sh"]
+    assert step["env"]["KIMIPERF_APPEND_ON_PASS"] == (
+        f"${{{{ github.event.schedule == '{nightly}' && github.event.repository.default_branch || '' }}}}")
+    job = wf["jobs"]["append-history"]
+    assert f"github.event.schedule == '{nightly}'" in job["if"] and "needs.gate.result == 'success'" in job["if"]
+    runs = " ".join(s.get("run", "") for s in job["steps"])
+    assert "make merge-driver" in runs and "git pull --no-rebase" in runs
 
 
 def test_the_gpu_deployment_launches_this_sessions_own_vllm() -> None:
