@@ -80,7 +80,7 @@ OPTIONS = (
     Option("append_on_pass", "--kimiperf-append-on-pass", "kimiperf_append_on_pass",
             "branch(es), comma-separated, on which a passing run appends its boots to the baseline "
             "history (e.g. 'main' for a scheduled job; default: off). A failing run appends nothing, "
-            "nor one whose figure is worse than the history by half its tolerance (a slow drift)",
+            "nor one in which a metric is worse than the history by half its tolerance, by the REGRESSION rule (a slow drift)",
             env="KIMIPERF_APPEND_ON_PASS"),
     Option("baselines_dir", "--baselines-dir", "kimiperf_baselines_dir",
             "directory of JSON baselines (default: <rootdir>/baselines)"),

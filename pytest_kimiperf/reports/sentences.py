@@ -195,8 +195,9 @@ def _(note: NotAppended) -> str:
         return f"not appended to the baseline history: this run is on {on}, and appends only on {allowed}"
     label = metric_spec(note.metric).label if note.metric else note.metric
     return (f"not appended to the baseline history: {label} of {note.test} [{note.profile}] is "
-            f"{fmt_change(-abs(note.gain))} worse than the history, more than half its {fmt_tolerance(note.tolerance)} "
-            "tolerance: a slow drift is not taken into the history (--update-baselines records it on purpose)")
+            f"{fmt_change(note.gain)} against the history (at best {fmt_change(note.bound)}), worse than half its "
+            f"{fmt_tolerance(note.tolerance)} tolerance: a slow drift is not taken into the history "
+            "(--update-baselines records it on purpose)")
 
 
 def steps_json(steps: Iterable[HistoryStep]) -> list[dict[str, object]]:
