@@ -42,8 +42,8 @@ def test_the_header_says_what_the_verdicts_rest_on_and_where_it_was_declared() -
     assert declarations_line(TINY_CPU) == (
         "kimiperf: declared for tiny-cpu: boot spread 18% (15 df), session 20%, host 15%; spawn modes 50% "
         "slower in 10% of boots; decode floor / target 7 / 20 tok/s per Mops of this host's canary; from the "
-        "noise corpus (benchmarks/data/noise): 32 quiet boots, 7 sessions, 4 hosts (canary 14-28 Mops, decode "
-        "431-1285 tok/s per boot)")
+        "noise corpus (benchmarks/data/noise): 38 quiet boots, 8 sessions, 5 hosts (canary 10.7-28 Mops, decode "
+        "241-1285 tok/s per boot)")
     mine = resolve_deployments({"mine": {"model": "/m", "command": COMMAND, "decode_floor_tok_s": 40,
                                          "decode_target_tok_s": 50}}, source="pyproject.toml")["mine"]
     assert declarations_line(mine).endswith("no spawn modes; decode floor / target 40 / 50 tok/s; as pyproject.toml "
