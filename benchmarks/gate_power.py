@@ -51,7 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
 from pytest_kimiperf.judge.power import wants_another_boot  # noqa: E402
 from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot  # noqa: E402
-from pytest_kimiperf.judge.stats import VerdictKind  # noqa: E402
+from pytest_kimiperf.judge.stats import Comparison, VerdictKind  # noqa: E402
+from pytest_kimiperf.judge.append import DRIFT_SHARE, favourable_bound  # noqa: E402
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
 from pytest_kimiperf.judge.history import compare_with_history  # noqa: E402
 from pytest_kimiperf.judge.levels import CorpusBoot, canary_shift, load_corpus  # noqa: E402
@@ -111,6 +112,13 @@ class Noise:
     # The run is on another host than the history (a reboot counted as a new host, another
     # runner): its boots carry another host id, though the host is as fast.
     new_host: bool = False
+    # The history stepped: its older half of boots sits ``history_step`` (a fraction) off the
+    # level the current build has; ``history_drift``: a linear trend from that far off at the
+    # oldest boot to none at the newest. ``segment``: the gate judges against the last segment
+    # of a stepped history (changepoints.py); False measures the gate without it.
+    history_step: float = 0.0
+    history_drift: float = 0.0
+    segment: bool = True
 
 
 CANARY_NOISE = 0.03  # SD of a canary score between sessions of one host (corpus: see README)
@@ -154,14 +162,19 @@ class World:
         return np.exp(logs)
 
     def history(self, boots: int) -> tuple[list[list[BootSummary]], list[dict[str, float]]]:
-        """A baseline history: ``boots`` boots of the unchanged server over the cell's sessions
-        (round robin), per metric; and each session's canary."""
+        """A baseline history, oldest boot first: ``boots`` boots of the unchanged server over
+        the cell's sessions (each session's boots together, as they were recorded), per metric,
+        with the cell's step or drift; and each session's canary."""
         per_metric: list[list[BootSummary]] = [[] for _ in range(self.metrics)]
         sessions = max(1, min(self.noise.history_sessions, boots))
         session_effects = [self.session_effects() for _ in range(sessions)]
         for i in range(boots):
-            k = i % sessions
+            k = i * sessions // boots
             effects = self.boot_effects() + session_effects[k]
+            if i < boots // 2:
+                effects = effects + math.log1p(self.noise.history_step)
+            if boots > 1:
+                effects = effects + math.log1p(self.noise.history_drift) * (boots - 1 - i) / (boots - 1)
             for m in range(self.metrics):
                 summary = summarize_boot(self.requests(effects[m]))
                 per_metric[m].append(replace(summary, session=f"history-{k}", host="history"))
@@ -179,12 +192,15 @@ class Rules:
 
 
 def gate_run(world: World, history: tuple[list[list[BootSummary]], list[dict[str, float]]], *, change: float,
-             rules: Rules, start: float, span: float) -> tuple[list[VerdictKind], int]:
+             rules: Rules, start: float, span: float, session_name: str = "current",
+             out: dict[str, object] | None = None) -> tuple[list[VerdictKind], int]:
     """One profile against its baseline, boots on demand: its verdicts and how many boots it took.
 
     As the plugin schedules it: every test is measured on boot 1; boot k+1 happens only if a
     test's comparison on boots 1..k wants another boot, and then re-measures just those tests.
     The comparison is the plugin's own ``history.compare_with_history`` after its canary check.
+    ``out``, when given, receives each metric's boots (``"boots"``) and last comparison
+    (``"comparisons"``): what append-on-pass needs.
     """
     summaries, canaries = history
     shift = math.log1p(change) + math.log(world.noise.host_factor)
@@ -192,6 +208,7 @@ def gate_run(world: World, history: tuple[list[list[BootSummary]], list[dict[str
     comparable = not (check is not None and check.moved)
     measured: dict[int, list[BootSummary]] = {m: [] for m in range(world.metrics)}
     final: dict[int, VerdictKind] = {}
+    last: dict[int, Comparison] = {}
     groups, first = [], 0
     for size in TESTS:
         groups.append(range(first, first + size))
@@ -209,16 +226,20 @@ def gate_run(world: World, history: tuple[list[list[BootSummary]], list[dict[str
             for m in metrics:
                 offset = effects[m] + shift + world.noise.drift * when
                 other_host = world.noise.host_factor != 1.0 or world.noise.new_host
-                measured[m].append(replace(summarize_boot(world.requests(offset)), session="current",
+                measured[m].append(replace(summarize_boot(world.requests(offset)), session=session_name,
                                            host="current" if other_host else "history"))
                 comparisons.append(compare_with_history(
                     measured[m], summaries[m], direction=Direction.HIGHER_IS_BETTER, tolerance=rules.tolerance,
-                    spreads=rules.spreads, comparable=comparable))
+                    spreads=rules.spreads, comparable=comparable, segment=world.noise.segment))
             for m, c in zip(metrics, comparisons):
                 final[m] = c.verdict
+                last[m] = c
             if boots < rules.boots or any(wants_another_boot(c) for c in comparisons):
                 still_open.append(metrics)
         open_groups = still_open
+    if out is not None:
+        out["boots"] = measured
+        out["comparisons"] = last
     return [final[m] for m in range(world.metrics)], boots
 
 
@@ -341,6 +362,95 @@ def shape_cells(args: argparse.Namespace) -> list[Noise]:
     return cells
 
 
+def step_cells(args: argparse.Namespace) -> list[Noise]:
+    """Change points (issue 34 item 3): histories that stepped +-5% half-way, one that drifted
+    5% over its length, and unstepped histories (shapes and spawn modes), each judged with
+    the last segment (the gate) and without (one pool, as before): what segmenting buys where
+    a history stepped and what it costs where none did."""
+    d = args.drift
+    cells = []
+    for segment in (True, False):
+        how = "last segment" if segment else "one pool"
+        for k, n in ((10, 1), (20, 1), (10, 2), (5, 2), (3, 2)):
+            for step in (0.05, -0.05):
+                cells.append(Noise(0.01, 0.02, d, session_sd=0.01, history_sessions=k, history_boots=k * n,
+                                   history_step=step, segment=segment,
+                                   label=f"stepped {step:+.0%}; history {k} x {n}; {how}"))
+        cells += [Noise(0.01, 0.02, d, session_sd=0.01, history_sessions=k, history_boots=k * n, history_drift=0.05,
+                        segment=segment, label=f"drifted +5%; history {k} x {n}; {how}") for k, n in ((10, 1), (20, 1))]
+        cells += [Noise(0.01, 0.02, d, session_sd=0.01, history_sessions=k, history_boots=k * n, segment=segment,
+                        label=f"no step; history {k} x {n}; {how}") for k, n in ((1, 5), (3, 2), (10, 1), (20, 1))]
+        cells += [Noise(0.01, 0.02, d, session_sd=0.02, history_sessions=k, history_boots=k * n, segment=segment,
+                        label=f"no step, session 2% declared 1%; {k} x {n}; {how}") for k, n in ((3, 2), (10, 1))]
+        cells += [Noise(0.01, 0.02, d, slow_share=0.30, slow_drop=0.20, history_sessions=k, history_boots=k * n,
+                        segment=segment, label=f"30% of boots 20% slower; {k} x {n}; {how}") for k, n in ((10, 2), (1, 5))]
+    return cells
+
+
+def append_nights(args: argparse.Namespace) -> list[dict[str, object]]:
+    """A history that grows itself (issue 34 item 2): nightly gate runs on main, each appending
+    its boots to the history when it passed (the window keeps the last 20 boots), from a
+    history of 10 nights of the unchanged server. Two threats: a slow drift of -0.25% a night
+    (-6%, twice the tolerance, after 24 nights) and a -6% regression that lands on night 5.
+    With the drift guard in force (append only when no metric is worse than the history by half
+    its tolerance at the REGRESSION rule's bound), the point-estimate guard it replaced, and none: the night the gate first fails, and the share of nights after
+    the step that fail (of every night, with no threat: false alarms), and the nights appended."""
+    rules = Rules(args.tolerance, Spreads(args.prior, args.session_prior, args.host_prior), args.max_boots, boots=2)
+    noise = Noise(0.01, 0.02, args.drift, session_sd=0.01)
+    nights = 40
+    rows = []
+    print(f"history that grows itself: nightly runs (2 planned boots) appending when they pass, from 10 nights; "
+          f"{min(args.trials, 200)} series a row")
+    print(f"{'threat':<32} | {'drift guard':>11} | {'first failing night (median, p90)':>34} | "
+          f"{'true change then':>16} | {'nights failing':>14} | {'nights appended':>15}")
+    # "bound" is the rule in force (judge/append.py); "point" the rejected one; "off" no guard.
+    guards = {"bound": lambda c: favourable_bound(c) < -DRIFT_SHARE * c.tolerance,
+              "point": lambda c: c.gain < -DRIFT_SHARE * c.tolerance,
+              "off": lambda c: False}
+    for threat in ("none", "drift -0.25%/night", "step -6% on night 5"):
+        for guard, rule in guards.items():
+            rng = np.random.default_rng(4000)
+            world = World(noise, rng)
+            firsts, changes, failing_after, appended = [], [], [], []
+            for _ in range(min(args.trials, 200)):
+                history, canaries = world.history(10)
+                first = None
+                fails_after = appends = 0
+                for night in range(nights):
+                    level = (-0.0025 * night if threat.startswith("drift") else
+                             -0.06 if threat.startswith("step") and night >= 5 else 0.0)
+                    out: dict[str, object] = {}
+                    verdicts, _ = gate_run(world, (history, canaries), change=level, rules=rules, start=0.0,
+                                           span=1.0, session_name=f"night-{night}", out=out)
+                    failed = any(v is VerdictKind.REGRESSION for v in verdicts)
+                    if failed and first is None:
+                        first = night
+                        changes.append(level)
+                    if not threat.startswith("step") or night >= 5:
+                        fails_after += failed
+                    comparisons: dict[int, Comparison] = out["comparisons"]  # type: ignore[assignment]
+                    drifted = any(math.isfinite(c.gain) and rule(c) for c in comparisons.values())
+                    if not failed and not drifted:
+                        boots: dict[int, list[BootSummary]] = out["boots"]  # type: ignore[assignment]
+                        history = [(history[m] + boots[m])[-20:] for m in range(world.metrics)]
+                        appends += 1
+                firsts.append(first if first is not None else nights)
+                failing_after.append(fails_after / (nights - 5 if threat.startswith("step") else nights))
+                appended.append(appends / nights)
+            med, p90 = float(np.median(firsts)), float(np.quantile(firsts, 0.9))
+            never = sum(f == nights for f in firsts)
+            row = {"threat": threat, "guard": guard, "first_failing_night_median": med, "first_failing_night_p90": p90,
+                   "never_failed": never, "true_change_at_first_failure_median":
+                   float(np.median(changes)) if changes else None,
+                   "nights_failing": float(np.mean(failing_after)), "nights_appended": float(np.mean(appended))}
+            rows.append(row)
+            change = f"{row['true_change_at_first_failure_median'] * 100:+.1f}%" if changes else "-"
+            print(f"{threat:<32} | {guard:>11} | {med:>15.0f}, {p90:>3.0f} ({never} never) {'':>6} | "
+                  f"{change:>16} | {row['nights_failing'] * 100:13.1f}% | {row['nights_appended'] * 100:14.0f}%")
+    print()
+    return rows
+
+
 # -- replay: sessions of real boots from the noise corpus -------------------------------------
 
 def _test_groups(keys: list[str]) -> list[list[str]]:
@@ -460,8 +570,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drift", type=float, default=0.005, help="linear drift over a session (default 0.005)")
     parser.add_argument("--boot-sd", type=float, nargs="*", default=[0.01, 0.015])
     parser.add_argument("--cv", type=float, nargs="*", default=[0.02])
-    parser.add_argument("--cells", choices=("all", "shapes", "none"), default="all",
-                        help="'shapes': issue 34's history shapes (2 planned boots a run); 'none': the replay alone")
+    parser.add_argument("--cells", choices=("all", "shapes", "steps", "append", "none"), default="all",
+                        help="'shapes': issue 34's history shapes (2 planned boots a run); 'steps': stepped and "
+                             "drifting histories, with and without the last segment; 'append': a history that grows "
+                             "itself night by night; 'none': the replay alone")
     parser.add_argument("--replay", action="store_true", help="also replay sessions of the noise corpus")
     parser.add_argument("--replay-trials", type=int, default=300)
     parser.add_argument("--corpus", type=Path, default=Path(__file__).parent / "data" / "noise")
@@ -482,6 +594,12 @@ def main(argv: list[str] | None = None) -> int:
         tables["shapes"] = run_table(
             shape_cells(args), args, replace(rules, boots=2), seed=2000,
             title=f"history shapes, 2 planned boots a run (up to {args.max_boots}); tolerance {args.tolerance:.0%}, {spreads}")
+    if args.cells == "steps":
+        tables["steps"] = run_table(
+            step_cells(args), args, replace(rules, boots=2), seed=3000,
+            title=f"stepped histories, 2 planned boots a run (up to {args.max_boots}); tolerance {args.tolerance:.0%}, {spreads}")
+    if args.cells == "append":
+        tables["append"] = append_nights(args)
     if args.cells == "all":
         tables["simulation"] = run_table(
             simulation_cells(args), args, rules, seed=1000,

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 import numpy as np
+import pytest
 
 from tests.helpers import BENCHMARKS
 
@@ -68,3 +69,28 @@ def test_the_profile_replay_splits_every_hosts_sessions_and_an_inert_split_gets_
     assert aa and all(row.directional == 0 for row in aa), [row.text() for row in aa]
     doubled = [row for row in rows if ", x2, 3 v 3" in row.label]
     assert doubled and all(row.directional > 0 for row in doubled), [row.text() for row in doubled]
+
+
+def test_a_stepped_history_hides_a_regression_as_one_pool_and_not_as_its_last_segment() -> None:
+    # The older half of the history 5% slower: pooled, its centre sits below the current level
+    # and a regression of twice the tolerance reads as half of one.
+    gate_power = _load("gate_power")
+    rules = gate_power.Rules(0.03, gate_power.Spreads(0.01, 0.01, 0.02), 3, boots=2)
+    cells = [gate_power.run_cell(gate_power.Noise(0.01, 0.02, 0.005, session_sd=0.01, history_sessions=10,
+                                                  history_boots=10, history_step=-0.05, segment=segment),
+                                 trials=8, history_boots=10, rules=rules, seed=5)
+             for segment in (True, False)]
+    segmented, pooled = cells
+    assert pooled.detect_2x.hits == 0
+    assert segmented.detect_2x.value > 0.2
+
+
+def test_nightly_appends_stop_at_a_failing_night(capsys: pytest.CaptureFixture[str]) -> None:
+    gate_power = _load("gate_power")
+    args = argparse.Namespace(tolerance=0.03, prior=0.01, session_prior=0.01, host_prior=0.02, max_boots=3,
+                              drift=0.005, trials=1)
+    rows = gate_power.append_nights(args)
+    assert [(r["threat"], r["guard"]) for r in rows][:3] == [("none", "bound"), ("none", "point"), ("none", "off")]
+    step = next(r for r in rows if r["threat"].startswith("step") and r["guard"] == "bound")
+    assert step["first_failing_night_median"] == 5 and step["nights_failing"] > 0.8
+    assert "history that grows itself" in capsys.readouterr().out
