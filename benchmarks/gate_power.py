@@ -54,7 +54,7 @@ from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot  # no
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind  # noqa: E402
 from pytest_kimiperf.judge.append import DRIFT_SHARE, favourable_bound  # noqa: E402
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
-from pytest_kimiperf.judge.history import compare_with_history  # noqa: E402
+from pytest_kimiperf.judge.history import compare_with_history, history_steps, judged_part  # noqa: E402
 from pytest_kimiperf.judge.levels import CorpusBoot, canary_shift, load_corpus  # noqa: E402
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS  # noqa: E402
 from pytest_kimiperf.config.metric_specs import metric_spec  # noqa: E402
@@ -461,13 +461,11 @@ def _test_groups(keys: list[str]) -> list[list[str]]:
 
 
 def replay_run(current: list[CorpusBoot], history: list[CorpusBoot], *, keys: list[str], shift: float,
-               deployment: str, max_boots: int) -> tuple[list[VerdictKind], int]:
+               deployment: str, max_boots: int, segment: bool = True) -> tuple[list[VerdictKind], int]:
     """One gate run replayed on real boots: ``current`` boots (of one session, in the order they
     would boot) against ``history``, every metric ``shift`` (a fraction) worse; boots on demand."""
     dep = BUILTIN_DEPLOYMENTS[deployment]
     spreads = dep.spreads
-    check = canary_shift(current[0].canary, [b.canary for b in history if b.canary])
-    comparable = not (check is not None and check.moved)
     final: dict[str, VerdictKind] = {}
     open_groups = _test_groups(keys)
     boots = 0
@@ -483,9 +481,15 @@ def replay_run(current: list[CorpusBoot], history: list[CorpusBoot], *, keys: li
                 worse = 1.0 - shift if spec.direction is Direction.HIGHER_IS_BETTER else 1.0 + shift
                 cur = [replace(b.metrics[key], median=b.metrics[key].median * worse, session="current",
                                host=b.host) for b in current[:boots] if key in b.metrics]
-                ref = [replace(b.metrics[key], session=b.session, host=b.host) for b in history if key in b.metrics]
+                owners = [b for b in history if key in b.metrics]
+                ref = [replace(b.metrics[key], session=b.session, host=b.host) for b in owners]
+                # As the gate does (history.against_history): the canary against the boots judged.
+                steps = history_steps(ref, spreads=spreads, segment=segment)
+                judged = judged_part(owners, ref, steps)
+                check = canary_shift(current[0].canary, [b.canary for b in judged if b.canary])
                 c = compare_with_history(cur, ref, direction=spec.direction, tolerance=dep.tolerance(metric),
-                                         spreads=spreads, comparable=comparable)
+                                         spreads=spreads, comparable=not (check is not None and check.moved),
+                                         steps=steps)
                 final[key] = c.verdict
                 comparisons.append(c)
             if any(wants_another_boot(c) for c in comparisons):
@@ -526,11 +530,14 @@ def replay(args: argparse.Namespace) -> dict[str, object]:
                 if history_kind == "one other session":
                     others = [others[rng.integers(len(others))]]
                 pool = [b for s in others for b in by_session[s]]
-                history = [pool[i] for i in rng.integers(len(pool), size=min(args.history, 2 * len(pool)))]
+                # Resampled within the pool, each session's boots kept together in time, as a
+                # history is recorded (the change-point search reads the order).
+                history = [pool[i] for i in sorted(rng.integers(len(pool), size=min(args.history, 2 * len(pool))))]
                 mine = by_session[current_session]
                 current = [mine[i] for i in rng.permutation(len(mine))]
                 verdicts, used = replay_run(current, history, keys=keys, shift=factor * tol,
-                                            deployment=args.deployment, max_boots=dep.max_boots)
+                                            deployment=args.deployment, max_boots=dep.max_boots,
+                                            segment=not getattr(args, "one_pool", False))
                 directional = sum(v in (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT) for v in verdicts)
                 alarmed += directional > 0
                 regress += sum(v is VerdictKind.REGRESSION for v in verdicts)
@@ -576,6 +583,8 @@ def main(argv: list[str] | None = None) -> int:
                              "itself night by night; 'none': the replay alone")
     parser.add_argument("--replay", action="store_true", help="also replay sessions of the noise corpus")
     parser.add_argument("--replay-trials", type=int, default=300)
+    parser.add_argument("--one-pool", action="store_true",
+                        help="the replay judges each history as one pool, steps or not (as before change points)")
     parser.add_argument("--corpus", type=Path, default=Path(__file__).parent / "data" / "noise")
     parser.add_argument("--deployment", default="tiny-cpu", help="the replay's deployment (default tiny-cpu)")
     parser.add_argument("--max-foreign-cpu", type=float, default=0.10)

@@ -16,6 +16,9 @@ same factor ``levels.weights_sq`` gives a run against a history. The best split 
 its two-sided p-value, Bonferroni-corrected over the segment's candidate splits, is below
 :data:`STEP_ALPHA`; then each side is searched again.
 
+Steps are looked for in a history of one host only: across hosts of one fingerprint the host
+level explains a difference (and the canary a large one); the corpus replay, whose histories
+mix hosts 3x apart in TTFT, read host changes as steps (0.0% -> 4.0% false alarms) before.
 The noise is never taken smaller than the deployment declares, and raised where the history
 shows more: the boot level from successive boots of one session, the level above it from
 successive boots of different sessions (both by the median absolute difference, so a step or
@@ -43,7 +46,7 @@ import numpy as np
 
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.judge.boot_summary import BootSummary
-from pytest_kimiperf.judge.levels import nested_levels, weights_sq
+from pytest_kimiperf.judge.levels import MIN_UNITS, nested_levels, weights_sq
 from pytest_kimiperf.judge.modes import Modes, find_modes
 from pytest_kimiperf.judge.notes import HistoryStep, HistorySteps
 from pytest_kimiperf.judge.stats import t_quantile
@@ -115,10 +118,11 @@ def _session_key(b: BootSummary, index: int) -> str:
 
 
 def _splits(boots: Sequence[BootSummary], keys: Sequence[str]) -> list[int]:
-    """The candidate steps: between two sessions (a build or a machine changes between
-    sessions, not inside one), with at least :data:`MIN_SEGMENT` sessions on each side (one
-    session's offset is the session level, not a step)."""
-    return [k for k in range(1, len(boots)) if keys[k - 1] != keys[k]
+    """The candidate steps: between two sessions of one host (a build or a driver changes
+    between sessions, not inside one; where the host changes, the host level explains the
+    difference, and the gate charges it already), with at least :data:`MIN_SEGMENT` sessions
+    on each side (one session's offset is the session level, not a step)."""
+    return [k for k in range(1, len(boots)) if keys[k - 1] != keys[k] and boots[k - 1].host == boots[k].host
             and len(set(keys[:k])) >= MIN_SEGMENT and len(set(keys[k:])) >= MIN_SEGMENT]
 
 
@@ -176,7 +180,11 @@ def find_steps(history: Sequence[BootSummary], *, spreads: Spreads, alpha: float
     """The steps in ``history`` (oldest boot first), oldest step first: each with the boots
     either side of it (label and commit) and the change of the level, a fraction."""
     boots = [b for b in history if b.usable]
-    if len(boots) < 2 * MIN_SEGMENT:
+    if len(boots) < 2 * MIN_SEGMENT or len({b.host for b in boots}) > 1:
+        # A step is a change of one machine's level. Across hosts the host level explains a
+        # difference (the canary a large one), and a history of several hosts of one
+        # fingerprint read as steps in the corpus replay (hosts 3x apart in TTFT): 0.0% -> 4.0%
+        # false alarms. Such a history is judged whole.
         return []
     modes = find_modes(boots)
     series = boots
@@ -185,7 +193,14 @@ def find_steps(history: Sequence[BootSummary], *, spreads: Spreads, alpha: float
         main = modes.main_center
         series = [_moved(b, main - (modes.low_center if id(b) in low else modes.high_center)) for b in boots]
     noise = history_noise(series, spreads)
-    found = _segment(series, [_session_key(b, i) for i, b in enumerate(series)], 0, noise, alpha)
+    keys = [_session_key(b, i) for i, b in enumerate(series)]
+    found = _segment(series, keys, 0, noise, alpha)
+    if found:
+        # The whole history's sessions, each around its segment's level, may stray more than
+        # declared: then the steps must stand out from that spread too.
+        shown = _shown_session(series, [i for i, _, _ in found], spreads)
+        if shown > noise.session:
+            found = _segment(series, keys, 0, Noise(noise.boot, shown, noise.host), alpha)
     steps = []
     for index, _, z in found:
         # The change is the level's, between the neighbouring segments' means.
@@ -206,6 +221,46 @@ def last_segment(history: Sequence[BootSummary], steps: Sequence[HistoryStep]) -
     if not steps:
         return boots
     return boots[len(boots) - steps[-1].boots_after:]
+
+
+def _shown_session(boots: Sequence[BootSummary], cuts: Sequence[int], spreads: Spreads) -> float:
+    """The session spread (log SD) the boots show around their segments' levels (0 below
+    MIN_UNITS sessions)."""
+    edges = [0, *cuts, len(boots)]
+    groups: dict[str, dict[str, list[float]]] = {}
+    for lo, hi in zip(edges, edges[1:]):
+        mean = _mean_log(boots[lo:hi])
+        for i in range(lo, hi):
+            groups.setdefault(boots[i].host, {}).setdefault(_session_key(boots[i], i), []).append(
+                math.log(boots[i].median) - mean)
+    found = nested_levels(groups, boot_var=math.log1p(spreads.boot) ** 2)
+    fitted = len(edges) - 2
+    if found.sessions < MIN_UNITS or found.session.df <= fitted or not math.isfinite(found.session.sd_log):
+        return 0.0
+    return found.session.sd_log * math.sqrt(found.session.df / (found.session.df - fitted))
+
+
+def segment_spreads(history: Sequence[BootSummary], steps: Sequence[HistoryStep], spreads: Spreads) -> Spreads:
+    """The spreads a run is judged with against the last segment: the declared ones, the session
+    spread raised to what the whole history shows around its segments' levels. A step moves the
+    level, not the noise: the boots before it still measured how far sessions stray, and the
+    last segment alone (two sessions, say) would forget it."""
+    boots = [b for b in history if b.usable]
+    edges = [0, *(sum(s.boots_before for s in steps[:i + 1]) for i in range(len(steps))), len(boots)]
+    groups: dict[str, dict[str, list[float]]] = {}
+    for lo, hi in zip(edges, edges[1:]):
+        mean = _mean_log(boots[lo:hi])
+        for b in boots[lo:hi]:
+            # A session cut by no step lies in one segment: steps fall between sessions.
+            groups.setdefault(b.host, {}).setdefault(b.session, []).append(math.log(b.median) - mean)
+    found = nested_levels(groups, boot_var=math.log1p(spreads.boot) ** 2)
+    fitted = len(edges) - 2  # segment means beyond the one a single level has
+    session = spreads.session
+    if found.sessions >= MIN_UNITS and found.session.df > fitted and math.isfinite(found.session.sd_log):
+        scale = math.sqrt(found.session.df / (found.session.df - fitted))
+        session = max(session, math.expm1(found.session.sd_log * scale))
+    # One host (find_steps looks for steps on one machine only): its host level is the declared one.
+    return Spreads(spreads.boot, session, spreads.host)
 
 
 def _mean_log(boots: Sequence[BootSummary]) -> float:

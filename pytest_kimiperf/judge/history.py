@@ -11,32 +11,38 @@ environment is the one recorded. ``gate.judge`` decides what the comparison mean
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.baseline_schema import BaselineEntry
 from pytest_kimiperf.judge.boot_summary import BootSummary
-from pytest_kimiperf.judge.changepoints import find_steps, last_segment
+from pytest_kimiperf.judge.changepoints import find_steps, last_segment, segment_spreads
 from pytest_kimiperf.judge.levels import canary_shift, level_terms
 from pytest_kimiperf.judge.modes import align_modes, find_modes
-from pytest_kimiperf.judge.notes import HistorySteps
+from pytest_kimiperf.judge.notes import HistoryStep, HistorySteps
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, EnvDiff, MetricResult
 from pytest_kimiperf.judge.stats import Comparison, compare_boots
+
+T = TypeVar("T")
 
 
 def compare_with_history(
     current: Sequence[BootSummary], history: Sequence[BootSummary], *, direction: Direction,
     tolerance: float, spreads: Spreads, metric: str = "", unit: str = "", comparable: bool = True,
-    segment: bool = True,
+    segment: bool = True, steps: Sequence[HistoryStep] | None = None,
 ) -> Comparison:
     """This run's boots of one metric against a baseline history: the one comparison the gate
     and benchmarks/gate_power.py both make. Modes first (a history whose boots fall into two
     clusters is judged per mode, levels.align_modes) within the history's last segment when it
     stepped (changepoints.find_steps), then every level the two sides do not
     share (levels.level_terms), then the boots (stats.compare_boots). ``segment=False`` judges
-    a stepped history as one pool (benchmarks/gate_power.py measures what segmenting buys)."""
-    steps = find_steps(history, spreads=spreads) if segment else []
+    a stepped history as one pool (benchmarks/gate_power.py measures what segmenting buys);
+    ``steps`` are the history's when the caller found them already (history_steps)."""
+    if steps is None:
+        steps = history_steps(history, spreads=spreads, segment=segment)
     if steps:
+        spreads = segment_spreads(history, steps, spreads)
         history = last_segment(history, steps)
     modes = find_modes(history)
     if modes is not None:
@@ -51,19 +57,38 @@ def compare_with_history(
     return comparison.with_notes(modes.note()) if modes is not None else comparison
 
 
+def history_steps(history: Sequence[BootSummary], *, spreads: Spreads, segment: bool = True) -> list[HistoryStep]:
+    """The steps a run is judged after (none with ``segment=False``)."""
+    return find_steps(history, spreads=spreads) if segment else []
+
+
+def judged_part(history: Sequence[T], summaries: Sequence[BootSummary], steps: Sequence[HistoryStep]) -> list[T]:
+    """The items of ``history`` (one per boot, as ``summaries``) a run is judged against: the
+    usable ones since the last step (every one when it has none): whose canaries say whether
+    the host moved."""
+    if not steps:
+        return list(history)
+    usable = [item for item, s in zip(history, summaries) if s.usable]
+    return usable[len(usable) - steps[-1].boots_after:]
+
+
 def against_history(
     result: MetricResult, entry: BaselineEntry, *, current: Sequence[BootSummary], spreads: Spreads,
     canary: Mapping[str, float] | None, profile_env: Mapping[str, str], profile_args: Sequence[str] = (),
     state: BaselineState = BaselineState.JUDGED,
 ) -> tuple[Comparison, BaselineLine]:
     """One metric's boots against one baseline entry's history, and "not comparable" when the
-    host canary moved or the profile's environment or server arguments differ."""
-    check = canary_shift(canary, [b.origin.canary for b in entry.boots if b.origin is not None and b.origin.canary])
+    host canary moved from the boots it is judged against (those since the history's last step)
+    or the profile's environment or server arguments differ."""
+    summaries = entry.summaries()
+    steps = history_steps(summaries, spreads=spreads)
+    judged = judged_part(entry.boots, summaries, steps)
+    check = canary_shift(canary, [b.origin.canary for b in judged if b.origin is not None and b.origin.canary])
     same_env = dict(entry.profile_env) == dict(profile_env) and tuple(entry.profile_args) == tuple(profile_args)
     comparison = compare_with_history(
-        current, entry.summaries(), direction=Direction(result.direction), tolerance=result.tolerance,
+        current, summaries, direction=Direction(result.direction), tolerance=result.tolerance,
         spreads=spreads, metric=metric_spec(result.metric).label, unit=result.unit,
-        comparable=same_env and not (check is not None and check.moved))
+        comparable=same_env and not (check is not None and check.moved), steps=steps)
     env = None if same_env else EnvDiff(dict(entry.profile_env), tuple(entry.profile_args), dict(profile_env),
                                         tuple(profile_args))
     return comparison, BaselineLine(state, comparison.label, comparison,

@@ -11,7 +11,9 @@ import pytest
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boot_summary import BootSummary
-from pytest_kimiperf.judge.changepoints import MIN_SEGMENT, STEP_ALPHA, find_steps, history_noise, last_segment
+from pytest_kimiperf.judge.changepoints import (
+    MIN_SEGMENT, STEP_ALPHA, find_steps, history_noise, last_segment, segment_spreads,
+)
 from pytest_kimiperf.judge.history import compare_with_history
 from pytest_kimiperf.judge.notes import HistorySteps
 from pytest_kimiperf.judge.stats import VerdictKind
@@ -153,3 +155,23 @@ def test_a_regression_back_to_the_old_level_is_seen_after_a_step_up() -> None:
     assert as_modes.verdict is not VerdictKind.REGRESSION
     assert judged.verdict is VerdictKind.REGRESSION
     assert judged.change == pytest.approx(-0.074, abs=0.01)
+
+
+def test_a_history_of_several_hosts_is_judged_whole() -> None:
+    # The host level explains a difference between hosts (the canary a large one): steps are one
+    # machine's. The corpus replay read hosts 3x apart as steps before this rule.
+    h = history(np.random.default_rng(13), 10, 1, step=-0.2, at=5)
+    two = [dataclasses.replace(b, host="a" if i < 5 else "b") for i, b in enumerate(h)]
+    assert len(find_steps(h, spreads=SPREADS)) == 1
+    assert find_steps(two, spreads=SPREADS) == []
+
+
+def test_the_last_segment_is_judged_with_the_session_spread_the_whole_history_shows() -> None:
+    # Sessions stray 4% around each level (1% declared): the 5 boots since the step alone would
+    # say little of it; the comparison keeps what the 12 sessions showed.
+    rng = np.random.default_rng(14)
+    h = history(rng, 12, 1, step=-0.3, at=6, session_sd=0.04, boot_sd=0.002)
+    steps = find_steps(h, spreads=SPREADS)
+    assert len(steps) == 1
+    assert segment_spreads(h, steps, SPREADS).session > 0.025
+    assert segment_spreads(h, steps, SPREADS).host == SPREADS.host
