@@ -26,7 +26,7 @@ from pytest_kimiperf.judge.baseline_schema import BaselineEntry
 from pytest_kimiperf.judge.baselines import load_baseline
 from pytest_kimiperf.judge.changepoints import find_steps
 from pytest_kimiperf.judge.notes import HistoryStep, HistorySteps
-from pytest_kimiperf.reports.sentences import say, steps_json
+from pytest_kimiperf.reports.sentences import say
 
 _DEFAULTS = Spreads(Deployment.boot_spread, Deployment.session_spread, Deployment.host_spread)
 
@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             steps = find_steps(entry.summaries(), spreads=spreads)
             since = sum(1 for s in entry.summaries() if s.usable) if not steps else steps[-1].boots_after
             out.append({"file": str(path), "entry": key, "boots": len(entry.boots), "judged_boots": since,
-                        "steps": steps_json(steps)})
+                        "steps": [step.plain() for step in steps]})
             if not args.json:
                 said = say(HistorySteps(tuple(steps), since)) if steps else "no step"
                 print(f"  {key}: {len(entry.boots)} boots; {said}")

@@ -211,6 +211,10 @@ class HistoryStep(Note):
     after: str
     after_commit: str
 
+    def plain(self) -> dict[str, Any]:
+        """The step's fields without its kind: as the JSON report and ``history_steps --json`` hold it."""
+        return {k: v for k, v in self.to_json().items() if k != "kind"}
+
 
 @note_kind("history-steps")
 @dataclass(frozen=True)

@@ -178,7 +178,7 @@ def comparison_json(c: Comparison) -> dict[str, object]:
                          "weight": t.weight, "text": level_spread_text(t.level)} for t in c.levels]
         else:
             out[key] = value
-    out["steps"] = steps_json(step for note in c.notes if isinstance(note, HistorySteps) for step in note.steps)
+    out["steps"] = [step.plain() for note in c.notes if isinstance(note, HistorySteps) for step in note.steps]
     out["message"] = comparison_line(c)
     return out
 
@@ -198,11 +198,6 @@ def _(note: NotAppended) -> str:
             f"{fmt_change(note.gain)} against the history (at best {fmt_change(note.bound)}), worse than half its "
             f"{fmt_tolerance(note.tolerance)} tolerance: a slow drift is not taken into the history "
             "(--update-baselines records it on purpose)")
-
-
-def steps_json(steps: Iterable[HistoryStep]) -> list[dict[str, object]]:
-    """A history's steps as the JSON report and ``history_steps --json`` hold them."""
-    return [{k: v for k, v in step.to_json().items() if k != "kind"} for step in steps]
 
 
 @say.register
