@@ -26,7 +26,7 @@ an outlier among them barely moves them). Spawn modes interleaved in time are no
 history is first aligned to its modes (modes.py) unless the two clusters are contiguous in time,
 which is a step and judged as one.
 
-Why not the others (issue 34): E-divisive means (Apache Otava/Hunter, MongoDB) is a permutation
+Why not the others: E-divisive means (Apache Otava/Hunter, MongoDB) is a permutation
 test that assumes exchangeable points: boots of one session are not (they share the session's
 effect), so a session's offset would read as a step. Hunter's Student-t windows are the same
 test as ours with a sample variance of a few boots in place of the known levels. asv's penalized
