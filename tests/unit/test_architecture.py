@@ -1,4 +1,4 @@
-"""The package's layers, as docs/architecture.md draws them, hold in the code.
+"""The package's layers, as docs/explanation/architecture.md draws them, hold in the code.
 
 Each module may import only from its own layer or lower ones (lazy imports inside functions and
 TYPE_CHECKING imports count: they are dependencies all the same), only the pytest glue imports
