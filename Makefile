@@ -22,8 +22,8 @@ BOOTS ?= 3
 perf: $(STAMP)
 	KIMIPERF_RECORD_COMMAND="make baseline" $(PY) -m pytest perf_tests --deployment tiny-cpu \
 		--nccl-profile default,ring-ll --kimiperf-boots $(BOOTS) \
-		--perf-json $(PERF_OUT)/report.json --perf-markdown $(PERF_OUT)/summary.md \
-		--perf-plots $(PERF_OUT)/plots $(PYTEST_ARGS)
+		--kimiperf-json $(PERF_OUT)/report.json --kimiperf-markdown $(PERF_OUT)/summary.md \
+		--kimiperf-plots $(PERF_OUT)/plots $(PYTEST_ARGS)
 
 # This machine's baseline: the perf suite with --update-baselines, BOOTS boots per profile (the
 # same 3 as `make perf`; BOOTS=5 lets the baseline's measured boot spread replace the declared one),

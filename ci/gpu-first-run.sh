@@ -9,7 +9,7 @@
 #   facts             nvml (the fingerprint as NVML reads it: GPUs, driver, CUDA, MIG mode),
 #                     counters (violation counters and energy over 5 s), pid-namespace
 #   sweep-gpu-memory  a process holding GPU memory is named, and freed after SIGKILL (no vLLM)
-#   boot              one vLLM boot of the tiny model at TP = min(2, GPUs) with --nccl-debug and
+#   boot              one vLLM boot of the tiny model at TP = min(2, GPUs) with --kimiperf-nccl-debug and
 #                     tree-ll: boot account, spt-noenv (the launch marker in EngineCore and
 #                     workers), the sweep seeing the engine's memory, nccl-debug (NCCL's
 #                     per-process debug files, read even after a failed boot)
@@ -27,14 +27,14 @@
 #
 # Environment:
 #   PYTHON             interpreter with pytest-kimiperf and a CUDA vLLM 0.32 (default: python3)
-#   KIMIPERF_OUT       where logs and NCCL debug files go (default: first-run)
+#   FIRST_RUN_OUT       where logs and NCCL debug files go (default: first-run)
 #   SKIP               checks not to run (comma- or space-separated)
 #   FIRST_RUN_BUDGET_S the whole run's budget in seconds (default: 570, inside a 10-minute command)
 #   BOOT_DEADLINE_S    each boot's health deadline (default: 150; the tiny model boots in 1-2 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-OUT=${KIMIPERF_OUT:-first-run}
+OUT=${FIRST_RUN_OUT:-first-run}
 BUDGET=${FIRST_RUN_BUDGET_S:-570}
 DEADLINE=${BOOT_DEADLINE_S:-150}
 KILL_GRACE_S=30
@@ -84,7 +84,7 @@ weight_cache() {
     echo "first-run: weight-cache: FAIL not run: no whole GPU (see the nvml line)"
     return 1
   fi
-  KIMIPERF_OUT="$OUT/weight-cache" KIMIPERF_STATE_DIR="$OUT/state" KIMIPERF_BOOT_DEADLINE_S="$DEADLINE" \
+  WEIGHT_CACHE_OUT="$OUT/weight-cache" KIMIPERF_STATE_DIR="$OUT/state" WEIGHT_CACHE_BOOT_DEADLINE_S="$DEADLINE" \
     CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHON="$PY" ci/gpu-weight-cache-check.sh > "$OUT/weight-cache.log" 2>&1
   local rc=$?
   if [ "$rc" -eq 0 ]; then

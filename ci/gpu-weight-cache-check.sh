@@ -11,9 +11,9 @@
 #
 # Environment:
 #   PYTHON        interpreter with pytest-kimiperf and a CUDA vLLM 0.32 (default: python3)
-#   KIMIPERF_OUT  where the server logs go (default: weight-cache-check)
+#   WEIGHT_CACHE_OUT  where the server logs go (default: weight-cache-check)
 #   CUDA_VISIBLE_DEVICES  the GPU to use (default: 0)
-#   KIMIPERF_BOOT_DEADLINE_S  each boot's health deadline (default: 900)
+#   WEIGHT_CACHE_BOOT_DEADLINE_S  each boot's health deadline (default: 900)
 #   KIMIPERF_STATE_DIR    the servers' state directory (default: a new one), shared with the
 #                         caller's other checks so a server one of them left is swept here
 #
@@ -21,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-OUT=${KIMIPERF_OUT:-weight-cache-check}
+OUT=${WEIGHT_CACHE_OUT:-weight-cache-check}
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 mkdir -p "$OUT"
 exec "$PY" - "$OUT" <<'EOF'
@@ -47,7 +47,7 @@ deployment = replace(
              "--tensor-parallel-size", "{tp}", "--max-model-len", "2048", "--dtype", "bfloat16",
              "--gpu-memory-utilization", "0.5"),
     env=MappingProxyType({"HF_HUB_OFFLINE": "1"}),
-    health_deadline_s=float(os.environ.get("KIMIPERF_BOOT_DEADLINE_S", "900")), weight_cache="auto")
+    health_deadline_s=float(os.environ.get("WEIGHT_CACHE_BOOT_DEADLINE_S", "900")), weight_cache="auto")
 settings = SimpleNamespace(deployment=deployment, external=False, port=None, nccl_debug=False,
                            grace_s=30.0, host_wait_s=3600.0, api_key=None, command_plans={})
 state = os.environ.get("KIMIPERF_STATE_DIR") or tempfile.mkdtemp(prefix="kimiperf-wc-state-")

@@ -247,7 +247,7 @@ def server_session(state: Path, logs: Path) -> None:
 
 
 def step_nccl(out: Path) -> tuple[str, str]:
-    """A one-rank all-reduce under tree-ll's and ring-ll's environment with --nccl-debug's files."""
+    """A one-rank all-reduce under tree-ll's and ring-ll's environment with --kimiperf-nccl-debug's files."""
     from pytest_kimiperf.config.nccl.debug_log import nccl_debug_env
     from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES
     from pytest_kimiperf.reports.nccl_check import check_server_log

@@ -2,7 +2,7 @@
 
   python ci/gpu_first_run.py facts OUT                 NVML fingerprint and MIG, counters, pid namespace
   python ci/gpu_first_run.py sweep-gpu-memory OUT      a process holding GPU memory, seen and freed
-  python ci/gpu_first_run.py boot OUT DEADLINE_S       one vLLM boot of the tiny model with --nccl-debug
+  python ci/gpu_first_run.py boot OUT DEADLINE_S       one vLLM boot of the tiny model with --kimiperf-nccl-debug
   python ci/gpu_first_run.py nodes OUT DEADLINE_S      the node agent, and a boot across two loopback nodes
 
 Each prints ``first-run: <check>: OK|FAIL|INFO <what was seen>`` lines and exits 1 if one failed.
@@ -128,7 +128,7 @@ def sweep_gpu_memory(out: Path) -> None:
 
 
 def boot(out: Path, deadline_s: float) -> None:
-    """One boot at TP = min(2, GPUs) under tree-ll with --nccl-debug; each check after a failed
+    """One boot at TP = min(2, GPUs) under tree-ll with --kimiperf-nccl-debug; each check after a failed
     boot still says what it can (the NCCL files of a failed boot are read all the same)."""
     import psutil
 

@@ -2,7 +2,7 @@
 
 The plugin itself is wired in :mod:`pytest_kimiperf.plugin` (hooks) and
 :mod:`pytest_kimiperf.fixtures`; the logic lives in subpackages by role (``config``, ``server``,
-``measure``, ``judge``, ``roofline``, ``reports``) that do not import pytest. docs/architecture.md
+``measure``, ``judge``, ``roofline``, ``reports``) that do not import pytest. docs/explanation/architecture.md
 draws the layers and the import rule between them.
 
 The public API, for perf tests in any repository::
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from pytest_kimiperf.measure.target import Target
     from pytest_kimiperf.config.settings import Settings
     from pytest_kimiperf.warning_types import (
-        BelowTargetWarning, InconclusiveWarning, KimiperfWarning, MissingBaselineWarning,
+        BelowTargetWarning, InconclusiveWarning, KimiperfDeprecationWarning, KimiperfWarning, MissingBaselineWarning,
         OneSessionHistoryWarning, OtherVersionsWarning, SoftFingerprintWarning,
     )
 
@@ -42,7 +42,7 @@ _HOME: dict[str, str] = {
     "KimiperfWarning": "warning_types", "InconclusiveWarning": "warning_types",
     "MissingBaselineWarning": "warning_types", "BelowTargetWarning": "warning_types",
     "SoftFingerprintWarning": "warning_types", "OtherVersionsWarning": "warning_types",
-    "OneSessionHistoryWarning": "warning_types",
+    "OneSessionHistoryWarning": "warning_types", "KimiperfDeprecationWarning": "warning_types",
 }
 
 __all__ = ["__version__", *sorted(_HOME)]

@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pytest_kimiperf.reports.plots import matplotlib_problem
         problem = matplotlib_problem()
         if problem:
-            parser.error(problem.replace("--perf-plots", "--plot"))
+            parser.error(problem.replace("--kimiperf-plots", "--plot"))
     out: list[dict[str, object]] = []
     for path in args.files:
         try:

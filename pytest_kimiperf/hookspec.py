@@ -24,4 +24,4 @@ def pytest_kimiperf_add_profiles(config: pytest.Config) -> dict[str, dict[str, A
 
 @pytest.hookspec
 def pytest_kimiperf_update_json(config: pytest.Config, report: dict[str, Any]) -> None:
-    """Edit the JSON report in place before it is written (``--perf-json``)."""
+    """Edit the JSON report in place before it is written (``--kimiperf-json``)."""

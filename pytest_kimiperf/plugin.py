@@ -8,6 +8,7 @@ is collected or booted); per-run state lives in ``config.stash``.
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_kimiperf import hookspec, xdist_scheduling
-from pytest_kimiperf.config.options import OPTIONS, perf_run_requested, read_raw_options
+from pytest_kimiperf.config.options import OPTIONS, deprecated_spellings_used, perf_run_requested, read_raw_options
 from pytest_kimiperf.config.settings import Settings, build_settings
 from pytest_kimiperf.errors import ConfigError, KimiperfError
 from pytest_kimiperf.reports.outcome import INVALID_ONLY_EXIT, UNRESOLVED_EXIT, FailureTally, failure_outcome
@@ -35,7 +36,7 @@ from pytest_kimiperf.fixtures import (  # noqa: F401 - the fixtures are register
     slot_of,
 )
 from pytest_kimiperf.session import PerfSession, with_gate_plan
-from pytest_kimiperf.warning_types import OneSessionHistoryWarning
+from pytest_kimiperf.warning_types import KimiperfDeprecationWarning, OneSessionHistoryWarning
 
 if TYPE_CHECKING:
     from pytest_kimiperf.reports.reporter import SessionReporter
@@ -73,30 +74,32 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     """Command-line options and their ini twins, in one group."""
     group = parser.getgroup("kimiperf", "LLM-serving performance tests (pytest-kimiperf)")
     for opt in OPTIONS:
-        _add_flag(group, opt, opt.own_flag, *opt.aliases)
-        if opt.ini:
-            parser.addini(opt.ini, help=opt.help, type="bool" if opt.kind == "bool" else "string",
+        for flag, dest, text in opt.flags(bare=False):
+            _add_flag(group, opt, flag, dest, text)
+        for name, text in opt.ini_names():
+            parser.addini(name, help=text, type="bool" if opt.kind == "bool" else "string",
                           default=opt.default if opt.kind == "bool" else None)
 
 
-def _add_flag(group: pytest.OptionGroup, opt: Any, flag: str, *aliases: str) -> None:
+def _add_flag(group: pytest.OptionGroup, opt: Any, flag: str, dest: str, text: str | None) -> None:
+    shown = argparse.SUPPRESS if text is None else text
     if opt.kind == "bool":
-        group.addoption(flag, *aliases, action="store_true", dest=opt.dest, default=None, help=opt.help)
+        group.addoption(flag, action="store_true", dest=dest, default=None, help=shown)
     else:
-        group.addoption(flag, *aliases, action="store", dest=opt.dest, default=None, help=opt.help,
-                        metavar=opt.name.upper())
+        group.addoption(flag, action="store", dest=dest, default=None, help=shown, metavar=opt.metavar)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> Iterator[None]:
-    """The documented short flags (``--deployment``, ``--server-url``, ...) as aliases of the
-    ``--kimiperf-`` ones, each unless a conftest of the user's added that name first: their
-    option wins, ours stays reachable under the prefix."""
+    """The short aliases (``--deployment``, ``--nccl-profile``, ``--update-baselines``) and old
+    bare spellings, each unless a conftest of the user's added that name first: their option
+    wins, ours stays reachable under the prefix."""
     result = yield
     group = parser.getgroup("kimiperf")
     for opt in OPTIONS:
-        if opt.short_flag is not None and not _flag_taken(parser, opt.short_flag):
-            _add_flag(group, opt, opt.short_flag)
+        for flag, dest, text in opt.flags(bare=True):
+            if not _flag_taken(parser, flag):
+                _add_flag(group, opt, flag, dest, text)
     return result
 
 
@@ -159,6 +162,8 @@ def pytest_configure(config: pytest.Config) -> None:
             config.pluginmanager.register(_BenchmarkMachineInfo(run), BENCHMARK_INFO_NAME)
     for warning in settings.profile_warnings:
         config.issue_config_time_warning(pytest.PytestConfigWarning(f"kimiperf: {warning}"), stacklevel=2)
+    for old in [] if is_worker(config) else deprecated_spellings_used(config.getoption, config.getini):
+        config.issue_config_time_warning(KimiperfDeprecationWarning(f"kimiperf: {old}"), stacklevel=2)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -177,7 +182,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     from pytest_kimiperf.reports.header import settings_lines
 
     lines = settings_lines(config.stash[RUN_KEY].settings, os.environ)
-    if _perf_run_requested(config) and not is_worker(config):
+    if perf_run_requested(read_raw_options(config.getoption, config.getini)) and not is_worker(config):
         # The fingerprint probes the GPUs; a run that did not ask for perf settings stays
         # quiet (if it collects perf tests, the lines come after collection instead).
         lines.extend(_fingerprint_lines(config))
@@ -192,10 +197,6 @@ def _fingerprint_lines(config: pytest.Config) -> list[str]:
     view = run.baseline_view()
     return fingerprint_lines(run.fingerprint(), view.path, deployment=run.settings.deployment,
                              span=view.span(), host=run.host())
-
-
-def _perf_run_requested(config: pytest.Config) -> bool:
-    return perf_run_requested(read_raw_options(config.getoption, config.getini))
 
 
 # -- collection --------------------------------------------------------------------------
@@ -283,12 +284,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def _tear_down_to(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """Finish what the item before this unrun one left set up for it. That item tore down only to
-    this one's module (pytest tears down to the next item's collectors); were the next item run in
-    another module (a user's own tests after the perf tests), its setup would find this module
-    still set up ("previous item was not torn down properly"). pytest's runner does the same in
-    its pytest_runtest_teardown, through the session's SetupState, which has no public handle;
-    calling that hook instead would run every plugin's teardown for an item never set up."""
+    """Finish what the item before this unrun one left set up for it (it tore down only to this
+    one's module), or a next item in another module finds it "not torn down properly". As
+    pytest's own runner does, through the SetupState, which has no public handle: the teardown
+    hook would run every plugin's teardown for an item never set up."""
     call = pytest.CallInfo.from_call(
         lambda: item.session._setupstate.teardown_exact(nextitem), when="teardown")  # noqa: SLF001
     if call.excinfo is not None:  # a module or session fixture's teardown failed: report it here
@@ -443,9 +442,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
         from pytest_kimiperf.warning_types import MissingBaselineWarning
 
-        # One warning for the session, in pytest's warnings summary (its warnings plugin records
-        # what session finish warns), located at the baseline file it did not find; escalated by
-        # filterwarnings, it fails the run, not a test.
+        # One warning for the session, in pytest's warnings summary, located at the baseline file it
+        # did not find; escalated by filterwarnings, it fails the run, not a test.
         where = reporter.report.baselines_path if reporter.report is not None else None
         try:
             warnings.warn_explicit(MissingBaselineWarning(f"kimiperf: {missing}"), MissingBaselineWarning,

@@ -1,7 +1,7 @@
 """The plugin's warning classes, so a user's ini can escalate them one by one.
 
 ``filterwarnings = error::pytest_kimiperf.InconclusiveWarning`` fails a perf test whose
-comparison with its baseline is inconclusive (``--perf-strict`` is the shorthand for that one);
+comparison with its baseline is inconclusive (``--kimiperf-strict`` is the shorthand for that one);
 ``error::pytest_kimiperf.KimiperfWarning`` fails on any of them.
 """
 
@@ -12,6 +12,11 @@ import pytest
 
 class KimiperfWarning(pytest.PytestWarning):
     """Base of every warning a perf test raises."""
+
+
+class KimiperfDeprecationWarning(KimiperfWarning, DeprecationWarning):
+    """An old spelling of an option (``--perf-json``, ``kimiperf_nccl_profiles``) was used: it
+    still works, and the warning names the spelling to use instead."""
 
 
 class InconclusiveWarning(KimiperfWarning):

@@ -1,4 +1,4 @@
 """Configuration: what the user asked for, read and validated once.
 
-Which module holds what: docs/architecture.md (the one module map).
+Which module holds what: docs/explanation/architecture.md (the one module map).
 """

@@ -122,7 +122,7 @@ def resolve_deployments(
                     f"{where}: a command without a model; give model (what '{{model}}' in the command "
                     f"becomes), or set 'extends' to a known deployment: {', '.join(sorted(known))}"
                 )
-            # Without a command the deployment can only attach (--server-url): nothing boots, and
+            # Without a command the deployment can only attach (--kimiperf-server-url): nothing boots, and
             # without a model the served one comes from the server's /v1/models.
             base = _USER_BASE
         known[name] = _apply(base, name, table, where)

@@ -116,7 +116,7 @@ class Deployment:
     # torch.distributed port (None: a free one is picked per boot). Empty: one machine.
     nodes: tuple[Node, ...] = ()
     master_port: int | None = None
-    # Attached (--server-url): how to restart the server this run does not own, as an argument
+    # Attached (--kimiperf-server-url): how to restart the server this run does not own, as an argument
     # list (["systemctl", "restart", "vllm"]); between boots the plugin runs it and waits for the
     # server to serve again, so an attached run gets the boots a verdict needs. Empty: one boot.
     restart_command: tuple[str, ...] = ()
@@ -232,7 +232,7 @@ TINY_CPU = Deployment(
     # compilation/decorators.py:318 then calls its missing finalize_loading, logs "Compiling
     # model again due to a load failure" and compiles from scratch on every boot. Without AOT,
     # Dynamo traces each boot and Inductor's FX-graph cache (paths.compile_cache_env) serves
-    # the kernels: the second boot's compile phase is shorter (README, "Boot cost").
+    # the kernels: the second boot's compile phase is shorter (docs/explanation/boot-cost.md).
     env=MappingProxyType({"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_USE_AOT_COMPILE": "0"}),
     health_deadline_s=600.0,
     gpu_count=0,
@@ -249,7 +249,7 @@ TINY_CPU = Deployment(
     declared_from="the noise corpus (benchmarks/data/noise): 38 quiet boots, 8 sessions, 5 hosts "
     "(canary 10.7-28 Mops, decode 241-1285 tok/s per boot)",
     # Two cores shared by API server, engine core and client: noise is far above a GPU's.
-    # Measured (benchmarks/cpu_noise.py, now noise_study.py and the e2e tests, README "Numbers"): per-request CV
+    # Measured (benchmarks/cpu_noise.py, now noise_study.py and the e2e tests, benchmarks/README.md): per-request CV
     # 3-10% within a boot, but per-boot decode medians 2-15% apart on a quiet machine (a 2-vCPU
     # VM) and 22% with other work on it. A baseline is recorded on one boot and judged on
     # another, so the tolerance must cover that spread: this gate sees changes of 25% and more.
@@ -258,14 +258,14 @@ TINY_CPU = Deployment(
     tolerances=MappingProxyType({name: 0.25 for name in METRICS}),
     # API server, engine core and the client share the second core (the worker is pinned to
     # the first): every process there, the server included, sees scheduler stalls of up to
-    # ~100 ms (README, "Numbers"). Stalls that long are the host's, not a saturated client's;
+    # ~100 ms (benchmarks/README.md). Stalls that long are the host's, not a saturated client's;
     # the CPU-fraction bound still catches a client that cannot keep up.
     client_bounds=MappingProxyType({"max_loop_latency_p50_ms": 1.0, "max_loop_latency_p99_ms": 150.0,
                                     "max_send_lag_p99_ms": 150.0}),
     # Measured: five boots of the identical server on a quiet host, decode medians 779, 677,
-    # 517, 746 and 747 tok/s (benchmarks/cpu_noise.py, since grown into noise_study.py): SD of
-    # the log-medians 0.166, an 18% spread. The noise corpus (benchmarks/data/noise, README
-    # "Noise corpus") agrees within sessions: 16-30% on a host shared with other test runs, 3%
+    # 517, 746 and 747 tok/s (benchmarks/noise_study.py): SD of
+    # the log-medians 0.166, an 18% spread. The noise corpus (benchmarks/data/noise, benchmarks/README.md,
+    # "The noise corpus") agrees within sessions: 16-30% on a host shared with other test runs, 3%
     # for decode on a quiet one. Two boots on demand: the second confirms a first boot that
     # looks worse.
     boot_spread=0.18,
@@ -304,7 +304,7 @@ TINY_CPU_TP2 = replace(
     tensor_parallel_size=2,
     command=TINY_CPU.command + ("--distributed-executor-backend", "mp"),
     # The canary-relative floor is tiny-cpu's at TP=1: two workers all-reducing over gloo decode
-    # several times slower (docs/scaling.md), so the absolute floor and target stand.
+    # several times slower (docs/how-to/scaling.md), so the absolute floor and target stand.
     decode_per_canary_mops=None,
     env=MappingProxyType({**TINY_CPU.env, "VLLM_CPU_OMP_THREADS_BIND": "0|1"}),
 )

@@ -18,7 +18,7 @@ environment, so a node started through a template gets the variables that matter
 deployment's, the profile's, the node's own and the launch marker) through ``env K=V ...``.
 
 Ray (``--distributed-executor-backend ray``) starts workers through a Ray cluster the plugin does
-not own: it is a usage error here, with the reason (docs/scaling.md).
+not own: it is a usage error here, with the reason (docs/how-to/scaling.md).
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def check_nodes(nodes: Sequence[Node], *, command: Sequence[str], tensor_paralle
             f"{where}: {_EXECUTOR_FLAG} {backend} with nodes; a deployment that spans nodes runs vLLM's "
             "multiprocessing executor across them ('mp', or leave the flag out). Ray starts its workers "
             "through a cluster the plugin does not own, so it cannot watch, sweep or stop them "
-            "(docs/scaling.md): attach to such a server with --server-url instead")
+            "(docs/how-to/scaling.md): attach to such a server with --kimiperf-server-url instead")
     sizes = {name: _int_flag(command, flags, where) for name, flags in
              (("pipeline parallel", _PP_FLAGS), ("prefill context parallel", _PCP_FLAGS), ("data parallel", _DP_FLAGS))}
     if sizes["data parallel"] > 1:

@@ -18,19 +18,27 @@ from pytest_kimiperf.config.settings import DEFAULT_DEPLOYMENT, DEFAULT_PROFILES
 class Option:
     """One option: its flag, ini twin, environment variable, default and help.
 
+    Every flag is ``--kimiperf-<name>`` and its ini twin ``kimiperf_<name>``; a few carry a short
+    alias (``--deployment``), and old spellings still parse as deprecated aliases that warn once.
     ``name`` is the key Settings are built from; the argparse ``dest`` carries the plugin's
     prefix, so a user's conftest may add ``--port`` or ``--grace`` of its own.
     """
 
     name: str
     flag: str
-    ini: str | None
     help: str
     default: Any = None
     env: str | None = None
     kind: str = "string"  # string | bool
-    # Other names of the plugin's own flag, always registered with it.
-    aliases: tuple[str, ...] = ()
+    # False where a committed ini file must not set it (a key, a switch that never runs tests).
+    has_ini: bool = True
+    # The documented short alias, registered only where no conftest of the user's took the name.
+    short: str | None = None
+    # Old spellings, still parsed; each used one is named in a KimiperfDeprecationWarning.
+    deprecated: tuple[str, ...] = ()
+    deprecated_ini: tuple[str, ...] = ()
+    # What --help and the reference say the default is, where the value is computed at run time.
+    default_text: str | None = None
 
     @property
     def dest(self) -> str:
@@ -38,115 +46,161 @@ class Option:
         return f"kimiperf_{self.name}"
 
     @property
-    def own_flag(self) -> str:
-        """The flag under the plugin's prefix, always registered: ``--kimiperf-deployment``."""
-        if self.flag.startswith(OWN_PREFIXES):
-            return self.flag
-        return f"--kimiperf-{self.flag[2:]}"
+    def ini(self) -> str | None:
+        """The ini twin, the flag's own name: ``--kimiperf-json`` -> ``kimiperf_json``."""
+        return self.flag[2:].replace("-", "_") if self.has_ini else None
 
     @property
-    def short_flag(self) -> str | None:
-        """The documented bare flag (``--deployment``), registered only where no conftest of the
-        user's took the name first; None when the flag already has the plugin's prefix."""
-        return None if self.flag == self.own_flag else self.flag
+    def metavar(self) -> str:
+        """The value's name in ``--help``: ``--kimiperf-json=JSON``."""
+        return self.flag[len(OWN_PREFIX):].upper().replace("-", "_")
+
+    @property
+    def shown_default(self) -> str:
+        """The default in words, as ``--help`` shows it."""
+        if self.default_text is not None:
+            return self.default_text
+        if self.kind == "bool":
+            return "on" if self.default else "off"
+        return str(self.default)
+
+    @property
+    def help_text(self) -> str:
+        """The help with its default: ``... (default: 1)``."""
+        return f"{self.help} (default: {self.shown_default})"
+
+    def alias_dest(self, spelling: str) -> str:
+        """Where argparse keeps an alias's value, apart from the flag's own (a source names the
+        spelling the user typed; an old one is warned of)."""
+        return f"{self.dest}__{spelling.lstrip('-').replace('-', '_')}"
+
+    @property
+    def bare_spellings(self) -> tuple[str, ...]:
+        """The spellings without the plugin's prefix (the short alias, old bare flags): each is
+        registered only where no conftest of the user's took the name first."""
+        return tuple(f for f in (self.short, *self.deprecated) if f and not f.startswith(OWN_PREFIX))
+
+    def flags(self, *, bare: bool) -> list[tuple[str, str, str | None]]:
+        """(spelling, dest, help) of each flag to register: the prefixed ones (``bare=False``), or
+        the bare ones. Each alias keeps its value apart, so a source names what the user typed;
+        an old spelling has no help (argparse hides it)."""
+        if bare:
+            spellings = list(self.bare_spellings)
+        else:
+            spellings = [f for f in (self.flag, *self.deprecated) if f.startswith(OWN_PREFIX)]
+        return [(f, self.dest, self.help_text) if f == self.flag
+                else (f, self.alias_dest(f), f"alias of {self.flag}" if f == self.short else None)
+                for f in spellings]
+
+    def ini_names(self) -> list[tuple[str, str]]:
+        """(name, help) of each ini setting to register: the flag's twin and its old names."""
+        if self.ini is None:
+            return []
+        return [(self.ini, self.help_text), *((n, f"deprecated: use {self.ini}") for n in self.deprecated_ini)]
 
 
-OWN_PREFIXES = ("--kimiperf-", "--perf-")
+OWN_PREFIX = "--kimiperf-"
 
 
 OPTIONS = (
-    Option("deployment", "--deployment", "kimiperf_deployment",
-            "deployment to boot and judge (built-ins: kimi-k25-int4-tp8, tiny-cpu, tiny-cpu-tp2, tiny-cpu-2node)",
-            DEFAULT_DEPLOYMENT, env="KIMIPERF_DEPLOYMENT"),
-    Option("nccl_profiles", "--nccl-profile", "kimiperf_nccl_profiles",
-            "profile(s) to boot a server for, comma-separated, or 'all': NCCL environments and, "
-            "in [tool.kimiperf.profiles], any server environment and arguments", DEFAULT_PROFILES,
-            aliases=("--kimiperf-profile",)),
-    Option("nccl_debug", "--nccl-debug", "kimiperf_nccl_debug",
-            "start servers with NCCL_DEBUG=INFO and check in the log that each variable took effect",
-            False, kind="bool"),
-    Option("server_url", "--server-url", "kimiperf_server_url",
-            "measure an already-running server at this URL: no boot, no teardown, no sweep",
-            env="KIMIPERF_SERVER_URL"),
+    Option("deployment", "--kimiperf-deployment",
+           "deployment to boot and judge (built-ins: kimi-k25-int4-tp8, tiny-cpu, tiny-cpu-tp2, tiny-cpu-2node)",
+           DEFAULT_DEPLOYMENT, env="KIMIPERF_DEPLOYMENT", short="--deployment"),
+    Option("nccl_profiles", "--kimiperf-profile",
+           "profile(s) to boot a server for, comma-separated, or 'all': NCCL environments and, "
+           "in [tool.kimiperf.profiles], any server environment and arguments", DEFAULT_PROFILES,
+           short="--nccl-profile", deprecated=("--kimiperf-nccl-profile",),
+           deprecated_ini=("kimiperf_nccl_profiles",)),
+    Option("nccl_debug", "--kimiperf-nccl-debug",
+           "start servers with NCCL_DEBUG=INFO and check in the log that each variable took effect",
+           False, kind="bool", deprecated=("--nccl-debug",)),
+    Option("server_url", "--kimiperf-server-url",
+           "measure an already-running server at this URL: no boot, no teardown, no sweep",
+           env="KIMIPERF_SERVER_URL", default_text="none: boot the deployment's servers",
+           deprecated=("--server-url",)),
     # No ini twin: a key in a committed ini file is a leaked key.
-    Option("api_key", "--kimiperf-api-key", None,
-            "API key for the server and client (prefer the VLLM_API_KEY environment variable: "
-            "command lines are visible to other users)", env="VLLM_API_KEY"),
-    Option("port", "--kimiperf-port", "kimiperf_port",
-            "fixed port for booted servers (default: a free port)"),
+    Option("api_key", "--kimiperf-api-key",
+           "API key for the server and client (prefer the VLLM_API_KEY environment variable: "
+           "command lines are visible to other users)", env="VLLM_API_KEY", has_ini=False,
+           default_text="none"),
+    Option("port", "--kimiperf-port", "fixed port for booted servers", default_text="a free port"),
     # No ini twin: an ini file that always records would turn the gate into a recorder.
-    Option("update_baselines", "--update-baselines", None,
-            "write the measured samples of the tests that ran as the new baselines", False, kind="bool"),
-    Option("append_on_pass", "--kimiperf-append-on-pass", "kimiperf_append_on_pass",
-            "branch(es), comma-separated, on which a passing run appends its boots to the baseline "
-            "history (e.g. 'main' for a scheduled job; default: off). A failing run appends nothing, "
-            "nor one in which a metric is worse than the history by half its tolerance, by the REGRESSION rule (a slow drift)",
-            env="KIMIPERF_APPEND_ON_PASS"),
-    Option("baselines_dir", "--baselines-dir", "kimiperf_baselines_dir",
-            "directory of JSON baselines (default: <rootdir>/baselines)"),
-    Option("perf_strict", "--perf-strict", "kimiperf_strict",
-            "fail perf tests whose baseline comparison puts the change beyond the tolerance without "
-            "a verdict (inconclusive, or changed with its size unresolved)", False, kind="bool"),
-    Option("missing_baseline", "--kimiperf-missing-baseline", "kimiperf_missing_baseline",
-            "a perf test without a baseline for this hardware: 'warn' (default) or 'fail' (for a "
-            "CI gate, where a missing baseline must not pass)", "warn", env="KIMIPERF_MISSING_BASELINE"),
-    Option("record_command", "--kimiperf-record-command", "kimiperf_record_command",
-            "the command that records this suite's baselines, quoted when a run finds none (e.g. "
-            "'make baseline'; default: this run's pytest command with --update-baselines)",
-            env="KIMIPERF_RECORD_COMMAND"),
-    Option("perf_json", "--perf-json", "kimiperf_json", "write the JSON perf report to this path"),
-    Option("perf_markdown", "--perf-markdown", "kimiperf_markdown",
-            "write the Markdown summary to this path (also to $GITHUB_STEP_SUMMARY when set)"),
-    Option("perf_plots", "--perf-plots", "kimiperf_plots",
-            "write PNG plots into this directory (needs matplotlib: pytest-kimiperf[plots])"),
-    Option("perf_export", "--perf-export", "kimiperf_export",
-            "write per test and profile a `vllm bench serve --save-result` JSON file, and every "
-            "request's timeline as requests.jsonl, into this directory"),
-    Option("perf_export_detailed", "--perf-export-detailed", "kimiperf_export_detailed",
-            "with --perf-export: keep the per-request arrays in the bench-serve files (input_lens, "
-            "output_lens, ttfts, itls, start_times, errors), as bench serve's --save-detailed",
-            False, kind="bool"),
-    Option("progress_interval", "--kimiperf-progress-interval", "kimiperf_progress_interval",
-            "seconds between boot progress lines when the output is not a terminal", "30"),
-    Option("grace", "--kimiperf-grace", "kimiperf_grace",
-            "seconds a stopping server gets between SIGTERM and SIGKILL", "30"),
-    Option("host_wait", "--kimiperf-host-wait", "kimiperf_host_wait",
-            "seconds to wait for another pytest session on this host to finish with its servers "
-            "before failing (default 600; 0: fail at once)", "600"),
-    Option("server_hardware", "--server-hardware", "kimiperf_server_hardware",
-            "with --server-url: the attached server's hardware in your words (e.g. '8x RTX PRO 6000 "
-            "Blackwell, PCIe'), recorded in its fingerprint; required there for --update-baselines"),
-    Option("boots", "--kimiperf-boots", "kimiperf_boots",
-            "boots per profile planned up front (default 1; 2 when several profiles are compared: one boot "
-            "each can never give a direction), in interleaved order A B B A; for "
-            "recording a baseline or a careful comparison", "1"),
-    Option("max_boots", "--kimiperf-max-boots", "kimiperf_max_boots",
-            "most boots per profile, on demand when a first boot looks worse (default: the "
-            "deployment's max_boots)"),
-    Option("boot_order", "--kimiperf-boot-order", "kimiperf_boot_order",
-            "order of the boots of several profiles: interleaved (A B B A ...) or random "
-            "(seeded by --kimiperf-boot-seed)", "interleaved"),
-    Option("boot_seed", "--kimiperf-boot-seed", "kimiperf_boot_seed",
-            "seed of --kimiperf-boot-order random (default 0)", "0"),
-    Option("host_id", "--kimiperf-host-id", "kimiperf_host_id",
-            "the name of the machine this run measures on, kept across reboots (a runner's name): boots "
-            "of one host id are sessions of one host (default: the machine id and DMI product UUID, or "
-            "the machine id and kernel boot id where the UUID cannot be read)", env="KIMIPERF_HOST_ID"),
-    Option("gate", "--kimiperf-gate", "kimiperf_gate",
-            "gate mode, for CI: a perf test without a baseline for this hardware fails, and so does a "
-            "change beyond the tolerance without a verdict (as --perf-strict); the header says what fails",
-            False, env="KIMIPERF_GATE", kind="bool"),
+    Option("update_baselines", "--kimiperf-update-baselines",
+           "write the measured samples of the tests that ran as the new baselines", False, kind="bool",
+           has_ini=False, short="--update-baselines"),
+    Option("append_on_pass", "--kimiperf-append-on-pass",
+           "branch(es), comma-separated, on which a passing run appends its boots to the baseline "
+           "history (e.g. 'main' for a scheduled job). A failing run appends nothing, "
+           "nor one in which a metric is worse than the history by half its tolerance, by the REGRESSION rule (a slow drift)",
+           env="KIMIPERF_APPEND_ON_PASS", default_text="off"),
+    Option("baselines_dir", "--kimiperf-baselines-dir", "directory of JSON baselines",
+           default_text="<rootdir>/baselines", deprecated=("--baselines-dir",)),
+    Option("perf_strict", "--kimiperf-strict",
+           "fail perf tests whose baseline comparison puts the change beyond the tolerance without "
+           "a verdict (inconclusive, or changed with its size unresolved)", False, kind="bool",
+           deprecated=("--perf-strict",)),
+    Option("missing_baseline", "--kimiperf-missing-baseline",
+           "a perf test without a baseline for this hardware: 'warn' or 'fail' (for a "
+           "CI gate, where a missing baseline must not pass)", "warn", env="KIMIPERF_MISSING_BASELINE"),
+    Option("record_command", "--kimiperf-record-command",
+           "the command that records this suite's baselines, quoted when a run finds none (e.g. "
+           "'make baseline')", env="KIMIPERF_RECORD_COMMAND",
+           default_text="this run's pytest command with --kimiperf-update-baselines"),
+    Option("perf_json", "--kimiperf-json", "write the JSON perf report to this path",
+           default_text="none", deprecated=("--perf-json",)),
+    Option("perf_markdown", "--kimiperf-markdown",
+           "write the Markdown summary to this path (also to $GITHUB_STEP_SUMMARY when set)",
+           default_text="none", deprecated=("--perf-markdown",)),
+    Option("perf_plots", "--kimiperf-plots",
+           "write PNG plots into this directory (needs matplotlib: pytest-kimiperf[plots])",
+           default_text="none", deprecated=("--perf-plots",)),
+    Option("perf_export", "--kimiperf-export",
+           "write per test and profile a `vllm bench serve --save-result` JSON file, and every "
+           "request's timeline as requests.jsonl, into this directory", default_text="none",
+           deprecated=("--perf-export",)),
+    Option("perf_export_detailed", "--kimiperf-export-detailed",
+           "with --kimiperf-export: keep the per-request arrays in the bench-serve files (input_lens, "
+           "output_lens, ttfts, itls, start_times, errors), as bench serve's --save-detailed",
+           False, kind="bool", deprecated=("--perf-export-detailed",)),
+    Option("progress_interval", "--kimiperf-progress-interval",
+           "seconds between boot progress lines when the output is not a terminal", "30"),
+    Option("grace", "--kimiperf-grace", "seconds a stopping server gets between SIGTERM and SIGKILL", "30"),
+    Option("host_wait", "--kimiperf-host-wait",
+           "seconds to wait for another pytest session on this host to finish with its servers "
+           "before failing (0: fail at once)", "600"),
+    Option("server_hardware", "--kimiperf-server-hardware",
+           "with --kimiperf-server-url: the attached server's hardware in your words (e.g. '8x RTX PRO 6000 "
+           "Blackwell, PCIe'), recorded in its fingerprint; required there for --kimiperf-update-baselines",
+           default_text="none", deprecated=("--server-hardware",)),
+    Option("boots", "--kimiperf-boots",
+           "boots per profile planned up front, in interleaved order A B B A; for recording a "
+           "baseline or a careful comparison", "1",
+           default_text="1; 2 when several profiles are compared: one boot each can never give a direction"),
+    Option("max_boots", "--kimiperf-max-boots",
+           "most boots per profile, on demand when a first boot looks worse",
+           default_text="the deployment's max_boots"),
+    Option("boot_order", "--kimiperf-boot-order",
+           "order of the boots of several profiles: interleaved (A B B A ...) or random "
+           "(seeded by --kimiperf-boot-seed)", "interleaved"),
+    Option("boot_seed", "--kimiperf-boot-seed", "seed of --kimiperf-boot-order random", "0"),
+    Option("host_id", "--kimiperf-host-id",
+           "the name of the machine this run measures on, kept across reboots (a runner's name): boots "
+           "of one host id are sessions of one host", env="KIMIPERF_HOST_ID",
+           default_text="the machine id and DMI product UUID, or the machine id and kernel boot id "
+           "where the UUID cannot be read"),
+    Option("gate", "--kimiperf-gate",
+           "gate mode, for CI: a perf test without a baseline for this hardware fails, and so does a "
+           "change beyond the tolerance without a verdict (as --kimiperf-strict); the header says what fails",
+           False, env="KIMIPERF_GATE", kind="bool"),
     # No ini twin: an ini file that always plans would never run a test.
-    Option("plan", "--kimiperf-plan", None,
-            "print the run's plan: boots per profile, the expected time of loading them, and the smallest "
-            "change it can resolve, then exit before any boot", False, kind="bool"),
+    Option("plan", "--kimiperf-plan",
+           "print the run's plan: boots per profile, the expected time of loading them, and the smallest "
+           "change it can resolve, then exit before any boot", False, kind="bool", has_ini=False),
     # No ini twin: an ini file that always lists would never run a test.
-    Option("list", "--kimiperf-list", None,
-            "list the deployments, profiles and metrics this run could use, with where each is "
-            "defined, then exit without running anything", False, kind="bool"),
+    Option("list", "--kimiperf-list",
+           "list the deployments, profiles and metrics this run could use, with where each is "
+           "defined, then exit without running anything", False, kind="bool", has_ini=False),
 )
-
-
 
 
 def read_raw_options(
@@ -154,19 +208,61 @@ def read_raw_options(
     getini: Callable[[str], Any],
     environ: Mapping[str, str] = os.environ,
 ) -> dict[str, RawOption]:
-    """Each option's value and where it came from, by the documented precedence."""
+    """Each option's value and where it came from, by the documented precedence (a deprecated
+    spelling counts as its option's own, and its source names the spelling)."""
     raw: dict[str, RawOption] = {}
     for opt in OPTIONS:
-        value = getoption(opt.dest)
+        flag, value = _command_line(opt, getoption)
+        ini, ini_value = _ini(opt, getini)
         if value is not None:
-            raw[opt.name] = RawOption(value, f"command line {opt.flag}")
+            raw[opt.name] = RawOption(value, f"command line {flag}")
         elif opt.env and environ.get(opt.env):
             raw[opt.name] = RawOption(environ[opt.env], f"environment variable {opt.env}")
-        elif opt.ini and _ini_is_set(opt, getini(opt.ini)):
-            raw[opt.name] = RawOption(getini(opt.ini), f"ini option {opt.ini}")
+        elif ini is not None:
+            raw[opt.name] = RawOption(ini_value, f"ini option {ini}")
         else:
             raw[opt.name] = RawOption(opt.default, "default")
     return raw
+
+
+def deprecated_spellings_used(getoption: Callable[[str], Any], getini: Callable[[str], Any]) -> list[str]:
+    """One sentence per old spelling this run used, naming the one to use instead."""
+    used = []
+    for opt in OPTIONS:
+        for spelling in opt.deprecated:
+            if _get(getoption, opt.alias_dest(spelling)) is not None:
+                used.append(f"{spelling} is deprecated: use {opt.flag}")
+        for name in opt.deprecated_ini:
+            if _ini_is_set(opt, _get(getini, name)):
+                used.append(f"the ini option {name} is deprecated: use {opt.ini}")
+    return used
+
+
+def _command_line(opt: Option, getoption: Callable[[str], Any]) -> tuple[str, Any]:
+    value = _get(getoption, opt.dest)
+    if value is not None:
+        return opt.flag, value
+    for spelling in (opt.short, *opt.deprecated) if opt.short else opt.deprecated:
+        value = _get(getoption, opt.alias_dest(spelling))
+        if value is not None:
+            return spelling, value
+    return opt.flag, None
+
+
+def _ini(opt: Option, getini: Callable[[str], Any]) -> tuple[str | None, Any]:
+    for name in (opt.ini, *opt.deprecated_ini) if opt.ini else ():
+        value = _get(getini, name)
+        if _ini_is_set(opt, value):
+            return name, value
+    return None, None
+
+
+def _get(lookup: Callable[[str], Any], name: str) -> Any:
+    # A bare old spelling is registered only where no conftest of the user's took the name.
+    try:
+        return lookup(name)
+    except (ValueError, AttributeError, KeyError):
+        return None
 
 
 def perf_run_requested(raw: Mapping[str, RawOption]) -> bool:

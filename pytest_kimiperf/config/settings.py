@@ -80,7 +80,7 @@ class Settings:
     append_on_pass: tuple[str, ...] = ()
     # The command that records baselines, quoted when a run finds none (None: the run's own).
     record_command: str | None = None
-    # --perf-export DIR: bench-serve result files and requests.jsonl (reports/export.py).
+    # --kimiperf-export DIR: bench-serve result files and requests.jsonl (reports/export.py).
     perf_export: Path | None = None
     perf_export_detailed: bool = False
     # Each selected profile's server command against the deployment's (serve_args.CommandPlan):
@@ -159,16 +159,16 @@ def build_settings(
         profiles = tuple(replace(p, args=command_plans[p.name].args) for p in profiles)
     if server_url and len(profiles) > 1:
         raise ConfigError(
-            f"--server-url {server_url} attaches to one running server, whose environment and arguments "
+            f"--kimiperf-server-url {server_url} attaches to one running server, whose environment and arguments "
             f"were set when it started; give at most one --nccl-profile as its label, "
             f"not {', '.join(p.name for p in profiles)}"
         )
     server_hardware = _server_hardware(options.get("server_hardware", RawOption(None, "default")), server_url)
     if server_url and bool(options["update_baselines"].value) and server_hardware is None:
         raise ConfigError(
-            f"--update-baselines with --server-url {server_url}: this host cannot see the attached "
+            f"--update-baselines with --kimiperf-server-url {server_url}: this host cannot see the attached "
             "server's hardware, and a baseline must say what it was measured on; state it with "
-            "--server-hardware '8x <GPU>, <interconnect>' (or the kimiperf_server_hardware ini option)"
+            "--kimiperf-server-hardware '8x <GPU>, <interconnect>' (or the kimiperf_server_hardware ini option)"
         )
     append_on_pass = _branches(options.get("append_on_pass", RawOption(None, "default")))
     if append_on_pass and bool(options["update_baselines"].value):
@@ -177,8 +177,8 @@ def build_settings(
             "every run, the second only a passing run on those branches; give one")
     if append_on_pass and server_url and server_hardware is None:
         raise ConfigError(
-            f"append-on-pass with --server-url {server_url}: a baseline must say what it was measured on; "
-            "state the attached server's hardware with --server-hardware '8x <GPU>, <interconnect>'")
+            f"append-on-pass with --kimiperf-server-url {server_url}: a baseline must say what it was measured on; "
+            "state the attached server's hardware with --kimiperf-server-hardware '8x <GPU>, <interconnect>'")
     boots = _count(options["boots"], "boots per profile") if "boots" in options else 1
     if len(profiles) > 1 and options.get("boots", RawOption("1", "default")).source == "default" and not server_url:
         # One boot each can never give a direction between profiles (nor tell a change from a
@@ -196,7 +196,7 @@ def build_settings(
                               f"{boots} planned boots (from {options['boots'].source}); use at least {boots}")
     if server_url and not deployment.restart_command:
         if boots > 1:
-            raise ConfigError(f"{boots} boots per profile (from {options['boots'].source}) with --server-url "
+            raise ConfigError(f"{boots} boots per profile (from {options['boots'].source}) with --kimiperf-server-url "
                               f"{server_url}: an attached server is not booted by this run, and deployment "
                               f"{deployment.name} names no restart_command to restart it with; use 1, or give "
                               "the deployment a restart_command (such as ['systemctl', 'restart', 'vllm'])")
@@ -308,13 +308,13 @@ def _check_port_placeholder(deployment: Deployment) -> None:
     if not deployment.command:
         raise ConfigError(
             f"deployment {deployment.name!r} ({deployment.source}) has no command, so this run has nothing to "
-            "boot: attach to its running server with --server-url, or give the table model and command "
+            "boot: attach to its running server with --kimiperf-server-url, or give the table model and command "
             "(such as command = ['vllm', 'serve', '{model}', '--port', '{port}'])")
     if not any("{port}" in part for part in deployment.command):
         raise ConfigError(
             f"deployment {deployment.name!r} ({deployment.source}): its command has no '{{port}}' placeholder, "
             "but each boot gets a free port (or --kimiperf-port) and the plugin waits for the server there; "
-            "add '--port', '{port}' to the command (or attach to a running server with --server-url)")
+            "add '--port', '{port}' to the command (or attach to a running server with --kimiperf-server-url)")
 
 
 def _command_plans(profiles: tuple[NcclProfile, ...], deployment: Deployment) -> dict[str, CommandPlan]:
@@ -340,8 +340,8 @@ def _export(dir_opt: RawOption, detailed_opt: RawOption, rootpath: Path) -> tupl
     directory = _path(dir_opt, rootpath)
     detailed = bool(detailed_opt.value)
     if detailed and directory is None:
-        raise ConfigError(f"--perf-export-detailed (from {detailed_opt.source}) adds the per-request "
-                          "arrays to the --perf-export files: give --perf-export DIR too")
+        raise ConfigError(f"--kimiperf-export-detailed (from {detailed_opt.source}) adds the per-request "
+                          "arrays to the --kimiperf-export files: give --kimiperf-export DIR too")
     if directory is not None and directory.exists() and not directory.is_dir():
         raise ConfigError(f"export directory {dir_opt.value!r} (from {dir_opt.source}) is a file, "
                           "not a directory")

@@ -1,5 +1,5 @@
 """Judgement: is this build's figure a real change or noise, and does the test pass? It starts
 nothing and sends no request (tests/unit/test_architecture.py checks it).
 
-Which module holds what: docs/architecture.md (the one module map).
+Which module holds what: docs/explanation/architecture.md (the one module map).
 """

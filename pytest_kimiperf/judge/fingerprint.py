@@ -138,11 +138,11 @@ def version_changes(old: Fingerprint, new: Fingerprint) -> list[str] | None:
     if any(change.split(":", 1)[0] not in VERSION_KEYS for change in hard):
         return None
     return hard
-NOT_STATED = "not stated (--server-hardware)"
+NOT_STATED = "not stated (--kimiperf-server-hardware)"
 
 
 def attached_fingerprint(local: Fingerprint, server: Mapping[str, str], *, stated_hardware: str | None) -> Fingerprint:
-    """The fingerprint of a measurement of an attached server (``--server-url``).
+    """The fingerprint of a measurement of an attached server (``--kimiperf-server-url``).
 
     This host's probes describe the *client*: they move to soft facts (``client.*``). The hard
     facts are what the server tells (vLLM version, models) and the hardware the user states,

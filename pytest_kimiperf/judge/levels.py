@@ -267,7 +267,7 @@ def history_level(reference: Sequence[BootSummary], name: str, declared: float, 
     for boots): with a session effect of 2% declared as 1%, a history of 3 sessions pooled so gave
     3-5% false REGRESSION per session (benchmarks/gate_power.py). A declared spread that is half
     the truth is not held by this rule either: 5.7% with 3 sessions x 2 boots, as 4.0% with 10 x 1
-    and 23.7% with 1 x 5 (README "History shapes"); the declared floor at the measured df held it
+    and 23.7% with 1 x 5 (benchmarks/README.md, "History shapes"); the declared floor at the measured df held it
     (0%) only by being blind to real changes there."""
     if name not in ("session", "host"):
         raise ValueError(f"level {name!r}: use 'session' or 'host'")
@@ -286,7 +286,7 @@ def history_level(reference: Sequence[BootSummary], name: str, declared: float, 
     # The declared floor is taken as known, as with fewer units. At the measured df (2 with 3
     # sessions) its share of the bound was t(0.975, 2) / z = 2.2 times larger, and a history of
     # 3 sessions x 2 boots caught 0.4% of changes twice the tolerance where 1 session x 5 caught
-    # 53%; now 67% (benchmarks/gate_power.py --cells shapes, README "History shapes").
+    # 53%; now 67% (benchmarks/gate_power.py --cells shapes, benchmarks/README.md, "History shapes").
     return Level(name, prior, math.inf, SpreadSource(SpreadSource.FLOOR, name, declared=declared,
                                                      measured=math.expm1(measured.sd_log), count=units))
 

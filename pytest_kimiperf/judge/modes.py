@@ -7,7 +7,7 @@ spread has two failures at once: the spread is wide (a real 6% regression hides 
 boot that lands in the other mode reads as a change (benchmarks/gate_power.py, bimodal cells:
 10% false REGRESSION, 28% detection of a 6% change before this module).
 
-The method, chosen on the simulation and the corpus (README, "Gate power"): **per-mode
+The method, chosen on the simulation and the corpus (benchmarks/README.md, "Gate power, in simulation"): **per-mode
 comparison**. :func:`find_modes` splits the history at its widest gap when that gap is
 :data:`MODE_GAP` times wider than the spread inside the two clusters, each holds at least
 :data:`MIN_MODE_BOOTS` boots and the history :data:`MIN_HISTORY_BOOTS`. :func:`align_modes` then expresses every boot relative to its

@@ -29,7 +29,7 @@ time", ISMM 2013: replicate at the level that varies most). So:
 
 Why these levels (benchmarks/gate_power.py simulates the whole gate: boot effects of 0-3%,
 per-request CV 1-2%, heavy tails, drift over the session, 2 profiles x 10 gated metrics, a
-10-boot baseline history, boots on demand up to 3; README, "Gate power"): an 84% one-sided
+10-boot baseline history, boots on demand up to 3; benchmarks/README.md, "Gate power, in simulation"): an 84% one-sided
 bound (about one standard error) confirmed on a second boot kept false alarms at or under 0.3%
 per session and detected 94% or more of changes twice the tolerance at boot spreads up to 1.5%
 (600 sessions a cell), at 1.0-1.23 boots per run; a 95% bound detected only 82% at a 1.5%
@@ -237,7 +237,7 @@ class Comparison:
     @property
     def unresolved_beyond_tolerance(self) -> bool:
         """The point estimate is beyond the tolerance without a directional verdict: what
-        warns (InconclusiveWarning) and what ``--perf-strict`` fails, whether or not the
+        warns (InconclusiveWarning) and what ``--kimiperf-strict`` fails, whether or not the
         interval excludes zero."""
         return (self.verdict in (VerdictKind.INCONCLUSIVE, VerdictKind.CHANGED_SIZE_UNRESOLVED)
                 and abs(self.gain) > self.tolerance)

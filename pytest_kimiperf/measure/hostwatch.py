@@ -1,6 +1,6 @@
 """What else used the host during a measured window, so no verdict is drawn from a disturbed run.
 
-On the 2-core CPU host a run beside other work reported ring-ll 75-137% "better" (issue 13), and
+On the 2-core CPU host a run beside other work reported ring-ll 75-137% "better", and
 the client's timing self-check cannot see other processes. So :class:`HostWatch` reads the host
 around each measured round: **foreign CPU** (the host's busy time from ``/proc/stat`` minus our
 own processes' time, as a share of all cores: unlike summing other processes, this also catches

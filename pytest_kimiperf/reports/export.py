@@ -1,10 +1,10 @@
-"""Exports other tools read (``--perf-export DIR``): bench-serve result files and request records.
+"""Exports other tools read (``--kimiperf-export DIR``): bench-serve result files and request records.
 
 Per test and profile (and boot), one file in the shape of ``vllm bench serve --save-result``
 (vllm/benchmarks/serve.py: ``result_json`` of ``main`` merged with the ``result`` dict of
 ``benchmark``): same top-level field names and units (durations in s, latencies in ms,
 per-request arrays in s), so a dashboard that reads bench serve's files reads ours unchanged.
-With ``--perf-export-detailed`` the per-request arrays (``input_lens``, ``output_lens``,
+With ``--kimiperf-export-detailed`` the per-request arrays (``input_lens``, ``output_lens``,
 ``ttfts``, ``itls``, ``start_times``, ``errors``, ...) are kept, as ``--save-detailed`` keeps them.
 
 Beside them, ``requests.jsonl``: one JSON object per measured request of the session (profile,
@@ -161,7 +161,7 @@ def write_exports(report: SessionReport, out_dir: Path, *, detailed: bool,
         written.append(path)
     except OSError as exc:
         raise KimiperfError(
-            f"cannot write the exports into {out_dir} (from --perf-export): {exc.strerror or exc}"
+            f"cannot write the exports into {out_dir} (from --kimiperf-export): {exc.strerror or exc}"
         ) from None
     return written
 

@@ -147,7 +147,7 @@ def spreads_line(dep: Deployment, span: HistorySpan | None) -> str:
 
 def one_session_warning(dep: Deployment, span: HistorySpan | None) -> str | None:
     """What to do when the baseline history spans one session: the session level is then a
-    guess the next session is judged on (README gate power: a 2% session effect declared as 1%
+    guess the next session is judged on (benchmarks/README.md, gate power: a 2% session effect declared as 1%
     convicts an unchanged build in 23% of sessions against a one-session history)."""
     if span is None or span.boots == 0 or span.sessions != 1:
         return None

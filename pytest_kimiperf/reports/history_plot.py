@@ -1,6 +1,6 @@
 """A metric's boot history as a picture: every stored boot, the level of each segment, and its steps.
 
-Drawn by ``--perf-plots`` for each gated metric whose history stepped (the run was judged
+Drawn by ``--kimiperf-plots`` for each gated metric whose history stepped (the run was judged
 against its last segment), and by ``python -m pytest_kimiperf.history_steps --plot DIR`` for
 every entry of a baseline file. matplotlib is optional, as for every plot (plots.py).
 """

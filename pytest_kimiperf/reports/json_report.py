@@ -1,6 +1,6 @@
-"""The machine-readable report (``--perf-json``): every sample, statistic and verdict of the run.
+"""The machine-readable report (``--kimiperf-json``): every sample, statistic and verdict of the run.
 
-The schema is documented in ``docs/json-report-schema.md``; ``SCHEMA_VERSION`` changes whenever a
+The schema is documented in ``docs/reference/json-report.md``; ``SCHEMA_VERSION`` changes whenever a
 field changes meaning or disappears (adding fields does not change it). Run-level figures that
 vLLM's ``bench serve`` also reports keep its field names (``completed``, ``median_ttft_ms``,
 ``p99_itl_ms``, ``output_throughput``, ...; see vllm/benchmarks/serve.py), so a dashboard that
@@ -87,7 +87,7 @@ def write_json_report(path: Path, data: Mapping[str, Any]) -> None:
         write_atomically(path, text)
     except OSError as exc:
         raise KimiperfError(
-            f"cannot write the JSON perf report to {path} (from --perf-json): {exc.strerror or exc}"
+            f"cannot write the JSON perf report to {path} (from --kimiperf-json): {exc.strerror or exc}"
         ) from None
 
 

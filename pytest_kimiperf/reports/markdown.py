@@ -1,6 +1,6 @@
 """The Markdown summary: the terminal's tables as GitHub-flavoured Markdown.
 
-Written to ``--perf-markdown`` and appended to ``$GITHUB_STEP_SUMMARY`` (GitHub Actions shows
+Written to ``--kimiperf-markdown`` and appended to ``$GITHUB_STEP_SUMMARY`` (GitHub Actions shows
 that file on the run's summary page; each step appends to it, so we never overwrite it — see
 GitHub's "Adding a job summary" documentation).
 """
@@ -167,7 +167,7 @@ def _nccl_debug_table(report: SessionReport) -> list[str]:
     checks = report.nccl_checks()
     if not checks:
         return []
-    lines = ["### NCCL variables in the server logs (`--nccl-debug`)", ""]
+    lines = ["### NCCL variables in the server logs (`--kimiperf-nccl-debug`)", ""]
     rows = []
     notes: list[str] = []
     for check in checks:

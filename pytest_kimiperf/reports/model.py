@@ -32,7 +32,7 @@ class ProfileFacts:
     server did.
 
     ``boots`` is None when this process did not start the server (an xdist worker did, or the
-    server was attached with --server-url), so the report says "unknown" instead of "0".
+    server was attached with --kimiperf-server-url), so the report says "unknown" instead of "0".
     """
 
     name: str
@@ -46,7 +46,7 @@ class ProfileFacts:
     log_path: str | None = None
     leftovers: tuple[str, ...] = ()
     error: str | None = None
-    # --nccl-debug: what the server's log says about the profile's variables (None without it)
+    # --kimiperf-nccl-debug: what the server's log says about the profile's variables (None without it)
     nccl_debug: NcclDebugCheck | None = None
     # Where each boot's seconds went (boot_account.py), in boot order; empty when this process
     # booted nothing (attached, or an xdist worker's boots not sent back).
@@ -295,7 +295,7 @@ class SessionReport:
         return [res for res in self.results if res.floor]
 
     def nccl_checks(self) -> list[NcclDebugCheck]:
-        """The --nccl-debug verdicts of the profiles that have one, in display order."""
+        """The --kimiperf-nccl-debug verdicts of the profiles that have one, in display order."""
         order = {name: i for i, name in enumerate(self.profile_names())}
         checks = [facts.nccl_debug for facts in self.profiles if facts.nccl_debug is not None]
         return sorted(checks, key=lambda check: order.get(check.profile, len(order)))

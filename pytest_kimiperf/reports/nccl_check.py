@@ -1,6 +1,6 @@
-"""``--nccl-debug`` verdicts: did each NCCL_*/CUDA_* variable of a profile take effect?
+"""``--kimiperf-nccl-debug`` verdicts: did each NCCL_*/CUDA_* variable of a profile take effect?
 
-A server started with ``--nccl-debug`` runs with ``NCCL_DEBUG=INFO``, under which NCCL logs the
+A server started with ``--kimiperf-nccl-debug`` runs with ``NCCL_DEBUG=INFO``, under which NCCL logs the
 variables it read ("NCCL_PROTO set by environment to LL"; see ``debug_log.parse_nccl_env_lines``).
 At session end the server's log is read and each variable of the profile gets one of three
 answers (``debug_log.applied_status``): applied, not seen in the log, or seen with a different value.
@@ -116,7 +116,7 @@ def check_server_log(
 ) -> NcclDebugCheck:
     """Read a server log written under NCCL_DEBUG=INFO and judge each variable of the profile."""
     if log_path is None:
-        return NcclDebugCheck(profile, None, error="the server has no log here (attached with --server-url?)")
+        return NcclDebugCheck(profile, None, error="the server has no log here (attached with --kimiperf-server-url?)")
     gloo_seen = [False]
     # NCCL's own per-process files (NCCL_DEBUG_FILE, debug_log.nccl_debug_env) where the server
     # wrote them: the server log interleaves the workers' block-buffered stdout mid-line.

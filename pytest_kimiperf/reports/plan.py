@@ -57,7 +57,7 @@ def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:
              f"{planned} boot{'s' * (planned != 1)}"
              + (f", up to {most} with boots on demand ({s.max_boots} per profile)" if most > planned else "")]
     if s.external:
-        lines.append("  attached (--server-url): " + (
+        lines.append("  attached (--kimiperf-server-url): " + (
             f"restarted with {' '.join(dep.restart_command)} for each boot after the first" if dep.restart_command
             else "one boot, never restarted (no restart_command): it can screen a change, never convict one"))
     seconds, source = load_time(s, baseline)

@@ -1,4 +1,4 @@
-"""PNG plots (``--perf-plots DIR``): where the samples lie, not only their medians.
+"""PNG plots (``--kimiperf-plots DIR``): where the samples lie, not only their medians.
 
 Two kinds per perf test: for each metric, the per-request (or per-round) samples of every
 profile as a box with the points on top, which shows a bimodal or long-tailed profile that a
@@ -56,7 +56,7 @@ def matplotlib_problem() -> str | None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
     except ImportError as exc:
         return (
-            f"--perf-plots needs matplotlib, which cannot be imported ({exc}): {INSTALL_HINT}"
+            f"--kimiperf-plots needs matplotlib, which cannot be imported ({exc}): {INSTALL_HINT}"
         )
     return None
 
@@ -71,7 +71,7 @@ def render_plots(report: SessionReport, out_dir: Path, *, baseline: BaselineFile
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise KimiperfError(
-            f"cannot create the plot directory {out_dir} (from --perf-plots): {exc.strerror or exc}"
+            f"cannot create the plot directory {out_dir} (from --kimiperf-plots): {exc.strerror or exc}"
         ) from None
     written: list[Path] = []
     slugs = unique_slugs([block.test for block in report.test_blocks()])
@@ -310,7 +310,7 @@ def save_figure(fig: Any, path: Path) -> None:
     try:
         fig.savefig(path, format="png")
     except OSError as exc:
-        raise KimiperfError(f"cannot write plot {path} (from --perf-plots): {exc.strerror or exc}") from None
+        raise KimiperfError(f"cannot write plot {path} (from --kimiperf-plots): {exc.strerror or exc}") from None
 
 
 

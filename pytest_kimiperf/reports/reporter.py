@@ -257,7 +257,7 @@ class SessionReporter:
 
         markdown_targets: list[tuple[Path, bool, str]] = []
         if settings.perf_markdown:
-            markdown_targets.append((settings.perf_markdown, False, "--perf-markdown"))
+            markdown_targets.append((settings.perf_markdown, False, "--kimiperf-markdown"))
         step_summary = os.environ.get(GITHUB_STEP_SUMMARY)
         # Only a run that measured something adds to the job summary: the plugin is loaded by every
         # pytest run in the environment, and unit-test jobs should not get an empty perf section.
@@ -312,9 +312,9 @@ class SessionReporter:
             baselines.update_baseline(path, settings.deployment.name, fp, entries)
         except OSError as exc:
             # update_baseline turns its own write errors into BaselineError; creating the directory
-            # (a --baselines-dir that is a file, no permission) can still fail underneath it.
+            # (a --kimiperf-baselines-dir that is a file, no permission) can still fail underneath it.
             raise KimiperfError(
-                f"cannot write baseline {path} (--update-baselines, --baselines-dir "
+                f"cannot write baseline {path} (--update-baselines, --kimiperf-baselines-dir "
                 f"{settings.baselines_dir}): {exc.strerror or exc}"
             ) from None
         return BaselineUpdate(path=str(path), entries=len(entries), not_recorded=tuple(not_recorded))
@@ -378,13 +378,13 @@ def _baseline_file(report: SessionReport) -> BaselineFile | None:
 
 
 def _nccl_debug_check(settings: Settings, profile: NcclProfile, rec: ServerRecord) -> NcclDebugCheck | None:
-    """The --nccl-debug verdicts of one profile's server, from its log; None without --nccl-debug."""
+    """The --kimiperf-nccl-debug verdicts of one profile's server, from its log; None without --kimiperf-nccl-debug."""
     if not settings.nccl_debug:
         return None
     if settings.external:
         return NcclDebugCheck(
             profile.name, None,
-            error="attached with --server-url: no server log here; start that server with "
+            error="attached with --kimiperf-server-url: no server log here; start that server with "
                   "NCCL_DEBUG=INFO and look for '<VAR> set by environment to' in its log",
         )
     if rec.boots == 0 and rec.log_path is None:

@@ -1,6 +1,6 @@
 """The terminal summary's sections about the run itself, beside its verdicts.
 
-What NCCL logged it applied (``--nccl-debug``), the decode ceiling (roofline), the server's own
+What NCCL logged it applied (``--kimiperf-nccl-debug``), the decode ceiling (roofline), the server's own
 view next to the client's, the warnings, and the servers and files: boots, leftovers, where
 the reports and baselines went. Pure functions of the report, like the rest of the summary.
 """
@@ -18,9 +18,9 @@ from pytest_kimiperf.reports.terminal_layout import (
     GREEN, LOUD, MAX_WIDTH, RED, YELLOW, Table, TerminalLine, plural, wrapped,
 )
 
-# -- --nccl-debug ---------------------------------------------------------------------------
+# -- --kimiperf-nccl-debug ---------------------------------------------------------------------------
 
-_NCCL_DEBUG_TITLE = "NCCL variables in the server logs (--nccl-debug)"
+_NCCL_DEBUG_TITLE = "NCCL variables in the server logs (--kimiperf-nccl-debug)"
 
 
 def nccl_debug_lines(report: SessionReport, *, titled: bool, quiet: bool) -> list[TerminalLine]:
@@ -125,7 +125,7 @@ def servers_and_files(report: SessionReport, *, quiet: bool) -> list[TerminalLin
         if quiet:
             continue
         if facts.boots is None:
-            boot = "not started by this process (an xdist worker or --server-url)"
+            boot = "not started by this process (an xdist worker or --kimiperf-server-url)"
         elif facts.boots == 0:
             boot = "not started"
         else:

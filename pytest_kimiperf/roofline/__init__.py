@@ -1,4 +1,4 @@
 """The roofline: the ceiling a model and its hardware set on single-stream decode.
 
-Which module holds what: docs/architecture.md (the one module map).
+Which module holds what: docs/explanation/architecture.md (the one module map).
 """

@@ -326,7 +326,7 @@ def build_roofline_report(
             "per-token overhead (scheduling, Python, kernel launches), not memory traffic"
         )
     if external:
-        notes.append("the server was attached with --server-url: the hardware inputs describe this "
+        notes.append("the server was attached with --kimiperf-server-url: the hardware inputs describe this "
                      "host, which may not be the server's")
     limit = est.ceiling_tok_s if comm_known else est.bandwidth_ceiling_tok_s
     above = [m.profile for m in measurements if m.median_tok_s > limit * 1.02]

@@ -1,4 +1,4 @@
-"""Attaching to a running server (``--server-url``), and restarting it between boots.
+"""Attaching to a running server (``--kimiperf-server-url``), and restarting it between boots.
 
 :func:`attach_server` checks that the server serves the deployment's model (or, for a deployment
 that names none, takes the one its ``/v1/models`` lists) and returns its handle. An attached run
@@ -118,7 +118,7 @@ def restart_server(
 
 def attach_server(settings: Settings, profile: str, *, previous: ServerHandle | None,
                   say: Callable[[str], None]) -> tuple[ServerHandle, Restart | None]:
-    """The handle of the server at ``--server-url`` for ``profile``'s next boot: restarted first
+    """The handle of the server at ``--kimiperf-server-url`` for ``profile``'s next boot: restarted first
     when this is not the first (``previous``) and the deployment names a restart_command."""
     url = settings.server_url
     assert url is not None
@@ -139,11 +139,11 @@ def attach_server(settings: Settings, profile: str, *, previous: ServerHandle | 
             # Measuring another model silently would judge it against this deployment's floors
             # and baselines.
             raise ServerError(
-                f"--server-url {url} serves {', '.join(repr(m) for m in served)}, but deployment "
+                f"--kimiperf-server-url {url} serves {', '.join(repr(m) for m in served)}, but deployment "
                 f"{deployment.name} names model {model!r}: attach to the server of that model, choose the "
                 "deployment that names the served one (--deployment), or leave model and served_model_name out "
                 "of an attach-only deployment so the served one is taken")
-        raise ServerError(f"--server-url {url} is not ready for deployment {deployment.name} (model {model!r}): {why_not}")
+        raise ServerError(f"--kimiperf-server-url {url} is not ready for deployment {deployment.name} (model {model!r}): {why_not}")
     handle = ServerHandle(base_url=url, model=model, deployment=deployment.name, profile=profile, log_path=None,
                           external=True, api_key=settings.api_key)
     return handle, restart
@@ -156,9 +156,9 @@ def served_model(url: str, headers: Mapping[str, str], *, deployment: str) -> st
     if len(served) == 1:
         return served[0]
     if not served:
-        raise ServerError(f"--server-url {url} lists no model at /v1/models, and deployment {deployment} names none "
+        raise ServerError(f"--kimiperf-server-url {url} lists no model at /v1/models, and deployment {deployment} names none "
                           "(served_model_name): is it a vLLM OpenAI-compatible server, and is it ready?")
-    raise ServerError(f"--server-url {url} serves {', '.join(repr(m) for m in served)}; deployment {deployment} "
+    raise ServerError(f"--kimiperf-server-url {url} serves {', '.join(repr(m) for m in served)}; deployment {deployment} "
                       "names none: set served_model_name in its table to the one to measure")
 
 

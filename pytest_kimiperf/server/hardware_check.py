@@ -3,7 +3,7 @@ and links that suit the NCCL profiles asked for.
 
 Each check takes the deployment and the query that finds the GPU facts (``gpu.probe_gpus``,
 ``gpu.query_topology`` by default), and asks it only when the answer matters: never for a
-server we do not boot (``--server-url``, ``external``) nor for a CPU deployment.  Passing a
+server we do not boot (``--kimiperf-server-url``, ``external``) nor for a CPU deployment.  Passing a
 query that returns recorded facts makes every rule here testable on a host without GPUs
 (``tests/data/gpu``).
 """

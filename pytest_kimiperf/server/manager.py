@@ -347,7 +347,7 @@ class ServerManager:
             why = check_health(self._external.base_url, self._external.auth_headers(),
                                timeout_s=HEALTH_PROBE_TIMEOUT_S)
             if why is not None:
-                raise ServerError(f"--server-url {self._external.base_url} stopped serving: {why}")
+                raise ServerError(f"--kimiperf-server-url {self._external.base_url} stopped serving: {why}")
 
     def on_signal(self) -> bool:
         """A stop signal (SIGINT, SIGTERM, SIGHUP) arrived. True: absorbed here, because a stop

@@ -1,7 +1,7 @@
 """An attached tiny-cpu server restarted for real between boots (a deployment's restart_command).
 
 The test starts a real vLLM server (tiny-cpu) as a service manager would, through
-tests/fakes/restart_server.py and a pidfile; the plugin attaches to it with ``--server-url`` and,
+tests/fakes/restart_server.py and a pidfile; the plugin attaches to it with ``--kimiperf-server-url`` and,
 for the second boot a verdict needs, runs the same script as the deployment's restart_command:
 SIGTERM to the old server, a new process, a new load. Two boots of tiny-cpu.
 """
@@ -53,7 +53,7 @@ def test_an_attached_tiny_cpu_server_is_restarted_for_its_second_boot(pytester: 
             f"restart_command = {json.dumps(server.restart_command)}\n")
         pytester.makepyfile(test_perf=PERF_TEST)
         result = pytester.runpytest_subprocess(
-            "--deployment", "remote", "--server-url", server.url, "--server-hardware", "tiny-cpu on this host",
+            "--deployment", "remote", "--kimiperf-server-url", server.url, "--kimiperf-server-hardware", "tiny-cpu on this host",
             "--kimiperf-boots", "2", "--update-baselines", "-p", "no:cacheprovider", timeout=900)
         result.assert_outcomes(passed=2)
         result.stdout.fnmatch_lines([

@@ -123,7 +123,7 @@ def test_two_profiles_under_xdist_boot_interleaved_see_their_env_and_a_a_gives_n
     # A/A case, so any "better" or "worse" would be false.
     result = pytester.runpytest_subprocess(
         "-n", "2", "--deployment", "tiny-cpu", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "2",
-        "--perf-json", str(report), timeout=1200,
+        "--kimiperf-json", str(report), timeout=1200,
     )
     result.assert_outcomes(passed=8)
     data = json.loads(report.read_text())
@@ -256,7 +256,7 @@ def test_baseline_then_the_identical_server_passes_then_a_slowed_one_is_a_regres
     assert len(origin["session"]) == 12 and len(origin["host"]) == 16
     assert origin["canary"]["python_mops"] > 0 and origin["canary"]["copy_gbs"] > 0
 
-    same = pytester.runpytest_subprocess(*args, "--perf-json", "same.json", timeout=900)
+    same = pytester.runpytest_subprocess(*args, "--kimiperf-json", "same.json", timeout=900)
     # The identical server: passes. One boot, or two when the first happened to look worse than
     # the tolerance (the tiny-cpu boots of one quiet hour ranged 517-779 tok/s).
     assert same.ret == pytest.ExitCode.OK, same.stdout.str()[-4000:]
@@ -354,7 +354,7 @@ def test_busy_host_during_one_profiles_block_is_invalid_naming_the_process_and_g
         result = pytester.runpytest_subprocess(
             "--deployment", "tiny-cpu", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1",
             "-p", "no:cacheprovider",
-            "--perf-json", str(report), timeout=1200)
+            "--kimiperf-json", str(report), timeout=1200)
     assert busy.procs, "the busy processes never started"
     result.assert_outcomes(passed=1, failed=1)
     assert "INVALID measurement: host busy" in result.stdout.str()

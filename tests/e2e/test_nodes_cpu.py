@@ -93,7 +93,7 @@ def test_a_two_node_deployment_boots_measures_and_leaves_no_process_on_either_no
     pytester.makepyfile(test_nodes=NODES_TESTS)
     report = tmp_path / "report.json"
     result = pytester.runpytest_subprocess(
-        "--deployment", "two-nodes", "--perf-json", str(report), "-p", "no:randomly", "-p", "no:cacheprovider",
+        "--deployment", "two-nodes", "--kimiperf-json", str(report), "-p", "no:randomly", "-p", "no:cacheprovider",
         timeout=900,
     )
     result.assert_outcomes(passed=3, failed=1)

@@ -46,7 +46,7 @@ def test_an_enforce_eager_profile_against_default_two_boots_each_interleaved_is_
     report = tmp_path / "report.json"
     result = pytester.runpytest_subprocess(
         "--deployment", "tiny-cpu", "--kimiperf-profile", "default,eager", "--kimiperf-boots", "2",
-        "--perf-json", str(report), "-p", "no:randomly", timeout=1200,
+        "--kimiperf-json", str(report), "-p", "no:randomly", timeout=1200,
     )
     result.assert_outcomes(passed=8)
     result.stdout.fnmatch_lines([

@@ -29,7 +29,7 @@ def test_a_passing_run_on_the_branch_appends_and_a_run_elsewhere_does_not(
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
     monkeypatch.setenv("GITHUB_REF_NAME", "main")
     out = pytester.path / "perf.json"
-    result = pytester.runpytest_subprocess(*args, "--kimiperf-append-on-pass", "main", "--perf-json", str(out),
+    result = pytester.runpytest_subprocess(*args, "--kimiperf-append-on-pass", "main", "--kimiperf-json", str(out),
                                            timeout=120)
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*baselines appended (a passing run, --kimiperf-append-on-pass): *stub*.json (2 entries)*"])
@@ -38,7 +38,7 @@ def test_a_passing_run_on_the_branch_appends_and_a_run_elsewhere_does_not(
 
     # A pull request's run (GitHub's ref is "<n>/merge"), set by the ini twin: nothing appended, and why.
     monkeypatch.setenv("GITHUB_REF_NAME", "7/merge")
-    result = pytester.runpytest_subprocess(*args, "-o", "kimiperf_append_on_pass=main", "--perf-json", str(out),
+    result = pytester.runpytest_subprocess(*args, "-o", "kimiperf_append_on_pass=main", "--kimiperf-json", str(out),
                                            timeout=120)
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*baselines: not appended to the baseline history: this run is on branch "

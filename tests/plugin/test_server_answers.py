@@ -74,9 +74,9 @@ def test_a_models_answer_that_is_an_sse_stream_says_so_instead_of_not_answering(
 def test_attach_to_a_proxy_page_fails_clearly(pytester: pytest.Pytester, stub_project, proxy_page: str) -> None:
     stub_project(stub_deployment_toml())
     pytester.makepyfile("def test_x(kimiperf_server):\n    pass\n")
-    result = pytester.runpytest_subprocess("--deployment", "stub", "--server-url", proxy_page, timeout=60)
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-server-url", proxy_page, timeout=60)
     assert result.parseoutcomes().get("errors") == 1
-    result.stdout.fnmatch_lines([f"*--server-url {proxy_page} is not ready*/v1/models answered something "
+    result.stdout.fnmatch_lines([f"*--kimiperf-server-url {proxy_page} is not ready*/v1/models answered something "
                                  "that is not JSON (text/event-stream*"])
     result.stdout.no_fnmatch_line("*Traceback*")
 
@@ -91,16 +91,16 @@ def test_attach_to_a_server_of_another_model_fails_with_both_names(
 ) -> None:
     stub_project(stub_deployment_toml())
     pytester.makepyfile("def test_x(kimiperf_server):\n    pass\n")
-    result = pytester.runpytest_subprocess("--deployment", "stub", "--server-url", other_model_stub, timeout=60)
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-server-url", other_model_stub, timeout=60)
     assert result.parseoutcomes().get("errors") == 1
-    result.stdout.fnmatch_lines([f"*--server-url {other_model_stub} serves 'some-other-model', but deployment "
+    result.stdout.fnmatch_lines([f"*--kimiperf-server-url {other_model_stub} serves 'some-other-model', but deployment "
                                  "stub names model 'stub-model'*"])
 
 
 def test_update_baselines_in_attach_mode_needs_the_stated_server_hardware(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest("--server-url", "http://127.0.0.1:9", "--update-baselines")
+    result = pytester.runpytest("--kimiperf-server-url", "http://127.0.0.1:9", "--update-baselines")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--update-baselines with --server-url http://127.0.0.1:9*--server-hardware*"])
+    result.stderr.fnmatch_lines(["*--update-baselines with --kimiperf-server-url http://127.0.0.1:9*--kimiperf-server-hardware*"])
 
 
 @pytest.fixture
@@ -116,11 +116,11 @@ def test_attach_mode_fingerprints_the_server_not_the_client(
     states; this host's CPU and GPUs are the client's, reported but not compared."""
     stub_project(stub_deployment_toml())
     pytester.makepyfile("def test_x(kimiperf_server):\n    pass\n")
-    args = ["--deployment", "stub", "--server-url", attached_stub]
-    args += ["--server-hardware", stated] if stated else []
+    args = ["--deployment", "stub", "--kimiperf-server-url", attached_stub]
+    args += ["--kimiperf-server-hardware", stated] if stated else []
     result = pytester.runpytest_subprocess(*args, timeout=60)
     assert result.parseoutcomes().get("passed") == 1
-    hardware = f"{stated} (as stated)" if stated else "not stated (--server-hardware)"
+    hardware = f"{stated} (as stated)" if stated else "not stated (--kimiperf-server-hardware)"
     result.stdout.fnmatch_lines([
         f"kimiperf fingerprint: attached-{'8x-Test-GPU-PCIe' if stated else 'not-stated-server-hardware'}-*",
         f"  hardware: attached server: {hardware}",

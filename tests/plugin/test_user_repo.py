@@ -42,18 +42,23 @@ def test_a_user_conftest_may_add_port_grace_api_key_and_deployment_options(pytes
             parser.addoption("--grace", default="1")
             parser.addoption("--api-key", default="")
             parser.addoption("--deployment", default="prod")
+            parser.addoption("--server-url", default="http://mine")
             parser.addini("port", "the user's own port")
 
         def pytest_report_header(config):
-            return f"user port {config.getoption('port')}, user deployment {config.getoption('deployment')}"
+            return (f"user port {config.getoption('port')}, user deployment {config.getoption('deployment')}, "
+                    f"user url {config.getoption('server_url')}")
     """)
     pytester.makepyfile("def test_ok(pytestconfig):\n    assert pytestconfig.getoption('port') == '9'\n")
     result = pytester.runpytest_subprocess("--port", "9", "--grace", "2", "--kimiperf-grace", "3",
                                            "--deployment", "staging", "--kimiperf-deployment", "tiny-cpu",
-                                           timeout=60)
+                                           "--server-url", "http://theirs", timeout=60)
     result.assert_outcomes(passed=1)
-    # Their --deployment is theirs; the plugin's stays reachable under its prefix.
-    result.stdout.fnmatch_lines(["kimiperf: deployment tiny-cpu *", "user port 9, user deployment staging"])
+    # Their --deployment is theirs, and so is --server-url (an old spelling of ours): the plugin's
+    # stay reachable under its prefix, and nothing warns of a deprecated spelling they never used.
+    result.stdout.fnmatch_lines(["kimiperf: deployment tiny-cpu *",
+                                 "user port 9, user deployment staging, user url http://theirs"])
+    assert "deprecated" not in result.stdout.str()
 
 
 def test_the_documented_short_flags_work_where_no_conftest_takes_them(pytester: pytest.Pytester) -> None:
@@ -65,11 +70,12 @@ def test_every_option_keeps_its_value_under_a_kimiperf_dest(pytester: pytest.Pyt
     from pytest_kimiperf.config.options import OPTIONS
 
     assert all(opt.dest.startswith("kimiperf_") for opt in OPTIONS)
-    assert all(opt.ini is None or opt.ini.startswith("kimiperf_") for opt in OPTIONS)
-    assert all(opt.own_flag.startswith(("--kimiperf-", "--perf-")) for opt in OPTIONS)
-    assert {opt.short_flag for opt in OPTIONS} - {None} == {
-        "--deployment", "--nccl-profile", "--nccl-debug", "--server-url", "--update-baselines", "--baselines-dir",
-        "--server-hardware"}
+    assert all(opt.flag.startswith("--kimiperf-") for opt in OPTIONS)
+    # One naming scheme: the ini twin is the flag's own name.
+    assert all(opt.ini is None or opt.ini == opt.flag[2:].replace("-", "_") for opt in OPTIONS)
+    assert {opt.short for opt in OPTIONS} - {None} == {"--deployment", "--nccl-profile", "--update-baselines"}
+    spellings = [s for opt in OPTIONS for s in (opt.flag, opt.short, *opt.deprecated) if s]
+    assert len(spellings) == len(set(spellings))
 
 
 @pytest.mark.parametrize("args", [(), ("--collect-only",), ("-m", "not kimiperf")])
@@ -175,7 +181,7 @@ def test_the_report_records_the_resolved_server_command(pytester: pytest.Pyteste
     stub_project(stub_deployment_toml())
     pytester.makepyfile(test_unit_and_perf=UNIT_AND_PERF)
     result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-max-boots", "1",
-                                           "--perf-json", "report.json", "-p", "no:cacheprovider", timeout=120)
+                                           "--kimiperf-json", "report.json", "-p", "no:cacheprovider", timeout=120)
     result.assert_outcomes(passed=2, warnings=1)
     command = json.loads((pytester.path / "report.json").read_text())["deployment"]["server_command"]
     assert command.startswith(f"{sys.executable} ") and "stub_vllm.py" in command

@@ -56,7 +56,7 @@ def test_each_profile_boots_once_for_all_workers(pytester: pytest.Pytester, stub
     _project(pytester, stub_project, boots)
     out = tmp_path / "report.json"
     result = pytester.runpytest_subprocess(
-        "-n", str(workers), "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1", "--perf-json", str(out), timeout=180
+        "-n", str(workers), "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1", "--kimiperf-json", str(out), timeout=180
     )
     result.assert_outcomes(passed=12)
     lines = boots.read_text().splitlines()

@@ -125,7 +125,7 @@ def _serve_models(ids: list[str]) -> Iterator[str]:
 
 @pytest.mark.parametrize("ids, expected", [
     (["my-model"], "my-model"),
-    (["a", "b"], "--server-url .* serves 'a', 'b'; deployment mine names none: set served_model_name in its table"),
+    (["a", "b"], "--kimiperf-server-url .* serves 'a', 'b'; deployment mine names none: set served_model_name in its table"),
     ([], "lists no model at /v1/models, and deployment mine names none"),
 ])
 def test_a_deployment_without_a_model_takes_the_one_the_server_lists(ids: list[str], expected: str) -> None:

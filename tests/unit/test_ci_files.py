@@ -48,13 +48,13 @@ MEASUREMENT_MIN = 30
 
 
 def _boots_per_profile(job: dict) -> int:
-    """The most boots one profile can get in this job: KIMIPERF_MAX_BOOTS (the gate's cap on
+    """The most boots one profile can get in this job: PERF_GATE_MAX_BOOTS (the gate's cap on
     boots on demand), else the planned --kimiperf-boots, else the deployment's max_boots."""
     from pytest_kimiperf.config.deployments import KIMI_K25_INT4_TP8
 
     runs = " ".join(s.get("run", "") for s in job["steps"])
     planned = int(runs.split("--kimiperf-boots ")[1].split()[0]) if "--kimiperf-boots " in runs else 1
-    cap = job.get("env", {}).get("KIMIPERF_MAX_BOOTS")
+    cap = job.get("env", {}).get("PERF_GATE_MAX_BOOTS")
     return max(planned, int(cap) if cap else KIMI_K25_INT4_TP8.max_boots)
 
 
@@ -63,14 +63,14 @@ def test_each_gpu_jobs_timeout_covers_its_plan_at_the_boot_deadline(name: str) -
     from pytest_kimiperf.config.deployments import KIMI_K25_INT4_TP8
 
     job = _load(ROOT / ".github" / "workflows" / "perf-gate.yml")["jobs"][name]
-    profiles = len(job["env"]["KIMIPERF_PROFILES"].split("'")[1].split(","))  # the default selection
+    profiles = len(job["env"]["PERF_GATE_PROFILES"].split("'")[1].split(","))  # the default selection
     boots = _boots_per_profile(job)
     needed = profiles * boots * KIMI_K25_INT4_TP8.health_deadline_s / 60 + MEASUREMENT_MIN
     assert job["timeout-minutes"] >= needed, (name, profiles, boots, needed)
     # The gate caps boots on demand below the deployment's 3, and perf-gate.sh passes the cap on.
     if name == "gate":
         assert boots == 2 < KIMI_K25_INT4_TP8.max_boots
-        assert '--kimiperf-max-boots "$KIMIPERF_MAX_BOOTS"' in GATE.read_text()
+        assert '--kimiperf-max-boots "$MAX_BOOTS"' in GATE.read_text()
 
 
 def test_the_gpu_jobs_set_up_python_before_building_the_venv() -> None:
@@ -117,7 +117,7 @@ def test_actionlint_finds_nothing() -> None:
     (["--nccl-profile", "ring-lll"], 4),
 ])
 def test_gate_script_exits_with_pytests_codes(tmp_path: Path, args: list[str], code: int) -> None:
-    env = {**os.environ, "PYTHON": sys.executable, "KIMIPERF_OUT": str(tmp_path / "out")}
+    env = {**os.environ, "PYTHON": sys.executable, "PERF_GATE_OUT": str(tmp_path / "out")}
     result = subprocess.run(["bash", str(GATE), *args], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == code, result.stdout + result.stderr
@@ -128,7 +128,7 @@ def test_gate_script_without_the_gpus_errors_each_perf_test_before_any_boot(tmp_
 
     if probe_gpus().gpus:
         pytest.skip("this host has NVIDIA GPUs: the gate would boot the real deployment")
-    env = {**os.environ, "PYTHON": sys.executable, "KIMIPERF_OUT": str(tmp_path / "out"),
+    env = {**os.environ, "PYTHON": sys.executable, "PERF_GATE_OUT": str(tmp_path / "out"),
            "KIMIPERF_STATE_DIR": str(tmp_path / "launches")}
     result = subprocess.run(["bash", str(GATE)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
@@ -229,7 +229,7 @@ def test_gpu_first_run_says_one_line_per_check_and_fails_cleanly_without_a_gpu(t
     # On a lent GPU it boots vLLM; here (no NVML, no nvidia-smi) it must stop before any boot.
     pytest.importorskip("vllm")
     done = subprocess.run(["bash", str(ROOT / "ci" / "gpu-first-run.sh")], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHON": sys.executable, "KIMIPERF_OUT": str(tmp_path)})
+                          timeout=300, env={**os.environ, "PYTHON": sys.executable, "FIRST_RUN_OUT": str(tmp_path)})
     if "nvml: OK" in done.stdout:
         pytest.skip("this host has a GPU: ci/gpu-first-run.sh is run by hand there")
     assert done.returncode == 1
@@ -257,10 +257,10 @@ def test_gate_script_reruns_a_run_whose_only_failures_were_invalid_once(
     fake = tmp_path / "python"
     fake.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\nn=$(wc -l < {calls})\n"
                     f"set -- {' '.join(map(str, answers))}\nshift $((n - 1))\n"
-                    "mkdir -p \"$KIMIPERF_OUT\" && echo attempt$n > \"$KIMIPERF_OUT/junit.xml\"\nexit $1\n")
+                    "mkdir -p \"$PERF_GATE_OUT\" && echo attempt$n > \"$PERF_GATE_OUT/junit.xml\"\nexit $1\n")
     fake.chmod(0o755)
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHON": str(fake), "KIMIPERF_OUT": str(out)}
+    env = {**os.environ, "PYTHON": str(fake), "PERF_GATE_OUT": str(out)}
     result = subprocess.run(["bash", str(GATE)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == code, result.stdout + result.stderr
     assert len(calls.read_text().splitlines()) == runs
@@ -268,3 +268,20 @@ def test_gate_script_reruns_a_run_whose_only_failures_were_invalid_once(
         assert "rerunning the gate once" in result.stdout
         assert (out / "junit-attempt1.xml").read_text() == "attempt1\n"
         assert (out / "junit.xml").read_text() == "attempt2\n"
+
+
+def test_gate_script_still_reads_its_old_variable_names_and_says_to_rename_them(tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\nexit 0\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "KIMIPERF_OUT": str(tmp_path / "old-out"),
+           "KIMIPERF_PROFILES": "default", "KIMIPERF_MAX_BOOTS": "3"}
+    result = subprocess.run(["bash", str(GATE)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    args = calls.read_text()
+    assert "--kimiperf-profile default " in args and "--kimiperf-max-boots 3" in args
+    assert f"--kimiperf-json {tmp_path / 'old-out'}/report.json" in args
+    for old, new in (("KIMIPERF_PROFILES", "PERF_GATE_PROFILES"), ("KIMIPERF_OUT", "PERF_GATE_OUT"),
+                     ("KIMIPERF_MAX_BOOTS", "PERF_GATE_MAX_BOOTS")):
+        assert f"perf-gate: {old} is deprecated (the plugin never read it): set {new} instead" in result.stderr

@@ -128,7 +128,7 @@ def test_a_plain_http_scenario_stays_kernel_stamped(gateway: tuple[str, str, Pat
 @pytest.mark.usefixtures("isolated_state")
 def test_an_https_server_url_is_accepted_and_the_header_says_how_it_is_timed(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_plain(): pass")
-    result = pytester.runpytest("--server-url", "https://gw.example:8443", "--co")
+    result = pytester.runpytest("--kimiperf-server-url", "https://gw.example:8443", "--co")
     assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines(["kimiperf: server attached to https://gw.example:8443 (HTTPS: timed in the "
                                  "event loop, not by the kernel)*"])

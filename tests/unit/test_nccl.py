@@ -108,7 +108,7 @@ def test_nccl_debug_env_is_info_and_read_only() -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# --nccl-debug: one file per process, and NCCL's enabled matrix (issue 23 item 4)
+# --kimiperf-nccl-debug: one file per process, and NCCL's enabled matrix (issue 23 item 4)
 # ------------------------------------------------------------------------------------------
 
 TREE_FILES = LOGS / "tree_ll_debug_files"
@@ -645,7 +645,7 @@ def test_describe_env() -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# --nccl-debug: reading what NCCL logged
+# --kimiperf-nccl-debug: reading what NCCL logged
 # ------------------------------------------------------------------------------------------
 
 

@@ -579,8 +579,8 @@ def test_plugin_writes_reports_and_baselines_and_summarizes(
     pytester.makepyfile(test_perf=PLUGIN_TEST)
     outcome = pytester.runpytest(
         "-p", "no:cacheprovider", "--deployment", "tiny-cpu", "--nccl-profile", "default,ring-ll",
-        "--perf-json", "out/report.json", "--perf-markdown", "out/summary.md",
-        "--update-baselines", "--baselines-dir", "bl",
+        "--kimiperf-json", "out/report.json", "--kimiperf-markdown", "out/summary.md",
+        "--update-baselines", "--kimiperf-baselines-dir", "bl",
     )
     outcome.assert_outcomes(passed=4)
     outcome.stdout.fnmatch_lines([
@@ -615,7 +615,7 @@ def test_plugin_quiet_summary_and_hook_edit(pytester: pytest.Pytester, monkeypat
         "    report['ci'] = {'job': 'nightly'}\n"
     )
     outcome = pytester.runpytest("-q", "-p", "no:cacheprovider", "--deployment", "tiny-cpu",
-                                 "--nccl-profile", "default,ring-ll", "--perf-json", "r.json")
+                                 "--nccl-profile", "default,ring-ll", "--kimiperf-json", "r.json")
     outcome.assert_outcomes(passed=4)
     outcome.stdout.fnmatch_lines(["*time to first token ms: ring-ll boot 2 * vs default *: +11.3% (*) inconclusive"])
     assert "servers and files" not in outcome.stdout.str()
@@ -632,7 +632,7 @@ def test_plugin_reports_results_from_xdist_workers(pytester: pytest.Pytester, mo
     (pytester.path / "results.json").write_text(json.dumps(payload))
     pytester.makepyfile(test_perf=PLUGIN_TEST)
     outcome = pytester.runpytest("-n", "2", "-p", "no:cacheprovider", "--deployment", "tiny-cpu",
-                                 "--nccl-profile", "default,ring-ll", "--perf-json", "r.json")
+                                 "--nccl-profile", "default,ring-ll", "--kimiperf-json", "r.json")
     outcome.assert_outcomes(passed=4)
     outcome.stdout.fnmatch_lines(["*ring-ll boot 2*+11.3%*inconclusive", "*not started by this process*"])
     data = json.loads((pytester.path / "r.json").read_text())
@@ -651,8 +651,8 @@ def test_plugin_reports_a_baseline_it_cannot_write_and_still_writes_the_json(
     (pytester.path / "not-a-dir").write_text("a file where the baselines directory should be\n")
     pytester.makepyfile(test_perf=PLUGIN_TEST)
     outcome = pytester.runpytest("-p", "no:cacheprovider", "--deployment", "tiny-cpu",
-                                 "--nccl-profile", "default,ring-ll", "--perf-json", "r.json",
-                                 "--update-baselines", "--baselines-dir", "not-a-dir")
+                                 "--nccl-profile", "default,ring-ll", "--kimiperf-json", "r.json",
+                                 "--update-baselines", "--kimiperf-baselines-dir", "not-a-dir")
     assert outcome.ret == pytest.ExitCode.TESTS_FAILED
     outcome.stdout.fnmatch_lines(["*kimiperf: reports and baselines*",
                                   "ERROR: cannot write baseline *not-a-dir/tiny-cpu/*.json*"])

@@ -375,8 +375,8 @@ def test_plugin_puts_the_ceiling_next_to_the_stub_servers_decode(
     without = stub_deployment_toml("stub-bare", extra_args=("--tok-per-s", "400"))
     stub_project(with_config, without)
     pytester.makepyfile(test_perf=PERF_TEST)
-    result = pytester.runpytest_subprocess("--deployment", "stub", "--perf-json", "r.json",
-                                           "--perf-markdown", "s.md", timeout=120)
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-json", "r.json",
+                                           "--kimiperf-markdown", "s.md", timeout=120)
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
         "*kimiperf: decode floor of stub*",
@@ -394,7 +394,7 @@ def test_plugin_puts_the_ceiling_next_to_the_stub_servers_decode(
     assert data["deployment"]["memory_bandwidth_gbs"] == 10.0
     assert "### Decode ceiling (roofline)" in (pytester.path / "s.md").read_text()
 
-    bare = pytester.runpytest_subprocess("--deployment", "stub-bare", "--perf-json", "r2.json", timeout=120)
+    bare = pytester.runpytest_subprocess("--deployment", "stub-bare", "--kimiperf-json", "r2.json", timeout=120)
     bare.assert_outcomes(passed=1)
     bare.stdout.fnmatch_lines([
         "decode ceiling (roofline)",

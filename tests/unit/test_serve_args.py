@@ -253,7 +253,7 @@ def test_an_attach_only_deployment_needs_no_command_and_no_model(tmp_path: Path)
     assert (settings.boots, settings.max_boots) == (2, 3)
     with pytest.raises(ConfigError, match=re.escape(
             f"deployment 'remote' ({tmp_path / 'pyproject.toml'} [tool.kimiperf] [deployments.remote]) has no command, "
-            "so this run has nothing to boot: attach to its running server with --server-url")):
+            "so this run has nothing to boot: attach to its running server with --kimiperf-server-url")):
         build_settings(_options("remote", "default"), rootpath=tmp_path)
 
 
@@ -261,7 +261,7 @@ def test_boots_of_an_attached_server_without_a_restart_command_are_refused(tmp_p
     (tmp_path / "pyproject.toml").write_text('[tool.kimiperf.deployments.remote]\ndecode_floor_tok_s = 40\n')
     attached = {**_options("remote", "default"), "server_url": RawOption("http://127.0.0.1:8000", "command line")}
     assert build_settings(attached, rootpath=tmp_path).max_boots == 1
-    with pytest.raises(ConfigError, match=r"2 boots per profile \(from command line --kimiperf-boots\) with --server-url "
+    with pytest.raises(ConfigError, match=r"2 boots per profile \(from command line --kimiperf-boots\) with --kimiperf-server-url "
                        r"http://127.0.0.1:8000: an attached server is not booted by this run, and deployment remote "
                        r"names no restart_command to restart it with"):
         build_settings({**attached, "boots": RawOption("2", "command line --kimiperf-boots")}, rootpath=tmp_path)

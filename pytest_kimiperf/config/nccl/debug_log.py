@@ -1,6 +1,6 @@
-"""What NCCL says it read: the ``--nccl-debug`` environment and reading its ``NCCL_DEBUG=INFO`` logs.
+"""What NCCL says it read: the ``--kimiperf-nccl-debug`` environment and reading its ``NCCL_DEBUG=INFO`` logs.
 
-With ``--nccl-debug`` the server gets :func:`nccl_debug_env` on top of its profile: INFO level,
+With ``--kimiperf-nccl-debug`` the server gets :func:`nccl_debug_env` on top of its profile: INFO level,
 written to one file per process (``NCCL_DEBUG_FILE``) beside the server log.
 :func:`parse_nccl_env_lines` reads the values NCCL logged, :func:`applied_status` compares them
 with what the profile asked for, and :func:`parse_enabled_matrix` reads the table NCCL prints
@@ -30,7 +30,7 @@ __all__ = [
     "parse_nccl_env_lines",
 ]
 
-# With --nccl-debug the server gets this on top of its profile: INFO level is what prints the
+# With --kimiperf-nccl-debug the server gets this on top of its profile: INFO level is what prints the
 # "<VAR> set by environment to <value>" lines (the default NCCL_DEBUG_SUBSYS, INIT,BOOTSTRAP,ENV,
 # includes the ENV subsystem they are logged under).
 NCCL_DEBUG_ENV: Mapping[str, str] = MappingProxyType({"NCCL_DEBUG": "INFO"})
@@ -62,7 +62,7 @@ def debug_files_pattern(server_log: Path) -> str:
 
 
 def nccl_debug_env(server_log: Path) -> dict[str, str]:
-    """What ``--nccl-debug`` adds to a server's environment: INFO level, one file per process."""
+    """What ``--kimiperf-nccl-debug`` adds to a server's environment: INFO level, one file per process."""
     return {**NCCL_DEBUG_ENV, "NCCL_DEBUG_FILE": debug_files_pattern(server_log)}
 
 
