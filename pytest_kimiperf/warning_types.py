@@ -15,8 +15,8 @@ class KimiperfWarning(pytest.PytestWarning):
 
 
 class KimiperfDeprecationWarning(KimiperfWarning, DeprecationWarning):
-    """An old spelling of an option (``--perf-json``, ``kimiperf_nccl_profiles``) was used: it
-    still works, and the warning names the spelling to use instead."""
+    """An old spelling of an option or of its ini setting was used: it still works, and the
+    warning names the spelling to use instead."""
 
 
 class InconclusiveWarning(KimiperfWarning):

@@ -26,7 +26,7 @@ LAYERS: dict[str, int] = {
     "roofline": 5,
     "reports": 6,
     "session": 7, "recorder": 7, "xdist_scheduling": 7, "fixtures": 7, "plugin": 7, "node_agent": 7,
-    "merge_driver": 7, "history_steps": 7,
+    "merge_driver": 7, "history_steps": 7, "reference": 7,
 }
 PYTEST_GLUE = {"plugin", "fixtures", "hookspec", "warning_types", "xdist_scheduling"}
 MAX_LINES = 470
