@@ -6,7 +6,7 @@ STAMP := $(VENV)/.kimiperf-setup
 PERF_OUT ?= perf-results
 PYTEST_ARGS ?=
 
-.PHONY: perf baseline test setup clean merge-driver
+.PHONY: perf baseline test setup clean merge-driver docs
 
 $(STAMP): pyproject.toml ci/setup-venv.sh
 	bash ci/setup-venv.sh $(VENV)
@@ -48,5 +48,10 @@ merge-driver:
 test: $(STAMP)
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
+# The docs site, built strictly into site/ (the reference pages come from
+# `$(PY) -m pytest_kimiperf.reference`; `make test` checks they match the code).
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(PERF_OUT) .pytest_cache
+	rm -rf $(PERF_OUT) .pytest_cache site

@@ -147,7 +147,10 @@ def _prose(text: object) -> str:
 
 
 def _cell(text: object) -> str:
-    return _prose(text).replace("|", "\\|").replace("\n", " ")
+    # A pipe inside a code span would show its escape on the site: such a span becomes plain text.
+    parts = _prose(text).split("`")
+    text = "".join(f"`{p}`" if i % 2 and "|" not in p else p for i, p in enumerate(parts))
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def _table(header: Iterable[str], rows: Iterable[Iterable[object]]) -> list[str]:
