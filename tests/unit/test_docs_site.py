@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,3 +30,18 @@ def test_the_docs_site_builds_strictly_without_a_warning(tmp_path: Path) -> None
     warnings = [line for line in output.splitlines() if line.lstrip().startswith(("WARNING", "ERROR"))]
     assert result.returncode == 0 and not warnings, output
     assert (tmp_path / "site" / "reference" / "options" / "index.html").is_file()
+
+
+OUTSIDE_THE_SITE = ["README.md", "ci/README.md", "benchmarks/README.md"]
+
+
+@pytest.mark.parametrize("name", OUTSIDE_THE_SITE)
+def test_a_readme_outside_the_site_links_only_to_files_that_exist(name: str) -> None:
+    page = ROOT / name
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue  # a web address or an anchor of the page itself
+        if not (page.parent / target.split("#", 1)[0]).exists():
+            broken.append(target)
+    assert not broken, f"{name} links to missing files: {broken}"
