@@ -56,8 +56,10 @@ ENVIRONMENT: dict[str, str] = {
     "CI_COMMIT_BRANCH": "the branch on GitLab CI",
     "BUILDKITE": "with `BUILDKITE_BRANCH`: the branch on Buildkite",
     "BUILDKITE_BRANCH": "the branch on Buildkite",
-    "PYTEST_XDIST_WORKER": "set by pytest-xdist on its workers: a worker leaves the host watch to the controller",
-    "PYTEST_XDIST_TESTRUNUID": "set by pytest-xdist: one id for the whole run, so its workers share one session",
+    "PYTEST_XDIST_WORKER": "set by pytest-xdist on its workers: the host watch counts the controller as this "
+                           "run's own process, not as foreign load",
+    "PYTEST_XDIST_TESTRUNUID": "set by pytest-xdist: one id for the whole run, so the boots of all its workers "
+                               "count as one session",
 }
 
 # What each deployment key is, and its default where the table's own base does not say it (a
