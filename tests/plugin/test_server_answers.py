@@ -122,7 +122,7 @@ def test_attach_mode_fingerprints_the_server_not_the_client(
     assert result.parseoutcomes().get("passed") == 1
     hardware = f"{stated} (as stated)" if stated else "not stated (--kimiperf-server-hardware)"
     result.stdout.fnmatch_lines([
-        f"kimiperf fingerprint: attached-{'8x-Test-GPU-PCIe' if stated else 'not-stated-server-hardware'}-*",
+        f"kimiperf fingerprint: attached-{'8x-Test-GPU-PCIe' if stated else 'not-stated-kimiperf-server-hardware'}-*",
         f"  hardware: attached server: {hardware}",
         "  server: vLLM 0.32.0-stub, models stub-model, max_model_len unknown",
         "  client host (not compared): *",
