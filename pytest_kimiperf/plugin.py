@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_kimiperf import hookspec, xdist_scheduling
-from pytest_kimiperf.config.options import OPTIONS, deprecated_spellings_used, perf_run_requested, read_raw_options
+from pytest_kimiperf.config.options import (
+    OPTIONS, SpelledAction, deprecated_spellings_used, perf_run_requested, read_raw_options,
+)
 from pytest_kimiperf.config.settings import Settings, build_settings
 from pytest_kimiperf.errors import ConfigError, KimiperfError
 from pytest_kimiperf.reports.outcome import INVALID_ONLY_EXIT, UNRESOLVED_EXIT, FailureTally, failure_outcome
@@ -74,19 +76,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     """Command-line options and their ini twins, in one group."""
     group = parser.getgroup("kimiperf", "LLM-serving performance tests (pytest-kimiperf)")
     for opt in OPTIONS:
-        for flag, dest, text in opt.flags(bare=False):
-            _add_flag(group, opt, flag, dest, text)
+        for flag, text in opt.flags(bare=False):
+            _add_flag(group, opt, flag, text)
         for name, text in opt.ini_names():
             parser.addini(name, help=text, type="bool" if opt.kind == "bool" else "string",
                           default=opt.default if opt.kind == "bool" else None)
 
 
-def _add_flag(group: pytest.OptionGroup, opt: Any, flag: str, dest: str, text: str | None) -> None:
-    shown = argparse.SUPPRESS if text is None else text
-    if opt.kind == "bool":
-        group.addoption(flag, action="store_true", dest=dest, default=None, help=shown)
-    else:
-        group.addoption(flag, action="store", dest=dest, default=None, help=shown, metavar=opt.metavar)
+def _add_flag(group: pytest.OptionGroup, opt: Any, flag: str, text: str | None) -> None:
+    shape = dict(nargs=0, const=True) if opt.kind == "bool" else dict(metavar=opt.metavar)
+    group.addoption(flag, action=SpelledAction, dest=opt.dest, default=None,
+                    help=argparse.SUPPRESS if text is None else text, **shape)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -97,9 +97,9 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     result = yield
     group = parser.getgroup("kimiperf")
     for opt in OPTIONS:
-        for flag, dest, text in opt.flags(bare=True):
+        for flag, text in opt.flags(bare=True):
             if not _flag_taken(parser, flag):
-                _add_flag(group, opt, flag, dest, text)
+                _add_flag(group, opt, flag, text)
     return result
 
 

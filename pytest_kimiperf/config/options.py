@@ -6,6 +6,7 @@ one exists) > ini option > default. Validation happens once, in settings.build_s
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -69,27 +70,22 @@ class Option:
         """The help with its default: ``... (default: 1)``."""
         return f"{self.help} (default: {self.shown_default})"
 
-    def alias_dest(self, spelling: str) -> str:
-        """Where argparse keeps an alias's value, apart from the flag's own (a source names the
-        spelling the user typed; an old one is warned of)."""
-        return f"{self.dest}__{spelling.lstrip('-').replace('-', '_')}"
-
     @property
     def bare_spellings(self) -> tuple[str, ...]:
         """The spellings without the plugin's prefix (the short alias, old bare flags): each is
         registered only where no conftest of the user's took the name first."""
         return tuple(f for f in (self.short, *self.deprecated) if f and not f.startswith(OWN_PREFIX))
 
-    def flags(self, *, bare: bool) -> list[tuple[str, str, str | None]]:
-        """(spelling, dest, help) of each flag to register: the prefixed ones (``bare=False``), or
-        the bare ones. Each alias keeps its value apart, so a source names what the user typed;
-        an old spelling has no help (argparse hides it)."""
+    def flags(self, *, bare: bool) -> list[tuple[str, str | None]]:
+        """(spelling, help) of each flag to register: the prefixed ones (``bare=False``), or the
+        bare ones. All store into the option's one dest, so the last given wins, as argparse's
+        aliases do; :class:`SpelledAction` keeps which spelling gave it. An old spelling has no
+        help (argparse hides it)."""
         if bare:
             spellings = list(self.bare_spellings)
         else:
             spellings = [f for f in (self.flag, *self.deprecated) if f.startswith(OWN_PREFIX)]
-        return [(f, self.dest, self.help_text) if f == self.flag
-                else (f, self.alias_dest(f), f"alias of {self.flag}" if f == self.short else None)
+        return [(f, self.help_text if f == self.flag else f"alias of {self.flag}" if f == self.short else None)
                 for f in spellings]
 
     def ini_names(self) -> list[tuple[str, str]]:
@@ -100,6 +96,24 @@ class Option:
 
 
 OWN_PREFIX = "--kimiperf-"
+# Where SpelledAction keeps, per dest, the spellings given on the command line, in order.
+SPELLINGS_DEST = "kimiperf__spellings"
+
+
+class SpelledAction(argparse.Action):
+    """Stores an option's value under its dest (``nargs=0``: a switch, storing ``const``) and
+    notes the spelling that gave it: a source then names what the user typed, and an old
+    spelling is warned of. pytest parses the command line twice into one namespace; the second
+    pass repeats the first, so the last spelling is the same."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        spelled = getattr(namespace, SPELLINGS_DEST, None)
+        if spelled is None:
+            spelled = {}
+            setattr(namespace, SPELLINGS_DEST, spelled)
+        spelled.setdefault(self.dest, []).append(option_string)
 
 
 OPTIONS = (
@@ -227,10 +241,11 @@ def read_raw_options(
 
 def deprecated_spellings_used(getoption: Callable[[str], Any], getini: Callable[[str], Any]) -> list[str]:
     """One sentence per old spelling this run used, naming the one to use instead."""
+    spelled = _get(getoption, SPELLINGS_DEST) or {}
     used = []
     for opt in OPTIONS:
         for spelling in opt.deprecated:
-            if _get(getoption, opt.alias_dest(spelling)) is not None:
+            if spelling in spelled.get(opt.dest, ()):
                 used.append(f"{spelling} is deprecated: use {opt.flag}")
         for name in opt.deprecated_ini:
             if _ini_is_set(opt, _get(getini, name)):
@@ -239,14 +254,9 @@ def deprecated_spellings_used(getoption: Callable[[str], Any], getini: Callable[
 
 
 def _command_line(opt: Option, getoption: Callable[[str], Any]) -> tuple[str, Any]:
-    value = _get(getoption, opt.dest)
-    if value is not None:
-        return opt.flag, value
-    for spelling in (opt.short, *opt.deprecated) if opt.short else opt.deprecated:
-        value = _get(getoption, opt.alias_dest(spelling))
-        if value is not None:
-            return spelling, value
-    return opt.flag, None
+    """The option's value from the command line, and the spelling that gave it (the last given)."""
+    spellings = (_get(getoption, SPELLINGS_DEST) or {}).get(opt.dest) or [opt.flag]
+    return spellings[-1], _get(getoption, opt.dest)
 
 
 def _ini(opt: Option, getini: Callable[[str], Any]) -> tuple[str | None, Any]:

@@ -45,3 +45,14 @@ def test_the_new_spelling_wins_over_an_old_one_in_the_ini(pytester: pytest.Pytes
     result = pytester.runpytest_subprocess("--deployment", "tiny-cpu", "-p", "no:cacheprovider", timeout=60)
     result.stdout.fnmatch_lines(["kimiperf: profile default: *"])
     assert "kimiperf: profile ring-ll" not in result.stdout.str()
+
+
+@pytest.mark.parametrize("args", [("--kimiperf-profile", "default", "--nccl-profile", "ring-ll"),
+                                  ("--nccl-profile", "default", "--kimiperf-profile", "ring-ll"),
+                                  ("--kimiperf-profile", "default", "--kimiperf-nccl-profile", "ring-ll")])
+def test_the_last_spelling_given_wins_as_argparse_aliases_do(pytester: pytest.Pytester, args: tuple[str, ...]) -> None:
+    # ci/perf-gate.sh passes --kimiperf-profile and lets a caller's extra arguments override it.
+    pytester.makepyfile("def test_ok():\n    pass\n")
+    result = pytester.runpytest_subprocess("--deployment", "tiny-cpu", *args, "-p", "no:cacheprovider", timeout=60)
+    result.stdout.fnmatch_lines(["kimiperf: profile ring-ll: *"])
+    assert "kimiperf: profile default" not in result.stdout.str()

@@ -344,12 +344,12 @@ def test_precedence_cli_over_env_over_ini_over_default() -> None:
     cli["kimiperf_deployment"] = "from-cli"
     raw = read_raw_options(getoption, lambda name: ini.get(name), {"KIMIPERF_DEPLOYMENT": "from-env"})
     assert (raw["deployment"].value, raw["deployment"].source) == ("from-cli", "command line --kimiperf-deployment")
-    # The short alias and an old spelling keep their values apart: the source names what was typed.
-    cli.update(kimiperf_deployment=None, kimiperf_deployment__deployment="short")
+    # Every spelling stores into the one dest (the last given wins); the source names the spelling.
+    cli.update(kimiperf_deployment="short", kimiperf_perf_json="old.json",
+               kimiperf__spellings={"kimiperf_deployment": ["--kimiperf-deployment", "--deployment"],
+                                    "kimiperf_perf_json": ["--perf-json"]})
     raw = read_raw_options(getoption, lambda name: ini.get(name), {})
     assert (raw["deployment"].value, raw["deployment"].source) == ("short", "command line --deployment")
-    cli["kimiperf_perf_json__perf_json"] = "old.json"
-    raw = read_raw_options(getoption, lambda name: ini.get(name), {})
     assert (raw["perf_json"].value, raw["perf_json"].source) == ("old.json", "command line --perf-json")
 
 
