@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
 from pytest_kimiperf.judge.power import wants_another_boot  # noqa: E402
 from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot  # noqa: E402
+from pytest_kimiperf.judge import stats  # noqa: E402
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind  # noqa: E402
 from pytest_kimiperf.judge.append import DRIFT_SHARE, favourable_bound  # noqa: E402
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
@@ -362,6 +363,30 @@ def shape_cells(args: argparse.Namespace) -> list[Noise]:
     return cells
 
 
+def calibration_cells(args: argparse.Namespace) -> list[Noise]:
+    """The cells the gate's critical value is chosen on: every history shape, with the spreads
+    declared as they are (boot 1%, session 1%), and with no session effect at all."""
+    return [n for n in shape_cells(args)
+            if n.label.split(";")[0] in ("boot 1%", "boot 1%, session 1%") and not n.new_host]
+
+
+def calibrate(args: argparse.Namespace, rules: Rules) -> dict[str, object]:
+    """The same cells under each ``--critical`` (stats.GATE_CRITICAL): the one the gate uses is
+    the smallest whose false REGRESSION per session stays within 1% in every cell."""
+    out: dict[str, object] = {}
+    kept = stats.GATE_CRITICAL
+    try:
+        for critical in args.critical:
+            stats.GATE_CRITICAL = critical
+            out[f"{critical:g}"] = run_table(
+                calibration_cells(args), args, replace(rules, boots=2), seed=5000,
+                title=f"critical {critical:g} standard errors: 2 planned boots a run (up to {args.max_boots}); "
+                      f"tolerance {args.tolerance:.0%}, {args.trials} sessions per cell")
+    finally:
+        stats.GATE_CRITICAL = kept
+    return out
+
+
 def step_cells(args: argparse.Namespace) -> list[Noise]:
     """Change points: histories that stepped +-5% half-way, one that drifted
     5% over its length, and unstepped histories (shapes and spawn modes), each judged with
@@ -577,10 +602,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drift", type=float, default=0.005, help="linear drift over a session (default 0.005)")
     parser.add_argument("--boot-sd", type=float, nargs="*", default=[0.01, 0.015])
     parser.add_argument("--cv", type=float, nargs="*", default=[0.02])
-    parser.add_argument("--cells", choices=("all", "shapes", "steps", "append", "none"), default="all",
+    parser.add_argument("--critical", type=float, nargs="*", default=[2.5, 3.0, 3.5, 4.0],
+                        help="--cells calibrate: the critical values (standard errors) to compare")
+    parser.add_argument("--cells", choices=("all", "shapes", "steps", "append", "calibrate", "none"), default="all",
                         help="'shapes': the history shapes users record (2 planned boots a run); 'steps': stepped and "
                              "drifting histories, with and without the last segment; 'append': a history that grows "
-                             "itself night by night; 'none': the replay alone")
+                             "itself night by night; 'calibrate': the shapes under each --critical; 'none': the "
+                             "replay alone")
     parser.add_argument("--replay", action="store_true", help="also replay sessions of the noise corpus")
     parser.add_argument("--replay-trials", type=int, default=300)
     parser.add_argument("--one-pool", action="store_true",
@@ -609,6 +637,8 @@ def main(argv: list[str] | None = None) -> int:
             title=f"stepped histories, 2 planned boots a run (up to {args.max_boots}); tolerance {args.tolerance:.0%}, {spreads}")
     if args.cells == "append":
         tables["append"] = append_nights(args)
+    if args.cells == "calibrate":
+        tables["calibrate"] = calibrate(args, rules)
     if args.cells == "all":
         tables["simulation"] = run_table(
             simulation_cells(args), args, rules, seed=1000,

@@ -207,8 +207,8 @@ KIMI_K25_INT4_TP8 = Deployment(
     # Loading takes 20-36 minutes on the target (the mission): the middle, until boot_ready_s
     # is recorded in the baseline history.
     load_s=28 * 60.0,
-    # Declared, not measured: no Kimi boot-to-boot spread has been recorded yet. Once the
-    # baseline history holds 5 boots (stats.ENOUGH_BOOTS) its measured spread replaces this.
+    # Declared, not measured: no Kimi boot-to-boot spread has been recorded yet. It is a floor:
+    # boots that measure a larger spread raise it (stats.estimate_spread).
     boot_spread=0.01,
     max_boots=3,
     # A 64+ core host: one busy core is under 2% of it. 5% (about three busy cores) is

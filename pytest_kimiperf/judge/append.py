@@ -10,7 +10,7 @@ in, and what keeps each out:
   (``--update-baselines``).
 - **A slow drift**, each step inside the tolerance, would pass every night and pull the history
   with it. A run appends only when no judged metric is worse than the history by
-  :data:`DRIFT_SHARE` of its tolerance by the gate's own rule (the REGRESSION bound, at half
+  :data:`DRIFT_SHARE` of its tolerance at a bound in its favour (:func:`favourable_bound`, at half
   the tolerance): once a drift has moved that far from the window, the history stops following
   it and the drift goes on to fail the gate.
 
@@ -32,11 +32,13 @@ from typing import Any, ClassVar
 
 from pytest_kimiperf.judge.notes import Note, note_kind
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.stats import Comparison, VerdictKind
+from pytest_kimiperf.judge.stats import Comparison, VerdictKind, t_quantile
 from pytest_kimiperf.judge.verdicts import TestResult
 
-# A run whose figure is worse than the history by this share of the tolerance, by the REGRESSION
-# rule's bound, appends nothing.
+# A run whose figure is worse than the history by this share of the tolerance, even at the
+# bound most in its favour (favourable_bound), appends nothing.
+DIRECTIONAL_CONFIDENCE = 0.84
+LEVEL_CONFIDENCE = 0.975
 DRIFT_SHARE = 0.5
 
 
@@ -53,7 +55,7 @@ class AppendWhy(str, enum.Enum):
 class NotAppended(Note):
     """A run with append-on-pass that appended nothing, and why: it failed (``failed`` tests),
     it ran on another ``branch`` than ``allowed``, or a metric drifted (``gain``, the change
-    signed so that negative is worse, and ``bound``, the gain at the REGRESSION rule's
+    signed so that negative is worse, and ``bound``, the gain at the drift guard's
     favourable bound, against ``tolerance``)."""
 
     why: AppendWhy
@@ -100,6 +102,16 @@ def append_refusal(results: Sequence[TestResult], *, passed: bool, branch: str |
 
 
 def favourable_bound(c: Comparison) -> float:
-    """The change at the comparison's bound most favourable to this run, signed so that negative
-    is worse: REGRESSION is this beyond the tolerance."""
-    return c.bound_high if c.direction is Direction.HIGHER_IS_BETTER else -c.bound_low
+    """The change at the drift guard's bound most favourable to this run, signed so that
+    negative is worse: the boots' share of the difference at :data:`DIRECTIONAL_CONFIDENCE` (a
+    second boot re-draws it), each level's at :data:`LEVEL_CONFIDENCE` (no boot of this run
+    re-draws the session or host it shares)."""
+    boot_var = c.spread_sd_log ** 2 * (1.0 / c.boots_current + 1.0 / c.boots_reference)
+    margin = math.sqrt(t_quantile(DIRECTIONAL_CONFIDENCE, c.spread_df) ** 2 * boot_var
+                       + sum(_level_quantile(t.df) ** 2 * t.var_log for t in c.levels))
+    gain = math.log1p(c.change) if c.direction is Direction.HIGHER_IS_BETTER else -math.log1p(c.change)
+    return math.expm1(gain + margin)
+
+
+def _level_quantile(df: float) -> float:
+    return t_quantile(LEVEL_CONFIDENCE, df if math.isfinite(df) else 1e9)

@@ -10,6 +10,8 @@ environment is the one recorded. ``gate.judge`` decides what the comparison mean
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
@@ -19,10 +21,10 @@ from pytest_kimiperf.judge.baseline_schema import BaselineEntry
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.changepoints import find_steps, last_segment, segment_spreads
 from pytest_kimiperf.judge.levels import canary_shift, level_terms
-from pytest_kimiperf.judge.modes import align_modes, find_modes
+from pytest_kimiperf.judge.modes import Modes, align_modes, find_modes, mode_frequency, unclear_boots
 from pytest_kimiperf.judge.notes import HistoryStep, HistorySteps
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, EnvDiff, MetricResult
-from pytest_kimiperf.judge.stats import Comparison, compare_boots
+from pytest_kimiperf.judge.stats import MIN_BOOTS_DIRECTIONAL, Comparison, VerdictKind, compare_boots
 
 T = TypeVar("T")
 
@@ -45,16 +47,45 @@ def compare_with_history(
         spreads = segment_spreads(history, steps, spreads)
         history = last_segment(history, steps)
     modes = find_modes(history)
-    if modes is not None:
-        current, history = align_modes(current, modes)
-    comparison = compare_boots(
-        current, history, direction=direction, tolerance=tolerance, prior_spread=spreads.boot,
-        metric=metric, unit=unit, comparable=comparable,
-        levels=level_terms(current, history, spreads=spreads),
-    )
+    if modes is None:
+        comparison = _compare(current, history, direction, tolerance, spreads, metric, unit, comparable)
+    else:
+        comparison = _judge_modes(current, modes, direction, tolerance, spreads, metric, unit, comparable)
     if steps:
         comparison = comparison.with_notes(HistorySteps(tuple(steps), len(history)))
-    return comparison.with_notes(modes.note()) if modes is not None else comparison
+    return comparison
+
+
+def _compare(current: Sequence[BootSummary], history: Sequence[BootSummary], direction: Direction, tolerance: float,
+             spreads: Spreads, metric: str, unit: str, comparable: bool) -> Comparison:
+    return compare_boots(current, history, direction=direction, tolerance=tolerance, prior_spread=spreads.boot,
+                         metric=metric, unit=unit, comparable=comparable,
+                         levels=level_terms(current, history, spreads=spreads))
+
+
+def _judge_modes(current: Sequence[BootSummary], modes: Modes, direction: Direction, tolerance: float,
+                 spreads: Spreads, metric: str, unit: str, comparable: bool) -> Comparison:
+    """Each boot against its mode (modes.align_modes). A boot between the modes is judged both
+    ways, and a verdict the two readings do not share is inconclusive; a run that lands in the
+    worse mode more often than chance allows (modes.mode_frequency, at the gate's own level) is
+    a regression whatever the aligned figures say."""
+    aligned, history = align_modes(current, modes)
+    comparison = _compare(aligned, history, direction, tolerance, spreads, metric, unit, comparable)
+    unclear = unclear_boots(current, modes)
+    disagree = False
+    if unclear:
+        readings = {_compare(align_modes(current, modes, unclear_to=side)[0], history, direction, tolerance,
+                             spreads, metric, unit, comparable).verdict for side in ("low", "high")}
+        disagree = len(readings | {comparison.verdict}) > 1
+    worse = "low" if Direction(direction) is Direction.HIGHER_IS_BETTER else "high"
+    hits, placed, share, p = mode_frequency(current, modes, worse=worse)
+    verdict = comparison.verdict
+    if comparable and disagree:
+        verdict = VerdictKind.INCONCLUSIVE
+    if comparable and placed >= MIN_BOOTS_DIRECTIONAL and p < 1.0 - comparison.confidence:
+        verdict = VerdictKind.REGRESSION
+    note = modes.note(unclear=unclear, disagree=disagree, worse=hits, placed=placed, worse_share=share, p=p)
+    return dataclasses.replace(comparison, verdict=verdict).with_notes(note)
 
 
 def history_steps(history: Sequence[BootSummary], *, spreads: Spreads, segment: bool = True) -> list[HistoryStep]:

@@ -32,10 +32,9 @@ from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.notes import LevelSpread, SpreadSource
 from pytest_kimiperf.judge.stats import LevelTerm, estimate_spread
 
-# A level is measured once the history spans this many of its units (sessions, hosts); until
-# it spans ENOUGH_UNITS, the declared spread is its floor (history_level says why).
+# A level is measured once the history spans this many of its units (sessions, hosts); the
+# declared spread stays its floor (history_level says why).
 MIN_UNITS = 3
-ENOUGH_UNITS = 6
 # Interval quoted for a measured level.
 LEVEL_INTERVAL = 0.90
 
@@ -255,20 +254,17 @@ def weights_sq(current: Sequence[BootSummary], reference: Sequence[BootSummary],
 
 
 def history_level(reference: Sequence[BootSummary], name: str, declared: float, *, boot_var: float) -> Level:
-    """The ``session`` or ``host`` level as the reference history shows it: the declared spread
-    (taken as known) until the history spans :data:`MIN_UNITS` units; from then until
-    :data:`ENOUGH_UNITS`, the larger of the declared and the measured spread: a measured one at
-    its degrees of freedom (a spread measured on 3 sessions is as likely far too small as right:
-    2 df), the declared floor taken as known; from :data:`ENOUGH_UNITS` on, the measured spread
-    alone. ``boot_var`` is the boot level's variance the comparison uses, taken out of the spread
-    of the units' means.
-
-    Why not pool the declared spread with a few measured units (as stats.estimate_spread does
-    for boots): with a session effect of 2% declared as 1%, a history of 3 sessions pooled so gave
-    3-5% false REGRESSION per session (benchmarks/gate_power.py). A declared spread that is half
-    the truth is not held by this rule either: 5.7% with 3 sessions x 2 boots, as 4.0% with 10 x 1
-    and 23.7% with 1 x 5 (benchmarks/README.md, "History shapes"); the declared floor at the measured df held it
-    (0%) only by being blind to real changes there."""
+    """The ``session`` or ``host`` level as the reference history shows it: the declared spread,
+    taken as known, until the history spans :data:`MIN_UNITS` units; from then on the larger of
+    the declared and the measured spread (a measured one at its degrees of freedom). The
+    declaration is a floor the history can raise, never lower: the gate's critical value
+    (stats.GATE_CRITICAL) is calibrated on variances that are never below the truth, and a
+    spread measured over 10 sessions (9 df) is below 0.6 of the truth one time in ten: with the
+    measured spread alone from 6 sessions on, a history of 10 sessions x 1 boot with the session
+    spread declared right (1%) failed 4.3% of unchanged sessions, against 1% budgeted
+    (benchmarks/gate_power.py --cells shapes). To gain power where the history shows a smaller
+    spread, declare the smaller spread. ``boot_var`` is the boot level's variance the comparison
+    uses, taken out of the spread of the units' means."""
     if name not in ("session", "host"):
         raise ValueError(f"level {name!r}: use 'session' or 'host'")
     groups: dict[str, dict[str, list[float]]] = {}
@@ -279,14 +275,10 @@ def history_level(reference: Sequence[BootSummary], name: str, declared: float, 
     units = found.sessions if name == "session" else found.hosts
     prior = math.log1p(declared)
     if units < MIN_UNITS or not math.isfinite(measured.sd_log) or measured.df <= 0:
-        # A declared spread is taken as known (infinite df) in the bound.
+        # A declared spread is taken as known (infinite df).
         return Level(name, prior, math.inf, SpreadSource(SpreadSource.DECLARED, name, declared=declared))
-    if units >= ENOUGH_UNITS or measured.sd_log >= prior:
+    if measured.sd_log >= prior:
         return replace_source(measured, SpreadSource(SpreadSource.MEASURED, name, count=units))
-    # The declared floor is taken as known, as with fewer units. At the measured df (2 with 3
-    # sessions) its share of the bound was t(0.975, 2) / z = 2.2 times larger, and a history of
-    # 3 sessions x 2 boots caught 0.4% of changes twice the tolerance where 1 session x 5 caught
-    # 53%; now 67% (benchmarks/gate_power.py --cells shapes, benchmarks/README.md, "History shapes").
     return Level(name, prior, math.inf, SpreadSource(SpreadSource.FLOOR, name, declared=declared,
                                                      measured=math.expm1(measured.sd_log), count=units))
 

@@ -29,6 +29,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from scipy import stats as scipy_stats
+
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.notes import HistoryModes
 
@@ -42,6 +44,12 @@ from pytest_kimiperf.judge.notes import HistoryModes
 MODE_GAP = 5.0
 MIN_MODE_BOOTS = 2
 MIN_HISTORY_BOOTS = 8
+# A current boot takes a mode only when it lies within this share of the gap from that mode's
+# centre. One in the middle fifth (a change of about half the gap, which could be either mode
+# moved: a true -12% with modes 20% apart reads +8% aligned to the nearer, slower mode) is judged
+# both ways (history.compare_with_history), and a verdict stands only where both readings agree.
+# A change of twice a 3% tolerance stays clear of a 20% gap (0.28 of it), so it is still judged.
+CLEAR_SHARE = 0.4
 
 
 @dataclass(frozen=True)
@@ -59,9 +67,21 @@ class Modes:
         """The centre of the larger mode (the slower on a tie): the figures read in its units."""
         return self.low_center if len(self.low) >= len(self.high) else self.high_center
 
-    def note(self) -> HistoryModes:
-        """What a verdict judged with these modes notes of them."""
-        return HistoryModes(len(self.low), math.exp(self.low_center), len(self.high), math.exp(self.high_center))
+    def note(self, **more: object) -> HistoryModes:
+        """What a verdict judged with these modes notes of them (``more``: the run's own boots,
+        :class:`HistoryModes`)."""
+        return HistoryModes(len(self.low), math.exp(self.low_center), len(self.high), math.exp(self.high_center),
+                            **more)  # type: ignore[arg-type]
+
+    def mode_of(self, b: BootSummary) -> str | None:
+        """``"low"`` or ``"high"``: the mode a boot clearly lies in; None between the two."""
+        x = math.log(b.median)
+        room = CLEAR_SHARE * (self.high_center - self.low_center)
+        if abs(x - self.low_center) <= room:
+            return "low"
+        if abs(x - self.high_center) <= room:
+            return "high"
+        return None
 
 
 def find_modes(history: Sequence[BootSummary]) -> Modes | None:
@@ -87,9 +107,11 @@ def find_modes(history: Sequence[BootSummary]) -> Modes | None:
     return Modes(tuple(boots[:cut]), tuple(boots[cut:]), low_mean, high_mean, gap / within)
 
 
-def align_modes(current: Sequence[BootSummary], modes: Modes) -> tuple[list[BootSummary], list[BootSummary]]:
+def align_modes(current: Sequence[BootSummary], modes: Modes, *,
+                unclear_to: str | None = None) -> tuple[list[BootSummary], list[BootSummary]]:
     """Every boot moved by its mode's offset from the main mode: history boots by their own
-    cluster, current boots by the centre nearest them."""
+    cluster, current boots by the centre nearest them; a current boot between the modes
+    (:meth:`Modes.mode_of` None) by ``unclear_to``'s centre (``"low"``, ``"high"``) when given."""
     main = modes.main_center
 
     def moved(b: BootSummary, center: float) -> BootSummary:
@@ -102,6 +124,27 @@ def align_modes(current: Sequence[BootSummary], modes: Modes) -> tuple[list[Boot
             aligned.append(b)
             continue
         x = math.log(b.median)
-        center = modes.low_center if abs(x - modes.low_center) <= abs(x - modes.high_center) else modes.high_center
-        aligned.append(moved(b, center))
+        nearest = "low" if abs(x - modes.low_center) <= abs(x - modes.high_center) else "high"
+        side = unclear_to if unclear_to is not None and modes.mode_of(b) is None else nearest
+        aligned.append(moved(b, modes.low_center if side == "low" else modes.high_center))
     return aligned, history
+
+
+def unclear_boots(current: Sequence[BootSummary], modes: Modes) -> int:
+    """The usable current boots that lie between the modes."""
+    return sum(1 for b in current if b.usable and modes.mode_of(b) is None)
+
+
+def mode_frequency(current: Sequence[BootSummary], modes: Modes, *, worse: str) -> tuple[int, int, float, float]:
+    """How many of the run's clearly placed boots landed in the ``worse`` mode (``"low"`` for a
+    higher-is-better metric), of how many, the history's share of that mode, and the chance of
+    at least that many were the run's boots drawn as the history's were (a binomial tail): a
+    build that lands in the slow mode more often is a regression the alignment cannot show.
+    With 3 boots and a slow mode of 30%, all 3 slow has a chance of 2.7%: a gate run of 2-3
+    boots can note it, never convict on it."""
+    placed = [modes.mode_of(b) for b in current if b.usable]
+    placed = [m for m in placed if m is not None]
+    share = len(modes.low if worse == "low" else modes.high) / (len(modes.low) + len(modes.high))
+    hits = sum(1 for m in placed if m == worse)
+    p = float(scipy_stats.binom.sf(hits - 1, len(placed), share)) if placed else 1.0
+    return hits, len(placed), share, p

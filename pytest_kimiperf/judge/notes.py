@@ -136,8 +136,7 @@ class SpreadSource(Note):
 
     MEASURED: ClassVar[str] = "measured"  # measured over ``count`` units (or the ``sides``)
     DECLARED: ClassVar[str] = "declared"  # the deployment's declared spread, taken as known
-    POOLED: ClassVar[str] = "pooled"  # declared, pooled with ``df`` measured degrees of freedom
-    FLOOR: ClassVar[str] = "floor"  # declared, above the ``measured`` spread of ``count`` units
+    FLOOR: ClassVar[str] = "floor"  # declared, above the ``measured`` spread of ``count`` units (or the ``sides``)
     SIDES: ClassVar[str] = "sides"  # a profile comparison's spread measured inside its sides
     NONE: ClassVar[str] = "none"  # not measurable: one unit per unit above
 
@@ -187,12 +186,21 @@ class TooFewSamples(Note):
 @dataclass(frozen=True)
 class HistoryModes(Note):
     """The history holds two spawn modes (judge/modes.py); each boot was judged against its
-    nearest. Centres are the modes' geometric means."""
+    nearest. Centres are the modes' geometric means. Of this run's boots, ``unclear`` lay
+    between the modes (judged both ways; ``disagree`` when the two readings gave different
+    verdicts), ``worse`` of ``placed`` landed in the worse mode, which holds ``worse_share`` of
+    the history: ``p`` is the chance of that many (modes.mode_frequency)."""
 
     low_boots: int
     low_center: float
     high_boots: int
     high_center: float
+    unclear: int = 0
+    disagree: bool = False
+    worse: int = 0
+    placed: int = 0
+    worse_share: float = 0.0
+    p: float = 1.0
 
 
 @note_kind("history-step")

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from scipy import stats as scipy_stats
 
 from pytest_kimiperf.judge.stats import (
-    DETECTION_POWER, MIN_BOOTS_DIRECTIONAL, Comparison, VerdictKind,
+    DETECTION_POWER, GATE_CRITICAL, MIN_BOOTS_DIRECTIONAL, Comparison, VerdictKind,
 )
 from pytest_kimiperf.judge.notes import Plan
 from pytest_kimiperf.numbers import is_real
@@ -41,18 +41,23 @@ def wants_another_boot(c: Comparison, *, screen_fraction: float = SCREEN_FRACTIO
 
 
 def allowed_variance(change: float, tolerance: float, *, confidence: float = 0.95,
-                     power: float = DETECTION_POWER) -> float:
+                     power: float = DETECTION_POWER, critical: float | None = None) -> float:
     """The largest variance of the log difference at which a true ``change`` clears
-    ``tolerance`` at one-sided ``confidence`` with ``power``: the SE may be at most margin / z."""
-    margin = math.log1p(abs(change)) - math.log1p(tolerance)
-    z = float(scipy_stats.norm.ppf(confidence) + scipy_stats.norm.ppf(power))
-    return (margin / z) ** 2
+    ``tolerance`` at one-sided ``confidence`` with ``power``: the SE may be at most margin / z.
+    With ``critical`` (the gate's rule, stats.GATE_CRITICAL): at which the estimate lands beyond
+    the tolerance and ``critical`` standard errors from no change with ``power``."""
+    z_power = float(scipy_stats.norm.ppf(power))
+    size = math.log1p(abs(change))
+    if critical is not None:
+        return min((size - math.log1p(tolerance)) / z_power, size / (critical + z_power)) ** 2
+    z = float(scipy_stats.norm.ppf(confidence)) + z_power
+    return ((size - math.log1p(tolerance)) / z) ** 2
 
 
 def boots_needed(
     change: float, spread: float, *, tolerance: float = 0.0, reference_boots: int | None = None,
     power: float = DETECTION_POWER, confidence: float = 0.95, max_boots: int = 10_000,
-    fixed_var: float = 0.0,
+    fixed_var: float = 0.0, critical: float | None = None,
 ) -> int | None:
     """Boots per side that resolve a true ``change`` (fraction, e.g. 0.006) at boot ``spread``.
 
@@ -63,6 +68,7 @@ def boots_needed(
     boots. Uses the normal quantile: the spread is taken as known. ``fixed_var`` is the variance
     that no boot of this run shrinks (the session and host levels the sides do not share:
     judge/levels.py); when it alone fills the room, no number of boots can do it either.
+    ``critical``: the gate's rule instead of ``confidence`` (:func:`allowed_variance`).
     """
     for name, value in (("change", change), ("spread", spread)):
         if not is_real(value) or not math.isfinite(value) or value <= 0:
@@ -70,7 +76,7 @@ def boots_needed(
     if not is_real(tolerance) or not 0 <= tolerance < abs(change):
         raise ValueError(f"tolerance={tolerance!r}: use a fraction >= 0 and below the change {change!r}")
     sd = math.log1p(spread)
-    allowed_var = allowed_variance(change, tolerance, confidence=confidence, power=power) - fixed_var
+    allowed_var = allowed_variance(change, tolerance, confidence=confidence, power=power, critical=critical) - fixed_var
     if allowed_var <= 0:
         return None
     if reference_boots is None:
@@ -87,18 +93,23 @@ def boots_needed(
 
 
 def smallest_change(spread: float, boots: int, *, reference_boots: int | None = None, tolerance: float = 0.0,
-                    fixed_var: float = 0.0, confidence: float = 0.95, power: float = DETECTION_POWER) -> float:
+                    fixed_var: float = 0.0, confidence: float = 0.95, power: float = DETECTION_POWER,
+                    critical: float | None = None) -> float:
     """The smallest true change (fraction) that ``boots`` boots of the current side resolve with
     ``power``, the inverse of :func:`boots_needed`: against ``reference_boots`` boots of a
-    baseline, or (None) against as many boots of another profile; ``fixed_var`` as there."""
+    baseline, or (None) against as many boots of another profile; ``fixed_var`` and ``critical``
+    as there."""
     if not is_real(spread) or not math.isfinite(spread) or spread < 0:
         raise ValueError(f"spread={spread!r}: use a fraction >= 0 (0.01 means 1%)")
     if boots < 1 or (reference_boots is not None and reference_boots < 1):
         raise ValueError(f"boots={boots!r}, reference_boots={reference_boots!r}: use counts of at least 1")
     sd2 = math.log1p(spread) ** 2
     var = sd2 * (1.0 / boots + 1.0 / (reference_boots if reference_boots is not None else boots)) + fixed_var
-    z = float(scipy_stats.norm.ppf(confidence) + scipy_stats.norm.ppf(power))
-    return math.expm1(math.log1p(tolerance) + z * math.sqrt(var))
+    se = math.sqrt(var)
+    z_power = float(scipy_stats.norm.ppf(power))
+    if critical is not None:
+        return math.expm1(max(math.log1p(tolerance), critical * se) + z_power * se)
+    return math.expm1(math.log1p(tolerance) + (float(scipy_stats.norm.ppf(confidence)) + z_power) * se)
 
 
 def sessions_for(change: float, spread: float, session_var: float, *, tolerance: float = 0.0,
@@ -121,7 +132,7 @@ def sessions_needed(c: Comparison, goal: float, *, boots_per_session: int = MIN_
     ``max_sessions`` cannot."""
     # A term holds spread^2 * weight, its weight 1 (this run's one session) + the history's share.
     levels = [(t.var_log / t.weight, max(t.weight - 1.0, 0.0)) for t in c.levels if t.weight > 0]
-    return sessions_to_resolve(allowed_variance(goal, c.tolerance), c.spread_sd_log ** 2, levels,
+    return sessions_to_resolve(allowed_variance(goal, c.tolerance, critical=GATE_CRITICAL), c.spread_sd_log ** 2, levels,
                                boots_per_session=boots_per_session, reference_boots=max(c.boots_reference, 1),
                                max_sessions=max_sessions)
 
@@ -151,7 +162,8 @@ def plan(c: Comparison, *, target: float | None = None) -> Plan | None:
     spread = math.expm1(c.spread_sd_log)
     goal = target if target is not None else c.tolerance * 2.0
     fixed = sum(t.var_log for t in c.levels)
-    n = boots_needed(goal, spread, tolerance=c.tolerance, reference_boots=c.boots_reference, fixed_var=fixed)
+    n = boots_needed(goal, spread, tolerance=c.tolerance, reference_boots=c.boots_reference, fixed_var=fixed,
+                     critical=GATE_CRITICAL)
     if n is None and fixed > 0:
         return Plan(goal, spread, c.boots_reference, sessions=sessions_needed(c, goal),
                     levels=tuple(t.level for t in c.levels), boots_per_session=MIN_BOOTS_DIRECTIONAL)

@@ -66,20 +66,17 @@ from pytest_kimiperf.judge.notes import (
 )
 from pytest_kimiperf.numbers import is_real
 
-DIRECTIONAL_CONFIDENCE = 0.84
 EQUIVALENCE_CONFIDENCE = 0.90
 # Power at which the minimum detectable change is quoted ("detects changes of X% or more").
 DETECTION_POWER = 0.90
-# The declared prior spread counts as this many boots' worth of evidence (degrees of freedom):
-# enough to keep t finite with one boot a side, little enough that three measured boots
-# outweigh a wrong guess.
+# The declared boot spread's weight as evidence, in degrees of freedom, for the intervals
+# (Student's t): a guess, so "within +/-tol" on one boot a side needs a wide margin. The gate's
+# directional rule takes it as known (GATE_CRITICAL is calibrated with it so).
 PRIOR_DF = 3.0
-# With this many boots in the reference history, its measured spread replaces the prior.
-ENOUGH_BOOTS = 5
-# A level above the boot (session, host: judge/levels.py) enters the directional bound at this
-# one-sided confidence: more boots of one run never re-draw it, so the second boot's confirmation
-# does not protect against it (benchmarks/gate_power.py, session cells).
-LEVEL_CONFIDENCE = 0.975
+# REGRESSION (IMPROVEMENT): the estimate beyond the tolerance and the change this many standard
+# errors from none. Chosen for the procedure as a whole (benchmarks/gate_power.py --cells
+# calibrate): boots on demand, every gated metric of a session, levels and modes.
+GATE_CRITICAL = 3.5
 
 
 class VerdictKind(str, Enum):
@@ -114,17 +111,18 @@ class Spread:
 def estimate_spread(
     current: Sequence[BootSummary], reference: Sequence[BootSummary], *, prior_sd_log: float,
 ) -> Spread:
-    """Pooled SD of per-boot log-medians *within sessions* (boots of one session share its
-    effect, so only their spread around their own session's mean measures the boot level; the
-    session level is judge/levels.py's): measured where a session has 2+ boots, pooled with the
-    deployment's declared spread (:data:`PRIOR_DF` degrees of freedom) until the reference
-    alone has :data:`ENOUGH_BOOTS` - 1 such degrees of freedom. Never below the boots' own
-    within-boot error of the median (a spread smaller than that is chance)."""
+    """The boot level: the pooled SD of per-boot log-medians *within sessions* (boots of one
+    session share its effect, so only their spread around their own session's mean measures the
+    boot level; the session level is judge/levels.py's), where a session has 2+ boots. The
+    deployment's declared spread is its floor, taken as known: the boots can raise it, never
+    lower it (the gate's critical value is calibrated on variances never below the truth; a
+    spread measured from a few degrees of freedom is below it half the time, and a tenth of
+    the time below 0.6 of it). Never below the boots' own within-boot error of the median
+    either (a spread smaller than that is chance)."""
     if not (math.isfinite(prior_sd_log) and prior_sd_log >= 0):
         raise ValueError(f"prior spread {prior_sd_log!r}: use a finite SD of log-medians >= 0 (0.01 means 1%)")
     sum_sq = 0.0
     df = 0.0
-    df_reference = 0.0
     for side in (current, reference):
         sessions: dict[str, list[float]] = {}
         for b in side:
@@ -134,22 +132,19 @@ def estimate_spread(
                 mean = sum(logs) / len(logs)
                 sum_sq += sum((x - mean) ** 2 for x in logs)
                 df += len(logs) - 1
-                if side is reference:
-                    df_reference += len(logs) - 1
     within = [b.se_log ** 2 for b in (*current, *reference) if math.isfinite(b.se_log)]
     within_var = sum(within) / len(within) if within else 0.0
-    if df_reference >= ENOUGH_BOOTS - 1:
-        var = sum_sq / df
-        source = SpreadSource(SpreadSource.MEASURED, sides=(len(current), len(reference)))
-    else:
-        prior_var = prior_sd_log ** 2 + within_var
-        var = (PRIOR_DF * prior_var + sum_sq) / (PRIOR_DF + df)
-        declared = math.expm1(prior_sd_log)
-        source = (SpreadSource(SpreadSource.DECLARED, declared=declared) if df == 0 else
-                  SpreadSource(SpreadSource.POOLED, declared=declared, df=df))
-        df += PRIOR_DF
-    var = max(var, within_var)
-    return Spread(sd_log=math.sqrt(var), df=df, source=source)
+    floor = prior_sd_log ** 2 + within_var
+    declared = math.expm1(prior_sd_log)
+    if df == 0:
+        return Spread(sd_log=math.sqrt(floor), df=PRIOR_DF, source=SpreadSource(SpreadSource.DECLARED, declared=declared))
+    measured = sum_sq / df
+    if measured > floor:
+        return Spread(sd_log=math.sqrt(measured), df=df,
+                      source=SpreadSource(SpreadSource.MEASURED, sides=(len(current), len(reference))))
+    return Spread(sd_log=math.sqrt(floor), df=PRIOR_DF + df, source=SpreadSource(
+        SpreadSource.FLOOR, declared=declared, measured=math.expm1(math.sqrt(measured)), df=df,
+        sides=(len(current), len(reference))))
 
 
 @dataclass(frozen=True)
@@ -215,7 +210,7 @@ class Comparison:
     se_log: float
     mdc: float
     verdict: VerdictKind
-    confidence: float = DIRECTIONAL_CONFIDENCE
+    confidence: float = 0.0  # of the bounds: norm.cdf(GATE_CRITICAL)
     equivalence_confidence: float = EQUIVALENCE_CONFIDENCE
     notes: tuple[Note, ...] = ()  # what else the verdict rests on (judge/notes.py)
     sessions_current: int = 1
@@ -309,6 +304,7 @@ def compare_boots(
     comparable: bool = True,
     min_boots_directional: int = MIN_BOOTS_DIRECTIONAL,
     levels: Sequence[LevelTerm] = (),
+    critical: float | None = None,
 ) -> Comparison:
     """Decide whether the ``current`` boots regressed, improved or held against ``reference``.
 
@@ -345,14 +341,12 @@ def compare_boots(
     fixed_var = sum(term.var_log for term in levels)
     se = math.sqrt(boot_var + fixed_var)
     df = round(satterthwaite_df([(boot_var, spread.df), *((t.var_log, t.df) for t in levels)]), 2)
-    t_dir = t_quantile(DIRECTIONAL_CONFIDENCE, df)
     t_eq = t_quantile(1.0 - (1.0 - EQUIVALENCE_CONFIDENCE) / 2.0, df)
-    # The directional bound: the boots' share at DIRECTIONAL_CONFIDENCE (a second boot re-draws
-    # it, so one standard error confirmed on two boots suffices), each level's share at
-    # LEVEL_CONFIDENCE (no boot of this run re-draws the session or host it shares).
-    margin = math.sqrt(t_quantile(DIRECTIONAL_CONFIDENCE, spread.df) ** 2 * boot_var
-                       + sum(_level_quantile(t.df) ** 2 * t.var_log for t in levels))
-    bound_low, bound_high = math.expm1(d - margin), math.expm1(d + margin)
+    # The gate's rule (GATE_CRITICAL): the estimate beyond the tolerance, and the change
+    # beyond GATE_CRITICAL standard errors of the whole difference (boots and every level the
+    # sides do not share), so that chance alone convicts no metric of a session.
+    crit = GATE_CRITICAL if critical is None else critical
+    bound_low, bound_high = math.expm1(d - crit * se), math.expm1(d + crit * se)
     ci_low, ci_high = math.expm1(d - t_eq * se), math.expm1(d + t_eq * se)
     change = math.expm1(d)
     gain = change if direction is Direction.HIGHER_IS_BETTER else -change
@@ -360,17 +354,14 @@ def compare_boots(
                    else (-bound_low, -bound_high))
     # Minimum detectable change for a design with at least the directional minimum of boots.
     k = max(len(cur), min_boots_directional)
-    boot_var_k = spread.sd_log ** 2 * (1.0 / k + 1.0 / len(ref))
-    z_power = float(scipy_stats.norm.ppf(DETECTION_POWER))
-    margin_k = math.sqrt(t_quantile(DIRECTIONAL_CONFIDENCE, spread.df) ** 2 * boot_var_k
-                         + sum(_level_quantile(t.df) ** 2 * t.var_log for t in levels))
-    mdc = -math.expm1(-(-math.log1p(-tolerance) + margin_k + z_power * math.sqrt(boot_var_k + fixed_var)))
+    se_k = math.sqrt(spread.sd_log ** 2 * (1.0 / k + 1.0 / len(ref)) + fixed_var)
+    mdc = -math.expm1(-(max(-math.log1p(-tolerance), crit * se_k) + _z(DETECTION_POWER) * se_k))
     enough = len(cur) >= min_boots_directional
     if not comparable:
         verdict = VerdictKind.NOT_COMPARABLE
-    elif enough and worst < -tolerance:
+    elif enough and worst < 0.0 and gain < -tolerance:
         verdict = VerdictKind.REGRESSION
-    elif enough and best > tolerance:
+    elif enough and best > 0.0 and gain > tolerance:
         verdict = VerdictKind.IMPROVEMENT
     elif -tolerance <= ci_low and ci_high <= tolerance:
         verdict = VerdictKind.WITHIN_TOLERANCE
@@ -381,13 +372,13 @@ def compare_boots(
     else:
         verdict = VerdictKind.NO_DETECTABLE_CHANGE
     notes: tuple[Note, ...] = ()
-    if not enough and (worst < -tolerance or best > tolerance):
+    if not enough and ((worst < 0.0 and gain < -tolerance) or (best > 0.0 and gain > tolerance)):
         notes = (NeedsBoots(min_boots_directional),)
     return Comparison(
         **common, median_current=_geomean(cur), median_reference=_geomean(ref), change=change,
         bound_low=bound_low, bound_high=bound_high, ci_low=ci_low, ci_high=ci_high,
         spread_sd_log=spread.sd_log, spread_df=spread.df, spread_source=spread.source, se_log=se,
-        mdc=mdc, verdict=verdict, notes=notes)
+        mdc=mdc, verdict=verdict, notes=notes, confidence=float(scipy_stats.norm.cdf(crit)))
 
 
 def _insufficient_note(current: Sequence[BootSummary], reference: Sequence[BootSummary]) -> tuple[Note, ...]:
@@ -399,12 +390,6 @@ def _insufficient_note(current: Sequence[BootSummary], reference: Sequence[BootS
         # Failed requests are NaN, never samples: the test's warnings count them by reason.
         return (TooFewSamples(need, have, tail=False),)
     return ()
-
-
-def _level_quantile(df: float) -> float:
-    """The one-sided LEVEL_CONFIDENCE quantile for a level's share of the bound: Student's t at
-    a measured level's df, the normal quantile for a declared (known) one."""
-    return t_quantile(LEVEL_CONFIDENCE, df) if math.isfinite(df) else _z(LEVEL_CONFIDENCE)
 
 
 @functools.lru_cache(maxsize=16)

@@ -123,26 +123,24 @@ def host_line(host: Mapping[str, str]) -> str:
 
 
 def spreads_line(dep: Deployment, span: HistorySpan | None) -> str:
-    """The spreads the verdicts use, and whether each is declared or measured: the boot spread
-    is pooled with the boots' own; a session or host level is declared until the history spans
-    MIN_UNITS of them, the larger of declared and measured until ENOUGH_UNITS, then measured
-    (judge/levels.py history_level; per metric, this line counts the file's fullest history)."""
+    """The spreads the verdicts use, and whether each is declared or measured: each declared
+    spread is a floor that what the boots measure can raise, never lower; a session or host level
+    is measured once the history spans MIN_UNITS of them (judge/levels.py history_level; per
+    metric, this line counts the file's fullest history)."""
     from pytest_kimiperf.judge.baseline_schema import HistorySpan
-    from pytest_kimiperf.judge.levels import ENOUGH_UNITS, MIN_UNITS
+    from pytest_kimiperf.judge.levels import MIN_UNITS
 
     span = span or HistorySpan(0, 0, 0)
-    parts = [f"boot {dep.boot_spread:.0%} declared ({dep.boot_spread_df:g} df)"
-             + (f", pooled with what the boots measure ({span.boots} recorded)" if span.boots else "")]
+    parts = [f"boot {dep.boot_spread:.0%} declared"
+             + (f", or what the boots measure where larger ({span.boots} recorded)" if span.boots else "")]
     for name, declared, units in (("session", dep.session_spread, span.sessions), ("host", dep.host_spread, span.hosts)):
         plural = f"{units} {name}{'s' * (units != 1)}"
         if units < MIN_UNITS:
             parts.append(f"{name} {declared:.0%} declared (the history spans {plural}; measured from {MIN_UNITS})")
-        elif units < ENOUGH_UNITS:
-            parts.append(f"{name}: the larger of {declared:.0%} declared and what {plural} measure "
-                         f"(measured alone from {ENOUGH_UNITS})")
         else:
-            parts.append(f"{name} measured over {plural}")
-    return "kimiperf: spreads in force: " + "; ".join(parts)
+            parts.append(f"{name}: the larger of {declared:.0%} declared and what {plural} measure")
+    return ("kimiperf: spreads in force: " + "; ".join(parts)
+            + " (a declared spread is a floor: declare a smaller one where the history measures less)")
 
 
 def one_session_warning(dep: Deployment, span: HistorySpan | None) -> str | None:

@@ -22,7 +22,7 @@ from pytest_kimiperf.config.metric_specs import metric_spec
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.judge.baseline_schema import BaselineFile, HistorySpan
 from pytest_kimiperf.judge.power import smallest_change
-from pytest_kimiperf.judge.stats import DETECTION_POWER
+from pytest_kimiperf.judge.stats import DETECTION_POWER, GATE_CRITICAL
 
 HEADLINE_METRIC = "decode_tok_s"
 
@@ -82,7 +82,7 @@ def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:
     else:
         session_var = math.log1p(dep.session_spread) ** 2 * (1.0 + 1.0 / span.sessions)
         beyond = smallest_change(dep.boot_spread, max(s.boots, 2), reference_boots=span.boots, tolerance=tolerance,
-                                 fixed_var=session_var)
+                                 fixed_var=session_var, critical=GATE_CRITICAL)
         lines.append(f"  against the baseline ({span.boots} boots over {span.sessions} session"
                      f"{'s' * (span.sessions != 1)}): a {label} regression of {beyond:.1%} or more is convicted "
                      f"beyond the {tolerance:.0%} tolerance ({power}, the session spread {dep.session_spread:.0%} "

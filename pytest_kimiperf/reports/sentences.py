@@ -77,10 +77,9 @@ def _(note: SpreadSource) -> str:
         return f"measured over {note.count} {unit}s"
     if how == SpreadSource.DECLARED:
         return f"declared {_pct(note.declared, note.whole)}"
-    if how == SpreadSource.POOLED:
-        return f"declared {_pct(note.declared, note.whole)} pooled with {note.df:g} df measured"
     if how == SpreadSource.FLOOR:
-        return f"declared {fmt_spread(note.declared)}; {note.count} {unit}s measured {fmt_spread(note.measured)}"
+        over = f"{note.sides[0]} + {note.sides[1]}" if note.sides is not None else f"{note.count}"
+        return f"declared {fmt_spread(note.declared)}; {over} {unit}s measured {fmt_spread(note.measured)}"
     if how == SpreadSource.SIDES:
         return f"measured {_pct(note.measured, note.whole)} inside the sides"
     return {"boot": "one boot per session", "session": "one session per host"}.get(unit, "one host")
@@ -134,13 +133,13 @@ def comparison_line(c: Comparison, *, label: bool = True) -> str:
     change = fmt_change(c.change)
     worse_bound = c.bound_high if c.direction is Direction.HIGHER_IS_BETTER else c.bound_low
     better_bound = c.bound_low if c.direction is Direction.HIGHER_IS_BETTER else c.bound_high
-    level = f"{c.confidence * 100:g}% bound"
+    level = f"{c.confidence * 100:.4g}% bound"
     ci = f"{c.equivalence_confidence * 100:g}% CI {fmt_change(c.ci_low)}..{fmt_change(c.ci_high)}"
     kind = c.verdict
     if kind is VerdictKind.REGRESSION:
-        body = f"REGRESSION {change} ({level} {fmt_change(worse_bound)} is beyond the {tol} tolerance"
+        body = f"REGRESSION {change} (beyond the {tol} tolerance, and its {level} {fmt_change(worse_bound)} excludes zero"
     elif kind is VerdictKind.IMPROVEMENT:
-        body = f"improvement {change} ({level} {fmt_change(better_bound)} is beyond the {tol} tolerance"
+        body = f"improvement {change} (beyond the {tol} tolerance, and its {level} {fmt_change(better_bound)} excludes zero"
     elif kind is VerdictKind.WITHIN_TOLERANCE:
         body = f"within +/-{tol} ({change}, {ci}"
     elif kind is VerdictKind.NO_DETECTABLE_CHANGE:
@@ -215,9 +214,13 @@ def _(note: TooFewSamples) -> str:
 @say.register
 def _(note: HistoryModes) -> str:
     apart = (note.high_center / note.low_center - 1.0) * 100
-    return (f"the history holds 2 modes {apart:.0f}% apart ({note.low_boots} boots at "
-            f"{note.low_center:.4g}, {note.high_boots} at {note.high_center:.4g}): "
-            "each boot judged against its nearest mode, so a change of about that size is not seen")
+    between = (f"; {note.unclear} boot(s) of this run between the modes, judged either way ("
+               + ("the readings disagree, so no direction)" if note.disagree else "both agree)")) if note.unclear else ""
+    worse = (f"; {note.worse} of {note.placed} boots in the worse mode, which holds {note.worse_share:.0%} of the "
+             f"history (chance {note.p:.2g})") if note.placed else ""
+    return (f"the history holds 2 modes {apart:.0f}% apart ({note.low_boots} boots at {note.low_center:.4g}, "
+            f"{note.high_boots} at {note.high_center:.4g}): each boot judged against its nearest mode, so a change "
+            f"of about that size is not seen{between}{worse}")
 
 
 def _when(at: str, commit: str) -> str:

@@ -100,16 +100,18 @@ def test_the_header_says_which_spreads_are_declared_and_which_the_history_measur
 
     mine = resolve_deployments({"mine": {"model": "/m", "command": COMMAND}}, source="pyproject.toml")["mine"]
     assert spreads_line(mine, None) == (
-        "kimiperf: spreads in force: boot 1% declared (3 df); session 1% declared (the history spans 0 sessions; "
-        "measured from 3); host 2% declared (the history spans 0 hosts; measured from 3)")
+        "kimiperf: spreads in force: boot 1% declared; session 1% declared (the history spans 0 sessions; "
+        "measured from 3); host 2% declared (the history spans 0 hosts; measured from 3) (a declared spread is a "
+        "floor: declare a smaller one where the history measures less)")
     four = HistorySpan.of(_boots(("h1", "s1"), ("h1", "s2"), ("h1", "s3"), ("h2", "s4"), ("h2", "s4")))  # type: ignore[arg-type]
     assert (four.boots, four.sessions, four.hosts) == (5, 4, 2)
     assert spreads_line(mine, four) == (
-        "kimiperf: spreads in force: boot 1% declared (3 df), pooled with what the boots measure (5 recorded); "
-        "session: the larger of 1% declared and what 4 sessions measure (measured alone from 6); "
-        "host 2% declared (the history spans 2 hosts; measured from 3)")
-    many = HistorySpan(boots=12, sessions=6, hosts=1)
-    assert "session measured over 6 sessions" in spreads_line(mine, many)
+        "kimiperf: spreads in force: boot 1% declared, or what the boots measure where larger (5 recorded); "
+        "session: the larger of 1% declared and what 4 sessions measure; "
+        "host 2% declared (the history spans 2 hosts; measured from 3) (a declared spread is a floor: declare a "
+        "smaller one where the history measures less)")
+    many = HistorySpan(boots=120, sessions=60, hosts=1)
+    assert "session: the larger of 1% declared and what 60 sessions measure" in spreads_line(mine, many)
 
 
 def test_a_history_of_one_session_warns_that_the_session_spread_is_a_guess() -> None:

@@ -64,3 +64,30 @@ def test_a_shift_inside_the_fast_mode_is_still_caught() -> None:
     c = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
                              spreads=Spreads(0.01))
     assert c.verdict is VerdictKind.REGRESSION
+
+
+def test_a_boot_between_the_modes_gets_no_direction_when_the_two_readings_disagree() -> None:
+    history = boots([100, 101, 99, 100.5, 80, 80.5, 100.2, 79.8, 99.6, 100.1], "then")
+    # Half-way (log scale) between the modes: a fast boot 10% slower, or a slow one 12% faster.
+    current = boots([89.4, 89.5], "then")
+    c = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
+                             spreads=Spreads(0.01))
+    assert c.verdict is VerdictKind.INCONCLUSIVE
+    assert "2 boot(s) of this run between the modes, judged either way (the readings disagree" in comparison_line(c)
+
+
+def test_a_run_landing_in_the_slow_mode_more_often_than_chance_allows_is_a_regression() -> None:
+    history = boots([100, 101, 99, 100.5, 80, 80.5, 100.2, 79.8, 99.6, 100.1, 99.8, 100.3, 100.4, 99.9,
+                     100.6, 99.7, 100.2, 99.5, 100.1, 100.0], "then")  # 3 of 20 slow: 15%
+    modes = find_modes(history)
+    assert modes is not None and len(modes.low) == 3
+    slow = boots([80.1, 79.9, 80.3, 80.0, 79.8], "then")
+    c = compare_with_history(slow, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
+                             spreads=Spreads(0.01))
+    # 0.15 ** 5 = 7.6e-5: below the gate's level, though every boot sits on its mode's centre.
+    assert c.verdict is VerdictKind.REGRESSION
+    assert "5 of 5 boots in the worse mode, which holds 15% of the history (chance 7.6e-05)" in comparison_line(c)
+    # Two slow boots of two are what the history's share makes likely enough: no direction from it.
+    two = compare_with_history(slow[:2], history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
+                               spreads=Spreads(0.01))
+    assert two.verdict is not VerdictKind.REGRESSION and "2 of 2 boots in the worse mode" in comparison_line(two)

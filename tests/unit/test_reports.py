@@ -296,7 +296,7 @@ def test_quiet_keeps_only_verdict_lines(report: SessionReport) -> None:
                                        "with make     baseline (6 metrics)")
     assert len(verdicts) == 15
     outcome = " ".join(line.strip() for line in lines[lines.index("= kimiperf: what this run showed") + 1:])
-    assert outcome == ("against this machine's baseline, each test's last boot: 1 REGRESSION, 2 within tolerance; "
+    assert outcome == ("against this machine's baseline, each test's last boot: 1 REGRESSION, 2 no detectable change; "
                        "besides, ring-ll against default and the decode floor. 3 metrics had no baseline: make "
                        "baseline records them")
 
@@ -312,8 +312,8 @@ def test_verbose_adds_every_sample_and_the_boots_and_spread(report: SessionRepor
     # The profile comparison's spread is never below the declared one (judge/in_session.py).
     assert ("rests on 2 boots (40 samples) vs 2 reference boots; boot spread 1% (declared 1%) (default), "
             "tolerance 5%") in words
-    assert ("IQR 39.26-41.01, 2 boot(s) vs 1 baseline boots, boot spread 1% (declared 1% pooled "
-            "with 1 df measured), tolerance 5%") in words
+    assert ("IQR 39.26-41.01, 2 boot(s) vs 1 baseline boots, boot spread 1.2% (declared 1%; 2 + 1 boots "
+            "measured 0.14%), tolerance 5%") in words
     assert max(len(line) for line in verbose) <= MAX_WIDTH
 
 

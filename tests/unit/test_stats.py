@@ -10,7 +10,6 @@ import pytest
 
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.stats import (
-    ENOUGH_BOOTS,
     VerdictKind,
     compare_boots,
     estimate_spread,
@@ -66,11 +65,10 @@ def test_two_boots_beyond_the_tolerance_bound_are_a_regression_that_says_what_it
                       metric="decode", unit="tok/s")
     assert c.verdict is VerdictKind.REGRESSION and c.failed
     assert c.boots_current == 2 and c.boots_reference == 10 and c.n_current == 40
-    assert c.bound_high < -0.03
+    assert c.change < -0.03 and c.bound_high < 0
     msg = comparison_line(c)
-    assert msg.startswith("decode tok/s: REGRESSION -")
-    assert "2 boots (40 samples) vs 10 reference boots; boot spread" in msg
-    assert "measured over 2 + 10 boots" in msg
+    assert msg.startswith("decode tok/s: REGRESSION -7.0% (beyond the 3% tolerance, and its 99.98% bound -4.1% excludes zero")
+    assert "2 boots (40 samples) vs 10 reference boots; boot spread 1.1% (declared 1%; 2 + 10 boots measured 0.64%)" in msg
 
 
 def test_a_change_inside_the_tolerance_is_never_a_regression_even_when_significant() -> None:
@@ -128,11 +126,16 @@ def test_each_region_of_point_interval_and_tolerance_has_the_name_of_what_it_sho
     assert comparison_line(screened).endswith("a verdict needs 2 boots: one boot can screen, never convict)")
 
 
-def test_the_prior_spread_rules_until_the_baseline_has_enough_boots() -> None:
+def test_the_declared_spread_is_a_floor_the_boots_can_raise_but_never_lower() -> None:
     few = estimate_spread(boots(100), boots(100, 100.1), prior_sd_log=0.05)
-    assert few.sd_log > 0.03 and few.source.how == SpreadSource.POOLED and few.df == pytest.approx(4)
-    many = estimate_spread(boots(100), boots(*[100, 100.1] * (ENOUGH_BOOTS // 2 + 1)), prior_sd_log=0.05)
-    assert many.sd_log < 0.01 and say(many.source) == f"measured over 1 + {2 * (ENOUGH_BOOTS // 2 + 1)} boots"
+    assert few.sd_log == pytest.approx(0.05, rel=0.01) and few.source.how == SpreadSource.FLOOR
+    assert few.df == 4 and say(few.source) == "declared 5.1%; 1 + 2 boots measured 0.071%"
+    many = estimate_spread(boots(100), boots(*[100, 100.1] * 20), prior_sd_log=0.05)
+    assert many.sd_log == pytest.approx(0.05, rel=0.01) and many.source.how == SpreadSource.FLOOR
+    wide = estimate_spread(boots(100), boots(*[100, 120] * 3), prior_sd_log=0.05)
+    assert wide.sd_log > 0.09 and wide.df == 5 and say(wide.source) == "measured over 1 + 6 boots"
+    alone = estimate_spread(boots(100), boots(100), prior_sd_log=0.05)
+    assert alone.source.how == SpreadSource.DECLARED and alone.df == 3
 
 
 def test_the_spread_is_never_below_the_boots_own_error_of_the_median() -> None:
