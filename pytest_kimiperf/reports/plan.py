@@ -87,4 +87,23 @@ def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:
                      f"{'s' * (span.sessions != 1)}): a {label} regression of {beyond:.1%} or more is convicted "
                      f"beyond the {tolerance:.0%} tolerance ({power}, the session spread {dep.session_spread:.0%} "
                      "as declared; another host adds its own)")
+        if beyond > 2 * tolerance:
+            lines.append("  " + history_advice(dep.boot_spread, dep.session_spread, max(s.boots, 2), span,
+                                               tolerance, label))
     return lines
+
+
+def history_advice(boot_spread: float, session_spread: float, boots: int, span: HistorySpan, tolerance: float,
+                   label: str) -> str:
+    """What history (sessions of 1 boot each, on top of the recorded boots) would convict twice
+    the tolerance with DETECTION_POWER, or why none can: this run's own session effect."""
+    session_var = math.log1p(session_spread) ** 2
+    for sessions in range(span.sessions + 1, 201):
+        reference = span.boots + sessions - span.sessions
+        if smallest_change(boot_spread, boots, reference_boots=reference, tolerance=tolerance,
+                           fixed_var=session_var * (1.0 + 1.0 / sessions), critical=GATE_CRITICAL) <= 2 * tolerance:
+            return (f"to convict a {label} regression of twice the tolerance ({2 * tolerance:.0%}) with {DETECTION_POWER:.0%}"
+                    f" power, record the baseline over about {sessions} sessions (one boot each is enough: "
+                    "--kimiperf-append-on-pass on a nightly job grows it)")
+    return (f"no history convicts a {label} regression of twice the tolerance with {DETECTION_POWER:.0%} power here: "
+            f"this run's own session effect ({session_spread:.0%} declared) is too wide for {boots} boots")

@@ -88,3 +88,22 @@ def test_against_a_history_the_plan_says_what_regression_it_convicts_and_the_rec
 @pytest.mark.parametrize("seconds, text", [(45, "45 s"), (90, "2 min"), (1680, "28 min"), (6720, "1 h 52 min")])
 def test_durations_read_as_a_person_says_them(seconds: float, text: str) -> None:
     assert fmt_duration(seconds) == text
+
+
+def test_the_plan_says_what_history_would_convict_twice_the_tolerance_or_that_none_can() -> None:
+    from pytest_kimiperf.judge.baseline_schema import HistorySpan
+    from pytest_kimiperf.reports.plan import history_advice
+
+    one = HistorySpan(5, 1, 1)
+    advice = history_advice(0.01, 0.01, 2, one, 0.03, "decode")
+    sessions = int(advice.split("over about ")[1].split()[0])
+    # Checked against the power formula: that many sessions convict 6%, one fewer does not.
+    def convicts(k: int) -> bool:
+        return smallest_change(0.01, 2, reference_boots=5 + k - 1, tolerance=0.03,
+                               fixed_var=math.log1p(0.01) ** 2 * (1 + 1 / k), critical=GATE_CRITICAL) <= 0.06
+    assert convicts(sessions) and not convicts(sessions - 1)
+    assert advice.startswith("to convict a decode regression of twice the tolerance (6%) with 90% power")
+    # A session effect of 2% on a 3% tolerance: no history can, and the plan says why.
+    assert history_advice(0.01, 0.02, 2, one, 0.03, "decode") == (
+        "no history convicts a decode regression of twice the tolerance with 90% power here: this run's own "
+        "session effect (2% declared) is too wide for 2 boots")
