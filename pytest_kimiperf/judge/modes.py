@@ -19,7 +19,10 @@ Rejected: a rank test of the current boots against the history shifted by the to
 more current boots than a gate run has (1-3) to say anything; a two-component mixture fit
 needs more history boots than 10-20 to place its weights. The limit, said in every verdict that
 used modes: a true change of about the gap itself moves a boot into the other mode and is not
-seen; the modes' own centres are reported so a reader can see when that happened.
+seen; the modes' own centres are reported so a reader can see when that happened. Two guards
+narrow it: a boot between the modes (:data:`CLEAR_SHARE`) is judged both ways and gets no
+direction the two readings do not share, and a run that lands in the worse mode more often
+than the history's share of it explains (:func:`mode_frequency`) is a regression.
 """
 
 from __future__ import annotations
