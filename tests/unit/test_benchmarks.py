@@ -98,3 +98,19 @@ def test_nightly_appends_stop_at_a_failing_night(capsys: pytest.CaptureFixture[s
     step = next(r for r in rows if r["threat"].startswith("step") and r["guard"] == "bound")
     assert step["first_failing_night_median"] == 5 and step["nights_failing"] > 0.8
     assert "history that grows itself" in capsys.readouterr().out
+
+
+def test_the_calibration_runs_the_declared_shapes_under_each_critical_value_and_restores_the_gates() -> None:
+    from pytest_kimiperf.judge import stats
+
+    gate_power = _load("gate_power")
+    args = argparse.Namespace(drift=0.005, trials=2, history=10, max_boots=3, tolerance=0.03, critical=[3.0, 9.0])
+    cells = gate_power.calibration_cells(args)
+    assert [c.label for c in cells] == [f"{truth}; history {k} x {n}" for truth in ("boot 1%", "boot 1%, session 1%")
+                                        for k, n in ((1, 5), (3, 2), (10, 1), (20, 1))]
+    kept = stats.GATE_CRITICAL
+    rules = gate_power.Rules(0.03, gate_power.Spreads(0.01, 0.01, 0.02), 3)
+    out = gate_power.calibrate(args, rules)
+    assert stats.GATE_CRITICAL == kept and set(out) == {"3", "9"}
+    # Nine standard errors convict nothing a doubling of the tolerance gives with these spreads.
+    assert all(row["detect_2x"]["hits"] == 0 for row in out["9"])
