@@ -236,7 +236,7 @@ def build_settings(
         nccl_debug=bool(options["nccl_debug"].value),
         update_baselines=bool(options["update_baselines"].value),
         baselines_dir=_path(options["baselines_dir"], rootpath) or rootpath / "baselines",
-        perf_strict=bool(options["perf_strict"].value) or gate,
+        perf_strict=bool(options["perf_strict"].value),
         perf_json=_path(options["perf_json"], rootpath),
         perf_markdown=_path(options["perf_markdown"], rootpath),
         perf_plots=_path(options["perf_plots"], rootpath),

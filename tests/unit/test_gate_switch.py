@@ -27,14 +27,18 @@ def test_without_the_gate_a_missing_baseline_warns_and_the_header_says_so(tmp_pa
 @pytest.mark.parametrize("raw", [RawOption(True, "command line --kimiperf-gate"),
                                  RawOption(True, "ini option kimiperf_gate"),
                                  RawOption("1", "environment variable KIMIPERF_GATE")])
-def test_the_gate_fails_a_missing_baseline_and_an_unresolved_change_beyond_the_tolerance(
+def test_the_gate_fails_a_missing_baseline_and_leaves_an_unresolved_change_to_warn(
         tmp_path: Path, raw: RawOption) -> None:
     s = _settings(tmp_path, gate=raw)
-    assert (s.gate, s.missing_baseline, s.perf_strict) == (True, "fail", True)
+    # The gate fails on the calibrated REGRESSION rule only: strict would fail an unchanged build
+    # in about a third of sessions (benchmarks/gate_power.py, "gate fails/session" with strict).
+    assert (s.gate, s.missing_baseline, s.perf_strict) == (True, "fail", False)
     assert failures_line(s) == (
         "kimiperf: gate (--kimiperf-gate): fails on a regression, decode below the floor, no baseline for this "
-        "hardware, a change beyond the tolerance without a verdict; a run whose only failures are INVALID "
-        "measurements exits 75; boots per profile: 1 planned, up to 2 on demand (deployment tiny-cpu's max_boots)")
+        "hardware; a run whose only failures are INVALID measurements exits 75; boots per profile: 1 planned, up "
+        "to 2 on demand (deployment tiny-cpu's max_boots)")
+    strict = _settings(tmp_path, gate=raw, perf_strict=RawOption(True, "command line --kimiperf-strict"))
+    assert strict.perf_strict and "a change beyond the tolerance without a verdict" in failures_line(strict)
     # Recording baselines is not failed for the baselines it is recording.
     assert "no baseline" not in failures_line(replace(s, update_baselines=True))
 
