@@ -428,7 +428,7 @@ def append_nights(args: argparse.Namespace) -> list[dict[str, object]]:
     history of 10 nights of the unchanged server. Two threats: a slow drift of -0.25% a night
     (-6%, twice the tolerance, after 24 nights) and a -6% regression that lands on night 5.
     With the drift guard in force (append only when no metric is worse than the history by half
-    its tolerance at the REGRESSION rule's bound), the point-estimate guard it replaced, and none: the night the gate first fails, and the share of nights after
+    its tolerance at append.favourable_bound), the point-estimate guard it replaced, and none: the night the gate first fails, and the share of nights after
     the step that fail (of every night, with no threat: false alarms), and the nights appended."""
     rules = Rules(args.tolerance, Spreads(args.prior, args.session_prior, args.host_prior), args.max_boots, boots=2)
     noise = Noise(0.01, 0.02, args.drift, session_sd=0.01)

@@ -27,7 +27,7 @@ TINY_MODEL = "kimiperf:tiny-llama"
 PLACEHOLDERS = ("python", "model", "served_model_name", "host", "port", "tp")
 
 # The levels a figure varies at, innermost first: a boot within a session on a host
-# (judge/levels.py). Each has a declared spread until the history measures it.
+# (judge/levels.py). Each has a declared spread, a floor that what the history measures raises.
 LEVELS: tuple[str, ...] = ("boot", "session", "host")
 
 
@@ -101,8 +101,8 @@ class Deployment:
     # ``spawn_mode_drop`` slower (0.5: half as fast). 0: none declared.
     spawn_mode_drop: float = 0.0
     spawn_mode_share: float = 0.0
-    # The levels above the boot (judge/levels.py), declared until the history spans 3 sessions
-    # (hosts): the SD of a session's shared effect on every boot of it, and of a host's among
+    # The levels above the boot (judge/levels.py), declared, and a floor under what the history
+    # measures once it spans 3 sessions (hosts): the SD of a session's shared effect on every boot of it, and of a host's among
     # hosts with the same fingerprint whose canaries agree.
     session_spread: float = 0.01
     host_spread: float = 0.02

@@ -145,7 +145,7 @@ OPTIONS = (
     Option("append_on_pass", "--kimiperf-append-on-pass",
            "branch(es), comma-separated, on which a passing run appends its boots to the baseline "
            "history (e.g. 'main' for a scheduled job). A failing run appends nothing, "
-           "nor one in which a metric is worse than the history by half its tolerance, by the REGRESSION rule (a slow drift)",
+           "nor one in which a metric is worse than the history by half its tolerance at a bound in its favour (a slow drift)",
            env="KIMIPERF_APPEND_ON_PASS", default_text="off"),
     Option("baselines_dir", "--kimiperf-baselines-dir", "directory of JSON baselines",
            default_text="<rootdir>/baselines", deprecated=("--baselines-dir",)),

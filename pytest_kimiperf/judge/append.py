@@ -109,8 +109,8 @@ def favourable_bound(c: Comparison) -> float:
     boot_var = c.spread_sd_log ** 2 * (1.0 / c.boots_current + 1.0 / c.boots_reference)
     margin = math.sqrt(t_quantile(DIRECTIONAL_CONFIDENCE, c.spread_df) ** 2 * boot_var
                        + sum(_level_quantile(t.df) ** 2 * t.var_log for t in c.levels))
-    gain = math.log1p(c.change) if c.direction is Direction.HIGHER_IS_BETTER else -math.log1p(c.change)
-    return math.expm1(gain + margin)
+    d = math.log1p(c.change)
+    return math.expm1(d + margin) if c.direction is Direction.HIGHER_IS_BETTER else -math.expm1(d - margin)
 
 
 def _level_quantile(df: float) -> float:

@@ -74,18 +74,26 @@ def _judge_modes(current: Sequence[BootSummary], modes: Modes, direction: Direct
     unclear = unclear_boots(current, modes)
     disagree = False
     if unclear:
-        readings = {_compare(align_modes(current, modes, unclear_to=side)[0], history, direction, tolerance,
-                             spreads, metric, unit, comparable).verdict for side in ("low", "high")}
-        disagree = len(readings | {comparison.verdict}) > 1
+        readings = [comparison, *(_compare(align_modes(current, modes, unclear_to=side)[0], history, direction,
+                                           tolerance, spreads, metric, unit, comparable) for side in ("low", "high"))]
+        directions = {c.verdict if c.verdict in _DIRECTIONAL else None for c in readings}
+        disagree = len(directions) > 1
+        if disagree:
+            # Reported as the worse reading, so a run that may be slower asks for another boot.
+            comparison = min(readings, key=lambda c: c.gain)
     worse = "low" if Direction(direction) is Direction.HIGHER_IS_BETTER else "high"
     hits, placed, share, p = mode_frequency(current, modes, worse=worse)
-    verdict = comparison.verdict
+    verdict, decided = comparison.verdict, ""
     if comparable and disagree:
-        verdict = VerdictKind.INCONCLUSIVE
+        verdict, decided = VerdictKind.INCONCLUSIVE, "between"
     if comparable and placed >= MIN_BOOTS_DIRECTIONAL and p < 1.0 - comparison.confidence:
-        verdict = VerdictKind.REGRESSION
-    note = modes.note(unclear=unclear, disagree=disagree, worse=hits, placed=placed, worse_share=share, p=p)
+        verdict, decided = VerdictKind.REGRESSION, "frequency"
+    note = modes.note(unclear=unclear, disagree=disagree, worse=hits, placed=placed, worse_share=share, p=p,
+                      decided=decided)
     return dataclasses.replace(comparison, verdict=verdict).with_notes(note)
+
+
+_DIRECTIONAL = (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT)
 
 
 def history_steps(history: Sequence[BootSummary], *, spreads: Spreads, segment: bool = True) -> list[HistoryStep]:

@@ -60,8 +60,8 @@ from pytest_kimiperf.judge.stats import (
 # and an inert profile must get a direction in at most 1% of sessions (benchmarks/profile_power.py:
 # the replay of every host of the noise corpus and the spawn-mode cells).
 IN_SESSION_ALPHA = 0.005
-# "Within +/-tol" when both one-sided bounds at this level lie inside the band. Two profiles 0.6% apart (boot noise 1% declared as a guess, 3 df;
-# tolerance 3%; 2 boots each) read "within" in 88% of sessions at 84%, 73% at 90% (profile_power.py).
+# "Within +/-tol" when both one-sided bounds at this level lie inside the band. Two profiles 0.6%
+# apart (boot noise 1% declared as a guess, 3 df; tolerance 3%; 2 boots each) read "within" in 88% of sessions at 84%, 73% at 90% (profile_power.py).
 EQUIVALENCE_LEVEL = 0.84
 # The two-sided interval a "within" row shows (both EQUIVALENCE_LEVEL bounds) and the one every
 # other row shows and "changed" / "holds zero" speak of: the gate's (stats.EQUIVALENCE_CONFIDENCE).

@@ -5,9 +5,10 @@ session also share that session's state (the host's day, its neighbours, its the
 firmware state) and sessions of one host share the host. A baseline recorded in ONE session
 knows nothing of the session level, and every boot of the next run shares that run's session
 effect, so a comparison of the two must carry it: its uncertainty includes each level that the
-two sides do not share (:func:`level_terms`). A level is measured from the history once it spans
-:data:`MIN_UNITS` of its units (the method of moments of a nested random-effects model, below),
-and declared per deployment before that (``boot_spread``, ``session_spread``, ``host_spread``).
+two sides do not share (:func:`level_terms`). Each level is declared per deployment
+(``boot_spread``, ``session_spread``, ``host_spread``); once the history spans :data:`MIN_UNITS`
+of its units it is measured (the method of moments of a nested random-effects model, below),
+and the larger of the two is used: the declaration is a floor.
 
 Hosts differ by more than a spread: two machines of one family ran the tiny-cpu server 2x apart
 under one fingerprint. The host canary (measure/canary.py) is stored with every boot; when this
@@ -145,7 +146,7 @@ def nested_levels(groups: Mapping[str, Mapping[str, Sequence[float]]], metric: s
     boots alone explain; the host level likewise from the host means. A level needs two units
     inside one unit above it; intervals are chi-square intervals of each mean square, less the
     lower levels' share (a negative estimate reads as 0). ``boot_var`` replaces the measured boot
-    level in that subtraction (the gate's pooled or declared boot spread: a history of one boot
+    level in that subtraction (the gate's boot spread, the declared one or larger: a history of one boot
     per session measures no boot level of its own)."""
     ss_w = df_w = 0.0
     session_means: dict[str, list[tuple[float, int]]] = {}
@@ -259,7 +260,7 @@ def history_level(reference: Sequence[BootSummary], name: str, declared: float, 
     the declared and the measured spread (a measured one at its degrees of freedom). The
     declaration is a floor the history can raise, never lower: the gate's critical value
     (stats.GATE_CRITICAL) is calibrated on variances that are never below the truth, and a
-    spread measured over 10 sessions (9 df) is below 0.6 of the truth one time in ten: with the
+    spread measured over 10 sessions (9 df) is below 0.7 of the truth about one time in eight: with the
     measured spread alone from 6 sessions on, a history of 10 sessions x 1 boot with the session
     spread declared right (1%) failed 4.3% of unchanged sessions, against 1% budgeted
     (benchmarks/gate_power.py --cells shapes). To gain power where the history shows a smaller

@@ -77,12 +77,13 @@ class Modes:
                             **more)  # type: ignore[arg-type]
 
     def mode_of(self, b: BootSummary) -> str | None:
-        """``"low"`` or ``"high"``: the mode a boot clearly lies in; None between the two."""
+        """``"low"`` or ``"high"``: the mode a boot clearly lies in (beyond either centre, the
+        nearer); None in the middle between the two."""
         x = math.log(b.median)
         room = CLEAR_SHARE * (self.high_center - self.low_center)
-        if abs(x - self.low_center) <= room:
+        if x <= self.low_center + room:
             return "low"
-        if abs(x - self.high_center) <= room:
+        if x >= self.high_center - room:
             return "high"
         return None
 

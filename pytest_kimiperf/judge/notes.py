@@ -201,6 +201,7 @@ class HistoryModes(Note):
     placed: int = 0
     worse_share: float = 0.0
     p: float = 1.0
+    decided: str = ""  # "between" or "frequency": the note, not the figures, gave the verdict
 
 
 @note_kind("history-step")

@@ -114,8 +114,8 @@ def estimate_spread(
     boot level; the session level is judge/levels.py's), where a session has 2+ boots. The
     deployment's declared spread is its floor, taken as known: the boots can raise it, never
     lower it (the gate's critical value is calibrated on variances never below the truth; a
-    spread measured from a few degrees of freedom is below it half the time, and a tenth of
-    the time below 0.6 of it). Never below the boots' own within-boot error of the median
+    spread measured on 5 degrees of freedom is below the truth more than half the time, and
+    below 0.6 of it one time in eight). Never below the boots' own within-boot error of the median
     either (a spread smaller than that is chance)."""
     if not (math.isfinite(prior_sd_log) and prior_sd_log >= 0):
         raise ValueError(f"prior spread {prior_sd_log!r}: use a finite SD of log-medians >= 0 (0.01 means 1%)")
@@ -138,7 +138,7 @@ def estimate_spread(
         return Spread(sd_log=math.sqrt(floor), df=PRIOR_DF, source=SpreadSource(SpreadSource.DECLARED, declared=declared))
     measured = sum_sq / df
     if measured > floor:
-        return Spread(sd_log=math.sqrt(measured), df=df,
+        return Spread(sd_log=math.sqrt(measured), df=PRIOR_DF + df,
                       source=SpreadSource(SpreadSource.MEASURED, sides=(len(current), len(reference))))
     return Spread(sd_log=math.sqrt(floor), df=PRIOR_DF + df, source=SpreadSource(
         SpreadSource.FLOOR, declared=declared, measured=math.expm1(math.sqrt(measured)), df=df,
@@ -209,7 +209,7 @@ class Comparison:
     se_log: float
     mdc: float
     verdict: VerdictKind
-    confidence: float = 0.0  # of the bounds: norm.cdf(GATE_CRITICAL)
+    confidence: float = 0.9994229749576092  # of the bounds: norm.cdf(GATE_CRITICAL), tested
     equivalence_confidence: float = EQUIVALENCE_CONFIDENCE
     notes: tuple[Note, ...] = ()  # what else the verdict rests on (judge/notes.py)
     sessions_current: int = 1

@@ -57,9 +57,7 @@ def _(note: Said) -> str:
 
 def source_text(source: SpreadSource | None) -> str:
     """Where a spread came from: "declared 18%", "measured over 2 + 10 boots", ..."""
-    if source is None:
-        return ""
-    return say(source)
+    return "" if source is None else say(source)
 
 
 def _pct(fraction: float | None, whole: bool) -> str:
@@ -119,24 +117,24 @@ def rests_on(c: Comparison) -> str:
             f"{fmt_spread(math.expm1(c.spread_sd_log))} ({source_text(c.spread_source)}){levels}")
 
 
-def comparison_note(c: Comparison) -> str:
-    """The comparison's own notes in one line ("" when it has none)."""
-    return joined(c.notes)
-
-
 def comparison_line(c: Comparison, *, label: bool = True) -> str:
     """One line for the test report: the verdict, its numbers and what it rests on (after the
     metric's label unless ``label`` is false)."""
     prefix = f"{c.label}: " if label and c.label else ""
-    note = comparison_note(c)
+    note = joined(c.notes)
     tol = fmt_tolerance(c.tolerance)
     change = fmt_change(c.change)
-    worse_bound = c.bound_high if c.direction is Direction.HIGHER_IS_BETTER else c.bound_low
-    better_bound = c.bound_low if c.direction is Direction.HIGHER_IS_BETTER else c.bound_high
+    worse_bound, better_bound = ((c.bound_high, c.bound_low) if c.direction is Direction.HIGHER_IS_BETTER
+                                 else (c.bound_low, c.bound_high))
     level = f"{c.confidence * 100:.4g}% bound"
     ci = f"{c.equivalence_confidence * 100:g}% CI {fmt_change(c.ci_low)}..{fmt_change(c.ci_high)}"
     kind = c.verdict
-    if kind is VerdictKind.REGRESSION:
+    decided = next((n.decided for n in c.notes if isinstance(n, HistoryModes) and n.decided), "")
+    if decided:  # the spawn modes, not the figures, gave it (judge/history.py)
+        body = (f"REGRESSION {change} (the run lands in the worse spawn mode more often than chance explains"
+                if decided == "frequency" else f"inconclusive ({change}: boots between the spawn modes, read both "
+                "ways, disagree")
+    elif kind is VerdictKind.REGRESSION:
         body = f"REGRESSION {change} (beyond the {tol} tolerance, and its {level} {fmt_change(worse_bound)} excludes zero"
     elif kind is VerdictKind.IMPROVEMENT:
         body = f"improvement {change} (beyond the {tol} tolerance, and its {level} {fmt_change(better_bound)} excludes zero"
@@ -169,7 +167,7 @@ def comparison_json(c: Comparison) -> dict[str, object]:
     out: dict[str, object] = {}
     for key, value in c.to_dict().items():
         if key == "notes":
-            out["note"] = comparison_note(c)
+            out["note"] = joined(c.notes)
         elif key == "spread_source":
             out[key] = source_text(c.spread_source)
         elif key == "levels":

@@ -69,11 +69,30 @@ def test_a_shift_inside_the_fast_mode_is_still_caught() -> None:
 def test_a_boot_between_the_modes_gets_no_direction_when_the_two_readings_disagree() -> None:
     history = boots([100, 101, 99, 100.5, 80, 80.5, 100.2, 79.8, 99.6, 100.1], "then")
     # Half-way (log scale) between the modes: a fast boot 10% slower, or a slow one 12% faster.
-    current = boots([89.4, 89.5], "then")
+    current = boots([89.4, 89.5], "now")
     c = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
                              spreads=Spreads(0.01))
     assert c.verdict is VerdictKind.INCONCLUSIVE
-    assert "2 boot(s) of this run between the modes, judged either way (the readings disagree" in comparison_line(c)
+    # Reported as the worse reading (so a gate run asks for another boot), and said as what it is.
+    assert c.change == pytest.approx(-0.106, abs=0.005)
+    line = comparison_line(c)
+    assert line.startswith("inconclusive (-10.6%: boots between the spawn modes, read both ways, disagree; 2 boots")
+    assert "2 boot(s) of this run between the modes, judged either way (the readings disagree" in line
+    # Not comparable stays not comparable.
+    other = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
+                                 spreads=Spreads(0.01), comparable=False)
+    assert other.verdict is VerdictKind.NOT_COMPARABLE
+
+
+def test_a_boot_beyond_either_mode_takes_the_nearer_and_agreeing_readings_keep_their_verdict() -> None:
+    history = boots([100, 101, 99, 100.5, 80, 80.5, 100.2, 79.8, 99.6, 100.1], "then")
+    modes = find_modes(history)
+    assert modes is not None
+    assert modes.mode_of(boots([60.0])[0]) == "low" and modes.mode_of(boots([130.0])[0]) == "high"
+    assert modes.mode_of(boots([89.4])[0]) is None and modes.mode_of(boots([96.0])[0]) == "high"
+    c = compare_with_history(boots([60.2, 59.9], "now"), history, direction=Direction.HIGHER_IS_BETTER,
+                             tolerance=0.03, spreads=Spreads(0.01))
+    assert c.verdict is VerdictKind.REGRESSION and "between the modes" not in comparison_line(c)
 
 
 def test_a_run_landing_in_the_slow_mode_more_often_than_chance_allows_is_a_regression() -> None:
@@ -81,13 +100,28 @@ def test_a_run_landing_in_the_slow_mode_more_often_than_chance_allows_is_a_regre
                      100.6, 99.7, 100.2, 99.5, 100.1, 100.0], "then")  # 3 of 20 slow: 15%
     modes = find_modes(history)
     assert modes is not None and len(modes.low) == 3
-    slow = boots([80.1, 79.9, 80.3, 80.0, 79.8], "then")
+    slow = boots([80.1, 79.9, 80.3, 80.0, 79.8], "now")
     c = compare_with_history(slow, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
                              spreads=Spreads(0.01))
     # 0.15 ** 5 = 7.6e-5: below the gate's level, though every boot sits on its mode's centre.
     assert c.verdict is VerdictKind.REGRESSION
-    assert "5 of 5 boots in the worse mode, which holds 15% of the history (chance 7.6e-05)" in comparison_line(c)
+    line = comparison_line(c)
+    assert "REGRESSION" in line and "the run lands in the worse spawn mode more often than chance explains" in line
+    assert "5 of 5 boots in the worse mode, which holds 15% of the history (chance 7.6e-05)" in line
     # Two slow boots of two are what the history's share makes likely enough: no direction from it.
     two = compare_with_history(slow[:2], history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
                                spreads=Spreads(0.01))
     assert two.verdict is not VerdictKind.REGRESSION and "2 of 2 boots in the worse mode" in comparison_line(two)
+
+
+def test_for_a_latency_the_worse_mode_is_the_higher_one() -> None:
+    # Time to first token: 3 of 20 boots 25% slower (higher).
+    history = boots([40, 40.4, 39.6, 40.2, 50, 50.4, 40.1, 49.8, 39.8, 40.0, 39.9, 40.3, 40.2, 39.7,
+                     40.5, 39.8, 40.1, 39.9, 40.0, 40.2], "then")
+    slow = boots([50.1, 49.9, 50.3, 50.0, 49.8], "now")
+    c = compare_with_history(slow, history, direction=Direction.LOWER_IS_BETTER, tolerance=0.03,
+                             spreads=Spreads(0.01))
+    assert c.verdict is VerdictKind.REGRESSION and "5 of 5 boots in the worse mode" in comparison_line(c)
+    fast = compare_with_history(boots([40.1, 39.9, 40.3, 40.0, 39.8], "now"), history,
+                                direction=Direction.LOWER_IS_BETTER, tolerance=0.03, spreads=Spreads(0.01))
+    assert fast.verdict is not VerdictKind.REGRESSION and "0 of 5 boots in the worse mode" in comparison_line(fast)

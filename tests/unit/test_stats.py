@@ -133,7 +133,7 @@ def test_the_declared_spread_is_a_floor_the_boots_can_raise_but_never_lower() ->
     many = estimate_spread(boots(100), boots(*[100, 100.1] * 20), prior_sd_log=0.05)
     assert many.sd_log == pytest.approx(0.05, rel=0.01) and many.source.how == SpreadSource.FLOOR
     wide = estimate_spread(boots(100), boots(*[100, 120] * 3), prior_sd_log=0.05)
-    assert wide.sd_log > 0.09 and wide.df == 5 and say(wide.source) == "measured over 1 + 6 boots"
+    assert wide.sd_log > 0.09 and wide.df == 3 + 5 and say(wide.source) == "measured over 1 + 6 boots"
     alone = estimate_spread(boots(100), boots(100), prior_sd_log=0.05)
     assert alone.source.how == SpreadSource.DECLARED and alone.df == 3
 
@@ -260,3 +260,13 @@ def test_insufficient_samples_says_how_many_this_boot_had() -> None:
                       tolerance=0.03, prior_spread=0.01)
     assert c.verdict is VerdictKind.INSUFFICIENT_SAMPLES
     assert comparison_line(c).endswith("at least 3 each); this boot has 2 valid samples: failed requests are not samples")
+
+
+def test_a_comparison_states_the_level_of_the_bounds_the_gate_uses_even_without_samples() -> None:
+    from scipy.stats import norm
+
+    from pytest_kimiperf.judge.stats import GATE_CRITICAL
+
+    empty = compare_boots([], boots(100.0), direction=HIGHER, tolerance=0.03, prior_spread=0.01)
+    assert empty.verdict is VerdictKind.INSUFFICIENT_SAMPLES
+    assert empty.confidence == pytest.approx(float(norm.cdf(GATE_CRITICAL)), rel=1e-12)
