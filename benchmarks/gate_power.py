@@ -260,8 +260,8 @@ class Cell:
     regress_0_8x: Rate
     mean_boots: float
     within_claimed_null: Rate
-    # --kimiperf-gate fails a REGRESSION and, strict, a change beyond the tolerance left unresolved
-    gate_fail_per_session: Rate = Rate(0, 0, math.nan, math.nan)
+    # --kimiperf-strict fails a REGRESSION and a change beyond the tolerance left unresolved too
+    strict_fail_per_session: Rate = Rate(0, 0, math.nan, math.nan)
 
 
 def run_cell(noise: Noise, *, trials: int, history_boots: int, rules: Rules, seed: int) -> Cell:
@@ -272,16 +272,16 @@ def run_cell(noise: Noise, *, trials: int, history_boots: int, rules: Rules, see
     sessions_alarm = sessions_regress = comparisons_alarm = comparisons = within = false_regressions = 0
     boots_total = runs = 0
     detect = regress_small = changed = 0
-    sessions_gate_fail = 0
+    sessions_strict_fail = 0
     for _ in range(trials):
-        alarm = regress = gate_fail = False
+        alarm = regress = strict_fail = False
         for p in range(PROFILES):
             history = world.history(history_boots)
             out: dict[str, object] = {}
             verdicts, boots = gate_run(world, history, change=0.0, rules=rules, start=p / PROFILES,
                                        span=1 / PROFILES, out=out)
             finals: dict[int, Comparison] = out["comparisons"]  # type: ignore[assignment]
-            gate_fail = gate_fail or any(verdict_fails(c, strict=True) for c in finals.values())
+            strict_fail = strict_fail or any(verdict_fails(c, strict=True) for c in finals.values())
             boots_total += boots
             runs += 1
             directional = sum(v in (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT) for v in verdicts)
@@ -293,7 +293,7 @@ def run_cell(noise: Noise, *, trials: int, history_boots: int, rules: Rules, see
             regress = regress or any(v is VerdictKind.REGRESSION for v in verdicts)
         sessions_alarm += alarm
         sessions_regress += regress
-        sessions_gate_fail += gate_fail
+        sessions_strict_fail += strict_fail
         for factor, counter in ((-2.0, "detect"), (-0.8, "small")):
             history = world.history(history_boots)
             verdicts, _ = gate_run(world, history, change=factor * rules.tolerance, rules=rules, start=0.5, span=0.5)
@@ -311,7 +311,7 @@ def run_cell(noise: Noise, *, trials: int, history_boots: int, rules: Rules, see
         false_regression_per_comparison=rate(false_regressions, comparisons),
         detect_2x=rate(detect, changed), regress_0_8x=rate(regress_small, changed),
         mean_boots=boots_total / runs, within_claimed_null=rate(within, comparisons),
-        gate_fail_per_session=rate(sessions_gate_fail, trials),
+        strict_fail_per_session=rate(sessions_strict_fail, trials),
     )
 
 
@@ -322,10 +322,10 @@ def _pct(r: Rate) -> str:
 def print_table(title: str, cells: list[Cell]) -> None:
     """The cells as a plain-text table."""
     print(title)
-    print(f"{'noise':<46} | {'false REGR/session':>22} | {'gate fails/session':>22} | {'false alarm/session':>22} | "
+    print(f"{'noise':<46} | {'false REGR/session':>22} | {'strict fails/session':>22} | {'false alarm/session':>22} | "
           f"{'false REGR/metric':>20} | {'detect 2x tol':>22} | {'REGRESSION at 0.8x':>22} | {'boots/run':>9}")
     for c in cells:
-        print(f"{c.label:<46} | {_pct(c.false_regression_per_session):>22} | {_pct(c.gate_fail_per_session):>22} | "
+        print(f"{c.label:<46} | {_pct(c.false_regression_per_session):>22} | {_pct(c.strict_fail_per_session):>22} | "
               f"{_pct(c.false_alarm_per_session):>22} | {_pct(c.false_regression_per_comparison):>20} | "
               f"{_pct(c.detect_2x):>22} | {_pct(c.regress_0_8x):>22} | {c.mean_boots:9.2f}")
     print()
