@@ -145,7 +145,8 @@ def mode_frequency(current: Sequence[BootSummary], modes: Modes, *, worse: str) 
     at least that many were the run's boots drawn as the history's were (a binomial tail): a
     build that lands in the slow mode more often is a regression the alignment cannot show.
     With 3 boots and a slow mode of 30%, all 3 slow has a chance of 2.7%: a gate run of 2-3
-    boots can note it, never convict on it."""
+    boots convicts on it only where the worse mode is rare (3 of 3 needs a mode that holds under
+    8% of the history; 4 of 4, 15%)."""
     placed = [modes.mode_of(b) for b in current if b.usable]
     placed = [m for m in placed if m is not None]
     share = len(modes.low if worse == "low" else modes.high) / (len(modes.low) + len(modes.high))
