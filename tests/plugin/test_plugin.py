@@ -376,7 +376,7 @@ def test_marker_tolerance_overrides_the_deployments_for_that_metric(
     result.assert_outcomes(passed=1)
     # A history recorded in one session: the header and a warning say the session level is a guess.
     result.stdout.fnmatch_lines([
-        "kimiperf: spreads in force: boot 6% declared (3 df), pooled with what the boots measure (1 recorded); "
+        "kimiperf: spreads in force: boot 6% declared, or what the boots measure where larger (1 recorded); "
         "session 1% declared (the history spans 1 session; measured from 3); host 2% declared (*",
         "*OneSessionHistoryWarning: kimiperf: the baseline history of stub spans one session (1 boot)*"])
     metrics = json.loads(out.read_text())["tests"][0]["metrics"]

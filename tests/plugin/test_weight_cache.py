@@ -165,6 +165,10 @@ def test_a_declared_quantization_names_vllms_method(quantization: str | None, me
     assert (quant_reason(model=None, quantization=quantization) is not None) == off
 
 
+# Importing vLLM's linear layers compiles a kernel, which imports torch.utils.mkldnn: on the
+# first import in a process torch warns that torch.jit.script_method is deprecated. Whether this
+# test's process imported it first depends on how xdist shares the tests out.
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_the_quantization_methods_known_to_the_cache_are_the_installed_vllms() -> None:
     # Source-derived: the names are the installed vLLM's, and the flag the daemons check reads
     # as this module says on the classes Kimi's checkpoint and an unquantized one build.
