@@ -11,7 +11,6 @@ environment is the one recorded. ``gate.judge`` decides what the comparison mean
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 

@@ -153,6 +153,22 @@ def sessions_to_resolve(allowed: float, boot_var: float, levels: Sequence[tuple[
     return None
 
 
+def sessions_of_history(boot_spread: float, session_spread: float, boots: int, *, reference_boots: int,
+                        sessions: int, tolerance: float, goal: float, max_sessions: int = 200) -> int | None:
+    """The fewest sessions of history (the ``sessions`` recorded, ``reference_boots`` boots over
+    them, grown by one boot a session: a nightly append) at which ``boots`` boots of one new
+    session convict a true ``goal`` beyond ``tolerance`` by the gate's rule with DETECTION_POWER.
+    This run's own session effect is in every comparison, however long the history: None when
+    it alone leaves no room (or ``max_sessions`` cannot)."""
+    allowed = allowed_variance(goal, tolerance, critical=GATE_CRITICAL)
+    boot_var, session_var = math.log1p(boot_spread) ** 2, math.log1p(session_spread) ** 2
+    for k in range(max(sessions, 1), max_sessions + 1):
+        reference = reference_boots + k - sessions
+        if boot_var * (1.0 / boots + 1.0 / reference) + session_var * (1.0 + 1.0 / k) <= allowed:
+            return k
+    return None
+
+
 def plan(c: Comparison, *, target: float | None = None) -> Plan | None:
     """What the planner says next to an unresolved or "no detectable change" verdict: in
     boots of this run, or, where the session and host levels stand in the way, in sessions

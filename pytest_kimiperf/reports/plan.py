@@ -21,7 +21,7 @@ import statistics
 from pytest_kimiperf.config.metric_specs import metric_spec
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.judge.baseline_schema import BaselineFile, HistorySpan
-from pytest_kimiperf.judge.power import smallest_change
+from pytest_kimiperf.judge.power import sessions_of_history, smallest_change
 from pytest_kimiperf.judge.stats import DETECTION_POWER, GATE_CRITICAL
 
 HEADLINE_METRIC = "decode_tok_s"
@@ -95,15 +95,13 @@ def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:
 
 def history_advice(boot_spread: float, session_spread: float, boots: int, span: HistorySpan, tolerance: float,
                    label: str) -> str:
-    """What history (sessions of 1 boot each, on top of the recorded boots) would convict twice
-    the tolerance with DETECTION_POWER, or why none can: this run's own session effect."""
-    session_var = math.log1p(session_spread) ** 2
-    for sessions in range(span.sessions + 1, 201):
-        reference = span.boots + sessions - span.sessions
-        if smallest_change(boot_spread, boots, reference_boots=reference, tolerance=tolerance,
-                           fixed_var=session_var * (1.0 + 1.0 / sessions), critical=GATE_CRITICAL) <= 2 * tolerance:
-            return (f"to convict a {label} regression of twice the tolerance ({2 * tolerance:.0%}) with {DETECTION_POWER:.0%}"
-                    f" power, record the baseline over about {sessions} sessions (one boot each is enough: "
-                    "--kimiperf-append-on-pass on a nightly job grows it)")
+    """What history would convict twice the tolerance with DETECTION_POWER
+    (``power.sessions_of_history``), or why none can: this run's own session effect."""
+    sessions = sessions_of_history(boot_spread, session_spread, boots, reference_boots=span.boots,
+                                   sessions=span.sessions, tolerance=tolerance, goal=2 * tolerance)
+    if sessions is not None:
+        return (f"to convict a {label} regression of twice the tolerance ({2 * tolerance:.0%}) with {DETECTION_POWER:.0%}"
+                f" power, record the baseline over about {sessions} sessions (one boot each is enough: "
+                "--kimiperf-append-on-pass on a nightly job grows it)")
     return (f"no history convicts a {label} regression of twice the tolerance with {DETECTION_POWER:.0%} power here: "
             f"this run's own session effect ({session_spread:.0%} declared) is too wide for {boots} boots")

@@ -107,3 +107,13 @@ def test_the_plan_says_what_history_would_convict_twice_the_tolerance_or_that_no
     assert history_advice(0.01, 0.02, 2, one, 0.03, "decode") == (
         "no history convicts a decode regression of twice the tolerance with 90% power here: this run's own "
         "session effect (2% declared) is too wide for 2 boots")
+
+
+def test_sessions_of_history_counts_from_the_recorded_history_and_none_where_the_session_fills_the_room() -> None:
+    from pytest_kimiperf.judge.power import sessions_of_history
+
+    # A history that already convicts needs no more sessions than it has.
+    assert sessions_of_history(0.01, 0.0, 2, reference_boots=20, sessions=20, tolerance=0.03, goal=0.06) == 20
+    grown = sessions_of_history(0.01, 0.01, 2, reference_boots=5, sessions=1, tolerance=0.03, goal=0.06)
+    assert grown is not None and grown > 1
+    assert sessions_of_history(0.01, 0.02, 2, reference_boots=5, sessions=1, tolerance=0.03, goal=0.06) is None
