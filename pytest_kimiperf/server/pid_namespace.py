@@ -73,6 +73,14 @@ def _nspid(status: Path) -> list[int]:
     return []
 
 
+def _pid_ns_inode(proc_dir: Path) -> int | None:
+    """The inode of a process's PID namespace (None when it cannot be read: gone, or not ours)."""
+    try:
+        return os.stat(proc_dir / "ns" / "pid").st_ino
+    except OSError:
+        return None
+
+
 def _holds_nvidia_device(proc_root: Path, pid: int) -> bool:
     """True if ``pid`` here has a ``/dev/nvidia*`` file open (a CUDA context keeps
     /dev/nvidiactl and /dev/nvidia<N> open for its lifetime)."""
@@ -120,7 +128,9 @@ def read_pid_view(proc_root: Path = Path("/proc"), nvml_pids: Iterable[int] = ()
     mapping: dict[int, int] = {}
     for status in proc_root.glob("[0-9]*/status"):
         nspid = _nspid(status)
-        if len(nspid) > depth:
+        # Only our own namespace's processes: a sibling container's, seen through the same
+        # /proc, has a pid at our depth too, in another namespace (its pid 1 is not ours).
+        if len(nspid) > depth and _pid_ns_inode(status.parent) == inode:
             mapping[nspid[0]] = nspid[depth]
     return PidView(MAPPED, mapping, note=(
         f"in a container: NVML's host pids are mapped to ours through NSpid ({len(mapping)} processes)"))

@@ -99,3 +99,21 @@ def test_without_nspid_a_pid_that_is_no_cuda_process_here_turns_the_bound_off(tm
         view = read_pid_view(root, nvml_pids=reported)
         assert view.mode == UNMAPPABLE and view.local(7) is None
         assert "the bound on other GPU processes is off" in str(view.note)
+
+
+def test_a_sibling_namespaces_processes_seen_through_the_same_proc_are_not_mapped_to_ours(tmp_path: Path) -> None:
+    # Two containers at the same depth, both seen through the host's /proc: each has a pid 1.
+    # Namespaces are told apart by the inode of ns/pid; hard links give two files one inode.
+    root = tmp_path / "proc"
+    ours, theirs = tmp_path / "ns-ours", tmp_path / "ns-theirs"
+    ours.write_text("")
+    theirs.write_text("")
+    for pid, ns, nspid in (("self", ours, "4242\t1"), ("4242", ours, "4242\t1"), ("4300", ours, "4300\t7"),
+                           ("5151", theirs, "5151\t1")):
+        (root / pid / "ns").mkdir(parents=True)
+        os.link(ns, root / pid / "ns" / "pid")
+        (root / pid / "status").write_text(f"Name:\tpython3\nPid:\t{nspid.split()[0]}\nNSpid:\t{nspid}\n")
+    view = read_pid_view(root)
+    assert view.mode == MAPPED
+    assert view.host_pids([1]) == {4242} and view.host_pids([7]) == {4300}
+    assert view.local(5151) is None
