@@ -56,7 +56,9 @@ from pytest_kimiperf.judge import stats  # noqa: E402
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind  # noqa: E402
 from pytest_kimiperf.judge.append import DRIFT_SHARE, favourable_bound  # noqa: E402
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
-from pytest_kimiperf.judge.history import compare_with_history, history_steps, judged_part  # noqa: E402
+from pytest_kimiperf.judge.history import (  # noqa: E402
+    compare_with_history, history_steps, joint_placements, judged_part,
+)
 from pytest_kimiperf.judge.levels import CorpusBoot, canary_shift, load_corpus  # noqa: E402
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS  # noqa: E402
 from pytest_kimiperf.config.metric_specs import metric_spec  # noqa: E402
@@ -121,6 +123,13 @@ class Noise:
     history_step: float = 0.0
     history_drift: float = 0.0
     segment: bool = True
+    # Spawn modes: ``current_slow_share`` the share of the run's boots in the slow mode (None: as
+    # the history's); ``first_only``: the change moves only each test's first metric (decode),
+    # the others are left alone; ``joint``: a boot's mode is placed by the test's metrics
+    # together (history.joint_placements), as the gate does; False: by each metric alone.
+    current_slow_share: float | None = None
+    first_only: bool = False
+    joint: bool = True
 
 
 CANARY_NOISE = 0.03  # SD of a canary score between sessions of one host (corpus: benchmarks/README.md)
@@ -143,11 +152,12 @@ class World:
         """Per-metric log offsets every boot of one session shares."""
         return self._effects(self.noise.session_sd)
 
-    def boot_effects(self) -> np.ndarray:
+    def boot_effects(self, slow_share: float | None = None) -> np.ndarray:
         """Per-metric log offsets of one boot: a shared part and each metric's own, plus the
-        spawn mode (a slow boot is slow at everything)."""
+        spawn mode (a slow boot is slow at everything), at ``slow_share`` (else the cell's)."""
         effects = self._effects(self.noise.boot_sd)
-        if self.noise.slow_share and self.rng.random() < self.noise.slow_share:
+        share = self.noise.slow_share if slow_share is None else slow_share
+        if self.noise.slow_drop and share and self.rng.random() < share:
             effects = effects + math.log1p(-self.noise.slow_drop)
         return effects
 
@@ -220,19 +230,26 @@ def gate_run(world: World, history: tuple[list[list[BootSummary]], list[dict[str
     session = world.session_effects()
     while open_groups and boots < rules.max_boots:
         boots += 1
-        effects = world.boot_effects() + session
+        effects = world.boot_effects(world.noise.current_slow_share) + session
         when = start + span * (boots - 1) / max(rules.max_boots, 1)
         still_open = []
         for metrics in open_groups:
-            comparisons = []
             for m in metrics:
-                offset = effects[m] + shift + world.noise.drift * when
+                moved = shift if not world.noise.first_only or m == metrics[0] else math.log(world.noise.host_factor)
+                offset = effects[m] + moved + world.noise.drift * when
                 other_host = world.noise.host_factor != 1.0 or world.noise.new_host
                 measured[m].append(replace(summarize_boot(world.requests(offset)), session=session_name,
                                            host="current" if other_host else "history"))
-                comparisons.append(compare_with_history(
+
+            def judged(m: int, placements: tuple[str, ...] | None = None) -> Comparison:
+                return compare_with_history(
                     measured[m], summaries[m], direction=Direction.HIGHER_IS_BETTER, tolerance=rules.tolerance,
-                    spreads=rules.spreads, comparable=comparable, segment=world.noise.segment))
+                    spreads=rules.spreads, comparable=comparable, segment=world.noise.segment, placements=placements)
+
+            comparisons = [judged(m) for m in metrics]
+            if world.noise.joint:  # as gate.judge: one mode per boot for the test's metrics
+                for i, placements in joint_placements(comparisons).items():
+                    comparisons[i] = judged(metrics[i], placements)
             for m, c in zip(metrics, comparisons):
                 final[m] = c.verdict
                 last[m] = c
@@ -262,6 +279,32 @@ class Cell:
     within_claimed_null: Rate
     # --kimiperf-strict fails a REGRESSION and a change beyond the tolerance left unresolved too
     strict_fail_per_session: Rate = Rate(0, 0, math.nan, math.nan)
+
+
+def first_metrics() -> list[int]:
+    """The index of each test's first metric (its decode), as gate_run numbers them."""
+    return [sum(TESTS[:i]) for i in range(len(TESTS))]
+
+
+def mode_cells(args: argparse.Namespace) -> list[Noise]:
+    """Spawn modes, each boot placed by the test's metrics together and by each metric alone:
+    a change that moves every metric, one that moves only decode (the others place the boot),
+    and a build that lands in the slow mode more often (no change inside either mode)."""
+    d = args.drift
+    cells = []
+    for share, drop, k, n in ((0.30, 0.20, 10, 2), (0.15, 0.10, 20, 1)):
+        for first_only in (False, True):
+            for joint in (True, False):
+                cells.append(Noise(0.01, 0.02, d, slow_share=share, slow_drop=drop, history_sessions=k,
+                                   history_boots=k * n, first_only=first_only, joint=joint,
+                                   label=f"{share:.0%} of boots {drop:.0%} slower, {k} x {n}; "
+                                         f"{'decode alone changed' if first_only else 'all changed'}; "
+                                         f"{'joint' if joint else 'each metric alone'}"))
+    for current in (0.15, 0.5, 1.0):
+        cells.append(Noise(0.01, 0.02, d, slow_share=0.15, slow_drop=0.20, history_sessions=20, history_boots=20,
+                           current_slow_share=current,
+                           label=f"15% of history boots 20% slower, 20 x 1; run's boots slow at {current:.0%}"))
+    return cells
 
 
 def run_cell(noise: Noise, *, trials: int, history_boots: int, rules: Rules, seed: int) -> Cell:
@@ -297,6 +340,8 @@ def run_cell(noise: Noise, *, trials: int, history_boots: int, rules: Rules, see
         for factor, counter in ((-2.0, "detect"), (-0.8, "small")):
             history = world.history(history_boots)
             verdicts, _ = gate_run(world, history, change=factor * rules.tolerance, rules=rules, start=0.5, span=0.5)
+            if noise.first_only:  # the metrics the change moved
+                verdicts = [verdicts[m] for m in first_metrics()]
             hits = sum(v is VerdictKind.REGRESSION for v in verdicts)
             if counter == "detect":
                 detect += hits
@@ -614,10 +659,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cv", type=float, nargs="*", default=[0.02])
     parser.add_argument("--critical", type=float, nargs="*", default=[2.5, 3.0, 3.5, 4.0],
                         help="--cells calibrate: the critical values (standard errors) to compare")
-    parser.add_argument("--cells", choices=("all", "shapes", "steps", "append", "calibrate", "none"), default="all",
+    parser.add_argument("--cells", choices=("all", "shapes", "steps", "append", "calibrate", "modes", "none"), default="all",
                         help="'shapes': the history shapes users record (2 planned boots a run); 'steps': stepped and "
                              "drifting histories, with and without the last segment; 'append': a history that grows "
-                             "itself night by night; 'calibrate': the shapes under each --critical; 'none': the "
+                             "itself night by night; 'calibrate': the shapes under each --critical; 'modes': spawn modes, "
+                             "placed jointly and alone, and the mode frequency; 'none': the "
                              "replay alone")
     parser.add_argument("--replay", action="store_true", help="also replay sessions of the noise corpus")
     parser.add_argument("--replay-trials", type=int, default=300)
@@ -645,6 +691,10 @@ def main(argv: list[str] | None = None) -> int:
         tables["steps"] = run_table(
             step_cells(args), args, replace(rules, boots=2), seed=3000,
             title=f"stepped histories, 2 planned boots a run (up to {args.max_boots}); tolerance {args.tolerance:.0%}, {spreads}")
+    if args.cells == "modes":
+        tables["modes"] = run_table(
+            mode_cells(args), args, replace(rules, boots=2), seed=6000,
+            title=f"spawn modes, 2 planned boots a run (up to {args.max_boots}); tolerance {args.tolerance:.0%}, {spreads}")
     if args.cells == "append":
         tables["append"] = append_nights(args)
     if args.cells == "calibrate":

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.baselines import BaselineView
 from pytest_kimiperf.config.deployments import Deployment, Spreads
-from pytest_kimiperf.judge.history import against_history
+from pytest_kimiperf.judge.history import against_history, joint_placements
 from pytest_kimiperf.judge.boots import TestBoots
 from pytest_kimiperf.judge.notes import (
     BootAsked, BootPlanned, FailedRequests, FloorNote, GoodputSlos, InvalidRun, LeftOut, Look, NoDecode, Said,
@@ -46,9 +46,11 @@ def judge_metric(
     current: Sequence[BootSummary],
     prior_spread: float | Spreads,
     canary: Mapping[str, float] | None = None,
+    placements: Sequence[str] | None = None,
 ) -> tuple[Comparison | None, BaselineLine]:
     """Compare one metric's boots so far with the baseline's boot history; returns the
-    comparison (if any) and the line about it. ``canary`` is this session's host canary."""
+    comparison (if any) and the line about it. ``canary`` is this session's host canary;
+    ``placements`` the boots' spawn modes as the test's metrics placed them together."""
     spreads = prior_spread if isinstance(prior_spread, Spreads) else Spreads(prior_spread)
     spec = metric_spec(result.metric)
     if view is None:
@@ -61,7 +63,7 @@ def judge_metric(
             other, entry, versions = upgrade
             comparison, line = against_history(result, entry, current=current, spreads=spreads, canary=canary,
                                                profile_env=profile_env, profile_args=profile_args,
-                                               state=BaselineState.OTHER_VERSIONS)
+                                               state=BaselineState.OTHER_VERSIONS, placements=placements)
             return comparison, dataclasses.replace(line, other=other.fingerprint.key, versions=tuple(versions))
         elsewhere = [(f, e) for f in view.other_files() if (e := f.entry(test, profile, result.metric))]
         if not elsewhere:
@@ -80,7 +82,7 @@ def judge_metric(
                                         fingerprint=view.fingerprint.key, other=other.fingerprint.key,
                                         hard=tuple(hard))
     return against_history(result, entry, current=current, spreads=spreads, canary=canary,
-                           profile_env=profile_env, profile_args=profile_args)
+                           profile_env=profile_env, profile_args=profile_args, placements=placements)
 
 
 def missing_baselines(result: TestResult) -> list[BaselineLine]:
@@ -260,14 +262,17 @@ def judge(
         recorded = {name: dataclasses.replace(mres.boot_summary(), session=origin.session, host=origin.host)
                     if origin is not None else mres.boot_summary() for name, mres in result.metrics.items()}
         current.add(result.boot, recorded)
-    for mres in result.metrics.values():
-        comparison, line = judge_metric(
-            mres, test=result.test, profile=result.profile, view=view, profile_env=result.profile_env,
-            profile_args=result.profile_args,
-            current=current.summaries.get(mres.metric, []),
-            prior_spread=rules.spreads,
-            canary=result.origin.canary if result.origin is not None else None,
-        )
+    def against(mres: MetricResult, placements: Sequence[str] | None = None) -> tuple[Comparison | None, BaselineLine]:
+        return judge_metric(mres, test=result.test, profile=result.profile, view=view, profile_env=result.profile_env,
+                            profile_args=result.profile_args, current=current.summaries.get(mres.metric, []),
+                            prior_spread=rules.spreads, canary=result.origin.canary if result.origin is not None else None,
+                            placements=placements)
+
+    judged = [(mres, *against(mres)) for mres in result.metrics.values()]
+    # A boot is in one spawn mode for every metric whose history splits alike (history.joint_placements).
+    for i, placements in joint_placements([c for _, c, _ in judged]).items():
+        judged[i] = (judged[i][0], *against(judged[i][0], placements))
+    for mres, comparison, line in judged:
         if comparison is not None and result.unrecordable:
             comparison, line = _left_out(comparison, line, result)
         mres.baseline_line = line

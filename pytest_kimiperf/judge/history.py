@@ -20,8 +20,11 @@ from pytest_kimiperf.judge.baseline_schema import BaselineEntry
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.changepoints import find_steps, last_segment, segment_spreads
 from pytest_kimiperf.judge.levels import canary_shift, level_terms
-from pytest_kimiperf.judge.modes import Modes, align_modes, find_modes, mode_frequency, unclear_boots
-from pytest_kimiperf.judge.notes import HistoryStep, HistorySteps
+from pytest_kimiperf.judge.modes import (
+    Modes, align_modes, find_modes, joint_modes, mode_frequency, own_sides, placements_of, split_key, to_sides,
+    unclear_boots,
+)
+from pytest_kimiperf.judge.notes import HistoryModes, HistoryStep, HistorySteps
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, EnvDiff, MetricResult
 from pytest_kimiperf.judge.stats import MIN_BOOTS_DIRECTIONAL, Comparison, VerdictKind, compare_boots
 
@@ -31,7 +34,7 @@ T = TypeVar("T")
 def compare_with_history(
     current: Sequence[BootSummary], history: Sequence[BootSummary], *, direction: Direction,
     tolerance: float, spreads: Spreads, metric: str = "", unit: str = "", comparable: bool = True,
-    segment: bool = True, steps: Sequence[HistoryStep] | None = None,
+    segment: bool = True, steps: Sequence[HistoryStep] | None = None, placements: Sequence[str] | None = None,
 ) -> Comparison:
     """This run's boots of one metric against a baseline history: the one comparison the gate
     and benchmarks/gate_power.py both make. Modes first (a history whose boots fall into two
@@ -39,7 +42,9 @@ def compare_with_history(
     stepped (changepoints.find_steps), then every level the two sides do not
     share (levels.level_terms), then the boots (stats.compare_boots). ``segment=False`` judges
     a stepped history as one pool (benchmarks/gate_power.py measures what segmenting buys);
-    ``steps`` are the history's when the caller found them already (history_steps)."""
+    ``steps`` are the history's when the caller found them already (history_steps);
+    ``placements`` each current boot's spawn mode as the test's metrics placed it together
+    (:func:`joint_placements`), in place of this metric's own placing."""
     if steps is None:
         steps = history_steps(history, spreads=spreads, segment=segment)
     if steps:
@@ -49,7 +54,8 @@ def compare_with_history(
     if modes is None:
         comparison = _compare(current, history, direction, tolerance, spreads, metric, unit, comparable)
     else:
-        comparison = _judge_modes(current, modes, direction, tolerance, spreads, metric, unit, comparable)
+        comparison = _judge_modes(current, modes, direction, tolerance, spreads, metric, unit, comparable, placements,
+                                  split_key(modes, history, worse=_worse(direction)))
     if steps:
         comparison = comparison.with_notes(HistorySteps(tuple(steps), len(history)))
     return comparison
@@ -63,33 +69,62 @@ def _compare(current: Sequence[BootSummary], history: Sequence[BootSummary], dir
 
 
 def _judge_modes(current: Sequence[BootSummary], modes: Modes, direction: Direction, tolerance: float,
-                 spreads: Spreads, metric: str, unit: str, comparable: bool) -> Comparison:
-    """Each boot against its mode (modes.align_modes). A boot between the modes is judged both
-    ways, and a verdict the two readings do not share is inconclusive; a run that lands in the
-    worse mode more often than chance allows (modes.mode_frequency, at the gate's own level) is
-    a regression whatever the aligned figures say."""
-    aligned, history = align_modes(current, modes)
+                 spreads: Spreads, metric: str, unit: str, comparable: bool,
+                 placements: Sequence[str] | None = None, split: str = "") -> Comparison:
+    """Each boot against its mode (modes.align_modes): the one this metric places it in, or the
+    test's metrics together (``placements``). A boot between the modes is judged both ways, and
+    a verdict the two readings do not share is inconclusive; a run that lands in the worse mode
+    more often than chance allows (modes.mode_frequency, at the gate's own level) is a
+    regression whatever the aligned figures say."""
+    worse = _worse(direction)
+    sides = own_sides(current, modes) if placements is None else to_sides(placements, worse=worse)
+    aligned, history = align_modes(current, modes, sides=sides)
     comparison = _compare(aligned, history, direction, tolerance, spreads, metric, unit, comparable)
-    unclear = unclear_boots(current, modes)
+    unclear = unclear_boots(current, modes, sides)
     disagree = False
     if unclear:
-        readings = [comparison, *(_compare(align_modes(current, modes, unclear_to=side)[0], history, direction,
-                                           tolerance, spreads, metric, unit, comparable) for side in ("low", "high"))]
+        readings = [comparison, *(_compare(align_modes(current, modes, sides=sides, unclear_to=side)[0], history,
+                                           direction, tolerance, spreads, metric, unit, comparable)
+                                  for side in ("low", "high"))]
         directions = {c.verdict if c.verdict in _DIRECTIONAL else None for c in readings}
         disagree = len(directions) > 1
         if disagree:
             # Reported as the worse reading, so a run that may be slower asks for another boot.
             comparison = min(readings, key=lambda c: c.gain)
-    worse = "low" if Direction(direction) is Direction.HIGHER_IS_BETTER else "high"
-    hits, placed, share, p = mode_frequency(current, modes, worse=worse)
+    hits, placed, share, p = mode_frequency(current, modes, worse=worse, sides=sides)
     verdict, decided = comparison.verdict, ""
     if comparable and disagree:
         verdict, decided = VerdictKind.INCONCLUSIVE, "between"
     if comparable and placed >= MIN_BOOTS_DIRECTIONAL and p < 1.0 - comparison.confidence:
         verdict, decided = VerdictKind.REGRESSION, "frequency"
     note = modes.note(unclear=unclear, disagree=disagree, worse=hits, placed=placed, worse_share=share, p=p,
-                      decided=decided)
+                      decided=decided, boot_modes=placements_of(sides, worse=worse), split=split,
+                      joint=placements is not None)
     return dataclasses.replace(comparison, verdict=verdict).with_notes(note)
+
+
+def _worse(direction: Direction) -> str:
+    """The worse spawn mode of a metric: the lower of a throughput, the higher of a latency."""
+    return "low" if Direction(direction) is Direction.HIGHER_IS_BETTER else "high"
+
+
+def joint_placements(comparisons: Sequence[Comparison | None]) -> dict[int, tuple[str, ...]]:
+    """Where the metrics of one test place a boot in different spawn modes: the one placement
+    (modes.joint_modes) of each boot, for each comparison (by its index) that placed a boot
+    otherwise on its own and should be judged again with it. Only metrics whose histories split
+    into the same boots (modes.split_key) are taken together: their modes are one spawn mode."""
+    groups: dict[tuple[str, int], list[tuple[int, tuple[str, ...]]]] = {}
+    for i, c in enumerate(comparisons):
+        note = next((n for n in c.notes if isinstance(n, HistoryModes)), None) if c is not None else None
+        if note is not None and note.split and not note.joint:
+            groups.setdefault((note.split, len(note.boot_modes)), []).append((i, note.boot_modes))
+    again: dict[int, tuple[str, ...]] = {}
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        joint = joint_modes([own for _, own in members])
+        again.update({i: joint for i, own in members if tuple(own) != joint})
+    return again
 
 
 _DIRECTIONAL = (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT)
@@ -113,7 +148,7 @@ def judged_part(history: Sequence[T], summaries: Sequence[BootSummary], steps: S
 def against_history(
     result: MetricResult, entry: BaselineEntry, *, current: Sequence[BootSummary], spreads: Spreads,
     canary: Mapping[str, float] | None, profile_env: Mapping[str, str], profile_args: Sequence[str] = (),
-    state: BaselineState = BaselineState.JUDGED,
+    state: BaselineState = BaselineState.JUDGED, placements: Sequence[str] | None = None,
 ) -> tuple[Comparison, BaselineLine]:
     """One metric's boots against one baseline entry's history, and "not comparable" when the
     host canary moved from the boots it is judged against (those since the history's last step)
@@ -126,7 +161,7 @@ def against_history(
     comparison = compare_with_history(
         current, summaries, direction=Direction(result.direction), tolerance=result.tolerance,
         spreads=spreads, metric=metric_spec(result.metric).label, unit=result.unit,
-        comparable=same_env and not (check is not None and check.moved), steps=steps)
+        comparable=same_env and not (check is not None and check.moved), steps=steps, placements=placements)
     env = None if same_env else EnvDiff(dict(entry.profile_env), tuple(entry.profile_args), dict(profile_env),
                                         tuple(profile_args))
     return comparison, BaselineLine(state, comparison.label, comparison,

@@ -111,11 +111,12 @@ def find_modes(history: Sequence[BootSummary]) -> Modes | None:
     return Modes(tuple(boots[:cut]), tuple(boots[cut:]), low_mean, high_mean, gap / within)
 
 
-def align_modes(current: Sequence[BootSummary], modes: Modes, *,
+def align_modes(current: Sequence[BootSummary], modes: Modes, *, sides: Sequence[str | None] | None = None,
                 unclear_to: str | None = None) -> tuple[list[BootSummary], list[BootSummary]]:
     """Every boot moved by its mode's offset from the main mode: history boots by their own
-    cluster, current boots by the centre nearest them; a current boot between the modes
-    (:meth:`Modes.mode_of` None) by ``unclear_to``'s centre (``"low"``, ``"high"``) when given."""
+    cluster, current boots by their side (``sides``, one per current boot: ``"low"``, ``"high"``,
+    or None between the modes; default :meth:`Modes.mode_of`); a boot between by ``unclear_to``'s
+    centre when given, else by the centre nearest it."""
     main = modes.main_center
 
     def moved(b: BootSummary, center: float) -> BootSummary:
@@ -123,33 +124,95 @@ def align_modes(current: Sequence[BootSummary], modes: Modes, *,
 
     history = [moved(b, modes.low_center) for b in modes.low] + [moved(b, modes.high_center) for b in modes.high]
     aligned = []
-    for b in current:
+    for b, side in zip(current, _sides(current, modes, sides)):
         if not b.usable:
             aligned.append(b)
             continue
         x = math.log(b.median)
-        nearest = "low" if abs(x - modes.low_center) <= abs(x - modes.high_center) else "high"
-        side = unclear_to if unclear_to is not None and modes.mode_of(b) is None else nearest
+        if side is None:
+            side = unclear_to or ("low" if abs(x - modes.low_center) <= abs(x - modes.high_center) else "high")
         aligned.append(moved(b, modes.low_center if side == "low" else modes.high_center))
     return aligned, history
 
 
-def unclear_boots(current: Sequence[BootSummary], modes: Modes) -> int:
-    """The usable current boots that lie between the modes."""
-    return sum(1 for b in current if b.usable and modes.mode_of(b) is None)
+def _sides(current: Sequence[BootSummary], modes: Modes, sides: Sequence[str | None] | None) -> list[str | None]:
+    if sides is None:
+        return [modes.mode_of(b) if b.usable else None for b in current]
+    if len(sides) != len(current):
+        raise ValueError(f"sides={list(sides)!r}: give one per current boot ({len(current)})")
+    return list(sides)
 
 
-def mode_frequency(current: Sequence[BootSummary], modes: Modes, *, worse: str) -> tuple[int, int, float, float]:
+def unclear_boots(current: Sequence[BootSummary], modes: Modes, sides: Sequence[str | None] | None = None) -> int:
+    """The usable current boots that lie between the modes (by ``sides`` where given)."""
+    return sum(1 for b, side in zip(current, _sides(current, modes, sides)) if b.usable and side is None)
+
+
+def mode_frequency(current: Sequence[BootSummary], modes: Modes, *, worse: str,
+                   sides: Sequence[str | None] | None = None) -> tuple[int, int, float, float]:
     """How many of the run's clearly placed boots landed in the ``worse`` mode (``"low"`` for a
     higher-is-better metric), of how many, the history's share of that mode, and the chance of
     at least that many were the run's boots drawn as the history's were (a binomial tail): a
     build that lands in the slow mode more often is a regression the alignment cannot show.
     With 3 boots and a slow mode of 30%, all 3 slow has a chance of 2.7%: a gate run of 2-3
     boots convicts on it only where the worse mode is rare (3 of 3 needs a mode that holds under
-    8% of the history; 4 of 4, 15%)."""
-    placed = [modes.mode_of(b) for b in current if b.usable]
-    placed = [m for m in placed if m is not None]
+    8% of the history; 4 of 4, 15%). ``sides`` as :func:`align_modes`."""
+    placed = [side for b, side in zip(current, _sides(current, modes, sides)) if b.usable and side is not None]
     share = len(modes.low if worse == "low" else modes.high) / (len(modes.low) + len(modes.high))
     hits = sum(1 for m in placed if m == worse)
     p = float(scipy_stats.binom.sf(hits - 1, len(placed), share)) if placed else 1.0
     return hits, len(placed), share, p
+
+
+# A boot's mode in the metric's own terms, the same for every metric: "worse" (the lower mode of a
+# throughput, the higher of a latency), "better", or "" (between the modes, or not usable).
+WORSE, BETTER, BETWEEN = "worse", "better", ""
+
+
+def to_sides(placements: Sequence[str], *, worse: str) -> list[str | None]:
+    """Placements (:data:`WORSE`, :data:`BETTER`, :data:`BETWEEN`) as a metric's sides
+    (``"low"``/``"high"``/None), ``worse`` being its worse side."""
+    better = "high" if worse == "low" else "low"
+    return [worse if p == WORSE else better if p == BETTER else None for p in placements]
+
+
+def placements_of(sides: Sequence[str | None], *, worse: str) -> tuple[str, ...]:
+    """The inverse of :func:`to_sides`."""
+    return tuple(BETWEEN if s is None else WORSE if s == worse else BETTER for s in sides)
+
+
+def own_sides(current: Sequence[BootSummary], modes: Modes) -> list[str | None]:
+    """Each current boot's side as this metric alone places it (None: between, or not usable)."""
+    return _sides(current, modes, None)
+
+
+def split_key(modes: Modes, history: Sequence[BootSummary], *, worse: str) -> str:
+    """Which boots of ``history`` (the one ``modes`` were found in, oldest first) the worse mode
+    holds, as a short digest: two metrics of one test whose histories split alike saw the same
+    spawn modes, so one boot is in one mode for both (history.joint_placements). A boot is
+    known by its recording time, session and host, and its place among the boots that share
+    them (one recording stamps all its boots alike, and writes every metric's in boot order)."""
+    import hashlib  # noqa: PLC0415
+
+    seen: dict[tuple[str, str, str], int] = {}
+    keys: dict[int, str] = {}
+    for b in history:
+        base = (b.label, b.session, b.host)
+        keys[id(b)] = f"{b.label}|{b.session}|{b.host}|{seen.get(base, 0)}"
+        seen[base] = seen.get(base, 0) + 1
+    boots = modes.low if worse == "low" else modes.high
+    return hashlib.sha256("\n".join(sorted(keys.get(id(b), "?") for b in boots)).encode()).hexdigest()[:12]
+
+
+def joint_modes(readings: Sequence[Sequence[str]]) -> tuple[str, ...]:
+    """One placement per boot from several metrics' own (each a sequence of :data:`WORSE`,
+    :data:`BETTER`, :data:`BETWEEN`, one per boot): the mode every metric that places the boot
+    clearly agrees on; :data:`BETWEEN` where none places it, or two place it in different modes.
+    A metric the change moved into the middle is so placed by one it left alone; a change the
+    size of the gap, which moves a boot clearly into the other mode in one metric only, makes
+    the boot unclear for all, so it is judged both ways."""
+    joint = []
+    for marks in zip(*readings):
+        clear = {m for m in marks if m != BETWEEN}
+        joint.append(clear.pop() if len(clear) == 1 else BETWEEN)
+    return tuple(joint)

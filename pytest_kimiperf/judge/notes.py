@@ -202,6 +202,11 @@ class HistoryModes(Note):
     worse_share: float = 0.0
     p: float = 1.0
     decided: str = ""  # "between" or "frequency": the note, not the figures, gave the verdict
+    # Each current boot's mode ("worse", "better", "" between): this metric's own placing, or
+    # (``joint``) the one the test's metrics whose histories split alike (``split``) agree on.
+    boot_modes: tuple[str, ...] = ()
+    split: str = ""
+    joint: bool = False
 
 
 @note_kind("history-step")

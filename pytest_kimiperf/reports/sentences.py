@@ -214,11 +214,12 @@ def _(note: HistoryModes) -> str:
     apart = (note.high_center / note.low_center - 1.0) * 100
     between = (f"; {note.unclear} boot(s) of this run between the modes, judged either way ("
                + ("the readings disagree, so no direction)" if note.disagree else "both agree)")) if note.unclear else ""
+    placed = "the mode the test's metrics place it in together" if note.joint else "its nearest mode"
     worse = (f"; {note.worse} of {note.placed} boots in the worse mode, which holds {note.worse_share:.0%} of the "
              f"history (chance {note.p:.2g})") if note.placed else ""
     return (f"the history holds 2 modes {apart:.0f}% apart ({note.low_boots} boots at {note.low_center:.4g}, "
-            f"{note.high_boots} at {note.high_center:.4g}): each boot judged against its nearest mode, so a change "
-            f"of about that size is not seen{between}{worse}")
+            f"{note.high_boots} at {note.high_center:.4g}): each boot judged against {placed}, so a change of "
+            f"about that size is not seen{between}{worse}")
 
 
 def _when(at: str, commit: str) -> str:

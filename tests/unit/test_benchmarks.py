@@ -114,3 +114,19 @@ def test_the_calibration_runs_the_declared_shapes_under_each_critical_value_and_
     assert stats.GATE_CRITICAL == kept and set(out) == {"3", "9"}
     # Nine standard errors convict nothing a doubling of the tolerance gives with these spreads.
     assert all(row["detect_2x"]["hits"] == 0 for row in out["9"])
+
+
+def test_the_mode_cells_judge_jointly_and_alone_and_a_run_always_in_the_slow_mode_is_convicted() -> None:
+    gate_power = _load("gate_power")
+    args = argparse.Namespace(drift=0.005)
+    cells = gate_power.mode_cells(args)
+    assert [(c.first_only, c.joint) for c in cells[:4]] == [(False, True), (False, False), (True, True), (True, False)]
+    rules = gate_power.Rules(0.03, gate_power.Spreads(0.01, 0.01, 0.02), 3, boots=2)
+    always_slow = cells[-1]
+    assert always_slow.current_slow_share == 1.0
+    cell = gate_power.run_cell(always_slow, trials=3, history_boots=20, rules=rules, seed=1)
+    # Every boot slow: convicted by the mode frequency where the history holds few slow boots, and
+    # as a plain regression where it holds too few to split (seeded: the same sessions every run).
+    assert cell.false_regression_per_session.hits >= 1
+    # A change to decode alone counts only the decode metrics as the ones to detect.
+    assert gate_power.first_metrics() == [0, 3, 4, 6, 8]

@@ -232,3 +232,37 @@ def test_the_same_host_by_its_canary_still_convicts_a_real_regression(tmp_path: 
     assert comparison.verdict is VerdictKind.REGRESSION
     assert "vs 5 reference boots of 1 session" in comparison_line(comparison)
     assert "session spread" in comparison_line(comparison)
+
+
+def test_the_metrics_of_one_test_place_each_boot_in_one_spawn_mode(tmp_path: Path) -> None:
+    """Decode and TTFT recorded together; boots 5, 6 and 8 in the slow spawn mode in both. A
+    decode 10.6% slower puts a fast boot half-way between decode's modes; TTFT, left alone,
+    says it is fast, so decode is judged in the fast mode and convicted."""
+    fast_slow = [100, 101, 99, 100.5, 80, 80.5, 100.2, 79.8, 99.6, 100.1]
+    rng = np.random.default_rng(7)
+    entries = []
+    for metric, direction, medians in (("decode_tok_s", Direction.HIGHER_IS_BETTER, fast_slow),
+                                       ("ttft_ms", Direction.LOWER_IS_BETTER, [4000.0 / m for m in fast_slow])):
+        boot_samples = [list(m * rng.lognormal(0, 0.002, 20)) for m in medians]
+        entries.append(baselines.make_entry(test=TEST, profile="default", metric=metric, unit="x", direction=direction,
+                                            samples=[x for b in boot_samples for x in b], git_commit=None,
+                                            profile_env={}, boot_samples=boot_samples))
+    baselines.update_baseline(baselines.baseline_path(tmp_path, "tiny-cpu", FP.key), "tiny-cpu", FP, entries)
+    view = BaselineView(tmp_path, "tiny-cpu", FP)
+    rules = dataclasses.replace(RULES, tolerances={"decode_tok_s": 0.03, "ttft_ms": 0.05})
+
+    def run(seed: int) -> BootRun:
+        r = np.random.default_rng(seed)
+        return BootRun(samples={"decode_tok_s": list(89.4 * r.lognormal(0, 0.002, 20)),
+                                "ttft_ms": list(40.0 * r.lognormal(0, 0.002, 20))}, requests=20)
+
+    earlier = boots.TestBoots()
+    first = judge(_shell(1), ["decode_tok_s", "ttft_ms"], run(3), rules, view=view, earlier=earlier)
+    assert first.recorded is not None
+    earlier.add(1, first.recorded)
+    second = judge(_shell(2), ["decode_tok_s", "ttft_ms"], run(4), rules, view=view, earlier=earlier)
+    decode, ttft = second.result.metrics["decode_tok_s"].baseline, second.result.metrics["ttft_ms"].baseline
+    assert decode is not None and ttft is not None
+    assert decode.verdict is VerdictKind.REGRESSION, comparison_line(decode)
+    assert "the mode the test's metrics place it in together" in comparison_line(decode)
+    assert ttft.verdict is not VerdictKind.REGRESSION and "its nearest mode" in comparison_line(ttft)

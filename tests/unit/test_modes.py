@@ -125,3 +125,64 @@ def test_for_a_latency_the_worse_mode_is_the_higher_one() -> None:
     fast = compare_with_history(boots([40.1, 39.9, 40.3, 40.0, 39.8], "now"), history,
                                 direction=Direction.LOWER_IS_BETTER, tolerance=0.03, spreads=Spreads(0.01))
     assert fast.verdict is not VerdictKind.REGRESSION and "0 of 5 boots in the worse mode" in comparison_line(fast)
+
+
+def _labelled(values: list[float], session: str) -> list[BootSummary]:
+    """One recording's boots: one stamp for all, written in boot order (as make_entry does)."""
+    return [BootSummary(median=v, n=20, se_log=0.002, session=session, label="2026-12-01T10:00:00Z") for v in values]
+
+
+FAST_SLOW = [100, 101, 99, 100.5, 80, 80.5, 100.2, 79.8, 99.6, 100.1]  # boots 5, 6 and 8 slow
+
+
+def test_joint_placement_takes_the_mode_every_clear_metric_agrees_on_and_none_where_two_disagree() -> None:
+    from pytest_kimiperf.judge.modes import BETTER, BETWEEN, WORSE, joint_modes
+
+    assert joint_modes([(WORSE, BETWEEN, BETTER, BETWEEN), (WORSE, BETTER, BETTER, BETWEEN)]) == (
+        WORSE, BETTER, BETTER, BETWEEN)
+    assert joint_modes([(WORSE,), (BETTER,)]) == (BETWEEN,)
+
+
+def test_a_boot_one_metric_puts_between_the_modes_is_placed_by_the_metric_the_change_left_alone() -> None:
+    from pytest_kimiperf.judge.history import joint_placements
+
+    decode_history = _labelled(FAST_SLOW, "then")
+    other_history = _labelled([v / 2 for v in FAST_SLOW], "then")  # the same boots slow, half the figure
+    decode_now = boots([89.4, 89.5], "then")  # a fast boot 10.6% slower reads half-way between the modes
+    other_now = boots([50.1, 49.9], "then")  # left alone: clearly in the fast mode
+
+    def judge(placements=None):  # type: ignore[no-untyped-def]
+        return [compare_with_history(now, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
+                                     spreads=Spreads(0.01), placements=None if placements is None else placements[i])
+                for i, (now, history) in enumerate(((decode_now, decode_history), (other_now, other_history)))]
+
+    alone = judge()
+    assert alone[0].verdict is VerdictKind.INCONCLUSIVE  # each metric on its own: either mode fits
+    again = joint_placements(alone)
+    assert again == {0: ("better", "better")}  # only decode is judged again, in the fast mode
+    joint = judge({0: again[0], 1: None})
+    assert joint[0].verdict is VerdictKind.REGRESSION and joint[0].change == pytest.approx(-0.106, abs=0.005)
+    assert "each boot judged against the mode the test's metrics place it in together" in comparison_line(joint[0])
+    assert joint[1].verdict is alone[1].verdict
+
+
+def test_metrics_that_place_a_boot_in_different_modes_judge_it_both_ways_and_unlike_splits_stay_apart() -> None:
+    from pytest_kimiperf.judge.history import joint_placements
+
+    decode_history = _labelled(FAST_SLOW, "then")
+    other_history = _labelled([v / 2 for v in FAST_SLOW], "then")
+    # A change the size of the gap: decode clearly in the slow mode, the other metric clearly fast.
+    decode_now, other_now = boots([80.1, 79.9], "then"), boots([50.1, 49.9], "then")
+    alone = [compare_with_history(now, h, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03, spreads=Spreads(0.01))
+             for now, h in ((decode_now, decode_history), (other_now, other_history))]
+    assert alone[0].verdict is not VerdictKind.REGRESSION  # alone, the fold hides it
+    again = joint_placements(alone)
+    assert again == {0: ("", ""), 1: ("", "")}
+    decode = compare_with_history(decode_now, decode_history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
+                                  spreads=Spreads(0.01), placements=again[0])
+    assert decode.verdict is VerdictKind.INCONCLUSIVE and decode.change == pytest.approx(-0.2, abs=0.01)
+    # A history whose other boots are slow in the other metric is another phenomenon: not grouped.
+    shuffled = _labelled([v / 2 for v in [80, 80.5, 99, 100.5, 100, 101, 100.2, 79.8, 99.6, 100.1]], "then")
+    other = compare_with_history(other_now, shuffled, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
+                                 spreads=Spreads(0.01))
+    assert joint_placements([alone[0], other]) == {}
