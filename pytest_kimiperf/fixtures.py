@@ -136,7 +136,8 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
         settings=run.settings,
         profile_env=dict(kimiperf_profile.env),
         profile_args=kimiperf_profile.args,
-        view=run.baseline_view(),
+        # A control (--kimiperf-control) is the reference of this session, judged against no history.
+        view=None if kimiperf_profile.control_of else run.baseline_view(),
         ensure_alive=ensure_alive,
         publish=publish,
         fail=lambda message: pytest.fail(message, pytrace=False),

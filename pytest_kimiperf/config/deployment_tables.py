@@ -75,6 +75,7 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "nodes": list,
     "master_port": int,
     "restart_command": list,
+    "control_command": list,
     "load_s": (int, float),
 }
 
@@ -138,9 +139,9 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
     for key, value in table.items():
         if key == "extends":
             continue
-        if key == "command":
+        if key in ("command", "control_command"):
             if not value or not all(isinstance(part, str) for part in value):
-                raise ConfigError(f"{where}: command must be a non-empty list of strings")
+                raise ConfigError(f"{where}: {key} must be a non-empty list of strings")
             check_placeholders(value, PLACEHOLDERS, what="command part", where=where)
             fields[key] = tuple(value)
         elif key == "restart_command":

@@ -120,12 +120,17 @@ class Deployment:
     # list (["systemctl", "restart", "vllm"]); between boots the plugin runs it and waits for the
     # server to serve again, so an attached run gets the boots a verdict needs. Empty: one boot.
     restart_command: tuple[str, ...] = ()
+    # --kimiperf-control: the command that serves the recorded build (the one the baseline history
+    # was recorded with: the default branch's virtualenv or image), with the placeholders of
+    # ``command``. It is booted as a control profile interleaved with the candidate. Empty: none.
+    control_command: tuple[str, ...] = ()
     # Seconds one boot takes to become ready, declared for --kimiperf-plan until the baseline
     # history records boot_ready_s; None: not declared.
     load_s: float | None = None
 
-    def argv(self, *, model_path: str, host: str, port: int) -> list[str]:
-        """The server's argument list with placeholders filled in."""
+    def argv(self, *, model_path: str, host: str, port: int, control: bool = False) -> list[str]:
+        """The server's argument list with placeholders filled in (``control``: the
+        ``control_command``'s, which serves the recorded build)."""
         values = {
             "python": sys.executable,
             "model": model_path,
@@ -134,7 +139,7 @@ class Deployment:
             "port": str(port),
             "tp": str(self.tensor_parallel_size),
         }
-        argv = [part.format(**values) for part in self.command]
+        argv = [part.format(**values) for part in (self.control_command if control else self.command)]
         return [resolve_executable(argv[0]), *argv[1:]] if argv else argv
 
     @property
@@ -171,10 +176,10 @@ def resolve_executable(program: str) -> str:
     return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else program
 
 
-def describe_command(deployment: Deployment) -> str:
+def describe_command(deployment: Deployment, *, control: bool = False) -> str:
     """The resolved command line a boot of ``deployment`` runs (port and model shown as
-    placeholders), for the report header."""
-    argv = deployment.argv(model_path="{model}", host=deployment.host, port=0)
+    placeholders; ``control``: its control_command's), for the report header."""
+    argv = deployment.argv(model_path="{model}", host=deployment.host, port=0, control=control)
     return shlex.join(argv).replace("--port 0", "--port {port}")
 
 

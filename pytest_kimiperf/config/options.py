@@ -147,6 +147,11 @@ OPTIONS = (
            "history (e.g. 'main' for a scheduled job). A failing run appends nothing, "
            "nor one in which a metric is worse than the history by half its tolerance at a bound in its favour (a slow drift)",
            env="KIMIPERF_APPEND_ON_PASS", default_text="off"),
+    Option("control", "--kimiperf-control",
+           "boot the deployment's control_command (the recorded build) as a control profile, interleaved "
+           "with the one selected profile, and judge the candidate against it in this session: the session "
+           "and host levels cancel, at twice the boots. A regression against the control fails the run",
+           False, kind="bool"),
     Option("baselines_dir", "--kimiperf-baselines-dir", "directory of JSON baselines",
            default_text="<rootdir>/baselines", deprecated=("--baselines-dir",)),
     Option("perf_strict", "--kimiperf-strict",

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from pytest_kimiperf.config.control import check_control
 from pytest_kimiperf.config.deployment_tables import resolve_deployments, select_deployment
 from pytest_kimiperf.config.deployments import MIN_BOOTS_DIRECTIONAL, Deployment, resolve_executable
 from pytest_kimiperf.errors import ConfigError
-from pytest_kimiperf.config.nccl.profiles import NcclProfile, resolve_profiles, select_profiles
+from pytest_kimiperf.config.nccl.profiles import NcclProfile, control_profile, resolve_profiles, select_profiles
 from pytest_kimiperf.config.nccl.values import validate_profile
 from pytest_kimiperf.config.nodes import check_nodes
 from pytest_kimiperf.config.serve_args import CommandPlan, plan_command, read_serve_parser, serve_entry
@@ -83,6 +84,9 @@ class Settings:
     # --kimiperf-export DIR: bench-serve result files and requests.jsonl (reports/export.py).
     perf_export: Path | None = None
     perf_export_detailed: bool = False
+    # --kimiperf-control: the selected profile's control (config/nccl/profiles.control_profile) is
+    # booted beside it, and is the reference it is judged against in this session.
+    control: bool = False
     # Each selected profile's server command against the deployment's (serve_args.CommandPlan):
     # what its args replaced and which parser checked them. Empty when attached.
     command_plans: Mapping[str, CommandPlan] = field(default_factory=dict)
@@ -94,7 +98,11 @@ class Settings:
 
     @property
     def reference_profile(self) -> NcclProfile:
-        """The profile others are compared with: ``default`` when selected, else the first."""
+        """The profile others are compared with: the control (--kimiperf-control), else
+        ``default`` when selected, else the first."""
+        for profile in self.profiles:
+            if profile.control_of:
+                return profile
         for profile in self.profiles:
             if profile.name == "default":
                 return profile
@@ -152,6 +160,11 @@ def build_settings(
         warnings.extend(validate_profile(profile, pcie_only=pcie_only))
 
     server_url = _server_url(options["server_url"])
+    control_opt = options.get("control", RawOption(False, "default"))
+    control = check_control(control_opt.value, control_opt.source, deployment, profiles,
+                       server_url=server_url, update=bool(options["update_baselines"].value))
+    if control:
+        profiles = (*profiles, control_profile(profiles[0]))
     command_plans: dict[str, CommandPlan] = {}
     if server_url is None:
         _check_port_placeholder(deployment)
@@ -255,6 +268,7 @@ def build_settings(
         missing_baseline=missing_baseline,
         gate=gate,
         append_on_pass=append_on_pass,
+        control=control,
         record_command=str(options.get("record_command", RawOption(None, "default")).value or "").strip() or None,
         perf_export=perf_export,
         perf_export_detailed=export_detailed,
@@ -327,8 +341,11 @@ def _command_plans(profiles: tuple[NcclProfile, ...], deployment: Deployment) ->
         python = sys.executable if program in ("{python}", "vllm") or os.path.basename(program) == "vllm" \
             else resolve_executable(program)
         parser = read_serve_parser(python)
-    plans = {p.name: plan_command(p.args, deployment.command, parser,
-                                  who=f"profile {p.name!r} (from {p.source}) args") for p in profiles}
+    # The control's args go to the control_command unchecked: it serves another build, whose
+    # parser this one does not read.
+    plans = {p.name: plan_command(p.args, deployment.control_command if p.control_of else deployment.command,
+                                  None if p.control_of else parser, who=f"profile {p.name!r} (from {p.source}) args")
+             for p in profiles}
     for p in profiles if deployment.nodes else ():  # a profile's args must not undo what spanning nodes needs
         check_nodes(deployment.nodes, command=plans[p.name].apply(deployment.command),
                     tensor_parallel_size=deployment.tensor_parallel_size, master_port=deployment.master_port,

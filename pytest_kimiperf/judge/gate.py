@@ -375,12 +375,28 @@ def verdict_to_result(comparison: Comparison, result: TestResult, *, strict: boo
         result.warn(WarningKind.OTHER, VerdictNote(comparison))
 
 
+def compare_with_control(current: Sequence[BootSummary], control: Sequence[BootSummary], *, direction: Direction,
+                         tolerance: float, rules: InSessionRules, metric: str = "", unit: str = "") -> Comparison:
+    """The candidate's boots against its control's (--kimiperf-control), booted interleaved in one
+    session on one host: the gate's rule (stats.compare_boots, GATE_CRITICAL) with no level above
+    the boot, since the sides share them. Where the deployment declares spawn modes, the profile
+    comparison's rule instead (in_session.compare_in_session), which weighs every way the boots
+    could have fallen into them: the gate's rule would read a side that landed slow as a change."""
+    if rules.modes.declared:
+        return compare_in_session(current, control, direction=direction, tolerance=tolerance, rules=rules,
+                                  metric=metric, unit=unit)
+    return compare_boots(current, control, direction=direction, tolerance=tolerance, prior_spread=rules.boot_spread,
+                         metric=metric, unit=unit)
+
+
 def compare_profiles(
-    results: Sequence[TestResult], reference_profile: str, *, rules: InSessionRules = InSessionRules()
+    results: Sequence[TestResult], reference_profile: str, *, rules: InSessionRules = InSessionRules(),
+    control: bool = False,
 ) -> list[tuple[str, str, str, Comparison]]:
     """Each profile against the reference, per test and metric, boot against boot in this
-    session (judge/in_session.py): (test, metric, profile, comparison). Boots measured on a
-    disturbed host (INVALID) are not samples of either profile and are left out."""
+    session (judge/in_session.py; against a ``control``, :func:`compare_with_control`): (test,
+    metric, profile, comparison). Boots measured on a disturbed host (INVALID) are not samples of
+    either profile and are left out."""
     boots: dict[tuple[str, str], dict[str, list[BootSummary]]] = {}
     meta: dict[tuple[str, str], MetricResult] = {}
     for res in results:
@@ -399,7 +415,8 @@ def compare_profiles(
         for profile, current in per_profile.items():
             if profile == reference_profile:
                 continue
-            rows.append((test, metric, profile, compare_in_session(
+            compare = compare_with_control if control else compare_in_session
+            rows.append((test, metric, profile, compare(
                 current, ref, direction=Direction(mres.direction), tolerance=mres.tolerance,
                 rules=rules, metric=spec.label, unit=mres.unit,
             )))

@@ -301,6 +301,17 @@ def boots_to_decide(d: float, sd: float, band: float, rules: InSessionRules) -> 
     return None
 
 
+def smallest_drop(boots: int, tolerance: float, rules: InSessionRules) -> float:
+    """The smallest regression (a positive fraction: 0.3 is 30% slower) that ``boots`` boots a
+    side, at the declared boot spread, convict beyond ``tolerance`` with 90% power, the modes
+    left out: what a candidate against its control (--kimiperf-control) resolves in one session."""
+    if boots < 1:
+        raise ValueError(f"boots={boots!r}: use a count of at least 1")
+    df = rules.boot_spread_df + 2 * (boots - 1)
+    z = t_quantile(1.0 - rules.alpha, df) + t_quantile(0.90, df)
+    return -math.expm1(-(band_log(tolerance) + z * math.log1p(rules.boot_spread) * math.sqrt(2.0 / boots)))
+
+
 def _mdc(fit: _Fit, band: float, rules: InSessionRules) -> float:
     """The smallest change (a positive fraction) this design calls a direction with 90% power,
     modes left out (they can only make it larger)."""

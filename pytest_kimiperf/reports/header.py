@@ -53,6 +53,8 @@ def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
     if not s.external:
         dep = s.deployment
         lines.append(f"kimiperf: server command: {describe_command(dep)}")
+        if s.control:  # --kimiperf-control: the recorded build, booted beside the candidate
+            lines.append(f"kimiperf: control command ({s.reference_profile.name}): {describe_command(dep, control=True)}")
         if dep.nodes:  # config/nodes.py: the head runs here, every other node through its template
             lines.append("kimiperf: nodes (vLLM --nnodes, head first): " + ", ".join(
                 f"{n.describe()}" + (f" [{' '.join(n.launch)}]" if n.launch else "") for n in dep.nodes))
@@ -75,6 +77,8 @@ def failures_line(s: Settings) -> str:
         fails.append("no baseline for this hardware")
     if s.perf_strict:
         fails.append("a change beyond the tolerance without a verdict")
+    if s.control:
+        fails.append(f"a regression against the control ({s.reference_profile.name}, the recorded build)")
     mode = "gate (--kimiperf-gate)" if s.gate else "not a gate (--kimiperf-gate makes one)"
     if s.external and not s.deployment.restart_command:
         fails.append("a change beyond the tolerance on its one boot (UNRESOLVED, exit 76: attached without a "

@@ -38,6 +38,8 @@ def build_json_report(report: SessionReport) -> dict[str, Any]:
         "deployment": dict(report.deployment),
         "fingerprint": None if report.fingerprint is None else dict(report.fingerprint),
         "reference_profile": report.reference_profile,
+        # --kimiperf-control: the reference is the recorded build, and a REGRESSION against it fails.
+        "control": report.control,
         "profiles": {facts.name: _profile_json(facts) for facts in report.profiles},
         "tests": [_test_json(res) for res in report.results],
         "profile_comparisons": [

@@ -179,6 +179,15 @@ class SessionReport:
     record_command: str = "python -m pytest --update-baselines"
     # perf scenarios left out of pytest-benchmark's table (reports/benchmark_bridge.py)
     benchmark_rows_hidden: int = 0
+    # --kimiperf-control: the reference profile is the control (the recorded build, booted in this
+    # session), and a REGRESSION against it fails the run.
+    control: bool = False
+
+    def control_regressions(self) -> list[ProfileComparison]:
+        """Under --kimiperf-control, the candidate's comparisons with its control that are a
+        REGRESSION: each fails the run (the in-session rule, judge/in_session.py)."""
+        return [r for r in self.profile_comparisons if self.control and r.comparison is not None
+                and r.comparison.verdict is VerdictKind.REGRESSION] if self.control else []
 
     def profile_names(self) -> list[str]:
         """Profiles in display order: the reference first, then as selected, then any others seen."""
@@ -346,9 +355,11 @@ def build_session_report(
     baselines_path: str | None = None,
     roofline: RooflineReport | None = None,
     rules: InSessionRules = InSessionRules(),
+    control: bool = False,
 ) -> SessionReport:
     """Gather the run's facts and compare every profile with the reference profile, boot
-    against boot (``rules``: the deployment's declared boot spread and spawn modes)."""
+    against boot (``rules``: the deployment's declared boot spread and spawn modes; ``control``:
+    the reference is the recorded build, gate.compare_with_control)."""
     return SessionReport(
         generator=generator,
         created_at=created_at,
@@ -357,14 +368,16 @@ def build_session_report(
         reference_profile=reference_profile,
         profiles=list(profiles),
         results=list(results),
-        profile_comparisons=profile_comparisons(results, reference_profile, rules=rules),
+        profile_comparisons=profile_comparisons(results, reference_profile, rules=rules, control=control),
         baselines_path=baselines_path,
         roofline=roofline,
+        control=control,
     )
 
 
 def profile_comparisons(
-    results: Sequence[TestResult], reference_profile: str, *, rules: InSessionRules = InSessionRules()
+    results: Sequence[TestResult], reference_profile: str, *, rules: InSessionRules = InSessionRules(),
+    control: bool = False,
 ) -> list[ProfileComparison]:
     """Each profile against the reference, per test and metric; invalid runs are left out.
 
@@ -379,7 +392,7 @@ def profile_comparisons(
     rows: list[ProfileComparison] = []
     for test, group in by_test.items():
         try:
-            compared = compare_profiles(group, reference_profile, rules=rules)
+            compared = compare_profiles(group, reference_profile, rules=rules, control=control)
         except ValueError as exc:
             rows.extend(
                 ProfileComparison(test, metric, res.profile, reference_profile, None,

@@ -122,7 +122,9 @@ def _judged_besides_history(report: SessionReport) -> str:
     parts = []
     if report.compared_profiles():
         others = [p for p in report.profile_names() if p != report.reference_profile]
-        parts.append(f"{', '.join(others)} against {report.reference_profile}")
+        failed = len(report.control_regressions())
+        parts.append(f"{', '.join(others)} against {report.reference_profile}" + (
+            f" ({failed} REGRESSION{'s' * (failed != 1)} against the recorded build: the run fails)" if failed else ""))
     if report.floor_results():
         parts.append("the decode floor")
     return " and ".join(parts)

@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from pytest_kimiperf.config.nccl.profiles import NcclProfile
+from pytest_kimiperf.config.nccl.profiles import NcclProfile, is_control
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.judge import baselines
@@ -107,10 +107,14 @@ class SessionReporter:
     @property
     def record_command(self) -> str:
         """The command that records this machine's baselines: --kimiperf-record-command, else
-        this run's own pytest command with --update-baselines."""
+        this run's own pytest command with --update-baselines (without --kimiperf-control: the
+        control is the recorded build, never one to record)."""
         if self.settings.record_command:
             return self.settings.record_command
-        return " ".join(part for part in ("python -m pytest", shlex.join(self.invocation), "--update-baselines") if part)
+        args = shlex.join(arg for arg in self.invocation if arg != "--kimiperf-control")
+        ini_control = self.settings.control and "--kimiperf-control" not in self.invocation  # set by an ini file
+        return " ".join(part for part in ("python -m pytest", args, "--update-baselines",
+                                          "-o kimiperf_control=false" if ini_control else "") if part)
 
     def missing_baseline_warning(self) -> str | None:
         """The session's one missing-baseline warning (None: nothing missing, or it fails the
@@ -141,8 +145,9 @@ class SessionReporter:
         """Session finish: write the baselines (--update-baselines, or append-on-pass when the
         session ``passed``) and the reports asked for.
 
-        Returns False when an output could not be written (the run then fails, the message
-        kept for the summary)."""
+        Returns False when the run fails here: an output could not be written (the message
+        kept for the summary), or under --kimiperf-control the candidate is slower than its
+        control (the summary lists each comparison)."""
         if not self.has_work():
             return True  # quiet when unused: a run without perf tests writes and imports nothing more
         try:
@@ -150,7 +155,7 @@ class SessionReporter:
         except KimiperfError as exc:
             self.output_error = str(exc)
             return False
-        return True
+        return not (self.report is not None and self.report.control_regressions())
 
     def write_summary(self, terminal: TerminalWriter) -> None:
         """Write the kimiperf part of pytest's terminal summary; never raises."""
@@ -207,6 +212,7 @@ class SessionReporter:
             generator=_generator(),
             baselines_path=baselines_path,
             rules=InSessionRules.of(settings.deployment),
+            control=settings.control,
             roofline=build_roofline_report(
                 self.results, settings.deployment, fingerprint, rootpath=self.rootpath, external=settings.external,
             ),
@@ -234,6 +240,7 @@ class SessionReporter:
             except KimiperfError as exc:
                 errors.append(str(exc))
         elif settings.append_on_pass and self.results:
+            passed = passed and not report.control_regressions()
             report.not_appended = append_refusal(self.results, passed=passed, branch=current_git_branch(self.rootpath),
                                                  allowed=settings.append_on_pass)
             if report.not_appended is None:
@@ -299,7 +306,9 @@ class SessionReporter:
 
     def _update_baselines(self) -> BaselineUpdate:
         settings = self.settings
-        entries, skipped = baseline_entries(self.results, git_commit=current_git_commit(self.rootpath))
+        # A control's boots are the recorded build's, measured for this session's comparison only.
+        results = [res for res in self.results if not is_control(res.profile)]
+        entries, skipped = baseline_entries(results, git_commit=current_git_commit(self.rootpath))
         not_recorded = [not_recorded_line(res) for res in skipped]
         fp = self.run.known_fingerprint()
         if fp is None:

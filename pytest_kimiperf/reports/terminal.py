@@ -19,7 +19,7 @@ from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_spread, fmt_value
 from pytest_kimiperf.reports.cells import figure_legend, fmt_range, range_names
 from pytest_kimiperf.reports.next_step import outcome_line
-from pytest_kimiperf.reports.sentences import rests_on, source_text
+from pytest_kimiperf.reports.sentences import comparison_line, rests_on, source_text
 from pytest_kimiperf.reports.model import (
     BaselineRow,
     MetricBlock,
@@ -79,6 +79,12 @@ def render_summary(
         lines.extend(nccl_debug_lines(report, titled=True, quiet=verbosity <= QUIET))
     if report is not None:
         lines.extend(servers_and_files(report, quiet=verbosity <= QUIET))
+    failed = report.control_regressions() if report is not None else []
+    if failed:
+        lines.append(TerminalLine(f"kimiperf: slower than the control ({report.reference_profile}, the recorded "
+                                  "build, booted in this session)", sep="!", markup=LOUD))
+        lines.extend(TerminalLine(f"FAILED {r.test} [{r.profile}] {comparison_line(r.comparison)}", markup=RED)
+                     for r in failed if r.comparison is not None)
     errors = list(report.errors) if report is not None else []
     if output_error and output_error not in errors:
         errors.append(output_error)

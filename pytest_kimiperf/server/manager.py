@@ -175,8 +175,11 @@ class ServerManager:
             self._start_weight_cache(engine_argv)
         assert self.weight_cache is not None
         plan = self.settings.command_plans.get(profile.name, CommandPlan())
+        if profile.control_of:  # the recorded build: its own command, never the daemons of this one
+            engine_argv = deployment.argv(model_path=model_path, host=host, port=port, control=True)
         engine_argv = plan.apply(engine_argv)
-        cache_off = profile_cache_reason(profile.name, plan.dests) if self.weight_cache.enabled else None
+        cache_off = (f"profile {profile.name} serves the recorded build, not this one's daemons" if profile.control_of
+                     else profile_cache_reason(profile.name, plan.dests)) if self.weight_cache.enabled else None
         engine_argv += self.weight_cache.engine_args() if cache_off is None else []
         base_env = {**compile_cache_env(), **os.environ, **deployment.env}
         env, overridden = profile_server_env(profile, base_env)

@@ -68,6 +68,9 @@ class NcclProfile:
     env: Mapping[str, str]
     source: str = "built-in"
     args: tuple[str, ...] = ()
+    # --kimiperf-control: the profile this one is the control of (served by the deployment's
+    # control_command, the recorded build); "" for every other profile.
+    control_of: str = ""
 
     def __post_init__(self) -> None:
         # Freeze whatever mapping the caller passed, so the profile stays hashable and
@@ -75,6 +78,24 @@ class NcclProfile:
         if not isinstance(self.env, _FrozenEnv):
             object.__setattr__(self, "env", _FrozenEnv(self.env))
         object.__setattr__(self, "args", tuple(self.args))
+
+
+# A control profile's name: the candidate's with this suffix. "@" is outside the names a profile
+# may be given (config/names.py), so no profile of a user's can be mistaken for a control.
+CONTROL_SUFFIX = "@control"
+
+
+def control_profile(candidate: NcclProfile) -> NcclProfile:
+    """The control of ``candidate`` (--kimiperf-control): its environment and arguments, served
+    by the deployment's control_command, which serves the recorded build."""
+    return NcclProfile(f"{candidate.name}{CONTROL_SUFFIX}",
+                       f"the control: {candidate.name} served by the deployment's control_command (the recorded build)",
+                       dict(candidate.env), "--kimiperf-control", candidate.args, control_of=candidate.name)
+
+
+def is_control(name: str) -> bool:
+    """Whether a profile name is a control's (:func:`control_profile`)."""
+    return name.endswith(CONTROL_SUFFIX)
 
 
 BUILTIN_PROFILES: Mapping[str, NcclProfile] = MappingProxyType(
