@@ -635,6 +635,62 @@ def replay(args: argparse.Namespace) -> dict[str, object]:
     return out
 
 
+def control_table(args: argparse.Namespace, rules: Rules) -> list[dict[str, object]]:
+    """Item 4 of issue 34: where the session level is large against the tolerance (a 2% session
+    effect, declared as it is, on a 3% tolerance), the gate against a history of 10 sessions and
+    the candidate against its control booted beside it (--kimiperf-control): the session effect
+    is one draw shared by both sides, and the comparison is the plugin's own
+    (gate.compare_with_control), boot against boot, over the suite's 10 gated metrics."""
+    from pytest_kimiperf.judge.gate import compare_with_control  # noqa: PLC0415
+    from pytest_kimiperf.judge.in_session import InSessionRules  # noqa: PLC0415
+
+    d = args.drift
+    session_rules = replace(rules, spreads=Spreads(rules.spreads.boot, 0.02, rules.spreads.host), boots=2)
+    rows: list[dict[str, object]] = []
+    print(f"an in-session control where the session level dominates: boot 1%, session 2% (declared), tolerance "
+          f"{args.tolerance:.0%}, {args.trials} sessions a row")
+    print(f"{'design':<58} | {'REGRESSION/session, A/A':>24} | {'REGRESSION at 2x tol':>22} | boots/run")
+    for k, n in ((10, 1), (20, 1)):
+        cell = run_cell(Noise(0.01, 0.02, d, session_sd=0.02, history_sessions=k, history_boots=k * n,
+                              label=f"against a history of {k} x {n}"), trials=args.trials, history_boots=k * n,
+                        rules=session_rules, seed=7000 + k)
+        rows.append({"design": cell.label, "false_regression_per_session": asdict(cell.false_regression_per_session),
+                     "detect_2x": asdict(cell.detect_2x), "boots": cell.mean_boots})
+        print(f"{cell.label:<58} | {_pct(cell.false_regression_per_session):>24} | {_pct(cell.detect_2x):>22} | "
+              f"{cell.mean_boots:9.2f}")
+    in_session = InSessionRules(rules.spreads.boot, 3.0)
+    for boots in (2, 3):
+        rng = np.random.default_rng(7100 + boots)
+        world = World(Noise(0.01, 0.02, d, session_sd=0.02), rng)
+        false_sessions = detected = judged = 0
+        for trial in range(args.trials):
+            for change, counting in ((0.0, "null"), (-2 * args.tolerance, "detect")):
+                session = world.session_effects()
+                sides = {side: [[] for _ in range(world.metrics)] for side in ("candidate", "control")}
+                for _ in range(boots):
+                    for side in ("candidate", "control"):  # interleaved, one session: the session effect cancels
+                        effects = world.boot_effects() + session
+                        shift = math.log1p(change) if side == "candidate" else 0.0
+                        for m in range(world.metrics):
+                            sides[side][m].append(summarize_boot(world.requests(effects[m] + shift)))
+                verdicts = [compare_with_control(sides["candidate"][m], sides["control"][m],
+                                                 direction=Direction.HIGHER_IS_BETTER, tolerance=args.tolerance,
+                                                 rules=in_session).verdict for m in range(world.metrics)]
+                hits = sum(v is VerdictKind.REGRESSION for v in verdicts)
+                if counting == "null":
+                    false_sessions += hits > 0
+                else:
+                    detected += hits
+                    judged += len(verdicts)
+        label = f"against its control, {boots} boots a side"
+        false_rate, detect_rate = rate(false_sessions, args.trials), rate(detected, judged)
+        rows.append({"design": label, "false_regression_per_session": asdict(false_rate),
+                     "detect_2x": asdict(detect_rate), "boots": 2 * boots})
+        print(f"{label:<58} | {_pct(false_rate):>24} | {_pct(detect_rate):>22} | {2 * boots:9.2f}")
+    print()
+    return rows
+
+
 def run_table(noises: list[Noise], args: argparse.Namespace, rules: Rules, *, seed: int,
               title: str) -> list[dict[str, object]]:
     """Run each cell (seeded ``seed`` + its index), print the table, return it as JSON rows."""
@@ -659,12 +715,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cv", type=float, nargs="*", default=[0.02])
     parser.add_argument("--critical", type=float, nargs="*", default=[2.5, 3.0, 3.5, 4.0],
                         help="--cells calibrate: the critical values (standard errors) to compare")
-    parser.add_argument("--cells", choices=("all", "shapes", "steps", "append", "calibrate", "modes", "none"), default="all",
+    parser.add_argument("--cells", choices=("all", "shapes", "steps", "append", "calibrate", "modes", "control", "none"), default="all",
                         help="'shapes': the history shapes users record (2 planned boots a run); 'steps': stepped and "
                              "drifting histories, with and without the last segment; 'append': a history that grows "
                              "itself night by night; 'calibrate': the shapes under each --critical; 'modes': spawn modes, "
-                             "placed jointly and alone, and the mode frequency; 'none': the "
+                             "placed jointly and alone, and the mode frequency; 'control': the history against an "
+                             "in-session control where the session level dominates; 'none': the "
                              "replay alone")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="--cells modes: the first cell's seed (default 6000), to rerun the table on others")
     parser.add_argument("--replay", action="store_true", help="also replay sessions of the noise corpus")
     parser.add_argument("--replay-trials", type=int, default=300)
     parser.add_argument("--one-pool", action="store_true",
@@ -693,8 +752,10 @@ def main(argv: list[str] | None = None) -> int:
             title=f"stepped histories, 2 planned boots a run (up to {args.max_boots}); tolerance {args.tolerance:.0%}, {spreads}")
     if args.cells == "modes":
         tables["modes"] = run_table(
-            mode_cells(args), args, replace(rules, boots=2), seed=6000,
+            mode_cells(args), args, replace(rules, boots=2), seed=args.seed if args.seed is not None else 6000,
             title=f"spawn modes, 2 planned boots a run (up to {args.max_boots}); tolerance {args.tolerance:.0%}, {spreads}")
+    if args.cells == "control":
+        tables["control"] = control_table(args, rules)
     if args.cells == "append":
         tables["append"] = append_nights(args)
     if args.cells == "calibrate":
