@@ -640,9 +640,11 @@ def control_table(args: argparse.Namespace, rules: Rules) -> list[dict[str, obje
     effect, declared as it is, on a 3% tolerance), the gate against a history of 10 sessions and
     the candidate against its control booted beside it (--kimiperf-control): the session effect
     is one draw shared by both sides, and the comparison is the plugin's own
-    (gate.compare_with_control), boot against boot, over the suite's 10 gated metrics."""
+    (gate.compare_with_control), boot against boot, over the suite's 10 gated metrics; and, for
+    contrast, the profile comparison's rule (in_session.compare_in_session), which the control
+    uses where a deployment declares spawn modes."""
     from pytest_kimiperf.judge.gate import compare_with_control  # noqa: PLC0415
-    from pytest_kimiperf.judge.in_session import InSessionRules  # noqa: PLC0415
+    from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session  # noqa: PLC0415
 
     d = args.drift
     session_rules = replace(rules, spreads=Spreads(rules.spreads.boot, 0.02, rules.spreads.host), boots=2)
@@ -659,30 +661,33 @@ def control_table(args: argparse.Namespace, rules: Rules) -> list[dict[str, obje
         print(f"{cell.label:<58} | {_pct(cell.false_regression_per_session):>24} | {_pct(cell.detect_2x):>22} | "
               f"{cell.mean_boots:9.2f}")
     in_session = InSessionRules(rules.spreads.boot, 3.0)
-    for boots in (2, 3):
+    for boots, rule in ((2, "gate"), (3, "gate"), (2, "in-session"), (3, "in-session")):
         rng = np.random.default_rng(7100 + boots)
         world = World(Noise(0.01, 0.02, d, session_sd=0.02), rng)
+        compare = compare_with_control if rule == "gate" else compare_in_session
         false_sessions = detected = judged = 0
         for trial in range(args.trials):
             for change, counting in ((0.0, "null"), (-2 * args.tolerance, "detect")):
                 session = world.session_effects()
                 sides = {side: [[] for _ in range(world.metrics)] for side in ("candidate", "control")}
-                for _ in range(boots):
-                    for side in ("candidate", "control"):  # interleaved, one session: the session effect cancels
-                        effects = world.boot_effects() + session
-                        shift = math.log1p(change) if side == "candidate" else 0.0
-                        for m in range(world.metrics):
-                            sides[side][m].append(summarize_boot(world.requests(effects[m] + shift)))
-                verdicts = [compare_with_control(sides["candidate"][m], sides["control"][m],
-                                                 direction=Direction.HIGHER_IS_BETTER, tolerance=args.tolerance,
-                                                 rules=in_session).verdict for m in range(world.metrics)]
+                # Interleaved A B B A as the plugin boots them, one session (its effect cancels),
+                # with the session's drift over the boots.
+                order = [pair[::-1] if k % 2 else pair for k, pair in enumerate([("candidate", "control")] * boots)]
+                for k, side in enumerate(side for pair in order for side in pair):
+                    effects = world.boot_effects() + session + world.noise.drift * k / (2 * boots)
+                    shift = math.log1p(change) if side == "candidate" else 0.0
+                    for m in range(world.metrics):
+                        sides[side][m].append(summarize_boot(world.requests(effects[m] + shift)))
+                verdicts = [compare(sides["candidate"][m], sides["control"][m], direction=Direction.HIGHER_IS_BETTER,
+                                    tolerance=args.tolerance, rules=in_session).verdict for m in range(world.metrics)]
                 hits = sum(v is VerdictKind.REGRESSION for v in verdicts)
                 if counting == "null":
                     false_sessions += hits > 0
                 else:
                     detected += hits
                     judged += len(verdicts)
-        label = f"against its control, {boots} boots a side"
+        label = f"against its control, {boots} boots a side" + (
+            "" if rule == "gate" else " (the profile comparison's rule)")
         false_rate, detect_rate = rate(false_sessions, args.trials), rate(detected, judged)
         rows.append({"design": label, "false_regression_per_session": asdict(false_rate),
                      "detect_2x": asdict(detect_rate), "boots": 2 * boots})

@@ -130,7 +130,7 @@ def _manager(logs: Path, state: Path, say: Any) -> Any:
     from pytest_kimiperf.server.manager import ServerManager
 
     settings = SimpleNamespace(deployment=_stub_gpu_deployment(), external=False, port=None, nccl_debug=False,
-                               grace_s=10.0, host_wait_s=30.0, api_key=None, command_plans={})
+                               grace_s=10.0, host_wait_s=30.0, api_key=None, command_plans={}, control=False)
     return ServerManager(settings, log_dir=logs, state_dir=state, say=say, on_progress=lambda *a: None)
 
 

@@ -52,7 +52,7 @@ def manager_for(deployment: Any, out: Path, logs: Path, *, nccl_debug: bool) -> 
     from pytest_kimiperf.server.manager import ServerManager
 
     settings = SimpleNamespace(deployment=deployment, external=False, port=None, nccl_debug=nccl_debug, grace_s=20.0,
-                               host_wait_s=30.0, api_key=None, command_plans={})
+                               host_wait_s=30.0, api_key=None, command_plans={}, control=False)
     manager = ServerManager(settings, log_dir=logs, state_dir=out / "state", say=lambda _: None,
                             on_progress=lambda *a: None)
 

@@ -108,7 +108,8 @@ class PerfSession:
             self._hardware_checked = True
             from pytest_kimiperf.server.hardware_check import hardware_problem
 
-            self._hardware_problem = hardware_problem(self.settings.deployment, external=self.settings.external)
+            self._hardware_problem = hardware_problem(self.settings.deployment, external=self.settings.external,
+                                                     control=self.settings.control)
         return self._hardware_problem
 
     def host(self) -> dict[str, str]:

@@ -25,7 +25,11 @@ def check_control(value: object, source: str, deployment: Deployment, profiles: 
                           f"[tool.kimiperf.deployments.{deployment.name}]")
     if server_url is not None:
         raise ConfigError(f"{said} with --kimiperf-server-url {server_url}: an attached server is one build, "
-                          "and this run boots no control beside it")
+                          "and this run boots no control beside it; drop one of the two")
+    if not any("{port}" in part for part in deployment.control_command):
+        raise ConfigError(f"{said}: deployment {deployment.name}'s control_command "
+                          f"{list(deployment.control_command)!r} has no {{port}}: the control would listen where "
+                          "the plugin never looks; pass the server's port option with '{port}'")
     if deployment.nodes:
         raise ConfigError(f"{said}: deployment {deployment.name} spans {len(deployment.nodes)} nodes, whose other "
                           "nodes start the deployment's own command; a control across nodes is not supported")

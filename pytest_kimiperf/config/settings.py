@@ -197,6 +197,10 @@ def build_settings(
         # One boot each can never give a direction between profiles (nor tell a change from a
         # spawn mode): a comparison plans the boots a verdict needs unless told otherwise.
         boots = MIN_BOOTS_DIRECTIONAL
+    if control and boots < MIN_BOOTS_DIRECTIONAL:
+        raise ConfigError(f"--kimiperf-control with {boots} boot per profile (from {options['boots'].source}): one "
+                          f"boot a side never gives a direction, so the control could never fail the run; use "
+                          f"--kimiperf-boots {MIN_BOOTS_DIRECTIONAL} or more")
     max_boots_opt = options.get("max_boots", RawOption(None, "default"))
     max_boots_from = f"deployment {deployment.name}'s max_boots"
     if max_boots_opt.value in (None, ""):

@@ -307,13 +307,17 @@ def smallest_drop(boots: int, tolerance: float, rules: InSessionRules) -> float:
     left out: what a candidate against its control (--kimiperf-control) resolves in one session."""
     if boots < 1:
         raise ValueError(f"boots={boots!r}: use a count of at least 1")
-    df = rules.boot_spread_df + 2 * (boots - 1)
-    z = t_quantile(1.0 - rules.alpha, df) + t_quantile(0.90, df)
-    return -math.expm1(-(band_log(tolerance) + z * math.log1p(rules.boot_spread) * math.sqrt(2.0 / boots)))
+    reach = _reach(band_log(tolerance), math.log1p(rules.boot_spread) * math.sqrt(2.0 / boots),
+                   rules.boot_spread_df + 2 * (boots - 1), rules)
+    return -math.expm1(-reach)
+
+
+def _reach(band: float, se: float, df: float, rules: InSessionRules) -> float:
+    """How far (log) a true difference must lie for a direction with 90% power, modes left out."""
+    return band + (t_quantile(1.0 - rules.alpha, df) + t_quantile(0.90, df)) * se
 
 
 def _mdc(fit: _Fit, band: float, rules: InSessionRules) -> float:
     """The smallest change (a positive fraction) this design calls a direction with 90% power,
     modes left out (they can only make it larger)."""
-    z = t_quantile(1.0 - rules.alpha, fit.df) + t_quantile(0.90, fit.df)
-    return math.expm1(band + z * fit.se)
+    return math.expm1(_reach(band, fit.se, fit.df, rules))

@@ -11,7 +11,8 @@ The method, chosen on the simulation and the corpus (benchmarks/README.md, "Gate
 comparison**. :func:`find_modes` splits the history at its widest gap when that gap is
 :data:`MODE_GAP` times wider than the spread inside the two clusters, each holds at least
 :data:`MIN_MODE_BOOTS` boots and the history :data:`MIN_HISTORY_BOOTS`. :func:`align_modes` then expresses every boot relative to its
-mode: a history boot by its own cluster's centre, a current boot by the centre nearest it. A boot
+mode: a history boot by its own cluster's centre, a current boot by the mode it clearly lies in
+(the nearer centre), or the one the metrics of its test place it in together (:func:`joint_modes`). A boot
 that lands in a mode the history already holds is so no change, and a shift within a mode is
 judged against the spread inside the modes, which is the spread a build change must beat.
 
@@ -28,6 +29,7 @@ than the history's share of it explains (:func:`mode_frequency`) is a regression
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -192,8 +194,6 @@ def split_key(modes: Modes, history: Sequence[BootSummary], *, worse: str) -> st
     spawn modes, so one boot is in one mode for both (history.joint_placements). A boot is
     known by its recording time, session and host, and its place among the boots that share
     them (one recording stamps all its boots alike, and writes every metric's in boot order)."""
-    import hashlib  # noqa: PLC0415
-
     seen: dict[tuple[str, str, str], int] = {}
     keys: dict[int, str] = {}
     for b in history:

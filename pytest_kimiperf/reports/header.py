@@ -61,9 +61,10 @@ def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
         lines.extend(f"kimiperf: {line}" for line in weight_cache_lines(
             setting=dep.weight_cache, gpu_count=dep.gpu_count, command=list(dep.command), model=dep.model,
             tensor_parallel_size=dep.tensor_parallel_size, quantization=dep.quantization,
-            nodes=max(1, len(dep.nodes))))
+            nodes=max(1, len(dep.nodes)), control=s.control))
         cache_off = why_not_used(setting=dep.weight_cache, gpu_count=dep.gpu_count, command=list(dep.command),
-                                 model=dep.model, quantization=dep.quantization, nodes=max(1, len(dep.nodes)))
+                                 model=dep.model, quantization=dep.quantization, nodes=max(1, len(dep.nodes)),
+                                 control=s.control)
         if cache_off is None:  # the engines boot from the cache: say which profiles cannot
             lines.extend(f"kimiperf: weight cache: {reason}" for p in s.profiles if (reason := profile_cache_reason(
                 p.name, s.command_plans[p.name].dests if p.name in s.command_plans else frozenset())))

@@ -186,7 +186,7 @@ class SessionReport:
     def control_regressions(self) -> list[ProfileComparison]:
         """Under --kimiperf-control, the candidate's comparisons with its control that are a
         REGRESSION: each fails the run (the in-session rule, judge/in_session.py)."""
-        return [r for r in self.profile_comparisons if self.control and r.comparison is not None
+        return [r for r in self.profile_comparisons if r.comparison is not None
                 and r.comparison.verdict is VerdictKind.REGRESSION] if self.control else []
 
     def profile_names(self) -> list[str]:

@@ -98,7 +98,8 @@ def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:
         if beyond > 2 * tolerance and not s.control:
             lines.append("  " + history_advice(dep.boot_spread, dep.session_spread, max(s.boots, 2), span,
                                                tolerance, label))
-            lines.append("  " + control_offer(s, seconds, tolerance, label, rules))
+            offer = control_offer(s, seconds, tolerance, label, rules)
+            lines.extend(["  " + offer] if offer else [])
     return lines
 
 
@@ -112,17 +113,21 @@ def control_reach(s: Settings, boots: int, tolerance: float, rules: InSessionRul
                            critical=GATE_CRITICAL)
 
 
-def control_offer(s: Settings, seconds: float | None, tolerance: float, label: str, rules: InSessionRules) -> str:
+def control_offer(s: Settings, seconds: float | None, tolerance: float, label: str, rules: InSessionRules) -> str | None:
     """Where the history cannot convict twice the tolerance: what a control booted beside the
-    run (--kimiperf-control) would, and what it costs, or what it needs."""
+    run (--kimiperf-control) would, and what it costs, or what it needs; None where this run
+    could not take one (attached, several profiles, a deployment across nodes)."""
+    if s.external or len(s.profiles) != 1 or s.deployment.nodes:
+        return None
     boots = max(s.boots, 2)
     reach = f"a {label} regression of {control_reach(s, boots, tolerance, rules):.1%} or more"
     if not s.deployment.control_command:
         return (f"in one session, against the recorded build booted beside it, {reach} would be convicted: declare "
                 f"the deployment's control_command and add --kimiperf-control")
-    cost = f", about {fmt_duration(seconds * boots * len(s.profiles))} more loading" if seconds is not None else ""
+    more = 2 * boots - s.boots  # the control's boots, and the candidate's raised to two
+    cost = f", about {fmt_duration(seconds * more)} more loading" if seconds is not None else ""
     return (f"or judge it against the recorded build booted beside it: --kimiperf-control convicts {reach} "
-            f"({boots} more boots{cost}; the session and host levels cancel)")
+            f"({more} more boot{'s' * (more != 1)}{cost}; the session and host levels cancel)")
 
 
 def history_advice(boot_spread: float, session_spread: float, boots: int, span: HistorySpan, tolerance: float,

@@ -33,11 +33,13 @@ def _host_topology() -> Topology | None:
 
 
 def hardware_problem(
-    deployment: Deployment, *, external: bool = False, probe: Callable[[], GpuProbe] = _probe_host
+    deployment: Deployment, *, external: bool = False, control: bool = False,
+    probe: Callable[[], GpuProbe] = _probe_host,
 ) -> str | None:
     """Why this host cannot run ``deployment`` (GPUs missing, or the weight cache would leave an
     engine no room on them), in one message; None when it can, when it runs on CPU, or when the
-    server is ``external`` (not ours to boot)."""
+    server is ``external`` (not ours to boot). Under ``control`` (--kimiperf-control) no daemon
+    holds the weights."""
     if external or not deployment.needs_gpus:
         return None
     found = probe()
@@ -46,19 +48,20 @@ def hardware_problem(
             HardwareRequirement(deployment.gpu_count, deployment.gpu_name_contains), found.gpus,
             deployment=deployment.name, unavailable_reason=found.absence_reason(),
         )
-        check_weight_cache_fit(deployment, found.gpus)
+        check_weight_cache_fit(deployment, found.gpus, control=control)
     except HardwareMissingError as exc:
         return str(exc)
     return None
 
 
-def check_weight_cache_fit(deployment: Deployment, gpus: Sequence[GpuInfo]) -> None:
+def check_weight_cache_fit(deployment: Deployment, gpus: Sequence[GpuInfo], *, control: bool = False) -> None:
     """HardwareMissingError before any boot when the weight-cache daemons and an engine cannot
     share the smallest GPU (weight_cache.py); nothing to check without GPUs, without the cache,
     or while the checkpoint is not on this host yet."""
     if not gpus or why_not_used(
         setting=deployment.weight_cache, gpu_count=deployment.gpu_count, command=list(deployment.command),
         model=deployment.model, quantization=deployment.quantization, nodes=max(1, len(deployment.nodes)),
+        control=control,
     ):
         return
     fit = memory_fit(deployment.model, deployment.tensor_parallel_size, list(deployment.command),

@@ -178,8 +178,7 @@ class ServerManager:
         if profile.control_of:  # the recorded build: its own command, never the daemons of this one
             engine_argv = deployment.argv(model_path=model_path, host=host, port=port, control=True)
         engine_argv = plan.apply(engine_argv)
-        cache_off = (f"profile {profile.name} serves the recorded build, not this one's daemons" if profile.control_of
-                     else profile_cache_reason(profile.name, plan.dests)) if self.weight_cache.enabled else None
+        cache_off = profile_cache_reason(profile.name, plan.dests) if self.weight_cache.enabled else None
         engine_argv += self.weight_cache.engine_args() if cache_off is None else []
         base_env = {**compile_cache_env(), **os.environ, **deployment.env}
         env, overridden = profile_server_env(profile, base_env)
@@ -274,7 +273,8 @@ class ServerManager:
         plan = plan_weight_cache(setting=deployment.weight_cache, gpu_count=deployment.gpu_count,
                                  command=engine_argv, socket_dir=socket_dir,
                                  health_port=pick_free_port("127.0.0.1"), model=deployment.model,
-                                 quantization=deployment.quantization, nodes=max(1, len(deployment.nodes)))
+                                 quantization=deployment.quantization, nodes=max(1, len(deployment.nodes)),
+                                 control=self.settings.control)
         if not plan.enabled:
             shutil.rmtree(socket_dir, ignore_errors=True)
             self.weight_cache = plan

@@ -74,7 +74,10 @@ def _nspid(status: Path) -> list[int]:
 
 
 def _pid_ns_inode(proc_dir: Path) -> int | None:
-    """The inode of a process's PID namespace (None when it cannot be read: gone, or not ours)."""
+    """The inode of a process's PID namespace; None when it cannot be read (the process is gone,
+    or belongs to another user). Only processes of our own namespace are mapped: those of a
+    namespace nested in ours, and those whose link we may not read, are left out (NVML's pids
+    of them go unnamed, as a host pid outside our namespace does)."""
     try:
         return os.stat(proc_dir / "ns" / "pid").st_ino
     except OSError:

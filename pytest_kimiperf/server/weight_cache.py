@@ -162,7 +162,7 @@ def quant_reason(*, model: str | None, quantization: str | None) -> str | None:
 
 
 def why_not_used(*, setting: str, gpu_count: int, command: Sequence[str], model: str | None = None,
-                 quantization: str | None = None, nodes: int = 1) -> str | None:
+                 quantization: str | None = None, nodes: int = 1, control: bool = False) -> str | None:
     """Why the deployment's engines will load from disk, or None when they boot from the cache.
 
     Decided before any boot, and before any daemon starts (the header shows it): the setting,
@@ -171,6 +171,11 @@ def why_not_used(*, setting: str, gpu_count: int, command: Sequence[str], model:
     """
     if setting == "off":
         return "the deployment sets weight_cache = \"off\""
+    if control:
+        # The control serves another build, which cannot boot from this one's daemons, and the
+        # daemons' copy of the weights would shrink the control's free GPU memory: both load alike.
+        return ("--kimiperf-control: the control serves the recorded build, which cannot boot from this build's "
+                "daemons; both sides load from disk alike")
     if gpu_count == 0:
         return ("CPU engine: vLLM's weight cache shares CUDA IPC handles "
                 "(UnsupportedPlatformForIPCError on CPU); loading from disk")
@@ -187,10 +192,10 @@ def why_not_used(*, setting: str, gpu_count: int, command: Sequence[str], model:
 
 def plan_weight_cache(*, setting: str, gpu_count: int, command: Sequence[str],
                       socket_dir: str, health_port: int, model: str | None = None,
-                      quantization: str | None = None, nodes: int = 1) -> WeightCachePlan:
+                      quantization: str | None = None, nodes: int = 1, control: bool = False) -> WeightCachePlan:
     """The session's plan: the cache with its socket folder and health port, or the reason not."""
     reason = why_not_used(setting=setting, gpu_count=gpu_count, command=command, model=model,
-                          quantization=quantization, nodes=nodes)
+                          quantization=quantization, nodes=nodes, control=control)
     if reason is not None:
         return WeightCachePlan(False, reason)
     return WeightCachePlan(True, socket_dir=socket_dir, health_port=health_port)
@@ -380,11 +385,12 @@ def page_cache_line(checkpoint_size: int, ram_bytes: int | None) -> str:
 
 
 def header_lines(*, setting: str, gpu_count: int, command: Sequence[str], model: str,
-                 tensor_parallel_size: int, quantization: str | None = None, nodes: int = 1) -> list[str]:
+                 tensor_parallel_size: int, quantization: str | None = None, nodes: int = 1,
+                 control: bool = False) -> list[str]:
     """What the report header says before any boot: on, or off with the reason; and what
     the daemons will hold per GPU where the checkpoint is already on this host."""
     reason = why_not_used(setting=setting, gpu_count=gpu_count, command=command, model=model,
-                          quantization=quantization, nodes=nodes)
+                          quantization=quantization, nodes=nodes, control=control)
     size = checkpoint_bytes(model) if gpu_count else None
     page_cache = [page_cache_line(size, _host_ram_bytes())] if size is not None else []
     if reason is not None:

@@ -29,7 +29,7 @@ def test_a_second_boot_reuses_the_compile_cache_and_its_compile_phase_is_shorter
     deployment = replace(TINY_CPU, env=MappingProxyType({
         **TINY_CPU.env, "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}))
     settings = SimpleNamespace(deployment=deployment, external=False, port=None, nccl_debug=False,
-                               grace_s=10.0, host_wait_s=600.0, api_key=None, command_plans={})
+                               grace_s=10.0, host_wait_s=600.0, api_key=None, command_plans={}, control=False)
     said: list[str] = []
     manager = ServerManager(settings, log_dir=tmp_path / "logs", state_dir=isolated_state,  # type: ignore[arg-type]
                             say=said.append, on_progress=lambda *a: None)

@@ -56,6 +56,9 @@ def test_the_control_is_the_selected_profile_served_by_the_control_command_and_i
     ({"server_url": "http://127.0.0.1:8000"}, CONTROL,
      "with --kimiperf-server-url http://127.0.0.1:8000: an attached server is one build"),
     ({"update_baselines": True}, CONTROL, "with --update-baselines: the control is the recorded build"),
+    ({"boots": "1"}, CONTROL, "--kimiperf-control with 1 boot per profile (from command line --boots): one boot a "
+                              "side never gives a direction"),
+    ({}, [p for p in CONTROL if p not in ("--port", "{port}")], "control_command .* has no {port}"),
 ])
 def test_what_the_control_needs_is_checked_before_any_boot(tmp_path: Path, given: dict[str, object],
                                                           control_command: list[str] | None, message: str) -> None:
@@ -63,9 +66,17 @@ def test_what_the_control_needs_is_checked_before_any_boot(tmp_path: Path, given
         _settings(tmp_path, control_command, control=True, **given)
 
 
+def test_no_weight_cache_daemon_holds_weights_beside_a_control() -> None:
+    from pytest_kimiperf.server.weight_cache import why_not_used
+
+    reason = why_not_used(setting="auto", gpu_count=8, command=CONTROL, model="m", control=True)
+    assert reason is not None and reason.startswith("--kimiperf-control: the control serves the recorded build")
+
+
 def test_a_control_across_nodes_is_refused(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text(
-        '[tool.kimiperf.deployments.two]\nextends = "tiny-cpu-2node"\ncontrol_command = ["{python}", "-V"]\n')
+        '[tool.kimiperf.deployments.two]\nextends = "tiny-cpu-2node"\n'
+        'control_command = ["{python}", "-m", "x", "--port", "{port}"]\n')
     raw = {opt.name: RawOption(opt.default, "default") for opt in OPTIONS}
     raw["deployment"] = RawOption("two", "command line --deployment")
     raw["control"] = RawOption(True, "command line --kimiperf-control")
@@ -102,16 +113,18 @@ def test_the_plan_offers_the_control_with_its_cost_where_the_session_level_stand
     # A 2% session effect on a 3% tolerance: no history can; the control can, at twice the boots.
     assert any(line.startswith("  no history convicts a decode regression") for line in lines)
     assert lines[-1] == (f"  or judge it against the recorded build booted beside it: --kimiperf-control convicts a "
-                         f"decode regression of {drop:.1%} or more (2 more boots, about 56 min more loading; the "
-                         "session and host levels cancel)")
+                         f"decode regression of {drop:.1%} or more (3 more boots, about 1 h 24 min more loading; the "
+                         "session and host levels cancel)")  # the control's 2, and the candidate's second
     controlled = plan_lines(_settings(tmp_path, control=True, nccl_profiles="ring-ll"), history)
     assert controlled[1].startswith("  boots: 2 profiles (ring-ll, ring-ll@control) x 2 = 4 boots")
     assert controlled[3] == (f"  against the control (ring-ll@control: the deployment's control_command, the recorded "
                              f"build, booted beside it, 2 boots each): a decode regression of {drop:.1%} or more is "
                              "convicted beyond the 3% tolerance (90% power); the session and host levels cancel")
-    # Without a control_command, the plan says what it needs.
+    # Without a control_command, the plan says what it needs; with two profiles, it offers none.
     bare = plan_lines(_settings(tmp_path, None, nccl_profiles="ring-ll"), history)
     assert bare[-1].endswith("would be convicted: declare the deployment's control_command and add --kimiperf-control")
+    two = plan_lines(_settings(tmp_path, nccl_profiles="default,ring-ll"), history)
+    assert not any("--kimiperf-control" in line for line in two)
 
 
 def test_the_smallest_drop_the_control_convicts_is_convicted_where_its_boots_fall_as_expected() -> None:
