@@ -554,8 +554,7 @@ def replay_run(current: list[CorpusBoot], history: list[CorpusBoot], *, keys: li
         boots += 1
         still_open = []
         for group in open_groups:
-            comparisons = []
-            for key in group:
+            def judge(key: str, placements: tuple[str, ...] | None = None) -> Comparison:
                 metric = key.split("|")[1]
                 spec = metric_spec(metric)
                 worse = 1.0 - shift if spec.direction is Direction.HIGHER_IS_BETTER else 1.0 + shift
@@ -567,11 +566,15 @@ def replay_run(current: list[CorpusBoot], history: list[CorpusBoot], *, keys: li
                 steps = history_steps(ref, spreads=spreads, segment=segment)
                 judged = judged_part(owners, ref, steps)
                 check = canary_shift(current[0].canary, [b.canary for b in judged if b.canary])
-                c = compare_with_history(cur, ref, direction=spec.direction, tolerance=dep.tolerance(metric),
-                                         spreads=spreads, comparable=not (check is not None and check.moved),
-                                         steps=steps)
-                final[key] = c.verdict
-                comparisons.append(c)
+                return compare_with_history(cur, ref, direction=spec.direction, tolerance=dep.tolerance(metric),
+                                            spreads=spreads, comparable=not (check is not None and check.moved),
+                                            steps=steps, placements=placements)
+
+            comparisons = [judge(key) for key in group]
+            # As gate.judge: one spawn mode per boot for the metrics of a test that split alike.
+            for i, placements in joint_placements(comparisons).items():
+                comparisons[i] = judge(group[i], placements)
+            final.update({key: c.verdict for key, c in zip(group, comparisons)})
             if any(wants_another_boot(c) for c in comparisons):
                 still_open.append(group)
         open_groups = still_open
