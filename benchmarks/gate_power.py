@@ -400,7 +400,7 @@ def simulation_cells(args: argparse.Namespace) -> list[Noise]:
 
 
 def shape_cells(args: argparse.Namespace) -> list[Noise]:
-    """Issue 34's cells: the history shapes users record (one session of 5 boots, three
+    """The cells of the history shapes users record (one session of 5 boots, three
     recordings of 2, nightly single boots), each against a run of 2 planned boots of one
     session (a third on demand), under boot, session and spawn-mode noise; and a run after a
     reboot that the host identity counts as another host."""
@@ -639,7 +639,7 @@ def replay(args: argparse.Namespace) -> dict[str, object]:
 
 
 def control_table(args: argparse.Namespace, rules: Rules) -> list[dict[str, object]]:
-    """Item 4 of issue 34: where the session level is large against the tolerance (a 2% session
+    """Where the session level is large against the tolerance (a 2% session
     effect, declared as it is, on a 3% tolerance), the gate against a history of 10 sessions and
     the candidate against its control booted beside it (--kimiperf-control): the session effect
     is one draw shared by both sides, and the comparison is the plugin's own

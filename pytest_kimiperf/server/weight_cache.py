@@ -172,10 +172,10 @@ def why_not_used(*, setting: str, gpu_count: int, command: Sequence[str], model:
     if setting == "off":
         return "the deployment sets weight_cache = \"off\""
     if control:
-        # The control serves another build, which cannot boot from this one's daemons, and the
-        # daemons' copy of the weights would shrink the control's free GPU memory: both load alike.
-        return ("--kimiperf-control: the control serves the recorded build, which cannot boot from this build's "
-                "daemons; both sides load from disk alike")
+        # The control serves another build, and the daemons' copy of the weights would shrink its
+        # free GPU memory: the two sides load alike, from disk.
+        return ("--kimiperf-control: both sides load from disk alike (the control serves the recorded build, and "
+                "the daemons' copy of the weights would take its GPU memory)")
     if gpu_count == 0:
         return ("CPU engine: vLLM's weight cache shares CUDA IPC handles "
                 "(UnsupportedPlatformForIPCError on CPU); loading from disk")

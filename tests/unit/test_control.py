@@ -70,7 +70,7 @@ def test_no_weight_cache_daemon_holds_weights_beside_a_control() -> None:
     from pytest_kimiperf.server.weight_cache import why_not_used
 
     reason = why_not_used(setting="auto", gpu_count=8, command=CONTROL, model="m", control=True)
-    assert reason is not None and reason.startswith("--kimiperf-control: the control serves the recorded build")
+    assert reason is not None and reason.startswith("--kimiperf-control: both sides load from disk alike")
 
 
 def test_a_control_across_nodes_is_refused(tmp_path: Path) -> None:
