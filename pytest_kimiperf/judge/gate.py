@@ -24,14 +24,14 @@ from pytest_kimiperf.judge.notes import (
     BootAsked, BootPlanned, FailedRequests, FloorNote, GoodputSlos, InvalidRun, LeftOut, Look, NoDecode, Said,
     SloCheck, SoftFingerprint, Unresolved,
 )
-from pytest_kimiperf.judge.power import plan, wants_another_boot
+from pytest_kimiperf.judge.power import plan, smallest_change, wants_another_boot
 from pytest_kimiperf.judge.verdicts import (
     BaselineLine, BaselineState, MetricResult, MissingBaselines, ResultWarning, TestResult, VerdictNote, WarningKind,
 )
 from pytest_kimiperf.judge.floors import FloorResult, floor_check
 from pytest_kimiperf.judge.boot_summary import BootSummary
-from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session
-from pytest_kimiperf.judge.stats import MIN_BOOTS_DIRECTIONAL, Comparison, VerdictKind, compare_boots
+from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session, smallest_drop
+from pytest_kimiperf.judge.stats import GATE_CRITICAL, MIN_BOOTS_DIRECTIONAL, Comparison, VerdictKind, compare_boots
 
 FLOOR_METRIC = "decode_tok_s"
 
@@ -387,6 +387,15 @@ def compare_with_control(current: Sequence[BootSummary], control: Sequence[BootS
                                   metric=metric, unit=unit)
     return compare_boots(current, control, direction=direction, tolerance=tolerance, prior_spread=rules.boot_spread,
                          metric=metric, unit=unit)
+
+
+def control_reach(boot_spread: float, boots: int, tolerance: float, rules: InSessionRules) -> float:
+    """The regression a candidate against its control (``boots`` each, one session) convicts with
+    DETECTION_POWER, by the rule :func:`compare_with_control` applies: the gate's with no level
+    above the boot; the profile comparison's where the deployment declares spawn modes."""
+    if rules.modes.declared:
+        return smallest_drop(boots, tolerance, rules)
+    return smallest_change(boot_spread, boots, reference_boots=boots, tolerance=tolerance, critical=GATE_CRITICAL)
 
 
 def compare_profiles(

@@ -21,8 +21,8 @@ import statistics
 from pytest_kimiperf.config.metric_specs import metric_spec
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.judge.baseline_schema import BaselineFile, HistorySpan
+from pytest_kimiperf.judge.gate import control_reach
 from pytest_kimiperf.judge.in_session import InSessionRules
-from pytest_kimiperf.judge.in_session import smallest_drop
 from pytest_kimiperf.judge.power import sessions_of_history, smallest_change
 from pytest_kimiperf.judge.stats import DETECTION_POWER, GATE_CRITICAL
 
@@ -76,7 +76,7 @@ def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:
     if s.control:
         lines.append(f"  against the control ({s.reference_profile.name}: the deployment's control_command, the "
                      f"recorded build, booted beside it, {s.boots} boot{'s' * (s.boots != 1)} each): a {label} "
-                     f"regression of {control_reach(s, max(s.boots, 2), tolerance, rules):.1%} or more is convicted "
+                     f"regression of {control_reach(dep.boot_spread, max(s.boots, 2), tolerance, rules):.1%} or more is convicted "
                      f"beyond the {tolerance:.0%} tolerance ({power}); the session and host levels cancel")
     elif len(profiles) > 1:
         apart = smallest_change(dep.boot_spread, s.boots)
@@ -103,16 +103,6 @@ def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:
     return lines
 
 
-def control_reach(s: Settings, boots: int, tolerance: float, rules: InSessionRules) -> float:
-    """The regression a candidate against its control (``boots`` each, one session) convicts with
-    DETECTION_POWER, by the rule gate.compare_with_control applies: the gate's, with no level
-    above the boot; the profile comparison's where the deployment declares spawn modes."""
-    if rules.modes.declared:
-        return smallest_drop(boots, tolerance, rules)
-    return smallest_change(s.deployment.boot_spread, boots, reference_boots=boots, tolerance=tolerance,
-                           critical=GATE_CRITICAL)
-
-
 def control_offer(s: Settings, seconds: float | None, tolerance: float, label: str, rules: InSessionRules) -> str | None:
     """Where the history cannot convict twice the tolerance: what a control booted beside the
     run (--kimiperf-control) would, and what it costs, or what it needs; None where this run
@@ -120,7 +110,7 @@ def control_offer(s: Settings, seconds: float | None, tolerance: float, label: s
     if s.external or len(s.profiles) != 1 or s.deployment.nodes:
         return None
     boots = max(s.boots, 2)
-    reach = f"a {label} regression of {control_reach(s, boots, tolerance, rules):.1%} or more"
+    reach = f"a {label} regression of {control_reach(s.deployment.boot_spread, boots, tolerance, rules):.1%} or more"
     if not s.deployment.control_command:
         return (f"in one session, against the recorded build booted beside it, {reach} would be convicted: declare "
                 f"the deployment's control_command and add --kimiperf-control")

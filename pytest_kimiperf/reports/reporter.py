@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from pytest_kimiperf.config.nccl.profiles import NcclProfile, is_control
+from pytest_kimiperf.config.nccl.profiles import NcclProfile
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.judge import baselines
@@ -307,7 +307,8 @@ class SessionReporter:
     def _update_baselines(self) -> BaselineUpdate:
         settings = self.settings
         # A control's boots are the recorded build's, measured for this session's comparison only.
-        results = [res for res in self.results if not is_control(res.profile)]
+        controls = {p.name for p in settings.profiles if p.control_of}
+        results = [res for res in self.results if res.profile not in controls]
         entries, skipped = baseline_entries(results, git_commit=current_git_commit(self.rootpath))
         not_recorded = [not_recorded_line(res) for res in skipped]
         fp = self.run.known_fingerprint()

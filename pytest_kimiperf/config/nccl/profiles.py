@@ -93,11 +93,6 @@ def control_profile(candidate: NcclProfile) -> NcclProfile:
                        dict(candidate.env), "--kimiperf-control", candidate.args, control_of=candidate.name)
 
 
-def is_control(name: str) -> bool:
-    """Whether a profile name is a control's (:func:`control_profile`)."""
-    return name.endswith(CONTROL_SUFFIX)
-
-
 BUILTIN_PROFILES: Mapping[str, NcclProfile] = MappingProxyType(
     {
         p.name: p
