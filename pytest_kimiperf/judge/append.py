@@ -8,6 +8,11 @@ in, and what keeps each out:
 - **One that landed** fails the gate, and a failing run appends nothing: the history stays at
   the level before it, and every later run fails too until it is fixed or recorded on purpose
   (``--update-baselines``).
+- **Boots of another host or configuration**: a metric "not comparable" to its history (the
+  host canary moved, or the profile's environment or server arguments differ) appends nothing,
+  whatever its figure: a new host or configuration joins the history only on purpose
+  (``--update-baselines``). A boot 86% slower on a host whose canary had moved would otherwise
+  pass unjudged and enter the history (seen in CI).
 - **A slow drift**, each step inside the tolerance, would pass every night and pull the history
   with it. A run appends only when no judged metric is worse than the history by
   :data:`DRIFT_SHARE` of its tolerance at a bound in its favour (:func:`favourable_bound`, at half
@@ -47,6 +52,7 @@ class AppendWhy(str, enum.Enum):
 
     FAILED = "failed"
     BRANCH = "branch"
+    NOT_COMPARABLE = "not-comparable"
     DRIFT = "drift"
 
 
@@ -54,9 +60,10 @@ class AppendWhy(str, enum.Enum):
 @dataclass(frozen=True)
 class NotAppended(Note):
     """A run with append-on-pass that appended nothing, and why: it failed (``failed`` tests),
-    it ran on another ``branch`` than ``allowed``, or a metric drifted (``gain``, the change
-    signed so that negative is worse, and ``bound``, the gain at the drift guard's
-    favourable bound, against ``tolerance``)."""
+    it ran on another ``branch`` than ``allowed``, a metric was not comparable to its history
+    (``canary_moved``: the host canary moved; else the profile's environment or arguments
+    differ), or a metric drifted (``gain``, the change signed so that negative is worse, and
+    ``bound``, the gain at the drift guard's favourable bound, against ``tolerance``)."""
 
     why: AppendWhy
     branch: str | None
@@ -68,6 +75,7 @@ class NotAppended(Note):
     gain: float = math.nan
     bound: float = math.nan
     tolerance: float = math.nan
+    canary_moved: bool = False
 
     decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"why": AppendWhy}
 
@@ -90,7 +98,12 @@ def append_refusal(results: Sequence[TestResult], *, passed: bool, branch: str |
     for res in last.values():
         for mres in res.metrics.values():
             c = mres.baseline
-            if c is None or c.verdict in (VerdictKind.NOT_COMPARABLE, VerdictKind.INSUFFICIENT_SAMPLES):
+            if c is not None and c.verdict is VerdictKind.NOT_COMPARABLE:
+                line = mres.baseline_line
+                return NotAppended(AppendWhy.NOT_COMPARABLE, branch, allowed, test=res.test, profile=res.profile,
+                                   metric=mres.metric, gain=c.gain, tolerance=c.tolerance,
+                                   canary_moved=line is not None and line.canary is not None)
+            if c is None or c.verdict is VerdictKind.INSUFFICIENT_SAMPLES:
                 continue
             bound = favourable_bound(c)
             if not math.isfinite(bound) or bound >= -DRIFT_SHARE * c.tolerance:

@@ -371,7 +371,11 @@ def verdict_to_result(comparison: Comparison, result: TestResult, *, strict: boo
             result.warn(WarningKind.OTHER, line)
         else:
             result.warn(WarningKind.INCONCLUSIVE, line)
-    elif kind in (VerdictKind.NOT_COMPARABLE, VerdictKind.INSUFFICIENT_SAMPLES):
+    elif kind is VerdictKind.NOT_COMPARABLE:
+        # The baseline line says why: the host canary moved, or the profile's environment differs.
+        line = next((m.baseline_line for m in result.metrics.values() if m.baseline is comparison), None)
+        result.warn(WarningKind.OTHER, line if line is not None else VerdictNote(comparison))
+    elif kind is VerdictKind.INSUFFICIENT_SAMPLES:
         result.warn(WarningKind.OTHER, VerdictNote(comparison))
 
 

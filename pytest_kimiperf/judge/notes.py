@@ -52,6 +52,8 @@ class Note:
                 raw = data[f.name]
                 decode = cls.decoders.get(f.name)
                 values[f.name] = decode(raw) if decode is not None and raw is not None else _decode(raw)
+                if raw is None and isinstance(f.default, float) and math.isnan(f.default):
+                    values[f.name] = math.nan  # JSON holds a number that is no number as null
         return cls(**values)
 
 

@@ -10,6 +10,7 @@ reads bench-serve result files reads each test's ``run`` object unchanged.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,40 @@ from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.numbers import json_safe
 from pytest_kimiperf.reports.model import ProfileFacts, SessionReport
+from pytest_kimiperf.judge.floors import FloorResult
+from pytest_kimiperf.judge.notes import HistorySteps
+from pytest_kimiperf.judge.stats import Comparison
 from pytest_kimiperf.reports.sentences import (
-    comparison_json, floor_json, say, say_all, unrecordable_text, warning_lines,
+    comparison_line, floor_line, joined, level_spread_text, say, say_all, source_text, unrecordable_text,
+    warning_lines,
 )
 
 SCHEMA_VERSION = 1
+
+
+def comparison_json(c: Comparison) -> dict[str, object]:
+    """A comparison as the JSON report holds it: its fields, its notes as one ``note`` line,
+    the history's ``steps`` it was judged after, and its ``message``."""
+    out: dict[str, object] = {}
+    for key, value in c.to_dict().items():
+        if key == "notes":
+            out["note"] = joined(c.notes)
+        elif key == "spread_source":
+            out[key] = source_text(c.spread_source)
+        elif key == "levels":
+            out[key] = [{"name": t.name, "var_log": t.var_log, "df": t.df if math.isfinite(t.df) else None,
+                         "weight": t.weight, "text": level_spread_text(t.level)} for t in c.levels]
+        else:
+            out[key] = value
+    out["steps"] = [step.plain() for note in c.notes if isinstance(note, HistorySteps) for step in note.steps]
+    out["message"] = comparison_line(c)
+    return out
+
+
+def floor_json(fr: FloorResult) -> dict[str, object]:
+    """The floor check as the JSON report holds it."""
+    return {"median": fr.median, "floor": fr.floor, "target": fr.target, "status": fr.status.value,
+            "message": floor_line(fr)}
 
 
 def build_json_report(report: SessionReport) -> dict[str, Any]:

@@ -161,25 +161,6 @@ def comparison_line(c: Comparison, *, label: bool = True) -> str:
     return f"{prefix}{body}; {rests_on(c)}{tail})"
 
 
-def comparison_json(c: Comparison) -> dict[str, object]:
-    """A comparison as the JSON report holds it: its fields, its notes as one ``note`` line,
-    the history's ``steps`` it was judged after, and its ``message``."""
-    out: dict[str, object] = {}
-    for key, value in c.to_dict().items():
-        if key == "notes":
-            out["note"] = joined(c.notes)
-        elif key == "spread_source":
-            out[key] = source_text(c.spread_source)
-        elif key == "levels":
-            out[key] = [{"name": t.name, "var_log": t.var_log, "df": t.df if math.isfinite(t.df) else None,
-                         "weight": t.weight, "text": level_spread_text(t.level)} for t in c.levels]
-        else:
-            out[key] = value
-    out["steps"] = [step.plain() for note in c.notes if isinstance(note, HistorySteps) for step in note.steps]
-    out["message"] = comparison_line(c)
-    return out
-
-
 @say.register
 def _(note: NotAppended) -> str:
     allowed = ",".join(note.allowed)
@@ -191,6 +172,11 @@ def _(note: NotAppended) -> str:
         on = f"branch {note.branch!r}" if note.branch else "no branch (a detached checkout)"
         return f"not appended to the baseline history: this run is on {on}, and appends only on {allowed}"
     label = metric_spec(note.metric).label if note.metric else note.metric
+    if note.why is AppendWhy.NOT_COMPARABLE:
+        why = "the host canary moved" if note.canary_moved else "the profile's environment or arguments differ"
+        return (f"not appended to the baseline history: {label} of {note.test} [{note.profile}] is not comparable "
+                f"to it ({why}; {fmt_change(note.gain)}): another host or configuration joins the history only on "
+                "purpose (--update-baselines)")
     return (f"not appended to the baseline history: {label} of {note.test} [{note.profile}] is "
             f"{fmt_change(note.gain)} against the history (at best {fmt_change(note.bound)}), worse than half its "
             f"{fmt_tolerance(note.tolerance)} tolerance: a slow drift is not taken into the history "
@@ -391,12 +377,6 @@ def floor_line(fr: FloorResult) -> str:
     if fr.floor is not None:
         return f"{head} meets the floor of {fmt_value(fr.floor)}{unit} (no target set)"
     return f"{head} (no floor or target set)"
-
-
-def floor_json(fr: FloorResult) -> dict[str, object]:
-    """The floor check as the JSON report holds it."""
-    return {"median": fr.median, "floor": fr.floor, "target": fr.target, "status": fr.status.value,
-            "message": floor_line(fr)}
 
 
 @say.register

@@ -269,8 +269,10 @@ def test_baseline_then_the_identical_server_passes_then_a_slowed_one_is_a_regres
     # for one A/A pair in ten).
     out = same.stdout.str()
     verdicts = re.findall(r"^\s+decode tok/s\s.*?\s(regression|improvement|within tolerance|no detectable change"
-                          r"|changed, size unresolved|inconclusive)\s*$", out, re.MULTILINE | re.IGNORECASE)
+                          r"|changed, size unresolved|inconclusive|not comparable)\s*$", out, re.MULTILINE | re.IGNORECASE)
     honest = {"within tolerance", "no detectable change", "changed, size unresolved", "inconclusive"}
+    if "host differs (canary" in out:
+        honest.add("not comparable")  # the host itself moved since the recording: reported only
     assert verdicts and set(verdicts) <= honest, out[-4000:]
     if {"inconclusive", "changed, size unresolved"} & set(verdicts):
         # It names its boots and what would resolve it: across sessions (tiny-cpu declares a 20%
@@ -289,9 +291,29 @@ def test_baseline_then_the_identical_server_passes_then_a_slowed_one_is_a_regres
     # It runs as a scheduled job on main that appends a passing run's boots: failing, it appends nothing.
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
     monkeypatch.setenv("GITHUB_REF_NAME", "main")
-    with ServerThrottle(isolated_state) as throttle:
-        slowed = pytester.runpytest_subprocess(*args, "--kimiperf-append-on-pass", "main", timeout=1200)
-    assert throttle.cycles > 100
+
+    def run_slowed() -> pytest.RunResult:
+        with ServerThrottle(isolated_state) as throttle:
+            result = pytester.runpytest_subprocess(*args, "--kimiperf-append-on-pass", "main",
+                                                   "--kimiperf-json", "slowed.json", timeout=1200)
+        assert throttle.cycles > 100
+        return result
+
+    slowed = run_slowed()
+    messages = [t["metrics"]["decode_tok_s"]["baseline_message"] or "" for t in
+                json.loads((pytester.path / "slowed.json").read_text())["tests"]]
+    if any("not comparable" in m and "host differs (canary" in m for m in messages):
+        # The host itself moved since the recording (seen once in CI: both canary probes over
+        # 25% slower). Then the honest answer is "not comparable", reported only: the run
+        # passes, and its boots stay out of the history whatever their figure. Once more, on
+        # the host as it is now, for the verdict.
+        assert slowed.ret == pytest.ExitCode.OK, slowed.stdout.str()[-4000:]
+        slowed.stdout.fnmatch_lines(["*baselines: not appended to the baseline history: decode tok/s of "
+                                     "test_gate.py::test_single_stream_decode [[]default[]] is not comparable to "
+                                     "it (the host canary moved; -*"])
+        kept = json.loads(files[0].read_text())["entries"]["test_gate.py::test_single_stream_decode|default|decode_tok_s"]
+        assert len(kept["boots"]) == 1
+        slowed = run_slowed()
     assert slowed.ret == pytest.ExitCode.TESTS_FAILED, slowed.stdout.str()[-4000:]
     slowed.assert_outcomes(passed=1, failed=1)
     slowed.stdout.fnmatch_lines(["*decode tok/s: REGRESSION -*2 boots*vs 1 reference boot*",

@@ -49,6 +49,37 @@ def test_a_passing_run_on_the_branch_appends_and_a_run_elsewhere_does_not(
     assert "this run is on branch '7/merge'" in baselines["not_appended"]
 
 
+def test_a_run_on_a_host_whose_canary_moved_is_reported_only_and_appends_nothing(
+        pytester: pytest.Pytester, stub_project, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Seen in CI: a real boot 86% slower, on a host whose canary had moved since the recording,
+    # was "not comparable" (reported only), the run passed, and its boot entered the history.
+    stub_project(stub_deployment_toml())
+    pytester.makepyfile(test_marked=MARKED.replace("{TOLERANCES}", '{"decode_tok_s": 0.4, "ttft_ms": 0.9}'))
+    args = ("--deployment", "stub", "-p", "no:cacheprovider")
+    pytester.runpytest_subprocess(*args, "--update-baselines", timeout=120).assert_outcomes(passed=1)
+    [path] = (pytester.path / "baselines" / "stub").glob("*.json")
+    data = json.loads(path.read_text())
+    for entry in data["entries"].values():  # recorded on a host twice as fast in every probe
+        for boot in entry["boots"]:
+            canary = boot["origin"]["canary"]
+            canary.update({probe: score * 2 for probe, score in canary.items() if probe != "noise"})
+    path.write_text(json.dumps(data))
+
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_REF_NAME", "main")
+    out = pytester.path / "perf.json"
+    result = pytester.runpytest_subprocess(*args, "--kimiperf-append-on-pass", "main", "--kimiperf-json", str(out),
+                                           timeout=120)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*not comparable*host differs (canary*",
+                                 "*baselines: not appended to the baseline history: * of test_marked.py::test_decode "
+                                 "[[]default[]] is not comparable to it (the host canary moved; *): another host or "
+                                 "configuration joins the history only on purpose (--update-baselines)*"])
+    assert _boots(pytester) == 1
+    baselines = json.loads(out.read_text())["baselines"]
+    assert (baselines["updated"], baselines["appended_on_pass"]) == (False, False)
+
+
 def test_a_bad_branch_name_is_a_usage_error(pytester: pytest.Pytester, stub_project) -> None:
     stub_project(stub_deployment_toml())
     result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-append-on-pass", "main branch",

@@ -14,7 +14,8 @@ from pytest_kimiperf.judge.append import DRIFT_SHARE, AppendWhy, NotAppended, ap
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.notes import Said, note_from_json
 from pytest_kimiperf.judge.stats import compare_boots
-from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
+from pytest_kimiperf.judge.levels import CanaryCheck
+from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, EnvDiff, MetricResult, TestResult
 from pytest_kimiperf.measure.host_facts import current_git_branch
 from pytest_kimiperf.reports.sentences import say
 from tests.unit.test_gate_switch import _settings
@@ -83,11 +84,32 @@ def test_a_noisy_run_whose_point_alone_is_beyond_half_the_tolerance_still_append
     assert append_refusal([res], passed=True, branch="main", allowed=("main",)) is None
 
 
-def test_only_each_tests_last_boot_and_comparable_verdicts_count() -> None:
+def test_only_each_tests_last_boot_counts() -> None:
     # Boot 1 looked 2% worse, boot 2 (whose comparison rests on both) is within half the tolerance.
     assert append_refusal([judged(-0.02, boot=1), judged(-0.005, boot=2)], passed=True, branch="main",
                           allowed=("main",)) is None
-    assert append_refusal([judged(-0.2, comparable=False)], passed=True, branch="main", allowed=("main",)) is None
+
+
+@pytest.mark.parametrize("canary_moved", [True, False])
+def test_a_metric_not_comparable_to_its_history_appends_nothing_whatever_its_figure(canary_moved: bool) -> None:
+    # Seen in CI: a boot 86% slower, on a host whose canary had moved, was "not comparable"
+    # (reported only), the run passed, and its boot entered the history. Another host or
+    # configuration joins the history only on purpose.
+    for change in (-0.86, 0.0):
+        res = judged(change, comparable=False)
+        res.metrics["decode_tok_s"].baseline_line = BaselineLine(
+            BaselineState.JUDGED, "", res.metrics["decode_tok_s"].baseline,
+            canary=CanaryCheck({"python_mops": -0.3, "copy_gbs": -0.4}, True) if canary_moved else None,
+            env=None if canary_moved else EnvDiff({"NCCL_PROTO": "LL"}, (), {}, ()))
+        refusal = append_refusal([judged(0.0, test="t.py::b"), res], passed=True, branch="main", allowed=("main",))
+        assert refusal is not None and refusal.why is AppendWhy.NOT_COMPARABLE
+        assert (refusal.test, refusal.metric, refusal.canary_moved) == ("t.py::test_decode", "decode_tok_s", canary_moved)
+        why = "the host canary moved" if canary_moved else "the profile's environment or arguments differ"
+        assert say(refusal) == (
+            f"not appended to the baseline history: decode of t.py::test_decode [default] is not comparable to it "
+            f"({why}; {'-86.0%' if change else '+0.0%'}): another host or configuration joins the history only on "
+            "purpose (--update-baselines)")
+        assert note_from_json(refusal.to_json()) == refusal
 
 
 def test_the_branch_is_the_ci_systems_else_the_checkouts(tmp_path: Path) -> None:

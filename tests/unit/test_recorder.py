@@ -22,7 +22,8 @@ from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.baselines import BaselineView, baseline_entries
 from pytest_kimiperf.judge.boots import strip_slot as strip_profile
 from pytest_kimiperf.judge.verdicts import WarningKind
-from pytest_kimiperf.reports.sentences import comparison_json, say, say_all, warning_lines
+from pytest_kimiperf.reports.json_report import comparison_json
+from pytest_kimiperf.reports.sentences import say, say_all, warning_lines
 from pytest_kimiperf.measure.watched import gpu_watch
 from pytest_kimiperf.server.boot_account import BootAccount, PhaseTime
 from pytest_kimiperf.errors import ConfigError

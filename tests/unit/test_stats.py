@@ -18,7 +18,8 @@ from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot
 from pytest_kimiperf.judge.floors import FloorStatus, floor_check
 from pytest_kimiperf.judge.notes import SpreadSource
 from pytest_kimiperf.judge.power import boots_needed, plan, wants_another_boot
-from pytest_kimiperf.reports.sentences import comparison_json, comparison_line, floor_line, say
+from pytest_kimiperf.reports.json_report import comparison_json
+from pytest_kimiperf.reports.sentences import comparison_line, floor_line, say
 
 HIGHER = Direction.HIGHER_IS_BETTER
 LOWER = Direction.LOWER_IS_BETTER
