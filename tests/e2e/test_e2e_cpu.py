@@ -8,6 +8,7 @@ server for the orphan sweep, one interrupted boot, one teardown interrupted twic
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -83,7 +84,13 @@ def no_servers_before_and_after():
     assert not left, f"server processes left behind: {left}"
 
 
-TWO_PROFILES = """
+PROFILES_PROJECT = """
+[tool.kimiperf.profiles.eager]
+description = "no torch.compile: vLLM runs the model eagerly"
+args = ["--enforce-eager"]
+"""
+
+PROFILES = """
 import psutil
 from pytest_kimiperf.measure.runner import run_scenario
 from pytest_kimiperf.measure.scenarios import SingleStream
@@ -91,7 +98,7 @@ from pytest_kimiperf.measure.target import Target
 
 SCENARIO = SingleStream(prompt_tokens=64, output_tokens=32, requests=8, warmup_requests=1)
 
-def test_server_env_and_exact_lengths(kimiperf_server, kimiperf_profile):
+def test_server_env_args_and_exact_lengths(kimiperf_server, kimiperf_profile):
     server = psutil.Process(kimiperf_server.pid)
     names = [p.name() for p in server.children(recursive=True)]
     assert "VLLM::EngineCore" in names, names
@@ -100,8 +107,11 @@ def test_server_env_and_exact_lengths(kimiperf_server, kimiperf_profile):
     env = server.environ()
     for name, value in kimiperf_profile.env.items():
         assert env.get(name) == value, name
-    if kimiperf_profile.name == "default":
+    if kimiperf_profile.name != "ring-ll":
         assert "NCCL_PROTO" not in env and "NCCL_ALGO" not in env
+    argv = server.cmdline()
+    assert ("--enforce-eager" in argv) == (kimiperf_profile.name == "eager"), argv
+    assert argv.count("--max-model-len") == 1, argv
     run = run_scenario(Target(kimiperf_server.base_url, kimiperf_server.model), SCENARIO)
     assert len(run.valid_records) == 8, run.invalid_reasons
     assert {(r.prompt_tokens, r.output_tokens) for r in run.records} == {(64, 32)}
@@ -112,34 +122,60 @@ def test_single_stream_decode(perf):
 """
 
 
-def test_two_profiles_under_xdist_boot_interleaved_see_their_env_and_a_a_gives_no_verdict(
+def test_profiles_under_xdist_boot_interleaved_see_their_env_and_args_and_only_the_real_change_is_judged(
     pytester: pytest.Pytester, no_servers_before_and_after, tmp_path: Path
 ) -> None:
-    pytester.makepyfile(test_e2e=TWO_PROFILES)
+    pytester.makefile(".toml", pyproject=PROFILES_PROJECT)
+    pytester.makepyfile(test_e2e=PROFILES)
     report = tmp_path / "report.json"
     # Under xdist (-n 2): the plugin's scheduler gives every perf test of every boot to one
     # worker; the JSON report, written by the controller, says what the workers did. Two boots
-    # per profile, interleaved A B B A. On the CPU engine NCCL variables cannot act (gloo): an
-    # A/A case, so any "better" or "worse" would be false.
+    # per profile, interleaved. On the CPU engine NCCL variables cannot act (gloo): ring-ll is
+    # an A/A case, so any "better" or "worse" would be false. --enforce-eager turns off vLLM's
+    # torch.compile (Inductor), which changes how fast a token is decoded: the positive
+    # control `make perf` lacks, a real difference between two servers.
     result = pytester.runpytest_subprocess(
-        "-n", "2", "--deployment", "tiny-cpu", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "2",
-        "--kimiperf-json", str(report), timeout=1200,
+        "-n", "2", "--deployment", "tiny-cpu", "--nccl-profile", "default,ring-ll,eager", "--kimiperf-boots", "2",
+        "--kimiperf-json", str(report), "-p", "no:randomly", timeout=1500,
     )
-    result.assert_outcomes(passed=8)
+    result.assert_outcomes(passed=12)
+    result.stdout.fnmatch_lines([
+        "kimiperf: profile eager: args --enforce-eager (checked against vLLM *'s serve parser)"])
     data = json.loads(report.read_text())
-    assert {name: p["boots"] for name, p in data["profiles"].items()} == {"default": 2, "ring-ll": 2}
+    assert {name: p["boots"] for name, p in data["profiles"].items()} == {"default": 2, "ring-ll": 2, "eager": 2}
     starts = [line.split("for profile ")[1].split()[0] for line in result.outlines
               if "starting tiny-cpu server for profile" in line]
-    assert starts == ["default", "ring-ll", "ring-ll", "default"], starts
+    assert starts == ["default", "ring-ll", "eager", "eager", "ring-ll", "default"], starts
+    assert data["profiles"]["eager"]["profile_args"] == ["--enforce-eager"]
+    assert data["profiles"]["default"]["profile_args"] == data["profiles"]["ring-ll"]["profile_args"] == []
+    # The argument reached vLLM and changed what it did: every compiled boot has a compile phase
+    # (torch.compile on the CPU, from its cache or not), no eager boot has one.
+    compiles = {name: ["compiling" in [ph["phase"] for ph in a["phases"]] for a in p["boot_accounts"]]
+                for name, p in data["profiles"].items()}
+    assert compiles == {"default": [True, True], "ring-ll": [True, True], "eager": [False, False]}, compiles
     decode = [t for t in data["tests"] if t["test"].endswith("test_single_stream_decode")]
-    assert len(decode) == 4
-    compared = [c for c in data["profile_comparisons"] if c["unit"] == "tok/s"]  # "metric" holds its label
-    assert compared and all(c["verdict"] not in ("regression", "improvement") for c in compared)
-    assert all(c["boots_current"] == 2 and c["boots_reference"] == 2 for c in compared)
+    assert sorted((t["profile"], t["profile_args"]) for t in decode) == [
+        ("default", []), ("default", []), ("eager", ["--enforce-eager"]), ("eager", ["--enforce-eager"]),
+        ("ring-ll", []), ("ring-ll", [])]
     for test in decode:
         assert test["metrics"]["decode_tok_s"]["summary"]["n"] == 8
         assert test["metrics"]["decode_tok_s"]["summary"]["median"] > 0
-    # The worker's boot progress reached the controller's output, and the summary put the two
+    compared = {c["profile"]: c for c in data["profile_comparisons"] if c["unit"] == "tok/s"}  # "metric" holds its label
+    assert set(compared) == {"ring-ll", "eager"}, compared
+    assert all(c["boots_current"] == 2 and c["boots_reference"] == 2 for c in compared.values())
+    assert compared["ring-ll"]["verdict"] not in ("regression", "improvement"), compared["ring-ll"]["message"]
+    # What the gate concluded of eager, printed for CI's log. Measured on a quiet host, 3 boots
+    # each (closing note of issue 24): eager decodes 883-911 tok/s per boot against default's
+    # 1094-1195, -22.8% (90% CI -35.1..-8.2%), "changed, size unresolved": beyond the 18% boot
+    # spread tiny-cpu declares but inside its 25% tolerance, so two boots a side cannot convict
+    # it. What they must never do is call the slower engine better, or give no verdict at all.
+    eager = compared["eager"]
+    print(f"enforce-eager vs default: decode change {eager['change']:+.1%}, verdict {eager['verdict']!r}: "
+          f"{eager['message']}")
+    assert math.isfinite(eager["change"]), eager["message"]
+    assert eager["verdict"] not in ("improvement", "not comparable", "insufficient samples", "not judged"), \
+        eager["message"]
+    # The worker's boot progress reached the controller's output, and the summary put the
     # profiles side by side with a verdict.
     result.stdout.fnmatch_lines([
         "[[]gw?[]] kimiperf [[]default[]] loading weights*elapsed",
@@ -246,6 +282,10 @@ def test_baseline_then_the_identical_server_passes_then_a_slowed_one_is_a_regres
 
     recorded = pytester.runpytest_subprocess(*args, "--update-baselines", timeout=900)
     recorded.assert_outcomes(passed=1)
+    # The weight cache cannot serve a CPU engine: no daemons, and the engine loads from disk.
+    recorded.stdout.fnmatch_lines(["weight cache: off (CPU engine: *UnsupportedPlatformForIPCError*; loading from disk)"])
+    [log] = (pytester.path / "runpytest-0" / "kimiperf").glob("server-tiny-cpu-default*.log")
+    assert "ipc_cache" not in log.read_text()
     files = list((pytester.path / "baselines" / "tiny-cpu").glob("*.json"))
     assert len(files) == 1
     entry = json.loads(files[0].read_text())["entries"]["test_gate.py::test_single_stream_decode|default|decode_tok_s"]
