@@ -18,12 +18,18 @@ def _boots(pytester: pytest.Pytester) -> int:
     return len(json.loads(path.read_text())["entries"][KEY]["boots"])
 
 
-def test_a_passing_run_on_the_branch_appends_and_a_run_elsewhere_does_not(
-        pytester: pytest.Pytester, stub_project, monkeypatch: pytest.MonkeyPatch) -> None:
+def _recorded(pytester: pytest.Pytester, stub_project) -> tuple[str, ...]:
+    """A stub project with one recorded boot; the arguments of its runs."""
     stub_project(stub_deployment_toml())
     pytester.makepyfile(test_marked=MARKED.replace("{TOLERANCES}", '{"decode_tok_s": 0.4, "ttft_ms": 0.9}'))
     args = ("--deployment", "stub", "-p", "no:cacheprovider")
     pytester.runpytest_subprocess(*args, "--update-baselines", timeout=120).assert_outcomes(passed=1)
+    return args
+
+
+def test_a_passing_run_on_the_branch_appends_and_a_run_elsewhere_does_not(
+        pytester: pytest.Pytester, stub_project, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = _recorded(pytester, stub_project)
     assert _boots(pytester) == 1
 
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
@@ -53,10 +59,7 @@ def test_a_run_on_a_host_whose_canary_moved_is_reported_only_and_appends_nothing
         pytester: pytest.Pytester, stub_project, monkeypatch: pytest.MonkeyPatch) -> None:
     # Seen in CI: a real boot 86% slower, on a host whose canary had moved since the recording,
     # was "not comparable" (reported only), the run passed, and its boot entered the history.
-    stub_project(stub_deployment_toml())
-    pytester.makepyfile(test_marked=MARKED.replace("{TOLERANCES}", '{"decode_tok_s": 0.4, "ttft_ms": 0.9}'))
-    args = ("--deployment", "stub", "-p", "no:cacheprovider")
-    pytester.runpytest_subprocess(*args, "--update-baselines", timeout=120).assert_outcomes(passed=1)
+    args = _recorded(pytester, stub_project)
     [path] = (pytester.path / "baselines" / "stub").glob("*.json")
     data = json.loads(path.read_text())
     for entry in data["entries"].values():  # recorded on a host twice as fast in every probe
