@@ -58,6 +58,11 @@ class MetricSpec:
     # A boot metric: the boot-account phase it is (None: the whole boot, to ready).
     boot_phase: str | None = None
 
+    @property
+    def heading(self) -> str:
+        """The metric as every report names it: label and unit, e.g. ``decode tok/s``."""
+        return f"{self.label} {self.unit}".strip()
+
 
 METRICS: dict[str, MetricSpec] = {
     spec.name: spec

@@ -413,9 +413,7 @@ def profile_comparisons(
 def metric_heading(metric: str) -> str:
     """The metric as a table row names it: label and unit, e.g. ``decode tok/s``."""
     spec = METRICS.get(metric)
-    if spec is None:
-        return metric
-    return f"{spec.label} {spec.unit}".strip()
+    return metric if spec is None else spec.heading
 
 
 def boot_label(res: TestResult) -> str:

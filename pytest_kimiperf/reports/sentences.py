@@ -171,7 +171,7 @@ def _(note: NotAppended) -> str:
     if note.why is AppendWhy.BRANCH:
         on = f"branch {note.branch!r}" if note.branch else "no branch (a detached checkout)"
         return f"not appended to the baseline history: this run is on {on}, and appends only on {allowed}"
-    label = metric_spec(note.metric).label if note.metric else note.metric
+    label = metric_spec(note.metric).heading if note.metric else note.metric
     if note.why is AppendWhy.NOT_COMPARABLE:
         why = "the host canary moved" if note.canary_moved else "the profile's environment or arguments differ"
         return (f"not appended to the baseline history: {label} of {note.test} [{note.profile}] is not comparable "

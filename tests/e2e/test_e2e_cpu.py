@@ -376,21 +376,24 @@ def test_baseline_then_the_identical_server_passes_then_a_slowed_one_is_a_regres
             (throttle.throttled_s, throttle.running_share, throttle.pgids)
         return result
 
-    slowed = run_slowed()
-    messages = [t["metrics"]["decode_tok_s"]["baseline_message"] or "" for t in
-                json.loads((pytester.path / "slowed.json").read_text())["tests"]]
-    if any("not comparable" in m and "host differs (canary" in m for m in messages):
-        # The host itself moved since the recording (seen once in CI: both canary probes over
-        # 25% slower). Then the honest answer is "not comparable", reported only: the run
-        # passes, and its boots stay out of the history whatever their figure. Once more, on
-        # the host as it is now, for the verdict.
+    for _ in range(3):
+        slowed = run_slowed()
+        messages = [t["metrics"]["decode_tok_s"]["baseline_message"] or "" for t in
+                    json.loads((pytester.path / "slowed.json").read_text())["tests"]]
+        if not any("not comparable" in m and "host differs (canary" in m for m in messages):
+            break
+        # The host itself moved since the recording (seen in two fresh-clone CI runs: both
+        # canary probes 27-43% slower). Then the honest answer is "not comparable", reported
+        # only: the run passes, and its boots stay out of the history whatever their figure.
+        # Again, on the host as it is now, for the verdict.
         assert slowed.ret == pytest.ExitCode.OK, slowed.stdout.str()[-4000:]
         slowed.stdout.fnmatch_lines(["*baselines: not appended to the baseline history: decode tok/s of "
                                      "test_gate.py::test_single_stream_decode [[]default[]] is not comparable to "
                                      "it (the host canary moved; -*"])
         kept = json.loads(files[0].read_text())["entries"]["test_gate.py::test_single_stream_decode|default|decode_tok_s"]
         assert len(kept["boots"]) == 1
-        slowed = run_slowed()
+    else:
+        pytest.fail("the host canary moved against the recording in three slowed runs: no verdict to check")
     assert slowed.ret == pytest.ExitCode.TESTS_FAILED, slowed.stdout.str()[-4000:]
     slowed.assert_outcomes(passed=1, failed=1)
     slowed.stdout.fnmatch_lines(["*decode tok/s: REGRESSION -*2 boots*vs 1 reference boot*",

@@ -71,7 +71,7 @@ def test_a_slow_drift_beyond_half_the_tolerance_is_not_taken_in() -> None:
     assert (refusal.test, refusal.metric) == ("t.py::worse", "decode_tok_s")
     assert refusal.gain == pytest.approx(-0.02, abs=0.002)
     assert -0.02 < refusal.bound < -0.015
-    assert say(refusal).startswith("not appended to the baseline history: decode of t.py::worse [default] is -2")
+    assert say(refusal).startswith("not appended to the baseline history: decode tok/s of t.py::worse [default] is -2")
     assert "(at best -1." in say(refusal) and "worse than half its 3% tolerance" in say(refusal)
     assert note_from_json(refusal.to_json()) == refusal
 
@@ -106,7 +106,7 @@ def test_a_metric_not_comparable_to_its_history_appends_nothing_whatever_its_fig
         assert (refusal.test, refusal.metric, refusal.canary_moved) == ("t.py::test_decode", "decode_tok_s", canary_moved)
         why = "the host canary moved" if canary_moved else "the profile's environment or arguments differ"
         assert say(refusal) == (
-            f"not appended to the baseline history: decode of t.py::test_decode [default] is not comparable to it "
+            f"not appended to the baseline history: decode tok/s of t.py::test_decode [default] is not comparable to it "
             f"({why}; {'-86.0%' if change else '+0.0%'}): another host or configuration joins the history only on "
             "purpose (--update-baselines)")
         assert note_from_json(refusal.to_json()) == refusal
