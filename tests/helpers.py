@@ -84,6 +84,7 @@ def stub_deployment_toml(
     extra_args: tuple[str, ...] = (),
     host_bounds: str = '{ max_foreign_cpu_share = "none", max_steal_share = "none" }',
     boot_spread: float = 0.06,
+    session_spread: float | None = None,
 ) -> str:
     """A ``[tool.kimiperf.deployments.<name>]`` table that boots tests/stub_vllm.py."""
     command = [
@@ -118,6 +119,7 @@ def stub_deployment_toml(
         # share it. The host-watch tests pass their own bounds.
         f"host_bounds = {host_bounds}\n"
         f"boot_spread = {boot_spread}\n"
+        + (f"session_spread = {session_spread}\n" if session_spread is not None else "")
     )
 
 

@@ -24,7 +24,12 @@ PERF_TESTS = helpers.PERF_TESTS
 def test_shipped_perf_suite_runs_records_and_compares(pytester: pytest.Pytester, stub_project) -> None:
     # The stub's default pace (500 tok/s a stream, 20 ms to the first token): at 2000 tok/s
     # the 0.5 ms gaps are mostly host jitter, and two runs of one stub differ by more than 25%.
-    stub_project(stub_deployment_toml())
+    # At 64 streams the stub and the client share the host's two cores, so the figure is the
+    # host's: in a fresh-clone CI whose host slowed mid-run (another test's canary read -43%),
+    # ring-ll's two boots read 26% below the recording while default's read 7% below, a
+    # REGRESSION against the default 1% session spread. What this test checks is plumbing, so
+    # the stub declares a session spread that covers such a swing (-40% stays unconvicted).
+    stub_project(stub_deployment_toml(session_spread=0.10))
     shutil.copytree(PERF_TESTS, pytester.path / "perf_tests")
     args = ("perf_tests", "--deployment", "stub", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1",
             "-p", "no:randomly")
