@@ -219,6 +219,12 @@ class Comparison:
     # The levels above the boot that the two sides do not share (judge/levels.py), with the
     # variance each added to se_log.
     levels: tuple[LevelTerm, ...] = ()
+    # The boot spread without this run's boots (the reference's, floored by the declared one)
+    # and its degrees of freedom: the append guard's (judge/append.favourable_bound), so that a
+    # run whose own boots disagree cannot widen the margin in its own favour. NaN where not
+    # computed (the guard then takes ``spread_sd_log``).
+    reference_spread_sd_log: float = math.nan
+    reference_spread_df: float = math.nan
 
     @property
     def gain(self) -> float:
@@ -335,6 +341,7 @@ def compare_boots(
             spread_source=None, se_log=nan, mdc=nan, verdict=VerdictKind.INSUFFICIENT_SAMPLES,
             notes=_insufficient_note(current, reference))
     spread = estimate_spread(cur, ref, prior_sd_log=math.log1p(prior_spread))
+    reference_spread = estimate_spread((), ref, prior_sd_log=math.log1p(prior_spread))
     mean_cur = sum(math.log(b.median) for b in cur) / len(cur)
     mean_ref = sum(math.log(b.median) for b in ref) / len(ref)
     d = mean_cur - mean_ref
@@ -379,7 +386,8 @@ def compare_boots(
         **common, median_current=_geomean(cur), median_reference=_geomean(ref), change=change,
         bound_low=bound_low, bound_high=bound_high, ci_low=ci_low, ci_high=ci_high,
         spread_sd_log=spread.sd_log, spread_df=spread.df, spread_source=spread.source, se_log=se,
-        mdc=mdc, verdict=verdict, notes=notes, confidence=float(scipy_stats.norm.cdf(crit)))
+        mdc=mdc, verdict=verdict, notes=notes, confidence=float(scipy_stats.norm.cdf(crit)),
+        reference_spread_sd_log=reference_spread.sd_log, reference_spread_df=reference_spread.df)
 
 
 def _insufficient_note(current: Sequence[BootSummary], reference: Sequence[BootSummary]) -> tuple[Note, ...]:

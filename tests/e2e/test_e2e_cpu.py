@@ -7,6 +7,8 @@ server for the orphan sweep, one interrupted boot, one teardown interrupted twic
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import math
 import os
@@ -45,7 +47,7 @@ def _vllm_processes() -> list[psutil.Process]:
     return found
 
 
-def ready_servers(state_dir: Path, known: dict[int, str]) -> dict[int, str]:
+def ready_servers(state_dir: Path, known: dict[int, str], timeout_s: float = 1.0) -> dict[int, str]:
     """{pgid: profile} of the plugin's servers in ``state_dir`` that answer /health: a load the
     test puts on a server starts after its boot, or it would slow the boot (four boots of
     tiny-cpu throttled to a quarter took 4 minutes more), not the measurement. ``known``: the
@@ -61,10 +63,10 @@ def ready_servers(state_dir: Path, known: dict[int, str]) -> dict[int, str]:
         if pgid in ready:
             continue
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as answer:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=timeout_s) as answer:
                 if answer.status == 200:
                     ready[pgid] = profile
-        except OSError:
+        except (OSError, http.client.HTTPException):
             continue
     return ready
 
@@ -224,10 +226,15 @@ class ServerThrottle:
         self._stopped_s, self._running_s = stopped_s, running_s
         self._done = threading.Event()
         self._ready: dict[int, str] = {}
+        self._t0 = time.monotonic()
         self.cycles = 0
         self.throttled_s = 0.0  # wall time with a server under the duty cycle
         self.running_s = 0.0    # of which the server was let run
         self.pgids: set[int] = set()  # the process groups it throttled
+        self.throttled_by_pgid: dict[int, float] = {}  # each group's throttled wall time
+        # What the thread saw, for the premise's message: when it found each server ready,
+        # and any error it survived (a thread that died would leave later boots unthrottled).
+        self.events: list[str] = []
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     @property
@@ -243,11 +250,17 @@ class ServerThrottle:
         self._done.set()
         self._thread.join()
 
+    def _event(self, what: str) -> None:
+        self.events.append(f"{time.monotonic() - self._t0:.2f}s {what}")
+
     def _pgids(self) -> list[int]:
         # Only the launches still recorded: a stopped boot's record is gone, its pgid with it.
         live = self._live()
-        self._ready = {pgid: profile for pgid, profile in ready_servers(self._state_dir, self._ready).items()
-                       if pgid in live}
+        ready = {pgid: profile for pgid, profile in ready_servers(self._state_dir, self._ready, timeout_s=0.25).items()
+                 if pgid in live}
+        for pgid in ready.keys() - self._ready.keys():
+            self._event(f"server {ready[pgid]} (pgid {pgid}) ready")
+        self._ready = ready
         return list(self._ready)
 
     def _live(self) -> set[int]:
@@ -281,28 +294,37 @@ class ServerThrottle:
         pgids: list[int] = []
         resumed: float | None = None  # when the server was last let run
         while not self._done.is_set():
-            if not pgids or self.cycles % 16 == 0:
-                # Re-read: a boot on demand starts a new server in a new process group.
-                pgids = self._pgids()
-                if not pgids:
-                    resumed = None
-                    time.sleep(0.05)
+            try:
+                if not pgids or self.cycles % 8 == 0:
+                    # Re-read: a boot on demand starts a new server in a new process group.
+                    pgids = self._pgids()
+                    if not pgids:
+                        resumed = None
+                        time.sleep(0.02)
+                        continue
+                stopped_groups = self._signal(pgids, signal.SIGSTOP)
+                if not stopped_groups:  # the server stopped; its record goes next
+                    pgids, resumed = [], None
                     continue
-            stopped_groups = self._signal(pgids, signal.SIGSTOP)
-            if not stopped_groups:  # the server stopped; its record goes next
+                self.pgids.update(stopped_groups)
+                stopped = time.monotonic()
+                ran_s = stopped - resumed if resumed is not None else 0.0
+                time.sleep(max(self._stopped_s, ran_s * (1 - share) / share))
+                self._signal(pgids, signal.SIGCONT)
+                span = ran_s + time.monotonic() - stopped
+                self.running_s += ran_s
+                self.throttled_s += span
+                for pgid in stopped_groups:
+                    self.throttled_by_pgid[pgid] = self.throttled_by_pgid.get(pgid, 0.0) + span
+                self.cycles += 1
+                resumed = time.monotonic()
+                time.sleep(self._running_s)
+            except Exception as exc:  # noqa: BLE001 - survive it, never leave a server stopped, say so
+                self._event(f"{type(exc).__name__}: {exc}")
+                with contextlib.suppress(Exception):
+                    self._signal(pgids, signal.SIGCONT)
                 pgids, resumed = [], None
                 time.sleep(0.05)
-                continue
-            self.pgids.update(stopped_groups)
-            stopped = time.monotonic()
-            ran_s = stopped - resumed if resumed is not None else 0.0
-            time.sleep(max(self._stopped_s, ran_s * (1 - share) / share))
-            self._signal(pgids, signal.SIGCONT)
-            self.running_s += ran_s
-            self.throttled_s += ran_s + time.monotonic() - stopped
-            self.cycles += 1
-            resumed = time.monotonic()
-            time.sleep(self._running_s)
         if resumed is not None:
             self.running_s += time.monotonic() - resumed
             self.throttled_s += time.monotonic() - resumed
@@ -366,26 +388,50 @@ def test_baseline_then_the_identical_server_passes_then_a_slowed_one_is_a_regres
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
     monkeypatch.setenv("GITHUB_REF_NAME", "main")
 
-    def run_slowed() -> pytest.RunResult:
+    recorded_decode = entry["boots"][0]["median"]
+    history = files[0].read_bytes()
+
+    def run_slowed() -> tuple[pytest.RunResult, str | None]:
+        """The run, and why its premise failed (None: it held)."""
         with ServerThrottle(isolated_state) as throttle:
             result = pytester.runpytest_subprocess(*args, "--kimiperf-append-on-pass", "main",
                                                    "--kimiperf-json", "slowed.json", timeout=1200)
         # The premise, checked: the server ran about a tenth of the time, for longer than one
         # boot's measurement takes unthrottled (30 requests of 64 tokens: 3-15 s on these hosts).
         assert throttle.throttled_s > 30 and throttle.running_share < 0.2, \
-            (throttle.throttled_s, throttle.running_share, throttle.pgids)
-        return result
+            (throttle.throttled_s, throttle.running_share, throttle.pgids, throttle.events)
+        # ... and every boot was slowed while it measured: a boot the throttle found late ran at
+        # full speed (seen in one CI run: 39.6 then 776 tok/s against a recording of 1093), and
+        # two boots that far apart are a spread, not a verdict. A third of the recording is
+        # where the gate convicts on 2 boots against 1 (the class's docstring); the throttle cuts
+        # 6-27x when it holds.
+        boots = {t["boot"]: t["metrics"]["decode_tok_s"]["summary"]["median"]
+                 for t in json.loads((pytester.path / "slowed.json").read_text())["tests"]}
+        print(f"slowed run: decode per boot {boots} tok/s against {recorded_decode:.1f} recorded; "
+              f"throttled {throttle.throttled_s:.0f} s ({throttle.running_share:.1%} running) "
+              f"over groups {throttle.throttled_by_pgid}; {throttle.events}")
+        unslowed = {b: m for b, m in boots.items() if not (m is not None and m < recorded_decode / 3)}
+        return result, (f"boots {unslowed} ran above a third of the recorded {recorded_decode:.1f} tok/s; "
+                        f"the throttle saw {throttle.events}") if unslowed else None
 
+    retried = []
     for _ in range(3):
-        slowed = run_slowed()
+        slowed, unslowed = run_slowed()
         messages = [t["metrics"]["decode_tok_s"]["baseline_message"] or "" for t in
                     json.loads((pytester.path / "slowed.json").read_text())["tests"]]
+        if unslowed is not None:
+            # The harness, not the product, missed: again, from the recorded history (a passing
+            # run appended its boots).
+            retried.append(unslowed)
+            files[0].write_bytes(history)
+            continue
         if not any("not comparable" in m and "host differs (canary" in m for m in messages):
             break
         # The host itself moved since the recording (seen in two fresh-clone CI runs: both
         # canary probes 27-43% slower). Then the honest answer is "not comparable", reported
         # only: the run passes, and its boots stay out of the history whatever their figure.
         # Again, on the host as it is now, for the verdict.
+        retried.append("the host canary moved")
         assert slowed.ret == pytest.ExitCode.OK, slowed.stdout.str()[-4000:]
         slowed.stdout.fnmatch_lines(["*baselines: not appended to the baseline history: decode tok/s of "
                                      "test_gate.py::test_single_stream_decode [[]default[]] is not comparable to "
@@ -393,7 +439,7 @@ def test_baseline_then_the_identical_server_passes_then_a_slowed_one_is_a_regres
         kept = json.loads(files[0].read_text())["entries"]["test_gate.py::test_single_stream_decode|default|decode_tok_s"]
         assert len(kept["boots"]) == 1
     else:
-        pytest.fail("the host canary moved against the recording in three slowed runs: no verdict to check")
+        pytest.fail(f"no verdict to check in three slowed runs: {retried}")
     assert slowed.ret == pytest.ExitCode.TESTS_FAILED, slowed.stdout.str()[-4000:]
     slowed.assert_outcomes(passed=1, failed=1)
     slowed.stdout.fnmatch_lines(["*decode tok/s: REGRESSION -*2 boots*vs 1 reference boot*",
