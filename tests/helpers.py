@@ -188,3 +188,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def percent_after(text: str, prefix: str) -> float:
+    """The signed percentage that follows ``prefix`` in a run's output (the first one), as a float.
+
+    A stub slowed by a factor lands near that factor, never on one digit of it: a rate cut from
+    400 to 240 tok/s reads -38% on one run and -40.0% on the next, so tests bound the figure
+    instead of matching its leading digit.
+    """
+    import re
+
+    found = re.search(re.escape(prefix) + r"\s*([+-]\d+(?:\.\d+)?)%", " ".join(text.split()))
+    assert found, f"no percentage after {prefix!r} in the output"
+    return float(found.group(1))
