@@ -400,16 +400,17 @@ def test_baseline_then_the_identical_server_passes_then_a_slowed_one_is_a_regres
             (throttle.throttled_s, throttle.running_share, throttle.throttled_by_pgid, throttle.events)
         # ... and every boot was slowed while it measured: a boot the throttle found late ran at
         # full speed (seen in one CI run: 39.6 then 776 tok/s against a recording of 1093), and
-        # two boots that far apart are a spread, not a verdict. A third of the recording is
-        # where the gate convicts on 2 boots against 1 (the class's docstring); the throttle cuts
-        # 6-27x when it holds.
+        # two boots that far apart are a spread, not a verdict. The gate convicts on 2 boots
+        # against 1 from about a third of the recording (the class's docstring), and two slowed
+        # boots that disagree widen the spread it judges by: a fifth leaves a margin, and the
+        # throttle cuts 6-27x when it holds.
         tests = json.loads((pytester.path / "slowed.json").read_text())["tests"]
         boots = {t["boot"]: t["metrics"]["decode_tok_s"]["summary"]["median"] for t in tests}
         print(f"slowed run: decode per boot {boots} tok/s against {recorded_decode:.1f} recorded; "
               f"throttled {throttle.throttled_s:.0f} s ({throttle.running_share:.1%} running) "
               f"over groups {throttle.throttled_by_pgid}; {throttle.events}")
-        unslowed = {b: m for b, m in boots.items() if not (m is not None and m < recorded_decode / 3)}
-        return result, tests, (f"boots {unslowed} ran above a third of the recorded {recorded_decode:.1f} tok/s; "
+        unslowed = {b: m for b, m in boots.items() if not (m is not None and m < recorded_decode / 5)}
+        return result, tests, (f"boots {unslowed} ran above a fifth of the recorded {recorded_decode:.1f} tok/s; "
                         f"the throttle saw {throttle.events}") if unslowed else None
 
     retried = []

@@ -79,7 +79,7 @@ def test_a_restart_command_gives_an_attached_run_its_boots_and_one_boot_without_
         "*UNRESOLVED: decode looks -*% on 1 boot(s), beyond the 10% tolerance (one boot can screen, never "
         "convict); this run cannot boot the attached server again: give deployment remote a restart_command*",
         "kimiperf: every failure was UNRESOLVED (1 test: *): exit status 76; give the deployment a restart_command*"])
-    assert -45 <= percent_after(result.stdout.str(), "UNRESOLVED: decode looks") <= -30  # 240 against 400 tok/s
+    assert -45 <= percent_after(result.stdout.str(), "UNRESOLVED: decode looks") <= -25  # 240 against 400 tok/s
     assert '<property name="kimiperf_outcome" value="unresolved" />' in junit.read_text()
 
     # With it, the plugin restarts the server for the second boot the verdict needs: REGRESSION.
@@ -88,4 +88,4 @@ def test_a_restart_command_gives_an_attached_run_its_boots_and_one_boot_without_
     assert convicted.ret == 1
     convicted.stdout.fnmatch_lines(["*kimiperf: restarting the attached server for another boot*",
                                     "*decode tok/s: REGRESSION -*"])
-    assert -45 <= percent_after(convicted.stdout.str(), "decode tok/s: REGRESSION") <= -30
+    assert -45 <= percent_after(convicted.stdout.str(), "decode tok/s: REGRESSION") <= -25

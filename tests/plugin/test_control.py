@@ -64,8 +64,9 @@ def test_a_candidate_slower_than_its_control_fails_the_run_and_one_as_fast_passe
         result.stdout.fnmatch_lines([
             "*kimiperf: slower than the control (default@control, the recorded build, booted in this session)*",
             "FAILED test_marked.py::test_decode [[]default[]] decode tok/s: REGRESSION -*"])
-        # 250 against 1000 tok/s: -75% as set, a little less with the stub's own overhead.
-        assert -80 <= percent_after(result.stdout.str(), "decode tok/s: REGRESSION") <= -60
+        # 250 against 1000 tok/s: -75% as set; the stub's overhead per token (sleep overshoot,
+        # the write) only shrinks it, the more the slower the host (1 ms a token reads -60%).
+        assert -80 <= percent_after(result.stdout.str(), "decode tok/s: REGRESSION") <= -45
     else:
         assert result.ret == pytest.ExitCode.OK, result.stdout.str()
         assert decode["verdict"] != "regression"
