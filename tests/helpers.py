@@ -103,13 +103,12 @@ def stub_deployment_toml(
         f"health_deadline_s = {health_deadline_s}\n"
         f"decode_floor_tok_s = {floor}\n"
         f"decode_target_tok_s = {target}\n"
-        # These runs test plumbing, not the client: the host's scheduler stalls (one stall of
-        # 5 ms in ~50 samples is a p99 past the default bound) must not make them INVALID, nor
-        # a median loop latency of 0.8 ms at 32 stub streams (test_perf_suite, once in CI
-        # against a bound of 0.75). tests/plugin/test_invalid_exit.py makes a client-bound
-        # INVALID on demand with a bound no process meets.
-        f"client_bounds = {{ max_loop_latency_p50_ms = 20, max_loop_latency_p99_ms = 200, "
-        f"max_send_lag_p99_ms = 200 }}\n"
+        # These runs test plumbing, not the client: its self-check (loop latency, send lag, CPU
+        # share) reads this host's scheduling, so it is switched off here (TOML's inf: no figure
+        # exceeds it). tests/plugin/test_invalid_exit.py makes a client-bound INVALID on demand
+        # with a bound no process meets.
+        f"client_bounds = {{ max_cpu_fraction = inf, max_loop_latency_p50_ms = inf, "
+        f"max_loop_latency_p99_ms = inf, max_send_lag_p99_ms = inf }}\n"
         # The stub shares this host's two cores like tiny-cpu does: two runs of the identical
         # stub differ by ~6% in decode and throughput, and its p99 ITL (a tail of 2 ms gaps,
         # host jitter) read +23% and +43% in two A/A sessions of test_perf_suite, so the metrics'
@@ -193,10 +192,9 @@ def free_port() -> int:
 def percent_after(text: str, prefix: str) -> float:
     """The signed percentage that follows ``prefix`` in a run's output (the first one), as a float.
 
-    A stub slowed by a factor lands near that factor, never on one digit of it: a rate cut from
-    400 to 240 tok/s read -40.0% in one CI run where others read -3x%, and the stub's overhead
-    per token (sleep overshoot, the write) only shrinks the change, the more the slower the
-    host. Tests bound the figure between the change as set and what that overhead leaves.
+    The stub paces its tokens on a set schedule (a late wake-up delays one token, never the
+    pace), so a stub slowed 5x reads -80% within a few points on any host that keeps up; tests
+    bound the figure around the change as set, never match one digit of it.
     """
     import re
 

@@ -94,6 +94,13 @@ def boot(args: argparse.Namespace) -> None:
     vllm_info("kv_cache_utils.py:2327", "CPU KV cache size: 2,097,152 tokens", "EngineCore")
 
 
+def _sleep_until(deadline: float) -> None:
+    """Sleep until ``deadline`` on the monotonic clock (at once when it has passed)."""
+    left = deadline - time.monotonic()
+    if left > 0:
+        time.sleep(left)
+
+
 VOCAB: dict[str, int] = {}
 # Handler threads append to the prompt log; one line each, never interleaved.
 PROMPT_LOG_LOCK = threading.Lock()
@@ -163,7 +170,12 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         Handler.streamed += 1
         gap = 1.0 / self.args.tok_per_s
-        time.sleep(self.args.ttft_ms / 1000.0)  # prefill: without it TTFT is all host jitter
+        # Every token is due at a set time from the request's start (prefill, then one gap
+        # each), not a gap after the last write: a late wake-up or a slow write then delays one
+        # token, never every later one, so the pace the client measures is the one set on any
+        # host that keeps up (sleep-after-write read -40% as -3x% on a slow host).
+        start = time.monotonic() + self.args.ttft_ms / 1000.0
+        _sleep_until(start)  # prefill: without it TTFT is all host jitter
         if self.args.mode == "stall-first":
             time.sleep(3600)
         if self.args.mode == "endless-line":
@@ -183,7 +195,7 @@ class Handler(BaseHTTPRequestHandler):
             chunk = {"id": "cmpl-stub", "object": "text_completion", "model": self.args.model,
                      "choices": [{"index": 0, "text": "x", "finish_reason": None}]}
             self._chunk(f"data: {json.dumps(chunk)}\n\n")
-            time.sleep(gap)
+            _sleep_until(start + (i + 1) * gap)
         prompt_tokens = len(str(body.get("prompt", "")).split())
         usage = {"id": "cmpl-stub", "choices": [],
                  "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
@@ -223,10 +235,13 @@ def main() -> None:
                                  "endless-line", "html-tokenize"])
     parser.add_argument("--boot-count", default=None)
     parser.add_argument("--load-seconds", type=float, default=0.4)
-    parser.add_argument("--tok-per-s", type=float, default=500.0)
+    # Gaps and a prefill long against a host's scheduling jitter (a few ms, tens on a busy
+    # host): at 500 tok/s a 16-token stream spans 30 ms and one late wake-up of 5 ms moved its
+    # rate 17%; at 100 tok/s it spans 150 ms. A test that needs another pace sets its own.
+    parser.add_argument("--tok-per-s", type=float, default=100.0)
     # A first token after a fixed prefill time, as from a real engine: with none, TTFT is a
     # millisecond or two and two runs of the same stub differ by 30-45% (host jitter).
-    parser.add_argument("--ttft-ms", type=float, default=20.0)
+    parser.add_argument("--ttft-ms", type=float, default=50.0)
     parser.add_argument("--nccl-lines", action="store_true")
     parser.add_argument("--nccl-log-value", action="append", default=[])
     parser.add_argument("--prompt-log", default=None)

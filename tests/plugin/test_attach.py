@@ -1,7 +1,7 @@
 """An attached server through the plugin: restarts between boots, and UNRESOLVED without them.
 
 The stub server stands in for vLLM here (its speed is set per start, so a slower build is one
-flag); tests/e2e/test_attach_cpu.py restarts a real tiny-cpu server the same way.
+flag); tests/real_engine/test_attach_cpu.py restarts a real tiny-cpu server the same way.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _table(restart: list[str] | None) -> str:
 def server(tmp_path: Path) -> Iterator[RestartableServer]:
     port = free_port()
     argv = [sys.executable, str(STUB_SERVER), "--model", "served-here", "--port", str(port), "--load-seconds", "0.3",
-            "--tok-per-s", "400"]
+            "--tok-per-s", "200"]
     running = RestartableServer(argv, port, tmp_path, model="served-here")
     running.start()
     try:
@@ -67,8 +67,9 @@ def test_a_restart_command_gives_an_attached_run_its_boots_and_one_boot_without_
     [entry] = json.loads(baseline.read_text())["entries"].values()
     assert len(entry["boots"]) == 2
 
-    # The server gets 40% slower; attached without a restart_command, one boot cannot convict.
-    server.restart_command[server.restart_command.index("400")] = "240"
+    # The server gets 5x slower (far beyond any host's jitter: the stub paces its tokens on a
+    # set schedule); attached without a restart_command, one boot cannot convict.
+    server.restart_command[server.restart_command.index("200")] = "40"
     server.start()
     pytester.makepyprojecttoml(_table(None))
     junit = pytester.path / "junit.xml"
@@ -79,7 +80,7 @@ def test_a_restart_command_gives_an_attached_run_its_boots_and_one_boot_without_
         "*UNRESOLVED: decode looks -*% on 1 boot(s), beyond the 10% tolerance (one boot can screen, never "
         "convict); this run cannot boot the attached server again: give deployment remote a restart_command*",
         "kimiperf: every failure was UNRESOLVED (1 test: *): exit status 76; give the deployment a restart_command*"])
-    assert -45 <= percent_after(result.stdout.str(), "UNRESOLVED: decode looks") <= -25  # 240 against 400 tok/s
+    assert -83 <= percent_after(result.stdout.str(), "UNRESOLVED: decode looks") <= -77  # 40 against 200 tok/s
     assert '<property name="kimiperf_outcome" value="unresolved" />' in junit.read_text()
 
     # With it, the plugin restarts the server for the second boot the verdict needs: REGRESSION.
@@ -88,4 +89,4 @@ def test_a_restart_command_gives_an_attached_run_its_boots_and_one_boot_without_
     assert convicted.ret == 1
     convicted.stdout.fnmatch_lines(["*kimiperf: restarting the attached server for another boot*",
                                     "*decode tok/s: REGRESSION -*"])
-    assert -45 <= percent_after(convicted.stdout.str(), "decode tok/s: REGRESSION") <= -25
+    assert -83 <= percent_after(convicted.stdout.str(), "decode tok/s: REGRESSION") <= -77

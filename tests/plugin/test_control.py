@@ -19,7 +19,7 @@ def _control(tok_per_s: float) -> str:
 
 def test_a_passing_run_with_a_control_appends_the_candidates_boots_alone(
         pytester: pytest.Pytester, stub_project, monkeypatch: pytest.MonkeyPatch) -> None:
-    stub_project(stub_deployment_toml(extra_args=("--tok-per-s", "250")) + _control(250.0))
+    stub_project(stub_deployment_toml(extra_args=("--tok-per-s", "50")) + _control(50.0))
     pytester.makepyfile(test_marked=MARKED.replace("{TOLERANCES}", '{"decode_tok_s": 0.25, "ttft_ms": 0.9}'))
     args = ("--deployment", "stub", "-p", "no:cacheprovider")
     pytester.runpytest_subprocess(*args, "--update-baselines", timeout=120).assert_outcomes(passed=1)
@@ -36,10 +36,10 @@ def test_a_passing_run_with_a_control_appends_the_candidates_boots_alone(
     assert len(entries["test_marked.py::test_decode|default|decode_tok_s"]["boots"]) == 3  # 1 recorded + 2 appended
 
 
-@pytest.mark.parametrize("control_tok_per_s, fails", [(1000.0, True), (250.0, False)])
+@pytest.mark.parametrize("control_tok_per_s, fails", [(250.0, True), (50.0, False)])
 def test_a_candidate_slower_than_its_control_fails_the_run_and_one_as_fast_passes(
         pytester: pytest.Pytester, stub_project, control_tok_per_s: float, fails: bool) -> None:
-    stub_project(stub_deployment_toml(extra_args=("--tok-per-s", "250")) + _control(control_tok_per_s))
+    stub_project(stub_deployment_toml(extra_args=("--tok-per-s", "50")) + _control(control_tok_per_s))
     pytester.makepyfile(test_marked=MARKED.replace("{TOLERANCES}", '{"decode_tok_s": 0.25, "ttft_ms": 0.9}'))
     out = pytester.path / "perf.json"
     result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-control", "--kimiperf-boots", "2",
@@ -64,9 +64,9 @@ def test_a_candidate_slower_than_its_control_fails_the_run_and_one_as_fast_passe
         result.stdout.fnmatch_lines([
             "*kimiperf: slower than the control (default@control, the recorded build, booted in this session)*",
             "FAILED test_marked.py::test_decode [[]default[]] decode tok/s: REGRESSION -*"])
-        # 250 against 1000 tok/s: -75% as set; the stub's overhead per token (sleep overshoot,
-        # the write) only shrinks it, the more the slower the host (1 ms a token reads -60%).
-        assert -80 <= percent_after(result.stdout.str(), "decode tok/s: REGRESSION") <= -45
+        # 50 against 250 tok/s: -80% as set, on the stub's set schedule (a late wake-up delays
+        # one token, never the pace).
+        assert -83 <= percent_after(result.stdout.str(), "decode tok/s: REGRESSION") <= -77
     else:
         assert result.ret == pytest.ExitCode.OK, result.stdout.str()
         assert decode["verdict"] != "regression"
