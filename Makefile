@@ -45,12 +45,13 @@ merge-driver:
 	git config merge.kimiperf-baselines.name "pytest-kimiperf baseline histories"
 	git config merge.kimiperf-baselines.driver "$(PY) -m pytest_kimiperf.merge_driver %O %A %B %P"
 
-# The unit tier runs on both cores (pure computation, no server); the pytester and end-to-end
-# tiers run one test at a time: their servers' host watch reads another test's load as a busy
-# host (an INVALID boot), and the CPU engine wants both cores.
+# Two kinds of test (tests/README.md). The deterministic ones (tests/unit, tests/plugin: pure
+# functions, pytester runs on the stub server, recorded data) judge no figure of this host, so
+# they share both cores. The real-engine ones (tests/real_engine: vLLM's CPU server) run one at
+# a time after them: each boot wants both cores. --durations says where the time went.
 test: $(STAMP)
-	$(PY) -m pytest tests/unit -n 2 $(PYTEST_ARGS)
-	$(PY) -m pytest tests --ignore=tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit tests/plugin -n 2 --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest tests/real_engine --durations=0 $(PYTEST_ARGS)
 
 # The docs site, built strictly into site/ (the reference pages come from
 # `$(PY) -m pytest_kimiperf.reference`; `make test` checks they match the code).

@@ -22,14 +22,13 @@ PERF_TESTS = helpers.PERF_TESTS
 
 
 def test_shipped_perf_suite_runs_records_and_compares(pytester: pytest.Pytester, stub_project) -> None:
-    # The stub's default pace (500 tok/s a stream, 20 ms to the first token): at 2000 tok/s
-    # the 0.5 ms gaps are mostly host jitter, and two runs of one stub differ by more than 25%.
-    # At 64 streams the stub and the client share the host's two cores, so the figure is the
-    # host's: in a fresh-clone CI whose host slowed mid-run (another test's canary read -43%),
-    # ring-ll's two boots read 26% below the recording while default's read 7% below, a
-    # REGRESSION against the default 1% session spread. What this test checks is plumbing, so
-    # the stub declares a session spread that covers such a swing (-40% stays unconvicted).
-    stub_project(stub_deployment_toml(session_spread=0.10))
+    # What this test checks is plumbing: every shipped test collects, measures and is judged
+    # against the boot the recording run stored, and the summary puts the profiles side by
+    # side. The verdicts themselves are not asserted: the suite gates p99 ITL (a tail of host
+    # scheduling jitter) and 64-stream throughput (the stub and the client share this host's
+    # cores), figures of the host, not of the stub. The verdict tests (tests/plugin/test_attach.py,
+    # test_control.py) set changes of 5x on the stub's set schedule instead.
+    stub_project(stub_deployment_toml(extra_args=("--tok-per-s", "1000")))
     shutil.copytree(PERF_TESTS, pytester.path / "perf_tests")
     args = ("perf_tests", "--deployment", "stub", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1",
             "-p", "no:randomly")
@@ -38,10 +37,16 @@ def test_shipped_perf_suite_runs_records_and_compares(pytester: pytest.Pytester,
     report = pytester.path / "report.json"
     result = pytester.runpytest_subprocess(*args, "--kimiperf-json", str(report), timeout=600)
     data = json.loads(report.read_text())
-    # A first boot that looks worse than the tolerance asks for a second boot of its profile
-    # (the stub's runs differ by a few percent, so it is rare): those items run on top of the 10.
+    # A first boot that looks worse than the tolerance asks for a second boot of its profile:
+    # those items run on top of the 10.
     on_demand = [t for t in data["tests"] if t["boot"] > 1]
-    result.assert_outcomes(passed=10 + len(on_demand))
+    outcomes = result.parseoutcomes()
+    assert not outcomes.get("errors") and outcomes.get("passed", 0) + outcomes.get("failed", 0) == 10 + len(on_demand), \
+        result.stdout.str()[-4000:]
+    # A test fails here only by a verdict on a metric, never by an error of the plumbing.
+    failures = [f for t in data["tests"] for f in t["failures"]]
+    assert len([t for t in data["tests"] if t["failures"]]) == outcomes.get("failed", 0), failures
+    assert all(": REGRESSION " in f or ": UNRESOLVED" in f for f in failures), failures
     for extra in on_demand:
         (first,) = [t for t in data["tests"] if (t["test"], t["profile"], t["boot"]) == (
             extra["test"], extra["profile"], extra["boot"] - 1)]

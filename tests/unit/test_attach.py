@@ -1,7 +1,7 @@
 """Attaching to a running server: the served model from /v1/models, and restarts between boots.
 
 ``restart_server`` runs against injected command, health and readiness fakes here (every way a
-restart can go wrong, in milliseconds); tests/e2e/test_attach_cpu.py restarts a real tiny-cpu
+restart can go wrong, in milliseconds); tests/real_engine/test_attach_cpu.py restarts a real tiny-cpu
 server, and tests/plugin/test_attach.py a stub one through the plugin.
 """
 

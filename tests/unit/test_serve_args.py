@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-import time
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -71,18 +71,21 @@ def test_args_that_are_not_a_list_of_strings_are_config_errors(args: object, fra
 # -- the installed vLLM's parser ---------------------------------------------------------------
 
 
-def test_the_parser_is_vllms_own_and_the_second_read_comes_from_the_disk_cache(tmp_path: Path) -> None:
-    first = time.perf_counter()
+def test_the_parser_is_vllms_own_and_the_second_read_comes_from_the_disk_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     parser = read_serve_parser(sys.executable, tmp_path)
-    read_s = time.perf_counter() - first
     assert parser.origin.startswith("vLLM 0.32")
     assert parser.options["--enforce-eager"].nargs == 0
     assert parser.options["-tp"].dest == "tensor_parallel_size"
-    assert [f.name for f in (tmp_path / "serve-parser").iterdir()] and read_s > 0
+    assert [f.name for f in (tmp_path / "serve-parser").iterdir()]
     read_serve_parser.cache_clear()  # a new process: only the disk cache is left
-    again = time.perf_counter()
+
+    def vllm_asked_again(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"vLLM was asked again: {args}")
+
+    # From the disk cache means without importing vLLM again (seconds), not under a time bound.
+    monkeypatch.setattr(subprocess, "run", vllm_asked_again)
     cached = read_serve_parser(sys.executable, tmp_path)
-    assert time.perf_counter() - again < 0.5
     assert cached.options.keys() == parser.options.keys()
 
 

@@ -3,7 +3,9 @@
 The test starts a real vLLM server (tiny-cpu) as a service manager would, through
 tests/fakes/restart_server.py and a pidfile; the plugin attaches to it with ``--kimiperf-server-url`` and,
 for the second boot a verdict needs, runs the same script as the deployment's restart_command:
-SIGTERM to the old server, a new process, a new load. Two boots of tiny-cpu.
+SIGTERM to the old server, a new process, a new load. Two boots of tiny-cpu; then a second
+session on the running server is judged against the two recorded boots (the baseline's plumbing
+on a real engine: what is stored, the session level a verdict rests on).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.paths import compile_cache_env
 from pytest_kimiperf.server.tiny_model import ensure_tiny_model
 from tests.helpers import RestartableServer, free_port
+from tests.real_engine.conftest import plumbing_deployment
 
 PERF_TEST = """
 from pytest_kimiperf import SingleStream
@@ -37,7 +40,13 @@ def tiny_model() -> str:
     return str(ensure_tiny_model())
 
 
-def test_an_attached_tiny_cpu_server_is_restarted_for_its_second_boot(pytester: pytest.Pytester,
+def entry_key(baseline: Path) -> str:
+    """The one entry's key in a baseline file."""
+    [key] = json.loads(baseline.read_text())["entries"]
+    return key
+
+
+def test_an_attached_tiny_cpu_server_is_restarted_for_its_second_boot_and_the_next_session_is_judged_on_them(pytester: pytest.Pytester,
                                                                        tmp_path: Path, tiny_model: str) -> None:
     port = free_port()
     server_argv = TINY_CPU.argv(model_path=tiny_model, host="127.0.0.1", port=port)
@@ -47,10 +56,8 @@ def test_an_attached_tiny_cpu_server_is_restarted_for_its_second_boot(pytester: 
     server.start(deadline_s=TINY_CPU.health_deadline_s)
     try:
         first_pid = server.pid()
-        pytester.makepyprojecttoml(
-            "[tool.kimiperf.deployments.remote]\n"
-            'extends = "tiny-cpu"\n'
-            f"restart_command = {json.dumps(server.restart_command)}\n")
+        pytester.makepyprojecttoml(plumbing_deployment(
+            "remote", extra=f"restart_command = {json.dumps(server.restart_command)}\n"))
         pytester.makepyfile(test_perf=PERF_TEST)
         result = pytester.runpytest_subprocess(
             "--deployment", "remote", "--kimiperf-server-url", server.url, "--kimiperf-server-hardware", "tiny-cpu on this host",
@@ -62,8 +69,29 @@ def test_an_attached_tiny_cpu_server_is_restarted_for_its_second_boot(pytester: 
         assert server.pid() != first_pid, "the second boot is another vLLM process"
         (baseline,) = (pytester.path / "baselines" / "remote").glob("*.json")
         [entry] = json.loads(baseline.read_text())["entries"].values()
+
         assert len(entry["boots"]) == 2
         medians = [boot["median"] for boot in entry["boots"]]
         assert all(m > 0 for m in medians), medians
+        assert {boot["origin"]["session"] for boot in entry["boots"]} == {entry["boots"][0]["origin"]["session"]}
+
+        # Another session, on the server as it runs now: judged against the two recorded boots,
+        # with the session level it rests on. One boot (--kimiperf-max-boots 1) screens, never
+        # convicts, so no figure of this host can fail it; whether its verdict is right is
+        # statistics (benchmarks/real_engine_verdicts.py).
+        judged_run = pytester.runpytest_subprocess(
+            "--deployment", "remote", "--kimiperf-server-url", server.url, "--kimiperf-server-hardware",
+            "tiny-cpu on this host", "--kimiperf-max-boots", "1", "--kimiperf-json", "judged.json",
+            "-p", "no:cacheprovider", timeout=900)
+        outcomes = judged_run.parseoutcomes()
+        assert outcomes.get("passed") == 1 and not outcomes.get("failed"), judged_run.stdout.str()[-4000:]
+        assert "restarting the attached server" not in judged_run.stdout.str()
+        [test] = json.loads((pytester.path / "judged.json").read_text())["tests"]
+        judged = test["metrics"]["decode_tok_s"]["baseline"]
+        assert (judged["boots_current"], judged["boots_reference"]) == (1, 2), judged
+        assert "vs 2 reference boots of 1 session" in judged["message"], judged
+        assert judged["levels"][0]["name"] == "session", judged
+        # A second session's run leaves the history as it was (nothing appends without asking).
+        assert len(json.loads(baseline.read_text())["entries"][entry_key(baseline)]["boots"]) == 2
     finally:
         server.stop()

@@ -17,12 +17,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e.test_e2e_cpu import no_servers_before_and_after  # noqa: F401 - a fixture
 
 # The ssh stand-in: no environment from this process (env -i), the command one string (bash -c).
 NODES_PROJECT = """
 [tool.kimiperf.deployments.two-nodes]
 extends = "tiny-cpu-2node"
+host_bounds = {{ max_foreign_cpu_share = "none", max_steal_share = "none" }}
+client_bounds = {{ max_cpu_fraction = inf, max_loop_latency_p50_ms = inf, max_loop_latency_p99_ms = inf, max_send_lag_p99_ms = inf }}
 nodes = [
   {{name = "head", host = "127.0.0.1", env = {{VLLM_CPU_OMP_THREADS_BIND = "0"}}}},
   {{name = "far", host = "127.0.0.1", env = {{VLLM_CPU_OMP_THREADS_BIND = "1"}}, launch = ["env", "-i", "HOME={home}", "PATH={path}", "bash", "-c", "{{command}}"]}},
