@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LOAD = str(ROOT / "ci" / "gpu_bare_load.py")
 sys.path.insert(0, str(ROOT))
 
-from pytest_kimiperf.server import gpu, nvidia_smi  # noqa: E402
+from pytest_kimiperf.server import gpu, gpu_memory, nvidia_smi  # noqa: E402
 
 Step = Callable[[Path], tuple[str, str]]
 
@@ -253,7 +253,7 @@ def step_canary(out: Path) -> tuple[str, str]:
     from pytest_kimiperf.measure.canary import host_canary
 
     canary = host_canary(rounds=5, gpus=True)
-    held = gpu.gpu_memory_by_pid().get(os.getpid())
+    held = gpu_memory.gpu_memory_by_pid().get(os.getpid())
     save(out, "canary.json", {"canary": canary.to_json(), "held_by_session_mib": held})
     ok = "gpu_copy_gbs" in canary.scores and held is None
     return ("OK" if ok else "FAIL"), (f"scores {canary.to_json()['scores']}, notes {list(canary.notes)}; "
@@ -273,12 +273,12 @@ def _holder(mib: int) -> subprocess.Popen[str]:
 def step_gpu_memory(out: Path) -> tuple[str, str]:
     """gpu_memory_by_pid sees a holder's memory; wait_gpu_memory_freed after SIGKILL, timed."""
     holder = _holder(2048)
-    seen = gpu.gpu_memory_by_pid()
+    seen = gpu_memory.gpu_memory_by_pid()
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     started = time.monotonic()
     try:
-        gpu.wait_gpu_memory_freed([holder.pid], deadline_s=30.0, poll_s=0.1)
+        gpu_memory.wait_gpu_memory_freed([holder.pid], deadline_s=30.0, poll_s=0.1)
         freed = f"freed {time.monotonic() - started:.2f} s after SIGKILL"
     except Exception as error:  # noqa: BLE001
         freed = f"not freed: {error}"
@@ -312,7 +312,7 @@ def pid_ns_probe() -> None:
 
     holder = _holder(512)
     try:
-        held = gpu.gpu_memory_by_pid()
+        held = gpu_memory.gpu_memory_by_pid()
         view = read_pid_view()
         print(json.dumps({"mode": view.mode, "holder": holder.pid, "named": holder.pid in held, "held": held,
                           "note": (view.note or "")[:120]}), flush=True)

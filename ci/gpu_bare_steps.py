@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ci.gpu_bare_check import LOAD, nvml_sample, run, save  # noqa: E402
-from pytest_kimiperf.server import gpu  # noqa: E402
+from pytest_kimiperf.server import gpu, gpu_memory  # noqa: E402
 
 STUB = str(ROOT / "tests" / "fakes" / "stub_vllm.py")
 PHASE_S = 8.0
@@ -160,7 +160,7 @@ def step_server(out: Path) -> tuple[str, str]:
         import psutil
 
         marked = sum(1 for pid in family if psutil.Process(pid).environ().get(LAUNCH_ID_ENV))
-        held = {pid: mib for pid, mib in gpu.gpu_memory_by_pid().items() if pid in family}
+        held = {pid: mib for pid, mib in gpu_memory.gpu_memory_by_pid().items() if pid in family}
         watch = HostWatch(own_pids=lambda: family)
         watch.start()
         # The stub answers every completion as a stream of SSE chunks, as vLLM does with "stream".
@@ -169,7 +169,7 @@ def step_server(out: Path) -> tuple[str, str]:
         chunks = sum(1 for text in reply.splitlines() if text.startswith("data: {"))
         measured = watch.stop()
         manager.release()
-        gpu.wait_gpu_memory_freed(held, deadline_s=20.0, poll_s=0.2)
+        gpu_memory.wait_gpu_memory_freed(held, deadline_s=20.0, poll_s=0.2)
     finally:
         manager.close()
     first = (f"{len(family)} process(es), {marked} marked, GPU memory {held} MiB, "

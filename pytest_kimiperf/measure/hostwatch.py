@@ -26,7 +26,7 @@ from typing import Any
 from pytest_kimiperf.config.measure_bounds import HostBounds
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.server.gpu import nvml_failures
-from pytest_kimiperf.server.pid_namespace import UNMAPPABLE, read_pid_view
+from pytest_kimiperf.server.pid_namespace import read_pid_view
 from pytest_kimiperf.measure.host_readings import (
     PSI_RESOURCES,
     TOP_FOREIGN_COUNT,
@@ -334,8 +334,9 @@ class HostWatch:
             reported = {pid for runs in samples.values() for sample in runs for pid, _ in sample.foreign_processes}
             view = read_pid_view(Path(self._proc_root), nvml_pids=reported)
             gpus = tuple(merge_gpu_samples(samples[i], view.host_pids(own)) for i in self._gpu_indices if i in samples)
-            if view.mode == UNMAPPABLE:  # no bound on what cannot be told apart from ours
-                gpus = tuple(replace(gpu, foreign_processes=()) for gpu in gpus)
+            if unnamed := view.unnamed(reported):  # no bound on what cannot be told apart from ours
+                gpus = tuple(replace(gpu, foreign_processes=tuple(p for p in gpu.foreign_processes if p[0] not in unnamed))
+                             for gpu in gpus)
             if view.note:
                 self._notes.append(view.note)
         return replace(reading, gpus=gpus, notes=tuple(dict.fromkeys(self._notes)))

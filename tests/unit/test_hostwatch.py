@@ -375,3 +375,32 @@ def test_a_reading_survives_a_json_round_trip() -> None:
 def test_json_that_is_not_a_reading_is_a_clear_error() -> None:
     with pytest.raises(KimiperfError, match="not a host reading"):
         HostReading.from_json({"wall_s": 1.0})
+
+
+def _sandbox_proc(tmp_path: Path, cuda_pids: list[int]) -> Path:
+    """A gVisor-like /proc (no NSpid; pid_namespace.py) where ``cuda_pids`` hold /dev/nvidia0."""
+    root = tmp_path / "proc"
+    (root / "self" / "ns").mkdir(parents=True)
+    (root / "self" / "ns" / "pid").write_text("")
+    (root / "self" / "status").write_text("Name:\tpython3\nPid:\t1\n")
+    shutil.copy(DATA / "gvisor_zeros" / "stat", root / "stat")
+    for pid in cuda_pids:
+        (root / str(pid) / "fd").mkdir(parents=True)
+        (root / str(pid) / "fd" / "3").symlink_to("/dev/nvidia0")
+    return root
+
+
+def test_in_a_sandbox_a_reported_pid_that_is_no_process_here_is_not_counted_foreign(tmp_path: Path) -> None:
+    # The recorded two engines: ours is a process here holding the GPU; the other engine's pid
+    # is none here (a driver that reported a host pid): unnamed, so never a foreign process...
+    root = _sandbox_proc(tmp_path, [OUR_ENGINE])
+    watch = HostWatch(own_pids=lambda: [OUR_ENGINE], gpu_indices=[0], nvml=recorded_nvml(), proc_root=str(root))
+    watch.start()
+    reading = watch.stop()
+    assert reading.gpus[0].foreign_processes == ()
+    assert any(f"left unnamed: [{OTHER_ENGINE}]" in note for note in reading.notes)
+    # ... while a process here holding the GPU that is not ours is one, named by its pid.
+    root = _sandbox_proc(tmp_path / "second", [OUR_ENGINE, OTHER_ENGINE])
+    watch = HostWatch(own_pids=lambda: [OUR_ENGINE], gpu_indices=[0], nvml=recorded_nvml(), proc_root=str(root))
+    watch.start()
+    assert watch.stop().gpus[0].foreign_processes == ((OTHER_ENGINE, 5530 * 1024 * 1024),)
