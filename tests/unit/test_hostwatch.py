@@ -346,9 +346,18 @@ def test_reason_bits_match_the_installed_nvml_constants() -> None:
     pynvml = pytest.importorskip("pynvml")
     for bit, name in measure_bounds.CLOCK_EVENT_REASON_BITS.items():
         camel = "".join(part.capitalize() for part in name.split("_"))
+        assert getattr(pynvml, f"nvmlClocksEventReason{camel}") == bit
         assert getattr(pynvml, f"nvmlClocksThrottleReason{camel}") == bit
-        if bit <= 0x100:  # the renamed "event" set stops at DisplayClockSetting
-            assert getattr(pynvml, f"nvmlClocksEventReason{camel}") == bit
+    # The "event" set (nvml.h's) is exactly these bits: nvmlClocksEventReasonAll ORs them all.
+    assert sum(measure_bounds.CLOCK_EVENT_REASON_BITS) == pynvml.nvmlClocksEventReasonAll
+
+
+def test_bits_nvml_h_does_not_define_decode_as_unknown_and_cannot_be_bounded() -> None:
+    # pynvml's deprecated throttle set names 0x200 and 0x400; nvml.h never did.
+    assert host_readings.decode_clock_event_reasons(0x4 | 0x200 | 0x400) == (
+        "sw_power_cap", "unknown_0x200", "unknown_0x400")
+    with pytest.raises(ConfigError, match=r"names unknown reasons \['board_limit'\]"):
+        HostBounds.from_mapping({"forbidden_throttle_reasons": ["board_limit"]}, source="test")
 
 
 # --------------------------------------------------------------------------- JSON
