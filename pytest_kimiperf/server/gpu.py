@@ -317,10 +317,12 @@ def check_hardware(
     *,
     deployment: str,
     unavailable_reason: str | None = None,
+    scope: str | None = None,
 ) -> None:
     """Raise HardwareMissingError, in one message, unless ``gpus`` satisfy the deployment's need.
 
-    ``unavailable_reason`` (``GpuProbe.absence_reason()``) explains an empty ``gpus``.
+    ``unavailable_reason`` (``GpuProbe.absence_reason()``) explains an empty ``gpus``; ``scope``
+    says which of the host's GPUs ``gpus`` are (those CUDA_VISIBLE_DEVICES leaves this process).
     """
     if req.gpu_count == 0:
         return
@@ -345,11 +347,26 @@ def check_hardware(
         found = "found " + ", ".join(f"{count}x {name} ({mib} MiB)" for (name, mib), count in kinds.items())
         if len(matching) != len(gpus):
             found += f", of which {len(matching)} qualify"
+    found += f" ({scope})" if scope else ""
+    whole = [gpu for gpu in gpus if not gpu.in_mig_mode]
+    if req.gpu_name_contains and len(whole) >= req.gpu_count:
+        raise HardwareMissingError(
+            f"deployment {deployment!r} needs {req.describe()}; {found}. {_own_gpus_recipe(deployment, whole[0])}")
     raise HardwareMissingError(
         f"deployment {deployment!r} needs {req.describe()}; {found}. "
         "Run here with --deployment tiny-cpu, or on a host that has those GPUs (a deployment that "
         "runs on the CPU says gpu_count = 0; unless given, gpu_count follows its parallel layout)."
     )
+
+
+def _own_gpus_recipe(deployment: str, gpu: GpuInfo) -> str:
+    """How to run ``deployment`` on GPUs of another name: a table that extends it."""
+    name = gpu.name.removeprefix("NVIDIA ").strip()
+    slug = "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
+    return (f"There are enough GPUs here, of another kind: to run it on them, extend it in pyproject.toml with "
+            f"[tool.kimiperf.deployments.{deployment}-{slug}] extends = \"{deployment}\" gpu_name_contains = "
+            f"\"{name}\" and run with --kimiperf-deployment {deployment}-{slug} (docs/how-to/own-deployment.md, "
+            "\"The same model on other GPUs\": check first that the weights fit).")
 
 
 __all__ = [
