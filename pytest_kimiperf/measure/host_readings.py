@@ -57,6 +57,24 @@ class GpuReading:
     # The median SM clock of the driver's own samples inside the window (nvmlDeviceGetSamples),
     # where the two ends' readings see only idle moments; None where not asked or not kept.
     sm_clock_under_load_mhz: int | None = None
+    # The PCIe link: current generation and width (nvmlDeviceGetCurrPcieLinkGeneration/Width; in
+    # a window's reading the highest seen, as an idle GPU trains its link down to save power),
+    # and the most the GPU and its slot allow (nvmlDeviceGetMaxPcieLinkGeneration/Width). A TP=8
+    # box whose link trained to x8 or a lower generation is another machine.
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    pcie_max_gen: int | None = None
+    pcie_max_width: int | None = None
+
+    def pcie_shortfall(self) -> str | None:
+        """``GPU 3's PCIe link ran at Gen4 x8 (Gen5 x16 possible)``; None where it ran at its
+        most or NVML did not say."""
+        gen, width, most_gen, most_width = self.pcie_gen, self.pcie_width, self.pcie_max_gen, self.pcie_max_width
+        if not ((gen is not None and most_gen is not None and gen < most_gen)
+                or (width is not None and most_width is not None and width < most_width)):
+            return None
+        return (f"GPU {self.index}'s PCIe link ran at Gen{self.pcie_gen} x{self.pcie_width} "
+                f"(Gen{self.pcie_max_gen} x{self.pcie_max_width} possible)")
 
 
 # --------------------------------------------------------------------------- /proc and psutil
@@ -222,6 +240,10 @@ def sample_gpu(nvml: Any, index: int, *, since_us: int | None = None) -> GpuRead
         thermal_violation_ms=_violation_ms(nvml, handle, "NVML_PERF_POLICY_THERMAL"),
         energy_j=_energy_j(nvml, handle),
         sm_clock_under_load_mhz=sorted(under_load)[len(under_load) // 2] if under_load else None,
+        pcie_gen=_nvml_optional(nvml, "nvmlDeviceGetCurrPcieLinkGeneration", handle),
+        pcie_width=_nvml_optional(nvml, "nvmlDeviceGetCurrPcieLinkWidth", handle),
+        pcie_max_gen=_nvml_optional(nvml, "nvmlDeviceGetMaxPcieLinkGeneration", handle),
+        pcie_max_width=_nvml_optional(nvml, "nvmlDeviceGetMaxPcieLinkWidth", handle),
     )
 
 
@@ -305,4 +327,12 @@ def merge_gpu_samples(samples: Sequence[GpuReading], own_pids: Iterable[int]) ->
         thermal_violation_ms=_accrued(first.thermal_violation_ms, last.thermal_violation_ms),
         energy_j=_accrued(first.energy_j, last.energy_j),
         sm_clock_under_load_mhz=last.sm_clock_under_load_mhz,
+        pcie_gen=_highest(s.pcie_gen for s in samples), pcie_width=_highest(s.pcie_width for s in samples),
+        pcie_max_gen=_highest(s.pcie_max_gen for s in samples),
+        pcie_max_width=_highest(s.pcie_max_width for s in samples),
     )
+
+
+def _highest(values: Iterable[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None

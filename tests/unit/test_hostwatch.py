@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -413,3 +414,46 @@ def test_in_a_sandbox_a_reported_pid_that_is_no_process_here_is_not_counted_fore
     watch = HostWatch(own_pids=lambda: [OUR_ENGINE], gpu_indices=[0], nvml=recorded_nvml(), proc_root=str(root))
     watch.start()
     assert watch.stop().gpus[0].foreign_processes == ((OTHER_ENGINE, 5530 * 1024 * 1024),)
+
+
+class PcieNvml(FakeNvml):
+    """The recorded two engines, with GPU 0's link as tests/data/gpu/query_gpu_rtx2080_noheader_nounits.csv
+    recorded one (pcie.link.width.current 8, Gen3) on a Gen3 x16 card; GPU 1 at its most."""
+
+    LINKS = {0: (3, 8, 3, 16), 1: (3, 16, 3, 16)}
+
+    def _link(self, handle: dict[str, Any], which: int) -> int:
+        index = next(i for i, samples in self.samples.items() if any(handle is s for s in samples))
+        return self.LINKS[index][which]
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: dict[str, Any]) -> int:
+        return self._link(handle, 0)
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: dict[str, Any]) -> int:
+        return self._link(handle, 1)
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: dict[str, Any]) -> int:
+        return self._link(handle, 2)
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: dict[str, Any]) -> int:
+        return self._link(handle, 3)
+
+
+def test_each_gpus_pcie_link_is_recorded_and_a_link_below_its_most_is_said() -> None:
+    nvml = PcieNvml(json.loads((DATA / "nvml_power_capped_two_engines.json").read_text()))
+    watch = HostWatch(own_pids=lambda: [OUR_ENGINE, OTHER_ENGINE], gpu_indices=[0, 1], nvml=nvml)
+    watch.start()
+    reading = watch.stop()
+    links = [(g.pcie_gen, g.pcie_width, g.pcie_max_gen, g.pcie_max_width) for g in reading.gpus]
+    assert links == [(3, 8, 3, 16), (3, 16, 3, 16)]
+    assert [g.pcie_shortfall() for g in reading.gpus] == ["GPU 0's PCIe link ran at Gen3 x8 (Gen3 x16 possible)", None]
+    assert HostReading.from_json(reading.to_json()) == reading
+
+
+def test_a_window_keeps_the_highest_link_it_saw() -> None:
+    idle = GpuReading(0, 300, 40, 30.0, ("gpu_idle",), (), pcie_gen=1, pcie_width=16, pcie_max_gen=5, pcie_max_width=16)
+    busy = dataclasses.replace(idle, pcie_gen=5)
+    merged = host_readings.merge_gpu_samples([idle, busy], own_pids=())
+    assert (merged.pcie_gen, merged.pcie_width) == (5, 16) and merged.pcie_shortfall() is None
+    assert host_readings.merge_gpu_samples([idle, idle], own_pids=()).pcie_shortfall() == (
+        "GPU 0's PCIe link ran at Gen1 x16 (Gen5 x16 possible)")
