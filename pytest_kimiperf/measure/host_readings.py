@@ -65,6 +65,14 @@ class GpuReading:
     pcie_width: int | None = None
     pcie_max_gen: int | None = None
     pcie_max_width: int | None = None
+    # Device-level accounting (nvmlDeviceGetMemoryInfo.used, MiB), which no container hides: in a
+    # sample, used and the sum NVML lists per process (None where one says "not available");
+    # in a window's reading, how much more was used at its end than at its start beyond what
+    # the listed processes gained: memory of a process NVML cannot name here (another
+    # container's, under a driver that converts pids: server/pid_namespace.py).
+    memory_used_mib: int | None = None
+    listed_memory_mib: int | None = None
+    unlisted_growth_mib: int | None = None
 
     def pcie_shortfall(self) -> str | None:
         """``GPU 3's PCIe link ran at Gen4 x8 (Gen5 x16 possible)``; None where it ran at its
@@ -226,9 +234,12 @@ def sample_gpu(nvml: Any, index: int, *, since_us: int | None = None) -> GpuRead
         mask = _nvml_optional(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", handle)
     milliwatts = _nvml_optional(nvml, "nvmlDeviceGetPowerUsage", handle)
     processes: dict[int, int] = {}
-    for process in _nvml_optional(nvml, "nvmlDeviceGetComputeRunningProcesses", handle) or []:
+    listed = _nvml_optional(nvml, "nvmlDeviceGetComputeRunningProcesses", handle)
+    for process in listed or []:
         # usedGpuMemory is None where the driver cannot attribute memory (as in gpu.py).
         processes[int(process.pid)] = max(processes.get(int(process.pid), 0), int(process.usedGpuMemory or 0))
+    memory = _nvml_optional(nvml, "nvmlDeviceGetMemoryInfo", handle)
+    known = listed is not None and all(process.usedGpuMemory is not None for process in listed)
     return GpuReading(
         index=index,
         sm_clock_mhz=_nvml_optional(nvml, "nvmlDeviceGetClockInfo", handle, nvml.NVML_CLOCK_SM),
@@ -244,6 +255,8 @@ def sample_gpu(nvml: Any, index: int, *, since_us: int | None = None) -> GpuRead
         pcie_width=_nvml_optional(nvml, "nvmlDeviceGetCurrPcieLinkWidth", handle),
         pcie_max_gen=_nvml_optional(nvml, "nvmlDeviceGetMaxPcieLinkGeneration", handle),
         pcie_max_width=_nvml_optional(nvml, "nvmlDeviceGetMaxPcieLinkWidth", handle),
+        memory_used_mib=None if memory is None else int(memory.used) // 2**20,
+        listed_memory_mib=sum(processes.values()) // 2**20 if known else None,
     )
 
 
@@ -330,7 +343,19 @@ def merge_gpu_samples(samples: Sequence[GpuReading], own_pids: Iterable[int]) ->
         pcie_gen=_highest(s.pcie_gen for s in samples), pcie_width=_highest(s.pcie_width for s in samples),
         pcie_max_gen=_highest(s.pcie_max_gen for s in samples),
         pcie_max_width=_highest(s.pcie_max_width for s in samples),
+        memory_used_mib=_highest(s.memory_used_mib for s in samples),
+        unlisted_growth_mib=_unlisted_growth(first, last),
     )
+
+
+def _unlisted_growth(first: GpuReading, last: GpuReading) -> int | None:
+    """Used memory gained from ``first`` to ``last`` beyond what the listed processes gained;
+    None where either sample lacks a figure."""
+    used_then, used_now = first.memory_used_mib, last.memory_used_mib
+    listed_then, listed_now = first.listed_memory_mib, last.listed_memory_mib
+    if used_then is None or used_now is None or listed_then is None or listed_now is None:
+        return None
+    return (used_now - used_then) - (listed_now - listed_then)
 
 
 def _highest(values: Iterable[int | None]) -> int | None:

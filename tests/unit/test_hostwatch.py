@@ -457,3 +457,31 @@ def test_a_window_keeps_the_highest_link_it_saw() -> None:
     assert (merged.pcie_gen, merged.pcie_width) == (5, 16) and merged.pcie_shortfall() is None
     assert host_readings.merge_gpu_samples([idle, idle], own_pids=()).pcie_shortfall() == (
         "GPU 0's PCIe link ran at Gen1 x16 (Gen5 x16 possible)")
+
+
+class DeviceMemoryNvml(FakeNvml):
+    """The recorded two engines, with each GPU's used memory (built: what the processes listed
+    hold plus 500 MiB of the driver's, and on GPU 0 ``grown_mib`` more at the window's end)."""
+
+    def __init__(self, grown_mib: int, **options: bool) -> None:
+        super().__init__(json.loads((DATA / "nvml_power_capped_two_engines.json").read_text()), **options)
+        self.grown_mib = grown_mib
+
+    def nvmlDeviceGetMemoryInfo(self, handle: dict[str, Any]) -> SimpleNamespace:
+        listed = sum(p["used_gpu_memory_bytes"] or 0 for p in handle["compute_processes"])
+        late = handle.get("when") == "window end" and any(handle is s for s in self.samples[0])
+        return SimpleNamespace(used=listed + (500 + (self.grown_mib if late else 0)) * 2**20)
+
+
+def test_memory_no_listed_process_accounts_for_is_a_disturbance() -> None:
+    for grown, expected in ((2048, 2048), (100, 100)):
+        watch = HostWatch(own_pids=lambda: [OUR_ENGINE, OTHER_ENGINE], gpu_indices=[0, 1], nvml=DeviceMemoryNvml(grown))
+        watch.start()
+        reading = watch.stop()
+        assert [g.unlisted_growth_mib for g in reading.gpus] == [expected, 0]
+        lines = [line for line in reading.disturbances(HostBounds()) if "NVML lists" in line]
+        assert lines == ([f"GPU 0 used 2048 MiB more at the window's end than at its start beyond what the processes "
+                          "NVML lists gained: a process NVML cannot name here (another container's) or a leak"]
+                         if grown > 256 else [])
+    relaxed = HostBounds(max_foreign_gpu_processes=None)
+    assert not [line for line in reading.disturbances(relaxed) if "NVML lists" in line]
