@@ -1,37 +1,51 @@
 #!/usr/bin/env bash
 # Every GPU path of the plugin, run for real through its own code on one GPU, without vLLM and
-# without network, in under 8 minutes: the runtime, nvidia-smi and NVML as the plugin reads them,
-# the canary, a load window (idle, GEMM, HBM copy, GEMV, idle) under the host watch with
-# `nvidia-smi dmon` beside it, the GPU-memory sweep, PID namespaces, NCCL's debug files under two
-# profiles, CUDA IPC, the real ServerManager with a stand-in server holding GPU memory, and the
-# GPU-relevant unit tests. The steps are listed, with their time limits, by
-# `python ci/gpu_bare_check.py --plan`; each is independent and prints one line
+# without network, in about 330 s: a preflight of the machine (python, torch with its CUDA and
+# NCCL, the driver and its CUDA, each GPU's capability, persistence and MIG, the container's GPU
+# variables), the runtime, nvidia-smi and NVML as the plugin reads them, the canary, a load
+# window (idle, GEMM, HBM copy, GEMV, idle) under the host watch with `nvidia-smi dmon` beside
+# it, the GPU-memory sweep, PID namespaces, NCCL's debug files under two profiles, CUDA IPC, the
+# real ServerManager with a stand-in server holding GPU memory, and the GPU-relevant unit tests.
+# The steps are listed, with their time limits, by `python ci/gpu_bare_check.py --plan`; each is
+# independent and prints one line
 #
 #   check: OK|FAIL|INFO <step>: <what was seen>
 #
-# After every step all recordings so far are packed into $OUT/recordings.tgz, so a run cut off
-# still returns what it had; $OUT/checks.txt holds the check lines. The last line names the
-# steps that passed (or were skipped) as a SKIP= list: a rerun with it runs only the rest.
+# Where the preflight finds that torch sees no GPU, it says so in its one FAIL line and the
+# steps that need a GPU are not started (one INFO line each). After every step all recordings so
+# far are packed into $OUT/recordings.tgz, so a run cut off still returns what it had;
+# $OUT/checks.txt holds the check lines. The last line names the steps that passed (or were
+# skipped) as a SKIP= list: a rerun with it runs only the rest, within the same 10-minute command.
 #
-#   ci/gpu-bare-check.sh                    # needs torch with CUDA, nvidia-ml-py, pytest, psutil, httpx
-#   SKIP=runtime,smi ci/gpu-bare-check.sh   # leave steps out (comma- or space-separated)
+# The lent machine has torch and nvidia-ml-py only. What else the steps import (psutil, httpx,
+# pytest and what they need: all pure Python or one abi3 wheel) travels in .bare-deps, built
+# here by ci/gpu-bare-deps.sh and carried with the command (well under the 64 MiB that travel);
+# it is put on PYTHONPATH when present. numpy is not carried (a wheel per Python version, and
+# too large): without it the canary takes the GPU copy only. scipy is needed by no step.
+#
+#   ci/gpu-bare-deps.sh && ci/gpu-bare-check.sh   # here, then on the device with .bare-deps carried
+#   SKIP=runtime,smi ci/gpu-bare-check.sh         # leave steps out (comma- or space-separated)
 #
 # Environment:
 #   PYTHON            interpreter (default: python3)
 #   OUT               where checks.txt and recordings.tgz go (default: bare-check)
 #   SKIP              steps not to run
-#   BARE_BUDGET_S     the whole run's time budget in seconds (default: 480); a step whose limit
+#   BARE_BUDGET_S     the whole run's time budget in seconds (default: 330); a step whose limit
 #                     does not fit in what is left is not started, and says so
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-bare-check}
-BUDGET=${BARE_BUDGET_S:-480}
+BUDGET=${BARE_BUDGET_S:-330}
 KILL_GRACE_S=5
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/kimiperf-bare.XXXXXX")
+DEPS=$PWD/.bare-deps
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ -d "$DEPS" ]; then
+  export PYTHONPATH="$PYTHONPATH:$DEPS"  # after what the machine has: its own torch stack wins
+fi
 skip=" ${SKIP:+${SKIP//,/ }} "
 passed=()
 status=0
@@ -50,10 +64,14 @@ if ! plan=$(timeout 30 "$PY" ci/gpu_bare_check.py --plan 2>&1); then
   say "check: FAIL plan: $(echo "$plan" | tail -1)"
   exit 1
 fi
-while read -r step limit; do
+while read -r step limit needs; do
   if [[ "$skip" == *" $step "* ]]; then
     say "check: INFO $step: skipped (SKIP)"
     passed+=("$step")
+    continue
+  fi
+  if [ "$needs" = gpu ] && [ -f "$WORK/preflight.blocked" ]; then
+    say "check: INFO $step: not run: $(head -1 "$WORK/preflight.blocked")"
     continue
   fi
   left=$((BUDGET - SECONDS))

@@ -26,9 +26,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 LOAD = str(ROOT / "ci" / "gpu_bare_load.py")
+# A child's import path: this checkout first, then what the shell set (the carried .bare-deps).
+CHILD_PATH = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 sys.path.insert(0, str(ROOT))
 
-from pytest_kimiperf.server import gpu, nvidia_smi  # noqa: E402
+from pytest_kimiperf.server import gpu, gpu_memory, nvidia_smi  # noqa: E402
 
 Step = Callable[[Path], tuple[str, str]]
 
@@ -227,7 +229,7 @@ def step_nvml(out: Path) -> tuple[str, str]:
     code, text = run([sys.executable, "-c", "import sys, json, dataclasses; sys.modules['pynvml'] = None; "
                       "from pytest_kimiperf.server.gpu import probe_gpus; p = probe_gpus(); "
                       "print(json.dumps({'source': p.source, 'gpus': [dataclasses.asdict(g) for g in p.gpus]}))"],
-                     30, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                     30, env={**os.environ, "PYTHONPATH": CHILD_PATH})
     smi_only = json.loads(text.strip().splitlines()[-1]) if code == 0 else {"source": "error", "gpus": [], "text": text}
     gpus_smi = tuple(nvidia_smi.GpuInfo(**g) for g in smi_only["gpus"])
     keys = {}
@@ -249,11 +251,16 @@ def step_nvml(out: Path) -> tuple[str, str]:
 
 
 def step_canary(out: Path) -> tuple[str, str]:
-    """The canary as a GPU session takes it, and what GPU memory this process holds after."""
-    from pytest_kimiperf.measure.canary import host_canary
+    """The canary as a GPU session takes it (the GPU copy alone where numpy, which the CPU copy
+    probe needs, is not here), and what GPU memory this process holds after."""
+    import importlib.util
 
-    canary = host_canary(rounds=5, gpus=True)
-    held = gpu.gpu_memory_by_pid().get(os.getpid())
+    from pytest_kimiperf.measure.canary import gpu_canary, host_canary
+
+    canary = host_canary(rounds=5, gpus=True) if importlib.util.find_spec("numpy") else gpu_canary(5)
+    if canary is None:
+        return "FAIL", "the GPU copy canary gave nothing (torch sees no GPU in its child)"
+    held = gpu_memory.gpu_memory_by_pid().get(os.getpid())
     save(out, "canary.json", {"canary": canary.to_json(), "held_by_session_mib": held})
     ok = "gpu_copy_gbs" in canary.scores and held is None
     return ("OK" if ok else "FAIL"), (f"scores {canary.to_json()['scores']}, notes {list(canary.notes)}; "
@@ -273,12 +280,12 @@ def _holder(mib: int) -> subprocess.Popen[str]:
 def step_gpu_memory(out: Path) -> tuple[str, str]:
     """gpu_memory_by_pid sees a holder's memory; wait_gpu_memory_freed after SIGKILL, timed."""
     holder = _holder(2048)
-    seen = gpu.gpu_memory_by_pid()
+    seen = gpu_memory.gpu_memory_by_pid()
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     started = time.monotonic()
     try:
-        gpu.wait_gpu_memory_freed([holder.pid], deadline_s=30.0, poll_s=0.1)
+        gpu_memory.wait_gpu_memory_freed([holder.pid], deadline_s=30.0, poll_s=0.1)
         freed = f"freed {time.monotonic() - started:.2f} s after SIGKILL"
     except Exception as error:  # noqa: BLE001
         freed = f"not freed: {error}"
@@ -297,7 +304,7 @@ def step_pid_ns(out: Path) -> tuple[str, str]:
     seen, failed = [], False
     for extra in ([], ["--mount-proc"]):
         code, text = run(["unshare", "--pid", "--fork", *extra, sys.executable, __file__, "pid-ns-probe", str(out)],
-                         40, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         40, env={**os.environ, "PYTHONPATH": CHILD_PATH})
         save(out, f"unshare{''.join(extra) or '_plain'}.txt", f"exit {code}\n{text}")
         seen.append(f"{' '.join(extra) or 'plain'}: " + (_last(text) if code == 0 else f"exit {code} {_last(text)}"))
         # unshare(1) refusing (no CAP_SYS_ADMIN, a sandbox without PID namespaces) is a fact of
@@ -312,7 +319,7 @@ def pid_ns_probe() -> None:
 
     holder = _holder(512)
     try:
-        held = gpu.gpu_memory_by_pid()
+        held = gpu_memory.gpu_memory_by_pid()
         view = read_pid_view()
         print(json.dumps({"mode": view.mode, "holder": holder.pid, "named": holder.pid in held, "held": held,
                           "note": (view.note or "")[:120]}), flush=True)
@@ -321,16 +328,19 @@ def pid_ns_probe() -> None:
         holder.wait()
 
 
-def steps() -> dict[str, tuple[Step, int]]:
-    """Every step with its time limit in seconds, in the order the shell runs them: what tells
-    most first. The limits add up to under 480 s (tests/unit/test_bare_check.py checks)."""
+def steps() -> dict[str, tuple[Step, int, bool]]:
+    """Every step with its time limit in seconds and whether it needs torch to see a GPU, in the
+    order the shell runs them: what tells most first. The limits add up to 330 s, so a rerun of
+    what failed fits the same 10-minute command (tests/unit/test_bare_check.py checks)."""
     from ci import gpu_bare_steps as more
+    from ci.gpu_bare_preflight import step_preflight
 
     return {
-        "runtime": (step_runtime, 15), "smi": (step_smi, 40), "nvml": (step_nvml, 35),
-        "load-window": (more.step_load_window, 75), "canary": (step_canary, 40),
-        "gpu-memory": (step_gpu_memory, 35), "server": (more.step_server, 80), "nccl": (more.step_nccl, 45),
-        "ipc": (more.step_ipc, 25), "pid-ns": (step_pid_ns, 35), "unit-tests": (more.step_unit_tests, 50),
+        "preflight": (step_preflight, 20, False), "runtime": (step_runtime, 10, False), "smi": (step_smi, 30, False),
+        "nvml": (step_nvml, 25, False), "load-window": (more.step_load_window, 50, True),
+        "canary": (step_canary, 25, True), "gpu-memory": (step_gpu_memory, 25, True),
+        "server": (more.step_server, 55, True), "nccl": (more.step_nccl, 25, True), "ipc": (more.step_ipc, 15, True),
+        "pid-ns": (step_pid_ns, 20, True), "unit-tests": (more.step_unit_tests, 30, False),
     }
 
 
@@ -338,7 +348,7 @@ def main(argv: Sequence[str]) -> int:
     """--plan, one step, or the pid-namespace probe (run inside unshare)."""
     STEPS = steps()
     if argv[:1] == ["--plan"]:
-        print("\n".join(f"{name} {limit}" for name, (_, limit) in STEPS.items()))
+        print("\n".join(f"{name} {limit} {'gpu' if gpu_only else 'any'}" for name, (_, limit, gpu_only) in STEPS.items()))
         return 0
     if argv[:1] == ["pid-ns-probe"]:
         pid_ns_probe()

@@ -21,11 +21,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ci.gpu_bare_check import LOAD, nvml_sample, run, save  # noqa: E402
-from pytest_kimiperf.server import gpu  # noqa: E402
+from ci.gpu_bare_check import CHILD_PATH, LOAD, nvml_sample, run, save  # noqa: E402
+from pytest_kimiperf.server import gpu, gpu_memory  # noqa: E402
 
 STUB = str(ROOT / "tests" / "fakes" / "stub_vllm.py")
-PHASE_S = 8.0
+PHASE_S = 6.0  # five phases: 30 s of the step's 50
 
 
 # --------------------------------------------------------------------------- the load window
@@ -107,9 +107,19 @@ def step_load_window(out: Path) -> tuple[str, str]:
     (reading,) = gemm["ours"]["gpus"]
     rate = next((e.get("rate", 0.0) for e in phases if e["phase"] == "gemm_bf16" and e["event"] == "end"), 0.0)
     watts = reading["energy_j"] / gemm["ours"]["wall_s"] if reading["energy_j"] is not None else None
-    return "OK", (f"GEMM {rate / 1e12:.0f} TFLOP/s, {watts or 0:.0f} W average, power-capped "
-                  f"{reading['power_violation_ms']} ms, reasons {reading['throttle_reasons']}; as ours "
-                  f"{len(gemm['ours_disturbances'])} disturbance(s), as foreign {len(gemm['foreign_disturbances'])}")
+    # The watch must tell the load apart: named as a foreign GPU process when it is not ours,
+    # never when it is (NVML's pid, which in a container may be the host's: pid_namespace.py).
+    from pytest_kimiperf.server.pid_namespace import read_pid_view
+
+    named = {side: {pid for gpu in gemm[side]["gpus"] for pid, _ in gpu["foreign_processes"]} for side in ("ours", "foreign")}
+    load = {child.pid} | read_pid_view(nvml_pids=named["foreign"]).host_pids([child.pid])
+    told_apart = bool(named["foreign"] & load) and not named["ours"] & load
+    link = [reading.get(key) for key in ("pcie_gen", "pcie_width", "pcie_max_gen", "pcie_max_width")]
+    return ("OK" if told_apart else "FAIL"), (
+        f"GEMM {rate / 1e12:.0f} TFLOP/s, {watts or 0:.0f} W average, power-capped {reading['power_violation_ms']} "
+        f"ms, reasons {reading['throttle_reasons']}, PCIe gen/width/max {link}; load pid {child.pid} named as "
+        f"foreign: {bool(named['foreign'] & load)}, as ours: {bool(named['ours'] & load)}; as ours "
+        f"{len(gemm['ours_disturbances'])} disturbance(s), as foreign {len(gemm['foreign_disturbances'])}")
 
 
 # --------------------------------------------------------------------------- the server manager
@@ -160,7 +170,7 @@ def step_server(out: Path) -> tuple[str, str]:
         import psutil
 
         marked = sum(1 for pid in family if psutil.Process(pid).environ().get(LAUNCH_ID_ENV))
-        held = {pid: mib for pid, mib in gpu.gpu_memory_by_pid().items() if pid in family}
+        held = {pid: mib for pid, mib in gpu_memory.gpu_memory_by_pid().items() if pid in family}
         watch = HostWatch(own_pids=lambda: family)
         watch.start()
         # The stub answers every completion as a stream of SSE chunks, as vLLM does with "stream".
@@ -169,7 +179,7 @@ def step_server(out: Path) -> tuple[str, str]:
         chunks = sum(1 for text in reply.splitlines() if text.startswith("data: {"))
         measured = watch.stop()
         manager.release()
-        gpu.wait_gpu_memory_freed(held, deadline_s=20.0, poll_s=0.2)
+        gpu_memory.wait_gpu_memory_freed(held, deadline_s=20.0, poll_s=0.2)
     finally:
         manager.close()
     first = (f"{len(family)} process(es), {marked} marked, GPU memory {held} MiB, "
@@ -212,7 +222,7 @@ def _killed_session(out: Path, *, kill_launcher: bool) -> list[int]:
     import psutil
 
     session = subprocess.Popen([sys.executable, __file__, "server-session", str(out / "state2"), str(out / "logs2")],
-                               stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                               stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": CHILD_PATH})
     assert session.stdout is not None
     family = json.loads(session.stdout.readline() or "{}").get("family", [])
     if kill_launcher and family:
@@ -286,7 +296,7 @@ GPU_TESTS = ("tests/unit/test_gpu.py", "tests/unit/test_gpu_counters.py", "tests
 def step_unit_tests(out: Path) -> tuple[str, str]:
     """The GPU-relevant unit tests, here where NVML loads (the CPU hosts skip what needs it)."""
     code, text = run([sys.executable, "-m", "pytest", *GPU_TESTS, "-q", "-p", "no:cacheprovider", "-rs"], 45,
-                     env={**os.environ, "PYTHONPATH": str(ROOT)})
+                     env={**os.environ, "PYTHONPATH": CHILD_PATH})
     save(out, "pytest.txt", text)
     return ("OK" if code == 0 else "FAIL"), f"exit {code}: {text.strip().splitlines()[-1] if text.strip() else ''}"
 

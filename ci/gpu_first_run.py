@@ -110,7 +110,7 @@ def sweep_gpu_memory(out: Path) -> None:
     its memory is free after SIGKILL (ci/gpu_bare_load.py holds it)."""
     import subprocess
 
-    from pytest_kimiperf.server.gpu import gpu_memory_by_pid, wait_gpu_memory_freed
+    from pytest_kimiperf.server.gpu_memory import gpu_memory_by_pid, wait_gpu_memory_freed
 
     holder = subprocess.Popen([sys.executable, str(ROOT / "ci" / "gpu_bare_load.py"), "hold", "--mib", "1024"],
                               stdout=subprocess.PIPE, text=True)
@@ -135,7 +135,7 @@ def boot(out: Path, deadline_s: float) -> None:
     from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES
     from pytest_kimiperf.errors import KimiperfError
     from pytest_kimiperf.reports.nccl_check import check_server_log
-    from pytest_kimiperf.server.gpu import gpu_memory_by_pid
+    from pytest_kimiperf.server.gpu_memory import gpu_memory_by_pid
     from pytest_kimiperf.server.zombies import LAUNCH_ID_ENV
 
     if not (out / "whole-gpus").is_file():

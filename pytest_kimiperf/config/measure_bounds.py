@@ -14,14 +14,15 @@ from dataclasses import dataclass, fields
 
 from pytest_kimiperf.errors import ConfigError
 
-# nvmlClocksEventReason* / nvmlClocksThrottleReason* bits (nvml.h; the same values in
-# nvidia-ml-py 13.615's pynvml.py). BoardLimit and Reliability exist only in the older
-# "throttle" set, which the fallback call can return.
+# nvmlClocksEventReason* bits: the nine nvml.h defines and ORs into nvmlClocksEventReasonAll
+# (NVIDIA/go-nvml gen/nvml/nvml.h at 2f9e261; no nvml.h in that history ever defined 0x200 or
+# 0x400). pynvml 13.615 also names 0x200 "BoardLimit" and 0x400 "Reliability", in its deprecated
+# nvmlClocksThrottleReason* set only: no header says the driver sets them, so they decode as
+# unknown_0x200 / unknown_0x400 (host_readings.decode_clock_event_reasons) and cannot be bounded.
 CLOCK_EVENT_REASON_BITS: Mapping[int, str] = {
     0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
     0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting", 0x200: "board_limit",
-    0x400: "reliability",
+    0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting",
 }
 KNOWN_THROTTLE_REASONS = frozenset(CLOCK_EVENT_REASON_BITS.values())
 

@@ -20,8 +20,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-import numpy as np
-
 # Both probes are single-threaded: a probe that spreads over every core (a BLAS product) reads
 # whatever a neighbour leaves of the other cores, not the host's speed (seen here: 15-37 GFLOP/s
 # for one host within a minute). 300k loop iterations take ~30 ms, a 64 MiB copy (above L3 size)
@@ -88,6 +86,8 @@ def _python_mops() -> float:
 
 
 def _copy_gbs() -> float:
+    import numpy as np  # imported here: the GPU canary and the rest of this module run without it
+
     n = COPY_MIB * 1024 * 1024
     src = np.ones(n, dtype=np.uint8)
     dst = np.empty_like(src)

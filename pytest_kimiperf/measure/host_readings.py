@@ -57,6 +57,32 @@ class GpuReading:
     # The median SM clock of the driver's own samples inside the window (nvmlDeviceGetSamples),
     # where the two ends' readings see only idle moments; None where not asked or not kept.
     sm_clock_under_load_mhz: int | None = None
+    # The PCIe link: current generation and width (nvmlDeviceGetCurrPcieLinkGeneration/Width; in
+    # a window's reading the highest seen, as an idle GPU trains its link down to save power),
+    # and the most the GPU and its slot allow (nvmlDeviceGetMaxPcieLinkGeneration/Width). A TP=8
+    # box whose link trained to x8 or a lower generation is another machine.
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    pcie_max_gen: int | None = None
+    pcie_max_width: int | None = None
+    # Device-level accounting (nvmlDeviceGetMemoryInfo.used, MiB), which no container hides: in a
+    # sample, used and the sum NVML lists per process (None where one says "not available");
+    # in a window's reading, how much more was used at its end than at its start beyond what
+    # the listed processes gained: memory of a process NVML cannot name here (another
+    # container's, under a driver that converts pids: server/pid_namespace.py).
+    memory_used_mib: int | None = None
+    listed_memory_mib: int | None = None
+    unlisted_growth_mib: int | None = None
+
+    def pcie_shortfall(self) -> str | None:
+        """``GPU 3's PCIe link ran at Gen4 x8 (Gen5 x16 possible)``; None where it ran at its
+        most or NVML did not say."""
+        gen, width, most_gen, most_width = self.pcie_gen, self.pcie_width, self.pcie_max_gen, self.pcie_max_width
+        if not ((gen is not None and most_gen is not None and gen < most_gen)
+                or (width is not None and most_width is not None and width < most_width)):
+            return None
+        return (f"GPU {self.index}'s PCIe link ran at Gen{self.pcie_gen} x{self.pcie_width} "
+                f"(Gen{self.pcie_max_gen} x{self.pcie_max_width} possible)")
 
 
 # --------------------------------------------------------------------------- /proc and psutil
@@ -208,9 +234,12 @@ def sample_gpu(nvml: Any, index: int, *, since_us: int | None = None) -> GpuRead
         mask = _nvml_optional(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", handle)
     milliwatts = _nvml_optional(nvml, "nvmlDeviceGetPowerUsage", handle)
     processes: dict[int, int] = {}
-    for process in _nvml_optional(nvml, "nvmlDeviceGetComputeRunningProcesses", handle) or []:
+    listed = _nvml_optional(nvml, "nvmlDeviceGetComputeRunningProcesses", handle)
+    for process in listed or []:
         # usedGpuMemory is None where the driver cannot attribute memory (as in gpu.py).
         processes[int(process.pid)] = max(processes.get(int(process.pid), 0), int(process.usedGpuMemory or 0))
+    memory = _nvml_optional(nvml, "nvmlDeviceGetMemoryInfo", handle)
+    known = listed is not None and all(process.usedGpuMemory is not None for process in listed)
     return GpuReading(
         index=index,
         sm_clock_mhz=_nvml_optional(nvml, "nvmlDeviceGetClockInfo", handle, nvml.NVML_CLOCK_SM),
@@ -222,6 +251,12 @@ def sample_gpu(nvml: Any, index: int, *, since_us: int | None = None) -> GpuRead
         thermal_violation_ms=_violation_ms(nvml, handle, "NVML_PERF_POLICY_THERMAL"),
         energy_j=_energy_j(nvml, handle),
         sm_clock_under_load_mhz=sorted(under_load)[len(under_load) // 2] if under_load else None,
+        pcie_gen=_nvml_optional(nvml, "nvmlDeviceGetCurrPcieLinkGeneration", handle),
+        pcie_width=_nvml_optional(nvml, "nvmlDeviceGetCurrPcieLinkWidth", handle),
+        pcie_max_gen=_nvml_optional(nvml, "nvmlDeviceGetMaxPcieLinkGeneration", handle),
+        pcie_max_width=_nvml_optional(nvml, "nvmlDeviceGetMaxPcieLinkWidth", handle),
+        memory_used_mib=None if memory is None else int(memory.used) // 2**20,
+        listed_memory_mib=sum(processes.values()) // 2**20 if known else None,
     )
 
 
@@ -305,4 +340,24 @@ def merge_gpu_samples(samples: Sequence[GpuReading], own_pids: Iterable[int]) ->
         thermal_violation_ms=_accrued(first.thermal_violation_ms, last.thermal_violation_ms),
         energy_j=_accrued(first.energy_j, last.energy_j),
         sm_clock_under_load_mhz=last.sm_clock_under_load_mhz,
+        pcie_gen=_highest(s.pcie_gen for s in samples), pcie_width=_highest(s.pcie_width for s in samples),
+        pcie_max_gen=_highest(s.pcie_max_gen for s in samples),
+        pcie_max_width=_highest(s.pcie_max_width for s in samples),
+        memory_used_mib=_highest(s.memory_used_mib for s in samples),
+        unlisted_growth_mib=_unlisted_growth(first, last),
     )
+
+
+def _unlisted_growth(first: GpuReading, last: GpuReading) -> int | None:
+    """Used memory gained from ``first`` to ``last`` beyond what the listed processes gained;
+    None where either sample lacks a figure."""
+    used_then, used_now = first.memory_used_mib, last.memory_used_mib
+    listed_then, listed_now = first.listed_memory_mib, last.listed_memory_mib
+    if used_then is None or used_now is None or listed_then is None or listed_now is None:
+        return None
+    return (used_now - used_then) - (listed_now - listed_then)
+
+
+def _highest(values: Iterable[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None

@@ -26,7 +26,8 @@ from typing import Any
 from pytest_kimiperf.config.measure_bounds import HostBounds
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.server.gpu import nvml_failures
-from pytest_kimiperf.server.pid_namespace import UNMAPPABLE, read_pid_view
+from pytest_kimiperf.server.gpu_memory import DEVICE_TOLERANCE_MIB
+from pytest_kimiperf.server.pid_namespace import read_pid_view
 from pytest_kimiperf.measure.host_readings import (
     PSI_RESOURCES,
     TOP_FOREIGN_COUNT,
@@ -102,6 +103,11 @@ class HostReading:
                 f"{len(pids)} other process(es) held memory on the watched GPUs "
                 f"(bound {bounds.max_foreign_gpu_processes}): {named}"
             )
+        if bounds.max_foreign_gpu_processes is not None:
+            found.extend(f"GPU {gpu.index} used {gpu.unlisted_growth_mib} MiB more at the window's end than at its "
+                         "start beyond what the processes NVML lists gained: a process NVML cannot name here (another "
+                         "container's) or a leak" for gpu in self.gpus
+                         if gpu.unlisted_growth_mib is not None and gpu.unlisted_growth_mib > DEVICE_TOLERANCE_MIB)
         found.extend(self._throttled_under_load(bounds))
         for gpu in self.gpus:
             if forbidden := [r for r in gpu.throttle_reasons if r in bounds.forbidden_throttle_reasons
@@ -334,8 +340,9 @@ class HostWatch:
             reported = {pid for runs in samples.values() for sample in runs for pid, _ in sample.foreign_processes}
             view = read_pid_view(Path(self._proc_root), nvml_pids=reported)
             gpus = tuple(merge_gpu_samples(samples[i], view.host_pids(own)) for i in self._gpu_indices if i in samples)
-            if view.mode == UNMAPPABLE:  # no bound on what cannot be told apart from ours
-                gpus = tuple(replace(gpu, foreign_processes=()) for gpu in gpus)
+            if unnamed := view.unnamed(reported):  # no bound on what cannot be told apart from ours
+                gpus = tuple(replace(gpu, foreign_processes=tuple(p for p in gpu.foreign_processes if p[0] not in unnamed))
+                             for gpu in gpus)
             if view.note:
                 self._notes.append(view.note)
         return replace(reading, gpus=gpus, notes=tuple(dict.fromkeys(self._notes)))

@@ -50,7 +50,8 @@ class WatchedRun:
         return (f"host watch ({len(self.readings)} attempt(s)): {cpu}" + (f", {psi}" if psi else "")
                 + "".join(f"; node {n.node}: foreign CPU {n.foreign_cpu_share * 100:.0f}%" for n in self.node_readings)
                 + "".join(f"; node {name}: this machine, read above" for name in self.nodes_here)
-                + "".join(f"; {line}" for line in r.own_throttling()))
+                + "".join(f"; {line}" for line in r.own_throttling())
+                + "".join(f"; {gpu.pcie_shortfall()}" for gpu in r.gpus if gpu.pcie_shortfall()))
 
 
 def measure_watched(play: Callable[[int], RunResult], server: ServerHandle, deployment: Deployment, *,

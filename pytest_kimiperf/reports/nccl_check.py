@@ -25,6 +25,7 @@ from pytest_kimiperf.config.nccl.debug_log import (
     parse_enabled_matrix,
     parse_nccl_env_lines,
 )
+from pytest_kimiperf.config.nccl.tuning_log import tuning_note
 
 APPLIED = "applied"
 NOT_SEEN = "not seen in the log"
@@ -137,8 +138,10 @@ def check_server_log(
     if matrix is not None:
         differences = matrix_status(profile_env, matrix)
         notes.append("NCCL's enabled algorithm/protocol matrix (rank 0) "
-                     + ("is what the profile asks for: the setting was used" if not differences
+                     + ("is what the profile asks for: the setting was read" if not differences
                         else "differs from the profile: " + "; ".join(differences)))
+    if files and (ran := tuning_note(profile_env, debug_file_lines(files))) is not None:
+        notes.append(ran)  # what ran, per collective size (NCCL's TUNING lines)
     if (cpu_engine or gloo_seen[0]) and not logged:
         notes.append(CPU_ENGINE_NOTE)
     if any(v.variable.startswith("CUDA_") and v.status == NOT_SEEN for v in variables):

@@ -10,9 +10,11 @@ a measurement):
 - memory bandwidth per device: the deployment's ``memory_bandwidth_gbs``, else the GPU's
   datasheet peak (``ceiling.gpu_bandwidth_gbs`` on the fingerprint's GPU name), else, for a
   CPU deployment, a copy measured on this host at session end;
-- one decode-sized allreduce's latency: the deployment's ``allreduce_latency_us``, else the
-  default for the fingerprint's interconnect (PCIe, NVLink); a CPU engine at tp > 1 has none
-  (gloo's latency depends on the host), so only the bandwidth ceiling is given there.
+- one decode-sized allreduce's latency: the deployment's ``allreduce_latency_us``, else one
+  ``all_reduce_perf`` run at the decode size where nccl-tests is on PATH (nccl_tests.py: a few
+  seconds on the GPUs, at session end once the servers are gone), else the default for the
+  fingerprint's interconnect (PCIe, NVLink); a CPU engine at tp > 1 has none (gloo's latency
+  depends on the host), so only the bandwidth ceiling is given there.
 
 A missing input is never an error: the report says the ceiling is unknown and why. Nothing here
 imports pytest.
@@ -30,8 +32,9 @@ from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.gate import FLOOR_METRIC
 from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.numbers import fmt_share
-from pytest_kimiperf.roofline import ceiling
-from pytest_kimiperf.roofline.model_config import ModelConfigLookup, find_model_config, read_model_config
+from pytest_kimiperf.roofline import ceiling, nccl_tests
+from pytest_kimiperf.roofline.model_config import ModelConfigLookup, find_model_config, read_model_config, text_config
+
 
 # Server L3 caches reach 32-64 MiB per socket (ceiling.measure_cpu_copy_bandwidth_gbs): weights
 # smaller than this stay in cache between tokens, so DRAM bandwidth does not bind them.
@@ -243,6 +246,25 @@ def resolve_allreduce_latency(deployment: Any, fingerprint: Any) -> Sourced:
     return Sourced(value, f"default for {hard['gpu.interconnect']}, a guide, not a measurement")
 
 
+def measured_allreduce_latency(deployment: Any, config: Mapping[str, Any], default: Sourced,
+                               measure: Callable[[int, int], tuple[float, str] | None]) -> Sourced:
+    """One decode step's allreduce (the bf16 hidden state of one token: 2 x hidden_size bytes)
+    measured on this host's GPUs where nccl-tests is installed; ``default`` otherwise, and where
+    the deployment gives its own latency. A failed run keeps the default and says why."""
+    if default.value is None or deployment.allreduce_latency_us is not None or not deployment.needs_gpus:
+        return default
+    hidden = text_config(config, source="model config").get("hidden_size")
+    if not isinstance(hidden, int) or hidden <= 0:
+        return default
+    found = measure(2 * hidden, int(deployment.tensor_parallel_size))
+    if found is None:
+        return default
+    value, how = found
+    if not math.isfinite(value):
+        return Sourced(default.value, f"{default.source}; {how}")
+    return Sourced(value, how, measured=True)
+
+
 def measure_cpu_bandwidth_gbs() -> float:
     """This host's copy bandwidth, measured once at session end (about half a second)."""
     return ceiling.measure_cpu_copy_bandwidth_gbs(CPU_COPY_DURATION_S, buffer_mib=CPU_COPY_BUFFER_MIB)
@@ -277,6 +299,7 @@ def build_roofline_report(
     measure_cpu_gbs: Callable[[], float] = measure_cpu_bandwidth_gbs,
     tiny_model_dir: Path | None = None,
     external: bool = False,
+    measure_allreduce: Callable[[int, int], tuple[float, str] | None] = nccl_tests.measure_allreduce_latency,
 ) -> RooflineReport | None:
     """The ceilings for the session's single-stream decode results; None when there are none."""
     decoded = decode_results(results)
@@ -303,6 +326,8 @@ def build_roofline_report(
         return unknown(f"no memory bandwidth ({bandwidth.source})", bandwidth)
     try:
         config = read_model_config(lookup.path)
+        if not external:
+            latency = measured_allreduce_latency(deployment, config, latency, measure_allreduce)
         est = ceiling.estimate(config, tp=tp, bandwidth_gbs=bandwidth.value,
                                 allreduce_latency_us=latency.value, source=str(lookup.path))
     except ConfigError as exc:

@@ -35,8 +35,6 @@ _OPENERS: tuple[tuple[str, re.Pattern[str]], ...] = (
                              r"|Warming up model for the compilation")),
     # v1/worker/gpu_worker.py:760, cpu_worker.py:260, v1/core/kv_cache_utils.py
     ("allocating KV cache", re.compile(r"Available KV cache memory|GiB for KV cache|KV cache size")),
-    # v1/worker/gpu_model_runner.py (CUDA graphs); on the CPU the warm-up stands in for them
-    ("capturing CUDA graphs", re.compile(r"Capturing CUDA graph")),
     # entrypoints/openai/api_server.py: the engine is up, the HTTP server starts
     ("starting API server", re.compile(r"init engine \(profile, create kv cache|Starting vLLM (?:API )?server on")),
 )
@@ -56,6 +54,14 @@ _COMPILE_TOOK = re.compile(r"torch\.compile (?:and initial profiling/warmup run 
 # compilation/monitor.py:91: the first dummy run after compile, which the compile phase's
 # timestamps cannot separate from compiling
 _WARMUP_TOOK = re.compile(r"Initial profiling/warmup run took ([\d.]+) s")
+# CUDA graphs: both 0.32 GPU runners show their capture as a tqdm bar ("Capturing CUDA graphs
+# (PIECEWISE)", v1/worker/gpu/cudagraph_utils.py CudaGraphManager.capture; "(..., decode)",
+# gpu_model_runner.py:6657), which carries no timestamp, and log its end only:
+# "Graph capturing finished in %.0f secs, took %.2f GiB" (gpu_model_runner.py:6582; Model Runner
+# V2 v1/worker/gpu/model_runner.py:1128). V2 logs it during memory profiling too
+# (cudagraph_utils.profile_cudagraph_memory -> capture_model(profile_only=True)), so the last one
+# is the capture; the phase is placed from its stamp back by the seconds it states.
+_GRAPHS_DONE = re.compile(r"Graph capturing finished in ([\d.]+) secs")
 _COMPILE_CACHE_HIT = re.compile(r"Directly load the compiled graph|Directly load AOT compilation")
 _COMPILE_CACHE_MISS = re.compile(r"Compiling a graph for|Compiling model again|saved AOT compiled function")
 
@@ -173,6 +179,7 @@ def account_boot(
     weights_s = weights_gib = compile_s = warmup_s = None
     mapped = False
     cached: bool | None = None
+    graphs: tuple[float, float] | None = None  # the last capture's end and its stated seconds
     last_t = 0.0
     for line in log_text.splitlines():
         stamp = _STAMP.search(line)
@@ -196,10 +203,15 @@ def account_boot(
             compile_s = float(m.group(1))
         elif m := _WARMUP_TOOK.search(line):
             warmup_s = (warmup_s or 0.0) + float(m.group(1))
+        if m := _GRAPHS_DONE.search(line):
+            graphs = (min(last_t, total_s), float(m.group(1)))
         if _COMPILE_CACHE_HIT.search(line) and cached is None:
             cached = True
         if _COMPILE_CACHE_MISS.search(line):
             cached = False  # a miss anywhere (one failed load, one graph compiled) is a miss
+    if graphs is not None:
+        start = max(0.0, graphs[0] - graphs[1])
+        marks = sorted([*marks, ("capturing CUDA graphs", start)], key=lambda mark: mark[1])
     phases = tuple(
         PhaseTime(name, max(0.0, end - start))
         for (name, start), (_, end) in zip(marks, [*marks[1:], ("ready", total_s)])

@@ -1,4 +1,4 @@
-"""Which NVIDIA GPUs this host has, how they are linked, and which processes hold their memory.
+"""Which NVIDIA GPUs this host has and how they are linked (who holds their memory: gpu_memory.py).
 
 Two sources, tried in order: NVML through ``pynvml`` (distribution ``nvidia-ml-py``), then the
 ``nvidia-smi`` command (``ask_driver`` is that order, written once).  On a host with neither (the
@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from pytest_kimiperf.errors import ConfigError, HardwareMissingError, KimiperfError, ServerError
-from pytest_kimiperf.server.pid_namespace import read_pid_view
+from pytest_kimiperf.errors import ConfigError, HardwareMissingError, KimiperfError
 from pytest_kimiperf.server.nvidia_smi import (
-    QUERY_COMPUTE_APPS_FIELDS,
     QUERY_GPU_FIELDS,
     GpuInfo,
     Topology,
-    parse_compute_apps,
     parse_cuda_version,
     parse_query_gpu_csv,
     parse_topology,
@@ -321,10 +317,12 @@ def check_hardware(
     *,
     deployment: str,
     unavailable_reason: str | None = None,
+    scope: str | None = None,
 ) -> None:
     """Raise HardwareMissingError, in one message, unless ``gpus`` satisfy the deployment's need.
 
-    ``unavailable_reason`` (``GpuProbe.absence_reason()``) explains an empty ``gpus``.
+    ``unavailable_reason`` (``GpuProbe.absence_reason()``) explains an empty ``gpus``; ``scope``
+    says which of the host's GPUs ``gpus`` are (those CUDA_VISIBLE_DEVICES leaves this process).
     """
     if req.gpu_count == 0:
         return
@@ -349,6 +347,11 @@ def check_hardware(
         found = "found " + ", ".join(f"{count}x {name} ({mib} MiB)" for (name, mib), count in kinds.items())
         if len(matching) != len(gpus):
             found += f", of which {len(matching)} qualify"
+    found += f" ({scope})" if scope else ""
+    whole = [gpu for gpu in gpus if not gpu.in_mig_mode]
+    if req.gpu_name_contains and len(whole) >= req.gpu_count:
+        raise HardwareMissingError(
+            f"deployment {deployment!r} needs {req.describe()}; {found}. {_own_gpus_recipe(deployment, whole[0])}")
     raise HardwareMissingError(
         f"deployment {deployment!r} needs {req.describe()}; {found}. "
         "Run here with --deployment tiny-cpu, or on a host that has those GPUs (a deployment that "
@@ -356,77 +359,14 @@ def check_hardware(
     )
 
 
-def _nvml_memory_by_pid(pynvml: Any) -> dict[int, int]:
-    used: dict[int, int] = {}
-    for index in range(pynvml.nvmlDeviceGetCount()):
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            # usedGpuMemory is None where the driver cannot attribute memory (e.g. WDDM).
-            mib = (process.usedGpuMemory or 0) // _MIB
-            used[int(process.pid)] = used.get(int(process.pid), 0) + mib
-    return used
-
-
-def gpu_memory_by_pid(timeout_s: float = 10.0) -> dict[int, int]:
-    """Map each pid holding GPU memory to the MiB it holds, summed over GPUs; {} without GPUs.
-
-    The driver names processes by their host pid (a process in another container shows as
-    ``[Not Found]`` in nvidia-smi); in a container they are turned into the pids this process
-    sees (pid_namespace.py), and where that is impossible, a process cannot be named and is left
-    out (the sweep's GPU check then sees nothing, said in pid_namespace's note).
-    """
-
-    def from_smi(smi: str) -> dict[int, int]:
-        return parse_compute_apps(
-            _run_smi(
-                smi,
-                [f"--query-compute-apps={','.join(QUERY_COMPUTE_APPS_FIELDS)}", "--format=csv,noheader,nounits"],
-                timeout_s,
-            )
-        )
-
-    answer = ask_driver(_nvml_memory_by_pid, from_smi)
-    if answer.value is not None:
-        return read_pid_view(nvml_pids=answer.value).local_pids(answer.value)
-    if answer.smi_on_path:
-        # A host that has GPUs but cannot say who holds them must not read as "all memory free".
-        raise ServerError(
-            f"cannot read GPU memory per process: {answer.smi_note}; {'; '.join(answer.nvml_notes)}".rstrip("; ")
-        )
-    return {}
-
-
-def wait_gpu_memory_freed(
-    pids: Iterable[int],
-    *,
-    deadline_s: float,
-    poll_s: float = 1.0,
-    probe: Callable[[], Mapping[int, int]] = gpu_memory_by_pid,
-) -> None:
-    """Wait up to ``deadline_s`` seconds until none of ``pids`` holds GPU memory; else ServerError.
-
-    Ended processes can keep their GPU memory for a while (the driver frees it when the CUDA
-    context is torn down), so a new server started at once could fail to allocate.
-    """
-    watched = frozenset(int(pid) for pid in pids)
-    if deadline_s < 0 or poll_s <= 0:
-        raise ValueError(
-            f"deadline_s must be >= 0 and poll_s > 0, got deadline_s={deadline_s}, poll_s={poll_s}"
-        )
-    end = time.monotonic() + deadline_s
-    while True:
-        held = {pid: mib for pid, mib in probe().items() if pid in watched}
-        if not held:
-            return
-        left = end - time.monotonic()
-        if left <= 0:
-            holders = ", ".join(f"pid {pid} ({mib} MiB)" for pid, mib in sorted(held.items()))
-            raise ServerError(
-                f"GPU memory still held {deadline_s:g} s after stopping the server: {holders}. "
-                "Check `nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv` "
-                "and end those processes before the next run."
-            )
-        time.sleep(min(poll_s, left))
+def _own_gpus_recipe(deployment: str, gpu: GpuInfo) -> str:
+    """How to run ``deployment`` on GPUs of another name: a table that extends it."""
+    name = gpu.name.removeprefix("NVIDIA ").strip()
+    slug = "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
+    return (f"There are enough GPUs here, of another kind: to run it on them, extend it in pyproject.toml with "
+            f"[tool.kimiperf.deployments.{deployment}-{slug}] extends = \"{deployment}\" gpu_name_contains = "
+            f"\"{name}\" and run with --kimiperf-deployment {deployment}-{slug} (docs/how-to/own-deployment.md, "
+            "\"The same model on other GPUs\": check first that the weights fit).")
 
 
 __all__ = [
@@ -435,12 +375,10 @@ __all__ = [
     "HardwareRequirement",
     "ask_driver",
     "check_hardware",
-    "gpu_memory_by_pid",
     "probe_gpus",
     "query_gpus",
     "query_topology",
     "host_topology",
     "visible_nvml_indices",
     "nvml_failures",
-    "wait_gpu_memory_freed",
 ]

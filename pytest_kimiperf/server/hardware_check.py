@@ -10,15 +10,25 @@ query that returns recorded facts makes every rule here testable on a host witho
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from pytest_kimiperf.config.deployments import Deployment
 from pytest_kimiperf.config.nccl.profiles import NcclProfile
 from pytest_kimiperf.config.nccl.values import validate_profile
 from pytest_kimiperf.errors import ConfigError, HardwareMissingError, KimiperfError
-from pytest_kimiperf.server.gpu import GpuProbe, HardwareRequirement, check_hardware, probe_gpus, query_topology
+from pytest_kimiperf.server.gpu import (
+    GpuProbe,
+    HardwareRequirement,
+    check_hardware,
+    probe_gpus,
+    query_topology,
+    visible_nvml_indices,
+)
+from pytest_kimiperf.server.gpu_memory import gpu_memory_used_mib
 from pytest_kimiperf.server.nvidia_smi import GpuInfo, Topology
-from pytest_kimiperf.server.weight_cache import check_fit, memory_fit, why_not_used
+from pytest_kimiperf.server.weight_cache import check_fit, gpu_memory_utilization, memory_fit, why_not_used
 
 # How long one driver query may take before it reads as "no answer".
 QUERY_TIMEOUT_S = 10.0
@@ -35,23 +45,51 @@ def _host_topology() -> Topology | None:
 def hardware_problem(
     deployment: Deployment, *, external: bool = False, control: bool = False,
     probe: Callable[[], GpuProbe] = _probe_host,
+    memory_used: Callable[[], Mapping[int, int]] | None = None,
 ) -> str | None:
-    """Why this host cannot run ``deployment`` (GPUs missing, or the weight cache would leave an
-    engine no room on them), in one message; None when it can, when it runs on CPU, or when the
-    server is ``external`` (not ours to boot). Under ``control`` (--kimiperf-control) no daemon
-    holds the weights."""
+    """Why this host cannot run ``deployment`` (GPUs missing, too little free memory on them, or
+    the weight cache would leave an engine no room), in one message; None when it can, when it
+    runs on CPU, or when the server is ``external`` (not ours to boot). Only the GPUs the server
+    can use count: CUDA_VISIBLE_DEVICES as it gets it (the shell's, then the deployment's env),
+    which NVML ignores. Under ``control`` (--kimiperf-control) no daemon holds the weights."""
     if external or not deployment.needs_gpus:
         return None
     found = probe()
+    visible = {**os.environ, **deployment.env}.get("CUDA_VISIBLE_DEVICES")
+    indices = visible_nvml_indices(visible, len(found.gpus), gpus=lambda: found.gpus)
+    usable = [gpu for gpu in found.gpus if gpu.index in indices]
+    scope = (f"CUDA_VISIBLE_DEVICES={visible!r} leaves the server {len(usable)} of the host's {len(found.gpus)}"
+             if visible is not None and len(usable) < len(found.gpus) else None)
+    requirement = HardwareRequirement(deployment.gpu_count, deployment.gpu_name_contains)
     try:
-        check_hardware(
-            HardwareRequirement(deployment.gpu_count, deployment.gpu_name_contains), found.gpus,
-            deployment=deployment.name, unavailable_reason=found.absence_reason(),
-        )
-        check_weight_cache_fit(deployment, found.gpus, control=control)
+        check_hardware(requirement, usable, deployment=deployment.name, unavailable_reason=found.absence_reason(),
+                       scope=scope)
+        check_free_memory(deployment, [g for g in usable if requirement.matches(g)],
+                          (memory_used or gpu_memory_used_mib)())
+        check_weight_cache_fit(deployment, usable, control=control)
     except HardwareMissingError as exc:
         return str(exc)
     return None
+
+
+def check_free_memory(deployment: Deployment, gpus: Sequence[GpuInfo], used_mib: Mapping[int, int]) -> None:
+    """HardwareMissingError when one of the GPUs the server will take (the first ``gpu_count`` of
+    ``gpus``, in CUDA's order) has less free than vLLM asks at startup: total x
+    --gpu-memory-utilization (vLLM 0.32 v1/worker/utils.py request_memory, "Free memory on device
+    ... is less than desired GPU memory utilization"). A GPU whose use is not known is not judged."""
+    share = gpu_memory_utilization(deployment.command)
+    short = [(gpu, gpu.memory_total_mib - used_mib[gpu.index], math.ceil(gpu.memory_total_mib * share))
+             for gpu in gpus[:deployment.gpu_count] if gpu.index in used_mib]
+    short = [(gpu, free, need) for gpu, free, need in short if free < need]
+    if not short:
+        return
+    named = "; ".join(f"GPU {gpu.index} ({gpu.name}) has {free} of {gpu.memory_total_mib} MiB free, vLLM asks {need}"
+                      for gpu, free, need in short)
+    raise HardwareMissingError(
+        f"deployment {deployment.name!r}: {named} (--gpu-memory-utilization {share:g} of each GPU must be free "
+        "when the engine starts). End what holds that memory (`nvidia-smi --query-compute-apps=pid,process_name,"
+        "used_memory --format=csv`), choose free GPUs with CUDA_VISIBLE_DEVICES, or lower --gpu-memory-utilization "
+        "in a deployment that extends this one.")
 
 
 def check_weight_cache_fit(deployment: Deployment, gpus: Sequence[GpuInfo], *, control: bool = False) -> None:
@@ -102,4 +140,4 @@ def topology_warnings(
     return found
 
 
-__all__ = ["QUERY_TIMEOUT_S", "check_weight_cache_fit", "hardware_problem", "topology_warnings"]
+__all__ = ["QUERY_TIMEOUT_S", "check_free_memory", "check_weight_cache_fit", "hardware_problem", "topology_warnings"]

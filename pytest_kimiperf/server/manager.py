@@ -22,6 +22,7 @@ from pytest_kimiperf.server.boot_account import BootAccount, account_boot
 from pytest_kimiperf.server.cluster import NodeGroup, node_group
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.server.host_claim import HostClaim, claim_host
+from pytest_kimiperf.server.gpu_memory import settle_before_boot, wait_gpu_memory_freed
 from pytest_kimiperf.config.nccl.debug_log import nccl_debug_env
 from pytest_kimiperf.config.nccl.profiles import NcclProfile, profile_server_env
 from pytest_kimiperf.paths import compile_cache_env
@@ -134,6 +135,7 @@ class ServerManager:
         self._interrupted = False
         self._signals = 0
         self._ready_boots = 0  # boots of the deployment that became ready in this process
+        self._gpu_before_mib: dict[int, int] | None = None  # each GPU's MiB used before the first boot
         # `vllm preload` daemons (weight_cache.py): planned at the first boot, started once,
         # stopped after the last engine. ``weight_cache_record`` is what the reports say of them.
         self.weight_cache: WeightCachePlan | None = None
@@ -219,6 +221,8 @@ class ServerManager:
             f"on {server.base_url}; log: {rec.log_path}"
             + (f"; {server.describe()}" if isinstance(server, NodeGroup) else "")
         )
+        if deployment.needs_gpus:  # device-level accounting: every boot starts from the first one's figure
+            self._gpu_before_mib = settle_before_boot(self._gpu_before_mib)
         rec.boots += 1
         self._current = server
         started_wall = datetime.now()  # local time, as vLLM stamps its log lines
@@ -411,8 +415,6 @@ class ServerManager:
                 "check `nvidia-smi` and the kernel log, free the GPUs (or reboot), then rerun"
             )
         if report.gpu_pids and self.settings.deployment.needs_gpus:
-            from pytest_kimiperf.server.gpu import wait_gpu_memory_freed
-
             wait_gpu_memory_freed(report.gpu_pids, deadline_s=120.0)
 
     def close(self) -> None:

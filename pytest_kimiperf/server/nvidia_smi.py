@@ -273,6 +273,23 @@ def parse_compute_apps(text: str, fields: Sequence[str] = QUERY_COMPUTE_APPS_FIE
     return used
 
 
+def parse_memory_used_csv(text: str) -> dict[int, int | None]:
+    """Parse ``nvidia-smi --query-gpu=index,memory.used`` into {index: MiB used}, None where a
+    GPU does not say (``[N/A]``: unified-memory boards). Accepts a header and units or neither."""
+    used: dict[int, int | None] = {}
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("index"):
+            continue
+        values = [value.strip() for value in line.split(",")]
+        if len(values) < 2:
+            raise ValueError(f"--query-gpu=index,memory.used: expected 'index, MiB', got {line!r}")
+        index = _optional_int(values[0], what="--query-gpu index")
+        if index is None:
+            raise ValueError(f"--query-gpu=index,memory.used row without an index: {line!r}")
+        used[index] = _optional_int(values[1], what=f"memory.used of GPU {index}")
+    return used
+
+
 __all__ = [
     "QUERY_COMPUTE_APPS_FIELDS",
     "QUERY_GPU_FIELDS",
@@ -280,6 +297,7 @@ __all__ = [
     "Topology",
     "parse_compute_apps",
     "parse_cuda_version",
+    "parse_memory_used_csv",
     "parse_query_gpu_csv",
     "parse_topology",
 ]

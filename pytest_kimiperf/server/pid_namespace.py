@@ -12,6 +12,16 @@ bound off and say so. gVisor's /proc has a pid namespace link but no ``NSpid`` l
 (google/gvisor pkg/sentry/fsimpl/proc/task_files.go, ``statusData.Generate``); there the pids
 NVML names are taken as ours only where each one is a process here that holds an NVIDIA device
 open (``/proc/<pid>/fd`` links to ``/dev/nvidia*``), which is what a CUDA process does.
+
+Which pids NVML reports depends on the driver. Up to about 550 it reports host pids
+(NVIDIA/nvidia-docker#1483). The open kernel modules convert each client's pid into the
+caller's namespace and drop the clients it cannot see there (open-gpu-kernel-modules
+``src/nvidia/src/kernel/gpu/gpu_rmapi.c`` ``_gpuConvertPid`` -> ``osFindNsPid`` ->
+``kernel-open/nvidia/os-interface.c`` ``os_find_ns_pid``: ``pid_vnr()``, NV_ERR_OBJECT_NOT_FOUND
+where it is 0, and ``gpuGetProcWithObject`` skips those). So in any container a pid NVML reports
+that is a local process holding ``/dev/nvidia*`` is taken as that process (:data:`TRUSTED`),
+whatever the /proc looks like; what NVML cannot name (another container's processes under such a
+driver) is left to device-level accounting (``gpu.gpu_memory_used_mib``).
 """
 
 from __future__ import annotations
@@ -21,20 +31,22 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["INIT_PID_NS_INODE", "MAPPED", "SAME", "UNMAPPABLE", "PidView", "read_pid_view"]
+__all__ = ["INIT_PID_NS_INODE", "MAPPED", "SAME", "TRUSTED", "UNMAPPABLE", "PidView", "read_pid_view"]
 
 # The initial PID namespace's inode (PROC_PID_INIT_INO, include/linux/proc_ns.h: 0xEFFFFFFC,
 # fixed since Linux 3.8): /proc/self/ns/pid points at it only outside every container.
 INIT_PID_NS_INODE = 0xEFFFFFFC
 
-SAME, MAPPED, UNMAPPABLE = "same", "mapped", "unmappable"
+SAME, MAPPED, TRUSTED, UNMAPPABLE = "same", "mapped", "trusted", "unmappable"
 
 
 @dataclass(frozen=True)
 class PidView:
     """How NVML's (host) pids relate to the pids this process sees."""
 
-    mode: str  # SAME, MAPPED or UNMAPPABLE
+    mode: str  # SAME, MAPPED, TRUSTED or UNMAPPABLE
+    # MAPPED: NVML's pid -> ours through NSpid; TRUSTED: NVML's pids that are processes here
+    # holding an NVIDIA device, each to itself (the rest NVML reported cannot be named).
     host_to_local: Mapping[int, int] = field(default_factory=dict)
     note: str | None = None
 
@@ -59,6 +71,14 @@ class PidView:
         if self.mode == SAME:
             return wanted
         return {host for host, local in self.host_to_local.items() if local in wanted}
+
+    def unnamed(self, nvml_pids: Iterable[int]) -> set[int]:
+        """The pids NVML reported that this view cannot tell from ours: none where NVML's pids
+        are ours or mapped (an unmapped host pid is another namespace's process: foreign), and
+        every pid it could not trust otherwise (a host pid of ours under an old driver, say)."""
+        if self.mode in (SAME, MAPPED):
+            return set()
+        return {pid for pid in nvml_pids if pid not in self.host_to_local}
 
 
 def _nspid(status: Path) -> list[int]:
@@ -100,34 +120,51 @@ def _holds_nvidia_device(proc_root: Path, pid: int) -> bool:
     return False
 
 
+def _trusted(proc_root: Path, reported: Iterable[int], path_pid: Mapping[int, int] | None = None) -> dict[int, int]:
+    """``{pid: pid}`` for each reported pid that is a process here holding an NVIDIA device
+    (``path_pid`` gives the /proc entry of a pid where this /proc is an ancestor namespace's)."""
+    return {pid: pid for pid in reported
+            if (path_pid is None or pid in path_pid) and _holds_nvidia_device(proc_root, (path_pid or {}).get(pid, pid))}
+
+
+def _trusted_view(proc_root: Path, reported: set[int], why: str,
+                  path_pid: Mapping[int, int] | None = None) -> PidView:
+    """TRUSTED where some reported pid is a local process holding an NVIDIA device (or none was
+    reported: nothing to name); UNMAPPABLE where NVML named processes and none is one here."""
+    trusted = _trusted(proc_root, reported, path_pid)
+    unnamed = sorted(reported - set(trusted))
+    if reported and not trusted:
+        return PidView(UNMAPPABLE, note=(
+            f"{why}, and none of NVML's pids {unnamed[:8]} is a process here holding an NVIDIA device (a driver "
+            "that reports host pids, such as 550 and older): NVML's process list cannot be matched with our "
+            "processes, so the bound on other GPU processes is off and the sweep cannot see GPU memory; run "
+            "with the host's PID namespace (docker --pid=host) to have both; device-level accounting "
+            "(memory used on each GPU) still finds memory left behind"))
+    left = (f"; {len(unnamed)} pid(s) NVML reports are no process here and are left unnamed: {unnamed[:8]}"
+            if unnamed else "")
+    return PidView(TRUSTED, trusted, note=(
+        f"{why}: NVML's pids are taken as ours where each is a process here holding an NVIDIA device "
+        f"({len(trusted)} of {len(reported)}){left}; a driver that converts pids into this namespace hides "
+        "other containers' processes, which device-level accounting (memory used on each GPU) still sees"))
+
+
 def read_pid_view(proc_root: Path = Path("/proc"), nvml_pids: Iterable[int] = ()) -> PidView:
     """How to read NVML's pids here (see the module docstring); ``nvml_pids``, the pids NVML
-    reported, decide where /proc has no ``NSpid`` line to map them with."""
+    reported, decide where /proc cannot map them or the driver already converted them."""
     try:
         inode = os.stat(proc_root / "self" / "ns" / "pid").st_ino
     except OSError:  # no /proc of this kind (a recorded /proc tree in the tests): as before
         return PidView(SAME)
     if inode == INIT_PID_NS_INODE:
         return PidView(SAME)
+    reported = set(nvml_pids)
     own_nspid = _nspid(proc_root / "self" / "status")
     if not own_nspid:
-        reported = sorted(set(nvml_pids))
-        if reported and all(_holds_nvidia_device(proc_root, pid) for pid in reported):
-            return PidView(SAME, note=(
-                f"no NSpid in {proc_root}/self/status (a sandbox such as gVisor): each of the {len(reported)} "
-                "pid(s) NVML reports is a process here holding an NVIDIA device, so NVML's pids are ours"))
-        return PidView(UNMAPPABLE, note=(
-            f"no NSpid in {proc_root}/self/status (a sandbox such as gVisor) and NVML's pids "
-            f"{reported[:8]} are not all processes here holding an NVIDIA device: NVML's process list "
-            "cannot be matched with our processes, so the bound on other GPU processes is off and the "
-            "sweep cannot see GPU memory"))
+        return _trusted_view(proc_root, reported, f"no NSpid in {proc_root}/self/status (a sandbox such as gVisor)")
     depth = len(own_nspid) - 1
     if depth < 1:
-        return PidView(UNMAPPABLE, note=(
-            "this process runs in a PID namespace of its own (a container) whose /proc shows no host "
-            "pids, so NVML's process list (host pids) cannot be matched with our processes: the bound "
-            "on other GPU processes is off and the sweep cannot see GPU memory; run with the host's "
-            "PID namespace (docker --pid=host) to have both"))
+        return _trusted_view(proc_root, reported, "this process runs in a PID namespace of its own (a container) "
+                             "whose /proc shows no host pids")
     mapping: dict[int, int] = {}
     for status in proc_root.glob("[0-9]*/status"):
         nspid = _nspid(status)
@@ -135,5 +172,11 @@ def read_pid_view(proc_root: Path = Path("/proc"), nvml_pids: Iterable[int] = ()
         # /proc, has a pid at our depth too, in another namespace (its pid 1 is not ours).
         if len(nspid) > depth and _pid_ns_inode(status.parent) == inode:
             mapping[nspid[0]] = nspid[depth]
+    local_to_path = {local: host for host, local in mapping.items()}
+    if reported and not reported & mapping.keys() and reported <= local_to_path.keys():
+        # None is a host pid of ours and each is one of our namespace's pids: the driver
+        # converted them (os_find_ns_pid), so /proc/<host pid> is where each one is found.
+        return _trusted_view(proc_root, reported, "in a container whose driver names processes by this "
+                             "namespace's pids", local_to_path)
     return PidView(MAPPED, mapping, note=(
         f"in a container: NVML's host pids are mapped to ours through NSpid ({len(mapping)} processes)"))

@@ -353,14 +353,20 @@ def memory_fit(model: str, tensor_parallel_size: int, command: Sequence[str],
     size = checkpoint_bytes(model)
     if size is None:
         return None
+    return MemoryFit(estimate_daemon_gib(size, tensor_parallel_size), gpu_total_mib / 1024,
+                     gpu_memory_utilization(command), MIN_ENGINE_GIB)
+
+
+def gpu_memory_utilization(command: Sequence[str]) -> float:
+    """The share of each GPU the engine asks for at startup: the command's last
+    ``--gpu-memory-utilization``, else vLLM's default."""
     utilization = DEFAULT_GPU_MEMORY_UTILIZATION
     for i, arg in enumerate(command):
         if arg == "--gpu-memory-utilization" and i + 1 < len(command):
             utilization = float(command[i + 1])
         elif arg.startswith("--gpu-memory-utilization="):
             utilization = float(arg.split("=", 1)[1])
-    return MemoryFit(estimate_daemon_gib(size, tensor_parallel_size), gpu_total_mib / 1024, utilization,
-                     MIN_ENGINE_GIB)
+    return utilization
 
 
 def _host_ram_bytes() -> int | None:

@@ -37,7 +37,7 @@ import psutil
 
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.server.agent_wire import agent_payload
-from pytest_kimiperf.server.gpu import gpu_memory_by_pid
+from pytest_kimiperf.server.gpu_memory import gpu_memory_by_pid
 from pytest_kimiperf.server.launch_records import (
     LaunchRecord,
     Place,

@@ -139,7 +139,7 @@ def test_nccls_per_process_files_are_read_instead_of_the_log_and_the_matrix_show
     assert statuses(check) == {"NCCL_ALGO": APPLIED, "NCCL_PROTO": APPLIED}
     assert check.notes == (
         f"read from NCCL's 2 per-process debug file(s) {tmp_path}/server-tiny-gpu-tree-ll.nccl.*",
-        "NCCL's enabled algorithm/protocol matrix (rank 0) is what the profile asks for: the setting was used",
+        "NCCL's enabled algorithm/protocol matrix (rank 0) is what the profile asks for: the setting was read",
     )
     ring = check_server_log("ring-ll", dict(BUILTIN_PROFILES["ring-ll"].env), log, cpu_engine=False)
     assert "differs from the profile: " in ring.notes[1] and "AllReduce algorithm: NCCL enabled Tree" in ring.notes[1]

@@ -390,3 +390,22 @@ def test_daemons_of_a_sigkilled_session_are_stopped_and_the_next_sweep_finds_not
         session.wait()
         if session.stdout is not None:
             session.stdout.close()
+
+
+def test_the_daemons_are_ours_to_the_host_watch(tmp_path: Path, fake_vllm: Path) -> None:
+    # They run as their own ServerProcess, outside the engine's tree; with
+    # max_foreign_gpu_processes=0 a window would be INVALID if their processes (which hold GPU
+    # memory) read as foreign. They are ours because own_pids walks this process's tree, where
+    # their launcher (process.py, a child of the session) and `vllm preload`'s per-rank
+    # ctx.Process children (vllm 0.32 entrypoints/cli/preload.py) stay for the session.
+    from pytest_kimiperf.measure.watched import own_pids
+
+    pids = tmp_path / "daemon-pids"
+    manager = _manager(tmp_path, fake_vllm, [], STUB_PRELOAD_ARGS=f"--pid-file {pids}")
+    try:
+        handle = manager.acquire(RING)
+        daemons = {int(p) for p in pids.read_text().split()}
+        assert daemons and daemons <= set(own_pids(handle))
+        assert handle.pid is not None and daemons.isdisjoint(c.pid for c in psutil.Process(handle.pid).children(recursive=True))
+    finally:
+        manager.close()

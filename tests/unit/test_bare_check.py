@@ -1,9 +1,10 @@
 """ci/gpu-bare-check.sh on a host without a GPU: one check line a step, what a rerun may skip, the
-recordings packed under $OUT after every step, and a time budget that fits a 10-minute command.
+recordings packed under $OUT after every step, and a time budget that leaves a rerun room in a
+10-minute command.
 
 nvidia-smi is a stand-in that answers with recorded outputs (tests/data/gpu), including gVisor's
-failed `topo -m`; NVML cannot load here and torch has no CUDA, so the GPU steps must each fail
-with their own line, not stop the run.
+failed `topo -m`; NVML cannot load here and torch has no CUDA, so the preflight says so in one
+line and the steps that need a GPU are not started.
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ from tests.helpers import DATA, ROOT
 
 SCRIPT = ROOT / "ci" / "gpu-bare-check.sh"
 LINE = re.compile(r"^check: (OK|FAIL|INFO) (?P<step>[a-z-]+): .+$")
-BUDGET_S = 480  # 8 minutes: the device command limit is 10, the machine's start comes on top
+BUDGET_S = 330  # a whole run and a rerun of what failed fit the device's 10-minute command
+GPU_STEPS = ("load-window", "canary", "gpu-memory", "server", "nccl", "ipc", "pid-ns")
 
 
 def plan() -> list[tuple[str, int]]:
     done = subprocess.run([sys.executable, str(ROOT / "ci" / "gpu_bare_check.py"), "--plan"], capture_output=True,
                           text=True, check=True, timeout=60, cwd=ROOT)
-    return [(name, int(limit)) for name, limit in (line.split() for line in done.stdout.splitlines())]
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert sorted(name for name, _, needs in rows if needs == "gpu") == sorted(GPU_STEPS)
+    return [(name, int(limit)) for name, limit, _ in rows]
 
 
 def fake_nvidia_smi(directory: Path) -> Path:
@@ -60,7 +64,7 @@ def bare_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_steps_fit_the_budget_even_when_each_runs_to_its_limit() -> None:
     steps = plan()
-    assert [name for name, _ in steps][:3] == ["runtime", "smi", "nvml"]
+    assert [name for name, _ in steps][:4] == ["preflight", "runtime", "smi", "nvml"]
     assert sum(limit for _, limit in steps) <= BUDGET_S
     assert f"BUDGET=${{BARE_BUDGET_S:-{BUDGET_S}}}" in SCRIPT.read_text()
 
@@ -74,11 +78,16 @@ def test_without_a_gpu_every_step_says_one_line_and_the_recordings_come_back(tmp
     verdicts = {m.group("step"): m.group(1) for m in checks if m}
     assert verdicts["smi"] == "OK" and verdicts["nvml"] == "FAIL" and verdicts["unit-tests"] == "INFO"
     assert "topo -m exit 255 unparsed" in next(line for line in lines if " smi: " in line)
-    # No CUDA: each GPU step fails on its own and the run goes on to the next.
-    assert all(verdicts[step] == "FAIL" for step in ("load-window", "canary", "gpu-memory", "server", "nccl", "ipc"))
+    # No CUDA: the preflight's one line says why, and no step that needs a GPU is started.
+    preflight = next(line for line in lines if " preflight: " in line)
+    assert re.match(r"check: FAIL preflight: torch \S+ \(a CPU build\) sees no GPU: the steps that need a GPU are "
+                    r"not run; python 3\.", preflight), preflight
+    assert "NVML: NVML Shared Library Not Found" in preflight
+    for step in GPU_STEPS:
+        assert f"check: INFO {step}: not run: torch " in "\n".join(lines) and verdicts[step] == "INFO"
     assert done.returncode == 1
-    # A rerun skips what passed or was skipped.
-    passed = [step for step, verdict in verdicts.items() if verdict != "FAIL"]
+    # A rerun skips what passed or was skipped, never a step that was not run.
+    passed = [step for step, verdict in verdicts.items() if verdict != "FAIL" and step not in GPU_STEPS]
     assert lines[-1] == f"SKIP={','.join(passed)}"
     out = tmp_path / "out"
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
@@ -88,14 +97,16 @@ def test_without_a_gpu_every_step_says_one_line_and_the_recordings_come_back(tmp
         names = set(tar.getnames())
         topo = tar.extractfile("./smi/topo_m.txt")
         assert topo is not None and topo.read().decode() == (DATA / "gpu" / "topo_8x_gvisor_failed.txt").read_text()
-    assert {"./runtime/stat", "./runtime/facts.json", "./smi/exit_codes.json", "./nvml.log"} <= names
+    assert {"./runtime/stat", "./runtime/facts.json", "./smi/exit_codes.json", "./nvml.log",
+            "./preflight/preflight.json", "./preflight.blocked"} <= names
     assert not list(tmp_path.glob("kimiperf-bare.*"))  # the work folder is removed
 
 
 def test_a_step_that_does_not_fit_what_is_left_of_the_budget_is_not_started(tmp_path: Path) -> None:
     rest = ",".join(name for name, _ in plan() if name not in ("runtime", "smi"))
-    done = bare_check(tmp_path, SKIP=rest, BARE_BUDGET_S="25")  # runtime (15 s) fits, smi (40 s) does not
+    done = bare_check(tmp_path, SKIP=rest, BARE_BUDGET_S="25")  # runtime (10 s) fits, smi (30 s) does not
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("check: INFO runtime: kernel ")
-    assert re.fullmatch(r"check: INFO smi: not run: \d+ s of the 25 s budget left, it may take 40 s", lines[1])
-    assert lines[-1] == f"SKIP=runtime,{rest}" and done.returncode == 0
+    assert lines[1].startswith("check: INFO runtime: kernel ")
+    assert re.fullmatch(r"check: INFO smi: not run: \d+ s of the 25 s budget left, it may take 30 s", lines[2])
+    assert lines[0] == "check: INFO preflight: skipped (SKIP)"
+    assert lines[-1] == "SKIP=" + ",".join(name for name, _ in plan() if name != "smi") and done.returncode == 0

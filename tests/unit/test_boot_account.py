@@ -20,7 +20,8 @@ CPU_LOG = DATA / "tiny_cpu_compile_cache_miss.log"
 CPU_STARTED = datetime(2026, 11, 30, 18, 33, 23)
 
 # vLLM 0.32's GPU formats (v1/worker/gpu_model_runner.py, gpu_worker.py, compilation/
-# backends.py, weight_cache/ipc_loader.py), one line per phase, as a GPU boot writes them.
+# backends.py, weight_cache/ipc_loader.py), one line per phase, as a GPU boot writes them. The
+# capture is a tqdm bar without a stamp (gpu_model_runner.py:6657 desc=...); only its end is logged.
 GPU_LOG = """\
 (APIServer pid=1) INFO 01-02 10:00:05 [api_utils.py:286] non-default args: {'model': 'm'}
 (EngineCore pid=2) INFO 01-02 10:00:20 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: ...
@@ -31,7 +32,8 @@ GPU_LOG = """\
 (Worker_TP0 pid=3) INFO 01-02 10:00:51 [backends.py:296] Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 2.1 s
 (Worker_TP0 pid=3) INFO 01-02 10:00:59 [monitor.py:62] torch.compile took 8.00 s in total
 (Worker_TP0 pid=3) INFO 01-02 10:01:00 [gpu_worker.py:760] Available KV cache memory: 60.00 GiB
-(Worker_TP0 pid=3) INFO 01-02 10:01:02 [gpu_model_runner.py:6560] Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%
+Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):   0%|          | 0/35 [00:00<?, ?it/s]
+Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|##########| 35/35 [00:09<00:00,  3.80it/s]
 (Worker_TP0 pid=3) INFO 01-02 10:01:12 [gpu_model_runner.py:6582] Graph capturing finished in 10 secs, took 0.50 GiB
 (EngineCore pid=2) INFO 01-02 10:01:13 [core.py:402] init engine (profile, create kv cache, warmup model) took 33.00 s
 (APIServer pid=1) INFO 01-02 10:01:15 [entry.py:140] Starting vLLM server on http://127.0.0.1:8000
@@ -51,6 +53,42 @@ def test_a_gpu_boot_is_split_into_its_phases_which_add_up_to_the_boot() -> None:
         "allocating KV cache", "capturing CUDA graphs", "starting API server"]
     assert account.phase_s("loading weights") == 11.0  # 10:00:40 to the compile's first line
     assert sum(p.seconds for p in account.phases) == account.total_s
+
+
+# Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1) in 0.32: gpu_worker.py:518 says so; the memory
+# profile captures a sample of graphs and logs the end line once already (cudagraph_utils.py
+# profile_cudagraph_memory -> model_runner.py capture_model(profile_only=True), :1128); the real
+# capture's bar is "Capturing CUDA graphs (FULL)" (cudagraph_utils.py CudaGraphManager.capture);
+# gpu_worker.py:971 compares the pool with the estimate.
+MRV2_LOG = """\
+(APIServer pid=1) INFO 01-02 10:00:05 [api_utils.py:286] non-default args: {'model': 'm'}
+(EngineCore pid=2) INFO 01-02 10:00:20 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: ...
+(Worker_TP0 pid=3) INFO 01-02 10:00:21 [gpu_worker.py:518] Using V2 Model Runner
+(Worker_TP0 pid=3) INFO 01-02 10:00:40 [model_runner.py:402] Starting to load model m...
+(Worker_TP0 pid=3) INFO 01-02 10:00:49 [default_loader.py:502] Loading weights took 8.00 seconds
+(Worker_TP0 pid=3) INFO 01-02 10:00:51 [backends.py:296] Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 2.1 s
+(Worker_TP0 pid=3) INFO 01-02 10:00:59 [monitor.py:62] torch.compile took 8.00 s in total
+Capturing CUDA graphs (FULL): 100%|##########| 4/4 [00:02<00:00,  1.90it/s]
+(Worker_TP0 pid=3) INFO 01-02 10:01:02 [model_runner.py:1128] Graph capturing finished in 2 secs, took 0.40 GiB
+(Worker_TP0 pid=3) INFO 01-02 10:01:03 [gpu_worker.py:760] Available KV cache memory: 60.00 GiB
+Capturing CUDA graphs (FULL): 100%|##########| 35/35 [00:07<00:00,  4.90it/s]
+(Worker_TP0 pid=3) INFO 01-02 10:01:12 [model_runner.py:1128] Graph capturing finished in 7 secs, took 0.45 GiB
+(Worker_TP0 pid=3) INFO 01-02 10:01:12 [gpu_worker.py:971] CUDA graph pool memory: 0.45 GiB (actual), 0.4 GiB (estimated), difference: 0.05 GiB (11.1%).
+(EngineCore pid=2) INFO 01-02 10:01:13 [core.py:402] init engine (profile, create kv cache, warmup model) took 33.00 s
+(APIServer pid=1) INFO 01-02 10:01:15 [entry.py:140] Starting vLLM server on http://127.0.0.1:8000
+"""
+
+
+def test_cuda_graph_capture_is_placed_from_its_end_line_in_both_gpu_runners() -> None:
+    v1 = _gpu_account()
+    assert v1.phase_s("capturing CUDA graphs") == 1.0 + 10.0  # from 10:01:02 (12 - 10) to the next opener
+    assert v1.phase_s("allocating KV cache") == 2.0  # 10:01:00 to the capture's start
+    v2 = _gpu_account(MRV2_LOG)
+    # The profiling capture (2 secs, before the KV cache) is not the capture: the last one is.
+    assert [p.phase for p in v2.phases][-3:] == ["allocating KV cache", "capturing CUDA graphs", "starting API server"]
+    assert v2.phase_s("capturing CUDA graphs") == 7.0 + 1.0  # 10:01:05 to 10:01:13
+    assert v2.phase_s("allocating KV cache") == 2.0  # 10:01:03 to 10:01:05
+    assert sum(p.seconds for p in v2.phases) == v2.total_s
 
 
 def test_weights_are_counted_in_bytes_and_gb_per_second_where_the_log_says() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kimiperf.server import gpu, nvidia_smi
+from pytest_kimiperf.server import gpu, gpu_memory, nvidia_smi
 from pytest_kimiperf.errors import ConfigError, HardwareMissingError, KimiperfError, ServerError
 from tests import helpers
 
@@ -139,7 +139,7 @@ def test_no_gpu_host_answers_empty_and_fast(bin_dir: Path) -> None:
     assert probe.gpus == () and probe.source == "none"
     assert "nvidia-smi not found on PATH" in probe.notes
     assert gpu.query_gpus() == []
-    assert gpu.gpu_memory_by_pid() == {}
+    assert gpu_memory.gpu_memory_by_pid() == {}
     assert gpu.query_topology() is None
     assert time.monotonic() - started < 1.0
 
@@ -181,7 +181,7 @@ def test_nvidia_smi_without_driver_is_reported_not_raised(bin_dir: Path) -> None
     assert probe.gpus == ()
     assert "exited with 9: NVIDIA-SMI has failed because it couldn't communicate" in probe.absence_reason()
     with pytest.raises(ServerError, match="cannot read GPU memory per process"):
-        gpu.gpu_memory_by_pid()
+        gpu_memory.gpu_memory_by_pid()
 
 
 @needs_no_nvml
@@ -301,7 +301,7 @@ def test_wait_gpu_memory_freed_returns_once_the_pids_are_gone() -> None:
         polled.append(snapshots[min(len(polled), len(snapshots) - 1)])
         return polled[-1]
 
-    gpu.wait_gpu_memory_freed(released, deadline_s=5, poll_s=0.01, probe=probe)
+    gpu_memory.wait_gpu_memory_freed(released, deadline_s=5, poll_s=0.01, probe=probe)
     assert polled == snapshots  # it polled while the pids held memory, and stopped at the first free read
 
 
@@ -309,7 +309,7 @@ def test_wait_gpu_memory_freed_names_the_holders_at_the_deadline() -> None:
     after = nvidia_smi.parse_compute_apps(recorded("compute_apps_8gpu_after_release.csv"))
     started = time.monotonic()
     with pytest.raises(ServerError) as caught:
-        gpu.wait_gpu_memory_freed(
+        gpu_memory.wait_gpu_memory_freed(
             [1328667, 1758887, 99], deadline_s=0.2, poll_s=0.05, probe=scripted_probe(after)
         )
     assert 0.2 <= time.monotonic() - started < 2
@@ -319,4 +319,53 @@ def test_wait_gpu_memory_freed_names_the_holders_at_the_deadline() -> None:
 
 def test_wait_gpu_memory_freed_rejects_bad_timing() -> None:
     with pytest.raises(ValueError, match="deadline_s must be >= 0"):
-        gpu.wait_gpu_memory_freed([1], deadline_s=-1, probe=dict)
+        gpu_memory.wait_gpu_memory_freed([1], deadline_s=-1, probe=dict)
+
+
+def test_wait_gpu_memory_freed_does_not_take_nothing_named_for_freed() -> None:
+    # A container where NVML's pids cannot be matched: the per-process view never names the
+    # stopped server's pids. Each GPU's used memory (recorded figures) falls, then holds still.
+    falling = [{0: 13395, 1: 3}, {0: 6000, 1: 3}, {0: 3, 1: 3}, {0: 3, 1: 3}, {0: 3, 1: 3}]
+    read: list[dict[int, int]] = []
+    devices = scripted_probe(*falling)
+    gpu_memory.wait_gpu_memory_freed([1425258], deadline_s=5, poll_s=0.01, probe=dict,
+                                     devices=lambda: read.append(devices()) or read[-1])
+    assert read == falling  # it kept reading until the figure held for SETTLED_POLLS reads
+    assert gpu_memory.SETTLED_POLLS == 3
+
+
+def test_wait_gpu_memory_freed_holds_each_gpu_to_its_figure_before_the_first_boot() -> None:
+    before = {0: 3, 1: 3}
+    # GPU 0 is back; GPU 1 keeps 2048 MiB that no process list names (another container, a leak).
+    with pytest.raises(ServerError) as caught:
+        gpu_memory.wait_gpu_memory_freed([], deadline_s=0.1, poll_s=0.02, probe=dict, before_mib=before,
+                                         devices=scripted_probe({0: 13395, 1: 2051}, {0: 3, 1: 2051}))
+    assert "GPU 1: 2051 MiB used, 3 MiB before the first boot, ours 0 MiB: 2048 MiB unexplained" in str(caught.value)
+    assert "GPU 0" not in str(caught.value)
+    gpu_memory.wait_gpu_memory_freed([], deadline_s=1, poll_s=0.01, probe=dict, before_mib=before,
+                                     devices=scripted_probe({0: 13395, 1: 3}, {0: 3 + 200, 1: 3}))
+
+
+def test_unexplained_memory_counts_ours_and_a_tolerance() -> None:
+    before = {0: 3, 1: 3}
+    now = nvidia_smi.parse_memory_used_csv(recorded("memory_used_2gpu_one_busy.csv"))
+    assert now == {0: 13395, 1: 3}
+    assert [a.index for a in gpu_memory.unexplained_memory(before, now)] == [0]  # type: ignore[arg-type]
+    assert gpu_memory.unexplained_memory(before, now, ours={0: 13392}) == []  # type: ignore[arg-type]
+    assert gpu_memory.unexplained_memory(before, {0: 3 + 256, 1: 3}) == []  # within the tolerance
+
+
+def test_memory_used_reads_both_csv_forms_and_leaves_unified_memory_out() -> None:
+    assert nvidia_smi.parse_memory_used_csv("0, 13395\n1, 3\n") == {0: 13395, 1: 3}
+    assert nvidia_smi.parse_memory_used_csv(recorded("memory_used_unified_na.csv")) == {0: None}
+    with pytest.raises(ValueError, match="expected 'index, MiB'"):
+        nvidia_smi.parse_memory_used_csv("0\n")
+
+
+@needs_no_nvml
+def test_gpu_memory_used_asks_nvidia_smi_per_gpu(bin_dir: Path) -> None:
+    (bin_dir / "used.csv").write_text(recorded("memory_used_2gpu_one_busy.csv") + recorded("memory_used_unified_na.csv")
+                                      .splitlines()[1].replace("0,", "2,") + "\n")
+    install_nvidia_smi(bin_dir, f'echo "$@" >> {bin_dir}/calls\ncat {bin_dir}/used.csv\n')
+    assert gpu_memory.gpu_memory_used_mib() == {0: 13395, 1: 3}  # GPU 2 says [N/A]: left out
+    assert (bin_dir / "calls").read_text().split() == ["--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]

@@ -46,8 +46,11 @@ def never_asked() -> NoReturn:
 
 @pytest.fixture(autouse=True)
 def empty_hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No checkpoint is on this host unless a test puts one there."""
+    """No checkpoint is on this host unless a test puts one there; every GPU is visible, and the
+    recorded hosts' memory use is unknown unless a test gives it (never this host's GPUs')."""
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(hardware_check, "gpu_memory_used_mib", dict)
 
 
 def kimi_with_checkpoint(folder: Path, gib_per_gpu: float, **changes: object) -> Deployment:
@@ -110,6 +113,53 @@ def test_a_weight_cache_that_fits_or_is_off_is_no_problem(tmp_path: Path) -> Non
     # Kimi's own INT4 checkpoint: no daemons, so nothing to fit, however large.
     int4 = kimi_with_checkpoint(tmp_path / "int4", gib_per_gpu=83.0, quantization=KIMI_K25_INT4_TP8.quantization)
     assert hardware_check.hardware_problem(int4, probe=production_host) is None
+
+
+def h100_host() -> GpuProbe:
+    """8x H100 80GB as recorded (name and memory; the rest as NVML would fill it)."""
+    rows = [line.split(", ") for line in recorded("query_gpu_8x_h100_name_memory.csv").splitlines()[1:]]
+    return GpuProbe(gpus=tuple(nvidia_smi.GpuInfo(int(i), name, None, int(mib.removesuffix(" MiB")), "unknown", None,
+                                                  None, None, "Disabled") for i, name, mib in rows), source="NVML")
+
+
+def test_kimi_on_gpus_of_another_name_says_how_to_run_it_there() -> None:
+    problem = hardware_check.hardware_problem(KIMI_K25_INT4_TP8, probe=h100_host)
+    assert problem == (
+        "deployment 'kimi-k25-int4-tp8' needs 8x NVIDIA GPU whose name contains 'RTX PRO 6000'; found 8x NVIDIA "
+        "H100 80GB HBM3 (81559 MiB), of which 0 qualify. There are enough GPUs here, of another kind: to run it on "
+        "them, extend it in pyproject.toml with [tool.kimiperf.deployments.kimi-k25-int4-tp8-h100-80gb-hbm3] "
+        'extends = "kimi-k25-int4-tp8" gpu_name_contains = "H100 80GB HBM3" and run with --kimiperf-deployment '
+        'kimi-k25-int4-tp8-h100-80gb-hbm3 (docs/how-to/own-deployment.md, "The same model on other GPUs": check '
+        "first that the weights fit).")
+    # The recipe, followed: the override takes the same host.
+    h100 = dataclasses.replace(KIMI_K25_INT4_TP8, name="kimi-k25-int4-tp8-h100-80gb-hbm3",
+                               gpu_name_contains="H100 80GB HBM3")
+    assert hardware_check.hardware_problem(h100, probe=h100_host) is None
+
+
+def test_only_the_gpus_cuda_visible_devices_leaves_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    problem = hardware_check.hardware_problem(KIMI_K25_INT4_TP8, probe=production_host)
+    assert problem is not None and ("found 4x NVIDIA RTX PRO 6000 Blackwell Server Edition (97887 MiB) "
+                                    "(CUDA_VISIBLE_DEVICES='0,1,2,3' leaves the server 4 of the host's 8). "
+                                    "Run here with --deployment tiny-cpu") in problem
+    # The deployment's own env is what the server gets, over the shell's.
+    kimi = dataclasses.replace(KIMI_K25_INT4_TP8, env={"CUDA_VISIBLE_DEVICES": "7,6,5,4,3,2,1,0"})
+    assert hardware_check.hardware_problem(kimi, probe=production_host) is None
+
+
+def test_gpus_without_the_free_memory_vllm_asks_at_startup_are_named() -> None:
+    # GPU 1 of the recorded T4 pair held 13395 MiB; on the production host GPU 5 holds as much.
+    used = {index: 3 for index in range(8)} | {5: 13395}
+    problem = hardware_check.hardware_problem(KIMI_K25_INT4_TP8, probe=production_host, memory_used=lambda: used)
+    assert problem == (
+        "deployment 'kimi-k25-int4-tp8': GPU 5 (NVIDIA RTX PRO 6000 Blackwell Server Edition) has 84492 of 97887 MiB "
+        "free, vLLM asks 88099 (--gpu-memory-utilization 0.9 of each GPU must be free when the engine starts). End "
+        "what holds that memory (`nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv`), "
+        "choose free GPUs with CUDA_VISIBLE_DEVICES, or lower --gpu-memory-utilization in a deployment that "
+        "extends this one.")
+    low = dataclasses.replace(KIMI_K25_INT4_TP8, command=(*KIMI_K25_INT4_TP8.command, "--gpu-memory-utilization", "0.8"))
+    assert hardware_check.hardware_problem(low, probe=production_host, memory_used=lambda: used) is None
 
 
 def test_ll128_forced_on_a_pcie_only_host_warns() -> None:

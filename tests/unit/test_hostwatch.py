@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -346,9 +347,18 @@ def test_reason_bits_match_the_installed_nvml_constants() -> None:
     pynvml = pytest.importorskip("pynvml")
     for bit, name in measure_bounds.CLOCK_EVENT_REASON_BITS.items():
         camel = "".join(part.capitalize() for part in name.split("_"))
+        assert getattr(pynvml, f"nvmlClocksEventReason{camel}") == bit
         assert getattr(pynvml, f"nvmlClocksThrottleReason{camel}") == bit
-        if bit <= 0x100:  # the renamed "event" set stops at DisplayClockSetting
-            assert getattr(pynvml, f"nvmlClocksEventReason{camel}") == bit
+    # The "event" set (nvml.h's) is exactly these bits: nvmlClocksEventReasonAll ORs them all.
+    assert sum(measure_bounds.CLOCK_EVENT_REASON_BITS) == pynvml.nvmlClocksEventReasonAll
+
+
+def test_bits_nvml_h_does_not_define_decode_as_unknown_and_cannot_be_bounded() -> None:
+    # pynvml's deprecated throttle set names 0x200 and 0x400; nvml.h never did.
+    assert host_readings.decode_clock_event_reasons(0x4 | 0x200 | 0x400) == (
+        "sw_power_cap", "unknown_0x200", "unknown_0x400")
+    with pytest.raises(ConfigError, match=r"names unknown reasons \['board_limit'\]"):
+        HostBounds.from_mapping({"forbidden_throttle_reasons": ["board_limit"]}, source="test")
 
 
 # --------------------------------------------------------------------------- JSON
@@ -375,3 +385,103 @@ def test_a_reading_survives_a_json_round_trip() -> None:
 def test_json_that_is_not_a_reading_is_a_clear_error() -> None:
     with pytest.raises(KimiperfError, match="not a host reading"):
         HostReading.from_json({"wall_s": 1.0})
+
+
+def _sandbox_proc(tmp_path: Path, cuda_pids: list[int]) -> Path:
+    """A gVisor-like /proc (no NSpid; pid_namespace.py) where ``cuda_pids`` hold /dev/nvidia0."""
+    root = tmp_path / "proc"
+    (root / "self" / "ns").mkdir(parents=True)
+    (root / "self" / "ns" / "pid").write_text("")
+    (root / "self" / "status").write_text("Name:\tpython3\nPid:\t1\n")
+    shutil.copy(DATA / "gvisor_zeros" / "stat", root / "stat")
+    for pid in cuda_pids:
+        (root / str(pid) / "fd").mkdir(parents=True)
+        (root / str(pid) / "fd" / "3").symlink_to("/dev/nvidia0")
+    return root
+
+
+def test_in_a_sandbox_a_reported_pid_that_is_no_process_here_is_not_counted_foreign(tmp_path: Path) -> None:
+    # The recorded two engines: ours is a process here holding the GPU; the other engine's pid
+    # is none here (a driver that reported a host pid): unnamed, so never a foreign process...
+    root = _sandbox_proc(tmp_path, [OUR_ENGINE])
+    watch = HostWatch(own_pids=lambda: [OUR_ENGINE], gpu_indices=[0], nvml=recorded_nvml(), proc_root=str(root))
+    watch.start()
+    reading = watch.stop()
+    assert reading.gpus[0].foreign_processes == ()
+    assert any(f"left unnamed: [{OTHER_ENGINE}]" in note for note in reading.notes)
+    # ... while a process here holding the GPU that is not ours is one, named by its pid.
+    root = _sandbox_proc(tmp_path / "second", [OUR_ENGINE, OTHER_ENGINE])
+    watch = HostWatch(own_pids=lambda: [OUR_ENGINE], gpu_indices=[0], nvml=recorded_nvml(), proc_root=str(root))
+    watch.start()
+    assert watch.stop().gpus[0].foreign_processes == ((OTHER_ENGINE, 5530 * 1024 * 1024),)
+
+
+class PcieNvml(FakeNvml):
+    """The recorded two engines, with GPU 0's link as tests/data/gpu/query_gpu_rtx2080_noheader_nounits.csv
+    recorded one (pcie.link.width.current 8, Gen3) on a Gen3 x16 card; GPU 1 at its most."""
+
+    LINKS = {0: (3, 8, 3, 16), 1: (3, 16, 3, 16)}
+
+    def _link(self, handle: dict[str, Any], which: int) -> int:
+        index = next(i for i, samples in self.samples.items() if any(handle is s for s in samples))
+        return self.LINKS[index][which]
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: dict[str, Any]) -> int:
+        return self._link(handle, 0)
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: dict[str, Any]) -> int:
+        return self._link(handle, 1)
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: dict[str, Any]) -> int:
+        return self._link(handle, 2)
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: dict[str, Any]) -> int:
+        return self._link(handle, 3)
+
+
+def test_each_gpus_pcie_link_is_recorded_and_a_link_below_its_most_is_said() -> None:
+    nvml = PcieNvml(json.loads((DATA / "nvml_power_capped_two_engines.json").read_text()))
+    watch = HostWatch(own_pids=lambda: [OUR_ENGINE, OTHER_ENGINE], gpu_indices=[0, 1], nvml=nvml)
+    watch.start()
+    reading = watch.stop()
+    links = [(g.pcie_gen, g.pcie_width, g.pcie_max_gen, g.pcie_max_width) for g in reading.gpus]
+    assert links == [(3, 8, 3, 16), (3, 16, 3, 16)]
+    assert [g.pcie_shortfall() for g in reading.gpus] == ["GPU 0's PCIe link ran at Gen3 x8 (Gen3 x16 possible)", None]
+    assert HostReading.from_json(reading.to_json()) == reading
+
+
+def test_a_window_keeps_the_highest_link_it_saw() -> None:
+    idle = GpuReading(0, 300, 40, 30.0, ("gpu_idle",), (), pcie_gen=1, pcie_width=16, pcie_max_gen=5, pcie_max_width=16)
+    busy = dataclasses.replace(idle, pcie_gen=5)
+    merged = host_readings.merge_gpu_samples([idle, busy], own_pids=())
+    assert (merged.pcie_gen, merged.pcie_width) == (5, 16) and merged.pcie_shortfall() is None
+    assert host_readings.merge_gpu_samples([idle, idle], own_pids=()).pcie_shortfall() == (
+        "GPU 0's PCIe link ran at Gen1 x16 (Gen5 x16 possible)")
+
+
+class DeviceMemoryNvml(FakeNvml):
+    """The recorded two engines, with each GPU's used memory (built: what the processes listed
+    hold plus 500 MiB of the driver's, and on GPU 0 ``grown_mib`` more at the window's end)."""
+
+    def __init__(self, grown_mib: int, **options: bool) -> None:
+        super().__init__(json.loads((DATA / "nvml_power_capped_two_engines.json").read_text()), **options)
+        self.grown_mib = grown_mib
+
+    def nvmlDeviceGetMemoryInfo(self, handle: dict[str, Any]) -> SimpleNamespace:
+        listed = sum(p["used_gpu_memory_bytes"] or 0 for p in handle["compute_processes"])
+        late = handle.get("when") == "window end" and any(handle is s for s in self.samples[0])
+        return SimpleNamespace(used=listed + (500 + (self.grown_mib if late else 0)) * 2**20)
+
+
+def test_memory_no_listed_process_accounts_for_is_a_disturbance() -> None:
+    for grown, expected in ((2048, 2048), (100, 100)):
+        watch = HostWatch(own_pids=lambda: [OUR_ENGINE, OTHER_ENGINE], gpu_indices=[0, 1], nvml=DeviceMemoryNvml(grown))
+        watch.start()
+        reading = watch.stop()
+        assert [g.unlisted_growth_mib for g in reading.gpus] == [expected, 0]
+        lines = [line for line in reading.disturbances(HostBounds()) if "NVML lists" in line]
+        assert lines == ([f"GPU 0 used 2048 MiB more at the window's end than at its start beyond what the processes "
+                          "NVML lists gained: a process NVML cannot name here (another container's) or a leak"]
+                         if grown > 256 else [])
+    relaxed = HostBounds(max_foreign_gpu_processes=None)
+    assert not [line for line in reading.disturbances(relaxed) if "NVML lists" in line]

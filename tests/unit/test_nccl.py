@@ -102,7 +102,7 @@ def test_profile_is_frozen_hashable_and_detached_from_the_callers_dict() -> None
 
 
 def test_nccl_debug_env_is_info_and_read_only() -> None:
-    assert dict(NCCL_DEBUG_ENV) == {"NCCL_DEBUG": "INFO"}
+    assert dict(NCCL_DEBUG_ENV) == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,BOOTSTRAP,ENV,TUNING"}
     with pytest.raises(TypeError):
         NCCL_DEBUG_ENV["NCCL_DEBUG"] = "WARN"  # type: ignore[index]
 
@@ -116,7 +116,8 @@ TREE_FILES = LOGS / "tree_ll_debug_files"
 
 def test_nccl_debug_writes_one_file_per_process_beside_the_server_log(tmp_path: Path) -> None:
     log = tmp_path / "server-kimi-tree-ll.log"
-    assert nccl_debug_env(log) == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": f"{tmp_path}/server-kimi-tree-ll.nccl.%h.%p"}
+    assert nccl_debug_env(log) == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,BOOTSTRAP,ENV,TUNING",
+                                   "NCCL_DEBUG_FILE": f"{tmp_path}/server-kimi-tree-ll.nccl.%h.%p"}
     # Each boot's files go with that boot's log only.
     for name in ("server-kimi-tree-ll.nccl.gpu-node.11", "server-kimi-tree-ll-boot2.nccl.gpu-node.12"):
         (tmp_path / name).write_text("")
@@ -735,3 +736,86 @@ def test_applied_status_compares_like_nccl_logs(var: str, wanted: str, logged: s
 def test_applied_status_covers_only_nccl_and_cuda_variables() -> None:
     env = {"NCCL_PROTO": "LL", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "OMP_NUM_THREADS": "4", "VLLM_X": "1"}
     assert set(applied_status(env, {})) == {"NCCL_PROTO", "CUDA_DEVICE_MAX_CONNECTIONS"}
+
+
+# ------------------------------------------------------------------------------------------
+# What NCCL ran: the TUNING lines (issue 48 item 4)
+# ------------------------------------------------------------------------------------------
+
+from pytest_kimiperf.config.nccl.tuning_log import (  # noqa: E402
+    TuningChoice,
+    chosen_differently,
+    describe_bytes,
+    parse_tuning_lines,
+    tuning_note,
+)
+
+TREE_LL = {"NCCL_ALGO": "allreduce:Tree", "NCCL_PROTO": "LL"}
+
+
+def _tuning(name: str) -> list[str]:
+    return (LOGS / name).read_text().splitlines()
+
+
+def test_tuning_lines_of_nccl_2_26_and_later_give_each_size_once() -> None:
+    choices = parse_tuning_lines(_tuning("tuning_tree_ll_rank0_2.28.log"))
+    assert choices == [
+        TuningChoice("AllReduce", 8192, "TREE", "LL"),  # logged twice (two calls), kept once
+        TuningChoice("AllReduce", 65536, "TREE", "LL"),
+        TuningChoice("AllGather", 14336, "RING", "LL"),
+        TuningChoice("AllReduce", 2097152, "RING", "SIMPLE"),
+        TuningChoice("AllReduce", 4096, "symmetric kernel AllReduce_AGxLL_R", ""),
+    ]
+
+
+def test_tuning_lines_of_nccl_2_21_to_2_25_name_algorithms_by_number() -> None:
+    assert parse_tuning_lines(_tuning("tuning_ring_ll_rank0_2.23_2.21.log")) == [
+        TuningChoice("AllReduce", 8192, "RING", "LL"),
+        TuningChoice("AllReduce", 4194304, "TREE", "SIMPLE"),
+        TuningChoice("", 1048576, "RING", "SIMPLE"),
+    ]
+
+
+def test_where_nccl_ran_other_than_asked_each_size_says_so() -> None:
+    choices = parse_tuning_lines(_tuning("tuning_tree_ll_rank0_2.28.log"))
+    # AllGather is left to NCCL's algorithms by allreduce:Tree; LL applies to every collective.
+    assert chosen_differently(TREE_LL, choices) == [
+        "AllReduce: asked Tree/LL, NCCL chose RING/SIMPLE for 2 MiB",
+        "AllReduce: asked Tree/LL, NCCL chose symmetric kernel AllReduce_AGxLL_R for 4 KiB",
+    ]
+    ring_ll = {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"}
+    old = parse_tuning_lines(_tuning("tuning_ring_ll_rank0_2.23_2.21.log"))
+    assert chosen_differently(ring_ll, old) == [
+        "AllReduce: asked Ring/LL, NCCL chose TREE/SIMPLE for 4 MiB",
+        "a collective: asked Ring/LL, NCCL chose RING/SIMPLE for 1 MiB",  # 2.21 names none: judged as AllReduce
+    ]
+    assert chosen_differently({"NCCL_MAX_NCHANNELS": "16"}, old) == []  # nothing asked, nothing differs
+
+
+def test_the_tuning_note_says_what_ran_or_where_it_differs() -> None:
+    lines = _tuning("tuning_tree_ll_rank0_2.28.log")
+    assert tuning_note(TREE_LL, lines) == (
+        "what NCCL ran (TUNING, rank 0) differs from the profile: AllReduce: asked Tree/LL, NCCL chose RING/SIMPLE "
+        "for 2 MiB; AllReduce: asked Tree/LL, NCCL chose symmetric kernel AllReduce_AGxLL_R for 4 KiB")
+    assert tuning_note(TREE_LL, lines[:6]) == (
+        "what NCCL ran (TUNING, rank 0) is what the profile asks for: AllReduce 8 KiB: TREE/LL; AllReduce 64 KiB: "
+        "TREE/LL; AllGather 14 KiB: RING/LL")
+    assert tuning_note(TREE_LL, (TREE_FILES / "server-tiny-gpu-tree-ll.nccl.gpu-node.4711").read_text().splitlines()) is None
+
+
+def test_sizes_read_in_binary_units_where_whole() -> None:
+    assert [describe_bytes(n) for n in (8192, 2**20, 14336, 1536, 3 * 2**30)] == ["8 KiB", "1 MiB", "14 KiB", "1536 B", "3 GiB"]
+
+
+def test_the_nccl_check_adds_what_ran_beside_what_was_read(tmp_path: Path) -> None:
+    from pytest_kimiperf.reports.nccl_check import check_server_log
+
+    for path in TREE_FILES.iterdir():
+        (tmp_path / path.name).write_text(path.read_text())
+    rank0 = tmp_path / "server-tiny-gpu-tree-ll.nccl.gpu-node.4711"
+    rank0.write_text(rank0.read_text() + (LOGS / "tuning_tree_ll_rank0_2.28.log").read_text())
+    check = check_server_log("tree-ll", TREE_LL, tmp_path / "server-tiny-gpu-tree-ll.log", cpu_engine=False)
+    assert check.notes[-2] == ("NCCL's enabled algorithm/protocol matrix (rank 0) is what the profile asks for: "
+                               "the setting was read")
+    assert check.notes[-1].startswith("what NCCL ran (TUNING, rank 0) differs from the profile: AllReduce: asked "
+                                      "Tree/LL, NCCL chose RING/SIMPLE for 2 MiB")

@@ -4,7 +4,7 @@ With ``--kimiperf-nccl-debug`` the server gets :func:`nccl_debug_env` on top of 
 written to one file per process (``NCCL_DEBUG_FILE``) beside the server log.
 :func:`parse_nccl_env_lines` reads the values NCCL logged, :func:`applied_status` compares them
 with what the profile asked for, and :func:`parse_enabled_matrix` reads the table NCCL prints
-of what it enabled per collective, which shows a setting was used, not only read. Sources:
+of what it parsed per collective (what ran is tuning_log.py's). Sources:
 NCCL's ``src/misc/param.cc`` ``ncclLoadParam`` (the ``"%s set by environment to %lld."`` log line
 of integer parameters), ``src/graph/paths.cc`` ``ncclGetLevel`` (how NCCL_P2P_LEVEL is logged),
 ``src/debug.cc`` (where the lines go) and ``src/graph/tuning.cc`` (the matrix).
@@ -31,9 +31,10 @@ __all__ = [
 ]
 
 # With --kimiperf-nccl-debug the server gets this on top of its profile: INFO level is what prints the
-# "<VAR> set by environment to <value>" lines (the default NCCL_DEBUG_SUBSYS, INIT,BOOTSTRAP,ENV,
-# includes the ENV subsystem they are logged under).
-NCCL_DEBUG_ENV: Mapping[str, str] = MappingProxyType({"NCCL_DEBUG": "INFO"})
+# "<VAR> set by environment to <value>" lines (ENV subsystem); NCCL_DEBUG_SUBSYS keeps NCCL's
+# default set (src/debug.cc: NCCL_INIT | NCCL_BOOTSTRAP | NCCL_ENV) and adds TUNING, under which
+# rank 0 logs the algorithm and protocol of each collective it runs (tuning_log.py).
+NCCL_DEBUG_ENV: Mapping[str, str] = MappingProxyType({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,BOOTSTRAP,ENV,TUNING"})
 
 # "<host>:<pid>:<tid> [<dev>] NCCL INFO <VAR> set by environment to <value>" (debug.cc prefix);
 # the line may carry a launcher prefix ("(Worker_TP0 pid=12) ", "[1,0]<stdout>:") or an

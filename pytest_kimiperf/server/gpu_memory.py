@@ -1,0 +1,197 @@
+"""Who holds GPU memory, how much each GPU uses, and waiting until a stopped server's is free.
+
+Two views that fail in different places. Per process (:func:`gpu_memory_by_pid`): NVML's
+process list, read through ``pid_namespace`` so our processes are named in any container; it
+names nothing where the driver's pids cannot be matched, and a driver that converts pids into
+the caller's namespace leaves other containers' processes out (pid_namespace's docstring). Per
+device (:func:`gpu_memory_used_mib`): memory used on each GPU, which no container or driver
+hides. Between boots the second is the one to trust: once our server is gone, each GPU should
+be back to its figure before the first boot (:func:`unexplained_memory`); what is left above it
+is a foreign process or a leak, whatever the driver says about pids.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_kimiperf.errors import ServerError
+from pytest_kimiperf.server.gpu import _MIB, _run_smi, ask_driver
+from pytest_kimiperf.server.nvidia_smi import QUERY_COMPUTE_APPS_FIELDS, parse_compute_apps, parse_memory_used_csv
+from pytest_kimiperf.server.pid_namespace import read_pid_view
+
+# What a GPU may use above its figure before the first boot once our server is gone: the
+# driver's own bookkeeping moves by a few MiB; a CUDA context left behind is ~500 MiB.
+DEVICE_TOLERANCE_MIB = 256
+# Where no process could be named and no figure before the boot is known, memory is taken as
+# freed once every GPU's figure held still this many polls in a row.
+SETTLED_POLLS = 3
+
+
+# --------------------------------------------------------------------------- per process
+
+
+def _nvml_memory_by_pid(pynvml: Any) -> dict[int, int]:
+    used: dict[int, int] = {}
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            # usedGpuMemory is None where the driver cannot attribute memory (pynvml maps
+            # NVML_VALUE_NOT_AVAILABLE to None: WDDM, and some containers of the open modules).
+            mib = (process.usedGpuMemory or 0) // _MIB
+            used[int(process.pid)] = used.get(int(process.pid), 0) + mib
+    return used
+
+
+def gpu_memory_by_pid(timeout_s: float = 10.0) -> dict[int, int]:
+    """Map each pid holding GPU memory to the MiB it holds, summed over GPUs; {} without GPUs.
+
+    NVML's pids are turned into the pids this process sees (pid_namespace.py); a process that
+    cannot be named is left out (the sweep's GPU check then sees nothing, said in its note).
+    """
+
+    def from_smi(smi: str) -> dict[int, int]:
+        return parse_compute_apps(
+            _run_smi(
+                smi,
+                [f"--query-compute-apps={','.join(QUERY_COMPUTE_APPS_FIELDS)}", "--format=csv,noheader,nounits"],
+                timeout_s,
+            )
+        )
+
+    answer = ask_driver(_nvml_memory_by_pid, from_smi)
+    if answer.value is not None:
+        return read_pid_view(nvml_pids=answer.value).local_pids(answer.value)
+    if answer.smi_on_path:
+        # A host that has GPUs but cannot say who holds them must not read as "all memory free".
+        raise ServerError(
+            f"cannot read GPU memory per process: {answer.smi_note}; {'; '.join(answer.nvml_notes)}".rstrip("; ")
+        )
+    return {}
+
+
+# --------------------------------------------------------------------------- per device
+
+
+def _nvml_memory_used(pynvml: Any) -> dict[int, int]:
+    return {index: int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used) // _MIB
+            for index in range(pynvml.nvmlDeviceGetCount())}
+
+
+def gpu_memory_used_mib(timeout_s: float = 10.0) -> dict[int, int]:
+    """MiB used on each GPU by NVML index; {} without GPUs, and a GPU that does not say (a
+    unified-memory board prints ``[N/A]``) is left out."""
+
+    def from_smi(smi: str) -> dict[int, int]:
+        text = _run_smi(smi, ["--query-gpu=index,memory.used", "--format=csv,noheader,nounits"], timeout_s)
+        return {index: mib for index, mib in parse_memory_used_csv(text).items() if mib is not None}
+
+    return ask_driver(_nvml_memory_used, from_smi).value or {}
+
+
+@dataclass(frozen=True)
+class DeviceAccount:
+    """One GPU: used now against its figure before the first boot and what our processes hold."""
+
+    index: int
+    before_mib: int
+    now_mib: int
+    ours_mib: int = 0
+
+    @property
+    def unexplained_mib(self) -> int:
+        """Memory neither the figure before the boot nor our processes account for."""
+        return self.now_mib - self.before_mib - self.ours_mib
+
+    def describe(self) -> str:
+        """``GPU 3: 2560 MiB used, 512 MiB before the first boot, ours 0 MiB: 2048 MiB unexplained``."""
+        return (f"GPU {self.index}: {self.now_mib} MiB used, {self.before_mib} MiB before the first boot, "
+                f"ours {self.ours_mib} MiB: {self.unexplained_mib} MiB unexplained")
+
+
+def unexplained_memory(before: Mapping[int, int], now: Mapping[int, int], ours: Mapping[int, int] | None = None,
+                       tolerance_mib: int = DEVICE_TOLERANCE_MIB) -> list[DeviceAccount]:
+    """The GPUs using more than their figure before the boot plus ours (per GPU) plus the
+    tolerance; a GPU missing from either reading is not judged."""
+    accounts = [DeviceAccount(index, before[index], now[index], (ours or {}).get(index, 0))
+                for index in sorted(before.keys() & now.keys())]
+    return [account for account in accounts if account.unexplained_mib > tolerance_mib]
+
+
+# --------------------------------------------------------------------------- waiting
+
+
+def wait_gpu_memory_freed(
+    pids: Iterable[int],
+    *,
+    deadline_s: float,
+    poll_s: float = 1.0,
+    probe: Callable[[], Mapping[int, int]] = gpu_memory_by_pid,
+    before_mib: Mapping[int, int] | None = None,
+    devices: Callable[[], Mapping[int, int]] = gpu_memory_used_mib,
+) -> None:
+    """Wait up to ``deadline_s`` seconds until none of ``pids`` holds GPU memory and, given
+    ``before_mib`` (each GPU's figure before the first boot), every GPU is back to it; else
+    ServerError naming what still holds memory.
+
+    Ended processes keep their GPU memory until the driver tears their CUDA context down, so a
+    new server started at once could fail vLLM's free-memory check. Where the per-process view
+    never named any of ``pids`` (a container whose pids cannot be matched) and no figure before
+    the boot is known, it waits until each GPU's figure held still :data:`SETTLED_POLLS` polls,
+    instead of taking "nothing named" for "freed".
+    """
+    watched = frozenset(int(pid) for pid in pids)
+    if deadline_s < 0 or poll_s <= 0:
+        raise ValueError(
+            f"deadline_s must be >= 0 and poll_s > 0, got deadline_s={deadline_s}, poll_s={poll_s}"
+        )
+    end = time.monotonic() + deadline_s
+    named_once = False
+    history: list[Mapping[int, int]] = []
+    while True:
+        held = {pid: mib for pid, mib in probe().items() if pid in watched} if watched else {}
+        named_once = named_once or bool(held)
+        blind = bool(watched) and not named_once and before_mib is None
+        now = devices() if before_mib is not None or blind else {}
+        history.append(now)
+        over = unexplained_memory(before_mib, now) if before_mib is not None else []
+        settled = not blind or len(history) >= SETTLED_POLLS and all(h == now for h in history[-SETTLED_POLLS:])
+        if not held and not over and settled:
+            return
+        left = end - time.monotonic()
+        if left <= 0:
+            raise ServerError(_still_held(deadline_s, held, over, blind))
+        time.sleep(min(poll_s, left))
+
+
+def _still_held(deadline_s: float, held: Mapping[int, int], over: list[DeviceAccount], blind: bool) -> str:
+    holders = [f"pid {pid} ({mib} MiB)" for pid, mib in sorted(held.items())] + [a.describe() for a in over]
+    if blind and not holders:
+        holders = ["no process could be named here and the GPUs' used memory kept changing"]
+    return (f"GPU memory still held {deadline_s:g} s after stopping the server: {', '.join(holders)}. "
+            "Check `nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv` (and "
+            "`nvidia-smi --query-gpu=index,memory.used --format=csv` for memory no process list shows: another "
+            "container's process, or a leak) and end those processes before the next run.")
+
+
+def settle_before_boot(before_mib: Mapping[int, int] | None, *, deadline_s: float = 120.0) -> dict[int, int]:
+    """The figure to hold every later boot to: this reading on the first boot (``before_mib``
+    None); on a later one, wait until each GPU is back to ``before_mib`` (ServerError naming the
+    GPUs and what is unexplained at the deadline) and keep it."""
+    if before_mib is None:
+        return gpu_memory_used_mib()
+    wait_gpu_memory_freed((), deadline_s=deadline_s, before_mib=before_mib)
+    return dict(before_mib)
+
+
+__all__ = [
+    "DEVICE_TOLERANCE_MIB",
+    "DeviceAccount",
+    "gpu_memory_by_pid",
+    "gpu_memory_used_mib",
+    "settle_before_boot",
+    "unexplained_memory",
+    "wait_gpu_memory_freed",
+]
