@@ -15,3 +15,4 @@ def _recorded_host_canary(monkeypatch: pytest.MonkeyPatch) -> None:
     instead of timing this host, whose load changes between two runs of one test."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(FAKES), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("PYTEST_PLUGINS", "recorded_canary")
+    monkeypatch.syspath_prepend(str(FAKES))  # in-process runs (pytester.runpytest) import it from here

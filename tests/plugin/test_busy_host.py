@@ -51,6 +51,7 @@ def test_a_busy_host_is_invalid_naming_the_busy_processes_gives_no_verdict_and_e
     pytester.makepyfile(test_busy=PERF_TEST)
     report = tmp_path / "report.json"
     result = pytester.runpytest_subprocess("--deployment", "stub", "--nccl-profile", "default,ring-ll",
+                                           "--kimiperf-boots", "1", "--kimiperf-max-boots", "1",
                                            "--kimiperf-json", str(report), "-p", "no:cacheprovider", timeout=300)
     result.assert_outcomes(failed=2)
     assert result.ret == 75, result.stdout.str()[-3000:]  # every failure INVALID (reports/outcome.py)
