@@ -8,10 +8,13 @@ print the same figures.
 * ``edge``: how often "within +/-tol" is said when the true change sits at the band's edge
   (a TOST at 5% says it at most 5% of the time), 2-6 boots a side, profiles and gate;
 * ``modes``: issue 46's item 1, a history in which 30% of boots fall into a spawn mode 20%
-  slower and a run of 3 boots (fast spawns) moved by a true change: the verdicts by change.
+  slower and a run of 3 boots (fast spawns) moved by a true change: the verdicts by change;
+* ``drift``: a history that grows itself, judged against its anchor (judge/drift.py): the true
+  change when a slow drift first fails, and the share of quiet nights that fail.
 
     nice -n 19 python benchmarks/verdict_soundness.py edge [--trials 1500]
     nice -n 19 python benchmarks/verdict_soundness.py modes [--trials 40]
+    nice -n 19 python benchmarks/verdict_soundness.py drift [--trials 200]
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
 from pytest_kimiperf.judge.boot_summary import BootSummary  # noqa: E402
+from pytest_kimiperf.judge.drift import drift_since_anchor  # noqa: E402
 from pytest_kimiperf.judge.history import compare_with_history  # noqa: E402
 from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session  # noqa: E402
 from pytest_kimiperf.judge.stats import VerdictKind, band_log  # noqa: E402
@@ -119,15 +123,64 @@ def modes_table(args: argparse.Namespace) -> None:
         print(f"{change:+11.0%} | " + ", ".join(f"{v} {n}" for v, n in counts.most_common()))
 
 
+def drift_table(args: argparse.Namespace) -> None:
+    """Nightly runs of 2 boots (boot 1%, session 1%, declared right) appending while they pass,
+    judged against the anchor (a deliberate recording of 2 sessions x 2 boots) by
+    drift.drift_since_anchor. A drift of d a night: the true change when the series first
+    fails, and the share failing before twice the tolerance; none: the share of nights failing."""
+    spreads = Spreads(0.01, 0.01)
+    band = band_log(TOLERANCE)
+    rng = np.random.default_rng(args.seed)
+    print(f"drift against the anchor, tolerance 3%, {args.trials} series a row")
+    print("per night | nights to 2x tol | failed before 2x tol | true change at first failure (median, p10-p90) "
+          "| nights failing")
+    for per_night in (-0.0005, -0.001, -0.0025, 0.0):
+        nights = int(2 * band / -math.log1p(per_night)) + 1 if per_night else 200
+        before, at_fail, failing, total = 0, [], 0, 0
+        for _ in range(args.trials):
+            anchor = []
+            for s in range(2):
+                level = rng.normal(0.0, 0.01)
+                anchor += [boot(level + rng.normal(0.0, 0.01), f"a{s}") for _ in range(2)]
+            series: list[list[BootSummary]] = []
+            first = None
+            for night in range(1, nights + 1):
+                level = math.log1p(per_night) * night + rng.normal(0.0, 0.01)
+                boots = [boot(level + rng.normal(0.0, 0.01), f"n{night}") for _ in range(2)]
+                d = drift_since_anchor(anchor, [*series, boots], direction=HIGHER, tolerance=TOLERANCE,
+                                       spreads=spreads)
+                total += 1
+                if d.failed:
+                    failing += 1
+                    if first is None:
+                        first = night
+                    if per_night:
+                        break
+                    continue  # a failing night appends nothing
+                series.append(boots)
+            if first is not None and per_night:
+                before += 1
+                at_fail.append(math.expm1(math.log1p(per_night) * first))
+        if per_night:
+            q = np.quantile(at_fail, [0.1, 0.5, 0.9]) if at_fail else [math.nan] * 3
+            print(f"{per_night:+9.2%} | {nights:16d} | {before / args.trials:20.1%} | "
+                  f"{q[1]:+.1%} ({q[0]:+.1%}..{q[2]:+.1%}) | -")
+        else:
+            print(f"{'none':>9} | {'-':>16} | {'-':>20} | - | {failing / total:.2%} of {total} nights")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("table", choices=("edge", "modes"))
+    parser.add_argument("table", choices=("edge", "modes", "drift"))
     parser.add_argument("--trials", type=int, default=None)
     parser.add_argument("--seed", type=int, default=46)
     args = parser.parse_args(argv)
     if args.table == "edge":
         args.trials = args.trials or 1500
         edge(args)
+    elif args.table == "drift":
+        args.trials = args.trials or 200
+        drift_table(args)
     else:
         args.trials = args.trials or 40
         modes_table(args)
