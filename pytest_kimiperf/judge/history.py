@@ -36,6 +36,7 @@ def compare_with_history(
     current: Sequence[BootSummary], history: Sequence[BootSummary], *, direction: Direction,
     tolerance: float, spreads: Spreads, metric: str = "", unit: str = "", comparable: bool = True,
     segment: bool = True, steps: Sequence[HistoryStep] | None = None, placements: Sequence[str] | None = None,
+    critical: float | None = None,
 ) -> Comparison:
     """This run's boots of one metric against a baseline history: the one comparison the gate
     and benchmarks/gate_power.py both make. Modes first (a history whose boots fall into two
@@ -45,7 +46,9 @@ def compare_with_history(
     a stepped history as one pool (benchmarks/gate_power.py measures what segmenting buys);
     ``steps`` are the history's when the caller found them already (history_steps);
     ``placements`` each current boot's spawn mode as the test's metrics placed it together
-    (:func:`joint_placements`), in place of this metric's own placing."""
+    (:func:`joint_placements`), in place of this metric's own placing; ``critical`` the
+    standard errors a direction needs (stats.GATE_CRITICAL where None; family.family_critical
+    for a run of a known size)."""
     if steps is None:
         steps = history_steps(history, spreads=spreads, segment=segment)
     if steps:
@@ -53,25 +56,26 @@ def compare_with_history(
         history = last_segment(history, steps)
     modes = find_modes(history, floor_sd=math.hypot(*(math.log1p(x) for _, x in spreads.by_level())))
     if modes is None:
-        comparison = _compare(current, history, direction, tolerance, spreads, metric, unit, comparable)
+        comparison = _compare(current, history, direction, tolerance, spreads, metric, unit, comparable, critical)
     else:
         comparison = _judge_modes(current, modes, direction, tolerance, spreads, metric, unit, comparable, placements,
-                                  split_key(modes, history, worse=_worse(direction)))
+                                  split_key(modes, history, worse=_worse(direction)), critical)
     if steps:
         comparison = comparison.with_notes(HistorySteps(tuple(steps), len(history)))
     return comparison
 
 
 def _compare(current: Sequence[BootSummary], history: Sequence[BootSummary], direction: Direction, tolerance: float,
-             spreads: Spreads, metric: str, unit: str, comparable: bool) -> Comparison:
+             spreads: Spreads, metric: str, unit: str, comparable: bool, critical: float | None = None) -> Comparison:
     return compare_boots(current, history, direction=direction, tolerance=tolerance, prior_spread=spreads.boot,
                          metric=metric, unit=unit, comparable=comparable,
-                         levels=level_terms(current, history, spreads=spreads))
+                         levels=level_terms(current, history, spreads=spreads), critical=critical)
 
 
 def _judge_modes(current: Sequence[BootSummary], modes: Modes, direction: Direction, tolerance: float,
                  spreads: Spreads, metric: str, unit: str, comparable: bool,
-                 placements: Sequence[str] | None = None, split: str = "") -> Comparison:
+                 placements: Sequence[str] | None = None, split: str = "",
+                 critical: float | None = None) -> Comparison:
     """Each boot against the mode it clearly belongs to (modes.Modes.mode_of), or the one the
     test's metrics place it in together (``placements``); a boot that belongs to neither is
     read against the better mode: the reading least in the build's favour. A direction only
@@ -92,7 +96,7 @@ def _judge_modes(current: Sequence[BootSummary], modes: Modes, direction: Direct
     def reading(unclear_to: str, every: str | None = None) -> Comparison:
         aligned, history = align_modes(current, modes, sides=[every] * len(current) if every else sides,
                                        unclear_to=unclear_to)
-        return _compare(aligned, history, direction, tolerance, spreads, metric, unit, comparable)
+        return _compare(aligned, history, direction, tolerance, spreads, metric, unit, comparable, critical)
 
     least = reading(better)
     unclear = unclear_boots(current, modes, sides)
@@ -165,6 +169,7 @@ def against_history(
     result: MetricResult, entry: BaselineEntry, *, current: Sequence[BootSummary], spreads: Spreads,
     canary: Mapping[str, float] | None, profile_env: Mapping[str, str], profile_args: Sequence[str] = (),
     state: BaselineState = BaselineState.JUDGED, placements: Sequence[str] | None = None,
+    critical: float | None = None,
 ) -> tuple[Comparison, BaselineLine]:
     """One metric's boots against one baseline entry's history, and "not comparable" when the
     host canary moved from the boots it is judged against (those since the history's last step)
@@ -177,7 +182,8 @@ def against_history(
     comparison = compare_with_history(
         current, summaries, direction=Direction(result.direction), tolerance=result.tolerance,
         spreads=spreads, metric=metric_spec(result.metric).label, unit=result.unit,
-        comparable=same_env and not (check is not None and check.moved), steps=steps, placements=placements)
+        comparable=same_env and not (check is not None and check.moved), steps=steps, placements=placements,
+        critical=critical)
     env = None if same_env else EnvDiff(dict(entry.profile_env), tuple(entry.profile_args), dict(profile_env),
                                         tuple(profile_args))
     return comparison, BaselineLine(state, comparison.label, comparison,
