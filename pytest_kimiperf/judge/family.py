@@ -69,8 +69,8 @@ def decide_family(comparisons: Sequence[Comparison], alpha: float = RUN_ALPHA) -
     IMPROVEMENT stays only where Holm rejects "no change" for it at the run's ``alpha``; one it
     does not keep becomes "changed, size unresolved" where its interval excludes zero, else
     "inconclusive". The family is every comparison that compared something."""
-    judged = [i for i, c in enumerate(comparisons)
-              if c.verdict not in (VerdictKind.INSUFFICIENT_SAMPLES, VerdictKind.NOT_COMPARABLE, VerdictKind.NOT_JUDGED)]
+    nothing = (VerdictKind.INSUFFICIENT_SAMPLES, VerdictKind.NOT_COMPARABLE, VerdictKind.NOT_JUDGED)
+    judged = [i for i, c in enumerate(comparisons) if c.verdict not in nothing]
     keep = holm([direction_p(comparisons[i]) for i in judged], alpha)
     out = list(comparisons)
     for i, kept in zip(judged, keep):

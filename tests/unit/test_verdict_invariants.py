@@ -153,7 +153,7 @@ def uses_modes(c: Comparison) -> bool:
 def test_gate_sign_a_run_worse_than_every_history_boot_beyond_the_tolerance_is_never_better(
         case: GateCase, beyond: float) -> None:
     edge = min(b.median for b in case.history) if case.direction is HIGHER else max(b.median for b in case.history)
-    worst = min(case.current, key=lambda b: b.median) if case.direction is LOWER else max(case.current, key=lambda b: b.median)
+    worst = (min if case.direction is LOWER else max)(case.current, key=lambda b: b.median)
     # Every current boot worse than every history boot by more than the tolerance (and beyond).
     factor = (1.0 + case.tolerance) * math.exp(beyond) * 1.001
     move = worse_by(case.direction, factor) * edge / worst.median
@@ -166,7 +166,7 @@ def test_gate_sign_a_run_worse_than_every_history_boot_beyond_the_tolerance_is_n
 def test_gate_sign_a_run_better_than_every_history_boot_beyond_the_tolerance_is_never_worse(
         case: GateCase, beyond: float) -> None:
     edge = max(b.median for b in case.history) if case.direction is HIGHER else min(b.median for b in case.history)
-    least = min(case.current, key=lambda b: b.median) if case.direction is HIGHER else max(case.current, key=lambda b: b.median)
+    least = (min if case.direction is HIGHER else max)(case.current, key=lambda b: b.median)
     factor = (1.0 + case.tolerance) * math.exp(beyond) * 1.001
     move = edge / worse_by(case.direction, factor) / least.median
     current = scaled(case.current, move)
