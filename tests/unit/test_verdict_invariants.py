@@ -311,3 +311,15 @@ def test_a_regression_between_spawn_modes_never_reads_as_an_improvement() -> Non
     assert c.verdict is not VerdictKind.IMPROVEMENT
     # Read against the mode least in the build's favour it is 14% slower: the run asks for more.
     assert c.change < -0.1
+
+
+def test_a_throughput_and_its_inverse_read_as_a_latency_get_one_verdict() -> None:
+    # Shrunk by Hypothesis (antisymmetry): the gate's band was [-tol, +tol] on the ratio, so the
+    # same boots read "changed" as a throughput and "within" as its inverse, a latency. The band
+    # is now symmetric on the log ratio, as the profile comparison's was.
+    history = [boot(62.5, "s0", "h0"), boot(100.0, "s1", "h0")]
+    current = [boot(100.0, "now", "h0")]
+    spreads = Spreads(0.015625)
+    there = compare_with_history(current, history, direction=HIGHER, tolerance=0.25, spreads=spreads)
+    back = compare_with_history(inverted(current), inverted(history), direction=LOWER, tolerance=0.25, spreads=spreads)
+    assert there.verdict is back.verdict
