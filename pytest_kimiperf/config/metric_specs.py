@@ -7,6 +7,7 @@ Field names follow vLLM's ``bench serve`` result JSON where the metric is the sa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -102,6 +103,27 @@ METRICS: dict[str, MetricSpec] = {
           for q, tol in ((90, 0.05), (95, 0.08), (99, 0.10))),
     )
 }
+
+
+# The metric whose verdict answers a test's question, by the kind of load the test offers
+# (measure/scenarios.load_facts "kind"): one stream asks "how fast does it decode?", a closed
+# loop of N streams "how much does it serve?", an open loop at a set rate "how soon does it
+# answer?". A test's other gated metrics are secondary: judged, in the run's family, but not
+# the answer line.
+PRIMARY_METRICS: dict[str, str] = {
+    "single-stream": "decode_tok_s",
+    "concurrency": "output_throughput",
+    "request-rate": "ttft_ms",
+}
+
+
+def primary_metric(load_kind: str, checked: Sequence[str]) -> str:
+    """The primary metric of a test that offers ``load_kind`` and gates ``checked`` (in the
+    test's order): the table's, where the test gates it, else the first it gates."""
+    if not checked:
+        raise ValueError("a test without gated metrics has no primary metric")
+    primary = PRIMARY_METRICS.get(load_kind)
+    return primary if primary in checked else checked[0]
 
 
 def metrics_of(kind: SampleKind) -> tuple[str, ...]:

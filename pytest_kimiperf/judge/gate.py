@@ -28,6 +28,7 @@ from pytest_kimiperf.judge.power import plan, smallest_change, wants_another_boo
 from pytest_kimiperf.judge.verdicts import (
     BaselineLine, BaselineState, MetricResult, MissingBaselines, ResultWarning, TestResult, VerdictNote, WarningKind,
 )
+from pytest_kimiperf.judge.family import family_critical
 from pytest_kimiperf.judge.floors import FloorResult, floor_check
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session, smallest_drop
@@ -47,6 +48,7 @@ def judge_metric(
     prior_spread: float | Spreads,
     canary: Mapping[str, float] | None = None,
     placements: Sequence[str] | None = None,
+    critical: float | None = None,
 ) -> tuple[Comparison | None, BaselineLine]:
     """Compare one metric's boots so far with the baseline's boot history; returns the
     comparison (if any) and the line about it. ``canary`` is this session's host canary;
@@ -63,7 +65,8 @@ def judge_metric(
             other, entry, versions = upgrade
             comparison, line = against_history(result, entry, current=current, spreads=spreads, canary=canary,
                                                profile_env=profile_env, profile_args=profile_args,
-                                               state=BaselineState.OTHER_VERSIONS, placements=placements)
+                                               state=BaselineState.OTHER_VERSIONS, placements=placements,
+                                               critical=critical)
             return comparison, dataclasses.replace(line, other=other.fingerprint.key, versions=tuple(versions))
         elsewhere = [(f, e) for f in view.other_files() if (e := f.entry(test, profile, result.metric))]
         if not elsewhere:
@@ -82,7 +85,8 @@ def judge_metric(
                                         fingerprint=view.fingerprint.key, other=other.fingerprint.key,
                                         hard=tuple(hard))
     return against_history(result, entry, current=current, spreads=spreads, canary=canary,
-                           profile_env=profile_env, profile_args=profile_args, placements=placements)
+                           profile_env=profile_env, profile_args=profile_args, placements=placements,
+                           critical=critical)
 
 
 def missing_baselines(result: TestResult) -> list[BaselineLine]:
@@ -160,6 +164,9 @@ class Rules:
     on demand; ``strict`` makes an inconclusive verdict fail. ``no_more_boots`` names the deployment
     this run can never boot again (an attached server without a restart_command): a change
     beyond the tolerance it saw then fails as UNRESOLVED instead of passing with a warning.
+    ``family`` is the number of baseline comparisons the run makes (gated metrics x tests x
+    profiles): each then needs family.family_critical(family) standard errors, so the run's
+    false-alarm budget holds whatever the suite's size; None keeps stats.GATE_CRITICAL.
     """
 
     tolerances: Mapping[str, float]
@@ -170,6 +177,12 @@ class Rules:
     max_boots: int = 1
     strict: bool = False
     no_more_boots: str | None = None  # the attached deployment this run cannot restart
+    family: int | None = None
+
+    @property
+    def critical(self) -> float | None:
+        """The standard errors a direction needs in this run (None: stats.GATE_CRITICAL)."""
+        return None if self.family is None else family_critical(self.family)
 
     @classmethod
     def for_deployment(cls, deployment: Deployment, *, tolerances: Mapping[str, float],
@@ -266,7 +279,7 @@ def judge(
         return judge_metric(mres, test=result.test, profile=result.profile, view=view, profile_env=result.profile_env,
                             profile_args=result.profile_args, current=current.summaries.get(mres.metric, []),
                             prior_spread=rules.spreads, canary=result.origin.canary if result.origin is not None else None,
-                            placements=placements)
+                            placements=placements, critical=rules.critical)
 
     judged = [(mres, *against(mres)) for mres in result.metrics.values()]
     # A boot is in one spawn mode for every metric whose history splits alike (history.joint_placements).

@@ -11,6 +11,7 @@ environment is the one recorded. ``gate.judge`` decides what the comparison mean
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
@@ -26,7 +27,7 @@ from pytest_kimiperf.judge.modes import (
 )
 from pytest_kimiperf.judge.notes import HistoryModes, HistoryStep, HistorySteps
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, EnvDiff, MetricResult
-from pytest_kimiperf.judge.stats import MIN_BOOTS_DIRECTIONAL, Comparison, VerdictKind, compare_boots
+from pytest_kimiperf.judge.stats import MIN_BOOTS_DIRECTIONAL, Comparison, Leaning, VerdictKind, compare_boots, leaning
 
 T = TypeVar("T")
 
@@ -35,6 +36,7 @@ def compare_with_history(
     current: Sequence[BootSummary], history: Sequence[BootSummary], *, direction: Direction,
     tolerance: float, spreads: Spreads, metric: str = "", unit: str = "", comparable: bool = True,
     segment: bool = True, steps: Sequence[HistoryStep] | None = None, placements: Sequence[str] | None = None,
+    critical: float | None = None,
 ) -> Comparison:
     """This run's boots of one metric against a baseline history: the one comparison the gate
     and benchmarks/gate_power.py both make. Modes first (a history whose boots fall into two
@@ -44,53 +46,74 @@ def compare_with_history(
     a stepped history as one pool (benchmarks/gate_power.py measures what segmenting buys);
     ``steps`` are the history's when the caller found them already (history_steps);
     ``placements`` each current boot's spawn mode as the test's metrics placed it together
-    (:func:`joint_placements`), in place of this metric's own placing."""
+    (:func:`joint_placements`), in place of this metric's own placing; ``critical`` the
+    standard errors a direction needs (stats.GATE_CRITICAL where None; family.family_critical
+    for a run of a known size)."""
     if steps is None:
         steps = history_steps(history, spreads=spreads, segment=segment)
     if steps:
         spreads = segment_spreads(history, steps, spreads)
         history = last_segment(history, steps)
-    modes = find_modes(history)
+    modes = find_modes(history, floor_sd=math.hypot(*(math.log1p(x) for _, x in spreads.by_level())))
     if modes is None:
-        comparison = _compare(current, history, direction, tolerance, spreads, metric, unit, comparable)
+        comparison = _compare(current, history, direction, tolerance, spreads, metric, unit, comparable, critical)
     else:
         comparison = _judge_modes(current, modes, direction, tolerance, spreads, metric, unit, comparable, placements,
-                                  split_key(modes, history, worse=_worse(direction)))
+                                  split_key(modes, history, worse=_worse(direction)), critical)
     if steps:
         comparison = comparison.with_notes(HistorySteps(tuple(steps), len(history)))
     return comparison
 
 
 def _compare(current: Sequence[BootSummary], history: Sequence[BootSummary], direction: Direction, tolerance: float,
-             spreads: Spreads, metric: str, unit: str, comparable: bool) -> Comparison:
+             spreads: Spreads, metric: str, unit: str, comparable: bool, critical: float | None = None) -> Comparison:
     return compare_boots(current, history, direction=direction, tolerance=tolerance, prior_spread=spreads.boot,
                          metric=metric, unit=unit, comparable=comparable,
-                         levels=level_terms(current, history, spreads=spreads))
+                         levels=level_terms(current, history, spreads=spreads), critical=critical)
 
 
 def _judge_modes(current: Sequence[BootSummary], modes: Modes, direction: Direction, tolerance: float,
                  spreads: Spreads, metric: str, unit: str, comparable: bool,
-                 placements: Sequence[str] | None = None, split: str = "") -> Comparison:
-    """Each boot against its mode (modes.align_modes): the one this metric places it in, or the
-    test's metrics together (``placements``). A boot between the modes is judged both ways, and
-    a verdict the two readings do not share is inconclusive; a run that lands in the worse mode
-    more often than chance allows (modes.mode_frequency, at the gate's own level) is a
-    regression whatever the aligned figures say."""
+                 placements: Sequence[str] | None = None, split: str = "",
+                 critical: float | None = None) -> Comparison:
+    """Each boot against the mode it clearly belongs to (modes.Modes.mode_of), or the one the
+    test's metrics place it in together (``placements``); a boot that belongs to neither is
+    read against the better mode: the reading least in the build's favour. A direction only
+    where it holds for every assignment of the boots to the modes that is not negligible:
+
+    * REGRESSION when that least favourable reading convicts, and still does with every boot
+      that fits both modes read against the worse one;
+    * IMPROVEMENT only when the run is better even with every boot read against the better mode
+      (a boot between the modes may be a fast spawn made slower: a true -14% with modes 20%
+      apart lies 7% above the slow mode and read there as an improvement);
+    * a run that lands in the worse mode more often than chance allows (modes.mode_frequency,
+      at the gate's own level) is a regression whatever the aligned figures say.
+    Otherwise the least favourable reading's figures, with no direction."""
     worse = _worse(direction)
+    better = "high" if worse == "low" else "low"
     sides = own_sides(current, modes) if placements is None else to_sides(placements, worse=worse)
-    aligned, history = align_modes(current, modes, sides=sides)
-    comparison = _compare(aligned, history, direction, tolerance, spreads, metric, unit, comparable)
+
+    def reading(unclear_to: str, every: str | None = None) -> Comparison:
+        aligned, history = align_modes(current, modes, sides=[every] * len(current) if every else sides,
+                                       unclear_to=unclear_to)
+        return _compare(aligned, history, direction, tolerance, spreads, metric, unit, comparable, critical)
+
+    least = reading(better)
     unclear = unclear_boots(current, modes, sides)
-    disagree = False
-    if unclear:
-        readings = [comparison, *(_compare(align_modes(current, modes, sides=sides, unclear_to=side)[0], history,
-                                           direction, tolerance, spreads, metric, unit, comparable)
-                                  for side in ("low", "high"))]
-        directions = {c.verdict if c.verdict in _DIRECTIONAL else None for c in readings}
-        disagree = len(directions) > 1
-        if disagree:
-            # Reported as the worse reading, so a run that may be slower asks for another boot.
-            comparison = min(readings, key=lambda c: c.gain)
+    fits_both = any(side is None and b.usable and modes.fits(b, "low") and modes.fits(b, "high")
+                    for b, side in zip(current, sides))
+    most = reading(worse) if fits_both else least
+    all_better = reading(better, every=better)
+    if least.verdict is VerdictKind.REGRESSION and most.verdict is VerdictKind.REGRESSION:
+        comparison, disagree = least, False
+    elif all_better.verdict is VerdictKind.IMPROVEMENT:
+        comparison, disagree = all_better, False
+    else:
+        # A direction another likely placing does not share: no direction, and the figures of the
+        # reading least in the build's favour, so that a gate run that may be slower asks for
+        # another boot.
+        disagree = leaning(least.verdict) is not Leaning.NEITHER
+        comparison = min((least, all_better), key=lambda c: c.gain) if disagree else least
     hits, placed, share, p = mode_frequency(current, modes, worse=worse, sides=sides)
     verdict, decided = comparison.verdict, ""
     if comparable and disagree:
@@ -127,9 +150,6 @@ def joint_placements(comparisons: Sequence[Comparison | None]) -> dict[int, tupl
     return again
 
 
-_DIRECTIONAL = (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT)
-
-
 def history_steps(history: Sequence[BootSummary], *, spreads: Spreads, segment: bool = True) -> list[HistoryStep]:
     """The steps a run is judged after (none with ``segment=False``)."""
     return find_steps(history, spreads=spreads) if segment else []
@@ -149,6 +169,7 @@ def against_history(
     result: MetricResult, entry: BaselineEntry, *, current: Sequence[BootSummary], spreads: Spreads,
     canary: Mapping[str, float] | None, profile_env: Mapping[str, str], profile_args: Sequence[str] = (),
     state: BaselineState = BaselineState.JUDGED, placements: Sequence[str] | None = None,
+    critical: float | None = None,
 ) -> tuple[Comparison, BaselineLine]:
     """One metric's boots against one baseline entry's history, and "not comparable" when the
     host canary moved from the boots it is judged against (those since the history's last step)
@@ -161,7 +182,8 @@ def against_history(
     comparison = compare_with_history(
         current, summaries, direction=Direction(result.direction), tolerance=result.tolerance,
         spreads=spreads, metric=metric_spec(result.metric).label, unit=result.unit,
-        comparable=same_env and not (check is not None and check.moved), steps=steps, placements=placements)
+        comparable=same_env and not (check is not None and check.moved), steps=steps, placements=placements,
+        critical=critical)
     env = None if same_env else EnvDiff(dict(entry.profile_env), tuple(entry.profile_args), dict(profile_env),
                                         tuple(profile_args))
     return comparison, BaselineLine(state, comparison.label, comparison,

@@ -38,6 +38,7 @@ from scipy import stats as scipy_stats
 
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.notes import HistoryModes
+from pytest_kimiperf.judge.stats import GATE_CRITICAL
 
 # The widest gap between sorted boot log-medians must be this many times the pooled SD inside
 # the two clusters it leaves, each of at least MIN_MODE_BOOTS boots, in a history of at least
@@ -49,12 +50,13 @@ from pytest_kimiperf.judge.notes import HistoryModes
 MODE_GAP = 5.0
 MIN_MODE_BOOTS = 2
 MIN_HISTORY_BOOTS = 8
-# A current boot takes a mode only when it lies within this share of the gap from that mode's
-# centre. One in the middle fifth (a change of about half the gap, which could be either mode
-# moved: a true -12% with modes 20% apart reads +8% aligned to the nearer, slower mode) is judged
-# both ways (history.compare_with_history), and a verdict stands only where both readings agree.
-# A change of twice a 3% tolerance stays clear of a 20% gap (0.28 of it), so it is still judged.
-CLEAR_SHARE = 0.4
+# A current boot belongs to a mode only when it lies within this many predictive SDs of the
+# mode's centre (``Modes.fit_sd``: the spread inside the modes, never below the declared levels
+# together): the gate's own critical value, so an unchanged boot is misplaced about as rarely as
+# an unchanged build is convicted (a two-sided 0.12% a boot). A boot that fits neither mode is a
+# change, read against the better mode (history.compare_with_history); one that fits both is
+# read both ways.
+MODE_FIT_CRITICAL = GATE_CRITICAL
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,9 @@ class Modes:
     low_center: float
     high_center: float
     gap_ratio: float
+    # The SD of a boot's log figure around its own mode's centre: the spread inside the modes,
+    # never below the declared levels (find_modes' ``floor_sd``).
+    within_sd: float = 0.0
 
     @property
     def main_center(self) -> float:
@@ -78,20 +83,26 @@ class Modes:
         return HistoryModes(len(self.low), math.exp(self.low_center), len(self.high), math.exp(self.high_center),
                             **more)  # type: ignore[arg-type]
 
+    def fits(self, b: BootSummary, side: str) -> bool:
+        """Whether a boot of an unchanged build could lie where ``b`` does in mode ``side``
+        (``"low"``/``"high"``): within :data:`MODE_FIT_CRITICAL` predictive SDs of its centre."""
+        center, boots = (self.low_center, self.low) if side == "low" else (self.high_center, self.high)
+        predictive = self.within_sd * math.sqrt(1.0 + 1.0 / len(boots))
+        return abs(math.log(b.median) - center) <= MODE_FIT_CRITICAL * predictive
+
     def mode_of(self, b: BootSummary) -> str | None:
-        """``"low"`` or ``"high"``: the mode a boot clearly lies in (beyond either centre, the
-        nearer); None in the middle between the two."""
-        x = math.log(b.median)
-        room = CLEAR_SHARE * (self.high_center - self.low_center)
-        if x <= self.low_center + room:
-            return "low"
-        if x >= self.high_center - room:
-            return "high"
+        """``"low"`` or ``"high"``: the mode a boot clearly belongs to (it fits that one and
+        not the other); None when it fits both or neither."""
+        low, high = self.fits(b, "low"), self.fits(b, "high")
+        if low != high:
+            return "low" if low else "high"
         return None
 
 
-def find_modes(history: Sequence[BootSummary]) -> Modes | None:
-    """The history's two modes, or None when its boots form one cluster (or are too few)."""
+def find_modes(history: Sequence[BootSummary], *, floor_sd: float = 0.0) -> Modes | None:
+    """The history's two modes, or None when its boots form one cluster (or are too few).
+    ``floor_sd`` (log) is the least spread a boot has around its mode's centre: the declared
+    levels together, which a run's boot (another session, maybe another host) carries."""
     boots = sorted((b for b in history if b.usable), key=lambda b: b.median)
     if len(boots) < MIN_HISTORY_BOOTS:
         return None
@@ -110,7 +121,7 @@ def find_modes(history: Sequence[BootSummary]) -> Modes | None:
     within = max(within, floor)
     if within <= 0 or gap < MODE_GAP * within:
         return None
-    return Modes(tuple(boots[:cut]), tuple(boots[cut:]), low_mean, high_mean, gap / within)
+    return Modes(tuple(boots[:cut]), tuple(boots[cut:]), low_mean, high_mean, gap / within, max(within, floor_sd))
 
 
 def align_modes(current: Sequence[BootSummary], modes: Modes, *, sides: Sequence[str | None] | None = None,

@@ -54,7 +54,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, assert_never
 
 from scipy import stats as scipy_stats
 
@@ -91,6 +91,39 @@ class VerdictKind(str, Enum):
     INSUFFICIENT_SAMPLES = "insufficient samples"
     NOT_COMPARABLE = "not comparable"
     NOT_JUDGED = "not judged"
+
+
+class Leaning(int, Enum):
+    """Where a verdict stands on the one scale verdicts are ordered by: the build reads worse,
+    neither way, or better. Every invariant of docs/explanation/statistics.md ("moving every
+    current boot the bad way never gives a better verdict", "swapping the sides swaps better
+    and worse") is stated on this order."""
+
+    WORSE = -1
+    NEITHER = 0
+    BETTER = 1
+
+    @property
+    def mirrored(self) -> "Leaning":
+        """The leaning with the sides swapped."""
+        return Leaning(-self.value)
+
+
+def leaning(verdict: VerdictKind) -> Leaning:
+    """The order of verdicts, defined once: REGRESSION < every verdict that claims no direction
+    (within tolerance, no detectable change, changed with its size unresolved, inconclusive, and
+    those that compare nothing) < IMPROVEMENT."""
+    match verdict:
+        case VerdictKind.REGRESSION:
+            return Leaning.WORSE
+        case VerdictKind.IMPROVEMENT:
+            return Leaning.BETTER
+        case (VerdictKind.WITHIN_TOLERANCE | VerdictKind.NO_DETECTABLE_CHANGE | VerdictKind.CHANGED_SIZE_UNRESOLVED
+              | VerdictKind.INCONCLUSIVE | VerdictKind.INSUFFICIENT_SAMPLES | VerdictKind.NOT_COMPARABLE
+              | VerdictKind.NOT_JUDGED):
+            return Leaning.NEITHER
+        case _:
+            assert_never(verdict)
 
 
 @dataclass(frozen=True)
@@ -242,7 +275,7 @@ class Comparison:
         warns (InconclusiveWarning) and what ``--kimiperf-strict`` fails, whether or not the
         interval excludes zero."""
         return (self.verdict in (VerdictKind.INCONCLUSIVE, VerdictKind.CHANGED_SIZE_UNRESOLVED)
-                and abs(self.gain) > self.tolerance)
+                and abs(math.log1p(self.change)) > band_log(self.tolerance))
 
     @property
     def label(self) -> str:
@@ -357,30 +390,33 @@ def compare_boots(
     bound_low, bound_high = math.expm1(d - crit * se), math.expm1(d + crit * se)
     ci_low, ci_high = math.expm1(d - t_eq * se), math.expm1(d + t_eq * se)
     change = math.expm1(d)
-    gain = change if direction is Direction.HIGHER_IS_BETTER else -change
+    # The tolerance is a band symmetric on the log ratio (band_log): x read higher-is-better and
+    # 1/x read lower-is-better give one verdict.
+    band = band_log(tolerance)
+    gain_log = d if direction is Direction.HIGHER_IS_BETTER else -d
     worst, best = ((bound_high, bound_low) if direction is Direction.HIGHER_IS_BETTER
                    else (-bound_low, -bound_high))
     # Minimum detectable change for a design with at least the directional minimum of boots.
     k = max(len(cur), min_boots_directional)
     se_k = math.sqrt(spread.sd_log ** 2 * (1.0 / k + 1.0 / len(ref)) + fixed_var)
-    mdc = -math.expm1(-(max(-math.log1p(-tolerance), crit * se_k) + _z(DETECTION_POWER) * se_k))
+    mdc = -math.expm1(-(max(band, crit * se_k) + _z(DETECTION_POWER) * se_k))
     enough = len(cur) >= min_boots_directional
     if not comparable:
         verdict = VerdictKind.NOT_COMPARABLE
-    elif enough and worst < 0.0 and gain < -tolerance:
+    elif enough and worst < 0.0 and gain_log < -band:
         verdict = VerdictKind.REGRESSION
-    elif enough and best > 0.0 and gain > tolerance:
+    elif enough and best > 0.0 and gain_log > band:
         verdict = VerdictKind.IMPROVEMENT
-    elif -tolerance <= ci_low and ci_high <= tolerance:
+    elif -band <= d - t_eq * se and d + t_eq * se <= band:
         verdict = VerdictKind.WITHIN_TOLERANCE
     elif ci_low > 0.0 or ci_high < 0.0:
         verdict = VerdictKind.CHANGED_SIZE_UNRESOLVED
-    elif abs(gain) > tolerance:
+    elif abs(gain_log) > band:
         verdict = VerdictKind.INCONCLUSIVE
     else:
         verdict = VerdictKind.NO_DETECTABLE_CHANGE
     notes: tuple[Note, ...] = ()
-    if not enough and ((worst < 0.0 and gain < -tolerance) or (best > 0.0 and gain > tolerance)):
+    if not enough and ((worst < 0.0 and gain_log < -band) or (best > 0.0 and gain_log > band)):
         notes = (NeedsBoots(min_boots_directional),)
     return Comparison(
         **common, median_current=_geomean(cur), median_reference=_geomean(ref), change=change,
@@ -409,6 +445,12 @@ def _z(level: float) -> float:
 def _check_unit_interval(name: str, value: float) -> None:
     if not is_real(value) or not 0.0 < value < 1.0:
         raise ValueError(f"{name}={value!r}: use a fraction between 0 and 1 (0.03 means 3%)")
+
+
+def band_log(tolerance: float) -> float:
+    """The tolerance as a band symmetric on the log ratio: 25% is [log 0.75, -log 0.75], so a
+    figure 25% lower and one 1/0.75 higher are both at its edge, whichever way is better."""
+    return -math.log1p(-tolerance)
 
 
 def fmt_tolerance(fraction: float) -> str:

@@ -132,8 +132,8 @@ def comparison_line(c: Comparison, *, label: bool = True) -> str:
     decided = next((n.decided for n in c.notes if isinstance(n, HistoryModes) and n.decided), "")
     if decided:  # the spawn modes, not the figures, gave it (judge/history.py)
         body = (f"REGRESSION {change} (the run lands in the worse spawn mode more often than chance explains"
-                if decided == "frequency" else f"inconclusive ({change}: boots between the spawn modes, read both "
-                "ways, disagree")
+                if decided == "frequency" else f"inconclusive ({change}: the boots' spawn modes are unclear, and "
+                "the placings that are likely disagree")
     elif kind is VerdictKind.REGRESSION:
         body = f"REGRESSION {change} (beyond the {tol} tolerance, and its {level} {fmt_change(worse_bound)} excludes zero"
     elif kind is VerdictKind.IMPROVEMENT:
@@ -198,14 +198,15 @@ def _(note: TooFewSamples) -> str:
 @say.register
 def _(note: HistoryModes) -> str:
     apart = (note.high_center / note.low_center - 1.0) * 100
-    between = (f"; {note.unclear} boot(s) of this run between the modes, judged either way ("
-               + ("the readings disagree, so no direction)" if note.disagree else "both agree)")) if note.unclear else ""
-    placed = "the mode the test's metrics place it in together" if note.joint else "its nearest mode"
+    between = (f"; {note.unclear} boot(s) of this run in neither mode (or both), read against the better one ("
+               + ("another likely placing disagrees, so no direction)" if note.disagree else "every placing agrees)")
+               ) if note.unclear else ""
+    placed = "the mode the test's metrics place it in together" if note.joint else "the mode it clearly belongs to"
     worse = (f"; {note.worse} of {note.placed} boots in the worse mode, which holds {note.worse_share:.0%} of the "
              f"history (chance {note.p:.2g})") if note.placed else ""
     return (f"the history holds 2 modes {apart:.0f}% apart ({note.low_boots} boots at {note.low_center:.4g}, "
             f"{note.high_boots} at {note.high_center:.4g}): each boot judged against {placed}, so a change of "
-            f"about that size is not seen{between}{worse}")
+            f"about that size reads as no change (never as better){between}{worse}")
 
 
 def _when(at: str, commit: str) -> str:

@@ -265,4 +265,4 @@ def test_the_metrics_of_one_test_place_each_boot_in_one_spawn_mode(tmp_path: Pat
     assert decode is not None and ttft is not None
     assert decode.verdict is VerdictKind.REGRESSION, comparison_line(decode)
     assert "the mode the test's metrics place it in together" in comparison_line(decode)
-    assert ttft.verdict is not VerdictKind.REGRESSION and "its nearest mode" in comparison_line(ttft)
+    assert ttft.verdict is not VerdictKind.REGRESSION and "the mode it clearly belongs to" in comparison_line(ttft)

@@ -98,7 +98,7 @@ def test_boots_that_overlap_get_no_direction() -> None:
 def test_identical_servers_within_tolerance_say_so() -> None:
     c = compare_in_session(boots(100.3, 99.8), boots(100.0, 100.2), direction=HIGHER, tolerance=0.03, rules=GPU)
     assert c.verdict is VerdictKind.WITHIN_TOLERANCE
-    assert comparison_line(c).startswith("within +/-3% (-0.1%, 68% CI -1.1%..+1.1%; 2 boots (40 samples) vs 2 reference boots")
+    assert comparison_line(c).startswith("within +/-3% (-0.1%, 90% CI -2.0%..+2.0%; 2 boots (40 samples) vs 2 reference boots")
 
 
 def test_a_profile_without_usable_boots_is_insufficient() -> None:

@@ -66,33 +66,49 @@ def test_a_shift_inside_the_fast_mode_is_still_caught() -> None:
     assert c.verdict is VerdictKind.REGRESSION
 
 
-def test_a_boot_between_the_modes_gets_no_direction_when_the_two_readings_disagree() -> None:
+def test_boots_that_fit_neither_mode_are_a_change_read_least_in_the_builds_favour() -> None:
     history = boots([100, 101, 99, 100.5, 80, 80.5, 100.2, 79.8, 99.6, 100.1], "then")
     # Half-way (log scale) between the modes: a fast boot 10% slower, or a slow one 12% faster.
+    # Neither mode holds a boot there, so it is a change, read against the better (fast) mode.
     current = boots([89.4, 89.5], "now")
     c = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
                              spreads=Spreads(0.01))
-    assert c.verdict is VerdictKind.INCONCLUSIVE
-    # Reported as the worse reading (so a gate run asks for another boot), and said as what it is.
+    assert c.verdict is VerdictKind.REGRESSION
     assert c.change == pytest.approx(-0.106, abs=0.005)
     line = comparison_line(c)
-    assert line.startswith("inconclusive (-10.6%: boots between the spawn modes, read both ways, disagree; 2 boots")
-    assert "2 boot(s) of this run between the modes, judged either way (the readings disagree" in line
+    assert "2 boot(s) of this run in neither mode (or both), read against the better one (every placing agrees)" in line
     # Not comparable stays not comparable.
     other = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
                                  spreads=Spreads(0.01), comparable=False)
     assert other.verdict is VerdictKind.NOT_COMPARABLE
 
 
-def test_a_boot_beyond_either_mode_takes_the_nearer_and_agreeing_readings_keep_their_verdict() -> None:
+def test_boots_just_above_the_slow_mode_are_never_better_since_they_may_be_fast_ones_made_slower() -> None:
+    history = boots([100, 101, 99, 100.5, 80, 80.5, 100.2, 79.8, 99.6, 100.1], "then")
+    # 2.5% above the slow mode: the slow mode's, clearly, and read there +2.5%; but as fast boots
+    # they are 18% slower. No direction, and the line says the placing is unclear.
+    current = boots([82.0, 82.1, 81.9], "now")
+    c = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.02,
+                             spreads=Spreads(0.005))
+    assert c.verdict is not VerdictKind.IMPROVEMENT
+
+
+def test_a_boot_belongs_to_a_mode_only_within_its_spread_and_beyond_both_every_placing_agrees() -> None:
     history = boots([100, 101, 99, 100.5, 80, 80.5, 100.2, 79.8, 99.6, 100.1], "then")
     modes = find_modes(history)
     assert modes is not None
-    assert modes.mode_of(boots([60.0])[0]) == "low" and modes.mode_of(boots([130.0])[0]) == "high"
-    assert modes.mode_of(boots([89.4])[0]) is None and modes.mode_of(boots([96.0])[0]) == "high"
+    # A boot belongs to a mode only within its spread of it: far beyond either, it fits neither.
+    assert modes.mode_of(boots([80.5])[0]) == "low" and modes.mode_of(boots([99.0])[0]) == "high"
+    assert modes.mode_of(boots([60.0])[0]) is None and modes.mode_of(boots([130.0])[0]) is None
+    assert modes.mode_of(boots([89.4])[0]) is None
+    # Below the slow mode, every placing reads a regression.
     c = compare_with_history(boots([60.2, 59.9], "now"), history, direction=Direction.HIGHER_IS_BETTER,
                              tolerance=0.03, spreads=Spreads(0.01))
-    assert c.verdict is VerdictKind.REGRESSION and "between the modes" not in comparison_line(c)
+    assert c.verdict is VerdictKind.REGRESSION and "every placing agrees" in comparison_line(c)
+    # Above the fast mode, every placing reads an improvement.
+    up = compare_with_history(boots([130.2, 129.9], "now"), history, direction=Direction.HIGHER_IS_BETTER,
+                              tolerance=0.03, spreads=Spreads(0.01))
+    assert up.verdict is VerdictKind.IMPROVEMENT
 
 
 def test_a_run_landing_in_the_slow_mode_more_often_than_chance_allows_is_a_regression() -> None:
@@ -157,7 +173,8 @@ def test_a_boot_one_metric_puts_between_the_modes_is_placed_by_the_metric_the_ch
                 for i, (now, history) in enumerate(((decode_now, decode_history), (other_now, other_history)))]
 
     alone = judge()
-    assert alone[0].verdict is VerdictKind.INCONCLUSIVE  # each metric on its own: either mode fits
+    # On its own, decode fits neither mode: a change, read against the better mode.
+    assert alone[0].verdict is VerdictKind.REGRESSION
     again = joint_placements(alone)
     assert again == {0: ("better", "better")}  # only decode is judged again, in the fast mode
     joint = judge({0: again[0], 1: None})
@@ -166,7 +183,7 @@ def test_a_boot_one_metric_puts_between_the_modes_is_placed_by_the_metric_the_ch
     assert joint[1].verdict is alone[1].verdict
 
 
-def test_metrics_that_place_a_boot_in_different_modes_judge_it_both_ways_and_unlike_splits_stay_apart() -> None:
+def test_metrics_that_place_a_boot_in_different_modes_read_it_least_favourably_and_unlike_splits_stay_apart() -> None:
     from pytest_kimiperf.judge.history import joint_placements
 
     decode_history = _labelled(FAST_SLOW, "then")
@@ -180,7 +197,8 @@ def test_metrics_that_place_a_boot_in_different_modes_judge_it_both_ways_and_unl
     assert again == {0: ("", ""), 1: ("", "")}
     decode = compare_with_history(decode_now, decode_history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
                                   spreads=Spreads(0.01), placements=again[0])
-    assert decode.verdict is VerdictKind.INCONCLUSIVE and decode.change == pytest.approx(-0.2, abs=0.01)
+    # The metrics disagree on the boot's mode: unclear, so read least in the build's favour.
+    assert decode.verdict is VerdictKind.REGRESSION and decode.change == pytest.approx(-0.2, abs=0.01)
     # A history whose other boots are slow in the other metric is another phenomenon: not grouped.
     shuffled = _labelled([v / 2 for v in [80, 80.5, 99, 100.5, 100, 101, 100.2, 79.8, 99.6, 100.1]], "then")
     other = compare_with_history(other_now, shuffled, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,

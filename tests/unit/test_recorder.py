@@ -384,13 +384,15 @@ def test_a_boot_that_got_slower_to_ready_is_a_regression_against_its_history(tmp
                                  profile_env={}, boot_samples=[[40.0], [40.4], [39.6], [40.2], [39.8]])
     baselines.update_baseline(baselines.baseline_path(tmp_path, "tiny-cpu", FP.key), "tiny-cpu", FP, [entry])
     ledger, failures, published = BootLedger(), [], []
-    for boot, ready_s in ((1, 52.0), (2, 51.0), (3, 53.0)):  # a disk or driver change: +30%
+    # A disk or driver change: +40% (the 25% tolerance is a band symmetric on the log ratio,
+    # 0.75x to 1/0.75x, so a latency is within it up to +33%).
+    for boot, ready_s in ((1, 56.0), (2, 55.0), (3, 57.0)):
         recorder = _recorder(tmp_path, failures, published, boot=boot, ledger=ledger, deployment=QUIET, boots=3,
                              account=_account(boot, ready_s, 10.0))
         with contextlib.suppress(AssertionError):
             recorder.check(_run([700.0] * 8), ["boot_ready_s", "boot_weights_s"])
     result = published[-1]
-    assert result.metrics["boot_ready_s"].samples == [53.0] and result.metrics["boot_weights_s"].samples == [10.0]
+    assert result.metrics["boot_ready_s"].samples == [57.0] and result.metrics["boot_weights_s"].samples == [10.0]
     verdict = comparison_json(result.metrics["boot_ready_s"].baseline)
     assert (verdict["verdict"], verdict["boots_current"], verdict["boots_reference"]) == ("regression", 3, 5)
     assert failures and "seconds to ready s: REGRESSION +" in failures[-1]

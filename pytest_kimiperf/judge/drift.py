@@ -1,0 +1,90 @@
+"""A slow drift against the history's anchor: the cumulative test append-on-pass needs.
+
+A history that grows itself (``--kimiperf-append-on-pass``) follows whatever it is fed: a drift
+of -0.1% a night passes every night's gate against the moving window it itself appended, and
+the window walks with it (issue 46: 7 of 40 series never failed while the server lost 12%). So
+the appended nights are judged together against the **anchor**, the last deliberate recording
+(``--update-baselines``), which no passing night moves.
+
+The test: a weighted least-squares line through the anchor (night 0) and each appended night's
+mean log figure, each point weighted by the variance the declared levels give it (the boot
+level over its boots, the session level whole: a night is one session). Its slope times the
+nights since the anchor is the cumulative change; a drift **fails** when that change is beyond
+the tolerance's band and :data:`DRIFT_ALPHA` one-sided from none. A line, not the last night
+against the anchor: the anchor's own session effect, which no later night re-draws, would
+otherwise stand in every comparison (a 1% session spread alone keeps a level test from telling
+3% from 6% with a one-session anchor), while a slope sees it once, at its leverage. A step
+(a change landed in one night and stayed) fits a line too, less well: the residual spread,
+which floors the noise where it exceeds the declared, says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scipy import stats as scipy_stats
+
+from pytest_kimiperf.config.deployments import Spreads
+from pytest_kimiperf.config.metric_specs import Direction
+from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.stats import band_log
+
+# One-sided, per metric and night: the chance that an undrifted history fails a night.
+DRIFT_ALPHA = 0.005
+# Residuals measure the noise (raising the declared) once the line has this many points.
+MIN_POINTS_MEASURED = 5
+
+
+@dataclass(frozen=True)
+class Drift:
+    """The cumulative change since the anchor (a fraction; negative is worse, whatever the
+    metric's direction), its bound at :data:`DRIFT_ALPHA` in the build's favour, the nights
+    it rests on and whether it fails."""
+
+    change: float
+    bound: float
+    nights: int
+    failed: bool
+
+
+def _point(boots: Sequence[BootSummary], spreads: Spreads) -> tuple[float, float]:
+    """A group of boots as (mean log figure, its variance): the boot level over the boots, and
+    the session and host levels once per distinct session and host."""
+    usable = [b for b in boots if b.usable]
+    logs = [math.log(b.median) for b in usable]
+    sessions = len({b.session for b in usable})
+    hosts = len({b.host for b in usable})
+    var = (math.log1p(spreads.boot) ** 2 / len(usable) + math.log1p(spreads.session) ** 2 / sessions
+           + math.log1p(spreads.host) ** 2 / hosts)
+    return sum(logs) / len(logs), var
+
+
+def drift_since_anchor(anchor: Sequence[BootSummary], nights: Sequence[Sequence[BootSummary]], *,
+                       direction: Direction, tolerance: float, spreads: Spreads) -> Drift:
+    """The appended ``nights`` (oldest first, each the boots one passing run appended) against
+    the ``anchor`` (the boots of the last deliberate recording): the cumulative change the line
+    through them gives at the last night, and whether it fails (module docstring)."""
+    groups = [list(anchor), *(list(n) for n in nights)]
+    points = [(t, *_point(g, spreads)) for t, g in enumerate(groups) if any(b.usable for b in g)]
+    if len(points) < 2 or points[0][0] != 0:
+        return Drift(math.nan, math.nan, len(points) - 1, False)
+    weights = [1.0 / v for _, _, v in points]
+    total = sum(weights)
+    t_mean = sum(w * t for w, (t, _, _) in zip(weights, points)) / total
+    y_mean = sum(w * y for w, (_, y, _) in zip(weights, points)) / total
+    sxx = sum(w * (t - t_mean) ** 2 for w, (t, _, _) in zip(weights, points))
+    slope = sum(w * (t - t_mean) * (y - y_mean) for w, (t, y, _) in zip(weights, points)) / sxx
+    # The declared levels are a floor the residuals raise (weighted mean square about the line).
+    scale = 1.0
+    if len(points) >= MIN_POINTS_MEASURED:
+        resid = sum(w * (y - y_mean - slope * (t - t_mean)) ** 2 for w, (t, y, _) in zip(weights, points))
+        scale = max(1.0, resid / (len(points) - 2))
+    span = points[-1][0]
+    cumulative = slope * span
+    se = math.sqrt(scale / sxx) * span
+    gain = cumulative if direction is Direction.HIGHER_IS_BETTER else -cumulative
+    z = float(scipy_stats.norm.isf(DRIFT_ALPHA))
+    failed = gain < -band_log(tolerance) and gain + z * se < 0.0
+    return Drift(math.expm1(gain), math.expm1(gain + z * se), span, failed)

@@ -1,0 +1,88 @@
+"""One false-alarm budget for a run, whatever the number of comparisons it makes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from pytest_kimiperf.config.metric_specs import Direction
+from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.family import RUN_ALPHA, decide_family, direction_p, family_critical, holm
+from pytest_kimiperf.judge.stats import VerdictKind, compare_boots
+
+
+def test_the_critical_value_grows_with_the_family_and_holds_the_runs_budget() -> None:
+    assert family_critical(1) == pytest.approx(scipy_stats.norm.isf(0.01))
+    assert family_critical(24) == pytest.approx(scipy_stats.norm.isf(0.01 / 24))
+    assert family_critical(12) < family_critical(24) < family_critical(100)
+    # m comparisons at alpha/m each: the run's chance of any, independent, below alpha.
+    for m in (1, 12, 24, 200):
+        assert 1 - (1 - scipy_stats.norm.sf(family_critical(m))) ** m <= RUN_ALPHA + 1e-12
+    with pytest.raises(ValueError, match="at least one"):
+        family_critical(0)
+
+
+def test_holm_steps_down_and_stops_at_the_first_kept() -> None:
+    # alpha 0.05, m 4: thresholds 0.0125, 0.0167, 0.025, 0.05.
+    assert holm([0.01, 0.04, 0.015, 0.2], 0.05) == [True, False, True, False]
+    assert holm([0.013, 0.001], 0.05) == [True, True]
+    assert holm([0.02, 0.02, 0.02], 0.05) == [False, False, False]
+    assert holm([math.nan, 0.001], 0.05) == [False, True]
+
+
+def test_holm_keeps_the_runs_false_alarm_rate_at_its_level_whatever_the_families_size() -> None:
+    rng = np.random.default_rng(46)
+    for m in (2, 24, 100):
+        alarms = sum(any(holm(list(rng.uniform(size=m)), 0.05)) for _ in range(4000))
+        assert alarms / 4000 <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 4000)
+
+
+def boots(*medians: float, session: str) -> list[BootSummary]:
+    return [BootSummary(median=m, n=20, se_log=0.002, session=session) for m in medians]
+
+
+def test_a_family_keeps_a_clear_regression_and_drops_a_marginal_one() -> None:
+    reference = boots(100.0, 100.5, 99.5, 100.2, 99.8, session="then")
+    clear = compare_boots(boots(80.0, 80.4, session="now"), reference, direction=Direction.HIGHER_IS_BETTER,
+                          tolerance=0.03, prior_spread=0.01, critical=2.0)
+    # 2.4 standard errors at a 2% spread: a regression at 2.0, not among 24 comparisons at 1%.
+    marginal = compare_boots(boots(96.0, 96.1, session="now"), reference, direction=Direction.HIGHER_IS_BETTER,
+                             tolerance=0.03, prior_spread=0.02, critical=2.0)
+    assert clear.verdict is marginal.verdict is VerdictKind.REGRESSION
+    assert direction_p(clear) < direction_p(marginal)
+    quiet = [compare_boots(boots(100.1, 99.9, session="now"), reference, direction=Direction.HIGHER_IS_BETTER,
+                           tolerance=0.03, prior_spread=0.01) for _ in range(22)]
+    decided = decide_family([clear, marginal, *quiet])
+    assert decided[0].verdict is VerdictKind.REGRESSION
+    assert decided[1].verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED
+    assert [c.verdict for c in decided[2:]] == [c.verdict for c in quiet]
+
+
+def test_the_gate_applies_the_runs_family_critical_value() -> None:
+    from pytest_kimiperf.config.deployments import Spreads
+    from pytest_kimiperf.judge.gate import Rules
+    from pytest_kimiperf.judge.history import compare_with_history
+
+    rules = Rules({"decode_tok_s": 0.03}, 0.0, 0.0, Spreads(0.02), family=24)
+    assert rules.critical == pytest.approx(family_critical(24)) and Rules({}, 0.0, 0.0, Spreads(0.02)).critical is None
+    reference = boots(100.0, 100.5, 99.5, 100.2, 99.8, session="then")
+    current = boots(96.0, 96.1, session="now")
+    alone = compare_with_history(current, reference, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
+                                 spreads=Spreads(0.02), critical=2.0)
+    run = compare_with_history(current, reference, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
+                               spreads=Spreads(0.02), critical=rules.critical)
+    assert alone.verdict is VerdictKind.REGRESSION and run.verdict is not VerdictKind.REGRESSION
+    assert run.confidence == pytest.approx(1 - 0.01 / 24)
+
+
+def test_each_kind_of_load_has_its_primary_metric_and_a_test_without_it_takes_its_first() -> None:
+    from pytest_kimiperf.config.metric_specs import METRICS, PRIMARY_METRICS, primary_metric
+
+    assert all(metric in METRICS for metric in PRIMARY_METRICS.values())
+    assert primary_metric("single-stream", ["itl_ms", "decode_tok_s", "p99_itl_ms"]) == "decode_tok_s"
+    assert primary_metric("concurrency", ["ttft_ms", "e2el_ms"]) == "ttft_ms"
+    with pytest.raises(ValueError, match="no primary metric"):
+        primary_metric("single-stream", [])
