@@ -90,6 +90,7 @@ class ProfileCell:
     samples: tuple[float, ...]
     comparison: Comparison | None = None
     note: str | None = None  # replaces the verdict: invalid run, no reference, error
+    name: str = ""  # the profile's name, without the boot that ``profile`` labels
 
 
 @dataclass(frozen=True)
@@ -267,7 +268,7 @@ class SessionReport:
         return ProfileCell(
             profile=boot_label(res), is_reference=is_reference, figure=boot_figure(mres),
             n=len(mres.finite),
-            samples=tuple(mres.samples), comparison=comparison, note=note,
+            samples=tuple(mres.samples), comparison=comparison, note=note, name=res.profile,
         )
 
     def record_advice(self) -> str:
