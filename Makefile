@@ -20,12 +20,12 @@ setup: $(STAMP)
 BOOTS ?= 3
 
 perf: $(STAMP)
-	KIMIPERF_RECORD_COMMAND="make baseline" $(PY) -m pytest perf_tests --deployment tiny-cpu \
-		--nccl-profile default,ring-ll --kimiperf-boots $(BOOTS) \
+	KIMIPERF_RECORD_COMMAND="make baseline" $(PY) -m pytest perf_tests --kimiperf-deployment tiny-cpu \
+		--kimiperf-profile default,ring-ll --kimiperf-boots $(BOOTS) \
 		--kimiperf-json $(PERF_OUT)/report.json --kimiperf-markdown $(PERF_OUT)/summary.md \
 		--kimiperf-plots $(PERF_OUT)/plots $(PYTEST_ARGS)
 
-# This machine's baseline: the perf suite with --update-baselines, BOOTS boots per profile (the
+# This machine's baseline: the perf suite with --kimiperf-update-baselines, BOOTS boots per profile (the
 # same 3 as `make perf`; BOOTS=5 lets the baseline's measured boot spread replace the declared one),
 # in SESSIONS separate pytest sessions. Each run appends one session to the history; the session
 # level is measured from 3 sessions on (judge/levels.py), so record again on other days too:
@@ -33,7 +33,7 @@ perf: $(STAMP)
 SESSIONS ?= 1
 baseline: $(STAMP)
 	for session in $$(seq $(SESSIONS)); do \
-		$(MAKE) perf PYTEST_ARGS="--update-baselines $(PYTEST_ARGS)" || exit $$?; \
+		$(MAKE) perf PYTEST_ARGS="--kimiperf-update-baselines $(PYTEST_ARGS)" || exit $$?; \
 	done
 
 # Once per clone that records baselines: git then merges baselines/**/*.json (.gitattributes) as

@@ -789,7 +789,7 @@ def test_a_first_run_says_once_what_it_judged_and_the_command_that_records_the_b
     assert lines[start + 1] == f"no baseline for this hardware ({FINGERPRINT.key}): this run records it (12 metrics)"
     outcome = outcome_of(lines)
     assert outcome == ("recorded 6 baseline entries in baselines/tiny-cpu/x.json; 1 test boot not recorded (listed "
-                       "above); the same run without --update-baselines now judges against them")
+                       "above); the same run without --kimiperf-update-baselines now judges against them")
 
 
 def test_an_invalid_boot_is_named_where_its_verdict_would_be(results: list[TestResult]) -> None:
