@@ -6,7 +6,7 @@ STAMP := $(VENV)/.kimiperf-setup
 PERF_OUT ?= perf-results
 PYTEST_ARGS ?=
 
-.PHONY: perf baseline test setup clean merge-driver docs
+.PHONY: perf baseline test setup clean merge-driver docs docs-excerpt
 
 $(STAMP): pyproject.toml ci/setup-venv.sh
 	bash ci/setup-venv.sh $(VENV)
@@ -56,6 +56,13 @@ test: $(STAMP)
 # `$(PY) -m pytest_kimiperf.reference`; `make test` checks they match the code).
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict --site-dir site
+
+# What the docs show of `make perf` (docs/quickstart.md): its first screen and throughput plot,
+# taken from a real run by scripts/docs_excerpt.py (whatever the run's verdicts).
+docs-excerpt: $(STAMP)
+	mkdir -p $(PERF_OUT)
+	$(MAKE) --no-print-directory perf 2>&1 | tee $(PERF_OUT)/terminal.txt
+	$(PY) scripts/docs_excerpt.py $(PERF_OUT)
 
 clean:
 	rm -rf $(PERF_OUT) .pytest_cache site
