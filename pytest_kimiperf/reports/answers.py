@@ -83,16 +83,19 @@ def short_test(test: str) -> str:
 
 
 def profile_rows(report: SessionReport) -> list[CompactRow]:
-    """Each test, metric and non-reference profile against the reference profile, on all boots."""
-    rows = []
+    """Each test, metric and non-reference profile against the reference profile, on all boots:
+    one row each, the comparison where there is one, else the first boot's note (an INVALID boot
+    is named in the answers, not once a row)."""
+    rows: dict[tuple[str, str, str], CompactRow] = {}
     for block in report.test_blocks():
         for metric in block.metrics:
             for cell in metric.cells:
                 if cell.is_reference or (cell.comparison is None and cell.note is None):
                     continue  # the reference, or an earlier boot: compared once, on the last
-                rows.append(CompactRow(block.test, metric.metric, cell.name or cell.profile, cell.comparison,
-                                       cell.note))
-    return rows
+                key = (block.test, metric.metric, cell.name or cell.profile)
+                if key not in rows or (rows[key].comparison is None and cell.comparison is not None):
+                    rows[key] = CompactRow(*key, cell.comparison, None if cell.comparison is not None else cell.note)
+    return list(rows.values())
 
 
 def last_boots(results: Sequence[TestResult]) -> list[TestResult]:
@@ -145,10 +148,26 @@ def answer_lines(report: SessionReport) -> list[str]:
     if floor:
         lines.append(floor)
     lines.extend(_not_compared(report))
+    invalid = _invalid_line(report)
+    if invalid:
+        lines.append(invalid)
+    return lines
+
+
+def _invalid_line(report: SessionReport) -> str | None:
+    """The INVALID boots in one line, by test; each test's failure above says why."""
+    by_test: dict[str, list[str]] = {}
     for res in report.results:
         if res.invalid:
-            lines.append(f"{short_test(res.test)} [{res.profile} boot {res.boot}]: INVALID measurement: {res.invalid}")
-    return lines
+            by_test.setdefault(short_test(res.test), []).append(f"{res.profile} boot {res.boot}")
+    if not by_test:
+        return None
+    count = sum(len(boots) for boots in by_test.values())
+    listing = "; ".join(f"{test} [{', '.join(boots)}]" for test, boots in by_test.items())
+    first = next(res.invalid for res in report.results if res.invalid)
+    reason = first.split(":", 2)[:2]
+    return (f"INVALID, no verdict ({count} test boot{'s' * (count != 1)}, each failure above says why; the "
+            f"first: {':'.join(reason).strip()}): {listing}")
 
 
 def _not_compared(report: SessionReport) -> list[str]:
@@ -198,7 +217,7 @@ def _floor_line(report: SessionReport) -> str | None:
 
 def run_verdict(report: SessionReport) -> str:
     """``passed``, or ``FAILED`` with what failed it, as the run's answer opens."""
-    failed = sum(1 for res in report.results if res.failures) + len(report.control_regressions())
+    failed = sum(1 for res in report.results if res.failures and not res.invalid) + len(report.control_regressions())
     invalid = sum(1 for res in report.results if res.invalid)
     parts = []
     if failed:
@@ -209,6 +228,7 @@ def run_verdict(report: SessionReport) -> str:
 
 
 def failure_lines(report: SessionReport) -> list[str]:
-    """Why tests failed: each failed boot's first failure, one line each."""
+    """Why tests failed: each failed boot's first failure, one line each (INVALID boots have the
+    answers' line)."""
     return [f"FAILED {short_test(res.test)} [{res.profile} boot {res.boot}]: {say(res.failures[0])}"
-            for res in report.results if res.failures]
+            for res in report.results if res.failures and not res.invalid]

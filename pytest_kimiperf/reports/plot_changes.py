@@ -11,6 +11,7 @@ cannot look like a finding. Only a worse or better verdict takes a colour.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from pytest_kimiperf.reports.model import profile_verdict
 WORSE_COLOUR = "tab:red"
 BETTER_COLOUR = "tab:green"
 NO_FINDING_COLOUR = "0.55"
+_NOTE_WIDTH = 40
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,10 @@ def draw_changes(ax: Any, rows: Sequence[ChangeRow], *, reference: str, in_sessi
     for y, row in zip(positions, rows):
         c = row.comparison
         if c is None:
-            ax.text(0.0, y, row.note or "not compared", ha="center", va="center", fontsize=7, color="0.4")
+            # The note's head only (an INVALID reason runs to 300 characters, which would squeeze
+            # the axes to nothing): the test's failure and the summary carry it whole.
+            note = textwrap.shorten(row.note or "not compared", width=_NOTE_WIDTH, placeholder="...")
+            ax.text(0.0, y, note, ha="center", va="center", fontsize=7, color="0.4", in_layout=False)
             continue
         colour = verdict_colour(c)
         low, high, mid = c.ci_low * 100, c.ci_high * 100, c.change * 100

@@ -4,6 +4,7 @@ a direction, so a picture cannot show a difference the statistics did not find (
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -106,3 +107,24 @@ def test_a_row_with_no_comparison_says_why() -> None:
     ax = Figure().add_subplot()
     draw_changes(ax, [ChangeRow("ring-ll", None, "INVALID measurement")], reference="default")
     assert [t.get_text() for t in ax.texts] == ["INVALID measurement"]
+
+
+def test_a_long_invalid_reason_does_not_squeeze_the_plot_to_nothing(tmp_path: Path) -> None:
+    # make perf on a busy host: matplotlib's "axes sizes collapsed to zero", an error under
+    # filterwarnings = error, lost every plot of the run.
+    import warnings
+
+    from pytest_kimiperf.reports.plots import plot_distribution, save_figure
+
+    report = session(slower_at=8)
+    block = next(b for b in report.test_blocks() if b.test.endswith("[8]"))
+    (metric,) = block.metrics
+    reason = ("INVALID measurement: host busy: other processes used 33% of the host's CPU (bound 10%): pid 22219 "
+              "python (19%), pid 21153 python (8%), pid 21149 python (5%), pid 105 kdamond.0 (1%), pid 1 "
+              "process_api (0%); measured 3 times, disturbed every time: no verdict from a busy host")
+    cells = tuple(dataclasses.replace(c, comparison=None, note=reason) if not c.is_reference else c
+                  for c in metric.cells)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        save_figure(plot_distribution(block, dataclasses.replace(metric, cells=cells), "default"), tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 10_000

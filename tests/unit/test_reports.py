@@ -355,14 +355,19 @@ def test_many_profiles_stack_the_metric_above_its_rows_to_stay_in_width(view: ba
 
 def test_invalid_run_and_missing_reference_are_not_compared(results: list[TestResult]) -> None:
     results[1].invalid = "client event loop lagged (p99 3.1 ms > 1 ms)"
-    lines = summary(make_report(results)).lines()
+    lines = summary(make_report(results), verbosity=1).lines()  # -v: the INVALID boot's own rows
     invalid = [line for line in lines if "INVALID measurement" in line]
     assert invalid and all("worse" not in line for line in invalid)
+    first_screen = summary(make_report(results)).lines()
+    assert any(line.startswith("INVALID, no verdict (1 test boot") for line in first_screen)
     results[1].invalid = None
     no_reference = make_report([results[1], measured("tree", decode=80, itl=12, ttft=40, seed=5)],
                                reference="default")
-    lines = summary(no_reference).lines()
+    lines = summary(no_reference, verbosity=1).lines()
     assert sum("no valid result of the reference profile default" in line for line in lines) == 6
+    rows = [line for line in summary(no_reference).lines() if line.endswith("no valid result of the reference "
+                                                                            "profile default")]
+    assert len(rows) == 6  # one row per metric and profile (ring-ll, tree) on the first screen
 
 
 def test_a_broken_state_writes_one_line_instead_of_raising(report: SessionReport) -> None:
@@ -804,6 +809,8 @@ def test_an_invalid_boot_is_named_where_its_verdict_would_be(results: list[TestR
     assert f"{DECODE_TEST} [ring-ll boot 2]: INVALID measurement: host busy: other processes used 25% of the " \
         "host's CPU (bound 10%)" in report.warnings()
     lines = summary(report).lines()
-    assert f"single_stream_decode [ring-ll boot 2]: INVALID measurement: {invalid.invalid}" in " ".join(l.strip() for l in lines)
+    assert ("INVALID, no verdict (1 test boot, each failure above says why; the first: host busy: other processes "
+            "used 25% of the host's CPU (bound 10%)): single_stream_decode [ring-ll boot 2]") in " ".join(
+                line.strip() for line in lines)
     assert outcome_of(lines).endswith(". 1 test boot measured INVALID (no verdict from a busy host or an untrusted client: "
                             "the failures above say which)")
