@@ -6,7 +6,7 @@ STAMP := $(VENV)/.kimiperf-setup
 PERF_OUT ?= perf-results
 PYTEST_ARGS ?=
 
-.PHONY: perf baseline test setup clean merge-driver docs
+.PHONY: perf baseline test setup clean merge-driver docs docs-excerpt
 
 $(STAMP): pyproject.toml ci/setup-venv.sh
 	bash ci/setup-venv.sh $(VENV)
@@ -20,12 +20,12 @@ setup: $(STAMP)
 BOOTS ?= 3
 
 perf: $(STAMP)
-	KIMIPERF_RECORD_COMMAND="make baseline" $(PY) -m pytest perf_tests --deployment tiny-cpu \
-		--nccl-profile default,ring-ll --kimiperf-boots $(BOOTS) \
+	KIMIPERF_RECORD_COMMAND="make baseline" $(PY) -m pytest perf_tests --kimiperf-deployment tiny-cpu \
+		--kimiperf-profile default,ring-ll --kimiperf-boots $(BOOTS) \
 		--kimiperf-json $(PERF_OUT)/report.json --kimiperf-markdown $(PERF_OUT)/summary.md \
 		--kimiperf-plots $(PERF_OUT)/plots $(PYTEST_ARGS)
 
-# This machine's baseline: the perf suite with --update-baselines, BOOTS boots per profile (the
+# This machine's baseline: the perf suite with --kimiperf-update-baselines, BOOTS boots per profile (the
 # same 3 as `make perf`; BOOTS=5 lets the baseline's measured boot spread replace the declared one),
 # in SESSIONS separate pytest sessions. Each run appends one session to the history; the session
 # level is measured from 3 sessions on (judge/levels.py), so record again on other days too:
@@ -33,7 +33,7 @@ perf: $(STAMP)
 SESSIONS ?= 1
 baseline: $(STAMP)
 	for session in $$(seq $(SESSIONS)); do \
-		$(MAKE) perf PYTEST_ARGS="--update-baselines $(PYTEST_ARGS)" || exit $$?; \
+		$(MAKE) perf PYTEST_ARGS="--kimiperf-update-baselines $(PYTEST_ARGS)" || exit $$?; \
 	done
 
 # Once per clone that records baselines: git then merges baselines/**/*.json (.gitattributes) as
@@ -57,6 +57,13 @@ test: $(STAMP)
 # `$(PY) -m pytest_kimiperf.reference`; `make test` checks they match the code).
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict --site-dir site
+
+# What the docs show of `make perf` (docs/quickstart.md): its first screen and throughput plot,
+# taken from a real run by scripts/docs_excerpt.py (whatever the run's verdicts).
+docs-excerpt: $(STAMP)
+	mkdir -p $(PERF_OUT)
+	$(MAKE) --no-print-directory perf 2>&1 | tee $(PERF_OUT)/terminal.txt
+	$(PY) scripts/docs_excerpt.py $(PERF_OUT)
 
 clean:
 	rm -rf $(PERF_OUT) .pytest_cache site

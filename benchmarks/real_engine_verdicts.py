@@ -118,7 +118,7 @@ def test_profiles_under_xdist_boot_interleaved_see_their_env_and_args_and_only_t
     # control `make perf` lacks, a real difference between two servers.
     result = pytester.runpytest_subprocess(
         "-n", "2", "--deployment", "tiny-cpu", "--nccl-profile", "default,ring-ll,eager", "--kimiperf-boots", "2",
-        "--kimiperf-json", str(report), "-p", "no:randomly", timeout=1500,
+        "--kimiperf-json", str(report), "-p", "no:randomly", "-v", timeout=1500,  # -v: each boot's row
     )
     result.assert_outcomes(passed=12)
     result.stdout.fnmatch_lines([
@@ -317,7 +317,7 @@ def test_baseline_then_the_identical_server_passes_then_a_slowed_one_is_a_regres
     recorded = pytester.runpytest_subprocess(*args, "--update-baselines", timeout=900)
     recorded.assert_outcomes(passed=1)
     # The weight cache cannot serve a CPU engine: no daemons, and the engine loads from disk.
-    recorded.stdout.fnmatch_lines(["weight cache: off (CPU engine: *UnsupportedPlatformForIPCError*; loading from disk)"])
+    recorded.stdout.fnmatch_lines(["kimiperf: weight cache: off (CPU engine: *UnsupportedPlatformForIPCError*; loading from disk)"])
     [log] = (pytester.path / "runpytest-0" / "kimiperf").glob("server-tiny-cpu-default*.log")
     assert "ipc_cache" not in log.read_text()
     files = list((pytester.path / "baselines" / "tiny-cpu").glob("*.json"))

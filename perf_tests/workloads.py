@@ -6,7 +6,7 @@ more requests, make a verdict surer. One sample is one request for latency metri
 for throughputs.
 """
 
-from pytest_kimiperf.measure.scenarios import Concurrency, SingleStream
+from pytest_kimiperf import Concurrency, SingleStream
 
 PROMPT_TOKENS = 128
 OUTPUT_TOKENS = 128

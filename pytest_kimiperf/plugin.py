@@ -37,7 +37,7 @@ from pytest_kimiperf.fixtures import (  # noqa: F401 - the fixtures are register
     perf,
     slot_of,
 )
-from pytest_kimiperf.session import PerfSession, with_gate_plan
+from pytest_kimiperf.session import FAILURE_LOG_LINES, VERBOSE_FAILURE_LOG_LINES, PerfSession, with_gate_plan
 from pytest_kimiperf.warning_types import KimiperfDeprecationWarning, OneSessionHistoryWarning
 
 if TYPE_CHECKING:
@@ -343,7 +343,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.when == "call" and RESULT_KEY in item.stash:
         report.kimiperf = item.stash[RESULT_KEY].to_json()
     slot = slot_of(item) if report.failed else None
-    section = item.config.stash[RUN_KEY].server_log_tail(slot.name) if slot is not None else None
+    lines = VERBOSE_FAILURE_LOG_LINES if item.config.get_verbosity() > 0 else FAILURE_LOG_LINES
+    section = item.config.stash[RUN_KEY].server_log_tail(slot.name, lines=lines) if slot is not None else None
     if section is not None:
         report.sections.append(section)
     return report

@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 
 # SIGTERM: a cancelled CI job; SIGHUP: a dropped ssh session during a 36-minute load.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# A failed test's report carries this many of its server log's last lines (and the log's path):
+# enough for the engine's last words; -v shows VERBOSE_FAILURE_LOG_LINES.
+FAILURE_LOG_LINES = 10
+VERBOSE_FAILURE_LOG_LINES = 50
 
 
 @dataclass
@@ -188,14 +192,15 @@ class PerfSession:
         """This process's server records, by profile; None if it never managed servers."""
         return dict(self.manager.records) if self.manager is not None else None
 
-    def server_log_tail(self, profile: str) -> tuple[str, str] | None:
-        """The title and tail of ``profile``'s server log, for a failed test's report."""
+    def server_log_tail(self, profile: str, *, lines: int = FAILURE_LOG_LINES) -> tuple[str, str] | None:
+        """The title and tail of ``profile``'s server log, for a failed test's report: the last
+        ``lines`` (10: the engine's last words; ``-v`` asks for more) and the log's path."""
         rec = self.manager.records.get(profile) if self.manager is not None else None
         if rec is None or rec.log_path is None:
             return None
-        from pytest_kimiperf.server.process import LOG_TAIL_LINES, tail_lines
+        from pytest_kimiperf.server.process import tail_lines
 
-        return f"kimiperf server log, last {LOG_TAIL_LINES} lines ({rec.log_path})", tail_lines(rec.log_path)
+        return f"kimiperf server log, last {lines} lines ({rec.log_path})", tail_lines(rec.log_path, lines)
 
     def weight_cache_facts(self) -> WeightCacheFacts | None:
         """What the weight-cache daemons did this session, if this process managed servers."""

@@ -34,9 +34,9 @@ def check_control(value: object, source: str, deployment: Deployment, profiles: 
         raise ConfigError(f"{said}: deployment {deployment.name} spans {len(deployment.nodes)} nodes, whose other "
                           "nodes start the deployment's own command; a control across nodes is not supported")
     if len(profiles) != 1:
-        raise ConfigError(f"{said} judges one profile against its control; select one with --nccl-profile, "
+        raise ConfigError(f"{said} judges one profile against its control; select one with --kimiperf-profile, "
                           f"not {', '.join(p.name for p in profiles)}")
     if update:
-        raise ConfigError(f"{said} with --update-baselines: the control is the recorded build, not one to "
+        raise ConfigError(f"{said} with --kimiperf-update-baselines: the control is the recorded build, not one to "
                           "record; record without --kimiperf-control")
     return True

@@ -4,7 +4,7 @@ A table (from ``pyproject.toml`` or the ``pytest_kimiperf_add_deployments`` hook
 ``extends`` another deployment, built-in or the user's, or starts from a bare base with no
 floors and the metrics' own tolerances. Every key's type and every value's range is checked
 here, so a bad table is a usage error naming the table, the key and what is allowed; and
-``--deployment`` picks one of the results.
+``--kimiperf-deployment`` picks one of the results.
 """
 
 from __future__ import annotations

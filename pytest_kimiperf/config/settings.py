@@ -173,20 +173,20 @@ def build_settings(
     if server_url and len(profiles) > 1:
         raise ConfigError(
             f"--kimiperf-server-url {server_url} attaches to one running server, whose environment and arguments "
-            f"were set when it started; give at most one --nccl-profile as its label, "
+            f"were set when it started; give at most one --kimiperf-profile as its label, "
             f"not {', '.join(p.name for p in profiles)}"
         )
     server_hardware = _server_hardware(options.get("server_hardware", RawOption(None, "default")), server_url)
     if server_url and bool(options["update_baselines"].value) and server_hardware is None:
         raise ConfigError(
-            f"--update-baselines with --kimiperf-server-url {server_url}: this host cannot see the attached "
+            f"--kimiperf-update-baselines with --kimiperf-server-url {server_url}: this host cannot see the attached "
             "server's hardware, and a baseline must say what it was measured on; state it with "
             "--kimiperf-server-hardware '8x <GPU>, <interconnect>' (or the kimiperf_server_hardware ini option)"
         )
     append_on_pass = _branches(options.get("append_on_pass", RawOption(None, "default")))
     if append_on_pass and bool(options["update_baselines"].value):
         raise ConfigError(
-            f"--update-baselines with append-on-pass {','.join(append_on_pass)!r}: the first records "
+            f"--kimiperf-update-baselines with append-on-pass {','.join(append_on_pass)!r}: the first records "
             "every run, the second only a passing run on those branches; give one")
     if append_on_pass and server_url and server_hardware is None:
         raise ConfigError(

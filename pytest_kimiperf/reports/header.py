@@ -30,7 +30,7 @@ def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
     if s.server_url and s.server_url.startswith("https://"):
         mode += " (HTTPS: timed in the event loop, not by the kernel)"
     lines.append(f"kimiperf: server {mode}; baselines in {s.baselines_dir}"
-                 + ("; --update-baselines" if s.update_baselines else ""))
+                 + ("; --kimiperf-update-baselines" if s.update_baselines else ""))
     for profile in s.profiles:
         line = f"kimiperf: profile {profile.name}: {describe_env(profile)}"
         if s.external:
@@ -158,5 +158,5 @@ def one_session_warning(dep: Deployment, span: HistorySpan | None) -> str | None
 
     return (f"the baseline history of {dep.name} spans one session ({span.boots} boot{'s' * (span.boots != 1)}): the session spread in "
             f"force ({dep.session_spread:.0%}) is declared, not measured, and every later session is judged on "
-            f"that guess; record in {MIN_UNITS - 1} more sessions (another day or runner: --update-baselines "
+            f"that guess; record in {MIN_UNITS - 1} more sessions (another day or runner: --kimiperf-update-baselines "
             "appends to the history) to measure it")

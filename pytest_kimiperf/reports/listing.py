@@ -3,7 +3,7 @@
 Deployments (built in, the user's ``[tool.kimiperf.deployments]`` tables, the
 ``pytest_kimiperf_add_deployments`` hook), profiles (environment and server arguments) and
 metrics (the names ``perf.check`` takes, with this deployment's tolerance), one line each. Nothing
-is collected, probed or booted: it answers "what can I pass to --deployment, --nccl-profile and
+is collected, probed or booted: it answers "what can I pass to --kimiperf-deployment, --kimiperf-profile and
 perf.check?" from the same settings a run would be judged by.
 """
 
@@ -24,11 +24,11 @@ def _rows(rows: list[tuple[str, ...]]) -> list[str]:
 
 def listing_lines(s: Settings) -> list[str]:
     """Every deployment, profile and metric, marked where this run's settings select it."""
-    lines = ["kimiperf deployments (--deployment; * selected):"]
+    lines = ["kimiperf deployments (--kimiperf-deployment; * selected):"]
     lines += _rows([(("* " if name == s.deployment.name else "  ") + name, f"{dep.source}: {dep.description}")
                     for name, dep in sorted(s.deployments.items())])
     selected = {p.name for p in s.profiles}
-    lines.append("kimiperf profiles (--nccl-profile, comma-separated, or 'all'; * selected):")
+    lines.append("kimiperf profiles (--kimiperf-profile, comma-separated, or 'all'; * selected):")
     lines += _rows([(("* " if name in selected else "  ") + name,
                      f"{p.source}: " + describe_env(p) + (f"; args {describe_args(p)}" if p.args else ""))
                     for name, p in sorted(s.known_profiles.items())])

@@ -70,7 +70,7 @@ class ProfileComparison:
 
 @dataclass(frozen=True)
 class BaselineUpdate:
-    """The baseline file written by --update-baselines (or appended by a passing run,
+    """The baseline file written by --kimiperf-update-baselines (or appended by a passing run,
     ``on_pass``) and how many entries went into it."""
 
     path: str
@@ -90,6 +90,7 @@ class ProfileCell:
     samples: tuple[float, ...]
     comparison: Comparison | None = None
     note: str | None = None  # replaces the verdict: invalid run, no reference, error
+    name: str = ""  # the profile's name, without the boot that ``profile`` labels
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,7 @@ class SessionReport:
     # the `vllm preload` daemons' part in the session (weight_cache.py); None: no boot here
     weight_cache: WeightCacheFacts | None = None
     # the command that records this machine's baselines, quoted when a run finds none
-    record_command: str = "python -m pytest --update-baselines"
+    record_command: str = "python -m pytest --kimiperf-update-baselines"
     # perf scenarios left out of pytest-benchmark's table (reports/benchmark_bridge.py)
     benchmark_rows_hidden: int = 0
     # --kimiperf-control: the reference profile is the control (the recorded build, booted in this
@@ -267,12 +268,12 @@ class SessionReport:
         return ProfileCell(
             profile=boot_label(res), is_reference=is_reference, figure=boot_figure(mres),
             n=len(mres.finite),
-            samples=tuple(mres.samples), comparison=comparison, note=note,
+            samples=tuple(mres.samples), comparison=comparison, note=note, name=res.profile,
         )
 
     def record_advice(self) -> str:
         """What records a missing baseline: this run, when it records, else the command that
-        does it here (``--kimiperf-record-command``, or this run's own with --update-baselines)."""
+        does it here (``--kimiperf-record-command``, or this run's own with --kimiperf-update-baselines)."""
         return "this run records it" if self.baselines_update is not None else f"record it with {self.record_command}"
 
     def baseline_rows(self) -> list[BaselineRow]:

@@ -4,7 +4,7 @@ A first run on a new machine has no baseline: it judges the profiles against eac
 decode floor, nothing against history. Saying so once per metric, test and boot (48 warnings for
 one fact) buried it; the run now says it once, listing what is missing and the exact command
 that records it (``--kimiperf-record-command``, else this run's own pytest command with
-``--update-baselines``). The run after that is judged against the baseline; its line tallies the
+``--kimiperf-update-baselines``). The run after that is judged against the baseline; its line tallies the
 verdicts of each test's last boot, the one that decides.
 """
 
@@ -86,7 +86,7 @@ def outcome_line(report: SessionReport, record_command: str) -> str | None:
         if update.on_pass:
             return f"this passing run appended its boots to {update.entries} baseline entries in {update.path}{skipped}"
         return (f"recorded {update.entries} baseline entries in {update.path}{skipped}; the same run "
-                "without --update-baselines now judges against them")
+                "without --kimiperf-update-baselines now judges against them")
     missing = missing_baselines(report.results, _fingerprint(report))
     tally = _tally(report.results)
     if missing is not None and not tally:

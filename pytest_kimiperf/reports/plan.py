@@ -1,6 +1,6 @@
 """``--kimiperf-plan``: what a run will cost and what it can resolve, before any boot.
 
-For Kimi-K2.5 a boot is a 20-36 minute load, so a user who selects ``--nccl-profile all`` must
+For Kimi-K2.5 a boot is a 20-36 minute load, so a user who selects ``--kimiperf-profile all`` must
 learn before the first one that it means 7 profiles x 2 boots, about 6.5 hours of loading. The
 plan says, from the same settings the run would use:
 
@@ -86,7 +86,7 @@ def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:
                                      if s.boots < 2 else ""))
     span = baseline.span() if baseline is not None else HistorySpan(0, 0, 0)
     if span.boots == 0:
-        lines.append("  against the baseline: none recorded for this hardware yet (--update-baselines records one)")
+        lines.append("  against the baseline: none recorded for this hardware yet (--kimiperf-update-baselines records one)")
     else:
         session_var = math.log1p(dep.session_spread) ** 2 * (1.0 + 1.0 / span.sessions)
         beyond = smallest_change(dep.boot_spread, max(s.boots, 2), reference_boots=span.boots, tolerance=tolerance,

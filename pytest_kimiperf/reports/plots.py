@@ -8,8 +8,10 @@ run produced them, which shows stalls and drift over the run.
 Where the run was judged against a baseline, one more per gated metric and profile: this run's
 samples beside the baseline entry's latest samples, with the verdict; and where that history
 stepped, the history with its steps (history_plot.py). And for a test
-parametrized over concurrency, one throughput-vs-latency curve per profile (each point a
-concurrency): the picture people choose a serving configuration from.
+parametrized over concurrency, throughput against latency, every boot a point: the picture people
+choose a serving configuration from. Every plot that compares profiles carries the verdict panel
+(plot_changes.py): each change with its interval, so a gap between points is never read as a
+difference the statistics did not find.
 
 matplotlib is optional (``pip install 'pytest-kimiperf[plots]'``). Figures are drawn with
 ``matplotlib.figure.Figure`` on the Agg canvas, never through pyplot, so the plugin does not
@@ -23,6 +25,7 @@ import math
 import re
 import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +35,16 @@ from pytest_kimiperf.judge.baseline_schema import BaselineFile
 from pytest_kimiperf.errors import ConfigError, KimiperfError
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS, Direction, SampleKind
-from pytest_kimiperf.numbers import finite_only, fmt_change, fmt_ci, fmt_value
+from pytest_kimiperf.numbers import finite_only, fmt_value
 from pytest_kimiperf.judge.notes import HistorySteps
+from pytest_kimiperf.reports.cells import boot_figure
 from pytest_kimiperf.reports.history_plot import plot_history
+from pytest_kimiperf.reports.plot_changes import ChangeRow, draw_changes
 from pytest_kimiperf.reports.sentences import comparison_line, say
 from pytest_kimiperf.reports.model import (
     MetricBlock,
     PerfTestBlock,
     SessionReport,
-    profile_verdict,
 )
 
 INSTALL_HINT = "pip install 'pytest-kimiperf[plots]'"
@@ -118,7 +122,8 @@ def render_plots(report: SessionReport, out_dir: Path, *, baseline: BaselineFile
     curve_slugs = unique_slugs(list(curves))
     for group, points in curves.items():
         path = out_dir / f"{curve_slugs[group]}--throughput-vs-latency.png"
-        save_figure(plot_throughput_latency(group, points), path)
+        save_figure(plot_throughput_latency(group, points, throughput_changes(report, points),
+                                            report.reference_profile), path)
         written.append(path)
     return written
 
@@ -155,66 +160,103 @@ def plot_against_baseline(res: TestResult, mres: MetricResult, baseline_samples:
     return fig
 
 
-# (profile, concurrency, output tok/s, median TTFT ms, median TPOT ms)
-CurvePoint = tuple[str, int, float, float | None, float | None]
+@dataclass(frozen=True)
+class CurvePoint:
+    """One boot of one profile at one concurrency: its output throughput and median latencies."""
+
+    test: str
+    profile: str
+    concurrency: int
+    boot: int
+    output_tok_s: float
+    ttft_ms: float | None
+    tpot_ms: float | None
 
 
 def throughput_curves(results: Sequence[TestResult]) -> dict[str, list[CurvePoint]]:
     """The tests parametrized over concurrency: per test function and request shape, one point
-    per profile and concurrency (boots averaged), where at least two concurrencies ran."""
-    cells: dict[tuple[str, str, int], list[TestResult]] = {}
+    per boot, profile and concurrency, where at least two concurrencies ran."""
+    curves: dict[str, list[CurvePoint]] = {}
     for res in results:
         load = res.run.load if res.run is not None else {}
-        if load.get("kind") != "concurrency" or res.invalid:
+        if load.get("kind") != "concurrency" or res.invalid or res.run is None:
             continue
         base = re.sub(r"\[.*\]$", "", res.test)
         group = f"{base} {load.get('prompt_tokens')}in-{load.get('output_tokens')}out"
-        cells.setdefault((group, res.profile, int(load["max_concurrency"])), []).append(res)
-    curves: dict[str, list[CurvePoint]] = {}
-    for (group, profile, concurrency), boots in sorted(cells.items()):
-        curves.setdefault(group, []).append((
-            profile, concurrency, _mean([r.run.output_throughput for r in boots if r.run]) or 0.0,
-            _mean([r.run.stat("ttft_ms", "median") for r in boots if r.run]),
-            _mean([r.run.stat("tpot_ms", "median") for r in boots if r.run]),
-        ))
-    return {g: pts for g, pts in curves.items() if len({p[1] for p in pts}) >= 2}
+        # The boot's figure the gate compares (its median round), where the test checked it.
+        judged = res.metrics.get("output_throughput")
+        tok_s = boot_figure(judged).value if judged is not None else None
+        curves.setdefault(group, []).append(CurvePoint(
+            res.test, res.profile, int(load["max_concurrency"]), res.boot,
+            float(tok_s if tok_s is not None else res.run.output_throughput or 0.0),
+            _finite(res.run.stat("ttft_ms", "median")), _finite(res.run.stat("tpot_ms", "median"))))
+    return {g: sorted(pts, key=lambda p: (p.concurrency, p.profile, p.boot))
+            for g, pts in curves.items() if len({p.concurrency for p in pts}) >= 2}
 
 
-def plot_throughput_latency(group: str, points: Sequence[CurvePoint]) -> Any:
-    """Output throughput against median TTFT and median TPOT, one line per profile, each point
-    labelled with its concurrency."""
+def throughput_changes(report: SessionReport, points: Sequence[CurvePoint]) -> list[ChangeRow]:
+    """Each profile's output throughput against the reference at each concurrency, as judged."""
+    tests = {p.test: p.concurrency for p in points}
+    rows = []
+    for c in report.profile_comparisons:
+        if c.metric == "output_throughput" and c.test in tests:
+            rows.append((tests[c.test], c.profile,
+                         ChangeRow(f"{c.profile} c{tests[c.test]}", c.comparison, c.error or "")))
+    return [row for _, _, row in sorted(rows, key=lambda r: (r[0], r[1]))]
+
+
+def plot_throughput_latency(group: str, points: Sequence[CurvePoint], changes: Sequence[ChangeRow] = (),
+                            reference: str = "") -> Any:
+    """Output throughput against median TTFT and median TPOT, every boot a point (no line through
+    medians: a gap between two profiles' medians is no verdict), and beside them each profile's
+    change against the reference at each concurrency with its interval and verdict."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(10, 4.5), dpi=DPI, layout="constrained")
-    axes = fig.subplots(1, 2, sharey=True)
-    for ax, index, xlabel in ((axes[0], 3, "median TTFT (ms)"), (axes[1], 4, "median TPOT (ms)")):
-        for profile in dict.fromkeys(p[0] for p in points):
-            line = [(p[index], p[2], p[1]) for p in points if p[0] == profile and p[index] is not None]
-            if not line:
+    panels = 3 if changes else 2
+    fig = Figure(figsize=(12 if changes else 10, 4.8), dpi=DPI, layout="constrained")
+    axes = fig.subplots(1, panels, width_ratios=[1, 1, 1.3][:panels])
+    profiles = list(dict.fromkeys(p.profile for p in points))
+    colours = {name: f"C{i}" for i, name in enumerate(profiles)}
+    for ax, attr, xlabel in ((axes[0], "ttft_ms", "median TTFT (ms)"), (axes[1], "tpot_ms", "median TPOT (ms)")):
+        for profile in profiles:
+            mine = [p for p in points if p.profile == profile and getattr(p, attr) is not None]
+            if not mine:
                 continue
-            xs, ys, ns = zip(*sorted(line, key=lambda t: t[2]))
-            ax.plot(xs, ys, marker="o", label=profile)
-            for x, y, n in zip(xs, ys, ns):
-                ax.annotate(f"c{n}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            ax.scatter([getattr(p, attr) for p in mine], [p.output_tok_s for p in mine], s=22, alpha=0.75,
+                       color=colours[profile], edgecolors="none", label=f"{profile} (each boot)")
+            for concurrency in dict.fromkeys(p.concurrency for p in mine):
+                first = next(p for p in mine if p.concurrency == concurrency)
+                ax.annotate(f"c{concurrency}", (getattr(first, attr), first.output_tok_s), textcoords="offset points",
+                            xytext=(4, 4), fontsize=7, color="0.3")
         ax.set_xlabel(xlabel)
+        ax.set_ylabel("output throughput (tok/s)")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("output throughput (tok/s)")
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"{_shorten(group, 90)}\nthroughput against latency, by concurrency", fontsize=10)
+    if changes:
+        draw_changes(axes[2], changes, reference=reference)
+        axes[2].set_title("output throughput: the verdict", fontsize=9)
+    fig.suptitle(f"{_shorten(group, 90)}\nthroughput against latency, every boot, by concurrency", fontsize=10)
     return fig
 
 
-def _mean(values: Sequence[Any]) -> float | None:
-    numbers = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-    return sum(numbers) / len(numbers) if numbers else None
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def plot_distribution(block: PerfTestBlock, metric: MetricBlock, reference_profile: str) -> Any:
-    """One metric of one test: per profile a box (quartiles) and every sample as a point."""
+    """One metric of one test: per boot of each profile a box (quartiles) and every sample as a
+    point; beside them, each profile's change against the reference with its interval and verdict."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 4.8), dpi=DPI, layout="constrained")
-    ax = fig.add_subplot()
+    changes = [ChangeRow(cell.name or cell.profile, cell.comparison, cell.note or "")
+               for cell in metric.cells if not cell.is_reference and (cell.comparison is not None or cell.note)]
+    fig = Figure(figsize=(12 if changes else 8, 4.8), dpi=DPI, layout="constrained")
+    if changes:
+        ax, verdicts = fig.subplots(1, 2, width_ratios=[2, 1.2])
+        draw_changes(verdicts, changes, reference=reference_profile)
+        verdicts.set_title("the verdict, on all boots", fontsize=9)
+    else:
+        ax = fig.add_subplot()
     rng = np.random.default_rng(0)  # fixed jitter: the same data draws the same picture
     values = [finite_only(cell.samples) for cell in metric.cells]
     positions = list(range(1, len(values) + 1))
@@ -231,13 +273,10 @@ def plot_distribution(block: PerfTestBlock, metric: MetricBlock, reference_profi
     labels = []
     for cell, vals in zip(metric.cells, values):
         failed = len(cell.samples) - len(vals)
-        label = f"{cell.profile}\n{cell.figure.name} {fmt_value(cell.figure.value)}, n={len(vals)}"
+        label = f"{cell.profile}\n{cell.figure.name} {fmt_value(cell.figure.value)}\nn={len(vals)}"
         if failed:
             label += f" ({failed} failed)"
-        if cell.comparison is not None:
-            c = cell.comparison
-            label += f"\n{fmt_change(c.change)} ({fmt_ci(c.ci_low, c.ci_high)})\n{profile_verdict(c)}"
-        elif cell.note:
+        if cell.note:
             label += "\n" + _head(cell.note, 26, lines=2)
         elif cell.is_reference:
             label += "\n(reference)"

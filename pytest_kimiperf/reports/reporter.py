@@ -107,13 +107,13 @@ class SessionReporter:
     @property
     def record_command(self) -> str:
         """The command that records this machine's baselines: --kimiperf-record-command, else
-        this run's own pytest command with --update-baselines (without --kimiperf-control: the
+        this run's own pytest command with --kimiperf-update-baselines (without --kimiperf-control: the
         control is the recorded build, never one to record)."""
         if self.settings.record_command:
             return self.settings.record_command
         args = shlex.join(arg for arg in self.invocation if arg != "--kimiperf-control")
         ini_control = self.settings.control and "--kimiperf-control" not in self.invocation  # set by an ini file
-        return " ".join(part for part in ("python -m pytest", args, "--update-baselines",
+        return " ".join(part for part in ("python -m pytest", args, "--kimiperf-update-baselines",
                                           "-o kimiperf_control=false" if ini_control else "") if part)
 
     def missing_baseline_warning(self) -> str | None:
@@ -142,7 +142,7 @@ class SessionReporter:
         return bool(self.results or self.run.server_records() is not None or self.worker_records)
 
     def finish(self, *, passed: bool = False) -> bool:
-        """Session finish: write the baselines (--update-baselines, or append-on-pass when the
+        """Session finish: write the baselines (--kimiperf-update-baselines, or append-on-pass when the
         session ``passed``) and the reports asked for.
 
         Returns False when the run fails here: an output could not be written (the message
@@ -231,7 +231,7 @@ class SessionReporter:
         report = self.report = self.build_report(probe_fingerprint=bool(self.results) and asked)
         errors: list[str] = report.errors
         # The plots set this run beside the baseline it was judged against: read it before
-        # --update-baselines replaces it.
+        # --kimiperf-update-baselines replaces it.
         judged_against = _baseline_file(report) if settings.perf_plots and self.results else None
 
         if settings.update_baselines:
@@ -324,7 +324,7 @@ class SessionReporter:
             # update_baseline turns its own write errors into BaselineError; creating the directory
             # (a --kimiperf-baselines-dir that is a file, no permission) can still fail underneath it.
             raise KimiperfError(
-                f"cannot write baseline {path} (--update-baselines, --kimiperf-baselines-dir "
+                f"cannot write baseline {path} (--kimiperf-update-baselines, --kimiperf-baselines-dir "
                 f"{settings.baselines_dir}): {exc.strerror or exc}"
             ) from None
         return BaselineUpdate(path=str(path), entries=len(entries), not_recorded=tuple(not_recorded))

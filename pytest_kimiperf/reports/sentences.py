@@ -29,7 +29,7 @@ from pytest_kimiperf.judge.verdicts import (
 )
 from pytest_kimiperf.numbers import fmt_change, fmt_spread, fmt_value
 
-RECORD_ADVICE = "run --update-baselines"
+RECORD_ADVICE = "run --kimiperf-update-baselines"
 
 
 def say_all(notes: Iterable[Note]) -> list[str]:
@@ -176,11 +176,11 @@ def _(note: NotAppended) -> str:
         why = "the host canary moved" if note.canary_moved else "the profile's environment or arguments differ"
         return (f"not appended to the baseline history: {label} of {note.test} [{note.profile}] is not comparable "
                 f"to it ({why}; {fmt_change(note.gain)}): another host or configuration joins the history only on "
-                "purpose (--update-baselines)")
+                "purpose (--kimiperf-update-baselines)")
     return (f"not appended to the baseline history: {label} of {note.test} [{note.profile}] is "
             f"{fmt_change(note.gain)} against the history (at best {fmt_change(note.bound)}), worse than half its "
             f"{fmt_tolerance(note.tolerance)} tolerance: a slow drift is not taken into the history "
-            "(--update-baselines records it on purpose)")
+            "(--kimiperf-update-baselines records it on purpose)")
 
 
 @say.register
@@ -262,7 +262,7 @@ def _(note: Plan) -> str:
     spread = fmt_tolerance(note.spread)
     if note.boots is None:
         return (f"to resolve a {goal} change at a boot spread of {spread} "
-                f"the baseline's {note.boots_reference} boots are too few: record more with --update-baselines "
+                f"the baseline's {note.boots_reference} boots are too few: record more with --kimiperf-update-baselines "
                 "--kimiperf-boots N")
     return (f"to resolve a {goal} change at a boot spread of {spread} "
             f"you need {note.boots} boots of this profile against the baseline's {note.boots_reference}")
@@ -439,11 +439,11 @@ def warning_lines(result: TestResult) -> list[str]:
 
 
 def unrecordable_text(result: TestResult) -> str | None:
-    """Why --update-baselines does not record this boot (None: it may)."""
+    """Why --kimiperf-update-baselines does not record this boot (None: it may)."""
     return joined(result.unrecordable) if result.unrecordable else None
 
 
 def not_recorded_line(result: TestResult) -> str:
-    """A boot --update-baselines left out, and why."""
+    """A boot --kimiperf-update-baselines left out, and why."""
     why = f"INVALID: {result.invalid}" if result.invalid else unrecordable_text(result)
     return f"{result.test} [{result.profile}, boot {result.boot}]: {why}"

@@ -28,6 +28,9 @@ from pytest_kimiperf.reports.model import (
     boot_label,
     profile_verdict,
 )
+from pytest_kimiperf.reports.terminal_answers import (
+    answer_section, compact_baseline_table, compact_profile_table, warning_count,
+)
 from pytest_kimiperf.reports.terminal_context import (
     nccl_debug_lines,
     roofline_lines,
@@ -58,27 +61,30 @@ def render_summary(
     verbosity: int,
     output_error: str | None = None,
 ) -> list[TerminalLine]:
-    """The summary's lines: ``-q`` keeps the verdicts and anything alarming, ``-v`` adds samples."""
+    """The summary's lines: the answers first, then one compact row per metric and profile;
+    ``-v`` adds every boot, the baselines' detail, the floor, the roofline and the server's view
+    (the Markdown and JSON reports always hold them); ``-q`` keeps the verdicts and anything
+    alarming."""
     lines: list[TerminalLine] = []
+    quiet = verbosity <= QUIET
     if report is not None and report.results:
-        if verbosity <= QUIET:
+        if quiet:
             lines.extend(_quiet_verdicts(report))
             lines.extend(nccl_debug_lines(report, titled=True, quiet=True))
         else:
-            profiles = _profile_section(report, verbose=verbosity >= VERBOSE)
-            lines.extend(profiles)
-            lines.extend(nccl_debug_lines(report, titled=not profiles, quiet=False))
-            lines.extend(_baseline_section(report, verbose=verbosity >= VERBOSE))
-            floors = _floor_section(report)
-            lines.extend(floors)
-            lines.extend(roofline_lines(report, titled=not floors))
-            lines.extend(server_view_section(report))
-            lines.extend(warning_section(report))
+            lines.extend(answer_section(report))
+            if verbosity >= VERBOSE:
+                lines.extend(_full_sections(report))
+            else:
+                lines.extend(compact_profile_table(report))
+                lines.extend(nccl_debug_lines(report, titled=True, quiet=False))
+                lines.extend(compact_baseline_table(report))
+                lines.extend(warning_count(report))
     elif report is not None:
         # The servers ran but no perf test got to a result: what NCCL logged still tells.
-        lines.extend(nccl_debug_lines(report, titled=True, quiet=verbosity <= QUIET))
+        lines.extend(nccl_debug_lines(report, titled=True, quiet=quiet))
     if report is not None:
-        lines.extend(servers_and_files(report, quiet=verbosity <= QUIET))
+        lines.extend(servers_and_files(report, quiet=quiet, verbose=verbosity >= VERBOSE))
     failed = report.control_regressions() if report is not None else []
     if failed:
         lines.append(TerminalLine(f"kimiperf: slower than the control ({report.reference_profile}, the recorded "
@@ -92,10 +98,26 @@ def render_summary(
         lines.append(TerminalLine("kimiperf: reports and baselines", sep="!", markup=LOUD))
         lines.extend(TerminalLine(f"ERROR: {error}", markup=RED) for error in errors)
     outcome = outcome_line(report, report.record_command) if report is not None else None
-    if outcome is not None:
+    if outcome is not None and (quiet or not report.results):
         # Last, where the eye lands: what the run judged and what to do next.
         lines.append(TerminalLine("kimiperf: what this run showed", sep="="))
         lines.extend(wrapped(outcome, indent=0))
+    return lines
+
+
+def _full_sections(report: SessionReport) -> list[TerminalLine]:
+    """What ``-v`` adds: every boot's row, the baselines' detail, the floor, the roofline, the
+    server's view and the warnings."""
+    lines = []
+    profiles = _profile_section(report, verbose=True)
+    lines.extend(profiles)
+    lines.extend(nccl_debug_lines(report, titled=not profiles, quiet=False))
+    lines.extend(_baseline_section(report, verbose=True))
+    floors = _floor_section(report)
+    lines.extend(floors)
+    lines.extend(roofline_lines(report, titled=not floors))
+    lines.extend(server_view_section(report))
+    lines.extend(warning_section(report))
     return lines
 
 

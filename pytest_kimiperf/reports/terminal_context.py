@@ -113,7 +113,9 @@ def warning_section(report: SessionReport) -> list[TerminalLine]:
     return lines
 
 
-def servers_and_files(report: SessionReport, *, quiet: bool) -> list[TerminalLine]:
+def servers_and_files(report: SessionReport, *, quiet: bool, verbose: bool = True) -> list[TerminalLine]:
+    """Each server's boots and log, the files written, and any leftover process (loud at every
+    verbosity); ``verbose`` adds each boot's account, the weight cache and pytest-benchmark's note."""
     lines: list[TerminalLine] = []
     loud: list[TerminalLine] = []
     for facts in report.profiles:
@@ -133,7 +135,8 @@ def servers_and_files(report: SessionReport, *, quiet: bool) -> list[TerminalLin
             boot = f"booted {facts.boots}x{ready}"
         log = f"; log: {facts.log_path}" if facts.log_path else ""
         lines.append(TerminalLine(f"server {facts.name}: {boot}{log}"))
-        lines.extend(TerminalLine(f"  {account.summary()}") for account in facts.boot_accounts)
+        if verbose:
+            lines.extend(TerminalLine(f"  {account.summary()}") for account in facts.boot_accounts)
         for var, (shell, value) in sorted(facts.overridden_shell_env.items()):
             lines.append(TerminalLine(
                 f"  profile {facts.name} overrides {var}={shell!r} from the shell with {value!r}", markup=YELLOW))
@@ -141,7 +144,7 @@ def servers_and_files(report: SessionReport, *, quiet: bool) -> list[TerminalLin
     if wc is not None:
         loud.extend(TerminalLine(f"LEFTOVER process of the weight-cache daemons survived SIGKILL: {p}",
                                  markup=LOUD) for p in wc.leftovers)
-        if not quiet:
+        if verbose and not quiet:
             lines.append(TerminalLine(wc.summary()))
     if not quiet:
         labels = {"json": "JSON report", "markdown": "Markdown summary",
@@ -150,7 +153,7 @@ def servers_and_files(report: SessionReport, *, quiet: bool) -> list[TerminalLin
             if key in report.outputs:
                 extra = f" ({plural(len(report.plot_files), 'PNG file')})" if key == "plots" else ""
                 lines.append(TerminalLine(f"{label}: {report.outputs[key]}{extra}"))
-        if report.benchmark_rows_hidden:
+        if report.benchmark_rows_hidden and verbose:
             lines.extend(wrapped(
                 f"pytest-benchmark: its table leaves out {plural(report.benchmark_rows_hidden, 'perf test')} "
                 "(one round each, the scenario's wall time, is no distribution to tabulate); its JSON and "

@@ -77,7 +77,7 @@ def test_a_run_on_a_host_whose_canary_moved_is_reported_only_and_appends_nothing
     result.stdout.fnmatch_lines(["*not comparable*host differs (canary*",
                                  "*baselines: not appended to the baseline history: * of test_marked.py::test_decode "
                                  "[[]default[]] is not comparable to it (the host canary moved; *): another host or "
-                                 "configuration joins the history only on purpose (--update-baselines)*"])
+                                 "configuration joins the history only on purpose (--kimiperf-update-baselines)*"])
     assert _boots(pytester) == 1
     baselines = json.loads(out.read_text())["baselines"]
     assert (baselines["updated"], baselines["appended_on_pass"]) == (False, False)

@@ -55,7 +55,7 @@ def test_a_candidate_slower_than_its_control_fails_the_run_and_one_as_fast_passe
                                  "kimiperf: control command (default@control): * --tok-per-s *"])
     # The command that records a baseline drops the control: the recorded build is not recorded.
     result.stdout.fnmatch_lines(["*Record it with: python -m pytest --basetemp=* --deployment stub --kimiperf-boots 2 "
-                                 "--kimiperf-json * -p no:cacheprovider --update-baselines*"])
+                                 "--kimiperf-json * -p no:cacheprovider --kimiperf-update-baselines*"])
     if fails:
         assert result.ret == pytest.ExitCode.TESTS_FAILED
         said = " ".join(result.stdout.str().split())  # the outcome line wraps

@@ -212,7 +212,7 @@ def test_attach_mode_errors_later_tests_once_the_server_stops_serving(
 def test_attach_mode_with_two_profiles_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--kimiperf-server-url", "http://127.0.0.1:9", "--nccl-profile", "default,ring-ll")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*give at most one --nccl-profile as its label*"])
+    result.stderr.fnmatch_lines(["*give at most one --kimiperf-profile as its label*"])
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],

@@ -23,11 +23,11 @@ def test_the_list_names_every_deployment_profile_and_metric_and_runs_nothing(pyt
                                            "default,eager", timeout=60)
     assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines([
-        "kimiperf deployments (--deployment; * selected):",
+        "kimiperf deployments (--kimiperf-deployment; * selected):",
         "    kimi-k25-int4-tp8  built-in: Kimi-K2.5 (1T, INT4, MLA) on vLLM at TP=8*",
         "  * mine               */pyproject.toml [[]tool.kimiperf[]] [[]deployments.mine[]]: user deployment from *",
         "    tiny-cpu           built-in: real vLLM on the CPU*",
-        "kimiperf profiles (--nccl-profile, comma-separated, or 'all'; * selected):",
+        "kimiperf profiles (--kimiperf-profile, comma-separated, or 'all'; * selected):",
         "  * default        built-in: (no overrides)",
         "  * eager          */pyproject.toml [[]tool.kimiperf.profiles.eager[]]: (no overrides); args --enforce-eager",
         "    ring-ll        built-in: NCCL_ALGO=Ring NCCL_PROTO=LL",
@@ -58,7 +58,7 @@ def test_the_plan_says_boots_load_time_and_resolution_and_boots_nothing(pytester
         "  loading: 2 min a boot (declared by deployment tiny-cpu (load_s)): 6 min of loading",
         "  profiles against each other (2 boots each, boot spread 18% declared): decode changes of * or more are "
         "told apart (90% power)",
-        "  against the baseline: none recorded for this hardware yet (--update-baselines records one)"])
+        "  against the baseline: none recorded for this hardware yet (--kimiperf-update-baselines records one)"])
     assert "a plan ran a test" not in result.stdout.str()
     result = pytester.runpytest_subprocess("--kimiperf-plan", "--kimiperf-boots", "0", timeout=60)
     assert result.ret == pytest.ExitCode.USAGE_ERROR

@@ -60,5 +60,6 @@ def test_shipped_perf_suite_runs_records_and_compares(pytester: pytest.Pytester,
     assert judged and all(b is not None and b["verdict"] != "insufficient samples" and b["boots_reference"] == 1
                           and b["boots_current"] == boot and b["n_reference"] >= MIN_SAMPLES_PER_BOOT
                           for boot, b in judged)
-    result.stdout.fnmatch_lines(["*kimiperf: profiles vs default*", "*kimiperf: against baselines*",
-                                 "*decode floor of stub*"])
+    result.stdout.fnmatch_lines(["*= kimiperf: answers =*", "ring-ll vs default, decode tok/s (single_stream_decode): *",
+                                 "decode floor 1 tok/s: *", "*kimiperf: ring-ll vs default, on all boots*",
+                                 "*kimiperf: against the baseline, on each profile's boots*"])

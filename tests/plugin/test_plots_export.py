@@ -86,7 +86,7 @@ def test_a_test_parametrized_over_concurrency_gets_a_throughput_latency_curve(tm
     results = [result(profile, concurrency) for profile in ("default", "ring-ll") for concurrency in (4, 8, 16)]
     curves = throughput_curves(results)
     assert list(curves) == ["test_perf.py::test_throughput 32in-5out"]
-    assert sorted({(p[0], p[1]) for p in curves["test_perf.py::test_throughput 32in-5out"]}) == [
+    assert sorted({(p.profile, p.concurrency) for p in curves["test_perf.py::test_throughput 32in-5out"]}) == [
         (profile, c) for profile in ("default", "ring-ll") for c in (4, 8, 16)]
     files = render_plots(report_of(results), tmp_path / "plots")
     curve = [p for p in files if p.name.endswith("--throughput-vs-latency.png")]

@@ -100,7 +100,7 @@ def test_attach_to_a_server_of_another_model_fails_with_both_names(
 def test_update_baselines_in_attach_mode_needs_the_stated_server_hardware(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--kimiperf-server-url", "http://127.0.0.1:9", "--update-baselines")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--update-baselines with --kimiperf-server-url http://127.0.0.1:9*--kimiperf-server-hardware*"])
+    result.stderr.fnmatch_lines(["*--kimiperf-update-baselines with --kimiperf-server-url http://127.0.0.1:9*--kimiperf-server-hardware*"])
 
 
 @pytest.fixture

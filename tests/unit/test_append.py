@@ -128,7 +128,7 @@ def test_a_metric_not_comparable_to_its_history_appends_nothing_whatever_its_fig
         assert say(refusal) == (
             f"not appended to the baseline history: decode tok/s of t.py::test_decode [default] is not comparable to it "
             f"({why}; {'-86.0%' if change else '+0.0%'}): another host or configuration joins the history only on "
-            "purpose (--update-baselines)")
+            "purpose (--kimiperf-update-baselines)")
         assert note_from_json(refusal.to_json()) == refusal
 
 
@@ -154,6 +154,6 @@ def test_the_option_is_branch_names_checked_once(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"append-on-pass branch 'my branch' \(from command line "
                                           r"--kimiperf-append-on-pass\): use branch names of letters"):
         _settings(tmp_path, append_on_pass=RawOption("my branch", "command line --kimiperf-append-on-pass"))
-    with pytest.raises(ConfigError, match=r"--update-baselines with append-on-pass 'main': .* give one"):
+    with pytest.raises(ConfigError, match=r"--kimiperf-update-baselines with append-on-pass 'main': .* give one"):
         _settings(tmp_path, append_on_pass=RawOption("main", "ini option kimiperf_append_on_pass"),
                   update_baselines=RawOption(True, "command line --update-baselines"))

@@ -52,10 +52,10 @@ def test_the_control_is_the_selected_profile_served_by_the_control_command_and_i
 @pytest.mark.parametrize("given, control_command, message", [
     ({}, None, "--kimiperf-control (from command line --control): deployment gpu declares no control_command"),
     ({"nccl_profiles": "default,ring-ll"}, CONTROL,
-     "judges one profile against its control; select one with --nccl-profile, not default, ring-ll"),
+     "judges one profile against its control; select one with --kimiperf-profile, not default, ring-ll"),
     ({"server_url": "http://127.0.0.1:8000"}, CONTROL,
      "with --kimiperf-server-url http://127.0.0.1:8000: an attached server is one build"),
-    ({"update_baselines": True}, CONTROL, "with --update-baselines: the control is the recorded build"),
+    ({"update_baselines": True}, CONTROL, "with --kimiperf-update-baselines: the control is the recorded build"),
     ({"boots": "1"}, CONTROL, "--kimiperf-control with 1 boot per profile (from command line --boots): one boot a "
                               "side never gives a direction"),
     ({}, [p for p in CONTROL if p not in ("--port", "{port}")], "control_command .* has no {port}"),
@@ -140,8 +140,8 @@ def test_the_smallest_drop_the_control_convicts_is_convicted_where_its_boots_fal
 
 
 @pytest.mark.parametrize("invocation, expected", [
-    (("perf_tests", "--kimiperf-control"), "python -m pytest perf_tests --update-baselines"),
-    (("perf_tests",), "python -m pytest perf_tests --update-baselines -o kimiperf_control=false"),
+    (("perf_tests", "--kimiperf-control"), "python -m pytest perf_tests --kimiperf-update-baselines"),
+    (("perf_tests",), "python -m pytest perf_tests --kimiperf-update-baselines -o kimiperf_control=false"),
 ])
 def test_the_command_that_records_a_baseline_leaves_the_control_out(tmp_path: Path, invocation: tuple[str, ...],
                                                                     expected: str) -> None:

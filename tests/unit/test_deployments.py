@@ -123,6 +123,6 @@ def test_a_history_of_one_session_warns_that_the_session_spread_is_a_guess() -> 
     assert one_session_warning(mine, one) == (
         "the baseline history of mine spans one session (3 boots): the session spread in force (1%) is declared, "
         "not measured, and every later session is judged on that guess; record in 2 more sessions (another day or "
-        "runner: --update-baselines appends to the history) to measure it")
+        "runner: --kimiperf-update-baselines appends to the history) to measure it")
     assert one_session_warning(mine, HistorySpan.of(_boots(("h1", "s1"), ("h1", "s2")))) is None  # type: ignore[arg-type]
     assert one_session_warning(mine, None) is None  # no history: the missing baseline says so

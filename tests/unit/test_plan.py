@@ -46,7 +46,7 @@ def test_all_kimi_profiles_say_their_hours_of_loading_before_the_first_boot(tmp_
     apart = smallest_change(0.01, 2)
     assert lines[3] == (f"  profiles against each other (2 boots each, boot spread 1% declared): decode changes of "
                         f"{apart:.1%} or more are told apart (90% power)")
-    assert lines[4] == "  against the baseline: none recorded for this hardware yet (--update-baselines records one)"
+    assert lines[4] == "  against the baseline: none recorded for this hardware yet (--kimiperf-update-baselines records one)"
 
 
 def test_a_profile_comparison_plans_two_boots_each_unless_told(tmp_path: Path) -> None:

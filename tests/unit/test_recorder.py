@@ -244,7 +244,7 @@ def test_other_hardwares_baseline_is_shown_as_not_comparable_never_judged(tmp_pa
     assert metric.baseline.verdict.value == "not comparable"
     assert metric.baseline.change == pytest.approx(-0.5, abs=0.01)
     assert f"recorded on other hardware ({other.key}: cpu.cores: 64 -> 2)" in say(metric.baseline_line)
-    assert f"no baseline for this hardware ({FP.key}): run --update-baselines" in say(metric.baseline_line)
+    assert f"no baseline for this hardware ({FP.key}): run --kimiperf-update-baselines" in say(metric.baseline_line)
     assert any("not comparable" in w for w in warning_lines(result))
 
 

@@ -227,7 +227,7 @@ def golden(name: str, text: str) -> str:
 
 
 def test_profile_table_has_medians_iqr_change_ci_and_verdict_in_aligned_columns(report: SessionReport) -> None:
-    lines = summary(report).lines()
+    lines = summary(report, verbosity=1).lines()  # -v: the per-boot sections
     assert "= kimiperf: profiles vs default" in lines
     # "default boot 2" is too wide for a metric column beside it: metrics stack above their rows
     header = next(line for line in lines if line.lstrip().startswith("profile") and "change" in line)
@@ -249,12 +249,13 @@ def test_profile_table_has_medians_iqr_change_ci_and_verdict_in_aligned_columns(
     # the verdict column starts where its header does, on every row of the table
     table = lines[lines.index(header) + 1: next(i for i, line in enumerate(lines) if "against baselines" in line)]
     verdicts = ("reference", "within tolerance", "no detectable change", "inconclusive", "worse")
-    assert [line.find(v) for line in table for v in verdicts if v in line] == [header.index("verdict")] * 9
+    rows = [line for line in table if not line.startswith(" " * 6)]  # without -v's detail lines
+    assert [line.find(v) for line in rows for v in verdicts if v in line] == [header.index("verdict")] * 9
     assert max(len(line) for line in lines) <= MAX_WIDTH
 
 
 def test_baseline_section_shows_verdicts_and_the_missing_baseline(report: SessionReport) -> None:
-    lines = summary(report).lines()
+    lines = summary(report, verbosity=1).lines()  # -v: the per-boot sections
     start = lines.index(f"= kimiperf: against baselines (baselines/tiny-cpu/{FINGERPRINT.key}.json)")
     section = lines[start:]
     assert any(line.strip().startswith("time to first token ms") and line.endswith("REGRESSION")
@@ -267,7 +268,7 @@ def test_baseline_section_shows_verdicts_and_the_missing_baseline(report: Sessio
 def test_floor_and_warnings_and_files(report: SessionReport) -> None:
     report.outputs = {"json": "out/report.json", "plots": "out/plots"}
     report.plot_files = ["a.png", "b.png"]
-    lines = summary(report).lines()
+    lines = summary(report, verbosity=1).lines()
     floor = [line for line in lines if "target of 85 tok/s" in line]
     assert len(floor) == 4 and all("below the target" in line for line in floor)  # one per boot
     assert "= kimiperf: warnings" in lines
@@ -344,21 +345,29 @@ def test_many_profiles_stack_the_metric_above_its_rows_to_stay_in_width(view: ba
     results = [measured(name, decode=81.0 + i, itl=12.3, ttft=40.0, seed=10 * i)
                for i, name in enumerate(names)]
     report = make_report(results, profiles=[ProfileFacts(n, boots=1) for n in names])
-    lines = summary(report).lines()
+    lines = summary(report, verbosity=1).lines()
     assert "  decode tok/s" in lines  # the metric on a line of its own
     assert max(len(line) for line in lines) <= MAX_WIDTH
+    compact = summary(report).lines()  # the first screen names the test above its rows instead
+    assert "  single_stream_decode" in compact
+    assert max(len(line) for line in compact) <= MAX_WIDTH
 
 
 def test_invalid_run_and_missing_reference_are_not_compared(results: list[TestResult]) -> None:
     results[1].invalid = "client event loop lagged (p99 3.1 ms > 1 ms)"
-    lines = summary(make_report(results)).lines()
+    lines = summary(make_report(results), verbosity=1).lines()  # -v: the INVALID boot's own rows
     invalid = [line for line in lines if "INVALID measurement" in line]
     assert invalid and all("worse" not in line for line in invalid)
+    first_screen = summary(make_report(results)).lines()
+    assert any(line.startswith("INVALID, no verdict (1 test boot") for line in first_screen)
     results[1].invalid = None
     no_reference = make_report([results[1], measured("tree", decode=80, itl=12, ttft=40, seed=5)],
                                reference="default")
-    lines = summary(no_reference).lines()
+    lines = summary(no_reference, verbosity=1).lines()
     assert sum("no valid result of the reference profile default" in line for line in lines) == 6
+    rows = [line for line in summary(no_reference).lines() if line.endswith("no valid result of the reference "
+                                                                            "profile default")]
+    assert len(rows) == 6  # one row per metric and profile (ring-ll, tree) on the first screen
 
 
 def test_a_broken_state_writes_one_line_instead_of_raising(report: SessionReport) -> None:
@@ -372,8 +381,51 @@ def test_a_broken_state_writes_one_line_instead_of_raising(report: SessionReport
 
 def test_single_profile_has_no_profile_table(results: list[TestResult]) -> None:
     lines = summary(make_report(results[:1], profiles=[ProfileFacts("default", boots=1)])).lines()
-    assert not any("profiles vs" in line for line in lines)
-    assert any("against baselines" in line for line in lines)
+    assert not any(" vs default" in line for line in lines)
+    assert any("against the baseline" in line for line in lines)
+
+
+def test_the_first_screen_opens_with_the_answers_and_fits_make_perfs_shape(tmp_path: Path) -> None:
+    # make perf's shape: 5 tests, 12 metrics, 2 profiles x 3 boots interleaved A B B A A B, with
+    # baselines for both profiles (the run after make baseline): the summary is the answers, one
+    # row per metric and profile, and the files; every boot stays in -v and the Markdown.
+    tests = [f"perf_tests/test_t.py::test_decode_{i}" for i in range(5)]
+
+    def shaped(res: TestResult) -> TestResult:
+        if res.test in tests[1:4]:
+            del res.metrics["ttft_ms"]  # 3 + 2 + 2 + 2 + 3 = 12 metrics
+        return res
+
+    recorded = [shaped(measured(p, decode=81.4, itl=12.3, ttft=40.0, seed=7 + i, test=test))
+                for i, test in enumerate(tests) for p in ("default", "ring-ll")]
+    entries, _ = baselines.baseline_entries(recorded, git_commit=None)
+    baselines.update_baseline(baselines.baseline_path(tmp_path, "tiny-cpu", FINGERPRINT.key), "tiny-cpu",
+                              FINGERPRINT, entries)
+    view = baselines.BaselineView(tmp_path, "tiny-cpu", FINGERPRINT)
+    results: list[TestResult] = []
+    for t_index, test in enumerate(tests):
+        earlier: dict[str, list[TestResult]] = {"default": [], "ring-ll": []}
+        for boot, profile in enumerate(["default", "ring-ll", "ring-ll", "default", "default", "ring-ll"]):
+            number = len(earlier[profile]) + 1
+            res = judge(shaped(measured(profile, decode=81.4, itl=12.3, ttft=40.0, seed=1000 * t_index + 10 * boot,
+                                        test=test, boot=number)), view, earlier[profile])
+            earlier[profile].append(res)
+            results.append(res)
+    report = make_report(results)
+    report.outputs = {"json": "perf-results/report.json", "markdown": "perf-results/summary.md",
+                      "plots": "perf-results/plots"}
+    lines = summary(report).lines()
+    assert lines[0] == "= kimiperf: answers"
+    assert lines[1].startswith("ring-ll vs default, decode tok/s (decode_0): ")
+    assert " (68%): " in lines[1] or " (90%): " in lines[1]  # the interval says its level
+    assert len(lines) <= 60, "\n".join(lines)
+    rows = [line for line in lines if line.lstrip().startswith(("decode_tok_s", "decode_"))]
+    assert len(rows) == 5 + 5 * 2, "\n".join(lines)  # each test's first row: vs default, and vs the baseline
+    assert not any("boot 2" in line or "samples:" in line for line in lines[lines.index(
+        "= kimiperf: ring-ll vs default, on all boots (-v: each boot)"):])
+    verbose = summary(report, verbosity=1).lines()
+    assert len(verbose) > 3 * len(lines)
+    assert sum("ring-ll boot 3" in line for line in render_markdown(report).splitlines()) >= 5 * 3
 
 
 def test_render_summary_without_report_only_reports_the_error() -> None:
@@ -462,7 +514,7 @@ def tail_results(view: baselines.BaselineView) -> list[TestResult]:
 
 def test_a_tail_row_shows_each_boots_quantile_and_its_bootstrap_interval(view: baselines.BaselineView) -> None:
     report = make_report(tail_results(view))
-    lines = summary(report).lines()
+    lines = summary(report, verbosity=1).lines()  # -v: every boot's row
     assert "each boot's median (IQR of its samples), or for a pNN metric its pNN (90% bootstrap interval);" in lines
     [header] = [line for line in lines if "median or pNN" in line]
     assert header.split()[:7] == ["profile", "median", "or", "pNN", "IQR", "or", "90%"]
@@ -471,7 +523,8 @@ def test_a_tail_row_shows_each_boots_quantile_and_its_bootstrap_interval(view: b
     ttft = default.metrics["ttft_ms"].summary()
     assert boot.median > float(ttft["median"] or 0) * 1.03, "the p90 row holds the p90, not the median"
     low, high = boot.median * math.exp(-1.6449 * boot.se_log), boot.median * math.exp(1.6449 * boot.se_log)
-    p90_rows = lines[lines.index("  p90 time to first token ms") + 1:]
+    # the rows, without -v's detail lines (samples, what the comparison rests on) under them
+    p90_rows = [line for line in lines[lines.index("  p90 time to first token ms") + 1:] if not line.startswith(" " * 6)]
     assert p90_rows[0].split()[:3] == ["default", fmt_value(boot.median), f"{fmt_value(low)}-{fmt_value(high)}"]
     # a boot with too few requests for its p90 shows its figure and why it does not count
     assert p90_rows[2].split()[0] == "ring-ll"
@@ -584,12 +637,11 @@ def test_plugin_writes_reports_and_baselines_and_summarizes(
     )
     outcome.assert_outcomes(passed=4)
     outcome.stdout.fnmatch_lines([
-        "*kimiperf: profiles vs default*",
-        "*time to first token ms",
-        "*default*reference",
+        "*= kimiperf: answers =*",
+        "ring-ll vs default, decode tok/s (single_stream_decode): *",
+        "*kimiperf: ring-ll vs default, on all boots*",
         # tiny-cpu declares an 18% boot spread: two boots a side cannot tell +11% apart
-        "*ring-ll boot 2*+11.3%*-*..+*%*inconclusive",
-        "*kimiperf: against baselines*",
+        "*ttft_ms*+11.3%*-*..+*% (90%)*inconclusive",
         "*baselines written: *bl/tiny-cpu/*.json (6 entries)",
     ])
     data = json.loads((pytester.path / "out" / "report.json").read_text())
@@ -634,7 +686,7 @@ def test_plugin_reports_results_from_xdist_workers(pytester: pytest.Pytester, mo
     outcome = pytester.runpytest("-n", "2", "-p", "no:cacheprovider", "--deployment", "tiny-cpu",
                                  "--nccl-profile", "default,ring-ll", "--kimiperf-json", "r.json")
     outcome.assert_outcomes(passed=4)
-    outcome.stdout.fnmatch_lines(["*ring-ll boot 2*+11.3%*inconclusive", "*not started by this process*"])
+    outcome.stdout.fnmatch_lines(["*ttft_ms*+11.3%*inconclusive", "*not started by this process*"])
     data = json.loads((pytester.path / "r.json").read_text())
     assert sorted((t["profile"], t["boot"]) for t in data["tests"]) == [
         ("default", 1), ("default", 2), ("ring-ll", 1), ("ring-ll", 2)]
@@ -678,7 +730,7 @@ def test_the_servers_view_is_shown_next_to_the_clients(results: list[TestResult]
     assert (row.server_ttft_ms, row.client_ttft_ms) == (pytest.approx(17.75), 17.4)
     assert (row.server_itl_ms, row.client_itl_ms) == (pytest.approx(1.35), 1.3)
     assert (row.server_tokens, row.client_tokens) == (2560.0, 2560.0)
-    text = [line.text for line in render_summary(rep, verbosity=0)]
+    text = [line.text for line in render_summary(rep, verbosity=1)]  # -v: the server's view
     title = text.index("kimiperf: the server's view (vLLM /metrics) next to the client's")
     assert text[title + 2] == res.test
     assert text[title + 4].split() == [res.profile, "17.75", "17.4", "1.35", "1.3", "2560", "2560"]
@@ -697,10 +749,17 @@ def test_the_servers_view_labels_each_boot_as_the_comparison_table_does(results:
                                             "mean_itl_ms": 1.2, "generation_tokens": 2560.0}]})
     rep = make_report(results)
     assert [row.profile for row in rep.server_views()] == ["default", "ring-ll", "ring-ll boot 2", "default boot 2"]
-    text = [line.text for line in render_summary(rep, verbosity=0)]
+    text = [line.text for line in render_summary(rep, verbosity=1)]  # -v: the server's view
     title = text.index("kimiperf: the server's view (vLLM /metrics) next to the client's")
     assert [line.split()[0:3] for line in text[title + 4:title + 8]] == [
         ["default", "17", "17.4"], ["ring-ll", "17", "17.4"], ["ring-ll", "boot", "2"], ["default", "boot", "2"]]
+
+
+def outcome_of(lines: list[str]) -> str:
+    """The answer block's run line (``run passed: ...``), its wrapped lines joined."""
+    start = next(i for i, line in enumerate(lines) if line.startswith("run "))
+    end = next((i for i, line in enumerate(lines[start + 1:], start + 1) if not line.startswith("    ")), len(lines))
+    return " ".join(line.strip() for line in lines[start:end]).split(": ", 1)[1]
 
 
 def test_a_first_run_says_once_what_it_judged_and_the_command_that_records_the_baseline(
@@ -716,11 +775,13 @@ def test_a_first_run_says_once_what_it_judged_and_the_command_that_records_the_b
         f"no baseline for this hardware ({FINGERPRINT.key}) for 6 metrics of 1 test, judged against no history: "
         f"{DECODE_TEST} [default, ring-ll]: decode, inter-token latency, time to first token. Record it with: "
         "make baseline (2 boots per profile, as this run)")
-    lines = summary(report).lines()
+    lines = summary(report, verbosity=1).lines()
     start = lines.index(f"= kimiperf: against baselines (baselines/tiny-cpu/{FINGERPRINT.key}.json)")
     assert " ".join(line.strip() for line in lines[start + 1:start + 3]) == (
         f"no baseline for this hardware ({FINGERPRINT.key}): record it with make baseline (12 metrics)")
-    outcome = " ".join(line.strip() for line in lines[lines.index("= kimiperf: what this run showed") + 1:])
+    first_screen = summary(report).lines()
+    assert not any("against the baseline" in line for line in first_screen)  # the run line says it once
+    outcome = outcome_of(first_screen)
     assert outcome == (f"no baseline for this machine ({FINGERPRINT.key}) yet: this run judged ring-ll against "
                        "default and the decode floor, nothing against history. Next: make baseline records one, "
                        "then the run you just made judges against it")
@@ -728,12 +789,12 @@ def test_a_first_run_says_once_what_it_judged_and_the_command_that_records_the_b
     report.baselines_update = BaselineUpdate(path="baselines/tiny-cpu/x.json", entries=6,
                                              not_recorded=("t [ring-ll, boot 1]: INVALID: host busy",))
     assert missing_baseline_warning(report, report.record_command) is None
-    lines = summary(report).lines()
+    lines = summary(report, verbosity=1).lines()
     start = lines.index(f"= kimiperf: against baselines (baselines/tiny-cpu/{FINGERPRINT.key}.json)")
     assert lines[start + 1] == f"no baseline for this hardware ({FINGERPRINT.key}): this run records it (12 metrics)"
-    outcome = " ".join(line.strip() for line in lines[lines.index("= kimiperf: what this run showed") + 1:])
+    outcome = outcome_of(lines)
     assert outcome == ("recorded 6 baseline entries in baselines/tiny-cpu/x.json; 1 test boot not recorded (listed "
-                       "above); the same run without --update-baselines now judges against them")
+                       "above); the same run without --kimiperf-update-baselines now judges against them")
 
 
 def test_an_invalid_boot_is_named_where_its_verdict_would_be(results: list[TestResult]) -> None:
@@ -748,6 +809,8 @@ def test_an_invalid_boot_is_named_where_its_verdict_would_be(results: list[TestR
     assert f"{DECODE_TEST} [ring-ll boot 2]: INVALID measurement: host busy: other processes used 25% of the " \
         "host's CPU (bound 10%)" in report.warnings()
     lines = summary(report).lines()
-    outcome = " ".join(line.strip() for line in lines[lines.index("= kimiperf: what this run showed") + 1:])
-    assert outcome.endswith(". 1 test boot measured INVALID (no verdict from a busy host or an untrusted client: "
+    assert ("INVALID, no verdict (1 test boot, each failure above says why; the first: host busy: other processes "
+            "used 25% of the host's CPU (bound 10%)): single_stream_decode [ring-ll boot 2]") in " ".join(
+                line.strip() for line in lines)
+    assert outcome_of(lines).endswith(". 1 test boot measured INVALID (no verdict from a busy host or an untrusted client: "
                             "the failures above say which)")

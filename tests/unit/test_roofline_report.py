@@ -241,7 +241,7 @@ def test_no_config_anywhere_is_one_line_that_says_why(tmp_path: Path) -> None:
     assert str(tmp_path / "hub" / "models--moonshotai--Kimi-K2.5") in line and "set model_config" in line
     assert never.calls == 0
     assert roof.to_json()["measurements"][0]["fraction_of_bandwidth_ceiling"] is None
-    lines = [x.text for x in render_summary(report_with(roof), verbosity=0)]
+    lines = [x.text for x in render_summary(report_with(roof), verbosity=1)]
     assert lines[lines.index("decode ceiling (roofline)") + 1].startswith("  decode ceiling unknown: no model config")
 
 
@@ -333,7 +333,7 @@ def test_roofline_json_matches_the_golden_file() -> None:
 
 def test_roofline_in_the_terminal_and_markdown_match_the_snapshots() -> None:
     report = kimi_report()
-    lines = render_summary(report, verbosity=0)  # type: ignore[arg-type]
+    lines = render_summary(report, verbosity=1)  # type: ignore[arg-type]
     assert all(len(line.text) <= MAX_WIDTH for line in lines if line.sep is None)
     text = "\n".join(line.text for line in lines) + "\n"
     assert text == golden("roofline_terminal.txt", text)
@@ -349,7 +349,7 @@ def test_roofline_in_the_terminal_and_markdown_match_the_snapshots() -> None:
 def test_without_a_floor_check_the_ceiling_gets_its_own_section() -> None:
     results = [decode_result("default", [81.4], floor=False)]
     roof = build_roofline_report(results, kimi_with_config(), RTX_PRO_PCIE)
-    lines = render_summary(report_with(roof, results), verbosity=0)  # type: ignore[arg-type]
+    lines = render_summary(report_with(roof, results), verbosity=1)  # type: ignore[arg-type]
     titles = [line.text for line in lines if line.sep]
     assert "kimiperf: decode ceiling (roofline)" in titles
     assert not any(title.startswith("kimiperf: decode floor") for title in titles)
@@ -377,8 +377,8 @@ def test_plugin_puts_the_ceiling_next_to_the_stub_servers_decode(
     without = stub_deployment_toml("stub-bare", extra_args=("--tok-per-s", "400"))
     stub_project(with_config, without)
     pytester.makepyfile(test_perf=PERF_TEST)
-    result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-json", "r.json",
-                                           "--kimiperf-markdown", "s.md", timeout=120)
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-json", "r.json",  # -v: the ceiling
+                                           "--kimiperf-markdown", "s.md", "-v", timeout=120)
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
         "*kimiperf: decode floor of stub*",
@@ -396,7 +396,7 @@ def test_plugin_puts_the_ceiling_next_to_the_stub_servers_decode(
     assert data["deployment"]["memory_bandwidth_gbs"] == 10.0
     assert "### Decode ceiling (roofline)" in (pytester.path / "s.md").read_text()
 
-    bare = pytester.runpytest_subprocess("--deployment", "stub-bare", "--kimiperf-json", "r2.json", timeout=120)
+    bare = pytester.runpytest_subprocess("--deployment", "stub-bare", "--kimiperf-json", "r2.json", "-v", timeout=120)
     bare.assert_outcomes(passed=1)
     bare.stdout.fnmatch_lines([
         "decode ceiling (roofline)",

@@ -74,5 +74,5 @@ def test_a_missing_baseline_fails_only_when_asked_and_the_failure_is_kept() -> N
     failure = missing_baseline_failure(result, fails=True)
     assert failure is not None and say(failure) == (
         "missing baseline (--kimiperf-missing-baseline=fail): decode tok/s: no baseline for this "
-        "hardware (fingerprint abc): run --update-baselines")
+        "hardware (fingerprint abc): run --kimiperf-update-baselines")
     assert result.failures == [failure]

@@ -176,7 +176,7 @@ def _read_user_table(name: object, table: object, table_source: str) -> _UserTab
     where = _profile_source(table_source, name)
     if name in _RESERVED_PROFILE_NAMES:
         raise ConfigError(
-            f"profile name {name!r} (from {where}) is reserved: --nccl-profile {name} selects "
+            f"profile name {name!r} (from {where}) is reserved: --kimiperf-profile {name} selects "
             "every profile; choose another name"
         )
     if not isinstance(table, Mapping):
@@ -327,7 +327,7 @@ def _known_listing(known: Mapping[str, NcclProfile]) -> str:
 
 
 def select_profiles(spec: str, known: Mapping[str, NcclProfile], *, source: str) -> list[NcclProfile]:
-    """Turn ``--nccl-profile`` (``"a,b"`` or ``"all"``) into the profiles to run, in that order.
+    """Turn ``--kimiperf-profile`` (``"a,b"`` or ``"all"``) into the profiles to run, in that order.
 
     A name given twice is an error (it would boot and measure the same server twice);
     ``all`` means every known profile and cannot be combined with names.

@@ -1,0 +1,234 @@
+"""The summary's first screen: the answers, then one compact row per metric and profile.
+
+A run asks a few questions: did each profile change the reference on the metric its test is
+about, did any metric move against the baseline, and did the run pass. The answer block says each
+in one line; the compact tables below it give every metric one row per profile (change, interval
+at its level, verdict) and leave the boots, the server's view and the roofline to ``-v`` and to
+the Markdown and JSON reports, which keep everything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pytest_kimiperf.judge.in_session import WITHIN_INTERVAL
+from pytest_kimiperf.judge.stats import Comparison, VerdictKind
+from pytest_kimiperf.judge.verdicts import TestResult
+from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_value
+from pytest_kimiperf.reports.model import SessionReport, boot_label, metric_heading, profile_verdict
+from pytest_kimiperf.reports.sentences import say
+
+# The metric a test is about when it measures several, first found wins. Issue 46 gives each test
+# a primary metric in the judge; until then this order stands in (decode for single-stream tests).
+_PRIMARY_ORDER = ("decode_tok_s", "output_throughput", "request_goodput", "request_throughput", "ttft_ms")
+
+
+def primary_metric(metrics: Sequence[str]) -> str | None:
+    """The metric a test's answer speaks of: decode tok/s for a single-stream test, output
+    throughput for a load test, else the first metric the test checked."""
+    for name in _PRIMARY_ORDER:
+        if name in metrics:
+            return name
+    return metrics[0] if metrics else None
+
+
+def interval_level(comparison: Comparison, *, in_session: bool) -> float:
+    """The level of the interval a row shows: the gate's equivalence level, or for a profile
+    judged within tolerance in one session the narrower interval that claim rests on."""
+    if in_session and comparison.verdict is VerdictKind.WITHIN_TOLERANCE:
+        return WITHIN_INTERVAL
+    return comparison.equivalence_confidence
+
+
+def fmt_interval(comparison: Comparison, *, in_session: bool) -> str:
+    """``-4.8..+5.4% (90%)``: the interval and its level."""
+    level = interval_level(comparison, in_session=in_session) * 100
+    return f"{fmt_ci(comparison.ci_low, comparison.ci_high)} ({level:.0f}%)"
+
+
+@dataclass(frozen=True)
+class CompactRow:
+    """One metric of one test under one profile: its change against the reference (another
+    profile, or the baseline), the interval at its level, and the verdict; or why there is none."""
+
+    test: str
+    metric: str
+    profile: str
+    comparison: Comparison | None
+    note: str | None = None
+    in_session: bool = True  # against another profile of this session; False: against the baseline
+
+    @property
+    def verdict(self) -> str:
+        """The verdict as the table shows it (between profiles "worse"/"better", against the
+        baseline the gate's REGRESSION), or the note that stands in for one."""
+        if self.comparison is None or self.note:
+            return self.note or ""
+        if self.in_session:
+            return profile_verdict(self.comparison)
+        verdict = self.comparison.verdict
+        return "REGRESSION" if verdict is VerdictKind.REGRESSION else str(verdict.value)
+
+    @property
+    def interval(self) -> str:
+        """The interval with its level, or nothing where there is no comparison."""
+        return "" if self.comparison is None else fmt_interval(self.comparison, in_session=self.in_session)
+
+
+def short_test(test: str) -> str:
+    """``perf_tests/test_decode.py::test_single_stream_decode`` -> ``single_stream_decode``."""
+    name = test.rpartition("::")[2]
+    return name.removeprefix("test_")
+
+
+def profile_rows(report: SessionReport) -> list[CompactRow]:
+    """Each test, metric and non-reference profile against the reference profile, on all boots:
+    one row each, the comparison where there is one, else the first boot's note (an INVALID boot
+    is named in the answers, not once a row)."""
+    rows: dict[tuple[str, str, str], CompactRow] = {}
+    for block in report.test_blocks():
+        for metric in block.metrics:
+            for cell in metric.cells:
+                if cell.is_reference or (cell.comparison is None and cell.note is None):
+                    continue  # the reference, or an earlier boot: compared once, on the last
+                key = (block.test, metric.metric, cell.name or cell.profile)
+                if key not in rows or (rows[key].comparison is None and cell.comparison is not None):
+                    rows[key] = CompactRow(*key, cell.comparison, None if cell.comparison is not None else cell.note)
+    return list(rows.values())
+
+
+def last_boots(results: Sequence[TestResult]) -> list[TestResult]:
+    """Each test's and profile's last boot, whose baseline verdict rests on all its boots."""
+    last: dict[tuple[str, str], TestResult] = {}
+    for res in results:
+        key = (res.test, res.profile)
+        if key not in last or res.boot >= last[key].boot:
+            last[key] = res
+    return list(last.values())
+
+
+def baseline_rows(report: SessionReport) -> list[CompactRow]:
+    """Each test, metric and profile against the baseline, on its last boot; metrics with no
+    baseline are left to the answer block's one line."""
+    rows = []
+    for res in last_boots(report.results):
+        for metric, mres in res.metrics.items():
+            if mres.baseline is not None:
+                rows.append(CompactRow(res.test, metric, res.profile, mres.baseline, in_session=False))
+            elif res.invalid:
+                rows.append(CompactRow(res.test, metric, res.profile, None, "INVALID measurement", in_session=False))
+    return rows
+
+
+def _primary_rows(rows: Sequence[CompactRow], report: SessionReport) -> list[CompactRow]:
+    """For each profile, the row of the first test's primary metric that has one."""
+    metrics_by_test: dict[str, list[str]] = {}
+    for res in report.results:
+        names = metrics_by_test.setdefault(res.test, [])
+        names.extend(m for m in res.metrics if m not in names)
+    chosen: dict[str, CompactRow] = {}
+    for row in rows:
+        if row.profile in chosen or row.metric != primary_metric(metrics_by_test.get(row.test, [])):
+            continue
+        chosen[row.profile] = row
+    return list(chosen.values())
+
+
+def answer_lines(report: SessionReport) -> list[str]:
+    """One line per question: each profile against the reference on its primary metric, each
+    profile against the baseline on it, the decode floor, and INVALID boots."""
+    lines = []
+    ref = report.reference_profile
+    for row in _primary_rows(profile_rows(report), report):
+        lines.append(f"{row.profile} vs {ref}, {_about(row)}")
+    for row in _primary_rows(baseline_rows(report), report):
+        lines.append(f"{row.profile} vs its baseline, {_about(row)}")
+    floor = _floor_line(report)
+    if floor:
+        lines.append(floor)
+    lines.extend(_not_compared(report))
+    invalid = _invalid_line(report)
+    if invalid:
+        lines.append(invalid)
+    return lines
+
+
+def _invalid_line(report: SessionReport) -> str | None:
+    """The INVALID boots in one line, by test; each test's failure above says why."""
+    by_test: dict[str, list[str]] = {}
+    for res in report.results:
+        if res.invalid:
+            by_test.setdefault(short_test(res.test), []).append(f"{res.profile} boot {res.boot}")
+    if not by_test:
+        return None
+    count = sum(len(boots) for boots in by_test.values())
+    listing = "; ".join(f"{test} [{', '.join(boots)}]" for test, boots in by_test.items())
+    first = next(res.invalid for res in report.results if res.invalid)
+    reason = first.split(":", 2)[:2]
+    return (f"INVALID, no verdict ({count} test boot{'s' * (count != 1)}, each failure above says why; the "
+            f"first: {':'.join(reason).strip()}): {listing}")
+
+
+def _not_compared(report: SessionReport) -> list[str]:
+    """Why metrics that have a baseline were not judged against it (another host's canary, other
+    versions), one line per reason; a missing baseline is the run line's to say, once."""
+    last = {(res.test, boot_label(res)) for res in last_boots(report.results) if not res.invalid}
+    reasons: dict[str, int] = {}
+    for row in report.baseline_rows():
+        if (row.test, row.profile) not in last or row.message.startswith("no baseline for this hardware"):
+            continue
+        if row.baseline is None and row.message != "not compared with a baseline":
+            reason = row.message
+        elif row.baseline is not None and row.baseline.verdict is VerdictKind.NOT_COMPARABLE:
+            # The figures are the table's; the reason after them is the same for every metric.
+            reason = "not comparable: " + row.message.partition(" — ")[2] if " — " in row.message else row.message
+        else:
+            continue
+        reasons[reason] = reasons.get(reason, 0) + 1
+    return [f"against the baseline ({count} metric{'s' * (count != 1)}): {message}" for message, count in reasons.items()]
+
+
+def _about(row: CompactRow) -> str:
+    what = f"{metric_heading(row.metric)} ({short_test(row.test)})"
+    c = row.comparison
+    if c is None:
+        return f"{what}: {row.verdict}"
+    return (f"{what}: {fmt_change(c.change)}, {row.interval}: {row.verdict} "
+            f"(tolerance {c.tolerance * 100:g}%, {c.boots_current} vs {c.boots_reference} boots)")
+
+
+def _floor_line(report: SessionReport) -> str | None:
+    floored = [res for res in report.floor_results() if res.floor is not None]
+    if not floored:
+        return None
+    first = floored[0].floor
+    assert first is not None
+    below = [res for res in floored if res.floor is not None and res.floor.failed]
+    lowest = min(floored, key=lambda res: res.floor.median if res.floor else 0.0)
+    limit = f"floor {fmt_value(first.floor)} {first.unit}" if first.floor is not None else "no floor"
+    if below:
+        names = ", ".join(f"{r.profile} boot {r.boot}" for r in below)
+        return f"decode {limit}: BELOW on {names} (lowest {fmt_value(lowest.floor.median if lowest.floor else None)})"
+    low = lowest.floor
+    assert low is not None
+    return f"decode {limit}: every boot above it (lowest {fmt_value(low.median)}, {lowest.profile} boot {lowest.boot})"
+
+
+def run_verdict(report: SessionReport) -> str:
+    """``passed``, or ``FAILED`` with what failed it, as the run's answer opens."""
+    failed = sum(1 for res in report.results if res.failures and not res.invalid) + len(report.control_regressions())
+    invalid = sum(1 for res in report.results if res.invalid)
+    parts = []
+    if failed:
+        parts.append(f"{failed} test boot{'s' * (failed != 1)} failed")
+    if invalid:
+        parts.append(f"{invalid} INVALID (retry on a quiet host)")
+    return f"FAILED ({', '.join(parts)})" if parts else "passed"
+
+
+def failure_lines(report: SessionReport) -> list[str]:
+    """Why tests failed: each failed boot's first failure, one line each (INVALID boots have the
+    answers' line)."""
+    return [f"FAILED {short_test(res.test)} [{res.profile} boot {res.boot}]: {say(res.failures[0])}"
+            for res in report.results if res.failures and not res.invalid]
