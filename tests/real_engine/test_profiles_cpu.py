@@ -113,4 +113,5 @@ def test_profiles_under_xdist_boot_once_each_see_their_env_and_args_and_serve_wh
         "[[]gw?[]] kimiperf: tiny server (default) ready after *s",
         "[[]gw?[]] kimiperf: tiny server (ring-ll) ready after *s",
     ])
-    result.stdout.fnmatch_lines(["*kimiperf: profiles vs default*", "*test_e2e.py::test_single_stream_decode*"])
+    result.stdout.fnmatch_lines(["*kimiperf: profiles vs default*", "*single_stream_decode*decode_tok_s*ring-ll*(90%)*",
+                                 "*decode_tok_s*eager*(90%)*"])
