@@ -138,6 +138,7 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
         profile_args=kimiperf_profile.args,
         # A control (--kimiperf-control) is the reference of this session, judged against no history.
         view=None if kimiperf_profile.control_of else run.baseline_view(),
+        family=None if kimiperf_profile.control_of else run.family(),
         ensure_alive=ensure_alive,
         publish=publish,
         fail=lambda message: pytest.fail(message, pytrace=False),

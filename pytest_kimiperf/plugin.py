@@ -221,9 +221,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     for Kimi each boot is a 36-minute load. First, so an xdist worker reports this order."""
     run = session.config.stash[RUN_KEY]
     if any(slot_of(item) is not None for item in session.items):
-        from pytest_kimiperf.judge.boots import group_by_slot
+        from pytest_kimiperf.judge.boots import group_by_slot, strip_slot
 
         group_by_slot(session.items, slot_of, run.schedule())
+        run.collected = frozenset((strip_slot(item.nodeid, slot.id), slot.name) for item in session.items
+                                  if (slot := slot_of(item)) is not None)
     if (not run.fingerprint_shown and not is_worker(session.config)
             and any(SERVER_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items)):
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")

@@ -76,6 +76,7 @@ class PerfRecorder:
         boot: int = 1,
         ledger: BootLedger | None = None,
         origin: BootOrigin | None = None,
+        family: int | None = None,
     ) -> None:
         self.nodeid = nodeid
         self.test = test
@@ -89,6 +90,7 @@ class PerfRecorder:
         self.profile_env = dict(profile_env)
         self.profile_args = list(profile_args)
         self.view = view
+        self.family = family  # the run's baseline comparisons (gate.Rules.family)
         self._ensure_alive = ensure_alive
         self._publish = publish
         self._fail = fail
@@ -246,7 +248,7 @@ class PerfRecorder:
             self.settings.deployment, tolerances={name: self.tolerance(name) for name in judged},
             canary=self.origin.canary if self.origin else None,
             boots=self.settings.boots, max_boots=self.settings.max_boots, strict=self.settings.perf_strict,
-            attached=self.server.external)
+            attached=self.server.external, family=self.family)
         record = self.ledger.of(self.test, self.server.profile) if invalid is None else None
         judgement = judge(result, metrics, measured, rules, view=self.view,
                           earlier=record if record is not None else TestBoots(),

@@ -55,6 +55,9 @@ class PerfSession:
     _origin: BootOrigin | None = None
     _host: dict[str, str] | None = None
     _previous_handlers: dict[int, Any] = field(default_factory=dict)
+    # The (test, profile) pairs this process collected (plugin.pytest_collection_finish): the run's
+    # family of baseline comparisons is their stored entries (judge/family.py).
+    collected: frozenset[tuple[str, str]] = frozenset()
 
     # -- what the perf tests are judged against ---------------------------------------------
 
@@ -84,6 +87,20 @@ class PerfSession:
 
             self._view = BaselineView(self.settings.baselines_dir, self.settings.deployment.name, self.fingerprint())
         return self._view
+
+    def family(self) -> int | None:
+        """How many baseline comparisons this run makes (None: none), read once the baseline
+        view is open: every worker collects the same tests, so each counts the same family."""
+        from pytest_kimiperf.errors import BaselineError
+        from pytest_kimiperf.judge.family import family_size
+
+        try:
+            file = self.baseline_view().file()
+        except BaselineError:  # the judge names the file and why when it reads it
+            return None
+        if file is None:
+            return None
+        return family_size(((e.test, e.profile, e.metric) for e in file.entries.values()), self.collected)
 
     def baselines_path(self) -> Path | None:
         """Where this session's baseline file is, if the view was opened."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from scipy import stats as scipy_stats
 
@@ -81,3 +81,12 @@ def decide_family(comparisons: Sequence[Comparison], alpha: float = RUN_ALPHA) -
         out[i] = dataclasses.replace(
             c, verdict=VerdictKind.CHANGED_SIZE_UNRESOLVED if unresolved else VerdictKind.INCONCLUSIVE)
     return out
+
+
+def family_size(entries: Iterable[tuple[str, str, str]], collected: Iterable[tuple[str, str]]) -> int | None:
+    """How many baseline comparisons a run makes: the stored ``(test, profile, metric)`` entries
+    whose test and profile the run collected (a metric without an entry is never compared, so it
+    spends nothing). None where it makes none."""
+    wanted = set(collected)
+    m = sum(1 for test, profile, _metric in entries if (test, profile) in wanted)
+    return m or None

@@ -164,9 +164,11 @@ class Rules:
     on demand; ``strict`` makes an inconclusive verdict fail. ``no_more_boots`` names the deployment
     this run can never boot again (an attached server without a restart_command): a change
     beyond the tolerance it saw then fails as UNRESOLVED instead of passing with a warning.
-    ``family`` is the number of baseline comparisons the run makes (gated metrics x tests x
-    profiles): each then needs family.family_critical(family) standard errors, so the run's
-    false-alarm budget holds whatever the suite's size; None keeps stats.GATE_CRITICAL.
+    ``family`` is the number of baseline comparisons the run makes (the baseline file's entries
+    for the tests and profiles it collected): each then needs family.family_critical of the
+    family times its :attr:`looks` standard errors (Bonferroni over both), so the run's
+    false-alarm budget (family.RUN_ALPHA) holds whatever the suite's size and however many
+    boots on demand it books; None keeps stats.GATE_CRITICAL.
     """
 
     tolerances: Mapping[str, float]
@@ -180,21 +182,27 @@ class Rules:
     family: int | None = None
 
     @property
+    def looks(self) -> int:
+        """The boots at which a comparison can be decided: the last planned one and each boot on
+        demand after it (a verdict taken at any of them is final)."""
+        return max(1, self.max_boots - self.boots + 1)
+
+    @property
     def critical(self) -> float | None:
         """The standard errors a direction needs in this run (None: stats.GATE_CRITICAL)."""
-        return None if self.family is None else family_critical(self.family)
+        return None if self.family is None else family_critical(self.family * self.looks)
 
     @classmethod
     def for_deployment(cls, deployment: Deployment, *, tolerances: Mapping[str, float],
                        canary: Mapping[str, float] | None, boots: int, max_boots: int, strict: bool,
-                       attached: bool = False) -> Rules:
+                       attached: bool = False, family: int | None = None) -> Rules:
         """The deployment's floor and target (scaled to this host's ``canary`` where it declares
         them per canary Mops) and its declared spreads, with the run's boots and strictness."""
         floor, target = deployment.decode_floor_and_target(canary)
         no_more = deployment.name if attached and not deployment.restart_command else None
         return cls(tolerances=dict(tolerances), decode_floor_tok_s=floor, decode_target_tok_s=target,
                    spreads=deployment.spreads, boots=boots, max_boots=max_boots, strict=strict,
-                   no_more_boots=no_more)
+                   no_more_boots=no_more, family=family)
 
 
 @dataclass

@@ -86,3 +86,25 @@ def test_each_kind_of_load_has_its_primary_metric_and_a_test_without_it_takes_it
     assert primary_metric("concurrency", ["ttft_ms", "e2el_ms"]) == "ttft_ms"
     with pytest.raises(ValueError, match="no primary metric"):
         primary_metric("single-stream", [])
+
+
+def test_each_boot_on_demand_is_one_more_look_the_runs_budget_is_split_over() -> None:
+    from pytest_kimiperf.config.deployments import Spreads
+    from pytest_kimiperf.judge.gate import Rules
+
+    planned = Rules({}, 0.0, 0.0, Spreads(0.02), boots=2, max_boots=2, family=24)
+    on_demand = Rules({}, 0.0, 0.0, Spreads(0.02), boots=1, max_boots=3, family=24)
+    assert planned.looks == 1 and on_demand.looks == 3
+    assert planned.critical == pytest.approx(family_critical(24))
+    assert on_demand.critical == pytest.approx(family_critical(72))
+
+
+def test_the_family_is_the_stored_entries_of_the_tests_and_profiles_the_run_collected() -> None:
+    from pytest_kimiperf.judge.family import family_size
+
+    entries = [("t.py::a", "default", "decode_tok_s"), ("t.py::a", "default", "itl_ms"),
+               ("t.py::a", "ring-ll", "decode_tok_s"), ("t.py::b", "default", "ttft_ms")]
+    assert family_size(entries, {("t.py::a", "default"), ("t.py::a", "ring-ll")}) == 3
+    assert family_size(entries, {("t.py::b", "default"), ("t.py::c", "default")}) == 1
+    # A run that collected nothing stored compares nothing: no family, the gate's default.
+    assert family_size(entries, {("t.py::c", "default")}) is None and family_size([], {("t.py::a", "default")}) is None
