@@ -224,8 +224,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         from pytest_kimiperf.judge.boots import group_by_slot, strip_slot
 
         group_by_slot(session.items, slot_of, run.schedule())
-        run.collected = frozenset((strip_slot(item.nodeid, slot.id), slot.name) for item in session.items
-                                  if (slot := slot_of(item)) is not None)
+        run.collected = frozenset((strip_slot(i.nodeid, s.id), s.name) for i in session.items if (s := slot_of(i)))
     if (not run.fingerprint_shown and not is_worker(session.config)
             and any(SERVER_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items)):
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")

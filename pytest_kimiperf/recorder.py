@@ -29,7 +29,7 @@ from pytest_kimiperf.judge.gate import FLOOR_METRIC, BootRun, Rules, judge
 from pytest_kimiperf.judge.notes import Said
 from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.reports.sentences import failure_message
-from pytest_kimiperf.config.metric_specs import SampleKind, metric_spec
+from pytest_kimiperf.config.metric_specs import SampleKind, metric_spec, primary_metric
 from pytest_kimiperf.judge.boots import BootLedger, TestBoots
 from pytest_kimiperf.judge.levels import BootOrigin
 from pytest_kimiperf.server.process import ServerHandle
@@ -186,6 +186,7 @@ class PerfRecorder:
         floor: bool = False,
         slo: Mapping[str, float] | None = None,
         goodput: Mapping[str, float] | None = None,
+        primary: str | None = None,
     ) -> TestResult:
         """Judge ``run``'s metrics (floor, baseline); fail the test with the verdict line if needed.
 
@@ -199,15 +200,22 @@ class PerfRecorder:
         "p99_itl_ms": 60}`` (a tail with too few samples for its quantile warns instead of
         deciding); ``goodput`` adds ``request_goodput`` (requests per second meeting every
         per-request SLO, as vLLM's ``--goodput ttft:300 tpot:50``), gated like any metric.
+        ``primary`` names the metric the test is about, one of ``metrics`` (by default the metric
+        table's for the scenario's load, metric_specs.PRIMARY_METRICS, where the test gates it,
+        else its first): the summary's answer line speaks of it, the others are secondary.
         """
         try:
             slo_checked = _checked_slo(slo) if slo else {}
+            if primary is not None and primary not in metrics:
+                raise ConfigError(f"primary={primary!r} is not one of the metrics it checks: {', '.join(metrics)}")
             goodput_slo = check_goodput_slo(goodput) if goodput is not None else None
             check_rounds([*metrics, *(["request_goodput"] if goodput is not None else [])], len(run.rounds))
         except ConfigError as exc:
             self._fail(f"perf.check of {self.test}: {exc}")
         try:
             result = self._judge(run, metrics, floor=floor, slo=slo_checked, goodput=goodput_slo)
+            if metrics:
+                result.primary = primary or primary_metric(str(run.load.get("kind", "")), metrics)
         except BaselineError as exc:  # a corrupt or newer baseline file: its message says which
             self._fail(str(exc))
         return self._finish(result)

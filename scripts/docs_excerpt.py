@@ -36,7 +36,8 @@ ANSWER = re.compile(r"^\S+ vs (\S+|its baseline), .+ \(\S+\): [+-]\d+\.\d%, [+-]
 RUN = re.compile(r"^run (passed|FAILED \(.+\)): .+")
 FLOOR = re.compile(r"^decode (floor \S+ \S+|no floor): .+")
 TABLE_HEADER = re.compile(r"^  test +metric +(profile +)?change +interval +verdict$")
-ROW = re.compile(r"^  (\S+)? +\S+ +(\S+ +)?([+-]\d+\.\d%|) +([+-][\d.]+\.\.[+-][\d.]+% \(\d+%\)|) +\S.*$")
+ROW = re.compile(r"^  (\S+)? +(\* )?\S+ +(\S+ +)?([+-]\d+\.\d%|) +([+-][\d.]+\.\.[+-][\d.]+% \(\d+%\)|) +\S.*$")
+LEGEND = re.compile(r"^  \* the test's primary metric, ")
 TITLES = (re.compile(r"^kimiperf: answers$"),
           re.compile(r"^kimiperf: (\S+|profiles) vs \S+, on all boots \(-v: each boot\)$"),
           re.compile(r"^kimiperf: against the baseline, on each profile's boots \(-v: each boot\)$"),
@@ -73,7 +74,7 @@ def problems(excerpt: list[str]) -> list[str]:
                 found.append(f"a section title the summary no longer writes: {title!r}")
             continue
         for kind, pattern in (("answer", ANSWER), ("run", RUN), ("floor", FLOOR), ("header", TABLE_HEADER),
-                              ("row", ROW)):
+                              ("row", ROW), ("legend", LEGEND)):
             if pattern.match(line):
                 kinds.add(kind)
                 break

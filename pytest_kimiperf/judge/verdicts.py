@@ -237,6 +237,9 @@ class TestResult:
     host: dict[str, Any] | None = None  # hostwatch readings of the measured rounds
     versions: dict[str, str] = field(default_factory=dict)
     origin: BootOrigin | None = None  # session, host and canary of this boot (judge/levels.py)
+    # The metric the test is about (metric_specs.primary_metric, or the test's own choice): its
+    # verdict answers the test's question; the test's other metrics are secondary.
+    primary: str | None = None
 
     def warn(self, kind: WarningKind, note: Note) -> None:
         """Add a warning of ``kind``."""
@@ -264,6 +267,7 @@ class TestResult:
             "itl_timeline_ms": self.itl_timeline_ms,
             "boot": self.boot, "unrecordable": [n.to_json() for n in self.unrecordable], "host": self.host,
             "versions": self.versions, "origin": self.origin.to_json() if self.origin else None,
+            "primary_metric": self.primary,
         }
 
     @classmethod
@@ -286,5 +290,5 @@ class TestResult:
             itl_timeline_ms=[float(x) for x in data.get("itl_timeline_ms") or []],
             boot=int(data.get("boot") or 1), unrecordable=tuple(notes_from_json(data.get("unrecordable"))),
             host=data.get("host"), versions=dict(data.get("versions") or {}),
-            origin=BootOrigin.from_json(data.get("origin")),
+            origin=BootOrigin.from_json(data.get("origin")), primary=data.get("primary_metric"),
         )

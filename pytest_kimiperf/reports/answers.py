@@ -19,18 +19,17 @@ from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_value
 from pytest_kimiperf.reports.model import SessionReport, boot_label, metric_heading, profile_verdict
 from pytest_kimiperf.reports.sentences import say
 
-# The metric a test is about when it measures several, first found wins. Issue 46 gives each test
-# a primary metric in the judge; until then this order stands in (decode for single-stream tests).
-_PRIMARY_ORDER = ("decode_tok_s", "output_throughput", "request_goodput", "request_throughput", "ttft_ms")
-
-
-def primary_metric(metrics: Sequence[str]) -> str | None:
-    """The metric a test's answer speaks of: decode tok/s for a single-stream test, output
-    throughput for a load test, else the first metric the test checked."""
-    for name in _PRIMARY_ORDER:
-        if name in metrics:
-            return name
-    return metrics[0] if metrics else None
+def primary_of(results: Sequence[TestResult]) -> dict[str, str]:
+    """Each test's primary metric, as its boots recorded it (TestResult.primary): the metric its
+    answer line speaks of; a test whose boots recorded none (an older report) takes the first
+    metric it checked."""
+    primary: dict[str, str] = {}
+    for res in results:
+        if res.primary is not None:
+            primary[res.test] = res.primary
+        elif res.test not in primary and res.metrics:
+            primary[res.test] = next(iter(res.metrics))
+    return primary
 
 
 def interval_level(comparison: Comparison, *, in_session: bool) -> float:
@@ -58,6 +57,7 @@ class CompactRow:
     comparison: Comparison | None
     note: str | None = None
     in_session: bool = True  # against another profile of this session; False: against the baseline
+    primary: bool = False  # the test's primary metric (TestResult.primary); the others are secondary
 
     @property
     def verdict(self) -> str:
@@ -87,6 +87,7 @@ def profile_rows(report: SessionReport) -> list[CompactRow]:
     one row each, the comparison where there is one, else the first boot's note (an INVALID boot
     is named in the answers, not once a row)."""
     rows: dict[tuple[str, str, str], CompactRow] = {}
+    primary = primary_of(report.results)
     for block in report.test_blocks():
         for metric in block.metrics:
             for cell in metric.cells:
@@ -94,7 +95,8 @@ def profile_rows(report: SessionReport) -> list[CompactRow]:
                     continue  # the reference, or an earlier boot: compared once, on the last
                 key = (block.test, metric.metric, cell.name or cell.profile)
                 if key not in rows or (rows[key].comparison is None and cell.comparison is not None):
-                    rows[key] = CompactRow(*key, cell.comparison, None if cell.comparison is not None else cell.note)
+                    rows[key] = CompactRow(*key, cell.comparison, None if cell.comparison is not None else cell.note,
+                                           primary=primary.get(block.test) == metric.metric)
     return list(rows.values())
 
 
@@ -112,24 +114,24 @@ def baseline_rows(report: SessionReport) -> list[CompactRow]:
     """Each test, metric and profile against the baseline, on its last boot; metrics with no
     baseline are left to the answer block's one line."""
     rows = []
+    primary = primary_of(report.results)
     for res in last_boots(report.results):
         for metric, mres in res.metrics.items():
+            first = primary.get(res.test) == metric
             if mres.baseline is not None:
-                rows.append(CompactRow(res.test, metric, res.profile, mres.baseline, in_session=False))
+                rows.append(CompactRow(res.test, metric, res.profile, mres.baseline, in_session=False, primary=first))
             elif res.invalid:
-                rows.append(CompactRow(res.test, metric, res.profile, None, "INVALID measurement", in_session=False))
+                rows.append(CompactRow(res.test, metric, res.profile, None, "INVALID measurement", in_session=False,
+                                       primary=first))
     return rows
 
 
 def _primary_rows(rows: Sequence[CompactRow], report: SessionReport) -> list[CompactRow]:
     """For each profile, the row of the first test's primary metric that has one."""
-    metrics_by_test: dict[str, list[str]] = {}
-    for res in report.results:
-        names = metrics_by_test.setdefault(res.test, [])
-        names.extend(m for m in res.metrics if m not in names)
+    primary = primary_of(report.results)
     chosen: dict[str, CompactRow] = {}
     for row in rows:
-        if row.profile in chosen or row.metric != primary_metric(metrics_by_test.get(row.test, [])):
+        if row.profile in chosen or row.metric != primary.get(row.test):
             continue
         chosen[row.profile] = row
     return list(chosen.values())

@@ -20,6 +20,10 @@ from pytest_kimiperf.reports.terminal_layout import (
 )
 
 
+# Marks the row of a test's primary metric in the compact tables.
+PRIMARY_MARK = "* "
+
+
 def answer_section(report: SessionReport) -> list[TerminalLine]:
     """The summary's opening: one line per answer, the failures, and the run's outcome."""
     lines = [TerminalLine("kimiperf: answers", sep="=")]
@@ -50,7 +54,8 @@ def _compact_table(rows: Sequence[CompactRow]) -> list[TerminalLine]:
         c = row.comparison
         verdict = row.verdict if c is not None else _short_note(row.verdict)
         change = [fmt_change(c.change), row.interval] if c is not None else ["", ""]
-        cells.append((short_test(row.test), [row.metric, *([row.profile] if several else []), *change, verdict],
+        metric = f"{PRIMARY_MARK}{row.metric}" if row.primary else f"{' ' * len(PRIMARY_MARK)}{row.metric}"
+        cells.append((short_test(row.test), [metric, *([row.profile] if several else []), *change, verdict],
                       _row_markup(row)))
     table = Table(header, aligns="lllrll" if several else "llrll", indent=2)
     previous = None
@@ -78,6 +83,13 @@ def _compact_table(rows: Sequence[CompactRow]) -> list[TerminalLine]:
     return lines
 
 
+def _primary_legend(rows: Sequence[CompactRow]) -> list[TerminalLine]:
+    if not any(row.primary for row in rows):
+        return []
+    return [TerminalLine(f"  {PRIMARY_MARK.strip()} the test's primary metric, the one its answer line speaks of; "
+                         "the other rows are secondary")]
+
+
 def _short_note(note: str) -> str:
     return "INVALID measurement" if note.startswith("INVALID") else note
 
@@ -100,7 +112,7 @@ def compact_profile_table(report: SessionReport) -> list[TerminalLine]:
     others = list(dict.fromkeys(row.profile for row in rows))
     who = others[0] if len(others) == 1 else "profiles"
     title = f"kimiperf: {who} vs {report.reference_profile}, on all boots (-v: each boot)"
-    return [TerminalLine(title, sep="="), *_compact_table(rows)]
+    return [TerminalLine(title, sep="="), *_compact_table(rows), *_primary_legend(rows)]
 
 
 def compact_baseline_table(report: SessionReport) -> list[TerminalLine]:
@@ -110,7 +122,7 @@ def compact_baseline_table(report: SessionReport) -> list[TerminalLine]:
     if not rows:
         return []
     title = "kimiperf: against the baseline, on each profile's boots (-v: each boot)"
-    return [TerminalLine(title, sep="="), *_compact_table(rows)]
+    return [TerminalLine(title, sep="="), *_compact_table(rows), *_primary_legend(rows)]
 
 
 def warning_count(report: SessionReport) -> list[TerminalLine]:

@@ -457,6 +457,7 @@ def test_planned_boots_run_interleaved_and_each_comparison_rests_on_them(
     assert sorted((t["profile"], t["boot"]) for t in data["tests"]) == [
         ("default", 1), ("default", 2), ("ring-ll", 1), ("ring-ll", 2)]
     for test in data["tests"]:
+        assert test["primary_metric"] == "decode_tok_s"  # a single-stream test's, from the metric table
         for metric in test["metrics"].values():
             # the first boot waits for the plan; the second's verdict rests on both, against the
             # two boots the recording run appended to the baseline's history

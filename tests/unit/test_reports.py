@@ -419,8 +419,12 @@ def test_the_first_screen_opens_with_the_answers_and_fits_make_perfs_shape(tmp_p
     assert lines[1].startswith("ring-ll vs default, decode tok/s (decode_0): ")
     assert " (68%): " in lines[1] or " (90%): " in lines[1]  # the interval says its level
     assert len(lines) <= 60, "\n".join(lines)
-    rows = [line for line in lines if line.lstrip().startswith(("decode_tok_s", "decode_"))]
+    rows = [line for line in lines if line.lstrip("* ").startswith(("decode_tok_s", "decode_"))]
     assert len(rows) == 5 + 5 * 2, "\n".join(lines)  # each test's first row: vs default, and vs the baseline
+    # decode is each test's primary metric (its first here): its rows say so, the others do not.
+    assert sum(" * decode_tok_s " in line for line in lines) == 5 + 5 * 2
+    assert not any(" * itl_ms " in line or " * ttft_ms " in line for line in lines)
+    assert "  * the test's primary metric, the one its answer line speaks of; the other rows are secondary" in lines
     assert not any("boot 2" in line or "samples:" in line for line in lines[lines.index(
         "= kimiperf: ring-ll vs default, on all boots (-v: each boot)"):])
     verbose = summary(report, verbosity=1).lines()
