@@ -178,6 +178,7 @@ def _test_json(res: TestResult) -> dict[str, Any]:
         "messages": say_all(res.messages),
         "floor": floor_json(res.floor) if res.floor is not None else None,
         "run": res.run.to_json() if res.run is not None else {},
+        "primary_metric": res.primary,
         "metrics": {name: _metric_json(mres) for name, mres in res.metrics.items()},
         "itl_timeline_ms": list(res.itl_timeline_ms),
         "interval_ns": list(res.interval_ns) if res.interval_ns else None,
