@@ -83,3 +83,28 @@ def test_the_shipped_perf_suite_uses_only_the_public_api() -> None:
         for line in path.read_text().splitlines():
             found = re.match(r"\s*(?:from|import)\s+(pytest_kimiperf[\w.]*)", line)
             assert found is None or found.group(1) == "pytest_kimiperf", f"{path.name}: {line.strip()}"
+
+
+INSTALL_PAGES = [ROOT / "README.md", ROOT / "docs" / "index.md", ROOT / "docs" / "quickstart.md"]
+
+
+def _install_lines() -> list[str]:
+    return [line for page in INSTALL_PAGES for line in re.findall(r"pip install [^\n`]*", page.read_text())]
+
+
+def test_the_install_lines_name_extras_pins_and_a_wheel_the_project_has() -> None:
+    # What a user without a clone types: each extra exists, each pin is the one CI installs
+    # (ci/setup-venv.sh for the CPU engine, ci/gpu-constraints.txt for the GPU one), and the
+    # wheel's file name is the one `python -m build` makes of this version.
+    extras = set(PROJECT["optional-dependencies"])
+    torch_pin = re.search(r'TORCH="(torch==[^"]+)"', (ROOT / "ci" / "setup-venv.sh").read_text()).group(1)
+    gpu_pins = set(re.findall(r"^([\w-]+==\S+)$", (ROOT / "ci" / "gpu-constraints.txt").read_text(), re.M))
+    lines = _install_lines()
+    assert any("[cpu,plots]" in line for line in lines) and any("[gpu,plots]" in line for line in lines)
+    for line in lines:
+        for named in re.findall(r"(?:pytest-kimiperf|\.whl)\[([\w,]+)\]", line):
+            assert set(named.split(",")) <= extras, line
+        for wheel in re.findall(r"pytest_kimiperf-[^'\[]+\.whl", line):
+            assert wheel == f"pytest_kimiperf-{pytest_kimiperf.__version__}-py3-none-any.whl", line
+        for pin in re.findall(r"'((?:torch|vllm|nvidia-ml-py)==[^']+)'", line):
+            assert pin == torch_pin if pin.startswith("torch") else pin in gpu_pins, line
