@@ -325,7 +325,7 @@ def test_baseline_then_the_identical_server_passes_then_a_slowed_one_is_a_regres
         # It names its boots and what would resolve it: across sessions (tiny-cpu declares a 20%
         # session spread) that is sessions of the profile and of its baseline, not more boots.
         assert "vs 1 reference boot of 1 session" in out, out[-4000:]
-        assert "sessions of this profile" in out or "--update-baselines --kimiperf-boots N" in out, out[-4000:]
+        assert "sessions of this profile" in out or "--kimiperf-update-baselines --kimiperf-boots N" in out, out[-4000:]
     assert "REGRESSION" not in out
     # Another session than the baseline's: the verdict carries the session level it rests on.
     judged = [t["metrics"]["decode_tok_s"]["baseline"] for t in

@@ -3,7 +3,8 @@
 ``plugin.py`` imports the fixtures, so pytest registers them with the plugin. Like the hooks,
 they only connect pytest to the modules that do the work: the :class:`~pytest_kimiperf.session.
 PerfSession` in the config's stash, the server manager and the :class:`~pytest_kimiperf.recorder.
-PerfRecorder`. Errors a test should show become ``pytest.fail`` without a traceback.
+PerfRecorder`. Errors a test should show become ``pytest.fail`` without a traceback, raised
+``from None``: the error they replace would print its message (and log tail) a second time.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def kimiperf_server(
     try:
         handle = manager.acquire(kimiperf_profile)
     except KimiperfError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        raise pytest.fail.Exception(str(exc), pytrace=False) from None
     try:
         yield handle
     finally:
@@ -116,7 +117,7 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
         try:
             manager.ensure_alive()
         except KimiperfError as exc:
-            pytest.fail(str(exc), pytrace=False)
+            raise pytest.fail.Exception(str(exc), pytrace=False) from None
 
     ensure_alive()
 

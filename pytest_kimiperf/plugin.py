@@ -331,7 +331,7 @@ def _marker_tolerances(item: pytest.Item) -> dict[str, float]:
     try:
         return marker_tolerances(marker.args, marker.kwargs, f"@pytest.mark.kimiperf on {item.nodeid}") if marker else {}
     except ConfigError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        raise pytest.fail.Exception(str(exc), pytrace=False) from None
 
 
 # -- reports ----------------------------------------------------------------------------
@@ -345,7 +345,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.kimiperf = item.stash[RESULT_KEY].to_json()
     slot = slot_of(item) if report.failed else None
     lines = VERBOSE_FAILURE_LOG_LINES if item.config.get_verbosity() > 0 else FAILURE_LOG_LINES
-    section = item.config.stash[RUN_KEY].server_log_tail(slot.name, lines=lines) if slot is not None else None
+    section = (item.config.stash[RUN_KEY].server_log_tail(slot.name, lines=lines, failure=str(report.longrepr))
+               if slot is not None else None)
     if section is not None:
         report.sections.append(section)
     return report

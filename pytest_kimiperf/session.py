@@ -209,13 +209,18 @@ class PerfSession:
         """This process's server records, by profile; None if it never managed servers."""
         return dict(self.manager.records) if self.manager is not None else None
 
-    def server_log_tail(self, profile: str, *, lines: int = FAILURE_LOG_LINES) -> tuple[str, str] | None:
+    def server_log_tail(self, profile: str, *, lines: int = FAILURE_LOG_LINES,
+                        failure: str = "") -> tuple[str, str] | None:
         """The title and tail of ``profile``'s server log, for a failed test's report: the last
-        ``lines`` (10: the engine's last words; ``-v`` asks for more) and the log's path."""
+        ``lines`` (10: the engine's last words; ``-v`` asks for more) and the log's path. None
+        where ``failure``, the test's failure text, already quotes as many (a ServerError does)."""
         rec = self.manager.records.get(profile) if self.manager is not None else None
         if rec is None or rec.log_path is None:
             return None
-        from pytest_kimiperf.server.process import tail_lines
+        from pytest_kimiperf.server.process import LOG_TAIL_LINES, tail_lines
+
+        if lines <= LOG_TAIL_LINES and f"log: {rec.log_path}\n" in failure:
+            return None
 
         return f"kimiperf server log, last {lines} lines ({rec.log_path})", tail_lines(rec.log_path, lines)
 

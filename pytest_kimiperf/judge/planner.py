@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if n is None:
         print(f"to tell {what} at a boot spread of {args.spread * 100:.2g}%: no number of boots will do "
               f"against a {args.reference_boots}-boot baseline; record more baseline boots "
-              "(--update-baselines --kimiperf-boots N)")
+              "(--kimiperf-update-baselines --kimiperf-boots N)")
         return 1
     print(f"to tell {what} at a boot spread of {args.spread * 100:.2g}% you need {n} {side} "
           f"({args.confidence:.0%} one-sided, {DETECTION_POWER:.0%} power)")

@@ -141,7 +141,7 @@ def attach_server(settings: Settings, profile: str, *, previous: ServerHandle | 
             raise ServerError(
                 f"--kimiperf-server-url {url} serves {', '.join(repr(m) for m in served)}, but deployment "
                 f"{deployment.name} names model {model!r}: attach to the server of that model, choose the "
-                "deployment that names the served one (--deployment), or leave model and served_model_name out "
+                "deployment that names the served one (--kimiperf-deployment), or leave model and served_model_name out "
                 "of an attach-only deployment so the served one is taken")
         raise ServerError(f"--kimiperf-server-url {url} is not ready for deployment {deployment.name} (model {model!r}): {why_not}")
     handle = ServerHandle(base_url=url, model=model, deployment=deployment.name, profile=profile, log_path=None,

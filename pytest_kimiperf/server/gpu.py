@@ -354,7 +354,7 @@ def check_hardware(
             f"deployment {deployment!r} needs {req.describe()}; {found}. {_own_gpus_recipe(deployment, whole[0])}")
     raise HardwareMissingError(
         f"deployment {deployment!r} needs {req.describe()}; {found}. "
-        "Run here with --deployment tiny-cpu, or on a host that has those GPUs (a deployment that "
+        "Run here with --kimiperf-deployment tiny-cpu, or on a host that has those GPUs (a deployment that "
         "runs on the CPU says gpu_count = 0; unless given, gpu_count follows its parallel layout)."
     )
 

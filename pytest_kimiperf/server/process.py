@@ -40,7 +40,9 @@ from pytest_kimiperf.server.progress import BootProgress, BootTracker, split_log
 
 LAUNCH_ID_ENV = process_sweep.LAUNCH_ID_ENV
 SPT_NOENV = "SPT_NOENV"
-LOG_TAIL_LINES = 50
+# A ServerError quotes this many of its log's last records, after the log's path: the engine's
+# last words (its exception is the last of them) on the first screen; the file has the rest.
+LOG_TAIL_LINES = 10
 _POLL_S = 0.25
 _HTTP_CHECK_EVERY_S = 1.0
 # Between tests: how long /health may take to answer (vLLM answers it even under full load)

@@ -88,9 +88,15 @@ def test_crash_during_boot_fails_within_seconds_with_exit_code(
     elapsed = time.monotonic() - start
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([
-        "*exited with code 3 while loading weights*",
+        "*exited with code 3 while loading weights*; log: *server-stub-default.log",
         "*RuntimeError: simulated crash while loading shard 5*",
     ])
+    # The log's last 10 lines, once: not again as the error's cause, nor as a report section.
+    out = result.stdout.str()
+    after = out[out.index("exited with code 3"):].splitlines()
+    assert after[9] == "RuntimeError: simulated crash while loading shard 5", after[:12]
+    assert after[10].startswith("kimiperf launcher: the command ended") and after[11].startswith("="), after[:12]
+    assert out.count("RuntimeError: simulated crash while loading shard 5") == 1, out
     assert elapsed < 60, "waited for the 600 s deadline instead of noticing the exit"
 
 

@@ -94,7 +94,7 @@ def test_the_wheel_installs_in_a_fresh_venv_and_gates_a_users_own_repository(tmp
                 pass
             assert time.monotonic() < deadline, "the stub server did not come up"
             time.sleep(0.2)
-        result = _run([python, "-m", "pytest", "--deployment", "my-server", "--kimiperf-server-url",
+        result = _run([python, "-m", "pytest", "--kimiperf-deployment", "my-server", "--kimiperf-server-url",
                        f"http://127.0.0.1:{port}", "-p", "no:cacheprovider", "-rw"], cwd=repo)
     finally:
         server.kill()

@@ -182,7 +182,7 @@ def test_perf_gate_records_baselines_by_hand_and_uploads_them_for_review() -> No
     assert any("gh pr create" in s.get("run", "") and s.get("if") == "github.event_name == 'schedule'"
                for s in job["steps"])
     runs = " ".join(s.get("run", "") for s in job["steps"])
-    assert "ci/perf-gate.sh --update-baselines" in runs
+    assert "ci/perf-gate.sh --kimiperf-update-baselines" in runs
     assert any(s.get("with", {}).get("path") == "baselines/" for s in job["steps"])
 
 

@@ -17,7 +17,8 @@ from pytest_kimiperf.config.options import OPTIONS
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 GENERATED = {DOCS / "reference" / name for name in reference.PAGES}
-PAGES = sorted([ROOT / "README.md", *(p for p in DOCS.rglob("*.md") if p not in GENERATED)])
+PAGES = sorted([ROOT / "README.md", ROOT / "baselines" / "README.md", ROOT / "ci" / "README.md",
+                *(p for p in DOCS.rglob("*.md") if p not in GENERATED)])
 
 FLAGS = {opt.flag for opt in OPTIONS}
 ALIASES = {opt.short for opt in OPTIONS if opt.short}

@@ -69,7 +69,7 @@ def test_check_hardware_without_gpus_says_why_and_the_way_out() -> None:
     assert str(caught.value) == (
         "deployment 'kimi-k2.5' needs 8x NVIDIA GPU whose name contains 'RTX PRO 6000' with at least "
         "90000 MiB each; found no NVIDIA GPU (NVML: NVML Shared Library Not Found; nvidia-smi not found "
-        "on PATH). Run here with --deployment tiny-cpu, or on a host that has those GPUs (a deployment that runs "
+        "on PATH). Run here with --kimiperf-deployment tiny-cpu, or on a host that has those GPUs (a deployment that runs "
         "on the CPU says gpu_count = 0; unless given, gpu_count follows its parallel layout)."
     )
 

@@ -78,7 +78,7 @@ def test_a_host_without_gpus_says_why_in_one_message() -> None:
     assert hardware_check.hardware_problem(KIMI_K25_INT4_TP8, probe=lambda: probe) == (
         "deployment 'kimi-k25-int4-tp8' needs 8x NVIDIA GPU whose name contains 'RTX PRO 6000'; "
         "found no NVIDIA GPU (NVML: NVML Shared Library Not Found; nvidia-smi not found on PATH). "
-        "Run here with --deployment tiny-cpu, or on a host that has those GPUs (a deployment that runs on the CPU "
+        "Run here with --kimiperf-deployment tiny-cpu, or on a host that has those GPUs (a deployment that runs on the CPU "
         "says gpu_count = 0; unless given, gpu_count follows its parallel layout)."
     )
 
@@ -142,7 +142,7 @@ def test_only_the_gpus_cuda_visible_devices_leaves_count(monkeypatch: pytest.Mon
     problem = hardware_check.hardware_problem(KIMI_K25_INT4_TP8, probe=production_host)
     assert problem is not None and ("found 4x NVIDIA RTX PRO 6000 Blackwell Server Edition (97887 MiB) "
                                     "(CUDA_VISIBLE_DEVICES='0,1,2,3' leaves the server 4 of the host's 8). "
-                                    "Run here with --deployment tiny-cpu") in problem
+                                    "Run here with --kimiperf-deployment tiny-cpu") in problem
     # The deployment's own env is what the server gets, over the shell's.
     kimi = dataclasses.replace(KIMI_K25_INT4_TP8, env={"CUDA_VISIBLE_DEVICES": "7,6,5,4,3,2,1,0"})
     assert hardware_check.hardware_problem(kimi, probe=production_host) is None

@@ -38,12 +38,18 @@ def test_the_license_file_is_the_licence_pyproject_names() -> None:
     assert "END OF TERMS AND CONDITIONS" in text
 
 
-def test_the_index_page_has_urls_authors_and_classifiers() -> None:
-    assert {"Homepage", "Documentation", "Changelog", "Issues"} <= set(PROJECT["urls"])
-    assert PROJECT["authors"]
+def _ci_python_versions() -> set[str]:
+    workflows = (ROOT / ".github" / "workflows").glob("*.yml")
+    return {v for wf in workflows for v in re.findall(r'python-version: "(3\.\d+)"', wf.read_text())}
+
+
+def test_the_index_page_says_only_what_holds() -> None:
+    # Authors without an address that takes no mail; the Python versions CI runs, from
+    # requires-python's floor. (No project.urls until the repository has a public address.)
+    assert PROJECT["authors"] and not any(a.get("email", "").endswith(".example") for a in PROJECT["authors"])
     assert "Framework :: Pytest" in PROJECT["classifiers"]
     versions = {c.rsplit(" ", 1)[-1] for c in PROJECT["classifiers"] if c.startswith("Programming Language :: Python :: 3.")}
-    assert "3.11" in versions  # requires-python's floor
+    assert versions == _ci_python_versions() and "3.11" in versions
 
 
 def test_build_makes_a_wheel_and_an_sdist_with_the_version(tmp_path: Path) -> None:
@@ -65,7 +71,7 @@ def test_build_makes_a_wheel_and_an_sdist_with_the_version(tmp_path: Path) -> No
     assert "pytest_kimiperf/plugin.py" in names and "pytest_kimiperf/py.typed" in names
     assert f"pytest_kimiperf-{version}.dist-info/licenses/LICENSE" in names
     assert f"Version: {version}" in metadata and "License-Expression: Apache-2.0" in metadata
-    assert "Project-URL: Changelog" in metadata
+    assert "Classifier: Framework :: Pytest" in metadata and "Author: pytest-kimiperf maintainers" in metadata
     with tarfile.open(sdist) as tar:
         members = {m.name.split("/", 1)[1] for m in tar.getmembers() if "/" in m.name}
     assert {"LICENSE", "CHANGELOG.md", "README.md", "perf_tests/test_decode.py", "pytest_kimiperf/plugin.py"} <= members
@@ -77,3 +83,28 @@ def test_the_shipped_perf_suite_uses_only_the_public_api() -> None:
         for line in path.read_text().splitlines():
             found = re.match(r"\s*(?:from|import)\s+(pytest_kimiperf[\w.]*)", line)
             assert found is None or found.group(1) == "pytest_kimiperf", f"{path.name}: {line.strip()}"
+
+
+INSTALL_PAGES = [ROOT / "README.md", ROOT / "docs" / "index.md", ROOT / "docs" / "quickstart.md"]
+
+
+def _install_lines() -> list[str]:
+    return [line for page in INSTALL_PAGES for line in re.findall(r"pip install [^\n`]*", page.read_text())]
+
+
+def test_the_install_lines_name_extras_pins_and_a_wheel_the_project_has() -> None:
+    # What a user without a clone types: each extra exists, each pin is the one CI installs
+    # (ci/setup-venv.sh for the CPU engine, ci/gpu-constraints.txt for the GPU one), and the
+    # wheel's file name is the one `python -m build` makes of this version.
+    extras = set(PROJECT["optional-dependencies"])
+    torch_pin = re.search(r'TORCH="(torch==[^"]+)"', (ROOT / "ci" / "setup-venv.sh").read_text()).group(1)
+    gpu_pins = set(re.findall(r"^([\w-]+==\S+)$", (ROOT / "ci" / "gpu-constraints.txt").read_text(), re.M))
+    lines = _install_lines()
+    assert any("[cpu,plots]" in line for line in lines) and any("[gpu,plots]" in line for line in lines)
+    for line in lines:
+        for named in re.findall(r"(?:pytest-kimiperf|\.whl)\[([\w,]+)\]", line):
+            assert set(named.split(",")) <= extras, line
+        for wheel in re.findall(r"pytest_kimiperf-[^'\[]+\.whl", line):
+            assert wheel == f"pytest_kimiperf-{pytest_kimiperf.__version__}-py3-none-any.whl", line
+        for pin in re.findall(r"'((?:torch|vllm|nvidia-ml-py)==[^']+)'", line):
+            assert pin == torch_pin if pin.startswith("torch") else pin in gpu_pins, line

@@ -56,6 +56,26 @@ def test_exit_during_boot_is_noticed_within_two_seconds(tmp_path: Path) -> None:
     assert noticed - float(died_at.read_text()) < 2.0
 
 
+def test_a_failed_boot_quotes_the_last_ten_log_lines_and_the_logs_path(tmp_path: Path) -> None:
+    from pytest_kimiperf.errors import ServerError
+
+    log = tmp_path / "server.log"
+    server = ServerProcess(
+        argv=[sys.executable, "-c", "import sys\nfor i in range(1, 31): print(f'engine line {i}', flush=True)\nsys.exit(3)"],
+        env={}, log_path=log, state_dir=tmp_path / "state", base_url="http://127.0.0.1:9",
+        served_model_name="m", deployment="d", profile="default", deadline_s=600,
+    )
+    server.start()
+    with pytest.raises(ServerError) as failed:
+        server.wait_ready()
+    head, _, quoted = str(failed.value).partition("\n")
+    assert head.startswith("the d server (default) exited with code 3 ") and head.endswith(f"log: {log}"), head
+    # The log's last 10 records: the engine's last 9 lines and the launcher's note of its exit.
+    *engine, launcher = quoted.splitlines()
+    assert engine == [f"engine line {i}" for i in range(22, 31)], quoted
+    assert launcher.startswith("kimiperf launcher: the command ended with code 3"), quoted
+
+
 def test_gpu_memory_held_by_sigkill_survivors_stops_a_gpu_launch(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace

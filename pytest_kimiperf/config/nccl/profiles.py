@@ -1,7 +1,7 @@
 """Profiles: named variants of the server, as environment overrides and extra server arguments.
 
 A profile is resolved from the built-ins and the user's ``[tool.kimiperf.profiles]`` table,
-selected by ``--nccl-profile`` (alias ``--kimiperf-profile``) and turned into the server's
+selected by ``--kimiperf-profile`` (short alias ``--nccl-profile``) and turned into the server's
 environment and command. Its NCCL values are checked against NCCL's own rules in ``values``, its
 arguments against the installed vLLM's serve parser in ``config.serve_args``; what NCCL logged
 with ``--kimiperf-nccl-debug`` is read in ``debug_log``. The built-ins are NCCL's; a user's profile may
