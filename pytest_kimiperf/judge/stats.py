@@ -134,6 +134,9 @@ class Spread:
     sd_log: float
     df: float
     source: SpreadSource
+    # The larger of the floor and what the boots measure, not pooled: the weight this level's df
+    # carries in the Satterthwaite df (:func:`compare_boots`). NaN: ``sd_log``.
+    plain_sd_log: float = math.nan
 
     @property
     def percent(self) -> float:
@@ -141,19 +144,22 @@ class Spread:
         return (math.exp(self.sd_log) - 1.0) * 100.0
 
 
-def estimate_spread(
-    current: Sequence[BootSummary], reference: Sequence[BootSummary], *, prior_sd_log: float,
-) -> Spread:
-    """The boot level: the pooled SD of per-boot log-medians *within sessions* (boots of one
-    session share its effect, so only their spread around their own session's mean measures the
-    boot level; the session level is judge/levels.py's), where a session has 2+ boots. The
-    deployment's declared spread is its floor, taken as known: the boots can raise it, never
-    lower it (the gate's critical value is calibrated on variances never below the truth; a
-    spread measured on 5 degrees of freedom is below the truth more than half the time, and
-    below 0.6 of it one time in eight). Never below the boots' own within-boot error of the median
-    either (a spread smaller than that is chance)."""
-    if not (math.isfinite(prior_sd_log) and prior_sd_log >= 0):
-        raise ValueError(f"prior spread {prior_sd_log!r}: use a finite SD of log-medians >= 0 (0.01 means 1%)")
+def pooled_variance(declared_var: float, declared_df: float, sum_sq: float, df: float) -> tuple[float, float]:
+    """A declared variance taken as a prior worth ``declared_df`` degrees of freedom (a scaled
+    inverse chi-square), pooled with a measured sum of squares on ``df``: the variance a
+    comparison uses and its degrees of freedom (declared + measured). The declaration stays a
+    floor: the data can raise the variance, never lower it, so that declaring more df never
+    widens an interval on the same data (the pooled value moves toward the declaration and the
+    df grow). ``declared_df`` inf: the declaration is exact (the rule before declared df)."""
+    if math.isinf(declared_df):
+        return declared_var, math.inf
+    pooled = (declared_df * declared_var + sum_sq) / (declared_df + df)
+    return max(declared_var, pooled), declared_df + df
+
+
+def within_sessions(current: Sequence[BootSummary], reference: Sequence[BootSummary]) -> tuple[float, float]:
+    """The sum of squares of per-boot log-medians around their own session's mean, on both
+    sides, and its degrees of freedom: what the boots measure of the boot level."""
     sum_sq = 0.0
     df = 0.0
     for side in (current, reference):
@@ -165,19 +171,62 @@ def estimate_spread(
                 mean = sum(logs) / len(logs)
                 sum_sq += sum((x - mean) ** 2 for x in logs)
                 df += len(logs) - 1
+    return sum_sq, df
+
+
+def boot_floor(current: Sequence[BootSummary], reference: Sequence[BootSummary], prior_sd_log: float) -> float:
+    """The declared boot variance with the boots' own mean error of the median added: the
+    floor of the boot level."""
     within = [b.se_log ** 2 for b in (*current, *reference) if math.isfinite(b.se_log)]
-    within_var = sum(within) / len(within) if within else 0.0
-    floor = prior_sd_log ** 2 + within_var
+    return prior_sd_log ** 2 + (sum(within) / len(within) if within else 0.0)
+
+
+def estimate_spread(
+    current: Sequence[BootSummary], reference: Sequence[BootSummary], *, prior_sd_log: float,
+    prior_df: float = PRIOR_DF,
+) -> Spread:
+    """The boot level: the declared spread (a prior worth ``prior_df`` degrees of freedom)
+    pooled with the spread of per-boot log-medians *within sessions* (boots of one session
+    share its effect, so only their spread around their own session's mean measures the boot
+    level; the session level is judge/levels.py's), where a session has 2+ boots
+    (:func:`pooled_variance`). The declaration is the floor: the boots can raise it, never lower
+    it (a spread measured on 5 degrees of freedom is below the truth more than half the time,
+    and below 0.6 of it one time in eight). Never below the boots' own within-boot error of the
+    median either (a spread smaller than that is chance)."""
+    if not (math.isfinite(prior_sd_log) and prior_sd_log >= 0):
+        raise ValueError(f"prior spread {prior_sd_log!r}: use a finite SD of log-medians >= 0 (0.01 means 1%)")
+    if math.isnan(prior_df) or prior_df < 1:
+        raise ValueError(f"prior_df={prior_df!r}: use degrees of freedom >= 1, or inf for an exact declaration")
+    sum_sq, df = within_sessions(current, reference)
+    floor = boot_floor(current, reference, prior_sd_log)
     declared = math.expm1(prior_sd_log)
+    var, pooled_df = pooled_variance(floor, prior_df, sum_sq, df)
+    plain = math.sqrt(max(floor, sum_sq / df)) if df > 0 else math.sqrt(floor)
     if df == 0:
-        return Spread(sd_log=math.sqrt(floor), df=PRIOR_DF, source=SpreadSource(SpreadSource.DECLARED, declared=declared))
-    measured = sum_sq / df
-    if measured > floor:
-        return Spread(sd_log=math.sqrt(measured), df=PRIOR_DF + df,
-                      source=SpreadSource(SpreadSource.MEASURED, sides=(len(current), len(reference))))
-    return Spread(sd_log=math.sqrt(floor), df=PRIOR_DF + df, source=SpreadSource(
-        SpreadSource.FLOOR, declared=declared, measured=math.expm1(math.sqrt(measured)), df=df,
-        sides=(len(current), len(reference))))
+        return Spread(sd_log=math.sqrt(var), df=pooled_df, source=SpreadSource(SpreadSource.DECLARED, declared=declared),
+                      plain_sd_log=plain)
+    if var > floor:
+        return Spread(sd_log=math.sqrt(var), df=pooled_df,
+                      source=SpreadSource(SpreadSource.MEASURED, sides=(len(current), len(reference))),
+                      plain_sd_log=plain)
+    return Spread(sd_log=math.sqrt(var), df=pooled_df, source=SpreadSource(
+        SpreadSource.FLOOR, declared=declared, measured=math.expm1(math.sqrt(sum_sq / df)), df=df,
+        sides=(len(current), len(reference))), plain_sd_log=plain)
+
+
+def critical_at(z: float, df: float) -> float:
+    """The Student-t critical value at ``df`` degrees of freedom with the one-sided tail of the
+    normal critical value ``z``: a rule stated in standard errors of a known variance (the
+    gate's :data:`GATE_CRITICAL`, a family's) held at its level when the variance is estimated
+    (declared spreads at their df pooled with measured ones). ``df`` inf gives ``z`` back."""
+    if math.isinf(df):
+        return z
+    return _t_isf(float(scipy_stats.norm.sf(z)), df)
+
+
+@functools.lru_cache(maxsize=4096)
+def _t_isf(tail: float, df: float) -> float:
+    return float(scipy_stats.t.isf(tail, df))
 
 
 @dataclass(frozen=True)
@@ -193,14 +242,21 @@ class LevelTerm:
     # var_log is the level's variance times this weight: sum over units of the difference of
     # the two sides' shares in it, squared (2 for one session against one other).
     weight: float = 1.0
+    # The larger of the declared and the measured variance (not pooled), times ``weight``: the
+    # weight this level's df carries in the Satterthwaite df. NaN: ``var_log``.
+    plain_var_log: float = math.nan
 
 
 def satterthwaite_df(parts: Sequence[tuple[float, float]]) -> float:
     """Welch-Satterthwaite degrees of freedom of a sum of variance estimates ``(var, df)``."""
     total = sum(v for v, _ in parts)
     denom = sum(v * v / d for v, d in parts if v > 0 and d > 0 and math.isfinite(d))
-    if total <= 0 or denom <= 0:
+    if total <= 0:
         return min((d for _, d in parts), default=math.inf)
+    if denom <= 0:
+        # Every part that carries variance is exact; a part of no variance adds no uncertainty
+        # (a declared spread of 0 at a few df is still 0).
+        return math.inf
     return total * total / denom
 
 
@@ -295,7 +351,8 @@ class Comparison:
                 value = value.value
             elif name == "levels":
                 value = [{"name": t.name, "var_log": t.var_log, "df": t.df if math.isfinite(t.df) else None,
-                          "weight": t.weight, "level": t.level.to_dict()} for t in value]
+                          "weight": t.weight, "level": t.level.to_dict(),
+                          "plain_var_log": t.plain_var_log if math.isfinite(t.plain_var_log) else None} for t in value]
             elif name == "spread_source":
                 value = value.to_json() if value is not None else None
             elif name == "notes":
@@ -320,7 +377,9 @@ class Comparison:
             elif f.name == "levels":
                 values[f.name] = tuple(LevelTerm(str(t["name"]), float(t["var_log"]),
                                                  math.inf if t["df"] is None else float(t["df"]),
-                                                 LevelSpread.from_dict(t["level"]), float(t["weight"])) for t in raw)
+                                                 LevelSpread.from_dict(t["level"]), float(t["weight"]),
+                                                 math.nan if t.get("plain_var_log") is None else float(t["plain_var_log"]))
+                                       for t in raw)
             elif f.name == "spread_source":
                 values[f.name] = SpreadSource.from_fields(raw) if raw else None
             elif f.name == "notes":
@@ -345,6 +404,7 @@ def compare_boots(
     min_boots_directional: int = MIN_BOOTS_DIRECTIONAL,
     levels: Sequence[LevelTerm] = (),
     critical: float | None = None,
+    prior_spread_df: float = PRIOR_DF,
 ) -> Comparison:
     """Decide whether the ``current`` boots regressed, improved or held against ``reference``.
 
@@ -354,6 +414,11 @@ def compare_boots(
     but the verdict is NOT_COMPARABLE, so it is shown and never fails a test. ``levels`` are
     the levels above the boot that the sides do not share (judge/levels.level_terms): each adds
     its variance to the difference, which more boots of this session cannot shrink.
+    ``prior_spread_df`` is how sure ``prior_spread`` is (degrees of freedom; inf: exact).
+    ``critical`` (:data:`GATE_CRITICAL` where None) is in standard errors of a known variance;
+    the rule applies it at the difference's effective degrees of freedom (:func:`critical_at`,
+    Satterthwaite over the boot level and every level term), so a declaration held at a few df
+    widens the bounds instead of standing for an exact variance.
     """
     direction = Direction(direction)
     _check_unit_interval("tolerance", tolerance)
@@ -373,20 +438,30 @@ def compare_boots(
             bound_low=nan, bound_high=nan, ci_low=nan, ci_high=nan, spread_sd_log=nan, spread_df=nan,
             spread_source=None, se_log=nan, mdc=nan, verdict=VerdictKind.INSUFFICIENT_SAMPLES,
             notes=_insufficient_note(current, reference))
-    spread = estimate_spread(cur, ref, prior_sd_log=math.log1p(prior_spread))
-    reference_spread = estimate_spread((), ref, prior_sd_log=math.log1p(prior_spread))
+    spread = estimate_spread(cur, ref, prior_sd_log=math.log1p(prior_spread), prior_df=prior_spread_df)
+    reference_spread = estimate_spread((), ref, prior_sd_log=math.log1p(prior_spread), prior_df=prior_spread_df)
     mean_cur = sum(math.log(b.median) for b in cur) / len(cur)
     mean_ref = sum(math.log(b.median) for b in ref) / len(ref)
     d = mean_cur - mean_ref
     boot_var = spread.sd_log ** 2 * (1.0 / len(cur) + 1.0 / len(ref))
     fixed_var = sum(term.var_log for term in levels)
     se = math.sqrt(boot_var + fixed_var)
-    df = round(satterthwaite_df([(boot_var, spread.df), *((t.var_log, t.df) for t in levels)]), 2)
+    # Satterthwaite's df, each level weighed by its variance before pooling (the larger of the
+    # declared and the measured): weights that do not move with how sure a declaration is keep
+    # "declaring more df never widens the interval" true (tests/unit/test_declared_spreads.py);
+    # weighed by the pooled variances, a surer boot declaration shrank the boot's share and
+    # left a session level of 2 df to set the df, 1.5x wider bounds.
+    plain_boot_var = (spread.plain_sd_log if math.isfinite(spread.plain_sd_log) else spread.sd_log) ** 2 * (
+        1.0 / len(cur) + 1.0 / len(ref))
+    df = round(satterthwaite_df([(plain_boot_var, spread.df),
+                                 *((t.plain_var_log if math.isfinite(t.plain_var_log) else t.var_log, t.df)
+                                   for t in levels)]), 2)
     t_eq = t_quantile(1.0 - (1.0 - EQUIVALENCE_CONFIDENCE) / 2.0, df)
     # The gate's rule (GATE_CRITICAL): the estimate beyond the tolerance, and the change
     # beyond GATE_CRITICAL standard errors of the whole difference (boots and every level the
     # sides do not share), so that chance alone convicts no metric of a session.
-    crit = GATE_CRITICAL if critical is None else critical
+    z_crit = GATE_CRITICAL if critical is None else critical
+    crit = critical_at(z_crit, df)
     bound_low, bound_high = math.expm1(d - crit * se), math.expm1(d + crit * se)
     ci_low, ci_high = math.expm1(d - t_eq * se), math.expm1(d + t_eq * se)
     change = math.expm1(d)
@@ -399,7 +474,8 @@ def compare_boots(
     # Minimum detectable change for a design with at least the directional minimum of boots.
     k = max(len(cur), min_boots_directional)
     se_k = math.sqrt(spread.sd_log ** 2 * (1.0 / k + 1.0 / len(ref)) + fixed_var)
-    mdc = -math.expm1(-(max(band, crit * se_k) + _z(DETECTION_POWER) * se_k))
+    power_z = _z(DETECTION_POWER) if math.isinf(df) else t_quantile(DETECTION_POWER, df)
+    mdc = -math.expm1(-(max(band, crit * se_k) + power_z * se_k))
     enough = len(cur) >= min_boots_directional
     if not comparable:
         verdict = VerdictKind.NOT_COMPARABLE
@@ -422,7 +498,7 @@ def compare_boots(
         **common, median_current=_geomean(cur), median_reference=_geomean(ref), change=change,
         bound_low=bound_low, bound_high=bound_high, ci_low=ci_low, ci_high=ci_high,
         spread_sd_log=spread.sd_log, spread_df=spread.df, spread_source=spread.source, se_log=se,
-        mdc=mdc, verdict=verdict, notes=notes, confidence=float(scipy_stats.norm.cdf(crit)),
+        mdc=mdc, verdict=verdict, notes=notes, confidence=float(scipy_stats.norm.cdf(z_crit)),
         reference_spread_sd_log=reference_spread.sd_log, reference_spread_df=reference_spread.df)
 
 
