@@ -22,6 +22,7 @@ from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.history import compare_with_history
 from pytest_kimiperf.judge.levels import history_level, level_terms
 from pytest_kimiperf.judge.notes import HistoryModes, SpreadSource
+from pytest_kimiperf.judge.power import design_critical, sessions_of_history
 from pytest_kimiperf.judge.stats import (
     EQUIVALENCE_CONFIDENCE, GATE_CRITICAL, critical_at, pooled_variance,
 )
@@ -126,3 +127,15 @@ def test_a_one_session_history_widens_the_gate_by_the_declarations_df() -> None:
     exact = width(replace(spreads, boot_df=math.inf, session_df=math.inf))
     assert width(spreads) > exact
     assert width(replace(spreads, session_df=100.0)) < width(spreads)
+
+
+def test_the_plan_asks_for_the_history_the_t_rule_needs() -> None:
+    # Boot 1%, session 1%, tolerance 3%, a 6% regression, 2 boots a run against 3 sessions x 2
+    # boots: 11 sessions with every declaration exact (the normal rule), 79 with the boot
+    # declared at 3 df and the session at 10 (two boots of one run measure 1 df of the boot
+    # level), 15 with a third boot.
+    args = dict(reference_boots=6, sessions=3, tolerance=0.03, goal=0.06)
+    assert sessions_of_history(0.01, 0.01, 2, **args) == 11
+    assert sessions_of_history(0.01, 0.01, 2, **args, boot_df=3.0, session_df=10.0) == 79
+    assert sessions_of_history(0.01, 0.01, 3, **args, boot_df=3.0, session_df=10.0) == 15
+    assert design_critical(1e-4, math.inf, [(1e-4, math.inf)]) == GATE_CRITICAL
