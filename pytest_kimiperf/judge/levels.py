@@ -33,7 +33,8 @@ from scipy import stats as scipy_stats
 from pytest_kimiperf.config.deployments import DEFAULT_LEVEL_SPREAD_DF, Spreads
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.notes import LevelSpread, SpreadSource
-from pytest_kimiperf.judge.stats import LevelTerm, boot_floor, pooled_variance, within_sessions
+from pytest_kimiperf.judge.stats import LevelTerm
+from pytest_kimiperf.judge.variance import boot_floor, pooled_variance, within_sessions
 
 # The step search (changepoints.py) measures the session spread around its segments once the
 # history spans this many sessions; the gate pools any measured df with the declared ones.
