@@ -118,9 +118,9 @@ class Deployment:
     # ``spawn_mode_drop`` slower (0.5: half as fast). 0: none declared.
     spawn_mode_drop: float = 0.0
     spawn_mode_share: float = 0.0
-    # The levels above the boot (judge/levels.py), declared, and a floor under what the history
-    # measures once it spans 3 sessions (hosts): the SD of a session's shared effect on every boot of it, and of a host's among
-    # hosts with the same fingerprint whose canaries agree.
+    # The levels above the boot (judge/levels.py), declared: the SD of a session's shared effect
+    # on every boot of it, and of a host's among hosts with the same fingerprint whose canaries
+    # agree. Each is pooled with what the history measures, and a floor under it.
     session_spread: float = 0.01
     host_spread: float = 0.02
     # How sure each of the two is, in degrees of freedom (DEFAULT_LEVEL_SPREAD_DF; inf: exact).

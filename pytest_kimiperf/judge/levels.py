@@ -265,8 +265,8 @@ def history_level(reference: Sequence[BootSummary], name: str, declared: float, 
     a prior worth ``declared_df`` degrees of freedom, pooled with what the history's units
     measure (stats.pooled_variance: df = declared + measured, the declaration a floor the
     history can raise, never lower). A declaration is not exact: with the session spread taken
-    as known, a 2% session effect declared as 1% failed 5.7-26.3% of unchanged sessions
-    (benchmarks/README.md); at its df, the comparison's critical value is Student's t
+    as known, a 2% session effect declared as 1% gave 17-56% of unchanged sessions a direction
+    (12.5-29% at 10 df: benchmarks/declared_spreads.py); at its df, the comparison's critical value is Student's t
     (stats.critical_at), so a declaration held loosely widens the interval and the history's
     own sessions pull the spread toward the truth. ``declared_df`` inf keeps the declaration
     exact. ``boot_var`` is the boot level's variance the comparison uses, taken out of the

@@ -35,12 +35,13 @@ one-sided 84% bound beyond the tolerance, each level's share at 97.5%") spent al
 budget (0-0.7% of sessions) and caught 33-66% of changes twice the tolerance with 1-3 sessions
 of history. The critical value is chosen for the procedure as a whole (``--cells calibrate``:
 the history shapes users record, spreads declared as they are, 300 sessions a cell): 3.0 failed
-up to 2.0% of unchanged sessions, 3.25 at most 0.7% (1.3% on another seed, ``--cells shapes``). Variances taken as known at their floor is
-what makes a normal critical value hold: with the measured session spread alone from 6
-sessions on, 10 sessions of history failed 4.3% of sessions at 3.5. A slower build then fails
-58-97% of runs at twice the tolerance (both seeds), depending on the history and the session spread
-(benchmarks/README.md, "The gate's operating characteristic"); the plan says what history or
-boots would reach 90% where this does not. The price is at 0.8x the tolerance: a true change
+up to 2.0% of unchanged sessions, 3.25 at most 0.7% (1.3% on another seed, ``--cells shapes``),
+with the declared spreads then taken as exact. They are now priors at their stated df
+(judge/variance.py), and 3.25 is applied as Student's t at the difference's df with the same
+tail (variance.critical_at): an unchanged suite gets a direction in at most 0.2% of runs with
+the spreads declared right, and a slower build is convicted in 36-70% of comparisons at twice
+the tolerance with 1-10 sessions of history and 2 boots (benchmarks/README.md, "Declared
+spreads"); the plan says what history or boots would reach 90% where this does not. The price is at 0.8x the tolerance: a true change
 inside the tolerance is convicted in up to 4% of runs, where the bound rule convicted none. The
 90% equivalence interval is the usual TOST level (two one-sided 5% tests): "within" is a claim,
 so it gets the stricter level.
