@@ -201,18 +201,22 @@ class Rules:
     spreads: Spreads
     max_boots: int
     boots: int = 1  # planned boots per run (the gate's --kimiperf-boots); more on demand up to max_boots
+    # The standard errors a direction needs (None: stats.GATE_CRITICAL; the gate's
+    # family.family_critical(m) for a run of m comparisons).
+    critical: float | None = None
 
 
 def gate_run(world: World, history: tuple[list[list[BootSummary]], list[dict[str, float]]], *, change: float,
              rules: Rules, start: float, span: float, session_name: str = "current",
-             out: dict[str, object] | None = None) -> tuple[list[VerdictKind], int]:
+             out: dict[str, object] | None = None, session: np.ndarray | None = None) -> tuple[list[VerdictKind], int]:
     """One profile against its baseline, boots on demand: its verdicts and how many boots it took.
 
     As the plugin schedules it: every test is measured on boot 1; boot k+1 happens only if a
     test's comparison on boots 1..k wants another boot, and then re-measures just those tests.
     The comparison is the plugin's own ``history.compare_with_history`` after its canary check.
     ``out``, when given, receives each metric's boots (``"boots"``) and last comparison
-    (``"comparisons"``): what append-on-pass needs.
+    (``"comparisons"``): what append-on-pass needs. ``session``: the session's effects, where
+    another profile of the same session shares them (else drawn).
     """
     summaries, canaries = history
     shift = math.log1p(change) + math.log(world.noise.host_factor)
@@ -227,7 +231,8 @@ def gate_run(world: World, history: tuple[list[list[BootSummary]], list[dict[str
         first += size
     open_groups = groups
     boots = 0
-    session = world.session_effects()
+    if session is None:
+        session = world.session_effects()
     while open_groups and boots < rules.max_boots:
         boots += 1
         effects = world.boot_effects(world.noise.current_slow_share) + session
@@ -244,7 +249,8 @@ def gate_run(world: World, history: tuple[list[list[BootSummary]], list[dict[str
             def judged(m: int, placements: tuple[str, ...] | None = None) -> Comparison:
                 return compare_with_history(
                     measured[m], summaries[m], direction=Direction.HIGHER_IS_BETTER, tolerance=rules.tolerance,
-                    spreads=rules.spreads, comparable=comparable, segment=world.noise.segment, placements=placements)
+                    spreads=rules.spreads, comparable=comparable, segment=world.noise.segment, placements=placements,
+                    critical=rules.critical)
 
             comparisons = [judged(m) for m in metrics]
             if world.noise.joint:  # as gate.judge: one mode per boot for the test's metrics

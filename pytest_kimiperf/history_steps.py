@@ -88,7 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"boot/session/host spreads {_pct(spreads)} ({whence})")
         for key in sorted(baseline.entries):
             entry = baseline.entries[key]
-            steps = find_steps(entry.summaries(), spreads=spreads)
+            # The file's histories share the budget for a false step, as a run's do.
+            steps = find_steps(entry.summaries(), spreads=spreads, histories=max(1, len(baseline.entries)))
             since = sum(1 for s in entry.summaries() if s.usable) if not steps else steps[-1].boots_after
             out.append({"file": str(path), "entry": key, "boots": len(entry.boots), "judged_boots": since,
                         "steps": [step.plain() for step in steps]})

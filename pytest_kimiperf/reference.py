@@ -95,10 +95,14 @@ DEPLOYMENT_KEYS: dict[str, tuple[str, str | None]] = {
     "allreduce_latency_us": ("one decode-sized allreduce's latency in microseconds, for the roofline", None),
     "boot_spread": ("declared SD of a boot's median (fraction, 0.01 = 1%) until the baseline history measures it",
                     None),
-    "session_spread": ("declared SD of a session's shared effect on its boots, until the history spans 3 sessions",
-                       None),
-    "host_spread": ("declared SD among hosts with one fingerprint, until the history spans 3 hosts", None),
-    "boot_spread_df": ("the evidence behind `boot_spread`, in degrees of freedom (3 for a guess)", None),
+    "session_spread": ("declared SD of a session's shared effect on its boots, pooled with what the history's "
+                       "sessions measure (a floor they can raise)", None),
+    "host_spread": ("declared SD among hosts with one fingerprint, pooled with what the history's hosts measure",
+                    None),
+    "boot_spread_df": ("how sure `boot_spread` is, in degrees of freedom (3 for a guess; `inf`: exact)", None),
+    "session_spread_df": ("how sure `session_spread` is, in degrees of freedom (default 10; `inf`: exact, the rule "
+                          "before)", None),
+    "host_spread_df": ("how sure `host_spread` is, in degrees of freedom (default 10; `inf`: exact)", None),
     "spawn_mode_drop": ("how much slower a boot in the slow spawn mode is (0.5: half as fast; 0: no modes)", None),
     "spawn_mode_share": ("the share of boots that land in the slow spawn mode", None),
     "max_boots": ("most boots per profile in one session, on demand when a first boot looks worse", None),

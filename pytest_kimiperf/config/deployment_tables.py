@@ -67,6 +67,8 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "session_spread": (int, float),
     "host_spread": (int, float),
     "boot_spread_df": (int, float),
+    "session_spread_df": (int, float),
+    "host_spread_df": (int, float),
     "spawn_mode_drop": (int, float),
     "spawn_mode_share": (int, float),
     "max_boots": int,
@@ -164,7 +166,7 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
             fields[key] = MappingProxyType({**base.host_bounds, **value})
         elif key in ("health_deadline_s", "decode_floor_tok_s", "decode_target_tok_s",
                      "memory_bandwidth_gbs", "allreduce_latency_us", "boot_spread", "session_spread",
-                     "host_spread", "boot_spread_df", "spawn_mode_drop", "spawn_mode_share", "load_s"):
+                     "host_spread", "boot_spread_df", "session_spread_df", "host_spread_df", "spawn_mode_drop", "spawn_mode_share", "load_s"):
             fields[key] = float(value)
         else:
             fields[key] = value
@@ -220,9 +222,13 @@ def _check(d: Deployment, where: str) -> None:
         if not (math.isfinite(value) and 0 <= value < 1):
             raise ConfigError(f"{where}: {name} = {value}; must be a fraction >= 0 and below 1 "
                               f"(the SD of {what}: 0.01 = 1%)")
-    if not (math.isfinite(d.boot_spread_df) and d.boot_spread_df >= 1):
-        raise ConfigError(f"{where}: boot_spread_df = {d.boot_spread_df}; must be a number >= 1 (the "
-                          "degrees of freedom boot_spread was measured with: 3 for a guess)")
+    for name, default in (("boot_spread_df", "3 for a guess"), ("session_spread_df", "10 by default"),
+                          ("host_spread_df", "10 by default")):
+        value = getattr(d, name)
+        if math.isnan(value) or value < 1:
+            raise ConfigError(f"{where}: {name} = {value}; must be a number >= 1 or inf (how sure "
+                              f"{name[:-3]} is, in degrees of freedom: the units it was measured on less one, "
+                              f"{default}, inf for exact)")
     for name, what in (("spawn_mode_drop", "how much slower the slow spawn mode is: 0.5 = half as fast"),
                        ("spawn_mode_share", "the share of boots that land in the slow mode")):
         value = getattr(d, name)

@@ -31,6 +31,15 @@ PLACEHOLDERS = ("python", "model", "served_model_name", "host", "port", "tp")
 LEVELS: tuple[str, ...] = ("boot", "session", "host")
 
 
+# The evidence behind a declared spread, in degrees of freedom, where the deployment does not
+# state it (judge/levels.py pools a declaration with what the history measures, at declared +
+# measured df). The boot's: 3, a guess. The session's and host's: 10, the df at which a
+# declaration half the truth, with nothing measured to correct it, still fails about 1% of
+# unchanged comparisons at the gate's level (P(Z > t_10(0.99942) / 2) = 1.2%; 5.2% taken as
+# exact). ``inf``: the declaration is exact, the rule before declared df (docs/explanation/statistics.md).
+DEFAULT_BOOT_SPREAD_DF = 3.0
+DEFAULT_LEVEL_SPREAD_DF = 10.0
+
 # A directional verdict (REGRESSION, IMPROVEMENT) needs this many boots on the current side
 # (judge/stats.py); a comparison of profiles plans as many of each by default (settings.py).
 MIN_BOOTS_DIRECTIONAL = 2
@@ -38,12 +47,20 @@ MIN_BOOTS_DIRECTIONAL = 2
 
 @dataclass(frozen=True)
 class Spreads:
-    """The declared SD of each level's effect on a figure (fractions, 0.01 = 1%), carried whole
-    from the deployment to the comparison."""
+    """The declared SD of each level's effect on a figure (fractions, 0.01 = 1%), and how sure
+    each declaration is (its degrees of freedom, ``inf`` for exact), carried whole from the
+    deployment to the comparison."""
 
     boot: float
     session: float = 0.0
     host: float = 0.0
+    boot_df: float = DEFAULT_BOOT_SPREAD_DF
+    session_df: float = DEFAULT_LEVEL_SPREAD_DF
+    host_df: float = DEFAULT_LEVEL_SPREAD_DF
+
+    def df_of(self, level: str) -> float:
+        """The degrees of freedom of ``level``'s declaration."""
+        return float(getattr(self, f"{level}_df"))
 
     def by_level(self) -> tuple[tuple[str, float], ...]:
         """(level, spread) in LEVELS order."""
@@ -96,16 +113,19 @@ class Deployment:
     boot_spread: float = 0.01
     # The evidence behind ``boot_spread``, in degrees of freedom: 3 for a guess, the boots a
     # noise corpus measured it on otherwise (judge/in_session.py pools it with the boots' own).
-    boot_spread_df: float = 3.0
+    boot_spread_df: float = DEFAULT_BOOT_SPREAD_DF
     # Spawn modes (judge/in_session.py): a share ``spawn_mode_share`` of boots land in a mode
     # ``spawn_mode_drop`` slower (0.5: half as fast). 0: none declared.
     spawn_mode_drop: float = 0.0
     spawn_mode_share: float = 0.0
-    # The levels above the boot (judge/levels.py), declared, and a floor under what the history
-    # measures once it spans 3 sessions (hosts): the SD of a session's shared effect on every boot of it, and of a host's among
-    # hosts with the same fingerprint whose canaries agree.
+    # The levels above the boot (judge/levels.py), declared: the SD of a session's shared effect
+    # on every boot of it, and of a host's among hosts with the same fingerprint whose canaries
+    # agree. Each is pooled with what the history measures, and a floor under it.
     session_spread: float = 0.01
     host_spread: float = 0.02
+    # How sure each of the two is, in degrees of freedom (DEFAULT_LEVEL_SPREAD_DF; inf: exact).
+    session_spread_df: float = DEFAULT_LEVEL_SPREAD_DF
+    host_spread_df: float = DEFAULT_LEVEL_SPREAD_DF
     max_boots: int = 3
     # Host watch bounds (measure_bounds.HostBounds field names) overriding its defaults.
     host_bounds: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
@@ -145,7 +165,8 @@ class Deployment:
     @property
     def spreads(self) -> Spreads:
         """The declared spreads, one value: boot_spread, session_spread, host_spread."""
-        return Spreads(self.boot_spread, self.session_spread, self.host_spread)
+        return Spreads(self.boot_spread, self.session_spread, self.host_spread,
+                       self.boot_spread_df, self.session_spread_df, self.host_spread_df)
 
     def decode_floor_and_target(self, canary: Mapping[str, float] | None) -> tuple[float, float]:
         """The decode floor and target on a host whose canary read ``canary`` (the absolute ones

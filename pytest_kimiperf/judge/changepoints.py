@@ -13,8 +13,21 @@ shows alone is indistinguishable from it. Each candidate split of a segment is s
 standard error under the nested model the gate uses (levels.py): the boot level with weight
 1/n1 + 1/n2, and each level above it (session, host) with the weight its units give it, the
 same factor ``levels.weights_sq`` gives a run against a history. The best split is a step when
-its two-sided p-value, Bonferroni-corrected over the segment's candidate splits, is below
-:data:`STEP_ALPHA`; then each side is searched again.
+its two-sided p-value, Bonferroni-corrected over the history's candidate splits *and* over the
+run's histories, is below :data:`STEP_ALPHA`; then each side is searched again at the same
+threshold. So :data:`STEP_ALPHA` is the chance that a run whose histories hold no step reports
+one in any of them (the gate tests every gated metric's history of every profile: 24 for the
+shipped suite), not a budget per history re-spent at every split: under no step, a step is
+reported only when the first search of some history finds one, which the Bonferroni over the
+histories and the whole history's splits holds at :data:`STEP_ALPHA` (the sub-segments'
+candidates are a subset of the history's, searched at the history's threshold).
+
+The segment after a step is a selected one: the split is where the two sides differ most, so
+its mean is pushed away from the level before, most of all where no step is. It is used only
+with what makes it trustworthy: a step found at the run's corrected level, at least
+:data:`MIN_SEGMENT` sessions on each side, and the comparison then rests on that segment's own
+boots and sessions (its size, not the whole history's), with the session spread measured around
+every segment's level (:func:`segment_spreads`).
 
 Steps are looked for in a history of one host only: across hosts of one fingerprint the host
 level explains a difference (and the canary a large one); the corpus replay, whose histories
@@ -54,10 +67,13 @@ from pytest_kimiperf.judge.stats import t_quantile
 # Each side of a step holds at least this many sessions: one session after a step is an offset
 # of that session as much as a new level, and the gate judges a single slow session itself.
 MIN_SEGMENT = 2
-# The chance, per metric history without a step, that one is reported (Bonferroni over the
-# candidate splits of each segment searched). Apache Otava documents its p-value threshold of
-# 0.01 as about 1% false positives; ours is the same budget per metric.
+# The chance that a run whose histories hold no step reports one in any of them (Bonferroni over
+# the run's histories and each history's candidate splits). Apache Otava documents its p-value
+# threshold of 0.01 as about 1% false positives per series; ours is that budget per run.
 STEP_ALPHA = 0.01
+# The histories a run tests where the caller does not say: the shipped suite's gated metrics
+# under two profiles (12 x 2). The gate passes its own count (gate.Rules.family).
+DEFAULT_HISTORIES = 24
 # 1.4826 * MAD estimates an SD robustly; a difference of two boots has sqrt(2) times a boot's SD.
 _MAD_TO_SD = 1.4826
 
@@ -127,24 +143,25 @@ def _splits(boots: Sequence[BootSummary], keys: Sequence[str]) -> list[int]:
 
 
 def _segment(boots: Sequence[BootSummary], keys: Sequence[str], start: int, noise: Noise,
-             alpha: float) -> list[tuple[int, float, float]]:
+             alpha: float, candidates: int) -> list[tuple[int, float, float]]:
     """(index of the first boot after each step, change in log, z) within ``boots``, a segment
-    that starts at ``start`` in the history."""
+    that starts at ``start`` in the history; each split tested at ``alpha`` Bonferroni-corrected
+    over the whole history's ``candidates`` splits, at every depth of the search."""
     splits = _splits(boots, keys)
     if not splits:
         return []
     scored = [(_split_z(boots[:k], boots[k:], noise), k) for k in splits]
     (diff, z), k = max(scored, key=lambda s: (s[0][1], -s[1]))
-    if z < _threshold(len(splits), alpha, math.inf):
+    if z < _threshold(candidates, alpha, math.inf):
         return []
     # Confirmed against the noise left around the two segments' means, where it is more than
     # declared: a session spread declared too small must not make its sessions steps.
     wider, df = _residual_noise(boots[:k], boots[k:], noise)
     diff, z = _split_z(boots[:k], boots[k:], wider)
-    if z < _threshold(len(splits), alpha, df):
+    if z < _threshold(candidates, alpha, df):
         return []
-    return (_segment(boots[:k], keys[:k], start, noise, alpha) + [(start + k, diff, z)]
-            + _segment(boots[k:], keys[k:], start + k, noise, alpha))
+    return (_segment(boots[:k], keys[:k], start, noise, alpha, candidates) + [(start + k, diff, z)]
+            + _segment(boots[k:], keys[k:], start + k, noise, alpha, candidates))
 
 
 def _residual_noise(left: Sequence[BootSummary], right: Sequence[BootSummary], noise: Noise) -> tuple[Noise, float]:
@@ -176,9 +193,23 @@ def _contiguous(history: Sequence[BootSummary], modes: Modes) -> bool:
     return changes <= 1
 
 
-def find_steps(history: Sequence[BootSummary], *, spreads: Spreads, alpha: float = STEP_ALPHA) -> list[HistoryStep]:
+def history_alpha(histories: int, alpha: float = STEP_ALPHA) -> float:
+    """The level each of a run's ``histories`` is searched at, so that the run reports a step
+    where none is with at most ``alpha`` (Bonferroni over the histories)."""
+    if histories < 1:
+        raise ValueError(f"histories={histories!r}: a run searches at least one history")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha={alpha!r}: use a probability between 0 and 1")
+    return alpha / histories
+
+
+def find_steps(history: Sequence[BootSummary], *, spreads: Spreads, alpha: float = STEP_ALPHA,
+               histories: int = DEFAULT_HISTORIES) -> list[HistoryStep]:
     """The steps in ``history`` (oldest boot first), oldest step first: each with the boots
-    either side of it (label and commit) and the change of the level, a fraction."""
+    either side of it (label and commit) and the change of the level, a fraction. ``alpha`` is
+    the run's budget for a false step, shared by the run's ``histories``
+    (:func:`history_alpha`)."""
+    per_history = history_alpha(histories, alpha)
     boots = [b for b in history if b.usable]
     if len(boots) < 2 * MIN_SEGMENT or len({b.host for b in boots}) > 1:
         # A step is a change of one machine's level. Across hosts the host level explains a
@@ -194,13 +225,16 @@ def find_steps(history: Sequence[BootSummary], *, spreads: Spreads, alpha: float
         series = [_moved(b, main - (modes.low_center if id(b) in low else modes.high_center)) for b in boots]
     noise = history_noise(series, spreads)
     keys = [_session_key(b, i) for i, b in enumerate(series)]
-    found = _segment(series, keys, 0, noise, alpha)
+    candidates = len(_splits(series, keys))
+    if not candidates:
+        return []
+    found = _segment(series, keys, 0, noise, per_history, candidates)
     if found:
         # The whole history's sessions, each around its segment's level, may stray more than
         # declared: then the steps must stand out from that spread too.
         shown = _shown_session(series, [i for i, _, _ in found], spreads)
         if shown > noise.session:
-            found = _segment(series, keys, 0, Noise(noise.boot, shown, noise.host), alpha)
+            found = _segment(series, keys, 0, Noise(noise.boot, shown, noise.host), per_history, candidates)
     steps = []
     for index, _, z in found:
         # The change is the level's, between the neighbouring segments' means.
@@ -260,7 +294,7 @@ def segment_spreads(history: Sequence[BootSummary], steps: Sequence[HistoryStep]
         scale = math.sqrt(found.session.df / (found.session.df - fitted))
         session = max(session, math.expm1(found.session.sd_log * scale))
     # One host (find_steps looks for steps on one machine only): its host level is the declared one.
-    return Spreads(spreads.boot, session, spreads.host)
+    return replace(spreads, session=session)
 
 
 def _mean_log(boots: Sequence[BootSummary]) -> float:

@@ -28,6 +28,7 @@ from pytest_kimiperf.judge.power import plan, smallest_change, wants_another_boo
 from pytest_kimiperf.judge.verdicts import (
     BaselineLine, BaselineState, MetricResult, MissingBaselines, ResultWarning, TestResult, VerdictNote, WarningKind,
 )
+from pytest_kimiperf.judge.changepoints import DEFAULT_HISTORIES
 from pytest_kimiperf.judge.family import family_critical
 from pytest_kimiperf.judge.floors import FloorResult, floor_check
 from pytest_kimiperf.judge.boot_summary import BootSummary
@@ -49,10 +50,12 @@ def judge_metric(
     canary: Mapping[str, float] | None = None,
     placements: Sequence[str] | None = None,
     critical: float | None = None,
+    histories: int = DEFAULT_HISTORIES,
 ) -> tuple[Comparison | None, BaselineLine]:
     """Compare one metric's boots so far with the baseline's boot history; returns the
     comparison (if any) and the line about it. ``canary`` is this session's host canary;
-    ``placements`` the boots' spawn modes as the test's metrics placed them together."""
+    ``placements`` the boots' spawn modes as the test's metrics placed them together;
+    ``histories`` the run's histories that share its budget for a false step."""
     spreads = prior_spread if isinstance(prior_spread, Spreads) else Spreads(prior_spread)
     spec = metric_spec(result.metric)
     if view is None:
@@ -66,7 +69,7 @@ def judge_metric(
             comparison, line = against_history(result, entry, current=current, spreads=spreads, canary=canary,
                                                profile_env=profile_env, profile_args=profile_args,
                                                state=BaselineState.OTHER_VERSIONS, placements=placements,
-                                               critical=critical)
+                                               critical=critical, histories=histories)
             return comparison, dataclasses.replace(line, other=other.fingerprint.key, versions=tuple(versions))
         elsewhere = [(f, e) for f in view.other_files() if (e := f.entry(test, profile, result.metric))]
         if not elsewhere:
@@ -86,7 +89,7 @@ def judge_metric(
                                         hard=tuple(hard))
     return against_history(result, entry, current=current, spreads=spreads, canary=canary,
                            profile_env=profile_env, profile_args=profile_args, placements=placements,
-                           critical=critical)
+                           critical=critical, histories=histories)
 
 
 def missing_baselines(result: TestResult) -> list[BaselineLine]:
@@ -287,7 +290,8 @@ def judge(
         return judge_metric(mres, test=result.test, profile=result.profile, view=view, profile_env=result.profile_env,
                             profile_args=result.profile_args, current=current.summaries.get(mres.metric, []),
                             prior_spread=rules.spreads, canary=result.origin.canary if result.origin is not None else None,
-                            placements=placements, critical=rules.critical)
+                            placements=placements, critical=rules.critical,
+                            histories=rules.family or DEFAULT_HISTORIES)
 
     judged = [(mres, *against(mres)) for mres in result.metrics.values()]
     # A boot is in one spawn mode for every metric whose history splits alike (history.joint_placements).

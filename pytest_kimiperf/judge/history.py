@@ -19,7 +19,7 @@ from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.baseline_schema import BaselineEntry
 from pytest_kimiperf.judge.boot_summary import BootSummary
-from pytest_kimiperf.judge.changepoints import find_steps, last_segment, segment_spreads
+from pytest_kimiperf.judge.changepoints import DEFAULT_HISTORIES, find_steps, last_segment, segment_spreads
 from pytest_kimiperf.judge.levels import canary_shift, level_terms
 from pytest_kimiperf.judge.modes import (
     Modes, align_modes, find_modes, joint_modes, mode_frequency, own_sides, placements_of, split_key, to_sides,
@@ -36,7 +36,7 @@ def compare_with_history(
     current: Sequence[BootSummary], history: Sequence[BootSummary], *, direction: Direction,
     tolerance: float, spreads: Spreads, metric: str = "", unit: str = "", comparable: bool = True,
     segment: bool = True, steps: Sequence[HistoryStep] | None = None, placements: Sequence[str] | None = None,
-    critical: float | None = None,
+    critical: float | None = None, histories: int = DEFAULT_HISTORIES,
 ) -> Comparison:
     """This run's boots of one metric against a baseline history: the one comparison the gate
     and benchmarks/gate_power.py both make. Modes first (a history whose boots fall into two
@@ -48,9 +48,10 @@ def compare_with_history(
     ``placements`` each current boot's spawn mode as the test's metrics placed it together
     (:func:`joint_placements`), in place of this metric's own placing; ``critical`` the
     standard errors a direction needs (stats.GATE_CRITICAL where None; family.family_critical
-    for a run of a known size)."""
+    for a run of a known size); ``histories`` the run's histories that share the budget for a
+    false step (changepoints.history_alpha)."""
     if steps is None:
-        steps = history_steps(history, spreads=spreads, segment=segment)
+        steps = history_steps(history, spreads=spreads, segment=segment, histories=histories)
     if steps:
         spreads = segment_spreads(history, steps, spreads)
         history = last_segment(history, steps)
@@ -68,7 +69,7 @@ def compare_with_history(
 def _compare(current: Sequence[BootSummary], history: Sequence[BootSummary], direction: Direction, tolerance: float,
              spreads: Spreads, metric: str, unit: str, comparable: bool, critical: float | None = None) -> Comparison:
     return compare_boots(current, history, direction=direction, tolerance=tolerance, prior_spread=spreads.boot,
-                         metric=metric, unit=unit, comparable=comparable,
+                         prior_spread_df=spreads.boot_df, metric=metric, unit=unit, comparable=comparable,
                          levels=level_terms(current, history, spreads=spreads), critical=critical)
 
 
@@ -150,9 +151,11 @@ def joint_placements(comparisons: Sequence[Comparison | None]) -> dict[int, tupl
     return again
 
 
-def history_steps(history: Sequence[BootSummary], *, spreads: Spreads, segment: bool = True) -> list[HistoryStep]:
-    """The steps a run is judged after (none with ``segment=False``)."""
-    return find_steps(history, spreads=spreads) if segment else []
+def history_steps(history: Sequence[BootSummary], *, spreads: Spreads, segment: bool = True,
+                  histories: int = DEFAULT_HISTORIES) -> list[HistoryStep]:
+    """The steps a run is judged after (none with ``segment=False``), the run's false-step
+    budget shared by its ``histories``."""
+    return find_steps(history, spreads=spreads, histories=histories) if segment else []
 
 
 def judged_part(history: Sequence[T], summaries: Sequence[BootSummary], steps: Sequence[HistoryStep]) -> list[T]:
@@ -169,13 +172,13 @@ def against_history(
     result: MetricResult, entry: BaselineEntry, *, current: Sequence[BootSummary], spreads: Spreads,
     canary: Mapping[str, float] | None, profile_env: Mapping[str, str], profile_args: Sequence[str] = (),
     state: BaselineState = BaselineState.JUDGED, placements: Sequence[str] | None = None,
-    critical: float | None = None,
+    critical: float | None = None, histories: int = DEFAULT_HISTORIES,
 ) -> tuple[Comparison, BaselineLine]:
     """One metric's boots against one baseline entry's history, and "not comparable" when the
     host canary moved from the boots it is judged against (those since the history's last step)
     or the profile's environment or server arguments differ."""
     summaries = entry.summaries()
-    steps = history_steps(summaries, spreads=spreads)
+    steps = history_steps(summaries, spreads=spreads, histories=histories)
     judged = judged_part(entry.boots, summaries, steps)
     check = canary_shift(canary, [b.origin.canary for b in judged if b.origin is not None and b.origin.canary])
     same_env = dict(entry.profile_env) == dict(profile_env) and tuple(entry.profile_args) == tuple(profile_args)

@@ -6,9 +6,10 @@ firmware state) and sessions of one host share the host. A baseline recorded in 
 knows nothing of the session level, and every boot of the next run shares that run's session
 effect, so a comparison of the two must carry it: its uncertainty includes each level that the
 two sides do not share (:func:`level_terms`). Each level is declared per deployment
-(``boot_spread``, ``session_spread``, ``host_spread``); once the history spans :data:`MIN_UNITS`
-of its units it is measured (the method of moments of a nested random-effects model, below),
-and the larger of the two is used: the declaration is a floor.
+(``boot_spread``, ``session_spread``, ``host_spread``) with how sure it is (``*_spread_df``,
+degrees of freedom); the history's units measure it (the method of moments of a nested
+random-effects model, below), and the two are pooled at declared + measured df, the
+declaration a floor (:func:`history_level`).
 
 Hosts differ by more than a spread: two machines of one family ran the tiny-cpu server 2x apart
 under one fingerprint. The host canary (measure/canary.py) is stored with every boot; when this
@@ -19,6 +20,7 @@ run's canary moved beyond its noise from the history's (:func:`canary_shift`), t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -28,13 +30,14 @@ from pathlib import Path
 
 from scipy import stats as scipy_stats
 
-from pytest_kimiperf.config.deployments import Spreads
+from pytest_kimiperf.config.deployments import DEFAULT_LEVEL_SPREAD_DF, Spreads
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.notes import LevelSpread, SpreadSource
-from pytest_kimiperf.judge.stats import LevelTerm, estimate_spread
+from pytest_kimiperf.judge.stats import LevelTerm
+from pytest_kimiperf.judge.variance import boot_floor, pooled_variance, within_sessions
 
-# A level is measured once the history spans this many of its units (sessions, hosts); the
-# declared spread stays its floor (history_level says why).
+# The step search (changepoints.py) measures the session spread around its segments once the
+# history spans this many sessions; the gate pools any measured df with the declared ones.
 MIN_UNITS = 3
 # Interval quoted for a measured level.
 LEVEL_INTERVAL = 0.90
@@ -51,6 +54,8 @@ class Level:
     source: SpreadSource
     low: float = math.nan
     high: float = math.nan
+    # The larger of the declared and the measured SD, not pooled (stats.Spread.plain_sd_log).
+    plain_sd_log: float = math.nan
 
     @property
     def percent(self) -> float:
@@ -254,18 +259,18 @@ def weights_sq(current: Sequence[BootSummary], reference: Sequence[BootSummary],
     return sum((wc.get(u, 0) / len(current) - wr.get(u, 0) / len(reference)) ** 2 for u in {*wc, *wr})
 
 
-def history_level(reference: Sequence[BootSummary], name: str, declared: float, *, boot_var: float) -> Level:
+def history_level(reference: Sequence[BootSummary], name: str, declared: float, *, boot_var: float,
+                  declared_df: float = DEFAULT_LEVEL_SPREAD_DF) -> Level:
     """The ``session`` or ``host`` level as the reference history shows it: the declared spread,
-    taken as known, until the history spans :data:`MIN_UNITS` units; from then on the larger of
-    the declared and the measured spread (a measured one at its degrees of freedom). The
-    declaration is a floor the history can raise, never lower: the gate's critical value
-    (stats.GATE_CRITICAL) is calibrated on variances that are never below the truth, and a
-    spread measured over 10 sessions (9 df) is below 0.7 of the truth about one time in eight: with the
-    measured spread alone from 6 sessions on, a history of 10 sessions x 1 boot with the session
-    spread declared right (1%) failed 4.3% of unchanged sessions, against 1% budgeted
-    (benchmarks/gate_power.py --cells shapes). To gain power where the history shows a smaller
-    spread, declare the smaller spread. ``boot_var`` is the boot level's variance the comparison
-    uses, taken out of the spread of the units' means."""
+    a prior worth ``declared_df`` degrees of freedom, pooled with what the history's units
+    measure (stats.pooled_variance: df = declared + measured, the declaration a floor the
+    history can raise, never lower). A declaration is not exact: with the session spread taken
+    as known, a 2% session effect declared as 1% gave 17-56% of unchanged sessions a direction
+    (12.5-29% at 10 df: benchmarks/declared_spreads.py); at its df, the comparison's critical value is Student's t
+    (stats.critical_at), so a declaration held loosely widens the interval and the history's
+    own sessions pull the spread toward the truth. ``declared_df`` inf keeps the declaration
+    exact. ``boot_var`` is the boot level's variance the comparison uses, taken out of the
+    spread of the units' means."""
     if name not in ("session", "host"):
         raise ValueError(f"level {name!r}: use 'session' or 'host'")
     groups: dict[str, dict[str, list[float]]] = {}
@@ -275,18 +280,24 @@ def history_level(reference: Sequence[BootSummary], name: str, declared: float, 
     measured = found.session if name == "session" else found.host
     units = found.sessions if name == "session" else found.hosts
     prior = math.log1p(declared)
-    if units < MIN_UNITS or not math.isfinite(measured.sd_log) or measured.df <= 0:
-        # A declared spread is taken as known (infinite df).
-        return Level(name, prior, math.inf, SpreadSource(SpreadSource.DECLARED, name, declared=declared))
-    if measured.sd_log >= prior:
-        return replace_source(measured, SpreadSource(SpreadSource.MEASURED, name, count=units))
-    return Level(name, prior, math.inf, SpreadSource(SpreadSource.FLOOR, name, declared=declared,
-                                                     measured=math.expm1(measured.sd_log), count=units))
+    observed = math.isfinite(measured.sd_log) and measured.df > 0
+    sum_sq, df = (measured.sd_log ** 2 * measured.df, measured.df) if observed else (0.0, 0.0)
+    var, pooled_df = pooled_variance(prior ** 2, declared_df, sum_sq, df)
+    plain = max(prior, measured.sd_log) if observed else prior
+    if not observed or math.isinf(declared_df):
+        return Level(name, prior, pooled_df, SpreadSource(SpreadSource.DECLARED, name, declared=declared),
+                     plain_sd_log=plain)
+    if var > prior ** 2:
+        return Level(name, math.sqrt(var), pooled_df, SpreadSource(SpreadSource.MEASURED, name, count=units),
+                     measured.low, measured.high, plain_sd_log=plain)
+    return Level(name, prior, pooled_df, SpreadSource(SpreadSource.FLOOR, name, declared=declared,
+                                                      measured=math.expm1(measured.sd_log), count=units),
+                 plain_sd_log=plain)
 
 
 def replace_source(level: Level, source: SpreadSource) -> Level:
     """``level`` with another ``source``."""
-    return Level(level.name, level.sd_log, level.df, source, level.low, level.high)
+    return dataclasses.replace(level, source=source)
 
 
 def level_terms(current: Sequence[BootSummary], reference: Sequence[BootSummary], *,
@@ -298,14 +309,20 @@ def level_terms(current: Sequence[BootSummary], reference: Sequence[BootSummary]
     if not cur or not ref:
         return []
     terms = []
-    boot_var = estimate_spread(cur, ref, prior_sd_log=math.log1p(spreads.boot)).sd_log ** 2
+    # The boot level taken out of the spread of the units' means: the larger of its floor and
+    # what the boots measure, whatever df the boot declaration holds (pooling it here would let
+    # a surer boot declaration raise the session level, and widen the comparison).
+    sum_sq, df = within_sessions(cur, ref)
+    floor = boot_floor(cur, ref, math.log1p(spreads.boot))
+    boot_var = max(floor, sum_sq / df) if df > 0 else floor
     for name, declared in spreads.above_boot():
         weight = weights_sq(cur, ref, name)
         if weight <= 1e-12:
             continue
-        level = history_level(ref, name, declared, boot_var=boot_var)
+        level = history_level(ref, name, declared, boot_var=boot_var, declared_df=spreads.df_of(name))
         terms.append(LevelTerm(name, level.sd_log ** 2 * weight, level.df,
-                               LevelSpread(name, math.expm1(level.sd_log), level.source), weight))
+                               LevelSpread(name, math.expm1(level.sd_log), level.source), weight,
+                               level.plain_sd_log ** 2 * weight))
     return terms
 
 

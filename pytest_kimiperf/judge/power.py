@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from scipy import stats as scipy_stats
 
 from pytest_kimiperf.judge.stats import (
-    DETECTION_POWER, GATE_CRITICAL, MIN_BOOTS_DIRECTIONAL, Comparison, VerdictKind,
+    DETECTION_POWER, GATE_CRITICAL, MIN_BOOTS_DIRECTIONAL, Comparison, VerdictKind, critical_at, satterthwaite_df,
 )
 from pytest_kimiperf.judge.notes import Plan
 from pytest_kimiperf.numbers import is_real
@@ -154,19 +154,33 @@ def sessions_to_resolve(allowed: float, boot_var: float, levels: Sequence[tuple[
 
 
 def sessions_of_history(boot_spread: float, session_spread: float, boots: int, *, reference_boots: int,
-                        sessions: int, tolerance: float, goal: float, max_sessions: int = 200) -> int | None:
+                        sessions: int, tolerance: float, goal: float, max_sessions: int = 200,
+                        boot_df: float = math.inf, session_df: float = math.inf) -> int | None:
     """The fewest sessions of history (the ``sessions`` recorded, ``reference_boots`` boots over
     them, grown by one boot a session: a nightly append) at which ``boots`` boots of one new
     session convict a true ``goal`` beyond ``tolerance`` by the gate's rule with DETECTION_POWER.
     This run's own session effect is in every comparison, however long the history: None when
-    it alone leaves no room (or ``max_sessions`` cannot)."""
-    allowed = allowed_variance(goal, tolerance, critical=GATE_CRITICAL)
+    it alone leaves no room (or ``max_sessions`` cannot). ``boot_df`` and ``session_df``: how
+    sure the declarations are (the deployment's ``*_spread_df``); the gate's critical value is
+    then Student's t at the design's df (:func:`design_critical`), the declared and the
+    history's own together."""
     boot_var, session_var = math.log1p(boot_spread) ** 2, math.log1p(session_spread) ** 2
     for k in range(max(sessions, 1), max_sessions + 1):
         reference = reference_boots + k - sessions
-        if boot_var * (1.0 / boots + 1.0 / reference) + session_var * (1.0 + 1.0 / k) <= allowed:
+        parts = (boot_var * (1.0 / boots + 1.0 / reference), session_var * (1.0 + 1.0 / k))
+        critical = design_critical(parts[0], boot_df + (boots - 1) + max(reference - k, 0),
+                                   [(parts[1], session_df + k - 1)])
+        if sum(parts) <= allowed_variance(goal, tolerance, critical=critical):
             return k
     return None
+
+
+def design_critical(boot_var: float, boot_df: float, levels: Sequence[tuple[float, float]]) -> float:
+    """The gate's critical value (stats.GATE_CRITICAL, in standard errors of a known variance)
+    for a planned comparison whose boot part of variance ``boot_var`` rests on ``boot_df``
+    degrees of freedom and whose ``levels`` are ``(variance, df)``: Student's t at their
+    Satterthwaite df, as stats.compare_boots applies it."""
+    return critical_at(GATE_CRITICAL, satterthwaite_df([(boot_var, boot_df), *levels]))
 
 
 def plan(c: Comparison, *, target: float | None = None) -> Plan | None:

@@ -35,12 +35,13 @@ one-sided 84% bound beyond the tolerance, each level's share at 97.5%") spent al
 budget (0-0.7% of sessions) and caught 33-66% of changes twice the tolerance with 1-3 sessions
 of history. The critical value is chosen for the procedure as a whole (``--cells calibrate``:
 the history shapes users record, spreads declared as they are, 300 sessions a cell): 3.0 failed
-up to 2.0% of unchanged sessions, 3.25 at most 0.7% (1.3% on another seed, ``--cells shapes``). Variances taken as known at their floor is
-what makes a normal critical value hold: with the measured session spread alone from 6
-sessions on, 10 sessions of history failed 4.3% of sessions at 3.5. A slower build then fails
-58-97% of runs at twice the tolerance (both seeds), depending on the history and the session spread
-(benchmarks/README.md, "The gate's operating characteristic"); the plan says what history or
-boots would reach 90% where this does not. The price is at 0.8x the tolerance: a true change
+up to 2.0% of unchanged sessions, 3.25 at most 0.7% (1.3% on another seed, ``--cells shapes``),
+with the declared spreads then taken as exact. They are now priors at their stated df
+(judge/variance.py), and 3.25 is applied as Student's t at the difference's df with the same
+tail (variance.critical_at): an unchanged suite gets a direction in at most 0.2% of runs with
+the spreads declared right, and a slower build is convicted in 36-70% of comparisons at twice
+the tolerance with 1-10 sessions of history and 2 boots (benchmarks/README.md, "Declared
+spreads"); the plan says what history or boots would reach 90% where this does not. The price is at 0.8x the tolerance: a true change
 inside the tolerance is convicted in up to 4% of runs, where the bound rule convicted none. The
 90% equivalence interval is the usual TOST level (two one-sided 5% tests): "within" is a claim,
 so it gets the stricter level.
@@ -64,15 +65,14 @@ from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT, BootSummary
 from pytest_kimiperf.judge.notes import (
     LevelSpread, NeedsBoots, Note, SpreadSource, TooFewSamples, notes_from_json,
 )
+from pytest_kimiperf.judge.variance import (  # noqa: F401  (PRIOR_DF, Spread and t_quantile: imported from here too)
+    PRIOR_DF, Spread, critical_at, estimate_spread, satterthwaite_df, t_quantile,
+)
 from pytest_kimiperf.numbers import is_real
 
 EQUIVALENCE_CONFIDENCE = 0.90
 # Power at which the minimum detectable change is quoted ("detects changes of X% or more").
 DETECTION_POWER = 0.90
-# The declared boot spread's weight as evidence, in degrees of freedom, for the intervals
-# (Student's t): a guess, so "within +/-tol" on one boot a side needs a wide margin. The gate's
-# directional rule takes it as known (GATE_CRITICAL is calibrated with it so).
-PRIOR_DF = 3.0
 # REGRESSION (IMPROVEMENT): the estimate beyond the tolerance and the change this many standard
 # errors from none. Chosen for the procedure as a whole (benchmarks/gate_power.py --cells
 # calibrate): boots on demand, every gated metric of a session, levels and modes.
@@ -127,60 +127,6 @@ def leaning(verdict: VerdictKind) -> Leaning:
 
 
 @dataclass(frozen=True)
-class Spread:
-    """The between-boot spread a comparison used: SD of a boot's log-median, its degrees of
-    freedom, and where it came from (said next to every verdict)."""
-
-    sd_log: float
-    df: float
-    source: SpreadSource
-
-    @property
-    def percent(self) -> float:
-        """The spread as a percentage of the metric (exp(sd) - 1)."""
-        return (math.exp(self.sd_log) - 1.0) * 100.0
-
-
-def estimate_spread(
-    current: Sequence[BootSummary], reference: Sequence[BootSummary], *, prior_sd_log: float,
-) -> Spread:
-    """The boot level: the pooled SD of per-boot log-medians *within sessions* (boots of one
-    session share its effect, so only their spread around their own session's mean measures the
-    boot level; the session level is judge/levels.py's), where a session has 2+ boots. The
-    deployment's declared spread is its floor, taken as known: the boots can raise it, never
-    lower it (the gate's critical value is calibrated on variances never below the truth; a
-    spread measured on 5 degrees of freedom is below the truth more than half the time, and
-    below 0.6 of it one time in eight). Never below the boots' own within-boot error of the median
-    either (a spread smaller than that is chance)."""
-    if not (math.isfinite(prior_sd_log) and prior_sd_log >= 0):
-        raise ValueError(f"prior spread {prior_sd_log!r}: use a finite SD of log-medians >= 0 (0.01 means 1%)")
-    sum_sq = 0.0
-    df = 0.0
-    for side in (current, reference):
-        sessions: dict[str, list[float]] = {}
-        for b in side:
-            sessions.setdefault(b.session, []).append(math.log(b.median))
-        for logs in sessions.values():
-            if len(logs) >= 2:
-                mean = sum(logs) / len(logs)
-                sum_sq += sum((x - mean) ** 2 for x in logs)
-                df += len(logs) - 1
-    within = [b.se_log ** 2 for b in (*current, *reference) if math.isfinite(b.se_log)]
-    within_var = sum(within) / len(within) if within else 0.0
-    floor = prior_sd_log ** 2 + within_var
-    declared = math.expm1(prior_sd_log)
-    if df == 0:
-        return Spread(sd_log=math.sqrt(floor), df=PRIOR_DF, source=SpreadSource(SpreadSource.DECLARED, declared=declared))
-    measured = sum_sq / df
-    if measured > floor:
-        return Spread(sd_log=math.sqrt(measured), df=PRIOR_DF + df,
-                      source=SpreadSource(SpreadSource.MEASURED, sides=(len(current), len(reference))))
-    return Spread(sd_log=math.sqrt(floor), df=PRIOR_DF + df, source=SpreadSource(
-        SpreadSource.FLOOR, declared=declared, measured=math.expm1(math.sqrt(measured)), df=df,
-        sides=(len(current), len(reference))))
-
-
-@dataclass(frozen=True)
 class LevelTerm:
     """A level the two sides of a comparison do not share (sessions, hosts: judge/levels.py):
     the variance it adds to the difference of their mean log-figures, its degrees of freedom,
@@ -193,21 +139,9 @@ class LevelTerm:
     # var_log is the level's variance times this weight: sum over units of the difference of
     # the two sides' shares in it, squared (2 for one session against one other).
     weight: float = 1.0
-
-
-def satterthwaite_df(parts: Sequence[tuple[float, float]]) -> float:
-    """Welch-Satterthwaite degrees of freedom of a sum of variance estimates ``(var, df)``."""
-    total = sum(v for v, _ in parts)
-    denom = sum(v * v / d for v, d in parts if v > 0 and d > 0 and math.isfinite(d))
-    if total <= 0 or denom <= 0:
-        return min((d for _, d in parts), default=math.inf)
-    return total * total / denom
-
-
-@functools.lru_cache(maxsize=4096)
-def t_quantile(level: float, df: float) -> float:
-    """Student's t quantile (cached: the simulation asks for the same few thousands of times)."""
-    return float(scipy_stats.t.ppf(level, df))
+    # The larger of the declared and the measured variance (not pooled), times ``weight``: the
+    # weight this level's df carries in the Satterthwaite df. NaN: ``var_log``.
+    plain_var_log: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -295,7 +229,8 @@ class Comparison:
                 value = value.value
             elif name == "levels":
                 value = [{"name": t.name, "var_log": t.var_log, "df": t.df if math.isfinite(t.df) else None,
-                          "weight": t.weight, "level": t.level.to_dict()} for t in value]
+                          "weight": t.weight, "level": t.level.to_dict(),
+                          "plain_var_log": t.plain_var_log if math.isfinite(t.plain_var_log) else None} for t in value]
             elif name == "spread_source":
                 value = value.to_json() if value is not None else None
             elif name == "notes":
@@ -320,7 +255,9 @@ class Comparison:
             elif f.name == "levels":
                 values[f.name] = tuple(LevelTerm(str(t["name"]), float(t["var_log"]),
                                                  math.inf if t["df"] is None else float(t["df"]),
-                                                 LevelSpread.from_dict(t["level"]), float(t["weight"])) for t in raw)
+                                                 LevelSpread.from_dict(t["level"]), float(t["weight"]),
+                                                 math.nan if t.get("plain_var_log") is None else float(t["plain_var_log"]))
+                                       for t in raw)
             elif f.name == "spread_source":
                 values[f.name] = SpreadSource.from_fields(raw) if raw else None
             elif f.name == "notes":
@@ -345,6 +282,7 @@ def compare_boots(
     min_boots_directional: int = MIN_BOOTS_DIRECTIONAL,
     levels: Sequence[LevelTerm] = (),
     critical: float | None = None,
+    prior_spread_df: float = PRIOR_DF,
 ) -> Comparison:
     """Decide whether the ``current`` boots regressed, improved or held against ``reference``.
 
@@ -354,6 +292,11 @@ def compare_boots(
     but the verdict is NOT_COMPARABLE, so it is shown and never fails a test. ``levels`` are
     the levels above the boot that the sides do not share (judge/levels.level_terms): each adds
     its variance to the difference, which more boots of this session cannot shrink.
+    ``prior_spread_df`` is how sure ``prior_spread`` is (degrees of freedom; inf: exact).
+    ``critical`` (:data:`GATE_CRITICAL` where None) is in standard errors of a known variance;
+    the rule applies it at the difference's effective degrees of freedom (:func:`critical_at`,
+    Satterthwaite over the boot level and every level term), so a declaration held at a few df
+    widens the bounds instead of standing for an exact variance.
     """
     direction = Direction(direction)
     _check_unit_interval("tolerance", tolerance)
@@ -373,20 +316,30 @@ def compare_boots(
             bound_low=nan, bound_high=nan, ci_low=nan, ci_high=nan, spread_sd_log=nan, spread_df=nan,
             spread_source=None, se_log=nan, mdc=nan, verdict=VerdictKind.INSUFFICIENT_SAMPLES,
             notes=_insufficient_note(current, reference))
-    spread = estimate_spread(cur, ref, prior_sd_log=math.log1p(prior_spread))
-    reference_spread = estimate_spread((), ref, prior_sd_log=math.log1p(prior_spread))
+    spread = estimate_spread(cur, ref, prior_sd_log=math.log1p(prior_spread), prior_df=prior_spread_df)
+    reference_spread = estimate_spread((), ref, prior_sd_log=math.log1p(prior_spread), prior_df=prior_spread_df)
     mean_cur = sum(math.log(b.median) for b in cur) / len(cur)
     mean_ref = sum(math.log(b.median) for b in ref) / len(ref)
     d = mean_cur - mean_ref
     boot_var = spread.sd_log ** 2 * (1.0 / len(cur) + 1.0 / len(ref))
     fixed_var = sum(term.var_log for term in levels)
     se = math.sqrt(boot_var + fixed_var)
-    df = round(satterthwaite_df([(boot_var, spread.df), *((t.var_log, t.df) for t in levels)]), 2)
+    # Satterthwaite's df, each level weighed by its variance before pooling (the larger of the
+    # declared and the measured): weights that do not move with how sure a declaration is keep
+    # "declaring more df never widens the interval" true (tests/unit/test_declared_spreads.py);
+    # weighed by the pooled variances, a surer boot declaration shrank the boot's share and
+    # left a session level of 2 df to set the df, 1.5x wider bounds.
+    plain_boot_var = (spread.plain_sd_log if math.isfinite(spread.plain_sd_log) else spread.sd_log) ** 2 * (
+        1.0 / len(cur) + 1.0 / len(ref))
+    df = round(satterthwaite_df([(plain_boot_var, spread.df),
+                                 *((t.plain_var_log if math.isfinite(t.plain_var_log) else t.var_log, t.df)
+                                   for t in levels)]), 2)
     t_eq = t_quantile(1.0 - (1.0 - EQUIVALENCE_CONFIDENCE) / 2.0, df)
     # The gate's rule (GATE_CRITICAL): the estimate beyond the tolerance, and the change
     # beyond GATE_CRITICAL standard errors of the whole difference (boots and every level the
     # sides do not share), so that chance alone convicts no metric of a session.
-    crit = GATE_CRITICAL if critical is None else critical
+    z_crit = GATE_CRITICAL if critical is None else critical
+    crit = critical_at(z_crit, df)
     bound_low, bound_high = math.expm1(d - crit * se), math.expm1(d + crit * se)
     ci_low, ci_high = math.expm1(d - t_eq * se), math.expm1(d + t_eq * se)
     change = math.expm1(d)
@@ -399,7 +352,8 @@ def compare_boots(
     # Minimum detectable change for a design with at least the directional minimum of boots.
     k = max(len(cur), min_boots_directional)
     se_k = math.sqrt(spread.sd_log ** 2 * (1.0 / k + 1.0 / len(ref)) + fixed_var)
-    mdc = -math.expm1(-(max(band, crit * se_k) + _z(DETECTION_POWER) * se_k))
+    power_z = _z(DETECTION_POWER) if math.isinf(df) else t_quantile(DETECTION_POWER, df)
+    mdc = -math.expm1(-(max(band, crit * se_k) + power_z * se_k))
     enough = len(cur) >= min_boots_directional
     if not comparable:
         verdict = VerdictKind.NOT_COMPARABLE
@@ -422,7 +376,7 @@ def compare_boots(
         **common, median_current=_geomean(cur), median_reference=_geomean(ref), change=change,
         bound_low=bound_low, bound_high=bound_high, ci_low=ci_low, ci_high=ci_high,
         spread_sd_log=spread.sd_log, spread_df=spread.df, spread_source=spread.source, se_log=se,
-        mdc=mdc, verdict=verdict, notes=notes, confidence=float(scipy_stats.norm.cdf(crit)),
+        mdc=mdc, verdict=verdict, notes=notes, confidence=float(scipy_stats.norm.cdf(z_crit)),
         reference_spread_sd_log=reference_spread.sd_log, reference_spread_df=reference_spread.df)
 
 

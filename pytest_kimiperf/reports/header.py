@@ -101,7 +101,8 @@ def declarations_line(dep: Deployment) -> str:
     where = (f"from {dep.declared_from}" if dep.declared_from else
              f"as {dep.source} declares them (the defaults where it is silent)")
     return (f"kimiperf: declared for {dep.name}: boot spread {dep.boot_spread:.0%} ({dep.boot_spread_df:g} df), "
-            f"session {dep.session_spread:.0%}, host {dep.host_spread:.0%}; {modes}; {floor}; {where}")
+            f"session {dep.session_spread:.0%} ({dep.session_spread_df:g} df), host {dep.host_spread:.0%} "
+            f"({dep.host_spread_df:g} df); {modes}; {floor}; {where}")
 
 
 def fingerprint_lines(fingerprint: Fingerprint, baseline_file: Path, *, deployment: Deployment | None = None,

@@ -23,8 +23,8 @@ from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.judge.baseline_schema import BaselineFile, HistorySpan
 from pytest_kimiperf.judge.gate import control_reach
 from pytest_kimiperf.judge.in_session import InSessionRules
-from pytest_kimiperf.judge.power import sessions_of_history, smallest_change
-from pytest_kimiperf.judge.stats import DETECTION_POWER, GATE_CRITICAL
+from pytest_kimiperf.judge.power import design_critical, sessions_of_history, smallest_change
+from pytest_kimiperf.judge.stats import DETECTION_POWER
 
 HEADLINE_METRIC = "decode_tok_s"
 
@@ -89,15 +89,21 @@ def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:
         lines.append("  against the baseline: none recorded for this hardware yet (--kimiperf-update-baselines records one)")
     else:
         session_var = math.log1p(dep.session_spread) ** 2 * (1.0 + 1.0 / span.sessions)
-        beyond = smallest_change(dep.boot_spread, max(s.boots, 2), reference_boots=span.boots, tolerance=tolerance,
-                                 fixed_var=session_var, critical=GATE_CRITICAL)
+        boots = max(s.boots, 2)
+        # The gate's critical value at this design's df: the declarations' and the history's own.
+        critical = design_critical(math.log1p(dep.boot_spread) ** 2 * (1.0 / boots + 1.0 / span.boots),
+                                   dep.boot_spread_df + boots - 1 + max(span.boots - span.sessions, 0),
+                                   [(session_var, dep.session_spread_df + span.sessions - 1)])
+        beyond = smallest_change(dep.boot_spread, boots, reference_boots=span.boots, tolerance=tolerance,
+                                 fixed_var=session_var, critical=critical)
         lines.append(f"  against the baseline ({span.boots} boots over {span.sessions} session"
                      f"{'s' * (span.sessions != 1)}): a {label} regression of {beyond:.1%} or more is convicted "
                      f"beyond the {tolerance:.0%} tolerance ({power}, the session spread {dep.session_spread:.0%} "
                      "as declared; another host adds its own)")
         if beyond > 2 * tolerance and not s.control:
             lines.append("  " + history_advice(dep.boot_spread, dep.session_spread, max(s.boots, 2), span,
-                                               tolerance, label))
+                                               tolerance, label, boot_df=dep.boot_spread_df,
+                                               session_df=dep.session_spread_df))
             offer = control_offer(s, seconds, tolerance, label, rules)
             lines.extend(["  " + offer] if offer else [])
     return lines
@@ -121,11 +127,13 @@ def control_offer(s: Settings, seconds: float | None, tolerance: float, label: s
 
 
 def history_advice(boot_spread: float, session_spread: float, boots: int, span: HistorySpan, tolerance: float,
-                   label: str) -> str:
+                   label: str, *, boot_df: float = math.inf, session_df: float = math.inf) -> str:
     """What history would convict twice the tolerance with DETECTION_POWER
-    (``power.sessions_of_history``), or why none can: this run's own session effect."""
+    (``power.sessions_of_history``, at the declarations' df), or why none can: this run's own
+    session effect."""
     sessions = sessions_of_history(boot_spread, session_spread, boots, reference_boots=span.boots,
-                                   sessions=span.sessions, tolerance=tolerance, goal=2 * tolerance)
+                                   sessions=span.sessions, tolerance=tolerance, goal=2 * tolerance,
+                                   boot_df=boot_df, session_df=session_df)
     if sessions is not None:
         return (f"to convict a {label} regression of twice the tolerance ({2 * tolerance:.0%}) with {DETECTION_POWER:.0%}"
                 f" power, record the baseline over about {sessions} sessions (one boot each is enough: "

@@ -87,14 +87,15 @@ def test_a_noisy_run_whose_point_alone_is_beyond_half_the_tolerance_still_append
 def test_a_run_whose_own_boots_disagree_cannot_widen_the_guard_in_its_favour() -> None:
     # One CI run's boots of a slowed server, one the harness missed: 39.6 and 776 tok/s against
     # a recording of 1093. Their own spread made the verdict inconclusive (-84%, 90% CI
-    # -99.9..+3792%) and, widening the guard's margin as well, let the run append a boot 96%
+    # -99.9..+3792% with the spread they measured alone; -99..+157% pooled with the declared 18%
+    # at its 3 df) and, widening the guard's margin as well, let the run append a boot 96%
     # slower. The guard's spread is the history's.
     spec = metric_spec("decode_tok_s")
     ref = [BootSummary(median=1093.0, n=30, se_log=0.01, session="recorded")]
     cur = [BootSummary(median=m, n=30, se_log=0.01, session="now") for m in (39.57, 776.5)]
     mres = MetricResult("decode_tok_s", spec.unit, spec.direction.value, 0.25, [39.57] * 30)
     mres.baseline = compare_boots(cur, ref, direction=Direction.HIGHER_IS_BETTER, tolerance=0.25, prior_spread=0.18)
-    assert mres.baseline.verdict.value == "inconclusive" and mres.baseline.ci_high > 10  # type: ignore[union-attr]
+    assert mres.baseline.verdict.value == "inconclusive" and mres.baseline.ci_high > 1  # type: ignore[union-attr]
     assert mres.baseline.reference_spread_sd_log < 0.2 < mres.baseline.spread_sd_log  # type: ignore[union-attr]
     res = TestResult(test="t.py::test_decode", nodeid="t.py::test_decode[default]", profile="default",
                      deployment="d", scenario="s", boot=2)

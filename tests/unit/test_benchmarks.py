@@ -132,3 +132,24 @@ def test_the_mode_cells_judge_jointly_and_alone_and_a_run_always_in_the_slow_mod
     assert cell.false_regression_per_session.hits >= 1
     # A change to decode alone counts only the decode metrics as the ones to detect.
     assert gate_power.first_metrics() == [0, 3, 4, 6, 8]
+
+
+def test_the_suite_aa_run_counts_both_profiles_against_their_histories_and_against_each_other() -> None:
+    suite_aa = _load("suite_aa")
+    gate_power = sys.modules["gate_power"]
+    from pytest_kimiperf.judge.in_session import InSessionRules
+
+    world = gate_power.World(gate_power.Noise(0.01, 0.02, 0.005, session_sd=0.01, history_sessions=3,
+                                              history_boots=6), np.random.default_rng(2))
+    rules = gate_power.Rules(0.03, gate_power.Spreads(0.01, 0.01, 0.02), 3, boots=2)
+    runs = [suite_aa.suite_run(world, rules, 6, InSessionRules(boot_spread=0.01)) for _ in range(3)]
+    # 2 profiles x the 10 gated metrics of gate_power's suite against their histories; seeded:
+    # these three runs, unchanged and declared as they are, get no direction.
+    assert all(comparisons == 2 * sum(gate_power.TESTS) == 20 for _, _, _, comparisons in runs)
+    assert not any(gate or profile for gate, profile, _, _ in runs)
+
+
+def test_the_declared_spread_cells_cover_every_truth_and_shape() -> None:
+    declared_spreads = _load("declared_spreads")
+    labels = [c.label for c in declared_spreads.cells()]
+    assert len(labels) == 9 and labels[4] == "session 2% (declared 1%); 3 x 2"

@@ -40,7 +40,7 @@ def test_tiny_cpus_floor_and_target_follow_the_hosts_canary() -> None:
 
 def test_the_header_says_what_the_verdicts_rest_on_and_where_it_was_declared() -> None:
     assert declarations_line(TINY_CPU) == (
-        "kimiperf: declared for tiny-cpu: boot spread 18% (15 df), session 20%, host 15%; spawn modes 50% "
+        "kimiperf: declared for tiny-cpu: boot spread 18% (15 df), session 20% (10 df), host 15% (10 df); spawn modes 50% "
         "slower in 10% of boots; decode floor / target 7 / 20 tok/s per Mops of this host's canary; from the "
         "noise corpus (benchmarks/data/noise): 56 quiet boots, 11 sessions, 8 hosts (canary 10.7-28 Mops, decode "
         "241-1285 tok/s per boot)")

@@ -3,6 +3,8 @@ asymmetric tolerance; a change beyond what the modes explain still gets one."""
 
 from __future__ import annotations
 
+import math
+
 import dataclasses
 
 import pytest
@@ -114,6 +116,13 @@ def test_the_deployment_declares_the_rules_and_a_table_can_set_them() -> None:
     assert InSessionRules.of(mine).modes == SpawnModes(0.3, 0.2) and mine.boot_spread_df == 12.0
 
 
+def test_how_sure_each_declared_spread_is_reaches_the_comparison() -> None:
+    mine = resolve_deployments({"mine": {"extends": "kimi-k25-int4-tp8", "session_spread_df": 4,
+                                         "host_spread_df": float("inf")}}, source="pyproject.toml")["mine"]
+    assert (mine.spreads.boot_df, mine.spreads.session_df, mine.spreads.host_df) == (3.0, 4.0, math.inf)
+    assert resolve_deployments({"d": {"extends": "kimi-k25-int4-tp8"}}, source="x")["d"].spreads.session_df == 10.0
+
+
 @pytest.mark.parametrize(("table", "message"), [
     ({"spawn_mode_drop": 0.3, "spawn_mode_share": 0.0},
      "pyproject.toml [deployments.x]: spawn_mode_drop = 0.3 and spawn_mode_share = 0.0; declare both (modes) or neither"),
@@ -121,8 +130,14 @@ def test_the_deployment_declares_the_rules_and_a_table_can_set_them() -> None:
      "pyproject.toml [deployments.x]: spawn_mode_drop = 1.5; must be a fraction >= 0 and below 1 (how much slower "
      "the slow spawn mode is: 0.5 = half as fast; 0: no modes)"),
     ({"boot_spread_df": 0.5},
-     "pyproject.toml [deployments.x]: boot_spread_df = 0.5; must be a number >= 1 (the degrees of freedom "
-     "boot_spread was measured with: 3 for a guess)"),
+     "pyproject.toml [deployments.x]: boot_spread_df = 0.5; must be a number >= 1 or inf (how sure boot_spread "
+     "is, in degrees of freedom: the units it was measured on less one, 3 for a guess, inf for exact)"),
+    ({"session_spread_df": 0},
+     "pyproject.toml [deployments.x]: session_spread_df = 0.0; must be a number >= 1 or inf (how sure "
+     "session_spread is, in degrees of freedom: the units it was measured on less one, 10 by default, inf for exact)"),
+    ({"host_spread_df": float("nan")},
+     "pyproject.toml [deployments.x]: host_spread_df = nan; must be a number >= 1 or inf (how sure "
+     "host_spread is, in degrees of freedom: the units it was measured on less one, 10 by default, inf for exact)"),
 ])
 def test_bad_mode_declarations_are_usage_errors_naming_the_value(table: dict[str, float], message: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -73,8 +73,8 @@ def test_a_few_sessions_that_happen_to_agree_never_undercut_the_declared_spread(
     history = [boot(100.0 + 0.01 * i, f"s{i % 3}") for i in range(9)]
     level = history_level(history, "session", 0.02, boot_var=0.0001)
     assert level.sd_log == pytest.approx(math.log1p(0.02))
-    # the declared floor is taken as known, as with fewer sessions
-    assert level.df == math.inf and level.source.how == SpreadSource.FLOOR
+    # the declared floor, at its 10 df and the 2 the three sessions measured
+    assert level.df == 10 + 2 and level.source.how == SpreadSource.FLOOR
     # and however many sessions agree: the declaration is a floor, lowered only by declaring less
     many = [boot(100.0 + 0.01 * i, f"s{i % 40}") for i in range(80)]
     level = history_level(many, "session", 0.02, boot_var=0.0001)

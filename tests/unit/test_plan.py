@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+from scipy import stats as scipy_stats
 
 from pytest_kimiperf.config.options import OPTIONS
 from pytest_kimiperf.config.settings import RawOption, build_settings
@@ -74,12 +75,17 @@ def test_against_a_history_the_plan_says_what_regression_it_convicts_and_the_rec
     assert lines[1] == "  boots: 1 profile (default) x 1 = 1 boot, up to 3 with boots on demand (3 per profile)"
     assert lines[2] == ("  loading: 28 min a boot (the median of 2 recorded boots (boot_ready_s)): 28 min of loading, "
                         "up to 1 h 22 min")
-    beyond = smallest_change(0.01, 2, reference_boots=3, tolerance=0.03, fixed_var=math.log1p(0.01) ** 2 * 2,
-                             critical=GATE_CRITICAL)
-    # By hand: the gate convicts an estimate beyond the tolerance and GATE_CRITICAL standard errors
-    # from zero; 90% power puts the true change 1.2816 standard errors beyond that.
-    se = math.log1p(0.01) * math.sqrt(1 / 2 + 1 / 3 + 2)
-    assert beyond == pytest.approx(math.expm1(max(math.log1p(0.03), GATE_CRITICAL * se) + 1.2816 * se), rel=1e-4)
+    # By hand: the gate convicts an estimate beyond the tolerance and its critical value in
+    # standard errors from zero, GATE_CRITICAL's tail at the design's Satterthwaite df (the boot
+    # declaration's 3 df, the current 2 boots' 1 and the history's 3 boots in one session's 2;
+    # the session declaration's 10, one session of history measuring none); 90% power puts the
+    # true change 1.2816 standard errors beyond that.
+    boot_var, session_var = math.log1p(0.01) ** 2 * (1 / 2 + 1 / 3), math.log1p(0.01) ** 2 * 2
+    df = (boot_var + session_var) ** 2 / (boot_var ** 2 / 6 + session_var ** 2 / 10)
+    critical = float(scipy_stats.t.isf(scipy_stats.norm.sf(GATE_CRITICAL), df))
+    se = math.sqrt(boot_var + session_var)
+    beyond = smallest_change(0.01, 2, reference_boots=3, tolerance=0.03, fixed_var=session_var, critical=critical)
+    assert beyond == pytest.approx(math.expm1(max(math.log1p(0.03), critical * se) + 1.2816 * se), rel=1e-4)
     assert lines[3] == (f"  against the baseline (3 boots over 1 session): a decode regression of {beyond:.1%} "
                         "or more is convicted beyond the 3% tolerance (90% power, the session spread 1% as declared; "
                         "another host adds its own)")

@@ -114,7 +114,9 @@ def view(tmp_path: Path) -> baselines.BaselineView:
     """A baseline file holding the default profile only (ring-ll has no baseline)."""
     stored = FINGERPRINT
     base = measured("default", decode=81.4, itl=12.3, ttft=40.0, seed=100)
-    base.metrics["ttft_ms"].samples = samples(102, 36.0, 0.02)  # today's TTFT is ~11% slower
+    # today's TTFT is ~21% slower: a REGRESSION on 2 boots against 1 even with the boot spread
+    # declared at its default 3 df (t at 4 df puts the bound 8.3 standard errors out)
+    base.metrics["ttft_ms"].samples = samples(102, 33.0, 0.02)
     entries, not_recorded = baselines.baseline_entries([base], git_commit=None)
     assert not_recorded == []
     path = baselines.baseline_path(tmp_path, "tiny-cpu", FINGERPRINT.key)

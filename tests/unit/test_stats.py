@@ -68,7 +68,7 @@ def test_two_boots_beyond_the_tolerance_bound_are_a_regression_that_says_what_it
     assert c.boots_current == 2 and c.boots_reference == 10 and c.n_current == 40
     assert c.change < -0.03 and c.bound_high < 0
     msg = comparison_line(c)
-    assert msg.startswith("decode tok/s: REGRESSION -7.0% (beyond the 3% tolerance, and its 99.94% bound -4.3% excludes zero")
+    assert msg.startswith("decode tok/s: REGRESSION -7.0% (beyond the 3% tolerance, and its 99.94% bound -3.6% excludes zero")
     assert "2 boots (40 samples) vs 10 reference boots; boot spread 1.1% (declared 1%; 2 + 10 boots measured 0.64%)" in msg
 
 
@@ -119,8 +119,11 @@ def test_each_region_of_point_interval_and_tolerance_has_the_name_of_what_it_sho
     assert loud.unresolved_beyond_tolerance
     assert "inconclusive (-30.0% is beyond the 25% tolerance, but the 90% CI" in comparison_line(loud)
     assert "% holds zero; 1 boot" in comparison_line(loud)
-    # One boot wholly beyond the tolerance: changed, but one boot can screen, never convict.
-    screened = compare_boots(boots(50.0), boots(100.0), direction=HIGHER, tolerance=0.25, prior_spread=0.05)
+    # One boot wholly beyond the tolerance: changed, but one boot can screen, never convict
+    # (against four reference boots: their 3 measured df with the declaration's 3 put the bound
+    # beyond zero; one boot a side, at 3 df, is not even that: t_3 at 99.94% is 12.3 SEs).
+    screened = compare_boots(boots(50.0), boots(100.0, 100.2, 99.8, 100.1), direction=HIGHER, tolerance=0.25,
+                             prior_spread=0.05)
     assert screened.ci_high < -0.25 and screened.verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED
     assert screened.unresolved_beyond_tolerance and not screened.failed
     assert "excludes zero and lies beyond the 25% tolerance" in comparison_line(screened)
@@ -134,7 +137,11 @@ def test_the_declared_spread_is_a_floor_the_boots_can_raise_but_never_lower() ->
     many = estimate_spread(boots(100), boots(*[100, 100.1] * 20), prior_sd_log=0.05)
     assert many.sd_log == pytest.approx(0.05, rel=0.01) and many.source.how == SpreadSource.FLOOR
     wide = estimate_spread(boots(100), boots(*[100, 120] * 3), prior_sd_log=0.05)
-    assert wide.sd_log > 0.09 and wide.df == 3 + 5 and say(wide.source) == "measured over 1 + 6 boots"
+    # pooled with the declaration at its 3 df: (3 * floor + the 5 df's sum of squares) / 8
+    floor = 0.05 ** 2 + 0.005 ** 2
+    sum_sq = 6 * (math.log(120) - math.log(100)) ** 2 / 4
+    assert wide.sd_log == pytest.approx(math.sqrt((3 * floor + sum_sq) / 8))
+    assert wide.sd_log > 0.08 and wide.df == 3 + 5 and say(wide.source) == "measured over 1 + 6 boots"
     alone = estimate_spread(boots(100), boots(100), prior_sd_log=0.05)
     assert alone.source.how == SpreadSource.DECLARED and alone.df == 3
 

@@ -92,8 +92,9 @@ def gate_cases(draw: st.DrawFn) -> GateCase:
     host = draw(st.sampled_from(sorted({b.host for b in history}) + ["new"]))
     level = draw(st.floats(-0.4, 0.4))
     current = tuple(boot(100.0 * math.exp(level + draw(st.floats(-0.03, 0.03))), "now", host) for _ in range(k))
+    declared_df = st.sampled_from([1.0, 3.0, 10.0, 50.0, math.inf])
     spreads = Spreads(draw(fractions), draw(st.sampled_from([0.0, 0.005, 0.01, 0.02])),
-                      draw(st.sampled_from([0.0, 0.01, 0.02])))
+                      draw(st.sampled_from([0.0, 0.01, 0.02])), draw(declared_df), draw(declared_df), draw(declared_df))
     return GateCase(history, current, spreads, draw(st.floats(0.01, 0.3)), draw(st.sampled_from([HIGHER, LOWER])))
 
 
