@@ -33,7 +33,8 @@ from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
 from pytest_kimiperf.judge.boot_summary import BootSummary  # noqa: E402
 from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session  # noqa: E402
 from pytest_kimiperf.judge.notes import BootsForWithin  # noqa: E402
-from pytest_kimiperf.judge.sequential import SequentialPlan, run_sequentially  # noqa: E402
+from pytest_kimiperf.judge.sequential import run_sequentially  # noqa: E402
+from pytest_kimiperf.judge.spending import SequentialPlan  # noqa: E402
 from pytest_kimiperf.judge.stats import VerdictKind, band_log  # noqa: E402
 
 HIGHER = Direction.HIGHER_IS_BETTER

@@ -43,8 +43,7 @@ from pytest_kimiperf.config.deployments import Deployment
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.notes import BootsForWithin, BootsToDecide, DeclaredModes, Note, SpreadSource
-from pytest_kimiperf.judge import sequential
-from pytest_kimiperf.judge.sequential import SequentialPlan
+from pytest_kimiperf.judge.spending import SequentialPlan
 from pytest_kimiperf.judge.stats import (
     DETECTION_POWER,
     EQUIVALENCE_CONFIDENCE,
@@ -80,6 +79,8 @@ MODE_WEIGHT_IGNORED = 0.01
 MAX_PLANNED_BOOTS = 8
 # Boots a side beyond which the mode assignments are not enumerated one by one (2**k each).
 MAX_ENUMERATED_BOOTS = 12
+# The verdicts that answer a profile comparison's question: a direction, or "within".
+DECIDED = (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT, VerdictKind.WITHIN_TOLERANCE)
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ class InSessionRules:
     boot_spread_df: float = 3.0
     modes: SpawnModes = SpawnModes()
     alpha: float = IN_SESSION_ALPHA
-    # Boots booked on demand (judge/sequential.py): each look's levels spend part of ``alpha``
+    # Boots booked on demand (judge/sequential.py, judge/spending.py): each look's levels spend part of ``alpha``
     # and of the TOST's 5%, so that booking until a verdict keeps both rates. None: one look.
     plan: SequentialPlan | None = None
 
@@ -284,12 +285,12 @@ def compare_in_session(
     change = math.expm1(sign * fit.d)
     notes: list[Note] = [DeclaredModes(rules.modes.drop, rules.modes.slow_share)] if rules.modes.declared else []
     have = min(len(cur), len(ref))
-    if rules.plan is not None and not rules.plan.final(have) and verdict not in sequential.DECIDED:
+    if rules.plan is not None and not rules.plan.final(have) and verdict not in DECIDED:
         pass  # an early look of boots on demand: the session books the next boot a side
     elif verdict in (VerdictKind.CHANGED_SIZE_UNRESOLVED, VerdictKind.INCONCLUSIVE) and abs(fit.d) > band:
         needed = boots_to_decide(fit.d, fit.sd, band, rules)
         notes.append(BootsToDecide(needed, MAX_PLANNED_BOOTS, have_them=needed is not None and needed <= have))
-    elif verdict not in sequential.DECIDED:
+    elif verdict not in DECIDED:
         notes.append(BootsForWithin(boots_for_within(fit.d, fit.sd, band, rules), have, MAX_PLANNED_BOOTS))
     source = (SpreadSource(SpreadSource.DECLARED, declared=rules.boot_spread, whole=True)
               if fit.sd <= math.log1p(rules.boot_spread) + 1e-12

@@ -246,8 +246,8 @@ def _(note: BootsToDecide) -> str:
 @say.register
 def _(note: BootsForWithin) -> str:
     if note.needed is None:
-        return (f"no number of boots up to {note.max_boots} a side would show it within the tolerance: "
-                "the change these boots show is too near the band's edge")
+        return (f"no number of boots up to {note.max_boots} a side would show it within the tolerance, "
+                "at the change and spread these boots show")
     if note.needed <= note.have:
         return "the boots' own spread is what keeps it from \"within\""
     more = note.needed - note.have

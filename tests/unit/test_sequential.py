@@ -3,6 +3,7 @@ the rule that stops or books, with the properties every session's booking must k
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import replace
 
@@ -15,11 +16,11 @@ from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.in_session import IN_SESSION_ALPHA, InSessionRules, compare_in_session
 from pytest_kimiperf.judge.notes import BootsForWithin
-from pytest_kimiperf.judge.sequential import (
-    OBRIEN_FLEMING, POCOCK, SequentialPlan, Step, boundaries, next_step, run_sequentially, spent,
-)
+from pytest_kimiperf.judge.sequential import Step, next_step, profiles_to_book, run_sequentially, session_plan
+from pytest_kimiperf.judge.spending import OBRIEN_FLEMING, POCOCK, SequentialPlan, boundaries, spent
 from pytest_kimiperf.judge.stats import Leaning, VerdictKind, band_log, leaning
 from pytest_kimiperf.reports.sentences import say
+from tests.helpers import BENCHMARKS
 
 HIGHER = Direction.HIGHER_IS_BETTER
 KIMI = InSessionRules(boot_spread=0.01, boot_spread_df=3.0)
@@ -182,8 +183,11 @@ def test_booking_on_demand_never_flips_a_direction_and_only_makes_a_claim_harder
 def test_the_rates_hold_across_looks_in_a_seeded_simulation() -> None:
     # The benchmark's cells (benchmarks/seed_answer.py), small: at the band's edge "within" in at
     # most 5% of sessions; with no change, a direction in none of them; the seed's case within.
-    from benchmarks.seed_answer import run_cell
-
+    spec = importlib.util.spec_from_file_location("bench_seed_answer", BENCHMARKS / "seed_answer.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    run_cell = bench.run_cell
     plan = SequentialPlan(2, 6)
     band = band_log(0.03)
     edge = run_cell("edge", -band, plan, trials=250, seed=7)
@@ -193,3 +197,22 @@ def test_the_rates_hold_across_looks_in_a_seeded_simulation() -> None:
     seed = run_cell("seed", math.log1p(0.006), plan, trials=250, seed=9)
     assert seed.within >= 0.90 and seed.direction == 0.0
     assert seed.mean_boots < 6
+
+
+def test_a_round_books_the_undecided_profiles_and_the_reference_once_every_profile_measured_it() -> None:
+    rules = _planned(SequentialPlan(2, 4))
+    decided, undecided = boots(100.1, 100.0), boots(101.2, 101.7)
+    ref = boots(100.0, 100.1)
+    kwargs = dict(direction=HIGHER, tolerance=0.03, rules=rules)
+    assert profiles_to_book({"default": ref, "ring-ll": decided, "tree": undecided}, "default", **kwargs) == (
+        "default", "tree")
+    assert profiles_to_book({"default": ref, "ring-ll": decided}, "default", **kwargs) == ()
+    assert profiles_to_book({"default": ref, "ring-ll": []}, "default", **kwargs) == ()
+    assert profiles_to_book({"default": ref, "tree": undecided}, "default", direction=HIGHER, tolerance=0.03,
+                            rules=KIMI) == ()  # no plan: nothing on demand
+
+
+def test_only_a_comparison_of_profiles_books_on_demand() -> None:
+    assert session_plan(profiles=2, boots=2, max_boots=6, control=False) == SequentialPlan(2, 6)
+    assert session_plan(profiles=1, boots=2, max_boots=6, control=False) is None
+    assert session_plan(profiles=2, boots=2, max_boots=6, control=True) is None  # the gate's rule

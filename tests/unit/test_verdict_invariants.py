@@ -25,7 +25,7 @@ from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.history import compare_with_history
 from pytest_kimiperf.judge.in_session import InSessionRules, SpawnModes, compare_in_session
 from pytest_kimiperf.judge.notes import HistoryModes
-from pytest_kimiperf.judge.sequential import SequentialPlan
+from pytest_kimiperf.judge.spending import SequentialPlan
 from pytest_kimiperf.judge.stats import (
     EQUIVALENCE_CONFIDENCE, Comparison, Leaning, VerdictKind, band_log, leaning,
 )
