@@ -88,7 +88,7 @@ def run_cell(label: str, shift: float, plan: SequentialPlan, *, trials: int, see
                 key = "none" if note.needed is None else f"+{max(note.needed - note.have, 0)}"
                 more[key] = more.get(key, 0) + 1
     return Cell(label, trials, within / trials, direction / trials, right / trials,
-                float(np.mean(boots)), float(np.percentile(boots, 90)), more)
+                float(np.mean(boots)), float(np.percentile(boots, 90, method="inverted_cdf")), more)
 
 
 def table(args: argparse.Namespace) -> list[Cell]:
