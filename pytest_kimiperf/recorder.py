@@ -26,6 +26,8 @@ from pytest_kimiperf.measure.server_view import run_cross_checks
 from pytest_kimiperf.measure.watched import WatchedRun, measure_watched
 from pytest_kimiperf.judge.baselines import BaselineView
 from pytest_kimiperf.judge.gate import FLOOR_METRIC, BootRun, Rules, judge
+from pytest_kimiperf.judge.in_session import InSessionRules
+from pytest_kimiperf.judge.sequential import profiles_to_book, session_plan
 from pytest_kimiperf.judge.notes import Said
 from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.reports.sentences import failure_message
@@ -265,7 +267,33 @@ class PerfRecorder:
             if judgement.recorded is not None:
                 record.add(self.boot, judgement.recorded)
             record.wants_boot = judgement.wants_boot
+            self._book_for_profiles(metrics, run, judgement.result)
         return judgement.result
+
+    def _book_for_profiles(self, metrics: Sequence[str], run: RunResult, result: TestResult) -> None:
+        """Boots on demand for the profile comparison (judge/sequential.py): once every profile
+        has measured this test on this boot, one more boot of each profile whose comparison of
+        the test's primary metric is undecided at this look, and of the reference."""
+        s = self.settings
+        plan = session_plan(profiles=len(s.profiles), boots=s.boots, max_boots=s.max_boots, control=s.control)
+        if plan is None or not metrics or self.boot >= plan.cap:
+            return
+        metric = primary_metric(str(run.load.get("kind", "")), list(metrics))
+        records = {p.name: self.ledger.of(self.test, p.name) for p in self.settings.profiles}
+        if any(self.boot not in record.boots for record in records.values()):
+            return  # the round is not complete (or a boot of it failed): nothing to compare yet
+        spec = metric_spec(metric)
+        booked = profiles_to_book({name: record.summaries.get(metric, []) for name, record in records.items()},
+                                  self.settings.reference_profile.name, direction=spec.direction,
+                                  tolerance=self.tolerance(metric),
+                                  rules=InSessionRules.of(self.settings.deployment, plan=plan))
+        for name in booked:
+            records[name].wants_boot = max(records[name].wants_boot or 0, self.boot + 1)
+        if booked:
+            result.messages.append(Said(
+                f"profiles: {spec.label} undecided at {self.boot} boots a profile (within the tolerance or a "
+                f"direction, at this look's share of the error budget); boot {self.boot + 1} of "
+                f"{', '.join(booked)} booked (at most {plan.cap})"))
 
     def _boot_samples(self, metric: str) -> list[float]:
         """A boot metric's one sample: this boot's seconds to ready, or in one phase of it. None

@@ -42,8 +42,10 @@ from scipy import stats as scipy_stats
 from pytest_kimiperf.config.deployments import Deployment
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boot_summary import BootSummary
-from pytest_kimiperf.judge.notes import BootsToDecide, DeclaredModes, Note, SpreadSource
+from pytest_kimiperf.judge.notes import BootsForWithin, BootsToDecide, DeclaredModes, Note, SpreadSource
+from pytest_kimiperf.judge.spending import SequentialPlan
 from pytest_kimiperf.judge.stats import (
+    DETECTION_POWER,
     EQUIVALENCE_CONFIDENCE,
     MIN_BOOTS_DIRECTIONAL,
     Comparison,
@@ -65,7 +67,10 @@ IN_SESSION_ALPHA = 0.005
 # stats.EQUIVALENCE_CONFIDENCE) inside the band, as bioequivalence claims it. A claim gets the
 # conventional level; where 2 boots a side cannot reach it, the answer is more boots.
 EQUIVALENCE_LEVEL = 1.0 - (1.0 - EQUIVALENCE_CONFIDENCE) / 2.0
-# The two-sided interval every row shows, "within" rows included: the gate's.
+EQUIVALENCE_ALPHA = 1.0 - EQUIVALENCE_LEVEL
+# The two-sided interval every row shows, "within" rows included: the gate's. Under boots on
+# demand a "within" row's interval is the repeated confidence interval at that look (Jennison &
+# Turnbull 2000, ch. 9): wider than the look's fixed 90%, and covering at 90% over every look.
 WITHIN_INTERVAL = EQUIVALENCE_CONFIDENCE
 INTERVAL_LEGEND = f"{EQUIVALENCE_CONFIDENCE * 100:g}% CI"
 # A mode assignment whose posterior weight is below this is ignored by the "within" claim.
@@ -74,6 +79,8 @@ MODE_WEIGHT_IGNORED = 0.01
 MAX_PLANNED_BOOTS = 8
 # Boots a side beyond which the mode assignments are not enumerated one by one (2**k each).
 MAX_ENUMERATED_BOOTS = 12
+# The verdicts that answer a profile comparison's question: a direction, or "within".
+DECIDED = (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT, VerdictKind.WITHIN_TOLERANCE)
 
 
 @dataclass(frozen=True)
@@ -109,12 +116,23 @@ class InSessionRules:
     boot_spread_df: float = 3.0
     modes: SpawnModes = SpawnModes()
     alpha: float = IN_SESSION_ALPHA
+    # Boots booked on demand (judge/sequential.py, judge/spending.py): each look's levels spend part of ``alpha``
+    # and of the TOST's 5%, so that booking until a verdict keeps both rates. None: one look.
+    plan: SequentialPlan | None = None
 
     @classmethod
-    def of(cls, deployment: Deployment) -> InSessionRules:
-        """The rules a deployment declares."""
+    def of(cls, deployment: Deployment, plan: SequentialPlan | None = None) -> InSessionRules:
+        """The rules a deployment declares (``plan``: the session books boots on demand)."""
         return cls(deployment.boot_spread, deployment.boot_spread_df,
-                   SpawnModes(deployment.spawn_mode_drop, deployment.spawn_mode_share))
+                   SpawnModes(deployment.spawn_mode_drop, deployment.spawn_mode_share), plan=plan)
+
+    def levels(self, boots: int) -> tuple[float, float]:
+        """The one-sided levels of the direction and of each side of the TOST at the look with
+        ``boots`` boots a side: the whole ``alpha`` and 5% without a plan, the spent share with one."""
+        if self.plan is None or boots < 1:
+            return self.alpha, EQUIVALENCE_ALPHA
+        return (self.plan.level(self.alpha, boots, self.plan.direction_shape),
+                self.plan.level(EQUIVALENCE_ALPHA, boots, self.plan.equivalence_shape))
 
 
 def _side_offsets(gains: Sequence[float], sd: float, modes: SpawnModes) -> list[tuple[float, float]]:
@@ -215,6 +233,7 @@ def compare_in_session(
     ref_b = [b for b in reference if b.usable]
     sign = 1.0 if direction is Direction.HIGHER_IS_BETTER else -1.0
     nan = math.nan
+    alpha, equivalence_alpha = rules.levels(min(len(cur_b), len(ref_b)))
     common = dict(metric=metric, unit=unit, direction=direction, tolerance=float(tolerance),
                   boots_current=len(cur_b), boots_reference=len(ref_b),
                   n_current=sum(b.n for b in cur_b), n_reference=sum(b.n for b in ref_b),
@@ -229,8 +248,7 @@ def compare_in_session(
     fit = _fit(cur, ref, rules)
     band = band_log(tolerance)
     p_better, p_worse = _p_better(fit, band), _p_worse(fit, band)
-    t_dir = t_quantile(1.0 - rules.alpha, fit.df_dir)
-    t_eq = t_quantile(EQUIVALENCE_LEVEL, fit.df)
+    t_eq = t_quantile(1.0 - equivalence_alpha, fit.df)
     t_ci = t_quantile(1.0 - (1.0 - EQUIVALENCE_CONFIDENCE) / 2.0, fit.df)
     enough = min(len(cur), len(ref)) >= MIN_BOOTS_DIRECTIONAL
     apart_better = min(cur) > max(ref)
@@ -243,9 +261,9 @@ def compare_in_session(
         return min(fit.d - off for off in likely) - t * fit.se, max(fit.d - off for off in likely) + t * fit.se
 
     clo, chi = interval(t_ci)
-    if enough and p_worse <= rules.alpha and apart_worse:
+    if enough and p_worse <= alpha and apart_worse:
         verdict = VerdictKind.REGRESSION
-    elif enough and p_better <= rules.alpha and apart_better:
+    elif enough and p_better <= alpha and apart_better:
         verdict = VerdictKind.IMPROVEMENT
     elif inside:
         verdict = VerdictKind.WITHIN_TOLERANCE
@@ -257,16 +275,23 @@ def compare_in_session(
         verdict = VerdictKind.NO_DETECTABLE_CHANGE
     if verdict is VerdictKind.WITHIN_TOLERANCE:
         clo, chi = interval(t_eq)
-    # Reported on the metric's own scale (change > 0: the current side's figure is higher).
-    lo, hi = fit.d - t_dir * fit.se_dir, fit.d + t_dir * fit.se_dir
+    # Reported on the metric's own scale (change > 0: the current side's figure is higher). The
+    # bounds are this look's at the comparison's stated confidence; a look of boots on demand
+    # decides at its spent share instead (far out at an early look, even unbounded at 1 df).
+    t_shown = t_quantile(1.0 - rules.alpha, fit.df_dir)
+    lo, hi = fit.d - t_shown * fit.se_dir, fit.d + t_shown * fit.se_dir
     if sign < 0:
         lo, hi, clo, chi = -hi, -lo, -chi, -clo
     change = math.expm1(sign * fit.d)
     notes: list[Note] = [DeclaredModes(rules.modes.drop, rules.modes.slow_share)] if rules.modes.declared else []
-    if verdict in (VerdictKind.CHANGED_SIZE_UNRESOLVED, VerdictKind.INCONCLUSIVE) and abs(fit.d) > band:
+    have = min(len(cur), len(ref))
+    if rules.plan is not None and not rules.plan.final(have) and verdict not in DECIDED:
+        pass  # an early look of boots on demand: the session books the next boot a side
+    elif verdict in (VerdictKind.CHANGED_SIZE_UNRESOLVED, VerdictKind.INCONCLUSIVE) and abs(fit.d) > band:
         needed = boots_to_decide(fit.d, fit.sd, band, rules)
-        have = min(len(cur), len(ref))
         notes.append(BootsToDecide(needed, MAX_PLANNED_BOOTS, have_them=needed is not None and needed <= have))
+    elif verdict not in DECIDED:
+        notes.append(BootsForWithin(boots_for_within(fit.d, fit.sd, band, rules), have, MAX_PLANNED_BOOTS))
     source = (SpreadSource(SpreadSource.DECLARED, declared=rules.boot_spread, whole=True)
               if fit.sd <= math.log1p(rules.boot_spread) + 1e-12
               else SpreadSource(SpreadSource.SIDES, measured=math.expm1(fit.sd), whole=True))
@@ -291,6 +316,19 @@ def boots_to_decide(d: float, sd: float, band: float, rules: InSessionRules) -> 
         df = rules.boot_spread_df + 2 * (k - 1)
         fit = _Fit(d=abs(d), sd=sd, df=df, se=se, se_dir=se, df_dir=df, pairs=pairs)
         if _p_better(fit, band) <= rules.alpha:
+            return k
+    return None
+
+
+def boots_for_within(d: float, sd: float, band: float, rules: InSessionRules) -> int | None:
+    """The boots a side, booked up front (one look, the TOST at 5%), at which a difference ``d``
+    (log) shows "within" the ``band`` with :data:`DETECTION_POWER`, were the true difference
+    ``d`` and the boot spread ``sd``; None when no number up to :data:`MAX_PLANNED_BOOTS` does
+    (or ``d`` lies outside the band). The modes are left out: they can only ask for more."""
+    z_power = float(scipy_stats.norm.ppf(DETECTION_POWER))
+    for k in range(MIN_BOOTS_DIRECTIONAL, MAX_PLANNED_BOOTS + 1):
+        se = sd * math.sqrt(2.0 / k)
+        if abs(d) + (t_quantile(EQUIVALENCE_LEVEL, rules.boot_spread_df + 2 * (k - 1)) + z_power) * se <= band:
             return k
     return None
 

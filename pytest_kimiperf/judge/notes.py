@@ -261,6 +261,18 @@ class BootsToDecide(Note):
     have_them: bool
 
 
+@note_kind("boots-for-within")
+@dataclass(frozen=True)
+class BootsForWithin(Note):
+    """Boots a side, booked up front, that would show a profile "within" the tolerance at the
+    5% TOST with 90% power, were the change what these boots show (None: none up to
+    ``max_boots``); ``have``: the boots a side this comparison had."""
+
+    needed: int | None
+    have: int
+    max_boots: int
+
+
 @note_kind("left-out")
 @dataclass(frozen=True)
 class LeftOut(Note):

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pytest_kimiperf.judge.in_session import WITHIN_INTERVAL
+from pytest_kimiperf.judge.notes import BootsForWithin
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind
 from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_value
@@ -196,8 +197,10 @@ def _about(row: CompactRow) -> str:
     c = row.comparison
     if c is None:
         return f"{what}: {row.verdict}"
+    # Undecided between profiles: how many boots a side would show it within (in_session.py).
+    more = next((f"; {say(n)}" for n in c.notes if isinstance(n, BootsForWithin)), "") if row.in_session else ""
     return (f"{what}: {fmt_change(c.change)}, {row.interval}: {row.verdict} "
-            f"(tolerance {c.tolerance * 100:g}%, {c.boots_current} vs {c.boots_reference} boots)")
+            f"(tolerance {c.tolerance * 100:g}%, {c.boots_current} vs {c.boots_reference} boots){more}")
 
 
 def _floor_line(report: SessionReport) -> str | None:

@@ -34,6 +34,7 @@ from pytest_kimiperf.judge import baselines
 from pytest_kimiperf.judge.baseline_schema import BaselineFile
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.in_session import InSessionRules
+from pytest_kimiperf.judge.sequential import session_plan
 from pytest_kimiperf.judge.append import append_refusal
 from pytest_kimiperf.judge.baselines import baseline_entries
 from pytest_kimiperf.reports.sentences import not_recorded_line
@@ -211,7 +212,9 @@ class SessionReporter:
             created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             generator=_generator(),
             baselines_path=baselines_path,
-            rules=InSessionRules.of(settings.deployment),
+            rules=InSessionRules.of(settings.deployment, plan=session_plan(
+                profiles=len(settings.profiles), boots=settings.boots, max_boots=settings.max_boots,
+                control=settings.control)),
             control=settings.control,
             roofline=build_roofline_report(
                 self.results, settings.deployment, fingerprint, rootpath=self.rootpath, external=settings.external,

@@ -19,8 +19,8 @@ from pytest_kimiperf.judge.append import AppendWhy, NotAppended
 from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
 from pytest_kimiperf.judge.levels import CanaryCheck, Level, Levels
 from pytest_kimiperf.judge.notes import (
-    BootAsked, BootPlanned, BootsToDecide, DeclaredModes, FailedRequests, FloorNote, GoodputSlos, HistoryModes,
-    HistoryStep, HistorySteps, InvalidRun, LeftOut, LevelSpread, Look, NeedsBoots, NoDecode, Note, Plan, Said, SloCheck, SoftFingerprint,
+    BootAsked, BootPlanned, BootsForWithin, BootsToDecide, DeclaredModes, FailedRequests, FloorNote, GoodputSlos,
+    HistoryModes, HistoryStep, HistorySteps, InvalidRun, LeftOut, LevelSpread, Look, NeedsBoots, NoDecode, Note, Plan, Said, SloCheck, SoftFingerprint,
     SpreadSource, TooFewSamples, Unresolved,
 )
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind, fmt_tolerance
@@ -241,6 +241,18 @@ def _(note: BootsToDecide) -> str:
         return f"{note.needed} boots a side would decide a change this size"
     return (f"no number of boots up to {note.max_boots} a side decides a change this size: "
             "the spawn modes explain it")
+
+
+@say.register
+def _(note: BootsForWithin) -> str:
+    if note.needed is None:
+        return (f"no number of boots up to {note.max_boots} a side would show it within the tolerance, "
+                "at the change and spread these boots show")
+    if note.needed <= note.have:
+        return "the boots' own spread is what keeps it from \"within\""
+    more = note.needed - note.have
+    return (f"{more} more boot{'s' * (more != 1)} a side ({note.needed} in all, --kimiperf-boots {note.needed}) "
+            "would show it within the tolerance, with 90% power")
 
 
 @say.register

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -97,3 +98,38 @@ def test_boots_nobody_asked_for_leave_nothing_set_up_for_the_users_next_test(
     result = pytester.runpytest_subprocess("--kimiperf-max-boots", "3", "-p", "no:randomly", "-s", timeout=120)
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*TEARDOWN test_perf module*", "*RUN test_plain*"])
+
+
+PROFILES_ON_DEMAND = """
+import pytest
+from pytest_kimiperf.measure.scenarios import SingleStream
+
+@pytest.mark.kimiperf(tolerances={{"decode_tok_s": {tolerance}}})
+def test_decode(perf):
+    perf.check(perf.measure(SingleStream(prompt_tokens=8, output_tokens=8, requests=3, warmup_requests=0)),
+               ["decode_tok_s"])
+"""
+
+
+@pytest.mark.parametrize("tolerance, boots_run", [(0.001, 3), (0.9, 2)])
+def test_a_profile_comparison_books_boots_until_it_decides_or_reaches_the_cap(
+        pytester: pytest.Pytester, stub_project, tolerance: float, boots_run: int) -> None:
+    # Two profiles of the same stub, 2 boots planned, at most 3 (judge/sequential.py). A 0.1%
+    # tolerance can never be shown at a 1% declared boot spread: the comparison stays undecided
+    # and books the third boot of each. A 90% tolerance is shown "within" at the first look.
+    stub_project(stub_deployment_toml(boot_spread=0.01), ini='kimiperf_deployment = "stub"')
+    pytester.makepyfile(test_perf=PROFILES_ON_DEMAND.format(tolerance=tolerance))
+    result = pytester.runpytest_subprocess("--nccl-profile", "default,ring-ll", "--kimiperf-max-boots", "3",
+                                           "--kimiperf-json", "judged.json", "-p", "no:randomly",
+                                           "-p", "no:cacheprovider", "-v", timeout=300)
+    result.assert_outcomes(passed=2 * boots_run)
+    ran = [line for line in result.outlines if "::test_decode[" in line and "PASSED" in line]
+    assert sum("-boot3]" in line for line in ran) == (2 if boots_run == 3 else 0), ran
+    c = next(r for r in json.loads((pytester.path / "judged.json").read_text())["profile_comparisons"]
+             if r["profile"] == "ring-ll" and r.get("verdict") is not None)
+    assert (c["boots_current"], c["boots_reference"]) == (boots_run, boots_run)
+    if boots_run == 3:  # at the cap, undecided: the answer says what more boots would do
+        assert c["verdict"] == "no detectable change"
+        assert "no number of boots up to 8 a side would show it within the tolerance" in c["note"]
+    else:
+        assert c["verdict"] == "within tolerance"

@@ -157,7 +157,7 @@ def test_server(kimiperf_server):
 def test_plugin_reads_the_stub_servers_nccl_lines(pytester: pytest.Pytester, stub_project) -> None:
     stub_project(stub_deployment_toml(extra_args=("--nccl-lines", "--nccl-log-value", "NCCL_ALGO=Tree")))
     pytester.makepyfile(test_srv=SERVER_TEST)
-    result = pytester.runpytest_subprocess("--deployment", "stub", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1",
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1", "--kimiperf-max-boots", "1",
                                            "--kimiperf-nccl-debug", "--kimiperf-json", "r.json", timeout=120)
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines([

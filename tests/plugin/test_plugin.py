@@ -418,7 +418,7 @@ def test_failed_first_still_boots_each_profile_once(pytester: pytest.Pytester, s
         def test_c(kimiperf_server):
             pass
     """)
-    args = ("--deployment", "stub", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1", "-p", "no:randomly")
+    args = ("--deployment", "stub", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1", "--kimiperf-max-boots", "1", "-p", "no:randomly")
     monkeypatch.setenv("FAIL_RING_LL", "1")
     pytester.runpytest_subprocess(*args, timeout=120).assert_outcomes(passed=5, failed=1)
     monkeypatch.delenv("FAIL_RING_LL")

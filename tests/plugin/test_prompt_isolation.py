@@ -95,7 +95,8 @@ def test_prompt_seed_is_a_non_negative_int64() -> None:
 
 
 def _recorder(tmp_path: Path, *, boot: int = 1) -> PerfRecorder:
-    settings = SimpleNamespace(deployment=TINY_CPU, perf_strict=False, boots=1, max_boots=1)
+    settings = SimpleNamespace(deployment=TINY_CPU, perf_strict=False, boots=1, max_boots=1, control=False,
+                               profiles=(SimpleNamespace(name="default"),))
     server = ServerHandle(base_url="http://127.0.0.1:9", model="m", deployment="tiny-cpu", profile="ring-ll",
                           log_path=None)
 
@@ -294,7 +295,7 @@ def test_the_decode_test_sends_the_same_prompts_alone_and_after_other_tests_and_
     shutil.copytree(PERF_TESTS, pytester.path / "perf_tests")
     common = ("--deployment", "stub", "-p", "no:randomly")
 
-    alone = pytester.runpytest_subprocess("perf_tests", "-k", "decode", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1",
+    alone = pytester.runpytest_subprocess("perf_tests", "-k", "decode", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1", "--kimiperf-max-boots", "1",
                                           *common, timeout=300)
     _assert_passed(alone, 2)
     proto_of = {int(line.split()[0]): line.split()[1] for line in boots.read_text().splitlines()}

@@ -56,7 +56,7 @@ def test_each_profile_boots_once_for_all_workers(pytester: pytest.Pytester, stub
     _project(pytester, stub_project, boots)
     out = tmp_path / "report.json"
     result = pytester.runpytest_subprocess(
-        "-n", str(workers), "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1", "--kimiperf-json", str(out), timeout=180
+        "-n", str(workers), "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1", "--kimiperf-max-boots", "1", "--kimiperf-json", str(out), timeout=180
     )
     result.assert_outcomes(passed=12)
     lines = boots.read_text().splitlines()
@@ -84,7 +84,7 @@ def test_update_baselines_under_xdist_writes_every_entry_once(
 ) -> None:
     boots = tmp_path / "boots"
     _project(pytester, stub_project, boots)
-    result = pytester.runpytest_subprocess("-n", "2", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1",
+    result = pytester.runpytest_subprocess("-n", "2", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1", "--kimiperf-max-boots", "1",
                                            "--update-baselines", timeout=180)
     result.assert_outcomes(passed=12)
     files = list((pytester.path / "baselines" / "stub").glob("*.json"))

@@ -38,6 +38,7 @@ EVERY_KIND = [
                 gain=-0.02, tolerance=0.03),
     notes.HistoryStep(-0.041, 5.2, 6, 4, "2026-11-02T10:00:00+00:00", "abc1234", "2026-11-05T10:00:00+00:00", ""),
     notes.HistorySteps((notes.HistoryStep(0.05, 4.0, 3, 3, "a", "", "b", "c"),), 3), notes.DeclaredModes(0.5, 0.3), notes.BootsToDecide(None, 8, False),
+    notes.BootsForWithin(4, 2, 8), notes.BootsForWithin(None, 2, 8),
     notes.LeftOut(1, (notes.InvalidRun("busy host"),)), notes.InvalidRun("busy host"),
     notes.FailedRequests(2, 10, (("HTTP 500", 2),), 0.1), notes.GoodputSlos((("tpot_ms", 5.0),)),
     notes.SloCheck("p99_itl_ms", "p99 ITL", 50.0, "ms", True, notes.SloCheck.MISSED, 61.0, 20, 3),

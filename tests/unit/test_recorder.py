@@ -68,7 +68,8 @@ def _recorder(tmp_path: Path, failures: list[str], published: list[Any], *, boot
               account: BootAccount | None = None) -> PerfRecorder:
     view = BaselineView(tmp_path, "tiny-cpu", FP)
     settings = SimpleNamespace(deployment=deployment, perf_strict=False, boots=boots,
-                               max_boots=max(deployment.max_boots, boots))
+                               max_boots=max(deployment.max_boots, boots), control=False,
+                               profiles=(SimpleNamespace(name="default"),))
     server = ServerHandle(base_url="http://127.0.0.1:9", model="m", deployment="tiny-cpu", profile="default",
                           log_path=None, boot_account=account)
 

@@ -25,6 +25,7 @@ from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.history import compare_with_history
 from pytest_kimiperf.judge.in_session import InSessionRules, SpawnModes, compare_in_session
 from pytest_kimiperf.judge.notes import HistoryModes
+from pytest_kimiperf.judge.spending import SequentialPlan
 from pytest_kimiperf.judge.stats import (
     EQUIVALENCE_CONFIDENCE, Comparison, Leaning, VerdictKind, band_log, leaning,
 )
@@ -125,8 +126,10 @@ def profile_cases(draw: st.DrawFn) -> ProfileCase:
 
     current, reference = side(draw(st.floats(-0.6, 0.6))), side(0.0)
     modes = SpawnModes(draw(st.floats(0.05, 0.6)), draw(st.floats(0.05, 0.5))) if draw(st.booleans()) else SpawnModes()
+    # Boots on demand (judge/sequential.py): a look of a plan that may book up to 8 boots a side.
+    plan = SequentialPlan(draw(st.integers(1, 3)), draw(st.integers(3, 8))) if draw(st.booleans()) else None
     rules = InSessionRules(boot_spread=draw(st.floats(0.002, 0.3)), boot_spread_df=draw(st.floats(1.0, 20.0)),
-                           modes=modes)
+                           modes=modes, plan=plan)
     return ProfileCase(current, reference, rules, draw(st.floats(0.01, 0.3)), draw(st.sampled_from([HIGHER, LOWER])))
 
 
