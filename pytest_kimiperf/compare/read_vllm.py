@@ -31,9 +31,9 @@ _DETAIL = ("ttfts", "itls", "output_lens", "input_lens", "errors")
 
 
 def looks_like(data: Any) -> bool:
-    """Whether ``data`` is a bench serve result (its traffic and its counts)."""
-    return (isinstance(data, Mapping) and "completed" in data and "output_throughput" in data
-            and ("backend" in data or "endpoint_type" in data))
+    """Whether ``data`` is a bench serve result: the setup fields ``main`` writes first (the counts
+    may be what is damaged, and the reader says so)."""
+    return isinstance(data, Mapping) and "num_prompts" in data and ("backend" in data or "endpoint_type" in data)
 
 
 def read(path: Path, data: Mapping[str, Any]) -> list[ToolRun]:

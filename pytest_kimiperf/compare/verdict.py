@@ -25,7 +25,7 @@ from pytest_kimiperf.config.metric_specs import METRICS, primary_metric
 from pytest_kimiperf.judge.boot_summary import BootSummary, min_samples
 from pytest_kimiperf.judge.gate import MAX_FAILED_FRACTION
 from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session
-from pytest_kimiperf.judge.stats import Comparison, VerdictKind
+from pytest_kimiperf.judge.stats import Comparison, VerdictKind, band_log
 from pytest_kimiperf.reports.outcome import UNRESOLVED_EXIT
 
 PASSED_EXIT = 0
@@ -100,7 +100,7 @@ class Outcome:
 
 
 def _beyond(c: Comparison) -> bool:
-    return math.isfinite(c.change) and abs(math.log1p(c.change)) > -math.log1p(-c.tolerance)
+    return math.isfinite(c.change) and abs(math.log1p(c.change)) > band_log(c.tolerance)
 
 
 def judge_groups(groups: Sequence[Group], rules: CompareRules) -> Outcome:
