@@ -2,6 +2,9 @@
 # Regenerate tests/data/compare/: result files of vLLM's `bench serve`, AIPerf and guidellm, run
 # against the tiny-cpu server (the random-weight Llama built locally, no hub), for `kimiperf
 # compare`'s readers and tests; benchmarks/compare_tools.py sets the tools' figures side by side.
+# TOOLS may add "kimiperf": the plugin's own run of the same load, attached to the same boot
+# (tests/data/compare/one-boot holds one boot of all four, made with TOOLS="vllm aiperf guidellm
+# kimiperf" and BOOTS 1, the bench serve summary, AIPerf's and guidellm's files and the report).
 # Each boot of the server is one run of each tool, all with the same load: one stream, 20
 # requests, 64 prompt tokens, 32 output tokens (EOS ignored), 2 warm-up requests (guidellm: none).
 # Boots 1 and 3 make group "a", 2 and 4 group "b": the same build, booted four times.
@@ -77,6 +80,22 @@ for boot in $(seq "$BOOTS"); do
     --constraint "kind=max_requests,count=$REQUESTS" \
     --output "kind=json,path=$OUT/guidellm/boot$boot.json" --disable-console-interactive \
     > "$SCRATCH/guidellm-$boot.log" 2>&1 || tail -30 "$SCRATCH/guidellm-$boot.log"
+  fi
+  if want kimiperf; then
+  echo "boot $boot: pytest-kimiperf (attached, the same load)"
+  mkdir -p "$OUT/kimiperf"
+  cat > "$SCRATCH/test_same_load.py" <<'PY'
+from pytest_kimiperf import SingleStream
+
+
+def test_single_stream(perf):
+    run = perf.measure(SingleStream(prompt_tokens=64, output_tokens=32, requests=20, warmup_requests=2))
+    perf.check(run, ["decode_tok_s", "ttft_ms", "itl_ms", "tpot_ms", "e2el_ms"])
+PY
+  (cd "$SCRATCH" && PYTHONPATH=$ROOT "$VLLM_PY" -m pytest test_same_load.py -p no:cacheprovider -p no:randomly \
+    --kimiperf-deployment tiny-cpu --kimiperf-server-url "$URL" --kimiperf-server-hardware "tiny-cpu on this host" \
+    --kimiperf-baselines-dir "$SCRATCH/baselines" --kimiperf-json "$OUT/kimiperf/boot$boot.json") \
+    > "$SCRATCH/kimiperf-$boot.log" 2>&1 || tail -30 "$SCRATCH/kimiperf-$boot.log"
   fi
   stop
 done

@@ -179,3 +179,20 @@ def test_a_damaged_report_entry_names_its_place(tmp_path: Path) -> None:
     path = _write(tmp_path, "report.json", data)
     with pytest.raises(ResultFileError, match=r"field 'tests\[0\].metrics.decode_tok_s.samples' is missing or not a list"):
         read_run_file(path)
+
+
+def test_the_plugins_report_of_the_same_load_on_a_real_server_reads_as_one_single_stream_run() -> None:
+    path = COMPARE / "one-boot" / "kimiperf.json"
+    [test] = _load(path)["tests"]
+    [run] = read_run_file(path)
+    assert (run.tool, run.load, run.load_kind) == ("pytest-kimiperf", "single_stream [default]", SINGLE_STREAM)
+    assert set(run.figures) == set(test["metrics"])
+    # The boot's figure is the gate's summary of its samples: the median of the 20 requests.
+    assert run.figures["decode_tok_s"].value == pytest.approx(test["metrics"]["decode_tok_s"]["summary"]["median"])
+    assert run.figures["decode_tok_s"].n == 20
+
+
+@pytest.mark.parametrize("name", ["vllm.json", "aiperf.json", "guidellm.json"])
+def test_every_tools_file_of_the_one_boot_reads_the_same_load(name: str) -> None:
+    [run] = read_run_file(COMPARE / "one-boot" / name)
+    assert (run.load, run.load_kind, run.requests) == ("one stream", SINGLE_STREAM, 20)
