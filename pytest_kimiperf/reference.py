@@ -1,7 +1,7 @@
 """The reference pages of the docs site, generated from the code so they cannot drift from it.
 
 ``python -m pytest_kimiperf.reference [--check] [OUT_DIR]`` writes ``options.md``,
-``deployment.md``, ``metrics.md`` and ``api.md`` into OUT_DIR (default ``docs/reference``) from
+``deployment.md``, ``metrics.md``, ``api.md`` and ``compare.md`` into OUT_DIR (default ``docs/reference``) from
 the option table, the deployment and profile key tables, the metric table, the package's
 ``__all__``, the fixtures and the hook specs. With ``--check`` it writes nothing and exits 1
 naming each page that differs from what it would write; the unit tests run the same check.
@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_kimiperf.compare.cli import reference_page as compare_page
 from pytest_kimiperf.config.deployment_tables import _FIELDS as DEPLOYMENT_FIELDS
 from pytest_kimiperf.config.deployment_tables import _USER_BASE
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, PLACEHOLDERS, Deployment
@@ -421,6 +422,7 @@ def api_page() -> str:
 
 PAGES: dict[str, Callable[[], str]] = {
     "options.md": options_page, "deployment.md": deployment_page, "metrics.md": metrics_page, "api.md": api_page,
+    "compare.md": compare_page,
 }
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pytest_kimiperf import paths, reference
+from pytest_kimiperf.compare.cli import parser as compare_parser
 from pytest_kimiperf.config.options import OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,6 +23,9 @@ PAGES = sorted([ROOT / "README.md", ROOT / "baselines" / "README.md", ROOT / "ci
 
 FLAGS = {opt.flag for opt in OPTIONS}
 ALIASES = {opt.short for opt in OPTIONS if opt.short}
+# `kimiperf compare` is a command of its own (no pytest): its pages' options are its parser's.
+COMPARE_FLAGS = {flag for action in compare_parser()._actions for flag in action.option_strings}
+COMPARE_PAGES = {DOCS / "how-to" / "compare.md"}
 MAKE_TARGETS = set(re.findall(r"^([a-z][\w-]*):", (ROOT / "Makefile").read_text(), flags=re.MULTILINE))
 
 # What the code writes outside the repository, named from the code itself.
@@ -46,10 +50,14 @@ def code_of(page: Path) -> list[str]:
 def _problems(page: Path) -> list[str]:
     found = []
     for code in code_of(page):
+        if "kimiperf compare" in code or "pytest_kimiperf compare" in code:
+            found += [f"{option}: no such kimiperf compare option" for option in OPTION.findall(code)
+                      if option not in COMPARE_FLAGS]
+            continue
         for option in OPTION.findall(code):
             if option.startswith("--kimiperf-") and option not in FLAGS:
                 found.append(f"{option}: no such option")
-            if option in ALIASES:
+            if option in ALIASES and not (page in COMPARE_PAGES and option in COMPARE_FLAGS):
                 found.append(f"{option}: the short alias; the docs spell options --kimiperf-*")
         for module in MODULE.findall(code):
             if importlib.util.find_spec(module.rstrip(".")) is None:
@@ -109,3 +117,9 @@ def test_the_check_catches_a_wrong_option_an_alias_and_a_path_the_code_does_not_
         "python -m pytest_kimiperf.nope: no such module",
         f"~/.cache/pytest-kimiperf/weights: the code keeps no 'weights' in its cache",
     ], problems
+
+
+def test_a_kimiperf_compare_command_is_checked_against_its_own_options(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("```bash\nkimiperf compare --a x --b y --deployment tiny-cpu --same-servers\n```\n")
+    assert _problems(page) == ["--same-servers: no such kimiperf compare option"]
