@@ -345,10 +345,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.kimiperf = item.stash[RESULT_KEY].to_json()
     slot = slot_of(item) if report.failed else None
     lines = VERBOSE_FAILURE_LOG_LINES if item.config.get_verbosity() > 0 else FAILURE_LOG_LINES
-    section = (item.config.stash[RUN_KEY].server_log_tail(slot.name, lines=lines, failure=str(report.longrepr))
-               if slot is not None else None)
-    if section is not None:
-        report.sections.append(section)
+    section = item.config.stash[RUN_KEY].server_log_tail(slot.name, lines=lines, failure=str(report.longrepr)) \
+        if slot else None
+    report.sections.extend([section] if section is not None else [])
     return report
 
 
