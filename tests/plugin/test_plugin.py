@@ -116,7 +116,7 @@ def test_missing_gpus_error_each_selected_perf_test_before_any_boot(
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([
         "*deployment 'kimi-k25-int4-tp8' needs 8x NVIDIA GPU whose name contains 'RTX PRO 6000'"
-        "*found no NVIDIA GPU*--deployment tiny-cpu*"
+        "*found no NVIDIA GPU*--kimiperf-deployment tiny-cpu*"
     ])
     assert "starting" not in result.stdout.str()
     assert not list(pytester.path.rglob("server-*.log"))
