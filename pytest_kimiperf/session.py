@@ -100,7 +100,10 @@ class PerfSession:
             return None
         if file is None:
             return None
-        return family_size(((e.test, e.profile, e.metric) for e in file.entries.values()), self.collected)
+        # An entry grown by passing runs is judged twice: against its window and, for drift,
+        # against its anchor (judge/drift.py).
+        tests = [(e.test, e.profile, e.metric) for e in file.entries.values() for _ in range(1 + bool(e.nights))]
+        return family_size(tests, self.collected)
 
     def baselines_path(self) -> Path | None:
         """Where this session's baseline file is, if the view was opened."""

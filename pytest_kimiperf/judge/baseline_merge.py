@@ -21,6 +21,9 @@ The rules, entry by entry (an entry missing on a side is an empty history there)
   kept and the two interleave by ``recorded_at`` (then session, then the boot's JSON), so the
   history stays oldest first as ``update_baseline`` writes it, the last :data:`HISTORY_BOOTS`
   are kept, and merging either way round (a merge or a rebase) gives the same file;
+- the anchor (the last deliberate recording, judge/drift.py) merges as the history does; the
+  nights appended since it are the union of both sides' where the two agree on the anchor, and
+  none where a side recorded anew (a recording starts the drift test afresh);
 - the latest boot's samples, median and IQR come from the side that recorded last.
 
 What is not history is not merged: a different deployment, fingerprint (hard facts), schema
@@ -38,10 +41,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.judge.baseline_schema import (
-    BaselineBoot, BaselineEntry, BaselineFile, dumps_baseline, parse_baseline,
+    BaselineBoot, BaselineEntry, BaselineFile, Night, dumps_baseline, parse_baseline,
 )
 from pytest_kimiperf.judge.baselines import HISTORY_BOOTS
 from pytest_kimiperf.judge.fingerprint import Fingerprint
@@ -51,6 +55,7 @@ DRIVER_NAME = "kimiperf-baselines"
 # A boot's identity on one side: its JSON text, and which repeat of that text it is (a history
 # holding the same boot twice keeps both through a merge).
 _BootKey = tuple[str, int]
+_H = TypeVar("_H", BaselineBoot, Night)
 
 
 class BaselineConflict(BaselineError):
@@ -118,20 +123,24 @@ def _merge_entry(
             f"{where}: each side removed every boot the other kept, so no history is left; "
             "resolve the conflict by hand")
     latest = max(sides, key=lambda e: (e.recorded_at, _canonical(e.to_json())))
-    return replace(latest, boots=tuple(boots))
+    anchor = merge_histories(base.anchor if base is not None else (), ours.anchor if ours is not None else (),
+                             theirs.anchor if theirs is not None else ())[-keep:]
+    # Nights belong to their anchor: where the sides agree on it, the passing runs of both;
+    # where a side recorded anew, none (a deliberate recording starts the drift test afresh).
+    nights = merge_histories(base.nights if base is not None else (), ours.nights, theirs.nights) \
+        if ours is not None and theirs is not None and ours.anchor == theirs.anchor else []
+    return replace(latest, boots=tuple(boots), anchor=tuple(anchor), nights=tuple(nights))
 
 
-def merge_histories(
-    base: Sequence[BaselineBoot], ours: Sequence[BaselineBoot], theirs: Sequence[BaselineBoot]
-) -> list[BaselineBoot]:
+def merge_histories(base: Sequence[_H], ours: Sequence[_H], theirs: Sequence[_H]) -> list[_H]:
     """The union of two boot histories since ``base``, oldest first, untrimmed: a boot on both
-    sides once, a boot of the base removed on either side left out."""
+    sides once, a boot of the base removed on either side left out (nights alike)."""
     in_base = {key for key, _ in _keyed(base)}
     ours_keyed, theirs_keyed = _keyed(ours), _keyed(theirs)
     on_both = {key for key, _ in ours_keyed} & {key for key, _ in theirs_keyed}
     mine = [(key, boot) for key, boot in ours_keyed if key not in in_base or key in on_both]
     other = [(key, boot) for key, boot in theirs_keyed if key not in in_base or key in on_both]
-    merged: list[BaselineBoot] = []
+    merged: list[_H] = []
     taken: set[_BootKey] = set()
     i = j = 0
     while i < len(mine) or j < len(other):
@@ -151,7 +160,7 @@ def merge_histories(
     return merged
 
 
-def _keyed(boots: Sequence[BaselineBoot]) -> list[tuple[_BootKey, BaselineBoot]]:
+def _keyed(boots: Sequence[_H]) -> list[tuple[_BootKey, _H]]:
     seen: dict[str, int] = {}
     out = []
     for boot in boots:
@@ -161,10 +170,11 @@ def _keyed(boots: Sequence[BaselineBoot]) -> list[tuple[_BootKey, BaselineBoot]]
     return out
 
 
-def _order(key: _BootKey, boot: BaselineBoot) -> tuple[str, str, str, int]:
+def _order(key: _BootKey, boot: BaselineBoot | Night) -> tuple[str, str, str, int]:
     # recorded_at is "%Y-%m-%dT%H:%M:%SZ" (baselines.make_entry), so text order is time order;
     # one session's boots share it, and the rest only makes the order the same either way round.
-    return (boot.recorded_at, boot.origin.session if boot.origin else "", *key)
+    origin = boot.origin if isinstance(boot, BaselineBoot) else None
+    return (boot.recorded_at, origin.session if origin else "", *key)
 
 
 def _merge_fingerprint(base: Fingerprint | None, ours: BaselineFile, theirs: BaselineFile) -> Fingerprint:

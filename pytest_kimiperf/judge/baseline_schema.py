@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pytest_kimiperf.numbers import is_real
 from pytest_kimiperf.config.metric_specs import METRICS, Direction
@@ -22,7 +22,8 @@ from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.levels import BootOrigin
 from pytest_kimiperf.judge.boot_summary import BootSummary, min_samples, summarize_boot
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+_T = TypeVar("_T")
 SIGNIFICANT_DIGITS = 6
 KEY_SEPARATOR = "|"
 
@@ -63,6 +64,22 @@ class BaselineBoot:
 
 
 @dataclass(frozen=True)
+class Night:
+    """One passing run appended by ``--kimiperf-append-on-pass`` since the anchor, as the drift
+    test needs it (judge/drift.py): the geometric mean of its boots' medians and how many boots."""
+
+    median: float
+    boots: int
+    recorded_at: str
+    git_commit: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The night as stored in the file."""
+        return {"median": self.median, "boots": self.boots, "recorded_at": self.recorded_at,
+                "git_commit": self.git_commit}
+
+
+@dataclass(frozen=True)
 class BaselineEntry:
     """The boot history of one metric of one test under one NCCL profile."""
 
@@ -81,12 +98,24 @@ class BaselineEntry:
     boots: tuple[BaselineBoot, ...] = ()
     # The profile's server arguments (written only when it has some: older files have none).
     profile_args: tuple[str, ...] = ()
+    # The boots of the last deliberate recording (--kimiperf-update-baselines), kept whole
+    # whatever the window keeps, and each passing run appended since (oldest first): what a slow
+    # drift is judged against (judge/drift.py). Empty in files written before schema 3.
+    anchor: tuple[BaselineBoot, ...] = ()
+    nights: tuple[Night, ...] = ()
 
     def summaries(self) -> list[BootSummary]:
         """The history as BootSummary, oldest first (a tail metric's boots need as many
         samples as tail_min_samples says; a boot metric's, one)."""
+        return self._as_summaries(self.boots)
+
+    def anchor_summaries(self) -> list[BootSummary]:
+        """The anchor's boots as BootSummary (see :meth:`summaries`)."""
+        return self._as_summaries(self.anchor)
+
+    def _as_summaries(self, boots: Sequence[BaselineBoot]) -> list[BootSummary]:
         min_n = min_samples(self.metric) if self.metric in METRICS else 0
-        return [replace(b.summary(), min_n=min_n) for b in self.boots]
+        return [replace(b.summary(), min_n=min_n) for b in boots]
 
     @property
     def key(self) -> str:
@@ -110,6 +139,8 @@ class BaselineEntry:
             "profile_env": dict(self.profile_env),
             **({"profile_args": list(self.profile_args)} if self.profile_args else {}),
             "boots": [b.to_json() for b in self.boots],
+            **({"anchor": [b.to_json() for b in self.anchor]} if self.anchor else {}),
+            **({"nights": [n.to_json() for n in self.nights]} if self.nights else {}),
         }
 
 
@@ -275,6 +306,10 @@ def _parse_entry(raw: object) -> BaselineEntry:
         boots = (BaselineBoot(median=round_figure(summary.median), n=summary.n,
                               se_log=None if not math.isfinite(summary.se_log) else round_figure(summary.se_log),
                               recorded_at=raw["recorded_at"], git_commit=raw["git_commit"], versions={}),)
+    anchor = _parse_list(raw, "anchor", _parse_boot)
+    nights = _parse_list(raw, "nights", _parse_night)
+    if nights and not anchor:
+        raise ValueError("nights without an anchor: the passing runs appended since a recording need it")
     return BaselineEntry(
         test=raw["test"],
         profile=raw["profile"],
@@ -290,27 +325,51 @@ def _parse_entry(raw: object) -> BaselineEntry:
         profile_env=dict(env),
         boots=boots,
         profile_args=tuple(args),
+        anchor=anchor,
+        nights=nights,
     )
 
 
-def _parse_boot(raw: object, index: int) -> BaselineBoot:
+def _parse_list(raw: dict[str, Any], name: str, parse: Callable[[object, int, str], _T]) -> tuple[_T, ...]:
+    items = raw.get(name, [])
+    if not isinstance(items, list):
+        raise TypeError(f"{name} must be a list")
+    return tuple(parse(item, i, name) for i, item in enumerate(items))
+
+
+def _parse_night(raw: object, index: int, where: str = "nights") -> Night:
     if not isinstance(raw, dict):
-        raise TypeError(f"boots[{index}] is not an object")
+        raise TypeError(f"{where}[{index}] is not an object")
     if not is_real(raw.get("median"), finite=True) or raw["median"] <= 0:
-        raise ValueError(f"boots[{index}].median must be a number > 0")
+        raise ValueError(f"{where}[{index}].median must be a number > 0")
+    boots = raw.get("boots")
+    if not isinstance(boots, int) or isinstance(boots, bool) or boots < 1:
+        raise ValueError(f"{where}[{index}].boots must be an integer >= 1")
+    commit = raw.get("git_commit")
+    if commit is not None and not isinstance(commit, str):
+        raise TypeError(f"{where}[{index}].git_commit must be a string or null")
+    return Night(median=float(raw["median"]), boots=boots, recorded_at=str(raw.get("recorded_at") or ""),
+                 git_commit=commit)
+
+
+def _parse_boot(raw: object, index: int, where: str = "boots") -> BaselineBoot:
+    if not isinstance(raw, dict):
+        raise TypeError(f"{where}[{index}] is not an object")
+    if not is_real(raw.get("median"), finite=True) or raw["median"] <= 0:
+        raise ValueError(f"{where}[{index}].median must be a number > 0")
     n = raw.get("n")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"boots[{index}].n must be an integer >= 1")
+        raise ValueError(f"{where}[{index}].n must be an integer >= 1")
     se = raw.get("se_log")
     if se is not None and not is_real(se, finite=True):
-        raise ValueError(f"boots[{index}].se_log must be a number or null")
+        raise ValueError(f"{where}[{index}].se_log must be a number or null")
     versions = raw.get("versions") or {}
     if not isinstance(versions, dict):
-        raise TypeError(f"boots[{index}].versions must be an object")
+        raise TypeError(f"{where}[{index}].versions must be an object")
     try:
         origin = BootOrigin.from_json(raw.get("origin"))
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"boots[{index}].origin: {exc}") from None
+        raise ValueError(f"{where}[{index}].origin: {exc}") from None
     return BaselineBoot(median=float(raw["median"]), n=n, se_log=None if se is None else float(se),
                         recorded_at=str(raw.get("recorded_at") or ""), git_commit=raw.get("git_commit"),
                         versions={str(k): str(v) for k, v in versions.items()}, origin=origin)

@@ -30,8 +30,8 @@ from pytest_kimiperf.config.names import check_safe_name
 from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.files import write_atomically
 from pytest_kimiperf.judge.baseline_schema import (
-    RESTORE_HINT, BaselineBoot, BaselineEntry, BaselineFile, HistorySpan, dumps_baseline, entry_key, parse_baseline,
-    round_figure,
+    RESTORE_HINT, BaselineBoot, BaselineEntry, BaselineFile, HistorySpan, Night, dumps_baseline, entry_key,
+    parse_baseline, round_figure,
 )
 from pytest_kimiperf.judge.fingerprint import Fingerprint, version_changes
 from pytest_kimiperf.judge.levels import BootOrigin
@@ -119,16 +119,34 @@ def make_entry(
     )
 
 
-def append_history(old: BaselineEntry | None, new: BaselineEntry, keep: int = HISTORY_BOOTS) -> BaselineEntry:
+def append_history(old: BaselineEntry | None, new: BaselineEntry, keep: int = HISTORY_BOOTS, *,
+                   on_pass: bool = False) -> BaselineEntry:
     """``new``'s boots appended to ``old``'s history (last ``keep`` boots kept).
+
+    A deliberate recording (``--kimiperf-update-baselines``) also sets the anchor the drift test
+    judges against (judge/drift.py): its boots, joined to the anchor before it when no passing
+    run was appended in between (several sessions of one recording are one anchor), and no
+    nights. A passing run (``on_pass``, ``--kimiperf-append-on-pass``) keeps the anchor and adds
+    one night; a history written before anchors were kept takes its window as the anchor.
 
     A history recorded with another profile environment or other profile arguments, unit or
     direction is another thing: it is replaced, not extended.
     """
     if old is None or dict(old.profile_env) != dict(new.profile_env) or (
             old.unit, old.direction, old.profile_args) != (new.unit, new.direction, new.profile_args):
-        return new
-    return replace(new, boots=(old.boots + new.boots)[-keep:])
+        return replace(new, boots=new.boots[-keep:], anchor=new.boots[-keep:], nights=())
+    boots = (old.boots + new.boots)[-keep:]
+    if on_pass:
+        return replace(new, boots=boots, anchor=old.anchor or old.boots, nights=(*old.nights, night_of(new)))
+    joined = old.anchor if old.anchor and not old.nights else ()
+    return replace(new, boots=boots, anchor=(joined + new.boots)[-keep:], nights=())
+
+
+def night_of(entry: BaselineEntry) -> Night:
+    """A passing run's boots of one entry as one night: the geometric mean of their medians."""
+    logs = [math.log(b.median) for b in entry.boots]
+    return Night(median=round_figure(math.exp(sum(logs) / len(logs))), boots=len(logs),
+                 recorded_at=entry.recorded_at, git_commit=entry.git_commit)
 
 
 def load_baseline(path: str | os.PathLike[str]) -> BaselineFile | None:
@@ -148,10 +166,13 @@ def update_baseline(
     deployment: str,
     fingerprint: Fingerprint,
     entries: Iterable[BaselineEntry],
+    *,
+    on_pass: bool = False,
 ) -> BaselineFile:
     """Merge ``entries`` (the tests that ran) into the baseline file at ``path`` and return the result.
 
-    Entries with the same key are replaced, all others kept. The read-merge-write happens under a
+    Entries with the same key have the new boots appended to their history (``on_pass``: by a
+    passing run, :func:`append_history`), all others kept. The read-merge-write happens under a
     lock on ``<path>.lock`` and the new file replaces the old one atomically, so concurrent
     writers lose nothing. A corrupt or newer-schema file, or one that belongs to another
     deployment or fingerprint, is a BaselineError and is left untouched.
@@ -177,7 +198,7 @@ def update_baseline(
                 _check_same_owner(path, existing, deployment, fingerprint)
                 merged.update(existing.entries)
             for key, entry in new_entries.items():
-                merged[key] = append_history(merged.get(key), entry)
+                merged[key] = append_history(merged.get(key), entry, on_pass=on_pass)
             result = BaselineFile(
                 path=path,
                 deployment=deployment,

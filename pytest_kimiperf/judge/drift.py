@@ -28,10 +28,13 @@ from scipy import stats as scipy_stats
 
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction
+from pytest_kimiperf.judge.baseline_schema import BaselineEntry
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.stats import band_log
 
-# One-sided, per metric and night: the chance that an undrifted history fails a night.
+# One-sided, per metric and night, where the run's family does not set it (the gate passes its
+# critical value, family.family_critical, so the drift tests share the run's budget): the chance
+# that an undrifted history fails a night.
 DRIFT_ALPHA = 0.005
 # Residuals measure the noise (raising the declared) once the line has this many points.
 MIN_POINTS_MEASURED = 5
@@ -49,25 +52,55 @@ class Drift:
     failed: bool
 
 
-def _point(boots: Sequence[BootSummary], spreads: Spreads) -> tuple[float, float]:
-    """A group of boots as (mean log figure, its variance): the boot level over the boots, and
-    the session and host levels once per distinct session and host."""
+def _variance(boots: int, sessions: int, hosts: int, spreads: Spreads) -> float:
+    """The variance of a group's mean log figure: the boot level over its boots, the session
+    and host levels once per distinct session and host."""
+    return (math.log1p(spreads.boot) ** 2 / boots + math.log1p(spreads.session) ** 2 / sessions
+            + math.log1p(spreads.host) ** 2 / hosts)
+
+
+def _point(boots: Sequence[BootSummary], spreads: Spreads) -> tuple[float, float] | None:
+    """A group of boots as (mean log figure, its variance); None when no boot is usable."""
     usable = [b for b in boots if b.usable]
+    if not usable:
+        return None
     logs = [math.log(b.median) for b in usable]
-    sessions = len({b.session for b in usable})
-    hosts = len({b.host for b in usable})
-    var = (math.log1p(spreads.boot) ** 2 / len(usable) + math.log1p(spreads.session) ** 2 / sessions
-           + math.log1p(spreads.host) ** 2 / hosts)
+    var = _variance(len(usable), len({b.session for b in usable}), len({b.host for b in usable}), spreads)
     return sum(logs) / len(logs), var
 
 
 def drift_since_anchor(anchor: Sequence[BootSummary], nights: Sequence[Sequence[BootSummary]], *,
-                       direction: Direction, tolerance: float, spreads: Spreads) -> Drift:
+                       direction: Direction, tolerance: float, spreads: Spreads,
+                       critical: float | None = None) -> Drift:
     """The appended ``nights`` (oldest first, each the boots one passing run appended) against
     the ``anchor`` (the boots of the last deliberate recording): the cumulative change the line
     through them gives at the last night, and whether it fails (module docstring)."""
-    groups = [list(anchor), *(list(n) for n in nights)]
-    points = [(t, *_point(g, spreads)) for t, g in enumerate(groups) if any(b.usable for b in g)]
+    points = [(float(t), *p) for t, g in enumerate([anchor, *nights]) if (p := _point(g, spreads)) is not None]
+    return _line(points, direction=direction, tolerance=tolerance, critical=critical)
+
+
+def drift_of_entry(entry: BaselineEntry, current: Sequence[BootSummary], *, tolerance: float, spreads: Spreads,
+                   critical: float | None = None) -> Drift | None:
+    """This run's boots (``current``, one more night) and the nights a history appended since its
+    anchor (``--kimiperf-append-on-pass``), against the anchor; None where no night was appended
+    (the gate against the history's window is then the whole test) or the anchor or this run has
+    no usable boot."""
+    if not entry.nights or not entry.anchor:
+        return None
+    anchor = _point(entry.anchor_summaries(), spreads)
+    now = _point(current, spreads)
+    if anchor is None or now is None:
+        return None
+    stored = [(float(t), math.log(n.median), _variance(n.boots, 1, 1, spreads))
+              for t, n in enumerate(entry.nights, start=1)]
+    points = [(0.0, *anchor), *stored, (float(len(entry.nights) + 1), *now)]
+    return _line(points, direction=entry.direction, tolerance=tolerance, critical=critical)
+
+
+def _line(points: Sequence[tuple[float, float, float]], *, direction: Direction, tolerance: float,
+          critical: float | None) -> Drift:
+    """The weighted line through (night, mean log figure, variance) points, the anchor at
+    night 0: its change at the last night, and whether that fails (module docstring)."""
     if len(points) < 2 or points[0][0] != 0:
         return Drift(math.nan, math.nan, len(points) - 1, False)
     weights = [1.0 / v for _, _, v in points]
@@ -85,6 +118,6 @@ def drift_since_anchor(anchor: Sequence[BootSummary], nights: Sequence[Sequence[
     cumulative = slope * span
     se = math.sqrt(scale / sxx) * span
     gain = cumulative if direction is Direction.HIGHER_IS_BETTER else -cumulative
-    z = float(scipy_stats.norm.isf(DRIFT_ALPHA))
+    z = float(scipy_stats.norm.isf(DRIFT_ALPHA)) if critical is None else critical
     failed = gain < -band_log(tolerance) and gain + z * se < 0.0
-    return Drift(math.expm1(gain), math.expm1(gain + z * se), span, failed)
+    return Drift(math.expm1(gain), math.expm1(gain + z * se), int(span), failed)

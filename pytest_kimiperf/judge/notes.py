@@ -399,6 +399,23 @@ class Unresolved(Note):
     decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"looks": looks_from_json}
 
 
+@note_kind("drifted")
+@dataclass(frozen=True)
+class Drifted(Note):
+    """A history grown by passing runs (``--kimiperf-append-on-pass``) has drifted beyond the
+    tolerance since its anchor, the last deliberate recording (judge/drift.py): ``change`` the
+    cumulative change the line through the nights gives (negative is worse), ``bound`` its bound
+    in the build's favour, over ``nights`` runs since the anchor recorded ``anchor_at``."""
+
+    metric: str
+    label: str
+    change: float
+    bound: float
+    nights: int
+    tolerance: float
+    anchor_at: str
+
+
 @note_kind("soft-fingerprint")
 @dataclass(frozen=True)
 class SoftFingerprint(Note):

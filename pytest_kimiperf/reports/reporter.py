@@ -248,7 +248,7 @@ class SessionReporter:
                                                  allowed=settings.append_on_pass)
             if report.not_appended is None:
                 try:
-                    report.baselines_update = dataclasses.replace(self._update_baselines(), on_pass=True)
+                    report.baselines_update = dataclasses.replace(self._update_baselines(on_pass=True), on_pass=True)
                 except KimiperfError as exc:
                     errors.append(str(exc))
 
@@ -307,7 +307,7 @@ class SessionReporter:
         if errors:
             raise KimiperfError("; ".join(errors))
 
-    def _update_baselines(self) -> BaselineUpdate:
+    def _update_baselines(self, *, on_pass: bool = False) -> BaselineUpdate:
         settings = self.settings
         # A control's boots are the recorded build's, measured for this session's comparison only.
         controls = {p.name for p in settings.profiles if p.control_of}
@@ -322,7 +322,7 @@ class SessionReporter:
         if not entries:
             return BaselineUpdate(path=str(path), entries=0, not_recorded=tuple(not_recorded))
         try:
-            baselines.update_baseline(path, settings.deployment.name, fp, entries)
+            baselines.update_baseline(path, settings.deployment.name, fp, entries, on_pass=on_pass)
         except OSError as exc:
             # update_baseline turns its own write errors into BaselineError; creating the directory
             # (a --kimiperf-baselines-dir that is a file, no permission) can still fail underneath it.

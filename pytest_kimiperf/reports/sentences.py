@@ -21,7 +21,7 @@ from pytest_kimiperf.judge.levels import CanaryCheck, Level, Levels
 from pytest_kimiperf.judge.notes import (
     BootAsked, BootPlanned, BootsForWithin, BootsToDecide, DeclaredModes, FailedRequests, FloorNote, GoodputSlos,
     HistoryModes, HistoryStep, HistorySteps, InvalidRun, LeftOut, LevelSpread, Look, NeedsBoots, NoDecode, Note, Plan, Said, SloCheck, SoftFingerprint,
-    SpreadSource, TooFewSamples, Unresolved,
+    SpreadSource, TooFewSamples, Unresolved, Drifted,
 )
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind, fmt_tolerance
 from pytest_kimiperf.judge.verdicts import (
@@ -430,6 +430,14 @@ def unresolved_text(note: Unresolved) -> str:
 @say.register
 def _(note: Unresolved) -> str:
     return f"UNRESOLVED: {unresolved_text(note)}"
+
+
+@say.register
+def _(note: Drifted) -> str:
+    return (f"DRIFT: {note.label} {fmt_change(note.change)} since the baseline was recorded ({note.anchor_at}), "
+            f"on the line through the {note.nights} runs since (this one and {note.nights - 1} appended on "
+            f"passing), at best {fmt_change(note.bound)}: beyond the {fmt_tolerance(note.tolerance)} tolerance; "
+            "find the change, or record the baseline again (--kimiperf-update-baselines) if it is meant")
 
 
 @say.register

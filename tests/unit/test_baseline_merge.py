@@ -144,7 +144,7 @@ def test_sides_of_different_schema_versions_are_a_conflict() -> None:
     schema_1 = (DATA / "baselines" / "schema1.json").read_text()
     schema_2 = dumps_baseline(parse_baseline(PATH, schema_1))
     edited = schema_1.replace('"recorded_at": "', '"recorded_at": "1', 1)
-    with pytest.raises(BaselineConflict, match=r"schema_version differs between the two sides \(ours 2, theirs 1\)"):
+    with pytest.raises(BaselineConflict, match=r"schema_version differs between the two sides \(ours 3, theirs 1\)"):
         merge_baseline_texts(schema_1, schema_2, edited, path=PATH)
 
 

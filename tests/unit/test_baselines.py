@@ -98,12 +98,12 @@ def test_golden_file_loads_and_dumps_back_byte_for_byte() -> None:
     assert entry.profile_env == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"}
     assert [(b.median, b.n, b.recorded_at) for b in entry.boots] == [(43.1, 5, "2025-01-02T03:04:05Z")]
     assert loaded.entry(DECODE_TEST, "tree", "decode_tok_s") is None
-    assert json.loads((DATA / "merge_before.json").read_text())["schema_version"] == SCHEMA_VERSION == 2
+    assert json.loads((DATA / "merge_before.json").read_text())["schema_version"] == SCHEMA_VERSION == 3
     assert dumps_baseline(loaded) == (DATA / "merge_before.json").read_text()
 
 
 def test_unsorted_compact_file_is_written_back_sorted_and_indented() -> None:
-    # compact_unsorted.json is schema 1: it also comes back as schema 2, one boot per entry.
+    # compact_unsorted.json is schema 1: it also comes back as schema 3, one boot per entry.
     compact = load_baseline(DATA / "compact_unsorted.json")
     assert compact is not None
     text = dumps_baseline(compact)
@@ -135,11 +135,11 @@ def test_update_creates_a_new_file(tmp_path: Path) -> None:
     loaded = load_baseline(path)
     assert loaded is not None
     assert sorted(loaded.entries) == sorted(e.key for e in entries)
-    assert json.loads(path.read_text())["schema_version"] == 2
+    assert json.loads(path.read_text())["schema_version"] == SCHEMA_VERSION == 3
     assert all(len(e.boots) == 1 for e in loaded.entries.values())
 
 
-def test_schema_1_file_loads_as_one_boot_and_is_written_back_as_schema_2(tmp_path: Path) -> None:
+def test_schema_1_file_loads_as_one_boot_and_is_written_back_as_schema_3(tmp_path: Path) -> None:
     assert json.loads((DATA / "schema1.json").read_text())["schema_version"] == 1
     path = _install(tmp_path, "schema1.json")
     loaded = load_baseline(path)
@@ -151,10 +151,10 @@ def test_schema_1_file_loads_as_one_boot_and_is_written_back_as_schema_2(tmp_pat
         41.2, 5, "2025-01-02T03:04:05Z", "1" * 40)
     assert boot.se_log is not None and 0 < boot.se_log < 0.01  # from its own five samples
     assert path.read_text() == (DATA / "schema1.json").read_text()  # loading writes nothing
-    # The next update rewrites the whole file as schema 2, untouched entries included.
+    # The next update rewrites the whole file as schema 3, untouched entries included.
     update_baseline(path, DEPLOYMENT, FINGERPRINT, _new_entries())
     assert path.read_text() == (DATA / "merge_after.json").read_text()
-    assert json.loads(path.read_text())["schema_version"] == 2
+    assert json.loads(path.read_text())["schema_version"] == SCHEMA_VERSION == 3
 
 
 def test_update_appends_boots_and_keeps_the_last_history_boots(tmp_path: Path) -> None:
@@ -197,7 +197,7 @@ def test_update_appends_boots_and_keeps_the_last_history_boots(tmp_path: Path) -
     "golden, expected",
     [
         ("corrupt.json", r"is not valid JSON \(line 2, column \d+.*git checkout -- .*left unchanged"),
-        ("future_schema.json", r"schema_version 3, newer than the 2 .* upgrade pytest-kimiperf"),
+        ("future_schema.json", r"schema_version 4, newer than the 3 .* upgrade pytest-kimiperf"),
     ],
 )
 def test_bad_file_is_a_clear_error_and_stays_untouched(tmp_path: Path, golden: str, expected: str) -> None:

@@ -45,6 +45,7 @@ EVERY_KIND = [
     notes.FloorNote(floor_check(30.0, 40.0, 50.0, "tok/s", "decode")), notes.NoDecode(), notes.BootPlanned(1, 3),
     notes.BootAsked("default", 2, (LOOK,)), notes.Unresolved((LOOK,), "remote", 2),
     notes.SoftFingerprint(("kernel: 6.8 -> 6.9",)), SPREAD,
+    notes.Drifted("decode_tok_s", "decode tok/s", -0.041, -0.032, 17, 0.03, "2026-11-02T10:00:00Z"),
     notes.Plan(0.06, 0.01, 5, sessions=4, levels=(notes.LevelSpread("session", 0.01, SPREAD),)),
     LINE, VerdictNote(COMPARISON, notes.Plan(0.06, 0.01, 5, boots=4)), MissingBaselines((LINE,)),
 ]
