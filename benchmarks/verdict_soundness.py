@@ -10,11 +10,16 @@ print the same figures.
 * ``modes``: issue 46's item 1, a history in which 30% of boots fall into a spawn mode 20%
   slower and a run of 3 boots (fast spawns) moved by a true change: the verdicts by change;
 * ``drift``: a history that grows itself, judged against its anchor (judge/drift.py): the true
-  change when a slow drift first fails, and the share of quiet nights that fail.
+  change when a slow drift first fails, and the share of quiet nights that fail;
+* ``nightly``: the same through the shipped path: each night's 2 boots judged by the gate
+  against the history's window and by the drift test against the anchor, at the run's critical
+  value for the shipped suite (24 entries, each judged twice), appended on pass
+  (baselines.append_history with on_pass, behind append.py's guard, or with ``--no-guard``).
 
     nice -n 19 python benchmarks/verdict_soundness.py edge [--trials 1500]
     nice -n 19 python benchmarks/verdict_soundness.py modes [--trials 40]
     nice -n 19 python benchmarks/verdict_soundness.py drift [--trials 200]
+    nice -n 19 python benchmarks/verdict_soundness.py nightly [--trials 100] [--no-guard]
 """
 
 from __future__ import annotations
@@ -32,7 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
 from pytest_kimiperf.judge.boot_summary import BootSummary  # noqa: E402
-from pytest_kimiperf.judge.drift import drift_since_anchor  # noqa: E402
+from pytest_kimiperf.judge.append import DRIFT_SHARE, favourable_bound  # noqa: E402
+from pytest_kimiperf.judge.baseline_schema import BaselineBoot, BaselineEntry  # noqa: E402
+from pytest_kimiperf.judge.baselines import append_history  # noqa: E402
+from pytest_kimiperf.judge.drift import drift_of_entry, drift_since_anchor  # noqa: E402
+from pytest_kimiperf.judge.family import family_critical  # noqa: E402
+from pytest_kimiperf.judge.levels import BootOrigin  # noqa: E402
 from pytest_kimiperf.judge.history import compare_with_history  # noqa: E402
 from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session  # noqa: E402
 from pytest_kimiperf.judge.stats import VerdictKind, band_log  # noqa: E402
@@ -169,9 +179,75 @@ def drift_table(args: argparse.Namespace) -> None:
             print(f"{'none':>9} | {'-':>16} | {'-':>20} | - | {failing / total:.2%} of {total} nights")
 
 
+def _stored(levels: list[float], session: str, stamp: int) -> BaselineEntry:
+    """One run's boots of one metric as the baseline file stores them."""
+    boots = tuple(BaselineBoot(median=100.0 * math.exp(x), n=20, se_log=SE_LOG, recorded_at=f"2026-{stamp:08d}",
+                               git_commit=None, versions={}, origin=BootOrigin(session, "h")) for x in levels)
+    return BaselineEntry(test="t.py::t", profile="default", metric="decode_tok_s", unit="tok/s", direction=HIGHER,
+                         samples=(100.0,), median=100.0, iqr=(100.0, 100.0), n=1, recorded_at=f"2026-{stamp:08d}",
+                         git_commit=None, profile_env={}, boots=boots)
+
+
+def nightly_table(args: argparse.Namespace) -> None:
+    """Nightly runs of 2 boots (boot 1%, session 1%, declared right), each judged by the gate
+    against the window and by the drift test against the anchor (a deliberate recording of
+    2 sessions x 2 boots), appended when it passes (and the guard lets it)."""
+    spreads = Spreads(0.01, 0.01)
+    entries = 24  # the shipped suite's gated entries under tiny-cpu, each judged twice with nights
+    critical = family_critical(2 * entries)
+    band = band_log(TOLERANCE)
+    rng = np.random.default_rng(args.seed)
+    print(f"nightly gate + drift against the anchor, tolerance 3%, critical {critical:.2f} "
+          f"({2 * entries} comparisons), guard {'off' if args.no_guard else 'on'}, {args.trials} series a row")
+    print("per night | failed before 2x tol | true change at first failure (median, p10-p90) | by drift | "
+          "nights appended | nights failing")
+    for per_night in (-0.0005, -0.001, -0.0025, 0.0):
+        nights = int(2 * band / -math.log1p(per_night)) + 1 if per_night else 120
+        before, at_fail, by_drift, failing, appended, total = 0, [], 0, 0, 0, 0
+        for _ in range(args.trials):
+            entry = None
+            for s in range(2):
+                level = rng.normal(0.0, 0.01)
+                entry = append_history(entry, _stored([level + rng.normal(0.0, 0.01) for _ in range(2)], f"a{s}", s))
+            assert entry is not None
+            first = None
+            for night in range(1, nights + 1):
+                level = math.log1p(per_night) * night + rng.normal(0.0, 0.01)
+                new = _stored([level + rng.normal(0.0, 0.01) for _ in range(2)], f"n{night}", 10 + night)
+                current = [b.summary() for b in new.boots]
+                c = compare_with_history(current, entry.summaries(), direction=HIGHER, tolerance=TOLERANCE,
+                                         spreads=spreads, critical=critical, histories=entries)
+                d = drift_of_entry(entry, current, tolerance=TOLERANCE, spreads=spreads, critical=critical)
+                drifted = d is not None and d.failed
+                total += 1
+                if c.verdict is VerdictKind.REGRESSION or drifted:
+                    failing += 1
+                    if first is None:
+                        first = night
+                        by_drift += drifted and c.verdict is not VerdictKind.REGRESSION
+                    if per_night:
+                        break
+                    continue  # a failing night appends nothing
+                bound = favourable_bound(c)
+                if args.no_guard or not (math.isfinite(bound) and bound < -DRIFT_SHARE * c.tolerance):
+                    entry = append_history(entry, new, on_pass=True)
+                    appended += 1
+            if first is not None and per_night:
+                before += 1
+                at_fail.append(math.expm1(math.log1p(per_night) * first))
+        share = f"{appended / total:.0%}"
+        if per_night:
+            q = np.quantile(at_fail, [0.1, 0.5, 0.9]) if at_fail else [math.nan] * 3
+            print(f"{per_night:+9.2%} | {before / args.trials:20.1%} | {q[1]:+.1%} ({q[0]:+.1%}..{q[2]:+.1%}) | "
+                  f"{by_drift / max(before, 1):.0%} | {share} | -")
+        else:
+            print(f"{'none':>9} | - | - | - | {share} | {failing / total:.2%} of {total} nights (one metric)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("table", choices=("edge", "modes", "drift"))
+    parser.add_argument("table", choices=("edge", "modes", "drift", "nightly"))
+    parser.add_argument("--no-guard", action="store_true", help="nightly: append every passing night")
     parser.add_argument("--trials", type=int, default=None)
     parser.add_argument("--seed", type=int, default=46)
     args = parser.parse_args(argv)
@@ -181,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.table == "drift":
         args.trials = args.trials or 200
         drift_table(args)
+    elif args.table == "nightly":
+        args.trials = args.trials or 100
+        nightly_table(args)
     else:
         args.trials = args.trials or 40
         modes_table(args)

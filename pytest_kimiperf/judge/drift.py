@@ -10,10 +10,12 @@ The test: a weighted least-squares line through the anchor (night 0) and each ap
 mean log figure, each point weighted by the variance the declared levels give it (the boot
 level over its boots, the session level whole: a night is one session). Its slope times the
 nights since the anchor is the cumulative change; a drift **fails** when that change is beyond
-the tolerance's band and :data:`DRIFT_ALPHA` one-sided from none. A line, not the last night
-against the anchor: the anchor's own session effect, which no later night re-draws, would
-otherwise stand in every comparison (a 1% session spread alone keeps a level test from telling
-3% from 6% with a one-session anchor), while a slope sees it once, at its leverage. A step
+the tolerance's band and :data:`DRIFT_ALPHA` one-sided from none, and the last night itself is
+worse than the anchor beyond the band (a line can be pulled by one night's spike: up and back,
+it falls). A line, not the last night against the anchor alone: the anchor's own session
+effect, which no later night re-draws, would otherwise stand in every comparison (a 1% session
+spread alone keeps a level test from telling 3% from 6% with a one-session anchor), while a
+slope sees it once, at its leverage. A step
 (a change landed in one night and stayed) fits a line too, less well: the residual spread,
 which floors the noise where it exceeds the declared, says so.
 """
@@ -119,5 +121,10 @@ def _line(points: Sequence[tuple[float, float, float]], *, direction: Direction,
     se = math.sqrt(scale / sxx) * span
     gain = cumulative if direction is Direction.HIGHER_IS_BETTER else -cumulative
     z = float(scipy_stats.norm.isf(DRIFT_ALPHA)) if critical is None else critical
-    failed = gain < -band_log(tolerance) and gain + z * se < 0.0
+    # The line alone can be pulled by one night: a spike up and back fits a falling line while no
+    # figure was ever worse than the anchor. So the last point itself must also be worse than the
+    # anchor beyond the band (the sign invariant: a history never worse than its anchor never drifts).
+    last = points[-1][1] - points[0][1]
+    last_gain = last if direction is Direction.HIGHER_IS_BETTER else -last
+    failed = gain < -band_log(tolerance) and gain + z * se < 0.0 and last_gain < -band_log(tolerance)
     return Drift(math.expm1(gain), math.expm1(gain + z * se), int(span), failed)

@@ -41,6 +41,12 @@ def test_a_passing_run_on_the_branch_appends_and_a_run_elsewhere_does_not(
     result.stdout.fnmatch_lines(["*baselines appended (a passing run, --kimiperf-append-on-pass): *stub*.json (2 entries)*"])
     assert _boots(pytester) == 2
     assert json.loads(out.read_text())["baselines"]["appended_on_pass"] is True
+    # The recording is the anchor, the passing run its first night (judge/drift.py).
+    [path] = (pytester.path / "baselines" / "stub").glob("*.json")
+    entry = json.loads(path.read_text())["entries"][KEY]
+    assert (len(entry["anchor"]), len(entry["nights"])) == (1, 1)
+    assert entry["anchor"][0] == entry["boots"][0] and entry["nights"][0]["boots"] == 1
+    before = _alpha_spent(out)
 
     # A pull request's run (GitHub's ref is "<n>/merge"), set by the ini twin: nothing appended, and why.
     monkeypatch.setenv("GITHUB_REF_NAME", "7/merge")
@@ -53,6 +59,16 @@ def test_a_passing_run_on_the_branch_appends_and_a_run_elsewhere_does_not(
     baselines = json.loads(out.read_text())["baselines"]
     assert (baselines["updated"], baselines["appended_on_pass"]) == (False, False)
     assert "this run is on branch '7/merge'" in baselines["not_appended"]
+    # With nights, each entry is judged twice (window and drift): the run's 1% is split over twice
+    # as many comparisons.
+    assert _alpha_spent(out) == pytest.approx(before / 2)
+
+
+def _alpha_spent(report: Path) -> float:
+    """The false-alarm share each baseline comparison of the run was given (1 - its confidence)."""
+    [spent] = {round(1 - m["baseline"]["confidence"], 12) for t in json.loads(report.read_text())["tests"]
+               for m in t["metrics"].values()}
+    return spent
 
 
 def test_a_run_on_a_host_whose_canary_moved_is_reported_only_and_appends_nothing(

@@ -327,3 +327,87 @@ def test_a_throughput_and_its_inverse_read_as_a_latency_get_one_verdict() -> Non
     there = compare_with_history(current, history, direction=HIGHER, tolerance=0.25, spreads=spreads)
     back = compare_with_history(inverted(current), inverted(history), direction=LOWER, tolerance=0.25, spreads=spreads)
     assert there.verdict is back.verdict
+
+
+# -- drift against the anchor (a history grown by passing runs) ------------------------------
+
+@dataclass(frozen=True)
+class DriftCase:
+    """An anchor, the nights appended since and tonight's boots, with the rules they are judged by."""
+
+    anchor: tuple[float, ...]  # log figures of the anchor's boots
+    nights: tuple[tuple[float, int], ...]  # (log figure, boots) of each appended night
+    tonight: tuple[float, ...]
+    direction: Direction
+    tolerance: float
+    spreads: Spreads
+
+    def judge(self, scale: float = 1.0, tonight: Sequence[float] | None = None, direction: Direction | None = None,
+              invert: bool = False):  # type: ignore[no-untyped-def]
+        from pytest_kimiperf.judge.baseline_schema import BaselineBoot, BaselineEntry, Night
+        from pytest_kimiperf.judge.drift import drift_of_entry
+        from pytest_kimiperf.judge.levels import BootOrigin
+
+        sign = -1.0 if invert else 1.0
+
+        def fig(x: float) -> float:
+            return scale * math.exp(sign * x)
+
+        anchor = tuple(BaselineBoot(fig(x), 20, 0.003, "a", None, {}, BootOrigin(f"a{i // 2}", "h"))
+                       for i, x in enumerate(self.anchor))
+        nights = tuple(Night(fig(x), k, f"n{i}", None) for i, (x, k) in enumerate(self.nights))
+        entry = BaselineEntry("t", "p", "decode_tok_s", "tok/s", direction or self.direction, (1.0,), 1.0, (1.0, 1.0), 1,
+                              "a", None, {}, anchor, anchor=anchor, nights=nights)
+        boots = [BootSummary(fig(x), 20, 0.003, session="now", host="h") for x in (tonight or self.tonight)]
+        return drift_of_entry(entry, boots, tolerance=self.tolerance, spreads=self.spreads)
+
+
+@st.composite
+def drift_cases(draw: st.DrawFn) -> DriftCase:
+    logs = st.floats(-0.3, 0.3)
+    anchor = tuple(draw(st.lists(logs, min_size=1, max_size=6)))
+    nights = tuple(draw(st.lists(st.tuples(logs, st.integers(1, 4)), min_size=1, max_size=40)))
+    tonight = tuple(draw(st.lists(logs, min_size=1, max_size=4)))
+    return DriftCase(anchor, nights, tonight, draw(st.sampled_from([HIGHER, LOWER])), draw(st.floats(0.01, 0.25)),
+                     Spreads(draw(st.floats(0.002, 0.2)), draw(st.floats(0.0, 0.2)), draw(st.floats(0.0, 0.1))))
+
+
+@PROPERTY
+@given(drift_cases(), st.floats(0.001, 1.0))
+def test_drift_monotone_a_worse_tonight_never_clears_a_drift(case: DriftCase, by: float) -> None:
+    before = case.judge()
+    worse = -by if case.direction is HIGHER else by
+    after = case.judge(tonight=[x + worse for x in case.tonight])
+    assert before is not None and after is not None
+    assert after.change <= before.change + 1e-12
+    assert after.failed or not before.failed
+
+
+@PROPERTY
+@given(drift_cases(), st.floats(0.01, 100.0))
+def test_drift_invariant_to_scale_and_antisymmetric_on_one_over_x(case: DriftCase, factor: float) -> None:
+    d = case.judge()
+    scaled_d = case.judge(scale=factor)
+    flipped = case.judge(invert=True, direction=LOWER if case.direction is HIGHER else HIGHER)
+    assert d is not None and scaled_d is not None and flipped is not None
+    assert scaled_d.failed is d.failed and flipped.failed is d.failed
+    assert scaled_d.change == pytest.approx(d.change, abs=1e-9) and flipped.change == pytest.approx(d.change, abs=1e-9)
+
+
+@PROPERTY
+@given(drift_cases())
+def test_drift_sign_never_fails_a_history_that_only_got_better_and_never_without_a_change_beyond_the_band(
+        case: DriftCase) -> None:
+    better = max if case.direction is HIGHER else min
+    start = better(case.anchor)
+    # Every night and tonight at or better than the anchor's best boot: nothing to fail.
+    up = [abs(x) for x, _ in case.nights]
+    improving = DriftCase(case.anchor, tuple((start + (u if case.direction is HIGHER else -u), k)
+                                             for u, (_, k) in zip(up, case.nights)),
+                          tuple(start for _ in case.tonight), case.direction, case.tolerance, case.spreads)
+    d = improving.judge()
+    assert d is not None and not d.failed
+    d = case.judge()
+    assert d is not None
+    if d.failed:
+        assert d.change < -case.tolerance / (1 + case.tolerance) + 1e-12 and d.bound < 0
