@@ -54,7 +54,7 @@ from pytest_kimiperf.judge.gate import verdict_fails  # noqa: E402
 from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot  # noqa: E402
 from pytest_kimiperf.judge import stats  # noqa: E402
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind  # noqa: E402
-from pytest_kimiperf.judge.append import DRIFT_SHARE, favourable_bound  # noqa: E402
+from pytest_kimiperf.judge.drift import drift_since_anchor  # noqa: E402
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
 from pytest_kimiperf.judge.history import (  # noqa: E402
     compare_with_history, history_steps, joint_placements, judged_part,
@@ -474,32 +474,31 @@ def step_cells(args: argparse.Namespace) -> list[Noise]:
 
 
 def append_nights(args: argparse.Namespace) -> list[dict[str, object]]:
-    """A history that grows itself: nightly gate runs on main, each appending
-    its boots to the history when it passed (the window keeps the last 20 boots), from a
-    history of 10 nights of the unchanged server. Two threats: a slow drift of -0.25% a night
-    (-6%, twice the tolerance, after 24 nights) and a -6% regression that lands on night 5.
-    With the drift guard in force (append only when no metric is worse than the history by half
-    its tolerance at append.favourable_bound), the point-estimate guard it replaced, and none: the night the gate first fails, and the share of nights after
-    the step that fail (of every night, with no threat: false alarms), and the nights appended."""
+    """A history that grows itself: nightly gate runs on main, each appending its boots to the
+    history when it passed (the window keeps the last 20 boots), from a history of 10 nights of
+    the unchanged server. Two threats: a slow drift of -0.25% a night (-6%, twice the tolerance,
+    after 24 nights) and a -6% regression that lands on night 5. With the rule in force (each
+    metric also judged against the anchor, the 10 recorded nights, by drift.drift_since_anchor,
+    the nights appended since and tonight's boots; a drift fails the night) and without it (the
+    window alone): the night the gate first fails, and the share of nights after the step that
+    fail (of every night, with no threat: false alarms), and the nights appended."""
     rules = Rules(args.tolerance, Spreads(args.prior, args.session_prior, args.host_prior), args.max_boots, boots=2)
     noise = Noise(0.01, 0.02, args.drift, session_sd=0.01)
     nights = 40
     rows = []
     print(f"history that grows itself: nightly runs (2 planned boots) appending when they pass, from 10 nights; "
           f"{min(args.trials, 200)} series a row")
-    print(f"{'threat':<32} | {'drift guard':>11} | {'first failing night (median, p90)':>34} | "
+    print(f"{'threat':<32} | {'rule':>11} | {'first failing night (median, p90)':>34} | "
           f"{'true change then':>16} | {'nights failing':>14} | {'nights appended':>15}")
-    # "bound" is the rule in force (judge/append.py); "point" the rejected one; "off" no guard.
-    guards = {"bound": lambda c: favourable_bound(c) < -DRIFT_SHARE * c.tolerance,
-              "point": lambda c: c.gain < -DRIFT_SHARE * c.tolerance,
-              "off": lambda c: False}
     for threat in ("none", "drift -0.25%/night", "step -6% on night 5"):
-        for guard, rule in guards.items():
+        for guard in ("anchor", "window"):
             rng = np.random.default_rng(4000)
             world = World(noise, rng)
             firsts, changes, failing_after, appended = [], [], [], []
             for _ in range(min(args.trials, 200)):
                 history, canaries = world.history(10)
+                anchor = [list(h) for h in history]
+                since: list[list[list[BootSummary]]] = [[] for _ in range(world.metrics)]
                 first = None
                 fails_after = appends = 0
                 for night in range(nights):
@@ -508,17 +507,22 @@ def append_nights(args: argparse.Namespace) -> list[dict[str, object]]:
                     out: dict[str, object] = {}
                     verdicts, _ = gate_run(world, (history, canaries), change=level, rules=rules, start=0.0,
                                            span=1.0, session_name=f"night-{night}", out=out)
+                    boots: dict[int, list[BootSummary]] = out["boots"]  # type: ignore[assignment]
                     failed = any(v is VerdictKind.REGRESSION for v in verdicts)
+                    if guard == "anchor":
+                        failed = failed or any(
+                            drift_since_anchor(anchor[m], [*since[m], boots[m]], direction=Direction.HIGHER_IS_BETTER,
+                                               tolerance=rules.tolerance, spreads=rules.spreads,
+                                               critical=rules.critical).failed
+                            for m in range(world.metrics) if boots[m])
                     if failed and first is None:
                         first = night
                         changes.append(level)
                     if not threat.startswith("step") or night >= 5:
                         fails_after += failed
-                    comparisons: dict[int, Comparison] = out["comparisons"]  # type: ignore[assignment]
-                    drifted = any(math.isfinite(c.gain) and rule(c) for c in comparisons.values())
-                    if not failed and not drifted:
-                        boots: dict[int, list[BootSummary]] = out["boots"]  # type: ignore[assignment]
+                    if not failed:
                         history = [(history[m] + boots[m])[-20:] for m in range(world.metrics)]
+                        since = [since[m] + [boots[m]] for m in range(world.metrics)]
                         appends += 1
                 firsts.append(first if first is not None else nights)
                 failing_after.append(fails_after / (nights - 5 if threat.startswith("step") else nights))

@@ -14,7 +14,8 @@ print the same figures.
 * ``nightly``: the same through the shipped path: each night's 2 boots judged by the gate
   against the history's window and by the drift test against the anchor, at the run's critical
   value for the shipped suite (24 entries, each judged twice), appended on pass
-  (baselines.append_history with on_pass, behind append.py's guard, or with ``--no-guard``).
+  (baselines.append_history with on_pass, unless append.py refuses the night: it looked worse than
+  the tolerance without a verdict; ``--no-guard`` appends every passing night).
 
     nice -n 19 python benchmarks/verdict_soundness.py edge [--trials 1500]
     nice -n 19 python benchmarks/verdict_soundness.py modes [--trials 40]
@@ -37,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
 from pytest_kimiperf.judge.boot_summary import BootSummary  # noqa: E402
-from pytest_kimiperf.judge.append import DRIFT_SHARE, favourable_bound  # noqa: E402
 from pytest_kimiperf.judge.baseline_schema import BaselineBoot, BaselineEntry  # noqa: E402
 from pytest_kimiperf.judge.baselines import append_history  # noqa: E402
 from pytest_kimiperf.judge.drift import drift_of_entry, drift_since_anchor  # noqa: E402
@@ -228,8 +228,8 @@ def nightly_table(args: argparse.Namespace) -> None:
                     if per_night:
                         break
                     continue  # a failing night appends nothing
-                bound = favourable_bound(c)
-                if args.no_guard or not (math.isfinite(bound) and bound < -DRIFT_SHARE * c.tolerance):
+                # append.append_refusal: a night that looked worse than the tolerance without a verdict.
+                if args.no_guard or not (c.unresolved_beyond_tolerance and c.gain < 0):
                     entry = append_history(entry, new, on_pass=True)
                     appended += 1
             if first is not None and per_night:
@@ -247,7 +247,8 @@ def nightly_table(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("table", choices=("edge", "modes", "drift", "nightly"))
-    parser.add_argument("--no-guard", action="store_true", help="nightly: append every passing night")
+    parser.add_argument("--no-guard", action="store_true",
+                        help="nightly: append every passing night, even one that looked worse without a verdict")
     parser.add_argument("--trials", type=int, default=None)
     parser.add_argument("--seed", type=int, default=46)
     args = parser.parse_args(argv)

@@ -146,7 +146,9 @@ OPTIONS = (
            "branch(es), comma-separated, on which a passing run appends its boots to the baseline "
            "history (e.g. 'main' for a scheduled job). A failing run appends nothing, "
            "nor one in which a metric is not comparable to its history (the host canary moved, or the profile's "
-           "environment differs) or worse than it by half its tolerance at a bound in its favour (a slow drift)",
+           "environment differs) or looked worse than its tolerance without a verdict. The baseline keeps the "
+           "last deliberate recording as an anchor: a drift that adds up beyond the tolerance over the runs "
+           "appended since fails (DRIFT)",
            env="KIMIPERF_APPEND_ON_PASS", default_text="off"),
     Option("control", "--kimiperf-control",
            "boot the deployment's control_command (the recorded build) as a control profile, interleaved "

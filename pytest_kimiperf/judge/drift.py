@@ -23,16 +23,18 @@ which floors the noise where it exceeds the declared, says so.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from scipy import stats as scipy_stats
 
 from pytest_kimiperf.config.deployments import Spreads
-from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.baseline_schema import BaselineEntry
+from pytest_kimiperf.config.metric_specs import Direction, metric_spec
+from pytest_kimiperf.judge.baseline_schema import BaselineEntry, BaselineFile
 from pytest_kimiperf.judge.boot_summary import BootSummary
-from pytest_kimiperf.judge.stats import band_log
+from pytest_kimiperf.judge.notes import Drifted
+from pytest_kimiperf.judge.stats import VerdictKind, band_log
+from pytest_kimiperf.judge.verdicts import TestResult
 
 # One-sided, per metric and night, where the run's family does not set it (the gate passes its
 # critical value, family.family_critical, so the drift tests share the run's budget): the chance
@@ -128,3 +130,22 @@ def _line(points: Sequence[tuple[float, float, float]], *, direction: Direction,
     last_gain = last if direction is Direction.HIGHER_IS_BETTER else -last
     failed = gain < -band_log(tolerance) and gain + z * se < 0.0 and last_gain < -band_log(tolerance)
     return Drift(math.expm1(gain), math.expm1(gain + z * se), int(span), failed)
+
+
+def drift_failures(result: TestResult, base_file: BaselineFile, current: Mapping[str, Sequence[BootSummary]], *,
+                   spreads: Spreads, critical: float | None) -> list[Drifted]:
+    """Each metric of ``result`` whose history passing runs have grown, judged against its
+    anchor with this run's boots (``current``, by metric) as one more night: the drifts that
+    fail. A metric not comparable to its history (another host canary or profile environment)
+    is not judged; the gate calls this at a test's last boot."""
+    failed = []
+    for mres in result.metrics.values():
+        entry = base_file.entry(result.test, result.profile, mres.metric)
+        if entry is None or mres.baseline is None or mres.baseline.verdict is VerdictKind.NOT_COMPARABLE:
+            continue
+        drift = drift_of_entry(entry, current.get(mres.metric, []), tolerance=mres.tolerance, spreads=spreads,
+                               critical=critical)
+        if drift is not None and drift.failed:
+            failed.append(Drifted(mres.metric, metric_spec(mres.metric).label, drift.change, drift.bound,
+                                  drift.nights, mres.tolerance, entry.anchor[-1].recorded_at))
+    return failed

@@ -21,7 +21,7 @@ from pytest_kimiperf.config.deployments import Deployment, Spreads
 from pytest_kimiperf.judge.history import against_history, joint_placements
 from pytest_kimiperf.judge.boots import TestBoots
 from pytest_kimiperf.judge.notes import (
-    BootAsked, BootPlanned, Drifted, FailedRequests, FloorNote, GoodputSlos, InvalidRun, LeftOut, Look, NoDecode, Said,
+    BootAsked, BootPlanned, FailedRequests, FloorNote, GoodputSlos, InvalidRun, LeftOut, Look, NoDecode, Said,
     SloCheck, SoftFingerprint, Unresolved,
 )
 from pytest_kimiperf.judge.power import plan, smallest_change, wants_another_boot
@@ -29,7 +29,7 @@ from pytest_kimiperf.judge.verdicts import (
     BaselineLine, BaselineState, MetricResult, MissingBaselines, ResultWarning, TestResult, VerdictNote, WarningKind,
 )
 from pytest_kimiperf.judge.changepoints import DEFAULT_HISTORIES
-from pytest_kimiperf.judge.drift import drift_of_entry
+from pytest_kimiperf.judge.drift import drift_failures
 from pytest_kimiperf.judge.family import family_critical
 from pytest_kimiperf.judge.floors import FloorResult, floor_check
 from pytest_kimiperf.judge.boot_summary import BootSummary
@@ -326,31 +326,14 @@ def judge(
     else:
         for comparison in comparisons:
             verdict_to_result(comparison, result, strict=rules.strict)
-        if not result.unrecordable:
-            _check_drift(result, view, current, rules)
+        base_file = view.file() if view is not None else None
+        if base_file is not None and not result.unrecordable:
+            result.failures.extend(drift_failures(result, base_file, current.summaries, spreads=rules.spreads,
+                                                  critical=rules.critical))
     soft = view.soft_changes() if view is not None and comparisons else []
     if soft:
         result.warn(WarningKind.SOFT_FINGERPRINT, SoftFingerprint(tuple(soft)))
     return Judgement(result, comparisons, recorded, wants_boot)
-
-
-def _check_drift(result: TestResult, view: BaselineView | None, current: TestBoots, rules: Rules) -> None:
-    """Each metric whose history passing runs have grown (``--kimiperf-append-on-pass``) against
-    its anchor, this run one more night (judge/drift.py): a drift that adds up beyond the
-    tolerance fails, though every night alone passed against the window it fed. A metric not
-    comparable to its history (another host canary or profile environment) is not judged."""
-    base_file = view.file() if view is not None else None
-    if base_file is None:
-        return
-    for mres in result.metrics.values():
-        entry = base_file.entry(result.test, result.profile, mres.metric)
-        if entry is None or mres.baseline is None or mres.baseline.verdict is VerdictKind.NOT_COMPARABLE:
-            continue
-        drift = drift_of_entry(entry, current.summaries.get(mres.metric, []), tolerance=mres.tolerance,
-                               spreads=rules.spreads, critical=rules.critical)
-        if drift is not None and drift.failed:
-            result.failures.append(Drifted(mres.metric, metric_spec(mres.metric).label, drift.change, drift.bound,
-                                           drift.nights, mres.tolerance, entry.anchor[-1].recorded_at))
 
 
 def _looks(comparisons: Sequence[Comparison]) -> tuple[Look, ...]:

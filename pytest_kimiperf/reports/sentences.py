@@ -172,15 +172,14 @@ def _(note: NotAppended) -> str:
         on = f"branch {note.branch!r}" if note.branch else "no branch (a detached checkout)"
         return f"not appended to the baseline history: this run is on {on}, and appends only on {allowed}"
     label = metric_spec(note.metric).heading if note.metric else note.metric
-    if note.why is AppendWhy.NOT_COMPARABLE:
-        why = "the host canary moved" if note.canary_moved else "the profile's environment or arguments differ"
-        return (f"not appended to the baseline history: {label} of {note.test} [{note.profile}] is not comparable "
-                f"to it ({why}; {fmt_change(note.gain)}): another host or configuration joins the history only on "
-                "purpose (--kimiperf-update-baselines)")
-    return (f"not appended to the baseline history: {label} of {note.test} [{note.profile}] is "
-            f"{fmt_change(note.gain)} against the history (at best {fmt_change(note.bound)}), worse than half its "
-            f"{fmt_tolerance(note.tolerance)} tolerance: a slow drift is not taken into the history "
-            "(--kimiperf-update-baselines records it on purpose)")
+    if note.why is AppendWhy.UNRESOLVED:
+        return (f"not appended to the baseline history: {label} of {note.test} [{note.profile}] looked "
+                f"{fmt_change(note.gain)} against it, beyond its {fmt_tolerance(note.tolerance)} tolerance, without "
+                f"a verdict ({note.verdict}): a change this run could not rule out is not taken into the history")
+    why = "the host canary moved" if note.canary_moved else "the profile's environment or arguments differ"
+    return (f"not appended to the baseline history: {label} of {note.test} [{note.profile}] is not comparable "
+            f"to it ({why}; {fmt_change(note.gain)}): another host or configuration joins the history only on "
+            "purpose (--kimiperf-update-baselines)")
 
 
 @say.register

@@ -96,8 +96,8 @@ def test_nightly_appends_stop_at_a_failing_night(capsys: pytest.CaptureFixture[s
     args = argparse.Namespace(tolerance=0.03, prior=0.01, session_prior=0.01, host_prior=0.02, max_boots=3,
                               drift=0.005, trials=1)
     rows = gate_power.append_nights(args)
-    assert [(r["threat"], r["guard"]) for r in rows][:3] == [("none", "bound"), ("none", "point"), ("none", "off")]
-    step = next(r for r in rows if r["threat"].startswith("step") and r["guard"] == "bound")
+    assert [(r["threat"], r["guard"]) for r in rows][:2] == [("none", "anchor"), ("none", "window")]
+    step = next(r for r in rows if r["threat"].startswith("step") and r["guard"] == "anchor")
     assert step["first_failing_night_median"] == 5 and step["nights_failing"] > 0.8
     assert "history that grows itself" in capsys.readouterr().out
 

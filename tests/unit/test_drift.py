@@ -218,3 +218,16 @@ def test_the_drift_test_needs_a_night_and_a_usable_boot(tmp_path: Path) -> None:
     grown = dataclasses.replace(entry, nights=(Night(99.0, 2, "", None),))
     assert drift_of_entry(grown, [], tolerance=0.05, spreads=SPREADS) is None
     assert drift_of_entry(grown, [BootSummary(100.0, 20, 0.002)], tolerance=0.05, spreads=SPREADS) is not None
+
+
+def test_a_spike_up_and_back_is_no_drift() -> None:
+    # Found by Hypothesis (test_verdict_invariants.py, drift sign): an anchor at 100, a night at
+    # +28%, then back at 100: the line through them falls -7%, but no figure was ever worse.
+    spreads = Spreads(0.015625, 0.0, 0.0)
+    anchor = [BootSummary(100.0, 20, 0.003, session="a", host="h")]
+    nights = [[BootSummary(100.0 * math.exp(0.25), 20, 0.003, session="n1", host="h")],
+              [BootSummary(100.0, 20, 0.003, session="n2", host="h")],
+              [BootSummary(100.0, 20, 0.003, session="n3", host="h")]]
+    d = drift_since_anchor(anchor, nights, direction=Direction.HIGHER_IS_BETTER, tolerance=0.0625, spreads=spreads)
+    assert d.change < -0.0625 and d.bound < 0  # the line alone would fail it ...
+    assert not d.failed  # ... tonight is no worse than the anchor

@@ -34,8 +34,8 @@ LINE = BaselineLine(BaselineState.JUDGED, "decode tok/s", COMPARISON, canary=Can
 EVERY_KIND = [
     notes.Said("a line"), notes.NeedsBoots(2), notes.TooFewSamples(300, 8, tail=True),
     notes.HistoryModes(7, 80.0, 3, 100.0),
-    NotAppended(AppendWhy.DRIFT, "main", ("main",), test="t.py::t", profile="default", metric="decode_tok_s",
-                gain=-0.02, tolerance=0.03),
+    NotAppended(AppendWhy.NOT_COMPARABLE, "main", ("main",), test="t.py::t", profile="default",
+                metric="decode_tok_s", gain=-0.02, tolerance=0.03, canary_moved=True),
     notes.HistoryStep(-0.041, 5.2, 6, 4, "2026-11-02T10:00:00+00:00", "abc1234", "2026-11-05T10:00:00+00:00", ""),
     notes.HistorySteps((notes.HistoryStep(0.05, 4.0, 3, 3, "a", "", "b", "c"),), 3), notes.DeclaredModes(0.5, 0.3), notes.BootsToDecide(None, 8, False),
     notes.BootsForWithin(4, 2, 8), notes.BootsForWithin(None, 2, 8),
