@@ -67,7 +67,7 @@ def test_each_gpu_jobs_timeout_covers_its_plan_at_the_boot_deadline(name: str) -
     boots = _boots_per_profile(job)
     needed = profiles * boots * KIMI_K25_INT4_TP8.health_deadline_s / 60 + MEASUREMENT_MIN
     assert job["timeout-minutes"] >= needed, (name, profiles, boots, needed)
-    # The gate caps boots on demand below the deployment's 3, and perf-gate.sh passes the cap on.
+    # The gate caps boots on demand below the deployment's cap, and perf-gate.sh passes the cap on.
     if name == "gate":
         assert boots == 2 < KIMI_K25_INT4_TP8.max_boots
         assert '--kimiperf-max-boots "$MAX_BOOTS"' in GATE.read_text()

@@ -41,9 +41,9 @@ def test_all_kimi_profiles_say_their_hours_of_loading_before_the_first_boot(tmp_
     lines = plan_lines(s, None)  # type: ignore[arg-type]
     assert lines[0] == "kimiperf plan for deployment kimi-k25-int4-tp8 (nothing boots):"
     assert lines[1].startswith("  boots: 7 profiles (default, ") and lines[1].endswith(
-        "x 2 = 14 boots, up to 21 with boots on demand (3 per profile)")
+        "x 2 = 14 boots, up to 42 with boots on demand (6 per profile)")
     assert lines[2] == ("  loading: 28 min a boot (declared by deployment kimi-k25-int4-tp8 (load_s)): 6 h 32 min of "
-                        "loading, up to 9 h 48 min")
+                        "loading, up to 19 h 36 min")
     apart = smallest_change(0.01, 2)
     assert lines[3] == (f"  profiles against each other (2 boots each, boot spread 1% declared): decode changes of "
                         f"{apart:.1%} or more are told apart (90% power)")
@@ -72,9 +72,9 @@ def test_against_a_history_the_plan_says_what_regression_it_convicts_and_the_rec
     baselines.update_baseline(path, "kimi-k25-int4-tp8", FP, entries)
     s = _settings(tmp_path, deployment="kimi-k25-int4-tp8")
     lines = plan_lines(s, baselines.load_baseline(path))  # type: ignore[arg-type]
-    assert lines[1] == "  boots: 1 profile (default) x 1 = 1 boot, up to 3 with boots on demand (3 per profile)"
+    assert lines[1] == "  boots: 1 profile (default) x 1 = 1 boot, up to 6 with boots on demand (6 per profile)"
     assert lines[2] == ("  loading: 28 min a boot (the median of 2 recorded boots (boot_ready_s)): 28 min of loading, "
-                        "up to 1 h 22 min")
+                        "up to 2 h 45 min")
     # By hand: the gate convicts an estimate beyond the tolerance and its critical value in
     # standard errors from zero, GATE_CRITICAL's tail at the design's Satterthwaite df (the boot
     # declaration's 3 df, the current 2 boots' 1 and the history's 3 boots in one session's 2;

@@ -253,7 +253,7 @@ def test_an_attach_only_deployment_needs_no_command_and_no_model(tmp_path: Path)
     assert (dep.model, dep.served_model_name, dep.command, dep.gpu_count) == ("", "", (), 0)
     assert dep.restart_command == ("systemctl", "restart", "vllm")
     # a restart_command gives an attached run the boots a verdict needs
-    assert (settings.boots, settings.max_boots) == (2, 3)
+    assert (settings.boots, settings.max_boots) == (2, 6)
     with pytest.raises(ConfigError, match=re.escape(
             f"deployment 'remote' ({tmp_path / 'pyproject.toml'} [tool.kimiperf] [deployments.remote]) has no command, "
             "so this run has nothing to boot: attach to its running server with --kimiperf-server-url")):
