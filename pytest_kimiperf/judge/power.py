@@ -132,7 +132,7 @@ def sessions_needed(c: Comparison, goal: float, *, boots_per_session: int = MIN_
     ``max_sessions`` cannot."""
     # A term holds spread^2 * weight, its weight 1 (this run's one session) + the history's share.
     levels = [(t.var_log / t.weight, max(t.weight - 1.0, 0.0)) for t in c.levels if t.weight > 0]
-    return sessions_to_resolve(allowed_variance(goal, c.tolerance, critical=GATE_CRITICAL), c.spread_sd_log ** 2, levels,
+    return sessions_to_resolve(allowed_variance(goal, c.tolerance, critical=critical_of(c)), c.spread_sd_log ** 2, levels,
                                boots_per_session=boots_per_session, reference_boots=max(c.boots_reference, 1),
                                max_sessions=max_sessions)
 
@@ -175,12 +175,22 @@ def sessions_of_history(boot_spread: float, session_spread: float, boots: int, *
     return None
 
 
-def design_critical(boot_var: float, boot_df: float, levels: Sequence[tuple[float, float]]) -> float:
-    """The gate's critical value (stats.GATE_CRITICAL, in standard errors of a known variance)
-    for a planned comparison whose boot part of variance ``boot_var`` rests on ``boot_df``
-    degrees of freedom and whose ``levels`` are ``(variance, df)``: Student's t at their
-    Satterthwaite df, as stats.compare_boots applies it."""
-    return critical_at(GATE_CRITICAL, satterthwaite_df([(boot_var, boot_df), *levels]))
+def design_critical(boot_var: float, boot_df: float, levels: Sequence[tuple[float, float]],
+                    z: float = GATE_CRITICAL) -> float:
+    """The gate's critical value ``z`` (in standard errors of a known variance: the run's
+    family.family_critical, else stats.GATE_CRITICAL) for a planned comparison whose boot part
+    of variance ``boot_var`` rests on ``boot_df`` degrees of freedom and whose ``levels`` are
+    ``(variance, df)``: Student's t at their Satterthwaite df, as stats.compare_boots applies it."""
+    return critical_at(z, satterthwaite_df([(boot_var, boot_df), *levels]))
+
+
+def critical_of(c: Comparison) -> float:
+    """The normal critical value the comparison was judged at (its ``confidence``: the run's
+    family.family_critical where the gate knew the run's size), so the plan promises what the
+    same run would convict; stats.GATE_CRITICAL where the comparison states none."""
+    if 0.5 < c.confidence < 1.0:
+        return float(scipy_stats.norm.ppf(c.confidence))
+    return GATE_CRITICAL
 
 
 def plan(c: Comparison, *, target: float | None = None) -> Plan | None:
@@ -193,7 +203,7 @@ def plan(c: Comparison, *, target: float | None = None) -> Plan | None:
     goal = target if target is not None else c.tolerance * 2.0
     fixed = sum(t.var_log for t in c.levels)
     n = boots_needed(goal, spread, tolerance=c.tolerance, reference_boots=c.boots_reference, fixed_var=fixed,
-                     critical=GATE_CRITICAL)
+                     critical=critical_of(c))
     if n is None and fixed > 0:
         return Plan(goal, spread, c.boots_reference, sessions=sessions_needed(c, goal),
                     levels=tuple(t.level for t in c.levels), boots_per_session=MIN_BOOTS_DIRECTIONAL)

@@ -23,8 +23,9 @@ from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.judge.baseline_schema import BaselineFile, HistorySpan
 from pytest_kimiperf.judge.gate import control_reach
 from pytest_kimiperf.judge.in_session import InSessionRules
+from pytest_kimiperf.judge.family import family_critical
 from pytest_kimiperf.judge.power import design_critical, sessions_of_history, smallest_change
-from pytest_kimiperf.judge.stats import DETECTION_POWER
+from pytest_kimiperf.judge.stats import DETECTION_POWER, GATE_CRITICAL
 
 HEADLINE_METRIC = "decode_tok_s"
 
@@ -90,10 +91,16 @@ def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:
     else:
         session_var = math.log1p(dep.session_spread) ** 2 * (1.0 + 1.0 / span.sessions)
         boots = max(s.boots, 2)
-        # The gate's critical value at this design's df: the declarations' and the history's own.
+        # The gate's critical value at this design's df (the declarations' and the history's own),
+        # its tail the run's: the baseline's entries of the selected profiles, times its looks.
+        chosen = {p.name for p in s.profiles}
+        family = sum(1 + bool(e.nights) for e in baseline.entries.values() if e.profile in chosen) \
+            if baseline is not None else 0
+        looks = max(1, s.max_boots - s.boots + 1)
         critical = design_critical(math.log1p(dep.boot_spread) ** 2 * (1.0 / boots + 1.0 / span.boots),
                                    dep.boot_spread_df + boots - 1 + max(span.boots - span.sessions, 0),
-                                   [(session_var, dep.session_spread_df + span.sessions - 1)])
+                                   [(session_var, dep.session_spread_df + span.sessions - 1)],
+                                   z=family_critical(family * looks) if family else GATE_CRITICAL)
         beyond = smallest_change(dep.boot_spread, boots, reference_boots=span.boots, tolerance=tolerance,
                                  fixed_var=session_var, critical=critical)
         lines.append(f"  against the baseline ({span.boots} boots over {span.sessions} session"

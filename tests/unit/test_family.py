@@ -108,3 +108,23 @@ def test_the_family_is_the_stored_entries_of_the_tests_and_profiles_the_run_coll
     assert family_size(entries, {("t.py::b", "default"), ("t.py::c", "default")}) == 1
     # A run that collected nothing stored compares nothing: no family, the gate's default.
     assert family_size(entries, {("t.py::c", "default")}) is None and family_size([], {("t.py::a", "default")}) is None
+
+
+def test_the_plan_asks_for_the_boots_the_runs_own_critical_value_needs() -> None:
+    from pytest_kimiperf.judge.power import boots_needed, critical_of, plan
+    from pytest_kimiperf.judge.stats import GATE_CRITICAL
+
+    cur = [BootSummary(median=m, n=20, se_log=0.002, session="now") for m in (97.0, 98.5)]
+    ref = [BootSummary(median=100.0 + (i % 3 - 1), n=20, se_log=0.002, session="old") for i in range(20)]
+    plans = {}
+    for critical in (None, family_critical(200)):
+        c = compare_boots(cur, ref, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03, prior_spread=0.02,
+                          critical=critical)
+        assert critical_of(c) == pytest.approx(GATE_CRITICAL if critical is None else critical)
+        p = plan(c)
+        assert p is not None and p.boots is not None
+        assert p.boots == boots_needed(0.06, math.expm1(c.spread_sd_log), tolerance=0.03,
+                                       reference_boots=c.boots_reference, critical=critical_of(c))
+        plans[critical is None] = p.boots
+    # A run of 200 comparisons convicts at a stricter level: its plan asks for more boots.
+    assert plans[False] > plans[True]
