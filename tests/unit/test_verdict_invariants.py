@@ -411,3 +411,38 @@ def test_drift_sign_never_fails_a_history_that_only_got_better_and_never_without
     assert d is not None
     if d.failed:
         assert d.change < -case.tolerance / (1 + case.tolerance) + 1e-12 and d.bound < 0
+
+
+# -- append-on-pass: what a passing run may take into its history ----------------------------
+
+def _appends(c: Comparison) -> bool:
+    """Whether a run of one test whose one metric got ``c`` appends (gate.verdict_fails: a
+    REGRESSION fails the run, and a failing run appends nothing)."""
+    from pytest_kimiperf.judge.append import append_refusal
+    from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
+
+    res = TestResult(test="t.py::t", nodeid="t.py::t[default]", profile="default", deployment="d", scenario="s",
+                     boot=1)
+    mres = MetricResult("decode_tok_s", "tok/s", c.direction.value, c.tolerance, [1.0])
+    mres.baseline = c
+    res.metrics["decode_tok_s"] = mres
+    passed = c.verdict is not VerdictKind.REGRESSION
+    return append_refusal([res], passed=passed, branch="main", allowed=("main",)) is None
+
+
+@PROPERTY
+@given(gate_cases(), st.floats(0.001, 0.5))
+def test_append_monotone_a_run_moved_the_bad_way_never_appends_where_the_run_itself_did_not(
+        case: GateCase, by: float) -> None:
+    before = case.judge()
+    after = case.judge(scaled(case.current, worse_by(case.direction, math.exp(by))))
+    if not (uses_modes(before) or uses_modes(after)):
+        assert _appends(before) or not _appends(after), (before.verdict, after.verdict)
+
+
+@PROPERTY
+@given(gate_cases())
+def test_append_never_takes_a_run_that_looked_worse_than_the_tolerance(case: GateCase) -> None:
+    c = case.judge()
+    if c.gain < -0.0 and abs(math.log1p(c.change)) > band_log(c.tolerance):
+        assert not _appends(c), c.verdict
