@@ -151,11 +151,11 @@ def test_a_run_with_perf_tests_shows_the_fingerprint_after_collection(
     stub_project(stub_deployment_toml(name="kimi-k25-int4-tp8"))
     pytester.makepyfile(SERVER_TEST)
     result = pytester.runpytest_subprocess("--co", timeout=60)
-    # A user deployment allows 3 boots of a profile: the slots of boots 2 and 3 are collected,
-    # and run only when an earlier boot of the test asks for them.
-    result.stdout.fnmatch_lines(["kimiperf fingerprint: cpu-*", "kimiperf: baseline file *", "collected 3 items",
+    # A user deployment allows 6 boots of a profile (the default max_boots): the slots of boots
+    # 2 to 6 are collected, and run only when an earlier boot of the test asks for them.
+    result.stdout.fnmatch_lines(["kimiperf fingerprint: cpu-*", "kimiperf: baseline file *", "collected 6 items",
                                  "*<Function test_handle[[]default[]]>", "*<Function test_handle[[]default-boot2[]]>",
-                                 "*<Function test_handle[[]default-boot3[]]>"])
+                                 "*<Function test_handle[[]default-boot6[]]>"])
 
 
 def test_server_fixture_yields_a_ready_handle_and_stops_the_server(
@@ -206,9 +206,9 @@ def test_two(kimiperf_server):
                                            "-v", timeout=120)
     # The boots on demand (default-boot2, ...) are collected; nothing asked for them (these
     # tests measure nothing), so they neither run nor report.
-    result.stdout.fnmatch_lines(["collecting ... collected 24 items"])
+    result.stdout.fnmatch_lines(["collecting ... collected 48 items"])  # 4 tests x 2 profiles x 6 boots
     result.assert_outcomes(passed=8)
-    assert "boot2" not in result.stdout.str().split("collected 24 items")[1]
+    assert "boot2" not in result.stdout.str().split("collected 48 items")[1]
     result.stdout.fnmatch_lines([
         "*test_a.py::test_one[[]default[]] PASSED*",
         "*test_b.py::test_two[[]default[]] PASSED*",
