@@ -54,14 +54,15 @@ def records_beside(summary: Path) -> Path | None:
 
 
 def is_records_file(path: Path) -> bool:
-    """Whether ``path`` looks like AIPerf's records (JSON Lines whose first line has ``metadata``
-    and ``metrics``): such a file is read with its summary, never on its own."""
+    """Whether ``path`` looks like AIPerf's records (JSON Lines whose first line has ``metrics``
+    and a ``metadata.benchmark_phase``): such a file is read with its summary, never on its own."""
     try:
         with path.open(encoding="utf-8") as stream:
             first = json.loads(stream.readline())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
-    return isinstance(first, Mapping) and "metadata" in first and "metrics" in first
+    metadata = first.get("metadata") if isinstance(first, Mapping) else None
+    return isinstance(metadata, Mapping) and "benchmark_phase" in metadata and "metrics" in first
 
 
 def read_records(path: Path) -> AiperfRecords:
