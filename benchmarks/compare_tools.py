@@ -1,23 +1,32 @@
-"""Three tools on one server, side by side: what vLLM's bench serve, AIPerf and guidellm each
-report for the same load (one stream, 20 requests, 64 prompt and 32 output tokens, EOS ignored)
-on the same tiny-cpu boots, read by `kimiperf compare`'s readers from tests/data/compare
-(scripts/compare_data.sh made them: per boot, bench serve ran first, AIPerf second, guidellm last).
+"""The plugin's measurement held against vLLM's bench serve, AIPerf and guidellm on the same server.
 
-Issue 50's item 3. Prints two Markdown tables: each tool's median per metric over the four boots
-of tests/data/compare (geometric mean, and the boots' range), then one fifth boot on which all
-three and the plugin's own run of the same load (attached, tests/data/compare/one-boot) measured
-the same server one after another; under them, why the figures differ, by definition or client.
+Two data sets, both made by scripts/compare_data.sh against tiny-cpu on a shared 2-core host:
+
+* benchmarks/data/compare_interleaved: on each of several boots, every tool ran several rounds,
+  interleaved (a round runs the tools in one order, the next in the other), one stream and a
+  closed loop of four, with the same prompt and output lengths. The plugin's column is its own
+  report (its definitions) and, from the same requests, its bench-serve export (vLLM's
+  definitions), so a difference splits into a part of definition and a part of client.
+  The paired comparison against bench serve takes, per boot, the mean over rounds of
+  log(tool / bench serve) on the same round: what the host did to the boot as a whole cancels.
+* tests/data/compare: four boots, one run of each other tool each (the readers' test data).
 
 Run: python benchmarks/compare_tools.py > benchmarks/compare_tools.md
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+import re
 import statistics
 import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+from scipy import stats
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -25,100 +34,366 @@ sys.path.insert(0, str(ROOT))
 from pytest_kimiperf.compare.readers import read_run_file  # noqa: E402
 from pytest_kimiperf.config.metric_specs import METRICS  # noqa: E402
 
-DATA = ROOT / "tests" / "data" / "compare"
-TOOLS = {"vllm bench serve": "vllm/boot*-summary.json", "aiperf": "aiperf/boot*.json", "guidellm": "guidellm/boot*.json"}
+INTERLEAVED = ROOT / "benchmarks" / "data" / "compare_interleaved"
+ONE_RUN_A_BOOT = ROOT / "tests" / "data" / "compare"
+REFERENCE = "vllm bench serve"
+PLUGIN, PLUGIN_AS_VLLM = "pytest-kimiperf", "pytest-kimiperf, bench serve's rules"
+MIN_TOKENS = "bench serve + min_tokens"
+# tool -> (folder, file name after boot<B>[-c<N>]-r<R>)
+SOURCES = {PLUGIN: ("kimiperf", ".json"), PLUGIN_AS_VLLM: ("kimiperf", ".bench-serve.json"),
+           REFERENCE: ("vllm", "-summary.json"), MIN_TOKENS: ("vllm_min_tokens", "-summary.json"),
+           "aiperf": ("aiperf", ".json"), "guidellm": ("guidellm", ".json")}
+# scripts/compare_data.sh's tool names, as server.tsv records them
+SCRIPT_TOOLS = {"kimiperf": PLUGIN, "vllm": REFERENCE, "vllm_min_tokens": MIN_TOKENS, "aiperf": "aiperf",
+                "guidellm": "guidellm"}
 SHOWN = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "decode_tok_s", "output_throughput", "request_throughput")
-WHY = """
-Why they differ, by definition and by client (each reader's docstring cites the tool's source):
-
-- **Which tokens.** bench serve and guidellm count the server's tokens (32 a request, EOS
-  ignored). AIPerf's `inter_token_latency` divides by `output_sequence_length`, the output
-  *re-tokenized* from its text: {osl} tokens a request here (median) against the server's
-  {usage} (`usage_completion_tokens`), so its TPOT is {ratio:.2f}x what the server's count gives and
-  its decode tok/s {inverse:.2f}x higher.
-- **Which gaps.** ITL: bench serve pools every gap between stream chunks of every request;
-  AIPerf's `inter_chunk_latency` is the same gap; guidellm has no chunk-gap metric (its
-  `inter_token_latency_ms` is a request's (latency - TTFT) / (tokens - 1), read here as TPOT).
-- **Which distribution.** guidellm's per-token metrics weight each request by its tokens (the
-  `count` is the tokens); all requests here have 32, so the medians agree with per-request ones.
-- **Which clock for throughput.** bench serve divides the tokens by the run's duration; AIPerf
-  likewise over its profiling phase; guidellm reports the mean of its rate over the run, with no
-  warm-up requests (its first request carries the server's first-request cost).
-- **Which client.** On this 2-core host the client shares the cores with the server. AIPerf's
-  end-to-end latency is {e2e:.1f}x bench serve's for the same 32 tokens: its client is several
-  processes (workers, record processors, a dataset manager, joined by ZMQ: its logs name them),
-  and their CPU time is taken from the server it measures. On a GPU server with cores to spare
-  this term shrinks; here it dominates.
-"""
+LEVEL = 0.95
+_NAME = re.compile(r"boot(?P<boot>\d+)(?:-c(?P<streams>\d+))?-r(?P<round>\d+)$")
 
 
-ONE_BOOT = {"vllm bench serve": "vllm.json", "aiperf": "aiperf.json", "guidellm": "guidellm.json",
-            "pytest-kimiperf": "kimiperf.json"}
-PLUGIN = """
-- **The plugin** (measure/records.py) times TTFT from the send to the first chunk carrying
-  choices and decode as (tokens - 1) / (last chunk - first chunk), vLLM's definitions; its ITL is
-  each request's median gap, then the median over requests, where bench serve pools every gap of
-  every request into one median. Its run here gated only the five latency-side metrics, so its
-  throughputs are not in the report's metrics.
-- **One run each.** The second table is one run per tool on one boot, one after another: bench
-  serve's own decode ranged {low:.0f}-{high:.0f} tok/s over the four boots above, so a gap between two
-  columns of like definitions (bench serve and the plugin: {vllm:.0f} against {plugin:.0f} tok/s) is within what
-  time and the host move, not a difference of definition. Settling it would take runs
-  interleaved on several boots.
-"""
+@dataclass(frozen=True)
+class Paired:
+    """A tool against the reference over boots: each boot's mean log ratio over its rounds."""
+
+    per_boot: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        """The mean over boots of the within-boot log ratio."""
+        return statistics.fmean(self.per_boot)
+
+    @property
+    def sd(self) -> float:
+        """The log ratio's spread from boot to boot (nan with one boot)."""
+        return statistics.stdev(self.per_boot) if len(self.per_boot) > 1 else math.nan
+
+    def interval(self, level: float = LEVEL) -> tuple[float, float]:
+        """The mean's t interval over boots, in log ratio (boots are the unit)."""
+        n = len(self.per_boot)
+        if n < 2:
+            return (math.nan, math.nan)
+        half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * self.sd / math.sqrt(n)
+        return (self.mean - half, self.mean + half)
 
 
-def _figures(paths: dict[str, list[Path]]) -> dict[str, dict[str, list[float]]]:
-    figures: dict[str, dict[str, list[float]]] = {}
-    for tool, files in paths.items():
-        for path in files:
+def paired(tool: Mapping[tuple[int, int], float], reference: Mapping[tuple[int, int], float]) -> Paired:
+    """Pair a tool's figures with the reference's by (boot, round); a boot counts with any pair."""
+    by_boot: dict[int, list[float]] = {}
+    for key in sorted(set(tool) & set(reference)):
+        by_boot.setdefault(key[0], []).append(math.log(tool[key] / reference[key]))
+    return Paired(tuple(statistics.fmean(logs) for _, logs in sorted(by_boot.items())))
+
+
+def load_interleaved(root: Path) -> dict[int, dict[str, dict[str, dict[tuple[int, int], float]]]]:
+    """streams -> tool -> metric -> (boot, round) -> figure, as the compare readers read each file."""
+    figures: dict[int, dict[str, dict[str, dict[tuple[int, int], float]]]] = {}
+    for tool, (folder, suffix) in SOURCES.items():
+        for path in sorted((root / folder).glob(f"boot*{suffix}")):
+            match = _NAME.match(path.name[: -len(suffix)])
+            if match is None:
+                continue  # another tool's suffix in the same folder (the plugin's two files)
+            streams, key = int(match["streams"] or 1), (int(match["boot"]), int(match["round"]))
             for run in read_run_file(path):
-                for metric in SHOWN:
-                    if metric in run.figures:
-                        figures.setdefault(tool, {}).setdefault(metric, []).append(run.figures[metric].value)
+                for metric, figure in run.figures.items():
+                    figures.setdefault(streams, {}).setdefault(tool, {}).setdefault(metric, {})[key] = figure.value
     return figures
 
 
-def _table(figures: dict[str, dict[str, list[float]]]) -> None:
-    tools = list(figures)
-    print("| metric | " + " | ".join(tools) + " |")
-    print("|---|" + "---|" * len(tools))
+def load_host(root: Path) -> dict[int, tuple[float, float]]:
+    """boot -> the lowest and highest 1-minute load average seen around its runs."""
+    seen: dict[int, list[float]] = {}
+    with (root / "host.tsv").open() as stream:
+        for row in csv.DictReader(stream, delimiter="\t"):
+            for column in ("loadavg_before", "loadavg_after"):
+                seen.setdefault(int(row["boot"]), []).append(float(row[column].split()[0]))
+    return {boot: (min(values), max(values)) for boot, values in seen.items()}
+
+
+def load_server(root: Path) -> dict[int, dict[str, dict[tuple[int, int], float]]]:
+    """streams -> tool -> (boot, round) -> the server's decode ms per generated token over the
+    run (its /metrics counters before and after: decode seconds / (tokens - requests))."""
+    path = root / "server.tsv"
+    out: dict[int, dict[str, dict[tuple[int, int], float]]] = {}
+    if not path.is_file():
+        return out
+    with path.open() as stream:
+        for row in csv.DictReader(stream, delimiter="\t"):
+            before, after = ([float(x) for x in row[c].split()] for c in ("before", "after"))
+            seconds, requests, tokens = (a - b for a, b in zip(after, before))
+            if requests > 0 and tokens > requests:
+                key = (int(row["boot"]), int(row["round"]))
+                out.setdefault(int(row["streams"]), {}).setdefault(SCRIPT_TOOLS[row["tool"]], {})[key] = (
+                    1000 * seconds / (tokens - requests))
+    return out
+
+
+def _geo(values: Iterable[float]) -> float:
+    logs = [math.log(v) for v in values]
+    return math.exp(statistics.fmean(logs))
+
+
+def _boot_figures(by_key: Mapping[tuple[int, int], float]) -> dict[int, float]:
+    """boot -> the geometric mean of its rounds."""
+    rounds: dict[int, list[float]] = {}
+    for (boot, _), value in by_key.items():
+        rounds.setdefault(boot, []).append(value)
+    return {boot: _geo(values) for boot, values in sorted(rounds.items())}
+
+
+def _boot_list(boots: Sequence[int]) -> str:
+    return f"{boots[0]}-{boots[-1]}" if boots == list(range(boots[0], boots[-1] + 1)) and len(boots) > 1 else \
+        ", ".join(map(str, boots))
+
+
+def _pct(log_ratio: float) -> str:
+    return f"{100 * math.expm1(log_ratio):+.1f}%"
+
+
+def _summary_table(tools: Mapping[str, Mapping[str, Mapping[tuple[int, int], float]]]) -> list[str]:
+    names = list(tools)
+    lines = ["| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for metric in SHOWN:
         cells = []
-        for tool in tools:
-            values = figures[tool].get(metric)
-            if not values:
-                cells.append("not reported")
-                continue
-            mean = math.exp(sum(math.log(v) for v in values) / len(values))
-            cells.append(f"{mean:.4g}" if len(values) == 1 else
-                         f"{mean:.4g} ({min(values):.4g}-{max(values):.4g}, {len(values)} boots)")
-        print(f"| {METRICS[metric].heading} | " + " | ".join(cells) + " |")
+        for tool in names:
+            boots = _boot_figures(tools[tool].get(metric, {}))
+            cells.append(f"{_geo(boots.values()):.4g} ({min(boots.values()):.4g}-{max(boots.values()):.4g})"
+                         if boots else "not reported")
+        lines.append(f"| {METRICS[metric].heading} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _per_boot_table(tools: Mapping[str, Mapping[str, Mapping[tuple[int, int], float]]], metric: str,
+                    host: Mapping[int, tuple[float, float]]) -> list[str]:
+    names = [tool for tool in tools if tools[tool].get(metric)]
+    boots = sorted({boot for tool in names for boot, _ in tools[tool][metric]})
+    lines = [f"| boot | load average (1 min) | rounds | " + " | ".join(names) + " |",
+             "|---|---|---|" + "---|" * len(names)]
+    for boot in boots:
+        cells = []
+        for tool in names:
+            values = [v for (b, _), v in sorted(tools[tool][metric].items()) if b == boot]
+            cells.append(f"{_geo(values):.4g} ({', '.join(f'{v:.4g}' for v in values)})" if values else "-")
+        rounds = max(len([1 for (b, _) in tools[tool][metric] if b == boot]) for tool in names)
+        low, high = host.get(boot, (math.nan, math.nan))
+        lines.append(f"| {boot} | {low:.2f}-{high:.2f} | {rounds} | " + " | ".join(cells) + " |")
+    return lines
+
+
+PAIRED_HEADER = ["| metric | tool | per boot (tool / bench serve, rounds paired) | mean over boots | "
+                 f"{LEVEL:.0%} interval (t, boots) | boot-to-boot sd |", "|---|---|---|---|---|---|"]
+
+
+def _paired_row(label: str, tool: str, values: Mapping[tuple[int, int], float],
+                reference: Mapping[tuple[int, int], float]) -> list[str]:
+    pair = paired(values, reference)
+    if not pair.per_boot:
+        return []
+    low, high = pair.interval()
+    interval = f"{_pct(low)} to {_pct(high)}" if not math.isnan(low) else "one boot"
+    sd = f"{100 * pair.sd:.1f}%" if not math.isnan(pair.sd) else "-"
+    return [f"| {label} | {tool} | {', '.join(_pct(d) for d in pair.per_boot)} | **{_pct(pair.mean)}** | "
+            f"{interval} | {sd} |"]
+
+
+def _paired_table(tools: Mapping[str, Mapping[str, Mapping[tuple[int, int], float]]],
+                  against: Sequence[str]) -> list[str]:
+    reference = tools[REFERENCE]
+    lines = list(PAIRED_HEADER)
+    for metric in SHOWN:
+        for tool in against:
+            if metric in tools.get(tool, {}) and metric in reference:
+                lines += _paired_row(METRICS[metric].heading, tool, tools[tool][metric], reference[metric])
+    return lines
+
+
+def _same_requests(own: Mapping[tuple[int, int], float], export: Mapping[tuple[int, int], float]) -> tuple[float, float]:
+    """The plugin's own figure against its export of the same requests: the largest and the mean
+    absolute log difference over runs (definitions alone: the requests are the same)."""
+    diffs = [abs(math.log(own[key] / export[key])) for key in set(own) & set(export)]
+    return (max(diffs), statistics.fmean(diffs)) if diffs else (math.nan, math.nan)
+
+
+def _said(pair: Paired) -> str:
+    low, high = pair.interval()
+    if math.isnan(low):
+        return f"{_pct(pair.mean)} (one boot)"
+    shown = "a difference" if low > 0 or high < 0 else "no difference shown"
+    return f"{_pct(pair.mean)}, {LEVEL:.0%} interval {_pct(low)} to {_pct(high)} over {len(pair.per_boot)} boots: {shown}"
+
+
+def _findings(figures: Mapping[int, Mapping[str, Mapping[str, Mapping[tuple[int, int], float]]]],
+              server: Mapping[int, Mapping[str, Mapping[tuple[int, int], float]]]) -> list[str]:
+    """What the pairs say, each with its numbers; the words follow the intervals."""
+    lines = ["## What the pairs say\n"]
+    for streams, tools in sorted(figures.items()):
+        if PLUGIN not in tools or REFERENCE not in tools:
+            continue
+        where = "one stream" if streams == 1 else f"{streams} streams"
+        same = {m: _same_requests(tools[PLUGIN][m], tools[PLUGIN_AS_VLLM][m]) for m in SHOWN
+                if m in tools[PLUGIN] and m in tools.get(PLUGIN_AS_VLLM, {})}
+        alike = [m for m, (largest, _) in same.items() if largest < 0.01]
+        lines.append(f"- **{where}, definitions alone** (the plugin's two columns, the same requests): "
+                     + ", ".join(METRICS[m].heading for m in alike) + " agree within 1% on every run"
+                     + "".join(f"; {METRICS[m].heading} differs by {100 * mean:.1f}% on average (at most "
+                               f"{100 * largest:.1f}%)" for m, (largest, mean) in same.items() if m not in alike)
+                     + ".")
+        for metric in ("ttft_ms", "tpot_ms", "decode_tok_s", "output_throughput"):
+            if metric in tools.get(PLUGIN_AS_VLLM, {}) and metric in tools[REFERENCE]:
+                pair = paired(tools[PLUGIN_AS_VLLM][metric], tools[REFERENCE][metric])
+                typical = _geo(tools[REFERENCE][metric].values())
+                size = (f" (about {typical * abs(math.expm1(pair.mean)):.1f} ms {'less' if pair.mean < 0 else 'more'} "
+                        f"than bench serve's {typical:.1f} ms)" if metric == "ttft_ms" else "")
+                lines.append(f"- **{where}, same definitions, other client and request body** ({PLUGIN_AS_VLLM} / "
+                             f"bench serve), {METRICS[metric].heading}: {_said(pair)}{size}.")
+        on_server = server.get(streams, {})
+        if PLUGIN in on_server and REFERENCE in on_server:
+            boots = {boot for boot, _ in on_server[REFERENCE]}
+            client = {k: v for k, v in tools[PLUGIN]["tpot_ms"].items() if k[0] in boots}
+            lines.append(f"- **{where}, the server's clock**: its decode time per token during the plugin's runs "
+                         f"against bench serve's: {_said(paired(on_server[PLUGIN], on_server[REFERENCE]))}; the "
+                         f"clients' TPOT on the same boots: {_said(paired(client, tools[REFERENCE]['tpot_ms']))}.")
+        if MIN_TOKENS in tools:
+            lines.append(f"- **{where}, the request body**: bench serve with the plugin's `min_tokens` against "
+                         f"bench serve without, TPOT: {_said(paired(tools[MIN_TOKENS]['tpot_ms'], tools[REFERENCE]['tpot_ms']))}"
+                         + (f"; on the server's clock: {_said(paired(on_server[MIN_TOKENS], on_server[REFERENCE]))}"
+                            if MIN_TOKENS in on_server and REFERENCE in on_server else "") + ".")
+    return lines
+
+
+def _one_run_a_boot() -> list[str]:
+    files = {REFERENCE: "vllm/boot*-summary.json", "aiperf": "aiperf/boot*.json", "guidellm": "guidellm/boot*.json"}
+    tools: dict[str, dict[str, dict[tuple[int, int], float]]] = {}
+    for tool, pattern in files.items():
+        for boot, path in enumerate(sorted(ONE_RUN_A_BOOT.glob(pattern)), start=1):
+            for run in read_run_file(path):
+                for metric, figure in run.figures.items():
+                    tools.setdefault(tool, {}).setdefault(metric, {})[(boot, 1)] = figure.value
+    return _summary_table(tools)
+
+
+def _aiperf_tokens(root: Path) -> tuple[float, float]:
+    """AIPerf's re-tokenized output length against the server's count, medians over its runs."""
+    raw = [json.loads(p.read_text()) for p in sorted((root / "aiperf").glob("boot*.json"))]
+    return (statistics.median(d["output_sequence_length"]["p50"] for d in raw),
+            statistics.median(d["usage_completion_tokens"]["p50"] for d in raw))
 
 
 def main() -> int:
-    """Print the tables."""
-    figures = _figures({tool: sorted(DATA.glob(pattern)) for tool, pattern in TOOLS.items()})
-    print("# Three tools and the plugin on one server\n")
-    print("Made by `python benchmarks/compare_tools.py > benchmarks/compare_tools.md` from tests/data/compare "
-          "(scripts/compare_data.sh: tiny-cpu on a 2-core host shared with other work; one stream, 20 requests, "
-          "64 prompt and 32 output tokens). Each cell: the geometric mean of the boots' medians, and their range.\n")
-    print("## Four boots, three tools\n")
-    _table(figures)
-    print("\n## One more boot, four tools (the plugin attached to it last)\n")
-    one = _figures({tool: [DATA / "one-boot" / name] for tool, name in ONE_BOOT.items()})
-    _table(one)
-    print()
-    raw = [json.loads(p.read_text()) for p in sorted(DATA.glob(TOOLS["aiperf"]))]
-    osl = statistics.median(d["output_sequence_length"]["p50"] for d in raw)
-    usage = statistics.median(d["usage_completion_tokens"]["p50"] for d in raw)
-    e2e = statistics.median(figures["aiperf"]["e2el_ms"]) / statistics.median(figures["vllm bench serve"]["e2el_ms"])
-    print(WHY.format(osl=f"{osl:g}", usage=f"{usage:g}", ratio=(usage - 1) / (osl - 1),
-                     inverse=(osl - 1) / (usage - 1), e2e=e2e).rstrip())
-    decode = figures["vllm bench serve"]["decode_tok_s"]
-    print(PLUGIN.format(low=min(decode), high=max(decode), vllm=one["vllm bench serve"]["decode_tok_s"][0],
-                        plugin=one["pytest-kimiperf"]["decode_tok_s"][0]).rstrip())
+    """Print the tables and what explains their differences."""
+    figures, host = load_interleaved(INTERLEAVED), load_host(INTERLEAVED)
+    boots = sorted(host)
+    print("# The plugin held against bench serve, AIPerf and guidellm on one server\n")
+    print("Made by `python benchmarks/compare_tools.py > benchmarks/compare_tools.md` from "
+          "`benchmarks/data/compare_interleaved`, which two calls of scripts/compare_data.sh made (AIPERF and "
+          "GUIDELLM naming those tools' commands, each in its own virtualenv):\n")
+    print("```bash\nexport ROUNDS=3 STREAMS=\"1 4\" VLLM_DETAIL=summary OUT=benchmarks/data/compare_interleaved\n"
+          "TOOLS=\"kimiperf vllm aiperf guidellm\" flock /work/notes/server.lock nice -n 19 bash scripts/compare_data.sh 3\n"
+          "TOOLS=\"kimiperf vllm vllm_min_tokens\" FIRST_BOOT=4 flock /work/notes/server.lock nice -n 19 "
+          "bash scripts/compare_data.sh 3\n```\n")
+    ran = {tool: sorted({boot for values in by_metric.values() for boot, _ in values})
+           for tools in figures.values() for tool, by_metric in tools.items()}
+    print(f"tiny-cpu was booted {len(boots)} times on a 2-core host shared with other work. On each boot every "
+          "tool of the call ran 3 rounds, interleaved: a round runs the tools in one order, the next in the "
+          "reverse, and the first round's order alternates from boot to boot. Boots per tool: "
+          + "; ".join(f"{tool} {_boot_list(b)}" for tool, b in ran.items()) + ". "
+          "Load: 64 prompt and 32 output tokens, EOS ignored; one stream, 20 requests after 2 warm-up "
+          "requests; a closed loop of 4 streams (bench serve and the plugin), 96 requests after 4 warm-up "
+          "(the plugin: 3 rounds of 32). bench serve + min_tokens is bench serve sending the plugin's request "
+          "body (`--extra-body '{\"min_tokens\": 32}'`, which the plugin's client adds to `ignore_eos`).\n")
+    print("Each tool's figure is as its own file states it, read by `kimiperf compare`'s readers. "
+          f"`{PLUGIN_AS_VLLM}` is the plugin's `--kimiperf-export` of the same requests, computed by bench serve's "
+          "`calculate_metrics` rules: against the plugin's own column it shows the definitions alone (the same "
+          "requests); against bench serve, what is left: the clients and what they send (the same definitions).\n")
+    print("**Why interleaving.** The host's load moved during the measurement (the load average column; other "
+          "agents' work shares the two cores). Each paired difference is taken inside a boot, round by round, "
+          "between runs seconds apart, so what the host and the boot did to both tools cancels; what is left "
+          "varies from boot to boot only by the tools' own difference and noise, and the interval is over boots.\n")
+    for streams, title in ((1, "One stream"), (4, "Four streams, closed loop")):
+        tools = figures.get(streams)
+        if not tools or REFERENCE not in tools:
+            continue
+        print(f"## {title}\n")
+        print("Each cell: the geometric mean over boots of each boot's geometric mean over its rounds "
+              "(the boots' range).\n")
+        print("\n".join(_summary_table(tools)) + "\n")
+        primary = "decode_tok_s" if streams == 1 else "output_throughput"
+        print(f"Per boot, {METRICS[primary].heading} (the rounds' geometric mean, then each round):\n")
+        print("\n".join(_per_boot_table(tools, primary, host)) + "\n")
+        print("Paired against bench serve:\n")
+        print("\n".join(_paired_table(tools, [t for t in tools if t != REFERENCE])) + "\n")
+        server = load_server(INTERLEAVED).get(streams, {})
+        if REFERENCE in server:
+            print("The server's own clock: its decode seconds per generated token over each run (`/metrics` "
+                  "before and after, `vllm:request_decode_time_seconds` over generated tokens less one a "
+                  "request), paired the same way:\n")
+            print("\n".join(PAIRED_HEADER + [row for tool in server if tool != REFERENCE for row in _paired_row(
+                "server decode ms/token", tool, server[tool], server[REFERENCE])]) + "\n")
+    print("\n".join(_findings(figures, load_server(INTERLEAVED))) + "\n")
+    osl, usage = _aiperf_tokens(INTERLEAVED)
+    print(WHY.format(osl=f"{osl:g}", usage=f"{usage:g}", ratio=(usage - 1) / (osl - 1)).strip() + "\n")
+    print("## The readers' test data: four boots, one run of each tool a boot\n")
+    print("`tests/data/compare` (scripts/compare_data.sh, the default settings): bench serve, AIPerf and "
+          "guidellm one after another on each of four boots. Geometric mean over boots (range).\n")
+    print("\n".join(_one_run_a_boot()))
     return 0
+
+
+WHY = """
+## Why the figures differ: definitions, clocks, clients
+
+The plugin's definitions are measure/records.py's, bench serve's are vLLM 0.32's
+(`vllm/benchmarks/lib/endpoint_request_func.py` times a request, `vllm/benchmarks/serve.py`
+`calculate_metrics` summarizes).
+
+- **TTFT: which clock starts.** bench serve starts `st = time.perf_counter()` before
+  `session.post`: building the request, taking a pooled connection and writing it are inside its
+  TTFT and E2EL (docs/explanation/measurement.md measured that start at 2-80 ms late at 1-128
+  streams against a paced server). The plugin starts at the request's `send()`. Both stop at the
+  first chunk that carries `choices`, so the plugin's two columns have the same TTFT and its
+  TTFT against bench serve's is the clients' start.
+- **TPOT and E2EL: the same definition.** Both end at the last chunk carrying `choices`
+  (bench serve's `latency = most_recent_timestamp - st`), and TPOT is (E2EL - TTFT) / (tokens - 1)
+  with the server's `usage.completion_tokens` (32 here), the median over requests. The plugin's
+  E2EL starts later (at `send()`) for the reason above.
+- **Decode tok/s.** The plugin's is each request's (tokens - 1) / (last chunk - first chunk), the
+  median over requests; bench serve writes none, and the reader takes 1000 / median TPOT: the
+  same per-request quantity, except that with an even number of requests the median averages the
+  two middle ones on different scales (tok/s against ms).
+- **ITL: which median.** bench serve pools every gap of every request and takes one median
+  (`np.median(itls)`). The plugin takes each request's median gap, then the median over requests,
+  so that one slow request counts once and a boot's samples are independent requests; the pooled
+  tail is its `p99_itl_ms`. The plugin's two columns differ by this alone.
+- **Throughput: which clock divides.** bench serve divides all output tokens by the benchmark's
+  wall duration (one figure a run). The plugin takes one figure per round (tokens of the round /
+  the round's wall time) and reports the median of its 3 rounds; its bench-serve export divides
+  all tokens by the measured rounds' wall time. One stream: the plugin's report has no throughput
+  (a throughput is one sample a round and a boot needs three), its export has.
+- **AIPerf: which tokens.** Its `inter_token_latency` (read as TPOT) and
+  `output_token_throughput_per_user` (decode) divide by `output_sequence_length`, the output
+  re-tokenized from its text: {osl} tokens a request here (median) against the server's {usage}
+  (`usage_completion_tokens`), so its TPOT is about {ratio:.2f}x what the server's count gives.
+  Its client is several processes (workers, record processors, a dataset manager, joined by ZMQ)
+  on the same two cores as the server, which slows the server it measures.
+- **guidellm: which distribution.** Its per-token metrics weight each request by its tokens (all
+  32 here, so the medians agree with per-request ones); it sends no warm-up request, so its
+  first request carries the server's first-request cost, and its throughput is the mean of its
+  rate over the run.
+- **What is left is not definition.** Where the definitions agree (TTFT, TPOT, E2EL and decode:
+  the plugin's two columns within 1% on every run), a difference between the plugin and bench
+  serve is the clients and what they send, and the host: bench serve sends random-token prompts
+  drawn from `--seed 0`, the same in every round of a boot (so later rounds may find their prefill
+  in the prefix cache), the plugin prompts built to length with `/tokenize`, unique per request,
+  and `min_tokens` beside `ignore_eos`. The server's clock tells the two kinds of cause apart: a
+  client that mismeasures moves only its own figure; a server that really decoded slower during
+  one tool's runs moves its own decode time per token too. bench serve + min_tokens tests the last: vLLM's `MinTokensLogitsProcessor`
+  (vllm/v1/sample/logits_processor/builtin.py) is not argmax-invariant, so it runs on every
+  decode step while a request is short of its `min_tokens`; the pairs above say whether it cost
+  time on this server. On a host loaded at 4-10 on two cores by other work, the intervals over
+  boots are wide; where one holds zero, these boots do not show a difference.
+- **Percentile method.** bench serve, AIPerf and the plugin's summaries all use linear
+  interpolation between order statistics (numpy's default; AIPerf's `metric_result_from_array`);
+  guidellm reports its own distribution summary. At the medians of 20 requests the methods agree.
+"""
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@ request's (latency - TTFT) / (output tokens - 1), vLLM's TPOT, with the output t
 re-tokenizing the text (``output_sequence_length``), not the server's usage count; its
 ``inter_chunk_latency`` is the gap between stream chunks, vLLM's ITL; decode tok/s is the median
 of ``output_token_throughput_per_user`` (1 / that ITL, per request). Medians are ``p50``.
+
+The per-request records AIPerf writes beside the summary (``profile_export.jsonl``) are read
+where present and checked against it (read_aiperf_records): a records file of another run, or
+one cut or edited, stops the run from being read.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_kimiperf.compare.read_aiperf_records import check_against_summary, read_records, records_beside
 from pytest_kimiperf.compare.runs import (
     CONCURRENCY, REQUEST_RATE, SINGLE_STREAM, ResultFileError, RunFigure, ToolRun, count, load_words, mapping,
     number,
@@ -71,6 +76,10 @@ def read(path: Path, data: Mapping[str, Any]) -> list[ToolRun]:
                                             f"{_DECODE[0]}.p50")
     for metric, (name, unit) in _RUN_LEVEL.items():
         figures[metric] = RunFigure(_stat(path, data, name, unit, "avg"), completed, f"{name}.avg")
+    records = records_beside(path)
+    if records is not None:
+        units = {name: mapping(data, name, path)["unit"] for name, _ in (*_PER_REQUEST.values(), _DECODE) if name in data}
+        check_against_summary(read_records(records), path, completed, failed, figures, units)
     kind, level = _load(path, data)
     info = data.get("run_info") if isinstance(data.get("run_info"), Mapping) else {}
     return [ToolRun(path=str(path), tool=TOOL, version=str(data.get("aiperf_version") or ""),

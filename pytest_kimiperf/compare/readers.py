@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_kimiperf.compare import read_aiperf, read_guidellm, read_kimiperf, read_vllm
+from pytest_kimiperf.compare.read_aiperf_records import is_records_file
 from pytest_kimiperf.compare.runs import ResultFileError, ToolRun, load_json
 
 KNOWN = ("vLLM `bench serve --save-result` JSON, AIPerf's profile_export_aiperf.json, guidellm's JSON report, "
@@ -15,6 +16,9 @@ KNOWN = ("vLLM `bench serve --save-result` JSON, AIPerf's profile_export_aiperf.
 def read_run_file(path: Path) -> list[ToolRun]:
     """The runs a result file holds, read whole; ResultFileError naming the file and the field
     for anything unknown, damaged or moved."""
+    if is_records_file(path):
+        raise ResultFileError(f"{path}: AIPerf's per-request records, which are read with the summary AIPerf writes "
+                              "beside them: give profile_export_aiperf.json (or NAME.json beside NAME.jsonl) instead")
     data = load_json(path)
     if read_vllm.looks_like(data):
         return read_vllm.read(path, data)

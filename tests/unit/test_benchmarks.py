@@ -153,3 +153,24 @@ def test_the_declared_spread_cells_cover_every_truth_and_shape() -> None:
     declared_spreads = _load("declared_spreads")
     labels = [c.label for c in declared_spreads.cells()]
     assert len(labels) == 9 and labels[4] == "session 2% (declared 1%); 3 x 2"
+
+
+def test_the_tools_paired_comparison_pairs_rounds_within_a_boot_and_swapping_sides_negates_it() -> None:
+    compare_tools = _load("compare_tools")
+    plugin = {(1, 1): 400.0, (1, 2): 440.0, (2, 1): 300.0, (2, 2): 330.0, (3, 1): 500.0}
+    bench = {(1, 1): 500.0, (1, 2): 550.0, (2, 1): 375.0, (2, 2): 412.5, (4, 1): 600.0}
+    pair = compare_tools.paired(plugin, bench)
+    # Boots 1 and 2 (boot 3 and 4 have no pair): the same ratio on every round, whatever the boot's
+    # level, so the boots agree exactly and the interval is the point.
+    assert pair.per_boot == pytest.approx((np.log(0.8), np.log(0.8)))
+    assert pair.sd == pytest.approx(0.0, abs=1e-12)
+    assert pair.interval() == pytest.approx((np.log(0.8), np.log(0.8)))
+    swapped = compare_tools.paired(bench, plugin)
+    assert swapped.per_boot == pytest.approx(tuple(-d for d in pair.per_boot))
+    assert np.isnan(compare_tools.paired({(1, 1): 1.0}, {(1, 1): 2.0}).interval()[0])
+
+
+def test_the_tools_table_is_what_the_script_makes_from_the_committed_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    compare_tools = _load("compare_tools")
+    assert compare_tools.main() == 0
+    assert capsys.readouterr().out == (BENCHMARKS / "compare_tools.md").read_text()

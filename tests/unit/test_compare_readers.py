@@ -196,3 +196,114 @@ def test_the_plugins_report_of_the_same_load_on_a_real_server_reads_as_one_singl
 def test_every_tools_file_of_the_one_boot_reads_the_same_load(name: str) -> None:
     [run] = read_run_file(COMPARE / "one-boot" / name)
     assert (run.load, run.load_kind, run.requests) == ("one stream", SINGLE_STREAM, 20)
+
+
+# AIPerf's per-request records: boot 1's profile_export.jsonl, kept beside its summary under the
+# names AIPerf gives them with --profile-export-prefix boot1 (boot1.json, boot1.jsonl).
+AIPERF_RECORDS = COMPARE / "aiperf" / "boot1.jsonl"
+
+
+def _aiperf_artifacts(tmp_path: Path, records: str, summary: Path = AIPERF) -> Path:
+    """A copy of an AIPerf artifact directory as AIPerf names it: the summary and its records."""
+    (tmp_path / "profile_export.jsonl").write_text(records)
+    out = tmp_path / "profile_export_aiperf.json"
+    out.write_text(summary.read_text())
+    return out
+
+
+def _records_lines() -> list[dict[str, Any]]:
+    return [json.loads(line) for line in AIPERF_RECORDS.read_text().splitlines()]
+
+
+def _jsonl(records: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(record) + "\n" for record in records)
+
+
+def test_aiperf_records_beside_their_summary_agree_with_it_figure_by_figure(tmp_path: Path) -> None:
+    # The real pair reads, under AIPerf's own names and under a prefix's (boot1.json, boot1.jsonl),
+    # with the summary's figures: every one of them was recomputed from the records and matched.
+    summary = _aiperf_artifacts(tmp_path, AIPERF_RECORDS.read_text())
+    [run] = read_run_file(summary)
+    assert run.figures == read_run_file(AIPERF)[0].figures
+    lines = _records_lines()
+    assert sum(1 for r in lines if r["metadata"]["benchmark_phase"] == "profiling") == run.requests == 20
+
+
+def test_records_of_another_run_beside_a_summary_are_an_error(tmp_path: Path) -> None:
+    # Boot 1's records beside boot 2's summary: the same counts, other figures.
+    summary = _aiperf_artifacts(tmp_path, AIPERF_RECORDS.read_text(), summary=COMPARE / "aiperf" / "boot2.json")
+    with pytest.raises(ResultFileError) as caught:
+        read_run_file(summary)
+    message = str(caught.value)
+    assert message.startswith(f"{tmp_path / 'profile_export.jsonl'} (the per-request records of "
+                              "profile_export_aiperf.json): field 'metrics.time_to_first_token.value' of the records "
+                              "gives p50 ")
+    assert "the summary's 'time_to_first_token.p50' is" in message
+
+
+def _drop_profiling_record(records: list[dict[str, Any]]) -> None:
+    del records[-1]
+
+
+def _fail_a_request(records: list[dict[str, Any]]) -> None:
+    records[5]["error"] = {"code": 500, "type": "Internal Server Error", "message": "boom"}
+
+
+def _edit_metric(value: Any, name: str = "request_latency", index: int = 7) -> Callable[[list[dict[str, Any]]], None]:
+    def edit(records: list[dict[str, Any]]) -> None:
+        records[index]["metrics"][name]["value"] = value
+    return edit
+
+
+def _set_unit(records: list[dict[str, Any]]) -> None:
+    records[3]["metrics"]["time_to_first_token"]["unit"] = "s"
+
+
+def _drop_metadata(records: list[dict[str, Any]]) -> None:
+    del records[4]["metadata"]
+
+
+def _phase(records: list[dict[str, Any]]) -> None:
+    records[2]["metadata"]["benchmark_phase"] = "cooldown"
+
+
+RECORD_DAMAGES = [
+    # (edit of the parsed lines, words the error holds after the records file's path)
+    (_drop_profiling_record, "19 good and 0 failed profiling requests, but the summary's 'request_count.avg' and "
+                             "'error_summary' say 20 and 0"),
+    (_fail_a_request, "19 good and 1 failed profiling requests"),
+    # A request's latency far beyond the others moves the summary's p99 (an edit that moves none of
+    # the percentiles read cannot be seen, and changes nothing the judge reads).
+    (_edit_metric(1e6), "field 'metrics.request_latency.value' of the records gives p"),
+    (_edit_metric("slow"), "line 8: field 'metrics.request_latency.value' is 'slow', not a finite number"),
+    (_edit_metric([1.0, None], "inter_chunk_latency", 9), "line 10: field 'metrics.inter_chunk_latency.value' is "
+                                                         "[1.0, None], not a finite number"),
+    (_set_unit, "line 4: field 'metrics.time_to_first_token.unit' is 's', not 'ms' as in the summary"),
+    (_drop_metadata, "line 5: field 'metadata' is missing"),
+    (_phase, "line 3: field 'metadata.benchmark_phase' is 'cooldown', not one of warmup, profiling"),
+]
+
+
+@pytest.mark.parametrize(("edit", "words"), RECORD_DAMAGES, ids=[d[1][:40] for d in RECORD_DAMAGES])
+def test_damaged_aiperf_records_are_an_error_naming_the_file_the_line_and_the_field(
+        tmp_path: Path, edit: Callable[[list[dict[str, Any]]], None], words: str) -> None:
+    records = _records_lines()
+    edit(records)
+    summary = _aiperf_artifacts(tmp_path, _jsonl(records))
+    with pytest.raises(ResultFileError) as caught:
+        read_run_file(summary)
+    assert str(caught.value).startswith(f"{tmp_path / 'profile_export.jsonl'}")
+    assert words in str(caught.value)
+
+
+def test_aiperf_records_cut_short_name_their_last_line(tmp_path: Path) -> None:
+    text = AIPERF_RECORDS.read_text()
+    summary = _aiperf_artifacts(tmp_path, text[: len(text) - 200])
+    with pytest.raises(ResultFileError, match=r"profile_export.jsonl: line 22 is not valid JSON \(column \d+: "):
+        read_run_file(summary)
+
+
+def test_aiperf_records_on_their_own_point_to_their_summary() -> None:
+    with pytest.raises(ResultFileError, match=r"boot1.jsonl: AIPerf's per-request records, which are read with the "
+                       r"summary AIPerf writes beside them: give profile_export_aiperf.json"):
+        read_run_file(AIPERF_RECORDS)
