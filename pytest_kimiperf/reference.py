@@ -21,7 +21,7 @@ from typing import Any
 from pytest_kimiperf.compare.cli import reference_page as compare_page
 from pytest_kimiperf.config.deployment_tables import _FIELDS as DEPLOYMENT_FIELDS
 from pytest_kimiperf.config.deployment_tables import _USER_BASE
-from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, PLACEHOLDERS, Deployment
+from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, PLACEHOLDERS
 from pytest_kimiperf.config.metric_specs import METRICS, SampleKind
 from pytest_kimiperf.config.nccl.profiles import _PROFILE_TABLE_KEYS, BUILTIN_PROFILES
 from pytest_kimiperf.config.nodes import Node
@@ -211,7 +211,8 @@ def options_page() -> str:
               "Each option is taken from the first of these that sets it: the command line, its environment "
               "variable (where it has one), its ini setting (in `[tool.pytest.ini_options]` of `pyproject.toml`, "
               "or `pytest.ini`, `tox.ini`, `setup.cfg`), then the default. A switch (an option without a value) "
-              "is set by its flag, by `true` in the ini file, or by `1`, `true`, `yes` or `on` in its variable (`0`, `false`, `no` or `off` turn it off).", "",
+              "is set by its flag, by `true` in the ini file, or by `1`, `true`, `yes` or `on` in its variable "
+              "(`0`, `false`, `no` or `off` turn it off).", "",
               "Deprecated spellings still work and warn once (`KimiperfDeprecationWarning`), naming the "
               "spelling to use.", "", "## All options", ""]
     rows = []

@@ -71,7 +71,7 @@ class BootSummary:
                 "min_n": self.min_n, "session": self.session, "host": self.host, "commit": self.commit}
 
     @classmethod
-    def from_json(cls, data: dict[str, object]) -> "BootSummary":
+    def from_json(cls, data: dict[str, object]) -> BootSummary:
         """Inverse of :meth:`to_json`."""
         se = data.get("se_log")
         return cls(median=float(data["median"]), n=int(data["n"]),  # type: ignore[arg-type]

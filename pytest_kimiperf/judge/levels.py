@@ -235,7 +235,7 @@ class BootOrigin:
         return {"session": self.session, "host": self.host, "canary": dict(self.canary)}
 
     @classmethod
-    def from_json(cls, data: object) -> "BootOrigin | None":
+    def from_json(cls, data: object) -> BootOrigin | None:
         """Inverse of :meth:`to_json`; None for None."""
         if data is None:
             return None

@@ -41,7 +41,8 @@ with the declared spreads then taken as exact. They are now priors at their stat
 tail (variance.critical_at): an unchanged suite gets a direction in at most 0.2% of runs with
 the spreads declared right, and a slower build is convicted in 36-70% of comparisons at twice
 the tolerance with 1-10 sessions of history and 2 boots (benchmarks/README.md, "Declared
-spreads"); the plan says what history or boots would reach 90% where this does not. The price is at 0.8x the tolerance: a true change
+spreads"); the plan says what history or boots would reach 90% where this does not. The price is at 0.8x the
+tolerance: a true change
 inside the tolerance is convicted in up to 4% of runs, where the bound rule convicted none. The
 90% equivalence interval is the usual TOST level (two one-sided 5% tests): "within" is a claim,
 so it gets the stricter level.
@@ -104,7 +105,7 @@ class Leaning(int, Enum):
     BETTER = 1
 
     @property
-    def mirrored(self) -> "Leaning":
+    def mirrored(self) -> Leaning:
         """The leaning with the sides swapped."""
         return Leaning(-self.value)
 
@@ -216,7 +217,7 @@ class Comparison:
         """The metric and unit a line about this comparison opens with ("decode tok/s")."""
         return " ".join(part for part in (self.metric, self.unit) if part)
 
-    def with_notes(self, *more: Note) -> "Comparison":
+    def with_notes(self, *more: Note) -> Comparison:
         """This comparison with ``more`` notes after its own."""
         return dataclasses.replace(self, notes=(*self.notes, *more))
 
@@ -241,7 +242,7 @@ class Comparison:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Comparison":
+    def from_dict(cls, data: Mapping[str, Any]) -> Comparison:
         """Inverse of :meth:`to_dict` (None back to NaN)."""
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):

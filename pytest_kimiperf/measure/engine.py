@@ -2,7 +2,8 @@
 
 :class:`Engine` plays a :class:`ProcessPlan` (its share of one round) on one event loop:
 closed-loop streams or open-loop arrivals, every request through one ``StreamingClient``. While
-it plays, :class:`~pytest_kimiperf.measure.loop_probe.LoopProbe` times how late the loop runs a callback and the process's CPU share
+it plays, :class:`~pytest_kimiperf.measure.loop_probe.LoopProbe` times how late the loop runs a callback and
+the process's CPU share
 is taken (see config.measure_bounds.HealthBounds), the measured part runs at real-time priority where the OS
 allows it, and the garbage collector is held off. :class:`WorkerPool` runs one Engine per worker
 process when ``client_processes`` spreads the streams; their ``perf_counter_ns`` stamps
@@ -18,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import multiprocessing
-import os
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -251,7 +251,7 @@ class WorkerPool:
         return [self._receive(parent, timeout_s) for _, parent in self._workers]
 
     def close(self) -> None:
-        for process, parent in self._workers:
+        for _process, parent in self._workers:
             try:
                 parent.send(("stop", None))
             except (OSError, ValueError):

@@ -131,7 +131,7 @@ class RequestRecord:
         return result
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "RequestRecord":
+    def from_json(cls, data: Mapping[str, Any]) -> RequestRecord:
         """Inverse of :meth:`to_json` (a run's ``requests`` in the JSON it travels as)."""
         scheduled = data.get("scheduled_send_ns")
         return cls(ok=bool(data["ok"]), error=str(data.get("error") or ""), prompt_tokens=int(data["prompt_tokens"]),

@@ -296,7 +296,7 @@ class RunResult:
 
     # ------------------------------------------------------------------ output
 
-    def summary(self) -> "RunSummary":
+    def summary(self) -> RunSummary:
         """The run's figures, its request records and its context, as the gate and reports keep it."""
         valid = self.valid_records
         wall = self.wall_s
@@ -416,7 +416,7 @@ class RunSummary:
         return result
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "RunSummary":
+    def from_json(cls, data: Mapping[str, Any]) -> RunSummary:
         """Inverse of :meth:`to_json`."""
         stats = {}
         for name in PER_REQUEST_METRICS:

@@ -68,7 +68,7 @@ def measure_watched(play: Callable[[int], RunResult], server: ServerHandle, depl
         if nodes is not None:
             nodes.start()
         here = nodes.here_pids if nodes is not None else set()
-        watch = HostWatch(own_pids=lambda: [*own_pids(server), *here], **gpu_watch(deployment))
+        watch = HostWatch(own_pids=lambda here=here: [*own_pids(server), *here], **gpu_watch(deployment))
         watch.start()
         watched.run = first() if attempt == 0 and first is not None else play(attempt)
         reading = watch.stop()

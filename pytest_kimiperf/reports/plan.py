@@ -76,7 +76,8 @@ def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:
     if s.control:
         lines.append(f"  against the control ({s.reference_profile.name}: the deployment's control_command, the "
                      f"recorded build, booted beside it, {s.boots} boot{'s' * (s.boots != 1)} each): a {label} "
-                     f"regression of {control_reach(dep.boot_spread, max(s.boots, 2), tolerance, rules):.1%} or more is convicted "
+                     f"regression of {control_reach(dep.boot_spread, max(s.boots, 2), tolerance, rules):.1%} or more "
+                     f"is convicted "
                      f"beyond the {tolerance:.0%} tolerance ({power}); the session and host levels cancel")
     elif len(profiles) > 1:
         apart = smallest_change(dep.boot_spread, s.boots)

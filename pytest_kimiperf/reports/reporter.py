@@ -274,7 +274,7 @@ class SessionReporter:
         if step_summary and self.results:
             markdown_targets.append((Path(step_summary), True, f"${GITHUB_STEP_SUMMARY}"))
         if markdown_targets:
-            for path, append, source in markdown_targets:
+            for path, append, _source in markdown_targets:
                 report.outputs["github_step_summary" if append else "markdown"] = str(path)
             text = render_markdown(report)
             for path, append, source in markdown_targets:

@@ -20,8 +20,8 @@ from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
 from pytest_kimiperf.judge.levels import CanaryCheck, Level, Levels
 from pytest_kimiperf.judge.notes import (
     BootAsked, BootPlanned, BootsForWithin, BootsToDecide, DeclaredModes, FailedRequests, FloorNote, GoodputSlos,
-    HistoryModes, HistoryStep, HistorySteps, InvalidRun, LeftOut, LevelSpread, Look, NeedsBoots, NoDecode, Note, Plan, Said, SloCheck, SoftFingerprint,
-    SpreadSource, TooFewSamples, Unresolved,
+    HistoryModes, HistoryStep, HistorySteps, InvalidRun, LeftOut, LevelSpread, Look, NeedsBoots, NoDecode, Note, Plan, Said,
+    SloCheck, SoftFingerprint, SpreadSource, TooFewSamples, Unresolved,
 )
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind, fmt_tolerance
 from pytest_kimiperf.judge.verdicts import (

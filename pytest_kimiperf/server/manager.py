@@ -85,7 +85,7 @@ class ServerRecord:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "ServerRecord":
+    def from_json(cls, data: dict[str, Any]) -> ServerRecord:
         """Inverse of :meth:`to_json`."""
         return cls(
             profile=data["profile"], boots=int(data["boots"]), boot_s=data.get("boot_s"),
@@ -96,7 +96,7 @@ class ServerRecord:
             accounts=[BootAccount.from_json(a) for a in data.get("accounts") or []],
         )
 
-    def merge(self, other: "ServerRecord") -> None:
+    def merge(self, other: ServerRecord) -> None:
         """Add another process's record of the same profile (boots add up)."""
         self.boots += other.boots
         self.boot_s = self.boot_s if self.boot_s is not None else other.boot_s

@@ -480,7 +480,7 @@ def test_memory_no_listed_process_accounts_for_is_a_disturbance() -> None:
         reading = watch.stop()
         assert [g.unlisted_growth_mib for g in reading.gpus] == [expected, 0]
         lines = [line for line in reading.disturbances(HostBounds()) if "NVML lists" in line]
-        assert lines == ([f"GPU 0 used 2048 MiB more at the window's end than at its start beyond what the processes "
+        assert lines == (["GPU 0 used 2048 MiB more at the window's end than at its start beyond what the processes "
                           "NVML lists gained: a process NVML cannot name here (another container's) or a leak"]
                          if grown > 256 else [])
     relaxed = HostBounds(max_foreign_gpu_processes=None)
