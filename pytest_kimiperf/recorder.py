@@ -133,7 +133,7 @@ class PerfRecorder:
         # A repeat after a disturbed attempt gets prompts of its own too (the first attempt's
         # prefill would come from the cache and its TTFT read short).
         base = scenario
-        options = {"endpoint": endpoint, "server_metrics": server_metrics, "extra_body": extra_body}
+        options: dict[str, Any] = {"endpoint": endpoint, "server_metrics": server_metrics, "extra_body": extra_body}
 
         def play(attempt: int = 0) -> RunResult:
             seeded = dataclasses.replace(

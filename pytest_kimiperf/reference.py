@@ -380,7 +380,7 @@ def _decorated(path: Path, decorator: str) -> list[tuple[str, str | None]]:
         for deco in node.decorator_list:
             target = deco.func if isinstance(deco, ast.Call) else deco
             if ast.unparse(target) == decorator:
-                scope = next((kw.value.value for kw in getattr(deco, "keywords", ())
+                scope = next((str(kw.value.value) for kw in getattr(deco, "keywords", ())
                               if kw.arg == "scope" and isinstance(kw.value, ast.Constant)), None)
                 found.append((node.name, scope))
     return found
@@ -388,7 +388,7 @@ def _decorated(path: Path, decorator: str) -> list[tuple[str, str | None]]:
 
 def _markers(path: Path) -> list[str]:
     """The marker lines ``plugin.py`` registers with ``addinivalue_line("markers", ...)``."""
-    return [call.args[1].value for call in ast.walk(ast.parse(path.read_text()))
+    return [str(call.args[1].value) for call in ast.walk(ast.parse(path.read_text()))
             if isinstance(call, ast.Call) and ast.unparse(call.func).endswith("addinivalue_line")
             and len(call.args) == 2 and isinstance(call.args[1], ast.Constant)
             and getattr(call.args[0], "value", None) == "markers"]
@@ -458,8 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         for path in stale:
             print(f"{path} is stale: run `{COMMAND}` to regenerate it", file=sys.stderr)
         return 1 if stale else 0
-    for path in write_pages(args.out_dir):
-        print(f"wrote {path}")
+    for written in write_pages(args.out_dir):
+        print(f"wrote {written}")
     return 0
 
 

@@ -70,6 +70,7 @@ class PerfSession:
                 from pytest_kimiperf.judge.fingerprint import attached_fingerprint
                 from pytest_kimiperf.measure.host_facts import probe_attached_server
 
+                assert self.settings.server_url is not None  # what makes it external
                 fp = attached_fingerprint(
                     fp, probe_attached_server(self.settings.server_url, self.settings.api_key),
                     stated_hardware=self.settings.server_hardware)

@@ -55,7 +55,7 @@ class BaselineBoot:
 
     def to_json(self) -> dict[str, Any]:
         """The boot as stored in the file (``origin`` only where known: older files stay as they were)."""
-        out = {"median": self.median, "n": self.n, "se_log": self.se_log, "recorded_at": self.recorded_at,
+        out: dict[str, Any] = {"median": self.median, "n": self.n, "se_log": self.se_log, "recorded_at": self.recorded_at,
                "git_commit": self.git_commit, "versions": dict(self.versions)}
         if self.origin is not None:
             out["origin"] = self.origin.to_json()

@@ -60,15 +60,19 @@ from typing import Any, assert_never
 
 from scipy import stats as scipy_stats
 
-from pytest_kimiperf.config.deployments import MIN_BOOTS_DIRECTIONAL
-from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT, BootSummary
+# The judge's modules take these from here: `X as X` says the re-export to the type checker.
+from pytest_kimiperf.config.deployments import MIN_BOOTS_DIRECTIONAL as MIN_BOOTS_DIRECTIONAL
+from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, Direction
+from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.notes import (
     LevelSpread, NeedsBoots, Note, SpreadSource, TooFewSamples, notes_from_json,
 )
-from pytest_kimiperf.judge.variance import (  # noqa: F401  (PRIOR_DF, Spread and t_quantile: imported from here too)
-    PRIOR_DF, Spread, critical_at, estimate_spread, satterthwaite_df, t_quantile,
-)
+from pytest_kimiperf.judge.variance import PRIOR_DF as PRIOR_DF
+from pytest_kimiperf.judge.variance import Spread as Spread
+from pytest_kimiperf.judge.variance import critical_at as critical_at
+from pytest_kimiperf.judge.variance import estimate_spread
+from pytest_kimiperf.judge.variance import satterthwaite_df as satterthwaite_df
+from pytest_kimiperf.judge.variance import t_quantile as t_quantile
 from pytest_kimiperf.numbers import is_real
 
 EQUIVALENCE_CONFIDENCE = 0.90
@@ -306,7 +310,7 @@ def compare_boots(
     cur = [b for b in current if b.usable]
     ref = [b for b in reference if b.usable]
     nan = math.nan
-    common = dict(metric=metric, unit=unit, direction=direction, tolerance=float(tolerance),
+    common: dict[str, Any] = dict(metric=metric, unit=unit, direction=direction, tolerance=float(tolerance),
                   boots_current=len(cur), boots_reference=len(ref),
                   n_current=sum(b.n for b in cur), n_reference=sum(b.n for b in ref),
                   sessions_current=len({b.session for b in cur}), sessions_reference=len({b.session for b in ref}),

@@ -68,7 +68,8 @@ def measure_watched(play: Callable[[int], RunResult], server: ServerHandle, depl
         if nodes is not None:
             nodes.start()
         here = nodes.here_pids if nodes is not None else set()
-        watch = HostWatch(own_pids=lambda here=here: [*own_pids(server), *here], **gpu_watch(deployment))
+        # The watch stops before the next attempt rebinds `here`.
+        watch = HostWatch(own_pids=lambda: [*own_pids(server), *here], **gpu_watch(deployment))  # noqa: B023
         watch.start()
         watched.run = first() if attempt == 0 and first is not None else play(attempt)
         reading = watch.stop()

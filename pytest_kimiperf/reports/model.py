@@ -109,8 +109,9 @@ class ServerViewRow:
 
 def _pooled_mean(views: Sequence[Mapping[str, Any]], key: str) -> float | None:
     """Count-weighted mean of the per-run means (a run extended while inconclusive has several)."""
-    pairs = [(v.get(f"{key}_count"), v.get(f"mean_{key}_ms")) for v in views]
-    if not pairs or any(count is None or mean is None for count, mean in pairs):
+    pairs = [(count, mean) for v in views
+             if (count := v.get(f"{key}_count")) is not None and (mean := v.get(f"mean_{key}_ms")) is not None]
+    if not views or len(pairs) != len(views):
         return None
     total = sum(count for count, _ in pairs)
     return sum(count * mean for count, mean in pairs) / total if total else None
@@ -322,7 +323,7 @@ class SessionReport:
                 test=res.test, profile=boot_label(res),
                 server_ttft_ms=_pooled_mean(views, "ttft"), client_ttft_ms=res.run.stat("ttft_ms", "mean"),
                 server_itl_ms=_pooled_mean(views, "itl"), client_itl_ms=res.run.stat("itl_ms", "mean"),
-                server_tokens=None if None in tokens else float(sum(tokens)),
+                server_tokens=None if None in tokens else float(sum(t for t in tokens if t is not None)),
                 client_tokens=float(res.run.total_output_tokens),
             ))
         return rows

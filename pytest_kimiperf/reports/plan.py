@@ -66,9 +66,9 @@ def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:
     if seconds is None:
         lines.append(f"  loading: {source}")
     else:
-        span = f"{fmt_duration(seconds * planned)} of loading" + (
+        loading = f"{fmt_duration(seconds * planned)} of loading" + (
             f", up to {fmt_duration(seconds * most)}" if most > planned else "")
-        lines.append(f"  loading: {fmt_duration(seconds)} a boot ({source}): {span}")
+        lines.append(f"  loading: {fmt_duration(seconds)} a boot ({source}): {loading}")
     tolerance = dep.tolerance(HEADLINE_METRIC)
     label = metric_spec(HEADLINE_METRIC).label
     power = f"{DETECTION_POWER:.0%} power"

@@ -78,7 +78,8 @@ GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 class TerminalWriter(Protocol):
     """The part of pytest's terminal reporter the summary writes through."""
 
-    verbosity: int
+    @property
+    def verbosity(self) -> int: ...
 
     def write_sep(self, sep: str, title: str | None = None, **markup: bool) -> None: ...
 

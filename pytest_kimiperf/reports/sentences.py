@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable
 
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
-from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT
+from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT
 from pytest_kimiperf.judge.append import AppendWhy, NotAppended
 from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
 from pytest_kimiperf.judge.levels import CanaryCheck, Level, Levels

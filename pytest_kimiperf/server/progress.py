@@ -127,7 +127,7 @@ class ProgressDisplay:
         self._dirty = False
 
     @classmethod
-    def for_output(cls, out: TerminalOutput, *, interval_s: float) -> ProgressDisplay:
+    def for_output(cls, out: TerminalOutput | RelayOutput, *, interval_s: float) -> ProgressDisplay:
         """A display writing through ``out`` (pytest's terminal, around the capture)."""
         import time
 
