@@ -177,6 +177,7 @@ class StreamingClient:
         reader = SSEReader(self._endpoint == "chat")
         t_send_ns = t_start_ns
         failure = ""
+        stalled = False
         status = 0
         error_body = b""
         loop = asyncio.get_running_loop()
@@ -202,11 +203,12 @@ class StreamingClient:
                         reader = SSEReader(self._endpoint == "chat")
                         continue
                     failure, status, error_body = exchange.failure, exchange.status, bytes(exchange.error_body)
+                    stalled = bool(stall)
                     break
         except TimeoutError:
-            failure = f"request timed out after {self._request_timeout_s:g} s"
+            failure, stalled = f"request timed out after {self._request_timeout_s:g} s", False
         except OSError as exc:
-            failure = f"cannot connect to {self._address.base_url}: {exc}"
+            failure, stalled = f"cannot connect to {self._address.base_url}: {exc}", False
         t_done_ns = time.perf_counter_ns()
         if not failure and status != 200:
             failure = f"HTTP {status}: {error_body[:300].decode('utf-8', 'replace')}"
@@ -223,6 +225,7 @@ class StreamingClient:
             scheduled_send_ns=scheduled_send_ns,
             request_id=request_id,
             t_start_ns=t_start_ns,
+            stalled=stalled,
         )
 
 
