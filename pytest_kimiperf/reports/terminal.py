@@ -92,7 +92,7 @@ def render_summary(
         lines.extend(TerminalLine(f"FAILED {r.test} [{r.profile}] {comparison_line(r.comparison)}", markup=RED)
                      for r in failed if r.comparison is not None)
     errors = list(report.errors) if report is not None else []
-    if output_error and output_error not in errors:
+    if output_error:  # the reporter's own failures: never one of the report's (reporter.output_errors)
         errors.append(output_error)
     if errors:
         lines.append(TerminalLine("kimiperf: reports and baselines", sep="!", markup=LOUD))
