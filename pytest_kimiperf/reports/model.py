@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 from pytest_kimiperf.server.boot_account import BootAccount
 from pytest_kimiperf.judge.append import NotAppended
@@ -429,8 +429,14 @@ def profile_verdict(comparison: Comparison) -> str:
     The gate's "regression"/"improvement" speak of a change over time; between two NCCL profiles
     measured in the same session "worse"/"better" is what the data says.
     """
-    if comparison.verdict is VerdictKind.REGRESSION:
-        return "worse"
-    if comparison.verdict is VerdictKind.IMPROVEMENT:
-        return "better"
-    return str(comparison.verdict.value)
+    match kind := comparison.verdict:
+        case VerdictKind.REGRESSION:
+            return "worse"
+        case VerdictKind.IMPROVEMENT:
+            return "better"
+        case (VerdictKind.WITHIN_TOLERANCE | VerdictKind.NO_DETECTABLE_CHANGE | VerdictKind.CHANGED_SIZE_UNRESOLVED
+              | VerdictKind.INCONCLUSIVE | VerdictKind.INSUFFICIENT_SAMPLES | VerdictKind.NOT_COMPARABLE
+              | VerdictKind.NOT_JUDGED):
+            return str(kind.value)
+        case _:
+            assert_never(kind)
