@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, assert_never
+from typing import Any, Literal, assert_never
 
 from pytest_kimiperf.server.boot_account import BootAccount
 from pytest_kimiperf.judge.append import NotAppended
@@ -25,6 +25,10 @@ from pytest_kimiperf.roofline.inputs import RooflineReport
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind
 from pytest_kimiperf.server.weight_cache import WeightCacheFacts
 
+
+# What the run wrote, by kind (SessionReport.outputs); each has its line in the terminal summary
+# (terminal_context.output_label, which names every kind).
+OutputKind = Literal["json", "markdown", "github_step_summary", "plots", "export"]
 
 @dataclass(frozen=True)
 class ProfileFacts:
@@ -169,8 +173,8 @@ class SessionReport:
     baselines_update: BaselineUpdate | None = None
     # --kimiperf-append-on-pass: why this run appended nothing (None: it appended, or was not asked).
     not_appended: NotAppended | None = None
-    # what was written where: "json", "markdown", "github_step_summary", "plots" -> path
-    outputs: dict[str, str] = field(default_factory=dict)
+    # what was written where: kind -> path
+    outputs: dict[OutputKind, str] = field(default_factory=dict)
     plot_files: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     # the single-stream decode medians against the model's and hardware's ceilings
