@@ -166,7 +166,7 @@ def _per_boot_table(tools: Mapping[str, Mapping[str, Mapping[tuple[int, int], fl
                     host: Mapping[int, tuple[float, float]]) -> list[str]:
     names = [tool for tool in tools if tools[tool].get(metric)]
     boots = sorted({boot for tool in names for boot, _ in tools[tool][metric]})
-    lines = [f"| boot | load average (1 min) | rounds | " + " | ".join(names) + " |",
+    lines = ["| boot | load average (1 min) | rounds | " + " | ".join(names) + " |",
              "|---|---|---|" + "---|" * len(names)]
     for boot in boots:
         cells = []

@@ -560,7 +560,6 @@ def replay_run(current: list[CorpusBoot], history: list[CorpusBoot], *, keys: li
     open_groups = _test_groups(keys)
     boots = 0
     while open_groups and boots < min(max_boots, len(current)):
-        boot = current[boots]
         boots += 1
         still_open = []
         for group in open_groups:
@@ -569,7 +568,7 @@ def replay_run(current: list[CorpusBoot], history: list[CorpusBoot], *, keys: li
                 spec = metric_spec(metric)
                 worse = 1.0 - shift if spec.direction is Direction.HIGHER_IS_BETTER else 1.0 + shift
                 cur = [replace(b.metrics[key], median=b.metrics[key].median * worse, session="current",
-                               host=b.host) for b in current[:boots] if key in b.metrics]
+                               host=b.host) for b in current[:boots] if key in b.metrics]  # noqa: B023 - judged in this pass
                 owners = [b for b in history if key in b.metrics]
                 ref = [replace(b.metrics[key], session=b.session, host=b.host) for b in owners]
                 # As the gate does (history.against_history): the canary against the boots judged.
@@ -679,7 +678,7 @@ def control_table(args: argparse.Namespace, rules: Rules) -> list[dict[str, obje
         world = World(Noise(0.01, 0.02, d, session_sd=0.02), rng)
         compare = compare_with_control if rule == "gate" else compare_in_session
         false_sessions = detected = judged = 0
-        for trial in range(args.trials):
+        for _ in range(args.trials):
             for change, counting in ((0.0, "null"), (-2 * args.tolerance, "detect")):
                 session = world.session_effects()
                 sides = {side: [[] for _ in range(world.metrics)] for side in ("candidate", "control")}

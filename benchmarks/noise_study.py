@@ -57,6 +57,7 @@ from pytest_kimiperf.judge.boots import BootLedger  # noqa: E402
 from pytest_kimiperf.judge.levels import CorpusBoot, estimate_levels, load_corpus  # noqa: E402
 from pytest_kimiperf.judge.verdicts import MetricResult  # noqa: E402
 from pytest_kimiperf.config.metric_specs import metric_spec  # noqa: E402
+from pytest_kimiperf.measure.watched import say_invalid  # noqa: E402
 from pytest_kimiperf.measure.canary import host_canary, host_identity  # noqa: E402
 from pytest_kimiperf.recorder import PerfRecorder  # noqa: E402
 from pytest_kimiperf.reports.sentences import level_text, request_cv_text  # noqa: E402
@@ -135,9 +136,8 @@ def _measure_boot(settings, log_dir: Path, boot: int, variant: str) -> dict[str,
                 fail=lambda message: (_ for _ in ()).throw(RuntimeError(message)), boot=boot, ledger=BootLedger(),
             )
             run = recorder.measure(scenario)
-            why = run.invalid_reason if not run.valid else recorder.watched.busy
-            if why:
-                invalid.append(f"{test}: {why}")
+            if (why := run.invalid or recorder.watched.busy) is not None:
+                invalid.append(f"{test}: {say_invalid(why)}")
             foreign.extend(r.foreign_cpu_share for r in recorder.watched.readings)
             for name in names:
                 spec = metric_spec(name)

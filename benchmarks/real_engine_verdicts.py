@@ -32,7 +32,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import psutil
 import pytest
 
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS
@@ -194,7 +193,7 @@ class ServerThrottle:
         """The share of the throttled time the server ran (the target: 9 of 60 ms)."""
         return self.running_s / self.throttled_s if self.throttled_s else math.nan
 
-    def __enter__(self) -> "ServerThrottle":
+    def __enter__(self) -> ServerThrottle:
         self._thread.start()
         return self
 
@@ -421,7 +420,7 @@ class BusyDuringSecondProfile:
         self.procs: list[subprocess.Popen[bytes]] = []
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "BusyDuringSecondProfile":
+    def __enter__(self) -> BusyDuringSecondProfile:
         self._thread.start()
         return self
 

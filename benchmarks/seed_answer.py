@@ -77,7 +77,7 @@ def run_cell(label: str, shift: float, plan: SequentialPlan, *, trials: int, see
         ref = [_boot(x) for x in rng.normal(0.0, sd, plan.cap)]
         cur = [_boot(x) for x in rng.normal(shift, sd, plan.cap)]
         c, decision = run_sequentially(
-            lambda k: compare_in_session(cur[:k], ref[:k], direction=HIGHER, tolerance=TOLERANCE, rules=planned), plan)
+            lambda k, cur=cur, ref=ref: compare_in_session(cur[:k], ref[:k], direction=HIGHER, tolerance=TOLERANCE, rules=planned), plan)
         boots.append(decision.boots)
         within += c.verdict is VerdictKind.WITHIN_TOLERANCE
         if c.verdict in (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT):

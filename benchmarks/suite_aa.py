@@ -2,7 +2,8 @@
 
 Issue 46's target: at most 1% of runs with any REGRESSION or IMPROVEMENT, counting everything a
 run of the suite judges: every gated metric of both profiles against its own baseline history
-(gate_power.py's suite shape: 10 metrics in 5 tests, so 20 baseline comparisons) (the gate, boots on demand: gate_power.py's ``gate_run``), and the profile
+(gate_power.py's suite shape: 10 metrics in 5 tests, so 20 baseline comparisons) (the gate, boots on demand:
+gate_power.py's ``gate_run``), and the profile
 comparison of the second profile against the first in the same session, metric by metric
 (``in_session.compare_in_session``, what the summary's profile rows say). Both profiles share the
 session's effect, as they do in ``make perf``. Simulated with gate_power.py's noise model (per
@@ -24,7 +25,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np

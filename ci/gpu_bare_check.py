@@ -218,8 +218,8 @@ def step_nvml(out: Path) -> tuple[str, str]:
                          "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth", "nvmlDeviceGetMigMode",
                          "nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlDeviceGetPowerManagementLimit",
                          "nvmlDeviceGetEnforcedPowerLimit"):
-                _call(device, name, lambda name=name: getattr(pynvml, name)(h))
-            _call(device, "nvmlDeviceGetTemperature", lambda: pynvml.nvmlDeviceGetTemperature(h, 0))
+                _call(device, name, lambda name=name, h=h: getattr(pynvml, name)(h))
+            _call(device, "nvmlDeviceGetTemperature", lambda h=h: pynvml.nvmlDeviceGetTemperature(h, 0))
             device["sample"] = nvml_sample(pynvml, index, since_us=int(time.time() * 1e6) - 2_000_000)
             devices.append(device)
     finally:

@@ -20,19 +20,25 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-if TYPE_CHECKING:
-    from pytest_kimiperf.judge.verdicts import TestResult
-    from pytest_kimiperf.recorder import PerfRecorder
-    from pytest_kimiperf.measure.runner import run_sweep
-    from pytest_kimiperf.measure.scenarios import (
-        Concurrency, ConcurrencySweep, RequestRate, Scenario, SingleStream,
-    )
-    from pytest_kimiperf.measure.target import Target
-    from pytest_kimiperf.config.settings import Settings
-    from pytest_kimiperf.warning_types import (
-        BelowTargetWarning, InconclusiveWarning, KimiperfDeprecationWarning, KimiperfWarning, MissingBaselineWarning,
-        OneSessionHistoryWarning, OtherVersionsWarning, SoftFingerprintWarning,
-    )
+if TYPE_CHECKING:  # the re-exports, spelt `X as X`, as type checkers read explicit re-exports
+    from pytest_kimiperf.config.settings import Settings as Settings
+    from pytest_kimiperf.judge.verdicts import TestResult as TestResult
+    from pytest_kimiperf.measure.runner import run_sweep as run_sweep
+    from pytest_kimiperf.measure.scenarios import Concurrency as Concurrency
+    from pytest_kimiperf.measure.scenarios import ConcurrencySweep as ConcurrencySweep
+    from pytest_kimiperf.measure.scenarios import RequestRate as RequestRate
+    from pytest_kimiperf.measure.scenarios import Scenario as Scenario
+    from pytest_kimiperf.measure.scenarios import SingleStream as SingleStream
+    from pytest_kimiperf.measure.target import Target as Target
+    from pytest_kimiperf.recorder import PerfRecorder as PerfRecorder
+    from pytest_kimiperf.warning_types import BelowTargetWarning as BelowTargetWarning
+    from pytest_kimiperf.warning_types import InconclusiveWarning as InconclusiveWarning
+    from pytest_kimiperf.warning_types import KimiperfDeprecationWarning as KimiperfDeprecationWarning
+    from pytest_kimiperf.warning_types import KimiperfWarning as KimiperfWarning
+    from pytest_kimiperf.warning_types import MissingBaselineWarning as MissingBaselineWarning
+    from pytest_kimiperf.warning_types import OneSessionHistoryWarning as OneSessionHistoryWarning
+    from pytest_kimiperf.warning_types import OtherVersionsWarning as OtherVersionsWarning
+    from pytest_kimiperf.warning_types import SoftFingerprintWarning as SoftFingerprintWarning
 
 _HOME: dict[str, str] = {
     "Concurrency": "measure.scenarios", "ConcurrencySweep": "measure.scenarios",

@@ -5,7 +5,8 @@ fingerprint's, measure/host_facts.py ``probe_host_facts``), ``snapshot --launch-
 host counters and process table with the pids carrying the launch marker (the host watch's two
 ends, measure/host_readings.py), and ``stop --launch-id ID --grace S`` ends every process of
 that launch there (server/zombies.py) and says what it ended and what survived. Each prints one
-JSON object on its last stdout line, marked (server/agent_wire.py). The same code that reads this machine reads the node: nothing is
+JSON object on its last stdout line, marked (server/agent_wire.py). The same code that reads this machine reads
+the node: nothing is
 reimplemented for the remote side, and the node needs only this package installed at the
 interpreter path the deployment's command names (a fleet's runners share one image).
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from pytest_kimiperf.errors import ConfigError
 
@@ -49,7 +49,7 @@ def fmt_share(fraction: float) -> str:
     return f"{pct:.0f}%" if pct >= 10 else f"{pct:.2g}%"
 
 
-def is_real(value: object, *, finite: bool = False) -> bool:
+def is_real(value: object, *, finite: bool = False) -> TypeGuard[float]:
     """Whether ``value`` is a real number (ints, floats, numpy scalars), not a bool; with
     ``finite``, also not NaN or infinite. The one copy of this check."""
     if not isinstance(value, numbers.Real) or isinstance(value, bool):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,7 +79,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         for flag, text in opt.flags(bare=False):
             _add_flag(group, opt, flag, text)
         for name, text in opt.ini_names():
-            parser.addini(name, help=text, type="bool" if opt.kind == "bool" else "string",
+            parser.addini(name, help=text, type=("bool" if opt.kind == "bool" else "string"),
                           default=opt.default if opt.kind == "bool" else None)
 
 
@@ -309,16 +309,16 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         return outcome
     import warnings
 
-    from pytest_kimiperf.judge.gate import WarningKind, missing_baseline_failure, warning_kinds
+    from pytest_kimiperf.judge import gate, verdicts
     from pytest_kimiperf.reports.sentences import say
     from pytest_kimiperf.warning_types import CLASS_OF
 
     settings = item.config.stash[RUN_KEY].settings
     fails = settings.missing_baseline == "fail" and not settings.update_baselines
-    if (failure := missing_baseline_failure(result, fails=fails)) is not None:
+    if (failure := gate.missing_baseline_failure(result, fails=fails)) is not None:
         pytest.fail(say(failure), pytrace=False)
-    for warning in warning_kinds(result, missing_baseline_fails=fails):
-        if warning.kind is not WarningKind.MISSING_BASELINE:  # said once, at session end
+    for warning in gate.warning_kinds(result, missing_baseline_fails=fails):
+        if warning.kind is not verdicts.WarningKind.MISSING_BASELINE:  # said once, at session end
             warnings.warn(CLASS_OF[warning.kind.value](f"kimiperf: {say(warning.note)}"), stacklevel=1)
     return outcome
 
@@ -338,7 +338,7 @@ def _marker_tolerances(item: pytest.Item) -> dict[str, float]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     """Attach the test's perf result and, on failure, the server log tail to its report."""
     report = yield
     if report.when == "call" and RESULT_KEY in item.stash:
@@ -397,7 +397,7 @@ class _BenchmarkMachineInfo:
 
     @pytest.hookimpl(wrapper=True, optionalhook=True)
     def pytest_benchmark_group_stats(self, config: pytest.Config, benchmarks: list[dict[str, Any]],
-                                     group_by: str) -> Iterator[Any]:
+                                     group_by: str) -> Generator[None, list[Any], list[Any]]:
         """The groups pytest-benchmark's table prints, without the kimiperf scenarios."""
         from pytest_kimiperf.reports.benchmark_bridge import without_scenario_rows
 

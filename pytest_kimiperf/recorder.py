@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from pytest_kimiperf.reports import benchmark_bridge
 from pytest_kimiperf.errors import BaselineError, ConfigError, KimiperfError
+from pytest_kimiperf.measure.watched import say_invalid
 from pytest_kimiperf.measure.results import RunResult, check_goodput_slo, check_rounds
 from pytest_kimiperf.measure.server_view import run_cross_checks
 from pytest_kimiperf.measure.watched import WatchedRun, measure_watched
@@ -133,7 +134,7 @@ class PerfRecorder:
         # A repeat after a disturbed attempt gets prompts of its own too (the first attempt's
         # prefill would come from the cache and its TTFT read short).
         base = scenario
-        options = {"endpoint": endpoint, "server_metrics": server_metrics, "extra_body": extra_body}
+        options: dict[str, Any] = {"endpoint": endpoint, "server_metrics": server_metrics, "extra_body": extra_body}
 
         def play(attempt: int = 0) -> RunResult:
             seeded = dataclasses.replace(
@@ -244,7 +245,8 @@ class PerfRecorder:
         )
         if (line := watched.describe()) is not None:
             result.messages.append(Said(line))
-        invalid = watched.busy if watched.busy is not None else (None if run.valid else run.invalid_reason)
+        reason = watched.busy if watched.busy is not None else run.invalid
+        invalid = say_invalid(reason) if reason is not None else None  # the judge's InvalidRun takes the words
         named = [*metrics, *(slo or {}), *([FLOOR_METRIC] if floor else [])]
         judged = [*named, *(["request_goodput"] if goodput is not None else [])]
         measured = BootRun(

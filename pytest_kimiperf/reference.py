@@ -21,7 +21,7 @@ from typing import Any
 from pytest_kimiperf.compare.cli import reference_page as compare_page
 from pytest_kimiperf.config.deployment_tables import _FIELDS as DEPLOYMENT_FIELDS
 from pytest_kimiperf.config.deployment_tables import _USER_BASE
-from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, PLACEHOLDERS, Deployment
+from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, PLACEHOLDERS
 from pytest_kimiperf.config.metric_specs import METRICS, SampleKind
 from pytest_kimiperf.config.nccl.profiles import _PROFILE_TABLE_KEYS, BUILTIN_PROFILES
 from pytest_kimiperf.config.nodes import Node
@@ -211,7 +211,8 @@ def options_page() -> str:
               "Each option is taken from the first of these that sets it: the command line, its environment "
               "variable (where it has one), its ini setting (in `[tool.pytest.ini_options]` of `pyproject.toml`, "
               "or `pytest.ini`, `tox.ini`, `setup.cfg`), then the default. A switch (an option without a value) "
-              "is set by its flag, by `true` in the ini file, or by `1`, `true`, `yes` or `on` in its variable (`0`, `false`, `no` or `off` turn it off).", "",
+              "is set by its flag, by `true` in the ini file, or by `1`, `true`, `yes` or `on` in its variable "
+              "(`0`, `false`, `no` or `off` turn it off).", "",
               "Deprecated spellings still work and warn once (`KimiperfDeprecationWarning`), naming the "
               "spelling to use.", "", "## All options", ""]
     rows = []
@@ -379,7 +380,7 @@ def _decorated(path: Path, decorator: str) -> list[tuple[str, str | None]]:
         for deco in node.decorator_list:
             target = deco.func if isinstance(deco, ast.Call) else deco
             if ast.unparse(target) == decorator:
-                scope = next((kw.value.value for kw in getattr(deco, "keywords", ())
+                scope = next((str(kw.value.value) for kw in getattr(deco, "keywords", ())
                               if kw.arg == "scope" and isinstance(kw.value, ast.Constant)), None)
                 found.append((node.name, scope))
     return found
@@ -387,7 +388,7 @@ def _decorated(path: Path, decorator: str) -> list[tuple[str, str | None]]:
 
 def _markers(path: Path) -> list[str]:
     """The marker lines ``plugin.py`` registers with ``addinivalue_line("markers", ...)``."""
-    return [call.args[1].value for call in ast.walk(ast.parse(path.read_text()))
+    return [str(call.args[1].value) for call in ast.walk(ast.parse(path.read_text()))
             if isinstance(call, ast.Call) and ast.unparse(call.func).endswith("addinivalue_line")
             and len(call.args) == 2 and isinstance(call.args[1], ast.Constant)
             and getattr(call.args[0], "value", None) == "markers"]
@@ -457,8 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         for path in stale:
             print(f"{path} is stale: run `{COMMAND}` to regenerate it", file=sys.stderr)
         return 1 if stale else 0
-    for path in write_pages(args.out_dir):
-        print(f"wrote {path}")
+    for written in write_pages(args.out_dir):
+        print(f"wrote {written}")
     return 0
 
 

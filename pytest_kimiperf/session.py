@@ -18,7 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from pytest_kimiperf.config.settings import Settings
+from pytest_kimiperf.config.settings import MaxBootsSource, Settings
 
 if TYPE_CHECKING:
     from pytest_kimiperf.config.deployments import Deployment
@@ -70,6 +70,7 @@ class PerfSession:
                 from pytest_kimiperf.judge.fingerprint import attached_fingerprint
                 from pytest_kimiperf.measure.host_facts import probe_attached_server
 
+                assert self.settings.server_url is not None  # what makes it external
                 fp = attached_fingerprint(
                     fp, probe_attached_server(self.settings.server_url, self.settings.api_key),
                     stated_hardware=self.settings.server_hardware)
@@ -274,7 +275,7 @@ def with_gate_plan(settings: Settings) -> Settings:
     (judge/power.py), never more than the deployment allows nor fewer than a verdict needs. A
     run that is no gate, or whose cap was given (--kimiperf-max-boots), keeps its own."""
     dep = settings.deployment
-    if not settings.gate or settings.max_boots_from != f"deployment {dep.name}'s max_boots":
+    if not settings.gate or settings.max_boots_source is not MaxBootsSource.DEPLOYMENT:
         return settings
     from dataclasses import replace
 
@@ -288,6 +289,6 @@ def with_gate_plan(settings: Settings) -> Settings:
            f"{dep.boot_spread:.0%} boot spread" if needed is not None else
            f"deployment {dep.name}'s max_boots: no number of boots resolves a {2 * tolerance:.0%} change at its "
            f"{dep.boot_spread:.0%} boot spread")
-    return replace(settings, max_boots=cap, max_boots_from=f"{why}, capped by deployment {dep.name}'s {dep.max_boots}"
-                   if needed is not None and needed > dep.max_boots else why)
+    said = f"{why}, capped by deployment {dep.name}'s {dep.max_boots}" if needed is not None and needed > dep.max_boots else why
+    return replace(settings, max_boots=cap, max_boots_source=MaxBootsSource.PLAN, max_boots_from=said)
 

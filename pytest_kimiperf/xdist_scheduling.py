@@ -89,7 +89,7 @@ def make_scheduler(config: pytest.Config, log: Any, ids_dir: Path) -> Any:
     """Load scheduling, except that all server tests form one work unit on one worker."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class ServerGroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+    class ServerGroupScheduling(LoadScopeScheduling):
         _server_ids: frozenset[str] | None = None
 
         def _split_scope(self, nodeid: str) -> str:

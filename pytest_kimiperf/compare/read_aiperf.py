@@ -81,7 +81,9 @@ def read(path: Path, data: Mapping[str, Any]) -> list[ToolRun]:
         units = {name: mapping(data, name, path)["unit"] for name, _ in (*_PER_REQUEST.values(), _DECODE) if name in data}
         check_against_summary(read_records(records), path, completed, failed, figures, units)
     kind, level = _load(path, data)
-    info = data.get("run_info") if isinstance(data.get("run_info"), Mapping) else {}
+    info = data.get("run_info")
+    if not isinstance(info, Mapping):
+        info = {}
     return [ToolRun(path=str(path), tool=TOOL, version=str(data.get("aiperf_version") or ""),
                     load=load_words(kind, level), load_kind=kind, figures=figures, requests=completed + failed,
                     failed_requests=failed, label=str(info.get("benchmark_id") or data.get("benchmark_id") or path.name))]

@@ -61,8 +61,10 @@ def read_report(path: Path, data: Mapping[str, Any]) -> list[ToolRun]:
                 raise ResultFileError(f"{path}: field '{field}.samples' is missing or not a list of numbers")
             boot = summarize_metric(name, [float("nan") if s is None else float(s) for s in samples])
             figures[name] = RunFigure(boot.median, boot.n, f"{field}.samples")
-        run = entry.get("run") if isinstance(entry.get("run"), Mapping) else {}
-        load = run.get("load") if isinstance(run.get("load"), Mapping) else {}
+        run = entry.get("run")
+        run = run if isinstance(run, Mapping) else {}
+        load = run.get("load")
+        load = load if isinstance(load, Mapping) else {}
         completed = count(run, "completed", path, where=f"{where}.run") if "completed" in run else 0
         failed = count(run, "failed", path, where=f"{where}.run") if "failed" in run else 0
         runs.append(ToolRun(path=str(path), tool=TOOL, version=str(data.get("generator") or ""),

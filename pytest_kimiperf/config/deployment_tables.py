@@ -166,7 +166,8 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
             fields[key] = MappingProxyType({**base.host_bounds, **value})
         elif key in ("health_deadline_s", "decode_floor_tok_s", "decode_target_tok_s",
                      "memory_bandwidth_gbs", "allreduce_latency_us", "boot_spread", "session_spread",
-                     "host_spread", "boot_spread_df", "session_spread_df", "host_spread_df", "spawn_mode_drop", "spawn_mode_share", "load_s"):
+                     "host_spread", "boot_spread_df", "session_spread_df", "host_spread_df", "spawn_mode_drop",
+                     "spawn_mode_share", "load_s"):
             fields[key] = float(value)
         else:
             fields[key] = value
@@ -179,8 +180,8 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
         # (a CPU one says gpu_count = 0): the hardware check and the NVML watch follow it. One
         # without a command only attaches: its GPUs are the server's, not this machine's.
         probe = replace(base, **fields)
-        fields["gpu_count"] = 0 if not probe.command else layout_gpu_count(probe.command, tensor_parallel_size=probe.tensor_parallel_size,
-                                               nodes=len(probe.nodes), where=where)
+        fields["gpu_count"] = 0 if not probe.command else layout_gpu_count(
+            probe.command, tensor_parallel_size=probe.tensor_parallel_size, nodes=len(probe.nodes), where=where)
     if "served_model_name" not in table and "model" in table and "extends" not in table:
         fields["served_model_name"] = table["model"].rstrip("/").rsplit("/", 1)[-1]
     if "description" not in table and "extends" not in table:

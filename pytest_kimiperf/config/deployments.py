@@ -270,7 +270,8 @@ TINY_CPU = Deployment(
     # Hosts of this family decode 146 to 1285 tok/s per boot under one fingerprint, so absolute
     # figures fit one host: the floor and target follow the host's canary. Quiet boots of the
     # noise corpus decode 22-52 tok/s per canary Mops on its hosts (241-554 at 10.7 Mops, 444-540
-    # at 14.2, 431-658 at 17.4, 514-684 at 18.8, 630-768 at 18.2, 587-1037 at 23; 1135-1285 at 25-28), a slow-mode boot 22: the target (20 per Mops) warns below every
+    # at 14.2, 431-658 at 17.4, 514-684 at 18.8, 630-768 at 18.2, 587-1037 at 23; 1135-1285 at 25-28), a
+    # slow-mode boot 22: the target (20 per Mops) warns below every
     # quiet boot seen, the floor (7, a third of it) catches a broken or starved server. The
     # absolute figures stand where no canary was taken.
     decode_floor_tok_s=100.0,

@@ -9,6 +9,8 @@ deployment tables are, so a bad table is a usage error before anything runs.
 
 from __future__ import annotations
 
+from typing import Any
+
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
@@ -126,4 +128,5 @@ class HostBounds:
         for key, value in data.items():
             if key not in known:
                 raise ConfigError(f"{source}: unknown host bound {key!r} = {value!r}; known: {', '.join(known)}")
-        return cls(**{key: _checked_bound(key, value, source) for key, value in data.items()})
+        checked: dict[str, Any] = {key: _checked_bound(key, value, source) for key, value in data.items()}
+        return cls(**checked)

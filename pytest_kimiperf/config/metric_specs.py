@@ -123,7 +123,7 @@ def primary_metric(load_kind: str, checked: Sequence[str]) -> str:
     if not checked:
         raise ValueError("a test without gated metrics has no primary metric")
     primary = PRIMARY_METRICS.get(load_kind)
-    return primary if primary in checked else checked[0]
+    return primary if primary is not None and primary in checked else checked[0]
 
 
 def metrics_of(kind: SampleKind) -> tuple[str, ...]:

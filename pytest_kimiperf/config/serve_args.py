@@ -23,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -107,10 +108,10 @@ class ServeParser:
     origin: str
 
     @classmethod
-    def from_json(cls, data: Mapping[str, object], *, origin: str) -> ServeParser:
+    def from_json(cls, data: Mapping[str, Any], *, origin: str) -> ServeParser:
         """Build it from the child's dump."""
         options: dict[str, ServeOption] = {}
-        for raw in data["options"]:  # type: ignore[union-attr]
+        for raw in data["options"]:
             opt = ServeOption(tuple(raw["names"]), raw["dest"], raw["nargs"],
                               tuple(raw["choices"]) if raw.get("choices") is not None else None)
             for name in opt.names:
@@ -264,7 +265,7 @@ def _split(args: Sequence[str], parser: ServeParser | None, *, who: str,
         elif nargs == 0 and strict:
             raise ConfigError(f"{who}: {base} is a flag and takes no value; write {base} alone "
                               f"(or its --no- form), not {token!r}")
-        if option is not None and option.choices is not None and not dotted and strict:
+        if parser is not None and option is not None and option.choices is not None and not dotted and strict:
             bad = [v for v in values if v not in option.choices]
             if bad:
                 raise ConfigError(f"{who}: {base} {bad[0]!r} is not one of {parser.origin}'s choices: "

@@ -8,6 +8,7 @@ defined by users come from ``[tool.kimiperf]`` in the rootdir's ``pyproject.toml
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 import tomllib
@@ -32,6 +33,15 @@ DEFAULT_DEPLOYMENT = "kimi-k25-int4-tp8"
 DEFAULT_PROFILES = "default"
 BOOT_ORDERS = ("interleaved", "random")
 MISSING_BASELINE_POLICIES = ("warn", "fail")
+
+
+class MaxBootsSource(enum.Enum):
+    """What set the most boots per profile."""
+
+    DEPLOYMENT = "deployment"  # its max_boots: a gate's plan may cap it (session.with_gate_plan)
+    OPTION = "option"  # --kimiperf-max-boots or its ini/env twin
+    ATTACHED = "attached"  # an attached server without a restart_command boots once
+    PLAN = "plan"  # the gate's plan capped the deployment's
 
 
 @dataclass(frozen=True)
@@ -67,7 +77,9 @@ class Settings:
     server_hardware: str | None = None
     boots: int = 1
     max_boots: int = 1
-    # Where max_boots comes from, as the header says it (session.py may cap a gate's from the plan).
+    # Where max_boots comes from: what decides (session.py caps only a deployment's from the
+    # gate's plan), and the words the header says it in.
+    max_boots_source: MaxBootsSource = MaxBootsSource.DEPLOYMENT
     max_boots_from: str = "the deployment's max_boots"
     boot_order: str = "interleaved"
     boot_seed: int = 0
@@ -202,11 +214,11 @@ def build_settings(
                           f"boot a side never gives a direction, so the control could never fail the run; use "
                           f"--kimiperf-boots {MIN_BOOTS_DIRECTIONAL} or more")
     max_boots_opt = options.get("max_boots", RawOption(None, "default"))
-    max_boots_from = f"deployment {deployment.name}'s max_boots"
+    max_boots_source, max_boots_from = MaxBootsSource.DEPLOYMENT, f"deployment {deployment.name}'s max_boots"
     if max_boots_opt.value in (None, ""):
         max_boots = max(deployment.max_boots, boots)
     else:
-        max_boots_from = max_boots_opt.source
+        max_boots_source, max_boots_from = MaxBootsSource.OPTION, max_boots_opt.source
         max_boots = _count(max_boots_opt, "most boots per profile")
         if max_boots < boots:
             raise ConfigError(f"most boots per profile {max_boots} (from {max_boots_opt.source}) is below the "
@@ -218,6 +230,7 @@ def build_settings(
                               f"{deployment.name} names no restart_command to restart it with; use 1, or give "
                               "the deployment a restart_command (such as ['systemctl', 'restart', 'vllm'])")
         max_boots, max_boots_from = 1, "an attached server without a restart_command"
+        max_boots_source = MaxBootsSource.ATTACHED
     boot_order = str(options.get("boot_order", RawOption("interleaved", "default")).value)
     if boot_order not in BOOT_ORDERS:
         raise ConfigError(f"boot order {boot_order!r} (from {options['boot_order'].source}); allowed: "
@@ -265,6 +278,7 @@ def build_settings(
         server_hardware=server_hardware,
         boots=boots,
         max_boots=max_boots,
+        max_boots_source=max_boots_source,
         max_boots_from=max_boots_from,
         boot_order=boot_order,
         boot_seed=boot_seed,

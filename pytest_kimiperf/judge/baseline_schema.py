@@ -56,7 +56,7 @@ class BaselineBoot:
 
     def to_json(self) -> dict[str, Any]:
         """The boot as stored in the file (``origin`` only where known: older files stay as they were)."""
-        out = {"median": self.median, "n": self.n, "se_log": self.se_log, "recorded_at": self.recorded_at,
+        out: dict[str, Any] = {"median": self.median, "n": self.n, "se_log": self.se_log, "recorded_at": self.recorded_at,
                "git_commit": self.git_commit, "versions": dict(self.versions)}
         if self.origin is not None:
             out["origin"] = self.origin.to_json()
@@ -154,7 +154,7 @@ class HistorySpan:
     hosts: int
 
     @classmethod
-    def of(cls, boots: Sequence[BaselineBoot]) -> "HistorySpan":
+    def of(cls, boots: Sequence[BaselineBoot]) -> HistorySpan:
         origins = [(b.origin.host, b.origin.session) if b.origin else ("", "") for b in boots]
         return cls(len(boots), len(set(origins)), len({host for host, _ in origins}))
 
@@ -173,7 +173,7 @@ class BaselineFile:
         """The stored entry for this test, profile and metric, or None if never recorded."""
         return self.entries.get(entry_key(test, profile, metric))
 
-    def span(self) -> "HistorySpan":
+    def span(self) -> HistorySpan:
         """How many boots, sessions and hosts the file's history spans (its fullest entry's)."""
         spans = [HistorySpan.of(entry.boots) for entry in self.entries.values()]
         return max(spans, key=lambda s: (s.sessions, s.hosts, s.boots), default=HistorySpan(0, 0, 0))

@@ -8,8 +8,9 @@ many samples it rests on (a boot with too few does not count). Comparing boots i
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -71,12 +72,12 @@ class BootSummary:
                 "min_n": self.min_n, "session": self.session, "host": self.host, "commit": self.commit}
 
     @classmethod
-    def from_json(cls, data: dict[str, object]) -> "BootSummary":
+    def from_json(cls, data: Mapping[str, Any]) -> BootSummary:
         """Inverse of :meth:`to_json`."""
         se = data.get("se_log")
-        return cls(median=float(data["median"]), n=int(data["n"]),  # type: ignore[arg-type]
-                   se_log=math.nan if se is None else float(se), label=str(data.get("label") or ""),  # type: ignore[arg-type]
-                   min_n=int(data.get("min_n") or 0),  # type: ignore[arg-type]
+        return cls(median=float(data["median"]), n=int(data["n"]),
+                   se_log=math.nan if se is None else float(se), label=str(data.get("label") or ""),
+                   min_n=int(data.get("min_n") or 0),
                    session=str(data.get("session") or ""), host=str(data.get("host") or ""),
                    commit=str(data.get("commit") or ""))
 

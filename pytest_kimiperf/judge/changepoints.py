@@ -9,7 +9,8 @@ The method: **binary segmentation of the boots' log-figures with a test that kno
 levels**, the boot as the unit. A step can only fall between two sessions (a build, a driver or
 a machine changes between recordings, not inside one), with at least :data:`MIN_SEGMENT`
 sessions each side: one session's offset is the session level, and a step that one session
-shows alone is indistinguishable from it. Each candidate split of a segment is scored by the difference of the two sides' mean log-figures over its
+shows alone is indistinguishable from it. Each candidate split of a segment is scored by the difference of the
+two sides' mean log-figures over its
 standard error under the nested model the gate uses (levels.py): the boot level with weight
 1/n1 + 1/n2, and each level above it (session, host) with the weight its units give it, the
 same factor ``levels.weights_sq`` gives a run against a history. The best split is a step when
@@ -61,7 +62,7 @@ from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.levels import MIN_UNITS, nested_levels, weights_sq
 from pytest_kimiperf.judge.modes import Modes, find_modes
-from pytest_kimiperf.judge.notes import HistoryStep, HistorySteps
+from pytest_kimiperf.judge.notes import HistoryStep
 from pytest_kimiperf.judge.stats import t_quantile
 
 # Each side of a step holds at least this many sessions: one session after a step is an offset

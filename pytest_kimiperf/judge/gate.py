@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import assert_never
 
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.baselines import BaselineView
@@ -263,8 +264,8 @@ def judge(
             result.failures.append(FailedRequests(run.failed_requests, total, reasons, MAX_FAILED_FRACTION))
         else:
             result.warn(WarningKind.OTHER, FailedRequests(run.failed_requests, total, reasons))
-    for line in run.cross_check_warnings:
-        result.warn(WarningKind.OTHER, Said(line))
+    for sentence in run.cross_check_warnings:
+        result.warn(WarningKind.OTHER, Said(sentence))
 
     if goodput is not None:
         result.metrics["request_goodput"] = MetricResult(
@@ -388,25 +389,31 @@ def _check_slo(name: str, limit: float, samples: Sequence[float], tolerance: flo
 
 def verdict_to_result(comparison: Comparison, result: TestResult, *, strict: bool) -> None:
     """A final verdict becomes a failure, a warning (with the planner's advice) or a note."""
-    kind = comparison.verdict
     if verdict_fails(comparison, strict=strict):
         result.failures.append(VerdictNote(comparison))
-    elif kind is VerdictKind.IMPROVEMENT:
-        result.warn(WarningKind.OTHER, VerdictNote(comparison, adopt=True))
-    elif kind in (VerdictKind.INCONCLUSIVE, VerdictKind.CHANGED_SIZE_UNRESOLVED, VerdictKind.NO_DETECTABLE_CHANGE):
-        line = VerdictNote(comparison, plan(comparison))
-        if not comparison.unresolved_beyond_tolerance:
-            result.messages.append(line)
-        elif kind is VerdictKind.NO_DETECTABLE_CHANGE:
-            result.warn(WarningKind.OTHER, line)
-        else:
-            result.warn(WarningKind.INCONCLUSIVE, line)
-    elif kind is VerdictKind.NOT_COMPARABLE:
-        # The baseline line says why: the host canary moved, or the profile's environment differs.
-        line = next((m.baseline_line for m in result.metrics.values() if m.baseline is comparison), None)
-        result.warn(WarningKind.OTHER, line if line is not None else VerdictNote(comparison))
-    elif kind is VerdictKind.INSUFFICIENT_SAMPLES:
-        result.warn(WarningKind.OTHER, VerdictNote(comparison))
+        return
+    # Every kind is named (typing.assert_never): a new one fails the type check until it is placed.
+    match kind := comparison.verdict:
+        case VerdictKind.REGRESSION | VerdictKind.WITHIN_TOLERANCE | VerdictKind.NOT_JUDGED:
+            pass  # a regression failed above; the others' baseline lines say them
+        case VerdictKind.IMPROVEMENT:
+            result.warn(WarningKind.OTHER, VerdictNote(comparison, adopt=True))
+        case VerdictKind.INCONCLUSIVE | VerdictKind.CHANGED_SIZE_UNRESOLVED | VerdictKind.NO_DETECTABLE_CHANGE:
+            note = VerdictNote(comparison, plan(comparison))
+            if not comparison.unresolved_beyond_tolerance:
+                result.messages.append(note)
+            elif kind is VerdictKind.NO_DETECTABLE_CHANGE:
+                result.warn(WarningKind.OTHER, note)
+            else:
+                result.warn(WarningKind.INCONCLUSIVE, note)
+        case VerdictKind.NOT_COMPARABLE:
+            # The baseline line says why: the host canary moved, or the profile's environment differs.
+            line = next((m.baseline_line for m in result.metrics.values() if m.baseline is comparison), None)
+            result.warn(WarningKind.OTHER, line if line is not None else VerdictNote(comparison))
+        case VerdictKind.INSUFFICIENT_SAMPLES:
+            result.warn(WarningKind.OTHER, VerdictNote(comparison))
+        case _:
+            assert_never(kind)
 
 
 def compare_with_control(current: Sequence[BootSummary], control: Sequence[BootSummary], *, direction: Direction,

@@ -36,6 +36,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from scipy import stats as scipy_stats
 
@@ -234,7 +235,7 @@ def compare_in_session(
     sign = 1.0 if direction is Direction.HIGHER_IS_BETTER else -1.0
     nan = math.nan
     alpha, equivalence_alpha = rules.levels(min(len(cur_b), len(ref_b)))
-    common = dict(metric=metric, unit=unit, direction=direction, tolerance=float(tolerance),
+    common: dict[str, Any] = dict(metric=metric, unit=unit, direction=direction, tolerance=float(tolerance),
                   boots_current=len(cur_b), boots_reference=len(ref_b),
                   n_current=sum(b.n for b in cur_b), n_reference=sum(b.n for b in ref_b),
                   confidence=1.0 - rules.alpha)

@@ -155,14 +155,14 @@ def nested_levels(groups: Mapping[str, Mapping[str, Sequence[float]]], metric: s
     per session measures no boot level of its own)."""
     ss_w = df_w = 0.0
     session_means: dict[str, list[tuple[float, int]]] = {}
-    for host, sessions in groups.items():
-        for values in sessions.values():
+    for host_name, host_sessions in groups.items():
+        for values in host_sessions.values():
             if not values:
                 continue
             mean = sum(values) / len(values)
             ss_w += sum((v - mean) ** 2 for v in values)
             df_w += len(values) - 1
-            session_means.setdefault(host, []).append((mean, len(values)))
+            session_means.setdefault(host_name, []).append((mean, len(values)))
     boots = sum(n for means in session_means.values() for _, n in means)
     sessions = sum(len(m) for m in session_means.values())
     if df_w > 0:
@@ -235,7 +235,7 @@ class BootOrigin:
         return {"session": self.session, "host": self.host, "canary": dict(self.canary)}
 
     @classmethod
-    def from_json(cls, data: object) -> "BootOrigin | None":
+    def from_json(cls, data: object) -> BootOrigin | None:
         """Inverse of :meth:`to_json`; None for None."""
         if data is None:
             return None

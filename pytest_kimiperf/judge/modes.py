@@ -10,7 +10,8 @@ boot that lands in the other mode reads as a change (benchmarks/gate_power.py, b
 The method, chosen on the simulation and the corpus (benchmarks/README.md, "Gate power, in simulation"): **per-mode
 comparison**. :func:`find_modes` splits the history at its widest gap when that gap is
 :data:`MODE_GAP` times wider than the spread inside the two clusters, each holds at least
-:data:`MIN_MODE_BOOTS` boots and the history :data:`MIN_HISTORY_BOOTS`. :func:`align_modes` then expresses every boot relative to its
+:data:`MIN_MODE_BOOTS` boots and the history :data:`MIN_HISTORY_BOOTS`. :func:`align_modes` then expresses
+every boot relative to its
 mode: a history boot by its own cluster's centre, a current boot by the mode it clearly lies in
 (the nearer centre), or the one the metrics of its test place it in together (:func:`joint_modes`). A boot
 that lands in a mode the history already holds is so no change, and a shift within a mode is

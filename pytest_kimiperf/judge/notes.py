@@ -155,7 +155,7 @@ class LevelSpread:
         return {"name": self.name, "spread": self.spread, "source": self.source.to_json()}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "LevelSpread":
+    def from_dict(cls, data: Mapping[str, Any]) -> LevelSpread:
         return cls(str(data["name"]), float(data["spread"]), SpreadSource.from_fields(data["source"]))
 
 

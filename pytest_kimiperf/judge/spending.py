@@ -80,12 +80,13 @@ def boundaries(alpha: float, fractions: tuple[float, ...], shape: str) -> tuple[
         weights = _trapezoid_weights(grid) * density
 
         def crossing(z: float, t: float = fractions[j]) -> float:
-            return float(np.sum(weights * scipy_stats.norm.sf((z * math.sqrt(t) - grid) / step)))
+            # brentq below calls it within this pass, while the loop's names still hold this pass's values
+            return float(np.sum(weights * scipy_stats.norm.sf((z * math.sqrt(t) - grid) / step)))  # noqa: B023
 
         if crossing(12.0) >= increments[j]:  # nothing left to spend: a boundary nobody crosses
             critical.append(math.inf)
             break
-        critical.append(float(optimize.brentq(lambda z: crossing(z) - increments[j], -12.0, 12.0, xtol=1e-10)))
+        critical.append(float(optimize.brentq(lambda z: crossing(z) - increments[j], -12.0, 12.0, xtol=1e-10)))  # noqa: B023
         reach = math.sqrt(fractions[j])
         new_grid = np.linspace(-GRID_REACH_SD * reach, critical[-1] * reach, GRID_POINTS)
         density = scipy_stats.norm.pdf((new_grid[:, None] - grid[None, :]) / step) @ weights / step

@@ -41,7 +41,8 @@ with the declared spreads then taken as exact. They are now priors at their stat
 tail (variance.critical_at): an unchanged suite gets a direction in at most 0.2% of runs with
 the spreads declared right, and a slower build is convicted in 36-70% of comparisons at twice
 the tolerance with 1-10 sessions of history and 2 boots (benchmarks/README.md, "Declared
-spreads"); the plan says what history or boots would reach 90% where this does not. The price is at 0.8x the tolerance: a true change
+spreads"); the plan says what history or boots would reach 90% where this does not. The price is at 0.8x the
+tolerance: a true change
 inside the tolerance is convicted in up to 4% of runs, where the bound rule convicted none. The
 90% equivalence interval is the usual TOST level (two one-sided 5% tests): "within" is a claim,
 so it gets the stricter level.
@@ -59,15 +60,19 @@ from typing import Any, assert_never
 
 from scipy import stats as scipy_stats
 
-from pytest_kimiperf.config.deployments import MIN_BOOTS_DIRECTIONAL
-from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT, BootSummary
+# The judge's modules take these from here: `X as X` says the re-export to the type checker.
+from pytest_kimiperf.config.deployments import MIN_BOOTS_DIRECTIONAL as MIN_BOOTS_DIRECTIONAL
+from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, Direction
+from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.judge.notes import (
     LevelSpread, NeedsBoots, Note, SpreadSource, TooFewSamples, notes_from_json,
 )
-from pytest_kimiperf.judge.variance import (  # noqa: F401  (PRIOR_DF, Spread and t_quantile: imported from here too)
-    PRIOR_DF, Spread, critical_at, estimate_spread, satterthwaite_df, t_quantile,
-)
+from pytest_kimiperf.judge.variance import PRIOR_DF as PRIOR_DF
+from pytest_kimiperf.judge.variance import Spread as Spread
+from pytest_kimiperf.judge.variance import critical_at as critical_at
+from pytest_kimiperf.judge.variance import estimate_spread
+from pytest_kimiperf.judge.variance import satterthwaite_df as satterthwaite_df
+from pytest_kimiperf.judge.variance import t_quantile as t_quantile
 from pytest_kimiperf.numbers import is_real
 
 EQUIVALENCE_CONFIDENCE = 0.90
@@ -104,7 +109,7 @@ class Leaning(int, Enum):
     BETTER = 1
 
     @property
-    def mirrored(self) -> "Leaning":
+    def mirrored(self) -> Leaning:
         """The leaning with the sides swapped."""
         return Leaning(-self.value)
 
@@ -216,7 +221,7 @@ class Comparison:
         """The metric and unit a line about this comparison opens with ("decode tok/s")."""
         return " ".join(part for part in (self.metric, self.unit) if part)
 
-    def with_notes(self, *more: Note) -> "Comparison":
+    def with_notes(self, *more: Note) -> Comparison:
         """This comparison with ``more`` notes after its own."""
         return dataclasses.replace(self, notes=(*self.notes, *more))
 
@@ -241,7 +246,7 @@ class Comparison:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Comparison":
+    def from_dict(cls, data: Mapping[str, Any]) -> Comparison:
         """Inverse of :meth:`to_dict` (None back to NaN)."""
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
@@ -305,7 +310,7 @@ def compare_boots(
     cur = [b for b in current if b.usable]
     ref = [b for b in reference if b.usable]
     nan = math.nan
-    common = dict(metric=metric, unit=unit, direction=direction, tolerance=float(tolerance),
+    common: dict[str, Any] = dict(metric=metric, unit=unit, direction=direction, tolerance=float(tolerance),
                   boots_current=len(cur), boots_reference=len(ref),
                   n_current=sum(b.n for b in cur), n_reference=sum(b.n for b in ref),
                   sessions_current=len({b.session for b in cur}), sessions_reference=len({b.session for b in ref}),

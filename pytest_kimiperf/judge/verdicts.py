@@ -53,7 +53,7 @@ class ResultWarning:
         return {"kind": self.kind.value, "note": self.note.to_json()}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "ResultWarning":
+    def from_json(cls, data: Mapping[str, Any]) -> ResultWarning:
         return cls(WarningKind(data["kind"]), note_from_json(data["note"]))
 
 
@@ -86,7 +86,7 @@ class EnvDiff:
                 "run_env": dict(self.run_env), "run_args": list(self.run_args)}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "EnvDiff":
+    def from_dict(cls, data: Mapping[str, Any]) -> EnvDiff:
         return cls(dict(data["baseline_env"]), tuple(data["baseline_args"]), dict(data["run_env"]),
                    tuple(data["run_args"]))
 
@@ -193,7 +193,7 @@ class MetricResult:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "MetricResult":
+    def from_json(cls, data: Mapping[str, Any]) -> MetricResult:
         """Inverse of :meth:`to_json`."""
         return cls(
             metric=data["metric"], unit=data["unit"], direction=data["direction"],
@@ -271,7 +271,7 @@ class TestResult:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "TestResult":
+    def from_json(cls, data: Mapping[str, Any]) -> TestResult:
         """Inverse of :meth:`to_json`."""
         interval = data.get("interval_ns")
         return cls(

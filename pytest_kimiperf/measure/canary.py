@@ -47,7 +47,7 @@ class Canary:
                 "notes": list(self.notes)}
 
     @classmethod
-    def from_json(cls, data: object) -> "Canary | None":
+    def from_json(cls, data: object) -> Canary | None:
         """Inverse of :meth:`to_json`; None for a missing canary, ValueError for a malformed one."""
         if data is None:
             return None

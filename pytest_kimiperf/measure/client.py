@@ -140,21 +140,21 @@ class StreamingClient:
         chunks = exchange.reader.chunk_ns
         while not exchange.done.done():
             if chunks:
-                if self._idle_ns is None:
+                if (limit_ns := self._idle_ns) is None:
                     break
-                due_ns = chunks[-1] + self._idle_ns
+                due_ns = chunks[-1] + limit_ns
             else:
-                if self._first_token_ns is None:
+                if (limit_ns := self._first_token_ns) is None:
                     break
-                due_ns = t_send_ns + self._first_token_ns
+                due_ns = t_send_ns + limit_ns
             now_ns = time.perf_counter_ns()
             if now_ns >= due_ns:
                 if not chunks:
-                    return (f"stalled: no token within the {self._first_token_ns / 1e9:g} s first-token "
+                    return (f"stalled: no token within the {limit_ns / 1e9:g} s first-token "
                             f"deadline ({exchange.bytes_received} bytes of response, status "
                             f"{exchange.status or 'none yet'})")
                 return (f"stalled: no token for {(now_ns - chunks[-1]) / 1e9:.1f} s (inter-chunk deadline "
-                        f"{self._idle_ns / 1e9:g} s) after {len(chunks)} token chunks; the last came "
+                        f"{limit_ns / 1e9:g} s) after {len(chunks)} token chunks; the last came "
                         f"{(chunks[-1] - t_send_ns) / 1e9:.1f} s after the send")
             wait_ns = due_ns - now_ns
             if not chunks and self._idle_ns is not None:
@@ -177,6 +177,7 @@ class StreamingClient:
         reader = SSEReader(self._endpoint == "chat")
         t_send_ns = t_start_ns
         failure = ""
+        stalled = False
         status = 0
         error_body = b""
         loop = asyncio.get_running_loop()
@@ -202,11 +203,12 @@ class StreamingClient:
                         reader = SSEReader(self._endpoint == "chat")
                         continue
                     failure, status, error_body = exchange.failure, exchange.status, bytes(exchange.error_body)
+                    stalled = bool(stall)
                     break
         except TimeoutError:
-            failure = f"request timed out after {self._request_timeout_s:g} s"
+            failure, stalled = f"request timed out after {self._request_timeout_s:g} s", False
         except OSError as exc:
-            failure = f"cannot connect to {self._address.base_url}: {exc}"
+            failure, stalled = f"cannot connect to {self._address.base_url}: {exc}", False
         t_done_ns = time.perf_counter_ns()
         if not failure and status != 200:
             failure = f"HTTP {status}: {error_body[:300].decode('utf-8', 'replace')}"
@@ -223,6 +225,7 @@ class StreamingClient:
             scheduled_send_ns=scheduled_send_ns,
             request_id=request_id,
             t_start_ns=t_start_ns,
+            stalled=stalled,
         )
 
 

@@ -118,7 +118,7 @@ class TlsPool(Pool):
             _TlsProtocol, self._address.host, self._address.port, ssl=self._context,
             server_hostname=self._address.host,
         )
-        connection = _TlsConnection(loop, transport)  # type: ignore[arg-type]
+        connection = _TlsConnection(loop, transport)
         protocol.connection = connection
         self._opened = [c for c in self._opened if not c.lost.done()] + [connection]
         return connection

@@ -2,7 +2,8 @@
 
 :class:`Engine` plays a :class:`ProcessPlan` (its share of one round) on one event loop:
 closed-loop streams or open-loop arrivals, every request through one ``StreamingClient``. While
-it plays, :class:`~pytest_kimiperf.measure.loop_probe.LoopProbe` times how late the loop runs a callback and the process's CPU share
+it plays, :class:`~pytest_kimiperf.measure.loop_probe.LoopProbe` times how late the loop runs a callback and
+the process's CPU share
 is taken (see config.measure_bounds.HealthBounds), the measured part runs at real-time priority where the OS
 allows it, and the garbage collector is held off. :class:`WorkerPool` runs one Engine per worker
 process when ``client_processes`` spreads the streams; their ``perf_counter_ns`` stamps
@@ -18,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import multiprocessing
-import os
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -33,8 +33,6 @@ from pytest_kimiperf.measure.results import ProcessHealth
 from pytest_kimiperf.measure.workload import REUSED_MARK
 
 _WORKER_READY_TIMEOUT_S = 120.0
-# A request that stalled (client.StreamingClient deadlines) fails with an error that starts so.
-STALL_PREFIX = "stalled: "
 # Stalls in a row that end a scenario: one stall can be a hiccup, three in a row is a server
 # that stopped serving, and every further request would only add its deadline to the run.
 STALLS_TO_ABORT = 3
@@ -90,7 +88,7 @@ class Engine:
 
     def _count_stall(self, record: RequestRecord) -> None:
         """Raise ScenarioStalled once ``STALLS_TO_ABORT`` requests in a row have stalled."""
-        if not record.error.startswith(STALL_PREFIX):
+        if not record.stalled:
             self._stalls_in_a_row = 0
             return
         self._stalls_in_a_row += 1
@@ -210,6 +208,8 @@ def _worker_main(connection: Any, config: EngineConfig) -> None:
                     break
                 connection.send(("done", runner.run(engine.execute(message[1]))))
             runner.run(engine.close())
+    except ScenarioStalled as stall:  # a finding, not a crash: the parent raises it as such
+        connection.send(("stalled", str(stall)))
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
         connection.send(("error", traceback.format_exc()))
 
@@ -241,6 +241,8 @@ class WorkerPool:
             kind, payload = parent.recv()
         except EOFError:
             raise KimiperfError("a client worker process died") from None
+        if kind == "stalled":
+            raise ScenarioStalled(payload)
         if kind == "error":
             raise KimiperfError(f"a client worker process failed:\n{payload}")
         return payload
@@ -251,7 +253,7 @@ class WorkerPool:
         return [self._receive(parent, timeout_s) for _, parent in self._workers]
 
     def close(self) -> None:
-        for process, parent in self._workers:
+        for _process, parent in self._workers:
             try:
                 parent.send(("stop", None))
             except (OSError, ValueError):

@@ -330,7 +330,7 @@ class HostWatch:
         reading = compare_snapshots(self._start, stop, own, describe_pid)
         self._start = None
         gpus: tuple[GpuReading, ...] = ()
-        if self._gpu_samples is not None:
+        if self._gpu_samples is not None and self._nvml is not None:
             try:
                 self._sample_gpus(since_us=self._started_us)
             finally:

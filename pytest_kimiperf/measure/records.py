@@ -67,6 +67,9 @@ class RequestRecord:
     request_id: str = ""
     # When the client started handling it (before building the HTTP request).
     t_start_ns: int = 0
+    # The client gave up waiting for a token (its first-token or inter-chunk deadline): the
+    # fact engine.py counts stalls in a row by; ``error`` says it in words.
+    stalled: bool = False
 
     @property
     def ttft_ms(self) -> float | None:
@@ -131,14 +134,15 @@ class RequestRecord:
         return result
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "RequestRecord":
+    def from_json(cls, data: Mapping[str, Any]) -> RequestRecord:
         """Inverse of :meth:`to_json` (a run's ``requests`` in the JSON it travels as)."""
         scheduled = data.get("scheduled_send_ns")
         return cls(ok=bool(data["ok"]), error=str(data.get("error") or ""), prompt_tokens=int(data["prompt_tokens"]),
                    output_tokens=int(data["output_tokens"]), t_send_ns=int(data["t_send_ns"]),
                    chunk_ns=tuple(int(c) for c in data.get("chunk_ns") or ()), t_done_ns=int(data["t_done_ns"]),
                    scheduled_send_ns=None if scheduled is None else int(scheduled),
-                   request_id=str(data.get("request_id") or ""), t_start_ns=int(data.get("t_start_ns") or 0))
+                   request_id=str(data.get("request_id") or ""), t_start_ns=int(data.get("t_start_ns") or 0),
+                   stalled=bool(data.get("stalled")))
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (timestamps kept in ns)."""
@@ -147,5 +151,5 @@ class RequestRecord:
             "output_tokens": self.output_tokens, "t_send_ns": self.t_send_ns,
             "chunk_ns": list(self.chunk_ns), "t_done_ns": self.t_done_ns,
             "scheduled_send_ns": self.scheduled_send_ns, "request_id": self.request_id,
-            "t_start_ns": self.t_start_ns,
+            "t_start_ns": self.t_start_ns, **({"stalled": True} if self.stalled else {}),
         }

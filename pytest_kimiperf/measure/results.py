@@ -23,12 +23,15 @@ from typing import Any
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.measure_bounds import HealthBounds
 from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, SampleKind, metric_spec, metrics_of
+from pytest_kimiperf.measure.invalid import (
+    ClientBound, ClientCpu, ClientProblem, LoopLatency, NoMeasuredRequests, NoValidRequest, RunInvalid, SendLag,
+    say_run_invalid,
+)
 from pytest_kimiperf.measure.records import NS_PER_MS, PER_REQUEST_METRICS, RequestRecord, median, percentile
 
 RUN_LEVEL_METRICS: tuple[str, ...] = metrics_of(SampleKind.ROUND)
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 
-CLIENT_BOUND = "client-bound: the load generator, not the server, limited this run: "
 # The loop-latency bounds follow the host: never below this many times the latency the same
 # probe reads with the loop idle on this host (ProcessHealth.idle_loop_latency_ms). A loop that
 # keeps up adds the time of one callback batch to an idle wake; one that cannot keep up queues
@@ -36,16 +39,17 @@ CLIENT_BOUND = "client-bound: the load generator, not the server, limited this r
 HOST_LOOP_FACTOR = 4.0
 
 
-def loop_latency_bounds(bounds: HealthBounds, health: Sequence[ProcessHealth]) -> tuple[float, float, str]:
+def loop_latency_bounds(bounds: HealthBounds,
+                        health: Sequence[ProcessHealth]) -> tuple[float, float, tuple[float, float] | None]:
     """The p50 and p99 loop-latency bounds in force (the deployment's, or HOST_LOOP_FACTOR times
-    this host's idle loop, whichever is larger) and what to say of the host's part."""
+    this host's idle loop, whichever is larger) and the idle loop's p50 and p99 (None: not read)."""
     idle = [x for h in health for x in h.idle_loop_latency_ms]
     if not idle:
-        return bounds.max_loop_latency_p50_ms, bounds.max_loop_latency_p99_ms, ""
+        return bounds.max_loop_latency_p50_ms, bounds.max_loop_latency_p99_ms, None
     idle50, idle99 = percentile(idle, 50), percentile(idle, 99)
     bound50 = max(bounds.max_loop_latency_p50_ms, HOST_LOOP_FACTOR * idle50)
     bound99 = max(bounds.max_loop_latency_p99_ms, HOST_LOOP_FACTOR * idle99)
-    return bound50, bound99, f"; this host's idle loop {idle50:.2f} / {idle99:.2f} ms"
+    return bound50, bound99, (idle50, idle99)
 
 
 @dataclass(frozen=True)
@@ -250,53 +254,43 @@ class RunResult:
         return [lag for lag in lags if lag is not None]
 
     @property
-    def invalid_reason(self) -> str:
-        """Why the whole run cannot be trusted ('' when it can)."""
+    def invalid(self) -> RunInvalid | None:
+        """Why the whole run cannot be trusted (None when it can)."""
         if not self.rounds or not self.records:
-            return "no measured requests"
+            return NoMeasuredRequests()
         if not self.valid_records:
-            first = next(iter(self.invalid_reasons))
-            return f"no valid request ({self.invalid_count} invalid; first reason: {first})"
-        problems: list[str] = []
+            return NoValidRequest(self.invalid_count, next(iter(self.invalid_reasons)))
+        problems: list[ClientProblem] = []
         bounds = self.bounds
         health = [h for rnd in self.rounds for h in rnd.health]
         if health:
             worst_cpu = max(h.cpu_fraction for h in health)
             if worst_cpu > bounds.max_cpu_fraction:
-                problems.append(
-                    f"a client process used {worst_cpu:.0%} of a core "
-                    f"(bound {bounds.max_cpu_fraction:.0%})"
-                )
+                problems.append(ClientCpu(worst_cpu, bounds.max_cpu_fraction))
             latencies = [x for h in health for x in h.loop_latency_ms]
             if latencies:
                 p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
-                bound50, bound99, host = loop_latency_bounds(bounds, health)
+                bound50, bound99, idle = loop_latency_bounds(bounds, health)
                 if p50 > bound50 or p99 > bound99:
-                    problems.append(
-                        f"event-loop latency p50 {p50:.2f} ms / p99 {p99:.2f} ms (bounds "
-                        f"{bound50:.3g} / {bound99:.3g} ms{host}), so chunk timestamps are stale"
-                    )
+                    problems.append(LoopLatency(p50, p99, bound50, bound99, *(idle or (None, None))))
         lags = self.send_lags_ms
-        if lags:
-            p99 = percentile(lags, 99)
-            if p99 > bounds.max_send_lag_p99_ms:
-                problems.append(
-                    f"requests went out late versus schedule: p99 {p99:.2f} ms "
-                    f"(bound {bounds.max_send_lag_p99_ms:g} ms)"
-                )
-        if problems:
-            hint = " (spread streams over more client processes, or give the client more CPU)"
-            return CLIENT_BOUND + "; ".join(problems) + hint
-        return ""
+        if lags and (p99 := percentile(lags, 99)) > bounds.max_send_lag_p99_ms:
+            problems.append(SendLag(p99, bounds.max_send_lag_p99_ms))
+        return ClientBound(tuple(problems)) if problems else None
+
+    @property
+    def invalid_reason(self) -> str:
+        """:attr:`invalid` in words ('' when the run can be trusted)."""
+        return say_run_invalid(reason) if (reason := self.invalid) is not None else ""
 
     @property
     def valid(self) -> bool:
         """True when the run's numbers measure the server, not the client."""
-        return not self.invalid_reason
+        return self.invalid is None
 
     # ------------------------------------------------------------------ output
 
-    def summary(self) -> "RunSummary":
+    def summary(self) -> RunSummary:
         """The run's figures, its request records and its context, as the gate and reports keep it."""
         valid = self.valid_records
         wall = self.wall_s
@@ -416,7 +410,7 @@ class RunSummary:
         return result
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "RunSummary":
+    def from_json(cls, data: Mapping[str, Any]) -> RunSummary:
         """Inverse of :meth:`to_json`."""
         stats = {}
         for name in PER_REQUEST_METRICS:

@@ -19,11 +19,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from pytest_kimiperf.errors import ConfigError, KimiperfError, ServerError
+from pytest_kimiperf.errors import ConfigError, ServerError
 from pytest_kimiperf.config.server_url import parse_base_url
 from pytest_kimiperf.measure.client_https import EVENT_LOOP_TIMING
 from pytest_kimiperf.measure.engine import (
-    STALL_PREFIX,
     Engine,
     EngineConfig,
     ProcessPlan,
@@ -193,13 +192,8 @@ def _run(target: Target, scenario: Scenario, *, rounds: int, first_index: int) -
                 results = runner.run(_play_in_loop(configs[0], scenario, prepared, watch))
         else:
             results = _play_in_workers(configs, scenario, prepared, watch)
-    except ScenarioStalled as stall:
+    except ScenarioStalled as stall:  # in this process or a worker's (engine.WorkerPool)
         raise ServerError(_stall_verdict(str(stall), target)) from None
-    except KimiperfError as error:
-        if STALL_PREFIX not in str(error):  # a worker process's ScenarioStalled, as its traceback
-            raise
-        line = next(ln for ln in str(error).splitlines() if STALL_PREFIX in ln)
-        raise ServerError(_stall_verdict(line.partition("ScenarioStalled: ")[2] or line, target)) from None
     return _with_load(_result(scenario, prepared, results, watch), scenario, target)
 
 

@@ -33,6 +33,9 @@ from pytest_kimiperf.numbers import positive_int, positive_number
 _ARRIVALS = ("poisson", "constant")
 # Connection-pool size of a request rate without max_concurrency (connections open on demand).
 _UNCAPPED_STREAMS = 4096
+# The load kind of one stream, one request at a time (load_facts' "kind"): what single-stream
+# decode figures (the floor, the roofline) are measured under.
+SINGLE_STREAM = "single-stream"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,7 +121,7 @@ class SingleStream(Scenario):
         return 1
 
     def _load_name(self) -> str:
-        return "single-stream"
+        return SINGLE_STREAM
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -239,7 +242,7 @@ def load_facts(scenario: Scenario) -> dict[str, Any]:
     shape in bench serve, so their burstiness is None.
     """
     facts: dict[str, Any] = {
-        "kind": "single-stream", "request_rate": "inf", "burstiness": 1.0, "max_concurrency": 1,
+        "kind": SINGLE_STREAM, "request_rate": "inf", "burstiness": 1.0, "max_concurrency": 1,
         "prompt_tokens": scenario.prompt_tokens, "output_tokens": scenario.output_tokens,
     }
     if isinstance(scenario, Concurrency):

@@ -303,8 +303,8 @@ def unexpected_prefix_hits(
     """
     if endpoint == "chat" or reused_requests > 0 or not views:
         return None
-    hits = [v.get("prefix_cache_hits") for v in views]
-    if any(h is None for h in hits):
+    hits = [h for v in views if (h := v.get("prefix_cache_hits")) is not None]
+    if len(hits) != len(views):
         return None
     block = max((int(v.get("kv_block_tokens") or 0) for v in views), default=0) or DEFAULT_BLOCK_TOKENS
     total_hits = float(sum(hits))

@@ -19,6 +19,7 @@ from typing import Any
 from pytest_kimiperf.config.deployments import Deployment
 from pytest_kimiperf.config.measure_bounds import HostBounds
 from pytest_kimiperf.measure.hostwatch import HostReading, HostWatch
+from pytest_kimiperf.measure.invalid import RunInvalid, say_run_invalid
 from pytest_kimiperf.measure.node_watch import NodeWatch
 from pytest_kimiperf.measure.results import RunResult
 from pytest_kimiperf.server.process import ServerHandle
@@ -26,6 +27,39 @@ from pytest_kimiperf.server.process import ServerHandle
 # A measurement the host watch finds disturbed is measured again this many times before the
 # run is INVALID: one burst of a cron job should cost a repeat, a busy host a verdict.
 HOST_RETRIES = 2
+
+
+@dataclass(frozen=True)
+class HostBusy:
+    """The host watch found every attempt disturbed: the last attempt's disturbed readings (this
+    machine's and its nodes'), the bounds they broke, and how many attempts were made."""
+
+    readings: tuple[HostReading, ...]
+    bounds: HostBounds
+    attempts: int
+
+    @property
+    def foreign_processes(self) -> list[tuple[str, int, str, float]]:
+        """(node, pid, name, share of the host's CPU) of the other processes the watch named
+        ("" for this machine)."""
+        return [(r.node, p.pid, p.name, p.cpu_share) for r in self.readings for p in r.top_foreign]
+
+
+InvalidReason = RunInvalid | HostBusy
+
+
+def say_invalid(reason: InvalidReason) -> str:
+    """The sentence a report prints for why a measurement was not judged."""
+    if isinstance(reason, HostBusy):
+        return ("; ".join(r.describe_busy(reason.bounds) for r in reason.readings)
+                + f"; measured {reason.attempts} times, disturbed every time: no verdict from a busy host")
+    return say_run_invalid(reason)
+
+
+def host_busy(readings: Sequence[HostReading], bounds: HostBounds, attempts: int) -> HostBusy | None:
+    """The readings that broke a bound, as a HostBusy; None when none did."""
+    disturbed = tuple(r for r in readings if r.disturbances(bounds))
+    return HostBusy(disturbed, bounds, attempts) if disturbed else None
 
 
 @dataclass
@@ -37,7 +71,7 @@ class WatchedRun:
     readings: list[HostReading] = field(default_factory=list)
     node_readings: list[HostReading] = field(default_factory=list)
     nodes_here: list[str] = field(default_factory=list)  # nodes behind a template that are this machine
-    busy: str | None = None
+    busy: HostBusy | None = None
 
     def describe(self) -> str | None:
         """The test report's line about the watch (None when nothing was watched)."""
@@ -68,18 +102,17 @@ def measure_watched(play: Callable[[int], RunResult], server: ServerHandle, depl
         if nodes is not None:
             nodes.start()
         here = nodes.here_pids if nodes is not None else set()
-        watch = HostWatch(own_pids=lambda: [*own_pids(server), *here], **gpu_watch(deployment))
+        # The watch stops before the next attempt rebinds `here`.
+        watch = HostWatch(own_pids=lambda: [*own_pids(server), *here], **gpu_watch(deployment))  # noqa: B023
         watch.start()
         watched.run = first() if attempt == 0 and first is not None else play(attempt)
         reading = watch.stop()
         watched.readings.append(reading)
         watched.node_readings = nodes.stop() if nodes is not None else []
         watched.nodes_here = nodes.here if nodes is not None else []
-        disturbed = [r for r in (reading, *watched.node_readings) if r.disturbances(bounds)]
-        if not disturbed:
+        watched.busy = host_busy((reading, *watched.node_readings), bounds, attempts=attempt + 1)
+        if watched.busy is None:
             return watched
-    watched.busy = ("; ".join(r.describe_busy(bounds) for r in disturbed) + f"; measured {1 + HOST_RETRIES} "
-                    "times, disturbed every time: no verdict from a busy host")
     return watched
 
 

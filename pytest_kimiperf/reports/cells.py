@@ -45,7 +45,7 @@ def boot_figure(mres: MetricResult) -> BootFigure:
     spec = METRICS.get(mres.metric)
     if spec is None or spec.quantile is None:
         summary = mres.summary()
-        return BootFigure(*(None if summary[k] is None else float(summary[k]) for k in ("median", "q1", "q3")))
+        return BootFigure(*(None if (v := summary[k]) is None else float(v) for k in ("median", "q1", "q3")))
     boot = mres.boot_summary()
     if not (boot.n and math.isfinite(boot.median)):
         return BootFigure(None, None, None, spec.quantile)

@@ -157,7 +157,8 @@ def one_session_warning(dep: Deployment, span: HistorySpan | None) -> str | None
         return None
     from pytest_kimiperf.judge.levels import MIN_UNITS
 
-    return (f"the baseline history of {dep.name} spans one session ({span.boots} boot{'s' * (span.boots != 1)}): the session spread in "
+    boots = f"{span.boots} boot{'s' * (span.boots != 1)}"
+    return (f"the baseline history of {dep.name} spans one session ({boots}): the session spread in "
             f"force ({dep.session_spread:.0%}) is declared, not measured, and every later session is judged on "
             f"that guess; record in {MIN_UNITS - 1} more sessions (another day or runner: --kimiperf-update-baselines "
             "appends to the history) to measure it")

@@ -30,7 +30,7 @@ def plot_history(entry: BaselineEntry, steps: Sequence[HistoryStep], *, current:
     fig = Figure(figsize=(8, 4.6), dpi=DPI, layout="constrained")
     ax = fig.add_subplot()
     xs = list(range(len(boots)))
-    sessions = {}
+    sessions: dict[str, int] = {}
     for b in boots:
         sessions.setdefault(b.origin.session if b.origin else b.recorded_at, len(sessions))
     colors = [sessions[b.origin.session if b.origin else b.recorded_at] % 10 for b in boots]

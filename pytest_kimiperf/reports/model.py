@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, assert_never
 
 from pytest_kimiperf.server.boot_account import BootAccount
 from pytest_kimiperf.judge.append import NotAppended
@@ -25,6 +25,10 @@ from pytest_kimiperf.roofline.inputs import RooflineReport
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind
 from pytest_kimiperf.server.weight_cache import WeightCacheFacts
 
+
+# What the run wrote, by kind (SessionReport.outputs); each has its line in the terminal summary
+# (terminal_context.output_label, which names every kind).
+OutputKind = Literal["json", "markdown", "github_step_summary", "plots", "export"]
 
 @dataclass(frozen=True)
 class ProfileFacts:
@@ -109,8 +113,9 @@ class ServerViewRow:
 
 def _pooled_mean(views: Sequence[Mapping[str, Any]], key: str) -> float | None:
     """Count-weighted mean of the per-run means (a run extended while inconclusive has several)."""
-    pairs = [(v.get(f"{key}_count"), v.get(f"mean_{key}_ms")) for v in views]
-    if not pairs or any(count is None or mean is None for count, mean in pairs):
+    pairs = [(count, mean) for v in views
+             if (count := v.get(f"{key}_count")) is not None and (mean := v.get(f"mean_{key}_ms")) is not None]
+    if not views or len(pairs) != len(views):
         return None
     total = sum(count for count, _ in pairs)
     return sum(count * mean for count, mean in pairs) / total if total else None
@@ -168,8 +173,8 @@ class SessionReport:
     baselines_update: BaselineUpdate | None = None
     # --kimiperf-append-on-pass: why this run appended nothing (None: it appended, or was not asked).
     not_appended: NotAppended | None = None
-    # what was written where: "json", "markdown", "github_step_summary", "plots" -> path
-    outputs: dict[str, str] = field(default_factory=dict)
+    # what was written where: kind -> path
+    outputs: dict[OutputKind, str] = field(default_factory=dict)
     plot_files: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     # the single-stream decode medians against the model's and hardware's ceilings
@@ -322,7 +327,7 @@ class SessionReport:
                 test=res.test, profile=boot_label(res),
                 server_ttft_ms=_pooled_mean(views, "ttft"), client_ttft_ms=res.run.stat("ttft_ms", "mean"),
                 server_itl_ms=_pooled_mean(views, "itl"), client_itl_ms=res.run.stat("itl_ms", "mean"),
-                server_tokens=None if None in tokens else float(sum(tokens)),
+                server_tokens=None if None in tokens else float(sum(t for t in tokens if t is not None)),
                 client_tokens=float(res.run.total_output_tokens),
             ))
         return rows
@@ -428,8 +433,14 @@ def profile_verdict(comparison: Comparison) -> str:
     The gate's "regression"/"improvement" speak of a change over time; between two NCCL profiles
     measured in the same session "worse"/"better" is what the data says.
     """
-    if comparison.verdict is VerdictKind.REGRESSION:
-        return "worse"
-    if comparison.verdict is VerdictKind.IMPROVEMENT:
-        return "better"
-    return str(comparison.verdict.value)
+    match kind := comparison.verdict:
+        case VerdictKind.REGRESSION:
+            return "worse"
+        case VerdictKind.IMPROVEMENT:
+            return "better"
+        case (VerdictKind.WITHIN_TOLERANCE | VerdictKind.NO_DETECTABLE_CHANGE | VerdictKind.CHANGED_SIZE_UNRESOLVED
+              | VerdictKind.INCONCLUSIVE | VerdictKind.INSUFFICIENT_SAMPLES | VerdictKind.NOT_COMPARABLE
+              | VerdictKind.NOT_JUDGED):
+            return str(kind.value)
+        case _:
+            assert_never(kind)

@@ -67,9 +67,9 @@ def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:
     if seconds is None:
         lines.append(f"  loading: {source}")
     else:
-        span = f"{fmt_duration(seconds * planned)} of loading" + (
+        loading = f"{fmt_duration(seconds * planned)} of loading" + (
             f", up to {fmt_duration(seconds * most)}" if most > planned else "")
-        lines.append(f"  loading: {fmt_duration(seconds)} a boot ({source}): {span}")
+        lines.append(f"  loading: {fmt_duration(seconds)} a boot ({source}): {loading}")
     tolerance = dep.tolerance(HEADLINE_METRIC)
     label = metric_spec(HEADLINE_METRIC).label
     power = f"{DETECTION_POWER:.0%} power"
@@ -77,7 +77,8 @@ def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:
     if s.control:
         lines.append(f"  against the control ({s.reference_profile.name}: the deployment's control_command, the "
                      f"recorded build, booted beside it, {s.boots} boot{'s' * (s.boots != 1)} each): a {label} "
-                     f"regression of {control_reach(dep.boot_spread, max(s.boots, 2), tolerance, rules):.1%} or more is convicted "
+                     f"regression of {control_reach(dep.boot_spread, max(s.boots, 2), tolerance, rules):.1%} or more "
+                     f"is convicted "
                      f"beyond the {tolerance:.0%} tolerance ({power}); the session and host levels cancel")
     elif len(profiles) > 1:
         apart = smallest_change(dep.boot_spread, s.boots)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, assert_never
 
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind
 from pytest_kimiperf.numbers import fmt_change, fmt_ci
@@ -39,11 +39,17 @@ class ChangeRow:
 
 def verdict_colour(comparison: Comparison) -> str:
     """Red for worse, green for better, grey for every verdict that found no direction."""
-    if comparison.verdict is VerdictKind.REGRESSION:
-        return WORSE_COLOUR
-    if comparison.verdict is VerdictKind.IMPROVEMENT:
-        return BETTER_COLOUR
-    return NO_FINDING_COLOUR
+    match kind := comparison.verdict:
+        case VerdictKind.REGRESSION:
+            return WORSE_COLOUR
+        case VerdictKind.IMPROVEMENT:
+            return BETTER_COLOUR
+        case (VerdictKind.WITHIN_TOLERANCE | VerdictKind.NO_DETECTABLE_CHANGE | VerdictKind.CHANGED_SIZE_UNRESOLVED
+              | VerdictKind.INCONCLUSIVE | VerdictKind.INSUFFICIENT_SAMPLES | VerdictKind.NOT_COMPARABLE
+              | VerdictKind.NOT_JUDGED):
+            return NO_FINDING_COLOUR
+        case _:
+            assert_never(kind)
 
 
 def draw_changes(ax: Any, rows: Sequence[ChangeRow], *, reference: str, in_session: bool = True) -> None:

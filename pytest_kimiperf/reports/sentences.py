@@ -12,16 +12,16 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable
+from typing import assert_never
 
-from pytest_kimiperf.config.metric_specs import Direction, metric_spec
-from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT
+from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, Direction, metric_spec
 from pytest_kimiperf.judge.append import AppendWhy, NotAppended
 from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
 from pytest_kimiperf.judge.levels import CanaryCheck, Level, Levels
 from pytest_kimiperf.judge.notes import (
     BootAsked, BootPlanned, BootsForWithin, BootsToDecide, DeclaredModes, FailedRequests, FloorNote, GoodputSlos,
-    HistoryModes, HistoryStep, HistorySteps, InvalidRun, LeftOut, LevelSpread, Look, NeedsBoots, NoDecode, Note, Plan, Said, SloCheck, SoftFingerprint,
-    SpreadSource, TooFewSamples, Unresolved, Drifted,
+    HistoryModes, HistoryStep, HistorySteps, InvalidRun, LeftOut, LevelSpread, Look, NeedsBoots, NoDecode, Note, Plan, Said,
+    SloCheck, SoftFingerprint, SpreadSource, TooFewSamples, Unresolved, Drifted,
 )
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind, fmt_tolerance
 from pytest_kimiperf.judge.verdicts import (
@@ -134,29 +134,34 @@ def comparison_line(c: Comparison, *, label: bool = True) -> str:
         body = (f"REGRESSION {change} (the run lands in the worse spawn mode more often than chance explains"
                 if decided == "frequency" else f"inconclusive ({change}: the boots' spawn modes are unclear, and "
                 "the placings that are likely disagree")
-    elif kind is VerdictKind.REGRESSION:
-        body = f"REGRESSION {change} (beyond the {tol} tolerance, and its {level} {fmt_change(worse_bound)} excludes zero"
-    elif kind is VerdictKind.IMPROVEMENT:
-        body = f"improvement {change} (beyond the {tol} tolerance, and its {level} {fmt_change(better_bound)} excludes zero"
-    elif kind is VerdictKind.WITHIN_TOLERANCE:
-        body = f"within +/-{tol} ({change}, {ci}"
-    elif kind is VerdictKind.NO_DETECTABLE_CHANGE:
-        body = (f"no detectable change ({change}, {ci} holds zero; this design detects changes of "
-                f"{c.mdc * 100:.2g}% or more")
-    elif kind is VerdictKind.CHANGED_SIZE_UNRESOLVED:
-        beyond = c.ci_high < -c.tolerance or c.ci_low > c.tolerance
-        reach = f"lies beyond the {tol} tolerance" if beyond else f"crosses the {tol} tolerance"
-        body = f"changed, size unresolved ({change}, {ci} excludes zero and {reach}"
-    elif kind is VerdictKind.INSUFFICIENT_SAMPLES:
-        body = (f"insufficient samples ({c.boots_current} current and {c.boots_reference} reference "
-                f"boots with enough valid samples, at least {MIN_SAMPLES_PER_BOOT} each)")
-        return prefix + body + (f"; {note}" if note else "")
-    elif kind is VerdictKind.NOT_COMPARABLE:
-        body = f"not comparable to the baseline ({change}, {ci}; reported only"
-    elif kind is VerdictKind.NOT_JUDGED:
-        return prefix + f"not judged ({note})"
-    else:
-        body = f"inconclusive ({change} is beyond the {tol} tolerance, but the {ci} holds zero"
+    else:  # every kind named: a new one fails the type check here until it has its words
+        match kind:
+            case VerdictKind.REGRESSION:
+                body = f"REGRESSION {change} (beyond the {tol} tolerance, and its {level} {fmt_change(worse_bound)} excludes zero"
+            case VerdictKind.IMPROVEMENT:
+                body = (f"improvement {change} (beyond the {tol} tolerance, and its {level} {fmt_change(better_bound)} "
+                        "excludes zero")
+            case VerdictKind.WITHIN_TOLERANCE:
+                body = f"within +/-{tol} ({change}, {ci}"
+            case VerdictKind.NO_DETECTABLE_CHANGE:
+                body = (f"no detectable change ({change}, {ci} holds zero; this design detects changes of "
+                        f"{c.mdc * 100:.2g}% or more")
+            case VerdictKind.CHANGED_SIZE_UNRESOLVED:
+                beyond = c.ci_high < -c.tolerance or c.ci_low > c.tolerance
+                reach = f"lies beyond the {tol} tolerance" if beyond else f"crosses the {tol} tolerance"
+                body = f"changed, size unresolved ({change}, {ci} excludes zero and {reach}"
+            case VerdictKind.INSUFFICIENT_SAMPLES:
+                body = (f"insufficient samples ({c.boots_current} current and {c.boots_reference} reference "
+                        f"boots with enough valid samples, at least {MIN_SAMPLES_PER_BOOT} each)")
+                return prefix + body + (f"; {note}" if note else "")
+            case VerdictKind.NOT_COMPARABLE:
+                body = f"not comparable to the baseline ({change}, {ci}; reported only"
+            case VerdictKind.NOT_JUDGED:
+                return prefix + f"not judged ({note})"
+            case VerdictKind.INCONCLUSIVE:
+                body = f"inconclusive ({change} is beyond the {tol} tolerance, but the {ci} holds zero"
+            case _:
+                assert_never(kind)
     tail = f"; {note}" if note else ""
     return f"{prefix}{body}; {rests_on(c)}{tail})"
 

@@ -86,19 +86,19 @@ def render_summary(
     if report is not None:
         lines.extend(servers_and_files(report, quiet=quiet, verbose=verbosity >= VERBOSE))
     failed = report.control_regressions() if report is not None else []
-    if failed:
+    if failed and report is not None:
         lines.append(TerminalLine(f"kimiperf: slower than the control ({report.reference_profile}, the recorded "
                                   "build, booted in this session)", sep="!", markup=LOUD))
         lines.extend(TerminalLine(f"FAILED {r.test} [{r.profile}] {comparison_line(r.comparison)}", markup=RED)
                      for r in failed if r.comparison is not None)
     errors = list(report.errors) if report is not None else []
-    if output_error and output_error not in errors:
+    if output_error:  # the reporter's own failures: never one of the report's (reporter.output_errors)
         errors.append(output_error)
     if errors:
         lines.append(TerminalLine("kimiperf: reports and baselines", sep="!", markup=LOUD))
         lines.extend(TerminalLine(f"ERROR: {error}", markup=RED) for error in errors)
     outcome = outcome_line(report, report.record_command) if report is not None else None
-    if outcome is not None and (quiet or not report.results):
+    if outcome is not None and report is not None and (quiet or not report.results):
         # Last, where the eye lands: what the run judged and what to do next.
         lines.append(TerminalLine("kimiperf: what this run showed", sep="="))
         lines.extend(wrapped(outcome, indent=0))

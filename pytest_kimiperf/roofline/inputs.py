@@ -31,6 +31,7 @@ from typing import Any
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.gate import FLOOR_METRIC
 from pytest_kimiperf.judge.verdicts import TestResult
+from pytest_kimiperf.measure.scenarios import SINGLE_STREAM
 from pytest_kimiperf.numbers import fmt_share
 from pytest_kimiperf.roofline import ceiling, nccl_tests
 from pytest_kimiperf.roofline.model_config import ModelConfigLookup, find_model_config, read_model_config, text_config
@@ -281,7 +282,7 @@ def decode_results(results: Iterable[TestResult]) -> list[tuple[TestResult, floa
         mres = res.metrics.get(FLOOR_METRIC)
         if res.invalid or mres is None:
             continue
-        if not (res.floor or res.scenario.startswith("single-stream")):
+        if not (res.floor or (res.run is not None and res.run.load.get("kind") == SINGLE_STREAM)):
             continue  # a concurrent run's per-request decode rate is not single-stream decode
         median = mres.summary()["median"]
         if median is not None and math.isfinite(median) and median > 0:

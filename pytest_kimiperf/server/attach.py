@@ -2,7 +2,8 @@
 
 :func:`attach_server` checks that the server serves the deployment's model (or, for a deployment
 that names none, takes the one its ``/v1/models`` lists) and returns its handle. An attached run
-measures a server it does not own, so on its own it gets one boot, and one boot can screen a change, never convict it (judge/stats.py). A deployment that
+measures a server it does not own, so on its own it gets one boot, and one boot can screen a change, never
+convict it (judge/stats.py). A deployment that
 names a ``restart_command`` (an argument list: ``["systemctl", "restart", "vllm"]``, or a script
 that deletes a Kubernetes pod and waits for the next) gives it more: before each boot after the
 first, :func:`restart_server` runs the command, sees the server go down, and waits for it to
@@ -143,7 +144,8 @@ def attach_server(settings: Settings, profile: str, *, previous: ServerHandle | 
                 f"{deployment.name} names model {model!r}: attach to the server of that model, choose the "
                 "deployment that names the served one (--kimiperf-deployment), or leave model and served_model_name out "
                 "of an attach-only deployment so the served one is taken")
-        raise ServerError(f"--kimiperf-server-url {url} is not ready for deployment {deployment.name} (model {model!r}): {why_not}")
+        raise ServerError(f"--kimiperf-server-url {url} is not ready for deployment {deployment.name} "
+                          f"(model {model!r}): {why_not}")
     handle = ServerHandle(base_url=url, model=model, deployment=deployment.name, profile=profile, log_path=None,
                           external=True, api_key=settings.api_key)
     return handle, restart

@@ -143,7 +143,7 @@ class BootAccount:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "BootAccount":
+    def from_json(cls, data: dict[str, Any]) -> BootAccount:
         """Inverse of :meth:`to_json`."""
         return cls(
             profile=data["profile"], ordinal=int(data["boot"]), total_s=float(data["total_s"]),

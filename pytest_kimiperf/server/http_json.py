@@ -40,9 +40,10 @@ def served_models(response: httpx.Response, url: str) -> list[str]:
     """The model ids a ``/v1/models`` answer lists; ServerError if it is not that answer."""
     data = json_answer(response, url, expect={"data": list})
     ids = [m.get("id") for m in data["data"] if isinstance(m, dict)]
-    if not all(isinstance(i, str) for i in ids):
+    named = [i for i in ids if isinstance(i, str)]
+    if len(named) != len(ids):
         raise ServerError(f"{url} lists models without string ids: {ids!r}")
-    return ids
+    return named
 
 
 def fetch_served_models(url: str, headers: Mapping[str, str]) -> list[str]:

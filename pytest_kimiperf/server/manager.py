@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -85,7 +85,7 @@ class ServerRecord:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "ServerRecord":
+    def from_json(cls, data: Mapping[str, Any]) -> ServerRecord:
         """Inverse of :meth:`to_json`."""
         return cls(
             profile=data["profile"], boots=int(data["boots"]), boot_s=data.get("boot_s"),
@@ -96,7 +96,7 @@ class ServerRecord:
             accounts=[BootAccount.from_json(a) for a in data.get("accounts") or []],
         )
 
-    def merge(self, other: "ServerRecord") -> None:
+    def merge(self, other: ServerRecord) -> None:
         """Add another process's record of the same profile (boots add up)."""
         self.boots += other.boots
         self.boot_s = self.boot_s if self.boot_s is not None else other.boot_s
@@ -192,7 +192,7 @@ class ServerManager:
         set_here = frozenset(deployment.env) | frozenset(profile.env)
         rec.env = recorded_env(env, set_here)
         url_host = f"[{host}]" if ":" in host else host
-        server = ServerProcess(
+        head = ServerProcess(
             argv=engine_argv,
             env=env,
             log_path=rec.log_path,
@@ -208,8 +208,9 @@ class ServerManager:
             always_record=set_here,
             control=self.control,
         )
+        server: ServerProcess | NodeGroup = head
         if deployment.nodes:  # every node of the deployment, the head being this one (cluster.py)
-            server = node_group(server, deployment.nodes, engine_argv, exported={k: env[k] for k in set_here if k in env},
+            server = node_group(head, deployment.nodes, engine_argv, exported={k: env[k] for k in set_here if k in env},
                                 master_port=deployment.master_port or pick_free_port(host))
         for name, (shell, value) in sorted(overridden.items()):
             self.say(f"kimiperf: profile {profile.name} overrides {name}={shell!r} from the shell with {value!r}")

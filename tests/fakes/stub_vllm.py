@@ -1,7 +1,8 @@
 """A small stand-in for a vLLM server, for faults a real one cannot show on demand.
 
 Used only where the real CPU engine cannot be made to misbehave on cue: hanging at boot,
-crashing during boot, crashing mid-stream, an engine that dies under a running API server, a slow load that prints vLLM-format progress lines,
+crashing during boot, crashing mid-stream, an engine that dies under a running API server, a slow load that
+prints vLLM-format progress lines,
 and counting boots for the parametrization tests. Its log lines copy vLLM 0.32's real formats
 (see tests/data/nccl_logs/vllm_cpu_tp1_gloo.log for a recorded boot).
 

@@ -190,6 +190,7 @@ def test_perf_export_writes_a_bench_serve_file_and_request_records_at_session_en
     result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-export", str(out),
                                            "--kimiperf-export-detailed", *xdist, timeout=120)
     result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"vLLM bench serve results: {out}"])  # the summary says where they went
     data = json.loads((out / "test_exported.py--test_streams--default--boot1.json").read_text())
     assert (data["completed"], data["max_concurrency"], data["request_rate"]) == (6, 2, "inf")
     assert len(data["itls"]) == 6 and data["model_id"] == "stub-model"

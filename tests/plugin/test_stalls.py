@@ -16,7 +16,8 @@ from pytest_kimiperf.measure.sse import MAX_SSE_EVENT_BYTES
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.config.measure_bounds import HealthBounds
 from pytest_kimiperf.measure.runner import run_scenario
-from pytest_kimiperf.measure.scenarios import SingleStream
+from pytest_kimiperf.measure.records import RequestRecord
+from pytest_kimiperf.measure.scenarios import Concurrency, SingleStream
 from pytest_kimiperf.measure.target import Target
 
 
@@ -39,35 +40,38 @@ def endless_line() -> Iterator[str]:
     yield from _stub("endless-line")
 
 
-def _one(url: str, **deadlines: float) -> tuple[str, float]:
-    async def go() -> str:
+def _one(url: str, **deadlines: float) -> tuple[RequestRecord, float]:
+    async def go() -> RequestRecord:
         async with StreamingClient(url, "stub-model", **deadlines) as client:
-            record = await client.stream(RequestSpec(prompt="a b c", output_tokens=16))
-            return record.error
+            return await client.stream(RequestSpec(prompt="a b c", output_tokens=16))
 
     start = time.monotonic()
-    error = asyncio.run(go())
-    return error, time.monotonic() - start
+    record = asyncio.run(go())
+    return record, time.monotonic() - start
 
 
 def test_no_first_token_within_the_deadline_fails_the_request_in_time(stalls_before_the_first_token: str) -> None:
-    error, took = _one(stalls_before_the_first_token, first_token_deadline_s=0.5, idle_deadline_s=0.5)
-    assert error.startswith("stalled: no token within the 0.5 s first-token deadline (")
-    assert "status 200" in error
+    record, took = _one(stalls_before_the_first_token, first_token_deadline_s=0.5, idle_deadline_s=0.5)
+    assert record.stalled and not record.ok
+    assert record.error.startswith("stalled: no token within the 0.5 s first-token deadline (")
+    assert "status 200" in record.error
     assert took < 3
 
 
 def test_a_stream_that_goes_quiet_fails_naming_the_last_chunk_and_how_long_ago(stalls_mid_stream: str) -> None:
-    error, took = _one(stalls_mid_stream, first_token_deadline_s=5, idle_deadline_s=0.5)
+    record, took = _one(stalls_mid_stream, first_token_deadline_s=5, idle_deadline_s=0.5)
+    assert record.stalled
     assert re.fullmatch(r"stalled: no token for (0\.[5-9]|1\.0) s \(inter-chunk deadline 0\.5 s\) after 3 token "
-                        r"chunks; the last came 0\.\d s after the send", error), error
+                        r"chunks; the last came 0\.\d s after the send", record.error), record.error
+    assert RequestRecord.from_json(record.to_json()) == record  # the fact travels with the record
     assert took < 3
 
 
 def test_an_sse_line_that_never_ends_fails_at_the_cap_instead_of_growing(endless_line: str) -> None:
-    error, took = _one(endless_line, first_token_deadline_s=30, idle_deadline_s=30)
-    assert error == (f"malformed HTTP response: an SSE event grew past {MAX_SSE_EVENT_BYTES // 1024} KiB "
-                     "without ending (an endless line)")
+    record, took = _one(endless_line, first_token_deadline_s=30, idle_deadline_s=30)
+    assert record.error == (f"malformed HTTP response: an SSE event grew past {MAX_SSE_EVENT_BYTES // 1024} KiB "
+                            "without ending (an endless line)")
+    assert not record.stalled  # failed, but not for want of a token: no stall counts toward an abort
     assert took < 10
 
 
@@ -83,6 +87,19 @@ def test_three_stalls_in_a_row_abort_the_scenario_and_say_the_server_still_answe
     assert str(info.value).startswith("the scenario was aborted: 3 requests in a row stalled; the last: "
                                       "stalled: no token within the 0.3 s first-token deadline")
     assert str(info.value).endswith("; the server still answers /health 200 but stopped streaming")
+
+
+def test_stalls_in_a_client_worker_process_abort_the_scenario_with_the_same_words(
+    stalls_before_the_first_token: str,
+) -> None:
+    # The worker sends the stall as such (engine.WorkerPool), not as a traceback to search.
+    scenario = Concurrency(concurrency=2, client_processes=2, prompt_tokens=8, output_tokens=8, requests=20,
+                           warmup_requests=0, bounds=HealthBounds(first_token_deadline_s=0.3, idle_deadline_s=0.3))
+    with pytest.raises(ServerError) as info:
+        run_scenario(Target(stalls_before_the_first_token, "stub-model", server_metrics=False), scenario)
+    assert str(info.value).startswith("the scenario was aborted: 3 requests in a row stalled; the last: "
+                                      "stalled: no token within the 0.3 s first-token deadline")
+    assert "Traceback" not in str(info.value)
 
 
 STALLING_PERF_TEST = """

@@ -31,7 +31,7 @@ def history(rng: np.random.Generator, sessions: int, per_session: int, *, step: 
     out = []
     for s in range(sessions):
         offset = rng.normal(0.0, session_sd) + (math.log1p(step) if at is not None and s >= at else 0.0)
-        for b in range(per_session):
+        for _ in range(per_session):
             k = len(out)
             slow = math.log(0.8) if rng.random() < slow_share else 0.0
             out.append(BootSummary(median=100.0 * math.exp(offset + rng.normal(0.0, boot_sd) + slow), n=20,

@@ -115,7 +115,7 @@ def test_the_check_catches_a_wrong_option_an_alias_and_a_path_the_code_does_not_
         f".kimiperf/launches: the code keeps nothing in .kimiperf/ (it uses {CACHE})",
         "ci/no-such-file.sh: not in the repository",
         "python -m pytest_kimiperf.nope: no such module",
-        f"~/.cache/pytest-kimiperf/weights: the code keeps no 'weights' in its cache",
+        "~/.cache/pytest-kimiperf/weights: the code keeps no 'weights' in its cache",
     ], problems
 
 

@@ -74,6 +74,8 @@ def test_the_gate_caps_its_boots_on_demand_from_the_plan(tmp_path: Path) -> None
     s = with_gate_plan(replace(_settings(tmp_path, gate=gate), deployment=quiet, max_boots=3,
                                max_boots_from="deployment quiet's max_boots"))
     assert (s.max_boots, s.max_boots_from) == (2, "the plan: 2 boots resolve a 10% change at the declared 1% boot spread")
+    # the deployment's own cap decides, not the words the header says it in
+    assert with_gate_plan(replace(_settings(tmp_path, gate=gate), deployment=quiet, max_boots=3)).max_boots == 2
     # no gate, or a cap given by hand: left alone
     assert with_gate_plan(_settings(tmp_path)).max_boots == 2
     given = _settings(tmp_path, gate=gate, max_boots=RawOption("4", "command line --kimiperf-max-boots"))

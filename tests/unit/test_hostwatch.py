@@ -21,6 +21,7 @@ from pytest_kimiperf.errors import ConfigError, KimiperfError
 from pytest_kimiperf.measure.host_readings import CpuCounters, ForeignProcess, GpuReading, HostSnapshot, ProcessCpu
 from pytest_kimiperf.config.measure_bounds import HostBounds
 from pytest_kimiperf.measure.hostwatch import HostReading, HostWatch
+from pytest_kimiperf.measure.watched import host_busy, say_invalid
 from tests import helpers
 
 DATA = helpers.DATA / "hostwatch"
@@ -180,6 +181,19 @@ def test_steal_over_its_bound_and_psi_bounds_are_reported() -> None:
         "some task waited for cpu 50% of the time (PSI, bound 20%)",
     ]
     assert reading.disturbances(HostBounds(max_steal_share=None)) == []
+
+
+def test_a_busy_host_is_a_fact_with_its_pids_and_shares_and_says_the_same_sentence() -> None:
+    hog = ForeignProcess(pid=4242, name="stress", cmdline="stress -c 2", cpu_share=0.6)
+    here = HostReading(2.0, 2, 0.6, 0.0, {}, (hog,))
+    far = dataclasses.replace(here, foreign_cpu_share=0.01, top_foreign=(), node="far")  # quiet
+    busy = host_busy((here, far), HostBounds(), attempts=3)
+    assert busy is not None and busy.readings == (here,) and busy.attempts == 3
+    assert busy.foreign_processes == [("", 4242, "stress", 0.6)]
+    assert say_invalid(busy) == (
+        "host busy: other processes used 60% of the host's CPU (bound 20%): pid 4242 stress (60%); "
+        "measured 3 times, disturbed every time: no verdict from a busy host")
+    assert host_busy((far,), HostBounds(), attempts=1) is None
 
 
 def test_unreadable_proc_stat_is_a_clear_error(tmp_path: Path) -> None:
@@ -480,7 +494,7 @@ def test_memory_no_listed_process_accounts_for_is_a_disturbance() -> None:
         reading = watch.stop()
         assert [g.unlisted_growth_mib for g in reading.gpus] == [expected, 0]
         lines = [line for line in reading.disturbances(HostBounds()) if "NVML lists" in line]
-        assert lines == ([f"GPU 0 used 2048 MiB more at the window's end than at its start beyond what the processes "
+        assert lines == (["GPU 0 used 2048 MiB more at the window's end than at its start beyond what the processes "
                           "NVML lists gained: a process NVML cannot name here (another container's) or a leak"]
                          if grown > 256 else [])
     relaxed = HostBounds(max_foreign_gpu_processes=None)

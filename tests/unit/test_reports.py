@@ -208,7 +208,7 @@ def reporter_for(report: SessionReport | None, output_error: str | None = None,
                  run: FakeRun | None = None) -> SessionReporter:
     return SessionReporter(run=run or FakeRun(), rootpath=Path("."), update_json=lambda data: None,
                            results=list(report.results) if report else [], report=report,
-                           output_error=output_error)
+                           output_errors=[output_error] if output_error else [])
 
 
 def summary(report: SessionReport, verbosity: int = 0, output_error: str | None = None) -> FakeReporter:
@@ -340,6 +340,20 @@ def test_leftovers_and_errors_are_loud_even_with_q(results: list[TestResult]) ->
     assert leftover[2] == {"red": True, "bold": True} and "pid 4242" in leftover[1]
     assert "server ring-ll failed: server exited with code 1 before it was ready" in texts
     assert "ERROR: cannot write baseline x: disk full" in texts
+
+
+def test_an_output_error_and_a_later_one_are_each_listed_once(results: list[TestResult]) -> None:
+    # A report output that failed, then the session's missing-baseline warning escalated to an
+    # error: two lines, the first not repeated inside the second.
+    report = make_report(results)
+    report.errors.append("cannot write report.json: disk full")
+    reporter = reporter_for(report)
+    reporter.add_output_error("MissingBaselineWarning (an error by -W or filterwarnings): kimiperf: none")
+    terminal = FakeReporter(0)
+    reporter.write_summary(terminal)
+    errors = [text for _, text, _ in terminal.calls if text.startswith("ERROR: ")]
+    assert errors == ["ERROR: cannot write report.json: disk full",
+                      "ERROR: MissingBaselineWarning (an error by -W or filterwarnings): kimiperf: none"]
 
 
 def test_many_profiles_stack_the_metric_above_its_rows_to_stay_in_width(view: baselines.BaselineView) -> None:

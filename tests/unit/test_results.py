@@ -13,8 +13,10 @@ from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.metric_specs import METRICS, SampleKind
 from pytest_kimiperf.config.measure_bounds import HealthBounds
 from pytest_kimiperf.measure.records import PER_REQUEST_METRICS, RequestRecord, percentile
+from pytest_kimiperf.measure.invalid import (
+    CLIENT_BOUND, ClientBound, ClientCpu, LoopLatency, NoMeasuredRequests, NoValidRequest, SendLag,
+)
 from pytest_kimiperf.measure.results import (
-    CLIENT_BOUND,
     RUN_LEVEL_METRICS,
     ProcessHealth,
     RoundResult,
@@ -227,6 +229,7 @@ def test_cpu_saturated_client_makes_the_run_invalid() -> None:
     busy = ProcessHealth(cpu_fraction=0.97, loop_latency_ms=(0.02,), wall_s=1.0)
     run = run_of(RoundResult(records=(record([5.0, 6.0], 2),), wall_s=1.0, health=(HEALTHY, busy)))
     assert not run.valid
+    assert run.invalid == ClientBound((ClientCpu(0.97, HealthBounds().max_cpu_fraction),))
     assert run.invalid_reason.startswith(CLIENT_BOUND)
     assert "97%" in run.invalid_reason
 
@@ -247,7 +250,11 @@ def test_the_loop_latency_bound_follows_the_hosts_idle_loop() -> None:
                               idle_loop_latency_ms=(0.3,) * 100)
     assert run_of(RoundResult(records=(record([5.0, 6.0], 2),), wall_s=1.0, health=(slow_host,))).valid
     fast_host = dataclasses.replace(slow_host, idle_loop_latency_ms=(0.05,) * 100)
-    reason = run_of(RoundResult(records=(record([5.0, 6.0], 2),), wall_s=1.0, health=(fast_host,))).invalid_reason
+    run = run_of(RoundResult(records=(record([5.0, 6.0], 2),), wall_s=1.0, health=(fast_host,)))
+    assert isinstance(run.invalid, ClientBound)
+    (latency,) = run.invalid.problems
+    assert isinstance(latency, LoopLatency) and (latency.p50_ms, latency.idle_p50_ms) == (0.84, 0.05)
+    reason = run.invalid_reason
     assert "event-loop latency p50 0.84 ms / p99 0.84 ms (bounds 0.5 / 5 ms; this host's idle loop 0.05 / " \
            "0.05 ms), so chunk timestamps are stale" in reason
     # A loop that cannot keep up is late far past a few idle wakes, on any host.
@@ -259,6 +266,7 @@ def test_the_loop_latency_bound_follows_the_hosts_idle_loop() -> None:
 def test_late_sends_make_the_run_invalid() -> None:
     late = tuple(record([50.0, 51.0], 2, send_ms=40.0, scheduled_ms=30.0, request_id=str(i)) for i in range(10))
     run = run_of(RoundResult(records=late, wall_s=1.0, health=(HEALTHY,)))
+    assert isinstance(run.invalid, ClientBound) and isinstance(run.invalid.problems[0], SendLag)
     assert "late versus schedule" in run.invalid_reason
     assert run_of(RoundResult(records=late, wall_s=1.0, health=(HEALTHY,)),
                   bounds=HealthBounds(max_send_lag_p99_ms=20.0)).valid
@@ -268,7 +276,9 @@ def test_run_without_valid_requests_is_invalid() -> None:
     bad = record([5.0], 0, ok=False, error="HTTP 500: boom")
     run = run_of(RoundResult(records=(bad,), wall_s=1.0, health=(HEALTHY,)))
     assert not run.valid
-    assert "HTTP 500: boom" in run.invalid_reason
+    assert run.invalid == NoValidRequest(1, "HTTP 500: boom")
+    assert run.invalid_reason == "no valid request (1 invalid; first reason: HTTP 500: boom)"
+    assert run_of().invalid == NoMeasuredRequests()
     assert run_of().invalid_reason == "no measured requests"
 
 

@@ -21,6 +21,8 @@ import pytest
 from tests.helpers import stub_deployment_toml
 from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
+from pytest_kimiperf.measure.results import RunResult
+from pytest_kimiperf.measure.scenarios import SINGLE_STREAM
 from pytest_kimiperf.config.deployment_tables import resolve_deployments
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, TINY_MODEL, Deployment
 from pytest_kimiperf.errors import ConfigError
@@ -58,9 +60,10 @@ H100_NVLINK = Fingerprint(
 
 def decode_result(profile: str, samples: list[float], *, scenario: str = "single-stream-128in-128out",
                   floor: bool = True, test: str = "perf_tests/test_decode.py::test_single_stream_decode",
-                  invalid: str | None = None) -> TestResult:
+                  invalid: str | None = None, load_kind: str = SINGLE_STREAM) -> TestResult:
+    run = dataclasses.replace(RunResult(scenario_name=scenario, rounds=()).summary(), load={"kind": load_kind})
     res = TestResult(test=test, nodeid=f"{test}[{profile}]", profile=profile, deployment="d",
-                          scenario=scenario, invalid=invalid)
+                          scenario=scenario, invalid=invalid, run=run)
     spec = metric_spec("decode_tok_s")
     res.metrics["decode_tok_s"] = MetricResult("decode_tok_s", spec.unit, spec.direction.value,
                                                     spec.default_tolerance, samples)
@@ -179,13 +182,19 @@ def test_only_valid_single_stream_decode_results_are_placed() -> None:
         decode_result("default", [80.0]),
         decode_result("ring-ll", [80.0], invalid="client-bound"),
         decode_result("default", [20.0], scenario="concurrency-8-128in-64out", floor=False,
-                      test="perf_tests/test_throughput.py::test_output_throughput[8]"),
+                      test="perf_tests/test_throughput.py::test_output_throughput[8]", load_kind="concurrency"),
         decode_result("default", [70.0], scenario="single-stream-1024in-8out", floor=False,
                       test="perf_tests/test_latency.py::test_ttft"),
+        # The load's kind decides, not the scenario's name, which a test may choose.
+        decode_result("default", [60.0], scenario="long-prompt", floor=False,
+                      test="perf_tests/test_latency.py::test_named"),
+        decode_result("default", [30.0], scenario="single-stream-like", floor=False,
+                      test="perf_tests/test_throughput.py::test_named", load_kind="concurrency"),
     ]
     placed = [(res.test, res.profile, median) for res, median in decode_results(results)]
     assert placed == [("perf_tests/test_decode.py::test_single_stream_decode", "default", 80.0),
-                      ("perf_tests/test_latency.py::test_ttft", "default", 70.0)]
+                      ("perf_tests/test_latency.py::test_ttft", "default", 70.0),
+                      ("perf_tests/test_latency.py::test_named", "default", 60.0)]
     assert build_roofline_report(results[1:3], kimi_with_config(), RTX_PRO_PCIE) is None
 
 
