@@ -3,8 +3,8 @@
 A history that grows itself (``--kimiperf-append-on-pass``) follows whatever it is fed: a drift
 of -0.1% a night passes every night's gate against the moving window it itself appended, and
 the window walks with it (under the window rule alone, 7 of 40 simulated series never failed
-while the server lost 12%). So the appended nights are judged together against the **anchor**, the last deliberate recording
-(``--update-baselines``), which no passing night moves.
+while the server lost 12%). So the appended nights are judged together against the
+**anchor**, the last deliberate recording (``--update-baselines``), which no passing night moves.
 
 The test: a weighted least-squares line through the anchor (night 0) and each appended night's
 mean log figure, each point weighted by the variance the declared levels give it (the boot
