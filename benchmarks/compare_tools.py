@@ -287,8 +287,8 @@ def main() -> int:
           "`benchmarks/data/compare_interleaved`, which two calls of scripts/compare_data.sh made (AIPERF and "
           "GUIDELLM naming those tools' commands, each in its own virtualenv):\n")
     print("```bash\nexport ROUNDS=3 STREAMS=\"1 4\" VLLM_DETAIL=summary OUT=benchmarks/data/compare_interleaved\n"
-          "TOOLS=\"kimiperf vllm aiperf guidellm\" flock /work/notes/server.lock nice -n 19 bash scripts/compare_data.sh 3\n"
-          "TOOLS=\"kimiperf vllm vllm_min_tokens\" FIRST_BOOT=4 flock /work/notes/server.lock nice -n 19 "
+          "TOOLS=\"kimiperf vllm aiperf guidellm\" flock /tmp/kimiperf-engine.lock nice -n 19 bash scripts/compare_data.sh 3\n"
+          "TOOLS=\"kimiperf vllm vllm_min_tokens\" FIRST_BOOT=4 flock /tmp/kimiperf-engine.lock nice -n 19 "
           "bash scripts/compare_data.sh 3\n```\n")
     ran = {tool: sorted({boot for values in by_metric.values() for boot, _ in values})
            for tools in figures.values() for tool, by_metric in tools.items()}
@@ -305,7 +305,7 @@ def main() -> int:
           "`calculate_metrics` rules: against the plugin's own column it shows the definitions alone (the same "
           "requests); against bench serve, what is left: the clients and what they send (the same definitions).\n")
     print("**Why interleaving.** The host's load moved during the measurement (the load average column; other "
-          "agents' work shares the two cores). Each paired difference is taken inside a boot, round by round, "
+          "work shared the two cores). Each paired difference is taken inside a boot, round by round, "
           "between runs seconds apart, so what the host and the boot did to both tools cancels; what is left "
           "varies from boot to boot only by the tools' own difference and noise, and the interval is over boots.\n")
     for streams, title in ((1, "One stream"), (4, "Four streams, closed loop")):

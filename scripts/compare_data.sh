@@ -17,7 +17,7 @@
 # average before and after every run, server.tsv the server's decode counters. FIRST_BOOT numbers
 # the boots on from an earlier call into the same OUT.
 #
-#   flock /work/notes/server.lock nice -n 19 bash scripts/compare_data.sh [BOOTS]
+#   flock /tmp/kimiperf-engine.lock nice -n 19 bash scripts/compare_data.sh [BOOTS]
 #   TOOLS="vllm guidellm" OUT=/tmp/x bash scripts/compare_data.sh 1   # some tools, elsewhere
 #   ROUNDS=3 STREAMS="1 4" TOOLS="kimiperf vllm" VLLM_DETAIL=summary \
 #     OUT=benchmarks/data/compare_interleaved bash scripts/compare_data.sh 3   # benchmarks/compare_tools.md
