@@ -652,10 +652,10 @@ def control_table(args: argparse.Namespace, rules: Rules) -> list[dict[str, obje
     effect, declared as it is, on a 3% tolerance), the gate against a history of 10 sessions and
     the candidate against its control booted beside it (--kimiperf-control): the session effect
     is one draw shared by both sides, and the comparison is the plugin's own
-    (gate.compare_with_control), boot against boot, over the suite's 10 gated metrics; and, for
+    (profiles.compare_with_control), boot against boot, over the suite's 10 gated metrics; and, for
     contrast, the profile comparison's rule (in_session.compare_in_session), which the control
     uses where a deployment declares spawn modes."""
-    from pytest_kimiperf.judge.gate import compare_with_control  # noqa: PLC0415
+    from pytest_kimiperf.judge.profiles import compare_with_control  # noqa: PLC0415
     from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session  # noqa: PLC0415
 
     d = args.drift

@@ -504,7 +504,7 @@ def test_the_identical_server_as_its_own_control_boots_interleaved_and_gets_no_d
     assert data["control"] is True and data["reference_profile"] == "default@control"
     [decode] = [c for c in data["profile_comparisons"] if c["unit"] == "tok/s"]
     assert decode["boots_current"] == 2 and decode["boots_reference"] == 2
-    # tiny-cpu declares spawn modes: the comparison weighs them (judge/gate.compare_with_control).
+    # tiny-cpu declares spawn modes: the comparison weighs them (judge/profiles.compare_with_control).
     assert decode["verdict"] not in ("regression", "improvement"), decode
     assert "slower than the control" not in result.stdout.str()
 

@@ -31,7 +31,7 @@ from pytest_kimiperf.judge.in_session import InSessionRules
 from pytest_kimiperf.judge.sequential import profiles_to_book, session_plan
 from pytest_kimiperf.judge.notes import Said
 from pytest_kimiperf.judge.verdicts import TestResult
-from pytest_kimiperf.reports.sentences import failure_message
+from pytest_kimiperf.reports.sentences import joined
 from pytest_kimiperf.config.metric_specs import SampleKind, metric_spec, primary_metric
 from pytest_kimiperf.judge.boots import BootLedger, TestBoots
 from pytest_kimiperf.judge.levels import BootOrigin
@@ -311,5 +311,5 @@ class PerfRecorder:
     def _finish(self, result: TestResult) -> TestResult:
         self._publish(result)
         if result.failures:
-            self._fail(failure_message(result))
+            self._fail(joined(result.failures))  # what a failed perf test fails with, in one line
         return result

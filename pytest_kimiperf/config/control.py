@@ -1,7 +1,7 @@
 """``--kimiperf-control``: the recorded build booted beside the candidate, checked before any boot.
 
 The control is the selected profile served by the deployment's ``control_command``
-(config/nccl/profiles.control_profile); the comparison is judge/gate.compare_with_control.
+(config/nccl/profiles.control_profile); the comparison is judge/profiles.compare_with_control.
 """
 
 from __future__ import annotations

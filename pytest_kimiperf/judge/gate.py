@@ -1,4 +1,4 @@
-"""Where a verdict is decided: floors, SLOs, baselines and profile-vs-reference comparisons.
+"""Where a verdict is decided: floors, SLOs and baselines (profiles of one session: profiles.py).
 
 :func:`judge` takes one measured test on one server boot as plain data (its samples, the
 deployment's limits and tolerances, the boots of the same test and profile measured so far, the
@@ -6,7 +6,7 @@ baseline view) and returns the filled :class:`~pytest_kimiperf.judge.verdicts.Te
 failure, warning and note, and whether the test wants another boot. It compares the per-boot
 summaries of all boots of the same test and profile with the stored boot history of the baseline
 (only when the hardware fingerprint matches), and with the deployment's decode floor; the reports
-compare profiles with each other, boot against boot, at session end (stats.py says why).
+compare profiles with each other, boot against boot, at session end (judge/profiles.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pytest_kimiperf.judge.notes import (
     BootAsked, BootPlanned, FailedRequests, FloorNote, GoodputSlos, InvalidRun, LeftOut, Look, NoDecode, Said,
     SloCheck, SoftFingerprint, Unresolved,
 )
-from pytest_kimiperf.judge.power import plan, smallest_change, wants_another_boot
+from pytest_kimiperf.judge.power import plan, wants_another_boot
 from pytest_kimiperf.judge.verdicts import (
     BaselineLine, BaselineState, MetricResult, MissingBaselines, ResultWarning, TestResult, VerdictNote, WarningKind,
 )
@@ -34,8 +34,7 @@ from pytest_kimiperf.judge.drift import drift_failures
 from pytest_kimiperf.judge.family import family_critical
 from pytest_kimiperf.judge.floors import FloorResult, floor_check
 from pytest_kimiperf.judge.boot_summary import BootSummary
-from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session, smallest_drop
-from pytest_kimiperf.judge.stats import GATE_CRITICAL, MIN_BOOTS_DIRECTIONAL, Comparison, VerdictKind, compare_boots
+from pytest_kimiperf.judge.stats import MIN_BOOTS_DIRECTIONAL, Comparison, VerdictKind, compare_boots
 
 FLOOR_METRIC = "decode_tok_s"
 
@@ -414,60 +413,3 @@ def verdict_to_result(comparison: Comparison, result: TestResult, *, strict: boo
             result.warn(WarningKind.OTHER, VerdictNote(comparison))
         case _:
             assert_never(kind)
-
-
-def compare_with_control(current: Sequence[BootSummary], control: Sequence[BootSummary], *, direction: Direction,
-                         tolerance: float, rules: InSessionRules, metric: str = "", unit: str = "") -> Comparison:
-    """The candidate's boots against its control's (--kimiperf-control), booted interleaved in one
-    session on one host: the gate's rule (stats.compare_boots, GATE_CRITICAL) with no level above
-    the boot, since the sides share them. Where the deployment declares spawn modes, the profile
-    comparison's rule instead (in_session.compare_in_session), which weighs every way the boots
-    could have fallen into them: the gate's rule would read a side that landed slow as a change."""
-    if rules.modes.declared:
-        return compare_in_session(current, control, direction=direction, tolerance=tolerance, rules=rules,
-                                  metric=metric, unit=unit)
-    return compare_boots(current, control, direction=direction, tolerance=tolerance, prior_spread=rules.boot_spread,
-                         metric=metric, unit=unit)
-
-
-def control_reach(boot_spread: float, boots: int, tolerance: float, rules: InSessionRules) -> float:
-    """The regression a candidate against its control (``boots`` each, one session) convicts with
-    DETECTION_POWER, by the rule :func:`compare_with_control` applies: the gate's with no level
-    above the boot; the profile comparison's where the deployment declares spawn modes."""
-    if rules.modes.declared:
-        return smallest_drop(boots, tolerance, rules)
-    return smallest_change(boot_spread, boots, reference_boots=boots, tolerance=tolerance, critical=GATE_CRITICAL)
-
-
-def compare_profiles(
-    results: Sequence[TestResult], reference_profile: str, *, rules: InSessionRules = InSessionRules(),
-    control: bool = False,
-) -> list[tuple[str, str, str, Comparison]]:
-    """Each profile against the reference, per test and metric, boot against boot in this
-    session (judge/in_session.py; against a ``control``, :func:`compare_with_control`): (test,
-    metric, profile, comparison). Boots measured on a disturbed host (INVALID) are not samples of
-    either profile and are left out."""
-    boots: dict[tuple[str, str], dict[str, list[BootSummary]]] = {}
-    meta: dict[tuple[str, str], MetricResult] = {}
-    for res in results:
-        if res.invalid:
-            continue
-        for metric, mres in res.metrics.items():
-            boots.setdefault((res.test, metric), {}).setdefault(res.profile, []).append(mres.boot_summary())
-            meta.setdefault((res.test, metric), mres)
-    rows: list[tuple[str, str, str, Comparison]] = []
-    for (test, metric), per_profile in boots.items():
-        ref = per_profile.get(reference_profile)
-        if ref is None:
-            continue
-        spec = metric_spec(metric)
-        mres = meta[(test, metric)]
-        for profile, current in per_profile.items():
-            if profile == reference_profile:
-                continue
-            compare = compare_with_control if control else compare_in_session
-            rows.append((test, metric, profile, compare(
-                current, ref, direction=Direction(mres.direction), tolerance=mres.tolerance,
-                rules=rules, metric=spec.label, unit=mres.unit,
-            )))
-    return rows

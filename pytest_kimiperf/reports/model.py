@@ -14,7 +14,7 @@ from typing import Any, Literal, assert_never
 
 from pytest_kimiperf.server.boot_account import BootAccount
 from pytest_kimiperf.judge.append import NotAppended
-from pytest_kimiperf.judge.gate import compare_profiles
+from pytest_kimiperf.judge.profiles import compare_profiles
 from pytest_kimiperf.judge.in_session import InSessionRules
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS
@@ -365,7 +365,7 @@ def build_session_report(
 ) -> SessionReport:
     """Gather the run's facts and compare every profile with the reference profile, boot
     against boot (``rules``: the deployment's declared boot spread and spawn modes; ``control``:
-    the reference is the recorded build, gate.compare_with_control)."""
+    the reference is the recorded build, profiles.compare_with_control)."""
     return SessionReport(
         generator=generator,
         created_at=created_at,

@@ -168,23 +168,22 @@ def comparison_line(c: Comparison, *, label: bool = True) -> str:
 
 @say.register
 def _(note: NotAppended) -> str:
-    allowed = ",".join(note.allowed)
     if note.why is AppendWhy.FAILED:
         which = (f"{note.failed} perf test{'s' * (note.failed != 1)} failed or {'was' if note.failed == 1 else 'were'} "
                  "invalid" if note.failed else "a test failed")
         return f"not appended to the baseline history: {which}, and a failing run appends nothing"
     if note.why is AppendWhy.BRANCH:
         on = f"branch {note.branch!r}" if note.branch else "no branch (a detached checkout)"
-        return f"not appended to the baseline history: this run is on {on}, and appends only on {allowed}"
+        return f"not appended to the baseline history: this run is on {on}, and appends only on {','.join(note.allowed)}"
     label = metric_spec(note.metric).heading if note.metric else note.metric
     if note.why is AppendWhy.UNRESOLVED:
         return (f"not appended to the baseline history: {label} of {note.test} [{note.profile}] looked "
                 f"{fmt_change(note.gain)} against it, beyond its {fmt_tolerance(note.tolerance)} tolerance, without "
                 f"a verdict ({note.verdict}): a change this run could not rule out is not taken into the history")
     why = "the host canary moved" if note.canary_moved else "the profile's environment or arguments differ"
-    return (f"not appended to the baseline history: {label} of {note.test} [{note.profile}] is not comparable "
-            f"to it ({why}; {fmt_change(note.gain)}): another host or configuration joins the history only on "
-            "purpose (--kimiperf-update-baselines)")
+    return (f"not appended to the baseline history: {label} of {note.test} [{note.profile}] is not comparable to it "
+            f"({why}; {fmt_change(note.gain)}): another host or configuration joins the history only on purpose "
+            "(--kimiperf-update-baselines)")
 
 
 @say.register
@@ -438,10 +437,10 @@ def _(note: Unresolved) -> str:
 
 @say.register
 def _(note: Drifted) -> str:
-    return (f"DRIFT: {note.label} {fmt_change(note.change)} since the baseline was recorded ({note.anchor_at}), "
-            f"on the line through the {note.nights} runs since (this one and {note.nights - 1} appended on "
-            f"passing), at best {fmt_change(note.bound)}: beyond the {fmt_tolerance(note.tolerance)} tolerance; "
-            "find the change, or record the baseline again (--kimiperf-update-baselines) if it is meant")
+    return (f"DRIFT: {note.label} {fmt_change(note.change)} since the baseline was recorded ({note.anchor_at}), on the line "
+            f"through the {note.nights} runs since (this one and {note.nights - 1} appended on passing), at best "
+            f"{fmt_change(note.bound)}: beyond the {fmt_tolerance(note.tolerance)} tolerance; find the change, or record "
+            "the baseline again (--kimiperf-update-baselines) if it is meant")
 
 
 @say.register
@@ -451,11 +450,6 @@ def _(note: SoftFingerprint) -> str:
 
 
 # --- a whole test ---------------------------------------------------------------------------
-
-def failure_message(result: TestResult) -> str:
-    """What a failed perf test fails with: its failures in one line."""
-    return joined(result.failures)
-
 
 def warning_lines(result: TestResult) -> list[str]:
     """The test's warnings as shown."""

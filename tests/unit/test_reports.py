@@ -2,7 +2,7 @@
 
 The results are synthetic but decided by the real gate: baselines are written with
 ``baselines.update_baseline`` and judged with ``gate.judge_metric``, floors with
-``gate.check_floor``, profiles compared with ``gate.compare_profiles``. Set
+``gate.check_floor``, profiles compared with ``profiles.compare_profiles``. Set
 ``KIMIPERF_UPDATE_GOLDEN=1`` to rewrite the golden files after an intended change, then review
 their diff like code.
 """
