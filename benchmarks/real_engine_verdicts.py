@@ -457,7 +457,7 @@ def test_busy_host_during_one_profiles_block_is_invalid_naming_the_process_and_g
     assert busy.procs, "the busy processes never started"
     result.assert_outcomes(passed=1, failed=1)
     assert "INVALID measurement: host busy" in result.stdout.str()
-    assert result.ret == 75  # every failure INVALID: CI retries on a quiet runner (reports/outcome.py)
+    assert result.ret == 75  # every failure INVALID: CI retries on a quiet runner (judge/decide.py)
     data = json.loads(report.read_text())
     ring = [t for t in data["tests"] if t["profile"] == "ring-ll"]
     assert ring and ring[0]["invalid"].startswith("host busy") and ring[0]["host"]["foreign_cpu_share"] > 0.1

@@ -1,8 +1,9 @@
-"""The plugin's public fixtures, and the stash keys they share with the hooks in ``plugin.py``.
+"""The plugin's public fixtures, and the stash keys they share with the session object (hooks.py).
 
 ``plugin.py`` imports the fixtures, so pytest registers them with the plugin. Like the hooks,
-they only connect pytest to the modules that do the work: the :class:`~pytest_kimiperf.session.
-PerfSession` in the config's stash, the server manager and the :class:`~pytest_kimiperf.recorder.
+they only connect pytest to the modules that do the work: the session object's
+:class:`~pytest_kimiperf.session.PerfSession` (``KimiperfSession.run``; the session object is
+kept in the config's stash), the server manager and the :class:`~pytest_kimiperf.recorder.
 PerfRecorder`. Errors a test should show become ``pytest.fail`` without a traceback, raised
 ``from None``: the error they replace would print its message (and log tail) a second time.
 """
@@ -10,14 +11,14 @@ PerfRecorder`. Errors a test should show become ``pytest.fail`` without a traceb
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
 from pytest_kimiperf import xdist_scheduling
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.errors import KimiperfError
-from pytest_kimiperf.reports.outcome import INVALID_OUTCOME, OUTCOME_PROPERTY, UNRESOLVED_OUTCOME
+from pytest_kimiperf.judge.decide import OUTCOME_PROPERTY, Outcome, outcome_of
 from pytest_kimiperf.session import PerfSession
 
 if TYPE_CHECKING:
@@ -31,7 +32,16 @@ if TYPE_CHECKING:
 SERVER_FIXTURE = "kimiperf_server"
 PROFILE_FIXTURE = "kimiperf_profile"
 
-RUN_KEY = pytest.StashKey[PerfSession]()
+
+class SessionObject(Protocol):
+    """What the fixtures use of the session object (hooks.KimiperfSession, which imports them)."""
+
+    run: PerfSession
+
+    def close(self) -> None: ...
+
+
+SESSION_KEY = pytest.StashKey[SessionObject]()
 RESULT_KEY = pytest.StashKey["TestResult"]()
 TOLERANCES_KEY = pytest.StashKey[dict[str, float]]()
 
@@ -45,15 +55,20 @@ def slot_of(item: pytest.Item) -> BootSlot | None:
     return callspec.params.get(PROFILE_FIXTURE) if callspec is not None else None
 
 
+def perf_session(config: pytest.Config) -> PerfSession:
+    """The perf tests' resources of this process: the session object's ``run``."""
+    return config.stash[SESSION_KEY].run
+
+
 def server_manager(config: pytest.Config) -> ServerManager:
     """This process's server manager (its progress on the terminal, or relayed by xdist)."""
-    return config.stash[RUN_KEY].server_manager(lambda: xdist_scheduling.progress_output(config))
+    return perf_session(config).server_manager(lambda: xdist_scheduling.progress_output(config))
 
 
 @pytest.fixture(scope="session")
 def kimiperf_settings(pytestconfig: pytest.Config) -> Settings:
     """The validated settings of this run."""
-    return pytestconfig.stash[RUN_KEY].settings
+    return perf_session(pytestconfig).settings
 
 
 @pytest.fixture(scope="session")
@@ -75,7 +90,7 @@ def kimiperf_server(
     request: pytest.FixtureRequest, kimiperf_profile: NcclProfile, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerHandle]:
     """A ready server for the current NCCL profile, booted once per profile and always stopped."""
-    run = request.config.stash[RUN_KEY]
+    run = perf_session(request.config)
     problem = xdist_scheduling.placement_problem(request.config, remote_worker=run.remote_worker)
     problem = problem or run.hardware_problem()
     if problem is not None:
@@ -100,7 +115,7 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
     from pytest_kimiperf.judge.boots import strip_slot
     from pytest_kimiperf.recorder import PerfRecorder
 
-    run = request.config.stash[RUN_KEY]
+    run = perf_session(request.config)
     manager = server_manager(request.config)
     item = request.node
     tolerances = item.stash.get(TOLERANCES_KEY, {})
@@ -108,10 +123,9 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
     def publish(result: TestResult) -> None:
         item.stash[RESULT_KEY] = result
         item.user_properties.extend((f"median_{metric}", median) for metric, median in result.medians().items())
-        if result.invalid is not None:  # its failure is the INVALID one (reports/outcome.py)
-            item.user_properties.append((OUTCOME_PROPERTY, INVALID_OUTCOME))
-        elif result.unresolved is not None:  # its failure is UNRESOLVED: one boot of an attached server
-            item.user_properties.append((OUTCOME_PROPERTY, UNRESOLVED_OUTCOME))
+        outcome = outcome_of(result)  # the recorder decided it (judge/decide.py)
+        if outcome in (Outcome.INVALID, Outcome.UNRESOLVED):  # what the exit status counts (judge/decide.py)
+            item.user_properties.append((OUTCOME_PROPERTY, outcome.value))
 
     def ensure_alive() -> None:
         try:

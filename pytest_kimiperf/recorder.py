@@ -26,6 +26,7 @@ from pytest_kimiperf.measure.results import RunResult, check_goodput_slo, check_
 from pytest_kimiperf.measure.server_view import run_cross_checks
 from pytest_kimiperf.measure.watched import WatchedRun, measure_watched
 from pytest_kimiperf.judge.baselines import BaselineView
+from pytest_kimiperf.judge.decide import Outcome, decide_test
 from pytest_kimiperf.judge.gate import FLOOR_METRIC, BootRun, Rules, judge
 from pytest_kimiperf.judge.in_session import InSessionRules
 from pytest_kimiperf.judge.sequential import profiles_to_book, session_plan
@@ -309,7 +310,8 @@ class PerfRecorder:
         return [] if seconds is None else [float(seconds)]
 
     def _finish(self, result: TestResult) -> TestResult:
+        outcome = decide_test(result, missing_baseline_fails=self.settings.missing_baseline_fails)
         self._publish(result)
-        if result.failures:
+        if outcome is not Outcome.PASSED:
             self._fail(joined(result.failures))  # what a failed perf test fails with, in one line
         return result

@@ -13,7 +13,7 @@ from pytest_kimiperf.numbers import fmt_change, fmt_value, json_safe
 from pytest_kimiperf.reports.answers import CompactRow
 from pytest_kimiperf.reports.json_report import comparison_json
 from pytest_kimiperf.reports.model import metric_heading
-from pytest_kimiperf.reports.outcome import UNRESOLVED_EXIT
+from pytest_kimiperf.judge.decide import UNRESOLVED_EXIT
 from pytest_kimiperf.reports.terminal_layout import Table
 
 SCREEN_ONLY = ("the runs of each group came from one live server (--same-server): each group is one boot, "

@@ -9,7 +9,7 @@ the group is one boot, pooled, and one boot can screen a change, never convict i
 server without a restart command, judge/gate.py): a change beyond the tolerance is UNRESOLVED.
 
 The exit status is the gate's: 0 passed, 1 a regression (or a run whose failed requests exceed
-the gate's share), :data:`reports.outcome.UNRESOLVED_EXIT` when the only findings are changes
+the gate's share), :data:`judge.decide.UNRESOLVED_EXIT` when the only findings are changes
 these files cannot convict.
 """
 
@@ -26,7 +26,7 @@ from pytest_kimiperf.judge.boot_summary import BootSummary, min_samples
 from pytest_kimiperf.judge.gate import MAX_FAILED_FRACTION
 from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind, band_log
-from pytest_kimiperf.reports.outcome import UNRESOLVED_EXIT
+from pytest_kimiperf.judge.decide import UNRESOLVED_EXIT
 
 PASSED_EXIT = 0
 REGRESSION_EXIT = 1  # pytest.ExitCode.TESTS_FAILED, as the gate's run exits for a regression

@@ -112,13 +112,13 @@ class Settings:
     def reference_profile(self) -> NcclProfile:
         """The profile others are compared with: the control (--kimiperf-control), else
         ``default`` when selected, else the first."""
-        for profile in self.profiles:
-            if profile.control_of:
-                return profile
-        for profile in self.profiles:
-            if profile.name == "default":
-                return profile
-        return self.profiles[0]
+        return next((p for p in self.profiles if p.control_of),
+                    next((p for p in self.profiles if p.name == "default"), self.profiles[0]))
+
+    @property
+    def missing_baseline_fails(self) -> bool:
+        """A metric without a baseline fails its test (``fail``; not while recording them)."""
+        return self.missing_baseline == "fail" and not self.update_baselines
 
 
 def read_pyproject_table(rootpath: Path) -> tuple[dict[str, Any], str]:

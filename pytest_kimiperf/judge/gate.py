@@ -27,9 +27,10 @@ from pytest_kimiperf.judge.notes import (
 )
 from pytest_kimiperf.judge.power import plan, wants_another_boot
 from pytest_kimiperf.judge.verdicts import (
-    BaselineLine, BaselineState, MetricResult, MissingBaselines, ResultWarning, TestResult, VerdictNote, WarningKind,
+    BaselineLine, BaselineState, MetricResult, ResultWarning, TestResult, VerdictNote, WarningKind,
 )
 from pytest_kimiperf.judge.changepoints import DEFAULT_HISTORIES
+from pytest_kimiperf.judge.decide import missing_baselines
 from pytest_kimiperf.judge.drift import drift_failures
 from pytest_kimiperf.judge.family import family_critical
 from pytest_kimiperf.judge.floors import FloorResult, floor_check
@@ -91,24 +92,6 @@ def judge_metric(
     return against_history(result, entry, current=current, spreads=spreads, canary=canary,
                            profile_env=profile_env, profile_args=profile_args, placements=placements,
                            critical=critical, histories=histories)
-
-
-def missing_baselines(result: TestResult) -> list[BaselineLine]:
-    """The baseline lines of the metrics that have no baseline on this hardware (under any
-    software versions): what ``--kimiperf-missing-baseline`` warns or fails on."""
-    return [m.baseline_line for m in result.metrics.values()
-            if m.baseline_line is not None and m.baseline_line.state.missing]
-
-
-def missing_baseline_failure(result: TestResult, *, fails: bool) -> MissingBaselines | None:
-    """Under ``--kimiperf-missing-baseline=fail`` (``fails``): the failure for the metrics
-    without a baseline, added to ``result.failures``; None when nothing is missing."""
-    missing = missing_baselines(result) if fails else []
-    if not missing:
-        return None
-    failure = MissingBaselines(tuple(missing))
-    result.failures.append(failure)
-    return failure
 
 
 def warning_kinds(result: TestResult, *, missing_baseline_fails: bool) -> list[ResultWarning]:

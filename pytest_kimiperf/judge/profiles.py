@@ -6,6 +6,7 @@ the reference profile (judge/in_session.py), or a candidate against its control
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.boot_summary import BootSummary
@@ -69,4 +70,48 @@ def compare_profiles(
                 current, ref, direction=Direction(mres.direction), tolerance=mres.tolerance,
                 rules=rules, metric=spec.label, unit=mres.unit,
             )))
+    return rows
+
+
+@dataclass(frozen=True)
+class ProfileComparison:
+    """One profile against the reference profile for one test and metric."""
+
+    test: str
+    metric: str
+    profile: str
+    reference_profile: str
+    comparison: Comparison | None
+    error: str | None = None  # why no comparison could be computed
+
+
+def profile_comparisons(
+    results: Sequence[TestResult], reference_profile: str, *, rules: InSessionRules = InSessionRules(),
+    control: bool = False,
+) -> list[ProfileComparison]:
+    """Each profile against the reference, per test and metric; invalid runs are left out.
+
+    A run the client could not trust (``invalid``) measured the client, not NCCL, so comparing it
+    would make a verdict out of noise. Each test is compared on its own so that one test whose
+    samples cannot be compared (a reference median of 0) does not take the others' tables away.
+    """
+    by_test: dict[str, list[TestResult]] = {}
+    for res in results:
+        if not res.invalid:
+            by_test.setdefault(res.test, []).append(res)
+    rows: list[ProfileComparison] = []
+    for test, group in by_test.items():
+        try:
+            compared = compare_profiles(group, reference_profile, rules=rules, control=control)
+        except ValueError as exc:
+            rows.extend(
+                ProfileComparison(test, metric, res.profile, reference_profile, None,
+                                  error=f"cannot compare: {exc}")
+                for res in group if res.profile != reference_profile for metric in res.metrics
+            )
+            continue
+        rows.extend(
+            ProfileComparison(test, metric, profile, reference_profile, comparison)
+            for test, metric, profile, comparison in compared
+        )
     return rows

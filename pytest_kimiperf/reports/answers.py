@@ -19,6 +19,7 @@ from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_value
 from pytest_kimiperf.reports.model import SessionReport, boot_label, metric_heading, profile_verdict
 from pytest_kimiperf.reports.sentences import say
+from pytest_kimiperf.judge.decide import Outcome, outcome_of
 
 def primary_of(results: Sequence[TestResult]) -> dict[str, str]:
     """Each test's primary metric, as its boots recorded it (TestResult.primary): the metric its
@@ -222,8 +223,9 @@ def _floor_line(report: SessionReport) -> str | None:
 
 def run_verdict(report: SessionReport) -> str:
     """``passed``, or ``FAILED`` with what failed it, as the run's answer opens."""
-    failed = sum(1 for res in report.results if res.failures and not res.invalid) + len(report.control_regressions())
-    invalid = sum(1 for res in report.results if res.invalid)
+    outcomes = [outcome_of(res) for res in report.results]  # as judge/decide.py decided each
+    failed = sum(o in (Outcome.FAILED, Outcome.UNRESOLVED) for o in outcomes) + len(report.control_regressions())
+    invalid = outcomes.count(Outcome.INVALID)
     parts = []
     if failed:
         parts.append(f"{failed} test boot{'s' * (failed != 1)} failed")

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, assert_never
+from typing import Any, assert_never
 
 from pytest_kimiperf.server.boot_account import BootAccount
 from pytest_kimiperf.judge.append import NotAppended
-from pytest_kimiperf.judge.profiles import compare_profiles
+from pytest_kimiperf.judge.decide import RunDecision
+from pytest_kimiperf.judge.profiles import ProfileComparison, profile_comparisons
 from pytest_kimiperf.judge.in_session import InSessionRules
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS
@@ -22,13 +23,10 @@ from pytest_kimiperf.reports.cells import BootFigure, boot_figure
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck
 from pytest_kimiperf.reports.sentences import baseline_line, warning_lines
 from pytest_kimiperf.roofline.inputs import RooflineReport
-from pytest_kimiperf.judge.stats import Comparison, VerdictKind
+from pytest_kimiperf.judge.stats import Comparison, Leaning, leaning
 from pytest_kimiperf.server.weight_cache import WeightCacheFacts
 
 
-# What the run wrote, by kind (SessionReport.outputs); each has its line in the terminal summary
-# (terminal_context.output_label, which names every kind).
-OutputKind = Literal["json", "markdown", "github_step_summary", "plots", "export"]
 
 @dataclass(frozen=True)
 class ProfileFacts:
@@ -58,18 +56,6 @@ class ProfileFacts:
     # The profile's server arguments, and the deployment arguments they replaced ("old -> new").
     profile_args: tuple[str, ...] = ()
     replaced_args: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class ProfileComparison:
-    """One profile against the reference profile for one test and metric."""
-
-    test: str
-    metric: str
-    profile: str
-    reference_profile: str
-    comparison: Comparison | None
-    error: str | None = None  # why no comparison could be computed
 
 
 @dataclass(frozen=True)
@@ -173,8 +159,8 @@ class SessionReport:
     baselines_update: BaselineUpdate | None = None
     # --kimiperf-append-on-pass: why this run appended nothing (None: it appended, or was not asked).
     not_appended: NotAppended | None = None
-    # what was written where: kind -> path
-    outputs: dict[OutputKind, str] = field(default_factory=dict)
+    # what was written where: kind (reports/outputs.py) -> path
+    outputs: dict[str, str] = field(default_factory=dict)
     plot_files: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     # the single-stream decode medians against the model's and hardware's ceilings
@@ -188,12 +174,12 @@ class SessionReport:
     # --kimiperf-control: the reference profile is the control (the recorded build, booted in this
     # session), and a REGRESSION against it fails the run.
     control: bool = False
+    # How the run ends (judge/decide.py), decided at session end before anything renders it.
+    decision: RunDecision | None = None
 
-    def control_regressions(self) -> list[ProfileComparison]:
-        """Under --kimiperf-control, the candidate's comparisons with its control that are a
-        REGRESSION: each fails the run (the in-session rule, judge/in_session.py)."""
-        return [r for r in self.profile_comparisons if r.comparison is not None
-                and r.comparison.verdict is VerdictKind.REGRESSION] if self.control else []
+    def control_regressions(self) -> tuple[ProfileComparison, ...]:
+        """The comparisons the decision found slower than the control (each failed the run)."""
+        return self.decision.control_regressions if self.decision is not None else ()
 
     def profile_names(self) -> list[str]:
         """Profiles in display order: the reference first, then as selected, then any others seen."""
@@ -381,38 +367,6 @@ def build_session_report(
     )
 
 
-def profile_comparisons(
-    results: Sequence[TestResult], reference_profile: str, *, rules: InSessionRules = InSessionRules(),
-    control: bool = False,
-) -> list[ProfileComparison]:
-    """Each profile against the reference, per test and metric; invalid runs are left out.
-
-    A run the client could not trust (``invalid``) measured the client, not NCCL, so comparing it
-    would make a verdict out of noise. Each test is compared on its own so that one test whose
-    samples cannot be compared (a reference median of 0) does not take the others' tables away.
-    """
-    by_test: dict[str, list[TestResult]] = {}
-    for res in results:
-        if not res.invalid:
-            by_test.setdefault(res.test, []).append(res)
-    rows: list[ProfileComparison] = []
-    for test, group in by_test.items():
-        try:
-            compared = compare_profiles(group, reference_profile, rules=rules, control=control)
-        except ValueError as exc:
-            rows.extend(
-                ProfileComparison(test, metric, res.profile, reference_profile, None,
-                                  error=f"cannot compare: {exc}")
-                for res in group if res.profile != reference_profile for metric in res.metrics
-            )
-            continue
-        rows.extend(
-            ProfileComparison(test, metric, profile, reference_profile, comparison)
-            for test, metric, profile, comparison in compared
-        )
-    return rows
-
-
 # -- cells shared by the terminal and Markdown tables -----------------------------------------
 
 
@@ -433,14 +387,13 @@ def profile_verdict(comparison: Comparison) -> str:
     The gate's "regression"/"improvement" speak of a change over time; between two NCCL profiles
     measured in the same session "worse"/"better" is what the data says.
     """
-    match kind := comparison.verdict:
-        case VerdictKind.REGRESSION:
+    # By the verdict's leaning (stats.leaning, which names every kind): a new kind needs no words here.
+    match lean := leaning(comparison.verdict):
+        case Leaning.WORSE:
             return "worse"
-        case VerdictKind.IMPROVEMENT:
+        case Leaning.BETTER:
             return "better"
-        case (VerdictKind.WITHIN_TOLERANCE | VerdictKind.NO_DETECTABLE_CHANGE | VerdictKind.CHANGED_SIZE_UNRESOLVED
-              | VerdictKind.INCONCLUSIVE | VerdictKind.INSUFFICIENT_SAMPLES | VerdictKind.NOT_COMPARABLE
-              | VerdictKind.NOT_JUDGED):
-            return str(kind.value)
+        case Leaning.NEITHER:
+            return str(comparison.verdict.value)
         case _:
-            assert_never(kind)
+            assert_never(lean)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, assert_never
 
-from pytest_kimiperf.judge.stats import Comparison, VerdictKind
+from pytest_kimiperf.judge.stats import Comparison, Leaning, leaning
 from pytest_kimiperf.numbers import fmt_change, fmt_ci
 from pytest_kimiperf.reports.answers import interval_level
 from pytest_kimiperf.reports.model import profile_verdict
@@ -39,17 +39,15 @@ class ChangeRow:
 
 def verdict_colour(comparison: Comparison) -> str:
     """Red for worse, green for better, grey for every verdict that found no direction."""
-    match kind := comparison.verdict:
-        case VerdictKind.REGRESSION:
+    match lean := leaning(comparison.verdict):  # stats.leaning names every kind
+        case Leaning.WORSE:
             return WORSE_COLOUR
-        case VerdictKind.IMPROVEMENT:
+        case Leaning.BETTER:
             return BETTER_COLOUR
-        case (VerdictKind.WITHIN_TOLERANCE | VerdictKind.NO_DETECTABLE_CHANGE | VerdictKind.CHANGED_SIZE_UNRESOLVED
-              | VerdictKind.INCONCLUSIVE | VerdictKind.INSUFFICIENT_SAMPLES | VerdictKind.NOT_COMPARABLE
-              | VerdictKind.NOT_JUDGED):
+        case Leaning.NEITHER:
             return NO_FINDING_COLOUR
         case _:
-            assert_never(kind)
+            assert_never(lean)
 
 
 def draw_changes(ax: Any, rows: Sequence[ChangeRow], *, reference: str, in_session: bool = True) -> None:

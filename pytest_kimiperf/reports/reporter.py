@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import os
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,12 +35,11 @@ from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.in_session import InSessionRules
 from pytest_kimiperf.judge.sequential import session_plan
 from pytest_kimiperf.judge.append import append_refusal
+from pytest_kimiperf.judge.decide import RunDecision
 from pytest_kimiperf.judge.baselines import baseline_entries
 from pytest_kimiperf.reports.sentences import not_recorded_line
 from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.measure.host_facts import current_git_branch, current_git_commit
-from pytest_kimiperf.reports.json_report import build_json_report, write_json_report
-from pytest_kimiperf.reports.markdown import render_markdown, write_markdown
 from pytest_kimiperf.reports.model import (
     BaselineUpdate,
     ProfileFacts,
@@ -49,6 +47,7 @@ from pytest_kimiperf.reports.model import (
     build_session_report,
 )
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck, check_server_log
+from pytest_kimiperf.reports.outputs import OutputContext, write_outputs
 from pytest_kimiperf.reports.next_step import missing_baseline_warning
 from pytest_kimiperf.reports.terminal import render_summary
 from pytest_kimiperf.roofline.inputs import build_roofline_report, decode_results
@@ -72,7 +71,6 @@ class RunFacts(Protocol):
     def weight_cache_facts(self) -> WeightCacheFacts | None: ...
 
 
-GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
 
 class TerminalWriter(Protocol):
@@ -145,24 +143,37 @@ class SessionReporter:
         """Whether this run measured or booted anything (else the reporter stays silent)."""
         return bool(self.results or self.run.server_records() is not None or self.worker_records)
 
-    def finish(self, *, passed: bool = False) -> bool:
-        """Session finish: write the baselines (--kimiperf-update-baselines, or append-on-pass when the
-        session ``passed``) and the reports asked for.
-
-        Returns False when the run fails here: an output could not be written (the message
-        kept for the summary), or under --kimiperf-control the candidate is slower than its
-        control (the summary lists each comparison)."""
+    def prepare(self) -> SessionReport | None:
+        """Session finish, first: the session's report (None for a run that is no perf run),
+        whose profile comparisons judge/decide.py weighs before anything is written."""
         if not self.has_work():
-            return True  # quiet when unused: a run without perf tests writes and imports nothing more
+            return None  # quiet when unused: a run without perf tests writes and imports nothing more
+        if not self.results and not self._records() and not self._asked():
+            return None  # not a perf run: say nothing, write nothing
         try:
-            self._write_outputs(passed=passed)
+            self.report = self.build_report(probe_fingerprint=bool(self.results) and self._asked())
+        except KimiperfError as exc:
+            self.output_errors.append(str(exc))
+        return self.report
+
+    def write(self, *, passed: bool) -> None:
+        """Session finish, then: write the baselines (--kimiperf-update-baselines, or append-on-pass
+        when the run ``passed``, as judge/decide.py decided) and the reports asked for. What cannot
+        be written is kept for the summary (:meth:`errors`); the rest is still written."""
+        if self.report is None:
+            return
+        try:
+            self._write_outputs(self.report, passed=passed)
         except KimiperfError as exc:  # before or beside the outputs the report lists
             self.output_errors.append(str(exc))
-            return False
-        return not (self.report is not None and (self.report.errors or self.report.control_regressions()))
 
-    def write_summary(self, terminal: TerminalWriter) -> None:
-        """Write the kimiperf part of pytest's terminal summary; never raises."""
+    def errors(self) -> list[str]:
+        """Everything that could not be written: each fails the run."""
+        return [*(self.report.errors if self.report is not None else []), *self.output_errors]
+
+    def write_summary(self, terminal: TerminalWriter, *, decision: RunDecision | None = None) -> None:
+        """Write the kimiperf part of pytest's terminal summary, ending with how the run ends
+        (``decision``); never raises."""
         if not self.has_work():
             return
         try:
@@ -170,7 +181,7 @@ class SessionReporter:
             if report is None and (self.results or self._records()):
                 report = self.build_report(probe_fingerprint=False)
             for line in render_summary(report, verbosity=int(getattr(terminal, "verbosity", 0)),
-                                       output_error="; ".join(self.output_errors) or None):
+                                       output_error="; ".join(self.output_errors) or None, decision=decision):
                 if line.sep is not None:
                     terminal.write_sep(line.sep, line.text, **line.markup)
                 else:
@@ -225,13 +236,13 @@ class SessionReporter:
         report.benchmark_rows_hidden = self.benchmark_rows_hidden
         return report
 
-    def _write_outputs(self, *, passed: bool) -> None:
+    def _asked(self) -> bool:
+        s = self.settings
+        return bool(s.update_baselines or s.append_on_pass or s.perf_json or s.perf_markdown or s.perf_plots
+                    or s.perf_export)
+
+    def _write_outputs(self, report: SessionReport, *, passed: bool) -> None:
         settings = self.settings
-        asked = bool(settings.update_baselines or settings.append_on_pass or settings.perf_json or settings.perf_markdown
-                     or settings.perf_plots or settings.perf_export)
-        if not self.results and not asked and not self._records():
-            return  # not a perf run: say nothing, write nothing
-        report = self.report = self.build_report(probe_fingerprint=bool(self.results) and asked)
         errors: list[str] = report.errors
         # The plots set this run beside the baseline it was judged against: read it before
         # --kimiperf-update-baselines replaces it.
@@ -243,7 +254,6 @@ class SessionReporter:
             except KimiperfError as exc:
                 errors.append(str(exc))
         elif settings.append_on_pass and self.results:
-            passed = passed and not report.control_regressions()
             report.not_appended = append_refusal(self.results, passed=passed, branch=current_git_branch(self.rootpath),
                                                  allowed=settings.append_on_pass)
             if report.not_appended is None:
@@ -252,57 +262,7 @@ class SessionReporter:
                 except KimiperfError as exc:
                     errors.append(str(exc))
 
-        if settings.perf_plots and self.results:
-            from pytest_kimiperf.reports.plots import render_plots
-
-            try:
-                files = render_plots(report, settings.perf_plots, baseline=judged_against)
-            except KimiperfError as exc:
-                errors.append(str(exc))
-            except Exception as exc:  # noqa: BLE001 - a drawing bug must not cost the JSON report
-                errors.append(f"drawing plots into {settings.perf_plots} failed: {type(exc).__name__}: {exc}")
-            else:
-                report.outputs["plots"] = str(settings.perf_plots)
-                report.plot_files = [str(path) for path in files]
-
-        markdown_targets: list[tuple[Path, bool, str]] = []
-        if settings.perf_markdown:
-            markdown_targets.append((settings.perf_markdown, False, "--kimiperf-markdown"))
-        step_summary = os.environ.get(GITHUB_STEP_SUMMARY)
-        # Only a run that measured something adds to the job summary: the plugin is loaded by every
-        # pytest run in the environment, and unit-test jobs should not get an empty perf section.
-        if step_summary and self.results:
-            markdown_targets.append((Path(step_summary), True, f"${GITHUB_STEP_SUMMARY}"))
-        if markdown_targets:
-            for path, append, _source in markdown_targets:
-                report.outputs["github_step_summary" if append else "markdown"] = str(path)
-            text = render_markdown(report)
-            for path, append, source in markdown_targets:
-                try:
-                    write_markdown(path, text, append=append, source=source)
-                except KimiperfError as exc:
-                    errors.append(str(exc))
-                    report.outputs.pop("github_step_summary" if append else "markdown", None)
-
-        if settings.perf_export is not None and self.results:
-            from pytest_kimiperf.reports.export import write_exports
-
-            try:
-                write_exports(report, settings.perf_export, detailed=settings.perf_export_detailed)
-            except KimiperfError as exc:
-                errors.append(str(exc))
-            else:
-                report.outputs["export"] = str(settings.perf_export)
-
-        if settings.perf_json:
-            report.outputs["json"] = str(settings.perf_json)
-            data = build_json_report(report)
-            self.update_json(data)
-            try:
-                write_json_report(settings.perf_json, data)
-            except KimiperfError as exc:
-                errors.append(str(exc))
-                report.outputs.pop("json", None)
+        write_outputs(report, OutputContext(settings, judged_against=judged_against, update_json=self.update_json))
 
     def _update_baselines(self, *, on_pass: bool = False) -> BaselineUpdate:
         settings = self.settings

@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 import textwrap
 from collections.abc import Mapping, Sequence
+from typing import assert_never
 
+from pytest_kimiperf.judge.decide import RunDecision, RunEnd
 from pytest_kimiperf.judge.in_session import INTERVAL_LEGEND
 from pytest_kimiperf.judge.floors import FloorResult
 from pytest_kimiperf.judge.stats import VerdictKind
@@ -60,11 +62,12 @@ def render_summary(
     *,
     verbosity: int,
     output_error: str | None = None,
+    decision: RunDecision | None = None,
 ) -> list[TerminalLine]:
     """The summary's lines: the answers first, then one compact row per metric and profile;
     ``-v`` adds every boot, the baselines' detail, the floor, the roofline and the server's view
     (the Markdown and JSON reports always hold them); ``-q`` keeps the verdicts and anything
-    alarming."""
+    alarming. Last, an exit status of the plugin's own, when the ``decision`` gave one."""
     lines: list[TerminalLine] = []
     quiet = verbosity <= QUIET
     if report is not None and report.results:
@@ -102,7 +105,29 @@ def render_summary(
         # Last, where the eye lands: what the run judged and what to do next.
         lines.append(TerminalLine("kimiperf: what this run showed", sep="="))
         lines.extend(wrapped(outcome, indent=0))
+    if decision is not None and (end := end_line(decision)) is not None:
+        lines.append(TerminalLine(end))
     return lines
+
+
+def end_line(decision: RunDecision) -> str | None:
+    """The terminal's last word on a run that ends with an exit status of the plugin's own
+    (judge/decide.py); None for every other end."""
+    match decision.end:
+        case RunEnd.ONLY_UNRESOLVED:
+            tests = decision.unresolved_tests
+            return (f"kimiperf: every failure was UNRESOLVED ({tests} test{'s' * (tests != 1)}: a change beyond the "
+                    "tolerance that one boot of an attached server cannot convict): exit status "
+                    f"{decision.exit_status}; give the deployment a restart_command so the run can take more boots")
+        case RunEnd.ONLY_INVALID:
+            tests = decision.invalid_tests
+            return (f"kimiperf: every failure was an INVALID measurement ({tests} test{'s' * (tests != 1)}: a busy "
+                    f"host or a client-bound load, nothing learned about the build): exit status "
+                    f"{decision.exit_status} (EX_TEMPFAIL), rerun on a quiet runner")
+        case RunEnd.PYTEST | RunEnd.CONTROL_REGRESSION | RunEnd.OUTPUT_ERROR:
+            return None
+        case _:
+            assert_never(decision.end)
 
 
 def _full_sections(report: SessionReport) -> list[TerminalLine]:

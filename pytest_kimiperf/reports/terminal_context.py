@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Mapping
-from typing import assert_never, get_args
 
 from pytest_kimiperf.numbers import fmt_value
-from pytest_kimiperf.reports.model import OutputKind, SessionReport
+from pytest_kimiperf.reports.model import SessionReport
+from pytest_kimiperf.reports.outputs import output_labels
 from pytest_kimiperf.reports.nccl_check import APPLIED, DIFFERENT, NOT_SEEN
 from pytest_kimiperf.reports.sentences import say
 from pytest_kimiperf.reports.terminal_layout import (
@@ -148,10 +148,10 @@ def servers_and_files(report: SessionReport, *, quiet: bool, verbose: bool = Tru
         if verbose and not quiet:
             lines.append(TerminalLine(wc.summary()))
     if not quiet:
-        for key in get_args(OutputKind):
+        for key, label in output_labels().items():  # each format's own label (reports/outputs.py)
             if key in report.outputs:
                 extra = f" ({plural(len(report.plot_files), 'PNG file')})" if key == "plots" else ""
-                lines.append(TerminalLine(f"{output_label(key)}: {report.outputs[key]}{extra}"))
+                lines.append(TerminalLine(f"{label}: {report.outputs[key]}{extra}"))
         if report.benchmark_rows_hidden and verbose:
             lines.extend(wrapped(
                 f"pytest-benchmark: its table leaves out {plural(report.benchmark_rows_hidden, 'perf test')} "
@@ -179,20 +179,3 @@ def servers_and_files(report: SessionReport, *, quiet: bool, verbose: bool = Tru
         out.append(TerminalLine("kimiperf: server trouble", sep="!", markup=LOUD))
         out.extend(loud)
     return out
-
-
-def output_label(kind: OutputKind) -> str:
-    """What the summary calls an output the run wrote."""
-    match kind:
-        case "json":
-            return "JSON report"
-        case "markdown":
-            return "Markdown summary"
-        case "github_step_summary":
-            return "Markdown appended to $GITHUB_STEP_SUMMARY"
-        case "plots":
-            return "plots"
-        case "export":
-            return "vLLM bench serve results"
-        case _:
-            assert_never(kind)

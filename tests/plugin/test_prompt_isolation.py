@@ -96,6 +96,7 @@ def test_prompt_seed_is_a_non_negative_int64() -> None:
 
 def _recorder(tmp_path: Path, *, boot: int = 1) -> PerfRecorder:
     settings = SimpleNamespace(deployment=TINY_CPU, perf_strict=False, boots=1, max_boots=1, control=False,
+                               missing_baseline_fails=False,
                                profiles=(SimpleNamespace(name="default"),))
     server = ServerHandle(base_url="http://127.0.0.1:9", model="m", deployment="tiny-cpu", profile="ring-ll",
                           log_path=None)

@@ -25,12 +25,12 @@ LAYERS: dict[str, int] = {
     "judge": 4,
     "roofline": 5,
     "reports": 6,
-    "session": 7, "recorder": 7, "xdist_scheduling": 7, "fixtures": 7, "plugin": 7, "node_agent": 7,
+    "session": 7, "recorder": 7, "hooks": 7, "xdist_scheduling": 7, "fixtures": 7, "plugin": 7, "node_agent": 7,
     "merge_driver": 7, "history_steps": 7, "reference": 7,
     # `kimiperf compare` (python -m pytest_kimiperf compare): reads other tools' files, judges, renders.
     "compare": 7, "__main__": 7,
 }
-PYTEST_GLUE = {"plugin", "fixtures", "hookspec", "warning_types", "xdist_scheduling"}
+PYTEST_GLUE = {"plugin", "hooks", "fixtures", "hookspec", "warning_types", "xdist_scheduling"}
 MAX_LINES = 470
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pytest_kimiperf.compare.cli import USAGE_EXIT, main
-from pytest_kimiperf.reports.outcome import UNRESOLVED_EXIT
+from pytest_kimiperf.judge.decide import UNRESOLVED_EXIT
 from tests.helpers import DATA, ROOT
 
 VLLM = DATA / "compare" / "vllm"

@@ -55,3 +55,25 @@ def test_a_verdict_kind_a_branch_forgets_fails_the_type_check(module: str, arm: 
     said, status = _mypy(module, forgetful, cache)
     assert status == 1, said
     assert '"assert_never"' in said and f"VerdictKind.{kind}" in said, said
+
+
+# Where a new verdict kind must be placed: its leaning beside the enum (every word and colour that
+# only tells worse from better follows from it), what the gate does with it, and its sentence.
+BRANCHING_ON_KINDS = {"pytest_kimiperf/judge/stats.py", "pytest_kimiperf/judge/gate.py",
+                      "pytest_kimiperf/reports/sentences.py"}
+
+
+def _matches_on_kinds(path: Path) -> bool:
+    import ast
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.match_case):
+            for sub in ast.walk(node.pattern):
+                if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "VerdictKind":
+                    return True
+    return False
+
+
+def test_a_new_verdict_kind_is_placed_in_three_files() -> None:
+    branching = {str(p.relative_to(ROOT)) for p in (ROOT / "pytest_kimiperf").rglob("*.py") if _matches_on_kinds(p)}
+    assert branching == BRANCHING_ON_KINDS

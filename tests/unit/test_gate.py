@@ -13,7 +13,8 @@ from pytest_kimiperf.judge import baselines
 from pytest_kimiperf.judge.baselines import BaselineView
 from pytest_kimiperf.judge import boots
 from pytest_kimiperf.judge.fingerprint import Fingerprint
-from pytest_kimiperf.judge.gate import BootRun, Judgement, Rules, judge, missing_baselines
+from pytest_kimiperf.judge.decide import missing_baselines
+from pytest_kimiperf.judge.gate import BootRun, Judgement, Rules, judge
 from pytest_kimiperf.reports.sentences import comparison_line, say, say_all, unresolved_text
 from pytest_kimiperf.judge.verdicts import TestResult, VerdictNote
 from pytest_kimiperf.judge.stats import VerdictKind

@@ -67,7 +67,7 @@ def _recorder(tmp_path: Path, failures: list[str], published: list[Any], *, boot
               ledger: BootLedger | None = None, deployment: Any = NOISY, boots: int = 1,
               account: BootAccount | None = None) -> PerfRecorder:
     view = BaselineView(tmp_path, "tiny-cpu", FP)
-    settings = SimpleNamespace(deployment=deployment, perf_strict=False, boots=boots,
+    settings = SimpleNamespace(deployment=deployment, perf_strict=False, boots=boots, missing_baseline_fails=False,
                                max_boots=max(deployment.max_boots, boots), control=False,
                                profiles=(SimpleNamespace(name="default"),))
     server = ServerHandle(base_url="http://127.0.0.1:9", model="m", deployment="tiny-cpu", profile="default",

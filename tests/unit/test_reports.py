@@ -627,7 +627,7 @@ from pathlib import Path
 import pytest
 
 from pytest_kimiperf.judge.verdicts import TestResult
-from pytest_kimiperf.plugin import RESULT_KEY
+from pytest_kimiperf.fixtures import RESULT_KEY
 
 RESULTS = json.loads(Path(__file__).with_name("results.json").read_text())
 

@@ -12,7 +12,7 @@ from pytest_kimiperf.config.options import perf_run_requested
 from pytest_kimiperf.config.settings import RawOption
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.boots import BootSlot, group_by_slot, schedule
-from pytest_kimiperf.judge.gate import missing_baseline_failure
+from pytest_kimiperf.judge.decide import Outcome, decide_test
 from pytest_kimiperf.reports.sentences import say
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult, TestResult
 
@@ -67,12 +67,13 @@ def _result(line: BaselineLine | None) -> TestResult:
 
 def test_a_missing_baseline_fails_only_when_asked_and_the_failure_is_kept() -> None:
     missing = BaselineLine(BaselineState.MISSING, "decode tok/s", fingerprint="fingerprint abc")
-    assert missing_baseline_failure(_result(missing), fails=False) is None
-    judged = BaselineLine(BaselineState.JUDGED, "decode tok/s")
-    assert missing_baseline_failure(_result(judged), fails=True) is None
+    warned = _result(missing)
+    assert decide_test(warned, missing_baseline_fails=False) is Outcome.PASSED and warned.failures == []
+    judged = _result(BaselineLine(BaselineState.JUDGED, "decode tok/s"))
+    assert decide_test(judged, missing_baseline_fails=True) is Outcome.PASSED and judged.failures == []
     result = _result(missing)
-    failure = missing_baseline_failure(result, fails=True)
-    assert failure is not None and say(failure) == (
+    assert decide_test(result, missing_baseline_fails=True) is Outcome.FAILED
+    [failure] = result.failures
+    assert say(failure) == (
         "missing baseline (--kimiperf-missing-baseline=fail): decode tok/s: no baseline for this "
         "hardware (fingerprint abc): run --kimiperf-update-baselines")
-    assert result.failures == [failure]

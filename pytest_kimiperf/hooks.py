@@ -1,0 +1,320 @@
+"""The session object: one :class:`KimiperfSession` per pytest process, and pytest's hooks as its methods.
+
+As pytest-xdist's ``DSession`` and junitxml's ``LogXML``: ``plugin.pytest_configure`` validates the
+settings, makes the object and registers it; everything the run holds lives in it:
+
+- ``run``: the perf tests' resources of this process (session.py: servers, fingerprint, baselines,
+  boots), which the fixtures and the recorder use;
+- ``reporter``: the results and everything written from them (reports/reporter.py; the xdist
+  controller only, made on first use, so a run without perf tests imports no report);
+- ``failed``: each failed test's outcome, and ``decision``: how the run ends (judge/decide.py).
+
+The hooks only connect pytest to those parts. On an xdist worker the controller's hooks (results,
+files, the summary) do nothing: only the controller writes files.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_kimiperf import xdist_scheduling
+from pytest_kimiperf.config.options import perf_run_requested, read_raw_options
+from pytest_kimiperf.errors import ConfigError
+from pytest_kimiperf.fixtures import PROFILE_FIXTURE, RESULT_KEY, SERVER_FIXTURE, TOLERANCES_KEY, is_worker, slot_of
+from pytest_kimiperf.judge.decide import FailedTests, RunDecision, decide_run, failed_outcome
+from pytest_kimiperf.session import FAILURE_LOG_LINES, VERBOSE_FAILURE_LOG_LINES, PerfSession
+from pytest_kimiperf.warning_types import OneSessionHistoryWarning
+
+if TYPE_CHECKING:
+    from pytest_kimiperf.config.settings import Settings
+    from pytest_kimiperf.reports.reporter import SessionReporter
+
+
+class KimiperfSession:
+    """The run's state (settings, servers, results, failures, the decision) and its hooks."""
+
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.config = config
+        self.run = PerfSession(settings=settings)
+        self.worker = is_worker(config)
+        self.failed = FailedTests()
+        self.decision: RunDecision | None = None
+        self._reporter: SessionReporter | None = None
+
+    @property
+    def settings(self) -> Settings:
+        return self.run.settings
+
+    @property
+    def reporter(self) -> SessionReporter:
+        """The controller's session reporter, made on first use."""
+        if self._reporter is None:
+            from pytest_kimiperf.reports.reporter import SessionReporter
+
+            config = self.config
+            self._reporter = SessionReporter(
+                run=self.run, rootpath=Path(config.rootpath),
+                update_json=lambda report: config.hook.pytest_kimiperf_update_json(config=config, report=report),
+                invocation=tuple(config.invocation_params.args))
+        return self._reporter
+
+    def close(self) -> None:
+        """Stop every server (idempotent)."""
+        self.run.close()
+
+    # -- the header and collection -----------------------------------------------------------
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        """The settings in effect: deployment, profiles with their environment, server mode."""
+        from pytest_kimiperf.reports.header import settings_lines
+
+        lines = settings_lines(self.settings, os.environ)
+        if perf_run_requested(read_raw_options(config.getoption, config.getini)) and not self.worker:
+            # The fingerprint probes the GPUs; a run that did not ask for perf settings stays
+            # quiet (if it collects perf tests, the lines come after collection instead).
+            lines.extend(self._fingerprint_lines())
+        return lines
+
+    def _fingerprint_lines(self) -> list[str]:
+        from pytest_kimiperf.reports.header import fingerprint_lines
+
+        run = self.run
+        run.fingerprint_shown = True
+        view = run.baseline_view()
+        return fingerprint_lines(run.fingerprint(), view.path, deployment=run.settings.deployment,
+                                 span=view.span(), host=run.host())
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        """Every test that needs the server runs once per selected NCCL profile and boot slot
+        (planned boots always, boots on demand only when an earlier boot asked for them)."""
+        if SERVER_FIXTURE not in metafunc.fixturenames:
+            return
+        slots = self.run.schedule()
+        metafunc.parametrize(PROFILE_FIXTURE, slots, indirect=True, scope="session", ids=[slot.id for slot in slots])
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """After every plugin's reordering (--ff and --lf reorder in a hook wrapper registered
+        after this plugin, so even a wrapper here runs too early), run each profile's tests
+        together: pytest boots a session fixture again whenever its parameter changes back, and
+        for Kimi each boot is a 36-minute load. First, so an xdist worker reports this order."""
+        run = self.run
+        if any(slot_of(item) is not None for item in session.items):
+            from pytest_kimiperf.judge.boots import group_by_slot, strip_slot
+
+            group_by_slot(session.items, slot_of, run.schedule())
+            run.collected = frozenset((strip_slot(i.nodeid, s.id), s.name) for i in session.items if (s := slot_of(i)))
+        if (not run.fingerprint_shown and not self.worker
+                and any(SERVER_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items)):
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            lines = self._fingerprint_lines()
+            if reporter is not None:
+                for line in lines:
+                    reporter.write_line(line)
+
+    def pytest_itemcollected(self, item: pytest.Item) -> None:
+        """Perf tests (those that use the server) carry the ``kimiperf`` marker, so ``-m "not
+        kimiperf"`` runs the rest; with pytest-timeout their timeout covers the test's own call,
+        never the boot in their setup (a Kimi load takes 36 minutes)."""
+        if SERVER_FIXTURE not in getattr(item, "fixturenames", ()):
+            return
+        if item.get_closest_marker("kimiperf") is None:
+            item.add_marker(pytest.mark.kimiperf)
+        if item.config.pluginmanager.hasplugin("timeout") and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(func_only=True))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """Under xdist, list the server tests. The hardware is checked by the first selected perf
+        test's setup, so a run that deselects them, or only collects, never depends on it."""
+        run = self.run
+        perf_items = [item for item in items if SERVER_FIXTURE in getattr(item, "fixturenames", ())]
+        run.remote_worker = not xdist_scheduling.note_server_tests(config, (item.nodeid for item in perf_items))
+        if perf_items and not self.worker:
+            for warning in run.topology_warnings():
+                config.issue_config_time_warning(pytest.PytestConfigWarning(f"kimiperf: {warning}"), stacklevel=2)
+            if (history := run.history_warning()) is not None:
+                config.issue_config_time_warning(OneSessionHistoryWarning(f"kimiperf: {history}"), stacklevel=2)
+
+    # -- running a perf test -------------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        """Check the test's kimiperf marker before its fixtures run (a typo must not cost a boot)."""
+        if "perf" in getattr(item, "fixturenames", ()):
+            item.stash[TOLERANCES_KEY] = _marker_tolerances(item)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+        """A boot on demand that no earlier boot asked for does not run at all: no boot, no
+        report (it is not a skipped check, it is a confirmation nobody needed)."""
+        slot = slot_of(item)
+        if slot is None or slot.boot == 1:
+            return None
+        from pytest_kimiperf.judge.boots import strip_slot
+
+        needed, _why = self.run.ledger().needed(strip_slot(item.nodeid, slot.id), slot, self.settings.boots)
+        if needed:
+            return None
+        _tear_down_to(item, nextitem)
+        return True
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
+        """After a perf test passed: its warnings become pytest warnings of the plugin's classes
+        (so ``filterwarnings = error::...`` escalates them)."""
+        __tracebackhide__ = True  # an escalated warning reads as its message, not as this hook's code
+        outcome = yield
+        result = item.stash.get(RESULT_KEY, None) if "perf" in getattr(item, "fixturenames", ()) else None
+        if result is None:
+            return outcome
+        from pytest_kimiperf.judge import gate, verdicts
+        from pytest_kimiperf.reports.sentences import say
+        from pytest_kimiperf.warning_types import CLASS_OF
+
+        fails = self.settings.missing_baseline_fails
+        for warning in gate.warning_kinds(result, missing_baseline_fails=fails):
+            if warning.kind is not verdicts.WarningKind.MISSING_BASELINE:  # said once, at session end
+                warnings.warn(CLASS_OF[warning.kind.value](f"kimiperf: {say(warning.note)}"), stacklevel=1)
+        return outcome
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+        """Attach the test's perf result and, on failure, the server log tail to its report."""
+        report = yield
+        if report.when == "call" and RESULT_KEY in item.stash:
+            report.kimiperf = item.stash[RESULT_KEY].to_json()
+        slot = slot_of(item) if report.failed else None
+        lines = VERBOSE_FAILURE_LOG_LINES if item.config.get_verbosity() > 0 else FAILURE_LOG_LINES
+        section = self.run.server_log_tail(slot.name, lines=lines, failure=str(report.longrepr)) if slot else None
+        report.sections.extend([section] if section is not None else [])
+        return report
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_kimiperf_update_json(self, config: pytest.Config, report: dict[str, Any]) -> None:
+        """The JSON report's deployment carries the resolved command its servers ran (booted
+        servers only: an attached server's command is not known here)."""
+        if not self.settings.external and isinstance(report.get("deployment"), dict):
+            from pytest_kimiperf.config.deployments import describe_command
+
+            report["deployment"].setdefault("server_command", describe_command(self.settings.deployment))
+
+    # -- the controller: results, files and the answer -----------------------------------------
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Keep the perf result of each test's call phase, and each failure's outcome. On the
+        process that writes files, as junitxml's LogXML: workers' reports reach it serialized."""
+        if self.worker:
+            return
+        result = getattr(report, "kimiperf", None)
+        if result is not None and report.when == "call":
+            self.reporter.add_result(result)
+        if report.failed:
+            self.failed.add(report.nodeid, failed_outcome(report.when, report.user_properties))
+
+    @pytest.hookimpl(wrapper=True, optionalhook=True)
+    def pytest_benchmark_group_stats(self, config: pytest.Config, benchmarks: list[dict[str, Any]],
+                                     group_by: str) -> Generator[None, list[Any], list[Any]]:
+        """The groups pytest-benchmark's table prints, without the kimiperf scenarios' one-round
+        rows (reports/benchmark_bridge.py says why)."""
+        groups = list((yield))
+        if self.worker:
+            return groups
+        from pytest_kimiperf.reports.benchmark_bridge import without_scenario_rows
+
+        groups, hidden = without_scenario_rows(groups)
+        if hidden:
+            self.reporter.benchmark_rows_hidden += hidden
+        return groups
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_benchmark_update_machine_info(self, config: pytest.Config, machine_info: dict[str, Any]) -> None:
+        """Add ``machine_info["kimiperf"]``: the fingerprint the perf tests ran on."""
+        if self.worker:
+            return
+        from pytest_kimiperf.reports.benchmark_bridge import add_fingerprint
+
+        add_fingerprint(machine_info, self.run.known_fingerprint())
+
+    def _has_perf_work(self) -> bool:
+        # A run without perf tests stays quiet: it writes and imports nothing more.
+        return self._reporter is not None or self.run.server_records() is not None
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """Stop servers; on the controller decide how the run ends, then write baselines and reports."""
+        self.close()
+        if self.worker:
+            records = self.run.server_records()
+            if records is not None:
+                self.config.workeroutput[xdist_scheduling.WORKEROUTPUT_KEY] = [  # type: ignore[attr-defined]
+                    rec.to_json() for rec in records.values()]
+            return
+        if not self._has_perf_work():
+            return
+        reporter = self.reporter
+        report = reporter.prepare()
+        comparisons = report.profile_comparisons if report is not None else []
+
+        def decide(errors: list[str]) -> RunDecision:
+            return decide_run(int(exitstatus), self.failed, comparisons=comparisons, control=self.settings.control,
+                              errors=errors)
+
+        # Whether it passed, as --kimiperf-append-on-pass asks, before the files: then again with
+        # whatever writing them found.
+        reporter.write(passed=decide([]).passed)
+        errors = reporter.errors()
+        if (missing := reporter.missing_baseline_warning()) is not None:
+            from pytest_kimiperf.warning_types import MissingBaselineWarning
+
+            # One warning for the session, in pytest's warnings summary, located at the baseline file it
+            # did not find; escalated by filterwarnings, it fails the run, not a test.
+            where = report.baselines_path if report is not None else None
+            try:
+                warnings.warn_explicit(MissingBaselineWarning(f"kimiperf: {missing}"), MissingBaselineWarning,
+                                       filename=where or "baselines", lineno=1)
+            except MissingBaselineWarning as exc:
+                error = f"MissingBaselineWarning (an error by -W or filterwarnings): {exc}"
+                reporter.add_output_error(error)
+                errors.append(error)
+        self.decision = decide(errors)
+        if reporter.report is not None:
+            reporter.report.decision = self.decision
+        session.exitstatus = self.decision.exit_status
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter, exitstatus: int,
+                                config: pytest.Config) -> None:
+        """The answer on one screen: profile comparison, baseline verdicts, floors, where files went."""
+        if self.worker or not self._has_perf_work():
+            return
+        self.reporter.write_summary(terminalreporter, decision=self.decision)
+
+
+def _marker_tolerances(item: pytest.Item) -> dict[str, float]:
+    """The test's ``@pytest.mark.kimiperf(tolerances=...)``, checked; a bad one fails the test."""
+    from pytest_kimiperf.config.deployment_tables import marker_tolerances
+
+    marker = item.get_closest_marker("kimiperf")
+    try:
+        return marker_tolerances(marker.args, marker.kwargs, f"@pytest.mark.kimiperf on {item.nodeid}") if marker else {}
+    except ConfigError as exc:
+        raise pytest.fail.Exception(str(exc), pytrace=False) from None
+
+
+def _tear_down_to(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Finish what the item before this unrun one left set up for it (it tore down only to this
+    one's module), or a next item in another module finds it "not torn down properly". As
+    pytest's own runner does, through the SetupState, which has no public handle: the teardown
+    hook would run every plugin's teardown for an item never set up."""
+    call = pytest.CallInfo.from_call(
+        lambda: item.session._setupstate.teardown_exact(nextitem), when="teardown")  # noqa: SLF001
+    if call.excinfo is not None:  # a module or session fixture's teardown failed: report it here
+        item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        item.ihook.pytest_runtest_logreport(report=item.ihook.pytest_runtest_makereport(item=item, call=call))
+        item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
