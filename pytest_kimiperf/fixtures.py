@@ -18,7 +18,6 @@ import pytest
 from pytest_kimiperf import xdist_scheduling
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.errors import KimiperfError
-from pytest_kimiperf.judge.decide import OUTCOME_PROPERTY, Outcome, outcome_of
 from pytest_kimiperf.session import PerfSession
 
 if TYPE_CHECKING:
@@ -121,6 +120,8 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
     tolerances = item.stash.get(TOLERANCES_KEY, {})
 
     def publish(result: TestResult) -> None:
+        from pytest_kimiperf.judge.decide import OUTCOME_PROPERTY, Outcome, outcome_of
+
         item.stash[RESULT_KEY] = result
         item.user_properties.extend((f"median_{metric}", median) for metric, median in result.medians().items())
         outcome = outcome_of(result)  # the recorder decided it (judge/decide.py)

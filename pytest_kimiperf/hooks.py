@@ -27,12 +27,12 @@ from pytest_kimiperf import xdist_scheduling
 from pytest_kimiperf.config.options import perf_run_requested, read_raw_options
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.fixtures import PROFILE_FIXTURE, RESULT_KEY, SERVER_FIXTURE, TOLERANCES_KEY, is_worker, slot_of
-from pytest_kimiperf.judge.decide import FailedTests, RunDecision, decide_run, failed_outcome
 from pytest_kimiperf.session import FAILURE_LOG_LINES, VERBOSE_FAILURE_LOG_LINES, PerfSession
 from pytest_kimiperf.warning_types import OneSessionHistoryWarning
 
 if TYPE_CHECKING:
     from pytest_kimiperf.config.settings import Settings
+    from pytest_kimiperf.judge.decide import FailedTests, RunDecision
     from pytest_kimiperf.reports.reporter import SessionReporter
 
 
@@ -43,7 +43,7 @@ class KimiperfSession:
         self.config = config
         self.run = PerfSession(settings=settings)
         self.worker = is_worker(config)
-        self.failed = FailedTests()
+        self.failed: FailedTests | None = None  # made at the first failure (judge/ imports numpy)
         self.decision: RunDecision | None = None
         self._reporter: SessionReporter | None = None
 
@@ -70,8 +70,11 @@ class KimiperfSession:
 
     # -- the header and collection -----------------------------------------------------------
 
+    @pytest.hookimpl(trylast=True)
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
-        """The settings in effect: deployment, profiles with their environment, server mode."""
+        """The settings in effect: deployment, profiles with their environment, server mode. Last
+        called, so first shown (pytest prints the answers in reverse): before a conftest's lines,
+        as when the hook was the entry point's own."""
         from pytest_kimiperf.reports.header import settings_lines
 
         lines = settings_lines(self.settings, os.environ)
@@ -216,6 +219,9 @@ class KimiperfSession:
         if result is not None and report.when == "call":
             self.reporter.add_result(result)
         if report.failed:
+            from pytest_kimiperf.judge.decide import FailedTests, failed_outcome
+
+            self.failed = self.failed or FailedTests()
             self.failed.add(report.nodeid, failed_outcome(report.when, report.user_properties))
 
     @pytest.hookimpl(wrapper=True, optionalhook=True)
@@ -258,12 +264,15 @@ class KimiperfSession:
             return
         if not self._has_perf_work():
             return
+        from pytest_kimiperf.judge.decide import FailedTests, decide_run
+
         reporter = self.reporter
         report = reporter.prepare()
+        failed = self.failed or FailedTests()
         comparisons = report.profile_comparisons if report is not None else []
 
         def decide(errors: list[str]) -> RunDecision:
-            return decide_run(int(exitstatus), self.failed, comparisons=comparisons, control=self.settings.control,
+            return decide_run(int(exitstatus), failed, comparisons=comparisons, control=self.settings.control,
                               errors=errors)
 
         # Whether it passed, as --kimiperf-append-on-pass asks, before the files: then again with
@@ -288,9 +297,11 @@ class KimiperfSession:
             reporter.report.decision = self.decision
         session.exitstatus = self.decision.exit_status
 
+    @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter, exitstatus: int,
                                 config: pytest.Config) -> None:
-        """The answer on one screen: profile comparison, baseline verdicts, floors, where files went."""
+        """The answer on one screen: profile comparison, baseline verdicts, floors, where files
+        went. Last, after every other plugin's part, where the eye lands."""
         if self.worker or not self._has_perf_work():
             return
         self.reporter.write_summary(terminalreporter, decision=self.decision)
