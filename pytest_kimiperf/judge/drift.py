@@ -16,8 +16,9 @@ it falls). A line, not the last night against the anchor alone: the anchor's own
 effect, which no later night re-draws, would otherwise stand in every comparison (a 1% session
 spread alone keeps a level test from telling 3% from 6% with a one-session anchor), while a
 slope sees it once, at its leverage. A step
-(a change landed in one night and stayed) fits a line too, less well: the residual spread,
-which floors the noise where it exceeds the declared, says so.
+(a change landed in one night and stayed) fits a line too, less well: the residual spread of the
+nights before the one judged, which floors the noise where it exceeds the declared, says so.
+The night judged is left out of it, so a worse night never widens its own bound.
 """
 
 from __future__ import annotations
@@ -113,12 +114,8 @@ def _line(points: Sequence[tuple[float, float, float]], *, direction: Direction,
     y_mean = sum(w * y for w, (_, y, _) in zip(weights, points)) / total
     sxx = sum(w * (t - t_mean) ** 2 for w, (t, _, _) in zip(weights, points))
     slope = sum(w * (t - t_mean) * (y - y_mean) for w, (t, y, _) in zip(weights, points)) / sxx
-    # The declared levels are a floor the residuals raise (weighted mean square about the line).
-    scale = 1.0
-    if len(points) >= MIN_POINTS_MEASURED:
-        resid = sum(w * (y - y_mean - slope * (t - t_mean)) ** 2 for w, (t, y, _) in zip(weights, points))
-        scale = max(1.0, resid / (len(points) - 2))
     span = points[-1][0]
+    scale = _residual_scale(points[:-1])
     cumulative = slope * span
     se = math.sqrt(scale / sxx) * span
     gain = cumulative if direction is Direction.HIGHER_IS_BETTER else -cumulative
@@ -130,6 +127,24 @@ def _line(points: Sequence[tuple[float, float, float]], *, direction: Direction,
     last_gain = last if direction is Direction.HIGHER_IS_BETTER else -last
     failed = gain < -band_log(tolerance) and gain + z * se < 0.0 and last_gain < -band_log(tolerance)
     return Drift(math.expm1(gain), math.expm1(gain + z * se), int(span), failed)
+
+
+def _residual_scale(points: Sequence[tuple[float, float, float]]) -> float:
+    """How much the residuals about a weighted line through ``points`` raise the declared
+    variance (at least 1: the declared levels are a floor), from :data:`MIN_POINTS_MEASURED`
+    points on. Measured without the last point, the night being judged: a worse night that
+    widened the bound it is judged by could clear a drift the better night failed, and moving
+    the run's boots the bad way must never give a better verdict."""
+    if len(points) < MIN_POINTS_MEASURED:
+        return 1.0
+    weights = [1.0 / v for _, _, v in points]
+    total = sum(weights)
+    t_mean = sum(w * t for w, (t, _, _) in zip(weights, points)) / total
+    y_mean = sum(w * y for w, (_, y, _) in zip(weights, points)) / total
+    sxx = sum(w * (t - t_mean) ** 2 for w, (t, _, _) in zip(weights, points))
+    slope = sum(w * (t - t_mean) * (y - y_mean) for w, (t, y, _) in zip(weights, points)) / sxx
+    resid = sum(w * (y - y_mean - slope * (t - t_mean)) ** 2 for w, (t, y, _) in zip(weights, points))
+    return max(1.0, resid / (len(points) - 2))
 
 
 def drift_failures(result: TestResult, base_file: BaselineFile, current: Mapping[str, Sequence[BootSummary]], *,

@@ -231,3 +231,16 @@ def test_a_spike_up_and_back_is_no_drift() -> None:
     d = drift_since_anchor(anchor, nights, direction=Direction.HIGHER_IS_BETTER, tolerance=0.0625, spreads=spreads)
     assert d.change < -0.0625 and d.bound < 0  # the line alone would fail it ...
     assert not d.failed  # ... tonight is no worse than the anchor
+
+
+def test_a_night_moved_the_bad_way_never_widens_its_own_bound_and_clears_a_drift() -> None:
+    # Found by the monotone property: with the night judged inside the residual spread, moving it
+    # from +0.5 to +1.0 worse (log figure, a latency) widened the bound past zero and the drift
+    # that had failed passed.
+    from tests.unit.test_verdict_invariants import LOWER, DriftCase
+
+    case = DriftCase(anchor=(-0.25,), nights=((0.0, 1), (0.0, 1), (0.0, 1)), tonight=(0.25,), direction=LOWER,
+                     tolerance=0.25, spreads=Spreads(boot=0.125, session=0.0, host=0.0))
+    judged = [case.judge(tonight=[x + by for x in case.tonight]) for by in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    assert all(drift.failed for drift in judged)
+    assert [d.bound for d in judged] == sorted((d.bound for d in judged), reverse=True)
