@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 # pytester's in-process runs restore sys.modules afterwards: numpy (and scipy, built on it)
@@ -15,6 +16,9 @@ from pathlib import Path
 # the tests that need it are not among those run there.
 import importlib
 import pytest
+
+from pytest_kimiperf.config.serve_args import read_serve_parser
+from pytest_kimiperf.paths import default_cache_dir, launch_state_dir
 
 for _name in ("httpcore", "httpx", "numpy", "scipy.stats"):
     try:
@@ -56,6 +60,40 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name in _ISOLATED_NAMES or (name.startswith(_ISOLATED_PREFIXES) and name not in _KEEP):
             monkeypatch.delenv(name)
+
+
+@pytest.fixture(scope="session")
+def _users_cache_dir() -> Path:
+    """The plugin's cache folder as a user's run finds it, read before any pytester sets HOME."""
+    return default_cache_dir()
+
+
+@pytest.fixture(autouse=True)
+def _one_cache_for_pytester_runs(request: pytest.FixtureRequest, _users_cache_dir: Path,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pytester run keeps the built tiny model, the compile caches and vLLM's serve parser in
+    the one cache folder, as a user's sessions do; its launch records stay its test's own.
+
+    pytester points HOME at each test's folder, which gave every test a cache of its own: each
+    run that checks a profile's args imported vLLM again (15-35 s on 2 cores) and each real
+    boot built the tiny model and compiled it cold (20-35 s a boot). The cache's entries are
+    keyed by what they were made from (vLLM's version and parser sources, the model's recipe),
+    so sharing them changes what a run reads, never what it concludes. The launch records (the
+    zombie sweep's input) stay where the test's HOME puts them, or where isolated_state does.
+    """
+    if "pytester" not in request.fixturenames:
+        return
+    request.getfixturevalue("pytester")  # HOME is the test's own from here on
+    if "KIMIPERF_STATE_DIR" not in os.environ:
+        monkeypatch.setenv("KIMIPERF_STATE_DIR", str(launch_state_dir()))
+    monkeypatch.setenv("KIMIPERF_CACHE_DIR", str(_users_cache_dir))
+
+
+@pytest.fixture
+def vllm_serve_parser(_users_cache_dir: Path) -> None:
+    """vLLM's serve parser read into the shared cache before the test's runs, so that a run which
+    checks a profile's args under a short timeout does not spend it importing vLLM."""
+    read_serve_parser(sys.executable, _users_cache_dir)
 
 
 @pytest.fixture

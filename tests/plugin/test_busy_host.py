@@ -1,7 +1,7 @@
 """A busy host through pytest: the measurement is INVALID, names the processes that took the
 CPU, gives no verdict, and the run exits 75 so that CI retries on a quiet runner.
 
-Busy on demand, on any host: two busy-looping processes a core for the whole run take far more
+Busy on demand, on any host: two busy threads a core for the whole run take far more
 than the 5% of the host's CPU the stub deployment allows here, whatever else the host runs.
 The host watch's arithmetic is tested on recorded /proc readings (tests/unit/test_hostwatch.py).
 """
@@ -31,11 +31,29 @@ def test_decode(perf):
 """
 
 
+# A busy process of many threads that run outside the GIL (hashlib hashes a large buffer without
+# it): the scheduler shares the CPU by thread, so each such process takes several times what a
+# single-threaded one can, and ranks among the host watch's top 5 busiest processes whatever else
+# this host runs (a plain `while True: pass` a core was outranked there by other load).
+BUSY = """
+import hashlib, sys, threading
+block = bytes(1 << 20)
+def spin():
+    while True:
+        hashlib.sha256(block).digest()
+for _ in range(int(sys.argv[1]) - 1):
+    threading.Thread(target=spin, daemon=True).start()
+spin()
+"""
+
+
 @pytest.fixture
 def busy_processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Two busy-looping processes a core (one a core got only ~18% of a 2-core host beside a
-    server, as the scheduler favours mostly-waiting processes), killed after the test."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 2))]
+    """Two busy processes of a thread a core each: two busy threads a core in all (one a core got
+    only ~18% of a 2-core host beside a server, as the scheduler favours mostly-waiting
+    processes), killed after the test."""
+    threads = os.cpu_count() or 2
+    procs = [subprocess.Popen([sys.executable, "-c", BUSY, str(threads)]) for _ in range(2)]
     try:
         yield procs
     finally:

@@ -16,6 +16,7 @@ args = ["--enforce-eager"]
 """
 
 
+@pytest.mark.usefixtures("vllm_serve_parser")  # the profile's args are checked: the import is not timed
 def test_the_list_names_every_deployment_profile_and_metric_and_runs_nothing(pytester: pytest.Pytester) -> None:
     pytester.makepyprojecttoml(PROJECT)
     pytester.makepyfile("def test_never():\n    raise AssertionError('a listing ran a test')\n")

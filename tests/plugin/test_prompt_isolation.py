@@ -292,7 +292,9 @@ def test_the_decode_test_sends_the_same_prompts_alone_and_after_other_tests_and_
 ) -> None:
     log = tmp_path / "prompts.jsonl"
     boots = tmp_path / "boots.txt"
-    stub_project(stub_deployment_toml(boot_count=boots, extra_args=("--prompt-log", str(log))))
+    # The prompts are the subject, not the figures: the stub streams at 1000 tok/s (as in
+    # test_perf_suite), which spends ~15 s where its default 100 tok/s spent ~2 minutes asleep.
+    stub_project(stub_deployment_toml(boot_count=boots, extra_args=("--prompt-log", str(log), "--tok-per-s", "1000")))
     shutil.copytree(PERF_TESTS, pytester.path / "perf_tests")
     common = ("--deployment", "stub", "-p", "no:randomly")
 

@@ -64,7 +64,11 @@ def vllm_processes() -> list[psutil.Process]:
                 continue
         except psutil.NoSuchProcess:
             continue
-        if (proc.info["name"] or "").startswith("VLLM::") or "vllm.entrypoints" in " ".join(proc.info["cmdline"] or []):
+        # An argument that is the module vllm.entrypoints...: not a `python -c` script that
+        # merely mentions it, as the plugin's read of vLLM's serve parser is (config/serve_args.py),
+        # which any pytest run on this host may start while a test here runs.
+        cmdline = proc.info["cmdline"] or []
+        if (proc.info["name"] or "").startswith("VLLM::") or any(a.startswith("vllm.entrypoints") for a in cmdline):
             found.append(proc)
     return found
 

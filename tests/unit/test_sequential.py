@@ -22,10 +22,12 @@ from pytest_kimiperf.judge.spending import OBRIEN_FLEMING, POCOCK, SequentialPla
 from pytest_kimiperf.judge.stats import Leaning, VerdictKind, band_log, leaning
 from pytest_kimiperf.reports.sentences import say
 from tests.helpers import BENCHMARKS
+from tests.unit.test_verdict_invariants import EXAMPLES, FRESH
 
 HIGHER = Direction.HIGHER_IS_BETTER
 KIMI = InSessionRules(boot_spread=0.01, boot_spread_df=3.0)
-PROPERTY = settings(max_examples=300, derandomize=True, deadline=None, database=None,
+# As many examples as the verdict invariants, the same every run (test_verdict_invariants.EXAMPLES).
+PROPERTY = settings(max_examples=EXAMPLES, derandomize=not FRESH, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 
