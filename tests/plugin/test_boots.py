@@ -129,7 +129,14 @@ def test_a_profile_comparison_books_boots_until_it_decides_or_reaches_the_cap(
              if r["profile"] == "ring-ll" and r.get("verdict") is not None)
     assert (c["boots_current"], c["boots_reference"]) == (boots_run, boots_run)
     if boots_run == 3:  # at the cap, undecided: the answer says what more boots would do
-        assert c["verdict"] == "no detectable change"
-        assert "no number of boots up to 8 a side would show it within the tolerance" in c["note"]
+        # Which undecided word depends on whether the stub's two profiles measured within 0.1% of
+        # each other, a figure of the host's timer wake-ups, not of the plugin: either one must say
+        # what more boots would do, and neither is a direction.
+        assert c["verdict"] in ("no detectable change", "inconclusive"), c
+        said = (("no number of boots up to 8 a side would show it within the tolerance",)
+                if c["verdict"] == "no detectable change" else
+                ("a side would decide a change this size", "a side decides a change this size",
+                 "the boots' own spread is what holds it back"))
+        assert any(words in c["note"] for words in said), c
     else:
         assert c["verdict"] == "within tolerance"
