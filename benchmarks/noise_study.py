@@ -54,7 +54,8 @@ from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES  # noqa: E402
 from pytest_kimiperf.config.options import OPTIONS  # noqa: E402
 from pytest_kimiperf.config.settings import RawOption, build_settings  # noqa: E402
 from pytest_kimiperf.judge.boots import BootLedger  # noqa: E402
-from pytest_kimiperf.judge.levels import CorpusBoot, estimate_levels, load_corpus  # noqa: E402
+from pytest_kimiperf.judge.levels import CorpusBoot, estimate_levels  # noqa: E402
+from pytest_kimiperf.storage.noise_corpus import load_corpus  # noqa: E402
 from pytest_kimiperf.judge.verdicts import MetricResult  # noqa: E402
 from pytest_kimiperf.config.metric_specs import metric_spec  # noqa: E402
 from pytest_kimiperf.measure.watched import say_invalid  # noqa: E402
@@ -131,7 +132,7 @@ def _measure_boot(settings, log_dir: Path, boot: int, variant: str) -> dict[str,
             if variant == "long-warmup":
                 scenario = dataclasses.replace(scenario, warmup_requests=4 * (scenario.warmup_requests or 1))
             recorder = PerfRecorder(
-                nodeid=f"noise::{test}", test=test, server=handle, settings=settings, profile_env={}, view=None,
+                nodeid=f"noise::{test}", test=test, server=handle, settings=settings, profile_env={}, baselines=None,
                 ensure_alive=manager.ensure_alive, publish=lambda result: None,
                 fail=lambda message: (_ for _ in ()).throw(RuntimeError(message)), boot=boot, ledger=BootLedger(),
             )

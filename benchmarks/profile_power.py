@@ -40,7 +40,8 @@ from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS  # noqa: E402
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec  # noqa: E402
 from pytest_kimiperf.judge.boot_summary import BootSummary  # noqa: E402
 from pytest_kimiperf.judge.in_session import InSessionRules, SpawnModes, compare_in_session  # noqa: E402
-from pytest_kimiperf.judge.levels import CorpusBoot, load_corpus  # noqa: E402
+from pytest_kimiperf.judge.levels import CorpusBoot  # noqa: E402
+from pytest_kimiperf.storage.noise_corpus import load_corpus  # noqa: E402
 from pytest_kimiperf.judge.stats import VerdictKind  # noqa: E402
 
 DIRECTIONAL = (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT)

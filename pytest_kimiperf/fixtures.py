@@ -153,7 +153,7 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
         profile_env=dict(kimiperf_profile.env),
         profile_args=kimiperf_profile.args,
         # A control (--kimiperf-control) is the reference of this session, judged against no history.
-        view=None if kimiperf_profile.control_of else run.baseline_view(),
+        baselines=None if kimiperf_profile.control_of else run.baselines(),
         family=None if kimiperf_profile.control_of else run.family(),
         ensure_alive=ensure_alive,
         publish=publish,

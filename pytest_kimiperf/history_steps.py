@@ -23,7 +23,7 @@ from pathlib import Path
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, Deployment, Spreads
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.judge.baseline_schema import BaselineEntry
-from pytest_kimiperf.judge.baselines import load_baseline
+from pytest_kimiperf.storage.baselines import load_baseline
 from pytest_kimiperf.judge.changepoints import find_steps
 from pytest_kimiperf.judge.notes import HistoryStep, HistorySteps
 from pytest_kimiperf.reports.sentences import say

@@ -89,9 +89,9 @@ class KimiperfSession:
 
         run = self.run
         run.fingerprint_shown = True
-        view = run.baseline_view()
-        return fingerprint_lines(run.fingerprint(), view.path, deployment=run.settings.deployment,
-                                 span=view.span(), host=run.host())
+        loaded = run.baselines()
+        return fingerprint_lines(run.fingerprint(), loaded.path, deployment=run.settings.deployment,
+                                 span=loaded.span(), host=run.host())
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         """Every test that needs the server runs once per selected NCCL profile and boot slot

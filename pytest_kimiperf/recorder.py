@@ -25,7 +25,7 @@ from pytest_kimiperf.measure.watched import say_invalid
 from pytest_kimiperf.measure.results import RunResult, check_goodput_slo, check_rounds
 from pytest_kimiperf.measure.server_view import run_cross_checks
 from pytest_kimiperf.measure.watched import WatchedRun, measure_watched
-from pytest_kimiperf.judge.baselines import BaselineView
+from pytest_kimiperf.judge.baselines import LoadedBaselines
 from pytest_kimiperf.judge.decide import Outcome, decide_test
 from pytest_kimiperf.judge.gate import FLOOR_METRIC, BootRun, Rules, judge
 from pytest_kimiperf.judge.in_session import InSessionRules
@@ -70,7 +70,7 @@ class PerfRecorder:
         server: ServerHandle,
         settings: Settings,
         profile_env: Mapping[str, str],
-        view: BaselineView | None,
+        baselines: LoadedBaselines | None,
         profile_args: Sequence[str] = (),
         ensure_alive: Callable[[], None],
         publish: Callable[[TestResult], None],
@@ -93,7 +93,7 @@ class PerfRecorder:
         self.settings = settings
         self.profile_env = dict(profile_env)
         self.profile_args = list(profile_args)
-        self.view = view
+        self.baselines = baselines
         self.family = family  # the run's baseline comparisons (gate.Rules.family)
         self._ensure_alive = ensure_alive
         self._publish = publish
@@ -263,7 +263,7 @@ class PerfRecorder:
             boots=self.settings.boots, max_boots=self.settings.max_boots, strict=self.settings.perf_strict,
             attached=self.server.external, family=self.family)
         record = self.ledger.of(self.test, self.server.profile) if invalid is None else None
-        judgement = judge(result, metrics, measured, rules, view=self.view,
+        judgement = judge(result, metrics, measured, rules, baselines=self.baselines,
                           earlier=record if record is not None else TestBoots(),
                           floor=floor, slo=slo, goodput=goodput)
         if record is not None:

@@ -1,4 +1,4 @@
-"""What one pytest process holds for its perf tests: servers, fingerprint, baseline view, boots.
+"""What one pytest process holds for its perf tests: servers, fingerprint, baselines, boots.
 
 A :class:`PerfSession` is made once in ``pytest_configure`` from the validated settings and kept
 in the config's stash; the fixtures and hooks in ``plugin.py`` ask it for what they need and it
@@ -22,7 +22,7 @@ from pytest_kimiperf.config.settings import MaxBootsSource, Settings
 
 if TYPE_CHECKING:
     from pytest_kimiperf.config.deployments import Deployment
-    from pytest_kimiperf.judge.baselines import BaselineView
+    from pytest_kimiperf.judge.baselines import LoadedBaselines
     from pytest_kimiperf.judge.boots import BootLedger, BootSlot
     from pytest_kimiperf.judge.fingerprint import Fingerprint
     from pytest_kimiperf.judge.levels import BootOrigin
@@ -48,7 +48,7 @@ class PerfSession:
     fingerprint_shown: bool = False
     manager: ServerManager | None = None
     _fingerprint: Fingerprint | None = None
-    _view: BaselineView | None = None
+    _baselines: LoadedBaselines | None = None
     _ledger: BootLedger | None = None
     _hardware_problem: str | None = None
     _hardware_checked: bool = False
@@ -81,22 +81,23 @@ class PerfSession:
         """The fingerprint if something asked for it already (never probes)."""
         return self._fingerprint
 
-    def baseline_view(self) -> BaselineView:
-        """The baseline file of this deployment and fingerprint (read once)."""
-        if self._view is None:
-            from pytest_kimiperf.judge.baselines import BaselineView
+    def baselines(self) -> LoadedBaselines:
+        """The baseline files of this deployment, for this fingerprint (read once)."""
+        if self._baselines is None:
+            from pytest_kimiperf.storage.baselines import load_baselines
 
-            self._view = BaselineView(self.settings.baselines_dir, self.settings.deployment.name, self.fingerprint())
-        return self._view
+            self._baselines = load_baselines(self.settings.baselines_dir, self.settings.deployment.name,
+                                             self.fingerprint())
+        return self._baselines
 
     def family(self) -> int | None:
         """How many baseline comparisons this run makes (None: none), read once the baseline
-        view is open: every worker collects the same tests, so each counts the same family."""
+        are loaded: every worker collects the same tests, so each counts the same family."""
         from pytest_kimiperf.errors import BaselineError
         from pytest_kimiperf.judge.family import family_size
 
         try:
-            file = self.baseline_view().file()
+            file = self.baselines().file()
         except BaselineError:  # the judge names the file and why when it reads it
             return None
         if file is None:
@@ -107,8 +108,8 @@ class PerfSession:
         return family_size(tests, self.collected)
 
     def baselines_path(self) -> Path | None:
-        """Where this session's baseline file is, if the view was opened."""
-        return self._view.path if self._view is not None else None
+        """Where this session's baseline file is, if the baselines were loaded."""
+        return self._baselines.path if self._baselines is not None else None
 
     def schedule(self) -> list[BootSlot]:
         """Every boot slot of the session, in the order the boots happen (judge.boots.schedule)."""
@@ -173,7 +174,7 @@ class PerfSession:
         """``--kimiperf-plan``'s lines: boots, loading time, the smallest change resolved (no boot)."""
         from pytest_kimiperf.reports.plan import plan_lines
 
-        return plan_lines(self.settings, self.baseline_view().file())
+        return plan_lines(self.settings, self.baselines().file())
 
     def history_warning(self) -> str | None:
         """Said before the first boot when the baseline history spans one session (not while
@@ -182,7 +183,7 @@ class PerfSession:
 
         if self.settings.update_baselines:
             return None
-        return one_session_warning(self.settings.deployment, self.baseline_view().span())
+        return one_session_warning(self.settings.deployment, self.baselines().span())
 
     def topology_warnings(self) -> list[str]:
         """The profile warnings that depend on the hardware (LL128 on a PCIe-only host)."""

@@ -2,12 +2,9 @@
 
 Each runner records on its own clone (``--update-baselines``) and pushes. Two runners that
 appended boots to the same entry conflict as text; as histories they do not: the merged history
-is the union of the boots. :func:`merge_baselines` decides that merge, and this module is also
-git's merge driver for baseline files (``.gitattributes``: ``baselines/**/*.json
-merge=kimiperf-baselines``)::
-
-    git config merge.kimiperf-baselines.driver \\
-        "python -m pytest_kimiperf.judge.baseline_merge %O %A %B %P"
+is the union of the boots. :func:`merge_baselines` decides that merge; git's merge driver for
+baseline files (``.gitattributes``: ``baselines/**/*.json merge=kimiperf-baselines``) is
+``python -m pytest_kimiperf.merge_driver %O %A %B %P``, which reads and writes the files.
 
 The rules, entry by entry (an entry missing on a side is an empty history there):
 

@@ -1,4 +1,4 @@
-"""JSON baselines, read and written: one human-diffable file per deployment and hardware fingerprint.
+"""JSON baselines as values: one human-diffable file per deployment and hardware fingerprint.
 
 ``baselines/<deployment>/<fingerprint key>.json`` holds, for each ``<test id>|<profile>|<metric>``,
 a *history*: one summary per server boot (median, samples, within-boot error of the median, when,
@@ -6,32 +6,25 @@ which commit and software) for the last :data:`HISTORY_BOOTS` boots, because the
 the gate judges on (boot_summary.py, stats.py); plus the per-request samples of the latest boot for plots.
 ``--update-baselines`` appends the session's boots (:func:`baseline_entries`). Schema 1 files (one
 run's samples) load as a history of one boot and are rewritten as schema 2 on the next update
-(the format itself is ``baseline_schema``). The gate reads them through a :class:`BaselineView`.
-Files are reviewed like code, so the output is stable: sorted keys, two-space indent, floats at
-six significant digits, a trailing newline. Writers merge under a file lock and replace the file
-atomically, so parallel pytest-xdist controllers or CI jobs never lose each other's entries and a
-reader never sees half a file.
+(the format itself is ``baseline_schema``). The gate judges against a :class:`LoadedBaselines`,
+the files as storage/baselines.py read them once; that module also writes them, under a file
+lock and atomically.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-import filelock
 import numpy as np
 
 from pytest_kimiperf.config.metric_specs import METRICS, Direction
-from pytest_kimiperf.config.names import check_safe_name
 from pytest_kimiperf.errors import BaselineError
-from pytest_kimiperf.files import write_atomically
 from pytest_kimiperf.judge.baseline_schema import (
-    RESTORE_HINT, BaselineBoot, BaselineEntry, BaselineFile, HistorySpan, Night, dumps_baseline, entry_key,
-    parse_baseline, round_figure,
+    BaselineBoot, BaselineEntry, BaselineFile, HistorySpan, Night, entry_key, round_figure,
 )
 from pytest_kimiperf.judge.fingerprint import Fingerprint, version_changes
 from pytest_kimiperf.judge.levels import BootOrigin
@@ -39,14 +32,6 @@ from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.judge.boot_summary import summarize_boot, summarize_metric
 
 HISTORY_BOOTS = 20
-LOCK_TIMEOUT_S = 120.0
-
-
-def baseline_path(baselines_dir: str | os.PathLike[str], deployment: str, fingerprint_key: str) -> Path:
-    """Where the baseline of this deployment on hardware with this fingerprint lives."""
-    check_safe_name("deployment", deployment)
-    check_safe_name("fingerprint key", fingerprint_key)
-    return Path(baselines_dir) / deployment / f"{fingerprint_key}.json"
 
 
 def make_entry(
@@ -149,137 +134,36 @@ def night_of(entry: BaselineEntry) -> Night:
                  recorded_at=entry.recorded_at, git_commit=entry.git_commit)
 
 
-def load_baseline(path: str | os.PathLike[str]) -> BaselineFile | None:
-    """Read a baseline file; None if it does not exist, BaselineError if it cannot be trusted."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise BaselineError(f"cannot read baseline {path}: {exc.strerror or exc}") from None
-    return parse_baseline(path, text)
+@dataclass(frozen=True)
+class LoadedBaselines:
+    """The baseline files the gate judges one fingerprint against, loaded once
+    (storage/baselines.py reads them): this fingerprint's file and the deployment's others."""
 
-
-def update_baseline(
-    path: str | os.PathLike[str],
-    deployment: str,
-    fingerprint: Fingerprint,
-    entries: Iterable[BaselineEntry],
-    *,
-    on_pass: bool = False,
-) -> BaselineFile:
-    """Merge ``entries`` (the tests that ran) into the baseline file at ``path`` and return the result.
-
-    Entries with the same key have the new boots appended to their history (``on_pass``: by a
-    passing run, :func:`append_history`), all others kept. The read-merge-write happens under a
-    lock on ``<path>.lock`` and the new file replaces the old one atomically, so concurrent
-    writers lose nothing. A corrupt or newer-schema file, or one that belongs to another
-    deployment or fingerprint, is a BaselineError and is left untouched.
-    """
-    path = Path(path)
-    check_safe_name("deployment", deployment)
-    check_safe_name("fingerprint key", fingerprint.key)
-    if path.name != f"{fingerprint.key}.json" or path.parent.name != deployment:
-        raise BaselineError(
-            f"baseline {path} does not match deployment {deployment!r} and fingerprint "
-            f"{fingerprint.key!r}: use baseline_path() so every file is <deployment>/<key>.json"
-        )
-    new_entries: dict[str, BaselineEntry] = {}
-    for entry in entries:
-        new_entries[entry.key] = append_history(new_entries.get(entry.key), entry)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = f"{path}.lock"
-    try:
-        with filelock.FileLock(lock_path, timeout=LOCK_TIMEOUT_S):
-            existing = load_baseline(path)
-            merged: dict[str, BaselineEntry] = {}
-            if existing is not None:
-                _check_same_owner(path, existing, deployment, fingerprint)
-                merged.update(existing.entries)
-            for key, entry in new_entries.items():
-                merged[key] = append_history(merged.get(key), entry, on_pass=on_pass)
-            result = BaselineFile(
-                path=path,
-                deployment=deployment,
-                fingerprint=fingerprint,
-                entries=dict(sorted(merged.items())),
-            )
-            try:
-                text = dumps_baseline(result)
-            except (TypeError, ValueError) as exc:
-                raise BaselineError(f"cannot write baseline {path}: {exc} (fingerprint values must be JSON)") from None
-            _write_atomically(path, text)
-            return result
-    except filelock.Timeout:
-        raise BaselineError(
-            f"could not lock {lock_path} within {LOCK_TIMEOUT_S:g} s: another pytest run is writing "
-            "this baseline; if none is running, delete the lock file"
-        ) from None
-
-
-def _check_same_owner(path: Path, existing: BaselineFile, deployment: str, fingerprint: Fingerprint) -> None:
-    # Merging entries measured on other hardware into this file would make its numbers lie.
-    if existing.deployment != deployment or existing.fingerprint.key != fingerprint.key:
-        raise BaselineError(
-            f"baseline {path} belongs to deployment {existing.deployment!r} with fingerprint "
-            f"{existing.fingerprint.key!r}, not {deployment!r} with {fingerprint.key!r}: "
-            "it was moved or renamed by hand; " + RESTORE_HINT.format(path=path)
-        )
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    try:
-        write_atomically(path, text, durable=True, keep_mode=True)
-    except OSError as exc:
-        raise BaselineError(f"cannot write baseline {path}: {exc.strerror or exc}") from None
-
-
-class BaselineView:
-    """This process's read-only view of the baseline file for the current fingerprint."""
-
-    def __init__(self, baselines_dir: Path, deployment: str, fingerprint: Fingerprint) -> None:
-        self.fingerprint = fingerprint
-        self.path = baseline_path(baselines_dir, deployment, fingerprint.key)
-        self._loaded = False
-        self._file: BaselineFile | None = None
-        self._others: list[BaselineFile] | None = None
+    fingerprint: Fingerprint
+    path: Path
+    loaded: BaselineFile | None
+    # Why this fingerprint's file cannot be trusted (corrupt, newer schema): raised when asked for.
+    error: str | None = None
+    # The readable files of other hardware, and the keys of all of them (readable or not).
+    others: tuple[BaselineFile, ...] = ()
+    other_keys: tuple[str, ...] = ()
 
     def file(self) -> BaselineFile | None:
         """The baseline file (None when missing); BaselineError when it cannot be trusted."""
-        if not self._loaded:
-            self._file = load_baseline(self.path)
-            self._loaded = True
-        return self._file
+        if self.error is not None:
+            raise BaselineError(self.error)
+        return self.loaded
 
     def span(self) -> HistorySpan | None:
         """How many boots, sessions and hosts the file's history spans; None without a file, or
         when it cannot be trusted (the perf tests say why)."""
-        try:
-            found = self.file()
-        except BaselineError:
-            return None
-        return found.span() if found is not None else None
+        return self.loaded.span() if self.loaded is not None else None
 
     def soft_changes(self) -> list[str]:
         """Soft facts (host name, full driver build, kernel) that differ from the baseline
         file's, as ``name: old -> new``: they only warn, the hard facts decide comparability."""
         baseline = self.file()
         return [] if baseline is None else baseline.fingerprint.diff(self.fingerprint)[1]
-
-    def other_files(self) -> list[BaselineFile]:
-        """This deployment's baseline files from other hardware; unreadable ones are skipped
-        (they judge nothing here, and their own hardware reports them)."""
-        if self._others is None:
-            self._others = []
-            for path in self.other_fingerprints():
-                try:
-                    other = load_baseline(path)
-                except BaselineError:
-                    continue
-                if other is not None:
-                    self._others.append(other)
-        return self._others
 
     def across_versions(
         self, test: str, profile: str, metric: str
@@ -288,7 +172,7 @@ class BaselineView:
         (fingerprint.VERSION_KEYS), with the versions that differ; the fewest differences win,
         then the newest recording. None when no such baseline exists."""
         found = []
-        for other in self.other_files():
+        for other in self.others:
             versions = version_changes(other.fingerprint, self.fingerprint)
             entry = other.entry(test, profile, metric)
             if versions is not None and entry is not None:
@@ -298,13 +182,6 @@ class BaselineView:
         found.sort(key=lambda f: (f[0], _reverse(f[1])))
         _, _, other, entry, versions = found[0]
         return other, entry, versions
-
-    def other_fingerprints(self) -> list[Path]:
-        """Baseline files of the same deployment recorded on other hardware."""
-        directory = self.path.parent
-        if not directory.is_dir():
-            return []
-        return sorted(p for p in directory.glob("*.json") if p != self.path)
 
 
 def _newest_boot(entry: BaselineEntry) -> str:

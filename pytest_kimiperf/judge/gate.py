@@ -2,7 +2,7 @@
 
 :func:`judge` takes one measured test on one server boot as plain data (its samples, the
 deployment's limits and tolerances, the boots of the same test and profile measured so far, the
-baseline view) and returns the filled :class:`~pytest_kimiperf.judge.verdicts.TestResult`: every
+baselines loaded for it) and returns the filled :class:`~pytest_kimiperf.judge.verdicts.TestResult`: every
 failure, warning and note, and whether the test wants another boot. It compares the per-boot
 summaries of all boots of the same test and profile with the stored boot history of the baseline
 (only when the hardware fingerprint matches), and with the deployment's decode floor; the reports
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import assert_never
 
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
-from pytest_kimiperf.judge.baselines import BaselineView
+from pytest_kimiperf.judge.baselines import LoadedBaselines
 from pytest_kimiperf.config.deployments import Deployment, Spreads
 from pytest_kimiperf.judge.history import against_history, joint_placements
 from pytest_kimiperf.judge.boots import TestBoots
@@ -45,7 +45,7 @@ def judge_metric(
     *,
     test: str,
     profile: str,
-    view: BaselineView | None,
+    baselines: LoadedBaselines | None,
     profile_env: Mapping[str, str], profile_args: Sequence[str] = (),
     current: Sequence[BootSummary],
     prior_spread: float | Spreads,
@@ -60,12 +60,12 @@ def judge_metric(
     ``histories`` the run's histories that share its budget for a false step."""
     spreads = prior_spread if isinstance(prior_spread, Spreads) else Spreads(prior_spread)
     spec = metric_spec(result.metric)
-    if view is None:
+    if baselines is None:
         return None, BaselineLine(BaselineState.OFF, spec.label)
-    base_file = view.file()
+    base_file = baselines.file()
     entry = base_file.entry(test, profile, result.metric) if base_file else None
     if entry is None:
-        upgrade = view.across_versions(test, profile, result.metric)
+        upgrade = baselines.across_versions(test, profile, result.metric)
         if upgrade is not None:
             other, entry, versions = upgrade
             comparison, line = against_history(result, entry, current=current, spreads=spreads, canary=canary,
@@ -73,21 +73,21 @@ def judge_metric(
                                                state=BaselineState.OTHER_VERSIONS, placements=placements,
                                                critical=critical, histories=histories)
             return comparison, dataclasses.replace(line, other=other.fingerprint.key, versions=tuple(versions))
-        elsewhere = [(f, e) for f in view.other_files() if (e := f.entry(test, profile, result.metric))]
+        elsewhere = [(f, e) for f in baselines.others if (e := f.entry(test, profile, result.metric))]
         if not elsewhere:
-            return None, BaselineLine(BaselineState.MISSING, spec.label, fingerprint=view.fingerprint.key,
-                                      others=tuple(p.stem for p in view.other_fingerprints()))
+            return None, BaselineLine(BaselineState.MISSING, spec.label, fingerprint=baselines.fingerprint.key,
+                                      others=baselines.other_keys)
         # Shown, never judged: the closest other hardware's baseline, with what differs.
         other, other_entry = min(
-            elsewhere, key=lambda fe: (len(fe[0].fingerprint.diff(view.fingerprint)[0]), str(fe[0].path)))
-        hard = other.fingerprint.diff(view.fingerprint)[0]
+            elsewhere, key=lambda fe: (len(fe[0].fingerprint.diff(baselines.fingerprint)[0]), str(fe[0].path)))
+        hard = other.fingerprint.diff(baselines.fingerprint)[0]
         comparison = compare_boots(
             current, other_entry.summaries(), direction=Direction(result.direction),
             tolerance=result.tolerance, prior_spread=spreads.boot, metric=spec.label, unit=result.unit,
             comparable=False,
         )
         return comparison, BaselineLine(BaselineState.OTHER_HARDWARE, comparison.label, comparison,
-                                        fingerprint=view.fingerprint.key, other=other.fingerprint.key,
+                                        fingerprint=baselines.fingerprint.key, other=other.fingerprint.key,
                                         hard=tuple(hard))
     return against_history(result, entry, current=current, spreads=spreads, canary=canary,
                            profile_env=profile_env, profile_args=profile_args, placements=placements,
@@ -210,7 +210,7 @@ def judge(
     run: BootRun,
     rules: Rules,
     *,
-    view: BaselineView | None,
+    baselines: LoadedBaselines | None,
     earlier: TestBoots,
     floor: bool = False,
     slo: Mapping[str, float] | None = None,
@@ -222,8 +222,8 @@ def judge(
 
     A boot that looks worse than the tolerance without a verdict asks for another boot (up to
     ``rules.max_boots``): the test then passes with a note and the next boot decides. Planned
-    boots are judged after the last of them. Reads the baseline files through ``view`` (a
-    BaselineError when one cannot be trusted); changes nothing else.
+    boots are judged after the last of them. Judges against the loaded ``baselines`` (a
+    BaselineError when this fingerprint's file cannot be trusted); changes nothing else.
     """
     result = dataclasses.replace(result, metrics={}, messages=list(result.messages),
                                  failures=list(result.failures), warnings=list(result.warnings))
@@ -271,7 +271,7 @@ def judge(
                     if origin is not None else mres.boot_summary() for name, mres in result.metrics.items()}
         current.add(result.boot, recorded)
     def against(mres: MetricResult, placements: Sequence[str] | None = None) -> tuple[Comparison | None, BaselineLine]:
-        return judge_metric(mres, test=result.test, profile=result.profile, view=view, profile_env=result.profile_env,
+        return judge_metric(mres, test=result.test, profile=result.profile, baselines=baselines, profile_env=result.profile_env,
                             profile_args=result.profile_args, current=current.summaries.get(mres.metric, []),
                             prior_spread=rules.spreads, canary=result.origin.canary if result.origin is not None else None,
                             placements=placements, critical=rules.critical,
@@ -309,11 +309,11 @@ def judge(
     else:
         for comparison in comparisons:
             verdict_to_result(comparison, result, strict=rules.strict)
-        base_file = view.file() if view is not None else None
+        base_file = baselines.file() if baselines is not None else None
         if base_file is not None and not result.unrecordable:
             result.failures.extend(drift_failures(result, base_file, current.summaries, spreads=rules.spreads,
                                                   critical=rules.critical))
-    soft = view.soft_changes() if view is not None and comparisons else []
+    soft = baselines.soft_changes() if baselines is not None and comparisons else []
     if soft:
         result.warn(WarningKind.SOFT_FINGERPRINT, SoftFingerprint(tuple(soft)))
     return Judgement(result, comparisons, recorded, wants_boot)

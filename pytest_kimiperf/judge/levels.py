@@ -15,18 +15,17 @@ Hosts differ by more than a spread: two machines of one family ran the tiny-cpu 
 under one fingerprint. The host canary (measure/canary.py) is stored with every boot; when this
 run's canary moved beyond its noise from the history's (:func:`canary_shift`), the comparison is
 "not comparable: host differs", never a verdict. The same estimator reads the noise corpus
-(benchmarks/noise_study.py), so the study and the gate agree on what a level is.
+(benchmarks/noise_study.py; storage/noise_corpus.py loads it), so the study and the gate agree
+on what a level is.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from scipy import stats as scipy_stats
 
@@ -101,36 +100,6 @@ class CorpusBoot:
     cv: Mapping[str, float] = field(default_factory=dict)
     canary: Mapping[str, float] = field(default_factory=dict)
     foreign_cpu_max: float = 0.0
-
-
-def load_corpus(paths: Iterable[Path], *, variant: str | None = None,
-                max_foreign_cpu: float = 1.0) -> list[CorpusBoot]:
-    """The corpus's valid boots (of ``variant``, measured beside at most ``max_foreign_cpu``
-    foreign CPU); a line that is not a boot (the session's closing canary) is skipped."""
-    boots = []
-    for path in paths:
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
-            if "metrics" not in data:
-                continue
-            if variant is not None and data.get("variant") != variant:
-                continue
-            foreign = max(data.get("foreign_cpu") or [0.0])
-            if data.get("invalid") or foreign > max_foreign_cpu:
-                continue
-            metrics = {k: BootSummary.from_json(v) for k, v in data["metrics"].items()}
-            boots.append(CorpusBoot(
-                session=str(data["session"]), host=str(data["host"]), variant=str(data.get("variant") or ""),
-                metrics={k: v for k, v in metrics.items() if v.usable},
-                cv={k: float(v["cv"]) for k, v in data["metrics"].items() if v.get("cv") is not None},
-                canary={k: float(v) for k, v in ((data.get("canary") or {}).get("scores") or {}).items()},
-                foreign_cpu_max=float(foreign)))
-    return boots
 
 
 def _chi2_interval(ss: float, df: float) -> tuple[float, float]:

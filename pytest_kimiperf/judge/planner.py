@@ -36,8 +36,9 @@ def _fraction(text: str) -> float:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the number of boots per side, or why no number of boots will do."""
+def answer(argv: list[str] | None = None) -> tuple[str, int]:
+    """The number of boots per side, or why no number of boots will do, as the line the command
+    prints and its exit status (1 when no number of boots will do)."""
     parser = argparse.ArgumentParser(prog="python -m pytest_kimiperf.judge.planner", description=__doc__.split("\n\n")[0])
     size = parser.add_mutually_exclusive_group(required=True)
     size.add_argument("--change", type=_fraction, help="true change to resolve, e.g. 0.6%%")
@@ -74,20 +75,19 @@ def main(argv: list[str] | None = None) -> int:
         k = sessions_for(change, args.spread, session_var, tolerance=args.tolerance, confidence=args.confidence)
         more = (f"about {k} sessions of each side (separate runs, 2 boots each)" if k is not None
                 else "a wider tolerance: no number of sessions will do")
-        print(f"to tell {what} at a session spread of {args.session_spread * 100:.2g}% no number of boots in "
-              f"one session will do (each run shares its session); it takes {more}")
-        return 1
+        return (f"to tell {what} at a session spread of {args.session_spread * 100:.2g}% no number of boots in "
+                f"one session will do (each run shares its session); it takes {more}"), 1
     side = ("boots per profile" if args.reference_boots is None
             else f"boots of the current build against a {args.reference_boots}-boot baseline")
     if n is None:
-        print(f"to tell {what} at a boot spread of {args.spread * 100:.2g}%: no number of boots will do "
-              f"against a {args.reference_boots}-boot baseline; record more baseline boots "
-              "(--kimiperf-update-baselines --kimiperf-boots N)")
-        return 1
-    print(f"to tell {what} at a boot spread of {args.spread * 100:.2g}% you need {n} {side} "
-          f"({args.confidence:.0%} one-sided, {DETECTION_POWER:.0%} power)")
-    return 0
+        return (f"to tell {what} at a boot spread of {args.spread * 100:.2g}%: no number of boots will do "
+                f"against a {args.reference_boots}-boot baseline; record more baseline boots "
+                "(--kimiperf-update-baselines --kimiperf-boots N)"), 1
+    return (f"to tell {what} at a boot spread of {args.spread * 100:.2g}% you need {n} {side} "
+            f"({args.confidence:.0%} one-sided, {DETECTION_POWER:.0%} power)"), 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the command's edge, the one place the planner prints
+    line, status = answer(sys.argv[1:])
+    print(line)
+    sys.exit(status)

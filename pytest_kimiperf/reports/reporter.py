@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from pytest_kimiperf.config.nccl.profiles import NcclProfile
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.errors import KimiperfError
-from pytest_kimiperf.judge import baselines
+from pytest_kimiperf.storage import baselines
 from pytest_kimiperf.judge.baseline_schema import BaselineFile
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.in_session import InSessionRules

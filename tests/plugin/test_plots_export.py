@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_kimiperf.judge import baselines
+from pytest_kimiperf.storage import baselines as storage
 
 from pytest_kimiperf.judge.baselines import baseline_entries
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
@@ -54,9 +55,9 @@ def test_a_judged_metric_gets_a_plot_beside_its_baseline_with_the_verdict(tmp_pa
     from pytest_kimiperf.reports.plots import render_plots
 
     entries, _ = baseline_entries([ttft_result(18.0)], git_commit=None)
-    path = baselines.baseline_path(tmp_path, "tiny-cpu", FINGERPRINT.key)
-    baselines.update_baseline(path, "tiny-cpu", FINGERPRINT, entries)
-    stored = baselines.load_baseline(path)
+    path = storage.baseline_path(tmp_path, "tiny-cpu", FINGERPRINT.key)
+    storage.update_baseline(path, "tiny-cpu", FINGERPRINT, entries)
+    stored = storage.load_baseline(path)
     assert stored is not None
     current = ttft_result(20.0)
     entry = stored.entry(current.test, current.profile, "ttft_ms")
@@ -152,11 +153,11 @@ def test_a_metric_judged_after_a_step_gets_its_history_plotted(tmp_path: Path) -
             boot_origins=[BootOrigin(session=f"night-{night}", host="runner")])
         entry = boot if entry is None else baselines.append_history(entry, boot)
     assert entry is not None
-    path = baselines.baseline_path(tmp_path, "tiny-cpu", FINGERPRINT.key)
+    path = storage.baseline_path(tmp_path, "tiny-cpu", FINGERPRINT.key)
     path.parent.mkdir(parents=True)
     path.write_text(dumps_baseline(BaselineFile(path=path, deployment="tiny-cpu", fingerprint=FINGERPRINT,
                                                 entries={entry.key: entry})))
-    stored = baselines.load_baseline(path)
+    stored = storage.load_baseline(path)
     assert stored is not None
     comparison = compare_with_history(
         [current.metrics["ttft_ms"].boot_summary()], stored.entries[entry.key].summaries(),

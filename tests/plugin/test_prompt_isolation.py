@@ -105,7 +105,7 @@ def _recorder(tmp_path: Path, *, boot: int = 1) -> PerfRecorder:
         raise AssertionError(message)
 
     return PerfRecorder(nodeid="t.py::test[ring-ll]", test="t.py::test", server=server, settings=settings,
-                        profile_env={}, view=None, ensure_alive=lambda: None, publish=lambda result: None,
+                        profile_env={}, baselines=None, ensure_alive=lambda: None, publish=lambda result: None,
                         fail=fail, boot=boot)
 
 

@@ -2,7 +2,8 @@
 
 Each module may import only from its own layer or lower ones (lazy imports inside functions and
 TYPE_CHECKING imports count: they are dependencies all the same), only the pytest glue imports
-pytest, and no module grows past the size a reader can hold.
+pytest, no module grows past the size a reader can hold, and the judge touches no file,
+process, socket, environment or terminal.
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ LAYERS: dict[str, int] = {
     "server": 2,
     "measure": 3,
     "judge": 4,
-    "roofline": 5,
-    "reports": 6,
-    "session": 7, "recorder": 7, "hooks": 7, "xdist_scheduling": 7, "fixtures": 7, "plugin": 7, "node_agent": 7,
-    "merge_driver": 7, "history_steps": 7, "reference": 7,
+    # Loads and saves what the judge judges against (baseline files, the noise corpus): above the
+    # judge, whose value types it builds, and below everything that asks it for them.
+    "storage": 5,
+    "roofline": 6,
+    "reports": 7,
+    "session": 8, "recorder": 8, "hooks": 8, "xdist_scheduling": 8, "fixtures": 8, "plugin": 8, "node_agent": 8,
+    "merge_driver": 8, "history_steps": 8, "reference": 8,
     # `kimiperf compare` (python -m pytest_kimiperf compare): reads other tools' files, judges, renders.
-    "compare": 7, "__main__": 7,
+    "compare": 8, "__main__": 8,
 }
 PYTEST_GLUE = {"plugin", "hooks", "fixtures", "hookspec", "warning_types", "xdist_scheduling"}
 MAX_LINES = 470
@@ -174,3 +178,72 @@ def test_no_two_modules_import_each_other_even_through_others() -> None:
                 seen.add(current)
                 todo.extend(graph.get(current, ()))
     assert not circles, f"modules on an import circle: {circles}"
+
+
+# What the judge may not do itself: it decides from the values it is handed. storage/ reads and
+# writes the files, measure/ probes the host and runs processes, the CLI and the plugin print.
+# A module's ``if __name__ == "__main__":`` block is a command's edge (the planner's answer
+# printed, the exit status of the merge driver's old command) and is not the judge's work.
+NO_IO_MODULES = {"os", "subprocess", "socket", "filelock", "shutil", "tempfile", "glob", "io", "fcntl"}
+NO_IO_CALLS = {"open", "print", "input", "exit", "quit", "breakpoint"}
+SYS_IO = {"exit", "stdin", "stdout", "stderr", "argv"}
+# Path methods that touch the file system; a Path as a value (a baseline file's name) is fine.
+PATH_IO = {"read_text", "write_text", "read_bytes", "write_bytes", "open", "exists", "is_file", "is_dir", "glob",
+           "rglob", "iterdir", "mkdir", "unlink", "rmdir", "touch", "lstat", "chmod", "rename", "resolve",
+           "samefile", "expanduser", "cwd", "home"}
+
+
+def _main_guard(node: ast.stmt) -> bool:
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
+            and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators))
+
+
+def _io_uses(path: Path) -> list[str]:
+    """Each file, process, socket, environment or terminal use in ``path``, as ``line N: what``."""
+    tree = ast.parse(path.read_text())
+    edge = {id(n) for stmt in tree.body if _main_guard(stmt) for n in ast.walk(stmt)}
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if id(node) in edge:
+            continue
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Import):
+            found += [(line, f"import {a.name}") for a in node.names if a.name.split(".")[0] in NO_IO_MODULES]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            root = node.module.split(".")[0]
+            names = [a.name for a in node.names]
+            if root in NO_IO_MODULES or (root == "sys" and SYS_IO & set(names)):
+                found.append((line, f"from {node.module} import {', '.join(names)}"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in NO_IO_CALLS:
+            found.append((line, f"{node.func.id}()"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PATH_IO:
+            found.append((line, f".{node.func.attr}()"))
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "sys"
+              and node.attr in SYS_IO):
+            found.append((line, f"sys.{node.attr}"))
+        elif isinstance(node, ast.Raise) and node.exc is not None:
+            raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(raised, ast.Name) and raised.id == "SystemExit":
+                found.append((line, "raise SystemExit"))
+    return [f"line {line}: {what}" for line, what in sorted(found)]
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "judge").glob("*.py")), ids=lambda p: p.name)
+def test_the_judge_touches_no_file_process_socket_environment_or_terminal(path: Path) -> None:
+    found = _io_uses(path)
+    assert not found, f"{path.relative_to(PACKAGE)}: {found}"
+
+
+def test_the_io_rule_names_the_module_the_line_and_the_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    judge = tmp_path / "pytest_kimiperf" / "judge"
+    judge.mkdir(parents=True)
+    monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", tmp_path / "pytest_kimiperf")
+    bad = judge / "bad.py"
+    bad.write_text("import os\nimport sys\nfrom pathlib import Path\n\n\n"
+                   "def f(p: Path) -> str:\n    print(os.environ)\n    sys.exit(1)\n    return p.read_text()\n\n\n"
+                   "if __name__ == '__main__':\n    print(f(Path('x')))\n")
+    with pytest.raises(AssertionError) as failed:
+        test_the_judge_touches_no_file_process_socket_environment_or_terminal(bad)
+    assert str(failed.value).splitlines()[0] == (
+        "judge/bad.py: ['line 1: import os', 'line 7: print()', 'line 8: sys.exit', 'line 9: .read_text()']")

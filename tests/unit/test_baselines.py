@@ -13,13 +13,8 @@ from typing import Any
 import pytest
 
 from pytest_kimiperf.judge.baseline_schema import SCHEMA_VERSION, BaselineEntry, dumps_baseline
-from pytest_kimiperf.judge.baselines import (
-    HISTORY_BOOTS,
-    baseline_path,
-    load_baseline,
-    make_entry,
-    update_baseline,
-)
+from pytest_kimiperf.judge.baselines import HISTORY_BOOTS, make_entry
+from pytest_kimiperf.storage.baselines import baseline_path, load_baseline, update_baseline
 from pytest_kimiperf.errors import BaselineError, ConfigError
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.measure.host_facts import current_git_commit

@@ -11,6 +11,7 @@ from pytest_kimiperf.config.options import OPTIONS
 from pytest_kimiperf.config.settings import RawOption, Settings, build_settings
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge import baselines
+from pytest_kimiperf.storage import baselines as storage
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session, smallest_drop
 from pytest_kimiperf.judge.boot_summary import BootSummary
@@ -101,9 +102,9 @@ def _history(tmp_path: Path, sessions: int) -> baselines.BaselineFile:
         test="perf_tests/test_decode.py::test_single_stream_decode", profile="ring-ll", metric="decode_tok_s",
         unit="tok/s", direction=Direction.HIGHER_IS_BETTER, samples=medians, git_commit=None, profile_env={},
         boot_samples=[[m] * 20 for m in medians], boot_origins=[BootOrigin(f"s{i}", "h", {}) for i in range(sessions)])
-    path = baselines.baseline_path(tmp_path / "b", "gpu", FP.key)
-    baselines.update_baseline(path, "gpu", FP, [entry])
-    return baselines.load_baseline(path)
+    path = storage.baseline_path(tmp_path / "b", "gpu", FP.key)
+    storage.update_baseline(path, "gpu", FP, [entry])
+    return storage.load_baseline(path)
 
 
 def test_the_plan_offers_the_control_with_its_cost_where_the_session_level_stands_in_the_way(tmp_path: Path) -> None:

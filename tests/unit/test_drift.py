@@ -77,7 +77,9 @@ import numpy as np  # noqa: E402
 from pytest_kimiperf.errors import BaselineError  # noqa: E402
 from pytest_kimiperf.judge import baselines, boots  # noqa: E402
 from pytest_kimiperf.judge.baseline_schema import Night, parse_baseline  # noqa: E402
-from pytest_kimiperf.judge.baselines import BaselineView, append_history  # noqa: E402
+from pytest_kimiperf.judge.baselines import LoadedBaselines, append_history  # noqa: E402
+from pytest_kimiperf.storage import baselines as storage  # noqa: E402
+from pytest_kimiperf.storage.baselines import load_baselines  # noqa: E402
 from pytest_kimiperf.judge.drift import drift_of_entry  # noqa: E402
 from pytest_kimiperf.judge.fingerprint import Fingerprint  # noqa: E402
 from pytest_kimiperf.judge.gate import BootRun, Rules, judge  # noqa: E402
@@ -103,21 +105,21 @@ def _entry(levels: list[float], rng: np.random.Generator, minute: int) -> baseli
                                 recorded_at=datetime(2026, 11, 1, tzinfo=UTC) + timedelta(minutes=minute))
 
 
-def _history(tmp_path: Path, per_night: float, nights: int) -> tuple[BaselineView, float]:
+def _history(tmp_path: Path, per_night: float, nights: int) -> tuple[LoadedBaselines, float]:
     """A deliberate recording of 2 sessions x 2 boots, then ``nights`` passing runs of 2 boots
     appended on pass, drifting by ``per_night``; the view and the level the drift has reached."""
     rng = np.random.default_rng(11)
-    path = baselines.baseline_path(tmp_path, "tiny-cpu", FP.key)
+    path = storage.baseline_path(tmp_path, "tiny-cpu", FP.key)
     for session in range(2):
-        baselines.update_baseline(path, "tiny-cpu", FP, [_entry([0.0, 0.0], rng, session)])
+        storage.update_baseline(path, "tiny-cpu", FP, [_entry([0.0, 0.0], rng, session)])
     level = 0.0
     for night in range(1, nights + 1):
         level = math.log1p(per_night) * night + rng.normal(0.0, 0.005)
-        baselines.update_baseline(path, "tiny-cpu", FP, [_entry([level, level], rng, 10 + night)], on_pass=True)
-    return BaselineView(tmp_path, "tiny-cpu", FP), math.log1p(per_night) * (nights + 1)
+        storage.update_baseline(path, "tiny-cpu", FP, [_entry([level, level], rng, 10 + night)], on_pass=True)
+    return load_baselines(tmp_path, "tiny-cpu", FP), math.log1p(per_night) * (nights + 1)
 
 
-def _run_tonight(view: BaselineView, level: float, rules: Rules = RULES) -> TestResult:
+def _run_tonight(view: LoadedBaselines, level: float, rules: Rules = RULES) -> TestResult:
     rng = np.random.default_rng(5)
     earlier = boots.TestBoots()
     result = None
@@ -125,7 +127,7 @@ def _run_tonight(view: BaselineView, level: float, rules: Rules = RULES) -> Test
         shell = TestResult(test=TEST, nodeid=f"{TEST}[default]", profile="default", deployment="tiny-cpu",
                            scenario="single_stream", boot=boot)
         judged = judge(shell, ["decode_tok_s"], BootRun(samples={"decode_tok_s": _samples(level, rng)}, requests=20),
-                       rules, view=view, earlier=earlier)
+                       rules, baselines=view, earlier=earlier)
         assert judged.recorded is not None
         earlier.add(boot, judged.recorded)
         result = judged.result
@@ -202,8 +204,8 @@ def test_quiet_nights_and_a_fresh_recording_do_not_fail_on_drift(tmp_path: Path)
     drifted_view, drifted_level = _history(tmp_path / "d", -0.0025, 30)
     rng = np.random.default_rng(9)
     path = drifted_view.path
-    baselines.update_baseline(path, "tiny-cpu", FP, [_entry([drifted_level] * 2, rng, 100)])
-    fresh = BaselineView(tmp_path / "d", "tiny-cpu", FP)
+    storage.update_baseline(path, "tiny-cpu", FP, [_entry([drifted_level] * 2, rng, 100)])
+    fresh = load_baselines(tmp_path / "d", "tiny-cpu", FP)
     file = fresh.file()
     assert file is not None and not next(iter(file.entries.values())).nights
     assert not [f for f in _run_tonight(fresh, drifted_level).failures if isinstance(f, Drifted)]

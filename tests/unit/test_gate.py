@@ -10,7 +10,9 @@ import numpy as np
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge import baselines
-from pytest_kimiperf.judge.baselines import BaselineView
+from pytest_kimiperf.judge.baselines import LoadedBaselines
+from pytest_kimiperf.storage import baselines as storage
+from pytest_kimiperf.storage.baselines import load_baselines
 from pytest_kimiperf.judge import boots
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.decide import missing_baselines
@@ -36,7 +38,7 @@ def _decode(median: float, seed: int, n: int = 20) -> BootRun:
     return BootRun(samples={"decode_tok_s": list(median * rng.lognormal(0, 0.01, n))}, requests=n)
 
 
-def _baseline(tmp_path: Path, medians: list[float]) -> BaselineView:
+def _baseline(tmp_path: Path, medians: list[float]) -> LoadedBaselines:
     """A baseline of one boot per median, 20 requests each."""
     rng = np.random.default_rng(7)
     boot_samples = [list(m * rng.lognormal(0, 0.01, 20)) for m in medians]
@@ -44,13 +46,13 @@ def _baseline(tmp_path: Path, medians: list[float]) -> BaselineView:
                                  direction=Direction.HIGHER_IS_BETTER,
                                  samples=[x for boot in boot_samples for x in boot], git_commit=None,
                                  profile_env={}, boot_samples=boot_samples)
-    baselines.update_baseline(baselines.baseline_path(tmp_path, "tiny-cpu", FP.key), "tiny-cpu", FP, [entry])
-    return BaselineView(tmp_path, "tiny-cpu", FP)
+    storage.update_baseline(storage.baseline_path(tmp_path, "tiny-cpu", FP.key), "tiny-cpu", FP, [entry])
+    return load_baselines(tmp_path, "tiny-cpu", FP)
 
 
-def _judge(run: BootRun, *, view: BaselineView | None = None, earlier: boots.TestBoots | None = None,
+def _judge(run: BootRun, *, view: LoadedBaselines | None = None, earlier: boots.TestBoots | None = None,
            boot: int = 1, floor: bool = False) -> Judgement:
-    return judge(_shell(boot), ["decode_tok_s"], run, RULES, view=view, earlier=earlier or boots.TestBoots(),
+    return judge(_shell(boot), ["decode_tok_s"], run, RULES, baselines=view, earlier=earlier or boots.TestBoots(),
                  floor=floor)
 
 
@@ -112,7 +114,7 @@ def test_one_boot_of_a_server_that_cannot_be_restarted_fails_unresolved_and_says
     # An attached server without a restart_command: a 20% slower server passed with a warning.
     view = _baseline(tmp_path, [100, 99, 101, 100, 100])
     attached = dataclasses.replace(RULES, max_boots=1, no_more_boots="remote")
-    judged = judge(_shell(), ["decode_tok_s"], _decode(80.0, seed=3), attached, view=view, earlier=boots.TestBoots())
+    judged = judge(_shell(), ["decode_tok_s"], _decode(80.0, seed=3), attached, baselines=view, earlier=boots.TestBoots())
     assert judged.wants_boot is None
     assert judged.result.unresolved is not None and unresolved_text(judged.result.unresolved) == (
         "decode looks -20.1% on 1 boot(s), beyond the 5% tolerance (one boot can screen, never convict); "
@@ -120,7 +122,7 @@ def test_one_boot_of_a_server_that_cannot_be_restarted_fails_unresolved_and_says
         "['systemctl', 'restart', 'vllm']) and the plugin restarts it for the 2 or more boots a verdict needs")
     assert say_all(judged.result.failures) == [f"UNRESOLVED: {unresolved_text(judged.result.unresolved)}"]
     # within the tolerance it passes, as any boot does
-    calm = judge(_shell(), ["decode_tok_s"], _decode(99.0, seed=3), attached, view=view, earlier=boots.TestBoots())
+    calm = judge(_shell(), ["decode_tok_s"], _decode(99.0, seed=3), attached, baselines=view, earlier=boots.TestBoots())
     assert calm.result.failures == [] and calm.result.unresolved is None
     # a server the run can restart asks for another boot instead
     assert _judge(_decode(80.0, seed=3), view=view).wants_boot == 2
@@ -157,7 +159,7 @@ def test_a_regression_on_two_boots_fails(tmp_path: Path) -> None:
 
 
 def test_a_missing_baseline_is_said_and_judges_nothing(tmp_path: Path) -> None:
-    judged = _judge(_decode(50.0, seed=5), view=BaselineView(tmp_path, "tiny-cpu", FP))
+    judged = _judge(_decode(50.0, seed=5), view=load_baselines(tmp_path, "tiny-cpu", FP))
     assert judged.comparisons == [] and judged.result.failures == []
     line = judged.result.metrics["decode_tok_s"].baseline_line
     assert line is not None and say(line) == f"decode: no baseline for this hardware ({FP.key}): run --kimiperf-update-baselines"
@@ -184,11 +186,11 @@ def test_too_many_failed_requests_fail_the_boot() -> None:
 
 def test_judge_leaves_its_input_result_alone() -> None:
     shell = _shell()
-    judge(shell, ["decode_tok_s"], _decode(30.0, seed=6), RULES, view=None, earlier=boots.TestBoots(), floor=True)
+    judge(shell, ["decode_tok_s"], _decode(30.0, seed=6), RULES, baselines=None, earlier=boots.TestBoots(), floor=True)
     assert shell.failures == [] and shell.messages == [] and shell.metrics == {}
 
 
-def _recorded_on(tmp_path: Path, medians: list[float], canary: dict[str, float]) -> BaselineView:
+def _recorded_on(tmp_path: Path, medians: list[float], canary: dict[str, float]) -> LoadedBaselines:
     """A baseline whose boots were recorded in session 'then' on host 'h' with ``canary``."""
     from pytest_kimiperf.judge.levels import BootOrigin
 
@@ -199,23 +201,23 @@ def _recorded_on(tmp_path: Path, medians: list[float], canary: dict[str, float])
                                  direction=Direction.HIGHER_IS_BETTER,
                                  samples=[x for boot in boot_samples for x in boot], git_commit=None,
                                  profile_env={}, boot_samples=boot_samples, boot_origins=[origin] * len(medians))
-    baselines.update_baseline(baselines.baseline_path(tmp_path, "tiny-cpu", FP.key), "tiny-cpu", FP, [entry])
-    return BaselineView(tmp_path, "tiny-cpu", FP)
+    storage.update_baseline(storage.baseline_path(tmp_path, "tiny-cpu", FP.key), "tiny-cpu", FP, [entry])
+    return load_baselines(tmp_path, "tiny-cpu", FP)
 
 
-def _two_boots_in_session(view: BaselineView, median: float, canary: dict[str, float]) -> Judgement:
+def _two_boots_in_session(view: LoadedBaselines, median: float, canary: dict[str, float]) -> Judgement:
     import dataclasses
 
     from pytest_kimiperf.judge.levels import BootOrigin
 
     origin = BootOrigin("now", "h", canary)
     first = judge(dataclasses.replace(_shell(1), origin=origin), ["decode_tok_s"], _decode(median, seed=3), RULES,
-                  view=view, earlier=boots.TestBoots())
+                  baselines=view, earlier=boots.TestBoots())
     earlier = boots.TestBoots()
     assert first.recorded is not None and first.recorded["decode_tok_s"].session == "now"
     earlier.add(1, first.recorded)
     return judge(dataclasses.replace(_shell(2), origin=origin), ["decode_tok_s"], _decode(median, seed=4), RULES,
-                 view=view, earlier=earlier)
+                 baselines=view, earlier=earlier)
 
 
 def test_a_host_half_as_fast_by_its_canary_is_not_comparable_never_a_regression(tmp_path: Path) -> None:
@@ -248,8 +250,8 @@ def test_the_metrics_of_one_test_place_each_boot_in_one_spawn_mode(tmp_path: Pat
         entries.append(baselines.make_entry(test=TEST, profile="default", metric=metric, unit="x", direction=direction,
                                             samples=[x for b in boot_samples for x in b], git_commit=None,
                                             profile_env={}, boot_samples=boot_samples))
-    baselines.update_baseline(baselines.baseline_path(tmp_path, "tiny-cpu", FP.key), "tiny-cpu", FP, entries)
-    view = BaselineView(tmp_path, "tiny-cpu", FP)
+    storage.update_baseline(storage.baseline_path(tmp_path, "tiny-cpu", FP.key), "tiny-cpu", FP, entries)
+    view = load_baselines(tmp_path, "tiny-cpu", FP)
     rules = dataclasses.replace(RULES, tolerances={"decode_tok_s": 0.03, "ttft_ms": 0.05})
 
     def run(seed: int) -> BootRun:
@@ -258,10 +260,10 @@ def test_the_metrics_of_one_test_place_each_boot_in_one_spawn_mode(tmp_path: Pat
                                 "ttft_ms": list(40.0 * r.lognormal(0, 0.002, 20))}, requests=20)
 
     earlier = boots.TestBoots()
-    first = judge(_shell(1), ["decode_tok_s", "ttft_ms"], run(3), rules, view=view, earlier=earlier)
+    first = judge(_shell(1), ["decode_tok_s", "ttft_ms"], run(3), rules, baselines=view, earlier=earlier)
     assert first.recorded is not None
     earlier.add(1, first.recorded)
-    second = judge(_shell(2), ["decode_tok_s", "ttft_ms"], run(4), rules, view=view, earlier=earlier)
+    second = judge(_shell(2), ["decode_tok_s", "ttft_ms"], run(4), rules, baselines=view, earlier=earlier)
     decode, ttft = second.result.metrics["decode_tok_s"].baseline, second.result.metrics["ttft_ms"].baseline
     assert decode is not None and ttft is not None
     assert decode.verdict is VerdictKind.REGRESSION, comparison_line(decode)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from pytest_kimiperf.judge import baselines
 from pytest_kimiperf.judge.fingerprint import Fingerprint, version_changes
-from pytest_kimiperf.judge.baselines import BaselineView
+from pytest_kimiperf.storage import baselines as storage
+from pytest_kimiperf.storage.baselines import load_baselines
 from pytest_kimiperf.judge.verdicts import MetricResult, ResultWarning, TestResult
 from pytest_kimiperf.judge.gate import (
     WarningKind, judge_metric, missing_baselines, warning_kinds,
@@ -30,7 +31,7 @@ def _record(tmp_path: Path, fingerprint: Fingerprint, median: float) -> None:
     entry = baselines.make_entry(test=TEST, profile="default", metric="decode_tok_s", unit="tok/s",
                                  direction=Direction.HIGHER_IS_BETTER, samples=boots[-1], git_commit=None,
                                  profile_env={}, boot_samples=boots)
-    baselines.update_baseline(baselines.baseline_path(tmp_path, "kimi", fingerprint.key), "kimi", fingerprint,
+    storage.update_baseline(storage.baseline_path(tmp_path, "kimi", fingerprint.key), "kimi", fingerprint,
                               [entry])
 
 
@@ -38,7 +39,7 @@ def _judge(tmp_path: Path, median: float) -> tuple[MetricResult, object]:
     samples = [median * (1 + 0.001 * i) for i in range(10)]
     metric = MetricResult("decode_tok_s", "tok/s", "higher_is_better", 0.03, samples, boot_label="default boot 1")
     comparison, line = judge_metric(
-        metric, test=TEST, profile="default", view=BaselineView(tmp_path, "kimi", NEW), profile_env={},
+        metric, test=TEST, profile="default", baselines=load_baselines(tmp_path, "kimi", NEW), profile_env={},
         current=[summarize_boot(samples, "b1")] * 3, prior_spread=0.01,
     )
     metric.baseline = comparison.to_dict() if comparison else None

@@ -13,11 +13,12 @@ from pytest_kimiperf.judge.boot_summary import BootSummary
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.judge.history import compare_with_history
 from pytest_kimiperf.judge.levels import (
-    BootOrigin, canary_shift, history_level, level_terms, load_corpus, nested_levels,
+    BootOrigin, canary_shift, history_level, level_terms, nested_levels,
 )
 from pytest_kimiperf.judge.stats import VerdictKind, compare_boots
 from pytest_kimiperf.measure.canary import Canary, cpu_canary
 from pytest_kimiperf.judge.notes import SpreadSource
+from pytest_kimiperf.storage.noise_corpus import load_corpus
 from pytest_kimiperf.reports.sentences import canary_text, comparison_line, level_spread_text, level_text, say
 
 
@@ -185,17 +186,18 @@ def test_the_gpu_power_limit_probe_reads_nvidia_smi_as_recorded() -> None:
 
 
 def test_the_planner_command_answers_in_sessions_across_sessions(capsys: pytest.CaptureFixture[str]) -> None:
-    from pytest_kimiperf.judge.planner import main
+    from pytest_kimiperf.judge.planner import answer
 
-    assert main(["--change", "6%", "--spread", "1%", "--tolerance", "3%", "--reference-boots", "10",
-                 "--session-spread", "2%"]) == 1
-    out = capsys.readouterr().out
+    out, status = answer(["--change", "6%", "--spread", "1%", "--tolerance", "3%", "--reference-boots", "10",
+                          "--session-spread", "2%"])
+    assert status == 1
     assert "no number of boots in one session will do" in out and "about 10 sessions of each side" in out
-    assert main(["--change", "6%", "--spread", "1%", "--tolerance", "3%", "--reference-boots", "10",
-                 "--session-spread", "0.5%", "--reference-sessions", "5"]) == 0
-    assert "you need 2 boots" in capsys.readouterr().out
+    out, status = answer(["--change", "6%", "--spread", "1%", "--tolerance", "3%", "--reference-boots", "10",
+                          "--session-spread", "0.5%", "--reference-sessions", "5"])
+    assert status == 0
+    assert "you need 2 boots" in out
     with pytest.raises(SystemExit):
-        main(["--change", "6%", "--spread", "1%", "--session-spread", "1%", "--reference-sessions", "0"])
+        answer(["--change", "6%", "--spread", "1%", "--session-spread", "1%", "--reference-sessions", "0"])
     assert "--reference-sessions 0: use a count of at least 1" in capsys.readouterr().err
 
 

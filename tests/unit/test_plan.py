@@ -11,6 +11,7 @@ from scipy import stats as scipy_stats
 from pytest_kimiperf.config.options import OPTIONS
 from pytest_kimiperf.config.settings import RawOption, build_settings
 from pytest_kimiperf.judge import baselines
+from pytest_kimiperf.storage import baselines as storage
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.power import boots_needed, smallest_change
 from pytest_kimiperf.judge.stats import GATE_CRITICAL
@@ -68,10 +69,10 @@ def test_against_a_history_the_plan_says_what_regression_it_convicts_and_the_rec
             test="perf_tests/test_decode.py::test_single_stream_decode", profile="default", metric=metric, unit=unit,
             direction=spec_dir, samples=medians, git_commit=None, profile_env={},
             boot_samples=[[m] * (20 if metric == "decode_tok_s" else 1) for m in medians]))
-    path = baselines.baseline_path(tmp_path / "b", "kimi-k25-int4-tp8", FP.key)
-    baselines.update_baseline(path, "kimi-k25-int4-tp8", FP, entries)
+    path = storage.baseline_path(tmp_path / "b", "kimi-k25-int4-tp8", FP.key)
+    storage.update_baseline(path, "kimi-k25-int4-tp8", FP, entries)
     s = _settings(tmp_path, deployment="kimi-k25-int4-tp8")
-    lines = plan_lines(s, baselines.load_baseline(path))  # type: ignore[arg-type]
+    lines = plan_lines(s, storage.load_baseline(path))  # type: ignore[arg-type]
     assert lines[1] == "  boots: 1 profile (default) x 1 = 1 boot, up to 6 with boots on demand (6 per profile)"
     assert lines[2] == ("  loading: 28 min a boot (the median of 2 recorded boots (boot_ready_s)): 28 min of loading, "
                         "up to 2 h 45 min")

@@ -19,7 +19,9 @@ from pytest_kimiperf.measure.target import Target
 from pytest_kimiperf.judge.boots import BootLedger, BootSlot
 from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.judge.fingerprint import Fingerprint
-from pytest_kimiperf.judge.baselines import BaselineView, baseline_entries
+from pytest_kimiperf.judge.baselines import baseline_entries
+from pytest_kimiperf.storage import baselines as storage
+from pytest_kimiperf.storage.baselines import load_baselines
 from pytest_kimiperf.judge.boots import strip_slot as strip_profile
 from pytest_kimiperf.judge.verdicts import WarningKind
 from pytest_kimiperf.reports.json_report import comparison_json
@@ -66,7 +68,7 @@ def _boot(median: float, rng: np.random.Generator, n: int = 8) -> RunResult:
 def _recorder(tmp_path: Path, failures: list[str], published: list[Any], *, boot: int = 1,
               ledger: BootLedger | None = None, deployment: Any = NOISY, boots: int = 1,
               account: BootAccount | None = None) -> PerfRecorder:
-    view = BaselineView(tmp_path, "tiny-cpu", FP)
+    view = load_baselines(tmp_path, "tiny-cpu", FP)
     settings = SimpleNamespace(deployment=deployment, perf_strict=False, boots=boots, missing_baseline_fails=False,
                                max_boots=max(deployment.max_boots, boots), control=False,
                                profiles=(SimpleNamespace(name="default"),))
@@ -79,7 +81,7 @@ def _recorder(tmp_path: Path, failures: list[str], published: list[Any], *, boot
 
     slot = BootSlot(SimpleNamespace(name="default"), boot)
     return PerfRecorder(nodeid=f"t.py::test[{slot.id}]", test=TEST, server=server, settings=settings,
-                        profile_env={}, view=view, ensure_alive=lambda: None, publish=published.append, fail=fail,
+                        profile_env={}, baselines=view, ensure_alive=lambda: None, publish=published.append, fail=fail,
                         boot=boot, ledger=ledger)
 
 
@@ -88,8 +90,8 @@ def _record_baseline(tmp_path: Path, samples: list[float], fingerprint: Fingerpr
     entry = baselines.make_entry(test=TEST, profile="default", metric="decode_tok_s", unit="tok/s",
                                  direction=Direction.HIGHER_IS_BETTER, samples=samples, git_commit=None,
                                  profile_env={}, boot_samples=boot_samples)
-    path = baselines.baseline_path(tmp_path, "tiny-cpu", fingerprint.key)
-    baselines.update_baseline(path, "tiny-cpu", fingerprint, [entry])
+    path = storage.baseline_path(tmp_path, "tiny-cpu", fingerprint.key)
+    storage.update_baseline(path, "tiny-cpu", fingerprint, [entry])
 
 
 def _record_boot_history(tmp_path: Path, medians: list[float], rng: np.random.Generator) -> None:
@@ -216,7 +218,7 @@ def test_baseline_key_drops_only_the_profile(nodeid: str, profile: str, key: str
 
 
 def test_corrupt_baseline_fails_the_test_with_its_message_not_a_traceback(tmp_path: Path) -> None:
-    path = baselines.baseline_path(tmp_path, "tiny-cpu", FP.key)
+    path = storage.baseline_path(tmp_path, "tiny-cpu", FP.key)
     path.parent.mkdir(parents=True)
     path.write_text("{ not json")
     failures: list[str] = []
@@ -288,8 +290,8 @@ def test_a_p99_of_eight_requests_is_insufficient_never_a_verdict_while_pooled_it
     record = _recorder(tmp_path, [], [], deployment=QUIET)
     first = record.check(record.measure(SCENARIO), ["p99_e2el_ms", "p99_itl_ms"])
     entries, _ = baseline_entries([first], git_commit=None)
-    path = baselines.baseline_path(tmp_path, "tiny-cpu", FP.key)
-    baselines.update_baseline(path, "tiny-cpu", FP, entries)
+    path = storage.baseline_path(tmp_path, "tiny-cpu", FP.key)
+    storage.update_baseline(path, "tiny-cpu", FP, entries)
     failures: list[str] = []
     again = _recorder(tmp_path, failures, [], deployment=QUIET, ledger=BootLedger())
     result = again.check(again.measure(SCENARIO), ["p99_e2el_ms", "p99_itl_ms"])
@@ -383,7 +385,7 @@ def test_a_boot_that_got_slower_to_ready_is_a_regression_against_its_history(tmp
     entry = baselines.make_entry(test=TEST, profile="default", metric="boot_ready_s", unit="s",
                                  direction=Direction.LOWER_IS_BETTER, samples=[40.0], git_commit=None,
                                  profile_env={}, boot_samples=[[40.0], [40.4], [39.6], [40.2], [39.8]])
-    baselines.update_baseline(baselines.baseline_path(tmp_path, "tiny-cpu", FP.key), "tiny-cpu", FP, [entry])
+    storage.update_baseline(storage.baseline_path(tmp_path, "tiny-cpu", FP.key), "tiny-cpu", FP, [entry])
     ledger, failures, published = BootLedger(), [], []
     # A disk or driver change: +40% (the 25% tolerance is a band symmetric on the log ratio,
     # 0.75x to 1/0.75x, so a latency is within it up to +33%).

@@ -1,7 +1,7 @@
 """Reports: terminal summary lines, JSON schema (golden), Markdown (snapshot), plots, plugin glue.
 
 The results are synthetic but decided by the real gate: baselines are written with
-``baselines.update_baseline`` and judged with ``gate.judge_metric``, floors with
+``storage.update_baseline`` and judged with ``gate.judge_metric``, floors with
 ``gate.check_floor``, profiles compared with ``profiles.compare_profiles``. Set
 ``KIMIPERF_UPDATE_GOLDEN=1`` to rewrite the golden files after an intended change, then review
 their diff like code.
@@ -21,6 +21,9 @@ import numpy as np
 import pytest
 
 from pytest_kimiperf.judge import baselines
+from pytest_kimiperf.judge.baselines import LoadedBaselines
+from pytest_kimiperf.storage import baselines as storage
+from pytest_kimiperf.storage.baselines import load_baselines
 
 from pytest_kimiperf.judge import gate
 from pytest_kimiperf.judge.fingerprint import Fingerprint
@@ -85,7 +88,7 @@ def measured(profile: str, *, decode: float, itl: float, ttft: float, seed: int,
     return res
 
 
-def judge(res: TestResult, view: baselines.BaselineView | None,
+def judge(res: TestResult, view: LoadedBaselines | None,
           earlier: list[TestResult] = ()) -> TestResult:  # type: ignore[assignment]
     """What the recorder does after measuring: floor, then each metric against its baseline,
     on this boot and the ``earlier`` boots of the same test and profile."""
@@ -98,7 +101,7 @@ def judge(res: TestResult, view: baselines.BaselineView | None,
         res.warn(WarningKind.BELOW_TARGET, FloorNote(fr))
     for mres in res.metrics.values():
         current = [r.metrics[mres.metric].boot_summary() for r in (*earlier, res)]
-        comparison, line = gate.judge_metric(mres, test=res.test, profile=res.profile, view=view,
+        comparison, line = gate.judge_metric(mres, test=res.test, profile=res.profile, baselines=view,
                                              profile_env=res.profile_env, current=current,
                                              prior_spread=PRIOR_SPREAD)
         mres.baseline_line = line
@@ -110,7 +113,7 @@ def judge(res: TestResult, view: baselines.BaselineView | None,
 
 
 @pytest.fixture
-def view(tmp_path: Path) -> baselines.BaselineView:
+def view(tmp_path: Path) -> LoadedBaselines:
     """A baseline file holding the default profile only (ring-ll has no baseline)."""
     stored = FINGERPRINT
     base = measured("default", decode=81.4, itl=12.3, ttft=40.0, seed=100)
@@ -119,13 +122,13 @@ def view(tmp_path: Path) -> baselines.BaselineView:
     base.metrics["ttft_ms"].samples = samples(102, 33.0, 0.02)
     entries, not_recorded = baselines.baseline_entries([base], git_commit=None)
     assert not_recorded == []
-    path = baselines.baseline_path(tmp_path, "tiny-cpu", FINGERPRINT.key)
-    baselines.update_baseline(path, "tiny-cpu", stored, entries)
-    return baselines.BaselineView(tmp_path, "tiny-cpu", stored)
+    path = storage.baseline_path(tmp_path, "tiny-cpu", FINGERPRINT.key)
+    storage.update_baseline(path, "tiny-cpu", stored, entries)
+    return load_baselines(tmp_path, "tiny-cpu", stored)
 
 
 @pytest.fixture
-def results(view: baselines.BaselineView) -> list[TestResult]:
+def results(view: LoadedBaselines) -> list[TestResult]:
     """Two boots of each profile, interleaved A B B A: one boot can screen, never convict."""
     default = judge(measured("default", decode=81.4, itl=12.3, ttft=40.0, seed=1), view)
     ring_ll = judge(measured("ring-ll", decode=81.9, itl=12.2, ttft=44.0, seed=10), view)
@@ -356,7 +359,7 @@ def test_an_output_error_and_a_later_one_are_each_listed_once(results: list[Test
                       "ERROR: MissingBaselineWarning (an error by -W or filterwarnings): kimiperf: none"]
 
 
-def test_many_profiles_stack_the_metric_above_its_rows_to_stay_in_width(view: baselines.BaselineView) -> None:
+def test_many_profiles_stack_the_metric_above_its_rows_to_stay_in_width(view: LoadedBaselines) -> None:
     names = ["default", "ring-ll-with-a-long-name", "tree-simple-with-a-long-name"]
     results = [measured(name, decode=81.0 + i, itl=12.3, ttft=40.0, seed=10 * i)
                for i, name in enumerate(names)]
@@ -415,9 +418,9 @@ def test_the_first_screen_opens_with_the_answers_and_fits_make_perfs_shape(tmp_p
     recorded = [shaped(measured(p, decode=81.4, itl=12.3, ttft=40.0, seed=7 + i, test=test))
                 for i, test in enumerate(tests) for p in ("default", "ring-ll")]
     entries, _ = baselines.baseline_entries(recorded, git_commit=None)
-    baselines.update_baseline(baselines.baseline_path(tmp_path, "tiny-cpu", FINGERPRINT.key), "tiny-cpu",
+    storage.update_baseline(storage.baseline_path(tmp_path, "tiny-cpu", FINGERPRINT.key), "tiny-cpu",
                               FINGERPRINT, entries)
-    view = baselines.BaselineView(tmp_path, "tiny-cpu", FINGERPRINT)
+    view = load_baselines(tmp_path, "tiny-cpu", FINGERPRINT)
     results: list[TestResult] = []
     for t_index, test in enumerate(tests):
         earlier: dict[str, list[TestResult]] = {"default": [], "ring-ll": []}
@@ -510,7 +513,7 @@ def test_terminal_summary_matches_the_snapshot(report: SessionReport) -> None:
     assert text == golden("terminal.txt", text)
 
 
-def tail_results(view: baselines.BaselineView) -> list[TestResult]:
+def tail_results(view: LoadedBaselines) -> list[TestResult]:
     """The decode test with a tail metric (p90 TTFT, 40 requests a boot) beside its median, and
     one boot of ring-ll with 20 requests: too few for a p90 (30 needed)."""
     def with_tail(res: TestResult, seed: int, center: float, n: int = 40) -> TestResult:
@@ -532,7 +535,7 @@ def tail_results(view: baselines.BaselineView) -> list[TestResult]:
     ]
 
 
-def test_a_tail_row_shows_each_boots_quantile_and_its_bootstrap_interval(view: baselines.BaselineView) -> None:
+def test_a_tail_row_shows_each_boots_quantile_and_its_bootstrap_interval(view: LoadedBaselines) -> None:
     report = make_report(tail_results(view))
     lines = summary(report, verbosity=1).lines()  # -v: every boot's row
     assert "each boot's median (IQR of its samples), or for a pNN metric its pNN (90% bootstrap interval);" in lines
@@ -669,7 +672,7 @@ def test_plugin_writes_reports_and_baselines_and_summarizes(
         ("default", 1), ("ring-ll", 1), ("ring-ll", 2), ("default", 2)]
     assert data["baselines"]["entries_written"] == 6
     assert data["fingerprint"]["key"] in data["baselines"]["path"]
-    written = baselines.load_baseline(data["baselines"]["path"])
+    written = storage.load_baseline(data["baselines"]["path"])
     assert written is not None and len(written.entries) == 6
     assert step.read_text().startswith("## kimiperf: tiny-cpu")
     assert (pytester.path / "out" / "summary.md").read_text() == step.read_text()

@@ -187,7 +187,7 @@ def test_args_that_change_the_weights_keep_a_profile_off_the_weight_cache() -> N
 
 def test_the_gate_does_not_compare_a_run_with_a_baseline_of_other_args(tmp_path: Path) -> None:
     from pytest_kimiperf.judge import boots
-    from pytest_kimiperf.judge.baselines import BaselineView, baseline_path, update_baseline
+    from pytest_kimiperf.storage.baselines import baseline_path, load_baselines, update_baseline
     from pytest_kimiperf.judge.gate import BootRun, judge
     from pytest_kimiperf.judge.verdicts import TestResult
     from pytest_kimiperf.judge.stats import VerdictKind
@@ -198,13 +198,13 @@ def test_the_gate_does_not_compare_a_run_with_a_baseline_of_other_args(tmp_path:
                        direction=Direction.HIGHER_IS_BETTER, samples=samples[0], git_commit=None,
                        profile_env={}, profile_args=("--enforce-eager",), boot_samples=samples)
     update_baseline(baseline_path(tmp_path, "tiny-cpu", FP.key), "tiny-cpu", FP, [entry])
-    view = BaselineView(tmp_path, "tiny-cpu", FP)
+    view = load_baselines(tmp_path, "tiny-cpu", FP)
 
     def judged(args: list[str]) -> tuple[VerdictKind, str]:
         shell = TestResult(test=TEST, nodeid=f"{TEST}[eager]", profile="eager", deployment="tiny-cpu",
                            scenario="single_stream", profile_args=args)
         result = judge(shell, ["decode_tok_s"], BootRun(samples={"decode_tok_s": samples[1]}, requests=20),
-                       RULES, view=view, earlier=boots.TestBoots()).result
+                       RULES, baselines=view, earlier=boots.TestBoots()).result
         return result.metrics["decode_tok_s"].baseline.verdict, \
             say(result.metrics["decode_tok_s"].baseline_line) if result.metrics["decode_tok_s"].baseline_line else ""
 

@@ -250,16 +250,17 @@ def test_floor_check_rejects_bad_input() -> None:
 
 
 def test_the_planner_command_answers_in_one_line_and_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    from pytest_kimiperf.judge.planner import main
+    from pytest_kimiperf.judge.planner import answer
 
-    assert main(["--from", "81.4", "--to", "81.9", "--spread", "0.8%"]) == 0
-    out = capsys.readouterr().out
+    out, status = answer(["--from", "81.4", "--to", "81.9", "--spread", "0.8%"])
+    assert status == 0
     assert out.startswith("to tell 81.4 vs 81.9 (0.61%) at a boot spread of 0.8% you need ")
     assert "boots per profile" in out
-    assert main(["--change", "4%", "--spread", "5%", "--tolerance", "3%", "--reference-boots", "2"]) == 1
-    assert "no number of boots will do" in capsys.readouterr().out
+    out, status = answer(["--change", "4%", "--spread", "5%", "--tolerance", "3%", "--reference-boots", "2"])
+    assert status == 1
+    assert "no number of boots will do" in out
     with pytest.raises(SystemExit):
-        main(["--change", "abc", "--spread", "1%"])
+        answer(["--change", "abc", "--spread", "1%"])
     assert "'abc' is not a fraction" in capsys.readouterr().err
 
 
