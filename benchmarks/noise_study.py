@@ -43,6 +43,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -60,7 +61,7 @@ from pytest_kimiperf.judge.verdicts import MetricResult  # noqa: E402
 from pytest_kimiperf.config.metric_specs import metric_spec  # noqa: E402
 from pytest_kimiperf.measure.watched import say_invalid  # noqa: E402
 from pytest_kimiperf.measure.canary import host_canary, host_identity  # noqa: E402
-from pytest_kimiperf.recorder import PerfRecorder  # noqa: E402
+from pytest_kimiperf.recorder import PerfCase, PerfRecorder, RecorderHooks  # noqa: E402
 from pytest_kimiperf.reports.sentences import level_text, request_cv_text  # noqa: E402
 from pytest_kimiperf.server.manager import ServerManager  # noqa: E402
 
@@ -131,11 +132,11 @@ def _measure_boot(settings, log_dir: Path, boot: int, variant: str) -> dict[str,
         for test, scenario, names in CASES:
             if variant == "long-warmup":
                 scenario = dataclasses.replace(scenario, warmup_requests=4 * (scenario.warmup_requests or 1))
-            recorder = PerfRecorder(
-                nodeid=f"noise::{test}", test=test, server=handle, settings=settings, profile_env={}, baselines=None,
-                ensure_alive=manager.ensure_alive, publish=lambda result: None,
-                fail=lambda message: (_ for _ in ()).throw(RuntimeError(message)), boot=boot, ledger=BootLedger(),
-            )
+            run_of = SimpleNamespace(settings=settings, ledger=BootLedger, origin=lambda: None, baselines=lambda: None,
+                                     family=lambda: None)
+            recorder = PerfRecorder(run_of, PerfCase(nodeid=f"noise::{test}", test=test, server=handle, boot=boot),
+                                    RecorderHooks(ensure_alive=manager.ensure_alive, publish=lambda result: None,
+                                                  fail=lambda message: (_ for _ in ()).throw(RuntimeError(message))))
             run = recorder.measure(scenario)
             if (why := run.invalid or recorder.watched.busy) is not None:
                 invalid.append(f"{test}: {say_invalid(why)}")

@@ -112,7 +112,7 @@ def kimiperf_server(
 def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf_profile: NcclProfile) -> PerfRecorder:
     """Measure scenarios against the session's server and judge them (floors, baselines)."""
     from pytest_kimiperf.judge.boots import strip_slot
-    from pytest_kimiperf.recorder import PerfRecorder
+    from pytest_kimiperf.recorder import PerfCase, PerfRecorder, RecorderHooks
 
     run = perf_session(request.config)
     manager = server_manager(request.config)
@@ -143,22 +143,9 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
 
     slot = slot_of(item)
     assert slot is not None  # the perf fixture needs kimiperf_server, which is parametrized by slot
-    return PerfRecorder(
-        nodeid=item.nodeid,
-        test=strip_slot(item.nodeid, slot.id),
-        boot=slot.boot,
-        ledger=run.ledger(),
-        server=kimiperf_server,
-        settings=run.settings,
-        profile_env=dict(kimiperf_profile.env),
-        profile_args=kimiperf_profile.args,
-        # A control (--kimiperf-control) is the reference of this session, judged against no history.
-        baselines=None if kimiperf_profile.control_of else run.baselines(),
-        family=None if kimiperf_profile.control_of else run.family(),
-        ensure_alive=ensure_alive,
-        publish=publish,
-        fail=lambda message: pytest.fail(message, pytrace=False),
-        tolerances=tolerances,
-        origin=run.origin(),
-        benchmark=benchmark,
-    )
+    return PerfRecorder(run, PerfCase(
+        nodeid=item.nodeid, test=strip_slot(item.nodeid, slot.id), server=kimiperf_server, boot=slot.boot,
+        profile_env=dict(kimiperf_profile.env), profile_args=kimiperf_profile.args, tolerances=tolerances,
+        control=bool(kimiperf_profile.control_of),
+    ), RecorderHooks(ensure_alive=ensure_alive, publish=publish,
+                     fail=lambda message: pytest.fail(message, pytrace=False), benchmark=benchmark))

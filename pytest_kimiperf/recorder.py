@@ -16,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from pytest_kimiperf.reports import benchmark_bridge
 from pytest_kimiperf.errors import BaselineError, ConfigError, KimiperfError
@@ -59,48 +60,68 @@ def _checked_slo(slo: Mapping[str, Any]) -> dict[str, float]:
     return checked
 
 
+@dataclass(frozen=True)
+class PerfCase:
+    """One perf test on one boot of one profile's server: what a recorder measures and judges."""
+
+    nodeid: str
+    test: str  # the node id without the profile and boot
+    server: ServerHandle
+    # Which boot of this profile's server measures: part of the prompt seed (workload.prompt_seed).
+    boot: int = 1
+    profile_env: Mapping[str, str] = field(default_factory=dict)
+    profile_args: Sequence[str] = ()
+    tolerances: Mapping[str, float] = field(default_factory=dict)  # the test's marker overrides
+    control: bool = False  # a control (--kimiperf-control): this session's reference, judged against no history
+
+
+@dataclass(frozen=True)
+class RecorderHooks:
+    """What the recorder calls back into pytest: check the server, publish the result, fail the
+    test, and take pytest-benchmark's fixture on the first measure (see benchmark_bridge)."""
+
+    ensure_alive: Callable[[], None]
+    publish: Callable[[TestResult], None]
+    fail: Callable[[str], NoReturn]
+    benchmark: Callable[[], Any | None] | None = None
+
+
+class RecorderRun(Protocol):
+    """What the recorder reads of the run (session.PerfSession is one)."""
+
+    settings: Settings
+
+    def ledger(self) -> BootLedger: ...
+
+    def origin(self) -> BootOrigin | None: ...
+
+    def baselines(self) -> LoadedBaselines | None: ...
+
+    def family(self) -> int | None: ...
+
+
 class PerfRecorder:
     """Measures against the session's server and judges the result for one test."""
 
-    def __init__(
-        self,
-        *,
-        nodeid: str,
-        test: str,
-        server: ServerHandle,
-        settings: Settings,
-        profile_env: Mapping[str, str],
-        baselines: LoadedBaselines | None,
-        profile_args: Sequence[str] = (),
-        ensure_alive: Callable[[], None],
-        publish: Callable[[TestResult], None],
-        fail: Callable[[str], NoReturn],
-        tolerances: Mapping[str, float] | None = None,
-        benchmark: Callable[[], Any | None] | None = None,
-        boot: int = 1,
-        ledger: BootLedger | None = None,
-        origin: BootOrigin | None = None,
-        family: int | None = None,
-    ) -> None:
-        self.nodeid = nodeid
-        self.test = test
-        self.server = server
-        # Which boot of this profile's server measures: part of the prompt seed (workload.prompt_seed).
-        self.boot = boot
-        self.ledger = ledger if ledger is not None else BootLedger()
-        self.origin = origin  # session, host and canary of the boots this records (judge/levels.py)
+    def __init__(self, run: RecorderRun, case: PerfCase, hooks: RecorderHooks) -> None:
+        self.case = case
+        self.nodeid = case.nodeid
+        self.test = case.test
+        self.server = case.server
+        self.boot = case.boot
+        self.settings = run.settings
+        self.ledger = run.ledger()
+        self.origin = run.origin()  # session, host and canary of the boots this records (judge/levels.py)
         self.watched: WatchedRun | None = None  # the last measure's host watch
-        self.settings = settings
-        self.profile_env = dict(profile_env)
-        self.profile_args = list(profile_args)
-        self.baselines = baselines
-        self.family = family  # the run's baseline comparisons (gate.Rules.family)
-        self._ensure_alive = ensure_alive
-        self._publish = publish
-        self._fail = fail
-        self._tolerances = dict(tolerances or {})
-        # pytest-benchmark's fixture, asked for on the first measure (see benchmark_bridge).
-        self._benchmark = benchmark
+        self.profile_env = dict(case.profile_env)
+        self.profile_args = list(case.profile_args)
+        self.baselines = None if case.control else run.baselines()
+        self.family = None if case.control else run.family()  # the run's baseline comparisons (gate.Rules.family)
+        self._ensure_alive = hooks.ensure_alive
+        self._publish = hooks.publish
+        self._fail = hooks.fail
+        self._tolerances = dict(case.tolerances)
+        self._benchmark = hooks.benchmark
         self.intervals_ns: list[tuple[int, int]] = []
 
     @property

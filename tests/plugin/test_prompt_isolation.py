@@ -27,7 +27,8 @@ from pytest_kimiperf.measure.target import Target
 from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.measure.records import RequestRecord
 from pytest_kimiperf.measure.results import RoundResult, RunResult
-from pytest_kimiperf.recorder import PerfRecorder
+from pytest_kimiperf.judge.boots import BootLedger
+from pytest_kimiperf.recorder import PerfCase, PerfRecorder, RecorderHooks
 from pytest_kimiperf.server.process import ServerHandle, pick_free_port
 from pytest_kimiperf.measure.server_view import (
     DEFAULT_BLOCK_TOKENS,
@@ -104,9 +105,10 @@ def _recorder(tmp_path: Path, *, boot: int = 1) -> PerfRecorder:
     def fail(message: str) -> None:
         raise AssertionError(message)
 
-    return PerfRecorder(nodeid="t.py::test[ring-ll]", test="t.py::test", server=server, settings=settings,
-                        profile_env={}, baselines=None, ensure_alive=lambda: None, publish=lambda result: None,
-                        fail=fail, boot=boot)
+    run = SimpleNamespace(settings=settings, ledger=BootLedger, origin=lambda: None, baselines=lambda: None,
+                          family=lambda: None)
+    return PerfRecorder(run, PerfCase(nodeid="t.py::test[ring-ll]", test="t.py::test", server=server, boot=boot),
+                        RecorderHooks(ensure_alive=lambda: None, publish=lambda result: None, fail=fail))
 
 
 def _run_with_server_view(view: dict[str, Any], name: str) -> RunResult:

@@ -32,7 +32,7 @@ from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.measure.records import RequestRecord
 from pytest_kimiperf.measure.results import RoundResult, RunResult
-from pytest_kimiperf.recorder import PerfRecorder
+from pytest_kimiperf.recorder import PerfCase, PerfRecorder, RecorderHooks
 from pytest_kimiperf.server.process import ServerHandle
 from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT
 
@@ -80,9 +80,10 @@ def _recorder(tmp_path: Path, failures: list[str], published: list[Any], *, boot
         raise AssertionError(message)
 
     slot = BootSlot(SimpleNamespace(name="default"), boot)
-    return PerfRecorder(nodeid=f"t.py::test[{slot.id}]", test=TEST, server=server, settings=settings,
-                        profile_env={}, baselines=view, ensure_alive=lambda: None, publish=published.append, fail=fail,
-                        boot=boot, ledger=ledger)
+    run = SimpleNamespace(settings=settings, ledger=lambda: ledger if ledger is not None else BootLedger(),
+                          origin=lambda: None, baselines=lambda: view, family=lambda: None)
+    return PerfRecorder(run, PerfCase(nodeid=f"t.py::test[{slot.id}]", test=TEST, server=server, boot=boot),
+                        RecorderHooks(ensure_alive=lambda: None, publish=published.append, fail=fail))
 
 
 def _record_baseline(tmp_path: Path, samples: list[float], fingerprint: Fingerprint = FP,
