@@ -108,12 +108,7 @@ def _line(points: Sequence[tuple[float, float, float]], *, direction: Direction,
     night 0: its change at the last night, and whether that fails (module docstring)."""
     if len(points) < 2 or points[0][0] != 0:
         return Drift(math.nan, math.nan, len(points) - 1, False)
-    weights = [1.0 / v for _, _, v in points]
-    total = sum(weights)
-    t_mean = sum(w * t for w, (t, _, _) in zip(weights, points)) / total
-    y_mean = sum(w * y for w, (_, y, _) in zip(weights, points)) / total
-    sxx = sum(w * (t - t_mean) ** 2 for w, (t, _, _) in zip(weights, points))
-    slope = sum(w * (t - t_mean) * (y - y_mean) for w, (t, y, _) in zip(weights, points)) / sxx
+    slope, sxx, _ = _fit(points)
     span = points[-1][0]
     scale = _residual_scale(points[:-1])
     cumulative = slope * span
@@ -137,6 +132,13 @@ def _residual_scale(points: Sequence[tuple[float, float, float]]) -> float:
     the run's boots the bad way must never give a better verdict."""
     if len(points) < MIN_POINTS_MEASURED:
         return 1.0
+    return max(1.0, _fit(points)[2] / (len(points) - 2))
+
+
+def _fit(points: Sequence[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """The weighted least-squares line through (night, mean log figure, variance) points, each
+    weighted by its inverse variance: its slope, the weighted spread of the nights about their
+    mean (the slope's variance is 1 over it) and the weighted sum of squared residuals."""
     weights = [1.0 / v for _, _, v in points]
     total = sum(weights)
     t_mean = sum(w * t for w, (t, _, _) in zip(weights, points)) / total
@@ -144,7 +146,7 @@ def _residual_scale(points: Sequence[tuple[float, float, float]]) -> float:
     sxx = sum(w * (t - t_mean) ** 2 for w, (t, _, _) in zip(weights, points))
     slope = sum(w * (t - t_mean) * (y - y_mean) for w, (t, y, _) in zip(weights, points)) / sxx
     resid = sum(w * (y - y_mean - slope * (t - t_mean)) ** 2 for w, (t, y, _) in zip(weights, points))
-    return max(1.0, resid / (len(points) - 2))
+    return slope, sxx, resid
 
 
 def drift_failures(result: TestResult, base_file: BaselineFile, current: Mapping[str, Sequence[BootSummary]], *,
