@@ -47,7 +47,7 @@ _KEEP = frozenset({"KIMIPERF_CACHE_DIR", "KIMIPERF_STATE_DIR"})
 _ISOLATED_PREFIXES = ("KIMIPERF_", "NCCL_")
 # PYTEST_XDIST_*: when this suite itself runs under -n, a pytester subprocess must not look
 # like an xdist worker (pytest-benchmark disables itself there).
-# The CI system's branch (measure/host_facts.current_git_branch) must not decide whether a test's
+# The CI system's branch (storage/git_facts.current_git_branch) must not decide whether a test's
 # run may append its boots.
 _ISOLATED_NAMES = ("GITHUB_STEP_SUMMARY", "VLLM_API_KEY", "CUDA_DEVICE_MAX_CONNECTIONS",
                    "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID",

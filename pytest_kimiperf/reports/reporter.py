@@ -39,7 +39,7 @@ from pytest_kimiperf.judge.decide import RunDecision
 from pytest_kimiperf.judge.baselines import baseline_entries
 from pytest_kimiperf.reports.sentences import not_recorded_line
 from pytest_kimiperf.judge.verdicts import TestResult
-from pytest_kimiperf.measure.host_facts import current_git_branch, current_git_commit
+from pytest_kimiperf.storage.git_facts import current_git_branch, current_git_commit
 from pytest_kimiperf.reports.model import (
     BaselineUpdate,
     ProfileFacts,
