@@ -227,7 +227,6 @@ def judge(
     """
     result = dataclasses.replace(result, metrics={}, messages=list(result.messages),
                                  failures=list(result.failures), warnings=list(result.warnings))
-    comparisons: list[Comparison] = []
     label = f"{result.profile} boot {result.boot}"
     for name in metrics:
         spec = metric_spec(name)
@@ -238,7 +237,21 @@ def judge(
     if run.invalid is not None:
         result.invalid = run.invalid
         result.failures.append(InvalidRun(run.invalid))
-        return Judgement(result, comparisons, None, None)
+        return Judgement(result, [], None, None)
+    _check_boot(result, run, rules, label=label, floor=floor, slo=slo, goodput=goodput)
+    current, recorded = _with_this_boot(result, earlier)
+    comparisons = _against_baselines(result, current, rules, baselines)
+    wants_boot = _settle(result, comparisons, current, rules, baselines)
+    soft = baselines.soft_changes() if baselines is not None and comparisons else []
+    if soft:
+        result.warn(WarningKind.SOFT_FINGERPRINT, SoftFingerprint(tuple(soft)))
+    return Judgement(result, comparisons, recorded, wants_boot)
+
+
+def _check_boot(result: TestResult, run: BootRun, rules: Rules, *, label: str, floor: bool,
+                slo: Mapping[str, float] | None, goodput: Mapping[str, float] | None) -> None:
+    """What this boot alone decides: failed requests, the client's cross-checks, the goodput
+    metric, the SLOs and the decode floor."""
     if run.failed_requests:
         total = run.requests
         reasons = tuple((reason, n) for reason, n in run.failed_reasons.items())
@@ -248,7 +261,6 @@ def judge(
             result.warn(WarningKind.OTHER, FailedRequests(run.failed_requests, total, reasons))
     for sentence in run.cross_check_warnings:
         result.warn(WarningKind.OTHER, Said(sentence))
-
     if goodput is not None:
         result.metrics["request_goodput"] = MetricResult(
             metric="request_goodput", unit="req/s", direction="higher_is_better",
@@ -260,16 +272,26 @@ def judge(
     if floor:
         _check_decode_floor(result, run, rules)
 
+
+def _with_this_boot(result: TestResult, earlier: TestBoots) -> tuple[TestBoots, dict[str, BootSummary] | None]:
+    """The test's boots so far with this one added, and this boot's summaries to record (None,
+    and added nowhere, when it failed for another reason than a verdict: it is no sample of
+    this build)."""
     current = TestBoots(summaries={k: list(v) for k, v in earlier.summaries.items()}, boots=list(earlier.boots))
-    recorded = None
     if result.failures:
-        # A boot that failed for another reason than a verdict is no sample of this build.
         result.unrecordable = tuple(result.failures)
-    else:
-        origin = result.origin
-        recorded = {name: dataclasses.replace(mres.boot_summary(), session=origin.session, host=origin.host)
-                    if origin is not None else mres.boot_summary() for name, mres in result.metrics.items()}
-        current.add(result.boot, recorded)
+        return current, None
+    origin = result.origin
+    recorded = {name: dataclasses.replace(mres.boot_summary(), session=origin.session, host=origin.host)
+                if origin is not None else mres.boot_summary() for name, mres in result.metrics.items()}
+    current.add(result.boot, recorded)
+    return current, recorded
+
+
+def _against_baselines(result: TestResult, current: TestBoots, rules: Rules,
+                       baselines: LoadedBaselines | None) -> list[Comparison]:
+    """Each metric's boots so far against its baseline: the line about it on the result, and the
+    comparisons there were."""
     def against(mres: MetricResult, placements: Sequence[str] | None = None) -> tuple[Comparison | None, BaselineLine]:
         return judge_metric(mres, test=result.test, profile=result.profile, baselines=baselines, profile_env=result.profile_env,
                             profile_args=result.profile_args, current=current.summaries.get(mres.metric, []),
@@ -281,6 +303,7 @@ def judge(
     # A boot is in one spawn mode for every metric whose history splits alike (history.joint_placements).
     for i, placements in joint_placements([c for _, c, _ in judged]).items():
         judged[i] = (judged[i][0], *against(judged[i][0], placements))
+    comparisons: list[Comparison] = []
     for mres, comparison, line in judged:
         if comparison is not None and result.unrecordable:
             comparison, line = _left_out(comparison, line, result)
@@ -289,12 +312,18 @@ def judge(
         if comparison is not None:
             mres.baseline = comparison
             comparisons.append(comparison)
+    return comparisons
+
+
+def _settle(result: TestResult, comparisons: Sequence[Comparison], current: TestBoots, rules: Rules,
+            baselines: LoadedBaselines | None) -> int | None:
+    """The boot this test asks for next (None: it is settled), or the verdicts and the drift
+    test at its last boot."""
     screening = [c for c in comparisons if wants_another_boot(c)]
-    wants_boot: int | None = None
     if result.boot < rules.boots:
-        wants_boot = result.boot + 1
         result.messages.append(BootPlanned(result.boot, rules.boots))
-    elif (unresolved := [c for c in comparisons if c.unresolved_beyond_tolerance and c.gain < 0]) \
+        return result.boot + 1
+    if (unresolved := [c for c in comparisons if c.unresolved_beyond_tolerance and c.gain < 0]) \
             and rules.no_more_boots is not None and not result.failures:
         # One boot of a server this run cannot restart: the change it saw can never be convicted
         # here, and passing with a warning would let a 20% slower server through the gate.
@@ -303,20 +332,17 @@ def judge(
         for comparison in comparisons:
             if comparison not in unresolved:
                 verdict_to_result(comparison, result, strict=rules.strict)
-    elif screening and not result.failures and result.boot < rules.max_boots:
-        wants_boot = result.boot + 1
+        return None
+    if screening and not result.failures and result.boot < rules.max_boots:
         result.messages.append(BootAsked(result.profile, result.boot + 1, _looks(screening)))
-    else:
-        for comparison in comparisons:
-            verdict_to_result(comparison, result, strict=rules.strict)
-        base_file = baselines.file() if baselines is not None else None
-        if base_file is not None and not result.unrecordable:
-            result.failures.extend(drift_failures(result, base_file, current.summaries, spreads=rules.spreads,
-                                                  critical=rules.critical))
-    soft = baselines.soft_changes() if baselines is not None and comparisons else []
-    if soft:
-        result.warn(WarningKind.SOFT_FINGERPRINT, SoftFingerprint(tuple(soft)))
-    return Judgement(result, comparisons, recorded, wants_boot)
+        return result.boot + 1
+    for comparison in comparisons:
+        verdict_to_result(comparison, result, strict=rules.strict)
+    base_file = baselines.file() if baselines is not None else None
+    if base_file is not None and not result.unrecordable:
+        result.failures.extend(drift_failures(result, base_file, current.summaries, spreads=rules.spreads,
+                                              critical=rules.critical))
+    return None
 
 
 def _looks(comparisons: Sequence[Comparison]) -> tuple[Look, ...]:
