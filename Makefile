@@ -47,17 +47,19 @@ merge-driver:
 
 # Two kinds of test (tests/README.md). The deterministic ones (tests/unit, tests/plugin: pure
 # functions, pytester runs on the stub server, recorded data) judge no figure of this host, so
-# they share both cores. The real-engine ones (tests/real_engine: vLLM's CPU server) run one at
-# a time after them: each boot wants both cores. --durations says where the time went; worksteal
-# lets an idle worker take the other's queued tests, so one long test at the end does not leave
-# a core idle.
+# they share both cores, four workers on two: most of a pytester test's time is a subprocess
+# starting or a stub server pacing its tokens, and two workers left the cores idle for a quarter
+# of the tier (12m45s at -n 2, 9m20s at -n 4, on this 2-core host). The real-engine ones
+# (tests/real_engine: vLLM's CPU server) run one at a time after them: each boot wants both
+# cores. --durations says where the time went; worksteal lets an idle worker take another's
+# queued tests, so one long test at the end does not leave a core idle.
 #
 # First the linter and the type checker (pyproject.toml: [tool.ruff], [tool.mypy]): seconds, and
 # a verdict kind that a branch forgets fails here before any test runs.
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
-	$(PY) -m pytest tests/unit tests/plugin -n 2 --dist worksteal --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit tests/plugin -n 4 --dist worksteal --durations=15 $(PYTEST_ARGS)
 	$(PY) -m pytest tests/real_engine --durations=0 $(PYTEST_ARGS)
 
 # The docs site, built strictly into site/ (the reference pages come from
