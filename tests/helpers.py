@@ -23,6 +23,21 @@ PERF_TESTS = ROOT / "perf_tests"
 BENCHMARKS = ROOT / "benchmarks"
 STUB_SERVER = FAKES / "stub_vllm.py"
 STUB_PRELOAD = FAKES / "stub_preload.py"
+
+# A busy process of many threads that run outside the GIL (hashlib hashes a large buffer without
+# it): the scheduler shares the CPU by thread, so such a process takes several times what a
+# single-threaded one can and ranks among the host watch's busiest whatever else this host runs
+# (a plain `while True: pass` was outranked by other load). Run as ``python -c BUSY <threads>``.
+BUSY = """
+import hashlib, sys, threading
+block = bytes(1 << 20)
+def spin():
+    while True:
+        hashlib.sha256(block).digest()
+for _ in range(int(sys.argv[1]) - 1):
+    threading.Thread(target=spin, daemon=True).start()
+spin()
+"""
 PACED_SERVER = FAKES / "paced_server.py"
 TLS_GATEWAY = FAKES / "tls_gateway.py"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import stub_deployment_toml
+from tests.helpers import BUSY, stub_deployment_toml
 
 pytestmark = pytest.mark.usefixtures("isolated_state")
 
@@ -28,22 +28,6 @@ SCENARIO = SingleStream(prompt_tokens=8, output_tokens=32, requests=6, warmup_re
 
 def test_decode(perf):
     perf.check(perf.measure(SCENARIO), ["decode_tok_s"])
-"""
-
-
-# A busy process of many threads that run outside the GIL (hashlib hashes a large buffer without
-# it): the scheduler shares the CPU by thread, so each such process takes several times what a
-# single-threaded one can, and ranks among the host watch's top 5 busiest processes whatever else
-# this host runs (a plain `while True: pass` a core was outranked there by other load).
-BUSY = """
-import hashlib, sys, threading
-block = bytes(1 << 20)
-def spin():
-    while True:
-        hashlib.sha256(block).digest()
-for _ in range(int(sys.argv[1]) - 1):
-    threading.Thread(target=spin, daemon=True).start()
-spin()
 """
 
 
