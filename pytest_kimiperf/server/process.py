@@ -325,16 +325,18 @@ class ServerProcess:
                 while True:
                     code = self.popen.poll()
                     chunk = reader.read().decode("utf-8", "replace")
+                    changed = False
                     if chunk:
                         records, pending = split_log_records(pending + chunk)
-                        changed = False
                         for record in records:
-                            changed = tracker.feed(record) or changed
-                        self.progress = tracker.current
-                    else:
-                        changed = False
-                    if on_progress:
-                        on_progress(self.progress, self.elapsed_s(), changed)
+                            if tracker.feed(record):
+                                # Each phase the log went through is shown, however the reads
+                                # happened to split it (a late read can hold several).
+                                self.progress, changed = tracker.current, True
+                                if on_progress:
+                                    on_progress(self.progress, self.elapsed_s(), True)
+                    if on_progress and not changed:
+                        on_progress(self.progress, self.elapsed_s(), False)
                     if code is not None:
                         raise ServerError(
                             f"the {self.deployment} server ({self.profile}) exited with code {code} "

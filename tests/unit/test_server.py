@@ -99,3 +99,22 @@ def test_gpu_memory_held_by_sigkill_survivors_stops_a_gpu_launch(tmp_path: Path,
         manager(KIMI_K25_INT4_TP8)._sweep()
     assert "kimiperf: zombie sweep: STILL RUNNING after SIGKILL: pid 4242 VLLM::Worker_TP3" in said
     manager(TINY_CPU)._sweep()  # no GPUs needed: reported, not fatal
+
+
+def test_every_phase_the_log_passes_through_is_shown_however_one_read_holds_them(tmp_path: Path) -> None:
+    # One write holds three phases (a late read on a busy host sees them at once): each is still
+    # reported, in order, not only the furthest.
+    from pytest_kimiperf.errors import ServerError
+
+    lines = ["Initializing a V1 LLM engine", "Starting to load model m...", "Memory profiling takes 1 s"]
+    server = ServerProcess(
+        argv=[sys.executable, "-c", f"import sys, time; sys.stdout.write({chr(10).join(lines)!r} + '\\n'); "
+                                    "sys.stdout.flush(); time.sleep(1.0); sys.exit(3)"],
+        env={}, log_path=tmp_path / "server.log", state_dir=tmp_path / "state", base_url="http://127.0.0.1:9",
+        served_model_name="m", deployment="d", profile="default", deadline_s=600,
+    )
+    server.start()
+    shown: list[str] = []
+    with pytest.raises(ServerError):
+        server.wait_ready(lambda progress, elapsed, changed: shown.append(progress.phase) if changed else None)
+    assert shown == ["initializing engine", "loading weights", "profiling"]
