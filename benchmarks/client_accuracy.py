@@ -25,7 +25,7 @@ not land in either client's numbers; ``--priority normal`` measures without it.
 
 Mode ``https``: the same paced server behind a TLS-terminating gateway (tests/fakes/tls_gateway.py,
 self-signed certificate trusted through SSL_CERT_FILE), both clients speaking HTTPS to it. Ours is
-then the httpx client (pytest_kimiperf/measure/client_https.py): timed in the event loop, not by the
+then the httpx client (pytest_kimiperf/measure/connection.py): timed in the event loop, not by the
 kernel. Compare its rows with mode ``paced`` (plain HTTP, kernel stamps) for the cost; the
 gateway's forwarding hop is in both clients' https figures alike.
 
@@ -49,9 +49,9 @@ from typing import Any
 
 import httpx
 
-from pytest_kimiperf.measure.records import percentile
+from pytest_kimiperf.measure.results import percentile
 from pytest_kimiperf.measure.runner import run_scenario
-from pytest_kimiperf.measure.scenarios import Concurrency
+from pytest_kimiperf.measure.workload import Concurrency
 from pytest_kimiperf.measure.target import Target
 from pytest_kimiperf.measure.workload import build_prompts
 

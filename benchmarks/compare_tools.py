@@ -341,7 +341,7 @@ def main() -> int:
 WHY = """
 ## Why the figures differ: definitions, clocks, clients
 
-The plugin's definitions are measure/records.py's, bench serve's are vLLM 0.32's
+The plugin's definitions are measure/results.py's, bench serve's are vLLM 0.32's
 (`vllm/benchmarks/lib/endpoint_request_func.py` times a request, `vllm/benchmarks/serve.py`
 `calculate_metrics` summarizes).
 

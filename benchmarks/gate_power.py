@@ -51,10 +51,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
 from pytest_kimiperf.judge.power import wants_another_boot  # noqa: E402
 from pytest_kimiperf.judge.gate import verdict_fails  # noqa: E402
-from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot  # noqa: E402
+from pytest_kimiperf.judge.boots import BootSummary, summarize_boot  # noqa: E402
 from pytest_kimiperf.judge import stats  # noqa: E402
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind  # noqa: E402
-from pytest_kimiperf.judge.drift import drift_since_anchor  # noqa: E402
+from pytest_kimiperf.judge.history import drift_since_anchor  # noqa: E402
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
 from pytest_kimiperf.judge.history import (  # noqa: E402
     compare_with_history, history_steps, joint_placements, judged_part,
@@ -120,7 +120,7 @@ class Noise:
     # The history stepped: its older half of boots sits ``history_step`` (a fraction) off the
     # level the current build has; ``history_drift``: a linear trend from that far off at the
     # oldest boot to none at the newest. ``segment``: the gate judges against the last segment
-    # of a stepped history (changepoints.py); False measures the gate without it.
+    # of a stepped history (history.py); False measures the gate without it.
     history_step: float = 0.0
     history_drift: float = 0.0
     segment: bool = True
@@ -657,7 +657,7 @@ def control_table(args: argparse.Namespace, rules: Rules) -> list[dict[str, obje
     contrast, the profile comparison's rule (in_session.compare_in_session), which the control
     uses where a deployment declares spawn modes."""
     from pytest_kimiperf.judge.profiles import compare_with_control  # noqa: PLC0415
-    from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session  # noqa: PLC0415
+    from pytest_kimiperf.judge.profiles import InSessionRules, compare_in_session  # noqa: PLC0415
 
     d = args.drift
     session_rules = replace(rules, spreads=Spreads(rules.spreads.boot, 0.02, rules.spreads.host), boots=2)

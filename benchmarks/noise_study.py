@@ -4,7 +4,7 @@ The gate's promises must rest on real boots, not only on a simulation of them. T
 the identical server ``--boots`` times in one *session* (one run of this script: one spawn
 history, one stretch of the host's day), measures on each boot exactly what the perf suite
 gates (single-stream decode, TTFT, output throughput at 8, 32 and 64 streams), summarizes each
-boot as the gate does (``judge.boot_summary``), and appends one JSON line per boot to
+boot as the gate does (``judge.boots``), and appends one JSON line per boot to
 ``benchmarks/data/noise/<host>-<session>.jsonl``: the summaries, the session id, the host id
 (machine id and kernel boot id: hosts of one family differ 2x under one fingerprint), the time,
 the host canary (``measure.canary``, taken at the session's start and again at its end, so its
@@ -59,7 +59,7 @@ from pytest_kimiperf.judge.levels import CorpusBoot, estimate_levels  # noqa: E4
 from pytest_kimiperf.storage.noise_corpus import load_corpus  # noqa: E402
 from pytest_kimiperf.judge.verdicts import MetricResult  # noqa: E402
 from pytest_kimiperf.config.metric_specs import metric_spec  # noqa: E402
-from pytest_kimiperf.measure.watched import say_invalid  # noqa: E402
+from pytest_kimiperf.measure.runner import say_invalid  # noqa: E402
 from pytest_kimiperf.measure.canary import host_canary, host_identity  # noqa: E402
 from pytest_kimiperf.recorder import PerfCase, PerfRecorder, RecorderHooks  # noqa: E402
 from pytest_kimiperf.reports.sentences import level_text, request_cv_text  # noqa: E402

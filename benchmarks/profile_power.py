@@ -1,7 +1,7 @@
 """How often a profile comparison gives an inert profile a direction, and what it still detects.
 
 The profile comparison (``--nccl-profile default,ring-ll``) judges each profile's boots against
-the reference profile's, all in one session (pytest_kimiperf/judge/in_session.py). Two views,
+the reference profile's, all in one session (pytest_kimiperf/judge/profiles.py). Two views,
 both through the function the terminal summary uses (``profiles.compare_profiles`` calls
 ``in_session.compare_in_session`` for each test and metric):
 
@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS  # noqa: E402
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec  # noqa: E402
-from pytest_kimiperf.judge.boot_summary import BootSummary  # noqa: E402
-from pytest_kimiperf.judge.in_session import InSessionRules, SpawnModes, compare_in_session  # noqa: E402
+from pytest_kimiperf.judge.boots import BootSummary  # noqa: E402
+from pytest_kimiperf.judge.profiles import InSessionRules, SpawnModes, compare_in_session  # noqa: E402
 from pytest_kimiperf.judge.levels import CorpusBoot  # noqa: E402
 from pytest_kimiperf.storage.noise_corpus import load_corpus  # noqa: E402
 from pytest_kimiperf.judge.stats import VerdictKind  # noqa: E402

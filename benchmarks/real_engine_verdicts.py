@@ -145,7 +145,7 @@ def test_profiles_under_xdist_boot_interleaved_see_their_env_and_args_and_only_t
 
 
 GATE = """
-from pytest_kimiperf.measure.scenarios import SingleStream
+from pytest_kimiperf.measure.workload import SingleStream
 
 SCENARIO = SingleStream(prompt_tokens=64, output_tokens=64, requests=30, warmup_requests=3)
 
@@ -400,7 +400,7 @@ def test_baseline_then_the_identical_server_passes_then_a_slowed_one_is_a_regres
 
 
 BUSY = """
-from pytest_kimiperf.measure.scenarios import SingleStream
+from pytest_kimiperf.measure.workload import SingleStream
 
 SCENARIO = SingleStream(prompt_tokens=64, output_tokens=64, requests=12, warmup_requests=2)
 
@@ -470,7 +470,7 @@ def test_busy_host_during_one_profiles_block_is_invalid_naming_the_process_and_g
 
 
 DECODE = """
-from pytest_kimiperf.measure.scenarios import SingleStream
+from pytest_kimiperf.measure.workload import SingleStream
 
 SCENARIO = SingleStream(prompt_tokens=64, output_tokens=64, requests=12, warmup_requests=2)
 

@@ -4,7 +4,7 @@ A user asks whether two profiles differ; on the GPU they are 0.6% apart, a boot'
 scatters by 1% and the tolerance is 3%. The answer should be "within +/-3%" (the TOST at 5%),
 never a direction, in the fewest boots. Each simulated session starts with ``--start`` boots a
 profile and books one more boot of each at a time until the plugin's own rule stops
-(judge/sequential.run_sequentially over in_session.compare_in_session with the plan in its rules:
+(judge/profiles.run_sequentially over profiles.compare_in_session with the plan in its rules:
 the same two calls a session makes), at most ``--cap`` a profile.
 
 Rows: the seed's case (true 0.6%), the band's edges (true -3.0% and +3.09%: "within" there is the
@@ -30,11 +30,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
-from pytest_kimiperf.judge.boot_summary import BootSummary  # noqa: E402
-from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session  # noqa: E402
+from pytest_kimiperf.judge.boots import BootSummary  # noqa: E402
+from pytest_kimiperf.judge.profiles import InSessionRules, compare_in_session  # noqa: E402
 from pytest_kimiperf.judge.notes import BootsForWithin  # noqa: E402
-from pytest_kimiperf.judge.sequential import run_sequentially  # noqa: E402
-from pytest_kimiperf.judge.spending import SequentialPlan  # noqa: E402
+from pytest_kimiperf.judge.profiles import run_sequentially  # noqa: E402
+from pytest_kimiperf.judge.profiles import SequentialPlan  # noqa: E402
 from pytest_kimiperf.judge.stats import VerdictKind, band_log  # noqa: E402
 
 HIGHER = Direction.HIGHER_IS_BETTER

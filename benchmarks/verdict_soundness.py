@@ -9,12 +9,12 @@ print the same figures.
   (a TOST at 5% says it at most 5% of the time), 2-6 boots a side, profiles and gate;
 * ``modes``: issue 46's item 1, a history in which 30% of boots fall into a spawn mode 20%
   slower and a run of 3 boots (fast spawns) moved by a true change: the verdicts by change;
-* ``drift``: a history that grows itself, judged against its anchor (judge/drift.py): the true
+* ``drift``: a history that grows itself, judged against its anchor (judge/history.py): the true
   change when a slow drift first fails, and the share of quiet nights that fail;
 * ``nightly``: the same through the shipped path: each night's 2 boots judged by the gate
   against the history's window and by the drift test against the anchor, at the run's critical
   value for the shipped suite (24 entries, each judged twice), appended on pass
-  (baselines.append_history with on_pass, unless append.py refuses the night: it looked worse than
+  (baselines.append_history with on_pass, unless history.py refuses the night: it looked worse than
   the tolerance without a verdict; ``--no-guard`` appends every passing night).
 
     nice -n 19 python benchmarks/verdict_soundness.py edge [--trials 1500]
@@ -37,14 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
-from pytest_kimiperf.judge.boot_summary import BootSummary  # noqa: E402
-from pytest_kimiperf.judge.baseline_schema import BaselineBoot, BaselineEntry  # noqa: E402
+from pytest_kimiperf.judge.boots import BootSummary  # noqa: E402
+from pytest_kimiperf.judge.baselines import BaselineBoot, BaselineEntry  # noqa: E402
 from pytest_kimiperf.judge.baselines import append_history  # noqa: E402
-from pytest_kimiperf.judge.drift import drift_of_entry, drift_since_anchor  # noqa: E402
-from pytest_kimiperf.judge.family import family_critical  # noqa: E402
+from pytest_kimiperf.judge.history import drift_of_entry, drift_since_anchor  # noqa: E402
+from pytest_kimiperf.judge.gate import family_critical  # noqa: E402
 from pytest_kimiperf.judge.levels import BootOrigin  # noqa: E402
 from pytest_kimiperf.judge.history import compare_with_history  # noqa: E402
-from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session  # noqa: E402
+from pytest_kimiperf.judge.profiles import InSessionRules, compare_in_session  # noqa: E402
 from pytest_kimiperf.judge.stats import VerdictKind, band_log  # noqa: E402
 
 HIGHER = Direction.HIGHER_IS_BETTER

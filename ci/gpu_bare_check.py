@@ -93,7 +93,7 @@ def step_runtime(out: Path) -> tuple[str, str]:
 
 
 def _bounds() -> Any:
-    from pytest_kimiperf.config.measure_bounds import HostBounds
+    from pytest_kimiperf.config.deployments import HostBounds
 
     return HostBounds()
 

@@ -43,7 +43,7 @@ def _watch_pair(load_pid: int, indices: tuple[int, ...], pynvml: Any) -> tuple[A
 
 
 def _judged(pair: tuple[Any, Any]) -> dict[str, object]:
-    from pytest_kimiperf.config.measure_bounds import HostBounds
+    from pytest_kimiperf.config.deployments import HostBounds
 
     ours, foreign = (watch.stop() for watch in pair)
     return {"ours": ours.to_json(), "foreign": foreign.to_json(),
@@ -237,7 +237,7 @@ def _killed_session(out: Path, *, kill_launcher: bool) -> list[int]:
 
 
 def _bounds() -> Any:
-    from pytest_kimiperf.config.measure_bounds import HostBounds
+    from pytest_kimiperf.config.deployments import HostBounds
 
     return HostBounds()
 

@@ -68,7 +68,7 @@ def manager_for(deployment: Any, out: Path, logs: Path, *, nccl_debug: bool) -> 
 
 def facts(out: Path) -> None:
     """NVML's fingerprint and MIG, the violation counters over 5 s idle, the pid namespace."""
-    from pytest_kimiperf.measure.host_readings import merge_gpu_samples, sample_gpu
+    from pytest_kimiperf.measure.hostwatch import merge_gpu_samples, sample_gpu
     from pytest_kimiperf.server.gpu import probe_gpus
     from pytest_kimiperf.server.pid_namespace import read_pid_view
 

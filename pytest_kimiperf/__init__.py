@@ -1,7 +1,7 @@
 """pytest-kimiperf: LLM-serving benchmarks (vLLM) as performance tests.
 
 The plugin itself is wired in :mod:`pytest_kimiperf.plugin` (hooks) and
-:mod:`pytest_kimiperf.fixtures`; the logic lives in subpackages by role (``config``, ``server``,
+:mod:`pytest_kimiperf.hooks`; the logic lives in subpackages by role (``config``, ``server``,
 ``measure``, ``judge``, ``roofline``, ``reports``) that do not import pytest. docs/explanation/architecture.md
 draws the layers and the import rule between them.
 
@@ -24,11 +24,11 @@ if TYPE_CHECKING:  # the re-exports, spelt `X as X`, as type checkers read expli
     from pytest_kimiperf.config.settings import Settings as Settings
     from pytest_kimiperf.judge.verdicts import TestResult as TestResult
     from pytest_kimiperf.measure.runner import run_sweep as run_sweep
-    from pytest_kimiperf.measure.scenarios import Concurrency as Concurrency
-    from pytest_kimiperf.measure.scenarios import ConcurrencySweep as ConcurrencySweep
-    from pytest_kimiperf.measure.scenarios import RequestRate as RequestRate
-    from pytest_kimiperf.measure.scenarios import Scenario as Scenario
-    from pytest_kimiperf.measure.scenarios import SingleStream as SingleStream
+    from pytest_kimiperf.measure.workload import Concurrency as Concurrency
+    from pytest_kimiperf.measure.workload import ConcurrencySweep as ConcurrencySweep
+    from pytest_kimiperf.measure.workload import RequestRate as RequestRate
+    from pytest_kimiperf.measure.workload import Scenario as Scenario
+    from pytest_kimiperf.measure.workload import SingleStream as SingleStream
     from pytest_kimiperf.measure.target import Target as Target
     from pytest_kimiperf.recorder import PerfRecorder as PerfRecorder
     from pytest_kimiperf.warning_types import BelowTargetWarning as BelowTargetWarning
@@ -41,9 +41,9 @@ if TYPE_CHECKING:  # the re-exports, spelt `X as X`, as type checkers read expli
     from pytest_kimiperf.warning_types import SoftFingerprintWarning as SoftFingerprintWarning
 
 _HOME: dict[str, str] = {
-    "Concurrency": "measure.scenarios", "ConcurrencySweep": "measure.scenarios",
-    "RequestRate": "measure.scenarios", "Scenario": "measure.scenarios",
-    "SingleStream": "measure.scenarios", "run_sweep": "measure.runner", "Target": "measure.target",
+    "Concurrency": "measure.workload", "ConcurrencySweep": "measure.workload",
+    "RequestRate": "measure.workload", "Scenario": "measure.workload",
+    "SingleStream": "measure.workload", "run_sweep": "measure.runner", "Target": "measure.target",
     "PerfRecorder": "recorder", "TestResult": "judge.verdicts", "Settings": "config.settings",
     "KimiperfWarning": "warning_types", "InconclusiveWarning": "warning_types",
     "MissingBaselineWarning": "warning_types", "BelowTargetWarning": "warning_types",

@@ -3,7 +3,7 @@
     python -m pytest_kimiperf.history_steps baselines/<deployment>/<key>.json [more files]
         [--spreads BOOT,SESSION,HOST] [--plot DIR] [--json]
 
-For each entry (test, profile, metric) the steps judge/changepoints.py finds in its boot
+For each entry (test, profile, metric) the steps judge/history.py finds in its boot
 history, as the gate finds them: "decode stepped -4.1% between <date> (<commit>) and <date>
 (<commit>)", and the boots a run is judged against since the last one. The noise the search
 charges is the deployment's declared spreads (a built-in deployment's, else the defaults of a
@@ -22,9 +22,9 @@ from pathlib import Path
 
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, Deployment, Spreads
 from pytest_kimiperf.errors import KimiperfError
-from pytest_kimiperf.judge.baseline_schema import BaselineEntry
+from pytest_kimiperf.judge.baselines import BaselineEntry
 from pytest_kimiperf.storage.baselines import load_baseline
-from pytest_kimiperf.judge.changepoints import find_steps
+from pytest_kimiperf.judge.history import find_steps
 from pytest_kimiperf.judge.notes import HistoryStep, HistorySteps
 from pytest_kimiperf.reports.sentences import say
 

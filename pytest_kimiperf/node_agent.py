@@ -3,7 +3,7 @@
 ``python -m pytest_kimiperf.node_agent facts`` prints the node's hardware and software facts (the
 fingerprint's, measure/host_facts.py ``probe_host_facts``), ``snapshot --launch-id ID`` its
 host counters and process table with the pids carrying the launch marker (the host watch's two
-ends, measure/host_readings.py), and ``stop --launch-id ID --grace S`` ends every process of
+ends, measure/hostwatch.py), and ``stop --launch-id ID --grace S`` ends every process of
 that launch there (server/zombies.py) and says what it ended and what survived. Each prints one
 JSON object on its last stdout line, marked (server/agent_wire.py). The same code that reads this machine reads
 the node: nothing is
@@ -36,8 +36,8 @@ def snapshot(launch_id: str) -> dict[str, Any]:
     """The host counters, the process table, and which pids are the launch's, right now."""
     import psutil
 
-    from pytest_kimiperf.measure.host_readings import read_host_counters, read_processes
-    from pytest_kimiperf.server.launch_records import boot_id
+    from pytest_kimiperf.measure.hostwatch import read_host_counters, read_processes
+    from pytest_kimiperf.server.zombies import boot_id
     from pytest_kimiperf.server.zombies import LAUNCH_ID_ENV
 
     cpu, psi, notes = read_host_counters("/proc")

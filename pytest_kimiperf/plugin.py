@@ -2,7 +2,7 @@
 
 Settings are validated once in ``pytest_configure`` (bad values are usage errors before anything
 is collected or booted), which then registers the session object, hooks.KimiperfSession: the run's
-state, with pytest's hooks as its methods. The public fixtures are in ``fixtures.py`` and registered
+state, with pytest's hooks as its methods. The public fixtures are in ``hooks.py`` and registered
 with this module (it imports them). The logic lives in modules that do not import pytest.
 """
 
@@ -18,7 +18,7 @@ from pytest_kimiperf import hookspec, xdist_scheduling
 from pytest_kimiperf.config.options import OPTIONS, SpelledAction, deprecated_spellings_used, read_raw_options
 from pytest_kimiperf.config.settings import Settings, build_settings
 from pytest_kimiperf.errors import ConfigError, KimiperfError
-from pytest_kimiperf.fixtures import (  # noqa: F401 - the fixtures are registered with this module
+from pytest_kimiperf.hooks import (  # noqa: F401 - the fixtures are registered with this module
     SESSION_KEY,
     is_worker,
     kimiperf_boot,

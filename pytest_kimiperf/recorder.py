@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from pytest_kimiperf.reports import benchmark_bridge
 from pytest_kimiperf.errors import BaselineError, ConfigError, KimiperfError
-from pytest_kimiperf.measure.watched import say_invalid
+from pytest_kimiperf.measure.runner import say_invalid
 from pytest_kimiperf.measure.results import RunResult, check_goodput_slo, check_rounds
 from pytest_kimiperf.measure.server_view import run_cross_checks
-from pytest_kimiperf.measure.watched import WatchedRun, measure_watched
+from pytest_kimiperf.measure.runner import WatchedRun, measure_watched
 from pytest_kimiperf.judge.baselines import LoadedBaselines
 from pytest_kimiperf.judge.decide import Outcome, decide_test
 from pytest_kimiperf.judge.gate import FLOOR_METRIC, BootRun, Rules, judge
-from pytest_kimiperf.judge.in_session import InSessionRules
-from pytest_kimiperf.judge.sequential import profiles_to_book, session_plan
+from pytest_kimiperf.judge.profiles import InSessionRules
+from pytest_kimiperf.judge.profiles import profiles_to_book, session_plan
 from pytest_kimiperf.judge.notes import Said
 from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.reports.sentences import joined
@@ -42,7 +42,7 @@ from pytest_kimiperf.config.settings import Settings
 
 if TYPE_CHECKING:
     from pytest_kimiperf.config.deployments import Deployment
-    from pytest_kimiperf.measure.scenarios import Scenario
+    from pytest_kimiperf.measure.workload import Scenario
 
 
 def _checked_slo(slo: Mapping[str, Any]) -> dict[str, float]:
@@ -192,7 +192,7 @@ class PerfRecorder:
 
     def _with_deployment_bounds(self, scenario: Scenario) -> Scenario:
         """Apply the deployment's client self-check bounds unless the scenario set its own."""
-        from pytest_kimiperf.config.measure_bounds import HealthBounds
+        from pytest_kimiperf.config.deployments import HealthBounds
 
         overrides = dict(self.settings.deployment.client_bounds)
         if not overrides or scenario.bounds != HealthBounds():
@@ -295,7 +295,7 @@ class PerfRecorder:
         return judgement.result
 
     def _book_for_profiles(self, metrics: Sequence[str], run: RunResult, result: TestResult) -> None:
-        """Boots on demand for the profile comparison (judge/sequential.py): once every profile
+        """Boots on demand for the profile comparison (judge/profiles.py): once every profile
         has measured this test on this boot, one more boot of each profile whose comparison of
         the test's primary metric is undecided at this look, and of the reference."""
         s = self.settings

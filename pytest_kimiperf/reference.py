@@ -397,13 +397,13 @@ def _markers(path: Path) -> list[str]:
 def api_page() -> str:
     """docs/reference/api.md: the public names, the fixtures, the markers and the hooks."""
     import pytest_kimiperf
-    from pytest_kimiperf import fixtures, hookspec
+    from pytest_kimiperf import hooks, hookspec
 
     lines = _generated("Python API", "What a perf test or a conftest may use: the names `pytest_kimiperf` "
                        "exports, the fixtures, the marker and the hooks.")
     lines += ["## Fixtures", ""]
-    for name, scope in _decorated(PACKAGE / "fixtures.py", "pytest.fixture"):
-        func = getattr(fixtures, name)
+    for name, scope in _decorated(PACKAGE / "hooks.py", "pytest.fixture"):
+        func = getattr(hooks, name)
         lines += [f"### {name}", "", "```python", f"{name}{_signature(func)}", "```", "",
                   f"Scope: {scope or 'function'}. {first_paragraph(func)}", ""]
     lines += ["## Markers", ""]

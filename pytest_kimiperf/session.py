@@ -56,7 +56,7 @@ class PerfSession:
     _host: dict[str, str] | None = None
     _previous_handlers: dict[int, Any] = field(default_factory=dict)
     # The (test, profile) pairs this process collected (plugin.pytest_collection_finish): the run's
-    # family of baseline comparisons is their stored entries (judge/family.py).
+    # family of baseline comparisons is their stored entries (judge/gate.py).
     collected: frozenset[tuple[str, str]] = frozenset()
 
     # -- what the perf tests are judged against ---------------------------------------------
@@ -94,7 +94,7 @@ class PerfSession:
         """How many baseline comparisons this run makes (None: none), read once the baseline
         are loaded: every worker collects the same tests, so each counts the same family."""
         from pytest_kimiperf.errors import BaselineError
-        from pytest_kimiperf.judge.family import family_size
+        from pytest_kimiperf.judge.gate import family_size
 
         try:
             file = self.baselines().file()
@@ -103,7 +103,7 @@ class PerfSession:
         if file is None:
             return None
         # An entry grown by passing runs is judged twice: against its window and, for drift,
-        # against its anchor (judge/drift.py).
+        # against its anchor (judge/history.py).
         tests = [(e.test, e.profile, e.metric) for e in file.entries.values() for _ in range(1 + bool(e.nights))]
         return family_size(tests, self.collected)
 

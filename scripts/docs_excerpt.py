@@ -31,7 +31,7 @@ _SEP = re.compile(r"^[=!]+ (?P<title>.+?) [=!]+$|^[=!] (?P<bare>.+)$")
 FIRST = "kimiperf: answers"
 LAST = "kimiperf: servers and files"
 
-# What each line of the first screen looks like now (reports/answers.py, reports/terminal_answers.py).
+# What each line of the first screen looks like now (reports/answers.py, reports/terminal.py).
 ANSWER = re.compile(r"^\S+ vs (\S+|its baseline), .+ \(\S+\): [+-]\d+\.\d%, [+-][\d.]+\.\.[+-][\d.]+% \(\d+%\): .+")
 RUN = re.compile(r"^run (passed|FAILED \(.+\)): .+")
 FLOOR = re.compile(r"^decode (floor \S+ \S+|no floor): .+")

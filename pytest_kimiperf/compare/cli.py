@@ -26,7 +26,7 @@ from pytest_kimiperf.config.deployment_tables import select_deployment
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS
 from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.errors import KimiperfError
-from pytest_kimiperf.judge.in_session import InSessionRules
+from pytest_kimiperf.judge.profiles import InSessionRules
 
 USAGE_EXIT = 4  # pytest.ExitCode.USAGE_ERROR: what a bad option or file exits in a pytest run too
 

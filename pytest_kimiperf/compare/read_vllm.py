@@ -10,7 +10,7 @@ with the counts. The file carries no vLLM version.
 
 Figures keep vLLM's definitions: TPOT is (latency - TTFT) / (output tokens - 1) per request, its
 median over requests; ITL pools every gap of every request. Decode tok/s is 1000 / median TPOT,
-the plugin's per-request decode (measure/records.py) taken at vLLM's median TPOT.
+the plugin's per-request decode (measure/results.py) taken at vLLM's median TPOT.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from pytest_kimiperf.reports.answers import CompactRow
 from pytest_kimiperf.reports.json_report import comparison_json
 from pytest_kimiperf.reports.model import metric_heading
 from pytest_kimiperf.judge.decide import UNRESOLVED_EXIT
-from pytest_kimiperf.reports.terminal_layout import Table
+from pytest_kimiperf.reports.terminal import Table
 
 SCREEN_ONLY = ("the runs of each group came from one live server (--same-server): each group is one boot, "
                "and one boot can screen a change, never convict it")
@@ -84,7 +84,7 @@ def render_text(groups: Sequence[Group], outcome: Outcome) -> str:
 
 def too_few_lines(outcome: Outcome) -> list[str]:
     """The metrics left unjudged for too few samples, one line per load and group (a tail needs
-    enough samples beyond its quantile in every run: a p99 300, judge/boot_summary.py)."""
+    enough samples beyond its quantile in every run: a p99 300, judge/boots.py)."""
     left: dict[tuple[str, str], list[str]] = {}
     for r in outcome.rows:
         if r.comparison.verdict is VerdictKind.INSUFFICIENT_SAMPLES:

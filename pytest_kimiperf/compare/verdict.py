@@ -1,7 +1,7 @@
 """Groups of runs judged against the first group: the profile comparison's rule, run by run.
 
 Each group is one configuration (before, after, ...); each run in it is one server boot, so the
-first group is judged against each other one by :func:`judge.in_session.compare_in_session`, the
+first group is judged against each other one by :func:`judge.profiles.compare_in_session`, the
 rule that judges two NCCL profiles booted in one session: the boot as the unit, the declared
 boot spread as the floor of the measured one, "within" as a TOST at 5% inside the log-symmetric
 band. Where the runs of a group came from one live server (``same_server``) they are not boots:
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pytest_kimiperf.compare.runs import ResultFileError, ToolRun
 from pytest_kimiperf.config.deployments import MIN_BOOTS_DIRECTIONAL
 from pytest_kimiperf.config.metric_specs import METRICS, primary_metric
-from pytest_kimiperf.judge.boot_summary import BootSummary, min_samples
+from pytest_kimiperf.judge.boots import BootSummary, min_samples
 from pytest_kimiperf.judge.gate import MAX_FAILED_FRACTION
-from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session
+from pytest_kimiperf.judge.profiles import InSessionRules, compare_in_session
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind, band_log
 from pytest_kimiperf.judge.decide import UNRESOLVED_EXIT
 

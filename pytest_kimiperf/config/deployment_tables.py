@@ -160,7 +160,7 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
         elif key == "tolerances":
             fields[key] = MappingProxyType({**base.tolerances, **check_tolerances(value, where)})
         elif key == "host_bounds":
-            from pytest_kimiperf.config.measure_bounds import HostBounds
+            from pytest_kimiperf.config.deployments import HostBounds
 
             HostBounds.from_mapping({**base.host_bounds, **value}, source=where)  # ConfigError if bad
             fields[key] = MappingProxyType({**base.host_bounds, **value})
@@ -288,7 +288,7 @@ def marker_tolerances(args: Sequence[Any], kwargs: Mapping[str, Any], where: str
 
 
 def _client_bounds(value: Mapping[str, Any], where: str) -> dict[str, float]:
-    from pytest_kimiperf.config.measure_bounds import HealthBounds
+    from pytest_kimiperf.config.deployments import HealthBounds
 
     allowed = set(HealthBounds.__dataclass_fields__)
     result: dict[str, float] = {}

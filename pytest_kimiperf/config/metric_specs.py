@@ -28,11 +28,11 @@ MIN_SAMPLES_PER_BOOT = 3
 class SampleKind(str, Enum):
     """What one sample of a metric is, and so where its samples come from."""
 
-    REQUEST = "request"  # one per valid request (measure/records.RequestRecord.value)
+    REQUEST = "request"  # one per valid request (measure/results.RequestRecord.value)
     ROUND = "round"  # one per measured round (measure/results.RoundResult)
     TAIL = "tail"  # its base's samples pooled; a boot is summarized by their quantile
     GOODPUT = "goodput"  # one per round, counted against the SLOs perf.check(goodput=...) gives
-    BOOT = "boot"  # one per server boot: the boot's own seconds (server/boot_account.py)
+    BOOT = "boot"  # one per server boot: the boot's own seconds (server/progress.py)
 
     @property
     def per_round(self) -> bool:
@@ -106,7 +106,7 @@ METRICS: dict[str, MetricSpec] = {
 
 
 # The metric whose verdict answers a test's question, by the kind of load the test offers
-# (measure/scenarios.load_facts "kind"): one stream asks "how fast does it decode?", a closed
+# (measure/workload.load_facts "kind"): one stream asks "how fast does it decode?", a closed
 # loop of N streams "how much does it serve?", an open loop at a set rate "how soon does it
 # answer?". A test's other gated metrics are secondary: judged, in the run's family, but not
 # the answer line.

@@ -399,7 +399,7 @@ def _server_url(opt: RawOption) -> str | None:
     url = str(opt.value).rstrip("/")
     if urlsplit(url).path.endswith("/v1"):
         url = url[: -len("/v1")]
-    # https:// is measured by the httpx client (client_https.py), timed in the event loop rather
+    # https:// is measured by the httpx client (connection.py), timed in the event loop rather
     # than by the kernel; each run's notes say so.
     from pytest_kimiperf.config.server_url import parse_base_url
 

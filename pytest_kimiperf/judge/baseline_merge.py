@@ -18,7 +18,7 @@ The rules, entry by entry (an entry missing on a side is an empty history there)
   kept and the two interleave by ``recorded_at`` (then session, then the boot's JSON), so the
   history stays oldest first as ``update_baseline`` writes it, the last :data:`HISTORY_BOOTS`
   are kept, and merging either way round (a merge or a rebase) gives the same file;
-- the anchor (the last deliberate recording, judge/drift.py) merges as the history does; the
+- the anchor (the last deliberate recording, judge/history.py) merges as the history does; the
   nights appended since it are the union of both sides' where the two agree on the anchor, and
   none where a side recorded anew (a recording starts the drift test afresh);
 - the latest boot's samples, median and IQR come from the side that recorded last.
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from pytest_kimiperf.errors import BaselineError
-from pytest_kimiperf.judge.baseline_schema import (
+from pytest_kimiperf.judge.baselines import (
     BaselineBoot, BaselineEntry, BaselineFile, Night, dumps_baseline, parse_baseline,
 )
 from pytest_kimiperf.judge.baselines import HISTORY_BOOTS

@@ -6,16 +6,168 @@ asked for another boot (power.wants_another_boot). Boots of several profiles run
 A B B A ... (each round reverses the last, so a linear drift over the session falls equally on
 every profile; Abedi & Brecht, ICPE 2017, randomized multiple interleaved trials), or in a
 seeded random order per round; never A A B B.
+
+One server boot's figure for one metric: the unit of replication the gate compares.
+
+A boot is summarized once per metric (:class:`BootSummary`): its median, or its quantile for a
+tail metric, with the standard error of that figure's log from the boot's own samples, and how
+many samples it rests on (a boot with too few does not count). Comparing boots is ``stats``.
 """
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Callable, MutableSequence, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, MutableSequence, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from pytest_kimiperf.judge.boot_summary import BootSummary
+import numpy as np
+import numpy.typing as npt
+
+from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, SampleKind, metric_spec
+
+Samples = Sequence[float] | npt.NDArray[np.floating]
+
+# A tail quantile q needs this many samples beyond it in each boot: n >= 3 / (1 - q), so 30 for
+# a p90, 300 for a p99 (ITL pools every gap of a boot, so 20 requests of 128 tokens are 2540).
+TAIL_SAMPLES_BEYOND = 3
+_TAIL_BOOTSTRAP = 200
+# Asymptotic standard error of a sample median is sqrt(pi/2) ~ 1.2533 times that of the mean
+# for normal data; 1.4826 * MAD estimates the standard deviation robustly (outliers do not
+# widen it).
+_MEDIAN_SE_FACTOR = 1.2533
+_MAD_TO_SD = 1.4826
+
+
+@dataclass(frozen=True)
+class BootSummary:
+    """One server boot's figure for one metric: the unit of replication.
+
+    ``median`` is the boot's median; ``se_log`` the standard error of log(median) from the
+    boot's own requests (NaN below two samples); ``n`` how many valid samples it rests on;
+    ``label`` says which boot it was (``ring-ll boot 2``, or a baseline's recording time).
+    """
+
+    median: float
+    n: int
+    se_log: float
+    label: str = ""
+    # Samples a boot needs to count: MIN_SAMPLES_PER_BOOT for a median (0 here), more for a tail
+    # (tail_min_samples; ``median`` then holds the boot's quantile), 1 for a boot metric (the
+    # boot's own seconds: one exact figure per boot).
+    min_n: int = 0
+    # The session and host the boot ran in (judge/levels.py); "" when not known (a boot recorded
+    # before they were stored counts as one unknown session and host).
+    session: str = ""
+    host: str = ""
+    # The commit a stored boot was recorded at ("" when not known): where a history stepped.
+    commit: str = ""
+
+    @property
+    def needed(self) -> int:
+        """Samples this boot needs to count: ``min_n`` where the metric sets it (a tail's more,
+        a boot metric's one), else MIN_SAMPLES_PER_BOOT."""
+        return self.min_n or MIN_SAMPLES_PER_BOOT
+
+    @property
+    def usable(self) -> bool:
+        """Whether this boot has enough valid samples to stand for its server boot."""
+        return self.n >= self.needed and math.isfinite(self.median) and self.median > 0
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-ready fields (NaN as None)."""
+        return {"median": self.median, "n": self.n,
+                "se_log": None if not math.isfinite(self.se_log) else self.se_log, "label": self.label,
+                "min_n": self.min_n, "session": self.session, "host": self.host, "commit": self.commit}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BootSummary:
+        """Inverse of :meth:`to_json`."""
+        se = data.get("se_log")
+        return cls(median=float(data["median"]), n=int(data["n"]),
+                   se_log=math.nan if se is None else float(se), label=str(data.get("label") or ""),
+                   min_n=int(data.get("min_n") or 0),
+                   session=str(data.get("session") or ""), host=str(data.get("host") or ""),
+                   commit=str(data.get("commit") or ""))
+
+
+def summarize_boot(samples: Samples, label: str = "") -> BootSummary:
+    """Summarize one boot's per-request samples of one metric (non-finite ones dropped)."""
+    values = valid_samples("boot", samples)
+    positive = values[values > 0]
+    if values.size == 0:
+        return BootSummary(median=math.nan, n=0, se_log=math.nan, label=label)
+    median = float(np.median(values))
+    se = math.nan
+    if positive.size >= 2:
+        logs = np.log(positive)
+        mad = float(np.median(np.abs(logs - np.median(logs))))
+        se = _MEDIAN_SE_FACTOR * _MAD_TO_SD * mad / math.sqrt(positive.size)
+    return BootSummary(median=median, n=int(values.size), se_log=se, label=label)
+
+
+def tail_min_samples(quantile: float) -> int:
+    """Samples one boot needs before its ``quantile`` means anything: at least
+    :data:`TAIL_SAMPLES_BEYOND` of them beyond it (a p99 of 20 requests is their maximum,
+    one slow request's luck; MLPerf LoadGen's early stopping makes the same point)."""
+    return math.ceil(TAIL_SAMPLES_BEYOND / (1.0 - quantile) - 1e-9)
+
+
+def summarize_boot_quantile(samples: Samples, quantile: float, label: str = "") -> BootSummary:
+    """One boot's ``quantile`` (e.g. 0.99) of a metric, with the standard error of its log
+    from a seeded bootstrap of the boot's own samples."""
+    if not 0.0 < quantile < 1.0:
+        raise ValueError(f"quantile={quantile!r}: use a fraction between 0 and 1 (0.99 for p99)")
+    values = valid_samples("boot", samples)
+    min_n = tail_min_samples(quantile)
+    if values.size == 0:
+        return BootSummary(median=math.nan, n=0, se_log=math.nan, label=label, min_n=min_n)
+    value = float(np.quantile(values, quantile))
+    se = math.nan
+    positive = values[values > 0]
+    if positive.size >= 2:
+        rng = np.random.default_rng(0)
+        draws = rng.choice(np.log(positive), size=(_TAIL_BOOTSTRAP, positive.size), replace=True)
+        se = float(np.std(np.quantile(draws, quantile, axis=1), ddof=1))
+    return BootSummary(median=value, n=int(values.size), se_log=se, label=label, min_n=min_n)
+
+
+def summarize_metric(metric: str, samples: Samples, label: str = "") -> BootSummary:
+    """One boot's figure of ``metric`` as its spec says: the median, a tail's quantile, or a
+    boot metric's one sample."""
+    spec = metric_spec(metric)
+    if spec.quantile is not None:
+        return summarize_boot_quantile(samples, spec.quantile, label)
+    summary = summarize_boot(samples, label)
+    return replace(summary, min_n=1) if spec.sample is SampleKind.BOOT else summary
+
+
+def min_samples(metric: str) -> int:
+    """The ``min_n`` a stored boot of ``metric`` carries (0: the median's default)."""
+    spec = metric_spec(metric)
+    if spec.quantile is not None:
+        return tail_min_samples(spec.quantile)
+    return 1 if spec.sample is SampleKind.BOOT else 0
+
+
+def valid_samples(side: str, samples: Samples) -> npt.NDArray[np.float64]:
+    """The finite samples of one side as an array; ValueError for non-numbers or negative values."""
+    try:
+        arr = np.asarray(samples, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{side} samples must be numbers: {exc}") from None
+    if arr.ndim != 1:
+        raise ValueError(f"{side} samples must be a flat sequence of numbers, got shape {arr.shape}")
+    finite: npt.NDArray[np.float64] = arr[np.isfinite(arr)]
+    negative = finite[finite < 0]
+    if negative.size:
+        raise ValueError(
+            f"{side} samples include negative value {float(negative[0])!r}: tok/s, req/s and ms "
+            "are never negative, so the measurement is broken"
+        )
+    return finite
+
 
 BOOT_ID_SEPARATOR = "-boot"
 T = TypeVar("T")

@@ -137,7 +137,7 @@ class RunDecision:
 
 def control_regressions(comparisons: Sequence[ProfileComparison], *, control: bool) -> tuple[ProfileComparison, ...]:
     """Under --kimiperf-control, the candidate's comparisons with its control that are a
-    REGRESSION: each fails the run (the in-session rule, judge/in_session.py)."""
+    REGRESSION: each fails the run (the in-session rule, judge/profiles.py)."""
     if not control:
         return ()
     return tuple(r for r in comparisons if r.comparison is not None and r.comparison.verdict is VerdictKind.REGRESSION)

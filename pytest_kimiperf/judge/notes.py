@@ -187,7 +187,7 @@ class TooFewSamples(Note):
 @note_kind("history-modes")
 @dataclass(frozen=True)
 class HistoryModes(Note):
-    """The history holds two spawn modes (judge/modes.py); each boot was judged against its
+    """The history holds two spawn modes (judge/levels.py); each boot was judged against its
     nearest. Centres are the modes' geometric means. Of this run's boots, ``unclear`` lay
     between the modes (judged both ways; ``disagree`` when the two readings gave different
     verdicts), ``worse`` of ``placed`` landed in the worse mode, which holds ``worse_share`` of
@@ -214,7 +214,7 @@ class HistoryModes(Note):
 @note_kind("history-step")
 @dataclass(frozen=True)
 class HistoryStep(Note):
-    """The history's level moved and stayed (judge/changepoints.py): ``change`` is the fraction
+    """The history's level moved and stayed (judge/history.py): ``change`` is the fraction
     between the means of the boots either side; ``before``/``after`` the recording times (and
     commits) of the last boot before the step and the first after it."""
 
@@ -403,7 +403,7 @@ class Unresolved(Note):
 @dataclass(frozen=True)
 class Drifted(Note):
     """A history grown by passing runs (``--kimiperf-append-on-pass``) has drifted beyond the
-    tolerance since its anchor, the last deliberate recording (judge/drift.py): ``change`` the
+    tolerance since its anchor, the last deliberate recording (judge/history.py): ``change`` the
     cumulative change the line through the nights gives (negative is worse), ``bound`` its bound
     in the build's favour, over ``nights`` runs since the anchor recorded ``anchor_at``."""
 

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_metric
+from pytest_kimiperf.judge.boots import BootSummary, summarize_metric
 from pytest_kimiperf.judge.floors import FloorResult
 from pytest_kimiperf.judge.levels import BootOrigin, CanaryCheck
 from pytest_kimiperf.judge.notes import (

@@ -48,7 +48,7 @@ from typing import Any, Self
 
 from pytest_kimiperf.config.server_url import ENDPOINT_PATHS, check_endpoint, parse_base_url
 from pytest_kimiperf.measure.connection import Exchange, Pool
-from pytest_kimiperf.measure.records import RequestRecord
+from pytest_kimiperf.measure.results import RequestRecord
 from pytest_kimiperf.measure.sse import SSEReader
 
 
@@ -101,7 +101,7 @@ class StreamingClient:
             head += f"Authorization: Bearer {api_key}\r\n"
         self._head = head.encode("latin-1")
         if self._address.scheme == "https":
-            from pytest_kimiperf.measure.client_https import TlsPool
+            from pytest_kimiperf.measure.connection import TlsPool
 
             self._pool: Pool = TlsPool(self._address, max(1, max_connections))
         else:

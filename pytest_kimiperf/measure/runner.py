@@ -4,24 +4,45 @@
 test calls it directly; ``run_sweep`` plays every point of a ``ConcurrencySweep``;
 ``run_scenario_async`` plays on the caller's loop.
 
-A run is: requests built once and dealt to rounds and processes (dealing.py), a warm-up that is never counted, the server's
-``/metrics`` read, the rounds (each process starts together; engine.py), ``/metrics`` read
-again. The runner checks itself while it measures (see config.measure_bounds.HealthBounds): CPU share and
-event-loop latency of every client process, and how late each request went out. When one
+A run is: requests built once and dealt to rounds and processes (``prepare`` and
+``process_plans``, below), a warm-up that is never counted, the server's ``/metrics`` read, the
+rounds (each process starts together; engine.py), ``/metrics`` read again. The runner checks
+itself while it measures (see config.deployments.HealthBounds): CPU share and event-loop latency
+of every client process, and how late each request went out. When one
 process cannot keep up, ``client_processes`` spreads the streams over several processes.
+
+How a scenario's requests are dealt out: built once, then split into rounds and processes.
+
+``prepare`` builds every request a run sends (warm-up and rounds) with fresh prompts from
+``first_index`` on; a budget in seconds only reuses ``SECONDS_BUDGET_PROMPTS`` prompts in turn
+(their ids marked, see ``workload.reused_prompt_requests``). ``process_plans`` gives each client
+process its share of one round: specs, streams or cap, and arrival times for an open loop.
+
+A measurement under the host watch, taken again while the host is disturbed.
+
+The recorder hands :func:`measure_watched` the scenario's play (one attempt, fresh prompts per
+attempt) and the server it measures; the watch (hostwatch.py, on this host and on the nodes
+behind a launch template) reads what else used the host meanwhile. A disturbed attempt is
+measured again, at most :data:`HOST_RETRIES` times; one disturbed every time makes the run
+INVALID (``WatchedRun.busy``). An attached server is measured unwatched: its processes are
+unknown here, so on this host they would count as foreign, and on another host this host says
+nothing about them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pytest_kimiperf.errors import ConfigError, ServerError
+from pytest_kimiperf.config.deployments import Deployment, HostBounds
 from pytest_kimiperf.config.server_url import parse_base_url
-from pytest_kimiperf.measure.client_https import EVENT_LOOP_TIMING
+from pytest_kimiperf.errors import ConfigError, ServerError
+from pytest_kimiperf.measure.client import RequestSpec
+from pytest_kimiperf.measure.connection import EVENT_LOOP_TIMING
 from pytest_kimiperf.measure.engine import (
     Engine,
     EngineConfig,
@@ -30,19 +51,127 @@ from pytest_kimiperf.measure.engine import (
     WorkerPool,
     loop_factory,
 )
-from pytest_kimiperf.measure.dealing import Prepared, prepare, process_plans, round_result, split
-from pytest_kimiperf.measure.results import RoundResult, RunResult
-from pytest_kimiperf.measure.scenarios import (
+from pytest_kimiperf.measure.hostwatch import HostReading, HostWatch, NodeWatch
+from pytest_kimiperf.measure.results import ProcessHealth, RequestRecord, RoundResult, RunInvalid, RunResult, say_run_invalid
+from pytest_kimiperf.measure.server_view import ServerView, Snapshot, fetch_snapshot
+from pytest_kimiperf.measure.target import Target
+from pytest_kimiperf.measure.workload import (
+    REUSED_MARK,
     Concurrency,
     ConcurrencySweep,
     RequestRate,
     Scenario,
     SingleStream,
+    build_requests,
     load_facts,
+    reused_prompt_requests,
 )
-from pytest_kimiperf.measure.server_view import ServerView, Snapshot, fetch_snapshot
-from pytest_kimiperf.measure.target import Target
-from pytest_kimiperf.measure.workload import reused_prompt_requests
+from pytest_kimiperf.server.process import ServerHandle
+
+# Distinct prompts built for a budget in seconds only (the request count is not known ahead);
+# they are reused in turn past that, and the run says so in its notes.
+SECONDS_BUDGET_PROMPTS = 256
+MAX_DISTINCT_PROMPTS = 1024
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A run's requests: the warm-up's, each round's, and what the next run starts from."""
+
+    warmup: tuple[RequestSpec, ...]
+    rounds: tuple[tuple[RequestSpec, ...], ...]
+    cycle: bool
+    next_index: int
+    notes: tuple[str, ...]
+
+
+def prepare(target: Target, scenario: Scenario, *, rounds: int, first_index: int) -> Prepared:
+    """The warm-up's and each round's requests, built once (prompts from the server's tokenizer)."""
+    warmup_n = scenario.effective_warmup_requests
+    cycle = False
+    if isinstance(scenario, RequestRate):
+        per_round = [len(scenario.arrival_offsets_s(k)) for k in range(rounds)]
+    elif scenario.requests is not None:
+        per_round = [scenario.requests] * rounds
+    else:
+        per_round = [min(SECONDS_BUDGET_PROMPTS, MAX_DISTINCT_PROMPTS)] * rounds
+        cycle = True
+    total = warmup_n + sum(per_round)
+    distinct = min(total, MAX_DISTINCT_PROMPTS)
+    specs = build_requests(
+        target.base_url, target.model, scenario.workload, distinct, endpoint=target.endpoint,
+        api_key=target.api_key, first_index=first_index, id_prefix=scenario.scenario_name,
+    )
+    notes: list[str] = []
+    if specs and specs[0].prompt_tokens is None:
+        notes.append(
+            "the server has no /tokenize or /detokenize: prompts are "
+            f"{scenario.prompt_tokens} words, their token count is not exact or checked"
+        )
+
+    def take(start: int, count: int, lap_tag: str) -> tuple[RequestSpec, ...]:
+        out = []
+        for i in range(start, start + count):
+            spec = specs[i % distinct]
+            if i >= distinct:
+                spec = replace(spec, request_id=f"{spec.request_id}{REUSED_MARK}{lap_tag}{i // distinct}")
+            out.append(spec)
+        return tuple(out)
+
+    warmup = take(0, warmup_n, "w")
+    position = warmup_n
+    round_specs = []
+    for k, count in enumerate(per_round):
+        round_specs.append(take(position, count, f"r{k}"))
+        position += count
+    return Prepared(warmup, tuple(round_specs), cycle, first_index + distinct, tuple(notes))
+
+
+def split(count: int, parts: int) -> list[int]:
+    """``count`` in ``parts`` near-equal shares, the larger ones first."""
+    base, extra = divmod(count, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def process_plans(scenario: Scenario, specs: Sequence[RequestSpec], *, round_index: int | None,
+                  cycle: bool, processes: int) -> list[ProcessPlan]:
+    """One round's (or the warm-up's, round_index None) work, split over the processes."""
+    if isinstance(scenario, RequestRate) and round_index is not None:
+        offsets = scenario.arrival_offsets_s(round_index)
+        cap = scenario.max_concurrency
+        caps = split(cap, processes) if cap is not None else [0] * processes
+        return [
+            ProcessPlan(
+                specs=tuple(specs[p::processes]), slots=caps[p],
+                arrivals_s=tuple(offsets[p::processes]), seconds=None, cycle=False,
+            )
+            for p in range(processes)
+        ]
+    streams = scenario.streams
+    if round_index is None and isinstance(scenario, RequestRate):
+        streams = min(scenario.streams, max(1, len(specs)))
+    slots = split(streams, processes)
+    counts = split(len(specs), processes)
+    plans = []
+    start = 0
+    for p in range(processes):
+        share = tuple(specs[start:start + counts[p]])
+        start += counts[p]
+        plans.append(ProcessPlan(
+            specs=share, slots=slots[p], arrivals_s=None,
+            seconds=scenario.seconds if round_index is not None else None,
+            cycle=cycle and round_index is not None,
+        ))
+    return plans
+
+
+def round_result(start_ns: int, outcomes: Sequence[tuple[list[RequestRecord], ProcessHealth]]) -> RoundResult:
+    """One round's figures from every process's records, timed from the common start."""
+    records = tuple(sorted((r for recs, _ in outcomes for r in recs), key=lambda r: r.t_send_ns))
+    end_ns = max((r.t_done_ns for r in records), default=start_ns)
+    return RoundResult(records=records, wall_s=max(0.0, (end_ns - start_ns) / 1e9),
+                       health=tuple(h for _, h in outcomes))
+
 
 # Workers get this long between "go" and the common start time.
 _START_MARGIN_NS = 300_000_000
@@ -244,3 +373,132 @@ async def run_scenario_async(target: Target, scenario: Scenario) -> RunResult:
     watch = _ServerWatch(target)
     result = _result(scenario, prepared, await _play_in_loop(config, scenario, prepared, watch), watch)
     return _with_load(result, scenario, target)
+
+
+# A measurement the host watch finds disturbed is measured again this many times before the
+# run is INVALID: one burst of a cron job should cost a repeat, a busy host a verdict.
+HOST_RETRIES = 2
+
+
+@dataclass(frozen=True)
+class HostBusy:
+    """The host watch found every attempt disturbed: the last attempt's disturbed readings (this
+    machine's and its nodes'), the bounds they broke, and how many attempts were made."""
+
+    readings: tuple[HostReading, ...]
+    bounds: HostBounds
+    attempts: int
+
+    @property
+    def foreign_processes(self) -> list[tuple[str, int, str, float]]:
+        """(node, pid, name, share of the host's CPU) of the other processes the watch named
+        ("" for this machine)."""
+        return [(r.node, p.pid, p.name, p.cpu_share) for r in self.readings for p in r.top_foreign]
+
+
+InvalidReason = RunInvalid | HostBusy
+
+
+def say_invalid(reason: InvalidReason) -> str:
+    """The sentence a report prints for why a measurement was not judged."""
+    if isinstance(reason, HostBusy):
+        return ("; ".join(r.describe_busy(reason.bounds) for r in reason.readings)
+                + f"; measured {reason.attempts} times, disturbed every time: no verdict from a busy host")
+    return say_run_invalid(reason)
+
+
+def host_busy(readings: Sequence[HostReading], bounds: HostBounds, attempts: int) -> HostBusy | None:
+    """The readings that broke a bound, as a HostBusy; None when none did."""
+    disturbed = tuple(r for r in readings if r.disturbances(bounds))
+    return HostBusy(disturbed, bounds, attempts) if disturbed else None
+
+
+@dataclass
+class WatchedRun:
+    """The run, every attempt's host reading, the last attempt's node readings, and why the host
+    was too busy for a verdict (None: an attempt was quiet, or nothing was watched)."""
+
+    run: RunResult
+    readings: list[HostReading] = field(default_factory=list)
+    node_readings: list[HostReading] = field(default_factory=list)
+    nodes_here: list[str] = field(default_factory=list)  # nodes behind a template that are this machine
+    busy: HostBusy | None = None
+
+    def describe(self) -> str | None:
+        """The test report's line about the watch (None when nothing was watched)."""
+        if not self.readings:
+            return None
+        r = self.readings[-1]
+        psi = ", ".join(f"PSI {k.replace('_', ' ')} {v * 100:.0f}%" for k, v in sorted(r.psi.items()))
+        cpu = ("; ".join(r.blind) if r.blind else
+               f"foreign CPU {r.foreign_cpu_share * 100:.0f}% of the host, steal {r.steal_share * 100:.0f}%")
+        return (f"host watch ({len(self.readings)} attempt(s)): {cpu}" + (f", {psi}" if psi else "")
+                + "".join(f"; node {n.node}: foreign CPU {n.foreign_cpu_share * 100:.0f}%" for n in self.node_readings)
+                + "".join(f"; node {name}: this machine, read above" for name in self.nodes_here)
+                + "".join(f"; {line}" for line in r.own_throttling())
+                + "".join(f"; {gpu.pcie_shortfall()}" for gpu in r.gpus if gpu.pcie_shortfall()))
+
+
+def measure_watched(play: Callable[[int], RunResult], server: ServerHandle, deployment: Deployment, *,
+                    first: Callable[[], RunResult] | None = None) -> WatchedRun:
+    """``play(attempt)`` under the host watch until an attempt is quiet (at most 1 +
+    HOST_RETRIES attempts). ``first`` takes the first attempt's place (pytest-benchmark's timed
+    call of it)."""
+    if server.external:
+        return WatchedRun(first() if first is not None else play(0))
+    bounds = HostBounds.from_mapping(deployment.host_bounds, source=f"deployment {deployment.name} host_bounds")
+    watched = WatchedRun(run=None)  # type: ignore[arg-type]  # set by the first attempt
+    for attempt in range(1 + HOST_RETRIES):
+        nodes = NodeWatch(server.remote_nodes) if server.remote_nodes else None
+        if nodes is not None:
+            nodes.start()
+        here = nodes.here_pids if nodes is not None else set()
+        # The watch stops before the next attempt rebinds `here`.
+        watch = HostWatch(own_pids=lambda: [*own_pids(server), *here], **gpu_watch(deployment))  # noqa: B023
+        watch.start()
+        watched.run = first() if attempt == 0 and first is not None else play(attempt)
+        reading = watch.stop()
+        watched.readings.append(reading)
+        watched.node_readings = nodes.stop() if nodes is not None else []
+        watched.nodes_here = nodes.here if nodes is not None else []
+        watched.busy = host_busy((reading, *watched.node_readings), bounds, attempts=attempt + 1)
+        if watched.busy is None:
+            return watched
+    return watched
+
+
+def own_pids(server: ServerHandle) -> list[int]:
+    """The server's process tree and this client with its worker processes."""
+    import psutil
+
+    pids = []
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # The xdist controller only relays reports; other workers' tests are foreign load.
+        pids.append(os.getppid())
+    # A deployment that spans nodes: its worker nodes on this machine are the server too.
+    for root in (server.pid, *server.node_pids, os.getpid()):
+        if root is None:
+            continue
+        try:
+            proc = psutil.Process(root)
+            pids.append(proc.pid)
+            pids.extend(child.pid for child in proc.children(recursive=True))
+        except psutil.Error:
+            continue
+    return pids
+
+
+def gpu_watch(deployment: Deployment) -> Mapping[str, Any]:
+    """NVML and the deployment's GPU indices, where the deployment runs on GPUs."""
+    if not deployment.needs_gpus:
+        return {}
+    try:
+        import pynvml
+    except ImportError:
+        return {}
+    from pytest_kimiperf.server.gpu import visible_nvml_indices
+
+    # The server's GPUs: CUDA_VISIBLE_DEVICES as the server gets it (manager.py: the shell's,
+    # then the deployment's env), which NVML's indices do not follow.
+    visible = {**os.environ, **deployment.env}.get("CUDA_VISIBLE_DEVICES")
+    return {"nvml": pynvml, "gpu_indices": visible_nvml_indices(visible, deployment.gpu_count)}

@@ -5,21 +5,33 @@ about, did any metric move against the baseline, and did the run pass. The answe
 in one line; the compact tables below it give every metric one row per profile (change, interval
 at its level, verdict) and leave the boots, the server's view and the roofline to ``-v`` and to
 the Markdown and JSON reports, which keep everything.
+
+What a run showed, in one line, and what to do next; and the one missing-baseline warning.
+
+A first run on a new machine has no baseline: it judges the profiles against each other and the
+decode floor, nothing against history. Saying so once per metric, test and boot (48 warnings for
+one fact) buried it; the run now says it once, listing what is missing and the exact command
+that records it (``--kimiperf-record-command``, else this run's own pytest command with
+``--kimiperf-update-baselines``). The run after that is judged against the baseline; its line tallies the
+verdicts of each test's last boot, the one that decides.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pytest_kimiperf.judge.in_session import WITHIN_INTERVAL
+from pytest_kimiperf.config.metric_specs import METRICS
+from pytest_kimiperf.judge.decide import Outcome, outcome_of
 from pytest_kimiperf.judge.notes import BootsForWithin
+from pytest_kimiperf.judge.profiles import WITHIN_INTERVAL
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind
 from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_value
 from pytest_kimiperf.reports.model import SessionReport, boot_label, metric_heading, profile_verdict
 from pytest_kimiperf.reports.sentences import say
-from pytest_kimiperf.judge.decide import Outcome, outcome_of
+
 
 def primary_of(results: Sequence[TestResult]) -> dict[str, str]:
     """Each test's primary metric, as its boots recorded it (TestResult.primary): the metric its
@@ -198,7 +210,7 @@ def _about(row: CompactRow) -> str:
     c = row.comparison
     if c is None:
         return f"{what}: {row.verdict}"
-    # Undecided between profiles: how many boots a side would show it within (in_session.py).
+    # Undecided between profiles: how many boots a side would show it within (profiles.py).
     more = next((f"; {say(n)}" for n in c.notes if isinstance(n, BootsForWithin)), "") if row.in_session else ""
     return (f"{what}: {fmt_change(c.change)}, {row.interval}: {row.verdict} "
             f"(tolerance {c.tolerance * 100:g}%, {c.boots_current} vs {c.boots_reference} boots){more}")
@@ -239,3 +251,133 @@ def failure_lines(report: SessionReport) -> list[str]:
     answers' line)."""
     return [f"FAILED {short_test(res.test)} [{res.profile} boot {res.boot}]: {say(res.failures[0])}"
             for res in report.results if res.failures and not res.invalid]
+
+
+@dataclass(frozen=True)
+class MissingBaselines:
+    """The tests, profiles and metrics that had no baseline for this machine's fingerprint."""
+
+    fingerprint: str
+    # test -> (profiles, metric labels), in the order the run met them
+    tests: dict[str, tuple[list[str], list[str]]]
+    metrics: int  # metric x test x profile, each counted once however many boots it had
+
+    def listing(self) -> str:
+        """``test_ttft [default, ring-ll]: time to first token, p90 time to first token; ...``"""
+        return "; ".join(f"{test} [{', '.join(profiles)}]: {', '.join(labels)}"
+                         for test, (profiles, labels) in self.tests.items())
+
+
+def missing_baselines(results: Sequence[TestResult], fingerprint: str) -> MissingBaselines | None:
+    """What had no baseline on this hardware in ``results`` (None when nothing is missing)."""
+    tests: dict[str, tuple[list[str], list[str]]] = {}
+    seen: set[tuple[str, str, str]] = set()
+    for res in results:
+        for metric, mres in res.metrics.items():
+            if mres.baseline_line is None or not mres.baseline_line.state.missing:
+                continue
+            profiles, labels = tests.setdefault(res.test, ([], []))
+            if res.profile not in profiles:
+                profiles.append(res.profile)
+            label = METRICS[metric].label if metric in METRICS else metric
+            if label not in labels:
+                labels.append(label)
+            seen.add((res.test, res.profile, metric))
+    return MissingBaselines(fingerprint, tests, len(seen)) if tests else None
+
+
+def boots_per_profile(results: Sequence[TestResult]) -> int:
+    """The most boots any profile had in this run."""
+    return max((res.boot for res in results), default=0)
+
+
+def missing_baseline_warning(report: SessionReport, record_command: str) -> str | None:
+    """The session's one MissingBaselineWarning text, or None when every metric had a baseline
+    (or this run records them)."""
+    if report.baselines_update is not None:
+        return None
+    missing = missing_baselines(report.results, _fingerprint(report))
+    if missing is None:
+        return None
+    boots = boots_per_profile(report.results)
+    metrics, tests = missing.metrics, len(missing.tests)
+    return (f"no baseline for this hardware ({missing.fingerprint}) for {metrics} metric{'s' * (metrics != 1)} "
+            f"of {tests} test{'s' * (tests != 1)}, judged against no history: {missing.listing()}. Record it "
+            f"with: {record_command} ({boots} boot{'s' * (boots != 1)} per profile, as this run)")
+
+
+def outcome_line(report: SessionReport, record_command: str) -> str | None:
+    """One line: what this run judged, and what to do next."""
+    if not report.results:
+        return None
+    judged = _judged_besides_history(report)
+    update = report.baselines_update
+    if update is not None:
+        if not update.entries:
+            return "no baseline recorded: no test produced a boot that may be recorded (see above)"
+        left = len(update.not_recorded)
+        skipped = f"; {left} test boot{'s' * (left != 1)} not recorded (listed above)" if left else ""
+        if update.on_pass:
+            return f"this passing run appended its boots to {update.entries} baseline entries in {update.path}{skipped}"
+        return (f"recorded {update.entries} baseline entries in {update.path}{skipped}; the same run "
+                "without --kimiperf-update-baselines now judges against them")
+    missing = missing_baselines(report.results, _fingerprint(report))
+    tally = _tally(report.results)
+    if missing is not None and not tally:
+        did = f"this run judged {judged}, nothing against history" if judged else "this run measured but judged nothing"
+        return (f"no baseline for this machine ({missing.fingerprint}) yet: {did}. Next: {record_command} "
+                "records one, then the run you just made judges against it") + _invalid(report.results)
+    if not tally:
+        return f"this run judged {judged or 'nothing'}; no metric was compared with a baseline"
+    order = {word: i for i, word in enumerate(_VERDICT_ORDER)}
+    verdicts = ", ".join(f"{tally[v]} {v}" for v in sorted(tally, key=lambda v: order.get(v, len(order))))
+    line = f"against this machine's baseline, each test's last boot: {verdicts}"
+    if judged:
+        line += f"; besides, {judged}"
+    if missing is not None:
+        line += f". {missing.metrics} metrics had no baseline: {record_command} records them"
+    return line + _invalid(report.results)
+
+
+def _invalid(results: Sequence[TestResult]) -> str:
+    count = sum(1 for res in results if res.invalid)
+    if not count:
+        return ""
+    return (f". {count} test boot{'s' * (count != 1)} measured INVALID (no verdict from a busy host or an "
+            "untrusted client: the failures above say which)")
+
+
+# The tally's order: what fails first, what passes last.
+_VERDICT_ORDER = ("REGRESSION", "improvement", "changed, size unresolved", "inconclusive", "not comparable",
+                  "insufficient samples", "no detectable change", "within tolerance")
+
+
+def _judged_besides_history(report: SessionReport) -> str:
+    parts = []
+    if report.compared_profiles():
+        others = [p for p in report.profile_names() if p != report.reference_profile]
+        failed = len(report.control_regressions())
+        parts.append(f"{', '.join(others)} against {report.reference_profile}" + (
+            f" ({failed} REGRESSION{'s' * (failed != 1)} against the recorded build: the run fails)" if failed else ""))
+    if report.floor_results():
+        parts.append("the decode floor")
+    return " and ".join(parts)
+
+
+def _tally(results: Sequence[TestResult]) -> Counter[str]:
+    last: dict[tuple[str, str], int] = {}
+    for res in results:
+        last[(res.test, res.profile)] = max(last.get((res.test, res.profile), 0), res.boot)
+    tally: Counter[str] = Counter()
+    for res in results:
+        if res.boot != last[(res.test, res.profile)]:
+            continue
+        for mres in res.metrics.values():
+            if mres.baseline is not None:
+                verdict = mres.baseline.verdict.value
+                tally["REGRESSION" if verdict == "regression" else verdict] += 1
+    return tally
+
+
+def _fingerprint(report: SessionReport) -> str:
+    return str((report.fingerprint or {}).get("key", "unknown"))

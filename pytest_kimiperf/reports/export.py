@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_kimiperf.measure.records import RequestRecord
+from pytest_kimiperf.measure.results import RequestRecord
 from pytest_kimiperf.files import write_atomically
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.judge.verdicts import TestResult
@@ -53,7 +53,7 @@ _NS_PER_MS = 1e6
 def bench_serve_result(res: TestResult, *, model_id: str, tokenizer_id: str, date: str,
                        detailed: bool = False) -> dict[str, Any]:
     """One test's run under one profile as a ``vllm bench serve --save-result`` dict."""
-    # The metric definitions are records.py's (RequestRecord), in bench serve's seconds here.
+    # The metric definitions are results.py's (RequestRecord), in bench serve's seconds here.
     records = list(res.run.requests) if res.run is not None else []
     load = dict(res.run.load) if res.run is not None else {}
     endpoint = str(load.get("endpoint") or "completions")

@@ -20,7 +20,7 @@ from pytest_kimiperf.judge.fingerprint import Fingerprint, describe
 from pytest_kimiperf.server.weight_cache import header_lines as weight_cache_lines, profile_cache_reason, why_not_used
 
 if TYPE_CHECKING:  # the header of a run without perf tests must not import numpy and scipy
-    from pytest_kimiperf.judge.baseline_schema import HistorySpan
+    from pytest_kimiperf.judge.baselines import HistorySpan
 
 
 def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
@@ -133,7 +133,7 @@ def spreads_line(dep: Deployment, span: HistorySpan | None) -> str:
     spread is a floor that what the boots measure can raise, never lower; a session or host level
     is measured once the history spans MIN_UNITS of them (judge/levels.py history_level; per
     metric, this line counts the file's fullest history)."""
-    from pytest_kimiperf.judge.baseline_schema import HistorySpan
+    from pytest_kimiperf.judge.baselines import HistorySpan
     from pytest_kimiperf.judge.levels import MIN_UNITS
 
     span = span or HistorySpan(0, 0, 0)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_kimiperf.config.metric_specs import METRICS
-from pytest_kimiperf.judge.baseline_schema import BaselineEntry
+from pytest_kimiperf.judge.baselines import BaselineEntry
 from pytest_kimiperf.judge.notes import HistoryStep
 
 DPI = 100

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_kimiperf.errors import KimiperfError
-from pytest_kimiperf.reports.cells import figure_legend, fmt_range, range_names
-from pytest_kimiperf.reports.next_step import outcome_line
+from pytest_kimiperf.reports.model import figure_legend, fmt_range, range_names
+from pytest_kimiperf.reports.answers import outcome_line
 from pytest_kimiperf.reports.model import (
     boot_label,
     SessionReport,
@@ -20,7 +20,7 @@ from pytest_kimiperf.reports.model import (
 )
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_value
 from pytest_kimiperf.reports.nccl_check import DIFFERENT
-from pytest_kimiperf.judge.in_session import INTERVAL_LEGEND
+from pytest_kimiperf.judge.profiles import INTERVAL_LEGEND
 from pytest_kimiperf.judge.stats import VerdictKind
 
 

@@ -4,28 +4,94 @@ The terminal summary, the Markdown summary, the JSON report and the plots show t
 They are collected here into a :class:`SessionReport`, and the profile-vs-reference comparisons
 are computed once (each costs two bootstraps). The table cells (``81.4``, ``+0.6%``,
 ``-0.8..+2.0%``) are formatted here too, so the terminal and Markdown tables cannot disagree.
+
+What a table cell shows for one metric of one boot: the boot's figure and a range around it.
+
+The gate compares one figure per boot (``judge.boots``): the boot's median, or for a tail
+metric (``p90_ttft_ms``) its quantile. The tables, the quiet lines and the plots show that same
+figure, so a p90 row never shows the median of the row above it; the range beside it is the
+interquartile range of the boot's samples for a median, and the boot's own bootstrap interval for
+a quantile (an IQR says nothing about a p90).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
-from pytest_kimiperf.server.boot_account import BootAccount
-from pytest_kimiperf.judge.append import NotAppended
-from pytest_kimiperf.judge.decide import RunDecision
-from pytest_kimiperf.judge.profiles import ProfileComparison, profile_comparisons
-from pytest_kimiperf.judge.in_session import InSessionRules
-from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS
-from pytest_kimiperf.reports.cells import BootFigure, boot_figure
+from pytest_kimiperf.judge.decide import RunDecision
+from pytest_kimiperf.judge.history import NotAppended
+from pytest_kimiperf.judge.profiles import InSessionRules, ProfileComparison, profile_comparisons
+from pytest_kimiperf.judge.stats import Comparison, Leaning, leaning
+from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
+from pytest_kimiperf.numbers import fmt_value
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck
 from pytest_kimiperf.reports.sentences import baseline_line, warning_lines
 from pytest_kimiperf.roofline.inputs import RooflineReport
-from pytest_kimiperf.judge.stats import Comparison, Leaning, leaning
+from pytest_kimiperf.server.progress import BootAccount
 from pytest_kimiperf.server.weight_cache import WeightCacheFacts
 
+
+@dataclass(frozen=True)
+class BootFigure:
+    """What a table shows for one metric of one boot: the figure the gate compares (the boot's
+    median, or its quantile for a tail metric) and a range around it (the interquartile range of
+    the boot's samples for a median; the boot's bootstrap interval for a quantile, which the
+    IQR would not describe)."""
+
+    value: float | None
+    low: float | None
+    high: float | None
+    quantile: float | None = None  # 0.9 for a p90 row; None for a median
+
+    @property
+    def name(self) -> str:
+        """``median``, or ``p90`` for a tail metric."""
+        return "median" if self.quantile is None else f"p{self.quantile * 100:g}"
+
+
+# The standard normal's 95% quantile: the tail's range is its two-sided 90% interval, from the
+# bootstrap standard error of the boot's log-quantile (boot_summary.summarize_boot_quantile).
+_NORMAL_95 = 1.6449
+
+
+def boot_figure(mres: MetricResult) -> BootFigure:
+    """The boot's figure of ``mres`` and its range, as the tables and plots show them."""
+    spec = METRICS.get(mres.metric)
+    if spec is None or spec.quantile is None:
+        summary = mres.summary()
+        return BootFigure(*(None if (v := summary[k]) is None else float(v) for k in ("median", "q1", "q3")))
+    boot = mres.boot_summary()
+    if not (boot.n and math.isfinite(boot.median)):
+        return BootFigure(None, None, None, spec.quantile)
+    if not (math.isfinite(boot.se_log) and boot.median > 0):
+        return BootFigure(boot.median, None, None, spec.quantile)
+    half = _NORMAL_95 * boot.se_log  # the two-sided 90% interval, on the log scale
+    return BootFigure(boot.median, boot.median * math.exp(-half), boot.median * math.exp(half), spec.quantile)
+
+
+def range_names(has_tails: bool) -> tuple[str, str]:
+    """The headers of the figure and range columns: ``median``/``IQR``, or, in a table with
+    tail rows, ``median or pNN``/``IQR or 90% CI``."""
+    return ("median or pNN", "IQR or 90% CI") if has_tails else ("median", "IQR")
+
+
+def figure_legend(has_tails: bool) -> str:
+    """What the figure and range columns hold, in one sentence above a table."""
+    text = "each boot's median (IQR of its samples)"
+    return text + (", or for a pNN metric its pNN (90% bootstrap interval)" if has_tails else "")
+
+
+def fmt_range(figure: BootFigure) -> str:
+    """The figure's range as ``80.9-82.0`` (the IQR, or a tail's bootstrap interval)."""
+    if figure.value is None:
+        return "n/a (no valid sample)"
+    if figure.low is None or figure.high is None:
+        return "n/a (fewer than 2 samples)"
+    return f"{fmt_value(figure.low)}-{fmt_value(figure.high)}"
 
 
 @dataclass(frozen=True)
@@ -50,7 +116,7 @@ class ProfileFacts:
     error: str | None = None
     # --kimiperf-nccl-debug: what the server's log says about the profile's variables (None without it)
     nccl_debug: NcclDebugCheck | None = None
-    # Where each boot's seconds went (boot_account.py), in boot order; empty when this process
+    # Where each boot's seconds went (progress.py), in boot order; empty when this process
     # booted nothing (attached, or an xdist worker's boots not sent back).
     boot_accounts: tuple[BootAccount, ...] = ()
     # The profile's server arguments, and the deployment arguments they replaced ("old -> new").

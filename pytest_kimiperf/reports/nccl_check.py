@@ -25,7 +25,7 @@ from pytest_kimiperf.config.nccl.debug_log import (
     parse_enabled_matrix,
     parse_nccl_env_lines,
 )
-from pytest_kimiperf.config.nccl.tuning_log import tuning_note
+from pytest_kimiperf.config.nccl.debug_log import tuning_note
 
 APPLIED = "applied"
 NOT_SEEN = "not seen in the log"

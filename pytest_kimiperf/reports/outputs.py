@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.errors import KimiperfError
-from pytest_kimiperf.judge.baseline_schema import BaselineFile
+from pytest_kimiperf.judge.baselines import BaselineFile
 from pytest_kimiperf.reports.model import SessionReport
 
 GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"

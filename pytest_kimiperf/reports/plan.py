@@ -20,10 +20,10 @@ import statistics
 
 from pytest_kimiperf.config.metric_specs import metric_spec
 from pytest_kimiperf.config.settings import Settings
-from pytest_kimiperf.judge.baseline_schema import BaselineFile, HistorySpan
+from pytest_kimiperf.judge.baselines import BaselineFile, HistorySpan
 from pytest_kimiperf.judge.profiles import control_reach
-from pytest_kimiperf.judge.in_session import InSessionRules
-from pytest_kimiperf.judge.family import family_critical
+from pytest_kimiperf.judge.profiles import InSessionRules
+from pytest_kimiperf.judge.gate import family_critical
 from pytest_kimiperf.judge.power import design_critical, sessions_of_history, smallest_change
 from pytest_kimiperf.judge.stats import DETECTION_POWER, GATE_CRITICAL
 

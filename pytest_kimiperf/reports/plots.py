@@ -31,13 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from pytest_kimiperf.judge.baseline_schema import BaselineFile
+from pytest_kimiperf.judge.baselines import BaselineFile
 from pytest_kimiperf.errors import ConfigError, KimiperfError
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS, Direction, SampleKind
 from pytest_kimiperf.numbers import finite_only, fmt_value
 from pytest_kimiperf.judge.notes import HistorySteps
-from pytest_kimiperf.reports.cells import boot_figure
+from pytest_kimiperf.reports.model import boot_figure
 from pytest_kimiperf.reports.history_plot import plot_history
 from pytest_kimiperf.reports.plot_changes import ChangeRow, draw_changes
 from pytest_kimiperf.reports.sentences import comparison_line, say

@@ -30,11 +30,11 @@ from pytest_kimiperf.config.nccl.profiles import NcclProfile
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.storage import baselines
-from pytest_kimiperf.judge.baseline_schema import BaselineFile
+from pytest_kimiperf.judge.baselines import BaselineFile
 from pytest_kimiperf.judge.fingerprint import Fingerprint
-from pytest_kimiperf.judge.in_session import InSessionRules
-from pytest_kimiperf.judge.sequential import session_plan
-from pytest_kimiperf.judge.append import append_refusal
+from pytest_kimiperf.judge.profiles import InSessionRules
+from pytest_kimiperf.judge.profiles import session_plan
+from pytest_kimiperf.judge.history import append_refusal
 from pytest_kimiperf.judge.decide import RunDecision
 from pytest_kimiperf.judge.baselines import baseline_entries
 from pytest_kimiperf.reports.sentences import not_recorded_line
@@ -48,7 +48,7 @@ from pytest_kimiperf.reports.model import (
 )
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck, check_server_log
 from pytest_kimiperf.reports.outputs import OutputContext, write_outputs
-from pytest_kimiperf.reports.next_step import missing_baseline_warning
+from pytest_kimiperf.reports.answers import missing_baseline_warning
 from pytest_kimiperf.reports.terminal import render_summary
 from pytest_kimiperf.roofline.inputs import build_roofline_report, decode_results
 from pytest_kimiperf.server.manager import ServerRecord

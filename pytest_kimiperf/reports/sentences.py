@@ -1,6 +1,6 @@
 """Every sentence the gate's verdicts are read as: the one place that writes them.
 
-The gate (judge/gate.py) and the statistics (judge/stats.py, judge/in_session.py) return typed
+The gate (judge/gate.py) and the statistics (judge/stats.py, judge/profiles.py) return typed
 values: a :class:`~pytest_kimiperf.judge.stats.Comparison` and notes (judge/notes.py,
 judge/verdicts.py). :func:`say` turns a note into its line, :func:`comparison_line` a comparison
 into the line a test report shows; the terminal summary, the JSON report, the pytest warnings and
@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import assert_never
 
 from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, Direction, metric_spec
-from pytest_kimiperf.judge.append import AppendWhy, NotAppended
+from pytest_kimiperf.judge.history import AppendWhy, NotAppended
 from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
 from pytest_kimiperf.judge.levels import CanaryCheck, Level, Levels
 from pytest_kimiperf.judge.notes import (

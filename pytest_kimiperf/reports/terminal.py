@@ -5,6 +5,22 @@ function of the report and the verbosity; the session reporter hands the lines t
 reporter's ``write_sep``/``write_line``, whose markup is dropped where the terminal has no colour.
 Tables keep to :data:`MAX_WIDTH` columns: when the metric names make a row too wide, the metric
 moves to a line of its own above its profiles.
+
+The terminal summary's building blocks: a line with its markup, fixed-width tables, wrapping.
+
+Shared by :mod:`~pytest_kimiperf.reports.terminal` (the verdicts) and
+:mod:`~pytest_kimiperf.reports.terminal` (what the run was: NCCL, roofline, servers, files).
+
+The summary's first screen: the answers, then one compact table per comparison.
+
+What the lines say is gathered in :mod:`~pytest_kimiperf.reports.answers`; this module lays them
+out for the terminal, as :mod:`~pytest_kimiperf.reports.terminal` does for the ``-v`` sections.
+
+The terminal summary's sections about the run itself, beside its verdicts.
+
+What NCCL logged it applied (``--kimiperf-nccl-debug``), the decode ceiling (roofline), the server's own
+view next to the client's, the warnings, and the servers and files: boots, leftovers, where
+the reports and baselines went. Pure functions of the report, like the rest of the summary.
 """
 
 from __future__ import annotations
@@ -12,46 +28,385 @@ from __future__ import annotations
 import math
 import textwrap
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import assert_never
 
 from pytest_kimiperf.judge.decide import RunDecision, RunEnd
-from pytest_kimiperf.judge.in_session import INTERVAL_LEGEND
 from pytest_kimiperf.judge.floors import FloorResult
+from pytest_kimiperf.judge.profiles import INTERVAL_LEGEND
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_spread, fmt_value
-from pytest_kimiperf.reports.cells import figure_legend, fmt_range, range_names
-from pytest_kimiperf.reports.next_step import outcome_line
-from pytest_kimiperf.reports.sentences import comparison_line, rests_on, source_text
+from pytest_kimiperf.reports.answers import (
+    CompactRow,
+    answer_lines,
+    baseline_rows,
+    failure_lines,
+    outcome_line,
+    profile_rows,
+    run_verdict,
+    short_test,
+)
 from pytest_kimiperf.reports.model import (
     BaselineRow,
     MetricBlock,
     ProfileCell,
     SessionReport,
     boot_label,
+    figure_legend,
+    fmt_range,
     profile_verdict,
+    range_names,
 )
-from pytest_kimiperf.reports.terminal_answers import (
-    answer_section, compact_baseline_table, compact_profile_table, warning_count,
-)
-from pytest_kimiperf.reports.terminal_context import (
-    nccl_debug_lines,
-    roofline_lines,
-    server_view_section,
-    servers_and_files,
-    warning_section,
-)
-from pytest_kimiperf.reports.terminal_layout import (
-    LOUD,
-    MAX_WIDTH,
-    RED,
-    YELLOW,
-    Table,
-    TerminalLine,
-    floor_markup,
-    plural,
-    verdict_markup,
-    wrapped,
-)
+from pytest_kimiperf.reports.nccl_check import APPLIED, DIFFERENT, NOT_SEEN
+from pytest_kimiperf.reports.outputs import output_labels
+from pytest_kimiperf.reports.sentences import comparison_line, rests_on, say, source_text
+
+MAX_WIDTH = 100
+
+RED = {"red": True}
+LOUD = {"red": True, "bold": True}
+YELLOW = {"yellow": True}
+GREEN = {"green": True}
+
+
+@dataclass(frozen=True)
+class TerminalLine:
+    """One line of the summary: a separator with a title when ``sep`` is set, else plain text."""
+
+    text: str
+    sep: str | None = None
+    markup: Mapping[str, bool] = field(default_factory=dict)
+
+
+def wrapped(text: str, *, indent: int, markup: Mapping[str, bool] | None = None) -> list[TerminalLine]:
+    """``text`` wrapped to the summary's width, continuation lines indented four more."""
+    parts = textwrap.wrap(text, width=MAX_WIDTH, initial_indent=" " * indent,
+                          subsequent_indent=" " * (indent + 4), break_long_words=False,
+                          break_on_hyphens=False)
+    return [TerminalLine(part, markup=markup or {}) for part in parts]
+
+
+class Table:
+    """Fixed-width columns sized to their widest cell; the last column is never padded."""
+
+    def __init__(self, header: Sequence[str], *, aligns: str, indent: int = 2) -> None:
+        self.header = list(header)
+        self.aligns = aligns
+        self.indent = indent
+        self.widths = [len(h) for h in header]
+
+    def add(self, cells: Sequence[str]) -> None:
+        self.widths = [max(w, len(c)) for w, c in zip(self.widths, cells)]
+
+    def width(self) -> int:
+        return self.indent + sum(self.widths) + 2 * (len(self.widths) - 1)
+
+    def format(self, cells: Sequence[str]) -> str:
+        parts = []
+        last = len(cells) - 1
+        for i, (cell, width, align) in enumerate(zip(cells, self.widths, self.aligns)):
+            if i == last:
+                parts.append(cell)
+            else:
+                parts.append(cell.rjust(width) if align == "r" else cell.ljust(width))
+        return (" " * self.indent + "  ".join(parts)).rstrip()
+
+
+
+def verdict_markup(verdict: str) -> Mapping[str, bool]:
+    """A verdict's colour: a regression loud red, a pass green, anything unresolved yellow."""
+    if verdict == VerdictKind.REGRESSION.value:
+        return LOUD
+    if verdict == VerdictKind.IMPROVEMENT.value or verdict == VerdictKind.WITHIN_TOLERANCE.value:
+        return GREEN
+    return YELLOW
+
+
+def floor_markup(status: str) -> Mapping[str, bool]:
+    """A decode floor's colour: below the floor loud red, below target yellow, ok green."""
+    return {"below floor": LOUD, "below target": YELLOW, "ok": GREEN}.get(status, {})
+
+
+def plural(count: int, word: str, plural: str | None = None) -> str:
+    """``1 metric``, ``3 metrics``; ``plural`` for irregular words (``entries``)."""
+    return f"{count} {word if count == 1 else plural or word + 's'}"
+
+
+# Marks the row of a test's primary metric in the compact tables.
+PRIMARY_MARK = "* "
+
+
+def answer_section(report: SessionReport) -> list[TerminalLine]:
+    """The summary's opening: one line per answer, the failures, and the run's outcome."""
+    lines = [TerminalLine("kimiperf: answers", sep="=")]
+    for answer in answer_lines(report):
+        lines.extend(wrapped(answer, indent=0, markup=_answer_markup(answer)))
+    for failure in failure_lines(report):
+        lines.extend(wrapped(failure, indent=0, markup=RED))
+    outcome = outcome_line(report, report.record_command)
+    if outcome is not None:
+        verdict = run_verdict(report)
+        lines.extend(wrapped(f"run {verdict}: {outcome}", indent=0, markup=LOUD if verdict != "passed" else {}))
+    return lines
+
+
+def _answer_markup(answer: str) -> Mapping[str, bool]:
+    if answer.startswith("INVALID") or ": BELOW on " in answer:
+        return LOUD
+    return RED if ": worse (" in answer or ": REGRESSION (" in answer else {}
+
+
+def _compact_table(rows: Sequence[CompactRow]) -> list[TerminalLine]:
+    """One row per metric and profile: change, interval at its level, verdict; the test named
+    on its first row, the profile column only where several profiles share the table."""
+    several = len({row.profile for row in rows}) > 1
+    header = ["test", "metric", *(["profile"] if several else []), "change", "interval", "verdict"]
+    cells: list[tuple[str, list[str], Mapping[str, bool]]] = []
+    for row in rows:
+        c = row.comparison
+        verdict = row.verdict if c is not None else _short_note(row.verdict)
+        change = [fmt_change(c.change), row.interval] if c is not None else ["", ""]
+        metric = f"{PRIMARY_MARK}{row.metric}" if row.primary else f"{' ' * len(PRIMARY_MARK)}{row.metric}"
+        cells.append((short_test(row.test), [metric, *([row.profile] if several else []), *change, verdict],
+                      _row_markup(row)))
+    table = Table(header, aligns="lllrll" if several else "llrll", indent=2)
+    previous = None
+    for test, text, _ in cells:
+        table.add([test if test != previous else "", *text])
+        previous = test
+    if table.width() <= MAX_WIDTH:
+        lines = [TerminalLine(table.format(header), markup={"bold": True})]
+        previous = None
+        for test, text, markup in cells:
+            lines.append(TerminalLine(table.format([test if test != previous else "", *text]), markup=markup))
+            previous = test
+        return lines
+    # Too wide with the test beside its rows (long profile names): the test heads its rows.
+    table = Table(header[1:], aligns="llrll" if several else "lrll", indent=4)
+    for _, text, _ in cells:
+        table.add(text)
+    lines = [TerminalLine(table.format(header[1:]), markup={"bold": True})]
+    previous = None
+    for test, text, markup in cells:
+        if test != previous:
+            lines.append(TerminalLine(f"  {test}", markup={"bold": True}))
+            previous = test
+        lines.append(TerminalLine(table.format(text), markup=markup))
+    return lines
+
+
+def _primary_legend(rows: Sequence[CompactRow]) -> list[TerminalLine]:
+    if not any(row.primary for row in rows):
+        return []
+    return [TerminalLine(f"  {PRIMARY_MARK.strip()} the test's primary metric, the one its answer line speaks of; "
+                         "the other rows are secondary")]
+
+
+def _short_note(note: str) -> str:
+    return "INVALID measurement" if note.startswith("INVALID") else note
+
+
+def _row_markup(row: CompactRow) -> Mapping[str, bool]:
+    if row.note or row.comparison is None:
+        return YELLOW
+    if row.in_session and row.comparison.verdict is VerdictKind.REGRESSION:
+        return RED  # a slower profile is a finding, not a failed test: red, but not loud
+    return verdict_markup(row.comparison.verdict.value)
+
+
+def compact_profile_table(report: SessionReport) -> list[TerminalLine]:
+    """Each profile against the reference, one row per metric, on all boots."""
+    if not report.compared_profiles():
+        return []
+    rows = profile_rows(report)
+    if not rows:
+        return []
+    others = list(dict.fromkeys(row.profile for row in rows))
+    who = others[0] if len(others) == 1 else "profiles"
+    title = f"kimiperf: {who} vs {report.reference_profile}, on all boots (-v: each boot)"
+    return [TerminalLine(title, sep="="), *_compact_table(rows), *_primary_legend(rows)]
+
+
+def compact_baseline_table(report: SessionReport) -> list[TerminalLine]:
+    """Each profile against its baseline, one row per metric, on its last boot (which rests on
+    all its boots)."""
+    rows = baseline_rows(report)
+    if not rows:
+        return []
+    title = "kimiperf: against the baseline, on each profile's boots (-v: each boot)"
+    return [TerminalLine(title, sep="="), *_compact_table(rows), *_primary_legend(rows)]
+
+
+def warning_count(report: SessionReport) -> list[TerminalLine]:
+    """One line for the warnings that ``-v`` and the Markdown summary spell out."""
+    warnings = report.warnings()
+    if not warnings:
+        return []
+    return [TerminalLine(f"kimiperf: {plural(len(warnings), 'warning')} besides the answers: -v or the Markdown "
+                         "summary lists them", markup=YELLOW)]
+
+
+# -- --kimiperf-nccl-debug ---------------------------------------------------------------------------
+
+_NCCL_DEBUG_TITLE = "NCCL variables in the server logs (--kimiperf-nccl-debug)"
+
+
+def nccl_debug_lines(report: SessionReport, *, titled: bool, quiet: bool) -> list[TerminalLine]:
+    checks = report.nccl_checks()
+    if quiet:
+        # -q keeps what is alarming: a variable NCCL logged with another value.
+        checks = [check for check in checks if check.mismatches or check.error]
+    if not checks:
+        return []
+    if titled:
+        lines = [TerminalLine(f"kimiperf: {_NCCL_DEBUG_TITLE}", sep="=")]
+    else:
+        lines = [TerminalLine(_NCCL_DEBUG_TITLE, markup={"bold": True})]
+    shown = {check.profile: [v for v in check.variables if not quiet or v.status == DIFFERENT]
+             for check in checks}
+    table = Table(["variable", "verdict"], aligns="ll", indent=4)  # one column width for all profiles
+    for variables in shown.values():
+        for v in variables:
+            table.add([f"{v.variable}={v.expected}", v.message])
+    for check in checks:
+        log = f" (log: {check.log_path})" if check.log_path else ""
+        lines.append(TerminalLine(f"  {check.profile}{log}"))
+        if check.error:
+            lines.append(TerminalLine(f"    {check.error}", markup=YELLOW))
+        for v in shown[check.profile]:
+            lines.append(TerminalLine(table.format([f"{v.variable}={v.expected}", v.message]),
+                                      markup=_NCCL_MARKUP.get(v.status, {})))
+        if not quiet:
+            for note in check.notes:
+                lines.extend(wrapped(f"note: {note}", indent=4))
+    return lines
+
+
+_NCCL_MARKUP: Mapping[str, Mapping[str, bool]] = {APPLIED: GREEN, NOT_SEEN: YELLOW, DIFFERENT: RED}
+
+
+def roofline_lines(report: SessionReport, *, titled: bool) -> list[TerminalLine]:
+    roof = report.roofline
+    if roof is None:
+        return []
+    title = "decode ceiling (roofline)"
+    lines = [TerminalLine(f"kimiperf: {title}", sep="=") if titled
+             else TerminalLine(title, markup={"bold": True})]
+    if not roof.known:
+        lines.extend(wrapped(roof.arithmetic_line(), indent=2, markup=YELLOW))
+        return lines
+    lines.extend(wrapped(roof.arithmetic_line(), indent=2))
+    current_test = None
+    for m in roof.measurements:
+        if m.test != current_test:
+            current_test = m.test
+            lines.append(TerminalLine(f"  {m.test}"))
+        lines.append(TerminalLine(f"    {m.line()}"))
+    for note in roof.notes:
+        lines.extend(wrapped(f"note: {note}", indent=2))
+    return lines
+
+
+def server_view_section(report: SessionReport) -> list[TerminalLine]:
+    rows = report.server_views()
+    if not rows:
+        return []
+    header = ["profile", "TTFT ms: server", "client", "ITL ms: server", "client", "tokens: server", "client"]
+    table = Table(header, aligns="lrrrrrr", indent=4)
+    by_test: dict[str, list[list[str]]] = {}
+    for row in rows:
+        cells = [row.profile, *(fmt_value(v) for v in (
+            row.server_ttft_ms, row.client_ttft_ms, row.server_itl_ms, row.client_itl_ms,
+            row.server_tokens, row.client_tokens))]
+        table.add(cells)
+        by_test.setdefault(row.test, []).append(cells)
+    lines = [TerminalLine("kimiperf: the server's view (vLLM /metrics) next to the client's", sep="="),
+             TerminalLine("means over the measured requests; the server's are estimated from its histograms")]
+    for test, test_rows in by_test.items():
+        lines.append(TerminalLine(test, markup={"bold": True}))
+        lines.append(TerminalLine(table.format(header), markup={"bold": True}))
+        lines.extend(TerminalLine(table.format(cells)) for cells in test_rows)
+    return lines
+
+
+def warning_section(report: SessionReport) -> list[TerminalLine]:
+    warnings = report.warnings()
+    if not warnings:
+        return []
+    lines = [TerminalLine("kimiperf: warnings", sep="=")]
+    for warning in warnings:
+        wrapped = textwrap.wrap(warning, width=MAX_WIDTH, subsequent_indent="    ",
+                                break_long_words=False, break_on_hyphens=False)
+        lines.extend(TerminalLine(part, markup=YELLOW) for part in wrapped)
+    return lines
+
+
+def servers_and_files(report: SessionReport, *, quiet: bool, verbose: bool = True) -> list[TerminalLine]:
+    """Each server's boots and log, the files written, and any leftover process (loud at every
+    verbosity); ``verbose`` adds each boot's account, the weight cache and pytest-benchmark's note."""
+    lines: list[TerminalLine] = []
+    loud: list[TerminalLine] = []
+    for facts in report.profiles:
+        for leftover in facts.leftovers:
+            loud.append(TerminalLine(
+                f"LEFTOVER process of the {facts.name} server survived SIGKILL: {leftover}", markup=LOUD))
+        if facts.error:
+            loud.append(TerminalLine(f"server {facts.name} failed: {facts.error}", markup=RED))
+        if quiet:
+            continue
+        if facts.boots is None:
+            boot = "not started by this process (an xdist worker or --kimiperf-server-url)"
+        elif facts.boots == 0:
+            boot = "not started"
+        else:
+            ready = f", ready after {facts.boot_s:.0f} s" if facts.boot_s is not None else ""
+            boot = f"booted {facts.boots}x{ready}"
+        log = f"; log: {facts.log_path}" if facts.log_path else ""
+        lines.append(TerminalLine(f"server {facts.name}: {boot}{log}"))
+        if verbose:
+            lines.extend(TerminalLine(f"  {account.summary()}") for account in facts.boot_accounts)
+        for var, (shell, value) in sorted(facts.overridden_shell_env.items()):
+            lines.append(TerminalLine(
+                f"  profile {facts.name} overrides {var}={shell!r} from the shell with {value!r}", markup=YELLOW))
+    wc = report.weight_cache
+    if wc is not None:
+        loud.extend(TerminalLine(f"LEFTOVER process of the weight-cache daemons survived SIGKILL: {p}",
+                                 markup=LOUD) for p in wc.leftovers)
+        if verbose and not quiet:
+            lines.append(TerminalLine(wc.summary()))
+    if not quiet:
+        for key, label in output_labels().items():  # each format's own label (reports/outputs.py)
+            if key in report.outputs:
+                extra = f" ({plural(len(report.plot_files), 'PNG file')})" if key == "plots" else ""
+                lines.append(TerminalLine(f"{label}: {report.outputs[key]}{extra}"))
+        if report.benchmark_rows_hidden and verbose:
+            lines.extend(wrapped(
+                f"pytest-benchmark: its table leaves out {plural(report.benchmark_rows_hidden, 'perf test')} "
+                "(one round each, the scenario's wall time, is no distribution to tabulate); its JSON and "
+                "storage keep them, with the LLM figures in extra_info", indent=0))
+    if report.baselines_update is not None:
+        update = report.baselines_update
+        if update.entries:
+            how = "appended (a passing run, --kimiperf-append-on-pass)" if update.on_pass else "written"
+            lines.append(TerminalLine(
+                f"baselines {how}: {update.path} ({plural(update.entries, 'entry', 'entries')})",
+                markup=GREEN))
+        else:
+            lines.append(TerminalLine(
+                "baselines: nothing written (no perf test produced valid samples)", markup=YELLOW))
+        for why in update.not_recorded:
+            lines.append(TerminalLine(f"baselines: not recorded: {why}", markup=YELLOW))
+    if report.not_appended is not None:
+        lines.append(TerminalLine(f"baselines: {say(report.not_appended)}", markup=YELLOW))
+    if not lines and not loud:
+        return []
+    out = [TerminalLine("kimiperf: servers and files", sep="=")] if lines and not quiet else []
+    out.extend(lines)
+    if loud:
+        out.append(TerminalLine("kimiperf: server trouble", sep="!", markup=LOUD))
+        out.extend(loud)
+    return out
+
 
 QUIET = -1
 VERBOSE = 1

@@ -11,7 +11,7 @@ a measurement):
   datasheet peak (``ceiling.gpu_bandwidth_gbs`` on the fingerprint's GPU name), else, for a
   CPU deployment, a copy measured on this host at session end;
 - one decode-sized allreduce's latency: the deployment's ``allreduce_latency_us``, else one
-  ``all_reduce_perf`` run at the decode size where nccl-tests is on PATH (nccl_tests.py: a few
+  ``all_reduce_perf`` run at the decode size where nccl-tests is on PATH (ceiling.py: a few
   seconds on the GPUs, at session end once the servers are gone), else the default for the
   fingerprint's interconnect (PCIe, NVLink); a CPU engine at tp > 1 has none (gloo's latency
   depends on the host), so only the bandwidth ceiling is given there.
@@ -31,10 +31,10 @@ from typing import Any
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.gate import FLOOR_METRIC
 from pytest_kimiperf.judge.verdicts import TestResult
-from pytest_kimiperf.measure.scenarios import SINGLE_STREAM
+from pytest_kimiperf.measure.workload import SINGLE_STREAM
 from pytest_kimiperf.numbers import fmt_share
-from pytest_kimiperf.roofline import ceiling, nccl_tests
-from pytest_kimiperf.roofline.model_config import ModelConfigLookup, find_model_config, read_model_config, text_config
+from pytest_kimiperf.roofline import ceiling
+from pytest_kimiperf.roofline.weights import ModelConfigLookup, find_model_config, read_model_config, text_config
 
 
 # Server L3 caches reach 32-64 MiB per socket (ceiling.measure_cpu_copy_bandwidth_gbs): weights
@@ -300,7 +300,7 @@ def build_roofline_report(
     measure_cpu_gbs: Callable[[], float] = measure_cpu_bandwidth_gbs,
     tiny_model_dir: Path | None = None,
     external: bool = False,
-    measure_allreduce: Callable[[int, int], tuple[float, str] | None] = nccl_tests.measure_allreduce_latency,
+    measure_allreduce: Callable[[int, int], tuple[float, str] | None] = ceiling.measure_allreduce_latency,
 ) -> RooflineReport | None:
     """The ceilings for the session's single-stream decode results; None when there are none."""
     decoded = decode_results(results)

@@ -5,28 +5,530 @@ embedding row, the whole lm_head. :func:`weight_tensors` lists a HF config's wei
 shards them under tensor parallelism (cited where it matters), :func:`weight_bytes_per_token`
 prices them in their quantized formats, and :func:`tp_collectives_per_token` counts the small
 collectives each step waits for. GB means 10**9 bytes, as in vendor datasheets.
+
+The model's Hugging Face ``config.json``: where it is on this host and what it says.
+
+:func:`find_model_config` looks for it (the deployment's ``model_config``, the tiny model's
+build, a local model directory or the Hugging Face hub cache) and says why when it is not
+found; :func:`read_model_config` loads it; the helpers below read the language model inside a
+multimodal wrapper and the integer fields the roofline needs, naming the field and the file when
+one is bad.
+
+Weight formats and quantization schemes: how many bytes each Linear module of a checkpoint
+takes, read from its ``quantization_config`` (compressed-tensors, GPTQ, AWQ, FP8).
+
+Each rule follows how vLLM loads the format (cited where it matters): which modules a scheme
+skips, which scales and zero points decode reads with the weights.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from pytest_kimiperf.config.deployments import TINY_MODEL
 from pytest_kimiperf.errors import ConfigError
-from pytest_kimiperf.roofline.model_config import first_present, positive_int_field, text_config
-from pytest_kimiperf.roofline.quantization import QuantScheme
 
-__all__ = [
-    "TENSOR_CLASSES",
-    "ClassBytes",
-    "WeightBytes",
-    "WeightTensor",
-    "tp_collectives_per_token",
-    "weight_bytes_per_token",
-    "weight_tensors",
-]
+
+@dataclass(frozen=True)
+class ModelConfigLookup:
+    """Where the model's config.json was found (``path``), or why it was not (``reason``)."""
+
+    path: Path | None
+    source: str
+    reason: str | None = None
+
+
+def hub_cache_dir(environ: Mapping[str, str]) -> Path:
+    """The Hugging Face hub cache: $HF_HUB_CACHE, else $HF_HOME/hub, else the XDG/home default.
+
+    The order huggingface_hub resolves it in (constants.py; "Hub Local Cache" in the hub docs).
+    """
+    if environ.get("HF_HUB_CACHE"):
+        return Path(environ["HF_HUB_CACHE"]).expanduser()
+    if environ.get("HF_HOME"):
+        return Path(environ["HF_HOME"]).expanduser() / "hub"
+    xdg = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "huggingface" / "hub"
+
+
+def _hub_snapshot(repo_id: str, revision: str | None, cache: Path) -> tuple[Path | None, str]:
+    """The snapshot directory of ``repo_id`` in the hub cache, or None with what was looked at.
+
+    Layout: ``models--ORG--NAME/refs/<branch or tag>`` holds a commit hash, and
+    ``snapshots/<commit>/`` holds the files (links into ``blobs/``).
+    """
+    repo_dir = cache / ("models--" + repo_id.replace("/", "--"))
+    if not repo_dir.is_dir():
+        return None, f"{repo_id} is not in the Hugging Face cache ({repo_dir} does not exist)"
+    wanted = revision or "main"
+    ref = repo_dir / "refs" / wanted
+    commit: str | None = None
+    if ref.is_file():
+        commit = ref.read_text(encoding="utf-8").strip()
+    elif (repo_dir / "snapshots" / wanted).is_dir():
+        commit = wanted
+    if commit is not None:
+        snapshot = repo_dir / "snapshots" / commit
+        if (snapshot / "config.json").is_file():
+            return snapshot, f"Hugging Face cache, {wanted} -> {commit[:12]}"
+        return None, f"{snapshot / 'config.json'} is not in the Hugging Face cache"
+    if revision is not None:
+        return None, f"revision {revision!r} of {repo_id} is not in the Hugging Face cache ({repo_dir})"
+    snapshots = sorted(
+        (p for p in (repo_dir / "snapshots").glob("*") if (p / "config.json").is_file()),
+        key=lambda p: p.stat().st_mtime,
+    )
+    if not snapshots:
+        return None, f"{repo_id} has no snapshot with a config.json in the Hugging Face cache ({repo_dir})"
+    # No refs/main (a download by commit hash): the newest snapshot, named in the source.
+    return snapshots[-1], f"Hugging Face cache, newest snapshot {snapshots[-1].name[:12]} (no refs/{wanted})"
+
+
+def find_model_config(
+    deployment: Any,
+    *,
+    rootpath: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    tiny_model_dir: Path | None = None,
+) -> ModelConfigLookup:
+    """Where the deployment's model config.json is on this host, or why it was not found."""
+    env = os.environ if environ is None else environ
+    where = f"deployment {deployment.name}"
+    if deployment.model_config is not None:
+        path = Path(deployment.model_config).expanduser()
+        if not path.is_absolute():
+            path = (rootpath or Path.cwd()) / path
+        if path.is_dir():
+            path = path / "config.json"
+        if path.is_file():
+            return ModelConfigLookup(path, f"model_config of {where}")
+        return ModelConfigLookup(None, f"model_config of {where}",
+                                 f"model_config {deployment.model_config!r} of {where}: {path} does not exist")
+    if deployment.model == TINY_MODEL:
+        if tiny_model_dir is None:
+            from pytest_kimiperf.server.tiny_model import tiny_model_dir as default_dir
+
+            tiny_model_dir = default_dir()
+        path = tiny_model_dir / "config.json"
+        if path.is_file():
+            return ModelConfigLookup(path, "the tiny model's build")
+        return ModelConfigLookup(None, "the tiny model's build",
+                                 f"the tiny model is not built yet ({path} does not exist)")
+    local = Path(deployment.model).expanduser()
+    if local.is_dir():
+        path = local / "config.json"
+        if path.is_file():
+            return ModelConfigLookup(path, "the local model directory")
+        return ModelConfigLookup(None, "the local model directory", f"{path} does not exist")
+    if local.is_absolute() or deployment.model.startswith((".", "~")) or deployment.model.count("/") > 1:
+        return ModelConfigLookup(None, "the local model directory",
+                                 f"model {deployment.model!r} of {where} is not a directory on this host; "
+                                 "set model_config in the deployment")
+    snapshot, source = _hub_snapshot(deployment.model, deployment.revision, hub_cache_dir(env))
+    if snapshot is None:
+        return ModelConfigLookup(None, "Hugging Face cache",
+                                 f"{source}; set model_config in the deployment to its config.json")
+    return ModelConfigLookup(snapshot / "config.json", source)
+
+
+def text_config(config: Mapping[str, Any], *, source: str) -> Mapping[str, Any]:
+    """The language model's part of ``config``: its ``text_config`` when it has one, else itself."""
+    if not isinstance(config, Mapping):
+        raise ConfigError(
+            f"{source} must be a JSON object (config.json), got {type(config).__name__}"
+        )
+    # Multimodal wrappers (Kimi-K2.5, Llava, Qwen-VL) keep the language model in text_config.
+    text = config.get("text_config")
+    if text is None:
+        return config
+    if not isinstance(text, Mapping):
+        raise ConfigError(f"text_config in {source} must be an object, got {text!r}")
+    return text
+
+
+def first_present(*configs: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
+    """The first of ``keys`` set (not None) in the first of ``configs`` that has one, else None."""
+    for cfg in configs:
+        for key in keys:
+            if cfg.get(key) is not None:
+                return cfg[key]
+    return None
+
+
+def positive_int_field(value: object, *, name: str, where: str) -> int:
+    """``value`` if it is an integer >= 1 (not a bool); else a ConfigError naming the field and its source."""
+    # Not numbers.positive_int: a config field has a name and a file it came from, and the
+    # message says "<name> in <file> must be ...", which that rule's "<what>=<value>" cannot.
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} in {where} must be a positive integer, got {value!r}")
+    return value
+
+
+def read_model_config(path: str | Path) -> dict[str, Any]:
+    """Load a model's config.json (the file or its directory) as a dict for ``weights`` and ``quantization``."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"model config {str(p)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"model config {str(p)!r} is not readable JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"model config {str(p)!r} must hold a JSON object, got {type(data).__name__}"
+        )
+    return data
+
+
+_DTYPE_BYTES: dict[str, int] = {
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "float32": 4,
+    "float": 4,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "uint8": 1,
+    "int8": 1,
+}
+
+_WEIGHT_STRATEGIES = ("group", "tensor_group", "channel", "tensor", "block")
+
+
+def _dtype_bytes(name: object, *, where: str) -> int:
+    """Bytes per element of a dtype named as in config.json ("bfloat16", "torch.float16")."""
+    if isinstance(name, str):
+        key = name.removeprefix("torch.")
+        if key in _DTYPE_BYTES:
+            return _DTYPE_BYTES[key]
+    raise ConfigError(
+        f"unknown dtype {name!r} in {where}; known: {', '.join(sorted(_DTYPE_BYTES))}"
+    )
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How one weight matrix is stored: bits per element plus the scales (and zero points)
+    that quantization adds, which decode reads too."""
+
+    label: str
+    bits: int
+    # "none" (plain dtype), "group" (one scale per group_size inputs of a row), "channel" (one
+    # per row), "tensor" (one per matrix), "block" (one per block[0] x block[1] tile).
+    strategy: str = "none"
+    group_size: int | None = None
+    block: tuple[int, int] | None = None
+    scale_bytes: int = 0
+    zero_point_bits: int = 0
+    # GPTQ with act-order keeps an int32 group index per input column (g_idx).
+    index_bytes_per_input: int = 0
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("none", "group", "channel", "tensor", "block"):
+            raise ConfigError(
+                f"weight format {self.label!r}: unknown strategy {self.strategy!r}; "
+                "use none, group, channel, tensor or block"
+            )
+        if self.strategy == "group" and not (self.group_size and self.group_size > 0):
+            raise ConfigError(f"weight format {self.label!r}: group strategy needs group_size > 0")
+        if self.strategy == "block" and self.block is None:
+            raise ConfigError(
+                f"weight format {self.label!r}: block strategy needs block=(rows, cols)"
+            )
+
+    def matrix_bytes(self, rows: int, cols: int) -> int:
+        """Bytes of a ``rows x cols`` matrix in this format, scales and zero points included."""
+        data = math.ceil(rows * cols * self.bits / 8)
+        if self.strategy == "none":
+            n_scales = 0
+        elif self.strategy == "group":
+            assert self.group_size is not None
+            n_scales = rows * math.ceil(cols / self.group_size)
+        elif self.strategy == "channel":
+            n_scales = rows
+        elif self.strategy == "tensor":
+            n_scales = 1
+        elif self.strategy == "block":
+            assert self.block is not None
+            n_scales = math.ceil(rows / self.block[0]) * math.ceil(cols / self.block[1])
+        else:  # refused by __post_init__
+            raise AssertionError(self.strategy)
+        zero_points = math.ceil(n_scales * self.zero_point_bits / 8)
+        return data + n_scales * self.scale_bytes + zero_points + cols * self.index_bytes_per_input
+
+    def vector_bytes(self, n: int) -> int:
+        """Bytes of a 1-D tensor (norm weights, biases): never quantized, so plain elements."""
+        return math.ceil(n * self.bits / 8)
+
+
+def _dense_format(dtype_bytes: int, label: str) -> WeightFormat:
+    return WeightFormat(label=label, bits=8 * dtype_bytes)
+
+
+@dataclass(frozen=True)
+class QuantRule:
+    """One compressed-tensors config group: which Linear modules it targets, in which format."""
+
+    targets: tuple[str, ...]
+    weight: WeightFormat
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """Which format each Linear module of a checkpoint is in, read from ``quantization_config``.
+
+    ``dense`` is the format of everything not quantized (the checkpoint's dtype, bf16 by default).
+    """
+
+    method: str
+    dense: WeightFormat
+    rules: tuple[QuantRule, ...] = ()
+    ignore: tuple[str, ...] = ()
+    # "regex": compressed-tensors ignore entries ("re:<pattern>" matched with re.match, else the
+    # exact module name). "substring": AWQ/GPTQ/FP8 modules_to_not_convert, which vLLM matches
+    # as substrings of the module name (quantization/awq.py is_layer_skipped_awq).
+    ignore_style: str = "regex"
+    quantize_lm_head: bool = False
+
+    @classmethod
+    def unquantized(cls, dtype: str = "bfloat16") -> QuantScheme:
+        """Every weight in ``dtype``: the scheme of a checkpoint without quantization_config."""
+        nbytes = _dtype_bytes(dtype, where="QuantScheme.unquantized")
+        return cls(method="none", dense=_dense_format(nbytes, dtype))
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], *, source: str = "model config") -> QuantScheme:
+        """Read a HF config.json dict's ``quantization_config`` (compressed-tensors, gptq, awq,
+        fp8); no quantization_config means every weight in the config's dtype (bf16 default)."""
+        text = text_config(config, source=source)
+        dtype_name = first_present(text, config, keys=("torch_dtype", "dtype")) or "bfloat16"
+        dense_bytes = _dtype_bytes(dtype_name, where=f"{source} torch_dtype/dtype")
+        dense = _dense_format(dense_bytes, str(dtype_name).removeprefix("torch."))
+        qcfg = first_present(config, text, keys=("quantization_config",))
+        if qcfg is None:
+            return cls(method="none", dense=dense)
+        if not isinstance(qcfg, Mapping):
+            raise ConfigError(f"quantization_config in {source} must be an object, got {qcfg!r}")
+        method = qcfg.get("quant_method")
+        where = f"{source} quantization_config"
+        if method == "compressed-tensors":
+            return _compressed_tensors_scheme(qcfg, dense, dense_bytes, where=where)
+        if method == "gptq":
+            return _gptq_scheme(qcfg, dense, where=where)
+        if method == "awq":
+            return _awq_scheme(qcfg, dense, where=where)
+        if method == "fp8":
+            return _fp8_scheme(qcfg, dense, where=where)
+        raise ConfigError(
+            f"unsupported quant_method {method!r} in {where}; supported: compressed-tensors, "
+            "gptq, awq, fp8 (pass quant=QuantScheme(...) to describe another format)"
+        )
+
+    def format_for(self, module_name: str) -> WeightFormat:
+        """Format of the Linear module ``module_name``, a HF module name such as
+        "model.layers.3.mlp.experts.0.up_proj"."""
+        if module_name == "lm_head" and not self.quantize_lm_head:
+            return self.dense
+        if self._ignored(module_name):
+            return self.dense
+        if self.ignore_style == "substring":
+            # AWQ/GPTQ/FP8 quantize every Linear that is not listed as skipped.
+            return self.rules[0].weight if self.rules else self.dense
+        for rule in self.rules:
+            if any(_target_matches(target, module_name) for target in rule.targets):
+                return rule.weight
+        return self.dense
+
+    def _ignored(self, module_name: str) -> bool:
+        if self.ignore_style == "substring":
+            return any(entry in module_name for entry in self.ignore)
+        return any(_target_matches(entry, module_name) for entry in self.ignore)
+
+
+def _target_matches(target: str, module_name: str) -> bool:
+    # compressed-tensors' own rule (utils/match.py): "re:" prefix = regex with re.match, a class
+    # name matches every module of that class, anything else is an exact module name. Only Linear
+    # modules are ever asked about here.
+    if target.startswith("re:"):
+        return re.match(target[3:], module_name) is not None
+    return target == "Linear" or target == module_name
+
+
+
+
+def _compressed_tensors_scheme(
+    qcfg: Mapping[str, Any], dense: WeightFormat, dense_bytes: int, *, where: str
+) -> QuantScheme:
+    groups = qcfg.get("config_groups")
+    if not isinstance(groups, Mapping) or not groups:
+        raise ConfigError(f"{where} (compressed-tensors) has no config_groups object")
+    rules: list[QuantRule] = []
+    for group_name, group in groups.items():
+        group_where = f"{where} config_groups.{group_name}"
+        if not isinstance(group, Mapping):
+            raise ConfigError(f"{group_where} must be an object, got {group!r}")
+        weights = group.get("weights")
+        if weights is None:  # activation-only group: weights stay dense
+            continue
+        targets = group.get("targets")
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            raise ConfigError(f"{group_where}.targets must be a list of strings, got {targets!r}")
+        rules.append(
+            QuantRule(
+                targets=tuple(targets),
+                weight=_weight_format_from_compressed_tensors(
+                    weights, dense_bytes, where=group_where
+                ),
+            )
+        )
+    ignore = qcfg.get("ignore") or []
+    if not isinstance(ignore, list) or not all(isinstance(e, str) for e in ignore):
+        raise ConfigError(f"{where}.ignore must be a list of strings, got {ignore!r}")
+    return QuantScheme(
+        method="compressed-tensors", dense=dense, rules=tuple(rules), ignore=tuple(ignore),
+        ignore_style="regex",
+    )
+
+
+def _weight_format_from_compressed_tensors(
+    weights: Any, dense_bytes: int, *, where: str
+) -> WeightFormat:
+    if not isinstance(weights, Mapping):
+        raise ConfigError(f"{where}.weights must be an object, got {weights!r}")
+    bits = positive_int_field(weights.get("num_bits"), name="weights.num_bits", where=where)
+    strategy = weights.get("strategy", "tensor")
+    kind = weights.get("type", "int")
+    # Scales are stored in the checkpoint's dtype unless the group says otherwise (MXFP4
+    # checkpoints declare "scale_dtype": "torch.uint8").
+    scale_dtype = weights.get("scale_dtype")
+    scale_bytes = dense_bytes if scale_dtype is None else _dtype_bytes(scale_dtype, where=where)
+    zero_point_bits = 0 if weights.get("symmetric", True) else bits
+    if strategy in ("group", "tensor_group"):
+        # tensor_group (NVFP4) adds one global scale per tensor: a few bytes, left out.
+        group_size = positive_int_field(
+            weights.get("group_size"), name="weights.group_size", where=where
+        )
+        return WeightFormat(
+            label=f"{kind}{bits} g{group_size}", bits=bits, strategy="group",
+            group_size=group_size, scale_bytes=scale_bytes, zero_point_bits=zero_point_bits,
+        )
+    if strategy == "block":
+        block = weights.get("block_structure")
+        if (
+            not isinstance(block, list) or len(block) != 2
+            or not all(isinstance(b, int) and b > 0 for b in block)
+        ):
+            raise ConfigError(
+                f"weights.block_structure in {where} must be [rows, cols], got {block!r}"
+            )
+        return WeightFormat(
+            label=f"{kind}{bits} block{block[0]}x{block[1]}", bits=bits, strategy="block",
+            block=(block[0], block[1]), scale_bytes=scale_bytes, zero_point_bits=zero_point_bits,
+        )
+    if strategy in ("channel", "tensor"):
+        return WeightFormat(
+            label=f"{kind}{bits} per-{strategy}", bits=bits, strategy=strategy,
+            scale_bytes=scale_bytes, zero_point_bits=zero_point_bits,
+        )
+    raise ConfigError(
+        f"unsupported weights.strategy {strategy!r} in {where}; supported: "
+        f"{', '.join(_WEIGHT_STRATEGIES)}"
+    )
+
+
+def _skip_list(qcfg: Mapping[str, Any], keys: tuple[str, ...], *, where: str) -> tuple[str, ...]:
+    for key in keys:
+        value = qcfg.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{key} in {where} must be a list of strings, got {value!r}")
+        return tuple(value)
+    return ()
+
+
+def _group_format(bits: int, group_size: int, *, label: str, zero_point_bits: int,
+                  index_bytes_per_input: int = 0) -> WeightFormat:
+    # GPTQ/AWQ keep fp16 scales; group_size -1 means one scale per output row.
+    if group_size == -1:
+        return WeightFormat(label=label, bits=bits, strategy="channel", scale_bytes=2,
+                            zero_point_bits=zero_point_bits,
+                            index_bytes_per_input=index_bytes_per_input)
+    return WeightFormat(label=label, bits=bits, strategy="group", group_size=group_size,
+                        scale_bytes=2, zero_point_bits=zero_point_bits,
+                        index_bytes_per_input=index_bytes_per_input)
+
+
+def _group_size(value: object, *, where: str) -> int:
+    if value == -1:
+        return -1
+    return positive_int_field(value, name="group_size", where=where)
+
+
+def _gptq_scheme(qcfg: Mapping[str, Any], dense: WeightFormat, *, where: str) -> QuantScheme:
+    if qcfg.get("dynamic"):
+        raise ConfigError(
+            f"per-module GPTQ overrides ('dynamic') in {where} are not supported; "
+            "pass quant=QuantScheme(...) describing the formats instead"
+        )
+    bits = positive_int_field(qcfg.get("bits"), name="bits", where=where)
+    group_size = _group_size(qcfg.get("group_size", 128), where=where)
+    sym = bool(qcfg.get("sym", True))
+    desc_act = bool(qcfg.get("desc_act", False))
+    # vLLM's GPTQ Marlin kernel reads zero points only for asymmetric checkpoints and the group
+    # index only with act-order (desc_act).
+    fmt = _group_format(
+        bits, group_size, label=f"gptq int{bits} g{group_size}",
+        zero_point_bits=0 if sym else bits, index_bytes_per_input=4 if desc_act else 0,
+    )
+    return QuantScheme(
+        method="gptq", dense=dense, rules=(QuantRule(("Linear",), fmt),),
+        ignore=_skip_list(qcfg, ("modules_to_not_convert",), where=where),
+        ignore_style="substring", quantize_lm_head=bool(qcfg.get("lm_head", False)),
+    )
+
+
+def _awq_scheme(qcfg: Mapping[str, Any], dense: WeightFormat, *, where: str) -> QuantScheme:
+    bits = positive_int_field(qcfg.get("bits", qcfg.get("w_bit")), name="bits (w_bit)", where=where)
+    group_size = _group_size(qcfg.get("group_size", qcfg.get("q_group_size")), where=where)
+    zero_point = bool(qcfg.get("zero_point", True))
+    fmt = _group_format(bits, group_size, label=f"awq int{bits} g{group_size}",
+                        zero_point_bits=bits if zero_point else 0)
+    return QuantScheme(
+        method="awq", dense=dense, rules=(QuantRule(("Linear",), fmt),),
+        ignore=_skip_list(qcfg, ("modules_to_not_convert",), where=where), ignore_style="substring",
+    )
+
+
+def _fp8_scheme(qcfg: Mapping[str, Any], dense: WeightFormat, *, where: str) -> QuantScheme:
+    block = qcfg.get("weight_block_size")
+    # DeepSeek-V3 style block FP8 stores one fp32 scale (weight_scale_inv) per block; plain FP8
+    # one fp32 scale per tensor.
+    if block is None:
+        fmt = WeightFormat(label="fp8 per-tensor", bits=8, strategy="tensor", scale_bytes=4)
+    elif (
+        isinstance(block, list) and len(block) == 2
+        and all(isinstance(b, int) and b > 0 for b in block)
+    ):
+        fmt = WeightFormat(label=f"fp8 block{block[0]}x{block[1]}", bits=8, strategy="block",
+                           block=(block[0], block[1]), scale_bytes=4)
+    else:
+        raise ConfigError(f"weight_block_size in {where} must be [rows, cols], got {block!r}")
+    return QuantScheme(
+        method="fp8", dense=dense, rules=(QuantRule(("Linear",), fmt),),
+        ignore=_skip_list(qcfg, ("ignored_layers", "modules_to_not_convert"), where=where),
+        ignore_style="substring",
+    )
+
 
 # ---------------------------------------------------------------------------------------------
 # The model's tensors, as vLLM shards them
@@ -340,3 +842,10 @@ def tp_collectives_per_token(
     text = text_config(config, source=source)
     layers = _Reader(text, source).required("num_hidden_layers")
     return 2 * layers + 2
+
+__all__ = [
+    "ClassBytes", "ModelConfigLookup", "QuantRule", "QuantScheme", "TENSOR_CLASSES", "WeightBytes",
+    "WeightFormat", "WeightTensor", "find_model_config", "first_present", "hub_cache_dir",
+    "positive_int_field", "read_model_config", "text_config", "tp_collectives_per_token",
+    "weight_bytes_per_token", "weight_tensors",
+]

@@ -6,7 +6,7 @@ launch within seconds if pytest dies without teardown. Output goes straight into
 pipe that nobody drains would block a chatty server), and a ``KIMIPERF_LAUNCH_ID`` marker in the
 environment is inherited by every child: that marker, with the leader's pid, start ticks and
 boot, is how teardown and the next run's zombie sweep find exactly the processes we started and
-nothing else (zombies.py, launch_records.py).
+nothing else (zombies.py, process_sweep.py).
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ from types import MappingProxyType
 import httpx
 import psutil
 
-from pytest_kimiperf.server.boot_account import BootAccount
+from pytest_kimiperf.server.progress import BootAccount
 from pytest_kimiperf.config.nodes import SECRET_NAMES, Node
-from pytest_kimiperf.server import launch_records
 from pytest_kimiperf.server import zombies as process_sweep
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.server.http_json import served_models
@@ -93,9 +92,9 @@ class ServerHandle:
     nodes: tuple[str, ...] = ()
     node_pids: tuple[int, ...] = ()
     # Nodes behind a launch template, with the launch marker of their processes there: the host
-    # watch reads them through the node agent (measure/node_watch.py).
+    # watch reads them through the node agent (measure/hostwatch.py).
     remote_nodes: tuple[tuple[Node, str], ...] = ()
-    # Where this boot's seconds went (boot_account.py): set by the manager once it is ready.
+    # Where this boot's seconds went (progress.py): set by the manager once it is ready.
     boot_account: BootAccount | None = None
 
     def auth_headers(self) -> dict[str, str]:
@@ -232,8 +231,8 @@ class ServerProcess:
         self.always_record = always_record
         self.progress = BootProgress("not started")
         self.popen: subprocess.Popen[bytes] | None = None
-        self.record: launch_records.LaunchRecord | None = None
-        self._held: launch_records.HeldLaunch | None = None
+        self.record: process_sweep.LaunchRecord | None = None
+        self._held: process_sweep.HeldLaunch | None = None
         # pytest's end of the launcher's watchdog pipe: closed by the kernel when pytest dies.
         self._watch_fd: int | None = None
         self.started_at: float | None = None
@@ -272,14 +271,14 @@ class ServerProcess:
             os.close(watch_read)
         self.started_at = time.monotonic()
         try:
-            record = dataclasses.replace(launch_records.record_for_popen(
+            record = dataclasses.replace(process_sweep.record_for_popen(
                 self.popen.pid,
                 launch_id=self.launch_id,
                 deployment=self.deployment,
                 profile=self.profile,
                 log_path=str(self.log_path),
             ), node_stop=self.node_stop)
-            self._held = launch_records.record_launch(self.state_dir, record)
+            self._held = process_sweep.record_launch(self.state_dir, record)
         except BaseException:
             # Ctrl-C (or a full disk) between the launch and its record: stop() would know
             # nothing to stop and the next run's sweep nothing to find, so stop it here. The
@@ -454,7 +453,7 @@ class ServerProcess:
                 self.popen.wait(timeout=5)
         if report.survivors or keep_record:
             return report
-        launch_records.forget_launch(self.state_dir, self.record.launch_id)
+        process_sweep.forget_launch(self.state_dir, self.record.launch_id)
         if self._held is not None:
             self._held.release()
             self._held = None

@@ -1,6 +1,6 @@
 """Baseline files on disk: ``baselines/<deployment>/<fingerprint key>.json``, read and written.
 
-What a file holds and how a history grows is the judge's (judge/baseline_schema.py, the text;
+What a file holds and how a history grows is the judge's (judge/baselines.py, the text;
 judge/baselines.py, the entries and :class:`~pytest_kimiperf.judge.baselines.LoadedBaselines`).
 This module finds, reads and writes the files: :func:`load_baselines` reads this fingerprint's
 file and the deployment's others once, for the gate. Writers merge under a file lock and replace
@@ -19,7 +19,7 @@ import filelock
 from pytest_kimiperf.config.names import check_safe_name
 from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.files import write_atomically
-from pytest_kimiperf.judge.baseline_schema import RESTORE_HINT, BaselineEntry, BaselineFile, dumps_baseline, parse_baseline
+from pytest_kimiperf.judge.baselines import RESTORE_HINT, BaselineEntry, BaselineFile, dumps_baseline, parse_baseline
 from pytest_kimiperf.judge.baselines import LoadedBaselines, append_history
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 

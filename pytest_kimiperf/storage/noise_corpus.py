@@ -8,7 +8,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.boots import BootSummary
 from pytest_kimiperf.judge.levels import CorpusBoot
 
 

@@ -41,7 +41,7 @@ def test_a_passing_run_on_the_branch_appends_and_a_run_elsewhere_does_not(
     result.stdout.fnmatch_lines(["*baselines appended (a passing run, --kimiperf-append-on-pass): *stub*.json (2 entries)*"])
     assert _boots(pytester) == 2
     assert json.loads(out.read_text())["baselines"]["appended_on_pass"] is True
-    # The recording is the anchor, the passing run its first night (judge/drift.py).
+    # The recording is the anchor, the passing run its first night (judge/history.py).
     [path] = (pytester.path / "baselines" / "stub").glob("*.json")
     entry = json.loads(path.read_text())["entries"][KEY]
     assert (len(entry["anchor"]), len(entry["nights"])) == (1, 1)

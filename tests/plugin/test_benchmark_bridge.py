@@ -15,7 +15,7 @@ from tests.helpers import stub_deployment_toml
 pytestmark = pytest.mark.usefixtures("isolated_state")
 
 PERF_TEST = """
-from pytest_kimiperf.measure.scenarios import SingleStream
+from pytest_kimiperf.measure.workload import SingleStream
 
 SCENARIO = SingleStream(prompt_tokens=8, output_tokens=16, requests=5, warmup_requests=1)
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import stub_deployment_toml
 from pytest_kimiperf.judge.boots import BootLedger, BootSlot, schedule, strip_slot
-from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.boots import BootSummary
 
 A, B, C = (SimpleNamespace(name=n) for n in ("default", "ring-ll", "tree-ll"))
 
@@ -75,7 +75,7 @@ def test_boot(kimiperf_server, kimiperf_boot, kimiperf_profile):
 
 BOOTS_ON_DEMAND = """
 import pytest
-from pytest_kimiperf.measure.scenarios import SingleStream
+from pytest_kimiperf.measure.workload import SingleStream
 
 @pytest.fixture(scope="module")
 def module_state():
@@ -102,7 +102,7 @@ def test_boots_nobody_asked_for_leave_nothing_set_up_for_the_users_next_test(
 
 PROFILES_ON_DEMAND = """
 import pytest
-from pytest_kimiperf.measure.scenarios import SingleStream
+from pytest_kimiperf.measure.workload import SingleStream
 
 @pytest.mark.kimiperf(tolerances={{"decode_tok_s": {tolerance}}})
 def test_decode(perf):
@@ -114,7 +114,7 @@ def test_decode(perf):
 @pytest.mark.parametrize("tolerance, boots_run", [(0.001, 3), (0.9, 2)])
 def test_a_profile_comparison_books_boots_until_it_decides_or_reaches_the_cap(
         pytester: pytest.Pytester, stub_project, tolerance: float, boots_run: int) -> None:
-    # Two profiles of the same stub, 2 boots planned, at most 3 (judge/sequential.py). A 0.1%
+    # Two profiles of the same stub, 2 boots planned, at most 3 (judge/profiles.py). A 0.1%
     # tolerance can never be shown at a 1% declared boot spread: the comparison stays undecided
     # and books the third boot of each. A 90% tolerance is shown "within" at the first look.
     stub_project(stub_deployment_toml(boot_spread=0.01), ini='kimiperf_deployment = "stub"')

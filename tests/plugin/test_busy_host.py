@@ -22,7 +22,7 @@ from tests.helpers import BUSY, stub_deployment_toml
 pytestmark = pytest.mark.usefixtures("isolated_state")
 
 PERF_TEST = """
-from pytest_kimiperf.measure.scenarios import SingleStream
+from pytest_kimiperf.measure.workload import SingleStream
 
 SCENARIO = SingleStream(prompt_tokens=8, output_tokens=32, requests=6, warmup_requests=1)
 

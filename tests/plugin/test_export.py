@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from pytest_kimiperf.judge.verdicts import TestResult
-from pytest_kimiperf.measure.records import RequestRecord
-from pytest_kimiperf.config.measure_bounds import HealthBounds
+from pytest_kimiperf.measure.results import RequestRecord
+from pytest_kimiperf.config.deployments import HealthBounds
 from pytest_kimiperf.measure.results import RoundResult, RunResult
 from pytest_kimiperf.reports.export import REQUESTS_FILE, bench_serve_result, write_exports
 from pytest_kimiperf.reports.model import SessionReport, build_session_report
-from pytest_kimiperf.measure.scenarios import Concurrency, load_facts
+from pytest_kimiperf.measure.workload import Concurrency, load_facts
 
 MS = 1_000_000
 
@@ -169,7 +169,7 @@ def test_request_records_are_one_json_line_per_request_with_every_chunk(tmp_path
 # --------------------------------------------------------------------------- through the plugin
 
 EXPORTED = """
-from pytest_kimiperf.measure.scenarios import Concurrency
+from pytest_kimiperf.measure.workload import Concurrency
 
 def test_streams(perf):
     perf.check(perf.measure(Concurrency(concurrency=2, prompt_tokens=4, output_tokens=8, requests=6, rounds=1)),

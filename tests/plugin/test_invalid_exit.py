@@ -16,8 +16,8 @@ from tests.helpers import stub_deployment_toml
 pytestmark = pytest.mark.usefixtures("isolated_state")
 
 PERF_TESTS = """
-from pytest_kimiperf.config.measure_bounds import HealthBounds
-from pytest_kimiperf.measure.scenarios import SingleStream
+from pytest_kimiperf.config.deployments import HealthBounds
+from pytest_kimiperf.measure.workload import SingleStream
 
 STARVED = SingleStream(prompt_tokens=8, output_tokens=8, requests=3, warmup_requests=0,
                        bounds=HealthBounds(max_cpu_fraction=1e-6))

@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from tests.helpers import stub_deployment_toml
-from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT
+from pytest_kimiperf.judge.boots import MIN_SAMPLES_PER_BOOT
 from tests import helpers
 
 pytestmark = pytest.mark.usefixtures("isolated_state")
@@ -30,7 +30,7 @@ def test_shipped_perf_suite_runs_records_and_compares(pytester: pytest.Pytester,
     # test_control.py) set changes of 5x on the stub's set schedule instead.
     stub_project(stub_deployment_toml(extra_args=("--tok-per-s", "1000")))
     shutil.copytree(PERF_TESTS, pytester.path / "perf_tests")
-    # One boot a profile, none on demand: the profile comparison's booking (judge/sequential.py)
+    # One boot a profile, none on demand: the profile comparison's booking (judge/profiles.py)
     # has its own test in test_boots.py, and here the count of runs is the plumbing checked.
     args = ("perf_tests", "--deployment", "stub", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1",
             "--kimiperf-max-boots", "1", "-p", "no:randomly")

@@ -103,7 +103,7 @@ def test_a_single_concurrency_draws_no_curve() -> None:
 
 SWEPT = """
 import pytest
-from pytest_kimiperf.measure.scenarios import Concurrency
+from pytest_kimiperf.measure.workload import Concurrency
 
 @pytest.mark.parametrize("streams", [1, 2])
 def test_streams(perf, streams):
@@ -138,7 +138,7 @@ def test_a_metric_judged_after_a_step_gets_its_history_plotted(tmp_path: Path) -
     from datetime import UTC, datetime, timedelta
 
     from pytest_kimiperf.config.deployments import Spreads
-    from pytest_kimiperf.judge.baseline_schema import BaselineFile, dumps_baseline
+    from pytest_kimiperf.judge.baselines import BaselineFile, dumps_baseline
     from pytest_kimiperf.judge.history import compare_with_history
     from pytest_kimiperf.judge.levels import BootOrigin
     from pytest_kimiperf.reports.plots import render_plots

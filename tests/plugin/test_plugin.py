@@ -266,7 +266,7 @@ def test_api_key_reaches_server_and_client_but_no_log_report_or_json(
     stub_project(stub_deployment_toml())
     pytester.makepyfile("""
         import os, psutil
-        from pytest_kimiperf.measure.scenarios import SingleStream
+        from pytest_kimiperf.measure.workload import SingleStream
 
         def test_key(perf, kimiperf_server):
             assert psutil.Process(kimiperf_server.pid).environ()["VLLM_API_KEY"] == os.environ["VLLM_API_KEY"]
@@ -355,7 +355,7 @@ def test_precedence_cli_over_env_over_ini_over_default() -> None:
 
 MARKED = """
 import pytest
-from pytest_kimiperf.measure.scenarios import SingleStream
+from pytest_kimiperf.measure.workload import SingleStream
 
 SCENARIO = SingleStream(prompt_tokens=8, output_tokens=16, requests=5, warmup_requests=1)
 

@@ -25,7 +25,7 @@ from tests.helpers import STUB_SERVER, stub_deployment_toml
 from pytest_kimiperf.measure import runner, scenarios
 from pytest_kimiperf.measure.target import Target
 from pytest_kimiperf.config.deployments import TINY_CPU
-from pytest_kimiperf.measure.records import RequestRecord
+from pytest_kimiperf.measure.results import RequestRecord
 from pytest_kimiperf.measure.results import RoundResult, RunResult
 from pytest_kimiperf.judge.boots import BootLedger
 from pytest_kimiperf.recorder import PerfCase, PerfRecorder, RecorderHooks

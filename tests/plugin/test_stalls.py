@@ -14,10 +14,10 @@ from tests.helpers import running_stub, stub_deployment_toml
 from pytest_kimiperf.measure.client import RequestSpec, StreamingClient
 from pytest_kimiperf.measure.sse import MAX_SSE_EVENT_BYTES
 from pytest_kimiperf.errors import ServerError
-from pytest_kimiperf.config.measure_bounds import HealthBounds
+from pytest_kimiperf.config.deployments import HealthBounds
 from pytest_kimiperf.measure.runner import run_scenario
-from pytest_kimiperf.measure.records import RequestRecord
-from pytest_kimiperf.measure.scenarios import Concurrency, SingleStream
+from pytest_kimiperf.measure.results import RequestRecord
+from pytest_kimiperf.measure.workload import Concurrency, SingleStream
 from pytest_kimiperf.measure.target import Target
 
 
@@ -103,7 +103,7 @@ def test_stalls_in_a_client_worker_process_abort_the_scenario_with_the_same_word
 
 
 STALLING_PERF_TEST = """
-from pytest_kimiperf.measure.scenarios import SingleStream
+from pytest_kimiperf.measure.workload import SingleStream
 
 def test_decode(perf):
     perf.measure(SingleStream(prompt_tokens=8, output_tokens=8, requests=10, warmup_requests=0),

@@ -399,7 +399,7 @@ def test_the_daemons_are_ours_to_the_host_watch(tmp_path: Path, fake_vllm: Path)
     # memory) read as foreign. They are ours because own_pids walks this process's tree, where
     # their launcher (process.py, a child of the session) and `vllm preload`'s per-rank
     # ctx.Process children (vllm 0.32 entrypoints/cli/preload.py) stay for the session.
-    from pytest_kimiperf.measure.watched import own_pids
+    from pytest_kimiperf.measure.runner import own_pids
 
     pids = tmp_path / "daemon-pids"
     manager = _manager(tmp_path, fake_vllm, [], STUB_PRELOAD_ARGS=f"--pid-file {pids}")

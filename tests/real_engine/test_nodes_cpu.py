@@ -33,7 +33,7 @@ nodes = [
 NODES_TESTS = """
 import os, signal
 import psutil
-from pytest_kimiperf.measure.scenarios import SingleStream
+from pytest_kimiperf.measure.workload import SingleStream
 
 SCENARIO = SingleStream(prompt_tokens=64, output_tokens=32, requests=8, warmup_requests=1)
 

@@ -23,7 +23,7 @@ args = ["--enforce-eager"]
 PROFILES = """
 import psutil
 from pytest_kimiperf.measure.runner import run_scenario
-from pytest_kimiperf.measure.scenarios import SingleStream
+from pytest_kimiperf.measure.workload import SingleStream
 from pytest_kimiperf.measure.target import Target
 
 SCENARIO = SingleStream(prompt_tokens=64, output_tokens=32, requests=8, warmup_requests=1)

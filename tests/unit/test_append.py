@@ -10,8 +10,8 @@ import pytest
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.config.settings import RawOption
 from pytest_kimiperf.errors import ConfigError
-from pytest_kimiperf.judge.append import AppendWhy, NotAppended, append_refusal
-from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.history import AppendWhy, NotAppended, append_refusal
+from pytest_kimiperf.judge.boots import BootSummary
 from pytest_kimiperf.judge.notes import Said, note_from_json
 from pytest_kimiperf.judge.stats import compare_boots
 from pytest_kimiperf.judge.levels import CanaryCheck

@@ -2,7 +2,7 @@
 
 Each module may import only from its own layer or lower ones (lazy imports inside functions and
 TYPE_CHECKING imports count: they are dependencies all the same), only the pytest glue imports
-pytest, no module grows past the size a reader can hold, and the judge touches no file,
+pytest, no module grows past one concept's size, and the judge touches no file,
 process, socket, environment or terminal.
 """
 
@@ -29,13 +29,16 @@ LAYERS: dict[str, int] = {
     "storage": 5,
     "roofline": 6,
     "reports": 7,
-    "session": 8, "recorder": 8, "hooks": 8, "xdist_scheduling": 8, "fixtures": 8, "plugin": 8, "node_agent": 8,
+    "session": 8, "recorder": 8, "hooks": 8, "xdist_scheduling": 8, "plugin": 8, "node_agent": 8,
     "merge_driver": 8, "history_steps": 8, "reference": 8,
     # `kimiperf compare` (python -m pytest_kimiperf compare): reads other tools' files, judges, renders.
     "compare": 8, "__main__": 8,
 }
-PYTEST_GLUE = {"plugin", "hooks", "fixtures", "hookspec", "warning_types", "xdist_scheduling"}
-MAX_LINES = 470
+PYTEST_GLUE = {"plugin", "hooks", "hookspec", "warning_types", "xdist_scheduling"}
+# Modules are split by concept (one module, one thing a reader looks for), not to stay under a
+# line count: splitting at 470 lines gave three terminal* and five host* modules. This bound is
+# only the point at which a module has surely grown two concepts.
+MAX_LINES = 1000
 
 
 def _modules() -> list[Path]:

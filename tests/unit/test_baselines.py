@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_kimiperf.judge.baseline_schema import SCHEMA_VERSION, BaselineEntry, dumps_baseline
+from pytest_kimiperf.judge.baselines import SCHEMA_VERSION, BaselineEntry, dumps_baseline
 from pytest_kimiperf.judge.baselines import HISTORY_BOOTS, make_entry
 from pytest_kimiperf.storage.baselines import baseline_path, load_baseline, update_baseline
 from pytest_kimiperf.errors import BaselineError, ConfigError

@@ -137,7 +137,7 @@ def test_the_mode_cells_judge_jointly_and_alone_and_a_run_always_in_the_slow_mod
 def test_the_suite_aa_run_counts_both_profiles_against_their_histories_and_against_each_other() -> None:
     suite_aa = _load("suite_aa")
     gate_power = sys.modules["gate_power"]
-    from pytest_kimiperf.judge.in_session import InSessionRules
+    from pytest_kimiperf.judge.profiles import InSessionRules
 
     world = gate_power.World(gate_power.Noise(0.01, 0.02, 0.005, session_sd=0.01, history_sessions=3,
                                               history_boots=6), np.random.default_rng(2))

@@ -25,12 +25,12 @@ from pytest_kimiperf.config.server_url import parse_base_url
 from pytest_kimiperf.measure.client import RequestSpec, StreamingClient
 from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.errors import ConfigError, ServerError
-from pytest_kimiperf.config.measure_bounds import HealthBounds
-from pytest_kimiperf.measure.records import median
-from pytest_kimiperf.measure.invalid import CLIENT_BOUND
+from pytest_kimiperf.config.deployments import HealthBounds
+from pytest_kimiperf.measure.results import median
+from pytest_kimiperf.measure.results import CLIENT_BOUND
 from pytest_kimiperf.measure.results import HOST_LOOP_FACTOR, loop_latency_bounds
 from pytest_kimiperf.measure.runner import run_scenario, run_scenario_async, run_sweep
-from pytest_kimiperf.measure.scenarios import Concurrency, ConcurrencySweep, RequestRate, SingleStream
+from pytest_kimiperf.measure.workload import Concurrency, ConcurrencySweep, RequestRate, SingleStream
 from pytest_kimiperf.measure.target import Target
 from pytest_kimiperf.measure.workload import Workload, build_prompts, build_requests
 from tests import helpers

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from pytest_kimiperf.measure.client import RequestSpec, StreamingClient
-from pytest_kimiperf.measure.client_https import EVENT_LOOP_TIMING
+from pytest_kimiperf.measure.connection import EVENT_LOOP_TIMING
 from pytest_kimiperf.measure.runner import run_scenario
-from pytest_kimiperf.measure.scenarios import Concurrency
+from pytest_kimiperf.measure.workload import Concurrency
 from pytest_kimiperf.measure.target import Target
 from tests.unit.test_client import ITL_MS, MODEL, TTFT_MS, start_server, stop_server
 
@@ -54,7 +54,7 @@ def trusted(gateway: tuple[str, str, Path], monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_an_https_url_gets_a_tls_pool_and_http_keeps_the_kernel_stamped_one() -> None:
     from pytest_kimiperf.measure.connection import Pool
-    from pytest_kimiperf.measure.client_https import TlsPool
+    from pytest_kimiperf.measure.connection import TlsPool
 
     assert type(StreamingClient("https://gw.example", MODEL)._pool) is TlsPool
     assert type(StreamingClient("http://127.0.0.1:1", MODEL)._pool) is Pool

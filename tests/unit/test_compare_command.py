@@ -76,7 +76,7 @@ def test_swapping_the_groups_reads_the_same_change_as_an_improvement(
 
 def test_under_the_cpu_engines_spawn_modes_two_boots_a_side_leave_decodes_halving_unresolved(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # tiny-cpu declares a slow mode at half speed in 10% of boots (judge/in_session.py): both
+    # tiny-cpu declares a slow mode at half speed in 10% of boots (judge/profiles.py): both
     # boots of a side in it is a reading the rule must weigh, so decode (-64%) gets no direction,
     # only a change; output throughput (-65%, its boots agreeing more closely) is convicted.
     status, out, _ = _run(capsys, "--a", *A, "--b", *_slower(B, 2.0, tmp_path), "--deployment", "tiny-cpu")

@@ -13,8 +13,8 @@ from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge import baselines
 from pytest_kimiperf.storage import baselines as storage
 from pytest_kimiperf.judge.fingerprint import Fingerprint
-from pytest_kimiperf.judge.in_session import InSessionRules, compare_in_session, smallest_drop
-from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.profiles import InSessionRules, compare_in_session, smallest_drop
+from pytest_kimiperf.judge.boots import BootSummary
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.power import smallest_change
 from pytest_kimiperf.judge.stats import GATE_CRITICAL

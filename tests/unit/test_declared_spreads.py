@@ -24,7 +24,7 @@ from pytest_kimiperf.judge.levels import history_level, level_terms
 from pytest_kimiperf.judge.notes import HistoryModes, SpreadSource
 from pytest_kimiperf.judge.power import design_critical, sessions_of_history
 from pytest_kimiperf.judge.stats import EQUIVALENCE_CONFIDENCE, GATE_CRITICAL
-from pytest_kimiperf.judge.variance import critical_at, pooled_variance
+from pytest_kimiperf.judge.stats import critical_at, pooled_variance
 from tests.unit.test_verdict_invariants import PROPERTY, GateCase, boot, gate_cases
 
 dfs = st.sampled_from([1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 100.0, math.inf])

@@ -87,7 +87,7 @@ def test_a_parallel_size_that_is_no_integer_is_a_usage_error() -> None:
 
 
 def _boots(*origins: tuple[str, str]) -> list[object]:
-    from pytest_kimiperf.judge.baseline_schema import BaselineBoot
+    from pytest_kimiperf.judge.baselines import BaselineBoot
     from pytest_kimiperf.judge.levels import BootOrigin
 
     return [BaselineBoot(median=100.0, n=20, se_log=0.01, recorded_at="2026-12-01T00:00:00Z", git_commit=None,
@@ -95,7 +95,7 @@ def _boots(*origins: tuple[str, str]) -> list[object]:
 
 
 def test_the_header_says_which_spreads_are_declared_and_which_the_history_measured() -> None:
-    from pytest_kimiperf.judge.baseline_schema import HistorySpan
+    from pytest_kimiperf.judge.baselines import HistorySpan
     from pytest_kimiperf.reports.header import spreads_line
 
     mine = resolve_deployments({"mine": {"model": "/m", "command": COMMAND}}, source="pyproject.toml")["mine"]
@@ -115,7 +115,7 @@ def test_the_header_says_which_spreads_are_declared_and_which_the_history_measur
 
 
 def test_a_history_of_one_session_warns_that_the_session_spread_is_a_guess() -> None:
-    from pytest_kimiperf.judge.baseline_schema import HistorySpan
+    from pytest_kimiperf.judge.baselines import HistorySpan
     from pytest_kimiperf.reports.header import one_session_warning
 
     mine = resolve_deployments({"mine": {"model": "/m", "command": COMMAND}}, source="pyproject.toml")["mine"]

@@ -11,8 +11,8 @@ import pytest
 
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.boot_summary import BootSummary
-from pytest_kimiperf.judge.drift import drift_since_anchor
+from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.history import drift_since_anchor
 
 SPREADS = Spreads(0.01, 0.01)
 WOBBLE = (0.004, -0.006, 0.002, -0.001, 0.005, -0.004, 0.0, 0.003, -0.002, -0.003)  # a quiet night's session
@@ -76,11 +76,11 @@ import numpy as np  # noqa: E402
 
 from pytest_kimiperf.errors import BaselineError  # noqa: E402
 from pytest_kimiperf.judge import baselines, boots  # noqa: E402
-from pytest_kimiperf.judge.baseline_schema import Night, parse_baseline  # noqa: E402
+from pytest_kimiperf.judge.baselines import Night, parse_baseline  # noqa: E402
 from pytest_kimiperf.judge.baselines import LoadedBaselines, append_history  # noqa: E402
 from pytest_kimiperf.storage import baselines as storage  # noqa: E402
 from pytest_kimiperf.storage.baselines import load_baselines  # noqa: E402
-from pytest_kimiperf.judge.drift import drift_of_entry  # noqa: E402
+from pytest_kimiperf.judge.history import drift_of_entry  # noqa: E402
 from pytest_kimiperf.judge.fingerprint import Fingerprint  # noqa: E402
 from pytest_kimiperf.judge.gate import BootRun, Rules, judge  # noqa: E402
 from pytest_kimiperf.judge.notes import Drifted  # noqa: E402

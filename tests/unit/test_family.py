@@ -9,8 +9,8 @@ import pytest
 from scipy import stats as scipy_stats
 
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.boot_summary import BootSummary
-from pytest_kimiperf.judge.family import RUN_ALPHA, decide_family, direction_p, family_critical, holm
+from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.gate import RUN_ALPHA, decide_family, direction_p, family_critical, holm
 from pytest_kimiperf.judge.stats import VerdictKind, compare_boots
 
 
@@ -100,7 +100,7 @@ def test_each_boot_on_demand_is_one_more_look_the_runs_budget_is_split_over() ->
 
 
 def test_the_family_is_the_stored_entries_of_the_tests_and_profiles_the_run_collected() -> None:
-    from pytest_kimiperf.judge.family import family_size
+    from pytest_kimiperf.judge.gate import family_size
 
     entries = [("t.py::a", "default", "decode_tok_s"), ("t.py::a", "default", "itl_ms"),
                ("t.py::a", "ring-ll", "decode_tok_s"), ("t.py::b", "default", "ttft_ms")]

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from pytest_kimiperf.config.measure_bounds import HostBounds
-from pytest_kimiperf.measure.host_readings import GpuReading, merge_gpu_samples
+from pytest_kimiperf.config.deployments import HostBounds
+from pytest_kimiperf.measure.hostwatch import GpuReading, merge_gpu_samples
 from pytest_kimiperf.measure.hostwatch import HostReading, HostWatch
 from tests.unit.test_hostwatch import FakeNvml
 

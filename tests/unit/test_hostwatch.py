@@ -19,10 +19,10 @@ import pytest
 from pytest_kimiperf.config import measure_bounds
 from pytest_kimiperf.measure import host_readings, hostwatch
 from pytest_kimiperf.errors import ConfigError, KimiperfError
-from pytest_kimiperf.measure.host_readings import CpuCounters, ForeignProcess, GpuReading, HostSnapshot, ProcessCpu
-from pytest_kimiperf.config.measure_bounds import HostBounds
+from pytest_kimiperf.measure.hostwatch import CpuCounters, ForeignProcess, GpuReading, HostSnapshot, ProcessCpu
+from pytest_kimiperf.config.deployments import HostBounds
 from pytest_kimiperf.measure.hostwatch import HostReading, HostWatch
-from pytest_kimiperf.measure.watched import host_busy, say_invalid
+from pytest_kimiperf.measure.runner import host_busy, say_invalid
 from tests import helpers
 
 DATA = helpers.DATA / "hostwatch"

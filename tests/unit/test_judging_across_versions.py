@@ -14,7 +14,7 @@ from pytest_kimiperf.judge.gate import (
     WarningKind, judge_metric, missing_baselines, warning_kinds,
 )
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.boot_summary import summarize_boot
+from pytest_kimiperf.judge.boots import summarize_boot
 from pytest_kimiperf.reports.sentences import say
 
 TEST = "t.py::test"

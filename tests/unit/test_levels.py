@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.boots import BootSummary
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.judge.history import compare_with_history
 from pytest_kimiperf.judge.levels import (

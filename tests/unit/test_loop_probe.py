@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from pytest_kimiperf.measure import loop_probe
-from pytest_kimiperf.measure.loop_probe import PROBE_INTERVAL_S, IDLE_PROBE_S, host_idle_loop_latency_ms, idle_loop_latency_ms
+from pytest_kimiperf.measure.engine import PROBE_INTERVAL_S, IDLE_PROBE_S, host_idle_loop_latency_ms, idle_loop_latency_ms
 
 
 @pytest.fixture

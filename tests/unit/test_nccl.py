@@ -742,7 +742,7 @@ def test_applied_status_covers_only_nccl_and_cuda_variables() -> None:
 # What NCCL ran: the TUNING lines (issue 48 item 4)
 # ------------------------------------------------------------------------------------------
 
-from pytest_kimiperf.config.nccl.tuning_log import (  # noqa: E402
+from pytest_kimiperf.config.nccl.debug_log import (  # noqa: E402
     TuningChoice,
     chosen_differently,
     describe_bytes,

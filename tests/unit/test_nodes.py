@@ -20,7 +20,7 @@ from pytest_kimiperf.config.deployments import TINY_CPU_2NODE
 from pytest_kimiperf.config.nodes import Node, check_nodes, launch_argv, node_commands, parse_nodes
 from pytest_kimiperf.errors import ConfigError, ServerError
 from pytest_kimiperf.judge.fingerprint import nodes_fingerprint
-from pytest_kimiperf.measure.node_watch import NodeWatch, parse_snapshot
+from pytest_kimiperf.measure.hostwatch import NodeWatch, parse_snapshot
 from pytest_kimiperf.server.agent_wire import AGENT_MARK, agent_payload
 from pytest_kimiperf.server.cluster import NodeGroup, NodeLaunch, agent_argv, node_group
 from pytest_kimiperf.server.process import ServerProcess
@@ -310,7 +310,7 @@ def test_the_node_watch_counts_the_launchs_processes_as_ours_and_the_rest_as_for
     (reading,) = watch.stop()
     # 18 s busy of 40 s capacity, 10 s of it ours: 8 s foreign = 20%, named by node
     assert reading.node == "b" and reading.foreign_cpu_share == pytest.approx(0.2)
-    from pytest_kimiperf.config.measure_bounds import HostBounds
+    from pytest_kimiperf.config.deployments import HostBounds
 
     assert reading.disturbances(HostBounds.from_mapping({"max_foreign_cpu_share": 0.1}, source="t"))[0].startswith(
         "on node b, other processes used 20% of the host's CPU")
@@ -345,7 +345,7 @@ def test_every_nodes_hardware_is_in_the_key_sorted_and_one_differing_node_change
 
 
 def _stale_record(launch_id: str, node_stop: tuple[str, ...]) -> object:
-    from pytest_kimiperf.server.launch_records import LaunchRecord, Place
+    from pytest_kimiperf.server.zombies import LaunchRecord, Place
 
     here = Place.here()
     # A launch whose leader and owner are long gone (pid 1's identity never matches a record).

@@ -9,8 +9,8 @@ import pytest
 
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge import notes
-from pytest_kimiperf.judge.append import AppendWhy, NotAppended
-from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.history import AppendWhy, NotAppended
+from pytest_kimiperf.judge.boots import BootSummary
 from pytest_kimiperf.judge.floors import floor_check
 from pytest_kimiperf.judge.levels import CanaryCheck
 from pytest_kimiperf.judge.stats import compare_boots

@@ -14,7 +14,7 @@ from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.reports import outputs
 from pytest_kimiperf.reports.model import SessionReport
 from pytest_kimiperf.reports.outputs import OUTPUTS, OutputContext, Target, output_labels, write_outputs
-from pytest_kimiperf.reports.terminal_context import servers_and_files
+from pytest_kimiperf.reports.terminal import servers_and_files
 
 
 def _report() -> SessionReport:

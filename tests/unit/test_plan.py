@@ -99,7 +99,7 @@ def test_durations_read_as_a_person_says_them(seconds: float, text: str) -> None
 
 
 def test_the_plan_says_what_history_would_convict_twice_the_tolerance_or_that_none_can() -> None:
-    from pytest_kimiperf.judge.baseline_schema import HistorySpan
+    from pytest_kimiperf.judge.baselines import HistorySpan
     from pytest_kimiperf.reports.plan import history_advice
 
     one = HistorySpan(5, 1, 1)

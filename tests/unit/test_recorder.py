@@ -26,15 +26,15 @@ from pytest_kimiperf.judge.boots import strip_slot as strip_profile
 from pytest_kimiperf.judge.verdicts import WarningKind
 from pytest_kimiperf.reports.json_report import comparison_json
 from pytest_kimiperf.reports.sentences import say, say_all, warning_lines
-from pytest_kimiperf.measure.watched import gpu_watch
-from pytest_kimiperf.server.boot_account import BootAccount, PhaseTime
+from pytest_kimiperf.measure.runner import gpu_watch
+from pytest_kimiperf.server.progress import BootAccount, PhaseTime
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.measure.records import RequestRecord
+from pytest_kimiperf.measure.results import RequestRecord
 from pytest_kimiperf.measure.results import RoundResult, RunResult
 from pytest_kimiperf.recorder import PerfCase, PerfRecorder, RecorderHooks
 from pytest_kimiperf.server.process import ServerHandle
-from pytest_kimiperf.judge.boot_summary import MIN_SAMPLES_PER_BOOT
+from pytest_kimiperf.judge.boots import MIN_SAMPLES_PER_BOOT
 
 SCENARIO = scenarios.SingleStream(prompt_tokens=8, output_tokens=65, requests=8)
 FP = Fingerprint(hard={"gpu.count": "0", "cpu.model": "test", "cpu.cores": "2"}, soft={})

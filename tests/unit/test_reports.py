@@ -38,7 +38,7 @@ from pytest_kimiperf.reports.json_report import (
     dumps_json_report,
 )
 from pytest_kimiperf.reports.markdown import render_markdown, write_markdown
-from pytest_kimiperf.reports.next_step import missing_baseline_warning
+from pytest_kimiperf.reports.answers import missing_baseline_warning
 from pytest_kimiperf.reports.model import (
     BaselineUpdate,
     ProfileFacts,
@@ -315,7 +315,7 @@ def test_verbose_adds_every_sample_and_the_boots_and_spread(report: SessionRepor
     for value in report.results[1].metrics["decode_tok_s"].samples:
         assert f"{value:.4g}" in sample_text
     words = " ".join(sample_text.split())  # details wrap to the width
-    # The profile comparison's spread is never below the declared one (judge/in_session.py).
+    # The profile comparison's spread is never below the declared one (judge/profiles.py).
     assert ("rests on 2 boots (40 samples) vs 2 reference boots; boot spread 1% (declared 1%) (default), "
             "tolerance 5%") in words
     assert ("IQR 39.26-41.01, 2 boot(s) vs 1 baseline boots, boot spread 1.2% (declared 1%; 2 + 1 boots "
@@ -630,7 +630,7 @@ from pathlib import Path
 import pytest
 
 from pytest_kimiperf.judge.verdicts import TestResult
-from pytest_kimiperf.fixtures import RESULT_KEY
+from pytest_kimiperf.hooks import RESULT_KEY
 
 RESULTS = json.loads(Path(__file__).with_name("results.json").read_text())
 

@@ -11,9 +11,9 @@ import pytest
 
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.metric_specs import METRICS, SampleKind
-from pytest_kimiperf.config.measure_bounds import HealthBounds
-from pytest_kimiperf.measure.records import PER_REQUEST_METRICS, RequestRecord, percentile
-from pytest_kimiperf.measure.invalid import (
+from pytest_kimiperf.config.deployments import HealthBounds
+from pytest_kimiperf.measure.results import PER_REQUEST_METRICS, RequestRecord, percentile
+from pytest_kimiperf.measure.results import (
     CLIENT_BOUND, ClientBound, ClientCpu, LoopLatency, NoMeasuredRequests, NoValidRequest, SendLag,
 )
 from pytest_kimiperf.measure.results import (
@@ -392,7 +392,7 @@ def test_label_values_with_escapes_and_commas_are_parsed() -> None:
 
 def test_loads_of_many_streams_default_to_the_rounds_a_verdict_needs() -> None:
     from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT
-    from pytest_kimiperf.measure.scenarios import Concurrency, ConcurrencySweep, RequestRate, SingleStream
+    from pytest_kimiperf.measure.workload import Concurrency, ConcurrencySweep, RequestRate, SingleStream
 
     shape = {"prompt_tokens": 8, "output_tokens": 8, "requests": 4}
     assert SingleStream(**shape).rounds == 1  # its metrics are one sample per request

@@ -19,8 +19,8 @@ from pytest_kimiperf.roofline.ceiling import (
     gpu_bandwidth_gbs,
     measure_cpu_copy_bandwidth_gbs,
 )
-from pytest_kimiperf.roofline.model_config import read_model_config
-from pytest_kimiperf.roofline.quantization import QuantScheme, WeightFormat
+from pytest_kimiperf.roofline.weights import read_model_config
+from pytest_kimiperf.roofline.weights import QuantScheme, WeightFormat
 from pytest_kimiperf.roofline.weights import tp_collectives_per_token, weight_bytes_per_token, weight_tensors
 from tests import helpers
 

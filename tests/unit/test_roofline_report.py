@@ -22,7 +22,7 @@ from tests.helpers import stub_deployment_toml
 from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.measure.results import RunResult
-from pytest_kimiperf.measure.scenarios import SINGLE_STREAM
+from pytest_kimiperf.measure.workload import SINGLE_STREAM
 from pytest_kimiperf.config.deployment_tables import resolve_deployments
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, TINY_MODEL, Deployment
 from pytest_kimiperf.errors import ConfigError
@@ -33,7 +33,7 @@ from pytest_kimiperf.reports.markdown import render_markdown
 from pytest_kimiperf.reports.model import ProfileFacts, build_session_report
 from pytest_kimiperf.reports.terminal import MAX_WIDTH, render_summary
 from pytest_kimiperf.roofline.inputs import build_roofline_report, decode_results
-from pytest_kimiperf.roofline.model_config import find_model_config, hub_cache_dir
+from pytest_kimiperf.roofline.weights import find_model_config, hub_cache_dir
 from tests import helpers
 
 DATA = helpers.DATA
@@ -368,7 +368,7 @@ def test_without_a_floor_check_the_ceiling_gets_its_own_section() -> None:
 
 
 PERF_TEST = """
-from pytest_kimiperf.measure.scenarios import SingleStream
+from pytest_kimiperf.measure.workload import SingleStream
 
 def test_decode(perf):
     run = perf.measure(SingleStream(prompt_tokens=8, output_tokens=16, requests=5, warmup_requests=1))

@@ -1,4 +1,4 @@
-"""Boots on demand (judge/sequential.py): the spending functions, their exact boundaries, and
+"""Boots on demand (judge/profiles.py): the spending functions, their exact boundaries, and
 the rule that stops or books, with the properties every session's booking must keep."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.boot_summary import BootSummary
-from pytest_kimiperf.judge.in_session import IN_SESSION_ALPHA, InSessionRules, compare_in_session
+from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.profiles import IN_SESSION_ALPHA, InSessionRules, compare_in_session
 from pytest_kimiperf.judge.notes import BootsForWithin
-from pytest_kimiperf.judge.sequential import Step, next_step, profiles_to_book, run_sequentially, session_plan
-from pytest_kimiperf.judge.spending import OBRIEN_FLEMING, POCOCK, SequentialPlan, boundaries, spent
+from pytest_kimiperf.judge.profiles import Step, next_step, profiles_to_book, run_sequentially, session_plan
+from pytest_kimiperf.judge.profiles import OBRIEN_FLEMING, POCOCK, SequentialPlan, boundaries, spent
 from pytest_kimiperf.judge.stats import Leaning, VerdictKind, band_log, leaning
 from pytest_kimiperf.reports.sentences import say
 from tests.helpers import BENCHMARKS

@@ -23,7 +23,7 @@ from pytest_kimiperf.config.serve_args import (
 )
 from pytest_kimiperf.config.settings import RawOption, build_settings
 from pytest_kimiperf.errors import ConfigError
-from pytest_kimiperf.judge.baseline_schema import Direction
+from pytest_kimiperf.judge.baselines import Direction
 from pytest_kimiperf.judge.baselines import append_history, make_entry
 from pytest_kimiperf.server.weight_cache import profile_cache_reason
 from pytest_kimiperf.reports.sentences import say

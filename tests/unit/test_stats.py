@@ -14,7 +14,7 @@ from pytest_kimiperf.judge.stats import (
     compare_boots,
     estimate_spread,
 )
-from pytest_kimiperf.judge.boot_summary import BootSummary, summarize_boot
+from pytest_kimiperf.judge.boots import BootSummary, summarize_boot
 from pytest_kimiperf.judge.floors import FloorStatus, floor_check
 from pytest_kimiperf.judge.notes import SpreadSource
 from pytest_kimiperf.judge.power import boots_needed, plan, wants_another_boot

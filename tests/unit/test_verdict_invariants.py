@@ -21,11 +21,11 @@ from scipy import stats as scipy_stats
 
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.boot_summary import BootSummary
+from pytest_kimiperf.judge.boots import BootSummary
 from pytest_kimiperf.judge.history import compare_with_history
-from pytest_kimiperf.judge.in_session import InSessionRules, SpawnModes, compare_in_session
+from pytest_kimiperf.judge.profiles import InSessionRules, SpawnModes, compare_in_session
 from pytest_kimiperf.judge.notes import HistoryModes
-from pytest_kimiperf.judge.spending import SequentialPlan
+from pytest_kimiperf.judge.profiles import SequentialPlan
 from pytest_kimiperf.judge.stats import (
     EQUIVALENCE_CONFIDENCE, Comparison, Leaning, VerdictKind, band_log, leaning,
 )
@@ -128,7 +128,7 @@ def profile_cases(draw: st.DrawFn) -> ProfileCase:
 
     current, reference = side(draw(st.floats(-0.6, 0.6))), side(0.0)
     modes = SpawnModes(draw(st.floats(0.05, 0.6)), draw(st.floats(0.05, 0.5))) if draw(st.booleans()) else SpawnModes()
-    # Boots on demand (judge/sequential.py): a look of a plan that may book up to 8 boots a side.
+    # Boots on demand (judge/profiles.py): a look of a plan that may book up to 8 boots a side.
     plan = SequentialPlan(draw(st.integers(1, 3)), draw(st.integers(3, 8))) if draw(st.booleans()) else None
     rules = InSessionRules(boot_spread=draw(st.floats(0.002, 0.3)), boot_spread_df=draw(st.floats(1.0, 20.0)),
                            modes=modes, plan=plan)
@@ -346,8 +346,8 @@ class DriftCase:
 
     def judge(self, scale: float = 1.0, tonight: Sequence[float] | None = None, direction: Direction | None = None,
               invert: bool = False):  # type: ignore[no-untyped-def]
-        from pytest_kimiperf.judge.baseline_schema import BaselineBoot, BaselineEntry, Night
-        from pytest_kimiperf.judge.drift import drift_of_entry
+        from pytest_kimiperf.judge.baselines import BaselineBoot, BaselineEntry, Night
+        from pytest_kimiperf.judge.history import drift_of_entry
         from pytest_kimiperf.judge.levels import BootOrigin
 
         sign = -1.0 if invert else 1.0
@@ -420,7 +420,7 @@ def test_drift_sign_never_fails_a_history_that_only_got_better_and_never_without
 def _appends(c: Comparison) -> bool:
     """Whether a run of one test whose one metric got ``c`` appends (gate.verdict_fails: a
     REGRESSION fails the run, and a failing run appends nothing)."""
-    from pytest_kimiperf.judge.append import append_refusal
+    from pytest_kimiperf.judge.history import append_refusal
     from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 
     res = TestResult(test="t.py::t", nodeid="t.py::t[default]", profile="default", deployment="d", scenario="s",

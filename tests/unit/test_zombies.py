@@ -22,10 +22,9 @@ import psutil
 import pytest
 
 from tests.helpers import gone
-from pytest_kimiperf.server import launch_records
 from pytest_kimiperf.server import zombies as process_sweep
 from pytest_kimiperf.errors import ConfigError
-from pytest_kimiperf.server.launch_records import LaunchRecord
+from pytest_kimiperf.server.zombies import LaunchRecord
 from pytest_kimiperf.server.zombies import LAUNCH_ID_ENV
 from tests import helpers
 
@@ -57,16 +56,16 @@ time.sleep(120)
 # A stand-in for the pytest session that launched the server and recorded it.
 OWNER = f"""
 import dataclasses, os, subprocess, sys, time
-from pytest_kimiperf.server import launch_records
+from pytest_kimiperf.server import zombies as process_sweep
 state_dir, launch_id, pids_file = sys.argv[1:4]
 env = dict(os.environ, {LAUNCH_ID_ENV}=launch_id)
 server = subprocess.Popen([sys.executable, "-c", {SERVER!r}, pids_file], env=env, start_new_session=True)
-record = launch_records.record_for_popen(server.pid, launch_id=launch_id, deployment="tiny-cpu",
+record = process_sweep.record_for_popen(server.pid, launch_id=launch_id, deployment="tiny-cpu",
                                         profile="default", log_path="/dev/null")
 if os.environ.get("CLOCK_STEP_S"):
     # What a clock step does to a start time read in wall-clock seconds.
     record = dataclasses.replace(record, owner_create_time=record.owner_create_time - float(os.environ["CLOCK_STEP_S"]))
-held = launch_records.record_launch(state_dir, record)
+held = process_sweep.record_launch(state_dir, record)
 print("RECORDED", flush=True)
 time.sleep(120)
 """
@@ -116,7 +115,7 @@ def test_sweep_ends_the_orphans_of_a_killed_run_and_nothing_else(tmp_path: Path,
     wait_for(state_dir / f"launch-{launch_id}.json")
     worker_a, worker_b = map(int, pids_file.read_text().split())
     cleanup.extend([worker_a, worker_b])
-    (record,) = launch_records.load_launches(state_dir).records
+    (record,) = process_sweep.load_launches(state_dir).records
     cleanup.append(record.pid)
     decoy = start_decoy(cleanup)
 
@@ -136,7 +135,7 @@ def test_sweep_ends_the_orphans_of_a_killed_run_and_nothing_else(tmp_path: Path,
     assert report.gpu_pids == [worker_a] and report.gpu_memory_mib == {worker_a: 512}
     assert gone(worker_a) and gone(worker_b)
     assert decoy.poll() is None, "the decoy with the same command line but no marker was touched"
-    assert launch_records.load_launches(state_dir).records == ()
+    assert process_sweep.load_launches(state_dir).records == ()
     assert any(line.startswith("ended stale launch " + launch_id) for line in report.describe())
 
 
@@ -148,16 +147,16 @@ def test_sweep_leaves_launches_of_a_live_session_alone(tmp_path: Path, cleanup: 
         start_new_session=True,
     )
     cleanup.append(server)
-    record = launch_records.record_for_popen(
+    record = process_sweep.record_for_popen(
         server.pid, launch_id=launch_id, deployment="tiny-cpu", profile="default", log_path="/dev/null"
     )
-    held = launch_records.record_launch(tmp_path, record)
+    held = process_sweep.record_launch(tmp_path, record)
 
     # This very process owns it (and holds its lock), so it is not stale.
     report = process_sweep.sweep_stale_launches(tmp_path, grace_s=1.0, gpu_probe=dict)
     assert report.ended == () and len(report.skipped) == 1
     assert server.poll() is None
-    assert launch_records.load_launches(tmp_path).records == (record,)
+    assert process_sweep.load_launches(tmp_path).records == (record,)
 
     # The session's own teardown path stops it.
     stopped = process_sweep.stop_launch(record, grace_s=2.0)
@@ -181,7 +180,7 @@ def test_is_current_keeps_a_launch_even_if_its_owner_is_gone(tmp_path: Path, cle
         owner_pid=decoy.pid,
         owner_create_time=0.0,
     )
-    launch_records.record_launch(tmp_path, record).release()
+    process_sweep.record_launch(tmp_path, record).release()
     report = process_sweep.sweep_stale_launches(
         tmp_path, grace_s=1.0, is_current=lambda r: r.launch_id == "abc"
     )
@@ -251,30 +250,30 @@ def sample_record(launch_id: str = "0123abcd") -> LaunchRecord:
 
 def test_state_files_round_trip_and_leave_no_temporaries(tmp_path: Path) -> None:
     record = sample_record()
-    held = launch_records.record_launch(tmp_path / "state", record)
+    held = process_sweep.record_launch(tmp_path / "state", record)
     held.release()
     path = held.path
     assert path == tmp_path / "state" / "launch-0123abcd.json"
     assert sorted(p.name for p in path.parent.iterdir()) == ["launch-0123abcd.json"]
-    assert launch_records.load_launches(tmp_path / "state") == launch_records.LoadedLaunches(
+    assert process_sweep.load_launches(tmp_path / "state") == process_sweep.LoadedLaunches(
         records=(record,), problems=()
     )
-    launch_records.forget_launch(tmp_path / "state", "0123abcd")
-    launch_records.forget_launch(tmp_path / "state", "0123abcd")  # already gone: fine
-    assert launch_records.load_launches(tmp_path / "state").records == ()
-    assert launch_records.load_launches(tmp_path / "missing") == launch_records.LoadedLaunches(
+    process_sweep.forget_launch(tmp_path / "state", "0123abcd")
+    process_sweep.forget_launch(tmp_path / "state", "0123abcd")  # already gone: fine
+    assert process_sweep.load_launches(tmp_path / "state").records == ()
+    assert process_sweep.load_launches(tmp_path / "missing") == process_sweep.LoadedLaunches(
         records=(), problems=()
     )
 
 
 def test_corrupt_state_files_are_reported_not_fatal(tmp_path: Path) -> None:
-    launch_records.record_launch(tmp_path, sample_record("good")).release()
+    process_sweep.record_launch(tmp_path, sample_record("good")).release()
     (tmp_path / "launch-torn.json").write_text('{"launch_id": "torn", "pid": 1')
     data = sample_record("other").to_json()
     (tmp_path / "launch-renamed.json").write_text(json.dumps(data))
     data = dict(sample_record("badpid").to_json(), pid="4242")
     (tmp_path / "launch-badpid.json").write_text(json.dumps(data))
-    loaded = launch_records.load_launches(tmp_path)
+    loaded = process_sweep.load_launches(tmp_path)
     assert [r.launch_id for r in loaded.records] == ["good"]
     problems = "\n".join(loaded.problems)
     assert "launch-torn.json is not a launch record (Expecting" in problems
@@ -289,7 +288,7 @@ def test_corrupt_state_files_are_reported_not_fatal(tmp_path: Path) -> None:
 
 def test_launch_ids_must_be_safe_file_name_parts(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"invalid launch id name '\.\./x'"):
-        launch_records.record_launch(tmp_path, sample_record("../x"))
+        process_sweep.record_launch(tmp_path, sample_record("../x"))
 
 
 # --------------------------------------------------------------------------- never what is not ours
@@ -297,7 +296,7 @@ def test_launch_ids_must_be_safe_file_name_parts(tmp_path: Path) -> None:
 
 def _stale_record_for(process_pid: int, launch_id: str, **changes: object) -> LaunchRecord:
     """A record made here by a session that has died (no lock held), for ``process_pid``."""
-    record = launch_records.record_for_popen(process_pid, launch_id=launch_id, deployment="tiny-cpu",
+    record = process_sweep.record_for_popen(process_pid, launch_id=launch_id, deployment="tiny-cpu",
                                             profile="default", log_path="/dev/null")
     return dataclasses.replace(record, **changes)
 
@@ -321,12 +320,12 @@ def test_a_recycled_process_group_id_is_not_trusted_once_its_leader_is_gone(
     member = int(newcomer.stdout.readline())  # a job in the newcomer's group, as a shell's
     cleanup.append(member)
     assert os.getpgid(member) == newcomer.pid
-    ticks = launch_records.start_ticks(newcomer.pid)
+    ticks = process_sweep.start_ticks(newcomer.pid)
     assert ticks is not None
     # The recorded leader had this pid and group, started earlier, and is gone.
     record = _stale_record_for(newcomer.pid, uuid.uuid4().hex, start_ticks=ticks - 500,
                                create_time=psutil.Process(newcomer.pid).create_time() - 5)
-    launch_records.record_launch(tmp_path, record).release()
+    process_sweep.record_launch(tmp_path, record).release()
 
     assert process_sweep.find_launch_processes(record) == []
     report = process_sweep.sweep_stale_launches(tmp_path, grace_s=1.0, gpu_probe=dict)
@@ -348,11 +347,11 @@ def test_records_from_another_host_boot_or_pid_namespace_are_left_alone(
                               env=dict(os.environ, **{LAUNCH_ID_ENV: launch_id}), start_new_session=True)
     cleanup.append(marked)
     record = _stale_record_for(marked.pid, launch_id, **{field: value})
-    launch_records.record_launch(tmp_path, record).release()
+    process_sweep.record_launch(tmp_path, record).release()
     report = process_sweep.sweep_stale_launches(tmp_path, grace_s=1.0, gpu_probe=dict)
     assert report.ended == () and marked.poll() is None
     assert reason in "\n".join(report.describe())
-    assert launch_records.load_launches(tmp_path).records == (record,), "another place's record was deleted"
+    assert process_sweep.load_launches(tmp_path).records == (record,), "another place's record was deleted"
 
 
 def test_a_live_owner_is_known_by_its_lock_even_after_a_clock_step(tmp_path: Path, cleanup: Started) -> None:
@@ -366,7 +365,7 @@ def test_a_live_owner_is_known_by_its_lock_even_after_a_clock_step(tmp_path: Pat
     assert owner.stdout is not None and owner.stdout.readline() == b"RECORDED\n"
     wait_for(pids_file)
     cleanup.extend(map(int, pids_file.read_text().split()))
-    (record,) = launch_records.load_launches(state_dir).records
+    (record,) = process_sweep.load_launches(state_dir).records
     cleanup.append(record.pid)
     report = process_sweep.sweep_stale_launches(state_dir, grace_s=1.0, gpu_probe=dict)
     assert report.ended == ()
@@ -398,8 +397,8 @@ def test_a_process_of_another_uid_is_never_signalled(tmp_path: Path, cleanup: St
         assert time.monotonic() < deadline
         time.sleep(0.02)
     record = _stale_record_for(os.getpid(), launch_id, pid=theirs.pid, pgid=theirs.pid,
-                               start_ticks=launch_records.start_ticks(theirs.pid))
-    launch_records.record_launch(tmp_path, record).release()
+                               start_ticks=process_sweep.start_ticks(theirs.pid))
+    process_sweep.record_launch(tmp_path, record).release()
     assert process_sweep.find_launch_processes(record) == []
     process_sweep.sweep_stale_launches(tmp_path, grace_s=1.0, gpu_probe=dict)
     assert theirs.poll() is None, "another uid's process was signalled"
@@ -426,7 +425,7 @@ def test_a_sweep_that_may_not_signal_a_process_does_not_crash(cleanup: Started) 
         root_process = start_decoy(cleanup)
         # A record that says uid 65534 launched it, but its leader is root's process.
         record = _stale_record_for(root_process.pid, uuid.uuid4().hex, uid=65534)
-        launch_records.record_launch(state_dir, record).release()
+        process_sweep.record_launch(state_dir, record).release()
         for path in state_dir.iterdir():
             path.chmod(0o666)
         result = subprocess.run([*_AS_NOBODY, sys.executable, "-c", SWEEP_AS_NOBODY, str(state_dir)],
