@@ -31,7 +31,7 @@ from pytest_kimiperf.judge.decide import Outcome, decide_test
 from pytest_kimiperf.judge.gate import FLOOR_METRIC, BootRun, Rules, judge
 from pytest_kimiperf.judge.profiles import InSessionRules
 from pytest_kimiperf.judge.profiles import profiles_to_book, session_plan
-from pytest_kimiperf.judge.notes import Said
+from pytest_kimiperf.judge.notes import BootsBooked, HostWatched, PrefixCacheReused
 from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.reports.sentences import joined
 from pytest_kimiperf.config.metric_specs import SampleKind, metric_spec, primary_metric
@@ -265,8 +265,8 @@ class PerfRecorder:
             host=watched.readings[-1].to_json() if watched.readings else None,
             origin=self.origin,
         )
-        if (line := watched.describe()) is not None:
-            result.messages.append(Said(line))
+        if (watch := host_watched(watched)) is not None:
+            result.messages.append(watch)
         reason = watched.busy if watched.busy is not None else run.invalid
         invalid = say_invalid(reason) if reason is not None else None  # the judge's InvalidRun takes the words
         named = [*metrics, *(slo or {}), *([FLOOR_METRIC] if floor else [])]
@@ -275,7 +275,8 @@ class PerfRecorder:
             samples={name: self._boot_samples(name) if metric_spec(name).sample is SampleKind.BOOT else run.samples(name)
                      for name in dict.fromkeys(named)},
             requests=len(run.records), failed_requests=run.invalid_count, failed_reasons=run.invalid_reasons,
-            invalid=invalid, cross_check_warnings=run_cross_checks(run) if invalid is None else [],
+            invalid=invalid, cross_checks=[PrefixCacheReused(r.hit_tokens, r.queried_tokens) for r in run_cross_checks(run)]
+            if invalid is None else [],
             goodput_samples=[rnd.request_goodput(goodput) for rnd in run.rounds] if goodput is not None else [],
         )
         rules = Rules.for_deployment(
@@ -314,10 +315,7 @@ class PerfRecorder:
         for name in booked:
             records[name].wants_boot = max(records[name].wants_boot or 0, self.boot + 1)
         if booked:
-            result.messages.append(Said(
-                f"profiles: {spec.label} undecided at {self.boot} boots a profile (within the tolerance or a "
-                f"direction, at this look's share of the error budget); boot {self.boot + 1} of "
-                f"{', '.join(booked)} booked (at most {plan.cap})"))
+            result.messages.append(BootsBooked(spec.label, self.boot, tuple(booked), plan.cap))
 
     def _boot_samples(self, metric: str) -> list[float]:
         """A boot metric's one sample: this boot's seconds to ready, or in one phase of it. None
@@ -336,3 +334,17 @@ class PerfRecorder:
         if outcome is not Outcome.PASSED:
             self._fail(joined(result.failures))  # what a failed perf test fails with, in one line
         return result
+
+
+def host_watched(watched: WatchedRun) -> HostWatched | None:
+    """What the host watch read during the last attempt, as the test's note (None: nothing was
+    watched, as on an attached server)."""
+    if not watched.readings:
+        return None
+    last = watched.readings[-1]
+    shortfalls = tuple(s for gpu in last.gpus if (s := gpu.pcie_shortfall()) is not None)
+    return HostWatched(
+        attempts=len(watched.readings), foreign_cpu_share=last.foreign_cpu_share, steal_share=last.steal_share,
+        blind=tuple(last.blind), psi=tuple(sorted(last.psi.items())),
+        nodes=tuple((node.node, node.foreign_cpu_share) for node in watched.node_readings),
+        nodes_here=tuple(watched.nodes_here), remarks=(*last.own_throttling(), *shortfalls))

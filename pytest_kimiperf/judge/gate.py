@@ -53,7 +53,7 @@ from pytest_kimiperf.judge.notes import (
     LeftOut,
     Look,
     NoDecode,
-    Said,
+    PrefixCacheReused,
     SloCheck,
     SoftFingerprint,
     Unresolved,
@@ -228,8 +228,9 @@ class BootRun:
     ``samples`` holds the per-request (or per-round) samples of every metric the check names,
     its SLOs name, and the floor metric when the floor is checked. ``invalid`` says why the run
     cannot be judged at all (a busy host, no valid request); ``failed_reasons`` counts the failed
-    requests by reason; ``cross_check_warnings`` are the client's own warnings about the run
-    (an unexpected prefix-cache hit); ``goodput_samples`` the request goodput of each round.
+    requests by reason; ``cross_checks`` what the server's own view showed against what the
+    client sent (an unexpected prefix-cache hit), each a warning of the test; ``goodput_samples``
+    the request goodput of each round.
     """
 
     samples: Mapping[str, Sequence[float]]
@@ -237,7 +238,7 @@ class BootRun:
     failed_requests: int = 0
     failed_reasons: Mapping[str, int] = field(default_factory=dict)
     invalid: str | None = None
-    cross_check_warnings: Sequence[str] = ()
+    cross_checks: Sequence[PrefixCacheReused] = ()
     goodput_samples: Sequence[float] = ()
 
 
@@ -358,8 +359,8 @@ def _check_boot(result: TestResult, run: BootRun, rules: Rules, *, label: str, f
             result.failures.append(FailedRequests(run.failed_requests, total, reasons, MAX_FAILED_FRACTION))
         else:
             result.warn(WarningKind.OTHER, FailedRequests(run.failed_requests, total, reasons))
-    for sentence in run.cross_check_warnings:
-        result.warn(WarningKind.OTHER, Said(sentence))
+    for surprise in run.cross_checks:
+        result.warn(WarningKind.OTHER, surprise)
     if goodput is not None:
         result.metrics["request_goodput"] = MetricResult(
             metric="request_goodput", unit="req/s", direction="higher_is_better",

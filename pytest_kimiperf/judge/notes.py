@@ -3,8 +3,8 @@
 The gate (``gate.judge``) fills a test's failures, warnings and notes with these values, and a
 comparison (``stats.Comparison``) carries its own notes the same way; ``reports/sentences.py``
 is the one place that turns them into the lines a user reads. Every note crosses xdist as JSON
-(``to_json`` / :func:`note_from_json`), its kind first; a line kept as text (a saved report's,
-or another layer's own line such as the host watch's) is a :class:`Said`.
+(``to_json`` / :func:`note_from_json`), its kind first; a line a saved report kept as text is a
+:class:`Said`.
 """
 
 from __future__ import annotations
@@ -109,10 +109,57 @@ def floor_from_json(data: Mapping[str, Any]) -> FloorResult:
 @note_kind("said")
 @dataclass(frozen=True)
 class Said(Note):
-    """A line as another layer wrote it (the host watch, the client's cross-checks), or as a
-    saved report kept it: shown as is, never read."""
+    """A line as a saved report kept it (an older report's, before its note had a kind): shown as
+    is, never read."""
 
     text: str
+
+
+# --- what the measurement saw beside its figures --------------------------------------------
+
+@note_kind("host-watched")
+@dataclass(frozen=True)
+class HostWatched(Note):
+    """What the host watch read during the measured window of the last attempt.
+
+    ``foreign_cpu_share`` and ``steal_share`` are fractions of the host's CPU; ``blind`` says
+    why the CPU figures mean nothing there (then the shares are not shown); ``psi`` is each
+    pressure-stall figure; ``nodes`` each watched node's foreign CPU share; ``nodes_here`` the
+    nodes behind a launch template that are this machine; ``remarks`` what the watch's own
+    readers said of the load itself (clock events the load caused, a PCIe link short of its
+    best), which are part of the measurement and never a disturbance."""
+
+    attempts: int
+    foreign_cpu_share: float
+    steal_share: float
+    blind: tuple[str, ...] = ()
+    psi: tuple[tuple[str, float], ...] = ()
+    nodes: tuple[tuple[str, float], ...] = ()
+    nodes_here: tuple[str, ...] = ()
+    remarks: tuple[str, ...] = ()
+
+
+@note_kind("prefix-cache-reused")
+@dataclass(frozen=True)
+class PrefixCacheReused(Note):
+    """vLLM's prefix cache served whole blocks of a run whose prompts are unique: another
+    request's prefill was reused, so TTFT and throughput do not measure a cold prefill.
+    ``queried_tokens`` is 0 where the server did not count its queries."""
+
+    hit_tokens: float
+    queried_tokens: float
+
+
+@note_kind("boots-booked")
+@dataclass(frozen=True)
+class BootsBooked(Note):
+    """The profiles' comparison of ``metric`` (its label) is undecided at ``boots`` boots a
+    profile, so the next boot of each profile in ``booked`` is booked, up to ``cap``."""
+
+    metric: str
+    boots: int
+    booked: tuple[str, ...]
+    cap: int
 
 
 # --- where a spread came from --------------------------------------------------------------

@@ -424,19 +424,6 @@ class WatchedRun:
     nodes_here: list[str] = field(default_factory=list)  # nodes behind a template that are this machine
     busy: HostBusy | None = None
 
-    def describe(self) -> str | None:
-        """The test report's line about the watch (None when nothing was watched)."""
-        if not self.readings:
-            return None
-        r = self.readings[-1]
-        psi = ", ".join(f"PSI {k.replace('_', ' ')} {v * 100:.0f}%" for k, v in sorted(r.psi.items()))
-        cpu = ("; ".join(r.blind) if r.blind else
-               f"foreign CPU {r.foreign_cpu_share * 100:.0f}% of the host, steal {r.steal_share * 100:.0f}%")
-        return (f"host watch ({len(self.readings)} attempt(s)): {cpu}" + (f", {psi}" if psi else "")
-                + "".join(f"; node {n.node}: foreign CPU {n.foreign_cpu_share * 100:.0f}%" for n in self.node_readings)
-                + "".join(f"; node {name}: this machine, read above" for name in self.nodes_here)
-                + "".join(f"; {line}" for line in r.own_throttling())
-                + "".join(f"; {gpu.pcie_shortfall()}" for gpu in r.gpus if gpu.pcie_shortfall()))
 
 
 def measure_watched(play: Callable[[int], RunResult], server: ServerHandle, deployment: Deployment, *,

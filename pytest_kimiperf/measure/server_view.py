@@ -284,10 +284,19 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
 
+@dataclass(frozen=True)
+class PrefixReuse:
+    """The prefix cache served whole blocks of a run whose prompts are unique: the tokens it
+    served and the tokens it was asked for (0 where the server did not count them)."""
+
+    hit_tokens: float
+    queried_tokens: float
+
+
 def unexpected_prefix_hits(
     views: Sequence[Mapping[str, Any]], *, endpoint: str, reused_requests: int = 0,
-) -> str | None:
-    """A warning line when the prefix cache served a run whose prompts were all unique, else None.
+) -> PrefixReuse | None:
+    """What the prefix cache served of a run whose prompts were all unique, else None.
 
     ``views`` are the run's ``ServerView.to_json()`` (one per run or extension). The rule: on
     the completions endpoint, a run's hits of one KV block or more (the server's block size,
@@ -310,18 +319,12 @@ def unexpected_prefix_hits(
     total_hits = float(sum(hits))
     if total_hits < block:
         return None
-    total_queries = float(sum(v.get("prefix_cache_queries") or 0.0 for v in views))
-    share = f" ({total_hits / total_queries:.1%} of {total_queries:.0f} queried)" if total_queries else ""
-    return (
-        f"vLLM's prefix cache served {total_hits:.0f} prompt tokens of this run{share} though its "
-        "prompts are unique: another request's prefill was reused (a prompt sent twice, or other "
-        "traffic on the server), so TTFT and throughput do not measure a cold prefill"
-    )
+    return PrefixReuse(total_hits, float(sum(v.get("prefix_cache_queries") or 0.0 for v in views)))
 
 
-def run_cross_checks(run: RunResult) -> list[str]:
-    """The server's view against what the client sent: a warning line per surprise (an
-    unexpected prefix-cache hit), for the gate to show beside the verdict."""
+def run_cross_checks(run: RunResult) -> list[PrefixReuse]:
+    """The server's view against what the client sent: each surprise (an unexpected prefix-cache
+    hit), for the gate to show beside the verdict."""
     from pytest_kimiperf.measure.workload import reused_prompt_requests
 
     hits = unexpected_prefix_hits(run.server_metrics, endpoint=run.load.get("endpoint", "completions"),

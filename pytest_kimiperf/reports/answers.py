@@ -20,17 +20,18 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+import enum
 from dataclasses import dataclass
 
 from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.judge.decide import Outcome, outcome_of
 from pytest_kimiperf.judge.notes import BootsForWithin
 from pytest_kimiperf.judge.profiles import WITHIN_INTERVAL
-from pytest_kimiperf.judge.stats import Comparison, VerdictKind
-from pytest_kimiperf.judge.verdicts import TestResult
+from pytest_kimiperf.judge.stats import Comparison, Leaning, VerdictKind, leaning
+from pytest_kimiperf.judge.verdicts import BaselineState, TestResult
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_value
 from pytest_kimiperf.reports.model import SessionReport, boot_label, metric_heading, profile_verdict
-from pytest_kimiperf.reports.sentences import say
+from pytest_kimiperf.reports.sentences import beside_comparison, say
 
 
 def primary_of(results: Sequence[TestResult]) -> dict[str, str]:
@@ -72,6 +73,7 @@ class CompactRow:
     note: str | None = None
     in_session: bool = True  # against another profile of this session; False: against the baseline
     primary: bool = False  # the test's primary metric (TestResult.primary); the others are secondary
+    invalid: bool = False  # the boot's measurement was INVALID: the note says why
 
     @property
     def verdict(self) -> str:
@@ -110,7 +112,7 @@ def profile_rows(report: SessionReport) -> list[CompactRow]:
                 key = (block.test, metric.metric, cell.name or cell.profile)
                 if key not in rows or (rows[key].comparison is None and cell.comparison is not None):
                     rows[key] = CompactRow(*key, cell.comparison, None if cell.comparison is not None else cell.note,
-                                           primary=primary.get(block.test) == metric.metric)
+                                           primary=primary.get(block.test) == metric.metric, invalid=cell.invalid)
     return list(rows.values())
 
 
@@ -136,7 +138,7 @@ def baseline_rows(report: SessionReport) -> list[CompactRow]:
                 rows.append(CompactRow(res.test, metric, res.profile, mres.baseline, in_session=False, primary=first))
             elif res.invalid:
                 rows.append(CompactRow(res.test, metric, res.profile, None, "INVALID measurement", in_session=False,
-                                       primary=first))
+                                       primary=first, invalid=True))
     return rows
 
 
@@ -151,23 +153,45 @@ def _primary_rows(rows: Sequence[CompactRow], report: SessionReport) -> list[Com
     return list(chosen.values())
 
 
-def answer_lines(report: SessionReport) -> list[str]:
+class Tone(enum.Enum):
+    """How loud an answer is said: a failed check or a run with no verdict, a worse figure, or
+    neither."""
+
+    LOUD = "loud"
+    WORSE = "worse"
+    PLAIN = "plain"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One line of the summary's answers, and how loud it is, decided from the facts it says."""
+
+    text: str
+    tone: Tone = Tone.PLAIN
+
+
+def answer_lines(report: SessionReport) -> list[Answer]:
     """One line per question: each profile against the reference on its primary metric, each
     profile against the baseline on it, the decode floor, and INVALID boots."""
-    lines = []
     ref = report.reference_profile
-    for row in _primary_rows(profile_rows(report), report):
-        lines.append(f"{row.profile} vs {ref}, {_about(row)}")
-    for row in _primary_rows(baseline_rows(report), report):
-        lines.append(f"{row.profile} vs its baseline, {_about(row)}")
+    answers = [Answer(f"{row.profile} vs {ref}, {_about(row)}", _tone(row))
+               for row in _primary_rows(profile_rows(report), report)]
+    answers += [Answer(f"{row.profile} vs its baseline, {_about(row)}", _tone(row))
+                for row in _primary_rows(baseline_rows(report), report)]
     floor = _floor_line(report)
-    if floor:
-        lines.append(floor)
-    lines.extend(_not_compared(report))
+    if floor is not None:
+        answers.append(Answer(floor[0], Tone.LOUD if floor[1] else Tone.PLAIN))
+    answers += [Answer(line) for line in _not_compared(report)]
     invalid = _invalid_line(report)
     if invalid:
-        lines.append(invalid)
-    return lines
+        answers.append(Answer(invalid, Tone.LOUD))
+    return answers
+
+
+def _tone(row: CompactRow) -> Tone:
+    """WORSE where the row's verdict leans worse (a slower profile, a regression), else PLAIN."""
+    c = row.comparison
+    return Tone.WORSE if c is not None and not row.note and leaning(c.verdict) is Leaning.WORSE else Tone.PLAIN
 
 
 def _invalid_line(report: SessionReport) -> str | None:
@@ -192,13 +216,14 @@ def _not_compared(report: SessionReport) -> list[str]:
     last = {(res.test, boot_label(res)) for res in last_boots(report.results) if not res.invalid}
     reasons: dict[str, int] = {}
     for row in report.baseline_rows():
-        if (row.test, row.profile) not in last or row.message.startswith("no baseline for this hardware"):
+        if (row.test, row.profile) not in last or (row.line is not None and row.line.state is BaselineState.MISSING):
             continue
-        if row.baseline is None and row.message != "not compared with a baseline":
+        if row.baseline is None and row.line is not None:
             reason = row.message
         elif row.baseline is not None and row.baseline.verdict is VerdictKind.NOT_COMPARABLE:
-            # The figures are the table's; the reason after them is the same for every metric.
-            reason = "not comparable: " + row.message.partition(" — ")[2] if " — " in row.message else row.message
+            # The figures are the table's; what stands beside them is the same for every metric.
+            beside = beside_comparison(row.line) if row.line is not None else []
+            reason = "not comparable: " + " — ".join(beside) if beside else row.message
         else:
             continue
         reasons[reason] = reasons.get(reason, 0) + 1
@@ -216,7 +241,8 @@ def _about(row: CompactRow) -> str:
             f"(tolerance {c.tolerance * 100:g}%, {c.boots_current} vs {c.boots_reference} boots){more}")
 
 
-def _floor_line(report: SessionReport) -> str | None:
+def _floor_line(report: SessionReport) -> tuple[str, bool] | None:
+    """The decode floor's answer, and whether a boot fell below it."""
     floored = [res for res in report.floor_results() if res.floor is not None]
     if not floored:
         return None
@@ -227,10 +253,10 @@ def _floor_line(report: SessionReport) -> str | None:
     limit = f"floor {fmt_value(first.floor)} {first.unit}" if first.floor is not None else "no floor"
     if below:
         names = ", ".join(f"{r.profile} boot {r.boot}" for r in below)
-        return f"decode {limit}: BELOW on {names} (lowest {fmt_value(lowest.floor.median if lowest.floor else None)})"
+        return f"decode {limit}: BELOW on {names} (lowest {fmt_value(lowest.floor.median if lowest.floor else None)})", True
     low = lowest.floor
     assert low is not None
-    return f"decode {limit}: every boot above it (lowest {fmt_value(low.median)}, {lowest.profile} boot {lowest.boot})"
+    return f"decode {limit}: every boot above it (lowest {fmt_value(low.median)}, {lowest.profile} boot {lowest.boot})", False
 
 
 def run_verdict(report: SessionReport) -> str:

@@ -26,7 +26,7 @@ from pytest_kimiperf.judge.decide import RunDecision
 from pytest_kimiperf.judge.history import NotAppended
 from pytest_kimiperf.judge.profiles import InSessionRules, ProfileComparison, profile_comparisons
 from pytest_kimiperf.judge.stats import Comparison, Leaning, leaning
-from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
+from pytest_kimiperf.judge.verdicts import BaselineLine, MetricResult, TestResult
 from pytest_kimiperf.numbers import fmt_value
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck
 from pytest_kimiperf.reports.sentences import baseline_line, warning_lines
@@ -147,6 +147,7 @@ class ProfileCell:
     comparison: Comparison | None = None
     note: str | None = None  # replaces the verdict: invalid run, no reference, error
     name: str = ""  # the profile's name, without the boot that ``profile`` labels
+    invalid: bool = False  # the boot's measurement was INVALID (the note says why)
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,7 @@ class BaselineRow:
     figure: BootFigure
     baseline: Comparison | None
     message: str  # the gate's line without the metric's label; a missing baseline's says what records it
+    line: BaselineLine | None = None  # the gate's facts behind the message (None: not compared at all)
 
     @property
     def verdict(self) -> str | None:
@@ -326,6 +328,7 @@ class SessionReport:
             profile=boot_label(res), is_reference=is_reference, figure=boot_figure(mres),
             n=len(mres.finite),
             samples=tuple(mres.samples), comparison=comparison, note=note, name=res.profile,
+            invalid=bool(res.invalid),
         )
 
     def record_advice(self) -> str:
@@ -349,7 +352,7 @@ class SessionReport:
                 rows.append(BaselineRow(
                     test=res.test, profile=boot_label(res), metric=mres.metric,
                     heading=metric_heading(mres.metric), figure=boot_figure(mres),
-                    baseline=mres.baseline, message=message,
+                    baseline=mres.baseline, message=message, line=mres.baseline_line,
                 ))
         return rows
 

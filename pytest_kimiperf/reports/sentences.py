@@ -19,9 +19,10 @@ from pytest_kimiperf.judge.history import AppendWhy, NotAppended
 from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
 from pytest_kimiperf.judge.levels import CanaryCheck, Level, Levels
 from pytest_kimiperf.judge.notes import (
-    BootAsked, BootPlanned, BootsForWithin, BootsToDecide, DeclaredModes, FailedRequests, FloorNote, GoodputSlos,
-    HistoryModes, HistoryStep, HistorySteps, InvalidRun, LeftOut, LevelSpread, Look, NeedsBoots, NoDecode, Note, Plan, Said,
-    SloCheck, SoftFingerprint, SpreadSource, TooFewSamples, Unresolved, Drifted,
+    BootAsked, BootPlanned, BootsBooked, BootsForWithin, BootsToDecide, DeclaredModes, FailedRequests, FloorNote,
+    GoodputSlos, HistoryModes, HistoryStep, HistorySteps, HostWatched, InvalidRun, LeftOut, LevelSpread, Look, NeedsBoots,
+    NoDecode, Note, Plan, PrefixCacheReused, Said, SloCheck, SoftFingerprint, SpreadSource, TooFewSamples, Unresolved,
+    Drifted,
 )
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind, fmt_tolerance
 from pytest_kimiperf.judge.verdicts import (
@@ -51,6 +52,35 @@ def say(note: Note) -> str:
 @say.register
 def _(note: Said) -> str:
     return note.text
+
+
+# --- what the measurement saw beside its figures --------------------------------------------
+
+@say.register
+def _(note: HostWatched) -> str:
+    psi = ", ".join(f"PSI {name.replace('_', ' ')} {share * 100:.0f}%" for name, share in sorted(note.psi))
+    cpu = ("; ".join(note.blind) if note.blind else
+           f"foreign CPU {note.foreign_cpu_share * 100:.0f}% of the host, steal {note.steal_share * 100:.0f}%")
+    return (f"host watch ({note.attempts} attempt(s)): {cpu}" + (f", {psi}" if psi else "")
+            + "".join(f"; node {node}: foreign CPU {share * 100:.0f}%" for node, share in note.nodes)
+            + "".join(f"; node {node}: this machine, read above" for node in note.nodes_here)
+            + "".join(f"; {remark}" for remark in note.remarks))
+
+
+@say.register
+def _(note: PrefixCacheReused) -> str:
+    queried = note.queried_tokens
+    share = f" ({note.hit_tokens / queried:.1%} of {queried:.0f} queried)" if queried else ""
+    return (f"vLLM's prefix cache served {note.hit_tokens:.0f} prompt tokens of this run{share} though its "
+            "prompts are unique: another request's prefill was reused (a prompt sent twice, or other "
+            "traffic on the server), so TTFT and throughput do not measure a cold prefill")
+
+
+@say.register
+def _(note: BootsBooked) -> str:
+    return (f"profiles: {note.metric} undecided at {note.boots} boots a profile (within the tolerance or a "
+            f"direction, at this look's share of the error budget); boot {note.boots + 1} of "
+            f"{', '.join(note.booked)} booked (at most {note.cap})")
 
 
 # --- spreads ---------------------------------------------------------------------------------
@@ -293,9 +323,30 @@ def canary_text(check: CanaryCheck) -> str:
 
 def _env_text(env: EnvDiff) -> str:
     said = bool(env.baseline_args or env.run_args)  # server arguments: said where either side has some
-    return (f" — the baseline was recorded with profile environment {dict(env.baseline_env)}"
+    return (f"the baseline was recorded with profile environment {dict(env.baseline_env)}"
             f"{f' and args {list(env.baseline_args)}' * said}, this run used {dict(env.run_env)}"
             f"{f' and args {list(env.run_args)}' * said}")
+
+
+def _apart(line: BaselineLine) -> list[str]:
+    """How the baseline's host or set-up differs from this run's: its canary, its environment."""
+    said = []
+    if line.canary is not None:
+        said.append(f"{canary_text(line.canary)}: the baseline was measured on a host of other speed")
+    if line.env is not None:
+        said.append(_env_text(line.env))
+    return said
+
+
+def _versions(line: BaselineLine) -> list[str]:
+    return [f"judged against the baseline of other software versions on the same hardware ({line.other}): "
+            f"{'; '.join(line.versions)}"] if line.versions else []
+
+
+def beside_comparison(line: BaselineLine) -> list[str]:
+    """What a baseline line says beside its comparison, each clause alone: how the baseline's
+    host or set-up differs, the software versions it was judged across, the boots left out."""
+    return [*_apart(line), *_versions(line), *([say(line.left_out)] if line.left_out is not None else [])]
 
 
 def baseline_line(line: BaselineLine, *, label: bool = True, advice: str = RECORD_ADVICE) -> str:
@@ -317,13 +368,8 @@ def baseline_line(line: BaselineLine, *, label: bool = True, advice: str = RECOR
                 f"({line.other}: {shown}); {missing}")
     else:
         body = comparison_line(line.comparison, label=False) if line.comparison is not None else ""
-        if line.canary is not None:
-            body += f" — {canary_text(line.canary)}: the baseline was measured on a host of other speed"
-        if line.env is not None:
-            body += _env_text(line.env)
-        if line.versions:
-            tail = (" — judged against the baseline of other software versions on the same hardware "
-                    f"({line.other}): {'; '.join(line.versions)}")
+        body += "".join(f" — {clause}" for clause in _apart(line))
+        tail = "".join(f" — {clause}" for clause in _versions(line))
     if line.left_out is not None:
         tail += f" — {say(line.left_out)}"
     head = f"{line.label}: " if label and line.label else ""

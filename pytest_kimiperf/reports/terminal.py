@@ -38,6 +38,7 @@ from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_spread, fmt_value
 from pytest_kimiperf.reports.answers import (
     CompactRow,
+    Tone,
     answer_lines,
     baseline_rows,
     failure_lines,
@@ -140,7 +141,7 @@ def answer_section(report: SessionReport) -> list[TerminalLine]:
     """The summary's opening: one line per answer, the failures, and the run's outcome."""
     lines = [TerminalLine("kimiperf: answers", sep="=")]
     for answer in answer_lines(report):
-        lines.extend(wrapped(answer, indent=0, markup=_answer_markup(answer)))
+        lines.extend(wrapped(answer.text, indent=0, markup=_TONE_MARKUP[answer.tone]))
     for failure in failure_lines(report):
         lines.extend(wrapped(failure, indent=0, markup=RED))
     outcome = outcome_line(report, report.record_command)
@@ -150,10 +151,7 @@ def answer_section(report: SessionReport) -> list[TerminalLine]:
     return lines
 
 
-def _answer_markup(answer: str) -> Mapping[str, bool]:
-    if answer.startswith("INVALID") or ": BELOW on " in answer:
-        return LOUD
-    return RED if ": worse (" in answer or ": REGRESSION (" in answer else {}
+_TONE_MARKUP: Mapping[Tone, Mapping[str, bool]] = {Tone.LOUD: LOUD, Tone.WORSE: RED, Tone.PLAIN: {}}
 
 
 def _compact_table(rows: Sequence[CompactRow]) -> list[TerminalLine]:
@@ -164,7 +162,7 @@ def _compact_table(rows: Sequence[CompactRow]) -> list[TerminalLine]:
     cells: list[tuple[str, list[str], Mapping[str, bool]]] = []
     for row in rows:
         c = row.comparison
-        verdict = row.verdict if c is not None else _short_note(row.verdict)
+        verdict = "INVALID measurement" if c is None and row.invalid else row.verdict
         change = [fmt_change(c.change), row.interval] if c is not None else ["", ""]
         metric = f"{PRIMARY_MARK}{row.metric}" if row.primary else f"{' ' * len(PRIMARY_MARK)}{row.metric}"
         cells.append((short_test(row.test), [metric, *([row.profile] if several else []), *change, verdict],
@@ -200,10 +198,6 @@ def _primary_legend(rows: Sequence[CompactRow]) -> list[TerminalLine]:
         return []
     return [TerminalLine(f"  {PRIMARY_MARK.strip()} the test's primary metric, the one its answer line speaks of; "
                          "the other rows are secondary")]
-
-
-def _short_note(note: str) -> str:
-    return "INVALID measurement" if note.startswith("INVALID") else note
 
 
 def _row_markup(row: CompactRow) -> Mapping[str, bool]:

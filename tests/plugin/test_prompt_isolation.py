@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from tests.helpers import STUB_SERVER, stub_deployment_toml
-from pytest_kimiperf.measure import runner, scenarios
+from pytest_kimiperf.measure import runner, workload
 from pytest_kimiperf.measure.target import Target
 from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.measure.results import RequestRecord
@@ -30,14 +30,16 @@ from pytest_kimiperf.measure.results import RoundResult, RunResult
 from pytest_kimiperf.judge.boots import BootLedger
 from pytest_kimiperf.recorder import PerfCase, PerfRecorder, RecorderHooks
 from pytest_kimiperf.server.process import ServerHandle, pick_free_port
+from pytest_kimiperf.judge.notes import PrefixCacheReused
 from pytest_kimiperf.measure.server_view import (
     DEFAULT_BLOCK_TOKENS,
+    PrefixReuse,
     ServerView,
     snapshot_from_text,
     unexpected_prefix_hits,
 )
 from pytest_kimiperf.measure.workload import prompt_seed
-from pytest_kimiperf.reports.sentences import warning_lines
+from pytest_kimiperf.reports.sentences import say, warning_lines
 from tests import helpers
 
 DATA = helpers.DATA / "server_metrics"
@@ -124,14 +126,14 @@ def _run_with_server_view(view: dict[str, Any], name: str) -> RunResult:
 
 def test_measure_sends_prompts_seeded_from_test_profile_and_boot(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    played: list[scenarios.Scenario] = []
+    played: list[workload.Scenario] = []
 
-    def fake_run_scenario(target: Target, scenario: scenarios.Scenario) -> RunResult:
+    def fake_run_scenario(target: Target, scenario: workload.Scenario) -> RunResult:
         played.append(scenario)
         return _run_with_server_view({}, scenario.scenario_name)
 
     monkeypatch.setattr(runner, "run_scenario", fake_run_scenario)
-    scenario = scenarios.SingleStream(prompt_tokens=300, output_tokens=4, requests=8, seed=5)
+    scenario = workload.SingleStream(prompt_tokens=300, output_tokens=4, requests=8, seed=5)
     _recorder(tmp_path, boot=2).measure(scenario)
     assert played[0].seed == prompt_seed("t.py::test", "ring-ll", 2, 5)
     assert played[0].scenario_name == scenario.scenario_name  # baselines keep their key
@@ -143,7 +145,7 @@ def test_unexpected_prefix_hits_are_a_warning_of_the_test(tmp_path: Path,
     monkeypatch.setattr(runner, "run_scenario",
                         lambda target, scenario: _run_with_server_view(repeated, scenario.scenario_name))
     recorder = _recorder(tmp_path)
-    run = recorder.measure(scenarios.SingleStream(prompt_tokens=300, output_tokens=4, requests=8))
+    run = recorder.measure(workload.SingleStream(prompt_tokens=300, output_tokens=4, requests=8))
     result = recorder.check(run, ["ttft_ms"])
     assert any("prefix cache served 2048 prompt tokens" in w for w in warning_lines(result))
     assert result.run is not None and result.run.server_metrics[0]["prefix_cache_hits"] == 2048
@@ -170,8 +172,9 @@ def test_prompts_sent_again_hit_whole_blocks_and_are_flagged() -> None:
     # 300 tokens: the last is always recomputed, so 2 whole 128-token blocks of each of the 8 hit.
     assert view["prefix_cache_hits"] == 8 * 2 * 128
     assert view["prefix_cache_hit_rate"] == pytest.approx(2048 / 2400)
-    warning = unexpected_prefix_hits([view], endpoint="completions")
-    assert warning is not None and "2048 prompt tokens" in warning and "85.3% of 2400 queried" in warning
+    reuse = unexpected_prefix_hits([view], endpoint="completions")
+    assert reuse == PrefixReuse(hit_tokens=2048.0, queried_tokens=2400.0)
+    assert "2048 prompt tokens of this run (85.3% of 2400 queried)" in say(PrefixCacheReused(2048.0, 2400.0))
 
 
 def test_chat_endpoint_hits_are_reported_but_never_flagged() -> None:
@@ -263,7 +266,7 @@ def stub_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 def test_warm_up_and_rounds_never_repeat_a_prompt(stub_server: tuple[str, Path]) -> None:
     base_url, log = stub_server
-    scenario = scenarios.Concurrency(concurrency=2, prompt_tokens=16, output_tokens=4, requests=4, rounds=4,
+    scenario = workload.Concurrency(concurrency=2, prompt_tokens=16, output_tokens=4, requests=4, rounds=4,
                                      warmup_requests=3, seed=prompt_seed("t.py::test", "default", 1))
     run = runner.run_scenario(Target(base_url, "stub-model", server_metrics=False), scenario)
     prompts = [entry["prompt"] for entry in _prompt_log(log)]
@@ -276,7 +279,7 @@ def test_two_seeds_share_no_prompt(stub_server: tuple[str, Path]) -> None:
     base_url, log = stub_server
     for test in ("a.py::test", "b.py::test"):
         seed = prompt_seed(test, "default", 1)
-        runner.run_scenario(Target(base_url, "stub-model", server_metrics=False), scenarios.SingleStream(
+        runner.run_scenario(Target(base_url, "stub-model", server_metrics=False), workload.SingleStream(
             prompt_tokens=16, output_tokens=4, requests=3, warmup_requests=1, seed=seed))
     prompts = [entry["prompt"] for entry in _prompt_log(log)]
     assert len(prompts) == 8 and len(set(prompts)) == 8

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from pytest_kimiperf.config import measure_bounds
-from pytest_kimiperf.measure import host_readings, hostwatch
+from pytest_kimiperf.config import deployments
+from pytest_kimiperf.measure import hostwatch
 from pytest_kimiperf.errors import ConfigError, KimiperfError
 from pytest_kimiperf.measure.hostwatch import CpuCounters, ForeignProcess, GpuReading, HostSnapshot, ProcessCpu
 from pytest_kimiperf.config.deployments import HostBounds
@@ -107,8 +107,8 @@ def test_a_reused_pid_is_a_new_process_not_a_negative_delta() -> None:
 def test_a_process_that_exits_between_calls_is_left_out_quietly() -> None:
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()  # reaped: its pid is gone
-    assert process.pid not in host_readings.read_processes()
-    assert host_readings.describe_pid(process.pid) == ("?", "")
+    assert process.pid not in hostwatch.read_processes()
+    assert hostwatch.describe_pid(process.pid) == ("?", "")
 
 
 def snapshot(t_s: float, busy_s: float, processes: dict[int, ProcessCpu]) -> HostSnapshot:
@@ -119,8 +119,8 @@ def snapshot(t_s: float, busy_s: float, processes: dict[int, ProcessCpu]) -> Hos
 
 
 def test_steal_and_psi_are_read_from_recorded_proc_files() -> None:
-    start_cpu, start_psi, start_notes = host_readings.read_host_counters(str(DATA / "busy_2s" / "start"))
-    stop_cpu, stop_psi, _ = host_readings.read_host_counters(str(DATA / "busy_2s" / "stop"))
+    start_cpu, start_psi, start_notes = hostwatch.read_host_counters(str(DATA / "busy_2s" / "start"))
+    stop_cpu, stop_psi, _ = hostwatch.read_host_counters(str(DATA / "busy_2s" / "stop"))
     assert start_notes == ()
     assert start_cpu.cpu_count == 2
     assert stop_cpu.busy_s - start_cpu.busy_s == pytest.approx(3.89)
@@ -169,7 +169,7 @@ def test_a_sandbox_whose_proc_stat_never_advances_is_called_unwatched_never_quie
 
 
 def test_a_real_kernels_window_is_watched() -> None:
-    ends = [host_readings.read_host_counters(str(DATA / "busy_2s" / end))[0] for end in ("start", "stop")]
+    ends = [hostwatch.read_host_counters(str(DATA / "busy_2s" / end))[0] for end in ("start", "stop")]
     reading = hostwatch.compare_snapshots(HostSnapshot(0.0, ends[0], {}, {}),
                                           HostSnapshot(RECORDED_WALL_S, ends[1], {}, {}), [])
     assert reading.blind == () and reading.describe_busy(HostBounds()).startswith("host busy: ")
@@ -200,9 +200,9 @@ def test_a_busy_host_is_a_fact_with_its_pids_and_shares_and_says_the_same_senten
 
 def test_unreadable_proc_stat_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(KimiperfError, match="cannot read the host's CPU counters"):
-        host_readings.read_host_counters(str(tmp_path))
+        hostwatch.read_host_counters(str(tmp_path))
     with pytest.raises(KimiperfError, match="no usable cpu lines"):
-        host_readings.parse_proc_stat("intr 1 2 3\n", 100.0)
+        hostwatch.parse_proc_stat("intr 1 2 3\n", 100.0)
 
 
 # --------------------------------------------------------------------------- bounds
@@ -353,25 +353,25 @@ def test_without_nvml_or_gpu_indices_there_are_no_gpu_readings() -> None:
 
 
 def test_reason_masks_decode_to_names_unknown_bits_kept() -> None:
-    assert host_readings.decode_clock_event_reasons(0) == ()
+    assert hostwatch.decode_clock_event_reasons(0) == ()
     names = ("gpu_idle", "sw_power_cap", "hw_thermal_slowdown")
-    assert host_readings.decode_clock_event_reasons(0x1 | 0x4 | 0x40) == names
-    assert host_readings.decode_clock_event_reasons(0x800) == ("unknown_0x800",)
+    assert hostwatch.decode_clock_event_reasons(0x1 | 0x4 | 0x40) == names
+    assert hostwatch.decode_clock_event_reasons(0x800) == ("unknown_0x800",)
 
 
 def test_reason_bits_match_the_installed_nvml_constants() -> None:
     pynvml = pytest.importorskip("pynvml")
-    for bit, name in measure_bounds.CLOCK_EVENT_REASON_BITS.items():
+    for bit, name in deployments.CLOCK_EVENT_REASON_BITS.items():
         camel = "".join(part.capitalize() for part in name.split("_"))
         assert getattr(pynvml, f"nvmlClocksEventReason{camel}") == bit
         assert getattr(pynvml, f"nvmlClocksThrottleReason{camel}") == bit
     # The "event" set (nvml.h's) is exactly these bits: nvmlClocksEventReasonAll ORs them all.
-    assert sum(measure_bounds.CLOCK_EVENT_REASON_BITS) == pynvml.nvmlClocksEventReasonAll
+    assert sum(deployments.CLOCK_EVENT_REASON_BITS) == pynvml.nvmlClocksEventReasonAll
 
 
 def test_bits_nvml_h_does_not_define_decode_as_unknown_and_cannot_be_bounded() -> None:
     # pynvml's deprecated throttle set names 0x200 and 0x400; nvml.h never did.
-    assert host_readings.decode_clock_event_reasons(0x4 | 0x200 | 0x400) == (
+    assert hostwatch.decode_clock_event_reasons(0x4 | 0x200 | 0x400) == (
         "sw_power_cap", "unknown_0x200", "unknown_0x400")
     with pytest.raises(ConfigError, match=r"names unknown reasons \['board_limit'\]"):
         HostBounds.from_mapping({"forbidden_throttle_reasons": ["board_limit"]}, source="test")
@@ -469,9 +469,9 @@ def test_each_gpus_pcie_link_is_recorded_and_a_link_below_its_most_is_said() -> 
 def test_a_window_keeps_the_highest_link_it_saw() -> None:
     idle = GpuReading(0, 300, 40, 30.0, ("gpu_idle",), (), pcie_gen=1, pcie_width=16, pcie_max_gen=5, pcie_max_width=16)
     busy = dataclasses.replace(idle, pcie_gen=5)
-    merged = host_readings.merge_gpu_samples([idle, busy], own_pids=())
+    merged = hostwatch.merge_gpu_samples([idle, busy], own_pids=())
     assert (merged.pcie_gen, merged.pcie_width) == (5, 16) and merged.pcie_shortfall() is None
-    assert host_readings.merge_gpu_samples([idle, idle], own_pids=()).pcie_shortfall() == (
+    assert hostwatch.merge_gpu_samples([idle, idle], own_pids=()).pcie_shortfall() == (
         "GPU 0's PCIe link ran at Gen1 x16 (Gen5 x16 possible)")
 
 

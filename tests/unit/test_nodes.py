@@ -363,26 +363,26 @@ def _agent_answer(survivors: list[dict[str, object]]) -> tuple[str, ...]:
 
 
 def test_the_next_runs_sweep_stops_a_killed_sessions_processes_on_a_template_node(tmp_path: Path) -> None:
-    from pytest_kimiperf.server import launch_records
+    from pytest_kimiperf.server import zombies
     from pytest_kimiperf.server.zombies import sweep_stale_launches
 
-    launch_records.record_launch(tmp_path, _stale_record("nodesweep01", _agent_answer([]))).release()  # type: ignore[arg-type]
+    zombies.record_launch(tmp_path, _stale_record("nodesweep01", _agent_answer([]))).release()  # type: ignore[arg-type]
     report = sweep_stale_launches(tmp_path, grace_s=1.0)
     assert [p.name for p in report.ended] == ["VLLM::Worker_TP1 on the node of launch nodesweep01 (d/default, "
                                               f"pid 999999, started {report.swept[0].split('started ')[1]}"]
-    assert not launch_records.load_launches(tmp_path).records, "nothing survived: the record is forgotten"
+    assert not zombies.load_launches(tmp_path).records, "nothing survived: the record is forgotten"
 
 
 def test_a_node_the_sweep_cannot_reach_keeps_the_record_for_the_next_one(tmp_path: Path) -> None:
-    from pytest_kimiperf.server import launch_records
+    from pytest_kimiperf.server import zombies
     from pytest_kimiperf.server.zombies import sweep_stale_launches
 
     unreachable = ("sh", "-c", "echo 'ssh: Could not resolve hostname gpu-b' >&2; exit 255")
-    launch_records.record_launch(tmp_path, _stale_record("nodesweep02", unreachable)).release()  # type: ignore[arg-type]
+    zombies.record_launch(tmp_path, _stale_record("nodesweep02", unreachable)).release()  # type: ignore[arg-type]
     report = sweep_stale_launches(tmp_path, grace_s=1.0)
     assert "unverified: exited with code 255: ssh: Could not resolve hostname gpu-b" in report.survivors[0].describe()
-    assert [r.launch_id for r in launch_records.load_launches(tmp_path).records] == ["nodesweep02"]
-    assert launch_records.LaunchRecord.from_json(_stale_record("x", ("a", "b")).to_json()).node_stop == ("a", "b")  # type: ignore[attr-defined]
+    assert [r.launch_id for r in zombies.load_launches(tmp_path).records] == ["nodesweep02"]
+    assert zombies.LaunchRecord.from_json(_stale_record("x", ("a", "b")).to_json()).node_stop == ("a", "b")  # type: ignore[attr-defined]
     assert "node_stop" not in _stale_record("y", ()).to_json()  # type: ignore[attr-defined]
 
 

@@ -48,6 +48,9 @@ EVERY_KIND = [
     notes.Drifted("decode_tok_s", "decode tok/s", -0.041, -0.032, 17, 0.03, "2026-11-02T10:00:00Z"),
     notes.Plan(0.06, 0.01, 5, sessions=4, levels=(notes.LevelSpread("session", 0.01, SPREAD),)),
     LINE, VerdictNote(COMPARISON, notes.Plan(0.06, 0.01, 5, boots=4)), MissingBaselines((LINE,)),
+    notes.HostWatched(2, 0.04, 0.0, psi=(("cpu_some", 0.12),), nodes=(("gpu-b", 0.01),), nodes_here=("gpu-a",),
+                      remarks=("GPU 3's PCIe link ran at Gen4 x8 (Gen5 x16 possible)",)),
+    notes.PrefixCacheReused(2048.0, 2400.0), notes.BootsBooked("decode tok/s", 2, ("default", "ring-ll"), 6),
 ]
 
 
@@ -61,6 +64,23 @@ def test_a_note_crosses_json_whole_and_is_said_the_same_on_both_sides(note: note
     back = notes.note_from_json(wire)
     assert type(back) is type(note)
     assert say(back) == say(note) and say(note).strip()
+
+
+def test_what_the_measurement_saw_is_said_from_its_facts() -> None:
+    watched = notes.HostWatched(2, 0.04, 0.005, psi=(("memory_some", 0.0), ("cpu_some", 0.12)),
+                                nodes=(("gpu-b", 0.01),), nodes_here=("gpu-a",),
+                                remarks=("GPU 3's PCIe link ran at Gen4 x8 (Gen5 x16 possible)",))
+    assert say(watched) == (
+        "host watch (2 attempt(s)): foreign CPU 4% of the host, steal 0%, PSI cpu some 12%, PSI memory some 0%; "
+        "node gpu-b: foreign CPU 1%; node gpu-a: this machine, read above; "
+        "GPU 3's PCIe link ran at Gen4 x8 (Gen5 x16 possible)")
+    blind = notes.HostWatched(1, 0.0, 0.0, blind=("/proc/stat's cpu line did not advance",))
+    assert say(blind) == "host watch (1 attempt(s)): /proc/stat's cpu line did not advance"
+    assert say(notes.PrefixCacheReused(2048.0, 0.0)).startswith(
+        "vLLM's prefix cache served 2048 prompt tokens of this run though its prompts are unique")
+    assert say(notes.BootsBooked("decode tok/s", 2, ("default", "ring-ll"), 6)) == (
+        "profiles: decode tok/s undecided at 2 boots a profile (within the tolerance or a direction, at this "
+        "look's share of the error budget); boot 3 of default, ring-ll booked (at most 6)")
 
 
 def test_a_comparison_keeps_its_notes_across_json() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from pytest_kimiperf.judge import baselines
 
-from pytest_kimiperf.measure import runner, scenarios
+from pytest_kimiperf.measure import runner, workload
 from pytest_kimiperf.measure.target import Target
 from pytest_kimiperf.judge.boots import BootLedger, BootSlot
 from pytest_kimiperf.config.deployments import TINY_CPU
@@ -36,7 +36,7 @@ from pytest_kimiperf.recorder import PerfCase, PerfRecorder, RecorderHooks
 from pytest_kimiperf.server.process import ServerHandle
 from pytest_kimiperf.judge.boots import MIN_SAMPLES_PER_BOOT
 
-SCENARIO = scenarios.SingleStream(prompt_tokens=8, output_tokens=65, requests=8)
+SCENARIO = workload.SingleStream(prompt_tokens=8, output_tokens=65, requests=8)
 FP = Fingerprint(hard={"gpu.count": "0", "cpu.model": "test", "cpu.cores": "2"}, soft={})
 TEST = "t.py::test"
 # This host is shared with other tests: the host watch must not judge it here.

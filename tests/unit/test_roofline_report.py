@@ -424,7 +424,7 @@ def test_a_second_boot_is_labelled_as_the_tables_label_it() -> None:
 
 # -- the collective ceiling measured where nccl-tests is installed ---------------------------
 
-from pytest_kimiperf.roofline import nccl_tests  # noqa: E402
+from pytest_kimiperf.roofline import ceiling  # noqa: E402
 
 NCCL_TESTS = DATA / "nccl_tests"
 
@@ -433,20 +433,20 @@ NCCL_TESTS = DATA / "nccl_tests"
 def no_nccl_tests(monkeypatch: pytest.MonkeyPatch) -> None:
     """all_reduce_perf is never run from these tests, on any host."""
     real = shutil.which
-    monkeypatch.setattr(nccl_tests.shutil, "which", lambda name, *a, **k: None if name == "all_reduce_perf" else real(name, *a, **k))
+    monkeypatch.setattr(ceiling.shutil, "which", lambda name, *a, **k: None if name == "all_reduce_perf" else real(name, *a, **k))
 
 
 def test_all_reduce_perf_output_is_read_row_by_row() -> None:
-    rows = nccl_tests.parse_all_reduce_perf((NCCL_TESTS / "all_reduce_perf_8gpu_intranode.txt").read_text())
-    assert len(rows) == 32 and rows[0] == nccl_tests.AllReduceRow(8, 2, "float", 20.25, 0.0, 0, 19.36)
+    rows = ceiling.parse_all_reduce_perf((NCCL_TESTS / "all_reduce_perf_8gpu_intranode.txt").read_text())
+    assert len(rows) == 32 and rows[0] == ceiling.AllReduceRow(8, 2, "float", 20.25, 0.0, 0, 19.36)
     assert rows[-1].size_bytes == 17179869184 and rows[-1].busbw_gbs == 842.91
     # Kimi's decode all-reduce: 2 x 7168 bytes (bf16 hidden state), read at the next size run.
-    assert nccl_tests.latency_us_at(rows, 14336) == (26.69, 16384)
-    assert nccl_tests.latency_us_at(rows, 2**40) is None
-    trimmed = nccl_tests.parse_all_reduce_perf((NCCL_TESTS / "all_reduce_perf_4gpu_gb200_trimmed.txt").read_text())
+    assert ceiling.latency_us_at(rows, 14336) == (26.69, 16384)
+    assert ceiling.latency_us_at(rows, 2**40) is None
+    trimmed = ceiling.parse_all_reduce_perf((NCCL_TESTS / "all_reduce_perf_4gpu_gb200_trimmed.txt").read_text())
     assert [r.size_bytes for r in trimmed] == [8, 1048576, 268435456, 8589934592] and trimmed[3].time_us == 21286.0
     with pytest.raises(ValueError, match="10 fields"):
-        nccl_tests.parse_all_reduce_perf("        8  2  float  sum  -1  20.25  0.00  0.00  0  19.36\n")
+        ceiling.parse_all_reduce_perf("        8  2  float  sum  -1  20.25  0.00  0.00  0  19.36\n")
 
 
 def test_one_all_reduce_perf_run_at_the_decode_size_is_the_latency() -> None:
@@ -457,13 +457,13 @@ def test_one_all_reduce_perf_run_at_the_decode_size_is_the_latency() -> None:
         asked.append(argv)
         return subprocess.CompletedProcess(argv, 0, recorded, "")
 
-    value, how = nccl_tests.measure_allreduce_latency(16384, 8, exe="/opt/nccl-tests/all_reduce_perf", run=run)  # type: ignore[misc]
+    value, how = ceiling.measure_allreduce_latency(16384, 8, exe="/opt/nccl-tests/all_reduce_perf", run=run)  # type: ignore[misc]
     assert value == 26.69 and how.startswith("measured: all_reduce_perf -b 16384 -e 16384 -g 8 -d bfloat16 -G 100")
     assert asked[0][:7] == ["/opt/nccl-tests/all_reduce_perf", "-b", "16384", "-e", "16384", "-g", "8"]
-    failing = nccl_tests.measure_allreduce_latency(
+    failing = ceiling.measure_allreduce_latency(
         16384, 8, exe="x", run=lambda argv, **_: subprocess.CompletedProcess(argv, 2, "", "NCCL failure common.cu:1131"))
     assert failing is not None and math.isnan(failing[0]) and "exit 2: NCCL failure common.cu:1131" in failing[1]
-    assert nccl_tests.measure_allreduce_latency(16384, 8) is None  # not installed here
+    assert ceiling.measure_allreduce_latency(16384, 8) is None  # not installed here
 
 
 def test_a_measured_all_reduce_replaces_the_default_in_the_roofline() -> None:
