@@ -1,5 +1,4 @@
-"""Boots, the unit of replication: one boot's figure per metric, the session's schedule of boots,
-and what each test measured on them.
+"""Boots, the unit of replication: each boot's figure per metric, their schedule, what each test measured.
 
 * :class:`BootSummary` (``summarize_metric``, ``summarize_boot``, ``summarize_boot_quantile``):
   one server boot's figure for one metric, the unit the gate compares. A boot is summarized once

@@ -702,6 +702,7 @@ def drift_failures(result: TestResult, base_file: BaselineFile, current: Mapping
 
 
 # Appending: whether a passing run may grow the history itself.
+
 class AppendWhy(str, enum.Enum):
     """Why a run appended nothing."""
 

@@ -519,6 +519,7 @@ def _mdc(fit: _Fit, band: float, rules: InSessionRules) -> float:
 
 
 # The session's comparisons: every profile against the reference, or a candidate against its control.
+
 def compare_with_control(current: Sequence[BootSummary], control: Sequence[BootSummary], *, direction: Direction,
                          tolerance: float, rules: InSessionRules, metric: str = "", unit: str = "") -> Comparison:
     """The candidate's boots against its control's (--kimiperf-control), booted interleaved in one
@@ -621,6 +622,7 @@ def profile_comparisons(
 
 
 # Boots on demand: after each look, stop with a verdict or book one more boot of each side.
+
 def session_plan(*, profiles: int, boots: int, max_boots: int, control: bool) -> SequentialPlan | None:
     """The boots on demand of a session's profile comparison: from its planned boots a profile
     up to its cap (``--kimiperf-max-boots``, else the deployment's ``max_boots``). None where no

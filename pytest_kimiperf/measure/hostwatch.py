@@ -399,6 +399,7 @@ def _highest(values: Iterable[int | None]) -> int | None:
 
 
 # One window: two snapshots compared against the deployment's bounds, and the watch that takes them.
+
 def _pct(share: float) -> str:
     return f"{share * 100:.0f}%"
 

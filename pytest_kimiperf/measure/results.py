@@ -1,5 +1,4 @@
-"""A run's measured figures: request timelines, the run-level figures built from them, and why a run
-cannot be judged (pure: no I/O, no pytest).
+"""A run's measured figures, request by request and round by round (pure: no I/O, no pytest).
 
 The module holds, in order:
 
