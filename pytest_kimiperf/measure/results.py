@@ -77,7 +77,7 @@ class ClientCpu:
 class LoopLatency:
     """The client's event loop ran callbacks late, so its chunk timestamps are stale.
     ``idle_p50_ms``/``idle_p99_ms``: what the same probe read with the loop idle on this host
-    (None where it was not read), which raised the bounds (results.loop_latency_bounds)."""
+    (None where it was not read), which raised the bounds (:func:`loop_latency_bounds`)."""
 
     p50_ms: float
     p99_ms: float
