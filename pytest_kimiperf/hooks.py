@@ -1,7 +1,23 @@
-"""The session object: one :class:`KimiperfSession` per pytest process, and pytest's hooks as its methods.
+"""What pytest calls: the plugin's public fixtures, and the session object whose methods are its hooks.
 
-As pytest-xdist's ``DSession`` and junitxml's ``LogXML``: ``plugin.pytest_configure`` validates the
-settings, makes the object and registers it; everything the run holds lives in it:
+The module holds, in order:
+
+* the fixtures (``kimiperf_server``, ``kimiperf_profile``, ``kimiperf_boot``, ``perf`` and the
+  rest), and the stash keys they share with the session object (:data:`SESSION_KEY`,
+  :data:`RESULT_KEY`, :data:`TOLERANCES_KEY`);
+* the session object: one :class:`KimiperfSession` per pytest process, pytest's hooks as its
+  methods.
+
+**The fixtures.** ``plugin.py`` imports the fixtures, so pytest registers them with the plugin.
+Like the hooks, they only connect pytest to the modules that do the work: the session object's
+:class:`~pytest_kimiperf.session.PerfSession` (``KimiperfSession.run``; the session object is kept
+in the config's stash), the server manager and the :class:`~pytest_kimiperf.recorder.PerfRecorder`.
+Errors a test should show become ``pytest.fail`` without a traceback, raised ``from None``: the
+error they replace would print its message (and log tail) a second time.
+
+**The session object.** As pytest-xdist's ``DSession`` and junitxml's ``LogXML``:
+``plugin.pytest_configure`` validates the settings, makes the object and registers it; everything
+the run holds lives in it:
 
 - ``run``: the perf tests' resources of this process (session.py: servers, fingerprint, baselines,
   boots), which the fixtures and the recorder use;
@@ -11,15 +27,6 @@ settings, makes the object and registers it; everything the run holds lives in i
 
 The hooks only connect pytest to those parts. On an xdist worker the controller's hooks (results,
 files, the summary) do nothing: only the controller writes files.
-
-The plugin's public fixtures, and the stash keys they share with the session object (hooks.py).
-
-``plugin.py`` imports the fixtures, so pytest registers them with the plugin. Like the hooks,
-they only connect pytest to the modules that do the work: the session object's
-:class:`~pytest_kimiperf.session.PerfSession` (``KimiperfSession.run``; the session object is
-kept in the config's stash), the server manager and the :class:`~pytest_kimiperf.recorder.
-PerfRecorder`. Errors a test should show become ``pytest.fail`` without a traceback, raised
-``from None``: the error they replace would print its message (and log tail) a second time.
 """
 
 from __future__ import annotations
@@ -50,12 +57,13 @@ if TYPE_CHECKING:
     from pytest_kimiperf.server.process import ServerHandle
 
 
+# The fixtures, and the stash keys they share with the session object.
 SERVER_FIXTURE = "kimiperf_server"
 PROFILE_FIXTURE = "kimiperf_profile"
 
 
 class SessionObject(Protocol):
-    """What the fixtures use of the session object (hooks.KimiperfSession, which imports them)."""
+    """What the fixtures use of the session object (:class:`KimiperfSession`)."""
 
     run: PerfSession
 
@@ -172,6 +180,8 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
     ), RecorderHooks(ensure_alive=ensure_alive, publish=publish,
                      fail=lambda message: pytest.fail(message, pytrace=False), benchmark=benchmark))
 
+
+# The session object: the run's state, and pytest's hooks as its methods.
 
 class KimiperfSession:
     """The run's state (settings, servers, results, failures, the decision) and its hooks."""

@@ -2,17 +2,19 @@
 
 A deployment holds the command line (an argument list with ``{placeholders}``, never a shell
 string), the model, the tensor-parallel size, extra environment, the health deadline, the
-hardware it needs, and its single-stream decode floor and target. This module holds what a
-deployment is and the ones that ship with the plugin, each number with where it was measured;
-users add their own in ``pyproject.toml`` under ``[tool.kimiperf.deployments.NAME]`` or from a
-conftest through the ``pytest_kimiperf_add_deployments`` hook, read by ``deployment_tables``.
+hardware it needs, and its single-stream decode floor and target. Users add their own in
+``pyproject.toml`` under ``[tool.kimiperf.deployments.NAME]`` or from a conftest through the
+``pytest_kimiperf_add_deployments`` hook, read by ``deployment_tables``. The module holds, in
+order:
 
-The bounds a deployment sets on a measurement: the client's self-check and a quiet host.
+* what a deployment is (:class:`Deployment`, :class:`Spreads`) and the ones that ship with the
+  plugin (:data:`BUILTIN_DEPLOYMENTS`), each number with where it was measured;
+* the bounds a deployment sets on a measurement: the client's self-check and a quiet host.
 
-:class:`HealthBounds` (a deployment's ``client_bounds``): past these the load generator, not
-the server, shaped the numbers, and the run is INVALID (measure/results.py applies them).
-:class:`HostBounds` (a deployment's ``host_bounds``): how much foreign activity a measured round
-tolerates (measure/hostwatch.py applies them). Both are read and checked here, where the
+**The bounds.** :class:`HealthBounds` (a deployment's ``client_bounds``): past these the load
+generator, not the server, shaped the numbers, and the run is INVALID (measure/results.py applies
+them). :class:`HostBounds` (a deployment's ``host_bounds``): how much foreign activity a measured
+round tolerates (measure/hostwatch.py applies them). Both are read and checked here, where the
 deployment tables are, so a bad table is a usage error before anything runs.
 """
 
@@ -30,6 +32,8 @@ from typing import Any
 from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.config.nodes import Node
 from pytest_kimiperf.errors import ConfigError
+
+# What a deployment is, and the ones that ship with the plugin.
 
 # A model value of this form is built locally on first use (see tiny_model.py).
 TINY_MODEL = "kimiperf:tiny-llama"
@@ -139,7 +143,7 @@ class Deployment:
     # 6: profiles 0.6% apart at a 1% boot spread read "within 3%" in 97% of sessions with boots
     # booked on demand up to 6 a side, 71% up to 3 (benchmarks/seed_answer.py).
     max_boots: int = 6
-    # Host watch bounds (measure_bounds.HostBounds field names) overriding its defaults.
+    # Host watch bounds (HostBounds field names) overriding its defaults.
     host_bounds: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     # `vllm preload` daemons hold the weights between engine boots (weight_cache.py): "auto"
     # where the platform allows (CUDA), "off" never.
@@ -371,11 +375,13 @@ BUILTIN_DEPLOYMENTS: dict[str, Deployment] = {
 }
 
 
+# The bounds a deployment sets on a measurement: the client's self-check and a quiet host.
+
 # nvmlClocksEventReason* bits: the nine nvml.h defines and ORs into nvmlClocksEventReasonAll
 # (NVIDIA/go-nvml gen/nvml/nvml.h at 2f9e261; no nvml.h in that history ever defined 0x200 or
 # 0x400). pynvml 13.615 also names 0x200 "BoardLimit" and 0x400 "Reliability", in its deprecated
 # nvmlClocksThrottleReason* set only: no header says the driver sets them, so they decode as
-# unknown_0x200 / unknown_0x400 (host_readings.decode_clock_event_reasons) and cannot be bounded.
+# unknown_0x200 / unknown_0x400 (hostwatch.decode_clock_event_reasons) and cannot be bounded.
 CLOCK_EVENT_REASON_BITS: Mapping[int, str] = {
     0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
     0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",

@@ -3,19 +3,19 @@
 ``baselines/<deployment>/<fingerprint key>.json`` holds, for each ``<test id>|<profile>|<metric>``,
 a *history*: one summary per server boot (median, samples, within-boot error of the median, when,
 which commit and software) for the last :data:`HISTORY_BOOTS` boots, because the boot is the unit
-the gate judges on (boots.py, stats.py); plus the per-request samples of the latest boot for plots.
-``--update-baselines`` appends the session's boots (:func:`baseline_entries`). Schema 1 files (one
-run's samples) load as a history of one boot and are rewritten as schema 2 on the next update
-(the format itself is ``baseline_schema``). The gate judges against a :class:`LoadedBaselines`,
-the files as storage/baselines.py read them once; that module also writes them, under a file
-lock and atomically.
+the gate judges on (``boots``, ``stats``); plus the per-request samples of the latest boot for
+plots. The module holds, in order:
 
-What a baseline file is: its entries, their boot histories, and its JSON form.
-
-The types a baseline file loads into (:class:`BaselineFile` of :class:`BaselineEntry`, each a
-history of :class:`BaselineBoot`), the exact text written for one (:func:`dumps_baseline`) and
-the checks a file's JSON passes before anything trusts it (:func:`parse_baseline`). Reading and
-writing the files on disk, and recording a session's boots, is ``baselines``.
+* what a baseline file is: the types it loads into (:class:`BaselineFile` of
+  :class:`BaselineEntry`, each a history of :class:`BaselineBoot`), the exact text written for one
+  (:func:`dumps_baseline`) and the checks a file's JSON passes before anything trusts it
+  (:func:`parse_baseline`);
+* a session's boots made into entries and appended to their histories (:func:`make_entry`,
+  :func:`append_history`, :func:`baseline_entries`): ``--update-baselines`` appends the session's
+  boots. Schema 1 files (one run's samples) load as a history of one boot and are rewritten as
+  schema 2 on the next update;
+* :class:`LoadedBaselines`: what the gate judges against, the files as storage/baselines.py read
+  them once; that module also writes them, under a file lock and atomically.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from pytest_kimiperf.judge.levels import BootOrigin
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.numbers import is_real
 
+# What a baseline file is: its entries, their boot histories, and its JSON form.
 SCHEMA_VERSION = 3
 _T = TypeVar("_T")
 SIGNIFICANT_DIGITS = 6
@@ -391,6 +392,7 @@ def _parse_boot(raw: object, index: int, where: str = "boots") -> BaselineBoot:
                         versions={str(k): str(v) for k, v in versions.items()}, origin=origin)
 
 
+# A session's boots as baseline entries, and the baselines the gate judges against.
 HISTORY_BOOTS = 20
 
 

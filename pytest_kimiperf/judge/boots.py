@@ -1,17 +1,19 @@
-"""Boots as the unit of replication: the schedule of boots and what each test measured on them.
+"""Boots, the unit of replication: each boot's figure per metric, their schedule, what each test measured.
 
-Each NCCL profile is booted up to ``max_boots`` times in one session. The first ``boots`` are
-planned (``--kimiperf-boots``); the rest happen on demand, only for the tests whose comparison
-asked for another boot (power.wants_another_boot). Boots of several profiles run interleaved,
-A B B A ... (each round reverses the last, so a linear drift over the session falls equally on
-every profile; Abedi & Brecht, ICPE 2017, randomized multiple interleaved trials), or in a
-seeded random order per round; never A A B B.
-
-One server boot's figure for one metric: the unit of replication the gate compares.
-
-A boot is summarized once per metric (:class:`BootSummary`): its median, or its quantile for a
-tail metric, with the standard error of that figure's log from the boot's own samples, and how
-many samples it rests on (a boot with too few does not count). Comparing boots is ``stats``.
+* :class:`BootSummary` (``summarize_metric``, ``summarize_boot``, ``summarize_boot_quantile``):
+  one server boot's figure for one metric, the unit the gate compares. A boot is summarized once
+  per metric: its median, or its quantile for a tail metric, with the standard error of that
+  figure's log from the boot's own samples, and how many samples it rests on (a boot with too
+  few does not count). Comparing boots is ``stats``.
+* :func:`schedule` and :class:`BootSlot`: each NCCL profile is booted up to ``max_boots`` times
+  in one session. The first ``boots`` are planned (``--kimiperf-boots``); the rest happen on
+  demand, only for the tests whose comparison asked for another boot
+  (``power.wants_another_boot``). Boots of several profiles run interleaved, A B B A ... (each
+  round reverses the last, so a linear drift over the session falls equally on every profile;
+  Abedi & Brecht, ICPE 2017, randomized multiple interleaved trials), or in a seeded random
+  order per round; never A A B B.
+* :class:`TestBoots` and :class:`BootLedger`: what each test measured under each profile, boot
+  by boot, and whether it wants another.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy.typing as npt
 
 from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, SampleKind, metric_spec
 
+# One boot's figure per metric: its median or tail quantile, and that figure's standard error.
 Samples = Sequence[float] | npt.NDArray[np.floating]
 
 # A tail quantile q needs this many samples beyond it in each boot: n >= 3 / (1 - q), so 30 for
@@ -169,6 +172,7 @@ def valid_samples(side: str, samples: Samples) -> npt.NDArray[np.float64]:
     return finite
 
 
+# The session's boots: their order, and what each test measured on them.
 BOOT_ID_SEPARATOR = "-boot"
 T = TypeVar("T")
 

@@ -1,29 +1,36 @@
-"""Where a verdict is decided: floors, SLOs and baselines (profiles of one session: profiles.py).
+"""Where a verdict is decided: floors, SLOs and baselines, under one false-alarm budget per run.
 
-:func:`judge` takes one measured test on one server boot as plain data (its samples, the
-deployment's limits and tolerances, the boots of the same test and profile measured so far, the
-baselines loaded for it) and returns the filled :class:`~pytest_kimiperf.judge.verdicts.TestResult`: every
-failure, warning and note, and whether the test wants another boot. It compares the per-boot
-summaries of all boots of the same test and profile with the stored boot history of the baseline
-(only when the hardware fingerprint matches), and with the deployment's decode floor; the reports
-compare profiles with each other, boot against boot, at session end (judge/profiles.py).
+The module holds, in order:
 
-The run's family of comparisons: one false-alarm budget for all the gated metrics of a run.
+* the run's family of comparisons (:data:`RUN_ALPHA`, :func:`family_critical`, :func:`holm`,
+  :func:`decide_family`, :func:`family_size`): one false-alarm budget for all the gated metrics of
+  a run;
+* the verdict on one test (:func:`judge`, :func:`judge_metric`, :class:`Rules`, :class:`BootRun`):
+  floors, SLOs and baselines.
 
-A run judges every gated metric of every test under every profile against its baseline: 24
-comparisons for the shipped suite with two profiles, more in a user's suite. A critical value
-fixed per comparison spends its budget once per comparison, so the run's false-alarm rate grows
-with the suite. Here the budget is the run's, :data:`RUN_ALPHA`, whatever the family's size:
+**The run's family.** A run judges every gated metric of every test under every profile against its
+baseline: 24 comparisons for the shipped suite with two profiles, more in a user's suite. A critical
+value fixed per comparison spends its budget once per comparison, so the run's false-alarm rate
+grows with the suite. Here the budget is the run's, :data:`RUN_ALPHA`, whatever the family's size:
 
 * :func:`family_critical`: the critical value a comparison needs when the run has ``m``
   comparisons and each is decided as it comes (Bonferroni, Holm's first step): what the gate
-  applies per test when it knows the run's size (``gate.Rules.family``);
+  applies per test when it knows the run's size (``Rules.family``);
 * :func:`holm`: Holm's step-down procedure over the run's p-values, uniformly more powerful
   and of the same family-wise level, for a decision taken once every comparison is in
   (:func:`decide_family`: each REGRESSION or IMPROVEMENT that Holm does not keep says what is
   left of it, "changed, size unresolved" or "inconclusive").
 
 Holm (1979), "A simple sequentially rejective multiple test procedure", Scand. J. Statist. 6.
+
+**The verdict.** :func:`judge` takes one measured test on one server boot as plain data (its
+samples, the deployment's limits and tolerances, the boots of the same test and profile measured so
+far, the baselines loaded for it) and returns the filled
+:class:`~pytest_kimiperf.judge.verdicts.TestResult`: every failure, warning and note, and whether
+the test wants another boot. It compares the per-boot summaries of all boots of the same test and
+profile with the stored boot history of the baseline (only when the hardware fingerprint matches),
+and with the deployment's decode floor; the reports compare profiles with each other, boot against
+boot, at session end (``profiles``).
 """
 
 from __future__ import annotations
@@ -69,6 +76,8 @@ from pytest_kimiperf.judge.verdicts import (
     VerdictNote,
     WarningKind,
 )
+
+# The run's family: one false-alarm budget for all the gated metrics of a run.
 
 # The run's budget: the chance that a run whose build changed nothing fails on any gated metric
 # (one-sided: a false REGRESSION; the same for a false IMPROVEMENT).
@@ -136,6 +145,7 @@ def family_size(entries: Iterable[tuple[str, str, str]], collected: Iterable[tup
     return m or None
 
 
+# The verdict on one test: floors, SLOs and baselines.
 FLOOR_METRIC = "decode_tok_s"
 
 
@@ -252,9 +262,9 @@ class Rules:
     this run can never boot again (an attached server without a restart_command): a change
     beyond the tolerance it saw then fails as UNRESOLVED instead of passing with a warning.
     ``family`` is the number of baseline comparisons the run makes (the baseline file's entries
-    for the tests and profiles it collected): each then needs family.family_critical of the
+    for the tests and profiles it collected): each then needs :func:`family_critical` of the
     family times its :attr:`looks` standard errors (Bonferroni over both), so the run's
-    false-alarm budget (family.RUN_ALPHA) holds whatever the suite's size and however many
+    false-alarm budget (:data:`RUN_ALPHA`) holds whatever the suite's size and however many
     boots on demand it books; None keeps stats.GATE_CRITICAL.
     """
 

@@ -1,36 +1,37 @@
-"""A run's boots against a baseline history: the one comparison the gate and the simulation make.
+"""A run's boots against a metric's baseline history: its steps, the comparison, drift and appending.
 
-:func:`compare_with_history` takes plain boots (a history of :class:`BootSummary` with their
-sessions and hosts, oldest first) and returns the comparison: the history's last segment when
-it stepped (``changepoints``), spawn modes (``modes``), then the levels
-the two sides do not share (``levels``), then the boots (``stats``). :func:`against_history`
-adds what only a stored entry knows: whether the host canary moved and whether the profile's
-environment is the one recorded. ``gate.judge`` decides what the comparison means for the test.
+The module holds, in order:
 
-Steps in a metric's boot history: where its level moved and stayed, and the segment a run is judged against.
+* steps (:func:`find_steps`, :func:`last_segment`, :func:`segment_spreads`): where a history's level
+  moved and stayed, and the segment a run is judged against;
+* the comparison (:func:`compare_with_history`, :func:`against_history`): the one comparison the
+  gate and the simulation make;
+* drift (:func:`drift_since_anchor`, :func:`drift_failures`): a slow drift against the history's
+  anchor, the cumulative test append-on-pass needs;
+* appending (:func:`append_refusal`): when a passing run may grow the baseline history itself
+  (``--kimiperf-append-on-pass``).
 
-A baseline history grows over weeks (``--update-baselines``, the fleet's merged recordings), and
-the hardware, driver or a landed change can move it for good: a history that stepped -4% judged
-as one pool is a wide spread around a centre no current build has, which hides a regression of
-the current build and, after a step up, calls an unchanged build a regression.
+**Steps.** A baseline history grows over weeks (``--update-baselines``, the fleet's merged
+recordings), and the hardware, driver or a landed change can move it for good: a history that
+stepped -4% judged as one pool is a wide spread around a centre no current build has, which hides a
+regression of the current build and, after a step up, calls an unchanged build a regression.
 
 The method: **binary segmentation of the boots' log-figures with a test that knows the noise
-levels**, the boot as the unit. A step can only fall between two sessions (a build, a driver or
-a machine changes between recordings, not inside one), with at least :data:`MIN_SEGMENT`
-sessions each side: one session's offset is the session level, and a step that one session
-shows alone is indistinguishable from it. Each candidate split of a segment is scored by the difference of the
-two sides' mean log-figures over its
-standard error under the nested model the gate uses (levels.py): the boot level with weight
-1/n1 + 1/n2, and each level above it (session, host) with the weight its units give it, the
-same factor ``levels.weights_sq`` gives a run against a history. The best split is a step when
-its two-sided p-value, Bonferroni-corrected over the history's candidate splits *and* over the
-run's histories, is below :data:`STEP_ALPHA`; then each side is searched again at the same
-threshold. So :data:`STEP_ALPHA` is the chance that a run whose histories hold no step reports
-one in any of them (the gate tests every gated metric's history of every profile: 24 for the
-shipped suite), not a budget per history re-spent at every split: under no step, a step is
-reported only when the first search of some history finds one, which the Bonferroni over the
-histories and the whole history's splits holds at :data:`STEP_ALPHA` (the sub-segments'
-candidates are a subset of the history's, searched at the history's threshold).
+levels**, the boot as the unit. A step can only fall between two sessions (a build, a driver or a
+machine changes between recordings, not inside one), with at least :data:`MIN_SEGMENT` sessions each
+side: one session's offset is the session level, and a step that one session shows alone is
+indistinguishable from it. Each candidate split of a segment is scored by the difference of the two
+sides' mean log-figures over its standard error under the nested model the gate uses (``levels``):
+the boot level with weight 1/n1 + 1/n2, and each level above it (session, host) with the weight its
+units give it, the same factor ``levels.weights_sq`` gives a run against a history. The best split
+is a step when its two-sided p-value, Bonferroni-corrected over the history's candidate splits *and*
+over the run's histories, is below :data:`STEP_ALPHA`; then each side is searched again at the same
+threshold. So :data:`STEP_ALPHA` is the chance that a run whose histories hold no step reports one
+in any of them (the gate tests every gated metric's history of every profile: 24 for the shipped
+suite), not a budget per history re-spent at every split: under no step, a step is reported only
+when the first search of some history finds one, which the Bonferroni over the histories and the
+whole history's splits holds at :data:`STEP_ALPHA` (the sub-segments' candidates are a subset of the
+history's, searched at the history's threshold).
 
 The segment after a step is a selected one: the split is where the two sides differ most, so
 its mean is pushed away from the level before, most of all where no step is. It is used only
@@ -39,15 +40,15 @@ with what makes it trustworthy: a step found at the run's corrected level, at le
 boots and sessions (its size, not the whole history's), with the session spread measured around
 every segment's level (:func:`segment_spreads`).
 
-Steps are looked for in a history of one host only: across hosts of one fingerprint the host
-level explains a difference (and the canary a large one); the corpus replay, whose histories
-mix hosts 3x apart in TTFT, read host changes as steps (0.0% -> 4.0% false alarms) before.
-The noise is never taken smaller than the deployment declares, and raised where the history
-shows more: the boot level from successive boots of one session, the level above it from
-successive boots of different sessions (both by the median absolute difference, so a step or
-an outlier among them barely moves them). Spawn modes interleaved in time are not steps: the
-history is first aligned to its modes (levels.py) unless the two clusters are contiguous in time,
-which is a step and judged as one.
+Steps are looked for in a history of one host only: across hosts of one fingerprint the host level
+explains a difference (and the canary a large one); the corpus replay, whose histories mix hosts 3x
+apart in TTFT, read host changes as steps (0.0% -> 4.0% false alarms) before. The noise is never
+taken smaller than the deployment declares, and raised where the history shows more: the boot level
+from successive boots of one session, the level above it from successive boots of different sessions
+(both by the median absolute difference, so a step or an outlier among them barely moves them).
+Spawn modes interleaved in time are not steps: the history is first aligned to its modes
+(``levels.align_modes``) unless the two clusters are contiguous in time, which is a step and judged
+as one.
 
 Why not the others: E-divisive means (Apache Otava/Hunter, MongoDB) is a permutation
 test that assumes exchangeable points: boots of one session are not (they share the session's
@@ -57,13 +58,19 @@ step fit needs a penalty tuned per series. With 20 boots at most (baselines.HIST
 exact search would cost nothing, but binary segmentation with a known-variance test keeps the
 false-step rate a stated number: benchmarks/gate_power.py --cells steps measures it.
 
-A slow drift against the history's anchor: the cumulative test append-on-pass needs.
+**The comparison.** :func:`compare_with_history` takes plain boots (a history of
+:class:`BootSummary` with their sessions and hosts, oldest first) and returns the comparison: the
+history's last segment when it stepped (:func:`find_steps`), spawn modes (``levels.align_modes``),
+then the levels the two sides do not share (``levels.level_terms``), then the boots (``stats``).
+:func:`against_history` adds what only a stored entry knows: whether the host canary moved and
+whether the profile's environment is the one recorded. ``gate.judge`` decides what the comparison
+means for the test.
 
-A history that grows itself (``--kimiperf-append-on-pass``) follows whatever it is fed: a drift
-of -0.1% a night passes every night's gate against the moving window it itself appended, and
-the window walks with it (under the window rule alone, 7 of 40 simulated series never failed
-while the server lost 12%). So the appended nights are judged together against the
-**anchor**, the last deliberate recording (``--update-baselines``), which no passing night moves.
+**Drift.** A history that grows itself (``--kimiperf-append-on-pass``) follows whatever it is fed: a
+drift of -0.1% a night passes every night's gate against the moving window it itself appended, and
+the window walks with it (under the window rule alone, 7 of 40 simulated series never failed while
+the server lost 12%). So the appended nights are judged together against the **anchor**, the last
+deliberate recording (``--update-baselines``), which no passing night moves.
 
 The test: a weighted least-squares line through the anchor (night 0) and each appended night's
 mean log figure, each point weighted by the variance the declared levels give it (the boot
@@ -79,11 +86,9 @@ slope sees it once, at its leverage. A step
 nights before the one judged, which floors the noise where it exceeds the declared, says so.
 The night judged is left out of it, so a worse night never widens its own bound.
 
-When a passing run may grow the baseline history itself (``--kimiperf-append-on-pass``).
-
-A scheduled job on the default branch that passes appends its boots (with their session, host
-and canary, within the history's window, baselines.HISTORY_BOOTS) to the baseline, so the
-history spans many sessions without anyone recording by hand. Three ways a regression could
+**Appending.** A scheduled job on the default branch that passes appends its boots (with their
+session, host and canary, within the history's window, baselines.HISTORY_BOOTS) to the baseline, so
+the history spans many sessions without anyone recording by hand. Three ways a regression could
 creep in, and what keeps each out:
 
 - **One that landed** fails the gate, and a failing run appends nothing: the history stays at
@@ -94,13 +99,13 @@ creep in, and what keeps each out:
   whatever its figure: a new host or configuration joins the history only on purpose
   (``--update-baselines``). A boot 86% slower on a host whose canary had moved would otherwise
   pass unjudged and enter the history (seen in CI).
-- **A slow drift**, each step inside the tolerance, would pass every night and pull the window
-  with it. The baseline file keeps the anchor (the last deliberate recording) and the nights
-  appended since, and the gate judges the line through them (judge/history.py): a drift that adds
-  up beyond the tolerance fails, and a failing run appends nothing. That test replaced a guard
-  here that refused a run worse than the window by half its tolerance at a bound in its favour
-  (three constants; with the anchor test in force it changed no figure of
-  ``verdict_soundness.py nightly --no-guard``).
+- **A slow drift**, each step inside the tolerance, would pass every night and pull the window with
+  it. The baseline file keeps the anchor (the last deliberate recording) and the nights appended
+  since, and the gate judges the line through them (:func:`drift_failures`): a drift that adds up
+  beyond the tolerance fails, and a failing run appends nothing. That test replaced a guard here
+  that refused a run worse than the window by half its tolerance at a bound in its favour (three
+  constants; with the anchor test in force it changed no figure of ``verdict_soundness.py nightly
+  --no-guard``).
 - **A run that looked worse than the tolerance without a verdict** ("inconclusive", "changed,
   size unresolved": it passes with a warning) appends nothing: a change it could not rule out
   is not taken into the history. One CI run's two boots, 39.6 and 776 tok/s against a
@@ -154,6 +159,8 @@ from pytest_kimiperf.judge.stats import (
     t_quantile,
 )
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, EnvDiff, MetricResult, TestResult
+
+# Steps: where a history's level moved and stayed, found by binary segmentation.
 
 # Each side of a step holds at least this many sessions: one session after a step is an offset
 # of that session as much as a new level, and the gate judges a single slow session itself.
@@ -396,6 +403,7 @@ def _moved(b: BootSummary, by_log: float) -> BootSummary:
     return replace(b, median=b.median * math.exp(by_log))
 
 
+# The comparison: a run's boots against the history's last segment.
 T = TypeVar("T")
 
 
@@ -408,15 +416,15 @@ def compare_with_history(
     """This run's boots of one metric against a baseline history: the one comparison the gate
     and benchmarks/gate_power.py both make. Modes first (a history whose boots fall into two
     clusters is judged per mode, levels.align_modes) within the history's last segment when it
-    stepped (changepoints.find_steps), then every level the two sides do not
+    stepped (:func:`find_steps`), then every level the two sides do not
     share (levels.level_terms), then the boots (stats.compare_boots). ``segment=False`` judges
     a stepped history as one pool (benchmarks/gate_power.py measures what segmenting buys);
     ``steps`` are the history's when the caller found them already (history_steps);
     ``placements`` each current boot's spawn mode as the test's metrics placed it together
     (:func:`joint_placements`), in place of this metric's own placing; ``critical`` the
-    standard errors a direction needs (stats.GATE_CRITICAL where None; family.family_critical
+    standard errors a direction needs (stats.GATE_CRITICAL where None; gate.family_critical
     for a run of a known size); ``histories`` the run's histories that share the budget for a
-    false step (changepoints.history_alpha)."""
+    false step (:func:`history_alpha`)."""
     if steps is None:
         steps = history_steps(history, spreads=spreads, segment=segment, histories=histories)
     if steps:
@@ -444,7 +452,7 @@ def _judge_modes(current: Sequence[BootSummary], modes: Modes, direction: Direct
                  spreads: Spreads, metric: str, unit: str, comparable: bool,
                  placements: Sequence[str] | None = None, split: str = "",
                  critical: float | None = None) -> Comparison:
-    """Each boot against the mode it clearly belongs to (modes.Modes.mode_of), or the one the
+    """Each boot against the mode it clearly belongs to (levels.Modes.mode_of), or the one the
     test's metrics place it in together (``placements``); a boot that belongs to neither is
     read against the better mode: the reading least in the build's favour. A direction only
     where it holds for every assignment of the boots to the modes that is not negligible:
@@ -454,7 +462,7 @@ def _judge_modes(current: Sequence[BootSummary], modes: Modes, direction: Direct
     * IMPROVEMENT only when the run is better even with every boot read against the better mode
       (a boot between the modes may be a fast spawn made slower: a true -14% with modes 20%
       apart lies 7% above the slow mode and read there as an improvement);
-    * a run that lands in the worse mode more often than chance allows (modes.mode_frequency,
+    * a run that lands in the worse mode more often than chance allows (levels.mode_frequency,
       at the gate's own level) is a regression whatever the aligned figures say.
     Otherwise the least favourable reading's figures, with no direction."""
     worse = _worse(direction)
@@ -501,9 +509,9 @@ def _worse(direction: Direction) -> str:
 
 def joint_placements(comparisons: Sequence[Comparison | None]) -> dict[int, tuple[str, ...]]:
     """Where the metrics of one test place a boot in different spawn modes: the one placement
-    (modes.joint_modes) of each boot, for each comparison (by its index) that placed a boot
+    (levels.joint_modes) of each boot, for each comparison (by its index) that placed a boot
     otherwise on its own and should be judged again with it. Only metrics whose histories split
-    into the same boots (modes.split_key) are taken together: their modes are one spawn mode."""
+    into the same boots (levels.split_key) are taken together: their modes are one spawn mode."""
     groups: dict[tuple[str, int], list[tuple[int, tuple[str, ...]]]] = {}
     for i, c in enumerate(comparisons):
         note = next((n for n in c.notes if isinstance(n, HistoryModes)), None) if c is not None else None
@@ -560,8 +568,10 @@ def against_history(
                                     canary=check if check is not None and check.moved else None, env=env)
 
 
+# Drift: the appended nights judged together against the anchor.
+
 # One-sided, per metric and night, where the run's family does not set it (the gate passes its
-# critical value, family.family_critical, so the drift tests share the run's budget): the chance
+# critical value, gate.family_critical, so the drift tests share the run's budget): the chance
 # that an undrifted history fails a night.
 DRIFT_ALPHA = 0.005
 # Residuals measure the noise (raising the declared) once the line has this many points.
@@ -690,6 +700,8 @@ def drift_failures(result: TestResult, base_file: BaselineFile, current: Mapping
                                   drift.nights, mres.tolerance, entry.anchor[-1].recorded_at))
     return failed
 
+
+# Appending: whether a passing run may grow the history itself.
 
 class AppendWhy(str, enum.Enum):
     """Why a run appended nothing."""

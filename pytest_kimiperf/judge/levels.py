@@ -1,15 +1,20 @@
-"""The levels a figure varies at: requests, boots within a session, sessions, hosts.
+"""The structure of a figure's variation: the levels it varies at and the spawn modes of its boots.
 
-A boot's median varies with the boot (spawn, compile, memory layout: stats.py), but boots of one
-session also share that session's state (the host's day, its neighbours, its thermal and
-firmware state) and sessions of one host share the host. A baseline recorded in ONE session
-knows nothing of the session level, and every boot of the next run shares that run's session
-effect, so a comparison of the two must carry it: its uncertainty includes each level that the
-two sides do not share (:func:`level_terms`). Each level is declared per deployment
-(``boot_spread``, ``session_spread``, ``host_spread``) with how sure it is (``*_spread_df``,
-degrees of freedom); the history's units measure it (the method of moments of a nested
-random-effects model, below), and the two are pooled at declared + measured df, the
-declaration a floor (:func:`history_level`).
+* Levels (:func:`estimate_levels`, :func:`history_level`, :func:`level_terms`): requests, boots
+  within a session, sessions, hosts; and the host canary check (:func:`canary_shift`).
+* Spawn modes (:func:`find_modes`, :func:`align_modes`, :func:`joint_modes`,
+  :func:`mode_frequency`): a history whose boots fall into clusters, and judging a run against it
+  robustly.
+
+**Levels.** A boot's median varies with the boot (spawn, compile, memory layout: ``stats``), but
+boots of one session also share that session's state (the host's day, its neighbours, its thermal
+and firmware state) and sessions of one host share the host. A baseline recorded in ONE session
+knows nothing of the session level, and every boot of the next run shares that run's session effect,
+so a comparison of the two must carry it: its uncertainty includes each level that the two sides do
+not share (:func:`level_terms`). Each level is declared per deployment (``boot_spread``,
+``session_spread``, ``host_spread``) with how sure it is (``*_spread_df``, degrees of freedom); the
+history's units measure it (the method of moments of a nested random-effects model, below), and the
+two are pooled at declared + measured df, the declaration a floor (:func:`history_level`).
 
 Hosts differ by more than a spread: two machines of one family ran the tiny-cpu server 2x apart
 under one fingerprint. The host canary (measure/canary.py) is stored with every boot; when this
@@ -18,24 +23,22 @@ run's canary moved beyond its noise from the history's (:func:`canary_shift`), t
 (benchmarks/noise_study.py; storage/noise_corpus.py loads it), so the study and the gate agree
 on what a level is.
 
-Spawn modes: a history whose boots fall into clusters, and judging a run against it robustly.
+**Spawn modes.** vLLM's decode speed can be "bimodal (~33 vs ~26 tok/s), fixed at process spawn"
+(ROCm legacy-rocm-build #6347: 2 of 7 spawns fast); restarted instances fall into "different stable
+regimes" (vllm-project/vllm #39903). A gate that pools such a history into one mean and one spread
+has two failures at once: the spread is wide (a real 6% regression hides in it) and a boot that
+lands in the other mode reads as a change (benchmarks/gate_power.py, bimodal cells: 10% false
+REGRESSION, 28% detection of a 6% change before per-mode comparison).
 
-vLLM's decode speed can be "bimodal (~33 vs ~26 tok/s), fixed at process spawn" (ROCm
-legacy-rocm-build #6347: 2 of 7 spawns fast); restarted instances fall into "different stable
-regimes" (vllm-project/vllm #39903). A gate that pools such a history into one mean and one
-spread has two failures at once: the spread is wide (a real 6% regression hides in it) and a
-boot that lands in the other mode reads as a change (benchmarks/gate_power.py, bimodal cells:
-10% false REGRESSION, 28% detection of a 6% change before this module).
-
-The method, chosen on the simulation and the corpus (benchmarks/README.md, "Gate power, in simulation"): **per-mode
-comparison**. :func:`find_modes` splits the history at its widest gap when that gap is
-:data:`MODE_GAP` times wider than the spread inside the two clusters, each holds at least
-:data:`MIN_MODE_BOOTS` boots and the history :data:`MIN_HISTORY_BOOTS`. :func:`align_modes` then expresses
-every boot relative to its
-mode: a history boot by its own cluster's centre, a current boot by the mode it clearly lies in
-(the nearer centre), or the one the metrics of its test place it in together (:func:`joint_modes`). A boot
-that lands in a mode the history already holds is so no change, and a shift within a mode is
-judged against the spread inside the modes, which is the spread a build change must beat.
+The method, chosen on the simulation and the corpus (benchmarks/README.md, "Gate power, in
+simulation"): **per-mode comparison**. :func:`find_modes` splits the history at its widest gap when
+that gap is :data:`MODE_GAP` times wider than the spread inside the two clusters, each holds at
+least :data:`MIN_MODE_BOOTS` boots and the history :data:`MIN_HISTORY_BOOTS`. :func:`align_modes`
+then expresses every boot relative to its mode: a history boot by its own cluster's centre, a
+current boot by the mode it clearly lies in (the nearer centre), or the one the metrics of its test
+place it in together (:func:`joint_modes`). A boot that lands in a mode the history already holds is
+so no change, and a shift within a mode is judged against the spread inside the modes, which is the
+spread a build change must beat.
 
 Rejected: a rank test of the current boots against the history shifted by the tolerance needs
 more current boots than a gate run has (1-3) to say anything; a two-component mixture fit
@@ -62,6 +65,8 @@ from pytest_kimiperf.config.deployments import DEFAULT_LEVEL_SPREAD_DF, Spreads
 from pytest_kimiperf.judge.boots import BootSummary
 from pytest_kimiperf.judge.notes import HistoryModes, LevelSpread, SpreadSource
 from pytest_kimiperf.judge.stats import GATE_CRITICAL, LevelTerm, boot_floor, pooled_variance, within_sessions
+
+# Levels: what each level's spread is, declared and measured, and which ones a comparison carries.
 
 # The step search (history.py) measures the session spread around its segments once the
 # history spans this many sessions; the gate pools any measured df with the declared ones.
@@ -361,6 +366,8 @@ def canary_shift(current: Mapping[str, float] | None,
     moved = all(x > CANARY_MOVED_LOG for x in logs) or all(x < -CANARY_MOVED_LOG for x in logs)
     return CanaryCheck(shifts, moved)
 
+
+# Spawn modes: a history split into clusters, and each boot judged against its own cluster.
 
 # The widest gap between sorted boot log-medians must be this many times the pooled SD inside
 # the two clusters it leaves, each of at least MIN_MODE_BOOTS boots, in a history of at least

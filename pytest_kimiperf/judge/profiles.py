@@ -1,19 +1,30 @@
-"""Profiles of one session compared with each other, boot against boot: each profile against
-the reference profile (judge/profiles.py), or a candidate against its control
-(``--kimiperf-control``), at session end. The gate against a baseline is judge/gate.py.
+"""Profiles of one session compared with each other, boot against boot, at session end.
 
-The error budget of boots booked on demand: spending functions and their boundaries.
+Each profile is judged against the reference profile (:func:`compare_in_session`), or a candidate
+against its control (``--kimiperf-control``, :func:`compare_with_control`). The gate against a
+baseline is ``gate``. The module holds, in order:
 
-A profile comparison starts with ``start`` boots a side and may book one more boot of each side
-at a time, up to ``cap`` (``--kimiperf-max-boots``). Looking at the data after every round and
-stopping at the first verdict would spend the comparison's error budget once per look: a test at
-5% looked at five times claims "within" at the band's edge in far more than 5% of sessions. Each
-look therefore spends only part of it, by an alpha-spending function of the information so far
-(Lan & DeMets, Biometrika 1983): with ``k`` boots a side of at most ``cap`` the information
-fraction is ``k / cap`` (the variance of the difference falls as ``1/k``), and by look ``k`` the
-rule has spent at most ``alpha(k / cap)`` of its budget, whatever the looks it took before.
+* error spending (:func:`spent`, :func:`boundaries`, :class:`SequentialPlan`): the error budget of
+  boots booked on demand, spending functions and their boundaries;
+* the comparison of two profiles measured in one session (:func:`compare_in_session`,
+  :func:`boots_to_decide`): is one of them really different?
+* the session's comparisons (:func:`compare_with_control`, :func:`compare_profiles`,
+  :func:`profile_comparisons`);
+* boots on demand (:func:`session_plan`, :func:`next_step`, :func:`run_sequentially`,
+  :func:`profiles_to_book`): after each round, stop with a verdict or book one more boot of each
+  side.
 
-* The direction (REGRESSION / IMPROVEMENT, :data:`~pytest_kimiperf.judge.profiles.IN_SESSION_ALPHA`
+**Error spending.** A profile comparison starts with ``start`` boots a side and may book one more
+boot of each side at a time, up to ``cap`` (``--kimiperf-max-boots``). Looking at the data after
+every round and stopping at the first verdict would spend the comparison's error budget once per
+look: a test at 5% looked at five times claims "within" at the band's edge in far more than 5% of
+sessions. Each look therefore spends only part of it, by an alpha-spending function of the
+information so far (Lan & DeMets, Biometrika 1983): with ``k`` boots a side of at most ``cap`` the
+information fraction is ``k / cap`` (the variance of the difference falls as ``1/k``), and by look
+``k`` the rule has spent at most ``alpha(k / cap)`` of its budget, whatever the looks it took
+before.
+
+* The direction (REGRESSION / IMPROVEMENT, :data:`IN_SESSION_ALPHA`
   one-sided at the tolerance's edge) spends O'Brien-Fleming-type: almost nothing early, so a
   direction claimed at 2 boots a side needs overwhelming evidence, and the last look's level is
   close to the fixed-sample one.
@@ -27,14 +38,13 @@ alpha(t_{j-1})`` for a Brownian motion under the null. A look's boundary is turn
 nominal one-sided level it stands for, and the comparison's Student-t test is run at that level
 (the "significance level" approach, Jennison & Turnbull 2000, section 3.5). Stopping for another
 reason (the other claim) only lowers the chance of a later crossing, so each rate stays at most
-its budget. Pure functions: values in, values out; judge/profiles.py decides with them.
+its budget. Pure functions: values in, values out; :func:`next_step` decides with them.
 
-Two profiles measured in one session, boot against boot: is one of them really different?
-
-The profile comparison (``--nccl-profile default,ring-ll``) boots each profile a few times,
-interleaved (A B B A), on one host in one session. Nothing above the boot differs between the
-sides, so the boot is the only level; but with two boots a side the boot level itself is known
-badly, and it is not always normal. Three rules, each from a failure seen on a real host:
+**Two profiles in one session.** The profile comparison (``--nccl-profile default,ring-ll``) boots
+each profile a few times, interleaved (A B B A), on one host in one session. Nothing above the boot
+differs between the sides, so the boot is the only level; but with two boots a side the boot level
+itself is known badly, and it is not always normal. Three rules, each from a failure seen on a real
+host:
 
 * **The spread is never below the declared one.** The measured spread of the boots inside each
   side is pooled with the deployment's declared ``boot_spread`` (worth its declared degrees of
@@ -57,20 +67,16 @@ badly, and it is not always normal. Three rules, each from a failure seen on a r
 A direction needs :data:`IN_SESSION_ALPHA` (one-sided, per metric and direction) and the sides'
 boots may not overlap. "Within +/-tol" is a TOST at 5%: both one-sided :data:`EQUIVALENCE_LEVEL`
 (95%) bounds inside the band under every likely mode assignment (a true halving whose reference
-boots were slow and whose current boots were fast reads as no change). Short of those the verdict says what
-the data does allow, and :func:`boots_to_decide` what would decide it.
+boots were slow and whose current boots were fast reads as no change). Short of those the verdict
+says what the data does allow, and :func:`boots_to_decide` what would decide it.
 
-Boots on demand for a profile comparison: after each round, stop with a verdict or book
-one more boot of each side.
-
-A session boots each profile ``start`` times (``--kimiperf-boots``), then, while a profile's
-comparison with the reference is undecided on the test's primary metric (neither a direction
-nor "within"), one more boot of that profile and of the reference, up to ``cap`` a side
-(``--kimiperf-max-boots``). Every look judges at its share of the error budget
-(judge/profiles.py: the direction O'Brien-Fleming-type, "within" Pocock-type), so booking until
-a verdict keeps the direction's rate at :data:`~pytest_kimiperf.judge.profiles.IN_SESSION_ALPHA`
-and "within" at the TOST's 5%. The comparison at the last look (the session report's) uses
-the same levels. Pure functions of the boots so far.
+**Boots on demand.** A session boots each profile ``start`` times (``--kimiperf-boots``), then,
+while a profile's comparison with the reference is undecided on the test's primary metric (neither a
+direction nor "within"), one more boot of that profile and of the reference, up to ``cap`` a side
+(``--kimiperf-max-boots``). Every look judges at its share of the error budget (:func:`spent`: the
+direction O'Brien-Fleming-type, "within" Pocock-type), so booking until a verdict keeps the
+direction's rate at :data:`IN_SESSION_ALPHA` and "within" at the TOST's 5%. The comparison at the
+last look (the session report's) uses the same levels. Pure functions of the boots so far.
 """
 
 from __future__ import annotations
@@ -107,6 +113,7 @@ from pytest_kimiperf.judge.stats import (
 )
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 
+# Error spending: how much of the budget each look of a comparison may spend.
 OBRIEN_FLEMING = "obrien-fleming"
 POCOCK = "pocock"
 SPENDING_SHAPES = (OBRIEN_FLEMING, POCOCK)
@@ -210,6 +217,8 @@ class SequentialPlan:
         return boots >= self.cap
 
 
+# Two profiles in one session: the comparison, with spawn modes part of the null.
+
 # One-sided, per metric and direction, at the tolerance's edge: the test is calibrated there, and
 # an inert profile sits far inside the band (25% on the CPU engine, 3% on GPUs, against boot
 # spreads of 10% and 1%), so its false directions come almost only from mode assignments the
@@ -270,7 +279,7 @@ class InSessionRules:
     boot_spread_df: float = 3.0
     modes: SpawnModes = SpawnModes()
     alpha: float = IN_SESSION_ALPHA
-    # Boots booked on demand (judge/profiles.py, judge/profiles.py): each look's levels spend part of ``alpha``
+    # Boots booked on demand (:func:`next_step`, :func:`spent`): each look's levels spend part of ``alpha``
     # and of the TOST's 5%, so that booking until a verdict keeps both rates. None: one look.
     plan: SequentialPlan | None = None
 
@@ -509,12 +518,14 @@ def _mdc(fit: _Fit, band: float, rules: InSessionRules) -> float:
     return math.expm1(_reach(band, fit.se, fit.df, rules))
 
 
+# The session's comparisons: every profile against the reference, or a candidate against its control.
+
 def compare_with_control(current: Sequence[BootSummary], control: Sequence[BootSummary], *, direction: Direction,
                          tolerance: float, rules: InSessionRules, metric: str = "", unit: str = "") -> Comparison:
     """The candidate's boots against its control's (--kimiperf-control), booted interleaved in one
     session on one host: the gate's rule (stats.compare_boots, GATE_CRITICAL) with no level above
     the boot, since the sides share them. Where the deployment declares spawn modes, the profile
-    comparison's rule instead (in_session.compare_in_session), which weighs every way the boots
+    comparison's rule instead (:func:`compare_in_session`), which weighs every way the boots
     could have fallen into them: the gate's rule would read a side that landed slow as a change."""
     if rules.modes.declared:
         return compare_in_session(current, control, direction=direction, tolerance=tolerance, rules=rules,
@@ -537,7 +548,7 @@ def compare_profiles(
     control: bool = False,
 ) -> list[tuple[str, str, str, Comparison]]:
     """Each profile against the reference, per test and metric, boot against boot in this
-    session (judge/profiles.py; against a ``control``, :func:`compare_with_control`): (test,
+    session (:func:`compare_in_session`; against a ``control``, :func:`compare_with_control`): (test,
     metric, profile, comparison). Boots measured on a disturbed host (INVALID) are not samples of
     either profile and are left out."""
     boots: dict[tuple[str, str], dict[str, list[BootSummary]]] = {}
@@ -610,6 +621,8 @@ def profile_comparisons(
     return rows
 
 
+# Boots on demand: after each look, stop with a verdict or book one more boot of each side.
+
 def session_plan(*, profiles: int, boots: int, max_boots: int, control: bool) -> SequentialPlan | None:
     """The boots on demand of a session's profile comparison: from its planned boots a profile
     up to its cap (``--kimiperf-max-boots``, else the deployment's ``max_boots``). None where no
@@ -637,7 +650,7 @@ class Decision:
 
 
 def next_step(comparison: Comparison, plan: SequentialPlan) -> Decision:
-    """After a look (``comparison`` judged at this look's levels, in_session.compare_in_session
+    """After a look (``comparison`` judged at this look's levels, :func:`compare_in_session`
     with the plan in its rules): stop at a verdict that answers the question or at the cap,
     otherwise book one more boot of each side."""
     boots = min(comparison.boots_current, comparison.boots_reference)

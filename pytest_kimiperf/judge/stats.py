@@ -1,14 +1,23 @@
 """The statistics behind a verdict: is this build's metric really different from its baseline?
 
+The module holds, in order:
+
+* the variance a comparison uses (:class:`Spread`, :func:`pooled_variance`,
+  :func:`estimate_spread`): each declared spread a prior held at its degrees of freedom, pooled
+  with what the boots measure, and the critical values at the resulting df (:func:`critical_at`,
+  :func:`satterthwaite_df`);
+* the comparison itself (:func:`compare_boots`, :class:`Comparison`): the difference of two
+  sides' boots, its interval and the verdict it supports.
+
 **The unit of replication is the server boot, not the request.** All requests of one boot share
 one process, one compile, one memory layout, one host state and one stretch of time; on the
 2-core CPU deployment the medians of five boots of the identical server were 779, 677, 517, 746
-and 747 tok/s while the requests inside each boot varied by 4% (benchmarks/cpu_noise.py, now noise_study.py). A
+and 747 tok/s while the requests inside each boot varied by 4% (benchmarks/noise_study.py). A
 test that treats 20 requests as 20 independent samples sees only the within-boot part, so it
 credits a boot's luck to the change (Kalibera & Jones, "Rigorous benchmarking in reasonable
 time", ISMM 2013: replicate at the level that varies most). So:
 
-* each boot is summarized once per metric (``boot_summary.BootSummary``: its median, and the
+* each boot is summarized once per metric (``boots.BootSummary``: its median, and the
   standard error of that median from its own requests); a change is the difference of the mean
   per-boot log-medians of the two sides;
 * its standard error comes from the spread *between* boots, measured within sessions where a
@@ -27,35 +36,31 @@ time", ISMM 2013: replicate at the level that varies most). So:
   would have detected); "inconclusive" when it holds zero and the point estimate is beyond the
   tolerance (both no change and a change beyond the tolerance fit the data).
 
-Why this rule, and :data:`GATE_CRITICAL` 3.25: the gate's budget is per session, not per metric:
-an unchanged build may fail at most 1% of sessions, with every gated metric of both profiles
-(20 comparisons in benchmarks/gate_power.py) and boots on demand, and a build slower by twice
-the tolerance should fail at least 90% of runs where the noise allows it. The rule before ("the
+Why this rule, and :data:`GATE_CRITICAL` 3.25: the gate's budget is per session, not per metric: an
+unchanged build may fail at most 1% of sessions, with every gated metric of both profiles (20
+comparisons in benchmarks/gate_power.py) and boots on demand, and a build slower by twice the
+tolerance should fail at least 90% of runs where the noise allows it. The rule before ("the
 one-sided 84% bound beyond the tolerance, each level's share at 97.5%") spent almost none of the
-budget (0-0.7% of sessions) and caught 33-66% of changes twice the tolerance with 1-3 sessions
-of history. The critical value is chosen for the procedure as a whole (``--cells calibrate``:
-the history shapes users record, spreads declared as they are, 300 sessions a cell): 3.0 failed
-up to 2.0% of unchanged sessions, 3.25 at most 0.7% (1.3% on another seed, ``--cells shapes``),
-with the declared spreads then taken as exact. They are now priors at their stated df
-(judge/stats.py), and 3.25 is applied as Student's t at the difference's df with the same
-tail (variance.critical_at): an unchanged suite gets a direction in at most 0.2% of runs with
-the spreads declared right, and a slower build is convicted in 36-70% of comparisons at twice
-the tolerance with 1-10 sessions of history and 2 boots (benchmarks/README.md, "Declared
-spreads"); the plan says what history or boots would reach 90% where this does not. The price is at 0.8x the
-tolerance: a true change
-inside the tolerance is convicted in up to 4% of runs, where the bound rule convicted none. The
-90% equivalence interval is the usual TOST level (two one-sided 5% tests): "within" is a claim,
-so it gets the stricter level.
+budget (0-0.7% of sessions) and caught 33-66% of changes twice the tolerance with 1-3 sessions of
+history. The critical value is chosen for the procedure as a whole (``--cells calibrate``: the
+history shapes users record, spreads declared as they are, 300 sessions a cell): 3.0 failed up to
+2.0% of unchanged sessions, 3.25 at most 0.7% (1.3% on another seed, ``--cells shapes``), with the
+declared spreads then taken as exact. They are now priors at their stated df
+(:func:`pooled_variance`), and 3.25 is applied as Student's t at the difference's df with the same
+tail (:func:`critical_at`): an unchanged suite gets a direction in at most 0.2% of runs with the
+spreads declared right, and a slower build is convicted in 36-70% of comparisons at twice the
+tolerance with 1-10 sessions of history and 2 boots (benchmarks/README.md, "Declared spreads"); the
+plan says what history or boots would reach 90% where this does not. The price is at 0.8x the
+tolerance: a true change inside the tolerance is convicted in up to 4% of runs, where the bound rule
+convicted none. The 90% equivalence interval is the usual TOST level (two one-sided 5% tests):
+"within" is a claim, so it gets the stricter level.
 
-The variance a comparison uses: each declared spread a prior held at its degrees of freedom,
-pooled with what the boots measure, and the critical values at the resulting df.
-
-A declared spread (a deployment's ``boot_spread``, ``session_spread``, ``host_spread``) is not an
-exact value: each comes with how sure it is (``*_spread_df``), and :func:`pooled_variance` pools it
-with a measured sum of squares at declared + measured df (a scaled inverse chi-square prior), the
-declaration a floor. A rule stated in standard errors of a known variance (the gate's
-stats.GATE_CRITICAL) is then held at its level with Student's t at the difference's
-Welch-Satterthwaite df (:func:`critical_at`, :func:`satterthwaite_df`).
+**The variance.** A declared spread (a deployment's ``boot_spread``, ``session_spread``,
+``host_spread``) is not an exact value: each comes with how sure it is (``*_spread_df``), and
+:func:`pooled_variance` pools it with a measured sum of squares at declared + measured df (a scaled
+inverse chi-square prior), the declaration a floor. A rule stated in standard errors of a known
+variance (the gate's :data:`GATE_CRITICAL`) is then held at its level with Student's t at the
+difference's Welch-Satterthwaite df (:func:`critical_at`, :func:`satterthwaite_df`).
 """
 
 from __future__ import annotations
@@ -82,6 +87,8 @@ from pytest_kimiperf.judge.notes import (
     notes_from_json,
 )
 from pytest_kimiperf.numbers import is_real
+
+# The variance: declared spreads as priors, pooled with what the boots measure.
 
 # The declared boot spread's weight as evidence, in degrees of freedom, for the intervals
 # (Student's t): a guess, so "within +/-tol" on one boot a side needs a wide margin. The gate's
@@ -211,6 +218,7 @@ def t_quantile(level: float, df: float) -> float:
     return float(scipy_stats.t.ppf(level, df))
 
 
+# The comparison: the difference of two sides' boots and the verdict it supports.
 EQUIVALENCE_CONFIDENCE = 0.90
 # Power at which the minimum detectable change is quoted ("detects changes of X% or more").
 DETECTION_POWER = 0.90

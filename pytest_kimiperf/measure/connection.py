@@ -1,15 +1,19 @@
-"""HTTP/1.1 keep-alive connections that stamp every read with the kernel's receive time.
+"""The streaming client's HTTP/1.1 keep-alive connections, each chunk stamped when it arrives.
 
-A :class:`Connection` reads its socket itself (``add_reader`` + ``recvmsg``) and splits the
-chunked framing in the same reader callback as the SSE events (sse.py), ~2 us of Python per
-chunk and no task switch; the request's task only wakes when the stream ends. A :class:`Pool`
-keeps connections alive and reused, sized to the concurrency. A response head or a chunk-size
-line that grows past its cap fails the request instead of growing memory without bound.
-The HTTPS client below feeds the same parser from asyncio's TLS transport.
+The module holds, in order:
 
-HTTPS for the streaming client (a gateway in front of vLLM): timed in the event loop.
+* plain HTTP (:class:`Connection`, :class:`Pool`): every read stamped with the kernel's receive
+  time;
+* HTTPS for a gateway in front of vLLM (:class:`TlsPool`): the same connection fed from asyncio's
+  TLS transport, timed in the event loop.
 
-The plain-HTTP connection (connection.Connection) stamps each chunk with the kernel's receive time,
+**Plain HTTP.** A :class:`Connection` reads its socket itself (``add_reader`` + ``recvmsg``) and
+splits the chunked framing in the same reader callback as the SSE events (``sse``), ~2 us of Python
+per chunk and no task switch; the request's task only wakes when the stream ends. A :class:`Pool`
+keeps connections alive and reused, sized to the concurrency. A response head or a chunk-size line
+that grows past its cap fails the request instead of growing memory without bound.
+
+**HTTPS.** The plain-HTTP :class:`Connection` stamps each chunk with the kernel's receive time,
 read from the socket before any parsing. Through TLS the bytes on the socket are ciphertext:
 chunk boundaries exist only after OpenSSL decrypted them. So over HTTPS a chunk's arrival is
 ``perf_counter_ns()`` when asyncio's SSL transport hands the decrypted bytes to the protocol
@@ -18,11 +22,11 @@ says so in its notes, and benchmarks/client_accuracy.py ``--modes https`` measur
 
 Only the transport differs: HTTP/1.1 framing, SSE splitting, the role-only chat chunk rule,
 token counts from ``usage``, deadlines and the keep-alive retry are the plain client's
-(``_TlsConnection`` is a ``connection.Connection`` fed by a protocol instead of ``recvmsg``).
+(``_TlsConnection`` is a :class:`Connection` fed by a protocol instead of ``recvmsg``).
 
-Why not httpx, the first plan: measured with client_accuracy.py through the same TLS gateway on
-this 2-core host, httpx (anyio's TLS stream over ``ssl.MemoryBIO``, h11, httpcore's pool) was
-client-bound at 32 streams of 200 tok/s (82% of a core, chunk delivery p50 38 ms, TTFT error
+Why not httpx, the first plan: measured with benchmarks/client_accuracy.py through the same TLS
+gateway on this 2-core host, httpx (anyio's TLS stream over ``ssl.MemoryBIO``, h11, httpcore's pool)
+was client-bound at 32 streams of 200 tok/s (82% of a core, chunk delivery p50 38 ms, TTFT error
 +274 ms), where vLLM's aiohttp client stayed within +0.6 ms ITL p99.
 
 Certificates are verified against the system's CAs; a private CA is trusted through
@@ -40,6 +44,8 @@ from typing import Final
 
 from pytest_kimiperf.config.server_url import ServerAddress
 from pytest_kimiperf.measure.sse import MAX_SSE_EVENT_BYTES, SSEReader
+
+# Plain HTTP: the socket read directly, each chunk stamped with the kernel's receive time.
 
 # A non-200 answer's body is kept for the error message, up to this much.
 _MAX_ERROR_BODY = 2048
@@ -374,6 +380,7 @@ class Pool:
         self.close()
 
 
+# HTTPS: the same connection fed by asyncio's TLS transport, each chunk stamped in the event loop.
 EVENT_LOOP_TIMING = ("timed in the event loop, not by the kernel: HTTPS chunks are stamped when "
                      "the TLS transport hands the decrypted bytes to the client (benchmarks/"
                      "client_accuracy.py --modes https measures the cost)")

@@ -1,31 +1,34 @@
 """What one client process runs: an event loop, one connection pool, and the self-check.
 
-:class:`Engine` plays a :class:`ProcessPlan` (its share of one round) on one event loop:
-closed-loop streams or open-loop arrivals, every request through one ``StreamingClient``. While
-it plays, :class:`~pytest_kimiperf.measure.engine.LoopProbe` times how late the loop runs a callback and
-the process's CPU share
-is taken (see config.deployments.HealthBounds), the measured part runs at real-time priority where the OS
-allows it, and the garbage collector is held off. :class:`WorkerPool` runs one Engine per worker
-process when ``client_processes`` spreads the streams; their ``perf_counter_ns`` stamps
-(CLOCK_MONOTONIC) are system-wide on Linux, so records merge. One process handled 128 streams x
-200 tok/s (25,600 chunks/s) at ~0.3 of a core on the 2-core CI machine
-(benchmarks/client_accuracy.py).
+The module holds, in order:
+
+* the client's own clock check (:class:`LoopProbe`, :func:`host_idle_loop_latency_ms`): how late
+  an event loop runs a callback that was due;
+* the engine (:class:`Engine`, :class:`WorkerPool`): one round's requests played on one event
+  loop per client process.
+
+**The clock check.** :class:`LoopProbe` is what the self-check of every measured round rests on
+(:class:`Engine` runs it beside the round's loop; ``results`` judges what it read).
+:func:`host_idle_loop_latency_ms` reads what *this host* charges an idle loop to wake, in a fresh
+interpreter, so the bounds can follow the host (a host 5x slower than another charges about 5x)
+while anything the measuring process itself does to its loop (a thread holding the GIL, a callback
+that blocks) still counts against the run: an idle probe inside that process would be starved by
+the same thread and raise the bound with it.
+
+Run as ``python -m pytest_kimiperf.measure.engine``: it prints the idle latencies (ms) as one JSON
+list. The child imports this module and the HTTP client it imports (about 0.5 s on a 2-core host),
+well inside ``_IDLE_CHILD_TIMEOUT_S``.
+
+**The engine.** :class:`Engine` plays a :class:`ProcessPlan` (its share of one round) on one event
+loop: closed-loop streams or open-loop arrivals, every request through one ``StreamingClient``.
+While it plays, :class:`LoopProbe` times how late the loop runs a callback and the process's CPU
+share is taken (see config.deployments.HealthBounds), the measured part runs at real-time priority
+where the OS allows it, and the garbage collector is held off. :class:`WorkerPool` runs one Engine
+per worker process when ``client_processes`` spreads the streams; their ``perf_counter_ns`` stamps
+(CLOCK_MONOTONIC) are system-wide on Linux, so records merge. One process handled 128 streams x 200
+tok/s (25,600 chunks/s) at ~0.3 of a core on the 2-core CI machine (benchmarks/client_accuracy.py).
 
 Requests that stall ``STALLS_TO_ABORT`` times in a row end the scenario (:class:`ScenarioStalled`).
-
-The client's own clock check: how late an event loop runs a callback that was due.
-
-:class:`LoopProbe` is what the self-check of every measured round rests on (engine.py runs it
-beside the round's loop; results.py judges what it read). :func:`host_idle_loop_latency_ms`
-reads what *this host* charges an idle loop to wake, in a fresh interpreter, so the bounds can
-follow the host (a host 5x slower than another charges about 5x) while anything the measuring
-process itself does to its loop (a thread holding the GIL, a callback that blocks) still counts
-against the run: an idle probe inside that process would be starved by the same thread and raise
-the bound with it.
-
-Run as ``python -m pytest_kimiperf.measure.engine``: it prints the idle latencies (ms) as
-one JSON list. Only the standard library is imported, so the child starts in a fraction of a
-second.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from pytest_kimiperf.measure.client import RequestSpec, StreamingClient
 from pytest_kimiperf.measure.results import ProcessHealth, RequestRecord
 from pytest_kimiperf.measure.workload import REUSED_MARK
 
+# The clock check: how late an event loop runs a callback that was due.
 PROBE_INTERVAL_S = 0.002
 # How long the idle loop is timed: 125 probe intervals.
 IDLE_PROBE_S = 0.25
@@ -177,6 +181,7 @@ if __name__ == "__main__":
     print(json.dumps(idle_loop_latency_ms()))
 
 
+# The engine: one round's requests on one event loop, one per client process.
 _WORKER_READY_TIMEOUT_S = 120.0
 # Stalls in a row that end a scenario: one stall can be a hiccup, three in a row is a server
 # that stopped serving, and every further request would only add its deadline to the run.

@@ -7,27 +7,28 @@ own processes' time, as a share of all cores: unlike summing other processes, th
 short-lived ones such as compiler jobs that start and exit between two process listings),
 **steal** (``/proc/stat``), **PSI** ``some`` totals (``/proc/pressure``) where the kernel has
 them, and on GPU hosts through NVML: other processes on the deployment's GPUs, clock-event
-(throttle) reasons, SM clock, temperature and power at the window's two ends. The arithmetic is
-pure (:func:`compare_snapshots`, and the readings' parsers) and tested on recorded ``/proc``
-files and a fake NVML. This module holds the reading of one window and what in it counts as a
-disturbance against the deployment's bounds (config.deployments.HostBounds), and the watch;
-The readings below read the host.
+(throttle) reasons, SM clock, temperature and power at the window's two ends. The module holds,
+in order:
 
-Readings of the host for the watch: /proc counters, processes through psutil, GPUs through NVML.
+* the readings of the host (:class:`HostSnapshot`, :func:`read_host_counters`,
+  :func:`read_processes`, :func:`sample_gpu`): each a plain value, CPU busy and steal time from
+  ``/proc/stat``, PSI ``some`` totals from ``/proc/pressure`` where the kernel has them, every
+  process's CPU time (psutil), and per GPU (:class:`GpuReading`) the SM clock, temperature,
+  power, clock-event (throttle) reasons and other processes;
+* one window (:class:`HostReading`, :func:`compare_snapshots`): two snapshots made into a reading,
+  and what in it counts as a disturbance against the deployment's bounds
+  (config.deployments.HostBounds); and the watch itself (:class:`HostWatch`);
+* the watch on the nodes of a deployment that this machine reaches only through a launch template
+  (:class:`NodeWatch`): the node agent's snapshot (``python -m pytest_kimiperf.node_agent
+  snapshot``) at the window's two ends, compared by the same arithmetic as this machine's
+  (:func:`compare_snapshots`).
 
-Each reading is a plain value: CPU busy and steal time from ``/proc/stat``, PSI ``some`` totals
-from ``/proc/pressure`` where the kernel has them, every process's CPU time (psutil), and per GPU
-the SM clock, temperature, power, clock-event (throttle) reasons and other processes. The parsers
-are pure and tested on recorded ``/proc`` files and a fake NVML; hostwatch.py turns two
-snapshots into a :class:`~pytest_kimiperf.measure.hostwatch.HostReading` and judges it.
+The arithmetic is pure (:func:`compare_snapshots`, and the readings' parsers) and tested on
+recorded ``/proc`` files and a fake NVML; the readings are what touches the host.
 
-The host watch on the nodes of a deployment that this machine reaches only through a launch
-template: the node agent's snapshot (``python -m pytest_kimiperf.node_agent snapshot``) at the
-window's two ends, compared by the same arithmetic as this machine's (hostwatch.compare_snapshots).
-
-A node running here is this machine: its processes are the server's (watched.own_pids), and
-the local HostWatch reads it. A node elsewhere counts as ours every process that carries its
-launch's marker; everything else on it is foreign. The agent runs through ssh or srun, so each
+A node running here is this machine: its processes are the server's (``runner.own_pids``), and
+the local :class:`HostWatch` reads it. A node elsewhere counts as ours every process that carries
+its launch's marker; everything else on it is foreign. The agent runs through ssh or srun, so each
 end costs a round trip (tens of ms on a LAN) outside the measured requests; its own process is
 foreign load of a few ms, far below any bound.
 """
@@ -55,6 +56,7 @@ from pytest_kimiperf.server.gpu_memory import DEVICE_TOLERANCE_MIB
 from pytest_kimiperf.server.pid_namespace import read_pid_view
 from pytest_kimiperf.server.zombies import boot_id
 
+# Readings of the host: /proc counters, processes through psutil, GPUs through NVML.
 PSI_RESOURCES: tuple[str, ...] = ("cpu", "io", "memory")
 TOP_FOREIGN_COUNT = 5
 # Enough of a command line to recognise it in a report without letting one process fill the JSON.
@@ -396,6 +398,8 @@ def _highest(values: Iterable[int | None]) -> int | None:
     return max(known) if known else None
 
 
+# One window: two snapshots compared against the deployment's bounds, and the watch that takes them.
+
 def _pct(share: float) -> str:
     return f"{share * 100:.0f}%"
 
@@ -479,7 +483,7 @@ class HostReading:
         return power
 
     def _throttled_under_load(self, bounds: HostBounds) -> list[str]:
-        """The window's throttled time from NVML's violation counters (host_readings.GpuReading),
+        """The window's throttled time from NVML's violation counters (GpuReading),
         where the bounds forbid that kind of clock event and the load did not cause it itself
         (OWN_LOAD_REASONS), with the window's average power."""
         found = []
@@ -701,6 +705,7 @@ class HostWatch:
         return replace(reading, gpus=gpus, notes=tuple(dict.fromkeys(self._notes)))
 
 
+# The watch on remote nodes, through the node agent's snapshots.
 AgentRun = Callable[[Node, list[str]], str]
 
 

@@ -1,27 +1,25 @@
-"""The run-level figures computed from request timelines (pure: no I/O, no pytest).
+"""A run's measured figures, request by request and round by round (pure: no I/O, no pytest).
 
-Per-request figures (TTFT, E2EL, ITL, TPOT, decode tok/s) are defined on the request record below, after
-vLLM's ``bench serve``; here: output_throughput (output tokens of valid requests / wall time)
-and request_throughput (valid requests / wall time) per round, goodput, the client's
-self-check (``HealthBounds``: a run the client limited is INVALID), and the run's JSON.
+The module holds, in order:
 
-One sample is one valid request for per-request metrics (``itl_ms``: that request's median
-gap, so a long request does not weigh more than a short one) and one round for run-level
-metrics (throughputs). The p50/p90/p99 of ``itl_ms`` pool every gap of every valid request, as
-bench serve does.
+* why a run's own figures cannot be judged (:data:`RunInvalid`), as facts: no request measured,
+  none valid, or a client that limited the load (the host watch's reason, a busy host, is
+  ``runner``'s). Decisions read these values (``RunResult.valid`` is ``invalid is None``); the
+  sentence a report prints is rendered from them by :func:`say_run_invalid`, one place, so the
+  words stay what they were while nothing downstream has to parse them;
+* one request's timeline (:class:`RequestRecord`) and the per-request figures read from it, and
+  :func:`percentile`, which every figure of the plugin's runs is summarized with (numpy's default
+  method);
+* the run-level figures computed from request timelines (:class:`RoundResult`,
+  :class:`RunResult`, :class:`RunSummary`): output_throughput (output tokens of valid requests /
+  wall time) and request_throughput (valid requests / wall time) per round, goodput, the client's
+  self-check (``HealthBounds``: a run the client limited is INVALID), and the run's JSON.
 
-Why a run's own figures cannot be judged, as facts: no request measured, none valid, or a
-client that limited the load (the host watch's reason, a busy host, is measure/runner.py's).
+The module imports nothing that reads the host, so the judge can import it.
 
-Decisions read these values (``RunResult.valid`` is ``invalid is None``); the sentence a
-report prints is rendered from them by :func:`say_run_invalid`, one place, so the words stay
-what they were while nothing downstream has to parse them. This module imports nothing that
-reads the host: the judge reaches it through results.py.
-
-One request's timeline and the per-request figures read from it (pure: no I/O, no pytest).
-
-Definitions follow vLLM's ``bench serve`` (vllm/benchmarks/serve.py ``calculate_metrics`` and
-vllm/benchmarks/lib/endpoint_request_func.py), so numbers line up with what vLLM users know:
+**Per-request figures.** TTFT, E2EL, ITL, TPOT and decode tok/s follow vLLM's ``bench serve``
+(vllm/benchmarks/serve.py ``calculate_metrics`` and vllm/benchmarks/lib/endpoint_request_func.py),
+so numbers line up with what vLLM users know:
 
 * TTFT: request sent -> first chunk that carries choices.
 * E2EL: request sent -> last chunk that carries choices (the trailing usage chunk is not a token).
@@ -30,8 +28,10 @@ vllm/benchmarks/lib/endpoint_request_func.py), so numbers line up with what vLLM
 * decode tok/s (ours): (output_tokens - 1) / (last chunk - first chunk): the decode rate one
   stream sees, excluding prefill. It is ``1000 / TPOT`` when the first chunk holds one token.
 
-Also the percentile every figure of the plugin's runs is summarized with (numpy's default method).
-The run-level figures built from many records are in results.py.
+**Samples.** One sample is one valid request for per-request metrics (``itl_ms``: that request's
+median gap, so a long request does not weigh more than a short one) and one round for run-level
+metrics (throughputs). The p50/p90/p99 of ``itl_ms`` pool every gap of every valid request, as
+bench serve does.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from pytest_kimiperf.config.deployments import HealthBounds
 from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, SampleKind, metric_spec, metrics_of
 from pytest_kimiperf.errors import ConfigError
 
+# Why a run's own figures cannot be judged: typed reasons, and the one sentence for each.
 CLIENT_BOUND = "client-bound: the load generator, not the server, limited this run: "
 _CLIENT_BOUND_HINT = " (spread streams over more client processes, or give the client more CPU)"
 
@@ -76,7 +77,7 @@ class ClientCpu:
 class LoopLatency:
     """The client's event loop ran callbacks late, so its chunk timestamps are stale.
     ``idle_p50_ms``/``idle_p99_ms``: what the same probe read with the loop idle on this host
-    (None where it was not read), which raised the bounds (results.loop_latency_bounds)."""
+    (None where it was not read), which raised the bounds (:func:`loop_latency_bounds`)."""
 
     p50_ms: float
     p99_ms: float
@@ -135,6 +136,7 @@ def say_run_invalid(reason: RunInvalid) -> str:
             assert_never(reason)
 
 
+# One request's timeline and the per-request figures read from it.
 PER_REQUEST_METRICS: tuple[str, ...] = metrics_of(SampleKind.REQUEST)
 
 NS_PER_MS = 1_000_000
@@ -265,6 +267,7 @@ class RequestRecord:
         }
 
 
+# The run-level figures: rounds, goodput, the client's self-check and the run's JSON.
 RUN_LEVEL_METRICS: tuple[str, ...] = metrics_of(SampleKind.ROUND)
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 
@@ -396,7 +399,7 @@ class RunResult:
     next_request_index: int = 0
     # The server's own view (server_metrics.ServerView.to_json()), one per run or extension.
     server_metrics: tuple[Mapping[str, Any], ...] = ()
-    # The offered load in bench serve's terms (scenarios.load_facts): what the exports need to
+    # The offered load in bench serve's terms (workload.load_facts): what the exports need to
     # say which --max-concurrency / --request-rate this run stands for.
     load: Mapping[str, Any] = field(default_factory=dict)
 
@@ -605,7 +608,7 @@ class RunSummary:
     send_lag_p99_ms: float | None = None
     notes: tuple[str, ...] = ()
     server_metrics: tuple[Mapping[str, Any], ...] = ()  # server_view.ServerView.to_json() each
-    load: Mapping[str, Any] = field(default_factory=dict)  # scenarios.load_facts
+    load: Mapping[str, Any] = field(default_factory=dict)  # workload.load_facts
     requests: tuple[RequestRecord, ...] = ()
 
     def stat(self, metric: str, which: str) -> float | None:

@@ -5,26 +5,30 @@ test calls it directly; ``run_sweep`` plays every point of a ``ConcurrencySweep`
 ``run_scenario_async`` plays on the caller's loop.
 
 A run is: requests built once and dealt to rounds and processes (``prepare`` and
-``process_plans``, below), a warm-up that is never counted, the server's ``/metrics`` read, the
-rounds (each process starts together; engine.py), ``/metrics`` read again. The runner checks
+``process_plans``), a warm-up that is never counted, the server's ``/metrics`` read, the
+rounds (each process starts together; ``engine``), ``/metrics`` read again. The runner checks
 itself while it measures (see config.deployments.HealthBounds): CPU share and event-loop latency
 of every client process, and how late each request went out. When one
 process cannot keep up, ``client_processes`` spreads the streams over several processes.
 
-How a scenario's requests are dealt out: built once, then split into rounds and processes.
+The module holds, in order:
 
-``prepare`` builds every request a run sends (warm-up and rounds) with fresh prompts from
-``first_index`` on; a budget in seconds only reuses ``SECONDS_BUDGET_PROMPTS`` prompts in turn
+* dealing (:func:`prepare`, :func:`process_plans`): a scenario's requests built once, then split
+  into rounds and processes;
+* playing (:func:`run_scenario`, :func:`run_sweep`, :func:`run_scenario_async`);
+* the measurement under the host watch (:func:`measure_watched`, :class:`WatchedRun`), taken again
+  while the host is disturbed.
+
+**Dealing.** ``prepare`` builds every request a run sends (warm-up and rounds) with fresh prompts
+from ``first_index`` on; a budget in seconds only reuses ``SECONDS_BUDGET_PROMPTS`` prompts in turn
 (their ids marked, see ``workload.reused_prompt_requests``). ``process_plans`` gives each client
 process its share of one round: specs, streams or cap, and arrival times for an open loop.
 
-A measurement under the host watch, taken again while the host is disturbed.
-
-The recorder hands :func:`measure_watched` the scenario's play (one attempt, fresh prompts per
-attempt) and the server it measures; the watch (hostwatch.py, on this host and on the nodes
-behind a launch template) reads what else used the host meanwhile. A disturbed attempt is
-measured again, at most :data:`HOST_RETRIES` times; one disturbed every time makes the run
-INVALID (``WatchedRun.busy``). An attached server is measured unwatched: its processes are
+**Under the host watch.** The recorder hands :func:`measure_watched` the scenario's play (one
+attempt, fresh prompts per attempt) and the server it measures; the watch (``hostwatch``, on this
+host and on the nodes behind a launch template) reads what else used the host meanwhile. A disturbed
+attempt is measured again, at most :data:`HOST_RETRIES` times; one disturbed every time makes the
+run INVALID (``WatchedRun.busy``). An attached server is measured unwatched: its processes are
 unknown here, so on this host they would count as foreign, and on another host this host says
 nothing about them.
 """
@@ -67,6 +71,8 @@ from pytest_kimiperf.measure.workload import (
     reused_prompt_requests,
 )
 from pytest_kimiperf.server.process import ServerHandle
+
+# Dealing: a scenario's requests built once, then split into rounds and processes.
 
 # Distinct prompts built for a budget in seconds only (the request count is not known ahead);
 # they are reused in turn past that, and the run says so in its notes.
@@ -172,6 +178,8 @@ def round_result(start_ns: int, outcomes: Sequence[tuple[list[RequestRecord], Pr
     return RoundResult(records=records, wall_s=max(0.0, (end_ns - start_ns) / 1e9),
                        health=tuple(h for _, h in outcomes))
 
+
+# Playing: a scenario's rounds on one loop or on worker processes.
 
 # Workers get this long between "go" and the common start time.
 _START_MARGIN_NS = 300_000_000
@@ -374,6 +382,8 @@ async def run_scenario_async(target: Target, scenario: Scenario) -> RunResult:
     result = _result(scenario, prepared, await _play_in_loop(config, scenario, prepared, watch), watch)
     return _with_load(result, scenario, target)
 
+
+# Under the host watch: a disturbed measurement is taken again.
 
 # A measurement the host watch finds disturbed is measured again this many times before the
 # run is INVALID: one burst of a cron job should cost a repeat, a busy host a verdict.

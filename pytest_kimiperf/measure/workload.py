@@ -1,6 +1,13 @@
-"""Requests of an exact shape: prompts of an exact token count, outputs of an exact length.
+"""What a perf test sends: requests of an exact shape, and the load patterns that send them.
 
-Prompts are built with the server's own tokenizer through vLLM's ``/tokenize`` and
+The module holds, in order:
+
+* requests of an exact shape (:class:`Workload`, :func:`build_prompts`, :func:`build_requests`):
+  prompts of an exact token count, outputs of an exact length;
+* load patterns (:class:`Scenario` and its kinds, :func:`load_facts`): what a perf test asks the
+  runner to play, and their validation.
+
+**Requests.** Prompts are built with the server's own tokenizer through vLLM's ``/tokenize`` and
 ``/detokenize`` endpoints (vllm/entrypoints/serve/tokenize/protocol.py: POST ``{"model",
 "prompt", "add_special_tokens"}`` or ``{"model", "messages"}`` -> ``{"count", "tokens",
 "max_model_len"}``; POST ``{"model", "tokens"}`` -> ``{"prompt"}``), then checked by tokenizing
@@ -19,9 +26,7 @@ Output length is exact because the client sends ``ignore_eos``, ``min_tokens`` a
 ``max_tokens`` equal to the wanted length, and rejects a request whose
 ``usage.completion_tokens`` differs.
 
-Load patterns: what a perf test asks the runner to play, and their validation.
-
-A scenario is a frozen dataclass: the request shape (prompt and output tokens, seed), a budget
+**Load patterns.** A scenario is a frozen dataclass: the request shape (prompt and output tokens, seed), a budget
 per round (requests, seconds, or both: whichever ends first), how many rounds, and warm-up
 requests that run first and are never counted. A load of many streams defaults to
 ``MIN_SAMPLES_PER_BOOT`` rounds: its throughputs are one sample per round, and a boot's needs
@@ -58,6 +63,8 @@ from pytest_kimiperf.measure.client import RequestSpec
 from pytest_kimiperf.measure.results import RequestRecord
 from pytest_kimiperf.numbers import positive_int, positive_number
 from pytest_kimiperf.server.http_json import json_answer
+
+# Requests of an exact shape: prompts through the server's tokenizer, outputs of a fixed length.
 
 # Plain lowercase words: almost every tokenizer maps each to one or two tokens, so the walk
 # reaches a target length in few round trips.
@@ -300,6 +307,7 @@ def reused_prompt_requests(records: Iterable[RequestRecord]) -> int:
     return sum(1 for r in records if REUSED_MARK in r.request_id)
 
 
+# Load patterns: what a perf test asks the runner to play.
 _ARRIVALS = ("poisson", "constant")
 # Connection-pool size of a request rate without max_concurrency (connections open on demand).
 _UNCAPPED_STREAMS = 4096

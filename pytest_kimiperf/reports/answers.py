@@ -1,19 +1,23 @@
-"""The summary's first screen: the answers, then one compact row per metric and profile.
+"""What the summary's first screen says: the answers, the compact rows, and what to do next.
 
 A run asks a few questions: did each profile change the reference on the metric its test is
 about, did any metric move against the baseline, and did the run pass. The answer block says each
 in one line; the compact tables below it give every metric one row per profile (change, interval
 at its level, verdict) and leave the boots, the server's view and the roofline to ``-v`` and to
-the Markdown and JSON reports, which keep everything.
+the Markdown and JSON reports, which keep everything. ``terminal`` lays these lines out. The
+module holds, in order:
 
-What a run showed, in one line, and what to do next; and the one missing-baseline warning.
+* the answers and the compact rows (:func:`answer_lines`, :class:`CompactRow`,
+  :func:`profile_rows`, :func:`baseline_rows`, :func:`run_verdict`, :func:`failure_lines`);
+* what a run showed, in one line, and what to do next (:func:`outcome_line`); and the one
+  missing-baseline warning (:func:`missing_baseline_warning`).
 
-A first run on a new machine has no baseline: it judges the profiles against each other and the
-decode floor, nothing against history. Saying so once per metric, test and boot (48 warnings for
-one fact) buried it; the run now says it once, listing what is missing and the exact command
-that records it (``--kimiperf-record-command``, else this run's own pytest command with
-``--kimiperf-update-baselines``). The run after that is judged against the baseline; its line tallies the
-verdicts of each test's last boot, the one that decides.
+**The missing baseline.** A first run on a new machine has no baseline: it judges the profiles
+against each other and the decode floor, nothing against history. Saying so once per metric, test
+and boot (48 warnings for one fact) buried it; the run now says it once, listing what is missing
+and the exact command that records it (``--kimiperf-record-command``, else this run's own pytest
+command with ``--kimiperf-update-baselines``). The run after that is judged against the baseline;
+its line tallies the verdicts of each test's last boot, the one that decides.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_value
 from pytest_kimiperf.reports.model import SessionReport, boot_label, metric_heading, profile_verdict
 from pytest_kimiperf.reports.sentences import beside_comparison, say
 
+
+# The answers, and one compact row per metric and profile.
 
 def primary_of(results: Sequence[TestResult]) -> dict[str, str]:
     """Each test's primary metric, as its boots recorded it (TestResult.primary): the metric its
@@ -235,7 +241,7 @@ def _about(row: CompactRow) -> str:
     c = row.comparison
     if c is None:
         return f"{what}: {row.verdict}"
-    # Undecided between profiles: how many boots a side would show it within (profiles.py).
+    # Undecided between profiles: how many boots a side would show it within (judge/profiles.py).
     more = next((f"; {say(n)}" for n in c.notes if isinstance(n, BootsForWithin)), "") if row.in_session else ""
     return (f"{what}: {fmt_change(c.change)}, {row.interval}: {row.verdict} "
             f"(tolerance {c.tolerance * 100:g}%, {c.boots_current} vs {c.boots_reference} boots){more}")
@@ -278,6 +284,8 @@ def failure_lines(report: SessionReport) -> list[str]:
     return [f"FAILED {short_test(res.test)} [{res.profile} boot {res.boot}]: {say(res.failures[0])}"
             for res in report.results if res.failures and not res.invalid]
 
+
+# What to do next: the run's outcome in one line, and the one missing-baseline warning.
 
 @dataclass(frozen=True)
 class MissingBaselines:

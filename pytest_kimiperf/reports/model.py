@@ -3,13 +3,16 @@
 The terminal summary, the Markdown summary, the JSON report and the plots show the same facts.
 They are collected here into a :class:`SessionReport`, and the profile-vs-reference comparisons
 are computed once (each costs two bootstraps). The table cells (``81.4``, ``+0.6%``,
-``-0.8..+2.0%``) are formatted here too, so the terminal and Markdown tables cannot disagree.
+``-0.8..+2.0%``) are formatted here too, so the terminal and Markdown tables cannot disagree. The
+module holds, in order:
 
-What a table cell shows for one metric of one boot: the boot's figure and a range around it.
+* a table cell for one metric of one boot (:class:`BootFigure`, :func:`boot_figure`,
+  :func:`fmt_range`): the boot's figure and a range around it;
+* the report (:class:`SessionReport`, :func:`build_session_report`) and the facts it holds.
 
-The gate compares one figure per boot (``judge.boots``): the boot's median, or for a tail
-metric (``p90_ttft_ms``) its quantile. The tables, the quiet lines and the plots show that same
-figure, so a p90 row never shows the median of the row above it; the range beside it is the
+**A cell.** The gate compares one figure per boot (``judge.boots``): the boot's median, or for a
+tail metric (``p90_ttft_ms``) its quantile. The tables, the quiet lines and the plots show that
+same figure, so a p90 row never shows the median of the row above it; the range beside it is the
 interquartile range of the boot's samples for a median, and the boot's own bootstrap interval for
 a quantile (an IQR says nothing about a p90).
 """
@@ -35,6 +38,8 @@ from pytest_kimiperf.server.progress import BootAccount
 from pytest_kimiperf.server.weight_cache import WeightCacheFacts
 
 
+# A table cell: one metric of one boot, its figure and a range around it.
+
 @dataclass(frozen=True)
 class BootFigure:
     """What a table shows for one metric of one boot: the figure the gate compares (the boot's
@@ -54,7 +59,7 @@ class BootFigure:
 
 
 # The standard normal's 95% quantile: the tail's range is its two-sided 90% interval, from the
-# bootstrap standard error of the boot's log-quantile (boot_summary.summarize_boot_quantile).
+# bootstrap standard error of the boot's log-quantile (boots.summarize_boot_quantile).
 _NORMAL_95 = 1.6449
 
 
@@ -94,6 +99,8 @@ def fmt_range(figure: BootFigure) -> str:
     return f"{fmt_value(figure.low)}-{fmt_value(figure.high)}"
 
 
+# The report: every fact the outputs show, gathered once.
+
 @dataclass(frozen=True)
 class ProfileFacts:
     """One profile as it ran: its overrides (environment and server arguments) and what its
@@ -116,7 +123,7 @@ class ProfileFacts:
     error: str | None = None
     # --kimiperf-nccl-debug: what the server's log says about the profile's variables (None without it)
     nccl_debug: NcclDebugCheck | None = None
-    # Where each boot's seconds went (progress.py), in boot order; empty when this process
+    # Where each boot's seconds went (server/progress.py), in boot order; empty when this process
     # booted nothing (attached, or an xdist worker's boots not sent back).
     boot_accounts: tuple[BootAccount, ...] = ()
     # The profile's server arguments, and the deployment arguments they replaced ("old -> new").

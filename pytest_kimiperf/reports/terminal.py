@@ -4,23 +4,20 @@ Rendering returns :class:`TerminalLine` objects instead of writing, so the layou
 function of the report and the verbosity; the session reporter hands the lines to the terminal
 reporter's ``write_sep``/``write_line``, whose markup is dropped where the terminal has no colour.
 Tables keep to :data:`MAX_WIDTH` columns: when the metric names make a row too wide, the metric
-moves to a line of its own above its profiles.
+moves to a line of its own above its profiles. What the lines say is gathered in
+:mod:`~pytest_kimiperf.reports.answers`; this module lays it out. It holds, in order:
 
-The terminal summary's building blocks: a line with its markup, fixed-width tables, wrapping.
-
-Shared by :mod:`~pytest_kimiperf.reports.terminal` (the verdicts) and
-:mod:`~pytest_kimiperf.reports.terminal` (what the run was: NCCL, roofline, servers, files).
-
-The summary's first screen: the answers, then one compact table per comparison.
-
-What the lines say is gathered in :mod:`~pytest_kimiperf.reports.answers`; this module lays them
-out for the terminal, as :mod:`~pytest_kimiperf.reports.terminal` does for the ``-v`` sections.
-
-The terminal summary's sections about the run itself, beside its verdicts.
-
-What NCCL logged it applied (``--kimiperf-nccl-debug``), the decode ceiling (roofline), the server's own
-view next to the client's, the warnings, and the servers and files: boots, leftovers, where
-the reports and baselines went. Pure functions of the report, like the rest of the summary.
+* the building blocks (:class:`TerminalLine`, :class:`Table`, :func:`wrapped`): a line with its
+  markup, fixed-width tables, wrapping;
+* the first screen (:func:`answer_section`, :func:`compact_profile_table`,
+  :func:`compact_baseline_table`): the answers, then one compact table per comparison;
+* the sections about the run itself, beside its verdicts: what NCCL logged it applied
+  (``--kimiperf-nccl-debug``, :func:`nccl_debug_lines`), the decode ceiling
+  (:func:`roofline_lines`), the server's own view next to the client's
+  (:func:`server_view_section`), the warnings (:func:`warning_section`), and the servers and
+  files (:func:`servers_and_files`): boots, leftovers, where the reports and baselines went;
+* the summary itself (:func:`render_summary`, :func:`end_line`) and its ``-v`` sections: profile
+  comparisons, baselines, floors, and the ``-q`` verdicts.
 """
 
 from __future__ import annotations
@@ -62,6 +59,7 @@ from pytest_kimiperf.reports.nccl_check import APPLIED, DIFFERENT, NOT_SEEN
 from pytest_kimiperf.reports.outputs import output_labels
 from pytest_kimiperf.reports.sentences import comparison_line, rests_on, say, source_text
 
+# Building blocks: a line with its markup, fixed-width tables, wrapping.
 MAX_WIDTH = 100
 
 RED = {"red": True}
@@ -132,6 +130,8 @@ def plural(count: int, word: str, plural: str | None = None) -> str:
     """``1 metric``, ``3 metrics``; ``plural`` for irregular words (``entries``)."""
     return f"{count} {word if count == 1 else plural or word + 's'}"
 
+
+# The first screen: the answers, then one compact table per comparison.
 
 # Marks the row of a test's primary metric in the compact tables.
 PRIMARY_MARK = "* "
@@ -239,6 +239,8 @@ def warning_count(report: SessionReport) -> list[TerminalLine]:
     return [TerminalLine(f"kimiperf: {plural(len(warnings), 'warning')} besides the answers: -v or the Markdown "
                          "summary lists them", markup=YELLOW)]
 
+
+# The sections about the run itself: NCCL, roofline, the server's view, warnings, servers and files.
 
 # -- --kimiperf-nccl-debug ---------------------------------------------------------------------------
 
@@ -402,6 +404,7 @@ def servers_and_files(report: SessionReport, *, quiet: bool, verbose: bool = Tru
     return out
 
 
+# The summary: the sections in order for the verbosity, and the -v sections of each comparison.
 QUIET = -1
 VERBOSE = 1
 

@@ -8,23 +8,26 @@ small collectives. So two ceilings bound tok/s:
 - bandwidth and communication: ``1 / (bytes / bandwidth + collectives x latency)``.
 
 "81.9 tok/s" alone says little; "62% of the ceiling, bound by allreduce latency" tells an
-engineer whether tuning NCCL can still pay. The bytes come from ``weights`` (in the formats
-``quantization`` reads); the hardware's side, bandwidth and allreduce latency, is here.
+engineer whether tuning NCCL can still pay. The bytes come from ``weights`` (in the formats its
+quantization rules read); the hardware's side, bandwidth and allreduce latency, is here.
 Activations, the KV cache and kernel efficiency are not modelled, so these are ceilings, not
-predictions. GB means 10**9 bytes throughout, as in vendor datasheets.
+predictions. GB means 10**9 bytes throughout, as in vendor datasheets. The module holds, in
+order:
 
-The collective ceiling measured on the target: nccl-tests' ``all_reduce_perf`` at the size a
-decode step sends, where it is installed.
+* the hardware's side (:func:`gpu_bandwidth_gbs`, :func:`default_allreduce_latency_us`,
+  :func:`measure_cpu_copy_bandwidth_gbs`) and the ceiling (:func:`estimate`, :class:`Roofline`);
+* the collective ceiling measured on the target (:func:`measure_allreduce_latency`): nccl-tests'
+  ``all_reduce_perf`` at the size a decode step sends, where it is installed.
 
-The roofline's communication term is collectives x one allreduce's latency; its default (30 us
-on PCIe, ceiling.py) is a guide. Where ``all_reduce_perf`` is on PATH, one run at the decode
-size replaces it: ``-b N -e N`` (that size only), ``-d bfloat16`` (vLLM's hidden state),
-``-G 100`` (each iteration a CUDA graph of 100 launches, as vLLM decodes under CUDA graphs, which
-removes the launch overhead a plain run adds), ``-c 0`` (no correctness check). Its output
-(NVIDIA/nccl-tests ``src/util.cu`` ``writeResultHeader`` / ``writeResultFooter`` and
-``src/common.cu``: ``"%12li  %12li  %8s  %6s  %6s"`` size, count, type, redop, root, then per
-placement ``"  %7s  %6s  %6s  %6g"`` time (us), algbw, busbw (GB/s), #wrong, out-of-place first)
-is parsed by :func:`parse_all_reduce_perf`.
+**The measured allreduce.** The roofline's communication term is collectives x one allreduce's
+latency; its default (30 us on PCIe, :func:`default_allreduce_latency_us`) is a guide. Where
+``all_reduce_perf`` is on PATH, one run at the decode size replaces it: ``-b N -e N`` (that size
+only), ``-d bfloat16`` (vLLM's hidden state), ``-G 100`` (each iteration a CUDA graph of 100
+launches, as vLLM decodes under CUDA graphs, which removes the launch overhead a plain run adds),
+``-c 0`` (no correctness check). Its output (NVIDIA/nccl-tests ``src/util.cu`` ``writeResultHeader``
+/ ``writeResultFooter`` and ``src/common.cu``: ``"%12li  %12li  %8s  %6s  %6s"`` size, count, type,
+redop, root, then per placement ``"  %7s  %6s  %6s  %6g"`` time (us), algbw, busbw (GB/s), #wrong,
+out-of-place first) is parsed by :func:`parse_all_reduce_perf`.
 """
 
 from __future__ import annotations
@@ -276,6 +279,7 @@ def estimate(
     )
 
 
+# The measured allreduce: nccl-tests' all_reduce_perf at the size a decode step sends.
 MEASURE_TIMEOUT_S = 120.0
 
 

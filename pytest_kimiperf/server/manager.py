@@ -3,17 +3,20 @@
 The session fixture asks for a profile's server and gives it back; this module sweeps servers
 left by killed earlier runs before launching, builds the server's environment from deployment
 and profile, picks the port, shows boot progress through a callback, and keeps the facts the
-reports need (boot counts and times, leftovers, the environment each server ran with).
+reports need (boot counts and times, leftovers, the environment each server ran with). The module
+holds, in order:
 
-One pytest session at a time boots servers on a host.
+* the host claim (:func:`claim_host`, :class:`HostClaim`): one pytest session at a time boots
+  servers on a host;
+* the manager (:class:`ServerManager`, :class:`ServerRecord`).
 
-Two sessions that both boot the deployment's servers (8 GPUs each for Kimi, or the two cores of
-a CPU runner) must not run side by side: the second would fail to fit, or both would measure a
-shared machine. CI's concurrency group covers CI jobs only; an engineer at a terminal is the
-common case. So the first session to boot takes an exclusive ``flock`` on ``host.lock`` in the
-launch-state directory and holds it until its servers are stopped; the kernel drops it if the
-session dies. A second session waits, saying who holds the host (pid, command, for how long),
-up to a bound, then fails naming the holder.
+**The host claim.** Two sessions that both boot the deployment's servers (8 GPUs each for Kimi, or
+the two cores of a CPU runner) must not run side by side: the second would fail to fit, or both
+would measure a shared machine. CI's concurrency group covers CI jobs only; an engineer at a
+terminal is the common case. So the first session to boot takes an exclusive ``flock`` on
+``host.lock`` in the launch-state directory and holds it until its servers are stopped; the kernel
+drops it if the session dies. A second session waits, saying who holds the host (pid, command, for
+how long), up to a bound, then fails naming the holder.
 
 The lock lives beside the launch records (``$KIMIPERF_STATE_DIR``, else the user's cache), so it
 serializes the sessions of one user; users who share a host's GPUs point ``KIMIPERF_STATE_DIR``
@@ -71,6 +74,7 @@ from pytest_kimiperf.server.weight_cache import (
     unsupported_reason,
 )
 
+# The host claim: one pytest session at a time boots servers on a host.
 LOCK_NAME = "host.lock"
 HOLDER_NAME = "host-holder.json"
 # How often a waiting session repeats who it waits for (a 36-minute boot is long to watch).
@@ -163,6 +167,8 @@ def claim_host(
     return HostClaim(fd)
 
 
+# The manager: each profile's server launched, watched while it boots, and stopped.
+
 # The daemons' launch record and log name them as this "profile": they serve every profile.
 WEIGHT_CACHE = "weight-cache"
 
@@ -182,7 +188,7 @@ class ServerRecord:
     overridden_shell_env: dict[str, tuple[str, str]] = field(default_factory=dict)
     leftovers: list[str] = field(default_factory=list)
     error: str | None = None
-    # One per boot that became ready, in boot order (progress.py).
+    # One per boot that became ready, in boot order (progress.account_boot).
     accounts: list[BootAccount] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:

@@ -1,18 +1,20 @@
-"""Reads vLLM's start-up log to tell what a booting server is doing.
+"""What a booting server is doing, from vLLM's start-up log: live while it boots, accounted once ready.
 
 vLLM writes tqdm bars (``Loading safetensors checkpoint shards:  56% Completed | 36/64 [...]``,
 ``Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 45%|...``) separated by carriage
-returns, and INFO lines for the other phases. A 36-minute load is only bearable when the user
-sees which phase it is in and how far along.
+returns, and INFO lines for the other phases. The module holds, in order:
 
-The account of one server boot: where its seconds went, phase by phase, from vLLM's log.
+* the live progress (:func:`parse_progress`, :class:`BootTracker`, :class:`ProgressDisplay`): a
+  36-minute load is only bearable when the user sees which phase it is in and how far along;
+* the account of one boot (:func:`account_boot`, :class:`BootAccount`): where its seconds went,
+  phase by phase.
 
-A boot is what a user pays for (a Kimi-K2.5 load is 20-36 minutes), so each one is accounted
-for after it is ready: the phases it passed through with their durations, and what vLLM itself
-states about the costly ones (the weights' size and load time, whether compilation came from
-the cache). The progress display (progress.py) shows phases as they pass; this module keeps
-them. It reads the whole log once the server is ready, using each line's own timestamp, so a
-phase that passed between two polls of the live display is still counted.
+**The account.** A boot is what a user pays for (a Kimi-K2.5 load is 20-36 minutes), so each one
+is accounted for after it is ready: the phases it passed through with their durations, and what
+vLLM itself states about the costly ones (the weights' size and load time, whether compilation
+came from the cache). The progress display shows phases as they pass; the account keeps them. It
+reads the whole log once the server is ready, using each line's own timestamp, so a phase that
+passed between two polls of the live display is still counted.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+# Live progress: the phase and fraction a booting server is at, shown while it boots.
 
 # (phase, pattern) in boot order; the first match of a line wins.
 _PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -283,6 +287,8 @@ class RelayTail:
         self._drain()
         self._file.close()
 
+
+# The account of one boot: where its seconds went, phase by phase, from the whole log.
 
 # Phase openers in vLLM 0.32's log, each with the file that writes it (paths under vllm/).
 # The first timestamped line matching an opener starts that phase; a phase ends where the next

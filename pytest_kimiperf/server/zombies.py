@@ -4,8 +4,8 @@ The zombie problem: vLLM's API server starts an ``EngineCore`` process and, with
 parallelism, one ``Worker_TP<n>`` process per GPU.  When pytest is SIGKILLed (OOM killer, CI
 cancel, a second Ctrl-C) nothing stops them; they are reparented to init and keep the GPUs'
 memory, so the next run cannot boot.  Each launch is therefore recorded in a state directory
-(one JSON file per launch, written and read below) with everything needed to recognise its processes later without
-guessing from names, and without ever touching a process that is not ours:
+(one JSON file per launch, :class:`LaunchRecord`) with everything needed to recognise its processes
+later without guessing from names, and without ever touching a process that is not ours:
 
 - the launch's leader (the launcher, see launcher.py) by pid *and* its start time in clock
   ticks since boot (``/proc/PID/stat`` field 22) *and* the boot (``boot_id``): a pid reused
@@ -22,12 +22,17 @@ guessing from names, and without ever touching a process that is not ours:
   can take the lock knows the owner is gone (no pid or clock comparison that a reused pid or a
   clock step could fool).
 
-Only psutil and /proc are used to look at processes.
+Only psutil and /proc are used to look at processes. The module holds, in order:
 
-A server launch's record on disk: what it started, where, and whether its owner still runs.
+* a launch's record on disk (:class:`LaunchRecord`, :func:`record_launch`, :func:`load_launches`):
+  what it started, where, and whether its owner still runs;
+* finding and ending a launch's processes (:func:`find_launch_processes`,
+  :func:`terminate_processes`, :func:`stop_launch`), and the sweep of launches whose owner is gone
+  (:func:`sweep_stale_launches`).
 
-One JSON file per launch in the state directory (``launch-<id>.json``), written atomically by
-the session that launched the server and read by any later sweep (``zombies.py``).  A record says
+**The record.** One JSON file per launch in the state directory (``launch-<id>.json``), written
+atomically by the session that launched the server and read by any later sweep
+(:func:`sweep_stale_launches`).  A record says
 who the launch's leader is beyond its pid (its start time in clock ticks since boot,
 ``/proc/PID/stat`` field 22, and the boot's id), the host, boot, pid namespace and uid it was
 launched in (``Place``), and carries its owner's liveness as an exclusive ``flock`` held on the
@@ -55,6 +60,7 @@ from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.server.agent_wire import agent_payload
 from pytest_kimiperf.server.gpu_memory import gpu_memory_by_pid
 
+# A launch's record on disk: what it started, where, and whether its owner still runs.
 _RECORD_PREFIX = "launch-"
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
@@ -378,6 +384,7 @@ def load_launches(state_dir: str | os.PathLike[str]) -> LoadedLaunches:
     return LoadedLaunches(records=tuple(records), problems=tuple(problems))
 
 
+# Finding and ending a launch's processes, now or in a later sweep.
 LAUNCH_ID_ENV = "KIMIPERF_LAUNCH_ID"
 KILL_WAIT_S = 5.0
 _POLL_S = 0.05

@@ -1,20 +1,26 @@
-"""What NCCL says it read: the ``--kimiperf-nccl-debug`` environment and reading its ``NCCL_DEBUG=INFO`` logs.
+"""What NCCL's ``NCCL_DEBUG=INFO`` logs say it read and ran, under ``--kimiperf-nccl-debug``.
 
-With ``--kimiperf-nccl-debug`` the server gets :func:`nccl_debug_env` on top of its profile: INFO level,
-written to one file per process (``NCCL_DEBUG_FILE``) beside the server log.
-:func:`parse_nccl_env_lines` reads the values NCCL logged, :func:`applied_status` compares them
-with what the profile asked for, and :func:`parse_enabled_matrix` reads the table NCCL prints
-of what it parsed per collective (what ran: the TUNING lines, below). Sources:
-NCCL's ``src/misc/param.cc`` ``ncclLoadParam`` (the ``"%s set by environment to %lld."`` log line
-of integer parameters), ``src/graph/paths.cc`` ``ncclGetLevel`` (how NCCL_P2P_LEVEL is logged),
+The module holds, in order:
+
+* what NCCL read: the ``--kimiperf-nccl-debug`` environment (:data:`NCCL_DEBUG_ENV`,
+  :func:`nccl_debug_env`), the values NCCL logged and the matrix of what it parsed
+  (:func:`parse_nccl_env_lines`, :func:`applied_status`, :func:`parse_enabled_matrix`);
+* what NCCL ran (:func:`parse_tuning_lines`, :func:`chosen_differently`, :func:`tuning_note`): the
+  algorithm and protocol it chose for each collective size, from its TUNING lines.
+
+**What NCCL read.** With ``--kimiperf-nccl-debug`` the server gets :func:`nccl_debug_env` on top of
+its profile: INFO level, written to one file per process (``NCCL_DEBUG_FILE``) beside the server
+log. :func:`parse_nccl_env_lines` reads the values NCCL logged, :func:`applied_status` compares them
+with what the profile asked for, and :func:`parse_enabled_matrix` reads the table NCCL prints of
+what it parsed per collective (what ran: the TUNING lines, :func:`parse_tuning_lines`). Sources:
+NCCL's ``src/misc/param.cc`` ``ncclLoadParam`` (the ``"%s set by environment to %lld."`` log line of
+integer parameters), ``src/graph/paths.cc`` ``ncclGetLevel`` (how NCCL_P2P_LEVEL is logged),
 ``src/debug.cc`` (where the lines go) and ``src/graph/tuning.cc`` (the matrix).
 
-What NCCL ran: the algorithm and protocol it chose for each collective size, from its TUNING lines.
-
-The "Enabled NCCL Func/Proto/Algo Matrix" (debug_log.parse_enabled_matrix) is what NCCL parsed
-from NCCL_ALGO / NCCL_PROTO, before it drops what the host cannot run; it says a setting was
-read, not used. What a collective ran is logged by rank 0 under the TUNING subsystem, which
-``--kimiperf-nccl-debug`` turns on (debug_log.NCCL_DEBUG_ENV), one line per collective enqueued:
+**What NCCL ran.** The "Enabled NCCL Func/Proto/Algo Matrix" (:func:`parse_enabled_matrix`) is what
+NCCL parsed from NCCL_ALGO / NCCL_PROTO, before it drops what the host cannot run; it says a setting
+was read, not used. What a collective ran is logged by rank 0 under the TUNING subsystem, which
+``--kimiperf-nccl-debug`` turns on (:data:`NCCL_DEBUG_ENV`), one line per collective enqueued:
 
 * NCCL 2.26 and later, ``src/enqueue.cc``: ``INFO(NCCL_TUNING, "%s: %ld Bytes -> Algo %s proto %s
   channel{Lo..Hi}={%d..%d}", ncclFuncToString(...), bytes, ncclAlgoToString(...),
@@ -42,6 +48,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 from pytest_kimiperf.config.nccl.values import P2P_LEGACY_LEVELS, enabled_lists, is_nccl_related
+
+# What NCCL read: the debug environment, the values NCCL logged, and the matrix it parsed.
 
 # With --kimiperf-nccl-debug the server gets this on top of its profile: INFO level is what prints the
 # "<VAR> set by environment to <value>" lines (ENV subsystem); NCCL_DEBUG_SUBSYS keeps NCCL's
@@ -203,6 +211,7 @@ def matrix_status(profile_env: Mapping[str, str], matrix: Mapping[str, Mapping[s
     return differences
 
 
+# What NCCL ran: the algorithm and protocol of each collective size, from the TUNING lines.
 _CHOSEN = re.compile(r"NCCL INFO (?:(?P<func>[A-Za-z]+): )?(?P<bytes>\d+) Bytes -> Algo (?P<algo>\w+) "
                      r"proto (?P<proto>\w+)(?: channel| time|$)")
 _SPECIAL = re.compile(r"NCCL INFO (?P<func>[A-Za-z]+) \[(?P<kind>Symmetric|Copy Engine|Hierarchical CE)\]: "
