@@ -3,7 +3,7 @@
 A bound set on a fast host (the loop answers within 0.5 ms at the median) judges the host, not
 the client, on a slow one: CI on a host 5x slower read p50 0.84 ms and called the run
 client-bound. Each client process times the same probe on an idle loop in a fresh interpreter
-(``measure.engine``; it inherits the client's core), and the bound in force is never below
+(``measure.loop_probe``; it inherits the client's core), and the bound in force is never below
 ``results.HOST_LOOP_FACTOR`` times what that reads.
 
 This runs the client against the paced truth server (tests/fakes/paced_server.py) at 1 and 8
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from client_accuracy import MODEL, paced_server  # noqa: E402
 
 from pytest_kimiperf.config.deployments import HealthBounds  # noqa: E402
-from pytest_kimiperf.measure.engine import host_idle_loop_latency_ms  # noqa: E402
+from pytest_kimiperf.measure.loop_probe import host_idle_loop_latency_ms  # noqa: E402
 from pytest_kimiperf.measure.results import percentile  # noqa: E402
 from pytest_kimiperf.measure.results import loop_latency_bounds  # noqa: E402
 from pytest_kimiperf.measure.runner import run_scenario  # noqa: E402

@@ -1,185 +1,37 @@
 """What one client process runs: an event loop, one connection pool, and the self-check.
 
-The module holds, in order:
-
-* the client's own clock check (:class:`LoopProbe`, :func:`host_idle_loop_latency_ms`): how late
-  an event loop runs a callback that was due;
-* the engine (:class:`Engine`, :class:`WorkerPool`): one round's requests played on one event
-  loop per client process.
-
-**The clock check.** :class:`LoopProbe` is what the self-check of every measured round rests on
-(:class:`Engine` runs it beside the round's loop; ``results`` judges what it read).
-:func:`host_idle_loop_latency_ms` reads what *this host* charges an idle loop to wake, in a fresh
-interpreter, so the bounds can follow the host (a host 5x slower than another charges about 5x)
-while anything the measuring process itself does to its loop (a thread holding the GIL, a callback
-that blocks) still counts against the run: an idle probe inside that process would be starved by
-the same thread and raise the bound with it.
-
-Run as ``python -m pytest_kimiperf.measure.engine``: it prints the idle latencies (ms) as one JSON
-list. The child imports this module and the HTTP client it imports (about 0.5 s on a 2-core host),
-well inside ``_IDLE_CHILD_TIMEOUT_S``.
-
-**The engine.** :class:`Engine` plays a :class:`ProcessPlan` (its share of one round) on one event
-loop: closed-loop streams or open-loop arrivals, every request through one ``StreamingClient``.
-While it plays, :class:`LoopProbe` times how late the loop runs a callback and the process's CPU
-share is taken (see config.deployments.HealthBounds), the measured part runs at real-time priority
-where the OS allows it, and the garbage collector is held off. :class:`WorkerPool` runs one Engine
-per worker process when ``client_processes`` spreads the streams; their ``perf_counter_ns`` stamps
-(CLOCK_MONOTONIC) are system-wide on Linux, so records merge. One process handled 128 streams x 200
-tok/s (25,600 chunks/s) at ~0.3 of a core on the 2-core CI machine (benchmarks/client_accuracy.py).
+:class:`Engine` plays a :class:`ProcessPlan` (its share of one round) on one event loop:
+closed-loop streams or open-loop arrivals, every request through one ``StreamingClient``. While it
+plays, :class:`~pytest_kimiperf.measure.loop_probe.LoopProbe` times how late the loop runs a
+callback and the process's CPU share is taken (see config.deployments.HealthBounds), the measured
+part runs at real-time priority where the OS allows it, and the garbage collector is held off.
+:class:`WorkerPool` runs one Engine per worker process when ``client_processes`` spreads the
+streams; their ``perf_counter_ns`` stamps (CLOCK_MONOTONIC) are system-wide on Linux, so records
+merge. One process handled 128 streams x 200 tok/s (25,600 chunks/s) at ~0.3 of a core on the
+2-core CI machine (benchmarks/client_accuracy.py).
 
 Requests that stall ``STALLS_TO_ABORT`` times in a row end the scenario (:class:`ScenarioStalled`).
+
+The clock check stays in its own module, loop_probe.py: it runs as a child interpreter that
+imports only the standard library, so it starts in a fraction of a second.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import gc
-import json
 import multiprocessing
-import os
-import subprocess
-import sys
-import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.measure.client import RequestSpec, StreamingClient
+from pytest_kimiperf.measure.loop_probe import LoopProbe, host_idle_loop_latency_ms, realtime_priority
 from pytest_kimiperf.measure.results import ProcessHealth, RequestRecord
 from pytest_kimiperf.measure.workload import REUSED_MARK
-
-# The clock check: how late an event loop runs a callback that was due.
-PROBE_INTERVAL_S = 0.002
-# How long the idle loop is timed: 125 probe intervals.
-IDLE_PROBE_S = 0.25
-# A child that has not answered in this long (a host so busy it cannot start Python) leaves the
-# deployment's absolute bounds in force.
-_IDLE_CHILD_TIMEOUT_S = 30.0
-
-
-class LoopProbe:
-    """Times how late the loop runs a callback that became due at a known moment.
-
-    A thread wakes every ``PROBE_INTERVAL_S`` and posts a callback stamped with the moment it
-    was *due* (not when the post happened): the delay then holds everything a socket event
-    would wait through before the client reads it, including the GIL held by another
-    thread of the process and CPU taken by other processes.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._stop = threading.Event()
-        self.latencies_ms: list[float] = []
-        self._thread = threading.Thread(target=self._post, name="kimiperf-loop-probe", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _post(self) -> None:
-        set_thread_timer_slack_ns(1000)
-        interval_ns = int(PROBE_INTERVAL_S * 1e9)
-        due_ns = time.perf_counter_ns() + interval_ns
-        while not self._stop.is_set():
-            wait_ns = due_ns - time.perf_counter_ns()
-            if wait_ns > 0:
-                time.sleep(wait_ns / 1e9)
-            try:
-                self._loop.call_soon_threadsafe(self._answer, due_ns)
-            except RuntimeError:
-                return  # loop closed
-            due_ns += interval_ns
-            now_ns = time.perf_counter_ns()
-            if due_ns < now_ns:
-                due_ns = now_ns + interval_ns  # fell behind: do not post a burst to catch up
-
-    def _answer(self, due_ns: int) -> None:
-        self.latencies_ms.append((time.perf_counter_ns() - due_ns) / 1e6)
-
-
-def set_thread_timer_slack_ns(slack_ns: int) -> None:
-    # Linux lets sleeps end up to 50 us late by default (timer slack, man 2 prctl); the probe
-    # would count that as loop latency. PR_SET_TIMERSLACK applies to the calling thread only.
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(29, slack_ns, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-@contextlib.contextmanager
-def realtime_priority() -> Iterator[None]:
-    """Run the measured part at SCHED_FIFO where the OS allows it, then restore.
-
-    On a host where the server shares cores with the client (the 2-core CPU deployment: API
-    server, engine core and client on one core), the scheduler can hold the client off the CPU
-    for 100+ ms; chunks then pile up and are read, and stamped, together. The client uses a
-    small fraction of a core, so letting it preempt costs the server little and keeps stamps
-    on time. Linux applies the policy per thread (the probe thread, started inside, inherits
-    it); without CAP_SYS_NICE this is a no-op and the self-check still guards the numbers.
-    """
-    try:
-        before = os.sched_getscheduler(0), os.sched_getparam(0)
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(_CLIENT_RT_PRIORITY))
-    except (AttributeError, OSError):
-        yield
-        return
-    try:
-        yield
-    finally:
-        os.sched_setscheduler(0, before[0], before[1])
-
-
-# Low among real-time priorities: above every normal process, below kernel threads and
-# anything an administrator set up as real-time.
-_CLIENT_RT_PRIORITY = 5
-
-
-def idle_loop_latency_ms() -> tuple[float, ...]:
-    """The probe on a fresh event loop with nothing to do, for ``IDLE_PROBE_S``, at the
-    priority the measured rounds run at (in this process: the child's entry point)."""
-    loop = asyncio.new_event_loop()
-    try:
-        with realtime_priority():
-            probe = LoopProbe(loop)
-            probe.start()
-            try:
-                loop.run_until_complete(asyncio.sleep(IDLE_PROBE_S))
-            finally:
-                probe.stop()
-        return tuple(probe.latencies_ms)
-    finally:
-        loop.close()
-
-
-@functools.cache
-def host_idle_loop_latency_ms() -> tuple[float, ...]:
-    """What an idle loop reads on this host, timed once per process in a fresh interpreter;
-    empty where the child could not tell (then the absolute bounds stay in force).
-    ``host_idle_loop_latency_ms.cache_clear()`` times it again (a benchmark that slows the host)."""
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", __name__], capture_output=True, text=True,
-            timeout=_IDLE_CHILD_TIMEOUT_S, check=True,
-        )
-        return tuple(float(x) for x in json.loads(done.stdout))
-    except (OSError, subprocess.SubprocessError, ValueError, TypeError):
-        return ()
-
-
-if __name__ == "__main__":
-    print(json.dumps(idle_loop_latency_ms()))
-
 
 # The engine: one round's requests on one event loop, one per client process.
 _WORKER_READY_TIMEOUT_S = 120.0

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from pytest_kimiperf.measure import engine
-from pytest_kimiperf.measure.engine import PROBE_INTERVAL_S, IDLE_PROBE_S, host_idle_loop_latency_ms, idle_loop_latency_ms
+from pytest_kimiperf.measure import loop_probe
+from pytest_kimiperf.measure.loop_probe import PROBE_INTERVAL_S, IDLE_PROBE_S, host_idle_loop_latency_ms, idle_loop_latency_ms
 
 
 @pytest.fixture
@@ -56,5 +56,5 @@ def test_the_idle_reading_is_taken_once_per_process() -> None:
 
 
 def test_a_child_that_cannot_answer_leaves_the_absolute_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine.sys, "executable", "/nonexistent/python")
+    monkeypatch.setattr(loop_probe.sys, "executable", "/nonexistent/python")
     assert host_idle_loop_latency_ms() == ()
