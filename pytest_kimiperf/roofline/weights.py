@@ -606,6 +606,82 @@ def _check_tp(tp: object) -> int:
     return tp
 
 
+@dataclass(frozen=True)
+class _ModelDims:
+    """The sizes every layout has: layers, hidden width, attention heads, vocabulary."""
+
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+
+
+@dataclass(frozen=True)
+class _MlaDims:
+    """DeepSeek-V2/V3/Kimi multi-head latent attention: the low ranks and per-head widths."""
+
+    q_lora: int | None
+    kv_lora: int
+    nope: int
+    rope: int
+    v_dim: int
+
+
+@dataclass(frozen=True)
+class _GqaDims:
+    """Llama-style MHA/GQA: the width of a head and how many KV heads there are."""
+
+    head_dim: int
+    kv_heads: int
+
+
+@dataclass(frozen=True)
+class _Experts:
+    """A DeepSeek-style MoE block: routed experts (``top_k`` active per token) and shared ones."""
+
+    n_routed: int
+    top_k: int
+    moe_inter: int
+    n_shared: int
+    correction_bias: bool  # topk_method noaux_tc: the router carries an fp32 score bias
+
+
+@dataclass(frozen=True)
+class _MoeLayout:
+    """Which layers hold a MoE block (``experts`` None: none does)."""
+
+    experts: _Experts | None
+    every: int
+    first_dense: int
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.experts is not None and i >= self.first_dense and i % self.every == 0
+
+
+class _TensorList:
+    """The weights listed so far, each added as vLLM shards it across ``tp`` ranks."""
+
+    def __init__(self, tp: int) -> None:
+        self.tp = tp
+        self.tensors: list[WeightTensor] = []
+
+    def add(self, name: str, tensor_class: str, kind: str, shape: tuple[int, ...],
+            rank_shape: tuple[int, ...], copies: int = 1, read: int = 1) -> None:
+        self.tensors.append(WeightTensor(name, tensor_class, kind, shape, rank_shape, copies, read))
+
+    def column(self, name: str, cls: str, rows: int, cols: int, copies: int = 1, read: int = 1) -> None:
+        self.add(name, cls, "linear", (rows, cols), (_split(rows, self.tp), cols), copies, read)
+
+    def row(self, name: str, cls: str, rows: int, cols: int, copies: int = 1, read: int = 1) -> None:
+        self.add(name, cls, "linear", (rows, cols), (rows, _split(cols, self.tp)), copies, read)
+
+    def replicated(self, name: str, cls: str, rows: int, cols: int) -> None:
+        self.add(name, cls, "linear", (rows, cols), (rows, cols))
+
+    def norm(self, name: str, n: int) -> None:
+        self.add(name, "norm", "norm", (n,), (n,))
+
+
 def weight_tensors(
     config: Mapping[str, Any], *, tp: int = 1, source: str = "model config"
 ) -> tuple[WeightTensor, ...]:
@@ -619,6 +695,40 @@ def weight_tensors(
     text = text_config(config, source=source)
     where = f"{source} text_config" if text is not config else source
     r = _Reader(text, where)
+    _refuse_other_moe_layouts(text, where)
+    dims = _model_dims(r, tp, where)
+    is_mla = text.get("kv_lora_rank") is not None
+    n_routed = r.count("n_routed_experts")
+    # A wrapper's text_config knows its own lm_head; the top level answers for plain configs.
+    tied = bool(first_present(text, config, keys=("tie_word_embeddings",)))
+    out = _TensorList(tp)
+    # VocabParallelEmbedding: each rank holds vocab/tp rows, a token reads one row on one rank.
+    out.add("model.embed_tokens", "embedding", "embedding", (dims.vocab, dims.hidden),
+            (_split(dims.vocab, tp), dims.hidden))
+    attention = _mla_dims(r) if is_mla else _gqa_dims(r, dims)
+    moe = _moe_layout(r, text, n_routed, where)
+    for i in range(dims.layers):
+        p = f"model.layers.{i}"
+        out.norm(f"{p}.input_layernorm", dims.hidden)
+        if isinstance(attention, _MlaDims):
+            _add_mla_attention(out, f"{p}.self_attn", dims, attention)
+        else:
+            _add_gqa_attention(out, f"{p}.self_attn", dims, attention)
+        out.norm(f"{p}.post_attention_layernorm", dims.hidden)
+        if moe.is_moe_layer(i):
+            assert moe.experts is not None
+            _add_moe_block(out, f"{p}.mlp", dims.hidden, moe.experts)
+        else:
+            _add_dense_mlp(out, f"{p}.mlp", dims.hidden, r.required("intermediate_size"))
+    out.norm("model.norm", dims.hidden)
+    # ParallelLMHead splits the vocabulary across ranks (vLLM pads it to a multiple of 64 per
+    # rank, ignored here). A tied lm_head is the embedding matrix, read in full.
+    lm_name = "model.embed_tokens" if tied else "lm_head"
+    out.add(lm_name, "lm_head", "linear", (dims.vocab, dims.hidden), (_split(dims.vocab, tp), dims.hidden))
+    return tuple(out.tensors)
+
+
+def _refuse_other_moe_layouts(text: Mapping[str, Any], where: str) -> None:
     for other_moe in ("num_local_experts", "num_experts"):
         if text.get(other_moe) and text.get("n_routed_experts") is None:
             raise ConfigError(
@@ -626,133 +736,119 @@ def weight_tensors(
                 f"{text.get('model_type')!r}); only the DeepSeek-style MoE layout "
                 "(n_routed_experts, num_experts_per_tok, moe_intermediate_size) is supported"
             )
-    layers = r.required("num_hidden_layers")
-    hidden = r.required("hidden_size")
-    heads = r.required("num_attention_heads")
-    vocab = r.required("vocab_size")
-    if heads % tp:
+
+
+def _model_dims(r: _Reader, tp: int, where: str) -> _ModelDims:
+    dims = _ModelDims(
+        layers=r.required("num_hidden_layers"),
+        hidden=r.required("hidden_size"),
+        heads=r.required("num_attention_heads"),
+        vocab=r.required("vocab_size"),
+    )
+    if dims.heads % tp:
         # vLLM asserts the same (deepseek_v2.py, llama.py: num_heads % tp_size == 0).
         raise ConfigError(
-            f"num_attention_heads {heads} in {where} is not divisible by tp={tp}; vLLM needs "
+            f"num_attention_heads {dims.heads} in {where} is not divisible by tp={tp}; vLLM needs "
             "whole heads per rank"
         )
-    is_mla = text.get("kv_lora_rank") is not None
-    n_routed = r.count("n_routed_experts")
-    # A wrapper's text_config knows its own lm_head; the top level answers for plain configs.
-    tied = bool(first_present(text, config, keys=("tie_word_embeddings",)))
+    return dims
 
-    out: list[WeightTensor] = []
 
-    def add(name: str, tensor_class: str, kind: str, shape: tuple[int, ...],
-            rank_shape: tuple[int, ...], copies: int = 1, read: int = 1) -> None:
-        out.append(WeightTensor(name, tensor_class, kind, shape, rank_shape, copies, read))
+def _mla_dims(r: _Reader) -> _MlaDims:
+    return _MlaDims(
+        q_lora=r.optional("q_lora_rank"),
+        kv_lora=r.required("kv_lora_rank"),
+        nope=r.required("qk_nope_head_dim"),
+        rope=r.required("qk_rope_head_dim"),
+        v_dim=r.required("v_head_dim"),
+    )
 
-    def column(name: str, cls: str, rows: int, cols: int, copies: int = 1, read: int = 1) -> None:
-        add(name, cls, "linear", (rows, cols), (_split(rows, tp), cols), copies, read)
 
-    def row(name: str, cls: str, rows: int, cols: int, copies: int = 1, read: int = 1) -> None:
-        add(name, cls, "linear", (rows, cols), (rows, _split(cols, tp)), copies, read)
+def _gqa_dims(r: _Reader, dims: _ModelDims) -> _GqaDims:
+    return _GqaDims(
+        head_dim=r.required("head_dim", default=dims.hidden // dims.heads),
+        kv_heads=r.required("num_key_value_heads", default=dims.heads),
+    )
 
-    def replicated(name: str, cls: str, rows: int, cols: int) -> None:
-        add(name, cls, "linear", (rows, cols), (rows, cols))
 
-    def norm(name: str, n: int) -> None:
-        add(name, "norm", "norm", (n,), (n,))
-
-    # VocabParallelEmbedding: each rank holds vocab/tp rows, a token reads one row on one rank.
-    add("model.embed_tokens", "embedding", "embedding", (vocab, hidden),
-        (_split(vocab, tp), hidden))
-
-    if is_mla:
-        q_lora = r.optional("q_lora_rank")
-        kv_lora = r.required("kv_lora_rank")
-        nope = r.required("qk_nope_head_dim")
-        rope = r.required("qk_rope_head_dim")
-        v_dim = r.required("v_head_dim")
-    else:
-        head_dim = r.required("head_dim", default=hidden // heads)
-        kv_heads = r.required("num_key_value_heads", default=heads)
-
-    moe_every = r.required("moe_layer_freq", default=1)
+def _moe_layout(r: _Reader, text: Mapping[str, Any], n_routed: int, where: str) -> _MoeLayout:
+    every = r.required("moe_layer_freq", default=1)
     first_dense = r.count("first_k_dense_replace")
-    if n_routed:
-        top_k = r.required("num_experts_per_tok")
-        moe_inter = r.required("moe_intermediate_size")
-        n_shared = r.count("n_shared_experts")
-        if top_k > n_routed:
-            raise ConfigError(
-                f"num_experts_per_tok {top_k} in {where} exceeds n_routed_experts {n_routed}"
-            )
+    if not n_routed:
+        return _MoeLayout(None, every, first_dense)
+    top_k = r.required("num_experts_per_tok")
+    moe_inter = r.required("moe_intermediate_size")
+    n_shared = r.count("n_shared_experts")
+    if top_k > n_routed:
+        raise ConfigError(
+            f"num_experts_per_tok {top_k} in {where} exceeds n_routed_experts {n_routed}"
+        )
+    experts = _Experts(n_routed, top_k, moe_inter, n_shared,
+                       correction_bias=text.get("topk_method") == "noaux_tc")
+    return _MoeLayout(experts, every, first_dense)
 
-    for i in range(layers):
-        p = f"model.layers.{i}"
-        norm(f"{p}.input_layernorm", hidden)
-        if is_mla:
-            # vLLM deepseek_v2.py (DeepseekV2MLAAttention): q_a_proj and kv_a_proj_with_mqa are
-            # fused into DeepSeekV2FusedQkvAProjLinear(disable_tp=True), i.e. replicated on every
-            # rank (ReplicatedLinear when q_lora_rank is None), as are q_a_layernorm and
-            # kv_a_layernorm; q_b_proj/q_proj and kv_b_proj are ColumnParallelLinear over heads and
-            # o_proj is RowParallelLinear. Decode's weight absorption splits kv_b_proj into W_UK
-            # and W_UV of the same size, so its shard is what is read.
-            a = f"{p}.self_attn"
-            if q_lora is not None:
-                replicated(f"{a}.q_a_proj", "attention_replicated", q_lora, hidden)
-                norm(f"{a}.q_a_layernorm", q_lora)
-                column(f"{a}.q_b_proj", "attention_sharded", heads * (nope + rope), q_lora)
-            else:
-                column(f"{a}.q_proj", "attention_sharded", heads * (nope + rope), hidden)
-            replicated(f"{a}.kv_a_proj_with_mqa", "attention_replicated", kv_lora + rope, hidden)
-            norm(f"{a}.kv_a_layernorm", kv_lora)
-            column(f"{a}.kv_b_proj", "attention_sharded", heads * (nope + v_dim), kv_lora)
-            row(f"{a}.o_proj", "attention_sharded", hidden, heads * v_dim)
-        else:
-            a = f"{p}.self_attn"
-            column(f"{a}.q_proj", "attention_sharded", heads * head_dim, hidden)
-            # QKVParallelLinear: with fewer KV heads than ranks each rank keeps one whole KV head
-            # (a replica), so a rank reads max(1, kv_heads / tp) heads.
-            kv_rank_rows = max(1, kv_heads // tp) * head_dim
-            for proj in ("k_proj", "v_proj"):
-                add(f"{a}.{proj}", "attention_sharded", "linear", (kv_heads * head_dim, hidden),
-                    (kv_rank_rows, hidden))
-            row(f"{a}.o_proj", "attention_sharded", hidden, heads * head_dim)
-        norm(f"{p}.post_attention_layernorm", hidden)
 
-        m = f"{p}.mlp"
-        if n_routed and i >= first_dense and i % moe_every == 0:
-            # vLLM's router is GateLinear(ReplicatedLinear), built without quant_config
-            # (fused_moe, deepseek_v2.py DeepseekV2MoE): replicated and never quantized.
-            add(f"{m}.gate", "router", "router", (n_routed, hidden), (n_routed, hidden))
-            if text.get("topk_method") == "noaux_tc":
-                add(f"{m}.gate.e_score_correction_bias", "router", "bias_fp32", (n_routed,),
-                    (n_routed,))
-            # FusedMoE without expert parallelism splits every expert's intermediate dimension
-            # across ranks (w13 column-wise, w2 row-wise), so each rank reads 1/tp of every
-            # active expert. The expert index in the name is a representative for the pattern
-            # match: quantization configs address experts by module name, not index.
-            e = f"{m}.experts.0"
-            column(f"{e}.gate_proj", "routed_experts", moe_inter, hidden, n_routed, top_k)
-            column(f"{e}.up_proj", "routed_experts", moe_inter, hidden, n_routed, top_k)
-            row(f"{e}.down_proj", "routed_experts", hidden, moe_inter, n_routed, top_k)
-            if n_shared:
-                # DeepseekV2MoE: one DeepseekV2MLP of moe_intermediate_size * n_shared_experts,
-                # tensor-parallel like a dense MLP.
-                shared_inter = moe_inter * n_shared
-                s = f"{m}.shared_experts"
-                column(f"{s}.gate_proj", "shared_experts", shared_inter, hidden)
-                column(f"{s}.up_proj", "shared_experts", shared_inter, hidden)
-                row(f"{s}.down_proj", "shared_experts", hidden, shared_inter)
-        else:
-            inter = r.required("intermediate_size")
-            column(f"{m}.gate_proj", "dense_mlp", inter, hidden)
-            column(f"{m}.up_proj", "dense_mlp", inter, hidden)
-            row(f"{m}.down_proj", "dense_mlp", hidden, inter)
+def _add_mla_attention(out: _TensorList, a: str, dims: _ModelDims, mla: _MlaDims) -> None:
+    # vLLM deepseek_v2.py (DeepseekV2MLAAttention): q_a_proj and kv_a_proj_with_mqa are
+    # fused into DeepSeekV2FusedQkvAProjLinear(disable_tp=True), i.e. replicated on every
+    # rank (ReplicatedLinear when q_lora_rank is None), as are q_a_layernorm and
+    # kv_a_layernorm; q_b_proj/q_proj and kv_b_proj are ColumnParallelLinear over heads and
+    # o_proj is RowParallelLinear. Decode's weight absorption splits kv_b_proj into W_UK
+    # and W_UV of the same size, so its shard is what is read.
+    hidden, heads = dims.hidden, dims.heads
+    if mla.q_lora is not None:
+        out.replicated(f"{a}.q_a_proj", "attention_replicated", mla.q_lora, hidden)
+        out.norm(f"{a}.q_a_layernorm", mla.q_lora)
+        out.column(f"{a}.q_b_proj", "attention_sharded", heads * (mla.nope + mla.rope), mla.q_lora)
+    else:
+        out.column(f"{a}.q_proj", "attention_sharded", heads * (mla.nope + mla.rope), hidden)
+    out.replicated(f"{a}.kv_a_proj_with_mqa", "attention_replicated", mla.kv_lora + mla.rope, hidden)
+    out.norm(f"{a}.kv_a_layernorm", mla.kv_lora)
+    out.column(f"{a}.kv_b_proj", "attention_sharded", heads * (mla.nope + mla.v_dim), mla.kv_lora)
+    out.row(f"{a}.o_proj", "attention_sharded", hidden, heads * mla.v_dim)
 
-    norm("model.norm", hidden)
-    # ParallelLMHead splits the vocabulary across ranks (vLLM pads it to a multiple of 64 per
-    # rank, ignored here). A tied lm_head is the embedding matrix, read in full.
-    lm_name = "model.embed_tokens" if tied else "lm_head"
-    add(lm_name, "lm_head", "linear", (vocab, hidden), (_split(vocab, tp), hidden))
-    return tuple(out)
+
+def _add_gqa_attention(out: _TensorList, a: str, dims: _ModelDims, gqa: _GqaDims) -> None:
+    hidden, heads, head_dim = dims.hidden, dims.heads, gqa.head_dim
+    out.column(f"{a}.q_proj", "attention_sharded", heads * head_dim, hidden)
+    # QKVParallelLinear: with fewer KV heads than ranks each rank keeps one whole KV head
+    # (a replica), so a rank reads max(1, kv_heads / tp) heads.
+    kv_rank_rows = max(1, gqa.kv_heads // out.tp) * head_dim
+    for proj in ("k_proj", "v_proj"):
+        out.add(f"{a}.{proj}", "attention_sharded", "linear", (gqa.kv_heads * head_dim, hidden),
+                (kv_rank_rows, hidden))
+    out.row(f"{a}.o_proj", "attention_sharded", hidden, heads * head_dim)
+
+
+def _add_moe_block(out: _TensorList, m: str, hidden: int, experts: _Experts) -> None:
+    n_routed, top_k, moe_inter = experts.n_routed, experts.top_k, experts.moe_inter
+    # vLLM's router is GateLinear(ReplicatedLinear), built without quant_config
+    # (fused_moe, deepseek_v2.py DeepseekV2MoE): replicated and never quantized.
+    out.add(f"{m}.gate", "router", "router", (n_routed, hidden), (n_routed, hidden))
+    if experts.correction_bias:
+        out.add(f"{m}.gate.e_score_correction_bias", "router", "bias_fp32", (n_routed,), (n_routed,))
+    # FusedMoE without expert parallelism splits every expert's intermediate dimension
+    # across ranks (w13 column-wise, w2 row-wise), so each rank reads 1/tp of every
+    # active expert. The expert index in the name is a representative for the pattern
+    # match: quantization configs address experts by module name, not index.
+    e = f"{m}.experts.0"
+    out.column(f"{e}.gate_proj", "routed_experts", moe_inter, hidden, n_routed, top_k)
+    out.column(f"{e}.up_proj", "routed_experts", moe_inter, hidden, n_routed, top_k)
+    out.row(f"{e}.down_proj", "routed_experts", hidden, moe_inter, n_routed, top_k)
+    if experts.n_shared:
+        # DeepseekV2MoE: one DeepseekV2MLP of moe_intermediate_size * n_shared_experts,
+        # tensor-parallel like a dense MLP.
+        shared_inter = moe_inter * experts.n_shared
+        s = f"{m}.shared_experts"
+        out.column(f"{s}.gate_proj", "shared_experts", shared_inter, hidden)
+        out.column(f"{s}.up_proj", "shared_experts", shared_inter, hidden)
+        out.row(f"{s}.down_proj", "shared_experts", hidden, shared_inter)
+
+
+def _add_dense_mlp(out: _TensorList, m: str, hidden: int, inter: int) -> None:
+    out.column(f"{m}.gate_proj", "dense_mlp", inter, hidden)
+    out.column(f"{m}.up_proj", "dense_mlp", inter, hidden)
+    out.row(f"{m}.down_proj", "dense_mlp", hidden, inter)
 
 
 # ---------------------------------------------------------------------------------------------
