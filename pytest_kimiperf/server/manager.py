@@ -176,6 +176,15 @@ Say = Callable[[str], None]
 ProgressSink = Callable[[str, BootProgress, float, bool], None]
 
 
+@dataclass(frozen=True)
+class _EngineEnv:
+    """The environment one engine boots with, and what of it the profile set or changed."""
+
+    env: dict[str, str]
+    overridden: dict[str, tuple[str, str]]  # name -> (shell value, profile value)
+    set_here: frozenset[str]  # names the deployment or the profile set
+
+
 @dataclass
 class ServerRecord:
     """What happened to one profile's server in this session."""
@@ -267,6 +276,18 @@ class ServerManager:
         """Start ``profile``'s server (or attach to the external one) and return its handle."""
         if self.settings.external:
             return self._attach(profile)
+        self._clear_host()
+        rec = self.record(profile.name)
+        port = self._engine_port(self.settings.deployment.host)
+        engine_argv, plan, cache_off = self._engine_argv(profile, port)
+        engine_env = self._engine_env(profile, rec)
+        server = self._engine_server(profile, rec, engine_argv, engine_env, port)
+        self._announce_launch(profile, rec, server, engine_env, plan, cache_off)
+        return self._boot(profile, rec, server)
+
+    def _clear_host(self) -> None:
+        """Before a boot: honour a signal absorbed by the last stop, stop the previous server,
+        take the host for this session and sweep what killed earlier runs left (once)."""
         if self._interrupted:
             # A signal arrived while the previous server was being stopped (and was absorbed
             # so the stop could finish): honour it now instead of booting the next profile.
@@ -280,14 +301,19 @@ class ServerManager:
         if not self._swept:
             self._sweep()
             self._swept = True
-        deployment = self.settings.deployment
-        rec = self.record(profile.name)
-        host = deployment.host
+
+    def _engine_port(self, host: str) -> int:
+        """The configured port, checked free, else a free one on ``host``."""
         if self.settings.port is not None:
             check_port_free(host, self.settings.port)
-            port = self.settings.port
-        else:
-            port = pick_free_port(host)
+            return self.settings.port
+        return pick_free_port(host)
+
+    def _engine_argv(self, profile: NcclProfile, port: int) -> tuple[list[str], CommandPlan, str | None]:
+        """The engine's command for ``profile``, the profile's command plan, and why the weight
+        cache is off for this profile alone (else None). Starts the weight cache at the first boot."""
+        deployment = self.settings.deployment
+        host = deployment.host
         model_path = resolve_model_path(deployment.model, self.say)
         engine_argv = deployment.argv(model_path=model_path, host=host, port=port)
         if self.weight_cache is None:  # from the deployment's own command: the daemons serve every profile
@@ -299,6 +325,12 @@ class ServerManager:
         engine_argv = plan.apply(engine_argv)
         cache_off = profile_cache_reason(profile.name, plan.dests) if self.weight_cache.enabled else None
         engine_argv += self.weight_cache.engine_args() if cache_off is None else []
+        return engine_argv, plan, cache_off
+
+    def _engine_env(self, profile: NcclProfile, rec: ServerRecord) -> _EngineEnv:
+        """The engine's environment for ``profile``; sets this boot's log path and the
+        environment facts on ``rec``."""
+        deployment = self.settings.deployment
         base_env = {**compile_cache_env(), **os.environ, **deployment.env}
         env, overridden = profile_server_env(profile, base_env)
         boot_suffix = "" if rec.boots == 0 else f"-boot{rec.boots + 1}"  # every boot keeps its log
@@ -308,7 +340,16 @@ class ServerManager:
         rec.overridden_shell_env = dict(overridden)
         set_here = frozenset(deployment.env) | frozenset(profile.env)
         rec.env = recorded_env(env, set_here)
+        return _EngineEnv(env, overridden, set_here)
+
+    def _engine_server(self, profile: NcclProfile, rec: ServerRecord, engine_argv: list[str],
+                       engine_env: _EngineEnv, port: int) -> ServerProcess | NodeGroup:
+        """The (not yet started) server: this machine's process, or the group of every node."""
+        deployment = self.settings.deployment
+        host = deployment.host
+        env, set_here = engine_env.env, engine_env.set_here
         url_host = f"[{host}]" if ":" in host else host
+        assert rec.log_path is not None
         head = ServerProcess(
             argv=engine_argv,
             env=env,
@@ -321,15 +362,20 @@ class ServerManager:
             deadline_s=deployment.health_deadline_s,
             grace_s=self.settings.grace_s,
             api_key=self.settings.api_key,
-            overridden_shell_env=overridden,
+            overridden_shell_env=engine_env.overridden,
             always_record=set_here,
             control=self.control,
         )
-        server: ServerProcess | NodeGroup = head
         if deployment.nodes:  # every node of the deployment, the head being this one (cluster.py)
-            server = node_group(head, deployment.nodes, engine_argv, exported={k: env[k] for k in set_here if k in env},
-                                master_port=deployment.master_port or pick_free_port(host))
-        for name, (shell, value) in sorted(overridden.items()):
+            return node_group(head, deployment.nodes, engine_argv, exported={k: env[k] for k in set_here if k in env},
+                              master_port=deployment.master_port or pick_free_port(host))
+        return head
+
+    def _announce_launch(self, profile: NcclProfile, rec: ServerRecord, server: ServerProcess | NodeGroup,
+                         engine_env: _EngineEnv, plan: CommandPlan, cache_off: str | None) -> None:
+        """Say what the profile changes and where the server starts."""
+        deployment = self.settings.deployment
+        for name, (shell, value) in sorted(engine_env.overridden.items()):
             self.say(f"kimiperf: profile {profile.name} overrides {name}={shell!r} from the shell with {value!r}")
         for line in [*(f"profile {profile.name} replaces the deployment's {r.describe()}" for r in plan.replaced),
                      *([cache_off] if cache_off else [])]:
@@ -339,6 +385,10 @@ class ServerManager:
             f"on {server.base_url}; log: {rec.log_path}"
             + (f"; {server.describe()}" if isinstance(server, NodeGroup) else "")
         )
+
+    def _boot(self, profile: NcclProfile, rec: ServerRecord, server: ServerProcess | NodeGroup) -> ServerHandle:
+        """Start ``server``, wait until it serves, and record the boot (its error, if it fails)."""
+        deployment = self.settings.deployment
         if deployment.needs_gpus:  # device-level accounting: every boot starts from the first one's figure
             self._gpu_before_mib = settle_before_boot(self._gpu_before_mib)
         rec.boots += 1
