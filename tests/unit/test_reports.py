@@ -331,6 +331,18 @@ def test_colour_goes_through_reporter_markup(report: SessionReport) -> None:
     assert regression == {"red": True, "bold": True} and worse == {"red": True} and plain == {}
 
 
+def test_an_answers_colour_follows_its_facts_not_its_words(view: LoadedBaselines) -> None:
+    # A profile named like a failure whose figures match the reference's: its answer is plain.
+    # The colour once came from matching words in the line ("INVALID" at its start made it loud).
+    for name in ("INVALID-probe",):
+        res = [judge(measured("default", decode=81.4, itl=12.3, ttft=40.0, seed=1), view),
+               judge(measured(name, decode=81.4, itl=12.3, ttft=40.0, seed=1), view)]
+        facts = [ProfileFacts("default", "", {}, {}, boots=1), ProfileFacts(name, "", {}, {}, boots=1)]
+        calls = summary(make_report(res, profiles=facts)).calls
+        answer = next((text, markup) for _, text, markup in calls if text.startswith(f"{name} vs default, "))
+        assert "worse" not in answer[0] and answer[1] == {}, answer
+
+
 def test_leftovers_and_errors_are_loud_even_with_q(results: list[TestResult]) -> None:
     report = make_report(results, profiles=[
         ProfileFacts("default", boots=1, leftovers=("pid 4242 VLLM::EngineCore (ppid 1)",)),
