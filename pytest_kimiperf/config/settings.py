@@ -150,7 +150,69 @@ def build_settings(
     extra_profiles: Mapping[str, Mapping[str, Any]] | None = None,
     pcie_only: bool | None = None,
 ) -> Settings:
-    """Validate raw option values into Settings; any bad value raises ConfigError."""
+    """Validate raw option values into Settings; any bad value raises ConfigError.
+
+    The phases run in this order and each stops at its first bad value, so of several bad values
+    the one named is always the same; the options that depend on no other are checked last, in
+    the order of their fields below.
+    """
+    chosen = _deployment_and_profiles(options, rootpath, extra_deployments, extra_profiles, pcie_only)
+    deployment = chosen.deployment
+    server_url = _server_url(options["server_url"])
+    control, profiles = _with_control(options, deployment, chosen.profiles, server_url)
+    profiles, command_plans = _booted_commands(profiles, deployment, server_url)
+    server_hardware = _attached_server_hardware(options, server_url, profiles)
+    append_on_pass = _append_on_pass(options, server_url, server_hardware)
+    schedule = _boot_schedule(options, deployment, profiles, server_url, control)
+    missing_baseline, gate = _missing_baseline_policy(options)
+    perf_export, export_detailed = _export(
+        options.get("perf_export", RawOption(None, "default")),
+        options.get("perf_export_detailed", RawOption(False, "default")), rootpath)
+    return Settings(
+        deployment=deployment, deployments=chosen.deployments, profiles=profiles,
+        known_profiles=chosen.known_profiles, profile_warnings=chosen.warnings, control=control,
+        command_plans=command_plans, server_url=server_url, server_hardware=server_hardware,
+        boots=schedule.boots, max_boots=schedule.max_boots, max_boots_source=schedule.max_boots_source,
+        max_boots_from=schedule.max_boots_from, boot_order=schedule.boot_order, boot_seed=schedule.boot_seed,
+        missing_baseline=missing_baseline, gate=gate, append_on_pass=append_on_pass,
+        perf_export=perf_export, perf_export_detailed=export_detailed,
+        # The options that depend on no other, each checked on its own, in this order.
+        port=_port(options["port"]),
+        nccl_debug=bool(options["nccl_debug"].value),
+        update_baselines=bool(options["update_baselines"].value),
+        baselines_dir=_path(options["baselines_dir"], rootpath) or rootpath / "baselines",
+        perf_strict=bool(options["perf_strict"].value),
+        perf_json=_path(options["perf_json"], rootpath),
+        perf_markdown=_path(options["perf_markdown"], rootpath),
+        perf_plots=_path(options["perf_plots"], rootpath),
+        progress_interval_s=_positive_float(options["progress_interval"]),
+        grace_s=_positive_float(options["grace"]),
+        api_key=_api_key(options["api_key"]),
+        host_wait_s=_seconds(options.get("host_wait", RawOption("600", "default"))),
+        host_id=_host_id(options.get("host_id", RawOption(None, "default"))),
+        record_command=str(options.get("record_command", RawOption(None, "default")).value or "").strip() or None,
+    )
+
+
+@dataclass(frozen=True)
+class _Chosen:
+    """The deployments and profiles defined, the ones selected, and what the selected profiles warn of."""
+
+    deployments: Mapping[str, Deployment]
+    deployment: Deployment
+    known_profiles: Mapping[str, NcclProfile]
+    profiles: tuple[NcclProfile, ...]
+    warnings: tuple[str, ...]
+
+
+def _deployment_and_profiles(
+    options: Mapping[str, RawOption],
+    rootpath: Path,
+    extra_deployments: Mapping[str, Mapping[str, Any]] | None,
+    extra_profiles: Mapping[str, Mapping[str, Any]] | None,
+    pcie_only: bool | None,
+) -> _Chosen:
+    """The deployment and profiles selected, from the built-ins, [tool.kimiperf] and the hooks'."""
     table, pyproject = read_pyproject_table(rootpath)
     deployments = resolve_deployments(
         {**table.get("deployments", {}), **(extra_deployments or {})},
@@ -170,18 +232,33 @@ def build_settings(
     warnings: list[str] = []
     for profile in profiles:
         warnings.extend(validate_profile(profile, pcie_only=pcie_only))
+    return _Chosen(deployments, deployment, known_profiles, profiles, tuple(warnings))
 
-    server_url = _server_url(options["server_url"])
+
+def _with_control(options: Mapping[str, RawOption], deployment: Deployment, profiles: tuple[NcclProfile, ...],
+                  server_url: str | None) -> tuple[bool, tuple[NcclProfile, ...]]:
+    """--kimiperf-control checked; when on, the selected profile's control joins the profiles."""
     control_opt = options.get("control", RawOption(False, "default"))
     control = check_control(control_opt.value, control_opt.source, deployment, profiles,
-                       server_url=server_url, update=bool(options["update_baselines"].value))
-    if control:
-        profiles = (*profiles, control_profile(profiles[0]))
-    command_plans: dict[str, CommandPlan] = {}
-    if server_url is None:
-        _check_port_placeholder(deployment)
-        command_plans = _command_plans(profiles, deployment)
-        profiles = tuple(replace(p, args=command_plans[p.name].args) for p in profiles)
+                            server_url=server_url, update=bool(options["update_baselines"].value))
+    return control, ((*profiles, control_profile(profiles[0])) if control else profiles)
+
+
+def _booted_commands(profiles: tuple[NcclProfile, ...], deployment: Deployment,
+                     server_url: str | None) -> tuple[tuple[NcclProfile, ...], dict[str, CommandPlan]]:
+    """Each profile's server command, checked before any boot, and its args as the command takes
+    them; an attached server is already running, so it has none."""
+    if server_url is not None:
+        return profiles, {}
+    _check_port_placeholder(deployment)
+    command_plans = _command_plans(profiles, deployment)
+    return tuple(replace(p, args=command_plans[p.name].args) for p in profiles), command_plans
+
+
+def _attached_server_hardware(options: Mapping[str, RawOption], server_url: str | None,
+                              profiles: tuple[NcclProfile, ...]) -> str | None:
+    """The attached server's hardware as the user states it (None when booting); an attached server
+    takes one profile as its label, and a baseline recorded from it must say what it ran on."""
     if server_url and len(profiles) > 1:
         raise ConfigError(
             f"--kimiperf-server-url {server_url} attaches to one running server, whose environment and arguments "
@@ -195,6 +272,13 @@ def build_settings(
             "server's hardware, and a baseline must say what it was measured on; state it with "
             "--kimiperf-server-hardware '8x <GPU>, <interconnect>' (or the kimiperf_server_hardware ini option)"
         )
+    return server_hardware
+
+
+def _append_on_pass(options: Mapping[str, RawOption], server_url: str | None,
+                    server_hardware: str | None) -> tuple[str, ...]:
+    """The branches on which a passing run appends its boots: not with --kimiperf-update-baselines,
+    and from an attached server only when its hardware is stated."""
     append_on_pass = _branches(options.get("append_on_pass", RawOption(None, "default")))
     if append_on_pass and bool(options["update_baselines"].value):
         raise ConfigError(
@@ -204,6 +288,32 @@ def build_settings(
         raise ConfigError(
             f"append-on-pass with --kimiperf-server-url {server_url}: a baseline must say what it was measured on; "
             "state the attached server's hardware with --kimiperf-server-hardware '8x <GPU>, <interconnect>'")
+    return append_on_pass
+
+
+@dataclass(frozen=True)
+class _BootSchedule:
+    """Boots per profile planned up front, the most on demand and what set that most, and their order."""
+
+    boots: int
+    max_boots: int
+    max_boots_source: MaxBootsSource
+    max_boots_from: str
+    boot_order: str
+    boot_seed: int
+
+
+def _boot_schedule(options: Mapping[str, RawOption], deployment: Deployment, profiles: tuple[NcclProfile, ...],
+                   server_url: str | None, control: bool) -> _BootSchedule:
+    """How many times each profile's server boots, and in which order."""
+    boots = _boots(options, profiles, server_url, control)
+    max_boots, max_boots_source, max_boots_from = _max_boots(options, deployment, boots, server_url)
+    return _BootSchedule(boots, max_boots, max_boots_source, max_boots_from, _boot_order(options), _boot_seed(options))
+
+
+def _boots(options: Mapping[str, RawOption], profiles: tuple[NcclProfile, ...], server_url: str | None,
+           control: bool) -> int:
+    """Boots per profile planned up front."""
     boots = _count(options["boots"], "boots per profile") if "boots" in options else 1
     if len(profiles) > 1 and options.get("boots", RawOption("1", "default")).source == "default" and not server_url:
         # One boot each can never give a direction between profiles (nor tell a change from a
@@ -213,6 +323,12 @@ def build_settings(
         raise ConfigError(f"--kimiperf-control with {boots} boot per profile (from {options['boots'].source}): one "
                           f"boot a side never gives a direction, so the control could never fail the run; use "
                           f"--kimiperf-boots {MIN_BOOTS_DIRECTIONAL} or more")
+    return boots
+
+
+def _max_boots(options: Mapping[str, RawOption], deployment: Deployment, boots: int,
+               server_url: str | None) -> tuple[int, MaxBootsSource, str]:
+    """The most boots per profile, what set it, and the words that say where it came from."""
     max_boots_opt = options.get("max_boots", RawOption(None, "default"))
     max_boots_source, max_boots_from = MaxBootsSource.DEPLOYMENT, f"deployment {deployment.name}'s max_boots"
     if max_boots_opt.value in (None, ""):
@@ -231,15 +347,28 @@ def build_settings(
                               "the deployment a restart_command (such as ['systemctl', 'restart', 'vllm'])")
         max_boots, max_boots_from = 1, "an attached server without a restart_command"
         max_boots_source = MaxBootsSource.ATTACHED
+    return max_boots, max_boots_source, max_boots_from
+
+
+def _boot_order(options: Mapping[str, RawOption]) -> str:
     boot_order = str(options.get("boot_order", RawOption("interleaved", "default")).value)
     if boot_order not in BOOT_ORDERS:
         raise ConfigError(f"boot order {boot_order!r} (from {options['boot_order'].source}); allowed: "
                           f"{', '.join(BOOT_ORDERS)}")
+    return boot_order
+
+
+def _boot_seed(options: Mapping[str, RawOption]) -> int:
     boot_seed_opt = options.get("boot_seed", RawOption("0", "default"))
     try:
-        boot_seed = int(str(boot_seed_opt.value))
+        return int(str(boot_seed_opt.value))
     except ValueError:
         raise ConfigError(f"boot seed {boot_seed_opt.value!r} (from {boot_seed_opt.source}) must be an integer") from None
+
+
+def _missing_baseline_policy(options: Mapping[str, RawOption]) -> tuple[str, bool]:
+    """What a perf test without a baseline does (warn or fail), and whether this run is a gate,
+    which makes it fail."""
     missing_opt = options.get("missing_baseline", RawOption("warn", "default"))
     missing_baseline = str(missing_opt.value).strip().lower()
     if missing_baseline not in MISSING_BASELINE_POLICIES:
@@ -253,45 +382,7 @@ def build_settings(
                               f"(from {missing_opt.source}): a gate fails where it has no baseline to judge "
                               "against; drop the policy, or run without the gate")
         missing_baseline = "fail"
-    perf_export, export_detailed = _export(
-        options.get("perf_export", RawOption(None, "default")),
-        options.get("perf_export_detailed", RawOption(False, "default")), rootpath)
-    return Settings(
-        deployment=deployment,
-        deployments=deployments,
-        profiles=profiles,
-        known_profiles=known_profiles,
-        server_url=server_url,
-        port=_port(options["port"]),
-        nccl_debug=bool(options["nccl_debug"].value),
-        update_baselines=bool(options["update_baselines"].value),
-        baselines_dir=_path(options["baselines_dir"], rootpath) or rootpath / "baselines",
-        perf_strict=bool(options["perf_strict"].value),
-        perf_json=_path(options["perf_json"], rootpath),
-        perf_markdown=_path(options["perf_markdown"], rootpath),
-        perf_plots=_path(options["perf_plots"], rootpath),
-        progress_interval_s=_positive_float(options["progress_interval"]),
-        grace_s=_positive_float(options["grace"]),
-        api_key=_api_key(options["api_key"]),
-        profile_warnings=tuple(warnings),
-        host_wait_s=_seconds(options.get("host_wait", RawOption("600", "default"))),
-        server_hardware=server_hardware,
-        boots=boots,
-        max_boots=max_boots,
-        max_boots_source=max_boots_source,
-        max_boots_from=max_boots_from,
-        boot_order=boot_order,
-        boot_seed=boot_seed,
-        host_id=_host_id(options.get("host_id", RawOption(None, "default"))),
-        missing_baseline=missing_baseline,
-        gate=gate,
-        append_on_pass=append_on_pass,
-        control=control,
-        record_command=str(options.get("record_command", RawOption(None, "default")).value or "").strip() or None,
-        perf_export=perf_export,
-        perf_export_detailed=export_detailed,
-        command_plans=command_plans,
-    )
+    return missing_baseline, gate
 
 
 HOST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
