@@ -269,14 +269,15 @@ class PerfRecorder:
             result.messages.append(watch)
         reason = watched.busy if watched.busy is not None else run.invalid
         invalid = say_invalid(reason) if reason is not None else None  # the judge's InvalidRun takes the words
+        surprises = [] if invalid is not None else [PrefixCacheReused(r.hit_tokens, r.queried_tokens)
+                                                    for r in run_cross_checks(run)]
         named = [*metrics, *(slo or {}), *([FLOOR_METRIC] if floor else [])]
         judged = [*named, *(["request_goodput"] if goodput is not None else [])]
         measured = BootRun(
             samples={name: self._boot_samples(name) if metric_spec(name).sample is SampleKind.BOOT else run.samples(name)
                      for name in dict.fromkeys(named)},
             requests=len(run.records), failed_requests=run.invalid_count, failed_reasons=run.invalid_reasons,
-            invalid=invalid, cross_checks=[PrefixCacheReused(r.hit_tokens, r.queried_tokens) for r in run_cross_checks(run)]
-            if invalid is None else [],
+            invalid=invalid, cross_checks=surprises,
             goodput_samples=[rnd.request_goodput(goodput) for rnd in run.rounds] if goodput is not None else [],
         )
         rules = Rules.for_deployment(

@@ -22,9 +22,9 @@ its line tallies the verdicts of each test's last boot, the one that decides.
 
 from __future__ import annotations
 
+import enum
 from collections import Counter
 from collections.abc import Sequence
-import enum
 from dataclasses import dataclass
 
 from pytest_kimiperf.config.metric_specs import METRICS
