@@ -10,7 +10,7 @@ noise at CV ``c`` with heavy tails (5% of requests 1.5-3x worse); per boot, a bo
 the metric's own; a linear drift of ``--drift`` over the session, which the current boots see
 and the baseline history (recorded in earlier sessions) does not.
 
-The gate is the plugin's own code: ``boot_summary.summarize_boot`` for each boot,
+The gate is the plugin's own code: ``boots.summarize_boot`` for each boot,
 ``stats.compare_boots`` for each verdict, and boots on demand as ``recorder.py`` does them: the
 server boots once per profile; a test whose comparison ``planning.wants_another_boot`` says so
 reboots the server (up to ``--max-boots``) and is measured again, and the tests after it run on
@@ -203,7 +203,7 @@ class Rules:
     max_boots: int
     boots: int = 1  # planned boots per run (the gate's --kimiperf-boots); more on demand up to max_boots
     # The standard errors a direction needs (None: stats.GATE_CRITICAL; the gate's
-    # family.family_critical(m) for a run of m comparisons).
+    # gate.family_critical(m) for a run of m comparisons).
     critical: float | None = None
 
 
@@ -479,7 +479,7 @@ def append_nights(args: argparse.Namespace) -> list[dict[str, object]]:
     history when it passed (the window keeps the last 20 boots), from a history of 10 nights of
     the unchanged server. Two threats: a slow drift of -0.25% a night (-6%, twice the tolerance,
     after 24 nights) and a -6% regression that lands on night 5. With the rule in force (each
-    metric also judged against the anchor, the 10 recorded nights, by drift.drift_since_anchor,
+    metric also judged against the anchor, the 10 recorded nights, by history.drift_since_anchor,
     the nights appended since and tonight's boots; a drift fails the night) and without it (the
     window alone): the night the gate first fails, and the share of nights after the step that
     fail (of every night, with no threat: false alarms), and the nights appended."""
@@ -654,7 +654,7 @@ def control_table(args: argparse.Namespace, rules: Rules) -> list[dict[str, obje
     the candidate against its control booted beside it (--kimiperf-control): the session effect
     is one draw shared by both sides, and the comparison is the plugin's own
     (profiles.compare_with_control), boot against boot, over the suite's 10 gated metrics; and, for
-    contrast, the profile comparison's rule (in_session.compare_in_session), which the control
+    contrast, the profile comparison's rule (profiles.compare_in_session), which the control
     uses where a deployment declares spawn modes."""
     from pytest_kimiperf.judge.profiles import compare_with_control  # noqa: PLC0415
     from pytest_kimiperf.judge.profiles import InSessionRules, compare_in_session  # noqa: PLC0415

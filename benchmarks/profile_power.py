@@ -3,7 +3,7 @@
 The profile comparison (``--nccl-profile default,ring-ll``) judges each profile's boots against
 the reference profile's, all in one session (pytest_kimiperf/judge/profiles.py). Two views,
 both through the function the terminal summary uses (``profiles.compare_profiles`` calls
-``in_session.compare_in_session`` for each test and metric):
+``profiles.compare_in_session`` for each test and metric):
 
 * **replay**: real boots of one session of the noise corpus (benchmarks/data/noise) split into
   two "profiles" of k boots, interleaved as ``make perf`` boots them (A B B A ...), every gated

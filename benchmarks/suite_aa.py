@@ -5,14 +5,14 @@ run of the suite judges: every gated metric of both profiles against its own bas
 (gate_power.py's suite shape: 10 metrics in 5 tests, so 20 baseline comparisons) (the gate, boots on demand:
 gate_power.py's ``gate_run``), and the profile
 comparison of the second profile against the first in the same session, metric by metric
-(``in_session.compare_in_session``, what the summary's profile rows say). Both profiles share the
+(``profiles.compare_in_session``, what the summary's profile rows say). Both profiles share the
 session's effect, as they do in ``make perf``. Simulated with gate_power.py's noise model (per
 request CV 2% with heavy tails, boot and session effects half shared by a boot's metrics, a
 drift of 0.5% over the session), tolerance 3%, 2 planned boots a profile (a third on demand),
 the spreads declared boot 1% (3 df), session 1%, host 2% (10 df each, the defaults), against the
 truth as declared and at twice the declaration (declared at half the truth), for the history
 shapes of issue 46 (1 session x 5 boots, 3 x 2, 10 x 1). ``--family`` judges each baseline
-comparison at the run family's critical value (family.family_critical of the 20 comparisons)
+comparison at the run family's critical value (gate.family_critical of the 20 comparisons)
 instead of stats.GATE_CRITICAL. Seeded::
 
     nice -n 19 python benchmarks/suite_aa.py --runs 600

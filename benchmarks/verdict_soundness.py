@@ -1,7 +1,7 @@
 """Error rates of the verdict at the levels it states (issue 46), in simulation.
 
 Each table is a CPU-only simulation through the plugin's own functions
-(``in_session.compare_in_session`` for two profiles of one session,
+(``profiles.compare_in_session`` for two profiles of one session,
 ``history.compare_with_history`` for the gate against a history), seeded: the same arguments
 print the same figures.
 
@@ -136,7 +136,7 @@ def modes_table(args: argparse.Namespace) -> None:
 def drift_table(args: argparse.Namespace) -> None:
     """Nightly runs of 2 boots (boot 1%, session 1%, declared right) appending while they pass,
     judged against the anchor (a deliberate recording of 2 sessions x 2 boots) by
-    drift.drift_since_anchor. A drift of d a night: the true change when the series first
+    history.drift_since_anchor. A drift of d a night: the true change when the series first
     fails, and the share failing before twice the tolerance; none: the share of nights failing."""
     spreads = Spreads(0.01, 0.01)
     band = band_log(TOLERANCE)
@@ -228,7 +228,7 @@ def nightly_table(args: argparse.Namespace) -> None:
                     if per_night:
                         break
                     continue  # a failing night appends nothing
-                # append.append_refusal: a night that looked worse than the tolerance without a verdict.
+                # history.append_refusal: a night that looked worse than the tolerance without a verdict.
                 if args.no_guard or not (c.unresolved_beyond_tolerance and c.gain < 0):
                     entry = append_history(entry, new, on_pass=True)
                     appended += 1

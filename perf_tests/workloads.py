@@ -18,7 +18,7 @@ SINGLE_STREAM_DECODE = SingleStream(
 
 # TTFT is mostly prefill: a longer prompt and a short answer.
 TTFT_PROMPT_TOKENS = 1024
-# 40 requests: the p90 gate needs 30 a boot (boot_summary.tail_min_samples); a p99 would need 300.
+# 40 requests: the p90 gate needs 30 a boot (boots.tail_min_samples); a p99 would need 300.
 TTFT = SingleStream(prompt_tokens=TTFT_PROMPT_TOKENS, output_tokens=8, requests=40, warmup_requests=3)
 
 

@@ -52,7 +52,7 @@ class MetricSpec:
     # Prefix vLLM's bench serve uses for summary fields (median_<x>, p99_<x>), or its field name.
     bench_serve_name: str | None = None
     # Tail metrics: a boot is summarized by this quantile (0.99) of ``base``'s samples instead
-    # of their median (boot_summary.summarize_boot_quantile); None for the median metrics.
+    # of their median (boots.summarize_boot_quantile); None for the median metrics.
     quantile: float | None = None
     base: str | None = None
     sample: SampleKind = SampleKind.REQUEST

@@ -238,7 +238,7 @@ class HistoryModes(Note):
     nearest. Centres are the modes' geometric means. Of this run's boots, ``unclear`` lay
     between the modes (judged both ways; ``disagree`` when the two readings gave different
     verdicts), ``worse`` of ``placed`` landed in the worse mode, which holds ``worse_share`` of
-    the history: ``p`` is the chance of that many (modes.mode_frequency)."""
+    the history: ``p`` is the chance of that many (levels.mode_frequency)."""
 
     low_boots: int
     low_center: float

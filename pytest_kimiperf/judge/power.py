@@ -178,7 +178,7 @@ def sessions_of_history(boot_spread: float, session_spread: float, boots: int, *
 def design_critical(boot_var: float, boot_df: float, levels: Sequence[tuple[float, float]],
                     z: float = GATE_CRITICAL) -> float:
     """The gate's critical value ``z`` (in standard errors of a known variance: the run's
-    family.family_critical, else stats.GATE_CRITICAL) for a planned comparison whose boot part
+    gate.family_critical, else stats.GATE_CRITICAL) for a planned comparison whose boot part
     of variance ``boot_var`` rests on ``boot_df`` degrees of freedom and whose ``levels`` are
     ``(variance, df)``: Student's t at their Satterthwaite df, as stats.compare_boots applies it."""
     return critical_at(z, satterthwaite_df([(boot_var, boot_df), *levels]))
@@ -186,7 +186,7 @@ def design_critical(boot_var: float, boot_df: float, levels: Sequence[tuple[floa
 
 def critical_of(c: Comparison) -> float:
     """The normal critical value the comparison was judged at (its ``confidence``: the run's
-    family.family_critical where the gate knew the run's size), so the plan promises what the
+    gate.family_critical where the gate knew the run's size), so the plan promises what the
     same run would convict; stats.GATE_CRITICAL where the comparison states none."""
     if 0.5 < c.confidence < 1.0:
         return float(scipy_stats.norm.ppf(c.confidence))
