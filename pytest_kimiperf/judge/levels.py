@@ -53,6 +53,7 @@ than the history's share of it explains (:func:`mode_frequency`) is a regression
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import statistics
@@ -138,7 +139,14 @@ class CorpusBoot:
 def _chi2_interval(ss: float, df: float) -> tuple[float, float]:
     """The :data:`LEVEL_INTERVAL` interval of a variance from its sum of squares and df."""
     tail = (1.0 - LEVEL_INTERVAL) / 2.0
-    return ss / float(scipy_stats.chi2.ppf(1.0 - tail, df)), ss / float(scipy_stats.chi2.ppf(tail, df))
+    return ss / _chi2_ppf(1.0 - tail, df), ss / _chi2_ppf(tail, df)
+
+
+@functools.lru_cache(maxsize=4096)
+def _chi2_ppf(q: float, df: float) -> float:
+    """chi2's quantile, cached: the levels ask for the same few df over and over, and a scalar
+    call of scipy's ppf costs ~180 us of argument checks."""
+    return float(scipy_stats.chi2.ppf(q, df))
 
 
 def _sd(var: float) -> float:

@@ -191,7 +191,12 @@ def critical_at(z: float, df: float) -> float:
     (declared spreads at their df pooled with measured ones). ``df`` inf gives ``z`` back."""
     if math.isinf(df):
         return z
-    return _t_isf(float(scipy_stats.norm.sf(z)), df)
+    return _t_isf(_norm_sf(z), df)
+
+
+@functools.lru_cache(maxsize=4096)
+def _norm_sf(z: float) -> float:
+    return float(scipy_stats.norm.sf(z))
 
 
 @functools.lru_cache(maxsize=4096)
