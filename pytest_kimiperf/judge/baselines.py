@@ -354,11 +354,17 @@ def _parse_list(raw: dict[str, Any], name: str, parse: Callable[[object, int, st
     return tuple(parse(item, i, name) for i, item in enumerate(items))
 
 
-def _parse_night(raw: object, index: int, where: str = "nights") -> Night:
+def _record_with_median(raw: object, index: int, where: str) -> dict[str, Any]:
+    """A stored night or boot: an object whose median is a number > 0."""
     if not isinstance(raw, dict):
         raise TypeError(f"{where}[{index}] is not an object")
     if not is_real(raw.get("median"), finite=True) or raw["median"] <= 0:
         raise ValueError(f"{where}[{index}].median must be a number > 0")
+    return raw
+
+
+def _parse_night(raw: object, index: int, where: str = "nights") -> Night:
+    raw = _record_with_median(raw, index, where)
     boots = raw.get("boots")
     if not isinstance(boots, int) or isinstance(boots, bool) or boots < 1:
         raise ValueError(f"{where}[{index}].boots must be an integer >= 1")
@@ -370,10 +376,7 @@ def _parse_night(raw: object, index: int, where: str = "nights") -> Night:
 
 
 def _parse_boot(raw: object, index: int, where: str = "boots") -> BaselineBoot:
-    if not isinstance(raw, dict):
-        raise TypeError(f"{where}[{index}] is not an object")
-    if not is_real(raw.get("median"), finite=True) or raw["median"] <= 0:
-        raise ValueError(f"{where}[{index}].median must be a number > 0")
+    raw = _record_with_median(raw, index, where)
     n = raw.get("n")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"{where}[{index}].n must be an integer >= 1")
