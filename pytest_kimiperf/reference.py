@@ -118,6 +118,8 @@ DEPLOYMENT_KEYS: dict[str, tuple[str, str | None]] = {
                         "branch's virtualenv or image), placeholders as `command`", None),
     "load_s": ("seconds one boot takes to become ready, for `--kimiperf-plan`, until the history records it",
                None),
+    "gpu_memory_wait_s": ("seconds GPU memory may take to come back before a boot (after the sweep of a killed "
+                          "run's processes, and after a stopped server)", None),
 }
 
 PROFILE_KEYS: dict[str, tuple[str, str]] = {

@@ -114,3 +114,17 @@ def isolated_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     state = tmp_path / "kimiperf-launches"
     monkeypatch.setenv("KIMIPERF_STATE_DIR", str(state))
     return state
+
+
+@pytest.fixture
+def simulated_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A simulated GPU host (tests/fakes/simgpu: 8x RTX PRO 6000 by default) that every process
+    this test starts sees: NVML and nvidia-smi answer from its state."""
+    from tests.fakes.simgpu import SimulatedGpus
+
+    gpus = SimulatedGpus(tmp_path / "simulated-gpus")
+    for name, value in gpus.env().items():
+        if os.environ.get(name) != value:
+            monkeypatch.setenv(name, value)
+    yield gpus
+    gpus.close()

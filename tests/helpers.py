@@ -100,8 +100,11 @@ def stub_deployment_toml(
     host_bounds: str = '{ max_foreign_cpu_share = "none", max_steal_share = "none" }',
     boot_spread: float = 0.06,
     session_spread: float | None = None,
+    gpu_count: int = 0,
+    extra_keys: str = "",
 ) -> str:
-    """A ``[tool.kimiperf.deployments.<name>]`` table that boots tests/stub_vllm.py."""
+    """A ``[tool.kimiperf.deployments.<name>]`` table that boots tests/stub_vllm.py (on the
+    simulated GPU, tests/fakes/simgpu, with ``gpu_count`` and --sim-gpu-mib in ``extra_args``)."""
     command = [
         sys.executable, str(STUB_SERVER), "--model", "{served_model_name}",
         "--host", "{host}", "--port", "{port}", "--mode", mode,
@@ -113,7 +116,7 @@ def stub_deployment_toml(
         f"[tool.kimiperf.deployments.{name}]\n"
         f"model = \"stub-model\"\n"
         f"served_model_name = \"stub-model\"\n"
-        "gpu_count = 0\n"
+        f"gpu_count = {gpu_count}\n"
         f"command = {json.dumps(command)}\n"
         f"health_deadline_s = {health_deadline_s}\n"
         f"decode_floor_tok_s = {floor}\n"
@@ -134,6 +137,7 @@ def stub_deployment_toml(
         f"host_bounds = {host_bounds}\n"
         f"boot_spread = {boot_spread}\n"
         + (f"session_spread = {session_spread}\n" if session_spread is not None else "")
+        + extra_keys
     )
 
 

@@ -79,6 +79,7 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "restart_command": list,
     "control_command": list,
     "load_s": (int, float),
+    "gpu_memory_wait_s": (int, float),
 }
 
 
@@ -167,7 +168,7 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
         elif key in ("health_deadline_s", "decode_floor_tok_s", "decode_target_tok_s",
                      "memory_bandwidth_gbs", "allreduce_latency_us", "boot_spread", "session_spread",
                      "host_spread", "boot_spread_df", "session_spread_df", "host_spread_df", "spawn_mode_drop",
-                     "spawn_mode_share", "load_s"):
+                     "spawn_mode_share", "load_s", "gpu_memory_wait_s"):
             fields[key] = float(value)
         else:
             fields[key] = value
@@ -198,6 +199,9 @@ def _check(d: Deployment, where: str) -> None:
         raise ConfigError(f"{where}: gpu_count = {d.gpu_count}; must be >= 0")
     if not (math.isfinite(d.health_deadline_s) and d.health_deadline_s > 0):
         raise ConfigError(f"{where}: health_deadline_s = {d.health_deadline_s}; must be > 0 seconds")
+    if not (math.isfinite(d.gpu_memory_wait_s) and d.gpu_memory_wait_s >= 0):
+        raise ConfigError(f"{where}: gpu_memory_wait_s = {d.gpu_memory_wait_s}; must be seconds >= 0 (how long GPU "
+                          "memory may take to come back before a boot)")
     if d.load_s is not None and not (math.isfinite(d.load_s) and d.load_s > 0):
         raise ConfigError(f"{where}: load_s = {d.load_s}; must be the seconds one boot takes to be ready, > 0")
     for label, value in (("decode_floor_tok_s", d.decode_floor_tok_s),

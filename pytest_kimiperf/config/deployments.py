@@ -163,6 +163,10 @@ class Deployment:
     # Seconds one boot takes to become ready, declared for --kimiperf-plan until the baseline
     # history records boot_ready_s; None: not declared.
     load_s: float | None = None
+    # How long GPU memory may take to come back before a boot, in seconds: after the sweep ended
+    # a killed run's processes, and after a stopped server, as the driver tears its contexts
+    # down (a TP=8 engine of 90 GB a GPU takes seconds, a stuck one never).
+    gpu_memory_wait_s: float = 120.0
 
     def argv(self, *, model_path: str, host: str, port: int, control: bool = False) -> list[str]:
         """The server's argument list with placeholders filled in (``control``: the

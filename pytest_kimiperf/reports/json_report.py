@@ -159,6 +159,7 @@ def _profile_json(facts: ProfileFacts) -> dict[str, Any]:
         "nccl_debug": facts.nccl_debug.to_json() if facts.nccl_debug is not None else None,
         # Only where this process booted the server, so reports of attached runs keep their shape.
         **({"boot_accounts": [a.to_json() for a in facts.boot_accounts]} if facts.boot_accounts else {}),
+        **({"sweep": facts.sweep.to_json()} if facts.sweep is not None else {}),
     }
 
 

@@ -35,6 +35,7 @@ from pytest_kimiperf.reports.nccl_check import NcclDebugCheck
 from pytest_kimiperf.reports.sentences import baseline_line, warning_lines
 from pytest_kimiperf.roofline.inputs import RooflineReport
 from pytest_kimiperf.server.progress import BootAccount
+from pytest_kimiperf.server.zombies import SweepAccount
 from pytest_kimiperf.server.weight_cache import WeightCacheFacts
 
 
@@ -129,6 +130,8 @@ class ProfileFacts:
     # The profile's server arguments, and the deployment arguments they replaced ("old -> new").
     profile_args: tuple[str, ...] = ()
     replaced_args: tuple[str, ...] = ()
+    # What the sweep before this profile's first boot ended of a killed run (server/zombies.py).
+    sweep: SweepAccount | None = None
 
 
 @dataclass(frozen=True)

@@ -325,7 +325,7 @@ class SessionReporter:
                 log_path=str(rec.log_path) if rec.log_path else None,
                 leftovers=tuple(rec.leftovers), error=rec.error,
                 nccl_debug=_nccl_debug_check(settings, profile, rec),
-                boot_accounts=tuple(rec.accounts),
+                boot_accounts=tuple(rec.accounts), sweep=rec.sweep,
             ))
         return facts
 

@@ -30,6 +30,7 @@ from typing import assert_never
 
 from pytest_kimiperf.judge.decide import RunDecision, RunEnd
 from pytest_kimiperf.judge.floors import FloorResult
+from pytest_kimiperf.judge.notes import HostWatched
 from pytest_kimiperf.judge.profiles import INTERVAL_LEGEND
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_spread, fmt_value
@@ -343,6 +344,8 @@ def servers_and_files(report: SessionReport, *, quiet: bool, verbose: bool = Tru
     lines: list[TerminalLine] = []
     loud: list[TerminalLine] = []
     for facts in report.profiles:
+        if facts.sweep is not None:  # at every verbosity: the run ended processes this session did not start
+            lines.append(TerminalLine(facts.sweep.summary(), markup=YELLOW))
         for leftover in facts.leftovers:
             loud.append(TerminalLine(
                 f"LEFTOVER process of the {facts.name} server survived SIGKILL: {leftover}", markup=LOUD))
@@ -364,6 +367,11 @@ def servers_and_files(report: SessionReport, *, quiet: bool, verbose: bool = Tru
         for var, (shell, value) in sorted(facts.overridden_shell_env.items()):
             lines.append(TerminalLine(
                 f"  profile {facts.name} overrides {var}={shell!r} from the shell with {value!r}", markup=YELLOW))
+    # What the GPU watch said of the load itself, once each (a PCIe link trained below its best is
+    # another machine than the baseline's; a power limit the load reached is part of its figure).
+    remarks = dict.fromkeys(remark for res in report.results for note in res.messages
+                            if isinstance(note, HostWatched) for remark in note.remarks)
+    lines.extend(TerminalLine(f"GPU watch: {remark}", markup=YELLOW) for remark in remarks)
     wc = report.weight_cache
     if wc is not None:
         loud.extend(TerminalLine(f"LEFTOVER process of the weight-cache daemons survived SIGKILL: {p}",

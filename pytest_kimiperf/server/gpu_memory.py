@@ -19,7 +19,7 @@ from typing import Any
 
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.server.gpu import _MIB, _run_smi, ask_driver
-from pytest_kimiperf.server.nvidia_smi import QUERY_COMPUTE_APPS_FIELDS, parse_compute_apps, parse_memory_used_csv
+from pytest_kimiperf.server.nvidia_smi import parse_compute_apps_by_gpu, parse_memory_used_csv, parse_query_gpu_csv
 from pytest_kimiperf.server.pid_namespace import read_pid_view
 
 # What a GPU may use above its figure before the first boot once our server is gone: the
@@ -33,16 +33,98 @@ SETTLED_POLLS = 3
 # --------------------------------------------------------------------------- per process
 
 
-def _nvml_memory_by_pid(pynvml: Any) -> dict[int, int]:
-    used: dict[int, int] = {}
+@dataclass(frozen=True)
+class GpuHolder:
+    """One process's memory on one GPU, as the driver lists it."""
+
+    gpu: int  # NVML index
+    pid: int | None  # the pid this process sees; None where NVML's pid names no process here
+    nvml_pid: int  # the pid as the driver reported it
+    mib: int
+    name: str = "?"
+
+    def describe(self) -> str:
+        """``pid 4242 python3 (90000 MiB)``, or the driver's pid where it names no process here."""
+        who = f"pid {self.pid} {self.name}" if self.pid is not None else f"NVML pid {self.nvml_pid} (no process here)"
+        return f"{who} ({self.mib} MiB)"
+
+
+@dataclass(frozen=True)
+class GpuHolders:
+    """Who holds memory on each GPU, and how NVML's pids were read here (pid_namespace.py)."""
+
+    holders: tuple[GpuHolder, ...] = ()
+    note: str | None = None  # the pid view's note, where NVML's pids needed reading
+
+    def on(self, gpu: int) -> list[GpuHolder]:
+        """The holders of ``gpu``, largest first."""
+        return sorted((h for h in self.holders if h.gpu == gpu), key=lambda h: (-h.mib, h.nvml_pid))
+
+    def by_pid(self) -> dict[int, int]:
+        """MiB each process named here holds, summed over GPUs."""
+        used: dict[int, int] = {}
+        for holder in self.holders:
+            if holder.pid is not None:
+                used[holder.pid] = used.get(holder.pid, 0) + holder.mib
+        return used
+
+    @property
+    def unnamed(self) -> bool:
+        """Whether NVML listed processes that cannot be named here (another pid namespace)."""
+        return any(h.pid is None for h in self.holders)
+
+
+def _nvml_holders(pynvml: Any) -> list[tuple[int, int, int]]:
+    found = []
     for index in range(pynvml.nvmlDeviceGetCount()):
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
             # usedGpuMemory is None where the driver cannot attribute memory (pynvml maps
             # NVML_VALUE_NOT_AVAILABLE to None: WDDM, and some containers of the open modules).
-            mib = (process.usedGpuMemory or 0) // _MIB
-            used[int(process.pid)] = used.get(int(process.pid), 0) + mib
-    return used
+            found.append((index, int(process.pid), (process.usedGpuMemory or 0) // _MIB))
+    return found
+
+
+def _process_name(pid: int) -> str:
+    import psutil
+
+    try:
+        return psutil.Process(pid).name()
+    except psutil.Error:
+        return "?"
+
+
+def gpu_holders(timeout_s: float = 10.0) -> GpuHolders:
+    """Each GPU's processes and the MiB each holds; empty without GPUs.
+
+    NVML's pids are turned into the pids this process sees (pid_namespace.py); one that cannot be
+    named keeps ``pid=None`` (another container's process, under a driver that reports host pids),
+    and the view's note says why. A host whose nvidia-smi answers nothing raises ServerError: it
+    must not read as "no process holds memory".
+    """
+
+    def from_smi(smi: str) -> list[tuple[int, int, int]]:
+        fields = ("gpu_uuid", "pid", "used_memory")
+        apps = _run_smi(smi, [f"--query-compute-apps={','.join(fields)}", "--format=csv,noheader,nounits"],
+                        timeout_s)
+        indices = {gpu.uuid: gpu.index for gpu in parse_query_gpu_csv(
+            _run_smi(smi, ["--query-gpu=index,uuid,name,memory.total,driver_version", "--format=csv,noheader,nounits"],
+                     timeout_s), ("index", "uuid", "name", "memory.total", "driver_version"))}
+        return [(indices.get(uuid, -1), pid, mib) for uuid, pid, mib in parse_compute_apps_by_gpu(apps, fields)]
+
+    answer = ask_driver(_nvml_holders, from_smi)
+    if answer.value is None:
+        if answer.smi_on_path:
+            raise ServerError(
+                f"cannot read GPU memory per process: {answer.smi_note}; {'; '.join(answer.nvml_notes)}".rstrip("; ")
+            )
+        return GpuHolders()
+    view = read_pid_view(nvml_pids={pid for _gpu, pid, _mib in answer.value})
+    holders = []
+    for gpu, nvml_pid, mib in answer.value:
+        local = view.local(nvml_pid)
+        holders.append(GpuHolder(gpu, local, nvml_pid, mib, _process_name(local) if local is not None else "?"))
+    return GpuHolders(tuple(holders), note=view.note if any(h.pid is None for h in holders) else None)
 
 
 def gpu_memory_by_pid(timeout_s: float = 10.0) -> dict[int, int]:
@@ -51,25 +133,7 @@ def gpu_memory_by_pid(timeout_s: float = 10.0) -> dict[int, int]:
     NVML's pids are turned into the pids this process sees (pid_namespace.py); a process that
     cannot be named is left out (the sweep's GPU check then sees nothing, said in its note).
     """
-
-    def from_smi(smi: str) -> dict[int, int]:
-        return parse_compute_apps(
-            _run_smi(
-                smi,
-                [f"--query-compute-apps={','.join(QUERY_COMPUTE_APPS_FIELDS)}", "--format=csv,noheader,nounits"],
-                timeout_s,
-            )
-        )
-
-    answer = ask_driver(_nvml_memory_by_pid, from_smi)
-    if answer.value is not None:
-        return read_pid_view(nvml_pids=answer.value).local_pids(answer.value)
-    if answer.smi_on_path:
-        # A host that has GPUs but cannot say who holds them must not read as "all memory free".
-        raise ServerError(
-            f"cannot read GPU memory per process: {answer.smi_note}; {'; '.join(answer.nvml_notes)}".rstrip("; ")
-        )
-    return {}
+    return gpu_holders(timeout_s).by_pid()
 
 
 # --------------------------------------------------------------------------- per device
@@ -176,19 +240,26 @@ def _still_held(deadline_s: float, held: Mapping[int, int], over: list[DeviceAcc
             "container's process, or a leak) and end those processes before the next run.")
 
 
-def settle_before_boot(before_mib: Mapping[int, int] | None, *, deadline_s: float = 120.0) -> dict[int, int]:
+def settle_before_boot(before_mib: Mapping[int, int] | None, *, deadline_s: float = 120.0,
+                       say: Callable[[str], None] = lambda line: None) -> dict[int, int]:
     """The figure to hold every later boot to: this reading on the first boot (``before_mib``
     None); on a later one, wait until each GPU is back to ``before_mib`` (ServerError naming the
-    GPUs and what is unexplained at the deadline) and keep it."""
+    GPUs and what is unexplained at the deadline) and keep it. A wait is said with its length."""
     if before_mib is None:
         return gpu_memory_used_mib()
+    started = time.monotonic()
     wait_gpu_memory_freed((), deadline_s=deadline_s, before_mib=before_mib)
+    if (waited_s := time.monotonic() - started) >= 1.0:
+        say(f"GPU memory back to its figure before the first boot after {waited_s:.1f} s")
     return dict(before_mib)
 
 
 __all__ = [
     "DEVICE_TOLERANCE_MIB",
     "DeviceAccount",
+    "GpuHolder",
+    "GpuHolders",
+    "gpu_holders",
     "gpu_memory_by_pid",
     "gpu_memory_used_mib",
     "settle_before_boot",

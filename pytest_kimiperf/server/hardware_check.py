@@ -1,5 +1,6 @@
 """Whether this host can run a deployment: enough of the right GPUs, room beside the weight cache,
-and links that suit the NCCL profiles asked for.
+free memory once the sweep has ended what killed runs left, and links that suit the NCCL profiles
+asked for.
 
 Each check takes the deployment and the query that finds the GPU facts (``gpu.probe_gpus``,
 ``gpu.query_topology`` by default), and asks it only when the answer matters: never for a
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from pytest_kimiperf.config.deployments import Deployment
 from pytest_kimiperf.config.nccl.profiles import NcclProfile
@@ -26,7 +29,7 @@ from pytest_kimiperf.server.gpu import (
     query_topology,
     visible_nvml_indices,
 )
-from pytest_kimiperf.server.gpu_memory import gpu_memory_used_mib
+from pytest_kimiperf.server.gpu_memory import DEVICE_TOLERANCE_MIB, GpuHolders, gpu_holders, gpu_memory_used_mib
 from pytest_kimiperf.server.nvidia_smi import GpuInfo, Topology
 from pytest_kimiperf.server.weight_cache import check_fit, gpu_memory_utilization, memory_fit, why_not_used
 
@@ -42,54 +45,121 @@ def _host_topology() -> Topology | None:
     return query_topology(timeout_s=QUERY_TIMEOUT_S)
 
 
-def hardware_problem(
-    deployment: Deployment, *, external: bool = False, control: bool = False,
-    probe: Callable[[], GpuProbe] = _probe_host,
-    memory_used: Callable[[], Mapping[int, int]] | None = None,
-) -> str | None:
-    """Why this host cannot run ``deployment`` (GPUs missing, too little free memory on them, or
-    the weight cache would leave an engine no room), in one message; None when it can, when it
-    runs on CPU, or when the server is ``external`` (not ours to boot). Only the GPUs the server
-    can use count: CUDA_VISIBLE_DEVICES as it gets it (the shell's, then the deployment's env),
-    which NVML ignores. Under ``control`` (--kimiperf-control) no daemon holds the weights."""
-    if external or not deployment.needs_gpus:
-        return None
+def deployment_gpus(deployment: Deployment,
+                    probe: Callable[[], GpuProbe] = _probe_host) -> tuple[GpuProbe, list[GpuInfo], str | None]:
+    """What the probe found, the GPUs the server can use (CUDA_VISIBLE_DEVICES as it gets it: the
+    shell's, then the deployment's env; NVML ignores it) and, where that leaves fewer than the host
+    has, a phrase saying so."""
     found = probe()
     visible = {**os.environ, **deployment.env}.get("CUDA_VISIBLE_DEVICES")
     indices = visible_nvml_indices(visible, len(found.gpus), gpus=lambda: found.gpus)
     usable = [gpu for gpu in found.gpus if gpu.index in indices]
     scope = (f"CUDA_VISIBLE_DEVICES={visible!r} leaves the server {len(usable)} of the host's {len(found.gpus)}"
              if visible is not None and len(usable) < len(found.gpus) else None)
+    return found, usable, scope
+
+
+def hardware_problem(
+    deployment: Deployment, *, external: bool = False, control: bool = False,
+    probe: Callable[[], GpuProbe] = _probe_host,
+) -> str | None:
+    """Why this host cannot run ``deployment`` (GPUs missing or of another kind, or the weight
+    cache would leave an engine no room), in one message; None when it can, when it runs on CPU,
+    or when the server is ``external`` (not ours to boot). Only the GPUs the server can use count.
+    Under ``control`` (--kimiperf-control) no daemon holds the weights. Free memory is not judged
+    here: what holds it may be a killed run's processes, which the sweep ends before the first
+    boot (:func:`await_free_memory`)."""
+    if external or not deployment.needs_gpus:
+        return None
+    found, usable, scope = deployment_gpus(deployment, probe)
     requirement = HardwareRequirement(deployment.gpu_count, deployment.gpu_name_contains)
     try:
         check_hardware(requirement, usable, deployment=deployment.name, unavailable_reason=found.absence_reason(),
                        scope=scope)
-        check_free_memory(deployment, [g for g in usable if requirement.matches(g)],
-                          (memory_used or gpu_memory_used_mib)())
         check_weight_cache_fit(deployment, usable, control=control)
     except HardwareMissingError as exc:
         return str(exc)
     return None
 
 
-def check_free_memory(deployment: Deployment, gpus: Sequence[GpuInfo], used_mib: Mapping[int, int]) -> None:
-    """HardwareMissingError when one of the GPUs the server will take (the first ``gpu_count`` of
-    ``gpus``, in CUDA's order) has less free than vLLM asks at startup: total x
-    --gpu-memory-utilization (vLLM 0.32 v1/worker/utils.py request_memory, "Free memory on device
-    ... is less than desired GPU memory utilization"). A GPU whose use is not known is not judged."""
+@dataclass(frozen=True)
+class Shortfall:
+    """One GPU the server will take with less free than vLLM asks at startup."""
+
+    gpu: GpuInfo
+    free_mib: int
+    need_mib: int
+
+
+def memory_shortfalls(deployment: Deployment, gpus: Sequence[GpuInfo], used_mib: Mapping[int, int]) -> list[Shortfall]:
+    """The GPUs the server will take (the first ``gpu_count`` of ``gpus``, in CUDA's order) with less
+    free than vLLM asks at startup: total x --gpu-memory-utilization (vLLM 0.32 v1/worker/utils.py
+    request_memory, "Free memory on device ... is less than desired GPU memory utilization"). A GPU
+    whose use is not known is not judged."""
     share = gpu_memory_utilization(deployment.command)
-    short = [(gpu, gpu.memory_total_mib - used_mib[gpu.index], math.ceil(gpu.memory_total_mib * share))
+    found = [Shortfall(gpu, gpu.memory_total_mib - used_mib[gpu.index], math.ceil(gpu.memory_total_mib * share))
              for gpu in gpus[:deployment.gpu_count] if gpu.index in used_mib]
-    short = [(gpu, free, need) for gpu, free, need in short if free < need]
+    return [short for short in found if short.free_mib < short.need_mib]
+
+
+def check_free_memory(deployment: Deployment, gpus: Sequence[GpuInfo], used_mib: Mapping[int, int],
+                      holders: GpuHolders | None = None) -> None:
+    """HardwareMissingError when one of the GPUs the server will take has less free than vLLM asks
+    (:func:`memory_shortfalls`), naming per GPU what holds it: each process (pid, name, MiB) and the
+    memory no listed process accounts for."""
+    short = memory_shortfalls(deployment, gpus, used_mib)
     if not short:
         return
-    named = "; ".join(f"GPU {gpu.index} ({gpu.name}) has {free} of {gpu.memory_total_mib} MiB free, vLLM asks {need}"
-                      for gpu, free, need in short)
+    share = gpu_memory_utilization(deployment.command)
+    named = "; ".join(_shortfall_line(s, used_mib, holders) for s in short)
     raise HardwareMissingError(
         f"deployment {deployment.name!r}: {named} (--gpu-memory-utilization {share:g} of each GPU must be free "
-        "when the engine starts). End what holds that memory (`nvidia-smi --query-compute-apps=pid,process_name,"
-        "used_memory --format=csv`), choose free GPUs with CUDA_VISIBLE_DEVICES, or lower --gpu-memory-utilization "
-        "in a deployment that extends this one.")
+        "when the engine starts). These are no processes of an earlier kimiperf run (the sweep ended those), so "
+        "they are never signalled: end them (`nvidia-smi --query-compute-apps=pid,process_name,used_memory "
+        "--format=csv`), choose free GPUs with CUDA_VISIBLE_DEVICES, or lower --gpu-memory-utilization in a "
+        "deployment that extends this one.")
+
+
+def _shortfall_line(short: Shortfall, used_mib: Mapping[int, int], holders: GpuHolders | None) -> str:
+    gpu = short.gpu
+    line = f"GPU {gpu.index} ({gpu.name}) has {short.free_mib} of {gpu.memory_total_mib} MiB free, vLLM asks {short.need_mib}"
+    if holders is None:
+        return line
+    listed = holders.on(gpu.index)
+    parts = [holder.describe() for holder in listed]
+    unlisted = used_mib[gpu.index] - sum(holder.mib for holder in listed)
+    if unlisted > DEVICE_TOLERANCE_MIB:
+        parts.append(f"{unlisted} MiB that no listed process holds (another container's process, or memory the "
+                     "driver has not given back)")
+    return line + (f": held by {', '.join(parts)}" if parts else "")
+
+
+def await_free_memory(
+    deployment: Deployment, gpus: Sequence[GpuInfo], *, deadline_s: float, poll_s: float = 0.5,
+    used: Callable[[], Mapping[int, int]] = gpu_memory_used_mib, holders: Callable[[], GpuHolders] = gpu_holders,
+    say: Callable[[str], None] = lambda line: None,
+) -> dict[int, int]:
+    """Before the first boot, after the sweep: each GPU's MiB used, once every GPU the server will
+    take has the room vLLM asks. Memory that no live process holds may still be coming back (a
+    swept engine's context the driver is tearing down): it is waited for, up to ``deadline_s``.
+    Memory that live processes hold is theirs (the sweep ended every process of ours): the check
+    fails at once, naming them per GPU (HardwareMissingError)."""
+    end = time.monotonic() + deadline_s
+    started = time.monotonic()
+    while True:
+        now = dict(used())
+        short = memory_shortfalls(deployment, gpus, now)
+        if not short:
+            if time.monotonic() - started > poll_s:
+                say(f"GPU memory came back after {time.monotonic() - started:.1f} s")
+            return now
+        held = holders()
+        # NVML lists live contexts only (in any namespace): memory beyond them has no owner left.
+        waiting = any(now[s.gpu.index] - sum(h.mib for h in held.on(s.gpu.index)) > DEVICE_TOLERANCE_MIB
+                      for s in short)
+        if not waiting or time.monotonic() >= end:
+            check_free_memory(deployment, gpus, now, held)
+        time.sleep(max(0.0, min(poll_s, end - time.monotonic())))
 
 
 def check_weight_cache_fit(deployment: Deployment, gpus: Sequence[GpuInfo], *, control: bool = False) -> None:
@@ -140,4 +210,5 @@ def topology_warnings(
     return found
 
 
-__all__ = ["QUERY_TIMEOUT_S", "check_free_memory", "check_weight_cache_fit", "hardware_problem", "topology_warnings"]
+__all__ = ["QUERY_TIMEOUT_S", "Shortfall", "await_free_memory", "check_free_memory", "check_weight_cache_fit",
+           "deployment_gpus", "hardware_problem", "memory_shortfalls", "topology_warnings"]

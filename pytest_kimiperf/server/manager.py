@@ -48,9 +48,12 @@ from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.files import write_atomically
 from pytest_kimiperf.paths import compile_cache_env
 from pytest_kimiperf.server import zombies as process_sweep
+from pytest_kimiperf.server.zombies import SweepAccount
 from pytest_kimiperf.server.attach import attach_server
 from pytest_kimiperf.server.cluster import NodeGroup, node_group
-from pytest_kimiperf.server.gpu_memory import settle_before_boot, wait_gpu_memory_freed
+from pytest_kimiperf.server.gpu import HardwareRequirement
+from pytest_kimiperf.server.gpu_memory import gpu_holders, gpu_memory_used_mib, settle_before_boot
+from pytest_kimiperf.server.hardware_check import await_free_memory, deployment_gpus
 from pytest_kimiperf.server.process import (
     HEALTH_PROBE_TIMEOUT_S,
     ServerHandle,
@@ -199,6 +202,8 @@ class ServerRecord:
     error: str | None = None
     # One per boot that became ready, in boot order (progress.account_boot).
     accounts: list[BootAccount] = field(default_factory=list)
+    # The sweep of a killed run's leftovers, on the record of the boot it came before.
+    sweep: SweepAccount | None = None
 
     def to_json(self) -> dict[str, object]:
         """JSON-able form: travels from an xdist worker to the controller in workeroutput."""
@@ -208,6 +213,7 @@ class ServerRecord:
             "overridden_shell_env": {k: list(v) for k, v in self.overridden_shell_env.items()},
             "leftovers": self.leftovers, "error": self.error,
             "accounts": [a.to_json() for a in self.accounts],
+            **({"sweep": self.sweep.to_json()} if self.sweep is not None else {}),
         }
 
     @classmethod
@@ -220,6 +226,7 @@ class ServerRecord:
             overridden_shell_env={k: (v[0], v[1]) for k, v in (data.get("overridden_shell_env") or {}).items()},
             leftovers=list(data.get("leftovers") or []), error=data.get("error"),
             accounts=[BootAccount.from_json(a) for a in data.get("accounts") or []],
+            sweep=SweepAccount.from_json(data["sweep"]) if data.get("sweep") else None,
         )
 
     def merge(self, other: ServerRecord) -> None:
@@ -232,6 +239,7 @@ class ServerRecord:
         self.leftovers.extend(other.leftovers)
         self.error = self.error or other.error
         self.accounts.extend(other.accounts)
+        self.sweep = self.sweep or other.sweep
 
 
 class ServerManager:
@@ -262,6 +270,9 @@ class ServerManager:
         self._signals = 0
         self._ready_boots = 0  # boots of the deployment that became ready in this process
         self._gpu_before_mib: dict[int, int] | None = None  # each GPU's MiB used before the first boot
+        self._sweep_account: SweepAccount | None = None
+        self._pid_view_said = False
+        self._used_before_sweep_mib: dict[int, int] = {}
         # `vllm preload` daemons (weight_cache.py): planned at the first boot, started once,
         # stopped after the last engine. ``weight_cache_record`` is what the reports say of them.
         self.weight_cache: WeightCachePlan | None = None
@@ -278,6 +289,8 @@ class ServerManager:
             return self._attach(profile)
         self._clear_host()
         rec = self.record(profile.name)
+        if self.settings.deployment.needs_gpus:
+            self._settle_gpus(rec)
         port = self._engine_port(self.settings.deployment.host)
         engine_argv, plan, cache_off = self._engine_argv(profile, port)
         engine_env = self._engine_env(profile, rec)
@@ -389,8 +402,6 @@ class ServerManager:
     def _boot(self, profile: NcclProfile, rec: ServerRecord, server: ServerProcess | NodeGroup) -> ServerHandle:
         """Start ``server``, wait until it serves, and record the boot (its error, if it fails)."""
         deployment = self.settings.deployment
-        if deployment.needs_gpus:  # device-level accounting: every boot starts from the first one's figure
-            self._gpu_before_mib = settle_before_boot(self._gpu_before_mib)
         rec.boots += 1
         self._current = server
         started_wall = datetime.now()  # local time, as vLLM stamps its log lines
@@ -405,10 +416,51 @@ class ServerManager:
             rec.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise
         rec.boot_s = handle.boot_s
+        if deployment.needs_gpus and not self._pid_view_said:
+            self._say_pid_view()
         rec.accounts.append(self._account(rec, started_wall, handle.boot_s or 0.0))
         handle = replace(handle, boot_account=rec.accounts[-1])
         self.say(f"kimiperf: {deployment.name} server ({profile.name}) ready after {handle.boot_s:.0f}s")
         return handle
+
+    def _settle_gpus(self, rec: ServerRecord) -> None:
+        """Device-level accounting: the first boot waits for the room vLLM asks, and every later
+        boot for each GPU to be back to the first one's figure (the stopped server's memory)."""
+        if self._gpu_before_mib is None:
+            self._gpu_before_mib = self._first_boot_memory(rec)
+        else:
+            settle_before_boot(self._gpu_before_mib, deadline_s=self.settings.deployment.gpu_memory_wait_s,
+                               say=lambda line: self.say(f"kimiperf: {line}"))
+
+    def _first_boot_memory(self, rec: ServerRecord) -> dict[int, int]:
+        """Before the first boot, after the sweep: wait until the server's GPUs have the room vLLM
+        asks (what the sweep ended is still coming back), or fail naming what else holds them;
+        returns each GPU's MiB used, the figure every later boot is held to."""
+        deployment = self.settings.deployment
+        requirement = HardwareRequirement(deployment.gpu_count, deployment.gpu_name_contains)
+        _found, usable, _scope = deployment_gpus(deployment)
+        used = await_free_memory(deployment, [g for g in usable if requirement.matches(g)],
+                                 deadline_s=deployment.gpu_memory_wait_s, say=lambda line: self.say(f"kimiperf: {line}"))
+        if self._sweep_account is not None:
+            returned = {index: self._used_before_sweep_mib[index] - mib for index, mib in used.items()
+                        if index in self._used_before_sweep_mib}
+            rec.sweep = replace(self._sweep_account, returned_mib=returned)
+            self._sweep_account = None
+            self.say(f"kimiperf: zombie sweep: {rec.sweep.summary()}")
+        return used
+
+    def _say_pid_view(self) -> None:
+        """Once a session, with the first server holding its GPUs: where NVML's pids name no
+        process here (a container under a driver that reports the host's pids), GPU memory is
+        accounted per GPU, and the run says so once instead of at every window."""
+        try:
+            held = gpu_holders()
+        except ServerError:
+            return  # the per-window readings say what could not be read
+        if held.holders:
+            self._pid_view_said = True
+        if held.note is not None:
+            self.say(f"kimiperf: GPU memory is accounted per GPU, not per process: {held.note}")
 
     def _account(self, rec: ServerRecord, started_wall: datetime, total_s: float) -> BootAccount:
         """The account of the boot that just became ready, from its log."""
@@ -571,19 +623,23 @@ class ServerManager:
         return self._external
 
     def _sweep(self) -> None:
+        gpus = self.settings.deployment.needs_gpus
+        self._used_before_sweep_mib = gpu_memory_used_mib() if gpus else {}
         report = process_sweep.sweep_stale_launches(self.state_dir, grace_s=self.settings.grace_s)
         for line in report.describe():
             self.say(f"kimiperf: zombie sweep: {line}")
+        if report.swept or report.ended:
+            self._sweep_account = SweepAccount(launches=report.swept, processes=len(report.ended))
         stuck = report.survivor_gpu_memory_mib or {}
-        if stuck and self.settings.deployment.needs_gpus:
+        if stuck and gpus:
             held = ", ".join(f"pid {pid} ({mib} MiB)" for pid, mib in sorted(stuck.items()))
             raise ServerError(
                 f"processes of an earlier run survived SIGKILL and still hold GPU memory: {held}; "
                 "a new server would not fit next to them. They are usually stuck in the driver: "
                 "check `nvidia-smi` and the kernel log, free the GPUs (or reboot), then rerun"
             )
-        if report.gpu_pids and self.settings.deployment.needs_gpus:
-            wait_gpu_memory_freed(report.gpu_pids, deadline_s=120.0)
+        # What the ended processes held comes back as the driver tears their contexts down: the
+        # first boot waits for it (_first_boot_memory), with every other GPU fact.
 
     def close(self) -> None:
         """Stop whatever still runs (end of session, interrupt), then let the next session boot."""

@@ -273,6 +273,29 @@ def parse_compute_apps(text: str, fields: Sequence[str] = QUERY_COMPUTE_APPS_FIE
     return used
 
 
+def parse_compute_apps_by_gpu(text: str, fields: Sequence[str]) -> list[tuple[str, int, int]]:
+    """Parse ``nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory`` (fields as asked, or as
+    a header names them) into ``(gpu uuid, pid, MiB)`` rows, one per process and GPU; a memory that
+    reads ``N/A`` is 0 MiB (the process still holds a context)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    wanted = [_app_field(name) for name in fields]
+    if lines and all(_app_field(token) in _APP_FIELDS_KNOWN for token in lines[0].split(",")):
+        wanted, lines = [_app_field(token) for token in lines[0].split(",")], lines[1:]
+    if not {"gpu_uuid", "pid", "used_memory"} <= set(wanted):
+        raise ValueError(f"--query-compute-apps fields {wanted} need gpu_uuid, pid and used_memory")
+    rows: list[tuple[str, int, int]] = []
+    for line in lines:
+        if "," not in line:
+            continue  # "No running processes found"
+        row = dict(zip(wanted, _split_row(line, wanted, ("process_name",)), strict=True))
+        pid = _optional_int(row["pid"], what="--query-compute-apps pid")
+        if pid is None:
+            raise ValueError(f"--query-compute-apps row without a pid: {line!r}")
+        mib = _optional_int(row["used_memory"], what=f"--query-compute-apps used_memory of pid {pid}")
+        rows.append((_strip_value(row["gpu_uuid"]), pid, mib or 0))
+    return rows
+
+
 def parse_memory_used_csv(text: str) -> dict[int, int | None]:
     """Parse ``nvidia-smi --query-gpu=index,memory.used`` into {index: MiB used}, None where a
     GPU does not say (``[N/A]``: unified-memory boards). Accepts a header and units or neither."""
@@ -296,6 +319,7 @@ __all__ = [
     "GpuInfo",
     "Topology",
     "parse_compute_apps",
+    "parse_compute_apps_by_gpu",
     "parse_cuda_version",
     "parse_memory_used_csv",
     "parse_query_gpu_csv",

@@ -49,9 +49,10 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -476,8 +477,12 @@ class ProcessSummary:
     remote: bool = False
 
     def describe(self) -> str:
-        """``pid 123 python3 (python3 -m vllm.entrypoints...)``, the command cut at 160 characters."""
-        command = " ".join(self.cmdline)
+        """``pid 123 python3 (python3 -m vllm.entrypoints...)``, the command cut at 160 characters;
+        a process renamed by setproctitle (vLLM's ``VLLM::Worker_TP0``, its title padded with
+        spaces over the old arguments) is named once."""
+        command = " ".join(self.cmdline).strip()
+        if command == self.name:
+            return f"pid {self.pid} {self.name}"
         command = command if len(command) <= 160 else command[:157] + "..."
         return f"pid {self.pid} {self.name}" + (f" ({command})" if command else "")
 
@@ -665,13 +670,44 @@ class SweepReport:
         """Report lines; empty when there was nothing to do."""
         lines = [f"ended stale {launch}" for launch in self.swept]
         lines += [f"left alone {launch}" for launch in self.skipped]
-        lines += [f"ended {p.describe()}" for p in self.ended]
-        lines += [
-            f"pid {pid} held {mib} MiB of GPU memory"
-            for pid, mib in sorted((self.gpu_memory_mib or {}).items())
-        ]
+        held = self.gpu_memory_mib or {}
+        lines += [f"ended {p.describe()}" + (f", which held {held[p.pid]} MiB of GPU memory" if p.pid in held else "")
+                  for p in self.ended]
         lines += [f"STILL RUNNING after SIGKILL: {p.describe()}" for p in self.survivors]
         return lines + list(self.problems)
+
+
+@dataclass(frozen=True)
+class SweepAccount:
+    """What the sweep before the first boot ended, and how much GPU memory came back by that boot
+    (the server manager fills ``returned_mib``; the reports say it)."""
+
+    launches: tuple[str, ...]  # each stale launch ended (LaunchRecord.describe())
+    processes: int  # processes ended
+    returned_mib: Mapping[int, int] = field(default_factory=dict)  # by GPU index
+
+    def summary(self) -> str:
+        """``before the first boot the sweep ended 9 processes of 1 stale launch of a killed run
+        (rtx8/default, pid 4242, ...); 720000 MiB of GPU memory came back on 8 GPUs``."""
+        launches = "; ".join(self.launches)
+        came_back = sum(mib for mib in self.returned_mib.values() if mib > 0)
+        gpus = sum(1 for mib in self.returned_mib.values() if mib > 0)
+        memory = (f"; {came_back} MiB of GPU memory came back on {gpus} GPU{'s' * (gpus != 1)}" if came_back else
+                  "; no GPU memory came back" if self.returned_mib else "")
+        return (f"before the first boot the sweep ended {self.processes} process{'es' * (self.processes != 1)} of "
+                f"{len(self.launches)} stale launch{'es' * (len(self.launches) != 1)} of a killed run"
+                f"{f' ({launches})' if launches else ''}{memory}")
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-able form (travels in a ServerRecord)."""
+        return {"launches": list(self.launches), "processes": self.processes,
+                "returned_mib": {str(k): v for k, v in self.returned_mib.items()}}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SweepAccount:
+        """Inverse of :meth:`to_json`."""
+        return cls(launches=tuple(data["launches"]), processes=int(data["processes"]),
+                   returned_mib={int(k): int(v) for k, v in (data.get("returned_mib") or {}).items()})
 
 
 def sweep_stale_launches(
@@ -742,7 +778,7 @@ def sweep_stale_launches(
 
 __all__ = [
     "HeldLaunch", "LAUNCH_ID_ENV", "LaunchRecord", "LoadedLaunches", "Place", "ProcessSummary", "SweepReport",
-    "TerminationReport", "boot_id", "find_launch_processes", "forget_launch", "leader_alive", "load_launches",
+    "SweepAccount", "TerminationReport", "boot_id", "find_launch_processes", "forget_launch", "leader_alive", "load_launches",
     "owner_gone", "pid_namespace", "processes_of", "record_for_popen", "record_launch", "remote_stop",
     "start_ticks", "stop_launch", "sweep_stale_launches", "terminate_processes",
 ]

@@ -25,6 +25,13 @@ to another value than the one set.
 
 --prompt-log FILE appends one JSON line per completion request, ``{"pid", "request_id",
 "prompt"}``, so a test can see exactly which prompts reached the server (prompt isolation).
+
+--sim-gpu-mib MIB runs it on the simulated GPU (tests/fakes/simgpu, ``$SIMGPU_STATE``) as vLLM's
+process tree does: the API server starts ``VLLM::EngineCore``, which with --sim-gpus N > 1 starts
+``VLLM::Worker_TP<i>`` for each of the first N GPUs CUDA_VISIBLE_DEVICES leaves it (vLLM's
+multiproc executor), each holding MIB there; with one GPU the engine holds it itself (the
+uniproc executor). The memory is released when a holder ends, or --sim-linger-s seconds later
+(a driver slow to tear a context down). While a stream is served the GPUs are under load.
 """
 
 from __future__ import annotations
@@ -137,6 +144,13 @@ class Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": "not found"})
 
     def do_POST(self) -> None:
+        if self.args.sim_gpu_mib and self.path == "/v1/completions":
+            with _sim_state().busy():
+                self._post()
+        else:
+            self._post()
+
+    def _post(self) -> None:
         length = int(self.headers.get("Content-Length", 0))
         body = json.loads(self.rfile.read(length) or b"{}")
         if self.path == "/tokenize" and self.args.mode == "html-tokenize":
@@ -211,6 +225,44 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
+def _title(name: str) -> None:
+    try:
+        import setproctitle  # type: ignore[import-not-found]
+
+        setproctitle.setproctitle(name)
+    except ImportError:
+        pass
+
+
+def _sim_state():  # noqa: ANN202 - the simulated GPU's state module, imported where it is used
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from simgpu import state
+
+    return state
+
+
+def spawn_sim_engine(args: argparse.Namespace) -> None:
+    """vLLM's engine tree on the simulated GPU: EngineCore and its workers, each holding memory."""
+    state = _sim_state()
+    gpus = state.visible_gpus(state.read_host())[: args.sim_gpus]
+    if len(gpus) < args.sim_gpus:
+        log(f"ERROR simulated GPU: {args.sim_gpus} GPU(s) asked, CUDA_VISIBLE_DEVICES leaves {len(gpus)}")
+        sys.exit(1)
+    if os.fork() != 0:
+        return
+    _title("VLLM::EngineCore")
+    if len(gpus) == 1:
+        state.hold({gpus[0]: args.sim_gpu_mib}, linger_s=args.sim_linger_s)
+    else:
+        for rank, gpu in enumerate(gpus):
+            if os.fork() == 0:
+                _title(f"VLLM::Worker_TP{rank}")
+                state.hold({gpu: args.sim_gpu_mib}, linger_s=args.sim_linger_s)
+                break
+    while True:
+        time.sleep(1)
+
+
 def spawn_children() -> None:
     """Fork two long-lived workers, as vLLM's API server starts EngineCore and workers."""
     for name in ("EngineCore", "Worker_TP0"):
@@ -247,12 +299,17 @@ def main() -> None:
     parser.add_argument("--nccl-log-value", action="append", default=[])
     parser.add_argument("--prompt-log", default=None)
     parser.add_argument("--load-format", default="auto")
+    parser.add_argument("--sim-gpu-mib", type=int, default=0)
+    parser.add_argument("--sim-gpus", type=int, default=1)
+    parser.add_argument("--sim-linger-s", type=float, default=0.0)
     args, _ = parser.parse_known_args()
     if args.boot_count:
         with open(args.boot_count, "a") as fh:
             fh.write(f"{os.getpid()} {os.environ.get('NCCL_PROTO', '-')} {os.environ.get('NCCL_ALGO', '-')}\n")
     if args.mode == "spawn-children":
         spawn_children()
+    if args.sim_gpu_mib:
+        spawn_sim_engine(args)
     if args.mode == "ignore-sigterm":
         import signal
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import NoReturn
 
@@ -15,6 +16,8 @@ from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES, NcclProfile
 from pytest_kimiperf.errors import HardwareMissingError, KimiperfError
 from pytest_kimiperf.server import hardware_check, nvidia_smi
 from pytest_kimiperf.server.gpu import GpuProbe
+from pytest_kimiperf.server.gpu_memory import GpuHolder, GpuHolders
+from pytest_kimiperf.server.nvidia_smi import GpuInfo
 from tests import helpers
 
 DATA = helpers.DATA / "gpu"
@@ -148,18 +151,62 @@ def test_only_the_gpus_cuda_visible_devices_leaves_count(monkeypatch: pytest.Mon
     assert hardware_check.hardware_problem(kimi, probe=production_host) is None
 
 
-def test_gpus_without_the_free_memory_vllm_asks_at_startup_are_named() -> None:
-    # GPU 1 of the recorded T4 pair held 13395 MiB; on the production host GPU 5 holds as much.
+def test_the_hardware_check_never_judges_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What holds memory before the first boot may be a killed run's engine, which the sweep ends
+    first: free memory is judged after it (await_free_memory), never here."""
+    monkeypatch.setattr(hardware_check, "gpu_memory_used_mib", never_asked)
+    monkeypatch.setattr(hardware_check, "gpu_holders", never_asked)
+    assert hardware_check.hardware_problem(KIMI_K25_INT4_TP8, probe=production_host) is None
+
+
+def _gpus() -> list[GpuInfo]:
+    return list(production_host().gpus)
+
+
+# GPU 1 of the recorded T4 pair held 13395 MiB (memory_used_2gpu_one_busy.csv); on the production
+# host GPU 5 holds as much, by a stranger's process.
+STRANGER = GpuHolders((GpuHolder(gpu=5, pid=4242, nvml_pid=4242, mib=13392, name="python3"),))
+
+
+def test_gpus_without_the_free_memory_vllm_asks_at_startup_are_named_with_what_holds_them() -> None:
     used = {index: 3 for index in range(8)} | {5: 13395}
-    problem = hardware_check.hardware_problem(KIMI_K25_INT4_TP8, probe=production_host, memory_used=lambda: used)
-    assert problem == (
+    with pytest.raises(HardwareMissingError) as caught:
+        hardware_check.check_free_memory(KIMI_K25_INT4_TP8, _gpus(), used, STRANGER)
+    assert str(caught.value) == (
         "deployment 'kimi-k25-int4-tp8': GPU 5 (NVIDIA RTX PRO 6000 Blackwell Server Edition) has 84492 of 97887 MiB "
-        "free, vLLM asks 88099 (--gpu-memory-utilization 0.9 of each GPU must be free when the engine starts). End "
-        "what holds that memory (`nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv`), "
-        "choose free GPUs with CUDA_VISIBLE_DEVICES, or lower --gpu-memory-utilization in a deployment that "
-        "extends this one.")
+        "free, vLLM asks 88099: held by pid 4242 python3 (13392 MiB) (--gpu-memory-utilization 0.9 of each GPU must "
+        "be free when the engine starts). These are no processes of an earlier kimiperf run (the sweep ended those), "
+        "so they are never signalled: end them (`nvidia-smi --query-compute-apps=pid,process_name,used_memory "
+        "--format=csv`), choose free GPUs with CUDA_VISIBLE_DEVICES, or lower --gpu-memory-utilization in a "
+        "deployment that extends this one.")
     low = dataclasses.replace(KIMI_K25_INT4_TP8, command=(*KIMI_K25_INT4_TP8.command, "--gpu-memory-utilization", "0.8"))
-    assert hardware_check.hardware_problem(low, probe=production_host, memory_used=lambda: used) is None
+    hardware_check.check_free_memory(low, _gpus(), used, STRANGER)  # 84492 free >= 78310 asked
+
+
+def test_memory_no_live_process_holds_is_waited_for_and_named_per_gpu_at_the_deadline() -> None:
+    """A swept engine's memory comes back as the driver tears its context down: the first boot
+    waits for it; what never comes back is named by GPU once the wait is over."""
+    readings = iter([{i: 90000 for i in range(8)}, {i: 40000 for i in range(8)}, {i: 3 for i in range(8)}])
+    said: list[str] = []
+    used = hardware_check.await_free_memory(KIMI_K25_INT4_TP8, _gpus(), deadline_s=5, poll_s=0.01,
+                                            used=lambda: next(readings), holders=GpuHolders, say=said.append)
+    assert used == dict.fromkeys(range(8), 3)
+    assert said and said[0].startswith("GPU memory came back after ")
+    started = time.monotonic()
+    with pytest.raises(HardwareMissingError, match=r"GPU 0 \(NVIDIA RTX PRO 6000 Blackwell Server Edition\) has 7887 "
+                       r"of 97887 MiB free, vLLM asks 88099: held by 90000 MiB that no listed process holds"):
+        hardware_check.await_free_memory(KIMI_K25_INT4_TP8, _gpus(), deadline_s=0.2, poll_s=0.01,
+                                         used=lambda: dict.fromkeys(range(8), 90000), holders=GpuHolders)
+    assert time.monotonic() - started >= 0.2
+
+
+def test_memory_live_processes_hold_fails_at_once_without_waiting() -> None:
+    used = {index: 3 for index in range(8)} | {5: 13395}
+    started = time.monotonic()
+    with pytest.raises(HardwareMissingError, match="held by pid 4242 python3"):
+        hardware_check.await_free_memory(KIMI_K25_INT4_TP8, _gpus(), deadline_s=60, poll_s=0.01,
+                                         used=lambda: used, holders=lambda: STRANGER)
+    assert time.monotonic() - started < 5
 
 
 def test_ll128_forced_on_a_pcie_only_host_warns() -> None:
