@@ -10,9 +10,11 @@ import argparse
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from pytest_kimiperf.config.settings import DEFAULT_DEPLOYMENT, DEFAULT_PROFILES, RawOption
+from pytest_kimiperf.config.settings import DEFAULT_DEPLOYMENT, DEFAULT_PROFILES, RawOption, Settings, build_settings
+from pytest_kimiperf.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -246,6 +248,21 @@ def read_raw_options(
         else:
             raw[opt.name] = RawOption(opt.default, "default")
     return raw
+
+
+def script_settings(deployment: str, *, rootpath: Path, profiles: str = "default", source: str = "a script",
+                    extra_deployments: Mapping[str, Mapping[str, Any]] | None = None, **given: Any) -> Settings:
+    """Validated settings for a script that drives the plugin's parts outside pytest (ci/'s GPU
+    checks, benchmarks/): every option at its default but the deployment, the profiles and
+    ``given`` (option names as in :data:`OPTIONS`), checked as a run's are. A stand-in settings
+    object would miss every field added since it was written."""
+    raw = {opt.name: RawOption(opt.default, "default") for opt in OPTIONS}
+    raw.update({name: RawOption(value, source) for name, value in
+                {"deployment": deployment, "nccl_profiles": profiles, **given}.items()})
+    unknown = set(given) - {opt.name for opt in OPTIONS}
+    if unknown:
+        raise ConfigError(f"{source}: unknown option(s) {sorted(unknown)}; known: {', '.join(o.name for o in OPTIONS)}")
+    return build_settings(raw, rootpath=rootpath, extra_deployments=extra_deployments)
 
 
 def deprecated_spellings_used(getoption: Callable[[str], Any], getini: Callable[[str], Any]) -> list[str]:

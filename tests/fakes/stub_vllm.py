@@ -280,6 +280,7 @@ def spawn_children() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
+    parser.add_argument("--served-model-name", default=None)  # as vLLM's: the name /v1/models lists
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--mode", default="normal",
@@ -303,6 +304,7 @@ def main() -> None:
     parser.add_argument("--sim-gpus", type=int, default=1)
     parser.add_argument("--sim-linger-s", type=float, default=0.0)
     args, _ = parser.parse_known_args()
+    args.model = args.served_model_name or args.model
     if args.boot_count:
         with open(args.boot_count, "a") as fh:
             fh.write(f"{os.getpid()} {os.environ.get('NCCL_PROTO', '-')} {os.environ.get('NCCL_ALGO', '-')}\n")

@@ -176,3 +176,15 @@ def test_parse_compute_apps_process_name_with_commas() -> None:
 def test_parse_compute_apps_needs_pid_and_memory() -> None:
     with pytest.raises(ValueError, match="need pid and used_memory"):
         nvidia_smi.parse_compute_apps("1, python3", ("pid", "process_name"))
+
+
+def test_parse_compute_apps_by_gpu_on_the_recorded_eight_gpu_host() -> None:
+    """Per GPU (the first-boot check names holders by GPU): the recorded H200-class host, one
+    process on each GPU, the last one in another pid namespace ([Not Found])."""
+    rows = nvidia_smi.parse_compute_apps_by_gpu(recorded("compute_apps_8gpu_before_release.csv"), ())
+    assert len(rows) == 8
+    assert rows[0] == ("GPU-a44622e3-2296-6285-0a86-84d0f6c67900", 1328667, 130004)
+    assert rows[-1] == ("GPU-28780eb0-24d5-1f13-59b8-ae5c23617a72", 1758887, 58060)
+    assert nvidia_smi.parse_compute_apps_by_gpu("No running processes found\n", ("gpu_uuid", "pid", "used_memory")) == []
+    with pytest.raises(ValueError, match="need gpu_uuid, pid and used_memory"):
+        nvidia_smi.parse_compute_apps_by_gpu("1, 2\n", ("pid", "used_memory"))

@@ -473,3 +473,32 @@ def test_every_server_is_started_with_spt_noenv(tmp_path: Path) -> None:
                            state_dir=tmp_path, base_url="http://127.0.0.1:1", served_model_name="m",
                            deployment="d", profile="p", deadline_s=1.0)
     assert server.env["SPT_NOENV"] == "1"  # an empty value would leave setproctitle clobbering
+
+
+def test_a_process_renamed_by_setproctitle_is_named_once() -> None:
+    """vLLM names its workers with setproctitle, which pads the title with spaces over the old
+    arguments: the sweep's line says ``pid 7 VLLM::Worker_TP0``, not the title twice and 150 spaces."""
+    from pytest_kimiperf.server.zombies import ProcessSummary
+
+    worker = ProcessSummary(pid=7, name="VLLM::Worker_TP0", cmdline=("VLLM::Worker_TP0" + " " * 150,))
+    assert worker.describe() == "pid 7 VLLM::Worker_TP0"
+    api = ProcessSummary(pid=8, name="python3", cmdline=("python3", "-m", "vllm.entrypoints.cli.main", "serve"))
+    assert api.describe() == "pid 8 python3 (python3 -m vllm.entrypoints.cli.main serve)"
+
+
+def test_the_sweep_account_says_what_it_ended_and_what_came_back_and_travels_as_json() -> None:
+    from pytest_kimiperf.server.manager import ServerRecord
+    from pytest_kimiperf.server.zombies import SweepAccount, SweepReport, ProcessSummary
+
+    account = SweepAccount(launches=("launch ab (rtx8/default, pid 9)",), processes=8,
+                           returned_mib=dict.fromkeys(range(8), 90000) | {8: 0})
+    assert account.summary() == ("before the first boot the sweep ended 8 processes of 1 stale launch of a killed run "
+                                 "(launch ab (rtx8/default, pid 9)); 720000 MiB of GPU memory came back on 8 GPUs")
+    assert SweepAccount(launches=(), processes=1).summary() == (
+        "before the first boot the sweep ended 1 process of 0 stale launches of a killed run")
+    record = ServerRecord("default", sweep=account)
+    assert ServerRecord.from_json(record.to_json()).sweep == account
+    assert "sweep" not in ServerRecord("default").to_json()  # a run that swept nothing keeps its shape
+    report = SweepReport(ended=(ProcessSummary(5, "VLLM::Worker_TP0", ("VLLM::Worker_TP0",)),),
+                         gpu_memory_mib={5: 90000})
+    assert report.describe() == ["ended pid 5 VLLM::Worker_TP0, which held 90000 MiB of GPU memory"]
