@@ -33,6 +33,10 @@
 #   BOOT_DEADLINE_S    each boot's health deadline (default: 150; the tiny model boots in 1-2 min)
 #   FIRST_RUN_QUICK_LIMIT_S  the limit of each check that boots nothing (default: 45; vLLM's
 #                      import takes 10-30 s on an idle host)
+#   FIRST_RUN_VLLM     the vllm command (default: {python} -m vllm.entrypoints.cli.main), and
+#   FIRST_RUN_HOLDER   the command that holds GPU memory and prints "ready" (default:
+#                      ci/gpu_bare_load.py hold): `make test` runs this script to its end on the
+#                      simulated GPU with stand-ins for both (tests/plugin/test_ci_gpu_scripts.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -88,6 +92,7 @@ weight_cache() {
     return 1
   fi
   WEIGHT_CACHE_OUT="$OUT/weight-cache" KIMIPERF_STATE_DIR="$OUT/state" WEIGHT_CACHE_BOOT_DEADLINE_S="$DEADLINE" \
+    WEIGHT_CACHE_VLLM="${FIRST_RUN_VLLM:-}" \
     CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHON="$PY" ci/gpu-weight-cache-check.sh > "$OUT/weight-cache.log" 2>&1
   local rc=$?
   if [ "$rc" -eq 0 ]; then

@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from types import MappingProxyType, SimpleNamespace
+from types import MappingProxyType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,13 +34,20 @@ def line(check: str, verdict: str, text: str) -> None:
     print(f"first-run: {check}: {verdict} {text}", flush=True)
 
 
+# The engine: CUDA vLLM by default; `make test` runs this script to its end on the simulated GPU
+# with a stand-in `vllm` (tests/plugin/test_ci_gpu_scripts.py), and a stand-in holder of GPU memory.
+VLLM = tuple(os.environ.get("FIRST_RUN_VLLM", "").split()) or ("{python}", "-m", "vllm.entrypoints.cli.main")
+HOLDER = tuple(os.environ.get("FIRST_RUN_HOLDER", "").split()) or (sys.executable, str(ROOT / "ci" / "gpu_bare_load.py"),
+                                                                    "hold", "--mib", "1024")
+
+
 def tiny_gpu(deadline_s: float, **changes: Any) -> Any:
     """The tiny model on CUDA GPUs, booted through vLLM with the given boot deadline."""
     from pytest_kimiperf.config.deployments import TINY_CPU
 
     return replace(
         TINY_CPU, name="tiny-gpu", description="the tiny model on CUDA GPUs",
-        command=("{python}", "-m", "vllm.entrypoints.cli.main", "serve", "{model}",
+        command=(*VLLM, "serve", "{model}",
                  "--served-model-name", "{served_model_name}", "--host", "{host}", "--port", "{port}",
                  "--tensor-parallel-size", "{tp}", "--max-model-len", "2048", "--dtype", "bfloat16",
                  "--gpu-memory-utilization", "0.5"),
@@ -49,10 +56,11 @@ def tiny_gpu(deadline_s: float, **changes: Any) -> Any:
 
 def manager_for(deployment: Any, out: Path, logs: Path, *, nccl_debug: bool) -> Any:
     """A ServerManager on OUT/state, and SIGTERM turned into an exit that runs its teardown."""
+    from pytest_kimiperf.config.options import script_settings
     from pytest_kimiperf.server.manager import ServerManager
 
-    settings = SimpleNamespace(deployment=deployment, external=False, port=None, nccl_debug=nccl_debug, grace_s=20.0,
-                               host_wait_s=30.0, api_key=None, command_plans={}, control=False)
+    settings = replace(script_settings("tiny-cpu", rootpath=ROOT, source="ci/gpu-first-run.sh", grace="20",
+                                       host_wait="30"), deployment=deployment, nccl_debug=nccl_debug)
     manager = ServerManager(settings, log_dir=logs, state_dir=out / "state", say=lambda _: None,
                             on_progress=lambda *a: None)
 
@@ -112,8 +120,7 @@ def sweep_gpu_memory(out: Path) -> None:
 
     from pytest_kimiperf.server.gpu_memory import gpu_memory_by_pid, wait_gpu_memory_freed
 
-    holder = subprocess.Popen([sys.executable, str(ROOT / "ci" / "gpu_bare_load.py"), "hold", "--mib", "1024"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(list(HOLDER), stdout=subprocess.PIPE, text=True)
     try:
         ready = holder.stdout.readline() if holder.stdout else ""
         held = gpu_memory_by_pid() if ready.startswith("ready") else {}

@@ -301,10 +301,12 @@ def main() -> None:
     parser.add_argument("--prompt-log", default=None)
     parser.add_argument("--load-format", default="auto")
     parser.add_argument("--sim-gpu-mib", type=int, default=0)
-    parser.add_argument("--sim-gpus", type=int, default=1)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--sim-gpus", type=int, default=None)  # default: one per tensor-parallel rank
     parser.add_argument("--sim-linger-s", type=float, default=0.0)
     args, _ = parser.parse_known_args()
     args.model = args.served_model_name or args.model
+    args.sim_gpus = args.sim_gpus or args.tensor_parallel_size
     if args.boot_count:
         with open(args.boot_count, "a") as fh:
             fh.write(f"{os.getpid()} {os.environ.get('NCCL_PROTO', '-')} {os.environ.get('NCCL_ALGO', '-')}\n")

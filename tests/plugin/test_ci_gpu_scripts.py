@@ -38,3 +38,50 @@ def test_the_weight_cache_check_runs_to_its_end(simulated_gpus, tmp_path: Path) 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "OK: both engines mapped their weights from the daemon; nothing left running" in done.stdout
     assert "second boot (ring-ll): weight phase" in done.stdout
+
+
+HOLDER = """
+import sys, time
+sys.path.insert(0, {fakes!r})
+from simgpu import state
+state.hold({{0: 1024}})
+print("ready: holding 1024 MiB on GPU 0 (simulated)", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_first_run_check_runs_to_its_end(simulated_gpus, tmp_path: Path) -> None:
+    """Every check prints its line and the run ends with its SKIP= list. On the simulated GPU with a
+    stand-in engine two checks fail, for what only a real host has: the stub writes NCCL's
+    variables but no collective's choice (nccl-debug), and a node behind a launch template starts
+    with a clean environment, so the simulated GPU (an environment variable) does not reach it."""
+    from tests.helpers import FAKES
+
+    holder = tmp_path / "holder.py"
+    holder.write_text(HOLDER.format(fakes=str(FAKES)))
+    vllm = tmp_path / "bin" / "vllm"
+    vllm.parent.mkdir()
+    vllm.write_text(
+        "#!/bin/sh\ncmd=$1; shift\n"
+        f'if [ "$cmd" = serve ]; then model=$1; shift; exec {sys.executable} {STUB_SERVER} --model "$model" '
+        '--load-seconds 0.2 --sim-gpu-mib 2048 --nccl-lines "$@"; fi\n'
+        f'exec {sys.executable} {STUB_PRELOAD} "$@"\n')
+    vllm.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable, "FIRST_RUN_OUT": str(out), "FIRST_RUN_VLLM": str(vllm),
+           "FIRST_RUN_HOLDER": f"{sys.executable} {holder}", "BOOT_DEADLINE_S": "60"}
+    done = subprocess.run(["bash", "ci/gpu-first-run.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 1 and lines[-1] == "SKIP=vllm-contract,facts,sweep-gpu-memory,weight-cache", \
+        done.stdout + done.stderr
+    verdicts = {}
+    for line in lines[:-1]:
+        check, _, rest = line.removeprefix("first-run: ").partition(": ")
+        verdicts.setdefault(check, set()).add(rest.split()[0].rstrip(":"))
+    assert verdicts == {
+        "vllm-contract": {"vllm-contract"}, "nvml": {"OK"}, "counters": {"OK"}, "pid-namespace": {"OK"},
+        "sweep-gpu-memory": {"OK"}, "boot": {"OK"}, "spt-noenv": {"OK"}, "sweep-gpu-memory-vllm": {"OK"},
+        "nccl-debug": {"FAIL"}, "weight-cache": {"OK"}, "nodes": {"FAIL"}}, done.stdout
+    assert "vllm-contract: OK" in done.stdout and "nodes: FAIL node agent facts through a template: gpu.count 0" \
+        in done.stdout
