@@ -253,6 +253,12 @@ class DecodeReach:
         """What puts decode's all-reduces on NCCL's algorithms: one switch per backend in ``via``."""
         return tuple(dict.fromkeys(s for backend in self.via if (s := switch_for(backend)) is not None))
 
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able form (the report's NCCL check, ``nccl_debug.reach``)."""
+        return {"reach": self.reach.value, "tensor_parallel_size": self.tensor_parallel_size, "via": list(self.via),
+                "logged": self.logged, "custom_off": None if self.custom_off is None else self.custom_off.value,
+                "interconnect": self.interconnect}
+
 
 def decode_reach(path: AllReducePath | None, *, interconnect: str | None = None) -> DecodeReach:
     """Where the boot whose log gave ``path`` ran its decode-sized all-reduces: from vLLM's
