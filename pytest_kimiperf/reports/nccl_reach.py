@@ -136,7 +136,7 @@ def reach_summary(paths: Mapping[str, Sequence[AllReducePath]], *, nccl_profiles
     whose = f"{nccl_profiles[0]}'s" if len(nccl_profiles) == 1 else "the profiles'"
     if len(distinct) == 1:
         boots = sum(len(reaches) for reaches in per_profile.values())
-        return _one(distinct[0], whose, "the boot" if boots == 1 else f"all {boots} boots")
+        return _one(distinct[0], whose, {1: "the boot", 2: "both boots"}.get(boots, f"all {boots} boots"))
     said = "; ".join(f"{name}: " + " or ".join(where_decode_ran(r) for r in dict.fromkeys(reaches))
                      for name, reaches in per_profile.items())
     return (f"decode's all-reduces took different paths ({said}), so the comparison changes where they run "
