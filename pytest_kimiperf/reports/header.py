@@ -55,7 +55,7 @@ def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
     if not s.external:
         dep = s.deployment
         lines.append(f"kimiperf: server command: {describe_command(dep)}")
-        if (reach := forecast_line(dep, s.profiles)) is not None:  # what the NCCL variables can touch
+        if (reach := forecast_line(dep, s.profiles, environ)) is not None:  # what the NCCL variables can touch
             lines.append(reach)
         if s.control:  # --kimiperf-control: the recorded build, booted beside the candidate
             lines.append(f"kimiperf: control command ({s.reference_profile.name}): {describe_command(dep, control=True)}")

@@ -158,10 +158,10 @@ def check_note(reach: DecodeReach | None) -> str | None:
     return None
 
 
-def _missing(deployment: Deployment, profile: NcclProfile) -> tuple[str, ...]:
-    """The switches of vLLM's default paths that neither the deployment nor the profile sets."""
+def _missing(deployment: Deployment, profile: NcclProfile, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The switches of vLLM's default paths that neither the shell, the deployment nor the profile sets."""
     args = {*deployment.command, *profile.args}
-    env = {**deployment.env, **profile.env}
+    env = {**environ, **deployment.env, **profile.env}
     missing = []
     for backend in _DEFAULT_PATHS:
         switch = switch_for(backend)
@@ -174,10 +174,11 @@ def _missing(deployment: Deployment, profile: NcclProfile) -> tuple[str, ...]:
     return tuple(dict.fromkeys(missing))
 
 
-def forecast_line(deployment: Deployment, profiles: Sequence[NcclProfile]) -> str | None:
+def forecast_line(deployment: Deployment, profiles: Sequence[NcclProfile],
+                  environ: Mapping[str, str] | None = None) -> str | None:
     """The header's line before any boot: what the profiles' NCCL variables can reach on this
-    deployment; None where no profile sets one. Where it depends on the GPUs, it says so: each
-    boot's log decides, and the answers report it."""
+    deployment (``environ``: the shell's, which the servers inherit); None where no profile sets
+    one. Where it depends on the GPUs, it says so: each boot's log decides, and the answers report it."""
     if not any(sets_nccl(p.env) for p in profiles):
         return None
     tp = deployment.tensor_parallel_size
@@ -188,7 +189,7 @@ def forecast_line(deployment: Deployment, profiles: Sequence[NcclProfile]) -> st
     if tp <= 1:
         return ("kimiperf: NCCL reach: TP=1 runs no all-reduce: the profiles' NCCL settings reach no collective, "
                 "and NCCL prints no TUNING line with one rank")
-    missing = {p.name: _missing(deployment, p) for p in profiles}
+    missing = {p.name: _missing(deployment, p, environ or {}) for p in profiles}
     if not any(missing.values()):
         return (f"kimiperf: NCCL reach: at TP={tp} decode's all-reduces go to NCCL: every profile turns vLLM's "
                 "custom, FlashInfer and symmetric-memory all-reduce off (each boot's log confirms it)")

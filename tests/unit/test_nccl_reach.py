@@ -50,9 +50,12 @@ def test_the_header_names_only_the_switches_still_missing() -> None:
         "NCCL on decode, add VLLM_ALLREDUCE_USE_FLASHINFER=0 VLLM_ALLREDUCE_USE_SYMM_MEM=0 to the deployment's env "
         "or every profile's")
     nccl = replace(flagged, env={"VLLM_ALLREDUCE_USE_FLASHINFER": "0", "VLLM_ALLREDUCE_USE_SYMM_MEM": "0"})
-    assert forecast_line(nccl, PROFILES) == (
-        "kimiperf: NCCL reach: at TP=8 decode's all-reduces go to NCCL: every profile turns vLLM's custom, "
-        "FlashInfer and symmetric-memory all-reduce off (each boot's log confirms it)")
+    on_nccl = ("kimiperf: NCCL reach: at TP=8 decode's all-reduces go to NCCL: every profile turns vLLM's custom, "
+               "FlashInfer and symmetric-memory all-reduce off (each boot's log confirms it)")
+    assert forecast_line(nccl, PROFILES) == on_nccl
+    # the servers inherit the shell's environment, where a switch may be set too
+    assert forecast_line(flagged, PROFILES, {"VLLM_ALLREDUCE_USE_FLASHINFER": "0",
+                                             "VLLM_ALLREDUCE_USE_SYMM_MEM": "0"}) == on_nccl
 
 
 def test_the_header_says_when_profiles_ask_for_different_paths() -> None:
