@@ -34,6 +34,8 @@ LAST = "kimiperf: servers and files"
 # What each line of the first screen looks like now (reports/answers.py, reports/terminal.py).
 ANSWER = re.compile(r"^\S+ vs (\S+|its baseline), .+ \(\S+\): [+-]\d+\.\d%, [+-][\d.]+\.\.[+-][\d.]+% \(\d+%\): .+")
 RUN = re.compile(r"^run (passed|FAILED \(.+\)): .+")
+# Where a comparison's NCCL variables could not reach decode's all-reduces (reports/nccl_reach.py).
+REACH = re.compile(r"^\S+ vs \S+, what NCCL could reach: .+")
 FLOOR = re.compile(r"^decode (floor \S+ \S+|no floor): .+")
 TABLE_HEADER = re.compile(r"^  test +metric +(profile +)?change +interval +verdict$")
 ROW = re.compile(r"^  (\S+)? +(\* )?\S+ +(\S+ +)?([+-]\d+\.\d%|) +([+-][\d.]+\.\.[+-][\d.]+% \(\d+%\)|) +\S.*$")
@@ -73,7 +75,7 @@ def problems(excerpt: list[str]) -> list[str]:
             if not any(t.match(title) for t in TITLES):
                 found.append(f"a section title the summary no longer writes: {title!r}")
             continue
-        for kind, pattern in (("answer", ANSWER), ("run", RUN), ("floor", FLOOR), ("header", TABLE_HEADER),
+        for kind, pattern in (("answer", ANSWER), ("reach", REACH), ("run", RUN), ("floor", FLOOR), ("header", TABLE_HEADER),
                               ("row", ROW), ("legend", LEGEND)):
             if pattern.match(line):
                 kinds.add(kind)

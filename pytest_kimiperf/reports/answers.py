@@ -35,6 +35,7 @@ from pytest_kimiperf.judge.stats import Comparison, Leaning, VerdictKind, leanin
 from pytest_kimiperf.judge.verdicts import BaselineState, TestResult
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_value
 from pytest_kimiperf.reports.model import SessionReport, boot_label, metric_heading, profile_verdict
+from pytest_kimiperf.reports.nccl_reach import reach_summary, sets_nccl
 from pytest_kimiperf.reports.sentences import beside_comparison, say
 
 
@@ -177,11 +178,15 @@ class Answer:
 
 
 def answer_lines(report: SessionReport) -> list[Answer]:
-    """One line per question: each profile against the reference on its primary metric, each
-    profile against the baseline on it, the decode floor, and INVALID boots."""
+    """One line per question: each profile against the reference on its primary metric (and what
+    its NCCL variables could reach, where decode bypassed NCCL), each profile against the baseline
+    on it, the decode floor, and INVALID boots."""
     ref = report.reference_profile
     answers = [Answer(f"{row.profile} vs {ref}, {_about(row)}", _tone(row))
                for row in _primary_rows(profile_rows(report), report)]
+    if (reach := what_nccl_reached(report)) is not None:  # where decode's all-reduces bypassed NCCL
+        others = [p for p in report.profile_names() if p != ref]
+        answers.append(Answer(f"{others[0] if len(others) == 1 else 'profiles'} vs {ref}, what NCCL could reach: {reach}"))
     answers += [Answer(f"{row.profile} vs its baseline, {_about(row)}", _tone(row))
                 for row in _primary_rows(baseline_rows(report), report)]
     floor = _floor_line(report)
@@ -192,6 +197,18 @@ def answer_lines(report: SessionReport) -> list[Answer]:
     if invalid:
         answers.append(Answer(invalid, Tone.LOUD))
     return answers
+
+
+def what_nccl_reached(report: SessionReport) -> str | None:
+    """Where the compared profiles' NCCL variables could not reach decode's all-reduces, from each
+    boot's log (nccl_reach.reach_summary); None where they could, or nothing says."""
+    if not report.compared_profiles():
+        return None
+    hard = (report.fingerprint or {}).get("hard") or {}
+    return reach_summary(
+        {p.name: [a.all_reduce for a in p.boot_accounts if a.all_reduce is not None] for p in report.profiles},
+        nccl_profiles=[p.name for p in report.profiles if sets_nccl(p.profile_env)],
+        interconnect=str(hard["gpu.interconnect"]) if hard.get("gpu.interconnect") else None)
 
 
 def _tone(row: CompactRow) -> Tone:

@@ -2,9 +2,10 @@
 
 As pytest-benchmark and pytest-randomly do: deployment, server mode, baseline directory, each
 profile with its environment (and what the shell and deployment add to it) and its server
-arguments (what they replace, which parser checked them), the server command, the weight-cache
-plan, and, once something asked for it, the fingerprint and the
-baseline file it selects. Plain lines; ``plugin.py`` returns them from ``pytest_report_header``.
+arguments (what they replace, which parser checked them), the server command, what the profiles'
+NCCL variables can reach (``nccl_reach.forecast_line``), the weight-cache plan, and, once something
+asked for it, the fingerprint and the baseline file it selects. Plain lines; ``plugin.py`` returns
+them from ``pytest_report_header``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pytest_kimiperf.config.deployments import Deployment, describe_command
 from pytest_kimiperf.config.nccl.profiles import describe_args, describe_env, inherited_nccl_env
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.judge.fingerprint import Fingerprint, describe
+from pytest_kimiperf.reports.nccl_reach import forecast_line
 from pytest_kimiperf.server.weight_cache import header_lines as weight_cache_lines, profile_cache_reason, why_not_used
 
 if TYPE_CHECKING:  # the header of a run without perf tests must not import numpy and scipy
@@ -53,6 +55,8 @@ def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
     if not s.external:
         dep = s.deployment
         lines.append(f"kimiperf: server command: {describe_command(dep)}")
+        if (reach := forecast_line(dep, s.profiles, environ)) is not None:  # what the NCCL variables can touch
+            lines.append(reach)
         if s.control:  # --kimiperf-control: the recorded build, booted beside the candidate
             lines.append(f"kimiperf: control command ({s.reference_profile.name}): {describe_command(dep, control=True)}")
         if dep.nodes:  # config/nodes.py: the head runs here, every other node through its template

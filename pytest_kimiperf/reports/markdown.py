@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.reports.model import figure_legend, fmt_range, range_names
-from pytest_kimiperf.reports.answers import outcome_line
+from pytest_kimiperf.reports.answers import outcome_line, what_nccl_reached
 from pytest_kimiperf.reports.model import (
     boot_label,
     SessionReport,
@@ -74,6 +74,8 @@ def _profile_tables(report: SessionReport) -> list[str]:
         f"{_text(_sentence(figure_legend(report.has_tails())))}; change vs {_code(ref)}: of the boots' "
         f"geometric mean, with its {INTERVAL_LEGEND}; boots are the samples.", "",
     ]
+    if (reach := what_nccl_reached(report)) is not None:
+        lines += [f"**What NCCL could reach:** {_text(reach)}.", ""]
     rows = []
     for block in report.test_blocks():
         test = _code(block.test)
@@ -178,7 +180,7 @@ def _nccl_debug_table(report: SessionReport) -> list[str]:
             rows.append([_code(check.profile), _code(v.variable), _code(v.expected),
                          _code(v.logged) if v.logged is not None else "",
                          f"**{word}**" if v.status == DIFFERENT else word])
-        notes.extend(f"{_code(check.profile)}: {_text(note)}" for note in check.notes if note not in notes)
+        notes.extend(f"{_code(check.profile)}: {_text(note)}" for note in check.said() if note not in notes)
     if rows:
         lines += _table(["profile", "variable", "profile value", "NCCL logged", "verdict"], "lllll", rows)
         lines.append("")

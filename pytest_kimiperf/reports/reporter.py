@@ -51,6 +51,7 @@ from pytest_kimiperf.reports.outputs import OutputContext, write_outputs
 from pytest_kimiperf.reports.answers import missing_baseline_warning
 from pytest_kimiperf.reports.terminal import render_summary
 from pytest_kimiperf.roofline.inputs import build_roofline_report, decode_results
+from pytest_kimiperf.server.allreduce_path import decode_reach
 from pytest_kimiperf.server.manager import ServerRecord
 from pytest_kimiperf.server.weight_cache import WeightCacheFacts
 
@@ -359,8 +360,9 @@ def _nccl_debug_check(settings: Settings, profile: NcclProfile, rec: ServerRecor
         )
     if rec.boots == 0 and rec.log_path is None:
         return None  # never started in this session: there is no log to judge
+    last = rec.accounts[-1].all_reduce if rec.accounts else None  # the boot whose log the check reads
     return check_server_log(profile.name, profile.env, rec.log_path,
-                            cpu_engine=not settings.deployment.needs_gpus)
+                            cpu_engine=not settings.deployment.needs_gpus, reach=decode_reach(last) if last else None)
 
 
 def _deployment_json(settings: Settings) -> dict[str, Any]:

@@ -274,7 +274,7 @@ def nccl_debug_lines(report: SessionReport, *, titled: bool, quiet: bool) -> lis
             lines.append(TerminalLine(table.format([f"{v.variable}={v.expected}", v.message]),
                                       markup=_NCCL_MARKUP.get(v.status, {})))
         if not quiet:
-            for note in check.notes:
+            for note in check.said():
                 lines.extend(wrapped(f"note: {note}", indent=4))
     return lines
 

@@ -7,7 +7,7 @@ returns, and INFO lines for the other phases. The module holds, in order:
 * the live progress (:func:`parse_progress`, :class:`BootTracker`, :class:`ProgressDisplay`): a
   36-minute load is only bearable when the user sees which phase it is in and how far along;
 * the account of one boot (:func:`account_boot`, :class:`BootAccount`): where its seconds went,
-  phase by phase.
+  phase by phase, and which all-reduce path vLLM set up (``allreduce_path.py``).
 
 **The account.** A boot is what a user pays for (a Kimi-K2.5 load is 20-36 minutes), so each one
 is accounted for after it is ready: the phases it passed through with their durations, and what
@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from pytest_kimiperf.server.allreduce_path import AllReducePath, read_all_reduce_path
 
 # Live progress: the phase and fraction a booting server is at, shown while it boots.
 
@@ -372,6 +374,8 @@ class BootAccount:
     compile_cached: bool | None = None  # None: the log says nothing about a compile cache
     log_path: str | None = None
     environments: dict[str, dict[str, str]] = field(default_factory=dict)
+    # The all-reduce path vLLM set up (allreduce_path.py): what an NCCL profile could reach
+    all_reduce: AllReducePath | None = None
 
     @property
     def weights_gbs(self) -> float | None:
@@ -415,6 +419,7 @@ class BootAccount:
             "weights_source": self.weights_source,
             "compile_s": self.compile_s, "compile_cached": self.compile_cached,
             "log_path": self.log_path, "environments": self.environments,
+            "all_reduce": None if self.all_reduce is None else self.all_reduce.to_json(),
         }
 
     @classmethod
@@ -428,6 +433,7 @@ class BootAccount:
             weights_source=data.get("weights_source", "disk"),
             compile_s=data.get("compile_s"), compile_cached=data.get("compile_cached"),
             log_path=data.get("log_path"), environments=dict(data.get("environments") or {}),
+            all_reduce=AllReducePath.from_json(data["all_reduce"]) if data.get("all_reduce") else None,
         )
 
 
@@ -499,7 +505,7 @@ def account_boot(
         weights_bytes=None if weights_gib is None or weights_gib == 0 else int(weights_gib * GIB),
         weights_source="weight cache" if mapped else "disk",
         compile_s=compile_s, compile_cached=cached, log_path=log_path,
-        environments=dict(environments or {}),
+        environments=dict(environments or {}), all_reduce=read_all_reduce_path(log_text.splitlines()),
     )
 
 

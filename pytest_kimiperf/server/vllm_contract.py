@@ -76,13 +76,33 @@ LOG_FORMATS: tuple[LogFormat, ...] = (
               "boot_account: starting API server"),
     LogFormat("entrypoints/launchers/api_server/entry.py", '"Starting vLLM server on %s"',
               "progress: starting API server"),
+    # allreduce_path: the engine's size and switch, the tensor-parallel group's backends, and why
+    # vLLM's custom all-reduce is off (the path decode's all-reduces take).
+    LogFormat("config/vllm.py", 'f"tensor_parallel_size={self.parallel_config.tensor_parallel_size}, "',
+              "allreduce_path: tensor_parallel_size"),
+    LogFormat("config/vllm.py", 'f"disable_custom_all_reduce={self.parallel_config.disable_custom_all_reduce}, "',
+              "allreduce_path: custom_flag_off"),
+    LogFormat("config/vllm.py", 'f"device_config={self.device_config.device}, "', "allreduce_path: device"),
+    LogFormat("distributed/device_communicators/cuda_communicator.py",
+              '"Using %s all-reduce backends (in dispatch order) for group "', "allreduce_path: backends"),
+    LogFormat("distributed/device_communicators/pynccl.py", '"vLLM is using nccl==%s"', "allreduce_path: nccl_version"),
+    LogFormat("distributed/device_communicators/custom_all_reduce.py",
+              '" more than two PCIe-only GPUs. To silence this warning, "', "allreduce_path: custom all-reduce off, PCIe"),
+    LogFormat("distributed/device_communicators/custom_all_reduce.py",
+              '"Custom allreduce is disabled because your platform lacks "', "allreduce_path: custom all-reduce off, P2P"),
+    LogFormat("distributed/device_communicators/custom_all_reduce.py",
+              '"Custom allreduce is disabled due to an unsupported world"', "allreduce_path: custom all-reduce off, size"),
+    LogFormat("distributed/device_communicators/custom_all_reduce.py",
+              '"Custom collectives are disabled because this multi-node "', "allreduce_path: custom all-reduce off, nodes"),
 )
 
-# The flags the plugin passes: the deployments' `vllm serve` lines, the weight cache's engine
-# arguments, and `vllm preload`'s (weight_cache.daemon_argv); load formats it names.
+# The flags the plugin passes or advises: the deployments' `vllm serve` lines, the weight cache's
+# engine arguments, the reports' advice (allreduce_path), and `vllm preload`'s (weight_cache.daemon_argv);
+# load formats it names.
 SERVE_FLAGS: tuple[str, ...] = (
     "--host", "--port", "--served-model-name", "--tensor-parallel-size", "--max-model-len", "--dtype",
     "--trust-remote-code", "--gpu-memory-utilization", "--load-format", "--model-loader-extra-config",
+    "--disable-custom-all-reduce",  # what the reports advise to put decode's all-reduces on NCCL
 )
 PRELOAD_FLAGS: tuple[str, ...] = (
     "--weight-cache-socket-dir", "--weight-cache-health-host", "--weight-cache-health-port",

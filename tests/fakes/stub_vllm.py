@@ -8,7 +8,7 @@ and counting boots for the parametrization tests. Its log lines copy vLLM 0.32's
 
 Usage: python stub_vllm.py --model NAME --host H --port P [--mode MODE] [--boot-count FILE]
          [--load-seconds S] [--tok-per-s R] [--ttft-ms T] [--nccl-lines] [--nccl-log-value VAR=VALUE ...]
-         [--prompt-log FILE]
+         [--all-reduce-lines NAME] [--prompt-log FILE]
 Modes: normal, hang (never ready), crash-boot (exits 3 while loading), crash-stream (dies
 after a few tokens of the first streamed request), dead-engine (cuts the first stream after a few
 tokens and keeps running, /health answering 503, as vLLM's API server does over a dead
@@ -22,6 +22,10 @@ never ends), html-tokenize (/tokenize answers a proxy's HTML page).
 environment is logged the way NCCL's param.cc / tuning.cc log it (tests/data/nccl_logs/README.md
 has the formats), and --nccl-log-value VAR=VALUE logs VALUE instead, as when NCCL falls back
 to another value than the one set.
+
+--all-reduce-lines NAME prints what vLLM 0.32 logs about its all-reduce path at boot, as the
+file tests/data/boot_logs/allreduce/NAME.log holds it (h100_tp8_nvlink, rtx_pro_6000_tp8_pcie, ...;
+the README there gives each line's source), each line stamped with the time it is printed.
 
 --prompt-log FILE appends one JSON line per completion request, ``{"pid", "request_id",
 "prompt"}``, so a test can see exactly which prompts reached the server (prompt isolation).
@@ -39,10 +43,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 
 def log(line: str, end: str = "\n") -> None:
@@ -72,12 +78,27 @@ def nccl_env_lines(overrides: list[str]) -> None:
         log(f"(Worker_TP0 pid={pid}) stub-host:{pid}:{pid} [0] NCCL INFO {var} set by environment to {value}{end}")
 
 
+ALL_REDUCE_LOGS = Path(__file__).resolve().parents[1] / "data" / "boot_logs" / "allreduce"
+# vLLM's "LEVEL MM-DD HH:MM:SS" (logging_utils/formatter.py): the recorded time is replaced by now,
+# so a boot account placing its phases by these stamps sees this boot's.
+_STAMP = re.compile(r"\b(DEBUG|INFO|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d")
+
+
+def all_reduce_lines(name: str) -> None:
+    """Log the all-reduce lines of a recorded or built vLLM boot, stamped now."""
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    for line in (ALL_REDUCE_LOGS / f"{name}.log").read_text(encoding="utf-8").splitlines():
+        log(_STAMP.sub(lambda m: f"{m.group(1)} {stamp}", line, count=1))
+
+
 def boot(args: argparse.Namespace) -> None:
     vllm_info("api_utils.py:286", f"non-default args: {{'model': '{args.model}', 'port': {args.port}}}")
     vllm_info("model.py:733", "Resolved architecture: LlamaForCausalLM")
     vllm_info("core.py:133", "Initializing a V1 LLM engine (v0.32.0) with config: ...", "EngineCore")
     if args.nccl_lines:
         nccl_env_lines(args.nccl_log_value)
+    if args.all_reduce_lines:
+        all_reduce_lines(args.all_reduce_lines)
     if args.mode == "hang":
         while True:
             time.sleep(1)
@@ -298,6 +319,8 @@ def main() -> None:
     parser.add_argument("--ttft-ms", type=float, default=50.0)
     parser.add_argument("--nccl-lines", action="store_true")
     parser.add_argument("--nccl-log-value", action="append", default=[])
+    parser.add_argument("--all-reduce-lines", default=None,
+                        choices=sorted(p.stem for p in ALL_REDUCE_LOGS.glob("*.log")))
     parser.add_argument("--prompt-log", default=None)
     parser.add_argument("--load-format", default="auto")
     parser.add_argument("--sim-gpu-mib", type=int, default=0)

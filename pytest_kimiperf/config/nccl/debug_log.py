@@ -35,8 +35,10 @@ was read, not used. What a collective ran is logged by rank 0 under the TUNING s
   ``"%s [Copy Engine]: %ld Bytes -> cudaMemcpy%s"``: neither an NCCL_ALGO algorithm.
 
 Under CUDA graphs (vLLM's decode) a collective is enqueued once, at capture, so the lines name
-each captured size once; eager steps log every call. Small all-reduces that vLLM runs on its
-own custom all-reduce kernel never reach NCCL and are absent.
+each captured size once; eager steps log every call. Small all-reduces that vLLM runs on a path
+of its own (its custom all-reduce, FlashInfer, symmetric memory) never reach NCCL and are absent,
+and one rank logs none at all: ``server/allreduce_path.py`` reads which path each boot took, and
+the NCCL check says so beside these lines (``reports/nccl_reach.check_note``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,206 @@
+"""What an NCCL profile could reach, in words: the header's forecast, the answer, the NCCL check's note.
+
+The facts are ``server/allreduce_path.py``'s: per boot, the all-reduce path vLLM set up and so
+where decode's all-reduces went (:class:`~pytest_kimiperf.server.allreduce_path.DecodeReach`).
+This module writes the lines that say them, and nothing reads them back:
+
+* :func:`forecast_line`: the report header's line before any boot, from the deployment and the
+  profiles (tensor-parallel size, the engine, the switches already set);
+* :func:`reach_summary`: the answer after the boots, from each boot's log, where decode's
+  all-reduces bypassed NCCL in a comparison of profiles that set NCCL variables;
+* :func:`check_note`: the ``--kimiperf-nccl-debug`` check's note, so that a TP=1 boot without
+  TUNING lines, or one whose decode ran on another path, does not read as a failed check.
+
+Its own module, not ``sentences.py``: the header imports it, and a run without perf tests must
+not import the statistics that ``sentences.py`` carries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from pytest_kimiperf.config.deployments import Deployment
+from pytest_kimiperf.config.nccl.profiles import NcclProfile
+from pytest_kimiperf.server.allreduce_path import (
+    CUSTOM_OFF_SWITCH, AllReducePath, DecodeReach, Reach, Why, decode_reach, switch_for,
+)
+
+__all__ = ["check_note", "forecast_line", "how_to_force", "reach_summary", "sets_nccl", "where_decode_ran"]
+
+# vLLM's backend names (its log's), as a reader knows the paths.
+_PATHS: Mapping[str, str] = {
+    "CUSTOM": "vLLM's custom all-reduce",
+    "AITER_CUSTOM": "AITER's custom all-reduce",
+    "QUICK_REDUCE": "QuickReduce",
+    "FLASHINFER": "FlashInfer",
+    "FLASHINFER_PCIE_IPC": "FlashInfer's PCIe IPC all-reduce",
+    "SYMM_MEM": "torch symmetric memory",
+    "NCCL_SYMM_MEM": "NCCL's symmetric kernels",
+}
+_WHY_CUSTOM_OFF: Mapping[Why, str] = {
+    Why.FLAG: f"{CUSTOM_OFF_SWITCH} turns vLLM's custom all-reduce off",
+    Why.PCIE_ONLY: "vLLM's custom all-reduce is off on more than two PCIe-only GPUs",
+    Why.NO_P2P: "vLLM's custom all-reduce is off: the GPUs' peer-to-peer test failed",
+    Why.WORLD_SIZE: "vLLM's custom all-reduce takes 2, 4, 6 or 8 ranks only",
+    Why.MULTI_NODE: "vLLM's custom all-reduce is off across nodes without MNNVL",
+    Why.NO_LIBRARY: "this vLLM build has no custom all-reduce",
+}
+_WHAT_NCCL_KEEPS = "prefill's larger all-reduces and the all-gathers"
+# The switches that keep vLLM's own paths off decode by default (allreduce_path._SWITCHES); the
+# opt-in ones (FlashInfer's PCIe IPC, NCCL's symmetric kernels) need nothing.
+_DEFAULT_PATHS = ("CUSTOM", "FLASHINFER", "SYMM_MEM")
+
+
+def _listed(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _paths(via: Iterable[str]) -> str:
+    return _listed([f"{_PATHS.get(b, b)} ({b})" for b in via])
+
+
+def how_to_force(switches: Iterable[str]) -> str:
+    """Where each switch goes: the server argument in a command or a profile's ``args``, the
+    variables in an ``env`` (config/serve_args.py, config/deployments.py)."""
+    args = [s for s in switches if s.startswith("--")]
+    env = [s for s in switches if not s.startswith("--")]
+    parts = []
+    if args:
+        parts.append(f"{' '.join(args)} to the deployment's command or every profile's args")
+    if env:
+        whose = "its" if args else "the deployment's"
+        parts.append(f"{' '.join(env)} to {whose} env or every profile's")
+    return "add " + ", and ".join(parts)
+
+
+def where_decode_ran(reach: DecodeReach, *, boots: str = "") -> str:
+    """Where decode-sized all-reduces ran (``boots``: on which, said beside the size)."""
+    size = ", ".join(part for part in (
+        f"TP={reach.tensor_parallel_size}" if reach.tensor_parallel_size else "", boots) if part)
+    size = f" ({size})" if size else ""
+    if reach.reach is Reach.OTHER_PATH:
+        return f"vLLM ran them on {_paths(reach.via)} before NCCL{size}"
+    if reach.reach is Reach.NCCL_SYMMETRIC:
+        return f"vLLM ran them on NCCL's symmetric kernels (NCCL_SYMM_MEM), which NCCL_ALGO and NCCL_PROTO do not choose{size}"
+    if reach.reach is Reach.ONE_RANK:
+        return f"one rank runs no all-reduce{size}"
+    if reach.reach is Reach.GLOO:
+        return f"the CPU engine runs its collectives on gloo, not NCCL{size}"
+    if reach.reach is Reach.NCCL:
+        off = _WHY_CUSTOM_OFF.get(reach.custom_off) if reach.custom_off is not None else None
+        why = f", as {off}" if off else ""
+        return f"NCCL ran them{size}{why}"
+    return "the log does not say where they ran"
+
+
+def _source(reach: DecodeReach) -> str:
+    if reach.logged:
+        return ""
+    topology = f" over {reach.interconnect}" if reach.interconnect else ""
+    return f", predicted from TP={reach.tensor_parallel_size}{topology} (the log names no all-reduce backend)"
+
+
+def _one(reach: DecodeReach, whose: str, boots: str) -> str:
+    """The answer where every boot of every profile took the same path."""
+    ran = where_decode_ran(reach, boots=boots if reach.logged else "") + _source(reach)
+    if reach.reach is Reach.ONE_RANK:
+        return (f"nothing: {ran}, so {whose} NCCL settings touched no collective, and NCCL prints no TUNING line "
+                "with one rank")
+    if reach.reach is Reach.GLOO:
+        return f"nothing: {ran}, so {whose} NCCL settings touched no collective"
+    if reach.reach is Reach.NCCL_SYMMETRIC:
+        return f"decode's all-reduces only through kernels it does not tune: {ran}; {how_to_force(reach.switches)}"
+    return (f"not decode's all-reduces: {ran}, so {whose} NCCL settings touched only {_WHAT_NCCL_KEEPS}; "
+            f"for NCCL on decode, {how_to_force(reach.switches)}")
+
+
+def sets_nccl(env: Mapping[str, str]) -> bool:
+    """Whether a profile's environment sets an NCCL variable, the settings this module speaks of."""
+    return any(var.startswith("NCCL_") for var in env)
+
+
+def reach_summary(paths: Mapping[str, Sequence[AllReducePath]], *, nccl_profiles: Sequence[str],
+                  interconnect: str | None) -> str | None:
+    """Where a comparison of profiles could not reach decode's all-reduces, from each boot's log
+    (``paths``: per profile, its boots' facts; ``nccl_profiles``: those that set an NCCL variable;
+    ``interconnect``: the fingerprint's, for a log without a backend line): one sentence without
+    its subject, which the answers and the Markdown give it. None where no profile sets an NCCL
+    variable, the logs say nothing, or NCCL carried decode in every boot."""
+    if not nccl_profiles:
+        return None
+    per_profile = {name: [decode_reach(p, interconnect=interconnect) for p in boots] for name, boots in paths.items()
+                   if boots}
+    distinct = list(dict.fromkeys(r for reaches in per_profile.values() for r in reaches))
+    if not any(r.bypasses_nccl for r in distinct):
+        return None
+    whose = f"{nccl_profiles[0]}'s" if len(nccl_profiles) == 1 else "the profiles'"
+    if len(distinct) == 1:
+        boots = sum(len(reaches) for reaches in per_profile.values())
+        return _one(distinct[0], whose, {1: "the boot", 2: "both boots"}.get(boots, f"all {boots} boots"))
+    said = "; ".join(f"{name}: " + " or ".join(where_decode_ran(r) for r in dict.fromkeys(reaches))
+                     for name, reaches in per_profile.items())
+    return (f"decode's all-reduces took different paths ({said}), so the comparison changes where they run "
+            f"as well as the NCCL settings")
+
+
+def check_note(reach: DecodeReach | None) -> str | None:
+    """The NCCL check's note on a boot whose decode NCCL did not carry: why its TUNING lines are
+    few or none. None where NCCL carried decode, the engine is the CPU's (the check says gloo)
+    or the path is unknown."""
+    if reach is None:
+        return None
+    if reach.reach is Reach.ONE_RANK:
+        return ("TP=1: one rank runs no all-reduce (vLLM makes no PyNccl communicator for it), so NCCL prints no "
+                "TUNING line: none is the expected answer here, not a failed check")
+    if reach.reach in (Reach.OTHER_PATH, Reach.NCCL_SYMMETRIC):
+        return (f"decode's all-reduces did not reach NCCL's algorithms: {where_decode_ran(reach)}{_source(reach)}; "
+                f"NCCL's TUNING lines show {_WHAT_NCCL_KEEPS} only; for NCCL on decode, {how_to_force(reach.switches)}")
+    return None
+
+
+def _missing(deployment: Deployment, profile: NcclProfile, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The switches of vLLM's default paths that neither the shell, the deployment nor the profile sets."""
+    args = {*deployment.command, *profile.args}
+    env = {**environ, **deployment.env, **profile.env}
+    missing = []
+    for backend in _DEFAULT_PATHS:
+        switch = switch_for(backend)
+        assert switch is not None
+        if backend == "CUSTOM" and deployment.tensor_parallel_size not in (2, 4, 6, 8):
+            continue  # vLLM's custom all-reduce declines this many ranks
+        var, _, off = switch.partition("=")
+        if (switch.startswith("--") and switch not in args) or (not switch.startswith("--") and env.get(var) != off):
+            missing.append(switch)
+    return tuple(dict.fromkeys(missing))
+
+
+def forecast_line(deployment: Deployment, profiles: Sequence[NcclProfile],
+                  environ: Mapping[str, str] | None = None) -> str | None:
+    """The header's line before any boot: what the profiles' NCCL variables can reach on this
+    deployment (``environ``: the shell's, which the servers inherit); None where no profile sets
+    one. Where it depends on the GPUs, it says so: each boot's log decides, and the answers report it."""
+    if not any(sets_nccl(p.env) for p in profiles):
+        return None
+    tp = deployment.tensor_parallel_size
+    if not deployment.needs_gpus:
+        none = " (and at TP=1 none runs)" if tp <= 1 else ""
+        return (f"kimiperf: NCCL reach: the CPU engine runs its collectives on gloo, not NCCL{none}: the profiles' "
+                "NCCL settings reach nothing here")
+    if tp <= 1:
+        return ("kimiperf: NCCL reach: TP=1 runs no all-reduce: the profiles' NCCL settings reach no collective, "
+                "and NCCL prints no TUNING line with one rank")
+    missing = {p.name: _missing(deployment, p, environ or {}) for p in profiles}
+    if not any(missing.values()):
+        return (f"kimiperf: NCCL reach: at TP={tp} decode's all-reduces go to NCCL: every profile turns vLLM's "
+                "custom, FlashInfer and symmetric-memory all-reduce off (each boot's log confirms it)")
+    paths = [name for name, off in (("its custom all-reduce (off only on more than two PCIe-only GPUs)",
+                                     CUSTOM_OFF_SWITCH), ("FlashInfer", "VLLM_ALLREDUCE_USE_FLASHINFER=0"),
+                                    ("torch symmetric memory", "VLLM_ALLREDUCE_USE_SYMM_MEM=0"))
+             if any(off in m for m in missing.values())]
+    line = (f"kimiperf: NCCL reach: at TP={tp} vLLM runs decode-sized all-reduces on {_listed(paths)} before NCCL "
+            f"where the GPUs allow, and the profiles' NCCL settings then reach only {_WHAT_NCCL_KEEPS} (each "
+            "boot's log says which path vLLM took; the answers report it)")
+    if len(set(missing.values())) == 1:
+        return f"{line}. For NCCL on decode, {how_to_force(next(iter(missing.values())))}"
+    differ = "; ".join(f"{name} leaves {' '.join(m) or 'nothing'} unset" for name, m in missing.items())
+    return f"{line}. The profiles ask for different paths ({differ}): the comparison also changes where they run"
