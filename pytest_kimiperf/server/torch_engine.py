@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing.connection import Connection
@@ -140,7 +140,7 @@ class Stream:
 
     prompt_tokens: int
     arrived_s: float
-    tokens: queue.Queue[tuple[int, str | None] | str] = field(default_factory=queue.Queue)
+    tokens: queue.Queue[tuple[int, str | None]] = field(default_factory=queue.Queue)
     last_token_s: float | None = None
 
 
@@ -341,67 +341,46 @@ class Handler(BaseHTTPRequestHandler):
         request_id = f"cmpl-{self.headers.get('x-request-id') or uuid.uuid4().hex}"
         key = uuid.uuid4().hex
         stream = self.frontend.submit(key, ids, max_tokens, min_tokens, bool(body.get("ignore_eos", False)))
+        head = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": args.served_model_name}
         try:
-            if body.get("stream"):
-                self._stream(body, request_id, ids, stream)
-            else:
-                text, done = self._collect(stream)
-                self._json(200, {"id": request_id, "object": "text_completion", "created": int(time.time()),
-                                 "model": args.served_model_name, "choices": [{
-                                     "index": 0, "text": text, "logprobs": None, "finish_reason": done[1],
-                                     "stop_reason": None}],
-                                 "usage": {"prompt_tokens": len(ids), "total_tokens": len(ids) + done[0],
-                                           "completion_tokens": done[0]}})
+            if not body.get("stream"):
+                pieces = list(self._pieces(stream))
+                usage = {"prompt_tokens": len(ids), "total_tokens": len(ids) + len(pieces), "completion_tokens": len(pieces)}
+                self._json(200, {**head, "choices": [{"index": 0, "text": "".join(t for t, _ in pieces), "logprobs": None,
+                                                      "finish_reason": pieces[-1][1], "stop_reason": None}], "usage": usage})
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            count = 0
+            for text, finish in self._pieces(stream):
+                count += 1
+                # vLLM's chunk (CompletionStreamResponse.model_dump_json(exclude_unset=True)): every
+                # choice field is set, so every one is written, null or not.
+                self._event(json.dumps({**head, "choices": [{
+                    "index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None,
+                    "prompt_token_ids": None, "token_ids": None}]}, separators=(",", ":")))
+            if (body.get("stream_options") or {}).get("include_usage"):
+                self._event(json.dumps({**head, "choices": [], "usage": {
+                    "prompt_tokens": len(ids), "total_tokens": len(ids) + count, "completion_tokens": count}},
+                    separators=(",", ":")))
+            self._event("[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             self.frontend.abort(key)
             self.close_connection = True
 
-    def _collect(self, stream: Stream) -> tuple[str, tuple[int, str]]:
-        pieces, count = [], 0
+    @staticmethod
+    def _pieces(stream: Stream) -> Iterator[tuple[str, str | None]]:
+        """Each token's text (bytes that end a character; the rest wait for it) and finish reason."""
         text = codecs.getincrementaldecoder("utf-8")("replace")
         while True:
-            item = stream.tokens.get()
-            if isinstance(item, str):
-                raise BadRequest(item, 500, "InternalServerError")
-            token, finish = item
-            count += 1
-            pieces.append(text.decode(bytes([token]) if token < 256 else b""))
+            token, finish = stream.tokens.get()
+            yield text.decode(bytes([token]) if token < 256 else b""), finish
             if finish is not None:
-                return "".join(pieces), (count, finish)
-
-    def _stream(self, body: dict[str, Any], request_id: str, ids: list[int], stream: Stream) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        created, model = int(time.time()), self.frontend.args.served_model_name
-        text = codecs.getincrementaldecoder("utf-8")("replace")
-        count = 0
-        while True:
-            item = stream.tokens.get()
-            if isinstance(item, str):
-                self._event(json.dumps({"error": {"message": item, "type": "InternalServerError", "code": 500}}))
-                break
-            token, finish = item
-            count += 1
-            # vLLM's chunk (CompletionStreamResponse.model_dump_json(exclude_unset=True)): every
-            # choice field is set, so every one is written, null or not.
-            self._event(json.dumps({"id": request_id, "object": "text_completion", "created": created, "model": model,
-                                    "choices": [{"index": 0, "text": text.decode(bytes([token]) if token < 256 else b""),
-                                                 "logprobs": None, "finish_reason": finish, "stop_reason": None,
-                                                 "prompt_token_ids": None, "token_ids": None}]},
-                                   separators=(",", ":")))
-            if finish is not None:
-                break
-        options = body.get("stream_options") or {}
-        if options.get("include_usage"):
-            self._event(json.dumps({"id": request_id, "object": "text_completion", "created": created, "model": model,
-                                    "choices": [], "usage": {"prompt_tokens": len(ids),
-                                                             "total_tokens": len(ids) + count,
-                                                             "completion_tokens": count}}, separators=(",", ":")))
-        self._event("[DONE]")
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
+                return
 
     def _event(self, data: str) -> None:
         payload = f"data: {data}\n\n".encode()
