@@ -30,7 +30,7 @@ BUDGET=${LENT_BUDGET_S:-480}
 KILL_GRACE_S=5
 # Kept for the steps after the bare check (their limits below, and packing): the bare check gets
 # what is left beyond this, and skips (naming them) its steps that do not fit.
-AFTER_BARE_S=$((90 + 180 + 30 + 15))
+AFTER_BARE_S=$((60 + 150 + 20 + 10))
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/kimiperf-lent.XXXXXX")
@@ -81,9 +81,14 @@ if ((bare_s < 30)); then
 else
   step bare-check "$bare_s" $((bare_s - 15))  # its own budget inside the limit: it ends its steps first
 fi
-step orphan 90
-step e2e 180
-step report 30
+step orphan 60
+step e2e 150
+step report 20
+# Whatever is left of the budget: nothing this run started may outlive it.
+budget=$BUDGET
+BUDGET=$((SECONDS + 30 + KILL_GRACE_S + 10))
+step cleanup 30
+BUDGET=$budget
 
 # Pack what comes back: the plots, and every step's output with the server logs in one archive.
 started=$SECONDS

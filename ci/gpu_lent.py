@@ -19,6 +19,8 @@ the end-to-end run's output); OUT gets what comes back from the machine. The ste
   Markdown reports and the plots into OUT.
 * ``report``: what the run and its report show: the orphan swept and its memory back, every boot
   accounted, every test measured, NVML telemetry in each measured window (GPU), the plots.
+* ``cleanup`` (always, whatever the budget): the plugin's sweep over this run's launch records,
+  so nothing a cut or skipped step left outlives the command (a FAIL where it found something).
 """
 
 from __future__ import annotations
@@ -258,9 +260,21 @@ def _telemetry(gpus: Sequence[dict[str, Any]]) -> str:
         f"; {min(watts):.0f}-{max(watts):.0f} W" if watts else "")
 
 
+def step_cleanup(work: Path, out: Path) -> tuple[str, str]:
+    """End what this run's launches left (an orphan no step swept, where a step was cut or not
+    started), with the plugin's own sweep: a launch's processes must not outlive the command."""
+    from pytest_kimiperf.server.zombies import sweep_stale_launches
+
+    if not (work / "state").is_dir():
+        return "INFO", "no launch records: nothing was started"
+    lines = sweep_stale_launches(work / "state", grace_s=10.0).describe()
+    return ("INFO" if not lines else "FAIL"), ("nothing left running" if not lines else
+                                               f"ended what no step swept: {'; '.join(lines)}")
+
+
 STEPS: dict[str, Callable[..., tuple[str, str]]] = {
     "preflight": step_preflight, "bare-check": step_bare_check, "orphan": step_orphan, "e2e": step_e2e,
-    "report": step_report,
+    "report": step_report, "cleanup": step_cleanup,
 }
 
 

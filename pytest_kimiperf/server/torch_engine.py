@@ -256,7 +256,6 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
     frontend: Frontend
-    log: logging.Logger
 
     def log_message(self, format: str, *args: Any) -> None:
         # uvicorn's access log line
@@ -448,12 +447,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     frontend: Frontend | None = None
     try:
         try:
-            kind, info = pipe.recv()
+            _, info = pipe.recv()  # ("ready", what the engine allocated)
         except EOFError:
             log.error("EngineCore failed to start (exit code %s); see its lines above.", engine.wait())
             return 1
         frontend = Frontend(args, pipe, info)
-        Handler.frontend, Handler.log = frontend, log
+        Handler.frontend = frontend
         server = ThreadingHTTPServer((args.host, args.port), Handler)
         server.daemon_threads = True
         threading.Thread(target=frontend.receive, args=(log,), name="engine-output", daemon=True).start()

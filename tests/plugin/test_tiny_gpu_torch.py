@@ -47,17 +47,21 @@ def test_throughput(perf):
 """
 
 
-def _torch_servers() -> list[int]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if any(part.startswith("pytest_kimiperf.server.torch_") for part in proc.info["cmdline"] or []):
-            found.append(proc.pid)
+def _torch_servers(state: Path) -> set[int]:
+    """The torch servers this test's run started (its launch records are in ``state``)."""
+    found = set()
+    for process in psutil.process_iter(["cmdline"]):
+        if any(part.startswith("pytest_kimiperf.server.torch_") for part in process.info["cmdline"] or []):
+            try:
+                if process.environ().get("KIMIPERF_STATE_DIR") == str(state):
+                    found.add(process.pid)
+            except psutil.Error:
+                pass
     return found
 
 
 def test_two_profiles_on_the_torch_server_boot_measure_and_report(pytester: pytest.Pytester, isolated_state: Path,
                                                                  tmp_path: Path) -> None:
-    before = set(_torch_servers())
     pytester.makepyprojecttoml(PROJECT)
     pytester.makepyfile(test_torch=TESTS)
     report, summary = tmp_path / "report.json", tmp_path / "summary.md"
@@ -97,7 +101,7 @@ def test_two_profiles_on_the_torch_server_boot_measure_and_report(pytester: pyte
     assert "### Profiles vs `default`" in text and "`ring-ll`" in text
     logs = [Path(p["boot_accounts"][0]["log_path"]) for p in data["profiles"].values()]
     assert all("INFO:     Application startup complete." in log.read_text() for log in logs)
-    assert set(_torch_servers()) <= before  # nothing of either boot is left running
+    assert not _torch_servers(isolated_state)  # nothing of either boot is left running
 
 
 @pytest.mark.skipif(nvml_loads(), reason="this host has an NVIDIA GPU")

@@ -29,20 +29,28 @@ def lent(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
                                "TMPDIR": str(tmp_path), "SKIP": skip, "LENT_BOOTS": "1", **env})
 
 
-def _torch_servers() -> set[int]:
-    return {p.pid for p in psutil.process_iter(["cmdline"])
-            if any(part.startswith("pytest_kimiperf.server.torch_") for part in p.info["cmdline"] or [])}
+def _torch_servers(tmp_path: Path) -> set[int]:
+    """The torch servers this test's runs started (their launch records are under ``tmp_path``)."""
+    found = set()
+    for process in psutil.process_iter(["cmdline"]):
+        if any(part.startswith("pytest_kimiperf.server.torch_") for part in process.info["cmdline"] or []):
+            try:
+                if process.environ().get("KIMIPERF_STATE_DIR", "").startswith(str(tmp_path)):
+                    found.add(process.pid)
+            except psutil.Error:
+                pass
+    return found
 
 
 def test_the_dry_run_runs_every_step_and_sweeps_the_orphan_it_made(tmp_path: Path) -> None:
-    before = _torch_servers()
     done = lent(tmp_path)
     lines = done.stdout.splitlines()
     steps = [m.group("step") if (m := LINE.match(line)) else line for line in lines[:-1]]
-    assert steps == ["preflight", "bare-check", "orphan", "e2e", "report", "pack"], done.stdout + done.stderr
+    assert steps == ["preflight", "bare-check", "orphan", "e2e", "report", "cleanup", "pack"], done.stdout + done.stderr
     verdicts = dict(zip(steps, (line.split()[1] for line in lines)))
     assert verdicts == {"preflight": "INFO", "bare-check": "INFO", "orphan": "OK", "e2e": "OK", "report": "OK",
-                        "pack": "INFO"}, done.stdout
+                        "cleanup": "INFO", "pack": "INFO"}, done.stdout
+    assert lines[5].endswith("nothing left running")
     assert re.fullmatch(r"lent: OK all \(\d+ s of the 480 s budget\)", lines[-1])
     assert "CPU mode (DRY_RUN: torch " in lines[0] and "lent-cpu (tiny-torch-cpu) stands in for tiny-gpu-torch" in lines[0]
     assert re.search(r"engine core \[\d+\] left running, GPU memory not checked \(CPU mode\)", lines[2]), lines[2]
@@ -54,17 +62,22 @@ def test_the_dry_run_runs_every_step_and_sweeps_the_orphan_it_made(tmp_path: Pat
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert {"lent.txt", "report.json", "report.md", "logs.tgz", "bare/checks.txt"} <= set(files) and len(files) <= 8
     assert (out / "lent.txt").read_text().splitlines() == lines
-    assert not psutil.pid_exists(int(orphan.group(1))) and _torch_servers() <= before
+    assert not psutil.pid_exists(int(orphan.group(1))) and not _torch_servers(tmp_path)
     assert not list(tmp_path.glob("kimiperf-lent.*"))  # the work folder is removed
 
 
-def test_a_step_that_does_not_fit_what_is_left_of_the_budget_says_so_and_fails_the_run(tmp_path: Path) -> None:
-    done = lent(tmp_path, LENT_BUDGET_S="70")
+def test_steps_that_do_not_fit_the_budget_say_so_and_what_they_leave_is_ended_all_the_same(tmp_path: Path) -> None:
+    # 150 s: the preflight and the orphan fit, the bare check (which leaves 240 s to the steps
+    # after it) and the end-to-end run (150 s) do not; the orphan is then swept by the cleanup.
+    done = lent(tmp_path, LENT_BUDGET_S="150")
     lines = done.stdout.splitlines()
     assert LINE.match(lines[0]) and " preflight (" in lines[0]
-    assert re.fullmatch(r"lent: INFO bare-check \(0 s\): not run: \d+ s of the 70 s budget left, and the steps after it "
-                        r"keep 315 s", lines[1]), lines
-    assert re.fullmatch(r"lent: INFO orphan \(0 s\): not run: \d+ s of the 70 s budget left, it may take 90 s", lines[2])
-    assert re.fullmatch(r"lent: INFO e2e \(0 s\): not run: \d+ s of the 70 s budget left, it may take 180 s", lines[3])
-    assert lines[4].startswith("lent: FAIL report (0 s): no report.json (FileNotFoundError)")  # fits, finds nothing
-    assert re.fullmatch(r"lent: FAIL all \(\d+ s of the 70 s budget\)", lines[-1]) and done.returncode == 1
+    assert re.fullmatch(r"lent: INFO bare-check \(0 s\): not run: \d+ s of the 150 s budget left, and the steps after "
+                        r"it keep 240 s", lines[1]), lines
+    assert LINE.match(lines[2]) and lines[2].startswith("lent: OK orphan (")
+    orphan = re.search(r"engine core \[(\d+)\] left running", lines[2])
+    assert re.fullmatch(r"lent: INFO e2e \(0 s\): not run: \d+ s of the 150 s budget left, it may take 150 s", lines[3])
+    assert lines[4].startswith("lent: FAIL report (") and "no report.json (FileNotFoundError)" in lines[4]
+    assert orphan and lines[5].startswith("lent: FAIL cleanup (") and f"ended pid {orphan.group(1)} " in lines[5]
+    assert re.fullmatch(r"lent: FAIL all \(\d+ s of the 150 s budget\)", lines[-1]) and done.returncode == 1
+    assert not _torch_servers(tmp_path)

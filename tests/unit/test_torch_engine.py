@@ -158,17 +158,28 @@ def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str, P
                 return proc, url, log
         except httpx.HTTPError:
             time.sleep(0.2)
-    proc.kill()
+    _stop(proc)
     raise AssertionError(f"server not ready (exit {proc.poll()}):\n{log.read_text()}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, as the plugin stops it; then SIGKILL for the front end and its engine core both
+    (a SIGKILL of the front end alone leaves the engine running, by design)."""
+    try:
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children()]
+    except psutil.NoSuchProcess:
+        family = []
+    proc.terminate()
+    for process in psutil.wait_procs(family, timeout=30)[1]:
+        process.kill()
+    proc.wait()
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
     proc, url, log = _start(tmp_path_factory.mktemp("torch-engine"))
     yield proc, url, log
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    _stop(proc)
 
 
 def test_the_server_streams_as_vllm_does_and_counts_in_metrics(server: tuple[subprocess.Popen[bytes], str, Path]) -> None:
