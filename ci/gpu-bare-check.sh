@@ -17,11 +17,11 @@
 # $OUT/checks.txt holds the check lines. The last line names the steps that passed (or were
 # skipped) as a SKIP= list: a rerun with it runs only the rest, within the same 10-minute command.
 #
-# The lent machine has torch and nvidia-ml-py only. What else the steps import (psutil, httpx,
-# pytest and what they need: all pure Python or one abi3 wheel) travels in .bare-deps, built
-# here by ci/gpu-bare-deps.sh and carried with the command (well under the 64 MiB that travel);
-# it is put on PYTHONPATH when present. numpy is not carried (a wheel per Python version, and
-# too large): without it the canary takes the GPU copy only. scipy is needed by no step.
+# What the steps import beyond the lent machine's image (ci/gpu-bare-deps.sh lists it: pure Python,
+# under 1 MB, built for one CPython minor version, which the preflight checks) travels in
+# .bare-deps, built here and carried with the command; it is put on PYTHONPATH when present.
+# PYTHONPATH comes before site-packages, so only what the image lacks is carried. Where numpy is
+# missing the canary takes the GPU copy only. scipy is needed by no step.
 #
 #   ci/gpu-bare-deps.sh && ci/gpu-bare-check.sh   # here, then on the device with .bare-deps carried
 #   SKIP=runtime,smi ci/gpu-bare-check.sh         # leave steps out (comma- or space-separated)
@@ -44,7 +44,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/kimiperf-bare.XXXXXX")
 DEPS=$PWD/.bare-deps
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [ -d "$DEPS" ]; then
-  export PYTHONPATH="$PYTHONPATH:$DEPS"  # after what the machine has: its own torch stack wins
+  export PYTHONPATH="$PYTHONPATH:$DEPS"  # what the image lacks only, so it shadows none of the image's
 fi
 skip=" ${SKIP:+${SKIP//,/ }} "
 passed=()

@@ -40,7 +40,9 @@ def run(argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = N
     try:
         done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
     except subprocess.TimeoutExpired as error:
-        return 124, f"{error.stdout or ''}{error.stderr or ''}"
+        # What it printed before the cut, which subprocess hands back as bytes even in text mode.
+        return 124, "".join(part.decode("utf-8", "replace") if isinstance(part, bytes) else part or ""
+                            for part in (error.stdout, error.stderr))
     except OSError as error:
         return 127, str(error)
     return done.returncode, done.stdout + done.stderr
@@ -340,7 +342,7 @@ def steps() -> dict[str, tuple[Step, int, bool]]:
         "nvml": (step_nvml, 25, False), "load-window": (more.step_load_window, 50, True),
         "canary": (step_canary, 25, True), "gpu-memory": (step_gpu_memory, 25, True),
         "server": (more.step_server, 55, True), "nccl": (more.step_nccl, 25, True), "ipc": (more.step_ipc, 15, True),
-        "pid-ns": (step_pid_ns, 20, True), "unit-tests": (more.step_unit_tests, 30, False),
+        "pid-ns": (step_pid_ns, 20, True), "unit-tests": (more.step_unit_tests, more.UNIT_TESTS_LIMIT_S, False),
     }
 
 

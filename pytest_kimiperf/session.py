@@ -261,10 +261,10 @@ def session_fingerprint(deployment: Deployment) -> Fingerprint:
     deployment that spans nodes, every node's through its agent)."""
     from pytest_kimiperf.judge.fingerprint import collect_nodes_fingerprint, deployment_facts, host_fingerprint
     from pytest_kimiperf.measure.host_facts import agent_facts, probe_host_facts
-    from pytest_kimiperf.server.tiny_model import TinyModelSpec
+    from pytest_kimiperf.server.tiny_model import built_revision
 
     here = probe_host_facts()
-    facts = deployment_facts(deployment, built_revision=f"built-{TinyModelSpec().cache_key()}")
+    facts = deployment_facts(deployment, built_revision=built_revision(deployment.model))
     if deployment.nodes:
         return collect_nodes_fingerprint(deployment.nodes, facts, local=here, remote_facts=agent_facts)
     return host_fingerprint(here, facts)

@@ -37,6 +37,8 @@ from pytest_kimiperf.errors import ConfigError
 
 # A model value of this form is built locally on first use (see tiny_model.py).
 TINY_MODEL = "kimiperf:tiny-llama"
+# tiny-gpu-torch's model: built on first use by its own server (server/torch_model.py).
+TINY_TORCH_MODEL = "kimiperf:tiny-torch"
 
 PLACEHOLDERS = ("python", "model", "served_model_name", "host", "port", "tp")
 
@@ -374,8 +376,56 @@ TINY_CPU_2NODE = replace(
            Node("node1", "127.0.0.1", env=MappingProxyType({"VLLM_CPU_OMP_THREADS_BIND": "1"}))),
 )
 
+# The GPU flow without vLLM: the plugin's own torch server (server/torch_engine.py) decoding a
+# seeded tiny Llama on one CUDA GPU, so a machine with torch and a GPU but no vLLM runs the GPU
+# path end to end (hardware check, sweep, NVML telemetry, memory-freed wait, report; ci/gpu-lent.sh).
+# It demands its GPU: on a host without one the hardware check stops every perf test before any
+# boot, and `--device cuda` makes the server refuse a torch that sees none. Its CPU twin below
+# runs the same server code in CI.
+TINY_GPU_TORCH = Deployment(
+    name="tiny-gpu-torch",
+    description="a seeded tiny random-weight Llama decoded by torch on one CUDA GPU, no vLLM "
+    "(the plugin's own server, server/torch_engine.py)",
+    model=TINY_TORCH_MODEL,
+    served_model_name="tiny-torch",
+    tensor_parallel_size=1,
+    command=("{python}", "-m", "pytest_kimiperf.server.torch_engine", "--model", "{model}", *_SERVE_ARGS,
+             "--max-model-len", "2048", "--device", "cuda"),
+    env=MappingProxyType({}),
+    # Two torch imports and a load of 13 MB: seconds; minutes leave room for a cold CUDA start.
+    health_deadline_s=300.0,
+    gpu_count=1,
+    gpu_name_contains=None,
+    # No floor: nothing has been measured on a GPU yet (the first ci/gpu-lent.sh run records it).
+    decode_floor_tok_s=0.0,
+    decode_target_tok_s=0.0,
+    declared_from="a guess: no GPU boot of this server has been recorded yet (no floor, no spawn modes)",
+    # The server decodes in Python, a kernel launch at a time: its noise is the host's CPU's more
+    # than the GPU's, so tiny-cpu's 25% and two boots on demand until a GPU run measures it.
+    tolerances=MappingProxyType({name: 0.25 for name in METRICS}),
+    boot_spread=0.10,
+    max_boots=2,
+    # Not `vllm serve`: there is no `vllm preload` to hold its weights.
+    weight_cache="off",
+    load_s=15.0,
+)
+
+# tiny-gpu-torch's server on the CPU: the same command and code with `--device cpu`, so CI runs
+# the path the GPU run takes (a deployment whose GPU count followed what the host has would turn
+# a GPU run on a host whose GPU vanished into a silent CPU run). Eight sequences at most: a
+# 2-core host serves no more at once, and each slot's KV cache is 16 MiB of RAM once used.
+TINY_TORCH_CPU = replace(
+    TINY_GPU_TORCH,
+    name="tiny-torch-cpu",
+    description="tiny-gpu-torch's server on the CPU (--device cpu): its code path in CI, no GPU needed",
+    command=(*TINY_GPU_TORCH.command[:-1], "cpu", "--max-num-seqs", "8"),
+    gpu_count=0,
+    client_bounds=TINY_CPU.client_bounds,
+    host_bounds=TINY_CPU.host_bounds,
+)
+
 BUILTIN_DEPLOYMENTS: dict[str, Deployment] = {
-    d.name: d for d in (KIMI_K25_INT4_TP8, TINY_CPU, TINY_CPU_TP2, TINY_CPU_2NODE)
+    d.name: d for d in (KIMI_K25_INT4_TP8, TINY_CPU, TINY_CPU_TP2, TINY_CPU_2NODE, TINY_GPU_TORCH, TINY_TORCH_CPU)
 }
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from pytest_kimiperf.config.deployments import TINY_MODEL
+from pytest_kimiperf.config.deployments import TINY_MODEL, TINY_TORCH_MODEL
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.paths import default_cache_dir
 
@@ -136,6 +136,18 @@ def _build(spec: TinyModelSpec, out_dir: Path) -> None:
     saved = json.loads(config_path.read_text())
     saved["torch_dtype"] = spec.dtype
     config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+
+
+def built_revision(model: str) -> str | None:
+    """The build key of a model the plugin builds (``kimiperf:...``), which the fingerprint
+    records as its revision; None for any other model."""
+    if model == TINY_MODEL:
+        return f"built-{TinyModelSpec().cache_key()}"
+    if model == TINY_TORCH_MODEL:  # built by its own server (server/torch_model.py)
+        from pytest_kimiperf.server.torch_engine import TinySpec
+
+        return f"built-{TinySpec().key()}"
+    return None
 
 
 def resolve_model_path(model: str, say: Callable[[str], None]) -> str:

@@ -17,6 +17,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import DATA, ROOT
 
 SCRIPT = ROOT / "ci" / "gpu-bare-check.sh"
@@ -110,3 +112,32 @@ def test_a_step_that_does_not_fit_what_is_left_of_the_budget_is_not_started(tmp_
     assert re.fullmatch(r"check: INFO smi: not run: \d+ s of the 25 s budget left, it may take 30 s", lines[2])
     assert lines[0] == "check: INFO preflight: skipped (SKIP)"
     assert lines[-1] == "SKIP=" + ",".join(name for name, _ in plan() if name != "smi") and done.returncode == 0
+
+
+def test_the_unit_tests_step_ends_its_pytest_in_its_limit_and_keeps_what_a_cut_run_printed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ci import gpu_bare_steps
+
+    limit = dict(plan())["unit-tests"]
+    assert gpu_bare_steps.UNIT_TESTS_TIMEOUT_S + 5 <= limit  # the shell's kill grace, and time to say so
+    slow = tmp_path / "test_slow.py"
+    slow.write_text("import time\n\ndef test_quick():\n    pass\n\ndef test_slow():\n    time.sleep(60)\n")
+    monkeypatch.setattr(gpu_bare_steps, "GPU_TESTS", (str(slow),))
+    monkeypatch.setattr(gpu_bare_steps, "UNIT_TESTS_TIMEOUT_S", 8)
+    verdict, text = gpu_bare_steps.step_unit_tests(tmp_path / "unit-tests")
+    assert verdict == "FAIL" and text.startswith("cut off after 8 s; what it printed is in unit-tests/pytest.txt")
+    assert (tmp_path / "unit-tests" / "pytest.txt").read_text().splitlines()[0].startswith(".")  # test_quick's dot
+
+
+def test_preflight_names_a_python_too_old_or_other_than_the_one_the_carried_deps_were_built_for(tmp_path: Path) -> None:
+    from ci.gpu_bare_preflight import python_problem
+
+    assert python_problem(tmp_path, (3, 10, 12)) == (
+        "Python 3.10.12 is older than pytest-kimiperf allows (requires-python >= 3.11): run with PYTHON=python3.12")
+    assert python_problem(tmp_path, (3, 12, 3)) is None  # no .bare-deps: nothing carried to mismatch
+    (tmp_path / ".bare-deps").mkdir()
+    (tmp_path / ".bare-deps" / "BUILT_FOR").write_text("cp312\n")
+    assert python_problem(tmp_path, (3, 12, 3)) is None
+    assert python_problem(tmp_path, (3, 11, 7)) == (
+        ".bare-deps was built for CPython 3.12 (cp312), this is CPython 3.11.7: rebuild it with "
+        "BARE_PYTHON_VERSION=3.11 ci/gpu-bare-deps.sh, or run the Python it was built for")

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The one prepared command for a lent GPU machine (one H100 or H200; Python 3.12 with torch and
+# the image's packages, no vLLM, no network; 10 minutes a command, 64 MiB carried): the bare GPU
+# check, then the plugin end to end on tiny-gpu-torch (two profiles x two boots, NVML telemetry
+# under real load, a real CUDA orphan left by a SIGKILLed run and swept by the next, the JSON and
+# Markdown reports and the plots), all within LENT_BUDGET_S (480 s). One line a step, with its
+# seconds:
+#
+#   lent: OK|FAIL|INFO <step> (<s> s): <what was seen>
+#
+# A step that would not fit in what is left of the budget is not started, and says so; one cut at
+# its limit says so; each step's own output is kept. What comes back (at most 8 files): $OUT/lent.txt
+# (the lines), report.json, report.md, plots.tgz, logs.tgz (every step's output, the server logs,
+# pytest's), bare/checks.txt and bare/recordings.tgz. The exit code is 1 when a step failed.
+#
+# Without a GPU (here, CI) DRY_RUN=1 runs every step on the CPU: lent-cpu (tiny-torch-cpu) stands
+# in for tiny-gpu-torch and what needs NVML or CUDA says it was skipped. Without DRY_RUN, a
+# machine whose torch sees no GPU is a FAIL, and the rest runs on the CPU all the same.
+#
+#   ci/gpu-bare-deps.sh                    # here, once: what the image lacks, for CPython 3.12
+#   OUT=$OUT ci/gpu-lent.sh                # on the device, with .bare-deps carried
+#   DRY_RUN=1 PYTHON=.venv/bin/python BARE_PYTHON_VERSION=3.11 ci/gpu-lent.sh   # here, on the CPU
+#
+# Step time estimates on the GPU machine: ci/README.md.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT=${OUT:-gpu-lent}
+BUDGET=${LENT_BUDGET_S:-480}
+KILL_GRACE_S=5
+# Kept for the steps after the bare check (their limits below, and packing): the bare check gets
+# what is left beyond this, and skips (naming them) its steps that do not fit.
+AFTER_BARE_S=$((60 + 150 + 20 + 10))
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/kimiperf-lent.XXXXXX")
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ -d .bare-deps ]; then
+  export PYTHONPATH="$PYTHONPATH:$PWD/.bare-deps"
+fi
+export PYTHONUNBUFFERED=1
+status=0
+: > "$OUT/lent.txt"
+
+say() {
+  echo "$1" | tee -a "$OUT/lent.txt"
+}
+
+# step NAME LIMIT_S [ARGS...]: ci/gpu_lent.py NAME, cut at LIMIT_S, its line with its seconds.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((BUDGET - SECONDS))
+  if ((left < limit + KILL_GRACE_S)); then
+    say "lent: INFO $name (0 s): not run: ${left} s of the ${BUDGET} s budget left, it may take ${limit} s"
+    status=1
+    return
+  fi
+  local started=$SECONDS
+  timeout -k "$KILL_GRACE_S" "$limit" "$PY" ci/gpu_lent.py "$name" "$WORK" "$OUT" "$@" > "$WORK/$name.log" 2>&1
+  local rc=$? took=$((SECONDS - started)) line
+  line=$(grep -m1 '^lent: ' "$WORK/$name.log")
+  if [ -z "$line" ]; then
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+      line="lent: FAIL $name: cut off after ${limit} s; its output so far: $name.log in logs.tgz"
+    else
+      line="lent: FAIL $name: exited with $rc: $(tail -1 "$WORK/$name.log" | cut -c1-300)"
+    fi
+  fi
+  say "${line/ $name: / $name ($took s): }"
+  case "$line" in
+    "lent: FAIL "*) status=1 ;;
+  esac
+}
+
+step preflight 60
+bare_s=$((BUDGET - SECONDS - AFTER_BARE_S))
+if ((bare_s < 30)); then
+  say "lent: INFO bare-check (0 s): not run: $((BUDGET - SECONDS)) s of the ${BUDGET} s budget left, and the steps after it keep ${AFTER_BARE_S} s"
+  status=1
+else
+  step bare-check "$bare_s" $((bare_s - 15))  # its own budget inside the limit: it ends its steps first
+fi
+step orphan 60
+step e2e 150
+step report 20
+# Whatever is left of the budget: nothing this run started may outlive it.
+budget=$BUDGET
+BUDGET=$((SECONDS + 30 + KILL_GRACE_S + 10))
+step cleanup 30
+BUDGET=$budget
+
+# Pack what comes back: the plots, and every step's output with the server logs in one archive.
+started=$SECONDS
+if [ -d "$WORK/plots" ]; then
+  tar -czf "$OUT/plots.tgz" -C "$WORK" plots
+fi
+(cd "$WORK" && { find . -maxdepth 1 -type f \( -name '*.log' -o -name '*.txt' -o -name '*.json' \)
+  find . -path './pytest-*' -name 'server-*.log'; }) | tar -czf "$OUT/logs.tgz" -C "$WORK" -T -
+say "lent: INFO pack ($((SECONDS - started)) s): $(cd "$OUT" && find . -type f ! -name lent.txt | sort | tr '\n' ' ')"
+say "lent: $([ $status -eq 0 ] && echo OK || echo FAIL) all ($SECONDS s of the ${BUDGET} s budget)"
+# Leftovers of a failed step must not outlive the command: the sweep's own launch records.
+rm -rf "$WORK"
+exit $status

@@ -1,0 +1,299 @@
+"""The steps of ci/gpu-lent.sh, one process each: what a lent GPU machine shows of the plugin end to end.
+
+    python ci/gpu_lent.py STEP WORK OUT [ARGS]
+
+Each step prints its details, then one line ``lent: OK|FAIL|INFO STEP: what was seen``, which the
+shell times and collects. WORK holds what steps pass on (``mode``: gpu or cpu; ``orphan.json``;
+the end-to-end run's output); OUT gets what comes back from the machine. The steps:
+
+* ``preflight``: Python (ci/gpu_bare_preflight.py's check), pyproject's dependencies importable,
+  matplotlib for the plots, and the mode: ``gpu`` where torch sees a CUDA device and DRY_RUN is
+  not set, else ``cpu``, where tiny-torch-cpu's twin ``lent-cpu`` stands in for tiny-gpu-torch
+  and what needs NVML is said to be skipped. No GPU without DRY_RUN is a FAIL, and the rest runs
+  on the CPU all the same.
+* ``bare-check BUDGET_S``: ci/gpu-bare-check.sh within that budget, its lines under OUT/bare.
+* ``orphan``: a pytest session boots the deployment and is SIGKILLed with its launcher and API
+  server, as a CI job killed whole: the engine core must be left running (on a GPU, holding its
+  memory, as NVML sees it). The next step's session must sweep it.
+* ``e2e``: the plugin on the deployment, profiles default and ring-ll, two boots each, the JSON and
+  Markdown reports and the plots into OUT.
+* ``report``: what the run and its report show: the orphan swept and its memory back, every boot
+  accounted, every test measured, NVML telemetry in each measured window (GPU), the plots.
+* ``cleanup`` (always, whatever the budget): the plugin's sweep over this run's launch records,
+  so nothing a cut or skipped step left outlives the command (a FAIL where it found something).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = ROOT / "ci" / "lent_tests"
+DEPLOYMENT = {"gpu": "tiny-gpu-torch", "cpu": "lent-cpu"}
+PROFILES = ("default", "ring-ll")
+BOOTS = int(os.environ.get("LENT_BOOTS", "2"))  # 1 in the CI test of the dry run
+sys.path.insert(0, str(ROOT))
+
+
+def _mode(work: Path) -> str:
+    return (work / "mode").read_text().strip() if (work / "mode").is_file() else "cpu"
+
+
+def _env(work: Path) -> dict[str, str]:
+    """The plugin sessions' environment: one launch-record folder for the orphan's run and the
+    next (the sweep reads it), the tiny model's cache in WORK, the suite's size."""
+    return {**os.environ, "KIMIPERF_STATE_DIR": str(work / "state"), "KIMIPERF_CACHE_DIR": str(work / "cache"),
+            "LENT_SCALE": _mode(work), "PYTHONUNBUFFERED": "1"}
+
+
+def _pytest(work: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "pytest", "--kimiperf-deployment", DEPLOYMENT[_mode(work)],
+            "--basetemp", str(work / f"pytest-{len(list(work.glob('pytest-*')))}"), *args]
+
+
+# --------------------------------------------------------------------------- preflight
+
+
+def step_preflight(work: Path, out: Path) -> tuple[str, str]:
+    """Python, dependencies, plots, and whether this run is on a GPU."""
+    from ci.gpu_bare_preflight import python_problem
+
+    problem = python_problem()
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = [d.split(">")[0].split("=")[0].split("<")[0].strip() for d in declared]
+    found = {name: _version(name) for name in names}
+    missing = [name for name, version in found.items() if version is None]
+    plots = _version("matplotlib")
+    import torch
+
+    gpu = torch.cuda.is_available()
+    dry = os.environ.get("DRY_RUN", "") not in ("", "0")
+    mode = "gpu" if gpu and not dry else "cpu"
+    (work / "mode").write_text(mode + "\n")
+    if gpu:
+        props = torch.cuda.get_device_properties(0)
+        seen = f"{props.name} ({props.total_memory // 2**20} MiB), torch {torch.__version__} CUDA {torch.version.cuda}"
+    else:
+        seen = f"torch {torch.__version__} sees no GPU ({'a CPU build' if torch.version.cuda is None else 'no device'})"
+    where = (f"GPU mode on {seen}" if mode == "gpu" else
+             f"CPU mode ({'DRY_RUN' if dry else 'no GPU'}: {seen}): lent-cpu (tiny-torch-cpu) stands in for "
+             "tiny-gpu-torch; the NVML and GPU-memory checks are skipped, each saying so")
+    line = (f"{where}; python {sys.version.split()[0]}; pyproject's dependencies "
+            f"{'all present' if not missing else 'MISSING ' + ', '.join(missing) + ' (carry them: ci/gpu-bare-deps.sh)'}"
+            f"; plots: {'matplotlib ' + plots if plots else 'none (no matplotlib here, and it is not carried: 107 MB)'}")
+    if problem or missing:
+        return "FAIL", f"{problem + '; ' if problem else ''}{line}"
+    if mode == "cpu" and not dry:
+        return "FAIL", f"expected a GPU (set DRY_RUN=1 for a run on the CPU): {line}"
+    return ("OK" if mode == "gpu" else "INFO"), line
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+# --------------------------------------------------------------------------- the bare check
+
+# What fails on a host without a GPU whatever the code does: torch sees none (preflight), and
+# nvidia-smi and NVML are not there (smi, nvml).
+NEEDS_A_GPU = ("preflight", "smi", "nvml")
+
+
+def step_bare_check(work: Path, out: Path, budget_s: str) -> tuple[str, str]:
+    """ci/gpu-bare-check.sh in ``budget_s``, its check lines and recordings under OUT/bare."""
+    env = {**os.environ, "OUT": str(out / "bare"), "BARE_BUDGET_S": budget_s, "PYTHON": sys.executable,
+           "TMPDIR": str(work)}
+    done = subprocess.run(["bash", str(ROOT / "ci" / "gpu-bare-check.sh")], env=env, capture_output=True, text=True,
+                          check=False)
+    print(done.stdout + done.stderr)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("check: ")]
+    verdicts = {line.split()[2].rstrip(":"): line.split()[1] for line in lines}
+    failed = sorted(step for step, verdict in verdicts.items() if verdict == "FAIL")
+    counts = ", ".join(f"{sum(v == kind for v in verdicts.values())} {kind}" for kind in ("OK", "INFO", "FAIL"))
+    rerun = next((line for line in done.stdout.splitlines() if line.startswith("SKIP=")), "SKIP= (none)")
+    text = f"{len(verdicts)} steps: {counts}; failed: {', '.join(failed) or 'none'}; rerun with {rerun}"
+    if not verdicts:
+        return "FAIL", f"no check lines (exit {done.returncode}): {(done.stderr or done.stdout).strip()[-200:]}"
+    if _mode(work) == "cpu":
+        unexpected = [step for step in failed if step not in NEEDS_A_GPU]
+        if unexpected:
+            return "FAIL", f"{text}; on the CPU only {', '.join(NEEDS_A_GPU)} may fail"
+        return "INFO", f"{text} (CPU mode: those need a GPU; the GPU steps were not started)"
+    return ("FAIL" if failed else "OK"), text
+
+
+# --------------------------------------------------------------------------- the orphan
+
+
+def step_orphan(work: Path, out: Path) -> tuple[str, str]:
+    """Boot, then SIGKILL pytest, the launcher and the API server at once; the engine core stays."""
+    import psutil
+
+    family_file = work / "family.json"
+    log = (work / "orphan-pytest.txt").open("w")
+    session = subprocess.Popen(_pytest(work, str(SUITE / "hold_server.py"), "-s"), cwd=SUITE, stdout=log,
+                               stderr=subprocess.STDOUT, env={**_env(work), "LENT_FAMILY": str(family_file)})
+    deadline = time.monotonic() + 300
+    while not family_file.is_file() and session.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not family_file.is_file():
+        session.kill()
+        session.wait()
+        return "FAIL", f"the holding session never booted (exit {session.returncode}); see orphan-pytest.txt"
+    family = json.loads(family_file.read_text())
+    engines = [psutil.Process(pid) for pid in family["engine"]]
+    held_before = _held_mib(work, family["engine"])
+    for pid in (family["launcher"], family["server"], family["pytest"]):  # the launcher first: it must not clean up
+        os.kill(pid, signal.SIGKILL)
+    session.wait()
+    log.close()
+    time.sleep(2.0)
+    alive = [p.pid for p in engines if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    held = _held_mib(work, alive)
+    (work / "orphan.json").write_text(json.dumps({"engine": alive, "held_mib": held, "family": family}))
+    gone = [pid for pid in (family["launcher"], family["server"]) if not psutil.pid_exists(pid)]
+    memory = (f"holding {held} MiB (NVML; {held_before} MiB before the kill)" if _mode(work) == "gpu"
+              else "GPU memory not checked (CPU mode)")
+    text = (f"pytest {family['pytest']}, launcher {family['launcher']} and API server {family['server']} SIGKILLed "
+            f"({len(gone)} of 2 gone); engine core {alive or family['engine']} "
+            f"{'left running' if alive else 'GONE'}, {memory}")
+    ok = alive and len(gone) == 2 and (_mode(work) == "cpu" or sum(held.values()) > 0)
+    return ("OK" if ok else "FAIL"), text
+
+
+def _held_mib(work: Path, pids: Sequence[int]) -> dict[int, int]:
+    if _mode(work) != "gpu":
+        return {}
+    from pytest_kimiperf.server.gpu_memory import gpu_memory_by_pid
+
+    return {pid: mib for pid, mib in gpu_memory_by_pid().items() if pid in pids}
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def step_e2e(work: Path, out: Path) -> tuple[str, str]:
+    """The plugin on the deployment: two profiles, two boots each, reports and plots."""
+    args = ["--kimiperf-profile", ",".join(PROFILES), "--kimiperf-boots", str(BOOTS), "--kimiperf-max-boots",
+            str(BOOTS), "--kimiperf-json", str(out / "report.json"), "--kimiperf-markdown", str(out / "report.md"),
+            "-p", "no:randomly", str(SUITE / "test_lent.py")]
+    if _version("matplotlib"):
+        args[-1:-1] = ["--kimiperf-plots", str(work / "plots")]
+    log = work / "e2e-pytest.txt"
+    with log.open("w") as sink:
+        code = subprocess.run(_pytest(work, *args), cwd=SUITE, stdout=sink, stderr=subprocess.STDOUT, env=_env(work),
+                              check=False).returncode
+    (work / "e2e.exit").write_text(f"{code}\n")
+    summary = next((line for line in reversed(log.read_text().splitlines()) if line.startswith("=")), "no summary")
+    return ("OK" if code == 0 else "FAIL"), f"pytest exit {code}: {summary.strip('= ')}"
+
+
+def step_report(work: Path, out: Path) -> tuple[str, str]:
+    """What the end-to-end run and its report show."""
+    import psutil
+
+    output = (work / "e2e-pytest.txt").read_text() if (work / "e2e-pytest.txt").is_file() else ""
+    orphan = json.loads((work / "orphan.json").read_text()) if (work / "orphan.json").is_file() else {}
+    facts, problems = [], []
+    swept = [line for line in output.splitlines() if "kimiperf: zombie sweep:" in line]
+    for pid in orphan.get("engine", []):
+        if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            problems.append(f"the orphan engine core {pid} still runs")
+        elif not any(f"pid {pid} " in line for line in swept):
+            problems.append(f"the orphan engine core {pid} is gone but no sweep line names it")
+    freed = [line.split("zombie sweep: ", 1)[1] for line in swept if "MiB of GPU memory" in line]
+    facts.append(f"swept: {len(swept)} line(s)" + (f", {'; '.join(freed)}" if freed else ""))
+    if _mode(work) == "gpu" and orphan.get("held_mib") and not freed:
+        problems.append("the sweep did not say what GPU memory it freed")
+    try:
+        report = json.loads((out / "report.json").read_text())
+    except (OSError, ValueError) as error:
+        return "FAIL", f"no report.json ({type(error).__name__}); {'; '.join(problems + facts)}"
+    boots = {name: p["boots"] for name, p in report["profiles"].items()}
+    if boots != {name: BOOTS for name in PROFILES}:
+        problems.append(f"boots {boots}, not {BOOTS} of each of {', '.join(PROFILES)}")
+    accounts = [a for p in report["profiles"].values() for a in p["boot_accounts"]]
+    ready = sorted(round(a["total_s"], 1) for a in accounts)
+    facts.append(f"{len(accounts)} boots accounted, ready after {ready} s")
+    tests = report["tests"]
+    measured = [t for t in tests if t.get("run")]
+    invalid = [f"{t['test'].split('::')[-1]}[{t['profile']}]: {t['invalid']}" for t in tests if t.get("invalid")]
+    facts.append(f"{len(measured)} of {len(tests)} test results measured" + (f", INVALID: {invalid}" if invalid else ""))
+    decode = sorted(t["metrics"]["decode_tok_s"]["summary"]["median"] for t in measured if "decode_tok_s" in t["metrics"])
+    facts.append(f"decode medians {[round(d) for d in decode]} tok/s")
+    if len(measured) != len(PROFILES) * BOOTS * 2:
+        problems.append(f"{len(measured)} measured results, not {len(PROFILES) * BOOTS * 2}")
+    if _mode(work) == "gpu":
+        gpus = [g for t in measured for g in (t.get("host") or {}).get("gpus", [])]
+        watched = [t for t in measured if (t.get("host") or {}).get("gpus")]
+        facts.append(f"NVML telemetry in {len(watched)} of {len(measured)} windows: {_telemetry(gpus)}")
+        if len(watched) != len(measured):
+            problems.append("a measured window without NVML telemetry")
+    else:
+        facts.append("NVML telemetry: not checked (CPU mode)")
+    plots = sorted((work / "plots").glob("**/*.png")) if (work / "plots").is_dir() else []
+    facts.append(f"{len(plots)} plots" if plots else "no plots" + ("" if _version("matplotlib") else " (no matplotlib)"))
+    if _version("matplotlib") and not plots:
+        problems.append("matplotlib is here but no plot was written")
+    return ("FAIL" if problems else "OK"), "; ".join(problems + facts)
+
+
+def _telemetry(gpus: Sequence[dict[str, Any]]) -> str:
+    if not gpus:
+        return "none"
+    keys = sorted({key for gpu in gpus for key, value in gpu.items() if value not in (None, [], {})})
+    watts = [gpu["energy_j"] / gpu["wall_s"] for gpu in gpus if gpu.get("energy_j") and gpu.get("wall_s")]
+    return f"{len(gpus)} readings with {', '.join(keys)[:200]}" + (
+        f"; {min(watts):.0f}-{max(watts):.0f} W" if watts else "")
+
+
+def step_cleanup(work: Path, out: Path) -> tuple[str, str]:
+    """End what this run's launches left (an orphan no step swept, where a step was cut or not
+    started), with the plugin's own sweep: a launch's processes must not outlive the command."""
+    from pytest_kimiperf.server.zombies import sweep_stale_launches
+
+    if not (work / "state").is_dir():
+        return "INFO", "no launch records: nothing was started"
+    lines = sweep_stale_launches(work / "state", grace_s=10.0).describe()
+    return ("INFO" if not lines else "FAIL"), ("nothing left running" if not lines else
+                                               f"ended what no step swept: {'; '.join(lines)}")
+
+
+STEPS: dict[str, Callable[..., tuple[str, str]]] = {
+    "preflight": step_preflight, "bare-check": step_bare_check, "orphan": step_orphan, "e2e": step_e2e,
+    "report": step_report, "cleanup": step_cleanup,
+}
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run one step and print its line; a step that raises is that step's FAIL line, never silence."""
+    name, work, out, *rest = argv
+    if name not in STEPS:
+        print(f"lent: FAIL {name}: no such step; steps: {', '.join(STEPS)}", flush=True)
+        return 2
+    try:
+        verdict, text = STEPS[name](Path(work), Path(out), *rest)
+    except Exception as error:  # noqa: BLE001  (one step's failure is its line)
+        import traceback
+
+        traceback.print_exc()
+        verdict, text = "FAIL", f"{type(error).__name__}: {error}"[:300]
+    print(f"lent: {verdict} {name}: {text}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,83 @@
+"""ci/gpu-lent.sh runs to its end here, on the CPU (DRY_RUN): one timed line a step, the orphan a
+killed run leaves swept by the next, the reports back under $OUT, and a budget that says what it
+did not start. The bare check's own steps are skipped (tests/unit/test_bare_check.py runs them)
+and one boot a profile is enough for the plumbing (the GPU run takes two).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from tests.helpers import ROOT
+
+SCRIPT = ROOT / "ci" / "gpu-lent.sh"
+LINE = re.compile(r"^lent: (OK|FAIL|INFO) (?P<step>[a-z0-9-]+) \((?P<s>\d+) s\): .+$")
+
+
+def lent(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    plan = subprocess.run([sys.executable, str(ROOT / "ci" / "gpu_bare_check.py"), "--plan"], capture_output=True,
+                          text=True, check=True, cwd=ROOT).stdout
+    skip = ",".join(line.split()[0] for line in plan.splitlines())
+    return subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+                               "TMPDIR": str(tmp_path), "SKIP": skip, "LENT_BOOTS": "1", **env})
+
+
+def _torch_servers(tmp_path: Path) -> set[int]:
+    """The torch servers this test's runs started (their launch records are under ``tmp_path``)."""
+    found = set()
+    for process in psutil.process_iter(["cmdline"]):
+        if any(part.startswith("pytest_kimiperf.server.torch_") for part in process.info["cmdline"] or []):
+            try:
+                if process.environ().get("KIMIPERF_STATE_DIR", "").startswith(str(tmp_path)):
+                    found.add(process.pid)
+            except psutil.Error:
+                pass
+    return found
+
+
+def test_the_dry_run_runs_every_step_and_sweeps_the_orphan_it_made(tmp_path: Path) -> None:
+    done = lent(tmp_path)
+    lines = done.stdout.splitlines()
+    steps = [m.group("step") if (m := LINE.match(line)) else line for line in lines[:-1]]
+    assert steps == ["preflight", "bare-check", "orphan", "e2e", "report", "cleanup", "pack"], done.stdout + done.stderr
+    verdicts = dict(zip(steps, (line.split()[1] for line in lines)))
+    assert verdicts == {"preflight": "INFO", "bare-check": "INFO", "orphan": "OK", "e2e": "OK", "report": "OK",
+                        "cleanup": "INFO", "pack": "INFO"}, done.stdout
+    assert lines[5].endswith("nothing left running")
+    assert re.fullmatch(r"lent: OK all \(\d+ s of the 480 s budget\)", lines[-1])
+    assert "CPU mode (DRY_RUN: torch " in lines[0] and "lent-cpu (tiny-torch-cpu) stands in for tiny-gpu-torch" in lines[0]
+    assert re.search(r"engine core \[\d+\] left running, GPU memory not checked \(CPU mode\)", lines[2]), lines[2]
+    orphan = re.search(r"engine core \[(\d+)\]", lines[2])
+    assert orphan and "swept: 2 line(s)" in lines[4], lines[4]
+    assert "2 boots accounted" in lines[4] and "4 of 4 test results measured" in lines[4]
+    assert done.returncode == 0
+    out = tmp_path / "out"
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert {"lent.txt", "report.json", "report.md", "logs.tgz", "bare/checks.txt"} <= set(files) and len(files) <= 8
+    assert (out / "lent.txt").read_text().splitlines() == lines
+    assert not psutil.pid_exists(int(orphan.group(1))) and not _torch_servers(tmp_path)
+    assert not list(tmp_path.glob("kimiperf-lent.*"))  # the work folder is removed
+
+
+def test_steps_that_do_not_fit_the_budget_say_so_and_what_they_leave_is_ended_all_the_same(tmp_path: Path) -> None:
+    # 150 s: the preflight and the orphan fit, the bare check (which leaves 240 s to the steps
+    # after it) and the end-to-end run (150 s) do not; the orphan is then swept by the cleanup.
+    done = lent(tmp_path, LENT_BUDGET_S="150")
+    lines = done.stdout.splitlines()
+    assert LINE.match(lines[0]) and " preflight (" in lines[0]
+    assert re.fullmatch(r"lent: INFO bare-check \(0 s\): not run: \d+ s of the 150 s budget left, and the steps after "
+                        r"it keep 240 s", lines[1]), lines
+    assert LINE.match(lines[2]) and lines[2].startswith("lent: OK orphan (")
+    orphan = re.search(r"engine core \[(\d+)\] left running", lines[2])
+    assert re.fullmatch(r"lent: INFO e2e \(0 s\): not run: \d+ s of the 150 s budget left, it may take 150 s", lines[3])
+    assert lines[4].startswith("lent: FAIL report (") and "no report.json (FileNotFoundError)" in lines[4]
+    assert orphan and lines[5].startswith("lent: FAIL cleanup (") and f"ended pid {orphan.group(1)} " in lines[5]
+    assert re.fullmatch(r"lent: FAIL all \(\d+ s of the 150 s budget\)", lines[-1]) and done.returncode == 1
+    assert not _torch_servers(tmp_path)
