@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from types import MappingProxyType, SimpleNamespace
+from types import MappingProxyType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,13 +109,17 @@ def step_load_window(out: Path) -> tuple[str, str]:
     watts = reading["energy_j"] / gemm["ours"]["wall_s"] if reading["energy_j"] is not None else None
     # The watch must tell the load apart: named as a foreign GPU process when it is not ours,
     # never when it is (NVML's pid, which in a container may be the host's: pid_namespace.py).
-    from pytest_kimiperf.server.pid_namespace import read_pid_view
+    from pytest_kimiperf.server.pid_namespace import UNMAPPABLE, read_pid_view
 
     named = {side: {pid for gpu in gemm[side]["gpus"] for pid, _ in gpu["foreign_processes"]} for side in ("ours", "foreign")}
-    load = {child.pid} | read_pid_view(nvml_pids=named["foreign"]).host_pids([child.pid])
+    view = read_pid_view(nvml_pids=named["foreign"])
+    load = {child.pid} | view.host_pids([child.pid])
     told_apart = bool(named["foreign"] & load) and not named["ours"] & load
     link = [reading.get(key) for key in ("pcie_gen", "pcie_width", "pcie_max_gen", "pcie_max_width")]
-    return ("OK" if told_apart else "FAIL"), (
+    # Where NVML's pids name no process here, the watch cannot tell the load apart by pid and
+    # bounds other GPU processes by device-level growth instead (hostwatch.py): a fact, not a fault.
+    verdict = "OK" if told_apart else ("INFO" if view.mode == UNMAPPABLE or view.unnamed(named["foreign"]) else "FAIL")
+    return verdict, (
         f"GEMM {rate / 1e12:.0f} TFLOP/s, {watts or 0:.0f} W average, power-capped {reading['power_violation_ms']} "
         f"ms, reasons {reading['throttle_reasons']}, PCIe gen/width/max {link}; load pid {child.pid} named as "
         f"foreign: {bool(named['foreign'] & load)}, as ours: {bool(named['ours'] & load)}; as ours "
@@ -137,10 +141,11 @@ def _stub_gpu_deployment() -> Any:
 
 
 def _manager(logs: Path, state: Path, say: Any) -> Any:
+    from pytest_kimiperf.config.options import script_settings
     from pytest_kimiperf.server.manager import ServerManager
 
-    settings = SimpleNamespace(deployment=_stub_gpu_deployment(), external=False, port=None, nccl_debug=False,
-                               grace_s=10.0, host_wait_s=30.0, api_key=None, command_plans={}, control=False)
+    settings = replace(script_settings("tiny-cpu", rootpath=ROOT, source="ci/gpu-bare-check.sh", grace="10",
+                                       host_wait="30"), deployment=_stub_gpu_deployment())
     return ServerManager(settings, log_dir=logs, state_dir=state, say=say, on_progress=lambda *a: None)
 
 
@@ -163,6 +168,7 @@ def step_server(out: Path) -> tuple[str, str]:
 
     said: list[str] = []
     default = BUILTIN_PROFILES["default"]
+    before = gpu_memory.gpu_memory_used_mib()
     manager = _manager(out / "logs", out / "state", said.append)
     try:
         handle = manager.acquire(default)
@@ -170,7 +176,9 @@ def step_server(out: Path) -> tuple[str, str]:
         import psutil
 
         marked = sum(1 for pid in family if psutil.Process(pid).environ().get(LAUNCH_ID_ENV))
-        held = {pid: mib for pid, mib in gpu_memory.gpu_memory_by_pid().items() if pid in family}
+        holders = gpu_memory.gpu_holders()
+        held = {pid: mib for pid, mib in holders.by_pid().items() if pid in family}
+        device_mib = sum(max(0, mib - before.get(i, 0)) for i, mib in gpu_memory.gpu_memory_used_mib().items())
         watch = HostWatch(own_pids=lambda: family)
         watch.start()
         # The stub answers every completion as a stream of SSE chunks, as vLLM does with "stream".
@@ -179,10 +187,12 @@ def step_server(out: Path) -> tuple[str, str]:
         chunks = sum(1 for text in reply.splitlines() if text.startswith("data: {"))
         measured = watch.stop()
         manager.release()
-        gpu_memory.wait_gpu_memory_freed(held, deadline_s=20.0, poll_s=0.2)
+        # Where NVML's pids name no process here the plugin accounts per GPU: so does this wait.
+        gpu_memory.wait_gpu_memory_freed(held, deadline_s=20.0, poll_s=0.2, before_mib=None if held else before)
     finally:
         manager.close()
-    first = (f"{len(family)} process(es), {marked} marked, GPU memory {held} MiB, "
+    memory = f"GPU memory {held} MiB" if held else f"GPU memory +{device_mib} MiB on the device (no pid named)"
+    first = (f"{len(family)} process(es), {marked} marked, {memory}, "
              f"{chunks} stream chunks, {measured.describe_busy(_bounds())[:60]}; freed")
     # A session SIGKILLed: its launcher's watchdog pipe closes and the launcher stops the server.
     watched = _killed_session(out, kill_launcher=False)
@@ -203,8 +213,13 @@ def step_server(out: Path) -> tuple[str, str]:
         follower.close()
     save(out, "said.json", {"first": said, "second_session": swept, "orphans": orphans, "watchdog": watchdog})
     named = [line for line in swept if "MiB of GPU memory" in line]
-    ok = bool(held) and marked == len(family) and bool(named) and "all gone" in watchdog
-    return ("OK" if ok else "FAIL"), f"{first}; {watchdog}; killed session's sweep: {named or swept[-3:]}"
+    lifecycle = marked == len(family) and bool(named) and "all gone" in watchdog
+    said_of_it = f"{first}; {watchdog}; killed session's sweep: {named or swept[-3:]}"
+    if held:
+        return ("OK" if lifecycle else "FAIL"), said_of_it
+    if holders.unnamed and device_mib > 0 and lifecycle:
+        return "INFO", f"NVML names no process here, so GPU memory is accounted per GPU, as the plugin does: {said_of_it}"
+    return "FAIL", said_of_it
 
 
 def _alive(pid: int) -> bool:

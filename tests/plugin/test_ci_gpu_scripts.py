@@ -40,14 +40,7 @@ def test_the_weight_cache_check_runs_to_its_end(simulated_gpus, tmp_path: Path) 
     assert "second boot (ring-ll): weight phase" in done.stdout
 
 
-HOLDER = """
-import sys, time
-sys.path.insert(0, {fakes!r})
-from simgpu import state
-state.hold({{0: 1024}})
-print("ready: holding 1024 MiB on GPU 0 (simulated)", flush=True)
-time.sleep(600)
-"""
+HOLD = ROOT / "tests" / "fakes" / "simgpu" / "hold.py"
 
 
 def test_the_first_run_check_runs_to_its_end(simulated_gpus, tmp_path: Path) -> None:
@@ -55,10 +48,6 @@ def test_the_first_run_check_runs_to_its_end(simulated_gpus, tmp_path: Path) -> 
     stand-in engine two checks fail, for what only a real host has: the stub writes NCCL's
     variables but no collective's choice (nccl-debug), and a node behind a launch template starts
     with a clean environment, so the simulated GPU (an environment variable) does not reach it."""
-    from tests.helpers import FAKES
-
-    holder = tmp_path / "holder.py"
-    holder.write_text(HOLDER.format(fakes=str(FAKES)))
     vllm = tmp_path / "bin" / "vllm"
     vllm.parent.mkdir()
     vllm.write_text(
@@ -69,7 +58,7 @@ def test_the_first_run_check_runs_to_its_end(simulated_gpus, tmp_path: Path) -> 
     vllm.chmod(0o755)
     out = tmp_path / "out"
     env = {**os.environ, "PYTHON": sys.executable, "FIRST_RUN_OUT": str(out), "FIRST_RUN_VLLM": str(vllm),
-           "FIRST_RUN_HOLDER": f"{sys.executable} {holder}", "BOOT_DEADLINE_S": "60"}
+           "FIRST_RUN_HOLDER": f"{sys.executable} {HOLD} hold --mib 1024", "BOOT_DEADLINE_S": "60"}
     done = subprocess.run(["bash", "ci/gpu-first-run.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     lines = done.stdout.splitlines()
@@ -85,3 +74,36 @@ def test_the_first_run_check_runs_to_its_end(simulated_gpus, tmp_path: Path) -> 
         "nccl-debug": {"FAIL"}, "weight-cache": {"OK"}, "nodes": {"FAIL"}}, done.stdout
     assert "vllm-contract: OK" in done.stdout and "nodes: FAIL node agent facts through a template: gpu.count 0" \
         in done.stdout
+
+
+GPU_MEMORY_STEP = """
+import json, sys
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from ci.gpu_bare_check import step_gpu_memory
+print(json.dumps(step_gpu_memory(Path({out!r}))))
+"""
+
+
+@pytest.mark.parametrize("pid_mode", ["local", "foreign"])
+def test_the_bare_checks_gpu_memory_step_accounts_per_gpu_where_nvml_names_no_process_here(
+    simulated_gpus, tmp_path: Path, pid_mode: str
+) -> None:
+    """NVML naming our holder: OK. In a pid namespace whose driver names the host's pids (none is a
+    process here): INFO with device-level accounting, as the plugin itself does, never FAIL."""
+    import json
+
+    if pid_mode == "foreign":
+        if subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True).returncode:
+            pytest.skip("this host refuses a pid namespace (unshare --pid --mount-proc)")
+        simulated_gpus.update(pid_mode="foreign")
+    wrap = ["unshare", "--pid", "--fork", "--mount-proc"] if pid_mode == "foreign" else []
+    env = {**os.environ, "BARE_HOLDER": f"{sys.executable} {HOLD}"}
+    done = subprocess.run([*wrap, sys.executable, "-c", GPU_MEMORY_STEP.format(root=str(ROOT), out=str(tmp_path))],
+                          capture_output=True, text=True, env=env, timeout=120)
+    verdict, text = json.loads(done.stdout.strip().splitlines()[-1])
+    if pid_mode == "local":
+        assert verdict == "OK" and "seen with 2048 MiB; freed" in text, text
+    else:
+        assert verdict == "INFO", text
+        assert text.startswith("NVML names no process here (") and "device-level accounting saw +2048 MiB" in text
