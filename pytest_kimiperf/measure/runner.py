@@ -57,6 +57,7 @@ from pytest_kimiperf.measure.engine import (
     WorkerPool,
     loop_factory,
 )
+from pytest_kimiperf.measure.cgroup_quota import QuotaWatch
 from pytest_kimiperf.measure.hostwatch import HostReading, HostWatch, NodeWatch
 from pytest_kimiperf.measure.placement import Placement, ThreadCpu, not_known, place_client, read_threads
 from pytest_kimiperf.measure.results import ProcessHealth, RequestRecord, RoundResult, RunInvalid, RunResult, say_run_invalid
@@ -457,8 +458,11 @@ InvalidReason = RunInvalid | HostBusy
 def say_invalid(reason: InvalidReason) -> str:
     """The sentence a report prints for why a measurement was not judged."""
     if isinstance(reason, HostBusy):
-        return ("; ".join(r.describe_busy(reason.bounds) for r in reason.readings)
-                + f"; measured {reason.attempts} times, disturbed every time: no verdict from a busy host")
+        said = "; ".join(r.describe_busy(reason.bounds) for r in reason.readings)
+        if not any(r.busy(reason.bounds) for r in reason.readings):
+            return (f"{said}; measured {reason.attempts} times, throttled every time: no verdict from a run its CPU "
+                    "quota held back (raise the quota, a container's CPU limit, or measure a lighter load)")
+        return f"{said}; measured {reason.attempts} times, disturbed every time: no verdict from a busy host"
     return say_run_invalid(reason)
 
 
@@ -487,7 +491,7 @@ def measure_watched(play: Callable[[int], RunResult], server: ServerHandle, depl
     HOST_RETRIES attempts). ``first`` takes the first attempt's place (pytest-benchmark's timed
     call of it)."""
     if server.external:
-        return WatchedRun(first() if first is not None else play(0))
+        return _quota_watched(play, first)
     bounds = HostBounds.from_mapping(deployment.host_bounds, source=f"deployment {deployment.name} host_bounds")
     watched = WatchedRun(run=None)  # type: ignore[arg-type]  # set by the first attempt
     for attempt in range(1 + HOST_RETRIES):
@@ -496,7 +500,8 @@ def measure_watched(play: Callable[[int], RunResult], server: ServerHandle, depl
             nodes.start()
         here = nodes.here_pids if nodes is not None else set()
         # The watch stops before the next attempt rebinds `here`.
-        watch = HostWatch(own_pids=lambda: [*own_pids(server), *here], **gpu_watch(deployment))  # noqa: B023
+        watch = HostWatch(own_pids=lambda: [*own_pids(server), *here], client_pids=lambda: client_pids(server),  # noqa: B023
+                          **gpu_watch(deployment))
         watch.start()
         with server_processes(lambda: [*server_pids(server), *here]):  # noqa: B023
             watched.run = first() if attempt == 0 and first is not None else play(attempt)
@@ -510,6 +515,21 @@ def measure_watched(play: Callable[[int], RunResult], server: ServerHandle, depl
     return watched
 
 
+def _quota_watched(play: Callable[[int], RunResult], first: Callable[[], RunResult] | None) -> WatchedRun:
+    """An attached server's measurement: the host is not watched (its processes are not known
+    here), the client's CPU quota is, and one that throttles every attempt makes it INVALID."""
+    watched = WatchedRun(run=None)  # type: ignore[arg-type]  # set by the first attempt
+    for attempt in range(1 + HOST_RETRIES):
+        quota = QuotaWatch(lambda: _trees((os.getpid(),)), client=lambda: _trees((os.getpid(),)))
+        quota.start()
+        watched.run = first() if attempt == 0 and first is not None else play(attempt)
+        reading = HostReading.of_quota(quota.stop())
+        watched.busy = host_busy((reading,), HostBounds(), attempts=attempt + 1)
+        if watched.busy is None:
+            return watched
+    return watched
+
+
 def own_pids(server: ServerHandle) -> list[int]:
     """The server's process tree and this client with its worker processes."""
     pids = []
@@ -517,6 +537,12 @@ def own_pids(server: ServerHandle) -> list[int]:
         # The xdist controller only relays reports; other workers' tests are foreign load.
         pids.append(os.getppid())
     return pids + _trees((server.pid, *server.node_pids, os.getpid()))
+
+
+def client_pids(server: ServerHandle) -> list[int]:
+    """This process and its descendants that are not the server's (its client workers)."""
+    theirs = set(server_pids(server))
+    return [pid for pid in _trees((os.getpid(),)) if pid not in theirs]
 
 
 def server_pids(server: ServerHandle) -> list[int]:
