@@ -117,12 +117,13 @@ class Placement:
 
 
 def place_client(allowed: Iterable[int], before: Mapping[int, ThreadCpu] | None, after: Mapping[int, ThreadCpu],
-                 window_s: float) -> Placement:
+                 window_s: float, *, min_cpus: int | None = None) -> Placement:
     """Where the client goes, from the server's threads ``before`` and ``after`` a window of
     ``window_s`` in which the server was busy (the warm-up); ``before`` None: not watched, so
-    a thread that may run anywhere is taken to run everywhere."""
+    a thread that may run anywhere is taken to run everywhere. Fewer CPUs than ``min_cpus``
+    (:data:`MIN_CPUS_TO_PLACE`) are too few to place the client."""
     mine = frozenset(allowed)
-    if len(mine) < MIN_CPUS_TO_PLACE:
+    if len(mine) < (MIN_CPUS_TO_PLACE if min_cpus is None else min_cpus):
         return Placement(TOO_SMALL, mine)
     server: set[int] = set()
     busy_s = 0.0

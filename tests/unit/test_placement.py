@@ -6,6 +6,7 @@ host; and a run against the paced server whose process is pinned, end to end.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -81,6 +82,21 @@ def test_a_host_too_small_to_spare_a_cpu_shares_them_and_says_so() -> None:
     assert where.how == TOO_SMALL and not where.client_cpus
     assert where.describe() == ("client not isolated: 2 CPUs (0-1) are too few to keep one from the server "
                                 "(it takes 4); normal priority, the self-check guards the stamps")
+
+
+def test_the_cpu_engine_on_two_cores_leaves_the_client_no_cpu_of_its_own() -> None:
+    recorded = json.loads((helpers.DATA / "placement" / "tiny_cpu_2core_threads.json").read_text())
+
+    def threads(sample: dict[str, dict[str, object]]) -> dict[int, ThreadCpu]:
+        return {int(tid): ThreadCpu(frozenset(t["allowed"]), t["last_cpu"], t["cpu_s"])  # type: ignore[arg-type]
+                for tid, t in sample.items()}
+
+    before, after = threads(recorded["before"]), threads(recorded["after"])
+    assert place_client({0, 1}, before, after, recorded["window_s"]).how == TOO_SMALL
+    # Were two CPUs enough to place a client, none would be left: OpenMP is pinned to CPU 0, and
+    # the API server and engine core ran on both.
+    where = place_client({0, 1}, before, after, recorded["window_s"], min_cpus=1)
+    assert where.how == NO_SPARE and where.server_cpus == {0, 1} and where.server_busy_cpus == 2
 
 
 def test_a_server_that_used_every_cpu_leaves_none() -> None:
