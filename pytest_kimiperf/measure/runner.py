@@ -5,8 +5,10 @@ test calls it directly; ``run_sweep`` plays every point of a ``ConcurrencySweep`
 ``run_scenario_async`` plays on the caller's loop.
 
 A run is: requests built once and dealt to rounds and processes (``prepare`` and
-``process_plans``), a warm-up that is never counted, the server's ``/metrics`` read, the
-rounds (each process starts together; ``engine``), ``/metrics`` read again. The runner checks
+``process_plans``), a warm-up that is never counted, the client placed off the server's CPUs
+where the host has some to spare (``placement``: the server's threads read over the warm-up,
+where :func:`server_processes` names them), the server's ``/metrics`` read, the rounds (each
+process starts together; ``engine``), ``/metrics`` read again. The runner checks
 itself while it measures (see config.deployments.HealthBounds): CPU share and event-loop latency
 of every client process, and how late each request went out. When one
 process cannot keep up, ``client_processes`` spreads the streams over several processes.
@@ -28,9 +30,10 @@ process its share of one round: specs, streams or cap, and arrival times for an 
 attempt, fresh prompts per attempt) and the server it measures; the watch (``hostwatch``, on this
 host and on the nodes behind a launch template) reads what else used the host meanwhile. A disturbed
 attempt is measured again, at most :data:`HOST_RETRIES` times; one disturbed every time makes the
-run INVALID (``WatchedRun.busy``). An attached server is measured unwatched: its processes are
-unknown here, so on this host they would count as foreign, and on another host this host says
-nothing about them.
+run INVALID (``WatchedRun.busy``); so does a CPU quota that throttled every attempt
+(``cgroup_quota``). An attached server is measured unwatched but for its client's CPU quota: its
+processes are unknown here, so on this host they would count as foreign, and on another host
+this host says nothing about them.
 """
 
 from __future__ import annotations
