@@ -396,7 +396,8 @@ def _render(data: DataSet) -> tuple[float, float] | None:
     made = data.made or f"{len(commands)} call(s) of scripts/compare_data.sh"
     print(f"`{_shown(root)}`, made by {made}:\n")
     print("```bash\n" + "\n".join(commands) + "\n```\n")
-    load_low, load_high = min(low for low, _ in host.values()), max(high for _, high in host.values())
+    load_low, load_high = (min(low for low, _ in host.values()), max(high for _, high in host.values())) if host \
+        else (math.nan, math.nan)
     ran = {tool: sorted({boot for values in by_metric.values() for boot, _ in values})
            for tools in figures.values() for tool, by_metric in tools.items()}
     rounds = max((int(call.get("ROUNDS", "1")) for call in calls), default=3)
@@ -491,10 +492,24 @@ def truth_ttft_ms(truth: Mapping[str, object]) -> dict[str, float]:
     return {s["request_id"]: (s["write_ns"][0] - s["t_arrival_ns"]) / 1e6 for s in streams if s.get("write_ns")}
 
 
+def truth_decode_tok_s(truth: Mapping[str, object]) -> list[float]:
+    """Each request's true decode speed: chunks after the first over the time from the first
+    write to the last (one token a chunk, as the paced server writes them)."""
+    streams = truth.get("streams", [])
+    assert isinstance(streams, list)
+    speeds = []
+    for s in streams:
+        writes, chunks = s.get("write_ns") or [], s.get("chunks", len(s.get("write_ns") or []))
+        if chunks > 1 and len(writes) > 1 and writes[-1] > writes[0]:
+            speeds.append((chunks - 1) / ((writes[-1] - writes[0]) / 1e9))
+    return speeds
+
+
 def _truth(root: Path) -> list[str]:
     """Both clients against the paced truth server: whose TTFT is closer, by how much, and the
     part of it the plugin's own records explain."""
     rows: dict[int, dict[str, list[tuple[float, float]]]] = {}  # streams -> tool -> (measured, true) medians
+    decode: dict[int, dict[str, list[tuple[float, float]]]] = {}  # the same for decode tok/s
     own: dict[int, list[tuple[float, float, float]]] = {}  # streams -> per-request error p50, p99; start->send p50
     for path in sorted((root / "paced").glob("*.json")):
         tool, _, tag = path.stem.partition("-")
@@ -509,6 +524,9 @@ def _truth(root: Path) -> list[str]:
         (run,) = read_run_file(measured_file)[:1]
         rows.setdefault(streams, {}).setdefault(tool, []).append(
             (run.figures["ttft_ms"].value, statistics.median(true.values())))
+        if (speeds := truth_decode_tok_s(json.loads(path.read_text()))) and "decode_tok_s" in run.figures:
+            decode.setdefault(streams, {}).setdefault(tool, []).append(
+                (run.figures["decode_tok_s"].value, statistics.median(speeds)))
         records = root / tool / f"{tag}.requests.jsonl"
         if tool == "kimiperf" and records.is_file():
             lines = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
@@ -525,8 +543,9 @@ def _truth(root: Path) -> list[str]:
              "interleaved; each cell is the mean over rounds of the tool's median TTFT less the true median of the "
              "same run.\n",
              "| streams | true TTFT ms | pytest-kimiperf: error ms | vllm bench serve: error ms | closer | by ms | "
-             "pytest-kimiperf per request: error p50 / p99 ms | pytest-kimiperf: build and send ms (p50) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "pytest-kimiperf per request: error p50 / p99 ms | pytest-kimiperf: build and send ms (p50) | "
+             "decode tok/s: true / pytest-kimiperf / bench serve |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for streams, tools in sorted(rows.items()):
         if "kimiperf" not in tools or "vllm" not in tools:
             continue
@@ -538,14 +557,18 @@ def _truth(root: Path) -> list[str]:
         per_request = (f"{statistics.fmean(e[0] for e in mine):+.3f} / {statistics.fmean(e[1] for e in mine):+.3f}"
                        if mine else "-")
         start = f"{statistics.fmean(e[2] for e in mine):.3f}" if mine else "-"
+        speeds = decode.get(streams, {})
+        speed = (f"{statistics.fmean(t for pairs in speeds.values() for _, t in pairs):.2f} / "
+                 + " / ".join(f"{statistics.fmean(m for m, _ in speeds[tool]):.2f}" if tool in speeds else "-"
+                              for tool in ("kimiperf", "vllm")) if speeds else "-")
         lines.append(f"| {streams} | {true_ms:.2f} | {plugin:+.3f} | {bench:+.3f} | {closer} | "
-                     f"{abs(abs(bench) - abs(plugin)):.2f} | {per_request} | {start} |")
+                     f"{abs(abs(bench) - abs(plugin)):.2f} | {per_request} | {start} | {speed} |")
     lines.append("\nWhy: the plugin's clock starts at the request's `send()` and stops at the kernel's receive stamp "
                  "of the chunk's bytes, so its TTFT is the server's time plus loopback. bench serve's starts at "
                  "`st = time.perf_counter()` before `session.post` (building the request, taking a pooled "
                  "connection and writing it are inside) and stops when its task has read the chunk through aiohttp "
                  "and `json.loads` (vllm/benchmarks/lib/endpoint_request_func.py): at more streams its task waits "
-                 "its turn behind the others' chunks. The last column is the part of the plugin's request that "
+                 "its turn behind the others' chunks. The build-and-send column is the part of the plugin's request that "
                  "bench serve's start would count and the plugin's does not.")
     return lines
 

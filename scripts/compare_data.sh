@@ -245,7 +245,8 @@ for path in sys.argv[1:]:
     if "/truth/paced/" in path:
         data = json.load(open(path))
         data["streams"] = [{"request_id": s["request_id"], "t_arrival_ns": s["t_arrival_ns"],
-                            "write_ns": s["write_ns"][:1]} for s in data.get("streams", [])]
+                            "write_ns": s["write_ns"][:1] + s["write_ns"][1:][-1:], "chunks": len(s["write_ns"])}
+                           for s in data.get("streams", [])]
         json.dump(data, open(path, "w"))
         continue
     try:
