@@ -223,7 +223,9 @@ class QuotaWatch:
     """Reads the CPU quotas of the processes ``pids()`` names at both ends of a window.
 
     ``client`` are the pids that are the client (this process and its workers); the others
-    are the server's. Levels are read once per cgroup whatever number of processes share it."""
+    are the server's. Levels are read once per cgroup whatever number of processes share it. A
+    cgroup first seen at the window's end (a process moved into it meanwhile) has no start to
+    count from and is left out; processes born inside the window inherit their parent's."""
 
     def __init__(self, pids: Callable[[], Iterable[int]], *, client: Callable[[], Iterable[int]],
                  proc_root: str = "/proc", clock: Callable[[], float] | None = None) -> None:

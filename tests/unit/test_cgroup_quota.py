@@ -206,3 +206,34 @@ def test_this_process_reads_its_own_cgroup_and_every_level_above_it() -> None:
     assert all(Path(level.folder, "cpu.stat").is_file() for level in in_force.levels)
     assert [level.name for level in in_force.levels][1:] == [str(Path(own).parents[i])
                                                              for i in range(len(in_force.levels) - 1)]
+
+
+def test_an_attached_servers_run_is_invalid_when_its_clients_quota_throttled_every_attempt(
+        starved_cgroup: tuple[Path, str]) -> None:
+    from pytest_kimiperf.config.deployments import TINY_CPU
+    from pytest_kimiperf.measure.results import RunResult
+    from pytest_kimiperf.measure.runner import measure_watched
+    from pytest_kimiperf.server.process import ServerHandle
+
+    folder, name = starved_cgroup
+    attached = ServerHandle(base_url="http://127.0.0.1:9", model="m", deployment="tiny-cpu", profile="default",
+                            log_path=None, external=True)
+
+    def play(attempt: int) -> RunResult:
+        time.sleep(0.5)
+        return RunResult(scenario_name=f"attempt-{attempt}", rounds=())
+
+    # A worker of this client's that the starved quota holds for the whole measurement.
+    busy = subprocess.Popen([sys.executable, "-c", helpers.BUSY, "1"])
+    try:
+        (folder / "cgroup.procs").write_text(str(busy.pid))
+        watched = measure_watched(play, attached, TINY_CPU)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert watched.run.scenario_name == "attempt-2" and watched.readings == []  # the host itself is not watched
+    assert watched.busy is not None and watched.busy.attempts == 3
+    said = say_invalid(watched.busy)
+    assert said.startswith(f"CPU quota: the CPU quota of 0.01 CPU on cgroup {name} (v") and "holds the client," in said
+    assert said.endswith("throttled every time: no verdict from a run its CPU quota held back (raise the quota, a "
+                         "container's CPU limit, or measure a lighter load)")
