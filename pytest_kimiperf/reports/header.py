@@ -17,12 +17,11 @@ from pytest_kimiperf.config.deployments import Deployment, describe_command
 from pytest_kimiperf.config.nccl.profiles import describe_args, describe_env, inherited_nccl_env
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.judge.fingerprint import Fingerprint, describe
-from pytest_kimiperf.measure.cgroup_quota import QuotaInForce
-from pytest_kimiperf.measure.placement import MIN_CPUS_TO_PLACE, cpu_list
 from pytest_kimiperf.server.weight_cache import header_lines as weight_cache_lines, profile_cache_reason, why_not_used
 
 if TYPE_CHECKING:  # the header of a run without perf tests must not import numpy and scipy
     from pytest_kimiperf.judge.baselines import HistorySpan
+    from pytest_kimiperf.measure.cgroup_quota import QuotaInForce
 
 
 def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
@@ -127,6 +126,8 @@ def fingerprint_lines(fingerprint: Fingerprint, baseline_file: Path, *, deployme
 def client_line(quota: QuotaInForce, cpus: Collection[int], *, attached: bool) -> str:
     """How the client measures on this host: its priority, where it is placed (measure/
     placement.py) on the ``cpus`` it may use, and the CPU quota in force over the run."""
+    from pytest_kimiperf.measure.placement import MIN_CPUS_TO_PLACE, cpu_list
+
     if attached:
         place = (f"not placed (the attached server's processes are not known here), on the {len(cpus)} CPU(s) "
                  f"this process may use ({cpu_list(cpus)})")
