@@ -8,8 +8,8 @@ client-bound. Each client process times the same probe on an idle loop in a fres
 
 This runs the client against the paced truth server (tests/fakes/paced_server.py) at 1 and 8
 streams, on the host as it is and with the client given less CPU: a real-time hog pinned to the
-client's core (SCHED_FIFO above the client's priority, so the client waits for it the way a
-slower core would make it wait) that runs ``--hog-duty`` of every millisecond. For each it
+client's core (SCHED_FIFO, above the client's normal priority, so the client waits for it the
+way a slower core would make it wait) that runs ``--hog-duty`` of every millisecond. For each it
 prints the loop's p50/p99, the idle loop's, the bounds in force and the verdict.
 
     python benchmarks/client_bound_host.py [--hog-duty 0.5] [--requests 20]
@@ -41,7 +41,7 @@ from pytest_kimiperf.measure.workload import Concurrency  # noqa: E402
 from pytest_kimiperf.measure.target import Target  # noqa: E402
 
 CLIENT_CORE = 1
-HOG_PRIORITY = 10  # above the client's SCHED_FIFO 5 (measure/engine.py)
+HOG_PRIORITY = 10  # real-time: above the client, which runs at normal priority (measure/placement.py)
 
 
 def _hog(duty: float, stop: multiprocessing.synchronize.Event) -> None:  # type: ignore[name-defined]

@@ -1,8 +1,21 @@
 """The plugin's measurement held against vLLM's bench serve, AIPerf and guidellm on the same server.
 
-Two data sets, both made by scripts/compare_data.sh against tiny-cpu on a shared 2-core host:
+The data sets, made by scripts/compare_data.sh against tiny-cpu:
 
-* benchmarks/data/compare_interleaved: on each of several boots, every tool ran several rounds,
+* benchmarks/data/compare_same_boots (issue 58): the plugin (normal priority, bench serve's
+  request body) and bench serve on 3 boots, 3 rounds each, interleaved, at 1, 4 and 32 streams,
+  paired over boots against the issue's targets; and both against the paced truth server
+  (tests/fakes/paced_server.py): whose TTFT is closer to the truth, by how much, and why. Its
+  run, alone on a quiet host, takes about an hour on 2 cores (timed on a busy one: the paced
+  server's rounds about 5 minutes each; a boot 2-3 minutes, then about 4.5 minutes a round, most
+  of it the 32-stream runs and each tool's start-up):
+
+      ROUNDS=3 STREAMS="1 4 32" TOOLS="kimiperf vllm" PROMPT=128 OUTPUT=64 REQUESTS=30 \
+        VLLM_DETAIL=summary UNIQUE_PROMPTS=1 TRUTH=1 OUT=benchmarks/data/compare_same_boots \
+        flock /tmp/kimiperf-engine.lock bash scripts/compare_data.sh 3
+      python benchmarks/compare_tools.py > benchmarks/compare_tools.md
+
+* benchmarks/data/compare_interleaved (before issue 58, a shared 2-core host): on each of several boots, every tool ran several rounds,
   interleaved (a round runs the tools in one order, the next in the other), one stream and a
   closed loop of four, with the same prompt and output lengths. The plugin's column is its own
   report (its definitions) and, from the same requests, its bench-serve export (vLLM's
@@ -16,10 +29,12 @@ Run: python benchmarks/compare_tools.py > benchmarks/compare_tools.md
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import math
 import re
+import shlex
 import statistics
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -48,7 +63,8 @@ SCRIPT_TOOLS = {"kimiperf": PLUGIN, "vllm": REFERENCE, "vllm_min_tokens": MIN_TO
                 "guidellm": "guidellm"}
 SHOWN = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "decode_tok_s", "output_throughput", "request_throughput")
 LEVEL = 0.95
-_NAME = re.compile(r"boot(?P<boot>\d+)(?:-c(?P<streams>\d+))?-r(?P<round>\d+)$")
+# Tags: boot<B>[-c<N>][-r<R>] (a call of one round writes no -r).
+_NAME = re.compile(r"boot(?P<boot>\d+)(?:-c(?P<streams>\d+))?(?:-r(?P<round>\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -92,7 +108,7 @@ def load_interleaved(root: Path) -> dict[int, dict[str, dict[str, dict[tuple[int
             match = _NAME.match(path.name[: -len(suffix)])
             if match is None:
                 continue  # another tool's suffix in the same folder (the plugin's two files)
-            streams, key = int(match["streams"] or 1), (int(match["boot"]), int(match["round"]))
+            streams, key = int(match["streams"] or 1), (int(match["boot"]), int(match["round"] or 1))
             for run in read_run_file(path):
                 for metric, figure in run.figures.items():
                     figures.setdefault(streams, {}).setdefault(tool, {}).setdefault(metric, {})[key] = figure.value
@@ -278,41 +294,142 @@ def _aiperf_tokens(root: Path) -> tuple[float, float]:
             statistics.median(d["usage_completion_tokens"]["p50"] for d in raw))
 
 
-def main() -> int:
-    """Print the tables and what explains their differences."""
-    figures, host = load_interleaved(INTERLEAVED), load_host(INTERLEAVED)
+@dataclass(frozen=True)
+class DataSet:
+    """One folder of scripts/compare_data.sh runs, with how it was made when its calls.txt does
+    not say (the runs before the script recorded its calls)."""
+
+    folder: Path
+    title: str
+    commands: tuple[str, ...] = ()
+    load: str = ""
+    made: str = ""
+
+
+SAME_BOOTS = ROOT / "benchmarks" / "data" / "compare_same_boots"
+# Newest first: each present folder is one part of compare_tools.md.
+DATA_SETS = (
+    DataSet(SAME_BOOTS, "The plugin against bench serve on the same boots, since issue 58"),
+    DataSet(INTERLEAVED, "Before issue 58: the plugin (SCHED_FIFO, min_tokens) against bench serve, AIPerf and "
+            "guidellm",
+            commands=('export ROUNDS=3 STREAMS="1 4" VLLM_DETAIL=summary OUT=benchmarks/data/compare_interleaved',
+                      'TOOLS="kimiperf vllm aiperf guidellm" flock /tmp/kimiperf-engine.lock nice -n 19 bash '
+                      'scripts/compare_data.sh 3',
+                      'TOOLS="kimiperf vllm vllm_min_tokens" FIRST_BOOT=4 flock /tmp/kimiperf-engine.lock nice -n 19 '
+                      'bash scripts/compare_data.sh 3'),
+            load="64 prompt and 32 output tokens, EOS ignored; one stream, 20 requests after 2 warm-up requests; a "
+                 "closed loop of 4 streams (bench serve and the plugin), 96 requests after 4 warm-up (the plugin: 3 "
+                 "rounds of 32)",
+            made="two calls of scripts/compare_data.sh (AIPERF and GUIDELLM naming those tools' commands, each in "
+                 "its own virtualenv)"),
+)
+# The issue's targets: the plugin against bench serve on the same boots, by metric and streams.
+TARGETS = ((1, "decode_tok_s"), (1, "tpot_ms"), (4, "decode_tok_s"), (4, "tpot_ms"), (32, "output_throughput"))
+TARGET_MEAN, TARGET_INTERVAL = 0.02, 0.03
+
+
+def read_calls(root: Path) -> list[dict[str, str]]:
+    """The settings of each scripts/compare_data.sh call into ``root`` (its calls.txt)."""
+    path = root / "calls.txt"
+    if not path.is_file():
+        return []
+    return [dict(token.split("=", 1) for token in shlex.split(line)) for line in path.read_text().splitlines()
+            if line.strip()]
+
+
+def _load_of(calls: Sequence[Mapping[str, str]]) -> str:
+    first = calls[0]
+    prompt, output, requests, warmup = (first.get(k, d) for k, d in
+                                        (("PROMPT", "64"), ("OUTPUT", "32"), ("REQUESTS", "20"), ("WARMUP", "2")))
+    loops = [int(n) for n in first.get("STREAMS", "1").split() if n != "1"]
+    text = f"{prompt} prompt and {output} output tokens, EOS ignored; one stream, {requests} requests after {warmup} warm-up"
+    return text + "".join(f"; a closed loop of {n} streams, {24 * n} requests after {n} warm-up (the plugin: 3 rounds "
+                          f"of {8 * n})" for n in loops)
+
+
+def _shown(folder: Path) -> Path:
+    return folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
+
+
+def _host_cpus(calls: Sequence[Mapping[str, str]]) -> str:
+    cpus = {call.get("CPUS") for call in calls} - {None}
+    return f"{cpus.pop()} CPUs" if len(cpus) == 1 else "2 cores"
+
+
+def _command(call: Mapping[str, str]) -> str:
+    boots = call.get("BOOTS", "3")
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in call.items() if k not in ("BOOTS", "CPUS") and v)
+    return f"{env} flock /tmp/kimiperf-engine.lock bash scripts/compare_data.sh {boots}"
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    """Print the tables and what explains their differences, one part per data set present
+    (``--data DIR``: that folder's runs alone, such as a smoke run's)."""
+    parser = argparse.ArgumentParser(description="The plugin against bench serve: compare_tools.md's tables.")
+    parser.add_argument("--data", type=Path, help="a folder of scripts/compare_data.sh runs (default: the committed ones)")
+    args = parser.parse_args(argv)
+    present = ([DataSet(args.data.resolve(), f"The runs in {args.data}")] if args.data is not None
+               else [data for data in DATA_SETS if (data.folder / "host.tsv").is_file()])
+    print("# The plugin held against vLLM's bench serve (and AIPerf, guidellm) on the same server\n")
+    print("Made by `python benchmarks/compare_tools.py > benchmarks/compare_tools.md` from the runs of "
+          "scripts/compare_data.sh in " + ", ".join(f"`{_shown(d.folder)}`" for d in present) + ".\n")
+    aiperf = None
+    for data in present:
+        aiperf = _render(data) or aiperf
+    if aiperf is not None:
+        osl, usage = aiperf
+        print(WHY.format(osl=f"{osl:g}", usage=f"{usage:g}", ratio=(usage - 1) / (osl - 1)).strip() + "\n")
+    print("## The readers' test data: four boots, one run of each tool a boot\n")
+    print("`tests/data/compare` (scripts/compare_data.sh, the default settings): bench serve, AIPerf and "
+          "guidellm one after another on each of four boots. Geometric mean over boots (range).\n")
+    print("\n".join(_one_run_a_boot()))
+    return 0
+
+
+def _render(data: DataSet) -> tuple[float, float] | None:
+    """One data set's part; AIPerf's token counts where it ran."""
+    root = data.folder
+    figures, host, calls = load_interleaved(root), load_host(root), read_calls(root)
     boots = sorted(host)
-    print("# The plugin held against bench serve, AIPerf and guidellm on one server\n")
-    print("Made by `python benchmarks/compare_tools.py > benchmarks/compare_tools.md` from "
-          "`benchmarks/data/compare_interleaved`, which two calls of scripts/compare_data.sh made (AIPERF and "
-          "GUIDELLM naming those tools' commands, each in its own virtualenv):\n")
-    print("```bash\nexport ROUNDS=3 STREAMS=\"1 4\" VLLM_DETAIL=summary OUT=benchmarks/data/compare_interleaved\n"
-          "TOOLS=\"kimiperf vllm aiperf guidellm\" flock /tmp/kimiperf-engine.lock nice -n 19 bash scripts/compare_data.sh 3\n"
-          "TOOLS=\"kimiperf vllm vllm_min_tokens\" FIRST_BOOT=4 flock /tmp/kimiperf-engine.lock nice -n 19 "
-          "bash scripts/compare_data.sh 3\n```\n")
+    commands = data.commands or tuple(_command(call) for call in calls)
+    print(f"## {data.title}\n")
+    made = data.made or f"{len(commands)} call(s) of scripts/compare_data.sh"
+    print(f"`{_shown(root)}`, made by {made}:\n")
+    print("```bash\n" + "\n".join(commands) + "\n```\n")
+    load_low, load_high = (min(low for low, _ in host.values()), max(high for _, high in host.values())) if host \
+        else (math.nan, math.nan)
     ran = {tool: sorted({boot for values in by_metric.values() for boot, _ in values})
            for tools in figures.values() for tool, by_metric in tools.items()}
-    print(f"tiny-cpu was booted {len(boots)} times on a 2-core host shared with other work. On each boot every "
-          "tool of the call ran 3 rounds, interleaved: a round runs the tools in one order, the next in the "
-          "reverse, and the first round's order alternates from boot to boot. Boots per tool: "
+    rounds = max((int(call.get("ROUNDS", "1")) for call in calls), default=3)
+    print(f"tiny-cpu was booted {len(boots)} time{'s' * (len(boots) != 1)} on a host of {_host_cpus(calls)} whose 1-minute load average "
+          f"read {load_low:.2f}-{load_high:.2f} around the runs"
+          f"{' (other work shared its cores)' if load_high > 2.5 else ''}. "
+          f"On each boot every tool of the call ran {rounds} round(s), "
+          "interleaved: a round runs the tools in one order, the next in the reverse, and the first round's order "
+          "alternates from boot to boot. Boots per tool: "
           + "; ".join(f"{tool} {_boot_list(b)}" for tool, b in ran.items()) + ". "
-          "Load: 64 prompt and 32 output tokens, EOS ignored; one stream, 20 requests after 2 warm-up "
-          "requests; a closed loop of 4 streams (bench serve and the plugin), 96 requests after 4 warm-up "
-          "(the plugin: 3 rounds of 32). bench serve + min_tokens is bench serve sending the plugin's request "
-          "body (`--extra-body '{\"min_tokens\": 32}'`, which the plugin's client adds to `ignore_eos`).\n")
+          f"Load: {data.load or _load_of(calls)}."
+          + (" bench serve + min_tokens is bench serve sending `min_tokens` beside `ignore_eos` (`--extra-body`), "
+             "as the plugin's client did before issue 58." if any(MIN_TOKENS in tools for tools in figures.values())
+             else "")
+          + (" Each boot first played every load once, measured by neither tool (a fresh server's first batches "
+             "of a size cost more)." if calls else "")
+          + (" bench serve drew prompts of their own for every run (a `--seed` per run), as the plugin's are "
+             "unique per request, so neither finds its prefill in the prefix cache."
+             if any(call.get("UNIQUE_PROMPTS") for call in calls) else "") + "\n")
     print("Each tool's figure is as its own file states it, read by `kimiperf compare`'s readers. "
           f"`{PLUGIN_AS_VLLM}` is the plugin's `--kimiperf-export` of the same requests, computed by bench serve's "
           "`calculate_metrics` rules: against the plugin's own column it shows the definitions alone (the same "
           "requests); against bench serve, what is left: the clients and what they send (the same definitions).\n")
-    print("**Why interleaving.** The host's load moved during the measurement (the load average column; other "
-          "work shared the two cores). Each paired difference is taken inside a boot, round by round, "
-          "between runs seconds apart, so what the host and the boot did to both tools cancels; what is left "
-          "varies from boot to boot only by the tools' own difference and noise, and the interval is over boots.\n")
-    for streams, title in ((1, "One stream"), (4, "Four streams, closed loop")):
-        tools = figures.get(streams)
-        if not tools or REFERENCE not in tools:
+    print("**Why interleaving.** The host's load can move during the measurement (the load average column). Each "
+          "paired difference is taken inside a boot, round by round, between runs seconds apart, so what the host "
+          "and the boot did to both tools cancels; what is left varies from boot to boot only by the tools' own "
+          "difference and noise, and the interval is over boots.\n")
+    server_all = load_server(root)
+    for streams, tools in sorted(figures.items()):
+        if REFERENCE not in tools:
             continue
-        print(f"## {title}\n")
+        print(f"### {'One stream' if streams == 1 else f'{streams} streams, closed loop'}\n")
         print("Each cell: the geometric mean over boots of each boot's geometric mean over its rounds "
               "(the boots' range).\n")
         print("\n".join(_summary_table(tools)) + "\n")
@@ -321,21 +438,147 @@ def main() -> int:
         print("\n".join(_per_boot_table(tools, primary, host)) + "\n")
         print("Paired against bench serve:\n")
         print("\n".join(_paired_table(tools, [t for t in tools if t != REFERENCE])) + "\n")
-        server = load_server(INTERLEAVED).get(streams, {})
+        server = server_all.get(streams, {})
         if REFERENCE in server:
             print("The server's own clock: its decode seconds per generated token over each run (`/metrics` "
                   "before and after, `vllm:request_decode_time_seconds` over generated tokens less one a "
                   "request), paired the same way:\n")
             print("\n".join(PAIRED_HEADER + [row for tool in server if tool != REFERENCE for row in _paired_row(
                 "server decode ms/token", tool, server[tool], server[REFERENCE])]) + "\n")
-    print("\n".join(_findings(figures, load_server(INTERLEAVED))) + "\n")
-    osl, usage = _aiperf_tokens(INTERLEAVED)
-    print(WHY.format(osl=f"{osl:g}", usage=f"{usage:g}", ratio=(usage - 1) / (osl - 1)).strip() + "\n")
-    print("## The readers' test data: four boots, one run of each tool a boot\n")
-    print("`tests/data/compare` (scripts/compare_data.sh, the default settings): bench serve, AIPerf and "
-          "guidellm one after another on each of four boots. Geometric mean over boots (range).\n")
-    print("\n".join(_one_run_a_boot()))
-    return 0
+    if data.folder == SAME_BOOTS or calls:
+        print("\n".join(_targets(figures)) + "\n")
+    if (root / "truth" / "paced").is_dir():
+        print("\n".join(_truth(root / "truth")) + "\n")
+    print("\n".join(_findings(figures, server_all)) + "\n")
+    return _aiperf_tokens(root) if (root / "aiperf").is_dir() else None
+
+
+def _targets(figures: Mapping[int, Mapping[str, Mapping[str, Mapping[tuple[int, int], float]]]]) -> list[str]:
+    """The issue's targets: each figure paired against bench serve within +/-2%, its interval
+    inside +/-3%."""
+    lines = ["### The targets\n",
+             f"Issue 58: paired against bench serve on the same boots, each figure within "
+             f"+/-{TARGET_MEAN:.0%} and its {LEVEL:.0%} interval over boots inside +/-{TARGET_INTERVAL:.0%}. "
+             "The plugin's own figure (what its report says) and its bench-serve export (the same requests by "
+             "bench serve's rules):\n",
+             "| streams | metric | column | mean over boots | 95% interval | boots | target |",
+             "|---|---|---|---|---|---|---|"]
+    for streams, metric in TARGETS:
+        tools = figures.get(streams, {})
+        for column in (PLUGIN, PLUGIN_AS_VLLM):
+            if metric not in tools.get(column, {}) or metric not in tools.get(REFERENCE, {}):
+                continue
+            pair = paired(tools[column][metric], tools[REFERENCE][metric])
+            if not pair.per_boot:
+                continue
+            low, high = pair.interval()
+            mean_ok = abs(math.expm1(pair.mean)) <= TARGET_MEAN
+            if math.isnan(low):
+                verdict, interval = "no interval from one boot", "-"
+            else:
+                inside = -TARGET_INTERVAL <= math.expm1(low) and math.expm1(high) <= TARGET_INTERVAL
+                verdict = "met" if mean_ok and inside else "not met"
+                interval = f"{_pct(low)} to {_pct(high)}"
+            lines.append(f"| {streams} | {METRICS[metric].heading} | {column} | {_pct(pair.mean)} | {interval} | "
+                         f"{len(pair.per_boot)} | {verdict} |")
+    return lines
+
+
+def truth_ttft_ms(truth: Mapping[str, object]) -> dict[str, float]:
+    """request id -> true TTFT (ms): the paced server's first chunk write less the kernel's
+    arrival stamp of the request's bytes."""
+    streams = truth.get("streams", [])
+    assert isinstance(streams, list)
+    return {s["request_id"]: (s["write_ns"][0] - s["t_arrival_ns"]) / 1e6 for s in streams if s.get("write_ns")}
+
+
+def truth_decode_tok_s(truth: Mapping[str, object]) -> list[float]:
+    """Each request's true decode speed: chunks after the first over the time from the first
+    write to the last (one token a chunk, as the paced server writes them)."""
+    streams = truth.get("streams", [])
+    assert isinstance(streams, list)
+    speeds = []
+    for s in streams:
+        writes, chunks = s.get("write_ns") or [], s.get("chunks", len(s.get("write_ns") or []))
+        if chunks > 1 and len(writes) > 1 and writes[-1] > writes[0]:
+            speeds.append((chunks - 1) / ((writes[-1] - writes[0]) / 1e9))
+    return speeds
+
+
+def _truth(root: Path) -> list[str]:
+    """Both clients against the paced truth server: whose TTFT is closer, by how much, and the
+    part of it the plugin's own records explain."""
+    rows: dict[int, dict[str, list[tuple[float, float]]]] = {}  # streams -> tool -> (measured, true) medians
+    decode: dict[int, dict[str, list[tuple[float, float]]]] = {}  # the same for decode tok/s
+    own: dict[int, list[tuple[float, float, float]]] = {}  # streams -> per-request error p50, p99; start->send p50
+    for path in sorted((root / "paced").glob("*.json")):
+        tool, _, tag = path.stem.partition("-")
+        match = _NAME.match(tag)
+        if match is None or tool not in ("kimiperf", "vllm"):
+            continue
+        streams = int(match["streams"] or 1)
+        true = truth_ttft_ms(json.loads(path.read_text()))
+        measured_file = root / tool / (f"{tag}.json" if tool == "kimiperf" else f"{tag}-summary.json")
+        if not true or not measured_file.is_file():
+            continue
+        (run,) = read_run_file(measured_file)[:1]
+        rows.setdefault(streams, {}).setdefault(tool, []).append(
+            (run.figures["ttft_ms"].value, statistics.median(true.values())))
+        if (speeds := truth_decode_tok_s(json.loads(path.read_text()))) and "decode_tok_s" in run.figures:
+            decode.setdefault(streams, {}).setdefault(tool, []).append(
+                (run.figures["decode_tok_s"].value, statistics.median(speeds)))
+        records = root / tool / f"{tag}.requests.jsonl"
+        if tool == "kimiperf" and records.is_file():
+            lines = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+            errors = [r["ttft_ms"] - true[r["request_id"]] for r in lines
+                      if r.get("status") == "ok" and r["request_id"] in true]
+            starts = [(r["t_send_ns"] - r["t_start_ns"]) / 1e6 for r in lines if r.get("t_start_ns")]
+            if errors and starts:
+                own.setdefault(streams, []).append((_quantile(errors, 0.5), _quantile(errors, 0.99),
+                                                    statistics.median(starts)))
+    lines = ["### Against the paced truth server\n",
+             "tests/fakes/paced_server.py streams every request 20 ms after its bytes reached the server's socket "
+             "(the kernel's receive stamp), then one token every 5 ms, and records when it wrote each chunk: the "
+             "true TTFT of a request is its first write less its arrival. Both tools ran the same loads against it, "
+             "interleaved; each cell is the mean over rounds of the tool's median TTFT less the true median of the "
+             "same run.\n",
+             "| streams | true TTFT ms | pytest-kimiperf: error ms | vllm bench serve: error ms | closer | by ms | "
+             "pytest-kimiperf per request: error p50 / p99 ms | pytest-kimiperf: build and send ms (p50) | "
+             "decode tok/s: true / pytest-kimiperf / bench serve |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for streams, tools in sorted(rows.items()):
+        if "kimiperf" not in tools or "vllm" not in tools:
+            continue
+        true_ms = statistics.fmean(t for pairs in tools.values() for _, t in pairs)
+        plugin = statistics.fmean(m - t for m, t in tools["kimiperf"])
+        bench = statistics.fmean(m - t for m, t in tools["vllm"])
+        closer = PLUGIN if abs(plugin) < abs(bench) else REFERENCE
+        mine = own.get(streams, [])
+        per_request = (f"{statistics.fmean(e[0] for e in mine):+.3f} / {statistics.fmean(e[1] for e in mine):+.3f}"
+                       if mine else "-")
+        start = f"{statistics.fmean(e[2] for e in mine):.3f}" if mine else "-"
+        speeds = decode.get(streams, {})
+        speed = (f"{statistics.fmean(t for pairs in speeds.values() for _, t in pairs):.2f} / "
+                 + " / ".join(f"{statistics.fmean(m for m, _ in speeds[tool]):.2f}" if tool in speeds else "-"
+                              for tool in ("kimiperf", "vllm")) if speeds else "-")
+        lines.append(f"| {streams} | {true_ms:.2f} | {plugin:+.3f} | {bench:+.3f} | {closer} | "
+                     f"{abs(abs(bench) - abs(plugin)):.2f} | {per_request} | {start} | {speed} |")
+    lines.append("\nWhy: the plugin's clock starts at the request's `send()` and stops at the kernel's receive stamp "
+                 "of the chunk's bytes, so its TTFT is the server's time plus loopback. bench serve's starts at "
+                 "`st = time.perf_counter()` before `session.post` (building the request, taking a pooled "
+                 "connection and writing it are inside) and stops when its task has read the chunk through aiohttp "
+                 "and `json.loads` (vllm/benchmarks/lib/endpoint_request_func.py): at more streams its task waits "
+                 "its turn behind the others' chunks. The build-and-send column is the part of the plugin's request that "
+                 "bench serve's start would count and the plugin's does not.")
+    return lines
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 WHY = """
@@ -353,7 +596,7 @@ The plugin's definitions are measure/results.py's, bench serve's are vLLM 0.32's
   TTFT against bench serve's is the clients' start.
 - **TPOT and E2EL: the same definition.** Both end at the last chunk carrying `choices`
   (bench serve's `latency = most_recent_timestamp - st`), and TPOT is (E2EL - TTFT) / (tokens - 1)
-  with the server's `usage.completion_tokens` (32 here), the median over requests. The plugin's
+  with the server's `usage.completion_tokens`, the median over requests. The plugin's
   E2EL starts later (at `send()`) for the reason above.
 - **Decode tok/s.** The plugin's is each request's (tokens - 1) / (last chunk - first chunk), the
   median over requests; bench serve writes none, and the reader takes 1000 / median TPOT: the
@@ -375,7 +618,7 @@ The plugin's definitions are measure/results.py's, bench serve's are vLLM 0.32's
   Its client is several processes (workers, record processors, a dataset manager, joined by ZMQ)
   on the same two cores as the server, which slows the server it measures.
 - **guidellm: which distribution.** Its per-token metrics weight each request by its tokens (all
-  32 here, so the medians agree with per-request ones); it sends no warm-up request, so its
+  the same here, so the medians agree with per-request ones); it sends no warm-up request, so its
   first request carries the server's first-request cost, and its throughput is the mean of its
   rate over the run.
 - **What is left is not definition.** Where the definitions agree (TTFT, TPOT, E2EL and decode:
@@ -383,7 +626,7 @@ The plugin's definitions are measure/results.py's, bench serve's are vLLM 0.32's
   serve is the clients and what they send, and the host: bench serve sends random-token prompts
   drawn from `--seed 0`, the same in every round of a boot (so later rounds may find their prefill
   in the prefix cache), the plugin prompts built to length with `/tokenize`, unique per request,
-  and `min_tokens` beside `ignore_eos`. The server's clock tells the two kinds of cause apart: a
+  and (before issue 58) `min_tokens` beside `ignore_eos`. The server's clock tells the two kinds of cause apart: a
   client that mismeasures moves only its own figure; a server that really decoded slower during
   one tool's runs moves its own decode time per token too. bench serve + min_tokens tests the last: vLLM's `MinTokensLogitsProcessor`
   (vllm/v1/sample/logits_processor/builtin.py) is not argmax-invariant, so it runs on every
@@ -397,4 +640,4 @@ The plugin's definitions are measure/results.py's, bench serve's are vLLM 0.32's
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -235,8 +235,9 @@ class ServerThrottle:
         return signalled
 
     def _run(self) -> None:
-        # Above the measuring client's SCHED_FIFO priority: a throttle that waits for the CPU
-        # sends its SIGSTOPs late and the server runs unthrottled (seen once in CI).
+        # Real-time, above the server and its measuring client: a throttle that waits for the CPU
+        # sends its SIGSTOPs late and the server runs unthrottled (seen once in CI, when the
+        # client itself ran at SCHED_FIFO).
         try:
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(20))
         except (AttributeError, OSError):

@@ -232,13 +232,15 @@ class KimiperfSession:
         return lines
 
     def _fingerprint_lines(self) -> list[str]:
-        from pytest_kimiperf.reports.header import fingerprint_lines
+        from pytest_kimiperf.measure.cgroup_quota import read_quota_in_force
+        from pytest_kimiperf.reports.header import client_line, fingerprint_lines
 
         run = self.run
         run.fingerprint_shown = True
         loaded = run.baselines()
+        client = client_line(read_quota_in_force(), os.sched_getaffinity(0), attached=run.settings.external)
         return fingerprint_lines(run.fingerprint(), loaded.path, deployment=run.settings.deployment,
-                                 span=loaded.span(), host=run.host())
+                                 span=loaded.span(), host=run.host(), client=client)
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         """Every test that needs the server runs once per selected NCCL profile and boot slot

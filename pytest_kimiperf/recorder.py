@@ -344,8 +344,9 @@ def host_watched(watched: WatchedRun) -> HostWatched | None:
         return None
     last = watched.readings[-1]
     shortfalls = tuple(s for gpu in last.gpus if (s := gpu.pcie_shortfall()) is not None)
+    placed = (str(said),) if (said := watched.run.client_placement.get("said")) else ()
     return HostWatched(
         attempts=len(watched.readings), foreign_cpu_share=last.foreign_cpu_share, steal_share=last.steal_share,
         blind=tuple(last.blind), psi=tuple(sorted(last.psi.items())),
         nodes=tuple((node.node, node.foreign_cpu_share) for node in watched.node_readings),
-        nodes_here=tuple(watched.nodes_here), remarks=(*last.own_throttling(), *shortfalls))
+        nodes_here=tuple(watched.nodes_here), remarks=(*last.own_throttling(), *shortfalls, *last.quota_remarks(), *placed))

@@ -220,3 +220,58 @@ def percent_after(text: str, prefix: str) -> float:
     found = re.search(re.escape(prefix) + r"\s*([+-]\d+(?:\.\d+)?)%", " ".join(text.split()))
     assert found, f"no percentage after {prefix!r} in the output"
     return float(found.group(1))
+
+
+def quota_cgroup(quota_us: int, period_us: int = 100_000) -> tuple[Path, str] | str:
+    """A new cgroup of this host's cpu controller, beside the caller's, that holds ``quota_us``
+    of CPU per ``period_us``: its folder and its path in the hierarchy; else why none can be
+    made here (a string: the caller skips with it). :func:`remove_cgroup` takes it away."""
+    import os
+
+    from pytest_kimiperf.measure.cgroup_quota import process_cgroup_dirs
+
+    levels = process_cgroup_dirs()
+    if not levels:
+        return "no cpu cgroup controller is mounted here"
+    mine = levels[0]
+    name = f"kimiperf-test-{os.getpid()}-{quota_us}"
+    folder = Path(mine.folder).parent / name if mine.name != "/" else Path(mine.folder) / name
+    path = str(Path(mine.name).parent / name) if mine.name != "/" else f"/{name}"
+    try:
+        if mine.version == 2:
+            # v2 lets a cgroup with processes hand the cpu controller to children only at the root.
+            if mine.name != "/":
+                return f"cgroup v2 here ({mine.name}) cannot give a new child the cpu controller beside this process"
+            (Path(mine.folder) / "cgroup.subtree_control").write_text("+cpu")
+        folder.mkdir()
+        if mine.version == 1:
+            (folder / "cpu.cfs_period_us").write_text(str(period_us))
+            (folder / "cpu.cfs_quota_us").write_text(str(quota_us))
+        else:
+            (folder / "cpu.max").write_text(f"{quota_us} {period_us}")
+    except OSError as error:
+        with_cleanup = folder.is_dir()
+        if with_cleanup:
+            folder.rmdir()
+        return f"cannot make a cgroup with a CPU quota at {folder}: {error}"
+    return folder, path
+
+
+def remove_cgroup(folder: Path) -> None:
+    """Kill what is left in a cgroup :func:`quota_cgroup` made, then remove it."""
+    import time
+
+    for pid in (folder / "cgroup.procs").read_text().split():
+        try:
+            psutil.Process(int(pid)).kill()
+        except psutil.Error:
+            pass
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            folder.rmdir()
+            return
+        except OSError:  # EBUSY until the killed processes have left it
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

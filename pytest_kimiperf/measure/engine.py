@@ -4,7 +4,8 @@
 closed-loop streams or open-loop arrivals, every request through one ``StreamingClient``. While it
 plays, :class:`~pytest_kimiperf.measure.loop_probe.LoopProbe` times how late the loop runs a
 callback and the process's CPU share is taken (see config.deployments.HealthBounds), the measured
-part runs at real-time priority where the OS allows it, and the garbage collector is held off.
+part runs on the CPUs the plan places it on (placement.py: off the server's where the host has
+CPUs to spare; always at normal priority), and the garbage collector is held off.
 :class:`WorkerPool` runs one Engine per worker process when ``client_processes`` spreads the
 streams; their ``perf_counter_ns`` stamps (CLOCK_MONOTONIC) are system-wide on Linux, so records
 merge. One process handled 128 streams x 200 tok/s (25,600 chunks/s) at ~0.3 of a core on the
@@ -29,7 +30,8 @@ from typing import Any
 
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.measure.client import RequestSpec, StreamingClient
-from pytest_kimiperf.measure.loop_probe import LoopProbe, host_idle_loop_latency_ms, realtime_priority
+from pytest_kimiperf.measure.loop_probe import LoopProbe, host_idle_loop_latency_ms
+from pytest_kimiperf.measure.placement import placed
 from pytest_kimiperf.measure.results import ProcessHealth, RequestRecord
 from pytest_kimiperf.measure.workload import REUSED_MARK
 
@@ -74,6 +76,8 @@ class ProcessPlan:
     # Closed loop with a time budget: reuse the specs in turn until the time is up.
     cycle: bool
     start_ns: int = 0
+    # The CPUs the measured part runs on (placement.Placement.client_cpus; empty: not placed).
+    client_cpus: frozenset[int] = frozenset()
 
 
 class Engine:
@@ -105,11 +109,11 @@ class Engine:
         gc.collect()
         gc.disable()
         try:
-            idle = await asyncio.to_thread(host_idle_loop_latency_ms)
+            idle = await asyncio.to_thread(host_idle_loop_latency_ms, tuple(sorted(plan.client_cpus)))
             delay_s = (plan.start_ns - time.perf_counter_ns()) / 1e9
             if delay_s > 0:
                 await asyncio.sleep(delay_s)
-            with realtime_priority():
+            with placed(plan.client_cpus):
                 probe = LoopProbe(asyncio.get_running_loop())
                 cpu_start_s = time.process_time()
                 wall_start_ns = time.perf_counter_ns()
@@ -126,7 +130,8 @@ class Engine:
         finally:
             if gc_was_enabled:
                 gc.enable()
-        return records, ProcessHealth(cpu_fraction, tuple(probe.latencies_ms), wall_s, idle)
+        return records, ProcessHealth(cpu_fraction, tuple(probe.latencies_ms), wall_s, idle,
+                                      tuple(sorted(plan.client_cpus)))
 
     async def _closed_loop(self, plan: ProcessPlan, start_ns: int) -> list[RequestRecord]:
         records: list[RequestRecord] = []

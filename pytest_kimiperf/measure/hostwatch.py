@@ -6,7 +6,9 @@ around each measured round: **foreign CPU** (the host's busy time from ``/proc/s
 own processes' time, as a share of all cores: unlike summing other processes, this also catches
 short-lived ones such as compiler jobs that start and exit between two process listings),
 **steal** (``/proc/stat``), **PSI** ``some`` totals (``/proc/pressure``) where the kernel has
-them, and on GPU hosts through NVML: other processes on the deployment's GPUs, clock-event
+them, the **CPU quota** of the client's and the server's cgroups and what it throttled
+(cgroup_quota.py: a quota that throttles a window disturbs it like a busy host), and on GPU
+hosts through NVML: other processes on the deployment's GPUs, clock-event
 (throttle) reasons, SM clock, temperature and power at the window's two ends. The module holds,
 in order:
 
@@ -49,6 +51,7 @@ import psutil
 
 from pytest_kimiperf.config.deployments import CLOCK_EVENT_REASON_BITS, HostBounds
 from pytest_kimiperf.config.nodes import Node
+from pytest_kimiperf.measure.cgroup_quota import QuotaWatch, QuotaWindow
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.server.cluster import agent_argv, run_agent
 from pytest_kimiperf.server.gpu import nvml_failures
@@ -431,11 +434,36 @@ class HostReading:
     blind: tuple[str, ...] = ()
     # "" for this machine; else the node of a multi-node deployment it was read on (the node watch, below).
     node: str = ""
+    # Every CPU quota on the client's and the server's cgroups and what it throttled in the window.
+    cpu_quota: tuple[QuotaWindow, ...] = ()
+
+    @classmethod
+    def of_quota(cls, windows: Sequence[QuotaWindow]) -> HostReading:
+        """A reading of the CPU quota alone: an attached server's run, whose host is not watched
+        but whose client's cgroup is."""
+        wall_s = max((w.wall_s for w in windows), default=0.0)
+        return cls(wall_s=wall_s, cpu_count=0, foreign_cpu_share=0.0, steal_share=0.0, psi={}, top_foreign=(),
+                   cpu_quota=tuple(windows))
 
     def disturbances(self, bounds: HostBounds) -> list[str]:
-        """One human line per bound this window exceeded; [] when the host was quiet enough."""
-        found = self._disturbances(bounds)
+        """One human line per bound this window exceeded and per CPU quota that throttled it;
+        [] when the host was quiet enough."""
+        found = [*self._disturbances(bounds), *self.quota_throttling()]
         return [f"on node {self.node}, {line}" for line in found] if self.node else found
+
+    def busy(self, bounds: HostBounds) -> bool:
+        """Did other work break a bound (a CPU quota's throttling aside)?"""
+        return bool(self._disturbances(bounds))
+
+    def quota_throttling(self) -> list[str]:
+        """One line per CPU quota that throttled the window's processes: any throttling counts,
+        since a throttled period stops every process of the cgroup until the next one."""
+        return [window.describe() for window in self.cpu_quota if window.throttled()]
+
+    def quota_remarks(self) -> list[str]:
+        """The quotas in force that did not throttle the window: part of the measurement's
+        conditions, said beside it."""
+        return [window.describe() for window in self.cpu_quota if not window.throttled()]
 
     def _disturbances(self, bounds: HostBounds) -> list[str]:
         found: list[str] = []
@@ -516,9 +544,13 @@ class HostReading:
         return found
 
     def describe_busy(self, bounds: HostBounds) -> str:
-        """One line for a verdict: ``host busy: ...`` naming every bound exceeded, else ``host quiet: ...``."""
-        if found := self.disturbances(bounds):
-            return "host busy: " + "; ".join(found)
+        """One line for a verdict: ``host busy: ...`` naming every bound exceeded and ``CPU
+        quota: ...`` every quota that throttled, else ``host quiet: ...``."""
+        busy, quota = self._disturbances(bounds), self.quota_throttling()
+        if busy or quota:
+            where = f"on node {self.node}, " if self.node else ""
+            parts = [f"host busy: {where}" + "; ".join(busy)] if busy else []
+            return "; ".join(parts + ([f"CPU quota: {where}" + "; ".join(quota)] if quota else []))
         if self.blind:
             return "host unwatched: " + "; ".join(self.blind)
         cpu, steal = _pct(self.foreign_cpu_share), _pct(self.steal_share)
@@ -543,7 +575,9 @@ class HostReading:
             top = tuple(ForeignProcess(**p) for p in data["top_foreign"])
             psi = {str(k): float(v) for k, v in data["psi"].items()}
             notes, blind = tuple(data.get("notes", ())), tuple(data.get("blind", ()))
-            return cls(**{**data, "psi": psi, "top_foreign": top, "gpus": gpus, "notes": notes, "blind": blind})
+            quota = tuple(QuotaWindow(**w) for w in data.get("cpu_quota", ()))
+            return cls(**{**data, "psi": psi, "top_foreign": top, "gpus": gpus, "notes": notes, "blind": blind,
+                          "cpu_quota": quota})
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise KimiperfError(f"not a host reading ({type(error).__name__}: {error}): {data!r:.200}") from None
 
@@ -617,10 +651,12 @@ class HostWatch:
     """Watches the host during one measured window.
 
     ``own_pids`` is asked at start and at stop (children come and go) and the union is ours;
-    the process running the watch is always ours. NVML reports pids of the host PID namespace:
-    in a container ours are mapped to them through NSpid, and where the container's /proc shows
-    no host pid the bound on other GPU processes is off, with a note (server/pid_namespace.py).
-    GPU values are sampled at the two ends of the window.
+    the process running the watch is always ours; ``client_pids`` says which of them are the
+    client (by default this process), the rest being the server, when a CPU quota is named.
+    NVML reports pids of the host PID namespace: in a container ours are mapped to them through
+    NSpid, and where the container's /proc shows no host pid the bound on other GPU processes is
+    off, with a note (server/pid_namespace.py). GPU values are sampled at the two ends of the
+    window.
     """
 
     def __init__(
@@ -631,6 +667,7 @@ class HostWatch:
         nvml: Any | None = None,
         proc_root: str = "/proc",
         clock: Callable[[], float] = time.monotonic,
+        client_pids: Callable[[], Iterable[int]] | None = None,
     ) -> None:
         self._own_pids = own_pids
         self._gpu_indices = tuple(gpu_indices)
@@ -642,6 +679,8 @@ class HostWatch:
         self._gpu_samples: dict[int, list[GpuReading]] | None = None
         self._started_us = 0
         self._notes: list[str] = []
+        # Which of ours are the client, for naming a quota's cgroup (by default this process).
+        self._quota = QuotaWatch(own_pids, client=client_pids or (lambda: [os.getpid()]), proc_root=proc_root)
 
     def _sample_gpus(self, since_us: int | None = None) -> None:
         assert self._gpu_samples is not None
@@ -673,6 +712,7 @@ class HostWatch:
             except nvml_failures(self._nvml) as error:
                 self._notes.append(f"NVML: {error}")
         self._own_at_start = set(self._own_pids())
+        self._quota.start()
         # The process table is read outside the /proc/stat reads at both ends, so our own time
         # spans the host window: this timing error leans towards "quiet", by a few ms.
         self._start = self._snapshot(read_processes())
@@ -684,7 +724,7 @@ class HostWatch:
         stop = self._snapshot({})
         own = self._own_at_start | set(self._own_pids()) | {os.getpid()}
         stop = replace(stop, processes=read_processes())  # after /proc/stat: see start()
-        reading = compare_snapshots(self._start, stop, own, describe_pid)
+        reading = replace(compare_snapshots(self._start, stop, own, describe_pid), cpu_quota=self._quota.stop())
         self._start = None
         gpus: tuple[GpuReading, ...] = ()
         if self._gpu_samples is not None and self._nvml is not None:

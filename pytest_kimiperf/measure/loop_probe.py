@@ -8,15 +8,14 @@ process itself does to its loop (a thread holding the GIL, a callback that block
 against the run: an idle probe inside that process would be starved by the same thread and raise
 the bound with it.
 
-Run as ``python -m pytest_kimiperf.measure.loop_probe``: it prints the idle latencies (ms) as
-one JSON list. Only the standard library is imported, so the child starts in a fraction of a
-second.
+Run as ``python -m pytest_kimiperf.measure.loop_probe [CPU ...]``: on those CPUs (the measured
+rounds' placement), it prints the idle latencies (ms) as one JSON list. Only the standard
+library is imported, so the child starts in a fraction of a second.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import os
@@ -24,7 +23,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
 PROBE_INTERVAL_S = 0.002
 # How long the idle loop is timed: 125 probe intervals.
@@ -88,59 +86,32 @@ def set_thread_timer_slack_ns(slack_ns: int) -> None:
         pass
 
 
-@contextlib.contextmanager
-def realtime_priority() -> Iterator[None]:
-    """Run the measured part at SCHED_FIFO where the OS allows it, then restore.
-
-    On a host where the server shares cores with the client (the 2-core CPU deployment: API
-    server, engine core and client on one core), the scheduler can hold the client off the CPU
-    for 100+ ms; chunks then pile up and are read, and stamped, together. The client uses a
-    small fraction of a core, so letting it preempt costs the server little and keeps stamps
-    on time. Linux applies the policy per thread (the probe thread, started inside, inherits
-    it); without CAP_SYS_NICE this is a no-op and the self-check still guards the numbers.
-    """
-    try:
-        before = os.sched_getscheduler(0), os.sched_getparam(0)
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(_CLIENT_RT_PRIORITY))
-    except (AttributeError, OSError):
-        yield
-        return
-    try:
-        yield
-    finally:
-        os.sched_setscheduler(0, before[0], before[1])
-
-
-# Low among real-time priorities: above every normal process, below kernel threads and
-# anything an administrator set up as real-time.
-_CLIENT_RT_PRIORITY = 5
-
-
 def idle_loop_latency_ms() -> tuple[float, ...]:
-    """The probe on a fresh event loop with nothing to do, for ``IDLE_PROBE_S``, at the
-    priority the measured rounds run at (in this process: the child's entry point)."""
+    """The probe on a fresh event loop with nothing to do, for ``IDLE_PROBE_S`` (in this
+    process: the child's entry point)."""
     loop = asyncio.new_event_loop()
     try:
-        with realtime_priority():
-            probe = LoopProbe(loop)
-            probe.start()
-            try:
-                loop.run_until_complete(asyncio.sleep(IDLE_PROBE_S))
-            finally:
-                probe.stop()
+        probe = LoopProbe(loop)
+        probe.start()
+        try:
+            loop.run_until_complete(asyncio.sleep(IDLE_PROBE_S))
+        finally:
+            probe.stop()
         return tuple(probe.latencies_ms)
     finally:
         loop.close()
 
 
 @functools.cache
-def host_idle_loop_latency_ms() -> tuple[float, ...]:
-    """What an idle loop reads on this host, timed once per process in a fresh interpreter;
-    empty where the child could not tell (then the absolute bounds stay in force).
-    ``host_idle_loop_latency_ms.cache_clear()`` times it again (a benchmark that slows the host)."""
+def host_idle_loop_latency_ms(cpus: tuple[int, ...] = ()) -> tuple[float, ...]:
+    """What an idle loop reads on this host, timed once per process (and per placement) in a
+    fresh interpreter, on ``cpus`` where the measured rounds are placed (placement.py; empty:
+    where the scheduler puts it); empty where the child could not tell (then the absolute
+    bounds stay in force). ``host_idle_loop_latency_ms.cache_clear()`` times it again (a
+    benchmark that slows the host)."""
     try:
         done = subprocess.run(
-            [sys.executable, "-m", __name__], capture_output=True, text=True,
+            [sys.executable, "-m", __name__, *map(str, cpus)], capture_output=True, text=True,
             timeout=_IDLE_CHILD_TIMEOUT_S, check=True,
         )
         return tuple(float(x) for x in json.loads(done.stdout))
@@ -149,4 +120,6 @@ def host_idle_loop_latency_ms() -> tuple[float, ...]:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:]:  # the CPUs the measured rounds run on
+        os.sched_setaffinity(0, {int(cpu) for cpu in sys.argv[1:]})
     print(json.dumps(idle_loop_latency_ms()))

@@ -300,6 +300,8 @@ class ProcessHealth:
     wall_s: float
     # The same probe with the process's loop idle, before its first round (engine.py).
     idle_loop_latency_ms: tuple[float, ...] = ()
+    # The CPUs the process ran the round on (placement.py; empty: where the scheduler put it).
+    cpus: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict with the loop-latency distribution summarized."""
@@ -312,6 +314,7 @@ class ProcessHealth:
             "idle_loop_latency_p50_ms": round(median(idle), 4) if (idle := self.idle_loop_latency_ms) else None,
             "idle_loop_latency_p99_ms": round(percentile(idle, 99), 4) if idle else None,
             "wall_s": round(self.wall_s, 4),
+            "cpus": list(self.cpus),
         }
 
 
@@ -402,6 +405,8 @@ class RunResult:
     # The offered load in bench serve's terms (workload.load_facts): what the exports need to
     # say which --max-concurrency / --request-rate this run stands for.
     load: Mapping[str, Any] = field(default_factory=dict)
+    # Where the client ran its measured rounds and why (placement.Placement.to_json()).
+    client_placement: Mapping[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ records
 
@@ -554,7 +559,7 @@ class RunResult:
             total_token_throughput=(sum(r.prompt_tokens + r.output_tokens for r in valid) / wall if wall > 0 else 0.0),
             stats=stats, send_lag_p99_ms=percentile(lags, 99) if lags else None, notes=self.notes,
             server_metrics=tuple(dict(view) for view in self.server_metrics), load=dict(self.load),
-            requests=tuple(self.records),
+            requests=tuple(self.records), client_placement=dict(self.client_placement),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -610,6 +615,7 @@ class RunSummary:
     server_metrics: tuple[Mapping[str, Any], ...] = ()  # server_view.ServerView.to_json() each
     load: Mapping[str, Any] = field(default_factory=dict)  # workload.load_facts
     requests: tuple[RequestRecord, ...] = ()
+    client_placement: Mapping[str, Any] = field(default_factory=dict)  # placement.Placement.to_json()
 
     def stat(self, metric: str, which: str) -> float | None:
         """``which`` ("mean", "median", "std") of a per-request metric; None when it has none."""
@@ -643,6 +649,7 @@ class RunSummary:
         result["notes"] = list(self.notes)
         result["server_metrics"] = [dict(view) for view in self.server_metrics]
         result["load"] = dict(self.load)
+        result["client_placement"] = dict(self.client_placement)
         # Every measured request's timeline: the raw data behind the figures, and what the
         # bench-serve and JSON Lines exports are written from (reports/export.py).
         result["requests"] = [r.to_json() for r in self.requests]
@@ -681,6 +688,7 @@ class RunSummary:
             server_metrics=tuple(dict(v) for v in data.get("server_metrics") or ()),
             load=dict(data.get("load") or {}),
             requests=tuple(RequestRecord.from_json(r) for r in data.get("requests") or ()),
+            client_placement=dict(data.get("client_placement") or {}),
         )
 
 

@@ -5,8 +5,10 @@ test calls it directly; ``run_sweep`` plays every point of a ``ConcurrencySweep`
 ``run_scenario_async`` plays on the caller's loop.
 
 A run is: requests built once and dealt to rounds and processes (``prepare`` and
-``process_plans``), a warm-up that is never counted, the server's ``/metrics`` read, the
-rounds (each process starts together; ``engine``), ``/metrics`` read again. The runner checks
+``process_plans``), a warm-up that is never counted, the client placed off the server's CPUs
+where the host has some to spare (``placement``: the server's threads read over the warm-up,
+where :func:`server_processes` names them), the server's ``/metrics`` read, the rounds (each
+process starts together; ``engine``), ``/metrics`` read again. The runner checks
 itself while it measures (see config.deployments.HealthBounds): CPU share and event-loop latency
 of every client process, and how late each request went out. When one
 process cannot keep up, ``client_processes`` spreads the streams over several processes.
@@ -28,17 +30,20 @@ process its share of one round: specs, streams or cap, and arrival times for an 
 attempt, fresh prompts per attempt) and the server it measures; the watch (``hostwatch``, on this
 host and on the nodes behind a launch template) reads what else used the host meanwhile. A disturbed
 attempt is measured again, at most :data:`HOST_RETRIES` times; one disturbed every time makes the
-run INVALID (``WatchedRun.busy``). An attached server is measured unwatched: its processes are
-unknown here, so on this host they would count as foreign, and on another host this host says
-nothing about them.
+run INVALID (``WatchedRun.busy``); so does a CPU quota that throttled every attempt
+(``cgroup_quota``). An attached server is measured unwatched but for its client's CPU quota: its
+processes are unknown here, so on this host they would count as foreign, and on another host
+this host says nothing about them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -55,7 +60,9 @@ from pytest_kimiperf.measure.engine import (
     WorkerPool,
     loop_factory,
 )
+from pytest_kimiperf.measure.cgroup_quota import QuotaWatch
 from pytest_kimiperf.measure.hostwatch import HostReading, HostWatch, NodeWatch
+from pytest_kimiperf.measure.placement import Placement, ThreadCpu, not_known, place_client, read_threads
 from pytest_kimiperf.measure.results import ProcessHealth, RequestRecord, RoundResult, RunInvalid, RunResult, say_run_invalid
 from pytest_kimiperf.measure.server_view import ServerView, Snapshot, fetch_snapshot
 from pytest_kimiperf.measure.target import Target
@@ -239,34 +246,74 @@ class _ServerWatch:
                 self.view = ServerView.between(self._before, after).to_json()
 
 
-def _stamped(plans: Sequence[ProcessPlan], margin_ns: int) -> tuple[int, list[ProcessPlan]]:
-    """The plans with a common start time ``margin_ns`` from now."""
+def _stamped(plans: Sequence[ProcessPlan], margin_ns: int,
+             placement: Placement | None = None) -> tuple[int, list[ProcessPlan]]:
+    """The plans with a common start time ``margin_ns`` from now, on the placement's CPUs."""
     start_ns = time.perf_counter_ns() + margin_ns
-    return start_ns, [replace(plan, start_ns=start_ns) for plan in plans]
+    cpus = placement.client_cpus if placement is not None else frozenset()
+    return start_ns, [replace(plan, start_ns=start_ns, client_cpus=cpus) for plan in plans]
+
+
+# The server's processes, where the caller knows them (measure_watched: a server this session
+# booted): runs started inside place their client off the server's CPUs.
+_SERVER_PIDS: ContextVar[Callable[[], Sequence[int]] | None] = ContextVar("kimiperf_server_pids", default=None)
+
+
+@contextlib.contextmanager
+def server_processes(pids: Callable[[], Sequence[int]]) -> Iterator[None]:
+    """Runs started inside this block know the server's processes (``pids()``, asked when the
+    warm-up starts and ends), so their client is placed off the server's CPUs (placement.py)."""
+    token = _SERVER_PIDS.set(pids)
+    try:
+        yield
+    finally:
+        _SERVER_PIDS.reset(token)
+
+
+class _Placer:
+    """Watches the server's threads over the warm-up and places the measured rounds' client."""
+
+    def __init__(self) -> None:
+        self._pids = _SERVER_PIDS.get()
+        self._before: dict[int, ThreadCpu] | None = None
+        self._t0_s = 0.0
+
+    def warmup_starts(self, warmup: bool) -> None:
+        if self._pids is not None and warmup:
+            self._before, self._t0_s = read_threads(self._pids()), time.monotonic()
+
+    def place(self) -> Placement:
+        """Where the measured rounds run (called once the warm-up is over)."""
+        if self._pids is None:
+            return not_known()
+        window_s = time.monotonic() - self._t0_s
+        return place_client(os.sched_getaffinity(0), self._before, read_threads(self._pids()), window_s)
 
 
 async def _play_in_loop(config: EngineConfig, scenario: Scenario, prepared: Prepared,
-                        watch: _ServerWatch) -> list[RoundResult]:
+                        watch: _ServerWatch, placer: _Placer) -> tuple[list[RoundResult], Placement]:
     """Warm-up and rounds on the running loop, one connection pool throughout."""
     engine = Engine(config)
     results: list[RoundResult] = []
     try:
+        await asyncio.to_thread(placer.warmup_starts, bool(prepared.warmup))
         if prepared.warmup:
             warmup = process_plans(scenario, prepared.warmup, round_index=None, cycle=False, processes=1)
             await engine.execute(_stamped(warmup, 0)[1][0])
+        placement = await asyncio.to_thread(placer.place)
         await asyncio.to_thread(watch.before)
         for k, specs in enumerate(prepared.rounds):
             plans = process_plans(scenario, specs, round_index=k, cycle=prepared.cycle, processes=1)
-            start_ns, stamped = _stamped(plans, 0)
+            start_ns, stamped = _stamped(plans, 0, placement)
             results.append(round_result(start_ns, [await engine.execute(stamped[0])]))
         await asyncio.to_thread(watch.after)
     finally:
         await engine.close()
-    return results
+    return results, placement
 
 
 def _play_in_workers(configs: Sequence[EngineConfig], scenario: Scenario, prepared: Prepared,
-                     watch: _ServerWatch) -> list[RoundResult]:
+                     watch: _ServerWatch, placer: _Placer) -> tuple[list[RoundResult], Placement]:
     """Warm-up and rounds spread over worker processes that start each round together."""
     processes = len(configs)
     timeout_s = scenario.request_timeout_s + (scenario.seconds or 0.0) + 60.0
@@ -276,19 +323,21 @@ def _play_in_workers(configs: Sequence[EngineConfig], scenario: Scenario, prepar
     results: list[RoundResult] = []
     pool = WorkerPool(configs)
     try:
+        placer.warmup_starts(bool(prepared.warmup))
         if prepared.warmup:
             warmup = process_plans(scenario, prepared.warmup, round_index=None, cycle=False,
                                    processes=processes)
             pool.execute(_stamped(warmup, _START_MARGIN_NS)[1], timeout_s)
+        placement = placer.place()
         watch.before()
         for k, specs in enumerate(prepared.rounds):
             plans = process_plans(scenario, specs, round_index=k, cycle=prepared.cycle, processes=processes)
-            start_ns, stamped = _stamped(plans, _START_MARGIN_NS)
+            start_ns, stamped = _stamped(plans, _START_MARGIN_NS, placement)
             results.append(round_result(start_ns, pool.execute(stamped, timeout_s)))
         watch.after()
     finally:
         pool.close()
-    return results
+    return results, placement
 
 
 def _with_load(result: RunResult, scenario: Scenario, target: Target) -> RunResult:
@@ -301,7 +350,7 @@ def _with_load(result: RunResult, scenario: Scenario, target: Target) -> RunResu
 
 
 def _result(scenario: Scenario, prepared: Prepared, rounds: Sequence[RoundResult],
-            watch: _ServerWatch) -> RunResult:
+            watch: _ServerWatch, placement: Placement) -> RunResult:
     notes = prepared.notes + ((watch.note,) if watch.note else ())
     reused = reused_prompt_requests(r for rnd in rounds for r in rnd.records)
     if reused:
@@ -315,23 +364,23 @@ def _result(scenario: Scenario, prepared: Prepared, rounds: Sequence[RoundResult
         client_processes=scenario.client_processes, notes=notes,
         next_request_index=prepared.next_index,
         server_metrics=(watch.view,) if watch.view is not None else (),
-        load=load_facts(scenario),
+        load=load_facts(scenario), client_placement=placement.to_json(),
     )
 
 
 def _run(target: Target, scenario: Scenario, *, rounds: int, first_index: int) -> RunResult:
     prepared = prepare(target, scenario, rounds=rounds, first_index=first_index)
     configs = _engine_configs(target, scenario)
-    watch = _ServerWatch(target)
+    watch, placer = _ServerWatch(target), _Placer()
     try:
         if len(configs) == 1:
             with asyncio.Runner(loop_factory=loop_factory()) as runner:
-                results = runner.run(_play_in_loop(configs[0], scenario, prepared, watch))
+                results, placement = runner.run(_play_in_loop(configs[0], scenario, prepared, watch, placer))
         else:
-            results = _play_in_workers(configs, scenario, prepared, watch)
+            results, placement = _play_in_workers(configs, scenario, prepared, watch, placer)
     except ScenarioStalled as stall:  # in this process or a worker's (engine.WorkerPool)
         raise ServerError(_stall_verdict(str(stall), target)) from None
-    return _with_load(_result(scenario, prepared, results, watch), scenario, target)
+    return _with_load(_result(scenario, prepared, results, watch, placement), scenario, target)
 
 
 def _stall_verdict(stall: str, target: Target) -> str:
@@ -379,8 +428,8 @@ async def run_scenario_async(target: Target, scenario: Scenario) -> RunResult:
     prepared = await asyncio.to_thread(prepare, target, scenario, rounds=scenario.rounds, first_index=0)
     config = _engine_configs(target, scenario)[0]
     watch = _ServerWatch(target)
-    result = _result(scenario, prepared, await _play_in_loop(config, scenario, prepared, watch), watch)
-    return _with_load(result, scenario, target)
+    rounds, placement = await _play_in_loop(config, scenario, prepared, watch, _Placer())
+    return _with_load(_result(scenario, prepared, rounds, watch, placement), scenario, target)
 
 
 # Under the host watch: a disturbed measurement is taken again.
@@ -412,8 +461,11 @@ InvalidReason = RunInvalid | HostBusy
 def say_invalid(reason: InvalidReason) -> str:
     """The sentence a report prints for why a measurement was not judged."""
     if isinstance(reason, HostBusy):
-        return ("; ".join(r.describe_busy(reason.bounds) for r in reason.readings)
-                + f"; measured {reason.attempts} times, disturbed every time: no verdict from a busy host")
+        said = "; ".join(r.describe_busy(reason.bounds) for r in reason.readings)
+        if not any(r.busy(reason.bounds) for r in reason.readings):
+            return (f"{said}; measured {reason.attempts} times, throttled every time: no verdict from a run its CPU "
+                    "quota held back (raise the quota, a container's CPU limit, or measure a lighter load)")
+        return f"{said}; measured {reason.attempts} times, disturbed every time: no verdict from a busy host"
     return say_run_invalid(reason)
 
 
@@ -442,7 +494,7 @@ def measure_watched(play: Callable[[int], RunResult], server: ServerHandle, depl
     HOST_RETRIES attempts). ``first`` takes the first attempt's place (pytest-benchmark's timed
     call of it)."""
     if server.external:
-        return WatchedRun(first() if first is not None else play(0))
+        return _quota_watched(play, first)
     bounds = HostBounds.from_mapping(deployment.host_bounds, source=f"deployment {deployment.name} host_bounds")
     watched = WatchedRun(run=None)  # type: ignore[arg-type]  # set by the first attempt
     for attempt in range(1 + HOST_RETRIES):
@@ -451,9 +503,11 @@ def measure_watched(play: Callable[[int], RunResult], server: ServerHandle, depl
             nodes.start()
         here = nodes.here_pids if nodes is not None else set()
         # The watch stops before the next attempt rebinds `here`.
-        watch = HostWatch(own_pids=lambda: [*own_pids(server), *here], **gpu_watch(deployment))  # noqa: B023
+        watch = HostWatch(own_pids=lambda: [*own_pids(server), *here], client_pids=lambda: client_pids(server),  # noqa: B023
+                          **gpu_watch(deployment))
         watch.start()
-        watched.run = first() if attempt == 0 and first is not None else play(attempt)
+        with server_processes(lambda: [*server_pids(server), *here]):  # noqa: B023
+            watched.run = first() if attempt == 0 and first is not None else play(attempt)
         reading = watch.stop()
         watched.readings.append(reading)
         watched.node_readings = nodes.stop() if nodes is not None else []
@@ -464,16 +518,48 @@ def measure_watched(play: Callable[[int], RunResult], server: ServerHandle, depl
     return watched
 
 
+def _quota_watched(play: Callable[[int], RunResult], first: Callable[[], RunResult] | None) -> WatchedRun:
+    """An attached server's measurement: the host is not watched (its processes are not known
+    here), the client's CPU quota is, and one that throttles every attempt makes it INVALID."""
+    watched = WatchedRun(run=None)  # type: ignore[arg-type]  # set by the first attempt
+    for attempt in range(1 + HOST_RETRIES):
+        quota = QuotaWatch(lambda: _trees((os.getpid(),)), client=lambda: _trees((os.getpid(),)))
+        quota.start()
+        watched.run = first() if attempt == 0 and first is not None else play(attempt)
+        reading = HostReading.of_quota(quota.stop())
+        watched.busy = host_busy((reading,), HostBounds(), attempts=attempt + 1)
+        if watched.busy is None:
+            return watched
+    return watched
+
+
 def own_pids(server: ServerHandle) -> list[int]:
     """The server's process tree and this client with its worker processes."""
-    import psutil
-
     pids = []
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # The xdist controller only relays reports; other workers' tests are foreign load.
         pids.append(os.getppid())
-    # A deployment that spans nodes: its worker nodes on this machine are the server too.
-    for root in (server.pid, *server.node_pids, os.getpid()):
+    return pids + _trees((server.pid, *server.node_pids, os.getpid()))
+
+
+def client_pids(server: ServerHandle) -> list[int]:
+    """This process and its descendants that are not the server's (its client workers)."""
+    theirs = set(server_pids(server))
+    return [pid for pid in _trees((os.getpid(),)) if pid not in theirs]
+
+
+def server_pids(server: ServerHandle) -> list[int]:
+    """The server's process tree (a deployment that spans nodes: its worker nodes on this
+    machine too), without this client."""
+    return _trees((server.pid, *server.node_pids))
+
+
+def _trees(roots: Sequence[int | None]) -> list[int]:
+    """Each root process and its descendants, those that still exist."""
+    import psutil
+
+    pids = []
+    for root in roots:
         if root is None:
             continue
         try:

@@ -22,8 +22,8 @@ measurement's seed from the test id, NCCL profile and server boot, so two tests 
 under two profiles) never send the same prompt, and a test sends the same prompts whether it
 runs alone (``-k``) or after others.
 
-Output length is exact because the client sends ``ignore_eos``, ``min_tokens`` and
-``max_tokens`` equal to the wanted length, and rejects a request whose
+Output length is exact because the client sends ``ignore_eos`` with ``max_tokens`` equal to the
+wanted length (bench serve's request, client.request_body), and rejects a request whose
 ``usage.completion_tokens`` differs.
 
 **Load patterns.** A scenario is a frozen dataclass: the request shape (prompt and output tokens, seed), a budget

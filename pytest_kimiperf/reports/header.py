@@ -10,7 +10,7 @@ them from ``pytest_report_header``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +23,7 @@ from pytest_kimiperf.server.weight_cache import header_lines as weight_cache_lin
 
 if TYPE_CHECKING:  # the header of a run without perf tests must not import numpy and scipy
     from pytest_kimiperf.judge.baselines import HistorySpan
+    from pytest_kimiperf.measure.cgroup_quota import QuotaInForce
 
 
 def settings_lines(s: Settings, environ: Mapping[str, str]) -> list[str]:
@@ -110,16 +111,37 @@ def declarations_line(dep: Deployment) -> str:
 
 
 def fingerprint_lines(fingerprint: Fingerprint, baseline_file: Path, *, deployment: Deployment | None = None,
-                      span: HistorySpan | None = None, host: Mapping[str, str] | None = None) -> list[str]:
+                      span: HistorySpan | None = None, host: Mapping[str, str] | None = None,
+                      client: str | None = None) -> list[str]:
     """The hardware and software the run measures on, the baseline file that selects, (with
-    ``deployment``) the spreads in force over the history that file holds (``span``), and which
-    host this is (``host``: measure/canary.host_identity)."""
+    ``deployment``) the spreads in force over the history that file holds (``span``), which
+    host this is (``host``: measure/canary.host_identity), and how the client measures on it
+    (``client``: :func:`client_line`)."""
     lines = [*describe(fingerprint), f"kimiperf: baseline file {baseline_file}"]
     if deployment is not None:
         lines.append(spreads_line(deployment, span))
     if host is not None:
         lines.append(host_line(host))
+    if client is not None:
+        lines.append(client)
     return lines
+
+
+def client_line(quota: QuotaInForce, cpus: Collection[int], *, attached: bool) -> str:
+    """How the client measures on this host: its priority, where it is placed (measure/
+    placement.py) on the ``cpus`` it may use, and the CPU quota in force over the run."""
+    from pytest_kimiperf.measure.placement import MIN_CPUS_TO_PLACE, cpu_list
+
+    if attached:
+        place = (f"not placed (the attached server's processes are not known here), on the {len(cpus)} CPU(s) "
+                 f"this process may use ({cpu_list(cpus)})")
+    elif len(cpus) < MIN_CPUS_TO_PLACE:
+        place = (f"not isolated: this process may use {len(cpus)} CPU(s) ({cpu_list(cpus)}), too few to keep one "
+                 f"from the server (it takes {MIN_CPUS_TO_PLACE}), so it shares them; its self-check guards the stamps")
+    else:
+        place = (f"on the CPUs of {cpu_list(cpus)} that the server's processes leave free, found at each "
+                 "measurement (none free: it shares them)")
+    return f"kimiperf: client: normal priority, {place}; {quota.describe()}"
 
 
 def host_line(host: Mapping[str, str]) -> str:

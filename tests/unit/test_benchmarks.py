@@ -174,3 +174,31 @@ def test_the_tools_table_is_what_the_script_makes_from_the_committed_runs(capsys
     compare_tools = _load("compare_tools")
     assert compare_tools.main() == 0
     assert capsys.readouterr().out == (BENCHMARKS / "compare_tools.md").read_text()
+
+
+def test_the_tools_targets_pass_a_small_steady_difference_and_fail_a_large_one() -> None:
+    compare_tools = _load("compare_tools")
+    bench = {(boot, r): 400.0 + 10 * boot + r for boot in (1, 2, 3) for r in (1, 2, 3)}
+
+    def rows(ratio: float) -> list[str]:
+        plugin = {key: value * ratio * (1 + 0.002 * key[0]) for key, value in bench.items()}
+        figures = {1: {compare_tools.PLUGIN: {"decode_tok_s": plugin}, compare_tools.REFERENCE: {"decode_tok_s": bench}}}
+        return [line for line in compare_tools._targets(figures) if line.startswith("| 1 |")]
+
+    (close,) = rows(0.99)
+    assert close.startswith("| 1 | decode tok/s | pytest-kimiperf | -0.6% | -1.1% to -0.1% | 3 |") and close.endswith("| met |")
+    (far,) = rows(0.95)
+    assert far.endswith("| not met |")
+
+
+def test_the_truth_ttft_is_the_first_write_less_the_arrival_and_a_call_reads_back_as_its_command(tmp_path: Path) -> None:
+    compare_tools = _load("compare_tools")
+    truth = {"streams": [{"request_id": "a", "t_arrival_ns": 1_000_000, "write_ns": [21_500_000]},
+                         {"request_id": "b", "t_arrival_ns": 0, "write_ns": []}]}
+    assert compare_tools.truth_ttft_ms(truth) == {"a": 20.5}  # a stream that wrote nothing has no TTFT
+    (tmp_path / "calls.txt").write_text('BOOTS=3 FIRST_BOOT=1 ROUNDS=3 STREAMS="1 4 32" TOOLS="kimiperf vllm" '
+                                        'UNIQUE_PROMPTS= TRUTH=1 CPUS=2\n')
+    (call,) = compare_tools.read_calls(tmp_path)
+    assert call["STREAMS"] == "1 4 32" and call["UNIQUE_PROMPTS"] == ""
+    assert compare_tools._command(call) == ("FIRST_BOOT=1 ROUNDS=3 STREAMS='1 4 32' TOOLS='kimiperf vllm' TRUTH=1 "
+                                            "flock /tmp/kimiperf-engine.lock bash scripts/compare_data.sh 3")

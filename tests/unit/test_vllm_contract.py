@@ -45,3 +45,38 @@ def test_the_contract_check_passes_on_the_installed_engine_and_the_gpu_pin_is_th
     pins = (ROOT / "ci" / "gpu-constraints.txt").read_text().splitlines()
     assert f"vllm=={vllm_contract.VERIFIED_VLLM}" in pins
     assert "-m pytest_kimiperf.server.vllm_contract" in (ROOT / "ci" / "gpu-venv.sh").read_text()
+
+
+def _bench_serve_body(request_func_name: str, **fields: object) -> dict[str, object]:
+    """The JSON body vLLM's own bench serve request function posts, caught at session.post."""
+    import asyncio
+
+    endpoint_request_func = pytest.importorskip("vllm.benchmarks.lib.endpoint_request_func")
+    sent: dict[str, object] = {}
+
+    class Session:
+        def post(self, *, url: str, json: dict[str, object], headers: dict[str, str]) -> object:
+            sent.update(json)
+            raise ConnectionError("caught")  # the request function records it as a failed request
+
+    request = endpoint_request_func.RequestFuncInput(ignore_eos=True, request_id="r-1", **fields)
+    asyncio.run(getattr(endpoint_request_func, request_func_name)(request_func_input=request, session=Session()))
+    return sent
+
+
+def test_the_client_sends_the_body_bench_serve_sends() -> None:
+    from pytest_kimiperf.measure.client import RequestSpec, request_body
+
+    spec = RequestSpec(prompt="a b c", output_tokens=64)
+    theirs = _bench_serve_body("async_request_openai_completions", prompt="a b c",
+                               api_url="http://h/v1/completions", prompt_len=3, output_len=64, model="m")
+    assert request_body("m", "completions", spec, {}) == theirs
+    assert "min_tokens" not in theirs
+    chat = _bench_serve_body("async_request_openai_chat_completions", prompt="a b c",
+                             api_url="http://h/v1/chat/completions", prompt_len=3, output_len=64, model="m")
+    ours = request_body("m", "chat", spec, {})
+    # The one difference: the message's text as a plain string where bench serve sends a list of
+    # content parts. The prompt is built to its exact length by /tokenize of that plain-string
+    # message (measure/workload.py), and usage.prompt_tokens is checked against it.
+    assert {k: v for k, v in ours.items() if k != "messages"} == {k: v for k, v in chat.items() if k != "messages"}
+    assert ours["messages"] == [{"role": "user", "content": "a b c"}]
