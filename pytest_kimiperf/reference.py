@@ -116,6 +116,9 @@ DEPLOYMENT_KEYS: dict[str, tuple[str, str | None]] = {
     "master_port": ("the head's torch.distributed port (none: a free one per boot)", None),
     "restart_command": ("with `--kimiperf-server-url`: an argument list that restarts the attached server "
                         "between boots", None),
+    "server_hardware": ("with `--kimiperf-server-url`: the attached server's hardware, as "
+                        "`--kimiperf-server-hardware` states it (which, its variable and its ini setting win over "
+                        "this)", None),
     "control_command": ("with `--kimiperf-control`: the command that serves the recorded build (the default "
                         "branch's virtualenv or image), placeholders as `command`", None),
     "load_s": ("seconds one boot takes to become ready, for `--kimiperf-plan`, until the history records it",

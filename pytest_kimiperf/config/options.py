@@ -207,8 +207,11 @@ OPTIONS = (
            "before failing (0: fail at once)", "600"),
     Option("server_hardware", "--kimiperf-server-hardware",
            "with --kimiperf-server-url: the attached server's hardware in your words (e.g. '8x RTX PRO 6000 "
-           "Blackwell, PCIe'), recorded in its fingerprint; required there for --kimiperf-update-baselines",
-           default_text="none", deprecated=("--server-hardware",)),
+           "Blackwell, PCIe'), recorded in its fingerprint; required there for --kimiperf-update-baselines. "
+           "State it once in the repository (this ini setting, or the deployment table's server_hardware) so "
+           "every run states it alike: a baseline is found by it",
+           env="KIMIPERF_SERVER_HARDWARE", default_text="the deployment's server_hardware, else none",
+           deprecated=("--server-hardware",)),
     Option("boots", "--kimiperf-boots",
            "boots per profile planned up front, in interleaved order A B B A; for recording a "
            "baseline or a careful comparison", "1",
