@@ -238,7 +238,8 @@ class KimiperfSession:
         run.fingerprint_shown = True
         loaded = run.baselines()
         return fingerprint_lines(run.fingerprint(), loaded.path, deployment=run.settings.deployment,
-                                 span=loaded.span(), host=run.host())
+                                 span=loaded.span(), host=run.host(),
+                                 recorded_hosts=loaded.loaded.hosts() if loaded.loaded is not None else ())
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         """Every test that needs the server runs once per selected NCCL profile and boot slot

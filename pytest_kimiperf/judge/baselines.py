@@ -190,6 +190,12 @@ class BaselineFile:
         """The stored entry for this test, profile and metric, or None if never recorded."""
         return self.entries.get(entry_key(test, profile, metric))
 
+    def hosts(self) -> tuple[str, ...]:
+        """The host ids the file's boots were measured on, the most recent first."""
+        boots = sorted((b for entry in self.entries.values() for b in entry.boots if b.origin and b.origin.host),
+                       key=lambda b: b.recorded_at, reverse=True)
+        return tuple(dict.fromkeys(b.origin.host for b in boots if b.origin))
+
     def span(self) -> HistorySpan:
         """How many boots, sessions and hosts the file's history spans (its fullest entry's)."""
         spans = [HistorySpan.of(entry.boots) for entry in self.entries.values()]

@@ -233,6 +233,7 @@ class SessionReporter:
         )
         report.weight_cache = self.run.weight_cache_facts()
         report.record_command = self.record_command
+        report.gate = settings.gate
         report.benchmark_rows_hidden = self.benchmark_rows_hidden
         return report
 
