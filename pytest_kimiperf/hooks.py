@@ -193,6 +193,8 @@ class KimiperfSession:
         self.failed: FailedTests | None = None  # made at the first failure (judge/ imports numpy)
         self.decision: RunDecision | None = None
         self._reporter: SessionReporter | None = None
+        # Boots on demand that no earlier boot asked for: collected, never run nor reported.
+        self.unneeded_boots = 0
 
     @property
     def settings(self) -> Settings:
@@ -269,6 +271,18 @@ class KimiperfSession:
                 for line in lines:
                     reporter.write_line(line)
 
+    def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> list[str]:
+        """Under "collected N items": how many of them are boots on demand, which run only when
+        asked for, so the counts at the end add up to the items collected."""
+        on_demand = [slot for item in items if (slot := slot_of(item)) is not None and slot.boot > self.settings.boots]
+        if not on_demand or self.worker:
+            return []
+        first, last = min(s.boot for s in on_demand), max(s.boot for s in on_demand)
+        boots = f"boot {first}" if first == last else f"boots {first}-{last}"
+        return [f"kimiperf: {len(on_demand)} of these {len(items)} items are boots on demand ({boots} of each perf "
+                "test and profile): each runs only when an earlier boot of its test asks for it; one nobody asks "
+                "for is neither run nor reported, and the end says how many"]
+
     def pytest_itemcollected(self, item: pytest.Item) -> None:
         """Perf tests (those that use the server) carry the ``kimiperf`` marker, so ``-m "not
         kimiperf"`` runs the rest; with pytest-timeout their timeout covers the test's own call,
@@ -314,6 +328,7 @@ class KimiperfSession:
         if needed:
             return None
         _tear_down_to(item, nextitem)
+        self.unneeded_boots += 1
         return True
 
     @pytest.hookimpl(wrapper=True)
@@ -453,6 +468,10 @@ class KimiperfSession:
         if self.worker or not self._has_perf_work():
             return
         self.reporter.write_summary(terminalreporter, decision=self.decision)
+        if self.unneeded_boots:
+            n = self.unneeded_boots
+            terminalreporter.write_line(
+                f"kimiperf: {n} boot{'s' * (n != 1)} on demand not needed: collected, neither run nor counted below")
 
 
 def _marker_tolerances(item: pytest.Item) -> dict[str, float]:
