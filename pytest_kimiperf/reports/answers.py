@@ -395,7 +395,10 @@ def outcome_line(report: SessionReport, record_command: str) -> str | None:
         skipped = f"; {left} test boot{'s' * (left != 1)} not recorded (listed above)" if left else ""
         if update.on_pass:
             return f"this passing run appended its boots to {update.entries} baseline entries in {update.path}{skipped}"
-        return (f"recorded {update.entries} baseline entries in {update.path}{skipped}; the same run "
+        anew = (f"; {update.restarted} of them judged changed against their history (a REGRESSION or an "
+                "improvement above) start it anew at this run's level, their older boots dropped: review the diff"
+                if update.restarted else "")
+        return (f"recorded {update.entries} baseline entries in {update.path}{skipped}{anew}; the same run "
                 "without --kimiperf-update-baselines now judges against them")
     missing = missing_baselines(report.results, _fingerprint(report))
     tally = _tally(report.results)

@@ -140,6 +140,8 @@ class BaselineUpdate:
     entries: int
     not_recorded: tuple[str, ...] = ()  # "test [profile, boot N]: why" for each boot left out
     on_pass: bool = False
+    # Entries this recording started anew: it was judged changed against their history (new_level).
+    restarted: int = 0
 
 
 @dataclass(frozen=True)

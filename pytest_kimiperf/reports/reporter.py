@@ -288,7 +288,8 @@ class SessionReporter:
                 f"cannot write baseline {path} (--kimiperf-update-baselines, --kimiperf-baselines-dir "
                 f"{settings.baselines_dir}): {exc.strerror or exc}"
             ) from None
-        return BaselineUpdate(path=str(path), entries=len(entries), not_recorded=tuple(not_recorded))
+        return BaselineUpdate(path=str(path), entries=len(entries), not_recorded=tuple(not_recorded),
+                              restarted=sum(entry.new_level for entry in entries))
 
     def _records(self) -> dict[str, ServerRecord]:
         """Server records of this process and, under xdist, those the workers sent back."""

@@ -162,3 +162,39 @@ def test_every_advice_to_record_says_what_recording_accepts() -> None:
                           f"{RECORDING_ACCEPTS})")
     line = BaselineLine(BaselineState.MISSING, "decode", fingerprint="cpu-x-1")
     assert baseline_line(line, record=False) == f"decode: no baseline for this hardware (cpu-x-1): {RECORD_ADVICE}"
+
+
+def test_recording_a_judged_change_starts_its_history_anew_so_the_next_run_is_judged_against_it(
+        tmp_path: Path) -> None:
+    """What recording accepts is this run's figures: recording a REGRESSION that is meant makes
+    it the baseline. Appended to the old level instead, the next unchanged run read about half the
+    change against the mix ("changed, size unresolved"), or worse."""
+    _record(tmp_path)  # 200 on two boots
+    slower = _judged(tmp_path, RECORDED)  # 160: 20% slower, judged against them
+    assert slower.metrics["decode_tok_s"].baseline.verdict.value == "regression"
+    entries, _ = baselines.baseline_entries([slower], git_commit=None)
+    assert [e.new_level for e in entries] == [True, True]
+    path = storage.baseline_path(tmp_path, "my-server", RECORDED.key)
+    written = storage.update_baseline(path, "my-server", RECORDED, entries)
+    history = written.entries[baselines.entry_key(TEST, "default", "decode_tok_s")]
+    assert [160 <= b.median < 162 for b in history.boots] == [True] and history.anchor == history.boots
+    # The next run on the accepted level is judged against it alone: no change.
+    again = _judged(tmp_path, RECORDED)
+    assert abs(again.metrics["decode_tok_s"].baseline.change) < 1e-9
+    # An unchanged recording appends (a history of sessions is what judges session effects).
+    entries, _ = baselines.baseline_entries([again], git_commit=None)
+    assert not any(e.new_level for e in entries)
+    written = storage.update_baseline(path, "my-server", RECORDED, entries)
+    assert len(written.entries[baselines.entry_key(TEST, "default", "decode_tok_s")].boots) == 2
+
+
+def test_the_recording_run_says_which_entries_it_started_anew(tmp_path: Path) -> None:
+    from pytest_kimiperf.reports.model import BaselineUpdate
+
+    _record(tmp_path)
+    report = make_report([_judged(tmp_path, RECORDED)])
+    report.baselines_update = BaselineUpdate(path="baselines/my-server/x.json", entries=2, restarted=2)
+    assert outcome_line(report, report.record_command) == (
+        "recorded 2 baseline entries in baselines/my-server/x.json; 2 of them judged changed against their history "
+        "(a REGRESSION or an improvement above) start it anew at this run's level, their older boots dropped: "
+        "review the diff; the same run without --kimiperf-update-baselines now judges against them")
