@@ -415,7 +415,8 @@ def outcome_line(report: SessionReport, record_command: str) -> str | None:
     if judged:
         line += f"; besides, {judged}"
     if missing is not None:
-        line += f". {missing.metrics} metrics had no baseline: {missing.next_step(record_command, gate=report.gate)}"
+        metrics = f"{missing.metrics} metric{'s' * (missing.metrics != 1)}"
+        line += f". {metrics} had no baseline: {missing.next_step(record_command, gate=report.gate)}"
     return line + _invalid(report.results)
 
 
