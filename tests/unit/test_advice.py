@@ -16,7 +16,7 @@ from pytest_kimiperf.judge.fingerprint import ATTACHED_HARDWARE, NOT_STATED, Fin
 from pytest_kimiperf.judge.gate import judge_metric
 from pytest_kimiperf.judge.levels import BootOrigin
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult, TestResult
-from pytest_kimiperf.reports.answers import missing_baseline_warning, outcome_line
+from pytest_kimiperf.reports.answers import answer_lines, failure_lines, missing_baseline_warning, outcome_line
 from pytest_kimiperf.reports.header import host_line
 from pytest_kimiperf.reports.sentences import baseline_line, say
 from pytest_kimiperf.storage import baselines as storage
@@ -106,6 +106,16 @@ def test_the_runs_answers_under_the_gate_say_the_option_once_and_never_record(tm
                             "KIMIPERF_SERVER_HARDWARE, the kimiperf_server_hardware ini option, the deployment's "
                             "server_hardware)")
     assert all("update-baselines" not in row.message for row in report.baseline_rows())
+    # One reason, once: the answers say other hardware's reason in one line for both metrics.
+    said = [a.text for a in answer_lines(report) if "recorded on other hardware" in a.text]
+    assert said == [f"against the baseline (2 metrics): not comparable, shown only: the baseline was recorded on "
+                    f"other hardware ({RECORDED.key}: server.hardware: 1x test box -> 2x other box); no baseline for "
+                    f"this hardware ({_attached('2x other box').key})"]
+    # ... and a test's failed boots with that one reason are one row, pointing to the advice.
+    for res in report.results:
+        decide_test(res, missing_baseline_fails=True)
+    assert failure_lines(report) == ["FAILED decode [default boot 1]: missing baseline (--kimiperf-missing-baseline="
+                                     "fail) for decode tok/s, time to first token ms: the run line says what to do"]
     report.gate = False
     outcome = outcome_line(report, report.record_command)
     assert outcome is not None and "; if the hardware is new, python -m pytest --kimiperf-gate " \
