@@ -193,6 +193,8 @@ class KimiperfSession:
         self.failed: FailedTests | None = None  # made at the first failure (judge/ imports numpy)
         self.decision: RunDecision | None = None
         self._reporter: SessionReporter | None = None
+        # Boots on demand that no earlier boot asked for: collected, never run nor reported.
+        self.unneeded_boots = 0
 
     @property
     def settings(self) -> Settings:
@@ -240,7 +242,8 @@ class KimiperfSession:
         loaded = run.baselines()
         client = client_line(read_quota_in_force(), os.sched_getaffinity(0), attached=run.settings.external)
         return fingerprint_lines(run.fingerprint(), loaded.path, deployment=run.settings.deployment,
-                                 span=loaded.span(), host=run.host(), client=client)
+                                 span=loaded.span(), host=run.host(), client=client,
+                                 recorded_hosts=loaded.loaded.hosts() if loaded.loaded is not None else ())
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         """Every test that needs the server runs once per selected NCCL profile and boot slot
@@ -269,6 +272,18 @@ class KimiperfSession:
             if reporter is not None:
                 for line in lines:
                     reporter.write_line(line)
+
+    def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> list[str]:
+        """Under "collected N items": how many of them are boots on demand, which run only when
+        asked for, so the counts at the end add up to the items collected."""
+        on_demand = [slot for item in items if (slot := slot_of(item)) is not None and slot.boot > self.settings.boots]
+        if not on_demand or self.worker:
+            return []
+        first, last = min(s.boot for s in on_demand), max(s.boot for s in on_demand)
+        boots = f"boot {first}" if first == last else f"boots {first}-{last}"
+        return [f"kimiperf: {len(on_demand)} of these {len(items)} items are boots on demand ({boots} of each perf "
+                "test and profile): each runs only when an earlier boot of its test asks for it; one nobody asks "
+                "for is neither run nor reported, and the end says how many"]
 
     def pytest_itemcollected(self, item: pytest.Item) -> None:
         """Perf tests (those that use the server) carry the ``kimiperf`` marker, so ``-m "not
@@ -315,6 +330,7 @@ class KimiperfSession:
         if needed:
             return None
         _tear_down_to(item, nextitem)
+        self.unneeded_boots += 1
         return True
 
     @pytest.hookimpl(wrapper=True)
@@ -454,6 +470,10 @@ class KimiperfSession:
         if self.worker or not self._has_perf_work():
             return
         self.reporter.write_summary(terminalreporter, decision=self.decision)
+        if self.unneeded_boots:
+            n = self.unneeded_boots
+            terminalreporter.write_line(
+                f"kimiperf: {n} boot{'s' * (n != 1)} on demand not needed: collected, neither run nor counted below")
 
 
 def _marker_tolerances(item: pytest.Item) -> dict[str, float]:

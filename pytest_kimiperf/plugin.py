@@ -9,13 +9,16 @@ with this module (it imports them). The logic lives in modules that do not impor
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from pytest_kimiperf import hookspec, xdist_scheduling
-from pytest_kimiperf.config.options import OPTIONS, SpelledAction, deprecated_spellings_used, read_raw_options
+from pytest_kimiperf.config.options import (
+    OPTIONS, SpelledAction, arg_sources, deprecated_spellings_used, read_raw_options,
+)
 from pytest_kimiperf.config.settings import Settings, build_settings
 from pytest_kimiperf.errors import ConfigError, KimiperfError
 from pytest_kimiperf.hooks import (  # noqa: F401 - the fixtures are registered with this module
@@ -90,7 +93,8 @@ def _settings(config: pytest.Config) -> Settings:
 
     try:
         return with_gate_plan(build_settings(
-            read_raw_options(config.getoption, config.getini), rootpath=config.rootpath,
+            read_raw_options(config.getoption, config.getini, sources=arg_sources(
+                config.getini("addopts"), os.environ, config.invocation_params.args)), rootpath=config.rootpath,
             extra_deployments=merged(config.hook.pytest_kimiperf_add_deployments(config=config)),
             extra_profiles=merged(config.hook.pytest_kimiperf_add_profiles(config=config)),
         ))

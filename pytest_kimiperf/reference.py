@@ -61,6 +61,8 @@ ENVIRONMENT: dict[str, str] = {
                            "run's own process, not as foreign load",
     "PYTEST_XDIST_TESTRUNUID": "set by pytest-xdist: one id for the whole run, so the boots of all its workers "
                                "count as one session",
+    "PYTEST_ADDOPTS": "pytest's own: read to tell an option given twice in it (a usage error naming both "
+                      "values) from one it gives and the command line overrides",
 }
 
 # What each deployment key is, and its default where the table's own base does not say it (a
@@ -114,6 +116,9 @@ DEPLOYMENT_KEYS: dict[str, tuple[str, str | None]] = {
     "master_port": ("the head's torch.distributed port (none: a free one per boot)", None),
     "restart_command": ("with `--kimiperf-server-url`: an argument list that restarts the attached server "
                         "between boots", None),
+    "server_hardware": ("with `--kimiperf-server-url`: the attached server's hardware, as "
+                        "`--kimiperf-server-hardware` states it (which, its variable and its ini setting win over "
+                        "this)", None),
     "control_command": ("with `--kimiperf-control`: the command that serves the recorded build (the default "
                         "branch's virtualenv or image), placeholders as `command`", None),
     "load_s": ("seconds one boot takes to become ready, for `--kimiperf-plan`, until the history records it",
@@ -215,6 +220,10 @@ def options_page() -> str:
               "or `pytest.ini`, `tox.ini`, `setup.cfg`), then the default. A switch (an option without a value) "
               "is set by its flag, by `true` in the ini file, or by `1`, `true`, `yes` or `on` in its variable "
               "(`0`, `false`, `no` or `off` turn it off).", "",
+              "An option given twice with two values in one place (the command line, `PYTEST_ADDOPTS`, the "
+              "ini file's `addopts`) is a usage error that names both: give it once (a list comma-separated, "
+              "`--kimiperf-profile default,ring-ll`). In two places the later wins, as for pytest's own "
+              "options: the command line over `PYTEST_ADDOPTS` over `addopts`.", "",
               "Deprecated spellings still work and warn once (`KimiperfDeprecationWarning`), naming the "
               "spelling to use.", "", "## All options", ""]
     rows = []

@@ -7,7 +7,8 @@ reads ``perf-results/terminal.txt`` (the run's terminal output), ``perf-results/
 ``perf-results/plots/``; writes the summary's first screen (from "kimiperf: answers" to the
 servers and files) between the excerpt markers of docs/quickstart.md, with the run's date,
 commit and host, and copies the throughput-against-latency plot to docs/images/. ``--check``
-only checks that the excerpt in the docs has the summary's current format, as
+only checks that the excerpt in the docs has the summary's current format, and shows no interval
+level or verdict word the current code does not print (an excerpt of older code), as
 tests/unit/test_docs_excerpt.py does.
 """
 
@@ -86,6 +87,61 @@ def problems(excerpt: list[str]) -> list[str]:
     for kind in ("answer", "run", "header", "row"):
         if kind not in kinds:
             found.append(f"no {kind} line: the first screen always has one")
+    return found + stale(excerpt)
+
+
+# An interval with its level, then the verdict: a table row's last columns, or an answer's
+# "..., -4.8..+5.4% (90%): within tolerance (tolerance 25%, ...)".
+_ROW_VERDICT = re.compile(r"[+-][\d.]+\.\.[+-][\d.]+% \((?P<level>\d+)%\) +(?P<verdict>\S.*?)\s*$")
+_ANSWER_VERDICT = re.compile(r"[+-][\d.]+\.\.[+-][\d.]+% \((?P<level>\d+)%\): (?P<verdict>.+?) \(tolerance ")
+
+
+def printed() -> tuple[set[str], set[str]]:
+    """The interval levels (``"90%"``) and verdict words the current code prints in the first
+    screen's answers and rows, for every verdict kind, between profiles and against a baseline
+    (reports/answers.py's CompactRow and interval_level, from the levels the judge gives a
+    comparison: judge/stats.py, judge/profiles.py)."""
+    import dataclasses
+
+    from pytest_kimiperf.config.metric_specs import Direction
+    from pytest_kimiperf.judge.profiles import WITHIN_INTERVAL
+    from pytest_kimiperf.judge.stats import EQUIVALENCE_CONFIDENCE, Comparison, VerdictKind
+    from pytest_kimiperf.reports.answers import CompactRow, interval_level
+
+    numbers = {f.name: 0.01 for f in dataclasses.fields(Comparison)
+               if f.default is dataclasses.MISSING and f.type in ("float", "int")}
+    levels, words = set(), set()
+    for kind in VerdictKind:
+        for confidence in (EQUIVALENCE_CONFIDENCE, WITHIN_INTERVAL):
+            c = Comparison(**{**numbers, "metric": "m", "unit": "", "direction": Direction.HIGHER_IS_BETTER,
+                              "spread_source": None, "verdict": kind, "equivalence_confidence": confidence})
+            for in_session in (True, False):
+                levels.add(f"{interval_level(c, in_session=in_session) * 100:.0f}%")
+                words.add(CompactRow("t", "m", "p", c, in_session=in_session).verdict)
+    return levels, words
+
+
+def stale(excerpt: list[str]) -> list[str]:
+    """Each interval level and verdict word in ``excerpt`` that the current code does not print:
+    the excerpt is real output, but of older code (the summary's format may not have changed)."""
+    joined: list[str] = []
+    for line in excerpt:  # an answer wraps onto indented lines (a table row never does): read it whole
+        if line.startswith("    ") and joined and not joined[-1].startswith("  "):
+            joined[-1] += " " + line.strip()
+        else:
+            joined.append(line)
+    levels, words = printed()
+    found = []
+    for line in joined:
+        shown = _ANSWER_VERDICT.search(line) or (_ROW_VERDICT.search(line) if line.startswith("  ") else None)
+        if shown is None:
+            continue
+        level, verdict = shown.group("level") + "%", shown.group("verdict")
+        if level not in levels:
+            found.append(f"an interval at {level}, a level the summary no longer prints ({', '.join(sorted(levels))}): "
+                         f"{line.strip()!r}")
+        if verdict not in words:
+            found.append(f"the verdict {verdict!r}, which the summary no longer prints: {line.strip()!r}")
     return found
 
 

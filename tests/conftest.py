@@ -30,7 +30,7 @@ for _name in ("httpcore", "httpx", "numpy", "scipy.stats"):
 # worker takes a quarter of the collection from its front, and an idle worker steals from the
 # back of another's: a test of four minutes that starts halfway through the tier (the shipped
 # perf suite, run twice on the stub) sets when the tier ends. Order only: every test runs.
-LONGEST_FIRST = ("tests/plugin/test_perf_suite.py::",)
+LONGEST_FIRST = ("tests/plugin/test_perf_suite.py::", "tests/plugin/test_second_day.py::")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

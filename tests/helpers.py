@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -198,6 +199,16 @@ class RestartableServer:
         script = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(script)
         script.stop(self.pid(), grace_s)
+
+
+def run_checked(argv: list[str], cwd: Path, timeout: float = 300,
+                *, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` as a user's shell would, with nothing of this checkout or of the test run in
+    its environment (only PATH and HOME); its exit status must be one of ``ok``."""
+    result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                            env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
+    assert result.returncode in ok, f"{argv}: exit {result.returncode}\n{result.stdout[-4000:]}\n{result.stderr[-3000:]}"
+    return result
 
 
 def free_port() -> int:

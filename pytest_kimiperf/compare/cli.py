@@ -16,7 +16,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from pytest_kimiperf.compare.readers import KNOWN, read_run_file
 from pytest_kimiperf.compare.render import render_json, render_markdown, render_text
@@ -37,29 +37,45 @@ class _Parser(argparse.ArgumentParser):
         self.exit(USAGE_EXIT, f"kimiperf compare: error: {message}\n")
 
 
+class _Once(argparse.Action):
+    """An option that takes one value: given again with another, a usage error naming both
+    (argparse would silently keep the last). The repeatable options add up instead: ``--a``,
+    ``--b``, ``--group``, ``--tolerance`` and ``--metric``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        earlier = getattr(namespace, self.dest, None)
+        if earlier is not None and earlier != values:
+            raise argparse.ArgumentError(self, f"given twice, as {str(earlier)!r} and {str(values)!r}; it takes one value")
+        setattr(namespace, self.dest, values)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command's options (docs/reference/compare.md lists them)."""
     p = _Parser(prog="kimiperf compare", description=f"Judge groups of result files ({KNOWN}) with the "
                 "plugin's rules: the first group is the reference, each file one run.")
-    p.add_argument("--a", nargs="+", metavar="PATH", help="the reference group's files or globs (label a)")
-    p.add_argument("--b", nargs="+", metavar="PATH", help="the group judged against it: files or globs (label b)")
+    p.add_argument("--a", nargs="+", action="extend", metavar="PATH",
+                   help="the reference group's files or globs (label a; repeat it to add files)")
+    p.add_argument("--b", nargs="+", action="extend", metavar="PATH",
+                   help="the group judged against it: files or globs (label b; repeat it to add files)")
     p.add_argument("--group", action="append", default=[], metavar="LABEL=PATH",
                    help="a labelled group, a file or a glob (repeat it; the first label is the reference; a label "
                    "given twice adds files)")
     p.add_argument("--same-server", action="store_true",
                    help="the runs of each group came from one live server, not from separate boots: each group "
                    "is then one boot, which can screen a change but never convict it")
-    p.add_argument("--deployment", metavar="NAME", help="judge with a built-in deployment's declared boot spread, "
+    p.add_argument("--deployment", action=_Once, metavar="NAME", help="judge with a built-in deployment's declared boot spread, "
                    f"spawn modes and tolerances ({', '.join(BUILTIN_DEPLOYMENTS)})")
-    p.add_argument("--boot-spread", type=float, metavar="FRACTION",
+    p.add_argument("--boot-spread", type=float, action=_Once, metavar="FRACTION",
                    help="the declared boot-to-boot spread (0.01 = 1%%; default the deployment's, else 0.01)")
     p.add_argument("--tolerance", action="append", default=[], metavar="[METRIC=]FRACTION",
-                   help="a tolerance for every metric, or for one (repeat it); default the metric table's")
+                   help="a tolerance for every metric, or for one (repeat it; one metric's beats every "
+                   "metric's); default the metric table's")
     p.add_argument("--metric", action="append", default=[], metavar="METRIC",
                    help="judge only this metric (repeat it); default every metric the files report")
     p.add_argument("--strict", action="store_true", help="a change beyond the tolerance left inconclusive fails")
-    p.add_argument("--markdown", type=Path, metavar="PATH", help="write the answer as Markdown too")
-    p.add_argument("--json", type=Path, metavar="PATH", help="write the answer as JSON too")
+    p.add_argument("--markdown", type=Path, action=_Once, metavar="PATH", help="write the answer as Markdown too")
+    p.add_argument("--json", type=Path, action=_Once, metavar="PATH", help="write the answer as JSON too")
     return p
 
 
@@ -118,6 +134,7 @@ def _rules(args: argparse.Namespace) -> CompareRules:
         if not 0.0 < args.boot_spread < 1.0:
             raise ResultFileError(f"--boot-spread {args.boot_spread!r}: use a fraction above 0 and below 1 (0.01 = 1%)")
         rules = InSessionRules(args.boot_spread, rules.boot_spread_df, rules.modes, rules.alpha)
+    given: dict[str, tuple[str, float]] = {}  # metric ("" for every metric) -> (as given, fraction)
     for spec in args.tolerance:
         metric, sep, value = spec.rpartition("=")
         if sep and metric not in METRICS:
@@ -128,11 +145,17 @@ def _rules(args: argparse.Namespace) -> CompareRules:
             fraction = float("nan")
         if not 0.0 < fraction < 1.0:
             raise ResultFileError(f"--tolerance {spec!r}: use a fraction above 0 and below 1 (0.05 = 5%)")
-        tolerances.update({metric: fraction} if sep else {name: fraction for name in METRICS})
+        if metric in given and given[metric][1] != fraction:
+            raise ResultFileError(f"--tolerance given twice for {metric or 'every metric'}, as {given[metric][0]!r} and "
+                                  f"{spec!r}; give one")
+        given[metric] = (spec, fraction)
+    if "" in given:  # every metric's first, so one metric's wins whatever the order
+        tolerances.update({name: given[""][1] for name in METRICS})
+    tolerances.update({metric: fraction for metric, (_, fraction) in given.items() if metric})
     for metric in args.metric:
         if metric not in METRICS:
             raise ResultFileError(f"--metric {metric!r}: unknown metric; known: {', '.join(sorted(METRICS))}")
-    return CompareRules(rules=rules, tolerances=tolerances, metrics=tuple(args.metric) or None,
+    return CompareRules(rules=rules, tolerances=tolerances, metrics=tuple(dict.fromkeys(args.metric)) or None,
                         same_server=args.same_server, strict=args.strict)
 
 

@@ -77,6 +77,7 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "nodes": list,
     "master_port": int,
     "restart_command": list,
+    "server_hardware": str,
     "control_command": list,
     "load_s": (int, float),
     "gpu_memory_wait_s": (int, float),
@@ -208,6 +209,9 @@ def _check(d: Deployment, where: str) -> None:
                          ("decode_target_tok_s", d.decode_target_tok_s)):
         if not (math.isfinite(value) and value >= 0):
             raise ConfigError(f"{where}: {label} = {value}; must be a number >= 0")
+    if d.server_hardware is not None and not d.server_hardware.strip():
+        raise ConfigError(f"{where}: server_hardware is empty; state the attached server's hardware in your words "
+                          "(such as '8x H100 SXM, NVLink'), or leave the key out")
     if d.model_config is not None and not d.model_config.strip():
         raise ConfigError(f"{where}: model_config is empty; give the path of the model's config.json "
                           "(or of its directory), or leave the key out")

@@ -158,6 +158,10 @@ class Deployment:
     # list (["systemctl", "restart", "vllm"]); between boots the plugin runs it and waits for the
     # server to serve again, so an attached run gets the boots a verdict needs. Empty: one boot.
     restart_command: tuple[str, ...] = ()
+    # Attached: the server's hardware as the user states it (--kimiperf-server-hardware's value
+    # where no option, variable or ini setting gives one), so a CI job and a laptop that run this
+    # repository state it the same way. Unused when booting: a booted server's hardware is probed.
+    server_hardware: str | None = None
     # --kimiperf-control: the command that serves the recorded build (the one the baseline history
     # was recorded with: the default branch's virtualenv or image), with the placeholders of
     # ``command``. It is booted as a control profile interleaved with the candidate. Empty: none.

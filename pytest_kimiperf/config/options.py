@@ -2,13 +2,20 @@
 
 Precedence, applied by :func:`read_raw_options`: command line > environment variable (where
 one exists) > ini option > default. Validation happens once, in settings.build_settings.
+
+An option given twice with two values in one place (the command line, ``PYTEST_ADDOPTS``, the
+ini file's ``addopts``) is a usage error naming both: argparse would silently keep the last, and
+a wrapper's value replaced by its caller's, or a second profile dropped, is a run nobody asked
+for (a list takes its values comma-separated, once). Given in two places, the later one wins, as
+pytest's own options do (the command line over ``PYTEST_ADDOPTS`` over ``addopts``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Mapping
+import shlex
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +49,8 @@ class Option:
     deprecated_ini: tuple[str, ...] = ()
     # What --help and the reference say the default is, where the value is computed at run time.
     default_text: str | None = None
+    # A comma-separated list: a repeat's error says to give the values that way.
+    comma_list: bool = False
 
     @property
     def dest(self) -> str:
@@ -100,6 +109,8 @@ class Option:
 OWN_PREFIX = "--kimiperf-"
 # Where SpelledAction keeps, per dest, the spellings given on the command line, in order.
 SPELLINGS_DEST = "kimiperf__spellings"
+# ... and each (spelling, value) given, in order, so a repeat is seen rather than overwritten.
+GIVEN_DEST = "kimiperf__given"
 
 
 class SpelledAction(argparse.Action):
@@ -110,12 +121,14 @@ class SpelledAction(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
-        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
-        spelled = getattr(namespace, SPELLINGS_DEST, None)
-        if spelled is None:
-            spelled = {}
-            setattr(namespace, SPELLINGS_DEST, spelled)
-        spelled.setdefault(self.dest, []).append(option_string)
+        value = self.const if self.nargs == 0 else values
+        setattr(namespace, self.dest, value)
+        for dest, item in ((SPELLINGS_DEST, option_string), (GIVEN_DEST, (option_string, value))):
+            kept = getattr(namespace, dest, None)
+            if kept is None:
+                kept = {}
+                setattr(namespace, dest, kept)
+            kept.setdefault(self.dest, []).append(item)
 
 
 OPTIONS = (
@@ -126,7 +139,7 @@ OPTIONS = (
            "profile(s) to boot a server for, comma-separated, or 'all': NCCL environments and, "
            "in [tool.kimiperf.profiles], any server environment and arguments", DEFAULT_PROFILES,
            short="--nccl-profile", deprecated=("--kimiperf-nccl-profile",),
-           deprecated_ini=("kimiperf_nccl_profiles",)),
+           deprecated_ini=("kimiperf_nccl_profiles",), comma_list=True),
     Option("nccl_debug", "--kimiperf-nccl-debug",
            "start servers with NCCL_DEBUG=INFO and check in the log that each variable took effect",
            False, kind="bool", deprecated=("--nccl-debug",)),
@@ -151,7 +164,7 @@ OPTIONS = (
            "environment differs) or looked worse than its tolerance without a verdict. The baseline keeps the "
            "last deliberate recording as an anchor: a drift that adds up beyond the tolerance over the runs "
            "appended since fails (DRIFT)",
-           env="KIMIPERF_APPEND_ON_PASS", default_text="off"),
+           env="KIMIPERF_APPEND_ON_PASS", default_text="off", comma_list=True),
     Option("control", "--kimiperf-control",
            "boot the deployment's control_command (the recorded build) as a control profile, interleaved "
            "with the one selected profile, and judge the candidate against it in this session: the session "
@@ -195,8 +208,11 @@ OPTIONS = (
            "before failing (0: fail at once)", "600"),
     Option("server_hardware", "--kimiperf-server-hardware",
            "with --kimiperf-server-url: the attached server's hardware in your words (e.g. '8x RTX PRO 6000 "
-           "Blackwell, PCIe'), recorded in its fingerprint; required there for --kimiperf-update-baselines",
-           default_text="none", deprecated=("--server-hardware",)),
+           "Blackwell, PCIe'), recorded in its fingerprint; required there for --kimiperf-update-baselines. "
+           "State it once in the repository (this ini setting, or the deployment table's server_hardware) so "
+           "every run states it alike: a baseline is found by it",
+           env="KIMIPERF_SERVER_HARDWARE", default_text="the deployment's server_hardware, else none",
+           deprecated=("--server-hardware",)),
     Option("boots", "--kimiperf-boots",
            "boots per profile planned up front, in interleaved order A B B A; for recording a "
            "baseline or a careful comparison", "1",
@@ -228,16 +244,31 @@ OPTIONS = (
 )
 
 
+# Where pytest takes command-line arguments from, in the order it joins them (config.parse):
+# the ini file's addopts, then PYTEST_ADDOPTS, then the command line itself; the last one wins.
+ArgSources = Sequence[tuple[str, Sequence[str]]]
+
+
+def arg_sources(addopts: Sequence[str], environ: Mapping[str, str], invocation: Sequence[str]) -> ArgSources:
+    """The places pytest read this run's arguments from, in its order (see :data:`ArgSources`)."""
+    return (("in the ini option addopts", tuple(addopts)),
+            ("in PYTEST_ADDOPTS", tuple(shlex.split(environ.get("PYTEST_ADDOPTS", "")))),
+            ("on the command line", tuple(invocation)))
+
+
 def read_raw_options(
     getoption: Callable[[str], Any],
     getini: Callable[[str], Any],
     environ: Mapping[str, str] = os.environ,
+    *,
+    sources: ArgSources = (),
 ) -> dict[str, RawOption]:
     """Each option's value and where it came from, by the documented precedence (a deprecated
-    spelling counts as its option's own, and its source names the spelling)."""
+    spelling counts as its option's own, and its source names the spelling). With ``sources``
+    (:func:`arg_sources`), an option given two values in one of them is a ConfigError."""
     raw: dict[str, RawOption] = {}
     for opt in OPTIONS:
-        flag, value = _command_line(opt, getoption)
+        flag, value = _command_line(opt, getoption, sources)
         ini, ini_value = _ini(opt, getini)
         if value is not None:
             raw[opt.name] = RawOption(value, f"command line {flag}")
@@ -279,10 +310,45 @@ def deprecated_spellings_used(getoption: Callable[[str], Any], getini: Callable[
     return used
 
 
-def _command_line(opt: Option, getoption: Callable[[str], Any]) -> tuple[str, Any]:
+def _command_line(opt: Option, getoption: Callable[[str], Any], sources: ArgSources) -> tuple[str, Any]:
     """The option's value from the command line, and the spelling that gave it (the last given)."""
     spellings = (_get(getoption, SPELLINGS_DEST) or {}).get(opt.dest) or [opt.flag]
-    return spellings[-1], _get(getoption, opt.dest)
+    given: list[tuple[str, Any]] = (_get(getoption, GIVEN_DEST) or {}).get(opt.dest) or []
+    value = _get(getoption, opt.dest)
+    if len(given) < 2 or opt.kind == "bool" or not sources:
+        return spellings[-1], value
+    groups = _by_source(given, sources)
+    if groups is None:  # the arguments could not be told apart: argparse's last value stands
+        return spellings[-1], value
+    for where, group in groups:
+        values = list(dict.fromkeys(str(v) for _, v in group))
+        if len(values) > 1:
+            first, second = values[:2]
+            how = (f"; for both, give it once: {opt.flag} {first},{second}" if opt.comma_list else
+                   "; give it once")
+            raise ConfigError(f"{opt.flag} is given twice {where}, as {first!r} and {second!r}: it takes one "
+                              f"value, and the later would silently replace the earlier{how}")
+    _, last = groups[-1]  # a later place overrides an earlier, as pytest's own options do
+    return last[-1][0], value
+
+
+def _by_source(given: list[tuple[str, Any]], sources: ArgSources) -> list[tuple[str, list[tuple[str, Any]]]] | None:
+    """``given`` split by the place each value came from (only the places that gave one), or
+    None where the places' arguments do not account for every value given."""
+    spellings = {spelling for spelling, _ in given}
+
+    def count(tokens: Sequence[str]) -> int:
+        return sum(1 for t in tokens if t in spellings or t.split("=", 1)[0] in spellings)
+
+    counts = [count(tokens) for _, tokens in sources]
+    if sum(counts) != len(given):
+        return None
+    groups, start = [], 0
+    for (where, _), n in zip(sources, counts):
+        if n:
+            groups.append((where, given[start:start + n]))
+        start += n
+    return groups
 
 
 def _ini(opt: Option, getini: Callable[[str], Any]) -> tuple[str | None, Any]:

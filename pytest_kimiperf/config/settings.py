@@ -161,7 +161,7 @@ def build_settings(
     server_url = _server_url(options["server_url"])
     control, profiles = _with_control(options, deployment, chosen.profiles, server_url)
     profiles, command_plans = _booted_commands(profiles, deployment, server_url)
-    server_hardware = _attached_server_hardware(options, server_url, profiles)
+    server_hardware = _attached_server_hardware(options, server_url, profiles, deployment)
     append_on_pass = _append_on_pass(options, server_url, server_hardware)
     schedule = _boot_schedule(options, deployment, profiles, server_url, control)
     missing_baseline, gate = _missing_baseline_policy(options)
@@ -256,21 +256,27 @@ def _booted_commands(profiles: tuple[NcclProfile, ...], deployment: Deployment,
 
 
 def _attached_server_hardware(options: Mapping[str, RawOption], server_url: str | None,
-                              profiles: tuple[NcclProfile, ...]) -> str | None:
-    """The attached server's hardware as the user states it (None when booting); an attached server
-    takes one profile as its label, and a baseline recorded from it must say what it ran on."""
+                              profiles: tuple[NcclProfile, ...], deployment: Deployment) -> str | None:
+    """The attached server's hardware as the user states it (None when booting): the option by its
+    precedence, else the deployment's ``server_hardware``. An attached server takes one profile as
+    its label, and a baseline recorded from it must say what it ran on."""
     if server_url and len(profiles) > 1:
         raise ConfigError(
             f"--kimiperf-server-url {server_url} attaches to one running server, whose environment and arguments "
             f"were set when it started; give at most one --kimiperf-profile as its label, "
             f"not {', '.join(p.name for p in profiles)}"
         )
-    server_hardware = _server_hardware(options.get("server_hardware", RawOption(None, "default")), server_url)
+    stated = options.get("server_hardware", RawOption(None, "default"))
+    if stated.value in (None, "") and deployment.server_hardware is not None:
+        stated = RawOption(deployment.server_hardware, f"deployment {deployment.name}'s server_hardware "
+                                                       f"({deployment.source})")
+    server_hardware = _server_hardware(stated, server_url)
     if server_url and bool(options["update_baselines"].value) and server_hardware is None:
         raise ConfigError(
             f"--kimiperf-update-baselines with --kimiperf-server-url {server_url}: this host cannot see the attached "
             "server's hardware, and a baseline must say what it was measured on; state it with "
-            "--kimiperf-server-hardware '8x <GPU>, <interconnect>' (or the kimiperf_server_hardware ini option)"
+            "--kimiperf-server-hardware '8x <GPU>, <interconnect>', or once for every run in the repository: "
+            "the kimiperf_server_hardware ini option or the deployment's server_hardware"
         )
     return server_hardware
 

@@ -35,6 +35,7 @@ from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.judge.boots import BootSummary, min_samples, summarize_boot, summarize_metric
 from pytest_kimiperf.judge.fingerprint import Fingerprint, version_changes
 from pytest_kimiperf.judge.levels import BootOrigin
+from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.numbers import is_real
 
@@ -120,6 +121,10 @@ class BaselineEntry:
     # drift is judged against (judge/history.py). Empty in files written before schema 3.
     anchor: tuple[BaselineBoot, ...] = ()
     nights: tuple[Night, ...] = ()
+    # Not stored: a deliberate recording whose own run judged it a REGRESSION or an improvement
+    # against the history (baseline_entries). It is a new level, so it starts the history anew
+    # (append_history): appended, the next run would be judged against a mix of both levels.
+    new_level: bool = False
 
     def summaries(self) -> list[BootSummary]:
         """The history as BootSummary, oldest first (a tail metric's boots need as many
@@ -189,6 +194,12 @@ class BaselineFile:
     def entry(self, test: str, profile: str, metric: str) -> BaselineEntry | None:
         """The stored entry for this test, profile and metric, or None if never recorded."""
         return self.entries.get(entry_key(test, profile, metric))
+
+    def hosts(self) -> tuple[str, ...]:
+        """The host ids the file's boots were measured on, the most recent first."""
+        boots = sorted((b for entry in self.entries.values() for b in entry.boots if b.origin and b.origin.host),
+                       key=lambda b: b.recorded_at, reverse=True)
+        return tuple(dict.fromkeys(b.origin.host for b in boots if b.origin))
 
     def span(self) -> HistorySpan:
         """How many boots, sessions and hosts the file's history spans (its fullest entry's)."""
@@ -480,10 +491,13 @@ def append_history(old: BaselineEntry | None, new: BaselineEntry, keep: int = HI
     one night; a history written before anchors were kept takes its window as the anchor.
 
     A history recorded with another profile environment or other profile arguments, unit or
-    direction is another thing: it is replaced, not extended.
+    direction is another thing: it is replaced, not extended; and so is one that a deliberate
+    recording found changed beyond the tolerance (``new.new_level``: a REGRESSION or an
+    improvement its run judged), which is how a change is accepted.
     """
     if old is None or dict(old.profile_env) != dict(new.profile_env) or (
-            old.unit, old.direction, old.profile_args) != (new.unit, new.direction, new.profile_args):
+            old.unit, old.direction, old.profile_args) != (new.unit, new.direction, new.profile_args) or (
+            new.new_level and not on_pass):
         return replace(new, boots=new.boots[-keep:], anchor=new.boots[-keep:], nights=())
     boots = (old.boots + new.boots)[-keep:]
     if on_pass:
@@ -563,7 +577,8 @@ def baseline_entries(
 ) -> tuple[list[BaselineEntry], list[TestResult]]:
     """Baseline entries for every metric of the tests that ran, every boot of this session
     appended in order; and the boots not recorded (INVALID, or failed for another reason than
-    a verdict: their ``invalid`` and ``unrecordable`` say why)."""
+    a verdict: their ``invalid`` and ``unrecordable`` say why). An entry whose last boot was
+    judged a REGRESSION or an improvement against its history is a ``new_level``."""
     grouped: dict[tuple[str, str, str], list[tuple[TestResult, MetricResult]]] = {}
     skipped: list[TestResult] = []
     for res in sorted(results, key=lambda r: r.boot):
@@ -576,10 +591,12 @@ def baseline_entries(
     entries = []
     for (test, profile, metric), boots in grouped.items():
         last_res, last = boots[-1]
-        entries.append(make_entry(
+        entry = make_entry(
             test=test, profile=profile, metric=metric, unit=last.unit,
             direction=Direction(last.direction), samples=last.samples, git_commit=git_commit,
             profile_env=last_res.profile_env, profile_args=last_res.profile_args, boot_samples=[m.samples for _, m in boots],
             versions=last_res.versions, boot_origins=[r.origin for r, _ in boots],
-        ))
+        )
+        decided = last.baseline is not None and last.baseline.verdict in (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT)
+        entries.append(replace(entry, new_level=True) if decided else entry)
     return entries, skipped

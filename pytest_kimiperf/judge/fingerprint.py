@@ -141,6 +141,18 @@ def version_changes(old: Fingerprint, new: Fingerprint) -> list[str] | None:
 NOT_STATED = "not stated (--kimiperf-server-hardware)"
 
 
+def stated_apart(old: Fingerprint, new: Fingerprint) -> str | None:
+    """The attached server's hardware as stated when ``old`` was recorded, where that is all that
+    keeps ``old`` from ``new`` besides software versions (which are judged across): the same
+    server, stated otherwise or not at all. None where anything else hard differs."""
+    hard = old.diff(new)[0]
+    keys = {change.split(":", 1)[0] for change in hard}
+    recorded = old.hard.get(ATTACHED_HARDWARE)
+    if ATTACHED_HARDWARE not in keys or not keys <= {ATTACHED_HARDWARE, *VERSION_KEYS} or recorded in (None, NOT_STATED):
+        return None
+    return recorded
+
+
 def attached_fingerprint(local: Fingerprint, server: Mapping[str, str], *, stated_hardware: str | None) -> Fingerprint:
     """The fingerprint of a measurement of an attached server (``--kimiperf-server-url``).
 

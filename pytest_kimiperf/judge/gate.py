@@ -48,6 +48,7 @@ from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.baselines import LoadedBaselines
 from pytest_kimiperf.judge.boots import BootSummary, TestBoots
 from pytest_kimiperf.judge.decide import missing_baselines
+from pytest_kimiperf.judge.fingerprint import stated_apart
 from pytest_kimiperf.judge.floors import FloorResult, floor_check
 from pytest_kimiperf.judge.history import DEFAULT_HISTORIES, against_history, drift_failures, joint_placements
 from pytest_kimiperf.judge.notes import (
@@ -197,7 +198,8 @@ def judge_metric(
         )
         return comparison, BaselineLine(BaselineState.OTHER_HARDWARE, comparison.label, comparison,
                                         fingerprint=baselines.fingerprint.key, other=other.fingerprint.key,
-                                        hard=tuple(hard))
+                                        hard=tuple(hard),
+                                        recorded_hardware=stated_apart(other.fingerprint, baselines.fingerprint) or "")
     return against_history(result, entry, current=current, spreads=spreads, canary=canary,
                            profile_env=profile_env, profile_args=profile_args, placements=placements,
                            critical=critical, histories=histories)
@@ -527,7 +529,10 @@ def verdict_to_result(comparison: Comparison, result: TestResult, *, strict: boo
         case VerdictKind.NOT_COMPARABLE:
             # The baseline line says why: the host canary moved, or the profile's environment differs.
             line = next((m.baseline_line for m in result.metrics.values() if m.baseline is comparison), None)
-            result.warn(WarningKind.OTHER, line if line is not None else VerdictNote(comparison))
+            if line is None or line.state is not BaselineState.OTHER_HARDWARE:
+                # Other hardware's is the missing baseline's to say, once for the run (or in the
+                # failure under --kimiperf-missing-baseline=fail), not once more per metric.
+                result.warn(WarningKind.OTHER, line if line is not None else VerdictNote(comparison))
         case VerdictKind.INSUFFICIENT_SAMPLES:
             result.warn(WarningKind.OTHER, VerdictNote(comparison))
         case _:

@@ -123,6 +123,9 @@ class BaselineLine(Note):
     canary: CanaryCheck | None = None
     env: EnvDiff | None = None
     left_out: LeftOut | None = None
+    # Other hardware: the hardware stated when that baseline was recorded, where it is all that
+    # differs besides versions (fingerprint.stated_apart): stating it selects that baseline.
+    recorded_hardware: str = ""
 
     decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
         "state": BaselineState, "comparison": Comparison.from_dict, "canary": _canary_from_json,

@@ -33,10 +33,13 @@ from pytest_kimiperf.judge.notes import BootsForWithin
 from pytest_kimiperf.judge.profiles import WITHIN_INTERVAL
 from pytest_kimiperf.judge.stats import Comparison, Leaning, VerdictKind, leaning
 from pytest_kimiperf.judge.verdicts import BaselineState, TestResult
+from pytest_kimiperf.judge.verdicts import MissingBaselines as MissingBaselineNote
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_value
 from pytest_kimiperf.reports.model import SessionReport, boot_label, metric_heading, profile_verdict
 from pytest_kimiperf.reports.nccl_reach import reach_summary, sets_nccl
-from pytest_kimiperf.reports.sentences import beside_comparison, say
+from pytest_kimiperf.reports.sentences import (
+    RECORDING_ACCEPTS, beside_comparison, missing_reason, say, select_hardware,
+)
 
 
 # The answers, and one compact row per metric and profile.
@@ -241,7 +244,11 @@ def _not_compared(report: SessionReport) -> list[str]:
     for row in report.baseline_rows():
         if (row.test, row.profile) not in last or (row.line is not None and row.line.state is BaselineState.MISSING):
             continue
-        if row.baseline is None and row.line is not None:
+        if row.line is not None and row.line.state is BaselineState.OTHER_HARDWARE:
+            # The same for every metric: said once; the figures are the table's, and what to do
+            # the run line's (outcome_line), once.
+            reason = f"not comparable, shown only: {missing_reason(row.line)}"
+        elif row.baseline is None and row.line is not None:
             reason = row.message
         elif row.baseline is not None and row.baseline.verdict is VerdictKind.NOT_COMPARABLE:
             # The figures are the table's; what stands beside them is the same for every metric.
@@ -296,10 +303,18 @@ def run_verdict(report: SessionReport) -> str:
 
 
 def failure_lines(report: SessionReport) -> list[str]:
-    """Why tests failed: each failed boot's first failure, one line each (INVALID boots have the
-    answers' line)."""
-    return [f"FAILED {short_test(res.test)} [{res.profile} boot {res.boot}]: {say(res.failures[0])}"
-            for res in report.results if res.failures and not res.invalid]
+    """Why tests failed: each failed boot's first failure, one line per test and reason, naming
+    the boots it holds for (INVALID boots have the answers' line). A missing baseline points to
+    the lines that say why (another hardware's, above) and what to do (the run line), once."""
+    said: dict[tuple[str, str], list[str]] = {}
+    for res in report.results:
+        if not res.failures or res.invalid:
+            continue
+        first = res.failures[0]
+        text = (f"missing baseline (--kimiperf-missing-baseline=fail) for {', '.join(line.label for line in first.lines)}: "
+                "the run line says what to do" if isinstance(first, MissingBaselineNote) else say(first))
+        said.setdefault((short_test(res.test), text), []).append(f"{res.profile} boot {res.boot}")
+    return [f"FAILED {test} [{', '.join(boots)}]: {text}" for (test, text), boots in said.items()]
 
 
 # What to do next: the run's outcome in one line, and the one missing-baseline warning.
@@ -312,21 +327,41 @@ class MissingBaselines:
     # test -> (profiles, metric labels), in the order the run met them
     tests: dict[str, tuple[list[str], list[str]]]
     metrics: int  # metric x test x profile, each counted once however many boots it had
+    # The hardware a baseline of the same server was recorded under (BaselineLine.recorded_hardware):
+    # stating it is the advice, not recording.
+    recorded_hardware: str = ""
 
     def listing(self) -> str:
         """``test_ttft [default, ring-ll]: time to first token, p90 time to first token; ...``"""
-        return "; ".join(f"{test} [{', '.join(profiles)}]: {', '.join(labels)}"
-                         for test, (profiles, labels) in self.tests.items())
+        return "; ".join(self.lines())
+
+    def lines(self, most: int | None = None) -> list[str]:
+        """One line per test (``most`` of them, then how many more)."""
+        lines = [f"{test} [{', '.join(profiles)}]: {', '.join(labels)}" for test, (profiles, labels) in self.tests.items()]
+        if most is not None and len(lines) > most:
+            more = len(lines) - most
+            lines = [*lines[:most], f"and {more} more test{'s' * (more != 1)} (the summary's tables list them)"]
+        return lines
+
+    def next_step(self, record_command: str, *, gate: bool) -> str:
+        """What to do: state the hardware a baseline of this server was recorded under (under a
+        gate, only that), else record, saying what recording accepts."""
+        record = f"{record_command} (it {RECORDING_ACCEPTS})"
+        if not self.recorded_hardware:
+            return record
+        return select_hardware(self.recorded_hardware) + ("" if gate else f"; if the hardware is new, {record}")
 
 
 def missing_baselines(results: Sequence[TestResult], fingerprint: str) -> MissingBaselines | None:
     """What had no baseline on this hardware in ``results`` (None when nothing is missing)."""
     tests: dict[str, tuple[list[str], list[str]]] = {}
     seen: set[tuple[str, str, str]] = set()
+    recorded = ""
     for res in results:
         for metric, mres in res.metrics.items():
             if mres.baseline_line is None or not mres.baseline_line.state.missing:
                 continue
+            recorded = recorded or mres.baseline_line.recorded_hardware
             profiles, labels = tests.setdefault(res.test, ([], []))
             if res.profile not in profiles:
                 profiles.append(res.profile)
@@ -334,7 +369,7 @@ def missing_baselines(results: Sequence[TestResult], fingerprint: str) -> Missin
             if label not in labels:
                 labels.append(label)
             seen.add((res.test, res.profile, metric))
-    return MissingBaselines(fingerprint, tests, len(seen)) if tests else None
+    return MissingBaselines(fingerprint, tests, len(seen), recorded) if tests else None
 
 
 def boots_per_profile(results: Sequence[TestResult]) -> int:
@@ -342,9 +377,13 @@ def boots_per_profile(results: Sequence[TestResult]) -> int:
     return max((res.boot for res in results), default=0)
 
 
+# The tests the warning names before "and N more": it stays a few lines however many tests miss one.
+WARNING_TESTS = 3
+
+
 def missing_baseline_warning(report: SessionReport, record_command: str) -> str | None:
     """The session's one MissingBaselineWarning text, or None when every metric had a baseline
-    (or this run records them)."""
+    (or this run records them): a few lines, the tests it covers and the command."""
     if report.baselines_update is not None:
         return None
     missing = missing_baselines(report.results, _fingerprint(report))
@@ -352,9 +391,12 @@ def missing_baseline_warning(report: SessionReport, record_command: str) -> str 
         return None
     boots = boots_per_profile(report.results)
     metrics, tests = missing.metrics, len(missing.tests)
-    return (f"no baseline for this hardware ({missing.fingerprint}) for {metrics} metric{'s' * (metrics != 1)} "
-            f"of {tests} test{'s' * (tests != 1)}, judged against no history: {missing.listing()}. Record it "
-            f"with: {record_command} ({boots} boot{'s' * (boots != 1)} per profile, as this run)")
+    command = f"{record_command} ({boots} boot{'s' * (boots != 1)} per profile, as this run)"
+    return "\n".join([
+        f"no baseline for this hardware ({missing.fingerprint}) for {metrics} metric{'s' * (metrics != 1)} "
+        f"of {tests} test{'s' * (tests != 1)}, judged against no history:",
+        *(f"  {line}" for line in missing.lines(WARNING_TESTS)),
+        f"  next: {missing.next_step(command, gate=report.gate)}"])
 
 
 def outcome_line(report: SessionReport, record_command: str) -> str | None:
@@ -370,14 +412,18 @@ def outcome_line(report: SessionReport, record_command: str) -> str | None:
         skipped = f"; {left} test boot{'s' * (left != 1)} not recorded (listed above)" if left else ""
         if update.on_pass:
             return f"this passing run appended its boots to {update.entries} baseline entries in {update.path}{skipped}"
-        return (f"recorded {update.entries} baseline entries in {update.path}{skipped}; the same run "
+        anew = (f"; {update.restarted} of them judged changed against their history (a REGRESSION or an "
+                "improvement above) start it anew at this run's level, their older boots dropped: review the diff"
+                if update.restarted else "")
+        return (f"recorded {update.entries} baseline entries in {update.path}{skipped}{anew}; the same run "
                 "without --kimiperf-update-baselines now judges against them")
     missing = missing_baselines(report.results, _fingerprint(report))
     tally = _tally(report.results)
     if missing is not None and not tally:
         did = f"this run judged {judged}, nothing against history" if judged else "this run measured but judged nothing"
-        return (f"no baseline for this machine ({missing.fingerprint}) yet: {did}. Next: {record_command} "
-                "records one, then the run you just made judges against it") + _invalid(report.results)
+        then = "" if missing.recorded_hardware else ", then the run you just made judges against it"
+        return (f"no baseline for this machine ({missing.fingerprint}) yet: {did}. Next: "
+                f"{missing.next_step(record_command, gate=report.gate)}{then}") + _invalid(report.results)
     if not tally:
         return f"this run judged {judged or 'nothing'}; no metric was compared with a baseline"
     order = {word: i for i, word in enumerate(_VERDICT_ORDER)}
@@ -386,7 +432,8 @@ def outcome_line(report: SessionReport, record_command: str) -> str | None:
     if judged:
         line += f"; besides, {judged}"
     if missing is not None:
-        line += f". {missing.metrics} metrics had no baseline: {record_command} records them"
+        metrics = f"{missing.metrics} metric{'s' * (missing.metrics != 1)}"
+        line += f". {metrics} had no baseline: {missing.next_step(record_command, gate=report.gate)}"
     return line + _invalid(report.results)
 
 

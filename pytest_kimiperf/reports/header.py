@@ -10,7 +10,8 @@ them from ``pytest_report_header``.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+import shlex
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -112,16 +113,16 @@ def declarations_line(dep: Deployment) -> str:
 
 def fingerprint_lines(fingerprint: Fingerprint, baseline_file: Path, *, deployment: Deployment | None = None,
                       span: HistorySpan | None = None, host: Mapping[str, str] | None = None,
-                      client: str | None = None) -> list[str]:
+                      client: str | None = None, recorded_hosts: Sequence[str] = ()) -> list[str]:
     """The hardware and software the run measures on, the baseline file that selects, (with
     ``deployment``) the spreads in force over the history that file holds (``span``), which
-    host this is (``host``: measure/canary.host_identity), and how the client measures on it
-    (``client``: :func:`client_line`)."""
+    host this is (``host``: measure/canary.host_identity) beside those its boots came from, and
+    how the client measures on it (``client``: :func:`client_line`)."""
     lines = [*describe(fingerprint), f"kimiperf: baseline file {baseline_file}"]
     if deployment is not None:
         lines.append(spreads_line(deployment, span))
     if host is not None:
-        lines.append(host_line(host))
+        lines.append(host_line(host, recorded_hosts))
     if client is not None:
         lines.append(client)
     return lines
@@ -144,11 +145,24 @@ def client_line(quota: QuotaInForce, cpus: Collection[int], *, attached: bool) -
     return f"kimiperf: client: normal priority, {place}; {quota.describe()}"
 
 
-def host_line(host: Mapping[str, str]) -> str:
-    """This host's id and what it is made of: a boot id in it makes every reboot another host."""
+# The recorded host ids the header names, the most recent first.
+HOSTS_NAMED = 3
+
+
+def host_line(host: Mapping[str, str], recorded_hosts: Sequence[str] = ()) -> str:
+    """This host's id and what it is made of: a boot id in it makes every reboot another host.
+    Where the baseline's boots came from other host ids only, the option that names this machine
+    as one of them, with the ids recorded: it differs only in what the user states."""
     basis = host.get("basis", "")
-    line = f"kimiperf: host id {host.get('host', '?')} ({basis})"
-    if basis == "machine-id+boot-id":
+    here = host.get("host", "?")
+    line = f"kimiperf: host id {here} ({basis})"
+    if recorded_hosts and here not in recorded_hosts:
+        named = ", ".join(recorded_hosts[:HOSTS_NAMED]) + (
+            f" and {len(recorded_hosts) - HOSTS_NAMED} more" if len(recorded_hosts) > HOSTS_NAMED else "")
+        line += (f"; the baseline's boots were measured on host id {named}, each run here is judged as another host "
+                 f"(adding the host spread): if this is that machine, --kimiperf-host-id {shlex.quote(recorded_hosts[0])} "
+                 f"(or KIMIPERF_HOST_ID) names it so")
+    elif basis == "machine-id+boot-id":
         line += ("; the DMI product UUID is not readable, so a reboot counts as another host (each run then "
                  "adds the host spread): name the machine with --kimiperf-host-id (a runner's name) to keep one")
     return line

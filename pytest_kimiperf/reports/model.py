@@ -32,7 +32,7 @@ from pytest_kimiperf.judge.stats import Comparison, Leaning, leaning
 from pytest_kimiperf.judge.verdicts import BaselineLine, MetricResult, TestResult
 from pytest_kimiperf.numbers import fmt_value
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck
-from pytest_kimiperf.reports.sentences import baseline_line, warning_lines
+from pytest_kimiperf.reports.sentences import RECORDING_ACCEPTS, baseline_line, warning_lines
 from pytest_kimiperf.roofline.inputs import RooflineReport
 from pytest_kimiperf.server.progress import BootAccount
 from pytest_kimiperf.server.zombies import SweepAccount
@@ -143,6 +143,8 @@ class BaselineUpdate:
     entries: int
     not_recorded: tuple[str, ...] = ()  # "test [profile, boot N]: why" for each boot left out
     on_pass: bool = False
+    # Entries this recording started anew: it was judged changed against their history (new_level).
+    restarted: int = 0
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,8 @@ class SessionReport:
     weight_cache: WeightCacheFacts | None = None
     # the command that records this machine's baselines, quoted when a run finds none
     record_command: str = "python -m pytest --kimiperf-update-baselines"
+    # --kimiperf-gate: the advice never records over a baseline of the same server stated otherwise
+    gate: bool = False
     # perf scenarios left out of pytest-benchmark's table (reports/benchmark_bridge.py)
     benchmark_rows_hidden: int = 0
     # --kimiperf-control: the reference profile is the control (the recorded build, booted in this
@@ -344,7 +348,9 @@ class SessionReport:
     def record_advice(self) -> str:
         """What records a missing baseline: this run, when it records, else the command that
         does it here (``--kimiperf-record-command``, or this run's own with --kimiperf-update-baselines)."""
-        return "this run records it" if self.baselines_update is not None else f"record it with {self.record_command}"
+        if self.baselines_update is not None:
+            return "this run records it"
+        return f"record it with {self.record_command} (it {RECORDING_ACCEPTS})"
 
     def baseline_rows(self) -> list[BaselineRow]:
         """Each test, profile and metric against its baseline (or why there is none)."""
@@ -354,7 +360,7 @@ class SessionReport:
             for mres in res.metrics.values():
                 # The tables have a metric column, so the line goes without the metric's label.
                 if mres.baseline_line is not None:
-                    message = baseline_line(mres.baseline_line, label=False, advice=advice)
+                    message = baseline_line(mres.baseline_line, label=False, advice=advice, record=not self.gate)
                 elif res.invalid:
                     message = f"not compared: INVALID measurement ({res.invalid})"
                 else:

@@ -234,6 +234,7 @@ class SessionReporter:
         )
         report.weight_cache = self.run.weight_cache_facts()
         report.record_command = self.record_command
+        report.gate = settings.gate
         report.benchmark_rows_hidden = self.benchmark_rows_hidden
         return report
 
@@ -288,7 +289,8 @@ class SessionReporter:
                 f"cannot write baseline {path} (--kimiperf-update-baselines, --kimiperf-baselines-dir "
                 f"{settings.baselines_dir}): {exc.strerror or exc}"
             ) from None
-        return BaselineUpdate(path=str(path), entries=len(entries), not_recorded=tuple(not_recorded))
+        return BaselineUpdate(path=str(path), entries=len(entries), not_recorded=tuple(not_recorded),
+                              restarted=sum(entry.new_level for entry in entries))
 
     def _records(self) -> dict[str, ServerRecord]:
         """Server records of this process and, under xdist, those the workers sent back."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import shlex
 from collections.abc import Iterable
 from typing import assert_never
 
@@ -30,7 +31,18 @@ from pytest_kimiperf.judge.verdicts import (
 )
 from pytest_kimiperf.numbers import fmt_change, fmt_spread, fmt_value
 
-RECORD_ADVICE = "run --kimiperf-update-baselines"
+# What recording accepts, said wherever recording is the advice: it is never a neutral step.
+RECORDING_ACCEPTS = "records this run's figures as the new baseline: review the diff"
+RECORD_ADVICE = f"run --kimiperf-update-baselines (it {RECORDING_ACCEPTS})"
+
+
+def select_hardware(recorded: str) -> str:
+    """The advice where a baseline of the same server was recorded under other stated hardware:
+    the option (and its variable) that selects it, with the value recorded. Recording here would
+    take whatever this run measured, a regression included, as the baseline of a new name."""
+    return (f"if this is the server it was recorded on, state its hardware as recorded: "
+            f"--kimiperf-server-hardware {shlex.quote(recorded)} (or KIMIPERF_SERVER_HARDWARE, the "
+            "kimiperf_server_hardware ini option, the deployment's server_hardware)")
 
 
 def say_all(notes: Iterable[Note]) -> list[str]:
@@ -349,23 +361,39 @@ def beside_comparison(line: BaselineLine) -> list[str]:
     return [*_apart(line), *_versions(line), *([say(line.left_out)] if line.left_out is not None else [])]
 
 
-def baseline_line(line: BaselineLine, *, label: bool = True, advice: str = RECORD_ADVICE) -> str:
-    """The gate's line about one metric against its baseline: ``"{label}: {body}: {advice}{tail}"``;
-    the advice (what records a missing baseline) only where it is missing, and a report puts
-    its own command there."""
+def missing_reason(line: BaselineLine) -> str:
+    """Why a metric has no baseline here, without its figures: the same words for every metric
+    it holds for, so a report can say them once."""
     missing = f"no baseline for this hardware ({line.fingerprint})"
+    if line.state is BaselineState.OTHER_HARDWARE:
+        hard = list(line.hard)
+        shown = "; ".join(hard[:3]) + (f"; and {len(hard) - 3} more" if len(hard) > 3 else "")
+        return f"the baseline was recorded on other hardware ({line.other}: {shown}); {missing}"
+    return missing
+
+
+def missing_advice(line: BaselineLine, advice: str = RECORD_ADVICE, *, record: bool = True) -> str:
+    """What to do where ``line`` has no baseline: state the hardware a baseline of the same
+    server was recorded with, and (``record``: not a gate) record only if the hardware is new;
+    else ``advice``, what records one."""
+    if not line.recorded_hardware:
+        return advice
+    return select_hardware(line.recorded_hardware) + (f"; if the hardware is new, {advice}" if record else "")
+
+
+def baseline_line(line: BaselineLine, *, label: bool = True, advice: str = RECORD_ADVICE, record: bool = True) -> str:
+    """The gate's line about one metric against its baseline: ``"{label}: {body}: {advice}{tail}"``;
+    the advice (:func:`missing_advice`) only where it is missing, and a report puts its own
+    command there (and under a gate, ``record=False``, never records over a same-server baseline)."""
     tail = ""
     if line.state is BaselineState.OFF:
         body = "baselines not in use"
     elif line.state is BaselineState.MISSING:
-        body = missing
+        body = missing_reason(line)
         if line.others:
             tail = f" (baselines exist for other hardware: {', '.join(line.others)}; not comparable)"
     elif line.state is BaselineState.OTHER_HARDWARE and line.comparison is not None:
-        hard = list(line.hard)
-        shown = "; ".join(hard[:3]) + (f"; and {len(hard) - 3} more" if len(hard) > 3 else "")
-        body = (f"{comparison_line(line.comparison, label=False)} — the baseline was recorded on other hardware "
-                f"({line.other}: {shown}); {missing}")
+        body = f"{comparison_line(line.comparison, label=False)} — {missing_reason(line)}"
     else:
         body = comparison_line(line.comparison, label=False) if line.comparison is not None else ""
         body += "".join(f" — {clause}" for clause in _apart(line))
@@ -373,7 +401,7 @@ def baseline_line(line: BaselineLine, *, label: bool = True, advice: str = RECOR
     if line.left_out is not None:
         tail += f" — {say(line.left_out)}"
     head = f"{line.label}: " if label and line.label else ""
-    return f"{head}{body}{f': {advice}' if line.state.missing else ''}{tail}"
+    return f"{head}{body}{f': {missing_advice(line, advice, record=record)}' if line.state.missing else ''}{tail}"
 
 
 @say.register
@@ -385,13 +413,20 @@ def _(note: BaselineLine) -> str:
 def _(note: VerdictNote) -> str:
     line = comparison_line(note.comparison)
     if note.adopt:
-        return line + f"; {RECORD_ADVICE} to adopt it"
+        return line + f"; to adopt it, {RECORD_ADVICE}"
     return line + (f"; {say(note.plan)}" if note.plan is not None else "")
 
 
 @say.register
 def _(note: MissingBaselines) -> str:
-    return "missing baseline (--kimiperf-missing-baseline=fail): " + joined(note.lines)
+    # One reason, once: the metrics it holds for share it (another hardware's figures are the
+    # tables', shown, never judged). Never the record advice over a same-server baseline: this
+    # is a gate's failure, and recording would take a regression as the baseline.
+    by_reason: dict[tuple[str, str], list[str]] = {}
+    for line in note.lines:
+        by_reason.setdefault((missing_reason(line), missing_advice(line, record=False)), []).append(line.label)
+    said = [f"{', '.join(labels)}: {reason}: {advice}" for (reason, advice), labels in by_reason.items()]
+    return "missing baseline (--kimiperf-missing-baseline=fail): " + "; ".join(said)
 
 
 # --- what the gate says of a boot -----------------------------------------------------------
@@ -485,8 +520,8 @@ def _(note: Unresolved) -> str:
 def _(note: Drifted) -> str:
     return (f"DRIFT: {note.label} {fmt_change(note.change)} since the baseline was recorded ({note.anchor_at}), on the line "
             f"through the {note.nights} runs since (this one and {note.nights - 1} appended on passing), at best "
-            f"{fmt_change(note.bound)}: beyond the {fmt_tolerance(note.tolerance)} tolerance; find the change, or record "
-            "the baseline again (--kimiperf-update-baselines) if it is meant")
+            f"{fmt_change(note.bound)}: beyond the {fmt_tolerance(note.tolerance)} tolerance; find the change, or if "
+            f"it is meant, record the baseline again (--kimiperf-update-baselines: it {RECORDING_ACCEPTS})")
 
 
 @say.register

@@ -88,7 +88,7 @@ def test_decode(perf, module_state):
 """
 
 
-def test_boots_nobody_asked_for_leave_nothing_set_up_for_the_users_next_test(
+def test_boots_nobody_asked_for_leave_nothing_set_up_and_the_counts_still_add_up(
         pytester: pytest.Pytester, stub_project) -> None:
     # Boots 2 and 3 of default are on demand and not needed: they do not run. The module of the
     # last test that did run must still be torn down before a test of another module runs.
@@ -98,6 +98,13 @@ def test_boots_nobody_asked_for_leave_nothing_set_up_for_the_users_next_test(
     result = pytester.runpytest_subprocess("--kimiperf-max-boots", "3", "-p", "no:randomly", "-s", timeout=120)
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*TEARDOWN test_perf module*", "*RUN test_plain*"])
+    # "collected 4 items" then "2 passed": the header says what the other two are, the end how
+    # many of them ran (issue 60).
+    result.stdout.fnmatch_lines(["collected 4 items",
+                                 "kimiperf: 2 of these 4 items are boots on demand (boots 2-3 of each perf test and "
+                                 "profile): each runs only when an earlier boot of its test asks for it*"])
+    result.stdout.fnmatch_lines(["kimiperf: 2 boots on demand not needed: collected, neither run nor counted below",
+                                 "*= 2 passed*"])
 
 
 PROFILES_ON_DEMAND = """

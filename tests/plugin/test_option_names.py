@@ -50,9 +50,21 @@ def test_the_new_spelling_wins_over_an_old_one_in_the_ini(pytester: pytest.Pytes
 @pytest.mark.parametrize("args", [("--kimiperf-profile", "default", "--nccl-profile", "ring-ll"),
                                   ("--nccl-profile", "default", "--kimiperf-profile", "ring-ll"),
                                   ("--kimiperf-profile", "default", "--kimiperf-nccl-profile", "ring-ll")])
-def test_the_last_spelling_given_wins_as_argparse_aliases_do(pytester: pytest.Pytester, args: tuple[str, ...]) -> None:
-    # ci/perf-gate.sh passes --kimiperf-profile and lets a caller's extra arguments override it.
+def test_two_values_in_one_place_are_a_usage_error_whatever_the_spellings(pytester: pytest.Pytester,
+                                                                           args: tuple[str, ...]) -> None:
+    # argparse would keep the last: a profile dropped without a word (issue 60).
     pytester.makepyfile("def test_ok():\n    pass\n")
     result = pytester.runpytest_subprocess("--deployment", "tiny-cpu", *args, "-p", "no:cacheprovider", timeout=60)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kimiperf-profile is given twice on the command line, as 'default' and 'ring-ll'*"
+                                 "give it once: --kimiperf-profile default,ring-ll*"])
+
+
+def test_the_command_line_overrides_the_ini_files_addopts_as_pytests_own_options_do(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\naddopts = --kimiperf-profile default --kimiperf-boots 2\n")
+    pytester.makepyfile("def test_ok():\n    pass\n")
+    result = pytester.runpytest_subprocess("--deployment", "tiny-cpu", "--nccl-profile", "ring-ll", "-p",
+                                           "no:cacheprovider", timeout=60)
+    result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["kimiperf: profile ring-ll: *"])
     assert "kimiperf: profile default" not in result.stdout.str()

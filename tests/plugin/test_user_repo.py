@@ -119,18 +119,23 @@ def test_a_missing_baseline_fails_the_gate_and_warns_at_a_terminal(pytester: pyt
                                  "no baseline for this hardware*"])
     result = pytester.runpytest_subprocess(*args, timeout=120)  # warn, the default: once for the session
     result.assert_outcomes(passed=2, warnings=1)
+    # A few lines: what it covers and the command, with what recording accepts.
     result.stdout.fnmatch_lines([
         "*MissingBaselineWarning: kimiperf: no baseline for this hardware (*) for 1 metric of 1 test, judged "
-        "against no history: test_gate.py::test_decode [[]default[]]: decode. Record it with: python -m pytest "
-        "* --deployment stub --kimiperf-max-boots 1 -p no:cacheprovider --kimiperf-update-baselines (1 boot per profile, "
-        "as this run)",
+        "against no history:",
+        "    test_gate.py::test_decode [[]default[]]: decode",
+        "    next: python -m pytest * --deployment stub --kimiperf-max-boots 1 -p no:cacheprovider "
+        "--kimiperf-update-baselines (1 boot per profile, as this run) (it records this run's figures as the new "
+        "baseline: review the diff)",
+        "",
         "*= kimiperf: answers =*",
     ])
     # The summary wraps at the terminal's width, and where depends on the fingerprint's length.
     showed = " ".join(result.stdout.str().split("\nrun passed: ")[1].split())
     assert re.search(r"^no baseline for this machine \(\S+\) yet: this run measured but judged nothing\. "
                      r"Next: python -m pytest \S+ --deployment stub --kimiperf-max-boots 1 -p no:cacheprovider "
-                     r"--kimiperf-update-baselines records one,", showed), showed
+                     r"--kimiperf-update-baselines \(it records this run's figures as the new baseline: review the "
+                     r"diff\), then", showed), showed
     assert result.stdout.str().count("MissingBaselineWarning: kimiperf") == 1
     result.stdout.fnmatch_lines(["*/baselines/stub/*.json:1: MissingBaselineWarning: kimiperf: *"])
 

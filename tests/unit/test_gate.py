@@ -162,7 +162,8 @@ def test_a_missing_baseline_is_said_and_judges_nothing(tmp_path: Path) -> None:
     judged = _judge(_decode(50.0, seed=5), view=load_baselines(tmp_path, "tiny-cpu", FP))
     assert judged.comparisons == [] and judged.result.failures == []
     line = judged.result.metrics["decode_tok_s"].baseline_line
-    assert line is not None and say(line) == f"decode: no baseline for this hardware ({FP.key}): run --kimiperf-update-baselines"
+    assert line is not None and say(line) == f"decode: no baseline for this hardware ({FP.key}): run --kimiperf-update-baselines (it records this " \
+                                                  "run's figures as the new baseline: review the diff)"
     assert missing_baselines(judged.result) == [line]
     assert judged.wants_boot is None
 

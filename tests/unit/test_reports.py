@@ -266,8 +266,10 @@ def test_baseline_section_shows_verdicts_and_the_missing_baseline(report: Sessio
     assert any(line.strip().startswith("time to first token ms") and line.endswith("REGRESSION")
                for line in section)
     assert f"{DECODE_TEST} [ring-ll]" in section
-    missing = section[section.index(f"{DECODE_TEST} [ring-ll]") + 1]
-    assert missing.strip() == f"no baseline for this hardware ({FINGERPRINT.key}): record it with make baseline"
+    at = section.index(f"{DECODE_TEST} [ring-ll]") + 1
+    missing = " ".join(line.strip() for line in section[at:at + 2])
+    assert missing == (f"no baseline for this hardware ({FINGERPRINT.key}): record it with make baseline (it "
+                       "records this run's figures as the new baseline: review the diff)")
 
 
 def test_floor_and_warnings_and_files(report: SessionReport) -> None:
@@ -298,13 +300,14 @@ def test_quiet_keeps_only_verdict_lines(report: SessionReport) -> None:
     assert verdicts[8].endswith("REGRESSION")  # the second boot convicts
     assert verdicts[9].startswith("  [default] decode ") and verdicts[9].endswith(
         "tok/s: below target (floor 60, target 85)")
-    assert " ".join(verdicts[-2:]) == (f"baselines: no baseline for this hardware ({FINGERPRINT.key}): record it "
-                                       "with make     baseline (6 metrics)")
+    assert " ".join(" ".join(verdicts[-2:]).split()) == (
+        f"baselines: no baseline for this hardware ({FINGERPRINT.key}): record it with make baseline (it records "
+        "this run's figures as the new baseline: review the diff) (6 metrics)")
     assert len(verdicts) == 15
     outcome = " ".join(line.strip() for line in lines[lines.index("= kimiperf: what this run showed") + 1:])
     assert outcome == ("against this machine's baseline, each test's last boot: 1 REGRESSION, 2 no detectable change; "
                        "besides, ring-ll against default and the decode floor. 3 metrics had no baseline: make "
-                       "baseline records them")
+                       "baseline (it records this run's figures as the new baseline: review the diff)")
 
 
 def test_verbose_adds_every_sample_and_the_boots_and_spread(report: SessionReport) -> None:
@@ -806,20 +809,24 @@ def test_a_first_run_says_once_what_it_judged_and_the_command_that_records_the_b
                                               fingerprint=FINGERPRINT.key)
     report = make_report(results)
     warning = missing_baseline_warning(report, report.record_command)
+    # A few lines: what it covers, test by test, and the command with what it accepts.
     assert warning == (
-        f"no baseline for this hardware ({FINGERPRINT.key}) for 6 metrics of 1 test, judged against no history: "
-        f"{DECODE_TEST} [default, ring-ll]: decode, inter-token latency, time to first token. Record it with: "
-        "make baseline (2 boots per profile, as this run)")
+        f"no baseline for this hardware ({FINGERPRINT.key}) for 6 metrics of 1 test, judged against no history:\n"
+        f"  {DECODE_TEST} [default, ring-ll]: decode, inter-token latency, time to first token\n"
+        "  next: make baseline (2 boots per profile, as this run) (it records this run's figures as the new "
+        "baseline: review the diff)")
     lines = summary(report, verbosity=1).lines()
     start = lines.index(f"= kimiperf: against baselines (baselines/tiny-cpu/{FINGERPRINT.key}.json)")
-    assert " ".join(line.strip() for line in lines[start + 1:start + 3]) == (
-        f"no baseline for this hardware ({FINGERPRINT.key}): record it with make baseline (12 metrics)")
+    assert " ".join(" ".join(line.strip() for line in lines[start + 1:start + 3]).split()) == (
+        f"no baseline for this hardware ({FINGERPRINT.key}): record it with make baseline (it records this run's "
+        "figures as the new baseline: review the diff) (12 metrics)")
     first_screen = summary(report).lines()
     assert not any("against the baseline" in line for line in first_screen)  # the run line says it once
     outcome = outcome_of(first_screen)
     assert outcome == (f"no baseline for this machine ({FINGERPRINT.key}) yet: this run judged ring-ll against "
-                       "default and the decode floor, nothing against history. Next: make baseline records one, "
-                       "then the run you just made judges against it")
+                       "default and the decode floor, nothing against history. Next: make baseline (it records this "
+                       "run's figures as the new baseline: review the diff), then the run you just made judges "
+                       "against it")
     # the run that records: no warning, and the rows say this run records them
     report.baselines_update = BaselineUpdate(path="baselines/tiny-cpu/x.json", entries=6,
                                              not_recorded=("t [ring-ll, boot 1]: INVALID: host busy",))

@@ -76,4 +76,5 @@ def test_a_missing_baseline_fails_only_when_asked_and_the_failure_is_kept() -> N
     [failure] = result.failures
     assert say(failure) == (
         "missing baseline (--kimiperf-missing-baseline=fail): decode tok/s: no baseline for this "
-        "hardware (fingerprint abc): run --kimiperf-update-baselines")
+        "hardware (fingerprint abc): run --kimiperf-update-baselines (it records this run's figures as the new "
+        "baseline: review the diff)")
