@@ -29,12 +29,18 @@ time", ISMM 2013: replicate at the level that varies most). So:
   whole difference (boots and every level the sides do not share) from none, and only on two
   boots or more (one boot can screen, never convict: a first boot that looks bad asks for
   another, see ``power.wants_another_boot``); "within +/-tol" only when the whole
-  :data:`EQUIVALENCE_CONFIDENCE` interval lies inside the tolerance. Short of those, the
-  interval says what it can: "changed, size unresolved" when it excludes zero (something
-  changed, but whether beyond the tolerance is not shown); "no detectable change" when it holds
+  :data:`EQUIVALENCE_CONFIDENCE` interval lies inside the tolerance. Short of those: "changed,
+  size unresolved" when the bounds a direction needs exclude zero (something changed, and which
+  way, but whether beyond the tolerance is not shown); "no detectable change" when they hold
   zero and the point estimate is inside the tolerance (with the smallest change this design
-  would have detected); "inconclusive" when it holds zero and the point estimate is beyond the
+  would have detected); "inconclusive" when they hold zero and the point estimate is beyond the
   tolerance (both no change and a change beyond the tolerance fit the data).
+* **a sign is a claim**: every verdict that says which way a metric moved (REGRESSION,
+  IMPROVEMENT, a change with its size unresolved) rests on the same bounds, so an unchanged
+  build gets a sign on any metric in at most :data:`RUN_ALPHA` of runs (:func:`family_critical`,
+  two-sided: the run's budget split over its comparisons and their two sides). The 90% interval
+  excluding zero stated "changed, size unresolved" in 34-51% of unchanged runs of 10 metrics
+  (benchmarks/sign_claims.md); it still shows the estimate beside every verdict.
 
 Why this rule, and :data:`GATE_CRITICAL` 3.25: the gate's budget is per session, not per metric: an
 unchanged build may fail at most 1% of sessions, with every gated metric of both profiles (20
@@ -227,10 +233,26 @@ def t_quantile(level: float, df: float) -> float:
 EQUIVALENCE_CONFIDENCE = 0.90
 # Power at which the minimum detectable change is quoted ("detects changes of X% or more").
 DETECTION_POWER = 0.90
-# REGRESSION (IMPROVEMENT): the estimate beyond the tolerance and the change this many standard
-# errors from none. Chosen for the procedure as a whole (benchmarks/gate_power.py --cells
+# A sign (REGRESSION, IMPROVEMENT, or a change with its size unresolved): the change this many
+# standard errors from none, where the run's size is not given (a run of a known size uses
+# family_critical). Chosen for the procedure as a whole (benchmarks/gate_power.py --cells
 # calibrate): boots on demand, every gated metric of a session, levels and modes.
 GATE_CRITICAL = 3.25
+# The run's budget for signs: the chance that a run whose build changed nothing says which way any
+# of its metrics moved (a REGRESSION, an IMPROVEMENT, or a change with its size unresolved, either
+# way), all its comparisons together.
+RUN_ALPHA = 0.01
+
+
+def family_critical(m: int, alpha: float = RUN_ALPHA) -> float:
+    """The critical value (standard errors) each of ``m`` comparisons needs before it states a
+    sign, either way, so that a run of them states one on an unchanged build with at most
+    ``alpha``: Bonferroni over the comparisons and their two sides."""
+    if m < 1:
+        raise ValueError(f"family of {m!r} comparisons: a run makes at least one")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha={alpha!r}: use a probability between 0 and 1")
+    return float(scipy_stats.norm.isf(alpha / (2.0 * m)))
 
 
 class VerdictKind(str, Enum):
@@ -304,9 +326,10 @@ class Comparison:
 
     ``change`` is ``exp(mean log-median current - mean log-median reference) - 1``: -0.004
     means 0.4% lower, whatever the metric's direction. ``bound_low``/``bound_high`` are the
-    change :data:`GATE_CRITICAL` standard errors either way (one-sided at ``confidence``): a
-    REGRESSION's estimate is beyond the tolerance and its bound beyond zero;
-    ``ci_low``/``ci_high`` the :data:`EQUIVALENCE_CONFIDENCE` interval that decides "within".
+    change :data:`GATE_CRITICAL` standard errors either way (one-sided at ``confidence``; the
+    run's :func:`family_critical` where its size is known): every sign needs one of them beyond
+    zero, a REGRESSION's estimate beyond the tolerance too; ``ci_low``/``ci_high`` the
+    :data:`EQUIVALENCE_CONFIDENCE` interval that decides "within" and shows the estimate.
     ``mdc`` is the smallest change (as a positive fraction) that this design, with at least
     :data:`MIN_BOOTS_DIRECTIONAL` boots, reports as a regression with :data:`DETECTION_POWER`.
     """
@@ -351,6 +374,15 @@ class Comparison:
     def gain(self) -> float:
         """The change signed so that positive is better, whatever the metric's direction."""
         return self.change if self.direction is Direction.HIGHER_IS_BETTER else -self.change
+
+    @property
+    def claim(self) -> Leaning:
+        """Which way this comparison says the metric moved: a direction's leaning, the side of
+        its estimate for a change with its size unresolved, NEITHER for every verdict that states
+        no sign. Every sign comes from the run's budget (:data:`RUN_ALPHA`), as a direction does."""
+        if self.verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED:
+            return Leaning.BETTER if self.gain > 0 else Leaning.WORSE
+        return leaning(self.verdict)
 
     @property
     def failed(self) -> bool:
@@ -509,6 +541,8 @@ def compare_boots(
     power_z = _z(DETECTION_POWER) if math.isinf(df) else t_quantile(DETECTION_POWER, df)
     mdc = -math.expm1(-(max(band, crit * se_k) + power_z * se_k))
     enough = len(cur) >= min_boots_directional
+    # A sign, with its size or without, only from the bounds a direction needs: the run's budget
+    # (the 90% interval excluding zero said "changed" in a third to half of unchanged runs).
     if not comparable:
         verdict = VerdictKind.NOT_COMPARABLE
     elif enough and worst < 0.0 and gain_log < -band:
@@ -517,7 +551,7 @@ def compare_boots(
         verdict = VerdictKind.IMPROVEMENT
     elif -band <= d - t_eq * se and d + t_eq * se <= band:
         verdict = VerdictKind.WITHIN_TOLERANCE
-    elif ci_low > 0.0 or ci_high < 0.0:
+    elif bound_low > 0.0 or bound_high < 0.0:
         verdict = VerdictKind.CHANGED_SIZE_UNRESOLVED
     elif abs(gain_log) > band:
         verdict = VerdictKind.INCONCLUSIVE

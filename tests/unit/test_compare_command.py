@@ -78,7 +78,8 @@ def test_under_the_cpu_engines_spawn_modes_two_boots_a_side_leave_decodes_halvin
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # tiny-cpu declares a slow mode at half speed in 10% of boots (judge/profiles.py): both
     # boots of a side in it is a reading the rule must weigh, so decode (-64%) gets no direction,
-    # only a change; output throughput (-65%, its boots agreeing more closely) is convicted.
+    # only a change (its sign at the level the comparison's 8 rows share); output throughput
+    # (-65%, its boots agreeing more closely) is convicted.
     status, out, _ = _run(capsys, "--a", *A, "--b", *_slower(B, 2.0, tmp_path), "--deployment", "tiny-cpu")
     assert "b vs a, decode tok/s (one stream): -63.7%, " in out
     assert ": changed, size unresolved (tolerance 25%, 2 vs 2 boots;" in out
