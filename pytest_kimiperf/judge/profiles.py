@@ -96,7 +96,7 @@ from scipy import stats as scipy_stats
 from pytest_kimiperf.config.deployments import Deployment
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.boots import BootSummary
-from pytest_kimiperf.judge.notes import BootsForWithin, BootsToDecide, DeclaredModes, Note, SpreadSource
+from pytest_kimiperf.judge.notes import BootsForWithin, BootsToDecide, DeclaredModes, Note, SpreadSeen, SpreadSource
 from pytest_kimiperf.judge.power import smallest_change
 from pytest_kimiperf.judge.stats import (
     DETECTION_POWER,
@@ -523,12 +523,29 @@ def compare_in_session(
               if fit.sd <= math.log1p(rules.boot_spread) + 1e-12
               else SpreadSource(SpreadSource.SIDES, measured=math.expm1(fit.sd), whole=True))
     return Comparison(
+        spreads_seen=_boot_seen(cur, ref, [*cur_b, *ref_b], rules),
         **common, median_current=math.exp(sum(math.log(b.median) for b in cur_b) / len(cur_b)),
         median_reference=math.exp(sum(math.log(b.median) for b in ref_b) / len(ref_b)),
         change=change, bound_low=_expm1(lo), bound_high=_expm1(hi), ci_low=math.expm1(clo),
         ci_high=math.expm1(chi), spread_sd_log=fit.sd, spread_df=fit.df, spread_source=source, se_log=fit.se,
         mdc=_mdc(fit, band, rules), verdict=verdict, notes=tuple(notes),
         equivalence_confidence=WITHIN_INTERVAL if verdict is VerdictKind.WITHIN_TOLERANCE else EQUIVALENCE_CONFIDENCE)
+
+
+def _boot_seen(cur: Sequence[float], ref: Sequence[float], boots: Sequence[BootSummary],
+               rules: InSessionRules) -> tuple[SpreadSeen, ...]:
+    """What the two sides' boots measure of the boot level, each around its own mean, against the
+    declared boot spread (with the boots' own error of the median); nothing where the deployment
+    declares spawn modes (the sides' spread then holds the modes too) or no side has two boots."""
+    df = sum(len(side) - 1 for side in (cur, ref))
+    if rules.modes.declared or df <= 0:
+        return ()
+    sum_sq = sum(sum((x - sum(side) / len(side)) ** 2 for x in side) for side in (cur, ref))
+    errors = [b.se_log ** 2 for b in boots if math.isfinite(b.se_log)]
+    lower = sum(errors) / len(errors) if errors else 0.0
+    units = sum(len(side) for side in (cur, ref) if len(side) > 1)
+    return (SpreadSeen("boot", sum_sq, df, math.log1p(rules.boot_spread) ** 2 + lower, rules.boot_spread, units,
+                       lower_var=lower),)
 
 
 def boots_to_decide(d: float, sd: float, band: float, rules: InSessionRules) -> int | None:

@@ -88,6 +88,7 @@ from pytest_kimiperf.judge.notes import (
     LevelSpread,
     NeedsBoots,
     Note,
+    SpreadSeen,
     SpreadSource,
     TooFewSamples,
     notes_from_json,
@@ -155,6 +156,28 @@ def boot_floor(current: Sequence[BootSummary], reference: Sequence[BootSummary],
     floor of the boot level."""
     within = [b.se_log ** 2 for b in (*current, *reference) if math.isfinite(b.se_log)]
     return prior_sd_log ** 2 + (sum(within) / len(within) if within else 0.0)
+
+
+def boot_seen(current: Sequence[BootSummary], reference: Sequence[BootSummary], declared: float) -> SpreadSeen | None:
+    """What the boots measure of the boot level (within their sessions) against the ``declared``
+    boot spread, whose floor adds the boots' own error of the median; None where no session has
+    two boots."""
+    sum_sq, df = within_sessions(current, reference)
+    if df <= 0:
+        return None
+    floor = boot_floor(current, reference, math.log1p(declared))
+    units = sum(len(group) for group in _sessions_of(current, reference) if len(group) >= 2)
+    return SpreadSeen("boot", sum_sq, df, floor, declared, units, lower_var=floor - math.log1p(declared) ** 2)
+
+
+def _sessions_of(current: Sequence[BootSummary], reference: Sequence[BootSummary]) -> list[list[BootSummary]]:
+    groups: list[list[BootSummary]] = []
+    for side in (current, reference):
+        sessions: dict[str, list[BootSummary]] = {}
+        for b in side:
+            sessions.setdefault(b.session, []).append(b)
+        groups.extend(sessions.values())
+    return groups
 
 
 def estimate_spread(
@@ -318,6 +341,9 @@ class LevelTerm:
     # The larger of the declared and the measured variance (not pooled), times ``weight``: the
     # weight this level's df carries in the Satterthwaite df. NaN: ``var_log``.
     plain_var_log: float = math.nan
+    # What the reference's units measured of this level against its declaration (None: nothing);
+    # the comparison carries it on (Comparison.spreads_seen).
+    seen: SpreadSeen | None = None
 
 
 @dataclass(frozen=True)
@@ -369,6 +395,9 @@ class Comparison:
     # computed (the guard then takes ``spread_sd_log``).
     reference_spread_sd_log: float = math.nan
     reference_spread_df: float = math.nan
+    # What the comparison's own boots measured of each level against its declaration, for the
+    # run's line on misdeclared spreads (judge/spread_check.py).
+    spreads_seen: tuple[SpreadSeen, ...] = ()
 
     @property
     def gain(self) -> float:
@@ -421,6 +450,8 @@ class Comparison:
                 value = value.to_json() if value is not None else None
             elif name == "notes":
                 value = [n.to_json() for n in value]
+            elif name == "spreads_seen":
+                value = [seen.to_dict() for seen in value]
             elif isinstance(value, float) and not math.isfinite(value):
                 value = None
             out[name] = value
@@ -448,6 +479,8 @@ class Comparison:
                 values[f.name] = SpreadSource.from_fields(raw) if raw else None
             elif f.name == "notes":
                 values[f.name] = tuple(notes_from_json(raw))
+            elif f.name == "spreads_seen":
+                values[f.name] = tuple(SpreadSeen.from_dict(seen) for seen in raw or ())
             elif f.type in ("float",) and raw is None:
                 values[f.name] = math.nan
             else:
@@ -503,6 +536,7 @@ def compare_boots(
             spread_source=None, se_log=nan, mdc=nan, verdict=VerdictKind.INSUFFICIENT_SAMPLES,
             notes=_insufficient_note(current, reference))
     spread = estimate_spread(cur, ref, prior_sd_log=math.log1p(prior_spread), prior_df=prior_spread_df)
+    seen = boot_seen(cur, ref, prior_spread)
     reference_spread = estimate_spread((), ref, prior_sd_log=math.log1p(prior_spread), prior_df=prior_spread_df)
     mean_cur = sum(math.log(b.median) for b in cur) / len(cur)
     mean_ref = sum(math.log(b.median) for b in ref) / len(ref)
@@ -565,7 +599,8 @@ def compare_boots(
         bound_low=bound_low, bound_high=bound_high, ci_low=ci_low, ci_high=ci_high,
         spread_sd_log=spread.sd_log, spread_df=spread.df, spread_source=spread.source, se_log=se,
         mdc=mdc, verdict=verdict, notes=notes, confidence=float(scipy_stats.norm.cdf(z_crit)),
-        reference_spread_sd_log=reference_spread.sd_log, reference_spread_df=reference_spread.df)
+        reference_spread_sd_log=reference_spread.sd_log, reference_spread_df=reference_spread.df,
+        spreads_seen=(*((seen,) if seen is not None else ()), *(t.seen for t in levels if t.seen is not None)))
 
 
 def _insufficient_note(current: Sequence[BootSummary], reference: Sequence[BootSummary]) -> tuple[Note, ...]:

@@ -24,6 +24,7 @@ from pytest_kimiperf.judge.notes import (
     NoDecode, Note, Plan, PrefixCacheReused, Said, SloCheck, SoftFingerprint, SpreadSource, TooFewSamples, Unresolved,
     Drifted,
 )
+from pytest_kimiperf.judge.spread_check import SpreadBeyond, SpreadsMisdeclared
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind, band_log, fmt_tolerance
 from pytest_kimiperf.judge.verdicts import (
     BaselineLine, BaselineState, EnvDiff, MissingBaselines, TestResult, VerdictNote,
@@ -111,6 +112,24 @@ def _(note: SpreadSource) -> str:
     if how == SpreadSource.SIDES:
         return f"measured {_pct(note.measured, note.whole)} inside the sides"
     return {"boot": "one boot per session", "session": "one session per host"}.get(unit, "one host")
+
+
+@say.register
+def _(note: SpreadsMisdeclared) -> str:
+    def seen(b: SpreadBeyond) -> str:
+        chance = f"{b.p:.1g}" if b.p > 0 else "below 1e-300"
+        return (f"{b.level} spread {fmt_spread(b.measured)} where {fmt_spread(b.declared)} is declared, "
+                f"the widest of {b.flagged} of {b.checked} {b.level} checks beyond it ({b.where}: {b.units} "
+                f"{b.level}{'s' * (b.units != 1)}, {b.df:g} df; chance {chance} at the declared)")
+
+    if note.deployment:
+        declare = " and ".join(f"{b.level}_spread = {b.measured:.2g}" for b in note.beyond)
+        change = f"declare {declare} in deployment {note.deployment!r}"
+    else:
+        change = f"pass --boot-spread {note.beyond[0].measured:.2g}"
+    return (f"spreads wider than declared, at the run's level ({note.alpha:.0%} over {note.checks} checks): "
+            f"{'; '.join(seen(b) for b in note.beyond)}: {change}, or find what spreads the boots (the judge "
+            "already used the larger)")
 
 
 def level_spread_text(level: LevelSpread) -> str:

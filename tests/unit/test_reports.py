@@ -38,7 +38,7 @@ from pytest_kimiperf.reports.json_report import (
     dumps_json_report,
 )
 from pytest_kimiperf.reports.markdown import render_markdown, write_markdown
-from pytest_kimiperf.reports.answers import missing_baseline_warning
+from pytest_kimiperf.reports.answers import answer_lines, missing_baseline_warning, spread_line
 from pytest_kimiperf.reports.model import (
     BaselineUpdate,
     ProfileFacts,
@@ -850,3 +850,23 @@ def test_an_invalid_boot_is_named_where_its_verdict_would_be(results: list[TestR
                 line.strip() for line in lines)
     assert outcome_of(lines).endswith(". 1 test boot measured INVALID (no verdict from a busy host or an untrusted client: "
                             "the failures above say which)")
+
+
+def test_boots_wider_than_the_declared_spread_get_one_line_in_the_answers_and_the_markdown(
+        view: LoadedBaselines) -> None:
+    # The second boot of each profile 12% off its first, where the deployment declares 1%: the
+    # boots within this session say the declaration is too small (judge/spread_check.py).
+    default = judge(measured("default", decode=81.4, itl=12.3, ttft=40.0, seed=1), view)
+    ring_ll = judge(measured("ring-ll", decode=81.9, itl=12.2, ttft=44.0, seed=10), view)
+    wide = make_report([
+        default, ring_ll,
+        judge(measured("ring-ll", decode=72.1, itl=13.8, ttft=44.3, seed=30, boot=2), view, [ring_ll]),
+        judge(measured("default", decode=71.6, itl=13.9, ttft=40.2, seed=20, boot=2), view, [default]),
+    ])
+    [line] = [a.text for a in answer_lines(wide) if a.text.startswith("spreads wider than declared")]
+    assert "(1% over 6 checks): boot spread 9.9% where 1% is declared" in line
+    assert line.endswith("declare boot_spread = 0.099 in deployment 'tiny-cpu', or find what spreads the boots "
+                         "(the judge already used the larger)")
+    assert f"**Spreads:** {line}" in render_markdown(wide).replace("\\", "")
+    # The golden report's boots agree with the declaration: no line.
+    assert spread_line(make_report([default, ring_ll])) is None
