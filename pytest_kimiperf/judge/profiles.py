@@ -312,12 +312,15 @@ class InSessionRules:
         return (self.plan.level(self.alpha, boots, self.plan.direction_shape),
                 self.plan.level(EQUIVALENCE_ALPHA, boots, self.plan.equivalence_shape))
 
-    def sign_level(self, boots: int) -> float:
-        """The one-sided level of a sign at the look with ``boots`` boots a side: the whole
-        :attr:`sign_alpha` without a plan, its share spent as a direction's with one."""
-        if self.plan is None or boots < 1:
+    @property
+    def sign_level(self) -> float:
+        """The one-sided level of a sign at any look: the whole :attr:`sign_alpha` without a plan,
+        with one its share at each look the plan may take (Bonferroni over the looks: a sign is
+        said at whichever look the session stops, and the booking stops on the primary metric
+        alone, so the other metrics' looks are not the ones a spending function plans for)."""
+        if self.plan is None:
             return self.sign_alpha
-        return self.plan.level(self.sign_alpha, boots, self.plan.direction_shape)
+        return self.sign_alpha / len(self.plan.looks(self.plan.cap))
 
 
 def _side_offsets(gains: Sequence[float], sd: float, modes: SpawnModes) -> list[tuple[float, float]]:
@@ -459,7 +462,7 @@ def compare_in_session(
     common: dict[str, Any] = dict(metric=metric, unit=unit, direction=direction, tolerance=float(tolerance),
                   boots_current=len(cur_b), boots_reference=len(ref_b),
                   n_current=sum(b.n for b in cur_b), n_reference=sum(b.n for b in ref_b),
-                  confidence=1.0 - rules.sign_level(min(len(cur_b), len(ref_b))))
+                  confidence=1.0 - rules.sign_level)
     if not cur_b or not ref_b:
         return Comparison(**common, median_current=nan, median_reference=nan, change=nan, bound_low=nan,
                           bound_high=nan, ci_low=nan, ci_high=nan, spread_sd_log=nan, spread_df=nan,
@@ -484,10 +487,10 @@ def compare_in_session(
 
     clo, chi = interval(t_ci)
     # A sign, with a direction or without, only where the bounds at the session's sign level
-    # (stats.RUN_ALPHA over its comparisons, spent as a direction's) exclude zero, the modes weighed
+    # (stats.RUN_ALPHA over its comparisons and looks) exclude zero, the modes weighed
     # as a direction weighs them, on the pooled spread the interval uses (a direction's own test,
     # each side's own spread at its own few df, comes on top: at 1 df a family's level is out of reach).
-    sign_level = rules.sign_level(min(len(cur), len(ref)))
+    sign_level = rules.sign_level
     slo, shi = _sign_bound(fit, sign_level, upper=False), _sign_bound(fit, sign_level, upper=True)
     if enough and p_worse <= alpha and apart_worse and shi < 0.0:
         verdict = VerdictKind.REGRESSION

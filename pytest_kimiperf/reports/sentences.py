@@ -115,21 +115,22 @@ def _(note: SpreadSource) -> str:
 
 
 @say.register
-def _(note: SpreadsMisdeclared) -> str:
-    def seen(b: SpreadBeyond) -> str:
-        chance = f"{b.p:.1g}" if b.p > 0 else "below 1e-300"
-        return (f"{b.level} spread {fmt_spread(b.measured)} where {fmt_spread(b.declared)} is declared, "
-                f"the widest of {b.flagged} of {b.checked} {b.level} checks beyond it ({b.where}: {b.units} "
-                f"{b.level}{'s' * (b.units != 1)}, {b.df:g} df; chance {chance} at the declared)")
+def _(note: SpreadBeyond) -> str:
+    chance = f"{note.p:.1g}" if note.p > 0 else "below 1e-300"
+    return (f"{note.level} spread {fmt_spread(note.measured)} where {fmt_spread(note.declared)} is declared, the "
+            f"widest of {note.flagged} of {note.checked} {note.level} checks beyond it ({note.where}: {note.units} "
+            f"{note.level}{'s' * (note.units != 1)}, {note.df:g} df; chance {chance} at the declared)")
 
+
+@say.register
+def _(note: SpreadsMisdeclared) -> str:
     if note.deployment:
         declare = " and ".join(f"{b.level}_spread = {b.measured:.2g}" for b in note.beyond)
         change = f"declare {declare} in deployment {note.deployment!r}"
     else:
         change = f"pass --boot-spread {note.beyond[0].measured:.2g}"
     return (f"spreads wider than declared, at the run's level ({note.alpha:.0%} over {note.checks} checks): "
-            f"{'; '.join(seen(b) for b in note.beyond)}: {change}, or find what spreads the boots (the judge "
-            "already used the larger)")
+            f"{joined(note.beyond)}: {change}, or find what spreads the boots (the judge already used the larger)")
 
 
 def level_spread_text(level: LevelSpread) -> str:
