@@ -65,9 +65,15 @@ host:
   same data with the sides swapped reads the same, mirrored.
 
 A direction needs :data:`IN_SESSION_ALPHA` (one-sided, per metric and direction) and the sides'
-boots may not overlap. "Within +/-tol" is a TOST at 5%: both one-sided :data:`EQUIVALENCE_LEVEL`
-(95%) bounds inside the band under every likely mode assignment (a true halving whose reference
-boots were slow and whose current boots were fast reads as no change). Short of those the verdict
+boots may not overlap, and, as every sign, the session's own level: a sign is a claim, so "which
+way" (a direction, or "changed, size unresolved" short of one) needs the bounds at
+``stats.RUN_ALPHA`` split over every comparison of the session and both their sides
+(:attr:`InSessionRules.sign_level`, :func:`profile_comparisons` counting them; over the looks of
+boots on demand too) clear of zero, the modes weighed. The 90% interval alone said "changed" in a
+third of unchanged sessions of 10 metrics (benchmarks/sign_claims.md). "Within +/-tol" is a TOST
+at 5%: both one-sided :data:`EQUIVALENCE_LEVEL` (95%) bounds inside the band under every likely
+mode assignment (a true halving whose reference boots were slow and whose current boots were fast
+reads as no change). Short of those the verdict
 says what the data does allow, and :func:`boots_to_decide` what would decide it.
 
 **Boots on demand.** A session boots each profile ``start`` times (``--kimiperf-boots``), then,
@@ -409,10 +415,7 @@ def _sign_bound(fit: _Fit, level: float, *, upper: bool) -> float:
     """The lower (``upper``: upper) bound of the difference at one-sided ``level``, the modes
     weighed as a direction's p-value weighs them, on the pooled spread: the true gain at which a
     difference as far out as this one has chance ``level``. It lies beyond zero exactly where
-    "no change" is rejected at ``level``. Unbounded where the level is 0 (a look that spends
-    nothing)."""
-    if level <= 0.0:
-        return math.inf if upper else -math.inf
+    "no change" is rejected at ``level``."""
     se, df = fit.se, fit.df
     t = -t_quantile(level, df)  # the lower tail's quantile keeps a tiny level exact
     centres = [fit.d - off for off, _ in fit.pairs]
@@ -435,7 +438,7 @@ def _sign_bound(fit: _Fit, level: float, *, upper: bool) -> float:
 
 
 def _expm1(x: float) -> float:
-    """exp(x) - 1, infinite beyond what a float holds (a bound at a look that spends almost nothing)."""
+    """exp(x) - 1, infinite beyond what a float holds (a sign's bound at a tiny level on 1 df)."""
     return math.expm1(x) if x < 700.0 else math.inf
 
 
@@ -507,8 +510,8 @@ def compare_in_session(
     if verdict is VerdictKind.WITHIN_TOLERANCE:
         clo, chi = interval(t_eq)
     # Reported on the metric's own scale (change > 0: the current side's figure is higher). The
-    # bounds are the sign's at this look: what every sign, a direction's too, needs clear of zero
-    # (far out at an early look of boots on demand, unbounded where the look spends nothing).
+    # bounds are the sign's: what every sign, a direction's too, needs clear of zero (far out on
+    # the 1-2 df of two boots a side, where the session's level is small).
     lo, hi = slo, shi
     if sign < 0:
         lo, hi, clo, chi = -hi, -lo, -chi, -clo

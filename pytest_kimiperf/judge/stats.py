@@ -39,7 +39,7 @@ time", ISMM 2013: replicate at the level that varies most). So:
   IMPROVEMENT, a change with its size unresolved) rests on the same bounds, so an unchanged
   build gets a sign on any metric in at most :data:`RUN_ALPHA` of runs (:func:`family_critical`,
   two-sided: the run's budget split over its comparisons and their two sides). The 90% interval
-  excluding zero stated "changed, size unresolved" in 34-51% of unchanged runs of 10 metrics
+  excluding zero stated "changed, size unresolved" in 32-56% of unchanged runs of 10 metrics
   (benchmarks/sign_claims.md); it still shows the estimate beside every verdict.
 
 Why this rule, and :data:`GATE_CRITICAL` 3.25: the gate's budget is per session, not per metric: an
