@@ -20,9 +20,9 @@ class KimiperfDeprecationWarning(KimiperfWarning, DeprecationWarning):
 
 
 class InconclusiveWarning(KimiperfWarning):
-    """The change against the baseline looks beyond the tolerance without a verdict: the
-    interval holds zero (inconclusive) or excludes it without settling the size (changed, size
-    unresolved), on too few boots."""
+    """The change against the baseline looks beyond the tolerance without a verdict: the bounds
+    a sign needs at the run's level hold zero (inconclusive), or exclude it without settling the
+    size (changed, size unresolved), on too few boots."""
 
 
 class MissingBaselineWarning(KimiperfWarning):

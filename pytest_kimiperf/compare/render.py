@@ -8,11 +8,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_kimiperf.compare.verdict import Group, Outcome, Row
+from pytest_kimiperf.judge.spread_check import misdeclared
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.numbers import fmt_change, fmt_value, json_safe
 from pytest_kimiperf.reports.answers import CompactRow
 from pytest_kimiperf.reports.json_report import comparison_json
 from pytest_kimiperf.reports.model import metric_heading
+from pytest_kimiperf.reports.sentences import say
 from pytest_kimiperf.judge.decide import UNRESOLVED_EXIT
 from pytest_kimiperf.reports.terminal import Table
 
@@ -34,7 +36,8 @@ def verdict_words(row: Row) -> str:
 
 
 def answer_lines(outcome: Outcome) -> list[str]:
-    """One line per group and load, on the load's primary metric."""
+    """One line per group and load, on the load's primary metric; and one where the runs show a
+    boot spread beyond the one the rules declare (judge/spread_check.py)."""
     lines = []
     for row in outcome.rows:
         if not row.primary:
@@ -45,6 +48,10 @@ def answer_lines(outcome: Outcome) -> list[str]:
                      f"(tolerance {c.tolerance * 100:g}%, {c.boots_current} vs {c.boots_reference} "
                      f"boot{'s' * (c.boots_reference != 1)}; {fmt_value(c.median_current)} vs "
                      f"{fmt_value(c.median_reference)} {c.unit})")
+    spreads = misdeclared([(f"{metric_heading(r.metric)} ({r.load}) of {r.group} vs {r.reference}", r.comparison)
+                           for r in outcome.rows])
+    if spreads is not None:
+        lines.append(say(spreads))
     return lines
 
 

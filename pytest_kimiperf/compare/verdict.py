@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pytest_kimiperf.compare.runs import ResultFileError, ToolRun
 from pytest_kimiperf.config.deployments import MIN_BOOTS_DIRECTIONAL
@@ -112,8 +112,8 @@ def judge_groups(groups: Sequence[Group], rules: CompareRules) -> Outcome:
     failed = tuple(f"{run.path} ({run.label}): {run.failed_requests} of {run.requests} requests failed"
                    for group in groups for run in group.runs
                    if run.requests and run.failed_requests > MAX_FAILED_FRACTION * run.requests)
-    rows = []
     reference = groups[0]
+    pending = []
     for load in loads:
         runs = {g.label: [r for r in g.runs if r.load == load] for g in groups}
         metrics = _metrics(load, runs, rules.metrics)
@@ -121,14 +121,19 @@ def judge_groups(groups: Sequence[Group], rules: CompareRules) -> Outcome:
         primary = primary_metric(kind, metrics)
         for group in groups[1:]:
             for metric in metrics:
-                spec = METRICS[metric]
-                comparison = compare_in_session(
-                    _boots(runs[group.label], metric, rules.same_server),
-                    _boots(runs[reference.label], metric, rules.same_server),
-                    direction=spec.direction, tolerance=rules.tolerance(metric), rules=rules.rules,
-                    metric=metric, unit=spec.unit)
-                rows.append(Row(load, group.label, reference.label, metric, metric == primary, comparison,
-                                rules.same_server))
+                pending.append((load, group.label, metric, metric == primary,
+                                _boots(runs[group.label], metric, rules.same_server),
+                                _boots(runs[reference.label], metric, rules.same_server)))
+    # Every row that compares something shares one budget for its signs (stats.RUN_ALPHA), as a
+    # session's profile comparisons do.
+    family = sum(1 for *_, cur, ref in pending if any(b.usable for b in cur) and any(b.usable for b in ref))
+    in_session = replace(rules.rules, family=max(1, family)) if rules.rules.family is None else rules.rules
+    rows = []
+    for load, label, metric, primary_row, cur, ref in pending:
+        spec = METRICS[metric]
+        comparison = compare_in_session(cur, ref, direction=spec.direction, tolerance=rules.tolerance(metric),
+                                        rules=in_session, metric=metric, unit=spec.unit)
+        rows.append(Row(load, label, reference.label, metric, primary_row, comparison, rules.same_server))
     return Outcome(tool, tuple(rows), failed, rules.same_server, rules.strict)
 
 

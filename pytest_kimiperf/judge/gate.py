@@ -2,24 +2,27 @@
 
 The module holds, in order:
 
-* the run's family of comparisons (:data:`RUN_ALPHA`, :func:`family_critical`, :func:`holm`,
-  :func:`decide_family`, :func:`family_size`): one false-alarm budget for all the gated metrics of
-  a run;
+* the run's family of comparisons (``stats.RUN_ALPHA``, ``stats.family_critical``, :func:`holm`,
+  :func:`decide_family`, :func:`family_size`): one budget for every sign the gated metrics of a
+  run state;
 * the verdict on one test (:func:`judge`, :func:`judge_metric`, :class:`Rules`, :class:`BootRun`):
   floors, SLOs and baselines.
 
 **The run's family.** A run judges every gated metric of every test under every profile against its
 baseline: 24 comparisons for the shipped suite with two profiles, more in a user's suite. A critical
 value fixed per comparison spends its budget once per comparison, so the run's false-alarm rate
-grows with the suite. Here the budget is the run's, :data:`RUN_ALPHA`, whatever the family's size:
+grows with the suite. Here the budget is the run's, ``stats.RUN_ALPHA``, whatever the family's
+size, and it covers every sign a row states (a REGRESSION, an IMPROVEMENT, a change with its size
+unresolved), not the failures alone:
 
-* :func:`family_critical`: the critical value a comparison needs when the run has ``m``
-  comparisons and each is decided as it comes (Bonferroni, Holm's first step): what the gate
-  applies per test when it knows the run's size (``Rules.family``);
+* ``stats.family_critical``: the critical value a comparison needs before it states a sign when
+  the run has ``m`` comparisons and each is decided as it comes (Bonferroni over the comparisons
+  and their two sides, Holm's first step): what the gate applies per test when it knows the run's
+  size (``Rules.family``);
 * :func:`holm`: Holm's step-down procedure over the run's p-values, uniformly more powerful
   and of the same family-wise level, for a decision taken once every comparison is in
-  (:func:`decide_family`: each REGRESSION or IMPROVEMENT that Holm does not keep says what is
-  left of it, "changed, size unresolved" or "inconclusive").
+  (:func:`decide_family`: each sign that Holm does not keep says what is left of it,
+  "inconclusive" or "no detectable change").
 
 Holm (1979), "A simple sequentially rejective multiple test procedure", Scand. J. Statist. 6.
 
@@ -67,7 +70,16 @@ from pytest_kimiperf.judge.notes import (
     Unresolved,
 )
 from pytest_kimiperf.judge.power import plan, wants_another_boot
-from pytest_kimiperf.judge.stats import MIN_BOOTS_DIRECTIONAL, Comparison, Leaning, VerdictKind, compare_boots, leaning
+from pytest_kimiperf.judge.stats import (
+    MIN_BOOTS_DIRECTIONAL,
+    RUN_ALPHA as RUN_ALPHA,
+    Comparison,
+    Leaning,
+    VerdictKind,
+    band_log,
+    compare_boots,
+    family_critical as family_critical,
+)
 from pytest_kimiperf.judge.verdicts import (
     BaselineLine,
     BaselineState,
@@ -78,22 +90,8 @@ from pytest_kimiperf.judge.verdicts import (
     WarningKind,
 )
 
-# The run's family: one false-alarm budget for all the gated metrics of a run.
-
-# The run's budget: the chance that a run whose build changed nothing fails on any gated metric
-# (one-sided: a false REGRESSION; the same for a false IMPROVEMENT).
-RUN_ALPHA = 0.01
-
-
-def family_critical(m: int, alpha: float = RUN_ALPHA) -> float:
-    """The one-sided critical value (standard errors) of each of ``m`` comparisons decided one
-    at a time, so that a run of them convicts an unchanged build with at most ``alpha``."""
-    if m < 1:
-        raise ValueError(f"family of {m!r} comparisons: a run makes at least one")
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha={alpha!r}: use a probability between 0 and 1")
-    return float(scipy_stats.norm.isf(alpha / m))
-
+# The run's family: one budget for every sign the gated metrics of a run state
+# (stats.RUN_ALPHA, stats.family_critical: the profile comparison shares them).
 
 def holm(p_values: Sequence[float], alpha: float = RUN_ALPHA) -> list[bool]:
     """Which hypotheses Holm's step-down procedure rejects at family-wise level ``alpha``: the
@@ -110,30 +108,31 @@ def holm(p_values: Sequence[float], alpha: float = RUN_ALPHA) -> list[bool]:
     return rejected
 
 
-def direction_p(c: Comparison) -> float:
-    """The one-sided p-value of a comparison's direction: no change against the change it
-    reads (NaN where it compared nothing)."""
+def sign_p(c: Comparison) -> float:
+    """The two-sided p-value of "no change" for a comparison, the sign's test (NaN where it
+    compared nothing)."""
     if not (math.isfinite(c.change) and math.isfinite(c.se_log)) or c.se_log <= 0:
         return math.nan
-    return float(scipy_stats.norm.sf(abs(math.log1p(c.change)) / c.se_log))
+    return float(2.0 * scipy_stats.norm.sf(abs(math.log1p(c.change)) / c.se_log))
 
 
 def decide_family(comparisons: Sequence[Comparison], alpha: float = RUN_ALPHA) -> list[Comparison]:
-    """The run's comparisons with their directions decided together: a REGRESSION or
-    IMPROVEMENT stays only where Holm rejects "no change" for it at the run's ``alpha``; one it
-    does not keep becomes "changed, size unresolved" where its interval excludes zero, else
-    "inconclusive". The family is every comparison that compared something."""
+    """The run's comparisons with their signs decided together: a REGRESSION, an IMPROVEMENT or
+    a change with its size unresolved keeps its sign only where Holm rejects "no change" for it
+    at the run's ``alpha``; one it does not keep says "inconclusive" where its estimate is beyond
+    the tolerance, else "no detectable change". The family is every comparison that compared
+    something."""
     nothing = (VerdictKind.INSUFFICIENT_SAMPLES, VerdictKind.NOT_COMPARABLE, VerdictKind.NOT_JUDGED)
     judged = [i for i, c in enumerate(comparisons) if c.verdict not in nothing]
-    keep = holm([direction_p(comparisons[i]) for i in judged], alpha)
+    keep = holm([sign_p(comparisons[i]) for i in judged], alpha)
     out = list(comparisons)
     for i, kept in zip(judged, keep):
         c = comparisons[i]
-        if leaning(c.verdict) is Leaning.NEITHER or kept:
+        if c.claim is Leaning.NEITHER or kept:
             continue
-        unresolved = c.ci_low > 0.0 or c.ci_high < 0.0
+        beyond = abs(math.log1p(c.change)) > band_log(c.tolerance)
         out[i] = dataclasses.replace(
-            c, verdict=VerdictKind.CHANGED_SIZE_UNRESOLVED if unresolved else VerdictKind.INCONCLUSIVE)
+            c, verdict=VerdictKind.INCONCLUSIVE if beyond else VerdictKind.NO_DETECTABLE_CHANGE)
     return out
 
 

@@ -155,7 +155,6 @@ from pytest_kimiperf.judge.stats import (
     VerdictKind,
     band_log,
     compare_boots,
-    leaning,
     t_quantile,
 )
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, EnvDiff, MetricResult, TestResult
@@ -482,13 +481,17 @@ def _judge_modes(current: Sequence[BootSummary], modes: Modes, direction: Direct
     all_better = reading(better, every=better)
     if least.verdict is VerdictKind.REGRESSION and most.verdict is VerdictKind.REGRESSION:
         comparison, disagree = least, False
-    elif all_better.verdict is VerdictKind.IMPROVEMENT:
+    elif least.claim is Leaning.WORSE and most.claim is Leaning.WORSE:
+        # Worse under every placing, beyond the tolerance not under all: the sign without its size.
+        comparison = dataclasses.replace(least, verdict=VerdictKind.CHANGED_SIZE_UNRESOLVED)
+        disagree = False
+    elif all_better.claim is Leaning.BETTER:
         comparison, disagree = all_better, False
     else:
-        # A direction another likely placing does not share: no direction, and the figures of the
-        # reading least in the build's favour, so that a gate run that may be slower asks for
-        # another boot.
-        disagree = leaning(least.verdict) is not Leaning.NEITHER
+        # A sign another likely placing does not share: no sign, and the figures of the reading
+        # least in the build's favour, so that a gate run that may be slower asks for another
+        # boot.
+        disagree = least.claim is not Leaning.NEITHER
         comparison = min((least, all_better), key=lambda c: c.gain) if disagree else least
     hits, placed, share, p = mode_frequency(current, modes, worse=worse, sides=sides)
     verdict, decided = comparison.verdict, ""

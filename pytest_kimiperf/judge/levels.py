@@ -64,7 +64,7 @@ from scipy import stats as scipy_stats
 
 from pytest_kimiperf.config.deployments import DEFAULT_LEVEL_SPREAD_DF, Spreads
 from pytest_kimiperf.judge.boots import BootSummary
-from pytest_kimiperf.judge.notes import HistoryModes, LevelSpread, SpreadSource
+from pytest_kimiperf.judge.notes import HistoryModes, LevelSpread, SpreadSeen, SpreadSource
 from pytest_kimiperf.judge.stats import GATE_CRITICAL, LevelTerm, boot_floor, pooled_variance, within_sessions
 
 # Levels: what each level's spread is, declared and measured, and which ones a comparison carries.
@@ -89,6 +89,12 @@ class Level:
     high: float = math.nan
     # The larger of the declared and the measured SD, not pooled (stats.Spread.plain_sd_log).
     plain_sd_log: float = math.nan
+    # The units' mean square before the lower levels' share (``lower_var``) is taken out: what a
+    # test of the level against a declaration reads (judge/spread_check.py). NaN: not measured.
+    mean_square: float = math.nan
+    lower_var: float = math.nan
+    # What the units measured against the declaration, where a history level was measured.
+    seen: SpreadSeen | None = None
 
     @property
     def percent(self) -> float:
@@ -198,7 +204,7 @@ def nested_levels(groups: Mapping[str, Mapping[str, Sequence[float]]], metric: s
         ms_s = ss_s / df_s
         lo, hi = _chi2_interval(ss_s, df_s)
         session = Level("session", _sd(ms_s - within_share), df_s, SpreadSource(SpreadSource.MEASURED, "session", count=sessions),
-                        _sd(lo - within_share), _sd(hi - within_share))
+                        _sd(lo - within_share), _sd(hi - within_share), mean_square=ms_s, lower_var=within_share)
     else:
         ms_s = math.nan
         session = Level("session", math.nan, 0.0, SpreadSource(SpreadSource.NONE, "session"))
@@ -211,7 +217,7 @@ def nested_levels(groups: Mapping[str, Mapping[str, Sequence[float]]], metric: s
                     for _, k, inv in host_means) / len(host_means)
         lo, hi = _chi2_interval(ss_h, df_h)
         host = Level("host", _sd(ss_h / df_h - lower), df_h, SpreadSource(SpreadSource.MEASURED, "host", count=len(host_means)),
-                     _sd(lo - lower), _sd(hi - lower))
+                     _sd(lo - lower), _sd(hi - lower), mean_square=ss_h / df_h, lower_var=lower)
     else:
         host = Level("host", math.nan, 0.0, SpreadSource(SpreadSource.NONE, "host"))
     return Levels(metric, request_cv, boot, session, host, boots, sessions, len(host_means))
@@ -294,15 +300,18 @@ def history_level(reference: Sequence[BootSummary], name: str, declared: float, 
     sum_sq, df = (measured.sd_log ** 2 * measured.df, measured.df) if observed else (0.0, 0.0)
     var, pooled_df = pooled_variance(prior ** 2, declared_df, sum_sq, df)
     plain = max(prior, measured.sd_log) if observed else prior
+    seen = (SpreadSeen(name, measured.mean_square * measured.df, measured.df, prior ** 2 + measured.lower_var,
+                       declared, units, lower_var=measured.lower_var)
+            if observed and math.isfinite(measured.mean_square) else None)
     if not observed or math.isinf(declared_df):
         return Level(name, prior, pooled_df, SpreadSource(SpreadSource.DECLARED, name, declared=declared),
-                     plain_sd_log=plain)
+                     plain_sd_log=plain, seen=seen)
     if var > prior ** 2:
         return Level(name, math.sqrt(var), pooled_df, SpreadSource(SpreadSource.MEASURED, name, count=units),
-                     measured.low, measured.high, plain_sd_log=plain)
+                     measured.low, measured.high, plain_sd_log=plain, seen=seen)
     return Level(name, prior, pooled_df, SpreadSource(SpreadSource.FLOOR, name, declared=declared,
                                                       measured=math.expm1(measured.sd_log), count=units),
-                 plain_sd_log=plain)
+                 plain_sd_log=plain, seen=seen)
 
 
 def replace_source(level: Level, source: SpreadSource) -> Level:
@@ -332,7 +341,7 @@ def level_terms(current: Sequence[BootSummary], reference: Sequence[BootSummary]
         level = history_level(ref, name, declared, boot_var=boot_var, declared_df=spreads.df_of(name))
         terms.append(LevelTerm(name, level.sd_log ** 2 * weight, level.df,
                                LevelSpread(name, math.expm1(level.sd_log), level.source), weight,
-                               level.plain_sd_log ** 2 * weight))
+                               level.plain_sd_log ** 2 * weight, seen=level.seen))
     return terms
 
 

@@ -206,6 +206,39 @@ class LevelSpread:
         return cls(str(data["name"]), float(data["spread"]), SpreadSource.from_fields(data["source"]))
 
 
+@dataclass(frozen=True)
+class SpreadSeen:
+    """What a comparison's own boots measured of one ``level`` ("boot", "session", "host")
+    against the deployment's declaration: the sum of squares of log-figures around their units'
+    means on ``df`` degrees of freedom, over ``units`` boots (or sessions, hosts); the variance
+    the declared spread allows each of them (``allowed_var``: the declared spread's, plus
+    ``lower_var`` that the levels below add); and the ``declared`` spread (a fraction). The
+    judge pools it with the declaration already; judge/spread_check.py asks whether it says the
+    declaration is too small."""
+
+    level: str
+    sum_sq: float
+    df: float
+    allowed_var: float
+    declared: float
+    units: int
+    lower_var: float = 0.0
+
+    @property
+    def measured(self) -> float:
+        """The level's own spread as these units show it (a fraction): their mean square less
+        what the levels below add."""
+        return math.expm1(math.sqrt(max(self.sum_sq / self.df - self.lower_var, 0.0))) if self.df > 0 else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SpreadSeen:
+        return cls(str(data["level"]), float(data["sum_sq"]), float(data["df"]), float(data["allowed_var"]),
+                   float(data["declared"]), int(data["units"]), float(data.get("lower_var") or 0.0))
+
+
 def _levels_from_json(data: Any) -> tuple[LevelSpread, ...]:
     return tuple(LevelSpread.from_dict(d) for d in data)
 

@@ -65,9 +65,15 @@ host:
   same data with the sides swapped reads the same, mirrored.
 
 A direction needs :data:`IN_SESSION_ALPHA` (one-sided, per metric and direction) and the sides'
-boots may not overlap. "Within +/-tol" is a TOST at 5%: both one-sided :data:`EQUIVALENCE_LEVEL`
-(95%) bounds inside the band under every likely mode assignment (a true halving whose reference
-boots were slow and whose current boots were fast reads as no change). Short of those the verdict
+boots may not overlap, and, as every sign, the session's own level: a sign is a claim, so "which
+way" (a direction, or "changed, size unresolved" short of one) needs the bounds at
+``stats.RUN_ALPHA`` split over every comparison of the session and both their sides
+(:attr:`InSessionRules.sign_level`, :func:`profile_comparisons` counting them; over the looks of
+boots on demand too) clear of zero, the modes weighed. The 90% interval alone said "changed" in a
+third of unchanged sessions of 10 metrics (benchmarks/sign_claims.md). "Within +/-tol" is a TOST
+at 5%: both one-sided :data:`EQUIVALENCE_LEVEL` (95%) bounds inside the band under every likely
+mode assignment (a true halving whose reference boots were slow and whose current boots were fast
+reads as no change). Short of those the verdict
 says what the data does allow, and :func:`boots_to_decide` what would decide it.
 
 **Boots on demand.** A session boots each profile ``start`` times (``--kimiperf-boots``), then,
@@ -85,7 +91,7 @@ import functools
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -96,18 +102,20 @@ from scipy import stats as scipy_stats
 from pytest_kimiperf.config.deployments import Deployment
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.boots import BootSummary
-from pytest_kimiperf.judge.notes import BootsForWithin, BootsToDecide, DeclaredModes, Note, SpreadSource
+from pytest_kimiperf.judge.notes import BootsForWithin, BootsToDecide, DeclaredModes, Note, SpreadSeen, SpreadSource
 from pytest_kimiperf.judge.power import smallest_change
 from pytest_kimiperf.judge.stats import (
     DETECTION_POWER,
     EQUIVALENCE_CONFIDENCE,
     GATE_CRITICAL,
     MIN_BOOTS_DIRECTIONAL,
+    RUN_ALPHA,
     Comparison,
     VerdictKind,
     _insufficient_note,
     band_log,
     compare_boots,
+    family_critical,
     satterthwaite_df,
     t_quantile,
 )
@@ -282,12 +290,25 @@ class InSessionRules:
     # Boots booked on demand (:func:`next_step`, :func:`spent`): each look's levels spend part of ``alpha``
     # and of the TOST's 5%, so that booking until a verdict keeps both rates. None: one look.
     plan: SequentialPlan | None = None
+    # The comparisons the session's sign budget (stats.RUN_ALPHA) is shared by: every test, metric
+    # and profile it compares (:func:`profile_comparisons` counts them). None: this one alone.
+    family: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.family is not None and self.family < 1:
+            raise ValueError(f"family={self.family!r}: a session's profile comparisons number 1 or more")
 
     @classmethod
     def of(cls, deployment: Deployment, plan: SequentialPlan | None = None) -> InSessionRules:
         """The rules a deployment declares (``plan``: the session books boots on demand)."""
         return cls(deployment.boot_spread, deployment.boot_spread_df,
                    SpawnModes(deployment.spawn_mode_drop, deployment.spawn_mode_share), plan=plan)
+
+    @property
+    def sign_alpha(self) -> float:
+        """The one-sided level of each side of a comparison's sign: the session's budget split
+        over its comparisons and their two sides (stats.family_critical's split)."""
+        return RUN_ALPHA / (2.0 * (self.family or 1))
 
     def levels(self, boots: int) -> tuple[float, float]:
         """The one-sided levels of the direction and of each side of the TOST at the look with
@@ -296,6 +317,16 @@ class InSessionRules:
             return self.alpha, EQUIVALENCE_ALPHA
         return (self.plan.level(self.alpha, boots, self.plan.direction_shape),
                 self.plan.level(EQUIVALENCE_ALPHA, boots, self.plan.equivalence_shape))
+
+    @property
+    def sign_level(self) -> float:
+        """The one-sided level of a sign at any look: the whole :attr:`sign_alpha` without a plan,
+        with one its share at each look the plan may take (Bonferroni over the looks: a sign is
+        said at whichever look the session stops, and the booking stops on the primary metric
+        alone, so the other metrics' looks are not the ones a spending function plans for)."""
+        if self.plan is None:
+            return self.sign_alpha
+        return self.sign_alpha / len(self.plan.looks(self.plan.cap))
 
 
 def _side_offsets(gains: Sequence[float], sd: float, modes: SpawnModes) -> list[tuple[float, float]]:
@@ -380,6 +411,37 @@ def _p_worse(fit: _Fit, band: float) -> float:
     return sum(w * _t_sf((off - band - fit.d) / fit.se_dir, fit.df_dir) for off, w in fit.pairs)
 
 
+def _sign_bound(fit: _Fit, level: float, *, upper: bool) -> float:
+    """The lower (``upper``: upper) bound of the difference at one-sided ``level``, the modes
+    weighed as a direction's p-value weighs them, on the pooled spread: the true gain at which a
+    difference as far out as this one has chance ``level``. It lies beyond zero exactly where
+    "no change" is rejected at ``level``."""
+    se, df = fit.se, fit.df
+    t = -t_quantile(level, df)  # the lower tail's quantile keeps a tiny level exact
+    centres = [fit.d - off for off, _ in fit.pairs]
+    low, high = min(centres), max(centres)
+    if not math.isfinite(t) or high - low <= 1e-12 * max(1.0, abs(high)):
+        return high + t * se if upper else low - t * se
+
+    def tail(x: float) -> float:
+        # P(a difference this far out | true gain x): rising in x for the lower bound, falling for the upper.
+        return sum(w * _t_sf(((x - c) if upper else (c - x)) / se, df)
+                   for c, (_, w) in zip(centres, fit.pairs)) - level
+
+    # Each centre's own bound brackets the mixture's; where rounding leaves an end on the other
+    # side, that end is the bound to the last bit.
+    a, b = (low + t * se, high + t * se) if upper else (low - t * se, high - t * se)
+    fa, fb = tail(a), tail(b)
+    if fa == 0.0 or fb == 0.0 or (fa > 0.0) == (fb > 0.0):
+        return a if abs(fa) <= abs(fb) else b
+    return float(optimize.brentq(tail, a, b, xtol=1e-12))
+
+
+def _expm1(x: float) -> float:
+    """exp(x) - 1, infinite beyond what a float holds (a sign's bound at a tiny level on 1 df)."""
+    return math.expm1(x) if x < 700.0 else math.inf
+
+
 def compare_in_session(
     current: Sequence[BootSummary],
     reference: Sequence[BootSummary],
@@ -403,7 +465,7 @@ def compare_in_session(
     common: dict[str, Any] = dict(metric=metric, unit=unit, direction=direction, tolerance=float(tolerance),
                   boots_current=len(cur_b), boots_reference=len(ref_b),
                   n_current=sum(b.n for b in cur_b), n_reference=sum(b.n for b in ref_b),
-                  confidence=1.0 - rules.alpha)
+                  confidence=1.0 - rules.sign_level)
     if not cur_b or not ref_b:
         return Comparison(**common, median_current=nan, median_reference=nan, change=nan, bound_low=nan,
                           bound_high=nan, ci_low=nan, ci_high=nan, spread_sd_log=nan, spread_df=nan,
@@ -427,13 +489,19 @@ def compare_in_session(
         return min(fit.d - off for off in likely) - t * fit.se, max(fit.d - off for off in likely) + t * fit.se
 
     clo, chi = interval(t_ci)
-    if enough and p_worse <= alpha and apart_worse:
+    # A sign, with a direction or without, only where the bounds at the session's sign level
+    # (stats.RUN_ALPHA over its comparisons and looks) exclude zero, the modes weighed
+    # as a direction weighs them, on the pooled spread the interval uses (a direction's own test,
+    # each side's own spread at its own few df, comes on top: at 1 df a family's level is out of reach).
+    sign_level = rules.sign_level
+    slo, shi = _sign_bound(fit, sign_level, upper=False), _sign_bound(fit, sign_level, upper=True)
+    if enough and p_worse <= alpha and apart_worse and shi < 0.0:
         verdict = VerdictKind.REGRESSION
-    elif enough and p_better <= alpha and apart_better:
+    elif enough and p_better <= alpha and apart_better and slo > 0.0:
         verdict = VerdictKind.IMPROVEMENT
     elif inside:
         verdict = VerdictKind.WITHIN_TOLERANCE
-    elif clo > 0.0 or chi < 0.0:
+    elif slo > 0.0 or shi < 0.0:
         verdict = VerdictKind.CHANGED_SIZE_UNRESOLVED
     elif abs(fit.d) > band:
         verdict = VerdictKind.INCONCLUSIVE
@@ -442,10 +510,9 @@ def compare_in_session(
     if verdict is VerdictKind.WITHIN_TOLERANCE:
         clo, chi = interval(t_eq)
     # Reported on the metric's own scale (change > 0: the current side's figure is higher). The
-    # bounds are this look's at the comparison's stated confidence; a look of boots on demand
-    # decides at its spent share instead (far out at an early look, even unbounded at 1 df).
-    t_shown = t_quantile(1.0 - rules.alpha, fit.df_dir)
-    lo, hi = fit.d - t_shown * fit.se_dir, fit.d + t_shown * fit.se_dir
+    # bounds are the sign's: what every sign, a direction's too, needs clear of zero (far out on
+    # the 1-2 df of two boots a side, where the session's level is small).
+    lo, hi = slo, shi
     if sign < 0:
         lo, hi, clo, chi = -hi, -lo, -chi, -clo
     change = math.expm1(sign * fit.d)
@@ -462,12 +529,29 @@ def compare_in_session(
               if fit.sd <= math.log1p(rules.boot_spread) + 1e-12
               else SpreadSource(SpreadSource.SIDES, measured=math.expm1(fit.sd), whole=True))
     return Comparison(
+        spreads_seen=_boot_seen(cur, ref, [*cur_b, *ref_b], rules),
         **common, median_current=math.exp(sum(math.log(b.median) for b in cur_b) / len(cur_b)),
         median_reference=math.exp(sum(math.log(b.median) for b in ref_b) / len(ref_b)),
-        change=change, bound_low=math.expm1(lo), bound_high=math.expm1(hi), ci_low=math.expm1(clo),
+        change=change, bound_low=_expm1(lo), bound_high=_expm1(hi), ci_low=math.expm1(clo),
         ci_high=math.expm1(chi), spread_sd_log=fit.sd, spread_df=fit.df, spread_source=source, se_log=fit.se,
         mdc=_mdc(fit, band, rules), verdict=verdict, notes=tuple(notes),
         equivalence_confidence=WITHIN_INTERVAL if verdict is VerdictKind.WITHIN_TOLERANCE else EQUIVALENCE_CONFIDENCE)
+
+
+def _boot_seen(cur: Sequence[float], ref: Sequence[float], boots: Sequence[BootSummary],
+               rules: InSessionRules) -> tuple[SpreadSeen, ...]:
+    """What the two sides' boots measure of the boot level, each around its own mean, against the
+    declared boot spread (with the boots' own error of the median); nothing where the deployment
+    declares spawn modes (the sides' spread then holds the modes too) or no side has two boots."""
+    df = sum(len(side) - 1 for side in (cur, ref))
+    if rules.modes.declared or df <= 0:
+        return ()
+    sum_sq = sum(sum((x - sum(side) / len(side)) ** 2 for x in side) for side in (cur, ref))
+    errors = [b.se_log ** 2 for b in boots if math.isfinite(b.se_log)]
+    lower = sum(errors) / len(errors) if errors else 0.0
+    units = sum(len(side) for side in (cur, ref) if len(side) > 1)
+    return (SpreadSeen("boot", sum_sq, df, math.log1p(rules.boot_spread) ** 2 + lower, rules.boot_spread, units,
+                       lower_var=lower),)
 
 
 def boots_to_decide(d: float, sd: float, band: float, rules: InSessionRules) -> int | None:
@@ -534,7 +618,8 @@ def compare_with_control(current: Sequence[BootSummary], control: Sequence[BootS
         return compare_in_session(current, control, direction=direction, tolerance=tolerance, rules=rules,
                                   metric=metric, unit=unit)
     return compare_boots(current, control, direction=direction, tolerance=tolerance, prior_spread=rules.boot_spread,
-                         metric=metric, unit=unit)
+                         metric=metric, unit=unit,
+                         critical=None if rules.family is None else family_critical(rules.family))
 
 
 def control_reach(boot_spread: float, boots: int, tolerance: float, rules: InSessionRules) -> float:
@@ -562,6 +647,8 @@ def compare_profiles(
         for metric, mres in res.metrics.items():
             boots.setdefault((res.test, metric), {}).setdefault(res.profile, []).append(mres.boot_summary())
             meta.setdefault((res.test, metric), mres)
+    if rules.family is None:
+        rules = replace(rules, family=max(1, _family(boots, reference_profile)))
     rows: list[tuple[str, str, str, Comparison]] = []
     for (test, metric), per_profile in boots.items():
         ref = per_profile.get(reference_profile)
@@ -578,6 +665,16 @@ def compare_profiles(
                 rules=rules, metric=spec.label, unit=mres.unit,
             )))
     return rows
+
+
+def _family(boots: Mapping[tuple[str, str], Mapping[str, Sequence[BootSummary]]], reference_profile: str) -> int:
+    """The comparisons a session's profiles make that compare something: each test's metric under
+    each profile with a usable boot, where the reference has one too."""
+    def usable(side: Sequence[BootSummary]) -> bool:
+        return any(b.usable for b in side)
+
+    return sum(sum(1 for profile, side in per_profile.items() if profile != reference_profile and usable(side))
+               for per_profile in boots.values() if usable(per_profile.get(reference_profile, ())))
 
 
 @dataclass(frozen=True)
@@ -603,9 +700,15 @@ def profile_comparisons(
     samples cannot be compared (a reference median of 0) does not take the others' tables away.
     """
     by_test: dict[str, list[TestResult]] = {}
+    measured: dict[tuple[str, str], dict[str, list[BootSummary]]] = {}
     for res in results:
         if not res.invalid:
             by_test.setdefault(res.test, []).append(res)
+            for metric, mres in res.metrics.items():
+                measured.setdefault((res.test, metric), {}).setdefault(res.profile, []).append(mres.boot_summary())
+    if rules.family is None:
+        # Every test's comparisons share the session's sign budget, though each is judged on its own.
+        rules = replace(rules, family=max(1, _family(measured, reference_profile)))
     rows: list[ProfileComparison] = []
     for test, group in by_test.items():
         try:

@@ -29,12 +29,18 @@ time", ISMM 2013: replicate at the level that varies most). So:
   whole difference (boots and every level the sides do not share) from none, and only on two
   boots or more (one boot can screen, never convict: a first boot that looks bad asks for
   another, see ``power.wants_another_boot``); "within +/-tol" only when the whole
-  :data:`EQUIVALENCE_CONFIDENCE` interval lies inside the tolerance. Short of those, the
-  interval says what it can: "changed, size unresolved" when it excludes zero (something
-  changed, but whether beyond the tolerance is not shown); "no detectable change" when it holds
+  :data:`EQUIVALENCE_CONFIDENCE` interval lies inside the tolerance. Short of those: "changed,
+  size unresolved" when the bounds a direction needs exclude zero (something changed, and which
+  way, but whether beyond the tolerance is not shown); "no detectable change" when they hold
   zero and the point estimate is inside the tolerance (with the smallest change this design
-  would have detected); "inconclusive" when it holds zero and the point estimate is beyond the
+  would have detected); "inconclusive" when they hold zero and the point estimate is beyond the
   tolerance (both no change and a change beyond the tolerance fit the data).
+* **a sign is a claim**: every verdict that says which way a metric moved (REGRESSION,
+  IMPROVEMENT, a change with its size unresolved) rests on the same bounds, so an unchanged
+  build gets a sign on any metric in at most :data:`RUN_ALPHA` of runs (:func:`family_critical`,
+  two-sided: the run's budget split over its comparisons and their two sides). The 90% interval
+  excluding zero stated "changed, size unresolved" in 32-56% of unchanged runs of 10 metrics
+  (benchmarks/sign_claims.md); it still shows the estimate beside every verdict.
 
 Why this rule, and :data:`GATE_CRITICAL` 3.25: the gate's budget is per session, not per metric: an
 unchanged build may fail at most 1% of sessions, with every gated metric of both profiles (20
@@ -82,6 +88,7 @@ from pytest_kimiperf.judge.notes import (
     LevelSpread,
     NeedsBoots,
     Note,
+    SpreadSeen,
     SpreadSource,
     TooFewSamples,
     notes_from_json,
@@ -149,6 +156,28 @@ def boot_floor(current: Sequence[BootSummary], reference: Sequence[BootSummary],
     floor of the boot level."""
     within = [b.se_log ** 2 for b in (*current, *reference) if math.isfinite(b.se_log)]
     return prior_sd_log ** 2 + (sum(within) / len(within) if within else 0.0)
+
+
+def boot_seen(current: Sequence[BootSummary], reference: Sequence[BootSummary], declared: float) -> SpreadSeen | None:
+    """What the boots measure of the boot level (within their sessions) against the ``declared``
+    boot spread, whose floor adds the boots' own error of the median; None where no session has
+    two boots."""
+    sum_sq, df = within_sessions(current, reference)
+    if df <= 0:
+        return None
+    floor = boot_floor(current, reference, math.log1p(declared))
+    units = sum(len(group) for group in _sessions_of(current, reference) if len(group) >= 2)
+    return SpreadSeen("boot", sum_sq, df, floor, declared, units, lower_var=floor - math.log1p(declared) ** 2)
+
+
+def _sessions_of(current: Sequence[BootSummary], reference: Sequence[BootSummary]) -> list[list[BootSummary]]:
+    groups: list[list[BootSummary]] = []
+    for side in (current, reference):
+        sessions: dict[str, list[BootSummary]] = {}
+        for b in side:
+            sessions.setdefault(b.session, []).append(b)
+        groups.extend(sessions.values())
+    return groups
 
 
 def estimate_spread(
@@ -227,10 +256,26 @@ def t_quantile(level: float, df: float) -> float:
 EQUIVALENCE_CONFIDENCE = 0.90
 # Power at which the minimum detectable change is quoted ("detects changes of X% or more").
 DETECTION_POWER = 0.90
-# REGRESSION (IMPROVEMENT): the estimate beyond the tolerance and the change this many standard
-# errors from none. Chosen for the procedure as a whole (benchmarks/gate_power.py --cells
+# A sign (REGRESSION, IMPROVEMENT, or a change with its size unresolved): the change this many
+# standard errors from none, where the run's size is not given (a run of a known size uses
+# family_critical). Chosen for the procedure as a whole (benchmarks/gate_power.py --cells
 # calibrate): boots on demand, every gated metric of a session, levels and modes.
 GATE_CRITICAL = 3.25
+# The run's budget for signs: the chance that a run whose build changed nothing says which way any
+# of its metrics moved (a REGRESSION, an IMPROVEMENT, or a change with its size unresolved, either
+# way), all its comparisons together.
+RUN_ALPHA = 0.01
+
+
+def family_critical(m: int, alpha: float = RUN_ALPHA) -> float:
+    """The critical value (standard errors) each of ``m`` comparisons needs before it states a
+    sign, either way, so that a run of them states one on an unchanged build with at most
+    ``alpha``: Bonferroni over the comparisons and their two sides."""
+    if m < 1:
+        raise ValueError(f"family of {m!r} comparisons: a run makes at least one")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha={alpha!r}: use a probability between 0 and 1")
+    return float(scipy_stats.norm.isf(alpha / (2.0 * m)))
 
 
 class VerdictKind(str, Enum):
@@ -296,6 +341,9 @@ class LevelTerm:
     # The larger of the declared and the measured variance (not pooled), times ``weight``: the
     # weight this level's df carries in the Satterthwaite df. NaN: ``var_log``.
     plain_var_log: float = math.nan
+    # What the reference's units measured of this level against its declaration (None: nothing);
+    # the comparison carries it on (Comparison.spreads_seen).
+    seen: SpreadSeen | None = None
 
 
 @dataclass(frozen=True)
@@ -304,9 +352,10 @@ class Comparison:
 
     ``change`` is ``exp(mean log-median current - mean log-median reference) - 1``: -0.004
     means 0.4% lower, whatever the metric's direction. ``bound_low``/``bound_high`` are the
-    change :data:`GATE_CRITICAL` standard errors either way (one-sided at ``confidence``): a
-    REGRESSION's estimate is beyond the tolerance and its bound beyond zero;
-    ``ci_low``/``ci_high`` the :data:`EQUIVALENCE_CONFIDENCE` interval that decides "within".
+    change :data:`GATE_CRITICAL` standard errors either way (one-sided at ``confidence``; the
+    run's :func:`family_critical` where its size is known): every sign needs one of them beyond
+    zero, a REGRESSION's estimate beyond the tolerance too; ``ci_low``/``ci_high`` the
+    :data:`EQUIVALENCE_CONFIDENCE` interval that decides "within" and shows the estimate.
     ``mdc`` is the smallest change (as a positive fraction) that this design, with at least
     :data:`MIN_BOOTS_DIRECTIONAL` boots, reports as a regression with :data:`DETECTION_POWER`.
     """
@@ -346,11 +395,23 @@ class Comparison:
     # computed (the guard then takes ``spread_sd_log``).
     reference_spread_sd_log: float = math.nan
     reference_spread_df: float = math.nan
+    # What the comparison's own boots measured of each level against its declaration, for the
+    # run's line on misdeclared spreads (judge/spread_check.py).
+    spreads_seen: tuple[SpreadSeen, ...] = ()
 
     @property
     def gain(self) -> float:
         """The change signed so that positive is better, whatever the metric's direction."""
         return self.change if self.direction is Direction.HIGHER_IS_BETTER else -self.change
+
+    @property
+    def claim(self) -> Leaning:
+        """Which way this comparison says the metric moved: a direction's leaning, the side of
+        its estimate for a change with its size unresolved, NEITHER for every verdict that states
+        no sign. Every sign comes from the run's budget (:data:`RUN_ALPHA`), as a direction does."""
+        if self.verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED:
+            return Leaning.BETTER if self.gain > 0 else Leaning.WORSE
+        return leaning(self.verdict)
 
     @property
     def failed(self) -> bool:
@@ -389,6 +450,8 @@ class Comparison:
                 value = value.to_json() if value is not None else None
             elif name == "notes":
                 value = [n.to_json() for n in value]
+            elif name == "spreads_seen":
+                value = [seen.to_dict() for seen in value]
             elif isinstance(value, float) and not math.isfinite(value):
                 value = None
             out[name] = value
@@ -416,6 +479,8 @@ class Comparison:
                 values[f.name] = SpreadSource.from_fields(raw) if raw else None
             elif f.name == "notes":
                 values[f.name] = tuple(notes_from_json(raw))
+            elif f.name == "spreads_seen":
+                values[f.name] = tuple(SpreadSeen.from_dict(seen) for seen in raw or ())
             elif f.type in ("float",) and raw is None:
                 values[f.name] = math.nan
             else:
@@ -471,6 +536,7 @@ def compare_boots(
             spread_source=None, se_log=nan, mdc=nan, verdict=VerdictKind.INSUFFICIENT_SAMPLES,
             notes=_insufficient_note(current, reference))
     spread = estimate_spread(cur, ref, prior_sd_log=math.log1p(prior_spread), prior_df=prior_spread_df)
+    seen = boot_seen(cur, ref, prior_spread)
     reference_spread = estimate_spread((), ref, prior_sd_log=math.log1p(prior_spread), prior_df=prior_spread_df)
     mean_cur = sum(math.log(b.median) for b in cur) / len(cur)
     mean_ref = sum(math.log(b.median) for b in ref) / len(ref)
@@ -509,6 +575,8 @@ def compare_boots(
     power_z = _z(DETECTION_POWER) if math.isinf(df) else t_quantile(DETECTION_POWER, df)
     mdc = -math.expm1(-(max(band, crit * se_k) + power_z * se_k))
     enough = len(cur) >= min_boots_directional
+    # A sign, with its size or without, only from the bounds a direction needs: the run's budget
+    # (the 90% interval excluding zero said "changed" in a third to half of unchanged runs).
     if not comparable:
         verdict = VerdictKind.NOT_COMPARABLE
     elif enough and worst < 0.0 and gain_log < -band:
@@ -517,7 +585,7 @@ def compare_boots(
         verdict = VerdictKind.IMPROVEMENT
     elif -band <= d - t_eq * se and d + t_eq * se <= band:
         verdict = VerdictKind.WITHIN_TOLERANCE
-    elif ci_low > 0.0 or ci_high < 0.0:
+    elif bound_low > 0.0 or bound_high < 0.0:
         verdict = VerdictKind.CHANGED_SIZE_UNRESOLVED
     elif abs(gain_log) > band:
         verdict = VerdictKind.INCONCLUSIVE
@@ -531,7 +599,8 @@ def compare_boots(
         bound_low=bound_low, bound_high=bound_high, ci_low=ci_low, ci_high=ci_high,
         spread_sd_log=spread.sd_log, spread_df=spread.df, spread_source=spread.source, se_log=se,
         mdc=mdc, verdict=verdict, notes=notes, confidence=float(scipy_stats.norm.cdf(z_crit)),
-        reference_spread_sd_log=reference_spread.sd_log, reference_spread_df=reference_spread.df)
+        reference_spread_sd_log=reference_spread.sd_log, reference_spread_df=reference_spread.df,
+        spreads_seen=(*((seen,) if seen is not None else ()), *(t.seen for t in levels if t.seen is not None)))
 
 
 def _insufficient_note(current: Sequence[BootSummary], reference: Sequence[BootSummary]) -> tuple[Note, ...]:

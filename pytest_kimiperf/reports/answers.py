@@ -31,6 +31,7 @@ from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.judge.decide import Outcome, outcome_of
 from pytest_kimiperf.judge.notes import BootsForWithin
 from pytest_kimiperf.judge.profiles import WITHIN_INTERVAL
+from pytest_kimiperf.judge.spread_check import misdeclared
 from pytest_kimiperf.judge.stats import Comparison, Leaning, VerdictKind, leaning
 from pytest_kimiperf.judge.verdicts import BaselineState, TestResult
 from pytest_kimiperf.judge.verdicts import MissingBaselines as MissingBaselineNote
@@ -196,6 +197,9 @@ def answer_lines(report: SessionReport) -> list[Answer]:
     if floor is not None:
         answers.append(Answer(floor[0], Tone.LOUD if floor[1] else Tone.PLAIN))
     answers += [Answer(line) for line in _not_compared(report)]
+    spreads = spread_line(report)
+    if spreads is not None:
+        answers.append(Answer(spreads))
     invalid = _invalid_line(report)
     if invalid:
         answers.append(Answer(invalid, Tone.LOUD))
@@ -212,6 +216,20 @@ def what_nccl_reached(report: SessionReport) -> str | None:
         {p.name: [a.all_reduce for a in p.boot_accounts if a.all_reduce is not None] for p in report.profiles},
         nccl_profiles=[p.name for p in report.profiles if sets_nccl(p.profile_env)],
         interconnect=str(hard["gpu.interconnect"]) if hard.get("gpu.interconnect") else None)
+
+
+def spread_line(report: SessionReport) -> str | None:
+    """The one line on spreads the run's boots show beyond the deployment's declaration (the
+    profile comparisons and each test's last boot against its baseline), None where they show
+    none at the run's level (judge/spread_check.py)."""
+    ref = report.reference_profile
+    judged = [(f"{metric_heading(pc.metric)} of {short_test(pc.test)} [{pc.profile} vs {ref}]", pc.comparison)
+              for pc in report.profile_comparisons if pc.comparison is not None]
+    judged += [(f"{metric_heading(row.metric)} of {short_test(row.test)} [{row.profile}]", row.comparison)
+               for row in baseline_rows(report) if row.comparison is not None
+               and row.comparison.verdict not in (VerdictKind.NOT_COMPARABLE, VerdictKind.NOT_JUDGED)]
+    note = misdeclared(judged, deployment=str(report.deployment.get("name") or ""))
+    return None if note is None else say(note)
 
 
 def _tone(row: CompactRow) -> Tone:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.reports.model import figure_legend, fmt_range, range_names
-from pytest_kimiperf.reports.answers import outcome_line, what_nccl_reached
+from pytest_kimiperf.reports.answers import outcome_line, spread_line, what_nccl_reached
 from pytest_kimiperf.reports.model import (
     boot_label,
     SessionReport,
@@ -37,6 +37,9 @@ def render_markdown(report: SessionReport) -> str:
     outcome = outcome_line(report, report.record_command)
     if outcome is not None:
         lines += [f"**What this run showed:** {_text(outcome)}", ""]
+    spreads = spread_line(report)
+    if spreads is not None:
+        lines += [f"**Spreads:** {_text(spreads)}", ""]
     if not report.results:
         lines += ["No perf test produced a result.", ""]
     lines += _profile_tables(report)

@@ -25,7 +25,8 @@ from pytest_kimiperf.judge.notes import (
     NoDecode, Note, Plan, PrefixCacheReused, Said, SloCheck, SoftFingerprint, SpreadSource, TooFewSamples, Unresolved,
     Drifted,
 )
-from pytest_kimiperf.judge.stats import Comparison, VerdictKind, fmt_tolerance
+from pytest_kimiperf.judge.spread_check import SpreadBeyond, SpreadsMisdeclared
+from pytest_kimiperf.judge.stats import Comparison, VerdictKind, band_log, fmt_tolerance
 from pytest_kimiperf.judge.verdicts import (
     BaselineLine, BaselineState, EnvDiff, MissingBaselines, TestResult, VerdictNote,
 )
@@ -125,6 +126,25 @@ def _(note: SpreadSource) -> str:
     return {"boot": "one boot per session", "session": "one session per host"}.get(unit, "one host")
 
 
+@say.register
+def _(note: SpreadBeyond) -> str:
+    chance = f"{note.p:.1g}" if note.p > 0 else "below 1e-300"
+    return (f"{note.level} spread {fmt_spread(note.measured)} where {fmt_spread(note.declared)} is declared, the "
+            f"widest of {note.flagged} of {note.checked} {note.level} checks beyond it ({note.where}: {note.units} "
+            f"{note.level}{'s' * (note.units != 1)}, {note.df:g} df; chance {chance} at the declared)")
+
+
+@say.register
+def _(note: SpreadsMisdeclared) -> str:
+    if note.deployment:
+        declare = " and ".join(f"{b.level}_spread = {b.measured:.2g}" for b in note.beyond)
+        change = f"declare {declare} in deployment {note.deployment!r}"
+    else:
+        change = f"pass --boot-spread {note.beyond[0].measured:.2g}"
+    return (f"spreads wider than declared, at the run's level ({note.alpha:.0%} over {note.checks} checks): "
+            f"{joined(note.beyond)}: {change}, or find what spreads the boots (the judge already used the larger)")
+
+
 def level_spread_text(level: LevelSpread) -> str:
     """``session spread 0.8% (declared 0.8%)``."""
     return f"{level.name} spread {fmt_spread(level.spread)} ({say(level.source)})"
@@ -170,6 +190,9 @@ def comparison_line(c: Comparison, *, label: bool = True) -> str:
                                  else (c.bound_low, c.bound_high))
     level = f"{c.confidence * 100:.4g}% bound"
     ci = f"{c.equivalence_confidence * 100:g}% CI {fmt_change(c.ci_low)}..{fmt_change(c.ci_high)}"
+    # The bounds every sign needs clear of zero (the run's budget): what a row without one shows.
+    bounds = f"its {level}s {fmt_change(c.bound_low)}..{fmt_change(c.bound_high)}"
+    no_sign = f"a sign needs {bounds} clear of zero"
     kind = c.verdict
     decided = next((n.decided for n in c.notes if isinstance(n, HistoryModes) and n.decided), "")
     if decided:  # the spawn modes, not the figures, gave it (judge/history.py)
@@ -186,12 +209,15 @@ def comparison_line(c: Comparison, *, label: bool = True) -> str:
             case VerdictKind.WITHIN_TOLERANCE:
                 body = f"within +/-{tol} ({change}, {ci}"
             case VerdictKind.NO_DETECTABLE_CHANGE:
-                body = (f"no detectable change ({change}, {ci} holds zero; this design detects changes of "
+                body = (f"no detectable change ({change}, {ci}; {no_sign}; this design detects changes of "
                         f"{c.mdc * 100:.2g}% or more")
             case VerdictKind.CHANGED_SIZE_UNRESOLVED:
                 beyond = c.ci_high < -c.tolerance or c.ci_low > c.tolerance
-                reach = f"lies beyond the {tol} tolerance" if beyond else f"crosses the {tol} tolerance"
-                body = f"changed, size unresolved ({change}, {ci} excludes zero and {reach}"
+                inside = -band_log(c.tolerance) <= math.log1p(c.ci_low) and math.log1p(c.ci_high) <= band_log(c.tolerance)
+                reach = (f"lies beyond the {tol} tolerance" if beyond else
+                         f"lies inside the {tol} tolerance, short of this look's level for \"within\"" if inside
+                         else f"crosses the {tol} tolerance")
+                body = f"changed, size unresolved ({change}: {bounds} exclude zero, and its {ci} {reach}"
             case VerdictKind.INSUFFICIENT_SAMPLES:
                 body = (f"insufficient samples ({c.boots_current} current and {c.boots_reference} reference "
                         f"boots with enough valid samples, at least {MIN_SAMPLES_PER_BOOT} each)")
@@ -201,7 +227,7 @@ def comparison_line(c: Comparison, *, label: bool = True) -> str:
             case VerdictKind.NOT_JUDGED:
                 return prefix + f"not judged ({note})"
             case VerdictKind.INCONCLUSIVE:
-                body = f"inconclusive ({change} is beyond the {tol} tolerance, but the {ci} holds zero"
+                body = f"inconclusive ({change} is beyond the {tol} tolerance, but {no_sign}"
             case _:
                 assert_never(kind)
     tail = f"; {note}" if note else ""

@@ -1,4 +1,4 @@
-"""One false-alarm budget for a run, whatever the number of comparisons it makes."""
+"""One budget for every sign a run states, whatever the number of comparisons it makes."""
 
 from __future__ import annotations
 
@@ -10,17 +10,19 @@ from scipy import stats as scipy_stats
 
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boots import BootSummary
-from pytest_kimiperf.judge.gate import RUN_ALPHA, decide_family, direction_p, family_critical, holm
+from pytest_kimiperf.judge.gate import RUN_ALPHA, decide_family, family_critical, holm, sign_p
 from pytest_kimiperf.judge.stats import VerdictKind, compare_boots
 
 
 def test_the_critical_value_grows_with_the_family_and_holds_the_runs_budget() -> None:
-    assert family_critical(1) == pytest.approx(scipy_stats.norm.isf(0.01))
-    assert family_critical(24) == pytest.approx(scipy_stats.norm.isf(0.01 / 24))
+    # Either sign spends the budget (a REGRESSION, an IMPROVEMENT, a change with its size
+    # unresolved): each side of each comparison gets alpha / 2m.
+    assert family_critical(1) == pytest.approx(scipy_stats.norm.isf(0.005))
+    assert family_critical(24) == pytest.approx(scipy_stats.norm.isf(0.01 / 48))
     assert family_critical(12) < family_critical(24) < family_critical(100)
-    # m comparisons at alpha/m each: the run's chance of any, independent, below alpha.
+    # m comparisons, either way at alpha/2m each: the run's chance of any sign, independent, below alpha.
     for m in (1, 12, 24, 200):
-        assert 1 - (1 - scipy_stats.norm.sf(family_critical(m))) ** m <= RUN_ALPHA + 1e-12
+        assert 1 - (1 - 2 * scipy_stats.norm.sf(family_critical(m))) ** m <= RUN_ALPHA + 1e-12
     with pytest.raises(ValueError, match="at least one"):
         family_critical(0)
 
@@ -52,13 +54,26 @@ def test_a_family_keeps_a_clear_regression_and_drops_a_marginal_one() -> None:
     marginal = compare_boots(boots(96.0, 96.1, session="now"), reference, direction=Direction.HIGHER_IS_BETTER,
                              tolerance=0.03, prior_spread=0.02, critical=2.0)
     assert clear.verdict is marginal.verdict is VerdictKind.REGRESSION
-    assert direction_p(clear) < direction_p(marginal)
+    assert sign_p(clear) < sign_p(marginal)
     quiet = [compare_boots(boots(100.1, 99.9, session="now"), reference, direction=Direction.HIGHER_IS_BETTER,
                            tolerance=0.03, prior_spread=0.01) for _ in range(22)]
     decided = decide_family([clear, marginal, *quiet])
     assert decided[0].verdict is VerdictKind.REGRESSION
-    assert decided[1].verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED
+    # The marginal one keeps no sign at all: its estimate is beyond the tolerance, so "inconclusive".
+    assert decided[1].verdict is VerdictKind.INCONCLUSIVE
     assert [c.verdict for c in decided[2:]] == [c.verdict for c in quiet]
+
+
+def test_a_family_takes_the_sign_from_a_change_with_its_size_unresolved_it_does_not_keep() -> None:
+    reference = boots(100.0, 100.5, 99.5, 100.2, 99.8, session="then")
+    # -2.1%: the bounds at 2.0 standard errors exclude zero, the 90% interval crosses the 3% tolerance.
+    small = compare_boots(boots(97.8, 97.9, session="now"), reference, direction=Direction.HIGHER_IS_BETTER,
+                          tolerance=0.03, prior_spread=0.01, critical=2.0)
+    assert small.verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED
+    quiet = [compare_boots(boots(100.1, 99.9, session="now"), reference, direction=Direction.HIGHER_IS_BETTER,
+                           tolerance=0.03, prior_spread=0.01) for _ in range(200)]
+    assert decide_family([small, *quiet])[0].verdict is VerdictKind.NO_DETECTABLE_CHANGE
+    assert decide_family([small], 0.05)[0].verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED
 
 
 def test_the_gate_applies_the_runs_family_critical_value() -> None:
@@ -75,7 +90,7 @@ def test_the_gate_applies_the_runs_family_critical_value() -> None:
     run = compare_with_history(current, reference, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
                                spreads=Spreads(0.02), critical=rules.critical)
     assert alone.verdict is VerdictKind.REGRESSION and run.verdict is not VerdictKind.REGRESSION
-    assert run.confidence == pytest.approx(1 - 0.01 / 24)
+    assert run.confidence == pytest.approx(1 - 0.01 / 48)
 
 
 def test_each_kind_of_load_has_its_primary_metric_and_a_test_without_it_takes_its_first() -> None:

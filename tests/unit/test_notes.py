@@ -13,6 +13,7 @@ from pytest_kimiperf.judge.history import AppendWhy, NotAppended
 from pytest_kimiperf.judge.boots import BootSummary
 from pytest_kimiperf.judge.floors import floor_check
 from pytest_kimiperf.judge.levels import CanaryCheck
+from pytest_kimiperf.judge.spread_check import SpreadBeyond, SpreadsMisdeclared
 from pytest_kimiperf.judge.stats import compare_boots
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, EnvDiff, MissingBaselines, VerdictNote
 from pytest_kimiperf.reports.sentences import say
@@ -27,6 +28,8 @@ COMPARISON = compare_boots(_boots(90, 91), _boots(100, 101, 99, 100, 100, sessio
                            metric="decode", unit="tok/s")
 SPREAD = notes.SpreadSource(notes.SpreadSource.FLOOR, "session", declared=0.01, measured=0.004, count=3)
 LOOK = notes.Look("decode", -0.2, 1, 0.05)
+BEYOND = SpreadBeyond("boot", 0.023, 0.01, 4.0, 6, "decode tok/s of single_stream_decode [ring-ll vs default]", 2e-5,
+                      3, 10)
 LINE = BaselineLine(BaselineState.JUDGED, "decode tok/s", COMPARISON, canary=CanaryCheck({"copy_gbs": -0.4}, True),
                     env=EnvDiff({"NCCL_PROTO": "LL"}, (), {}, ()),
                     left_out=notes.LeftOut(2, (notes.NoDecode(),)))
@@ -51,6 +54,7 @@ EVERY_KIND = [
     notes.HostWatched(2, 0.04, 0.0, psi=(("cpu_some", 0.12),), nodes=(("gpu-b", 0.01),), nodes_here=("gpu-a",),
                       remarks=("GPU 3's PCIe link ran at Gen4 x8 (Gen5 x16 possible)",)),
     notes.PrefixCacheReused(2048.0, 2400.0), notes.BootsBooked("decode tok/s", 2, ("default", "ring-ll"), 6),
+    BEYOND, SpreadsMisdeclared((BEYOND,), 20, 0.01, "kimi-k25-int4-tp8"),
 ]
 
 

@@ -78,13 +78,14 @@ def test_against_a_history_the_plan_says_what_regression_it_convicts_and_the_rec
                         "up to 2 h 45 min")
     # By hand: the gate convicts an estimate beyond the tolerance and its critical value in
     # standard errors from zero, the run's tail (its 1% over 2 stored entries of the profile
-    # times 6 looks: 1 planned boot, up to 6) at the design's Satterthwaite df (the boot
+    # times 6 looks: 1 planned boot, up to 6; and each comparison's two signs, any of which
+    # spends the budget) at the design's Satterthwaite df (the boot
     # declaration's 3 df, the current 2 boots' 1 and the history's 3 boots in one session's 2;
     # the session declaration's 10, one session of history measuring none); 90% power puts the
     # true change 1.2816 standard errors beyond that.
     boot_var, session_var = math.log1p(0.01) ** 2 * (1 / 2 + 1 / 3), math.log1p(0.01) ** 2 * 2
     df = (boot_var + session_var) ** 2 / (boot_var ** 2 / 6 + session_var ** 2 / 10)
-    critical = float(scipy_stats.t.isf(0.01 / (2 * 6), df))
+    critical = float(scipy_stats.t.isf(0.01 / (2 * 6 * 2), df))
     se = math.sqrt(boot_var + session_var)
     beyond = smallest_change(0.01, 2, reference_boots=3, tolerance=0.03, fixed_var=session_var, critical=critical)
     assert beyond == pytest.approx(math.expm1(max(math.log1p(0.03), critical * se) + 1.2816 * se), rel=1e-4)

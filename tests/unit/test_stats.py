@@ -10,6 +10,7 @@ import pytest
 
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.stats import (
+    Leaning,
     VerdictKind,
     compare_boots,
     estimate_spread,
@@ -98,27 +99,35 @@ def test_within_needs_the_whole_interval_inside_else_no_detectable_change_with_t
 
 
 def test_each_region_of_point_interval_and_tolerance_has_the_name_of_what_it_shows() -> None:
-    # The case: -24.7%, 90% CI -43.1..-0.4% against a 25% tolerance. The interval
-    # excludes zero, so something changed; it is neither inside nor beyond the tolerance.
+    # The case: -24.7%, 90% CI -42.2..-1.9% against a 25% tolerance. The interval
+    # excludes zero, but a sign is a claim: it needs the bounds a direction needs (the run's
+    # budget) clear of zero, and these hold it. So no detectable change, the interval beside it.
+    quiet = compare_boots(boots(75.3, 75.3), boots(100.0, 100.0), direction=HIGHER, tolerance=0.25,
+                          prior_spread=0.14, metric="output throughput", unit="tok/s")
+    assert quiet.ci_high < 0 and quiet.bound_low < 0 < quiet.bound_high
+    assert quiet.verdict is VerdictKind.NO_DETECTABLE_CHANGE and quiet.claim is Leaning.NEITHER
+    assert not quiet.failed and not quiet.unresolved_beyond_tolerance
+    assert comparison_line(quiet).startswith(
+        f"output throughput tok/s: no detectable change (-24.7%, 90% CI {quiet.ci_low * 100:+.1f}%.."
+        f"{quiet.ci_high * 100:+.1f}%; a sign needs its 99.94% bounds {quiet.bound_low * 100:+.1f}%.."
+        f"{quiet.bound_high * 100:+.1f}% clear of zero; this design detects changes of 66% or more; 2 boots")
+    # The same change at a 2% spread: the bounds exclude zero, so it changed, and which way is
+    # said; the interval crosses the tolerance, so not how far.
     changed = compare_boots(boots(75.3, 75.3), boots(100.0, 100.0), direction=HIGHER, tolerance=0.25,
-                            prior_spread=0.14, metric="output throughput", unit="tok/s")
-    assert changed.ci_high < 0 and changed.ci_low < -0.25 < changed.change
-    assert changed.verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED
+                            prior_spread=0.02, metric="output throughput", unit="tok/s")
+    assert changed.bound_high < 0 and changed.ci_low < -0.25 < changed.change
+    assert changed.verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED and changed.claim is Leaning.WORSE
     assert not changed.failed and not changed.unresolved_beyond_tolerance
     assert comparison_line(changed).startswith(
-        f"output throughput tok/s: changed, size unresolved (-24.7%, 90% CI {changed.ci_low * 100:+.1f}%.."
-        f"{changed.ci_high * 100:+.1f}% excludes zero and crosses the 25% tolerance; 2 boots")
-    # An interval that holds zero: no detectable change while the point is inside the tolerance,
-    # inconclusive when it is beyond (both "no change" and "beyond" fit the data).
-    quiet = compare_boots(boots(90.0, 90.0), boots(100.0, 100.0), direction=HIGHER, tolerance=0.25,
-                          prior_spread=0.14)
-    assert quiet.ci_low < 0 < quiet.ci_high and quiet.verdict is VerdictKind.NO_DETECTABLE_CHANGE
-    assert "% holds zero; this design detects changes of" in comparison_line(quiet)
+        "output throughput tok/s: changed, size unresolved (-24.7%: its 99.94% bounds -34.3%..-13.7% exclude zero, "
+        "and its 90% CI -27.7%..-21.5% crosses the 25% tolerance; 2 boots")
+    # Bounds that hold zero with the point beyond the tolerance: inconclusive (both "no change"
+    # and "beyond" fit the data).
     loud = compare_boots(boots(70.0), boots(100.0), direction=HIGHER, tolerance=0.25, prior_spread=0.3)
-    assert loud.ci_low < 0 < loud.ci_high and loud.verdict is VerdictKind.INCONCLUSIVE
-    assert loud.unresolved_beyond_tolerance
-    assert "inconclusive (-30.0% is beyond the 25% tolerance, but the 90% CI" in comparison_line(loud)
-    assert "% holds zero; 1 boot" in comparison_line(loud)
+    assert loud.bound_low < 0 < loud.bound_high and loud.verdict is VerdictKind.INCONCLUSIVE
+    assert loud.unresolved_beyond_tolerance and loud.claim is Leaning.NEITHER
+    assert "inconclusive (-30.0% is beyond the 25% tolerance, but a sign needs its 99.94% bounds" in comparison_line(loud)
+    assert "% clear of zero; 1 boot" in comparison_line(loud)
     # One boot wholly beyond the tolerance: changed, but one boot can screen, never convict
     # (against four reference boots: their 3 measured df with the declaration's 3 put the bound
     # beyond zero; one boot a side, at 3 df, is not even that: t_3 at 99.94% is 12.3 SEs).
@@ -126,7 +135,7 @@ def test_each_region_of_point_interval_and_tolerance_has_the_name_of_what_it_sho
                              prior_spread=0.05)
     assert screened.ci_high < -0.25 and screened.verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED
     assert screened.unresolved_beyond_tolerance and not screened.failed
-    assert "excludes zero and lies beyond the 25% tolerance" in comparison_line(screened)
+    assert "exclude zero, and its 90% CI -55.1%..-44.4% lies beyond the 25% tolerance" in comparison_line(screened)
     assert comparison_line(screened).endswith("a verdict needs 2 boots: one boot can screen, never convict)")
 
 

@@ -3,8 +3,9 @@
 Property-based (Hypothesis): histories, sessions, hosts, spawn modes, spreads, tolerances,
 directions and boot counts are all generated. Deterministic in CI (``derandomize=True``: the
 same examples every run); ``benchmarks/verdict_invariants.py`` runs the same properties longer
-with fresh seeds. The order of verdicts is ``stats.leaning``: REGRESSION < no direction <
-IMPROVEMENT. Every counter-example Hypothesis shrank is kept below as a named regression test.
+with fresh seeds. The order of claims is ``Comparison.claim`` (``stats.leaning`` of its verdict,
+and the estimate's side for a change with its size unresolved): worse < no sign < better. Every
+counter-example Hypothesis shrank is kept below as a named regression test.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pytest_kimiperf.judge.profiles import InSessionRules, SpawnModes, compare_i
 from pytest_kimiperf.judge.notes import HistoryModes
 from pytest_kimiperf.judge.profiles import SequentialPlan
 from pytest_kimiperf.judge.stats import (
-    EQUIVALENCE_CONFIDENCE, Comparison, Leaning, VerdictKind, band_log, leaning,
+    EQUIVALENCE_CONFIDENCE, RUN_ALPHA, Comparison, Leaning, VerdictKind, band_log,
 )
 
 HIGHER = Direction.HIGHER_IS_BETTER
@@ -40,6 +41,12 @@ EXAMPLES = int(os.environ.get("KIMIPERF_HYPOTHESIS_EXAMPLES", "150"))
 FRESH = os.environ.get("KIMIPERF_HYPOTHESIS_FRESH") == "1"
 PROPERTY = settings(max_examples=EXAMPLES, derandomize=not FRESH, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+# The A/A properties simulate whole runs (a few hundred a drawn design): few examples, seconds.
+BUDGET_EXAMPLES = int(os.environ.get("KIMIPERF_HYPOTHESIS_BUDGET_EXAMPLES", "6"))
+BUDGET = settings(max_examples=BUDGET_EXAMPLES, derandomize=not FRESH, deadline=None, database=None,
+                  suppress_health_check=[HealthCheck.too_slow])
 
 
 # -- what is generated -----------------------------------------------------------------------
@@ -164,7 +171,7 @@ def test_gate_sign_a_run_worse_than_every_history_boot_beyond_the_tolerance_is_n
     factor = (1.0 + case.tolerance) * math.exp(beyond) * 1.001
     move = worse_by(case.direction, factor) * edge / worst.median
     current = scaled(case.current, move)
-    assert leaning(case.judge(current).verdict) is not Leaning.BETTER
+    assert case.judge(current).claim is not Leaning.BETTER
 
 
 @PROPERTY
@@ -176,7 +183,7 @@ def test_gate_sign_a_run_better_than_every_history_boot_beyond_the_tolerance_is_
     factor = (1.0 + case.tolerance) * math.exp(beyond) * 1.001
     move = edge / worse_by(case.direction, factor) / least.median
     current = scaled(case.current, move)
-    assert leaning(case.judge(current).verdict) is not Leaning.WORSE
+    assert case.judge(current).claim is not Leaning.WORSE
 
 
 @PROPERTY
@@ -184,12 +191,22 @@ def test_gate_sign_a_run_better_than_every_history_boot_beyond_the_tolerance_is_
 def test_gate_monotone_moving_every_boot_the_bad_way_never_gives_a_better_verdict(case: GateCase, by: float) -> None:
     before = case.judge()
     after = case.judge(scaled(case.current, worse_by(case.direction, math.exp(by))))
-    if after.verdict is VerdictKind.IMPROVEMENT:
-        assert before.verdict is VerdictKind.IMPROVEMENT
+    if after.claim is Leaning.BETTER:
+        assert before.claim is Leaning.BETTER, (before.verdict, after.verdict)
     if not (uses_modes(before) or uses_modes(after)):
         # With two spawn modes a boot moved from the fast mode into the slow one is an unchanged
         # build's boot again: a regression can read as none (docs: "Spawn modes"), never as better.
-        assert leaning(after.verdict) <= leaning(before.verdict), (before.verdict, after.verdict)
+        assert after.claim <= before.claim, (before.verdict, after.verdict)
+
+
+@PROPERTY
+@given(gate_cases(), st.floats(0.001, 0.5))
+def test_gate_moving_the_run_the_bad_way_never_turns_no_detectable_change_into_a_better_claim(
+        case: GateCase, by: float) -> None:
+    before = case.judge()
+    if before.verdict is VerdictKind.NO_DETECTABLE_CHANGE:
+        after = case.judge(scaled(case.current, worse_by(case.direction, math.exp(by))))
+        assert after.claim is not Leaning.BETTER, after.verdict
 
 
 @PROPERTY
@@ -254,9 +271,9 @@ def test_profiles_sign_a_side_worse_than_every_reference_boot_beyond_the_toleran
     cur_edge = (max if case.direction is HIGHER else min)(b.median for b in case.current)
     factor = (1.0 + case.tolerance) * math.exp(beyond) * 1.001
     current = scaled(case.current, worse_by(case.direction, factor) * ref_edge / cur_edge)
-    assert leaning(case.judge(current).verdict) is not Leaning.BETTER
+    assert case.judge(current).claim is not Leaning.BETTER
     # The mirror image: the reference side judged against this one is never worse.
-    assert leaning(case.judge(case.reference, current).verdict) is not Leaning.WORSE
+    assert case.judge(case.reference, current).claim is not Leaning.WORSE
 
 
 @PROPERTY
@@ -265,7 +282,17 @@ def test_profiles_monotone_moving_every_boot_the_bad_way_never_gives_a_better_ve
         case: ProfileCase, by: float) -> None:
     before = case.judge()
     after = case.judge(scaled(case.current, worse_by(case.direction, math.exp(by))))
-    assert leaning(after.verdict) <= leaning(before.verdict), (before.verdict, after.verdict)
+    assert after.claim <= before.claim, (before.verdict, after.verdict)
+
+
+@PROPERTY
+@given(profile_cases(), st.floats(0.001, 0.5))
+def test_profiles_moving_a_side_the_bad_way_never_turns_no_detectable_change_into_a_better_claim(
+        case: ProfileCase, by: float) -> None:
+    before = case.judge()
+    if before.verdict is VerdictKind.NO_DETECTABLE_CHANGE:
+        after = case.judge(scaled(case.current, worse_by(case.direction, math.exp(by))))
+        assert after.claim is not Leaning.BETTER, after.verdict
 
 
 @PROPERTY
@@ -273,8 +300,8 @@ def test_profiles_monotone_moving_every_boot_the_bad_way_never_gives_a_better_ve
 def test_profiles_antisymmetric_swapping_the_sides_swaps_better_and_worse(case: ProfileCase) -> None:
     there = case.judge()
     back = case.judge(case.reference, case.current)
-    assert leaning(back.verdict) is leaning(there.verdict).mirrored
-    if leaning(there.verdict) is Leaning.NEITHER:
+    assert back.claim is there.claim.mirrored
+    if there.claim is Leaning.NEITHER:
         assert back.verdict is there.verdict
     flipped = case.judge(inverted(case.current), inverted(case.reference),
                          direction=LOWER if case.direction is HIGHER else HIGHER)
@@ -298,6 +325,73 @@ def test_profiles_within_only_when_the_interval_at_its_stated_level_lies_inside_
     if c.verdict is VerdictKind.WITHIN_TOLERANCE:
         band = band_log(case.tolerance)
         assert_honest_within(c, low=math.expm1(-band), high=math.expm1(band))
+
+
+# -- an unchanged build: signs within the run's budget -----------------------------------------
+#
+# A run of m metrics of an unchanged build (A/A), every level's spread as declared: the runs that
+# state a sign on any metric (a direction, or a change with its size unresolved: Comparison.claim)
+# are at most stats.RUN_ALPHA of them, whatever m and the boots a side. Each drawn design runs a
+# few hundred A/A runs from its seed; the budget is rejected where the count of runs with a sign
+# is beyond it at a one-sided binomial 0.1% (the 90% interval's rule stated a sign in 34-51% of
+# such runs of 10 metrics: benchmarks/sign_claims.md).
+
+def assert_within_budget(runs_with_a_sign: int, runs: int) -> None:
+    p = scipy_stats.binomtest(runs_with_a_sign, runs, RUN_ALPHA, alternative="greater").pvalue
+    assert p > 0.001, f"{runs_with_a_sign} of {runs} unchanged runs stated a sign (budget {RUN_ALPHA:.0%})"
+
+
+@BUDGET
+@given(st.sampled_from([1, 2, 5, 10, 24]), st.integers(1, 6), st.sampled_from([0.005, 0.01, 0.05]),
+       st.sampled_from([1.0, 3.0, 10.0, math.inf]), st.integers(0, 2 ** 32 - 1))
+def test_profiles_an_unchanged_session_states_a_sign_within_its_budget(
+        metrics: int, boots_a_side: int, spread: float, spread_df: float, seed: int) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    rules = InSessionRules(boot_spread=spread, boot_spread_df=spread_df, family=metrics)
+    sd = math.log1p(spread)
+    runs = 200
+    signed = 0
+    for _ in range(runs):
+        figures = 100.0 * np.exp(rng.normal(0.0, sd, (metrics, 2, boots_a_side)))
+        signed += any(compare_in_session([boot(x, "now", "h") for x in cur], [boot(x, "now", "h") for x in ref],
+                                         direction=HIGHER, tolerance=0.03, rules=rules).claim is not Leaning.NEITHER
+                      for cur, ref in figures)
+    assert_within_budget(signed, runs)
+
+
+@BUDGET
+@given(st.sampled_from([1, 2, 5, 10, 24]), st.integers(1, 6), st.sampled_from([(10, 2), (3, 2), (1, 5), (6, 1)]),
+       st.sampled_from([Spreads(0.01, 0.01, 0.02), Spreads(0.02, 0.005, 0.0, 10.0), Spreads(0.01, 0.02, 0.02, 3.0, 3.0)]),
+       st.booleans(), st.integers(0, 2 ** 32 - 1))
+def test_gate_an_unchanged_run_states_a_sign_within_its_budget(
+        metrics: int, boots: int, shape: tuple[int, int], spreads: Spreads, new_host: bool, seed: int) -> None:
+    import numpy as np
+
+    from pytest_kimiperf.judge.stats import family_critical
+
+    rng = np.random.default_rng(seed)
+    sessions, per_session = shape
+    boot_sd, session_sd, host_sd = (math.log1p(x) for x in (spreads.boot, spreads.session, spreads.host))
+    critical = family_critical(metrics)
+    runs = 100
+    signed = 0
+    for _ in range(runs):
+        host_here = rng.normal(0.0, host_sd)  # the history's host; a new host draws its own
+        host_now = rng.normal(0.0, host_sd) if new_host else host_here
+        any_sign = False
+        for _ in range(metrics):
+            history = [boot(100.0 * math.exp(host_here + level + rng.normal(0.0, boot_sd)), f"s{s}", "h")
+                       for s, level in enumerate(rng.normal(0.0, session_sd, sessions)) for _ in range(per_session)]
+            level = host_now + rng.normal(0.0, session_sd)
+            current = [boot(100.0 * math.exp(level + rng.normal(0.0, boot_sd)), "now", "new" if new_host else "h")
+                       for _ in range(boots)]
+            c = compare_with_history(current, history, direction=HIGHER, tolerance=0.03, spreads=spreads,
+                                     critical=critical, histories=metrics)
+            any_sign = any_sign or c.claim is not Leaning.NEITHER
+        signed += any_sign
+    assert_within_budget(signed, runs)
 
 
 # -- counter-examples, kept -------------------------------------------------------------------
