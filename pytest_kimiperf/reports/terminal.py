@@ -367,11 +367,12 @@ def servers_and_files(report: SessionReport, *, quiet: bool, verbose: bool = Tru
         for var, (shell, value) in sorted(facts.overridden_shell_env.items()):
             lines.append(TerminalLine(
                 f"  profile {facts.name} overrides {var}={shell!r} from the shell with {value!r}", markup=YELLOW))
-    # What the GPU watch said of the load itself, once each (a PCIe link trained below its best is
-    # another machine than the baseline's; a power limit the load reached is part of its figure).
+    # What the host watch said of the load itself, once each (a PCIe link trained below its best is
+    # another machine than the baseline's; a power limit the load reached is part of its figure;
+    # where the client ran, and a CPU quota).
     remarks = dict.fromkeys(remark for res in report.results for note in res.messages
                             if isinstance(note, HostWatched) for remark in note.remarks)
-    lines.extend(TerminalLine(f"GPU watch: {remark}", markup=YELLOW) for remark in remarks)
+    lines.extend(TerminalLine(f"host watch: {remark}", markup=YELLOW) for remark in remarks)
     wc = report.weight_cache
     if wc is not None:
         loud.extend(TerminalLine(f"LEFTOVER process of the weight-cache daemons survived SIGKILL: {p}",
