@@ -141,3 +141,20 @@ def test_preflight_names_a_python_too_old_or_other_than_the_one_the_carried_deps
     assert python_problem(tmp_path, (3, 11, 7)) == (
         ".bare-deps was built for CPython 3.12 (cp312), this is CPython 3.11.7: rebuild it with "
         "BARE_PYTHON_VERSION=3.11 ci/gpu-bare-deps.sh, or run the Python it was built for")
+
+
+def test_on_the_simulated_gpu_the_driver_steps_pass_and_the_cuda_steps_say_why_not(simulated_gpus,
+                                                                                   tmp_path: Path) -> None:
+    """The bare check on the simulated GPU (tests/fakes/simgpu): nvidia-smi and NVML answer as on
+    the production host, so their steps pass through the plugin's own readers; torch (a CPU build)
+    sees no CUDA device, so the preflight says so and the steps that need one are not started."""
+    done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=BUDGET_S + 60,
+                          env={**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+                               "TMPDIR": str(tmp_path), "SKIP": "unit-tests"})
+    lines = done.stdout.splitlines()
+    verdicts = {m.group("step"): m.group(1) for line in lines[:-1] if (m := LINE.match(line))}
+    assert [name for name, _ in plan()] == list(verdicts), done.stdout + done.stderr
+    assert verdicts["smi"] == "OK" and verdicts["nvml"] == "OK", done.stdout
+    assert "NVML NVML 8 GPU(s), nvidia-smi nvidia-smi; fingerprint keys equal" in done.stdout
+    assert verdicts["preflight"] == "FAIL" and all(verdicts[step] == "INFO" for step in GPU_STEPS)
+    assert lines[-1].startswith("SKIP=") and "smi" in lines[-1] and "nvml" in lines[-1]
