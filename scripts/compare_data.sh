@@ -52,10 +52,12 @@ server=""
 stop() { if [ -n "$server" ]; then kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; server=""; fi; }
 trap 'stop; rm -rf "$SCRATCH"' EXIT
 mkdir -p "$OUT"
+OUT_GIVEN=$OUT
+OUT=$(cd "$OUT" && pwd)  # the plugin's runs write from a scratch folder: a relative OUT would land there
 # This call's settings, which benchmarks/compare_tools.py prints as the command of its tables.
 printf 'BOOTS=%s FIRST_BOOT=%s ROUNDS=%s STREAMS="%s" TOOLS="%s" PROMPT=%s OUTPUT=%s REQUESTS=%s WARMUP=%s VLLM_DETAIL="%s" UNIQUE_PROMPTS=%s TRUTH=%s OUT=%s CPUS=%s\n' \
   "$BOOTS" "${FIRST_BOOT:-1}" "$ROUNDS" "$STREAMS" "$TOOLS" "$PROMPT" "$OUTPUT" "$REQUESTS" "$WARMUP" "$VLLM_DETAIL" \
-  "${UNIQUE_PROMPTS:-}" "${TRUTH:-}" "$OUT" "$(nproc)" >> "$OUT/calls.txt"
+  "${UNIQUE_PROMPTS:-}" "${TRUTH:-}" "$OUT_GIVEN" "$(nproc)" >> "$OUT/calls.txt"
 # The server's own account of each run (its /metrics before and after): seconds spent decoding,
 # requests and tokens generated, so each run's decode time per token is also known on the
 # server's clock, whichever client measured it.
