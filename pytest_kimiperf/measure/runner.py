@@ -31,7 +31,8 @@ attempt, fresh prompts per attempt) and the server it measures; the watch (``hos
 host and on the nodes behind a launch template) reads what else used the host meanwhile. A disturbed
 attempt is measured again, at most :data:`HOST_RETRIES` times; one disturbed every time makes the
 run INVALID (``WatchedRun.busy``); so does a CPU quota that throttled every attempt
-(``cgroup_quota``). An attached server is measured unwatched but for its client's CPU quota: its
+(``cgroup_quota``). An attempt whose client was held off the CPU (:func:`descheduled`) is measured
+again too; one held off every time stays INVALID as client-bound. An attached server is measured unwatched but for its client's CPU quota: its
 processes are unknown here, so on this host they would count as foreign, and on another host
 this host says nothing about them.
 """
@@ -63,7 +64,9 @@ from pytest_kimiperf.measure.engine import (
 from pytest_kimiperf.measure.cgroup_quota import QuotaWatch
 from pytest_kimiperf.measure.hostwatch import HostReading, HostWatch, NodeWatch
 from pytest_kimiperf.measure.placement import Placement, ThreadCpu, not_known, place_client, read_threads
-from pytest_kimiperf.measure.results import ProcessHealth, RequestRecord, RoundResult, RunInvalid, RunResult, say_run_invalid
+from pytest_kimiperf.measure.results import (
+    ClientBound, LoopLatency, ProcessHealth, RequestRecord, RoundResult, RunInvalid, RunResult, SendLag, say_run_invalid,
+)
 from pytest_kimiperf.measure.server_view import ServerView, Snapshot, fetch_snapshot
 from pytest_kimiperf.measure.target import Target
 from pytest_kimiperf.measure.workload import (
@@ -513,9 +516,19 @@ def measure_watched(play: Callable[[int], RunResult], server: ServerHandle, depl
         watched.node_readings = nodes.stop() if nodes is not None else []
         watched.nodes_here = nodes.here if nodes is not None else []
         watched.busy = host_busy((reading, *watched.node_readings), bounds, attempts=attempt + 1)
-        if watched.busy is None:
+        if watched.busy is None and not descheduled(watched.run):
             return watched
     return watched
+
+
+def descheduled(run: RunResult) -> bool:
+    """Whether the client was held off the CPU in this attempt (its loop ran late, or its sends
+    did) without being short of CPU itself: a scheduling stall, measured again like a busy host's
+    window. On a host too small to place the client off the server's CPUs (placement.py), the
+    scheduler can hold a normal-priority client off for hundreds of ms now and then while the
+    server keeps both cores busy; a client that ran out of CPU is not helped by another attempt."""
+    reason = run.invalid
+    return isinstance(reason, ClientBound) and all(isinstance(p, (LoopLatency, SendLag)) for p in reason.problems)
 
 
 def _quota_watched(play: Callable[[int], RunResult], first: Callable[[], RunResult] | None) -> WatchedRun:

@@ -401,3 +401,46 @@ def test_loads_of_many_streams_default_to_the_rounds_a_verdict_needs() -> None:
     sweep = ConcurrencySweep(concurrencies=(1, 2), **shape)
     assert sweep.rounds == 3 and {s.rounds for s in sweep.scenarios()} == {3}
     assert Concurrency(concurrency=2, rounds=5, **shape).rounds == 5
+
+
+def test_a_client_held_off_the_cpu_is_measured_again_and_one_short_of_cpu_is_not() -> None:
+    """A scheduling stall (the loop or the sends late, the client's own CPU low) is another
+    attempt's business, as a busy host's window is; a client that ran out of CPU is not helped
+    by another attempt (runner.descheduled)."""
+    from pytest_kimiperf.measure.runner import descheduled
+
+    stalled = ProcessHealth(cpu_fraction=0.01, loop_latency_ms=(0.02,) * 95 + (450.0,) * 5, wall_s=1.0)
+    saturated = ProcessHealth(cpu_fraction=0.97, loop_latency_ms=(0.02,), wall_s=1.0)
+    assert descheduled(run_of(RoundResult(records=(record([5.0, 6.0], 2),), wall_s=1.0, health=(stalled,))))
+    assert not descheduled(run_of(RoundResult(records=(record([5.0, 6.0], 2),), wall_s=1.0, health=(saturated,))))
+    assert not descheduled(run_of(RoundResult(records=(record([5.0, 6.0], 2),), wall_s=1.0, health=(HEALTHY,))))
+
+
+def test_measure_watched_measures_a_descheduled_attempt_again_and_keeps_the_first_good_one() -> None:
+    from types import MappingProxyType
+
+    from pytest_kimiperf.config.deployments import TINY_CPU, HostBounds
+    from pytest_kimiperf.measure.runner import measure_watched
+    from pytest_kimiperf.server.process import ServerHandle
+
+    # The host's own load is not this test's subject: every host bound off.
+    unbounded = dataclasses.replace(TINY_CPU, host_bounds=MappingProxyType(
+        {f.name: "none" for f in dataclasses.fields(HostBounds) if f.name != "forbidden_throttle_reasons"}))
+    server = ServerHandle(base_url="http://127.0.0.1:9", model="m", deployment="tiny-cpu", profile="default",
+                          log_path=None)
+    stalled = ProcessHealth(cpu_fraction=0.01, loop_latency_ms=(0.02,) * 95 + (450.0,) * 5, wall_s=1.0)
+    healths = {0: stalled, 1: HEALTHY, 2: HEALTHY}
+    played: list[int] = []
+
+    def play(attempt: int) -> RunResult:
+        played.append(attempt)
+        return dataclasses.replace(run_of(RoundResult(records=(record([5.0, 6.0], 2),), wall_s=1.0,
+                                                      health=(healths[attempt],))), scenario_name=f"attempt-{attempt}")
+
+    watched = measure_watched(play, server, unbounded)
+    assert played == [0, 1] and watched.run.scenario_name == "attempt-1" and watched.run.valid
+    assert watched.busy is None and len(watched.readings) == 2
+    healths[1] = healths[2] = stalled  # held off every time: client-bound after the last attempt
+    played.clear()
+    watched = measure_watched(play, server, unbounded)
+    assert played == [0, 1, 2] and isinstance(watched.run.invalid, ClientBound)
