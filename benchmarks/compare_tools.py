@@ -403,8 +403,9 @@ def _render(data: DataSet) -> tuple[float, float] | None:
     rounds = max((int(call.get("ROUNDS", "1")) for call in calls), default=3)
     print(f"tiny-cpu was booted {len(boots)} time{'s' * (len(boots) != 1)} on a host of {_host_cpus(calls)} whose 1-minute load average "
           f"read {load_low:.2f}-{load_high:.2f} around the runs"
-          " (the server's and the tools' own processes count in it: on 2 cores the CPU engine alone reads 2-3). "
-          f"On each boot every tool of the call ran {rounds} round(s), "
+          + (" (other work shared its cores: the server and the tools alone read 2-3 on 2 cores). " if load_high > 4.5
+             else " (the server's and the tools' own processes count in it: on 2 cores they alone read 2-3). ")
+          + f"On each boot every tool of the call ran {rounds} round(s), "
           "interleaved: a round runs the tools in one order, the next in the reverse, and the first round's order "
           "alternates from boot to boot. Boots per tool: "
           + "; ".join(f"{tool} {_boot_list(b)}" for tool, b in ran.items()) + ". "

@@ -32,9 +32,9 @@ host and on the nodes behind a launch template) reads what else used the host me
 attempt is measured again, at most :data:`HOST_RETRIES` times; one disturbed every time makes the
 run INVALID (``WatchedRun.busy``); so does a CPU quota that throttled every attempt
 (``cgroup_quota``). An attempt whose client was held off the CPU (:func:`descheduled`) is measured
-again too; one held off every time stays INVALID as client-bound. An attached server is measured unwatched but for its client's CPU quota: its
-processes are unknown here, so on this host they would count as foreign, and on another host
-this host says nothing about them.
+again too; one held off every time stays INVALID as client-bound. An attached server is measured
+unwatched but for its client's CPU quota: its processes are unknown here, so on this host they
+would count as foreign, and on another host this host says nothing about them.
 """
 
 from __future__ import annotations
