@@ -90,9 +90,19 @@ def test_profiles_under_xdist_boot_once_each_see_their_env_and_args_and_serve_wh
     decode = [t for t in data["tests"] if t["test"].endswith("test_single_stream_decode")]
     assert sorted((t["profile"], t["profile_args"]) for t in decode) == [
         ("default", []), ("eager", ["--enforce-eager"]), ("ring-ll", [])]
+    # Each request's decode figure is its tokens over its first to last chunk stamp. These
+    # plumbing runs switch the client's self-check off, so a client the scheduler held off for a
+    # whole 32-token stream (a normal-priority client on 2 shared cores) reads every chunk at once,
+    # under one kernel stamp, and that request has no decode figure: the summary counts exactly
+    # the requests whose chunks span time, whatever this host did.
+    spans = {profile: sum(1 for line in json.loads("[" + ",".join(
+        (export / "requests.jsonl").read_text().splitlines()) + "]")
+        if line["test"].endswith("test_single_stream_decode") and line["profile"] == profile
+        and line["chunk_ns"][-1] > line["chunk_ns"][0]) for profile in ("default", "ring-ll", "eager")}
     for test in decode:
-        assert test["metrics"]["decode_tok_s"]["summary"]["n"] == 8
-        assert test["metrics"]["decode_tok_s"]["summary"]["median"] > 0
+        summary = test["metrics"]["decode_tok_s"]["summary"]
+        assert summary["n"] == spans[test["profile"]] and summary["n"] + summary["n_failed"] <= 8, (summary, spans)
+        assert summary["n"] == 0 or summary["median"] > 0
     compared = {c["profile"]: c for c in data["profile_comparisons"] if c["unit"] == "tok/s"}
     assert set(compared) == {"ring-ll", "eager"}, compared
     assert all(c["boots_current"] == 1 and c["boots_reference"] == 1 for c in compared.values())
