@@ -65,9 +65,7 @@ def test_hang_at_boot_is_stopped_at_the_deadline_with_phase_and_log_tail(
     boots = tmp_path / "boots"
     stub_project(stub_deployment_toml(mode="hang", boot_count=boots, health_deadline_s=3))
     pytester.makepyfile(USES_SERVER)
-    start = time.monotonic()
     result = pytester.runpytest_subprocess("--deployment", "stub", timeout=120)
-    assert time.monotonic() - start < 60
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([
         "*was not ready within 3s; stuck while initializing engine*it was stopped*",
@@ -83,9 +81,9 @@ def test_crash_during_boot_fails_within_seconds_with_exit_code(
     stub_project(stub_deployment_toml(mode="crash-boot", boot_count=boots, health_deadline_s=600,
                                       load_seconds=1.0))
     pytester.makepyfile(USES_SERVER)
-    start = time.monotonic()
+    # Noticed, not waited out: the 600 s deadline lies far past the run's 120 s timeout, which
+    # would raise instead of returning this outcome.
     result = pytester.runpytest_subprocess("--deployment", "stub", timeout=120)
-    elapsed = time.monotonic() - start
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([
         "*exited with code 3 while loading weights*; log: *server-stub-default.log",
@@ -99,7 +97,6 @@ def test_crash_during_boot_fails_within_seconds_with_exit_code(
     # Before the short summary, which pytest leaves untruncated under CI=true and then repeats.
     body = out.split("short test summary info")[0]
     assert body.count("RuntimeError: simulated crash while loading shard 5") == 1, out
-    assert elapsed < 60, "waited for the 600 s deadline instead of noticing the exit"
 
 
 def test_death_mid_session_errors_later_tests_and_next_profile_gets_a_fresh_server(
@@ -367,14 +364,15 @@ def test_a_second_signal_during_teardown_escalates_to_sigkill_instead_of_abandon
             break
     time.sleep(0.3)
     assert not gone(server), "the stub stopped on SIGTERM; this test needs one that ignores it"
-    second = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     rest = proc.stdout.read().decode()
     proc.wait(timeout=30)
     proc.stdout.close()
-    assert time.monotonic() - second < 15, "the 60 s grace was waited out"
+    # The line below is said only where the second signal cut the grace short; a grace waited
+    # out ends in the grace's own words.
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, rest
-    assert "a second signal during teardown: every process of the stub server (default) got SIGKILL" in rest
+    assert ("a second signal during teardown: every process of the stub server (default) got SIGKILL "
+            "without waiting out the grace") in rest
     _assert_gone([server])
 
 

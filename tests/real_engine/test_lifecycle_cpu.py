@@ -138,12 +138,11 @@ def test_hold(kimiperf_server):
         if "kimiperf: stopping the tiny-cpu server" in lines[-1]:
             break
     proc.send_signal(signal.SIGTERM)
-    second = time.monotonic()
     rest = proc.stdout.read().decode(errors="replace")
     proc.wait(timeout=60)
     proc.stdout.close()
     out = "".join(lines) + rest
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-3000:]
-    assert time.monotonic() - second < 20, out[-3000:]
-    assert "a second signal during teardown: every process of the tiny-cpu server (default) got SIGKILL" in out
+    assert ("a second signal during teardown: every process of the tiny-cpu server (default) got SIGKILL "
+            "without waiting out the grace") in out
     assert "survived SIGKILL" not in out

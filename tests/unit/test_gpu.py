@@ -7,6 +7,7 @@ import dataclasses
 
 import shutil
 import stat
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -133,15 +134,19 @@ def install_nvidia_smi(directory: Path, script: str) -> Path:
 
 
 @needs_no_nvml
-def test_no_gpu_host_answers_empty_and_fast(bin_dir: Path) -> None:
-    started = time.monotonic()
+def test_no_gpu_host_answers_empty_without_running_anything(bin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Fast because nothing is started that could hang: no process, so no timeout to wait out.
+    def no_process(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"a host without nvidia-smi ran {args[:1]}")
+
+    monkeypatch.setattr(subprocess, "run", no_process)
+    monkeypatch.setattr(subprocess, "Popen", no_process)
     probe = gpu.probe_gpus()
     assert probe.gpus == () and probe.source == "none"
     assert "nvidia-smi not found on PATH" in probe.notes
     assert gpu.query_gpus() == []
     assert gpu_memory.gpu_memory_by_pid() == {}
     assert gpu.query_topology() is None
-    assert time.monotonic() - started < 1.0
 
 
 @needs_no_nvml
@@ -186,10 +191,9 @@ def test_nvidia_smi_without_driver_is_reported_not_raised(bin_dir: Path) -> None
 
 @needs_no_nvml
 def test_hanging_nvidia_smi_is_cut_off(bin_dir: Path) -> None:
-    install_nvidia_smi(bin_dir, "exec sleep 30\n")
-    started = time.monotonic()
+    # Cut off, not waited out: a finished sleep would print nothing and exit 0, not this reason.
+    install_nvidia_smi(bin_dir, "exec sleep 600\n")
     probe = gpu.probe_gpus(timeout_s=0.3)
-    assert time.monotonic() - started < 5
     assert probe.gpus == () and "did not answer within 0.3 s" in probe.absence_reason()
 
 
@@ -312,7 +316,7 @@ def test_wait_gpu_memory_freed_names_the_holders_at_the_deadline() -> None:
         gpu_memory.wait_gpu_memory_freed(
             [1328667, 1758887, 99], deadline_s=0.2, poll_s=0.05, probe=scripted_probe(after)
         )
-    assert 0.2 <= time.monotonic() - started < 2
+    assert time.monotonic() - started >= 0.2  # the deadline was waited for; the raise shows it ended
     assert "pid 1328667 (130004 MiB), pid 1758887 (58060 MiB)" in str(caught.value)
     assert "pid 99" not in str(caught.value)
 
