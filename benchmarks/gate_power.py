@@ -556,7 +556,6 @@ def replay_run(current: list[CorpusBoot], history: list[CorpusBoot], *, keys: li
     """One gate run replayed on real boots: ``current`` boots (of one session, in the order they
     would boot) against ``history``, every metric ``shift`` (a fraction) worse; boots on demand."""
     dep = BUILTIN_DEPLOYMENTS[deployment]
-    spreads = dep.spreads
     final: dict[str, VerdictKind] = {}
     open_groups = _test_groups(keys)
     boots = 0
@@ -567,6 +566,7 @@ def replay_run(current: list[CorpusBoot], history: list[CorpusBoot], *, keys: li
             def judge(key: str, placements: tuple[str, ...] | None = None) -> Comparison:
                 metric = key.split("|")[1]
                 spec = metric_spec(metric)
+                spreads = dep.spreads.of(metric)  # as gate.judge_metric: the metric's own declared boot spread
                 worse = 1.0 - shift if spec.direction is Direction.HIGHER_IS_BETTER else 1.0 + shift
                 cur = [replace(b.metrics[key], median=b.metrics[key].median * worse, session="current",
                                host=b.host) for b in current[:boots] if key in b.metrics]  # noqa: B023 - judged in this pass

@@ -179,7 +179,8 @@ def replay_rows(splits: int, deployment: str, max_foreign_cpu: float) -> list[Ro
                         scale = 1.0 + effect if spec.direction is Direction.HIGHER_IS_BETTER else 1.0 / (1.0 + effect)
                         ref = [session[i].metrics[key] for i in a]
                         cur = [replace(session[i].metrics[key], median=session[i].metrics[key].median * scale) for i in b]
-                        verdicts.append(_judge(cur, ref, spec.direction, dep.tolerance(spec.name), rules))
+                        verdicts.append(_judge(cur, ref, spec.direction, dep.tolerance(spec.name),
+                                               rules.for_metric(spec.name)))  # as compare_profiles does
                     trials += 1
                     directional += any(v in DIRECTIONAL for v in verdicts)
                     within += all(v is VerdictKind.WITHIN_TOLERANCE for v in verdicts)

@@ -42,7 +42,8 @@ def parse_spreads(text: str) -> Spreads:
         raise argparse.ArgumentTypeError(
             f"--spreads {text!r}: give three fractions BOOT,SESSION,HOST, each at least 0 and below 1 "
             "(0.01,0.01,0.02 for 1%, 1%, 2%)")
-    return Spreads(*values)
+    boot, session, host = values
+    return Spreads(boot, session, host)
 
 
 def _spreads(deployment: str, given: Spreads | None) -> tuple[Spreads, str]:

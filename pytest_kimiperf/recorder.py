@@ -312,7 +312,7 @@ class PerfRecorder:
         booked = profiles_to_book({name: record.summaries.get(metric, []) for name, record in records.items()},
                                   self.settings.reference_profile.name, direction=spec.direction,
                                   tolerance=self.tolerance(metric),
-                                  rules=InSessionRules.of(self.settings.deployment, plan=plan))
+                                  rules=InSessionRules.of(self.settings.deployment, plan=plan).for_metric(metric))
         for name in booked:
             records[name].wants_boot = max(records[name].wants_boot or 0, self.boot + 1)
         if booked:

@@ -102,6 +102,8 @@ DEPLOYMENT_KEYS: dict[str, tuple[str, str | None]] = {
                        "sessions measure (a floor they can raise)", None),
     "host_spread": ("declared SD among hosts with one fingerprint, pooled with what the history's hosts measure",
                     None),
+    "boot_spreads": ("a metric whose boots spread wider than `boot_spread` (a tail such as p99 ITL), its own "
+                     "declared SD: {metric = fraction}", None),
     "boot_spread_df": ("how sure `boot_spread` is, in degrees of freedom (3 for a guess; `inf`: exact)", None),
     "session_spread_df": ("how sure `session_spread` is, in degrees of freedom (default 10; `inf`: exact, the rule "
                           "before)", None),

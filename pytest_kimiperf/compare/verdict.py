@@ -132,7 +132,7 @@ def judge_groups(groups: Sequence[Group], rules: CompareRules) -> Outcome:
     for load, label, metric, primary_row, cur, ref in pending:
         spec = METRICS[metric]
         comparison = compare_in_session(cur, ref, direction=spec.direction, tolerance=rules.tolerance(metric),
-                                        rules=in_session, metric=metric, unit=spec.unit)
+                                        rules=in_session.for_metric(metric), metric=metric, unit=spec.unit)
         rows.append(Row(load, label, reference.label, metric, primary_row, comparison, rules.same_server))
     return Outcome(tool, tuple(rows), failed, rules.same_server, rules.strict)
 

@@ -64,6 +64,7 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "memory_bandwidth_gbs": (int, float),
     "allreduce_latency_us": (int, float),
     "boot_spread": (int, float),
+    "boot_spreads": dict,
     "session_spread": (int, float),
     "host_spread": (int, float),
     "boot_spread_df": (int, float),
@@ -161,6 +162,9 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
             fields[key] = MappingProxyType({**base.client_bounds, **_client_bounds(value, where)})
         elif key == "tolerances":
             fields[key] = MappingProxyType({**base.tolerances, **check_tolerances(value, where)})
+        elif key == "boot_spreads":
+            fields[key] = MappingProxyType({**base.boot_spreads, **check_metric_fractions(
+                value, where, key="boot_spreads", example="{p99_itl_ms = 0.33}", what="0.33 = 33%")})
         elif key == "host_bounds":
             from pytest_kimiperf.config.deployments import HostBounds
 
@@ -270,20 +274,25 @@ def _string_env(value: Mapping[str, Any], where: str) -> dict[str, str]:
 
 def check_tolerances(value: Any, where: str) -> dict[str, float]:
     """``{metric: fraction}`` checked (known metric, 0 < fraction < 1); ConfigError naming ``where``."""
+    return check_metric_fractions(value, where, key="tolerances", example="{decode_tok_s = 0.05}", what="0.03 = 3%")
+
+
+def check_metric_fractions(value: Any, where: str, *, key: str, example: str, what: str) -> dict[str, float]:
+    """A table ``key`` of ``{metric: fraction}`` checked (known metric, 0 < fraction < 1);
+    ConfigError naming ``where``, the key and the value."""
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{where}: tolerances = {value!r}; must be a table of metric = fraction, "
-                          "e.g. {decode_tok_s = 0.05}")
+        raise ConfigError(f"{where}: {key} = {value!r}; must be a table of metric = fraction, e.g. {example}")
     result: dict[str, float] = {}
-    for metric, tol in value.items():
+    for metric, fraction in value.items():
         if metric not in METRICS:
             raise ConfigError(
-                f"{where}: tolerances names unknown metric {metric!r}; known: {', '.join(sorted(METRICS))}"
+                f"{where}: {key} names unknown metric {metric!r}; known: {', '.join(sorted(METRICS))}"
             )
-        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 1:
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
             raise ConfigError(
-                f"{where}: tolerances.{metric} = {tol!r}; must be a fraction between 0 and 1 (0.03 = 3%)"
+                f"{where}: {key}.{metric} = {fraction!r}; must be a fraction between 0 and 1 ({what})"
             )
-        result[metric] = float(tol)
+        result[metric] = float(fraction)
     return result
 
 

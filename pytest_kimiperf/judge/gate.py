@@ -167,7 +167,7 @@ def judge_metric(
     comparison (if any) and the line about it. ``canary`` is this session's host canary;
     ``placements`` the boots' spawn modes as the test's metrics placed them together;
     ``histories`` the run's histories that share its budget for a false step."""
-    spreads = prior_spread if isinstance(prior_spread, Spreads) else Spreads(prior_spread)
+    spreads = (prior_spread if isinstance(prior_spread, Spreads) else Spreads(prior_spread)).of(result.metric)
     spec = metric_spec(result.metric)
     if baselines is None:
         return None, BaselineLine(BaselineState.OFF, spec.label)

@@ -696,8 +696,8 @@ def drift_failures(result: TestResult, base_file: BaselineFile, current: Mapping
         entry = base_file.entry(result.test, result.profile, mres.metric)
         if entry is None or mres.baseline is None or mres.baseline.verdict is VerdictKind.NOT_COMPARABLE:
             continue
-        drift = drift_of_entry(entry, current.get(mres.metric, []), tolerance=mres.tolerance, spreads=spreads,
-                               critical=critical)
+        drift = drift_of_entry(entry, current.get(mres.metric, []), tolerance=mres.tolerance,
+                               spreads=spreads.of(mres.metric), critical=critical)
         if drift is not None and drift.failed:
             failed.append(Drifted(mres.metric, metric_spec(mres.metric).label, drift.change, drift.bound,
                                   drift.nights, mres.tolerance, entry.anchor[-1].recorded_at))

@@ -293,6 +293,8 @@ class InSessionRules:
     # The comparisons the session's sign budget (stats.RUN_ALPHA) is shared by: every test, metric
     # and profile it compares (:func:`profile_comparisons` counts them). None: this one alone.
     family: int | None = None
+    # (metric, boot spread) where the deployment declares a metric its own (``boot_spreads``).
+    boot_by_metric: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.family is not None and self.family < 1:
@@ -302,7 +304,14 @@ class InSessionRules:
     def of(cls, deployment: Deployment, plan: SequentialPlan | None = None) -> InSessionRules:
         """The rules a deployment declares (``plan``: the session books boots on demand)."""
         return cls(deployment.boot_spread, deployment.boot_spread_df,
-                   SpawnModes(deployment.spawn_mode_drop, deployment.spawn_mode_share), plan=plan)
+                   SpawnModes(deployment.spawn_mode_drop, deployment.spawn_mode_share), plan=plan,
+                   boot_by_metric=tuple(sorted(deployment.boot_spreads.items())))
+
+    def for_metric(self, metric: str) -> InSessionRules:
+        """The rules a comparison of ``metric`` is judged by: its own declared boot spread where
+        the deployment gives one."""
+        spread = dict(self.boot_by_metric).get(metric)
+        return self if spread is None else replace(self, boot_spread=spread, boot_by_metric=())
 
     @property
     def sign_alpha(self) -> float:
@@ -662,7 +671,7 @@ def compare_profiles(
             compare = compare_with_control if control else compare_in_session
             rows.append((test, metric, profile, compare(
                 current, ref, direction=Direction(mres.direction), tolerance=mres.tolerance,
-                rules=rules, metric=spec.label, unit=mres.unit,
+                rules=rules.for_metric(metric), metric=spec.label, unit=mres.unit,
             )))
     return rows
 

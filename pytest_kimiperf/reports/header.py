@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_kimiperf.config.deployments import Deployment, describe_command
+from pytest_kimiperf.config.metric_specs import metric_spec
 from pytest_kimiperf.config.nccl.profiles import describe_args, describe_env, inherited_nccl_env
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.judge.fingerprint import Fingerprint, describe
@@ -106,7 +107,8 @@ def declarations_line(dep: Deployment) -> str:
              f"decode floor / target {dep.decode_floor_tok_s:g} / {dep.decode_target_tok_s:g} tok/s")
     where = (f"from {dep.declared_from}" if dep.declared_from else
              f"as {dep.source} declares them (the defaults where it is silent)")
-    return (f"kimiperf: declared for {dep.name}: boot spread {dep.boot_spread:.0%} ({dep.boot_spread_df:g} df), "
+    own = "".join(f", {metric_spec(name).label} {spread:.0%}" for name, spread in sorted(dep.boot_spreads.items()))
+    return (f"kimiperf: declared for {dep.name}: boot spread {dep.boot_spread:.0%}{own} ({dep.boot_spread_df:g} df), "
             f"session {dep.session_spread:.0%} ({dep.session_spread_df:g} df), host {dep.host_spread:.0%} "
             f"({dep.host_spread_df:g} df); {modes}; {floor}; {where}")
 

@@ -40,9 +40,9 @@ def test_tiny_cpus_floor_and_target_follow_the_hosts_canary() -> None:
 
 def test_the_header_says_what_the_verdicts_rest_on_and_where_it_was_declared() -> None:
     assert declarations_line(TINY_CPU) == (
-        "kimiperf: declared for tiny-cpu: boot spread 18% (15 df), session 20% (10 df), host 15% (10 df); spawn modes 50% "
+        "kimiperf: declared for tiny-cpu: boot spread 18%, p99 inter-token latency 33% (15 df), session 20% (10 df), host 15% (10 df); spawn modes 50% "
         "slower in 10% of boots; decode floor / target 7 / 20 tok/s per Mops of this host's canary; from the "
-        "noise corpus (benchmarks/data/noise): 56 quiet boots, 11 sessions, 8 hosts (canary 10.7-28 Mops, decode "
+        "noise corpus (benchmarks/data/noise): 62 quiet boots, 12 sessions, 9 hosts (canary 10.7-28 Mops, decode "
         "241-1285 tok/s per boot)")
     mine = resolve_deployments({"mine": {"model": "/m", "command": COMMAND, "decode_floor_tok_s": 40,
                                          "decode_target_tok_s": 50}}, source="pyproject.toml")["mine"]
@@ -126,3 +126,26 @@ def test_a_history_of_one_session_warns_that_the_session_spread_is_a_guess() -> 
         "runner: --kimiperf-update-baselines appends to the history) to measure it")
     assert one_session_warning(mine, HistorySpan.of(_boots(("h1", "s1"), ("h1", "s2")))) is None  # type: ignore[arg-type]
     assert one_session_warning(mine, None) is None  # no history: the missing baseline says so
+
+
+def test_a_metric_declares_its_own_boot_spread_and_every_other_keeps_the_deployments() -> None:
+    mine = resolve_deployments({"mine": {"extends": "tiny-cpu", "boot_spreads": {"ttft_ms": 0.4}}},
+                               source="pyproject.toml")["mine"]
+    # Merged over the parent's, as tolerances are.
+    assert dict(mine.boot_spreads) == {"p99_itl_ms": 0.33, "ttft_ms": 0.4}
+    assert mine.boot_spread_of("ttft_ms") == 0.4 and mine.boot_spread_of("decode_tok_s") == 0.18
+    spreads = mine.spreads
+    assert spreads.of("ttft_ms").boot == 0.4 and spreads.of("p99_itl_ms").boot == 0.33
+    assert spreads.of("decode_tok_s") == spreads and spreads.of("ttft_ms").session == spreads.session
+
+
+def test_a_bad_boot_spreads_table_is_a_usage_error_naming_the_value() -> None:
+    import pytest
+    from pytest_kimiperf.errors import ConfigError
+
+    for value, said in (({"p99_itl": 0.3}, r"boot_spreads names unknown metric 'p99_itl'; known: .*p99_itl_ms"),
+                        ({"ttft_ms": 1.5}, r"boot_spreads.ttft_ms = 1.5; must be a fraction between 0 and 1"),
+                        ({"ttft_ms": True}, r"boot_spreads.ttft_ms = True; must be a fraction"),
+                        (0.3, r"boot_spreads = 0.3 has the wrong type; expected a table")):
+        with pytest.raises(ConfigError, match=r"\[deployments.bad\]: " + said):
+            resolve_deployments({"bad": {"extends": "tiny-cpu", "boot_spreads": value}}, source="pyproject.toml")

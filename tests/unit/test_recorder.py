@@ -44,7 +44,7 @@ _NO_HOST_BOUNDS = MappingProxyType({"max_foreign_cpu_share": "none", "max_steal_
 # tiny-cpu as shipped: 25% tolerance, 18% declared boot spread, at most 2 boots a profile.
 NOISY = dataclasses.replace(TINY_CPU, host_bounds=_NO_HOST_BOUNDS)
 # The same tolerance on a quiet deployment (a GPU's 1% boot spread, 3 boots): two boots can convict.
-QUIET = dataclasses.replace(TINY_CPU, host_bounds=_NO_HOST_BOUNDS, boot_spread=0.01, max_boots=3)
+QUIET = dataclasses.replace(TINY_CPU, host_bounds=_NO_HOST_BOUNDS, boot_spread=0.01, boot_spreads={}, max_boots=3)
 
 
 def _run(tok_s: list[float], name: str = SCENARIO.scenario_name) -> RunResult:
