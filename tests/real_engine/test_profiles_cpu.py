@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT
 from tests.real_engine.conftest import plumbing_deployment
 
 PROFILES_PROJECT = plumbing_deployment() + """
@@ -103,9 +104,14 @@ def test_profiles_under_xdist_boot_once_each_see_their_env_and_args_and_serve_wh
         summary = test["metrics"]["decode_tok_s"]["summary"]
         assert summary["n"] == spans[test["profile"]] and summary["n"] + summary["n_failed"] <= 8, (summary, spans)
         assert summary["n"] == 0 or summary["median"] > 0
-    compared = {c["profile"]: c for c in data["profile_comparisons"] if c["unit"] == "tok/s"}
+    compared = {c["profile"]: c for c in data["profile_comparisons"]
+                if c["unit"] == "tok/s" and c["test"].endswith("test_single_stream_decode")}
     assert set(compared) == {"ring-ll", "eager"}, compared
-    assert all(c["boots_current"] == 1 and c["boots_reference"] == 1 for c in compared.values())
+    # A side counts its boot where that boot's decode figure stands: MIN_SAMPLES_PER_BOOT requests
+    # whose chunks span time (an eager boot here once kept 2 of 8, the rest read at once).
+    for profile, c in compared.items():
+        assert (c["boots_current"], c["boots_reference"]) == (
+            int(spans[profile] >= MIN_SAMPLES_PER_BOOT), int(spans["default"] >= MIN_SAMPLES_PER_BOOT)), (c, spans)
     # The export: one bench-serve file per test and profile, counting what the real server
     # streamed (8 requests of 32 tokens each, the warm-up not among them), and every request's
     # timeline in requests.jsonl.
