@@ -203,14 +203,10 @@ class Deployment:
 
     @property
     def spreads(self) -> Spreads:
-        """The declared spreads, one value: boot_spread, session_spread, host_spread."""
+        """The declared spreads, one value: boot_spread (and boot_spreads), session_spread, host_spread."""
         return Spreads(self.boot_spread, self.session_spread, self.host_spread,
                        self.boot_spread_df, self.session_spread_df, self.host_spread_df,
                        tuple(sorted(self.boot_spreads.items())))
-
-    def boot_spread_of(self, metric: str) -> float:
-        """The declared boot spread of ``metric`` (``boot_spreads``, else ``boot_spread``)."""
-        return self.boot_spreads.get(metric, self.boot_spread)
 
     def decode_floor_and_target(self, canary: Mapping[str, float] | None) -> tuple[float, float]:
         """The decode floor and target on a host whose canary read ``canary`` (the absolute ones
