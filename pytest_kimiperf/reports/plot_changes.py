@@ -11,6 +11,7 @@ cannot look like a finding. Only a worse or better verdict takes a colour.
 
 from __future__ import annotations
 
+import math
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,10 +62,12 @@ def draw_changes(ax: Any, rows: Sequence[ChangeRow], *, reference: str, in_sessi
         ax.axvspan(-tol * 100, tol * 100, color="0.9", zorder=0)
     for y, row in zip(positions, rows):
         c = row.comparison
-        if c is None:
+        if c is None or not _drawable(c):
             # The note's head only (an INVALID reason runs to 300 characters, which would squeeze
-            # the axes to nothing): the test's failure and the summary carry it whole.
-            note = textwrap.shorten(row.note or "not compared", width=_NOTE_WIDTH, placeholder="...")
+            # the axes to nothing): the test's failure and the summary carry it whole. A comparison
+            # without a figure (insufficient samples: a side with no usable boot) says its verdict.
+            said = row.note or (profile_verdict(c) if c is not None else "") or "not compared"
+            note = textwrap.shorten(said, width=_NOTE_WIDTH, placeholder="...")
             ax.text(0.0, y, note, ha="center", va="center", fontsize=7, color="0.4", in_layout=False)
             continue
         colour = verdict_colour(c)
@@ -78,9 +81,14 @@ def draw_changes(ax: Any, rows: Sequence[ChangeRow], *, reference: str, in_sessi
                 va="center", ha="left")
     ax.set_yticks(positions, [row.label for row in rows], fontsize=8)
     ax.set_ylim(-0.7, len(rows) - 0.3)
-    spans = [abs(v) for row in rows if row.comparison is not None
+    spans = [abs(v) for row in rows if row.comparison is not None and _drawable(row.comparison)
              for v in (row.comparison.ci_low, row.comparison.ci_high, row.comparison.tolerance)]
     edge = max(spans, default=0.05) * 100 * 1.15
     ax.set_xlim(-edge, edge)
     ax.set_xlabel(f"change vs {reference} (%), shaded: the tolerance")
     ax.grid(axis="x", alpha=0.3)
+
+
+def _drawable(comparison: Comparison) -> bool:
+    """Whether the comparison has a change and an interval to draw (not NaN: a side had no boot)."""
+    return all(math.isfinite(v) for v in (comparison.change, comparison.ci_low, comparison.ci_high))

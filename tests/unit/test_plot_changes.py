@@ -109,6 +109,26 @@ def test_a_row_with_no_comparison_says_why() -> None:
     assert [t.get_text() for t in ax.texts] == ["INVALID measurement"]
 
 
+def test_a_comparison_without_a_figure_says_its_verdict_and_the_axes_stay_finite(tmp_path: Path) -> None:
+    # A side whose boot kept too few samples (insufficient samples: change and interval NaN) had
+    # set the axis limits to NaN, and matplotlib's ValueError lost every plot of the run.
+    from matplotlib.figure import Figure
+
+    from pytest_kimiperf.reports.plot_changes import draw_changes
+
+    report = session(slower_at=16)
+    compared = next(c.comparison for b in report.test_blocks() for m in b.metrics for c in m.cells
+                    if c.comparison is not None)
+    empty = dataclasses.replace(compared, change=float("nan"), ci_low=float("nan"), ci_high=float("nan"),
+                                verdict=VerdictKind.INSUFFICIENT_SAMPLES)
+    ax = Figure().add_subplot()
+    draw_changes(ax, [ChangeRow("ring-ll c4", empty), ChangeRow("ring-ll c8", compared)], reference="default")
+    low, high = ax.get_xlim()
+    assert np.isfinite([low, high]).all() and high == pytest.approx(-low)
+    assert "insufficient samples" in [t.get_text() for t in ax.texts]
+    ax.figure.savefig(tmp_path / "p.png")
+
+
 def test_a_long_invalid_reason_does_not_squeeze_the_plot_to_nothing(tmp_path: Path) -> None:
     # make perf on a busy host: matplotlib's "axes sizes collapsed to zero", an error under
     # filterwarnings = error, lost every plot of the run.
