@@ -542,3 +542,34 @@ def test_append_never_takes_a_run_that_looked_worse_than_the_tolerance(case: Gat
     c = case.judge()
     if c.gain < -0.0 and abs(math.log1p(c.change)) > band_log(c.tolerance):
         assert not _appends(c), c.verdict
+
+
+# A metric's own declared boot spread (a deployment's boot_spreads, for a tail wider than its
+# medians) only widens what chance can explain: it never gives a direction the deployment's spread
+# alone would not give.
+
+DIRECTIONS = (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT)
+
+
+@PROPERTY
+@given(profile_cases(), st.floats(0.0, 0.5))
+def test_profiles_a_metrics_own_wider_boot_spread_never_gives_a_direction_the_shared_one_does_not(
+        case: ProfileCase, wider_by: float) -> None:
+    own = replace(case.rules, boot_by_metric=(("p99_itl_ms", case.rules.boot_spread + wider_by),))
+    shared = case.judge()
+    tail = replace(case, rules=own.for_metric("p99_itl_ms")).judge()
+    assert repr(replace(case, rules=own.for_metric("decode_tok_s")).judge()) == repr(shared)  # another metric
+    if tail.verdict in DIRECTIONS:
+        assert shared.verdict is tail.verdict, (shared.verdict, tail.verdict)
+
+
+@PROPERTY
+@given(gate_cases(), st.floats(0.0, 0.5))
+def test_gate_a_metrics_own_wider_boot_spread_never_gives_a_direction_the_shared_one_does_not(
+        case: GateCase, wider_by: float) -> None:
+    own = replace(case.spreads, boot_by_metric=(("p99_itl_ms", min(0.99, case.spreads.boot + wider_by)),))
+    shared = case.judge()
+    tail = replace(case, spreads=own.of("p99_itl_ms")).judge()
+    assert repr(replace(case, spreads=own.of("decode_tok_s")).judge()) == repr(replace(case, spreads=own).judge())
+    if tail.verdict in DIRECTIONS:
+        assert shared.verdict is tail.verdict, (shared.verdict, tail.verdict)
