@@ -150,13 +150,15 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
     tolerances = item.stash.get(TOLERANCES_KEY, {})
 
     def publish(result: TestResult) -> None:
-        from pytest_kimiperf.judge.decide import OUTCOME_PROPERTY, Outcome, outcome_of
+        from pytest_kimiperf.judge.decide import CAUSE_PROPERTY, OUTCOME_PROPERTY, Outcome, outcome_of
 
         item.stash[RESULT_KEY] = result
         item.user_properties.extend((f"median_{metric}", median) for metric, median in result.medians().items())
         outcome = outcome_of(result)  # the recorder decided it (judge/decide.py)
         if outcome in (Outcome.INVALID, Outcome.UNRESOLVED):  # what the exit status counts (judge/decide.py)
             item.user_properties.append((OUTCOME_PROPERTY, outcome.value))
+        if outcome is Outcome.INVALID and result.invalid_cause:
+            item.user_properties.append((CAUSE_PROPERTY, result.invalid_cause))
 
     def ensure_alive() -> None:
         try:
@@ -384,10 +386,11 @@ class KimiperfSession:
         if result is not None and report.when == "call":
             self.reporter.add_result(result)
         if report.failed:
-            from pytest_kimiperf.judge.decide import FailedTests, failed_outcome
+            from pytest_kimiperf.judge.decide import FailedTests, failed_outcome, invalid_cause
 
             self.failed = self.failed or FailedTests()
-            self.failed.add(report.nodeid, failed_outcome(report.when, report.user_properties))
+            self.failed.add(report.nodeid, failed_outcome(report.when, report.user_properties),
+                            invalid_cause(report.when, report.user_properties))
 
     @pytest.hookimpl(wrapper=True, optionalhook=True)
     def pytest_benchmark_group_stats(self, config: pytest.Config, benchmarks: list[dict[str, Any]],

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from pytest_kimiperf.reports import benchmark_bridge
 from pytest_kimiperf.errors import BaselineError, ConfigError, KimiperfError
-from pytest_kimiperf.measure.runner import say_invalid
+from pytest_kimiperf.measure.runner import cause_of, say_invalid
 from pytest_kimiperf.measure.results import RunResult, check_goodput_slo, check_rounds
 from pytest_kimiperf.measure.server_view import run_cross_checks
 from pytest_kimiperf.measure.runner import WatchedRun, measure_watched
@@ -267,17 +267,20 @@ class PerfRecorder:
         )
         if (watch := host_watched(watched)) is not None:
             result.messages.append(watch)
-        reason = watched.busy if watched.busy is not None else run.invalid
+        named = [*metrics, *(slo or {}), *([FLOOR_METRIC] if floor else [])]
+        judged = [*named, *(["request_goodput"] if goodput is not None else [])]
+        # A busy host first, then the client's self-check, then the figures this test checks
+        # that the window could not measure for too many of its requests (measure/coverage.py).
+        per_request = [m for m in judged if metric_spec(m).sample in (SampleKind.REQUEST, SampleKind.TAIL)]
+        reason = watched.busy or run.invalid or run.unmeasured(per_request)
         invalid = say_invalid(reason) if reason is not None else None  # the judge's InvalidRun takes the words
         surprises = [] if invalid is not None else [PrefixCacheReused(r.hit_tokens, r.queried_tokens)
                                                     for r in run_cross_checks(run)]
-        named = [*metrics, *(slo or {}), *([FLOOR_METRIC] if floor else [])]
-        judged = [*named, *(["request_goodput"] if goodput is not None else [])]
         measured = BootRun(
             samples={name: self._boot_samples(name) if metric_spec(name).sample is SampleKind.BOOT else run.samples(name)
                      for name in dict.fromkeys(named)},
             requests=len(run.records), failed_requests=run.invalid_count, failed_reasons=run.invalid_reasons,
-            invalid=invalid, cross_checks=surprises,
+            invalid=invalid, invalid_cause=cause_of(reason) if reason is not None else None, cross_checks=surprises,
             goodput_samples=[rnd.request_goodput(goodput) for rnd in run.rounds] if goodput is not None else [],
         )
         rules = Rules.for_deployment(

@@ -481,7 +481,13 @@ class HealthBounds:
       time is the stamp. The median catches a client that is always behind; the p99 catches
       stalls as long as a token gap (5 ms is one gap at 200 tok/s).
     * ``max_send_lag_p99_ms``: request sent versus its schedule (its arrival time for a request
-      rate; the previous request's end for a closed loop), which shapes the offered load.
+      rate), which shapes the offered load. In a closed loop (the previous request's end) a late
+      send shapes no figure of the requests that were sent: it is reported, not judged.
+    * ``max_unmeasured_fraction``: the share of a window's requests that may lose one figure to
+      the way their chunks arrived (a first chunk in a shared read, a stream in bursts:
+      measure/coverage.py) before that figure of the window is unfit to judge. Losses within it
+      are kept and shown with their count; past it the window is measured again, and a last
+      attempt still past it is INVALID for a test that checks the figure. 1.0 switches it off.
 
     The client's per-request deadlines travel with them (a deployment sets both kinds in its
     ``client_bounds`` table): past these a request has *stalled* and is invalid, and
@@ -500,13 +506,20 @@ class HealthBounds:
     max_send_lag_p99_ms: float = 5.0
     first_token_deadline_s: float = 120.0
     idle_deadline_s: float = 30.0
+    # A quarter: one request in four may lose a figure to a stall of the client or a burst of
+    # the server and the rest still describe the window; more, and which requests kept their
+    # figure starts to decide it (a stall that held the slow requests' first chunks).
+    max_unmeasured_fraction: float = 0.25
 
     def __post_init__(self) -> None:
         for name in ("max_cpu_fraction", "max_loop_latency_p50_ms", "max_loop_latency_p99_ms",
-                     "max_send_lag_p99_ms", "first_token_deadline_s", "idle_deadline_s"):
+                     "max_send_lag_p99_ms", "first_token_deadline_s", "idle_deadline_s", "max_unmeasured_fraction"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ConfigError(f"HealthBounds.{name}={value!r}: must be a positive number")
+        if self.max_unmeasured_fraction > 1:
+            raise ConfigError(f"HealthBounds.max_unmeasured_fraction={self.max_unmeasured_fraction!r}: must be a "
+                              "share of the window's requests, above 0 and at most 1 (1 switches the check off)")
 
 
 def _checked_bound(key: str, value: object, source: str) -> object:

@@ -43,6 +43,8 @@ EXIT_TESTS_FAILED = 1
 INVALID_ONLY_EXIT = 75
 UNRESOLVED_EXIT = 76
 OUTCOME_PROPERTY = "kimiperf_outcome"
+# An INVALID test's cause (measure.invalid_causes.InvalidCause's value), beside its outcome.
+CAUSE_PROPERTY = "kimiperf_invalid_cause"
 
 
 class Outcome(str, enum.Enum):
@@ -50,7 +52,7 @@ class Outcome(str, enum.Enum):
 
     PASSED = "passed"
     FAILED = "failed"  # any failure that is a finding about the build, or not kimiperf's
-    INVALID = "invalid"  # nothing learned: a busy host or a client-bound load
+    INVALID = "invalid"  # nothing learned: its cause says why (measure/invalid_causes.py)
     UNRESOLVED = "unresolved"  # a change beyond the tolerance this run can never convict
 
 
@@ -93,15 +95,29 @@ def failed_outcome(when: str, user_properties: Iterable[tuple[str, object]]) -> 
     return Outcome.FAILED
 
 
+def invalid_cause(when: str, user_properties: Iterable[tuple[str, object]]) -> str | None:
+    """A failed call report's INVALID cause (its ``kimiperf_invalid_cause`` property), else None."""
+    if when != "call":
+        return None
+    return next((str(value) for name, value in user_properties if name == CAUSE_PROPERTY), None)
+
+
 @dataclass
 class FailedTests:
     """The run's failed test reports, by outcome (a test can fail in setup, call and teardown:
     each report counts)."""
 
     by_outcome: dict[Outcome, list[str]] = field(default_factory=dict)
+    invalid_causes: list[str] = field(default_factory=list)
 
-    def add(self, nodeid: str, outcome: Outcome) -> None:
+    def add(self, nodeid: str, outcome: Outcome, cause: str | None = None) -> None:
         self.by_outcome.setdefault(outcome, []).append(nodeid)
+        if outcome is Outcome.INVALID and cause:
+            self.invalid_causes.append(cause)
+
+    def causes(self) -> tuple[str, ...]:
+        """The INVALID tests' causes, each once, in the order they came."""
+        return tuple(dict.fromkeys(self.invalid_causes))
 
     def tests(self, outcome: Outcome) -> int:
         """How many distinct tests failed with ``outcome``."""
@@ -114,7 +130,7 @@ class RunEnd(str, enum.Enum):
     PYTEST = "pytest"  # as pytest decided: passed, or tests failed, or pytest's own status
     CONTROL_REGRESSION = "control-regression"  # slower than the control booted in this session
     OUTPUT_ERROR = "output-error"  # a report or baseline could not be written (or a warning escalated)
-    ONLY_INVALID = "only-invalid"  # every failure INVALID: retry on a quiet runner
+    ONLY_INVALID = "only-invalid"  # every failure INVALID: the causes' advice says what to do
     ONLY_UNRESOLVED = "only-unresolved"  # every failure UNRESOLVED (or INVALID)
 
 
@@ -128,6 +144,7 @@ class RunDecision:
     errors: tuple[str, ...] = ()
     invalid_tests: int = 0
     unresolved_tests: int = 0
+    invalid_causes: tuple[str, ...] = ()  # the INVALID tests' causes (InvalidCause values), each once
 
     @property
     def passed(self) -> bool:
@@ -157,14 +174,14 @@ def decide_run(pytest_status: int, failed: FailedTests, *, comparisons: Sequence
     invalid, unresolved = failed.tests(Outcome.INVALID), failed.tests(Outcome.UNRESOLVED)
     if regressions or errors:
         end = RunEnd.CONTROL_REGRESSION if regressions else RunEnd.OUTPUT_ERROR
-        return RunDecision(EXIT_TESTS_FAILED, end, regressions, tuple(errors), invalid, unresolved)
+        return RunDecision(EXIT_TESTS_FAILED, end, regressions, tuple(errors), invalid, unresolved, failed.causes())
     status, end = pytest_status, RunEnd.PYTEST
     if pytest_status == EXIT_TESTS_FAILED and not failed.by_outcome.get(Outcome.FAILED):
         if failed.by_outcome.get(Outcome.UNRESOLVED):
             status, end = UNRESOLVED_EXIT, RunEnd.ONLY_UNRESOLVED
         elif failed.by_outcome.get(Outcome.INVALID):
             status, end = INVALID_ONLY_EXIT, RunEnd.ONLY_INVALID
-    return RunDecision(status, end, invalid_tests=invalid, unresolved_tests=unresolved)
+    return RunDecision(status, end, invalid_tests=invalid, unresolved_tests=unresolved, invalid_causes=failed.causes())
 
 
 def outcome_counts(results: Iterable[TestResult]) -> Mapping[Outcome, int]:

@@ -80,6 +80,7 @@ from pytest_kimiperf.judge.stats import (
     compare_boots,
     family_critical as family_critical,
 )
+from pytest_kimiperf.measure.invalid_causes import InvalidCause
 from pytest_kimiperf.judge.verdicts import (
     BaselineLine,
     BaselineState,
@@ -249,6 +250,7 @@ class BootRun:
     failed_requests: int = 0
     failed_reasons: Mapping[str, int] = field(default_factory=dict)
     invalid: str | None = None
+    invalid_cause: InvalidCause | None = None  # what to do about ``invalid`` (measure/invalid_causes.py)
     cross_checks: Sequence[PrefixCacheReused] = ()
     goodput_samples: Sequence[float] = ()
 
@@ -347,7 +349,8 @@ def judge(
         )
     if run.invalid is not None:
         result.invalid = run.invalid
-        result.failures.append(InvalidRun(run.invalid))
+        result.invalid_cause = run.invalid_cause.value if run.invalid_cause is not None else None
+        result.failures.append(InvalidRun(run.invalid, result.invalid_cause or ""))
         return Judgement(result, [], None, None)
     _check_boot(result, run, rules, label=label, floor=floor, slo=slo, goodput=goodput)
     current, recorded = _with_this_boot(result, earlier)

@@ -367,9 +367,12 @@ class LeftOut(Note):
 @note_kind("invalid")
 @dataclass(frozen=True)
 class InvalidRun(Note):
-    """The measurement cannot be judged (a busy host, no valid request): its reason."""
+    """The measurement cannot be judged (a busy host, no valid request): its reason, and its
+    cause (a measure.invalid_causes.InvalidCause value, '' where a report did not say), which
+    decides the advice."""
 
     reason: str
+    cause: str = ""
 
 
 @note_kind("failed-requests")

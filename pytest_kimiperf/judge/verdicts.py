@@ -230,6 +230,7 @@ class TestResult:
     # The profile's server arguments: with profile_env, what the profile is (baselines key on both).
     profile_args: list[str] = field(default_factory=list)
     invalid: str | None = None
+    invalid_cause: str | None = None  # measure.invalid_causes.InvalidCause's value: what to do about it
     # Why a change beyond the tolerance stays unresolved for good (one boot of an attached server
     # this run cannot restart): the test fails as UNRESOLVED, an outcome of its own.
     unresolved: Unresolved | None = None
@@ -265,7 +266,7 @@ class TestResult:
             "failures": [n.to_json() for n in self.failures], "warnings": [w.to_json() for w in self.warnings],
             "interval_ns": list(self.interval_ns) if self.interval_ns else None,
             "server_env": self.server_env, "profile_env": self.profile_env,
-            "profile_args": list(self.profile_args), "invalid": self.invalid,
+            "profile_args": list(self.profile_args), "invalid": self.invalid, "invalid_cause": self.invalid_cause,
             "unresolved": self.unresolved.to_json() if self.unresolved is not None else None,
             "itl_timeline_ms": self.itl_timeline_ms,
             "boot": self.boot, "unrecordable": [n.to_json() for n in self.unrecordable], "host": self.host,
@@ -289,6 +290,7 @@ class TestResult:
             server_env=dict(data.get("server_env") or {}),
             profile_env=dict(data.get("profile_env") or {}),
             profile_args=[str(a) for a in data.get("profile_args") or []], invalid=data.get("invalid"),
+            invalid_cause=data.get("invalid_cause"),
             unresolved=Unresolved.from_fields(u) if (u := data.get("unresolved")) else None,
             itl_timeline_ms=[float(x) for x in data.get("itl_timeline_ms") or []],
             boot=int(data.get("boot") or 1), unrecordable=tuple(notes_from_json(data.get("unrecordable"))),

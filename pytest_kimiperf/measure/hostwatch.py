@@ -455,6 +455,11 @@ class HostReading:
         """Did other work break a bound (a CPU quota's throttling aside)?"""
         return bool(self._disturbances(bounds))
 
+    def only_gpu_clocks(self, bounds: HostBounds) -> bool:
+        """Whether every bound this window broke was a GPU's clocks held back (no other work)."""
+        found = self._disturbances(bounds)
+        return bool(found) and len(self.gpu_clocks_held(bounds)) == len(found)
+
     def quota_throttling(self) -> list[str]:
         """One line per CPU quota that throttled the window's processes: any throttling counts,
         since a throttled period stops every process of the cgroup until the next one."""
@@ -493,7 +498,12 @@ class HostReading:
                          "start beyond what the processes NVML lists gained: a process NVML cannot name here (another "
                          "container's) or a leak" for gpu in self.gpus
                          if gpu.unlisted_growth_mib is not None and gpu.unlisted_growth_mib > DEVICE_TOLERANCE_MIB)
-        found.extend(self._throttled_under_load(bounds))
+        found.extend(self.gpu_clocks_held(bounds))
+        return found
+
+    def gpu_clocks_held(self, bounds: HostBounds) -> list[str]:
+        """One line per GPU whose clocks something other than the measured load held back."""
+        found = self._throttled_under_load(bounds)
         for gpu in self.gpus:
             if forbidden := [r for r in gpu.throttle_reasons if r in bounds.forbidden_throttle_reasons
                              and (r not in OWN_LOAD_REASONS or gpu.foreign_processes)]:

@@ -36,6 +36,7 @@ bench serve does.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections import Counter
@@ -46,6 +47,8 @@ from typing import Any, assert_never
 from pytest_kimiperf.config.deployments import HealthBounds
 from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, SampleKind, metric_spec, metrics_of
 from pytest_kimiperf.errors import ConfigError
+from pytest_kimiperf.measure import coverage as reads
+from pytest_kimiperf.measure.coverage import Coverage, HeldBy, Withheld
 
 # Why a run's own figures cannot be judged: typed reasons, and the one sentence for each.
 CLIENT_BOUND = "client-bound: the load generator, not the server, limited this run: "
@@ -105,7 +108,30 @@ class ClientBound:
     problems: tuple[ClientProblem, ...]
 
 
-RunInvalid = NoMeasuredRequests | NoValidRequest | ClientBound
+@dataclass(frozen=True)
+class FigureLoss:
+    """One figure that lost more than its bound of the window's requests to shared reads:
+    ``lost`` of ``sent``, by reason (coverage.Withheld value -> count)."""
+
+    figure: str
+    lost: int
+    sent: int
+    reasons: tuple[tuple[str, int], ...]
+    unit: str = "requests"
+
+
+@dataclass(frozen=True)
+class Unmeasured:
+    """Figures a window could not measure for too many of its requests, the bound, and who held
+    the stream (coverage.HeldBy: a client held off the CPU, or a server that wrote in bursts)."""
+
+    losses: tuple[FigureLoss, ...]
+    bound: float
+    held_by: HeldBy | None
+    loop_max_ms: float | None = None
+
+
+RunInvalid = NoMeasuredRequests | NoValidRequest | ClientBound | Unmeasured
 
 
 def say_client_problem(problem: ClientProblem) -> str:
@@ -132,8 +158,44 @@ def say_run_invalid(reason: RunInvalid) -> str:
             return f"no valid request ({invalid} invalid; first reason: {first})"
         case ClientBound(problems):
             return CLIENT_BOUND + "; ".join(say_client_problem(p) for p in problems) + _CLIENT_BOUND_HINT
+        case Unmeasured(losses, bound, held_by, loop_max):
+            lost = "; ".join(f"{loss.figure} lost for {loss.lost} of {loss.sent} {loss.unit} ("
+                             + ", ".join(f"{n} {_WITHHELD_WORDS[Withheld(r)]}" for r, n in loss.reasons) + ")"
+                             for loss in losses)
+            return (f"unmeasured: more than {bound:.0%} of the window's requests lost a figure to shared reads: "
+                    f"{lost}; {held_words(held_by, loop_max)}")
         case _:
             assert_never(reason)
+
+
+# What each reason a request gave no figure reads as, after its count.
+_WITHHELD_WORDS: Mapping[Withheld, str] = {
+    Withheld.FAILED: "failed",
+    Withheld.NO_TOKEN: "with no token",
+    Withheld.ONE_TOKEN: "of one token",
+    Withheld.FIRST_READ_SHARED: "whose first chunk came in one read with the next",
+    Withheld.BURST: "that came in bursts",
+    Withheld.GAP_IN_SHARED_READ: "inside shared reads",
+}
+
+
+def withheld_words(reason: str) -> str:
+    """A coverage.Withheld value in words, as it reads after its count."""
+    return _WITHHELD_WORDS[Withheld(reason)]
+
+
+def held_words(held_by: HeldBy | None, loop_max_ms: float | None) -> str:
+    """Who held the stream, on what evidence."""
+    loop = f"{loop_max_ms:.1f} ms" if loop_max_ms is not None else "unread"
+    match held_by:
+        case HeldBy.CLIENT:
+            return f"the client was held off the CPU (its loop ran up to {loop} late) while chunks queued"
+        case HeldBy.SERVER:
+            return f"the server wrote them together (the client's loop was never more than {loop} late)"
+        case None:
+            return "no read was shared"
+        case _:
+            assert_never(held_by)
 
 
 # One request's timeline and the per-request figures read from it.
@@ -233,15 +295,28 @@ class RequestRecord:
             return None
         return (self.t_send_ns - self.scheduled_send_ns) / NS_PER_MS
 
+    @property
+    def measured_itl_ms(self) -> list[float]:
+        """The gaps whose two stamps hold (coverage.measured_gaps_ms): a gap inside a shared read
+        is the client's read, not the server's gap."""
+        return reads.measured_gaps_ms(self.chunk_ns)
+
+    def withheld(self, metric_name: str) -> Withheld | None:
+        """Why this request gives no value of a per-request metric (None: it gives one)."""
+        return reads.withheld(metric_name, ok=self.ok, output_tokens=self.output_tokens, chunk_ns=self.chunk_ns)
+
     def value(self, metric_name: str) -> float | None:
-        """This request's one sample of a per-request metric (None when undefined for it)."""
-        if metric_name == "itl_ms":
-            return self.median_itl_ms
+        """This request's one sample of a per-request metric (None when it gives none:
+        :meth:`withheld` says why)."""
         if metric_name not in PER_REQUEST_METRICS:
             raise ConfigError(
                 f"{metric_name!r} is not a per-request metric; per-request metrics: "
                 f"{', '.join(PER_REQUEST_METRICS)}"
             )
+        if self.withheld(metric_name) is not None:
+            return None
+        if metric_name == "itl_ms":
+            return median(self.measured_itl_ms)
         result: float | None = getattr(self, metric_name)
         return result
 
@@ -469,15 +544,16 @@ class RunResult:
 
     def _distribution(self, metric_name: str) -> list[float]:
         if metric_name == "itl_ms":
-            return [gap for r in self.valid_records for gap in r.itl_ms]
+            return [gap for r in self.valid_records for gap in r.measured_itl_ms]
         return self.samples(metric_name)
 
     def itl_timeline_ms(self) -> list[float]:
-        """Every gap of every valid request, in the order the run produced them (by arrival)."""
+        """Every measured gap of every valid request, in the order the run produced them (by arrival)."""
         stamped = [
             (b, (b - a) / NS_PER_MS)
             for r in self.valid_records
-            for a, b in itertools.pairwise(r.chunk_ns)
+            for i, (a, b) in enumerate(itertools.pairwise(r.chunk_ns))
+            if b != a and (i + 2 == len(r.chunk_ns) or r.chunk_ns[i + 2] != b)
         ]
         stamped.sort(key=lambda pair: pair[0])
         return [gap for _, gap in stamped]
@@ -497,9 +573,44 @@ class RunResult:
         lags = (r.send_lag_ms for r in self.records)
         return [lag for lag in lags if lag is not None]
 
+    @functools.cached_property
+    def coverage(self) -> Coverage:
+        """What the window measured of what it sent, figure by figure (measure/coverage.py)."""
+        latencies = [x for rnd in self.rounds for h in rnd.health for x in h.loop_latency_ms]
+        return reads.coverage(self.records, latencies)
+
+    def unmeasured(self, figures: Sequence[str]) -> Unmeasured | None:
+        """The ``figures`` (per-request metrics, or tails of one) that lost more than the bound of
+        the window's requests to shared reads; for a tail, its gaps in shared reads count against
+        its gaps. None when every one of them is within."""
+        account = self.coverage
+        bound = self.bounds.max_unmeasured_fraction
+        losses = []
+        for figure in dict.fromkeys(_base_figure(name) for name in figures):
+            if figure is None:
+                continue
+            count = account.of(figure)
+            if count.lost_to_reads > bound * count.sent:
+                reasons = tuple((r, n) for r, n in count.withheld.items() if Withheld(r).by_reads)
+                losses.append(FigureLoss(figure, count.lost_to_reads, count.sent, reasons))
+        gaps = account.gaps_measured + account.gaps_in_shared_reads
+        tails = [name for name in figures
+                 if metric_spec(name).sample is SampleKind.TAIL and metric_spec(name).base == "itl_ms"]
+        if tails and account.gaps_in_shared_reads > bound * gaps:
+            shared = account.gaps_in_shared_reads
+            losses.append(FigureLoss("inter-token gaps", shared, gaps, ((Withheld.GAP_IN_SHARED_READ.value, shared),), "gaps"))
+        if not losses:
+            return None
+        return Unmeasured(tuple(losses), bound, account.held_by, account.loop_max_ms)
+
     @property
     def invalid(self) -> RunInvalid | None:
-        """Why the whole run cannot be trusted (None when it can)."""
+        """Why the whole run cannot be trusted (None when it can).
+
+        A late loop spoils stamps only where reads were shared, and the kernel stamped them
+        (``load["timing"]`` is ``kernel``): a window none of whose reads were shared is not
+        client-bound for it. A late send shapes the load only where a schedule sets it (a request
+        rate); in a closed loop it is reported (``send_lag_p99_ms``), not judged."""
         if not self.rounds or not self.records:
             return NoMeasuredRequests()
         if not self.valid_records:
@@ -512,13 +623,15 @@ class RunResult:
             if worst_cpu > bounds.max_cpu_fraction:
                 problems.append(ClientCpu(worst_cpu, bounds.max_cpu_fraction))
             latencies = [x for h in health for x in h.loop_latency_ms]
-            if latencies:
+            stamps_at_stake = self.load.get("timing") != "kernel" or self.coverage.shared_read_requests > 0
+            if latencies and stamps_at_stake:
                 p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
                 bound50, bound99, idle = loop_latency_bounds(bounds, health)
                 if p50 > bound50 or p99 > bound99:
                     problems.append(LoopLatency(p50, p99, bound50, bound99, *(idle or (None, None))))
         lags = self.send_lags_ms
-        if lags and (p99 := percentile(lags, 99)) > bounds.max_send_lag_p99_ms:
+        open_loop = self.load.get("kind") == "request-rate"
+        if open_loop and lags and (p99 := percentile(lags, 99)) > bounds.max_send_lag_p99_ms:
             problems.append(SendLag(p99, bounds.max_send_lag_p99_ms))
         return ClientBound(tuple(problems)) if problems else None
 
@@ -560,6 +673,7 @@ class RunResult:
             stats=stats, send_lag_p99_ms=percentile(lags, 99) if lags else None, notes=self.notes,
             server_metrics=tuple(dict(view) for view in self.server_metrics), load=dict(self.load),
             requests=tuple(self.records), client_placement=dict(self.client_placement),
+            measured=self.coverage,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -616,6 +730,9 @@ class RunSummary:
     load: Mapping[str, Any] = field(default_factory=dict)  # workload.load_facts
     requests: tuple[RequestRecord, ...] = ()
     client_placement: Mapping[str, Any] = field(default_factory=dict)  # placement.Placement.to_json()
+    # What the window measured of what it sent, figure by figure (None: a report written before
+    # the plugin counted them).
+    measured: Coverage | None = None
 
     def stat(self, metric: str, which: str) -> float | None:
         """``which`` ("mean", "median", "std") of a per-request metric; None when it has none."""
@@ -650,6 +767,7 @@ class RunSummary:
         result["server_metrics"] = [dict(view) for view in self.server_metrics]
         result["load"] = dict(self.load)
         result["client_placement"] = dict(self.client_placement)
+        result["measured"] = self.measured.to_json() if self.measured is not None else None
         # Every measured request's timeline: the raw data behind the figures, and what the
         # bench-serve and JSON Lines exports are written from (reports/export.py).
         result["requests"] = [r.to_json() for r in self.requests]
@@ -689,7 +807,18 @@ class RunSummary:
             load=dict(data.get("load") or {}),
             requests=tuple(RequestRecord.from_json(r) for r in data.get("requests") or ()),
             client_placement=dict(data.get("client_placement") or {}),
+            measured=Coverage.from_json(m) if (m := data.get("measured")) else None,
         )
+
+
+def _base_figure(name: str) -> str | None:
+    # A per-request metric is its own figure; a tail's base is the figure its samples are.
+    spec = metric_spec(name)
+    if spec.sample is SampleKind.REQUEST:
+        return name
+    if spec.sample is SampleKind.TAIL and spec.base is not None and spec.base != "itl_ms":
+        return spec.base
+    return None
 
 
 def _stem(name: str) -> tuple[str, str]:

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, assert_never
 
 from pytest_kimiperf.config.deployments import Deployment, HostBounds
 from pytest_kimiperf.config.server_url import parse_base_url
@@ -64,8 +64,11 @@ from pytest_kimiperf.measure.engine import (
 from pytest_kimiperf.measure.cgroup_quota import QuotaWatch
 from pytest_kimiperf.measure.hostwatch import HostReading, HostWatch, NodeWatch
 from pytest_kimiperf.measure.placement import Placement, ThreadCpu, not_known, place_client, read_threads
+from pytest_kimiperf.measure.coverage import FIGURES, HeldBy
+from pytest_kimiperf.measure.invalid_causes import InvalidCause
 from pytest_kimiperf.measure.results import (
-    ClientBound, LoopLatency, ProcessHealth, RequestRecord, RoundResult, RunInvalid, RunResult, SendLag, say_run_invalid,
+    ClientBound, LoopLatency, NoMeasuredRequests, NoValidRequest, ProcessHealth, RequestRecord, RoundResult, RunInvalid,
+    RunResult, SendLag, Unmeasured, say_run_invalid,
 )
 from pytest_kimiperf.measure.server_view import ServerView, Snapshot, fetch_snapshot
 from pytest_kimiperf.measure.target import Target
@@ -462,14 +465,33 @@ InvalidReason = RunInvalid | HostBusy
 
 
 def say_invalid(reason: InvalidReason) -> str:
-    """The sentence a report prints for why a measurement was not judged."""
+    """The sentence a report prints for why a measurement was not judged (its advice is
+    :func:`invalid_causes.advice` of :func:`cause_of`)."""
     if isinstance(reason, HostBusy):
         said = "; ".join(r.describe_busy(reason.bounds) for r in reason.readings)
         if not any(r.busy(reason.bounds) for r in reason.readings):
             return (f"{said}; measured {reason.attempts} times, throttled every time: no verdict from a run its CPU "
-                    "quota held back (raise the quota, a container's CPU limit, or measure a lighter load)")
+                    "quota held back")
         return f"{said}; measured {reason.attempts} times, disturbed every time: no verdict from a busy host"
     return say_run_invalid(reason)
+
+
+def cause_of(reason: InvalidReason) -> InvalidCause:
+    """The cause of an INVALID, which decides its advice."""
+    match reason:
+        case HostBusy(readings, bounds, _):
+            busy = [r for r in readings if r.busy(bounds)]
+            if not busy:
+                return InvalidCause.CPU_QUOTA
+            return InvalidCause.GPU_THROTTLE if all(r.only_gpu_clocks(bounds) for r in busy) else InvalidCause.BUSY_HOST
+        case ClientBound():
+            return InvalidCause.CLIENT_HELD
+        case Unmeasured(_, _, held_by, _):
+            return InvalidCause.SERVER_BURSTS if held_by is HeldBy.SERVER else InvalidCause.CLIENT_HELD
+        case NoMeasuredRequests() | NoValidRequest():
+            return InvalidCause.NO_REQUEST
+        case _:
+            assert_never(reason)
 
 
 def host_busy(readings: Sequence[HostReading], bounds: HostBounds, attempts: int) -> HostBusy | None:
@@ -522,13 +544,25 @@ def measure_watched(play: Callable[[int], RunResult], server: ServerHandle, depl
 
 
 def descheduled(run: RunResult) -> bool:
-    """Whether the client was held off the CPU in this attempt (its loop ran late, or its sends
-    did) without being short of CPU itself: a scheduling stall, measured again like a busy host's
-    window. On a host too small to place the client off the server's CPUs (placement.py), the
-    scheduler can hold a normal-priority client off for hundreds of ms now and then while the
-    server keeps both cores busy; a client that ran out of CPU is not helped by another attempt."""
+    """Whether this attempt is to be measured again for what held its stream: the client was
+    held off the CPU (its loop ran late over shared reads, or its sends went late) without being
+    short of CPU itself, or the figures its load exists for (:func:`window_figures`) lost more
+    than their bound of its requests to shared reads, whoever held them. On a host too small to
+    place the client off the server's CPUs (placement.py), the scheduler can hold a
+    normal-priority client off for hundreds of ms now and then while the server keeps both cores
+    busy; a client that ran out of CPU is not helped by another attempt."""
     reason = run.invalid
-    return isinstance(reason, ClientBound) and all(isinstance(p, (LoopLatency, SendLag)) for p in reason.problems)
+    if isinstance(reason, ClientBound):
+        return all(isinstance(p, (LoopLatency, SendLag)) for p in reason.problems)
+    return reason is None and run.unmeasured(window_figures(run)) is not None
+
+
+def window_figures(run: RunResult) -> tuple[str, ...]:
+    """The per-request figures a window is measured again for: every one for one stream and for
+    a request rate, whose tests judge them; none for a closed loop of several streams, whose
+    figure is its throughput (a test that checks one of its per-request figures has it judged at
+    check time, recorder.py)."""
+    return () if run.load.get("kind") == "concurrency" else FIGURES
 
 
 def _quota_watched(play: Callable[[int], RunResult], first: Callable[[], RunResult] | None) -> WatchedRun:

@@ -35,6 +35,7 @@ from pytest_kimiperf.judge.spread_check import misdeclared
 from pytest_kimiperf.judge.stats import Comparison, Leaning, VerdictKind, leaning
 from pytest_kimiperf.judge.verdicts import BaselineState, TestResult
 from pytest_kimiperf.judge.verdicts import MissingBaselines as MissingBaselineNote
+from pytest_kimiperf.measure.invalid_causes import advice_for
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_value
 from pytest_kimiperf.reports.model import SessionReport, boot_label, metric_heading, profile_verdict
 from pytest_kimiperf.reports.nccl_reach import reach_summary, sets_nccl
@@ -316,7 +317,8 @@ def run_verdict(report: SessionReport) -> str:
     if failed:
         parts.append(f"{failed} test boot{'s' * (failed != 1)} failed")
     if invalid:
-        parts.append(f"{invalid} INVALID (retry on a quiet host)")
+        causes = [res.invalid_cause for res in report.results if res.invalid_cause and outcome_of(res) is Outcome.INVALID]
+        parts.append(f"{invalid} INVALID ({advice_for(causes) or 'each line says why'})")
     return f"FAILED ({', '.join(parts)})" if parts else "passed"
 
 

@@ -17,6 +17,7 @@ from typing import assert_never
 
 from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, Direction, metric_spec
 from pytest_kimiperf.judge.history import AppendWhy, NotAppended
+from pytest_kimiperf.measure.invalid_causes import advice_for
 from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
 from pytest_kimiperf.judge.levels import CanaryCheck, Level, Levels
 from pytest_kimiperf.judge.notes import (
@@ -459,7 +460,8 @@ def _(note: MissingBaselines) -> str:
 
 @say.register
 def _(note: InvalidRun) -> str:
-    return f"INVALID measurement: {note.reason}"
+    advice = advice_for((note.cause,))
+    return f"INVALID measurement: {note.reason}" + (f" ({advice})" if advice else "")
 
 
 @say.register

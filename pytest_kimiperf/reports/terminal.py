@@ -33,6 +33,7 @@ from pytest_kimiperf.judge.floors import FloorResult
 from pytest_kimiperf.judge.notes import HostWatched
 from pytest_kimiperf.judge.profiles import INTERVAL_LEGEND
 from pytest_kimiperf.judge.stats import VerdictKind
+from pytest_kimiperf.measure.invalid_causes import advice_for
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_spread, fmt_value
 from pytest_kimiperf.reports.answers import (
     CompactRow,
@@ -482,9 +483,9 @@ def end_line(decision: RunDecision) -> str | None:
                     f"{decision.exit_status}; give the deployment a restart_command so the run can take more boots")
         case RunEnd.ONLY_INVALID:
             tests = decision.invalid_tests
-            return (f"kimiperf: every failure was an INVALID measurement ({tests} test{'s' * (tests != 1)}: a busy "
-                    f"host or a client-bound load, nothing learned about the build): exit status "
-                    f"{decision.exit_status} (EX_TEMPFAIL), rerun on a quiet runner")
+            advice = advice_for(decision.invalid_causes) or "its line above says why"
+            return (f"kimiperf: every failure was an INVALID measurement ({tests} test{'s' * (tests != 1)}, nothing "
+                    f"learned about the build): exit status {decision.exit_status} (EX_TEMPFAIL); {advice}")
         case RunEnd.PYTEST | RunEnd.CONTROL_REGRESSION | RunEnd.OUTPUT_ERROR:
             return None
         case _:

@@ -32,7 +32,8 @@ from pytest_kimiperf.measure.cgroup_quota import (
     read_quota_in_force,
 )
 from pytest_kimiperf.measure.hostwatch import HostReading, HostWatch
-from pytest_kimiperf.measure.runner import host_busy, say_invalid
+from pytest_kimiperf.measure.invalid_causes import InvalidCause, advice
+from pytest_kimiperf.measure.runner import cause_of, host_busy, say_invalid
 from tests import helpers
 
 DATA = helpers.DATA / "cgroup"
@@ -141,14 +142,17 @@ def test_a_throttled_window_is_invalid_naming_the_quota_and_a_quiet_one_says_the
     assert say_invalid(busy) == (
         "CPU quota: the CPU quota of 0.5 CPU on cgroup /kimiperf-record-17870 (v1: cpu.cfs_quota_us 50000 per "
         "cpu.cfs_period_us 100000), which holds the client, throttled them in 9 period(s) for 14 ms of the 2.0 s "
-        "window; measured 3 times, throttled every time: no verdict from a run its CPU quota held back (raise the "
-        "quota, a container's CPU limit, or measure a lighter load)")
+        "window; measured 3 times, throttled every time: no verdict from a run its CPU quota held back")
+    # A quota is a cause of its own: its advice is to raise it, never to retry under the same quota.
+    assert cause_of(busy) is InvalidCause.CPU_QUOTA
+    assert advice(InvalidCause.CPU_QUOTA).startswith("raise the CPU quota (a container's CPU limit) or measure a lighter")
     # Busy and throttled: both named, the busy host's ending.
     both = HostReading(wall_s=2.0, cpu_count=2, foreign_cpu_share=0.5, steal_share=0.0, psi={}, top_foreign=(),
                        cpu_quota=(throttled,))
     said = say_invalid(host_busy([both], bounds, attempts=3))  # type: ignore[arg-type]
     assert said.startswith("host busy: other processes used 50% of the host's CPU (bound 20%); CPU quota: the CPU ")
     assert said.endswith("disturbed every time: no verdict from a busy host")
+    assert cause_of(host_busy([both], bounds, attempts=3)) is InvalidCause.BUSY_HOST  # type: ignore[arg-type]
     quiet = HostReading.from_json(HostReading(
         wall_s=2.0, cpu_count=2, foreign_cpu_share=0.0, steal_share=0.0, psi={}, top_foreign=(),
         cpu_quota=(QuotaWindow("/q", 2, "the server", 150_000, 100_000, 0, 0.0, 2.0),)).to_json())
@@ -235,5 +239,5 @@ def test_an_attached_servers_run_is_invalid_when_its_clients_quota_throttled_eve
     assert watched.busy is not None and watched.busy.attempts == 3
     said = say_invalid(watched.busy)
     assert said.startswith(f"CPU quota: the CPU quota of 0.01 CPU on cgroup {name} (v") and "holds the client," in said
-    assert said.endswith("throttled every time: no verdict from a run its CPU quota held back (raise the quota, a "
-                         "container's CPU limit, or measure a lighter load)")
+    assert said.endswith("throttled every time: no verdict from a run its CPU quota held back")
+    assert cause_of(watched.busy) is InvalidCause.CPU_QUOTA

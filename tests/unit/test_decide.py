@@ -16,12 +16,15 @@ from hypothesis import strategies as st
 
 from pytest_kimiperf.judge.decide import (
     EXIT_OK, EXIT_TESTS_FAILED, INVALID_ONLY_EXIT, OUTCOME_PROPERTY, UNRESOLVED_EXIT, FailedTests, Outcome, RunEnd,
-    decide_run, decide_test, failed_outcome, outcome_of,
+    CAUSE_PROPERTY, decide_run, decide_test, failed_outcome, invalid_cause, outcome_of,
 )
 from pytest_kimiperf.judge.notes import InvalidRun, Look, Said, Unresolved
 from pytest_kimiperf.judge.profiles import ProfileComparison
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult, MissingBaselines, TestResult
+from pytest_kimiperf.measure.invalid_causes import InvalidCause, advice
+from pytest_kimiperf.reports.answers import run_verdict
+from pytest_kimiperf.reports.sentences import say
 from pytest_kimiperf.reports.terminal import end_line
 
 MARKED = [("median_decode_tok_s", 512.0), (OUTCOME_PROPERTY, "invalid")]
@@ -92,8 +95,27 @@ def test_invalid_failures_alone_exit_75_and_say_so() -> None:
     decision = decide_run(EXIT_TESTS_FAILED, _failed(Outcome.INVALID, Outcome.INVALID))
     assert decision.exit_status == INVALID_ONLY_EXIT == 75
     assert end_line(decision) == (
-        "kimiperf: every failure was an INVALID measurement (2 tests: a busy host or a client-bound load, nothing "
-        "learned about the build): exit status 75 (EX_TEMPFAIL), rerun on a quiet runner")
+        "kimiperf: every failure was an INVALID measurement (2 tests, nothing learned about the build): exit status "
+        "75 (EX_TEMPFAIL); its line above says why")
+
+
+@pytest.mark.parametrize("cause", list(InvalidCause))
+def test_every_invalid_cause_has_its_own_advice_in_every_place_that_advises(cause: InvalidCause) -> None:
+    others = {advice(c) for c in InvalidCause if c is not cause}
+    assert advice(cause) not in others  # no two causes share their advice
+    failed = FailedTests()
+    failed.add("t.py::test_0[default-1]", Outcome.INVALID, invalid_cause("call", [(CAUSE_PROPERTY, cause.value)]))
+    decision = decide_run(EXIT_TESTS_FAILED, failed)
+    assert decision.invalid_causes == (cause.value,)
+    assert end_line(decision) == (
+        "kimiperf: every failure was an INVALID measurement (1 test, nothing learned about the build): exit status "
+        f"75 (EX_TEMPFAIL); {advice(cause)}")
+    assert say(InvalidRun("the reason", cause.value)) == f"INVALID measurement: the reason ({advice(cause)})"
+    result = _result(InvalidRun("the reason", cause.value), invalid="the reason")
+    result.invalid_cause = cause.value
+    report = SimpleNamespace(results=[result], control_regressions=lambda: [])
+    assert run_verdict(report) == f"FAILED (1 INVALID ({advice(cause)}))"  # type: ignore[arg-type]
+    assert not any("quiet" in advice(c) for c in (InvalidCause.CPU_QUOTA, InvalidCause.SERVER_BURSTS))
 
 
 @pytest.mark.parametrize("status", [pytest.ExitCode.OK, pytest.ExitCode.INTERRUPTED, pytest.ExitCode.USAGE_ERROR])

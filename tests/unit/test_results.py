@@ -263,13 +263,16 @@ def test_the_loop_latency_bound_follows_the_hosts_idle_loop() -> None:
     assert slow_host.to_json()["idle_loop_latency_p50_ms"] == 0.3
 
 
-def test_late_sends_make_the_run_invalid() -> None:
+def test_late_sends_make_a_request_rate_invalid_and_are_a_reported_fact_of_a_closed_loop() -> None:
     late = tuple(record([50.0, 51.0], 2, send_ms=40.0, scheduled_ms=30.0, request_id=str(i)) for i in range(10))
-    run = run_of(RoundResult(records=late, wall_s=1.0, health=(HEALTHY,)))
-    assert isinstance(run.invalid, ClientBound) and isinstance(run.invalid.problems[0], SendLag)
-    assert "late versus schedule" in run.invalid_reason
-    assert run_of(RoundResult(records=late, wall_s=1.0, health=(HEALTHY,)),
-                  bounds=HealthBounds(max_send_lag_p99_ms=20.0)).valid
+    rate = dataclasses.replace(run_of(RoundResult(records=late, wall_s=1.0, health=(HEALTHY,))),
+                               load={"kind": "request-rate"})
+    assert isinstance(rate.invalid, ClientBound) and isinstance(rate.invalid.problems[0], SendLag)
+    assert "late versus schedule" in rate.invalid_reason
+    assert dataclasses.replace(rate, bounds=HealthBounds(max_send_lag_p99_ms=20.0)).valid
+    # A closed loop's late send shapes none of the figures of the requests it sent: reported, not judged.
+    closed = dataclasses.replace(rate, load={"kind": "single-stream"})
+    assert closed.valid and closed.summary().send_lag_p99_ms == pytest.approx(10.0)
 
 
 def test_run_without_valid_requests_is_invalid() -> None:
