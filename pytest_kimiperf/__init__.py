@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from pytest_kimiperf.version import __version__ as __version__
 
 if TYPE_CHECKING:  # the re-exports, spelt `X as X`, as type checkers read explicit re-exports
     from pytest_kimiperf.config.settings import Settings as Settings
