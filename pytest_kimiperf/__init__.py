@@ -18,7 +18,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from pytest_kimiperf.public_names import PUBLIC_NAMES as _PUBLIC_NAMES
+from pytest_kimiperf.version import __version__ as __version__
 
 if TYPE_CHECKING:  # the re-exports, spelt `X as X`, as type checkers read explicit re-exports
     from pytest_kimiperf.config.settings import Settings as Settings
@@ -40,22 +41,11 @@ if TYPE_CHECKING:  # the re-exports, spelt `X as X`, as type checkers read expli
     from pytest_kimiperf.warning_types import OtherVersionsWarning as OtherVersionsWarning
     from pytest_kimiperf.warning_types import SoftFingerprintWarning as SoftFingerprintWarning
 
-_HOME: dict[str, str] = {
-    "Concurrency": "measure.workload", "ConcurrencySweep": "measure.workload",
-    "RequestRate": "measure.workload", "Scenario": "measure.workload",
-    "SingleStream": "measure.workload", "run_sweep": "measure.runner", "Target": "measure.target",
-    "PerfRecorder": "recorder", "TestResult": "judge.verdicts", "Settings": "config.settings",
-    "KimiperfWarning": "warning_types", "InconclusiveWarning": "warning_types",
-    "MissingBaselineWarning": "warning_types", "BelowTargetWarning": "warning_types",
-    "SoftFingerprintWarning": "warning_types", "OtherVersionsWarning": "warning_types",
-    "OneSessionHistoryWarning": "warning_types", "KimiperfDeprecationWarning": "warning_types",
-}
-
-__all__ = ["__version__", *sorted(_HOME)]
+__all__ = ["__version__", *sorted(_PUBLIC_NAMES)]
 
 
 def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
+    home = _PUBLIC_NAMES.get(name)
     if home is None:
         raise AttributeError(f"module 'pytest_kimiperf' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"pytest_kimiperf.{home}"), name)
@@ -64,4 +54,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOME))
+    return sorted(set(globals()) | set(_PUBLIC_NAMES))

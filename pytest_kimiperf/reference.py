@@ -3,14 +3,16 @@
 ``python -m pytest_kimiperf.reference [--check] [OUT_DIR]`` writes ``options.md``,
 ``deployment.md``, ``metrics.md``, ``api.md`` and ``compare.md`` into OUT_DIR (default ``docs/reference``) from
 the option table, the deployment and profile key tables, the metric table, the package's
-``__all__``, the fixtures and the hook specs. With ``--check`` it writes nothing and exits 1
-naming each page that differs from what it would write; the unit tests run the same check.
+exported names (``public_names``), the fixtures and the hook specs. With ``--check`` it writes
+nothing and exits 1 naming each page that differs from what it would write; the unit tests run
+the same check.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import inspect
 import re
 import sys
@@ -26,6 +28,7 @@ from pytest_kimiperf.config.metric_specs import METRICS, SampleKind
 from pytest_kimiperf.config.nccl.profiles import _PROFILE_TABLE_KEYS, BUILTIN_PROFILES
 from pytest_kimiperf.config.nodes import Node
 from pytest_kimiperf.config.options import OPTIONS
+from pytest_kimiperf.public_names import PUBLIC_NAMES
 
 COMMAND = "python -m pytest_kimiperf.reference"
 DEFAULT_OUT = Path("docs/reference")
@@ -409,7 +412,6 @@ def _markers(path: Path) -> list[str]:
 
 def api_page() -> str:
     """docs/reference/api.md: the public names, the fixtures, the markers and the hooks."""
-    import pytest_kimiperf
     from pytest_kimiperf import hooks, hookspec
 
     lines = _generated("Python API", "What a perf test or a conftest may use: the names `pytest_kimiperf` "
@@ -423,9 +425,8 @@ def api_page() -> str:
     lines += [f"- `@pytest.mark.{usage})`: {text}" for usage, _, text in
               (m.partition("): ") for m in _markers(PACKAGE / "plugin.py"))]
     lines += ["", "## Names exported by `pytest_kimiperf`", ""]
-    for name in pytest_kimiperf.__all__:
-        if name != "__version__":
-            lines += _entry(name, getattr(pytest_kimiperf, name))
+    for name, home in sorted(PUBLIC_NAMES.items()):
+        lines += _entry(name, getattr(importlib.import_module(f"pytest_kimiperf.{home}"), name))
     lines += ["## Hooks", "", "Implement these in a `conftest.py` or a plugin.", ""]
     for name, _ in _decorated(PACKAGE / "hookspec.py", "pytest.hookspec"):
         func = getattr(hookspec, name)

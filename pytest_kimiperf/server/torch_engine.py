@@ -45,8 +45,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from pytest_kimiperf import __version__
 from pytest_kimiperf.paths import default_cache_dir
+from pytest_kimiperf.version import __version__
 
 BOS_ID, EOS_ID, VOCAB_SIZE = 256, 257, 258
 ENGINE_MODULE = "pytest_kimiperf.server.torch_model"

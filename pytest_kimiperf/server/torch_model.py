@@ -39,9 +39,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pytest_kimiperf import __version__
 from pytest_kimiperf.config.deployments import TINY_TORCH_MODEL
 from pytest_kimiperf.server.torch_engine import BOS_ID, EOS_ID, TinySpec, vllm_logger
+from pytest_kimiperf.version import __version__
 
 # Prompt tokens prefilled in one step before the running requests decode again (vLLM's
 # max_num_batched_tokens for online serving on small GPUs).

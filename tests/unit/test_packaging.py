@@ -21,7 +21,7 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 def test_the_version_lives_in_one_place() -> None:
     assert "version" not in PROJECT and "version" in PROJECT["dynamic"]
     build_version = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["dynamic"]["version"]
-    assert build_version == {"attr": "pytest_kimiperf.__version__"}
+    assert build_version == {"attr": "pytest_kimiperf.version.__version__"}
     assert re.fullmatch(r"\d+\.\d+\.\d+", pytest_kimiperf.__version__)
 
 

@@ -1,4 +1,4 @@
-"""Every name the package exports resolves: the lazy table in pytest_kimiperf/__init__.py names
+"""Every name the package exports resolves: the lazy table in pytest_kimiperf/public_names.py names
 modules by path, and a module that moves must take its entry along (judge.results did not)."""
 
 from __future__ import annotations
