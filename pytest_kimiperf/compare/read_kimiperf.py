@@ -18,7 +18,7 @@ from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.judge.baselines import SCHEMA_VERSION as BASELINE_SCHEMA, parse_baseline
 from pytest_kimiperf.judge.boots import summarize_metric
-from pytest_kimiperf.reports.answers import short_test
+from pytest_kimiperf.reports.model import short_test
 from pytest_kimiperf.reports.json_report import SCHEMA_VERSION as REPORT_SCHEMA
 
 TOOL = "pytest-kimiperf"

@@ -37,7 +37,8 @@ from pytest_kimiperf.judge.verdicts import BaselineState, TestResult
 from pytest_kimiperf.judge.verdicts import MissingBaselines as MissingBaselineNote
 from pytest_kimiperf.measure.invalid_causes import advice_for
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_value
-from pytest_kimiperf.reports.model import SessionReport, boot_label, metric_heading, profile_verdict
+from pytest_kimiperf.reports.measured import lost_remark
+from pytest_kimiperf.reports.model import SessionReport, boot_label, metric_heading, profile_verdict, short_test
 from pytest_kimiperf.reports.nccl_reach import reach_summary, sets_nccl
 from pytest_kimiperf.reports.sentences import (
     RECORDING_ACCEPTS, beside_comparison, missing_reason, say, select_hardware,
@@ -102,12 +103,6 @@ class CompactRow:
     def interval(self) -> str:
         """The interval with its level, or nothing where there is no comparison."""
         return "" if self.comparison is None else fmt_interval(self.comparison, in_session=self.in_session)
-
-
-def short_test(test: str) -> str:
-    """``perf_tests/test_decode.py::test_single_stream_decode`` -> ``single_stream_decode``."""
-    name = test.rpartition("::")[2]
-    return name.removeprefix("test_")
 
 
 def profile_rows(report: SessionReport) -> list[CompactRow]:
@@ -187,12 +182,14 @@ def answer_lines(report: SessionReport) -> list[Answer]:
     its NCCL variables could reach, where decode bypassed NCCL), each profile against the baseline
     on it, the decode floor, and INVALID boots."""
     ref = report.reference_profile
-    answers = [Answer(f"{row.profile} vs {ref}, {_about(row)}", _tone(row))
+    answers = [Answer(f"{row.profile} vs {ref}, {_about(row)}{lost_remark(report, row.test, row.metric, (row.profile, ref))}",
+                      _tone(row))
                for row in _primary_rows(profile_rows(report), report)]
     if (reach := what_nccl_reached(report)) is not None:  # where decode's all-reduces bypassed NCCL
         others = [p for p in report.profile_names() if p != ref]
         answers.append(Answer(f"{others[0] if len(others) == 1 else 'profiles'} vs {ref}, what NCCL could reach: {reach}"))
-    answers += [Answer(f"{row.profile} vs its baseline, {_about(row)}", _tone(row))
+    answers += [Answer(f"{row.profile} vs its baseline, {_about(row)}{lost_remark(report, row.test, row.metric, (row.profile,))}",
+                       _tone(row))
                 for row in _primary_rows(baseline_rows(report), report)]
     floor = _floor_line(report)
     if floor is not None:

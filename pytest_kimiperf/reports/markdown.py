@@ -13,6 +13,7 @@ from pathlib import Path
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.reports.model import figure_legend, fmt_range, range_names
 from pytest_kimiperf.reports.answers import outcome_line, spread_line, what_nccl_reached
+from pytest_kimiperf.reports.measured import measured_lines
 from pytest_kimiperf.reports.model import (
     boot_label,
     SessionReport,
@@ -48,6 +49,7 @@ def render_markdown(report: SessionReport) -> str:
     lines += _floor_table(report)
     lines += _roofline(report)
     lines += _server_views(report)
+    lines += _bullets("Requests measured of sent, per boot", measured_lines(report))
     lines += _bullets("Warnings", report.warnings())
     lines += _servers(report)
     lines += _bullets("Errors", report.errors)

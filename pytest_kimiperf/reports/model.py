@@ -64,6 +64,12 @@ class BootFigure:
 _NORMAL_95 = 1.6449
 
 
+def short_test(test: str) -> str:
+    """``perf_tests/test_decode.py::test_single_stream_decode`` -> ``single_stream_decode``."""
+    name = test.rpartition("::")[2]
+    return name.removeprefix("test_")
+
+
 def boot_figure(mres: MetricResult) -> BootFigure:
     """The boot's figure of ``mres`` and its range, as the tables and plots show them."""
     spec = METRICS.get(mres.metric)

@@ -57,6 +57,7 @@ from pytest_kimiperf.reports.model import (
     profile_verdict,
     range_names,
 )
+from pytest_kimiperf.reports.measured import measured_lines
 from pytest_kimiperf.reports.nccl_check import APPLIED, DIFFERENT, NOT_SEEN
 from pytest_kimiperf.reports.outputs import output_labels
 from pytest_kimiperf.reports.sentences import comparison_line, rests_on, say, source_text
@@ -444,6 +445,7 @@ def render_summary(
                 lines.extend(compact_profile_table(report))
                 lines.extend(nccl_debug_lines(report, titled=True, quiet=False))
                 lines.extend(compact_baseline_table(report))
+                lines.extend(measured_section(report, only_lost=True))
                 lines.extend(warning_count(report))
     elif report is not None:
         # The servers ran but no perf test got to a result: what NCCL logged still tells.
@@ -504,7 +506,22 @@ def _full_sections(report: SessionReport) -> list[TerminalLine]:
     lines.extend(floors)
     lines.extend(roofline_lines(report, titled=not floors))
     lines.extend(server_view_section(report))
+    lines.extend(measured_section(report))
     lines.extend(warning_section(report))
+    return lines
+
+
+def measured_section(report: SessionReport, *, only_lost: bool = False) -> list[TerminalLine]:
+    """Every boot's count of what each test measured of what it sent, figure by figure
+    (``only_lost``, the first screen's: only the figures some boot did not measure for every
+    request; ``-v``, the Markdown and the JSON hold them all)."""
+    counted = measured_lines(report, only_lost=only_lost)
+    if not counted:
+        return []
+    title = "requests not measured, per boot (-v: every figure)" if only_lost else "requests measured of sent, per boot"
+    lines = [TerminalLine(f"kimiperf: {title}", sep="=")]
+    for line in counted:
+        lines.extend(wrapped(line, indent=0, markup=YELLOW if "not measured" in line else {}))
     return lines
 
 

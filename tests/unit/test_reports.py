@@ -83,8 +83,18 @@ def measured(profile: str, *, decode: float, itl: float, ttft: float, seed: int,
             samples(seed + offset, center, spread), boot_label=f"{profile} boot {boot}")
     rng = np.random.default_rng(seed + 3)
     res.itl_timeline_ms = [round(float(x), 3) for x in rng.gamma(20.0, itl / 20.0, 120)]
-    res.run = RunSummary.from_json({"scenario": "single-stream", "completed": 20, "failed": 0,
-                                    "median_ttft_ms": res.metrics["ttft_ms"].summary()["median"]})
+    # ring-ll's second boot sent two requests more than it measured decode and TTFT of: their
+    # first chunks came in one read with the next while the client was held off.
+    lost = 2 if (test, profile, boot) == (DECODE_TEST, "ring-ll", 2) else 0
+    withheld = {"first-read-shared": lost} if lost else {}
+    figures = {name: {"sent": 20 + lost, "measured": 20 + (lost if name in ("itl_ms", "e2el_ms") else 0),
+                      "withheld": {} if name in ("itl_ms", "e2el_ms") else withheld}
+               for name in ("decode_tok_s", "itl_ms", "tpot_ms", "ttft_ms", "e2el_ms")}
+    res.run = RunSummary.from_json({"scenario": "single-stream", "completed": 20 + lost, "failed": 0,
+                                    "median_ttft_ms": res.metrics["ttft_ms"].summary()["median"],
+                                    "measured": {"figures": figures, "gaps_measured": 120, "gaps_in_shared_reads": 3 * lost,
+                                                 "shared_read_requests": lost, "held_by": "client" if lost else None,
+                                                 "loop_max_ms": 41.5 if lost else 0.4}})
     return res
 
 
