@@ -129,6 +129,23 @@ def test_the_unit_tests_step_ends_its_pytest_in_its_limit_and_keeps_what_a_cut_r
     assert (tmp_path / "unit-tests" / "pytest.txt").read_text().splitlines()[0].startswith(".")  # test_quick's dot
 
 
+@pytest.mark.parametrize("entry_point", ["blocked", "present"])
+def test_the_unit_tests_step_registers_the_plugin_itself_as_the_lent_machine_needs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entry_point: str) -> None:
+    # The lent machine has the repository on PYTHONPATH and no installed package: no entry point.
+    # Blocking it here stands for that; present, the explicit registration must not clash with it.
+    from ci import gpu_bare_steps
+
+    probe = tmp_path / "test_registered.py"
+    probe.write_text("def test_registered(pytestconfig):\n"
+                     "    assert pytestconfig.pluginmanager.hasplugin('pytest_kimiperf.plugin')\n"
+                     "    pytestconfig.getoption('kimiperf_deployment')  # ValueError where no plugin added it\n")
+    monkeypatch.setattr(gpu_bare_steps, "GPU_TESTS", (str(probe),))
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:kimiperf" if entry_point == "blocked" else "")
+    verdict, text = gpu_bare_steps.step_unit_tests(tmp_path / "unit-tests")
+    assert verdict == "OK" and re.fullmatch(r"exit 0: 1 passed in [\d.]+s", text), text
+
+
 def test_preflight_names_a_python_too_old_or_other_than_the_one_the_carried_deps_were_built_for(tmp_path: Path) -> None:
     from ci.gpu_bare_preflight import python_problem
 
