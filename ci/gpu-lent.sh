@@ -17,8 +17,7 @@
 # in for tiny-gpu-torch and what needs NVML or CUDA says it was skipped. Without DRY_RUN, a
 # machine whose torch sees no GPU is a FAIL, and the rest runs on the CPU all the same.
 #
-#   ci/gpu-bare-deps.sh                    # here, once: what the image lacks, for CPython 3.12
-#   OUT=$OUT ci/gpu-lent.sh                # on the device, with .bare-deps carried
+#   OUT=$OUT ci/gpu-lent.sh                # on the device: nothing carried (ci/README.md, the plan)
 #   DRY_RUN=1 PYTHON=.venv/bin/python BARE_PYTHON_VERSION=3.11 ci/gpu-lent.sh   # here, on the CPU
 #
 # Step time estimates on the GPU machine: ci/README.md.

@@ -6,8 +6,8 @@ Each step prints its details, then one line ``lent: OK|FAIL|INFO STEP: what was 
 shell times and collects. WORK holds what steps pass on (``mode``: gpu or cpu; ``orphan.json``;
 the end-to-end run's output); OUT gets what comes back from the machine. The steps:
 
-* ``preflight``: Python (ci/gpu_bare_preflight.py's check), pyproject's dependencies importable,
-  matplotlib for the plots, and the mode: ``gpu`` where torch sees a CUDA device and DRY_RUN is
+* ``preflight``: Python (ci/gpu_bare_preflight.py's check), pyproject's dependencies present at the
+  versions it asks, the versions of pytest, pytest-benchmark, psutil and matplotlib the image has, and the mode: ``gpu`` where torch sees a CUDA device and DRY_RUN is
   not set, else ``cpu``, where tiny-torch-cpu's twin ``lent-cpu`` stands in for tiny-gpu-torch
   and what needs NVML is said to be skipped. No GPU without DRY_RUN is a FAIL, and the rest runs
   on the CPU all the same.
@@ -37,11 +37,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from packaging.requirements import Requirement  # pytest's own dependency: there wherever pytest is
+
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "ci" / "lent_tests"
 DEPLOYMENT = {"gpu": "tiny-gpu-torch", "cpu": "lent-cpu"}
 PROFILES = ("default", "ring-ll")
 BOOTS = int(os.environ.get("LENT_BOOTS", "2"))  # 1 in the CI test of the dry run
+# The image's own copies, which nothing carried shadows (ci/gpu-image-packages.txt): the versions
+# the run's figures rest on, said in the preflight's line.
+SHOWN_VERSIONS = ("pytest", "pytest-benchmark", "psutil", "matplotlib")
 sys.path.insert(0, str(ROOT))
 
 
@@ -69,11 +74,13 @@ def step_preflight(work: Path, out: Path) -> tuple[str, str]:
     from ci.gpu_bare_preflight import python_problem
 
     problem = python_problem()
-    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    names = [d.split(">")[0].split("=")[0].split("<")[0].strip() for d in declared]
-    found = {name: _version(name) for name in names}
+    declared = [Requirement(d) for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
+    found = {req.name: _version(req.name) for req in declared}
     missing = [name for name, version in found.items() if version is None]
+    too_old = [f"{req.name} {found[req.name]} (needs {req.specifier})" for req in declared
+               if found[req.name] is not None and not req.specifier.contains(found[req.name] or "", prereleases=True)]
     plots = _version("matplotlib")
+    versions = ", ".join(f"{name} {_version(name) or 'none'}" for name in SHOWN_VERSIONS)
     import torch
 
     gpu = torch.cuda.is_available()
@@ -88,10 +95,11 @@ def step_preflight(work: Path, out: Path) -> tuple[str, str]:
     where = (f"GPU mode on {seen}" if mode == "gpu" else
              f"CPU mode ({'DRY_RUN' if dry else 'no GPU'}: {seen}): lent-cpu (tiny-torch-cpu) stands in for "
              "tiny-gpu-torch; the NVML and GPU-memory checks are skipped, each saying so")
-    line = (f"{where}; python {sys.version.split()[0]}; pyproject's dependencies "
+    line = (f"{where}; python {sys.version.split()[0]}; {versions}; pyproject's dependencies "
             f"{'all present' if not missing else 'MISSING ' + ', '.join(missing) + ' (carry them: ci/gpu-bare-deps.sh)'}"
+            f"{'; TOO OLD ' + ', '.join(too_old) if too_old else ''}"
             f"; plots: {'matplotlib ' + plots if plots else 'none (no matplotlib here, and it is not carried: 107 MB)'}")
-    if problem or missing:
+    if problem or missing or too_old:
         return "FAIL", f"{problem + '; ' if problem else ''}{line}"
     if mode == "cpu" and not dry:
         return "FAIL", f"expected a GPU (set DRY_RUN=1 for a run on the CPU): {line}"

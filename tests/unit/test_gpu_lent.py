@@ -110,3 +110,30 @@ def test_steps_that_do_not_fit_the_budget_say_so_and_what_they_leave_is_ended_al
     assert orphan and lines[5].startswith("lent: FAIL cleanup (") and f"ended pid {orphan.group(1)} " in lines[5]
     assert re.fullmatch(r"lent: FAIL all \(\d+ s of the 150 s budget\)", lines[-1]) and done.returncode == 1
     assert not _torch_servers(tmp_path)
+
+
+def _names(path: Path) -> set[str]:
+    """The distributions a requirements-style file names, normalized as pip compares them (PEP 503)."""
+    lines = (line.split("#")[0].strip() for line in path.read_text().splitlines())
+    return {re.sub(r"[-_.]+", "-", re.split(r"[\s<>=!~;\[]", line)[0]).lower() for line in lines if line}
+
+
+def test_the_carried_dependencies_name_nothing_the_lent_image_already_has() -> None:
+    image = _names(ROOT / "ci" / "gpu-image-packages.txt")
+    assert {"torch", "pytest", "pytest-benchmark", "py-cpuinfo", "prometheus-client", "psutil"} <= image
+    assert not _names(ROOT / "ci" / "gpu-bare-deps.txt") & image
+
+
+def test_the_bare_deps_script_refuses_what_the_image_has_and_builds_nothing_for_an_empty_list(tmp_path: Path) -> None:
+    (tmp_path / "ci").mkdir()
+    for name in ("gpu-bare-deps.sh", "gpu-bare-deps.txt", "gpu-image-packages.txt"):
+        (tmp_path / "ci" / name).write_bytes((ROOT / "ci" / name).read_bytes())
+    (tmp_path / ".bare-deps").mkdir()  # an old build: removed, so nothing stale is carried
+    done = subprocess.run(["bash", str(tmp_path / "ci" / "gpu-bare-deps.sh")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "nothing to carry" in done.stdout and not (tmp_path / ".bare-deps").exists()
+    with (tmp_path / "ci" / "gpu-bare-deps.txt").open("a") as deps:
+        deps.write("Pytest_Benchmark==5.3.1\nprometheus-client>=0.17\n")
+    done = subprocess.run(["bash", str(tmp_path / "ci" / "gpu-bare-deps.sh")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr.strip() == (
+        "gpu-bare-deps: the image already has prometheus-client pytest-benchmark: a carried copy would shadow it "
+        "(ci/gpu-image-packages.txt)")
