@@ -21,7 +21,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ci.gpu_bare_check import CHILD_PATH, LOAD, nvml_sample, run, save  # noqa: E402
+from ci.gpu_bare_recording import CHILD_PATH, LOAD, nvml_sample, run, save  # noqa: E402
 from pytest_kimiperf.server import gpu, gpu_memory  # noqa: E402
 
 STUB = str(ROOT / "tests" / "fakes" / "stub_vllm.py")
