@@ -17,13 +17,13 @@
 # $OUT/checks.txt holds the check lines. The last line names the steps that passed (or were
 # skipped) as a SKIP= list: a rerun with it runs only the rest, within the same 10-minute command.
 #
-# What the steps import beyond the lent machine's image (ci/gpu-bare-deps.sh lists it: pure Python,
-# under 1 MB, built for one CPython minor version, which the preflight checks) travels in
-# .bare-deps, built here and carried with the command; it is put on PYTHONPATH when present.
-# PYTHONPATH comes before site-packages, so only what the image lacks is carried. Where numpy is
-# missing the canary takes the GPU copy only. scipy is needed by no step.
+# What the steps import beyond the lent machine's image would travel in .bare-deps, built here by
+# ci/gpu-bare-deps.sh (for one CPython minor version, which the preflight checks) and put on
+# PYTHONPATH when present. PYTHONPATH comes before site-packages, so only what the image lacks is
+# carried: as read on 2026-12-07 (ci/gpu-image-packages.txt) that is nothing, and no .bare-deps is
+# built. Where numpy is missing the canary takes the GPU copy only. scipy is needed by no step.
 #
-#   ci/gpu-bare-deps.sh && ci/gpu-bare-check.sh   # here, then on the device with .bare-deps carried
+#   ci/gpu-bare-check.sh                          # on the device (ci/README.md: the command)
 #   SKIP=runtime,smi ci/gpu-bare-check.sh         # leave steps out (comma- or space-separated)
 #
 # Environment:

@@ -113,7 +113,7 @@ def nvml_facts() -> dict[str, Any]:
 
 def step_preflight(out: Path) -> tuple[str, str]:
     """The machine in one line; FAIL (and the GPU steps held back) where torch sees no GPU."""
-    from ci.gpu_bare_check import save
+    from ci.gpu_bare_recording import save
 
     packages = {module: _version(module) for module in PACKAGES}
     facts: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(), "packages": packages,

@@ -6,21 +6,24 @@ Each step prints its details, then one line ``lent: OK|FAIL|INFO STEP: what was 
 shell times and collects. WORK holds what steps pass on (``mode``: gpu or cpu; ``orphan.json``;
 the end-to-end run's output); OUT gets what comes back from the machine. The steps:
 
-* ``preflight``: Python (ci/gpu_bare_preflight.py's check), pyproject's dependencies importable,
-  matplotlib for the plots, and the mode: ``gpu`` where torch sees a CUDA device and DRY_RUN is
-  not set, else ``cpu``, where tiny-torch-cpu's twin ``lent-cpu`` stands in for tiny-gpu-torch
-  and what needs NVML is said to be skipped. No GPU without DRY_RUN is a FAIL, and the rest runs
-  on the CPU all the same.
-* ``bare-check BUDGET_S``: ci/gpu-bare-check.sh within that budget, its lines under OUT/bare.
+* ``preflight``: Python (ci/gpu_bare_preflight.py's check), pyproject's dependencies present at
+  the versions it asks, the versions of pytest, pytest-benchmark, psutil and matplotlib the image
+  has, and the mode: ``gpu`` where torch sees a CUDA device and DRY_RUN is not set, else ``cpu``,
+  where tiny-torch-cpu's twin ``lent-cpu`` stands in for tiny-gpu-torch and what needs NVML is
+  said to be skipped. No GPU without DRY_RUN is a FAIL, and the rest runs on the CPU all the same.
 * ``orphan``: a pytest session boots the deployment and is SIGKILLed with its launcher and API
   server, as a CI job killed whole: the engine core must be left running (on a GPU, holding its
-  memory, as NVML sees it). The next step's session must sweep it.
+  memory: by its pid where NVML names it here, else by each GPU's use against its figure before
+  the boot, as the plugin accounts under gVisor). The next step's session must sweep it.
 * ``e2e``: the plugin on the deployment, profiles default and ring-ll, two boots each, the JSON and
   Markdown reports and the plots into OUT.
 * ``report``: what the run and its report show: the orphan swept and its memory back, every boot
   accounted, every test measured, NVML telemetry in each measured window (GPU), the plots.
 * ``cleanup`` (always, whatever the budget): the plugin's sweep over this run's launch records,
-  so nothing a cut or skipped step left outlives the command (a FAIL where it found something).
+  so nothing a cut or skipped step left outlives the command or holds the GPU the bare check
+  measures (a FAIL where it found something).
+* ``bare-check BUDGET_S``: ci/gpu-bare-check.sh in what is left, its lines under OUT/bare, its own
+  steps to skip in BARE_SKIP, and the ones that passed in WORK/bare-skip for the rerun's line.
 """
 
 from __future__ import annotations
@@ -32,17 +35,25 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from packaging.requirements import Requirement  # pytest's own dependency: there wherever pytest is
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "ci" / "lent_tests"
 DEPLOYMENT = {"gpu": "tiny-gpu-torch", "cpu": "lent-cpu"}
 PROFILES = ("default", "ring-ll")
 BOOTS = int(os.environ.get("LENT_BOOTS", "2"))  # 1 in the CI test of the dry run
+# The image's own copies, which nothing carried shadows (ci/gpu-image-packages.txt): the versions
+# the run's figures rest on, said in the preflight's line.
+SHOWN_VERSIONS = ("pytest", "pytest-benchmark", "psutil", "matplotlib")
 sys.path.insert(0, str(ROOT))
+
+from pytest_kimiperf.server.gpu_memory import DEVICE_TOLERANCE_MIB, GpuHolders  # noqa: E402
 
 
 def _mode(work: Path) -> str:
@@ -69,11 +80,13 @@ def step_preflight(work: Path, out: Path) -> tuple[str, str]:
     from ci.gpu_bare_preflight import python_problem
 
     problem = python_problem()
-    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    names = [d.split(">")[0].split("=")[0].split("<")[0].strip() for d in declared]
-    found = {name: _version(name) for name in names}
+    declared = [Requirement(d) for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
+    found = {req.name: _version(req.name) for req in declared}
     missing = [name for name, version in found.items() if version is None]
+    too_old = [f"{req.name} {found[req.name]} (needs {req.specifier})" for req in declared
+               if found[req.name] is not None and not req.specifier.contains(found[req.name] or "", prereleases=True)]
     plots = _version("matplotlib")
+    versions = ", ".join(f"{name} {_version(name) or 'none'}" for name in SHOWN_VERSIONS)
     import torch
 
     gpu = torch.cuda.is_available()
@@ -88,10 +101,11 @@ def step_preflight(work: Path, out: Path) -> tuple[str, str]:
     where = (f"GPU mode on {seen}" if mode == "gpu" else
              f"CPU mode ({'DRY_RUN' if dry else 'no GPU'}: {seen}): lent-cpu (tiny-torch-cpu) stands in for "
              "tiny-gpu-torch; the NVML and GPU-memory checks are skipped, each saying so")
-    line = (f"{where}; python {sys.version.split()[0]}; pyproject's dependencies "
+    line = (f"{where}; python {sys.version.split()[0]}; {versions}; pyproject's dependencies "
             f"{'all present' if not missing else 'MISSING ' + ', '.join(missing) + ' (carry them: ci/gpu-bare-deps.sh)'}"
+            f"{'; TOO OLD ' + ', '.join(too_old) if too_old else ''}"
             f"; plots: {'matplotlib ' + plots if plots else 'none (no matplotlib here, and it is not carried: 107 MB)'}")
-    if problem or missing:
+    if problem or missing or too_old:
         return "FAIL", f"{problem + '; ' if problem else ''}{line}"
     if mode == "cpu" and not dry:
         return "FAIL", f"expected a GPU (set DRY_RUN=1 for a run on the CPU): {line}"
@@ -115,7 +129,7 @@ NEEDS_A_GPU = ("preflight", "smi", "nvml")
 def step_bare_check(work: Path, out: Path, budget_s: str) -> tuple[str, str]:
     """ci/gpu-bare-check.sh in ``budget_s``, its check lines and recordings under OUT/bare."""
     env = {**os.environ, "OUT": str(out / "bare"), "BARE_BUDGET_S": budget_s, "PYTHON": sys.executable,
-           "TMPDIR": str(work)}
+           "TMPDIR": str(work), "SKIP": os.environ.get("BARE_SKIP", "")}
     done = subprocess.run(["bash", str(ROOT / "ci" / "gpu-bare-check.sh")], env=env, capture_output=True, text=True,
                           check=False)
     print(done.stdout + done.stderr)
@@ -123,8 +137,11 @@ def step_bare_check(work: Path, out: Path, budget_s: str) -> tuple[str, str]:
     verdicts = {line.split()[2].rstrip(":"): line.split()[1] for line in lines}
     failed = sorted(step for step, verdict in verdicts.items() if verdict == "FAIL")
     counts = ", ".join(f"{sum(v == kind for v in verdicts.values())} {kind}" for kind in ("OK", "INFO", "FAIL"))
-    rerun = next((line for line in done.stdout.splitlines() if line.startswith("SKIP=")), "SKIP= (none)")
-    text = f"{len(verdicts)} steps: {counts}; failed: {', '.join(failed) or 'none'}; rerun with {rerun}"
+    rerun = next((line for line in done.stdout.splitlines() if line.startswith("SKIP=")), "SKIP=")
+    (work / "bare-skip").write_text(rerun.removeprefix("SKIP="))
+    not_run = sorted(step for step in verdicts if step not in rerun.removeprefix("SKIP=").split(",") + failed)
+    text = (f"{len(verdicts)} steps: {counts}; failed: {', '.join(failed) or 'none'}; not run: "
+            f"{', '.join(not_run) or 'none'}; rerun with BARE_{rerun}")
     if not verdicts:
         return "FAIL", f"no check lines (exit {done.returncode}): {(done.stderr or done.stdout).strip()[-200:]}"
     if _mode(work) == "cpu":
@@ -132,7 +149,7 @@ def step_bare_check(work: Path, out: Path, budget_s: str) -> tuple[str, str]:
         if unexpected:
             return "FAIL", f"{text}; on the CPU only {', '.join(NEEDS_A_GPU)} may fail"
         return "INFO", f"{text} (CPU mode: those need a GPU; the GPU steps were not started)"
-    return ("FAIL" if failed else "OK"), text
+    return ("FAIL" if failed else "INFO" if not_run else "OK"), text
 
 
 # --------------------------------------------------------------------------- the orphan
@@ -143,6 +160,7 @@ def step_orphan(work: Path, out: Path) -> tuple[str, str]:
     import psutil
 
     family_file = work / "family.json"
+    before_mib = _device_mib(work)
     log = (work / "orphan-pytest.txt").open("w")
     session = subprocess.Popen(_pytest(work, str(SUITE / "hold_server.py"), "-s"), cwd=SUITE, stdout=log,
                                stderr=subprocess.STDOUT, env={**_env(work), "LENT_FAMILY": str(family_file)})
@@ -155,31 +173,66 @@ def step_orphan(work: Path, out: Path) -> tuple[str, str]:
         return "FAIL", f"the holding session never booted (exit {session.returncode}); see orphan-pytest.txt"
     family = json.loads(family_file.read_text())
     engines = [psutil.Process(pid) for pid in family["engine"]]
-    held_before = _held_mib(work, family["engine"])
+    held_before = _held(work, family["engine"], before_mib)
     for pid in (family["launcher"], family["server"], family["pytest"]):  # the launcher first: it must not clean up
         os.kill(pid, signal.SIGKILL)
     session.wait()
     log.close()
     time.sleep(2.0)
     alive = [p.pid for p in engines if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    held = _held_mib(work, alive)
-    (work / "orphan.json").write_text(json.dumps({"engine": alive, "held_mib": held, "family": family}))
+    held = _held(work, alive, before_mib)
+    (work / "orphan.json").write_text(json.dumps({"engine": alive, "held_mib": held.mib, "accounting": held.how,
+                                                  "family": family}))
     gone = [pid for pid in (family["launcher"], family["server"]) if not psutil.pid_exists(pid)]
-    memory = (f"holding {held} MiB (NVML; {held_before} MiB before the kill)" if _mode(work) == "gpu"
+    memory = (f"holding {held.mib} MiB ({held.said}; {held_before.mib} MiB before the kill)" if _mode(work) == "gpu"
               else "GPU memory not checked (CPU mode)")
     text = (f"pytest {family['pytest']}, launcher {family['launcher']} and API server {family['server']} SIGKILLed "
             f"({len(gone)} of 2 gone); engine core {alive or family['engine']} "
             f"{'left running' if alive else 'GONE'}, {memory}")
-    ok = alive and len(gone) == 2 and (_mode(work) == "cpu" or sum(held.values()) > 0)
+    ok = alive and len(gone) == 2 and (_mode(work) == "cpu" or held.mib > 0)
     return ("OK" if ok else "FAIL"), text
 
 
-def _held_mib(work: Path, pids: Sequence[int]) -> dict[int, int]:
+@dataclass(frozen=True)
+class OrphanMemory:
+    """The GPU memory the orphan holds, and how it was read: ``pid`` (NVML names its processes here)
+    or ``device`` (each GPU's use against its figure before the orphan's boot)."""
+
+    mib: int
+    how: str
+    said: str
+
+
+def account_orphan_memory(engine_pids: Sequence[int], holders: GpuHolders, before_mib: Mapping[int, int],
+                          now_mib: Mapping[int, int]) -> OrphanMemory:
+    """What the orphan's engine core holds: by its pids where NVML names them here; where NVML
+    names none of them (gVisor: its pids are another namespace's, or it lists no process at all),
+    by device-level accounting, as the plugin's own waits do (server/gpu_memory.py): what the GPUs
+    use above their figure before the boot, past the driver's own drift."""
+    named = {pid: mib for pid, mib in holders.by_pid().items() if pid in engine_pids}
+    if named:
+        return OrphanMemory(sum(named.values()), "pid", f"NVML names {', '.join(f'pid {p}' for p in sorted(named))}")
+    grown = sum(max(0, now_mib[i] - before_mib[i]) for i in now_mib.keys() & before_mib.keys())
+    unnamed = sum(holder.pid is None for holder in holders.holders)
+    listed = f"NVML lists {len(holders.holders)} process(es), {unnamed} of another pid namespace"
+    return OrphanMemory(grown if grown > DEVICE_TOLERANCE_MIB else 0, "device",
+                        f"NVML names none of its pids here ({listed}): device-level, +{grown} MiB since before its boot")
+
+
+def _device_mib(work: Path) -> dict[int, int]:
     if _mode(work) != "gpu":
         return {}
-    from pytest_kimiperf.server.gpu_memory import gpu_memory_by_pid
+    from pytest_kimiperf.server.gpu_memory import gpu_memory_used_mib
 
-    return {pid: mib for pid, mib in gpu_memory_by_pid().items() if pid in pids}
+    return gpu_memory_used_mib()
+
+
+def _held(work: Path, pids: Sequence[int], before_mib: Mapping[int, int]) -> OrphanMemory:
+    if _mode(work) != "gpu":
+        return OrphanMemory(0, "none", "CPU mode")
+    from pytest_kimiperf.server.gpu_memory import gpu_holders
+
+    return account_orphan_memory(pids, gpu_holders(), before_mib, _device_mib(work))
 
 
 # --------------------------------------------------------------------------- end to end
@@ -214,10 +267,13 @@ def step_report(work: Path, out: Path) -> tuple[str, str]:
             problems.append(f"the orphan engine core {pid} still runs")
         elif not any(f"pid {pid} " in line for line in swept):
             problems.append(f"the orphan engine core {pid} is gone but no sweep line names it")
+    # Per pid ("which held N MiB of GPU memory") or, where NVML names no process here, per device
+    # ("N MiB of GPU memory came back"): the sweep says one or the other (server/zombies.py).
     freed = [line.split("zombie sweep: ", 1)[1] for line in swept if "MiB of GPU memory" in line]
     facts.append(f"swept: {len(swept)} line(s)" + (f", {'; '.join(freed)}" if freed else ""))
     if _mode(work) == "gpu" and orphan.get("held_mib") and not freed:
-        problems.append("the sweep did not say what GPU memory it freed")
+        problems.append(f"the orphan held {orphan['held_mib']} MiB ({orphan.get('accounting')} accounting) but the "
+                        "sweep did not say what GPU memory it freed")
     try:
         report = json.loads((out / "report.json").read_text())
     except (OSError, ValueError) as error:

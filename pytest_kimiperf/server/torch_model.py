@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -112,6 +112,32 @@ def pick_device(requested: str) -> torch.device:
     return torch.device("cuda" if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()) else "cpu")
 
 
+class DeviceMemory(Protocol):
+    """What ``load`` asks of a GPU's memory: the only calls of its CUDA path that need a GPU."""
+
+    def free_and_total(self) -> tuple[int, int]:
+        """Bytes free and in all on the device, as the driver says now."""
+
+    def synchronize(self) -> None:
+        """Wait for the device's queued work."""
+
+
+@dataclass(frozen=True)
+class CudaMemory:
+    """The CUDA device's memory as torch reads it (``torch.cuda.init`` before the first reading)."""
+
+    device: torch.device
+
+    def free_and_total(self) -> tuple[int, int]:
+        """``torch.cuda.mem_get_info``: the driver's free and total bytes."""
+        free, total = torch.cuda.mem_get_info(self.device)
+        return int(free), int(total)
+
+    def synchronize(self) -> None:
+        """``torch.cuda.synchronize``."""
+        torch.cuda.synchronize(self.device)
+
+
 class TinyLlama:
     """The model's weights and KV cache on one device, and its two passes."""
 
@@ -185,12 +211,19 @@ class EngineRequest:
     last: int = 0
 
 
-def load(args: argparse.Namespace, log: Any) -> tuple[TinyLlama, dict[str, Any]]:
+def load(args: argparse.Namespace, log: Any, memory: DeviceMemory | None = None) -> tuple[TinyLlama, dict[str, Any]]:
     """Resolve or build the checkpoint, load it onto the device, size and allocate the KV cache,
-    warm up; log each phase in vLLM's words. What the API server's /metrics reports comes back."""
+    warm up; log each phase in vLLM's words. What the API server's /metrics reports comes back.
+
+    On CUDA, GPU memory is taken as vLLM takes it, read through ``memory`` (the device's own,
+    :class:`CudaMemory`, unless given): a test gives a stand-in on the CPU, so that this path's
+    checks, sizing and allocation run there too, with only the driver's readings stood in for."""
     device = pick_device(args.device)
     dtype = torch.bfloat16 if (args.dtype == "bfloat16" or (args.dtype == "auto" and device.type == "cuda")) \
         else torch.float32
+    if memory is None and device.type == "cuda":
+        torch.cuda.init()
+        memory = CudaMemory(device)
     started = time.monotonic()
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > 1:
         # One thread decodes this model faster than two that contend with the API server and the
@@ -199,9 +232,8 @@ def load(args: argparse.Namespace, log: Any) -> tuple[TinyLlama, dict[str, Any]]
                  "to override.", torch.get_num_threads())
         torch.set_num_threads(1)
     total = free_at_start = 0
-    if device.type == "cuda":
-        torch.cuda.init()
-        free_at_start, total = torch.cuda.mem_get_info(device)
+    if memory is not None:
+        free_at_start, total = memory.free_and_total()
         requested = math.ceil(total * args.gpu_memory_utilization)
         if free_at_start < requested:  # vllm/v1/worker/utils.py request_memory
             raise SystemExit(f"Free memory on device {device} ({free_at_start / GIB:.2f}/{total / GIB:.2f} GiB) on "
@@ -228,8 +260,8 @@ def load(args: argparse.Namespace, log: Any) -> tuple[TinyLlama, dict[str, Any]]
     shape = (spec.num_hidden_layers, 2, args.max_num_seqs, spec.num_attention_heads, args.max_model_len, head_dim)
     token_bytes = spec.num_hidden_layers * 2 * spec.hidden_size * dtype.itemsize
     slots_bytes = token_bytes * args.max_num_seqs * args.max_model_len
-    if device.type == "cuda":
-        used = free_at_start - torch.cuda.mem_get_info(device)[0]
+    if memory is not None:
+        used = free_at_start - memory.free_and_total()[0]
         kv_bytes = math.ceil(total * args.gpu_memory_utilization) - used - ACTIVATION_HEADROOM_BYTES
         if kv_bytes < slots_bytes:
             raise SystemExit(f"--max-num-seqs {args.max_num_seqs} at --max-model-len {args.max_model_len} need "
@@ -249,8 +281,8 @@ def load(args: argparse.Namespace, log: Any) -> tuple[TinyLlama, dict[str, Any]]
     cache[:, :, 0].zero_()
     model.step([[BOS_ID] * 16], [0], [0], [False])  # warm-up on slot 0: a prefill, then a decode step
     model.step([[BOS_ID]], [16], [0], [False])
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    if memory is not None:
+        memory.synchronize()
     log.info("init engine (profile, create kv cache, warmup model) took %.2f s", time.monotonic() - started)
     return model, {"device": str(device), "dtype": dtype_name, "kv_bytes": kv_bytes}
 

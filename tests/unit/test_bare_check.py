@@ -9,6 +9,7 @@ line and the steps that need a GPU are not started.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import stat
@@ -129,6 +130,23 @@ def test_the_unit_tests_step_ends_its_pytest_in_its_limit_and_keeps_what_a_cut_r
     assert (tmp_path / "unit-tests" / "pytest.txt").read_text().splitlines()[0].startswith(".")  # test_quick's dot
 
 
+@pytest.mark.parametrize("entry_point", ["blocked", "present"])
+def test_the_unit_tests_step_registers_the_plugin_itself_as_the_lent_machine_needs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entry_point: str) -> None:
+    # The lent machine has the repository on PYTHONPATH and no installed package: no entry point.
+    # Blocking it here stands for that; present, the explicit registration must not clash with it.
+    from ci import gpu_bare_steps
+
+    probe = tmp_path / "test_registered.py"
+    probe.write_text("def test_registered(pytestconfig):\n"
+                     "    assert pytestconfig.pluginmanager.hasplugin('pytest_kimiperf.plugin')\n"
+                     "    pytestconfig.getoption('kimiperf_deployment')  # ValueError where no plugin added it\n")
+    monkeypatch.setattr(gpu_bare_steps, "GPU_TESTS", (str(probe),))
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:kimiperf" if entry_point == "blocked" else "")
+    verdict, text = gpu_bare_steps.step_unit_tests(tmp_path / "unit-tests")
+    assert verdict == "OK" and re.fullmatch(r"exit 0: 1 passed in [\d.]+s", text), text
+
+
 def test_preflight_names_a_python_too_old_or_other_than_the_one_the_carried_deps_were_built_for(tmp_path: Path) -> None:
     from ci.gpu_bare_preflight import python_problem
 
@@ -158,3 +176,26 @@ def test_on_the_simulated_gpu_the_driver_steps_pass_and_the_cuda_steps_say_why_n
     assert "NVML NVML 8 GPU(s), nvidia-smi nvidia-smi; fingerprint keys equal" in done.stdout
     assert verdicts["preflight"] == "FAIL" and all(verdicts[step] == "INFO" for step in GPU_STEPS)
     assert lines[-1].startswith("SKIP=") and "smi" in lines[-1] and "nvml" in lines[-1]
+
+
+def test_the_bare_checks_modules_import_one_way_only() -> None:
+    # Each ci/ module and the ci/ modules it imports (lazy ones too); a circle is a module that
+    # reaches itself. The shared helpers live in the leaf gpu_bare_recording.py.
+    graph = {}
+    for path in sorted((ROOT / "ci").glob("*.py")):
+        names = {node.module for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ci.")}
+        graph[f"ci.{path.stem}"] = names
+    circles = []
+    for start in graph:
+        todo, seen = list(graph[start]), set()
+        while todo:
+            current = todo.pop()
+            if current == start:
+                circles.append(start)
+                break
+            if current not in seen:
+                seen.add(current)
+                todo.extend(graph.get(current, ()))
+    assert not circles, f"ci/ modules on an import circle: {circles}"
+    assert graph["ci.gpu_bare_recording"] == set()
