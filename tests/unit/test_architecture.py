@@ -162,8 +162,6 @@ def test_no_two_modules_import_each_other_even_through_others() -> None:
     assert not found, "import circles:\n" + "\n".join(found)
 
 
-@pytest.mark.xfail(strict=True, reason="ci/ has a circle: gpu_bare_check.py <-> gpu_bare_preflight.py and "
-                   "gpu_bare_check.py <-> gpu_bare_steps.py (issue 67); remove this mark once it is broken")
 def test_no_two_ci_modules_import_each_other_even_through_others() -> None:
     found = circles(read_graph(ROOT / "ci"))
     assert not found, "import circles:\n" + "\n".join(found)

@@ -9,7 +9,6 @@ line and the steps that need a GPU are not started.
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import stat
@@ -176,26 +175,3 @@ def test_on_the_simulated_gpu_the_driver_steps_pass_and_the_cuda_steps_say_why_n
     assert "NVML NVML 8 GPU(s), nvidia-smi nvidia-smi; fingerprint keys equal" in done.stdout
     assert verdicts["preflight"] == "FAIL" and all(verdicts[step] == "INFO" for step in GPU_STEPS)
     assert lines[-1].startswith("SKIP=") and "smi" in lines[-1] and "nvml" in lines[-1]
-
-
-def test_the_bare_checks_modules_import_one_way_only() -> None:
-    # Each ci/ module and the ci/ modules it imports (lazy ones too); a circle is a module that
-    # reaches itself. The shared helpers live in the leaf gpu_bare_recording.py.
-    graph = {}
-    for path in sorted((ROOT / "ci").glob("*.py")):
-        names = {node.module for node in ast.walk(ast.parse(path.read_text()))
-                 if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ci.")}
-        graph[f"ci.{path.stem}"] = names
-    circles = []
-    for start in graph:
-        todo, seen = list(graph[start]), set()
-        while todo:
-            current = todo.pop()
-            if current == start:
-                circles.append(start)
-                break
-            if current not in seen:
-                seen.add(current)
-                todo.extend(graph.get(current, ()))
-    assert not circles, f"ci/ modules on an import circle: {circles}"
-    assert graph["ci.gpu_bare_recording"] == set()
