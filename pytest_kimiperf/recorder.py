@@ -352,4 +352,5 @@ def host_watched(watched: WatchedRun) -> HostWatched | None:
         attempts=len(watched.readings), foreign_cpu_share=last.foreign_cpu_share, steal_share=last.steal_share,
         blind=tuple(last.blind), psi=tuple(sorted(last.psi.items())),
         nodes=tuple((node.node, node.foreign_cpu_share) for node in watched.node_readings),
-        nodes_here=tuple(watched.nodes_here), remarks=(*last.own_throttling(), *shortfalls, *last.quota_remarks(), *placed))
+        nodes_here=tuple(watched.nodes_here), remarks=(*last.own_throttling(), *shortfalls, *last.quota_remarks(), *placed),
+        measured_again=tuple(watched.measured_again))

@@ -137,6 +137,7 @@ class HostWatched(Note):
     nodes: tuple[tuple[str, float], ...] = ()
     nodes_here: tuple[str, ...] = ()
     remarks: tuple[str, ...] = ()
+    measured_again: tuple[str, ...] = ()  # why each earlier attempt was thrown out, in order
 
 
 @note_kind("prefix-cache-reused")

@@ -510,6 +510,9 @@ class WatchedRun:
     node_readings: list[HostReading] = field(default_factory=list)
     nodes_here: list[str] = field(default_factory=list)  # nodes behind a template that are this machine
     busy: HostBusy | None = None
+    # Why each attempt before the last was measured again (the figure it would have spoiled and
+    # the evidence), in order.
+    measured_again: list[str] = field(default_factory=list)
 
 
 
@@ -540,7 +543,19 @@ def measure_watched(play: Callable[[int], RunResult], server: ServerHandle, depl
         watched.busy = host_busy((reading, *watched.node_readings), bounds, attempts=attempt + 1)
         if watched.busy is None and not descheduled(watched.run):
             return watched
+        if attempt < HOST_RETRIES:
+            watched.measured_again.append(_why_again(watched))
     return watched
+
+
+def _why_again(watched: WatchedRun) -> str:
+    """Why this attempt is measured again, in words: the host's disturbance, or the client's or
+    the reads' evidence and the figures it would have spoiled."""
+    if watched.busy is not None:
+        return say_invalid(watched.busy).split("; measured ", 1)[0]
+    run = watched.run
+    reason = run.invalid or run.unmeasured(window_figures(run))
+    return say_run_invalid(reason) if reason is not None else "held off"
 
 
 def descheduled(run: RunResult) -> bool:

@@ -78,7 +78,8 @@ def _(note: HostWatched) -> str:
     return (f"host watch ({note.attempts} attempt(s)): {cpu}" + (f", {psi}" if psi else "")
             + "".join(f"; node {node}: foreign CPU {share * 100:.0f}%" for node, share in note.nodes)
             + "".join(f"; node {node}: this machine, read above" for node in note.nodes_here)
-            + "".join(f"; {remark}" for remark in note.remarks))
+            + "".join(f"; {remark}" for remark in note.remarks)
+            + "".join(f"; attempt {i} measured again: {why}" for i, why in enumerate(note.measured_again, 1)))
 
 
 @say.register
