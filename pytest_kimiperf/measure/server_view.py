@@ -23,6 +23,23 @@ the API server and detokenization, so the gap between the two says where time go
 prefix-cache deltas say whether a measured prefill was really computed: the workload's prompts
 are unique, so hits mean a request was served from another's prefill (``unexpected_prefix_hits``).
 
+**The engine's own clock.** The engine core stamps each request's phases (vllm/v1/metrics/stats.py
+``update_from_finished_request``: queued -> scheduled -> first token -> last token) and exports
+them per finished request:
+
+* ``vllm:request_queue_time_seconds`` and ``vllm:request_prefill_time_seconds`` (histograms):
+  their sum over a window's requests is the engine's side of TTFT. ``time_to_first_token_seconds``
+  runs on the API server's clock (a starved API server inflates it as it inflates the client's),
+  so it cannot tell the two apart;
+* ``vllm:request_decode_time_seconds`` (first to last token) over ``vllm:request_generation_tokens``
+  (``_sum`` less ``_count``: the tokens after each request's first) is the engine's time per
+  output token, token-weighted over the window; ``vllm:request_time_per_output_token_seconds``
+  (each request's own mean) stands in where the decode time is not exported.
+
+:meth:`ServerView.engine` reads them over exactly the measured window; a name the server does not
+export is named in ``engine_missing``, and a server with none of them (not vLLM) leaves the
+verdicts to the client's clock alone.
+
 The text exposition format is parsed by prometheus_client (``prometheus_client.parser``, the
 parser of the library vLLM exports with), not by hand.
 """
@@ -32,7 +49,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -50,6 +67,14 @@ PREFIX_CACHE_HITS_METRIC = "vllm:prefix_cache_hits_total"
 PREFIX_CACHE_QUERIES_METRIC_GPU_NAME = "vllm:gpu_prefix_cache_queries_total"
 PREFIX_CACHE_HITS_METRIC_GPU_NAME = "vllm:gpu_prefix_cache_hits_total"
 CACHE_CONFIG_METRIC = "vllm:cache_config_info"
+# The engine core's own stamps of each finished request (histograms; see the module's docstring).
+QUEUE_TIME_METRIC = "vllm:request_queue_time_seconds"
+PREFILL_TIME_METRIC = "vllm:request_prefill_time_seconds"
+DECODE_TIME_METRIC = "vllm:request_decode_time_seconds"
+GENERATION_PER_REQUEST_METRIC = "vllm:request_generation_tokens"
+TPOT_PER_REQUEST_METRIC = "vllm:request_time_per_output_token_seconds"
+ENGINE_METRICS: tuple[str, ...] = (QUEUE_TIME_METRIC, PREFILL_TIME_METRIC, DECODE_TIME_METRIC,
+                                   GENERATION_PER_REQUEST_METRIC, TPOT_PER_REQUEST_METRIC)
 # vLLM's KV block size on GPUs (CacheConfig.block_size default), for a server that does not say;
 # the CPU engine uses 128 (tests/data/server_metrics). A prefix-cache hit is a whole number of
 # blocks ("the computed blocks must be full", KVCacheManager.get_computed_blocks).
@@ -146,6 +171,8 @@ class Snapshot:
     prefix_cache_hits: float | None = None
     # The KV block size the server reports (None: not reported).
     block_tokens: int | None = None
+    # The engine core's per-request histograms (ENGINE_METRICS), those the server exports.
+    engine: Mapping[str, Histogram] = field(default_factory=dict)
 
 
 def _matches(labels: Mapping[str, str], model: str | None) -> bool:
@@ -201,6 +228,7 @@ def snapshot_from_text(text: str, *, model: str | None = None) -> Snapshot:
         prefix_cache_queries=queries,
         prefix_cache_hits=hits,
         block_tokens=_block_tokens(samples),
+        engine={name: hist for name in ENGINE_METRICS if (hist := _histogram(samples, name, model)) is not None},
     )
 
 
@@ -237,6 +265,7 @@ class ServerView:
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
     block_tokens: int | None = None
+    engine: Mapping[str, Histogram] = field(default_factory=dict)
 
     @classmethod
     def between(cls, before: Snapshot, after: Snapshot) -> ServerView:
@@ -254,7 +283,27 @@ class ServerView:
             counted(after.prefix_cache_queries, before.prefix_cache_queries),
             counted(after.prefix_cache_hits, before.prefix_cache_hits),
             after.block_tokens,
+            {name: hist.minus(before.engine[name]) for name, hist in after.engine.items() if name in before.engine},
         )
+
+    def engine_figures(self) -> EngineFigures:
+        """The engine's own figures over the window (its clock, not the API server's)."""
+        h = self.engine
+        missing = tuple(name for name in ENGINE_METRICS if name not in h)
+        requests = h[DECODE_TIME_METRIC].count if DECODE_TIME_METRIC in h else None
+        tpot_s = None
+        decode, generated = h.get(DECODE_TIME_METRIC), h.get(GENERATION_PER_REQUEST_METRIC)
+        if decode is not None and generated is not None and generated.sum - generated.count > 0:
+            tpot_s = decode.sum / (generated.sum - generated.count)
+        elif (per_request := h.get(TPOT_PER_REQUEST_METRIC)) is not None:
+            tpot_s = per_request.mean
+        ttft_s = None
+        queue, prefill = h.get(QUEUE_TIME_METRIC), h.get(PREFILL_TIME_METRIC)
+        if queue is not None and prefill is not None and prefill.count > 0:
+            ttft_s = (queue.sum + prefill.sum) / prefill.count
+        return EngineFigures(
+            tpot_ms=_ms(tpot_s) if tpot_s else None, ttft_ms=_ms(ttft_s),
+            requests=requests, missing=missing)
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:
@@ -271,6 +320,7 @@ class ServerView:
             "prefix_cache_hits": self.prefix_cache_hits,
             "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
             "kv_block_tokens": self.block_tokens,
+            **self.engine_figures().to_json(),
         }
         for key, hist in (("ttft", self.ttft), ("itl", self.itl)):
             out[f"{key}_count"] = hist.count if hist else None
@@ -278,6 +328,36 @@ class ServerView:
             out[f"p50_{key}_ms"] = _ms(hist.quantile(0.5)) if hist else None
             out[f"p99_{key}_ms"] = _ms(hist.quantile(0.99)) if hist else None
         return out
+
+
+@dataclass(frozen=True)
+class EngineFigures:
+    """The engine core's own figures over a window: its time per output token (``tpot_ms``, and
+    the decode rate it makes), its side of TTFT (queue plus prefill), the requests it finished,
+    and the ENGINE_METRICS names the server did not export."""
+
+    tpot_ms: float | None
+    ttft_ms: float | None
+    requests: float | None = None
+    missing: tuple[str, ...] = ()
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """The engine's decode rate, tokens per second of its own decode time."""
+        return 1000.0 / self.tpot_ms if self.tpot_ms else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``engine_*`` fields of a server view's JSON."""
+        return {"engine_tpot_ms": self.tpot_ms, "engine_decode_tok_s": self.decode_tok_s,
+                "engine_ttft_ms": self.ttft_ms, "engine_requests": self.requests,
+                "engine_missing": list(self.missing)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EngineFigures:
+        """The engine's figures from a server view's JSON (None fields where it had none)."""
+        return cls(tpot_ms=data.get("engine_tpot_ms"), ttft_ms=data.get("engine_ttft_ms"),
+                   requests=data.get("engine_requests"),
+                   missing=tuple(data.get("engine_missing") or ENGINE_METRICS))
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -94,6 +94,17 @@ LOG_FORMATS: tuple[LogFormat, ...] = (
               '"Custom allreduce is disabled due to an unsupported world"', "allreduce_path: custom all-reduce off, size"),
     LogFormat("distributed/device_communicators/custom_all_reduce.py",
               '"Custom collectives are disabled because this multi-node "', "allreduce_path: custom all-reduce off, nodes"),
+    # server_view: the engine core's own clock, its histograms' names and what each one times.
+    *(LogFormat("v1/metrics/loggers.py", f'name="{name}"', "server_view: engine figures")
+      for name in ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
+                   "vllm:request_decode_time_seconds", "vllm:request_generation_tokens",
+                   "vllm:request_time_per_output_token_seconds")),
+    LogFormat("v1/metrics/stats.py", "queued_time = req_stats.scheduled_ts - req_stats.queued_ts",
+              "server_view: engine TTFT is queue plus prefill"),
+    LogFormat("v1/metrics/stats.py", "prefill_time = req_stats.first_token_ts - req_stats.scheduled_ts",
+              "server_view: engine TTFT is queue plus prefill"),
+    LogFormat("v1/metrics/stats.py", "decode_time = req_stats.last_token_ts - req_stats.first_token_ts",
+              "server_view: engine time per output token"),
 )
 
 # The flags the plugin passes or advises: the deployments' `vllm serve` lines, the weight cache's

