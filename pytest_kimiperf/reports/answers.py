@@ -38,6 +38,7 @@ from pytest_kimiperf.judge.verdicts import MissingBaselines as MissingBaselineNo
 from pytest_kimiperf.measure.invalid_causes import advice_for
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_value
 from pytest_kimiperf.reports.measured import lost_remark
+from pytest_kimiperf.reports.two_clocks import client_clock_only, engine_remark
 from pytest_kimiperf.reports.model import SessionReport, boot_label, metric_heading, profile_verdict, short_test
 from pytest_kimiperf.reports.nccl_reach import reach_summary, sets_nccl
 from pytest_kimiperf.reports.sentences import (
@@ -118,7 +119,12 @@ def profile_rows(report: SessionReport) -> list[CompactRow]:
                     continue  # the reference, or an earlier boot: compared once, on the last
                 key = (block.test, metric.metric, cell.name or cell.profile)
                 if key not in rows or (rows[key].comparison is None and cell.comparison is not None):
-                    rows[key] = CompactRow(*key, cell.comparison, None if cell.comparison is not None else cell.note,
+                    note = None if cell.comparison is not None else cell.note
+                    remark = engine_remark(report.results, block.test, metric.metric, cell.comparison, key[2],
+                                           report.reference_profile)
+                    if remark is not None and remark.withdrawn:
+                        note = "UNRESOLVED: the client's clock moved, the engine's did not"
+                    rows[key] = CompactRow(*key, cell.comparison, note,
                                            primary=primary.get(block.test) == metric.metric, invalid=cell.invalid)
     return list(rows.values())
 
@@ -182,9 +188,11 @@ def answer_lines(report: SessionReport) -> list[Answer]:
     its NCCL variables could reach, where decode bypassed NCCL), each profile against the baseline
     on it, the decode floor, and INVALID boots."""
     ref = report.reference_profile
-    answers = [Answer(f"{row.profile} vs {ref}, {_about(row)}{lost_remark(report, row.test, row.metric, (row.profile, ref))}",
-                      _tone(row))
+    answers = [Answer(f"{row.profile} vs {ref}, {_about(row)}{_engine_words(report, row)}"
+                      f"{lost_remark(report, row.test, row.metric, (row.profile, ref))}", _tone(row))
                for row in _primary_rows(profile_rows(report), report)]
+    if (only_client := client_clock_only(report.results)) is not None:
+        answers.append(Answer(only_client))
     if (reach := what_nccl_reached(report)) is not None:  # where decode's all-reduces bypassed NCCL
         others = [p for p in report.profile_names() if p != ref]
         answers.append(Answer(f"{others[0] if len(others) == 1 else 'profiles'} vs {ref}, what NCCL could reach: {reach}"))
@@ -274,6 +282,12 @@ def _not_compared(report: SessionReport) -> list[str]:
             continue
         reasons[reason] = reasons.get(reason, 0) + 1
     return [f"against the baseline ({count} metric{'s' * (count != 1)}): {message}" for message, count in reasons.items()]
+
+
+def _engine_words(report: SessionReport, row: CompactRow) -> str:
+    """The engine's clock beside the client's change (reports/two_clocks.py), '' where it has none."""
+    remark = engine_remark(report.results, row.test, row.metric, row.comparison, row.profile, report.reference_profile)
+    return remark.text if remark is not None else ""
 
 
 def _about(row: CompactRow) -> str:

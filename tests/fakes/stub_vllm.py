@@ -27,6 +27,15 @@ to another value than the one set.
 file tests/data/boot_logs/allreduce/NAME.log holds it (h100_tp8_nvlink, rtx_pro_6000_tp8_pcie, ...;
 the README there gives each line's source), each line stamped with the time it is printed.
 
+--engine-metrics serves ``/metrics`` with the engine core's per-request histograms as vLLM 0.32
+exports them (queue, prefill and decode time, generated tokens, time per output token: what the
+plugin reads as the engine's clock, measure/server_view.py), stamped by the stub's "engine" when
+it makes each token, before its API layer writes it. --api-delay-ms MS slows the API layer alone:
+each token is written MS later than the one before it would have been (cumulative), as an API
+server that falls behind the engine does, while the engine's stamps keep their pace;
+--engine-tok-per-s R slows the engine itself (both clocks see it). --slow-if-env NAME=VALUE applies
+the two only when the server's environment has NAME=VALUE (one profile of a comparison slowed).
+
 --prompt-log FILE appends one JSON line per completion request, ``{"pid", "request_id",
 "prompt"}``, so a test can see exactly which prompts reached the server (prompt isolation).
 
@@ -131,6 +140,36 @@ def _sleep_until(deadline: float) -> None:
 
 
 VOCAB: dict[str, int] = {}
+# The engine's finished requests, as vLLM's stat logger observes them: (queue_s, prefill_s,
+# decode_s, generated tokens) each.
+ENGINE_FINISHED: list[tuple[float, float, float, int]] = []
+ENGINE_LOCK = threading.Lock()
+
+
+def _slowed(args: argparse.Namespace) -> bool:
+    if not args.slow_if_env:
+        return True
+    name, _, value = args.slow_if_env.partition("=")
+    return os.environ.get(name) == value
+
+
+def engine_metrics_text(model: str) -> str:
+    """The engine core's per-request histograms (sum and count, one +Inf bucket), vLLM's names."""
+    with ENGINE_LOCK:
+        done = list(ENGINE_FINISHED)
+    labels = f'engine="0",model_name="{model}"'
+    lines = []
+    columns = {
+        "vllm:request_queue_time_seconds": [q for q, _, _, _ in done],
+        "vllm:request_prefill_time_seconds": [p for _, p, _, _ in done],
+        "vllm:request_decode_time_seconds": [d for _, _, d, _ in done],
+        "vllm:request_generation_tokens": [float(n) for _, _, _, n in done],
+        "vllm:request_time_per_output_token_seconds": [d / (n - 1) if n > 1 else 0.0 for _, _, d, n in done],
+    }
+    for name, values in columns.items():
+        lines += [f"# TYPE {name} histogram", f'{name}_bucket{{{labels},le="+Inf"}} {float(len(values))}',
+                  f"{name}_count{{{labels}}} {float(len(values))}", f"{name}_sum{{{labels}}} {sum(values)}"]
+    return "\n".join(lines) + "\n"
 # Handler threads append to the prompt log; one line each, never interleaved.
 PROMPT_LOG_LOCK = threading.Lock()
 
@@ -161,6 +200,13 @@ class Handler(BaseHTTPRequestHandler):
             self._json(503 if Handler.engine_dead else 200, {})
         elif self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": self.args.model, "object": "model"}]})
+        elif self.path == "/metrics" and self.args.engine_metrics:
+            body = engine_metrics_text(self.args.model).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         else:
             self._json(404, {"error": "not found"})
 
@@ -205,7 +251,10 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         Handler.streamed += 1
-        gap = 1.0 / self.args.tok_per_s
+        arrived = time.monotonic()
+        slowed = _slowed(self.args)
+        gap = 1.0 / (self.args.engine_tok_per_s if slowed and self.args.engine_tok_per_s else self.args.tok_per_s)
+        api_delay = self.args.api_delay_ms / 1000.0 if slowed else 0.0
         # Every token is due at a set time from the request's start (prefill, then one gap
         # each), not a gap after the last write: a late wake-up or a slow write then delays one
         # token, never every later one, so the pace the client measures is the one set on any
@@ -217,6 +266,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.args.mode == "endless-line":
             while True:  # an SSE line that never ends: 64 KiB chunks of one "data:" value
                 self._chunk("data: " + "x" * 65536)
+        # The engine makes token i at start + i * gap and stamps it so; the API layer writes it
+        # i * api_delay later (an API server falling behind the engine).
+        first_token, last_token = start, start + (n - 1) * gap
         for i in range(n):
             if self.args.mode == "crash-stream" and i == 3:
                 log("ERROR simulated engine crash mid-stream")
@@ -231,7 +283,9 @@ class Handler(BaseHTTPRequestHandler):
             chunk = {"id": "cmpl-stub", "object": "text_completion", "model": self.args.model,
                      "choices": [{"index": 0, "text": "x", "finish_reason": None}]}
             self._chunk(f"data: {json.dumps(chunk)}\n\n")
-            _sleep_until(start + (i + 1) * gap)
+            _sleep_until(start + (i + 1) * gap + (i + 1) * api_delay)
+        with ENGINE_LOCK:
+            ENGINE_FINISHED.append((0.0, first_token - arrived, last_token - first_token, n))
         prompt_tokens = len(str(body.get("prompt", "")).split())
         usage = {"id": "cmpl-stub", "choices": [],
                  "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
@@ -317,6 +371,10 @@ def main() -> None:
     # A first token after a fixed prefill time, as from a real engine: with none, TTFT is a
     # millisecond or two and two runs of the same stub differ by 30-45% (host jitter).
     parser.add_argument("--ttft-ms", type=float, default=50.0)
+    parser.add_argument("--engine-metrics", action="store_true")
+    parser.add_argument("--api-delay-ms", type=float, default=0.0)
+    parser.add_argument("--engine-tok-per-s", type=float, default=None)
+    parser.add_argument("--slow-if-env", default=None)
     parser.add_argument("--nccl-lines", action="store_true")
     parser.add_argument("--nccl-log-value", action="append", default=[])
     parser.add_argument("--all-reduce-lines", default=None,
