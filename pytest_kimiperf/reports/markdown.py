@@ -111,10 +111,12 @@ def _server_views(report: SessionReport) -> list[str]:
     lines = ["### The server's view (vLLM /metrics) next to the client's", ""]
     lines += _table(
         ["test", "profile", "TTFT ms (server)", "TTFT ms (client)", "ITL ms (server)", "ITL ms (client)",
-         "tokens (server)", "tokens (client)"], "llrrrrrr",
+         "tokens (server)", "tokens (client)", "TPOT ms (engine)", "TPOT ms (client)", "client / engine"],
+        "llrrrrrrrrr",
         [[_text(r.test), _text(r.profile), *(fmt_value(v) for v in (
             r.server_ttft_ms, r.client_ttft_ms, r.server_itl_ms, r.client_itl_ms, r.server_tokens,
-            r.client_tokens))] for r in rows],
+            r.client_tokens, r.engine_tpot_ms, r.client_tpot_ms)),
+          f"{r.client_over_engine:.3f}" if r.client_over_engine is not None else ""] for r in rows],
     )
     return lines + [""]
 

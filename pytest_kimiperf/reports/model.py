@@ -180,6 +180,17 @@ class ServerViewRow:
     client_itl_ms: float | None
     server_tokens: float | None
     client_tokens: float | None
+    # The engine's time per output token (its core's stamps) and the client's mean TPOT over the
+    # same window: their ratio is what lies between the engine and the client's stamps.
+    engine_tpot_ms: float | None = None
+    client_tpot_ms: float | None = None
+
+    @property
+    def client_over_engine(self) -> float | None:
+        """The client's TPOT over the engine's (None where either is missing)."""
+        if self.engine_tpot_ms and self.client_tpot_ms is not None:
+            return self.client_tpot_ms / self.engine_tpot_ms
+        return None
 
 
 def _pooled_mean(views: Sequence[Mapping[str, Any]], key: str) -> float | None:
@@ -406,6 +417,7 @@ class SessionReport:
                 server_itl_ms=_pooled_mean(views, "itl"), client_itl_ms=res.run.stat("itl_ms", "mean"),
                 server_tokens=None if None in tokens else float(sum(t for t in tokens if t is not None)),
                 client_tokens=float(res.run.total_output_tokens),
+                engine_tpot_ms=views[0].get("engine_tpot_ms"), client_tpot_ms=res.run.stat("tpot_ms", "mean"),
             ))
         return rows
 

@@ -50,6 +50,7 @@ from pytest_kimiperf.reports.model import (
     BaselineRow,
     MetricBlock,
     ProfileCell,
+    ServerViewRow,
     SessionReport,
     boot_label,
     figure_legend,
@@ -325,7 +326,24 @@ def server_view_section(report: SessionReport) -> list[TerminalLine]:
         lines.append(TerminalLine(test, markup={"bold": True}))
         lines.append(TerminalLine(table.format(header), markup={"bold": True}))
         lines.extend(TerminalLine(table.format(cells)) for cells in test_rows)
-    return lines
+    return lines + _fidelity_lines(rows)
+
+
+def _fidelity_lines(rows: Sequence[ServerViewRow]) -> list[TerminalLine]:
+    """Each run's fidelity: the engine's time per token (its core's stamps) beside the client's
+    mean TPOT over the same window, and their ratio."""
+    shown = [row for row in rows if row.client_over_engine is not None]
+    if not shown:
+        return []
+    header = ["test", "profile", "TPOT ms: engine", "client", "client/engine"]
+    table = Table(header, aligns="llrrr", indent=4)
+    cells = [[short_test(row.test), row.profile, fmt_value(row.engine_tpot_ms), fmt_value(row.client_tpot_ms),
+              f"{row.client_over_engine:.3f}"] for row in shown]
+    for line in cells:
+        table.add(line)
+    return [TerminalLine("each run's fidelity: what lies between the engine's clock and the client's"),
+            TerminalLine(table.format(header), markup={"bold": True}),
+            *(TerminalLine(table.format(line)) for line in cells)]
 
 
 def warning_section(report: SessionReport) -> list[TerminalLine]:

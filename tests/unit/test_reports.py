@@ -769,9 +769,11 @@ def test_the_servers_view_is_shown_next_to_the_clients(results: list[TestResult]
     assert res.run is not None
     res.run = RunSummary.from_json({
                     **res.run.to_json(), "mean_ttft_ms": 17.4, "mean_itl_ms": 1.30, "total_output_tokens": 2560,
+                    "mean_tpot_ms": 1.3,
                     "server_metrics": [
                         {"ttft_count": 10, "mean_ttft_ms": 17.0, "itl_count": 1270, "mean_itl_ms": 1.2,
-                         "generation_tokens": 1280.0, "itl_metric": "vllm:inter_token_latency_seconds"},
+                         "generation_tokens": 1280.0, "itl_metric": "vllm:inter_token_latency_seconds",
+                         "engine_tpot_ms": 1.25},
                         {"ttft_count": 30, "mean_ttft_ms": 18.0, "itl_count": 3810, "mean_itl_ms": 1.4,
                          "generation_tokens": 1280.0, "itl_metric": "vllm:inter_token_latency_seconds"}]})
     rep = make_report(results)
@@ -782,11 +784,15 @@ def test_the_servers_view_is_shown_next_to_the_clients(results: list[TestResult]
     text = [line.text for line in render_summary(rep, verbosity=1)]  # -v: the server's view
     title = text.index("kimiperf: the server's view (vLLM /metrics) next to the client's")
     assert text[title + 2] == res.test
+    # The run's fidelity: the client's TPOT over the engine's over the same window.
+    assert (row.engine_tpot_ms, row.client_tpot_ms) == (1.25, 1.3) and row.client_over_engine == pytest.approx(1.04)
     assert text[title + 4].split() == [res.profile, "17.75", "17.4", "1.35", "1.3", "2560", "2560"]
+    fidelity = text.index("each run's fidelity: what lies between the engine's clock and the client's")
+    assert text[fidelity + 2].split()[-3:] == ["1.25", "1.3", "1.040"]
     assert all(len(line) <= MAX_WIDTH for line in text)
     markdown = render_markdown(rep)
     assert "### The server's view (vLLM /metrics) next to the client's" in markdown
-    assert f"| {res.profile} | 17.75 | 17.4 | 1.35 | 1.3 | 2560 | 2560 |" in markdown
+    assert f"| {res.profile} | 17.75 | 17.4 | 1.35 | 1.3 | 2560 | 2560 | 1.25 | 1.3 | 1.040 |" in markdown
 
 
 def test_the_servers_view_labels_each_boot_as_the_comparison_table_does(results: list[TestResult]) -> None:
