@@ -137,6 +137,12 @@ def test_streams_a_server_wrote_in_one_send_give_no_figure_and_are_counted(burst
                 assert record.value(figure) is None, figure
     assert account.shared_read_requests >= len(bursts)
     assert_held_by_server_unless_the_loop_spanned_a_burst(run)
+    # The JSON says it too, beside completed and failed: 60 sent, how many measured, and why not.
+    said = run.to_json()
+    assert (said["completed"], said["failed"]) == (60, 0)
+    decode = said["measured"]["figures"]["decode_tok_s"]
+    assert decode["sent"] == 60 and decode["measured"] + sum(decode["withheld"].values()) == 60
+    assert decode["withheld"].get("burst", 0) >= len(bursts)
 
 
 @pytest.mark.parametrize("streams", [1, 4])
