@@ -28,6 +28,17 @@ So, figure by figure:
 * a request's ``itl_ms`` sample is the median of its measured gaps, under the same burst rule;
 * E2EL rests on the last stamp, which is true: kept.
 
+**Who held the stream** (:func:`shared_reads_holder`). A client held off for a while reads, when it runs
+again, the chunks that arrived meanwhile: one read joins at most the chunks of that long. The loop
+probe's worst latency bounds how long the client was held (its callback was due within one probe
+interval of the hold's start). So the client is the likely holder only when its loop ran late by
+a gap of the server's pace *and* no read joined more of that pace than the lateness can hold; a
+read that joined a stream written over 37.5 ms while the loop was never 8 ms late was written
+together by the server, whatever else the host did (on a busy 2-core host the loop's worst
+lateness over a window reached the 2.5 ms gap of make test's stub in 8 of 10 runs, and a window
+max alone then named the client for a server's bursts). A window with both says server: that is
+the proven part; a late loop is judged as such (``results.RunResult.invalid``).
+
 **Over-the-wire timing.** Over HTTPS a read is stamped in the event loop (``timing`` is
 ``event-loop``), where a lone read is as late as the loop: the loop-latency bound judges those
 runs (``results.RunResult.invalid``) and this module's rules apply to them unchanged.
@@ -43,6 +54,9 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 _NS_PER_MS = 1_000_000
+# loop_probe.PROBE_INTERVAL_S in ms, written out: the judge reaches this module and must reach
+# nothing that starts a process (test_architecture), as loop_probe does. A test keeps them equal.
+LOOP_PROBE_INTERVAL_MS = 2.0
 
 # The per-request figures a request is sent for (metric_specs' REQUEST samples), in table order.
 FIGURES: tuple[str, ...] = ("decode_tok_s", "itl_ms", "tpot_ms", "ttft_ms", "e2el_ms")
@@ -148,7 +162,8 @@ class Coverage:
     """A window's account of its requests, figure by figure, and of its inter-token gaps:
     ``gaps_measured`` joined the tail, ``gaps_in_shared_reads`` did not. ``held_by`` says who
     held the stream where reads were shared (None: no read was shared), on the evidence of the
-    loop probe's worst latency (``loop_max_ms``) against the window's median measured gap."""
+    loop probe's worst latency (``loop_max_ms``) against the window's median measured gap and
+    its widest shared read (:func:`shared_reads_holder`)."""
 
     figures: Mapping[str, FigureCount]
     gaps_measured: int = 0
@@ -196,6 +211,20 @@ class Timeline(Protocol):
     def chunk_ns(self) -> Sequence[int]: ...
 
 
+def widest_read(chunk_ns: Sequence[int]) -> int:
+    """The most gaps one read joined (0: every chunk came in a read of its own)."""
+    return max((len(list(run)) - 1 for _, run in itertools.groupby(chunk_ns)), default=0)
+
+
+def shared_reads_holder(*, widest_read_gaps: int, typical_gap_ms: float, loop_max_ms: float | None) -> HeldBy:
+    """Who held a window's shared reads: the client only if its loop ran late by a typical gap and
+    that lateness (with a probe interval and a gap to spare) spans the widest read's joined gaps."""
+    if loop_max_ms is None or loop_max_ms < typical_gap_ms:
+        return HeldBy.SERVER
+    reach_ms = loop_max_ms + LOOP_PROBE_INTERVAL_MS + typical_gap_ms
+    return HeldBy.CLIENT if widest_read_gaps * typical_gap_ms <= reach_ms else HeldBy.SERVER
+
+
 def coverage(requests: Iterable[Timeline], loop_latency_ms: Sequence[float]) -> Coverage:
     """The account of a window's requests; ``loop_latency_ms`` is every reading of the client's
     loop probe over the window (empty: not read)."""
@@ -214,5 +243,6 @@ def coverage(requests: Iterable[Timeline], loop_latency_ms: Sequence[float]) -> 
     held = None
     if shared:
         typical_gap = sorted(gaps)[len(gaps) // 2] if gaps else 0.0
-        held = HeldBy.CLIENT if loop_max is not None and loop_max >= typical_gap else HeldBy.SERVER
+        widest = max(widest_read(r.chunk_ns) for r in valid)
+        held = shared_reads_holder(widest_read_gaps=widest, typical_gap_ms=typical_gap, loop_max_ms=loop_max)
     return Coverage(counts, len(gaps), in_shared, shared, held, loop_max)

@@ -191,7 +191,8 @@ def held_words(held_by: HeldBy | None, loop_max_ms: float | None) -> str:
         case HeldBy.CLIENT:
             return f"the client was held off the CPU (its loop ran up to {loop} late) while chunks queued"
         case HeldBy.SERVER:
-            return f"the server wrote them together (the client's loop was never more than {loop} late)"
+            return (f"the server wrote them together (a read joined more of its pace than the client's loop, "
+                    f"at most {loop} late, could have held)")
         case None:
             return "no read was shared"
         case _:

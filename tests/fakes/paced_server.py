@@ -30,7 +30,12 @@ A request can ask for faults through a ``"paced"`` object in its JSON body: ``to
 that HTTP status), ``ttft_ms`` / ``itl_ms`` (override the pace), ``close_idle_after_ms`` (close
 the keep-alive connection that long after the stream ended, as uvicorn's keep-alive timeout does).
 
-Run it: ``python benchmarks/paced_server.py --port 8123 --ttft-ms 20 --itl-ms 5``; it prints
+A server-wide fault: ``burst_every`` (``--burst-every N``) holds back every Nth stream the server
+starts and writes it whole in one ``send()`` at its last chunk's due time, as an API server
+starved of the CPU or a buffering proxy does. Its truth records that one send as the write of
+every chunk (``"burst": true``). A burst stream carries no break or error fault.
+
+Run it: ``python tests/fakes/paced_server.py --port 8123 --ttft-ms 20 --itl-ms 5``; it prints
 ``PACED_SERVER_READY port=<port>`` on stdout when it accepts connections.
 """
 
@@ -79,6 +84,9 @@ class PacedServerConfig:
     api_key: str | None = None
     # Serve /tokenize and /detokenize (off: an OpenAI-compatible server that is not vLLM).
     tokenizer: bool = True
+    # Every Nth stream (counting every generation request, warm-up included) is written whole in
+    # one send at its last chunk's due time (0: none).
+    burst_every: int = 0
 
 
 @dataclass
@@ -102,6 +110,7 @@ class _Stream:
     first_prefix: bytes
     tail_bytes: bytes
     chunks_total: int
+    burst: bool = False
     chunks_sent: int = 0
     write_ns: list[int] = field(default_factory=list)
     due_ns: list[int] = field(default_factory=list)
@@ -117,7 +126,8 @@ class _Connection:
     last_rx_ns: int = 0
     streaming: bool = False
     close_after_flush: bool = False
-    pending_truth: list[tuple[_Stream, int]] = field(default_factory=list)
+    # (stream, end of its bytes in outbuf, how many chunks those bytes complete)
+    pending_truth: list[tuple[_Stream, int, int]] = field(default_factory=list)
 
 
 def _set_timer_slack_ns(slack_ns: int) -> None:
@@ -271,14 +281,22 @@ class PacedServer:
             stream.t_end_ns = time.perf_counter_ns()
             conn.streaming = False
             return
-        last = index == stream.chunks_total - 1
-        body = stream.last_chunk_bytes if last else stream.chunk_bytes
-        if index == 0:
-            body = stream.first_prefix + body
-        if last:
-            body = body + stream.tail_bytes
-        stream.chunks_sent += 1
-        self._queue(conn, body, stream)
+        if stream.burst:
+            # The whole stream in one send: every chunk's truth is that send.
+            body = (stream.first_prefix + stream.chunk_bytes * (stream.chunks_total - 1)
+                    + stream.last_chunk_bytes + stream.tail_bytes)
+            chunks = stream.chunks_total
+            last = True
+        else:
+            last = index == stream.chunks_total - 1
+            body = stream.last_chunk_bytes if last else stream.chunk_bytes
+            if index == 0:
+                body = stream.first_prefix + body
+            if last:
+                body = body + stream.tail_bytes
+            chunks = 1
+        stream.chunks_sent += chunks
+        self._queue(conn, body, stream, chunks)
         if last:
             stream.outcome = "done"
             stream.t_end_ns = stream.write_ns[-1] if stream.write_ns else time.perf_counter_ns()
@@ -295,7 +313,7 @@ class PacedServer:
         stream.due_ns.append(due_ns)
         heapq.heappush(self._heap, (due_ns, self._seq, stream))
 
-    def _queue(self, conn: _Connection, data: bytes, stream: _Stream | None) -> None:
+    def _queue(self, conn: _Connection, data: bytes, stream: _Stream | None, chunks: int = 1) -> None:
         if not conn.outbuf:
             # Fast path: nothing queued, so one send() usually takes the whole chunk.
             t_ns = time.perf_counter_ns()
@@ -308,14 +326,14 @@ class PacedServer:
                 return
             if sent == len(data):
                 if stream is not None:
-                    stream.write_ns.append(t_ns)
+                    stream.write_ns.extend([t_ns] * chunks)
                 if conn.close_after_flush:
                     self._close(conn)
                 return
             data = data[sent:]
         conn.outbuf += data
         if stream is not None:
-            conn.pending_truth.append((stream, len(conn.outbuf)))
+            conn.pending_truth.append((stream, len(conn.outbuf), chunks))
         self._flush(conn)
 
     def _flush(self, conn: _Connection) -> None:
@@ -334,9 +352,9 @@ class PacedServer:
             del conn.outbuf[:sent]
             # A chunk's truth is the send() that wrote its last byte.
             while conn.pending_truth and conn.pending_truth[0][1] <= sent:
-                stream, _ = conn.pending_truth.pop(0)
-                stream.write_ns.append(t_ns)
-            conn.pending_truth = [(s, end - sent) for s, end in conn.pending_truth]
+                stream, _, chunks = conn.pending_truth.pop(0)
+                stream.write_ns.extend([t_ns] * chunks)
+            conn.pending_truth = [(s, end - sent, n) for s, end, n in conn.pending_truth]
         if not conn.outbuf:
             if conn.close_after_flush:
                 self._close(conn)
@@ -505,6 +523,7 @@ class PacedServer:
             steps = -(-(first_due_ns - self._grid_origin_ns) // itl_ns)
             first_due_ns = self._grid_origin_ns + steps * itl_ns
         chunks_total = -(-max_tokens // tokens_per_chunk)
+        burst = self.config.burst_every > 0 and self._counter % self.config.burst_every == 0
         created = int(time.time())
         word = " tok"
         if chat:
@@ -542,19 +561,24 @@ class PacedServer:
             prompt_tokens=prompt_tokens, output_tokens=max_tokens,
             tokens_per_chunk=tokens_per_chunk,
             completion_tokens_delta=int(faults.get("completion_tokens_delta", 0)),
-            break_after_chunks=faults.get("break_after_chunks"),
-            error_after_chunks=faults.get("error_after_chunks"),
+            break_after_chunks=None if burst else faults.get("break_after_chunks"),
+            error_after_chunks=None if burst else faults.get("error_after_chunks"),
             close_idle_after_ms=faults.get("close_idle_after_ms"),
             t_arrival_ns=t_arrival_ns, first_due_ns=first_due_ns, itl_ns=itl_ns,
             chunk_bytes=_chunked(_sse(_compact(chunk))),
             last_chunk_bytes=_chunked(_sse(_compact(last))),
-            first_prefix=first_prefix, tail_bytes=tail, chunks_total=chunks_total,
+            first_prefix=first_prefix, tail_bytes=tail, chunks_total=chunks_total, burst=burst,
         )
         self._streams.append(stream)
         conn.streaming = True
         self._queue(conn, b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
                           b"transfer-encoding: chunked\r\n\r\n", None)
-        self._schedule(stream, first_due_ns)
+        if burst:
+            # Each chunk's due time stays in the truth; the one write waits for the last.
+            stream.due_ns.extend(first_due_ns + i * itl_ns for i in range(chunks_total - 1))
+            self._schedule(stream, first_due_ns + (chunks_total - 1) * itl_ns)
+        else:
+            self._schedule(stream, first_due_ns)
 
     def _respond_json(self, conn: _Connection, status: int, obj: Any) -> None:
         self._respond(conn, status, json.dumps(obj).encode(), b"application/json")
@@ -600,7 +624,7 @@ class PacedServer:
 def _truth(s: _Stream) -> dict[str, Any]:
     return {"request_id": s.request_id, "t_arrival_ns": s.t_arrival_ns, "write_ns": s.write_ns,
             "due_ns": s.due_ns[: len(s.write_ns)], "t_end_ns": s.t_end_ns, "outcome": s.outcome,
-            "tokens_per_chunk": s.tokens_per_chunk, "output_tokens": s.output_tokens}
+            "tokens_per_chunk": s.tokens_per_chunk, "output_tokens": s.output_tokens, "burst": s.burst}
 
 
 def _compact(obj: Any) -> bytes:
@@ -650,11 +674,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-key", default=None, help="require this bearer key on /v1 routes")
     parser.add_argument("--no-tokenizer", action="store_true",
                         help="answer 404 on /tokenize and /detokenize")
+    parser.add_argument("--burst-every", type=int, default=0, metavar="N",
+                        help="write every Nth stream whole in one send at its last chunk's due time")
     args = parser.parse_args(argv)
+    if args.burst_every < 0:
+        parser.error(f"--burst-every {args.burst_every}: must be 0 (off) or a positive count of streams")
     server = PacedServer(PacedServerConfig(host=args.host, port=args.port, ttft_ms=args.ttft_ms,
                                            itl_ms=args.itl_ms, model=args.model,
                                            batched=args.batched, api_key=args.api_key,
-                                           tokenizer=not args.no_tokenizer))
+                                           tokenizer=not args.no_tokenizer,
+                                           burst_every=args.burst_every))
     print(f"PACED_SERVER_READY port={server.port}", flush=True)
     try:
         server.serve_forever()
