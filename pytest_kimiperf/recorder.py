@@ -31,7 +31,7 @@ from pytest_kimiperf.judge.decide import Outcome, decide_test
 from pytest_kimiperf.judge.gate import FLOOR_METRIC, BootRun, Rules, judge
 from pytest_kimiperf.judge.profiles import InSessionRules
 from pytest_kimiperf.judge.profiles import profiles_to_book, session_plan
-from pytest_kimiperf.judge.notes import BootsBooked, HostWatched, PrefixCacheReused
+from pytest_kimiperf.judge.notes import BootsBooked, HostWatched, MeasuredAgain, PrefixCacheReused
 from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.reports.sentences import joined
 from pytest_kimiperf.config.metric_specs import SampleKind, metric_spec, primary_metric
@@ -267,6 +267,8 @@ class PerfRecorder:
         )
         if (watch := host_watched(watched)) is not None:
             result.messages.append(watch)
+        if watched.measured_again:
+            result.messages.append(MeasuredAgain(tuple(watched.measured_again)))
         named = [*metrics, *(slo or {}), *([FLOOR_METRIC] if floor else [])]
         judged = [*named, *(["request_goodput"] if goodput is not None else [])]
         # A busy host first, then the client's self-check, then the figures this test checks
@@ -352,5 +354,4 @@ def host_watched(watched: WatchedRun) -> HostWatched | None:
         attempts=len(watched.readings), foreign_cpu_share=last.foreign_cpu_share, steal_share=last.steal_share,
         blind=tuple(last.blind), psi=tuple(sorted(last.psi.items())),
         nodes=tuple((node.node, node.foreign_cpu_share) for node in watched.node_readings),
-        nodes_here=tuple(watched.nodes_here), remarks=(*last.own_throttling(), *shortfalls, *last.quota_remarks(), *placed),
-        measured_again=tuple(watched.measured_again))
+        nodes_here=tuple(watched.nodes_here), remarks=(*last.own_throttling(), *shortfalls, *last.quota_remarks(), *placed))

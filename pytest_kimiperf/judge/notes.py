@@ -137,7 +137,15 @@ class HostWatched(Note):
     nodes: tuple[tuple[str, float], ...] = ()
     nodes_here: tuple[str, ...] = ()
     remarks: tuple[str, ...] = ()
-    measured_again: tuple[str, ...] = ()  # why each earlier attempt was thrown out, in order
+
+
+@note_kind("measured-again")
+@dataclass(frozen=True)
+class MeasuredAgain(Note):
+    """Attempts thrown out before the one measured: why each was (the host's disturbance, or the
+    figure its reads would have spoiled and the evidence), in order."""
+
+    reasons: tuple[str, ...]
 
 
 @note_kind("prefix-cache-reused")

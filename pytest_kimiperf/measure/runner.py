@@ -582,7 +582,9 @@ def window_figures(run: RunResult) -> tuple[str, ...]:
 
 def _quota_watched(play: Callable[[int], RunResult], first: Callable[[], RunResult] | None) -> WatchedRun:
     """An attached server's measurement: the host is not watched (its processes are not known
-    here), the client's CPU quota is, and one that throttles every attempt makes it INVALID."""
+    here), the client's CPU quota is, and one that throttles every attempt makes it INVALID; an
+    attempt whose client was held off, or whose figures its reads spoiled, is measured again as
+    on a server this session booted."""
     watched = WatchedRun(run=None)  # type: ignore[arg-type]  # set by the first attempt
     for attempt in range(1 + HOST_RETRIES):
         quota = QuotaWatch(lambda: _trees((os.getpid(),)), client=lambda: _trees((os.getpid(),)))
@@ -590,8 +592,10 @@ def _quota_watched(play: Callable[[int], RunResult], first: Callable[[], RunResu
         watched.run = first() if attempt == 0 and first is not None else play(attempt)
         reading = HostReading.of_quota(quota.stop())
         watched.busy = host_busy((reading,), HostBounds(), attempts=attempt + 1)
-        if watched.busy is None:
+        if watched.busy is None and not descheduled(watched.run):
             return watched
+        if attempt < HOST_RETRIES:
+            watched.measured_again.append(_why_again(watched))
     return watched
 
 

@@ -170,7 +170,7 @@ def _test_json(res: TestResult) -> dict[str, Any]:
         "profile": res.profile,
         "deployment": res.deployment,
         "scenario": res.scenario,
-        "invalid": res.invalid,
+        "invalid": res.invalid, "invalid_cause": res.invalid_cause,
         "boot": res.boot,
         "host": res.host,
         "unrecordable": unrecordable_text(res),

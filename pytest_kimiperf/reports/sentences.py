@@ -22,9 +22,9 @@ from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
 from pytest_kimiperf.judge.levels import CanaryCheck, Level, Levels
 from pytest_kimiperf.judge.notes import (
     BootAsked, BootPlanned, BootsBooked, BootsForWithin, BootsToDecide, DeclaredModes, FailedRequests, FloorNote,
-    GoodputSlos, HistoryModes, HistoryStep, HistorySteps, HostWatched, InvalidRun, LeftOut, LevelSpread, Look, NeedsBoots,
-    NoDecode, Note, Plan, PrefixCacheReused, Said, SloCheck, SoftFingerprint, SpreadSource, TooFewSamples, Unresolved,
-    Drifted,
+    GoodputSlos, HistoryModes, HistoryStep, HistorySteps, HostWatched, InvalidRun, LeftOut, LevelSpread, Look,
+    MeasuredAgain, NeedsBoots, NoDecode, Note, Plan, PrefixCacheReused, Said, SloCheck, SoftFingerprint, SpreadSource,
+    TooFewSamples, Unresolved, Drifted,
 )
 from pytest_kimiperf.judge.spread_check import SpreadBeyond, SpreadsMisdeclared
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind, band_log, fmt_tolerance
@@ -78,8 +78,12 @@ def _(note: HostWatched) -> str:
     return (f"host watch ({note.attempts} attempt(s)): {cpu}" + (f", {psi}" if psi else "")
             + "".join(f"; node {node}: foreign CPU {share * 100:.0f}%" for node, share in note.nodes)
             + "".join(f"; node {node}: this machine, read above" for node in note.nodes_here)
-            + "".join(f"; {remark}" for remark in note.remarks)
-            + "".join(f"; attempt {i} measured again: {why}" for i, why in enumerate(note.measured_again, 1)))
+            + "".join(f"; {remark}" for remark in note.remarks))
+
+
+@say.register
+def _(note: MeasuredAgain) -> str:
+    return "; ".join(f"attempt {i} measured again: {why}" for i, why in enumerate(note.reasons, 1))
 
 
 @say.register
