@@ -54,6 +54,7 @@ EVERY_KIND = [
     notes.HostWatched(2, 0.04, 0.0, psi=(("cpu_some", 0.12),), nodes=(("gpu-b", 0.01),), nodes_here=("gpu-a",),
                       remarks=("GPU 3's PCIe link ran at Gen4 x8 (Gen5 x16 possible)",)),
     notes.PrefixCacheReused(2048.0, 2400.0), notes.BootsBooked("decode tok/s", 2, ("default", "ring-ll"), 6),
+    notes.MeasuredAgain(("unmeasured: decode_tok_s lost for 9 of 20 requests", "host busy: other processes used 40%")),
     BEYOND, SpreadsMisdeclared((BEYOND,), 20, 0.01, "kimi-k25-int4-tp8"),
 ]
 
