@@ -57,6 +57,8 @@ TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.
                   20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                  40.0, 80.0)
+# vLLM's request_generation_tokens buckets (build_1_2_5_buckets up to its max_model_len).
+GENERATION_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
 ROUTES = (("/health", "GET"), ("/v1/models", "GET"), ("/version", "GET"), ("/metrics", "GET"),
           ("/tokenize", "POST"), ("/detokenize", "POST"), ("/v1/completions", "POST"))
 
@@ -141,7 +143,9 @@ class Stream:
     prompt_tokens: int
     arrived_s: float
     tokens: queue.Queue[tuple[int, str | None]] = field(default_factory=queue.Queue)
+    first_token_s: float | None = None
     last_token_s: float | None = None
+    generated: int = 0
 
 
 class Frontend:
@@ -159,6 +163,13 @@ class Frontend:
         self.stopping = False
         self.ttft = Histogram(TTFT_BUCKETS_S)
         self.itl = Histogram(ITL_BUCKETS_S)
+        # The engine's per-request phases as vLLM's stat logger observes them at each finish
+        # (measure/server_view.py reads them as the engine's clock): no queue of its own here
+        # (a request is scheduled as it arrives), prefill to the first token, decode to the last.
+        self.queue_time = Histogram(TTFT_BUCKETS_S)
+        self.prefill_time = Histogram(TTFT_BUCKETS_S)
+        self.decode_time = Histogram(TTFT_BUCKETS_S)
+        self.generation_per_request = Histogram(GENERATION_BUCKETS)
         self.counters = {"prompt": 0, "generation": 0, "length": 0, "stop": 0, "abort": 0}
         self.running = self.waiting = 0
 
@@ -204,13 +215,20 @@ class Frontend:
                         continue  # aborted
                     if stream.last_token_s is None:
                         self.ttft.observe(now - stream.arrived_s)
+                        stream.first_token_s = now
                     else:
                         self.itl.observe(now - stream.last_token_s)
                     stream.last_token_s = now
+                    stream.generated += 1
                     self.counters["generation"] += 1
                     if finish is not None:
                         self.counters[finish] += 1
                         del self.streams[key]
+                        first = stream.first_token_s if stream.first_token_s is not None else now
+                        self.queue_time.observe(0.0)
+                        self.prefill_time.observe(first - stream.arrived_s)
+                        self.decode_time.observe(now - first)
+                        self.generation_per_request.observe(float(stream.generated))
                     stream.tokens.put((token, finish))
 
     def metrics_text(self) -> str:
@@ -238,6 +256,11 @@ class Frontend:
                 *self.ttft.lines("vllm:time_to_first_token_seconds", labels),
                 "# TYPE vllm:inter_token_latency_seconds histogram",
                 *self.itl.lines("vllm:inter_token_latency_seconds", labels),
+                *(line for name, hist in (("vllm:request_queue_time_seconds", self.queue_time),
+                                          ("vllm:request_prefill_time_seconds", self.prefill_time),
+                                          ("vllm:request_decode_time_seconds", self.decode_time),
+                                          ("vllm:request_generation_tokens", self.generation_per_request))
+                  for line in (f"# TYPE {name} histogram", *hist.lines(name, labels))),
             ]
         return "\n".join([*lines, "# TYPE vllm:cache_config_info gauge", f"vllm:cache_config_info{{{cache}}} 1.0", ""])
 

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, TINY_GPU_TORCH, TINY_TORCH_CPU
-from pytest_kimiperf.measure.server_view import snapshot_from_text
+from pytest_kimiperf.measure.server_view import ServerView, snapshot_from_text
 from pytest_kimiperf.server.hardware_check import hardware_problem
 from pytest_kimiperf.server.gpu import GpuProbe
 from pytest_kimiperf.server.tiny_model import built_revision
@@ -53,6 +53,15 @@ def test_metrics_read_back_by_the_plugin_say_what_the_server_did() -> None:
     assert snap.ttft is not None and snap.ttft.count == 2 and snap.ttft.sum == pytest.approx(3.03)
     assert dict(snap.ttft.buckets)[0.04] == 1 and dict(snap.ttft.buckets)[float("inf")] == 2
     assert snap.itl is not None and snap.itl.count == 1
+    # The engine's own clock, as vLLM's stat logger observes each finished request.
+    frontend.queue_time.observe(0.0)
+    frontend.prefill_time.observe(0.03)
+    frontend.decode_time.observe(0.07)
+    frontend.generation_per_request.observe(8.0)
+    engine = ServerView.between(snapshot_from_text(Frontend(args, engine=None, engine_info={}).metrics_text(), model="tt"),  # type: ignore[arg-type]
+                                snapshot_from_text(frontend.metrics_text(), model="tt")).engine_figures()
+    assert engine.missing == ("vllm:request_time_per_output_token_seconds",)
+    assert engine.tpot_ms == pytest.approx(10.0) and engine.ttft_ms == pytest.approx(30.0) and engine.requests == 1
 
 
 def test_flags_vllm_would_take_but_this_engine_cannot_honour_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
