@@ -38,7 +38,7 @@ from pytest_kimiperf.config.deployments import TINY_CPU, TINY_MODEL
 from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.paths import default_cache_dir
-from pytest_kimiperf.server.progress import BootAccount
+from pytest_kimiperf.server.boot_account import BootAccount
 from pytest_kimiperf.server.manager import ServerManager
 from pytest_kimiperf.server.tiny_model import resolve_model_path
 

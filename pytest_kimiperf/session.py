@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from pytest_kimiperf.judge.fingerprint import Fingerprint
     from pytest_kimiperf.judge.levels import BootOrigin
     from pytest_kimiperf.server.manager import ServerManager, ServerRecord
-    from pytest_kimiperf.server.progress import RelayOutput, TerminalOutput
+    from pytest_kimiperf.reports.terminal_output import RelayOutput, TerminalOutput
     from pytest_kimiperf.server.weight_cache import WeightCacheFacts
 
 # SIGTERM: a cancelled CI job; SIGHUP: a dropped ssh session during a 36-minute load.

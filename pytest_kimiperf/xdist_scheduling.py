@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from pytest_kimiperf.files import write_atomically
-from pytest_kimiperf.server.progress import RelayOutput, RelayTail, TerminalOutput
+from pytest_kimiperf.reports.terminal_output import RelayOutput, RelayTail, TerminalOutput
 
 SERVER_SCOPE = "kimiperf-server"
 WORKERINPUT_IDS_DIR = "kimiperf_server_ids_dir"

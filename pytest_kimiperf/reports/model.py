@@ -34,7 +34,7 @@ from pytest_kimiperf.numbers import fmt_value
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck
 from pytest_kimiperf.reports.sentences import RECORDING_ACCEPTS, baseline_line, warning_lines
 from pytest_kimiperf.roofline.inputs import RooflineReport
-from pytest_kimiperf.server.progress import BootAccount
+from pytest_kimiperf.server.boot_account import BootAccount
 from pytest_kimiperf.server.zombies import SweepAccount
 from pytest_kimiperf.server.weight_cache import WeightCacheFacts
 

@@ -64,7 +64,8 @@ from pytest_kimiperf.server.process import (
     pick_free_port,
     recorded_env,
 )
-from pytest_kimiperf.server.progress import BootAccount, BootProgress, account_boot
+from pytest_kimiperf.server.boot_account import BootAccount, account_boot
+from pytest_kimiperf.server.progress import BootProgress
 from pytest_kimiperf.server.tiny_model import resolve_model_path
 from pytest_kimiperf.server.weight_cache import (
     WeightCacheFacts,

@@ -30,7 +30,7 @@ from types import MappingProxyType
 import httpx
 import psutil
 
-from pytest_kimiperf.server.progress import BootAccount
+from pytest_kimiperf.server.boot_account import BootAccount
 from pytest_kimiperf.config.nodes import SECRET_NAMES, Node
 from pytest_kimiperf.server import zombies as process_sweep
 from pytest_kimiperf.errors import ServerError

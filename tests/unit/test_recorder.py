@@ -27,7 +27,7 @@ from pytest_kimiperf.judge.verdicts import WarningKind
 from pytest_kimiperf.reports.json_report import comparison_json
 from pytest_kimiperf.reports.sentences import say, say_all, warning_lines
 from pytest_kimiperf.measure.runner import gpu_watch
-from pytest_kimiperf.server.progress import BootAccount, PhaseTime
+from pytest_kimiperf.server.boot_account import BootAccount, PhaseTime
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.measure.results import RequestRecord
