@@ -217,7 +217,7 @@ def analyze(args: argparse.Namespace) -> int:
 
 def canary_noise(paths: list[Path]) -> dict[str, object]:
     """The canary's own noise: its drift from a session's start to its end, and its spread
-    between sessions of one host (what judge/levels.CANARY_MOVED_LOG must stay clear of)."""
+    between sessions of one host (what judge/canary_check.CANARY_MOVED_LOG must stay clear of)."""
     drift: dict[str, list[float]] = {}
     starts: dict[tuple[str, str], list[float]] = {}
     for path in paths:

@@ -147,7 +147,7 @@ class PerfSession:
         return self._host
 
     def origin(self) -> BootOrigin:
-        """This session's id, this host's id and its canary (judge/levels.py), taken once,
+        """This session's id, this host's id and its canary (judge/canary_check.py), taken once,
         before the first boot while the host is quiet. Under pytest-xdist every worker of the
         run shares xdist's test-run uid, so they are one session. An attached server's host is
         not this one: no canary then."""

@@ -268,11 +268,11 @@ class TooFewSamples(Note):
 @note_kind("history-modes")
 @dataclass(frozen=True)
 class HistoryModes(Note):
-    """The history holds two spawn modes (judge/levels.py); each boot was judged against its
+    """The history holds two spawn modes (judge/modes.py); each boot was judged against its
     nearest. Centres are the modes' geometric means. Of this run's boots, ``unclear`` lay
     between the modes (judged both ways; ``disagree`` when the two readings gave different
     verdicts), ``worse`` of ``placed`` landed in the worse mode, which holds ``worse_share`` of
-    the history: ``p`` is the chance of that many (levels.mode_frequency)."""
+    the history: ``p`` is the chance of that many (modes.mode_frequency)."""
 
     low_boots: int
     low_center: float

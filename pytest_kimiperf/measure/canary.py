@@ -8,7 +8,7 @@ fixed interpreter loop (one core's compute, as vLLM's Python processes see it) a
 plus the spread of its faster rounds (its noise, so a comparison knows what "moved" means). On a GPU host with torch and CUDA,
 :func:`gpu_canary` adds a fixed device-to-device copy, and the GPUs' lowest power limit
 (:func:`gpu_power_limit`) is a probe too. Taken once per session before the first
-boot, stored with the session's boots in the baseline history (judge/levels.py compares them).
+boot, stored with the session's boots in the baseline history (judge/canary_check.py compares them).
 """
 
 from __future__ import annotations

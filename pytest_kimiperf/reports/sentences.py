@@ -19,7 +19,8 @@ from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, Direction,
 from pytest_kimiperf.judge.history import AppendWhy, NotAppended
 from pytest_kimiperf.measure.invalid_causes import advice_for
 from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
-from pytest_kimiperf.judge.levels import CanaryCheck, Level, Levels
+from pytest_kimiperf.judge.canary_check import CanaryCheck
+from pytest_kimiperf.judge.levels import Level, Levels
 from pytest_kimiperf.judge.notes import (
     BootAsked, BootPlanned, BootsBooked, BootsForWithin, BootsToDecide, DeclaredModes, FailedRequests, FloorNote,
     GoodputSlos, HistoryModes, HistoryStep, HistorySteps, HostWatched, InvalidRun, LeftOut, LevelSpread, Look, NeedsBoots,

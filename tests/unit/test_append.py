@@ -14,7 +14,7 @@ from pytest_kimiperf.judge.history import AppendWhy, NotAppended, append_refusal
 from pytest_kimiperf.judge.boots import BootSummary
 from pytest_kimiperf.judge.notes import Said, note_from_json
 from pytest_kimiperf.judge.stats import compare_boots
-from pytest_kimiperf.judge.levels import CanaryCheck
+from pytest_kimiperf.judge.canary_check import CanaryCheck
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, EnvDiff, MetricResult, TestResult
 from pytest_kimiperf.storage.git_facts import current_git_branch
 from pytest_kimiperf.reports.sentences import say

@@ -12,9 +12,8 @@ from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boots import BootSummary
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.judge.history import compare_with_history
-from pytest_kimiperf.judge.levels import (
-    BootOrigin, canary_shift, history_level, level_terms, nested_levels,
-)
+from pytest_kimiperf.judge.canary_check import canary_shift
+from pytest_kimiperf.judge.levels import BootOrigin, history_level, level_terms, nested_levels
 from pytest_kimiperf.judge.stats import VerdictKind, compare_boots
 from pytest_kimiperf.measure.canary import Canary, cpu_canary
 from pytest_kimiperf.judge.notes import SpreadSource

@@ -12,7 +12,7 @@ from pytest_kimiperf.judge import notes
 from pytest_kimiperf.judge.history import AppendWhy, NotAppended
 from pytest_kimiperf.judge.boots import BootSummary
 from pytest_kimiperf.judge.floors import floor_check
-from pytest_kimiperf.judge.levels import CanaryCheck
+from pytest_kimiperf.judge.canary_check import CanaryCheck
 from pytest_kimiperf.judge.spread_check import SpreadBeyond, SpreadsMisdeclared
 from pytest_kimiperf.judge.stats import compare_boots
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, EnvDiff, MissingBaselines, VerdictNote
