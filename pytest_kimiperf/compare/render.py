@@ -11,7 +11,7 @@ from pytest_kimiperf.compare.verdict import Group, Outcome, Row
 from pytest_kimiperf.judge.spread_check import misdeclared
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.numbers import fmt_change, fmt_value, json_safe
-from pytest_kimiperf.reports.answers import CompactRow
+from pytest_kimiperf.reports.compact_rows import CompactRow
 from pytest_kimiperf.reports.json_report import comparison_json
 from pytest_kimiperf.reports.model import metric_heading
 from pytest_kimiperf.reports.sentences import say

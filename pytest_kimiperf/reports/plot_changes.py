@@ -19,7 +19,7 @@ from typing import Any, assert_never
 
 from pytest_kimiperf.judge.stats import Comparison, Leaning, leaning
 from pytest_kimiperf.numbers import fmt_change, fmt_ci
-from pytest_kimiperf.reports.answers import interval_level
+from pytest_kimiperf.reports.compact_rows import interval_level
 from pytest_kimiperf.reports.model import profile_verdict
 
 # Only a verdict that says which way takes a colour; everything else is the grey of "no finding".

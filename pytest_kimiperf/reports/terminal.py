@@ -5,7 +5,8 @@ function of the report and the verbosity; the session reporter hands the lines t
 reporter's ``write_sep``/``write_line``, whose markup is dropped where the terminal has no colour.
 Tables keep to :data:`MAX_WIDTH` columns: when the metric names make a row too wide, the metric
 moves to a line of its own above its profiles. What the lines say is gathered in
-:mod:`~pytest_kimiperf.reports.answers`; this module lays it out. It holds, in order:
+:mod:`~pytest_kimiperf.reports.answers`, :mod:`~pytest_kimiperf.reports.compact_rows` and
+:mod:`~pytest_kimiperf.reports.next_step`; this module lays it out. It holds, in order:
 
 * the building blocks (:class:`TerminalLine`, :class:`Table`, :func:`wrapped`): a line with its
   markup, fixed-width tables, wrapping;
@@ -35,17 +36,10 @@ from pytest_kimiperf.judge.profiles import INTERVAL_LEGEND
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.measure.invalid_causes import advice_for
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_spread, fmt_value
-from pytest_kimiperf.reports.answers import (
-    CompactRow,
-    Tone,
-    answer_lines,
-    baseline_rows,
-    failure_lines,
-    outcome_line,
-    profile_rows,
-    run_verdict,
-    short_test,
-)
+from pytest_kimiperf.reports.answers import Tone, answer_lines, failure_lines, run_verdict
+from pytest_kimiperf.reports.compact_rows import CompactRow, baseline_rows, profile_rows
+from pytest_kimiperf.reports.next_step import outcome_line
+from pytest_kimiperf.reports.model import short_test
 from pytest_kimiperf.reports.model import (
     BaselineRow,
     MetricBlock,

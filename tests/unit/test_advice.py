@@ -16,7 +16,8 @@ from pytest_kimiperf.judge.fingerprint import ATTACHED_HARDWARE, NOT_STATED, Fin
 from pytest_kimiperf.judge.gate import judge_metric
 from pytest_kimiperf.judge.levels import BootOrigin
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult, TestResult
-from pytest_kimiperf.reports.answers import answer_lines, failure_lines, missing_baseline_warning, outcome_line
+from pytest_kimiperf.reports.answers import answer_lines, failure_lines
+from pytest_kimiperf.reports.next_step import missing_baseline_warning, outcome_line
 from pytest_kimiperf.reports.header import host_line
 from pytest_kimiperf.reports.sentences import baseline_line, say
 from pytest_kimiperf.storage import baselines as storage
