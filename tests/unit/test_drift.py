@@ -76,7 +76,8 @@ import numpy as np  # noqa: E402
 
 from pytest_kimiperf.errors import BaselineError  # noqa: E402
 from pytest_kimiperf.judge import baselines, boots  # noqa: E402
-from pytest_kimiperf.judge.baselines import Night, parse_baseline  # noqa: E402
+from pytest_kimiperf.judge.baselines import Night  # noqa: E402
+from pytest_kimiperf.storage.baselines import parse_baseline  # noqa: E402
 from pytest_kimiperf.judge.baselines import LoadedBaselines, append_history  # noqa: E402
 from pytest_kimiperf.storage import baselines as storage  # noqa: E402
 from pytest_kimiperf.storage.baselines import load_baselines  # noqa: E402
