@@ -60,8 +60,7 @@ from pytest_kimiperf.judge.history import (  # noqa: E402
     compare_with_history, history_steps, joint_placements, judged_part,
 )
 from pytest_kimiperf.judge.canary_check import canary_shift  # noqa: E402
-from pytest_kimiperf.judge.levels import CorpusBoot  # noqa: E402
-from pytest_kimiperf.storage.noise_corpus import load_corpus  # noqa: E402
+from noise_corpus import CorpusBoot, load_corpus  # noqa: E402
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS  # noqa: E402
 from pytest_kimiperf.config.metric_specs import metric_spec  # noqa: E402
 

@@ -10,7 +10,7 @@ not share (:func:`level_terms`). Each level is declared per deployment (``boot_s
 history's units measure it (the method of moments of a nested random-effects model, below), and the
 two are pooled at declared + measured df, the declaration a floor (:func:`history_level`).
 
-The same estimator (:func:`nested_levels`) reads the noise corpus (benchmarks/noise_study.py), so
+The same estimator (:func:`nested_levels`) reads the noise corpus (benchmarks/noise_corpus.py), so
 the study and the gate agree on what a level is. Whether the host itself changed is
 ``canary_check.py``; a history whose boots fall into spawn modes is ``modes.py``.
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -90,19 +89,6 @@ class Levels:
         return {"metric": self.metric, "request_cv": None if not math.isfinite(self.request_cv) else self.request_cv,
                 "boot": self.boot.to_json(), "session": self.session.to_json(), "host": self.host.to_json(),
                 "boots": self.boots, "sessions": self.sessions, "hosts": self.hosts}
-
-
-@dataclass(frozen=True)
-class CorpusBoot:
-    """One boot of the noise corpus: its session and host, and per ``test|metric`` its summary."""
-
-    session: str
-    host: str
-    variant: str
-    metrics: Mapping[str, BootSummary]
-    cv: Mapping[str, float] = field(default_factory=dict)
-    canary: Mapping[str, float] = field(default_factory=dict)
-    foreign_cpu_max: float = 0.0
 
 
 def _chi2_interval(ss: float, df: float) -> tuple[float, float]:
@@ -184,20 +170,6 @@ def nested_levels(groups: Mapping[str, Mapping[str, Sequence[float]]], metric: s
     else:
         host = Level("host", math.nan, 0.0, SpreadSource(SpreadSource.NONE, "host"))
     return Levels(metric, request_cv, boot, session, host, boots, sessions, len(host_means))
-
-
-def estimate_levels(boots: Sequence[CorpusBoot], key: str) -> Levels:
-    """The levels of one corpus metric (``test|metric``) over the boots that measured it."""
-    groups: dict[str, dict[str, list[float]]] = {}
-    cvs = []
-    for b in boots:
-        summary = b.metrics.get(key)
-        if summary is None:
-            continue
-        groups.setdefault(b.host, {}).setdefault(b.session, []).append(math.log(summary.median))
-        if key in b.cv:
-            cvs.append(b.cv[key])
-    return nested_levels(groups, key, statistics.median(cvs) if cvs else math.nan)
 
 
 @dataclass(frozen=True)

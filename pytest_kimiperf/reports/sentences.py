@@ -20,7 +20,6 @@ from pytest_kimiperf.judge.history import AppendWhy, NotAppended
 from pytest_kimiperf.measure.invalid_causes import advice_for
 from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
 from pytest_kimiperf.judge.canary_check import CanaryCheck
-from pytest_kimiperf.judge.levels import Level, Levels
 from pytest_kimiperf.judge.notes import (
     BootAsked, BootPlanned, BootsBooked, BootsForWithin, BootsToDecide, DeclaredModes, FailedRequests, FloorNote,
     GoodputSlos, HistoryModes, HistoryStep, HistorySteps, HostWatched, InvalidRun, LeftOut, LevelSpread, Look, NeedsBoots,
@@ -151,21 +150,6 @@ def _(note: SpreadsMisdeclared) -> str:
 def level_spread_text(level: LevelSpread) -> str:
     """``session spread 0.8% (declared 0.8%)``."""
     return f"{level.name} spread {fmt_spread(level.spread)} ({say(level.source)})"
-
-
-def level_text(level: Level) -> str:
-    """A corpus level: ``1.1% (0.7-2.0%, 3 df)``, or ``n/a (one session per host)``."""
-    if not math.isfinite(level.sd_log):
-        return f"n/a ({say(level.source)})"
-    if math.isfinite(level.low) and math.isfinite(level.high):
-        return (f"{fmt_spread(math.expm1(level.sd_log))} ({math.expm1(level.low) * 100:.1f}-"
-                f"{math.expm1(level.high) * 100:.1f}%, {level.df:g} df)")
-    return f"{fmt_spread(math.expm1(level.sd_log))} ({say(level.source)})"
-
-
-def request_cv_text(levels: Levels) -> str:
-    """The median per-request CV inside a boot, as a percentage."""
-    return f"{levels.request_cv * 100:.1f}%" if math.isfinite(levels.request_cv) else "n/a"
 
 
 # --- a comparison ---------------------------------------------------------------------------

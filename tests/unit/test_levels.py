@@ -17,8 +17,8 @@ from pytest_kimiperf.judge.levels import BootOrigin, history_level, level_terms,
 from pytest_kimiperf.judge.stats import VerdictKind, compare_boots
 from pytest_kimiperf.measure.canary import Canary, cpu_canary
 from pytest_kimiperf.judge.notes import SpreadSource
-from pytest_kimiperf.storage.noise_corpus import load_corpus
-from pytest_kimiperf.reports.sentences import canary_text, comparison_line, level_spread_text, level_text, say
+from pytest_kimiperf.reports.sentences import canary_text, comparison_line, level_spread_text, say
+from benchmarks.noise_corpus import level_text, load_corpus
 
 
 def boot(median: float, session: str = "", host: str = "h") -> BootSummary:
