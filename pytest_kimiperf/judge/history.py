@@ -6,7 +6,7 @@ The module holds, in order:
   moved and stayed, and the segment a run is judged against;
 * the comparison (:func:`compare_with_history`, :func:`against_history`): the one comparison the
   gate and the simulation make;
-* drift (:func:`drift_since_anchor`, :func:`drift_failures`): a slow drift against the history's
+* drift (:func:`drift_of_entry`, :func:`drift_failures`): a slow drift against the history's
   anchor, the cumulative test append-on-pass needs;
 * appending (:func:`append_refusal`): when a passing run may grow the baseline history itself
   (``--kimiperf-append-on-pass``).
@@ -605,16 +605,6 @@ def _point(boots: Sequence[BootSummary], spreads: Spreads) -> tuple[float, float
     logs = [math.log(b.median) for b in usable]
     var = _variance(len(usable), len({b.session for b in usable}), len({b.host for b in usable}), spreads)
     return sum(logs) / len(logs), var
-
-
-def drift_since_anchor(anchor: Sequence[BootSummary], nights: Sequence[Sequence[BootSummary]], *,
-                       direction: Direction, tolerance: float, spreads: Spreads,
-                       critical: float | None = None) -> Drift:
-    """The appended ``nights`` (oldest first, each the boots one passing run appended) against
-    the ``anchor`` (the boots of the last deliberate recording): the cumulative change the line
-    through them gives at the last night, and whether it fails (module docstring)."""
-    points = [(float(t), *p) for t, g in enumerate([anchor, *nights]) if (p := _point(g, spreads)) is not None]
-    return _line(points, direction=direction, tolerance=tolerance, critical=critical)
 
 
 def drift_of_entry(entry: BaselineEntry, current: Sequence[BootSummary], *, tolerance: float, spreads: Spreads,

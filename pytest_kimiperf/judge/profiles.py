@@ -10,9 +10,8 @@ baseline is ``gate``. The module holds, in order:
   :func:`boots_to_decide`): is one of them really different?
 * the session's comparisons (:func:`compare_with_control`, :func:`compare_profiles`,
   :func:`profile_comparisons`);
-* boots on demand (:func:`session_plan`, :func:`next_step`, :func:`run_sequentially`,
-  :func:`profiles_to_book`): after each round, stop with a verdict or book one more boot of each
-  side.
+* boots on demand (:func:`session_plan`, :func:`next_step`, :func:`profiles_to_book`): after each
+  round, stop with a verdict or book one more boot of each side.
 
 **Error spending.** A profile comparison starts with ``start`` boots a side and may book one more
 boot of each side at a time, up to ``cap`` (``--kimiperf-max-boots``). Looking at the data after
@@ -90,7 +89,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
@@ -774,19 +773,6 @@ def next_step(comparison: Comparison, plan: SequentialPlan) -> Decision:
     if plan.final(boots):
         return Decision(Step.STOP, "cap", boots)
     return Decision(Step.BOOK, "undecided", boots)
-
-
-def run_sequentially(look: Callable[[int], Comparison], plan: SequentialPlan) -> tuple[Comparison, Decision]:
-    """Look at ``start``, ``start + 1``, ... boots a side until :func:`next_step` stops;
-    ``look(k)`` judges the first ``k`` boots of each side (the benchmark's and the tests' loop:
-    a session does the same one boot at a time)."""
-    boots = plan.start
-    while True:
-        comparison = look(boots)
-        decision = next_step(comparison, plan)
-        if decision.step is Step.STOP:
-            return comparison, decision
-        boots += 1
 
 
 def profiles_to_book(boots: Mapping[str, Sequence[BootSummary]], reference: str, *, direction: Direction,

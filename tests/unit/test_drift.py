@@ -12,7 +12,7 @@ import pytest
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boots import BootSummary
-from pytest_kimiperf.judge.history import drift_since_anchor
+from benchmarks.nightly import drift_tonight
 
 SPREADS = Spreads(0.01, 0.01)
 WOBBLE = (0.004, -0.006, 0.002, -0.001, 0.005, -0.004, 0.0, 0.003, -0.002, -0.003)  # a quiet night's session
@@ -38,7 +38,8 @@ def first_failure(per_night: float, count: int, direction: Direction = Direction
     anchor = ANCHOR if direction is Direction.HIGHER_IS_BETTER else [
         BootSummary(1.0 / b.median, b.n, b.se_log, session=b.session, host=b.host) for b in ANCHOR]
     for t in range(1, count + 1):
-        if drift_since_anchor(anchor, nights[:t], direction=direction, tolerance=0.03, spreads=SPREADS).failed:
+        d = drift_tonight(anchor, nights[:t - 1], nights[t - 1], direction=direction, tolerance=0.03, spreads=SPREADS)
+        if d is not None and d.failed:
             return t
     return None
 
@@ -57,15 +58,17 @@ def test_quiet_nights_never_fail_and_a_drift_of_a_latency_fails_alike() -> None:
     assert first_failure(-0.0025, 30) == first_failure(-0.0025, 30, Direction.LOWER_IS_BETTER)
 
 
-def test_the_anchor_alone_says_nothing() -> None:
-    d = drift_since_anchor(ANCHOR, [], direction=Direction.HIGHER_IS_BETTER, tolerance=0.03, spreads=SPREADS)
-    assert not d.failed and math.isnan(d.change) and d.nights == 0
+def test_before_a_night_is_appended_there_is_no_drift_test() -> None:
+    # The gate against the history's window is then the whole test (history.drift_of_entry).
+    assert drift_tonight(ANCHOR, [], night(-0.2, "n1"), direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
+                         spreads=SPREADS) is None
 
 
 def test_the_cumulative_change_is_the_lines_and_its_bound_lies_in_the_builds_favour() -> None:
-    d = drift_since_anchor(ANCHOR, series(-0.001, 60), direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
-                           spreads=SPREADS)
-    assert d.nights == 60 and d.change == pytest.approx(-0.06, abs=0.01) and d.bound > d.change and d.failed
+    nights = series(-0.001, 60)
+    d = drift_tonight(ANCHOR, nights[:-1], nights[-1], direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
+                      spreads=SPREADS)
+    assert d is not None and d.nights == 60 and d.change == pytest.approx(-0.06, abs=0.01) and d.bound > d.change and d.failed
 
 
 # --- wired: the baseline file keeps the anchor and the nights, the gate judges them ------------
@@ -231,8 +234,9 @@ def test_a_spike_up_and_back_is_no_drift() -> None:
     nights = [[BootSummary(100.0 * math.exp(0.25), 20, 0.003, session="n1", host="h")],
               [BootSummary(100.0, 20, 0.003, session="n2", host="h")],
               [BootSummary(100.0, 20, 0.003, session="n3", host="h")]]
-    d = drift_since_anchor(anchor, nights, direction=Direction.HIGHER_IS_BETTER, tolerance=0.0625, spreads=spreads)
-    assert d.change < -0.0625 and d.bound < 0  # the line alone would fail it ...
+    d = drift_tonight(anchor, nights[:-1], nights[-1], direction=Direction.HIGHER_IS_BETTER, tolerance=0.0625,
+                      spreads=spreads)
+    assert d is not None and d.change < -0.0625 and d.bound < 0  # the line alone would fail it ...
     assert not d.failed  # ... tonight is no worse than the anchor
 
 

@@ -17,7 +17,7 @@ from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boots import BootSummary
 from pytest_kimiperf.judge.profiles import IN_SESSION_ALPHA, InSessionRules, compare_in_session
 from pytest_kimiperf.judge.notes import BootsForWithin
-from pytest_kimiperf.judge.profiles import Step, next_step, profiles_to_book, run_sequentially, session_plan
+from pytest_kimiperf.judge.profiles import Step, next_step, profiles_to_book, session_plan
 from pytest_kimiperf.judge.profiles import OBRIEN_FLEMING, POCOCK, SequentialPlan, boundaries, spent
 from pytest_kimiperf.judge.stats import Leaning, VerdictKind, band_log, leaning
 from pytest_kimiperf.reports.sentences import say
@@ -161,9 +161,11 @@ def sessions(draw: st.DrawFn) -> tuple[list[BootSummary], list[BootSummary], Seq
 def test_a_session_stops_no_later_than_its_cap(case: tuple[list[BootSummary], list[BootSummary], SequentialPlan, float]) -> None:
     cur, ref, plan, tolerance = case
     rules = _planned(plan)
-    c, decision = run_sequentially(
-        lambda k: compare_in_session(cur[:k], ref[:k], direction=HIGHER, tolerance=tolerance, rules=rules), plan)
-    assert plan.start <= decision.boots <= plan.cap
+    k = plan.start  # a session's rounds, booked as the session books them
+    while profiles_to_book({"cur": cur[:k], "ref": ref[:k]}, "ref", direction=HIGHER, tolerance=tolerance, rules=rules):
+        k += 1
+    decision = next_step(compare_in_session(cur[:k], ref[:k], direction=HIGHER, tolerance=tolerance, rules=rules), plan)
+    assert plan.start <= decision.boots == k <= plan.cap
     assert decision.step is Step.STOP
     assert decision.why == "decided" or decision.boots == plan.cap
 
