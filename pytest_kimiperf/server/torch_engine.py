@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import hashlib
 import json
 import logging
 import math
@@ -39,13 +38,13 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from pytest_kimiperf.paths import default_cache_dir
+from pytest_kimiperf.paths import built_model_dir, spec_key
 from pytest_kimiperf.version import __version__
 
 BOS_ID, EOS_ID, VOCAB_SIZE = 256, 257, 258
@@ -77,12 +76,11 @@ class TinySpec:
 
     def key(self) -> str:
         """Short stable hash of the spec and the recipe version (the fingerprint's revision too)."""
-        payload = json.dumps({"recipe": _RECIPE_VERSION, **asdict(self)}, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:12]
+        return spec_key(self, _RECIPE_VERSION)
 
     def folder(self, cache_dir: Path | None = None) -> Path:
         """Where the checkpoint of this spec lives (built or not)."""
-        return (cache_dir or default_cache_dir()) / "models" / f"tiny-torch-{self.key()}"
+        return built_model_dir("tiny-torch", self, _RECIPE_VERSION, cache_dir)
 
 
 
