@@ -97,8 +97,15 @@ class Connection:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
-        self._loop = loop
+        self._start(loop)
         self.sock = sock
+        self._fd = sock.fileno()
+        self._rx = memoryview(bytearray(_RECV_BYTES))
+        loop.add_reader(self._fd, self._readable)
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The state a connection starts in, whatever carries its bytes: open, idle."""
+        self._loop = loop
         self.closed = False
         self.keep_alive = True
         self.exchange: Exchange | None = None
@@ -106,21 +113,21 @@ class Connection:
         self._buf = bytearray()
         self._state = _DONE
         self._remaining = 0
-        self._fd = sock.fileno()
-        self._rx = memoryview(bytearray(_RECV_BYTES))
-        loop.add_reader(self._fd, self._readable)
 
     def close(self) -> None:
-        """Close the socket; an exchange still in flight fails."""
+        """Close the connection; an exchange still in flight fails."""
         if self.closed:
             return
         self.closed = True
         self.keep_alive = False
-        self._loop.remove_reader(self._fd)
-        self.sock.close()
+        self._close_transport()
         exchange = self.exchange
         if exchange is not None:
             self._fail(exchange, "connection closed by the client")
+
+    def _close_transport(self) -> None:
+        self._loop.remove_reader(self._fd)
+        self.sock.close()
 
     # reading ----------------------------------------------------------
 
@@ -178,16 +185,23 @@ class Connection:
 
     # request ----------------------------------------------------------
 
-    async def start(self, exchange: Exchange, request: bytes) -> int:
-        """Send ``request`` and return when its first byte went to the socket (perf_counter_ns)."""
-        if self.closed:
+    def _take(self, exchange: Exchange, *, closing: bool = False) -> bool:
+        """Make ``exchange`` the one in flight, its response read from the start; False (and the
+        exchange failed) where the connection closed, or is ``closing``, before the request went."""
+        if self.closed or closing:
             exchange.failure = "connection closed before the request was sent"
             exchange.done.set_result(None)
-            return time.perf_counter_ns()
+            return False
         self.exchange = exchange
         self.used = True
         self._state = _HEAD
         self._buf.clear()
+        return True
+
+    async def start(self, exchange: Exchange, request: bytes) -> int:
+        """Send ``request`` and return when its first byte went to the socket (perf_counter_ns)."""
+        if not self._take(exchange):
+            return time.perf_counter_ns()
         t_send_ns = time.perf_counter_ns()
         try:
             sent = self.sock.send(request)
@@ -396,38 +410,17 @@ class _TlsConnection(Connection):
 
     def __init__(self, loop: asyncio.AbstractEventLoop, transport: asyncio.Transport) -> None:
         # Not Connection.__init__: there is no socket of ours to read.
-        self._loop = loop
+        self._start(loop)
         self._transport = transport
-        self.closed = False
-        self.keep_alive = True
-        self.exchange: Exchange | None = None
-        self.used = False
-        self._buf = bytearray()
-        self._state = _DONE
-        self._remaining = 0
         self.lost: asyncio.Future[None] = loop.create_future()
 
-    def close(self) -> None:
-        """Close the transport; an exchange still in flight fails."""
-        if self.closed:
-            return
-        self.closed = True
-        self.keep_alive = False
+    def _close_transport(self) -> None:
         self._transport.close()
-        exchange = self.exchange
-        if exchange is not None:
-            self._fail(exchange, "connection closed by the client")
 
     async def start(self, exchange: Exchange, request: bytes) -> int:
         """Hand ``request`` to the TLS transport; returns the time it did (perf_counter_ns)."""
-        if self.closed or self._transport.is_closing():
-            exchange.failure = "connection closed before the request was sent"
-            exchange.done.set_result(None)
+        if not self._take(exchange, closing=self._transport.is_closing()):
             return time.perf_counter_ns()
-        self.exchange = exchange
-        self.used = True
-        self._state = _HEAD
-        self._buf.clear()
         t_send_ns = time.perf_counter_ns()
         self._transport.write(request)
         return t_send_ns
