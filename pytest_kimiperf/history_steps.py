@@ -31,7 +31,7 @@ from pytest_kimiperf.reports.sentences import say
 _DEFAULTS = Spreads(Deployment.boot_spread, Deployment.session_spread, Deployment.host_spread)
 
 
-def parse_spreads(text: str) -> Spreads:
+def _parse_spreads(text: str) -> Spreads:
     """``BOOT,SESSION,HOST`` fractions (0.01 = 1%) as Spreads; ValueError naming the value otherwise."""
     parts = [p.strip() for p in text.split(",")]
     try:
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pytest_kimiperf.history_steps",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", type=Path, help="baseline files (baselines/<deployment>/<key>.json)")
-    parser.add_argument("--spreads", type=parse_spreads, default=None,
+    parser.add_argument("--spreads", type=_parse_spreads, default=None,
                         help="declared boot, session and host spreads as fractions (default: the deployment's)")
     parser.add_argument("--plot", type=Path, default=None, metavar="DIR", help="draw each history into DIR (PNG)")
     parser.add_argument("--json", action="store_true", help="print the steps as JSON")

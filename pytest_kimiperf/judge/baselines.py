@@ -34,8 +34,8 @@ from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 
 # What a baseline file holds: its entries and their boot histories.
-SIGNIFICANT_DIGITS = 6
-KEY_SEPARATOR = "|"
+_SIGNIFICANT_DIGITS = 6
+_KEY_SEPARATOR = "|"
 
 
 @dataclass(frozen=True)
@@ -163,17 +163,17 @@ class BaselineFile:
 def entry_key(test: str, profile: str, metric: str) -> str:
     """Join test id, profile and metric into the entry key; none of them may contain ``|``."""
     for kind, value in (("test id", test), ("profile", profile), ("metric", metric)):
-        if not isinstance(value, str) or not value or KEY_SEPARATOR in value:
+        if not isinstance(value, str) or not value or _KEY_SEPARATOR in value:
             raise BaselineError(
                 f"{kind} {value!r} cannot be part of a baseline key: it must be a non-empty string "
-                f"without {KEY_SEPARATOR!r} (the key separator)"
+                f"without {_KEY_SEPARATOR!r} (the key separator)"
             )
-    return KEY_SEPARATOR.join((test, profile, metric))
+    return _KEY_SEPARATOR.join((test, profile, metric))
 
 
 def round_figure(value: float) -> float:
-    """A figure as the file keeps it: :data:`SIGNIFICANT_DIGITS` significant digits."""
-    return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+    """A figure as the file keeps it: :data:`_SIGNIFICANT_DIGITS` significant digits."""
+    return float(f"{value:.{_SIGNIFICANT_DIGITS}g}")
 
 
 # A session's boots as baseline entries, and the baselines the gate judges against.

@@ -445,13 +445,13 @@ def _settle(result: TestResult, comparisons: Sequence[Comparison], current: Test
         result.failures.append(result.unresolved)
         for comparison in comparisons:
             if comparison not in unresolved:
-                verdict_to_result(comparison, result, strict=rules.strict)
+                _verdict_to_result(comparison, result, strict=rules.strict)
         return None
     if screening and not result.failures and result.boot < rules.max_boots:
         result.messages.append(BootAsked(result.profile, result.boot + 1, _looks(screening)))
         return result.boot + 1
     for comparison in comparisons:
-        verdict_to_result(comparison, result, strict=rules.strict)
+        _verdict_to_result(comparison, result, strict=rules.strict)
     base_file = baselines.file() if baselines is not None else None
     if base_file is not None and not result.unrecordable:
         result.failures.extend(drift_failures(result, base_file, current.summaries, spreads=rules.spreads,
@@ -509,7 +509,7 @@ def _check_slo(name: str, limit: float, samples: Sequence[float], tolerance: flo
     (result.messages if ok else result.failures).append(note)
 
 
-def verdict_to_result(comparison: Comparison, result: TestResult, *, strict: bool) -> None:
+def _verdict_to_result(comparison: Comparison, result: TestResult, *, strict: bool) -> None:
     """A final verdict becomes a failure, a warning (with the planner's advice) or a note."""
     if verdict_fails(comparison, strict=strict):
         result.failures.append(VerdictNote(comparison))

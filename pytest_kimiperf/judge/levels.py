@@ -35,13 +35,13 @@ from pytest_kimiperf.judge.stats import LevelTerm, boot_floor, pooled_variance, 
 # history spans this many sessions; the gate pools any measured df with the declared ones.
 MIN_UNITS = 3
 # Interval quoted for a measured level.
-LEVEL_INTERVAL = 0.90
+_LEVEL_INTERVAL = 0.90
 
 
 @dataclass(frozen=True)
 class Level:
     """One level's spread: the SD of its effect on a log-figure, its degrees of freedom, where
-    it came from, and (when measured) its :data:`LEVEL_INTERVAL` interval."""
+    it came from, and (when measured) its :data:`_LEVEL_INTERVAL` interval."""
 
     name: str
     sd_log: float
@@ -92,8 +92,8 @@ class Levels:
 
 
 def _chi2_interval(ss: float, df: float) -> tuple[float, float]:
-    """The :data:`LEVEL_INTERVAL` interval of a variance from its sum of squares and df."""
-    tail = (1.0 - LEVEL_INTERVAL) / 2.0
+    """The :data:`_LEVEL_INTERVAL` interval of a variance from its sum of squares and df."""
+    tail = (1.0 - _LEVEL_INTERVAL) / 2.0
     return ss / _chi2_ppf(1.0 - tail, df), ss / _chi2_ppf(tail, df)
 
 

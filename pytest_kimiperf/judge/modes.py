@@ -10,7 +10,7 @@ REGRESSION, 28% detection of a 6% change before per-mode comparison).
 The method, chosen on the simulation and the corpus (benchmarks/README.md, "Gate power, in
 simulation"): **per-mode comparison**. :func:`find_modes` splits the history at its widest gap when
 that gap is :data:`MODE_GAP` times wider than the spread inside the two clusters, each holds at
-least :data:`MIN_MODE_BOOTS` boots and the history :data:`MIN_HISTORY_BOOTS`. :func:`align_modes`
+least :data:`_MIN_MODE_BOOTS` boots and the history :data:`MIN_HISTORY_BOOTS`. :func:`align_modes`
 then expresses every boot relative to its mode: a history boot by its own cluster's centre, a
 current boot by the mode it clearly lies in (the nearer centre), or the one the metrics of its test
 place it in together (:func:`joint_modes`). A boot that lands in a mode the history already holds is
@@ -49,7 +49,7 @@ from pytest_kimiperf.judge.stats import GATE_CRITICAL
 # boots 20% slower (boot SD 1%) is split in 85% of 10-boot and 99.5% of 20-boot histories; the
 # rest hold fewer than 2 slow boots (tests/unit/test_modes.py pins both rates).
 MODE_GAP = 5.0
-MIN_MODE_BOOTS = 2
+_MIN_MODE_BOOTS = 2
 MIN_HISTORY_BOOTS = 8
 # A current boot belongs to a mode only when it lies within this many predictive SDs of the
 # mode's centre (``Modes.fit_sd``: the spread inside the modes, never below the declared levels
@@ -108,7 +108,7 @@ def find_modes(history: Sequence[BootSummary], *, floor_sd: float = 0.0) -> Mode
     if len(boots) < MIN_HISTORY_BOOTS:
         return None
     logs = [math.log(b.median) for b in boots]
-    gaps = [(logs[i + 1] - logs[i], i + 1) for i in range(MIN_MODE_BOOTS - 1, len(logs) - MIN_MODE_BOOTS)]
+    gaps = [(logs[i + 1] - logs[i], i + 1) for i in range(_MIN_MODE_BOOTS - 1, len(logs) - _MIN_MODE_BOOTS)]
     if not gaps:
         return None
     gap, cut = max(gaps)

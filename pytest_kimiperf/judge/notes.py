@@ -99,7 +99,7 @@ def notes_from_json(data: Any) -> list[Note]:
     return [note_from_json(d) for d in data or []]
 
 
-def floor_from_json(data: Mapping[str, Any]) -> FloorResult:
+def _floor_from_json(data: Mapping[str, Any]) -> FloorResult:
     return FloorResult(label=str(data["label"]), unit=str(data["unit"]), median=float(data["median"]),
                        floor=data.get("floor"), target=data.get("target"), status=FloorStatus(data["status"]))
 
@@ -423,7 +423,7 @@ class FloorNote(Note):
 
     floor: FloorResult
 
-    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"floor": floor_from_json}
+    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"floor": _floor_from_json}
 
 
 @note_kind("no-decode")
@@ -454,7 +454,7 @@ class Look:
         return dataclasses.asdict(self)
 
 
-def looks_from_json(data: Any) -> tuple[Look, ...]:
+def _looks_from_json(data: Any) -> tuple[Look, ...]:
     return tuple(Look(str(d["metric"]), float(d["change"]), int(d["boots"]), float(d["tolerance"])) for d in data)
 
 
@@ -467,7 +467,7 @@ class BootAsked(Note):
     boot: int
     looks: tuple[Look, ...]
 
-    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"looks": looks_from_json}
+    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"looks": _looks_from_json}
 
 
 @note_kind("unresolved")
@@ -480,7 +480,7 @@ class Unresolved(Note):
     deployment: str
     boots_needed: int
 
-    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"looks": looks_from_json}
+    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"looks": _looks_from_json}
 
 
 @note_kind("drifted")

@@ -51,7 +51,7 @@ from pytest_kimiperf.measure.sse import MAX_SSE_EVENT_BYTES, SSEReader
 _MAX_ERROR_BODY = 2048
 # Caps on what may be buffered before it parses: a response head (uvicorn's are < 1 KiB) and
 # one chunk-size line (an SSE event's cap is sse.MAX_SSE_EVENT_BYTES).
-MAX_HEAD_BYTES = 64 * 1024
+_MAX_HEAD_BYTES = 64 * 1024
 _MAX_CHUNK_SIZE_LINE = 1024
 _RECV_BYTES = 64 * 1024
 # Linux's SO_TIMESTAMPNS (asm-generic/socket.h); not every Python build names it.
@@ -256,8 +256,8 @@ class Connection:
             elif state == _HEAD:
                 head_end = buf.find(b"\r\n\r\n", pos)
                 if head_end < 0:
-                    if size - pos > MAX_HEAD_BYTES:
-                        raise ValueError(f"a response head longer than {MAX_HEAD_BYTES // 1024} KiB")
+                    if size - pos > _MAX_HEAD_BYTES:
+                        raise ValueError(f"a response head longer than {_MAX_HEAD_BYTES // 1024} KiB")
                     break
                 head = bytes(buf[pos:head_end])
                 pos = head_end + 4
@@ -268,8 +268,8 @@ class Connection:
                 else:
                     trailers_end = buf.find(b"\r\n\r\n", pos)
                     if trailers_end < 0:
-                        if size - pos > MAX_HEAD_BYTES:
-                            raise ValueError(f"trailers longer than {MAX_HEAD_BYTES // 1024} KiB")
+                        if size - pos > _MAX_HEAD_BYTES:
+                            raise ValueError(f"trailers longer than {_MAX_HEAD_BYTES // 1024} KiB")
                         break
                     pos = trailers_end + 4
                 self._finish(exchange)
@@ -402,7 +402,7 @@ EVENT_LOOP_TIMING = ("timed in the event loop, not by the kernel: HTTPS chunks a
 # How long closing the pool waits for the peer's close_notify before it drops the socket. A TLS
 # transport's close() only starts the shutdown; a loop that ends first (asyncio.run returning)
 # would leave the socket open until garbage collection (ResourceWarning: unclosed transport).
-TLS_SHUTDOWN_WAIT_S: Final = 1.0
+_TLS_SHUTDOWN_WAIT_S: Final = 1.0
 
 
 class _TlsConnection(Connection):
@@ -469,16 +469,16 @@ class TlsPool(Pool):
 
     async def aclose(self) -> None:
         """Close every connection and wait until its socket is closed: the TLS shutdown for at
-        most TLS_SHUTDOWN_WAIT_S, then the socket is dropped (``abort``)."""
+        most _TLS_SHUTDOWN_WAIT_S, then the socket is dropped (``abort``)."""
         self.close()
         for connection in self._opened:
             connection.close()
         pending = [c for c in self._opened if not c.lost.done()]
         if pending:
-            await asyncio.wait([c.lost for c in pending], timeout=TLS_SHUTDOWN_WAIT_S)
+            await asyncio.wait([c.lost for c in pending], timeout=_TLS_SHUTDOWN_WAIT_S)
         stuck = [c for c in pending if not c.lost.done()]
         for connection in stuck:
             connection._transport.abort()
         if stuck:  # abort schedules connection_lost, which closes the socket, on the next turns
-            await asyncio.wait([c.lost for c in stuck], timeout=TLS_SHUTDOWN_WAIT_S)
+            await asyncio.wait([c.lost for c in stuck], timeout=_TLS_SHUTDOWN_WAIT_S)
         self._opened = []

@@ -40,7 +40,7 @@ def interval_level(comparison: Comparison, *, in_session: bool) -> float:
     return comparison.equivalence_confidence
 
 
-def fmt_interval(comparison: Comparison, *, in_session: bool) -> str:
+def _fmt_interval(comparison: Comparison, *, in_session: bool) -> str:
     """``-4.8..+5.4% (90%)``: the interval and its level."""
     level = interval_level(comparison, in_session=in_session) * 100
     return f"{fmt_ci(comparison.ci_low, comparison.ci_high)} ({level:.0f}%)"
@@ -74,7 +74,7 @@ class CompactRow:
     @property
     def interval(self) -> str:
         """The interval with its level, or nothing where there is no comparison."""
-        return "" if self.comparison is None else fmt_interval(self.comparison, in_session=self.in_session)
+        return "" if self.comparison is None else _fmt_interval(self.comparison, in_session=self.in_session)
 
 
 def profile_rows(report: SessionReport) -> list[CompactRow]:

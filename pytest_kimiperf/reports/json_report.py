@@ -53,7 +53,7 @@ def comparison_json(c: Comparison) -> dict[str, object]:
     return out
 
 
-def floor_json(fr: FloorResult) -> dict[str, object]:
+def _floor_json(fr: FloorResult) -> dict[str, object]:
     """The floor check as the JSON report holds it."""
     return {"median": fr.median, "floor": fr.floor, "target": fr.target, "status": fr.status.value,
             "message": floor_line(fr)}
@@ -123,7 +123,7 @@ def write_json_report(path: Path, data: Mapping[str, Any]) -> None:
         ) from None
 
 
-def metric_statistics(mres: MetricResult) -> dict[str, float | int | None]:
+def _metric_statistics(mres: MetricResult) -> dict[str, float | int | None]:
     """Summary statistics of one metric's finite samples (``std`` is numpy's population std)."""
     values = np.asarray(mres.finite, dtype=float)
     failed = len(mres.samples) - int(values.size)
@@ -177,7 +177,7 @@ def _test_json(res: TestResult) -> dict[str, Any]:
         "failures": say_all(res.failures),
         "warnings": warning_lines(res),
         "messages": say_all(res.messages),
-        "floor": floor_json(res.floor) if res.floor is not None else None,
+        "floor": _floor_json(res.floor) if res.floor is not None else None,
         "run": res.run.to_json() if res.run is not None else {},
         "primary_metric": res.primary,
         "metrics": {name: _metric_json(mres) for name, mres in res.metrics.items()},
@@ -197,7 +197,7 @@ def _metric_json(mres: MetricResult) -> dict[str, Any]:
         "direction": mres.direction,
         "tolerance": mres.tolerance,
         "samples": list(mres.samples),
-        "summary": metric_statistics(mres),
+        "summary": _metric_statistics(mres),
         "baseline": comparison_json(mres.baseline) if mres.baseline is not None else None,
         "baseline_message": say(mres.baseline_line) if mres.baseline_line is not None else None,
     }

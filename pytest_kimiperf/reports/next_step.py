@@ -76,13 +76,13 @@ def missing_baselines(results: Sequence[TestResult], fingerprint: str) -> Missin
     return MissingBaselines(fingerprint, tests, len(seen), recorded) if tests else None
 
 
-def boots_per_profile(results: Sequence[TestResult]) -> int:
+def _boots_per_profile(results: Sequence[TestResult]) -> int:
     """The most boots any profile had in this run."""
     return max((res.boot for res in results), default=0)
 
 
 # The tests the warning names before "and N more": it stays a few lines however many tests miss one.
-WARNING_TESTS = 3
+_WARNING_TESTS = 3
 
 
 def missing_baseline_warning(report: SessionReport, record_command: str) -> str | None:
@@ -93,13 +93,13 @@ def missing_baseline_warning(report: SessionReport, record_command: str) -> str 
     missing = missing_baselines(report.results, _fingerprint(report))
     if missing is None:
         return None
-    boots = boots_per_profile(report.results)
+    boots = _boots_per_profile(report.results)
     metrics, tests = missing.metrics, len(missing.tests)
     command = f"{record_command} ({boots} boot{'s' * (boots != 1)} per profile, as this run)"
     return "\n".join([
         f"no baseline for this hardware ({missing.fingerprint}) for {metrics} metric{'s' * (metrics != 1)} "
         f"of {tests} test{'s' * (tests != 1)}, judged against no history:",
-        *(f"  {line}" for line in missing.lines(WARNING_TESTS)),
+        *(f"  {line}" for line in missing.lines(_WARNING_TESTS)),
         f"  next: {missing.next_step(command, gate=report.gate)}"])
 
 

@@ -385,7 +385,7 @@ def missing_reason(line: BaselineLine) -> str:
     return missing
 
 
-def missing_advice(line: BaselineLine, advice: str = RECORD_ADVICE, *, record: bool = True) -> str:
+def _missing_advice(line: BaselineLine, advice: str = RECORD_ADVICE, *, record: bool = True) -> str:
     """What to do where ``line`` has no baseline: state the hardware a baseline of the same
     server was recorded with, and (``record``: not a gate) record only if the hardware is new;
     else ``advice``, what records one."""
@@ -396,7 +396,7 @@ def missing_advice(line: BaselineLine, advice: str = RECORD_ADVICE, *, record: b
 
 def baseline_line(line: BaselineLine, *, label: bool = True, advice: str = RECORD_ADVICE, record: bool = True) -> str:
     """The gate's line about one metric against its baseline: ``"{label}: {body}: {advice}{tail}"``;
-    the advice (:func:`missing_advice`) only where it is missing, and a report puts its own
+    the advice (:func:`_missing_advice`) only where it is missing, and a report puts its own
     command there (and under a gate, ``record=False``, never records over a same-server baseline)."""
     tail = ""
     if line.state is BaselineState.OFF:
@@ -414,7 +414,7 @@ def baseline_line(line: BaselineLine, *, label: bool = True, advice: str = RECOR
     if line.left_out is not None:
         tail += f" — {say(line.left_out)}"
     head = f"{line.label}: " if label and line.label else ""
-    return f"{head}{body}{f': {missing_advice(line, advice, record=record)}' if line.state.missing else ''}{tail}"
+    return f"{head}{body}{f': {_missing_advice(line, advice, record=record)}' if line.state.missing else ''}{tail}"
 
 
 @say.register
@@ -437,7 +437,7 @@ def _(note: MissingBaselines) -> str:
     # is a gate's failure, and recording would take a regression as the baseline.
     by_reason: dict[tuple[str, str], list[str]] = {}
     for line in note.lines:
-        by_reason.setdefault((missing_reason(line), missing_advice(line, record=False)), []).append(line.label)
+        by_reason.setdefault((missing_reason(line), _missing_advice(line, record=False)), []).append(line.label)
     said = [f"{', '.join(labels)}: {reason}: {advice}" for (reason, advice), labels in by_reason.items()]
     return "missing baseline (--kimiperf-missing-baseline=fail): " + "; ".join(said)
 

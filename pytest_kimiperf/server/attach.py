@@ -36,7 +36,7 @@ from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.server.http_json import fetch_served_models
 from pytest_kimiperf.server.process import ServerHandle, check_health, check_ready
 
-POLL_S = 0.2
+_POLL_S = 0.2
 _HEALTH_TIMEOUT_S = 2.0
 _OUTPUT_TAIL = 600
 
@@ -74,7 +74,7 @@ def restart_server(
         while not stop_watch.is_set() and not went_down.is_set():
             if health(base_url, headers, _HEALTH_TIMEOUT_S) is not None:
                 went_down.set()
-            stop_watch.wait(POLL_S)
+            stop_watch.wait(_POLL_S)
 
     watcher = threading.Thread(target=watch, name="kimiperf-restart-watch", daemon=True)
     watcher.start()
@@ -106,13 +106,13 @@ def restart_server(
                 f"{deadline_s:g} s: the same server process would be measured as another boot. Give a command "
                 "that stops the old server before a new one serves (systemctl restart does; for Kubernetes, "
                 "delete the pod and wait for the next one)")
-        sleep(POLL_S)
+        sleep(_POLL_S)
     why = "not polled yet"
     while clock() - start <= deadline_s:
         why = ready(base_url, model, headers, _HEALTH_TIMEOUT_S) or ""
         if not why:
             return Restart(command_s=command_s, ready_s=clock() - start)
-        sleep(POLL_S)
+        sleep(_POLL_S)
     raise ServerError(f"{base_url} did not serve {model!r} again within health_deadline_s = {deadline_s:g} s after "
                       f"restart_command {shown}: {why}")
 

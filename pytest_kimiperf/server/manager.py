@@ -6,7 +6,7 @@ and profile, picks the port, shows boot progress through a callback, and keeps t
 reports need (boot counts and times, leftovers, the environment each server ran with). The module
 holds, in order:
 
-* the host claim (:func:`claim_host`, :class:`HostClaim`): one pytest session at a time boots
+* the host claim (:func:`_claim_host`, :class:`HostClaim`): one pytest session at a time boots
   servers on a host;
 * the manager (:class:`ServerManager`, :class:`ServerRecord`).
 
@@ -79,8 +79,8 @@ from pytest_kimiperf.server.weight_cache import (
 )
 
 # The host claim: one pytest session at a time boots servers on a host.
-LOCK_NAME = "host.lock"
-HOLDER_NAME = "host-holder.json"
+_LOCK_NAME = "host.lock"
+_HOLDER_NAME = "host-holder.json"
 # How often a waiting session repeats who it waits for (a 36-minute boot is long to watch).
 _REMIND_S = 60.0
 
@@ -129,7 +129,7 @@ class HostClaim:
             self._fd = None
 
 
-def claim_host(
+def _claim_host(
     state_dir: Path, *, wait_s: float, say: Callable[[str], None], poll_s: float = 0.25,
 ) -> HostClaim:
     """Take the host for this session's servers, waiting up to ``wait_s`` for another session.
@@ -137,7 +137,7 @@ def claim_host(
     Raises ServerError naming the holder when the wait runs out.
     """
     state_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(state_dir / _LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     start = time.monotonic()
     next_word = start
     try:
@@ -148,7 +148,7 @@ def claim_host(
             except BlockingIOError:
                 pass
             now = time.monotonic()
-            holder = _read_holder(state_dir / HOLDER_NAME)
+            holder = _read_holder(state_dir / _HOLDER_NAME)
             who = holder.describe(time.time()) if holder else "a session that has not said who it is"
             if now - start >= wait_s:
                 raise ServerError(
@@ -167,7 +167,7 @@ def claim_host(
     if time.monotonic() - start > poll_s:
         say(f"kimiperf: the host is free after {time.monotonic() - start:.0f}s of waiting")
     with contextlib.suppress(OSError):
-        _write_holder(state_dir / HOLDER_NAME)
+        _write_holder(state_dir / _HOLDER_NAME)
     return HostClaim(fd)
 
 
@@ -177,7 +177,7 @@ def claim_host(
 WEIGHT_CACHE = "weight-cache"
 
 Say = Callable[[str], None]
-ProgressSink = Callable[[str, BootProgress, float, bool], None]
+_ProgressSink = Callable[[str, BootProgress, float, bool], None]
 
 
 @dataclass(frozen=True)
@@ -253,7 +253,7 @@ class ServerManager:
         log_dir: Path,
         state_dir: Path,
         say: Say,
-        on_progress: ProgressSink,
+        on_progress: _ProgressSink,
     ) -> None:
         self.settings = settings
         self.log_dir = log_dir
@@ -311,7 +311,7 @@ class ServerManager:
             # guards the "never two servers at once" promise should that ever change.
             self.release()
         if self._claim is None:
-            self._claim = claim_host(self.state_dir, wait_s=self.settings.host_wait_s, say=self.say)
+            self._claim = _claim_host(self.state_dir, wait_s=self.settings.host_wait_s, say=self.say)
         if not self._swept:
             self._sweep()
             self._swept = True

@@ -34,7 +34,7 @@ _CORPUS = (
     "0123456789 ,.;:!?()[]{}<>+-*/=_'\"\n"
 )
 
-CHAT_TEMPLATE = (
+_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "<|{{ message['role'] }}|>{{ message['content'] }}</s>"
     "{% endfor %}"
@@ -96,7 +96,7 @@ def _build(spec: TinyModelSpec, out_dir: Path) -> None:
         eos_token="</s>",
         pad_token="<pad>",
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = _CHAT_TEMPLATE
     fast.save_pretrained(out_dir)
 
     config = LlamaConfig(

@@ -44,7 +44,7 @@ from pytest_kimiperf.version import __version__
 
 # Prompt tokens prefilled in one step before the running requests decode again (vLLM's
 # max_num_batched_tokens for online serving on small GPUs).
-PREFILL_BUDGET_TOKENS = 2048
+_PREFILL_BUDGET_TOKENS = 2048
 # Room kept beside weights and KV cache for a step's activations (vLLM measures its peak; a
 # step of this model at 64 sequences needs a few MiB).
 ACTIVATION_HEADROOM_BYTES = 256 * 2**20
@@ -305,8 +305,8 @@ def serve(model: TinyLlama, pipe: Connection, max_num_seqs: int, log: Any) -> No
             while True:
                 signal.pause()
         outputs: list[tuple[str, int, str | None]] = []
-        budget = PREFILL_BUDGET_TOKENS
-        while waiting and free_slots and (budget == PREFILL_BUDGET_TOKENS or len(waiting[0].prompt) <= budget):
+        budget = _PREFILL_BUDGET_TOKENS
+        while waiting and free_slots and (budget == _PREFILL_BUDGET_TOKENS or len(waiting[0].prompt) <= budget):
             seq = waiting.popleft()
             seq.slot = free_slots.pop()
             if seq.slot in never_used:

@@ -48,7 +48,7 @@ from pytest_kimiperf.judge.baselines import HISTORY_BOOTS, BaselineBoot, Baselin
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.storage.baselines import dumps_baseline, entry_json, parse_baseline, record_json
 
-DRIVER_NAME = "kimiperf-baselines"
+_DRIVER_NAME = "kimiperf-baselines"
 
 # A boot's identity on one side: its JSON text, and which repeat of that text it is (a history
 # holding the same boot twice keeps both through a merge).
@@ -113,23 +113,23 @@ def _merge_entry(
         for field in ("unit", "direction", "profile_env", "profile_args"):
             _same(where, field, _plain(getattr(ours, field)), _plain(getattr(theirs, field)))
     sides = [side for side in (ours, theirs) if side is not None]
-    boots = merge_histories(base.boots if base is not None else (), ours.boots if ours is not None else (),
+    boots = _merge_histories(base.boots if base is not None else (), ours.boots if ours is not None else (),
                             theirs.boots if theirs is not None else ())[-keep:]
     if not boots:
         raise BaselineConflict(
             f"{where}: each side removed every boot the other kept, so no history is left; "
             "resolve the conflict by hand")
     latest = max(sides, key=lambda e: (e.recorded_at, _canonical(entry_json(e))))
-    anchor = merge_histories(base.anchor if base is not None else (), ours.anchor if ours is not None else (),
+    anchor = _merge_histories(base.anchor if base is not None else (), ours.anchor if ours is not None else (),
                              theirs.anchor if theirs is not None else ())[-keep:]
     # Nights belong to their anchor: where the sides agree on it, the passing runs of both;
     # where a side recorded anew, none (a deliberate recording starts the drift test afresh).
-    nights = merge_histories(base.nights if base is not None else (), ours.nights, theirs.nights) \
+    nights = _merge_histories(base.nights if base is not None else (), ours.nights, theirs.nights) \
         if ours is not None and theirs is not None and ours.anchor == theirs.anchor else []
     return replace(latest, boots=tuple(boots), anchor=tuple(anchor), nights=tuple(nights))
 
 
-def merge_histories(base: Sequence[_H], ours: Sequence[_H], theirs: Sequence[_H]) -> list[_H]:
+def _merge_histories(base: Sequence[_H], ours: Sequence[_H], theirs: Sequence[_H]) -> list[_H]:
     """The union of two boot histories since ``base``, oldest first, untrimmed: a boot on both
     sides once, a boot of the base removed on either side left out (nights alike)."""
     in_base = {key for key, _ in _keyed(base)}
@@ -214,7 +214,7 @@ def _raw_schema_version(text: str) -> object:
 
 
 
-USAGE = "usage: python -m pytest_kimiperf.merge_driver BASE OURS THEIRS PATH  (git's %O %A %B %P)"
+_USAGE = "usage: python -m pytest_kimiperf.merge_driver BASE OURS THEIRS PATH  (git's %O %A %B %P)"
 
 
 def _leave_text_conflict(base: str, ours: str, theirs: str, path: str) -> None:
@@ -232,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     1 (with git's text conflict left in ``%A``) when a human must decide, 2 on bad arguments."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 4:
-        print(USAGE, file=sys.stderr)
+        print(_USAGE, file=sys.stderr)
         return 2
     base_file, ours_file, theirs_file, path = args
     try:
@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(ours_file, "w", encoding="utf-8", newline="\n") as out:
             out.write(merged)
     except (BaselineError, OSError, UnicodeDecodeError) as exc:
-        print(f"{DRIVER_NAME} merge driver: {exc}", file=sys.stderr)
+        print(f"{_DRIVER_NAME} merge driver: {exc}", file=sys.stderr)
         _leave_text_conflict(base_file, ours_file, theirs_file, path)
         return 1
     return 0

@@ -42,7 +42,7 @@ from pytest_kimiperf.numbers import is_real
 SCHEMA_VERSION = 3
 _T = TypeVar("_T")
 
-RESTORE_HINT = (
+_RESTORE_HINT = (
     "restore it from version control (git checkout -- {path}) or delete it to record a new "
     "baseline; it was left unchanged"
 )
@@ -96,7 +96,7 @@ def dumps_baseline(baseline: BaselineFile) -> str:
 
 
 def parse_baseline(path: Path, text: str) -> BaselineFile:
-    hint = RESTORE_HINT.format(path=path)
+    hint = _RESTORE_HINT.format(path=path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -265,7 +265,7 @@ def _parse_boot(raw: object, index: int, where: str = "boots") -> BaselineBoot:
 
 
 # Where the files are, read and written.
-LOCK_TIMEOUT_S = 120.0
+_LOCK_TIMEOUT_S = 120.0
 
 
 def baseline_path(baselines_dir: str | os.PathLike[str], deployment: str, fingerprint_key: str) -> Path:
@@ -317,7 +317,7 @@ def update_baseline(
     path.parent.mkdir(parents=True, exist_ok=True)
     lock_path = f"{path}.lock"
     try:
-        with filelock.FileLock(lock_path, timeout=LOCK_TIMEOUT_S):
+        with filelock.FileLock(lock_path, timeout=_LOCK_TIMEOUT_S):
             existing = load_baseline(path)
             merged: dict[str, BaselineEntry] = {}
             if existing is not None:
@@ -339,7 +339,7 @@ def update_baseline(
             return result
     except filelock.Timeout:
         raise BaselineError(
-            f"could not lock {lock_path} within {LOCK_TIMEOUT_S:g} s: another pytest run is writing "
+            f"could not lock {lock_path} within {_LOCK_TIMEOUT_S:g} s: another pytest run is writing "
             "this baseline; if none is running, delete the lock file"
         ) from None
 
@@ -350,7 +350,7 @@ def _check_same_owner(path: Path, existing: BaselineFile, deployment: str, finge
         raise BaselineError(
             f"baseline {path} belongs to deployment {existing.deployment!r} with fingerprint "
             f"{existing.fingerprint.key!r}, not {deployment!r} with {fingerprint.key!r}: "
-            "it was moved or renamed by hand; " + RESTORE_HINT.format(path=path)
+            "it was moved or renamed by hand; " + _RESTORE_HINT.format(path=path)
         )
 
 
@@ -373,7 +373,7 @@ def load_baselines(baselines_dir: Path, deployment: str, fingerprint: Fingerprin
         loaded, error = load_baseline(path), None
     except BaselineError as exc:
         loaded, error = None, str(exc)
-    others = other_fingerprints(path)
+    others = _other_fingerprints(path)
     readable = []
     for other_path in others:
         try:
@@ -386,7 +386,7 @@ def load_baselines(baselines_dir: Path, deployment: str, fingerprint: Fingerprin
                            others=tuple(readable), other_keys=tuple(p.stem for p in others))
 
 
-def other_fingerprints(path: Path) -> list[Path]:
+def _other_fingerprints(path: Path) -> list[Path]:
     """Baseline files of the same deployment as ``path``, recorded on other hardware."""
     directory = path.parent
     if not directory.is_dir():
