@@ -73,7 +73,7 @@ def boot(model: str, extra: tuple[str, ...], label: str, log_dir: Path) -> BootA
                                host_wait_s=3600.0, api_key=None, command_plans={})
     manager = ServerManager(settings, log_dir=log_dir,  # type: ignore[arg-type]
                             state_dir=Path(tempfile.mkdtemp(prefix="kimiperf-loaders-state-")),
-                            say=lambda _: None, on_progress=lambda *a: None)
+                            announce=lambda _: None, on_progress=lambda *a: None)
     profile = BUILTIN_PROFILES["default"]
     try:
         manager.acquire(profile)

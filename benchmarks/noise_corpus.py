@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a chec
 from pytest_kimiperf.judge.boots import BootSummary  # noqa: E402
 from pytest_kimiperf.judge.levels import Level, Levels, nested_levels  # noqa: E402
 from pytest_kimiperf.numbers import fmt_spread  # noqa: E402
-from pytest_kimiperf.reports.sentences import say  # noqa: E402
+from pytest_kimiperf.reports.sentences import note_text  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -85,11 +85,11 @@ def estimate_levels(boots: Sequence[CorpusBoot], key: str) -> Levels:
 def level_text(level: Level) -> str:
     """A corpus level: ``1.1% (0.7-2.0%, 3 df)``, or ``n/a (one session per host)``."""
     if not math.isfinite(level.sd_log):
-        return f"n/a ({say(level.source)})"
+        return f"n/a ({note_text(level.source)})"
     if math.isfinite(level.low) and math.isfinite(level.high):
         return (f"{fmt_spread(math.expm1(level.sd_log))} ({math.expm1(level.low) * 100:.1f}-"
                 f"{math.expm1(level.high) * 100:.1f}%, {level.df:g} df)")
-    return f"{fmt_spread(math.expm1(level.sd_log))} ({say(level.source)})"
+    return f"{fmt_spread(math.expm1(level.sd_log))} ({note_text(level.source)})"
 
 
 def request_cv_text(levels: Levels) -> str:

@@ -114,7 +114,7 @@ def _git_commit() -> str | None:
 
 def _measure_boot(settings, log_dir: Path, boot: int, variant: str) -> dict[str, object]:  # type: ignore[no-untyped-def]
     manager = ServerManager(settings, log_dir=log_dir, state_dir=log_dir / "launches",
-                            say=lambda line: None, on_progress=lambda *a: None)
+                            announce=lambda line: None, on_progress=lambda *a: None)
     metrics: dict[str, dict[str, object]] = {}
     notes: list[str] = []
     foreign: list[float] = []

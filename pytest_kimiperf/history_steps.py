@@ -26,7 +26,7 @@ from pytest_kimiperf.judge.baselines import BaselineEntry
 from pytest_kimiperf.storage.baselines import load_baseline
 from pytest_kimiperf.judge.history import find_steps
 from pytest_kimiperf.judge.notes import HistoryStep, HistorySteps
-from pytest_kimiperf.reports.sentences import say
+from pytest_kimiperf.reports.sentences import note_text
 
 _DEFAULTS = Spreads(Deployment.boot_spread, Deployment.session_spread, Deployment.host_spread)
 
@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             out.append({"file": str(path), "entry": key, "boots": len(entry.boots), "judged_boots": since,
                         "steps": [step.plain() for step in steps]})
             if not args.json:
-                said = say(HistorySteps(tuple(steps), since)) if steps else "no step"
+                said = note_text(HistorySteps(tuple(steps), since)) if steps else "no step"
                 print(f"  {key}: {len(entry.boots)} boots; {said}")
             if args.plot is not None:
                 try:

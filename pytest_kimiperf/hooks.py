@@ -345,13 +345,13 @@ class KimiperfSession:
         if result is None:
             return outcome
         from pytest_kimiperf.judge import gate, verdicts
-        from pytest_kimiperf.reports.sentences import say
+        from pytest_kimiperf.reports.sentences import note_text
         from pytest_kimiperf.warning_types import CLASS_OF
 
         fails = self.settings.missing_baseline_fails
         for warning in gate.warning_kinds(result, missing_baseline_fails=fails):
             if warning.kind is not verdicts.WarningKind.MISSING_BASELINE:  # said once, at session end
-                warnings.warn(CLASS_OF[warning.kind.value](f"kimiperf: {say(warning.note)}"), stacklevel=1)
+                warnings.warn(CLASS_OF[warning.kind.value](f"kimiperf: {note_text(warning.note)}"), stacklevel=1)
         return outcome
 
     @pytest.hookimpl(wrapper=True)

@@ -205,7 +205,7 @@ class PerfSession:
             display = ProgressDisplay.for_output(out, interval_s=self.settings.progress_interval_s)
             self.manager = ServerManager(
                 self.settings, log_dir=self.log_dir or Path.cwd() / "kimiperf-logs",
-                state_dir=launch_state_dir(), say=out.write_line, on_progress=display.update,
+                state_dir=launch_state_dir(), announce=out.write_line, on_progress=display.update,
             )
             self._install_signal_handlers()
         return self.manager

@@ -14,7 +14,7 @@ from pytest_kimiperf.numbers import fmt_change, fmt_value, json_safe
 from pytest_kimiperf.reports.compact_rows import CompactRow
 from pytest_kimiperf.reports.json_report import comparison_json
 from pytest_kimiperf.reports.model import metric_heading
-from pytest_kimiperf.reports.sentences import say
+from pytest_kimiperf.reports.sentences import note_text
 from pytest_kimiperf.judge.decide import UNRESOLVED_EXIT
 from pytest_kimiperf.reports.terminal import Table
 
@@ -51,7 +51,7 @@ def answer_lines(outcome: Outcome) -> list[str]:
     spreads = misdeclared([(f"{metric_heading(r.metric)} ({r.load}) of {r.group} vs {r.reference}", r.comparison)
                            for r in outcome.rows])
     if spreads is not None:
-        lines.append(say(spreads))
+        lines.append(note_text(spreads))
     return lines
 
 

@@ -4,7 +4,7 @@ The gate (``gate.judge``) fills a test's failures, warnings and notes with these
 comparison (``stats.Comparison``) carries its own notes the same way; ``reports/sentences.py``
 is the one place that turns them into the lines a user reads. Every note crosses xdist as JSON
 (``to_json`` / :func:`note_from_json`), its kind first; a line a saved report kept as text is a
-:class:`Said`.
+:class:`SavedLine`.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def _decode(value: Any) -> Any:
 def note_from_json(data: Mapping[str, Any] | str) -> Note:
     """Inverse of :meth:`Note.to_json`; a bare string (a line of a saved report) is a Said."""
     if isinstance(data, str):
-        return Said(data)
+        return SavedLine(data)
     cls = _KINDS.get(str(data.get("kind")))
     if cls is None:
         raise ValueError(f"unknown note kind {data.get('kind')!r}; known: {', '.join(sorted(_KINDS))}")
@@ -108,7 +108,7 @@ def _floor_from_json(data: Mapping[str, Any]) -> FloorResult:
 
 @note_kind("said")
 @dataclass(frozen=True)
-class Said(Note):
+class SavedLine(Note):
     """A line as a saved report kept it (an older report's, before its note had a kind): shown as
     is, never read."""
 
@@ -442,7 +442,7 @@ class BootPlanned(Note):
 
 
 @dataclass(frozen=True)
-class Look:
+class ChangeSoFar:
     """What one metric looks like on the boots so far, short of a verdict."""
 
     metric: str
@@ -454,8 +454,8 @@ class Look:
         return dataclasses.asdict(self)
 
 
-def _looks_from_json(data: Any) -> tuple[Look, ...]:
-    return tuple(Look(str(d["metric"]), float(d["change"]), int(d["boots"]), float(d["tolerance"])) for d in data)
+def _changes_so_far_from_json(data: Any) -> tuple[ChangeSoFar, ...]:
+    return tuple(ChangeSoFar(str(d["metric"]), float(d["change"]), int(d["boots"]), float(d["tolerance"])) for d in data)
 
 
 @note_kind("boot-asked")
@@ -465,9 +465,9 @@ class BootAsked(Note):
 
     profile: str
     boot: int
-    looks: tuple[Look, ...]
+    looks: tuple[ChangeSoFar, ...]
 
-    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"looks": _looks_from_json}
+    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"looks": _changes_so_far_from_json}
 
 
 @note_kind("unresolved")
@@ -476,11 +476,11 @@ class Unresolved(Note):
     """A change beyond the tolerance on the one boot of an attached server this run cannot
     restart: it can never be convicted here (the test fails as UNRESOLVED)."""
 
-    looks: tuple[Look, ...]
+    looks: tuple[ChangeSoFar, ...]
     deployment: str
     boots_needed: int
 
-    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"looks": _looks_from_json}
+    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"looks": _changes_so_far_from_json}
 
 
 @note_kind("drifted")

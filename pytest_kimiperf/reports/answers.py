@@ -24,7 +24,7 @@ from pytest_kimiperf.numbers import fmt_change, fmt_value
 from pytest_kimiperf.reports.compact_rows import CompactRow, baseline_rows, last_boots, primary_of, profile_rows
 from pytest_kimiperf.reports.measured import lost_remark
 from pytest_kimiperf.reports.model import SessionReport, boot_label, metric_heading, short_test
-from pytest_kimiperf.reports.sentences import beside_comparison, missing_reason, say
+from pytest_kimiperf.reports.sentences import beside_comparison, missing_reason, note_text
 
 
 def _primary_rows(rows: Sequence[CompactRow], report: SessionReport) -> list[CompactRow]:
@@ -93,7 +93,7 @@ def spread_line(report: SessionReport) -> str | None:
                for row in baseline_rows(report) if row.comparison is not None
                and row.comparison.verdict not in (VerdictKind.NOT_COMPARABLE, VerdictKind.NOT_JUDGED)]
     note = misdeclared(judged, deployment=str(report.deployment.get("name") or ""))
-    return None if note is None else say(note)
+    return None if note is None else note_text(note)
 
 
 def _tone(row: CompactRow) -> Tone:
@@ -148,7 +148,7 @@ def _about(row: CompactRow) -> str:
     if c is None:
         return f"{what}: {row.verdict}"
     # Undecided between profiles: how many boots a side would show it within (judge/profiles.py).
-    more = next((f"; {say(n)}" for n in c.notes if isinstance(n, BootsForWithin)), "") if row.in_session else ""
+    more = next((f"; {note_text(n)}" for n in c.notes if isinstance(n, BootsForWithin)), "") if row.in_session else ""
     return (f"{what}: {fmt_change(c.change)}, {row.interval}: {row.verdict} "
             f"(tolerance {c.tolerance * 100:g}%, {c.boots_current} vs {c.boots_reference} boots){more}")
 
@@ -195,6 +195,6 @@ def failure_lines(report: SessionReport) -> list[str]:
             continue
         first = res.failures[0]
         text = (f"missing baseline (--kimiperf-missing-baseline=fail) for {', '.join(line.label for line in first.lines)}: "
-                "the run line says what to do" if isinstance(first, MissingBaselineNote) else say(first))
+                "the run line says what to do" if isinstance(first, MissingBaselineNote) else note_text(first))
         said.setdefault((short_test(res.test), text), []).append(f"{res.profile} boot {res.boot}")
     return [f"FAILED {test} [{', '.join(boots)}]: {text}" for (test, text), boots in said.items()]

@@ -40,7 +40,7 @@ from pytest_kimiperf.judge.notes import HistorySteps
 from pytest_kimiperf.reports.model import boot_figure
 from pytest_kimiperf.reports.history_plot import plot_history
 from pytest_kimiperf.reports.plot_changes import ChangeRow, draw_changes
-from pytest_kimiperf.reports.sentences import comparison_line, say
+from pytest_kimiperf.reports.sentences import comparison_line, note_text
 from pytest_kimiperf.reports.model import (
     MetricBlock,
     PerfTestBlock,
@@ -153,7 +153,7 @@ def _plot_against_baseline(res: TestResult, mres: MetricResult, baseline_samples
     label = spec.label if spec else mres.metric
     ax.set_ylabel(f"{label} ({mres.unit})" if mres.unit else label)
     verdict = (comparison_line(mres.baseline) if mres.baseline is not None else
-               say(mres.baseline_line) if mres.baseline_line is not None else "")
+               note_text(mres.baseline_line) if mres.baseline_line is not None else "")
     ax.set_title(f"{_shorten(res.test, 70)}\n{label}: this run against the baseline\n"
                  f"{_head(verdict, 80, lines=2)}", fontsize=10)
     ax.grid(axis="y", alpha=0.3)

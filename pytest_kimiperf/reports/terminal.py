@@ -54,7 +54,7 @@ from pytest_kimiperf.reports.model import (
 from pytest_kimiperf.reports.measured import measured_lines
 from pytest_kimiperf.reports.nccl_check import APPLIED, DIFFERENT, NOT_SEEN
 from pytest_kimiperf.reports.outputs import output_labels
-from pytest_kimiperf.reports.sentences import comparison_line, rests_on, say, source_text
+from pytest_kimiperf.reports.sentences import comparison_line, evidence_text, note_text, source_text
 
 # Building blocks: a line with its markup, fixed-width tables, wrapping.
 MAX_WIDTH = 100
@@ -398,7 +398,7 @@ def servers_and_files(report: SessionReport, *, quiet: bool, verbose: bool = Tru
         for why in update.not_recorded:
             lines.append(TerminalLine(f"baselines: not recorded: {why}", markup=_YELLOW))
     if report.not_appended is not None:
-        lines.append(TerminalLine(f"baselines: {say(report.not_appended)}", markup=_YELLOW))
+        lines.append(TerminalLine(f"baselines: {note_text(report.not_appended)}", markup=_YELLOW))
     if not lines and not loud:
         return []
     out = [TerminalLine("kimiperf: servers and files", sep="=")] if lines and not quiet else []
@@ -586,7 +586,7 @@ def _cell_details(cell: ProfileCell, reference: str) -> list[str]:
     parts = [f"n={cell.n}"]
     if cell.comparison is not None:
         c = cell.comparison
-        parts.append(f"rests on {rests_on(c)} ({reference}), tolerance {c.tolerance * 100:g}%")
+        parts.append(f"rests on {evidence_text(c)} ({reference}), tolerance {c.tolerance * 100:g}%")
     return textwrap.wrap(", ".join(parts), width=MAX_WIDTH - 6, subsequent_indent="  ") + _wrap_samples(cell.samples)
 
 

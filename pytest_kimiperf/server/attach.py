@@ -118,7 +118,7 @@ def restart_server(
 
 
 def attach_server(settings: Settings, profile: str, *, previous: ServerHandle | None,
-                  say: Callable[[str], None]) -> tuple[ServerHandle, Restart | None]:
+                  announce: Callable[[str], None]) -> tuple[ServerHandle, Restart | None]:
     """The handle of the server at ``--kimiperf-server-url`` for ``profile``'s next boot: restarted first
     when this is not the first (``previous``) and the deployment names a restart_command."""
     url = settings.server_url
@@ -127,10 +127,10 @@ def attach_server(settings: Settings, profile: str, *, previous: ServerHandle | 
     headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
     restart = None
     if previous is not None and deployment.restart_command:
-        say(f"kimiperf: restarting the attached server for another boot: {shlex.join(deployment.restart_command)}")
+        announce(f"kimiperf: restarting the attached server for another boot: {shlex.join(deployment.restart_command)}")
         restart = restart_server(deployment.restart_command, base_url=url, model=previous.model,
                                  headers=headers, deadline_s=deployment.health_deadline_s)
-        say(f"kimiperf: {url} serves {previous.model!r} again, {restart.ready_s:.1f} s after the restart command "
+        announce(f"kimiperf: {url} serves {previous.model!r} again, {restart.ready_s:.1f} s after the restart command "
             f"started (the command took {restart.command_s:.1f} s)")
     model = deployment.served_model_name or served_model(url, headers, deployment=deployment.name)
     why_not = check_ready(url, model, headers, timeout_s=5.0)

@@ -134,14 +134,14 @@ def built_revision(model: str) -> str | None:
     return None
 
 
-def resolve_model_path(model: str, say: Callable[[str], None]) -> str:
+def resolve_model_path(model: str, announce: Callable[[str], None]) -> str:
     """The model argument for the server: the tiny model's path (built on first use, said through
-    ``say``) where the deployment names it, or ``model`` as is."""
+    ``announce``) where the deployment names it, or ``model`` as is."""
     if model != TINY_MODEL:
         return model
     target = tiny_model_dir()
     if not (target / "config.json").is_file():
-        say(f"kimiperf: building the tiny random-weight Llama into {target} (first use)")
+        announce(f"kimiperf: building the tiny random-weight Llama into {target} (first use)")
     try:
         return str(ensure_tiny_model())
     except ImportError as exc:

@@ -89,7 +89,7 @@ from pytest_kimiperf.judge.fingerprint import Fingerprint  # noqa: E402
 from pytest_kimiperf.judge.gate import BootRun, Rules, judge  # noqa: E402
 from pytest_kimiperf.judge.notes import Drifted  # noqa: E402
 from pytest_kimiperf.judge.verdicts import TestResult  # noqa: E402
-from pytest_kimiperf.reports.sentences import say  # noqa: E402
+from pytest_kimiperf.reports.sentences import note_text  # noqa: E402
 
 FP = Fingerprint(hard={"gpu.count": "0", "cpu.model": "test", "cpu.cores": "2"}, soft={})
 TEST = "t.py::test"
@@ -198,7 +198,7 @@ def test_a_drift_that_passed_every_night_fails_the_gate_against_its_anchor(tmp_p
     assert comparison is not None and comparison.verdict.value != "REGRESSION"  # the window followed it
     [drifted] = [f for f in result.failures if isinstance(f, Drifted)]
     assert drifted.nights == 31 and drifted.change < -0.05 and drifted.bound < 0
-    assert say(drifted).startswith("DRIFT: decode -7.6% since the baseline was recorded (2026-11-01T00:01:00Z)")
+    assert note_text(drifted).startswith("DRIFT: decode -7.6% since the baseline was recorded (2026-11-01T00:01:00Z)")
 
 
 def test_quiet_nights_and_a_fresh_recording_do_not_fail_on_drift(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from pytest_kimiperf.judge.notes import BootsForWithin
 from pytest_kimiperf.judge.profiles import Step, next_step, profiles_to_book, session_plan
 from pytest_kimiperf.judge.profiles import OBRIEN_FLEMING, POCOCK, SequentialPlan, boundaries, spent
 from pytest_kimiperf.judge.stats import Leaning, VerdictKind, band_log, leaning
-from pytest_kimiperf.reports.sentences import say
+from pytest_kimiperf.reports.sentences import note_text
 from tests.helpers import BENCHMARKS
 from tests.unit.test_verdict_invariants import EXAMPLES, FRESH
 
@@ -123,7 +123,7 @@ def test_a_fixed_budget_of_two_says_how_many_more_boots_would_decide() -> None:
     assert c.verdict is VerdictKind.NO_DETECTABLE_CHANGE
     note = next(n for n in c.notes if isinstance(n, BootsForWithin))
     assert note == BootsForWithin(6, 2, 8)
-    assert say(note) == ("4 more boots a side (6 in all, --kimiperf-boots 6) would show it within the tolerance, "
+    assert note_text(note) == ("4 more boots a side (6 in all, --kimiperf-boots 6) would show it within the tolerance, "
                          "with 90% power")
     # Too near the band's edge for any number of boots the planner looks at.
     edge = compare_in_session(boots(102.6, 102.6), boots(100.0, 100.0), direction=HIGHER, tolerance=0.03, rules=KIMI)

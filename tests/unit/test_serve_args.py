@@ -27,7 +27,7 @@ from pytest_kimiperf.judge.baselines import Direction
 from pytest_kimiperf.judge.baselines import append_history, make_entry
 from pytest_kimiperf.storage.baselines import entry_json
 from pytest_kimiperf.server.weight_cache import profile_cache_reason
-from pytest_kimiperf.reports.sentences import say
+from pytest_kimiperf.reports.sentences import note_text
 
 TABLE = "pyproject.toml [tool.kimiperf.profiles]"
 
@@ -207,7 +207,7 @@ def test_the_gate_does_not_compare_a_run_with_a_baseline_of_other_args(tmp_path:
         result = judge(shell, ["decode_tok_s"], BootRun(samples={"decode_tok_s": samples[1]}, requests=20),
                        RULES, baselines=view, earlier=boots.TestBoots()).result
         return result.metrics["decode_tok_s"].baseline.verdict, \
-            say(result.metrics["decode_tok_s"].baseline_line) if result.metrics["decode_tok_s"].baseline_line else ""
+            note_text(result.metrics["decode_tok_s"].baseline_line) if result.metrics["decode_tok_s"].baseline_line else ""
 
     verdict, message = judged(["--enforce-eager", "--max-num-seqs", "8"])
     assert verdict is VerdictKind.NOT_COMPARABLE
