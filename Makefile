@@ -38,7 +38,7 @@ baseline: $(STAMP)
 
 # Once per clone that records baselines: git then merges baselines/**/*.json (.gitattributes) as
 # boot histories, so runners sharing one history can pull each other's recordings without a text
-# conflict (judge/baseline_merge.py, run by pytest_kimiperf/merge_driver.py). git runs the driver
+# conflict (storage/baseline_merge.py, run as pytest_kimiperf/merge_driver.py). git runs the driver
 # from the top of the work tree, so the relative $(PY) holds; a runner whose virtualenv lives
 # elsewhere passes VENV=<its path>.
 merge-driver:

@@ -38,7 +38,7 @@ from pytest_kimiperf.config.deployments import TINY_CPU, TINY_MODEL
 from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.paths import default_cache_dir
-from pytest_kimiperf.server.progress import BootAccount
+from pytest_kimiperf.server.boot_account import BootAccount
 from pytest_kimiperf.server.manager import ServerManager
 from pytest_kimiperf.server.tiny_model import resolve_model_path
 
@@ -73,7 +73,7 @@ def boot(model: str, extra: tuple[str, ...], label: str, log_dir: Path) -> BootA
                                host_wait_s=3600.0, api_key=None, command_plans={})
     manager = ServerManager(settings, log_dir=log_dir,  # type: ignore[arg-type]
                             state_dir=Path(tempfile.mkdtemp(prefix="kimiperf-loaders-state-")),
-                            say=lambda _: None, on_progress=lambda *a: None)
+                            announce=lambda _: None, on_progress=lambda *a: None)
     profile = BUILTIN_PROFILES["default"]
     try:
         manager.acquire(profile)

@@ -54,13 +54,13 @@ from pytest_kimiperf.judge.gate import verdict_fails  # noqa: E402
 from pytest_kimiperf.judge.boots import BootSummary, summarize_boot  # noqa: E402
 from pytest_kimiperf.judge import stats  # noqa: E402
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind  # noqa: E402
-from pytest_kimiperf.judge.history import drift_since_anchor  # noqa: E402
+from nightly import drift_tonight  # noqa: E402
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
 from pytest_kimiperf.judge.history import (  # noqa: E402
     compare_with_history, history_steps, joint_placements, judged_part,
 )
-from pytest_kimiperf.judge.levels import CorpusBoot, canary_shift  # noqa: E402
-from pytest_kimiperf.storage.noise_corpus import load_corpus  # noqa: E402
+from pytest_kimiperf.judge.canary_check import canary_shift  # noqa: E402
+from noise_corpus import CorpusBoot, load_corpus  # noqa: E402
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS  # noqa: E402
 from pytest_kimiperf.config.metric_specs import metric_spec  # noqa: E402
 
@@ -479,7 +479,7 @@ def append_nights(args: argparse.Namespace) -> list[dict[str, object]]:
     history when it passed (the window keeps the last 20 boots), from a history of 10 nights of
     the unchanged server. Two threats: a slow drift of -0.25% a night (-6%, twice the tolerance,
     after 24 nights) and a -6% regression that lands on night 5. With the rule in force (each
-    metric also judged against the anchor, the 10 recorded nights, by history.drift_since_anchor,
+    metric also judged against the anchor, the 10 recorded nights, by history.drift_of_entry,
     the nights appended since and tonight's boots; a drift fails the night) and without it (the
     window alone): the night the gate first fails, and the share of nights after the step that
     fail (of every night, with no threat: false alarms), and the nights appended."""
@@ -512,9 +512,9 @@ def append_nights(args: argparse.Namespace) -> list[dict[str, object]]:
                     failed = any(v is VerdictKind.REGRESSION for v in verdicts)
                     if guard == "anchor":
                         failed = failed or any(
-                            drift_since_anchor(anchor[m], [*since[m], boots[m]], direction=Direction.HIGHER_IS_BETTER,
-                                               tolerance=rules.tolerance, spreads=rules.spreads,
-                                               critical=rules.critical).failed
+                            (d := drift_tonight(anchor[m], since[m], boots[m], direction=Direction.HIGHER_IS_BETTER,
+                                                tolerance=rules.tolerance, spreads=rules.spreads,
+                                                critical=rules.critical)) is not None and d.failed
                             for m in range(world.metrics) if boots[m])
                     if failed and first is None:
                         first = night

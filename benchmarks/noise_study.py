@@ -12,7 +12,7 @@ own noise is measured too), what else used the host (foreign CPU) and the varian
 
 Each developer session adds a session from its own machine: the machines differ, which gives
 the host level for free. ``--analyze`` reads the whole corpus and prints the levels it finds,
-with their 90% intervals (``judge.levels.estimate_levels``, the gate's own estimator).
+with their 90% intervals (``noise_corpus.estimate_levels``, over the gate's own estimator).
 
 Variants (``--variant``), for cutting the CPU engine's spread at its source:
   default       tiny-cpu as shipped
@@ -47,6 +47,7 @@ from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from perf_tests.workloads import SINGLE_STREAM_DECODE, TTFT, throughput_at  # noqa: E402
 
@@ -55,14 +56,12 @@ from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES  # noqa: E402
 from pytest_kimiperf.config.options import OPTIONS  # noqa: E402
 from pytest_kimiperf.config.settings import RawOption, build_settings  # noqa: E402
 from pytest_kimiperf.judge.boots import BootLedger  # noqa: E402
-from pytest_kimiperf.judge.levels import CorpusBoot, estimate_levels  # noqa: E402
-from pytest_kimiperf.storage.noise_corpus import load_corpus  # noqa: E402
+from noise_corpus import CorpusBoot, estimate_levels, level_text, load_corpus, request_cv_text  # noqa: E402
 from pytest_kimiperf.judge.verdicts import MetricResult  # noqa: E402
 from pytest_kimiperf.config.metric_specs import metric_spec  # noqa: E402
 from pytest_kimiperf.measure.runner import say_invalid  # noqa: E402
 from pytest_kimiperf.measure.canary import host_canary, host_identity  # noqa: E402
 from pytest_kimiperf.recorder import PerfCase, PerfRecorder, RecorderHooks  # noqa: E402
-from pytest_kimiperf.reports.sentences import level_text, request_cv_text  # noqa: E402
 from pytest_kimiperf.server.manager import ServerManager  # noqa: E402
 
 CORPUS = ROOT / "benchmarks" / "data" / "noise"
@@ -115,7 +114,7 @@ def _git_commit() -> str | None:
 
 def _measure_boot(settings, log_dir: Path, boot: int, variant: str) -> dict[str, object]:  # type: ignore[no-untyped-def]
     manager = ServerManager(settings, log_dir=log_dir, state_dir=log_dir / "launches",
-                            say=lambda line: None, on_progress=lambda *a: None)
+                            announce=lambda line: None, on_progress=lambda *a: None)
     metrics: dict[str, dict[str, object]] = {}
     notes: list[str] = []
     foreign: list[float] = []
@@ -217,7 +216,7 @@ def analyze(args: argparse.Namespace) -> int:
 
 def canary_noise(paths: list[Path]) -> dict[str, object]:
     """The canary's own noise: its drift from a session's start to its end, and its spread
-    between sessions of one host (what judge/levels.CANARY_MOVED_LOG must stay clear of)."""
+    between sessions of one host (what judge/canary_check.CANARY_MOVED_LOG must stay clear of)."""
     drift: dict[str, list[float]] = {}
     starts: dict[tuple[str, str], list[float]] = {}
     for path in paths:

@@ -35,13 +35,13 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS  # noqa: E402
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec  # noqa: E402
 from pytest_kimiperf.judge.boots import BootSummary  # noqa: E402
 from pytest_kimiperf.judge.profiles import InSessionRules, SpawnModes, compare_in_session  # noqa: E402
-from pytest_kimiperf.judge.levels import CorpusBoot  # noqa: E402
-from pytest_kimiperf.storage.noise_corpus import load_corpus  # noqa: E402
+from noise_corpus import CorpusBoot, load_corpus  # noqa: E402
 from pytest_kimiperf.judge.stats import VerdictKind  # noqa: E402
 
 DIRECTIONAL = (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT)

@@ -4,8 +4,8 @@ A user asks whether two profiles differ; on the GPU they are 0.6% apart, a boot'
 scatters by 1% and the tolerance is 3%. The answer should be "within +/-3%" (the TOST at 5%),
 never a direction, in the fewest boots. Each simulated session starts with ``--start`` boots a
 profile and books one more boot of each at a time until the plugin's own rule stops
-(judge/profiles.run_sequentially over profiles.compare_in_session with the plan in its rules:
-the same two calls a session makes), at most ``--cap`` a profile.
+(judge/profiles.profiles_to_book after each round, as a session calls it, then
+profiles.compare_in_session with the plan in its rules), at most ``--cap`` a profile.
 
 Rows: the seed's case (true 0.6%), the band's edges (true -3.0% and +3.09%: "within" there is the
 error the TOST bounds at 5%), A/A (no change: any direction is a false alarm, bounded by
@@ -33,7 +33,7 @@ from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
 from pytest_kimiperf.judge.boots import BootSummary  # noqa: E402
 from pytest_kimiperf.judge.profiles import InSessionRules, compare_in_session  # noqa: E402
 from pytest_kimiperf.judge.notes import BootsForWithin  # noqa: E402
-from pytest_kimiperf.judge.profiles import run_sequentially  # noqa: E402
+from pytest_kimiperf.judge.profiles import profiles_to_book  # noqa: E402
 from pytest_kimiperf.judge.profiles import SequentialPlan  # noqa: E402
 from pytest_kimiperf.judge.stats import VerdictKind, band_log  # noqa: E402
 
@@ -76,9 +76,11 @@ def run_cell(label: str, shift: float, plan: SequentialPlan, *, trials: int, see
     for _ in range(trials):
         ref = [_boot(x) for x in rng.normal(0.0, sd, plan.cap)]
         cur = [_boot(x) for x in rng.normal(shift, sd, plan.cap)]
-        c, decision = run_sequentially(
-            lambda k, cur=cur, ref=ref: compare_in_session(cur[:k], ref[:k], direction=HIGHER, tolerance=TOLERANCE, rules=planned), plan)
-        boots.append(decision.boots)
+        k = plan.start  # a session's rounds: one more boot a side while the plugin books one
+        while profiles_to_book({"cur": cur[:k], "ref": ref[:k]}, "ref", direction=HIGHER, tolerance=TOLERANCE, rules=planned):
+            k += 1
+        c = compare_in_session(cur[:k], ref[:k], direction=HIGHER, tolerance=TOLERANCE, rules=planned)
+        boots.append(k)
         within += c.verdict is VerdictKind.WITHIN_TOLERANCE
         if c.verdict in (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT):
             direction += 1

@@ -22,7 +22,7 @@ Tables:
   declared spreads.
 * ``cost``: a -10% (and -5%) change on every metric, 3 boots against a 10 x 2 history
   (REGRESSION, per comparison); profiles 0.6% apart, boot noise 1%, tolerance 3%, boots on
-  demand from 2 to 6 a side (``profiles.run_sequentially``, as a session books them: the
+  demand from 2 to 6 a side (``profiles.profiles_to_book``, as a session books them: the
   primary metric alone; the last look judged at the session's 10 comparisons as the report
   judges it): "within", any direction, boots a side; and profiles -10% and -5% apart so.
 
@@ -58,7 +58,7 @@ from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
 from pytest_kimiperf.judge.boots import BootSummary  # noqa: E402
 from pytest_kimiperf.judge.gate import family_critical  # noqa: E402
 from pytest_kimiperf.judge.history import compare_with_history  # noqa: E402
-from pytest_kimiperf.judge.profiles import InSessionRules, SequentialPlan, compare_in_session, run_sequentially  # noqa: E402
+from pytest_kimiperf.judge.profiles import InSessionRules, SequentialPlan, compare_in_session, profiles_to_book  # noqa: E402
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind  # noqa: E402
 
 try:  # the spread line exists from issue 59 on
@@ -213,9 +213,9 @@ def on_demand(label: str, shift: float, runs: int, seed: int, *, start: int = 2,
     for _ in range(runs):
         ref = [_boot(x, "now") for x in rng.normal(0.0, sd, cap)]
         cur = [_boot(shift + x, "now") for x in rng.normal(0.0, sd, cap)]
-        _, decision = run_sequentially(lambda k, cur=cur, ref=ref: compare_in_session(
-            cur[:k], ref[:k], direction=HIGHER, tolerance=TOLERANCE, rules=booking), plan)
-        k = decision.boots
+        k = start  # a session's rounds: one more boot a side while the plugin books one
+        while profiles_to_book({"cur": cur[:k], "ref": ref[:k]}, "ref", direction=HIGHER, tolerance=TOLERANCE, rules=booking):
+            k += 1
         c = compare_in_session(cur[:k], ref[:k], direction=HIGHER, tolerance=TOLERANCE, rules=report)
         boots.append(k)
         within += c.verdict is VerdictKind.WITHIN_TOLERANCE

@@ -34,18 +34,20 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
 from pytest_kimiperf.judge.boots import BootSummary  # noqa: E402
 from pytest_kimiperf.judge.baselines import BaselineBoot, BaselineEntry  # noqa: E402
 from pytest_kimiperf.judge.baselines import append_history  # noqa: E402
-from pytest_kimiperf.judge.history import drift_of_entry, drift_since_anchor  # noqa: E402
+from pytest_kimiperf.judge.history import drift_of_entry  # noqa: E402
 from pytest_kimiperf.judge.gate import family_critical  # noqa: E402
 from pytest_kimiperf.judge.levels import BootOrigin  # noqa: E402
 from pytest_kimiperf.judge.history import compare_with_history  # noqa: E402
 from pytest_kimiperf.judge.profiles import InSessionRules, compare_in_session  # noqa: E402
 from pytest_kimiperf.judge.stats import VerdictKind, band_log  # noqa: E402
+from nightly import drift_tonight  # noqa: E402
 
 HIGHER = Direction.HIGHER_IS_BETTER
 # The Kimi deployment's rules: boot spread 1% declared (3 df), tolerance 3%.
@@ -136,7 +138,7 @@ def modes_table(args: argparse.Namespace) -> None:
 def drift_table(args: argparse.Namespace) -> None:
     """Nightly runs of 2 boots (boot 1%, session 1%, declared right) appending while they pass,
     judged against the anchor (a deliberate recording of 2 sessions x 2 boots) by
-    history.drift_since_anchor. A drift of d a night: the true change when the series first
+    history.drift_of_entry (benchmarks/nightly.py). A drift of d a night: the true change when the series first
     fails, and the share failing before twice the tolerance; none: the share of nights failing."""
     spreads = Spreads(0.01, 0.01)
     band = band_log(TOLERANCE)
@@ -157,10 +159,9 @@ def drift_table(args: argparse.Namespace) -> None:
             for night in range(1, nights + 1):
                 level = math.log1p(per_night) * night + rng.normal(0.0, 0.01)
                 boots = [boot(level + rng.normal(0.0, 0.01), f"n{night}") for _ in range(2)]
-                d = drift_since_anchor(anchor, [*series, boots], direction=HIGHER, tolerance=TOLERANCE,
-                                       spreads=spreads)
+                d = drift_tonight(anchor, series, boots, direction=HIGHER, tolerance=TOLERANCE, spreads=spreads)
                 total += 1
-                if d.failed:
+                if d is not None and d.failed:
                     failing += 1
                     if first is None:
                         first = night

@@ -140,13 +140,13 @@ def _stub_gpu_deployment() -> Any:
         env=MappingProxyType({}), health_deadline_s=60.0, weight_cache="off")
 
 
-def _manager(logs: Path, state: Path, say: Any) -> Any:
+def _manager(logs: Path, state: Path, announce: Any) -> Any:
     from pytest_kimiperf.config.options import script_settings
     from pytest_kimiperf.server.manager import ServerManager
 
     settings = replace(script_settings("tiny-cpu", rootpath=ROOT, source="ci/gpu-bare-check.sh", grace="10",
                                        host_wait="30"), deployment=_stub_gpu_deployment())
-    return ServerManager(settings, log_dir=logs, state_dir=state, say=say, on_progress=lambda *a: None)
+    return ServerManager(settings, log_dir=logs, state_dir=state, announce=announce, on_progress=lambda *a: None)
 
 
 def _family(pid: int | None) -> list[int]:

@@ -61,7 +61,7 @@ def manager_for(deployment: Any, out: Path, logs: Path, *, nccl_debug: bool) -> 
 
     settings = replace(script_settings("tiny-cpu", rootpath=ROOT, source="ci/gpu-first-run.sh", grace="20",
                                        host_wait="30"), deployment=deployment, nccl_debug=nccl_debug)
-    manager = ServerManager(settings, log_dir=logs, state_dir=out / "state", say=lambda _: None,
+    manager = ServerManager(settings, log_dir=logs, state_dir=out / "state", announce=lambda _: None,
                             on_progress=lambda *a: None)
 
     def on_term(signum: int, _frame: object) -> None:

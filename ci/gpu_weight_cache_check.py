@@ -48,7 +48,7 @@ def main(out: Path) -> int:
                                source="ci/gpu-weight-cache-check.sh", grace="30",
                                extra_deployments={"tiny-gpu-wc": deployment_table()})
     state = os.environ.get("KIMIPERF_STATE_DIR") or tempfile.mkdtemp(prefix="kimiperf-wc-state-")
-    manager = ServerManager(settings, log_dir=out, state_dir=Path(state), say=print, on_progress=lambda *a: None)
+    manager = ServerManager(settings, log_dir=out, state_dir=Path(state), announce=print, on_progress=lambda *a: None)
 
     def on_term(signum: int, _frame: FrameType | None) -> None:
         # The manager absorbs a signal during a stop; otherwise leave through the finally below.

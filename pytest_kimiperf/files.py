@@ -33,10 +33,10 @@ def write_atomically(path: Path, text: str, *, durable: bool = False, keep_mode:
             os.unlink(tmp)
         raise
     if durable:
-        fsync_directory(path.parent)
+        _fsync_directory(path.parent)
 
 
-def fsync_directory(directory: Path) -> None:
+def _fsync_directory(directory: Path) -> None:
     """Make a rename in ``directory`` durable (where the platform can open a directory)."""
     try:
         dir_fd = os.open(directory, os.O_RDONLY)

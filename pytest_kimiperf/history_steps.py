@@ -26,12 +26,12 @@ from pytest_kimiperf.judge.baselines import BaselineEntry
 from pytest_kimiperf.storage.baselines import load_baseline
 from pytest_kimiperf.judge.history import find_steps
 from pytest_kimiperf.judge.notes import HistoryStep, HistorySteps
-from pytest_kimiperf.reports.sentences import say
+from pytest_kimiperf.reports.sentences import note_text
 
 _DEFAULTS = Spreads(Deployment.boot_spread, Deployment.session_spread, Deployment.host_spread)
 
 
-def parse_spreads(text: str) -> Spreads:
+def _parse_spreads(text: str) -> Spreads:
     """``BOOT,SESSION,HOST`` fractions (0.01 = 1%) as Spreads; ValueError naming the value otherwise."""
     parts = [p.strip() for p in text.split(",")]
     try:
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pytest_kimiperf.history_steps",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", type=Path, help="baseline files (baselines/<deployment>/<key>.json)")
-    parser.add_argument("--spreads", type=parse_spreads, default=None,
+    parser.add_argument("--spreads", type=_parse_spreads, default=None,
                         help="declared boot, session and host spreads as fractions (default: the deployment's)")
     parser.add_argument("--plot", type=Path, default=None, metavar="DIR", help="draw each history into DIR (PNG)")
     parser.add_argument("--json", action="store_true", help="print the steps as JSON")
@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             out.append({"file": str(path), "entry": key, "boots": len(entry.boots), "judged_boots": since,
                         "steps": [step.plain() for step in steps]})
             if not args.json:
-                said = say(HistorySteps(tuple(steps), since)) if steps else "no step"
+                said = note_text(HistorySteps(tuple(steps), since)) if steps else "no step"
                 print(f"  {key}: {len(entry.boots)} boots; {said}")
             if args.plot is not None:
                 try:

@@ -4,7 +4,7 @@ The module holds, in order:
 
 * the fixtures (``kimiperf_server``, ``kimiperf_profile``, ``kimiperf_boot``, ``perf`` and the
   rest), and the stash keys they share with the session object (:data:`SESSION_KEY`,
-  :data:`RESULT_KEY`, :data:`TOLERANCES_KEY`);
+  :data:`RESULT_KEY`, :data:`_TOLERANCES_KEY`);
 * the session object: one :class:`KimiperfSession` per pytest process, pytest's hooks as its
   methods.
 
@@ -58,8 +58,8 @@ if TYPE_CHECKING:
 
 
 # The fixtures, and the stash keys they share with the session object.
-SERVER_FIXTURE = "kimiperf_server"
-PROFILE_FIXTURE = "kimiperf_profile"
+_SERVER_FIXTURE = "kimiperf_server"
+_PROFILE_FIXTURE = "kimiperf_profile"
 
 
 class SessionObject(Protocol):
@@ -72,7 +72,7 @@ class SessionObject(Protocol):
 
 SESSION_KEY = pytest.StashKey[SessionObject]()
 RESULT_KEY = pytest.StashKey["TestResult"]()
-TOLERANCES_KEY = pytest.StashKey[dict[str, float]]()
+_TOLERANCES_KEY = pytest.StashKey[dict[str, float]]()
 
 
 def is_worker(config: pytest.Config) -> bool:
@@ -81,23 +81,23 @@ def is_worker(config: pytest.Config) -> bool:
 
 def slot_of(item: pytest.Item) -> BootSlot | None:
     callspec = getattr(item, "callspec", None)
-    return callspec.params.get(PROFILE_FIXTURE) if callspec is not None else None
+    return callspec.params.get(_PROFILE_FIXTURE) if callspec is not None else None
 
 
-def perf_session(config: pytest.Config) -> PerfSession:
+def _perf_session(config: pytest.Config) -> PerfSession:
     """The perf tests' resources of this process: the session object's ``run``."""
     return config.stash[SESSION_KEY].run
 
 
 def server_manager(config: pytest.Config) -> ServerManager:
     """This process's server manager (its progress on the terminal, or relayed by xdist)."""
-    return perf_session(config).server_manager(lambda: xdist_scheduling.progress_output(config))
+    return _perf_session(config).server_manager(lambda: xdist_scheduling.progress_output(config))
 
 
 @pytest.fixture(scope="session")
 def kimiperf_settings(pytestconfig: pytest.Config) -> Settings:
     """The validated settings of this run."""
-    return perf_session(pytestconfig).settings
+    return _perf_session(pytestconfig).settings
 
 
 @pytest.fixture(scope="session")
@@ -119,7 +119,7 @@ def kimiperf_server(
     request: pytest.FixtureRequest, kimiperf_profile: NcclProfile, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerHandle]:
     """A ready server for the current NCCL profile, booted once per profile and always stopped."""
-    run = perf_session(request.config)
+    run = _perf_session(request.config)
     problem = xdist_scheduling.placement_problem(request.config, remote_worker=run.remote_worker)
     problem = problem or run.hardware_problem()
     if problem is not None:
@@ -144,10 +144,10 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
     from pytest_kimiperf.judge.boots import strip_slot
     from pytest_kimiperf.recorder import PerfCase, PerfRecorder, RecorderHooks
 
-    run = perf_session(request.config)
+    run = _perf_session(request.config)
     manager = server_manager(request.config)
     item = request.node
-    tolerances = item.stash.get(TOLERANCES_KEY, {})
+    tolerances = item.stash.get(_TOLERANCES_KEY, {})
 
     def publish(result: TestResult) -> None:
         from pytest_kimiperf.judge.decide import CAUSE_PROPERTY, OUTCOME_PROPERTY, Outcome, outcome_of
@@ -250,10 +250,10 @@ class KimiperfSession:
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         """Every test that needs the server runs once per selected NCCL profile and boot slot
         (planned boots always, boots on demand only when an earlier boot asked for them)."""
-        if SERVER_FIXTURE not in metafunc.fixturenames:
+        if _SERVER_FIXTURE not in metafunc.fixturenames:
             return
         slots = self.run.schedule()
-        metafunc.parametrize(PROFILE_FIXTURE, slots, indirect=True, scope="session", ids=[slot.id for slot in slots])
+        metafunc.parametrize(_PROFILE_FIXTURE, slots, indirect=True, scope="session", ids=[slot.id for slot in slots])
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -268,7 +268,7 @@ class KimiperfSession:
             group_by_slot(session.items, slot_of, run.schedule())
             run.collected = frozenset((strip_slot(i.nodeid, s.id), s.name) for i in session.items if (s := slot_of(i)))
         if (not run.fingerprint_shown and not self.worker
-                and any(SERVER_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items)):
+                and any(_SERVER_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items)):
             reporter = session.config.pluginmanager.get_plugin("terminalreporter")
             lines = self._fingerprint_lines()
             if reporter is not None:
@@ -291,7 +291,7 @@ class KimiperfSession:
         """Perf tests (those that use the server) carry the ``kimiperf`` marker, so ``-m "not
         kimiperf"`` runs the rest; with pytest-timeout their timeout covers the test's own call,
         never the boot in their setup (a Kimi load takes 36 minutes)."""
-        if SERVER_FIXTURE not in getattr(item, "fixturenames", ()):
+        if _SERVER_FIXTURE not in getattr(item, "fixturenames", ()):
             return
         if item.get_closest_marker("kimiperf") is None:
             item.add_marker(pytest.mark.kimiperf)
@@ -303,7 +303,7 @@ class KimiperfSession:
         """Under xdist, list the server tests. The hardware is checked by the first selected perf
         test's setup, so a run that deselects them, or only collects, never depends on it."""
         run = self.run
-        perf_items = [item for item in items if SERVER_FIXTURE in getattr(item, "fixturenames", ())]
+        perf_items = [item for item in items if _SERVER_FIXTURE in getattr(item, "fixturenames", ())]
         run.remote_worker = not xdist_scheduling.note_server_tests(config, (item.nodeid for item in perf_items))
         if perf_items and not self.worker:
             for warning in run.topology_warnings():
@@ -317,7 +317,7 @@ class KimiperfSession:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """Check the test's kimiperf marker before its fixtures run (a typo must not cost a boot)."""
         if "perf" in getattr(item, "fixturenames", ()):
-            item.stash[TOLERANCES_KEY] = _marker_tolerances(item)
+            item.stash[_TOLERANCES_KEY] = _marker_tolerances(item)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
@@ -345,13 +345,13 @@ class KimiperfSession:
         if result is None:
             return outcome
         from pytest_kimiperf.judge import gate, verdicts
-        from pytest_kimiperf.reports.sentences import say
+        from pytest_kimiperf.reports.sentences import note_text
         from pytest_kimiperf.warning_types import CLASS_OF
 
         fails = self.settings.missing_baseline_fails
         for warning in gate.warning_kinds(result, missing_baseline_fails=fails):
             if warning.kind is not verdicts.WarningKind.MISSING_BASELINE:  # said once, at session end
-                warnings.warn(CLASS_OF[warning.kind.value](f"kimiperf: {say(warning.note)}"), stacklevel=1)
+                warnings.warn(CLASS_OF[warning.kind.value](f"kimiperf: {note_text(warning.note)}"), stacklevel=1)
         return outcome
 
     @pytest.hookimpl(wrapper=True)

@@ -34,8 +34,8 @@ from pytest_kimiperf.hooks import KimiperfSession
 from pytest_kimiperf.session import PerfSession, with_gate_plan
 from pytest_kimiperf.warning_types import KimiperfDeprecationWarning
 
-SESSION_NAME = "kimiperf-session"
-XDIST_NAME = "kimiperf-xdist-coordinator"
+_SESSION_NAME = "kimiperf-session"
+_XDIST_NAME = "kimiperf-xdist-coordinator"
 
 
 # -- options and configuration -------------------------------------------------------------
@@ -122,10 +122,10 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     settings = _settings(config)
     session = config.stash[SESSION_KEY] = KimiperfSession(config, settings)
-    config.pluginmanager.register(session, SESSION_NAME)
+    config.pluginmanager.register(session, _SESSION_NAME)
     if not is_worker(config) and config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(xdist_scheduling.XdistCoordinator(
-            lambda records: session.reporter.add_worker_records(records)), XDIST_NAME)
+            lambda records: session.reporter.add_worker_records(records)), _XDIST_NAME)
     if settings.perf_plots is not None and not is_worker(config):
         from pytest_kimiperf.reports.plots import matplotlib_problem
 
@@ -143,7 +143,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
         session.close()
-    for name in (SESSION_NAME, XDIST_NAME):
+    for name in (_SESSION_NAME, _XDIST_NAME):
         plugin = config.pluginmanager.get_plugin(name)
         if plugin is not None:
             config.pluginmanager.unregister(plugin)

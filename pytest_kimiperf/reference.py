@@ -31,7 +31,7 @@ from pytest_kimiperf.config.options import OPTIONS
 from pytest_kimiperf.public_names import PUBLIC_NAMES
 
 COMMAND = "python -m pytest_kimiperf.reference"
-DEFAULT_OUT = Path("docs/reference")
+_DEFAULT_OUT = Path("docs/reference")
 PACKAGE = Path(__file__).resolve().parent
 
 # The environment variables the plugin reads (or sets) besides the options' own: name -> meaning.
@@ -70,7 +70,7 @@ ENVIRONMENT: dict[str, str] = {
 
 # What each deployment key is, and its default where the table's own base does not say it (a
 # value worked out from other keys). The generator fails on a key of the code missing here.
-DEPLOYMENT_KEYS: dict[str, tuple[str, str | None]] = {
+_DEPLOYMENT_KEYS: dict[str, tuple[str, str | None]] = {
     "extends": ("a deployment (built-in or yours) this one starts from; its keys are the defaults",
                 "none: the defaults below"),
     "description": ("one line, shown by `--kimiperf-list` and in the report header", "user deployment from <where>"),
@@ -132,7 +132,7 @@ DEPLOYMENT_KEYS: dict[str, tuple[str, str | None]] = {
                           "run's processes, and after a stopped server)", None),
 }
 
-PROFILE_KEYS: dict[str, tuple[str, str]] = {
+_PROFILE_KEYS: dict[str, tuple[str, str]] = {
     "description": ("string", "what the profile is for (default: its environment, spelled out)"),
     "env": ("table of `VARIABLE = string or integer`", "environment variables set on top of the deployment's "
             "(NCCL ones are checked against NCCL's rules)"),
@@ -141,7 +141,7 @@ PROFILE_KEYS: dict[str, tuple[str, str]] = {
     "extends": ("string", "a profile (built-in or yours) whose `env` and `args` this one starts from"),
 }
 
-SAMPLES: dict[SampleKind, str] = {
+_SAMPLES: dict[SampleKind, str] = {
     SampleKind.REQUEST: "one per valid request",
     SampleKind.ROUND: "one per measured round",
     SampleKind.TAIL: "the pooled samples of its base metric; a boot is their quantile",
@@ -186,7 +186,7 @@ def _rst(text: str) -> str:
     return text.replace("``", "`")
 
 
-def first_paragraph(obj: object) -> str:
+def _first_paragraph(obj: object) -> str:
     """The first paragraph of an object's docstring, on one line."""
     doc = inspect.getdoc(obj) or ""
     return _rst(" ".join(doc.split("\n\n")[0].split()))
@@ -215,7 +215,7 @@ def _value(value: Any) -> str:
 # -- options --------------------------------------------------------------------------------------
 
 
-def options_page() -> str:
+def _options_page() -> str:
     """docs/reference/options.md: every option, with its spellings, default and help."""
     lines = _generated("Options", "Every option has one long flag; most have an ini setting of the same name "
                        "with underscores, some an environment variable and a short alias.")
@@ -262,13 +262,13 @@ def _type_name(expected: type | tuple[type, ...]) -> str:
     return " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
 
 
-def deployment_page() -> str:
+def _deployment_page() -> str:
     """docs/reference/deployment.md: the deployment and profile table keys, and the built-ins."""
-    missing = set(DEPLOYMENT_FIELDS) ^ set(DEPLOYMENT_KEYS)
+    missing = set(DEPLOYMENT_FIELDS) ^ set(_DEPLOYMENT_KEYS)
     if missing:
-        raise SystemExit(f"reference: DEPLOYMENT_KEYS and the deployment key table differ on {sorted(missing)}")
-    if set(_PROFILE_TABLE_KEYS) ^ set(PROFILE_KEYS):
-        raise SystemExit("reference: PROFILE_KEYS and the profile key table differ")
+        raise SystemExit(f"reference: _DEPLOYMENT_KEYS and the deployment key table differ on {sorted(missing)}")
+    if set(_PROFILE_TABLE_KEYS) ^ set(_PROFILE_KEYS):
+        raise SystemExit("reference: _PROFILE_KEYS and the profile key table differ")
     lines = _generated("Deployments and profiles", "`[tool.kimiperf]` in the rootdir's `pyproject.toml` holds two "
                        "tables: `deployments` and `profiles`; a conftest may add more through the "
                        "`pytest_kimiperf_add_deployments` and `pytest_kimiperf_add_profiles` hooks.")
@@ -278,7 +278,7 @@ def deployment_page() -> str:
               "tolerances). A key not in this table is a usage error naming the allowed ones.", ""]
     rows = []
     for key, expected in DEPLOYMENT_FIELDS.items():
-        text, default = DEPLOYMENT_KEYS[key]
+        text, default = _DEPLOYMENT_KEYS[key]
         rows.append([_code(key), _type_name(expected),
                      default if default is not None else _value(getattr(_USER_BASE, key)), text])
     lines += _table(["key", "type", "default", "meaning"], rows)
@@ -286,7 +286,7 @@ def deployment_page() -> str:
               "`[tool.kimiperf.profiles.NAME]`: a profile is a variant of the server, booted and judged on its "
               "own; a user profile of a built-in's name replaces it. The name `all` is reserved.", ""]
     lines += _table(["key", "type", "meaning"],
-                    ([_code(key), *PROFILE_KEYS[key]] for key in _PROFILE_TABLE_KEYS))
+                    ([_code(key), *_PROFILE_KEYS[key]] for key in _PROFILE_TABLE_KEYS))
     lines += ["## Built-in deployments", ""]
     for dep in BUILTIN_DEPLOYMENTS.values():
         lines += [f"### {dep.name}", "", dep.description + ".", ""]
@@ -307,17 +307,17 @@ def deployment_page() -> str:
 # -- metrics --------------------------------------------------------------------------------------
 
 
-def metrics_page() -> str:
+def _metrics_page() -> str:
     """docs/reference/metrics.md: every metric a perf test can judge."""
-    if set(SampleKind) - set(SAMPLES):
-        raise SystemExit("reference: SAMPLES lacks a SampleKind")
+    if set(SampleKind) - set(_SAMPLES):
+        raise SystemExit("reference: _SAMPLES lacks a SampleKind")
     lines = _generated("Metrics", "A perf test judges each metric it measured against its baseline, within a "
                        "tolerance: the deployment's `tolerances` entry, a test's "
                        "`@pytest.mark.kimiperf(tolerances={...})`, else the default below.")
     rows = []
     for spec in METRICS.values():
         better = "higher" if spec.direction.value == "higher_is_better" else "lower"
-        sample = SAMPLES[spec.sample]
+        sample = _SAMPLES[spec.sample]
         if spec.quantile is not None:
             sample = f"p{round(spec.quantile * 100)} of {_code(spec.base)}'s samples in a boot"
         elif spec.boot_phase is not None:
@@ -372,18 +372,18 @@ def _members(cls: type) -> list[str]:
         if name.startswith("_"):
             continue
         if isinstance(member, property):
-            lines.append(f"- `{name}` (property): {first_paragraph(member)}")
+            lines.append(f"- `{name}` (property): {_first_paragraph(member)}")
         elif inspect.isfunction(member):
-            lines.append(f"- `{name}{_signature(member)}`: {first_paragraph(member)}")
+            lines.append(f"- `{name}{_signature(member)}`: {_first_paragraph(member)}")
     return [*lines, ""] if lines else []
 
 
 def _entry(name: str, obj: Any) -> list[str]:
     if inspect.isclass(obj) and issubclass(obj, Warning):
         bases = ", ".join(b.__name__ for b in obj.__bases__)
-        return [f"### {name}", "", "```python", f"class {name}({bases})", "```", "", first_paragraph(obj), ""]
+        return [f"### {name}", "", "```python", f"class {name}({bases})", "```", "", _first_paragraph(obj), ""]
     prefix = "class " if inspect.isclass(obj) else ""
-    lines = [f"### {name}", "", "```python", f"{prefix}{name}{_signature(obj)}", "```", "", first_paragraph(obj), ""]
+    lines = [f"### {name}", "", "```python", f"{prefix}{name}{_signature(obj)}", "```", "", _first_paragraph(obj), ""]
     return lines + (_members(obj) if inspect.isclass(obj) else [])
 
 
@@ -410,7 +410,7 @@ def _markers(path: Path) -> list[str]:
             and getattr(call.args[0], "value", None) == "markers"]
 
 
-def api_page() -> str:
+def _api_page() -> str:
     """docs/reference/api.md: the public names, the fixtures, the markers and the hooks."""
     from pytest_kimiperf import hooks, hookspec
 
@@ -420,7 +420,7 @@ def api_page() -> str:
     for name, scope in _decorated(PACKAGE / "hooks.py", "pytest.fixture"):
         func = getattr(hooks, name)
         lines += [f"### {name}", "", "```python", f"{name}{_signature(func)}", "```", "",
-                  f"Scope: {scope or 'function'}. {first_paragraph(func)}", ""]
+                  f"Scope: {scope or 'function'}. {_first_paragraph(func)}", ""]
     lines += ["## Markers", ""]
     lines += [f"- `@pytest.mark.{usage})`: {text}" for usage, _, text in
               (m.partition("): ") for m in _markers(PACKAGE / "plugin.py"))]
@@ -431,17 +431,17 @@ def api_page() -> str:
     for name, _ in _decorated(PACKAGE / "hookspec.py", "pytest.hookspec"):
         func = getattr(hookspec, name)
         lines += [f"### {name}", "", "```python", f"def {name}{_signature(func)}", "```", "",
-                  first_paragraph(func), ""]
+                  _first_paragraph(func), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
 PAGES: dict[str, Callable[[], str]] = {
-    "options.md": options_page, "deployment.md": deployment_page, "metrics.md": metrics_page, "api.md": api_page,
+    "options.md": _options_page, "deployment.md": _deployment_page, "metrics.md": _metrics_page, "api.md": _api_page,
     "compare.md": compare_page,
 }
 
 
-def stale_pages(out_dir: Path) -> list[str]:
+def _stale_pages(out_dir: Path) -> list[str]:
     """The pages in ``out_dir`` that differ from what the code says now (or are missing)."""
     stale = []
     for name, render in PAGES.items():
@@ -451,7 +451,7 @@ def stale_pages(out_dir: Path) -> list[str]:
     return stale
 
 
-def write_pages(out_dir: Path) -> list[Path]:
+def _write_pages(out_dir: Path) -> list[Path]:
     """Write every page into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -465,14 +465,14 @@ def main(argv: list[str] | None = None) -> int:
     """Write the reference pages, or with ``--check`` say which are stale (exit 1)."""
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 naming the stale pages")
-    parser.add_argument("out_dir", nargs="?", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("out_dir", nargs="?", type=Path, default=_DEFAULT_OUT)
     args = parser.parse_args(argv)
     if args.check:
-        stale = stale_pages(args.out_dir)
+        stale = _stale_pages(args.out_dir)
         for path in stale:
             print(f"{path} is stale: run `{COMMAND}` to regenerate it", file=sys.stderr)
         return 1 if stale else 0
-    for written in write_pages(args.out_dir):
+    for written in _write_pages(args.out_dir):
         print(f"wrote {written}")
     return 0
 

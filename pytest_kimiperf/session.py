@@ -27,11 +27,11 @@ if TYPE_CHECKING:
     from pytest_kimiperf.judge.fingerprint import Fingerprint
     from pytest_kimiperf.judge.levels import BootOrigin
     from pytest_kimiperf.server.manager import ServerManager, ServerRecord
-    from pytest_kimiperf.server.progress import RelayOutput, TerminalOutput
+    from pytest_kimiperf.reports.terminal_output import RelayOutput, TerminalOutput
     from pytest_kimiperf.server.weight_cache import WeightCacheFacts
 
 # SIGTERM: a cancelled CI job; SIGHUP: a dropped ssh session during a 36-minute load.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # A failed test's report carries this many of its server log's last lines (and the log's path):
 # enough for the engine's last words; -v shows VERBOSE_FAILURE_LOG_LINES.
 FAILURE_LOG_LINES = 10
@@ -64,7 +64,7 @@ class PerfSession:
     def fingerprint(self) -> Fingerprint:
         """The hardware and software this session measures on (probed once)."""
         if self._fingerprint is None:
-            fp = session_fingerprint(self.settings.deployment)
+            fp = _session_fingerprint(self.settings.deployment)
             if self.settings.external:
                 # This host is only the client: the server's own facts, and its stated hardware.
                 from pytest_kimiperf.judge.fingerprint import attached_fingerprint
@@ -147,7 +147,7 @@ class PerfSession:
         return self._host
 
     def origin(self) -> BootOrigin:
-        """This session's id, this host's id and its canary (judge/levels.py), taken once,
+        """This session's id, this host's id and its canary (judge/canary_check.py), taken once,
         before the first boot while the host is quiet. Under pytest-xdist every worker of the
         run shares xdist's test-run uid, so they are one session. An attached server's host is
         not this one: no canary then."""
@@ -205,7 +205,7 @@ class PerfSession:
             display = ProgressDisplay.for_output(out, interval_s=self.settings.progress_interval_s)
             self.manager = ServerManager(
                 self.settings, log_dir=self.log_dir or Path.cwd() / "kimiperf-logs",
-                state_dir=launch_state_dir(), say=out.write_line, on_progress=display.update,
+                state_dir=launch_state_dir(), announce=out.write_line, on_progress=display.update,
             )
             self._install_signal_handlers()
         return self.manager
@@ -250,13 +250,13 @@ class PerfSession:
             raise KeyboardInterrupt(f"received signal {signum}")
 
         try:
-            for signum in STOP_SIGNALS:
+            for signum in _STOP_SIGNALS:
                 self._previous_handlers[signum] = signal.signal(signum, on_signal)
         except ValueError:  # not the main thread
             pass
 
 
-def session_fingerprint(deployment: Deployment) -> Fingerprint:
+def _session_fingerprint(deployment: Deployment) -> Fingerprint:
     """Fingerprint of this host, its software and ``deployment`` (hardware probed once; on a
     deployment that spans nodes, every node's through its agent)."""
     from pytest_kimiperf.judge.fingerprint import collect_nodes_fingerprint, deployment_facts, host_fingerprint

@@ -24,23 +24,23 @@ from typing import Any
 import pytest
 
 from pytest_kimiperf.files import write_atomically
-from pytest_kimiperf.server.progress import RelayOutput, RelayTail, TerminalOutput
+from pytest_kimiperf.reports.terminal_output import RelayOutput, RelayTail, TerminalOutput
 
-SERVER_SCOPE = "kimiperf-server"
-WORKERINPUT_IDS_DIR = "kimiperf_server_ids_dir"
+_SERVER_SCOPE = "kimiperf-server"
+_WORKERINPUT_IDS_DIR = "kimiperf_server_ids_dir"
 WORKEROUTPUT_KEY = "kimiperf_servers"
-WORKERINPUT_PROGRESS_FILE = "kimiperf_progress_file"
+_WORKERINPUT_PROGRESS_FILE = "kimiperf_progress_file"
 # Modes under which the plugin's scheduler takes over (load is what a bare -n N means).
-GROUPED_DIST_MODES = ("load", "loadgroup")
+_GROUPED_DIST_MODES = ("load", "loadgroup")
 
 
-def write_server_test_ids(directory: Path, worker_id: str, nodeids: Iterable[str]) -> None:
+def _write_server_test_ids(directory: Path, worker_id: str, nodeids: Iterable[str]) -> None:
     """Worker side: record which collected tests need the server."""
     directory.mkdir(parents=True, exist_ok=True)
     write_atomically(directory / f"{worker_id}.json", json.dumps(sorted(nodeids)))
 
 
-def read_server_test_ids(directory: Path) -> frozenset[str]:
+def _read_server_test_ids(directory: Path) -> frozenset[str]:
     """Controller side: the union of what the workers recorded."""
     ids: set[str] = set()
     for path in directory.glob("*.json"):
@@ -52,18 +52,18 @@ def note_server_tests(config: pytest.Config, nodeids: Iterable[str]) -> bool:
     """Worker side, after collection: record the server tests for the controller's scheduler.
     Returns False when this worker runs on another host (--tx ssh=...): the controller made the
     directory before starting workers, so not seeing it means the tests cannot be placed."""
-    ids_dir = getattr(config, "workerinput", {}).get(WORKERINPUT_IDS_DIR)
+    ids_dir = getattr(config, "workerinput", {}).get(_WORKERINPUT_IDS_DIR)
     if ids_dir and not Path(ids_dir).is_dir():
         return False
     if ids_dir:
-        write_server_test_ids(Path(ids_dir), config.workerinput["workerid"], nodeids)  # type: ignore[attr-defined]
+        _write_server_test_ids(Path(ids_dir), config.workerinput["workerid"], nodeids)  # type: ignore[attr-defined]
     return True
 
 
 def placement_problem(config: pytest.Config, *, remote_worker: bool) -> str | None:
     """Why this process may not boot servers under xdist, or None."""
     workerinput = getattr(config, "workerinput", None)
-    if workerinput is not None and not workerinput.get(WORKERINPUT_IDS_DIR):
+    if workerinput is not None and not workerinput.get(_WORKERINPUT_IDS_DIR):
         return ("pytest-kimiperf under xdist needs --dist load (the default of -n) or loadgroup, which it "
                 "schedules itself; other modes would split the perf tests over workers, booting "
                 "servers twice and overlapping measurements")
@@ -78,14 +78,14 @@ def placement_problem(config: pytest.Config, *, remote_worker: bool) -> str | No
 def progress_output(config: pytest.Config) -> TerminalOutput | RelayOutput:
     """Where boot progress goes: pytest's terminal (around the capture) or, on an xdist worker,
     the file the controller relays."""
-    relay = getattr(config, "workerinput", {}).get(WORKERINPUT_PROGRESS_FILE)
+    relay = getattr(config, "workerinput", {}).get(_WORKERINPUT_PROGRESS_FILE)
     if relay:
         return RelayOutput(relay, prefix=f"[{config.workerinput['workerid']}] ")  # type: ignore[attr-defined]
     return TerminalOutput(config.pluginmanager.get_plugin("terminalreporter"),
                           config.pluginmanager.get_plugin("capturemanager"))
 
 
-def make_scheduler(config: pytest.Config, log: Any, ids_dir: Path) -> Any:
+def _make_scheduler(config: pytest.Config, log: Any, ids_dir: Path) -> Any:
     """Load scheduling, except that all server tests form one work unit on one worker."""
     from xdist.scheduler import LoadScopeScheduling
 
@@ -94,8 +94,8 @@ def make_scheduler(config: pytest.Config, log: Any, ids_dir: Path) -> Any:
 
         def _split_scope(self, nodeid: str) -> str:
             if self._server_ids is None:
-                self._server_ids = read_server_test_ids(ids_dir)
-            return SERVER_SCOPE if nodeid in self._server_ids else nodeid
+                self._server_ids = _read_server_test_ids(ids_dir)
+            return _SERVER_SCOPE if nodeid in self._server_ids else nodeid
 
     return ServerGroupScheduling(config, log)
 
@@ -125,18 +125,18 @@ class XdistCoordinator:
         self._relay: RelayTail | None = None
 
     def _grouped(self, config: pytest.Config) -> bool:
-        return config.getoption("dist", None) in GROUPED_DIST_MODES
+        return config.getoption("dist", None) in _GROUPED_DIST_MODES
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
         """Tell each worker where to record its server tests (only when we schedule) and
         where to write its boot progress."""
         if self._grouped(node.config):
-            node.workerinput[WORKERINPUT_IDS_DIR] = str(self.ids_dir)
+            node.workerinput[_WORKERINPUT_IDS_DIR] = str(self.ids_dir)
         path = self.ids_dir / "progress.log"
         if self._relay is None:
             self._relay = RelayTail(path, _line_writer(node.config))
-        node.workerinput[WORKERINPUT_PROGRESS_FILE] = str(path)
+        node.workerinput[_WORKERINPUT_PROGRESS_FILE] = str(path)
 
     def _close_relay(self) -> None:
         if self._relay is not None:
@@ -150,7 +150,7 @@ class XdistCoordinator:
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
         """Our scheduler for --dist load/loadgroup; other modes keep xdist's own."""
-        return make_scheduler(config, log, self.ids_dir) if self._grouped(config) else None
+        return _make_scheduler(config, log, self.ids_dir) if self._grouped(config) else None
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:

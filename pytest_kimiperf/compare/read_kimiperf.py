@@ -3,7 +3,7 @@
 A report holds every boot of every test and profile of a session (``tests``: one entry per test,
 profile and boot, with each metric's samples); each becomes one run, summarized as the gate
 summarizes a boot (judge/boots.summarize_metric). A baseline file holds each test's, profile's
-and metric's history of boots (judge/baselines.py reads and checks it); each stored boot
+and metric's history of boots (storage/baselines.py reads and checks it); each stored boot
 becomes one run. Runs are matched across groups by test and profile.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 from pytest_kimiperf.compare.runs import ResultFileError, RunFigure, ToolRun, count, mapping
 from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.errors import BaselineError
-from pytest_kimiperf.judge.baselines import SCHEMA_VERSION as BASELINE_SCHEMA, parse_baseline
+from pytest_kimiperf.storage.baselines import SCHEMA_VERSION as BASELINE_SCHEMA, parse_baseline
 from pytest_kimiperf.judge.boots import summarize_metric
 from pytest_kimiperf.reports.model import short_test
 from pytest_kimiperf.reports.json_report import SCHEMA_VERSION as REPORT_SCHEMA

@@ -11,14 +11,14 @@ from pytest_kimiperf.compare.verdict import Group, Outcome, Row
 from pytest_kimiperf.judge.spread_check import misdeclared
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.numbers import fmt_change, fmt_value, json_safe
-from pytest_kimiperf.reports.answers import CompactRow
+from pytest_kimiperf.reports.compact_rows import CompactRow
 from pytest_kimiperf.reports.json_report import comparison_json
 from pytest_kimiperf.reports.model import metric_heading
-from pytest_kimiperf.reports.sentences import say
+from pytest_kimiperf.reports.sentences import note_text
 from pytest_kimiperf.judge.decide import UNRESOLVED_EXIT
 from pytest_kimiperf.reports.terminal import Table
 
-SCREEN_ONLY = ("the runs of each group came from one live server (--same-server): each group is one boot, "
+_SCREEN_ONLY = ("the runs of each group came from one live server (--same-server): each group is one boot, "
                "and one boot can screen a change, never convict it")
 
 
@@ -27,7 +27,7 @@ def compact(row: Row) -> CompactRow:
     return CompactRow(row.load, row.metric, row.group, row.comparison, in_session=False)
 
 
-def verdict_words(row: Row) -> str:
+def _verdict_words(row: Row) -> str:
     """The verdict, and where these runs cannot convict a change they see, that they screened it."""
     if row.unresolved:
         why = "one live server a side" if row.screened else "one boot a side"
@@ -44,14 +44,14 @@ def answer_lines(outcome: Outcome) -> list[str]:
             continue
         c = row.comparison
         lines.append(f"{row.group} vs {row.reference}, {metric_heading(row.metric)} ({row.load}): "
-                     f"{fmt_change(c.change)}, {compact(row).interval}: {verdict_words(row)} "
+                     f"{fmt_change(c.change)}, {compact(row).interval}: {_verdict_words(row)} "
                      f"(tolerance {c.tolerance * 100:g}%, {c.boots_current} vs {c.boots_reference} "
                      f"boot{'s' * (c.boots_reference != 1)}; {fmt_value(c.median_current)} vs "
                      f"{fmt_value(c.median_reference)} {c.unit})")
     spreads = misdeclared([(f"{metric_heading(r.metric)} ({r.load}) of {r.group} vs {r.reference}", r.comparison)
                            for r in outcome.rows])
     if spreads is not None:
-        lines.append(say(spreads))
+        lines.append(note_text(spreads))
     return lines
 
 
@@ -79,17 +79,17 @@ def render_text(groups: Sequence[Group], outcome: Outcome) -> str:
              + "; ".join(f"{g.label}: {len(g.runs)} run{'s' * (len(g.runs) != 1)}" for g in groups)
              + f" (each judged against {groups[0].label})"]
     if outcome.same_server:
-        lines.append(SCREEN_ONLY)
+        lines.append(_SCREEN_ONLY)
     lines += ["", "answers:", *(f"  {line}" for line in answer_lines(outcome))]
     lines += [f"  FAILED {run}" for run in outcome.failed_runs]
     judged = [r for r in outcome.rows if r.comparison.verdict is not VerdictKind.INSUFFICIENT_SAMPLES]
     lines += ["", *_table(judged)]
-    lines += [f"  {line}" for line in too_few_lines(outcome)]
+    lines += [f"  {line}" for line in _too_few_lines(outcome)]
     lines += ["", outcome_line(outcome)]
     return "\n".join(lines) + "\n"
 
 
-def too_few_lines(outcome: Outcome) -> list[str]:
+def _too_few_lines(outcome: Outcome) -> list[str]:
     """The metrics left unjudged for too few samples, one line per load and group (a tail needs
     enough samples beyond its quantile in every run: a p99 300, judge/boots.py)."""
     left: dict[tuple[str, str], list[str]] = {}
@@ -103,7 +103,7 @@ def too_few_lines(outcome: Outcome) -> list[str]:
 def _table(rows: Sequence[Row]) -> list[str]:
     header = ["load", "metric", "group", "change", "interval", "verdict"]
     cells = [[r.load, metric_heading(r.metric), r.group, fmt_change(r.comparison.change), compact(r).interval,
-              verdict_words(r)] for r in rows]
+              _verdict_words(r)] for r in rows]
     table = Table(header, aligns="lllrll")
     for row in cells:
         table.add(row)
@@ -116,12 +116,12 @@ def render_markdown(groups: Sequence[Group], outcome: Outcome) -> str:
     out += [f"- **{g.label}**: {len(g.runs)} run{'s' * (len(g.runs) != 1)} ({', '.join(sorted({r.path for r in g.runs}))})"
             for g in groups]
     if outcome.same_server:
-        out += ["", SCREEN_ONLY[0].upper() + SCREEN_ONLY[1:] + "."]
+        out += ["", _SCREEN_ONLY[0].upper() + _SCREEN_ONLY[1:] + "."]
     out += ["", "## Answers", "", *(f"- {line}" for line in answer_lines(outcome))]
     out += [f"- FAILED {run}" for run in outcome.failed_runs]
     out += ["", "| load | metric | group | change | interval | verdict |", "|---|---|---|--:|---|---|"]
     out += [f"| {r.load} | {metric_heading(r.metric)} | {r.group} | {fmt_change(r.comparison.change)} | "
-            f"{compact(r).interval} | {verdict_words(r)} |" for r in outcome.rows]
+            f"{compact(r).interval} | {_verdict_words(r)} |" for r in outcome.rows]
     out += ["", f"**{outcome_line(outcome)}**"]
     return "\n".join(out) + "\n"
 
@@ -134,7 +134,7 @@ def render_json(groups: Sequence[Group], outcome: Outcome) -> dict[str, Any]:
         "reference_group": groups[0].label,
         "groups": {g.label: [{"path": r.path, "load": r.load, "label": r.label} for r in g.runs] for g in groups},
         "rows": [{"load": r.load, "group": r.group, "reference_group": r.reference, "primary": r.primary,
-                  "screened": r.screened, "unresolved": r.unresolved, "verdict_words": verdict_words(r),
+                  "screened": r.screened, "unresolved": r.unresolved, "verdict_words": _verdict_words(r),
                   **comparison_json(r.comparison)} for r in outcome.rows],
         "failed_runs": list(outcome.failed_runs),
         "exit_status": outcome.exit_status,

@@ -163,7 +163,7 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
         elif key == "tolerances":
             fields[key] = MappingProxyType({**base.tolerances, **check_tolerances(value, where)})
         elif key == "boot_spreads":
-            fields[key] = MappingProxyType({**base.boot_spreads, **check_metric_fractions(
+            fields[key] = MappingProxyType({**base.boot_spreads, **_check_metric_fractions(
                 value, where, key="boot_spreads", example="{p99_itl_ms = 0.33}", what="0.33 = 33%")})
         elif key == "host_bounds":
             from pytest_kimiperf.config.deployments import HostBounds
@@ -274,10 +274,10 @@ def _string_env(value: Mapping[str, Any], where: str) -> dict[str, str]:
 
 def check_tolerances(value: Any, where: str) -> dict[str, float]:
     """``{metric: fraction}`` checked (known metric, 0 < fraction < 1); ConfigError naming ``where``."""
-    return check_metric_fractions(value, where, key="tolerances", example="{decode_tok_s = 0.05}", what="0.03 = 3%")
+    return _check_metric_fractions(value, where, key="tolerances", example="{decode_tok_s = 0.05}", what="0.03 = 3%")
 
 
-def check_metric_fractions(value: Any, where: str, *, key: str, example: str, what: str) -> dict[str, float]:
+def _check_metric_fractions(value: Any, where: str, *, key: str, example: str, what: str) -> dict[str, float]:
     """A table ``key`` of ``{metric: fraction}`` checked (known metric, 0 < fraction < 1);
     ConfigError naming ``where``, the key and the value."""
     if not isinstance(value, Mapping):

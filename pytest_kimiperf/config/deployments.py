@@ -481,7 +481,7 @@ CLOCK_EVENT_REASON_BITS: Mapping[int, str] = {
     0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
     0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting",
 }
-KNOWN_THROTTLE_REASONS = frozenset(CLOCK_EVENT_REASON_BITS.values())
+_KNOWN_THROTTLE_REASONS = frozenset(CLOCK_EVENT_REASON_BITS.values())
 
 
 @dataclass(frozen=True)
@@ -543,8 +543,8 @@ def _checked_bound(key: str, value: object, source: str) -> object:
     if key == "forbidden_throttle_reasons":
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{source}: host bound {key} = {value!r} must be a list of reason names")
-        if unknown := sorted(set(value) - KNOWN_THROTTLE_REASONS):
-            known = ", ".join(sorted(KNOWN_THROTTLE_REASONS))
+        if unknown := sorted(set(value) - _KNOWN_THROTTLE_REASONS):
+            known = ", ".join(sorted(_KNOWN_THROTTLE_REASONS))
             raise ConfigError(f"{source}: host bound {key} = {list(value)!r} names unknown reasons {unknown}; "
                               f"known: {known}")
         return tuple(value)

@@ -246,11 +246,11 @@ OPTIONS = (
 
 # Where pytest takes command-line arguments from, in the order it joins them (config.parse):
 # the ini file's addopts, then PYTEST_ADDOPTS, then the command line itself; the last one wins.
-ArgSources = Sequence[tuple[str, Sequence[str]]]
+_ArgSources = Sequence[tuple[str, Sequence[str]]]
 
 
-def arg_sources(addopts: Sequence[str], environ: Mapping[str, str], invocation: Sequence[str]) -> ArgSources:
-    """The places pytest read this run's arguments from, in its order (see :data:`ArgSources`)."""
+def arg_sources(addopts: Sequence[str], environ: Mapping[str, str], invocation: Sequence[str]) -> _ArgSources:
+    """The places pytest read this run's arguments from, in its order (see :data:`_ArgSources`)."""
     return (("in the ini option addopts", tuple(addopts)),
             ("in PYTEST_ADDOPTS", tuple(shlex.split(environ.get("PYTEST_ADDOPTS", "")))),
             ("on the command line", tuple(invocation)))
@@ -261,7 +261,7 @@ def read_raw_options(
     getini: Callable[[str], Any],
     environ: Mapping[str, str] = os.environ,
     *,
-    sources: ArgSources = (),
+    sources: _ArgSources = (),
 ) -> dict[str, RawOption]:
     """Each option's value and where it came from, by the documented precedence (a deprecated
     spelling counts as its option's own, and its source names the spelling). With ``sources``
@@ -310,7 +310,7 @@ def deprecated_spellings_used(getoption: Callable[[str], Any], getini: Callable[
     return used
 
 
-def _command_line(opt: Option, getoption: Callable[[str], Any], sources: ArgSources) -> tuple[str, Any]:
+def _command_line(opt: Option, getoption: Callable[[str], Any], sources: _ArgSources) -> tuple[str, Any]:
     """The option's value from the command line, and the spelling that gave it (the last given)."""
     spellings = (_get(getoption, SPELLINGS_DEST) or {}).get(opt.dest) or [opt.flag]
     given: list[tuple[str, Any]] = (_get(getoption, GIVEN_DEST) or {}).get(opt.dest) or []
@@ -332,7 +332,7 @@ def _command_line(opt: Option, getoption: Callable[[str], Any], sources: ArgSour
     return last[-1][0], value
 
 
-def _by_source(given: list[tuple[str, Any]], sources: ArgSources) -> list[tuple[str, list[tuple[str, Any]]]] | None:
+def _by_source(given: list[tuple[str, Any]], sources: _ArgSources) -> list[tuple[str, list[tuple[str, Any]]]] | None:
     """``given`` split by the place each value came from (only the places that gave one), or
     None where the places' arguments do not account for every value given."""
     spellings = {spelling for spelling, _ in given}

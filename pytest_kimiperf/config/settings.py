@@ -31,8 +31,8 @@ from pytest_kimiperf.config.serve_args import CommandPlan, plan_command, read_se
 
 DEFAULT_DEPLOYMENT = "kimi-k25-int4-tp8"
 DEFAULT_PROFILES = "default"
-BOOT_ORDERS = ("interleaved", "random")
-MISSING_BASELINE_POLICIES = ("warn", "fail")
+_BOOT_ORDERS = ("interleaved", "random")
+_MISSING_BASELINE_POLICIES = ("warn", "fail")
 
 
 class MaxBootsSource(enum.Enum):
@@ -121,7 +121,7 @@ class Settings:
         return self.missing_baseline == "fail" and not self.update_baselines
 
 
-def read_pyproject_table(rootpath: Path) -> tuple[dict[str, Any], str]:
+def _read_pyproject_table(rootpath: Path) -> tuple[dict[str, Any], str]:
     """``[tool.kimiperf]`` of the rootdir's pyproject.toml (empty when there is none)."""
     path = rootpath / "pyproject.toml"
     if not path.is_file():
@@ -213,7 +213,7 @@ def _deployment_and_profiles(
     pcie_only: bool | None,
 ) -> _Chosen:
     """The deployment and profiles selected, from the built-ins, [tool.kimiperf] and the hooks'."""
-    table, pyproject = read_pyproject_table(rootpath)
+    table, pyproject = _read_pyproject_table(rootpath)
     deployments = resolve_deployments(
         {**table.get("deployments", {}), **(extra_deployments or {})},
         source=f"{pyproject} [tool.kimiperf]" if not extra_deployments else
@@ -358,9 +358,9 @@ def _max_boots(options: Mapping[str, RawOption], deployment: Deployment, boots: 
 
 def _boot_order(options: Mapping[str, RawOption]) -> str:
     boot_order = str(options.get("boot_order", RawOption("interleaved", "default")).value)
-    if boot_order not in BOOT_ORDERS:
+    if boot_order not in _BOOT_ORDERS:
         raise ConfigError(f"boot order {boot_order!r} (from {options['boot_order'].source}); allowed: "
-                          f"{', '.join(BOOT_ORDERS)}")
+                          f"{', '.join(_BOOT_ORDERS)}")
     return boot_order
 
 
@@ -377,9 +377,9 @@ def _missing_baseline_policy(options: Mapping[str, RawOption]) -> tuple[str, boo
     which makes it fail."""
     missing_opt = options.get("missing_baseline", RawOption("warn", "default"))
     missing_baseline = str(missing_opt.value).strip().lower()
-    if missing_baseline not in MISSING_BASELINE_POLICIES:
+    if missing_baseline not in _MISSING_BASELINE_POLICIES:
         raise ConfigError(f"missing-baseline policy {missing_opt.value!r} (from {missing_opt.source}); allowed: "
-                          f"{', '.join(MISSING_BASELINE_POLICIES)}")
+                          f"{', '.join(_MISSING_BASELINE_POLICIES)}")
     gate_opt = options.get("gate", RawOption(False, "default"))
     gate = _flag(gate_opt, "gate")
     if gate:

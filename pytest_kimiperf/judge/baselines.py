@@ -1,32 +1,27 @@
-"""JSON baselines as values: one human-diffable file per deployment and hardware fingerprint.
+"""Baselines as values: the boot histories a run is judged against, and how a run's boots join them.
 
-``baselines/<deployment>/<fingerprint key>.json`` holds, for each ``<test id>|<profile>|<metric>``,
-a *history*: one summary per server boot (median, samples, within-boot error of the median, when,
-which commit and software) for the last :data:`HISTORY_BOOTS` boots, because the boot is the unit
-the gate judges on (``boots``, ``stats``); plus the per-request samples of the latest boot for
-plots. The module holds, in order:
+A baseline file (``baselines/<deployment>/<fingerprint key>.json``, storage/baselines.py reads and
+writes it) holds, for each ``<test id>|<profile>|<metric>``, a *history*: one summary per server
+boot (median, samples, within-boot error of the median, when, which commit and software) for the
+last :data:`HISTORY_BOOTS` boots, because the boot is the unit the gate judges on (``boots``,
+``stats``); plus the per-request samples of the latest boot for plots. The module holds, in order:
 
-* what a baseline file is: the types it loads into (:class:`BaselineFile` of
-  :class:`BaselineEntry`, each a history of :class:`BaselineBoot`), the exact text written for one
-  (:func:`dumps_baseline`) and the checks a file's JSON passes before anything trusts it
-  (:func:`parse_baseline`);
+* the types a file loads into (:class:`BaselineFile` of :class:`BaselineEntry`, each a history of
+  :class:`BaselineBoot`); the judge receives these and never the file's text;
 * a session's boots made into entries and appended to their histories (:func:`make_entry`,
   :func:`append_history`, :func:`baseline_entries`): ``--update-baselines`` appends the session's
-  boots. Schema 1 files (one run's samples) load as a history of one boot and are rewritten as
-  schema 2 on the next update;
+  boots;
 * :class:`LoadedBaselines`: what the gate judges against, the files as storage/baselines.py read
-  them once; that module also writes them, under a file lock and atomically.
+  them once.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
 
 import numpy as np
 
@@ -37,18 +32,10 @@ from pytest_kimiperf.judge.fingerprint import Fingerprint, version_changes
 from pytest_kimiperf.judge.levels import BootOrigin
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
-from pytest_kimiperf.numbers import is_real
 
-# What a baseline file is: its entries, their boot histories, and its JSON form.
-SCHEMA_VERSION = 3
-_T = TypeVar("_T")
-SIGNIFICANT_DIGITS = 6
-KEY_SEPARATOR = "|"
-
-RESTORE_HINT = (
-    "restore it from version control (git checkout -- {path}) or delete it to record a new "
-    "baseline; it was left unchanged"
-)
+# What a baseline file holds: its entries and their boot histories.
+_SIGNIFICANT_DIGITS = 6
+_KEY_SEPARATOR = "|"
 
 
 @dataclass(frozen=True)
@@ -72,13 +59,6 @@ class BaselineBoot:
                            session=self.origin.session if self.origin else "",
                            host=self.origin.host if self.origin else "", commit=self.git_commit or "")
 
-    def to_json(self) -> dict[str, Any]:
-        """The boot as stored in the file (``origin`` only where known: older files stay as they were)."""
-        out: dict[str, Any] = {"median": self.median, "n": self.n, "se_log": self.se_log, "recorded_at": self.recorded_at,
-               "git_commit": self.git_commit, "versions": dict(self.versions)}
-        if self.origin is not None:
-            out["origin"] = self.origin.to_json()
-        return out
 
 
 @dataclass(frozen=True)
@@ -90,11 +70,6 @@ class Night:
     boots: int
     recorded_at: str
     git_commit: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        """The night as stored in the file."""
-        return {"median": self.median, "boots": self.boots, "recorded_at": self.recorded_at,
-                "git_commit": self.git_commit}
 
 
 @dataclass(frozen=True)
@@ -144,27 +119,6 @@ class BaselineEntry:
         """The entry's key in the file: ``<test id>|<profile>|<metric>``."""
         return entry_key(self.test, self.profile, self.metric)
 
-    def to_json(self) -> dict[str, Any]:
-        """The entry as stored in the file."""
-        return {
-            "test": self.test,
-            "profile": self.profile,
-            "metric": self.metric,
-            "unit": self.unit,
-            "direction": self.direction.value,
-            "samples": list(self.samples),
-            "median": self.median,
-            "iqr": list(self.iqr),
-            "n": self.n,
-            "recorded_at": self.recorded_at,
-            "git_commit": self.git_commit,
-            "profile_env": dict(self.profile_env),
-            **({"profile_args": list(self.profile_args)} if self.profile_args else {}),
-            "boots": [b.to_json() for b in self.boots],
-            **({"anchor": [b.to_json() for b in self.anchor]} if self.anchor else {}),
-            **({"nights": [n.to_json() for n in self.nights]} if self.nights else {}),
-        }
-
 
 @dataclass(frozen=True)
 class HistorySpan:
@@ -189,7 +143,6 @@ class BaselineFile:
     deployment: str
     fingerprint: Fingerprint
     entries: Mapping[str, BaselineEntry]
-    schema_version: int = SCHEMA_VERSION
 
     def entry(self, test: str, profile: str, metric: str) -> BaselineEntry | None:
         """The stored entry for this test, profile and metric, or None if never recorded."""
@@ -206,204 +159,21 @@ class BaselineFile:
         spans = [HistorySpan.of(entry.boots) for entry in self.entries.values()]
         return max(spans, key=lambda s: (s.sessions, s.hosts, s.boots), default=HistorySpan(0, 0, 0))
 
-    def to_json(self) -> dict[str, Any]:
-        """The whole file's JSON object."""
-        return {
-            "schema_version": self.schema_version,
-            "deployment": self.deployment,
-            "fingerprint": self.fingerprint.to_json(),
-            "entries": {key: e.to_json() for key, e in self.entries.items()},
-        }
-
 
 def entry_key(test: str, profile: str, metric: str) -> str:
     """Join test id, profile and metric into the entry key; none of them may contain ``|``."""
     for kind, value in (("test id", test), ("profile", profile), ("metric", metric)):
-        if not isinstance(value, str) or not value or KEY_SEPARATOR in value:
+        if not isinstance(value, str) or not value or _KEY_SEPARATOR in value:
             raise BaselineError(
                 f"{kind} {value!r} cannot be part of a baseline key: it must be a non-empty string "
-                f"without {KEY_SEPARATOR!r} (the key separator)"
+                f"without {_KEY_SEPARATOR!r} (the key separator)"
             )
-    return KEY_SEPARATOR.join((test, profile, metric))
-
-
-def dumps_baseline(baseline: BaselineFile) -> str:
-    """The exact text written for a baseline: sorted keys, indent 2, trailing newline."""
-    return json.dumps(baseline.to_json(), sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    return _KEY_SEPARATOR.join((test, profile, metric))
 
 
 def round_figure(value: float) -> float:
-    return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
-
-
-def parse_baseline(path: Path, text: str) -> BaselineFile:
-    hint = RESTORE_HINT.format(path=path)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BaselineError(
-            f"baseline {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); {hint}"
-        ) from None
-
-    def bad(what: str) -> BaselineError:
-        return BaselineError(f"baseline {path} is malformed: {what}; {hint}")
-
-    if not isinstance(data, dict):
-        raise bad(f"the top level is a {type(data).__name__}, not an object")
-    version = data.get("schema_version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise bad(f"schema_version is {version!r}, expected {SCHEMA_VERSION}")
-    if version > SCHEMA_VERSION:
-        raise BaselineError(
-            f"baseline {path} has schema_version {version}, newer than the {SCHEMA_VERSION} this "
-            "pytest-kimiperf supports: upgrade pytest-kimiperf to use it; it was left unchanged"
-        )
-    deployment = data.get("deployment")
-    if not isinstance(deployment, str):
-        raise bad(f"deployment is {deployment!r}, expected a name")
-    try:
-        fingerprint = Fingerprint.from_json(data.get("fingerprint"), source=f"baseline {path}")
-    except BaselineError as exc:
-        raise BaselineError(f"{exc}; {hint}") from None
-    raw_entries = data.get("entries")
-    if not isinstance(raw_entries, dict):
-        raise bad("entries must be an object")
-    entries: dict[str, BaselineEntry] = {}
-    for key, raw in raw_entries.items():
-        try:
-            entry = _parse_entry(raw)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise bad(f"entry {key!r}: {exc}") from None
-        if entry.key != key:
-            raise bad(f"entry {key!r} holds test/profile/metric {entry.key!r}")
-        entries[key] = entry
-    return BaselineFile(
-        path=path,
-        deployment=deployment,
-        fingerprint=fingerprint,
-        entries=entries,
-        schema_version=SCHEMA_VERSION,
-    )
-
-
-def _parse_entry(raw: object) -> BaselineEntry:
-    if not isinstance(raw, dict):
-        raise TypeError("not an object")
-    missing = [
-        name
-        for name in ("test", "profile", "metric", "unit", "direction", "samples", "median", "iqr",
-                     "n", "recorded_at", "git_commit", "profile_env")
-        if name not in raw
-    ]
-    if missing:
-        raise KeyError(f"missing {', '.join(missing)}")
-    samples = raw["samples"]
-    if not isinstance(samples, list) or not samples or not all(is_real(s, finite=True) for s in samples):
-        raise ValueError("samples must be a non-empty list of numbers")
-    iqr = raw["iqr"]
-    if not isinstance(iqr, list) or len(iqr) != 2 or not all(is_real(q, finite=True) for q in iqr):
-        raise ValueError("iqr must be [q1, q3]")
-    if not is_real(raw["median"], finite=True):
-        raise ValueError("median must be a number")
-    if raw["n"] != len(samples):
-        raise ValueError(f"n is {raw['n']!r} but there are {len(samples)} samples")
-    for name in ("test", "profile", "metric", "unit", "recorded_at"):
-        if not isinstance(raw[name], str):
-            raise TypeError(f"{name} must be a string")
-    if raw["git_commit"] is not None and not isinstance(raw["git_commit"], str):
-        raise TypeError("git_commit must be a string or null")
-    env = raw["profile_env"]
-    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-        raise TypeError("profile_env must be an object of strings")
-    args = raw.get("profile_args", [])
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        raise TypeError("profile_args must be a list of strings")
-    try:
-        direction = Direction(raw["direction"])
-    except ValueError:
-        raise ValueError(
-            f"direction {raw['direction']!r} is not one of {', '.join(d.value for d in Direction)}"
-        ) from None
-    if "boots" in raw:
-        boots = tuple(_parse_boot(b, i) for i, b in enumerate(raw["boots"] if isinstance(raw["boots"], list) else [None]))
-        if not boots:
-            raise ValueError("boots must be a non-empty list")
-    else:
-        # Schema 1: the samples of one run, which was one boot.
-        summary = summarize_boot([float(s) for s in samples])
-        boots = (BaselineBoot(median=round_figure(summary.median), n=summary.n,
-                              se_log=None if not math.isfinite(summary.se_log) else round_figure(summary.se_log),
-                              recorded_at=raw["recorded_at"], git_commit=raw["git_commit"], versions={}),)
-    anchor = _parse_list(raw, "anchor", _parse_boot)
-    nights = _parse_list(raw, "nights", _parse_night)
-    if nights and not anchor:
-        raise ValueError("nights without an anchor: the passing runs appended since a recording need it")
-    return BaselineEntry(
-        test=raw["test"],
-        profile=raw["profile"],
-        metric=raw["metric"],
-        unit=raw["unit"],
-        direction=direction,
-        samples=tuple(float(s) for s in samples),
-        median=float(raw["median"]),
-        iqr=(float(iqr[0]), float(iqr[1])),
-        n=len(samples),
-        recorded_at=raw["recorded_at"],
-        git_commit=raw["git_commit"],
-        profile_env=dict(env),
-        boots=boots,
-        profile_args=tuple(args),
-        anchor=anchor,
-        nights=nights,
-    )
-
-
-def _parse_list(raw: dict[str, Any], name: str, parse: Callable[[object, int, str], _T]) -> tuple[_T, ...]:
-    items = raw.get(name, [])
-    if not isinstance(items, list):
-        raise TypeError(f"{name} must be a list")
-    return tuple(parse(item, i, name) for i, item in enumerate(items))
-
-
-def _record_with_median(raw: object, index: int, where: str) -> dict[str, Any]:
-    """A stored night or boot: an object whose median is a number > 0."""
-    if not isinstance(raw, dict):
-        raise TypeError(f"{where}[{index}] is not an object")
-    if not is_real(raw.get("median"), finite=True) or raw["median"] <= 0:
-        raise ValueError(f"{where}[{index}].median must be a number > 0")
-    return raw
-
-
-def _parse_night(raw: object, index: int, where: str = "nights") -> Night:
-    raw = _record_with_median(raw, index, where)
-    boots = raw.get("boots")
-    if not isinstance(boots, int) or isinstance(boots, bool) or boots < 1:
-        raise ValueError(f"{where}[{index}].boots must be an integer >= 1")
-    commit = raw.get("git_commit")
-    if commit is not None and not isinstance(commit, str):
-        raise TypeError(f"{where}[{index}].git_commit must be a string or null")
-    return Night(median=float(raw["median"]), boots=boots, recorded_at=str(raw.get("recorded_at") or ""),
-                 git_commit=commit)
-
-
-def _parse_boot(raw: object, index: int, where: str = "boots") -> BaselineBoot:
-    raw = _record_with_median(raw, index, where)
-    n = raw.get("n")
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"{where}[{index}].n must be an integer >= 1")
-    se = raw.get("se_log")
-    if se is not None and not is_real(se, finite=True):
-        raise ValueError(f"{where}[{index}].se_log must be a number or null")
-    versions = raw.get("versions") or {}
-    if not isinstance(versions, dict):
-        raise TypeError(f"{where}[{index}].versions must be an object")
-    try:
-        origin = BootOrigin.from_json(raw.get("origin"))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where}[{index}].origin: {exc}") from None
-    return BaselineBoot(median=float(raw["median"]), n=n, se_log=None if se is None else float(se),
-                        recorded_at=str(raw.get("recorded_at") or ""), git_commit=raw.get("git_commit"),
-                        versions={str(k): str(v) for k, v in versions.items()}, origin=origin)
+    """A figure as the file keeps it: :data:`_SIGNIFICANT_DIGITS` significant digits."""
+    return float(f"{value:.{_SIGNIFICANT_DIGITS}g}")
 
 
 # A session's boots as baseline entries, and the baselines the gate judges against.

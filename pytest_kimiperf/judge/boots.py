@@ -34,7 +34,7 @@ Samples = Sequence[float] | npt.NDArray[np.floating]
 
 # A tail quantile q needs this many samples beyond it in each boot: n >= 3 / (1 - q), so 30 for
 # a p90, 300 for a p99 (ITL pools every gap of a boot, so 20 requests of 128 tokens are 2540).
-TAIL_SAMPLES_BEYOND = 3
+_TAIL_SAMPLES_BEYOND = 3
 _TAIL_BOOTSTRAP = 200
 # Asymptotic standard error of a sample median is sqrt(pi/2) ~ 1.2533 times that of the mean
 # for normal data; 1.4826 * MAD estimates the standard deviation robustly (outliers do not
@@ -97,7 +97,7 @@ class BootSummary:
 
 def summarize_boot(samples: Samples, label: str = "") -> BootSummary:
     """Summarize one boot's per-request samples of one metric (non-finite ones dropped)."""
-    values = valid_samples("boot", samples)
+    values = _valid_samples("boot", samples)
     positive = values[values > 0]
     if values.size == 0:
         return BootSummary(median=math.nan, n=0, se_log=math.nan, label=label)
@@ -112,9 +112,9 @@ def summarize_boot(samples: Samples, label: str = "") -> BootSummary:
 
 def tail_min_samples(quantile: float) -> int:
     """Samples one boot needs before its ``quantile`` means anything: at least
-    :data:`TAIL_SAMPLES_BEYOND` of them beyond it (a p99 of 20 requests is their maximum,
+    :data:`_TAIL_SAMPLES_BEYOND` of them beyond it (a p99 of 20 requests is their maximum,
     one slow request's luck; MLPerf LoadGen's early stopping makes the same point)."""
-    return math.ceil(TAIL_SAMPLES_BEYOND / (1.0 - quantile) - 1e-9)
+    return math.ceil(_TAIL_SAMPLES_BEYOND / (1.0 - quantile) - 1e-9)
 
 
 def summarize_boot_quantile(samples: Samples, quantile: float, label: str = "") -> BootSummary:
@@ -122,7 +122,7 @@ def summarize_boot_quantile(samples: Samples, quantile: float, label: str = "") 
     from a seeded bootstrap of the boot's own samples."""
     if not 0.0 < quantile < 1.0:
         raise ValueError(f"quantile={quantile!r}: use a fraction between 0 and 1 (0.99 for p99)")
-    values = valid_samples("boot", samples)
+    values = _valid_samples("boot", samples)
     min_n = tail_min_samples(quantile)
     if values.size == 0:
         return BootSummary(median=math.nan, n=0, se_log=math.nan, label=label, min_n=min_n)
@@ -154,7 +154,7 @@ def min_samples(metric: str) -> int:
     return 1 if spec.sample is SampleKind.BOOT else 0
 
 
-def valid_samples(side: str, samples: Samples) -> npt.NDArray[np.float64]:
+def _valid_samples(side: str, samples: Samples) -> npt.NDArray[np.float64]:
     """The finite samples of one side as an array; ValueError for non-numbers or negative values."""
     try:
         arr = np.asarray(samples, dtype=np.float64)
@@ -173,7 +173,7 @@ def valid_samples(side: str, samples: Samples) -> npt.NDArray[np.float64]:
 
 
 # The session's boots: their order, and what each test measured on them.
-BOOT_ID_SEPARATOR = "-boot"
+_BOOT_ID_SEPARATOR = "-boot"
 T = TypeVar("T")
 
 
@@ -192,7 +192,7 @@ class BootSlot:
     @property
     def id(self) -> str:
         """The parameter id: ``ring-ll`` for the first boot, ``ring-ll-boot2`` for the second."""
-        return self.name if self.boot == 1 else f"{self.name}{BOOT_ID_SEPARATOR}{self.boot}"
+        return self.name if self.boot == 1 else f"{self.name}{_BOOT_ID_SEPARATOR}{self.boot}"
 
     def __repr__(self) -> str:
         return f"BootSlot({self.id})"

@@ -29,7 +29,7 @@ the report), which is also how the controller learns a failed test's outcome.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from pytest_kimiperf.judge.notes import Unresolved
@@ -182,12 +182,3 @@ def decide_run(pytest_status: int, failed: FailedTests, *, comparisons: Sequence
         elif failed.by_outcome.get(Outcome.INVALID):
             status, end = INVALID_ONLY_EXIT, RunEnd.ONLY_INVALID
     return RunDecision(status, end, invalid_tests=invalid, unresolved_tests=unresolved, invalid_causes=failed.causes())
-
-
-def outcome_counts(results: Iterable[TestResult]) -> Mapping[Outcome, int]:
-    """How many test boots of the results ended each way."""
-    counts: dict[Outcome, int] = {}
-    for res in results:
-        outcome = outcome_of(res)
-        counts[outcome] = counts.get(outcome, 0) + 1
-    return counts

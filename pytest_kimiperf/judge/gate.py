@@ -62,7 +62,7 @@ from pytest_kimiperf.judge.notes import (
     GoodputSlos,
     InvalidRun,
     LeftOut,
-    Look,
+    ChangeSoFar,
     NoDecode,
     PrefixCacheReused,
     SloCheck,
@@ -441,17 +441,17 @@ def _settle(result: TestResult, comparisons: Sequence[Comparison], current: Test
             and rules.no_more_boots is not None and not result.failures:
         # One boot of a server this run cannot restart: the change it saw can never be convicted
         # here, and passing with a warning would let a 20% slower server through the gate.
-        result.unresolved = Unresolved(_looks(unresolved), rules.no_more_boots, MIN_BOOTS_DIRECTIONAL)
+        result.unresolved = Unresolved(_changes_so_far(unresolved), rules.no_more_boots, MIN_BOOTS_DIRECTIONAL)
         result.failures.append(result.unresolved)
         for comparison in comparisons:
             if comparison not in unresolved:
-                verdict_to_result(comparison, result, strict=rules.strict)
+                _verdict_to_result(comparison, result, strict=rules.strict)
         return None
     if screening and not result.failures and result.boot < rules.max_boots:
-        result.messages.append(BootAsked(result.profile, result.boot + 1, _looks(screening)))
+        result.messages.append(BootAsked(result.profile, result.boot + 1, _changes_so_far(screening)))
         return result.boot + 1
     for comparison in comparisons:
-        verdict_to_result(comparison, result, strict=rules.strict)
+        _verdict_to_result(comparison, result, strict=rules.strict)
     base_file = baselines.file() if baselines is not None else None
     if base_file is not None and not result.unrecordable:
         result.failures.extend(drift_failures(result, base_file, current.summaries, spreads=rules.spreads,
@@ -459,8 +459,8 @@ def _settle(result: TestResult, comparisons: Sequence[Comparison], current: Test
     return None
 
 
-def _looks(comparisons: Sequence[Comparison]) -> tuple[Look, ...]:
-    return tuple(Look(c.metric, c.change, c.boots_current, c.tolerance) for c in comparisons)
+def _changes_so_far(comparisons: Sequence[Comparison]) -> tuple[ChangeSoFar, ...]:
+    return tuple(ChangeSoFar(c.metric, c.change, c.boots_current, c.tolerance) for c in comparisons)
 
 
 def _left_out(comparison: Comparison, line: BaselineLine, result: TestResult) -> tuple[Comparison, BaselineLine]:
@@ -509,7 +509,7 @@ def _check_slo(name: str, limit: float, samples: Sequence[float], tolerance: flo
     (result.messages if ok else result.failures).append(note)
 
 
-def verdict_to_result(comparison: Comparison, result: TestResult, *, strict: bool) -> None:
+def _verdict_to_result(comparison: Comparison, result: TestResult, *, strict: bool) -> None:
     """A final verdict becomes a failure, a warning (with the planner's advice) or a note."""
     if verdict_fails(comparison, strict=strict):
         result.failures.append(VerdictNote(comparison))

@@ -6,7 +6,7 @@ The module holds, in order:
   moved and stayed, and the segment a run is judged against;
 * the comparison (:func:`compare_with_history`, :func:`against_history`): the one comparison the
   gate and the simulation make;
-* drift (:func:`drift_since_anchor`, :func:`drift_failures`): a slow drift against the history's
+* drift (:func:`drift_of_entry`, :func:`drift_failures`): a slow drift against the history's
   anchor, the cumulative test append-on-pass needs;
 * appending (:func:`append_refusal`): when a passing run may grow the baseline history itself
   (``--kimiperf-append-on-pass``).
@@ -47,7 +47,7 @@ taken smaller than the deployment declares, and raised where the history shows m
 from successive boots of one session, the level above it from successive boots of different sessions
 (both by the median absolute difference, so a step or an outlier among them barely moves them).
 Spawn modes interleaved in time are not steps: the history is first aligned to its modes
-(``levels.align_modes``) unless the two clusters are contiguous in time, which is a step and judged
+(``modes.align_modes``) unless the two clusters are contiguous in time, which is a step and judged
 as one.
 
 Why not the others: E-divisive means (Apache Otava/Hunter, MongoDB) is a permutation
@@ -60,7 +60,7 @@ false-step rate a stated number: benchmarks/gate_power.py --cells steps measures
 
 **The comparison.** :func:`compare_with_history` takes plain boots (a history of
 :class:`BootSummary` with their sessions and hosts, oldest first) and returns the comparison: the
-history's last segment when it stepped (:func:`find_steps`), spawn modes (``levels.align_modes``),
+history's last segment when it stepped (:func:`find_steps`), spawn modes (``modes.align_modes``),
 then the levels the two sides do not share (``levels.level_terms``), then the boots (``stats``).
 :func:`against_history` adds what only a stored entry knows: whether the host canary moved and
 whether the profile's environment is the one recorded. ``gate.judge`` decides what the comparison
@@ -130,22 +130,19 @@ from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.baselines import BaselineEntry, BaselineFile
 from pytest_kimiperf.judge.boots import BootSummary
-from pytest_kimiperf.judge.levels import (
-    MIN_UNITS,
+from pytest_kimiperf.judge.canary_check import canary_shift
+from pytest_kimiperf.judge.levels import MIN_UNITS, level_terms, nested_levels, weights_sq
+from pytest_kimiperf.judge.modes import (
     Modes,
     align_modes,
-    canary_shift,
     find_modes,
     joint_modes,
-    level_terms,
     mode_frequency,
-    nested_levels,
     own_sides,
     placements_of,
     split_key,
     to_sides,
     unclear_boots,
-    weights_sq,
 )
 from pytest_kimiperf.judge.notes import Drifted, HistoryModes, HistoryStep, HistorySteps, Note, note_kind
 from pytest_kimiperf.judge.stats import (
@@ -414,7 +411,7 @@ def compare_with_history(
 ) -> Comparison:
     """This run's boots of one metric against a baseline history: the one comparison the gate
     and benchmarks/gate_power.py both make. Modes first (a history whose boots fall into two
-    clusters is judged per mode, levels.align_modes) within the history's last segment when it
+    clusters is judged per mode, modes.align_modes) within the history's last segment when it
     stepped (:func:`find_steps`), then every level the two sides do not
     share (levels.level_terms), then the boots (stats.compare_boots). ``segment=False`` judges
     a stepped history as one pool (benchmarks/gate_power.py measures what segmenting buys);
@@ -451,7 +448,7 @@ def _judge_modes(current: Sequence[BootSummary], modes: Modes, direction: Direct
                  spreads: Spreads, metric: str, unit: str, comparable: bool,
                  placements: Sequence[str] | None = None, split: str = "",
                  critical: float | None = None) -> Comparison:
-    """Each boot against the mode it clearly belongs to (levels.Modes.mode_of), or the one the
+    """Each boot against the mode it clearly belongs to (modes.Modes.mode_of), or the one the
     test's metrics place it in together (``placements``); a boot that belongs to neither is
     read against the better mode: the reading least in the build's favour. A direction only
     where it holds for every assignment of the boots to the modes that is not negligible:
@@ -461,7 +458,7 @@ def _judge_modes(current: Sequence[BootSummary], modes: Modes, direction: Direct
     * IMPROVEMENT only when the run is better even with every boot read against the better mode
       (a boot between the modes may be a fast spawn made slower: a true -14% with modes 20%
       apart lies 7% above the slow mode and read there as an improvement);
-    * a run that lands in the worse mode more often than chance allows (levels.mode_frequency,
+    * a run that lands in the worse mode more often than chance allows (modes.mode_frequency,
       at the gate's own level) is a regression whatever the aligned figures say.
     Otherwise the least favourable reading's figures, with no direction."""
     worse = _worse(direction)
@@ -512,7 +509,7 @@ def _worse(direction: Direction) -> str:
 
 def joint_placements(comparisons: Sequence[Comparison | None]) -> dict[int, tuple[str, ...]]:
     """Where the metrics of one test place a boot in different spawn modes: the one placement
-    (levels.joint_modes) of each boot, for each comparison (by its index) that placed a boot
+    (modes.joint_modes) of each boot, for each comparison (by its index) that placed a boot
     otherwise on its own and should be judged again with it. Only metrics whose histories split
     into the same boots (levels.split_key) are taken together: their modes are one spawn mode."""
     groups: dict[tuple[str, int], list[tuple[int, tuple[str, ...]]]] = {}
@@ -608,16 +605,6 @@ def _point(boots: Sequence[BootSummary], spreads: Spreads) -> tuple[float, float
     logs = [math.log(b.median) for b in usable]
     var = _variance(len(usable), len({b.session for b in usable}), len({b.host for b in usable}), spreads)
     return sum(logs) / len(logs), var
-
-
-def drift_since_anchor(anchor: Sequence[BootSummary], nights: Sequence[Sequence[BootSummary]], *,
-                       direction: Direction, tolerance: float, spreads: Spreads,
-                       critical: float | None = None) -> Drift:
-    """The appended ``nights`` (oldest first, each the boots one passing run appended) against
-    the ``anchor`` (the boots of the last deliberate recording): the cumulative change the line
-    through them gives at the last night, and whether it fails (module docstring)."""
-    points = [(float(t), *p) for t, g in enumerate([anchor, *nights]) if (p := _point(g, spreads)) is not None]
-    return _line(points, direction=direction, tolerance=tolerance, critical=critical)
 
 
 def drift_of_entry(entry: BaselineEntry, current: Sequence[BootSummary], *, tolerance: float, spreads: Spreads,

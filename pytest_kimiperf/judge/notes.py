@@ -4,7 +4,7 @@ The gate (``gate.judge``) fills a test's failures, warnings and notes with these
 comparison (``stats.Comparison``) carries its own notes the same way; ``reports/sentences.py``
 is the one place that turns them into the lines a user reads. Every note crosses xdist as JSON
 (``to_json`` / :func:`note_from_json`), its kind first; a line a saved report kept as text is a
-:class:`Said`.
+:class:`SavedLine`.
 """
 
 from __future__ import annotations
@@ -85,9 +85,9 @@ def _decode(value: Any) -> Any:
 
 
 def note_from_json(data: Mapping[str, Any] | str) -> Note:
-    """Inverse of :meth:`Note.to_json`; a bare string (a line of a saved report) is a Said."""
+    """Inverse of :meth:`Note.to_json`; a bare string (a line of a saved report) is a SavedLine."""
     if isinstance(data, str):
-        return Said(data)
+        return SavedLine(data)
     cls = _KINDS.get(str(data.get("kind")))
     if cls is None:
         raise ValueError(f"unknown note kind {data.get('kind')!r}; known: {', '.join(sorted(_KINDS))}")
@@ -99,7 +99,7 @@ def notes_from_json(data: Any) -> list[Note]:
     return [note_from_json(d) for d in data or []]
 
 
-def floor_from_json(data: Mapping[str, Any]) -> FloorResult:
+def _floor_from_json(data: Mapping[str, Any]) -> FloorResult:
     return FloorResult(label=str(data["label"]), unit=str(data["unit"]), median=float(data["median"]),
                        floor=data.get("floor"), target=data.get("target"), status=FloorStatus(data["status"]))
 
@@ -108,7 +108,7 @@ def floor_from_json(data: Mapping[str, Any]) -> FloorResult:
 
 @note_kind("said")
 @dataclass(frozen=True)
-class Said(Note):
+class SavedLine(Note):
     """A line as a saved report kept it (an older report's, before its note had a kind): shown as
     is, never read."""
 
@@ -276,11 +276,11 @@ class TooFewSamples(Note):
 @note_kind("history-modes")
 @dataclass(frozen=True)
 class HistoryModes(Note):
-    """The history holds two spawn modes (judge/levels.py); each boot was judged against its
+    """The history holds two spawn modes (judge/modes.py); each boot was judged against its
     nearest. Centres are the modes' geometric means. Of this run's boots, ``unclear`` lay
     between the modes (judged both ways; ``disagree`` when the two readings gave different
     verdicts), ``worse`` of ``placed`` landed in the worse mode, which holds ``worse_share`` of
-    the history: ``p`` is the chance of that many (levels.mode_frequency)."""
+    the history: ``p`` is the chance of that many (modes.mode_frequency)."""
 
     low_boots: int
     low_center: float
@@ -431,7 +431,7 @@ class FloorNote(Note):
 
     floor: FloorResult
 
-    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"floor": floor_from_json}
+    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"floor": _floor_from_json}
 
 
 @note_kind("no-decode")
@@ -450,7 +450,7 @@ class BootPlanned(Note):
 
 
 @dataclass(frozen=True)
-class Look:
+class ChangeSoFar:
     """What one metric looks like on the boots so far, short of a verdict."""
 
     metric: str
@@ -462,8 +462,8 @@ class Look:
         return dataclasses.asdict(self)
 
 
-def looks_from_json(data: Any) -> tuple[Look, ...]:
-    return tuple(Look(str(d["metric"]), float(d["change"]), int(d["boots"]), float(d["tolerance"])) for d in data)
+def _changes_so_far_from_json(data: Any) -> tuple[ChangeSoFar, ...]:
+    return tuple(ChangeSoFar(str(d["metric"]), float(d["change"]), int(d["boots"]), float(d["tolerance"])) for d in data)
 
 
 @note_kind("boot-asked")
@@ -473,9 +473,9 @@ class BootAsked(Note):
 
     profile: str
     boot: int
-    looks: tuple[Look, ...]
+    looks: tuple[ChangeSoFar, ...]
 
-    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"looks": looks_from_json}
+    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"looks": _changes_so_far_from_json}
 
 
 @note_kind("unresolved")
@@ -484,11 +484,11 @@ class Unresolved(Note):
     """A change beyond the tolerance on the one boot of an attached server this run cannot
     restart: it can never be convicted here (the test fails as UNRESOLVED)."""
 
-    looks: tuple[Look, ...]
+    looks: tuple[ChangeSoFar, ...]
     deployment: str
     boots_needed: int
 
-    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"looks": looks_from_json}
+    decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"looks": _changes_so_far_from_json}
 
 
 @note_kind("drifted")

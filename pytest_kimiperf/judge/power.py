@@ -22,10 +22,10 @@ from pytest_kimiperf.judge.notes import Plan
 from pytest_kimiperf.numbers import is_real
 
 # First-boot screen: another boot when the change looks worse than this share of the tolerance.
-SCREEN_FRACTION = 1.0
+_SCREEN_FRACTION = 1.0
 
 
-def wants_another_boot(c: Comparison, *, screen_fraction: float = SCREEN_FRACTION) -> bool:
+def wants_another_boot(c: Comparison, *, screen_fraction: float = _SCREEN_FRACTION) -> bool:
     """Whether another boot of the current side is worth its cost for this comparison.
 
     Boots on demand: a run boots once; a comparison asks for another boot while it looks worse
@@ -40,7 +40,7 @@ def wants_another_boot(c: Comparison, *, screen_fraction: float = SCREEN_FRACTIO
     return c.gain < -screen_fraction * c.tolerance
 
 
-def allowed_variance(change: float, tolerance: float, *, confidence: float = 0.95,
+def _allowed_variance(change: float, tolerance: float, *, confidence: float = 0.95,
                      power: float = DETECTION_POWER, critical: float | None = None) -> float:
     """The largest variance of the log difference at which a true ``change`` clears
     ``tolerance`` at one-sided ``confidence`` with ``power``: the SE may be at most margin / z.
@@ -68,7 +68,7 @@ def boots_needed(
     boots. Uses the normal quantile: the spread is taken as known. ``fixed_var`` is the variance
     that no boot of this run shrinks (the session and host levels the sides do not share:
     judge/levels.py); when it alone fills the room, no number of boots can do it either.
-    ``critical``: the gate's rule instead of ``confidence`` (:func:`allowed_variance`).
+    ``critical``: the gate's rule instead of ``confidence`` (:func:`_allowed_variance`).
     """
     for name, value in (("change", change), ("spread", spread)):
         if not is_real(value) or not math.isfinite(value) or value <= 0:
@@ -76,7 +76,7 @@ def boots_needed(
     if not is_real(tolerance) or not 0 <= tolerance < abs(change):
         raise ValueError(f"tolerance={tolerance!r}: use a fraction >= 0 and below the change {change!r}")
     sd = math.log1p(spread)
-    allowed_var = allowed_variance(change, tolerance, confidence=confidence, power=power, critical=critical) - fixed_var
+    allowed_var = _allowed_variance(change, tolerance, confidence=confidence, power=power, critical=critical) - fixed_var
     if allowed_var <= 0:
         return None
     if reference_boots is None:
@@ -118,12 +118,12 @@ def sessions_for(change: float, spread: float, session_var: float, *, tolerance:
     """Sessions per side (each of ``boots_per_session`` boots at boot ``spread``) that resolve a
     true ``change`` when every session adds its own effect of variance ``session_var``: both
     sides run that many sessions (the planner's question, before any history exists)."""
-    return sessions_to_resolve(allowed_variance(change, tolerance, confidence=confidence), math.log1p(spread) ** 2,
+    return _sessions_to_resolve(_allowed_variance(change, tolerance, confidence=confidence), math.log1p(spread) ** 2,
                                [(session_var, None)], boots_per_session=boots_per_session, reference_boots=None,
                                max_sessions=max_sessions)
 
 
-def sessions_needed(c: Comparison, goal: float, *, boots_per_session: int = MIN_BOOTS_DIRECTIONAL,
+def _sessions_needed(c: Comparison, goal: float, *, boots_per_session: int = MIN_BOOTS_DIRECTIONAL,
                     max_sessions: int = 100) -> int | None:
     """Sessions of this profile (runs on separate days or hosts, each ``boots_per_session``
     boots) that resolve a true change ``goal`` when the levels above the boot are what stands
@@ -132,12 +132,12 @@ def sessions_needed(c: Comparison, goal: float, *, boots_per_session: int = MIN_
     ``max_sessions`` cannot."""
     # A term holds spread^2 * weight, its weight 1 (this run's one session) + the history's share.
     levels = [(t.var_log / t.weight, max(t.weight - 1.0, 0.0)) for t in c.levels if t.weight > 0]
-    return sessions_to_resolve(allowed_variance(goal, c.tolerance, critical=critical_of(c)), c.spread_sd_log ** 2, levels,
+    return _sessions_to_resolve(_allowed_variance(goal, c.tolerance, critical=critical_of(c)), c.spread_sd_log ** 2, levels,
                                boots_per_session=boots_per_session, reference_boots=max(c.boots_reference, 1),
                                max_sessions=max_sessions)
 
 
-def sessions_to_resolve(allowed: float, boot_var: float, levels: Sequence[tuple[float, float | None]], *,
+def _sessions_to_resolve(allowed: float, boot_var: float, levels: Sequence[tuple[float, float | None]], *,
                         boots_per_session: int, reference_boots: int | None, max_sessions: int) -> int | None:
     """The one formula behind both questions: the fewest sessions k of this side whose
     comparison's variance fits in ``allowed``. ``levels`` holds each level's variance and the
@@ -170,7 +170,7 @@ def sessions_of_history(boot_spread: float, session_spread: float, boots: int, *
         parts = (boot_var * (1.0 / boots + 1.0 / reference), session_var * (1.0 + 1.0 / k))
         critical = design_critical(parts[0], boot_df + (boots - 1) + max(reference - k, 0),
                                    [(parts[1], session_df + k - 1)])
-        if sum(parts) <= allowed_variance(goal, tolerance, critical=critical):
+        if sum(parts) <= _allowed_variance(goal, tolerance, critical=critical):
             return k
     return None
 
@@ -205,6 +205,6 @@ def plan(c: Comparison, *, target: float | None = None) -> Plan | None:
     n = boots_needed(goal, spread, tolerance=c.tolerance, reference_boots=c.boots_reference, fixed_var=fixed,
                      critical=critical_of(c))
     if n is None and fixed > 0:
-        return Plan(goal, spread, c.boots_reference, sessions=sessions_needed(c, goal),
+        return Plan(goal, spread, c.boots_reference, sessions=_sessions_needed(c, goal),
                     levels=tuple(t.level for t in c.levels), boots_per_session=MIN_BOOTS_DIRECTIONAL)
     return Plan(goal, spread, c.boots_reference, boots=n, boots_per_session=MIN_BOOTS_DIRECTIONAL)

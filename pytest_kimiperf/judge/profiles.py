@@ -7,12 +7,11 @@ baseline is ``gate``. The module holds, in order:
 * error spending (:func:`spent`, :func:`boundaries`, :class:`SequentialPlan`): the error budget of
   boots booked on demand, spending functions and their boundaries;
 * the comparison of two profiles measured in one session (:func:`compare_in_session`,
-  :func:`boots_to_decide`): is one of them really different?
+  :func:`_boots_to_decide`): is one of them really different?
 * the session's comparisons (:func:`compare_with_control`, :func:`compare_profiles`,
   :func:`profile_comparisons`);
-* boots on demand (:func:`session_plan`, :func:`next_step`, :func:`run_sequentially`,
-  :func:`profiles_to_book`): after each round, stop with a verdict or book one more boot of each
-  side.
+* boots on demand (:func:`session_plan`, :func:`next_step`, :func:`profiles_to_book`): after each
+  round, stop with a verdict or book one more boot of each side.
 
 **Error spending.** A profile comparison starts with ``start`` boots a side and may book one more
 boot of each side at a time, up to ``cap`` (``--kimiperf-max-boots``). Looking at the data after
@@ -74,7 +73,7 @@ third of unchanged sessions of 10 metrics (benchmarks/sign_claims.md). "Within +
 at 5%: both one-sided :data:`EQUIVALENCE_LEVEL` (95%) bounds inside the band under every likely
 mode assignment (a true halving whose reference boots were slow and whose current boots were fast
 reads as no change). Short of those the verdict
-says what the data does allow, and :func:`boots_to_decide` what would decide it.
+says what the data does allow, and :func:`_boots_to_decide` what would decide it.
 
 **Boots on demand.** A session boots each profile ``start`` times (``--kimiperf-boots``), then,
 while a profile's comparison with the reference is undecided on the test's primary metric (neither a
@@ -90,7 +89,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
@@ -124,7 +123,7 @@ from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 # Error spending: how much of the budget each look of a comparison may spend.
 OBRIEN_FLEMING = "obrien-fleming"
 POCOCK = "pocock"
-SPENDING_SHAPES = (OBRIEN_FLEMING, POCOCK)
+_SPENDING_SHAPES = (OBRIEN_FLEMING, POCOCK)
 # Points per look of the integration grid: the boundaries agree with gsDesign's published ones
 # to 1e-3 (tests/unit/test_sequential.py), far below what a boot's spread can tell.
 GRID_POINTS = 401
@@ -143,7 +142,7 @@ def spent(alpha: float, fraction: float, shape: str) -> float:
         return float(2.0 * scipy_stats.norm.sf(scipy_stats.norm.isf(alpha / 2.0) / math.sqrt(fraction)))
     if shape == POCOCK:
         return alpha * math.log1p((math.e - 1.0) * fraction)
-    raise ValueError(f"spending shape {shape!r}; allowed: {', '.join(SPENDING_SHAPES)}")
+    raise ValueError(f"spending shape {shape!r}; allowed: {', '.join(_SPENDING_SHAPES)}")
 
 
 @functools.lru_cache(maxsize=256)
@@ -203,8 +202,8 @@ class SequentialPlan:
         if self.start < 1 or self.cap < self.start:
             raise ValueError(f"start={self.start!r}, cap={self.cap!r}: use 1 <= start <= cap boots a side")
         for shape in (self.direction_shape, self.equivalence_shape):
-            if shape not in SPENDING_SHAPES:
-                raise ValueError(f"spending shape {shape!r}; allowed: {', '.join(SPENDING_SHAPES)}")
+            if shape not in _SPENDING_SHAPES:
+                raise ValueError(f"spending shape {shape!r}; allowed: {', '.join(_SPENDING_SHAPES)}")
 
     def looks(self, boots: int) -> tuple[int, ...]:
         """The looks taken by the time each side has ``boots`` boots: one a round from ``start``
@@ -238,20 +237,20 @@ IN_SESSION_ALPHA = 0.005
 # stats.EQUIVALENCE_CONFIDENCE) inside the band, as bioequivalence claims it. A claim gets the
 # conventional level; where 2 boots a side cannot reach it, the answer is more boots.
 EQUIVALENCE_LEVEL = 1.0 - (1.0 - EQUIVALENCE_CONFIDENCE) / 2.0
-EQUIVALENCE_ALPHA = 1.0 - EQUIVALENCE_LEVEL
+_EQUIVALENCE_ALPHA = 1.0 - EQUIVALENCE_LEVEL
 # The two-sided interval every row shows, "within" rows included: the gate's. Under boots on
 # demand a "within" row's interval is the repeated confidence interval at that look (Jennison &
 # Turnbull 2000, ch. 9): wider than the look's fixed 90%, and covering at 90% over every look.
 WITHIN_INTERVAL = EQUIVALENCE_CONFIDENCE
 INTERVAL_LEGEND = f"{EQUIVALENCE_CONFIDENCE * 100:g}% CI"
 # A mode assignment whose posterior weight is below this is ignored by the "within" claim.
-MODE_WEIGHT_IGNORED = 0.01
+_MODE_WEIGHT_IGNORED = 0.01
 # The planner looks this far for the boots that would decide a comparison.
 MAX_PLANNED_BOOTS = 8
 # Boots a side beyond which the mode assignments are not enumerated one by one (2**k each).
-MAX_ENUMERATED_BOOTS = 12
+_MAX_ENUMERATED_BOOTS = 12
 # The verdicts that answer a profile comparison's question: a direction, or "within".
-DECIDED = (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT, VerdictKind.WITHIN_TOLERANCE)
+_DECIDED = (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT, VerdictKind.WITHIN_TOLERANCE)
 
 
 @dataclass(frozen=True)
@@ -323,9 +322,9 @@ class InSessionRules:
         """The one-sided levels of the direction and of each side of the TOST at the look with
         ``boots`` boots a side: the whole ``alpha`` and 5% without a plan, the spent share with one."""
         if self.plan is None or boots < 1:
-            return self.alpha, EQUIVALENCE_ALPHA
+            return self.alpha, _EQUIVALENCE_ALPHA
         return (self.plan.level(self.alpha, boots, self.plan.direction_shape),
-                self.plan.level(EQUIVALENCE_ALPHA, boots, self.plan.equivalence_shape))
+                self.plan.level(_EQUIVALENCE_ALPHA, boots, self.plan.equivalence_shape))
 
     @property
     def sign_level(self) -> float:
@@ -348,7 +347,7 @@ def _side_offsets(gains: Sequence[float], sd: float, modes: SpawnModes) -> list[
     mean = sum(gains) / k
     residuals = [g - mean for g in gains]
     log_weights: dict[float, list[float]] = {}
-    if k > MAX_ENUMERATED_BOOTS:
+    if k > _MAX_ENUMERATED_BOOTS:
         # The worst case instead: every boot of the side in either mode, with equal weight.
         return [(0.0, 0.5), (-gap, 0.5)]
     for mask in itertools.product((0, 1), repeat=k):
@@ -491,7 +490,7 @@ def compare_in_session(
     apart_better = min(cur) > max(ref)
     apart_worse = max(cur) < min(ref)
     # Every likely mode assignment must agree that the change is inside the band.
-    likely = [off for off, w in fit.pairs if w >= MODE_WEIGHT_IGNORED]
+    likely = [off for off, w in fit.pairs if w >= _MODE_WEIGHT_IGNORED]
     inside = all(abs(fit.d - off) + t_eq * fit.se <= band for off in likely)
     # The intervals hold every likely mode assignment's (the modes are part of what is unknown).
     def interval(t: float) -> tuple[float, float]:
@@ -527,13 +526,13 @@ def compare_in_session(
     change = math.expm1(sign * fit.d)
     notes: list[Note] = [DeclaredModes(rules.modes.drop, rules.modes.slow_share)] if rules.modes.declared else []
     have = min(len(cur), len(ref))
-    if rules.plan is not None and not rules.plan.final(have) and verdict not in DECIDED:
+    if rules.plan is not None and not rules.plan.final(have) and verdict not in _DECIDED:
         pass  # an early look of boots on demand: the session books the next boot a side
     elif verdict in (VerdictKind.CHANGED_SIZE_UNRESOLVED, VerdictKind.INCONCLUSIVE) and abs(fit.d) > band:
-        needed = boots_to_decide(fit.d, fit.sd, band, rules)
+        needed = _boots_to_decide(fit.d, fit.sd, band, rules)
         notes.append(BootsToDecide(needed, MAX_PLANNED_BOOTS, have_them=needed is not None and needed <= have))
-    elif verdict not in DECIDED:
-        notes.append(BootsForWithin(boots_for_within(fit.d, fit.sd, band, rules), have, MAX_PLANNED_BOOTS))
+    elif verdict not in _DECIDED:
+        notes.append(BootsForWithin(_boots_for_within(fit.d, fit.sd, band, rules), have, MAX_PLANNED_BOOTS))
     source = (SpreadSource(SpreadSource.DECLARED, declared=rules.boot_spread, whole=True)
               if fit.sd <= math.log1p(rules.boot_spread) + 1e-12
               else SpreadSource(SpreadSource.SIDES, measured=math.expm1(fit.sd), whole=True))
@@ -563,7 +562,7 @@ def _boot_seen(cur: Sequence[float], ref: Sequence[float], boots: Sequence[BootS
                        lower_var=lower),)
 
 
-def boots_to_decide(d: float, sd: float, band: float, rules: InSessionRules) -> int | None:
+def _boots_to_decide(d: float, sd: float, band: float, rules: InSessionRules) -> int | None:
     """The boots a side at which a difference ``d`` (log, gain scale) would get its direction,
     were every boot to fall as these did (each side in one mode, spread ``sd``); None when no
     number up to :data:`MAX_PLANNED_BOOTS` would."""
@@ -579,7 +578,7 @@ def boots_to_decide(d: float, sd: float, band: float, rules: InSessionRules) -> 
     return None
 
 
-def boots_for_within(d: float, sd: float, band: float, rules: InSessionRules) -> int | None:
+def _boots_for_within(d: float, sd: float, band: float, rules: InSessionRules) -> int | None:
     """The boots a side, booked up front (one look, the TOST at 5%), at which a difference ``d``
     (log) shows "within" the ``band`` with :data:`DETECTION_POWER`, were the true difference
     ``d`` and the boot spread ``sd``; None when no number up to :data:`MAX_PLANNED_BOOTS` does
@@ -769,24 +768,11 @@ def next_step(comparison: Comparison, plan: SequentialPlan) -> Decision:
     with the plan in its rules): stop at a verdict that answers the question or at the cap,
     otherwise book one more boot of each side."""
     boots = min(comparison.boots_current, comparison.boots_reference)
-    if comparison.verdict in DECIDED:
+    if comparison.verdict in _DECIDED:
         return Decision(Step.STOP, "decided", boots)
     if plan.final(boots):
         return Decision(Step.STOP, "cap", boots)
     return Decision(Step.BOOK, "undecided", boots)
-
-
-def run_sequentially(look: Callable[[int], Comparison], plan: SequentialPlan) -> tuple[Comparison, Decision]:
-    """Look at ``start``, ``start + 1``, ... boots a side until :func:`next_step` stops;
-    ``look(k)`` judges the first ``k`` boots of each side (the benchmark's and the tests' loop:
-    a session does the same one boot at a time)."""
-    boots = plan.start
-    while True:
-        comparison = look(boots)
-        decision = next_step(comparison, plan)
-        if decision.step is Step.STOP:
-            return comparison, decision
-        boots += 1
 
 
 def profiles_to_book(boots: Mapping[str, Sequence[BootSummary]], reference: str, *, direction: Direction,

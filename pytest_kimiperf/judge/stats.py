@@ -158,7 +158,7 @@ def boot_floor(current: Sequence[BootSummary], reference: Sequence[BootSummary],
     return prior_sd_log ** 2 + (sum(within) / len(within) if within else 0.0)
 
 
-def boot_seen(current: Sequence[BootSummary], reference: Sequence[BootSummary], declared: float) -> SpreadSeen | None:
+def _boot_seen(current: Sequence[BootSummary], reference: Sequence[BootSummary], declared: float) -> SpreadSeen | None:
     """What the boots measure of the boot level (within their sessions) against the ``declared``
     boot spread, whose floor adds the boots' own error of the median; None where no session has
     two boots."""
@@ -536,7 +536,7 @@ def compare_boots(
             spread_source=None, se_log=nan, mdc=nan, verdict=VerdictKind.INSUFFICIENT_SAMPLES,
             notes=_insufficient_note(current, reference))
     spread = estimate_spread(cur, ref, prior_sd_log=math.log1p(prior_spread), prior_df=prior_spread_df)
-    seen = boot_seen(cur, ref, prior_spread)
+    seen = _boot_seen(cur, ref, prior_spread)
     reference_spread = estimate_spread((), ref, prior_sd_log=math.log1p(prior_spread), prior_df=prior_spread_df)
     mean_cur = sum(math.log(b.median) for b in cur) / len(cur)
     mean_ref = sum(math.log(b.median) for b in ref) / len(ref)

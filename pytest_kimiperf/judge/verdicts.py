@@ -23,7 +23,8 @@ import numpy as np
 
 from pytest_kimiperf.judge.boots import BootSummary, summarize_metric
 from pytest_kimiperf.judge.floors import FloorResult
-from pytest_kimiperf.judge.levels import BootOrigin, CanaryCheck
+from pytest_kimiperf.judge.canary_check import CanaryCheck
+from pytest_kimiperf.judge.levels import BootOrigin
 from pytest_kimiperf.judge.notes import (
     FloorNote, LeftOut, Note, Plan, Unresolved, note_from_json, note_kind, notes_from_json,
 )

@@ -7,8 +7,8 @@ fixed interpreter loop (one core's compute, as vLLM's Python processes see it) a
 (memory) a few times each and keeps the best round of each (a neighbour only slows fixed work),
 plus the spread of its faster rounds (its noise, so a comparison knows what "moved" means). On a GPU host with torch and CUDA,
 :func:`gpu_canary` adds a fixed device-to-device copy, and the GPUs' lowest power limit
-(:func:`gpu_power_limit`) is a probe too. Taken once per session before the first
-boot, stored with the session's boots in the baseline history (judge/levels.py compares them).
+(:func:`_gpu_power_limit`) is a probe too. Taken once per session before the first
+boot, stored with the session's boots in the baseline history (judge/canary_check.py compares them).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 # whatever a neighbour leaves of the other cores, not the host's speed (seen here: 15-37 GFLOP/s
 # for one host within a minute). 300k loop iterations take ~30 ms, a 64 MiB copy (above L3 size)
 # ~5 ms a pass; the whole canary costs well under a second on these hosts.
-PYTHON_LOOP = 300_000
-COPY_MIB = 64
-COPY_REPEATS = 5
+_PYTHON_LOOP = 300_000
+_COPY_MIB = 64
+_COPY_REPEATS = 5
 ROUNDS = 9
 
 
@@ -79,24 +79,24 @@ def _python_mops() -> float:
     scheduler and client (all single-threaded Python) see it."""
     start = time.perf_counter()
     total = 0
-    for i in range(PYTHON_LOOP):
+    for i in range(_PYTHON_LOOP):
         total += i * i & 0xFF
     elapsed = time.perf_counter() - start
-    return PYTHON_LOOP / elapsed / 1e6
+    return _PYTHON_LOOP / elapsed / 1e6
 
 
 def _copy_gbs() -> float:
     import numpy as np  # imported here: the GPU canary and the rest of this module run without it
 
-    n = COPY_MIB * 1024 * 1024
+    n = _COPY_MIB * 1024 * 1024
     src = np.ones(n, dtype=np.uint8)
     dst = np.empty_like(src)
     np.copyto(dst, src)  # faults dst's pages in; not timed
     start = time.perf_counter()
-    for _ in range(COPY_REPEATS):
+    for _ in range(_COPY_REPEATS):
         np.copyto(dst, src)
     elapsed = time.perf_counter() - start
-    return 2.0 * n * COPY_REPEATS / elapsed / 1e9  # bytes read + written
+    return 2.0 * n * _COPY_REPEATS / elapsed / 1e9  # bytes read + written
 
 
 def cpu_canary(rounds: int = ROUNDS) -> Canary:
@@ -122,10 +122,10 @@ _GPU_CHILD = (
     "canary = gpu_canary_here(int(sys.argv[1]))\n"
     "print(json.dumps(None if canary is None else canary.to_json()), flush=True)\n"
 )
-GPU_CANARY_TIMEOUT_S = 180.0
+_GPU_CANARY_TIMEOUT_S = 180.0
 
 
-def gpu_canary(rounds: int = ROUNDS, *, timeout_s: float = GPU_CANARY_TIMEOUT_S) -> Canary | None:
+def gpu_canary(rounds: int = ROUNDS, *, timeout_s: float = _GPU_CANARY_TIMEOUT_S) -> Canary | None:
     """A fixed 256 MiB device-to-device copy on the first visible GPU, timed in a child process
     (see ``_GPU_CHILD``); None where torch with CUDA is not there (the CPU engine, a client host).
     Raises KimiperfError, with the child's last words, if the child fails or hangs."""
@@ -169,16 +169,16 @@ def gpu_canary_here(rounds: int = ROUNDS) -> Canary | None:
 
     def probe() -> float:
         start = time.perf_counter()
-        for _ in range(COPY_REPEATS):
+        for _ in range(_COPY_REPEATS):
             dst.copy_(src)
         torch.cuda.synchronize()
-        return 2.0 * n * COPY_REPEATS / (time.perf_counter() - start) / 1e9
+        return 2.0 * n * _COPY_REPEATS / (time.perf_counter() - start) / 1e9
 
     best, noise = _rounds(probe, rounds)
     return Canary(scores={"gpu_copy_gbs": best}, noise={"gpu_copy_gbs": noise})
 
 
-POWER_LIMIT_QUERY = ("--query-gpu=power.limit", "--format=csv,noheader,nounits")
+_POWER_LIMIT_QUERY = ("--query-gpu=power.limit", "--format=csv,noheader,nounits")
 
 
 def parse_power_limits(text: str) -> float | None:
@@ -198,7 +198,7 @@ def parse_power_limits(text: str) -> float | None:
     return min(limits) if limits else None
 
 
-def gpu_power_limit(timeout_s: float = 10.0) -> float | None:
+def _gpu_power_limit(timeout_s: float = 10.0) -> float | None:
     """This host's lowest GPU power limit (nvidia-smi), None without nvidia-smi or GPUs."""
     import shutil  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
@@ -207,7 +207,7 @@ def gpu_power_limit(timeout_s: float = 10.0) -> float | None:
     if smi is None:
         return None
     try:
-        proc = subprocess.run([smi, *POWER_LIMIT_QUERY], capture_output=True, text=True, timeout=timeout_s,
+        proc = subprocess.run([smi, *_POWER_LIMIT_QUERY], capture_output=True, text=True, timeout=timeout_s,
                               check=False)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -221,7 +221,7 @@ def host_canary(rounds: int = ROUNDS, *, gpus: bool = False) -> Canary:
     if not gpus:
         return cpu
     scores, noise, notes = dict(cpu.scores), dict(cpu.noise), []
-    limit = gpu_power_limit()
+    limit = _gpu_power_limit()
     if limit is not None:
         scores["gpu_power_limit_w"], noise["gpu_power_limit_w"] = limit, 0.0
     try:
@@ -246,7 +246,7 @@ def _read(path: str) -> str:
 # Where the DMI product UUID lives: set per VM by the hypervisor (a clone of a VM image gets its
 # own), kept across reboots; readable by root only on most distributions.
 PRODUCT_UUID = "/sys/class/dmi/id/product_uuid"
-HOST_BASES = ("declared", "machine-id+product-uuid", "machine-id+boot-id")
+_HOST_BASES = ("declared", "machine-id+product-uuid", "machine-id+boot-id")
 
 
 def host_identity(declared: str | None = None, *, read: Callable[[str], str] = _read) -> dict[str, str]:
@@ -269,9 +269,9 @@ def host_identity(declared: str | None = None, *, read: Callable[[str], str] = _
     uuid = read(PRODUCT_UUID).lower()
     ids = {"machine_id": machine[:12], "kernel_boot_id": boot[:12]}
     if declared:
-        return {"host": declared, "basis": HOST_BASES[0], **ids}
+        return {"host": declared, "basis": _HOST_BASES[0], **ids}
     if uuid and machine:
         digest = hashlib.sha256(f"{machine}|uuid:{uuid}".encode()).hexdigest()[:16]
-        return {"host": digest, "basis": HOST_BASES[1], **ids}
+        return {"host": digest, "basis": _HOST_BASES[1], **ids}
     digest = hashlib.sha256(f"{machine}|{boot}".encode()).hexdigest()[:16]
-    return {"host": digest, "basis": HOST_BASES[2], **ids}
+    return {"host": digest, "basis": _HOST_BASES[2], **ids}

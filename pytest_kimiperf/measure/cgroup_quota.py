@@ -153,7 +153,7 @@ class CgroupLevel:
     stat: CpuStat | None
 
 
-def read_level(where: CgroupDir) -> CgroupLevel:
+def _read_level(where: CgroupDir) -> CgroupLevel:
     """Read one cgroup's quota and ``cpu.stat`` (None for what is not there or not readable)."""
     folder = Path(where.folder)
     quota: Quota | None = None
@@ -245,7 +245,7 @@ class QuotaWatch:
             whose = "the client" if pid in client else "the server"
             for where in process_cgroup_dirs(pid, self._proc_root, mounts):
                 if where.folder not in levels:
-                    levels[where.folder] = (read_level(where), set())
+                    levels[where.folder] = (_read_level(where), set())
                 levels[where.folder][1].add(whose)
         return levels
 
@@ -301,4 +301,4 @@ def quota_in_force(levels: Sequence[CgroupLevel]) -> QuotaInForce:
 
 def read_quota_in_force(pid: int | str = "self", proc_root: str = "/proc") -> QuotaInForce:
     """The quota in force on a process of this host (by default this one)."""
-    return quota_in_force([read_level(where) for where in process_cgroup_dirs(pid, proc_root)])
+    return quota_in_force([_read_level(where) for where in process_cgroup_dirs(pid, proc_root)])

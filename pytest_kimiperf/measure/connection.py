@@ -51,7 +51,7 @@ from pytest_kimiperf.measure.sse import MAX_SSE_EVENT_BYTES, SSEReader
 _MAX_ERROR_BODY = 2048
 # Caps on what may be buffered before it parses: a response head (uvicorn's are < 1 KiB) and
 # one chunk-size line (an SSE event's cap is sse.MAX_SSE_EVENT_BYTES).
-MAX_HEAD_BYTES = 64 * 1024
+_MAX_HEAD_BYTES = 64 * 1024
 _MAX_CHUNK_SIZE_LINE = 1024
 _RECV_BYTES = 64 * 1024
 # Linux's SO_TIMESTAMPNS (asm-generic/socket.h); not every Python build names it.
@@ -97,8 +97,15 @@ class Connection:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
-        self._loop = loop
+        self._start(loop)
         self.sock = sock
+        self._fd = sock.fileno()
+        self._rx = memoryview(bytearray(_RECV_BYTES))
+        loop.add_reader(self._fd, self._readable)
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The state a connection starts in, whatever carries its bytes: open, idle."""
+        self._loop = loop
         self.closed = False
         self.keep_alive = True
         self.exchange: Exchange | None = None
@@ -106,21 +113,21 @@ class Connection:
         self._buf = bytearray()
         self._state = _DONE
         self._remaining = 0
-        self._fd = sock.fileno()
-        self._rx = memoryview(bytearray(_RECV_BYTES))
-        loop.add_reader(self._fd, self._readable)
 
     def close(self) -> None:
-        """Close the socket; an exchange still in flight fails."""
+        """Close the connection; an exchange still in flight fails."""
         if self.closed:
             return
         self.closed = True
         self.keep_alive = False
-        self._loop.remove_reader(self._fd)
-        self.sock.close()
+        self._close_transport()
         exchange = self.exchange
         if exchange is not None:
             self._fail(exchange, "connection closed by the client")
+
+    def _close_transport(self) -> None:
+        self._loop.remove_reader(self._fd)
+        self.sock.close()
 
     # reading ----------------------------------------------------------
 
@@ -178,16 +185,23 @@ class Connection:
 
     # request ----------------------------------------------------------
 
-    async def start(self, exchange: Exchange, request: bytes) -> int:
-        """Send ``request`` and return when its first byte went to the socket (perf_counter_ns)."""
-        if self.closed:
+    def _take(self, exchange: Exchange, *, closing: bool = False) -> bool:
+        """Make ``exchange`` the one in flight, its response read from the start; False (and the
+        exchange failed) where the connection closed, or is ``closing``, before the request went."""
+        if self.closed or closing:
             exchange.failure = "connection closed before the request was sent"
             exchange.done.set_result(None)
-            return time.perf_counter_ns()
+            return False
         self.exchange = exchange
         self.used = True
         self._state = _HEAD
         self._buf.clear()
+        return True
+
+    async def start(self, exchange: Exchange, request: bytes) -> int:
+        """Send ``request`` and return when its first byte went to the socket (perf_counter_ns)."""
+        if not self._take(exchange):
+            return time.perf_counter_ns()
         t_send_ns = time.perf_counter_ns()
         try:
             sent = self.sock.send(request)
@@ -242,8 +256,8 @@ class Connection:
             elif state == _HEAD:
                 head_end = buf.find(b"\r\n\r\n", pos)
                 if head_end < 0:
-                    if size - pos > MAX_HEAD_BYTES:
-                        raise ValueError(f"a response head longer than {MAX_HEAD_BYTES // 1024} KiB")
+                    if size - pos > _MAX_HEAD_BYTES:
+                        raise ValueError(f"a response head longer than {_MAX_HEAD_BYTES // 1024} KiB")
                     break
                 head = bytes(buf[pos:head_end])
                 pos = head_end + 4
@@ -254,8 +268,8 @@ class Connection:
                 else:
                     trailers_end = buf.find(b"\r\n\r\n", pos)
                     if trailers_end < 0:
-                        if size - pos > MAX_HEAD_BYTES:
-                            raise ValueError(f"trailers longer than {MAX_HEAD_BYTES // 1024} KiB")
+                        if size - pos > _MAX_HEAD_BYTES:
+                            raise ValueError(f"trailers longer than {_MAX_HEAD_BYTES // 1024} KiB")
                         break
                     pos = trailers_end + 4
                 self._finish(exchange)
@@ -388,7 +402,7 @@ EVENT_LOOP_TIMING = ("timed in the event loop, not by the kernel: HTTPS chunks a
 # How long closing the pool waits for the peer's close_notify before it drops the socket. A TLS
 # transport's close() only starts the shutdown; a loop that ends first (asyncio.run returning)
 # would leave the socket open until garbage collection (ResourceWarning: unclosed transport).
-TLS_SHUTDOWN_WAIT_S: Final = 1.0
+_TLS_SHUTDOWN_WAIT_S: Final = 1.0
 
 
 class _TlsConnection(Connection):
@@ -396,38 +410,17 @@ class _TlsConnection(Connection):
 
     def __init__(self, loop: asyncio.AbstractEventLoop, transport: asyncio.Transport) -> None:
         # Not Connection.__init__: there is no socket of ours to read.
-        self._loop = loop
+        self._start(loop)
         self._transport = transport
-        self.closed = False
-        self.keep_alive = True
-        self.exchange: Exchange | None = None
-        self.used = False
-        self._buf = bytearray()
-        self._state = _DONE
-        self._remaining = 0
         self.lost: asyncio.Future[None] = loop.create_future()
 
-    def close(self) -> None:
-        """Close the transport; an exchange still in flight fails."""
-        if self.closed:
-            return
-        self.closed = True
-        self.keep_alive = False
+    def _close_transport(self) -> None:
         self._transport.close()
-        exchange = self.exchange
-        if exchange is not None:
-            self._fail(exchange, "connection closed by the client")
 
     async def start(self, exchange: Exchange, request: bytes) -> int:
         """Hand ``request`` to the TLS transport; returns the time it did (perf_counter_ns)."""
-        if self.closed or self._transport.is_closing():
-            exchange.failure = "connection closed before the request was sent"
-            exchange.done.set_result(None)
+        if not self._take(exchange, closing=self._transport.is_closing()):
             return time.perf_counter_ns()
-        self.exchange = exchange
-        self.used = True
-        self._state = _HEAD
-        self._buf.clear()
         t_send_ns = time.perf_counter_ns()
         self._transport.write(request)
         return t_send_ns
@@ -476,16 +469,16 @@ class TlsPool(Pool):
 
     async def aclose(self) -> None:
         """Close every connection and wait until its socket is closed: the TLS shutdown for at
-        most TLS_SHUTDOWN_WAIT_S, then the socket is dropped (``abort``)."""
+        most _TLS_SHUTDOWN_WAIT_S, then the socket is dropped (``abort``)."""
         self.close()
         for connection in self._opened:
             connection.close()
         pending = [c for c in self._opened if not c.lost.done()]
         if pending:
-            await asyncio.wait([c.lost for c in pending], timeout=TLS_SHUTDOWN_WAIT_S)
+            await asyncio.wait([c.lost for c in pending], timeout=_TLS_SHUTDOWN_WAIT_S)
         stuck = [c for c in pending if not c.lost.done()]
         for connection in stuck:
             connection._transport.abort()
         if stuck:  # abort schedules connection_lost, which closes the socket, on the next turns
-            await asyncio.wait([c.lost for c in stuck], timeout=TLS_SHUTDOWN_WAIT_S)
+            await asyncio.wait([c.lost for c in stuck], timeout=_TLS_SHUTDOWN_WAIT_S)
         self._opened = []

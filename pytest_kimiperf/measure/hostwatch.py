@@ -60,8 +60,8 @@ from pytest_kimiperf.server.pid_namespace import read_pid_view
 from pytest_kimiperf.server.zombies import boot_id
 
 # Readings of the host: /proc counters, processes through psutil, GPUs through NVML.
-PSI_RESOURCES: tuple[str, ...] = ("cpu", "io", "memory")
-TOP_FOREIGN_COUNT = 5
+_PSI_RESOURCES: tuple[str, ...] = ("cpu", "io", "memory")
+_TOP_FOREIGN_COUNT = 5
 # Enough of a command line to recognise it in a report without letting one process fill the JSON.
 _CMDLINE_CHARS = 240
 
@@ -160,7 +160,7 @@ def parse_proc_stat(text: str, ticks_per_s: float) -> CpuCounters:
                        total_s=total / ticks_per_s)
 
 
-def parse_pressure_some_us(text: str) -> int:
+def _parse_pressure_some_us(text: str) -> int:
     """The ``some ... total=`` microseconds from one /proc/pressure file."""
     match = re.search(r"^some .*\btotal=(\d+)", text, re.MULTILINE)
     if match:
@@ -222,9 +222,9 @@ def read_host_counters(proc_root: str) -> tuple[CpuCounters, dict[str, int], tup
         raise KimiperfError(f"cannot read the host's CPU counters: {error}") from None
     psi: dict[str, int] = {}
     missing = []
-    for resource in PSI_RESOURCES:
+    for resource in _PSI_RESOURCES:
         try:
-            psi[resource] = parse_pressure_some_us((root / "pressure" / resource).read_text())
+            psi[resource] = _parse_pressure_some_us((root / "pressure" / resource).read_text())
         except OSError:
             # No file without CONFIG_PSI; EOPNOTSUPP on read when booted with psi=0.
             missing.append(resource)
@@ -262,9 +262,9 @@ def sample_gpu(nvml: Any, index: int, *, since_us: int | None = None) -> GpuRead
     """Read one GPU now; ``foreign_processes`` holds every compute process (no pid filter yet).
 
     With ``since_us`` (CPU time in microseconds, the window's start) it also reads the SM clock
-    the driver sampled since then (:func:`clock_samples_mhz`)."""
+    the driver sampled since then (:func:`_clock_samples_mhz`)."""
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
-    under_load = clock_samples_mhz(nvml, handle, since_us) if since_us is not None else []
+    under_load = _clock_samples_mhz(nvml, handle, since_us) if since_us is not None else []
     # nvmlDeviceGetCurrentClocksEventReasons replaced ...ThrottleReasons (deprecated, "will be
     # removed in CUDA 14.0" per pynvml); older drivers have only the old name, with the same bits.
     mask = _nvml_optional(nvml, "nvmlDeviceGetCurrentClocksEventReasons", handle)
@@ -298,7 +298,7 @@ def sample_gpu(nvml: Any, index: int, *, since_us: int | None = None) -> GpuRead
     )
 
 
-def clock_samples_mhz(nvml: Any, handle: Any, since_us: int) -> list[int]:
+def _clock_samples_mhz(nvml: Any, handle: Any, since_us: int) -> list[int]:
     """The SM clock values the driver sampled after ``since_us`` (nvmlDeviceGetSamples with
     NVML_PROCESSOR_CLK_SAMPLES: (value type, [nvmlSample_t(timeStamp us, sampleValue)]); clocks
     are unsigned ints). The driver keeps a short buffer, so a long window gets its latest part;
@@ -414,7 +414,7 @@ def _pct(share: float) -> str:
 # violation counter is the same event's time: pynvml defines NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP
 # as NVML_FI_DEV_PERF_POLICY_POWER. Power brake, HW slowdown and thermal events come from the
 # board, the PSU or the cooling, not from the load: they stay disturbances.
-OWN_LOAD_REASONS = frozenset({"sw_power_cap"})
+_OWN_LOAD_REASONS = frozenset({"sw_power_cap"})
 
 
 @dataclass(frozen=True)
@@ -481,7 +481,7 @@ class HostReading:
         if bounds.max_steal_share is not None and self.steal_share > bounds.max_steal_share:
             stolen, bound_text = _pct(self.steal_share), _pct(bounds.max_steal_share)
             found.append(f"the hypervisor stole {stolen} of the host's CPU (bound {bound_text})")
-        for resource in PSI_RESOURCES:
+        for resource in _PSI_RESOURCES:
             bound, share = getattr(bounds, f"max_psi_{resource}_some"), self.psi.get(f"{resource}_some")
             if bound is not None and share is not None and share > bound:
                 found.append(f"some task waited for {resource} {_pct(share)} of the time (PSI, bound {_pct(bound)})")
@@ -506,7 +506,7 @@ class HostReading:
         found = self._throttled_under_load(bounds)
         for gpu in self.gpus:
             if forbidden := [r for r in gpu.throttle_reasons if r in bounds.forbidden_throttle_reasons
-                             and (r not in OWN_LOAD_REASONS or gpu.foreign_processes)]:
+                             and (r not in _OWN_LOAD_REASONS or gpu.foreign_processes)]:
                 shown = [f"SM {gpu.sm_clock_mhz} MHz"] if gpu.sm_clock_mhz is not None else []
                 shown += [f"{gpu.temperature_c} C"] if gpu.temperature_c is not None else []
                 shown += [f"{gpu.power_w:.0f} W"] if gpu.power_w is not None else []
@@ -523,7 +523,7 @@ class HostReading:
     def _throttled_under_load(self, bounds: HostBounds) -> list[str]:
         """The window's throttled time from NVML's violation counters (GpuReading),
         where the bounds forbid that kind of clock event and the load did not cause it itself
-        (OWN_LOAD_REASONS), with the window's average power."""
+        (_OWN_LOAD_REASONS), with the window's average power."""
         found = []
         # NVML_PERF_POLICY_POWER counts sw_power_cap time, NVML_PERF_POLICY_THERMAL the thermal
         # slowdowns (pynvml's NVML_FI_DEV_CLOCKS_EVENT_REASON_* aliases of the perf-policy ids).
@@ -533,14 +533,14 @@ class HostReading:
             for field_name, cause, reasons in kinds:
                 held_ms = getattr(gpu, field_name)
                 blamed = [r for r in reasons if r in bounds.forbidden_throttle_reasons
-                          and (r not in OWN_LOAD_REASONS or gpu.foreign_processes)]
+                          and (r not in _OWN_LOAD_REASONS or gpu.foreign_processes)]
                 if held_ms and blamed:
                     found.append(f"GPU {gpu.index} clocks held back by {cause} for {held_ms:.0f} ms of the "
                                  f"{self.wall_s:.1f} s window (NVML violation counters{self._load_state(gpu)})")
         return found
 
     def own_throttling(self) -> list[str]:
-        """The clock events the measured load caused itself (OWN_LOAD_REASONS on a GPU no other
+        """The clock events the measured load caused itself (_OWN_LOAD_REASONS on a GPU no other
         process shared): part of the measurement, reported with it, never a disturbance."""
         found = []
         for gpu in self.gpus:
@@ -621,11 +621,11 @@ def compare_snapshots(
         elif cpu_s > 0:
             foreign.append((cpu_s, pid))
     foreign.sort(reverse=True)
-    top = [ForeignProcess(pid, *describe_process(pid), cpu_s / capacity_s) for cpu_s, pid in foreign[:TOP_FOREIGN_COUNT]]
+    top = [ForeignProcess(pid, *describe_process(pid), cpu_s / capacity_s) for cpu_s, pid in foreign[:_TOP_FOREIGN_COUNT]]
     busy_s = stop.cpu.busy_s - start.cpu.busy_s
     psi = {
         f"{resource}_some": max(0, stop.psi_some_us[resource] - start.psi_some_us[resource]) / 1e6 / wall_s
-        for resource in PSI_RESOURCES
+        for resource in _PSI_RESOURCES
         if resource in start.psi_some_us and resource in stop.psi_some_us
     }
     return HostReading(
@@ -756,7 +756,7 @@ class HostWatch:
 
 
 # The watch on remote nodes, through the node agent's snapshots.
-AgentRun = Callable[[Node, list[str]], str]
+_AgentRun = Callable[[Node, list[str]], str]
 
 
 @dataclass(frozen=True)
@@ -792,7 +792,7 @@ class NodeWatch:
     (``here_pids``) among its own, and the node is said to be so instead of being read twice.
     """
 
-    def __init__(self, nodes: Sequence[tuple[Node, str]], *, run: AgentRun = run_agent,
+    def __init__(self, nodes: Sequence[tuple[Node, str]], *, run: _AgentRun = run_agent,
                  python: str = sys.executable, here_boot_id: str | None = None) -> None:
         self._nodes = tuple(nodes)
         self._run = run

@@ -55,7 +55,7 @@ class LoopProbe:
         self._thread.join()
 
     def _post(self) -> None:
-        set_thread_timer_slack_ns(1000)
+        _set_thread_timer_slack_ns(1000)
         interval_ns = int(PROBE_INTERVAL_S * 1e9)
         due_ns = time.perf_counter_ns() + interval_ns
         while not self._stop.is_set():
@@ -75,7 +75,7 @@ class LoopProbe:
         self.latencies_ms.append((time.perf_counter_ns() - due_ns) / 1e6)
 
 
-def set_thread_timer_slack_ns(slack_ns: int) -> None:
+def _set_thread_timer_slack_ns(slack_ns: int) -> None:
     # Linux lets sleeps end up to 50 us late by default (timer slack, man 2 prctl); the probe
     # would count that as loop latency. PR_SET_TIMERSLACK applies to the calling thread only.
     try:

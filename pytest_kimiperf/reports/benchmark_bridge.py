@@ -42,15 +42,15 @@ from pytest_kimiperf.measure.results import RunResult
 from pytest_kimiperf.numbers import json_safe
 
 # The name pytest-benchmark's entry point registers its plugin under.
-BENCHMARK_PLUGIN = "benchmark"
+_BENCHMARK_PLUGIN = "benchmark"
 # The extra_info key that marks a round as a kimiperf scenario (what the table leaves out).
-TIMED_KEY = "kimiperf_timed"
-TIMED = "one round: the scenario's wall time (prompt preparation, warm-up and measured rounds)"
+_TIMED_KEY = "kimiperf_timed"
+_TIMED = "one round: the scenario's wall time (prompt preparation, warm-up and measured rounds)"
 
 T = TypeVar("T")
 
 
-def bench_serve_keys() -> tuple[str, ...]:
+def _bench_serve_keys() -> tuple[str, ...]:
     """The figures extra_info carries, in bench serve's names: each per-request metric's median
     and each per-round throughput of the metric table (config/metric_specs.py)."""
     return (*(f"median_{name}" for name in metrics_of(SampleKind.REQUEST)), *metrics_of(SampleKind.ROUND))
@@ -63,7 +63,7 @@ def active_benchmark(config: Any, getfixturevalue: Callable[[str], Any], *, is_w
     """
     if is_worker:
         return None  # pytest-benchmark disables itself on xdist workers
-    if not config.pluginmanager.hasplugin(BENCHMARK_PLUGIN):
+    if not config.pluginmanager.hasplugin(_BENCHMARK_PLUGIN):
         return None
     if config.getoption("benchmark_skip", False):
         # The fixture calls pytest.skip under --benchmark-skip: the perf test must still run.
@@ -83,7 +83,7 @@ def extra_info(run: RunResult, *, profile: str, deployment: str) -> dict[str, An
     the median of each per-request metric and each per-round one, from the metric table."""
     summary = run.summary()
     figures = summary.to_json()
-    info: dict[str, Any] = {key: json_safe(figures.get(key)) for key in bench_serve_keys()}
+    info: dict[str, Any] = {key: json_safe(figures.get(key)) for key in _bench_serve_keys()}
     info.update({
         "completed": summary.completed,
         "failed": summary.failed,
@@ -92,7 +92,7 @@ def extra_info(run: RunResult, *, profile: str, deployment: str) -> dict[str, An
         "invalid_reason": summary.invalid_reason or None,
         "profile": profile,
         "deployment": deployment,
-        TIMED_KEY: TIMED,
+        _TIMED_KEY: _TIMED,
     })
     return info
 
@@ -103,7 +103,7 @@ def without_scenario_rows(groups: list[tuple[Any, list[dict[str, Any]]]]) -> tup
     kept: list[tuple[Any, list[dict[str, Any]]]] = []
     hidden = 0
     for name, benches in groups:
-        rows = [b for b in benches if TIMED_KEY not in (b.get("extra_info") or {})]
+        rows = [b for b in benches if _TIMED_KEY not in (b.get("extra_info") or {})]
         hidden += len(benches) - len(rows)
         if rows:
             kept.append((name, rows))

@@ -38,12 +38,12 @@ from pytest_kimiperf.reports.model import SessionReport
 
 REQUESTS_FILE = "requests.jsonl"
 # Percentiles written for each latency (bench serve's --metric-percentiles, default "99").
-EXPORT_PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
+_EXPORT_PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 # Fields bench serve drops without --save-detailed (vllm/benchmarks/serve.py, main()).
-DETAILED_FIELDS: tuple[str, ...] = (
+_DETAILED_FIELDS: tuple[str, ...] = (
     "input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts", "errors",
 )
-BACKEND = {"chat": "openai-chat", "completions": "openai"}
+_BACKEND = {"chat": "openai-chat", "completions": "openai"}
 
 _MAX_SLUG = 80
 _NS_PER_S = 1e9
@@ -57,7 +57,7 @@ def bench_serve_result(res: TestResult, *, model_id: str, tokenizer_id: str, dat
     records = list(res.run.requests) if res.run is not None else []
     load = dict(res.run.load) if res.run is not None else {}
     endpoint = str(load.get("endpoint") or "completions")
-    backend = BACKEND.get(endpoint, endpoint)
+    backend = _BACKEND.get(endpoint, endpoint)
     duration = res.run.duration if res.run is not None else 0.0
     ok = [rec for rec in records if rec.ok]
     output_lens = [rec.output_tokens if rec.ok else 0 for rec in records]
@@ -109,13 +109,13 @@ def bench_serve_result(res: TestResult, *, model_id: str, tokenizer_id: str, dat
     for stem, values in (("ttft", ok_ttft), ("tpot", tpots), ("itl", pooled_itl), ("e2el", ok_lat)):
         result.update(_stats_ms(stem, values))
     if not detailed:
-        for name in DETAILED_FIELDS:
+        for name in _DETAILED_FIELDS:
             result.pop(name, None)
     cleaned: dict[str, Any] = json_safe(result)
     return cleaned
 
 
-def request_lines(res: TestResult) -> Iterable[dict[str, Any]]:
+def _request_lines(res: TestResult) -> Iterable[dict[str, Any]]:
     """One JSON object per measured request of ``res`` (times in ns of CLOCK_MONOTONIC and ms)."""
     for rec in res.run.requests if res.run is not None else ():
         send = rec.t_send_ns
@@ -131,7 +131,7 @@ def request_lines(res: TestResult) -> Iterable[dict[str, Any]]:
         }
 
 
-def export_file_name(res: TestResult) -> str:
+def _export_file_name(res: TestResult) -> str:
     """``<test>--<profile>--boot<N>.json``, safe as a file name (a hash keeps long ids apart)."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", res.test.replace("::", "--")).strip("._-") or "test"
     if len(slug) > _MAX_SLUG:
@@ -151,11 +151,11 @@ def write_exports(report: SessionReport, out_dir: Path, *, detailed: bool,
         for res in report.results:
             data = bench_serve_result(res, model_id=model, tokenizer_id=tokenizer, date=date,
                                       detailed=detailed)
-            path = out_dir / export_file_name(res)
+            path = out_dir / _export_file_name(res)
             _write(path, json.dumps(data, allow_nan=False) + "\n")
             written.append(path)
         lines = [json.dumps(json_safe(line), allow_nan=False)
-                 for res in report.results for line in request_lines(res)]
+                 for res in report.results for line in _request_lines(res)]
         path = out_dir / REQUESTS_FILE
         _write(path, "".join(f"{line}\n" for line in lines))
         written.append(path)
@@ -193,7 +193,7 @@ def _stats_ms(stem: str, values_s: Sequence[float]) -> dict[str, float]:
     values = np.asarray(values_s or [0.0], dtype=float) * 1000
     out = {f"mean_{stem}_ms": float(values.mean()), f"median_{stem}_ms": float(np.median(values)),
            f"std_{stem}_ms": float(values.std())}
-    for q in EXPORT_PERCENTILES:
+    for q in _EXPORT_PERCENTILES:
         out[f"p{q}_{stem}_ms"] = float(np.percentile(values, q))
     return out
 

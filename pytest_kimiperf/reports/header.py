@@ -148,7 +148,7 @@ def client_line(quota: QuotaInForce, cpus: Collection[int], *, attached: bool) -
 
 
 # The recorded host ids the header names, the most recent first.
-HOSTS_NAMED = 3
+_HOSTS_NAMED = 3
 
 
 def host_line(host: Mapping[str, str], recorded_hosts: Sequence[str] = ()) -> str:
@@ -159,8 +159,8 @@ def host_line(host: Mapping[str, str], recorded_hosts: Sequence[str] = ()) -> st
     here = host.get("host", "?")
     line = f"kimiperf: host id {here} ({basis})"
     if recorded_hosts and here not in recorded_hosts:
-        named = ", ".join(recorded_hosts[:HOSTS_NAMED]) + (
-            f" and {len(recorded_hosts) - HOSTS_NAMED} more" if len(recorded_hosts) > HOSTS_NAMED else "")
+        named = ", ".join(recorded_hosts[:_HOSTS_NAMED]) + (
+            f" and {len(recorded_hosts) - _HOSTS_NAMED} more" if len(recorded_hosts) > _HOSTS_NAMED else "")
         line += (f"; the baseline's boots were measured on host id {named}, each run here is judged as another host "
                  f"(adding the host spread): if this is that machine, --kimiperf-host-id {shlex.quote(recorded_hosts[0])} "
                  f"(or KIMIPERF_HOST_ID) names it so")

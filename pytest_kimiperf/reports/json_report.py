@@ -27,7 +27,7 @@ from pytest_kimiperf.judge.floors import FloorResult
 from pytest_kimiperf.judge.notes import HistorySteps
 from pytest_kimiperf.judge.stats import Comparison
 from pytest_kimiperf.reports.sentences import (
-    comparison_line, floor_line, joined, level_spread_text, say, say_all, source_text, unrecordable_text,
+    comparison_line, floor_line, joined, level_spread_text, note_text, note_texts, source_text, unrecordable_text,
     warning_lines,
 )
 
@@ -53,7 +53,7 @@ def comparison_json(c: Comparison) -> dict[str, object]:
     return out
 
 
-def floor_json(fr: FloorResult) -> dict[str, object]:
+def _floor_json(fr: FloorResult) -> dict[str, object]:
     """The floor check as the JSON report holds it."""
     return {"median": fr.median, "floor": fr.floor, "target": fr.target, "status": fr.status.value,
             "message": floor_line(fr)}
@@ -86,7 +86,7 @@ def build_json_report(report: SessionReport) -> dict[str, Any]:
             "entries_written": report.baselines_update.entries if report.baselines_update else None,
             "not_recorded": list(report.baselines_update.not_recorded) if report.baselines_update else [],
             "appended_on_pass": report.baselines_update.on_pass if report.baselines_update else False,
-            "not_appended": say(report.not_appended) if report.not_appended is not None else None,
+            "not_appended": note_text(report.not_appended) if report.not_appended is not None else None,
         },
         "roofline": report.roofline.to_json() if report.roofline is not None else None,
         "outputs": dict(report.outputs),
@@ -123,7 +123,7 @@ def write_json_report(path: Path, data: Mapping[str, Any]) -> None:
         ) from None
 
 
-def metric_statistics(mres: MetricResult) -> dict[str, float | int | None]:
+def _metric_statistics(mres: MetricResult) -> dict[str, float | int | None]:
     """Summary statistics of one metric's finite samples (``std`` is numpy's population std)."""
     values = np.asarray(mres.finite, dtype=float)
     failed = len(mres.samples) - int(values.size)
@@ -174,10 +174,10 @@ def _test_json(res: TestResult) -> dict[str, Any]:
         "boot": res.boot,
         "host": res.host,
         "unrecordable": unrecordable_text(res),
-        "failures": say_all(res.failures),
+        "failures": note_texts(res.failures),
         "warnings": warning_lines(res),
-        "messages": say_all(res.messages),
-        "floor": floor_json(res.floor) if res.floor is not None else None,
+        "messages": note_texts(res.messages),
+        "floor": _floor_json(res.floor) if res.floor is not None else None,
         "run": res.run.to_json() if res.run is not None else {},
         "primary_metric": res.primary,
         "metrics": {name: _metric_json(mres) for name, mres in res.metrics.items()},
@@ -197,8 +197,8 @@ def _metric_json(mres: MetricResult) -> dict[str, Any]:
         "direction": mres.direction,
         "tolerance": mres.tolerance,
         "samples": list(mres.samples),
-        "summary": metric_statistics(mres),
+        "summary": _metric_statistics(mres),
         "baseline": comparison_json(mres.baseline) if mres.baseline is not None else None,
-        "baseline_message": say(mres.baseline_line) if mres.baseline_line is not None else None,
+        "baseline_message": note_text(mres.baseline_line) if mres.baseline_line is not None else None,
     }
 

@@ -13,7 +13,7 @@ from pytest_kimiperf.config.metric_specs import METRICS, Direction
 from pytest_kimiperf.config.nccl.profiles import describe_args, describe_env
 from pytest_kimiperf.config.settings import Settings
 
-METRICS_SOURCE = "pytest_kimiperf/config/metric_specs.py"
+_METRICS_SOURCE = "pytest_kimiperf/config/metric_specs.py"
 
 
 def _rows(rows: list[tuple[str, ...]]) -> list[str]:
@@ -33,7 +33,7 @@ def listing_lines(s: Settings) -> list[str]:
                      f"{p.source}: " + describe_env(p) + (f"; args {describe_args(p)}" if p.args else ""))
                     for name, p in sorted(s.known_profiles.items())])
     lines.append(f"kimiperf metrics (perf.check names; tolerance of deployment {s.deployment.name}; "
-                 f"defined in {METRICS_SOURCE}):")
+                 f"defined in {_METRICS_SOURCE}):")
     lines += _rows([(name, spec.label, spec.unit,
                      "higher is better" if spec.direction is Direction.HIGHER_IS_BETTER else "lower is better",
                      f"tolerance {s.deployment.tolerance(name):.0%}")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.reports.model import figure_legend, fmt_range, range_names
-from pytest_kimiperf.reports.answers import outcome_line, spread_line, what_nccl_reached
+from pytest_kimiperf.reports.answers import spread_line
+from pytest_kimiperf.reports.next_step import outcome_line
 from pytest_kimiperf.reports.measured import measured_lines
 from pytest_kimiperf.reports.model import (
     boot_label,
@@ -79,7 +80,7 @@ def _profile_tables(report: SessionReport) -> list[str]:
         f"{_text(_sentence(figure_legend(report.has_tails())))}; change vs {_code(ref)}: of the boots' "
         f"geometric mean, with its {INTERVAL_LEGEND}; boots are the samples.", "",
     ]
-    if (reach := what_nccl_reached(report)) is not None:
+    if (reach := report.what_nccl_reached()) is not None:
         lines += [f"**What NCCL could reach:** {_text(reach)}.", ""]
     rows = []
     for block in report.test_blocks():

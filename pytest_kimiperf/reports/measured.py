@@ -89,13 +89,15 @@ def measured_lines(report: SessionReport, *, only_lost: bool = False) -> list[st
             for res in sorted(results, key=lambda r: r.boot):
                 assert res.run is not None and res.run.measured is not None
                 measured, sent, withheld = _count(res.run.measured, figure)
+                if not sent:
+                    continue  # a boot that sent nothing (its run failed before its window) counts nothing
                 profiles.setdefault(res.profile, []).append(f"{measured}/{sent}")
                 lost += withheld
                 holders.add(res.run.measured)
             name = GAPS if figure == GAPS else "requests completed" if figure == COMPLETED else metric_spec(figure).label
             counts = "; ".join(f"{profile} {', '.join(boots)}" for profile, boots in profiles.items())
             total = sum(lost.values())
-            if only_lost and not total:
+            if (only_lost and not total) or not profiles:
                 continue
             why = f" ({total} not measured: {_why(lost, holders)})" if total else ""
             lines.append(f"{short_test(test)}, {name} measured of sent: {counts}{why}")

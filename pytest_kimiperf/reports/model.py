@@ -32,9 +32,10 @@ from pytest_kimiperf.judge.stats import Comparison, Leaning, leaning
 from pytest_kimiperf.judge.verdicts import BaselineLine, MetricResult, TestResult
 from pytest_kimiperf.numbers import fmt_value
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck
+from pytest_kimiperf.reports.nccl_reach import reach_summary, sets_nccl
 from pytest_kimiperf.reports.sentences import RECORDING_ACCEPTS, baseline_line, warning_lines
 from pytest_kimiperf.roofline.inputs import RooflineReport
-from pytest_kimiperf.server.progress import BootAccount
+from pytest_kimiperf.server.boot_account import BootAccount
 from pytest_kimiperf.server.zombies import SweepAccount
 from pytest_kimiperf.server.weight_cache import WeightCacheFacts
 
@@ -294,6 +295,18 @@ class SessionReport:
     def compared_profiles(self) -> bool:
         """Whether more than one profile produced results, so a profile table means something."""
         return len({res.profile for res in self.results}) > 1
+
+    def what_nccl_reached(self) -> str | None:
+        """The NCCL line: where the compared profiles' NCCL variables could not reach decode's
+        all-reduces, from each boot's log (nccl_reach.reach_summary); None where they could, or
+        nothing says."""
+        if not self.compared_profiles():
+            return None
+        hard = (self.fingerprint or {}).get("hard") or {}
+        return reach_summary(
+            {p.name: [a.all_reduce for a in p.boot_accounts if a.all_reduce is not None] for p in self.profiles},
+            nccl_profiles=[p.name for p in self.profiles if sets_nccl(p.profile_env)],
+            interconnect=str(hard["gpu.interconnect"]) if hard.get("gpu.interconnect") else None)
 
     def test_blocks(self) -> list[PerfTestBlock]:
         """Per test and metric, each profile's figures and its comparison to the reference."""

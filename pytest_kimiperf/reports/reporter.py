@@ -48,7 +48,7 @@ from pytest_kimiperf.reports.model import (
 )
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck, check_server_log
 from pytest_kimiperf.reports.outputs import OutputContext, write_outputs
-from pytest_kimiperf.reports.answers import missing_baseline_warning
+from pytest_kimiperf.reports.next_step import missing_baseline_warning
 from pytest_kimiperf.reports.terminal import render_summary
 from pytest_kimiperf.roofline.inputs import build_roofline_report, decode_results
 from pytest_kimiperf.server.allreduce_path import decode_reach

@@ -2,7 +2,7 @@
 
 The gate (judge/gate.py) and the statistics (judge/stats.py, judge/profiles.py) return typed
 values: a :class:`~pytest_kimiperf.judge.stats.Comparison` and notes (judge/notes.py,
-judge/verdicts.py). :func:`say` turns a note into its line, :func:`comparison_line` a comparison
+judge/verdicts.py). :func:`note_text` turns a note into its line, :func:`comparison_line` a comparison
 into the line a test report shows; the terminal summary, the JSON report, the pytest warnings and
 a test's failure message all read them from here. Nothing reads these sentences back.
 """
@@ -19,12 +19,12 @@ from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, Direction,
 from pytest_kimiperf.judge.history import AppendWhy, NotAppended
 from pytest_kimiperf.measure.invalid_causes import advice_for
 from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
-from pytest_kimiperf.judge.levels import CanaryCheck, Level, Levels
+from pytest_kimiperf.judge.canary_check import CanaryCheck
 from pytest_kimiperf.judge.notes import (
     BootAsked, BootPlanned, BootsBooked, BootsForWithin, BootsToDecide, DeclaredModes, FailedRequests, FloorNote,
-    GoodputSlos, HistoryModes, HistoryStep, HistorySteps, HostWatched, InvalidRun, LeftOut, LevelSpread, Look,
-    MeasuredAgain, NeedsBoots, NoDecode, Note, Plan, PrefixCacheReused, Said, SloCheck, SoftFingerprint, SpreadSource,
-    TooFewSamples, Unresolved, Drifted,
+    ChangeSoFar, GoodputSlos, HistoryModes, HistoryStep, HistorySteps, HostWatched, InvalidRun, LeftOut, LevelSpread,
+    MeasuredAgain, NeedsBoots, NoDecode, Note, Plan, PrefixCacheReused, SavedLine, SloCheck, SoftFingerprint,
+    SpreadSource, TooFewSamples, Unresolved, Drifted,
 )
 from pytest_kimiperf.judge.spread_check import SpreadBeyond, SpreadsMisdeclared
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind, band_log, fmt_tolerance
@@ -47,30 +47,30 @@ def select_hardware(recorded: str) -> str:
             "kimiperf_server_hardware ini option, the deployment's server_hardware)")
 
 
-def say_all(notes: Iterable[Note]) -> list[str]:
+def note_texts(notes: Iterable[Note]) -> list[str]:
     """Each note's line."""
-    return [say(n) for n in notes]
+    return [note_text(n) for n in notes]
 
 
 def joined(notes: Iterable[Note]) -> str:
     """The notes' lines in one, ``; ``-separated."""
-    return "; ".join(say(n) for n in notes)
+    return "; ".join(note_text(n) for n in notes)
 
 
 @functools.singledispatch
-def say(note: Note) -> str:
+def note_text(note: Note) -> str:
     """The line a note is shown as."""
     raise TypeError(f"no sentence for note kind {note.kind!r} ({type(note).__name__})")
 
 
-@say.register
-def _(note: Said) -> str:
+@note_text.register
+def _(note: SavedLine) -> str:
     return note.text
 
 
 # --- what the measurement saw beside its figures --------------------------------------------
 
-@say.register
+@note_text.register
 def _(note: HostWatched) -> str:
     psi = ", ".join(f"PSI {name.replace('_', ' ')} {share * 100:.0f}%" for name, share in sorted(note.psi))
     cpu = ("; ".join(note.blind) if note.blind else
@@ -81,12 +81,12 @@ def _(note: HostWatched) -> str:
             + "".join(f"; {remark}" for remark in note.remarks))
 
 
-@say.register
+@note_text.register
 def _(note: MeasuredAgain) -> str:
     return "; ".join(f"attempt {i} measured again: {why}" for i, why in enumerate(note.reasons, 1))
 
 
-@say.register
+@note_text.register
 def _(note: PrefixCacheReused) -> str:
     queried = note.queried_tokens
     share = f" ({note.hit_tokens / queried:.1%} of {queried:.0f} queried)" if queried else ""
@@ -95,7 +95,7 @@ def _(note: PrefixCacheReused) -> str:
             "traffic on the server), so TTFT and throughput do not measure a cold prefill")
 
 
-@say.register
+@note_text.register
 def _(note: BootsBooked) -> str:
     return (f"profiles: {note.metric} undecided at {note.boots} boots a profile (within the tolerance or a "
             f"direction, at this look's share of the error budget); boot {note.boots + 1} of "
@@ -106,14 +106,14 @@ def _(note: BootsBooked) -> str:
 
 def source_text(source: SpreadSource | None) -> str:
     """Where a spread came from: "declared 18%", "measured over 2 + 10 boots", ..."""
-    return "" if source is None else say(source)
+    return "" if source is None else note_text(source)
 
 
 def _pct(fraction: float | None, whole: bool) -> str:
     return f"{fraction or 0.0:.0%}" if whole else fmt_spread(fraction)
 
 
-@say.register
+@note_text.register
 def _(note: SpreadSource) -> str:
     how, unit = note.how, note.unit
     if how == SpreadSource.MEASURED:
@@ -132,7 +132,7 @@ def _(note: SpreadSource) -> str:
     return {"boot": "one boot per session", "session": "one session per host"}.get(unit, "one host")
 
 
-@say.register
+@note_text.register
 def _(note: SpreadBeyond) -> str:
     chance = f"{note.p:.1g}" if note.p > 0 else "below 1e-300"
     return (f"{note.level} spread {fmt_spread(note.measured)} where {fmt_spread(note.declared)} is declared, the "
@@ -140,7 +140,7 @@ def _(note: SpreadBeyond) -> str:
             f"{note.level}{'s' * (note.units != 1)}, {note.df:g} df; chance {chance} at the declared)")
 
 
-@say.register
+@note_text.register
 def _(note: SpreadsMisdeclared) -> str:
     if note.deployment:
         declare = " and ".join(f"{b.level}_spread = {b.measured:.2g}" for b in note.beyond)
@@ -153,27 +153,12 @@ def _(note: SpreadsMisdeclared) -> str:
 
 def level_spread_text(level: LevelSpread) -> str:
     """``session spread 0.8% (declared 0.8%)``."""
-    return f"{level.name} spread {fmt_spread(level.spread)} ({say(level.source)})"
-
-
-def level_text(level: Level) -> str:
-    """A corpus level: ``1.1% (0.7-2.0%, 3 df)``, or ``n/a (one session per host)``."""
-    if not math.isfinite(level.sd_log):
-        return f"n/a ({say(level.source)})"
-    if math.isfinite(level.low) and math.isfinite(level.high):
-        return (f"{fmt_spread(math.expm1(level.sd_log))} ({math.expm1(level.low) * 100:.1f}-"
-                f"{math.expm1(level.high) * 100:.1f}%, {level.df:g} df)")
-    return f"{fmt_spread(math.expm1(level.sd_log))} ({say(level.source)})"
-
-
-def request_cv_text(levels: Levels) -> str:
-    """The median per-request CV inside a boot, as a percentage."""
-    return f"{levels.request_cv * 100:.1f}%" if math.isfinite(levels.request_cv) else "n/a"
+    return f"{level.name} spread {fmt_spread(level.spread)} ({note_text(level.source)})"
 
 
 # --- a comparison ---------------------------------------------------------------------------
 
-def rests_on(c: Comparison) -> str:
+def evidence_text(c: Comparison) -> str:
     """What the verdict rests on, e.g. "2 boots (40 samples) vs 10 reference boots; boot
     spread 0.8% (measured over 2 + 10 boots)"."""
     def side(boots: int, sessions: int, what: str) -> str:
@@ -237,10 +222,10 @@ def comparison_line(c: Comparison, *, label: bool = True) -> str:
             case _:
                 assert_never(kind)
     tail = f"; {note}" if note else ""
-    return f"{prefix}{body}; {rests_on(c)}{tail})"
+    return f"{prefix}{body}; {evidence_text(c)}{tail})"
 
 
-@say.register
+@note_text.register
 def _(note: NotAppended) -> str:
     if note.why is AppendWhy.FAILED:
         which = (f"{note.failed} perf test{'s' * (note.failed != 1)} failed or {'was' if note.failed == 1 else 'were'} "
@@ -260,19 +245,19 @@ def _(note: NotAppended) -> str:
             "(--kimiperf-update-baselines)")
 
 
-@say.register
+@note_text.register
 def _(note: NeedsBoots) -> str:
     return f"a verdict needs {note.boots} boots: one boot can screen, never convict"
 
 
-@say.register
+@note_text.register
 def _(note: TooFewSamples) -> str:
     if note.tail:
         return f"insufficient samples for this tail: a boot needs {note.need}, this one has {note.have}"
     return f"this boot has {note.have} valid sample{'s' * (note.have != 1)}: failed requests are not samples"
 
 
-@say.register
+@note_text.register
 def _(note: HistoryModes) -> str:
     apart = (note.high_center / note.low_center - 1.0) * 100
     between = (f"; {note.unclear} boot(s) of this run in neither mode (or both), read against the better one ("
@@ -292,25 +277,25 @@ def _when(at: str, commit: str) -> str:
     return f"{when} ({commit[:10]})" if commit else when
 
 
-@say.register
+@note_text.register
 def _(note: HistoryStep) -> str:
     return (f"stepped {note.change * 100:+.1f}% between {_when(note.before, note.before_commit)} and "
             f"{_when(note.after, note.after_commit)} ({note.boots_before} boots before, {note.boots_after} after)")
 
 
-@say.register
+@note_text.register
 def _(note: HistorySteps) -> str:
-    steps = "; ".join(say(step) for step in note.steps)
+    steps = "; ".join(note_text(step) for step in note.steps)
     return (f"the history {steps}: judged against the {note.judged_boots} "
             f"boot{'s' * (note.judged_boots != 1)} since the last step")
 
 
-@say.register
+@note_text.register
 def _(note: DeclaredModes) -> str:
     return f"spawn modes {note.drop:.0%} apart declared ({note.slow_share:.0%} of boots slow)"
 
 
-@say.register
+@note_text.register
 def _(note: BootsToDecide) -> str:
     if note.have_them:
         return "the boots' own spread is what holds it back"
@@ -320,7 +305,7 @@ def _(note: BootsToDecide) -> str:
             "the spawn modes explain it")
 
 
-@say.register
+@note_text.register
 def _(note: BootsForWithin) -> str:
     if note.needed is None:
         return (f"no number of boots up to {note.max_boots} a side would show it within the tolerance, "
@@ -332,12 +317,12 @@ def _(note: BootsForWithin) -> str:
             "would show it within the tolerance, with 90% power")
 
 
-@say.register
+@note_text.register
 def _(note: LeftOut) -> str:
     return f"boot {note.boot} failed and is no sample of this build: {joined(note.reasons)}"
 
 
-@say.register
+@note_text.register
 def _(note: Plan) -> str:
     goal = fmt_tolerance(note.goal)
     if note.boots is None and note.levels:
@@ -390,7 +375,7 @@ def _versions(line: BaselineLine) -> list[str]:
 def beside_comparison(line: BaselineLine) -> list[str]:
     """What a baseline line says beside its comparison, each clause alone: how the baseline's
     host or set-up differs, the software versions it was judged across, the boots left out."""
-    return [*_apart(line), *_versions(line), *([say(line.left_out)] if line.left_out is not None else [])]
+    return [*_apart(line), *_versions(line), *([note_text(line.left_out)] if line.left_out is not None else [])]
 
 
 def missing_reason(line: BaselineLine) -> str:
@@ -404,7 +389,7 @@ def missing_reason(line: BaselineLine) -> str:
     return missing
 
 
-def missing_advice(line: BaselineLine, advice: str = RECORD_ADVICE, *, record: bool = True) -> str:
+def _missing_advice(line: BaselineLine, advice: str = RECORD_ADVICE, *, record: bool = True) -> str:
     """What to do where ``line`` has no baseline: state the hardware a baseline of the same
     server was recorded with, and (``record``: not a gate) record only if the hardware is new;
     else ``advice``, what records one."""
@@ -415,7 +400,7 @@ def missing_advice(line: BaselineLine, advice: str = RECORD_ADVICE, *, record: b
 
 def baseline_line(line: BaselineLine, *, label: bool = True, advice: str = RECORD_ADVICE, record: bool = True) -> str:
     """The gate's line about one metric against its baseline: ``"{label}: {body}: {advice}{tail}"``;
-    the advice (:func:`missing_advice`) only where it is missing, and a report puts its own
+    the advice (:func:`_missing_advice`) only where it is missing, and a report puts its own
     command there (and under a gate, ``record=False``, never records over a same-server baseline)."""
     tail = ""
     if line.state is BaselineState.OFF:
@@ -431,45 +416,45 @@ def baseline_line(line: BaselineLine, *, label: bool = True, advice: str = RECOR
         body += "".join(f" — {clause}" for clause in _apart(line))
         tail = "".join(f" — {clause}" for clause in _versions(line))
     if line.left_out is not None:
-        tail += f" — {say(line.left_out)}"
+        tail += f" — {note_text(line.left_out)}"
     head = f"{line.label}: " if label and line.label else ""
-    return f"{head}{body}{f': {missing_advice(line, advice, record=record)}' if line.state.missing else ''}{tail}"
+    return f"{head}{body}{f': {_missing_advice(line, advice, record=record)}' if line.state.missing else ''}{tail}"
 
 
-@say.register
+@note_text.register
 def _(note: BaselineLine) -> str:
     return baseline_line(note)
 
 
-@say.register
+@note_text.register
 def _(note: VerdictNote) -> str:
     line = comparison_line(note.comparison)
     if note.adopt:
         return line + f"; to adopt it, {RECORD_ADVICE}"
-    return line + (f"; {say(note.plan)}" if note.plan is not None else "")
+    return line + (f"; {note_text(note.plan)}" if note.plan is not None else "")
 
 
-@say.register
+@note_text.register
 def _(note: MissingBaselines) -> str:
     # One reason, once: the metrics it holds for share it (another hardware's figures are the
     # tables', shown, never judged). Never the record advice over a same-server baseline: this
     # is a gate's failure, and recording would take a regression as the baseline.
     by_reason: dict[tuple[str, str], list[str]] = {}
     for line in note.lines:
-        by_reason.setdefault((missing_reason(line), missing_advice(line, record=False)), []).append(line.label)
+        by_reason.setdefault((missing_reason(line), _missing_advice(line, record=False)), []).append(line.label)
     said = [f"{', '.join(labels)}: {reason}: {advice}" for (reason, advice), labels in by_reason.items()]
     return "missing baseline (--kimiperf-missing-baseline=fail): " + "; ".join(said)
 
 
 # --- what the gate says of a boot -----------------------------------------------------------
 
-@say.register
+@note_text.register
 def _(note: InvalidRun) -> str:
     advice = advice_for((note.cause,))
     return f"INVALID measurement: {note.reason}" + (f" ({advice})" if advice else "")
 
 
-@say.register
+@note_text.register
 def _(note: FailedRequests) -> str:
     reasons = "; ".join(f"{n}x {reason}" for reason, n in note.reasons)
     line = f"{note.failed} of {note.total} measured requests failed and are not counted ({reasons})"
@@ -478,12 +463,12 @@ def _(note: FailedRequests) -> str:
     return f"{line}: more than {note.limit:.0%} failed, the server did not serve this load"
 
 
-@say.register
+@note_text.register
 def _(note: GoodputSlos) -> str:
     return "goodput SLOs: " + ", ".join(f"{k} <= {v:g}" for k, v in note.limits)
 
 
-@say.register
+@note_text.register
 def _(note: SloCheck) -> str:
     label = f"SLO {note.metric} {'<=' if note.lower_is_better else '>='} {note.limit:g} {note.unit}"
     if note.status == SloCheck.UNCHECKED:
@@ -509,47 +494,47 @@ def floor_line(fr: FloorResult) -> str:
     return f"{head} (no floor or target set)"
 
 
-@say.register
+@note_text.register
 def _(note: FloorNote) -> str:
     return floor_line(note.floor)
 
 
-@say.register
+@note_text.register
 def _(note: NoDecode) -> str:
     return "single-stream decode: no valid request to measure"
 
 
-@say.register
+@note_text.register
 def _(note: BootPlanned) -> str:
     return f"boot {note.boot} of {note.boots} planned: the verdict comes after boot {note.boots}"
 
 
-def _look(look: Look, *, tolerance: bool) -> str:
+def _change_so_far(look: ChangeSoFar, *, tolerance: bool) -> str:
     line = f"{look.metric} looks {look.change * 100:+.1f}% on {look.boots} boot(s)"
     return line + (f", beyond the {look.tolerance:.0%} tolerance" if tolerance else "")
 
 
-@say.register
+@note_text.register
 def _(note: BootAsked) -> str:
     return (f"boot {note.boot} of {note.profile} asked for: "
-            + "; ".join(_look(look, tolerance=False) for look in note.looks)
+            + "; ".join(_change_so_far(look, tolerance=False) for look in note.looks)
             + " (one boot can screen, never convict)")
 
 
 def unresolved_text(note: Unresolved) -> str:
     """Why a change stays unresolved for good, and what would resolve it."""
-    return ("; ".join(_look(look, tolerance=True) for look in note.looks)
+    return ("; ".join(_change_so_far(look, tolerance=True) for look in note.looks)
             + " (one boot can screen, never convict); this run cannot boot the attached server again: "
             f"give deployment {note.deployment} a restart_command (such as ['systemctl', 'restart', 'vllm']) "
             f"and the plugin restarts it for the {note.boots_needed} or more boots a verdict needs")
 
 
-@say.register
+@note_text.register
 def _(note: Unresolved) -> str:
     return f"UNRESOLVED: {unresolved_text(note)}"
 
 
-@say.register
+@note_text.register
 def _(note: Drifted) -> str:
     return (f"DRIFT: {note.label} {fmt_change(note.change)} since the baseline was recorded ({note.anchor_at}), on the line "
             f"through the {note.nights} runs since (this one and {note.nights - 1} appended on passing), at best "
@@ -557,7 +542,7 @@ def _(note: Drifted) -> str:
             f"it is meant, record the baseline again (--kimiperf-update-baselines: it {RECORDING_ACCEPTS})")
 
 
-@say.register
+@note_text.register
 def _(note: SoftFingerprint) -> str:
     return ("the baseline was recorded with other soft facts (they only warn; the hardware "
             f"and software that set speed match): {'; '.join(note.changes)}")
@@ -567,7 +552,7 @@ def _(note: SoftFingerprint) -> str:
 
 def warning_lines(result: TestResult) -> list[str]:
     """The test's warnings as shown."""
-    return [say(w.note) for w in result.warnings]
+    return [note_text(w.note) for w in result.warnings]
 
 
 def unrecordable_text(result: TestResult) -> str | None:

@@ -5,16 +5,17 @@ function of the report and the verbosity; the session reporter hands the lines t
 reporter's ``write_sep``/``write_line``, whose markup is dropped where the terminal has no colour.
 Tables keep to :data:`MAX_WIDTH` columns: when the metric names make a row too wide, the metric
 moves to a line of its own above its profiles. What the lines say is gathered in
-:mod:`~pytest_kimiperf.reports.answers`; this module lays it out. It holds, in order:
+:mod:`~pytest_kimiperf.reports.answers`, :mod:`~pytest_kimiperf.reports.compact_rows` and
+:mod:`~pytest_kimiperf.reports.next_step`; this module lays it out. It holds, in order:
 
 * the building blocks (:class:`TerminalLine`, :class:`Table`, :func:`wrapped`): a line with its
   markup, fixed-width tables, wrapping;
-* the first screen (:func:`answer_section`, :func:`compact_profile_table`,
-  :func:`compact_baseline_table`): the answers, then one compact table per comparison;
+* the first screen (:func:`_answer_section`, :func:`_compact_profile_table`,
+  :func:`_compact_baseline_table`): the answers, then one compact table per comparison;
 * the sections about the run itself, beside its verdicts: what NCCL logged it applied
-  (``--kimiperf-nccl-debug``, :func:`nccl_debug_lines`), the decode ceiling
-  (:func:`roofline_lines`), the server's own view next to the client's
-  (:func:`server_view_section`), the warnings (:func:`warning_section`), and the servers and
+  (``--kimiperf-nccl-debug``, :func:`_nccl_debug_lines`), the decode ceiling
+  (:func:`_roofline_lines`), the server's own view next to the client's
+  (:func:`_server_view_section`), the warnings (:func:`_warning_section`), and the servers and
   files (:func:`servers_and_files`): boots, leftovers, where the reports and baselines went;
 * the summary itself (:func:`render_summary`, :func:`end_line`) and its ``-v`` sections: profile
   comparisons, baselines, floors, and the ``-q`` verdicts.
@@ -35,17 +36,10 @@ from pytest_kimiperf.judge.profiles import INTERVAL_LEGEND
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.measure.invalid_causes import advice_for
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_spread, fmt_value
-from pytest_kimiperf.reports.answers import (
-    CompactRow,
-    Tone,
-    answer_lines,
-    baseline_rows,
-    failure_lines,
-    outcome_line,
-    profile_rows,
-    run_verdict,
-    short_test,
-)
+from pytest_kimiperf.reports.answers import Tone, answer_lines, failure_lines, run_verdict
+from pytest_kimiperf.reports.compact_rows import CompactRow, baseline_rows, profile_rows
+from pytest_kimiperf.reports.next_step import outcome_line
+from pytest_kimiperf.reports.model import short_test
 from pytest_kimiperf.reports.model import (
     BaselineRow,
     MetricBlock,
@@ -61,15 +55,15 @@ from pytest_kimiperf.reports.model import (
 from pytest_kimiperf.reports.measured import measured_lines
 from pytest_kimiperf.reports.nccl_check import APPLIED, DIFFERENT, NOT_SEEN
 from pytest_kimiperf.reports.outputs import output_labels
-from pytest_kimiperf.reports.sentences import comparison_line, rests_on, say, source_text
+from pytest_kimiperf.reports.sentences import comparison_line, evidence_text, note_text, source_text
 
 # Building blocks: a line with its markup, fixed-width tables, wrapping.
 MAX_WIDTH = 100
 
-RED = {"red": True}
+_RED = {"red": True}
 LOUD = {"red": True, "bold": True}
-YELLOW = {"yellow": True}
-GREEN = {"green": True}
+_YELLOW = {"yellow": True}
+_GREEN = {"green": True}
 
 
 @dataclass(frozen=True)
@@ -116,18 +110,18 @@ class Table:
 
 
 
-def verdict_markup(verdict: str) -> Mapping[str, bool]:
+def _verdict_markup(verdict: str) -> Mapping[str, bool]:
     """A verdict's colour: a regression loud red, a pass green, anything unresolved yellow."""
     if verdict == VerdictKind.REGRESSION.value:
         return LOUD
     if verdict == VerdictKind.IMPROVEMENT.value or verdict == VerdictKind.WITHIN_TOLERANCE.value:
-        return GREEN
-    return YELLOW
+        return _GREEN
+    return _YELLOW
 
 
-def floor_markup(status: str) -> Mapping[str, bool]:
+def _floor_markup(status: str) -> Mapping[str, bool]:
     """A decode floor's colour: below the floor loud red, below target yellow, ok green."""
-    return {"below floor": LOUD, "below target": YELLOW, "ok": GREEN}.get(status, {})
+    return {"below floor": LOUD, "below target": _YELLOW, "ok": _GREEN}.get(status, {})
 
 
 def plural(count: int, word: str, plural: str | None = None) -> str:
@@ -138,16 +132,16 @@ def plural(count: int, word: str, plural: str | None = None) -> str:
 # The first screen: the answers, then one compact table per comparison.
 
 # Marks the row of a test's primary metric in the compact tables.
-PRIMARY_MARK = "* "
+_PRIMARY_MARK = "* "
 
 
-def answer_section(report: SessionReport) -> list[TerminalLine]:
+def _answer_section(report: SessionReport) -> list[TerminalLine]:
     """The summary's opening: one line per answer, the failures, and the run's outcome."""
     lines = [TerminalLine("kimiperf: answers", sep="=")]
     for answer in answer_lines(report):
         lines.extend(wrapped(answer.text, indent=0, markup=_TONE_MARKUP[answer.tone]))
     for failure in failure_lines(report):
-        lines.extend(wrapped(failure, indent=0, markup=RED))
+        lines.extend(wrapped(failure, indent=0, markup=_RED))
     outcome = outcome_line(report, report.record_command)
     if outcome is not None:
         verdict = run_verdict(report)
@@ -155,7 +149,7 @@ def answer_section(report: SessionReport) -> list[TerminalLine]:
     return lines
 
 
-_TONE_MARKUP: Mapping[Tone, Mapping[str, bool]] = {Tone.LOUD: LOUD, Tone.WORSE: RED, Tone.PLAIN: {}}
+_TONE_MARKUP: Mapping[Tone, Mapping[str, bool]] = {Tone.LOUD: LOUD, Tone.WORSE: _RED, Tone.PLAIN: {}}
 
 
 def _compact_table(rows: Sequence[CompactRow]) -> list[TerminalLine]:
@@ -168,7 +162,7 @@ def _compact_table(rows: Sequence[CompactRow]) -> list[TerminalLine]:
         c = row.comparison
         verdict = "INVALID measurement" if c is None and row.invalid else row.verdict
         change = [fmt_change(c.change), row.interval] if c is not None else ["", ""]
-        metric = f"{PRIMARY_MARK}{row.metric}" if row.primary else f"{' ' * len(PRIMARY_MARK)}{row.metric}"
+        metric = f"{_PRIMARY_MARK}{row.metric}" if row.primary else f"{' ' * len(_PRIMARY_MARK)}{row.metric}"
         cells.append((short_test(row.test), [metric, *([row.profile] if several else []), *change, verdict],
                       _row_markup(row)))
     table = Table(header, aligns="lllrll" if several else "llrll", indent=2)
@@ -200,19 +194,19 @@ def _compact_table(rows: Sequence[CompactRow]) -> list[TerminalLine]:
 def _primary_legend(rows: Sequence[CompactRow]) -> list[TerminalLine]:
     if not any(row.primary for row in rows):
         return []
-    return [TerminalLine(f"  {PRIMARY_MARK.strip()} the test's primary metric, the one its answer line speaks of; "
+    return [TerminalLine(f"  {_PRIMARY_MARK.strip()} the test's primary metric, the one its answer line speaks of; "
                          "the other rows are secondary")]
 
 
 def _row_markup(row: CompactRow) -> Mapping[str, bool]:
     if row.note or row.comparison is None:
-        return YELLOW
+        return _YELLOW
     if row.in_session and row.comparison.verdict is VerdictKind.REGRESSION:
-        return RED  # a slower profile is a finding, not a failed test: red, but not loud
-    return verdict_markup(row.comparison.verdict.value)
+        return _RED  # a slower profile is a finding, not a failed test: red, but not loud
+    return _verdict_markup(row.comparison.verdict.value)
 
 
-def compact_profile_table(report: SessionReport) -> list[TerminalLine]:
+def _compact_profile_table(report: SessionReport) -> list[TerminalLine]:
     """Each profile against the reference, one row per metric, on all boots."""
     if not report.compared_profiles():
         return []
@@ -225,7 +219,7 @@ def compact_profile_table(report: SessionReport) -> list[TerminalLine]:
     return [TerminalLine(title, sep="="), *_compact_table(rows), *_primary_legend(rows)]
 
 
-def compact_baseline_table(report: SessionReport) -> list[TerminalLine]:
+def _compact_baseline_table(report: SessionReport) -> list[TerminalLine]:
     """Each profile against its baseline, one row per metric, on its last boot (which rests on
     all its boots)."""
     rows = baseline_rows(report)
@@ -235,13 +229,13 @@ def compact_baseline_table(report: SessionReport) -> list[TerminalLine]:
     return [TerminalLine(title, sep="="), *_compact_table(rows), *_primary_legend(rows)]
 
 
-def warning_count(report: SessionReport) -> list[TerminalLine]:
+def _warning_count(report: SessionReport) -> list[TerminalLine]:
     """One line for the warnings that ``-v`` and the Markdown summary spell out."""
     warnings = report.warnings()
     if not warnings:
         return []
     return [TerminalLine(f"kimiperf: {plural(len(warnings), 'warning')} besides the answers: -v or the Markdown "
-                         "summary lists them", markup=YELLOW)]
+                         "summary lists them", markup=_YELLOW)]
 
 
 # The sections about the run itself: NCCL, roofline, the server's view, warnings, servers and files.
@@ -251,7 +245,7 @@ def warning_count(report: SessionReport) -> list[TerminalLine]:
 _NCCL_DEBUG_TITLE = "NCCL variables in the server logs (--kimiperf-nccl-debug)"
 
 
-def nccl_debug_lines(report: SessionReport, *, titled: bool, quiet: bool) -> list[TerminalLine]:
+def _nccl_debug_lines(report: SessionReport, *, titled: bool, quiet: bool) -> list[TerminalLine]:
     checks = report.nccl_checks()
     if quiet:
         # -q keeps what is alarming: a variable NCCL logged with another value.
@@ -272,7 +266,7 @@ def nccl_debug_lines(report: SessionReport, *, titled: bool, quiet: bool) -> lis
         log = f" (log: {check.log_path})" if check.log_path else ""
         lines.append(TerminalLine(f"  {check.profile}{log}"))
         if check.error:
-            lines.append(TerminalLine(f"    {check.error}", markup=YELLOW))
+            lines.append(TerminalLine(f"    {check.error}", markup=_YELLOW))
         for v in shown[check.profile]:
             lines.append(TerminalLine(table.format([f"{v.variable}={v.expected}", v.message]),
                                       markup=_NCCL_MARKUP.get(v.status, {})))
@@ -282,10 +276,10 @@ def nccl_debug_lines(report: SessionReport, *, titled: bool, quiet: bool) -> lis
     return lines
 
 
-_NCCL_MARKUP: Mapping[str, Mapping[str, bool]] = {APPLIED: GREEN, NOT_SEEN: YELLOW, DIFFERENT: RED}
+_NCCL_MARKUP: Mapping[str, Mapping[str, bool]] = {APPLIED: _GREEN, NOT_SEEN: _YELLOW, DIFFERENT: _RED}
 
 
-def roofline_lines(report: SessionReport, *, titled: bool) -> list[TerminalLine]:
+def _roofline_lines(report: SessionReport, *, titled: bool) -> list[TerminalLine]:
     roof = report.roofline
     if roof is None:
         return []
@@ -293,7 +287,7 @@ def roofline_lines(report: SessionReport, *, titled: bool) -> list[TerminalLine]
     lines = [TerminalLine(f"kimiperf: {title}", sep="=") if titled
              else TerminalLine(title, markup={"bold": True})]
     if not roof.known:
-        lines.extend(wrapped(roof.arithmetic_line(), indent=2, markup=YELLOW))
+        lines.extend(wrapped(roof.arithmetic_line(), indent=2, markup=_YELLOW))
         return lines
     lines.extend(wrapped(roof.arithmetic_line(), indent=2))
     current_test = None
@@ -307,7 +301,7 @@ def roofline_lines(report: SessionReport, *, titled: bool) -> list[TerminalLine]
     return lines
 
 
-def server_view_section(report: SessionReport) -> list[TerminalLine]:
+def _server_view_section(report: SessionReport) -> list[TerminalLine]:
     rows = report.server_views()
     if not rows:
         return []
@@ -346,7 +340,7 @@ def _fidelity_lines(rows: Sequence[ServerViewRow]) -> list[TerminalLine]:
             *(TerminalLine(table.format(line)) for line in cells)]
 
 
-def warning_section(report: SessionReport) -> list[TerminalLine]:
+def _warning_section(report: SessionReport) -> list[TerminalLine]:
     warnings = report.warnings()
     if not warnings:
         return []
@@ -354,7 +348,7 @@ def warning_section(report: SessionReport) -> list[TerminalLine]:
     for warning in warnings:
         wrapped = textwrap.wrap(warning, width=MAX_WIDTH, subsequent_indent="    ",
                                 break_long_words=False, break_on_hyphens=False)
-        lines.extend(TerminalLine(part, markup=YELLOW) for part in wrapped)
+        lines.extend(TerminalLine(part, markup=_YELLOW) for part in wrapped)
     return lines
 
 
@@ -365,12 +359,12 @@ def servers_and_files(report: SessionReport, *, quiet: bool, verbose: bool = Tru
     loud: list[TerminalLine] = []
     for facts in report.profiles:
         if facts.sweep is not None:  # at every verbosity: the run ended processes this session did not start
-            lines.append(TerminalLine(facts.sweep.summary(), markup=YELLOW))
+            lines.append(TerminalLine(facts.sweep.summary(), markup=_YELLOW))
         for leftover in facts.leftovers:
             loud.append(TerminalLine(
                 f"LEFTOVER process of the {facts.name} server survived SIGKILL: {leftover}", markup=LOUD))
         if facts.error:
-            loud.append(TerminalLine(f"server {facts.name} failed: {facts.error}", markup=RED))
+            loud.append(TerminalLine(f"server {facts.name} failed: {facts.error}", markup=_RED))
         if quiet:
             continue
         if facts.boots is None:
@@ -386,13 +380,13 @@ def servers_and_files(report: SessionReport, *, quiet: bool, verbose: bool = Tru
             lines.extend(TerminalLine(f"  {account.summary()}") for account in facts.boot_accounts)
         for var, (shell, value) in sorted(facts.overridden_shell_env.items()):
             lines.append(TerminalLine(
-                f"  profile {facts.name} overrides {var}={shell!r} from the shell with {value!r}", markup=YELLOW))
+                f"  profile {facts.name} overrides {var}={shell!r} from the shell with {value!r}", markup=_YELLOW))
     # What the host watch said of the load itself, once each (a PCIe link trained below its best is
     # another machine than the baseline's; a power limit the load reached is part of its figure;
     # where the client ran, and a CPU quota).
     remarks = dict.fromkeys(remark for res in report.results for note in res.messages
                             if isinstance(note, HostWatched) for remark in note.remarks)
-    lines.extend(TerminalLine(f"host watch: {remark}", markup=YELLOW) for remark in remarks)
+    lines.extend(TerminalLine(f"host watch: {remark}", markup=_YELLOW) for remark in remarks)
     wc = report.weight_cache
     if wc is not None:
         loud.extend(TerminalLine(f"LEFTOVER process of the weight-cache daemons survived SIGKILL: {p}",
@@ -415,14 +409,14 @@ def servers_and_files(report: SessionReport, *, quiet: bool, verbose: bool = Tru
             how = "appended (a passing run, --kimiperf-append-on-pass)" if update.on_pass else "written"
             lines.append(TerminalLine(
                 f"baselines {how}: {update.path} ({plural(update.entries, 'entry', 'entries')})",
-                markup=GREEN))
+                markup=_GREEN))
         else:
             lines.append(TerminalLine(
-                "baselines: nothing written (no perf test produced valid samples)", markup=YELLOW))
+                "baselines: nothing written (no perf test produced valid samples)", markup=_YELLOW))
         for why in update.not_recorded:
-            lines.append(TerminalLine(f"baselines: not recorded: {why}", markup=YELLOW))
+            lines.append(TerminalLine(f"baselines: not recorded: {why}", markup=_YELLOW))
     if report.not_appended is not None:
-        lines.append(TerminalLine(f"baselines: {say(report.not_appended)}", markup=YELLOW))
+        lines.append(TerminalLine(f"baselines: {note_text(report.not_appended)}", markup=_YELLOW))
     if not lines and not loud:
         return []
     out = [TerminalLine("kimiperf: servers and files", sep="=")] if lines and not quiet else []
@@ -435,7 +429,7 @@ def servers_and_files(report: SessionReport, *, quiet: bool, verbose: bool = Tru
 
 # The summary: the sections in order for the verbosity, and the -v sections of each comparison.
 QUIET = -1
-VERBOSE = 1
+_VERBOSE = 1
 
 
 def render_summary(
@@ -454,34 +448,34 @@ def render_summary(
     if report is not None and report.results:
         if quiet:
             lines.extend(_quiet_verdicts(report))
-            lines.extend(nccl_debug_lines(report, titled=True, quiet=True))
+            lines.extend(_nccl_debug_lines(report, titled=True, quiet=True))
         else:
-            lines.extend(answer_section(report))
-            if verbosity >= VERBOSE:
+            lines.extend(_answer_section(report))
+            if verbosity >= _VERBOSE:
                 lines.extend(_full_sections(report))
             else:
-                lines.extend(compact_profile_table(report))
-                lines.extend(nccl_debug_lines(report, titled=True, quiet=False))
-                lines.extend(compact_baseline_table(report))
-                lines.extend(measured_section(report, only_lost=True))
-                lines.extend(warning_count(report))
+                lines.extend(_compact_profile_table(report))
+                lines.extend(_nccl_debug_lines(report, titled=True, quiet=False))
+                lines.extend(_compact_baseline_table(report))
+                lines.extend(_measured_section(report, only_lost=True))
+                lines.extend(_warning_count(report))
     elif report is not None:
         # The servers ran but no perf test got to a result: what NCCL logged still tells.
-        lines.extend(nccl_debug_lines(report, titled=True, quiet=quiet))
+        lines.extend(_nccl_debug_lines(report, titled=True, quiet=quiet))
     if report is not None:
-        lines.extend(servers_and_files(report, quiet=quiet, verbose=verbosity >= VERBOSE))
+        lines.extend(servers_and_files(report, quiet=quiet, verbose=verbosity >= _VERBOSE))
     failed = report.control_regressions() if report is not None else []
     if failed and report is not None:
         lines.append(TerminalLine(f"kimiperf: slower than the control ({report.reference_profile}, the recorded "
                                   "build, booted in this session)", sep="!", markup=LOUD))
-        lines.extend(TerminalLine(f"FAILED {r.test} [{r.profile}] {comparison_line(r.comparison)}", markup=RED)
+        lines.extend(TerminalLine(f"FAILED {r.test} [{r.profile}] {comparison_line(r.comparison)}", markup=_RED)
                      for r in failed if r.comparison is not None)
     errors = list(report.errors) if report is not None else []
     if output_error:  # the reporter's own failures: never one of the report's (reporter.output_errors)
         errors.append(output_error)
     if errors:
         lines.append(TerminalLine("kimiperf: reports and baselines", sep="!", markup=LOUD))
-        lines.extend(TerminalLine(f"ERROR: {error}", markup=RED) for error in errors)
+        lines.extend(TerminalLine(f"ERROR: {error}", markup=_RED) for error in errors)
     outcome = outcome_line(report, report.record_command) if report is not None else None
     if outcome is not None and report is not None and (quiet or not report.results):
         # Last, where the eye lands: what the run judged and what to do next.
@@ -518,18 +512,18 @@ def _full_sections(report: SessionReport) -> list[TerminalLine]:
     lines = []
     profiles = _profile_section(report, verbose=True)
     lines.extend(profiles)
-    lines.extend(nccl_debug_lines(report, titled=not profiles, quiet=False))
+    lines.extend(_nccl_debug_lines(report, titled=not profiles, quiet=False))
     lines.extend(_baseline_section(report, verbose=True))
     floors = _floor_section(report)
     lines.extend(floors)
-    lines.extend(roofline_lines(report, titled=not floors))
-    lines.extend(server_view_section(report))
-    lines.extend(measured_section(report))
-    lines.extend(warning_section(report))
+    lines.extend(_roofline_lines(report, titled=not floors))
+    lines.extend(_server_view_section(report))
+    lines.extend(_measured_section(report))
+    lines.extend(_warning_section(report))
     return lines
 
 
-def measured_section(report: SessionReport, *, only_lost: bool = False) -> list[TerminalLine]:
+def _measured_section(report: SessionReport, *, only_lost: bool = False) -> list[TerminalLine]:
     """Every boot's count of what each test measured of what it sent, figure by figure
     (``only_lost``, the first screen's: only the figures some boot did not measure for every
     request; ``-v``, the Markdown and the JSON hold them all)."""
@@ -539,7 +533,7 @@ def measured_section(report: SessionReport, *, only_lost: bool = False) -> list[
     title = "requests not measured, per boot (-v: every figure)" if only_lost else "requests measured of sent, per boot"
     lines = [TerminalLine(f"kimiperf: {title}", sep="=")]
     for line in counted:
-        lines.extend(wrapped(line, indent=0, markup=YELLOW if "not measured" in line else {}))
+        lines.extend(wrapped(line, indent=0, markup=_YELLOW if "not measured" in line else {}))
     return lines
 
 
@@ -598,19 +592,19 @@ def _profile_cells(metric: MetricBlock, cell: ProfileCell, *, first: bool) -> li
 
 def _cell_markup(cell: ProfileCell) -> Mapping[str, bool]:
     if cell.note:
-        return YELLOW
+        return _YELLOW
     if cell.comparison is None:
         return {}
     if cell.comparison.verdict is VerdictKind.REGRESSION:
-        return RED  # a slower profile is a finding, not a failed test: red, but not loud
-    return verdict_markup(cell.comparison.verdict.value)
+        return _RED  # a slower profile is a finding, not a failed test: red, but not loud
+    return _verdict_markup(cell.comparison.verdict.value)
 
 
 def _cell_details(cell: ProfileCell, reference: str) -> list[str]:
     parts = [f"n={cell.n}"]
     if cell.comparison is not None:
         c = cell.comparison
-        parts.append(f"rests on {rests_on(c)} ({reference}), tolerance {c.tolerance * 100:g}%")
+        parts.append(f"rests on {evidence_text(c)} ({reference}), tolerance {c.tolerance * 100:g}%")
     return textwrap.wrap(", ".join(parts), width=MAX_WIDTH - 6, subsequent_indent="  ") + _wrap_samples(cell.samples)
 
 
@@ -644,7 +638,7 @@ def _baseline_section(report: SessionReport, *, verbose: bool) -> list[TerminalL
             reasons[row.message] = reasons.get(row.message, 0) + 1
         for reason, count in reasons.items():
             lines.extend(wrapped(f"{reason} "
-                                 f"({plural(count, 'metric')})", indent=0, markup=YELLOW))
+                                 f"({plural(count, 'metric')})", indent=0, markup=_YELLOW))
         return lines
     header = ["metric", "current", "baseline", "change", "90% CI", "verdict"]
     table = Table(header, aligns="lrrrll", indent=4)
@@ -657,16 +651,16 @@ def _baseline_section(report: SessionReport, *, verbose: bool) -> list[TerminalL
         lines.append(TerminalLine(f"{test} [{profile}]", markup={"bold": True}))
         if all(row.baseline is None for row in group):
             lines.extend(wrapped(_shared_message(group), indent=2,
-                                 markup=YELLOW))
+                                 markup=_YELLOW))
             continue
         lines.append(TerminalLine(table.format(header), markup={"bold": True}))
         for row in group:
             if row.baseline is None:
                 lines.extend(wrapped(f"{row.heading}: {row.message}",
-                                     indent=4, markup=YELLOW))
+                                     indent=4, markup=_YELLOW))
                 continue
             lines.append(TerminalLine(table.format(_baseline_cells(row)),
-                                      markup=verdict_markup(row.baseline.verdict.value)))
+                                      markup=_verdict_markup(row.baseline.verdict.value)))
             if verbose:
                 b = row.baseline
                 detail = (f"{'IQR' if row.figure.quantile is None else '90% CI of the ' + row.figure.name} "
@@ -731,7 +725,7 @@ def _floor_section(report: SessionReport) -> list[TerminalLine]:
         lines.append(TerminalLine(
             table.format([boot_label(res), fmt_value(floor.median),
                           "BELOW FLOOR" if status == "below floor" else status]),
-            markup=floor_markup(status)))
+            markup=_floor_markup(status)))
     return lines
 
 
@@ -755,7 +749,7 @@ def _quiet_verdicts(report: SessionReport) -> list[TerminalLine]:
                     if cell.note is None and cell.comparison is None:
                         continue  # an earlier boot: its profile is compared on its last boot
                     if cell.note or cell.comparison is None:
-                        lines.append(TerminalLine(f"{head}: {cell.note}", markup=YELLOW))
+                        lines.append(TerminalLine(f"{head}: {cell.note}", markup=_YELLOW))
                         continue
                     c = cell.comparison
                     lines.append(TerminalLine(
@@ -769,7 +763,7 @@ def _quiet_verdicts(report: SessionReport) -> list[TerminalLine]:
         _, current, base, change, ci, verdict = _baseline_cells(row)
         verdicts.setdefault(row.test, []).append(TerminalLine(
             f"  [{row.profile}] {row.heading}: {current} vs baseline {base}: {change} ({ci}) {verdict}",
-            markup=verdict_markup(row.baseline.verdict.value)))
+            markup=_verdict_markup(row.baseline.verdict.value)))
     for res in report.floor_results():
         floor = res.floor
         if floor is None:
@@ -779,7 +773,7 @@ def _quiet_verdicts(report: SessionReport) -> list[TerminalLine]:
         verdicts.setdefault(res.test, []).append(TerminalLine(
             f"  [{boot_label(res)}] decode {fmt_value(floor.median)} tok/s: "
             f"{'BELOW FLOOR' if status == 'below floor' else status} ({limits})",
-            markup=floor_markup(status)))
+            markup=_floor_markup(status)))
     lines = []
     for test, test_lines in verdicts.items():
         if test_lines:
@@ -787,7 +781,7 @@ def _quiet_verdicts(report: SessionReport) -> list[TerminalLine]:
             lines.extend(test_lines)
     for reason, count in missing.items():
         lines.extend(wrapped(f"baselines: {reason} "
-                             f"({plural(count, 'metric')})", indent=0, markup=YELLOW))
+                             f"({plural(count, 'metric')})", indent=0, markup=_YELLOW))
     if lines:
         lines.insert(0, TerminalLine("kimiperf", sep="="))
     return lines

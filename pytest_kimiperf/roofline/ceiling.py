@@ -280,7 +280,7 @@ def estimate(
 
 
 # The measured allreduce: nccl-tests' all_reduce_perf at the size a decode step sends.
-MEASURE_TIMEOUT_S = 120.0
+_MEASURE_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -342,7 +342,7 @@ def measure_allreduce_latency(
             "-n", "20", "-w", "5", "-c", "0"]
     command = " ".join(argv[1:])
     try:
-        done = run(argv, capture_output=True, text=True, timeout=MEASURE_TIMEOUT_S, check=False)
+        done = run(argv, capture_output=True, text=True, timeout=_MEASURE_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
         return None if isinstance(error, FileNotFoundError) else _failed(command, str(error))
     if done.returncode != 0:

@@ -39,9 +39,9 @@ from pytest_kimiperf.roofline.weights import ModelConfigLookup, find_model_confi
 
 # Server L3 caches reach 32-64 MiB per socket (ceiling.measure_cpu_copy_bandwidth_gbs): weights
 # smaller than this stay in cache between tokens, so DRAM bandwidth does not bind them.
-CPU_CACHE_BYTES = 64 * 1024 * 1024
-CPU_COPY_DURATION_S = 0.5
-CPU_COPY_BUFFER_MIB = 256
+_CPU_CACHE_BYTES = 64 * 1024 * 1024
+_CPU_COPY_DURATION_S = 0.5
+_CPU_COPY_BUFFER_MIB = 256
 
 # Fingerprint "gpu.interconnect" values -> ceiling.default_allreduce_latency_us keys.
 _INTERCONNECTS = {"PCIe": "pcie", "NVLink": "nvlink"}
@@ -201,7 +201,7 @@ class RooflineReport:
 # -- inputs -----------------------------------------------------------------------------------
 
 
-def resolve_bandwidth(
+def _resolve_bandwidth(
     deployment: Any,
     fingerprint: Any,
     *,
@@ -226,10 +226,10 @@ def resolve_bandwidth(
     except (ConfigError, MemoryError, OSError) as exc:
         return Sourced(None, f"measuring this host's copy bandwidth failed: {exc}")
     return Sourced(gbs, "measured on this host: best single-thread copy of a "
-                        f"{CPU_COPY_BUFFER_MIB} MiB buffer in {CPU_COPY_DURATION_S:g} s", measured=True)
+                        f"{_CPU_COPY_BUFFER_MIB} MiB buffer in {_CPU_COPY_DURATION_S:g} s", measured=True)
 
 
-def resolve_allreduce_latency(deployment: Any, fingerprint: Any) -> Sourced:
+def _resolve_allreduce_latency(deployment: Any, fingerprint: Any) -> Sourced:
     """One decode-sized allreduce's latency (us): deployment override or the interconnect's default."""
     if deployment.tensor_parallel_size == 1:
         return Sourced(None, "tp=1: no collectives")
@@ -247,7 +247,7 @@ def resolve_allreduce_latency(deployment: Any, fingerprint: Any) -> Sourced:
     return Sourced(value, f"default for {hard['gpu.interconnect']}, a guide, not a measurement")
 
 
-def measured_allreduce_latency(deployment: Any, config: Mapping[str, Any], default: Sourced,
+def _measured_allreduce_latency(deployment: Any, config: Mapping[str, Any], default: Sourced,
                                measure: Callable[[int, int], tuple[float, str] | None]) -> Sourced:
     """One decode step's allreduce (the bf16 hidden state of one token: 2 x hidden_size bytes)
     measured on this host's GPUs where nccl-tests is installed; ``default`` otherwise, and where
@@ -266,9 +266,9 @@ def measured_allreduce_latency(deployment: Any, config: Mapping[str, Any], defau
     return Sourced(value, how, measured=True)
 
 
-def measure_cpu_bandwidth_gbs() -> float:
+def _measure_cpu_bandwidth_gbs() -> float:
     """This host's copy bandwidth, measured once at session end (about half a second)."""
-    return ceiling.measure_cpu_copy_bandwidth_gbs(CPU_COPY_DURATION_S, buffer_mib=CPU_COPY_BUFFER_MIB)
+    return ceiling.measure_cpu_copy_bandwidth_gbs(_CPU_COPY_DURATION_S, buffer_mib=_CPU_COPY_BUFFER_MIB)
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -297,7 +297,7 @@ def build_roofline_report(
     *,
     rootpath: Path | None = None,
     environ: Mapping[str, str] | None = None,
-    measure_cpu_gbs: Callable[[], float] = measure_cpu_bandwidth_gbs,
+    measure_cpu_gbs: Callable[[], float] = _measure_cpu_bandwidth_gbs,
     tiny_model_dir: Path | None = None,
     external: bool = False,
     measure_allreduce: Callable[[int, int], tuple[float, str] | None] = ceiling.measure_allreduce_latency,
@@ -308,7 +308,7 @@ def build_roofline_report(
         return None
     tp = int(deployment.tensor_parallel_size)
     lookup = find_model_config(deployment, rootpath=rootpath, environ=environ, tiny_model_dir=tiny_model_dir)
-    latency = resolve_allreduce_latency(deployment, fingerprint)
+    latency = _resolve_allreduce_latency(deployment, fingerprint)
 
     def unknown(reason: str, bandwidth: Sourced) -> RooflineReport:
         return RooflineReport(
@@ -322,13 +322,13 @@ def build_roofline_report(
     if lookup.path is None:
         # Without the model there is nothing to divide by: the bandwidth is not even measured.
         return unknown(f"no model config ({lookup.reason})", Sourced(None, "not needed: no model config"))
-    bandwidth = resolve_bandwidth(deployment, fingerprint, measure_cpu_gbs=measure_cpu_gbs)
+    bandwidth = _resolve_bandwidth(deployment, fingerprint, measure_cpu_gbs=measure_cpu_gbs)
     if bandwidth.value is None:
         return unknown(f"no memory bandwidth ({bandwidth.source})", bandwidth)
     try:
         config = read_model_config(lookup.path)
         if not external:
-            latency = measured_allreduce_latency(deployment, config, latency, measure_allreduce)
+            latency = _measured_allreduce_latency(deployment, config, latency, measure_allreduce)
         est = ceiling.estimate(config, tp=tp, bandwidth_gbs=bandwidth.value,
                                 allreduce_latency_us=latency.value, source=str(lookup.path))
     except ConfigError as exc:
@@ -345,7 +345,7 @@ def build_roofline_report(
     )
     notes: list[str] = []
     if not deployment.needs_gpus and deployment.memory_bandwidth_gbs is None and \
-            est.weight_bytes.per_gpu_bytes < CPU_CACHE_BYTES:
+            est.weight_bytes.per_gpu_bytes < _CPU_CACHE_BYTES:
         notes.append(
             f"the weights read per token ({_bytes(est.weight_bytes.per_gpu_bytes)}) fit in the CPU "
             "caches, so DRAM bandwidth does not bind this model: the distance to the ceiling is "

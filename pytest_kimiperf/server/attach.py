@@ -36,7 +36,7 @@ from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.server.http_json import fetch_served_models
 from pytest_kimiperf.server.process import ServerHandle, check_health, check_ready
 
-POLL_S = 0.2
+_POLL_S = 0.2
 _HEALTH_TIMEOUT_S = 2.0
 _OUTPUT_TAIL = 600
 
@@ -74,7 +74,7 @@ def restart_server(
         while not stop_watch.is_set() and not went_down.is_set():
             if health(base_url, headers, _HEALTH_TIMEOUT_S) is not None:
                 went_down.set()
-            stop_watch.wait(POLL_S)
+            stop_watch.wait(_POLL_S)
 
     watcher = threading.Thread(target=watch, name="kimiperf-restart-watch", daemon=True)
     watcher.start()
@@ -106,19 +106,19 @@ def restart_server(
                 f"{deadline_s:g} s: the same server process would be measured as another boot. Give a command "
                 "that stops the old server before a new one serves (systemctl restart does; for Kubernetes, "
                 "delete the pod and wait for the next one)")
-        sleep(POLL_S)
+        sleep(_POLL_S)
     why = "not polled yet"
     while clock() - start <= deadline_s:
         why = ready(base_url, model, headers, _HEALTH_TIMEOUT_S) or ""
         if not why:
             return Restart(command_s=command_s, ready_s=clock() - start)
-        sleep(POLL_S)
+        sleep(_POLL_S)
     raise ServerError(f"{base_url} did not serve {model!r} again within health_deadline_s = {deadline_s:g} s after "
                       f"restart_command {shown}: {why}")
 
 
 def attach_server(settings: Settings, profile: str, *, previous: ServerHandle | None,
-                  say: Callable[[str], None]) -> tuple[ServerHandle, Restart | None]:
+                  announce: Callable[[str], None]) -> tuple[ServerHandle, Restart | None]:
     """The handle of the server at ``--kimiperf-server-url`` for ``profile``'s next boot: restarted first
     when this is not the first (``previous``) and the deployment names a restart_command."""
     url = settings.server_url
@@ -127,10 +127,10 @@ def attach_server(settings: Settings, profile: str, *, previous: ServerHandle | 
     headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
     restart = None
     if previous is not None and deployment.restart_command:
-        say(f"kimiperf: restarting the attached server for another boot: {shlex.join(deployment.restart_command)}")
+        announce(f"kimiperf: restarting the attached server for another boot: {shlex.join(deployment.restart_command)}")
         restart = restart_server(deployment.restart_command, base_url=url, model=previous.model,
                                  headers=headers, deadline_s=deployment.health_deadline_s)
-        say(f"kimiperf: {url} serves {previous.model!r} again, {restart.ready_s:.1f} s after the restart command "
+        announce(f"kimiperf: {url} serves {previous.model!r} again, {restart.ready_s:.1f} s after the restart command "
             f"started (the command took {restart.command_s:.1f} s)")
     model = deployment.served_model_name or served_model(url, headers, deployment=deployment.name)
     why_not = check_ready(url, model, headers, timeout_s=5.0)

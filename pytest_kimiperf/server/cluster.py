@@ -39,10 +39,10 @@ from pytest_kimiperf.server.process import (
 )
 from pytest_kimiperf.server.progress import BootProgress
 
-AGENT_TIMEOUT_S = 60.0
+_AGENT_TIMEOUT_S = 60.0
 # How long worker nodes get to finish exiting once the head stopped serving (their launcher gives
 # what a node left 2 s: launcher.ORPHAN_GRACE_S).
-WORKER_EXIT_WAIT_S = 5.0
+_WORKER_EXIT_WAIT_S = 5.0
 # argv (the node's launch template filled with its host), timeout -> what the agent printed
 AgentRunner = Callable[[Node, list[str], float], str]
 
@@ -52,7 +52,7 @@ def agent_argv(node: Node, python: str, *args: str) -> list[str]:
     return in_template(node, [python, "-m", "pytest_kimiperf.node_agent", *args])
 
 
-def run_agent(node: Node, argv: list[str], timeout_s: float = AGENT_TIMEOUT_S) -> str:
+def run_agent(node: Node, argv: list[str], timeout_s: float = _AGENT_TIMEOUT_S) -> str:
     """Run the node agent and return its answer's JSON; ServerError naming the node if it failed."""
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
@@ -210,7 +210,7 @@ class NodeGroup:
         also = ", ".join(f"{n.node.name} (code {c}; log: {n.process.log_path})" for n, c in dead)
         return ServerError(f"{head_error}\nworker node(s) that exited after the head: {also}")
 
-    def ensure_alive(self, *, settle_s: float = WORKER_EXIT_WAIT_S) -> None:
+    def ensure_alive(self, *, settle_s: float = _WORKER_EXIT_WAIT_S) -> None:
         """ServerError naming the node (with its log tail) unless every node runs and the head serves.
 
         A head that stopped serving is often the consequence: its engine died at the first
@@ -262,7 +262,7 @@ class NodeGroup:
         control = launch.process.control
         grace = 0.0 if control.kill_now else launch.process.grace_s
         argv = stop_argv(launch.node, self.python, launch.process.launch_id, grace)
-        timeout = grace + process_sweep.KILL_WAIT_S + AGENT_TIMEOUT_S
+        timeout = grace + process_sweep.KILL_WAIT_S + _AGENT_TIMEOUT_S
         control.stopping = True
         try:
             there = process_sweep.remote_stop(argv, where=launch.node.name,

@@ -241,7 +241,7 @@ def _still_held(deadline_s: float, held: Mapping[int, int], over: list[DeviceAcc
 
 
 def settle_before_boot(before_mib: Mapping[int, int] | None, *, deadline_s: float = 120.0,
-                       say: Callable[[str], None] = lambda line: None) -> dict[int, int]:
+                       announce: Callable[[str], None] = lambda line: None) -> dict[int, int]:
     """The figure to hold every later boot to: this reading on the first boot (``before_mib``
     None); on a later one, wait until each GPU is back to ``before_mib`` (ServerError naming the
     GPUs and what is unexplained at the deadline) and keep it. A wait is said with its length."""
@@ -250,7 +250,7 @@ def settle_before_boot(before_mib: Mapping[int, int] | None, *, deadline_s: floa
     started = time.monotonic()
     wait_gpu_memory_freed((), deadline_s=deadline_s, before_mib=before_mib)
     if (waited_s := time.monotonic() - started) >= 1.0:
-        say(f"GPU memory back to its figure before the first boot after {waited_s:.1f} s")
+        announce(f"GPU memory back to its figure before the first boot after {waited_s:.1f} s")
     return dict(before_mib)
 
 

@@ -137,7 +137,7 @@ def _shortfall_line(short: Shortfall, used_mib: Mapping[int, int], holders: GpuH
 def await_free_memory(
     deployment: Deployment, gpus: Sequence[GpuInfo], *, deadline_s: float, poll_s: float = 0.5,
     used: Callable[[], Mapping[int, int]] = gpu_memory_used_mib, holders: Callable[[], GpuHolders] = gpu_holders,
-    say: Callable[[str], None] = lambda line: None,
+    announce: Callable[[str], None] = lambda line: None,
 ) -> dict[int, int]:
     """Before the first boot, after the sweep: each GPU's MiB used, once every GPU the server will
     take has the room vLLM asks. Memory that no live process holds may still be coming back (a
@@ -151,7 +151,7 @@ def await_free_memory(
         short = memory_shortfalls(deployment, gpus, now)
         if not short:
             if time.monotonic() - started > poll_s:
-                say(f"GPU memory came back after {time.monotonic() - started:.1f} s")
+                announce(f"GPU memory came back after {time.monotonic() - started:.1f} s")
             return now
         held = holders()
         # NVML lists live contexts only (in any namespace): memory beyond them has no owner left.

@@ -31,7 +31,7 @@ from pytest_kimiperf.server import zombies as process_sweep
 # is already gone, its engine serves nobody, and pytest is waiting to report the exit.
 ORPHAN_GRACE_S = 2.0
 # Launcher exit code when the command cannot be started at all (as a shell says it).
-CANNOT_START = 127
+_CANNOT_START = 127
 # The line the launcher writes to the log when the command ends, with the wall-clock time: the
 # nodes of one server (cluster.py) are ordered by it to say which died first.
 ENDED = "kimiperf launcher: the command ended with code "
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         child = subprocess.Popen(command)
     except OSError as exc:
         print(f"kimiperf launcher: could not start {command[0]!r}: {exc.strerror}", file=sys.stderr, flush=True)
-        sys.exit(CANNOT_START)
+        sys.exit(_CANNOT_START)
 
     def forward(signum: int, frame: object) -> None:
         # pytest's teardown signals every process of the launch itself; forwarding only makes

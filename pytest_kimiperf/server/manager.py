@@ -6,7 +6,7 @@ and profile, picks the port, shows boot progress through a callback, and keeps t
 reports need (boot counts and times, leftovers, the environment each server ran with). The module
 holds, in order:
 
-* the host claim (:func:`claim_host`, :class:`HostClaim`): one pytest session at a time boots
+* the host claim (:func:`_claim_host`, :class:`HostClaim`): one pytest session at a time boots
   servers on a host;
 * the manager (:class:`ServerManager`, :class:`ServerRecord`).
 
@@ -64,7 +64,8 @@ from pytest_kimiperf.server.process import (
     pick_free_port,
     recorded_env,
 )
-from pytest_kimiperf.server.progress import BootAccount, BootProgress, account_boot
+from pytest_kimiperf.server.boot_account import BootAccount, account_boot
+from pytest_kimiperf.server.progress import BootProgress
 from pytest_kimiperf.server.tiny_model import resolve_model_path
 from pytest_kimiperf.server.weight_cache import (
     WeightCacheFacts,
@@ -78,8 +79,8 @@ from pytest_kimiperf.server.weight_cache import (
 )
 
 # The host claim: one pytest session at a time boots servers on a host.
-LOCK_NAME = "host.lock"
-HOLDER_NAME = "host-holder.json"
+_LOCK_NAME = "host.lock"
+_HOLDER_NAME = "host-holder.json"
 # How often a waiting session repeats who it waits for (a 36-minute boot is long to watch).
 _REMIND_S = 60.0
 
@@ -128,15 +129,15 @@ class HostClaim:
             self._fd = None
 
 
-def claim_host(
-    state_dir: Path, *, wait_s: float, say: Callable[[str], None], poll_s: float = 0.25,
+def _claim_host(
+    state_dir: Path, *, wait_s: float, announce: Callable[[str], None], poll_s: float = 0.25,
 ) -> HostClaim:
     """Take the host for this session's servers, waiting up to ``wait_s`` for another session.
 
     Raises ServerError naming the holder when the wait runs out.
     """
     state_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(state_dir / _LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     start = time.monotonic()
     next_word = start
     try:
@@ -147,7 +148,7 @@ def claim_host(
             except BlockingIOError:
                 pass
             now = time.monotonic()
-            holder = _read_holder(state_dir / HOLDER_NAME)
+            holder = _read_holder(state_dir / _HOLDER_NAME)
             who = holder.describe(time.time()) if holder else "a session that has not said who it is"
             if now - start >= wait_s:
                 raise ServerError(
@@ -156,7 +157,7 @@ def claim_host(
                     "it, or wait longer with --kimiperf-host-wait"
                 )
             if now >= next_word:
-                say(f"kimiperf: waiting for another pytest session on this host to finish with its "
+                announce(f"kimiperf: waiting for another pytest session on this host to finish with its "
                     f"servers: {who}; waiting up to {wait_s:g}s (--kimiperf-host-wait)")
                 next_word = now + _REMIND_S
             time.sleep(poll_s)
@@ -164,9 +165,9 @@ def claim_host(
         os.close(fd)
         raise
     if time.monotonic() - start > poll_s:
-        say(f"kimiperf: the host is free after {time.monotonic() - start:.0f}s of waiting")
+        announce(f"kimiperf: the host is free after {time.monotonic() - start:.0f}s of waiting")
     with contextlib.suppress(OSError):
-        _write_holder(state_dir / HOLDER_NAME)
+        _write_holder(state_dir / _HOLDER_NAME)
     return HostClaim(fd)
 
 
@@ -175,8 +176,9 @@ def claim_host(
 # The daemons' launch record and log name them as this "profile": they serve every profile.
 WEIGHT_CACHE = "weight-cache"
 
-Say = Callable[[str], None]
-ProgressSink = Callable[[str, BootProgress, float, bool], None]
+# Writes one status line to the user (the terminal, or a worker's relay).
+Announce = Callable[[str], None]
+_ProgressSink = Callable[[str, BootProgress, float, bool], None]
 
 
 @dataclass(frozen=True)
@@ -251,13 +253,13 @@ class ServerManager:
         *,
         log_dir: Path,
         state_dir: Path,
-        say: Say,
-        on_progress: ProgressSink,
+        announce: Announce,
+        on_progress: _ProgressSink,
     ) -> None:
         self.settings = settings
         self.log_dir = log_dir
         self.state_dir = state_dir
-        self.say = say
+        self.announce = announce
         self.on_progress = on_progress
         self.records: dict[str, ServerRecord] = {}
         self._current: ServerProcess | NodeGroup | None = None
@@ -310,7 +312,7 @@ class ServerManager:
             # guards the "never two servers at once" promise should that ever change.
             self.release()
         if self._claim is None:
-            self._claim = claim_host(self.state_dir, wait_s=self.settings.host_wait_s, say=self.say)
+            self._claim = _claim_host(self.state_dir, wait_s=self.settings.host_wait_s, announce=self.announce)
         if not self._swept:
             self._sweep()
             self._swept = True
@@ -327,7 +329,7 @@ class ServerManager:
         cache is off for this profile alone (else None). Starts the weight cache at the first boot."""
         deployment = self.settings.deployment
         host = deployment.host
-        model_path = resolve_model_path(deployment.model, self.say)
+        model_path = resolve_model_path(deployment.model, self.announce)
         engine_argv = deployment.argv(model_path=model_path, host=host, port=port)
         if self.weight_cache is None:  # from the deployment's own command: the daemons serve every profile
             self._start_weight_cache(engine_argv)
@@ -389,11 +391,11 @@ class ServerManager:
         """Say what the profile changes and where the server starts."""
         deployment = self.settings.deployment
         for name, (shell, value) in sorted(engine_env.overridden.items()):
-            self.say(f"kimiperf: profile {profile.name} overrides {name}={shell!r} from the shell with {value!r}")
+            self.announce(f"kimiperf: profile {profile.name} overrides {name}={shell!r} from the shell with {value!r}")
         for line in [*(f"profile {profile.name} replaces the deployment's {r.describe()}" for r in plan.replaced),
                      *([cache_off] if cache_off else [])]:
-            self.say(f"kimiperf: {line}")
-        self.say(
+            self.announce(f"kimiperf: {line}")
+        self.announce(
             f"kimiperf: starting {deployment.name} server for profile {profile.name} "
             f"on {server.base_url}; log: {rec.log_path}"
             + (f"; {server.describe()}" if isinstance(server, NodeGroup) else "")
@@ -420,7 +422,7 @@ class ServerManager:
             self._say_pid_view()
         rec.accounts.append(self._account(rec, started_wall, handle.boot_s or 0.0))
         handle = replace(handle, boot_account=rec.accounts[-1])
-        self.say(f"kimiperf: {deployment.name} server ({profile.name}) ready after {handle.boot_s:.0f}s")
+        self.announce(f"kimiperf: {deployment.name} server ({profile.name}) ready after {handle.boot_s:.0f}s")
         return handle
 
     def _settle_gpus(self, rec: ServerRecord) -> None:
@@ -430,7 +432,7 @@ class ServerManager:
             self._gpu_before_mib = self._first_boot_memory(rec)
         else:
             settle_before_boot(self._gpu_before_mib, deadline_s=self.settings.deployment.gpu_memory_wait_s,
-                               say=lambda line: self.say(f"kimiperf: {line}"))
+                               announce=lambda line: self.announce(f"kimiperf: {line}"))
 
     def _first_boot_memory(self, rec: ServerRecord) -> dict[int, int]:
         """Before the first boot, after the sweep: wait until the server's GPUs have the room vLLM
@@ -440,13 +442,14 @@ class ServerManager:
         requirement = HardwareRequirement(deployment.gpu_count, deployment.gpu_name_contains)
         _found, usable, _scope = deployment_gpus(deployment)
         used = await_free_memory(deployment, [g for g in usable if requirement.matches(g)],
-                                 deadline_s=deployment.gpu_memory_wait_s, say=lambda line: self.say(f"kimiperf: {line}"))
+                                 deadline_s=deployment.gpu_memory_wait_s,
+                                 announce=lambda line: self.announce(f"kimiperf: {line}"))
         if self._sweep_account is not None:
             returned = {index: self._used_before_sweep_mib[index] - mib for index, mib in used.items()
                         if index in self._used_before_sweep_mib}
             rec.sweep = replace(self._sweep_account, returned_mib=returned)
             self._sweep_account = None
-            self.say(f"kimiperf: zombie sweep: {rec.sweep.summary()}")
+            self.announce(f"kimiperf: zombie sweep: {rec.sweep.summary()}")
         return used
 
     def _say_pid_view(self) -> None:
@@ -460,7 +463,7 @@ class ServerManager:
         if held.holders:
             self._pid_view_said = True
         if held.note is not None:
-            self.say(f"kimiperf: GPU memory is accounted per GPU, not per process: {held.note}")
+            self.announce(f"kimiperf: GPU memory is accounted per GPU, not per process: {held.note}")
 
     def _account(self, rec: ServerRecord, started_wall: datetime, total_s: float) -> BootAccount:
         """The account of the boot that just became ready, from its log."""
@@ -475,7 +478,7 @@ class ServerManager:
             environments=self._environments(rec),
         )
         self._ready_boots += 1
-        self.say(f"kimiperf: {account.summary()}")
+        self.announce(f"kimiperf: {account.summary()}")
         return account
 
     def _environments(self, rec: ServerRecord) -> dict[str, dict[str, str]]:
@@ -513,7 +516,7 @@ class ServerManager:
             deployment=deployment.name, profile=WEIGHT_CACHE, deadline_s=deployment.health_deadline_s,
             grace_s=self.settings.grace_s, control=self.control, ready_when_healthy=True,
         )
-        self.say(f"kimiperf: starting the {deployment.name} weight-cache daemons (vllm preload); log: {rec.log_path}")
+        self.announce(f"kimiperf: starting the {deployment.name} weight-cache daemons (vllm preload); log: {rec.log_path}")
         rec.boots += 1
         self._daemons = daemons
         daemons.start()
@@ -529,13 +532,13 @@ class ServerManager:
             reason = unsupported_reason(log) or str(exc).splitlines()[0]
             rec.error = reason
             self.weight_cache = WeightCachePlan(False, f"the weight-cache daemons did not start: {reason}")
-            self.say(f"kimiperf: weight cache off, engines load from disk: {reason}")
+            self.announce(f"kimiperf: weight cache off, engines load from disk: {reason}")
             return
         rec.boot_s = daemons.boot_s
         self.weight_cache = plan
         held = held_gib_per_rank(rec.log_path.read_text(encoding="utf-8", errors="replace"))
         per_gpu = ", ".join(f"rank {r}: {gib:.1f} GiB" for r, gib in sorted(held.items())) or "not stated in its log"
-        self.say(f"kimiperf: weight-cache daemons ready after {daemons.boot_s or 0:.0f}s; they hold {per_gpu}")
+        self.announce(f"kimiperf: weight-cache daemons ready after {daemons.boot_s or 0:.0f}s; they hold {per_gpu}")
 
     def weight_cache_facts(self) -> WeightCacheFacts | None:
         """What the weight cache did in this session (None when no server was booted here)."""
@@ -554,13 +557,13 @@ class ServerManager:
         daemons = self._daemons
         if daemons is None:
             return
-        self.say(f"kimiperf: stopping the {daemons.deployment} weight-cache daemons")
+        self.announce(f"kimiperf: stopping the {daemons.deployment} weight-cache daemons")
         report = daemons.stop()
         if report is not None and report.survivors:
             assert self.weight_cache_record is not None
             survivors = [p.describe() for p in report.survivors]
             self.weight_cache_record.leftovers.extend(survivors)
-            self.say("kimiperf: WARNING: weight-cache daemon processes survived SIGKILL: " + "; ".join(survivors))
+            self.announce("kimiperf: WARNING: weight-cache daemon processes survived SIGKILL: " + "; ".join(survivors))
             return
         self._daemons = None
         if self.weight_cache is not None and self.weight_cache.socket_dir:
@@ -597,16 +600,16 @@ class ServerManager:
         server = self._current
         if server is None:
             return
-        self.say(f"kimiperf: stopping the {server.deployment} server ({server.profile})")
+        self.announce(f"kimiperf: stopping the {server.deployment} server ({server.profile})")
         report = server.stop()
         if report is not None and report.escalated:
-            self.say(f"kimiperf: a second signal during teardown: every process of the {server.deployment} "
+            self.announce(f"kimiperf: a second signal during teardown: every process of the {server.deployment} "
                      f"server ({server.profile}) got SIGKILL without waiting out the grace")
         if report is not None and report.survivors:
             rec = self.record(server.profile)
             survivors = [p.describe() for p in report.survivors]
             rec.leftovers.extend(s for s in survivors if s not in rec.leftovers)
-            self.say(
+            self.announce(
                 "kimiperf: WARNING: processes of the "
                 f"{server.deployment} server ({server.profile}) survived SIGKILL: "
                 + "; ".join(survivors)
@@ -616,7 +619,7 @@ class ServerManager:
 
     def _attach(self, profile: NcclProfile) -> ServerHandle:
         rec = self.record(profile.name)
-        self._external, restart = attach_server(self.settings, profile.name, previous=self._external, say=self.say)
+        self._external, restart = attach_server(self.settings, profile.name, previous=self._external, announce=self.announce)
         rec.env = {}
         rec.boots += 1
         rec.boot_s = restart.ready_s if restart is not None else rec.boot_s
@@ -627,7 +630,7 @@ class ServerManager:
         self._used_before_sweep_mib = gpu_memory_used_mib() if gpus else {}
         report = process_sweep.sweep_stale_launches(self.state_dir, grace_s=self.settings.grace_s)
         for line in report.describe():
-            self.say(f"kimiperf: zombie sweep: {line}")
+            self.announce(f"kimiperf: zombie sweep: {line}")
         if report.swept or report.ended:
             self._sweep_account = SweepAccount(launches=report.swept, processes=len(report.ended))
         stuck = report.survivor_gpu_memory_mib or {}
@@ -647,7 +650,7 @@ class ServerManager:
             try:
                 self.release()
                 if self._current is not None:
-                    self.say(f"kimiperf: WARNING: left running at exit (survived SIGKILL): "
+                    self.announce(f"kimiperf: WARNING: left running at exit (survived SIGKILL): "
                              f"{'; '.join(self.record(self._current.profile).leftovers)}; the next run's "
                              "sweep tries again")
                     self._current = None

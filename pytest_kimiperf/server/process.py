@@ -30,7 +30,7 @@ from types import MappingProxyType
 import httpx
 import psutil
 
-from pytest_kimiperf.server.progress import BootAccount
+from pytest_kimiperf.server.boot_account import BootAccount
 from pytest_kimiperf.config.nodes import SECRET_NAMES, Node
 from pytest_kimiperf.server import zombies as process_sweep
 from pytest_kimiperf.errors import ServerError
@@ -47,7 +47,7 @@ _HTTP_CHECK_EVERY_S = 1.0
 # Between tests: how long /health may take to answer (vLLM answers it even under full load)
 # and how long a server that stopped answering gets to finish dying before we call it wedged.
 HEALTH_PROBE_TIMEOUT_S = 10.0
-EXIT_WAIT_S = 5.0
+_EXIT_WAIT_S = 5.0
 
 # Variables worth recording as "the environment the server ran with": the ones that change
 # how vLLM, NCCL, CUDA and OpenMP behave. Secrets (VLLM_API_KEY) are never recorded.
@@ -403,7 +403,7 @@ class ServerProcess:
         return self.popen is not None and self.popen.poll() is None
 
     def ensure_alive(self, *, health_timeout_s: float = HEALTH_PROBE_TIMEOUT_S,
-                     exit_wait_s: float = EXIT_WAIT_S) -> None:
+                     exit_wait_s: float = _EXIT_WAIT_S) -> None:
         """Raise ServerError with the log tail unless the server still runs and answers /health.
 
         The process check alone races a server that is dying: its sockets close (the client

@@ -5,26 +5,22 @@ made locally, deterministically, on first use: a byte-level BPE tokenizer traine
 ``tokenizers`` on a fixed text, and a 2-layer Llama with seeded random weights saved as
 safetensors. The result is cached under a directory named by a hash of everything that
 shapes it, built into a temporary directory and renamed into place under a file lock, so two
-processes (xdist workers) never see a half-written model.  ``resolve_model_path`` gives the
+processes (xdist workers) never see a half-written model (``paths.build_once``, as the torch
+engine's checkpoint is).  ``resolve_model_path`` gives the
 server that model's path where a deployment names it (``kimiperf:tiny-llama``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock
 
 from pytest_kimiperf.config.deployments import TINY_MODEL, TINY_TORCH_MODEL
 from pytest_kimiperf.errors import ServerError
-from pytest_kimiperf.paths import default_cache_dir
+from pytest_kimiperf.paths import build_once, built_model_dir, spec_key
 
 # Bump when the build recipe changes in a way the spec below does not capture.
 _RECIPE_VERSION = 1
@@ -38,7 +34,7 @@ _CORPUS = (
     "0123456789 ,.;:!?()[]{}<>+-*/=_'\"\n"
 )
 
-CHAT_TEMPLATE = (
+_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "<|{{ message['role'] }}|>{{ message['content'] }}</s>"
     "{% endfor %}"
@@ -62,30 +58,18 @@ class TinyModelSpec:
 
     def cache_key(self) -> str:
         """Short stable hash of the spec and the recipe version."""
-        payload = json.dumps({"recipe": _RECIPE_VERSION, **asdict(self)}, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:12]
+        return spec_key(self, _RECIPE_VERSION)
 
 
 def tiny_model_dir(spec: TinyModelSpec = TinyModelSpec(), cache_dir: Path | None = None) -> Path:
     """The directory the model for ``spec`` lives in (built or not)."""
-    return (cache_dir or default_cache_dir()) / "models" / f"tiny-llama-{spec.cache_key()}"
+    return built_model_dir("tiny-llama", spec, _RECIPE_VERSION, cache_dir)
 
 
 def ensure_tiny_model(spec: TinyModelSpec = TinyModelSpec(), cache_dir: Path | None = None) -> Path:
     """Return the model directory, building it first if it is not there yet."""
     target = tiny_model_dir(spec, cache_dir)
-    if (target / "config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        if (target / "config.json").is_file():
-            return target
-        staging = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
-        try:
-            _build(spec, staging)
-            os.replace(staging, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    build_once(target, lambda staging: _build(spec, staging))
     return target
 
 
@@ -112,7 +96,7 @@ def _build(spec: TinyModelSpec, out_dir: Path) -> None:
         eos_token="</s>",
         pad_token="<pad>",
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = _CHAT_TEMPLATE
     fast.save_pretrained(out_dir)
 
     config = LlamaConfig(
@@ -150,14 +134,14 @@ def built_revision(model: str) -> str | None:
     return None
 
 
-def resolve_model_path(model: str, say: Callable[[str], None]) -> str:
+def resolve_model_path(model: str, announce: Callable[[str], None]) -> str:
     """The model argument for the server: the tiny model's path (built on first use, said through
-    ``say``) where the deployment names it, or ``model`` as is."""
+    ``announce``) where the deployment names it, or ``model`` as is."""
     if model != TINY_MODEL:
         return model
     target = tiny_model_dir()
     if not (target / "config.json").is_file():
-        say(f"kimiperf: building the tiny random-weight Llama into {target} (first use)")
+        announce(f"kimiperf: building the tiny random-weight Llama into {target} (first use)")
     try:
         return str(ensure_tiny_model())
     except ImportError as exc:

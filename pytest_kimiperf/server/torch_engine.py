@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import hashlib
 import json
 import logging
 import math
@@ -39,27 +38,27 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from pytest_kimiperf.paths import default_cache_dir
+from pytest_kimiperf.paths import built_model_dir, spec_key
 from pytest_kimiperf.version import __version__
 
 BOS_ID, EOS_ID, VOCAB_SIZE = 256, 257, 258
-ENGINE_MODULE = "pytest_kimiperf.server.torch_model"
+_ENGINE_MODULE = "pytest_kimiperf.server.torch_model"
 # Bump when the weights' recipe (torch_model.build_checkpoint) changes in a way TinySpec does not capture.
 _RECIPE_VERSION = 1
 # vLLM's histogram buckets (vllm/v1/metrics/loggers.py), as its /metrics shows them.
-TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+_TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                   20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+_ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                  40.0, 80.0)
 # vLLM's request_generation_tokens buckets (build_1_2_5_buckets up to its max_model_len).
-GENERATION_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
-ROUTES = (("/health", "GET"), ("/v1/models", "GET"), ("/version", "GET"), ("/metrics", "GET"),
+_GENERATION_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
+_ROUTES = (("/health", "GET"), ("/v1/models", "GET"), ("/version", "GET"), ("/metrics", "GET"),
           ("/tokenize", "POST"), ("/detokenize", "POST"), ("/v1/completions", "POST"))
 
 
@@ -79,12 +78,11 @@ class TinySpec:
 
     def key(self) -> str:
         """Short stable hash of the spec and the recipe version (the fingerprint's revision too)."""
-        payload = json.dumps({"recipe": _RECIPE_VERSION, **asdict(self)}, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:12]
+        return spec_key(self, _RECIPE_VERSION)
 
     def folder(self, cache_dir: Path | None = None) -> Path:
         """Where the checkpoint of this spec lives (built or not)."""
-        return (cache_dir or default_cache_dir()) / "models" / f"tiny-torch-{self.key()}"
+        return built_model_dir("tiny-torch", self, _RECIPE_VERSION, cache_dir)
 
 
 
@@ -161,15 +159,15 @@ class Frontend:
         self.send_lock = threading.Lock()
         self.streams: dict[str, Stream] = {}
         self.stopping = False
-        self.ttft = Histogram(TTFT_BUCKETS_S)
-        self.itl = Histogram(ITL_BUCKETS_S)
+        self.ttft = Histogram(_TTFT_BUCKETS_S)
+        self.itl = Histogram(_ITL_BUCKETS_S)
         # The engine's per-request phases as vLLM's stat logger observes them at each finish
         # (measure/server_view.py reads them as the engine's clock): no queue of its own here
         # (a request is scheduled as it arrives), prefill to the first token, decode to the last.
-        self.queue_time = Histogram(TTFT_BUCKETS_S)
-        self.prefill_time = Histogram(TTFT_BUCKETS_S)
-        self.decode_time = Histogram(TTFT_BUCKETS_S)
-        self.generation_per_request = Histogram(GENERATION_BUCKETS)
+        self.queue_time = Histogram(_TTFT_BUCKETS_S)
+        self.prefill_time = Histogram(_TTFT_BUCKETS_S)
+        self.decode_time = Histogram(_TTFT_BUCKETS_S)
+        self.generation_per_request = Histogram(_GENERATION_BUCKETS)
         self.counters = {"prompt": 0, "generation": 0, "length": 0, "stop": 0, "abort": 0}
         self.running = self.waiting = 0
 
@@ -410,7 +408,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _build_parser() -> argparse.ArgumentParser:
     """The server's flags: vLLM's names for what it shares with ``vllm serve``."""
     parser = argparse.ArgumentParser(prog="python -m pytest_kimiperf.server.torch_engine")
     parser.add_argument("--model", required=True, help="kimiperf:tiny-torch (built on first use) or its folder")
@@ -431,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The flags, checked: one device, a memory share in (0, 1], room for a token."""
-    parser = build_parser()
+    parser = _build_parser()
     args = parser.parse_args(argv)
     if args.tensor_parallel_size != 1:
         parser.error(f"--tensor-parallel-size {args.tensor_parallel_size}: this engine runs on one device; allowed: 1")
@@ -443,10 +441,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def start_engine(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], Connection]:
+def _start_engine(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], Connection]:
     """The engine core child (``torch_model.py``) and this side of its pipe."""
     ours, theirs = socket.socketpair()
-    argv = [sys.executable, "-m", ENGINE_MODULE, "--fd", str(theirs.fileno()), "--model", args.model,
+    argv = [sys.executable, "-m", _ENGINE_MODULE, "--fd", str(theirs.fileno()), "--model", args.model,
             "--device", args.device, "--dtype", args.dtype, "--max-model-len", str(args.max_model_len),
             "--max-num-seqs", str(args.max_num_seqs), "--gpu-memory-utilization", str(args.gpu_memory_utilization),
             "--seed", str(args.seed)]
@@ -464,9 +462,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     log = vllm_logger("APIServer")
     signal.signal(signal.SIGTERM, _stop)
-    defaults = build_parser()
+    defaults = _build_parser()
     log.info("non-default args: %s", {k: v for k, v in vars(args).items() if v != defaults.get_default(k)})
-    engine, pipe = start_engine(args)
+    engine, pipe = _start_engine(args)
     frontend: Frontend | None = None
     try:
         try:
@@ -480,7 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.daemon_threads = True
         threading.Thread(target=frontend.receive, args=(log,), name="engine-output", daemon=True).start()
         log.info("Available routes are:")
-        for route, method in ROUTES:
+        for route, method in _ROUTES:
             log.info("Route: %s, Methods: %s", route, method)
         sys.stdout.write(f"INFO:     Started server process [{os.getpid()}]\nINFO:     Waiting for application startup.\n"
                          "INFO:     Application startup complete.\n")

@@ -24,10 +24,8 @@ import argparse
 import json
 import math
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -40,12 +38,13 @@ import torch
 import torch.nn.functional as F
 
 from pytest_kimiperf.config.deployments import TINY_TORCH_MODEL
+from pytest_kimiperf.paths import build_once
 from pytest_kimiperf.server.torch_engine import BOS_ID, EOS_ID, TinySpec, vllm_logger
 from pytest_kimiperf.version import __version__
 
 # Prompt tokens prefilled in one step before the running requests decode again (vLLM's
 # max_num_batched_tokens for online serving on small GPUs).
-PREFILL_BUDGET_TOKENS = 2048
+_PREFILL_BUDGET_TOKENS = 2048
 # Room kept beside weights and KV cache for a step's activations (vLLM measures its peak; a
 # step of this model at 64 sequences needs a few MiB).
 ACTIVATION_HEADROOM_BYTES = 256 * 2**20
@@ -64,26 +63,21 @@ def weight_shapes(spec: TinySpec) -> dict[str, tuple[int, ...]]:
     return shapes | {"model.norm.weight": (h,), "lm_head.weight": (spec.vocab_size, h)}
 
 
-def build_checkpoint(folder: Path, spec: TinySpec) -> None:
-    """Write the seeded weights (``model.pt``) and ``config.json`` into ``folder``, whole or not at all."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
-    try:
-        generator = torch.Generator().manual_seed(spec.seed)
-        weights = {name: torch.ones(shape) if len(shape) == 1 else torch.randn(shape, generator=generator) * 0.02
-                   for name, shape in weight_shapes(spec).items()}  # 0.02: Llama's initializer_range
-        torch.save(weights, staging / "model.pt")
-        config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float32",
-                  "num_key_value_heads": spec.num_attention_heads, "hidden_act": "silu", "tie_word_embeddings": False,
-                  "bos_token_id": BOS_ID, "eos_token_id": EOS_ID, **asdict(spec)}
-        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        try:
-            os.rename(staging, folder)
-        except OSError:
-            if not (folder / "config.json").is_file():  # not another process's build: a real failure
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+def build_checkpoint(folder: Path, spec: TinySpec) -> bool:
+    """Write the seeded weights (``model.pt``) and ``config.json`` into ``folder``, whole or not at
+    all (``paths.build_once``); True when built now, False when another process had built it."""
+    return build_once(folder, lambda staging: _write_checkpoint(staging, spec))
+
+
+def _write_checkpoint(staging: Path, spec: TinySpec) -> None:
+    generator = torch.Generator().manual_seed(spec.seed)
+    weights = {name: torch.ones(shape) if len(shape) == 1 else torch.randn(shape, generator=generator) * 0.02
+               for name, shape in weight_shapes(spec).items()}  # 0.02: Llama's initializer_range
+    torch.save(weights, staging / "model.pt")
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float32",
+              "num_key_value_heads": spec.num_attention_heads, "hidden_act": "silu", "tie_word_embeddings": False,
+              "bos_token_id": BOS_ID, "eos_token_id": EOS_ID, **asdict(spec)}
+    (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def resolve_checkpoint(model: str, seed: int) -> tuple[Path, TinySpec, bool]:
@@ -91,10 +85,7 @@ def resolve_checkpoint(model: str, seed: int) -> tuple[Path, TinySpec, bool]:
     if model == TINY_TORCH_MODEL:
         spec = TinySpec(seed=seed)
         folder = spec.folder()
-        if (folder / "config.json").is_file():
-            return folder, spec, False
-        build_checkpoint(folder, spec)
-        return folder, spec, True
+        return folder, spec, build_checkpoint(folder, spec)
     folder = Path(model)
     try:
         config = json.loads((folder / "config.json").read_text())
@@ -314,8 +305,8 @@ def serve(model: TinyLlama, pipe: Connection, max_num_seqs: int, log: Any) -> No
             while True:
                 signal.pause()
         outputs: list[tuple[str, int, str | None]] = []
-        budget = PREFILL_BUDGET_TOKENS
-        while waiting and free_slots and (budget == PREFILL_BUDGET_TOKENS or len(waiting[0].prompt) <= budget):
+        budget = _PREFILL_BUDGET_TOKENS
+        while waiting and free_slots and (budget == _PREFILL_BUDGET_TOKENS or len(waiting[0].prompt) <= budget):
             seq = waiting.popleft()
             seq.slot = free_slots.pop()
             if seq.slot in never_used:

@@ -110,15 +110,15 @@ LOG_FORMATS: tuple[LogFormat, ...] = (
 # The flags the plugin passes or advises: the deployments' `vllm serve` lines, the weight cache's
 # engine arguments, the reports' advice (allreduce_path), and `vllm preload`'s (weight_cache.daemon_argv);
 # load formats it names.
-SERVE_FLAGS: tuple[str, ...] = (
+_SERVE_FLAGS: tuple[str, ...] = (
     "--host", "--port", "--served-model-name", "--tensor-parallel-size", "--max-model-len", "--dtype",
     "--trust-remote-code", "--gpu-memory-utilization", "--load-format", "--model-loader-extra-config",
     "--disable-custom-all-reduce",  # what the reports advise to put decode's all-reduces on NCCL
 )
-PRELOAD_FLAGS: tuple[str, ...] = (
+_PRELOAD_FLAGS: tuple[str, ...] = (
     "--weight-cache-socket-dir", "--weight-cache-health-host", "--weight-cache-health-port",
 )
-LOAD_FORMATS: tuple[str, ...] = ("ipc_cache", "sharded_state")
+_LOAD_FORMATS: tuple[str, ...] = ("ipc_cache", "sharded_state")
 
 
 def installed_vllm() -> tuple[str | None, Path | None]:
@@ -163,10 +163,10 @@ def check_flags() -> list[str]:
     preload = FlexibleArgumentParser()
     PreloadSubcommand.add_cli_args(preload)
     problems = []
-    for name, parser, flags in (("vllm serve", serve, SERVE_FLAGS), ("vllm preload", preload, PRELOAD_FLAGS)):
+    for name, parser, flags in (("vllm serve", serve, _SERVE_FLAGS), ("vllm preload", preload, _PRELOAD_FLAGS)):
         known = {option for action in parser._actions for option in action.option_strings}
         problems += [f"{name} no longer takes {flag}" for flag in flags if flag not in known]
-    problems += [f"--load-format {fmt} is gone" for fmt in LOAD_FORMATS if fmt not in _LOAD_FORMAT_TO_MODEL_LOADER]
+    problems += [f"--load-format {fmt} is gone" for fmt in _LOAD_FORMATS if fmt not in _LOAD_FORMAT_TO_MODEL_LOADER]
     return problems
 
 
@@ -183,8 +183,8 @@ def main() -> int:
     for problem in problems:
         print(f"vllm-contract: FAIL {problem}")
     print(f"vllm-contract: {'OK' if not problems else 'FAILED'} vLLM {version} at {folder}: "
-          f"{len(LOG_FORMATS)} log formats, {len(SERVE_FLAGS) + len(PRELOAD_FLAGS)} flags, "
-          f"{len(LOAD_FORMATS)} load formats checked")
+          f"{len(LOG_FORMATS)} log formats, {len(_SERVE_FLAGS) + len(_PRELOAD_FLAGS)} flags, "
+          f"{len(_LOAD_FORMATS)} load formats checked")
     return 1 if problems else 0
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from pytest_kimiperf.errors import HardwareMissingError
 
 # Deployment setting: "auto" uses it where it works, "off" never.
-SETTINGS = ("auto", "off")
+_SETTINGS = ("auto", "off")
 
 # The engine's arguments that are the API server's, not the engine's: `vllm preload` parses
 # EngineArgs only (preload.py add_cli_args) and rejects these.
@@ -302,13 +302,13 @@ def check_fit(fit: MemoryFit) -> None:
         )
 
 
-def estimate_daemon_gib(checkpoint_bytes: int, tensor_parallel_size: int) -> float:
+def _estimate_daemon_gib(_checkpoint_bytes: int, tensor_parallel_size: int) -> float:
     """Weights per GPU held by the daemons, estimated from the checkpoint's size on disk.
 
     Post-quantized weights are about the checkpoint's size (INT4 stays INT4); each TP rank
     holds its shard.
     """
-    return checkpoint_bytes / max(1, tensor_parallel_size) / 1024**3
+    return _checkpoint_bytes / max(1, tensor_parallel_size) / 1024**3
 
 
 def _model_folders(model: str) -> list[Path]:
@@ -321,7 +321,7 @@ def _model_folders(model: str) -> list[Path]:
     return candidates
 
 
-def checkpoint_bytes(model: str) -> int | None:
+def _checkpoint_bytes(model: str) -> int | None:
     """Size of a model's weight files, for a local folder or a Hugging Face cache snapshot;
     None when they are not on this host yet (the fit is then checked once the daemons report)."""
     for folder in _model_folders(model):
@@ -342,25 +342,25 @@ def held_gib_per_rank(log_text: str) -> dict[int, float]:
 
 
 # vLLM's default (config/cache.py CacheConfig.gpu_memory_utilization).
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 # Declared, not measured: activations, NCCL buffers and a useful KV cache of a 32k context.
-MIN_ENGINE_GIB = 4.0
+_MIN_ENGINE_GIB = 4.0
 
 
 def memory_fit(model: str, tensor_parallel_size: int, command: Sequence[str],
                gpu_total_mib: int) -> MemoryFit | None:
     """The daemons' expected hold against one GPU; None when the checkpoint is not on this host."""
-    size = checkpoint_bytes(model)
+    size = _checkpoint_bytes(model)
     if size is None:
         return None
-    return MemoryFit(estimate_daemon_gib(size, tensor_parallel_size), gpu_total_mib / 1024,
-                     gpu_memory_utilization(command), MIN_ENGINE_GIB)
+    return MemoryFit(_estimate_daemon_gib(size, tensor_parallel_size), gpu_total_mib / 1024,
+                     gpu_memory_utilization(command), _MIN_ENGINE_GIB)
 
 
 def gpu_memory_utilization(command: Sequence[str]) -> float:
     """The share of each GPU the engine asks for at startup: the command's last
     ``--gpu-memory-utilization``, else vLLM's default."""
-    utilization = DEFAULT_GPU_MEMORY_UTILIZATION
+    utilization = _DEFAULT_GPU_MEMORY_UTILIZATION
     for i, arg in enumerate(command):
         if arg == "--gpu-memory-utilization" and i + 1 < len(command):
             utilization = float(command[i + 1])
@@ -397,7 +397,7 @@ def header_lines(*, setting: str, gpu_count: int, command: Sequence[str], model:
     the daemons will hold per GPU where the checkpoint is already on this host."""
     reason = why_not_used(setting=setting, gpu_count=gpu_count, command=command, model=model,
                           quantization=quantization, nodes=nodes, control=control)
-    size = checkpoint_bytes(model) if gpu_count else None
+    size = _checkpoint_bytes(model) if gpu_count else None
     page_cache = [page_cache_line(size, _host_ram_bytes())] if size is not None else []
     if reason is not None:
         return [f"weight cache: off ({reason})", *page_cache]
@@ -409,7 +409,7 @@ def header_lines(*, setting: str, gpu_count: int, command: Sequence[str], model:
                      "(the checkpoint is not on this host yet)")
     else:
         lines.append(f"weight cache: the daemons will hold about "
-                     f"{estimate_daemon_gib(size, tensor_parallel_size):.1f} GiB per GPU (checkpoint / TP)")
+                     f"{_estimate_daemon_gib(size, tensor_parallel_size):.1f} GiB per GPU (checkpoint / TP)")
     return lines
 
 

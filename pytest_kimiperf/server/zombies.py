@@ -593,14 +593,14 @@ def terminate_processes(procs: Sequence[psutil.Process], *, grace_s: float = 15.
     )
 
 
-REMOTE_STOP_TIMEOUT_S = 120.0
+_REMOTE_STOP_TIMEOUT_S = 120.0
 
 
 def _run_remote(argv: Sequence[str]) -> str:
     import subprocess
 
     try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=REMOTE_STOP_TIMEOUT_S,
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=_REMOTE_STOP_TIMEOUT_S,
                               stdin=subprocess.DEVNULL, check=False)
     except (OSError, subprocess.SubprocessError) as exc:
         raise KimiperfError(f"did not run ({exc})") from None

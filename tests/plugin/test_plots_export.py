@@ -138,7 +138,8 @@ def test_a_metric_judged_after_a_step_gets_its_history_plotted(tmp_path: Path) -
     from datetime import UTC, datetime, timedelta
 
     from pytest_kimiperf.config.deployments import Spreads
-    from pytest_kimiperf.judge.baselines import BaselineFile, dumps_baseline
+    from pytest_kimiperf.judge.baselines import BaselineFile
+    from pytest_kimiperf.storage.baselines import dumps_baseline
     from pytest_kimiperf.judge.history import compare_with_history
     from pytest_kimiperf.judge.levels import BootOrigin
     from pytest_kimiperf.reports.plots import render_plots

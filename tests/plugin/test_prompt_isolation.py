@@ -39,7 +39,7 @@ from pytest_kimiperf.measure.server_view import (
     unexpected_prefix_hits,
 )
 from pytest_kimiperf.measure.workload import prompt_seed
-from pytest_kimiperf.reports.sentences import say, warning_lines
+from pytest_kimiperf.reports.sentences import note_text, warning_lines
 from tests import helpers
 
 DATA = helpers.DATA / "server_metrics"
@@ -174,7 +174,7 @@ def test_prompts_sent_again_hit_whole_blocks_and_are_flagged() -> None:
     assert view["prefix_cache_hit_rate"] == pytest.approx(2048 / 2400)
     reuse = unexpected_prefix_hits([view], endpoint="completions")
     assert reuse == PrefixReuse(hit_tokens=2048.0, queried_tokens=2400.0)
-    assert "2048 prompt tokens of this run (85.3% of 2400 queried)" in say(PrefixCacheReused(2048.0, 2400.0))
+    assert "2048 prompt tokens of this run (85.3% of 2400 queried)" in note_text(PrefixCacheReused(2048.0, 2400.0))
 
 
 def test_chat_endpoint_hits_are_reported_but_never_flagged() -> None:

@@ -230,7 +230,7 @@ def _manager(tmp_path: Path, fake_vllm: Path, said: list[str], **env: str) -> Se
     settings = SimpleNamespace(deployment=deployment, external=False, port=None, nccl_debug=False,
                                grace_s=2.0, host_wait_s=0.0, api_key=None, command_plans={}, control=False)
     return ServerManager(settings, log_dir=tmp_path / "logs", state_dir=tmp_path / "state",  # type: ignore[arg-type]
-                         say=said.append, on_progress=lambda *a: None)
+                         announce=said.append, on_progress=lambda *a: None)
 
 
 def _alive(pid: int) -> bool:

@@ -16,9 +16,10 @@ from pytest_kimiperf.judge.fingerprint import ATTACHED_HARDWARE, NOT_STATED, Fin
 from pytest_kimiperf.judge.gate import judge_metric
 from pytest_kimiperf.judge.levels import BootOrigin
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult, TestResult
-from pytest_kimiperf.reports.answers import answer_lines, failure_lines, missing_baseline_warning, outcome_line
+from pytest_kimiperf.reports.answers import answer_lines, failure_lines
+from pytest_kimiperf.reports.next_step import missing_baseline_warning, outcome_line
 from pytest_kimiperf.reports.header import host_line
-from pytest_kimiperf.reports.sentences import baseline_line, say
+from pytest_kimiperf.reports.sentences import baseline_line, note_text
 from pytest_kimiperf.storage import baselines as storage
 from pytest_kimiperf.storage.baselines import load_baselines
 from tests.unit.test_reports import FINGERPRINT, make_report
@@ -86,7 +87,7 @@ def test_unstated_hardware_under_the_gate_names_the_option_and_never_advises_rec
                                         "this run's figures as the new baseline: review the diff)")
     # The failure under --kimiperf-missing-baseline=fail: the reason once for both metrics, no recording.
     decide_test(result, missing_baseline_fails=True)
-    failure = say(result.failures[0])
+    failure = note_text(result.failures[0])
     assert failure.startswith("missing baseline (--kimiperf-missing-baseline=fail): decode tok/s, time to first "
                               "token ms: "
                               "the baseline was recorded on other hardware (")
@@ -167,7 +168,7 @@ def test_every_advice_to_record_says_what_recording_accepts() -> None:
 
     assert RECORDING_ACCEPTS == "records this run's figures as the new baseline: review the diff"
     assert RECORDING_ACCEPTS in RECORD_ADVICE
-    drift = say(Drifted("decode_tok_s", "decode tok/s", -0.05, -0.04, 5, 0.03, "2026-01-02"))
+    drift = note_text(Drifted("decode_tok_s", "decode tok/s", -0.05, -0.04, 5, 0.03, "2026-01-02"))
     assert drift.endswith(f"or if it is meant, record the baseline again (--kimiperf-update-baselines: it "
                           f"{RECORDING_ACCEPTS})")
     line = BaselineLine(BaselineState.MISSING, "decode", fingerprint="cpu-x-1")

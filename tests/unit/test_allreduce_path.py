@@ -173,7 +173,7 @@ def test_the_facts_travel_as_json() -> None:
 def test_each_boot_account_keeps_its_path_and_sends_it_as_json() -> None:
     from datetime import datetime
 
-    from pytest_kimiperf.server.progress import BootAccount, account_boot
+    from pytest_kimiperf.server.boot_account import BootAccount, account_boot
 
     text = CPU_TP1.read_text(encoding="utf-8")
     account = account_boot(text, profile="ring-ll", ordinal=1, first_of_deployment=True,

@@ -12,12 +12,12 @@ from pytest_kimiperf.config.settings import RawOption
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.history import AppendWhy, NotAppended, append_refusal
 from pytest_kimiperf.judge.boots import BootSummary
-from pytest_kimiperf.judge.notes import Said, note_from_json
+from pytest_kimiperf.judge.notes import SavedLine, note_from_json
 from pytest_kimiperf.judge.stats import compare_boots
-from pytest_kimiperf.judge.levels import CanaryCheck
+from pytest_kimiperf.judge.canary_check import CanaryCheck
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, EnvDiff, MetricResult, TestResult
 from pytest_kimiperf.storage.git_facts import current_git_branch
-from pytest_kimiperf.reports.sentences import say
+from pytest_kimiperf.reports.sentences import note_text
 from tests.unit.test_gate_switch import _settings
 
 TOL = 0.03
@@ -45,10 +45,10 @@ def test_a_passing_run_on_an_allowed_branch_within_half_the_tolerance_appends() 
 
 def test_a_failing_run_appends_nothing_and_says_how_many_failed() -> None:
     res = judged(0.0)
-    res.failures.append(Said("decode below the floor"))
+    res.failures.append(SavedLine("decode below the floor"))
     refusal = append_refusal([res, judged(0.0, test="t.py::b")], passed=False, branch="main", allowed=("main",))
     assert refusal == NotAppended(AppendWhy.FAILED, "main", ("main",), failed=1)
-    assert say(refusal) == ("not appended to the baseline history: 1 perf test failed or was invalid, and a "
+    assert note_text(refusal) == ("not appended to the baseline history: 1 perf test failed or was invalid, and a "
                             "failing run appends nothing")
     # pytest's own outcome counts too: a failing test that is no perf test.
     assert append_refusal([judged(0.0)], passed=False, branch="main", allowed=("main",)).failed == 0  # type: ignore[union-attr]
@@ -57,10 +57,10 @@ def test_a_failing_run_appends_nothing_and_says_how_many_failed() -> None:
 def test_another_branch_or_a_detached_checkout_appends_nothing() -> None:
     refusal = append_refusal([judged(0.0)], passed=True, branch="42/merge", allowed=("main", "release"))
     assert refusal is not None and refusal.why is AppendWhy.BRANCH
-    assert say(refusal) == ("not appended to the baseline history: this run is on branch '42/merge', and appends "
+    assert note_text(refusal) == ("not appended to the baseline history: this run is on branch '42/merge', and appends "
                             "only on main,release")
     detached = append_refusal([judged(0.0)], passed=True, branch=None, allowed=("main",))
-    assert "no branch (a detached checkout)" in say(detached)  # type: ignore[arg-type]
+    assert "no branch (a detached checkout)" in note_text(detached)  # type: ignore[arg-type]
 
 
 def test_a_noisy_run_whose_point_alone_is_beyond_half_the_tolerance_still_appends() -> None:
@@ -89,7 +89,7 @@ def test_a_run_that_looked_worse_than_the_tolerance_without_a_verdict_appends_no
     refusal = append_refusal([res], passed=True, branch="main", allowed=("main",))
     assert refusal is not None and refusal.why is AppendWhy.UNRESOLVED, refusal
     assert refusal.gain == pytest.approx(-0.84, abs=0.01)
-    assert say(refusal) == (
+    assert note_text(refusal) == (
         "not appended to the baseline history: decode tok/s of t.py::test_decode [default] looked -84.0% against "
         "it, beyond its 25% tolerance, without a verdict (inconclusive): a change this run could not rule out is "
         "not taken into the history")
@@ -121,7 +121,7 @@ def test_a_metric_not_comparable_to_its_history_appends_nothing_whatever_its_fig
         assert refusal is not None and refusal.why is AppendWhy.NOT_COMPARABLE
         assert (refusal.test, refusal.metric, refusal.canary_moved) == ("t.py::test_decode", "decode_tok_s", canary_moved)
         why = "the host canary moved" if canary_moved else "the profile's environment or arguments differ"
-        assert say(refusal) == (
+        assert note_text(refusal) == (
             f"not appended to the baseline history: decode tok/s of t.py::test_decode [default] is not comparable to it "
             f"({why}; {'-86.0%' if change else '+0.0%'}): another host or configuration joins the history only on "
             "purpose (--kimiperf-update-baselines)")

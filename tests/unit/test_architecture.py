@@ -34,7 +34,7 @@ LAYERS: dict[str, int] = {
     "server": 2,
     "measure": 3,
     "judge": 4,
-    # Loads and saves what the judge judges against (baseline files, the noise corpus): above the
+    # Loads, saves and merges what the judge judges against (the baseline files): above the
     # judge, whose value types it builds, and below everything that asks it for them.
     "storage": 5,
     "roofline": 6,

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.baseline_merge import BaselineConflict, merge_baseline_texts, merge_baselines
+from pytest_kimiperf.storage.baseline_merge import BaselineConflict, merge_baseline_texts, merge_baselines
 from pytest_kimiperf.merge_driver import main
-from pytest_kimiperf.judge.baselines import BaselineEntry, BaselineFile, dumps_baseline, parse_baseline
+from pytest_kimiperf.judge.baselines import BaselineEntry, BaselineFile
+from pytest_kimiperf.storage.baselines import dumps_baseline, parse_baseline
 from pytest_kimiperf.judge.baselines import HISTORY_BOOTS, append_history, make_entry
 from pytest_kimiperf.storage.baselines import baseline_path, load_baseline, update_baseline
 from pytest_kimiperf.judge.fingerprint import Fingerprint

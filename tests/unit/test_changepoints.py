@@ -19,7 +19,7 @@ from pytest_kimiperf.judge.history import compare_with_history
 from pytest_kimiperf.judge.notes import HistorySteps
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.reports.json_report import comparison_json
-from pytest_kimiperf.reports.sentences import comparison_line, say
+from pytest_kimiperf.reports.sentences import comparison_line, note_text
 
 SPREADS = Spreads(0.01, 0.01, 0.02)
 
@@ -56,8 +56,8 @@ def test_a_step_is_found_between_the_sessions_where_it_happened() -> None:
     assert (step.before, step.before_commit) == (h[4].label, "c004")
     assert (step.after, step.after_commit) == (h[5].label, "c005")
     assert last_segment(h, steps) == h[5:]
-    assert say(HistorySteps(tuple(steps), 5)).startswith("the history stepped -")
-    assert "2026-11-05 10:00 (c004) and 2026-11-06 10:00 (c005)" in say(step)
+    assert note_text(HistorySteps(tuple(steps), 5)).startswith("the history stepped -")
+    assert "2026-11-05 10:00 (c004) and 2026-11-06 10:00 (c005)" in note_text(step)
 
 
 def test_two_steps_are_both_found_and_the_last_segment_follows_the_second() -> None:
@@ -166,7 +166,7 @@ def test_a_run_is_judged_against_the_segment_since_the_last_step() -> None:
     [note] = [n for n in judged.notes if isinstance(n, HistorySteps)]
     assert note.judged_boots == 3
     assert "since the last step" in comparison_line(judged) or any(
-        "since the last step" in say(n) for n in judged.notes)
+        "since the last step" in note_text(n) for n in judged.notes)
     [step] = comparison_json(judged)["steps"]  # type: ignore[misc]
     assert step["boots_before"] == 3 and step["after_commit"] == "c003"
     assert comparison_json(pooled)["steps"] == []

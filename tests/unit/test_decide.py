@@ -18,13 +18,13 @@ from pytest_kimiperf.judge.decide import (
     EXIT_OK, EXIT_TESTS_FAILED, INVALID_ONLY_EXIT, OUTCOME_PROPERTY, UNRESOLVED_EXIT, FailedTests, Outcome, RunEnd,
     CAUSE_PROPERTY, decide_run, decide_test, failed_outcome, invalid_cause, outcome_of,
 )
-from pytest_kimiperf.judge.notes import InvalidRun, Look, Said, Unresolved
+from pytest_kimiperf.judge.notes import InvalidRun, ChangeSoFar, SavedLine, Unresolved
 from pytest_kimiperf.judge.profiles import ProfileComparison
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult, MissingBaselines, TestResult
 from pytest_kimiperf.measure.invalid_causes import InvalidCause, advice
 from pytest_kimiperf.reports.answers import run_verdict
-from pytest_kimiperf.reports.sentences import say
+from pytest_kimiperf.reports.sentences import note_text
 from pytest_kimiperf.reports.terminal import end_line
 
 MARKED = [("median_decode_tok_s", 512.0), (OUTCOME_PROPERTY, "invalid")]
@@ -51,7 +51,7 @@ def _against_control(verdict: VerdictKind) -> ProfileComparison:
                              SimpleNamespace(verdict=verdict))  # type: ignore[arg-type]
 
 
-UNRESOLVED = Unresolved((Look("decode tok/s", -0.2, 1, 0.05),), "attached", 2)
+UNRESOLVED = Unresolved((ChangeSoFar("decode tok/s", -0.2, 1, 0.05),), "attached", 2)
 
 
 def test_only_a_marked_call_phase_is_an_invalid_or_unresolved_failure() -> None:
@@ -67,7 +67,7 @@ def test_a_tests_outcome_is_read_from_its_final_failures() -> None:
     assert outcome_of(_result(UNRESOLVED)) is Outcome.UNRESOLVED
     # An UNRESOLVED change beside any other failure (a regression of another metric) is a failure:
     # the run must exit 1, not 76, which invites a rerun.
-    assert outcome_of(_result(UNRESOLVED, Said("REGRESSION"))) is Outcome.FAILED
+    assert outcome_of(_result(UNRESOLVED, SavedLine("REGRESSION"))) is Outcome.FAILED
 
 
 def test_a_missing_baseline_fails_the_test_only_where_the_run_says_so() -> None:
@@ -110,7 +110,7 @@ def test_every_invalid_cause_has_its_own_advice_in_every_place_that_advises(caus
     assert end_line(decision) == (
         "kimiperf: every failure was an INVALID measurement (1 test, nothing learned about the build): exit status "
         f"75 (EX_TEMPFAIL); {advice(cause)}")
-    assert say(InvalidRun("the reason", cause.value)) == f"INVALID measurement: the reason ({advice(cause)})"
+    assert note_text(InvalidRun("the reason", cause.value)) == f"INVALID measurement: the reason ({advice(cause)})"
     result = _result(InvalidRun("the reason", cause.value), invalid="the reason")
     result.invalid_cause = cause.value
     report = SimpleNamespace(results=[result], control_regressions=lambda: [])

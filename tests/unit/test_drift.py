@@ -12,7 +12,7 @@ import pytest
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boots import BootSummary
-from pytest_kimiperf.judge.history import drift_since_anchor
+from benchmarks.nightly import drift_tonight
 
 SPREADS = Spreads(0.01, 0.01)
 WOBBLE = (0.004, -0.006, 0.002, -0.001, 0.005, -0.004, 0.0, 0.003, -0.002, -0.003)  # a quiet night's session
@@ -38,7 +38,8 @@ def first_failure(per_night: float, count: int, direction: Direction = Direction
     anchor = ANCHOR if direction is Direction.HIGHER_IS_BETTER else [
         BootSummary(1.0 / b.median, b.n, b.se_log, session=b.session, host=b.host) for b in ANCHOR]
     for t in range(1, count + 1):
-        if drift_since_anchor(anchor, nights[:t], direction=direction, tolerance=0.03, spreads=SPREADS).failed:
+        d = drift_tonight(anchor, nights[:t - 1], nights[t - 1], direction=direction, tolerance=0.03, spreads=SPREADS)
+        if d is not None and d.failed:
             return t
     return None
 
@@ -57,15 +58,17 @@ def test_quiet_nights_never_fail_and_a_drift_of_a_latency_fails_alike() -> None:
     assert first_failure(-0.0025, 30) == first_failure(-0.0025, 30, Direction.LOWER_IS_BETTER)
 
 
-def test_the_anchor_alone_says_nothing() -> None:
-    d = drift_since_anchor(ANCHOR, [], direction=Direction.HIGHER_IS_BETTER, tolerance=0.03, spreads=SPREADS)
-    assert not d.failed and math.isnan(d.change) and d.nights == 0
+def test_before_a_night_is_appended_there_is_no_drift_test() -> None:
+    # The gate against the history's window is then the whole test (history.drift_of_entry).
+    assert drift_tonight(ANCHOR, [], night(-0.2, "n1"), direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
+                         spreads=SPREADS) is None
 
 
 def test_the_cumulative_change_is_the_lines_and_its_bound_lies_in_the_builds_favour() -> None:
-    d = drift_since_anchor(ANCHOR, series(-0.001, 60), direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
-                           spreads=SPREADS)
-    assert d.nights == 60 and d.change == pytest.approx(-0.06, abs=0.01) and d.bound > d.change and d.failed
+    nights = series(-0.001, 60)
+    d = drift_tonight(ANCHOR, nights[:-1], nights[-1], direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
+                      spreads=SPREADS)
+    assert d is not None and d.nights == 60 and d.change == pytest.approx(-0.06, abs=0.01) and d.bound > d.change and d.failed
 
 
 # --- wired: the baseline file keeps the anchor and the nights, the gate judges them ------------
@@ -76,7 +79,8 @@ import numpy as np  # noqa: E402
 
 from pytest_kimiperf.errors import BaselineError  # noqa: E402
 from pytest_kimiperf.judge import baselines, boots  # noqa: E402
-from pytest_kimiperf.judge.baselines import Night, parse_baseline  # noqa: E402
+from pytest_kimiperf.judge.baselines import Night  # noqa: E402
+from pytest_kimiperf.storage.baselines import parse_baseline  # noqa: E402
 from pytest_kimiperf.judge.baselines import LoadedBaselines, append_history  # noqa: E402
 from pytest_kimiperf.storage import baselines as storage  # noqa: E402
 from pytest_kimiperf.storage.baselines import load_baselines  # noqa: E402
@@ -85,7 +89,7 @@ from pytest_kimiperf.judge.fingerprint import Fingerprint  # noqa: E402
 from pytest_kimiperf.judge.gate import BootRun, Rules, judge  # noqa: E402
 from pytest_kimiperf.judge.notes import Drifted  # noqa: E402
 from pytest_kimiperf.judge.verdicts import TestResult  # noqa: E402
-from pytest_kimiperf.reports.sentences import say  # noqa: E402
+from pytest_kimiperf.reports.sentences import note_text  # noqa: E402
 
 FP = Fingerprint(hard={"gpu.count": "0", "cpu.model": "test", "cpu.cores": "2"}, soft={})
 TEST = "t.py::test"
@@ -194,7 +198,7 @@ def test_a_drift_that_passed_every_night_fails_the_gate_against_its_anchor(tmp_p
     assert comparison is not None and comparison.verdict.value != "REGRESSION"  # the window followed it
     [drifted] = [f for f in result.failures if isinstance(f, Drifted)]
     assert drifted.nights == 31 and drifted.change < -0.05 and drifted.bound < 0
-    assert say(drifted).startswith("DRIFT: decode -7.6% since the baseline was recorded (2026-11-01T00:01:00Z)")
+    assert note_text(drifted).startswith("DRIFT: decode -7.6% since the baseline was recorded (2026-11-01T00:01:00Z)")
 
 
 def test_quiet_nights_and_a_fresh_recording_do_not_fail_on_drift(tmp_path: Path) -> None:
@@ -230,8 +234,9 @@ def test_a_spike_up_and_back_is_no_drift() -> None:
     nights = [[BootSummary(100.0 * math.exp(0.25), 20, 0.003, session="n1", host="h")],
               [BootSummary(100.0, 20, 0.003, session="n2", host="h")],
               [BootSummary(100.0, 20, 0.003, session="n3", host="h")]]
-    d = drift_since_anchor(anchor, nights, direction=Direction.HIGHER_IS_BETTER, tolerance=0.0625, spreads=spreads)
-    assert d.change < -0.0625 and d.bound < 0  # the line alone would fail it ...
+    d = drift_tonight(anchor, nights[:-1], nights[-1], direction=Direction.HIGHER_IS_BETTER, tolerance=0.0625,
+                      spreads=spreads)
+    assert d is not None and d.change < -0.0625 and d.bound < 0  # the line alone would fail it ...
     assert not d.failed  # ... tonight is no worse than the anchor
 
 

@@ -17,7 +17,7 @@ from pytest_kimiperf.judge import boots
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.decide import missing_baselines
 from pytest_kimiperf.judge.gate import BootRun, Judgement, Rules, judge
-from pytest_kimiperf.reports.sentences import comparison_line, say, say_all, unresolved_text
+from pytest_kimiperf.reports.sentences import comparison_line, note_text, note_texts, unresolved_text
 from pytest_kimiperf.judge.verdicts import TestResult, VerdictNote
 from pytest_kimiperf.judge.stats import VerdictKind
 
@@ -60,14 +60,14 @@ def test_decode_above_the_target_passes_the_floor() -> None:
     judged = _judge(_decode(50.0, seed=1), floor=True)
     assert judged.result.failures == [] and judged.result.warnings == []
     assert judged.result.floor is not None and judged.result.floor.status.value == "ok"
-    assert say_all(judged.result.messages) == ["single-stream decode 50.08 tok/s meets the target of 45 tok/s",
+    assert note_texts(judged.result.messages) == ["single-stream decode 50.08 tok/s meets the target of 45 tok/s",
                                       "decode: baselines not in use"]
 
 
 def test_decode_below_the_floor_fails_and_is_not_recorded() -> None:
     judged = _judge(_decode(30.0, seed=2), floor=True)
     [failure] = judged.result.failures
-    assert say(failure) == "single-stream decode 29.94 tok/s is below the floor of 40 tok/s"
+    assert note_text(failure) == "single-stream decode 29.94 tok/s is below the floor of 40 tok/s"
     assert judged.result.unrecordable == (failure,)
     assert judged.recorded is None, "a failed boot is no sample of this build"
 
@@ -79,7 +79,7 @@ def test_a_boot_below_the_floor_is_not_judged_against_the_baseline_and_says_why(
     judged = _judge(_decode(30.0, seed=2), view=view, floor=True)
     [comparison] = judged.comparisons
     assert comparison.verdict is VerdictKind.NOT_JUDGED and comparison.boots_current == 0
-    message = say(judged.result.metrics["decode_tok_s"].baseline_line)
+    message = note_text(judged.result.metrics["decode_tok_s"].baseline_line)
     assert message == ("decode tok/s: not judged (boot 1 failed and is no sample of this build: single-stream "
                        "decode 29.94 tok/s is below the floor of 40 tok/s)")
     assert "insufficient samples" not in message
@@ -91,7 +91,7 @@ def test_a_boot_below_the_floor_is_not_judged_against_the_baseline_and_says_why(
     second = _judge(_decode(30.0, seed=4), view=view, earlier=earlier, boot=2, floor=True)
     [comparison] = second.comparisons
     assert comparison.boots_current == 1
-    assert say(second.result.metrics["decode_tok_s"].baseline_line).endswith(
+    assert note_text(second.result.metrics["decode_tok_s"].baseline_line).endswith(
         " — boot 2 failed and is no sample of this build: single-stream decode 30.02 tok/s is below the floor "
         "of 40 tok/s")
 
@@ -102,7 +102,7 @@ def test_one_boot_that_looks_worse_screens_and_asks_for_another(tmp_path: Path) 
     assert judged.result.failures == [], "one boot can screen, never convict"
     assert judged.wants_boot == 2
     assert judged.recorded is not None and set(judged.recorded) == {"decode_tok_s"}
-    assert say(judged.result.messages[-1]) == (
+    assert note_text(judged.result.messages[-1]) == (
         "boot 2 of default asked for: decode looks -20.1% on 1 boot(s) (one boot can screen, never convict)")
     [comparison] = judged.comparisons
     # -20% on one boot against a tight history: changed, but one boot cannot say by how much
@@ -120,7 +120,7 @@ def test_one_boot_of_a_server_that_cannot_be_restarted_fails_unresolved_and_says
         "decode looks -20.1% on 1 boot(s), beyond the 5% tolerance (one boot can screen, never convict); "
         "this run cannot boot the attached server again: give deployment remote a restart_command (such as "
         "['systemctl', 'restart', 'vllm']) and the plugin restarts it for the 2 or more boots a verdict needs")
-    assert say_all(judged.result.failures) == [f"UNRESOLVED: {unresolved_text(judged.result.unresolved)}"]
+    assert note_texts(judged.result.failures) == [f"UNRESOLVED: {unresolved_text(judged.result.unresolved)}"]
     # within the tolerance it passes, as any boot does
     calm = judge(_shell(), ["decode_tok_s"], _decode(99.0, seed=3), attached, baselines=view, earlier=boots.TestBoots())
     assert calm.result.failures == [] and calm.result.unresolved is None
@@ -152,8 +152,8 @@ def test_a_regression_on_two_boots_fails(tmp_path: Path) -> None:
     [comparison] = second.comparisons
     assert comparison.verdict is VerdictKind.REGRESSION and comparison.boots_current == 2
     assert second.result.failures == [VerdictNote(comparison)]
-    assert say(second.result.failures[0]) == comparison_line(comparison)
-    assert say(second.result.failures[0]).startswith(
+    assert note_text(second.result.failures[0]) == comparison_line(comparison)
+    assert note_text(second.result.failures[0]).startswith(
         "decode tok/s: REGRESSION -19.9% (beyond the 5% tolerance, and its 99.94% bound -16.5% excludes zero; ")
     assert second.result.metrics["decode_tok_s"].baseline == comparison
 
@@ -162,7 +162,7 @@ def test_a_missing_baseline_is_said_and_judges_nothing(tmp_path: Path) -> None:
     judged = _judge(_decode(50.0, seed=5), view=load_baselines(tmp_path, "tiny-cpu", FP))
     assert judged.comparisons == [] and judged.result.failures == []
     line = judged.result.metrics["decode_tok_s"].baseline_line
-    assert line is not None and say(line) == f"decode: no baseline for this hardware ({FP.key}): run --kimiperf-update-baselines (it records this " \
+    assert line is not None and note_text(line) == f"decode: no baseline for this hardware ({FP.key}): run --kimiperf-update-baselines (it records this " \
                                                   "run's figures as the new baseline: review the diff)"
     assert missing_baselines(judged.result) == [line]
     assert judged.wants_boot is None
@@ -171,7 +171,7 @@ def test_a_missing_baseline_is_said_and_judges_nothing(tmp_path: Path) -> None:
 def test_an_invalid_run_fails_without_a_verdict() -> None:
     run = BootRun(samples={"decode_tok_s": []}, invalid="no valid request (8 invalid; first reason: timeout)")
     judged = _judge(run, floor=True)
-    assert say_all(judged.result.failures) == ["INVALID measurement: no valid request (8 invalid; first reason: timeout)"]
+    assert note_texts(judged.result.failures) == ["INVALID measurement: no valid request (8 invalid; first reason: timeout)"]
     assert judged.result.invalid == run.invalid and judged.result.floor is None
     assert judged.recorded is None and judged.comparisons == []
 
@@ -180,7 +180,7 @@ def test_too_many_failed_requests_fail_the_boot() -> None:
     run = BootRun(samples={"decode_tok_s": [50.0] * 8}, requests=10, failed_requests=2,
                   failed_reasons={"HTTP 500": 2})
     judged = _judge(run)
-    assert say_all(judged.result.failures) == [
+    assert note_texts(judged.result.failures) == [
         "2 of 10 measured requests failed and are not counted (2x HTTP 500): more than 10% failed, "
         "the server did not serve this load"]
 
@@ -226,7 +226,7 @@ def test_a_host_half_as_fast_by_its_canary_is_not_comparable_never_a_regression(
     judged = _two_boots_in_session(view, 50.0, {"python_mops": 11.5, "copy_gbs": 21.0})
     [comparison] = judged.comparisons
     assert comparison.verdict is VerdictKind.NOT_COMPARABLE and judged.result.failures == []
-    assert "host differs (canary copy_gbs -48%, python_mops -50%)" in say(judged.result.metrics["decode_tok_s"].baseline_line)
+    assert "host differs (canary copy_gbs -48%, python_mops -50%)" in note_text(judged.result.metrics["decode_tok_s"].baseline_line)
 
 
 def test_the_same_host_by_its_canary_still_convicts_a_real_regression(tmp_path: Path) -> None:

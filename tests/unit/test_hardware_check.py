@@ -189,7 +189,7 @@ def test_memory_no_live_process_holds_is_waited_for_and_named_per_gpu_at_the_dea
     readings = iter([{i: 90000 for i in range(8)}, {i: 40000 for i in range(8)}, {i: 3 for i in range(8)}])
     said: list[str] = []
     used = hardware_check.await_free_memory(KIMI_K25_INT4_TP8, _gpus(), deadline_s=5, poll_s=0.01,
-                                            used=lambda: next(readings), holders=GpuHolders, say=said.append)
+                                            used=lambda: next(readings), holders=GpuHolders, announce=said.append)
     assert used == dict.fromkeys(range(8), 3)
     assert said and said[0].startswith("GPU memory came back after ")
     started = time.monotonic()

@@ -12,7 +12,8 @@ import pytest
 
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.history_steps import main
-from pytest_kimiperf.judge.baselines import BaselineFile, dumps_baseline
+from pytest_kimiperf.judge.baselines import BaselineFile
+from pytest_kimiperf.storage.baselines import dumps_baseline
 from pytest_kimiperf.judge.baselines import append_history, make_entry
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.levels import BootOrigin

@@ -15,7 +15,7 @@ from pytest_kimiperf.judge.gate import (
 )
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boots import summarize_boot
-from pytest_kimiperf.reports.sentences import say
+from pytest_kimiperf.reports.sentences import note_text
 
 TEST = "t.py::test"
 HARDWARE = {"gpu.count": "8", "gpu.name": "NVIDIA RTX PRO 6000", "gpu.interconnect": "PCIe"}
@@ -57,8 +57,8 @@ def test_an_upgrade_is_judged_against_the_same_hardwares_baseline_naming_the_ver
     _record(tmp_path, OLD, 80.0)
     metric, comparison = _judge(tmp_path, 60.0)  # 25% slower after the upgrade
     assert comparison is not None and comparison.verdict.value == "regression"
-    assert "judged against the baseline of other software versions on the same hardware" in say(metric.baseline_line)
-    assert "software.vllm: vllm 0.32.0 -> vllm 0.33.0" in say(metric.baseline_line)
+    assert "judged against the baseline of other software versions on the same hardware" in note_text(metric.baseline_line)
+    assert "software.vllm: vllm 0.32.0 -> vllm 0.33.0" in note_text(metric.baseline_line)
     result = TestResult(test=TEST, nodeid=TEST, profile="default", deployment="kimi", scenario="s",
                         metrics={"decode_tok_s": metric})
     assert missing_baselines(result) == []

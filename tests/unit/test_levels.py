@@ -12,14 +12,13 @@ from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boots import BootSummary
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.judge.history import compare_with_history
-from pytest_kimiperf.judge.levels import (
-    BootOrigin, canary_shift, history_level, level_terms, nested_levels,
-)
+from pytest_kimiperf.judge.canary_check import canary_shift
+from pytest_kimiperf.judge.levels import BootOrigin, history_level, level_terms, nested_levels
 from pytest_kimiperf.judge.stats import VerdictKind, compare_boots
 from pytest_kimiperf.measure.canary import Canary, cpu_canary
 from pytest_kimiperf.judge.notes import SpreadSource
-from pytest_kimiperf.storage.noise_corpus import load_corpus
-from pytest_kimiperf.reports.sentences import canary_text, comparison_line, level_spread_text, level_text, say
+from pytest_kimiperf.reports.sentences import canary_text, comparison_line, level_spread_text, note_text
+from benchmarks.noise_corpus import level_text, load_corpus
 
 
 def boot(median: float, session: str = "", host: str = "h") -> BootSummary:
@@ -87,7 +86,7 @@ def test_a_session_level_measured_larger_than_declared_widens_the_comparison() -
     history = [boot(100 * math.exp(e + rng.normal(0, 0.005)), f"s{i // 3}")
                for i, e in enumerate(np.repeat(rng.normal(0, 0.08, 4), 3))]
     level = history_level(history, "session", 0.01, boot_var=0.005 ** 2)
-    assert level.sd_log > math.log1p(0.03) and "measured over 4 sessions" == say(level.source)
+    assert level.sd_log > math.log1p(0.03) and "measured over 4 sessions" == note_text(level.source)
 
 
 def test_the_verdict_says_what_it_rests_on_at_every_level() -> None:
@@ -167,12 +166,12 @@ def test_the_planner_answers_in_sessions_when_the_session_level_stands_in_the_wa
     history = [boot(100 + 0.1 * (i % 2), "then") for i in range(10)]
     wide = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
                                 spreads=Spreads(0.005, 0.04, 0.02))
-    line = say(plan(wide))
+    line = note_text(plan(wide))
     assert "no number of boots in this run is enough (session spread 4% (declared 4%)" in line
     assert "it takes about" in line and "sessions of this profile" in line
     narrow = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
                                   spreads=Spreads(0.005, 0.002, 0.02))
-    assert "boots of this profile against the baseline's 10" in say(plan(narrow))
+    assert "boots of this profile against the baseline's 10" in note_text(plan(narrow))
 
 
 def test_the_gpu_power_limit_probe_reads_nvidia_smi_as_recorded() -> None:
@@ -208,6 +207,6 @@ def test_the_planner_says_when_no_number_of_sessions_helps() -> None:
     history = [boot(100 + 0.1 * (i % 2), "then") for i in range(10)]
     hopeless = compare_with_history(current, history, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
                                     spreads=Spreads(0.005, 0.5, 0.02))
-    assert say(plan(hopeless)).endswith(
+    assert note_text(plan(hopeless)).endswith(
         "neither boots in this run nor up to 100 sessions of this profile are enough "
         "(session spread 50% (declared 50%)): it takes a wider tolerance")

@@ -20,7 +20,7 @@ from pytest_kimiperf.reports.nccl_check import CPU_ENGINE_NOTE, check_server_log
 from pytest_kimiperf.reports.nccl_reach import forecast_line
 from pytest_kimiperf.reports.terminal import render_summary
 from pytest_kimiperf.server.allreduce_path import decode_reach, read_all_reduce_path
-from pytest_kimiperf.server.progress import BootAccount, account_boot
+from pytest_kimiperf.server.boot_account import BootAccount, account_boot
 from tests import helpers
 from tests.unit.test_reports import make_report, measured
 

@@ -12,11 +12,11 @@ from pytest_kimiperf.judge import notes
 from pytest_kimiperf.judge.history import AppendWhy, NotAppended
 from pytest_kimiperf.judge.boots import BootSummary
 from pytest_kimiperf.judge.floors import floor_check
-from pytest_kimiperf.judge.levels import CanaryCheck
+from pytest_kimiperf.judge.canary_check import CanaryCheck
 from pytest_kimiperf.judge.spread_check import SpreadBeyond, SpreadsMisdeclared
 from pytest_kimiperf.judge.stats import compare_boots
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, EnvDiff, MissingBaselines, VerdictNote
-from pytest_kimiperf.reports.sentences import say
+from pytest_kimiperf.reports.sentences import note_text
 
 
 def _boots(*medians: float, session: str = "s") -> list[BootSummary]:
@@ -27,7 +27,7 @@ COMPARISON = compare_boots(_boots(90, 91), _boots(100, 101, 99, 100, 100, sessio
                            direction=Direction.HIGHER_IS_BETTER, tolerance=0.03, prior_spread=0.01,
                            metric="decode", unit="tok/s")
 SPREAD = notes.SpreadSource(notes.SpreadSource.FLOOR, "session", declared=0.01, measured=0.004, count=3)
-LOOK = notes.Look("decode", -0.2, 1, 0.05)
+LOOK = notes.ChangeSoFar("decode", -0.2, 1, 0.05)
 BEYOND = SpreadBeyond("boot", 0.023, 0.01, 4.0, 6, "decode tok/s of single_stream_decode [ring-ll vs default]", 2e-5,
                       3, 10)
 LINE = BaselineLine(BaselineState.JUDGED, "decode tok/s", COMPARISON, canary=CanaryCheck({"copy_gbs": -0.4}, True),
@@ -35,7 +35,7 @@ LINE = BaselineLine(BaselineState.JUDGED, "decode tok/s", COMPARISON, canary=Can
                     left_out=notes.LeftOut(2, (notes.NoDecode(),)))
 
 EVERY_KIND = [
-    notes.Said("a line"), notes.NeedsBoots(2), notes.TooFewSamples(300, 8, tail=True),
+    notes.SavedLine("a line"), notes.NeedsBoots(2), notes.TooFewSamples(300, 8, tail=True),
     notes.HistoryModes(7, 80.0, 3, 100.0),
     NotAppended(AppendWhy.NOT_COMPARABLE, "main", ("main",), test="t.py::t", profile="default",
                 metric="decode_tok_s", gain=-0.02, tolerance=0.03, canary_moved=True),
@@ -68,22 +68,22 @@ def test_a_note_crosses_json_whole_and_is_said_the_same_on_both_sides(note: note
     wire = json.loads(json.dumps(note.to_json(), allow_nan=False))
     back = notes.note_from_json(wire)
     assert type(back) is type(note)
-    assert say(back) == say(note) and say(note).strip()
+    assert note_text(back) == note_text(note) and note_text(note).strip()
 
 
 def test_what_the_measurement_saw_is_said_from_its_facts() -> None:
     watched = notes.HostWatched(2, 0.04, 0.005, psi=(("memory_some", 0.0), ("cpu_some", 0.12)),
                                 nodes=(("gpu-b", 0.01),), nodes_here=("gpu-a",),
                                 remarks=("GPU 3's PCIe link ran at Gen4 x8 (Gen5 x16 possible)",))
-    assert say(watched) == (
+    assert note_text(watched) == (
         "host watch (2 attempt(s)): foreign CPU 4% of the host, steal 0%, PSI cpu some 12%, PSI memory some 0%; "
         "node gpu-b: foreign CPU 1%; node gpu-a: this machine, read above; "
         "GPU 3's PCIe link ran at Gen4 x8 (Gen5 x16 possible)")
     blind = notes.HostWatched(1, 0.0, 0.0, blind=("/proc/stat's cpu line did not advance",))
-    assert say(blind) == "host watch (1 attempt(s)): /proc/stat's cpu line did not advance"
-    assert say(notes.PrefixCacheReused(2048.0, 0.0)).startswith(
+    assert note_text(blind) == "host watch (1 attempt(s)): /proc/stat's cpu line did not advance"
+    assert note_text(notes.PrefixCacheReused(2048.0, 0.0)).startswith(
         "vLLM's prefix cache served 2048 prompt tokens of this run though its prompts are unique")
-    assert say(notes.BootsBooked("decode tok/s", 2, ("default", "ring-ll"), 6)) == (
+    assert note_text(notes.BootsBooked("decode tok/s", 2, ("default", "ring-ll"), 6)) == (
         "profiles: decode tok/s undecided at 2 boots a profile (within the tolerance or a direction, at this "
         "look's share of the error budget); boot 3 of default, ring-ll booked (at most 6)")
 

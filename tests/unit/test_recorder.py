@@ -25,9 +25,9 @@ from pytest_kimiperf.storage.baselines import load_baselines
 from pytest_kimiperf.judge.boots import strip_slot as strip_profile
 from pytest_kimiperf.judge.verdicts import WarningKind
 from pytest_kimiperf.reports.json_report import comparison_json
-from pytest_kimiperf.reports.sentences import say, say_all, warning_lines
+from pytest_kimiperf.reports.sentences import note_text, note_texts, warning_lines
 from pytest_kimiperf.measure.runner import gpu_watch
-from pytest_kimiperf.server.progress import BootAccount, PhaseTime
+from pytest_kimiperf.server.boot_account import BootAccount, PhaseTime
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.measure.results import RequestRecord
@@ -126,7 +126,7 @@ def test_a_first_boot_that_looks_worse_asks_for_another_boot_and_the_second_deci
     assert not failures, "one boot convicted"
     assert result.metrics["decode_tok_s"].baseline.boots_current == 1
     assert any(m.startswith("boot 2 of default asked for: decode looks -28") and
-               "one boot can screen, never convict" in m for m in say_all(result.messages)), result.messages
+               "one boot can screen, never convict" in m for m in note_texts(result.messages)), result.messages
     assert _needs(ledger, 2) and not _needs(ledger, 3)
 
     second = _recorder(tmp_path, failures, [], boot=2, ledger=ledger)
@@ -136,7 +136,7 @@ def test_a_first_boot_that_looks_worse_asks_for_another_boot_and_the_second_deci
     verdict = comparison_json(result.metrics["decode_tok_s"].baseline)
     assert verdict["boots_current"] == 2 and verdict["n_current"] == 16 and verdict["boots_reference"] == 5
     assert verdict["verdict"] in ("no detectable change", "within tolerance")
-    assert not any("asked for" in m for m in say_all(result.messages))
+    assert not any("asked for" in m for m in note_texts(result.messages))
     assert not failures
     assert not _needs(ledger, 3), "a settled test asked for a third boot"
 
@@ -150,16 +150,16 @@ def test_boots_on_demand_stop_at_the_deployments_maximum(tmp_path: Path) -> None
     ledger = BootLedger()
     failures: list[str] = []
     first = _recorder(tmp_path, failures, [], ledger=ledger).check(_boot(500, rng), ["decode_tok_s"])
-    assert any("boot 2 of default asked for" in m for m in say_all(first.messages))
+    assert any("boot 2 of default asked for" in m for m in note_texts(first.messages))
     last = _recorder(tmp_path, failures, [], boot=2, ledger=ledger).check(_boot(500, rng), ["decode_tok_s"])
     assert NOISY.max_boots == 2 and not _needs(ledger, 3)
-    assert not any("asked for" in m for m in say_all(last.messages))
+    assert not any("asked for" in m for m in note_texts(last.messages))
     verdict = comparison_json(last.metrics["decode_tok_s"].baseline)
     assert (verdict["verdict"], verdict["boots_current"]) == ("inconclusive", 2)
     assert verdict["ci_high"] < 0 < verdict["bound_high"]
     # the last boot's verdict is final: a warning with the planner's advice, never a failure
-    (warning,) = [w for w in last.warnings if "inconclusive" in say(w.note)]
-    assert "you need" in say(warning.note) or "too few" in say(warning.note)
+    (warning,) = [w for w in last.warnings if "inconclusive" in note_text(w.note)]
+    assert "you need" in note_text(warning.note) or "too few" in note_text(warning.note)
     assert warning.kind is WarningKind.INCONCLUSIVE  # an InconclusiveWarning, for filterwarnings
     assert not failures
 
@@ -172,7 +172,7 @@ def test_a_clear_regression_fails_on_the_second_boot_with_the_one_line_verdict(t
     first = _recorder(tmp_path, failures, [], ledger=ledger, deployment=QUIET).check(
         _boot(500, rng), ["decode_tok_s"])
     assert not failures, "one boot convicted"
-    assert "a verdict needs 2 boots" in say(first.metrics["decode_tok_s"].baseline_line)
+    assert "a verdict needs 2 boots" in note_text(first.metrics["decode_tok_s"].baseline_line)
     assert _needs(ledger, 2)
     with pytest.raises(AssertionError):
         _recorder(tmp_path, failures, [], boot=2, ledger=ledger, deployment=QUIET).check(
@@ -190,7 +190,7 @@ def test_planned_boots_are_judged_after_the_last_of_them(tmp_path: Path) -> None
     for boot in (1, 2):
         result = _recorder(tmp_path, failures, [], boot=boot, ledger=ledger, deployment=QUIET, boots=3).check(
             _boot(500, rng), ["decode_tok_s"])
-        assert f"boot {boot} of 3 planned: the verdict comes after boot 3" in say_all(result.messages)
+        assert f"boot {boot} of 3 planned: the verdict comes after boot 3" in note_texts(result.messages)
         assert not failures
     with pytest.raises(AssertionError):
         _recorder(tmp_path, failures, [], boot=3, ledger=ledger, deployment=QUIET, boots=3).check(
@@ -207,7 +207,7 @@ def test_below_floor_fails_between_floor_and_target_warns(tmp_path: Path) -> Non
         recorder.check(_run([80.0] * 8), ["decode_tok_s"], floor=True)
     assert "below the floor of 100" in failures[0]
     result = _recorder(tmp_path, failures, published).check(_run([200.0] * 8), ["decode_tok_s"], floor=True)
-    assert [w.kind for w in result.warnings if "below the target of 300" in say(w.note)] == [WarningKind.BELOW_TARGET]
+    assert [w.kind for w in result.warnings if "below the target of 300" in note_text(w.note)] == [WarningKind.BELOW_TARGET]
 
 
 @pytest.mark.parametrize(("nodeid", "profile", "key"), [
@@ -249,9 +249,9 @@ def test_other_hardwares_baseline_is_shown_as_not_comparable_never_judged(tmp_pa
     metric = result.metrics["decode_tok_s"]
     assert metric.baseline.verdict.value == "not comparable"
     assert metric.baseline.change == pytest.approx(-0.5, abs=0.01)
-    assert f"recorded on other hardware ({other.key}: cpu.cores: 64 -> 2)" in say(metric.baseline_line)
+    assert f"recorded on other hardware ({other.key}: cpu.cores: 64 -> 2)" in note_text(metric.baseline_line)
     assert f"no baseline for this hardware ({FP.key}): run --kimiperf-update-baselines (it records this run's " \
-           "figures as the new baseline: review the diff)" in say(metric.baseline_line)
+           "figures as the new baseline: review the diff)" in note_text(metric.baseline_line)
     # The session's one missing-baseline warning says it: no warning of its own per metric.
     assert not any("not comparable" in w for w in warning_lines(result))
 
@@ -263,7 +263,7 @@ def test_soft_facts_that_differ_only_warn(tmp_path: Path) -> None:
     result = _recorder(tmp_path, failures, []).check(_run([700.0 + i for i in range(8)]), ["decode_tok_s"])
     assert not failures
     assert result.metrics["decode_tok_s"].baseline.verdict.value == "no detectable change"
-    assert [(w.kind, say(w.note)) for w in result.warnings if "soft facts" in say(w.note)] == [(
+    assert [(w.kind, note_text(w.note)) for w in result.warnings if "soft facts" in note_text(w.note)] == [(
         WarningKind.SOFT_FINGERPRINT, "the baseline was recorded with other soft facts (they only warn; the hardware and software "
         "that set speed match): host.name: gpu-runner-1 -> <absent>; kernel: 6.8.0 -> <absent>")]
 
@@ -323,7 +323,7 @@ def test_slos_fail_a_missed_limit_and_a_tail_too_thin_for_its_quantile_only_warn
     published: list[Any] = []
     ok = _recorder(tmp_path, [], published, deployment=QUIET)
     result = ok.check(ok.measure(SCENARIO), ["decode_tok_s"], slo={"p99_itl_ms": 50, "p99_ttft_ms": 2000})
-    assert any(m.startswith("SLO p99_itl_ms <= 50 ms: 10") for m in say_all(result.messages))
+    assert any(m.startswith("SLO p99_itl_ms <= 50 ms: 10") for m in note_texts(result.messages))
     assert any("SLO p99_ttft_ms <= 2000 ms: insufficient samples" in w for w in warning_lines(result))
     typo: list[str] = []
     bad = _recorder(tmp_path, typo, [], deployment=QUIET)
@@ -344,7 +344,7 @@ def test_goodput_counts_requests_meeting_every_slo_and_is_gated_like_a_metric(
     assert goodput.samples == [pytest.approx(rnd.request_throughput) for rnd in run.rounds]
     strict = record.check(run, ["decode_tok_s"], goodput={"tpot_ms": 5})
     assert strict.metrics["request_goodput"].samples == [0.0, 0.0, 0.0]
-    assert "goodput SLOs: tpot_ms <= 5" in say_all(strict.messages)
+    assert "goodput SLOs: tpot_ms <= 5" in note_texts(strict.messages)
 
 
 def _rounds(n: int, median: float, rng: np.random.Generator) -> RunResult:

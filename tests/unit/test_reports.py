@@ -38,7 +38,8 @@ from pytest_kimiperf.reports.json_report import (
     dumps_json_report,
 )
 from pytest_kimiperf.reports.markdown import render_markdown, write_markdown
-from pytest_kimiperf.reports.answers import answer_lines, missing_baseline_warning, spread_line
+from pytest_kimiperf.reports.answers import answer_lines, spread_line
+from pytest_kimiperf.reports.next_step import missing_baseline_warning
 from pytest_kimiperf.reports.model import (
     BaselineUpdate,
     ProfileFacts,

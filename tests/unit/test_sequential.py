@@ -17,10 +17,10 @@ from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.boots import BootSummary
 from pytest_kimiperf.judge.profiles import IN_SESSION_ALPHA, InSessionRules, compare_in_session
 from pytest_kimiperf.judge.notes import BootsForWithin
-from pytest_kimiperf.judge.profiles import Step, next_step, profiles_to_book, run_sequentially, session_plan
+from pytest_kimiperf.judge.profiles import Step, next_step, profiles_to_book, session_plan
 from pytest_kimiperf.judge.profiles import OBRIEN_FLEMING, POCOCK, SequentialPlan, boundaries, spent
 from pytest_kimiperf.judge.stats import Leaning, VerdictKind, band_log, leaning
-from pytest_kimiperf.reports.sentences import say
+from pytest_kimiperf.reports.sentences import note_text
 from tests.helpers import BENCHMARKS
 from tests.unit.test_verdict_invariants import EXAMPLES, FRESH
 
@@ -123,7 +123,7 @@ def test_a_fixed_budget_of_two_says_how_many_more_boots_would_decide() -> None:
     assert c.verdict is VerdictKind.NO_DETECTABLE_CHANGE
     note = next(n for n in c.notes if isinstance(n, BootsForWithin))
     assert note == BootsForWithin(6, 2, 8)
-    assert say(note) == ("4 more boots a side (6 in all, --kimiperf-boots 6) would show it within the tolerance, "
+    assert note_text(note) == ("4 more boots a side (6 in all, --kimiperf-boots 6) would show it within the tolerance, "
                          "with 90% power")
     # Too near the band's edge for any number of boots the planner looks at.
     edge = compare_in_session(boots(102.6, 102.6), boots(100.0, 100.0), direction=HIGHER, tolerance=0.03, rules=KIMI)
@@ -161,9 +161,11 @@ def sessions(draw: st.DrawFn) -> tuple[list[BootSummary], list[BootSummary], Seq
 def test_a_session_stops_no_later_than_its_cap(case: tuple[list[BootSummary], list[BootSummary], SequentialPlan, float]) -> None:
     cur, ref, plan, tolerance = case
     rules = _planned(plan)
-    c, decision = run_sequentially(
-        lambda k: compare_in_session(cur[:k], ref[:k], direction=HIGHER, tolerance=tolerance, rules=rules), plan)
-    assert plan.start <= decision.boots <= plan.cap
+    k = plan.start  # a session's rounds, booked as the session books them
+    while profiles_to_book({"cur": cur[:k], "ref": ref[:k]}, "ref", direction=HIGHER, tolerance=tolerance, rules=rules):
+        k += 1
+    decision = next_step(compare_in_session(cur[:k], ref[:k], direction=HIGHER, tolerance=tolerance, rules=rules), plan)
+    assert plan.start <= decision.boots == k <= plan.cap
     assert decision.step is Step.STOP
     assert decision.why == "decided" or decision.boots == plan.cap
 

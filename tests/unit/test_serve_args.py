@@ -25,8 +25,9 @@ from pytest_kimiperf.config.settings import RawOption, build_settings
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.baselines import Direction
 from pytest_kimiperf.judge.baselines import append_history, make_entry
+from pytest_kimiperf.storage.baselines import entry_json
 from pytest_kimiperf.server.weight_cache import profile_cache_reason
-from pytest_kimiperf.reports.sentences import say
+from pytest_kimiperf.reports.sentences import note_text
 
 TABLE = "pyproject.toml [tool.kimiperf.profiles]"
 
@@ -175,8 +176,8 @@ def test_a_profile_whose_args_changed_starts_a_new_baseline_history() -> None:
     assert len(same.boots) == 2
     changed = append_history(old, _entry(("--enforce-eager", "--max-num-seqs", "8"), 90.0))
     assert len(changed.boots) == 1 and changed.profile_args == ("--enforce-eager", "--max-num-seqs", "8")
-    assert json.loads(json.dumps(changed.to_json()))["profile_args"] == ["--enforce-eager", "--max-num-seqs", "8"]
-    assert "profile_args" not in _entry((), 100.0).to_json()  # files of profiles without args stay as they were
+    assert json.loads(json.dumps(entry_json(changed)))["profile_args"] == ["--enforce-eager", "--max-num-seqs", "8"]
+    assert "profile_args" not in entry_json(_entry((), 100.0))  # files of profiles without args stay as they were
 
 
 def test_args_that_change_the_weights_keep_a_profile_off_the_weight_cache() -> None:
@@ -206,7 +207,7 @@ def test_the_gate_does_not_compare_a_run_with_a_baseline_of_other_args(tmp_path:
         result = judge(shell, ["decode_tok_s"], BootRun(samples={"decode_tok_s": samples[1]}, requests=20),
                        RULES, baselines=view, earlier=boots.TestBoots()).result
         return result.metrics["decode_tok_s"].baseline.verdict, \
-            say(result.metrics["decode_tok_s"].baseline_line) if result.metrics["decode_tok_s"].baseline_line else ""
+            note_text(result.metrics["decode_tok_s"].baseline_line) if result.metrics["decode_tok_s"].baseline_line else ""
 
     verdict, message = judged(["--enforce-eager", "--max-num-seqs", "8"])
     assert verdict is VerdictKind.NOT_COMPARABLE

@@ -89,7 +89,7 @@ def test_gpu_memory_held_by_sigkill_survivors_stops_a_gpu_launch(tmp_path: Path,
     def manager(deployment: object) -> ServerManager:
         settings = SimpleNamespace(deployment=deployment, grace_s=1.0)
         return ServerManager(settings, log_dir=tmp_path, state_dir=tmp_path,  # type: ignore[arg-type]
-                             say=said.append, on_progress=lambda *a: None)
+                             announce=said.append, on_progress=lambda *a: None)
 
     with pytest.raises(ServerError, match=r"survived SIGKILL and still hold GPU memory: pid 4242 \(91000 MiB\)"):
         manager(KIMI_K25_INT4_TP8)._sweep()

@@ -15,7 +15,7 @@ from pytest_kimiperf.judge.notes import SpreadSeen
 from pytest_kimiperf.judge.profiles import InSessionRules, SpawnModes, compare_in_session
 from pytest_kimiperf.judge.spread_check import SpreadBeyond, SpreadsMisdeclared, beyond_p, misdeclared
 from pytest_kimiperf.judge.stats import Comparison
-from pytest_kimiperf.reports.sentences import say
+from pytest_kimiperf.reports.sentences import note_text
 
 HIGHER = Direction.HIGHER_IS_BETTER
 KIMI = InSessionRules(boot_spread=0.01, boot_spread_df=3.0)
@@ -76,7 +76,7 @@ def test_a_spread_beyond_the_declared_at_the_runs_level_is_said_with_the_declara
     assert (boot.level, boot.where, boot.flagged, boot.checked) == (
         "boot", "decode tok/s of single_stream_decode [default]", 2, 3)
     assert boot.measured == pytest.approx(0.03) and session.measured == pytest.approx(0.022)
-    assert say(note) == (
+    assert note_text(note) == (
         "spreads wider than declared, at the run's level (1% over 4 checks): boot spread 3% where 1% is declared, "
         "the widest of 2 of 3 boot checks beyond it (decode tok/s of single_stream_decode [default]: 11 boots, 10 df; "
         f"chance {boot.p:.1g} at the declared); session spread 2.2% where 1% is declared, the widest of 1 of 1 session "
@@ -84,7 +84,7 @@ def test_a_spread_beyond_the_declared_at_the_runs_level_is_said_with_the_declara
         f"{session.p:.1g} at the declared): declare boot_spread = 0.03 and session_spread = 0.022 in deployment "
         "'kimi-k25-int4-tp8', or find what spreads the boots (the judge already used the larger)")
     # Without a deployment (kimiperf compare's rules), the command line's flag.
-    assert say(SpreadsMisdeclared((SpreadBeyond("boot", 0.03, 0.01, 10, 11, "x", 1e-9),), 1, 0.01)).endswith(
+    assert note_text(SpreadsMisdeclared((SpreadBeyond("boot", 0.03, 0.01, 10, 11, "x", 1e-9),), 1, 0.01)).endswith(
         ": pass --boot-spread 0.03, or find what spreads the boots (the judge already used the larger)")
 
 

@@ -20,7 +20,7 @@ from pytest_kimiperf.judge.floors import FloorStatus, floor_check
 from pytest_kimiperf.judge.notes import SpreadSource
 from pytest_kimiperf.judge.power import boots_needed, plan, wants_another_boot
 from pytest_kimiperf.reports.json_report import comparison_json
-from pytest_kimiperf.reports.sentences import comparison_line, floor_line, say
+from pytest_kimiperf.reports.sentences import comparison_line, floor_line, note_text
 
 HIGHER = Direction.HIGHER_IS_BETTER
 LOWER = Direction.LOWER_IS_BETTER
@@ -142,7 +142,7 @@ def test_each_region_of_point_interval_and_tolerance_has_the_name_of_what_it_sho
 def test_the_declared_spread_is_a_floor_the_boots_can_raise_but_never_lower() -> None:
     few = estimate_spread(boots(100), boots(100, 100.1), prior_sd_log=0.05)
     assert few.sd_log == pytest.approx(0.05, rel=0.01) and few.source.how == SpreadSource.FLOOR
-    assert few.df == 4 and say(few.source) == "declared 5.1%; 1 + 2 boots measured 0.071%"
+    assert few.df == 4 and note_text(few.source) == "declared 5.1%; 1 + 2 boots measured 0.071%"
     many = estimate_spread(boots(100), boots(*[100, 100.1] * 20), prior_sd_log=0.05)
     assert many.sd_log == pytest.approx(0.05, rel=0.01) and many.source.how == SpreadSource.FLOOR
     wide = estimate_spread(boots(100), boots(*[100, 120] * 3), prior_sd_log=0.05)
@@ -150,7 +150,7 @@ def test_the_declared_spread_is_a_floor_the_boots_can_raise_but_never_lower() ->
     floor = 0.05 ** 2 + 0.005 ** 2
     sum_sq = 6 * (math.log(120) - math.log(100)) ** 2 / 4
     assert wide.sd_log == pytest.approx(math.sqrt((3 * floor + sum_sq) / 8))
-    assert wide.sd_log > 0.08 and wide.df == 3 + 5 and say(wide.source) == "measured over 1 + 6 boots"
+    assert wide.sd_log > 0.08 and wide.df == 3 + 5 and note_text(wide.source) == "measured over 1 + 6 boots"
     alone = estimate_spread(boots(100), boots(100), prior_sd_log=0.05)
     assert alone.source.how == SpreadSource.DECLARED and alone.df == 3
 
@@ -189,7 +189,7 @@ def test_the_planner_answers_the_814_vs_819_question() -> None:
     assert boots_needed(0.04, 0.05, tolerance=0.03, reference_boots=2) is None
     c = compare_boots(boots(99.0), history(spread=0.03, count=3), direction=HIGHER, tolerance=0.03,
                       prior_spread=0.03)
-    assert "you need" in say(plan(c)) or "too few" in say(plan(c))
+    assert "you need" in note_text(plan(c)) or "too few" in note_text(plan(c))
 
 
 @pytest.mark.parametrize("kwargs, expected", [

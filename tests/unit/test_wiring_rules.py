@@ -13,7 +13,7 @@ from pytest_kimiperf.config.settings import RawOption
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.boots import BootSlot, group_by_slot, schedule
 from pytest_kimiperf.judge.decide import Outcome, decide_test
-from pytest_kimiperf.reports.sentences import say
+from pytest_kimiperf.reports.sentences import note_text
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult, TestResult
 
 
@@ -74,7 +74,7 @@ def test_a_missing_baseline_fails_only_when_asked_and_the_failure_is_kept() -> N
     result = _result(missing)
     assert decide_test(result, missing_baseline_fails=True) is Outcome.FAILED
     [failure] = result.failures
-    assert say(failure) == (
+    assert note_text(failure) == (
         "missing baseline (--kimiperf-missing-baseline=fail): decode tok/s: no baseline for this "
         "hardware (fingerprint abc): run --kimiperf-update-baselines (it records this run's figures as the new "
         "baseline: review the diff)")

@@ -80,14 +80,14 @@ _INT_WITH_PERIOD = re.compile(r"^(-?[0-9]+)\.$")
 _DEBUG_FILE_SUFFIX = ".nccl"
 
 
-def debug_files_pattern(server_log: Path) -> str:
+def _debug_files_pattern(server_log: Path) -> str:
     """NCCL_DEBUG_FILE for a server whose log is ``server_log``: ``<log stem>.nccl.%h.%p``."""
     return str(server_log.with_name(f"{server_log.stem}{_DEBUG_FILE_SUFFIX}.%h.%p"))
 
 
 def nccl_debug_env(server_log: Path) -> dict[str, str]:
     """What ``--kimiperf-nccl-debug`` adds to a server's environment: INFO level, one file per process."""
-    return {**NCCL_DEBUG_ENV, "NCCL_DEBUG_FILE": debug_files_pattern(server_log)}
+    return {**NCCL_DEBUG_ENV, "NCCL_DEBUG_FILE": _debug_files_pattern(server_log)}
 
 
 def debug_files(server_log: Path) -> list[Path]:

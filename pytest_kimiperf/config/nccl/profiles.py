@@ -82,13 +82,13 @@ class NcclProfile:
 
 # A control profile's name: the candidate's with this suffix. "@" is outside the names a profile
 # may be given (config/names.py), so no profile of a user's can be mistaken for a control.
-CONTROL_SUFFIX = "@control"
+_CONTROL_SUFFIX = "@control"
 
 
 def control_profile(candidate: NcclProfile) -> NcclProfile:
     """The control of ``candidate`` (--kimiperf-control): its environment and arguments, served
     by the deployment's control_command, which serves the recorded build."""
-    return NcclProfile(f"{candidate.name}{CONTROL_SUFFIX}",
+    return NcclProfile(f"{candidate.name}{_CONTROL_SUFFIX}",
                        f"the control: {candidate.name} served by the deployment's control_command (the recorded build)",
                        dict(candidate.env), "--kimiperf-control", candidate.args, control_of=candidate.name)
 
