@@ -125,9 +125,12 @@ def stub_deployment_toml(
         # These runs test plumbing, not the client: its self-check (loop latency, send lag, CPU
         # share) reads this host's scheduling, so it is switched off here (TOML's inf: no figure
         # exceeds it). tests/plugin/test_invalid_exit.py makes a client-bound INVALID on demand
-        # with a bound no process meets.
+        # with a bound no process meets. So is the share of requests a window may lose a figure
+        # to shared reads (1: any share): which chunks a loaded host reads together is its
+        # scheduling too. A test that counts samples takes the count the run reports (its JSON's
+        # run.measured), never the count it sent.
         f"client_bounds = {{ max_cpu_fraction = inf, max_loop_latency_p50_ms = inf, "
-        f"max_loop_latency_p99_ms = inf, max_send_lag_p99_ms = inf }}\n"
+        f"max_loop_latency_p99_ms = inf, max_send_lag_p99_ms = inf, max_unmeasured_fraction = 1 }}\n"
         # The stub shares this host's two cores like tiny-cpu does: two runs of the identical
         # stub differ by ~6% in decode and throughput, and its p99 ITL (a tail of 2 ms gaps,
         # host jitter) read +23% and +43% in two A/A sessions of test_perf_suite, so the metrics'

@@ -62,7 +62,7 @@ health_deadline_s = 60
 tolerances = {{ decode_tok_s = 0.10 }}
 boot_spread = 0.02
 host_bounds = {{ max_foreign_cpu_share = "none", max_steal_share = "none" }}
-client_bounds = {{ max_cpu_fraction = inf, max_loop_latency_p50_ms = inf, max_loop_latency_p99_ms = inf, max_send_lag_p99_ms = inf }}
+client_bounds = {{ max_cpu_fraction = inf, max_loop_latency_p50_ms = inf, max_loop_latency_p99_ms = inf, max_send_lag_p99_ms = inf, max_unmeasured_fraction = 1 }}
 """
 
 
