@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import sys
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -143,6 +144,17 @@ def stub_deployment_toml(
         + (f"session_spread = {session_spread}\n" if session_spread is not None else "")
         + extra_keys
     )
+
+
+def measured_count(run: Mapping[str, Any], figure: str) -> int:
+    """How many requests of a measured window gave ``figure``, as the run reports it (a JSON
+    report test's ``run``), once every request it sent is accounted for: measured, or withheld
+    with a reason. A test that counts samples of a real client's run asserts this count, never
+    the count it sent: which requests keep a figure is the host's scheduling (issue 64)."""
+    count = run["measured"]["figures"][figure]
+    assert count["sent"] == run["completed"] + run["failed"], (figure, count, run["completed"], run["failed"])
+    assert count["measured"] + sum(count["withheld"].values()) == count["sent"], (figure, count)
+    return int(count["measured"])
 
 
 def gone(pid: int) -> bool:
