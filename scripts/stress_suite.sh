@@ -22,6 +22,7 @@ fi
 PY=${PY:-${VENV:-.venv}/bin/python}
 HOGS=${HOGS:-$(nproc)}
 LOGS=${LOGS:-$(mktemp -d -t kimiperf-stress.XXXXXX)}
+mkdir -p "$LOGS"
 read -r -a extra <<<"${PYTEST_ARGS:-}"
 
 if [[ $# -gt 0 ]]; then
@@ -58,13 +59,17 @@ start=$SECONDS
 for run in $(seq "$runs"); do
     log=$LOGS/run-$run.log
     began=$SECONDS
-    # -rfE: one short line per failure and error, "FAILED id - first line of the error".
-    "$PY" -m pytest -p no:cacheprovider -q -rfE "${extra[@]}" "${files[@]}" >"$log" 2>&1
+    # -rfE: one short line per failure and error, "FAILED id - first line of the error", wide
+    # enough to keep the line. Only the last summary counts: a pytester test prints its inner
+    # run's summary into the output of a failure.
+    COLUMNS=400 "$PY" -m pytest -p no:cacheprovider -q -rfE "${extra[@]}" "${files[@]}" >"$log" 2>&1
     status=$?
-    found=$(grep -cE '^(FAILED|ERROR) ' "$log")
+    failed=$(awk '/short test summary info/ {n = NR} {line[NR] = $0} END {for (i = n + 1; n && i <= NR; i++) print line[i]}' "$log" \
+        | grep -E '^(FAILED|ERROR) ')
+    found=$(grep -c . <<<"$failed")
     summary=$(grep -E '(passed|failed|errors?|skipped|no tests ran).* in [0-9.]+s' "$log" | tail -1 | tr -d '=' | sed 's/^ *//; s/ *$//')
     echo "run $run/$runs: exit $status, $((SECONDS - began)) s: ${summary:-no summary line}"
-    grep -E '^(FAILED|ERROR) ' "$log" | sed 's/^/    /'
+    [[ -n $failed ]] && sed 's/^/    /' <<<"$failed"
     if [[ $status -ne 0 ]]; then
         failed_runs=$((failed_runs + 1))
         failures=$((failures + (found > 0 ? found : 1)))
