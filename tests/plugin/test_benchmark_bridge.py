@@ -27,7 +27,11 @@ def test_decode(perf):
 
 @pytest.fixture
 def project(pytester: pytest.Pytester, stub_project) -> pytest.Pytester:
-    stub_project(stub_deployment_toml(extra_args=("--tok-per-s", "400")), ini='kimiperf_deployment = "stub"')
+    # 100 tok/s: a token every 10 ms. At 400 (2.5 ms) a host loaded to 7 runnable tasks on 2 cores
+    # read the first two chunks of every stream of a window in one read, which leaves no decode
+    # figure (measure/coverage.py), and the floor failed the test; at 100, none of 60 requests
+    # lost one under that load (scripts/stress_suite.sh runs this file beside a CPU hog).
+    stub_project(stub_deployment_toml(extra_args=("--tok-per-s", "100")), ini='kimiperf_deployment = "stub"')
     pytester.makepyfile(test_perf=PERF_TEST)
     return pytester
 

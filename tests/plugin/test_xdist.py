@@ -36,7 +36,9 @@ def test_functional(i):
 
 
 def _project(pytester: pytest.Pytester, stub_project, boots: Path) -> None:
-    stub_project(stub_deployment_toml(boot_count=boots, extra_args=("--tok-per-s", "400")),
+    # 100 tok/s, a token every 10 ms: at 400 a loaded host read whole windows' first chunks in
+    # shared reads, and a window with no decode figure fails its floor (test_benchmark_bridge.py).
+    stub_project(stub_deployment_toml(boot_count=boots, extra_args=("--tok-per-s", "100")),
                  ini='kimiperf_deployment = "stub"')
     for n in range(3):
         pytester.makepyfile(**{f"test_perf_{n}": PERF_FILE.format(n=n)})
