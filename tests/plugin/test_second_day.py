@@ -9,9 +9,14 @@ The server is tests/fakes/paced_server.py: it sends each token on an absolute sc
 chunks by the kernel's receive time, so a busy host delays a token, never the pace. Why a busy
 2-core host cannot flip a verdict here:
 
-* 200 against 160 tok/s (itl 5 against 6.25 ms) is -20%, twice the 10% tolerance. A boot's
-  figure is the median of 5 requests of 64 tokens (a 315 ms stream): to move it 10% a host must
-  hold the server back more than 30 ms at the end of 3 of its 5 streams, on every boot of a side.
+* 100 against 80 tok/s (itl 10 against 12.5 ms) is -20%, twice the 10% tolerance. A boot's
+  figure is the median of 5 requests of 64 tokens (a 650 ms stream): to move it 10% a host must
+  hold the server back more than 65 ms at the end of 3 of its 5 streams, on every boot of a side.
+* A stream whose first two chunks came in one read gives no decode figure (measure/coverage.py),
+  and a boot stands only on 3 of them. At 5 ms a token, a host loaded to 7 runnable tasks on 2
+  cores (scripts/stress_suite.sh) left a boot of the slower server fewer, the verdict rested on
+  one boot, and that run passed unresolved instead of failing; at 10 ms a token no request of 120
+  lost its figure under that load.
 * An unchanged server fails only as a REGRESSION (the gate leaves an unresolved change to warn),
   which needs its estimate beyond the tolerance: the same 30 ms stalls, the wrong way round.
 * Only decode is checked: a 20 ms TTFT is a figure a stall of a few ms moves by a quarter.
@@ -33,7 +38,7 @@ from tests.helpers import PACED_SERVER, RestartableServer, free_port, run_checke
 
 pytestmark = pytest.mark.usefixtures("isolated_state")
 
-PACE_ITL_MS = {"unchanged": "5", "20% slower": "6.25"}  # 200 and 160 tok/s
+PACE_ITL_MS = {"unchanged": "10", "20% slower": "12.5"}  # 100 and 80 tok/s
 
 USER_TEST = """
 from pytest_kimiperf import PerfRecorder, SingleStream
@@ -106,7 +111,7 @@ def test_a_users_second_day_record_pass_regress_accept_pass_and_other_hardware_a
     # Day one: recorded, the hardware from the repository's settings (no flag).
     out = pytest_run("--kimiperf-update-baselines", ok=0)
     assert "hardware: attached server: 1x test box (as stated)" in out
-    assert [round(m) for m in entry()] == [200, 200]
+    assert [round(m) for m in entry()] == [100, 100]
 
     # The gate on the unchanged server passes.
     out = pytest_run("--kimiperf-gate", ok=0)
@@ -123,7 +128,7 @@ def test_a_users_second_day_record_pass_regress_accept_pass_and_other_hardware_a
     # starts anew at this level.
     out = pytest_run("--kimiperf-update-baselines", ok=1)
     assert "start it anew at this run's level, their older boots dropped: review the diff" in " ".join(out.split())
-    assert [round(m) for m in entry()] == [160, 160]
+    assert [round(m) for m in entry()] == [80, 80]
 
     # The next gate run is judged against the accepted level: it passes.
     out = pytest_run("--kimiperf-gate", ok=0)
