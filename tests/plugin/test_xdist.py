@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import measured_count, stub_deployment_toml
+from tests.helpers import expect_outcomes_with_decode_lost, measured_count, stub_deployment_toml
 
 pytestmark = pytest.mark.usefixtures("isolated_state")
 
@@ -51,15 +51,6 @@ def _decode_measured(report: dict) -> dict[str, int]:
             for t in report["tests"]}
 
 
-def _outcomes_follow_the_decode_counts(result: pytest.RunResult, report: dict) -> None:
-    """Every decode test passes but one none of whose requests gave a decode figure (a host that
-    read each of its streams in bursts): it fails saying so, and is the only failure."""
-    lost = sorted(key.split("|")[0] + f"[{key.split('|')[1]}]" for key, n in _decode_measured(report).items() if not n)
-    result.assert_outcomes(passed=12 - len(lost), failed=len(lost))
-    result.stdout.fnmatch_lines([f"*FAILED {nodeid.replace('[', '[[]')} - Failed: single-stream decode: no valid "
-                                 "request to measure*" for nodeid in lost])
-
-
 def _intervals_never_overlap(report: dict) -> None:
     spans = sorted(tuple(t["interval_ns"]) for t in report["tests"])
     for (_, end), (start, _) in zip(spans, spans[1:]):
@@ -78,7 +69,7 @@ def test_each_profile_boots_once_for_all_workers(pytester: pytest.Pytester, stub
     lines = boots.read_text().splitlines()
     assert len(lines) == 2, f"expected one boot per profile, got {lines}"
     report = json.loads(out.read_text())
-    _outcomes_follow_the_decode_counts(result, report)
+    expect_outcomes_with_decode_lost(result, report, passed=12)
     assert sorted((t["test"].split("::")[-1], t["profile"]) for t in report["tests"]) == sorted(
         (f"test_decode_{n}", p) for n in range(3) for p in ("default", "ring-ll")
     )
@@ -105,7 +96,7 @@ def test_update_baselines_under_xdist_writes_every_entry_once(
     result = pytester.runpytest_subprocess("-n", "2", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1", "--kimiperf-max-boots", "1",
                                            "--update-baselines", "--kimiperf-json", str(out), timeout=180)
     report = json.loads(out.read_text())
-    _outcomes_follow_the_decode_counts(result, report)
+    expect_outcomes_with_decode_lost(result, report, passed=12)
     measured = _decode_measured(report)
     assert sorted(measured) == sorted(
         f"test_perf_{n}.py::test_decode_{n}|{p}|decode_tok_s" for n in range(3) for p in ("default", "ring-ll")
