@@ -29,6 +29,7 @@ from pytest_kimiperf.config.deployments import HealthBounds
 from pytest_kimiperf.measure.results import median
 from pytest_kimiperf.measure.results import CLIENT_BOUND, ClientBound
 from pytest_kimiperf.measure.coverage import FIGURES
+from pytest_kimiperf.measure.loop_probe import IDLE_PROBE_S, PROBE_INTERVAL_S
 from pytest_kimiperf.measure.results import HOST_LOOP_FACTOR, loop_latency_bounds
 from pytest_kimiperf.measure.runner import run_scenario, run_scenario_async, run_sweep
 from pytest_kimiperf.measure.workload import Concurrency, ConcurrencySweep, RequestRate, SingleStream
@@ -548,7 +549,9 @@ def test_a_loop_latency_bound_below_what_this_host_can_do_is_raised_to_it(server
                             bounds=HealthBounds(max_loop_latency_p50_ms=1e-6, max_loop_latency_p99_ms=1e-6))
     run = run_scenario(Target(server, MODEL), scenario)
     health = [h for rnd in run.rounds for h in rnd.health]
-    assert health and all(len(h.idle_loop_latency_ms) > 50 for h in health)
+    # The idle loop was read, at most once an interval (no burst to catch up): how many readings
+    # fit is the host's (beside a CPU hog, 50 or fewer of the 125 an idle host gives).
+    assert health and all(0 < len(h.idle_loop_latency_ms) <= IDLE_PROBE_S / PROBE_INTERVAL_S + 1 for h in health)
     bound50, _, idle = loop_latency_bounds(scenario.bounds, health)
     assert idle is not None
     assert bound50 == pytest.approx(HOST_LOOP_FACTOR * median([x for h in health for x in h.idle_loop_latency_ms]))
