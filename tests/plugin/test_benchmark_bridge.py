@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.helpers import stub_deployment_toml
+from tests.helpers import expect_outcomes_with_decode_lost, measured_count, stub_deployment_toml
 
 pytestmark = pytest.mark.usefixtures("isolated_state")
 
@@ -27,7 +27,12 @@ def test_decode(perf):
 
 @pytest.fixture
 def project(pytester: pytest.Pytester, stub_project) -> pytest.Pytester:
-    stub_project(stub_deployment_toml(extra_args=("--tok-per-s", "400")), ini='kimiperf_deployment = "stub"')
+    # 100 tok/s: a token every 10 ms. A stream whose first two chunks came in one read, or that
+    # came in bursts, gives no decode figure (measure/coverage.py). Beside a CPU hog
+    # (scripts/stress_suite.sh) at 400 tok/s 19 of 160 streams lost theirs, at 100 none of 60;
+    # but a client held off for 80 ms at a time still lost a whole window's 5 once, and a floor
+    # fails a test without a decode median: the outcomes expect that from the reported counts.
+    stub_project(stub_deployment_toml(extra_args=("--tok-per-s", "100")), ini='kimiperf_deployment = "stub"')
     pytester.makepyfile(test_perf=PERF_TEST)
     return pytester
 
@@ -37,9 +42,9 @@ def test_benchmark_json_carries_the_llm_figures_and_the_fingerprint(project: pyt
     perf_json = project.path / "perf.json"
     result = project.runpytest_subprocess("--benchmark-json", str(bench_json), "--kimiperf-json", str(perf_json),
                                           timeout=120)
-    result.assert_outcomes(passed=1)
     bench = json.loads(bench_json.read_text())
     perf = json.loads(perf_json.read_text())
+    expect_outcomes_with_decode_lost(result, perf, passed=1)
     assert len(bench["benchmarks"]) == 1
     entry = bench["benchmarks"][0]
     test = perf["tests"][0]
@@ -64,8 +69,10 @@ def test_benchmark_json_carries_the_llm_figures_and_the_fingerprint(project: pyt
 def test_the_benchmark_table_leaves_out_the_scenarios_one_round_and_keeps_a_users_own(project: pytest.Pytester) -> None:
     project.makepyfile(test_own="def test_sum(benchmark):\n    benchmark(sum, range(100))\n")
     bench_json = project.path / "bench.json"
-    result = project.runpytest_subprocess("--benchmark-json", str(bench_json), "-v", timeout=120)  # -v: the note
-    result.assert_outcomes(passed=2)
+    perf_json = project.path / "perf.json"
+    result = project.runpytest_subprocess("--benchmark-json", str(bench_json), "--kimiperf-json", str(perf_json),
+                                          "-v", timeout=120)  # -v: the note
+    expect_outcomes_with_decode_lost(result, json.loads(perf_json.read_text()), passed=2)
     out = result.stdout.str()
     # the user's benchmark has a table of its own rounds; the perf scenario's single round has none
     result.stdout.fnmatch_lines(["*benchmark: 1 tests*", "*test_sum*"])
@@ -84,11 +91,14 @@ def test_under_xdist_benchmark_stands_aside_and_the_gate_still_judges(project: p
     perf_json = project.path / "perf.json"
     result = project.runpytest_subprocess("-n", "2", "--benchmark-json", str(bench_json),
                                           "--kimiperf-json", str(perf_json), timeout=180)
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["decode floor 1 tok/s: every boot above it (lowest *, default boot 1)"])
     perf = json.loads(perf_json.read_text())
-    assert perf["tests"][0]["floor"]["status"] == "ok"
-    assert perf["tests"][0]["metrics"]["decode_tok_s"]["summary"]["n"] == 5
+    if not expect_outcomes_with_decode_lost(result, perf, passed=1):
+        result.stdout.fnmatch_lines(["decode floor 1 tok/s: every boot above it (lowest *, default boot 1)"])
+        assert perf["tests"][0]["floor"]["status"] == "ok"
+    # the samples judged are the ones the run reports it measured (of 5 sent: a stream read in
+    # one piece gives none, and the run counts it)
+    test = perf["tests"][0]
+    assert test["metrics"]["decode_tok_s"]["summary"]["n"] == measured_count(test["run"], "decode_tok_s")
     # pytest-benchmark disables itself under xdist: nothing timed, nothing saved
     assert not bench_json.exists()
 
@@ -104,9 +114,9 @@ def test_the_perf_test_runs_and_is_judged_without_benchmark_timing(project: pyte
     if "no:benchmark" not in flags:
         args += ["--benchmark-json", str(bench_json)]
     result = project.runpytest_subprocess(*args, timeout=120)
-    result.assert_outcomes(passed=1)
     perf = json.loads(perf_json.read_text())
-    assert perf["tests"][0]["floor"]["status"] == "ok"
+    if not expect_outcomes_with_decode_lost(result, perf, passed=1):
+        assert perf["tests"][0]["floor"]["status"] == "ok"
     assert not bench_json.exists()
 
 

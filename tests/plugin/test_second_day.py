@@ -9,9 +9,16 @@ The server is tests/fakes/paced_server.py: it sends each token on an absolute sc
 chunks by the kernel's receive time, so a busy host delays a token, never the pace. Why a busy
 2-core host cannot flip a verdict here:
 
-* 200 against 160 tok/s (itl 5 against 6.25 ms) is -20%, twice the 10% tolerance. A boot's
-  figure is the median of 5 requests of 64 tokens (a 315 ms stream): to move it 10% a host must
-  hold the server back more than 30 ms at the end of 3 of its 5 streams, on every boot of a side.
+* 100 against 80 tok/s (itl 10 against 12.5 ms) is -20%, twice the 10% tolerance. A boot's
+  figure is the median of 10 requests of 64 tokens (a 650 ms stream): to move it 10% a host must
+  hold the server back more than 65 ms at the end of 6 of its 10 streams, on every boot of a side.
+* A stream whose first two chunks came in one read, or that came in bursts, gives no decode
+  figure (measure/coverage.py), and a boot stands only on 3 of them. Beside a CPU hog
+  (scripts/stress_suite.sh, 7 runnable tasks on 2 cores) 5 streams at 5 ms a token left a boot
+  of the slower server fewer: the verdict rested on one boot, and that run passed unresolved
+  instead of failing. A client the scheduler holds off for tens of ms loses a window's streams
+  in runs, not one by one, so a boot is 10 streams at 10 ms a token: 6.5 s of them, of which 3
+  must keep their figure.
 * An unchanged server fails only as a REGRESSION (the gate leaves an unresolved change to warn),
   which needs its estimate beyond the tolerance: the same 30 ms stalls, the wrong way round.
 * Only decode is checked: a 20 ms TTFT is a figure a stall of a few ms moves by a quarter.
@@ -33,12 +40,12 @@ from tests.helpers import PACED_SERVER, RestartableServer, free_port, run_checke
 
 pytestmark = pytest.mark.usefixtures("isolated_state")
 
-PACE_ITL_MS = {"unchanged": "5", "20% slower": "6.25"}  # 200 and 160 tok/s
+PACE_ITL_MS = {"unchanged": "10", "20% slower": "12.5"}  # 100 and 80 tok/s
 
 USER_TEST = """
 from pytest_kimiperf import PerfRecorder, SingleStream
 
-DECODE = SingleStream(prompt_tokens=8, output_tokens=64, requests=5, warmup_requests=1)
+DECODE = SingleStream(prompt_tokens=8, output_tokens=64, requests=10, warmup_requests=1)
 
 
 def test_unit():
@@ -62,7 +69,7 @@ health_deadline_s = 60
 tolerances = {{ decode_tok_s = 0.10 }}
 boot_spread = 0.02
 host_bounds = {{ max_foreign_cpu_share = "none", max_steal_share = "none" }}
-client_bounds = {{ max_cpu_fraction = inf, max_loop_latency_p50_ms = inf, max_loop_latency_p99_ms = inf, max_send_lag_p99_ms = inf }}
+client_bounds = {{ max_cpu_fraction = inf, max_loop_latency_p50_ms = inf, max_loop_latency_p99_ms = inf, max_send_lag_p99_ms = inf, max_unmeasured_fraction = 1 }}
 """
 
 
@@ -98,15 +105,24 @@ def test_a_users_second_day_record_pass_regress_accept_pass_and_other_hardware_a
     def pytest_run(*args: str, ok: int) -> str:
         return run_checked([wheel_python, "-m", "pytest", *url, *args], cwd=repo, timeout=120, ok=(ok,)).stdout
 
-    def entry() -> list[float]:
+    def entry(report: Path, tok_s: float) -> list[float]:
+        """The boot medians the baseline entry holds: the decode medians the run that recorded
+        them reported for its boots (``report``, its JSON), each within the 10% tolerance of the
+        server's pace. Nearer, they are this host's figures: a boot's median read 99 of 100
+        tok/s beside a CPU hog, its streams' last tokens held back a few ms."""
         (baseline,) = (repo / "baselines" / "my-server").glob("attached-1x-test-box-*.json")
         [decode] = json.loads(baseline.read_text())["entries"].values()
-        return [boot["median"] for boot in decode["boots"]]
+        medians = [boot["median"] for boot in decode["boots"]]
+        tests = sorted((t for t in json.loads(report.read_text())["tests"] if t["test"].endswith("::test_decode")),
+                       key=lambda t: t["boot"])
+        assert medians == pytest.approx([t["metrics"]["decode_tok_s"]["summary"]["median"] for t in tests]), tests
+        assert all(abs(m / tok_s - 1) < 0.10 for m in medians), (medians, tok_s)
+        return medians
 
     # Day one: recorded, the hardware from the repository's settings (no flag).
-    out = pytest_run("--kimiperf-update-baselines", ok=0)
+    out = pytest_run("--kimiperf-update-baselines", "--kimiperf-json", str(tmp_path / "day-one.json"), ok=0)
     assert "hardware: attached server: 1x test box (as stated)" in out
-    assert [round(m) for m in entry()] == [200, 200]
+    assert len(entry(tmp_path / "day-one.json", 100)) == 2
 
     # The gate on the unchanged server passes.
     out = pytest_run("--kimiperf-gate", ok=0)
@@ -121,9 +137,9 @@ def test_a_users_second_day_record_pass_regress_accept_pass_and_other_hardware_a
 
     # Meant: recorded again. The run still reports the REGRESSION it accepts, and says the entry
     # starts anew at this level.
-    out = pytest_run("--kimiperf-update-baselines", ok=1)
+    out = pytest_run("--kimiperf-update-baselines", "--kimiperf-json", str(tmp_path / "accepted.json"), ok=1)
     assert "start it anew at this run's level, their older boots dropped: review the diff" in " ".join(out.split())
-    assert [round(m) for m in entry()] == [160, 160]
+    assert len(entry(tmp_path / "accepted.json", 80)) == 2
 
     # The next gate run is judged against the accepted level: it passes.
     out = pytest_run("--kimiperf-gate", ok=0)

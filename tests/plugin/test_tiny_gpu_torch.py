@@ -24,7 +24,7 @@ PROJECT = """
 [tool.kimiperf.deployments.tt]
 extends = "tiny-torch-cpu"
 host_bounds = { max_foreign_cpu_share = "none", max_steal_share = "none" }
-client_bounds = { max_cpu_fraction = inf, max_loop_latency_p50_ms = inf, max_loop_latency_p99_ms = inf, max_send_lag_p99_ms = inf }
+client_bounds = { max_cpu_fraction = inf, max_loop_latency_p50_ms = inf, max_loop_latency_p99_ms = inf, max_send_lag_p99_ms = inf, max_unmeasured_fraction = 1 }
 """
 
 TESTS = """

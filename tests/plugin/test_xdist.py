@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import stub_deployment_toml
+from tests.helpers import expect_outcomes_with_decode_lost, measured_count, stub_deployment_toml
 
 pytestmark = pytest.mark.usefixtures("isolated_state")
 
@@ -36,11 +36,19 @@ def test_functional(i):
 
 
 def _project(pytester: pytest.Pytester, stub_project, boots: Path) -> None:
-    stub_project(stub_deployment_toml(boot_count=boots, extra_args=("--tok-per-s", "400")),
+    # 100 tok/s, a token every 10 ms: at 400 a loaded host read whole windows' first chunks in
+    # shared reads, and a window with no decode figure fails its floor (test_benchmark_bridge.py).
+    stub_project(stub_deployment_toml(boot_count=boots, extra_args=("--tok-per-s", "100")),
                  ini='kimiperf_deployment = "stub"')
     for n in range(3):
         pytester.makepyfile(**{f"test_perf_{n}": PERF_FILE.format(n=n)})
     pytester.makepyfile(test_functional=FUNCTIONAL_FILE)
+
+
+def _decode_measured(report: dict) -> dict[str, int]:
+    """Each test's decode figures, as its run reports them, by baseline key (test|profile|metric)."""
+    return {f"{t['test']}|{t['profile']}|decode_tok_s": measured_count(t["run"], "decode_tok_s")
+            for t in report["tests"]}
 
 
 def _intervals_never_overlap(report: dict) -> None:
@@ -58,10 +66,10 @@ def test_each_profile_boots_once_for_all_workers(pytester: pytest.Pytester, stub
     result = pytester.runpytest_subprocess(
         "-n", str(workers), "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1", "--kimiperf-max-boots", "1", "--kimiperf-json", str(out), timeout=180
     )
-    result.assert_outcomes(passed=12)
     lines = boots.read_text().splitlines()
     assert len(lines) == 2, f"expected one boot per profile, got {lines}"
     report = json.loads(out.read_text())
+    expect_outcomes_with_decode_lost(result, report, passed=12)
     assert sorted((t["test"].split("::")[-1], t["profile"]) for t in report["tests"]) == sorted(
         (f"test_decode_{n}", p) for n in range(3) for p in ("default", "ring-ll")
     )
@@ -84,16 +92,21 @@ def test_update_baselines_under_xdist_writes_every_entry_once(
 ) -> None:
     boots = tmp_path / "boots"
     _project(pytester, stub_project, boots)
+    out = tmp_path / "report.json"
     result = pytester.runpytest_subprocess("-n", "2", "--nccl-profile", "default,ring-ll", "--kimiperf-boots", "1", "--kimiperf-max-boots", "1",
-                                           "--update-baselines", timeout=180)
-    result.assert_outcomes(passed=12)
+                                           "--update-baselines", "--kimiperf-json", str(out), timeout=180)
+    report = json.loads(out.read_text())
+    expect_outcomes_with_decode_lost(result, report, passed=12)
+    measured = _decode_measured(report)
+    assert sorted(measured) == sorted(
+        f"test_perf_{n}.py::test_decode_{n}|{p}|decode_tok_s" for n in range(3) for p in ("default", "ring-ll")
+    )
     files = list((pytester.path / "baselines" / "stub").glob("*.json"))
     assert len(files) == 1, files
     entries = json.loads(files[0].read_text())["entries"]
-    assert sorted(entries) == sorted(
-        f"test_perf_{n}.py::test_decode_{n}|{p}|decode_tok_s" for n in range(3) for p in ("default", "ring-ll")
-    )
-    assert {e["n"] for e in entries.values()} == {5}, entries
+    # Each entry once, holding the decode samples its run measured: 5 requests sent, as many
+    # samples as the run reports it measured (a stream read in one piece gives none, and says so).
+    assert {key: e["n"] for key, e in entries.items()} == {key: n for key, n in measured.items() if n}, (entries, measured)
 
 
 def test_other_dist_modes_are_refused_for_perf_tests(pytester: pytest.Pytester, stub_project,

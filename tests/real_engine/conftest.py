@@ -28,7 +28,7 @@ PLUMBING_DEPLOYMENT = """
 [tool.kimiperf.deployments.{name}]
 extends = "{base}"
 host_bounds = {{ max_foreign_cpu_share = "none", max_steal_share = "none" }}
-client_bounds = {{ max_cpu_fraction = inf, max_loop_latency_p50_ms = inf, max_loop_latency_p99_ms = inf, max_send_lag_p99_ms = inf }}
+client_bounds = {{ max_cpu_fraction = inf, max_loop_latency_p50_ms = inf, max_loop_latency_p99_ms = inf, max_send_lag_p99_ms = inf, max_unmeasured_fraction = 1 }}
 """
 
 

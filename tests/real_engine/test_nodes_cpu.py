@@ -23,7 +23,7 @@ NODES_PROJECT = """
 [tool.kimiperf.deployments.two-nodes]
 extends = "tiny-cpu-2node"
 host_bounds = {{ max_foreign_cpu_share = "none", max_steal_share = "none" }}
-client_bounds = {{ max_cpu_fraction = inf, max_loop_latency_p50_ms = inf, max_loop_latency_p99_ms = inf, max_send_lag_p99_ms = inf }}
+client_bounds = {{ max_cpu_fraction = inf, max_loop_latency_p50_ms = inf, max_loop_latency_p99_ms = inf, max_send_lag_p99_ms = inf, max_unmeasured_fraction = 1 }}
 nodes = [
   {{name = "head", host = "127.0.0.1", env = {{VLLM_CPU_OMP_THREADS_BIND = "0"}}}},
   {{name = "far", host = "127.0.0.1", env = {{VLLM_CPU_OMP_THREADS_BIND = "1"}}, launch = ["env", "-i", "HOME={home}", "PATH={path}", "bash", "-c", "{{command}}"]}},
