@@ -16,6 +16,8 @@ import pytest
 from pytest_kimiperf.config.deployments import HostBounds
 from pytest_kimiperf.measure.hostwatch import GpuReading, merge_gpu_samples
 from pytest_kimiperf.measure.hostwatch import HostReading, HostWatch
+from pytest_kimiperf.measure.invalid_causes import InvalidCause
+from pytest_kimiperf.measure.runner import cause_of, host_busy
 from tests.unit.test_hostwatch import FakeNvml
 
 pynvml = pytest.importorskip("pynvml")
@@ -100,6 +102,11 @@ def test_thermal_throttling_under_our_own_load_is_still_a_disturbance() -> None:
         "GPU 0 clocks held back by temperature for 900 ms of the 60.0 s window "
         "(NVML violation counters, average 700 W)",
         "GPU 0 clocks held back by sw_thermal_slowdown (SM 1500 MHz, 88 C, 700 W)"]
+    # Held back by heat alone, an INVALID's cause is the GPU's, and so is its advice; with other
+    # work beside it, the busy host's.
+    assert cause_of(host_busy([reading], HostBounds(), attempts=3)) is InvalidCause.GPU_THROTTLE  # type: ignore[arg-type]
+    busy = dataclasses.replace(reading, foreign_cpu_share=0.6)
+    assert cause_of(host_busy([busy], HostBounds(), attempts=3)) is InvalidCause.BUSY_HOST  # type: ignore[arg-type]
 
 
 def test_a_counter_that_went_back_or_is_missing_says_nothing() -> None:
