@@ -157,6 +157,17 @@ def measured_count(run: Mapping[str, Any], figure: str) -> int:
     return int(count["measured"])
 
 
+def counted_boots(report: Mapping[str, Any], profile: str, figure: str = "decode_tok_s") -> int:
+    """How many boots of ``profile`` a comparison of ``figure`` can rest on, as the JSON report
+    says: valid boots whose run measured at least a boot's minimum of it (MIN_SAMPLES_PER_BOOT).
+    How many a loaded host leaves is its own; that the comparison rests on exactly these is the
+    product's."""
+    from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT
+
+    return sum(1 for t in report["tests"] if t["profile"] == profile and not t["invalid"] and figure in t["metrics"]
+               and measured_count(t["run"], figure) >= MIN_SAMPLES_PER_BOOT)
+
+
 def decode_lost(report: Mapping[str, Any]) -> list[str]:
     """The node ids of a JSON report's perf tests that check decode and whose window measured no
     decode figure: every stream came in bursts or with its first chunk in a shared read, as a

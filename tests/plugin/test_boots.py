@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.helpers import stub_deployment_toml
+from tests.helpers import counted_boots, stub_deployment_toml
 from pytest_kimiperf.judge.boots import BootLedger, BootSlot, schedule, strip_slot
 from pytest_kimiperf.judge.boots import BootSummary
 
@@ -113,7 +113,7 @@ from pytest_kimiperf.measure.workload import SingleStream
 
 @pytest.mark.kimiperf(tolerances={{"decode_tok_s": {tolerance}}})
 def test_decode(perf):
-    perf.check(perf.measure(SingleStream(prompt_tokens=8, output_tokens=8, requests=3, warmup_requests=0)),
+    perf.check(perf.measure(SingleStream(prompt_tokens=8, output_tokens=8, requests=10, warmup_requests=0)),
                ["decode_tok_s"])
 """
 
@@ -132,9 +132,12 @@ def test_a_profile_comparison_books_boots_until_it_decides_or_reaches_the_cap(
     result.assert_outcomes(passed=2 * boots_run)
     ran = [line for line in result.outlines if "::test_decode[" in line and "PASSED" in line]
     assert sum("-boot3]" in line for line in ran) == (2 if boots_run == 3 else 0), ran
-    c = next(r for r in json.loads((pytester.path / "judged.json").read_text())["profile_comparisons"]
-             if r["profile"] == "ring-ll" and r.get("verdict") is not None)
-    assert (c["boots_current"], c["boots_reference"]) == (boots_run, boots_run)
+    report = json.loads((pytester.path / "judged.json").read_text())
+    *_, c = (r for r in report["profile_comparisons"] if r["profile"] == "ring-ll" and r.get("verdict") is not None)
+    # The last look rests on every boot that ran, those whose runs measured enough decode figures
+    # (10 requests a boot: a loaded host would have to spoil 8 of a boot's for it to fall short).
+    assert (c["boots_current"], c["boots_reference"]) == (counted_boots(report, "ring-ll"),
+                                                          counted_boots(report, "default"))
     if boots_run == 3:  # at the cap, undecided: the answer says what more boots would do
         # Which undecided word depends on whether the stub's two profiles measured within 0.1% of
         # each other, a figure of the host's timer wake-ups, not of the plugin: either one must say

@@ -1,5 +1,5 @@
 """A run whose only failures are INVALID measurements exits 75 and marks them in JUnit XML, so CI
-can retry on a quiet runner instead of blaming the build; any other failure keeps pytest's 1.
+can act on the INVALID's cause instead of blaming the build; any other failure keeps pytest's 1.
 
 The stub server is measured by the real client; a client-bound bound no process can meet
 (``max_cpu_fraction`` 1e-6) makes its measurement INVALID on demand, on any host.
@@ -50,10 +50,12 @@ def test_invalid_measurements_alone_exit_75_with_a_junit_property(project: pytes
     assert result.ret == 75
     result.stdout.fnmatch_lines([
         "*INVALID measurement: client-bound: *",
-        "kimiperf: every failure was an INVALID measurement (1 test: a busy host or a client-bound load, nothing "
-        "learned about the build): exit status 75 (EX_TEMPFAIL), rerun on a quiet runner",
+        "kimiperf: every failure was an INVALID measurement (1 test, nothing learned about the build): exit status "
+        "75 (EX_TEMPFAIL); give the client CPUs of its own (more cores than the server uses, or client_processes) or "
+        "quieten the host: a rerun on the same loaded host is held off again",
     ])
     assert _properties(junit, "test_client_bound")["kimiperf_outcome"] == "invalid"
+    assert _properties(junit, "test_client_bound")["kimiperf_invalid_cause"] == "client-held"
     assert "kimiperf_outcome" not in _properties(junit, "test_fine")
 
 
