@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import nvml_loads
+from tests.helpers import expect_outcomes_with_decode_lost, nvml_loads
 
 # The host watch and the client's self-check read how busy this host is (their own tests cover
 # them): off here, so a busy host slows this test and never fails it.
@@ -69,12 +69,14 @@ def test_two_profiles_on_the_torch_server_boot_measure_and_report(pytester: pyte
         "--kimiperf-deployment", "tt", "--kimiperf-profile", "default,ring-ll", "--kimiperf-boots", "1",
         "--kimiperf-max-boots", "1", "--kimiperf-json", str(report), "--kimiperf-markdown", str(summary),
         "-p", "no:randomly", "-p", "no:cacheprovider", timeout=300)
-    result.assert_outcomes(passed=6)
+    data = json.loads(report.read_text())
+    # Every test passes but a decode test whose window kept no decode figure (a client held off
+    # through every stream reads them in bursts): its floor fails it, by the count it reports.
+    expect_outcomes_with_decode_lost(result, data, passed=6)
     result.stdout.fnmatch_lines(["kimiperf: starting tt server for profile default on *",
                                  "kimiperf: tt server (default) ready after *s",
                                  "kimiperf: starting tt server for profile ring-ll on *",
                                  "kimiperf: tt server (ring-ll) ready after *s"])
-    data = json.loads(report.read_text())
     assert {name: p["boots"] for name, p in data["profiles"].items()} == {"default": 1, "ring-ll": 1}
     for profile in data["profiles"].values():
         [account] = profile["boot_accounts"]

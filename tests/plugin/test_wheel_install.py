@@ -12,9 +12,9 @@ import httpx
 
 from tests.helpers import STUB_SERVER, free_port, run_checked
 
-# A user's repository on a shared host: the client's self-check loosened past its scheduling
-# (loop and send 200 ms; any share of requests may lose a figure to shared reads), since what is
-# tested is the installed wheel, not the host.
+# A user's repository on a shared host, the client's self-check off (TOML's inf; any share of
+# requests may lose a figure to shared reads): what is tested is the installed wheel, not the
+# host's scheduling, which beside a CPU hog passed a 200 ms loop bound (tests/plugin/test_attach.py).
 USER_PYPROJECT = """
 [tool.pytest.ini_options]
 addopts = "--strict-markers"
@@ -26,7 +26,7 @@ served_model_name = "my-model"
 command = ["vllm", "serve", "{model}", "--port", "{port}"]
 decode_floor_tok_s = 1
 decode_target_tok_s = 2
-client_bounds = { max_loop_latency_p99_ms = 200, max_send_lag_p99_ms = 200, max_unmeasured_fraction = 1 }
+client_bounds = { max_cpu_fraction = inf, max_loop_latency_p50_ms = inf, max_loop_latency_p99_ms = inf, max_send_lag_p99_ms = inf, max_unmeasured_fraction = 1 }
 host_bounds = { max_foreign_cpu_share = "none", max_steal_share = "none" }
 """
 
