@@ -284,6 +284,7 @@ class PerfRecorder:
             requests=len(run.records), failed_requests=run.invalid_count, failed_reasons=run.invalid_reasons,
             invalid=invalid, invalid_cause=cause_of(reason) if reason is not None else None, cross_checks=surprises,
             goodput_samples=[rnd.request_goodput(goodput) for rnd in run.rounds] if goodput is not None else [],
+            decode_withheld=dict(run.coverage.of("decode_tok_s").withheld),
         )
         rules = Rules.for_deployment(
             self.settings.deployment, tolerances={name: self.tolerance(name) for name in judged},

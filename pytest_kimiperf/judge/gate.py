@@ -253,6 +253,9 @@ class BootRun:
     invalid_cause: InvalidCause | None = None  # what to do about ``invalid`` (measure/invalid_causes.py)
     cross_checks: Sequence[PrefixCacheReused] = ()
     goodput_samples: Sequence[float] = ()
+    # Why each request sent gave no decode figure (reason -> count, measure/coverage.py): what a
+    # floor that finds none says.
+    decode_withheld: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -482,7 +485,7 @@ def _check_decode_floor(result: TestResult, run: BootRun, rules: Rules) -> None:
     )
     median = decode.summary()["median"]
     if median is None:
-        result.failures.append(NoDecode())
+        result.failures.append(NoDecode(run.requests, tuple(run.decode_withheld.items())))
         return
     fr = check_floor(float(median), floor=rules.decode_floor_tok_s, target=rules.decode_target_tok_s)
     result.floor = fr

@@ -437,7 +437,12 @@ class FloorNote(Note):
 @note_kind("no-decode")
 @dataclass(frozen=True)
 class NoDecode(Note):
-    """No valid request measured single-stream decode, so the floor could not be checked."""
+    """No request measured single-stream decode, so the floor could not be checked: of ``sent``
+    requests, why each gave none (measure.coverage.Withheld value -> count; empty in a report
+    written before the plugin counted them)."""
+
+    sent: int = 0
+    withheld: tuple[tuple[str, int], ...] = ()
 
 
 @note_kind("boot-planned")

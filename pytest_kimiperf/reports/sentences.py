@@ -18,6 +18,7 @@ from typing import assert_never
 from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, Direction, metric_spec
 from pytest_kimiperf.judge.history import AppendWhy, NotAppended
 from pytest_kimiperf.measure.invalid_causes import advice_for
+from pytest_kimiperf.measure.results import withheld_words
 from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
 from pytest_kimiperf.judge.canary_check import CanaryCheck
 from pytest_kimiperf.judge.notes import (
@@ -501,7 +502,10 @@ def _(note: FloorNote) -> str:
 
 @note_text.register
 def _(note: NoDecode) -> str:
-    return "single-stream decode: no valid request to measure"
+    if not note.sent:
+        return "single-stream decode: no valid request to measure"
+    why = ", ".join(f"{n} {withheld_words(reason)}" for reason, n in note.withheld)
+    return f"single-stream decode: none of the {note.sent} requests sent gave a decode figure ({why})"
 
 
 @note_text.register

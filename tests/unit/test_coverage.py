@@ -4,6 +4,7 @@ counts on a run, and what the runner and the recorder do with a window that lost
 from __future__ import annotations
 
 import dataclasses
+import json
 from types import MappingProxyType
 
 import pytest
@@ -134,3 +135,14 @@ def test_a_window_that_lost_its_figures_is_measured_again_saying_why_and_the_nex
                           "decode_tok_s lost for 4 of 4 requests (4 whose first chunk came in one read with the next)")
     assert why.endswith("the server wrote them together (a read joined more of its pace than the client's loop, at "
                         "most 0.1 ms late, could have held)")
+
+
+def test_a_floor_that_finds_no_decode_figure_says_what_became_of_every_request_sent() -> None:
+    from pytest_kimiperf.judge.notes import NoDecode, note_from_json
+    from pytest_kimiperf.reports.sentences import note_text
+
+    note = NoDecode(20, (("burst", 12), ("first-read-shared", 8)))
+    assert note_text(note) == ("single-stream decode: none of the 20 requests sent gave a decode figure (12 that came "
+                               "in bursts, 8 whose first chunk came in one read with the next)")
+    assert note_from_json(json.loads(json.dumps(note.to_json()))) == note  # as xdist and the JSON report carry it
+    assert note_text(NoDecode()) == "single-stream decode: no valid request to measure"  # a report from before the counts
