@@ -24,7 +24,8 @@ from typing import Any
 
 import httpx
 
-from pytest_kimiperf.measure.coverage import read_ends
+from pytest_kimiperf.measure.coverage import stamps as judge_stamps
+from pytest_kimiperf.measure.coverage import true_gaps as kept_gaps
 from pytest_kimiperf.measure.results import RunResult, percentile
 from tests.helpers import FAKES, PACED_SERVER
 
@@ -93,8 +94,9 @@ class TruthCheck:
     Errors are measured minus true: ``decode_error_pct`` per request that gave a decode figure,
     ``ttft_error_ms`` per request that gave a TTFT, ``gap_error_ms`` per gap the run measured;
     ``p99_gap_ms`` is the p99 the run reports and ``p99_true_gap_ms`` the p99 of the same gaps as
-    written. ``false`` lists figures the run gave where the truth has none (a decode rate of a
-    stream written in one send) and records whose chunks do not match the writes.
+    written (the near-zero gaps inside a server's one send included). ``false`` lists figures the
+    run gave where the truth has none (a decode rate of a stream written in one send) and records
+    whose chunks do not match the writes.
     """
 
     sent: int
@@ -141,6 +143,7 @@ def check(run: RunResult, truth: Mapping[str, Mapping[str, Any]]) -> TruthCheck:
     measured_gaps: list[float] = []
     true_gaps: list[float] = []
     false: list[str] = []
+    holds = run.holds
     for record in run.valid_records:
         wrote = truth[record.request_id]
         writes: list[int] = wrote["write_ns"]
@@ -148,23 +151,18 @@ def check(run: RunResult, truth: Mapping[str, Mapping[str, Any]]) -> TruthCheck:
         if len(stamps) != len(writes):
             false.append(f"{record.request_id}: {len(stamps)} chunks read of {len(writes)} written")
             continue
-        if (value := record.value("decode_tok_s")) is not None:
+        if (value := record.value("decode_tok_s", holds)) is not None:
             span_ns = writes[-1] - writes[0]
             if span_ns <= 0:
                 false.append(f"{record.request_id}: decode {value:.1f} tok/s of a stream written in one send")
             else:
-                true = (record.output_tokens - 1) * 1e9 / span_ns
+                true = (wrote["output_tokens"] - wrote["tokens_per_chunk"]) * 1e9 / span_ns
                 decode[record.request_id] = 100.0 * (value - true) / true
-        if (value := record.value("ttft_ms")) is not None:
+        if (value := record.value("ttft_ms", holds)) is not None:
             ttft[record.request_id] = value - (writes[0] - wrote["t_arrival_ns"]) / _NS_PER_MS
-        ends = read_ends(stamps)
-        for i in range(len(stamps) - 1):
-            if stamps[i + 1] != stamps[i] and ends[i + 1]:  # the gaps the run measures (coverage.measured_gaps_ms)
-                true_gap = (writes[i + 1] - writes[i]) / _NS_PER_MS
-                if true_gap <= 0:
-                    false.append(f"{record.request_id}: gap {i} measured between chunks written in one send")
-                measured_gaps.append((stamps[i + 1] - stamps[i]) / _NS_PER_MS)
-                true_gaps.append(true_gap)
+        for i in kept_gaps(record, judge_stamps(record, holds)):  # the gaps the run measures
+            measured_gaps.append((stamps[i + 1] - stamps[i]) / _NS_PER_MS)
+            true_gaps.append((writes[i + 1] - writes[i]) / _NS_PER_MS)
     if sorted(measured_gaps) != sorted(run.itl_timeline_ms()):
         false.append("the gaps set beside the truth are not the gaps the run measured")
     reported = run.percentiles("itl_ms")

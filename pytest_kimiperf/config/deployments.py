@@ -500,8 +500,9 @@ class HealthBounds:
       rate), which shapes the offered load. In a closed loop (the previous request's end) a late
       send shapes no figure of the requests that were sent: it is reported, not judged.
     * ``max_unmeasured_fraction``: the share of a window's requests that may lose one figure to
-      the way their chunks arrived (a first chunk in a shared read, a stream in bursts:
-      measure/coverage.py) before that figure of the window is unfit to judge. Losses within it
+      the client's holds (a stamp taken while the client was held off the CPU:
+      measure/coverage.py) before that figure of the window is unfit to judge. What the server
+      did (a stall, chunks written together) never counts here: it is measured. Losses within it
       are kept and shown with their count; past it the window is measured again, and a last
       attempt still past it is INVALID for a test that checks the figure. 1.0 switches it off.
 
@@ -522,8 +523,8 @@ class HealthBounds:
     max_send_lag_p99_ms: float = 5.0
     first_token_deadline_s: float = 120.0
     idle_deadline_s: float = 30.0
-    # A quarter: one request in four may lose a figure to a stall of the client or a burst of
-    # the server and the rest still describe the window; more, and which requests kept their
+    # A quarter: one request in four may lose a figure to a hold of the client and the rest
+    # still describe the window; more, and which requests kept their
     # figure starts to decide it (a stall that held the slow requests' first chunks).
     max_unmeasured_fraction: float = 0.25
 

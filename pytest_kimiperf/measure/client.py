@@ -222,6 +222,9 @@ class StreamingClient:
             t_send_ns=t_send_ns,
             chunk_ns=tuple(reader.chunk_ns),
             t_done_ns=t_done_ns,
+            chunk_read_ns=tuple(reader.chunk_read_ns),
+            chunk_tokens=() if -1 in reader.chunk_tokens else tuple(reader.chunk_tokens),
+            followed=tuple(reader.followed),
             scheduled_send_ns=scheduled_send_ns,
             request_id=request_id,
             t_start_ns=t_start_ns,
@@ -231,7 +234,7 @@ class StreamingClient:
 
 def request_body(model: str, endpoint: str, spec: RequestSpec, extra_body: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON body sent for ``spec``: the fields vLLM 0.32's ``bench serve`` sends, usage in
-    the stream, the output length fixed by ``ignore_eos`` with ``max_tokens``."""
+    the stream (in every chunk), the output length fixed by ``ignore_eos`` with ``max_tokens``."""
     # The same fields as bench serve (vllm/benchmarks/lib/endpoint_request_func.py,
     # async_request_openai_completions and ..._chat_completions with --ignore-eos), so the server
     # does for this client what it does for vLLM's own. No min_tokens: ignore_eos already stops
@@ -250,7 +253,12 @@ def request_body(model: str, endpoint: str, spec: RequestSpec, extra_body: Mappi
         body["max_tokens"] = spec.output_tokens
         body["logprobs"] = None
     body["stream"] = True
-    body["stream_options"] = {"include_usage": True}
+    # continuous_usage_stats puts the running token count in every chunk (vLLM's
+    # should_include_usage, entrypoints/serve/utils/api_utils.py), so a chunk of several tokens
+    # (--stream-interval, an API server that merged outputs) moves no token's position: decode
+    # and TPOT rest on exact counts. bench serve does not ask for it; a server that ignores it
+    # leaves the counts unknown and the figures as bench serve reads them.
+    body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     body["ignore_eos"] = True
     body.update(extra_body)
     return body

@@ -113,6 +113,7 @@ class Connection:
         self._buf = bytearray()
         self._state = _DONE
         self._remaining = 0
+        self._read_ns = 0
 
     def close(self) -> None:
         """Close the connection; an exchange still in flight fails."""
@@ -154,10 +155,13 @@ class Connection:
                 # Trust it only if it is plausible (a clock step would move it by seconds).
                 if read_ns - _MAX_KERNEL_STAMP_AGE_NS <= kernel_ns <= read_ns:
                     arrival_ns = kernel_ns
-        self.received(self._rx[:size], arrival_ns)
+        self.received(self._rx[:size], arrival_ns, read_ns)
 
-    def received(self, data: bytes | memoryview, arrival_ns: int) -> None:
-        """Parse bytes that arrived at ``arrival_ns`` (the TLS connection calls this too)."""
+    def received(self, data: bytes | memoryview, arrival_ns: int, read_ns: int | None = None) -> None:
+        """Parse the bytes of one read, which arrived at ``arrival_ns`` and were read at
+        ``read_ns`` (default: ``arrival_ns``, a stamp taken at read time, as over TLS); a stamp
+        equal to its read time is a fallback, and measure/coverage.py judges it as one."""
+        self._read_ns = arrival_ns if read_ns is None else read_ns
         exchange = self.exchange
         if exchange is None:
             # Bytes while idle: the server broke the protocol; never reuse this connection.
@@ -316,7 +320,7 @@ class Connection:
 
     def _body(self, exchange: Exchange, data: bytes, arrival_ns: int) -> None:
         if exchange.status == 200:
-            exchange.reader.feed(data, arrival_ns)
+            exchange.reader.feed(data, arrival_ns, self._read_ns)
         elif len(exchange.error_body) < _MAX_ERROR_BODY:
             exchange.error_body += data[: _MAX_ERROR_BODY - len(exchange.error_body)]
 

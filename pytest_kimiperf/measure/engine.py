@@ -131,7 +131,7 @@ class Engine:
             if gc_was_enabled:
                 gc.enable()
         return records, ProcessHealth(cpu_fraction, tuple(probe.latencies_ms), wall_s, idle,
-                                      tuple(sorted(plan.client_cpus)))
+                                      tuple(sorted(plan.client_cpus)), tuple(probe.holds_ns))
 
     async def _closed_loop(self, plan: ProcessPlan, start_ns: int) -> list[RequestRecord]:
         records: list[RequestRecord] = []

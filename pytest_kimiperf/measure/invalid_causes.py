@@ -2,9 +2,11 @@
 
 A run that is INVALID taught nothing about the build, and what the user does next depends on
 why: a busy host clears by itself, a CPU quota does not, a client held off the CPU needs CPUs of
-its own, a server that writes its stream in bursts needs looking at. Every place that advises
-(the test's line, the answers, the summary's last line, the exit line) takes its advice from the
-cause, through :func:`advice`, so a quota never reads as a busy host's "retry".
+its own. Only the host and the client make a measurement INVALID: a server that stalls or
+writes its stream in bursts is what the test exists to catch, measured and judged like any
+slower one. Every place that advises (the test's line, the answers, the summary's last line,
+the exit line) takes its advice from the cause, through :func:`advice`, so a quota never reads
+as a busy host's "retry".
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ class InvalidCause(StrEnum):
     CPU_QUOTA = "cpu-quota"  # a cgroup CPU quota throttled every attempt
     GPU_THROTTLE = "gpu-throttle"  # the GPUs' clocks were held back by something other than the load
     CLIENT_HELD = "client-held"  # the client was held off the CPU, or ran out of it
-    SERVER_BURSTS = "server-bursts"  # the server wrote its streams in bursts: no decode to read
     NO_REQUEST = "no-request"  # no request measured, or none valid
 
 
@@ -37,9 +38,6 @@ def advice(cause: InvalidCause) -> str:
         case InvalidCause.CLIENT_HELD:
             return ("give the client CPUs of its own (more cores than the server uses, or client_processes) or "
                     "quieten the host: a rerun on the same loaded host is held off again")
-        case InvalidCause.SERVER_BURSTS:
-            return ("look at what stands between the engine and the client (a buffering proxy, a starved API "
-                    "server): a stream written in bursts has no decode to read; a rerun does not change it")
         case InvalidCause.NO_REQUEST:
             return "the server answered no request: its log says why"
         case _:

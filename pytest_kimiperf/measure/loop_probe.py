@@ -25,6 +25,13 @@ import threading
 import time
 
 PROBE_INTERVAL_S = 0.002
+# A reading later than this marks a hold: a stretch the loop did not run, which could have joined
+# chunks that arrived apart into one read (measure/coverage.py judges each shared read by the
+# holds). A quarter of the interval: an idle loop on this project's hosts wakes in 0.02-0.3 ms,
+# and a hold the probe cannot see whole (shorter than an interval and this) joins only chunks
+# that arrived within 2.5 ms of each other.
+HOLD_MIN_LATENCY_S = 0.0005
+_HOLD_MIN_LATENCY_NS = int(HOLD_MIN_LATENCY_S * 1e9)
 # How long the idle loop is timed: 125 probe intervals.
 IDLE_PROBE_S = 0.25
 # A child that has not answered in this long (a host so busy it cannot start Python) leaves the
@@ -39,12 +46,20 @@ class LoopProbe:
     was *due* (not when the post happened): the delay then holds everything a socket event
     would wait through before the client reads it, including the GIL held by another
     thread of the process and CPU taken by other processes.
+
+    ``holds_ns`` keeps, for each reading later than ``HOLD_MIN_LATENCY_S``, the stretch in
+    ``perf_counter_ns`` the loop surely did not run a callback: from when the callback was due
+    to when it ran. A hold may have begun up to an interval before that; what it joined in that
+    part arrived within an interval of the due time, below what the probe resolves. Not the
+    interval before: a loop busy with a read it just took (a burst of chunks to parse) delays
+    the next reading, and must not be taken for a hold that joined that read.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._stop = threading.Event()
         self.latencies_ms: list[float] = []
+        self.holds_ns: list[tuple[int, int]] = []
         self._thread = threading.Thread(target=self._post, name="kimiperf-loop-probe", daemon=True)
 
     def start(self) -> None:
@@ -72,7 +87,10 @@ class LoopProbe:
                 due_ns = now_ns + interval_ns  # fell behind: do not post a burst to catch up
 
     def _answer(self, due_ns: int) -> None:
-        self.latencies_ms.append((time.perf_counter_ns() - due_ns) / 1e6)
+        ran_ns = time.perf_counter_ns()
+        self.latencies_ms.append((ran_ns - due_ns) / 1e6)
+        if ran_ns - due_ns > _HOLD_MIN_LATENCY_NS:
+            self.holds_ns.append((due_ns, ran_ns))
 
 
 def _set_thread_timer_slack_ns(slack_ns: int) -> None:

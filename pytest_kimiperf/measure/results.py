@@ -48,7 +48,7 @@ from pytest_kimiperf.config.deployments import HealthBounds
 from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, SampleKind, metric_spec, metrics_of
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.measure import coverage as reads
-from pytest_kimiperf.measure.coverage import Coverage, HeldBy, Withheld
+from pytest_kimiperf.measure.coverage import NO_HOLDS, Coverage, Holds, Withheld
 
 # Why a run's own figures cannot be judged: typed reasons, and the one sentence for each.
 CLIENT_BOUND = "client-bound: the load generator, not the server, limited this run: "
@@ -110,7 +110,7 @@ class ClientBound:
 
 @dataclass(frozen=True)
 class FigureLoss:
-    """One figure that lost more than its bound of the window's requests to shared reads:
+    """One figure that lost more than its bound of the window's requests to the client's holds:
     ``lost`` of ``sent``, by reason (coverage.Withheld value -> count)."""
 
     figure: str
@@ -122,12 +122,12 @@ class FigureLoss:
 
 @dataclass(frozen=True)
 class Unmeasured:
-    """Figures a window could not measure for too many of its requests, the bound, and who held
-    the stream (coverage.HeldBy: a client held off the CPU, or a server that wrote in bursts)."""
+    """Figures a window could not measure for too many of its requests because the client was
+    held off the CPU (its loop ran up to ``loop_max_ms`` late) while their stamps were taken,
+    and the bound. Only the client's holds count: what the server did is measured."""
 
     losses: tuple[FigureLoss, ...]
     bound: float
-    held_by: HeldBy | None
     loop_max_ms: float | None = None
 
 
@@ -158,12 +158,11 @@ def say_run_invalid(reason: RunInvalid) -> str:
             return f"no valid request ({invalid} invalid; first reason: {first})"
         case ClientBound(problems):
             return CLIENT_BOUND + "; ".join(say_client_problem(p) for p in problems) + _CLIENT_BOUND_HINT
-        case Unmeasured(losses, bound, held_by, loop_max):
-            lost = "; ".join(f"{loss.figure} lost for {loss.lost} of {loss.sent} {loss.unit} ("
-                             + ", ".join(f"{n} {_WITHHELD_WORDS[Withheld(r)]}" for r, n in loss.reasons) + ")"
-                             for loss in losses)
-            return (f"unmeasured: more than {bound:.0%} of the window's requests lost a figure to shared reads: "
-                    f"{lost}; {held_words(held_by, loop_max)}")
+        case Unmeasured(losses, bound, loop_max):
+            lost = "; ".join(f"{loss.figure} lost for {loss.lost} of {loss.sent} {loss.unit}" for loss in losses)
+            loop = f"{loop_max:.1f} ms" if loop_max is not None else "an unread time"
+            return (f"unmeasured: the client was held off the CPU (its loop ran up to {loop} late) while more than "
+                    f"{bound:.0%} of the window's stamps were taken: {lost}")
         case _:
             assert_never(reason)
 
@@ -173,30 +172,15 @@ _WITHHELD_WORDS: Mapping[Withheld, str] = {
     Withheld.FAILED: "failed",
     Withheld.NO_TOKEN: "with no token",
     Withheld.ONE_TOKEN: "of one token",
-    Withheld.FIRST_READ_SHARED: "whose first chunk came in one read with the next",
-    Withheld.BURST: "that came in bursts",
-    Withheld.GAP_IN_SHARED_READ: "inside shared reads",
+    Withheld.CLIENT_HELD: "whose stamps the client's hold spoiled",
+    Withheld.ONE_READ: "the server wrote whole in one read",
 }
 
 
 def withheld_words(reason: str) -> str:
-    """A coverage.Withheld value in words, as it reads after its count."""
-    return _WITHHELD_WORDS[Withheld(reason)]
-
-
-def held_words(held_by: HeldBy | None, loop_max_ms: float | None) -> str:
-    """Who held the stream, on what evidence."""
-    loop = f"{loop_max_ms:.1f} ms" if loop_max_ms is not None else "unread"
-    match held_by:
-        case HeldBy.CLIENT:
-            return f"the client was held off the CPU (its loop ran up to {loop} late) while chunks queued"
-        case HeldBy.SERVER:
-            return (f"the server wrote them together (a read joined more of its pace than the client's loop, "
-                    f"at most {loop} late, could have held)")
-        case None:
-            return "no read was shared"
-        case _:
-            assert_never(held_by)
+    """A coverage.Withheld value in words, as it reads after its count (a reason of a report
+    from another version reads as itself)."""
+    return _WITHHELD_WORDS[Withheld(reason)] if reason in Withheld._value2member_map_ else reason
 
 
 # One request's timeline and the per-request figures read from it.
@@ -245,6 +229,15 @@ class RequestRecord:
     # The client gave up waiting for a token (its first-token or inter-chunk deadline): the
     # fact engine.py counts stalls in a row by; ``error`` says it in words.
     stalled: bool = False
+    # For each token chunk, when the read that brought it returned (user space; equal values are
+    # one read, and a stamp equal to its read time is a fallback: no kernel stamp). Empty in a
+    # record made before the plugin kept it: reads are then told apart by their stamps.
+    chunk_read_ns: tuple[int, ...] = ()
+    # usage.completion_tokens as each token chunk carried it (continuous_usage_stats): the
+    # running count, so each chunk's last token is known. Empty: the server gave no counts.
+    chunk_tokens: tuple[int, ...] = ()
+    # Token chunks whose read went on to bring later bytes (their stamp is those bytes' arrival).
+    followed: tuple[int, ...] = ()
 
     @property
     def ttft_ms(self) -> float | None:
@@ -273,21 +266,40 @@ class RequestRecord:
         return median(gaps) if gaps else None
 
     @property
+    def decode_tokens(self) -> int:
+        """The tokens that arrived after the first chunk's: exact where the server counted each
+        chunk's tokens (``chunk_tokens``), else ``output_tokens - 1`` as bench serve assumes
+        (a first chunk of k tokens then moves decode by (N-1)/(N-k))."""
+        if self.chunk_tokens:
+            return self.chunk_tokens[-1] - self.chunk_tokens[0]
+        return self.output_tokens - 1
+
+    @property
     def tpot_ms(self) -> float | None:
-        """(E2EL - TTFT) / (output_tokens - 1); None with fewer than two output tokens."""
-        if self.output_tokens < 2 or not self.chunk_ns:
+        """(last chunk - first chunk) / the tokens after the first chunk: bench serve's
+        (E2EL - TTFT) / (output_tokens - 1) where each chunk carried one token; None with fewer
+        than two output tokens."""
+        if self.output_tokens < 2 or not self.chunk_ns or self.decode_tokens < 1:
             return None
-        return (self.chunk_ns[-1] - self.chunk_ns[0]) / NS_PER_MS / (self.output_tokens - 1)
+        return (self.chunk_ns[-1] - self.chunk_ns[0]) / NS_PER_MS / self.decode_tokens
 
     @property
     def decode_tok_s(self) -> float | None:
-        """(output_tokens - 1) / (last chunk - first chunk); None when that span is empty."""
-        if self.output_tokens < 2 or len(self.chunk_ns) < 2:
+        """The tokens after the first chunk / (last chunk - first chunk); None when that span is empty."""
+        if self.output_tokens < 2 or len(self.chunk_ns) < 2 or self.decode_tokens < 1:
             return None
         span_ns = self.chunk_ns[-1] - self.chunk_ns[0]
         if span_ns <= 0:
             return None
-        return (self.output_tokens - 1) * _NS_PER_S / span_ns
+        return self.decode_tokens * _NS_PER_S / span_ns
+
+    @property
+    def tokens_per_chunk_max(self) -> int | None:
+        """The most tokens one chunk carried (None: the server gave no counts)."""
+        counts = self.chunk_tokens
+        if not counts:
+            return None
+        return max(b - a for a, b in itertools.pairwise((0, *counts)))
 
     @property
     def send_lag_ms(self) -> float | None:
@@ -296,28 +308,27 @@ class RequestRecord:
             return None
         return (self.t_send_ns - self.scheduled_send_ns) / NS_PER_MS
 
-    @property
-    def measured_itl_ms(self) -> list[float]:
-        """The gaps whose two stamps hold (coverage.measured_gaps_ms): a gap inside a shared read
-        is the client's read, not the server's gap."""
-        return reads.measured_gaps_ms(self.chunk_ns)
+    def measured_itl_ms(self, holds: Holds = NO_HOLDS) -> list[float]:
+        """The gaps whose two stamps hold, given the client's ``holds`` (coverage.true_gaps_ms)."""
+        return reads.true_gaps_ms(self, reads.stamps(self, holds))
 
-    def withheld(self, metric_name: str) -> Withheld | None:
-        """Why this request gives no value of a per-request metric (None: it gives one)."""
-        return reads.withheld(metric_name, ok=self.ok, output_tokens=self.output_tokens, chunk_ns=self.chunk_ns)
+    def withheld(self, metric_name: str, holds: Holds = NO_HOLDS) -> Withheld | None:
+        """Why this request gives no value of a per-request metric, given the client's ``holds``
+        over its window (None: it gives one)."""
+        return reads.withheld(metric_name, self, reads.stamps(self, holds))
 
-    def value(self, metric_name: str) -> float | None:
-        """This request's one sample of a per-request metric (None when it gives none:
-        :meth:`withheld` says why)."""
+    def value(self, metric_name: str, holds: Holds = NO_HOLDS) -> float | None:
+        """This request's one sample of a per-request metric, given the client's ``holds`` over
+        its window (None when it gives none: :meth:`withheld` says why)."""
         if metric_name not in PER_REQUEST_METRICS:
             raise ConfigError(
                 f"{metric_name!r} is not a per-request metric; per-request metrics: "
                 f"{', '.join(PER_REQUEST_METRICS)}"
             )
-        if self.withheld(metric_name) is not None:
+        if self.withheld(metric_name, holds) is not None:
             return None
         if metric_name == "itl_ms":
-            return median(self.measured_itl_ms)
+            return median(self.measured_itl_ms(holds))
         result: float | None = getattr(self, metric_name)
         return result
 
@@ -330,7 +341,10 @@ class RequestRecord:
                    chunk_ns=tuple(int(c) for c in data.get("chunk_ns") or ()), t_done_ns=int(data["t_done_ns"]),
                    scheduled_send_ns=None if scheduled is None else int(scheduled),
                    request_id=str(data.get("request_id") or ""), t_start_ns=int(data.get("t_start_ns") or 0),
-                   stalled=bool(data.get("stalled")))
+                   stalled=bool(data.get("stalled")),
+                   chunk_read_ns=tuple(int(c) for c in data.get("chunk_read_ns") or ()),
+                   chunk_tokens=tuple(int(c) for c in data.get("chunk_tokens") or ()),
+                   followed=tuple(int(c) for c in data.get("followed") or ()))
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (timestamps kept in ns)."""
@@ -340,6 +354,8 @@ class RequestRecord:
             "chunk_ns": list(self.chunk_ns), "t_done_ns": self.t_done_ns,
             "scheduled_send_ns": self.scheduled_send_ns, "request_id": self.request_id,
             "t_start_ns": self.t_start_ns, **({"stalled": True} if self.stalled else {}),
+            "chunk_read_ns": list(self.chunk_read_ns), "chunk_tokens": list(self.chunk_tokens),
+            "followed": list(self.followed),
         }
 
 
@@ -378,6 +394,8 @@ class ProcessHealth:
     idle_loop_latency_ms: tuple[float, ...] = ()
     # The CPUs the process ran the round on (placement.py; empty: where the scheduler put it).
     cpus: tuple[int, ...] = ()
+    # The stretches its loop may not have run (loop_probe.LoopProbe.holds_ns).
+    loop_holds_ns: tuple[tuple[int, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict with the loop-latency distribution summarized."""
@@ -391,6 +409,7 @@ class ProcessHealth:
             "idle_loop_latency_p99_ms": round(percentile(idle, 99), 4) if idle else None,
             "wall_s": round(self.wall_s, 4),
             "cpus": list(self.cpus),
+            "loop_holds": len(self.loop_holds_ns),
         }
 
 
@@ -427,8 +446,9 @@ class RoundResult:
         if self.wall_s <= 0:
             return 0.0
         good = 0
+        holds = Holds(stretch for h in self.health for stretch in h.loop_holds_ns)
         for r in self.valid_records:
-            values = [r.value(metric) for metric in slo_ms]
+            values = [r.value(metric, holds) for metric in slo_ms]
             if all(v is not None and v <= limit for v, limit in zip(values, slo_ms.values())):
                 good += 1
         return good / self.wall_s
@@ -540,22 +560,24 @@ class RunResult:
             return self._distribution(spec.base)
         if spec.sample is SampleKind.ROUND:
             return [float(getattr(rnd, metric_name)) for rnd in self.rounds]
-        values = (r.value(metric_name) for r in self.valid_records)
+        holds = self.holds
+        values = (r.value(metric_name, holds) for r in self.valid_records)
         return [v for v in values if v is not None]
 
     def _distribution(self, metric_name: str) -> list[float]:
         if metric_name == "itl_ms":
-            return [gap for r in self.valid_records for gap in r.measured_itl_ms]
+            holds = self.holds
+            return [gap for r in self.valid_records for gap in r.measured_itl_ms(holds)]
         return self.samples(metric_name)
 
     def itl_timeline_ms(self) -> list[float]:
         """Every measured gap of every valid request, in the order the run produced them (by arrival)."""
-        stamped = [
-            (b, (b - a) / NS_PER_MS)
-            for r in self.valid_records
-            for i, (a, b) in enumerate(itertools.pairwise(r.chunk_ns))
-            if b != a and (i + 2 == len(r.chunk_ns) or r.chunk_ns[i + 2] != b)
-        ]
+        holds = self.holds
+        stamped: list[tuple[int, float]] = []
+        for r in self.valid_records:
+            chunk_ns = r.chunk_ns
+            stamped.extend((chunk_ns[i + 1], (chunk_ns[i + 1] - chunk_ns[i]) / NS_PER_MS)
+                           for i in reads.true_gaps(r, reads.stamps(r, holds)))
         stamped.sort(key=lambda pair: pair[0])
         return [gap for _, gap in stamped]
 
@@ -575,15 +597,23 @@ class RunResult:
         return [lag for lag in lags if lag is not None]
 
     @functools.cached_property
+    def holds(self) -> Holds:
+        """The stretches the client's loops may not have run over the window, every client
+        process's together (a record does not say which process read it, so a hold of any one
+        of them is taken to touch every stream: the cautious side)."""
+        return Holds(stretch for rnd in self.rounds for h in rnd.health for stretch in h.loop_holds_ns)
+
+    @functools.cached_property
     def coverage(self) -> Coverage:
         """What the window measured of what it sent, figure by figure (measure/coverage.py)."""
         latencies = [x for rnd in self.rounds for h in rnd.health for x in h.loop_latency_ms]
-        return reads.coverage(self.records, latencies)
+        return reads.coverage(self.records, self.holds, max(latencies) if latencies else None)
 
     def unmeasured(self, figures: Sequence[str]) -> Unmeasured | None:
         """The ``figures`` (per-request metrics, or tails of one) that lost more than the bound of
-        the window's requests to shared reads; for a tail, its gaps in shared reads count against
-        its gaps. None when every one of them is within."""
+        the window's requests to the client's holds; for a tail, its gaps the holds spoiled count
+        against its gaps. None when every one of them is within. What the server did (a stall, a
+        stream written whole) is measured, never counted here."""
         account = self.coverage
         bound = self.bounds.max_unmeasured_fraction
         losses = []
@@ -591,26 +621,26 @@ class RunResult:
             if figure is None:
                 continue
             count = account.of(figure)
-            if count.lost_to_reads > bound * count.sent:
-                reasons = tuple((r, n) for r, n in count.withheld.items() if Withheld(r).by_reads)
-                losses.append(FigureLoss(figure, count.lost_to_reads, count.sent, reasons))
-        gaps = account.gaps_measured + account.gaps_in_shared_reads
+            if count.lost_to_client > bound * count.sent:
+                reasons = tuple((r, n) for r, n in count.withheld.items() if r in reads.CLIENT_REASONS)
+                losses.append(FigureLoss(figure, count.lost_to_client, count.sent, reasons))
+        gaps = account.gaps_measured + account.gaps_client_held
         tails = [name for name in figures
                  if metric_spec(name).sample is SampleKind.TAIL and metric_spec(name).base == "itl_ms"]
-        if tails and account.gaps_in_shared_reads > bound * gaps:
-            shared = account.gaps_in_shared_reads
-            losses.append(FigureLoss("inter-token gaps", shared, gaps, ((Withheld.GAP_IN_SHARED_READ.value, shared),), "gaps"))
+        if tails and account.gaps_client_held > bound * gaps:
+            held = account.gaps_client_held
+            losses.append(FigureLoss("inter-token gaps", held, gaps, ((Withheld.CLIENT_HELD.value, held),), "gaps"))
         if not losses:
             return None
-        return Unmeasured(tuple(losses), bound, account.held_by, account.loop_max_ms)
+        return Unmeasured(tuple(losses), bound, account.loop_max_ms)
 
     @property
     def invalid(self) -> RunInvalid | None:
         """Why the whole run cannot be trusted (None when it can).
 
-        A late loop spoils stamps only where reads were shared, and the kernel stamped them
-        (``load["timing"]`` is ``kernel``): a window none of whose reads were shared is not
-        client-bound for it. A late send shapes the load only where a schedule sets it (a request
+        Where the kernel stamped the reads (``load["timing"]`` is ``kernel``), a late loop spoils
+        only the stamps its holds touched (measure/coverage.py): a window none of whose stamps a
+        hold spoiled is not client-bound for it. A late send shapes the load only where a schedule sets it (a request
         rate); in a closed loop it is reported (``send_lag_p99_ms``), not judged."""
         if not self.rounds or not self.records:
             return NoMeasuredRequests()
@@ -624,7 +654,7 @@ class RunResult:
             if worst_cpu > bounds.max_cpu_fraction:
                 problems.append(ClientCpu(worst_cpu, bounds.max_cpu_fraction))
             latencies = [x for h in health for x in h.loop_latency_ms]
-            stamps_at_stake = self.load.get("timing") != "kernel" or self.coverage.shared_read_requests > 0
+            stamps_at_stake = self.load.get("timing") != "kernel" or self.coverage.client_held_requests > 0
             if latencies and stamps_at_stake:
                 p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
                 bound50, bound99, idle = loop_latency_bounds(bounds, health)

@@ -64,7 +64,7 @@ from pytest_kimiperf.measure.engine import (
 from pytest_kimiperf.measure.cgroup_quota import QuotaWatch
 from pytest_kimiperf.measure.hostwatch import HostReading, HostWatch, NodeWatch
 from pytest_kimiperf.measure.placement import Placement, ThreadCpu, not_known, place_client, read_threads
-from pytest_kimiperf.measure.coverage import FIGURES, HeldBy
+from pytest_kimiperf.measure.coverage import FIGURES
 from pytest_kimiperf.measure.invalid_causes import InvalidCause
 from pytest_kimiperf.measure.results import (
     ClientBound, LoopLatency, NoMeasuredRequests, NoValidRequest, ProcessHealth, RequestRecord, RoundResult, RunInvalid,
@@ -486,8 +486,8 @@ def cause_of(reason: InvalidReason) -> InvalidCause:
             return InvalidCause.GPU_THROTTLE if all(r.only_gpu_clocks(bounds) for r in busy) else InvalidCause.BUSY_HOST
         case ClientBound():
             return InvalidCause.CLIENT_HELD
-        case Unmeasured(_, _, held_by, _):
-            return InvalidCause.SERVER_BURSTS if held_by is HeldBy.SERVER else InvalidCause.CLIENT_HELD
+        case Unmeasured():
+            return InvalidCause.CLIENT_HELD
         case NoMeasuredRequests() | NoValidRequest():
             return InvalidCause.NO_REQUEST
         case _:
@@ -559,10 +559,12 @@ def _why_again(watched: WatchedRun) -> str:
 
 
 def descheduled(run: RunResult) -> bool:
-    """Whether this attempt is to be measured again for what held its stream: the client was
-    held off the CPU (its loop ran late over shared reads, or its sends went late) without being
-    short of CPU itself, or the figures its load exists for (:func:`window_figures`) lost more
-    than their bound of its requests to shared reads, whoever held them. On a host too small to
+    """Whether this attempt is to be measured again for the client's sake: the client was held
+    off the CPU (its loop ran late where it spoiled stamps, or its sends went late) without
+    being short of CPU itself, or the figures its load exists for (:func:`window_figures`) lost
+    more than their bound of its requests to the client's holds. A server that stalled or wrote
+    in bursts is never measured again: that is what the window is for, and the first attempt's
+    figures say it. On a host too small to
     place the client off the server's CPUs (placement.py), the scheduler can hold a
     normal-priority client off for hundreds of ms now and then while the server keeps both cores
     busy; a client that ran out of CPU is not helped by another attempt."""

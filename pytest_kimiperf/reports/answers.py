@@ -22,7 +22,7 @@ from pytest_kimiperf.judge.verdicts import MissingBaselines as MissingBaselineNo
 from pytest_kimiperf.measure.invalid_causes import advice_for
 from pytest_kimiperf.numbers import fmt_change, fmt_value
 from pytest_kimiperf.reports.compact_rows import CompactRow, baseline_rows, last_boots, primary_of, profile_rows
-from pytest_kimiperf.reports.measured import lost_remark
+from pytest_kimiperf.reports.measured import lost_remark, no_counts_line, stream_remark
 from pytest_kimiperf.reports.two_clocks import client_clock_only, engine_remark
 from pytest_kimiperf.reports.model import SessionReport, boot_label, metric_heading, short_test
 from pytest_kimiperf.reports.sentences import beside_comparison, missing_reason, note_text
@@ -62,16 +62,19 @@ def answer_lines(report: SessionReport) -> list[Answer]:
     on it, the decode floor, and INVALID boots."""
     ref = report.reference_profile
     answers = [Answer(f"{row.profile} vs {ref}, {_about(row)}{_engine_words(report, row)}"
-                      f"{lost_remark(report, row.test, row.metric, (row.profile, ref))}", _tone(row))
+                      f"{lost_remark(report, row.test, row.metric, (row.profile, ref))}"
+                      f"{stream_remark(report, row.test, (row.profile, ref))}", _tone(row))
                for row in _primary_rows(profile_rows(report), report)]
     if (only_client := client_clock_only(report.results)) is not None:
         answers.append(Answer(only_client))
     if (reach := report.what_nccl_reached()) is not None:  # where decode's all-reduces bypassed NCCL
         others = [p for p in report.profile_names() if p != ref]
         answers.append(Answer(f"{others[0] if len(others) == 1 else 'profiles'} vs {ref}, what NCCL could reach: {reach}"))
-    answers += [Answer(f"{row.profile} vs its baseline, {_about(row)}{lost_remark(report, row.test, row.metric, (row.profile,))}",
-                       _tone(row))
+    answers += [Answer(f"{row.profile} vs its baseline, {_about(row)}{lost_remark(report, row.test, row.metric, (row.profile,))}"
+                       f"{stream_remark(report, row.test, (row.profile,))}", _tone(row))
                 for row in _primary_rows(baseline_rows(report), report)]
+    if (uncounted := no_counts_line(report)) is not None:
+        answers.append(Answer(uncounted))
     floor = _floor_line(report)
     if floor is not None:
         answers.append(Answer(floor[0], Tone.LOUD if floor[1] else Tone.PLAIN))

@@ -52,7 +52,7 @@ from pytest_kimiperf.reports.model import (
     profile_verdict,
     range_names,
 )
-from pytest_kimiperf.reports.measured import measured_lines
+from pytest_kimiperf.reports.measured import measured_lines, unmeasured_line
 from pytest_kimiperf.reports.nccl_check import APPLIED, DIFFERENT, NOT_SEEN
 from pytest_kimiperf.reports.outputs import output_labels
 from pytest_kimiperf.reports.sentences import comparison_line, evidence_text, note_text, source_text
@@ -448,6 +448,8 @@ def render_summary(
     if report is not None and report.results:
         if quiet:
             lines.extend(_quiet_verdicts(report))
+            if (unmeasured := unmeasured_line(report)) is not None:
+                lines.extend(wrapped(unmeasured, indent=0, markup=_YELLOW))
             lines.extend(_nccl_debug_lines(report, titled=True, quiet=True))
         else:
             lines.extend(_answer_section(report))

@@ -374,13 +374,20 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             count = 0
+            options = body.get("stream_options") or {}
+            # vLLM's continuous_usage_stats: the running count in every chunk (should_include_usage).
+            running_usage = bool(options.get("include_usage") and options.get("continuous_usage_stats"))
             for text, finish in self._pieces(stream):
                 count += 1
                 # vLLM's chunk (CompletionStreamResponse.model_dump_json(exclude_unset=True)): every
                 # choice field is set, so every one is written, null or not.
-                self._event(json.dumps({**head, "choices": [{
+                chunk = {**head, "choices": [{
                     "index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None,
-                    "prompt_token_ids": None, "token_ids": None}]}, separators=(",", ":")))
+                    "prompt_token_ids": None, "token_ids": None}]}
+                if running_usage:
+                    chunk["usage"] = {"prompt_tokens": len(ids), "total_tokens": len(ids) + count,
+                                      "completion_tokens": count}
+                self._event(json.dumps(chunk, separators=(",", ":")))
             if (body.get("stream_options") or {}).get("include_usage"):
                 self._event(json.dumps({**head, "choices": [], "usage": {
                     "prompt_tokens": len(ids), "total_tokens": len(ids) + count, "completion_tokens": count}},

@@ -30,10 +30,18 @@ A request can ask for faults through a ``"paced"`` object in its JSON body: ``to
 that HTTP status), ``ttft_ms`` / ``itl_ms`` (override the pace), ``close_idle_after_ms`` (close
 the keep-alive connection that long after the stream ended, as uvicorn's keep-alive timeout does).
 
-A server-wide fault: ``burst_every`` (``--burst-every N``) holds back every Nth stream the server
+Server-wide faults: ``burst_every`` (``--burst-every N``) holds back every Nth stream the server
 starts and writes it whole in one ``send()`` at its last chunk's due time, as an API server
 starved of the CPU or a buffering proxy does. Its truth records that one send as the write of
-every chunk (``"burst": true``). A burst stream carries no break or error fault.
+every chunk (``"burst": true``). ``stall_every`` with ``stall_ms`` (``--stall-every N
+--stall-ms MS``) writes every Nth stream's first chunk on time, then stalls: the rest go in one
+``send()`` ``stall_ms`` after the last chunk's due time, so the user waits that much longer for
+every answer (``"stall": true``). A burst or stalled stream carries no break or error fault.
+``--tokens-per-chunk K`` puts K tokens in every chunk at the same token pace (a chunk every K
+token gaps), as vLLM's ``--stream-interval K`` does.
+
+Where a request asks for ``stream_options.continuous_usage_stats`` (with ``include_usage``), every
+chunk carries the running ``usage``, as vLLM's does.
 
 Run it: ``python tests/fakes/paced_server.py --port 8123 --ttft-ms 20 --itl-ms 5``; it prints
 ``PACED_SERVER_READY port=<port>`` on stdout when it accepts connections.
@@ -87,6 +95,12 @@ class PacedServerConfig:
     # Every Nth stream (counting every generation request, warm-up included) is written whole in
     # one send at its last chunk's due time (0: none).
     burst_every: int = 0
+    # Every Nth stream writes its first chunk on time and the rest in one send stall_ms after the
+    # last chunk's due time (0: none).
+    stall_every: int = 0
+    stall_ms: float = 100.0
+    # Tokens in every chunk (a chunk every this many token gaps): vLLM's --stream-interval.
+    tokens_per_chunk: int = 1
 
 
 @dataclass
@@ -111,6 +125,9 @@ class _Stream:
     tail_bytes: bytes
     chunks_total: int
     burst: bool = False
+    stall_ns: int | None = None
+    # The chunk's JSON with the running usage to fill in (continuous_usage_stats), else None.
+    usage_each: tuple[dict[str, Any], dict[str, Any]] | None = None
     chunks_sent: int = 0
     write_ns: list[int] = field(default_factory=list)
     due_ns: list[int] = field(default_factory=list)
@@ -281,15 +298,15 @@ class PacedServer:
             stream.t_end_ns = time.perf_counter_ns()
             conn.streaming = False
             return
-        if stream.burst:
-            # The whole stream in one send: every chunk's truth is that send.
-            body = (stream.first_prefix + stream.chunk_bytes * (stream.chunks_total - 1)
-                    + stream.last_chunk_bytes + stream.tail_bytes)
-            chunks = stream.chunks_total
+        if stream.burst or (stream.stall_ns is not None and index > 0):
+            # The rest of the stream in one send: every chunk's truth is that send.
+            body = b"".join(self._chunk_bytes(stream, i) for i in range(index, stream.chunks_total))
+            body = (stream.first_prefix if index == 0 else b"") + body + stream.tail_bytes
+            chunks = stream.chunks_total - index
             last = True
         else:
             last = index == stream.chunks_total - 1
-            body = stream.last_chunk_bytes if last else stream.chunk_bytes
+            body = self._chunk_bytes(stream, index)
             if index == 0:
                 body = stream.first_prefix + body
             if last:
@@ -305,8 +322,24 @@ class PacedServer:
                 self._seq += 1
                 due_ns = time.perf_counter_ns() + int(stream.close_idle_after_ms * 1e6)
                 heapq.heappush(self._heap, (due_ns, self._seq, conn))
+        elif stream.stall_ns is not None:
+            # Each later chunk's due time stays in the truth; the one write waits past the last's.
+            last_due_ns = stream.first_due_ns + (stream.chunks_total - 1) * stream.itl_ns
+            stream.due_ns.extend(stream.first_due_ns + i * stream.itl_ns for i in range(1, stream.chunks_total - 1))
+            self._schedule(stream, last_due_ns + stream.stall_ns)
         else:
             self._schedule(stream, stream.first_due_ns + stream.chunks_sent * stream.itl_ns)
+
+    @staticmethod
+    def _chunk_bytes(stream: _Stream, index: int) -> bytes:
+        """Chunk ``index``'s bytes: pre-built, or with the running usage where it is asked for."""
+        last = index == stream.chunks_total - 1
+        if stream.usage_each is None:
+            return stream.last_chunk_bytes if last else stream.chunk_bytes
+        chunk, usage = stream.usage_each[1 if last else 0], dict(stream.usage_each[0]["usage"])
+        completion = stream.output_tokens if last else (index + 1) * stream.tokens_per_chunk
+        usage.update(completion_tokens=completion, total_tokens=usage["prompt_tokens"] + completion)
+        return _chunked(_sse(_compact({**chunk, "usage": usage})))
 
     def _schedule(self, stream: _Stream, due_ns: int) -> None:
         self._seq += 1
@@ -511,10 +544,14 @@ class PacedServer:
         self._counter += 1
         request_id = headers.get("x-request-id") or f"paced-{self._counter}"
         prompt_tokens = len(self._prompt_token_ids(payload, chat))
-        tokens_per_chunk = max(1, int(faults.get("tokens_per_chunk", 1)))
+        server_chunk = self.config.tokens_per_chunk
+        tokens_per_chunk = max(1, int(faults.get("tokens_per_chunk", server_chunk)))
         ttft_ns = int(float(faults.get("ttft_ms", self.config.ttft_ms)) * 1e6)
-        itl_ns = int(float(faults.get("itl_ms", self.config.itl_ms)) * 1e6)
-        include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
+        # A server-wide chunk of K tokens keeps the token pace: a chunk every K gaps.
+        itl_ns = int(float(faults.get("itl_ms", self.config.itl_ms * server_chunk)) * 1e6)
+        stream_options = payload.get("stream_options") or {}
+        include_usage = bool(stream_options.get("include_usage"))
+        usage_each = include_usage and bool(stream_options.get("continuous_usage_stats"))
         model = str(payload.get("model", self.config.model))
         t_arrival_ns = conn.last_rx_ns
         first_due_ns = t_arrival_ns + ttft_ns
@@ -524,6 +561,8 @@ class PacedServer:
             first_due_ns = self._grid_origin_ns + steps * itl_ns
         chunks_total = -(-max_tokens // tokens_per_chunk)
         burst = self.config.burst_every > 0 and self._counter % self.config.burst_every == 0
+        stall = (not burst and chunks_total > 1 and self.config.stall_every > 0
+                 and self._counter % self.config.stall_every == 0)
         created = int(time.time())
         word = " tok"
         if chat:
@@ -561,13 +600,15 @@ class PacedServer:
             prompt_tokens=prompt_tokens, output_tokens=max_tokens,
             tokens_per_chunk=tokens_per_chunk,
             completion_tokens_delta=int(faults.get("completion_tokens_delta", 0)),
-            break_after_chunks=None if burst else faults.get("break_after_chunks"),
-            error_after_chunks=None if burst else faults.get("error_after_chunks"),
+            break_after_chunks=None if burst or stall else faults.get("break_after_chunks"),
+            error_after_chunks=None if burst or stall else faults.get("error_after_chunks"),
             close_idle_after_ms=faults.get("close_idle_after_ms"),
             t_arrival_ns=t_arrival_ns, first_due_ns=first_due_ns, itl_ns=itl_ns,
             chunk_bytes=_chunked(_sse(_compact(chunk))),
             last_chunk_bytes=_chunked(_sse(_compact(last))),
             first_prefix=first_prefix, tail_bytes=tail, chunks_total=chunks_total, burst=burst,
+            stall_ns=int(self.config.stall_ms * 1e6) if stall else None,
+            usage_each=({**chunk, "usage": {"prompt_tokens": prompt_tokens}}, last) if usage_each else None,
         )
         self._streams.append(stream)
         conn.streaming = True
@@ -624,7 +665,8 @@ class PacedServer:
 def _truth(s: _Stream) -> dict[str, Any]:
     return {"request_id": s.request_id, "t_arrival_ns": s.t_arrival_ns, "write_ns": s.write_ns,
             "due_ns": s.due_ns[: len(s.write_ns)], "t_end_ns": s.t_end_ns, "outcome": s.outcome,
-            "tokens_per_chunk": s.tokens_per_chunk, "output_tokens": s.output_tokens, "burst": s.burst}
+            "tokens_per_chunk": s.tokens_per_chunk, "output_tokens": s.output_tokens, "burst": s.burst,
+            "stall": s.stall_ns is not None}
 
 
 def _compact(obj: Any) -> bytes:
@@ -676,14 +718,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="answer 404 on /tokenize and /detokenize")
     parser.add_argument("--burst-every", type=int, default=0, metavar="N",
                         help="write every Nth stream whole in one send at its last chunk's due time")
+    parser.add_argument("--stall-every", type=int, default=0, metavar="N",
+                        help="every Nth stream: the first chunk on time, the rest in one send --stall-ms after "
+                             "the last chunk's due time")
+    parser.add_argument("--stall-ms", type=float, default=100.0, metavar="MS")
+    parser.add_argument("--tokens-per-chunk", type=int, default=1, metavar="K",
+                        help="K tokens in every chunk, a chunk every K token gaps (vLLM's --stream-interval)")
     args = parser.parse_args(argv)
     if args.burst_every < 0:
         parser.error(f"--burst-every {args.burst_every}: must be 0 (off) or a positive count of streams")
+    if args.stall_every < 0 or args.stall_ms < 0:
+        parser.error(f"--stall-every {args.stall_every} --stall-ms {args.stall_ms}: must be 0 or more")
+    if args.tokens_per_chunk < 1:
+        parser.error(f"--tokens-per-chunk {args.tokens_per_chunk}: must be 1 or more")
     server = PacedServer(PacedServerConfig(host=args.host, port=args.port, ttft_ms=args.ttft_ms,
                                            itl_ms=args.itl_ms, model=args.model,
                                            batched=args.batched, api_key=args.api_key,
                                            tokenizer=not args.no_tokenizer,
-                                           burst_every=args.burst_every))
+                                           burst_every=args.burst_every, stall_every=args.stall_every,
+                                           stall_ms=args.stall_ms, tokens_per_chunk=args.tokens_per_chunk))
     print(f"PACED_SERVER_READY port={server.port}", flush=True)
     try:
         server.serve_forever()

@@ -269,6 +269,9 @@ class Handler(BaseHTTPRequestHandler):
         # The engine makes token i at start + i * gap and stamps it so; the API layer writes it
         # i * api_delay later (an API server falling behind the engine).
         first_token, last_token = start, start + (n - 1) * gap
+        stream_options = body.get("stream_options") or {}
+        running_usage = bool(stream_options.get("include_usage") and stream_options.get("continuous_usage_stats"))
+        prompt_tokens = len(str(body.get("prompt", "")).split())
         for i in range(n):
             if self.args.mode == "crash-stream" and i == 3:
                 log("ERROR simulated engine crash mid-stream")
@@ -282,11 +285,13 @@ class Handler(BaseHTTPRequestHandler):
                 return
             chunk = {"id": "cmpl-stub", "object": "text_completion", "model": self.args.model,
                      "choices": [{"index": 0, "text": "x", "finish_reason": None}]}
+            if running_usage:  # vLLM's continuous_usage_stats: the running count in every chunk
+                chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": i + 1,
+                                  "total_tokens": prompt_tokens + i + 1}
             self._chunk(f"data: {json.dumps(chunk)}\n\n")
             _sleep_until(start + (i + 1) * gap + (i + 1) * api_delay)
         with ENGINE_LOCK:
             ENGINE_FINISHED.append((0.0, first_token - arrived, last_token - first_token, n))
-        prompt_tokens = len(str(body.get("prompt", "")).split())
         usage = {"id": "cmpl-stub", "choices": [],
                  "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
                            "total_tokens": n + prompt_tokens}}

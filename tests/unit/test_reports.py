@@ -85,17 +85,18 @@ def measured(profile: str, *, decode: float, itl: float, ttft: float, seed: int,
     rng = np.random.default_rng(seed + 3)
     res.itl_timeline_ms = [round(float(x), 3) for x in rng.gamma(20.0, itl / 20.0, 120)]
     # ring-ll's second boot sent two requests more than it measured decode and TTFT of: their
-    # first chunks came in one read with the next while the client was held off.
+    # first chunks came in a read the client's hold joined.
     lost = 2 if (test, profile, boot) == (DECODE_TEST, "ring-ll", 2) else 0
-    withheld = {"first-read-shared": lost} if lost else {}
+    withheld = {"client-held": lost} if lost else {}
     figures = {name: {"sent": 20 + lost, "measured": 20 + (lost if name in ("itl_ms", "e2el_ms") else 0),
                       "withheld": {} if name in ("itl_ms", "e2el_ms") else withheld}
                for name in ("decode_tok_s", "itl_ms", "tpot_ms", "ttft_ms", "e2el_ms")}
     res.run = RunSummary.from_json({"scenario": "single-stream", "completed": 20 + lost, "failed": 0,
                                     "median_ttft_ms": res.metrics["ttft_ms"].summary()["median"],
-                                    "measured": {"figures": figures, "gaps_measured": 120, "gaps_in_shared_reads": 3 * lost,
-                                                 "shared_read_requests": lost, "held_by": "client" if lost else None,
-                                                 "loop_max_ms": 41.5 if lost else 0.4}})
+                                    "measured": {"figures": figures, "gaps_measured": 120, "gaps_client_held": 3 * lost,
+                                                 "client_held_requests": lost, "loop_max_ms": 41.5 if lost else 0.4,
+                                                 "stream": {"requests": 20 + lost, "counted_requests": 20 + lost,
+                                                            "tokens_per_chunk_max": 1}}})
     return res
 
 
@@ -301,6 +302,13 @@ def test_quiet_keeps_only_verdict_lines(report: SessionReport) -> None:
     assert not any("servers and files" in line or "each boot's median" in line for line in lines)
     assert lines[:2] == ["= kimiperf", DECODE_TEST]
     verdicts = lines[2:lines.index("= kimiperf: what this run showed")]
+    # What the run did not measure, in one line under the verdicts (the lines of -v, together).
+    unmeasured = next(i for i, line in enumerate(verdicts) if line.startswith("kimiperf: not measured: "))
+    said = " ".join(" ".join(verdicts[unmeasured:]).split())
+    held = "2 (2 whose stamps the client's hold spoiled; the client was held off the CPU (its loop ran up to 41.5 ms late))"
+    assert said == (f"kimiperf: not measured: single_stream_decode, decode: {held} | single_stream_decode, time to "
+                    f"first token: {held}")
+    verdicts = verdicts[:unmeasured]
     # an earlier boot of a profile has no verdict of its own: -q shows the comparison on the last
     compared = [line for line in verdicts if " vs default " in line]
     assert [line.split(":")[1].split()[0:3] for line in compared] == [["ring-ll", "boot", "2"]] * 3

@@ -70,13 +70,18 @@ def test_the_client_sends_the_body_bench_serve_sends() -> None:
     spec = RequestSpec(prompt="a b c", output_tokens=64)
     theirs = _bench_serve_body("async_request_openai_completions", prompt="a b c",
                                api_url="http://h/v1/completions", prompt_len=3, output_len=64, model="m")
-    assert request_body("m", "completions", spec, {}) == theirs
+    ours = request_body("m", "completions", spec, {})
+    # One difference on purpose: the running token count in every chunk (continuous_usage_stats),
+    # so a chunk of several tokens moves no token's position (measure/client.py).
+    assert ours["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert {**ours, "stream_options": theirs["stream_options"]} == theirs
     assert "min_tokens" not in theirs
     chat = _bench_serve_body("async_request_openai_chat_completions", prompt="a b c",
                              api_url="http://h/v1/chat/completions", prompt_len=3, output_len=64, model="m")
     ours = request_body("m", "chat", spec, {})
-    # The one difference: the message's text as a plain string where bench serve sends a list of
-    # content parts. The prompt is built to its exact length by /tokenize of that plain-string
-    # message (measure/workload.py), and usage.prompt_tokens is checked against it.
-    assert {k: v for k, v in ours.items() if k != "messages"} == {k: v for k, v in chat.items() if k != "messages"}
+    # Besides the running count: the message's text as a plain string where bench serve sends a
+    # list of content parts. The prompt is built to its exact length by /tokenize of that
+    # plain-string message (measure/workload.py), and usage.prompt_tokens is checked against it.
+    assert ({k: v for k, v in ours.items() if k not in ("messages", "stream_options")}
+            == {k: v for k, v in chat.items() if k not in ("messages", "stream_options")})
     assert ours["messages"] == [{"role": "user", "content": "a b c"}]
