@@ -78,7 +78,7 @@ def test_the_dry_run_runs_every_step_and_sweeps_the_orphan_it_made(tmp_path: Pat
     assert verdicts == {"preflight": "INFO", "orphan": "OK", "e2e": "OK", "report": "OK", "cleanup": "INFO",
                         "bare-check": "INFO", "pack": "INFO"}, done.stdout
     assert lines[4].endswith("nothing left running")
-    assert re.fullmatch(r"lent: OK all \(\d+ s of the 360 s budget\)", lines[-2])
+    assert re.fullmatch(r"lent: OK all \(\d+ s of the 330 s budget\)", lines[-2])
     # The rerun: what passed, the bare check's steps by name since on the CPU it is INFO as a whole.
     assert lines[-1] == f"SKIP=orphan,e2e,report BARE_SKIP={lent_bare_steps()}"
     assert "CPU mode (DRY_RUN: torch " in lines[0] and "lent-cpu (tiny-torch-cpu) stands in for tiny-gpu-torch" in lines[0]
@@ -285,5 +285,5 @@ def test_the_dry_run_finds_the_devices_traps_and_passes_them(tmp_path: Path) -> 
     assert f"ended pid {engine.group(1)} " in report and "which held an unknown amount of GPU memory" in report
     assert "0 of 4 test results measured, 4 INVALID: test_single_stream_decode[default] (client-held): " in report
     assert report.count("a client process used") == 4 and "no decode median" in report, report
-    assert re.fullmatch(r"lent: OK all \(\d+ s of the 360 s budget\)", lines[-2]) and done.returncode == 0
+    assert re.fullmatch(r"lent: OK all \(\d+ s of the 330 s budget\)", lines[-2]) and done.returncode == 0
     assert not psutil.pid_exists(int(engine.group(1))) and not _torch_servers(tmp_path)
