@@ -4,7 +4,7 @@
 # 64 MiB carried): the plugin end to end on tiny-gpu-torch first (a real CUDA orphan left by a
 # SIGKILLed run and swept by the next, two profiles x two boots with NVML telemetry under real
 # load, the JSON and Markdown reports and the plots), then the bare GPU check in what is left, all
-# within LENT_BUDGET_S (360 s: ci/README.md has the plan, a SKIP= rerun included). One line a
+# within LENT_BUDGET_S (330 s: ci/README.md has the plan, a warm SKIP= rerun included). One line a
 # step, with its seconds:
 #
 #   lent: OK|FAIL|INFO <step> (<s> s): <what was seen>
@@ -32,7 +32,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-gpu-lent}
-BUDGET=${LENT_BUDGET_S:-360}
+BUDGET=${LENT_BUDGET_S:-330}
 KILL_GRACE_S=5
 # Kept after the bare check for packing what comes back.
 PACK_S=10

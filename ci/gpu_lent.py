@@ -13,12 +13,24 @@ the end-to-end run's output); OUT gets what comes back from the machine. The ste
   said to be skipped. No GPU without DRY_RUN is a FAIL, and the rest runs on the CPU all the same.
 * ``orphan``: a pytest session boots the deployment and is SIGKILLed with its launcher and API
   server, as a CI job killed whole: the engine core must be left running (on a GPU, holding its
-  memory: by its pid where NVML names it here, else by each GPU's use against its figure before
-  the boot, as the plugin accounts under gVisor). The next step's session must sweep it.
+  memory: by its pid where NVML names it here with a figure, else by each GPU's use against its
+  figure before the boot, as the plugin accounts under gVisor). A killed process nobody reaped
+  (a zombie: a container's init that does not reap) is gone. The next step's session must sweep
+  the engine core.
 * ``e2e``: the plugin on the deployment, profiles default and ring-ll, two boots each, the JSON and
-  Markdown reports and the plots into OUT.
+  Markdown reports and the plots into OUT. It passes when the flow ran end to end and every
+  window is measured or INVALID with its cause: an INVALID window on a lent machine is a finding
+  (its cause is the host's or the client's), not a failure of the flow.
 * ``report``: what the run and its report show: the orphan swept and its memory back, every boot
-  accounted, every test measured, NVML telemetry in each measured window (GPU), the plots.
+  accounted, every window measured or INVALID with its cause (said), NVML telemetry in each
+  measured window (GPU), the plots.
+
+Injections for the dry run's tests (tests/unit/test_gpu_lent.py), each a trap of the device:
+``LENT_DEPLOYMENT`` runs another deployment of the suite (``lent-cpu-client-bound``: every window
+INVALID); ``LENT_UNREAPED=1`` makes the orphan step a child subreaper that never reaps, so the
+killed launcher and API server stay zombies; ``LENT_SIMULATED_GPU`` (a folder) holds the orphan's
+memory on the simulated GPU (tests/fakes/simgpu, whose NVML and nvidia-smi must be on the paths),
+where NVML may name it without a figure.
 * ``cleanup`` (always, whatever the budget): the plugin's sweep over this run's launch records,
   so nothing a cut or skipped step left outlives the command or holds the GPU the bare check
   measures (a FAIL where it found something).
@@ -53,6 +65,7 @@ BOOTS = int(os.environ.get("LENT_BOOTS", "2"))  # 1 in the CI test of the dry ru
 SHOWN_VERSIONS = ("pytest", "pytest-benchmark", "psutil", "matplotlib")
 sys.path.insert(0, str(ROOT))
 
+from pytest_kimiperf.judge.decide import EXIT_OK, EXIT_TESTS_FAILED, INVALID_ONLY_EXIT  # noqa: E402
 from pytest_kimiperf.server.gpu_memory import DEVICE_TOLERANCE_MIB, GpuHolders  # noqa: E402
 
 
@@ -67,8 +80,17 @@ def _env(work: Path) -> dict[str, str]:
             "LENT_SCALE": _mode(work), "PYTHONUNBUFFERED": "1"}
 
 
+def _deployment(work: Path) -> str:
+    return os.environ.get("LENT_DEPLOYMENT") or DEPLOYMENT[_mode(work)]
+
+
+def _reads_gpu_memory(work: Path) -> bool:
+    """Whether the orphan's GPU memory is read: on a GPU, or on the simulated one."""
+    return _mode(work) == "gpu" or bool(os.environ.get("LENT_SIMULATED_GPU"))
+
+
 def _pytest(work: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "pytest", "--kimiperf-deployment", DEPLOYMENT[_mode(work)],
+    return [sys.executable, "-m", "pytest", "--kimiperf-deployment", _deployment(work),
             "--basetemp", str(work / f"pytest-{len(list(work.glob('pytest-*')))}"), *args]
 
 
@@ -160,6 +182,8 @@ def step_orphan(work: Path, out: Path) -> tuple[str, str]:
     import psutil
 
     family_file = work / "family.json"
+    if os.environ.get("LENT_UNREAPED"):
+        _never_reap_orphans()
     before_mib = _device_mib(work)
     log = (work / "orphan-pytest.txt").open("w")
     session = subprocess.Popen(_pytest(work, str(SUITE / "hold_server.py"), "-s"), cwd=SUITE, stdout=log,
@@ -172,6 +196,8 @@ def step_orphan(work: Path, out: Path) -> tuple[str, str]:
         session.wait()
         return "FAIL", f"the holding session never booted (exit {session.returncode}); see orphan-pytest.txt"
     family = json.loads(family_file.read_text())
+    if os.environ.get("LENT_SIMULATED_GPU"):
+        _simulated_engine_memory(family["engine"])
     engines = [psutil.Process(pid) for pid in family["engine"]]
     held_before = _held(work, family["engine"], before_mib)
     for pid in (family["launcher"], family["server"], family["pytest"]):  # the launcher first: it must not clean up
@@ -183,14 +209,49 @@ def step_orphan(work: Path, out: Path) -> tuple[str, str]:
     held = _held(work, alive, before_mib)
     (work / "orphan.json").write_text(json.dumps({"engine": alive, "held_mib": held.mib, "accounting": held.how,
                                                   "family": family}))
-    gone = [pid for pid in (family["launcher"], family["server"]) if not psutil.pid_exists(pid)]
-    memory = (f"holding {held.mib} MiB ({held.said}; {held_before.mib} MiB before the kill)" if _mode(work) == "gpu"
+    killed = (family["launcher"], family["server"])
+    gone = [pid for pid in killed if is_gone(pid)]
+    unreaped = sum(psutil.pid_exists(pid) for pid in gone)
+    memory = (f"holding {held.mib} MiB ({held.said}; {held_before.mib} MiB before the kill)" if _reads_gpu_memory(work)
               else "GPU memory not checked (CPU mode)")
     text = (f"pytest {family['pytest']}, launcher {family['launcher']} and API server {family['server']} SIGKILLed "
-            f"({len(gone)} of 2 gone); engine core {alive or family['engine']} "
-            f"{'left running' if alive else 'GONE'}, {memory}")
-    ok = alive and len(gone) == 2 and (_mode(work) == "cpu" or held.mib > 0)
+            f"({len(gone)} of 2 gone{f', {unreaped} of them zombies nobody reaped' if unreaped else ''}); engine core "
+            f"{alive or family['engine']} {'left running' if alive else 'GONE'}, {memory}")
+    ok = alive and len(gone) == 2 and (not _reads_gpu_memory(work) or held.mib > 0)
     return ("OK" if ok else "FAIL"), text
+
+
+def is_gone(pid: int) -> bool:
+    """Whether ``pid`` has ended: not there, or a zombie (ended, its exit status not yet collected,
+    which psutil.pid_exists still counts: a container's init may never collect it)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _never_reap_orphans() -> None:
+    # PR_SET_CHILD_SUBREAPER (prctl(2)): the killed session's processes are reparented to this
+    # step, which never waits for them, as under an init that does not reap.
+    import ctypes
+
+    pr_set_child_subreaper = 36
+    if ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) refused")
+
+
+# What the dry run's orphan holds on the simulated GPU: far past the plugin's tolerance.
+SIMULATED_ENGINE_MIB = 4096
+
+
+def _simulated_engine_memory(engine_pids: Sequence[int]) -> None:
+    sys.path.insert(0, str(ROOT / "tests" / "fakes"))
+    from simgpu import state  # type: ignore[import-not-found]
+
+    for pid in engine_pids:
+        state.hold({0: SIMULATED_ENGINE_MIB}, pid=pid, directory=os.environ["LENT_SIMULATED_GPU"])
 
 
 @dataclass(frozen=True)
@@ -205,22 +266,28 @@ class OrphanMemory:
 
 def account_orphan_memory(engine_pids: Sequence[int], holders: GpuHolders, before_mib: Mapping[int, int],
                           now_mib: Mapping[int, int]) -> OrphanMemory:
-    """What the orphan's engine core holds: by its pids where NVML names them here; where NVML
-    names none of them (gVisor: its pids are another namespace's, or it lists no process at all),
-    by device-level accounting, as the plugin's own waits do (server/gpu_memory.py): what the GPUs
-    use above their figure before the boot, past the driver's own drift."""
+    """What the orphan's engine core holds: by its pids where NVML names them here with a figure;
+    where NVML names none of them (gVisor: its pids are another namespace's, or it lists no process
+    at all) or names them without a figure (NVML_VALUE_NOT_AVAILABLE), by device-level accounting,
+    as the plugin's own waits do (server/gpu_memory.py): what the GPUs use above their figure
+    before the boot, past the driver's own drift."""
     named = {pid: mib for pid, mib in holders.by_pid().items() if pid in engine_pids}
-    if named:
-        return OrphanMemory(sum(named.values()), "pid", f"NVML names {', '.join(f'pid {p}' for p in sorted(named))}")
+    known = {pid: mib for pid, mib in named.items() if mib is not None}
+    if named and len(known) == len(named):
+        return OrphanMemory(sum(known.values()), "pid", f"NVML names {', '.join(f'pid {p}' for p in sorted(named))}")
     grown = sum(max(0, now_mib[i] - before_mib[i]) for i in now_mib.keys() & before_mib.keys())
-    unnamed = sum(holder.pid is None for holder in holders.holders)
-    listed = f"NVML lists {len(holders.holders)} process(es), {unnamed} of another pid namespace"
+    if named:
+        why = f"NVML names {', '.join(f'pid {p}' for p in sorted(named))} without a figure for its memory"
+    else:
+        unnamed = sum(holder.pid is None for holder in holders.holders)
+        why = (f"NVML names none of its pids here (NVML lists {len(holders.holders)} process(es), {unnamed} of "
+               "another pid namespace)")
     return OrphanMemory(grown if grown > DEVICE_TOLERANCE_MIB else 0, "device",
-                        f"NVML names none of its pids here ({listed}): device-level, +{grown} MiB since before its boot")
+                        f"{why}: device-level, +{grown} MiB since before its boot")
 
 
 def _device_mib(work: Path) -> dict[int, int]:
-    if _mode(work) != "gpu":
+    if not _reads_gpu_memory(work):
         return {}
     from pytest_kimiperf.server.gpu_memory import gpu_memory_used_mib
 
@@ -228,7 +295,7 @@ def _device_mib(work: Path) -> dict[int, int]:
 
 
 def _held(work: Path, pids: Sequence[int], before_mib: Mapping[int, int]) -> OrphanMemory:
-    if _mode(work) != "gpu":
+    if not _reads_gpu_memory(work):
         return OrphanMemory(0, "none", "CPU mode")
     from pytest_kimiperf.server.gpu_memory import gpu_holders
 
@@ -251,7 +318,47 @@ def step_e2e(work: Path, out: Path) -> tuple[str, str]:
                               check=False).returncode
     (work / "e2e.exit").write_text(f"{code}\n")
     summary = next((line for line in reversed(log.read_text().splitlines()) if line.startswith("=")), "no summary")
-    return ("OK" if code == 0 else "FAIL"), f"pytest exit {code}: {summary.strip('= ')}"
+    try:
+        report: dict[str, Any] | None = json.loads((out / "report.json").read_text())
+    except (OSError, ValueError):
+        report = None
+    return judge_e2e(code, summary.strip("= "), report, expected=len(PROFILES) * BOOTS * TESTS_A_BOOT)
+
+
+# The suite's tests (lent_tests/test_lent.py), each measured once a boot.
+TESTS_A_BOOT = 2
+# All passed, some test failed, every failure INVALID (the plugin's own code); the rest
+# (interrupted, internal error, usage error, nothing collected, every failure UNRESOLVED: a verdict
+# the run could not reach) mean the flow did not run to its end as it should.
+_RAN_TO_ITS_END = (EXIT_OK, EXIT_TESTS_FAILED, INVALID_ONLY_EXIT)
+
+
+def judge_e2e(code: int, summary: str, report: Mapping[str, Any] | None, *, expected: int) -> tuple[str, str]:
+    """The end-to-end step's verdict: OK where pytest ran to its end, the report holds ``expected``
+    windows, and each was measured or INVALID with its cause, every failed test being one of
+    those; FAIL naming what else happened (a test that failed for another reason, a window
+    without a figure or a cause, no report)."""
+    said = f"pytest exit {code}: {summary}"
+    if code not in _RAN_TO_ITS_END:
+        return "FAIL", f"{said} (the run did not reach its end)"
+    if report is None:
+        return "FAIL", f"{said}; no report.json"
+    tests = report.get("tests") or []
+    invalid = [t for t in tests if t.get("invalid")]
+    measured = [t for t in tests if t.get("run") and not t.get("invalid")]
+    problems = [f"{_window(t)}: INVALID without a cause ({t['invalid']})" for t in invalid if not t.get("invalid_cause")]
+    problems += [f"{_window(t)}: failed: {'; '.join(t['failures'])[:200]}" for t in measured if t.get("failures")]
+    problems += [f"{_window(t)}: neither measured nor INVALID" for t in tests if t not in invalid and t not in measured]
+    if len(tests) != expected:
+        problems.append(f"{len(tests)} windows in report.json, not {expected}")
+    if code != EXIT_OK and not invalid:
+        problems.append("a test failed but no window is INVALID: see e2e-pytest.txt")
+    account = f"{len(measured)} of {len(tests)} windows measured, {len(invalid)} INVALID"
+    return ("FAIL" if problems else "OK"), f"{said}; {account}" + (f"; {'; '.join(problems)}" if problems else "")
+
+
+def _window(test: Mapping[str, Any]) -> str:
+    return f"{str(test.get('test', '?')).split('::')[-1]}[{test.get('profile')}]"
 
 
 def step_report(work: Path, out: Path) -> tuple[str, str]:
@@ -269,9 +376,10 @@ def step_report(work: Path, out: Path) -> tuple[str, str]:
             problems.append(f"the orphan engine core {pid} is gone but no sweep line names it")
     # Per pid ("which held N MiB of GPU memory") or, where NVML names no process here, per device
     # ("N MiB of GPU memory came back"): the sweep says one or the other (server/zombies.py).
-    freed = [line.split("zombie sweep: ", 1)[1] for line in swept if "MiB of GPU memory" in line]
+    # Or, where NVML named it without a figure, "which held an unknown amount of GPU memory".
+    freed = [line.split("zombie sweep: ", 1)[1] for line in swept if " of GPU memory" in line]
     facts.append(f"swept: {len(swept)} line(s)" + (f", {'; '.join(freed)}" if freed else ""))
-    if _mode(work) == "gpu" and orphan.get("held_mib") and not freed:
+    if _reads_gpu_memory(work) and orphan.get("held_mib") and not freed:
         problems.append(f"the orphan held {orphan['held_mib']} MiB ({orphan.get('accounting')} accounting) but the "
                         "sweep did not say what GPU memory it freed")
     try:
@@ -285,13 +393,19 @@ def step_report(work: Path, out: Path) -> tuple[str, str]:
     ready = sorted(round(a["total_s"], 1) for a in accounts)
     facts.append(f"{len(accounts)} boots accounted, ready after {ready} s")
     tests = report["tests"]
-    measured = [t for t in tests if t.get("run")]
-    invalid = [f"{t['test'].split('::')[-1]}[{t['profile']}]: {t['invalid']}" for t in tests if t.get("invalid")]
-    facts.append(f"{len(measured)} of {len(tests)} test results measured" + (f", INVALID: {invalid}" if invalid else ""))
-    decode = sorted(t["metrics"]["decode_tok_s"]["summary"]["median"] for t in measured if "decode_tok_s" in t["metrics"])
-    facts.append(f"decode medians {[round(d) for d in decode]} tok/s")
-    if len(measured) != len(PROFILES) * BOOTS * 2:
-        problems.append(f"{len(measured)} measured results, not {len(PROFILES) * BOOTS * 2}")
+    measured = [t for t in tests if t.get("run") and not t.get("invalid")]
+    invalid = [t for t in tests if t.get("invalid")]
+    # An INVALID window is a finding of the device: said with its cause, never a failure here.
+    facts.append(f"{len(measured)} of {len(tests)} test results measured" + (
+        f", {len(invalid)} INVALID: " + "; ".join(f"{_window(t)} ({t.get('invalid_cause') or 'no cause given'}): "
+                                                 f"{t['invalid']}" for t in invalid) if invalid else ""))
+    if causeless := [_window(t) for t in invalid if not t.get("invalid_cause")]:
+        problems.append(f"INVALID without a cause: {', '.join(causeless)}")
+    decode = decode_medians(measured)
+    facts.append(f"decode medians {[round(d) for d in decode]} tok/s" if decode else "no decode median")
+    if len(measured) + len(invalid) != len(PROFILES) * BOOTS * TESTS_A_BOOT:
+        problems.append(f"{len(measured)} measured and {len(invalid)} INVALID results, not "
+                        f"{len(PROFILES) * BOOTS * TESTS_A_BOOT}")
     if _mode(work) == "gpu":
         gpus = [g for t in measured for g in (t.get("host") or {}).get("gpus", [])]
         watched = [t for t in measured if (t.get("host") or {}).get("gpus")]
@@ -305,6 +419,13 @@ def step_report(work: Path, out: Path) -> tuple[str, str]:
     if _version("matplotlib") and not plots:
         problems.append("matplotlib is here but no plot was written")
     return ("FAIL" if problems else "OK"), "; ".join(problems + facts)
+
+
+def decode_medians(tests: Sequence[Mapping[str, Any]]) -> list[float]:
+    """The decode medians the report gives, lowest first; a window without one (none of its
+    requests gave a decode figure: the median is null) is left out."""
+    medians = (((t.get("metrics") or {}).get("decode_tok_s") or {}).get("summary", {}).get("median") for t in tests)
+    return sorted(m for m in medians if m is not None)
 
 
 def _telemetry(gpus: Sequence[dict[str, Any]]) -> str:

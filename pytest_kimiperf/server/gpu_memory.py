@@ -8,6 +8,11 @@ device (:func:`gpu_memory_used_mib`): memory used on each GPU, which no containe
 hides. Between boots the second is the one to trust: once our server is gone, each GPU should
 be back to its figure before the first boot (:func:`unexplained_memory`); what is left above it
 is a foreign process or a leak, whatever the driver says about pids.
+
+A process NVML names without a figure for its memory (``usedGpuMemory`` is
+NVML_VALUE_NOT_AVAILABLE: nvml.h says WDDM always reports it, and some containers do; pynvml
+reads it as None, nvidia-smi prints ``[N/A]``) holds an unknown amount, None here, never 0: a
+0 would read as "holds nothing" and hide it from the device-level accounting that can tell.
 """
 
 from __future__ import annotations
@@ -40,13 +45,28 @@ class GpuHolder:
     gpu: int  # NVML index
     pid: int | None  # the pid this process sees; None where NVML's pid names no process here
     nvml_pid: int  # the pid as the driver reported it
-    mib: int
+    mib: int | None  # None: NVML named the process but gave no figure for its memory
     name: str = "?"
 
     def describe(self) -> str:
         """``pid 4242 python3 (90000 MiB)``, or the driver's pid where it names no process here."""
         who = f"pid {self.pid} {self.name}" if self.pid is not None else f"NVML pid {self.nvml_pid} (no process here)"
-        return f"{who} ({self.mib} MiB)"
+        return f"{who} ({describe_mib(self.mib)})"
+
+
+def describe_mib(mib: int | None) -> str:
+    """``90000 MiB``, or what a holder without a figure holds."""
+    return f"{mib} MiB" if mib is not None else "memory not reported by NVML"
+
+
+def sum_mib(parts: Iterable[int | None]) -> int | None:
+    """The MiB of several readings of one holder; None (unknown) where any of them is unknown."""
+    total = 0
+    for mib in parts:
+        if mib is None:
+            return None
+        total += mib
+    return total
 
 
 @dataclass(frozen=True)
@@ -58,15 +78,19 @@ class GpuHolders:
 
     def on(self, gpu: int) -> list[GpuHolder]:
         """The holders of ``gpu``, largest first."""
-        return sorted((h for h in self.holders if h.gpu == gpu), key=lambda h: (-h.mib, h.nvml_pid))
+        return sorted((h for h in self.holders if h.gpu == gpu), key=lambda h: (h.mib is None, -(h.mib or 0), h.nvml_pid))
 
-    def by_pid(self) -> dict[int, int]:
-        """MiB each process named here holds, summed over GPUs."""
-        used: dict[int, int] = {}
+    def known_mib_on(self, gpu: int) -> int:
+        """The MiB the holders of ``gpu`` are known to hold (those without a figure add nothing)."""
+        return sum(h.mib for h in self.holders if h.gpu == gpu and h.mib is not None)
+
+    def by_pid(self) -> dict[int, int | None]:
+        """MiB each process named here holds, summed over GPUs; None where NVML gave no figure."""
+        parts: dict[int, list[int | None]] = {}
         for holder in self.holders:
             if holder.pid is not None:
-                used[holder.pid] = used.get(holder.pid, 0) + holder.mib
-        return used
+                parts.setdefault(holder.pid, []).append(holder.mib)
+        return {pid: sum_mib(mibs) for pid, mibs in parts.items()}
 
     @property
     def unnamed(self) -> bool:
@@ -74,14 +98,19 @@ class GpuHolders:
         return any(h.pid is None for h in self.holders)
 
 
-def _nvml_holders(pynvml: Any) -> list[tuple[int, int, int]]:
-    found = []
+# NVML_VALUE_NOT_AVAILABLE as an unsigned long long (nvml.h: -1): nvidia-ml-py turns it into None
+# in nvmlDeviceGetComputeRunningProcesses; a binding that passes the raw value on says the same.
+_NVML_VALUE_NOT_AVAILABLE = 2**64 - 1
+
+
+def _nvml_holders(pynvml: Any) -> list[tuple[int, int, int | None]]:
+    found: list[tuple[int, int, int | None]] = []
     for index in range(pynvml.nvmlDeviceGetCount()):
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            # usedGpuMemory is None where the driver cannot attribute memory (pynvml maps
-            # NVML_VALUE_NOT_AVAILABLE to None: WDDM, and some containers of the open modules).
-            found.append((index, int(process.pid), (process.usedGpuMemory or 0) // _MIB))
+            used = process.usedGpuMemory
+            unknown = used is None or used == _NVML_VALUE_NOT_AVAILABLE
+            found.append((index, int(process.pid), None if unknown else int(used) // _MIB))
     return found
 
 
@@ -103,7 +132,7 @@ def gpu_holders(timeout_s: float = 10.0) -> GpuHolders:
     must not read as "no process holds memory".
     """
 
-    def from_smi(smi: str) -> list[tuple[int, int, int]]:
+    def from_smi(smi: str) -> list[tuple[int, int, int | None]]:
         fields = ("gpu_uuid", "pid", "used_memory")
         apps = _run_smi(smi, [f"--query-compute-apps={','.join(fields)}", "--format=csv,noheader,nounits"],
                         timeout_s)
@@ -127,8 +156,9 @@ def gpu_holders(timeout_s: float = 10.0) -> GpuHolders:
     return GpuHolders(tuple(holders), note=view.note if any(h.pid is None for h in holders) else None)
 
 
-def gpu_memory_by_pid(timeout_s: float = 10.0) -> dict[int, int]:
-    """Map each pid holding GPU memory to the MiB it holds, summed over GPUs; {} without GPUs.
+def gpu_memory_by_pid(timeout_s: float = 10.0) -> dict[int, int | None]:
+    """Map each pid holding GPU memory to the MiB it holds, summed over GPUs (None where NVML
+    names it without a figure); {} without GPUs.
 
     NVML's pids are turned into the pids this process sees (pid_namespace.py); a process that
     cannot be named is left out (the sweep's GPU check then sees nothing, said in its note).
@@ -192,7 +222,7 @@ def wait_gpu_memory_freed(
     *,
     deadline_s: float,
     poll_s: float = 1.0,
-    probe: Callable[[], Mapping[int, int]] = gpu_memory_by_pid,
+    probe: Callable[[], Mapping[int, int | None]] = gpu_memory_by_pid,
     before_mib: Mapping[int, int] | None = None,
     devices: Callable[[], Mapping[int, int]] = gpu_memory_used_mib,
 ) -> None:
@@ -230,8 +260,8 @@ def wait_gpu_memory_freed(
         time.sleep(min(poll_s, left))
 
 
-def _still_held(deadline_s: float, held: Mapping[int, int], over: list[DeviceAccount], blind: bool) -> str:
-    holders = [f"pid {pid} ({mib} MiB)" for pid, mib in sorted(held.items())] + [a.describe() for a in over]
+def _still_held(deadline_s: float, held: Mapping[int, int | None], over: list[DeviceAccount], blind: bool) -> str:
+    holders = [f"pid {pid} ({describe_mib(mib)})" for pid, mib in sorted(held.items())] + [a.describe() for a in over]
     if blind and not holders:
         holders = ["no process could be named here and the GPUs' used memory kept changing"]
     return (f"GPU memory still held {deadline_s:g} s after stopping the server: {', '.join(holders)}. "
@@ -259,10 +289,12 @@ __all__ = [
     "DeviceAccount",
     "GpuHolder",
     "GpuHolders",
+    "describe_mib",
     "gpu_holders",
     "gpu_memory_by_pid",
     "gpu_memory_used_mib",
     "settle_before_boot",
+    "sum_mib",
     "unexplained_memory",
     "wait_gpu_memory_freed",
 ]

@@ -127,9 +127,11 @@ def _shortfall_line(short: Shortfall, used_mib: Mapping[int, int], holders: GpuH
         return line
     listed = holders.on(gpu.index)
     parts = [holder.describe() for holder in listed]
-    unlisted = used_mib[gpu.index] - sum(holder.mib for holder in listed)
+    unlisted = used_mib[gpu.index] - holders.known_mib_on(gpu.index)
     if unlisted > DEVICE_TOLERANCE_MIB:
-        parts.append(f"{unlisted} MiB that no listed process holds (another container's process, or memory the "
+        # A holder NVML gave no figure for may hold some of it: the words must not say none does.
+        who = "no listed process is known to hold" if any(h.mib is None for h in listed) else "no listed process holds"
+        parts.append(f"{unlisted} MiB that {who} (another container's process, or memory the "
                      "driver has not given back)")
     return line + (f": held by {', '.join(parts)}" if parts else "")
 
@@ -155,7 +157,8 @@ def await_free_memory(
             return now
         held = holders()
         # NVML lists live contexts only (in any namespace): memory beyond them has no owner left.
-        waiting = any(now[s.gpu.index] - sum(h.mib for h in held.on(s.gpu.index)) > DEVICE_TOLERANCE_MIB
+        # A holder without a figure explains nothing: its memory is waited for like an owner's gone.
+        waiting = any(now[s.gpu.index] - held.known_mib_on(s.gpu.index) > DEVICE_TOLERANCE_MIB
                       for s in short)
         if not waiting or time.monotonic() >= end:
             check_free_memory(deployment, gpus, now, held)

@@ -52,7 +52,7 @@ from pytest_kimiperf.server.zombies import SweepAccount
 from pytest_kimiperf.server.attach import attach_server
 from pytest_kimiperf.server.cluster import NodeGroup, node_group
 from pytest_kimiperf.server.gpu import HardwareRequirement
-from pytest_kimiperf.server.gpu_memory import gpu_holders, gpu_memory_used_mib, settle_before_boot
+from pytest_kimiperf.server.gpu_memory import describe_mib, gpu_holders, gpu_memory_used_mib, settle_before_boot
 from pytest_kimiperf.server.hardware_check import await_free_memory, deployment_gpus
 from pytest_kimiperf.server.process import (
     HEALTH_PROBE_TIMEOUT_S,
@@ -635,7 +635,7 @@ class ServerManager:
             self._sweep_account = SweepAccount(launches=report.swept, processes=len(report.ended))
         stuck = report.survivor_gpu_memory_mib or {}
         if stuck and gpus:
-            held = ", ".join(f"pid {pid} ({mib} MiB)" for pid, mib in sorted(stuck.items()))
+            held = ", ".join(f"pid {pid} ({describe_mib(mib)})" for pid, mib in sorted(stuck.items()))
             raise ServerError(
                 f"processes of an earlier run survived SIGKILL and still hold GPU memory: {held}; "
                 "a new server would not fit next to them. They are usually stuck in the driver: "

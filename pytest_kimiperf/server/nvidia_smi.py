@@ -247,11 +247,12 @@ def _app_field(name: str) -> str:
     return _APP_FIELD_ALIASES.get(name, name)
 
 
-def parse_compute_apps(text: str, fields: Sequence[str] = QUERY_COMPUTE_APPS_FIELDS) -> dict[int, int]:
+def parse_compute_apps(text: str, fields: Sequence[str] = QUERY_COMPUTE_APPS_FIELDS) -> dict[int, int | None]:
     """Parse ``nvidia-smi --query-compute-apps`` into {pid: used MiB}, summed over GPUs.
 
     Accepts ``--format=csv`` (header and units) and ``csv,noheader,nounits``; a header row names
-    the fields.  A pid whose memory reads ``N/A`` is kept with 0 MiB: it still holds a context.
+    the fields.  A pid whose memory reads ``N/A`` on any GPU is kept with None: it holds a
+    context, of a size the driver does not say (0 would read as "holds nothing").
     """
     lines = [line for line in text.splitlines() if line.strip()]
     wanted = [_app_field(name) for name in fields]
@@ -259,7 +260,7 @@ def parse_compute_apps(text: str, fields: Sequence[str] = QUERY_COMPUTE_APPS_FIE
         wanted, lines = [_app_field(token) for token in lines[0].split(",")], lines[1:]
     if not {"pid", "used_memory"} <= set(wanted):
         raise ValueError(f"--query-compute-apps fields {wanted} need pid and used_memory")
-    used: dict[int, int] = {}
+    used: dict[int, int | None] = {}
     for line in lines:
         if "," not in line:
             # "No running processes found" and similar messages: not data.
@@ -269,21 +270,22 @@ def parse_compute_apps(text: str, fields: Sequence[str] = QUERY_COMPUTE_APPS_FIE
         if pid is None:
             raise ValueError(f"--query-compute-apps row without a pid: {line!r}")
         mib = _optional_int(row["used_memory"], what=f"--query-compute-apps used_memory of pid {pid}")
-        used[pid] = used.get(pid, 0) + (mib or 0)
+        so_far = used.get(pid, 0)
+        used[pid] = None if mib is None or so_far is None else so_far + mib
     return used
 
 
-def parse_compute_apps_by_gpu(text: str, fields: Sequence[str]) -> list[tuple[str, int, int]]:
+def parse_compute_apps_by_gpu(text: str, fields: Sequence[str]) -> list[tuple[str, int, int | None]]:
     """Parse ``nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory`` (fields as asked, or as
     a header names them) into ``(gpu uuid, pid, MiB)`` rows, one per process and GPU; a memory that
-    reads ``N/A`` is 0 MiB (the process still holds a context)."""
+    reads ``N/A`` is None (the process holds a context of a size the driver does not say)."""
     lines = [line for line in text.splitlines() if line.strip()]
     wanted = [_app_field(name) for name in fields]
     if lines and all(_app_field(token) in _APP_FIELDS_KNOWN for token in lines[0].split(",")):
         wanted, lines = [_app_field(token) for token in lines[0].split(",")], lines[1:]
     if not {"gpu_uuid", "pid", "used_memory"} <= set(wanted):
         raise ValueError(f"--query-compute-apps fields {wanted} need gpu_uuid, pid and used_memory")
-    rows: list[tuple[str, int, int]] = []
+    rows: list[tuple[str, int, int | None]] = []
     for line in lines:
         if "," not in line:
             continue  # "No running processes found"
@@ -292,7 +294,7 @@ def parse_compute_apps_by_gpu(text: str, fields: Sequence[str]) -> list[tuple[st
         if pid is None:
             raise ValueError(f"--query-compute-apps row without a pid: {line!r}")
         mib = _optional_int(row["used_memory"], what=f"--query-compute-apps used_memory of pid {pid}")
-        rows.append((_strip_value(row["gpu_uuid"]), pid, mib or 0))
+        rows.append((_strip_value(row["gpu_uuid"]), pid, mib))
     return rows
 
 

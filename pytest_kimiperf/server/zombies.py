@@ -656,10 +656,11 @@ class SweepReport:
     skipped: tuple[str, ...] = ()
     ended: tuple[ProcessSummary, ...] = ()
     survivors: tuple[ProcessSummary, ...] = ()
-    gpu_memory_mib: Mapping[int, int] | None = None
+    # MiB each ended process held; None where NVML named it without a figure.
+    gpu_memory_mib: Mapping[int, int | None] | None = None
     problems: tuple[str, ...] = ()
     # Survivors of SIGKILL (stuck in the driver, typically) that held GPU memory.
-    survivor_gpu_memory_mib: Mapping[int, int] | None = None
+    survivor_gpu_memory_mib: Mapping[int, int | None] | None = None
 
     @property
     def gpu_pids(self) -> list[int]:
@@ -671,10 +672,15 @@ class SweepReport:
         lines = [f"ended stale {launch}" for launch in self.swept]
         lines += [f"left alone {launch}" for launch in self.skipped]
         held = self.gpu_memory_mib or {}
-        lines += [f"ended {p.describe()}" + (f", which held {held[p.pid]} MiB of GPU memory" if p.pid in held else "")
-                  for p in self.ended]
+        lines += [f"ended {p.describe()}" + (_held_words(held[p.pid]) if p.pid in held else "") for p in self.ended]
         lines += [f"STILL RUNNING after SIGKILL: {p.describe()}" for p in self.survivors]
         return lines + list(self.problems)
+
+
+def _held_words(mib: int | None) -> str:
+    # NVML named the process without a figure: what came back is told per GPU, after the sweep.
+    return f", which held {mib} MiB of GPU memory" if mib is not None else (
+        ", which held an unknown amount of GPU memory (NVML named it without a figure)")
 
 
 @dataclass(frozen=True)
@@ -715,7 +721,7 @@ def sweep_stale_launches(
     *,
     grace_s: float,
     is_current: Callable[[LaunchRecord], bool] | None = None,
-    gpu_probe: Callable[[], Mapping[int, int]] = gpu_memory_by_pid,
+    gpu_probe: Callable[[], Mapping[int, int | None]] = gpu_memory_by_pid,
 ) -> SweepReport:
     """End the servers that earlier, dead pytest runs left behind, and forget their records.
 
@@ -731,7 +737,7 @@ def sweep_stale_launches(
     swept: list[str] = []
     ended: list[ProcessSummary] = []
     survivors: list[ProcessSummary] = []
-    gpu_before: dict[int, int] = {}
+    gpu_before: dict[int, int | None] = {}
     probed = False
     for record in loaded.records:
         if is_current is not None and is_current(record):

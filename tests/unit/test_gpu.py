@@ -321,6 +321,14 @@ def test_wait_gpu_memory_freed_names_the_holders_at_the_deadline() -> None:
     assert "pid 99" not in str(caught.value)
 
 
+
+def test_a_holder_nvml_gives_no_figure_for_is_waited_for_and_named_without_a_size() -> None:
+    # [N/A] in nvidia-smi (NVML_VALUE_NOT_AVAILABLE): still a holder, of a size nobody knows.
+    with pytest.raises(ServerError, match=r"still held 0.1 s after stopping the server: pid 42 \(memory not reported "
+                       r"by NVML\)"):
+        gpu_memory.wait_gpu_memory_freed([42], deadline_s=0.1, poll_s=0.05, probe=lambda: {42: None})
+
+
 def test_wait_gpu_memory_freed_rejects_bad_timing() -> None:
     with pytest.raises(ValueError, match="deadline_s must be >= 0"):
         gpu_memory.wait_gpu_memory_freed([1], deadline_s=-1, probe=dict)

@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -77,7 +78,7 @@ def test_the_dry_run_runs_every_step_and_sweeps_the_orphan_it_made(tmp_path: Pat
     assert verdicts == {"preflight": "INFO", "orphan": "OK", "e2e": "OK", "report": "OK", "cleanup": "INFO",
                         "bare-check": "INFO", "pack": "INFO"}, done.stdout
     assert lines[4].endswith("nothing left running")
-    assert re.fullmatch(r"lent: OK all \(\d+ s of the 360 s budget\)", lines[-2])
+    assert re.fullmatch(r"lent: OK all \(\d+ s of the 330 s budget\)", lines[-2])
     # The rerun: what passed, the bare check's steps by name since on the CPU it is INFO as a whole.
     assert lines[-1] == f"SKIP=orphan,e2e,report BARE_SKIP={lent_bare_steps()}"
     assert "CPU mode (DRY_RUN: torch " in lines[0] and "lent-cpu (tiny-torch-cpu) stands in for tiny-gpu-torch" in lines[0]
@@ -165,3 +166,124 @@ def test_the_orphans_memory_is_read_by_pid_where_nvml_names_it_and_per_device_wh
     assert account_orphan_memory([4242], GpuHolders(), before, now).mib == 72_000
     # The driver's own drift is no orphan's memory: the plugin's tolerance (DEVICE_TOLERANCE_MIB).
     assert account_orphan_memory([4242], GpuHolders(), before, {0: 520 + 200}).mib == 0
+
+
+def test_the_orphans_memory_nvml_names_without_a_figure_is_read_per_device_not_as_0() -> None:
+    from ci.gpu_lent import account_orphan_memory
+    from pytest_kimiperf.server.gpu_memory import GpuHolder, GpuHolders
+
+    # NVML_VALUE_NOT_AVAILABLE: the engine core is named, its memory is not (was: 0 MiB, a FAIL).
+    unknown = GpuHolders((GpuHolder(0, 4242, 4242, None, "python3"),))
+    held = account_orphan_memory([4242], unknown, {0: 520}, {0: 520 + 72_000})
+    assert held.mib == 72_000 and held.how == "device"
+    assert held.said == "NVML names pid 4242 without a figure for its memory: device-level, +72000 MiB since before its boot"
+    # Named without a figure and nothing grew: nothing held, which fails the step on a GPU.
+    assert account_orphan_memory([4242], unknown, {0: 520}, {0: 520}).mib == 0
+
+
+def test_a_zombie_is_gone_and_a_running_process_is_not() -> None:
+    from ci.gpu_lent import is_gone
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert not is_gone(child.pid)
+        child.kill()
+        # Killed, not yet reaped: psutil.pid_exists says True, the orphan step must say gone.
+        deadline = time.monotonic() + 10
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert psutil.pid_exists(child.pid) and is_gone(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert is_gone(child.pid)
+
+
+def _window(test: str, profile: str, **fields: object) -> dict[str, object]:
+    return {"test": f"test_lent.py::{test}", "profile": profile, "invalid": None, "invalid_cause": None,
+            "run": {"rounds": 3}, "failures": [], "metrics": {}, **fields}
+
+
+MEASURED = [_window(test, profile) for profile in ("default", "ring-ll")
+            for test in ("test_single_stream_decode", "test_output_throughput")]
+CLIENT_BOUND = ("client-bound: the load generator, not the server, limited this run: a client process used 97% of "
+                "a core (bound 90%)")
+
+
+def test_the_end_to_end_step_passes_with_every_window_measured_or_invalid_with_its_cause() -> None:
+    from ci.gpu_lent import judge_e2e
+
+    assert judge_e2e(0, "4 passed in 20s", {"tests": MEASURED}, expected=4) == (
+        "OK", "pytest exit 0: 4 passed in 20s; 4 of 4 windows measured, 0 INVALID")
+    # An INVALID window is the device's finding (pytest exit 75: every failure INVALID).
+    found = [*MEASURED[:3], {**MEASURED[3], "invalid": CLIENT_BOUND, "invalid_cause": "client-held"}]
+    assert judge_e2e(75, "1 failed, 3 passed", {"tests": found}, expected=4) == (
+        "OK", "pytest exit 75: 1 failed, 3 passed; 3 of 4 windows measured, 1 INVALID")
+
+
+@pytest.mark.parametrize(("code", "tests", "why"), [
+    # A real failure still fails: a measured window that failed its check, beside an INVALID one.
+    (1, [{**MEASURED[0], "failures": ["decode_tok_s 80 tok/s is below the floor 100 tok/s"]}, *MEASURED[1:3],
+         {**MEASURED[3], "invalid": CLIENT_BOUND, "invalid_cause": "client-held"}],
+     "test_single_stream_decode[default]: failed: decode_tok_s 80 tok/s is below the floor 100 tok/s"),
+    (75, [*MEASURED[:3], {**MEASURED[3], "invalid": CLIENT_BOUND}],
+     f"test_output_throughput[ring-ll]: INVALID without a cause ({CLIENT_BOUND})"),
+    (1, MEASURED, "a test failed but no window is INVALID: see e2e-pytest.txt"),
+    (0, MEASURED[:3], "3 windows in report.json, not 4"),
+    (0, [*MEASURED[:3], {**MEASURED[3], "run": None}], "test_output_throughput[ring-ll]: neither measured nor INVALID"),
+    (2, MEASURED, "pytest exit 2: interrupted (the run did not reach its end)"),
+    (76, MEASURED, "(the run did not reach its end)"),
+])
+def test_the_end_to_end_step_fails_on_anything_but_a_measured_or_explained_window(
+        code: int, tests: list[dict[str, object]], why: str) -> None:
+    from ci.gpu_lent import judge_e2e
+
+    verdict, text = judge_e2e(code, "interrupted", {"tests": tests}, expected=4)
+    assert verdict == "FAIL" and why in text, text
+    assert judge_e2e(0, "4 passed", None, expected=4) == ("FAIL", "pytest exit 0: 4 passed; no report.json")
+
+
+def test_a_window_without_a_decode_median_is_left_out_of_the_medians() -> None:
+    # Was a TypeError in the report step (sorting None with floats).
+    from ci.gpu_lent import decode_medians
+
+    windows = [{"metrics": {"decode_tok_s": {"summary": {"median": 512.0}}}},
+               {"metrics": {"decode_tok_s": {"summary": {"median": None}}}},
+               {"metrics": {"output_throughput": {"summary": {"median": 9000.0}}}},
+               {"metrics": {"decode_tok_s": {"summary": {"median": 463.5}}}}]
+    assert decode_medians(windows) == [463.5, 512.0]
+    assert decode_medians([]) == []
+
+
+def test_the_dry_run_finds_the_devices_traps_and_passes_them(tmp_path: Path) -> None:
+    # Three traps of a lent machine injected into one dry run, each a green step: a client bound
+    # no client meets (every window INVALID: the step passes, the report names the cause), an init
+    # that never reaps (the killed launcher and API server stay zombies: gone all the same), and
+    # NVML naming the orphan without a figure for its memory (the simulated GPU: NVML_VALUE_NOT_AVAILABLE,
+    # so the orphan's memory is read per device and the plugin's sweep says "an unknown amount").
+    from tests.fakes.simgpu import SimulatedGpus, state
+
+    sim = SimulatedGpus(tmp_path / "sim", state.h100_host(count=1, process_memory="not-available"))
+    try:
+        tools = {name: value for name, value in sim.env().items() if name in (state.STATE_ENV, "PATH", "PYTHONPATH")}
+        done = lent(tmp_path, entry_point=False, **tools, LENT_DEPLOYMENT="lent-cpu-client-bound", LENT_UNREAPED="1",
+                    LENT_SIMULATED_GPU=str(sim.directory))
+    finally:
+        sim.close()
+    lines = done.stdout.splitlines()
+    verdicts = {m.group("step"): line.split()[1] for line in lines if (m := LINE.match(line))}
+    assert verdicts == {"preflight": "INFO", "orphan": "OK", "e2e": "OK", "report": "OK", "cleanup": "INFO",
+                        "bare-check": "INFO", "pack": "INFO"}, done.stdout + done.stderr
+    orphan = next(line for line in lines if " orphan (" in line)
+    engine = re.search(r"engine core \[(\d+)\] left running", orphan)
+    assert "(2 of 2 gone, 2 of them zombies nobody reaped)" in orphan and engine, orphan
+    assert (f"holding 4096 MiB (NVML names pid {engine.group(1)} without a figure for its memory: device-level, "
+            "+4096 MiB since before its boot") in orphan
+    e2e = next(line for line in lines if " e2e (" in line)
+    assert re.search(r"pytest exit 75: .*; 0 of 4 windows measured, 4 INVALID$", e2e), e2e
+    report = next(line for line in lines if " report (" in line)
+    assert f"ended pid {engine.group(1)} " in report and "which held an unknown amount of GPU memory" in report
+    assert "0 of 4 test results measured, 4 INVALID: test_single_stream_decode[default] (client-held): " in report
+    assert report.count("a client process used") == 4 and "no decode median" in report, report
+    assert re.fullmatch(r"lent: OK all \(\d+ s of the 330 s budget\)", lines[-2]) and done.returncode == 0
+    assert not psutil.pid_exists(int(engine.group(1))) and not _torch_servers(tmp_path)

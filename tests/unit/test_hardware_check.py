@@ -183,6 +183,19 @@ def test_gpus_without_the_free_memory_vllm_asks_at_startup_are_named_with_what_h
     hardware_check.check_free_memory(low, _gpus(), used, STRANGER)  # 84492 free >= 78310 asked
 
 
+def test_a_holder_nvml_gives_no_figure_for_is_named_as_such_and_explains_none_of_the_memory() -> None:
+    # NVML_VALUE_NOT_AVAILABLE: the process is listed, its memory is unknown (not 0 MiB).
+    unknown = GpuHolders((GpuHolder(gpu=5, pid=4242, nvml_pid=4242, mib=None, name="python3"),))
+    used = {index: 3 for index in range(8)} | {5: 13395}
+    with pytest.raises(HardwareMissingError, match=r"vLLM asks 88099: held by pid 4242 python3 \(memory not reported "
+                       r"by NVML\), 13395 MiB that no listed process is known to hold \(another container"):
+        hardware_check.check_free_memory(KIMI_K25_INT4_TP8, _gpus(), used, unknown)
+    assert unknown.by_pid() == {4242: None} and unknown.known_mib_on(5) == 0
+    # One GPU of two without a figure leaves the process's total unknown.
+    both = GpuHolders((GpuHolder(0, 7, 7, 300), GpuHolder(1, 7, 7, None), GpuHolder(1, 8, 8, 20)))
+    assert both.by_pid() == {7: None, 8: 20} and [h.pid for h in both.on(1)] == [8, 7]
+
+
 def test_memory_no_live_process_holds_is_waited_for_and_named_per_gpu_at_the_deadline() -> None:
     """A swept engine's memory comes back as the driver tears its context down: the first boot
     waits for it; what never comes back is named by GPU once the wait is over."""

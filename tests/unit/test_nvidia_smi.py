@@ -162,7 +162,12 @@ def test_parse_compute_apps_noheader_nounits_and_summing() -> None:
         3880364: 5530,
     }
     assert nvidia_smi.parse_compute_apps("") == {}
-    assert nvidia_smi.parse_compute_apps("12, [N/A]\n") == {12: 0}
+    # [N/A]: the pid holds a context of a size the driver does not say: unknown, not 0, and it
+    # stays unknown summed with a GPU that does say.
+    assert nvidia_smi.parse_compute_apps("12, [N/A]\n") == {12: None}
+    assert nvidia_smi.parse_compute_apps("12, 300\n12, [N/A]\n13, 5\n") == {12: None, 13: 5}
+    assert nvidia_smi.parse_compute_apps_by_gpu("GPU-a, 12, [N/A]\nGPU-b, 12, 300\n", ("gpu_uuid", "pid", "used_memory")) == [
+        ("GPU-a", 12, None), ("GPU-b", 12, 300)]
 
 
 def test_parse_compute_apps_process_name_with_commas() -> None:

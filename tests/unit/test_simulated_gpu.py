@@ -108,6 +108,27 @@ def test_a_process_memory_is_listed_until_it_ends_then_released(sim: SimulatedGp
     assert gpu_memory.gpu_memory_by_pid() == {} and sim.used_mib()[3] == 0
 
 
+def test_a_process_nvml_names_without_a_figure_holds_an_unknown_amount_not_0(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # nvml.h: usedGpuMemory is NVML_VALUE_NOT_AVAILABLE under WDDM (and in some containers);
+    # nvidia-ml-py's own bindings turn it into None, nvidia-smi prints [N/A]. A 0 read as "holds
+    # nothing" and left the lent run's orphan step without its device-level fallback.
+    sim = SimulatedGpus(tmp_path / "sim", state.rtx_pro_6000_host(process_memory="not-available"))
+    for name, value in sim.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.syspath_prepend(str(BIN_DIR.parent / "nvml"))
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    with contextlib.closing(sim), holder_of(sim, 3, 4096) as holder:
+        assert gpu_memory.gpu_memory_by_pid() == {holder.pid: None}
+        held = gpu_memory.gpu_holders()
+        assert [(h.gpu, h.pid, h.mib) for h in held.holders] == [(3, holder.pid, None)]
+        assert held.holders[0].describe().endswith("(memory not reported by NVML)")
+        assert held.known_mib_on(3) == 0 and gpu_memory.gpu_memory_used_mib()[3] == 4096
+        text = smi(sim, "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv")
+        assert f"{holder.pid}, [N/A]" in text
+        assert nvidia_smi.parse_compute_apps_by_gpu(text, ()) == [(state.RTX_PRO_6000_UUIDS[3], holder.pid, None)]
+
+
 def test_memory_of_an_ended_process_lingers_unlisted_for_its_linger_time(sim: SimulatedGpus) -> None:
     with holder_of(sim, 0, 2048, linger_s=1.0):
         pass

@@ -502,3 +502,8 @@ def test_the_sweep_account_says_what_it_ended_and_what_came_back_and_travels_as_
     report = SweepReport(ended=(ProcessSummary(5, "VLLM::Worker_TP0", ("VLLM::Worker_TP0",)),),
                          gpu_memory_mib={5: 90000})
     assert report.describe() == ["ended pid 5 VLLM::Worker_TP0, which held 90000 MiB of GPU memory"]
+    # NVML named it without a figure: an unknown amount, never "held 0 MiB".
+    unknown = SweepReport(ended=report.ended, gpu_memory_mib={5: None})
+    assert unknown.describe() == ["ended pid 5 VLLM::Worker_TP0, which held an unknown amount of GPU memory (NVML "
+                                  "named it without a figure)"]
+    assert unknown.gpu_pids == [5]  # still waited for

@@ -109,6 +109,10 @@ class Host:
     # or the name of a recorded topology under tests/data/gpu to print as it was recorded.
     link: str = "SYS"
     topology_recording: str | None = None
+    # "reported": NVML gives each process's memory; "not-available": it names the processes but
+    # gives usedGpuMemory = NVML_VALUE_NOT_AVAILABLE (nvml.h: always so under WDDM; some containers
+    # too), which nvidia-smi prints as [N/A]. Used memory per GPU is reported either way.
+    process_memory: str = "reported"
     created_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:

@@ -239,8 +239,10 @@ def _processes(self: SimLib, handle: Any, count: Any, infos: Any) -> None:
         if listed:
             raise _Fail(NVML_ERROR_INSUFFICIENT_SIZE)  # type: ignore[name-defined]  # noqa: F821
         return
+    unreported = reading.host.process_memory == "not-available"
     for slot, holding in zip(infos, listed, strict=False):
-        slot.pid, slot.usedGpuMemory = holding.pid, holding.mib * 1024 * 1024
+        # NVML_VALUE_NOT_AVAILABLE is the unsigned long long -1 (nvml.h); the bindings map it to None.
+        slot.pid, slot.usedGpuMemory = holding.pid, 2**64 - 1 if unreported else holding.mib * 1024 * 1024
         slot.gpuInstanceId = slot.computeInstanceId = 0xFFFFFFFF  # no MIG
 
 
