@@ -37,6 +37,7 @@ from pytest_kimiperf.judge.profiles import session_plan
 from pytest_kimiperf.judge.history import append_refusal
 from pytest_kimiperf.judge.decide import RunDecision
 from pytest_kimiperf.judge.baselines import baseline_entries
+from pytest_kimiperf.judge.engine_clock import vllm_named
 from pytest_kimiperf.reports.sentences import not_recorded_line
 from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.storage.git_facts import current_git_branch, current_git_commit
@@ -271,9 +272,10 @@ class SessionReporter:
         # A control's boots are the recorded build's, measured for this session's comparison only.
         controls = {p.name for p in settings.profiles if p.control_of}
         results = [res for res in self.results if res.profile not in controls]
-        entries, skipped = baseline_entries(results, git_commit=current_git_commit(self.rootpath))
-        not_recorded = [not_recorded_line(res) for res in skipped]
         fp = self.run.known_fingerprint()
+        entries, skipped = baseline_entries(results, git_commit=current_git_commit(self.rootpath),
+                                            vllm=vllm_named(fp.hard) if fp is not None else "")
+        not_recorded = [not_recorded_line(res) for res in skipped]
         if fp is None:
             # No perf test ran anywhere, so there is nothing to record and no hardware to name.
             return BaselineUpdate(path=str(settings.baselines_dir), entries=0, not_recorded=tuple(not_recorded))
