@@ -12,7 +12,7 @@ requests (:class:`EngineBoot`). Two things follow from them (docs/explanation/st
   (client less engine, boot by boot), each with its Welch interval. A part *moved* when its
   interval lies beyond zero the way the client's comparison claims and it is at least
   :data:`MATERIAL_SHARE` of the client's change: the engine's alone, outside alone, or both. With
-  fewer than :data:`MIN_PLACING_DF` degrees of freedom (two boots a side give 1-2) nothing is
+  no more than :data:`UNPLACED_DF` degrees of freedom (two boots a side give 1-2) nothing is
   placed: the change is *unplaced*, as it is where neither part moved on its own, or where the
   client's means over the same requests moved the other way from its comparison. Nothing is
   placed where the client's comparison claims no direction. The placement explains; it states no
@@ -45,15 +45,14 @@ from pytest_kimiperf.measure.results import RunSummary
 # engine's queue plus prefill. ITL is per chunk on the client's side (a chunk may carry several
 # tokens) while the engine's figure is per token, so ITL is not set beside it.
 FIGURE_OF: Mapping[str, str] = {"decode_tok_s": "tpot", "tpot_ms": "tpot", "ttft_ms": "ttft"}
-# Metrics whose figure is a rate: a higher rate is a shorter time a token, so its claimed
-# direction is the other way in milliseconds.
-RATE_METRICS: frozenset[str] = frozenset({"decode_tok_s"})
 # The interval the engine's change is shown and tested with (the profiles' and the gate's
 # equivalence level).
 ENGINE_LEVEL = 0.90
-# Below this many Welch degrees of freedom a part's interval is too wide to place a change by
-# (2 boots a side give 1-2; t at 95% is 6.3 at 1 df, 2.9 at 2, 2.4 at 3): the change is unplaced.
-MIN_PLACING_DF = 3.0
+# At or below this many Welch degrees of freedom a part's interval is too wide to place a change
+# by: 2 boots a side give 1-2 (t at 95% is 6.3 at 1 df, 2.9 at 2, 2.4 at 3), and the engine's
+# figure is a ratio of sums over the window, so one stalled request on one boot moves it. 3 boots
+# a side give 2-4, 3 against a history of 10 about 3.
+UNPLACED_DF = 2.0
 # A part that moves less than this share of the client's change does not account for it: client
 # TTFT +50 ms with engine +1 ms beyond its interval is still "outside the engine".
 MATERIAL_SHARE = 0.25
@@ -160,7 +159,7 @@ class UnplacedWhy(enum.StrEnum):
 
     NONE = ""
     FEW_BOOTS = "few-boots"  # fewer than two boots a side carry both clocks
-    FEW_DF = "few-df"  # fewer than MIN_PLACING_DF degrees of freedom
+    FEW_DF = "few-df"  # UNPLACED_DF degrees of freedom or fewer
     MEANS_DISAGREE = "means-disagree"  # the client's means moved the other way from its comparison
     NEITHER = "neither"  # no part moved on its own beyond its interval and by a material share
 
@@ -231,13 +230,17 @@ class TwoClocks(Note):
         "where": Where, "why": UnplacedWhy, "engine": Part.from_dict, "outside": Part.from_dict}
 
 
-def claimed_ms_sign(metric: str, comparison: Comparison) -> int:
+def claimed_ms_sign(comparison: Comparison) -> int:
     """Which way the client's comparison says the time of its figure moved: +1 longer, -1
-    shorter, 0 where it claims no direction."""
-    if comparison.claim is Leaning.NEITHER:
-        return 0
-    sign = 1 if comparison.change > 0 else -1
-    return -sign if metric in RATE_METRICS else sign
+    shorter, 0 where it claims no direction. Every metric of :data:`FIGURE_OF` is worse when
+    slower (a lower decode rate, a longer TPOT or TTFT), so worse is longer."""
+    match comparison.claim:
+        case Leaning.WORSE:
+            return 1
+        case Leaning.BETTER:
+            return -1
+        case _:
+            return 0
 
 
 def place(metric: str, comparison: Comparison, current: Sequence[EngineBoot], reference: Sequence[EngineBoot],
@@ -255,7 +258,7 @@ def place(metric: str, comparison: Comparison, current: Sequence[EngineBoot], re
     said = TwoClocks(figure, Where.NO_CLAIM, boots_current=len(cur), boots_reference=len(ref), level=level,
                      engine_change=relative.change if relative else None,
                      engine_low=relative.low if relative else None, engine_high=relative.high if relative else None)
-    sign = claimed_ms_sign(metric, comparison)
+    sign = claimed_ms_sign(comparison)
     if sign == 0:
         return said
     client_ms = sum(c for c, _ in cur) / len(cur) - sum(c for c, _ in ref) / len(ref)
@@ -266,7 +269,7 @@ def place(metric: str, comparison: Comparison, current: Sequence[EngineBoot], re
     engine = _part([e for _, e in cur], [e for _, e in ref], level)
     outside = _part([c - e for c, e in cur], [c - e for c, e in ref], level)
     said = dataclasses.replace(said, client_ms=client_ms, engine=engine, outside=outside)
-    if min(engine.df, outside.df) < MIN_PLACING_DF:
+    if min(engine.df, outside.df) <= UNPLACED_DF:
         return dataclasses.replace(said, where=Where.UNPLACED, why=UnplacedWhy.FEW_DF)
 
     def moved(part: Part) -> bool:
@@ -283,7 +286,7 @@ def engine_confirms(metric: str, comparison: Comparison, current: Sequence[Engin
     (the boots' spread floored by :data:`ENGINE_SPREAD_FLOOR`): what a profile that reaches only
     the engine needs to keep its sign. False where no boot carries the engine's figure."""
     figure = FIGURE_OF.get(metric)
-    sign = claimed_ms_sign(metric, comparison)
+    sign = claimed_ms_sign(comparison)
     if figure is None or sign == 0:
         return True
     values = {side: [p[1] for b in boots if (p := b.pair(figure)) is not None]
@@ -301,7 +304,7 @@ def on_two_clocks(metric: str, comparison: Comparison, current: Sequence[EngineB
     clocks = place(metric, comparison, current, reference)
     if clocks is None:
         return comparison
-    if engine_only_profile and claimed_ms_sign(metric, comparison) and not engine_confirms(
+    if engine_only_profile and claimed_ms_sign(comparison) and not engine_confirms(
             metric, comparison, current, reference):
         clocks = dataclasses.replace(clocks, withdrawn=True, reference=reference_name)
         return dataclasses.replace(comparison.with_notes(clocks), verdict=VerdictKind.INCONCLUSIVE)

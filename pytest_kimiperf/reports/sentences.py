@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import assert_never
 
 from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, Direction, metric_spec
-from pytest_kimiperf.judge.engine_clock import MIN_PLACING_DF, Part, TwoClocks, UnplacedWhy, Where
+from pytest_kimiperf.judge.engine_clock import UNPLACED_DF, Part, TwoClocks, UnplacedWhy, Where
 from pytest_kimiperf.judge.history import AppendWhy, NotAppended
 from pytest_kimiperf.measure.invalid_causes import advice_for
 from pytest_kimiperf.measure.results import withheld_words
@@ -276,7 +276,7 @@ def _(note: TwoClocks) -> str:
             case Where.UNPLACED if note.why is UnplacedWhy.FEW_DF:
                 df = min(note.engine.df, note.outside.df)
                 text += (f": unplaced: {note.boots_current} vs {note.boots_reference} boots give {df:.1f} degrees "
-                         f"of freedom, too few to place it ({MIN_PLACING_DF:g} or more)")
+                         f"of freedom, too few to place it (more than {UNPLACED_DF:g})")
             case Where.UNPLACED:
                 text += ": unplaced: neither the engine's part nor the part outside it moved a material share on its own"
             case _:
