@@ -314,13 +314,15 @@ class Rules:
 @dataclass
 class Judgement:
     """What :func:`judge` decided: the filled result, the baseline comparisons, this boot's
-    summaries to add to the test's boot record (None for a boot that is no sample of this
-    build) and the boot this test asks for next (None when it is settled)."""
+    summaries (and two clocks) to add to the test's boot record (None for a boot that is no sample
+    of this build) and the boot this test asks for next (None when it is settled)."""
 
     result: TestResult
     comparisons: list[Comparison]
     recorded: dict[str, BootSummary] | None
     wants_boot: int | None
+    # This boot's two clocks, for the test's boot record (None: the server exported no engine figure).
+    engine: EngineBoot | None = None
 
 
 def judge(
@@ -365,7 +367,8 @@ def judge(
     soft = baselines.soft_changes() if baselines is not None and comparisons else []
     if soft:
         result.warn(WarningKind.SOFT_FINGERPRINT, SoftFingerprint(tuple(soft)))
-    return Judgement(result, comparisons, recorded, wants_boot)
+    return Judgement(result, comparisons, recorded, wants_boot,
+                     current.engine.get(result.boot) if recorded is not None else None)
 
 
 def _check_boot(result: TestResult, run: BootRun, rules: Rules, *, label: str, floor: bool,

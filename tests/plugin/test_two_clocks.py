@@ -89,3 +89,93 @@ def test_an_engine_slowed_itself_moves_both_clocks_and_the_verdict_is_a_regressi
     answer = _answer(result, "slow-engine vs default, decode tok/s (decode): ")
     assert _comparison(data, "slow-engine")["verdict"] == "regression", answer
     assert "; engine decode -50.0% (-50.0..-50.0%, 90%): the engine changed" in answer, answer
+
+
+# --- the gate: this run's boots against the history's, on both clocks -------------------------
+#
+# The engine's figures are set per boot (the stub's --engine-stamps: each boot's time per token and
+# queue+prefill, recorded for every request whatever the host did), so which way the engine's clock
+# moved is the test's, never the host's; the client reads the stub's real pace. Each change is a
+# halving (10 against 20 ms a token), far past a 2-core host's boot-to-boot noise.
+
+RECORDED = [{"tpot_ms": 9.9, "ttft_ms": 49.0}, {"tpot_ms": 10.0, "ttft_ms": 50.0}, {"tpot_ms": 10.1, "ttft_ms": 51.0}]
+
+
+def _gate_project(pytester: pytest.Pytester) -> Path:
+    stamps = pytester.path / "engine_stamps.json"
+    pytester.makefile(".toml", pyproject=stub_deployment_toml(
+        extra_args=("--engine-metrics", "--tok-per-s", "100", "--engine-stamps", str(stamps))))
+    pytester.makepyfile(test_clocks=DECODE)
+    return stamps
+
+
+def _boots_of(stamps: Path, boots: list[dict]) -> None:
+    """The next run's boots: their set engine figures and pace (the count of boots starts again)."""
+    stamps.write_text(json.dumps(boots))
+    Path(f"{stamps}.booted").unlink(missing_ok=True)
+
+
+def _record_then_gate(pytester: pytest.Pytester, tmp_path: Path, gate_boots: list[dict], *,
+                      strip_engine: bool = False) -> tuple[pytest.RunResult, dict]:
+    stamps = _gate_project(pytester)
+    _boots_of(stamps, RECORDED)
+    args = ("--deployment", "stub", "--kimiperf-boots", "3", "-p", "no:cacheprovider")
+    recorded = pytester.runpytest_subprocess(*args, "--kimiperf-update-baselines", timeout=300)
+    assert recorded.ret == pytest.ExitCode.OK, recorded.stdout.str()
+    [path] = (pytester.path / "baselines" / "stub").glob("*.json")
+    baseline = json.loads(path.read_text())
+    boots = baseline["entries"]["test_clocks.py::test_decode|default|decode_tok_s"]["boots"]
+    # Every recorded boot keeps its two clocks: the engine's set figures beside the client's means.
+    assert [b["engine"]["engine_tpot_ms"] for b in boots] == [9.9, 10.0, 10.1]
+    assert all(b["engine"]["requests"] == 8 and b["engine"]["tokens"] == 8 * 15 for b in boots)
+    assert all(b["engine"]["client_tpot_ms"] is not None for b in boots)
+    if strip_engine:  # a file written before the engine's figures were kept
+        for entry in baseline["entries"].values():
+            for boot in entry["boots"] + entry.get("anchor", []):
+                boot.pop("engine", None)
+        path.write_text(json.dumps(baseline, indent=2, sort_keys=True) + "\n")
+    _boots_of(stamps, gate_boots)
+    report = tmp_path / "gate.json"
+    result = pytester.runpytest_subprocess(*args, "--kimiperf-gate", "--kimiperf-json", str(report), timeout=300)
+    return result, json.loads(report.read_text())
+
+
+def _last_baseline(data: dict) -> dict:
+    last = max((t for t in data["tests"] if t["profile"] == "default"), key=lambda t: t["boot"])
+    return last["metrics"]["decode_tok_s"]["baseline"]
+
+
+def test_the_gate_says_an_api_layer_slowed_alone_spent_its_time_outside_the_engine(
+        pytester: pytest.Pytester, tmp_path: Path) -> None:
+    slowed_api = [{**boot, "api_delay_ms": 10.0} for boot in RECORDED]  # the engine's figures as recorded
+    result, data = _record_then_gate(pytester, tmp_path, slowed_api)
+    answer = _answer(result, "default vs its baseline, decode tok/s (decode): ")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, answer  # the client's clock is the verdict's
+    assert ": REGRESSION (" in answer, answer
+    assert "; client +" in answer and " ms a token, engine " in answer, answer
+    assert answer.endswith(": outside the engine (API server, network or client)"), answer
+    baseline = _last_baseline(data)
+    assert baseline["verdict"] == "regression"
+    assert "outside the engine (API server, network or client)" in baseline["note"]
+
+
+def test_the_gate_says_an_engine_slowed_itself_is_the_engines(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    slowed_engine = [{"tpot_ms": t, "ttft_ms": p, "engine_tok_per_s": 50.0}
+                     for t, p in ((19.9, 49.0), (20.0, 50.0), (20.1, 51.0))]
+    result, data = _record_then_gate(pytester, tmp_path, slowed_engine)
+    answer = _answer(result, "default vs its baseline, decode tok/s (decode): ")
+    assert ": REGRESSION (" in answer, answer
+    assert ", engine +10.0 (" in answer and answer.endswith(": the engine's"), answer
+    assert "the engine's" in _last_baseline(data)["note"]
+
+
+def test_a_baseline_without_engine_figures_is_judged_on_the_clients_clock_and_says_so_once(
+        pytester: pytest.Pytester, tmp_path: Path) -> None:
+    result, data = _record_then_gate(pytester, tmp_path, RECORDED, strip_engine=True)
+    said = result.stdout.str()
+    assert result.ret == pytest.ExitCode.OK, said
+    line = ("against the baseline: judged on the client's clock alone: the baseline's boots keep no engine "
+            "figures (recorded before they were stored)")
+    assert " ".join(said.split()).count(line) == 1, said
+    assert "outside the engine" not in said and "the engine's" not in said
+    assert _last_baseline(data)["verdict"] != "regression"
