@@ -240,7 +240,10 @@ _WHERE_WORDS = {
 
 
 def _ms(value: float) -> str:
-    """A signed change in milliseconds: ``+8.1``, ``+0.32``."""
+    """A signed change in milliseconds: ``+8.1``, ``+0.32``, ``+0.0`` (under 5 us: no change a
+    histogram of milliseconds can tell)."""
+    if abs(value) < 0.005:
+        return "+0.0"
     return f"{value:+.2g}" if abs(value) < 1 else f"{value:+.1f}"
 
 
