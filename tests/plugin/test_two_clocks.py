@@ -9,12 +9,13 @@ the stub's, not the host's."""
 from __future__ import annotations
 
 import json
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import stub_deployment_toml
+from tests.helpers import STUB_SERVER, stub_deployment_toml
 
 DECODE = """
 from pytest_kimiperf import SingleStream
@@ -195,3 +196,29 @@ def test_a_baseline_without_engine_figures_is_judged_on_the_clients_clock_and_sa
     assert " ".join(said.split()).count(line) == 1, said
     assert "outside the engine" not in said and "the engine's" not in said
     assert _last_baseline(data)["verdict"] != "regression"
+
+
+def test_under_control_the_candidates_regression_reads_the_same_everywhere_and_fails_the_run(
+        pytester: pytest.Pytester, tmp_path: Path) -> None:
+    # The candidate's API layer slowed, its control's not: a build that slows the API server is a
+    # slower build. The candidate and its control share their environment, so the engine-only rule
+    # cannot withdraw the sign, and every output reads the one REGRESSION.
+    control = [sys.executable, str(STUB_SERVER), "--model", "{served_model_name}", "--host", "{host}", "--port",
+               "{port}", "--load-seconds", "0.4", "--engine-metrics", "--tok-per-s", "100"]
+    pytester.makefile(".toml", pyproject=stub_deployment_toml(
+        extra_args=("--engine-metrics", "--tok-per-s", "100", "--api-delay-ms", "10"))
+        + f"control_command = {json.dumps(control)}\n")
+    pytester.makepyfile(test_clocks=DECODE)
+    report, junit = tmp_path / "report.json", tmp_path / "junit.xml"
+    result = pytester.runpytest_subprocess("--deployment", "stub", "--kimiperf-control", "--kimiperf-boots", "3",
+                                           "--kimiperf-json", str(report), f"--junitxml={junit}",
+                                           "-p", "no:cacheprovider", timeout=300)
+    data = json.loads(report.read_text())
+    [decode] = [c for c in data["profile_comparisons"] if c["metric"] == "decode"]
+    assert decode["verdict"] == "regression" and "outside the engine" in decode["note"], decode
+    properties = {p.get("name"): p.get("value") for p in ET.parse(junit).getroot().iter("property")}
+    assert properties["kimiperf_verdict test_clocks.py::test_decode|decode_tok_s|default vs default@control"] \
+        == "regression"
+    answer = _answer(result, "default vs default@control, decode tok/s (decode): ")
+    assert ": worse (" in answer and ": outside the engine (API server, network or client)" in answer, answer
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
