@@ -501,3 +501,28 @@ def _tear_down_to(item: pytest.Item, nextitem: pytest.Item | None) -> None:
         item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         item.ihook.pytest_runtest_logreport(report=item.ihook.pytest_runtest_makereport(item=item, call=call))
         item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+
+class JunitVerdicts:
+    """The session's profile comparisons as the JUnit XML's test-suite properties, one per
+    comparison (``kimiperf_verdict <test>|<metric>|<profile> vs <reference>``: the verdict, as
+    judge/profiles.py decided it for every output). Registered only where ``--junitxml`` is on, on
+    the controller; its session finish runs first, before junitxml writes its file."""
+
+    def __init__(self, kimiperf: KimiperfSession) -> None:
+        self.kimiperf = kimiperf
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Hand each comparison's verdict to junitxml (found by what it offers: the plugin object
+        with ``add_global_property``, as the ``record_testsuite_property`` fixture uses it)."""
+        if not self.kimiperf._has_perf_work():
+            return
+        writers = [p for p in session.config.pluginmanager.get_plugins()
+                   if callable(getattr(p, "add_global_property", None))]
+        if not writers:
+            return
+        for name, value in self.kimiperf.reporter.verdict_properties():
+            for writer in writers:
+                writer.add_global_property(name, value)
+

@@ -30,12 +30,13 @@ from pytest_kimiperf.hooks import (  # noqa: F401 - the fixtures are registered 
     kimiperf_settings,
     perf,
 )
-from pytest_kimiperf.hooks import KimiperfSession
+from pytest_kimiperf.hooks import JunitVerdicts, KimiperfSession
 from pytest_kimiperf.session import PerfSession, with_gate_plan
 from pytest_kimiperf.warning_types import KimiperfDeprecationWarning
 
 _SESSION_NAME = "kimiperf-session"
 _XDIST_NAME = "kimiperf-xdist-coordinator"
+_JUNIT_NAME = "kimiperf-junit-verdicts"
 
 
 # -- options and configuration -------------------------------------------------------------
@@ -123,6 +124,9 @@ def pytest_configure(config: pytest.Config) -> None:
     settings = _settings(config)
     session = config.stash[SESSION_KEY] = KimiperfSession(config, settings)
     config.pluginmanager.register(session, _SESSION_NAME)
+    if not is_worker(config) and getattr(config.option, "xmlpath", None):
+        # pytest's junitxml writes its file in its own session finish: the verdicts must be there first.
+        config.pluginmanager.register(JunitVerdicts(session), _JUNIT_NAME)
     if not is_worker(config) and config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(xdist_scheduling.XdistCoordinator(
             lambda records: session.reporter.add_worker_records(records)), _XDIST_NAME)
@@ -143,7 +147,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
         session.close()
-    for name in (_SESSION_NAME, _XDIST_NAME):
+    for name in (_SESSION_NAME, _XDIST_NAME, _JUNIT_NAME):
         plugin = config.pluginmanager.get_plugin(name)
         if plugin is not None:
             config.pluginmanager.unregister(plugin)

@@ -298,6 +298,8 @@ class PerfRecorder:
         if record is not None:
             if judgement.recorded is not None:
                 record.add(self.boot, judgement.recorded)
+            if judgement.engine is not None:
+                record.engine[self.boot] = judgement.engine
             record.wants_boot = judgement.wants_boot
             self._book_for_profiles(metrics, run, judgement.result)
         return judgement.result

@@ -27,7 +27,8 @@ import numpy as np
 
 from pytest_kimiperf.config.metric_specs import METRICS, Direction
 from pytest_kimiperf.errors import BaselineError
-from pytest_kimiperf.judge.boots import BootSummary, min_samples, summarize_boot, summarize_metric
+from pytest_kimiperf.judge.boots import BootSummary, EngineBoot, min_samples, summarize_boot, summarize_metric
+from pytest_kimiperf.judge.engine_clock import engine_boot_of
 from pytest_kimiperf.judge.fingerprint import Fingerprint, version_changes
 from pytest_kimiperf.judge.levels import BootOrigin
 from pytest_kimiperf.judge.stats import VerdictKind
@@ -51,6 +52,9 @@ class BaselineBoot:
     # Session, host and host canary (judge/levels.py); None for boots recorded before they were
     # stored (those count as one unknown session on one unknown host).
     origin: BootOrigin | None = None
+    # The boot's two clocks (judge/engine_clock.py); None for a server that exported no engine
+    # figure, and for boots recorded before they were stored (judged on the client's clock alone).
+    engine: EngineBoot | None = None
 
     def summary(self) -> BootSummary:
         """As stats sees a boot."""
@@ -195,6 +199,7 @@ def make_entry(
     boot_samples: Sequence[Sequence[float]] | None = None,
     versions: Mapping[str, str] | None = None,
     boot_origins: Sequence[BootOrigin | None] | None = None,
+    boot_engines: Sequence[EngineBoot | None] | None = None,
 ) -> BaselineEntry:
     """Build an entry from raw samples: rounds them and derives median, IQR and n from the rounded ones.
 
@@ -219,10 +224,11 @@ def make_entry(
     spec = METRICS.get(metric)
     per_boot = list(boot_samples if boot_samples is not None else [values])
     origins = list(boot_origins) if boot_origins is not None else [None] * len(per_boot)
-    if len(origins) != len(per_boot):
-        raise BaselineError(f"{len(origins)} boot origins for {len(per_boot)} boots of "
-                            f"{entry_key(test, profile, metric)}")
-    for boot, origin in zip(per_boot, origins):
+    engines = list(boot_engines) if boot_engines is not None else [None] * len(per_boot)
+    if len(origins) != len(per_boot) or len(engines) != len(per_boot):
+        raise BaselineError(f"{len(origins)} boot origins and {len(engines)} engine figures for {len(per_boot)} "
+                            f"boots of {entry_key(test, profile, metric)}")
+    for boot, origin, engine in zip(per_boot, origins, engines):
         finite_boot = [v for v in boot if math.isfinite(v)]
         summary = summarize_metric(metric, finite_boot) if spec is not None else summarize_boot(finite_boot)
         if summary.n == 0:
@@ -231,7 +237,8 @@ def make_entry(
             median=round_figure(summary.median), n=summary.n,
             se_log=None if not math.isfinite(summary.se_log) else round_figure(summary.se_log),
             recorded_at=stamp, git_commit=git_commit,
-            versions={str(k): str(v) for k, v in (versions or {}).items()}, origin=origin))
+            versions={str(k): str(v) for k, v in (versions or {}).items()}, origin=origin,
+            engine=_rounded(engine)))
     return BaselineEntry(
         test=test,
         profile=profile,
@@ -248,6 +255,19 @@ def make_entry(
         boots=tuple(boots),
         profile_args=tuple(str(a) for a in profile_args),
     )
+
+
+def _rounded(engine: EngineBoot | None) -> EngineBoot | None:
+    """The engine's figures as the file keeps them (:func:`round_figure`)."""
+    if engine is None:
+        return None
+
+    def kept(value: float | None) -> float | None:
+        return round_figure(value) if value is not None and math.isfinite(value) else value
+
+    return replace(engine, engine_tpot_ms=kept(engine.engine_tpot_ms), engine_ttft_ms=kept(engine.engine_ttft_ms),
+                   client_tpot_ms=kept(engine.client_tpot_ms), client_ttft_ms=kept(engine.client_ttft_ms),
+                   requests=kept(engine.requests), tokens=kept(engine.tokens))
 
 
 def append_history(old: BaselineEntry | None, new: BaselineEntry, keep: int = HISTORY_BOOTS, *,
@@ -343,12 +363,13 @@ def _reverse(text: str) -> tuple[int, ...]:
 
 
 def baseline_entries(
-    results: Sequence[TestResult], *, git_commit: str | None
+    results: Sequence[TestResult], *, git_commit: str | None, vllm: str = "",
 ) -> tuple[list[BaselineEntry], list[TestResult]]:
     """Baseline entries for every metric of the tests that ran, every boot of this session
-    appended in order; and the boots not recorded (INVALID, or failed for another reason than
-    a verdict: their ``invalid`` and ``unrecordable`` say why). An entry whose last boot was
-    judged a REGRESSION or an improvement against its history is a ``new_level``."""
+    appended in order with its two clocks (the engine's figures named by ``vllm``); and the boots
+    not recorded (INVALID, or failed for another reason than a verdict: their ``invalid`` and
+    ``unrecordable`` say why). An entry whose last boot was judged a REGRESSION or an improvement
+    against its history is a ``new_level``."""
     grouped: dict[tuple[str, str, str], list[tuple[TestResult, MetricResult]]] = {}
     skipped: list[TestResult] = []
     for res in sorted(results, key=lambda r: r.boot):
@@ -366,6 +387,7 @@ def baseline_entries(
             direction=Direction(last.direction), samples=last.samples, git_commit=git_commit,
             profile_env=last_res.profile_env, profile_args=last_res.profile_args, boot_samples=[m.samples for _, m in boots],
             versions=last_res.versions, boot_origins=[r.origin for r, _ in boots],
+            boot_engines=[engine_boot_of(r.run, vllm) for r, _ in boots],
         )
         decided = last.baseline is not None and last.baseline.verdict in (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT)
         entries.append(replace(entry, new_level=True) if decided else entry)

@@ -13,7 +13,7 @@
   Abedi & Brecht, ICPE 2017, randomized multiple interleaved trials), or in a seeded random
   order per round; never A A B B.
 * :class:`TestBoots` and :class:`BootLedger`: what each test measured under each profile, boot
-  by boot, and whether it wants another.
+  by boot (with each boot's two clocks, :class:`EngineBoot`), and whether it wants another.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping, MutableSequence, Sequence
+import dataclasses
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -41,6 +42,72 @@ _TAIL_BOOTSTRAP = 200
 # widen it).
 _MEDIAN_SE_FACTOR = 1.2533
 _MAD_TO_SD = 1.4826
+
+
+@dataclass(frozen=True)
+class EngineBoot:
+    """One boot's two clocks over the same requests: the engine's mean time per output token and
+    its queue plus prefill (ms, from its histograms), the client's mean TPOT and TTFT over the
+    measured requests (ms), the requests and decode tokens the engine's figures rest on, and the
+    vLLM version whose metric names they were read under."""
+
+    engine_tpot_ms: float | None = None
+    engine_ttft_ms: float | None = None
+    client_tpot_ms: float | None = None
+    client_ttft_ms: float | None = None
+    requests: float | None = None
+    tokens: float | None = None
+    vllm: str = ""
+
+    def pair(self, figure: str) -> tuple[float, float] | None:
+        """(client, engine) milliseconds of ``figure`` ("tpot" or "ttft"), None where either is missing."""
+        client, engine = ((self.client_tpot_ms, self.engine_tpot_ms) if figure == "tpot"
+                          else (self.client_ttft_ms, self.engine_ttft_ms))
+        if client is None or engine is None or not (math.isfinite(client) and math.isfinite(engine)):
+            return None
+        return float(client), float(engine)
+
+    @property
+    def has_engine(self) -> bool:
+        """Whether the engine exported either figure for this boot."""
+        return self.engine_tpot_ms is not None or self.engine_ttft_ms is not None
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields a baseline boot stores (None where not known)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EngineBoot:
+        """Inverse of :meth:`to_json`; TypeError/ValueError on a field of the wrong type."""
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = data.get(f.name)
+            if f.name == "vllm":
+                if raw is not None and not isinstance(raw, str):
+                    raise TypeError("vllm must be a string")
+                values[f.name] = raw or ""
+            elif raw is None:
+                values[f.name] = None
+            elif isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
+                raise ValueError(f"{f.name} must be a number or null")
+            else:
+                values[f.name] = float(raw)
+        return cls(**values)
+
+    @classmethod
+    def of_run(cls, view: Mapping[str, Any] | None, *, client_tpot_ms: float | None,
+               client_ttft_ms: float | None, vllm: str = "") -> EngineBoot | None:
+        """A boot's two clocks from its server view's JSON (measure/server_view.py) and the
+        client's means; None where the server exported no engine figure."""
+        if not view:
+            return None
+        boot = cls(_number(view.get("engine_tpot_ms")), _number(view.get("engine_ttft_ms")), client_tpot_ms,
+                   client_ttft_ms, _number(view.get("engine_requests")), _number(view.get("engine_tokens")), vllm)
+        return boot if boot.has_engine else None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True)
@@ -233,6 +300,7 @@ class TestBoots:
     summaries: dict[str, list[BootSummary]] = field(default_factory=dict)  # metric -> per boot
     boots: list[int] = field(default_factory=list)
     wants_boot: int | None = None  # the next boot this test asked for
+    engine: dict[int, EngineBoot] = field(default_factory=dict)  # boot -> its two clocks, where it had them
 
     def add(self, boot: int, per_metric: dict[str, BootSummary]) -> None:
         """Record one boot's summaries (a boot measured twice keeps the last)."""

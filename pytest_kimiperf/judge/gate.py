@@ -49,8 +49,9 @@ from scipy import stats as scipy_stats
 from pytest_kimiperf.config.deployments import Deployment, Spreads
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.baselines import LoadedBaselines
-from pytest_kimiperf.judge.boots import BootSummary, TestBoots
+from pytest_kimiperf.judge.boots import BootSummary, EngineBoot, TestBoots
 from pytest_kimiperf.judge.decide import missing_baselines
+from pytest_kimiperf.judge.engine_clock import engine_boot_of, vllm_named
 from pytest_kimiperf.judge.fingerprint import stated_apart
 from pytest_kimiperf.judge.floors import FloorResult, floor_check
 from pytest_kimiperf.judge.history import DEFAULT_HISTORIES, against_history, drift_failures, joint_placements
@@ -163,11 +164,13 @@ def judge_metric(
     placements: Sequence[str] | None = None,
     critical: float | None = None,
     histories: int = DEFAULT_HISTORIES,
+    engine: Sequence[EngineBoot] = (),
 ) -> tuple[Comparison | None, BaselineLine]:
     """Compare one metric's boots so far with the baseline's boot history; returns the
     comparison (if any) and the line about it. ``canary`` is this session's host canary;
     ``placements`` the boots' spawn modes as the test's metrics placed them together;
-    ``histories`` the run's histories that share its budget for a false step."""
+    ``histories`` the run's histories that share its budget for a false step; ``engine`` the
+    current boots' two clocks, set beside the judged history's (judge/engine_clock.py)."""
     spreads = (prior_spread if isinstance(prior_spread, Spreads) else Spreads(prior_spread)).of(result.metric)
     spec = metric_spec(result.metric)
     if baselines is None:
@@ -181,7 +184,7 @@ def judge_metric(
             comparison, line = against_history(result, entry, current=current, spreads=spreads, canary=canary,
                                                profile_env=profile_env, profile_args=profile_args,
                                                state=BaselineState.OTHER_VERSIONS, placements=placements,
-                                               critical=critical, histories=histories)
+                                               critical=critical, histories=histories, engine=engine)
             return comparison, dataclasses.replace(line, other=other.fingerprint.key, versions=tuple(versions))
         elsewhere = [(f, e) for f in baselines.others if (e := f.entry(test, profile, result.metric))]
         if not elsewhere:
@@ -202,7 +205,7 @@ def judge_metric(
                                         recorded_hardware=stated_apart(other.fingerprint, baselines.fingerprint) or "")
     return against_history(result, entry, current=current, spreads=spreads, canary=canary,
                            profile_env=profile_env, profile_args=profile_args, placements=placements,
-                           critical=critical, histories=histories)
+                           critical=critical, histories=histories, engine=engine)
 
 
 def warning_kinds(result: TestResult, *, missing_baseline_fails: bool) -> list[ResultWarning]:
@@ -311,13 +314,15 @@ class Rules:
 @dataclass
 class Judgement:
     """What :func:`judge` decided: the filled result, the baseline comparisons, this boot's
-    summaries to add to the test's boot record (None for a boot that is no sample of this
-    build) and the boot this test asks for next (None when it is settled)."""
+    summaries (and two clocks) to add to the test's boot record (None for a boot that is no sample
+    of this build) and the boot this test asks for next (None when it is settled)."""
 
     result: TestResult
     comparisons: list[Comparison]
     recorded: dict[str, BootSummary] | None
     wants_boot: int | None
+    # This boot's two clocks, for the test's boot record (None: the server exported no engine figure).
+    engine: EngineBoot | None = None
 
 
 def judge(
@@ -356,13 +361,14 @@ def judge(
         result.failures.append(InvalidRun(run.invalid, result.invalid_cause or ""))
         return Judgement(result, [], None, None)
     _check_boot(result, run, rules, label=label, floor=floor, slo=slo, goodput=goodput)
-    current, recorded = _with_this_boot(result, earlier)
+    current, recorded = _with_this_boot(result, earlier, vllm_named(baselines.fingerprint.hard) if baselines else "")
     comparisons = _against_baselines(result, current, rules, baselines)
     wants_boot = _settle(result, comparisons, current, rules, baselines)
     soft = baselines.soft_changes() if baselines is not None and comparisons else []
     if soft:
         result.warn(WarningKind.SOFT_FINGERPRINT, SoftFingerprint(tuple(soft)))
-    return Judgement(result, comparisons, recorded, wants_boot)
+    return Judgement(result, comparisons, recorded, wants_boot,
+                     current.engine.get(result.boot) if recorded is not None else None)
 
 
 def _check_boot(result: TestResult, run: BootRun, rules: Rules, *, label: str, floor: bool,
@@ -390,11 +396,13 @@ def _check_boot(result: TestResult, run: BootRun, rules: Rules, *, label: str, f
         _check_decode_floor(result, run, rules)
 
 
-def _with_this_boot(result: TestResult, earlier: TestBoots) -> tuple[TestBoots, dict[str, BootSummary] | None]:
-    """The test's boots so far with this one added, and this boot's summaries to record (None,
-    and added nowhere, when it failed for another reason than a verdict: it is no sample of
-    this build)."""
-    current = TestBoots(summaries={k: list(v) for k, v in earlier.summaries.items()}, boots=list(earlier.boots))
+def _with_this_boot(result: TestResult, earlier: TestBoots,
+                    vllm: str = "") -> tuple[TestBoots, dict[str, BootSummary] | None]:
+    """The test's boots so far with this one added (its two clocks too, the engine's named by
+    ``vllm``), and this boot's summaries to record (None, and added nowhere, when it failed for
+    another reason than a verdict: it is no sample of this build)."""
+    current = TestBoots(summaries={k: list(v) for k, v in earlier.summaries.items()}, boots=list(earlier.boots),
+                        engine=dict(earlier.engine))
     if result.failures:
         result.unrecordable = tuple(result.failures)
         return current, None
@@ -402,6 +410,8 @@ def _with_this_boot(result: TestResult, earlier: TestBoots) -> tuple[TestBoots, 
     recorded = {name: dataclasses.replace(mres.boot_summary(), session=origin.session, host=origin.host)
                 if origin is not None else mres.boot_summary() for name, mres in result.metrics.items()}
     current.add(result.boot, recorded)
+    if (engine := engine_boot_of(result.run, vllm)) is not None:
+        current.engine[result.boot] = engine
     return current, recorded
 
 
@@ -414,7 +424,8 @@ def _against_baselines(result: TestResult, current: TestBoots, rules: Rules,
                             profile_args=result.profile_args, current=current.summaries.get(mres.metric, []),
                             prior_spread=rules.spreads, canary=result.origin.canary if result.origin is not None else None,
                             placements=placements, critical=rules.critical,
-                            histories=rules.family or DEFAULT_HISTORIES)
+                            histories=rules.family or DEFAULT_HISTORIES,
+                            engine=[current.engine[b] for b in current.boots if b in current.engine])
 
     judged = [(mres, *against(mres)) for mres in result.metrics.values()]
     # A boot is in one spawn mode for every metric whose history splits alike (history.joint_placements).

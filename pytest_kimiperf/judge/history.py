@@ -129,8 +129,9 @@ from scipy import stats as scipy_stats
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.baselines import BaselineEntry, BaselineFile
-from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.boots import BootSummary, EngineBoot
 from pytest_kimiperf.judge.canary_check import canary_shift
+from pytest_kimiperf.judge.engine_clock import FIGURE_OF, place
 from pytest_kimiperf.judge.levels import MIN_UNITS, level_terms, nested_levels, weights_sq
 from pytest_kimiperf.judge.modes import (
     Modes,
@@ -547,11 +548,14 @@ def against_history(
     result: MetricResult, entry: BaselineEntry, *, current: Sequence[BootSummary], spreads: Spreads,
     canary: Mapping[str, float] | None, profile_env: Mapping[str, str], profile_args: Sequence[str] = (),
     state: BaselineState = BaselineState.JUDGED, placements: Sequence[str] | None = None,
-    critical: float | None = None, histories: int = DEFAULT_HISTORIES,
+    critical: float | None = None, histories: int = DEFAULT_HISTORIES, engine: Sequence[EngineBoot] = (),
 ) -> tuple[Comparison, BaselineLine]:
     """One metric's boots against one baseline entry's history, and "not comparable" when the
     host canary moved from the boots it is judged against (those since the history's last step)
-    or the profile's environment or server arguments differ."""
+    or the profile's environment or server arguments differ. The current boots' two clocks
+    (``engine``) beside the judged boots' say where its change lives (judge/engine_clock.py); a
+    history whose boots keep no engine figures is judged on the client's clock alone, and its
+    line says so."""
     summaries = entry.summaries()
     steps = history_steps(summaries, spreads=spreads, histories=histories)
     judged = judged_part(entry.boots, summaries, steps)
@@ -564,8 +568,14 @@ def against_history(
         critical=critical)
     env = None if same_env else EnvDiff(dict(entry.profile_env), tuple(entry.profile_args), dict(profile_env),
                                         tuple(profile_args))
+    history_engine = [b.engine for b in judged if b.engine is not None]
+    if comparison.verdict is not VerdictKind.NOT_COMPARABLE and (
+            clocks := place(result.metric, comparison, engine, history_engine)) is not None:
+        comparison = comparison.with_notes(clocks)
+    client_only = bool(engine) and not history_engine and result.metric in FIGURE_OF
     return comparison, BaselineLine(state, comparison.label, comparison,
-                                    canary=check if check is not None and check.moved else None, env=env)
+                                    canary=check if check is not None and check.moved else None, env=env,
+                                    client_clock_only=client_only)
 
 
 # Drift: the appended nights judged together against the anchor.

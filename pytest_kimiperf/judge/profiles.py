@@ -101,6 +101,7 @@ from scipy import stats as scipy_stats
 from pytest_kimiperf.config.deployments import Deployment
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.engine_clock import engine_boot_of, engine_only, on_two_clocks
 from pytest_kimiperf.judge.notes import BootsForWithin, BootsToDecide, DeclaredModes, Note, SpreadSeen, SpreadSource
 from pytest_kimiperf.judge.power import smallest_change
 from pytest_kimiperf.judge.stats import (
@@ -729,10 +730,30 @@ def profile_comparisons(
             )
             continue
         rows.extend(
-            ProfileComparison(test, metric, profile, reference_profile, comparison)
+            ProfileComparison(test, metric, profile, reference_profile,
+                              _on_two_clocks(metric, comparison, group, profile, reference_profile))
             for test, metric, profile, comparison in compared
         )
     return rows
+
+
+def _on_two_clocks(metric: str, comparison: Comparison | None, group: Sequence[TestResult], profile: str,
+                   reference: str) -> Comparison | None:
+    """The comparison as the engine's clock leaves it (judge/engine_clock.py): with where its
+    change lives, and for a profile that reaches only the engine whose engine did not move, its
+    sign withdrawn. Decided here, once: every output reads the comparison."""
+    if comparison is None:
+        return None
+
+    def boots(name: str) -> list[TestResult]:
+        return sorted((r for r in group if r.profile == name and r.invalid is None), key=lambda r: r.boot)
+
+    cur, ref = boots(profile), boots(reference)
+    only_engine = bool(cur and ref) and engine_only(cur[0].profile_env, ref[0].profile_env,
+                                                    cur[0].profile_args, ref[0].profile_args)
+    return on_two_clocks(metric, comparison, [b for r in cur if (b := engine_boot_of(r.run)) is not None],
+                         [b for r in ref if (b := engine_boot_of(r.run)) is not None],
+                         engine_only_profile=only_engine, reference_name=reference)
 
 
 # Boots on demand: after each look, stop with a verdict or book one more boot of each side.

@@ -127,6 +127,9 @@ class BaselineLine(Note):
     # Other hardware: the hardware stated when that baseline was recorded, where it is all that
     # differs besides versions (fingerprint.stated_apart): stating it selects that baseline.
     recorded_hardware: str = ""
+    # This run's boots carry the engine's figures and the judged history's keep none (recorded
+    # before they were stored): judged on the client's clock alone.
+    client_clock_only: bool = False
 
     decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
         "state": BaselineState, "comparison": Comparison.from_dict, "canary": _canary_from_json,

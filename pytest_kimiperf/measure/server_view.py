@@ -301,9 +301,10 @@ class ServerView:
         queue, prefill = h.get(QUEUE_TIME_METRIC), h.get(PREFILL_TIME_METRIC)
         if queue is not None and prefill is not None and prefill.count > 0:
             ttft_s = (queue.sum + prefill.sum) / prefill.count
+        tokens = generated.sum - generated.count if generated is not None else None
         return EngineFigures(
             tpot_ms=_ms(tpot_s) if tpot_s else None, ttft_ms=_ms(ttft_s),
-            requests=requests, missing=missing)
+            requests=requests, missing=missing, tokens=tokens)
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:
@@ -334,12 +335,14 @@ class ServerView:
 class EngineFigures:
     """The engine core's own figures over a window: its time per output token (``tpot_ms``, and
     the decode rate it makes), its side of TTFT (queue plus prefill), the requests it finished,
-    and the ENGINE_METRICS names the server did not export."""
+    the ENGINE_METRICS names the server did not export, and the decode tokens its time per token
+    rests on (those after each request's first)."""
 
     tpot_ms: float | None
     ttft_ms: float | None
     requests: float | None = None
     missing: tuple[str, ...] = ()
+    tokens: float | None = None
 
     @property
     def decode_tok_s(self) -> float | None:
@@ -350,13 +353,13 @@ class EngineFigures:
         """The ``engine_*`` fields of a server view's JSON."""
         return {"engine_tpot_ms": self.tpot_ms, "engine_decode_tok_s": self.decode_tok_s,
                 "engine_ttft_ms": self.ttft_ms, "engine_requests": self.requests,
-                "engine_missing": list(self.missing)}
+                "engine_tokens": self.tokens, "engine_missing": list(self.missing)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EngineFigures:
         """The engine's figures from a server view's JSON (None fields where it had none)."""
         return cls(tpot_ms=data.get("engine_tpot_ms"), ttft_ms=data.get("engine_ttft_ms"),
-                   requests=data.get("engine_requests"),
+                   requests=data.get("engine_requests"), tokens=data.get("engine_tokens"),
                    missing=tuple(data.get("engine_missing") or ENGINE_METRICS))
 
 

@@ -23,7 +23,7 @@ from pytest_kimiperf.measure.invalid_causes import advice_for
 from pytest_kimiperf.numbers import fmt_change, fmt_value
 from pytest_kimiperf.reports.compact_rows import CompactRow, baseline_rows, last_boots, primary_of, profile_rows
 from pytest_kimiperf.reports.measured import lost_remark, no_counts_line, stream_remark
-from pytest_kimiperf.reports.two_clocks import client_clock_only, engine_remark
+from pytest_kimiperf.reports.two_clocks import client_clock_only, engine_words, judged_on_the_client_clock_alone
 from pytest_kimiperf.reports.model import SessionReport, boot_label, metric_heading, short_test
 from pytest_kimiperf.reports.sentences import beside_comparison, missing_reason, note_text
 
@@ -70,9 +70,15 @@ def answer_lines(report: SessionReport) -> list[Answer]:
     if (reach := report.what_nccl_reached()) is not None:  # where decode's all-reduces bypassed NCCL
         others = [p for p in report.profile_names() if p != ref]
         answers.append(Answer(f"{others[0] if len(others) == 1 else 'profiles'} vs {ref}, what NCCL could reach: {reach}"))
-    answers += [Answer(f"{row.profile} vs its baseline, {_about(row)}{lost_remark(report, row.test, row.metric, (row.profile,))}"
+    answers += [Answer(f"{row.profile} vs its baseline, {_about(row)}"
+                       f"{engine_words(report.results, row.test, row.comparison, row.profile, None)}"
+                       f"{lost_remark(report, row.test, row.metric, (row.profile,))}"
                        f"{stream_remark(report, row.test, (row.profile,))}", _tone(row))
                 for row in _primary_rows(baseline_rows(report), report)]
+    client_alone = sum(1 for res in last_boots(report.results) for m in res.metrics.values()
+                       if m.baseline_line is not None and m.baseline_line.client_clock_only)
+    if (alone := judged_on_the_client_clock_alone(client_alone)) is not None:
+        answers.append(Answer(alone))
     if (uncounted := no_counts_line(report)) is not None:
         answers.append(Answer(uncounted))
     floor = _floor_line(report)
@@ -150,8 +156,7 @@ def _not_compared(report: SessionReport) -> list[str]:
 
 def _engine_words(report: SessionReport, row: CompactRow) -> str:
     """The engine's clock beside the client's change (reports/two_clocks.py), '' where it has none."""
-    remark = engine_remark(report.results, row.test, row.metric, row.comparison, row.profile, report.reference_profile)
-    return remark.text if remark is not None else ""
+    return engine_words(report.results, row.test, row.comparison, row.profile, report.reference_profile)
 
 
 def _about(row: CompactRow) -> str:

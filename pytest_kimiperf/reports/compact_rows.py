@@ -16,7 +16,6 @@ from pytest_kimiperf.judge.profiles import WITHIN_INTERVAL
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind
 from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.numbers import fmt_ci
-from pytest_kimiperf.reports.two_clocks import engine_remark
 from pytest_kimiperf.reports.model import SessionReport, profile_verdict
 
 
@@ -92,11 +91,6 @@ def profile_rows(report: SessionReport) -> list[CompactRow]:
                 key = (block.test, metric.metric, cell.name or cell.profile)
                 if key not in rows or (rows[key].comparison is None and cell.comparison is not None):
                     note = None if cell.comparison is not None else cell.note
-                    # A profile that reaches only the engine, whose engine did not move: not its change.
-                    remark = engine_remark(report.results, block.test, metric.metric, cell.comparison, key[2],
-                                           report.reference_profile)
-                    if remark is not None and remark.withdrawn:
-                        note = "UNRESOLVED: the client's clock moved, the engine's did not"
                     rows[key] = CompactRow(*key, cell.comparison, note,
                                            primary=primary.get(block.test) == metric.metric, invalid=cell.invalid)
     return list(rows.values())

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.reports.model import figure_legend, fmt_range, range_names
+from pytest_kimiperf.judge.engine_clock import two_clocks_of
+from pytest_kimiperf.reports.sentences import note_text
 from pytest_kimiperf.reports.answers import spread_line
 from pytest_kimiperf.reports.next_step import outcome_line
 from pytest_kimiperf.reports.measured import measured_lines
@@ -94,6 +96,8 @@ def _profile_tables(report: SessionReport) -> list[str]:
                     c = cell.comparison
                     change, ci = fmt_change(c.change), fmt_ci(c.ci_low, c.ci_high)
                     verdict = _emphasize(profile_verdict(c), c.verdict)
+                    if (clocks := two_clocks_of(c)) is not None and clocks.withdrawn:
+                        verdict += f" ({_text(note_text(clocks))})"
                 else:
                     change, ci, verdict = "", "", "reference" if cell.is_reference else ""
                 rows.append([test, heading, _code(cell.profile), fmt_value(cell.figure.value),

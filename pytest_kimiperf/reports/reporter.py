@@ -32,11 +32,12 @@ from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.storage import baselines
 from pytest_kimiperf.judge.baselines import BaselineFile
 from pytest_kimiperf.judge.fingerprint import Fingerprint
-from pytest_kimiperf.judge.profiles import InSessionRules
+from pytest_kimiperf.judge.profiles import InSessionRules, profile_comparisons
 from pytest_kimiperf.judge.profiles import session_plan
 from pytest_kimiperf.judge.history import append_refusal
 from pytest_kimiperf.judge.decide import RunDecision
 from pytest_kimiperf.judge.baselines import baseline_entries
+from pytest_kimiperf.judge.engine_clock import vllm_named
 from pytest_kimiperf.reports.sentences import not_recorded_line
 from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.storage.git_facts import current_git_branch, current_git_commit
@@ -157,6 +158,22 @@ class SessionReporter:
             self.output_errors.append(str(exc))
         return self.report
 
+    def _in_session_rules(self) -> InSessionRules:
+        settings = self.settings
+        return InSessionRules.of(settings.deployment, plan=session_plan(
+            profiles=len(settings.profiles), boots=settings.boots, max_boots=settings.max_boots,
+            control=settings.control))
+
+    def verdict_properties(self) -> list[tuple[str, str]]:
+        """Each profile comparison's verdict as a (name, value) property, the comparisons judged
+        as the report judges them (judge/profiles.py, on this run's results): for junitxml, whose
+        file is written before the report is."""
+        settings = self.settings
+        rows = profile_comparisons(self.results, settings.reference_profile.name, rules=self._in_session_rules(),
+                                   control=settings.control)
+        return [(f"kimiperf_verdict {row.test}|{row.metric}|{row.profile} vs {row.reference_profile}",
+                 row.comparison.verdict.value) for row in rows if row.comparison is not None]
+
     def write(self, *, passed: bool) -> None:
         """Session finish, then: write the baselines (--kimiperf-update-baselines, or append-on-pass
         when the run ``passed``, as judge/decide.py decided) and the reports asked for. What cannot
@@ -224,9 +241,7 @@ class SessionReporter:
             created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             generator=_generator(),
             baselines_path=baselines_path,
-            rules=InSessionRules.of(settings.deployment, plan=session_plan(
-                profiles=len(settings.profiles), boots=settings.boots, max_boots=settings.max_boots,
-                control=settings.control)),
+            rules=self._in_session_rules(),
             control=settings.control,
             roofline=build_roofline_report(
                 self.results, settings.deployment, fingerprint, rootpath=self.rootpath, external=settings.external,
@@ -271,9 +286,10 @@ class SessionReporter:
         # A control's boots are the recorded build's, measured for this session's comparison only.
         controls = {p.name for p in settings.profiles if p.control_of}
         results = [res for res in self.results if res.profile not in controls]
-        entries, skipped = baseline_entries(results, git_commit=current_git_commit(self.rootpath))
-        not_recorded = [not_recorded_line(res) for res in skipped]
         fp = self.run.known_fingerprint()
+        entries, skipped = baseline_entries(results, git_commit=current_git_commit(self.rootpath),
+                                            vllm=vllm_named(fp.hard) if fp is not None else "")
+        not_recorded = [not_recorded_line(res) for res in skipped]
         if fp is None:
             # No perf test ran anywhere, so there is nothing to record and no hardware to name.
             return BaselineUpdate(path=str(settings.baselines_dir), entries=0, not_recorded=tuple(not_recorded))

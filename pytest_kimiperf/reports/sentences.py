@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import assert_never
 
 from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, Direction, metric_spec
+from pytest_kimiperf.judge.engine_clock import UNPLACED_DF, Part, TwoClocks, UnplacedWhy, Where
 from pytest_kimiperf.judge.history import AppendWhy, NotAppended
 from pytest_kimiperf.measure.invalid_causes import advice_for
 from pytest_kimiperf.measure.results import withheld_words
@@ -32,7 +33,7 @@ from pytest_kimiperf.judge.stats import Comparison, VerdictKind, band_log, fmt_t
 from pytest_kimiperf.judge.verdicts import (
     BaselineLine, BaselineState, EnvDiff, MissingBaselines, TestResult, VerdictNote,
 )
-from pytest_kimiperf.numbers import fmt_change, fmt_spread, fmt_value
+from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_spread, fmt_value
 
 # What recording accepts, said wherever recording is the advice: it is never a neutral step.
 RECORDING_ACCEPTS = "records this run's figures as the new baseline: review the diff"
@@ -224,6 +225,70 @@ def comparison_line(c: Comparison, *, label: bool = True) -> str:
                 assert_never(kind)
     tail = f"; {note}" if note else ""
     return f"{prefix}{body}; {evidence_text(c)}{tail})"
+
+
+# --- the engine's clock beside the client's (judge/engine_clock.py) ---------------------------
+
+# What each figure's change is in a sentence: the client's and the engine's side of it.
+_CLIENT_FIGURE = {"tpot": ("client", " a token"), "ttft": ("client TTFT", "")}
+_ENGINE_FIGURE = {"tpot": "engine", "ttft": "engine queue+prefill"}
+_ENGINE_RELATIVE = {"tpot": "engine time per token", "ttft": "engine queue+prefill"}
+_WHERE_WORDS = {
+    Where.ENGINE: "the engine's",
+    Where.OUTSIDE: "outside the engine (API server, network or client)",
+}
+
+
+def _ms(value: float) -> str:
+    """A signed change in milliseconds: ``+8.1``, ``+0.32``, ``+0.0`` (under 5 us: no change a
+    histogram of milliseconds can tell)."""
+    if abs(value) < 0.005:
+        return "+0.0"
+    return f"{value:+.2g}" if abs(value) < 1 else f"{value:+.1f}"
+
+
+def _ms_interval(part: Part) -> str:
+    return f"{_ms(part.low)}..{_ms(part.high)}"
+
+
+@note_text.register
+def _(note: TwoClocks) -> str:
+    level = f"{note.level:.0%}"
+    if note.engine is None or note.outside is None or note.client_ms is None:
+        # No split in milliseconds: the engine's own figure, relative, and why nothing is placed.
+        interval = (f"{fmt_ci(note.engine_low, note.engine_high)}, {level}" if note.engine_low is not None
+                    else "one boot a side: no interval")
+        text = f"{_ENGINE_RELATIVE[note.figure]} {fmt_change(note.engine_change)} ({interval})"
+        if note.why is UnplacedWhy.MEANS_DISAGREE:
+            text += (": unplaced: the client's mean over the same requests moved the other way from its "
+                     "comparison's medians")
+        elif note.why is UnplacedWhy.FEW_BOOTS:
+            text += ": unplaced"
+    else:
+        client, per = _CLIENT_FIGURE[note.figure]
+        unit = "" if per else " ms"
+        text = (f"{client} {_ms(note.client_ms)} ms{per}, {_ENGINE_FIGURE[note.figure]} {_ms(note.engine.ms)}{unit} "
+                f"({_ms_interval(note.engine)}, {level})")
+        match note.where:
+            case Where.ENGINE | Where.OUTSIDE:
+                text += f": {_WHERE_WORDS[note.where]}"
+            case Where.BOTH:
+                share = note.engine.ms / note.client_ms
+                text += (f": both: the engine's {share:.0%} of it, outside {_ms(note.outside.ms)}{unit} "
+                         f"({_ms_interval(note.outside)})")
+            case Where.UNPLACED if note.why is UnplacedWhy.FEW_DF:
+                df = min(note.engine.df, note.outside.df)
+                text += (f": unplaced: {note.boots_current} vs {note.boots_reference} boots give {df:.1f} degrees "
+                         f"of freedom, too few to place it (more than {UNPLACED_DF:g})")
+            case Where.UNPLACED:
+                text += ": unplaced: neither the engine's part nor the part outside it moved a material share on its own"
+            case _:
+                pass
+    if note.withdrawn:
+        text += (f"; sign withdrawn: this profile differs from {note.reference or 'its reference'} only in what "
+                 "reaches the engine's workers, and the engine's clock did not move with the client's, so the "
+                 "change is not the profile's")
+    return text
 
 
 @note_text.register

@@ -1,19 +1,18 @@
 """The engine's clock beside the client's in the answers, and each run's fidelity (the ratio of
-the client's time per token to the engine's): read from each boot's server view, judged by
-judge/engine_clock.py."""
+the client's time per token to the engine's): judge/engine_clock.py decided what the engine's
+clock says of each comparison (a note on it); this module only says it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pytest_kimiperf.judge.engine_clock import (
-    ENGINE_FIGURE_OF, ENGINE_WORDS, EngineChange, Where, engine_change, engine_only, where_change_lives,
-)
+from pytest_kimiperf.judge.engine_clock import EngineChange, engine_change, two_clocks_of
 from pytest_kimiperf.judge.stats import Comparison
 from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.measure.server_view import ENGINE_METRICS
 from pytest_kimiperf.numbers import fmt_change, fmt_ci
+from pytest_kimiperf.reports.sentences import note_text
 
 
 def _boots(results: Sequence[TestResult], test: str, profile: str) -> list[TestResult]:
@@ -21,70 +20,30 @@ def _boots(results: Sequence[TestResult], test: str, profile: str) -> list[TestR
                    and r.run is not None and r.run.server_metrics), key=lambda r: r.boot)
 
 
-def engine_values(results: Sequence[TestResult], test: str, profile: str, figure: str) -> list[float]:
-    """One value of the engine's ``figure`` per judged boot of ``test`` under ``profile``."""
-    values = []
-    for res in _boots(results, test, profile):
-        assert res.run is not None
-        value = res.run.server_metrics[0].get(figure)
-        if isinstance(value, (int, float)):
-            values.append(float(value))
-    return values
-
-
-@dataclass(frozen=True)
-class EngineRemark:
-    """What the engine's clock says of one comparison: the words after the client's answer, and
-    whether the comparison's sign is withdrawn (a profile that reaches only the engine, whose
-    engine did not move)."""
-
-    text: str
-    withdrawn: bool = False
-
-
-def engine_remark(results: Sequence[TestResult], test: str, metric: str, comparison: Comparison | None,
-                  current: str, reference: str | None) -> EngineRemark | None:
-    """The engine's change beside the client's, for ``current`` against ``reference`` (a profile),
-    or against the baseline (``reference`` None: the current boots alone, no engine comparison);
-    None where the metric has no engine figure or the boots carry none."""
-    figure = ENGINE_FIGURE_OF.get(metric)
-    if figure is None or comparison is None or reference is None:
-        return None
-    change = engine_change(figure, engine_values(results, test, current, figure),
-                           engine_values(results, test, reference, figure))
-    if change is None:
-        return None
-    where = where_change_lives(comparison, change)
-    text = f"; {_said(change)}{_WHERE_WORDS[where]}"
-    moved = fidelity_change(results, test, current, reference)
+def engine_words(results: Sequence[TestResult], test: str, comparison: Comparison | None, current: str,
+                 reference: str | None) -> str:
+    """What the engine's clock said of ``comparison`` (judge/engine_clock.py decided it and put
+    it among the comparison's notes), after the client's answer: ``"; ..."``, or "" where it said
+    nothing. Between two profiles of this session (``reference``), also whether what lies between
+    the engine and the client moved."""
+    clocks = two_clocks_of(comparison)
+    if clocks is None:
+        return ""
+    text = f"; {note_text(clocks)}"
+    moved = fidelity_change(results, test, current, reference) if reference is not None else None
     if moved is not None and moved.beyond_zero:
         text += (f"; the client's time per token over the engine's moved {fmt_change(moved.change)} "
                  f"({fmt_ci(moved.low, moved.high)}): what lies between the engine and the client changed")
-    if where is Where.OUTSIDE and _engine_only(results, test, current, reference):
-        return EngineRemark(text + f"; {current} differs from {reference} only in what reaches the engine's "
-                                   "workers, so this change is not the profile's", withdrawn=True)
-    return EngineRemark(text)
+    return text
 
 
-def _said(change: EngineChange) -> str:
-    interval = (f" ({fmt_ci(change.low, change.high)}, {change.level:.0%})" if change.low is not None
-                and change.high is not None else " (one boot a side: no interval)")
-    return f"{ENGINE_WORDS[change.figure]} {fmt_change(change.change)}{interval}"
-
-
-_WHERE_WORDS = {
-    Where.ENGINE: ": the engine changed",
-    Where.OUTSIDE: ": the time went outside the engine (API server, network or client)",
-    Where.NO_CLAIM: "",
-    Where.UNKNOWN: "",
-}
-
-
-def _engine_only(results: Sequence[TestResult], test: str, current: str, reference: str) -> bool:
-    cur, ref = _boots(results, test, current), _boots(results, test, reference)
-    if not cur or not ref:
-        return False
-    return engine_only(cur[0].profile_env, ref[0].profile_env, cur[0].profile_args, ref[0].profile_args)
+def judged_on_the_client_clock_alone(lines_client_only: int) -> str | None:
+    """The one line for a gate whose baseline keeps no engine figures while this run's boots
+    carry them (``lines_client_only`` baseline lines say so): None where none does."""
+    if not lines_client_only:
+        return None
+    return ("against the baseline: judged on the client's clock alone: the baseline's boots keep no engine figures "
+            "(recorded before they were stored); the next recording keeps them")
 
 
 def client_clock_only(results: Sequence[TestResult]) -> str | None:

@@ -33,7 +33,7 @@ from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.files import write_atomically
 from pytest_kimiperf.judge.baselines import BaselineBoot, BaselineEntry, BaselineFile, LoadedBaselines, Night
 from pytest_kimiperf.judge.baselines import append_history, round_figure
-from pytest_kimiperf.judge.boots import summarize_boot
+from pytest_kimiperf.judge.boots import EngineBoot, summarize_boot
 from pytest_kimiperf.judge.fingerprint import Fingerprint
 from pytest_kimiperf.judge.levels import BootOrigin
 from pytest_kimiperf.numbers import is_real
@@ -59,6 +59,8 @@ def record_json(record: BaselineBoot | Night) -> dict[str, Any]:
                            "versions": dict(record.versions)}
     if record.origin is not None:
         out["origin"] = record.origin.to_json()
+    if record.engine is not None:
+        out["engine"] = record.engine.to_json()
     return out
 
 
@@ -259,9 +261,17 @@ def _parse_boot(raw: object, index: int, where: str = "boots") -> BaselineBoot:
         origin = BootOrigin.from_json(raw.get("origin"))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}[{index}].origin: {exc}") from None
+    engine = raw.get("engine")
+    if engine is not None and not isinstance(engine, dict):
+        raise TypeError(f"{where}[{index}].engine must be an object")
+    try:
+        # Optional: boots recorded before the engine's figures were kept have none.
+        engine_boot = EngineBoot.from_json(engine) if engine is not None else None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}[{index}].engine: {exc}") from None
     return BaselineBoot(median=float(raw["median"]), n=n, se_log=None if se is None else float(se),
                         recorded_at=str(raw.get("recorded_at") or ""), git_commit=raw.get("git_commit"),
-                        versions={str(k): str(v) for k, v in versions.items()}, origin=origin)
+                        versions={str(k): str(v) for k, v in versions.items()}, origin=origin, engine=engine_boot)
 
 
 # Where the files are, read and written.

@@ -36,6 +36,14 @@ server that falls behind the engine does, while the engine's stamps keep their p
 --engine-tok-per-s R slows the engine itself (both clocks see it). --slow-if-env NAME=VALUE applies
 the two only when the server's environment has NAME=VALUE (one profile of a comparison slowed).
 
+--engine-stamps FILE sets the engine's figures instead of its own clock: FILE holds a JSON list
+with one ``{"tpot_ms": T, "ttft_ms": P}`` per boot (the Nth boot that starts takes the Nth entry,
+counted in FILE.booted), and every request the engine finishes is recorded with prefill P ms and
+decode T ms a token after its first, whatever the host did. A test then holds the engine's clock to
+set values no host can move, while the client's clock reads the stub's real pace. An entry's
+``api_delay_ms`` and ``engine_tok_per_s`` set that boot's --api-delay-ms and --engine-tok-per-s: the
+server changed between two runs while the command the baseline was recorded with did not.
+
 --prompt-log FILE appends one JSON line per completion request, ``{"pid", "request_id",
 "prompt"}``, so a test can see exactly which prompts reached the server (prompt isolation).
 
@@ -144,6 +152,25 @@ VOCAB: dict[str, int] = {}
 # decode_s, generated tokens) each.
 ENGINE_FINISHED: list[tuple[float, float, float, int]] = []
 ENGINE_LOCK = threading.Lock()
+
+
+# This boot's set engine figures (--engine-stamps): (tpot_s, ttft_s), or None to stamp on its clock.
+ENGINE_SET: tuple[float, float] | None = None
+
+
+def set_engine_stamps(path: str, args: argparse.Namespace) -> tuple[float, float]:
+    """This boot's entry of the --engine-stamps file (the boots before it counted in FILE.booted),
+    its pace settings applied to ``args``."""
+    entries = json.loads(Path(path).read_text())
+    booted = Path(path + ".booted")
+    with open(booted, "a+") as fh:
+        fh.seek(0)
+        index = len(fh.read().splitlines())
+        fh.write(f"{os.getpid()}\n")
+    entry = entries[index % len(entries)]
+    args.api_delay_ms = float(entry.get("api_delay_ms", args.api_delay_ms))
+    args.engine_tok_per_s = entry.get("engine_tok_per_s", args.engine_tok_per_s)
+    return float(entry["tpot_ms"]) / 1000.0, float(entry["ttft_ms"]) / 1000.0
 
 
 def _slowed(args: argparse.Namespace) -> bool:
@@ -291,7 +318,10 @@ class Handler(BaseHTTPRequestHandler):
             self._chunk(f"data: {json.dumps(chunk)}\n\n")
             _sleep_until(start + (i + 1) * gap + (i + 1) * api_delay)
         with ENGINE_LOCK:
-            ENGINE_FINISHED.append((0.0, first_token - arrived, last_token - first_token, n))
+            if ENGINE_SET is not None:  # the test's figures, not this host's clock
+                ENGINE_FINISHED.append((0.0, ENGINE_SET[1], ENGINE_SET[0] * (n - 1), n))
+            else:
+                ENGINE_FINISHED.append((0.0, first_token - arrived, last_token - first_token, n))
         usage = {"id": "cmpl-stub", "choices": [],
                  "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
                            "total_tokens": n + prompt_tokens}}
@@ -380,6 +410,7 @@ def main() -> None:
     parser.add_argument("--api-delay-ms", type=float, default=0.0)
     parser.add_argument("--engine-tok-per-s", type=float, default=None)
     parser.add_argument("--slow-if-env", default=None)
+    parser.add_argument("--engine-stamps", default=None)
     parser.add_argument("--nccl-lines", action="store_true")
     parser.add_argument("--nccl-log-value", action="append", default=[])
     parser.add_argument("--all-reduce-lines", default=None,
@@ -405,6 +436,9 @@ def main() -> None:
 
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     boot(args)
+    if args.engine_stamps:
+        global ENGINE_SET
+        ENGINE_SET = set_engine_stamps(args.engine_stamps, args)
     Handler.args = args
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     vllm_info("entry.py:140", f"Starting vLLM server on http://{args.host}:{args.port}")

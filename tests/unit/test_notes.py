@@ -11,6 +11,7 @@ from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge import notes
 from pytest_kimiperf.judge.history import AppendWhy, NotAppended
 from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.engine_clock import Part, TwoClocks, Where
 from pytest_kimiperf.judge.floors import floor_check
 from pytest_kimiperf.judge.canary_check import CanaryCheck
 from pytest_kimiperf.judge.spread_check import SpreadBeyond, SpreadsMisdeclared
@@ -56,6 +57,9 @@ EVERY_KIND = [
     notes.PrefixCacheReused(2048.0, 2400.0), notes.BootsBooked("decode tok/s", 2, ("default", "ring-ll"), 6),
     notes.MeasuredAgain(("unmeasured: decode_tok_s lost for 9 of 20 requests", "host busy: other processes used 40%")),
     BEYOND, SpreadsMisdeclared((BEYOND,), 20, 0.01, "kimi-k25-int4-tp8"),
+    TwoClocks("tpot", Where.OUTSIDE, client_ms=2.1, engine=Part(0.02, -0.1, 0.14, math.inf),
+              outside=Part(2.08, 1.9, 2.3, 4.2), boots_current=3, boots_reference=3, engine_change=0.002,
+              engine_low=-0.01, engine_high=0.014, withdrawn=True, reference="default"),
 ]
 
 
