@@ -95,6 +95,15 @@ def _truth_decode(truth: dict[str, dict[str, Any]], request_id: str) -> float | 
     return tokens * 1e9 / (wrote["write_ns"][-1] - wrote["write_ns"][0])
 
 
+def _answer(lines: list[str]) -> str:
+    """The answer line against the baseline, its wrapped lines joined."""
+    start = next((i for i, line in enumerate(lines) if "vs its baseline" in line), None)
+    if start is None:
+        return ""
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("    ")), len(lines))
+    return " ".join(" ".join(lines[start:end]).split())
+
+
 def one_case(repo: Path, case: str) -> dict[str, Any]:
     """The gate against the smooth baseline, the server as ``case`` makes it."""
     with paced_server(*CASES[case]) as url:
@@ -126,11 +135,10 @@ def one_case(repo: Path, case: str) -> dict[str, Any]:
         "decode_measured": len(samples), "sent": len(run.get("requests") or []),
         "max_decode_error_pct": round(max((abs(e) for e in errors), default=0.0), 3),
         "matched": len(errors),
-        "verdict": (test.get("metrics") or {}).get("decode_tok_s", {}).get("verdict"),
         "invalid_cause": test.get("invalid_cause"),
         "stalled_requests": stream.get("stalled_requests"),
         "says_stalled": "the server stalled" in said, "says_exit_75": "exit status 75" in said,
-        "answer": next((line.strip() for line in out.splitlines() if "vs its baseline" in line), ""),
+        "answer": _answer(out.splitlines()),
     }
 
 

@@ -7,7 +7,7 @@ the same request or gap, so a test can assert that each figure the run gives is 
 one it does not give is withheld with a reason (measure/coverage.py).
 
 :func:`paced_server` and :func:`client_stopped` start the truth server and the SIGSTOP helper
-(tests/fakes/client_stopper.py) as processes of their own. Shared by tests/unit/test_shared_reads.py
+(tests/fakes/client_stopper.py) as processes of their own. Shared by tests/plugin/test_server_stalls.py
 and benchmarks/shared_reads.py.
 """
 
