@@ -176,6 +176,7 @@ class StreamingClient:
         )
         reader = SSEReader(self._endpoint == "chat")
         t_send_ns = t_start_ns
+        send_done_ns = 0
         failure = ""
         stalled = False
         status = 0
@@ -203,6 +204,7 @@ class StreamingClient:
                         reader = SSEReader(self._endpoint == "chat")
                         continue
                     failure, status, error_body = exchange.failure, exchange.status, bytes(exchange.error_body)
+                    send_done_ns = exchange.sent_ns
                     stalled = bool(stall)
                     break
         except TimeoutError:
@@ -222,6 +224,7 @@ class StreamingClient:
             t_send_ns=t_send_ns,
             chunk_ns=tuple(reader.chunk_ns),
             t_done_ns=t_done_ns,
+            send_done_ns=send_done_ns,
             chunk_read_ns=tuple(reader.chunk_read_ns),
             chunk_tokens=() if -1 in reader.chunk_tokens else tuple(reader.chunk_tokens),
             followed=tuple(reader.followed),

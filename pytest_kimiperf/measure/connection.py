@@ -86,7 +86,7 @@ def _realtime_offset_ns() -> int:
 class Exchange:
     """One request/response on a connection."""
 
-    __slots__ = ("bytes_received", "done", "error_body", "failure", "reader", "status")
+    __slots__ = ("bytes_received", "done", "error_body", "failure", "reader", "sent_ns", "status")
 
     def __init__(self, reader: SSEReader, done: asyncio.Future[None]) -> None:
         self.reader = reader
@@ -95,6 +95,9 @@ class Exchange:
         self.done = done
         self.failure = ""
         self.bytes_received = 0
+        # When the call that put the request's first bytes in the kernel returned (0: not yet):
+        # the send went out between the stamp and this, whatever held the client.
+        self.sent_ns = 0
 
 
 def _enable_kernel_rx_stamps(sock: socket.socket) -> None:
@@ -226,10 +229,12 @@ class Connection:
         t_send_ns = time.perf_counter_ns()
         try:
             sent = self.sock.send(request)
+            exchange.sent_ns = time.perf_counter_ns()
             if sent < len(request):
                 await self._loop.sock_sendall(self.sock, request[sent:])
         except BlockingIOError:
             await self._loop.sock_sendall(self.sock, request)
+            exchange.sent_ns = time.perf_counter_ns()
         except OSError as exc:
             # Not a single byte reached the server: the caller may retry on a fresh connection.
             self._lost(exc)
@@ -444,6 +449,7 @@ class _TlsConnection(Connection):
             return time.perf_counter_ns()
         t_send_ns = time.perf_counter_ns()
         self._transport.write(request)
+        exchange.sent_ns = time.perf_counter_ns()
         return t_send_ns
 
 

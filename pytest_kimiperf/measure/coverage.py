@@ -32,7 +32,8 @@ of each other: below what the probe resolves, and said so in the measurement doc
   no hold touches was written together by the server: its chunks arrived together, as stamped,
   and that is what the user got (a stall before a burst included);
 * a fallback stamp is true unless a hold touches it (the read then ran late);
-* the send stamp, taken in user space before ``send()``, is true unless a hold touches it.
+* the send stamp, taken in user space before ``send()``, is late by at most the time until
+  that call returned (``send_done_ns``); a record without it is judged by the holds.
 
 **Figures** rest on the stamps they need: TTFT on the send and the first chunk, E2EL on the
 send and the last chunk, decode and TPOT on the first and the last chunk, each gap of the ITL
@@ -157,6 +158,9 @@ class Timeline(Protocol):
     def t_send_ns(self) -> int: ...
 
     @property
+    def send_done_ns(self) -> int: ...
+
+    @property
     def chunk_ns(self) -> Sequence[int]: ...
 
     @property
@@ -218,7 +222,11 @@ def stamps(timeline: Timeline, holds: Holds = NO_HOLDS) -> Stamps:
             client_reads += 1
         else:
             server_reads += 1
-    return Stamps(send_late_ns=holds.held_after_ns(timeline.t_send_ns), early_ns=tuple(early),
+    # The request went out between its stamp and the return of the call that sent it: a bound
+    # that needs no hold (a loop busy sending is not a client held off); without it, the holds.
+    done = timeline.send_done_ns
+    send_late = max(0, done - timeline.t_send_ns) if done else holds.held_after_ns(timeline.t_send_ns)
+    return Stamps(send_late_ns=send_late, early_ns=tuple(early),
                   client_reads=client_reads, server_reads=server_reads,
                   one_read=n >= 1 and read_of[0] == read_of[-1])
 

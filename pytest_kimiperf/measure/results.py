@@ -229,6 +229,9 @@ class RequestRecord:
     # The client gave up waiting for a token (its first-token or inter-chunk deadline): the
     # fact engine.py counts stalls in a row by; ``error`` says it in words.
     stalled: bool = False
+    # When the call that put the request in the kernel returned (0: not known): the send went
+    # out between t_send_ns and this.
+    send_done_ns: int = 0
     # For each token chunk, when the read that brought it returned (user space; equal values are
     # one read, and a stamp equal to its read time is a fallback: no kernel stamp). Empty in a
     # record made before the plugin kept it: reads are then told apart by their stamps.
@@ -342,6 +345,7 @@ class RequestRecord:
                    scheduled_send_ns=None if scheduled is None else int(scheduled),
                    request_id=str(data.get("request_id") or ""), t_start_ns=int(data.get("t_start_ns") or 0),
                    stalled=bool(data.get("stalled")),
+                   send_done_ns=int(data.get("send_done_ns") or 0),
                    chunk_read_ns=tuple(int(c) for c in data.get("chunk_read_ns") or ()),
                    chunk_tokens=tuple(int(c) for c in data.get("chunk_tokens") or ()),
                    followed=tuple(int(c) for c in data.get("followed") or ()))
@@ -354,6 +358,7 @@ class RequestRecord:
             "chunk_ns": list(self.chunk_ns), "t_done_ns": self.t_done_ns,
             "scheduled_send_ns": self.scheduled_send_ns, "request_id": self.request_id,
             "t_start_ns": self.t_start_ns, **({"stalled": True} if self.stalled else {}),
+            "send_done_ns": self.send_done_ns,
             "chunk_read_ns": list(self.chunk_read_ns), "chunk_tokens": list(self.chunk_tokens),
             "followed": list(self.followed),
         }

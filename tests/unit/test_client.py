@@ -107,6 +107,7 @@ def test_token_counts_come_from_usage_and_stamps_follow_the_server_writes(server
     assert len(rec.chunk_ns) == len(wrote["write_ns"]) == 8
     # Causality on one monotonic clock: sent before the server got it, arrived after it was written.
     assert rec.t_send_ns <= wrote["t_arrival_ns"]
+    assert 0 < rec.t_send_ns <= rec.send_done_ns  # when send() returned: the bound on the stamp
     assert all(arrived >= written for arrived, written in zip(rec.chunk_ns, wrote["write_ns"]))
     assert rec.ttft_ms >= TTFT_MS
 

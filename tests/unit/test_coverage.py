@@ -179,7 +179,15 @@ def test_a_client_held_over_the_first_chunk_loses_ttft_and_decode_but_keeps_e2el
     assert Withheld.CLIENT_HELD.by_client
 
 
-def test_a_send_stamp_taken_before_a_hold_spoils_ttft_and_e2el() -> None:
+def test_a_send_stamp_is_as_late_as_the_call_that_sent_it_and_without_that_a_hold_over_it_spoils_it() -> None:
+    # A record that says when its send() returned: 0.01 ms after the stamp, the request went out
+    # on time whatever the probe read (a loop busy sending is not a client held off).
+    sent_at_once = dataclasses.replace(timeline(smooth(), send_ms=1.0), send_done_ns=int(1.01 * MS))
+    assert figures(sent_at_once, hold(0.5, 3.0)) == dict.fromkeys(FIGURES)
+    # A send() that returned 2 ms later: TTFT (19 ms) may be 2 ms long, past 1% of it.
+    sent_late = dataclasses.replace(sent_at_once, send_done_ns=int(3.0 * MS))
+    assert figures(sent_late)["ttft_ms"] is Withheld.CLIENT_HELD and figures(sent_late)["decode_tok_s"] is None
+    # A record without the send's return: a hold over the stamp spoils TTFT and E2EL.
     r = timeline(smooth(), send_ms=1.0)
     assert figures(r, hold(0.5, 3.0))["ttft_ms"] is Withheld.CLIENT_HELD
     assert figures(r, hold(0.5, 3.0))["e2el_ms"] is Withheld.CLIENT_HELD
