@@ -12,11 +12,13 @@ stamp. Where the kernel gave none (not Linux, an implausible stamp, TLS: ``timin
 ``event-loop``), the stamp is the read's own time in user space: a *fallback*, equal to the
 chunk's ``chunk_read_ns``.
 
-**Holds.** The loop probe (``loop_probe.py``) marks each stretch the client's loop surely did not
-run a callback: from when a reading later than 0.5 ms was due to when it ran (``holds_ns``). A
-hold the probe does not see whole (one shorter than its 2 ms interval plus that 0.5 ms, or the
-part of one before the reading it delayed was due) joins only chunks that arrived within 2.5 ms
-of each other: below what the probe resolves, and said so in the measurement docs.
+**Holds.** The loop probe (``loop_probe.py``) times each reading later than 0.5 ms: the loop did
+not run a callback from when it was due to when it ran (``holds_ns``), and may not have since
+one probe interval before, unless a read the window took shows the loop running after that
+(:class:`Holds`: a loop busy parsing a burst it just read delays the next reading, and that is
+not a hold over the burst). A hold the probe does not see (one shorter than its 2 ms interval
+plus that 0.5 ms) joins only chunks that arrived within 2.5 ms of each other: below what the
+probe resolves, and said so in the measurement docs.
 
 **Which stamps are true** (:func:`stamps`):
 
@@ -104,9 +106,16 @@ class Holds:
     """The stretches the client's loop may not have run (``perf_counter_ns`` pairs), merged; how
     late a stamp taken under one may be."""
 
-    def __init__(self, stretches: Iterable[tuple[int, int]] = ()) -> None:
+    def __init__(self, stretches: Iterable[tuple[int, int]] = (), ran_ns: Iterable[int] = ()) -> None:
+        # A late reading (due, ran) says the loop did not run from ``due``; it may not have run
+        # since an interval before (the reading then due was on time, so the loop ran then or
+        # later), unless a read shows it running after that: a loop busy parsing the read it just
+        # took delays the next reading, and that read's own chunks were not joined by it.
+        ran = sorted(ran_ns)
         merged: list[list[int]] = []
-        for start, end in sorted(stretches):
+        for due, end in sorted(stretches):
+            i = bisect.bisect_left(ran, due) - 1
+            start = max(due - _PROBE_INTERVAL_NS, ran[i] if i >= 0 else due - _PROBE_INTERVAL_NS)
             end += _HOLD_SLACK_NS
             if merged and start <= merged[-1][1]:
                 merged[-1][1] = max(merged[-1][1], end)
@@ -128,13 +137,12 @@ class Holds:
 
     def arrived_early_by_ns(self, t_ns: int, since_ns: int) -> int:
         """How much earlier than ``t_ns`` bytes stamped ``t_ns`` may have arrived, where a hold
-        covering it may have joined them: back to the hold's start (an interval before the first
-        reading it delayed was due) or ``since_ns`` (the stream's previous read), whichever is
-        later; 0 where no hold covers ``t_ns``."""
+        covering it may have joined them: back to the hold's start or ``since_ns`` (the stream's
+        previous read), whichever is later; 0 where no hold covers ``t_ns``."""
         i = self._covering(t_ns)
         if i is None:
             return 0
-        return max(0, t_ns - max(self._starts[i] - _PROBE_INTERVAL_NS, since_ns))
+        return max(0, t_ns - max(self._starts[i], since_ns))
 
     def held_after_ns(self, t_ns: int) -> int:
         """How long after ``t_ns`` a hold covering it may have lasted (0: none covers it)."""

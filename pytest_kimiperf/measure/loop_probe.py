@@ -49,10 +49,8 @@ class LoopProbe:
 
     ``holds_ns`` keeps, for each reading later than ``HOLD_MIN_LATENCY_S``, the stretch in
     ``perf_counter_ns`` the loop surely did not run a callback: from when the callback was due
-    to when it ran. A hold may have begun up to an interval before that; what it joined in that
-    part arrived within an interval of the due time, below what the probe resolves. Not the
-    interval before: a loop busy with a read it just took (a burst of chunks to parse) delays
-    the next reading, and must not be taken for a hold that joined that read.
+    to when it ran. measure/coverage.py's ``Holds`` reaches back from there to when the loop
+    last ran.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -451,7 +451,8 @@ class RoundResult:
         if self.wall_s <= 0:
             return 0.0
         good = 0
-        holds = Holds(stretch for h in self.health for stretch in h.loop_holds_ns)
+        holds = Holds((stretch for h in self.health for stretch in h.loop_holds_ns),
+                      ran_ns={t for r in self.records for t in r.chunk_read_ns})
         for r in self.valid_records:
             values = [r.value(metric, holds) for metric in slo_ms]
             if all(v is not None and v <= limit for v, limit in zip(values, slo_ms.values())):
@@ -606,7 +607,8 @@ class RunResult:
         """The stretches the client's loops may not have run over the window, every client
         process's together (a record does not say which process read it, so a hold of any one
         of them is taken to touch every stream: the cautious side)."""
-        return Holds(stretch for rnd in self.rounds for h in rnd.health for stretch in h.loop_holds_ns)
+        return Holds((stretch for rnd in self.rounds for h in rnd.health for stretch in h.loop_holds_ns),
+                     ran_ns={t for r in self.records for t in r.chunk_read_ns})
 
     @functools.cached_property
     def coverage(self) -> Coverage:

@@ -111,6 +111,19 @@ def test_a_stall_read_under_a_short_hold_keeps_the_stall_and_drops_only_the_gaps
     assert run.coverage.stream.stall_ms == (pytest.approx(rest - first, abs=0.001),)
 
 
+def test_a_loop_parsing_the_burst_it_just_read_does_not_spoil_that_burst_but_what_queued_meanwhile() -> None:
+    # The burst's read returned at 158 ms; parsing it delayed the reading due at 158.3 to 160:
+    # the burst's own stamps hold, and the next read, whose chunks queued while the loop parsed,
+    # is the client's.
+    first, burst, after = 20.0, 157.9, 159.8
+    r = timeline([(first, first + 0.05, 1), (burst, 158.0, TOKENS - 3), (after, 160.05, 2)])
+    run = window([r], holds=((158.3, 160.0),))
+    judged = stamps(r, run.holds)
+    assert judged.early_ns[1:TOKENS - 3] == (0,) * (TOKENS - 4)  # the burst: the server's
+    assert judged.early_ns[TOKENS - 2] > 0 and judged.early_ns[-1] == 0  # queued while parsing
+    assert (judged.client_reads, judged.server_reads) == (1, 1)
+
+
 def test_a_stall_in_every_second_stream_is_in_the_figures_of_those_streams_only() -> None:
     run = window([timeline(stall_then_burst() if i % 2 else smooth(), request_id=str(i)) for i in range(20)])
     smooth_decode = (TOKENS - 1) / ((TOKENS - 1) * GAP_MS / 1000)
@@ -301,11 +314,17 @@ def test_decode_and_tpot_rest_on_the_server_s_token_counts_where_it_gives_them()
 # --------------------------------------------------------------------------- holds, counts, the window's bound
 
 
-def test_holds_merge_and_touch_with_the_probe_s_slack() -> None:
-    holds = Holds([(10 * MS, 20 * MS), (20 * MS + MS // 4, 30 * MS), (100 * MS, 101 * MS)])
-    slack = HOLD_SLACK_MS
-    assert holds.touch(10 * MS) and holds.touch(25 * MS) and holds.touch(int((30 + slack) * MS))
-    assert not holds.touch(9 * MS) and not holds.touch(int((30 + slack) * MS) + 1) and not holds.touch(50 * MS)
+def test_holds_reach_back_to_when_the_loop_last_ran_and_touch_with_the_probe_s_slack() -> None:
+    # Readings due at 10, 22 and 100 ms ran at 20, 30 and 101: the loop may not have run since an
+    # interval before each was due (the reading then due was on time).
+    holds = Holds([(10 * MS, 20 * MS), (22 * MS, 30 * MS), (100 * MS, 101 * MS)])
+    slack, interval = HOLD_SLACK_MS, LOOP_PROBE_INTERVAL_MS
+    assert holds.touch(int((10 - interval) * MS)) and holds.touch(21 * MS) and holds.touch(int((30 + slack) * MS))
+    assert not holds.touch(int((10 - interval) * MS) - 1) and not holds.touch(int((30 + slack) * MS) + 1)
+    assert not holds.touch(50 * MS) and holds.touch(99 * MS)
+    # A read at 99.5 ms shows the loop running then: the hold starts there, not an interval back.
+    after_a_read = Holds([(100 * MS, 101 * MS)], ran_ns=[int(99.5 * MS)])
+    assert not after_a_read.touch(99 * MS) and after_a_read.touch(int(99.5 * MS))
     assert not NO_HOLDS and holds
     assert LOOP_PROBE_INTERVAL_MS == PROBE_INTERVAL_S * 1000
     assert HOLD_MIN_LATENCY_S < PROBE_INTERVAL_S
