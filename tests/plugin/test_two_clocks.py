@@ -9,6 +9,7 @@ the stub's, not the host's."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -157,6 +158,13 @@ def _record_then_gate(pytester: pytest.Pytester, tmp_path: Path, gate_boots: lis
     return result, json.loads(report.read_text())
 
 
+def _without_stream_remark(answer: str) -> str:
+    """The answer without what the stream showed of the server (reports/measured.py
+    stream_remark): on a loaded host the stub writes two late tokens back to back, and the
+    answer rightly says it wrote chunks together; which streams it did is the host's."""
+    return re.sub(r" \((the server stalled|it wrote|its chunks carried)[^()]*(\([^()]*\)[^()]*)*\)$", "", answer)
+
+
 def _last_baseline(data: dict) -> dict:
     last = max((t for t in data["tests"] if t["profile"] == "default"), key=lambda t: t["boot"])
     return last["metrics"]["decode_tok_s"]["baseline"]
@@ -170,7 +178,7 @@ def test_the_gate_says_an_api_layer_slowed_alone_spent_its_time_outside_the_engi
     assert result.ret == pytest.ExitCode.TESTS_FAILED, answer  # the client's clock is the verdict's
     assert ": REGRESSION (" in answer, answer
     assert "; client +" in answer and " ms a token, engine " in answer, answer
-    assert answer.endswith(": outside the engine (API server, network or client)"), answer
+    assert _without_stream_remark(answer).endswith(": outside the engine (API server, network or client)"), answer
     baseline = _last_baseline(data)
     assert baseline["verdict"] == "regression"
     assert "outside the engine (API server, network or client)" in baseline["note"]
@@ -182,7 +190,7 @@ def test_the_gate_says_an_engine_slowed_itself_is_the_engines(pytester: pytest.P
     result, data = _record_then_gate(pytester, tmp_path, slowed_engine)
     answer = _answer(result, "default vs its baseline, decode tok/s (decode): ")
     assert ": REGRESSION (" in answer, answer
-    assert ", engine +10.0 (" in answer and answer.endswith(": the engine's"), answer
+    assert ", engine +10.0 (" in answer and _without_stream_remark(answer).endswith(": the engine's"), answer
     assert "the engine's" in _last_baseline(data)["note"]
 
 
