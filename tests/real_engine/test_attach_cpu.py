@@ -18,7 +18,7 @@ import pytest
 from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.paths import compile_cache_env
 from pytest_kimiperf.server.tiny_model import ensure_tiny_model
-from tests.helpers import RestartableServer, free_port
+from tests.helpers import RestartableServer, counted_boots, free_port
 from tests.real_engine.conftest import plumbing_deployment
 
 PERF_TEST = """
@@ -61,16 +61,23 @@ def test_an_attached_tiny_cpu_server_is_restarted_for_its_second_boot_and_the_ne
         pytester.makepyfile(test_perf=PERF_TEST)
         result = pytester.runpytest_subprocess(
             "--deployment", "remote", "--kimiperf-server-url", server.url, "--kimiperf-server-hardware", "tiny-cpu on this host",
-            "--kimiperf-boots", "2", "--update-baselines", "-p", "no:cacheprovider", timeout=900)
+            "--kimiperf-boots", "2", "--update-baselines", "--kimiperf-json", "recorded.json", "-p", "no:cacheprovider",
+            timeout=900)
         result.assert_outcomes(passed=2)
         result.stdout.fnmatch_lines([
             "*kimiperf: restarting the attached server for another boot: *restart_server.py*",
             f"*kimiperf: {server.url} serves '{TINY_CPU.served_model_name}' again, * s after the restart command started*"])
         assert server.pid() != first_pid, "the second boot is another vLLM process"
+        # The boots the history keeps are those whose windows measured enough decode figures,
+        # as the run reports them: a client this 2-core host held off the CPU through most of a
+        # window leaves that boot out (which boots is the host's; that the file keeps exactly
+        # those is the product's).
+        recorded = counted_boots(json.loads((pytester.path / "recorded.json").read_text()), "default")
+        assert recorded >= 1, "no boot of the two measured 3 decode figures of 10 requests"
         (baseline,) = (pytester.path / "baselines" / "remote").glob("*.json")
         [entry] = json.loads(baseline.read_text())["entries"].values()
 
-        assert len(entry["boots"]) == 2
+        assert len(entry["boots"]) == recorded
         medians = [boot["median"] for boot in entry["boots"]]
         assert all(m > 0 for m in medians), medians
         assert {boot["origin"]["session"] for boot in entry["boots"]} == {entry["boots"][0]["origin"]["session"]}
@@ -88,10 +95,10 @@ def test_an_attached_tiny_cpu_server_is_restarted_for_its_second_boot_and_the_ne
         assert "restarting the attached server" not in judged_run.stdout.str()
         [test] = json.loads((pytester.path / "judged.json").read_text())["tests"]
         judged = test["metrics"]["decode_tok_s"]["baseline"]
-        assert (judged["boots_current"], judged["boots_reference"]) == (1, 2), judged
-        assert "vs 2 reference boots of 1 session" in judged["message"], judged
+        assert (judged["boots_current"], judged["boots_reference"]) == (1, recorded), judged
+        assert f"vs {recorded} reference boot{'s' * (recorded != 1)} of 1 session" in judged["message"], judged
         assert judged["levels"][0]["name"] == "session", judged
         # A second session's run leaves the history as it was (nothing appends without asking).
-        assert len(json.loads(baseline.read_text())["entries"][entry_key(baseline)]["boots"]) == 2
+        assert len(json.loads(baseline.read_text())["entries"][entry_key(baseline)]["boots"]) == recorded
     finally:
         server.stop()
