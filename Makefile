@@ -28,7 +28,7 @@ perf: $(STAMP)
 # This machine's baseline: the perf suite with --kimiperf-update-baselines, BOOTS boots per profile (the
 # same 3 as `make perf`; BOOTS=5 lets the baseline's measured boot spread replace the declared one),
 # in SESSIONS separate pytest sessions. Each run appends one session to the history; the session
-# level is measured from 3 sessions on (judge/levels.py), so record again on other days too:
+# level is measured from 3 sessions on (judge/noise.py), so record again on other days too:
 # the header says which spreads are still declared.
 SESSIONS ?= 1
 baseline: $(STAMP)

@@ -5,7 +5,7 @@ the session and host declarations as exact (infinite df) and its directional rul
 critical value, so a session effect twice the declared one failed 5.7-26% of unchanged sessions
 (benchmarks/README.md). Now each declaration is a prior worth its ``*_spread_df`` degrees of
 freedom, pooled with what the history measures, and the critical value is Student's t at the
-difference's effective df (judge/levels.py, judge/stats.py).
+difference's effective df (judge/noise.py, judge/stats.py).
 
 Each cell is gate_power.py's session (2 profiles x 12 gated metrics, 2 planned boots a run and a
 third on demand, tolerance 3%) against the history shapes of issue 46's detection target

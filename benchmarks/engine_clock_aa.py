@@ -48,7 +48,7 @@ from sign_claims import (  # noqa: E402
     HIGHER, SIGNS, SPREADS, TOLERANCE, Rate, _boot, gate_run, in_session_rules,
 )
 
-from pytest_kimiperf.judge.boots import EngineBoot  # noqa: E402
+from pytest_kimiperf.judge.stats import EngineBoot  # noqa: E402
 from pytest_kimiperf.judge.engine_clock import ENGINE_SPREAD_FLOOR, on_two_clocks  # noqa: E402
 from pytest_kimiperf.judge.profiles import compare_in_session  # noqa: E402
 

@@ -49,9 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
-from pytest_kimiperf.judge.power import wants_another_boot  # noqa: E402
+from pytest_kimiperf.judge.noise import wants_another_boot  # noqa: E402
 from pytest_kimiperf.judge.gate import verdict_fails  # noqa: E402
-from pytest_kimiperf.judge.boots import BootSummary, summarize_boot  # noqa: E402
+from pytest_kimiperf.judge.stats import BootSummary, summarize_boot  # noqa: E402
 from pytest_kimiperf.judge import stats  # noqa: E402
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind  # noqa: E402
 from nightly import drift_tonight  # noqa: E402
@@ -59,7 +59,7 @@ from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
 from pytest_kimiperf.judge.history import (  # noqa: E402
     compare_with_history, history_steps, joint_placements, judged_part,
 )
-from pytest_kimiperf.judge.canary_check import canary_shift  # noqa: E402
+from pytest_kimiperf.judge.noise import canary_shift  # noqa: E402
 from noise_corpus import CorpusBoot, load_corpus  # noqa: E402
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS  # noqa: E402
 from pytest_kimiperf.config.metric_specs import metric_spec  # noqa: E402

@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a chec
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
 from pytest_kimiperf.judge.baselines import BaselineBoot, BaselineEntry, night_of  # noqa: E402
-from pytest_kimiperf.judge.boots import BootSummary  # noqa: E402
+from pytest_kimiperf.judge.stats import BootSummary  # noqa: E402
 from pytest_kimiperf.judge.history import Drift, drift_of_entry  # noqa: E402
-from pytest_kimiperf.judge.levels import BootOrigin  # noqa: E402
+from pytest_kimiperf.judge.noise import BootOrigin  # noqa: E402
 
 
 def _stored(boots: Sequence[BootSummary]) -> tuple[BaselineBoot, ...]:

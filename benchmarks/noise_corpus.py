@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a checkout without installing
 
-from pytest_kimiperf.judge.boots import BootSummary  # noqa: E402
-from pytest_kimiperf.judge.levels import Level, Levels, nested_levels  # noqa: E402
+from pytest_kimiperf.judge.stats import BootSummary  # noqa: E402
+from pytest_kimiperf.judge.noise import Level, Levels, nested_levels  # noqa: E402
 from pytest_kimiperf.numbers import fmt_spread  # noqa: E402
 from pytest_kimiperf.reports.sentences import note_text  # noqa: E402
 

@@ -55,7 +55,7 @@ from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS  # noqa: E402
 from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES  # noqa: E402
 from pytest_kimiperf.config.options import OPTIONS  # noqa: E402
 from pytest_kimiperf.config.settings import RawOption, build_settings  # noqa: E402
-from pytest_kimiperf.judge.boots import BootLedger  # noqa: E402
+from pytest_kimiperf.judge.stats import BootLedger  # noqa: E402
 from noise_corpus import CorpusBoot, estimate_levels, level_text, load_corpus, request_cv_text  # noqa: E402
 from pytest_kimiperf.judge.verdicts import MetricResult  # noqa: E402
 from pytest_kimiperf.config.metric_specs import metric_spec  # noqa: E402

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS  # noqa: E402
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec  # noqa: E402
-from pytest_kimiperf.judge.boots import BootSummary  # noqa: E402
+from pytest_kimiperf.judge.stats import BootSummary  # noqa: E402
 from pytest_kimiperf.judge.profiles import InSessionRules, SpawnModes, compare_in_session  # noqa: E402
 from noise_corpus import CorpusBoot, load_corpus  # noqa: E402
 from pytest_kimiperf.judge.stats import VerdictKind  # noqa: E402

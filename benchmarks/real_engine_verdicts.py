@@ -299,7 +299,7 @@ def test_baseline_then_the_identical_server_passes_then_a_slowed_one_is_a_regres
     assert entry["n"] == 30
 
     assert len(entry["boots"]) == 1
-    # The boot carries where it ran: the session, the host and the host's canary (judge/levels.py).
+    # The boot carries where it ran: the session, the host and the host's canary (judge/noise.py).
     origin = entry["boots"][0]["origin"]
     assert len(origin["session"]) == 12 and len(origin["host"]) == 16
     assert origin["canary"]["python_mops"] > 0 and origin["canary"]["copy_gbs"] > 0
@@ -458,7 +458,7 @@ def test_busy_host_during_one_profiles_block_is_invalid_naming_the_process_and_g
     assert busy.procs, "the busy processes never started"
     result.assert_outcomes(passed=1, failed=1)
     assert "INVALID measurement: host busy" in result.stdout.str()
-    assert result.ret == 75  # every failure INVALID: CI retries on a quiet runner (judge/decide.py)
+    assert result.ret == 75  # every failure INVALID: CI retries on a quiet runner (judge/gate.py)
     data = json.loads(report.read_text())
     ring = [t for t in data["tests"] if t["profile"] == "ring-ll"]
     assert ring and ring[0]["invalid"].startswith("host busy") and ring[0]["host"]["foreign_cpu_share"] > 0.1

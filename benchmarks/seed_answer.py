@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
-from pytest_kimiperf.judge.boots import BootSummary  # noqa: E402
+from pytest_kimiperf.judge.stats import BootSummary  # noqa: E402
 from pytest_kimiperf.judge.profiles import InSessionRules, compare_in_session  # noqa: E402
 from pytest_kimiperf.judge.notes import BootsForWithin  # noqa: E402
 from pytest_kimiperf.judge.profiles import profiles_to_book  # noqa: E402

@@ -55,14 +55,14 @@ if not os.environ.get("PYTHONPATH"):  # from a checkout without installing it; -
 
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
-from pytest_kimiperf.judge.boots import BootSummary  # noqa: E402
+from pytest_kimiperf.judge.stats import BootSummary  # noqa: E402
 from pytest_kimiperf.judge.gate import family_critical  # noqa: E402
 from pytest_kimiperf.judge.history import compare_with_history  # noqa: E402
 from pytest_kimiperf.judge.profiles import InSessionRules, SequentialPlan, compare_in_session, profiles_to_book  # noqa: E402
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind  # noqa: E402
 
 try:  # the spread line exists from issue 59 on
-    from pytest_kimiperf.judge.spread_check import misdeclared
+    from pytest_kimiperf.judge.noise import misdeclared
 except ImportError:  # the code before it
     misdeclared = None  # type: ignore[assignment]
 

@@ -37,7 +37,7 @@ from gate_power import PROFILES, TESTS, Noise, Rate, Rules, World, gate_run, rat
 
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
-from pytest_kimiperf.judge.boots import BootSummary  # noqa: E402
+from pytest_kimiperf.judge.stats import BootSummary  # noqa: E402
 from pytest_kimiperf.judge.gate import family_critical  # noqa: E402
 from pytest_kimiperf.judge.profiles import InSessionRules, compare_in_session  # noqa: E402
 from pytest_kimiperf.judge.stats import VerdictKind  # noqa: E402

@@ -38,12 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
-from pytest_kimiperf.judge.boots import BootSummary  # noqa: E402
+from pytest_kimiperf.judge.stats import BootSummary  # noqa: E402
 from pytest_kimiperf.judge.baselines import BaselineBoot, BaselineEntry  # noqa: E402
 from pytest_kimiperf.judge.baselines import append_history  # noqa: E402
 from pytest_kimiperf.judge.history import drift_of_entry  # noqa: E402
 from pytest_kimiperf.judge.gate import family_critical  # noqa: E402
-from pytest_kimiperf.judge.levels import BootOrigin  # noqa: E402
+from pytest_kimiperf.judge.noise import BootOrigin  # noqa: E402
 from pytest_kimiperf.judge.history import compare_with_history  # noqa: E402
 from pytest_kimiperf.judge.profiles import InSessionRules, compare_in_session  # noqa: E402
 from pytest_kimiperf.judge.stats import VerdictKind, band_log  # noqa: E402

@@ -142,7 +142,7 @@ def step_smi(out: Path) -> tuple[str, str]:
 
 def step_nvml(out: Path) -> tuple[str, str]:
     """Every NVML call the plugin makes, raw; probe_gpus over NVML against nvidia-smi alone."""
-    from pytest_kimiperf.judge.fingerprint import host_fingerprint
+    from pytest_kimiperf.judge.baselines import host_fingerprint
     from pytest_kimiperf.measure.host_facts import host_facts
 
     import pynvml

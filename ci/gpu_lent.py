@@ -65,7 +65,7 @@ BOOTS = int(os.environ.get("LENT_BOOTS", "2"))  # 1 in the CI test of the dry ru
 SHOWN_VERSIONS = ("pytest", "pytest-benchmark", "psutil", "matplotlib")
 sys.path.insert(0, str(ROOT))
 
-from pytest_kimiperf.judge.decide import EXIT_OK, EXIT_TESTS_FAILED, INVALID_ONLY_EXIT  # noqa: E402
+from pytest_kimiperf.judge.gate import EXIT_OK, EXIT_TESTS_FAILED, INVALID_ONLY_EXIT  # noqa: E402
 from pytest_kimiperf.server.gpu_memory import DEVICE_TOLERANCE_MIB, GpuHolders  # noqa: E402
 
 

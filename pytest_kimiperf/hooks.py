@@ -23,7 +23,7 @@ the run holds lives in it:
   boots), which the fixtures and the recorder use;
 - ``reporter``: the results and everything written from them (reports/reporter.py; the xdist
   controller only, made on first use, so a run without perf tests imports no report);
-- ``failed``: each failed test's outcome, and ``decision``: how the run ends (judge/decide.py).
+- ``failed``: each failed test's outcome, and ``decision``: how the run ends (judge/gate.py).
 
 The hooks only connect pytest to those parts. On an xdist worker the controller's hooks (results,
 files, the summary) do nothing: only the controller writes files.
@@ -48,8 +48,8 @@ from pytest_kimiperf.warning_types import OneSessionHistoryWarning
 
 if TYPE_CHECKING:
     from pytest_kimiperf.config.nccl.profiles import NcclProfile
-    from pytest_kimiperf.judge.boots import BootSlot
-    from pytest_kimiperf.judge.decide import FailedTests, RunDecision
+    from pytest_kimiperf.judge.stats import BootSlot
+    from pytest_kimiperf.judge.gate import FailedTests, RunDecision
     from pytest_kimiperf.judge.verdicts import TestResult
     from pytest_kimiperf.recorder import PerfRecorder
     from pytest_kimiperf.reports.reporter import SessionReporter
@@ -141,7 +141,7 @@ def kimiperf_server(
 @pytest.fixture
 def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf_profile: NcclProfile) -> PerfRecorder:
     """Measure scenarios against the session's server and judge them (floors, baselines)."""
-    from pytest_kimiperf.judge.boots import strip_slot
+    from pytest_kimiperf.judge.stats import strip_slot
     from pytest_kimiperf.recorder import PerfCase, PerfRecorder, RecorderHooks
 
     run = _perf_session(request.config)
@@ -150,12 +150,12 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
     tolerances = item.stash.get(_TOLERANCES_KEY, {})
 
     def publish(result: TestResult) -> None:
-        from pytest_kimiperf.judge.decide import CAUSE_PROPERTY, OUTCOME_PROPERTY, Outcome, outcome_of
+        from pytest_kimiperf.judge.gate import CAUSE_PROPERTY, OUTCOME_PROPERTY, Outcome, outcome_of
 
         item.stash[RESULT_KEY] = result
         item.user_properties.extend((f"median_{metric}", median) for metric, median in result.medians().items())
-        outcome = outcome_of(result)  # the recorder decided it (judge/decide.py)
-        if outcome in (Outcome.INVALID, Outcome.UNRESOLVED):  # what the exit status counts (judge/decide.py)
+        outcome = outcome_of(result)  # the recorder decided it (judge/gate.py)
+        if outcome in (Outcome.INVALID, Outcome.UNRESOLVED):  # what the exit status counts (judge/gate.py)
             item.user_properties.append((OUTCOME_PROPERTY, outcome.value))
         if outcome is Outcome.INVALID and result.invalid_cause:
             item.user_properties.append((CAUSE_PROPERTY, result.invalid_cause))
@@ -263,7 +263,7 @@ class KimiperfSession:
         for Kimi each boot is a 36-minute load. First, so an xdist worker reports this order."""
         run = self.run
         if any(slot_of(item) is not None for item in session.items):
-            from pytest_kimiperf.judge.boots import group_by_slot, strip_slot
+            from pytest_kimiperf.judge.stats import group_by_slot, strip_slot
 
             group_by_slot(session.items, slot_of, run.schedule())
             run.collected = frozenset((strip_slot(i.nodeid, s.id), s.name) for i in session.items if (s := slot_of(i)))
@@ -326,7 +326,7 @@ class KimiperfSession:
         slot = slot_of(item)
         if slot is None or slot.boot == 1:
             return None
-        from pytest_kimiperf.judge.boots import strip_slot
+        from pytest_kimiperf.judge.stats import strip_slot
 
         needed, _why = self.run.ledger().needed(strip_slot(item.nodeid, slot.id), slot, self.settings.boots)
         if needed:
@@ -386,7 +386,7 @@ class KimiperfSession:
         if result is not None and report.when == "call":
             self.reporter.add_result(result)
         if report.failed:
-            from pytest_kimiperf.judge.decide import FailedTests, failed_outcome, invalid_cause
+            from pytest_kimiperf.judge.gate import FailedTests, failed_outcome, invalid_cause
 
             self.failed = self.failed or FailedTests()
             self.failed.add(report.nodeid, failed_outcome(report.when, report.user_properties),
@@ -432,7 +432,7 @@ class KimiperfSession:
             return
         if not self._has_perf_work():
             return
-        from pytest_kimiperf.judge.decide import FailedTests, decide_run
+        from pytest_kimiperf.judge.gate import FailedTests, decide_run
 
         reporter = self.reporter
         report = reporter.prepare()

@@ -27,7 +27,7 @@ from pytest_kimiperf.measure.results import RunResult, check_goodput_slo, check_
 from pytest_kimiperf.measure.server_view import run_cross_checks
 from pytest_kimiperf.measure.runner import WatchedRun, measure_watched
 from pytest_kimiperf.judge.baselines import LoadedBaselines
-from pytest_kimiperf.judge.decide import Outcome, decide_test
+from pytest_kimiperf.judge.gate import Outcome, decide_test
 from pytest_kimiperf.judge.gate import FLOOR_METRIC, BootRun, Rules, judge
 from pytest_kimiperf.judge.profiles import InSessionRules
 from pytest_kimiperf.judge.profiles import profiles_to_book, session_plan
@@ -35,8 +35,8 @@ from pytest_kimiperf.judge.notes import BootsBooked, HostWatched, MeasuredAgain,
 from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.reports.sentences import joined
 from pytest_kimiperf.config.metric_specs import SampleKind, metric_spec, primary_metric
-from pytest_kimiperf.judge.boots import BootLedger, TestBoots
-from pytest_kimiperf.judge.levels import BootOrigin
+from pytest_kimiperf.judge.stats import BootLedger, TestBoots
+from pytest_kimiperf.judge.noise import BootOrigin
 from pytest_kimiperf.server.process import ServerHandle
 from pytest_kimiperf.config.settings import Settings
 
@@ -111,7 +111,7 @@ class PerfRecorder:
         self.boot = case.boot
         self.settings = run.settings
         self.ledger = run.ledger()
-        self.origin = run.origin()  # session, host and canary of the boots this records (judge/levels.py)
+        self.origin = run.origin()  # session, host and canary of the boots this records (judge/noise.py)
         self.watched: WatchedRun | None = None  # the last measure's host watch
         self.profile_env = dict(case.profile_env)
         self.profile_args = list(case.profile_args)

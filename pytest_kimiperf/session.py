@@ -23,9 +23,9 @@ from pytest_kimiperf.config.settings import MaxBootsSource, Settings
 if TYPE_CHECKING:
     from pytest_kimiperf.config.deployments import Deployment
     from pytest_kimiperf.judge.baselines import LoadedBaselines
-    from pytest_kimiperf.judge.boots import BootLedger, BootSlot
-    from pytest_kimiperf.judge.fingerprint import Fingerprint
-    from pytest_kimiperf.judge.levels import BootOrigin
+    from pytest_kimiperf.judge.stats import BootLedger, BootSlot
+    from pytest_kimiperf.judge.baselines import Fingerprint
+    from pytest_kimiperf.judge.noise import BootOrigin
     from pytest_kimiperf.server.manager import ServerManager, ServerRecord
     from pytest_kimiperf.reports.terminal_output import RelayOutput, TerminalOutput
     from pytest_kimiperf.server.weight_cache import WeightCacheFacts
@@ -67,7 +67,7 @@ class PerfSession:
             fp = _session_fingerprint(self.settings.deployment)
             if self.settings.external:
                 # This host is only the client: the server's own facts, and its stated hardware.
-                from pytest_kimiperf.judge.fingerprint import attached_fingerprint
+                from pytest_kimiperf.judge.baselines import attached_fingerprint
                 from pytest_kimiperf.measure.host_facts import probe_attached_server
 
                 assert self.settings.server_url is not None  # what makes it external
@@ -113,7 +113,7 @@ class PerfSession:
 
     def schedule(self) -> list[BootSlot]:
         """Every boot slot of the session, in the order the boots happen (judge.boots.schedule)."""
-        from pytest_kimiperf.judge.boots import schedule
+        from pytest_kimiperf.judge.stats import schedule
 
         s = self.settings
         return schedule(s.profiles, s.max_boots, order=s.boot_order, seed=s.boot_seed)
@@ -121,7 +121,7 @@ class PerfSession:
     def ledger(self) -> BootLedger:
         """What each perf test measured on each boot; says whether another boot is needed."""
         if self._ledger is None:
-            from pytest_kimiperf.judge.boots import BootLedger
+            from pytest_kimiperf.judge.stats import BootLedger
 
             self._ledger = BootLedger()
         return self._ledger
@@ -147,7 +147,7 @@ class PerfSession:
         return self._host
 
     def origin(self) -> BootOrigin:
-        """This session's id, this host's id and its canary (judge/canary_check.py), taken once,
+        """This session's id, this host's id and its canary (judge/noise.py), taken once,
         before the first boot while the host is quiet. Under pytest-xdist every worker of the
         run shares xdist's test-run uid, so they are one session. An attached server's host is
         not this one: no canary then."""
@@ -155,7 +155,7 @@ class PerfSession:
             import os
             import uuid
 
-            from pytest_kimiperf.judge.levels import BootOrigin
+            from pytest_kimiperf.judge.noise import BootOrigin
             from pytest_kimiperf.measure.canary import host_canary
 
             session = os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
@@ -259,7 +259,7 @@ class PerfSession:
 def _session_fingerprint(deployment: Deployment) -> Fingerprint:
     """Fingerprint of this host, its software and ``deployment`` (hardware probed once; on a
     deployment that spans nodes, every node's through its agent)."""
-    from pytest_kimiperf.judge.fingerprint import collect_nodes_fingerprint, deployment_facts, host_fingerprint
+    from pytest_kimiperf.judge.baselines import collect_nodes_fingerprint, deployment_facts, host_fingerprint
     from pytest_kimiperf.measure.host_facts import agent_facts, probe_host_facts
     from pytest_kimiperf.server.tiny_model import built_revision
 
@@ -273,7 +273,7 @@ def _session_fingerprint(deployment: Deployment) -> Fingerprint:
 def with_gate_plan(settings: Settings) -> Settings:
     """A gate's boots on demand capped from the plan: the boots that resolve a change of twice
     the tolerance of single-stream decode at the deployment's declared boot spread
-    (judge/power.py), never more than the deployment allows nor fewer than a verdict needs. A
+    (judge/noise.py), never more than the deployment allows nor fewer than a verdict needs. A
     run that is no gate, or whose cap was given (--kimiperf-max-boots), keeps its own."""
     dep = settings.deployment
     if not settings.gate or settings.max_boots_source is not MaxBootsSource.DEPLOYMENT:
@@ -281,7 +281,7 @@ def with_gate_plan(settings: Settings) -> Settings:
     from dataclasses import replace
 
     from pytest_kimiperf.config.deployments import MIN_BOOTS_DIRECTIONAL
-    from pytest_kimiperf.judge.power import boots_needed
+    from pytest_kimiperf.judge.noise import boots_needed
 
     tolerance = dep.tolerance("decode_tok_s")
     needed = boots_needed(2 * tolerance, dep.boot_spread, tolerance=tolerance)

@@ -17,7 +17,7 @@ from pytest_kimiperf.compare.runs import ResultFileError, RunFigure, ToolRun, co
 from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.storage.baselines import SCHEMA_VERSION as BASELINE_SCHEMA, parse_baseline
-from pytest_kimiperf.judge.boots import summarize_metric
+from pytest_kimiperf.judge.stats import summarize_metric
 from pytest_kimiperf.reports.model import short_test
 from pytest_kimiperf.reports.json_report import SCHEMA_VERSION as REPORT_SCHEMA
 

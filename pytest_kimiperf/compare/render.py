@@ -8,14 +8,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_kimiperf.compare.verdict import Group, Outcome, Row
-from pytest_kimiperf.judge.spread_check import misdeclared
+from pytest_kimiperf.judge.noise import misdeclared
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.numbers import fmt_change, fmt_value, json_safe
 from pytest_kimiperf.reports.compact_rows import CompactRow
 from pytest_kimiperf.reports.json_report import comparison_json
 from pytest_kimiperf.reports.model import metric_heading
 from pytest_kimiperf.reports.sentences import note_text
-from pytest_kimiperf.judge.decide import UNRESOLVED_EXIT
+from pytest_kimiperf.judge.gate import UNRESOLVED_EXIT
 from pytest_kimiperf.reports.terminal import Table
 
 _SCREEN_ONLY = ("the runs of each group came from one live server (--same-server): each group is one boot, "
@@ -37,7 +37,7 @@ def _verdict_words(row: Row) -> str:
 
 def answer_lines(outcome: Outcome) -> list[str]:
     """One line per group and load, on the load's primary metric; and one where the runs show a
-    boot spread beyond the one the rules declare (judge/spread_check.py)."""
+    boot spread beyond the one the rules declare (judge/noise.py)."""
     lines = []
     for row in outcome.rows:
         if not row.primary:
@@ -91,7 +91,7 @@ def render_text(groups: Sequence[Group], outcome: Outcome) -> str:
 
 def _too_few_lines(outcome: Outcome) -> list[str]:
     """The metrics left unjudged for too few samples, one line per load and group (a tail needs
-    enough samples beyond its quantile in every run: a p99 300, judge/boots.py)."""
+    enough samples beyond its quantile in every run: a p99 300, judge/stats.py)."""
     left: dict[tuple[str, str], list[str]] = {}
     for r in outcome.rows:
         if r.comparison.verdict is VerdictKind.INSUFFICIENT_SAMPLES:

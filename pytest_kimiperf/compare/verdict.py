@@ -22,11 +22,11 @@ from dataclasses import dataclass, field, replace
 from pytest_kimiperf.compare.runs import ResultFileError, ToolRun
 from pytest_kimiperf.config.deployments import MIN_BOOTS_DIRECTIONAL
 from pytest_kimiperf.config.metric_specs import METRICS, primary_metric
-from pytest_kimiperf.judge.boots import BootSummary, min_samples
+from pytest_kimiperf.judge.stats import BootSummary, min_samples
 from pytest_kimiperf.judge.gate import MAX_FAILED_FRACTION
 from pytest_kimiperf.judge.profiles import InSessionRules, compare_in_session
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind, band_log
-from pytest_kimiperf.judge.decide import UNRESOLVED_EXIT
+from pytest_kimiperf.judge.gate import UNRESOLVED_EXIT
 
 PASSED_EXIT = 0
 REGRESSION_EXIT = 1  # pytest.ExitCode.TESTS_FAILED, as the gate's run exits for a regression

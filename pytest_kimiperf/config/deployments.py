@@ -43,12 +43,12 @@ TINY_TORCH_MODEL = "kimiperf:tiny-torch"
 PLACEHOLDERS = ("python", "model", "served_model_name", "host", "port", "tp")
 
 # The levels a figure varies at, innermost first: a boot within a session on a host
-# (judge/levels.py). Each has a declared spread, a floor that what the history measures raises.
+# (judge/noise.py). Each has a declared spread, a floor that what the history measures raises.
 LEVELS: tuple[str, ...] = ("boot", "session", "host")
 
 
 # The evidence behind a declared spread, in degrees of freedom, where the deployment does not
-# state it (judge/levels.py pools a declaration with what the history measures, at declared +
+# state it (judge/noise.py pools a declaration with what the history measures, at declared +
 # measured df). The boot's: 3, a guess. The session's and host's: 10, the df at which a
 # declaration half the truth, with nothing measured to correct it, still fails about 1% of
 # unchanged comparisons at the gate's level (P(Z > t_10(0.99942) / 2) = 1.2%; 5.2% taken as
@@ -147,7 +147,7 @@ class Deployment:
     # ``spawn_mode_drop`` slower (0.5: half as fast). 0: none declared.
     spawn_mode_drop: float = 0.0
     spawn_mode_share: float = 0.0
-    # The levels above the boot (judge/levels.py), declared: the SD of a session's shared effect
+    # The levels above the boot (judge/noise.py), declared: the SD of a session's shared effect
     # on every boot of it, and of a host's among hosts with the same fingerprint whose canaries
     # agree. Each is pooled with what the history measures, and a floor under it.
     session_spread: float = 0.01
@@ -340,7 +340,7 @@ TINY_CPU = Deployment(
     boot_spread=0.18,
     # Sessions of one host differ by far more than a GPU's 1%: a session beside other work and
     # a quiet one read decode 19% and 32-stream throughput 73% apart (the corpus, 1 df); 20% is
-    # declared, and the history's own sessions raise it (judge/levels.py). Hosts of this family
+    # declared, and the history's own sessions raise it (judge/noise.py). Hosts of this family
     # differ up to 2x under one fingerprint: the canary catches that; a residue of 15% is left.
     session_spread=0.20,
     host_spread=0.15,

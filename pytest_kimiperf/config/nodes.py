@@ -33,7 +33,7 @@ from pytest_kimiperf.config.names import check_placeholders, check_safe_name
 from pytest_kimiperf.errors import ConfigError
 
 # One machine's fingerprint facts, (hard, soft): measure/host_facts.py reads them, a node agent
-# sends them, judge/fingerprint.py composes them.
+# sends them, judge/baselines.py composes them.
 NodeFacts = tuple[Mapping[str, str], Mapping[str, str]]
 
 LAUNCH_PLACEHOLDERS = ("host", "name", "command")

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pytest_kimiperf.judge.boots import EngineBoot
+from pytest_kimiperf.judge.stats import EngineBoot
 from pytest_kimiperf.judge.notes import Note, note_kind
 from pytest_kimiperf.judge.stats import Comparison, Leaning, VerdictKind, satterthwaite_df, t_quantile
 from pytest_kimiperf.measure.results import RunSummary

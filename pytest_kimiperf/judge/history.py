@@ -129,11 +129,11 @@ from scipy import stats as scipy_stats
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.baselines import BaselineEntry, BaselineFile
-from pytest_kimiperf.judge.boots import BootSummary, EngineBoot
-from pytest_kimiperf.judge.canary_check import canary_shift
+from pytest_kimiperf.judge.stats import BootSummary, EngineBoot
+from pytest_kimiperf.judge.noise import canary_shift
 from pytest_kimiperf.judge.engine_clock import FIGURE_OF, place
-from pytest_kimiperf.judge.levels import MIN_UNITS, level_terms, nested_levels, weights_sq
-from pytest_kimiperf.judge.modes import (
+from pytest_kimiperf.judge.noise import MIN_UNITS, level_terms, nested_levels, weights_sq
+from pytest_kimiperf.judge.noise import (
     Modes,
     align_modes,
     find_modes,

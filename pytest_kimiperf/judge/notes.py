@@ -1,4 +1,11 @@
-"""What the gate noticed, as typed values: each note holds the facts, never a sentence.
+"""What the gate noticed and the floors it checked, as typed values: facts, never sentences.
+
+Absolute checks: a median against a hard floor (the test fails) and a target (it warns).
+
+The deployment's single-stream decode floor and target are checked here; relative verdicts
+against a baseline are ``stats``.
+
+What the gate noticed, as typed values: each note holds the facts, never a sentence.
 
 The gate (``gate.judge``) fills a test's failures, warnings and notes with these values, and a
 comparison (``stats.Comparison``) carries its own notes the same way; ``reports/sentences.py``
@@ -9,14 +16,76 @@ is the one place that turns them into the lines a user reads. Every note crosses
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import math
 from collections.abc import Callable, Mapping
+import dataclasses
 from dataclasses import dataclass
+import enum
+from enum import Enum
+import math
 from typing import Any, ClassVar, TypeVar
 
-from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
+from pytest_kimiperf.numbers import is_real
+
+
+class FloorStatus(str, Enum):
+    """Where an absolute figure sits against its hard floor and its target."""
+
+    BELOW_FLOOR = "below floor"
+    BELOW_TARGET = "below target"
+    OK = "ok"
+
+
+@dataclass(frozen=True)
+class FloorResult:
+    """An absolute check of a higher-is-better median (e.g. decode tok/s) against floor/target."""
+
+    label: str
+    unit: str
+    median: float
+    floor: float | None
+    target: float | None
+    status: FloorStatus
+
+    @property
+    def failed(self) -> bool:
+        """True below the floor: the test fails."""
+        return self.status is FloorStatus.BELOW_FLOOR
+
+    @property
+    def warned(self) -> bool:
+        """True above the floor but below the target: the test passes with a warning."""
+        return self.status is FloorStatus.BELOW_TARGET
+
+
+def floor_check(
+    median: float, floor: float | None, target: float | None, unit: str, label: str
+) -> FloorResult:
+    """Check a higher-is-better median against an absolute floor (fail) and target (warn)."""
+    if not is_real(median) or not math.isfinite(median):
+        raise ValueError(f"{label} median {median!r} is not a finite number; nothing to check")
+    for name, value in (("floor", floor), ("target", target)):
+        if value is not None and (not is_real(value) or not math.isfinite(value) or value < 0):
+            raise ValueError(f"{label} {name} {value!r}: use a finite number >= 0, or no {name}")
+    if floor is not None and target is not None and floor > target:
+        raise ValueError(
+            f"{label} floor {floor!r} {unit} is above its target {target!r} {unit}: the floor is "
+            "the hard minimum, the target what we aim for, so floor <= target"
+        )
+    if floor is not None and median < floor:
+        status = FloorStatus.BELOW_FLOOR
+    elif target is not None and median < target:
+        status = FloorStatus.BELOW_TARGET
+    else:
+        status = FloorStatus.OK
+    return FloorResult(
+        label=label,
+        unit=unit,
+        median=float(median),
+        floor=None if floor is None else float(floor),
+        target=None if target is None else float(target),
+        status=status,
+    )
+
 
 N = TypeVar("N", bound="Note")
 
@@ -222,7 +291,7 @@ class SpreadSeen:
     means on ``df`` degrees of freedom, over ``units`` boots (or sessions, hosts); the variance
     the declared spread allows each of them (``allowed_var``: the declared spread's, plus
     ``lower_var`` that the levels below add); and the ``declared`` spread (a fraction). The
-    judge pools it with the declaration already; judge/spread_check.py asks whether it says the
+    judge pools it with the declaration already; judge/noise.py asks whether it says the
     declaration is too small."""
 
     level: str
@@ -276,7 +345,7 @@ class TooFewSamples(Note):
 @note_kind("history-modes")
 @dataclass(frozen=True)
 class HistoryModes(Note):
-    """The history holds two spawn modes (judge/modes.py); each boot was judged against its
+    """The history holds two spawn modes (judge/noise.py); each boot was judged against its
     nearest. Centres are the modes' geometric means. Of this run's boots, ``unclear`` lay
     between the modes (judged both ways; ``disagree`` when the two readings gave different
     verdicts), ``worse`` of ``placed`` landed in the worse mode, which holds ``worse_share`` of
@@ -524,7 +593,7 @@ class SoftFingerprint(Note):
 @note_kind("plan")
 @dataclass(frozen=True)
 class Plan(Note):
-    """What would resolve a change of ``goal`` (judge/power.py): ``boots`` of this profile
+    """What would resolve a change of ``goal`` (judge/noise.py): ``boots`` of this profile
     against the baseline's; or (``boots`` None) ``sessions`` of it where the session and host
     ``levels`` stand in the way; or, with neither, a wider tolerance (``levels`` set) or more
     baseline boots."""

@@ -100,10 +100,10 @@ from scipy import stats as scipy_stats
 
 from pytest_kimiperf.config.deployments import Deployment
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
-from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.stats import BootSummary
 from pytest_kimiperf.judge.engine_clock import engine_boot_of, engine_only, on_two_clocks
 from pytest_kimiperf.judge.notes import BootsForWithin, BootsToDecide, DeclaredModes, Note, SpreadSeen, SpreadSource
-from pytest_kimiperf.judge.power import smallest_change
+from pytest_kimiperf.judge.noise import smallest_change
 from pytest_kimiperf.judge.stats import (
     DETECTION_POWER,
     EQUIVALENCE_CONFIDENCE,

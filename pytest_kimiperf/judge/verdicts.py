@@ -21,10 +21,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pytest_kimiperf.judge.boots import BootSummary, summarize_metric
-from pytest_kimiperf.judge.floors import FloorResult
-from pytest_kimiperf.judge.canary_check import CanaryCheck
-from pytest_kimiperf.judge.levels import BootOrigin
+from pytest_kimiperf.judge.stats import BootSummary, summarize_metric
+from pytest_kimiperf.judge.notes import FloorResult
+from pytest_kimiperf.judge.noise import CanaryCheck
+from pytest_kimiperf.judge.noise import BootOrigin
 from pytest_kimiperf.judge.notes import (
     FloorNote, LeftOut, Note, Plan, Unresolved, note_from_json, note_kind, notes_from_json,
 )
@@ -244,7 +244,7 @@ class TestResult:
     unrecordable: tuple[Note, ...] = ()
     host: dict[str, Any] | None = None  # hostwatch readings of the measured rounds
     versions: dict[str, str] = field(default_factory=dict)
-    origin: BootOrigin | None = None  # session, host and canary of this boot (judge/levels.py)
+    origin: BootOrigin | None = None  # session, host and canary of this boot (judge/noise.py)
     # The metric the test is about (metric_specs.primary_metric, or the test's own choice): its
     # verdict answers the test's question; the test's other metrics are secondary.
     primary: str | None = None

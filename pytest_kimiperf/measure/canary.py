@@ -8,7 +8,7 @@ fixed interpreter loop (one core's compute, as vLLM's Python processes see it) a
 plus the spread of its faster rounds (its noise, so a comparison knows what "moved" means). On a GPU host with torch and CUDA,
 :func:`gpu_canary` adds a fixed device-to-device copy, and the GPUs' lowest power limit
 (:func:`_gpu_power_limit`) is a probe too. Taken once per session before the first
-boot, stored with the session's boots in the baseline history (judge/canary_check.py compares them).
+boot, stored with the session's boots in the baseline history (judge/noise.py compares them).
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ _HOST_BASES = ("declared", "machine-id+product-uuid", "machine-id+boot-id")
 
 def host_identity(declared: str | None = None, *, read: Callable[[str], str] = _read) -> dict[str, str]:
     """Which host this is, beyond its fingerprint: ``host`` (the id that tells sessions of one
-    host from sessions of another, judge/levels.py), the ids it was made of, and ``basis``.
+    host from sessions of another, judge/noise.py), the ids it was made of, and ``basis``.
 
     A reboot is a session of the same host, not another host: every fresh CI VM and every reboot
     counted as a new host made each run add the declared host spread twice. So the host is,

@@ -3,7 +3,7 @@ behind a fingerprint.
 
 Everything here reads the machine (/proc/cpuinfo, the CPU affinity, installed distributions,
 the GPUs through server/gpu.py, an attached server's ``/version`` and ``/v1/models``, a node's
-agent, git). judge/fingerprint.py turns the facts into a Fingerprint and compares them; it reads
+agent, git). judge/baselines.py turns the facts into a Fingerprint and compares them; it reads
 nothing itself. Facts travel as :data:`NodeFacts`, (hard, soft) mappings of strings.
 """
 

@@ -13,9 +13,9 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pytest_kimiperf.judge.decide import Outcome, outcome_of
+from pytest_kimiperf.judge.gate import Outcome, outcome_of
 from pytest_kimiperf.judge.notes import BootsForWithin
-from pytest_kimiperf.judge.spread_check import misdeclared
+from pytest_kimiperf.judge.noise import misdeclared
 from pytest_kimiperf.judge.stats import Leaning, VerdictKind, leaning
 from pytest_kimiperf.judge.verdicts import BaselineState
 from pytest_kimiperf.judge.verdicts import MissingBaselines as MissingBaselineNote
@@ -97,7 +97,7 @@ def answer_lines(report: SessionReport) -> list[Answer]:
 def spread_line(report: SessionReport) -> str | None:
     """The one line on spreads the run's boots show beyond the deployment's declaration (the
     profile comparisons and each test's last boot against its baseline), None where they show
-    none at the run's level (judge/spread_check.py)."""
+    none at the run's level (judge/noise.py)."""
     ref = report.reference_profile
     judged = [(f"{metric_heading(pc.metric)} of {short_test(pc.test)} [{pc.profile} vs {ref}]", pc.comparison)
               for pc in report.profile_comparisons if pc.comparison is not None]
@@ -190,7 +190,7 @@ def _floor_line(report: SessionReport) -> tuple[str, bool] | None:
 
 def run_verdict(report: SessionReport) -> str:
     """``passed``, or ``FAILED`` with what failed it, as the run's answer opens."""
-    outcomes = [outcome_of(res) for res in report.results]  # as judge/decide.py decided each
+    outcomes = [outcome_of(res) for res in report.results]  # as judge/gate.py decided each
     failed = sum(o in (Outcome.FAILED, Outcome.UNRESOLVED) for o in outcomes) + len(report.control_regressions())
     invalid = outcomes.count(Outcome.INVALID)
     parts = []

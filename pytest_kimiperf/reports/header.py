@@ -19,7 +19,7 @@ from pytest_kimiperf.config.deployments import Deployment, describe_command
 from pytest_kimiperf.config.metric_specs import metric_spec
 from pytest_kimiperf.config.nccl.profiles import describe_args, describe_env, inherited_nccl_env
 from pytest_kimiperf.config.settings import Settings
-from pytest_kimiperf.judge.fingerprint import Fingerprint, describe
+from pytest_kimiperf.judge.baselines import Fingerprint, describe
 from pytest_kimiperf.reports.nccl_reach import forecast_line
 from pytest_kimiperf.server.weight_cache import header_lines as weight_cache_lines, profile_cache_reason, why_not_used
 
@@ -173,10 +173,10 @@ def host_line(host: Mapping[str, str], recorded_hosts: Sequence[str] = ()) -> st
 def spreads_line(dep: Deployment, span: HistorySpan | None) -> str:
     """The spreads the verdicts use, and whether each is declared or measured: each declared
     spread is a floor that what the boots measure can raise, never lower; a session or host level
-    is measured once the history spans MIN_UNITS of them (judge/levels.py history_level; per
+    is measured once the history spans MIN_UNITS of them (judge/noise.py history_level; per
     metric, this line counts the file's fullest history)."""
     from pytest_kimiperf.judge.baselines import HistorySpan
-    from pytest_kimiperf.judge.levels import MIN_UNITS
+    from pytest_kimiperf.judge.noise import MIN_UNITS
 
     span = span or HistorySpan(0, 0, 0)
     parts = [f"boot {dep.boot_spread:.0%} declared"
@@ -197,7 +197,7 @@ def one_session_warning(dep: Deployment, span: HistorySpan | None) -> str | None
     convicts an unchanged build in 23% of sessions against a one-session history)."""
     if span is None or span.boots == 0 or span.sessions != 1:
         return None
-    from pytest_kimiperf.judge.levels import MIN_UNITS
+    from pytest_kimiperf.judge.noise import MIN_UNITS
 
     boots = f"{span.boots} boot{'s' * (span.boots != 1)}"
     return (f"the baseline history of {dep.name} spans one session ({boots}): the session spread in "

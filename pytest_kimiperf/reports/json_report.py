@@ -23,7 +23,7 @@ from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.numbers import json_safe
 from pytest_kimiperf.reports.model import ProfileFacts, SessionReport
-from pytest_kimiperf.judge.floors import FloorResult
+from pytest_kimiperf.judge.notes import FloorResult
 from pytest_kimiperf.judge.notes import HistorySteps
 from pytest_kimiperf.judge.stats import Comparison
 from pytest_kimiperf.reports.sentences import (

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, assert_never
 
 from pytest_kimiperf.config.metric_specs import METRICS
-from pytest_kimiperf.judge.decide import RunDecision
+from pytest_kimiperf.judge.gate import RunDecision
 from pytest_kimiperf.judge.history import NotAppended
 from pytest_kimiperf.judge.profiles import InSessionRules, ProfileComparison, profile_comparisons
 from pytest_kimiperf.judge.stats import Comparison, Leaning, leaning
@@ -274,7 +274,7 @@ class SessionReport:
     # --kimiperf-control: the reference profile is the control (the recorded build, booted in this
     # session), and a REGRESSION against it fails the run.
     control: bool = False
-    # How the run ends (judge/decide.py), decided at session end before anything renders it.
+    # How the run ends (judge/gate.py), decided at session end before anything renders it.
     decision: RunDecision | None = None
 
     def control_regressions(self) -> tuple[ProfileComparison, ...]:

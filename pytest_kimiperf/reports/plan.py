@@ -7,7 +7,7 @@ plan says, from the same settings the run would use:
 * the boots: planned per profile, and the most with boots on demand;
 * the wall time of loading them: the load time this deployment's baseline history recorded
   (``boot_ready_s``), else the one its table declares (``load_s``), else unknown;
-* the smallest change the run resolves (judge/power.py ``smallest_change``, at DETECTION_POWER): between
+* the smallest change the run resolves (judge/noise.py ``smallest_change``, at DETECTION_POWER): between
   two of its profiles in this session, and against the baseline history beyond the tolerance.
 
 Nothing is collected or booted; the fingerprint is probed (to find the baseline file).
@@ -24,7 +24,7 @@ from pytest_kimiperf.judge.baselines import BaselineFile, HistorySpan
 from pytest_kimiperf.judge.profiles import control_reach
 from pytest_kimiperf.judge.profiles import InSessionRules
 from pytest_kimiperf.judge.gate import family_critical
-from pytest_kimiperf.judge.power import design_critical, sessions_of_history, smallest_change
+from pytest_kimiperf.judge.noise import design_critical, sessions_of_history, smallest_change
 from pytest_kimiperf.judge.stats import DETECTION_POWER, GATE_CRITICAL
 
 _HEADLINE_METRIC = "decode_tok_s"

@@ -31,11 +31,11 @@ from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.storage import baselines
 from pytest_kimiperf.judge.baselines import BaselineFile
-from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.judge.baselines import Fingerprint
 from pytest_kimiperf.judge.profiles import InSessionRules, profile_comparisons
 from pytest_kimiperf.judge.profiles import session_plan
 from pytest_kimiperf.judge.history import append_refusal
-from pytest_kimiperf.judge.decide import RunDecision
+from pytest_kimiperf.judge.gate import RunDecision
 from pytest_kimiperf.judge.baselines import baseline_entries
 from pytest_kimiperf.judge.engine_clock import vllm_named
 from pytest_kimiperf.reports.sentences import not_recorded_line
@@ -147,7 +147,7 @@ class SessionReporter:
 
     def prepare(self) -> SessionReport | None:
         """Session finish, first: the session's report (None for a run that is no perf run),
-        whose profile comparisons judge/decide.py weighs before anything is written."""
+        whose profile comparisons judge/gate.py weighs before anything is written."""
         if not self.has_work():
             return None  # quiet when unused: a run without perf tests writes and imports nothing more
         if not self.results and not self._records() and not self._asked():
@@ -176,7 +176,7 @@ class SessionReporter:
 
     def write(self, *, passed: bool) -> None:
         """Session finish, then: write the baselines (--kimiperf-update-baselines, or append-on-pass
-        when the run ``passed``, as judge/decide.py decided) and the reports asked for. What cannot
+        when the run ``passed``, as judge/gate.py decided) and the reports asked for. What cannot
         be written is kept for the summary (:meth:`errors`); the rest is still written."""
         if self.report is None:
             return

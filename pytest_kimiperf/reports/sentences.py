@@ -20,15 +20,15 @@ from pytest_kimiperf.judge.engine_clock import UNPLACED_DF, Part, TwoClocks, Unp
 from pytest_kimiperf.judge.history import AppendWhy, NotAppended
 from pytest_kimiperf.measure.invalid_causes import advice_for
 from pytest_kimiperf.measure.results import withheld_words
-from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
-from pytest_kimiperf.judge.canary_check import CanaryCheck
+from pytest_kimiperf.judge.notes import FloorResult, FloorStatus
+from pytest_kimiperf.judge.noise import CanaryCheck
 from pytest_kimiperf.judge.notes import (
     BootAsked, BootPlanned, BootsBooked, BootsForWithin, BootsToDecide, DeclaredModes, FailedRequests, FloorNote,
     ChangeSoFar, GoodputSlos, HistoryModes, HistoryStep, HistorySteps, HostWatched, InvalidRun, LeftOut, LevelSpread,
     MeasuredAgain, NeedsBoots, NoDecode, Note, Plan, PrefixCacheReused, SavedLine, SloCheck, SoftFingerprint,
     SpreadSource, TooFewSamples, Unresolved, Drifted,
 )
-from pytest_kimiperf.judge.spread_check import SpreadBeyond, SpreadsMisdeclared
+from pytest_kimiperf.judge.noise import SpreadBeyond, SpreadsMisdeclared
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind, band_log, fmt_tolerance
 from pytest_kimiperf.judge.verdicts import (
     BaselineLine, BaselineState, EnvDiff, MissingBaselines, TestResult, VerdictNote,

@@ -29,8 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import assert_never
 
-from pytest_kimiperf.judge.decide import RunDecision, RunEnd
-from pytest_kimiperf.judge.floors import FloorResult
+from pytest_kimiperf.judge.gate import RunDecision, RunEnd
+from pytest_kimiperf.judge.notes import FloorResult
 from pytest_kimiperf.judge.notes import HostWatched
 from pytest_kimiperf.judge.profiles import INTERVAL_LEGEND
 from pytest_kimiperf.judge.stats import VerdictKind
@@ -490,7 +490,7 @@ def render_summary(
 
 def end_line(decision: RunDecision) -> str | None:
     """The terminal's last word on a run that ends with an exit status of the plugin's own
-    (judge/decide.py); None for every other end."""
+    (judge/gate.py); None for every other end."""
     match decision.end:
         case RunEnd.ONLY_UNRESOLVED:
             tests = decision.unresolved_tests

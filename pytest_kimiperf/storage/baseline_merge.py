@@ -45,7 +45,7 @@ from typing import TypeVar
 
 from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.judge.baselines import HISTORY_BOOTS, BaselineBoot, BaselineEntry, BaselineFile, Night
-from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.judge.baselines import Fingerprint
 from pytest_kimiperf.storage.baselines import dumps_baseline, entry_json, parse_baseline, record_json
 
 _DRIVER_NAME = "kimiperf-baselines"

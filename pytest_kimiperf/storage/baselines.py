@@ -33,9 +33,9 @@ from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.files import write_atomically
 from pytest_kimiperf.judge.baselines import BaselineBoot, BaselineEntry, BaselineFile, LoadedBaselines, Night
 from pytest_kimiperf.judge.baselines import append_history, round_figure
-from pytest_kimiperf.judge.boots import EngineBoot, summarize_boot
-from pytest_kimiperf.judge.fingerprint import Fingerprint
-from pytest_kimiperf.judge.levels import BootOrigin
+from pytest_kimiperf.judge.stats import EngineBoot, summarize_boot
+from pytest_kimiperf.judge.baselines import Fingerprint
+from pytest_kimiperf.judge.noise import BootOrigin
 from pytest_kimiperf.numbers import is_real
 
 # The file's text: its JSON form, written and checked.

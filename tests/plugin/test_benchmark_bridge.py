@@ -134,7 +134,7 @@ def test_extra_info_is_json_safe_for_a_run_without_valid_requests() -> None:
 
 def test_machine_info_gets_the_fingerprint_only_when_one_was_taken() -> None:
     from pytest_kimiperf.reports.benchmark_bridge import add_fingerprint
-    from pytest_kimiperf.judge.fingerprint import Fingerprint
+    from pytest_kimiperf.judge.baselines import Fingerprint
 
     info: dict[str, object] = {"node": "ci"}
     add_fingerprint(info, None)

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from tests.helpers import counted_boots, stub_deployment_toml
-from pytest_kimiperf.judge.boots import BootLedger, BootSlot, schedule, strip_slot
-from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.stats import BootLedger, BootSlot, schedule, strip_slot
+from pytest_kimiperf.judge.stats import BootSummary
 
 A, B, C = (SimpleNamespace(name=n) for n in ("default", "ring-ll", "tree-ll"))
 

@@ -56,7 +56,7 @@ def test_a_busy_host_is_invalid_naming_the_busy_processes_gives_no_verdict_and_e
                                            "--kimiperf-boots", "1", "--kimiperf-max-boots", "1",
                                            "--kimiperf-json", str(report), "-p", "no:cacheprovider", timeout=300)
     result.assert_outcomes(failed=2)
-    assert result.ret == 75, result.stdout.str()[-3000:]  # every failure INVALID (judge/decide.py)
+    assert result.ret == 75, result.stdout.str()[-3000:]  # every failure INVALID (judge/gate.py)
     assert "INVALID measurement: host busy" in result.stdout.str()
     data = json.loads(report.read_text())
     assert [t["profile"] for t in data["tests"]] == ["default", "ring-ll"]

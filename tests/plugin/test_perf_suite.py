@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import measured_count, stub_deployment_toml
 from pytest_kimiperf.config.metric_specs import SampleKind, metric_spec
-from pytest_kimiperf.judge.boots import MIN_SAMPLES_PER_BOOT, tail_min_samples
+from pytest_kimiperf.judge.stats import MIN_SAMPLES_PER_BOOT, tail_min_samples
 from tests import helpers
 
 pytestmark = pytest.mark.usefixtures("isolated_state")

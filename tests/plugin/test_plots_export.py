@@ -13,7 +13,7 @@ from pytest_kimiperf.storage import baselines as storage
 
 from pytest_kimiperf.judge.baselines import baseline_entries
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
-from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.judge.baselines import Fingerprint
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.stats import compare_boots
 from pytest_kimiperf.reports.model import SessionReport, build_session_report
@@ -141,7 +141,7 @@ def test_a_metric_judged_after_a_step_gets_its_history_plotted(tmp_path: Path) -
     from pytest_kimiperf.judge.baselines import BaselineFile
     from pytest_kimiperf.storage.baselines import dumps_baseline
     from pytest_kimiperf.judge.history import compare_with_history
-    from pytest_kimiperf.judge.levels import BootOrigin
+    from pytest_kimiperf.judge.noise import BootOrigin
     from pytest_kimiperf.reports.plots import render_plots
 
     current = ttft_result(20.0)

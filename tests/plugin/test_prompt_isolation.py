@@ -27,7 +27,7 @@ from pytest_kimiperf.measure.target import Target
 from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.measure.results import RequestRecord
 from pytest_kimiperf.measure.results import RoundResult, RunResult
-from pytest_kimiperf.judge.boots import BootLedger
+from pytest_kimiperf.judge.stats import BootLedger
 from pytest_kimiperf.recorder import PerfCase, PerfRecorder, RecorderHooks
 from pytest_kimiperf.server.process import ServerHandle, pick_free_port
 from pytest_kimiperf.judge.notes import PrefixCacheReused

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge import baselines
-from pytest_kimiperf.judge.boots import summarize_boot
-from pytest_kimiperf.judge.decide import decide_test
-from pytest_kimiperf.judge.fingerprint import ATTACHED_HARDWARE, NOT_STATED, Fingerprint, stated_apart
+from pytest_kimiperf.judge.stats import summarize_boot
+from pytest_kimiperf.judge.gate import decide_test
+from pytest_kimiperf.judge.baselines import ATTACHED_HARDWARE, NOT_STATED, Fingerprint, stated_apart
 from pytest_kimiperf.judge.gate import judge_metric
-from pytest_kimiperf.judge.levels import BootOrigin
+from pytest_kimiperf.judge.noise import BootOrigin
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult, TestResult
 from pytest_kimiperf.reports.answers import answer_lines, failure_lines
 from pytest_kimiperf.reports.next_step import missing_baseline_warning, outcome_line

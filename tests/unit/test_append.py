@@ -11,10 +11,10 @@ from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.config.settings import RawOption
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.history import AppendWhy, NotAppended, append_refusal
-from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.stats import BootSummary
 from pytest_kimiperf.judge.notes import SavedLine, note_from_json
 from pytest_kimiperf.judge.stats import compare_boots
-from pytest_kimiperf.judge.canary_check import CanaryCheck
+from pytest_kimiperf.judge.noise import CanaryCheck
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, EnvDiff, MetricResult, TestResult
 from pytest_kimiperf.storage.git_facts import current_git_branch
 from pytest_kimiperf.reports.sentences import note_text

@@ -18,8 +18,8 @@ from pytest_kimiperf.judge.baselines import BaselineEntry, BaselineFile
 from pytest_kimiperf.storage.baselines import dumps_baseline, parse_baseline
 from pytest_kimiperf.judge.baselines import HISTORY_BOOTS, append_history, make_entry
 from pytest_kimiperf.storage.baselines import baseline_path, load_baseline, update_baseline
-from pytest_kimiperf.judge.fingerprint import Fingerprint
-from pytest_kimiperf.judge.levels import BootOrigin
+from pytest_kimiperf.judge.baselines import Fingerprint
+from pytest_kimiperf.judge.noise import BootOrigin
 from tests.helpers import DATA, ROOT
 
 DEPLOYMENT = "tiny-llama-cpu"

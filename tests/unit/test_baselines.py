@@ -17,7 +17,7 @@ from pytest_kimiperf.storage.baselines import SCHEMA_VERSION, dumps_baseline
 from pytest_kimiperf.judge.baselines import HISTORY_BOOTS, make_entry
 from pytest_kimiperf.storage.baselines import baseline_path, load_baseline, update_baseline
 from pytest_kimiperf.errors import BaselineError, ConfigError
-from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.judge.baselines import Fingerprint
 from pytest_kimiperf.storage.git_facts import current_git_commit
 from pytest_kimiperf.config.metric_specs import Direction
 from tests import helpers

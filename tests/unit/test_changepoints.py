@@ -10,7 +10,7 @@ import pytest
 
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.stats import BootSummary
 from pytest_kimiperf.judge.history import (
     DEFAULT_HISTORIES, MIN_SEGMENT, STEP_ALPHA, find_steps, history_alpha, history_noise, last_segment,
     segment_spreads,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pytest_kimiperf.compare.cli import USAGE_EXIT, main
-from pytest_kimiperf.judge.decide import UNRESOLVED_EXIT
+from pytest_kimiperf.judge.gate import UNRESOLVED_EXIT
 from tests.helpers import DATA, ROOT
 
 VLLM = DATA / "compare" / "vllm"
@@ -58,7 +58,7 @@ def test_four_boots_of_one_build_pass_under_the_cpu_deployments_rules(capsys: py
 
 def test_runs_whose_boots_spread_beyond_the_declared_say_so_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     # The default rules declare a 1% boot spread; these runs' figures spread far wider, a tail
-    # most (judge/spread_check.py). One answer line says so, with the flag to change.
+    # most (judge/noise.py). One answer line says so, with the flag to change.
     _, out, _ = _run(capsys, "--a", *A, "--b", *B)
     [line] = [line for line in out.splitlines() if "spreads wider than declared" in line]
     assert line.strip().startswith(

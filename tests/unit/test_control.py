@@ -12,11 +12,11 @@ from pytest_kimiperf.config.settings import RawOption, Settings, build_settings
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge import baselines
 from pytest_kimiperf.storage import baselines as storage
-from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.judge.baselines import Fingerprint
 from pytest_kimiperf.judge.profiles import InSessionRules, compare_in_session, smallest_drop
-from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.stats import BootSummary
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.power import smallest_change
+from pytest_kimiperf.judge.noise import smallest_change
 from pytest_kimiperf.judge.stats import GATE_CRITICAL
 from pytest_kimiperf.reports.plan import plan_lines
 
@@ -95,7 +95,7 @@ def test_a_control_command_must_be_a_list_of_strings(tmp_path: Path) -> None:
 
 
 def _history(tmp_path: Path, sessions: int) -> baselines.BaselineFile:
-    from pytest_kimiperf.judge.levels import BootOrigin
+    from pytest_kimiperf.judge.noise import BootOrigin
 
     medians = [81.4 * (1 + 0.01 * ((i % 3) - 1)) for i in range(sessions)]
     entry = baselines.make_entry(

@@ -1,4 +1,4 @@
-"""Every reason a run fails, and its exit status, is decided in judge/decide.py.
+"""Every reason a run fails, and its exit status, is decided in judge/gate.py.
 
 A test's outcome comes from its final failures; the run's exit status from pytest's, the failed
 tests' outcomes, the control comparisons and the errors of the files. INVALID-only runs exit 75,
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_kimiperf.judge.decide import (
+from pytest_kimiperf.judge.gate import (
     EXIT_OK, EXIT_TESTS_FAILED, INVALID_ONLY_EXIT, OUTCOME_PROPERTY, UNRESOLVED_EXIT, FailedTests, Outcome, RunEnd,
     CAUSE_PROPERTY, decide_run, decide_test, failed_outcome, invalid_cause, outcome_of,
 )

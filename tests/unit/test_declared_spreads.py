@@ -20,9 +20,9 @@ from scipy import stats as scipy_stats
 from pytest_kimiperf.config.deployments import DEFAULT_LEVEL_SPREAD_DF, Spreads
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.history import compare_with_history
-from pytest_kimiperf.judge.levels import history_level, level_terms
+from pytest_kimiperf.judge.noise import history_level, level_terms
 from pytest_kimiperf.judge.notes import HistoryModes, SpreadSource
-from pytest_kimiperf.judge.power import design_critical, sessions_of_history
+from pytest_kimiperf.judge.noise import design_critical, sessions_of_history
 from pytest_kimiperf.judge.stats import EQUIVALENCE_CONFIDENCE, GATE_CRITICAL
 from pytest_kimiperf.judge.stats import critical_at, pooled_variance
 from tests.unit.test_verdict_invariants import PROPERTY, GateCase, boot, gate_cases

@@ -88,7 +88,7 @@ def test_a_parallel_size_that_is_no_integer_is_a_usage_error() -> None:
 
 def _boots(*origins: tuple[str, str]) -> list[object]:
     from pytest_kimiperf.judge.baselines import BaselineBoot
-    from pytest_kimiperf.judge.levels import BootOrigin
+    from pytest_kimiperf.judge.noise import BootOrigin
 
     return [BaselineBoot(median=100.0, n=20, se_log=0.01, recorded_at="2026-12-01T00:00:00Z", git_commit=None,
                          versions={}, origin=BootOrigin(session=session, host=host)) for host, session in origins]

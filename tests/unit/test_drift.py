@@ -11,7 +11,7 @@ import pytest
 
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.stats import BootSummary
 from benchmarks.nightly import drift_tonight
 
 SPREADS = Spreads(0.01, 0.01)
@@ -78,14 +78,15 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from pytest_kimiperf.errors import BaselineError  # noqa: E402
-from pytest_kimiperf.judge import baselines, boots  # noqa: E402
+from pytest_kimiperf.judge import baselines  # noqa: E402
+from pytest_kimiperf.judge import stats as boots  # noqa: E402
 from pytest_kimiperf.judge.baselines import Night  # noqa: E402
 from pytest_kimiperf.storage.baselines import parse_baseline  # noqa: E402
 from pytest_kimiperf.judge.baselines import LoadedBaselines, append_history  # noqa: E402
 from pytest_kimiperf.storage import baselines as storage  # noqa: E402
 from pytest_kimiperf.storage.baselines import load_baselines  # noqa: E402
 from pytest_kimiperf.judge.history import drift_of_entry  # noqa: E402
-from pytest_kimiperf.judge.fingerprint import Fingerprint  # noqa: E402
+from pytest_kimiperf.judge.baselines import Fingerprint  # noqa: E402
 from pytest_kimiperf.judge.gate import BootRun, Rules, judge  # noqa: E402
 from pytest_kimiperf.judge.notes import Drifted  # noqa: E402
 from pytest_kimiperf.judge.verdicts import TestResult  # noqa: E402

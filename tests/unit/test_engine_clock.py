@@ -47,7 +47,7 @@ def test_only_variables_that_reach_the_engines_workers_alone_make_a_profile_engi
 import dataclasses  # noqa: E402
 
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
-from pytest_kimiperf.judge.boots import BootSummary, EngineBoot  # noqa: E402
+from pytest_kimiperf.judge.stats import BootSummary, EngineBoot  # noqa: E402
 from pytest_kimiperf.judge.engine_clock import (  # noqa: E402
     MATERIAL_SHARE, TwoClocks, UnplacedWhy, Where, claimed_ms_sign, on_two_clocks, place,
 )

@@ -9,7 +9,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.stats import BootSummary
 from pytest_kimiperf.judge.gate import RUN_ALPHA, decide_family, family_critical, holm, sign_p
 from pytest_kimiperf.judge.stats import VerdictKind, compare_boots
 
@@ -126,7 +126,7 @@ def test_the_family_is_the_stored_entries_of_the_tests_and_profiles_the_run_coll
 
 
 def test_the_plan_asks_for_the_boots_the_runs_own_critical_value_needs() -> None:
-    from pytest_kimiperf.judge.power import boots_needed, critical_of, plan
+    from pytest_kimiperf.judge.noise import boots_needed, critical_of, plan
     from pytest_kimiperf.judge.stats import GATE_CRITICAL
 
     cur = [BootSummary(median=m, n=20, se_log=0.002, session="now") for m in (97.0, 98.5)]

@@ -11,11 +11,11 @@ import sys
 
 import pytest
 
-from pytest_kimiperf.judge import fingerprint as fpmod
+from pytest_kimiperf.judge import baselines as fpmod
 from pytest_kimiperf.measure import host_facts as factsmod
 from pytest_kimiperf.server import nvidia_smi
 from pytest_kimiperf.errors import BaselineError, ConfigError
-from pytest_kimiperf.judge.fingerprint import Fingerprint, host_fingerprint
+from pytest_kimiperf.judge.baselines import Fingerprint, host_fingerprint
 from pytest_kimiperf.config.names import check_safe_name
 from tests import helpers
 

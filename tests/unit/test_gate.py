@@ -13,9 +13,9 @@ from pytest_kimiperf.judge import baselines
 from pytest_kimiperf.judge.baselines import LoadedBaselines
 from pytest_kimiperf.storage import baselines as storage
 from pytest_kimiperf.storage.baselines import load_baselines
-from pytest_kimiperf.judge import boots
-from pytest_kimiperf.judge.fingerprint import Fingerprint
-from pytest_kimiperf.judge.decide import missing_baselines
+from pytest_kimiperf.judge import stats as boots
+from pytest_kimiperf.judge.baselines import Fingerprint
+from pytest_kimiperf.judge.gate import missing_baselines
 from pytest_kimiperf.judge.gate import BootRun, Judgement, Rules, judge
 from pytest_kimiperf.reports.sentences import comparison_line, note_text, note_texts, unresolved_text
 from pytest_kimiperf.judge.verdicts import TestResult, VerdictNote
@@ -193,7 +193,7 @@ def test_judge_leaves_its_input_result_alone() -> None:
 
 def _recorded_on(tmp_path: Path, medians: list[float], canary: dict[str, float]) -> LoadedBaselines:
     """A baseline whose boots were recorded in session 'then' on host 'h' with ``canary``."""
-    from pytest_kimiperf.judge.levels import BootOrigin
+    from pytest_kimiperf.judge.noise import BootOrigin
 
     rng = np.random.default_rng(7)
     boot_samples = [list(m * rng.lognormal(0, 0.01, 20)) for m in medians]
@@ -209,7 +209,7 @@ def _recorded_on(tmp_path: Path, medians: list[float], canary: dict[str, float])
 def _two_boots_in_session(view: LoadedBaselines, median: float, canary: dict[str, float]) -> Judgement:
     import dataclasses
 
-    from pytest_kimiperf.judge.levels import BootOrigin
+    from pytest_kimiperf.judge.noise import BootOrigin
 
     origin = BootOrigin("now", "h", canary)
     first = judge(dataclasses.replace(_shell(1), origin=origin), ["decode_tok_s"], _decode(median, seed=3), RULES,

@@ -60,7 +60,7 @@ def test_a_gate_switch_that_is_not_a_yes_or_no_is_a_usage_error(tmp_path: Path) 
 
 def test_the_gate_caps_its_boots_on_demand_from_the_plan(tmp_path: Path) -> None:
     from pytest_kimiperf.config.deployments import KIMI_K25_INT4_TP8
-    from pytest_kimiperf.judge.power import boots_needed
+    from pytest_kimiperf.judge.noise import boots_needed
     from pytest_kimiperf.session import with_gate_plan
 
     gate = RawOption(True, "command line --kimiperf-gate")

@@ -15,8 +15,8 @@ from pytest_kimiperf.history_steps import main
 from pytest_kimiperf.judge.baselines import BaselineFile
 from pytest_kimiperf.storage.baselines import dumps_baseline
 from pytest_kimiperf.judge.baselines import append_history, make_entry
-from pytest_kimiperf.judge.fingerprint import Fingerprint
-from pytest_kimiperf.judge.levels import BootOrigin
+from pytest_kimiperf.judge.baselines import Fingerprint
+from pytest_kimiperf.judge.noise import BootOrigin
 from tests.helpers import ROOT
 
 START = datetime(2026, 11, 1, 3, 0, tzinfo=UTC)

@@ -13,7 +13,7 @@ from pytest_kimiperf.config.deployment_tables import resolve_deployments
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, TINY_CPU
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.errors import ConfigError
-from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.stats import BootSummary
 from pytest_kimiperf.judge.profiles import InSessionRules, SpawnModes, band_log, compare_in_session
 from pytest_kimiperf.judge.stats import VerdictKind, compare_boots
 from pytest_kimiperf.reports.sentences import comparison_line, source_text

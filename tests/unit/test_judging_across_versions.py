@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_kimiperf.judge import baselines
-from pytest_kimiperf.judge.fingerprint import Fingerprint, version_changes
+from pytest_kimiperf.judge.baselines import Fingerprint, version_changes
 from pytest_kimiperf.storage import baselines as storage
 from pytest_kimiperf.storage.baselines import load_baselines
 from pytest_kimiperf.judge.verdicts import MetricResult, ResultWarning, TestResult
@@ -14,7 +14,7 @@ from pytest_kimiperf.judge.gate import (
     WarningKind, judge_metric, missing_baselines, warning_kinds,
 )
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.boots import summarize_boot
+from pytest_kimiperf.judge.stats import summarize_boot
 from pytest_kimiperf.reports.sentences import note_text
 
 TEST = "t.py::test"

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.stats import BootSummary
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.judge.history import compare_with_history
-from pytest_kimiperf.judge.canary_check import canary_shift
-from pytest_kimiperf.judge.levels import BootOrigin, history_level, level_terms, nested_levels
+from pytest_kimiperf.judge.noise import canary_shift
+from pytest_kimiperf.judge.noise import BootOrigin, history_level, level_terms, nested_levels
 from pytest_kimiperf.judge.stats import VerdictKind, compare_boots
 from pytest_kimiperf.measure.canary import Canary, cpu_canary
 from pytest_kimiperf.judge.notes import SpreadSource
@@ -160,7 +160,7 @@ def test_the_corpus_loader_keeps_valid_boots_of_the_variant(tmp_path) -> None:  
 
 
 def test_the_planner_answers_in_sessions_when_the_session_level_stands_in_the_way() -> None:
-    from pytest_kimiperf.judge.power import plan
+    from pytest_kimiperf.judge.noise import plan
 
     current = [boot(97, "now"), boot(97.2, "now")]
     history = [boot(100 + 0.1 * (i % 2), "then") for i in range(10)]
@@ -185,7 +185,7 @@ def test_the_gpu_power_limit_probe_reads_nvidia_smi_as_recorded() -> None:
 
 
 def test_the_planner_command_answers_in_sessions_across_sessions(capsys: pytest.CaptureFixture[str]) -> None:
-    from pytest_kimiperf.judge.planner import answer
+    from pytest_kimiperf.judge.noise import answer
 
     out, status = answer(["--change", "6%", "--spread", "1%", "--tolerance", "3%", "--reference-boots", "10",
                           "--session-spread", "2%"])
@@ -201,7 +201,7 @@ def test_the_planner_command_answers_in_sessions_across_sessions(capsys: pytest.
 
 
 def test_the_planner_says_when_no_number_of_sessions_helps() -> None:
-    from pytest_kimiperf.judge.power import plan
+    from pytest_kimiperf.judge.noise import plan
 
     current = [boot(97, "now"), boot(97.2, "now")]
     history = [boot(100 + 0.1 * (i % 2), "then") for i in range(10)]

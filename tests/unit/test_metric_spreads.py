@@ -9,8 +9,8 @@ from pathlib import Path
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge import baselines
-from pytest_kimiperf.judge.boots import summarize_boot
-from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.judge.stats import summarize_boot
+from pytest_kimiperf.judge.baselines import Fingerprint
 from pytest_kimiperf.judge.gate import judge_metric
 from pytest_kimiperf.judge.verdicts import MetricResult
 from pytest_kimiperf.storage import baselines as storage

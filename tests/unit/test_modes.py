@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.stats import BootSummary
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.judge.history import compare_with_history
-from pytest_kimiperf.judge.modes import MIN_HISTORY_BOOTS, align_modes, find_modes
+from pytest_kimiperf.judge.noise import MIN_HISTORY_BOOTS, align_modes, find_modes
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.reports.sentences import comparison_line
 
@@ -152,7 +152,7 @@ FAST_SLOW = [100, 101, 99, 100.5, 80, 80.5, 100.2, 79.8, 99.6, 100.1]  # boots 5
 
 
 def test_joint_placement_takes_the_mode_every_clear_metric_agrees_on_and_none_where_two_disagree() -> None:
-    from pytest_kimiperf.judge.modes import BETTER, BETWEEN, WORSE, joint_modes
+    from pytest_kimiperf.judge.noise import BETTER, BETWEEN, WORSE, joint_modes
 
     assert joint_modes([(WORSE, BETWEEN, BETTER, BETWEEN), (WORSE, BETTER, BETTER, BETWEEN)]) == (
         WORSE, BETTER, BETTER, BETWEEN)

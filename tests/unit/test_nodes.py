@@ -19,7 +19,7 @@ from pytest_kimiperf.config.deployment_tables import resolve_deployments
 from pytest_kimiperf.config.deployments import TINY_CPU_2NODE
 from pytest_kimiperf.config.nodes import Node, check_nodes, launch_argv, node_commands, parse_nodes
 from pytest_kimiperf.errors import ConfigError, ServerError
-from pytest_kimiperf.judge.fingerprint import nodes_fingerprint
+from pytest_kimiperf.judge.baselines import nodes_fingerprint
 from pytest_kimiperf.measure.hostwatch import NodeWatch, parse_snapshot
 from pytest_kimiperf.server.agent_wire import AGENT_MARK, agent_payload
 from pytest_kimiperf.server.cluster import NodeGroup, NodeLaunch, agent_argv, node_group

@@ -10,11 +10,11 @@ import pytest
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge import notes
 from pytest_kimiperf.judge.history import AppendWhy, NotAppended
-from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.stats import BootSummary
 from pytest_kimiperf.judge.engine_clock import Part, TwoClocks, Where
-from pytest_kimiperf.judge.floors import floor_check
-from pytest_kimiperf.judge.canary_check import CanaryCheck
-from pytest_kimiperf.judge.spread_check import SpreadBeyond, SpreadsMisdeclared
+from pytest_kimiperf.judge.notes import floor_check
+from pytest_kimiperf.judge.noise import CanaryCheck
+from pytest_kimiperf.judge.noise import SpreadBeyond, SpreadsMisdeclared
 from pytest_kimiperf.judge.stats import compare_boots
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, EnvDiff, MissingBaselines, VerdictNote
 from pytest_kimiperf.reports.sentences import note_text

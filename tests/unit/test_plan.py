@@ -12,8 +12,8 @@ from pytest_kimiperf.config.options import OPTIONS
 from pytest_kimiperf.config.settings import RawOption, build_settings
 from pytest_kimiperf.judge import baselines
 from pytest_kimiperf.storage import baselines as storage
-from pytest_kimiperf.judge.fingerprint import Fingerprint
-from pytest_kimiperf.judge.power import boots_needed, smallest_change
+from pytest_kimiperf.judge.baselines import Fingerprint
+from pytest_kimiperf.judge.noise import boots_needed, smallest_change
 from pytest_kimiperf.judge.stats import GATE_CRITICAL
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.reports.plan import fmt_duration, plan_lines
@@ -119,7 +119,7 @@ def test_the_plan_says_what_history_would_convict_twice_the_tolerance_or_that_no
 
 
 def test_sessions_of_history_counts_from_the_recorded_history_and_none_where_the_session_fills_the_room() -> None:
-    from pytest_kimiperf.judge.power import sessions_of_history
+    from pytest_kimiperf.judge.noise import sessions_of_history
 
     # A history that already convicts needs no more sessions than it has.
     assert sessions_of_history(0.01, 0.0, 2, reference_boots=20, sessions=20, tolerance=0.03, goal=0.06) == 20

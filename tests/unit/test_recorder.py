@@ -16,13 +16,13 @@ from pytest_kimiperf.judge import baselines
 
 from pytest_kimiperf.measure import runner, workload
 from pytest_kimiperf.measure.target import Target
-from pytest_kimiperf.judge.boots import BootLedger, BootSlot
+from pytest_kimiperf.judge.stats import BootLedger, BootSlot
 from pytest_kimiperf.config.deployments import TINY_CPU
-from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.judge.baselines import Fingerprint
 from pytest_kimiperf.judge.baselines import baseline_entries
 from pytest_kimiperf.storage import baselines as storage
 from pytest_kimiperf.storage.baselines import load_baselines
-from pytest_kimiperf.judge.boots import strip_slot as strip_profile
+from pytest_kimiperf.judge.stats import strip_slot as strip_profile
 from pytest_kimiperf.judge.verdicts import WarningKind
 from pytest_kimiperf.reports.json_report import comparison_json
 from pytest_kimiperf.reports.sentences import note_text, note_texts, warning_lines
@@ -34,7 +34,7 @@ from pytest_kimiperf.measure.results import RequestRecord
 from pytest_kimiperf.measure.results import RoundResult, RunResult
 from pytest_kimiperf.recorder import PerfCase, PerfRecorder, RecorderHooks
 from pytest_kimiperf.server.process import ServerHandle
-from pytest_kimiperf.judge.boots import MIN_SAMPLES_PER_BOOT
+from pytest_kimiperf.judge.stats import MIN_SAMPLES_PER_BOOT
 
 SCENARIO = workload.SingleStream(prompt_tokens=8, output_tokens=65, requests=8)
 FP = Fingerprint(hard={"gpu.count": "0", "cpu.model": "test", "cpu.cores": "2"}, soft={})

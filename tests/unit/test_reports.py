@@ -26,7 +26,7 @@ from pytest_kimiperf.storage import baselines as storage
 from pytest_kimiperf.storage.baselines import load_baselines
 
 from pytest_kimiperf.judge import gate
-from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.judge.baselines import Fingerprint
 from pytest_kimiperf.judge.notes import FloorNote
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult, TestResult, WarningKind
 from pytest_kimiperf.config.metric_specs import metric_spec
@@ -887,7 +887,7 @@ def test_an_invalid_boot_is_named_where_its_verdict_would_be(results: list[TestR
 def test_boots_wider_than_the_declared_spread_get_one_line_in_the_answers_and_the_markdown(
         view: LoadedBaselines) -> None:
     # The second boot of each profile 12% off its first, where the deployment declares 1%: the
-    # boots within this session say the declaration is too small (judge/spread_check.py).
+    # boots within this session say the declaration is too small (judge/noise.py).
     default = judge(measured("default", decode=81.4, itl=12.3, ttft=40.0, seed=1), view)
     ring_ll = judge(measured("ring-ll", decode=81.9, itl=12.2, ttft=44.0, seed=10), view)
     wide = make_report([

@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import stub_deployment_toml
-from pytest_kimiperf.judge.floors import FloorResult, FloorStatus
+from pytest_kimiperf.judge.notes import FloorResult, FloorStatus
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.measure.results import RunResult
 from pytest_kimiperf.measure.workload import SINGLE_STREAM
 from pytest_kimiperf.config.deployment_tables import resolve_deployments
 from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, TINY_MODEL, Deployment
 from pytest_kimiperf.errors import ConfigError
-from pytest_kimiperf.judge.fingerprint import Fingerprint
+from pytest_kimiperf.judge.baselines import Fingerprint
 from pytest_kimiperf.config.metric_specs import metric_spec
 from pytest_kimiperf.reports.json_report import build_json_report, dumps_json_report
 from pytest_kimiperf.reports.markdown import render_markdown

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.stats import BootSummary
 from pytest_kimiperf.judge.profiles import IN_SESSION_ALPHA, InSessionRules, compare_in_session
 from pytest_kimiperf.judge.notes import BootsForWithin
 from pytest_kimiperf.judge.profiles import Step, next_step, profiles_to_book, session_plan

@@ -187,7 +187,7 @@ def test_args_that_change_the_weights_keep_a_profile_off_the_weight_cache() -> N
 
 
 def test_the_gate_does_not_compare_a_run_with_a_baseline_of_other_args(tmp_path: Path) -> None:
-    from pytest_kimiperf.judge import boots
+    from pytest_kimiperf.judge import stats as boots
     from pytest_kimiperf.storage.baselines import baseline_path, load_baselines, update_baseline
     from pytest_kimiperf.judge.gate import BootRun, judge
     from pytest_kimiperf.judge.verdicts import TestResult

@@ -1,4 +1,4 @@
-"""A run says when its boots show spreads beyond the declared ones (judge/spread_check.py)."""
+"""A run says when its boots show spreads beyond the declared ones (judge/noise.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.stats import BootSummary
 from pytest_kimiperf.judge.history import compare_with_history
 from pytest_kimiperf.judge.notes import SpreadSeen
 from pytest_kimiperf.judge.profiles import InSessionRules, SpawnModes, compare_in_session
-from pytest_kimiperf.judge.spread_check import SpreadBeyond, SpreadsMisdeclared, beyond_p, misdeclared
+from pytest_kimiperf.judge.noise import SpreadBeyond, SpreadsMisdeclared, beyond_p, misdeclared
 from pytest_kimiperf.judge.stats import Comparison
 from pytest_kimiperf.reports.sentences import note_text
 

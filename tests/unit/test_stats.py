@@ -15,10 +15,10 @@ from pytest_kimiperf.judge.stats import (
     compare_boots,
     estimate_spread,
 )
-from pytest_kimiperf.judge.boots import BootSummary, summarize_boot
-from pytest_kimiperf.judge.floors import FloorStatus, floor_check
+from pytest_kimiperf.judge.stats import BootSummary, summarize_boot
+from pytest_kimiperf.judge.notes import FloorStatus, floor_check
 from pytest_kimiperf.judge.notes import SpreadSource
-from pytest_kimiperf.judge.power import boots_needed, plan, wants_another_boot
+from pytest_kimiperf.judge.noise import boots_needed, plan, wants_another_boot
 from pytest_kimiperf.reports.json_report import comparison_json
 from pytest_kimiperf.reports.sentences import comparison_line, floor_line, note_text
 
@@ -259,7 +259,7 @@ def test_floor_check_rejects_bad_input() -> None:
 
 
 def test_the_planner_command_answers_in_one_line_and_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    from pytest_kimiperf.judge.planner import answer
+    from pytest_kimiperf.judge.noise import answer
 
     out, status = answer(["--from", "81.4", "--to", "81.9", "--spread", "0.8%"])
     assert status == 0

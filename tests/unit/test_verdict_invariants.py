@@ -22,7 +22,7 @@ from scipy import stats as scipy_stats
 
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.judge.boots import BootSummary
+from pytest_kimiperf.judge.stats import BootSummary
 from pytest_kimiperf.judge.history import compare_with_history
 from pytest_kimiperf.judge.profiles import InSessionRules, SpawnModes, compare_in_session
 from pytest_kimiperf.judge.notes import HistoryModes
@@ -442,7 +442,7 @@ class DriftCase:
               invert: bool = False):  # type: ignore[no-untyped-def]
         from pytest_kimiperf.judge.baselines import BaselineBoot, BaselineEntry, Night
         from pytest_kimiperf.judge.history import drift_of_entry
-        from pytest_kimiperf.judge.levels import BootOrigin
+        from pytest_kimiperf.judge.noise import BootOrigin
 
         sign = -1.0 if invert else 1.0
 

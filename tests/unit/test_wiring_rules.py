@@ -11,8 +11,8 @@ from pytest_kimiperf.config.deployment_tables import marker_tolerances
 from pytest_kimiperf.config.options import perf_run_requested
 from pytest_kimiperf.config.settings import RawOption
 from pytest_kimiperf.errors import ConfigError
-from pytest_kimiperf.judge.boots import BootSlot, group_by_slot, schedule
-from pytest_kimiperf.judge.decide import Outcome, decide_test
+from pytest_kimiperf.judge.stats import BootSlot, group_by_slot, schedule
+from pytest_kimiperf.judge.gate import Outcome, decide_test
 from pytest_kimiperf.reports.sentences import note_text
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult, TestResult
 

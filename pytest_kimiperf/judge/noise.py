@@ -1,0 +1,920 @@
+"""The noise a comparison assumes and the boots it takes to see through it.
+
+Levels, spawn modes, spreads beyond the declared ones, the host canary, and the boot planner.
+
+Whether this run's host is the history's: the host canary of each side compared.
+
+Hosts differ by more than a spread: two machines of one family ran the tiny-cpu server 2x apart
+under one fingerprint. The host canary (measure/canary.py) is stored with every boot; when this
+run's canary moved beyond its noise from the history's (:func:`canary_shift`), the comparison is
+"not comparable: host differs", never a verdict.
+
+The levels a figure varies at: requests, boots within a session, sessions, hosts.
+
+**Levels.** A boot's median varies with the boot (spawn, compile, memory layout: ``stats``), but
+boots of one session also share that session's state (the host's day, its neighbours, its thermal
+and firmware state) and sessions of one host share the host. A baseline recorded in ONE session
+knows nothing of the session level, and every boot of the next run shares that run's session effect,
+so a comparison of the two must carry it: its uncertainty includes each level that the two sides do
+not share (:func:`level_terms`). Each level is declared per deployment (``boot_spread``,
+``session_spread``, ``host_spread``) with how sure it is (``*_spread_df``, degrees of freedom); the
+history's units measure it (the method of moments of a nested random-effects model, below), and the
+two are pooled at declared + measured df, the declaration a floor (:func:`history_level`).
+
+The same estimator (:func:`nested_levels`) reads the noise corpus (benchmarks/noise_corpus.py), so
+the study and the gate agree on what a level is. Whether the host itself changed is
+``canary_check.py``; a history whose boots fall into spawn modes is ``modes.py``.
+
+Spawn modes: a history whose boots fall into clusters, and judging a run against it robustly.
+
+vLLM's decode speed can be "bimodal (~33 vs ~26 tok/s), fixed at process spawn"
+(ROCm legacy-rocm-build #6347: 2 of 7 spawns fast); restarted instances fall into "different stable
+regimes" (vllm-project/vllm #39903). A gate that pools such a history into one mean and one spread
+has two failures at once: the spread is wide (a real 6% regression hides in it) and a boot that
+lands in the other mode reads as a change (benchmarks/gate_power.py, bimodal cells: 10% false
+REGRESSION, 28% detection of a 6% change before per-mode comparison).
+
+The method, chosen on the simulation and the corpus (benchmarks/README.md, "Gate power, in
+simulation"): **per-mode comparison**. :func:`find_modes` splits the history at its widest gap when
+that gap is :data:`MODE_GAP` times wider than the spread inside the two clusters, each holds at
+least :data:`_MIN_MODE_BOOTS` boots and the history :data:`MIN_HISTORY_BOOTS`. :func:`align_modes`
+then expresses every boot relative to its mode: a history boot by its own cluster's centre, a
+current boot by the mode it clearly lies in (the nearer centre), or the one the metrics of its test
+place it in together (:func:`joint_modes`). A boot that lands in a mode the history already holds is
+so no change, and a shift within a mode is judged against the spread inside the modes, which is the
+spread a build change must beat.
+
+Rejected: a rank test of the current boots against the history shifted by the tolerance needs
+more current boots than a gate run has (1-3) to say anything; a two-component mixture fit
+needs more history boots than 10-20 to place its weights. The limit, said in every verdict that
+used modes: a true change of about the gap itself moves a boot into the other mode and is not
+seen; the modes' own centres are reported so a reader can see when that happened. Two guards
+narrow it: a boot between the modes (:data:`CLEAR_SHARE`) is judged both ways and gets no
+direction the two readings do not share, and a run that lands in the worse mode more often
+than the history's share of it explains (:func:`mode_frequency`) is a regression.
+
+Whether a run's boots show spreads beyond the ones its deployment declares.
+
+A declared spread (``boot_spread``, ``session_spread``, ``host_spread``) is the floor of the
+variance every verdict uses: the judge pools it with what the boots measure and takes the larger
+(stats.pooled_variance), so a spread declared too small costs little where the boots measure a
+lot, and a lot where they measure little: at twice the declared spread, an unchanged build states
+a sign in far more runs than the budget allows (benchmarks/sign_claims.md). A run cannot fix the
+declaration, but it can say when its own boots contradict it.
+
+Each comparison carries what its own boots measured of each level (``Comparison.spreads_seen``:
+the boots within their sessions, the history's sessions within their hosts, the hosts). Under
+the declaration, a level's sum of squares over the variance the declaration allows it is a
+chi-square on its degrees of freedom; :func:`misdeclared` tests every such check of the run at
+the run's level (stats.RUN_ALPHA, Bonferroni over the checks, so that a run whose spreads are as
+declared says so in at most 1% of runs) and returns, per level, the largest spread it finds
+beyond the declaration, with where it was seen. The sentence names the declaration to change.
+
+How many boots a verdict needs: the first-boot screen and the boot planner's advice.
+
+A comparison that looks worse than the tolerance without a verdict asks for another boot
+(:func:`wants_another_boot`); an inconclusive, "changed, size unresolved" or "no detectable
+change" verdict says how many boots would resolve a change of interest (:func:`plan`,
+from :func:`boots_needed`: the normal-approximation power calculation against the baseline's
+boot history). The verdicts themselves, and the minimum detectable change quoted with them,
+are ``stats``.
+
+The planner as a command-line question: how many boots resolve a change of this size?
+
+    python -m pytest_kimiperf.judge.noise --from 81.4 --to 81.9 --spread 0.8%
+    python -m pytest_kimiperf.judge.noise --change 6% --spread 1% --tolerance 3% --reference-boots 10
+    python -m pytest_kimiperf.judge.noise --change 6% --spread 1% --tolerance 3% --reference-boots 10 \\
+        --session-spread 2% --reference-sessions 1
+
+Two profiles booted alike need N boots each; against a baseline of ``--reference-boots`` boots,
+N boots of the current build (power.boots_needed says how, and why a too-small baseline cannot be
+outbooted). The spread is the SD of one boot's median: read it from a baseline's history (the
+summary prints it next to every verdict) or measure it with benchmarks/noise_study.py. With
+``--session-spread`` the comparison is across sessions (judge/noise.py): this run's one session
+against a baseline of ``--reference-sessions``; when that alone is too wide for any number of
+boots, the planner says how many sessions would do.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+import dataclasses
+from dataclasses import dataclass, field, replace
+import functools
+import hashlib
+import math
+import statistics
+import sys
+
+from scipy import stats as scipy_stats
+
+from pytest_kimiperf.config.deployments import DEFAULT_LEVEL_SPREAD_DF, LEVELS, Spreads
+from pytest_kimiperf.judge.notes import HistoryModes, LevelSpread, Note, Plan, SpreadSeen, SpreadSource, note_kind
+from pytest_kimiperf.judge.stats import (
+    BootSummary, Comparison, DETECTION_POWER, GATE_CRITICAL, LevelTerm, MIN_BOOTS_DIRECTIONAL, RUN_ALPHA,
+    VerdictKind, boot_floor, critical_at, pooled_variance, satterthwaite_df, within_sessions,
+)
+from pytest_kimiperf.numbers import is_real
+
+
+# The canary moved when every probe is this much off the history's, all the same way (log
+# scale). Measured on the noise corpus (benchmarks/noise_study.py --analyze), on one host shared
+# with other engineers' test runs: the interpreter probe drifted up to 16% from a session's
+# start to its end, the copy probe up to 30% (another process's memory traffic), and both
+# varied 5% (SD) between sessions; so one probe alone cannot say "another host", and both must
+# move 25%. A host 2x slower moves both by about 50%; one 1.2x slower is left to host_spread.
+CANARY_MOVED_LOG = math.log(1.25)
+
+
+@dataclass(frozen=True)
+class CanaryCheck:
+    """This session's canary against the history's: the change of each probe (fraction), and
+    whether they all moved beyond :data:`CANARY_MOVED_LOG` the same way."""
+
+    shifts: Mapping[str, float]
+    moved: bool
+
+    def to_dict(self) -> dict[str, object]:
+        return {"shifts": dict(self.shifts), "moved": self.moved}
+
+
+def canary_shift(current: Mapping[str, float] | None,
+                 reference: Sequence[Mapping[str, float]]) -> CanaryCheck | None:
+    """Each probe this session shares with the history: its change against the history's median
+    score. None when either side has no canary (a history recorded before canaries)."""
+    if not current:
+        return None
+    shifts = {}
+    for probe, score in current.items():
+        history = [c[probe] for c in reference if c.get(probe)]
+        if history and score > 0:
+            shifts[probe] = score / statistics.median(history) - 1.0
+    if not shifts:
+        return None
+    logs = [math.log1p(s) for s in shifts.values()]
+    moved = all(x > CANARY_MOVED_LOG for x in logs) or all(x < -CANARY_MOVED_LOG for x in logs)
+    return CanaryCheck(shifts, moved)
+
+
+# Levels: what each level's spread is, declared and measured, and which ones a comparison carries.
+
+# The step search (history.py) measures the session spread around its segments once the
+# history spans this many sessions; the gate pools any measured df with the declared ones.
+MIN_UNITS = 3
+# Interval quoted for a measured level.
+_LEVEL_INTERVAL = 0.90
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level's spread: the SD of its effect on a log-figure, its degrees of freedom, where
+    it came from, and (when measured) its :data:`_LEVEL_INTERVAL` interval."""
+
+    name: str
+    sd_log: float
+    df: float
+    source: SpreadSource
+    low: float = math.nan
+    high: float = math.nan
+    # The larger of the declared and the measured SD, not pooled (stats.Spread.plain_sd_log).
+    plain_sd_log: float = math.nan
+    # The units' mean square before the lower levels' share (``lower_var``) is taken out: what a
+    # test of the level against a declaration reads (judge/noise.py). NaN: not measured.
+    mean_square: float = math.nan
+    lower_var: float = math.nan
+    # What the units measured against the declaration, where a history level was measured.
+    seen: SpreadSeen | None = None
+
+    @property
+    def percent(self) -> float:
+        """The spread in percent (exp(sd) - 1)."""
+        return math.expm1(self.sd_log) * 100.0
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-ready (NaN as None)."""
+        def num(x: float) -> float | None:
+            return round(x, 6) if math.isfinite(x) else None
+        return {"name": self.name, "sd_log": num(self.sd_log), "df": num(self.df), "source": self.source.to_json(),
+                "low": num(self.low), "high": num(self.high)}
+
+
+@dataclass(frozen=True)
+class Levels:
+    """What the corpus (or a history) says about every level of one metric."""
+
+    metric: str
+    request_cv: float
+    boot: Level
+    session: Level
+    host: Level
+    boots: int
+    sessions: int
+    hosts: int
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-ready form."""
+        return {"metric": self.metric, "request_cv": None if not math.isfinite(self.request_cv) else self.request_cv,
+                "boot": self.boot.to_json(), "session": self.session.to_json(), "host": self.host.to_json(),
+                "boots": self.boots, "sessions": self.sessions, "hosts": self.hosts}
+
+
+def _chi2_interval(ss: float, df: float) -> tuple[float, float]:
+    """The :data:`_LEVEL_INTERVAL` interval of a variance from its sum of squares and df."""
+    tail = (1.0 - _LEVEL_INTERVAL) / 2.0
+    return ss / _chi2_ppf(1.0 - tail, df), ss / _chi2_ppf(tail, df)
+
+
+@functools.lru_cache(maxsize=4096)
+def _chi2_ppf(q: float, df: float) -> float:
+    """chi2's quantile, cached: the levels ask for the same few df over and over, and a scalar
+    call of scipy's ppf costs ~180 us of argument checks."""
+    return float(scipy_stats.chi2.ppf(q, df))
+
+
+def _sd(var: float) -> float:
+    return math.sqrt(max(var, 0.0))
+
+
+def nested_levels(groups: Mapping[str, Mapping[str, Sequence[float]]], metric: str = "",
+                  request_cv: float = math.nan, *, boot_var: float | None = None) -> Levels:
+    """Levels of log-figures ``groups[host][session] = [per-boot log figure, ...]`` by the
+    method of moments (unbalanced nested ANOVA): the boot level from the pooled variance inside
+    sessions; the session level from the spread of session means inside hosts, less what their
+    boots alone explain; the host level likewise from the host means. A level needs two units
+    inside one unit above it; intervals are chi-square intervals of each mean square, less the
+    lower levels' share (a negative estimate reads as 0). ``boot_var`` replaces the measured boot
+    level in that subtraction (the gate's boot spread, the declared one or larger: a history of one boot
+    per session measures no boot level of its own)."""
+    ss_w = df_w = 0.0
+    session_means: dict[str, list[tuple[float, int]]] = {}
+    for host_name, host_sessions in groups.items():
+        for values in host_sessions.values():
+            if not values:
+                continue
+            mean = sum(values) / len(values)
+            ss_w += sum((v - mean) ** 2 for v in values)
+            df_w += len(values) - 1
+            session_means.setdefault(host_name, []).append((mean, len(values)))
+    boots = sum(n for means in session_means.values() for _, n in means)
+    sessions = sum(len(m) for m in session_means.values())
+    if df_w > 0:
+        ms_w = ss_w / df_w
+        lo, hi = _chi2_interval(ss_w, df_w)
+        boot = Level("boot", _sd(ms_w), df_w, SpreadSource(SpreadSource.MEASURED, count=boots, within=sessions), _sd(lo), _sd(hi))
+    else:
+        ms_w = math.nan
+        boot = Level("boot", math.nan, 0.0, SpreadSource(SpreadSource.NONE))
+    ss_s = df_s = 0.0
+    inv_m: list[float] = []
+    host_means: list[tuple[float, int, float]] = []
+    for means in session_means.values():
+        host_mean = sum(m for m, _ in means) / len(means)
+        ss_s += sum((m - host_mean) ** 2 for m, _ in means)
+        df_s += len(means) - 1
+        inv_m.extend(1.0 / n for _, n in means)
+        host_means.append((host_mean, len(means), sum(1.0 / n for _, n in means) / len(means)))
+    if boot_var is not None:
+        ms_w = boot_var
+    within_share = (ms_w if math.isfinite(ms_w) else 0.0) * (sum(inv_m) / len(inv_m) if inv_m else 0.0)
+    if df_s > 0:
+        ms_s = ss_s / df_s
+        lo, hi = _chi2_interval(ss_s, df_s)
+        session = Level("session", _sd(ms_s - within_share), df_s, SpreadSource(SpreadSource.MEASURED, "session", count=sessions),
+                        _sd(lo - within_share), _sd(hi - within_share), mean_square=ms_s, lower_var=within_share)
+    else:
+        ms_s = math.nan
+        session = Level("session", math.nan, 0.0, SpreadSource(SpreadSource.NONE, "session"))
+    if len(host_means) >= 2:
+        grand = sum(m for m, _, _ in host_means) / len(host_means)
+        ss_h = sum((m - grand) ** 2 for m, _, _ in host_means)
+        df_h = len(host_means) - 1.0
+        sess_var = max(ms_s - within_share, 0.0) if math.isfinite(ms_s) else 0.0
+        lower = sum(sess_var / k + (ms_w if math.isfinite(ms_w) else 0.0) * inv / k
+                    for _, k, inv in host_means) / len(host_means)
+        lo, hi = _chi2_interval(ss_h, df_h)
+        host = Level("host", _sd(ss_h / df_h - lower), df_h, SpreadSource(SpreadSource.MEASURED, "host", count=len(host_means)),
+                     _sd(lo - lower), _sd(hi - lower), mean_square=ss_h / df_h, lower_var=lower)
+    else:
+        host = Level("host", math.nan, 0.0, SpreadSource(SpreadSource.NONE, "host"))
+    return Levels(metric, request_cv, boot, session, host, boots, sessions, len(host_means))
+
+
+@dataclass(frozen=True)
+class BootOrigin:
+    """Where a boot ran: its session (one pytest run), its host (measure.canary.host_identity)
+    and the session's host canary scores. Stored with every recorded boot."""
+
+    session: str
+    host: str
+    canary: Mapping[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-ready (xdist transport, baselines)."""
+        return {"session": self.session, "host": self.host, "canary": dict(self.canary)}
+
+    @classmethod
+    def from_json(cls, data: object) -> BootOrigin | None:
+        """Inverse of :meth:`to_json`; None for None."""
+        if data is None:
+            return None
+        if not isinstance(data, Mapping):
+            raise ValueError(f"boot origin {data!r}: expected an object with session, host and canary")
+        return cls(session=str(data.get("session") or ""), host=str(data.get("host") or ""),
+                   canary={str(k): float(v) for k, v in (data.get("canary") or {}).items()})
+
+
+def weights_sq(current: Sequence[BootSummary], reference: Sequence[BootSummary], unit: str) -> float:
+    """sum over units u of (share of current boots in u - share of reference boots in u)^2: the
+    factor by which a level's variance enters the difference of the two sides' means. 0 when
+    the sides share their units alike (two profiles interleaved in one session), 2 for one
+    session against one other session, 1 + 1/k against a history spread evenly over k."""
+    wc: dict[str, int] = {}
+    wr: dict[str, int] = {}
+    for side, counts in ((current, wc), (reference, wr)):
+        for b in side:
+            key = getattr(b, unit)
+            counts[key] = counts.get(key, 0) + 1
+    return sum((wc.get(u, 0) / len(current) - wr.get(u, 0) / len(reference)) ** 2 for u in {*wc, *wr})
+
+
+def history_level(reference: Sequence[BootSummary], name: str, declared: float, *, boot_var: float,
+                  declared_df: float = DEFAULT_LEVEL_SPREAD_DF) -> Level:
+    """The ``session`` or ``host`` level as the reference history shows it: the declared spread,
+    a prior worth ``declared_df`` degrees of freedom, pooled with what the history's units
+    measure (stats.pooled_variance: df = declared + measured, the declaration a floor the
+    history can raise, never lower). A declaration is not exact: with the session spread taken
+    as known, a 2% session effect declared as 1% gave 17-56% of unchanged sessions a direction
+    (12.5-29% at 10 df: benchmarks/declared_spreads.py); at its df, the comparison's critical value is Student's t
+    (stats.critical_at), so a declaration held loosely widens the interval and the history's
+    own sessions pull the spread toward the truth. ``declared_df`` inf keeps the declaration
+    exact. ``boot_var`` is the boot level's variance the comparison uses, taken out of the
+    spread of the units' means."""
+    if name not in ("session", "host"):
+        raise ValueError(f"level {name!r}: use 'session' or 'host'")
+    groups: dict[str, dict[str, list[float]]] = {}
+    for b in reference:
+        groups.setdefault(b.host, {}).setdefault(b.session, []).append(math.log(b.median))
+    found = nested_levels(groups, boot_var=boot_var)
+    measured = found.session if name == "session" else found.host
+    units = found.sessions if name == "session" else found.hosts
+    prior = math.log1p(declared)
+    observed = math.isfinite(measured.sd_log) and measured.df > 0
+    sum_sq, df = (measured.sd_log ** 2 * measured.df, measured.df) if observed else (0.0, 0.0)
+    var, pooled_df = pooled_variance(prior ** 2, declared_df, sum_sq, df)
+    plain = max(prior, measured.sd_log) if observed else prior
+    seen = (SpreadSeen(name, measured.mean_square * measured.df, measured.df, prior ** 2 + measured.lower_var,
+                       declared, units, lower_var=measured.lower_var)
+            if observed and math.isfinite(measured.mean_square) else None)
+    if not observed or math.isinf(declared_df):
+        return Level(name, prior, pooled_df, SpreadSource(SpreadSource.DECLARED, name, declared=declared),
+                     plain_sd_log=plain, seen=seen)
+    if var > prior ** 2:
+        return Level(name, math.sqrt(var), pooled_df, SpreadSource(SpreadSource.MEASURED, name, count=units),
+                     measured.low, measured.high, plain_sd_log=plain, seen=seen)
+    return Level(name, prior, pooled_df, SpreadSource(SpreadSource.FLOOR, name, declared=declared,
+                                                      measured=math.expm1(measured.sd_log), count=units),
+                 plain_sd_log=plain, seen=seen)
+
+
+def level_terms(current: Sequence[BootSummary], reference: Sequence[BootSummary], *,
+                spreads: Spreads) -> list[LevelTerm]:
+    """The levels above the boot that ``current`` and ``reference`` do not share, as the
+    variance each adds to the difference of their mean log-figures (stats.compare_boots)."""
+    cur = [b for b in current if b.usable]
+    ref = [b for b in reference if b.usable]
+    if not cur or not ref:
+        return []
+    terms = []
+    # The boot level taken out of the spread of the units' means: the larger of its floor and
+    # what the boots measure, whatever df the boot declaration holds (pooling it here would let
+    # a surer boot declaration raise the session level, and widen the comparison).
+    sum_sq, df = within_sessions(cur, ref)
+    floor = boot_floor(cur, ref, math.log1p(spreads.boot))
+    boot_var = max(floor, sum_sq / df) if df > 0 else floor
+    for name, declared in spreads.above_boot():
+        weight = weights_sq(cur, ref, name)
+        if weight <= 1e-12:
+            continue
+        level = history_level(ref, name, declared, boot_var=boot_var, declared_df=spreads.df_of(name))
+        terms.append(LevelTerm(name, level.sd_log ** 2 * weight, level.df,
+                               LevelSpread(name, math.expm1(level.sd_log), level.source), weight,
+                               level.plain_sd_log ** 2 * weight, seen=level.seen))
+    return terms
+
+
+# The widest gap between sorted boot log-medians must be this many times the pooled SD inside
+# the two clusters it leaves, each of at least MIN_MODE_BOOTS boots, in a history of at least
+# MIN_HISTORY_BOOTS. Simulated (5,000 histories of one normal mode each): the ratio exceeds 5
+# in 0.9% of 8-boot histories, 0.4% of 10 and none of 20; with 2 boots a side allowed in 4-6
+# boot histories it exceeded 4 in 7-11%, hence the minimum history. A history with 30% of its
+# boots 20% slower (boot SD 1%) is split in 85% of 10-boot and 99.5% of 20-boot histories; the
+# rest hold fewer than 2 slow boots (tests/unit/test_modes.py pins both rates).
+MODE_GAP = 5.0
+_MIN_MODE_BOOTS = 2
+MIN_HISTORY_BOOTS = 8
+# A current boot belongs to a mode only when it lies within this many predictive SDs of the
+# mode's centre (``Modes.fit_sd``: the spread inside the modes, never below the declared levels
+# together): the gate's own critical value, so an unchanged boot is misplaced about as rarely as
+# an unchanged build is convicted (a two-sided 0.12% a boot). A boot that fits neither mode is a
+# change, read against the better mode (history.compare_with_history); one that fits both is
+# read both ways.
+MODE_FIT_CRITICAL = GATE_CRITICAL
+
+
+@dataclass(frozen=True)
+class Modes:
+    """The history's two clusters (low first): their centres (mean log-median) and boots."""
+
+    low: tuple[BootSummary, ...]
+    high: tuple[BootSummary, ...]
+    low_center: float
+    high_center: float
+    gap_ratio: float
+    # The SD of a boot's log figure around its own mode's centre: the spread inside the modes,
+    # never below the declared levels (find_modes' ``floor_sd``).
+    within_sd: float = 0.0
+
+    @property
+    def main_center(self) -> float:
+        """The centre of the larger mode (the slower on a tie): the figures read in its units."""
+        return self.low_center if len(self.low) >= len(self.high) else self.high_center
+
+    def note(self, **more: object) -> HistoryModes:
+        """What a verdict judged with these modes notes of them (``more``: the run's own boots,
+        :class:`HistoryModes`)."""
+        return HistoryModes(len(self.low), math.exp(self.low_center), len(self.high), math.exp(self.high_center),
+                            **more)  # type: ignore[arg-type]
+
+    def fits(self, b: BootSummary, side: str) -> bool:
+        """Whether a boot of an unchanged build could lie where ``b`` does in mode ``side``
+        (``"low"``/``"high"``): within :data:`MODE_FIT_CRITICAL` predictive SDs of its centre."""
+        center, boots = (self.low_center, self.low) if side == "low" else (self.high_center, self.high)
+        predictive = self.within_sd * math.sqrt(1.0 + 1.0 / len(boots))
+        return abs(math.log(b.median) - center) <= MODE_FIT_CRITICAL * predictive
+
+    def mode_of(self, b: BootSummary) -> str | None:
+        """``"low"`` or ``"high"``: the mode a boot clearly belongs to (it fits that one and
+        not the other); None when it fits both or neither."""
+        low, high = self.fits(b, "low"), self.fits(b, "high")
+        if low != high:
+            return "low" if low else "high"
+        return None
+
+
+def find_modes(history: Sequence[BootSummary], *, floor_sd: float = 0.0) -> Modes | None:
+    """The history's two modes, or None when its boots form one cluster (or are too few).
+    ``floor_sd`` (log) is the least spread a boot has around its mode's centre: the declared
+    levels together, which a run's boot (another session, maybe another host) carries."""
+    boots = sorted((b for b in history if b.usable), key=lambda b: b.median)
+    if len(boots) < MIN_HISTORY_BOOTS:
+        return None
+    logs = [math.log(b.median) for b in boots]
+    gaps = [(logs[i + 1] - logs[i], i + 1) for i in range(_MIN_MODE_BOOTS - 1, len(logs) - _MIN_MODE_BOOTS)]
+    if not gaps:
+        return None
+    gap, cut = max(gaps)
+    low, high = logs[:cut], logs[cut:]
+    low_mean, high_mean = sum(low) / len(low), sum(high) / len(high)
+    ss = sum((x - low_mean) ** 2 for x in low) + sum((x - high_mean) ** 2 for x in high)
+    within = math.sqrt(ss / (len(logs) - 2))
+    # The boots' own error of their medians is a floor: two tight clusters of 2 boots each
+    # are no modes if their gap is within what the requests alone explain.
+    floor = max((b.se_log for b in boots if math.isfinite(b.se_log)), default=0.0)
+    within = max(within, floor)
+    if within <= 0 or gap < MODE_GAP * within:
+        return None
+    return Modes(tuple(boots[:cut]), tuple(boots[cut:]), low_mean, high_mean, gap / within, max(within, floor_sd))
+
+
+def align_modes(current: Sequence[BootSummary], modes: Modes, *, sides: Sequence[str | None] | None = None,
+                unclear_to: str | None = None) -> tuple[list[BootSummary], list[BootSummary]]:
+    """Every boot moved by its mode's offset from the main mode: history boots by their own
+    cluster, current boots by their side (``sides``, one per current boot: ``"low"``, ``"high"``,
+    or None between the modes; default :meth:`Modes.mode_of`); a boot between by ``unclear_to``'s
+    centre when given, else by the centre nearest it."""
+    main = modes.main_center
+
+    def moved(b: BootSummary, center: float) -> BootSummary:
+        return dataclasses.replace(b, median=b.median * math.exp(main - center))
+
+    history = [moved(b, modes.low_center) for b in modes.low] + [moved(b, modes.high_center) for b in modes.high]
+    aligned = []
+    for b, side in zip(current, _sides(current, modes, sides)):
+        if not b.usable:
+            aligned.append(b)
+            continue
+        x = math.log(b.median)
+        if side is None:
+            side = unclear_to or ("low" if abs(x - modes.low_center) <= abs(x - modes.high_center) else "high")
+        aligned.append(moved(b, modes.low_center if side == "low" else modes.high_center))
+    return aligned, history
+
+
+def _sides(current: Sequence[BootSummary], modes: Modes, sides: Sequence[str | None] | None) -> list[str | None]:
+    if sides is None:
+        return [modes.mode_of(b) if b.usable else None for b in current]
+    if len(sides) != len(current):
+        raise ValueError(f"sides={list(sides)!r}: give one per current boot ({len(current)})")
+    return list(sides)
+
+
+def unclear_boots(current: Sequence[BootSummary], modes: Modes, sides: Sequence[str | None] | None = None) -> int:
+    """The usable current boots that lie between the modes (by ``sides`` where given)."""
+    return sum(1 for b, side in zip(current, _sides(current, modes, sides)) if b.usable and side is None)
+
+
+def mode_frequency(current: Sequence[BootSummary], modes: Modes, *, worse: str,
+                   sides: Sequence[str | None] | None = None) -> tuple[int, int, float, float]:
+    """How many of the run's clearly placed boots landed in the ``worse`` mode (``"low"`` for a
+    higher-is-better metric), of how many, the history's share of that mode, and the chance of
+    at least that many were the run's boots drawn as the history's were (a binomial tail): a
+    build that lands in the slow mode more often is a regression the alignment cannot show.
+    With 3 boots and a slow mode of 30%, all 3 slow has a chance of 2.7%: a gate run of 2-3
+    boots convicts on it only where the worse mode is rare (3 of 3 needs a mode that holds under
+    8% of the history; 4 of 4, 15%). ``sides`` as :func:`align_modes`."""
+    placed = [side for b, side in zip(current, _sides(current, modes, sides)) if b.usable and side is not None]
+    share = len(modes.low if worse == "low" else modes.high) / (len(modes.low) + len(modes.high))
+    hits = sum(1 for m in placed if m == worse)
+    p = float(scipy_stats.binom.sf(hits - 1, len(placed), share)) if placed else 1.0
+    return hits, len(placed), share, p
+
+
+# A boot's mode in the metric's own terms, the same for every metric: "worse" (the lower mode of a
+# throughput, the higher of a latency), "better", or "" (between the modes, or not usable).
+WORSE, BETTER, BETWEEN = "worse", "better", ""
+
+
+def to_sides(placements: Sequence[str], *, worse: str) -> list[str | None]:
+    """Placements (:data:`WORSE`, :data:`BETTER`, :data:`BETWEEN`) as a metric's sides
+    (``"low"``/``"high"``/None), ``worse`` being its worse side."""
+    better = "high" if worse == "low" else "low"
+    return [worse if p == WORSE else better if p == BETTER else None for p in placements]
+
+
+def placements_of(sides: Sequence[str | None], *, worse: str) -> tuple[str, ...]:
+    """The inverse of :func:`to_sides`."""
+    return tuple(BETWEEN if s is None else WORSE if s == worse else BETTER for s in sides)
+
+
+def own_sides(current: Sequence[BootSummary], modes: Modes) -> list[str | None]:
+    """Each current boot's side as this metric alone places it (None: between, or not usable)."""
+    return _sides(current, modes, None)
+
+
+def split_key(modes: Modes, history: Sequence[BootSummary], *, worse: str) -> str:
+    """Which boots of ``history`` (the one ``modes`` were found in, oldest first) the worse mode
+    holds, as a short digest: two metrics of one test whose histories split alike saw the same
+    spawn modes, so one boot is in one mode for both (history.joint_placements). A boot is
+    known by its recording time, session and host, and its place among the boots that share
+    them (one recording stamps all its boots alike, and writes every metric's in boot order)."""
+    seen: dict[tuple[str, str, str], int] = {}
+    keys: dict[int, str] = {}
+    for b in history:
+        base = (b.label, b.session, b.host)
+        keys[id(b)] = f"{b.label}|{b.session}|{b.host}|{seen.get(base, 0)}"
+        seen[base] = seen.get(base, 0) + 1
+    boots = modes.low if worse == "low" else modes.high
+    return hashlib.sha256("\n".join(sorted(keys.get(id(b), "?") for b in boots)).encode()).hexdigest()[:12]
+
+
+def joint_modes(readings: Sequence[Sequence[str]]) -> tuple[str, ...]:
+    """One placement per boot from several metrics' own (each a sequence of :data:`WORSE`,
+    :data:`BETTER`, :data:`BETWEEN`, one per boot): the mode every metric that places the boot
+    clearly agrees on; :data:`BETWEEN` where none places it, or two place it in different modes.
+    A metric the change moved into the middle is so placed by one it left alone; a change the
+    size of the gap, which moves a boot clearly into the other mode in one metric only, makes
+    the boot unclear for all, so it is judged both ways."""
+    joint = []
+    for marks in zip(*readings):
+        clear = {m for m in marks if m != BETWEEN}
+        joint.append(clear.pop() if len(clear) == 1 else BETWEEN)
+    return tuple(joint)
+
+
+@note_kind("spread-beyond")
+@dataclass(frozen=True)
+class SpreadBeyond(Note):
+    """One level whose spread, as ``units`` units on ``df`` degrees of freedom of ``where`` show
+    it, is beyond the ``declared`` one at the run's level: ``measured`` (a fraction), and the
+    chance ``p`` of a spread this wide were the declaration right; the widest of the level's
+    ``flagged`` checks beyond it, of ``checked``."""
+
+    level: str
+    measured: float
+    declared: float
+    df: float
+    units: int
+    where: str
+    p: float
+    flagged: int = 1  # the level's checks beyond the declaration, this the widest of them
+    checked: int = 1  # the level's checks in all
+
+
+@note_kind("spreads-misdeclared")
+@dataclass(frozen=True)
+class SpreadsMisdeclared(Note):
+    """The levels a run's boots show beyond the ``deployment``'s declaration ("" where the
+    spreads came from the command line), each its largest; ``checks`` tested at ``alpha`` in all."""
+
+    beyond: tuple[SpreadBeyond, ...]
+    checks: int
+    alpha: float
+    deployment: str = ""
+
+
+def beyond_p(seen: SpreadSeen) -> float:
+    """The chance of a sum of squares this large were the level's spread as declared."""
+    if seen.df <= 0 or seen.allowed_var <= 0:
+        return 1.0 if seen.sum_sq <= 0 else 0.0
+    return _chi2_sf(seen.sum_sq / seen.allowed_var, seen.df)
+
+
+@functools.lru_cache(maxsize=4096)
+def _chi2_sf(x: float, df: float) -> float:
+    return float(scipy_stats.chi2.sf(x, df))
+
+
+def misdeclared(comparisons: Sequence[tuple[str, Comparison]], *, deployment: str = "",
+                alpha: float = RUN_ALPHA) -> SpreadsMisdeclared | None:
+    """The levels whose spread the run's ``comparisons`` (each with where it was made, as the
+    line names it) show beyond the declared at the run's ``alpha`` over all their checks; None
+    where every check is within it."""
+    checks = [(where, seen) for where, c in comparisons for seen in c.spreads_seen if seen.df > 0]
+    if not checks:
+        return None
+    level = alpha / len(checks)
+    found: dict[str, SpreadBeyond] = {}
+    flagged: dict[str, int] = {}
+    for where, seen in checks:
+        p = beyond_p(seen)
+        if p > level:
+            continue
+        flagged[seen.level] = flagged.get(seen.level, 0) + 1
+        beyond = SpreadBeyond(seen.level, seen.measured, seen.declared, seen.df, seen.units, where, p)
+        if seen.level not in found or beyond.measured > found[seen.level].measured:
+            found[seen.level] = beyond
+    if not found:
+        return None
+    checked = {name: sum(1 for _, seen in checks if seen.level == name) for name in found}
+    ordered = tuple(replace(found[name], flagged=flagged[name], checked=checked[name])
+                    for name in LEVELS if name in found)
+    return SpreadsMisdeclared(ordered, len(checks), alpha, deployment)
+
+
+# First-boot screen: another boot when the change looks worse than this share of the tolerance.
+_SCREEN_FRACTION = 1.0
+
+
+def wants_another_boot(c: Comparison, *, screen_fraction: float = _SCREEN_FRACTION) -> bool:
+    """Whether another boot of the current side is worth its cost for this comparison.
+
+    Boots on demand: a run boots once; a comparison asks for another boot while it looks worse
+    than ``screen_fraction`` of the tolerance without a verdict (inconclusive, or a regression
+    that one boot cannot convict). Only the worse side screens: the gate exists to catch
+    regressions, and every extra boot costs a full model load. The caller stops at the
+    deployment's maximum.
+    """
+    if c.verdict not in (VerdictKind.INCONCLUSIVE, VerdictKind.CHANGED_SIZE_UNRESOLVED,
+                         VerdictKind.NO_DETECTABLE_CHANGE):
+        return False
+    return c.gain < -screen_fraction * c.tolerance
+
+
+def _allowed_variance(change: float, tolerance: float, *, confidence: float = 0.95,
+                     power: float = DETECTION_POWER, critical: float | None = None) -> float:
+    """The largest variance of the log difference at which a true ``change`` clears
+    ``tolerance`` at one-sided ``confidence`` with ``power``: the SE may be at most margin / z.
+    With ``critical`` (the gate's rule, stats.GATE_CRITICAL): at which the estimate lands beyond
+    the tolerance and ``critical`` standard errors from no change with ``power``."""
+    z_power = float(scipy_stats.norm.ppf(power))
+    size = math.log1p(abs(change))
+    if critical is not None:
+        return min((size - math.log1p(tolerance)) / z_power, size / (critical + z_power)) ** 2
+    z = float(scipy_stats.norm.ppf(confidence)) + z_power
+    return ((size - math.log1p(tolerance)) / z) ** 2
+
+
+def boots_needed(
+    change: float, spread: float, *, tolerance: float = 0.0, reference_boots: int | None = None,
+    power: float = DETECTION_POWER, confidence: float = 0.95, max_boots: int = 10_000,
+    fixed_var: float = 0.0, critical: float | None = None,
+) -> int | None:
+    """Boots per side that resolve a true ``change`` (fraction, e.g. 0.006) at boot ``spread``.
+
+    Two profiles booted alike (``reference_boots=None``): N boots each, so that the one-sided
+    ``confidence`` bound of the difference clears ``tolerance`` (0: "tell them apart") with
+    ``power``. Against a baseline of ``reference_boots``: N boots of the current side. None when
+    no number of boots can do it (the baseline alone is too uncertain): record more baseline
+    boots. Uses the normal quantile: the spread is taken as known. ``fixed_var`` is the variance
+    that no boot of this run shrinks (the session and host levels the sides do not share:
+    judge/noise.py); when it alone fills the room, no number of boots can do it either.
+    ``critical``: the gate's rule instead of ``confidence`` (:func:`_allowed_variance`).
+    """
+    for name, value in (("change", change), ("spread", spread)):
+        if not is_real(value) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name}={value!r}: use a fraction above 0 (0.006 means 0.6%)")
+    if not is_real(tolerance) or not 0 <= tolerance < abs(change):
+        raise ValueError(f"tolerance={tolerance!r}: use a fraction >= 0 and below the change {change!r}")
+    sd = math.log1p(spread)
+    allowed_var = _allowed_variance(change, tolerance, confidence=confidence, power=power, critical=critical) - fixed_var
+    if allowed_var <= 0:
+        return None
+    if reference_boots is None:
+        n = math.ceil(2.0 * sd ** 2 / allowed_var)
+    else:
+        if reference_boots < 1:
+            raise ValueError(f"reference_boots={reference_boots!r}: use a count of at least 1")
+        room = allowed_var / sd ** 2 - 1.0 / reference_boots
+        if room <= 0:
+            return None
+        n = math.ceil(1.0 / room)
+    n = max(n, MIN_BOOTS_DIRECTIONAL)
+    return n if n <= max_boots else None
+
+
+def smallest_change(spread: float, boots: int, *, reference_boots: int | None = None, tolerance: float = 0.0,
+                    fixed_var: float = 0.0, confidence: float = 0.95, power: float = DETECTION_POWER,
+                    critical: float | None = None) -> float:
+    """The smallest true change (fraction) that ``boots`` boots of the current side resolve with
+    ``power``, the inverse of :func:`boots_needed`: against ``reference_boots`` boots of a
+    baseline, or (None) against as many boots of another profile; ``fixed_var`` and ``critical``
+    as there."""
+    if not is_real(spread) or not math.isfinite(spread) or spread < 0:
+        raise ValueError(f"spread={spread!r}: use a fraction >= 0 (0.01 means 1%)")
+    if boots < 1 or (reference_boots is not None and reference_boots < 1):
+        raise ValueError(f"boots={boots!r}, reference_boots={reference_boots!r}: use counts of at least 1")
+    sd2 = math.log1p(spread) ** 2
+    var = sd2 * (1.0 / boots + 1.0 / (reference_boots if reference_boots is not None else boots)) + fixed_var
+    se = math.sqrt(var)
+    z_power = float(scipy_stats.norm.ppf(power))
+    if critical is not None:
+        return math.expm1(max(math.log1p(tolerance), critical * se) + z_power * se)
+    return math.expm1(math.log1p(tolerance) + (float(scipy_stats.norm.ppf(confidence)) + z_power) * se)
+
+
+def sessions_for(change: float, spread: float, session_var: float, *, tolerance: float = 0.0,
+                 confidence: float = 0.95, boots_per_session: int = MIN_BOOTS_DIRECTIONAL,
+                 max_sessions: int = 100) -> int | None:
+    """Sessions per side (each of ``boots_per_session`` boots at boot ``spread``) that resolve a
+    true ``change`` when every session adds its own effect of variance ``session_var``: both
+    sides run that many sessions (the planner's question, before any history exists)."""
+    return _sessions_to_resolve(_allowed_variance(change, tolerance, confidence=confidence), math.log1p(spread) ** 2,
+                               [(session_var, None)], boots_per_session=boots_per_session, reference_boots=None,
+                               max_sessions=max_sessions)
+
+
+def _sessions_needed(c: Comparison, goal: float, *, boots_per_session: int = MIN_BOOTS_DIRECTIONAL,
+                    max_sessions: int = 100) -> int | None:
+    """Sessions of this profile (runs on separate days or hosts, each ``boots_per_session``
+    boots) that resolve a true change ``goal`` when the levels above the boot are what stands
+    in the way: each session re-draws the session (and host) effect, which more boots of one run
+    never do; the baseline history is taken to span at least as many. None when even
+    ``max_sessions`` cannot."""
+    # A term holds spread^2 * weight, its weight 1 (this run's one session) + the history's share.
+    levels = [(t.var_log / t.weight, max(t.weight - 1.0, 0.0)) for t in c.levels if t.weight > 0]
+    return _sessions_to_resolve(_allowed_variance(goal, c.tolerance, critical=critical_of(c)), c.spread_sd_log ** 2, levels,
+                               boots_per_session=boots_per_session, reference_boots=max(c.boots_reference, 1),
+                               max_sessions=max_sessions)
+
+
+def _sessions_to_resolve(allowed: float, boot_var: float, levels: Sequence[tuple[float, float | None]], *,
+                        boots_per_session: int, reference_boots: int | None, max_sessions: int) -> int | None:
+    """The one formula behind both questions: the fewest sessions k of this side whose
+    comparison's variance fits in ``allowed``. ``levels`` holds each level's variance and the
+    history's share of it (None: the history runs as many sessions as this side); this side's k
+    sessions carry 1/k of each, and a history spread over at least k sessions at most 1/k.
+    ``reference_boots`` None: the history has as many boots as this side."""
+    for k in range(1, max_sessions + 1):
+        fixed = sum(var * (1.0 / k + (1.0 / k if share is None else min(share, 1.0 / k))) for var, share in levels)
+        boots = k * boots_per_session
+        reference = boots if reference_boots is None else reference_boots
+        if boot_var * (1.0 / boots + 1.0 / reference) + fixed <= allowed:
+            return k
+    return None
+
+
+def sessions_of_history(boot_spread: float, session_spread: float, boots: int, *, reference_boots: int,
+                        sessions: int, tolerance: float, goal: float, max_sessions: int = 200,
+                        boot_df: float = math.inf, session_df: float = math.inf) -> int | None:
+    """The fewest sessions of history (the ``sessions`` recorded, ``reference_boots`` boots over
+    them, grown by one boot a session: a nightly append) at which ``boots`` boots of one new
+    session convict a true ``goal`` beyond ``tolerance`` by the gate's rule with DETECTION_POWER.
+    This run's own session effect is in every comparison, however long the history: None when
+    it alone leaves no room (or ``max_sessions`` cannot). ``boot_df`` and ``session_df``: how
+    sure the declarations are (the deployment's ``*_spread_df``); the gate's critical value is
+    then Student's t at the design's df (:func:`design_critical`), the declared and the
+    history's own together."""
+    boot_var, session_var = math.log1p(boot_spread) ** 2, math.log1p(session_spread) ** 2
+    for k in range(max(sessions, 1), max_sessions + 1):
+        reference = reference_boots + k - sessions
+        parts = (boot_var * (1.0 / boots + 1.0 / reference), session_var * (1.0 + 1.0 / k))
+        critical = design_critical(parts[0], boot_df + (boots - 1) + max(reference - k, 0),
+                                   [(parts[1], session_df + k - 1)])
+        if sum(parts) <= _allowed_variance(goal, tolerance, critical=critical):
+            return k
+    return None
+
+
+def design_critical(boot_var: float, boot_df: float, levels: Sequence[tuple[float, float]],
+                    z: float = GATE_CRITICAL) -> float:
+    """The gate's critical value ``z`` (in standard errors of a known variance: the run's
+    gate.family_critical, else stats.GATE_CRITICAL) for a planned comparison whose boot part
+    of variance ``boot_var`` rests on ``boot_df`` degrees of freedom and whose ``levels`` are
+    ``(variance, df)``: Student's t at their Satterthwaite df, as stats.compare_boots applies it."""
+    return critical_at(z, satterthwaite_df([(boot_var, boot_df), *levels]))
+
+
+def critical_of(c: Comparison) -> float:
+    """The normal critical value the comparison was judged at (its ``confidence``: the run's
+    gate.family_critical where the gate knew the run's size), so the plan promises what the
+    same run would convict; stats.GATE_CRITICAL where the comparison states none."""
+    if 0.5 < c.confidence < 1.0:
+        return float(scipy_stats.norm.ppf(c.confidence))
+    return GATE_CRITICAL
+
+
+def plan(c: Comparison, *, target: float | None = None) -> Plan | None:
+    """What the planner says next to an unresolved or "no detectable change" verdict: in
+    boots of this run, or, where the session and host levels stand in the way, in sessions
+    (reports/sentences.py says it). None where the comparison has no spread to plan with."""
+    if not math.isfinite(c.spread_sd_log) or c.spread_sd_log <= 0:
+        return None
+    spread = math.expm1(c.spread_sd_log)
+    goal = target if target is not None else c.tolerance * 2.0
+    fixed = sum(t.var_log for t in c.levels)
+    n = boots_needed(goal, spread, tolerance=c.tolerance, reference_boots=c.boots_reference, fixed_var=fixed,
+                     critical=critical_of(c))
+    if n is None and fixed > 0:
+        return Plan(goal, spread, c.boots_reference, sessions=_sessions_needed(c, goal),
+                    levels=tuple(t.level for t in c.levels), boots_per_session=MIN_BOOTS_DIRECTIONAL)
+    return Plan(goal, spread, c.boots_reference, boots=n, boots_per_session=MIN_BOOTS_DIRECTIONAL)
+
+
+def _fraction(text: str) -> float:
+    """``0.8%`` or ``0.008`` as 0.008; anything else is an argparse error naming the value."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction (0.008) or a percentage (0.8%)") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite fraction >= 0")
+    return value
+
+
+def answer(argv: list[str] | None = None) -> tuple[str, int]:
+    """The number of boots per side, or why no number of boots will do, as the line the command
+    prints and its exit status (1 when no number of boots will do)."""
+    parser = argparse.ArgumentParser(prog="python -m pytest_kimiperf.judge.noise", description=__doc__.split("\n\n")[0])
+    size = parser.add_mutually_exclusive_group(required=True)
+    size.add_argument("--change", type=_fraction, help="true change to resolve, e.g. 0.6%%")
+    size.add_argument("--from", dest="before", type=float, help="figure before (e.g. 81.4 tok/s); with --to")
+    parser.add_argument("--to", dest="after", type=float, help="figure after (e.g. 81.9 tok/s)")
+    parser.add_argument("--spread", type=_fraction, required=True, help="SD of one boot's median, e.g. 0.8%%")
+    parser.add_argument("--tolerance", type=_fraction, default=0.0,
+                        help="changes inside it do not matter (default 0: tell the two apart)")
+    parser.add_argument("--reference-boots", type=int, help="judge against a baseline of this many boots")
+    parser.add_argument("--confidence", type=_fraction, default=0.95, help="one-sided (default 0.95)")
+    parser.add_argument("--session-spread", type=_fraction, default=0.0,
+                        help="SD of a session's shared effect (across sessions; default 0: one session)")
+    parser.add_argument("--reference-sessions", type=int, default=1,
+                        help="sessions the baseline spans (default 1), with --session-spread")
+    args = parser.parse_args(argv)
+    if args.before is not None:
+        if args.after is None or args.before <= 0 or args.after <= 0:
+            parser.error("--from needs --to, both figures > 0")
+        change = abs(args.after / args.before - 1.0)
+        what = f"{args.before:g} vs {args.after:g} ({change * 100:.2g}%)"
+    else:
+        change = args.change
+        what = f"a {change * 100:.2g}% change"
+    if args.reference_sessions < 1:
+        parser.error(f"--reference-sessions {args.reference_sessions}: use a count of at least 1")
+    session_var = math.log1p(args.session_spread) ** 2
+    fixed_var = session_var * (1.0 + 1.0 / args.reference_sessions) if args.reference_boots else 2 * session_var
+    try:
+        n = boots_needed(change, args.spread, tolerance=args.tolerance, reference_boots=args.reference_boots,
+                         confidence=args.confidence, fixed_var=fixed_var)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if n is None and session_var > 0:
+        k = sessions_for(change, args.spread, session_var, tolerance=args.tolerance, confidence=args.confidence)
+        more = (f"about {k} sessions of each side (separate runs, 2 boots each)" if k is not None
+                else "a wider tolerance: no number of sessions will do")
+        return (f"to tell {what} at a session spread of {args.session_spread * 100:.2g}% no number of boots in "
+                f"one session will do (each run shares its session); it takes {more}"), 1
+    side = ("boots per profile" if args.reference_boots is None
+            else f"boots of the current build against a {args.reference_boots}-boot baseline")
+    if n is None:
+        return (f"to tell {what} at a boot spread of {args.spread * 100:.2g}%: no number of boots will do "
+                f"against a {args.reference_boots}-boot baseline; record more baseline boots "
+                "(--kimiperf-update-baselines --kimiperf-boots N)"), 1
+    return (f"to tell {what} at a boot spread of {args.spread * 100:.2g}% you need {n} {side} "
+            f"({args.confidence:.0%} one-sided, {DETECTION_POWER:.0%} power)"), 0
+
+
+if __name__ == "__main__":  # the command's edge, the one place the planner prints
+    line, status = answer(sys.argv[1:])
+    print(line)
+    sys.exit(status)
