@@ -275,7 +275,7 @@ def step_nccl(out: Path) -> tuple[str, str]:
     """A one-rank all-reduce under tree-ll's and ring-ll's environment with --kimiperf-nccl-debug's files."""
     from pytest_kimiperf.config.nccl.debug_log import nccl_debug_env
     from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES
-    from pytest_kimiperf.reports.nccl_check import check_server_log
+    from pytest_kimiperf.reports.nccl import check_server_log
 
     out.mkdir(parents=True, exist_ok=True)
     seen, failed = [], False

@@ -143,7 +143,7 @@ def boot(out: Path, deadline_s: float) -> None:
 
     from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES
     from pytest_kimiperf.errors import KimiperfError
-    from pytest_kimiperf.reports.nccl_check import check_server_log
+    from pytest_kimiperf.reports.nccl import check_server_log
     from pytest_kimiperf.server.gpu_memory import gpu_memory_by_pid
     from pytest_kimiperf.server.zombies import LAUNCH_ID_ENV
 

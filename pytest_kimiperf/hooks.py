@@ -169,7 +169,7 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
     ensure_alive()
 
     def benchmark() -> Any:
-        from pytest_kimiperf.reports.benchmark_bridge import active_benchmark
+        from pytest_kimiperf.reports.reporter import active_benchmark
 
         return active_benchmark(request.config, request.getfixturevalue, is_worker=is_worker(request.config))
 
@@ -396,11 +396,11 @@ class KimiperfSession:
     def pytest_benchmark_group_stats(self, config: pytest.Config, benchmarks: list[dict[str, Any]],
                                      group_by: str) -> Generator[None, list[Any], list[Any]]:
         """The groups pytest-benchmark's table prints, without the kimiperf scenarios' one-round
-        rows (reports/benchmark_bridge.py says why)."""
+        rows (reports/reporter.py says why)."""
         groups = list((yield))
         if self.worker:
             return groups
-        from pytest_kimiperf.reports.benchmark_bridge import without_scenario_rows
+        from pytest_kimiperf.reports.reporter import without_scenario_rows
 
         groups, hidden = without_scenario_rows(groups)
         if hidden:
@@ -412,7 +412,7 @@ class KimiperfSession:
         """Add ``machine_info["kimiperf"]``: the fingerprint the perf tests ran on."""
         if self.worker:
             return
-        from pytest_kimiperf.reports.benchmark_bridge import add_fingerprint
+        from pytest_kimiperf.reports.reporter import add_fingerprint
 
         add_fingerprint(machine_info, self.run.known_fingerprint())
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
-from pytest_kimiperf.reports import benchmark_bridge
+from pytest_kimiperf.reports import reporter as benchmark_bridge
 from pytest_kimiperf.errors import BaselineError, ConfigError, KimiperfError
 from pytest_kimiperf.measure.runner import cause_of, say_invalid
 from pytest_kimiperf.measure.results import RunResult, check_goodput_slo, check_rounds

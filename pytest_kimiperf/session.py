@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from pytest_kimiperf.judge.baselines import Fingerprint
     from pytest_kimiperf.judge.noise import BootOrigin
     from pytest_kimiperf.server.manager import ServerManager, ServerRecord
-    from pytest_kimiperf.reports.terminal_output import RelayOutput, TerminalOutput
+    from pytest_kimiperf.reports.terminal import RelayOutput, TerminalOutput
     from pytest_kimiperf.server.weight_cache import WeightCacheFacts
 
 # SIGTERM: a cancelled CI job; SIGHUP: a dropped ssh session during a 36-minute load.
@@ -166,13 +166,13 @@ class PerfSession:
 
     def listing(self) -> list[str]:
         """``--kimiperf-list``'s lines: deployments, profiles and metrics, where each is defined."""
-        from pytest_kimiperf.reports.listing import listing_lines
+        from pytest_kimiperf.reports.header import listing_lines
 
         return listing_lines(self.settings)
 
     def plan(self) -> list[str]:
         """``--kimiperf-plan``'s lines: boots, loading time, the smallest change resolved (no boot)."""
-        from pytest_kimiperf.reports.plan import plan_lines
+        from pytest_kimiperf.reports.header import plan_lines
 
         return plan_lines(self.settings, self.baselines().file())
 

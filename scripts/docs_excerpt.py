@@ -35,7 +35,7 @@ LAST = "kimiperf: servers and files"
 # What each line of the first screen looks like now (reports/answers.py, reports/terminal.py).
 ANSWER = re.compile(r"^\S+ vs (\S+|its baseline), .+ \(\S+\): [+-]\d+\.\d%, [+-][\d.]+\.\.[+-][\d.]+% \(\d+%\): .+")
 RUN = re.compile(r"^run (passed|FAILED \(.+\)): .+")
-# Where a comparison's NCCL variables could not reach decode's all-reduces (reports/nccl_reach.py).
+# Where a comparison's NCCL variables could not reach decode's all-reduces (reports/nccl.py).
 REACH = re.compile(r"^\S+ vs \S+, what NCCL could reach: .+")
 FLOOR = re.compile(r"^decode (floor \S+ \S+|no floor): .+")
 TABLE_HEADER = re.compile(r"^  test +metric +(profile +)?change +interval +verdict$")
@@ -99,14 +99,14 @@ _ANSWER_VERDICT = re.compile(r"[+-][\d.]+\.\.[+-][\d.]+% \((?P<level>\d+)%\): (?
 def printed() -> tuple[set[str], set[str]]:
     """The interval levels (``"90%"``) and verdict words the current code prints in the first
     screen's answers and rows, for every verdict kind, between profiles and against a baseline
-    (reports/compact_rows.py's CompactRow and interval_level, from the levels the judge gives a
+    (reports/answers.py's CompactRow and interval_level, from the levels the judge gives a
     comparison: judge/stats.py, judge/profiles.py)."""
     import dataclasses
 
     from pytest_kimiperf.config.metric_specs import Direction
     from pytest_kimiperf.judge.profiles import WITHIN_INTERVAL
     from pytest_kimiperf.judge.stats import EQUIVALENCE_CONFIDENCE, Comparison, VerdictKind
-    from pytest_kimiperf.reports.compact_rows import CompactRow, interval_level
+    from pytest_kimiperf.reports.answers import CompactRow, interval_level
 
     numbers = {f.name: 0.01 for f in dataclasses.fields(Comparison)
                if f.default is dataclasses.MISSING and f.type in ("float", "int")}

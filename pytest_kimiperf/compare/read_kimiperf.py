@@ -19,7 +19,7 @@ from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.storage.baselines import SCHEMA_VERSION as BASELINE_SCHEMA, parse_baseline
 from pytest_kimiperf.judge.stats import summarize_metric
 from pytest_kimiperf.reports.model import short_test
-from pytest_kimiperf.reports.json_report import SCHEMA_VERSION as REPORT_SCHEMA
+from pytest_kimiperf.reports.outputs import SCHEMA_VERSION as REPORT_SCHEMA
 
 TOOL = "pytest-kimiperf"
 

@@ -11,8 +11,8 @@ from pytest_kimiperf.compare.verdict import Group, Outcome, Row
 from pytest_kimiperf.judge.noise import misdeclared
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.numbers import fmt_change, fmt_value, json_safe
-from pytest_kimiperf.reports.compact_rows import CompactRow
-from pytest_kimiperf.reports.json_report import comparison_json
+from pytest_kimiperf.reports.answers import CompactRow
+from pytest_kimiperf.reports.outputs import comparison_json
 from pytest_kimiperf.reports.model import metric_heading
 from pytest_kimiperf.reports.sentences import note_text
 from pytest_kimiperf.judge.gate import UNRESOLVED_EXIT

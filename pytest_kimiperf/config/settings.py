@@ -93,7 +93,7 @@ class Settings:
     append_on_pass: tuple[str, ...] = ()
     # The command that records baselines, quoted when a run finds none (None: the run's own).
     record_command: str | None = None
-    # --kimiperf-export DIR: bench-serve result files and requests.jsonl (reports/export.py).
+    # --kimiperf-export DIR: bench-serve result files and requests.jsonl (reports/outputs.py).
     perf_export: Path | None = None
     perf_export_detailed: bool = False
     # --kimiperf-control: the selected profile's control (config/nccl/profiles.control_profile) is

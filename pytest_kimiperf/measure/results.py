@@ -807,7 +807,7 @@ class RunSummary:
         result["client_placement"] = dict(self.client_placement)
         result["measured"] = self.measured.to_json() if self.measured is not None else None
         # Every measured request's timeline: the raw data behind the figures, and what the
-        # bench-serve and JSON Lines exports are written from (reports/export.py).
+        # bench-serve and JSON Lines exports are written from (reports/outputs.py).
         result["requests"] = [r.to_json() for r in self.requests]
         return result
 

@@ -1,4 +1,37 @@
-"""What the summary's first screen answers: one line per question the run asks.
+"""What the summary's first screen answers: one line per question, with its
+compact rows, what each boot measured, the engine's clock and the next step.
+
+What each boot measured of what its test sent, figure by figure (measure/coverage.py's counts).
+
+A figure that could not be taken is a fact with a reason and a count, shown where the figure is:
+one line per test and figure in the summary (every boot's count), and a remark on an answer
+whenever a side it compares lost any.
+
+The engine's clock beside the client's in the answers, and each run's fidelity (the ratio of
+the client's time per token to the engine's): judge/engine_clock.py decided what the engine's
+clock says of each comparison (a note on it); this module only says it.
+
+The compact rows of the summary's first screen: one per metric and profile, with its change.
+
+Each row is one metric of one test under one profile against its reference (another profile of
+this session, or the baseline): the change, the interval at its level and the verdict, or why there
+is none. The terminal's compact tables, the answers and `kimiperf compare` all show these rows;
+the boots, the server's view and the roofline are left to ``-v`` and to the Markdown and JSON
+reports, which keep everything.
+
+What to do next: the run's outcome in one line, and the one missing-baseline warning.
+
+:func:`outcome_line` says what a run showed and what to do next; :func:`missing_baseline_warning`
+is the session's one warning about baselines this machine lacks.
+
+**The missing baseline.** A first run on a new machine has no baseline: it judges the profiles
+against each other and the decode floor, nothing against history. Saying so once per metric, test
+and boot (48 warnings for one fact) buried it; the run now says it once, listing what is missing
+and the exact command that records it (``--kimiperf-record-command``, else this run's own pytest
+command with ``--kimiperf-update-baselines``). The run after that is judged against the baseline;
+its line tallies the verdicts of each test's last boot, the one that decides.
+
+What the summary's first screen answers: one line per question the run asks.
 
 A run asks a few questions: did each profile change the reference on the metric its test is
 about, did any metric move against the baseline, and did the run pass. The answer block says each
@@ -9,23 +42,556 @@ rows (``compact_rows.py``); ``terminal`` lays these lines out, and what to do ne
 
 from __future__ import annotations
 
-import enum
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+import enum
 
+from pytest_kimiperf.config.metric_specs import METRICS, SampleKind, metric_spec
+from pytest_kimiperf.judge.engine_clock import EngineChange, engine_change, two_clocks_of
 from pytest_kimiperf.judge.gate import Outcome, outcome_of
-from pytest_kimiperf.judge.notes import BootsForWithin
 from pytest_kimiperf.judge.noise import misdeclared
-from pytest_kimiperf.judge.stats import Leaning, VerdictKind, leaning
-from pytest_kimiperf.judge.verdicts import BaselineState
-from pytest_kimiperf.judge.verdicts import MissingBaselines as MissingBaselineNote
+from pytest_kimiperf.judge.notes import BootsForWithin
+from pytest_kimiperf.judge.profiles import WITHIN_INTERVAL
+from pytest_kimiperf.judge.stats import Comparison, Leaning, VerdictKind, leaning
+from pytest_kimiperf.judge.verdicts import BaselineState, MissingBaselines as MissingBaselineNote, TestResult
+from pytest_kimiperf.measure.coverage import CLIENT_REASONS, Coverage, StreamShape
 from pytest_kimiperf.measure.invalid_causes import advice_for
-from pytest_kimiperf.numbers import fmt_change, fmt_value
-from pytest_kimiperf.reports.compact_rows import CompactRow, baseline_rows, last_boots, primary_of, profile_rows
-from pytest_kimiperf.reports.measured import lost_remark, no_counts_line, stream_remark
-from pytest_kimiperf.reports.two_clocks import client_clock_only, engine_words, judged_on_the_client_clock_alone
-from pytest_kimiperf.reports.model import SessionReport, boot_label, metric_heading, short_test
-from pytest_kimiperf.reports.sentences import beside_comparison, missing_reason, note_text
+from pytest_kimiperf.measure.results import median, withheld_words
+from pytest_kimiperf.measure.server_view import ENGINE_METRICS
+from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_value
+from pytest_kimiperf.reports.model import SessionReport, boot_label, metric_heading, profile_verdict, short_test
+from pytest_kimiperf.reports.sentences import (
+    RECORDING_ACCEPTS, beside_comparison, missing_reason, note_text, select_hardware,
+)
+
+
+# A tail of the inter-token gaps counts gaps, not requests.
+GAPS = "inter-token gaps"
+
+
+def figure_of(metric: str) -> str | None:
+    """The per-request figure whose count a checked metric rests on (GAPS for the ITL tail);
+    None for a metric of rounds or boots."""
+    spec = metric_spec(metric)
+    if spec.sample is SampleKind.REQUEST:
+        return metric
+    if spec.sample is SampleKind.TAIL and spec.base is not None:
+        return GAPS if spec.base == "itl_ms" else spec.base
+    return None
+
+
+# A test of rounds (throughputs) checks no per-request figure: its line counts its requests by the
+# one every request that completed gives (E2EL rests on the last stamp, which always holds).
+COMPLETED = "requests"
+
+
+def _figures(results: Sequence[TestResult]) -> list[str]:
+    found = list(dict.fromkeys(f for res in results for m in res.metrics if (f := figure_of(m)) is not None))
+    return found or [COMPLETED]
+
+
+def _count(account: Coverage, figure: str) -> tuple[int, int, Counter[str]]:
+    """(measured, sent, withheld by reason) of one figure in one boot's window."""
+    if figure == GAPS:
+        held = account.gaps_client_held
+        return account.gaps_measured, account.gaps_measured + held, Counter({"client-held": held} if held else {})
+    count = account.of("e2el_ms" if figure == COMPLETED else figure)
+    return count.measured, count.sent, Counter(count.withheld)
+
+
+class _ClientLoop:
+    """The client's worst loop latency over the boots a line counts."""
+
+    def __init__(self) -> None:
+        self.worst_ms: float | None = None
+
+    def add(self, account: Coverage) -> None:
+        if account.loop_max_ms is not None:
+            self.worst_ms = max(self.worst_ms or 0.0, account.loop_max_ms)
+
+    def words(self) -> str:
+        late = f" (its loop ran up to {self.worst_ms:.1f} ms late)" if self.worst_ms is not None else ""
+        return f"the client was held off the CPU{late}"
+
+
+def _why(withheld: Counter[str], loop: _ClientLoop) -> str:
+    reasons = ", ".join(f"{n} {withheld_words(reason)}" for reason, n in withheld.most_common())
+    held = any(r in CLIENT_REASONS for r in withheld)
+    return reasons + (f"; {loop.words()}" if held else "")
+
+
+@dataclass(frozen=True)
+class _FigureAccount:
+    """One test's figure over its boots: each profile's measured/sent per boot, and why the rest
+    were not measured."""
+
+    test: str
+    name: str
+    counts: str
+    not_measured: int
+    why: str
+
+
+def _accounts(report: SessionReport) -> list[_FigureAccount]:
+    by_test: dict[str, list[TestResult]] = {}
+    for res in report.results:
+        if res.run is not None and res.run.measured is not None:
+            by_test.setdefault(res.test, []).append(res)
+    accounts = []
+    for test, results in by_test.items():
+        for figure in _figures(results):
+            profiles: dict[str, list[str]] = {}
+            lost: Counter[str] = Counter()
+            loop = _ClientLoop()
+            for res in sorted(results, key=lambda r: r.boot):
+                assert res.run is not None and res.run.measured is not None
+                measured, sent, withheld = _count(res.run.measured, figure)
+                if not sent:
+                    continue  # a boot that sent nothing (its run failed before its window) counts nothing
+                profiles.setdefault(res.profile, []).append(f"{measured}/{sent}")
+                lost += withheld
+                loop.add(res.run.measured)
+            if not profiles:
+                continue
+            name = GAPS if figure == GAPS else "requests completed" if figure == COMPLETED else metric_spec(figure).label
+            counts = "; ".join(f"{profile} {', '.join(boots)}" for profile, boots in profiles.items())
+            accounts.append(_FigureAccount(short_test(test), name, counts, sum(lost.values()), _why(lost, loop)))
+    return accounts
+
+
+def measured_lines(report: SessionReport, *, only_lost: bool = False) -> list[str]:
+    """One line per test and figure it checks: every boot's measured of sent, by profile, and why
+    the rest were not measured (``only_lost``: only the lines where some were not)."""
+    return [f"{a.test}, {a.name} measured of sent: {a.counts}"
+            + (f" ({a.not_measured} not measured: {a.why})" if a.not_measured else "")
+            for a in _accounts(report) if a.not_measured or not only_lost]
+
+
+def unmeasured_line(report: SessionReport) -> str | None:
+    """One line on every figure the run did not measure for every request it sent, all tests and
+    boots together (None: it measured every one): what ``-q`` keeps of the lines above."""
+    parts = [f"{a.test}, {a.name}: {a.not_measured} ({a.why})" for a in _accounts(report) if a.not_measured]
+    return "kimiperf: not measured: " + " | ".join(parts) if parts else None
+
+
+def lost_remark(report: SessionReport, test: str, metric: str, profiles: Sequence[str]) -> str:
+    """'' where every boot of ``profiles`` measured ``metric``'s figure for every request it sent;
+    else what each side measured of what it sent, and why not the rest."""
+    figure = figure_of(metric)
+    if figure is None:
+        return ""
+    sides = []
+    lost: Counter[str] = Counter()
+    for profile in profiles:
+        boots = [res for res in report.results if res.test == test and res.profile == profile
+                 and res.run is not None and res.run.measured is not None]
+        measured = sent = 0
+        for res in boots:
+            assert res.run is not None and res.run.measured is not None
+            m, s, withheld = _count(res.run.measured, figure)
+            measured, sent, lost = measured + m, sent + s, lost + withheld
+        if sent:
+            sides.append(f"{measured} of {sent} on {profile}")
+    if not sum(lost.values()):
+        return ""
+    name = GAPS if figure == GAPS else metric_spec(figure).label
+    short = ", ".join(f"{n} {_SHORT.get(reason, reason)}" for reason, n in lost.most_common())
+    return f" ({name} measured {', '.join(sides)}: {short})"
+
+
+# The answers' remark says why in few words; the summary's lines say it in full.
+_SHORT: dict[str, str] = {
+    "failed": "failed", "no-token": "without a token", "one-token": "of one token",
+    "client-held": "held by the client", "one-read": "written whole in one read",
+}
+
+
+def _shapes(report: SessionReport, test: str, profiles: Sequence[str]) -> list[tuple[str, StreamShape]]:
+    return [(res.profile, res.run.measured.stream) for res in report.results
+            if res.test == test and res.profile in profiles and res.run is not None and res.run.measured is not None]
+
+
+def stream_remark(report: SessionReport, test: str, profiles: Sequence[str]) -> str:
+    """What the streams of ``test`` on ``profiles`` showed of the server, where they showed
+    anything a smooth stream of one token a chunk does not: its stalls, chunks it wrote
+    together, tokens several to a chunk, and a server that counted no chunk's tokens ('' else)."""
+    shapes = _shapes(report, test, profiles)
+    if not shapes:
+        return ""
+    said = []
+    for profile in dict.fromkeys(p for p, _ in shapes):
+        mine = [shape for p, shape in shapes if p == profile]
+        requests = sum(shape.requests for shape in mine)
+        where = f" on {profile}" if len(profiles) > 1 else ""
+        stalls = [ms for shape in mine for ms in shape.stall_ms]
+        if stalls:
+            said.append(f"the server stalled about {median(stalls):.0f} ms mid-stream in {len(stalls)} of {requests} "
+                        f"requests{where}")
+        whole = sum(shape.one_read_requests for shape in mine)
+        together = sum(shape.written_together_requests for shape in mine) - whole
+        if whole:
+            said.append(f"it wrote {whole} of {requests} streams whole in one read{where}")
+        if together > 0:
+            said.append(f"it wrote chunks together in {together} of {requests} streams{where}")
+        widest = max((shape.tokens_per_chunk_max or 0 for shape in mine), default=0)
+        if widest > 1:
+            said.append(f"its chunks carried up to {widest} tokens{where} (decode counts each token)")
+    return f" ({'; '.join(said)})" if said else ""
+
+
+def no_counts_line(report: SessionReport) -> str | None:
+    """Once a session: the server put no running token count in its chunks, so decode and TPOT
+    take the first chunk for one token, as bench serve does (None: every run had the counts, or
+    its report predates them)."""
+    uncounted = sorted({res.profile for res in report.results if res.run is not None and res.run.measured is not None
+                        and res.run.measured.stream.requests and not res.run.measured.stream.counted_requests})
+    if not uncounted:
+        return None
+    return (f"token counts: the server on {', '.join(uncounted)} gave none per chunk (stream_options."
+            "continuous_usage_stats): decode and TPOT take each first chunk for one token, as bench serve does")
+
+
+def _boots(results: Sequence[TestResult], test: str, profile: str) -> list[TestResult]:
+    return sorted((r for r in results if r.test == test and r.profile == profile and r.invalid is None
+                   and r.run is not None and r.run.server_metrics), key=lambda r: r.boot)
+
+
+def engine_words(results: Sequence[TestResult], test: str, comparison: Comparison | None, current: str,
+                 reference: str | None) -> str:
+    """What the engine's clock said of ``comparison`` (judge/engine_clock.py decided it and put
+    it among the comparison's notes), after the client's answer: ``"; ..."``, or "" where it said
+    nothing. Between two profiles of this session (``reference``), also whether what lies between
+    the engine and the client moved."""
+    clocks = two_clocks_of(comparison)
+    if clocks is None:
+        return ""
+    text = f"; {note_text(clocks)}"
+    moved = fidelity_change(results, test, current, reference) if reference is not None else None
+    if moved is not None and moved.beyond_zero:
+        text += (f"; the client's time per token over the engine's moved {fmt_change(moved.change)} "
+                 f"({fmt_ci(moved.low, moved.high)}): what lies between the engine and the client changed")
+    return text
+
+
+def judged_on_the_client_clock_alone(lines_client_only: int) -> str | None:
+    """The one line for a gate whose baseline keeps no engine figures while this run's boots
+    carry them (``lines_client_only`` baseline lines say so): None where none does."""
+    if not lines_client_only:
+        return None
+    return ("against the baseline: judged on the client's clock alone: the baseline's boots keep no engine figures "
+            "(recorded before they were stored); the next recording keeps them")
+
+
+def client_clock_only(results: Sequence[TestResult]) -> str | None:
+    """The one line for a run whose server exported none of the engine's histograms (not vLLM):
+    only the client's clock judged. None where any boot carried them, or none read /metrics."""
+    views = [view for r in results if r.run is not None for view in r.run.server_metrics]
+    if not views or any(view.get("engine_tpot_ms") is not None or view.get("engine_ttft_ms") is not None
+                        for view in views):
+        return None
+    return ("only the client's clock judged: the server's /metrics has none of vLLM's engine histograms ("
+            + ", ".join(ENGINE_METRICS) + "), so no answer says whether a change was the engine's")
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """One run's client mean time per token against the engine's over the same window: their
+    ratio is what lies between the engine and the client's stamps."""
+
+    client_tpot_ms: float
+    engine_tpot_ms: float
+
+    @property
+    def ratio(self) -> float:
+        """Client over engine (1.0: the client saw the engine's pace)."""
+        return self.client_tpot_ms / self.engine_tpot_ms
+
+
+def fidelity(result: TestResult) -> Fidelity | None:
+    """The run's fidelity, where both clocks read a time per token."""
+    run = result.run
+    if run is None or not run.server_metrics:
+        return None
+    engine = run.server_metrics[0].get("engine_tpot_ms")
+    client = run.stat("tpot_ms", "mean")
+    if not isinstance(engine, (int, float)) or not engine or client is None:
+        return None
+    return Fidelity(float(client), float(engine))
+
+
+def fidelity_change(results: Sequence[TestResult], test: str, current: str, reference: str) -> EngineChange | None:
+    """The client/engine ratio, current boots against reference boots (its move says what lies
+    between the engine and the client changed)."""
+    def ratios(profile: str) -> list[float]:
+        return [f.ratio for r in _boots(results, test, profile) if (f := fidelity(r)) is not None]
+
+    return engine_change("fidelity", ratios(current), ratios(reference))
+
+
+def primary_of(results: Sequence[TestResult]) -> dict[str, str]:
+    """Each test's primary metric, as its boots recorded it (TestResult.primary): the metric its
+    answer line speaks of; a test whose boots recorded none (an older report) takes the first
+    metric it checked."""
+    primary: dict[str, str] = {}
+    for res in results:
+        if res.primary is not None:
+            primary[res.test] = res.primary
+        elif res.test not in primary and res.metrics:
+            primary[res.test] = next(iter(res.metrics))
+    return primary
+
+
+def interval_level(comparison: Comparison, *, in_session: bool) -> float:
+    """The level of the interval a row shows: the gate's equivalence level, or for a profile
+    judged within tolerance in one session the narrower interval that claim rests on."""
+    if in_session and comparison.verdict is VerdictKind.WITHIN_TOLERANCE:
+        return WITHIN_INTERVAL
+    return comparison.equivalence_confidence
+
+
+def _fmt_interval(comparison: Comparison, *, in_session: bool) -> str:
+    """``-4.8..+5.4% (90%)``: the interval and its level."""
+    level = interval_level(comparison, in_session=in_session) * 100
+    return f"{fmt_ci(comparison.ci_low, comparison.ci_high)} ({level:.0f}%)"
+
+
+@dataclass(frozen=True)
+class CompactRow:
+    """One metric of one test under one profile: its change against the reference (another
+    profile, or the baseline), the interval at its level, and the verdict; or why there is none."""
+
+    test: str
+    metric: str
+    profile: str
+    comparison: Comparison | None
+    note: str | None = None
+    in_session: bool = True  # against another profile of this session; False: against the baseline
+    primary: bool = False  # the test's primary metric (TestResult.primary); the others are secondary
+    invalid: bool = False  # the boot's measurement was INVALID: the note says why
+
+    @property
+    def verdict(self) -> str:
+        """The verdict as the table shows it (between profiles "worse"/"better", against the
+        baseline the gate's REGRESSION), or the note that stands in for one."""
+        if self.comparison is None or self.note:
+            return self.note or ""
+        if self.in_session:
+            return profile_verdict(self.comparison)
+        verdict = self.comparison.verdict
+        return "REGRESSION" if verdict is VerdictKind.REGRESSION else str(verdict.value)
+
+    @property
+    def interval(self) -> str:
+        """The interval with its level, or nothing where there is no comparison."""
+        return "" if self.comparison is None else _fmt_interval(self.comparison, in_session=self.in_session)
+
+
+def profile_rows(report: SessionReport) -> list[CompactRow]:
+    """Each test, metric and non-reference profile against the reference profile, on all boots:
+    one row each, the comparison where there is one, else the first boot's note (an INVALID boot
+    is named in the answers, not once a row)."""
+    rows: dict[tuple[str, str, str], CompactRow] = {}
+    primary = primary_of(report.results)
+    for block in report.test_blocks():
+        for metric in block.metrics:
+            for cell in metric.cells:
+                if cell.is_reference or (cell.comparison is None and cell.note is None):
+                    continue  # the reference, or an earlier boot: compared once, on the last
+                key = (block.test, metric.metric, cell.name or cell.profile)
+                if key not in rows or (rows[key].comparison is None and cell.comparison is not None):
+                    note = None if cell.comparison is not None else cell.note
+                    rows[key] = CompactRow(*key, cell.comparison, note,
+                                           primary=primary.get(block.test) == metric.metric, invalid=cell.invalid)
+    return list(rows.values())
+
+
+def last_boots(results: Sequence[TestResult]) -> list[TestResult]:
+    """Each test's and profile's last boot, whose baseline verdict rests on all its boots."""
+    last: dict[tuple[str, str], TestResult] = {}
+    for res in results:
+        key = (res.test, res.profile)
+        if key not in last or res.boot >= last[key].boot:
+            last[key] = res
+    return list(last.values())
+
+
+def baseline_rows(report: SessionReport) -> list[CompactRow]:
+    """Each test, metric and profile against the baseline, on its last boot; metrics with no
+    baseline are left to the answer block's one line."""
+    rows = []
+    primary = primary_of(report.results)
+    for res in last_boots(report.results):
+        for metric, mres in res.metrics.items():
+            first = primary.get(res.test) == metric
+            if mres.baseline is not None:
+                rows.append(CompactRow(res.test, metric, res.profile, mres.baseline, in_session=False, primary=first))
+            elif res.invalid:
+                rows.append(CompactRow(res.test, metric, res.profile, None, "INVALID measurement", in_session=False,
+                                       primary=first, invalid=True))
+    return rows
+
+
+@dataclass(frozen=True)
+class MissingBaselines:
+    """The tests, profiles and metrics that had no baseline for this machine's fingerprint."""
+
+    fingerprint: str
+    # test -> (profiles, metric labels), in the order the run met them
+    tests: dict[str, tuple[list[str], list[str]]]
+    metrics: int  # metric x test x profile, each counted once however many boots it had
+    # The hardware a baseline of the same server was recorded under (BaselineLine.recorded_hardware):
+    # stating it is the advice, not recording.
+    recorded_hardware: str = ""
+
+    def listing(self) -> str:
+        """``test_ttft [default, ring-ll]: time to first token, p90 time to first token; ...``"""
+        return "; ".join(self.lines())
+
+    def lines(self, most: int | None = None) -> list[str]:
+        """One line per test (``most`` of them, then how many more)."""
+        lines = [f"{test} [{', '.join(profiles)}]: {', '.join(labels)}" for test, (profiles, labels) in self.tests.items()]
+        if most is not None and len(lines) > most:
+            more = len(lines) - most
+            lines = [*lines[:most], f"and {more} more test{'s' * (more != 1)} (the summary's tables list them)"]
+        return lines
+
+    def next_step(self, record_command: str, *, gate: bool) -> str:
+        """What to do: state the hardware a baseline of this server was recorded under (under a
+        gate, only that), else record, saying what recording accepts."""
+        record = f"{record_command} (it {RECORDING_ACCEPTS})"
+        if not self.recorded_hardware:
+            return record
+        return select_hardware(self.recorded_hardware) + ("" if gate else f"; if the hardware is new, {record}")
+
+
+def missing_baselines(results: Sequence[TestResult], fingerprint: str) -> MissingBaselines | None:
+    """What had no baseline on this hardware in ``results`` (None when nothing is missing)."""
+    tests: dict[str, tuple[list[str], list[str]]] = {}
+    seen: set[tuple[str, str, str]] = set()
+    recorded = ""
+    for res in results:
+        for metric, mres in res.metrics.items():
+            if mres.baseline_line is None or not mres.baseline_line.state.missing:
+                continue
+            recorded = recorded or mres.baseline_line.recorded_hardware
+            profiles, labels = tests.setdefault(res.test, ([], []))
+            if res.profile not in profiles:
+                profiles.append(res.profile)
+            label = METRICS[metric].label if metric in METRICS else metric
+            if label not in labels:
+                labels.append(label)
+            seen.add((res.test, res.profile, metric))
+    return MissingBaselines(fingerprint, tests, len(seen), recorded) if tests else None
+
+
+def _boots_per_profile(results: Sequence[TestResult]) -> int:
+    """The most boots any profile had in this run."""
+    return max((res.boot for res in results), default=0)
+
+
+# The tests the warning names before "and N more": it stays a few lines however many tests miss one.
+_WARNING_TESTS = 3
+
+
+def missing_baseline_warning(report: SessionReport, record_command: str) -> str | None:
+    """The session's one MissingBaselineWarning text, or None when every metric had a baseline
+    (or this run records them): a few lines, the tests it covers and the command."""
+    if report.baselines_update is not None:
+        return None
+    missing = missing_baselines(report.results, _fingerprint(report))
+    if missing is None:
+        return None
+    boots = _boots_per_profile(report.results)
+    metrics, tests = missing.metrics, len(missing.tests)
+    command = f"{record_command} ({boots} boot{'s' * (boots != 1)} per profile, as this run)"
+    return "\n".join([
+        f"no baseline for this hardware ({missing.fingerprint}) for {metrics} metric{'s' * (metrics != 1)} "
+        f"of {tests} test{'s' * (tests != 1)}, judged against no history:",
+        *(f"  {line}" for line in missing.lines(_WARNING_TESTS)),
+        f"  next: {missing.next_step(command, gate=report.gate)}"])
+
+
+def outcome_line(report: SessionReport, record_command: str) -> str | None:
+    """One line: what this run judged, and what to do next."""
+    if not report.results:
+        return None
+    judged = _judged_besides_history(report)
+    update = report.baselines_update
+    if update is not None:
+        if not update.entries:
+            return "no baseline recorded: no test produced a boot that may be recorded (see above)"
+        left = len(update.not_recorded)
+        skipped = f"; {left} test boot{'s' * (left != 1)} not recorded (listed above)" if left else ""
+        if update.on_pass:
+            return f"this passing run appended its boots to {update.entries} baseline entries in {update.path}{skipped}"
+        anew = (f"; {update.restarted} of them judged changed against their history (a REGRESSION or an "
+                "improvement above) start it anew at this run's level, their older boots dropped: review the diff"
+                if update.restarted else "")
+        return (f"recorded {update.entries} baseline entries in {update.path}{skipped}{anew}; the same run "
+                "without --kimiperf-update-baselines now judges against them")
+    missing = missing_baselines(report.results, _fingerprint(report))
+    tally = _tally(report.results)
+    if missing is not None and not tally:
+        did = f"this run judged {judged}, nothing against history" if judged else "this run measured but judged nothing"
+        then = "" if missing.recorded_hardware else ", then the run you just made judges against it"
+        return (f"no baseline for this machine ({missing.fingerprint}) yet: {did}. Next: "
+                f"{missing.next_step(record_command, gate=report.gate)}{then}") + _invalid(report.results)
+    if not tally:
+        return f"this run judged {judged or 'nothing'}; no metric was compared with a baseline"
+    order = {word: i for i, word in enumerate(_VERDICT_ORDER)}
+    verdicts = ", ".join(f"{tally[v]} {v}" for v in sorted(tally, key=lambda v: order.get(v, len(order))))
+    line = f"against this machine's baseline, each test's last boot: {verdicts}"
+    if judged:
+        line += f"; besides, {judged}"
+    if missing is not None:
+        metrics = f"{missing.metrics} metric{'s' * (missing.metrics != 1)}"
+        line += f". {metrics} had no baseline: {missing.next_step(record_command, gate=report.gate)}"
+    return line + _invalid(report.results)
+
+
+def _invalid(results: Sequence[TestResult]) -> str:
+    count = sum(1 for res in results if res.invalid)
+    if not count:
+        return ""
+    return (f". {count} test boot{'s' * (count != 1)} measured INVALID (no verdict from a busy host or an "
+            "untrusted client: the failures above say which)")
+
+
+# The tally's order: what fails first, what passes last.
+_VERDICT_ORDER = ("REGRESSION", "improvement", "changed, size unresolved", "inconclusive", "not comparable",
+                  "insufficient samples", "no detectable change", "within tolerance")
+
+
+def _judged_besides_history(report: SessionReport) -> str:
+    parts = []
+    if report.compared_profiles():
+        others = [p for p in report.profile_names() if p != report.reference_profile]
+        failed = len(report.control_regressions())
+        parts.append(f"{', '.join(others)} against {report.reference_profile}" + (
+            f" ({failed} REGRESSION{'s' * (failed != 1)} against the recorded build: the run fails)" if failed else ""))
+    if report.floor_results():
+        parts.append("the decode floor")
+    return " and ".join(parts)
+
+
+def _tally(results: Sequence[TestResult]) -> Counter[str]:
+    last: dict[tuple[str, str], int] = {}
+    for res in results:
+        last[(res.test, res.profile)] = max(last.get((res.test, res.profile), 0), res.boot)
+    tally: Counter[str] = Counter()
+    for res in results:
+        if res.boot != last[(res.test, res.profile)]:
+            continue
+        for mres in res.metrics.values():
+            if mres.baseline is not None:
+                verdict = mres.baseline.verdict.value
+                tally["REGRESSION" if verdict == "regression" else verdict] += 1
+    return tally
+
+
+def _fingerprint(report: SessionReport) -> str:
+    return str((report.fingerprint or {}).get("key", "unknown"))
 
 
 def _primary_rows(rows: Sequence[CompactRow], report: SessionReport) -> list[CompactRow]:
@@ -155,7 +721,7 @@ def _not_compared(report: SessionReport) -> list[str]:
 
 
 def _engine_words(report: SessionReport, row: CompactRow) -> str:
-    """The engine's clock beside the client's change (reports/two_clocks.py), '' where it has none."""
+    """The engine's clock beside the client's change (reports/answers.py), '' where it has none."""
     return engine_words(report.results, row.test, row.comparison, row.profile, report.reference_profile)
 
 

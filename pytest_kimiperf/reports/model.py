@@ -31,8 +31,8 @@ from pytest_kimiperf.judge.profiles import InSessionRules, ProfileComparison, pr
 from pytest_kimiperf.judge.stats import Comparison, Leaning, leaning
 from pytest_kimiperf.judge.verdicts import BaselineLine, MetricResult, TestResult
 from pytest_kimiperf.numbers import fmt_value
-from pytest_kimiperf.reports.nccl_check import NcclDebugCheck
-from pytest_kimiperf.reports.nccl_reach import reach_summary, sets_nccl
+from pytest_kimiperf.reports.nccl import NcclDebugCheck
+from pytest_kimiperf.reports.nccl import reach_summary, sets_nccl
 from pytest_kimiperf.reports.sentences import RECORDING_ACCEPTS, baseline_line, warning_lines
 from pytest_kimiperf.roofline.inputs import RooflineReport
 from pytest_kimiperf.server.boot_account import BootAccount
@@ -269,7 +269,7 @@ class SessionReport:
     record_command: str = "python -m pytest --kimiperf-update-baselines"
     # --kimiperf-gate: the advice never records over a baseline of the same server stated otherwise
     gate: bool = False
-    # perf scenarios left out of pytest-benchmark's table (reports/benchmark_bridge.py)
+    # perf scenarios left out of pytest-benchmark's table (reports/reporter.py)
     benchmark_rows_hidden: int = 0
     # --kimiperf-control: the reference profile is the control (the recorded build, booted in this
     # session), and a REGRESSION against it fails the run.

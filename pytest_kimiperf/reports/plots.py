@@ -1,4 +1,22 @@
-"""PNG plots (``--kimiperf-plots DIR``): where the samples lie, not only their medians.
+"""PNG plots: the samples of each test, each comparison's change, and a metric's boot history.
+
+A metric's boot history as a picture: every stored boot, the level of each segment, and its steps.
+
+Drawn by ``--kimiperf-plots`` for each gated metric whose history stepped (the run was judged
+against its last segment), and by ``python -m pytest_kimiperf.history_steps --plot DIR`` for
+every entry of a baseline file. matplotlib is optional, as for every plot (plots.py).
+
+The verdict beside a picture: each comparison's change with its interval, against zero and the
+tolerance.
+
+A plot of medians invites a by-eye verdict: two profiles' points apart read as a difference
+whatever the boots' spread. Every plot that compares profiles therefore carries this panel: one
+row per comparison, the estimate as a dot, the interval the verdict rests on as a bar at its
+level, zero and the tolerance band drawn, and the verdict in words. A row the statistics call
+"no detectable change" (or within tolerance, inconclusive) is grey, its bar across zero: it
+cannot look like a finding. Only a worse or better verdict takes a colour.
+
+PNG plots (``--kimiperf-plots DIR``): where the samples lie, not only their medians.
 
 Two kinds per perf test: for each metric, the per-request (or per-round) samples of every
 profile as a box with the points on top, which shows a bimodal or long-tailed profile that a
@@ -20,35 +38,155 @@ change the global backend of a test process that uses pyplot itself.
 
 from __future__ import annotations
 
-import hashlib
-import math
-import re
-import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
+import hashlib
+import math
 from pathlib import Path
-from typing import Any
+import re
+import textwrap
+from typing import Any, assert_never
 
 import numpy as np
 
-from pytest_kimiperf.judge.baselines import BaselineFile
+from pytest_kimiperf.config.metric_specs import Direction, METRICS, SampleKind
 from pytest_kimiperf.errors import ConfigError, KimiperfError
+from pytest_kimiperf.judge.baselines import BaselineEntry, BaselineFile
+from pytest_kimiperf.judge.notes import HistoryStep, HistorySteps
+from pytest_kimiperf.judge.stats import Comparison, Leaning, leaning
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
-from pytest_kimiperf.config.metric_specs import METRICS, Direction, SampleKind
-from pytest_kimiperf.numbers import finite_only, fmt_value
-from pytest_kimiperf.judge.notes import HistorySteps
-from pytest_kimiperf.reports.model import boot_figure
-from pytest_kimiperf.reports.history_plot import plot_history
-from pytest_kimiperf.reports.plot_changes import ChangeRow, draw_changes
+from pytest_kimiperf.numbers import finite_only, fmt_change, fmt_ci, fmt_value
+from pytest_kimiperf.reports.answers import interval_level
+from pytest_kimiperf.reports.model import MetricBlock, PerfTestBlock, SessionReport, boot_figure, profile_verdict
 from pytest_kimiperf.reports.sentences import comparison_line, note_text
-from pytest_kimiperf.reports.model import (
-    MetricBlock,
-    PerfTestBlock,
-    SessionReport,
-)
+
+
+DPI = 100
+
+
+def plot_history(entry: BaselineEntry, steps: Sequence[HistoryStep], *, current: Sequence[float] = (),
+                 current_label: str = "this run") -> Any:
+    """The entry's boots oldest first (one point each, the x axis their recording dates), a line
+    at each segment's geometric mean, a dashed line at each step with its change, and
+    ``current`` (this run's boot figures) to the right."""
+    from matplotlib.figure import Figure
+
+    # The boots the step search saw: those with enough samples to count.
+    boots = [b for b, s in zip(entry.boots, entry.summaries()) if s.usable]
+    fig = Figure(figsize=(8, 4.6), dpi=DPI, layout="constrained")
+    ax = fig.add_subplot()
+    xs = list(range(len(boots)))
+    sessions: dict[str, int] = {}
+    for b in boots:
+        sessions.setdefault(b.origin.session if b.origin else b.recorded_at, len(sessions))
+    colors = [sessions[b.origin.session if b.origin else b.recorded_at] % 10 for b in boots]
+    ax.scatter(xs, [b.median for b in boots], c=colors, cmap="tab10", vmin=0, vmax=9, s=26, zorder=3,
+               label="stored boots (colour: session)")
+    # Each step's boots_before reaches back to the step before it (or the start).
+    cuts = [sum(s.boots_before for s in steps[:i + 1]) for i in range(len(steps))]
+    edges = [0, *cuts, len(boots)]
+    for lo, hi in zip(edges, edges[1:]):
+        if hi <= lo:
+            continue
+        level = math.exp(sum(math.log(b.median) for b in boots[lo:hi]) / (hi - lo))
+        ax.hlines(level, lo - 0.3, hi - 0.7, colors="black", linewidth=2, zorder=4)
+    for cut, step in zip(cuts, steps):
+        ax.axvline(cut - 0.5, color="tab:red", linestyle="--", linewidth=1)
+        ax.annotate(f"{step.change * 100:+.1f}%", (cut - 0.5, 1.0), xycoords=("data", "axes fraction"),
+                    xytext=(3, -12), textcoords="offset points", color="tab:red", fontsize=9)
+    if current:
+        x0 = len(boots) + 0.5
+        ax.scatter([x0 + i for i in range(len(current))], list(current), color="tab:orange", marker="D", s=30,
+                   zorder=5, label=current_label)
+    ticks = xs[:: max(1, len(xs) // 8)]
+    ax.set_xticks(ticks, [boots[i].recorded_at[:10] for i in ticks], fontsize=8, rotation=30)
+    spec = METRICS.get(entry.metric)
+    label = spec.label if spec else entry.metric
+    ax.set_ylabel(f"{label} ({entry.unit})" if entry.unit else label)
+    if steps:
+        said = (f"{len(steps)} step{'s' * (len(steps) != 1)} (red: the change between segment means); "
+                f"judged against the {steps[-1].boots_after} boots since the last")
+    else:
+        said = "no step found: judged against every boot"
+    ax.set_title(f"{entry.test} [{entry.profile}]\n{label}: boot history\n{said}", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    return fig
+
+
+# Only a verdict that says which way takes a colour; everything else is the grey of "no finding".
+_WORSE_COLOUR = "tab:red"
+_BETTER_COLOUR = "tab:green"
+NO_FINDING_COLOUR = "0.55"
+_NOTE_WIDTH = 40
+
+
+@dataclass(frozen=True)
+class ChangeRow:
+    """One comparison to draw: its label (``ring-ll c64``), and the comparison or why there is none."""
+
+    label: str
+    comparison: Comparison | None
+    note: str = ""
+
+
+def verdict_colour(comparison: Comparison) -> str:
+    """Red for worse, green for better, grey for every verdict that found no direction."""
+    match lean := leaning(comparison.verdict):  # stats.leaning names every kind
+        case Leaning.WORSE:
+            return _WORSE_COLOUR
+        case Leaning.BETTER:
+            return _BETTER_COLOUR
+        case Leaning.NEITHER:
+            return NO_FINDING_COLOUR
+        case _:
+            assert_never(lean)
+
+
+def draw_changes(ax: Any, rows: Sequence[ChangeRow], *, reference: str, in_session: bool = True) -> None:
+    """Each row's change in percent with its interval, zero, the tolerance band and the verdict."""
+    from matplotlib.transforms import blended_transform_factory
+
+    ax.axvline(0.0, color="black", linewidth=0.8)
+    positions = list(range(len(rows)))[::-1]  # the first row on top
+    tolerances = {row.comparison.tolerance for row in rows if row.comparison is not None}
+    for tol in tolerances:
+        ax.axvspan(-tol * 100, tol * 100, color="0.9", zorder=0)
+    for y, row in zip(positions, rows):
+        c = row.comparison
+        if c is None or not _drawable(c):
+            # The note's head only (an INVALID reason runs to 300 characters, which would squeeze
+            # the axes to nothing): the test's failure and the summary carry it whole. A comparison
+            # without a figure (insufficient samples: a side with no usable boot) says its verdict.
+            said = row.note or (profile_verdict(c) if c is not None else "") or "not compared"
+            note = textwrap.shorten(said, width=_NOTE_WIDTH, placeholder="...")
+            ax.text(0.0, y, note, ha="center", va="center", fontsize=7, color="0.4", in_layout=False)
+            continue
+        colour = verdict_colour(c)
+        low, high, mid = c.ci_low * 100, c.ci_high * 100, c.change * 100
+        ax.plot([low, high], [y, y], color=colour, linewidth=2.5, solid_capstyle="butt", zorder=3)
+        ax.plot([mid], [y], marker="o", color=colour, markersize=6, zorder=4)
+        level = interval_level(c, in_session=in_session) * 100
+        # In the margin right of the axes, so the words never sit on another row's bar.
+        ax.text(1.02, y, f"{fmt_change(c.change)} {profile_verdict(c)}\n{fmt_ci(c.ci_low, c.ci_high)} ({level:.0f}% interval)",
+                transform=blended_transform_factory(ax.transAxes, ax.transData), fontsize=7, color=colour,
+                va="center", ha="left")
+    ax.set_yticks(positions, [row.label for row in rows], fontsize=8)
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    spans = [abs(v) for row in rows if row.comparison is not None and _drawable(row.comparison)
+             for v in (row.comparison.ci_low, row.comparison.ci_high, row.comparison.tolerance)]
+    edge = max(spans, default=0.05) * 100 * 1.15
+    ax.set_xlim(-edge, edge)
+    ax.set_xlabel(f"change vs {reference} (%), shaded: the tolerance")
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _drawable(comparison: Comparison) -> bool:
+    """Whether the comparison has a change and an interval to draw (not NaN: a side had no boot)."""
+    return all(math.isfinite(v) for v in (comparison.change, comparison.ci_low, comparison.ci_high))
+
 
 _INSTALL_HINT = "pip install 'pytest-kimiperf[plots]'"
-DPI = 100
 _MAX_SLUG = 80
 _ROLLING_POINTS = 50  # the rolling median spans about 1/50 of the run
 

@@ -5,7 +5,7 @@ vLLM writes tqdm bars (``Loading safetensors checkpoint shards:  56% Completed |
 returns, and INFO lines for the other phases. :func:`parse_progress` reads one line,
 :class:`BootTracker` keeps the furthest phase reached and :class:`ProgressDisplay` shows it: a
 36-minute load is only bearable when the user sees which phase it is in and how far along. Where
-the lines go (pytest's terminal, or an xdist worker's relay) is ``reports/terminal_output.py``;
+the lines go (pytest's terminal, or an xdist worker's relay) is ``reports/terminal.py``;
 where the boot's seconds went, once it is ready, is ``boot_account.py``.
 """
 
@@ -171,7 +171,7 @@ def _format_elapsed(seconds: float) -> str:
 
 
 class LineOutput(Protocol):
-    """Where progress lines go: pytest's terminal, or a worker's relay (``reports/terminal_output.py``)."""
+    """Where progress lines go: pytest's terminal, or a worker's relay (``reports/terminal.py``)."""
 
     @property
     def isatty(self) -> bool:

@@ -122,7 +122,7 @@ def test_the_perf_test_runs_and_is_judged_without_benchmark_timing(project: pyte
 
 def test_extra_info_is_json_safe_for_a_run_without_valid_requests() -> None:
     """A run whose every request failed has no medians: null, never NaN, in pytest-benchmark's JSON."""
-    from pytest_kimiperf.reports.benchmark_bridge import extra_info
+    from pytest_kimiperf.reports.reporter import extra_info
     from pytest_kimiperf.measure.results import RunResult
 
     run = RunResult(scenario_name="single-stream-8in-16out", rounds=())
@@ -133,7 +133,7 @@ def test_extra_info_is_json_safe_for_a_run_without_valid_requests() -> None:
 
 
 def test_machine_info_gets_the_fingerprint_only_when_one_was_taken() -> None:
-    from pytest_kimiperf.reports.benchmark_bridge import add_fingerprint
+    from pytest_kimiperf.reports.reporter import add_fingerprint
     from pytest_kimiperf.judge.baselines import Fingerprint
 
     info: dict[str, object] = {"node": "ci"}

@@ -14,7 +14,7 @@ from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.measure.results import RequestRecord
 from pytest_kimiperf.config.deployments import HealthBounds
 from pytest_kimiperf.measure.results import RoundResult, RunResult
-from pytest_kimiperf.reports.export import REQUESTS_FILE, bench_serve_result, write_exports
+from pytest_kimiperf.reports.outputs import REQUESTS_FILE, bench_serve_result, write_exports
 from pytest_kimiperf.reports.model import SessionReport, build_session_report
 from pytest_kimiperf.measure.workload import Concurrency, load_facts
 

@@ -13,10 +13,10 @@ import pytest
 
 from tests.helpers import stub_deployment_toml
 from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES
-from pytest_kimiperf.reports.json_report import build_json_report
-from pytest_kimiperf.reports.markdown import render_markdown
+from pytest_kimiperf.reports.outputs import build_json_report
+from pytest_kimiperf.reports.outputs import render_markdown
 from pytest_kimiperf.reports.model import ProfileFacts, build_session_report
-from pytest_kimiperf.reports.nccl_check import (
+from pytest_kimiperf.reports.nccl import (
     APPLIED,
     CPU_ENGINE_NOTE,
     DIFFERENT,

@@ -159,7 +159,7 @@ def _record_then_gate(pytester: pytest.Pytester, tmp_path: Path, gate_boots: lis
 
 
 def _without_stream_remark(answer: str) -> str:
-    """The answer without what the stream showed of the server (reports/measured.py
+    """The answer without what the stream showed of the server (reports/answers.py
     stream_remark): on a loaded host the stub writes two late tokens back to back, and the
     answer rightly says it wrote chunks together; which streams it did is the host's."""
     return re.sub(r" \((the server stalled|it wrote|its chunks carried)[^()]*(\([^()]*\)[^()]*)*\)$", "", answer)

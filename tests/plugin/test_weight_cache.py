@@ -297,8 +297,8 @@ def test_daemons_that_cannot_serve_the_model_leave_a_disk_load_and_a_reason(tmp_
 
 
 def test_the_reports_say_what_the_weight_cache_did() -> None:
-    from pytest_kimiperf.reports.json_report import build_json_report
-    from pytest_kimiperf.reports.markdown import render_markdown
+    from pytest_kimiperf.reports.outputs import build_json_report
+    from pytest_kimiperf.reports.outputs import render_markdown
     from pytest_kimiperf.reports.model import ProfileFacts, build_session_report
     from pytest_kimiperf.reports.terminal import render_summary
     from pytest_kimiperf.server.weight_cache import WeightCacheFacts

@@ -17,7 +17,7 @@ from pytest_kimiperf.judge.gate import judge_metric
 from pytest_kimiperf.judge.noise import BootOrigin
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult, TestResult
 from pytest_kimiperf.reports.answers import answer_lines, failure_lines
-from pytest_kimiperf.reports.next_step import missing_baseline_warning, outcome_line
+from pytest_kimiperf.reports.answers import missing_baseline_warning, outcome_line
 from pytest_kimiperf.reports.header import host_line
 from pytest_kimiperf.reports.sentences import baseline_line, note_text
 from pytest_kimiperf.storage import baselines as storage

@@ -6,8 +6,8 @@ import json
 from datetime import datetime
 
 from pytest_kimiperf.server.boot_account import BootAccount, PhaseTime, account_boot
-from pytest_kimiperf.reports.json_report import build_json_report
-from pytest_kimiperf.reports.markdown import render_markdown
+from pytest_kimiperf.reports.outputs import build_json_report
+from pytest_kimiperf.reports.outputs import render_markdown
 from pytest_kimiperf.reports.model import ProfileFacts, SessionReport, build_session_report
 from pytest_kimiperf.reports.terminal import render_summary
 from tests import helpers

@@ -18,7 +18,7 @@ from pytest_kimiperf.judge.history import (
 from pytest_kimiperf.judge.history import compare_with_history
 from pytest_kimiperf.judge.notes import HistorySteps
 from pytest_kimiperf.judge.stats import VerdictKind
-from pytest_kimiperf.reports.json_report import comparison_json
+from pytest_kimiperf.reports.outputs import comparison_json
 from pytest_kimiperf.reports.sentences import comparison_line, note_text
 
 SPREADS = Spreads(0.01, 0.01, 0.02)

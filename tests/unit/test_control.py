@@ -18,7 +18,7 @@ from pytest_kimiperf.judge.stats import BootSummary
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.noise import smallest_change
 from pytest_kimiperf.judge.stats import GATE_CRITICAL
-from pytest_kimiperf.reports.plan import plan_lines
+from pytest_kimiperf.reports.header import plan_lines
 
 CONTROL = ["/opt/vllm-main/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}",
            "--port", "{port}", "--tensor-parallel-size", "{tp}"]

@@ -808,7 +808,7 @@ def test_sizes_read_in_binary_units_where_whole() -> None:
 
 
 def test_the_nccl_check_adds_what_ran_beside_what_was_read(tmp_path: Path) -> None:
-    from pytest_kimiperf.reports.nccl_check import check_server_log
+    from pytest_kimiperf.reports.nccl import check_server_log
 
     for path in TREE_FILES.iterdir():
         (tmp_path / path.name).write_text(path.read_text())

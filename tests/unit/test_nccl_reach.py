@@ -13,11 +13,11 @@ from pathlib import Path
 
 from pytest_kimiperf.config.deployments import KIMI_K25_INT4_TP8, TINY_CPU
 from pytest_kimiperf.config.nccl.profiles import BUILTIN_PROFILES, NcclProfile
-from pytest_kimiperf.reports.json_report import build_json_report
-from pytest_kimiperf.reports.markdown import render_markdown
+from pytest_kimiperf.reports.outputs import build_json_report
+from pytest_kimiperf.reports.outputs import render_markdown
 from pytest_kimiperf.reports.model import ProfileFacts, SessionReport
-from pytest_kimiperf.reports.nccl_check import CPU_ENGINE_NOTE, check_server_log
-from pytest_kimiperf.reports.nccl_reach import forecast_line
+from pytest_kimiperf.reports.nccl import CPU_ENGINE_NOTE, check_server_log
+from pytest_kimiperf.reports.nccl import forecast_line
 from pytest_kimiperf.reports.terminal import render_summary
 from pytest_kimiperf.server.allreduce_path import decode_reach, read_all_reduce_path
 from pytest_kimiperf.server.boot_account import BootAccount, account_boot

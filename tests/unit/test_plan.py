@@ -16,7 +16,7 @@ from pytest_kimiperf.judge.baselines import Fingerprint
 from pytest_kimiperf.judge.noise import boots_needed, smallest_change
 from pytest_kimiperf.judge.stats import GATE_CRITICAL
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.reports.plan import fmt_duration, plan_lines
+from pytest_kimiperf.reports.header import fmt_duration, plan_lines
 
 FP = Fingerprint(hard={"gpu.count": "8", "gpu.name": "RTX PRO 6000"}, soft={})
 
@@ -101,7 +101,7 @@ def test_durations_read_as_a_person_says_them(seconds: float, text: str) -> None
 
 def test_the_plan_says_what_history_would_convict_twice_the_tolerance_or_that_none_can() -> None:
     from pytest_kimiperf.judge.baselines import HistorySpan
-    from pytest_kimiperf.reports.plan import history_advice
+    from pytest_kimiperf.reports.header import history_advice
 
     one = HistorySpan(5, 1, 1)
     advice = history_advice(0.01, 0.01, 2, one, 0.03, "decode")

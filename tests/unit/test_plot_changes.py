@@ -14,7 +14,7 @@ from pytest_kimiperf.config.metric_specs import metric_spec
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.reports.model import SessionReport, build_session_report
-from pytest_kimiperf.reports.plot_changes import NO_FINDING_COLOUR, ChangeRow, verdict_colour
+from pytest_kimiperf.reports.plots import NO_FINDING_COLOUR, ChangeRow, verdict_colour
 from tests.plugin.test_export import result
 
 pytest.importorskip("matplotlib")
@@ -102,7 +102,7 @@ def test_the_distribution_plot_carries_the_verdict_panel(tmp_path: Path) -> None
 def test_a_row_with_no_comparison_says_why() -> None:
     from matplotlib.figure import Figure
 
-    from pytest_kimiperf.reports.plot_changes import draw_changes
+    from pytest_kimiperf.reports.plots import draw_changes
 
     ax = Figure().add_subplot()
     draw_changes(ax, [ChangeRow("ring-ll", None, "INVALID measurement")], reference="default")
@@ -114,7 +114,7 @@ def test_a_comparison_without_a_figure_says_its_verdict_and_the_axes_stay_finite
     # set the axis limits to NaN, and matplotlib's ValueError lost every plot of the run.
     from matplotlib.figure import Figure
 
-    from pytest_kimiperf.reports.plot_changes import draw_changes
+    from pytest_kimiperf.reports.plots import draw_changes
 
     report = session(slower_at=16)
     compared = next(c.comparison for b in report.test_blocks() for m in b.metrics for c in m.cells

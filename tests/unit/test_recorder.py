@@ -24,7 +24,7 @@ from pytest_kimiperf.storage import baselines as storage
 from pytest_kimiperf.storage.baselines import load_baselines
 from pytest_kimiperf.judge.stats import strip_slot as strip_profile
 from pytest_kimiperf.judge.verdicts import WarningKind
-from pytest_kimiperf.reports.json_report import comparison_json
+from pytest_kimiperf.reports.outputs import comparison_json
 from pytest_kimiperf.reports.sentences import note_text, note_texts, warning_lines
 from pytest_kimiperf.measure.runner import gpu_watch
 from pytest_kimiperf.server.boot_account import BootAccount, PhaseTime

@@ -11,7 +11,7 @@ import pytest
 
 from pytest_kimiperf import reference, warning_types
 from pytest_kimiperf.config.options import OPTIONS
-from pytest_kimiperf.reports.json_report import SCHEMA_VERSION, build_json_report
+from pytest_kimiperf.reports.outputs import SCHEMA_VERSION, build_json_report
 from pytest_kimiperf.reports.model import SessionReport
 from pytest_kimiperf.server.weight_cache import WeightCacheFacts
 from tests.helpers import ROOT

@@ -32,14 +32,14 @@ from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricRe
 from pytest_kimiperf.config.metric_specs import metric_spec
 from pytest_kimiperf.measure.results import RunSummary
 from pytest_kimiperf.numbers import fmt_value
-from pytest_kimiperf.reports.json_report import (
+from pytest_kimiperf.reports.outputs import (
     SCHEMA_VERSION,
     build_json_report,
     dumps_json_report,
 )
-from pytest_kimiperf.reports.markdown import render_markdown, write_markdown
+from pytest_kimiperf.reports.outputs import render_markdown, write_markdown
 from pytest_kimiperf.reports.answers import answer_lines, spread_line
-from pytest_kimiperf.reports.next_step import missing_baseline_warning
+from pytest_kimiperf.reports.answers import missing_baseline_warning
 from pytest_kimiperf.reports.model import (
     BaselineUpdate,
     ProfileFacts,

@@ -28,8 +28,8 @@ from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, TINY_MODEL, 
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.baselines import Fingerprint
 from pytest_kimiperf.config.metric_specs import metric_spec
-from pytest_kimiperf.reports.json_report import build_json_report, dumps_json_report
-from pytest_kimiperf.reports.markdown import render_markdown
+from pytest_kimiperf.reports.outputs import build_json_report, dumps_json_report
+from pytest_kimiperf.reports.outputs import render_markdown
 from pytest_kimiperf.reports.model import ProfileFacts, build_session_report
 from pytest_kimiperf.reports.terminal import MAX_WIDTH, render_summary
 from pytest_kimiperf.roofline.inputs import build_roofline_report, decode_results

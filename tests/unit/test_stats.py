@@ -19,7 +19,7 @@ from pytest_kimiperf.judge.stats import BootSummary, summarize_boot
 from pytest_kimiperf.judge.notes import FloorStatus, floor_check
 from pytest_kimiperf.judge.notes import SpreadSource
 from pytest_kimiperf.judge.noise import boots_needed, plan, wants_another_boot
-from pytest_kimiperf.reports.json_report import comparison_json
+from pytest_kimiperf.reports.outputs import comparison_json
 from pytest_kimiperf.reports.sentences import comparison_line, floor_line, note_text
 
 HIGHER = Direction.HIGHER_IS_BETTER
