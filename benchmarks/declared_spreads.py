@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gate_power import Noise, Rules, print_table, run_cell  # noqa: E402
+from gate_power import Noise, GateRules, print_table, run_cell  # noqa: E402
 
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     spreads = Spreads(0.01, 0.01, 0.02)
     if args.df is not None:
         spreads = replace(spreads, boot_df=args.df, session_df=args.df, host_df=args.df)
-    rules = Rules(0.03, spreads, 3, boots=2)
+    rules = GateRules(0.03, spreads, 3, boots=2)
     started = time.monotonic()
     table = [run_cell(noise, trials=args.trials, history_boots=10, rules=rules, seed=args.seed + i)
              for i, noise in enumerate(cells())]

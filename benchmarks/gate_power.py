@@ -195,7 +195,7 @@ class World:
 
 
 @dataclass(frozen=True)
-class Rules:
+class GateRules:
     """The gate's settings in a cell."""
 
     tolerance: float
@@ -208,7 +208,7 @@ class Rules:
 
 
 def gate_run(world: World, history: tuple[list[list[BootSummary]], list[dict[str, float]]], *, change: float,
-             rules: Rules, start: float, span: float, session_name: str = "current",
+             rules: GateRules, start: float, span: float, session_name: str = "current",
              out: dict[str, object] | None = None, session: np.ndarray | None = None) -> tuple[list[VerdictKind], int]:
     """One profile against its baseline, boots on demand: its verdicts and how many boots it took.
 
@@ -314,7 +314,7 @@ def mode_cells(args: argparse.Namespace) -> list[Noise]:
     return cells
 
 
-def run_cell(noise: Noise, *, trials: int, history_boots: int, rules: Rules, seed: int) -> Cell:
+def run_cell(noise: Noise, *, trials: int, history_boots: int, rules: GateRules, seed: int) -> Cell:
     """Simulate ``trials`` sessions for each true change (0, 0.8x and 2x the tolerance)."""
     rng = np.random.default_rng(seed)
     world = World(noise, rng)
@@ -432,7 +432,7 @@ def calibration_cells(args: argparse.Namespace) -> list[Noise]:
             if n.label.split(";")[0] in ("boot 1%", "boot 1%, session 1%") and not n.new_host]
 
 
-def calibrate(args: argparse.Namespace, rules: Rules) -> dict[str, object]:
+def calibrate(args: argparse.Namespace, rules: GateRules) -> dict[str, object]:
     """The same cells under each ``--critical`` (stats.GATE_CRITICAL): the one the gate uses is
     the smallest whose false REGRESSION per session stays within 1% in every cell."""
     out: dict[str, object] = {}
@@ -483,7 +483,7 @@ def append_nights(args: argparse.Namespace) -> list[dict[str, object]]:
     the nights appended since and tonight's boots; a drift fails the night) and without it (the
     window alone): the night the gate first fails, and the share of nights after the step that
     fail (of every night, with no threat: false alarms), and the nights appended."""
-    rules = Rules(args.tolerance, Spreads(args.prior, args.session_prior, args.host_prior), args.max_boots, boots=2)
+    rules = GateRules(args.tolerance, Spreads(args.prior, args.session_prior, args.host_prior), args.max_boots, boots=2)
     noise = Noise(0.01, 0.02, args.drift, session_sd=0.01)
     nights = 40
     rows = []
@@ -648,7 +648,7 @@ def replay(args: argparse.Namespace) -> dict[str, object]:
     return out
 
 
-def control_table(args: argparse.Namespace, rules: Rules) -> list[dict[str, object]]:
+def control_table(args: argparse.Namespace, rules: GateRules) -> list[dict[str, object]]:
     """Where the session level is large against the tolerance (a 2% session
     effect, declared as it is, on a 3% tolerance), the gate against a history of 10 sessions and
     the candidate against its control booted beside it (--kimiperf-control): the session effect
@@ -709,7 +709,7 @@ def control_table(args: argparse.Namespace, rules: Rules) -> list[dict[str, obje
     return rows
 
 
-def run_table(noises: list[Noise], args: argparse.Namespace, rules: Rules, *, seed: int,
+def run_table(noises: list[Noise], args: argparse.Namespace, rules: GateRules, *, seed: int,
               title: str) -> list[dict[str, object]]:
     """Run each cell (seeded ``seed`` + its index), print the table, return it as JSON rows."""
     cells = [run_cell(noise, trials=args.trials, history_boots=args.history, rules=rules, seed=seed + i)
@@ -757,7 +757,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--trials, --history and --max-boots must be at least 1")
     started = time.monotonic()
     tables: dict[str, object] = {}
-    rules = Rules(args.tolerance, Spreads(args.prior, args.session_prior, args.host_prior), args.max_boots)
+    rules = GateRules(args.tolerance, Spreads(args.prior, args.session_prior, args.host_prior), args.max_boots)
     spreads = (f"declared boot/session/host spread {args.prior:.1%}/{args.session_prior:.1%}/{args.host_prior:.1%}, "
                f"drift {args.drift:.1%}, {args.trials} sessions per cell")
     if args.cells == "shapes":

@@ -2,7 +2,7 @@
 
 A benchmark (gate_power.py, verdict_soundness.py) or a test that follows a history night by night
 holds each night's boots; the plugin keeps an anchor (the last deliberate recording) and one
-:class:`~pytest_kimiperf.judge.baselines.Night` per passing run appended since
+:class:`~pytest_kimiperf.judge.baselines.AppendedNight` per passing run appended since
 (``judge/baselines.night_of``), and judges tonight's boots against them with
 ``judge/history.drift_of_entry``. :func:`drift_tonight` builds that entry from the boots and asks
 the plugin's own code, so what the benchmarks measure is what a run does.

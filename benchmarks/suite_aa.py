@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gate_power import PROFILES, TESTS, Noise, Rate, Rules, World, gate_run, rate  # noqa: E402
+from gate_power import PROFILES, TESTS, Noise, Rate, GateRules, World, gate_run, rate  # noqa: E402
 
 from pytest_kimiperf.config.deployments import Spreads  # noqa: E402
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
@@ -58,7 +58,7 @@ class SuiteRow:
     gate_metrics_directional: Rate
 
 
-def suite_run(world: World, rules: Rules, history_boots: int, in_session: InSessionRules) -> tuple[bool, bool, int, int]:
+def suite_run(world: World, rules: GateRules, history_boots: int, in_session: InSessionRules) -> tuple[bool, bool, int, int]:
     """One A/A run: (a gate direction, a profile direction, gate comparisons with a direction,
     gate comparisons)."""
     session = world.session_effects()
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spreads = Spreads(0.01, 0.01, 0.02)
     m = PROFILES * sum(TESTS)
-    rules = Rules(0.03, spreads, 3, boots=2, critical=family_critical(m) if args.family else None)
+    rules = GateRules(0.03, spreads, 3, boots=2, critical=family_critical(m) if args.family else None)
     in_session = InSessionRules(boot_spread=spreads.boot, boot_spread_df=spreads.boot_df)
     started = time.monotonic()
     rows = []

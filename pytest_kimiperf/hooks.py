@@ -150,14 +150,14 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
     tolerances = item.stash.get(_TOLERANCES_KEY, {})
 
     def publish(result: TestResult) -> None:
-        from pytest_kimiperf.judge.gate import CAUSE_PROPERTY, OUTCOME_PROPERTY, Outcome, outcome_of
+        from pytest_kimiperf.judge.gate import CAUSE_PROPERTY, OUTCOME_PROPERTY, PerfOutcome, outcome_of
 
         item.stash[RESULT_KEY] = result
         item.user_properties.extend((f"median_{metric}", median) for metric, median in result.medians().items())
         outcome = outcome_of(result)  # the recorder decided it (judge/gate.py)
-        if outcome in (Outcome.INVALID, Outcome.UNRESOLVED):  # what the exit status counts (judge/gate.py)
+        if outcome in (PerfOutcome.INVALID, PerfOutcome.UNRESOLVED):  # what the exit status counts (judge/gate.py)
             item.user_properties.append((OUTCOME_PROPERTY, outcome.value))
-        if outcome is Outcome.INVALID and result.invalid_cause:
+        if outcome is PerfOutcome.INVALID and result.invalid_cause:
             item.user_properties.append((CAUSE_PROPERTY, result.invalid_cause))
 
     def ensure_alive() -> None:

@@ -27,8 +27,8 @@ from pytest_kimiperf.measure.results import RunResult, check_goodput_slo, check_
 from pytest_kimiperf.measure.server_view import run_cross_checks
 from pytest_kimiperf.measure.runner import WatchedRun, measure_watched
 from pytest_kimiperf.judge.baselines import LoadedBaselines
-from pytest_kimiperf.judge.gate import Outcome, decide_test
-from pytest_kimiperf.judge.gate import FLOOR_METRIC, BootRun, Rules, judge
+from pytest_kimiperf.judge.gate import PerfOutcome, decide_test
+from pytest_kimiperf.judge.gate import FLOOR_METRIC, BootRun, GateRules, judge
 from pytest_kimiperf.judge.profiles import InSessionRules
 from pytest_kimiperf.judge.profiles import profiles_to_book, session_plan
 from pytest_kimiperf.judge.notes import BootsBooked, HostWatched, MeasuredAgain, PrefixCacheReused
@@ -116,7 +116,7 @@ class PerfRecorder:
         self.profile_env = dict(case.profile_env)
         self.profile_args = list(case.profile_args)
         self.baselines = None if case.control else run.baselines()
-        self.family = None if case.control else run.family()  # the run's baseline comparisons (gate.Rules.family)
+        self.family = None if case.control else run.family()  # the run's baseline comparisons (gate.GateRules.family)
         self._ensure_alive = hooks.ensure_alive
         self._publish = hooks.publish
         self._fail = hooks.fail
@@ -286,7 +286,7 @@ class PerfRecorder:
             goodput_samples=[rnd.request_goodput(goodput) for rnd in run.rounds] if goodput is not None else [],
             decode_withheld=dict(run.coverage.of("decode_tok_s").withheld),
         )
-        rules = Rules.for_deployment(
+        rules = GateRules.for_deployment(
             self.settings.deployment, tolerances={name: self.tolerance(name) for name in judged},
             canary=self.origin.canary if self.origin else None,
             boots=self.settings.boots, max_boots=self.settings.max_boots, strict=self.settings.perf_strict,
@@ -340,7 +340,7 @@ class PerfRecorder:
     def _finish(self, result: TestResult) -> TestResult:
         outcome = decide_test(result, missing_baseline_fails=self.settings.missing_baseline_fails)
         self._publish(result)
-        if outcome is not Outcome.PASSED:
+        if outcome is not PerfOutcome.PASSED:
             self._fail(joined(result.failures))  # what a failed perf test fails with, in one line
         return result
 

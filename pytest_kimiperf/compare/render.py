@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_kimiperf.compare.verdict import Group, Outcome, Row
+from pytest_kimiperf.compare.verdict import Group, CompareOutcome, Row
 from pytest_kimiperf.judge.noise import misdeclared
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.numbers import fmt_change, fmt_value, json_safe
@@ -35,7 +35,7 @@ def _verdict_words(row: Row) -> str:
     return compact(row).verdict
 
 
-def answer_lines(outcome: Outcome) -> list[str]:
+def answer_lines(outcome: CompareOutcome) -> list[str]:
     """One line per group and load, on the load's primary metric; and one where the runs show a
     boot spread beyond the one the rules declare (judge/noise.py)."""
     lines = []
@@ -55,7 +55,7 @@ def answer_lines(outcome: Outcome) -> list[str]:
     return lines
 
 
-def outcome_line(outcome: Outcome) -> str:
+def outcome_line(outcome: CompareOutcome) -> str:
     """The last line: passed or FAILED, and the exit status."""
     status = outcome.exit_status
     regressions = sum(1 for r in outcome.rows if r.comparison.verdict is VerdictKind.REGRESSION)
@@ -73,7 +73,7 @@ def outcome_line(outcome: Outcome) -> str:
     return f"compare FAILED ({', '.join(parts)}): exit status {status}"
 
 
-def render_text(groups: Sequence[Group], outcome: Outcome) -> str:
+def render_text(groups: Sequence[Group], outcome: CompareOutcome) -> str:
     """The terminal's answer."""
     lines = [f"kimiperf compare: {outcome.tool} files, "
              + "; ".join(f"{g.label}: {len(g.runs)} run{'s' * (len(g.runs) != 1)}" for g in groups)
@@ -89,7 +89,7 @@ def render_text(groups: Sequence[Group], outcome: Outcome) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _too_few_lines(outcome: Outcome) -> list[str]:
+def _too_few_lines(outcome: CompareOutcome) -> list[str]:
     """The metrics left unjudged for too few samples, one line per load and group (a tail needs
     enough samples beyond its quantile in every run: a p99 300, judge/stats.py)."""
     left: dict[tuple[str, str], list[str]] = {}
@@ -110,7 +110,7 @@ def _table(rows: Sequence[Row]) -> list[str]:
     return [table.format(header), *(table.format(row) for row in cells)]
 
 
-def render_markdown(groups: Sequence[Group], outcome: Outcome) -> str:
+def render_markdown(groups: Sequence[Group], outcome: CompareOutcome) -> str:
     """The answer as Markdown: the answers, then one table row per metric."""
     out = [f"# kimiperf compare: {outcome.tool}", ""]
     out += [f"- **{g.label}**: {len(g.runs)} run{'s' * (len(g.runs) != 1)} ({', '.join(sorted({r.path for r in g.runs}))})"
@@ -126,7 +126,7 @@ def render_markdown(groups: Sequence[Group], outcome: Outcome) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_json(groups: Sequence[Group], outcome: Outcome) -> dict[str, Any]:
+def render_json(groups: Sequence[Group], outcome: CompareOutcome) -> dict[str, Any]:
     """The answer as JSON: the groups' files, each row's comparison as the JSON report holds one."""
     data = {
         "tool": outcome.tool,

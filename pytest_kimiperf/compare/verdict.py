@@ -78,7 +78,7 @@ class Row:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class CompareOutcome:
     """The comparison's rows, the runs whose failed requests fail them, and the exit status."""
 
     tool: str
@@ -103,7 +103,7 @@ def _beyond(c: Comparison) -> bool:
     return math.isfinite(c.change) and abs(math.log1p(c.change)) > band_log(c.tolerance)
 
 
-def judge_groups(groups: Sequence[Group], rules: CompareRules) -> Outcome:
+def judge_groups(groups: Sequence[Group], rules: CompareRules) -> CompareOutcome:
     """Every other group against the first, load by load and metric by metric."""
     if len(groups) < 2:
         raise ResultFileError("compare needs two groups of result files at least (--a and --b, or --group twice)")
@@ -134,7 +134,7 @@ def judge_groups(groups: Sequence[Group], rules: CompareRules) -> Outcome:
         comparison = compare_in_session(cur, ref, direction=spec.direction, tolerance=rules.tolerance(metric),
                                         rules=in_session.for_metric(metric), metric=metric, unit=spec.unit)
         rows.append(Row(load, label, reference.label, metric, primary_row, comparison, rules.same_server))
-    return Outcome(tool, tuple(rows), failed, rules.same_server, rules.strict)
+    return CompareOutcome(tool, tuple(rows), failed, rules.same_server, rules.strict)
 
 
 def _boots(runs: Sequence[ToolRun], metric: str, same_server: bool) -> list[BootSummary]:

@@ -358,7 +358,7 @@ class BaselineBoot:
 
 
 @dataclass(frozen=True)
-class Night:
+class AppendedNight:
     """One passing run appended by ``--kimiperf-append-on-pass`` since the anchor, as the drift
     test needs it (judge/history.py): the geometric mean of its boots' medians and how many boots."""
 
@@ -391,7 +391,7 @@ class BaselineEntry:
     # whatever the window keeps, and each passing run appended since (oldest first): what a slow
     # drift is judged against (judge/history.py). Empty in files written before schema 3.
     anchor: tuple[BaselineBoot, ...] = ()
-    nights: tuple[Night, ...] = ()
+    nights: tuple[AppendedNight, ...] = ()
     # Not stored: a deliberate recording whose own run judged it a REGRESSION or an improvement
     # against the history (baseline_entries). It is a new level, so it starts the history anew
     # (append_history): appended, the next run would be judged against a mix of both levels.
@@ -588,10 +588,10 @@ def append_history(old: BaselineEntry | None, new: BaselineEntry, keep: int = HI
     return replace(new, boots=boots, anchor=(joined + new.boots)[-keep:], nights=())
 
 
-def night_of(entry: BaselineEntry) -> Night:
+def night_of(entry: BaselineEntry) -> AppendedNight:
     """A passing run's boots of one entry as one night: the geometric mean of their medians."""
     logs = [math.log(b.median) for b in entry.boots]
-    return Night(median=round_figure(math.exp(sum(logs) / len(logs))), boots=len(logs),
+    return AppendedNight(median=round_figure(math.exp(sum(logs) / len(logs))), boots=len(logs),
                  recorded_at=entry.recorded_at, git_commit=entry.git_commit)
 
 

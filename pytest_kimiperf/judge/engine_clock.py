@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 from pytest_kimiperf.judge.stats import EngineBoot
 from pytest_kimiperf.judge.notes import Note, note_kind
-from pytest_kimiperf.judge.stats import Comparison, Leaning, VerdictKind, satterthwaite_df, t_quantile
+from pytest_kimiperf.judge.stats import Comparison, VerdictLeaning, VerdictKind, satterthwaite_df, t_quantile
 from pytest_kimiperf.measure.results import RunSummary
 
 # The client's metric -> the pair of like figures its change is placed with: the client's mean
@@ -144,7 +144,7 @@ def _half_width(parts: Sequence[tuple[float, float]], level: float) -> float:
     return 0.0 if se == 0 else t_quantile(0.5 + level / 2, satterthwaite_df(parts)) * se
 
 
-class Where(enum.StrEnum):
+class ChangeLocation(enum.StrEnum):
     """Where a change the client's clock saw lives."""
 
     ENGINE = "engine"  # the engine's part moved the client's way; the part outside it did not
@@ -212,7 +212,7 @@ class TwoClocks(Note):
     (``withdrawn``: a profile that reaches only the engine, whose engine did not confirm it)."""
 
     figure: str
-    where: Where
+    where: ChangeLocation
     why: UnplacedWhy = UnplacedWhy.NONE
     client_ms: float | None = None
     engine: Part | None = None
@@ -227,7 +227,7 @@ class TwoClocks(Note):
     reference: str = ""  # the profile compared with where withdrawn
 
     decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
-        "where": Where, "why": UnplacedWhy, "engine": Part.from_dict, "outside": Part.from_dict}
+        "where": ChangeLocation, "why": UnplacedWhy, "engine": Part.from_dict, "outside": Part.from_dict}
 
 
 def claimed_ms_sign(comparison: Comparison) -> int:
@@ -235,9 +235,9 @@ def claimed_ms_sign(comparison: Comparison) -> int:
     shorter, 0 where it claims no direction. Every metric of :data:`FIGURE_OF` is worse when
     slower (a lower decode rate, a longer TPOT or TTFT), so worse is longer."""
     match comparison.claim:
-        case Leaning.WORSE:
+        case VerdictLeaning.WORSE:
             return 1
-        case Leaning.BETTER:
+        case VerdictLeaning.BETTER:
             return -1
         case _:
             return 0
@@ -255,7 +255,7 @@ def place(metric: str, comparison: Comparison, current: Sequence[EngineBoot], re
     if not cur or not ref:
         return None
     relative = engine_change(figure, [e for _, e in cur], [e for _, e in ref], level)
-    said = TwoClocks(figure, Where.NO_CLAIM, boots_current=len(cur), boots_reference=len(ref), level=level,
+    said = TwoClocks(figure, ChangeLocation.NO_CLAIM, boots_current=len(cur), boots_reference=len(ref), level=level,
                      engine_change=relative.change if relative else None,
                      engine_low=relative.low if relative else None, engine_high=relative.high if relative else None)
     sign = claimed_ms_sign(comparison)
@@ -263,22 +263,23 @@ def place(metric: str, comparison: Comparison, current: Sequence[EngineBoot], re
         return said
     client_ms = sum(c for c, _ in cur) / len(cur) - sum(c for c, _ in ref) / len(ref)
     if len(cur) < 2 or len(ref) < 2:
-        return dataclasses.replace(said, where=Where.UNPLACED, why=UnplacedWhy.FEW_BOOTS)
+        return dataclasses.replace(said, where=ChangeLocation.UNPLACED, why=UnplacedWhy.FEW_BOOTS)
     if client_ms * sign <= 0:
-        return dataclasses.replace(said, where=Where.UNPLACED, why=UnplacedWhy.MEANS_DISAGREE)
+        return dataclasses.replace(said, where=ChangeLocation.UNPLACED, why=UnplacedWhy.MEANS_DISAGREE)
     engine = _part([e for _, e in cur], [e for _, e in ref], level)
     outside = _part([c - e for c, e in cur], [c - e for c, e in ref], level)
     said = dataclasses.replace(said, client_ms=client_ms, engine=engine, outside=outside)
     if min(engine.df, outside.df) <= UNPLACED_DF:
-        return dataclasses.replace(said, where=Where.UNPLACED, why=UnplacedWhy.FEW_DF)
+        return dataclasses.replace(said, where=ChangeLocation.UNPLACED, why=UnplacedWhy.FEW_DF)
 
     def moved(part: Part) -> bool:
         return part.beyond_zero(sign) and part.ms * sign >= MATERIAL_SHARE * client_ms * sign
 
     in_engine, outside_it = moved(engine), moved(outside)
-    where = (Where.BOTH if in_engine and outside_it else Where.ENGINE if in_engine
-             else Where.OUTSIDE if outside_it else Where.UNPLACED)
-    return dataclasses.replace(said, where=where, why=UnplacedWhy.NEITHER if where is Where.UNPLACED else UnplacedWhy.NONE)
+    where = (ChangeLocation.BOTH if in_engine and outside_it else ChangeLocation.ENGINE if in_engine
+             else ChangeLocation.OUTSIDE if outside_it else ChangeLocation.UNPLACED)
+    why = UnplacedWhy.NEITHER if where is ChangeLocation.UNPLACED else UnplacedWhy.NONE
+    return dataclasses.replace(said, where=where, why=why)
 
 
 def engine_confirms(metric: str, comparison: Comparison, current: Sequence[EngineBoot], reference: Sequence[EngineBoot]) -> bool:

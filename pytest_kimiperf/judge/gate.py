@@ -8,7 +8,7 @@ Two questions, one module, from typed facts only:
 - :func:`decide_test`: how one test boot ends. The gate (judge/gate.py) has filled its result
   with every failure it found (a regression, the floor, an SLO, failed requests, drift, an
   INVALID measurement, an UNRESOLVED change); this adds the one the gate cannot know, a missing
-  baseline under ``--kimiperf-missing-baseline=fail``, and names the test's :class:`Outcome`.
+  baseline under ``--kimiperf-missing-baseline=fail``, and names the test's :class:`PerfOutcome`.
 - :func:`decide_run`: how the run ends, with its exit status, from what pytest would exit with,
   each failed test's outcome, the profile comparisons (a REGRESSION against the control under
   ``--kimiperf-control`` fails the run) and the errors of the reports and baselines.
@@ -35,7 +35,7 @@ The module holds, in order:
 * the run's family of comparisons (``stats.RUN_ALPHA``, ``stats.family_critical``, :func:`holm`,
   :func:`decide_family`, :func:`family_size`): one budget for every sign the gated metrics of a
   run state;
-* the verdict on one test (:func:`judge`, :func:`judge_metric`, :class:`Rules`, :class:`BootRun`):
+* the verdict on one test (:func:`judge`, :func:`judge_metric`, :class:`GateRules`, :class:`BootRun`):
   floors, SLOs and baselines.
 
 **The run's family.** A run judges every gated metric of every test under every profile against its
@@ -48,7 +48,7 @@ unresolved), not the failures alone:
 * ``stats.family_critical``: the critical value a comparison needs before it states a sign when
   the run has ``m`` comparisons and each is decided as it comes (Bonferroni over the comparisons
   and their two sides, Holm's first step): what the gate applies per test when it knows the run's
-  size (``Rules.family``);
+  size (``GateRules.family``);
 * :func:`holm`: Holm's step-down procedure over the run's p-values, uniformly more powerful
   and of the same family-wise level, for a decision taken once every comparison is in
   (:func:`decide_family`: each sign that Holm does not keep says what is left of it,
@@ -89,7 +89,7 @@ from pytest_kimiperf.judge.notes import (
 )
 from pytest_kimiperf.judge.profiles import ProfileComparison
 from pytest_kimiperf.judge.stats import (
-    BootSummary, Comparison, EngineBoot, Leaning, MIN_BOOTS_DIRECTIONAL, RUN_ALPHA as RUN_ALPHA, TestBoots,
+    BootSummary, Comparison, EngineBoot, VerdictLeaning, MIN_BOOTS_DIRECTIONAL, RUN_ALPHA as RUN_ALPHA, TestBoots,
     VerdictKind, band_log, compare_boots, family_critical as family_critical,
 )
 from pytest_kimiperf.judge.verdicts import (
@@ -109,7 +109,7 @@ OUTCOME_PROPERTY = "kimiperf_outcome"
 CAUSE_PROPERTY = "kimiperf_invalid_cause"
 
 
-class Outcome(str, enum.Enum):
+class PerfOutcome(str, enum.Enum):
     """How one test ended, as the run's exit status counts it."""
 
     PASSED = "passed"
@@ -125,18 +125,18 @@ def missing_baselines(result: TestResult) -> list[BaselineLine]:
             if m.baseline_line is not None and m.baseline_line.state.missing]
 
 
-def outcome_of(result: TestResult) -> Outcome:
+def outcome_of(result: TestResult) -> PerfOutcome:
     """The outcome of a result whose failures are final (after :func:`decide_test`)."""
     if not result.failures:
-        return Outcome.PASSED
+        return PerfOutcome.PASSED
     if result.invalid is not None:
-        return Outcome.INVALID
+        return PerfOutcome.INVALID
     if all(isinstance(failure, Unresolved) for failure in result.failures):
-        return Outcome.UNRESOLVED
-    return Outcome.FAILED
+        return PerfOutcome.UNRESOLVED
+    return PerfOutcome.FAILED
 
 
-def decide_test(result: TestResult, *, missing_baseline_fails: bool) -> Outcome:
+def decide_test(result: TestResult, *, missing_baseline_fails: bool) -> PerfOutcome:
     """Finish one judged test boot: under ``--kimiperf-missing-baseline=fail``
     (``missing_baseline_fails``) the metrics without a baseline here become one more failure of
     ``result``; then the test's outcome. A result the gate left without failures passes."""
@@ -146,15 +146,15 @@ def decide_test(result: TestResult, *, missing_baseline_fails: bool) -> Outcome:
     return outcome_of(result)
 
 
-def failed_outcome(when: str, user_properties: Iterable[tuple[str, object]]) -> Outcome:
+def failed_outcome(when: str, user_properties: Iterable[tuple[str, object]]) -> PerfOutcome:
     """A failed test report's outcome: its call phase's ``kimiperf_outcome`` property, else FAILED
     (a setup error, a failed teardown, a test that is no perf test)."""
     if when == "call":
         marked = {value for name, value in user_properties if name == OUTCOME_PROPERTY}
-        for outcome in (Outcome.INVALID, Outcome.UNRESOLVED):
+        for outcome in (PerfOutcome.INVALID, PerfOutcome.UNRESOLVED):
             if outcome.value in marked:
                 return outcome
-    return Outcome.FAILED
+    return PerfOutcome.FAILED
 
 
 def invalid_cause(when: str, user_properties: Iterable[tuple[str, object]]) -> str | None:
@@ -169,19 +169,19 @@ class FailedTests:
     """The run's failed test reports, by outcome (a test can fail in setup, call and teardown:
     each report counts)."""
 
-    by_outcome: dict[Outcome, list[str]] = field(default_factory=dict)
+    by_outcome: dict[PerfOutcome, list[str]] = field(default_factory=dict)
     invalid_causes: list[str] = field(default_factory=list)
 
-    def add(self, nodeid: str, outcome: Outcome, cause: str | None = None) -> None:
+    def add(self, nodeid: str, outcome: PerfOutcome, cause: str | None = None) -> None:
         self.by_outcome.setdefault(outcome, []).append(nodeid)
-        if outcome is Outcome.INVALID and cause:
+        if outcome is PerfOutcome.INVALID and cause:
             self.invalid_causes.append(cause)
 
     def causes(self) -> tuple[str, ...]:
         """The INVALID tests' causes, each once, in the order they came."""
         return tuple(dict.fromkeys(self.invalid_causes))
 
-    def tests(self, outcome: Outcome) -> int:
+    def tests(self, outcome: PerfOutcome) -> int:
         """How many distinct tests failed with ``outcome``."""
         return len(dict.fromkeys(self.by_outcome.get(outcome, [])))
 
@@ -233,15 +233,15 @@ def decide_run(pytest_status: int, failed: FailedTests, *, comparisons: Sequence
     UNRESOLVED or INVALID, with an UNRESOLVED one, is :data:`UNRESOLVED_EXIT`. Any other status
     of pytest's (interrupted, a usage error, nothing collected) stands."""
     regressions = control_regressions(comparisons, control=control)
-    invalid, unresolved = failed.tests(Outcome.INVALID), failed.tests(Outcome.UNRESOLVED)
+    invalid, unresolved = failed.tests(PerfOutcome.INVALID), failed.tests(PerfOutcome.UNRESOLVED)
     if regressions or errors:
         end = RunEnd.CONTROL_REGRESSION if regressions else RunEnd.OUTPUT_ERROR
         return RunDecision(EXIT_TESTS_FAILED, end, regressions, tuple(errors), invalid, unresolved, failed.causes())
     status, end = pytest_status, RunEnd.PYTEST
-    if pytest_status == EXIT_TESTS_FAILED and not failed.by_outcome.get(Outcome.FAILED):
-        if failed.by_outcome.get(Outcome.UNRESOLVED):
+    if pytest_status == EXIT_TESTS_FAILED and not failed.by_outcome.get(PerfOutcome.FAILED):
+        if failed.by_outcome.get(PerfOutcome.UNRESOLVED):
             status, end = UNRESOLVED_EXIT, RunEnd.ONLY_UNRESOLVED
-        elif failed.by_outcome.get(Outcome.INVALID):
+        elif failed.by_outcome.get(PerfOutcome.INVALID):
             status, end = INVALID_ONLY_EXIT, RunEnd.ONLY_INVALID
     return RunDecision(status, end, invalid_tests=invalid, unresolved_tests=unresolved, invalid_causes=failed.causes())
 
@@ -284,7 +284,7 @@ def decide_family(comparisons: Sequence[Comparison], alpha: float = RUN_ALPHA) -
     out = list(comparisons)
     for i, kept in zip(judged, keep):
         c = comparisons[i]
-        if c.claim is Leaning.NEITHER or kept:
+        if c.claim is VerdictLeaning.NEITHER or kept:
             continue
         beyond = abs(math.log1p(c.change)) > band_log(c.tolerance)
         out[i] = dataclasses.replace(
@@ -416,7 +416,7 @@ class BootRun:
 
 
 @dataclass(frozen=True)
-class Rules:
+class GateRules:
     """What a run is judged against, from the settings and the deployment.
 
     ``tolerances`` holds the tolerance of every metric judged (marker override, else the
@@ -455,7 +455,7 @@ class Rules:
     @classmethod
     def for_deployment(cls, deployment: Deployment, *, tolerances: Mapping[str, float],
                        canary: Mapping[str, float] | None, boots: int, max_boots: int, strict: bool,
-                       attached: bool = False, family: int | None = None) -> Rules:
+                       attached: bool = False, family: int | None = None) -> GateRules:
         """The deployment's floor and target (scaled to this host's ``canary`` where it declares
         them per canary Mops) and its declared spreads, with the run's boots and strictness."""
         floor, target = deployment.decode_floor_and_target(canary)
@@ -483,7 +483,7 @@ def judge(
     result: TestResult,
     metrics: Sequence[str],
     run: BootRun,
-    rules: Rules,
+    rules: GateRules,
     *,
     baselines: LoadedBaselines | None,
     earlier: TestBoots,
@@ -525,7 +525,7 @@ def judge(
                      current.engine.get(result.boot) if recorded is not None else None)
 
 
-def _check_boot(result: TestResult, run: BootRun, rules: Rules, *, label: str, floor: bool,
+def _check_boot(result: TestResult, run: BootRun, rules: GateRules, *, label: str, floor: bool,
                 slo: Mapping[str, float] | None, goodput: Mapping[str, float] | None) -> None:
     """What this boot alone decides: failed requests, the client's cross-checks, the goodput
     metric, the SLOs and the decode floor."""
@@ -569,7 +569,7 @@ def _with_this_boot(result: TestResult, earlier: TestBoots,
     return current, recorded
 
 
-def _against_baselines(result: TestResult, current: TestBoots, rules: Rules,
+def _against_baselines(result: TestResult, current: TestBoots, rules: GateRules,
                        baselines: LoadedBaselines | None) -> list[Comparison]:
     """Each metric's boots so far against its baseline: the line about it on the result, and the
     comparisons there were."""
@@ -597,7 +597,7 @@ def _against_baselines(result: TestResult, current: TestBoots, rules: Rules,
     return comparisons
 
 
-def _settle(result: TestResult, comparisons: Sequence[Comparison], current: TestBoots, rules: Rules,
+def _settle(result: TestResult, comparisons: Sequence[Comparison], current: TestBoots, rules: GateRules,
             baselines: LoadedBaselines | None) -> int | None:
     """The boot this test asks for next (None: it is settled), or the verdicts and the drift
     test at its last boot."""
@@ -642,7 +642,7 @@ def _left_out(comparison: Comparison, line: BaselineLine, result: TestResult) ->
     return comparison, dataclasses.replace(line, left_out=why)
 
 
-def _check_decode_floor(result: TestResult, run: BootRun, rules: Rules) -> None:
+def _check_decode_floor(result: TestResult, run: BootRun, rules: GateRules) -> None:
     """This boot's single-stream decode median against the deployment's floor and target."""
     decode = result.metrics.get(FLOOR_METRIC) or MetricResult(
         FLOOR_METRIC, "tok/s", "higher_is_better", rules.tolerances[FLOOR_METRIC],

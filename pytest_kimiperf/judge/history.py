@@ -149,7 +149,7 @@ from pytest_kimiperf.judge.notes import Drifted, HistoryModes, HistoryStep, Hist
 from pytest_kimiperf.judge.stats import (
     MIN_BOOTS_DIRECTIONAL,
     Comparison,
-    Leaning,
+    VerdictLeaning,
     VerdictKind,
     band_log,
     compare_boots,
@@ -167,7 +167,7 @@ MIN_SEGMENT = 2
 # threshold of 0.01 as about 1% false positives per series; ours is that budget per run.
 STEP_ALPHA = 0.01
 # The histories a run tests where the caller does not say: the shipped suite's gated metrics
-# under two profiles (12 x 2). The gate passes its own count (gate.Rules.family).
+# under two profiles (12 x 2). The gate passes its own count (gate.GateRules.family).
 DEFAULT_HISTORIES = 24
 # 1.4826 * MAD estimates an SD robustly; a difference of two boots has sqrt(2) times a boot's SD.
 _MAD_TO_SD = 1.4826
@@ -479,17 +479,17 @@ def _judge_modes(current: Sequence[BootSummary], modes: Modes, direction: Direct
     all_better = reading(better, every=better)
     if least.verdict is VerdictKind.REGRESSION and most.verdict is VerdictKind.REGRESSION:
         comparison, disagree = least, False
-    elif least.claim is Leaning.WORSE and most.claim is Leaning.WORSE:
+    elif least.claim is VerdictLeaning.WORSE and most.claim is VerdictLeaning.WORSE:
         # Worse under every placing, beyond the tolerance not under all: the sign without its size.
         comparison = dataclasses.replace(least, verdict=VerdictKind.CHANGED_SIZE_UNRESOLVED)
         disagree = False
-    elif all_better.claim is Leaning.BETTER:
+    elif all_better.claim is VerdictLeaning.BETTER:
         comparison, disagree = all_better, False
     else:
         # A sign another likely placing does not share: no sign, and the figures of the reading
         # least in the build's favour, so that a gate run that may be slower asks for another
         # boot.
-        disagree = least.claim is not Leaning.NEITHER
+        disagree = least.claim is not VerdictLeaning.NEITHER
         comparison = min((least, all_better), key=lambda c: c.gain) if disagree else least
     hits, placed, share, p = mode_frequency(current, modes, worse=worse, sides=sides)
     verdict, decided = comparison.verdict, ""

@@ -110,7 +110,7 @@ import sys
 from scipy import stats as scipy_stats
 
 from pytest_kimiperf.config.deployments import DEFAULT_LEVEL_SPREAD_DF, LEVELS, Spreads
-from pytest_kimiperf.judge.notes import HistoryModes, LevelSpread, Note, Plan, SpreadSeen, SpreadSource, note_kind
+from pytest_kimiperf.judge.notes import HistoryModes, LevelSpread, Note, ResolvePlan, SpreadSeen, SpreadSource, note_kind
 from pytest_kimiperf.judge.stats import (
     BootSummary, Comparison, DETECTION_POWER, GATE_CRITICAL, LevelTerm, MIN_BOOTS_DIRECTIONAL, RUN_ALPHA,
     VerdictKind, boot_floor, critical_at, pooled_variance, satterthwaite_df, within_sessions,
@@ -834,7 +834,7 @@ def critical_of(c: Comparison) -> float:
     return GATE_CRITICAL
 
 
-def plan(c: Comparison, *, target: float | None = None) -> Plan | None:
+def plan(c: Comparison, *, target: float | None = None) -> ResolvePlan | None:
     """What the planner says next to an unresolved or "no detectable change" verdict: in
     boots of this run, or, where the session and host levels stand in the way, in sessions
     (reports/sentences.py says it). None where the comparison has no spread to plan with."""
@@ -846,9 +846,9 @@ def plan(c: Comparison, *, target: float | None = None) -> Plan | None:
     n = boots_needed(goal, spread, tolerance=c.tolerance, reference_boots=c.boots_reference, fixed_var=fixed,
                      critical=critical_of(c))
     if n is None and fixed > 0:
-        return Plan(goal, spread, c.boots_reference, sessions=_sessions_needed(c, goal),
+        return ResolvePlan(goal, spread, c.boots_reference, sessions=_sessions_needed(c, goal),
                     levels=tuple(t.level for t in c.levels), boots_per_session=MIN_BOOTS_DIRECTIONAL)
-    return Plan(goal, spread, c.boots_reference, boots=n, boots_per_session=MIN_BOOTS_DIRECTIONAL)
+    return ResolvePlan(goal, spread, c.boots_reference, boots=n, boots_per_session=MIN_BOOTS_DIRECTIONAL)
 
 
 def _fraction(text: str) -> float:

@@ -592,7 +592,7 @@ class SoftFingerprint(Note):
 
 @note_kind("plan")
 @dataclass(frozen=True)
-class Plan(Note):
+class ResolvePlan(Note):
     """What would resolve a change of ``goal`` (judge/noise.py): ``boots`` of this profile
     against the baseline's; or (``boots`` None) ``sessions`` of it where the session and host
     ``levels`` stand in the way; or, with neither, a wider tolerance (``levels`` set) or more

@@ -767,7 +767,7 @@ def session_plan(*, profiles: int, boots: int, max_boots: int, control: bool) ->
     return SequentialPlan(boots, max(max_boots, boots))
 
 
-class Step(Enum):
+class LookStep(Enum):
     """What a look decides: stop with its verdict, or book one more boot of each side."""
 
     STOP = "stop"
@@ -775,25 +775,25 @@ class Step(Enum):
 
 
 @dataclass(frozen=True)
-class Decision:
+class LookDecision:
     """A look's step and why: ``decided`` (a direction or "within"), ``cap`` (no more boots
     allowed) or ``undecided`` (book one more boot a side)."""
 
-    step: Step
+    step: LookStep
     why: str
     boots: int
 
 
-def next_step(comparison: Comparison, plan: SequentialPlan) -> Decision:
+def next_step(comparison: Comparison, plan: SequentialPlan) -> LookDecision:
     """After a look (``comparison`` judged at this look's levels, :func:`compare_in_session`
     with the plan in its rules): stop at a verdict that answers the question or at the cap,
     otherwise book one more boot of each side."""
     boots = min(comparison.boots_current, comparison.boots_reference)
     if comparison.verdict in _DECIDED:
-        return Decision(Step.STOP, "decided", boots)
+        return LookDecision(LookStep.STOP, "decided", boots)
     if plan.final(boots):
-        return Decision(Step.STOP, "cap", boots)
-    return Decision(Step.BOOK, "undecided", boots)
+        return LookDecision(LookStep.STOP, "cap", boots)
+    return LookDecision(LookStep.BOOK, "undecided", boots)
 
 
 def profiles_to_book(boots: Mapping[str, Sequence[BootSummary]], reference: str, *, direction: Direction,
@@ -812,6 +812,6 @@ def profiles_to_book(boots: Mapping[str, Sequence[BootSummary]], reference: str,
         if profile == reference:
             continue
         comparison = compare_in_session(current, ref, direction=direction, tolerance=tolerance, rules=rules)
-        if next_step(comparison, plan).step is Step.BOOK:
+        if next_step(comparison, plan).step is LookStep.BOOK:
             booked += [profile] if reference in booked else [reference, profile]
     return tuple(booked)

@@ -634,7 +634,7 @@ class VerdictKind(str, Enum):
     NOT_JUDGED = "not judged"
 
 
-class Leaning(int, Enum):
+class VerdictLeaning(int, Enum):
     """Where a verdict stands on the one scale verdicts are ordered by: the build reads worse,
     neither way, or better. Every invariant of docs/explanation/statistics.md ("moving every
     current boot the bad way never gives a better verdict", "swapping the sides swaps better
@@ -645,24 +645,24 @@ class Leaning(int, Enum):
     BETTER = 1
 
     @property
-    def mirrored(self) -> Leaning:
+    def mirrored(self) -> VerdictLeaning:
         """The leaning with the sides swapped."""
-        return Leaning(-self.value)
+        return VerdictLeaning(-self.value)
 
 
-def leaning(verdict: VerdictKind) -> Leaning:
+def leaning(verdict: VerdictKind) -> VerdictLeaning:
     """The order of verdicts, defined once: REGRESSION < every verdict that claims no direction
     (within tolerance, no detectable change, changed with its size unresolved, inconclusive, and
     those that compare nothing) < IMPROVEMENT."""
     match verdict:
         case VerdictKind.REGRESSION:
-            return Leaning.WORSE
+            return VerdictLeaning.WORSE
         case VerdictKind.IMPROVEMENT:
-            return Leaning.BETTER
+            return VerdictLeaning.BETTER
         case (VerdictKind.WITHIN_TOLERANCE | VerdictKind.NO_DETECTABLE_CHANGE | VerdictKind.CHANGED_SIZE_UNRESOLVED
               | VerdictKind.INCONCLUSIVE | VerdictKind.INSUFFICIENT_SAMPLES | VerdictKind.NOT_COMPARABLE
               | VerdictKind.NOT_JUDGED):
-            return Leaning.NEITHER
+            return VerdictLeaning.NEITHER
         case _:
             assert_never(verdict)
 
@@ -747,12 +747,12 @@ class Comparison:
         return self.change if self.direction is Direction.HIGHER_IS_BETTER else -self.change
 
     @property
-    def claim(self) -> Leaning:
+    def claim(self) -> VerdictLeaning:
         """Which way this comparison says the metric moved: a direction's leaning, the side of
         its estimate for a change with its size unresolved, NEITHER for every verdict that states
         no sign. Every sign comes from the run's budget (:data:`RUN_ALPHA`), as a direction does."""
         if self.verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED:
-            return Leaning.BETTER if self.gain > 0 else Leaning.WORSE
+            return VerdictLeaning.BETTER if self.gain > 0 else VerdictLeaning.WORSE
         return leaning(self.verdict)
 
     @property

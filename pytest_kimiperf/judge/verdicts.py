@@ -26,7 +26,7 @@ from pytest_kimiperf.judge.notes import FloorResult
 from pytest_kimiperf.judge.noise import CanaryCheck
 from pytest_kimiperf.judge.noise import BootOrigin
 from pytest_kimiperf.judge.notes import (
-    FloorNote, LeftOut, Note, Plan, Unresolved, note_from_json, note_kind, notes_from_json,
+    FloorNote, LeftOut, Note, ResolvePlan, Unresolved, note_from_json, note_kind, notes_from_json,
 )
 from pytest_kimiperf.judge.stats import Comparison
 from pytest_kimiperf.measure.results import RunSummary
@@ -144,7 +144,7 @@ class VerdictNote(Note):
     an improvement is there to adopt."""
 
     comparison: Comparison
-    plan: Plan | None = None
+    plan: ResolvePlan | None = None
     adopt: bool = False
 
     decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"comparison": Comparison.from_dict}

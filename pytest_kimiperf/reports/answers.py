@@ -49,11 +49,11 @@ import enum
 
 from pytest_kimiperf.config.metric_specs import METRICS, SampleKind, metric_spec
 from pytest_kimiperf.judge.engine_clock import EngineChange, engine_change, two_clocks_of
-from pytest_kimiperf.judge.gate import Outcome, outcome_of
+from pytest_kimiperf.judge.gate import PerfOutcome, outcome_of
 from pytest_kimiperf.judge.noise import misdeclared
 from pytest_kimiperf.judge.notes import BootsForWithin
 from pytest_kimiperf.judge.profiles import WITHIN_INTERVAL
-from pytest_kimiperf.judge.stats import Comparison, Leaning, VerdictKind, leaning
+from pytest_kimiperf.judge.stats import Comparison, VerdictLeaning, VerdictKind, leaning
 from pytest_kimiperf.judge.verdicts import BaselineState, MissingBaselines as MissingBaselineNote, TestResult
 from pytest_kimiperf.measure.coverage import CLIENT_REASONS, Coverage, StreamShape
 from pytest_kimiperf.measure.invalid_causes import advice_for
@@ -433,7 +433,7 @@ def baseline_rows(report: SessionReport) -> list[CompactRow]:
 
 
 @dataclass(frozen=True)
-class MissingBaselines:
+class MissingBaselineWarning:
     """The tests, profiles and metrics that had no baseline for this machine's fingerprint."""
 
     fingerprint: str
@@ -465,7 +465,7 @@ class MissingBaselines:
         return select_hardware(self.recorded_hardware) + ("" if gate else f"; if the hardware is new, {record}")
 
 
-def missing_baselines(results: Sequence[TestResult], fingerprint: str) -> MissingBaselines | None:
+def missing_baselines(results: Sequence[TestResult], fingerprint: str) -> MissingBaselineWarning | None:
     """What had no baseline on this hardware in ``results`` (None when nothing is missing)."""
     tests: dict[str, tuple[list[str], list[str]]] = {}
     seen: set[tuple[str, str, str]] = set()
@@ -482,7 +482,7 @@ def missing_baselines(results: Sequence[TestResult], fingerprint: str) -> Missin
             if label not in labels:
                 labels.append(label)
             seen.add((res.test, res.profile, metric))
-    return MissingBaselines(fingerprint, tests, len(seen), recorded) if tests else None
+    return MissingBaselineWarning(fingerprint, tests, len(seen), recorded) if tests else None
 
 
 def _boots_per_profile(results: Sequence[TestResult]) -> int:
@@ -605,7 +605,7 @@ def _primary_rows(rows: Sequence[CompactRow], report: SessionReport) -> list[Com
     return list(chosen.values())
 
 
-class Tone(enum.Enum):
+class AnswerTone(enum.Enum):
     """How loud an answer is said: a failed check or a run with no verdict, a worse figure, or
     neither."""
 
@@ -619,7 +619,7 @@ class Answer:
     """One line of the summary's answers, and how loud it is, decided from the facts it says."""
 
     text: str
-    tone: Tone = Tone.PLAIN
+    tone: AnswerTone = AnswerTone.PLAIN
 
 
 def answer_lines(report: SessionReport) -> list[Answer]:
@@ -649,14 +649,14 @@ def answer_lines(report: SessionReport) -> list[Answer]:
         answers.append(Answer(uncounted))
     floor = _floor_line(report)
     if floor is not None:
-        answers.append(Answer(floor[0], Tone.LOUD if floor[1] else Tone.PLAIN))
+        answers.append(Answer(floor[0], AnswerTone.LOUD if floor[1] else AnswerTone.PLAIN))
     answers += [Answer(line) for line in _not_compared(report)]
     spreads = spread_line(report)
     if spreads is not None:
         answers.append(Answer(spreads))
     invalid = _invalid_line(report)
     if invalid:
-        answers.append(Answer(invalid, Tone.LOUD))
+        answers.append(Answer(invalid, AnswerTone.LOUD))
     return answers
 
 
@@ -674,10 +674,10 @@ def spread_line(report: SessionReport) -> str | None:
     return None if note is None else note_text(note)
 
 
-def _tone(row: CompactRow) -> Tone:
+def _tone(row: CompactRow) -> AnswerTone:
     """WORSE where the row's verdict leans worse (a slower profile, a regression), else PLAIN."""
     c = row.comparison
-    return Tone.WORSE if c is not None and not row.note and leaning(c.verdict) is Leaning.WORSE else Tone.PLAIN
+    return AnswerTone.WORSE if c is not None and not row.note and leaning(c.verdict) is VerdictLeaning.WORSE else AnswerTone.PLAIN
 
 
 def _invalid_line(report: SessionReport) -> str | None:
@@ -757,13 +757,13 @@ def _floor_line(report: SessionReport) -> tuple[str, bool] | None:
 def run_verdict(report: SessionReport) -> str:
     """``passed``, or ``FAILED`` with what failed it, as the run's answer opens."""
     outcomes = [outcome_of(res) for res in report.results]  # as judge/gate.py decided each
-    failed = sum(o in (Outcome.FAILED, Outcome.UNRESOLVED) for o in outcomes) + len(report.control_regressions())
-    invalid = outcomes.count(Outcome.INVALID)
+    failed = sum(o in (PerfOutcome.FAILED, PerfOutcome.UNRESOLVED) for o in outcomes) + len(report.control_regressions())
+    invalid = outcomes.count(PerfOutcome.INVALID)
     parts = []
     if failed:
         parts.append(f"{failed} test boot{'s' * (failed != 1)} failed")
     if invalid:
-        causes = [res.invalid_cause for res in report.results if res.invalid_cause and outcome_of(res) is Outcome.INVALID]
+        causes = [res.invalid_cause for res in report.results if res.invalid_cause and outcome_of(res) is PerfOutcome.INVALID]
         parts.append(f"{invalid} INVALID ({advice_for(causes) or 'each line says why'})")
     return f"FAILED ({', '.join(parts)})" if parts else "passed"
 

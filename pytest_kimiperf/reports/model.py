@@ -28,7 +28,7 @@ from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.judge.gate import RunDecision
 from pytest_kimiperf.judge.history import NotAppended
 from pytest_kimiperf.judge.profiles import InSessionRules, ProfileComparison, profile_comparisons
-from pytest_kimiperf.judge.stats import Comparison, Leaning, leaning
+from pytest_kimiperf.judge.stats import Comparison, VerdictLeaning, leaning
 from pytest_kimiperf.judge.verdicts import BaselineLine, MetricResult, TestResult
 from pytest_kimiperf.numbers import fmt_value
 from pytest_kimiperf.reports.nccl import NcclDebugCheck
@@ -505,11 +505,11 @@ def profile_verdict(comparison: Comparison) -> str:
     """
     # By the verdict's leaning (stats.leaning, which names every kind): a new kind needs no words here.
     match lean := leaning(comparison.verdict):
-        case Leaning.WORSE:
+        case VerdictLeaning.WORSE:
             return "worse"
-        case Leaning.BETTER:
+        case VerdictLeaning.BETTER:
             return "better"
-        case Leaning.NEITHER:
+        case VerdictLeaning.NEITHER:
             return str(comparison.verdict.value)
         case _:
             assert_never(lean)

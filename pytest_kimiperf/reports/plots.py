@@ -53,7 +53,7 @@ from pytest_kimiperf.config.metric_specs import Direction, METRICS, SampleKind
 from pytest_kimiperf.errors import ConfigError, KimiperfError
 from pytest_kimiperf.judge.baselines import BaselineEntry, BaselineFile
 from pytest_kimiperf.judge.notes import HistoryStep, HistorySteps
-from pytest_kimiperf.judge.stats import Comparison, Leaning, leaning
+from pytest_kimiperf.judge.stats import Comparison, VerdictLeaning, leaning
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 from pytest_kimiperf.numbers import finite_only, fmt_change, fmt_ci, fmt_value
 from pytest_kimiperf.reports.answers import interval_level
@@ -133,11 +133,11 @@ class ChangeRow:
 def verdict_colour(comparison: Comparison) -> str:
     """Red for worse, green for better, grey for every verdict that found no direction."""
     match lean := leaning(comparison.verdict):  # stats.leaning names every kind
-        case Leaning.WORSE:
+        case VerdictLeaning.WORSE:
             return _WORSE_COLOUR
-        case Leaning.BETTER:
+        case VerdictLeaning.BETTER:
             return _BETTER_COLOUR
-        case Leaning.NEITHER:
+        case VerdictLeaning.NEITHER:
             return NO_FINDING_COLOUR
         case _:
             assert_never(lean)

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import assert_never
 
 from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, Direction, metric_spec
-from pytest_kimiperf.judge.engine_clock import UNPLACED_DF, Part, TwoClocks, UnplacedWhy, Where
+from pytest_kimiperf.judge.engine_clock import UNPLACED_DF, Part, TwoClocks, UnplacedWhy, ChangeLocation
 from pytest_kimiperf.judge.history import AppendWhy, NotAppended
 from pytest_kimiperf.measure.invalid_causes import advice_for
 from pytest_kimiperf.measure.results import withheld_words
@@ -25,7 +25,7 @@ from pytest_kimiperf.judge.noise import CanaryCheck
 from pytest_kimiperf.judge.notes import (
     BootAsked, BootPlanned, BootsBooked, BootsForWithin, BootsToDecide, DeclaredModes, FailedRequests, FloorNote,
     ChangeSoFar, GoodputSlos, HistoryModes, HistoryStep, HistorySteps, HostWatched, InvalidRun, LeftOut, LevelSpread,
-    MeasuredAgain, NeedsBoots, NoDecode, Note, Plan, PrefixCacheReused, SavedLine, SloCheck, SoftFingerprint,
+    MeasuredAgain, NeedsBoots, NoDecode, Note, ResolvePlan, PrefixCacheReused, SavedLine, SloCheck, SoftFingerprint,
     SpreadSource, TooFewSamples, Unresolved, Drifted,
 )
 from pytest_kimiperf.judge.noise import SpreadBeyond, SpreadsMisdeclared
@@ -234,8 +234,8 @@ _CLIENT_FIGURE = {"tpot": ("client", " a token"), "ttft": ("client TTFT", "")}
 _ENGINE_FIGURE = {"tpot": "engine", "ttft": "engine queue+prefill"}
 _ENGINE_RELATIVE = {"tpot": "engine time per token", "ttft": "engine queue+prefill"}
 _WHERE_WORDS = {
-    Where.ENGINE: "the engine's",
-    Where.OUTSIDE: "outside the engine (API server, network or client)",
+    ChangeLocation.ENGINE: "the engine's",
+    ChangeLocation.OUTSIDE: "outside the engine (API server, network or client)",
 }
 
 
@@ -270,17 +270,17 @@ def _(note: TwoClocks) -> str:
         text = (f"{client} {_ms(note.client_ms)} ms{per}, {_ENGINE_FIGURE[note.figure]} {_ms(note.engine.ms)}{unit} "
                 f"({_ms_interval(note.engine)}, {level})")
         match note.where:
-            case Where.ENGINE | Where.OUTSIDE:
+            case ChangeLocation.ENGINE | ChangeLocation.OUTSIDE:
                 text += f": {_WHERE_WORDS[note.where]}"
-            case Where.BOTH:
+            case ChangeLocation.BOTH:
                 share = note.engine.ms / note.client_ms
                 text += (f": both: the engine's {share:.0%} of it, outside {_ms(note.outside.ms)}{unit} "
                          f"({_ms_interval(note.outside)})")
-            case Where.UNPLACED if note.why is UnplacedWhy.FEW_DF:
+            case ChangeLocation.UNPLACED if note.why is UnplacedWhy.FEW_DF:
                 df = min(note.engine.df, note.outside.df)
                 text += (f": unplaced: {note.boots_current} vs {note.boots_reference} boots give {df:.1f} degrees "
                          f"of freedom, too few to place it (more than {UNPLACED_DF:g})")
-            case Where.UNPLACED:
+            case ChangeLocation.UNPLACED:
                 text += ": unplaced: neither the engine's part nor the part outside it moved a material share on its own"
             case _:
                 pass
@@ -389,7 +389,7 @@ def _(note: LeftOut) -> str:
 
 
 @note_text.register
-def _(note: Plan) -> str:
+def _(note: ResolvePlan) -> str:
     goal = fmt_tolerance(note.goal)
     if note.boots is None and note.levels:
         level = ", ".join(level_spread_text(ls) for ls in note.levels)

@@ -49,7 +49,7 @@ from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.measure.invalid_causes import advice_for
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_spread, fmt_value
 from pytest_kimiperf.reports.answers import (
-    CompactRow, Tone, answer_lines, baseline_rows, failure_lines, measured_lines, outcome_line, profile_rows,
+    CompactRow, AnswerTone, answer_lines, baseline_rows, failure_lines, measured_lines, outcome_line, profile_rows,
     run_verdict, unmeasured_line,
 )
 from pytest_kimiperf.reports.model import (
@@ -258,7 +258,7 @@ def _answer_section(report: SessionReport) -> list[TerminalLine]:
     return lines
 
 
-_TONE_MARKUP: Mapping[Tone, Mapping[str, bool]] = {Tone.LOUD: LOUD, Tone.WORSE: _RED, Tone.PLAIN: {}}
+_TONE_MARKUP: Mapping[AnswerTone, Mapping[str, bool]] = {AnswerTone.LOUD: LOUD, AnswerTone.WORSE: _RED, AnswerTone.PLAIN: {}}
 
 
 def _compact_table(rows: Sequence[CompactRow]) -> list[TerminalLine]:

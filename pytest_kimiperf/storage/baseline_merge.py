@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from pytest_kimiperf.errors import BaselineError
-from pytest_kimiperf.judge.baselines import HISTORY_BOOTS, BaselineBoot, BaselineEntry, BaselineFile, Night
+from pytest_kimiperf.judge.baselines import HISTORY_BOOTS, BaselineBoot, BaselineEntry, BaselineFile, AppendedNight
 from pytest_kimiperf.judge.baselines import Fingerprint
 from pytest_kimiperf.storage.baselines import dumps_baseline, entry_json, parse_baseline, record_json
 
@@ -53,7 +53,7 @@ _DRIVER_NAME = "kimiperf-baselines"
 # A boot's identity on one side: its JSON text, and which repeat of that text it is (a history
 # holding the same boot twice keeps both through a merge).
 _BootKey = tuple[str, int]
-_H = TypeVar("_H", BaselineBoot, Night)
+_H = TypeVar("_H", BaselineBoot, AppendedNight)
 
 
 class BaselineConflict(BaselineError):
@@ -167,7 +167,7 @@ def _keyed(boots: Sequence[_H]) -> list[tuple[_BootKey, _H]]:
     return out
 
 
-def _order(key: _BootKey, boot: BaselineBoot | Night) -> tuple[str, str, str, int]:
+def _order(key: _BootKey, boot: BaselineBoot | AppendedNight) -> tuple[str, str, str, int]:
     # recorded_at is "%Y-%m-%dT%H:%M:%SZ" (baselines.make_entry), so text order is time order;
     # one session's boots share it, and the rest only makes the order the same either way round.
     origin = boot.origin if isinstance(boot, BaselineBoot) else None

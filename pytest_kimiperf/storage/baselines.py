@@ -31,7 +31,7 @@ from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.config.names import check_safe_name
 from pytest_kimiperf.errors import BaselineError
 from pytest_kimiperf.files import write_atomically
-from pytest_kimiperf.judge.baselines import BaselineBoot, BaselineEntry, BaselineFile, LoadedBaselines, Night
+from pytest_kimiperf.judge.baselines import BaselineBoot, BaselineEntry, BaselineFile, LoadedBaselines, AppendedNight
 from pytest_kimiperf.judge.baselines import append_history, round_figure
 from pytest_kimiperf.judge.stats import EngineBoot, summarize_boot
 from pytest_kimiperf.judge.baselines import Fingerprint
@@ -48,10 +48,10 @@ _RESTORE_HINT = (
 )
 
 
-def record_json(record: BaselineBoot | Night) -> dict[str, Any]:
+def record_json(record: BaselineBoot | AppendedNight) -> dict[str, Any]:
     """A boot or a night as stored in the file (a boot's ``origin`` only where known: older
     files stay as they were)."""
-    if isinstance(record, Night):
+    if isinstance(record, AppendedNight):
         return {"median": record.median, "boots": record.boots, "recorded_at": record.recorded_at,
                 "git_commit": record.git_commit}
     out: dict[str, Any] = {"median": record.median, "n": record.n, "se_log": record.se_log,
@@ -234,7 +234,7 @@ def _record_with_median(raw: object, index: int, where: str) -> dict[str, Any]:
     return raw
 
 
-def _parse_night(raw: object, index: int, where: str = "nights") -> Night:
+def _parse_night(raw: object, index: int, where: str = "nights") -> AppendedNight:
     raw = _record_with_median(raw, index, where)
     boots = raw.get("boots")
     if not isinstance(boots, int) or isinstance(boots, bool) or boots < 1:
@@ -242,7 +242,7 @@ def _parse_night(raw: object, index: int, where: str = "nights") -> Night:
     commit = raw.get("git_commit")
     if commit is not None and not isinstance(commit, str):
         raise TypeError(f"{where}[{index}].git_commit must be a string or null")
-    return Night(median=float(raw["median"]), boots=boots, recorded_at=str(raw.get("recorded_at") or ""),
+    return AppendedNight(median=float(raw["median"]), boots=boots, recorded_at=str(raw.get("recorded_at") or ""),
                  git_commit=commit)
 
 

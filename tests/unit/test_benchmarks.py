@@ -57,7 +57,7 @@ def test_the_replay_judges_real_shaped_sessions_and_an_aa_pair_never_alarms(tmp_
 def test_a_host_twice_as_slow_never_gets_a_directional_verdict_in_the_simulation() -> None:
     gate_power = _load("gate_power")
     noise = gate_power.Noise(0.01, 0.02, 0.005, history_sessions=10, host_factor=0.5)
-    rules = gate_power.Rules(0.03, gate_power.Spreads(0.01, 0.01, 0.02), 3)
+    rules = gate_power.GateRules(0.03, gate_power.Spreads(0.01, 0.01, 0.02), 3)
     cell = gate_power.run_cell(noise, trials=5, history_boots=10, rules=rules, seed=1)
     assert cell.false_alarm_per_session.hits == 0 and cell.detect_2x.hits == 0
 
@@ -81,7 +81,7 @@ def test_a_stepped_history_hides_a_regression_as_one_pool_and_not_as_its_last_se
     # The older half of the history 5% slower: pooled, its centre sits below the current level
     # and a regression of twice the tolerance reads as half of one.
     gate_power = _load("gate_power")
-    rules = gate_power.Rules(0.03, gate_power.Spreads(0.01, 0.01, 0.02), 3, boots=2)
+    rules = gate_power.GateRules(0.03, gate_power.Spreads(0.01, 0.01, 0.02), 3, boots=2)
     cells = [gate_power.run_cell(gate_power.Noise(0.01, 0.02, 0.005, session_sd=0.01, history_sessions=10,
                                                   history_boots=10, history_step=-0.05, segment=segment),
                                  trials=8, history_boots=10, rules=rules, seed=5)
@@ -111,7 +111,7 @@ def test_the_calibration_runs_the_declared_shapes_under_each_critical_value_and_
     assert [c.label for c in cells] == [f"{truth}; history {k} x {n}" for truth in ("boot 1%", "boot 1%, session 1%")
                                         for k, n in ((1, 5), (3, 2), (10, 1), (20, 1))]
     kept = stats.GATE_CRITICAL
-    rules = gate_power.Rules(0.03, gate_power.Spreads(0.01, 0.01, 0.02), 3)
+    rules = gate_power.GateRules(0.03, gate_power.Spreads(0.01, 0.01, 0.02), 3)
     out = gate_power.calibrate(args, rules)
     assert stats.GATE_CRITICAL == kept and set(out) == {"3", "9"}
     # Nine standard errors convict nothing a doubling of the tolerance gives with these spreads.
@@ -123,7 +123,7 @@ def test_the_mode_cells_judge_jointly_and_alone_and_a_run_always_in_the_slow_mod
     args = argparse.Namespace(drift=0.005)
     cells = gate_power.mode_cells(args)
     assert [(c.first_only, c.joint) for c in cells[:4]] == [(False, True), (False, False), (True, True), (True, False)]
-    rules = gate_power.Rules(0.03, gate_power.Spreads(0.01, 0.01, 0.02), 3, boots=2)
+    rules = gate_power.GateRules(0.03, gate_power.Spreads(0.01, 0.01, 0.02), 3, boots=2)
     always_slow = cells[-1]
     assert always_slow.current_slow_share == 1.0
     cell = gate_power.run_cell(always_slow, trials=3, history_boots=20, rules=rules, seed=1)
@@ -141,7 +141,7 @@ def test_the_suite_aa_run_counts_both_profiles_against_their_histories_and_again
 
     world = gate_power.World(gate_power.Noise(0.01, 0.02, 0.005, session_sd=0.01, history_sessions=3,
                                               history_boots=6), np.random.default_rng(2))
-    rules = gate_power.Rules(0.03, gate_power.Spreads(0.01, 0.01, 0.02), 3, boots=2)
+    rules = gate_power.GateRules(0.03, gate_power.Spreads(0.01, 0.01, 0.02), 3, boots=2)
     runs = [suite_aa.suite_run(world, rules, 6, InSessionRules(boot_spread=0.01)) for _ in range(3)]
     # 2 profiles x the 10 gated metrics of gate_power's suite against their histories; seeded:
     # these three runs, unchanged and declared as they are, get no direction.

@@ -80,21 +80,21 @@ import numpy as np  # noqa: E402
 from pytest_kimiperf.errors import BaselineError  # noqa: E402
 from pytest_kimiperf.judge import baselines  # noqa: E402
 from pytest_kimiperf.judge import stats as boots  # noqa: E402
-from pytest_kimiperf.judge.baselines import Night  # noqa: E402
+from pytest_kimiperf.judge.baselines import AppendedNight  # noqa: E402
 from pytest_kimiperf.storage.baselines import parse_baseline  # noqa: E402
 from pytest_kimiperf.judge.baselines import LoadedBaselines, append_history  # noqa: E402
 from pytest_kimiperf.storage import baselines as storage  # noqa: E402
 from pytest_kimiperf.storage.baselines import load_baselines  # noqa: E402
 from pytest_kimiperf.judge.history import drift_of_entry  # noqa: E402
 from pytest_kimiperf.judge.baselines import Fingerprint  # noqa: E402
-from pytest_kimiperf.judge.gate import BootRun, Rules, judge  # noqa: E402
+from pytest_kimiperf.judge.gate import BootRun, GateRules, judge  # noqa: E402
 from pytest_kimiperf.judge.notes import Drifted  # noqa: E402
 from pytest_kimiperf.judge.verdicts import TestResult  # noqa: E402
 from pytest_kimiperf.reports.sentences import note_text  # noqa: E402
 
 FP = Fingerprint(hard={"gpu.count": "0", "cpu.model": "test", "cpu.cores": "2"}, soft={})
 TEST = "t.py::test"
-RULES = Rules(tolerances={"decode_tok_s": 0.05}, decode_floor_tok_s=1.0, decode_target_tok_s=1.0,
+RULES = GateRules(tolerances={"decode_tok_s": 0.05}, decode_floor_tok_s=1.0, decode_target_tok_s=1.0,
               spreads=Spreads(0.01, 0.01), boots=2, max_boots=2)
 
 
@@ -124,7 +124,7 @@ def _history(tmp_path: Path, per_night: float, nights: int) -> tuple[LoadedBasel
     return load_baselines(tmp_path, "tiny-cpu", FP), math.log1p(per_night) * (nights + 1)
 
 
-def _run_tonight(view: LoadedBaselines, level: float, rules: Rules = RULES) -> TestResult:
+def _run_tonight(view: LoadedBaselines, level: float, rules: GateRules = RULES) -> TestResult:
     rng = np.random.default_rng(5)
     earlier = boots.TestBoots()
     result = None
@@ -222,7 +222,7 @@ def test_the_drift_test_needs_a_night_and_a_usable_boot(tmp_path: Path) -> None:
     assert file is not None
     [entry] = file.entries.values()
     assert drift_of_entry(entry, [BootSummary(100.0, 20, 0.002)], tolerance=0.05, spreads=SPREADS) is None
-    grown = dataclasses.replace(entry, nights=(Night(99.0, 2, "", None),))
+    grown = dataclasses.replace(entry, nights=(AppendedNight(99.0, 2, "", None),))
     assert drift_of_entry(grown, [], tolerance=0.05, spreads=SPREADS) is None
     assert drift_of_entry(grown, [BootSummary(100.0, 20, 0.002)], tolerance=0.05, spreads=SPREADS) is not None
 

@@ -49,9 +49,9 @@ import dataclasses  # noqa: E402
 from pytest_kimiperf.config.metric_specs import Direction  # noqa: E402
 from pytest_kimiperf.judge.stats import BootSummary, EngineBoot  # noqa: E402
 from pytest_kimiperf.judge.engine_clock import (  # noqa: E402
-    MATERIAL_SHARE, TwoClocks, UnplacedWhy, Where, claimed_ms_sign, on_two_clocks, place,
+    MATERIAL_SHARE, TwoClocks, UnplacedWhy, ChangeLocation, claimed_ms_sign, on_two_clocks, place,
 )
-from pytest_kimiperf.judge.stats import Comparison, Leaning, VerdictKind, compare_boots  # noqa: E402
+from pytest_kimiperf.judge.stats import Comparison, VerdictLeaning, VerdictKind, compare_boots  # noqa: E402
 from pytest_kimiperf.reports.sentences import note_text  # noqa: E402
 
 _TEMPLATE = compare_boots([BootSummary(100.0, 20, 0.01)] * 3, [BootSummary(100.0, 20, 0.01)] * 3,
@@ -125,10 +125,10 @@ def test_growing_the_part_outside_the_engine_never_makes_it_the_engines(
     assert before is not None and after is not None
     # A change the client's own means did not show is unplaced whatever the engine did; from
     # every other reading, more time outside the engine never hands the change to the engine.
-    if before.where is not Where.ENGINE and before.why is not UnplacedWhy.MEANS_DISAGREE:
-        assert after.where is not Where.ENGINE, (before, after)
-    if before.where is Where.OUTSIDE:
-        assert after.where is Where.OUTSIDE
+    if before.where is not ChangeLocation.ENGINE and before.why is not UnplacedWhy.MEANS_DISAGREE:
+        assert after.where is not ChangeLocation.ENGINE, (before, after)
+    if before.where is ChangeLocation.OUTSIDE:
+        assert after.where is ChangeLocation.OUTSIDE
 
 
 @settings(derandomize=True, deadline=None, database=None, max_examples=300)
@@ -140,8 +140,8 @@ def test_the_words_never_state_a_sign_the_clients_comparison_did_not(
     clocks = place(metric, client, _boots(figure, _pairs(current)), _boots(figure, _pairs(reference)))
     assert clocks is not None
     words = note_text(clocks)
-    if client.claim is Leaning.NEITHER:
-        assert clocks.where is Where.NO_CLAIM
+    if client.claim is VerdictLeaning.NEITHER:
+        assert clocks.where is ChangeLocation.NO_CLAIM
         assert "client" not in words and "the engine's" not in words and "outside the engine" not in words
         return
     sign = "+" if claimed_ms_sign(client) > 0 else "-"
@@ -160,7 +160,7 @@ def test_the_engine_accounting_for_the_change_says_the_engines() -> None:
     current = [(17.8 + d + o, 17.8 + d) for d, o in ((-0.1, 0.25), (0.0, 0.15), (0.1, 0.2))]
     reference = [(9.9 + d + o, 9.9 + d) for d, o in ((-0.05, 0.02), (0.0, -0.01), (0.05, -0.01))]
     clocks = place("decode_tok_s", _gate_client("decode_tok_s"), _boots("tpot", current), _boots("tpot", reference))
-    assert clocks is not None and clocks.where is Where.ENGINE
+    assert clocks is not None and clocks.where is ChangeLocation.ENGINE
     assert note_text(clocks).startswith("client +8.1 ms a token, engine +7.9 (")
     assert note_text(clocks).endswith(": the engine's")
 
@@ -170,7 +170,7 @@ def test_a_small_engine_change_beside_a_large_one_outside_says_outside_the_engin
     current = [(150.0 + d, 31.0 + d / 10) for d in (-2.0, 0.0, 2.0)]
     reference = [(100.0 + d, 30.0 + d / 10) for d in (-2.0, 0.0, 2.0)]
     clocks = place("ttft_ms", _gate_client("ttft_ms"), _boots("ttft", current), _boots("ttft", reference))
-    assert clocks is not None and clocks.where is Where.OUTSIDE
+    assert clocks is not None and clocks.where is ChangeLocation.OUTSIDE
     assert clocks.engine is not None and clocks.engine.low > 0  # the engine did move, by 1 ms of 50
     assert clocks.engine.ms < MATERIAL_SHARE * 50.0
     assert note_text(clocks).startswith("client TTFT +50.0 ms, engine queue+prefill +1.0 ms (")
@@ -181,7 +181,7 @@ def test_two_boots_a_side_place_nothing_whatever_the_figures() -> None:
     # Welch's 1-2 degrees of freedom: one stalled request on one boot widens it past zero.
     current, reference = [(18.0, 17.8), (18.4, 17.9)], [(9.9, 9.9), (10.1, 10.0)]
     clocks = place("decode_tok_s", _gate_client("decode_tok_s"), _boots("tpot", current), _boots("tpot", reference))
-    assert clocks is not None and (clocks.where, clocks.why) == (Where.UNPLACED, UnplacedWhy.FEW_DF)
+    assert clocks is not None and (clocks.where, clocks.why) == (ChangeLocation.UNPLACED, UnplacedWhy.FEW_DF)
     assert "unplaced: 2 vs 2 boots give" in note_text(clocks) and "too few to place it (more than 2)" in note_text(clocks)
 
 

@@ -78,11 +78,11 @@ def test_a_family_takes_the_sign_from_a_change_with_its_size_unresolved_it_does_
 
 def test_the_gate_applies_the_runs_family_critical_value() -> None:
     from pytest_kimiperf.config.deployments import Spreads
-    from pytest_kimiperf.judge.gate import Rules
+    from pytest_kimiperf.judge.gate import GateRules
     from pytest_kimiperf.judge.history import compare_with_history
 
-    rules = Rules({"decode_tok_s": 0.03}, 0.0, 0.0, Spreads(0.02), family=24)
-    assert rules.critical == pytest.approx(family_critical(24)) and Rules({}, 0.0, 0.0, Spreads(0.02)).critical is None
+    rules = GateRules({"decode_tok_s": 0.03}, 0.0, 0.0, Spreads(0.02), family=24)
+    assert rules.critical == pytest.approx(family_critical(24)) and GateRules({}, 0.0, 0.0, Spreads(0.02)).critical is None
     reference = boots(100.0, 100.5, 99.5, 100.2, 99.8, session="then")
     current = boots(96.0, 96.1, session="now")
     alone = compare_with_history(current, reference, direction=Direction.HIGHER_IS_BETTER, tolerance=0.03,
@@ -105,10 +105,10 @@ def test_each_kind_of_load_has_its_primary_metric_and_a_test_without_it_takes_it
 
 def test_each_boot_on_demand_is_one_more_look_the_runs_budget_is_split_over() -> None:
     from pytest_kimiperf.config.deployments import Spreads
-    from pytest_kimiperf.judge.gate import Rules
+    from pytest_kimiperf.judge.gate import GateRules
 
-    planned = Rules({}, 0.0, 0.0, Spreads(0.02), boots=2, max_boots=2, family=24)
-    on_demand = Rules({}, 0.0, 0.0, Spreads(0.02), boots=1, max_boots=3, family=24)
+    planned = GateRules({}, 0.0, 0.0, Spreads(0.02), boots=2, max_boots=2, family=24)
+    on_demand = GateRules({}, 0.0, 0.0, Spreads(0.02), boots=1, max_boots=3, family=24)
     assert planned.looks == 1 and on_demand.looks == 3
     assert planned.critical == pytest.approx(family_critical(24))
     assert on_demand.critical == pytest.approx(family_critical(72))

@@ -16,14 +16,14 @@ from pytest_kimiperf.storage.baselines import load_baselines
 from pytest_kimiperf.judge import stats as boots
 from pytest_kimiperf.judge.baselines import Fingerprint
 from pytest_kimiperf.judge.gate import missing_baselines
-from pytest_kimiperf.judge.gate import BootRun, Judgement, Rules, judge
+from pytest_kimiperf.judge.gate import BootRun, Judgement, GateRules, judge
 from pytest_kimiperf.reports.sentences import comparison_line, note_text, note_texts, unresolved_text
 from pytest_kimiperf.judge.verdicts import TestResult, VerdictNote
 from pytest_kimiperf.judge.stats import VerdictKind
 
 FP = Fingerprint(hard={"gpu.count": "0", "cpu.model": "test", "cpu.cores": "2"}, soft={})
 TEST = "t.py::test"
-RULES = Rules(tolerances={"decode_tok_s": 0.05}, decode_floor_tok_s=40.0, decode_target_tok_s=45.0,
+RULES = GateRules(tolerances={"decode_tok_s": 0.05}, decode_floor_tok_s=40.0, decode_target_tok_s=45.0,
               spreads=Spreads(0.01), boots=1, max_boots=3)
 
 
@@ -131,13 +131,13 @@ def test_one_boot_of_a_server_that_cannot_be_restarted_fails_unresolved_and_says
 def test_the_deployment_says_why_an_attached_run_cannot_boot_again() -> None:
     from pytest_kimiperf.config.deployments import TINY_CPU
 
-    rules = Rules.for_deployment(TINY_CPU, tolerances={}, canary=None, boots=1, max_boots=1, strict=False,
+    rules = GateRules.for_deployment(TINY_CPU, tolerances={}, canary=None, boots=1, max_boots=1, strict=False,
                                  attached=True)
     assert rules.no_more_boots == "tiny-cpu"  # the deployment the UNRESOLVED line tells to give a restart_command
     restartable = dataclasses.replace(TINY_CPU, restart_command=("systemctl", "restart", "vllm"))
-    assert Rules.for_deployment(restartable, tolerances={}, canary=None, boots=1, max_boots=2, strict=False,
+    assert GateRules.for_deployment(restartable, tolerances={}, canary=None, boots=1, max_boots=2, strict=False,
                                 attached=True).no_more_boots is None
-    assert Rules.for_deployment(TINY_CPU, tolerances={}, canary=None, boots=1, max_boots=2,
+    assert GateRules.for_deployment(TINY_CPU, tolerances={}, canary=None, boots=1, max_boots=2,
                                 strict=False).no_more_boots is None  # booted here: more boots on demand
 
 

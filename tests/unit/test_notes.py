@@ -11,7 +11,7 @@ from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge import notes
 from pytest_kimiperf.judge.history import AppendWhy, NotAppended
 from pytest_kimiperf.judge.stats import BootSummary
-from pytest_kimiperf.judge.engine_clock import Part, TwoClocks, Where
+from pytest_kimiperf.judge.engine_clock import Part, TwoClocks, ChangeLocation
 from pytest_kimiperf.judge.notes import floor_check
 from pytest_kimiperf.judge.noise import CanaryCheck
 from pytest_kimiperf.judge.noise import SpreadBeyond, SpreadsMisdeclared
@@ -50,14 +50,14 @@ EVERY_KIND = [
     notes.BootAsked("default", 2, (LOOK,)), notes.Unresolved((LOOK,), "remote", 2),
     notes.SoftFingerprint(("kernel: 6.8 -> 6.9",)), SPREAD,
     notes.Drifted("decode_tok_s", "decode tok/s", -0.041, -0.032, 17, 0.03, "2026-11-02T10:00:00Z"),
-    notes.Plan(0.06, 0.01, 5, sessions=4, levels=(notes.LevelSpread("session", 0.01, SPREAD),)),
-    LINE, VerdictNote(COMPARISON, notes.Plan(0.06, 0.01, 5, boots=4)), MissingBaselines((LINE,)),
+    notes.ResolvePlan(0.06, 0.01, 5, sessions=4, levels=(notes.LevelSpread("session", 0.01, SPREAD),)),
+    LINE, VerdictNote(COMPARISON, notes.ResolvePlan(0.06, 0.01, 5, boots=4)), MissingBaselines((LINE,)),
     notes.HostWatched(2, 0.04, 0.0, psi=(("cpu_some", 0.12),), nodes=(("gpu-b", 0.01),), nodes_here=("gpu-a",),
                       remarks=("GPU 3's PCIe link ran at Gen4 x8 (Gen5 x16 possible)",)),
     notes.PrefixCacheReused(2048.0, 2400.0), notes.BootsBooked("decode tok/s", 2, ("default", "ring-ll"), 6),
     notes.MeasuredAgain(("unmeasured: decode_tok_s lost for 9 of 20 requests", "host busy: other processes used 40%")),
     BEYOND, SpreadsMisdeclared((BEYOND,), 20, 0.01, "kimi-k25-int4-tp8"),
-    TwoClocks("tpot", Where.OUTSIDE, client_ms=2.1, engine=Part(0.02, -0.1, 0.14, math.inf),
+    TwoClocks("tpot", ChangeLocation.OUTSIDE, client_ms=2.1, engine=Part(0.02, -0.1, 0.14, math.inf),
               outside=Part(2.08, 1.9, 2.3, 4.2), boots_current=3, boots_reference=3, engine_change=0.002,
               engine_low=-0.01, engine_high=0.014, withdrawn=True, reference="default"),
 ]

@@ -17,9 +17,9 @@ from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.stats import BootSummary
 from pytest_kimiperf.judge.profiles import IN_SESSION_ALPHA, InSessionRules, compare_in_session
 from pytest_kimiperf.judge.notes import BootsForWithin
-from pytest_kimiperf.judge.profiles import Step, next_step, profiles_to_book, session_plan
+from pytest_kimiperf.judge.profiles import LookStep, next_step, profiles_to_book, session_plan
 from pytest_kimiperf.judge.profiles import OBRIEN_FLEMING, POCOCK, SequentialPlan, boundaries, spent
-from pytest_kimiperf.judge.stats import Leaning, VerdictKind, band_log, leaning
+from pytest_kimiperf.judge.stats import VerdictLeaning, VerdictKind, band_log, leaning
 from pytest_kimiperf.reports.sentences import note_text
 from tests.helpers import BENCHMARKS
 from tests.unit.test_verdict_invariants import EXAMPLES, FRESH
@@ -98,7 +98,7 @@ def test_a_profile_within_tolerance_stops_at_the_first_look_that_shows_it() -> N
     c = compare_in_session(boots(100.2, 100.1), boots(100.0, 100.1), direction=HIGHER, tolerance=0.03,
                            rules=_planned(plan))
     assert c.verdict is VerdictKind.WITHIN_TOLERANCE
-    assert next_step(c, plan).step is Step.STOP
+    assert next_step(c, plan).step is LookStep.STOP
 
 
 def test_an_undecided_look_books_one_more_boot_a_side_until_the_cap() -> None:
@@ -107,12 +107,12 @@ def test_an_undecided_look_books_one_more_boot_a_side_until_the_cap() -> None:
     c = compare_in_session(cur, ref, direction=HIGHER, tolerance=0.03, rules=_planned(plan))
     assert c.verdict is VerdictKind.NO_DETECTABLE_CHANGE
     assert not c.notes  # an early look: the session books, no advice yet
-    assert (next_step(c, plan).step, next_step(c, plan).boots) == (Step.BOOK, 2)
+    assert (next_step(c, plan).step, next_step(c, plan).boots) == (LookStep.BOOK, 2)
     c3 = compare_in_session(cur + boots(103.0), ref + boots(99.0), direction=HIGHER, tolerance=0.03,
                             rules=_planned(plan))
     # Its 90% interval excludes zero, its bounds at the sign's level do not: no sign, and no more boots.
     assert c3.verdict is VerdictKind.NO_DETECTABLE_CHANGE and c3.ci_low > 0 > c3.bound_low
-    assert (next_step(c3, plan).step, next_step(c3, plan).why) == (Step.STOP, "cap")
+    assert (next_step(c3, plan).step, next_step(c3, plan).why) == (LookStep.STOP, "cap")
 
 
 def test_a_fixed_budget_of_two_says_how_many_more_boots_would_decide() -> None:
@@ -138,7 +138,7 @@ def test_booking_on_demand_judges_the_first_look_more_strictly_than_a_fixed_budg
     first = compare_in_session(cur, ref, direction=HIGHER, tolerance=0.03, rules=_planned(SequentialPlan(2, 6)))
     assert fixed.verdict is VerdictKind.REGRESSION
     assert first.verdict is not VerdictKind.REGRESSION
-    assert next_step(first, SequentialPlan(2, 6)).step is Step.BOOK
+    assert next_step(first, SequentialPlan(2, 6)).step is LookStep.BOOK
 
 
 # -- properties ------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ def test_a_session_stops_no_later_than_its_cap(case: tuple[list[BootSummary], li
         k += 1
     decision = next_step(compare_in_session(cur[:k], ref[:k], direction=HIGHER, tolerance=tolerance, rules=rules), plan)
     assert plan.start <= decision.boots == k <= plan.cap
-    assert decision.step is Step.STOP
+    assert decision.step is LookStep.STOP
     assert decision.why == "decided" or decision.boots == plan.cap
 
 
@@ -181,7 +181,7 @@ def test_booking_on_demand_never_flips_a_direction_and_only_makes_a_claim_harder
     fixed = compare_in_session(cur, ref, direction=HIGHER, tolerance=tolerance, rules=KIMI)
     for larger in (SequentialPlan(plan.start, k + extra), SequentialPlan(1, k + extra)):
         booked = compare_in_session(cur, ref, direction=HIGHER, tolerance=tolerance, rules=_planned(larger))
-        assert leaning(booked.verdict) in (Leaning.NEITHER, leaning(fixed.verdict))
+        assert leaning(booked.verdict) in (VerdictLeaning.NEITHER, leaning(fixed.verdict))
         if booked.verdict in (VerdictKind.REGRESSION, VerdictKind.IMPROVEMENT, VerdictKind.WITHIN_TOLERANCE):
             assert fixed.verdict is booked.verdict
 

@@ -10,7 +10,7 @@ import pytest
 
 from pytest_kimiperf.config.metric_specs import Direction
 from pytest_kimiperf.judge.stats import (
-    Leaning,
+    VerdictLeaning,
     VerdictKind,
     compare_boots,
     estimate_spread,
@@ -105,7 +105,7 @@ def test_each_region_of_point_interval_and_tolerance_has_the_name_of_what_it_sho
     quiet = compare_boots(boots(75.3, 75.3), boots(100.0, 100.0), direction=HIGHER, tolerance=0.25,
                           prior_spread=0.14, metric="output throughput", unit="tok/s")
     assert quiet.ci_high < 0 and quiet.bound_low < 0 < quiet.bound_high
-    assert quiet.verdict is VerdictKind.NO_DETECTABLE_CHANGE and quiet.claim is Leaning.NEITHER
+    assert quiet.verdict is VerdictKind.NO_DETECTABLE_CHANGE and quiet.claim is VerdictLeaning.NEITHER
     assert not quiet.failed and not quiet.unresolved_beyond_tolerance
     assert comparison_line(quiet).startswith(
         f"output throughput tok/s: no detectable change (-24.7%, 90% CI {quiet.ci_low * 100:+.1f}%.."
@@ -116,7 +116,7 @@ def test_each_region_of_point_interval_and_tolerance_has_the_name_of_what_it_sho
     changed = compare_boots(boots(75.3, 75.3), boots(100.0, 100.0), direction=HIGHER, tolerance=0.25,
                             prior_spread=0.02, metric="output throughput", unit="tok/s")
     assert changed.bound_high < 0 and changed.ci_low < -0.25 < changed.change
-    assert changed.verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED and changed.claim is Leaning.WORSE
+    assert changed.verdict is VerdictKind.CHANGED_SIZE_UNRESOLVED and changed.claim is VerdictLeaning.WORSE
     assert not changed.failed and not changed.unresolved_beyond_tolerance
     assert comparison_line(changed).startswith(
         "output throughput tok/s: changed, size unresolved (-24.7%: its 99.94% bounds -34.3%..-13.7% exclude zero, "
@@ -125,7 +125,7 @@ def test_each_region_of_point_interval_and_tolerance_has_the_name_of_what_it_sho
     # and "beyond" fit the data).
     loud = compare_boots(boots(70.0), boots(100.0), direction=HIGHER, tolerance=0.25, prior_spread=0.3)
     assert loud.bound_low < 0 < loud.bound_high and loud.verdict is VerdictKind.INCONCLUSIVE
-    assert loud.unresolved_beyond_tolerance and loud.claim is Leaning.NEITHER
+    assert loud.unresolved_beyond_tolerance and loud.claim is VerdictLeaning.NEITHER
     assert "inconclusive (-30.0% is beyond the 25% tolerance, but a sign needs its 99.94% bounds" in comparison_line(loud)
     assert "% clear of zero; 1 boot" in comparison_line(loud)
     # One boot wholly beyond the tolerance: changed, but one boot can screen, never convict

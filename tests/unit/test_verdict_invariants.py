@@ -28,7 +28,7 @@ from pytest_kimiperf.judge.profiles import InSessionRules, SpawnModes, compare_i
 from pytest_kimiperf.judge.notes import HistoryModes
 from pytest_kimiperf.judge.profiles import SequentialPlan
 from pytest_kimiperf.judge.stats import (
-    EQUIVALENCE_CONFIDENCE, RUN_ALPHA, Comparison, Leaning, VerdictKind, band_log,
+    EQUIVALENCE_CONFIDENCE, RUN_ALPHA, Comparison, VerdictLeaning, VerdictKind, band_log,
 )
 
 HIGHER = Direction.HIGHER_IS_BETTER
@@ -171,7 +171,7 @@ def test_gate_sign_a_run_worse_than_every_history_boot_beyond_the_tolerance_is_n
     factor = (1.0 + case.tolerance) * math.exp(beyond) * 1.001
     move = worse_by(case.direction, factor) * edge / worst.median
     current = scaled(case.current, move)
-    assert case.judge(current).claim is not Leaning.BETTER
+    assert case.judge(current).claim is not VerdictLeaning.BETTER
 
 
 @PROPERTY
@@ -183,7 +183,7 @@ def test_gate_sign_a_run_better_than_every_history_boot_beyond_the_tolerance_is_
     factor = (1.0 + case.tolerance) * math.exp(beyond) * 1.001
     move = edge / worse_by(case.direction, factor) / least.median
     current = scaled(case.current, move)
-    assert case.judge(current).claim is not Leaning.WORSE
+    assert case.judge(current).claim is not VerdictLeaning.WORSE
 
 
 @PROPERTY
@@ -191,8 +191,8 @@ def test_gate_sign_a_run_better_than_every_history_boot_beyond_the_tolerance_is_
 def test_gate_monotone_moving_every_boot_the_bad_way_never_gives_a_better_verdict(case: GateCase, by: float) -> None:
     before = case.judge()
     after = case.judge(scaled(case.current, worse_by(case.direction, math.exp(by))))
-    if after.claim is Leaning.BETTER:
-        assert before.claim is Leaning.BETTER, (before.verdict, after.verdict)
+    if after.claim is VerdictLeaning.BETTER:
+        assert before.claim is VerdictLeaning.BETTER, (before.verdict, after.verdict)
     if not (uses_modes(before) or uses_modes(after)):
         # With two spawn modes a boot moved from the fast mode into the slow one is an unchanged
         # build's boot again: a regression can read as none (docs: "Spawn modes"), never as better.
@@ -206,7 +206,7 @@ def test_gate_moving_the_run_the_bad_way_never_turns_no_detectable_change_into_a
     before = case.judge()
     if before.verdict is VerdictKind.NO_DETECTABLE_CHANGE:
         after = case.judge(scaled(case.current, worse_by(case.direction, math.exp(by))))
-        assert after.claim is not Leaning.BETTER, after.verdict
+        assert after.claim is not VerdictLeaning.BETTER, after.verdict
 
 
 @PROPERTY
@@ -271,9 +271,9 @@ def test_profiles_sign_a_side_worse_than_every_reference_boot_beyond_the_toleran
     cur_edge = (max if case.direction is HIGHER else min)(b.median for b in case.current)
     factor = (1.0 + case.tolerance) * math.exp(beyond) * 1.001
     current = scaled(case.current, worse_by(case.direction, factor) * ref_edge / cur_edge)
-    assert case.judge(current).claim is not Leaning.BETTER
+    assert case.judge(current).claim is not VerdictLeaning.BETTER
     # The mirror image: the reference side judged against this one is never worse.
-    assert case.judge(case.reference, current).claim is not Leaning.WORSE
+    assert case.judge(case.reference, current).claim is not VerdictLeaning.WORSE
 
 
 @PROPERTY
@@ -292,7 +292,7 @@ def test_profiles_moving_a_side_the_bad_way_never_turns_no_detectable_change_int
     before = case.judge()
     if before.verdict is VerdictKind.NO_DETECTABLE_CHANGE:
         after = case.judge(scaled(case.current, worse_by(case.direction, math.exp(by))))
-        assert after.claim is not Leaning.BETTER, after.verdict
+        assert after.claim is not VerdictLeaning.BETTER, after.verdict
 
 
 @PROPERTY
@@ -301,7 +301,7 @@ def test_profiles_antisymmetric_swapping_the_sides_swaps_better_and_worse(case: 
     there = case.judge()
     back = case.judge(case.reference, case.current)
     assert back.claim is there.claim.mirrored
-    if there.claim is Leaning.NEITHER:
+    if there.claim is VerdictLeaning.NEITHER:
         assert back.verdict is there.verdict
     flipped = case.judge(inverted(case.current), inverted(case.reference),
                          direction=LOWER if case.direction is HIGHER else HIGHER)
@@ -356,7 +356,7 @@ def test_profiles_an_unchanged_session_states_a_sign_within_its_budget(
     for _ in range(runs):
         figures = 100.0 * np.exp(rng.normal(0.0, sd, (metrics, 2, boots_a_side)))
         signed += any(compare_in_session([boot(x, "now", "h") for x in cur], [boot(x, "now", "h") for x in ref],
-                                         direction=HIGHER, tolerance=0.03, rules=rules).claim is not Leaning.NEITHER
+                                         direction=HIGHER, tolerance=0.03, rules=rules).claim is not VerdictLeaning.NEITHER
                       for cur, ref in figures)
     assert_within_budget(signed, runs)
 
@@ -389,7 +389,7 @@ def test_gate_an_unchanged_run_states_a_sign_within_its_budget(
                        for _ in range(boots)]
             c = compare_with_history(current, history, direction=HIGHER, tolerance=0.03, spreads=spreads,
                                      critical=critical, histories=metrics)
-            any_sign = any_sign or c.claim is not Leaning.NEITHER
+            any_sign = any_sign or c.claim is not VerdictLeaning.NEITHER
         signed += any_sign
     assert_within_budget(signed, runs)
 
@@ -440,7 +440,7 @@ class DriftCase:
 
     def judge(self, scale: float = 1.0, tonight: Sequence[float] | None = None, direction: Direction | None = None,
               invert: bool = False):  # type: ignore[no-untyped-def]
-        from pytest_kimiperf.judge.baselines import BaselineBoot, BaselineEntry, Night
+        from pytest_kimiperf.judge.baselines import BaselineBoot, BaselineEntry, AppendedNight
         from pytest_kimiperf.judge.history import drift_of_entry
         from pytest_kimiperf.judge.noise import BootOrigin
 
@@ -451,7 +451,7 @@ class DriftCase:
 
         anchor = tuple(BaselineBoot(fig(x), 20, 0.003, "a", None, {}, BootOrigin(f"a{i // 2}", "h"))
                        for i, x in enumerate(self.anchor))
-        nights = tuple(Night(fig(x), k, f"n{i}", None) for i, (x, k) in enumerate(self.nights))
+        nights = tuple(AppendedNight(fig(x), k, f"n{i}", None) for i, (x, k) in enumerate(self.nights))
         entry = BaselineEntry("t", "p", "decode_tok_s", "tok/s", direction or self.direction, (1.0,), 1.0, (1.0, 1.0), 1,
                               "a", None, {}, anchor, anchor=anchor, nights=nights)
         boots = [BootSummary(fig(x), 20, 0.003, session="now", host="h") for x in (tonight or self.tonight)]

@@ -12,7 +12,7 @@ from pytest_kimiperf.config.options import perf_run_requested
 from pytest_kimiperf.config.settings import RawOption
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.judge.stats import BootSlot, group_by_slot, schedule
-from pytest_kimiperf.judge.gate import Outcome, decide_test
+from pytest_kimiperf.judge.gate import PerfOutcome, decide_test
 from pytest_kimiperf.reports.sentences import note_text
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, MetricResult, TestResult
 
@@ -68,11 +68,11 @@ def _result(line: BaselineLine | None) -> TestResult:
 def test_a_missing_baseline_fails_only_when_asked_and_the_failure_is_kept() -> None:
     missing = BaselineLine(BaselineState.MISSING, "decode tok/s", fingerprint="fingerprint abc")
     warned = _result(missing)
-    assert decide_test(warned, missing_baseline_fails=False) is Outcome.PASSED and warned.failures == []
+    assert decide_test(warned, missing_baseline_fails=False) is PerfOutcome.PASSED and warned.failures == []
     judged = _result(BaselineLine(BaselineState.JUDGED, "decode tok/s"))
-    assert decide_test(judged, missing_baseline_fails=True) is Outcome.PASSED and judged.failures == []
+    assert decide_test(judged, missing_baseline_fails=True) is PerfOutcome.PASSED and judged.failures == []
     result = _result(missing)
-    assert decide_test(result, missing_baseline_fails=True) is Outcome.FAILED
+    assert decide_test(result, missing_baseline_fails=True) is PerfOutcome.FAILED
     [failure] = result.failures
     assert note_text(failure) == (
         "missing baseline (--kimiperf-missing-baseline=fail): decode tok/s: no baseline for this "
