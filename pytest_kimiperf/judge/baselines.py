@@ -17,7 +17,7 @@ A baseline file (``baselines/<deployment>/<fingerprint key>.json``, storage/base
 writes it) holds, for each ``<test id>|<profile>|<metric>``, a *history*: one summary per server
 boot (median, samples, within-boot error of the median, when, which commit and software) for the
 last :data:`HISTORY_BOOTS` boots, because the boot is the unit the gate judges on (``boots``,
-``stats``); plus the per-request samples of the latest boot for plots. The module holds, in order:
+``stats``); plus the per-request samples of the latest boot for plots. In order:
 
 * the types a file loads into (:class:`BaselineFile` of :class:`BaselineEntry`, each a history of
   :class:`BaselineBoot`); the judge receives these and never the file's text;

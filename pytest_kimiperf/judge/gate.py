@@ -1,11 +1,9 @@
 """Where a verdict is decided: floors, SLOs and baselines under one false-alarm budget per run,
-and every reason a run fails or is held back.
+and every reason a run fails or is held back: decided here and nowhere else.
 
-Every reason a perf run fails or is held back, decided here and nowhere else.
+How a test and the run end, from typed facts only:
 
-Two questions, one module, from typed facts only:
-
-- :func:`decide_test`: how one test boot ends. The gate (judge/gate.py) has filled its result
+- :func:`decide_test`: how one test boot ends. :func:`judge` has filled its result
   with every failure it found (a regression, the floor, an SLO, failed requests, drift, an
   INVALID measurement, an UNRESOLVED change); this adds the one the gate cannot know, a missing
   baseline under ``--kimiperf-missing-baseline=fail``, and names the test's :class:`PerfOutcome`.
@@ -28,22 +26,13 @@ Each such test carries the JUnit property ``kimiperf_outcome`` (``invalid`` or `
 pytest's junitxml writes ``item.user_properties`` and xdist carries them to the controller with
 the report), which is also how the controller learns a failed test's outcome.
 
-Where a verdict is decided: floors, SLOs and baselines, under one false-alarm budget per run.
-
-The module holds, in order:
+The verdicts themselves, in order:
 
 * the run's family of comparisons (``stats.RUN_ALPHA``, ``stats.family_critical``, :func:`holm`,
   :func:`decide_family`, :func:`family_size`): one budget for every sign the gated metrics of a
   run state;
 * the verdict on one test (:func:`judge`, :func:`judge_metric`, :class:`GateRules`, :class:`BootRun`):
   floors, SLOs and baselines.
-
-**The run's family.** A run judges every gated metric of every test under every profile against its
-baseline: 24 comparisons for the shipped suite with two profiles, more in a user's suite. A critical
-value fixed per comparison spends its budget once per comparison, so the run's false-alarm rate
-grows with the suite. Here the budget is the run's, ``stats.RUN_ALPHA``, whatever the family's
-size, and it covers every sign a row states (a REGRESSION, an IMPROVEMENT, a change with its size
-unresolved), not the failures alone:
 
 * ``stats.family_critical``: the critical value a comparison needs before it states a sign when
   the run has ``m`` comparisons and each is decided as it comes (Bonferroni over the comparisons
@@ -56,14 +45,7 @@ unresolved), not the failures alone:
 
 Holm (1979), "A simple sequentially rejective multiple test procedure", Scand. J. Statist. 6.
 
-**The verdict.** :func:`judge` takes one measured test on one server boot as plain data (its
-samples, the deployment's limits and tolerances, the boots of the same test and profile measured so
-far, the baselines loaded for it) and returns the filled
-:class:`~pytest_kimiperf.judge.verdicts.TestResult`: every failure, warning and note, and whether
-the test wants another boot. It compares the per-boot summaries of all boots of the same test and
-profile with the stored boot history of the baseline (only when the hardware fingerprint matches),
-and with the deployment's decode floor; the reports compare profiles with each other, boot against
-boot, at session end (``profiles``).
+The method and why: docs/explanation/methods.md, "The gate: the run's family and the verdict".
 """
 
 from __future__ import annotations

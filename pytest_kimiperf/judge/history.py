@@ -1,6 +1,6 @@
 """A run's boots against a metric's baseline history: its steps, the comparison, drift and appending.
 
-The module holds, in order:
+In order:
 
 * steps (:func:`find_steps`, :func:`last_segment`, :func:`segment_spreads`): where a history's level
   moved and stayed, and the segment a run is judged against;
@@ -11,106 +11,8 @@ The module holds, in order:
 * appending (:func:`append_refusal`): when a passing run may grow the baseline history itself
   (``--kimiperf-append-on-pass``).
 
-**Steps.** A baseline history grows over weeks (``--update-baselines``, the fleet's merged
-recordings), and the hardware, driver or a landed change can move it for good: a history that
-stepped -4% judged as one pool is a wide spread around a centre no current build has, which hides a
-regression of the current build and, after a step up, calls an unchanged build a regression.
-
-The method: **binary segmentation of the boots' log-figures with a test that knows the noise
-levels**, the boot as the unit. A step can only fall between two sessions (a build, a driver or a
-machine changes between recordings, not inside one), with at least :data:`MIN_SEGMENT` sessions each
-side: one session's offset is the session level, and a step that one session shows alone is
-indistinguishable from it. Each candidate split of a segment is scored by the difference of the two
-sides' mean log-figures over its standard error under the nested model the gate uses (``levels``):
-the boot level with weight 1/n1 + 1/n2, and each level above it (session, host) with the weight its
-units give it, the same factor ``levels.weights_sq`` gives a run against a history. The best split
-is a step when its two-sided p-value, Bonferroni-corrected over the history's candidate splits *and*
-over the run's histories, is below :data:`STEP_ALPHA`; then each side is searched again at the same
-threshold. So :data:`STEP_ALPHA` is the chance that a run whose histories hold no step reports one
-in any of them (the gate tests every gated metric's history of every profile: 24 for the shipped
-suite), not a budget per history re-spent at every split: under no step, a step is reported only
-when the first search of some history finds one, which the Bonferroni over the histories and the
-whole history's splits holds at :data:`STEP_ALPHA` (the sub-segments' candidates are a subset of the
-history's, searched at the history's threshold).
-
-The segment after a step is a selected one: the split is where the two sides differ most, so
-its mean is pushed away from the level before, most of all where no step is. It is used only
-with what makes it trustworthy: a step found at the run's corrected level, at least
-:data:`MIN_SEGMENT` sessions on each side, and the comparison then rests on that segment's own
-boots and sessions (its size, not the whole history's), with the session spread measured around
-every segment's level (:func:`segment_spreads`).
-
-Steps are looked for in a history of one host only: across hosts of one fingerprint the host level
-explains a difference (and the canary a large one); the corpus replay, whose histories mix hosts 3x
-apart in TTFT, read host changes as steps (0.0% -> 4.0% false alarms) before. The noise is never
-taken smaller than the deployment declares, and raised where the history shows more: the boot level
-from successive boots of one session, the level above it from successive boots of different sessions
-(both by the median absolute difference, so a step or an outlier among them barely moves them).
-Spawn modes interleaved in time are not steps: the history is first aligned to its modes
-(``modes.align_modes``) unless the two clusters are contiguous in time, which is a step and judged
-as one.
-
-Why not the others: E-divisive means (Apache Otava/Hunter, MongoDB) is a permutation
-test that assumes exchangeable points: boots of one session are not (they share the session's
-effect), so a session's offset would read as a step. Hunter's Student-t windows are the same
-test as ours with a sample variance of a few boots in place of the known levels. asv's penalized
-step fit needs a penalty tuned per series. With 20 boots at most (baselines.HISTORY_BOOTS) an
-exact search would cost nothing, but binary segmentation with a known-variance test keeps the
-false-step rate a stated number: benchmarks/gate_power.py --cells steps measures it.
-
-**The comparison.** :func:`compare_with_history` takes plain boots (a history of
-:class:`BootSummary` with their sessions and hosts, oldest first) and returns the comparison: the
-history's last segment when it stepped (:func:`find_steps`), spawn modes (``modes.align_modes``),
-then the levels the two sides do not share (``levels.level_terms``), then the boots (``stats``).
-:func:`against_history` adds what only a stored entry knows: whether the host canary moved and
-whether the profile's environment is the one recorded. ``gate.judge`` decides what the comparison
-means for the test.
-
-**Drift.** A history that grows itself (``--kimiperf-append-on-pass``) follows whatever it is fed: a
-drift of -0.1% a night passes every night's gate against the moving window it itself appended, and
-the window walks with it (under the window rule alone, 7 of 40 simulated series never failed while
-the server lost 12%). So the appended nights are judged together against the **anchor**, the last
-deliberate recording (``--update-baselines``), which no passing night moves.
-
-The test: a weighted least-squares line through the anchor (night 0) and each appended night's
-mean log figure, each point weighted by the variance the declared levels give it (the boot
-level over its boots, the session level whole: a night is one session). Its slope times the
-nights since the anchor is the cumulative change; a drift **fails** when that change is beyond
-the tolerance's band and :data:`DRIFT_ALPHA` one-sided from none, and the last night itself is
-worse than the anchor beyond the band (a line can be pulled by one night's spike: up and back,
-it falls). A line, not the last night against the anchor alone: the anchor's own session
-effect, which no later night re-draws, would otherwise stand in every comparison (a 1% session
-spread alone keeps a level test from telling 3% from 6% with a one-session anchor), while a
-slope sees it once, at its leverage. A step
-(a change landed in one night and stayed) fits a line too, less well: the residual spread of the
-nights before the one judged, which floors the noise where it exceeds the declared, says so.
-The night judged is left out of it, so a worse night never widens its own bound.
-
-**Appending.** A scheduled job on the default branch that passes appends its boots (with their
-session, host and canary, within the history's window, baselines.HISTORY_BOOTS) to the baseline, so
-the history spans many sessions without anyone recording by hand. Three ways a regression could
-creep in, and what keeps each out:
-
-- **One that landed** fails the gate, and a failing run appends nothing: the history stays at
-  the level before it, and every later run fails too until it is fixed or recorded on purpose
-  (``--update-baselines``).
-- **Boots of another host or configuration**: a metric "not comparable" to its history (the
-  host canary moved, or the profile's environment or server arguments differ) appends nothing,
-  whatever its figure: a new host or configuration joins the history only on purpose
-  (``--update-baselines``). A boot 86% slower on a host whose canary had moved would otherwise
-  pass unjudged and enter the history (seen in CI).
-- **A slow drift**, each step inside the tolerance, would pass every night and pull the window with
-  it. The baseline file keeps the anchor (the last deliberate recording) and the nights appended
-  since, and the gate judges the line through them (:func:`drift_failures`): a drift that adds up
-  beyond the tolerance fails, and a failing run appends nothing. That test replaced a guard here
-  that refused a run worse than the window by half its tolerance at a bound in its favour (three
-  constants; with the anchor test in force it changed no figure of ``verdict_soundness.py nightly
-  --no-guard``).
-- **A run that looked worse than the tolerance without a verdict** ("inconclusive", "changed,
-  size unresolved": it passes with a warning) appends nothing: a change it could not rule out
-  is not taken into the history. One CI run's two boots, 39.6 and 776 tok/s against a
-  recording of 1093, read inconclusive on their own 20x spread and, appended, would have moved
-  the window 96% down on one night.
+The method and why: docs/explanation/methods.md,
+"Baseline histories: steps, the comparison, drift and appending".
 """
 
 from __future__ import annotations

@@ -1,98 +1,15 @@
 """The noise a comparison assumes and the boots it takes to see through it.
 
-Levels, spawn modes, spreads beyond the declared ones, the host canary, and the boot planner.
+In order:
 
-Whether this run's host is the history's: the host canary of each side compared.
+* the host canary of each side compared: whether this run's host is the history's;
+* the levels a figure varies at (requests, boots within a session, sessions, hosts);
+* spawn modes: a history whose boots fall into clusters, and judging a run against it robustly;
+* whether a run's boots show spreads beyond the ones its deployment declares;
+* how many boots a verdict needs: the first-boot screen and the boot planner's advice, also a
+  command (``python -m pytest_kimiperf.judge.noise --from 81.4 --to 81.9 --spread 0.8%``).
 
-Hosts differ by more than a spread: two machines of one family ran the tiny-cpu server 2x apart
-under one fingerprint. The host canary (measure/canary.py) is stored with every boot; when this
-run's canary moved beyond its noise from the history's (:func:`canary_shift`), the comparison is
-"not comparable: host differs", never a verdict.
-
-The levels a figure varies at: requests, boots within a session, sessions, hosts.
-
-**Levels.** A boot's median varies with the boot (spawn, compile, memory layout: ``stats``), but
-boots of one session also share that session's state (the host's day, its neighbours, its thermal
-and firmware state) and sessions of one host share the host. A baseline recorded in ONE session
-knows nothing of the session level, and every boot of the next run shares that run's session effect,
-so a comparison of the two must carry it: its uncertainty includes each level that the two sides do
-not share (:func:`level_terms`). Each level is declared per deployment (``boot_spread``,
-``session_spread``, ``host_spread``) with how sure it is (``*_spread_df``, degrees of freedom); the
-history's units measure it (the method of moments of a nested random-effects model, below), and the
-two are pooled at declared + measured df, the declaration a floor (:func:`history_level`).
-
-The same estimator (:func:`nested_levels`) reads the noise corpus (benchmarks/noise_corpus.py), so
-the study and the gate agree on what a level is. Whether the host itself changed is
-``canary_check.py``; a history whose boots fall into spawn modes is ``modes.py``.
-
-Spawn modes: a history whose boots fall into clusters, and judging a run against it robustly.
-
-vLLM's decode speed can be "bimodal (~33 vs ~26 tok/s), fixed at process spawn"
-(ROCm legacy-rocm-build #6347: 2 of 7 spawns fast); restarted instances fall into "different stable
-regimes" (vllm-project/vllm #39903). A gate that pools such a history into one mean and one spread
-has two failures at once: the spread is wide (a real 6% regression hides in it) and a boot that
-lands in the other mode reads as a change (benchmarks/gate_power.py, bimodal cells: 10% false
-REGRESSION, 28% detection of a 6% change before per-mode comparison).
-
-The method, chosen on the simulation and the corpus (benchmarks/README.md, "Gate power, in
-simulation"): **per-mode comparison**. :func:`find_modes` splits the history at its widest gap when
-that gap is :data:`MODE_GAP` times wider than the spread inside the two clusters, each holds at
-least :data:`_MIN_MODE_BOOTS` boots and the history :data:`MIN_HISTORY_BOOTS`. :func:`align_modes`
-then expresses every boot relative to its mode: a history boot by its own cluster's centre, a
-current boot by the mode it clearly lies in (the nearer centre), or the one the metrics of its test
-place it in together (:func:`joint_modes`). A boot that lands in a mode the history already holds is
-so no change, and a shift within a mode is judged against the spread inside the modes, which is the
-spread a build change must beat.
-
-Rejected: a rank test of the current boots against the history shifted by the tolerance needs
-more current boots than a gate run has (1-3) to say anything; a two-component mixture fit
-needs more history boots than 10-20 to place its weights. The limit, said in every verdict that
-used modes: a true change of about the gap itself moves a boot into the other mode and is not
-seen; the modes' own centres are reported so a reader can see when that happened. Two guards
-narrow it: a boot between the modes (:data:`CLEAR_SHARE`) is judged both ways and gets no
-direction the two readings do not share, and a run that lands in the worse mode more often
-than the history's share of it explains (:func:`mode_frequency`) is a regression.
-
-Whether a run's boots show spreads beyond the ones its deployment declares.
-
-A declared spread (``boot_spread``, ``session_spread``, ``host_spread``) is the floor of the
-variance every verdict uses: the judge pools it with what the boots measure and takes the larger
-(stats.pooled_variance), so a spread declared too small costs little where the boots measure a
-lot, and a lot where they measure little: at twice the declared spread, an unchanged build states
-a sign in far more runs than the budget allows (benchmarks/sign_claims.md). A run cannot fix the
-declaration, but it can say when its own boots contradict it.
-
-Each comparison carries what its own boots measured of each level (``Comparison.spreads_seen``:
-the boots within their sessions, the history's sessions within their hosts, the hosts). Under
-the declaration, a level's sum of squares over the variance the declaration allows it is a
-chi-square on its degrees of freedom; :func:`misdeclared` tests every such check of the run at
-the run's level (stats.RUN_ALPHA, Bonferroni over the checks, so that a run whose spreads are as
-declared says so in at most 1% of runs) and returns, per level, the largest spread it finds
-beyond the declaration, with where it was seen. The sentence names the declaration to change.
-
-How many boots a verdict needs: the first-boot screen and the boot planner's advice.
-
-A comparison that looks worse than the tolerance without a verdict asks for another boot
-(:func:`wants_another_boot`); an inconclusive, "changed, size unresolved" or "no detectable
-change" verdict says how many boots would resolve a change of interest (:func:`plan`,
-from :func:`boots_needed`: the normal-approximation power calculation against the baseline's
-boot history). The verdicts themselves, and the minimum detectable change quoted with them,
-are ``stats``.
-
-The planner as a command-line question: how many boots resolve a change of this size?
-
-    python -m pytest_kimiperf.judge.noise --from 81.4 --to 81.9 --spread 0.8%
-    python -m pytest_kimiperf.judge.noise --change 6% --spread 1% --tolerance 3% --reference-boots 10
-    python -m pytest_kimiperf.judge.noise --change 6% --spread 1% --tolerance 3% --reference-boots 10 \\
-        --session-spread 2% --reference-sessions 1
-
-Two profiles booted alike need N boots each; against a baseline of ``--reference-boots`` boots,
-N boots of the current build (power.boots_needed says how, and why a too-small baseline cannot be
-outbooted). The spread is the SD of one boot's median: read it from a baseline's history (the
-summary prints it next to every verdict) or measure it with benchmarks/noise_study.py. With
-``--session-spread`` the comparison is across sessions (judge/noise.py): this run's one session
-against a baseline of ``--reference-sessions``; when that alone is too wide for any number of
-boots, the planner says how many sessions would do.
+The method and why: docs/explanation/methods.md, "The noise a comparison assumes".
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each profile is judged against the reference profile (:func:`compare_in_session`), or a candidate
 against its control (``--kimiperf-control``, :func:`compare_with_control`). The gate against a
-baseline is ``gate``. The module holds, in order:
+baseline is ``gate``. In order:
 
 * error spending (:func:`spent`, :func:`boundaries`, :class:`SequentialPlan`): the error budget of
   boots booked on demand, spending functions and their boundaries;
@@ -13,75 +13,8 @@ baseline is ``gate``. The module holds, in order:
 * boots on demand (:func:`session_plan`, :func:`next_step`, :func:`profiles_to_book`): after each
   round, stop with a verdict or book one more boot of each side.
 
-**Error spending.** A profile comparison starts with ``start`` boots a side and may book one more
-boot of each side at a time, up to ``cap`` (``--kimiperf-max-boots``). Looking at the data after
-every round and stopping at the first verdict would spend the comparison's error budget once per
-look: a test at 5% looked at five times claims "within" at the band's edge in far more than 5% of
-sessions. Each look therefore spends only part of it, by an alpha-spending function of the
-information so far (Lan & DeMets, Biometrika 1983): with ``k`` boots a side of at most ``cap`` the
-information fraction is ``k / cap`` (the variance of the difference falls as ``1/k``), and by look
-``k`` the rule has spent at most ``alpha(k / cap)`` of its budget, whatever the looks it took
-before.
-
-* The direction (REGRESSION / IMPROVEMENT, :data:`IN_SESSION_ALPHA`
-  one-sided at the tolerance's edge) spends O'Brien-Fleming-type: almost nothing early, so a
-  direction claimed at 2 boots a side needs overwhelming evidence, and the last look's level is
-  close to the fixed-sample one.
-* "Within +/-tol" (the TOST at 5%) spends Pocock-type: evenly, so a profile that is within
-  tolerance says so at the first look that can show it, which is the point of booking on demand.
-
-Each one-sided test's critical values are the exact group-sequential boundaries for its
-spending (the recursive numerical integration of Armitage, McPherson & Rowe 1969, as
-Jennison & Turnbull 2000, ch. 19): ``P(cross at look j and not before) = alpha(t_j) -
-alpha(t_{j-1})`` for a Brownian motion under the null. A look's boundary is turned into the
-nominal one-sided level it stands for, and the comparison's Student-t test is run at that level
-(the "significance level" approach, Jennison & Turnbull 2000, section 3.5). Stopping for another
-reason (the other claim) only lowers the chance of a later crossing, so each rate stays at most
-its budget. Pure functions: values in, values out; :func:`next_step` decides with them.
-
-**Two profiles in one session.** The profile comparison (``--nccl-profile default,ring-ll``) boots
-each profile a few times, interleaved (A B B A), on one host in one session. Nothing above the boot
-differs between the sides, so the boot is the only level; but with two boots a side the boot level
-itself is known badly, and it is not always normal. Three rules, each from a failure seen on a real
-host:
-
-* **The spread is never below the declared one.** The measured spread of the boots inside each
-  side is pooled with the deployment's declared ``boot_spread`` (worth its declared degrees of
-  freedom) and floored at it: two boots that happen to agree (155.5 and 155.1 tok/s) must not
-  shrink the spread that judges the other side, whose boots were 27% apart (207 and 271).
-* **Spawn modes are part of the null.** vLLM's decode speed can be "bimodal, fixed at process
-  spawn" (ROCm/legacy-rocm-build #6347; "different stable regimes" after restarts,
-  vllm-project/vllm #39903), and so is the CPU engine's (598 against 1135-1285 tok/s on one
-  host, 146 against 271 on another). With two boots a side, both boots of one side slow and both
-  of the other fast happens in 1 session in 8 at even odds, and then the sides differ by the
-  whole gap with no spread inside either. A deployment declares its modes (:class:`SpawnModes`:
-  the slow mode's drop and its share of boots); every way the boots could fall into the modes
-  is weighed by its prior and by how well it explains the spread *inside* each side (a side
-  whose two boots agree was not split between modes; one whose boots differ by the gap likely
-  was), and the p-value of a direction is the mixture's. A direction is claimed only when the
-  tolerance's edge, with every likely mode assignment, cannot explain the difference.
-* **A symmetric tolerance.** A tolerance of 25% is the band ``[0.75, 1/0.75]`` on the ratio: the
-  same data with the sides swapped reads the same, mirrored.
-
-A direction needs :data:`IN_SESSION_ALPHA` (one-sided, per metric and direction) and the sides'
-boots may not overlap, and, as every sign, the session's own level: a sign is a claim, so "which
-way" (a direction, or "changed, size unresolved" short of one) needs the bounds at
-``stats.RUN_ALPHA`` split over every comparison of the session and both their sides
-(:attr:`InSessionRules.sign_level`, :func:`profile_comparisons` counting them; over the looks of
-boots on demand too) clear of zero, the modes weighed. The 90% interval alone said "changed" in a
-third of unchanged sessions of 10 metrics (benchmarks/sign_claims.md). "Within +/-tol" is a TOST
-at 5%: both one-sided :data:`EQUIVALENCE_LEVEL` (95%) bounds inside the band under every likely
-mode assignment (a true halving whose reference boots were slow and whose current boots were fast
-reads as no change). Short of those the verdict
-says what the data does allow, and :func:`_boots_to_decide` what would decide it.
-
-**Boots on demand.** A session boots each profile ``start`` times (``--kimiperf-boots``), then,
-while a profile's comparison with the reference is undecided on the test's primary metric (neither a
-direction nor "within"), one more boot of that profile and of the reference, up to ``cap`` a side
-(``--kimiperf-max-boots``). Every look judges at its share of the error budget (:func:`spent`: the
-direction O'Brien-Fleming-type, "within" Pocock-type), so booking until a verdict keeps the
-direction's rate at :data:`IN_SESSION_ALPHA` and "within" at the TOST's 5%. The comparison at the
-last look (the session report's) uses the same levels. Pure functions of the boots so far.
+The method and why: docs/explanation/methods.md,
+"Profiles of one session: error spending, two profiles, boots on demand".
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""Boots and the statistics behind a verdict: each boot's figure, and is this build's metric really different from its baseline?
+"""Boots and the statistics behind a verdict: each boot's figure, and is this build's metric
+really different from its baseline?
 
-Boots, the unit of replication: each boot's figure per metric, their schedule, what each test measured.
+Boots, the unit of replication: each boot's figure per metric, their schedule, what each test
+measured:
 
 * :class:`BootSummary` (``summarize_metric``, ``summarize_boot``, ``summarize_boot_quantile``):
   one server boot's figure for one metric, the unit the gate compares. A boot is summarized once
   per metric: its median, or its quantile for a tail metric, with the standard error of that
   figure's log from the boot's own samples, and how many samples it rests on (a boot with too
-  few does not count). Comparing boots is ``stats``.
+  few does not count).
 * :func:`schedule` and :class:`BootSlot`: each NCCL profile is booted up to ``max_boots`` times
   in one session. The first ``boots`` are planned (``--kimiperf-boots``); the rest happen on
   demand, only for the tests whose comparison asked for another boot
@@ -17,9 +19,7 @@ Boots, the unit of replication: each boot's figure per metric, their schedule, w
 * :class:`TestBoots` and :class:`BootLedger`: what each test measured under each profile, boot
   by boot (with each boot's two clocks, :class:`EngineBoot`), and whether it wants another.
 
-The statistics behind a verdict: is this build's metric really different from its baseline?
-
-The module holds, in order:
+The statistics, in order:
 
 * the variance a comparison uses (:class:`Spread`, :func:`pooled_variance`,
   :func:`estimate_spread`): each declared spread a prior held at its degrees of freedom, pooled
@@ -28,64 +28,8 @@ The module holds, in order:
 * the comparison itself (:func:`compare_boots`, :class:`Comparison`): the difference of two
   sides' boots, its interval and the verdict it supports.
 
-**The unit of replication is the server boot, not the request.** All requests of one boot share
-one process, one compile, one memory layout, one host state and one stretch of time; on the
-2-core CPU deployment the medians of five boots of the identical server were 779, 677, 517, 746
-and 747 tok/s while the requests inside each boot varied by 4% (benchmarks/noise_study.py). A
-test that treats 20 requests as 20 independent samples sees only the within-boot part, so it
-credits a boot's luck to the change (Kalibera & Jones, "Rigorous benchmarking in reasonable
-time", ISMM 2013: replicate at the level that varies most). So:
-
-* each boot is summarized once per metric (``boots.BootSummary``: its median, and the
-  standard error of that median from its own requests); a change is the difference of the mean
-  per-boot log-medians of the two sides;
-* its standard error comes from the spread *between* boots, measured within sessions where a
-  session has two boots or more. The deployment's declared spread is its floor: the boots can
-  raise it, never lower it (:func:`estimate_spread`; the session and host levels likewise,
-  ``levels.history_level``). Declare a smaller spread to gain power where the history shows one;
-* **the tolerance and chance are both inside the test**: REGRESSION only when the estimate is
-  worse than the tolerance *and* the change is :data:`GATE_CRITICAL` standard errors of the
-  whole difference (boots and every level the sides do not share) from none, and only on two
-  boots or more (one boot can screen, never convict: a first boot that looks bad asks for
-  another, see ``power.wants_another_boot``); "within +/-tol" only when the whole
-  :data:`EQUIVALENCE_CONFIDENCE` interval lies inside the tolerance. Short of those: "changed,
-  size unresolved" when the bounds a direction needs exclude zero (something changed, and which
-  way, but whether beyond the tolerance is not shown); "no detectable change" when they hold
-  zero and the point estimate is inside the tolerance (with the smallest change this design
-  would have detected); "inconclusive" when they hold zero and the point estimate is beyond the
-  tolerance (both no change and a change beyond the tolerance fit the data).
-* **a sign is a claim**: every verdict that says which way a metric moved (REGRESSION,
-  IMPROVEMENT, a change with its size unresolved) rests on the same bounds, so an unchanged
-  build gets a sign on any metric in at most :data:`RUN_ALPHA` of runs (:func:`family_critical`,
-  two-sided: the run's budget split over its comparisons and their two sides). The 90% interval
-  excluding zero stated "changed, size unresolved" in 32-56% of unchanged runs of 10 metrics
-  (benchmarks/sign_claims.md); it still shows the estimate beside every verdict.
-
-Why this rule, and :data:`GATE_CRITICAL` 3.25: the gate's budget is per session, not per metric: an
-unchanged build may fail at most 1% of sessions, with every gated metric of both profiles (20
-comparisons in benchmarks/gate_power.py) and boots on demand, and a build slower by twice the
-tolerance should fail at least 90% of runs where the noise allows it. The rule before ("the
-one-sided 84% bound beyond the tolerance, each level's share at 97.5%") spent almost none of the
-budget (0-0.7% of sessions) and caught 33-66% of changes twice the tolerance with 1-3 sessions of
-history. The critical value is chosen for the procedure as a whole (``--cells calibrate``: the
-history shapes users record, spreads declared as they are, 300 sessions a cell): 3.0 failed up to
-2.0% of unchanged sessions, 3.25 at most 0.7% (1.3% on another seed, ``--cells shapes``), with the
-declared spreads then taken as exact. They are now priors at their stated df
-(:func:`pooled_variance`), and 3.25 is applied as Student's t at the difference's df with the same
-tail (:func:`critical_at`): an unchanged suite gets a direction in at most 0.2% of runs with the
-spreads declared right, and a slower build is convicted in 36-70% of comparisons at twice the
-tolerance with 1-10 sessions of history and 2 boots (benchmarks/README.md, "Declared spreads"); the
-plan says what history or boots would reach 90% where this does not. The price is at 0.8x the
-tolerance: a true change inside the tolerance is convicted in up to 4% of runs, where the bound rule
-convicted none. The 90% equivalence interval is the usual TOST level (two one-sided 5% tests):
-"within" is a claim, so it gets the stricter level.
-
-**The variance.** A declared spread (a deployment's ``boot_spread``, ``session_spread``,
-``host_spread``) is not an exact value: each comes with how sure it is (``*_spread_df``), and
-:func:`pooled_variance` pools it with a measured sum of squares at declared + measured df (a scaled
-inverse chi-square prior), the declaration a floor. A rule stated in standard errors of a known
-variance (the gate's :data:`GATE_CRITICAL`) is then held at its level with Student's t at the
-difference's Welch-Satterthwaite df (:func:`critical_at`, :func:`satterthwaite_df`).
+The method and why: docs/explanation/methods.md,
+"The statistics: the boot as the unit, the rule, the variance".
 """
 
 from __future__ import annotations
