@@ -63,7 +63,7 @@ test: $(STAMP)
 	$(PY) -m pytest tests/real_engine --durations=0 $(PYTEST_ARGS)
 
 # The docs site, built strictly into site/ (the reference pages come from
-# `$(PY) -m pytest_kimiperf.reference`; `make test` checks they match the code).
+# `$(PY) scripts/reference.py`; `make test` checks they match the code).
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict --site-dir site
 
