@@ -365,7 +365,6 @@ class RequestRecord:
 
 
 # The run-level figures: rounds, goodput, the client's self-check and the run's JSON.
-RUN_LEVEL_METRICS: tuple[str, ...] = metrics_of(SampleKind.ROUND)
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 
 # The loop-latency bounds follow the host: never below this many times the latency the same

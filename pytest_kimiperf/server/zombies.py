@@ -662,11 +662,6 @@ class SweepReport:
     # Survivors of SIGKILL (stuck in the driver, typically) that held GPU memory.
     survivor_gpu_memory_mib: Mapping[int, int | None] | None = None
 
-    @property
-    def gpu_pids(self) -> list[int]:
-        """Pids that were ended while holding GPU memory: wait for the driver to free it."""
-        return sorted(self.gpu_memory_mib or {})
-
     def describe(self) -> list[str]:
         """Report lines; empty when there was nothing to do."""
         lines = [f"ended stale {launch}" for launch in self.swept]

@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 
 from pytest_kimiperf.errors import ConfigError
-from pytest_kimiperf.config.metric_specs import METRICS, SampleKind
+from pytest_kimiperf.config.metric_specs import METRICS, SampleKind, metrics_of
 from pytest_kimiperf.config.deployments import HealthBounds
 from pytest_kimiperf.measure.results import PER_REQUEST_METRICS, RequestRecord, percentile
 from pytest_kimiperf.measure.results import (
     CLIENT_BOUND, ClientBound, ClientCpu, LoopLatency, NoMeasuredRequests, NoValidRequest, SendLag,
 )
 from pytest_kimiperf.measure.results import (
-    RUN_LEVEL_METRICS,
     ProcessHealth,
     RoundResult,
     RunResult,
@@ -204,7 +203,7 @@ def test_every_metric_of_a_run_has_samples_and_the_others_say_where_theirs_come_
             assert run.samples(name), name
     assert {spec.sample for spec in METRICS.values()} == set(SampleKind)
     assert set(PER_REQUEST_METRICS) == {n for n, s in METRICS.items() if s.sample is SampleKind.REQUEST}
-    assert set(RUN_LEVEL_METRICS) == {"output_throughput", "request_throughput"}
+    assert set(metrics_of(SampleKind.ROUND)) == {"output_throughput", "request_throughput"}
     # A tail's samples are its base's distribution: p99 ITL pools every gap, as bench serve does.
     assert run.samples("p99_itl_ms") == [gap for r in run.valid_records for gap in r.itl_ms]
     with pytest.raises(ConfigError, match="request_goodput needs its SLOs"):
