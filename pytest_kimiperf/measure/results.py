@@ -474,17 +474,27 @@ def check_rounds(metrics: Sequence[str], rounds: int) -> None:
             f"rounds={MIN_SAMPLES_PER_BOOT} or more")
 
 
-def check_goodput_slo(slo_ms: Mapping[str, Any]) -> dict[str, float]:
-    """``{"ttft_ms": 300, "tpot_ms": 50}`` checked: per-request metrics vLLM's goodput knows,
-    each a positive number of ms; ConfigError naming what is wrong."""
-    if not isinstance(slo_ms, Mapping) or not slo_ms:
-        raise ConfigError(f"goodput={slo_ms!r}: give a mapping such as {{'ttft_ms': 300, 'tpot_ms': 50}}")
+def check_slo(limits: object, *, goodput: bool = False) -> dict[str, float]:
+    """``perf.check``'s limits checked, each a finite number > 0; ConfigError naming what is wrong.
+
+    ``slo={"p99_ttft_ms": 2000}`` limits any metric of the boot; ``goodput={"ttft_ms": 300}``
+    limits each request, in ms, on the per-request metrics vLLM's goodput knows."""
+    if not isinstance(limits, Mapping) or not limits:
+        usage = ("give a mapping such as {'ttft_ms': 300, 'tpot_ms': 50}" if goodput
+                 else "give a mapping of metric name to limit, e.g. {'p99_itl_ms': 60}")
+        raise ConfigError(f"{'goodput' if goodput else 'slo'}={limits!r}: {usage}")
     checked: dict[str, float] = {}
-    for name, limit in slo_ms.items():
-        if name not in GOODPUT_METRICS:
-            raise ConfigError(f"goodput SLO {name!r}: allowed are {', '.join(GOODPUT_METRICS)} (as vLLM's --goodput)")
+    for name, limit in limits.items():
+        if goodput:
+            if name not in GOODPUT_METRICS:
+                raise ConfigError(f"goodput SLO {name!r}: allowed are {', '.join(GOODPUT_METRICS)} (as vLLM's --goodput)")
+        elif name == "request_goodput":
+            raise ConfigError("slo: request_goodput is gated against its baseline; pass goodput={...} instead")
+        else:
+            metric_spec(name)  # ConfigError listing the known metrics
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0:
-            raise ConfigError(f"goodput SLO {name} = {limit!r}: must be a number of ms > 0")
+            what = "goodput SLO" if goodput else "slo"
+            raise ConfigError(f"{what} {name} = {limit!r}: must be a number{' of ms' if goodput else ''} > 0")
         checked[name] = float(limit)
     return checked
 
