@@ -86,7 +86,7 @@ _REMIND_S = 60.0
 
 
 @dataclass(frozen=True)
-class Holder:
+class HostClaimHolder:
     """The session holding the host, as it described itself."""
 
     pid: int
@@ -99,10 +99,10 @@ class Holder:
         return f"pid {self.pid} ({self.command}), holding the host for {held_s // 60}m{held_s % 60:02d}s"
 
 
-def _read_holder(path: Path) -> Holder | None:
+def _read_holder(path: Path) -> HostClaimHolder | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return Holder(pid=int(data["pid"]), command=str(data["command"]), since=float(data["since"]))
+        return HostClaimHolder(pid=int(data["pid"]), command=str(data["command"]), since=float(data["since"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
