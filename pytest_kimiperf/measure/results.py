@@ -1,20 +1,9 @@
 """A run's measured figures, request by request and round by round (pure: no I/O, no pytest).
 
-The module holds, in order:
-
-* why a run's own figures cannot be judged (:data:`RunInvalid`), as facts: no request measured,
-  none valid, or a client that limited the load (the host watch's reason, a busy host, is
-  ``runner``'s). Decisions read these values (``RunResult.valid`` is ``invalid is None``); the
-  sentence a report prints is rendered from them by :func:`say_run_invalid`, one place, so the
-  words stay what they were while nothing downstream has to parse them;
-* one request's timeline (:class:`RequestRecord`) and the per-request figures read from it, and
-  :func:`percentile`, which every figure of the plugin's runs is summarized with (numpy's default
-  method);
-* the run-level figures computed from request timelines (:class:`RoundResult`,
-  :class:`RunResult`, :class:`RunSummary`): output_throughput (output tokens of valid requests /
-  wall time) and request_throughput (valid requests / wall time) per round, goodput, the client's
-  self-check (``HealthBounds``: a run the client limited is INVALID), and the run's JSON.
-
+A run that cannot be judged says why as facts (:data:`RunInvalid`: no request measured, none
+valid, or a client that limited the load; a busy host is ``runner``'s); decisions read them
+(``RunResult.valid`` is ``invalid is None``) and :func:`say_run_invalid` alone words them. Every
+figure is summarized with :func:`percentile` (numpy's default method).
 The module imports nothing that reads the host, so the judge can import it.
 
 **Per-request figures.** TTFT, E2EL, ITL, TPOT and decode tok/s follow vLLM's ``bench serve``

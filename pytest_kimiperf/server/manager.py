@@ -3,12 +3,7 @@
 The session fixture asks for a profile's server and gives it back; this module sweeps servers
 left by killed earlier runs before launching, builds the server's environment from deployment
 and profile, picks the port, shows boot progress through a callback, and keeps the facts the
-reports need (boot counts and times, leftovers, the environment each server ran with). The module
-holds, in order:
-
-* the host claim (:func:`_claim_host`, :class:`HostClaim`): one pytest session at a time boots
-  servers on a host;
-* the manager (:class:`ServerManager`, :class:`ServerRecord`).
+reports need (boot counts and times, leftovers, the environment each server ran with).
 
 **The host claim.** Two sessions that both boot the deployment's servers (8 GPUs each for Kimi, or
 the two cores of a CPU runner) must not run side by side: the second would fail to fit, or both

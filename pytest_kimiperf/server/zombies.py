@@ -22,21 +22,11 @@ later without guessing from names, and without ever touching a process that is n
   can take the lock knows the owner is gone (no pid or clock comparison that a reused pid or a
   clock step could fool).
 
-Only psutil and /proc are used to look at processes. The module holds, in order:
-
-* a launch's record on disk (:class:`LaunchRecord`, :func:`record_launch`, :func:`load_launches`):
-  what it started, where, and whether its owner still runs;
-* finding and ending a launch's processes (:func:`find_launch_processes`,
-  :func:`terminate_processes`, :func:`stop_launch`), and the sweep of launches whose owner is gone
-  (:func:`sweep_stale_launches`).
+Only psutil and /proc are used to look at processes.
 
 **The record.** One JSON file per launch in the state directory (``launch-<id>.json``), written
 atomically by the session that launched the server and read by any later sweep
-(:func:`sweep_stale_launches`).  A record says
-who the launch's leader is beyond its pid (its start time in clock ticks since boot,
-``/proc/PID/stat`` field 22, and the boot's id), the host, boot, pid namespace and uid it was
-launched in (``LaunchPlace``), and carries its owner's liveness as an exclusive ``flock`` held on the
-file for the launch's whole life: the kernel drops it when the owner dies, however it dies.
+(:func:`sweep_stale_launches`).
 """
 
 from __future__ import annotations
