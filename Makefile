@@ -38,12 +38,12 @@ baseline: $(STAMP)
 
 # Once per clone that records baselines: git then merges baselines/**/*.json (.gitattributes) as
 # boot histories, so runners sharing one history can pull each other's recordings without a text
-# conflict (storage/baseline_merge.py, run as pytest_kimiperf/merge_driver.py). git runs the driver
+# conflict (storage/baseline_merge.py, run as `kimiperf merge-driver`). git runs the driver
 # from the top of the work tree, so the relative $(PY) holds; a runner whose virtualenv lives
 # elsewhere passes VENV=<its path>.
 merge-driver:
 	git config merge.kimiperf-baselines.name "pytest-kimiperf baseline histories"
-	git config merge.kimiperf-baselines.driver "$(PY) -m pytest_kimiperf.merge_driver %O %A %B %P"
+	git config merge.kimiperf-baselines.driver "$(PY) -m pytest_kimiperf merge-driver %O %A %B %P"
 
 # Two kinds of test (tests/README.md). The deterministic ones (tests/unit, tests/plugin: pure
 # functions, pytester runs on the stub server, recorded data) judge no figure of this host, so
@@ -63,7 +63,7 @@ test: $(STAMP)
 	$(PY) -m pytest tests/real_engine --durations=0 $(PYTEST_ARGS)
 
 # The docs site, built strictly into site/ (the reference pages come from
-# `$(PY) -m pytest_kimiperf.reference`; `make test` checks they match the code).
+# `$(PY) scripts/reference.py`; `make test` checks they match the code).
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict --site-dir site
 

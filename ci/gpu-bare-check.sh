@@ -34,21 +34,13 @@
 #                     does not fit in what is left is not started, and says so
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. ci/gpu-step.sh
 PY=${PYTHON:-python3}
 OUT=${OUT:-bare-check}
 BUDGET=${BARE_BUDGET_S:-330}
-KILL_GRACE_S=5
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/kimiperf-bare.XXXXXX")
-DEPS=$PWD/.bare-deps
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if [ -d "$DEPS" ]; then
-  export PYTHONPATH="$PYTHONPATH:$DEPS"  # what the image lacks only, so it shadows none of the image's
-fi
-skip=" ${SKIP:+${SKIP//,/ }} "
-passed=()
-status=0
 : > "$OUT/checks.txt"
 
 say() {
@@ -79,16 +71,7 @@ while read -r step limit needs; do
     say "check: INFO $step: not run: ${left} s of the ${BUDGET} s budget left, it may take ${limit} s"
     continue
   fi
-  timeout -k "$KILL_GRACE_S" "$limit" "$PY" ci/gpu_bare_check.py "$step" "$WORK" > "$WORK/$step.log" 2>&1
-  rc=$?
-  line=$(grep -m1 '^check: ' "$WORK/$step.log")
-  if [ -z "$line" ]; then
-    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-      line="check: FAIL $step: cut off after ${limit} s"
-    else
-      line="check: FAIL $step: exited with $rc: $(tail -1 "$WORK/$step.log" | cut -c1-300)"
-    fi
-  fi
+  line=$(run_step check "$step" "$limit" "$WORK/$step.log" "$PY" ci/gpu_bare_check.py "$step" "$WORK")
   say "$line"
   case "$line" in
     "check: FAIL "*) status=1 ;;

@@ -80,7 +80,7 @@ check() {  # check NAME LIMIT_S COMMAND...
 }
 
 contract() {
-  "$PY" -m pytest_kimiperf.server.vllm_contract > "$OUT/vllm-contract.log" 2>&1
+  "$PY" ci/vllm_contract.py > "$OUT/vllm-contract.log" 2>&1
   local rc=$?
   echo "first-run: vllm-contract: $(tail -1 "$OUT/vllm-contract.log")"
   return $rc

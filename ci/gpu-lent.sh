@@ -30,23 +30,16 @@
 # Step time estimates on the GPU machine: ci/README.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. ci/gpu-step.sh
 PY=${PYTHON:-python3}
 OUT=${OUT:-gpu-lent}
 BUDGET=${LENT_BUDGET_S:-330}
-KILL_GRACE_S=5
 # Kept after the bare check for packing what comes back.
 PACK_S=10
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/kimiperf-lent.XXXXXX")
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if [ -d .bare-deps ]; then
-  export PYTHONPATH="$PYTHONPATH:$PWD/.bare-deps"
-fi
 export PYTHONUNBUFFERED=1
-skip=" ${SKIP:+${SKIP//,/ }} "
-passed=()
-status=0
 : > "$OUT/lent.txt"
 
 say() {
@@ -68,17 +61,10 @@ step() {
     status=1
     return
   fi
-  local started=$SECONDS
-  timeout -k "$KILL_GRACE_S" "$limit" "$PY" ci/gpu_lent.py "$name" "$WORK" "$OUT" "$@" > "$WORK/$name.log" 2>&1
-  local rc=$? took=$((SECONDS - started)) line
-  line=$(grep -m1 '^lent: ' "$WORK/$name.log")
-  if [ -z "$line" ]; then
-    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-      line="lent: FAIL $name: cut off after ${limit} s; its output so far: $name.log in logs.tgz"
-    else
-      line="lent: FAIL $name: exited with $rc: $(tail -1 "$WORK/$name.log" | cut -c1-300)"
-    fi
-  fi
+  local started=$SECONDS line
+  line=$(CUT_OFF_NOTE="; its output so far: $name.log in logs.tgz" \
+    run_step lent "$name" "$limit" "$WORK/$name.log" "$PY" ci/gpu_lent.py "$name" "$WORK" "$OUT" "$@")
+  local took=$((SECONDS - started))
   say "${line/ $name: / $name ($took s): }"
   case "$line" in
     "lent: FAIL "*) status=1 ;;

@@ -3,7 +3,7 @@
 # outside the workspace (checkout's clean wipes the workspace), created once per change of the
 # constraints or pyproject.toml (their hash names it); the plugin itself is reinstalled from
 # this checkout on every run, without touching the engine. Then the installed vLLM is checked
-# against the log lines and flags the plugin was written for (server/vllm_contract.py): a
+# against the log lines and flags the plugin was written for (ci/vllm_contract.py): a
 # mismatch fails here, not an hour into a gate. In a GitHub job it sets PYTHON for the later
 # steps (ci/perf-gate.sh reads it).
 #
@@ -33,7 +33,7 @@ import importlib.metadata as md
 print("gpu-venv: vllm", md.version("vllm"), "torch", md.version("torch"), "pytest-kimiperf",
       md.version("pytest-kimiperf"))
 PY
-"$VENV/bin/python" -m pytest_kimiperf.server.vllm_contract
+"$VENV/bin/python" ci/vllm_contract.py
 if [ -n "${GITHUB_ENV:-}" ]; then
   echo "PYTHON=$VENV/bin/python" >> "$GITHUB_ENV"
 fi

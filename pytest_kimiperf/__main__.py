@@ -1,12 +1,12 @@
-"""``python -m pytest_kimiperf compare ...``: the package's commands that run without pytest
-(``kimiperf compare`` is the same, as a console script)."""
+"""``python -m pytest_kimiperf {compare,merge-driver} ...``: the package's commands that run
+without pytest (the ``kimiperf`` console script is the same)."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
 
-_COMMANDS = ("compare",)
+_COMMANDS = ("compare", "merge-driver")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -15,6 +15,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] not in _COMMANDS:
         print(f"usage: kimiperf {{{','.join(_COMMANDS)}}} ... (kimiperf compare --help)", file=sys.stderr)
         return 4
+    if args[0] == "merge-driver":
+        from pytest_kimiperf.storage.baseline_merge import main as merge_driver
+
+        return merge_driver(args[1:])
     from pytest_kimiperf.compare.cli import main as compare
 
     return compare(args[1:])

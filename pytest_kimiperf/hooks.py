@@ -1,13 +1,5 @@
 """What pytest calls: the plugin's public fixtures, and the session object whose methods are its hooks.
 
-The module holds, in order:
-
-* the fixtures (``kimiperf_server``, ``kimiperf_profile``, ``kimiperf_boot``, ``perf`` and the
-  rest), and the stash keys they share with the session object (:data:`SESSION_KEY`,
-  :data:`RESULT_KEY`, :data:`_TOLERANCES_KEY`);
-* the session object: one :class:`KimiperfSession` per pytest process, pytest's hooks as its
-  methods.
-
 **The fixtures.** ``plugin.py`` imports the fixtures, so pytest registers them with the plugin.
 Like the hooks, they only connect pytest to the modules that do the work: the session object's
 :class:`~pytest_kimiperf.session.PerfSession` (``KimiperfSession.run``; the session object is kept

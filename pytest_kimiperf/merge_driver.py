@@ -1,16 +1,14 @@
-"""git's merge driver for baseline files: ``python -m pytest_kimiperf.merge_driver %O %A %B %P``.
+"""The merge driver's old command, for a clone configured before it became ``python -m
+pytest_kimiperf merge-driver``: it fails the merge and names the line to configure instead.
 
-The command that ``make merge-driver`` configures in each clone, so it stays at this path; the
-merge and the driver are storage/baseline_merge.py's, which owns the baseline file.
+git runs the driver a clone was configured with; this path must not exit 0 with ``%A`` untouched
+(git would take "ours" as merged and drop the other runner's boots).
 """
-
-from __future__ import annotations
 
 import sys
 
-from pytest_kimiperf.storage.baseline_merge import main
-
-__all__ = ["main"]
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit("kimiperf-baselines merge driver: `python -m pytest_kimiperf.merge_driver` is not the driver; run "
+             "`make merge-driver` once in this clone, or `git config merge.kimiperf-baselines.driver "
+             f"\"{sys.executable} -m pytest_kimiperf merge-driver %O %A %B %P\"`, then merge again (this merge is "
+             "left conflicted)")

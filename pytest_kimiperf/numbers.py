@@ -57,11 +57,6 @@ def is_real(value: object, *, finite: bool = False) -> TypeGuard[float]:
     return not finite or math.isfinite(value)
 
 
-def as_number(value: object) -> float | None:
-    """``value`` as a float if it is a real number (not a bool), else None: for JSON-read cells."""
-    return float(value) if is_real(value) else None
-
-
 def finite_only(samples: Iterable[float]) -> list[float]:
     """The finite samples (a failed request's NaN left out)."""
     return [s for s in samples if math.isfinite(s)]

@@ -14,7 +14,6 @@ controller's reports and baselines.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 from pytest_kimiperf.reports import reporter as benchmark_bridge
 from pytest_kimiperf.errors import BaselineError, ConfigError, KimiperfError
 from pytest_kimiperf.measure.runner import cause_of, say_invalid
-from pytest_kimiperf.measure.results import RunResult, check_goodput_slo, check_rounds
+from pytest_kimiperf.measure.results import RunResult, check_rounds, check_slo
 from pytest_kimiperf.measure.server_view import run_cross_checks
 from pytest_kimiperf.measure.runner import WatchedRun, measure_watched
 from pytest_kimiperf.judge.baselines import LoadedBaselines
@@ -43,21 +42,6 @@ from pytest_kimiperf.config.settings import Settings
 if TYPE_CHECKING:
     from pytest_kimiperf.config.deployments import Deployment
     from pytest_kimiperf.measure.workload import Scenario
-
-
-def _checked_slo(slo: Mapping[str, Any]) -> dict[str, float]:
-    """``{"p99_ttft_ms": 2000}`` checked: known metrics, positive finite limits."""
-    if not isinstance(slo, Mapping):
-        raise ConfigError(f"slo={slo!r}: give a mapping of metric name to limit, e.g. {{'p99_itl_ms': 60}}")
-    checked: dict[str, float] = {}
-    for name, limit in slo.items():
-        if name == "request_goodput":
-            raise ConfigError("slo: request_goodput is gated against its baseline; pass goodput={...} instead")
-        metric_spec(name)  # ConfigError listing the known metrics
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0:
-            raise ConfigError(f"slo {name} = {limit!r}: must be a number > 0")
-        checked[name] = float(limit)
-    return checked
 
 
 @dataclass(frozen=True)
@@ -230,10 +214,10 @@ class PerfRecorder:
         else its first): the summary's answer line speaks of it, the others are secondary.
         """
         try:
-            slo_checked = _checked_slo(slo) if slo else {}
+            slo_checked = check_slo(slo) if slo else {}
             if primary is not None and primary not in metrics:
                 raise ConfigError(f"primary={primary!r} is not one of the metrics it checks: {', '.join(metrics)}")
-            goodput_slo = check_goodput_slo(goodput) if goodput is not None else None
+            goodput_slo = check_slo(goodput, goodput=True) if goodput is not None else None
             check_rounds([*metrics, *(["request_goodput"] if goodput is not None else [])], len(run.rounds))
         except ConfigError as exc:
             self._fail(f"perf.check of {self.test}: {exc}")

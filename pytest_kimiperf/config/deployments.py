@@ -4,12 +4,8 @@ A deployment holds the command line (an argument list with ``{placeholders}``, n
 string), the model, the tensor-parallel size, extra environment, the health deadline, the
 hardware it needs, and its single-stream decode floor and target. Users add their own in
 ``pyproject.toml`` under ``[tool.kimiperf.deployments.NAME]`` or from a conftest through the
-``pytest_kimiperf_add_deployments`` hook, read by ``deployment_tables``. The module holds, in
-order:
-
-* what a deployment is (:class:`Deployment`, :class:`Spreads`) and the ones that ship with the
-  plugin (:data:`BUILTIN_DEPLOYMENTS`), each number with where it was measured;
-* the bounds a deployment sets on a measurement: the client's self-check and a quiet host.
+``pytest_kimiperf_add_deployments`` hook, read by ``deployment_tables``. The built-in
+ones (:data:`BUILTIN_DEPLOYMENTS`) say where each of their numbers was measured.
 
 **The bounds.** :class:`HealthBounds` (a deployment's ``client_bounds``): past these the load
 generator, not the server, shaped the numbers, and the run is INVALID (measure/results.py applies

@@ -1,12 +1,5 @@
 """The streaming client's HTTP/1.1 keep-alive connections, each chunk stamped when it arrives.
 
-The module holds, in order:
-
-* plain HTTP (:class:`Connection`, :class:`Pool`): every read stamped with the kernel's receive
-  time;
-* HTTPS for a gateway in front of vLLM (:class:`TlsPool`): the same connection fed from asyncio's
-  TLS transport, timed in the event loop.
-
 **Plain HTTP.** A :class:`Connection` reads its socket itself (``add_reader`` + ``recvmsg``) and
 splits the chunked framing in the same reader callback as the SSE events (``sse``), ~2 us of Python
 per chunk and no task switch; the request's task only wakes when the stream ends. A :class:`Pool`

@@ -90,12 +90,6 @@ class Withheld(StrEnum):
     CLIENT_HELD = "client-held"  # a stamp the figure rests on was taken while the client was held
     ONE_READ = "one-read"  # the server wrote every token in one read: no decode span
 
-    @property
-    def by_client(self) -> bool:
-        """A loss to the client's holds (counted against the window's bound), not to the
-        request, the workload or the server."""
-        return self is Withheld.CLIENT_HELD
-
 
 # The reasons that are the client's, as the JSON spells them; a reason a report of another
 # version wrote ("first-read-shared", "burst" before reads were judged one by one) is not.
@@ -195,11 +189,6 @@ class Stamps:
     server_reads: int = 0
     # The first and the last chunk came in one read.
     one_read: bool = False
-
-    @property
-    def exact(self) -> tuple[bool, ...]:
-        """Which chunk stamps are their chunk's arrival."""
-        return tuple(e == 0 for e in self.early_ns)
 
 
 def stamps(timeline: Timeline, holds: Holds = NO_HOLDS) -> Stamps:

@@ -9,21 +9,12 @@ short-lived ones such as compiler jobs that start and exit between two process l
 them, the **CPU quota** of the client's and the server's cgroups and what it throttled
 (cgroup_quota.py: a quota that throttles a window disturbs it like a busy host), and on GPU
 hosts through NVML: other processes on the deployment's GPUs, clock-event
-(throttle) reasons, SM clock, temperature and power at the window's two ends. The module holds,
-in order:
+(throttle) reasons, SM clock, temperature and power at the window's two ends.
 
-* the readings of the host (:class:`HostSnapshot`, :func:`read_host_counters`,
-  :func:`read_processes`, :func:`sample_gpu`): each a plain value, CPU busy and steal time from
-  ``/proc/stat``, PSI ``some`` totals from ``/proc/pressure`` where the kernel has them, every
-  process's CPU time (psutil), and per GPU (:class:`GpuReading`) the SM clock, temperature,
-  power, clock-event (throttle) reasons and other processes;
-* one window (:class:`HostReading`, :func:`compare_snapshots`): two snapshots made into a reading,
-  and what in it counts as a disturbance against the deployment's bounds
-  (config.deployments.HostBounds); and the watch itself (:class:`HostWatch`);
-* the watch on the nodes of a deployment that this machine reaches only through a launch template
-  (:class:`NodeWatch`): the node agent's snapshot (``python -m pytest_kimiperf.node_agent
-  snapshot``) at the window's two ends, compared by the same arithmetic as this machine's
-  (:func:`compare_snapshots`).
+A window's two snapshots become a :class:`HostReading` (:func:`compare_snapshots`), judged against
+the deployment's ``HostBounds``. The nodes this machine reaches only through a launch template are
+read by :class:`NodeWatch` through the node agent (``python -m pytest_kimiperf.node_agent
+snapshot``) at the window's two ends, and compared by the same arithmetic.
 
 The arithmetic is pure (:func:`compare_snapshots`, and the readings' parsers) and tested on
 recorded ``/proc`` files and a fake NVML; the readings are what touches the host.

@@ -1,20 +1,9 @@
 """A run's measured figures, request by request and round by round (pure: no I/O, no pytest).
 
-The module holds, in order:
-
-* why a run's own figures cannot be judged (:data:`RunInvalid`), as facts: no request measured,
-  none valid, or a client that limited the load (the host watch's reason, a busy host, is
-  ``runner``'s). Decisions read these values (``RunResult.valid`` is ``invalid is None``); the
-  sentence a report prints is rendered from them by :func:`say_run_invalid`, one place, so the
-  words stay what they were while nothing downstream has to parse them;
-* one request's timeline (:class:`RequestRecord`) and the per-request figures read from it, and
-  :func:`percentile`, which every figure of the plugin's runs is summarized with (numpy's default
-  method);
-* the run-level figures computed from request timelines (:class:`RoundResult`,
-  :class:`RunResult`, :class:`RunSummary`): output_throughput (output tokens of valid requests /
-  wall time) and request_throughput (valid requests / wall time) per round, goodput, the client's
-  self-check (``HealthBounds``: a run the client limited is INVALID), and the run's JSON.
-
+A run that cannot be judged says why as facts (:data:`RunInvalid`: no request measured, none
+valid, or a client that limited the load; a busy host is ``runner``'s); decisions read them
+(``RunResult.valid`` is ``invalid is None``) and :func:`say_run_invalid` alone words them. Every
+figure is summarized with :func:`percentile` (numpy's default method).
 The module imports nothing that reads the host, so the judge can import it.
 
 **Per-request figures.** TTFT, E2EL, ITL, TPOT and decode tok/s follow vLLM's ``bench serve``
@@ -365,7 +354,6 @@ class RequestRecord:
 
 
 # The run-level figures: rounds, goodput, the client's self-check and the run's JSON.
-RUN_LEVEL_METRICS: tuple[str, ...] = metrics_of(SampleKind.ROUND)
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 
 # The loop-latency bounds follow the host: never below this many times the latency the same
@@ -475,17 +463,27 @@ def check_rounds(metrics: Sequence[str], rounds: int) -> None:
             f"rounds={MIN_SAMPLES_PER_BOOT} or more")
 
 
-def check_goodput_slo(slo_ms: Mapping[str, Any]) -> dict[str, float]:
-    """``{"ttft_ms": 300, "tpot_ms": 50}`` checked: per-request metrics vLLM's goodput knows,
-    each a positive number of ms; ConfigError naming what is wrong."""
-    if not isinstance(slo_ms, Mapping) or not slo_ms:
-        raise ConfigError(f"goodput={slo_ms!r}: give a mapping such as {{'ttft_ms': 300, 'tpot_ms': 50}}")
+def check_slo(limits: object, *, goodput: bool = False) -> dict[str, float]:
+    """``perf.check``'s limits checked, each a finite number > 0; ConfigError naming what is wrong.
+
+    ``slo={"p99_ttft_ms": 2000}`` limits any metric of the boot; ``goodput={"ttft_ms": 300}``
+    limits each request, in ms, on the per-request metrics vLLM's goodput knows."""
+    if not isinstance(limits, Mapping) or not limits:
+        usage = ("give a mapping such as {'ttft_ms': 300, 'tpot_ms': 50}" if goodput
+                 else "give a mapping of metric name to limit, e.g. {'p99_itl_ms': 60}")
+        raise ConfigError(f"{'goodput' if goodput else 'slo'}={limits!r}: {usage}")
     checked: dict[str, float] = {}
-    for name, limit in slo_ms.items():
-        if name not in GOODPUT_METRICS:
-            raise ConfigError(f"goodput SLO {name!r}: allowed are {', '.join(GOODPUT_METRICS)} (as vLLM's --goodput)")
+    for name, limit in limits.items():
+        if goodput:
+            if name not in GOODPUT_METRICS:
+                raise ConfigError(f"goodput SLO {name!r}: allowed are {', '.join(GOODPUT_METRICS)} (as vLLM's --goodput)")
+        elif name == "request_goodput":
+            raise ConfigError("slo: request_goodput is gated against its baseline; pass goodput={...} instead")
+        else:
+            metric_spec(name)  # ConfigError listing the known metrics
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0:
-            raise ConfigError(f"goodput SLO {name} = {limit!r}: must be a number of ms > 0")
+            what = "goodput SLO" if goodput else "slo"
+            raise ConfigError(f"{what} {name} = {limit!r}: must be a number{' of ms' if goodput else ''} > 0")
         checked[name] = float(limit)
     return checked
 

@@ -13,14 +13,6 @@ itself while it measures (see config.deployments.HealthBounds): CPU share and ev
 of every client process, and how late each request went out. When one
 process cannot keep up, ``client_processes`` spreads the streams over several processes.
 
-The module holds, in order:
-
-* dealing (:func:`prepare`, :func:`process_plans`): a scenario's requests built once, then split
-  into rounds and processes;
-* playing (:func:`run_scenario`, :func:`run_sweep`, :func:`run_scenario_async`);
-* the measurement under the host watch (:func:`measure_watched`, :class:`WatchedRun`), taken again
-  while the host is disturbed.
-
 **Dealing.** ``prepare`` builds every request a run sends (warm-up and rounds) with fresh prompts
 from ``first_index`` on; a budget in seconds only reuses ``SECONDS_BUDGET_PROMPTS`` prompts in turn
 (their ids marked, see ``workload.reused_prompt_requests``). ``process_plans`` gives each client

@@ -159,8 +159,9 @@ class Histogram:
 
 
 @dataclass(frozen=True)
-class Snapshot:
-    """The metrics this module reads, at one moment."""
+class VllmMetrics:
+    """The metrics this module reads: at one moment (:class:`Snapshot`) or between two
+    (:class:`ServerView`)."""
 
     ttft: Histogram | None
     itl: Histogram | None
@@ -173,6 +174,11 @@ class Snapshot:
     block_tokens: int | None = None
     # The engine core's per-request histograms (ENGINE_METRICS), those the server exports.
     engine: Mapping[str, Histogram] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Snapshot(VllmMetrics):
+    """The metrics this module reads, at one moment."""
 
 
 def _matches(labels: Mapping[str, str], model: str | None) -> bool:
@@ -255,17 +261,8 @@ def fetch_snapshot(
 
 
 @dataclass(frozen=True)
-class ServerView:
+class ServerView(VllmMetrics):
     """What the server saw between two snapshots."""
-
-    ttft: Histogram | None
-    itl: Histogram | None
-    itl_metric: str
-    generation_tokens: float | None
-    prefix_cache_queries: float | None = None
-    prefix_cache_hits: float | None = None
-    block_tokens: int | None = None
-    engine: Mapping[str, Histogram] = field(default_factory=dict)
 
     @classmethod
     def between(cls, before: Snapshot, after: Snapshot) -> ServerView:

@@ -1,12 +1,5 @@
 """What a perf test sends: requests of an exact shape, and the load patterns that send them.
 
-The module holds, in order:
-
-* requests of an exact shape (:class:`Workload`, :func:`build_prompts`, :func:`build_requests`):
-  prompts of an exact token count, outputs of an exact length;
-* load patterns (:class:`Scenario` and its kinds, :func:`load_facts`): what a perf test asks the
-  runner to play, and their validation.
-
 **Requests.** Prompts are built with the server's own tokenizer through vLLM's ``/tokenize`` and
 ``/detokenize`` endpoints (vllm/entrypoints/serve/tokenize/protocol.py: POST ``{"model",
 "prompt", "add_special_tokens"}`` or ``{"model", "messages"}`` -> ``{"count", "tokens",

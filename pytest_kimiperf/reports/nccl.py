@@ -44,7 +44,7 @@ from pytest_kimiperf.config.nccl.debug_log import (
 )
 from pytest_kimiperf.config.nccl.profiles import NcclProfile
 from pytest_kimiperf.server.allreduce_path import (
-    AllReducePath, CUSTOM_OFF_SWITCH, DecodeReach, Reach, Why, decode_reach, switch_for,
+    AllReducePath, CUSTOM_OFF_SWITCH, DecodeReach, AllReduceRoute, BackendOffReason, decode_reach, switch_for,
 )
 
 
@@ -60,13 +60,13 @@ _PATHS: Mapping[str, str] = {
     "SYMM_MEM": "torch symmetric memory",
     "NCCL_SYMM_MEM": "NCCL's symmetric kernels",
 }
-_WHY_CUSTOM_OFF: Mapping[Why, str] = {
-    Why.FLAG: f"{CUSTOM_OFF_SWITCH} turns vLLM's custom all-reduce off",
-    Why.PCIE_ONLY: "vLLM's custom all-reduce is off on more than two PCIe-only GPUs",
-    Why.NO_P2P: "vLLM's custom all-reduce is off: the GPUs' peer-to-peer test failed",
-    Why.WORLD_SIZE: "vLLM's custom all-reduce takes 2, 4, 6 or 8 ranks only",
-    Why.MULTI_NODE: "vLLM's custom all-reduce is off across nodes without MNNVL",
-    Why.NO_LIBRARY: "this vLLM build has no custom all-reduce",
+_WHY_CUSTOM_OFF: Mapping[BackendOffReason, str] = {
+    BackendOffReason.FLAG: f"{CUSTOM_OFF_SWITCH} turns vLLM's custom all-reduce off",
+    BackendOffReason.PCIE_ONLY: "vLLM's custom all-reduce is off on more than two PCIe-only GPUs",
+    BackendOffReason.NO_P2P: "vLLM's custom all-reduce is off: the GPUs' peer-to-peer test failed",
+    BackendOffReason.WORLD_SIZE: "vLLM's custom all-reduce takes 2, 4, 6 or 8 ranks only",
+    BackendOffReason.MULTI_NODE: "vLLM's custom all-reduce is off across nodes without MNNVL",
+    BackendOffReason.NO_LIBRARY: "this vLLM build has no custom all-reduce",
 }
 _WHAT_NCCL_KEEPS = "prefill's larger all-reduces and the all-gathers"
 # The switches that keep vLLM's own paths off decode by default (allreduce_path._SWITCHES); the
@@ -101,15 +101,15 @@ def where_decode_ran(reach: DecodeReach, *, boots: str = "") -> str:
     size = ", ".join(part for part in (
         f"TP={reach.tensor_parallel_size}" if reach.tensor_parallel_size else "", boots) if part)
     size = f" ({size})" if size else ""
-    if reach.reach is Reach.OTHER_PATH:
+    if reach.reach is AllReduceRoute.OTHER_PATH:
         return f"vLLM ran them on {_paths(reach.via)} before NCCL{size}"
-    if reach.reach is Reach.NCCL_SYMMETRIC:
+    if reach.reach is AllReduceRoute.NCCL_SYMMETRIC:
         return f"vLLM ran them on NCCL's symmetric kernels (NCCL_SYMM_MEM), which NCCL_ALGO and NCCL_PROTO do not choose{size}"
-    if reach.reach is Reach.ONE_RANK:
+    if reach.reach is AllReduceRoute.ONE_RANK:
         return f"one rank runs no all-reduce{size}"
-    if reach.reach is Reach.GLOO:
+    if reach.reach is AllReduceRoute.GLOO:
         return f"the CPU engine runs its collectives on gloo, not NCCL{size}"
-    if reach.reach is Reach.NCCL:
+    if reach.reach is AllReduceRoute.NCCL:
         off = _WHY_CUSTOM_OFF.get(reach.custom_off) if reach.custom_off is not None else None
         why = f", as {off}" if off else ""
         return f"NCCL ran them{size}{why}"
@@ -126,12 +126,12 @@ def _source(reach: DecodeReach) -> str:
 def _one(reach: DecodeReach, whose: str, boots: str) -> str:
     """The answer where every boot of every profile took the same path."""
     ran = where_decode_ran(reach, boots=boots if reach.logged else "") + _source(reach)
-    if reach.reach is Reach.ONE_RANK:
+    if reach.reach is AllReduceRoute.ONE_RANK:
         return (f"nothing: {ran}, so {whose} NCCL settings touched no collective, and NCCL prints no TUNING line "
                 "with one rank")
-    if reach.reach is Reach.GLOO:
+    if reach.reach is AllReduceRoute.GLOO:
         return f"nothing: {ran}, so {whose} NCCL settings touched no collective"
-    if reach.reach is Reach.NCCL_SYMMETRIC:
+    if reach.reach is AllReduceRoute.NCCL_SYMMETRIC:
         return f"decode's all-reduces only through kernels it does not tune: {ran}; {how_to_force(reach.switches)}"
     return (f"not decode's all-reduces: {ran}, so {whose} NCCL settings touched only {_WHAT_NCCL_KEEPS}; "
             f"for NCCL on decode, {how_to_force(reach.switches)}")
@@ -172,10 +172,10 @@ def check_note(reach: DecodeReach | None) -> str | None:
     or the path is unknown."""
     if reach is None:
         return None
-    if reach.reach is Reach.ONE_RANK:
+    if reach.reach is AllReduceRoute.ONE_RANK:
         return ("TP=1: one rank runs no all-reduce (vLLM makes no PyNccl communicator for it), so NCCL prints no "
                 "TUNING line: none is the expected answer here, not a failed check")
-    if reach.reach in (Reach.OTHER_PATH, Reach.NCCL_SYMMETRIC):
+    if reach.reach in (AllReduceRoute.OTHER_PATH, AllReduceRoute.NCCL_SYMMETRIC):
         return (f"decode's all-reduces did not reach NCCL's algorithms: {where_decode_ran(reach)}{_source(reach)}; "
                 f"NCCL's TUNING lines show {_WHAT_NCCL_KEEPS} only; for NCCL on decode, {how_to_force(reach.switches)}")
     return None

@@ -11,13 +11,7 @@ small collectives. So two ceilings bound tok/s:
 engineer whether tuning NCCL can still pay. The bytes come from ``weights`` (in the formats its
 quantization rules read); the hardware's side, bandwidth and allreduce latency, is here.
 Activations, the KV cache and kernel efficiency are not modelled, so these are ceilings, not
-predictions. GB means 10**9 bytes throughout, as in vendor datasheets. The module holds, in
-order:
-
-* the hardware's side (:func:`gpu_bandwidth_gbs`, :func:`default_allreduce_latency_us`,
-  :func:`measure_cpu_copy_bandwidth_gbs`) and the ceiling (:func:`estimate`, :class:`Roofline`);
-* the collective ceiling measured on the target (:func:`measure_allreduce_latency`): nccl-tests'
-  ``all_reduce_perf`` at the size a decode step sends, where it is installed.
+predictions. GB means 10**9 bytes throughout, as in vendor datasheets.
 
 **The measured allreduce.** The roofline's communication term is collectives x one allreduce's
 latency; its default (30 us on PCIe, :func:`default_allreduce_latency_us`) is a guide. Where

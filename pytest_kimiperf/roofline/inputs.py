@@ -48,7 +48,7 @@ _INTERCONNECTS = {"PCIe": "pcie", "NVLink": "nvlink"}
 
 
 @dataclass(frozen=True)
-class Sourced:
+class RooflineInput:
     """One roofline input: its value (None when unknown) and where it came from, or why it is missing."""
 
     value: float | None
@@ -99,8 +99,8 @@ class RooflineReport:
     deployment: str
     tensor_parallel_size: int
     model_config: ModelConfigLookup
-    bandwidth: Sourced
-    allreduce_latency: Sourced
+    bandwidth: RooflineInput
+    allreduce_latency: RooflineInput
     estimate: ceiling.Roofline | None
     measurements: tuple[DecodeAgainstCeiling, ...]
     unknown_reason: str | None = None  # why no ceiling could be computed
@@ -206,49 +206,49 @@ def _resolve_bandwidth(
     fingerprint: Any,
     *,
     measure_cpu_gbs: Callable[[], float],
-) -> Sourced:
+) -> RooflineInput:
     """Memory bandwidth per device (GB/s): deployment override, GPU datasheet, or measured CPU copy."""
     if deployment.memory_bandwidth_gbs is not None:
-        return Sourced(deployment.memory_bandwidth_gbs, f"memory_bandwidth_gbs of deployment {deployment.name}")
+        return RooflineInput(deployment.memory_bandwidth_gbs, f"memory_bandwidth_gbs of deployment {deployment.name}")
     if deployment.needs_gpus:
         hard = getattr(fingerprint, "hard", None)
         if not hard:
-            return Sourced(None, "no GPU fingerprint of this host; set memory_bandwidth_gbs in the deployment")
+            return RooflineInput(None, "no GPU fingerprint of this host; set memory_bandwidth_gbs in the deployment")
         if hard.get("gpu.count", "0") == "0":
-            return Sourced(None, "no GPU found on this host; set memory_bandwidth_gbs in the deployment")
+            return RooflineInput(None, "no GPU found on this host; set memory_bandwidth_gbs in the deployment")
         name = hard.get("gpu.name", "")
         try:
-            return Sourced(ceiling.gpu_bandwidth_gbs(name), f"datasheet peak of {name}")
+            return RooflineInput(ceiling.gpu_bandwidth_gbs(name), f"datasheet peak of {name}")
         except ConfigError as exc:
-            return Sourced(None, f"{exc}; or set memory_bandwidth_gbs in the deployment")
+            return RooflineInput(None, f"{exc}; or set memory_bandwidth_gbs in the deployment")
     try:
         gbs = measure_cpu_gbs()
     except (ConfigError, MemoryError, OSError) as exc:
-        return Sourced(None, f"measuring this host's copy bandwidth failed: {exc}")
-    return Sourced(gbs, "measured on this host: best single-thread copy of a "
+        return RooflineInput(None, f"measuring this host's copy bandwidth failed: {exc}")
+    return RooflineInput(gbs, "measured on this host: best single-thread copy of a "
                         f"{_CPU_COPY_BUFFER_MIB} MiB buffer in {_CPU_COPY_DURATION_S:g} s", measured=True)
 
 
-def _resolve_allreduce_latency(deployment: Any, fingerprint: Any) -> Sourced:
+def _resolve_allreduce_latency(deployment: Any, fingerprint: Any) -> RooflineInput:
     """One decode-sized allreduce's latency (us): deployment override or the interconnect's default."""
     if deployment.tensor_parallel_size == 1:
-        return Sourced(None, "tp=1: no collectives")
+        return RooflineInput(None, "tp=1: no collectives")
     if deployment.allreduce_latency_us is not None:
-        return Sourced(deployment.allreduce_latency_us, f"allreduce_latency_us of deployment {deployment.name}")
+        return RooflineInput(deployment.allreduce_latency_us, f"allreduce_latency_us of deployment {deployment.name}")
     if not deployment.needs_gpus:
-        return Sourced(None, "the CPU engine's gloo allreduce has no default latency, it varies with the "
+        return RooflineInput(None, "the CPU engine's gloo allreduce has no default latency, it varies with the "
                              "host; set allreduce_latency_us in the deployment")
     hard = getattr(fingerprint, "hard", None) or {}
     interconnect = _INTERCONNECTS.get(str(hard.get("gpu.interconnect", "")))
     if interconnect is None:
-        return Sourced(None, f"GPU interconnect {hard.get('gpu.interconnect', 'unknown')!r} has no default "
+        return RooflineInput(None, f"GPU interconnect {hard.get('gpu.interconnect', 'unknown')!r} has no default "
                              "latency; set allreduce_latency_us in the deployment")
     value = ceiling.default_allreduce_latency_us(interconnect)
-    return Sourced(value, f"default for {hard['gpu.interconnect']}, a guide, not a measurement")
+    return RooflineInput(value, f"default for {hard['gpu.interconnect']}, a guide, not a measurement")
 
 
-def _measured_allreduce_latency(deployment: Any, config: Mapping[str, Any], default: Sourced,
-                               measure: Callable[[int, int], tuple[float, str] | None]) -> Sourced:
+def _measured_allreduce_latency(deployment: Any, config: Mapping[str, Any], default: RooflineInput,
+                               measure: Callable[[int, int], tuple[float, str] | None]) -> RooflineInput:
     """One decode step's allreduce (the bf16 hidden state of one token: 2 x hidden_size bytes)
     measured on this host's GPUs where nccl-tests is installed; ``default`` otherwise, and where
     the deployment gives its own latency. A failed run keeps the default and says why."""
@@ -262,8 +262,8 @@ def _measured_allreduce_latency(deployment: Any, config: Mapping[str, Any], defa
         return default
     value, how = found
     if not math.isfinite(value):
-        return Sourced(default.value, f"{default.source}; {how}")
-    return Sourced(value, how, measured=True)
+        return RooflineInput(default.value, f"{default.source}; {how}")
+    return RooflineInput(value, how, measured=True)
 
 
 def _measure_cpu_bandwidth_gbs() -> float:
@@ -310,7 +310,7 @@ def build_roofline_report(
     lookup = find_model_config(deployment, rootpath=rootpath, environ=environ, tiny_model_dir=tiny_model_dir)
     latency = _resolve_allreduce_latency(deployment, fingerprint)
 
-    def unknown(reason: str, bandwidth: Sourced) -> RooflineReport:
+    def unknown(reason: str, bandwidth: RooflineInput) -> RooflineReport:
         return RooflineReport(
             deployment=deployment.name, tensor_parallel_size=tp, model_config=lookup,
             bandwidth=bandwidth, allreduce_latency=latency, estimate=None,
@@ -321,7 +321,7 @@ def build_roofline_report(
 
     if lookup.path is None:
         # Without the model there is nothing to divide by: the bandwidth is not even measured.
-        return unknown(f"no model config ({lookup.reason})", Sourced(None, "not needed: no model config"))
+        return unknown(f"no model config ({lookup.reason})", RooflineInput(None, "not needed: no model config"))
     bandwidth = _resolve_bandwidth(deployment, fingerprint, measure_cpu_gbs=measure_cpu_gbs)
     if bandwidth.value is None:
         return unknown(f"no memory bandwidth ({bandwidth.source})", bandwidth)

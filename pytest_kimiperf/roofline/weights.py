@@ -1,24 +1,13 @@
 """Weight accounting: the bytes one decoded token reads, per tensor class, total and per GPU.
 
 A decode step of one stream reads every weight the token touches once: active experts only, one
-embedding row, the whole lm_head. GB means 10**9 bytes, as in vendor datasheets. The module holds,
-in order:
-
-* the model's Hugging Face ``config.json``, where it is on this host and what it says:
-  :func:`find_model_config` looks for it (the deployment's ``model_config``, the tiny model's
-  build, a local model directory or the Hugging Face hub cache) and says why when it is not found;
-  :func:`read_model_config` loads it; :func:`text_config`, :func:`first_present` and
-  :func:`positive_int_field` read the language model inside a multimodal wrapper and the integer
-  fields the roofline needs, naming the field and the file when one is bad;
-* weight formats and quantization schemes (:class:`WeightFormat`, :class:`QuantScheme`): how many
-  bytes each Linear module of a checkpoint takes, read from its ``quantization_config``
-  (compressed-tensors, GPTQ, AWQ, FP8). Each rule follows how vLLM loads the format (cited where it
-  matters): which modules a scheme skips, which scales and zero points decode reads with the
-  weights;
-* the model's tensors: :func:`weight_tensors` lists a HF config's weights as vLLM shards them under
-  tensor parallelism (cited where it matters), :func:`weight_bytes_per_token` prices them in their
-  quantized formats, and :func:`tp_collectives_per_token` counts the small collectives each step
-  waits for.
+embedding row, the whole lm_head. GB means 10**9 bytes, as in vendor datasheets. The model's
+``config.json`` is looked for where the deployment, the tiny model's build, a local model
+directory or the Hugging Face hub cache has it (:func:`find_model_config` says why when none
+does). How many bytes each Linear module takes follows how vLLM loads its checkpoint's format
+(compressed-tensors, GPTQ, AWQ, FP8: which modules a scheme skips, which scales and zero points
+decode reads with the weights), and so do the tensors' shards under tensor parallelism, cited
+where it matters.
 """
 
 from __future__ import annotations

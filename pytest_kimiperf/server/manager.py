@@ -3,12 +3,7 @@
 The session fixture asks for a profile's server and gives it back; this module sweeps servers
 left by killed earlier runs before launching, builds the server's environment from deployment
 and profile, picks the port, shows boot progress through a callback, and keeps the facts the
-reports need (boot counts and times, leftovers, the environment each server ran with). The module
-holds, in order:
-
-* the host claim (:func:`_claim_host`, :class:`HostClaim`): one pytest session at a time boots
-  servers on a host;
-* the manager (:class:`ServerManager`, :class:`ServerRecord`).
+reports need (boot counts and times, leftovers, the environment each server ran with).
 
 **The host claim.** Two sessions that both boot the deployment's servers (8 GPUs each for Kimi, or
 the two cores of a CPU runner) must not run side by side: the second would fail to fit, or both
@@ -86,7 +81,7 @@ _REMIND_S = 60.0
 
 
 @dataclass(frozen=True)
-class Holder:
+class HostClaimHolder:
     """The session holding the host, as it described itself."""
 
     pid: int
@@ -99,10 +94,10 @@ class Holder:
         return f"pid {self.pid} ({self.command}), holding the host for {held_s // 60}m{held_s % 60:02d}s"
 
 
-def _read_holder(path: Path) -> Holder | None:
+def _read_holder(path: Path) -> HostClaimHolder | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return Holder(pid=int(data["pid"]), command=str(data["command"]), since=float(data["since"]))
+        return HostClaimHolder(pid=int(data["pid"]), command=str(data["command"]), since=float(data["since"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -557,13 +552,8 @@ class ServerManager:
         daemons = self._daemons
         if daemons is None:
             return
-        self.announce(f"kimiperf: stopping the {daemons.deployment} weight-cache daemons")
-        report = daemons.stop()
-        if report is not None and report.survivors:
-            assert self.weight_cache_record is not None
-            survivors = [p.describe() for p in report.survivors]
-            self.weight_cache_record.leftovers.extend(survivors)
-            self.announce("kimiperf: WARNING: weight-cache daemon processes survived SIGKILL: " + "; ".join(survivors))
+        assert self.weight_cache_record is not None
+        if not self._stop_verified(daemons, f"{daemons.deployment} weight-cache daemons", self.weight_cache_record):
             return
         self._daemons = None
         if self.weight_cache is not None and self.weight_cache.socket_dir:
@@ -600,22 +590,23 @@ class ServerManager:
         server = self._current
         if server is None:
             return
-        self.announce(f"kimiperf: stopping the {server.deployment} server ({server.profile})")
-        report = server.stop()
+        if self._stop_verified(server, f"{server.deployment} server ({server.profile})", self.record(server.profile)):
+            self._current = None
+
+    def _stop_verified(self, process: ServerProcess | NodeGroup, what: str, rec: ServerRecord) -> bool:
+        """Stop ``process`` (``what`` names it) and verify that nothing of it is left; False, with
+        the survivors announced and kept in ``rec``'s leftovers, when something is."""
+        self.announce(f"kimiperf: stopping the {what}")
+        report = process.stop()
         if report is not None and report.escalated:
-            self.announce(f"kimiperf: a second signal during teardown: every process of the {server.deployment} "
-                     f"server ({server.profile}) got SIGKILL without waiting out the grace")
-        if report is not None and report.survivors:
-            rec = self.record(server.profile)
-            survivors = [p.describe() for p in report.survivors]
-            rec.leftovers.extend(s for s in survivors if s not in rec.leftovers)
-            self.announce(
-                "kimiperf: WARNING: processes of the "
-                f"{server.deployment} server ({server.profile}) survived SIGKILL: "
-                + "; ".join(survivors)
-            )
-            return
-        self._current = None
+            self.announce(f"kimiperf: a second signal during teardown: every process of the {what} got SIGKILL "
+                          "without waiting out the grace")
+        if report is None or not report.survivors:
+            return True
+        survivors = [p.describe() for p in report.survivors]
+        rec.leftovers.extend(s for s in survivors if s not in rec.leftovers)
+        self.announce(f"kimiperf: WARNING: processes of the {what} survived SIGKILL: " + "; ".join(survivors))
+        return False
 
     def _attach(self, profile: NcclProfile) -> ServerHandle:
         rec = self.record(profile.name)

@@ -23,9 +23,6 @@ from pathlib import Path
 
 from pytest_kimiperf.errors import HardwareMissingError
 
-# Deployment setting: "auto" uses it where it works, "off" never.
-_SETTINGS = ("auto", "off")
-
 # The engine's arguments that are the API server's, not the engine's: `vllm preload` parses
 # EngineArgs only (preload.py add_cli_args) and rejects these.
 _FRONTEND_ARGS_WITH_VALUE = frozenset({

@@ -22,21 +22,11 @@ later without guessing from names, and without ever touching a process that is n
   can take the lock knows the owner is gone (no pid or clock comparison that a reused pid or a
   clock step could fool).
 
-Only psutil and /proc are used to look at processes. The module holds, in order:
-
-* a launch's record on disk (:class:`LaunchRecord`, :func:`record_launch`, :func:`load_launches`):
-  what it started, where, and whether its owner still runs;
-* finding and ending a launch's processes (:func:`find_launch_processes`,
-  :func:`terminate_processes`, :func:`stop_launch`), and the sweep of launches whose owner is gone
-  (:func:`sweep_stale_launches`).
+Only psutil and /proc are used to look at processes.
 
 **The record.** One JSON file per launch in the state directory (``launch-<id>.json``), written
 atomically by the session that launched the server and read by any later sweep
-(:func:`sweep_stale_launches`).  A record says
-who the launch's leader is beyond its pid (its start time in clock ticks since boot,
-``/proc/PID/stat`` field 22, and the boot's id), the host, boot, pid namespace and uid it was
-launched in (``Place``), and carries its owner's liveness as an exclusive ``flock`` held on the
-file for the launch's whole life: the kernel drops it when the owner dies, however it dies.
+(:func:`sweep_stale_launches`).
 """
 
 from __future__ import annotations
@@ -104,7 +94,7 @@ def start_ticks(pid: int) -> int | None:
 
 
 @dataclass(frozen=True)
-class Place:
+class LaunchPlace:
     """The host, boot, pid namespace and uid a launch happened in."""
 
     host: str
@@ -113,7 +103,7 @@ class Place:
     uid: int
 
     @classmethod
-    def here(cls) -> Place:
+    def here(cls) -> LaunchPlace:
         """Where this process runs."""
         return cls(host=socket.gethostname(), boot_id=boot_id(), pid_ns=pid_namespace(), uid=os.getuid())
 
@@ -211,11 +201,11 @@ class LaunchRecord:
         )
 
     @property
-    def place(self) -> Place:
+    def place(self) -> LaunchPlace:
         """Where the launch happened."""
-        return Place(host=self.host, boot_id=self.boot_id, pid_ns=self.pid_ns, uid=self.uid)
+        return LaunchPlace(host=self.host, boot_id=self.boot_id, pid_ns=self.pid_ns, uid=self.uid)
 
-    def foreign_reason(self, here: Place) -> str | None:
+    def foreign_reason(self, here: LaunchPlace) -> str | None:
         """Why this record is not ours to act on from ``here`` (None when it is)."""
         if not self.boot_id:
             return "written by an older pytest-kimiperf without host and boot identity"
@@ -253,7 +243,7 @@ def record_for_popen(
         # It died at once: with start_new_session the group id is the pid, and without start
         # ticks the group is never trusted, so only the marker can find what it started.
         create_time, cmdline, pgid = time.time(), (), pid
-    here = Place.here()
+    here = LaunchPlace.here()
     return LaunchRecord(
         launch_id=launch_id,
         pid=pid,
@@ -662,11 +652,6 @@ class SweepReport:
     # Survivors of SIGKILL (stuck in the driver, typically) that held GPU memory.
     survivor_gpu_memory_mib: Mapping[int, int | None] | None = None
 
-    @property
-    def gpu_pids(self) -> list[int]:
-        """Pids that were ended while holding GPU memory: wait for the driver to free it."""
-        return sorted(self.gpu_memory_mib or {})
-
     def describe(self) -> list[str]:
         """Report lines; empty when there was nothing to do."""
         lines = [f"ended stale {launch}" for launch in self.swept]
@@ -730,7 +715,7 @@ def sweep_stale_launches(
     on another host, boot, pid namespace or by another uid. A record whose processes survive
     SIGKILL is kept so the next sweep tries again.
     """
-    here = Place.here()
+    here = LaunchPlace.here()
     loaded = load_launches(state_dir)
     problems = list(loaded.problems)
     skipped: list[str] = []
@@ -783,7 +768,7 @@ def sweep_stale_launches(
     )
 
 __all__ = [
-    "HeldLaunch", "LAUNCH_ID_ENV", "LaunchRecord", "LoadedLaunches", "Place", "ProcessSummary", "SweepReport",
+    "HeldLaunch", "LAUNCH_ID_ENV", "LaunchPlace", "LaunchRecord", "LoadedLaunches", "ProcessSummary", "SweepReport",
     "SweepAccount", "TerminationReport", "boot_id", "find_launch_processes", "forget_launch", "leader_alive", "load_launches",
     "owner_gone", "pid_namespace", "processes_of", "record_for_popen", "record_launch", "remote_stop",
     "start_ticks", "stop_launch", "sweep_stale_launches", "terminate_processes",

@@ -4,7 +4,7 @@ Each runner records on its own clone (``--update-baselines``) and pushes. Two ru
 appended boots to the same entry conflict as text; as histories they do not: the merged history
 is the union of the boots. :func:`merge_baselines` decides that merge; :func:`main` is git's merge
 driver for baseline files (``.gitattributes``: ``baselines/**/*.json merge=kimiperf-baselines``),
-run as ``python -m pytest_kimiperf.merge_driver %O %A %B %P`` (``make merge-driver`` configures it
+run as ``python -m pytest_kimiperf merge-driver %O %A %B %P`` (``make merge-driver`` configures it
 once per clone), which reads and writes the files and, where a human must decide, leaves git's
 own conflict markers (``git merge-file``).
 
@@ -214,7 +214,7 @@ def _raw_schema_version(text: str) -> object:
 
 
 
-_USAGE = "usage: python -m pytest_kimiperf.merge_driver BASE OURS THEIRS PATH  (git's %O %A %B %P)"
+_USAGE = "usage: python -m pytest_kimiperf merge-driver BASE OURS THEIRS PATH  (git's %O %A %B %P)"
 
 
 def _leave_text_conflict(base: str, ours: str, theirs: str, path: str) -> None:

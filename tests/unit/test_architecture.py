@@ -40,7 +40,7 @@ LAYERS: dict[str, int] = {
     "roofline": 6,
     "reports": 7,
     "session": 8, "recorder": 8, "hooks": 8, "xdist_scheduling": 8, "plugin": 8, "node_agent": 8,
-    "merge_driver": 8, "history_steps": 8, "reference": 8,
+    "merge_driver": 8, "history_steps": 8,
     # `kimiperf compare` (python -m pytest_kimiperf compare): reads other tools' files, judges, renders.
     "compare": 8, "__main__": 8,
 }

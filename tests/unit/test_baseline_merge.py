@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pytest_kimiperf.config.metric_specs import Direction
-from pytest_kimiperf.storage.baseline_merge import BaselineConflict, merge_baseline_texts, merge_baselines
-from pytest_kimiperf.merge_driver import main
+from pytest_kimiperf.storage.baseline_merge import BaselineConflict, main, merge_baseline_texts, merge_baselines
+from pytest_kimiperf.__main__ import main as kimiperf
 from pytest_kimiperf.judge.baselines import BaselineEntry, BaselineFile
 from pytest_kimiperf.storage.baselines import dumps_baseline, parse_baseline
 from pytest_kimiperf.judge.baselines import HISTORY_BOOTS, append_history, make_entry
@@ -157,13 +157,27 @@ def test_driver_writes_the_merge_into_ours(tmp_path: Path) -> None:
     assert _history(parse_baseline(PATH, files[1].read_text()).entries[DECODE]) == ["s0", "s1", "s2"]
 
 
-def test_the_drivers_old_command_leaves_the_merge_conflicted_and_says_what_to_run(tmp_path: Path) -> None:
-    # A clone configured before the driver moved to pytest_kimiperf.merge_driver: git must not
-    # take "ours" as merged (exit 0 with %A untouched would drop the other runner's boots).
-    done = subprocess.run([sys.executable, "-m", "pytest_kimiperf.judge.baseline_merge", "a", "b", "c", "d"],
-                          capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 1
-    assert "python -m pytest_kimiperf.merge_driver" in done.stderr and "make merge-driver" in done.stderr
+def test_the_drivers_old_commands_leave_the_merge_conflicted_and_say_what_to_configure(tmp_path: Path) -> None:
+    # A clone configured before the driver became `python -m pytest_kimiperf merge-driver`: git
+    # must not take "ours" as merged (exit 0 with %A untouched would drop the other runner's boots).
+    ours = tmp_path / "A"
+    ours.write_text("ours\n")
+    old = subprocess.run([sys.executable, "-m", "pytest_kimiperf.merge_driver", "a", str(ours), "c", "d"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert old.returncode == 1 and ours.read_text() == "ours\n"
+    assert "make merge-driver" in old.stderr
+    assert f'merge.kimiperf-baselines.driver "{sys.executable} -m pytest_kimiperf merge-driver %O %A %B %P"' in old.stderr
+    # The oldest path is gone: Python's own error, a non-zero exit all the same.
+    oldest = subprocess.run([sys.executable, "-m", "pytest_kimiperf.judge.baseline_merge", "a", "b", "c", "d"],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert oldest.returncode == 1 and "No module named" in oldest.stderr
+
+
+def test_the_driver_is_a_command_of_the_package(capsys: pytest.CaptureFixture[str]) -> None:
+    assert kimiperf(["merge-driver", "only-one"]) == 2
+    assert "usage: python -m pytest_kimiperf merge-driver BASE OURS THEIRS PATH" in capsys.readouterr().err
+    assert kimiperf(["no-such-command"]) == 4
+    assert "merge-driver" in capsys.readouterr().err
 
 
 def test_driver_refusing_leaves_conflict_markers_and_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kimiperf import paths, reference
+from pytest_kimiperf import paths
 from pytest_kimiperf.compare.cli import parser as compare_parser
 from pytest_kimiperf.config.options import OPTIONS
+from scripts import reference
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

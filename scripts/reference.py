@@ -1,6 +1,6 @@
 """The reference pages of the docs site, generated from the code so they cannot drift from it.
 
-``python -m pytest_kimiperf.reference [--check] [OUT_DIR]`` writes ``options.md``,
+``python scripts/reference.py [--check] [OUT_DIR]`` writes ``options.md``,
 ``deployment.md``, ``metrics.md``, ``api.md`` and ``compare.md`` into OUT_DIR (default ``docs/reference``) from
 the option table, the deployment and profile key tables, the metric table, the package's
 exported names (``public_names``), the fixtures and the hook specs. With ``--check`` it writes
@@ -20,19 +20,24 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_kimiperf.compare.cli import reference_page as compare_page
-from pytest_kimiperf.config.deployment_tables import _FIELDS as DEPLOYMENT_FIELDS
-from pytest_kimiperf.config.deployment_tables import _USER_BASE
-from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, PLACEHOLDERS
-from pytest_kimiperf.config.metric_specs import METRICS, SampleKind
-from pytest_kimiperf.config.nccl.profiles import _PROFILE_TABLE_KEYS, BUILTIN_PROFILES
-from pytest_kimiperf.config.nodes import Node
-from pytest_kimiperf.config.options import OPTIONS
-from pytest_kimiperf.public_names import PUBLIC_NAMES
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the checkout's package, whichever is installed
 
-COMMAND = "python -m pytest_kimiperf.reference"
-_DEFAULT_OUT = Path("docs/reference")
-PACKAGE = Path(__file__).resolve().parent
+from pytest_kimiperf.compare.cli import USAGE_EXIT  # noqa: E402
+from pytest_kimiperf.compare.cli import parser as compare_parser  # noqa: E402
+from pytest_kimiperf.compare.verdict import PASSED_EXIT, REGRESSION_EXIT, UNRESOLVED_EXIT  # noqa: E402
+from pytest_kimiperf.config.deployment_tables import _FIELDS as DEPLOYMENT_FIELDS  # noqa: E402
+from pytest_kimiperf.config.deployment_tables import _USER_BASE  # noqa: E402
+from pytest_kimiperf.config.deployments import BUILTIN_DEPLOYMENTS, PLACEHOLDERS  # noqa: E402
+from pytest_kimiperf.config.metric_specs import METRICS, SampleKind  # noqa: E402
+from pytest_kimiperf.config.nccl.profiles import _PROFILE_TABLE_KEYS, BUILTIN_PROFILES  # noqa: E402
+from pytest_kimiperf.config.nodes import Node  # noqa: E402
+from pytest_kimiperf.config.options import OPTIONS  # noqa: E402
+from pytest_kimiperf.public_names import PUBLIC_NAMES  # noqa: E402
+
+COMMAND = "python scripts/reference.py"
+_DEFAULT_OUT = ROOT / "docs" / "reference"
+PACKAGE = ROOT / "pytest_kimiperf"
 
 # The environment variables the plugin reads (or sets) besides the options' own: name -> meaning.
 # tests/unit/test_reference.py fails on a KIMIPERF_* name (or an os.environ read) in the package
@@ -433,6 +438,30 @@ def _api_page() -> str:
         lines += [f"### {name}", "", "```python", f"def {name}{_signature(func)}", "```", "",
                   _first_paragraph(func), ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def compare_page() -> str:
+    """compare.md, from `kimiperf compare`'s parser itself."""
+    lines = [*_generated("kimiperf compare", "`kimiperf compare` (also `python -m pytest_kimiperf compare`) judges "
+                         "groups of result files with the plugin's rules; the how-to is [Judge result files you "
+                         "already have](../how-to/compare.md)."), "## Options", "",
+             "| option | what it does |", "| :-- | :-- |"]
+    for action in compare_parser()._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS or "--help" in action.option_strings:
+            continue
+        flag = action.option_strings[0] + (f" {action.metavar}" if action.metavar else "")
+        if action.nargs == "+":
+            flag += " ..."
+        help_text = (action.help or "").replace("%%", "%").replace("|", "\\|")
+        lines.append(f"| `{flag}` | {help_text} |")
+    lines += ["", "## Exit status", "", "| status | when |", "| :-- | :-- |",
+              f"| {PASSED_EXIT} | passed: no regression, nothing these files cannot convict |",
+              f"| {REGRESSION_EXIT} | a regression; a run whose failed requests exceed the gate's share; with "
+              "`--strict`, a change beyond the tolerance left inconclusive |",
+              f"| {UNRESOLVED_EXIT} | the only findings are changes beyond the tolerance that one boot a side (or one "
+              "live server, `--same-server`) cannot convict |",
+              f"| {USAGE_EXIT} | a file or an option this cannot use (the message names the file and the field) |"]
+    return "\n".join(lines) + "\n"
 
 
 PAGES: dict[str, Callable[[], str]] = {
