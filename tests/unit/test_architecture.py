@@ -14,7 +14,8 @@ small graph that holds the fault.
 from __future__ import annotations
 
 import ast
-from collections import deque
+from collections import Counter, deque
+import re
 from functools import cache
 from pathlib import Path
 
@@ -174,6 +175,54 @@ def _modules() -> list[Path]:
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_a_module_stays_small_enough_to_read_whole(path: Path) -> None:
     assert len(path.read_text().splitlines()) <= MAX_LINES
+
+
+# -- the module map -----------------------------------------------------------------------------
+
+ARCHITECTURE_PAGE = ROOT / "docs" / "explanation" / "architecture.md"
+MAP_ROW = re.compile(r"^\| `([\w/]+\.py)` \| (.*?) \|$", re.MULTILINE)
+
+
+def map_rows(page: str) -> list[tuple[str, str]]:
+    """(module path under the package, its line) for each row of the page's "Module map" section."""
+    section = page.split("\n## Module map\n", 1)[1].split("\n## ", 1)[0] if "\n## Module map\n" in page else ""
+    return [(match.group(1), match.group(2).strip()) for match in MAP_ROW.finditer(section)]
+
+
+def map_faults(rows: list[tuple[str, str]], modules: set[str]) -> list[str]:
+    """Each module the map leaves out, names twice or gives no line, and each row naming no module."""
+    named = Counter(path for path, _ in rows)
+    return ([f"{m}: not on the module map" for m in sorted(modules - named.keys())]
+            + [f"{p}: on the module map, but the package has no such module" for p in sorted(named.keys() - modules)]
+            + [f"{p}: on the module map {n} times" for p, n in sorted(named.items()) if n > 1]
+            + [f"{p}: on the module map without its line" for p, line in rows if not line])
+
+
+def package_modules(folder: Path) -> set[str]:
+    """Every module of a package by its path inside it; a subpackage's ``__init__.py`` only marks it."""
+    return {str(path.relative_to(folder)) for path in folder.rglob("*.py")
+            if path.name != "__init__.py" or path.parent == folder}
+
+
+def test_every_module_is_on_the_architecture_page_once_with_its_line() -> None:
+    faults = map_faults(map_rows(ARCHITECTURE_PAGE.read_text()), package_modules(PACKAGE))
+    assert not faults, "\n".join(faults)
+
+
+def test_the_map_rule_names_a_module_left_out_a_stale_row_a_double_and_a_row_without_a_line(tmp_path: Path) -> None:
+    for name in ("__init__.py", "judge/__init__.py", "judge/gate.py", "judge/stats.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    page = ("# Architecture\n\n## Module map\n\n| module | what |\n| --- | --- |\n| `__init__.py` | the exports |\n"
+            "| `judge/gate.py` | the gate |\n| `judge/gate.py` | again |\n| `judge/old.py` | gone |\n"
+            "| `judge/stats.py` |  |\n\n## Next\n\n| `judge/missing.py` | after the section: not read |\n")
+    assert map_faults(map_rows(page), package_modules(tmp_path)) == [
+        "judge/old.py: on the module map, but the package has no such module",
+        "judge/gate.py: on the module map 2 times",
+        "judge/stats.py: on the module map without its line",
+    ]
+    assert map_faults([], package_modules(tmp_path)) == [
+        "__init__.py: not on the module map", "judge/gate.py: not on the module map", "judge/stats.py: not on the module map"]
 
 
 def _fake(folder: Path, files: dict[str, str]) -> Graph:
