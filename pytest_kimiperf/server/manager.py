@@ -64,7 +64,7 @@ from pytest_kimiperf.server.process import (
     pick_free_port,
     recorded_env,
 )
-from pytest_kimiperf.server.boot_account import BootAccount, account_boot
+from pytest_kimiperf.server.boot_account import BootAccount, ServerSpan, account_boot
 from pytest_kimiperf.server.progress import BootProgress
 from pytest_kimiperf.server.tiny_model import resolve_model_path
 from pytest_kimiperf.server.weight_cache import (
@@ -206,6 +206,8 @@ class ServerRecord:
     accounts: list[BootAccount] = field(default_factory=list)
     # The sweep of a killed run's leftovers, on the record of the boot it came before.
     sweep: SweepAccount | None = None
+    # Each boot's and stop's stretch of the wall clock, in order (the session's time account).
+    spans: list[ServerSpan] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         """JSON-able form: travels from an xdist worker to the controller in workeroutput."""
@@ -216,6 +218,7 @@ class ServerRecord:
             "leftovers": self.leftovers, "error": self.error,
             "accounts": [a.to_json() for a in self.accounts],
             **({"sweep": self.sweep.to_json()} if self.sweep is not None else {}),
+            "spans": [span.to_json() for span in self.spans],
         }
 
     @classmethod
@@ -229,6 +232,7 @@ class ServerRecord:
             leftovers=list(data.get("leftovers") or []), error=data.get("error"),
             accounts=[BootAccount.from_json(a) for a in data.get("accounts") or []],
             sweep=SweepAccount.from_json(data["sweep"]) if data.get("sweep") else None,
+            spans=[ServerSpan.from_json(span) for span in data.get("spans") or []],
         )
 
     def merge(self, other: ServerRecord) -> None:
@@ -242,6 +246,7 @@ class ServerRecord:
         self.error = self.error or other.error
         self.accounts.extend(other.accounts)
         self.sweep = self.sweep or other.sweep
+        self.spans.extend(other.spans)
 
 
 class ServerManager:
@@ -280,17 +285,29 @@ class ServerManager:
         self.weight_cache: WeightCachePlan | None = None
         self.weight_cache_record: ServerRecord | None = None
         self._daemons: ServerProcess | None = None
+        self._launched_at: float | None = None  # monotonic: the current boot's launch, for its span
 
     def record(self, profile: str) -> ServerRecord:
         """The (possibly new) record of ``profile``'s server."""
         return self.records.setdefault(profile, ServerRecord(profile))
 
     def acquire(self, profile: NcclProfile) -> ServerHandle:
-        """Start ``profile``'s server (or attach to the external one) and return its handle."""
+        """Start ``profile``'s server (or attach to the external one) and return its handle;
+        the boot's stretch of the wall clock goes on its record, ready or failed."""
+        rec = self.record(profile.name)
+        started_at, start, boots_before = time.time(), time.monotonic(), rec.boots
+        self._launched_at = None
+        try:
+            return self._acquire(profile, rec)
+        finally:
+            launch_s = None if self._launched_at is None else self._launched_at - start
+            rec.spans.append(ServerSpan("boot", profile.name, max(rec.boots, boots_before + 1), started_at,
+                                        time.monotonic() - start, launch_s=launch_s))
+
+    def _acquire(self, profile: NcclProfile, rec: ServerRecord) -> ServerHandle:
         if self.settings.external:
             return self._attach(profile)
         self._clear_host()
-        rec = self.record(profile.name)
         if self.settings.deployment.needs_gpus:
             self._settle_gpus(rec)
         port = self._engine_port(self.settings.deployment.host)
@@ -407,6 +424,7 @@ class ServerManager:
         rec.boots += 1
         self._current = server
         started_wall = datetime.now()  # local time, as vLLM stamps its log lines
+        self._launched_at = time.monotonic()
         server.start()
         try:
             handle = server.wait_ready(
@@ -600,6 +618,15 @@ class ServerManager:
         server = self._current
         if server is None:
             return
+        rec = self.record(server.profile)
+        started_at, start = time.time(), time.monotonic()
+        try:
+            self._stop(server)
+        finally:
+            rec.spans.append(ServerSpan("stop", server.profile, rec.boots, started_at, time.monotonic() - start))
+
+    def _stop(self, server: ServerProcess | NodeGroup) -> None:
+        """Stop ``server``; it stays the current one where its stop left survivors."""
         self.announce(f"kimiperf: stopping the {server.deployment} server ({server.profile})")
         report = server.stop()
         if report is not None and report.escalated:
