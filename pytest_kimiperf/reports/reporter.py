@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import shlex
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,6 +39,7 @@ from pytest_kimiperf.judge.history import append_refusal
 from pytest_kimiperf.judge.decide import RunDecision
 from pytest_kimiperf.judge.baselines import baseline_entries
 from pytest_kimiperf.judge.engine_clock import vllm_named
+from pytest_kimiperf.measure.time_account import PlannedTime, SessionClock, TimeAccount, account_time
 from pytest_kimiperf.reports.sentences import not_recorded_line
 from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.storage.git_facts import current_git_branch, current_git_commit
@@ -50,6 +52,7 @@ from pytest_kimiperf.reports.model import (
 from pytest_kimiperf.reports.nccl_check import NcclDebugCheck, check_server_log
 from pytest_kimiperf.reports.outputs import OutputContext, write_outputs
 from pytest_kimiperf.reports.next_step import missing_baseline_warning
+from pytest_kimiperf.reports.plan import planned_time
 from pytest_kimiperf.reports.terminal import render_summary
 from pytest_kimiperf.roofline.inputs import build_roofline_report, decode_results
 from pytest_kimiperf.server.allreduce_path import decode_reach
@@ -72,6 +75,7 @@ class RunFacts(Protocol):
 
     def weight_cache_facts(self) -> WeightCacheFacts | None: ...
 
+    def clock(self) -> SessionClock: ...
 
 
 
@@ -180,6 +184,9 @@ class SessionReporter:
         be written is kept for the summary (:meth:`errors`); the rest is still written."""
         if self.report is None:
             return
+        # The account runs on to here: the files are the last of the session's work it can hold.
+        planned = self.report.time_account.planned if self.report.time_account is not None else None
+        self.report.time_account = self._time_account(planned)
         try:
             self._write_outputs(self.report, passed=passed)
         except KimiperfError as exc:  # before or beside the outputs the report lists
@@ -251,7 +258,15 @@ class SessionReporter:
         report.record_command = self.record_command
         report.gate = settings.gate
         report.benchmark_rows_hidden = self.benchmark_rows_hidden
+        report.time_account = self._time_account(planned_time(settings, _baseline_file(report)))
         return report
+
+    def _time_account(self, planned: PlannedTime | None) -> TimeAccount:
+        """Where the session's wall clock went until now, beside the plan (measure/time_account.py):
+        this process's servers and, under xdist, those the workers sent back."""
+        records = self._records().values()
+        return account_time(self.run.clock(), end=time.time(), spans=[s for r in records for s in r.spans],
+                            accounts=[a for r in records for a in r.accounts], planned=planned)
 
     def _asked(self) -> bool:
         s = self.settings

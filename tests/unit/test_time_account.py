@@ -123,3 +123,37 @@ def test_a_server_records_spans_travel_from_a_worker_and_add_up() -> None:
     back.merge(ServerRecord("ring-ll", spans=[ServerSpan("stop", "ring-ll", 1, T0 + 50, 2.0)]))
     assert [s.kind for s in back.spans] == ["boot", "stop"]
 
+
+def test_the_block_lists_each_part_its_rows_the_rest_the_total_and_the_plan() -> None:
+    from pytest_kimiperf.reports.terminal import time_account_lines
+
+    clock, spans, accounts = _session()
+    planned = PlannedTime(boots=2, most_boots=2, ready_s=40.0, source="declared by deployment tiny-cpu (load_s)")
+    account = account_time(clock, end=T0 + 90, spans=spans, accounts=accounts, planned=planned)
+    lines = time_account_lines(account, quiet=False)
+    assert (lines[0].sep, lines[0].text) == ("=", "kimiperf: where the time went")
+    assert [line.text for line in lines[1:]] == [
+        "  part                                                            s  share",
+        "  session start                                                10.0    11%",
+        "  boots (2 boots)                                              38.0    42%",
+        "    boot 1 of default (first of the deployment)                33.0",
+        "      outside the server's log 3.0 s, process start 10.0 s, loading weights 5.0 s, compiling 15.0 s",
+        "    boot 1 of ring-ll                                           5.0",
+        "      until it failed 5.0 s",
+        "  measuring (1 window)                                         10.0    11%",
+        "    test_perf.py::test_decode (1 window)                       10.0",
+        "  measured again (1 window)                                    10.0    11%",
+        "    test_perf.py::test_decode (1 window)                       10.0",
+        "  perf tests' set-up, checks and teardown (2 tests)            10.5    12%",
+        "  server stops (1 stop)                                         2.0     2%",
+        "  other tests (1 test)                                          1.0     1%",
+        "  session end                                                   8.0     9%",
+        "  other / unaccounted                                           0.5     1%",
+        "  total: the pytest process, from its start to session finish  90.0   100%",
+        "  plan (--kimiperf-plan): 2 boots, 40.0 s each to ready: 80.0 s (declared by deployment tiny-cpu",
+        "      (load_s)); this run: 1 boot, 30.0 s to ready; the plan predicts no measuring time",
+    ]
+    quiet = " ".join(line.text.strip() for line in time_account_lines(account, quiet=True))
+    assert quiet.startswith("kimiperf: time, total: the pytest process, from its start to session finish: 90.0 s: "
+                            "session start 10.0 s, boots 38.0 s,")
+    assert quiet.endswith("session end 8.0 s, other / unaccounted 0.5 s")
