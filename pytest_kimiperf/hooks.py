@@ -32,6 +32,7 @@ files, the summary) do nothing: only the controller writes files.
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -391,8 +392,12 @@ class KimiperfSession:
         from pytest_kimiperf.measure.time_account import Window
 
         clock = getattr(report, "kimiperf_clock", None)
+        # A report's start and stop (epoch seconds); where a pytest stamps none, its duration
+        # up to now (on the controller under xdist, when it arrived).
+        stop = getattr(report, "stop", None) or time.time()
+        start = getattr(report, "start", None) or stop - report.duration
         self.run.clock().note_report(
-            report.nodeid, start=report.start, stop=report.stop, test=clock["test"] if clock else None,
+            report.nodeid, start=start, stop=stop, test=clock["test"] if clock else None,
             windows=[Window.from_json(w) for w in clock["windows"]] if clock else ())
         result = getattr(report, "kimiperf", None)
         if result is not None and report.when == "call":
