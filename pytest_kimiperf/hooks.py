@@ -24,6 +24,7 @@ files, the summary) do nothing: only the controller writes files.
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from pytest_kimiperf.judge.stats import BootSlot
     from pytest_kimiperf.judge.gate import FailedTests, RunDecision
     from pytest_kimiperf.judge.verdicts import TestResult
+    from pytest_kimiperf.measure.time_account import Window
     from pytest_kimiperf.recorder import PerfRecorder
     from pytest_kimiperf.reports.reporter import SessionReporter
     from pytest_kimiperf.server.manager import ServerManager
@@ -65,6 +67,7 @@ class SessionObject(Protocol):
 SESSION_KEY = pytest.StashKey[SessionObject]()
 RESULT_KEY = pytest.StashKey["TestResult"]()
 _TOLERANCES_KEY = pytest.StashKey[dict[str, float]]()
+_WINDOWS_KEY = pytest.StashKey[list["Window"]]()
 
 
 def is_worker(config: pytest.Config) -> bool:
@@ -172,7 +175,8 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
         profile_env=dict(kimiperf_profile.env), profile_args=kimiperf_profile.args, tolerances=tolerances,
         control=bool(kimiperf_profile.control_of),
     ), RecorderHooks(ensure_alive=ensure_alive, publish=publish,
-                     fail=lambda message: pytest.fail(message, pytrace=False), benchmark=benchmark))
+                     fail=lambda message: pytest.fail(message, pytrace=False), benchmark=benchmark,
+                     window=item.stash.setdefault(_WINDOWS_KEY, []).append))
 
 
 # The session object: the run's state, and pytest's hooks as its methods.
@@ -348,10 +352,13 @@ class KimiperfSession:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
-        """Attach the test's perf result and, on failure, the server log tail to its report."""
+        """Attach the test's perf result and, on failure, the server log tail to its report; a
+        perf test's report carries what the session's time account needs of it."""
         report = yield
         if report.when == "call" and RESULT_KEY in item.stash:
             report.kimiperf = item.stash[RESULT_KEY].to_json()
+        if (clock := _clock_facts(item, report.when)) is not None:
+            report.kimiperf_clock = clock
         slot = slot_of(item) if report.failed else None
         lines = VERBOSE_FAILURE_LOG_LINES if item.config.get_verbosity() > 0 else FAILURE_LOG_LINES
         section = self.run.server_log_tail(slot.name, lines=lines, failure=str(report.longrepr)) if slot else None
@@ -374,6 +381,16 @@ class KimiperfSession:
         process that writes files, as junitxml's LogXML: workers' reports reach it serialized."""
         if self.worker:
             return
+        from pytest_kimiperf.measure.time_account import Window
+
+        clock = getattr(report, "kimiperf_clock", None)
+        # A report's start and stop (epoch seconds); where a pytest stamps none, its duration
+        # up to now (on the controller under xdist, when it arrived).
+        stop = getattr(report, "stop", None) or time.time()
+        start = getattr(report, "start", None) or stop - report.duration
+        self.run.clock().note_report(
+            report.nodeid, start=start, stop=stop, test=clock["test"] if clock else None,
+            windows=[Window.from_json(w) for w in clock["windows"]] if clock else ())
         result = getattr(report, "kimiperf", None)
         if result is not None and report.when == "call":
             self.reporter.add_result(result)
@@ -469,6 +486,18 @@ class KimiperfSession:
             n = self.unneeded_boots
             terminalreporter.write_line(
                 f"kimiperf: {n} boot{'s' * (n != 1)} on demand not needed: collected, neither run nor counted below")
+
+
+def _clock_facts(item: pytest.Item, when: str) -> dict[str, Any] | None:
+    """A perf test's name without its profile and boot, and its measuring windows (the call's
+    report), as a report carries them to the controller's time account; None for other tests."""
+    slot = slot_of(item)
+    if slot is None:
+        return None
+    from pytest_kimiperf.judge.stats import strip_slot
+
+    windows = item.stash.get(_WINDOWS_KEY, []) if when == "call" else []
+    return {"test": strip_slot(item.nodeid, slot.id), "windows": [w.to_json() for w in windows]}
 
 
 def _marker_tolerances(item: pytest.Item) -> dict[str, float]:

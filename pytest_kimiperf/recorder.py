@@ -24,6 +24,7 @@ from pytest_kimiperf.errors import BaselineError, ConfigError, KimiperfError
 from pytest_kimiperf.measure.runner import cause_of, say_invalid
 from pytest_kimiperf.measure.results import RunResult, check_rounds, check_slo
 from pytest_kimiperf.measure.server_view import run_cross_checks
+from pytest_kimiperf.measure.time_account import Window
 from pytest_kimiperf.measure.runner import WatchedRun, measure_watched
 from pytest_kimiperf.judge.baselines import LoadedBaselines
 from pytest_kimiperf.judge.gate import PerfOutcome, decide_test
@@ -62,12 +63,14 @@ class PerfCase:
 @dataclass(frozen=True)
 class RecorderHooks:
     """What the recorder calls back into pytest: check the server, publish the result, fail the
-    test, and take pytest-benchmark's fixture on the first measure (see benchmark_bridge)."""
+    test, take pytest-benchmark's fixture on the first measure (see benchmark_bridge), and note
+    each measuring window for the session's time account (measure/time_account.py)."""
 
     ensure_alive: Callable[[], None]
     publish: Callable[[TestResult], None]
     fail: Callable[[str], NoReturn]
     benchmark: Callable[[], Any | None] | None = None
+    window: Callable[[Window], None] | None = None
 
 
 class RecorderRun(Protocol):
@@ -106,6 +109,7 @@ class PerfRecorder:
         self._fail = hooks.fail
         self._tolerances = dict(case.tolerances)
         self._benchmark = hooks.benchmark
+        self._window = hooks.window
         self.intervals_ns: list[tuple[int, int]] = []
 
     @property
@@ -148,7 +152,12 @@ class PerfRecorder:
             nonlocal scenario
             scenario = seeded
             target = Target(self.server.base_url, self.server.model, api_key=self.server.api_key, **options)
-            return run_scenario(target, seeded)
+            began = time.time()
+            try:
+                return run_scenario(target, seeded)
+            finally:
+                if self._window is not None:
+                    self._window(Window(began, time.time(), attempt))
 
         benchmark = self._take_benchmark()
         first = (lambda: benchmark_bridge.run_timed(benchmark, play)) if benchmark is not None else None

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pytest_kimiperf.judge.stats import BootLedger, BootSlot
     from pytest_kimiperf.judge.baselines import Fingerprint
     from pytest_kimiperf.judge.noise import BootOrigin
+    from pytest_kimiperf.measure.time_account import SessionClock
     from pytest_kimiperf.server.manager import ServerManager, ServerRecord
     from pytest_kimiperf.reports.terminal import RelayOutput, TerminalOutput
     from pytest_kimiperf.server.weight_cache import WeightCacheFacts
@@ -55,6 +56,7 @@ class PerfSession:
     _origin: BootOrigin | None = None
     _host: dict[str, str] | None = None
     _previous_handlers: dict[int, Any] = field(default_factory=dict)
+    _clock: SessionClock | None = None
     # The (test, profile) pairs this process collected (plugin.pytest_collection_finish): the run's
     # family of baseline comparisons is their stored entries (judge/gate.py).
     collected: frozenset[tuple[str, str]] = frozenset()
@@ -125,6 +127,16 @@ class PerfSession:
 
             self._ledger = BootLedger()
         return self._ledger
+
+    def clock(self) -> SessionClock:
+        """The notes of where this session's wall clock went, from the pytest process's start
+        (the controller's: under xdist the workers' boots and tests reach it with their records
+        and reports)."""
+        if self._clock is None:
+            from pytest_kimiperf.measure.time_account import SessionClock
+
+            self._clock = SessionClock(started_at=_process_started_at())
+        return self._clock
 
     # -- the host ---------------------------------------------------------------------------
 
@@ -254,6 +266,19 @@ class PerfSession:
                 self._previous_handlers[signum] = signal.signal(signum, on_signal)
         except ValueError:  # not the main thread
             pass
+
+
+def _process_started_at() -> float:
+    """When this process started (epoch seconds): the interpreter's and the plugins' start-up
+    belong to the session's time too. Now, where the process table cannot say."""
+    import time
+
+    import psutil
+
+    try:
+        return float(psutil.Process().create_time())
+    except psutil.Error:
+        return time.time()
 
 
 def _session_fingerprint(deployment: Deployment) -> Fingerprint:

@@ -50,6 +50,7 @@ from pytest_kimiperf.judge.gate import family_critical
 from pytest_kimiperf.judge.noise import design_critical, sessions_of_history, smallest_change
 from pytest_kimiperf.judge.profiles import InSessionRules, control_reach
 from pytest_kimiperf.judge.stats import DETECTION_POWER, GATE_CRITICAL
+from pytest_kimiperf.measure.time_account import PlannedTime
 from pytest_kimiperf.reports.nccl import forecast_line
 from pytest_kimiperf.server.weight_cache import header_lines as weight_cache_lines, profile_cache_reason, why_not_used
 
@@ -106,6 +107,13 @@ def _load_time(s: Settings, baseline: BaselineFile | None) -> tuple[float | None
         return s.deployment.load_s, f"declared by deployment {s.deployment.name} (load_s)"
     return None, (f"unknown: deployment {s.deployment.name} declares no load_s and its baseline history has no "
                   "boot_ready_s; perf.check(run, ['boot_ready_s']) records it")
+
+
+def planned_time(s: Settings, baseline: BaselineFile | None) -> PlannedTime:
+    """What the plan predicts of the run's time, for the time account to set the run beside."""
+    seconds, source = _load_time(s, baseline)
+    profiles = len(s.profiles)
+    return PlannedTime(boots=s.boots * profiles, most_boots=s.max_boots * profiles, ready_s=seconds, source=source)
 
 
 def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:

@@ -30,6 +30,7 @@ from pytest_kimiperf.judge.history import NotAppended
 from pytest_kimiperf.judge.profiles import InSessionRules, ProfileComparison, profile_comparisons
 from pytest_kimiperf.judge.stats import Comparison, VerdictLeaning, leaning
 from pytest_kimiperf.judge.verdicts import BaselineLine, MetricResult, TestResult
+from pytest_kimiperf.measure.time_account import TimeAccount
 from pytest_kimiperf.numbers import fmt_value
 from pytest_kimiperf.reports.nccl import NcclDebugCheck
 from pytest_kimiperf.reports.nccl import reach_summary, sets_nccl
@@ -276,6 +277,8 @@ class SessionReport:
     control: bool = False
     # How the run ends (judge/gate.py), decided at session end before anything renders it.
     decision: RunDecision | None = None
+    # Where the session's wall clock went, beside the plan (measure/time_account.py); None: not kept.
+    time_account: TimeAccount | None = None
 
     def control_regressions(self) -> tuple[ProfileComparison, ...]:
         """The comparisons the decision found slower than the control (each failed the run)."""

@@ -142,6 +142,8 @@ def build_json_report(report: SessionReport) -> dict[str, Any]:
     }
     if report.weight_cache is not None:
         data["weight_cache"] = report.weight_cache.to_json()
+    if report.time_account is not None:  # where the session's wall clock went (measure/time_account.py)
+        data["time_account"] = report.time_account.to_json()
     cleaned: dict[str, Any] = json_safe(data)
     return cleaned
 

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 import importlib.metadata
@@ -70,6 +71,7 @@ from pytest_kimiperf.judge.engine_clock import vllm_named
 from pytest_kimiperf.judge.gate import RunDecision
 from pytest_kimiperf.judge.history import append_refusal
 from pytest_kimiperf.judge.profiles import InSessionRules, profile_comparisons, session_plan
+from pytest_kimiperf.measure.time_account import PlannedTime, SessionClock, TimeAccount, account_time
 from pytest_kimiperf.judge.verdicts import TestResult
 from pytest_kimiperf.measure.results import RunResult
 from pytest_kimiperf.numbers import json_safe
@@ -77,6 +79,7 @@ from pytest_kimiperf.reports.answers import missing_baseline_warning
 from pytest_kimiperf.reports.model import BaselineUpdate, ProfileFacts, SessionReport, build_session_report
 from pytest_kimiperf.reports.nccl import NcclDebugCheck, check_server_log
 from pytest_kimiperf.reports.outputs import OutputContext, write_outputs
+from pytest_kimiperf.reports.header import planned_time
 from pytest_kimiperf.reports.sentences import not_recorded_line
 from pytest_kimiperf.reports.terminal import render_summary
 from pytest_kimiperf.roofline.inputs import build_roofline_report, decode_results
@@ -177,6 +180,7 @@ class RunFacts(Protocol):
 
     def weight_cache_facts(self) -> WeightCacheFacts | None: ...
 
+    def clock(self) -> SessionClock: ...
 
 
 
@@ -285,6 +289,9 @@ class SessionReporter:
         be written is kept for the summary (:meth:`errors`); the rest is still written."""
         if self.report is None:
             return
+        # The account runs on to here: the files are the last of the session's work it can hold.
+        planned = self.report.time_account.planned if self.report.time_account is not None else None
+        self.report.time_account = self._time_account(planned)
         try:
             self._write_outputs(self.report, passed=passed)
         except KimiperfError as exc:  # before or beside the outputs the report lists
@@ -356,7 +363,15 @@ class SessionReporter:
         report.record_command = self.record_command
         report.gate = settings.gate
         report.benchmark_rows_hidden = self.benchmark_rows_hidden
+        report.time_account = self._time_account(planned_time(settings, _baseline_file(report)))
         return report
+
+    def _time_account(self, planned: PlannedTime | None) -> TimeAccount:
+        """Where the session's wall clock went until now, beside the plan (measure/time_account.py):
+        this process's servers and, under xdist, those the workers sent back."""
+        records = self._records().values()
+        return account_time(self.run.clock(), end=time.time(), spans=[s for r in records for s in r.spans],
+                            accounts=[a for r in records for a in r.accounts], planned=planned)
 
     def _asked(self) -> bool:
         s = self.settings

@@ -47,6 +47,7 @@ from pytest_kimiperf.judge.notes import FloorResult, HostWatched
 from pytest_kimiperf.judge.profiles import INTERVAL_LEGEND
 from pytest_kimiperf.judge.stats import VerdictKind
 from pytest_kimiperf.measure.invalid_causes import advice_for
+from pytest_kimiperf.measure.time_account import TimeAccount, TimePart
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_spread, fmt_value
 from pytest_kimiperf.reports.answers import (
     CompactRow, AnswerTone, answer_lines, baseline_rows, failure_lines, measured_lines, outcome_line, profile_rows,
@@ -587,6 +588,8 @@ def render_summary(
     if errors:
         lines.append(TerminalLine("kimiperf: reports and baselines", sep="!", markup=LOUD))
         lines.extend(TerminalLine(f"ERROR: {error}", markup=_RED) for error in errors)
+    if report is not None and report.time_account is not None:
+        lines.extend(time_account_lines(report.time_account, quiet=quiet))
     outcome = outcome_line(report, report.record_command) if report is not None else None
     if outcome is not None and report is not None and (quiet or not report.results):
         # Last, where the eye lands: what the run judged and what to do next.
@@ -594,6 +597,59 @@ def render_summary(
         lines.extend(wrapped(outcome, indent=0))
     if decision is not None and (end := end_line(decision)) is not None:
         lines.append(TerminalLine(end))
+    return lines
+
+
+# The time account: where the session's wall clock went, beside the plan.
+
+def time_account_lines(account: TimeAccount, *, quiet: bool) -> list[TerminalLine]:
+    """The session's time part by part (a boot's phases and each test's windows beneath), the
+    unaccounted rest, the total they add up to, and the plan's prediction beside the boots;
+    ``quiet``: the parts in one line."""
+    def secs(seconds: float) -> str:
+        return f"{seconds:.1f}" if seconds < 100 else f"{seconds:.0f}"
+
+    def share(seconds: float) -> str:
+        return f"{seconds / account.wall_clock_s:.0%}" if account.wall_clock_s > 0 else "-"
+
+    def named(part: TimePart) -> str:
+        what = {"boots": "boot", "measuring": "window", "measured again": "window", "server stops": "stop",
+                "other tests": "test", "perf tests' set-up, checks and teardown": "test"}.get(part.name)
+        return f"{part.name} ({plural(part.count, what)})" if what is not None else part.name
+
+    rest = ("other / unaccounted", account.unaccounted_s)
+    total = "total: the pytest process, from its start to session finish"
+    if quiet:
+        said = ", ".join(f"{name} {secs(s)} s" for name, s in [*((p.name, p.seconds) for p in account.parts), rest])
+        return wrapped(f"kimiperf: time, {total}: {secs(account.wall_clock_s)} s: {said}", indent=0)
+    table = Table(["part", "s", "share", ""], aligns="lrrl")  # the empty last column pads the shares
+    rows: list[tuple[list[str], list[str]]] = []  # each row's cells and the lines beneath it
+    for part in account.parts:
+        rows.append(([named(part), secs(part.seconds), share(part.seconds), ""], []))
+        for row in part.rows:
+            beneath = [", ".join(f"{d} {secs(s)} s" for d, s in row.details)] if row.details else []
+            label = f"  {row.label}" + (f" ({plural(row.count, 'window')})" if row.count else "")
+            rows.append(([label, secs(row.seconds), "", ""], beneath))
+    rows.append(([rest[0], secs(rest[1]), share(rest[1]), ""], []))
+    rows.append(([total, secs(account.wall_clock_s), share(account.wall_clock_s), ""], []))
+    for cells, _ in rows:
+        table.add(cells)
+    lines = [TerminalLine("kimiperf: where the time went", sep="="), TerminalLine(table.format(table.header))]
+    for cells, beneath in rows:
+        lines.append(TerminalLine(table.format(cells)))
+        for text in beneath:
+            lines.extend(wrapped(text, indent=6))
+    plan = account.planned
+    took = f"this run: {plural(account.boots, 'boot')}, {secs(account.ready_s)} s to ready"
+    if plan is None:
+        lines.extend(wrapped(f"plan: none made; {took}", indent=2))
+    else:
+        most = f" (up to {plan.most_boots} with boots on demand)" if plan.most_boots > plan.boots else ""
+        each = (f", {secs(plan.ready_s)} s each to ready: {secs(plan.ready_s * plan.boots)} s" if plan.ready_s is not None
+                else "")
+        source = f" ({plan.source})" if plan.ready_s is not None else f"; time to ready {plan.source}"
+        lines.extend(wrapped(f"plan (--kimiperf-plan): {plural(plan.boots, 'boot')}{most}{each}{source}; {took}; "
+                             "the plan predicts no measuring time", indent=2))
     return lines
 
 

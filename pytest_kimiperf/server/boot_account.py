@@ -163,6 +163,32 @@ class BootAccount:
         )
 
 
+@dataclass(frozen=True)
+class ServerSpan:
+    """A stretch of the session's wall clock one server took (measure/time_account.py lays them
+    on the session's clock): a boot, from the manager's first step to ready or to its failure,
+    or a stop, from the signal to the verified end."""
+
+    kind: str  # "boot" or "stop"
+    profile: str
+    boot: int  # which boot of the profile
+    started_at: float  # epoch seconds (time.time()): one clock for every process of the host
+    seconds: float
+    launch_s: float | None = None  # a boot: from its start to the server's launch (its log's 0)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able form (xdist workers' records)."""
+        return {"kind": self.kind, "profile": self.profile, "boot": self.boot, "started_at": self.started_at,
+                "seconds": self.seconds, "launch_s": self.launch_s}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ServerSpan:
+        """Inverse of :meth:`to_json`."""
+        return cls(kind=str(data["kind"]), profile=str(data["profile"]), boot=int(data["boot"]),
+                   started_at=float(data["started_at"]), seconds=float(data["seconds"]),
+                   launch_s=None if data.get("launch_s") is None else float(data["launch_s"]))
+
+
 def account_boot(
     log_text: str,
     *,

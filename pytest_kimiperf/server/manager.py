@@ -59,7 +59,7 @@ from pytest_kimiperf.server.process import (
     pick_free_port,
     recorded_env,
 )
-from pytest_kimiperf.server.boot_account import BootAccount, account_boot
+from pytest_kimiperf.server.boot_account import BootAccount, ServerSpan, account_boot
 from pytest_kimiperf.server.progress import BootProgress
 from pytest_kimiperf.server.tiny_model import resolve_model_path
 from pytest_kimiperf.server.weight_cache import (
@@ -201,6 +201,8 @@ class ServerRecord:
     accounts: list[BootAccount] = field(default_factory=list)
     # The sweep of a killed run's leftovers, on the record of the boot it came before.
     sweep: SweepAccount | None = None
+    # Each boot's and stop's stretch of the wall clock, in order (the session's time account).
+    spans: list[ServerSpan] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         """JSON-able form: travels from an xdist worker to the controller in workeroutput."""
@@ -211,6 +213,7 @@ class ServerRecord:
             "leftovers": self.leftovers, "error": self.error,
             "accounts": [a.to_json() for a in self.accounts],
             **({"sweep": self.sweep.to_json()} if self.sweep is not None else {}),
+            "spans": [span.to_json() for span in self.spans],
         }
 
     @classmethod
@@ -224,6 +227,7 @@ class ServerRecord:
             leftovers=list(data.get("leftovers") or []), error=data.get("error"),
             accounts=[BootAccount.from_json(a) for a in data.get("accounts") or []],
             sweep=SweepAccount.from_json(data["sweep"]) if data.get("sweep") else None,
+            spans=[ServerSpan.from_json(span) for span in data.get("spans") or []],
         )
 
     def merge(self, other: ServerRecord) -> None:
@@ -237,6 +241,7 @@ class ServerRecord:
         self.error = self.error or other.error
         self.accounts.extend(other.accounts)
         self.sweep = self.sweep or other.sweep
+        self.spans.extend(other.spans)
 
 
 class ServerManager:
@@ -275,17 +280,29 @@ class ServerManager:
         self.weight_cache: WeightCachePlan | None = None
         self.weight_cache_record: ServerRecord | None = None
         self._daemons: ServerProcess | None = None
+        self._launched_at: float | None = None  # monotonic: the current boot's launch, for its span
 
     def record(self, profile: str) -> ServerRecord:
         """The (possibly new) record of ``profile``'s server."""
         return self.records.setdefault(profile, ServerRecord(profile))
 
     def acquire(self, profile: NcclProfile) -> ServerHandle:
-        """Start ``profile``'s server (or attach to the external one) and return its handle."""
+        """Start ``profile``'s server (or attach to the external one) and return its handle;
+        the boot's stretch of the wall clock goes on its record, ready or failed."""
+        rec = self.record(profile.name)
+        started_at, start, boots_before = time.time(), time.monotonic(), rec.boots
+        self._launched_at = None
+        try:
+            return self._acquire(profile, rec)
+        finally:
+            launch_s = None if self._launched_at is None else self._launched_at - start
+            rec.spans.append(ServerSpan("boot", profile.name, max(rec.boots, boots_before + 1), started_at,
+                                        time.monotonic() - start, launch_s=launch_s))
+
+    def _acquire(self, profile: NcclProfile, rec: ServerRecord) -> ServerHandle:
         if self.settings.external:
             return self._attach(profile)
         self._clear_host()
-        rec = self.record(profile.name)
         if self.settings.deployment.needs_gpus:
             self._settle_gpus(rec)
         port = self._engine_port(self.settings.deployment.host)
@@ -402,6 +419,7 @@ class ServerManager:
         rec.boots += 1
         self._current = server
         started_wall = datetime.now()  # local time, as vLLM stamps its log lines
+        self._launched_at = time.monotonic()
         server.start()
         try:
             handle = server.wait_ready(
@@ -590,8 +608,13 @@ class ServerManager:
         server = self._current
         if server is None:
             return
-        if self._stop_verified(server, f"{server.deployment} server ({server.profile})", self.record(server.profile)):
-            self._current = None
+        rec = self.record(server.profile)
+        started_at, start = time.time(), time.monotonic()
+        try:
+            if self._stop_verified(server, f"{server.deployment} server ({server.profile})", rec):
+                self._current = None
+        finally:
+            rec.spans.append(ServerSpan("stop", server.profile, rec.boots, started_at, time.monotonic() - start))
 
     def _stop_verified(self, process: ServerProcess | NodeGroup, what: str, rec: ServerRecord) -> bool:
         """Stop ``process`` (``what`` names it) and verify that nothing of it is left; False, with

@@ -11,6 +11,7 @@ import pytest
 
 from pytest_kimiperf import warning_types
 from pytest_kimiperf.config.options import OPTIONS
+from pytest_kimiperf.measure.time_account import TimeAccount
 from pytest_kimiperf.reports.outputs import SCHEMA_VERSION, build_json_report
 from pytest_kimiperf.reports.model import SessionReport
 from pytest_kimiperf.server.weight_cache import WeightCacheFacts
@@ -94,7 +95,8 @@ def _documented_top_level_keys() -> list[str]:
 def test_the_json_report_page_names_every_top_level_key_of_the_report() -> None:
     report = SessionReport(generator="pytest-kimiperf test", created_at="2026-01-02T03:04:05Z", deployment={},
                            fingerprint=None, reference_profile="default", profiles=[], results=[],
-                           profile_comparisons=[], weight_cache=WeightCacheFacts(used=False, reason="test"))
+                           profile_comparisons=[], weight_cache=WeightCacheFacts(used=False, reason="test"),
+                           time_account=TimeAccount(wall_clock_s=1.0, parts=(), unaccounted_s=1.0, boots=0, ready_s=0.0))
     keys = list(build_json_report(report))
     documented = _documented_top_level_keys()
     assert documented == keys, f"docs/reference/json-report.md's top-level table lists {documented}; the report has {keys}"
