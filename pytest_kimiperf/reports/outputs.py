@@ -33,7 +33,7 @@ every request, a failed request has output length 0, std is the population std. 
 
 The files a run writes from its session report: one :class:`Output` each, in the order written.
 
-A new format is one module that renders and writes it, one entry in :data:`OUTPUTS`, and its
+A new format is its renderer here, one entry in :data:`OUTPUTS`, and its
 option's row (config/options.py). The reporter hands every output the same report; one that
 fails does not stop the others (its error is listed and its place left out); the summary lists
 each written output's place under its label, in this order. The JSON report comes last: it
