@@ -7,14 +7,13 @@ In order:
 * spawn modes: a history whose boots fall into clusters, and judging a run against it robustly;
 * whether a run's boots show spreads beyond the ones its deployment declares;
 * how many boots a verdict needs: the first-boot screen and the boot planner's advice, also a
-  command (``python -m pytest_kimiperf.judge.noise --from 81.4 --to 81.9 --spread 0.8%``).
+  command (``kimiperf boots --from 81.4 --to 81.9 --spread 0.8%``).
 
 The method and why: docs/explanation/methods.md, "The noise a comparison assumes".
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
 import dataclasses
 from dataclasses import dataclass, field, replace
@@ -22,7 +21,6 @@ import functools
 import hashlib
 import math
 import statistics
-import sys
 
 from scipy import stats as scipy_stats
 
@@ -766,72 +764,3 @@ def plan(c: Comparison, *, target: float | None = None) -> ResolvePlan | None:
         return ResolvePlan(goal, spread, c.boots_reference, sessions=_sessions_needed(c, goal),
                     levels=tuple(t.level for t in c.levels), boots_per_session=MIN_BOOTS_DIRECTIONAL)
     return ResolvePlan(goal, spread, c.boots_reference, boots=n, boots_per_session=MIN_BOOTS_DIRECTIONAL)
-
-
-def _fraction(text: str) -> float:
-    """``0.8%`` or ``0.008`` as 0.008; anything else is an argparse error naming the value."""
-    raw = text.strip()
-    try:
-        value = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction (0.008) or a percentage (0.8%)") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite fraction >= 0")
-    return value
-
-
-def answer(argv: list[str] | None = None) -> tuple[str, int]:
-    """The number of boots per side, or why no number of boots will do, as the line the command
-    prints and its exit status (1 when no number of boots will do)."""
-    parser = argparse.ArgumentParser(prog="python -m pytest_kimiperf.judge.noise", description=__doc__.split("\n\n")[0])
-    size = parser.add_mutually_exclusive_group(required=True)
-    size.add_argument("--change", type=_fraction, help="true change to resolve, e.g. 0.6%%")
-    size.add_argument("--from", dest="before", type=float, help="figure before (e.g. 81.4 tok/s); with --to")
-    parser.add_argument("--to", dest="after", type=float, help="figure after (e.g. 81.9 tok/s)")
-    parser.add_argument("--spread", type=_fraction, required=True, help="SD of one boot's median, e.g. 0.8%%")
-    parser.add_argument("--tolerance", type=_fraction, default=0.0,
-                        help="changes inside it do not matter (default 0: tell the two apart)")
-    parser.add_argument("--reference-boots", type=int, help="judge against a baseline of this many boots")
-    parser.add_argument("--confidence", type=_fraction, default=0.95, help="one-sided (default 0.95)")
-    parser.add_argument("--session-spread", type=_fraction, default=0.0,
-                        help="SD of a session's shared effect (across sessions; default 0: one session)")
-    parser.add_argument("--reference-sessions", type=int, default=1,
-                        help="sessions the baseline spans (default 1), with --session-spread")
-    args = parser.parse_args(argv)
-    if args.before is not None:
-        if args.after is None or args.before <= 0 or args.after <= 0:
-            parser.error("--from needs --to, both figures > 0")
-        change = abs(args.after / args.before - 1.0)
-        what = f"{args.before:g} vs {args.after:g} ({change * 100:.2g}%)"
-    else:
-        change = args.change
-        what = f"a {change * 100:.2g}% change"
-    if args.reference_sessions < 1:
-        parser.error(f"--reference-sessions {args.reference_sessions}: use a count of at least 1")
-    session_var = math.log1p(args.session_spread) ** 2
-    fixed_var = session_var * (1.0 + 1.0 / args.reference_sessions) if args.reference_boots else 2 * session_var
-    try:
-        n = boots_needed(change, args.spread, tolerance=args.tolerance, reference_boots=args.reference_boots,
-                         confidence=args.confidence, fixed_var=fixed_var)
-    except ValueError as exc:
-        parser.error(str(exc))
-    if n is None and session_var > 0:
-        k = sessions_for(change, args.spread, session_var, tolerance=args.tolerance, confidence=args.confidence)
-        more = (f"about {k} sessions of each side (separate runs, 2 boots each)" if k is not None
-                else "a wider tolerance: no number of sessions will do")
-        return (f"to tell {what} at a session spread of {args.session_spread * 100:.2g}% no number of boots in "
-                f"one session will do (each run shares its session); it takes {more}"), 1
-    side = ("boots per profile" if args.reference_boots is None
-            else f"boots of the current build against a {args.reference_boots}-boot baseline")
-    if n is None:
-        return (f"to tell {what} at a boot spread of {args.spread * 100:.2g}%: no number of boots will do "
-                f"against a {args.reference_boots}-boot baseline; record more baseline boots "
-                "(--kimiperf-update-baselines --kimiperf-boots N)"), 1
-    return (f"to tell {what} at a boot spread of {args.spread * 100:.2g}% you need {n} {side} "
-            f"({args.confidence:.0%} one-sided, {DETECTION_POWER:.0%} power)"), 0
-
-
-if __name__ == "__main__":  # the command's edge, the one place the planner prints
-    line, status = answer(sys.argv[1:])
-    print(line)
-    sys.exit(status)

@@ -185,7 +185,7 @@ def test_the_gpu_power_limit_probe_reads_nvidia_smi_as_recorded() -> None:
 
 
 def test_the_planner_command_answers_in_sessions_across_sessions(capsys: pytest.CaptureFixture[str]) -> None:
-    from pytest_kimiperf.judge.noise import answer
+    from pytest_kimiperf.__main__ import boots_answer as answer
 
     out, status = answer(["--change", "6%", "--spread", "1%", "--tolerance", "3%", "--reference-boots", "10",
                           "--session-spread", "2%"])

@@ -259,7 +259,7 @@ def test_floor_check_rejects_bad_input() -> None:
 
 
 def test_the_planner_command_answers_in_one_line_and_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    from pytest_kimiperf.judge.noise import answer
+    from pytest_kimiperf.__main__ import boots_answer as answer
 
     out, status = answer(["--from", "81.4", "--to", "81.9", "--spread", "0.8%"])
     assert status == 0
