@@ -53,6 +53,7 @@ from pytest_kimiperf.measure.results import percentile
 from pytest_kimiperf.measure.runner import run_scenario
 from pytest_kimiperf.measure.workload import Concurrency
 from pytest_kimiperf.measure.target import Target
+from pytest_kimiperf.reports.sentences import say_run_invalid
 from pytest_kimiperf.measure.workload import build_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +84,7 @@ def run_ours(base_url: str, streams: int, prompt_tokens: int, output_tokens: int
             for r in run.records
         ],
         "cpu_fraction": max(h.cpu_fraction for rnd in run.rounds for h in rnd.health),
-        "self_check": run.invalid_reason or "valid",
+        "self_check": say_run_invalid(run.invalid) if run.invalid is not None else "valid",
     }
 
 

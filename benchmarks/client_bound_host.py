@@ -46,6 +46,7 @@ from pytest_kimiperf.measure.results import loop_latency_bounds  # noqa: E402
 from pytest_kimiperf.measure.runner import run_scenario  # noqa: E402
 from pytest_kimiperf.measure.workload import Concurrency  # noqa: E402
 from pytest_kimiperf.measure.target import Target  # noqa: E402
+from pytest_kimiperf.reports.sentences import say_run_invalid  # noqa: E402
 
 CLIENT_CORE = 1
 HOG_PRIORITY = 10  # real-time: above the client, which runs at normal priority (measure/placement.py)
@@ -102,7 +103,7 @@ def measure(base_url: str, streams: int, requests: int) -> str:
     lat = [x for h in health for x in h.loop_latency_ms]
     idle = [x for h in health for x in h.idle_loop_latency_ms]
     b50, b99, _ = loop_latency_bounds(HealthBounds(), health)
-    verdict = "valid" if run.valid else f"INVALID: {run.invalid_reason[:140]}"
+    verdict = "valid" if run.invalid is None else f"INVALID: {say_run_invalid(run.invalid)[:140]}"
     cpu = max(h.cpu_fraction for h in health)
     chunks_per_s = sum(len(r.chunk_ns) for r in run.records) / sum(rnd.wall_s for rnd in run.rounds)
     return (f"client CPU share {cpu:.2f} (worst process and round), {chunks_per_s:.0f} chunks/s, "

@@ -59,7 +59,7 @@ from pytest_kimiperf.judge.stats import BootLedger  # noqa: E402
 from noise_corpus import CorpusBoot, estimate_levels, level_text, load_corpus, request_cv_text  # noqa: E402
 from pytest_kimiperf.judge.verdicts import MetricResult  # noqa: E402
 from pytest_kimiperf.config.metric_specs import metric_spec  # noqa: E402
-from pytest_kimiperf.measure.runner import say_invalid  # noqa: E402
+from pytest_kimiperf.reports.sentences import say_invalid  # noqa: E402
 from pytest_kimiperf.measure.canary import host_canary, host_identity  # noqa: E402
 from pytest_kimiperf.recorder import PerfCase, PerfRecorder, RecorderHooks  # noqa: E402
 from pytest_kimiperf.server.manager import ServerManager  # noqa: E402

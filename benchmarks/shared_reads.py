@@ -34,6 +34,7 @@ from pytest_kimiperf.measure.results import RunResult, percentile  # noqa: E402
 from pytest_kimiperf.measure.runner import run_scenario  # noqa: E402
 from pytest_kimiperf.measure.target import Target  # noqa: E402
 from pytest_kimiperf.measure.workload import Concurrency, Scenario, SingleStream  # noqa: E402
+from pytest_kimiperf.reports.sentences import say_run_invalid  # noqa: E402
 from tests.paced_truth import MODEL, check, client_stopped, paced_server, server_truth  # noqa: E402
 
 STOP_MS, PERIOD_MS = 120.0, 400.0
@@ -73,7 +74,7 @@ def one_run(url: str, case: str, streams: int, seed: int) -> dict[str, Any]:
     return {"case": case, "streams": streams, "seed": seed, "stops": stops, **truth.row(),
             "client_held_requests": account.client_held_requests, "stalled_requests": account.stream.stalled_requests,
             "loop_max_ms": account.loop_max_ms, "gaps_client_held": account.gaps_client_held,
-            "raw_p99_gap_ms": raw_p99(run), "invalid": run.invalid_reason}
+            "raw_p99_gap_ms": raw_p99(run), "invalid": say_run_invalid(run.invalid) if run.invalid is not None else ""}
 
 
 def raw_p99(run: RunResult) -> float | None:

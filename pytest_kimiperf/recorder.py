@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from pytest_kimiperf.reports import reporter as benchmark_bridge
 from pytest_kimiperf.errors import BaselineError, ConfigError, KimiperfError
-from pytest_kimiperf.measure.runner import cause_of, say_invalid
+from pytest_kimiperf.measure.runner import cause_of
 from pytest_kimiperf.measure.results import RunResult, check_rounds, check_slo
 from pytest_kimiperf.measure.server_view import run_cross_checks
 from pytest_kimiperf.measure.time_account import Window
@@ -33,7 +33,7 @@ from pytest_kimiperf.judge.profiles import InSessionRules
 from pytest_kimiperf.judge.profiles import profiles_to_book, session_plan
 from pytest_kimiperf.judge.notes import BootsBooked, HostWatched, MeasuredAgain, PrefixCacheReused
 from pytest_kimiperf.judge.verdicts import TestResult
-from pytest_kimiperf.reports.sentences import joined
+from pytest_kimiperf.reports.sentences import joined, say_invalid, say_measured_again
 from pytest_kimiperf.config.metric_specs import SampleKind, metric_spec, primary_metric
 from pytest_kimiperf.judge.stats import BootLedger, TestBoots
 from pytest_kimiperf.judge.noise import BootOrigin
@@ -261,7 +261,7 @@ class PerfRecorder:
         if (watch := host_watched(watched)) is not None:
             result.messages.append(watch)
         if watched.measured_again:
-            result.messages.append(MeasuredAgain(tuple(watched.measured_again)))
+            result.messages.append(MeasuredAgain(tuple(say_measured_again(r) for r in watched.measured_again)))
         named = [*metrics, *(slo or {}), *([FLOOR_METRIC] if floor else [])]
         judged = [*named, *(["request_goodput"] if goodput is not None else [])]
         # A busy host first, then the client's self-check, then the figures this test checks

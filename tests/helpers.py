@@ -16,6 +16,8 @@ from typing import Any
 import psutil
 
 from pytest_kimiperf.config.metric_specs import METRICS
+from pytest_kimiperf.measure.results import RunResult
+from pytest_kimiperf.reports.sentences import say_run_invalid
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -144,6 +146,12 @@ def stub_deployment_toml(
         + (f"session_spread = {session_spread}\n" if session_spread is not None else "")
         + extra_keys
     )
+
+
+def said(run: RunResult) -> str:
+    """Why ``run`` cannot be trusted, as the report words it (measure/ keeps the facts)."""
+    assert run.invalid is not None, "the run is valid"
+    return say_run_invalid(run.invalid)
 
 
 def measured_count(run: Mapping[str, Any], figure: str) -> int:

@@ -2,8 +2,9 @@
 
 A run that cannot be judged says why as facts (:data:`RunInvalid`: no request measured, none
 valid, or a client that limited the load; a busy host is ``runner``'s); decisions read them
-(``RunResult.valid`` is ``invalid is None``) and :func:`say_run_invalid` alone words them. Every
-figure is summarized with :func:`percentile` (numpy's default method).
+(``RunResult.valid`` is ``invalid is None``), they travel as JSON (:func:`invalid_to_json`), and
+``reports/sentences.py`` words them. Every figure is summarized with :func:`percentile` (numpy's
+default method).
 The module imports nothing that reads the host, so the judge can import it.
 
 **Per-request figures.** TTFT, E2EL, ITL, TPOT and decode tok/s follow vLLM's ``bench serve``
@@ -25,6 +26,7 @@ bench serve does.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -39,9 +41,7 @@ from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.measure import coverage as reads
 from pytest_kimiperf.measure.coverage import NO_HOLDS, Coverage, Holds, Withheld
 
-# Why a run's own figures cannot be judged: typed reasons, and the one sentence for each.
-CLIENT_BOUND = "client-bound: the load generator, not the server, limited this run: "
-_CLIENT_BOUND_HINT = " (spread streams over more client processes, or give the client more CPU)"
+# Why a run's own figures cannot be judged: typed reasons (reports/sentences.py words them).
 
 
 @dataclass(frozen=True)
@@ -123,53 +123,62 @@ class Unmeasured:
 RunInvalid = NoMeasuredRequests | NoValidRequest | ClientBound | Unmeasured
 
 
-def say_client_problem(problem: ClientProblem) -> str:
-    """One clause of the client-bound sentence."""
-    match problem:
-        case ClientCpu(worst, bound):
-            return f"a client process used {worst:.0%} of a core (bound {bound:.0%})"
-        case LoopLatency(p50, p99, bound50, bound99, idle50, idle99):
-            host = f"; this host's idle loop {idle50:.2f} / {idle99:.2f} ms" if idle50 is not None else ""
-            return (f"event-loop latency p50 {p50:.2f} ms / p99 {p99:.2f} ms (bounds "
-                    f"{bound50:.3g} / {bound99:.3g} ms{host}), so chunk timestamps are stale")
-        case SendLag(p99, bound):
-            return f"requests went out late versus schedule: p99 {p99:.2f} ms (bound {bound:g} ms)"
-        case _:
-            assert_never(problem)
-
-
-def say_run_invalid(reason: RunInvalid) -> str:
-    """The sentence a report prints for ``reason``."""
+def invalid_to_json(reason: RunInvalid | None) -> dict[str, Any] | None:
+    """``reason`` as JSON-ready facts, its kind first (None stays None): how a run's reason
+    crosses from an xdist worker to the controller, where reports/ words it."""
     match reason:
+        case None:
+            return None
         case NoMeasuredRequests():
-            return "no measured requests"
+            return {"kind": "no-measured-requests"}
         case NoValidRequest(invalid, first):
-            return f"no valid request ({invalid} invalid; first reason: {first})"
+            return {"kind": "no-valid-request", "invalid": invalid, "first_reason": first}
         case ClientBound(problems):
-            return CLIENT_BOUND + "; ".join(say_client_problem(p) for p in problems) + _CLIENT_BOUND_HINT
+            return {"kind": "client-bound", "problems": [_problem_to_json(p) for p in problems]}
         case Unmeasured(losses, bound, loop_max):
-            lost = "; ".join(f"{loss.figure} lost for {loss.lost} of {loss.sent} {loss.unit}" for loss in losses)
-            loop = f"{loop_max:.1f} ms" if loop_max is not None else "an unread time"
-            return (f"unmeasured: the client was held off the CPU (its loop ran up to {loop} late) while more than "
-                    f"{bound:.0%} of the window's stamps were taken: {lost}")
+            return {"kind": "unmeasured", "bound": bound, "loop_max_ms": loop_max,
+                    "losses": [{"figure": loss.figure, "lost": loss.lost, "sent": loss.sent,
+                                "reasons": [list(r) for r in loss.reasons], "unit": loss.unit} for loss in losses]}
         case _:
             assert_never(reason)
 
 
-# What each reason a request gave no figure reads as, after its count.
-_WITHHELD_WORDS: Mapping[Withheld, str] = {
-    Withheld.FAILED: "failed",
-    Withheld.NO_TOKEN: "with no token",
-    Withheld.ONE_TOKEN: "of one token",
-    Withheld.CLIENT_HELD: "whose stamps the client's hold spoiled",
-    Withheld.ONE_READ: "the server wrote whole in one read",
-}
+def invalid_from_json(data: Mapping[str, Any] | None) -> RunInvalid | None:
+    """Inverse of :func:`invalid_to_json`."""
+    if data is None:
+        return None
+    match data["kind"]:
+        case "no-measured-requests":
+            return NoMeasuredRequests()
+        case "no-valid-request":
+            return NoValidRequest(int(data["invalid"]), str(data["first_reason"]))
+        case "client-bound":
+            return ClientBound(tuple(_problem_from_json(p) for p in data["problems"]))
+        case "unmeasured":
+            losses = tuple(FigureLoss(str(loss["figure"]), int(loss["lost"]), int(loss["sent"]),
+                                      tuple((str(r), int(n)) for r, n in loss["reasons"]), str(loss["unit"]))
+                           for loss in data["losses"])
+            return Unmeasured(losses, float(data["bound"]), data.get("loop_max_ms"))
+        case kind:
+            raise ValueError(f"unknown invalid-run kind {kind!r}")
 
 
-def withheld_words(reason: str) -> str:
-    """A coverage.Withheld value in words, as it reads after its count (a reason of a report
-    from another version reads as itself)."""
-    return _WITHHELD_WORDS[Withheld(reason)] if reason in Withheld._value2member_map_ else reason
+def _problem_to_json(problem: ClientProblem) -> dict[str, Any]:
+    kind = {ClientCpu: "client-cpu", LoopLatency: "loop-latency", SendLag: "send-lag"}[type(problem)]
+    return {"kind": kind, **dataclasses.asdict(problem)}
+
+
+def _problem_from_json(data: Mapping[str, Any]) -> ClientProblem:
+    fields = {k: v for k, v in data.items() if k != "kind"}
+    match data["kind"]:
+        case "client-cpu":
+            return ClientCpu(**fields)
+        case "loop-latency":
+            return LoopLatency(**fields)
+        case "send-lag":
+            return SendLag(**fields)
+        case kind:
+            raise ValueError(f"unknown client problem {kind!r}")
 
 
 # One request's timeline and the per-request figures read from it.
@@ -672,11 +681,6 @@ class RunResult:
         return ClientBound(tuple(problems)) if problems else None
 
     @property
-    def invalid_reason(self) -> str:
-        """:attr:`invalid` in words ('' when the run can be trusted)."""
-        return say_run_invalid(reason) if (reason := self.invalid) is not None else ""
-
-    @property
     def valid(self) -> bool:
         """True when the run's numbers measure the server, not the client."""
         return self.invalid is None
@@ -696,7 +700,7 @@ class RunResult:
             )
         lags = self.send_lags_ms
         return RunSummary(
-            scenario=self.scenario_name, valid=self.valid, invalid_reason=self.invalid_reason,
+            scenario=self.scenario_name, valid=self.valid, invalid=self.invalid,
             duration=wall, completed=len(valid), failed=self.invalid_count,
             invalid_reasons=self.invalid_reasons, warmup_requests=self.warmup_requests,
             rounds=tuple(RoundSummary(rnd.wall_s, rnd.output_throughput, rnd.request_throughput,
@@ -742,11 +746,12 @@ class RunSummary:
     """What a run produced, as the gate and the reports keep it: bench serve's figures, each
     measured request's record (what the exports and figures are computed from, RequestRecord),
     the server's own view and the offered load. JSON only at the xdist and file boundaries
-    (:meth:`to_json` is the ``run`` of the JSON report; :meth:`from_json` its inverse)."""
+    (:meth:`to_json`, and :meth:`from_json` its inverse; the JSON report's ``run`` is it with
+    ``invalid`` in words as ``invalid_reason``, reports/outputs.py)."""
 
     scenario: str
     valid: bool
-    invalid_reason: str
+    invalid: RunInvalid | None  # why the run cannot be trusted, as facts (reports word it)
     duration: float
     completed: int
     failed: int
@@ -778,7 +783,7 @@ class RunSummary:
 
     def to_json(self) -> dict[str, Any]:
         result: dict[str, Any] = {
-            "scenario": self.scenario, "valid": self.valid, "invalid_reason": self.invalid_reason,
+            "scenario": self.scenario, "valid": self.valid, "invalid": invalid_to_json(self.invalid),
             "duration": self.duration, "completed": self.completed, "failed": self.failed,
             "invalid_reasons": dict(self.invalid_reasons), "warmup_requests": self.warmup_requests,
             "rounds": len(self.rounds), "client_processes": self.client_processes,
@@ -824,7 +829,7 @@ class RunSummary:
             )
         return cls(
             scenario=str(data.get("scenario") or ""), valid=bool(data.get("valid", True)),
-            invalid_reason=str(data.get("invalid_reason") or ""), duration=float(data.get("duration") or 0.0),
+            invalid=invalid_from_json(data.get("invalid")), duration=float(data.get("duration") or 0.0),
             completed=int(data.get("completed") or 0), failed=int(data.get("failed") or 0),
             invalid_reasons=dict(data.get("invalid_reasons") or {}),
             warmup_requests=int(data.get("warmup_requests") or 0),

@@ -60,7 +60,7 @@ from pytest_kimiperf.measure.coverage import FIGURES
 from pytest_kimiperf.measure.invalid_causes import InvalidCause
 from pytest_kimiperf.measure.results import (
     ClientBound, LoopLatency, NoMeasuredRequests, NoValidRequest, ProcessHealth, RequestRecord, RoundResult, RunInvalid,
-    RunResult, SendLag, Unmeasured, say_run_invalid,
+    RunResult, SendLag, Unmeasured,
 )
 from pytest_kimiperf.measure.server_view import ServerView, Snapshot, fetch_snapshot
 from pytest_kimiperf.measure.target import Target
@@ -456,18 +456,6 @@ class HostBusy:
 InvalidReason = RunInvalid | HostBusy
 
 
-def say_invalid(reason: InvalidReason) -> str:
-    """The sentence a report prints for why a measurement was not judged (its advice is
-    :func:`invalid_causes.advice` of :func:`cause_of`)."""
-    if isinstance(reason, HostBusy):
-        said = "; ".join(r.describe_busy(reason.bounds) for r in reason.readings)
-        if not any(r.busy(reason.bounds) for r in reason.readings):
-            return (f"{said}; measured {reason.attempts} times, throttled every time: no verdict from a run its CPU "
-                    "quota held back")
-        return f"{said}; measured {reason.attempts} times, disturbed every time: no verdict from a busy host"
-    return say_run_invalid(reason)
-
-
 def cause_of(reason: InvalidReason) -> InvalidCause:
     """The cause of an INVALID, which decides its advice."""
     match reason:
@@ -502,9 +490,10 @@ class WatchedRun:
     node_readings: list[HostReading] = field(default_factory=list)
     nodes_here: list[str] = field(default_factory=list)  # nodes behind a template that are this machine
     busy: HostBusy | None = None
-    # Why each attempt before the last was measured again (the figure it would have spoiled and
-    # the evidence), in order.
-    measured_again: list[str] = field(default_factory=list)
+    # Why each attempt before the last was measured again (the host's disturbance, or the
+    # client's or the reads' evidence and the figures it would have spoiled), in order; words in
+    # reports/sentences.py (say_measured_again).
+    measured_again: list[InvalidReason] = field(default_factory=list)
 
 
 
@@ -540,14 +529,13 @@ def measure_watched(play: Callable[[int], RunResult], server: ServerHandle, depl
     return watched
 
 
-def _why_again(watched: WatchedRun) -> str:
-    """Why this attempt is measured again, in words: the host's disturbance, or the client's or
-    the reads' evidence and the figures it would have spoiled."""
-    if watched.busy is not None:
-        return say_invalid(watched.busy).split("; measured ", 1)[0]
+def _why_again(watched: WatchedRun) -> InvalidReason:
+    """Why this attempt is measured again: the host's disturbance, or the client's or the reads'
+    evidence and the figures it would have spoiled."""
     run = watched.run
-    reason = run.invalid or run.unmeasured(window_figures(run))
-    return say_run_invalid(reason) if reason is not None else "held off"
+    reason = watched.busy or run.invalid or run.unmeasured(window_figures(run))
+    assert reason is not None, "descheduled() holds only for a client-bound or an unmeasured window"
+    return reason
 
 
 def descheduled(run: RunResult) -> bool:

@@ -57,12 +57,12 @@ from pytest_kimiperf.judge.stats import Comparison, VerdictLeaning, VerdictKind,
 from pytest_kimiperf.judge.verdicts import BaselineState, MissingBaselines as MissingBaselineNote, TestResult
 from pytest_kimiperf.measure.coverage import CLIENT_REASONS, Coverage, StreamShape
 from pytest_kimiperf.measure.invalid_causes import advice_for
-from pytest_kimiperf.measure.results import median, withheld_words
+from pytest_kimiperf.measure.results import median
 from pytest_kimiperf.measure.server_view import ENGINE_METRICS
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_value
 from pytest_kimiperf.reports.model import SessionReport, boot_label, metric_heading, profile_verdict, short_test
 from pytest_kimiperf.reports.sentences import (
-    RECORDING_ACCEPTS, beside_comparison, missing_reason, note_text, select_hardware,
+    RECORDING_ACCEPTS, beside_comparison, missing_reason, note_text, select_hardware, withheld_words,
 )
 
 

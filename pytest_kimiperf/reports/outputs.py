@@ -65,7 +65,7 @@ from pytest_kimiperf.judge.notes import FloorResult, HistorySteps
 from pytest_kimiperf.judge.profiles import INTERVAL_LEGEND
 from pytest_kimiperf.judge.stats import Comparison, VerdictKind
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
-from pytest_kimiperf.measure.results import RequestRecord
+from pytest_kimiperf.measure.results import RequestRecord, RunSummary
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_value, json_safe
 from pytest_kimiperf.reports.answers import measured_lines, outcome_line, spread_line
 from pytest_kimiperf.reports.model import (
@@ -73,7 +73,7 @@ from pytest_kimiperf.reports.model import (
 )
 from pytest_kimiperf.reports.nccl import DIFFERENT
 from pytest_kimiperf.reports.sentences import (
-    comparison_line, floor_line, joined, level_spread_text, note_text, note_texts, source_text,
+    comparison_line, floor_line, joined, level_spread_text, note_text, note_texts, say_run_invalid, source_text,
     unrecordable_text, warning_lines,
 )
 
@@ -212,6 +212,13 @@ def _profile_json(facts: ProfileFacts) -> dict[str, Any]:
     }
 
 
+def run_json(run: RunSummary) -> dict[str, Any]:
+    """A run's figures as the JSON report keeps them: why it cannot be trusted in words
+    (``invalid_reason``, '' when it can), where the summary keeps the facts."""
+    words = say_run_invalid(run.invalid) if run.invalid is not None else ""
+    return dict(("invalid_reason", words) if key == "invalid" else (key, value) for key, value in run.to_json().items())
+
+
 def _test_json(res: TestResult) -> dict[str, Any]:
     return {
         "test": res.test,
@@ -227,7 +234,7 @@ def _test_json(res: TestResult) -> dict[str, Any]:
         "warnings": warning_lines(res),
         "messages": note_texts(res.messages),
         "floor": _floor_json(res.floor) if res.floor is not None else None,
-        "run": res.run.to_json() if res.run is not None else {},
+        "run": run_json(res.run) if res.run is not None else {},
         "primary_metric": res.primary,
         "metrics": {name: _metric_json(mres) for name, mres in res.metrics.items()},
         "itl_timeline_ms": list(res.itl_timeline_ms),

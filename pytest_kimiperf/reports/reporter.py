@@ -80,7 +80,7 @@ from pytest_kimiperf.reports.model import BaselineUpdate, ProfileFacts, SessionR
 from pytest_kimiperf.reports.nccl import NcclDebugCheck, check_server_log
 from pytest_kimiperf.reports.outputs import OutputContext, write_outputs
 from pytest_kimiperf.reports.header import planned_time
-from pytest_kimiperf.reports.sentences import not_recorded_line
+from pytest_kimiperf.reports.sentences import not_recorded_line, say_run_invalid
 from pytest_kimiperf.reports.terminal import render_summary
 from pytest_kimiperf.roofline.inputs import build_roofline_report, decode_results
 from pytest_kimiperf.server.allreduce_path import decode_reach
@@ -138,7 +138,7 @@ def extra_info(run: RunResult, *, profile: str, deployment: str) -> dict[str, An
         "failed": summary.failed,
         "scenario": run.scenario_name,
         "valid": summary.valid,
-        "invalid_reason": summary.invalid_reason or None,
+        "invalid_reason": say_run_invalid(summary.invalid) if summary.invalid is not None else None,
         "profile": profile,
         "deployment": deployment,
         _TIMED_KEY: _TIMED,

@@ -1,10 +1,13 @@
-"""Every sentence the gate's verdicts are read as: the one place that writes them.
+"""Every sentence a user reads about a measurement or a verdict: the one place that writes them.
 
 The gate (judge/gate.py) and the statistics (judge/stats.py, judge/profiles.py) return typed
 values: a :class:`~pytest_kimiperf.judge.stats.Comparison` and notes (judge/notes.py,
 judge/verdicts.py). :func:`note_text` turns a note into its line, :func:`comparison_line` a comparison
 into the line a test report shows; the terminal summary, the JSON report, the pytest warnings and
-a test's failure message all read them from here. Nothing reads these sentences back.
+a test's failure message all read them from here. The measurement returns facts too (why a run
+cannot be judged, measure/results.py and measure/runner.py): the ``say_*`` functions word them.
+No module outside reports/ defines a ``say_*`` (tests/unit/test_architecture.py). Nothing reads
+these sentences back.
 """
 
 from __future__ import annotations
@@ -13,13 +16,18 @@ import functools
 import math
 import shlex
 from collections.abc import Iterable
-from typing import assert_never
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, assert_never
 
 from pytest_kimiperf.config.metric_specs import MIN_SAMPLES_PER_BOOT, Direction, metric_spec
 from pytest_kimiperf.judge.engine_clock import UNPLACED_DF, Part, TwoClocks, UnplacedWhy, ChangeLocation
 from pytest_kimiperf.judge.history import AppendWhy, NotAppended
 from pytest_kimiperf.measure.invalid_causes import advice_for
-from pytest_kimiperf.measure.results import withheld_words
+from pytest_kimiperf.measure.coverage import Withheld
+from pytest_kimiperf.measure.results import (
+    ClientBound, ClientCpu, ClientProblem, LoopLatency, NoMeasuredRequests, NoValidRequest, RunInvalid, SendLag,
+    Unmeasured,
+)
 from pytest_kimiperf.judge.notes import FloorResult, FloorStatus
 from pytest_kimiperf.judge.noise import CanaryCheck
 from pytest_kimiperf.judge.notes import (
@@ -34,6 +42,9 @@ from pytest_kimiperf.judge.verdicts import (
     BaselineLine, BaselineState, EnvDiff, MissingBaselines, TestResult, VerdictNote,
 )
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_spread, fmt_value
+
+if TYPE_CHECKING:  # the runner (and its event loop) is not loaded to word what it found
+    from pytest_kimiperf.measure.runner import HostBusy, InvalidReason
 
 # What recording accepts, said wherever recording is the advice: it is never a neutral step.
 RECORDING_ACCEPTS = "records this run's figures as the new baseline: review the diff"
@@ -86,6 +97,85 @@ def _(note: HostWatched) -> str:
 @note_text.register
 def _(note: MeasuredAgain) -> str:
     return "; ".join(f"attempt {i} measured again: {why}" for i, why in enumerate(note.reasons, 1))
+
+
+# --- why a measurement was not judged, or measured again -------------------------------------
+
+CLIENT_BOUND = "client-bound: the load generator, not the server, limited this run: "
+_CLIENT_BOUND_HINT = " (spread streams over more client processes, or give the client more CPU)"
+_RUN_INVALID = (NoMeasuredRequests, NoValidRequest, ClientBound, Unmeasured)
+
+
+def say_client_problem(problem: ClientProblem) -> str:
+    """One clause of the client-bound sentence."""
+    match problem:
+        case ClientCpu(worst, bound):
+            return f"a client process used {worst:.0%} of a core (bound {bound:.0%})"
+        case LoopLatency(p50, p99, bound50, bound99, idle50, idle99):
+            host = f"; this host's idle loop {idle50:.2f} / {idle99:.2f} ms" if idle50 is not None else ""
+            return (f"event-loop latency p50 {p50:.2f} ms / p99 {p99:.2f} ms (bounds "
+                    f"{bound50:.3g} / {bound99:.3g} ms{host}), so chunk timestamps are stale")
+        case SendLag(p99, bound):
+            return f"requests went out late versus schedule: p99 {p99:.2f} ms (bound {bound:g} ms)"
+        case _:
+            assert_never(problem)
+
+
+def say_run_invalid(reason: RunInvalid) -> str:
+    """Why a run's own figures cannot be judged, as the report prints it."""
+    match reason:
+        case NoMeasuredRequests():
+            return "no measured requests"
+        case NoValidRequest(invalid, first):
+            return f"no valid request ({invalid} invalid; first reason: {first})"
+        case ClientBound(problems):
+            return CLIENT_BOUND + "; ".join(say_client_problem(p) for p in problems) + _CLIENT_BOUND_HINT
+        case Unmeasured(losses, bound, loop_max):
+            lost = "; ".join(f"{loss.figure} lost for {loss.lost} of {loss.sent} {loss.unit}" for loss in losses)
+            loop = f"{loop_max:.1f} ms" if loop_max is not None else "an unread time"
+            return (f"unmeasured: the client was held off the CPU (its loop ran up to {loop} late) while more than "
+                    f"{bound:.0%} of the window's stamps were taken: {lost}")
+        case _:
+            assert_never(reason)
+
+
+def say_host_disturbed(busy: HostBusy) -> str:
+    """What disturbed the host in the last attempt: each reading's line (hostwatch)."""
+    return "; ".join(r.describe_busy(busy.bounds) for r in busy.readings)
+
+
+def say_invalid(reason: InvalidReason) -> str:
+    """Why a measurement was not judged, as the report prints it (its advice is
+    :func:`invalid_causes.advice` of ``runner.cause_of``)."""
+    if isinstance(reason, _RUN_INVALID):
+        return say_run_invalid(reason)
+    said = say_host_disturbed(reason)
+    if not any(r.busy(reason.bounds) for r in reason.readings):
+        return (f"{said}; measured {reason.attempts} times, throttled every time: no verdict from a run its CPU "
+                "quota held back")
+    return f"{said}; measured {reason.attempts} times, disturbed every time: no verdict from a busy host"
+
+
+def say_measured_again(reason: InvalidReason) -> str:
+    """Why an attempt was thrown out and measured again: the host's disturbance, or the client's
+    or the reads' evidence and the figures it would have spoiled."""
+    return say_run_invalid(reason) if isinstance(reason, _RUN_INVALID) else say_host_disturbed(reason)
+
+
+# What each reason a request gave no figure reads as, after its count.
+_WITHHELD_WORDS: Mapping[Withheld, str] = {
+    Withheld.FAILED: "failed",
+    Withheld.NO_TOKEN: "with no token",
+    Withheld.ONE_TOKEN: "of one token",
+    Withheld.CLIENT_HELD: "whose stamps the client's hold spoiled",
+    Withheld.ONE_READ: "the server wrote whole in one read",
+}
+
+
+def withheld_words(reason: str) -> str:
+    """A coverage.Withheld value in words, as it reads after its count (a reason of a report
+    from another version reads as itself)."""
+    return _WITHHELD_WORDS[Withheld(reason)] if reason in Withheld._value2member_map_ else reason
 
 
 @note_text.register

@@ -432,7 +432,7 @@ class ServerManager:
             raise
         rec.boot_s = handle.boot_s
         if deployment.needs_gpus and not self._pid_view_said:
-            self._say_pid_view()
+            self._announce_pid_view()
         rec.accounts.append(self._account(rec, started_wall, handle.boot_s or 0.0))
         handle = replace(handle, boot_account=rec.accounts[-1])
         self.announce(f"kimiperf: {deployment.name} server ({profile.name}) ready after {handle.boot_s:.0f}s")
@@ -465,7 +465,7 @@ class ServerManager:
             self.announce(f"kimiperf: zombie sweep: {rec.sweep.summary()}")
         return used
 
-    def _say_pid_view(self) -> None:
+    def _announce_pid_view(self) -> None:
         """Once a session, with the first server holding its GPUs: where NVML's pids name no
         process here (a container under a driver that reports the host's pids), GPU memory is
         accounted per GPU, and the run says so once instead of at every window."""

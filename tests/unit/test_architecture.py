@@ -5,10 +5,11 @@ TYPE_CHECKING imports count: they are dependencies all the same); the package ro
 which may import anything and which nothing inside the package imports; an import of a module the
 package lacks is a fault, not a guess. Only the pytest glue imports pytest, no module grows past
 one concept's size, no modules import each other (the package's, and ci/'s among themselves),
-and the judge touches no file, process, socket, environment or terminal.
+the judge touches no file, process, socket, environment or terminal, and no module outside
+reports/ writes a sentence (defines a ``say_*``).
 
-The checks are functions of an import graph, so the tests at the end show each one failing on a
-small graph that holds the fault.
+The checks are functions of an import graph or of the parsed code, so the tests show each one
+failing on a small made-up package that holds the fault.
 """
 
 from __future__ import annotations
@@ -383,3 +384,51 @@ def test_the_io_rule_names_the_module_the_line_and_the_call(tmp_path: Path, monk
         test_the_judge_touches_no_file_process_socket_environment_or_terminal(bad)
     assert str(failed.value).splitlines()[0] == (
         "judge/bad.py: ['line 1: import os', 'line 7: print()', 'line 8: sys.exit', 'line 9: .read_text()']")
+
+
+# Every word a user reads about a measurement or a verdict is written in reports/sentences.py:
+# outside reports/ no function or method is named say_* (or say). The layers below it return
+# facts (a typed reason, a count) and reports/ words them. What a part says as it works stays
+# where it is said: an error raised to the user where it happens, a progress line handed to
+# the status line (``announce``), a value's one-line ``describe()`` for logs.
+WORDS_HOME = "reports"
+
+
+def _says(name: str) -> bool:
+    bare = name.lstrip("_")
+    return bare == "say" or bare.startswith("say_")
+
+
+def sentences_outside_reports(folder: Path) -> list[str]:
+    """Each function or method named ``say_*`` in a module of the package ``folder`` outside its
+    reports/, as ``module line N: name``."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        relative = path.relative_to(folder)
+        if relative.parts[0] == WORDS_HOME:
+            continue
+        found += [f"{relative} line {node.lineno}: {node.name}" for node in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _says(node.name)]
+    return found
+
+
+def test_the_words_a_user_reads_are_written_in_reports() -> None:
+    found = sentences_outside_reports(PACKAGE)
+    assert not found, "sentences written outside reports/ (word the facts in reports/sentences.py):\n" + "\n".join(found)
+
+
+def test_the_words_rule_finds_a_sentence_below_reports_and_leaves_errors_and_progress_lines(tmp_path: Path) -> None:
+    _fake(tmp_path / TOP, {
+        "measure/results.py": ("def say_run_invalid(reason):\n    return f'no valid request ({reason})'\n\n\n"
+                               "def check(n):\n    if n < 0:\n        raise ValueError(f'{n} < 0')\n"),
+        "server/manager.py": ("class Manager:\n    def _say_view(self):\n        async def say(line): ...\n\n"
+                              "    def _announce_ready(self, boot_s):\n        self.announce(f'ready after {boot_s:.0f}s')\n\n"
+                              "    def describe(self):\n        return 'pid 7'\n"),
+        "reports/sentences.py": "def say_run_invalid(reason):\n    return 'no measured requests'\n",
+        "recorder.py": "def essay_length(): ...\n",
+    })
+    assert sentences_outside_reports(tmp_path / TOP) == [
+        "measure/results.py line 1: say_run_invalid",
+        "server/manager.py line 2: _say_view",
+        "server/manager.py line 3: say",
+    ]

@@ -33,7 +33,8 @@ from pytest_kimiperf.measure.cgroup_quota import (
 )
 from pytest_kimiperf.measure.hostwatch import HostReading, HostWatch
 from pytest_kimiperf.measure.invalid_causes import InvalidCause, advice
-from pytest_kimiperf.measure.runner import cause_of, host_busy, say_invalid
+from pytest_kimiperf.measure.runner import cause_of, host_busy
+from pytest_kimiperf.reports.sentences import say_invalid
 from tests import helpers
 
 DATA = helpers.DATA / "cgroup"

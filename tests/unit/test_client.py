@@ -27,7 +27,8 @@ from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.errors import ConfigError, ServerError
 from pytest_kimiperf.config.deployments import HealthBounds
 from pytest_kimiperf.measure.results import median
-from pytest_kimiperf.measure.results import CLIENT_BOUND, ClientBound
+from pytest_kimiperf.measure.results import ClientBound
+from pytest_kimiperf.reports.sentences import CLIENT_BOUND
 from pytest_kimiperf.measure.coverage import FIGURES
 from pytest_kimiperf.measure.loop_probe import IDLE_PROBE_S, PROBE_INTERVAL_S
 from pytest_kimiperf.measure.results import HOST_LOOP_FACTOR, loop_latency_bounds
@@ -362,7 +363,7 @@ def test_single_stream_run_counts_every_measured_request(server: str) -> None:
                             bounds=HealthBounds(**TINY_CPU.client_bounds))
     run = run_scenario(Target(server, MODEL), scenario)
     # Whether this host held the client off is the host's; that the run says so is the product's.
-    assert run.valid or isinstance(run.invalid, ClientBound), run.invalid_reason
+    assert run.valid or isinstance(run.invalid, ClientBound), run.invalid
     assert run.scenario_name == "single-stream-16in-10out"
     # Every request sent is accounted for, figure by figure: measured, or withheld with a reason.
     for figure in FIGURES:
@@ -515,7 +516,7 @@ def test_client_starved_by_a_cpu_hog_thread_is_invalid(server: str) -> None:
         stop.set()
         thread.join()
     assert not run.valid
-    assert run.invalid_reason.startswith(CLIENT_BOUND)
+    assert helpers.said(run).startswith(CLIENT_BOUND)
 
 
 def test_client_whose_loop_is_kept_busy_is_invalid(server: str) -> None:
@@ -540,7 +541,7 @@ def test_client_whose_loop_is_kept_busy_is_invalid(server: str) -> None:
 
     run = asyncio.run(go())
     assert not run.valid
-    assert "event-loop latency" in run.invalid_reason
+    assert "event-loop latency" in helpers.said(run)
 
 
 def test_bounds_decide_validity_not_the_data(server: str) -> None:
@@ -548,7 +549,7 @@ def test_bounds_decide_validity_not_the_data(server: str) -> None:
                             bounds=HealthBounds(max_cpu_fraction=1e-6))
     run = run_scenario(Target(server, MODEL), scenario)
     assert all(r.ok for r in run.records)
-    assert run.invalid_reason.startswith(CLIENT_BOUND)
+    assert helpers.said(run).startswith(CLIENT_BOUND)
 
 
 def test_a_loop_latency_bound_below_what_this_host_can_do_is_raised_to_it(server: str) -> None:

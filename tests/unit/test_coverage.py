@@ -22,7 +22,8 @@ from pytest_kimiperf.measure.coverage import (
 from pytest_kimiperf.measure.invalid_causes import InvalidCause
 from pytest_kimiperf.measure.loop_probe import HOLD_MIN_LATENCY_S, PROBE_INTERVAL_S
 from pytest_kimiperf.measure.results import RequestRecord, RoundResult, RunResult, Unmeasured
-from pytest_kimiperf.measure.runner import cause_of, descheduled, measure_watched, say_invalid
+from pytest_kimiperf.measure.runner import cause_of, descheduled, measure_watched
+from pytest_kimiperf.reports.sentences import say_invalid, say_measured_again
 from pytest_kimiperf.server.process import ServerHandle
 from tests.unit.test_results import HEALTHY, run_of
 
@@ -390,7 +391,8 @@ def test_a_window_the_client_s_holds_spoiled_is_measured_again_and_a_server_s_st
     watched = measure_watched(play, server, unbounded)
     assert played == [0, 1] and watched.run.coverage.of("decode_tok_s").measured == 4
     (why,) = watched.measured_again
-    assert why == ("unmeasured: the client was held off the CPU (its loop ran up to 0.1 ms late) while more than 25% "
+    assert isinstance(why, Unmeasured)
+    assert say_measured_again(why) == ("unmeasured: the client was held off the CPU (its loop ran up to 0.1 ms late) while more than 25% "
                    "of the window's stamps were taken: decode_tok_s lost for 4 of 4 requests; tpot_ms lost for 4 of 4 "
                    "requests; ttft_ms lost for 4 of 4 requests")
     # The stalled server's window is kept at once: its stall is the finding.

@@ -22,7 +22,8 @@ from pytest_kimiperf.errors import ConfigError, KimiperfError
 from pytest_kimiperf.measure.hostwatch import CpuCounters, ForeignProcess, GpuReading, HostSnapshot, ProcessCpu
 from pytest_kimiperf.config.deployments import HostBounds
 from pytest_kimiperf.measure.hostwatch import HostReading, HostWatch
-from pytest_kimiperf.measure.runner import host_busy, say_invalid
+from pytest_kimiperf.measure.runner import host_busy
+from pytest_kimiperf.reports.sentences import say_invalid, say_measured_again
 from tests import helpers
 
 DATA = helpers.DATA / "hostwatch"
@@ -195,6 +196,9 @@ def test_a_busy_host_is_a_fact_with_its_pids_and_shares_and_says_the_same_senten
     assert say_invalid(busy) == (
         "host busy: other processes used 60% of the host's CPU (bound 20%): pid 4242 stress (60%); "
         "measured 3 times, disturbed every time: no verdict from a busy host")
+    # An attempt thrown out for it says what disturbed the host, without the verdict.
+    assert say_measured_again(busy) == (
+        "host busy: other processes used 60% of the host's CPU (bound 20%): pid 4242 stress (60%)")
     assert host_busy((far,), HostBounds(), attempts=1) is None
 
 

@@ -203,7 +203,7 @@ def test_a_run_that_knows_the_server_measures_off_its_cpus(
     monkeypatch.setattr(placement, "MIN_CPUS_TO_PLACE", 1)
     with server_processes(lambda: [proc.pid]):
         run = run_scenario(target, scenario)
-    assert run.valid, run.invalid_reason
+    assert run.valid, run.invalid
     spare = sorted(os.sched_getaffinity(0) - {server_cpu})
     assert run.client_placement["how"] == ISOLATED and run.client_placement["client_cpus"] == spare
     assert [h.cpus for rnd in run.rounds for h in rnd.health] == [tuple(spare)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import random
 
@@ -14,15 +15,18 @@ from pytest_kimiperf.config.metric_specs import METRICS, SampleKind, metrics_of
 from pytest_kimiperf.config.deployments import HealthBounds
 from pytest_kimiperf.measure.results import PER_REQUEST_METRICS, RequestRecord, percentile
 from pytest_kimiperf.measure.results import (
-    CLIENT_BOUND, ClientBound, ClientCpu, LoopLatency, NoMeasuredRequests, NoValidRequest, SendLag,
+    ClientBound, ClientCpu, FigureLoss, LoopLatency, NoMeasuredRequests, NoValidRequest, RunInvalid, RunSummary, SendLag,
+    Unmeasured,
 )
+from pytest_kimiperf.reports.outputs import run_json
+from pytest_kimiperf.reports.sentences import CLIENT_BOUND, say_run_invalid
 from pytest_kimiperf.measure.results import (
     ProcessHealth,
     RoundResult,
     RunResult,
     check_slo,
 )
-from tests.helpers import ROOT
+from tests.helpers import ROOT, said
 from pytest_kimiperf.measure.server_view import (
     ENGINE_METRICS,
     ITL_METRIC,
@@ -181,7 +185,7 @@ def test_to_json_uses_bench_serve_names_and_numpy_statistics() -> None:
     assert out["p90_itl_ms"] == pytest.approx(run.percentiles("itl_ms")[90])
     assert out["output_throughput"] == pytest.approx(run.output_throughput)
     assert out["median_decode_tok_s"] == pytest.approx(float(np.median(run.samples("decode_tok_s"))))
-    assert out["valid"] is True and out["invalid_reason"] == ""
+    assert out["valid"] is True and out["invalid"] is None
     assert len(out["per_round"]) == 2
 
 
@@ -244,16 +248,16 @@ def test_cpu_saturated_client_makes_the_run_invalid() -> None:
     run = run_of(RoundResult(records=(record([5.0, 6.0], 2),), wall_s=1.0, health=(HEALTHY, busy)))
     assert not run.valid
     assert run.invalid == ClientBound((ClientCpu(0.97, HealthBounds().max_cpu_fraction),))
-    assert run.invalid_reason.startswith(CLIENT_BOUND)
-    assert "97%" in run.invalid_reason
+    assert said(run).startswith(CLIENT_BOUND)
+    assert "97%" in said(run)
 
 
 @pytest.mark.parametrize("latencies", [(0.9,) * 100, (0.01,) * 95 + (8.0,) * 5])
 def test_late_event_loop_makes_the_run_invalid(latencies: tuple[float, ...]) -> None:
     lagging = ProcessHealth(cpu_fraction=0.3, loop_latency_ms=latencies, wall_s=1.0)
     run = run_of(RoundResult(records=(record([5.0, 6.0], 2),), wall_s=1.0, health=(lagging,)))
-    assert run.invalid_reason.startswith(CLIENT_BOUND)
-    assert "event-loop latency" in run.invalid_reason
+    assert said(run).startswith(CLIENT_BOUND)
+    assert "event-loop latency" in said(run)
 
 
 def test_the_loop_latency_bound_follows_the_hosts_idle_loop() -> None:
@@ -268,7 +272,7 @@ def test_the_loop_latency_bound_follows_the_hosts_idle_loop() -> None:
     assert isinstance(run.invalid, ClientBound)
     (latency,) = run.invalid.problems
     assert isinstance(latency, LoopLatency) and (latency.p50_ms, latency.idle_p50_ms) == (0.84, 0.05)
-    reason = run.invalid_reason
+    reason = said(run)
     assert "event-loop latency p50 0.84 ms / p99 0.84 ms (bounds 0.5 / 5 ms; this host's idle loop 0.05 / " \
            "0.05 ms), so chunk timestamps are stale" in reason
     # A loop that cannot keep up is late far past a few idle wakes, on any host.
@@ -282,7 +286,7 @@ def test_late_sends_make_a_request_rate_invalid_and_are_a_reported_fact_of_a_clo
     rate = dataclasses.replace(run_of(RoundResult(records=late, wall_s=1.0, health=(HEALTHY,))),
                                load={"kind": "request-rate"})
     assert isinstance(rate.invalid, ClientBound) and isinstance(rate.invalid.problems[0], SendLag)
-    assert "late versus schedule" in rate.invalid_reason
+    assert "late versus schedule" in said(rate)
     assert dataclasses.replace(rate, bounds=HealthBounds(max_send_lag_p99_ms=20.0)).valid
     # A closed loop's late send shapes none of the figures of the requests it sent: reported, not judged.
     closed = dataclasses.replace(rate, load={"kind": "single-stream"})
@@ -294,9 +298,28 @@ def test_run_without_valid_requests_is_invalid() -> None:
     run = run_of(RoundResult(records=(bad,), wall_s=1.0, health=(HEALTHY,)))
     assert not run.valid
     assert run.invalid == NoValidRequest(1, "HTTP 500: boom")
-    assert run.invalid_reason == "no valid request (1 invalid; first reason: HTTP 500: boom)"
+    assert said(run) == "no valid request (1 invalid; first reason: HTTP 500: boom)"
     assert run_of().invalid == NoMeasuredRequests()
-    assert run_of().invalid_reason == "no measured requests"
+    assert said(run_of()) == "no measured requests"
+
+
+@pytest.mark.parametrize("reason", [
+    NoMeasuredRequests(), NoValidRequest(3, "HTTP 500: boom"),
+    ClientBound((ClientCpu(0.97, 0.9), LoopLatency(0.84, 3.0, 0.5, 5.0, 0.05, 0.07), SendLag(12.5, 10.0))),
+    ClientBound((LoopLatency(0.84, 3.0, 0.5, 5.0),)),
+    Unmeasured((FigureLoss("ttft_ms", 4, 10, (("client-held", 4),)),
+                FigureLoss("inter-token gaps", 9, 90, (("client-held", 9),), "gaps")), 0.1, 6.0),
+    Unmeasured((FigureLoss("e2el_ms", 2, 3, ()),), 0.1),
+], ids=lambda r: type(r).__name__)
+def test_a_run_s_reason_travels_as_facts_and_the_json_report_words_it(reason: RunInvalid) -> None:
+    # A summary crosses from an xdist worker to the controller as JSON: the reason it carries
+    # comes back equal, and the JSON report's run says it in the words of reports/sentences.py.
+    summary = dataclasses.replace(run_of().summary(), valid=False, invalid=reason)
+    data = json.loads(json.dumps(summary.to_json()))
+    assert RunSummary.from_json(data).invalid == reason
+    assert "invalid_reason" not in data
+    assert run_json(summary)["invalid_reason"] == say_run_invalid(reason)
+    assert run_json(two_round_run().summary())["invalid_reason"] == ""
 
 
 @pytest.mark.parametrize("field", ["max_cpu_fraction", "max_loop_latency_p50_ms", "max_send_lag_p99_ms"])
