@@ -139,16 +139,21 @@ class PerfRecorder:
 
         self._ensure_alive()
         scenario = self._with_deployment_bounds(scenario)
-        # Prompts of this test, profile and boot only: vLLM's prefix cache must not hand this
-        # run another test's prefill, and -k or test order must not change what is sent.
-        # A repeat after a disturbed attempt gets prompts of its own too (the first attempt's
+        # Prompts of this test only: vLLM's prefix cache must not hand this run another test's
+        # prefill, and -k or test order must not change what is sent. A booted server is a fresh
+        # process each boot, its prefix cache empty: every boot and profile sends the same prompts
+        # (a paired comparison, and prompts built once a session). An attached server keeps its
+        # cache across boots and profiles, so there the profile and the boot join the seed. A
+        # repeat after a disturbed attempt gets prompts of its own too (the first attempt's
         # prefill would come from the cache and its TTFT read short).
         base = scenario
+        shared = self.server.external
         options: dict[str, Any] = {"endpoint": endpoint, "server_metrics": server_metrics, "extra_body": extra_body}
 
         def play(attempt: int = 0) -> RunResult:
             seeded = dataclasses.replace(
-                base, seed=prompt_seed(self.test, self.server.profile, self.boot, base.seed + attempt))
+                base, seed=prompt_seed(self.test, self.server.profile if shared else "", self.boot if shared else 0,
+                                      base.seed + attempt))
             nonlocal scenario
             scenario = seeded
             target = Target(self.server.base_url, self.server.model, api_key=self.server.api_key, **options)

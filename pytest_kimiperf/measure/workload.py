@@ -11,9 +11,10 @@ template and generation prompt). The client later checks ``usage.prompt_tokens``
 Text comes from a seeded random walk over common words, a different walk per request, so no two
 prompts share a prefix and vLLM's prefix cache cannot shorten one request's prefill with
 another's. The same seed gives the same prompts on every run. ``prompt_seed`` derives a
-measurement's seed from the test id, NCCL profile and server boot, so two tests (or one test
-under two profiles) never send the same prompt, and a test sends the same prompts whether it
-runs alone (``-k``) or after others.
+measurement's seed from the test id (and, on a server that outlives a boot, the NCCL profile and
+the boot), so two tests on one server never send the same prompt, and a test sends the same
+prompts whether it runs alone (``-k``) or after others. Prompts are built once a session: a
+later boot's server counts one of them again, then reuses them.
 
 Output length is exact because the client sends ``ignore_eos`` with ``max_tokens`` equal to the
 wanted length (bench serve's request, client.request_body), and rejects a request whose
@@ -127,6 +128,14 @@ class _Tokenizer:
         self._base_url = base_url
         self._model = model
         self._chat = endpoint == "chat"
+        self._overhead: int | None = None
+
+    def overhead(self, text: str, ids: Sequence[int]) -> int:
+        """Tokens the endpoint adds around a text (BOS, chat template), counted on the first text
+        only: a later prompt's count is checked whole, and a cut that misses moves."""
+        if self._overhead is None:
+            self._overhead = self.counted(text) - len(ids)
+        return self._overhead
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         url = self._base_url + path
@@ -190,8 +199,7 @@ def _exact_prompt(tokenizer: _Tokenizer, prompt_tokens: int, seed: int, index: i
     words = prompt_tokens + 8
     text = _walk(seed, index, words)
     ids = tokenizer.content_ids(text)
-    # Tokens the endpoint adds around the text (BOS, chat template).
-    overhead = tokenizer.counted(text) - len(ids)
+    overhead = tokenizer.overhead(text, ids)
     keep = prompt_tokens - overhead
     if keep < 1:
         raise ConfigError(
@@ -219,7 +227,12 @@ def _exact_prompt(tokenizer: _Tokenizer, prompt_tokens: int, seed: int, index: i
     )
 
 
-_CACHE: dict[tuple[str, str, str, int, int, int], str] = {}
+# Prompts built, by what decides them: the model and endpoint (the server's tokenizer), the
+# length, the seed and the request's index; not the server's address, which a later boot of the
+# same deployment changes. A server not seen before counts one cached prompt again before the
+# cache serves it, and a count that differs (another tokenizer under the same name) empties it.
+_CACHE: dict[tuple[str, str, int, int, int], str] = {}
+_COUNTED_ON: set[tuple[str, str, str]] = set()
 
 
 def build_prompts(
@@ -245,8 +258,14 @@ def build_prompts(
     with httpx.Client(headers=headers, timeout=timeout_s) as http:
         tokenizer = _Tokenizer(http, address.base_url, model, endpoint)
         for index in range(first_index, first_index + count):
-            key = (address.base_url, model, endpoint, prompt_tokens, seed, index)
+            key = (model, endpoint, prompt_tokens, seed, index)
             prompt = _CACHE.get(key)
+            if prompt is not None and (address.base_url, model, endpoint) not in _COUNTED_ON:
+                if tokenizer.counted(prompt) != prompt_tokens:
+                    _CACHE.clear()
+                    _COUNTED_ON.clear()
+                    prompt = None
+                _COUNTED_ON.add((address.base_url, model, endpoint))
             if prompt is None:
                 prompt = _exact_prompt(tokenizer, prompt_tokens, seed, index)
                 _CACHE[key] = prompt

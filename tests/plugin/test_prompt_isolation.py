@@ -1,9 +1,9 @@
-"""Measurements share no state: every prompt belongs to one test, profile, boot and round.
+"""Measurements share no state: no server is sent a prompt twice.
 
 Seeds (workload.prompt_seed), the prefix-cache figures read from vLLM's /metrics and the rule
 that flags unexpected hits (server_metrics.unexpected_prefix_hits), the recorder that wires
 both, and the shipped suite end to end against the stub: the decode test sends the same prompts
-alone and after the rest of the suite, and no prompt is ever sent twice.
+alone and after the rest of the suite, the same under every profile, and no server gets a prompt twice.
 """
 
 from __future__ import annotations
@@ -97,12 +97,12 @@ def test_prompt_seed_is_a_non_negative_int64() -> None:
 # --------------------------------------------------------------------------- the recorder
 
 
-def _recorder(tmp_path: Path, *, boot: int = 1) -> PerfRecorder:
+def _recorder(tmp_path: Path, *, boot: int = 1, external: bool = False) -> PerfRecorder:
     settings = SimpleNamespace(deployment=TINY_CPU, perf_strict=False, boots=1, max_boots=1, control=False,
                                missing_baseline_fails=False,
                                profiles=(SimpleNamespace(name="default"),))
     server = ServerHandle(base_url="http://127.0.0.1:9", model="m", deployment="tiny-cpu", profile="ring-ll",
-                          log_path=None)
+                          log_path=None, external=external)
 
     def fail(message: str) -> None:
         raise AssertionError(message)
@@ -124,8 +124,9 @@ def _run_with_server_view(view: dict[str, Any], name: str) -> RunResult:
                      server_metrics=(view,))
 
 
-def test_measure_sends_prompts_seeded_from_test_profile_and_boot(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("external", [False, True], ids=["booted", "attached"])
+def test_measure_sends_prompts_seeded_from_the_test_and_on_an_attached_server_its_profile_and_boot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, external: bool) -> None:
     played: list[workload.Scenario] = []
 
     def fake_run_scenario(target: Target, scenario: workload.Scenario) -> RunResult:
@@ -134,8 +135,11 @@ def test_measure_sends_prompts_seeded_from_test_profile_and_boot(tmp_path: Path,
 
     monkeypatch.setattr(runner, "run_scenario", fake_run_scenario)
     scenario = workload.SingleStream(prompt_tokens=300, output_tokens=4, requests=8, seed=5)
-    _recorder(tmp_path, boot=2).measure(scenario)
-    assert played[0].seed == prompt_seed("t.py::test", "ring-ll", 2, 5)
+    _recorder(tmp_path, boot=2, external=external).measure(scenario)
+    # A booted server is a fresh process a boot (its prefix cache empty): every boot and profile
+    # sends the test's prompts. An attached one keeps its cache: the profile and boot join the seed.
+    expected = prompt_seed("t.py::test", "ring-ll", 2, 5) if external else prompt_seed("t.py::test", "", 0, 5)
+    assert played[0].seed == expected
     assert played[0].scenario_name == scenario.scenario_name  # baselines keep their key
 
 
@@ -321,6 +325,9 @@ def test_the_decode_test_sends_the_same_prompts_alone_and_after_other_tests_and_
     in_suite = [e["prompt"] for e, decode in zip(suite_log, is_decode) if decode]
 
     assert in_suite == by_profile["-"] and len(in_suite) == 3 + 20
-    assert not set(by_profile["LL"]) & set(by_profile["-"])
-    everything = [e["prompt"] for e in suite_log] + by_profile["LL"]
-    assert len(set(everything)) == len(everything)
+    # Each profile's boot is a server of its own: both send the same prompts (a paired comparison),
+    # and no server is ever sent a prompt twice.
+    assert by_profile["LL"] == by_profile["-"]
+    for pid in {e["pid"] for e in alone_log} | {e["pid"] for e in suite_log}:
+        sent = [e["prompt"] for e in (*alone_log, *suite_log) if e["pid"] == pid]
+        assert len(set(sent)) == len(sent)

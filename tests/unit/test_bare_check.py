@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,20 @@ def test_the_unit_tests_step_ends_its_pytest_in_its_limit_and_keeps_what_a_cut_r
     slow.write_text("import time\n\ndef test_quick():\n    pass\n\ndef test_slow():\n    time.sleep(60)\n")
     monkeypatch.setattr(gpu_bare_steps, "GPU_TESTS", (str(slow),))
     monkeypatch.setattr(gpu_bare_steps, "UNIT_TESTS_TIMEOUT_S", 8)
+    log = tmp_path / "unit-tests" / "pytest.txt"
+
+    class TimedOutAfterTheFirstTest(subprocess.Popen):  # type: ignore[type-arg]
+        """The limit runs out once test_quick's dot is printed, however long this host took to
+        start pytest: the step's handling of a cut run is the subject, not this host's speed."""
+
+        def wait(self, timeout: float | None = None) -> int:
+            if timeout is None:
+                return super().wait()
+            while not log.read_text().startswith(".") and self.poll() is None:
+                time.sleep(0.05)
+            raise subprocess.TimeoutExpired(self.args, timeout)
+
+    monkeypatch.setattr(gpu_bare_steps.subprocess, "Popen", TimedOutAfterTheFirstTest)
     verdict, text = gpu_bare_steps.step_unit_tests(tmp_path / "unit-tests")
     assert verdict == "FAIL" and text.startswith("cut off after 8 s; what it printed is in unit-tests/pytest.txt")
     assert (tmp_path / "unit-tests" / "pytest.txt").read_text().splitlines()[0].startswith(".")  # test_quick's dot

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from pytest_kimiperf.config.server_url import parse_base_url
+from pytest_kimiperf.measure import workload
 from pytest_kimiperf.measure.client import RequestSpec, StreamingClient
 from pytest_kimiperf.config.deployments import TINY_CPU
 from pytest_kimiperf.errors import ConfigError, ServerError
@@ -327,6 +328,36 @@ def test_prompts_have_the_exact_token_count_and_are_deterministic(server: str, e
     assert again[:2] == prompts[1:]
     other = build_prompts(server, MODEL, prompt_tokens=12, count=3, seed=8, endpoint=endpoint)
     assert set(other).isdisjoint(prompts)
+
+
+def test_prompts_built_on_one_server_are_counted_once_on_another_and_rebuilt_where_it_counts_otherwise(
+    server: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(workload, "_CACHE", {})
+    monkeypatch.setattr(workload, "_COUNTED_ON", set())
+    built = build_prompts(server, MODEL, prompt_tokens=12, count=2, seed=31)
+    # A later boot (a server this process has not counted on: the set forgotten stands in for a
+    # new address): one count of a cached prompt agrees, and the prompts are the same.
+    calls: list[str] = []
+    real_post = workload._Tokenizer._post
+
+    def counting(self: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        calls.append(path)
+        return real_post(self, path, body)
+
+    monkeypatch.setattr(workload._Tokenizer, "_post", counting)
+    workload._COUNTED_ON.clear()
+    assert build_prompts(server, MODEL, prompt_tokens=12, count=2, seed=31) == built
+    assert calls == ["/tokenize"]
+    assert build_prompts(server, MODEL, prompt_tokens=12, count=2, seed=31) == built
+    assert calls == ["/tokenize"]  # counted on once
+    # A tokenizer that counts a cached prompt otherwise (a prompt of the wrong length stands in
+    # for it): the cache is emptied and the prompt built again, exact on this server.
+    workload._CACHE[(MODEL, "completions", 12, 31, 0)] = "far too short"
+    workload._COUNTED_ON.clear()
+    rebuilt = build_prompts(server, MODEL, prompt_tokens=12, count=1, seed=31)
+    assert rebuilt == built[:1]
+    assert httpx.post(f"{server}/tokenize", json={"model": MODEL, "prompt": rebuilt[0]}).json()["count"] == 12
 
 
 def test_prompt_shorter_than_the_template_is_a_config_error(server: str) -> None:
