@@ -1,23 +1,9 @@
 """The decode ceiling next to the measurement: gather the roofline's inputs for this session and
 place each single-stream decode median against the ceilings ``ceiling.estimate`` computes.
 
-Inputs, each with where it came from (the report names the source, so a guess never passes for
-a measurement):
-
-- the model's ``config.json``: the deployment's ``model_config`` if set, else the tiny model's
-  build directory, a local model directory, or the Hugging Face hub cache for a hub id (found by
-  ``model_config.find_model_config``);
-- memory bandwidth per device: the deployment's ``memory_bandwidth_gbs``, else the GPU's
-  datasheet peak (``ceiling.gpu_bandwidth_gbs`` on the fingerprint's GPU name), else, for a
-  CPU deployment, a copy measured on this host at session end;
-- one decode-sized allreduce's latency: the deployment's ``allreduce_latency_us``, else one
-  ``all_reduce_perf`` run at the decode size where nccl-tests is on PATH (ceiling.py: a few
-  seconds on the GPUs, at session end once the servers are gone), else the default for the
-  fingerprint's interconnect (PCIe, NVLink); a CPU engine at tp > 1 has none (gloo's latency
-  depends on the host), so only the bandwidth ceiling is given there.
-
-A missing input is never an error: the report says the ceiling is unknown and why. Nothing here
-imports pytest.
+Which inputs, in which order, each with its source: docs/explanation/measurement.md, "The decode
+ceiling". A missing input is never an error: the report says the ceiling is unknown and why.
+Nothing here imports pytest.
 """
 
 from __future__ import annotations
