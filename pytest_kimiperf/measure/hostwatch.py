@@ -504,12 +504,10 @@ class HostReading:
         return power
 
     def _throttled_under_load(self, bounds: HostBounds) -> list[str]:
-        """The window's throttled time from NVML's violation counters (GpuReading),
-        where the bounds forbid that kind of clock event and the load did not cause it itself
-        (_OWN_LOAD_REASONS), with the window's average power."""
+        """The window's throttled time from NVML's violation counters, where :func:`_blamed`
+        blames that kind of clock event (pynvml aliases NVML_FI_DEV_CLOCKS_EVENT_REASON_* to the
+        perf-policy ids), with the window's average power."""
         found = []
-        # NVML_PERF_POLICY_POWER counts sw_power_cap time, NVML_PERF_POLICY_THERMAL the thermal
-        # slowdowns (pynvml's NVML_FI_DEV_CLOCKS_EVENT_REASON_* aliases of the perf-policy ids).
         kinds = (("power_violation_ms", "the power limit", ("sw_power_cap",)),
                  ("thermal_violation_ms", "temperature", ("sw_thermal_slowdown", "hw_thermal_slowdown")))
         for gpu in self.gpus:

@@ -60,7 +60,6 @@ ENGINE_METRICS: tuple[str, ...] = (QUEUE_TIME_METRIC, PREFILL_TIME_METRIC, DECOD
 DEFAULT_BLOCK_TOKENS = 16
 
 
-
 @dataclass(frozen=True)
 class Sample:
     """One line of the exposition: series name, labels, value."""

@@ -348,8 +348,6 @@ def _target_matches(target: str, module_name: str) -> bool:
     return target == "Linear" or target == module_name
 
 
-
-
 def _compressed_tensors_scheme(
     qcfg: Mapping[str, Any], dense: WeightFormat, dense_bytes: int, *, where: str
 ) -> QuantScheme:
