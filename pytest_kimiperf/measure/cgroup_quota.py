@@ -12,6 +12,7 @@ read. Parsing is pure and tested on recorded files (tests/data/cgroup).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -145,17 +146,13 @@ def _read_level(where: CgroupDir) -> CgroupLevel:
     folder = Path(where.folder)
     quota: Quota | None = None
     stat: CpuStat | None = None
-    try:
+    with contextlib.suppress(OSError, ValueError):
         if where.version == 1:
             quota = parse_quota_v1((folder / "cpu.cfs_quota_us").read_text(), (folder / "cpu.cfs_period_us").read_text())
         else:
             quota = parse_cpu_max((folder / "cpu.max").read_text())
-    except (OSError, ValueError):
-        pass
-    try:
+    with contextlib.suppress(OSError):
         stat = parse_cpu_stat((folder / "cpu.stat").read_text(), where.version)
-    except OSError:
-        pass
     return CgroupLevel(where, quota, stat)
 
 

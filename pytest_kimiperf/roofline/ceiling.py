@@ -179,6 +179,11 @@ class Roofline:
         """Whether a communication term (tp > 1 and a latency) lowers the ceiling."""
         return self.collectives_per_token > 0 and self.allreduce_latency_us is not None
 
+    @property
+    def comm_term_known(self) -> bool:
+        """Whether the ceiling with communication is known (no collectives, or a latency for them)."""
+        return self.collectives_per_token == 0 or self.allreduce_latency_us is not None
+
     def describe(self, measured_tok_s: float) -> str:
         """One line placing a measured decode rate against the ceilings, naming the binding term."""
         if not (is_real(measured_tok_s, finite=True) and measured_tok_s > 0):

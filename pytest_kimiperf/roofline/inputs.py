@@ -100,9 +100,7 @@ class RooflineReport:
     @property
     def comm_term_known(self) -> bool:
         """Whether the ceiling with communication is known (no collectives, or a latency for them)."""
-        return self.estimate is not None and (
-            self.estimate.collectives_per_token == 0 or self.estimate.allreduce_latency_us is not None
-        )
+        return self.estimate is not None and self.estimate.comm_term_known
 
     @property
     def ceiling_tok_s(self) -> float | None:
@@ -319,12 +317,11 @@ def build_roofline_report(
                                 allreduce_latency_us=latency.value, source=str(lookup.path))
     except ConfigError as exc:
         return unknown(str(exc), bandwidth)
-    comm_known = est.collectives_per_token == 0 or est.allreduce_latency_us is not None
     measurements = tuple(
         DecodeAgainstCeiling(
             res.test, res.profile, median,
             fraction_of_bandwidth_ceiling=median / est.bandwidth_ceiling_tok_s,
-            fraction_of_ceiling=median / est.ceiling_tok_s if comm_known else None,
+            fraction_of_ceiling=median / est.ceiling_tok_s if est.comm_term_known else None,
             boot=res.boot,
         )
         for res, median in decoded
@@ -340,7 +337,7 @@ def build_roofline_report(
     if external:
         notes.append("the server was attached with --kimiperf-server-url: the hardware inputs describe this "
                      "host, which may not be the server's")
-    limit = est.ceiling_tok_s if comm_known else est.bandwidth_ceiling_tok_s
+    limit = est.ceiling_tok_s if est.comm_term_known else est.bandwidth_ceiling_tok_s
     above = [m.profile for m in measurements if m.median_tok_s > limit * 1.02]
     if above:
         notes.append(f"{', '.join(sorted(set(above)))} measured above the ceiling: check the bandwidth, "
