@@ -17,9 +17,11 @@ from pytest_kimiperf.config.server_url import check_endpoint, parse_base_url
 
 @dataclass(frozen=True)
 class Target:
-    """An OpenAI-compatible server to measure, checked when built: ``base_url`` is its root
-    (``http://HOST:PORT``, no ``/v1``); ``extra_body`` adds fields to every request;
-    ``server_metrics=False`` skips the ``/metrics`` reads before and after the rounds."""
+    """An OpenAI-compatible server to measure, checked when built.
+
+    ``base_url`` is the server root (``http://HOST:PORT``, no ``/v1``); ``server_metrics=False``
+    skips the ``/metrics`` reads before and after the rounds.
+    """
 
     base_url: str
     model: str
