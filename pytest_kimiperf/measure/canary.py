@@ -13,12 +13,21 @@ boot, stored with the session's boots in the baseline history (judge/noise.py co
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
 import math
 import os
+import shutil
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from pytest_kimiperf.errors import KimiperfError
 
 # Both probes are single-threaded: a probe that spreads over every core (a BLAS product) reads
 # whatever a neighbour leaves of the other cores, not the host's speed (seen here: 15-37 GFLOP/s
@@ -129,14 +138,6 @@ def gpu_canary(rounds: int = ROUNDS, *, timeout_s: float = _GPU_CANARY_TIMEOUT_S
     """A fixed 256 MiB device-to-device copy on the first visible GPU, timed in a child process
     (see ``_GPU_CHILD``); None where torch with CUDA is not there (the CPU engine, a client host).
     Raises KimiperfError, with the child's last words, if the child fails or hangs."""
-    import importlib.util  # noqa: PLC0415
-    import json  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-    from pathlib import Path  # noqa: PLC0415
-
-    from pytest_kimiperf.errors import KimiperfError  # noqa: PLC0415
-
     if importlib.util.find_spec("torch") is None:
         return None  # no child needed to know there is no GPU probe
     package_root = str(Path(__file__).resolve().parents[2])
@@ -200,9 +201,6 @@ def parse_power_limits(text: str) -> float | None:
 
 def _gpu_power_limit(timeout_s: float = 10.0) -> float | None:
     """This host's lowest GPU power limit (nvidia-smi), None without nvidia-smi or GPUs."""
-    import shutil  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
@@ -262,8 +260,6 @@ def host_identity(declared: str | None = None, *, read: Callable[[str], str] = _
     clones that share one machine id, and are different hosts: without the UUID a reboot cannot
     be told from another clone, and is counted as another host. Same fingerprint, other host:
     the canary decides."""
-    import hashlib  # noqa: PLC0415
-
     machine = read("/etc/machine-id") or read("/var/lib/dbus/machine-id")
     boot = read("/proc/sys/kernel/random/boot_id")
     uuid = read(PRODUCT_UUID).lower()

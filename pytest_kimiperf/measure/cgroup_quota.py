@@ -1,30 +1,18 @@
 """The CPU quota a run measures under, and whether it throttled a measured window.
 
-A container's CPU limit is a CFS bandwidth quota on its cgroup: so many microseconds of CPU per
-period, after which every process in the cgroup waits for the next period. Inside a cgroup held
-to half a core (50 ms per 100 ms), tiny-cpu decoded 76.7 tok/s where the full host decoded
-135.7 and the run failed "below the floor" without a word about the quota: the canary's short
-bursts fit inside one period and read the host at full speed (issue 58). The kernel counts the
-throttling exactly, per cgroup, in ``cpu.stat``:
-
-* cgroup v1 (the ``cpu`` controller's hierarchy): ``nr_periods``, ``nr_throttled`` and
-  ``throttled_time`` (nanoseconds); the quota in ``cpu.cfs_quota_us`` (-1: none) per
-  ``cpu.cfs_period_us``;
-* cgroup v2: ``nr_periods``, ``nr_throttled`` and ``throttled_usec`` (present where the ``cpu``
-  controller is enabled); the quota in ``cpu.max`` (``max 100000``: none, ``50000 100000``).
-
-A quota set on a parent cgroup throttles its children and is counted in the parent's
-``cpu.stat``, so every level from a process's cgroup up to the hierarchy's visible root is read.
-The host watch (hostwatch.py) reads them at both ends of each measured window for the client's
-cgroup and the server's (:class:`QuotaWatch`); throttling in the window makes the measurement
-INVALID naming the quota, and the header says the quota in force (:func:`quota_in_force`).
-
-Parsing is pure and tested on recorded files (tests/data/cgroup); the readers touch /proc and
-the cgroup filesystem.
+A container's CPU limit is a CFS bandwidth quota on its cgroup: why a window it throttled is
+disturbed like a busy host's, measured: docs/explanation/measurement.md, "A CPU quota". The kernel
+counts the throttling exactly, per cgroup, in ``cpu.stat``: cgroup v1 has ``nr_periods``,
+``nr_throttled`` and ``throttled_time`` (ns), its quota in ``cpu.cfs_quota_us`` (-1: none) per
+``cpu.cfs_period_us``; v2 has ``throttled_usec`` (where the ``cpu`` controller is enabled), its
+quota in ``cpu.max`` (``max 100000``: none). A quota on a parent cgroup throttles its children and
+is counted in the parent's ``cpu.stat``, so every level up to the hierarchy's visible root is
+read. Parsing is pure and tested on recorded files (tests/data/cgroup).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -158,17 +146,13 @@ def _read_level(where: CgroupDir) -> CgroupLevel:
     folder = Path(where.folder)
     quota: Quota | None = None
     stat: CpuStat | None = None
-    try:
+    with contextlib.suppress(OSError, ValueError):
         if where.version == 1:
             quota = parse_quota_v1((folder / "cpu.cfs_quota_us").read_text(), (folder / "cpu.cfs_period_us").read_text())
         else:
             quota = parse_cpu_max((folder / "cpu.max").read_text())
-    except (OSError, ValueError):
-        pass
-    try:
+    with contextlib.suppress(OSError):
         stat = parse_cpu_stat((folder / "cpu.stat").read_text(), where.version)
-    except OSError:
-        pass
     return CgroupLevel(where, quota, stat)
 
 

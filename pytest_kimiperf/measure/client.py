@@ -1,37 +1,22 @@
 """The streaming client: sends a generation request and timestamps every chunk of its stream.
 
-Every verdict is only as good as these timestamps, so they are taken where the bytes are:
+Every verdict is only as good as these timestamps, so they are taken where the bytes are: a
+chunk's arrival is the kernel's receive stamp of its bytes, taken before any parsing
+(connection.py), and the send is ``perf_counter_ns()`` right before the request's one ``send()``,
+so TTFT is "request on the wire -> first token chunk in the socket", without the client's own
+request-building time.
 
-* Arrival: the kernel's receive timestamp of the bytes (``SO_TIMESTAMPNS``, read with
-  ``recvmsg``), moved onto ``perf_counter_ns``'s clock; where the kernel gives none,
-  ``perf_counter_ns()`` right after ``recvmsg`` returned. Either way the stamp is taken before
-  any parsing, and with the kernel stamp it does not depend on when this process got a CPU.
-  The HTTP/1.1 chunked framing (connection.py) and the SSE events (sse.py) are split in the
-  same reader callback, ~2 us of Python per chunk and no task switch; the request's task only
-  wakes when the stream ends.
-* Send: ``perf_counter_ns()`` right before the request bytes are written to the socket (one
-  ``send()``), so TTFT is "request on the wire -> first token chunk in the socket", without
-  the client's own request-building time.
+Why not httpx for the stream: measured against the paced server (tests/fakes/paced_server.py),
+httpx + httpcore + h11 cost ~30 us of CPU per chunk and one task wake-up per chunk; 128 streams at
+200 tok/s (25,600 chunks/s) then needed 0.8 of a core and arrivals waited 6-50 ms in the loop
+before being stamped, and httpcore's pool scans every connection for every queued request
+(``_assign_requests_to_connections``), 1.3 s of a 2.4 s profile for 64 streams starting together.
+vLLM's ``bench serve`` stamps after aiohttp and ``json.loads`` (vllm/benchmarks/lib/
+endpoint_request_func.py), in a task that waits its turn. httpx stays for the non-streaming calls.
 
-Why not httpx for the stream (the plan was httpx): measured against the paced server
-(tests/fakes/paced_server.py), httpx + httpcore + h11 cost ~30 us of CPU per chunk and one task
-wake-up per chunk; 128 streams at 200 tok/s (25,600 chunks/s) then needed 0.8 of a core and
-arrivals waited 6-50 ms in the loop before being stamped. httpcore's pool also scans every
-connection for every queued request (``_assign_requests_to_connections``), 1.3 s of a 2.4 s
-profile for 64 streams starting together. vLLM's ``bench serve`` stamps after aiohttp parsed the
-message and after ``json.loads`` (vllm/benchmarks/lib/endpoint_request_func.py), in a task that
-waits its turn. httpx stays for the non-streaming calls (workload.py, server_metrics.py).
-
-The hot path asks one cheap byte question per SSE event (sse.py): does it carry a non-empty
-``"choices"`` array? Token counts come from ``usage``, never from counting chunks.
-
-Connections are kept alive and reused (one pool per client, sized to the concurrency). The API
-key goes in the Authorization header and nowhere else (not in ``repr``, not in errors).
-
-A wedged server must not stall the suite: besides the whole-request timeout, each request has a
-first-token deadline (send to first token chunk) and an inter-chunk idle deadline (no token
-chunk for that long), and a response head or an SSE event that grows past a cap (an endless
-line) fails the request instead of growing memory without bound.
+The API key goes in the Authorization header and nowhere else (not in ``repr``, not in errors). A
+wedged server must not stall the suite: besides the whole-request timeout, each request has a
+first-token deadline and an inter-chunk idle deadline (:meth:`StreamingClient._until_done`).
 """
 
 from __future__ import annotations
@@ -43,7 +28,6 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Self
 
 from pytest_kimiperf.config.server_url import ENDPOINT_PATHS, check_endpoint, parse_base_url
@@ -114,21 +98,12 @@ class StreamingClient:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
         """Close every pooled connection (over TLS, wait for the sockets to be closed)."""
         await self._pool.aclose()
-
-    def request_body(self, spec: RequestSpec) -> dict[str, Any]:
-        """The JSON body sent for ``spec``: bench serve's fields, exact length via ignore_eos and max tokens."""
-        return request_body(self._model, self._endpoint, spec, self._extra_body)
 
     async def _until_done(self, exchange: Exchange, t_send_ns: int) -> str:
         """Wait for the exchange to end; '' when it did, else why it stalled.
@@ -170,7 +145,8 @@ class StreamingClient:
         """Send ``spec``, read its stream to the end, and return its timeline (valid or not)."""
         t_start_ns = time.perf_counter_ns()
         request_id = spec.request_id or uuid.uuid4().hex
-        body = json.dumps(self.request_body(spec), separators=(",", ":")).encode()
+        fields = request_body(self._model, self._endpoint, spec, self._extra_body)
+        body = json.dumps(fields, separators=(",", ":")).encode()
         request = b"%sx-request-id: %s\r\nContent-Length: %d\r\n\r\n%s" % (
             self._head, request_id.encode("latin-1"), len(body), body,
         )
@@ -240,12 +216,10 @@ def request_body(model: str, endpoint: str, spec: RequestSpec, extra_body: Mappi
     the stream (in every chunk), the output length fixed by ``ignore_eos`` with ``max_tokens``."""
     # The same fields as bench serve (vllm/benchmarks/lib/endpoint_request_func.py,
     # async_request_openai_completions and ..._chat_completions with --ignore-eos), so the server
-    # does for this client what it does for vLLM's own. No min_tokens: ignore_eos already stops
-    # the EOS token ending a stream early (sampling_params.py keeps no EOS stop then), and
-    # min_tokens made vLLM run its MinTokensLogitsProcessor on every decode step of a request
-    # short of it (v1/sample/logits_processor/builtin.py): bench serve sent with it read -2.3 to
-    # -2.8% against bench serve without on one boot (issue 58). usage.completion_tokens checks
-    # the length (_stream_problem).
+    # does for this client what it does for vLLM's own. No min_tokens: ignore_eos already keeps
+    # EOS from ending a stream (sampling_params.py), and min_tokens runs MinTokensLogitsProcessor on
+    # every decode step (v1/sample/logits_processor/builtin.py), measured in docs/explanation/
+    # measurement.md, "What the client sends".
     body: dict[str, Any] = {"model": model}
     if endpoint == "chat":
         body["messages"] = [{"role": "user", "content": spec.prompt}]

@@ -1,26 +1,21 @@
 """The streaming client's HTTP/1.1 keep-alive connections, each chunk stamped when it arrives.
 
-**Plain HTTP.** A :class:`Connection` reads its socket itself (``add_reader`` + ``recvmsg``) and
-splits the chunked framing in the same reader callback as the SSE events (``sse``), ~2 us of Python
-per chunk and no task switch; the request's task only wakes when the stream ends. A :class:`Pool`
-keeps connections alive and reused, sized to the concurrency. A response head or a chunk-size line
-that grows past its cap fails the request instead of growing memory without bound.
+Over plain HTTP a :class:`Connection` reads its socket itself and stamps each read with the
+kernel's receive time; the chunked framing and the SSE events (``sse``) are split in the same
+reader callback, ~2 us of Python per chunk and no task switch. A :class:`Pool` keeps connections
+alive and reused, sized to the concurrency. A response head or a chunk-size line that grows past
+its cap fails the request instead of growing memory without bound.
 
-**HTTPS.** The plain-HTTP :class:`Connection` stamps each chunk with the kernel's receive time,
-read from the socket before any parsing. Through TLS the bytes on the socket are ciphertext:
-chunk boundaries exist only after OpenSSL decrypted them. So over HTTPS a chunk's arrival is
-``perf_counter_ns()`` when asyncio's SSL transport hands the decrypted bytes to the protocol
-(``data_received``): *timed in the event loop, not by the kernel*. Every run measured this way
-says so in its notes, and benchmarks/client_accuracy.py ``--modes https`` measures what it costs.
-
-Only the transport differs: HTTP/1.1 framing, SSE splitting, the role-only chat chunk rule,
-token counts from ``usage``, deadlines and the keep-alive retry are the plain client's
-(``_TlsConnection`` is a :class:`Connection` fed by a protocol instead of ``recvmsg``).
-
-Why not httpx, the first plan: measured with benchmarks/client_accuracy.py through the same TLS
-gateway on this 2-core host, httpx (anyio's TLS stream over ``ssl.MemoryBIO``, h11, httpcore's pool)
-was client-bound at 32 streams of 200 tok/s (82% of a core, chunk delivery p50 38 ms, TTFT error
-+274 ms), where vLLM's aiohttp client stayed within +0.6 ms ITL p99.
+**HTTPS.** Through TLS the bytes on the socket are ciphertext: chunk boundaries exist only after
+OpenSSL decrypted them. So over HTTPS a chunk's arrival is ``perf_counter_ns()`` when asyncio's
+SSL transport hands the decrypted bytes to the protocol (``data_received``): *timed in the event
+loop, not by the kernel*. Every run measured this way says so in its notes, and
+benchmarks/client_accuracy.py ``--modes https`` measures what it costs. Everything else is the
+plain client's (``_TlsConnection`` is a :class:`Connection` fed by a protocol instead of
+``recvmsg``). Why not httpx here either: through the same TLS gateway on this 2-core host, httpx
+(anyio's TLS stream over ``ssl.MemoryBIO``, h11, httpcore's pool) was client-bound at 32 streams of
+200 tok/s (82% of a core, chunk delivery p50 38 ms, TTFT error +274 ms), where vLLM's aiohttp
+client stayed within +0.6 ms ITL p99.
 
 Certificates are verified against the system's CAs; a private CA is trusted through
 ``SSL_CERT_FILE`` (OpenSSL's default verify paths read it, as httpx does for the other calls).
@@ -29,10 +24,12 @@ Certificates are verified against the system's CAs; a private CA is trusted thro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import ssl
 import struct
 import time
+from dataclasses import dataclass, field
 from typing import Final
 
 from pytest_kimiperf.config.server_url import ServerAddress
@@ -76,28 +73,19 @@ def _realtime_offset_ns() -> int:
     return best_offset
 
 
+@dataclass(slots=True)
 class Exchange:
     """One request/response on a connection."""
 
-    __slots__ = ("bytes_received", "done", "error_body", "failure", "reader", "sent_ns", "status")
-
-    def __init__(self, reader: SSEReader, done: asyncio.Future[None]) -> None:
-        self.reader = reader
-        self.status = 0
-        self.error_body = bytearray()
-        self.done = done
-        self.failure = ""
-        self.bytes_received = 0
-        # When the call that put the request's first bytes in the kernel returned (0: not yet):
-        # the send went out between the stamp and this, whatever held the client.
-        self.sent_ns = 0
-
-
-def _enable_kernel_rx_stamps(sock: socket.socket) -> None:
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-    except OSError:
-        pass  # not Linux: stamps fall back to perf_counter_ns() at read time
+    reader: SSEReader
+    done: asyncio.Future[None]
+    status: int = 0
+    error_body: bytearray = field(default_factory=bytearray)
+    failure: str = ""
+    bytes_received: int = 0
+    # When the call that put the request's first bytes in the kernel returned (0: not yet):
+    # the send went out between the stamp and this, whatever held the client.
+    sent_ns: int = 0
 
 
 class Connection:
@@ -388,7 +376,8 @@ class Pool:
         try:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            _enable_kernel_rx_stamps(sock)
+            with contextlib.suppress(OSError):  # not Linux: stamps fall back to perf_counter_ns() at read time
+                sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
             await loop.sock_connect(sock, address)
         except BaseException:
             sock.close()

@@ -1,53 +1,12 @@
 """What a run measured of what it sent, figure by figure, judged read by read (pure: no I/O, no pytest).
 
 A request sent in a measured window gives each per-request figure it was sent for, or a reason
-why not (:class:`Withheld`). This module reads the reasons from the request's own timeline and
-the client's holds, so that no figure is ever dropped in silence, none is kept whose stamps do
-not hold, and none is dropped whose stamps do.
-
-**Stamps.** The client stamps every read with the kernel's receive time of its bytes
-(``connection.py``: ``SO_TIMESTAMPNS``); for TCP that is the arrival of the *last* segment the
-read returned (``tcp_recvmsg`` keeps the last skb's stamp). Every chunk of one read gets that
-stamp. Where the kernel gave none (not Linux, an implausible stamp, TLS: ``timing`` is
-``event-loop``), the stamp is the read's own time in user space: a *fallback*, equal to the
-chunk's ``chunk_read_ns``.
-
-**Holds.** The loop probe (``loop_probe.py``) times each reading later than 0.5 ms: the loop did
-not run a callback from when it was due to when it ran (``holds_ns``), and may not have since
-one probe interval before, unless a read the window took shows the loop running after that
-(:class:`Holds`: a loop busy parsing a burst it just read delays the next reading, and that is
-not a hold over the burst). A hold the probe does not see (one shorter than its 2 ms interval
-plus that 0.5 ms) joins only chunks that arrived within 2.5 ms of each other: below what the
-probe resolves, and said so in the measurement docs.
-
-**Which stamps are true** (:func:`stamps`):
-
-* a kernel stamp on the last chunk of its read is that chunk's own arrival: true, whatever the
-  client or the server did. The last token chunk counts as last in its read even where the
-  usage chunk and ``[DONE]`` came in the same read: the server writes them as it finishes that
-  chunk (vLLM back to back, the paced server in the same send), so a read that joined them is
-  late by the server's gap between them, not by the client's hold (on a loaded 2-core host,
-  counting them spoiled 9 of 30 streams' last stamps, all of them written in one send);
-* an earlier chunk of a shared read arrived before its stamp *only if the client's hold joined
-  the read*: a client that was running would have read it on arrival. So it is true unless a
-  hold touches the read's stamp (the hold must last until the read's last bytes came). A read
-  no hold touches was written together by the server: its chunks arrived together, as stamped,
-  and that is what the user got (a stall before a burst included);
-* a fallback stamp is true unless a hold touches it (the read then ran late);
-* the send stamp, taken in user space before ``send()``, is late by at most the time until
-  that call returned (``send_done_ns``); a record without it is judged by the holds.
-
-**Figures** rest on the stamps they need: TTFT on the send and the first chunk, E2EL on the
-send and the last chunk, decode and TPOT on the first and the last chunk, each gap of the ITL
-tail on its two chunks (so a server's stall before a burst and the near-zero gaps inside the
-burst are in the tail), a request's ``itl_ms`` sample on its true gaps. A figure whose stamp a
-hold spoiled is withheld as ``client-held``; the client's fault, counted against the window's
-bound (``RunResult.unmeasured``). A stream the server wrote whole in one read has no decode span
-(``one-read``): that is the server's doing, said, never an INVALID.
-
-**What the stream showed** (:class:`StreamShape`): the server's stalls (a true gap of at least
-``STALL_MIN_MS`` and ``STALL_FACTOR`` times the request's own time per token), its reads of
-several chunks, and the tokens its chunks carried where it counted them.
+why not (:class:`Withheld`), read from the request's own timeline and the client's holds
+(:class:`Holds`, from the loop probe): no figure is dropped in silence, none is kept whose stamps
+do not hold, and none is dropped whose stamps do. Which evidence spoils which stamp, and what the
+streams show of the server (:class:`StreamShape`): docs/explanation/measurement.md, "Which stamps
+hold, read by read". A kernel stamp is the arrival of the read's *last* TCP segment
+(``tcp_recvmsg`` keeps the last skb's stamp), so only the earlier chunks of a read can be early.
 """
 
 from __future__ import annotations
@@ -207,7 +166,8 @@ def stamps(timeline: Timeline, holds: Holds = NO_HOLDS) -> Stamps:
         fallback = bool(reads) and stamp == reads[i]
         # What follows the last token chunk (the usage chunk, [DONE]) the server writes as it
         # finishes that chunk: a read that joined them is late by the server's own gap between
-        # them, whatever held the client, so only later token chunks make a stamp the read's.
+        # them, so only later token chunks make a stamp the read's (counting them spoiled 9 of
+        # 30 streams' last stamps on a loaded 2-core host).
         shared_after = i + 1 < n and (i in followed or read_of[i + 1] == read_of[i])
         early.append(holds.arrived_early_by_ns(stamp, previous_read_ns) if fallback or shared_after else 0)
     client_reads = server_reads = 0

@@ -1,20 +1,13 @@
 """What one client process runs: an event loop, one connection pool, and the self-check.
 
-:class:`Engine` plays a :class:`ProcessPlan` (its share of one round) on one event loop:
-closed-loop streams or open-loop arrivals, every request through one ``StreamingClient``. While it
-plays, :class:`~pytest_kimiperf.measure.loop_probe.LoopProbe` times how late the loop runs a
-callback and the process's CPU share is taken (see config.deployments.HealthBounds), the measured
-part runs on the CPUs the plan places it on (placement.py: off the server's where the host has
-CPUs to spare; always at normal priority), and the garbage collector is held off.
+Every request of a :class:`ProcessPlan` (its share of one round) goes through one
+``StreamingClient``. While it plays, the loop probe times how late the loop runs a callback and
+the process's CPU share is taken (config.deployments.HealthBounds), the measured part runs on the
+CPUs the plan places it on (placement.py), and the garbage collector is held off.
 :class:`WorkerPool` runs one Engine per worker process when ``client_processes`` spreads the
 streams; their ``perf_counter_ns`` stamps (CLOCK_MONOTONIC) are system-wide on Linux, so records
 merge. One process handled 128 streams x 200 tok/s (25,600 chunks/s) at ~0.3 of a core on the
 2-core CI machine (benchmarks/client_accuracy.py).
-
-Requests that stall ``STALLS_TO_ABORT`` times in a row end the scenario (:class:`ScenarioStalled`).
-
-The clock check stays in its own module, loop_probe.py: it runs as a child interpreter that
-imports only the standard library, so it starts in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -44,7 +37,6 @@ STALLS_TO_ABORT = 3
 
 class ScenarioStalled(KimiperfError):
     """Requests stalled ``STALLS_TO_ABORT`` times in a row: the scenario is given up."""
-
 
 
 @dataclass(frozen=True)

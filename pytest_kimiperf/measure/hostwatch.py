@@ -1,29 +1,17 @@
 """What else used the host during a measured window, so no verdict is drawn from a disturbed run.
 
-On the 2-core CPU host a run beside other work reported ring-ll 75-137% "better", and
-the client's timing self-check cannot see other processes. So :class:`HostWatch` reads the host
-around each measured round: **foreign CPU** (the host's busy time from ``/proc/stat`` minus our
-own processes' time, as a share of all cores: unlike summing other processes, this also catches
-short-lived ones such as compiler jobs that start and exit between two process listings),
-**steal** (``/proc/stat``), **PSI** ``some`` totals (``/proc/pressure``) where the kernel has
-them, the **CPU quota** of the client's and the server's cgroups and what it throttled
-(cgroup_quota.py: a quota that throttles a window disturbs it like a busy host), and on GPU
-hosts through NVML: other processes on the deployment's GPUs, clock-event
-(throttle) reasons, SM clock, temperature and power at the window's two ends.
+On the 2-core CPU host a run beside other work reported ring-ll 75-137% "better", and the client's
+timing self-check cannot see other processes. So :class:`HostWatch` reads the host at both ends of
+each measured round (what it reads, and the bounds: docs/explanation/measurement.md, "The host is
+watched"). Foreign CPU is the host's busy time from ``/proc/stat`` less our own processes' time,
+not a sum over the other processes: that also catches short-lived ones, such as compiler jobs that
+start and exit between two process listings. The arithmetic (:func:`compare_snapshots`, the
+parsers) is pure and tested on recorded ``/proc`` files and a fake NVML.
 
-A window's two snapshots become a :class:`HostReading` (:func:`compare_snapshots`), judged against
-the deployment's ``HostBounds``. The nodes this machine reaches only through a launch template are
-read by :class:`NodeWatch` through the node agent (``python -m pytest_kimiperf.node_agent
-snapshot``) at the window's two ends, and compared by the same arithmetic.
-
-The arithmetic is pure (:func:`compare_snapshots`, and the readings' parsers) and tested on
-recorded ``/proc`` files and a fake NVML; the readings are what touches the host.
-
-A node running here is this machine: its processes are the server's (``runner.own_pids``), and
-the local :class:`HostWatch` reads it. A node elsewhere counts as ours every process that carries
-its launch's marker; everything else on it is foreign. The agent runs through ssh or srun, so each
-end costs a round trip (tens of ms on a LAN) outside the measured requests; its own process is
-foreign load of a few ms, far below any bound.
+Nodes reached only through a launch template are read by :class:`NodeWatch` through the node agent
+(``python -m pytest_kimiperf.node_agent snapshot``): everything on a node that does not carry its
+launch's marker is foreign. Each end costs an ssh or srun round trip (tens of ms on a LAN) outside
+the measured requests; the agent's own process is foreign load of a few ms, far below any bound.
 """
 
 from __future__ import annotations
@@ -145,7 +133,6 @@ def parse_proc_stat(text: str, ticks_per_s: float) -> CpuCounters:
     # Guest time is already inside user and nice (kernel account_guest_time), so it is not added;
     # steal is the hypervisor's, reported on its own.
     busy = user + nice + system + irq + softirq
-    # guest and guest_nice (columns 9-10) are inside user and nice already: not added twice.
     total = sum(totals[:8])
     return CpuCounters(busy_s=busy / ticks_per_s, steal_s=steal / ticks_per_s, cpu_count=cpu_count,
                        total_s=total / ticks_per_s)
@@ -408,6 +395,12 @@ def _pct(share: float) -> str:
 _OWN_LOAD_REASONS = frozenset({"sw_power_cap"})
 
 
+def _blamed(gpu: GpuReading, reasons: Iterable[str], bounds: HostBounds) -> list[str]:
+    """The ``reasons`` the bounds forbid that the measured load did not cause itself."""
+    return [r for r in reasons if r in bounds.forbidden_throttle_reasons
+            and (r not in _OWN_LOAD_REASONS or gpu.foreign_processes)]
+
+
 @dataclass(frozen=True)
 class HostReading:
     """What else used the host during one measured window."""
@@ -496,8 +489,7 @@ class HostReading:
         """One line per GPU whose clocks something other than the measured load held back."""
         found = self._throttled_under_load(bounds)
         for gpu in self.gpus:
-            if forbidden := [r for r in gpu.throttle_reasons if r in bounds.forbidden_throttle_reasons
-                             and (r not in _OWN_LOAD_REASONS or gpu.foreign_processes)]:
+            if forbidden := _blamed(gpu, gpu.throttle_reasons, bounds):
                 shown = [f"SM {gpu.sm_clock_mhz} MHz"] if gpu.sm_clock_mhz is not None else []
                 shown += [f"{gpu.temperature_c} C"] if gpu.temperature_c is not None else []
                 shown += [f"{gpu.power_w:.0f} W"] if gpu.power_w is not None else []
@@ -512,20 +504,16 @@ class HostReading:
         return power
 
     def _throttled_under_load(self, bounds: HostBounds) -> list[str]:
-        """The window's throttled time from NVML's violation counters (GpuReading),
-        where the bounds forbid that kind of clock event and the load did not cause it itself
-        (_OWN_LOAD_REASONS), with the window's average power."""
+        """The window's throttled time from NVML's violation counters, where :func:`_blamed`
+        blames that kind of clock event (pynvml aliases NVML_FI_DEV_CLOCKS_EVENT_REASON_* to the
+        perf-policy ids), with the window's average power."""
         found = []
-        # NVML_PERF_POLICY_POWER counts sw_power_cap time, NVML_PERF_POLICY_THERMAL the thermal
-        # slowdowns (pynvml's NVML_FI_DEV_CLOCKS_EVENT_REASON_* aliases of the perf-policy ids).
         kinds = (("power_violation_ms", "the power limit", ("sw_power_cap",)),
                  ("thermal_violation_ms", "temperature", ("sw_thermal_slowdown", "hw_thermal_slowdown")))
         for gpu in self.gpus:
             for field_name, cause, reasons in kinds:
                 held_ms = getattr(gpu, field_name)
-                blamed = [r for r in reasons if r in bounds.forbidden_throttle_reasons
-                          and (r not in _OWN_LOAD_REASONS or gpu.foreign_processes)]
-                if held_ms and blamed:
+                if held_ms and _blamed(gpu, reasons, bounds):
                     found.append(f"GPU {gpu.index} clocks held back by {cause} for {held_ms:.0f} ms of the "
                                  f"{self.wall_s:.1f} s window (NVML violation counters{self._load_state(gpu)})")
         return found

@@ -1,16 +1,12 @@
 """The client's own clock check: how late an event loop runs a callback that was due.
 
-:class:`LoopProbe` is what the self-check of every measured round rests on (engine.py runs it
-beside the round's loop; results.py judges what it read). :func:`host_idle_loop_latency_ms`
-reads what *this host* charges an idle loop to wake, in a fresh interpreter, so the bounds can
-follow the host (a host 5x slower than another charges about 5x) while anything the measuring
-process itself does to its loop (a thread holding the GIL, a callback that blocks) still counts
-against the run: an idle probe inside that process would be starved by the same thread and raise
-the bound with it.
-
-Run as ``python -m pytest_kimiperf.measure.loop_probe [CPU ...]``: on those CPUs (the measured
-rounds' placement), it prints the idle latencies (ms) as one JSON list. Only the standard
-library is imported, so the child starts in a fraction of a second.
+:class:`LoopProbe` is what the self-check of every measured round rests on.
+:func:`host_idle_loop_latency_ms` reads what *this host* charges an idle loop to wake, in a fresh
+interpreter, so the bounds can follow the host (a host 5x slower than another charges about 5x)
+while anything the measuring process does to its loop (a thread holding the GIL, a callback that
+blocks) still counts against the run: an idle probe inside that process would be starved by the
+same thread and raise the bound with it. The child (``python -m pytest_kimiperf.measure.loop_probe
+[CPU ...]``) imports only the standard library, so it starts in a fraction of a second.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Where the client runs: at normal priority, on CPUs the server's processes do not use.
 
-The instrument must not move what it measures. A client at real-time priority (SCHED_FIFO, as
-the plugin ran until issue 58) preempts whatever server thread shares its core: on the 2-core
-CPU host the server decoded 7-8% slower while the plugin measured it than while vLLM's bench
-serve did. So the client runs at the priority the server runs at, and where the host has CPUs
-to spare it is kept off the server's by CPU affinity; where it has none, it shares them, and its
-self-check (loop latency, CPU share, send lag: results.py) says when that shaped the stamps.
-
-Which CPUs are the server's is read from its processes, every thread of each
-(``/proc/<pid>/task/<tid>``): a thread pinned to some CPUs (vLLM's CPU backend binds its OpenMP
-threads, ``--numa-bind`` binds GPU workers, a deployment may wrap its command in ``taskset``)
-claims them; a thread the scheduler may move anywhere claims the CPU it last ran on, if it ran
-while the warm-up was served (:func:`place_client` compares two :func:`read_threads` samples
-around it). The client gets what is left, when enough is left: a host with fewer than
-:data:`MIN_CPUS_TO_PLACE` CPUs is too small to keep one from the server (the 2-core CPU host:
-OpenMP on one core, the API server and engine core on the other), and one whose every CPU the
-server used gets nothing to itself. Without a warm-up, or without the server's processes (an
-attached server), the client is not placed.
-
-The decision (:func:`place_client`) is pure; :func:`read_threads` and :func:`placed` touch the
-host.
+The instrument must not move what it measures: why the client runs at the server's priority, and
+what sharing two cores costs, measured: docs/explanation/measurement.md, "How the client is
+placed". A server thread pinned to some CPUs claims them; one the scheduler may move anywhere
+claims the CPU it last ran on while the warm-up was served (:func:`place_client` compares two
+:func:`read_threads` samples around it). The decision is pure; :func:`read_threads` and
+:func:`placed` touch the host.
 """
 
 from __future__ import annotations

@@ -1,47 +1,26 @@
 """The server's own view of a run, from vLLM's Prometheus ``/metrics`` read before and after.
 
-vLLM (vllm/v1/metrics/loggers.py) exports, per engine and model:
+The deltas over exactly the measured requests give the server's mean TTFT and ITL
+(vllm/v1/metrics/loggers.py; ITL is one observation per streamed output, so a chunk of several
+tokens counts once) and its generated tokens, reported next to the client's figures: the client's
+TTFT also holds HTTP, queueing in the API server and detokenization, so the gap says where time
+goes. The prefix-cache counters (in prompt *tokens*, counted when a request is scheduled:
+vllm/v1/core/kv_cache_manager.py ``record_prefix_cache_stats``) say whether a measured prefill was
+really computed: the workload's prompts are unique, so hits mean a request was served from
+another's prefill (:func:`unexpected_prefix_hits`). Older names (the ITL metric before vLLM 0.11,
+removed in 0.13 by vllm-project/vllm PRs #24110 and #32661; the ``gpu_`` prefix-cache counters of
+earlier V1 releases, which dashboards still read) are read only where the new ones are absent.
 
-* ``vllm:time_to_first_token_seconds`` (histogram): arrival in the engine -> first token.
-* ``vllm:inter_token_latency_seconds`` (histogram): one observation per streamed output, so a
-  chunk carrying several tokens counts once. vLLM < 0.11 named it
-  ``vllm:time_per_output_token_seconds``; it was deprecated in 0.11 and removed in 0.13
-  (vllm-project/vllm PRs #24110, #32661), so the old name is read only when the new one is
-  absent.
-* ``vllm:generation_tokens_total`` (counter): tokens generated.
-* ``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total`` (counters, in
-  prompt *tokens*): tokens looked up in the prefix cache and tokens found there, counted when a
-  request is scheduled (vllm/v1/core/kv_cache_manager.py ``record_prefix_cache_stats``). Earlier
-  V1 releases named them ``vllm:gpu_prefix_cache_queries`` / ``vllm:gpu_prefix_cache_hits``
-  (dashboards still read both); those are read only when the new names are absent.
-* ``vllm:cache_config_info`` (gauge, 1): the cache config as labels; its ``block_size`` is the
-  KV block, the unit of every prefix-cache hit.
+**The engine's own clock.** The engine core stamps each finished request's phases
+(vllm/v1/metrics/stats.py ``update_from_finished_request``). Queue plus prefill time is the
+engine's side of TTFT (``time_to_first_token_seconds`` runs on the API server's clock, which a
+starved API server inflates as it inflates the client's); decode time over the tokens after each
+request's first is its time per output token, token-weighted, with each request's own mean TPOT
+where decode time is not exported (:meth:`ServerView.engine_figures`). A name the server does not
+export is named in ``engine_missing``; a server with none of them (not vLLM) leaves the verdicts
+to the client's clock alone.
 
-The deltas give the server-side mean TTFT and ITL and the token count over exactly the measured
-requests, reported next to the client's figures: the client's TTFT also holds HTTP, queueing in
-the API server and detokenization, so the gap between the two says where time goes. The
-prefix-cache deltas say whether a measured prefill was really computed: the workload's prompts
-are unique, so hits mean a request was served from another's prefill (``unexpected_prefix_hits``).
-
-**The engine's own clock.** The engine core stamps each request's phases (vllm/v1/metrics/stats.py
-``update_from_finished_request``: queued -> scheduled -> first token -> last token) and exports
-them per finished request:
-
-* ``vllm:request_queue_time_seconds`` and ``vllm:request_prefill_time_seconds`` (histograms):
-  their sum over a window's requests is the engine's side of TTFT. ``time_to_first_token_seconds``
-  runs on the API server's clock (a starved API server inflates it as it inflates the client's),
-  so it cannot tell the two apart;
-* ``vllm:request_decode_time_seconds`` (first to last token) over ``vllm:request_generation_tokens``
-  (``_sum`` less ``_count``: the tokens after each request's first) is the engine's time per
-  output token, token-weighted over the window; ``vllm:request_time_per_output_token_seconds``
-  (each request's own mean) stands in where the decode time is not exported.
-
-:meth:`ServerView.engine` reads them over exactly the measured window; a name the server does not
-export is named in ``engine_missing``, and a server with none of them (not vLLM) leaves the
-verdicts to the client's clock alone.
-
-The text exposition format is parsed by prometheus_client (``prometheus_client.parser``, the
-parser of the library vLLM exports with), not by hand.
+The exposition is parsed by prometheus_client's own parser (the library vLLM exports with).
 """
 
 from __future__ import annotations
@@ -79,7 +58,6 @@ ENGINE_METRICS: tuple[str, ...] = (QUEUE_TIME_METRIC, PREFILL_TIME_METRIC, DECOD
 # the CPU engine uses 128 (tests/data/server_metrics). A prefix-cache hit is a whole number of
 # blocks ("the computed blocks must be full", KVCacheManager.get_computed_blocks).
 DEFAULT_BLOCK_TOKENS = 16
-
 
 
 @dataclass(frozen=True)
@@ -378,17 +356,14 @@ def unexpected_prefix_hits(
 ) -> PrefixReuse | None:
     """What the prefix cache served of a run whose prompts were all unique, else None.
 
-    ``views`` are the run's ``ServerView.to_json()`` (one per run or extension). The rule: on
-    the completions endpoint, a run's hits of one KV block or more (the server's block size,
-    else ``DEFAULT_BLOCK_TOKENS``) are unexpected. Two of the workload's prompts share at most
-    the BOS token and a chance word or two, never a whole block, and vLLM counts hits in whole
-    blocks, so an honest run hits 0 tokens; anything under a block is tolerated only in case an
-    engine ever counts partial blocks. No wider allowance: a single request served from another's
-    prefill hits just one block when its prompt is under two blocks long.
-    The chat endpoint is only reported, never flagged: every prompt starts with the same chat
-    template, whose whole blocks hit legitimately once per request. A run that re-sent its own
-    prompts (``reused_requests``: a seconds budget that outran the distinct prompts) says so in
-    its notes and is not flagged either.
+    ``views`` are the run's ``ServerView.to_json()`` (one per run or extension). On the
+    completions endpoint, hits of one KV block or more (the server's block size, else
+    ``DEFAULT_BLOCK_TOKENS``) are unexpected: two of the workload's prompts share at most the BOS
+    token and a chance word or two, and vLLM counts hits in whole blocks, so an honest run hits 0
+    tokens. No wider allowance: a request served from another's prefill hits just one block when
+    its prompt is under two blocks long. The chat endpoint is never flagged (every prompt starts
+    with the same chat template, whose blocks hit legitimately), nor is a run that re-sent its own
+    prompts (``reused_requests``: a seconds budget that outran the distinct prompts).
     """
     if endpoint == "chat" or reused_requests > 0 or not views:
         return None

@@ -2,16 +2,11 @@
 
 The hot path asks one cheap byte question per SSE event: does it carry a non-empty
 ``"choices"`` array? JSON is parsed only for events without choices (the final usage chunk,
-errors). Token counts come from ``usage``, never from counting chunks, because one chunk may
-carry several tokens (vLLM ``--stream-interval``, an API server that fell behind and merged
-outputs, speculative decoding). Where the server puts the running count in every chunk
-(``stream_options.continuous_usage_stats``), it is read with a byte search, not a JSON parse,
-so each token's position in time is known. An event that grows past ``MAX_SSE_EVENT_BYTES``
-(an endless line) fails the request instead of growing memory.
-
-Each token chunk also keeps which read brought it (the read's user-space time: equal values are
-one read) and whether later bytes shared that read (``followed``): measure/coverage.py judges
-from them which stamps are true.
+errors). Token counts come from ``usage``, never from counting chunks, as one chunk may carry
+several tokens (docs/explanation/measurement.md, "Tokens in each chunk"); the running count of
+``stream_options.continuous_usage_stats`` is read with a byte search, not a JSON parse. Each token
+chunk also keeps which read brought it and whether later bytes shared that read (``followed``),
+for measure/coverage.py to judge its stamp.
 """
 
 from __future__ import annotations

@@ -19,10 +19,8 @@ from pytest_kimiperf.config.server_url import check_endpoint, parse_base_url
 class Target:
     """An OpenAI-compatible server to measure, checked when built.
 
-    ``base_url`` is the server root (``http://HOST:PORT``, no ``/v1``); ``model`` the served
-    model's name; ``api_key`` goes in the Authorization header only; ``endpoint`` is
-    ``"completions"`` or ``"chat"``; ``extra_body`` adds fields to every request;
-    ``server_metrics=False`` skips the ``/metrics`` reads before and after the rounds.
+    ``base_url`` is the server root (``http://HOST:PORT``, no ``/v1``); ``server_metrics=False``
+    skips the ``/metrics`` reads before and after the rounds.
     """
 
     base_url: str

@@ -1,38 +1,23 @@
 """What a perf test sends: requests of an exact shape, and the load patterns that send them.
 
 **Requests.** Prompts are built with the server's own tokenizer through vLLM's ``/tokenize`` and
-``/detokenize`` endpoints (vllm/entrypoints/serve/tokenize/protocol.py: POST ``{"model",
-"prompt", "add_special_tokens"}`` or ``{"model", "messages"}`` -> ``{"count", "tokens",
-"max_model_len"}``; POST ``{"model", "tokens"}`` -> ``{"prompt"}``), then checked by tokenizing
-the final text again, counted the way the endpoint will count it (completions: with special
-tokens, as ``CompletionRequest.add_special_tokens`` defaults to true; chat: with the chat
-template and generation prompt). The client later checks ``usage.prompt_tokens`` against it.
+``/detokenize`` endpoints (vllm/entrypoints/serve/tokenize/protocol.py), then checked by
+tokenizing the final text again, counted the way the endpoint will count it (completions: with
+special tokens, as ``CompletionRequest.add_special_tokens`` defaults to true; chat: with the chat
+template and generation prompt). Text comes from a seeded random walk over common words, a
+different walk per request, so no two prompts share a prefix and vLLM's prefix cache cannot
+shorten one request's prefill with another's. :func:`prompt_seed` derives a measurement's seed
+from the test id (and, on a server that outlives a boot, the NCCL profile and the boot), so two
+tests on one server never send the same prompt, and a test sends the same prompts whether it runs
+alone (``-k``) or after others. Prompts are built once a session: a later boot's server counts
+one of them again, then reuses them. The output length is exact: ``ignore_eos`` with
+``max_tokens`` (client.request_body), checked against ``usage.completion_tokens``.
 
-Text comes from a seeded random walk over common words, a different walk per request, so no two
-prompts share a prefix and vLLM's prefix cache cannot shorten one request's prefill with
-another's. The same seed gives the same prompts on every run. ``prompt_seed`` derives a
-measurement's seed from the test id (and, on a server that outlives a boot, the NCCL profile and
-the boot), so two tests on one server never send the same prompt, and a test sends the same
-prompts whether it runs alone (``-k``) or after others. Prompts are built once a session: a
-later boot's server counts one of them again, then reuses them.
-
-Output length is exact because the client sends ``ignore_eos`` with ``max_tokens`` equal to the
-wanted length (bench serve's request, client.request_body), and rejects a request whose
-``usage.completion_tokens`` differs.
-
-**Load patterns.** A scenario is a frozen dataclass: the request shape (prompt and output tokens, seed), a budget
-per round (requests, seconds, or both: whichever ends first), how many rounds, and warm-up
-requests that run first and are never counted. A load of many streams defaults to
-``MIN_SAMPLES_PER_BOOT`` rounds: its throughputs are one sample per round, and a boot's needs
-that many to count (``perf.check`` refuses fewer). The load patterns:
-
-* :class:`SingleStream`: one request at a time (decode speed as one user sees it).
-* :class:`Concurrency`: ``concurrency`` streams, each sending its next request when the last ends.
-* :class:`RequestRate`: open loop, Poisson (seeded) or evenly spaced arrivals at ``rate_per_s``,
-  optionally capped at ``max_concurrency`` in flight.
-* :class:`ConcurrencySweep`: the same workload at several concurrencies (``runner.run_sweep``).
-
-``runner.run_scenario`` plays one against a server (``target.Target``); ``load_facts`` says
+**Load patterns.** A scenario is a frozen dataclass: the request shape, a budget per round
+(requests, seconds, or both: whichever ends first), how many rounds, and warm-up requests that are
+never counted. A load of many streams defaults to ``MIN_SAMPLES_PER_BOOT`` rounds: its throughputs
+are one sample per round, and a boot needs that many to count (``perf.check`` refuses fewer).
+``runner.run_scenario`` plays one against a server (``target.Target``); :func:`load_facts` says
 what load a scenario offers in ``vllm bench serve``'s terms.
 """
 
@@ -419,7 +404,6 @@ class Concurrency(Scenario):
     """``concurrency`` closed-loop streams: each sends its next request when its last one ends."""
 
     concurrency: int
-    # Its throughputs are one sample per round: by default enough rounds for a verdict.
     rounds: int = MIN_SAMPLES_PER_BOOT
 
     def __post_init__(self) -> None:
@@ -441,7 +425,6 @@ class RequestRate(Scenario):
     """Open loop: requests arrive at ``rate_per_s`` (Poisson from the seed, or evenly spaced)."""
 
     rate_per_s: float
-    # Its throughputs are one sample per round: by default enough rounds for a verdict.
     rounds: int = MIN_SAMPLES_PER_BOOT
     arrivals: str = "poisson"
     # Cap on requests in flight; a request over the cap waits (bench serve's --max-concurrency).
@@ -488,7 +471,6 @@ class ConcurrencySweep(Scenario):
     """The same workload at each of ``concurrencies`` (run with ``run_sweep``)."""
 
     concurrencies: tuple[int, ...]
-    # Its throughputs are one sample per round: by default enough rounds for a verdict.
     rounds: int = MIN_SAMPLES_PER_BOOT
 
     def __post_init__(self) -> None:

@@ -1,32 +1,15 @@
 """The ceiling a model and its hardware set on single-stream decode, and how far a run is from it.
 
-A decode step of one stream reads every weight the token touches once (active experts only,
-one embedding row, the whole lm_head), and under tensor parallelism waits for a fixed number of
-small collectives. So two ceilings bound tok/s:
-
-- bandwidth: ``bandwidth / bytes read per GPU per token``;
-- bandwidth and communication: ``1 / (bytes / bandwidth + collectives x latency)``.
-
-"81.9 tok/s" alone says little; "62% of the ceiling, bound by allreduce latency" tells an
-engineer whether tuning NCCL can still pay. The bytes come from ``weights`` (in the formats its
-quantization rules read); the hardware's side, bandwidth and allreduce latency, is here.
-Activations, the KV cache and kernel efficiency are not modelled, so these are ceilings, not
-predictions. GB means 10**9 bytes throughout, as in vendor datasheets.
-
-**The measured allreduce.** The roofline's communication term is collectives x one allreduce's
-latency; its default (30 us on PCIe, :func:`default_allreduce_latency_us`) is a guide. Where
-``all_reduce_perf`` is on PATH, one run at the decode size replaces it: ``-b N -e N`` (that size
-only), ``-d bfloat16`` (vLLM's hidden state), ``-G 100`` (each iteration a CUDA graph of 100
-launches, as vLLM decodes under CUDA graphs, which removes the launch overhead a plain run adds),
-``-c 0`` (no correctness check). Its output (NVIDIA/nccl-tests ``src/util.cu`` ``writeResultHeader``
-/ ``writeResultFooter`` and ``src/common.cu``: ``"%12li  %12li  %8s  %6s  %6s"`` size, count, type,
-redop, root, then per placement ``"  %7s  %6s  %6s  %6g"`` time (us), algbw, busbw (GB/s), #wrong,
-out-of-place first) is parsed by :func:`parse_all_reduce_perf`.
+What the two ceilings are, and why: docs/explanation/measurement.md, "The decode ceiling". The
+bytes come from ``weights``; the hardware's side, bandwidth and allreduce latency, is here.
+:func:`parse_all_reduce_perf` reads ``all_reduce_perf``'s output as nccl-tests writes it
+(``src/util.cu`` ``writeResultHeader`` / ``writeResultFooter`` and ``src/common.cu``: size,
+count, type, redop, root, then per placement time (us), algbw, busbw (GB/s), #wrong,
+out-of-place first).
 """
 
 from __future__ import annotations
 
-import math
 import re
 import shutil
 import subprocess
@@ -38,12 +21,10 @@ from typing import Any
 import numpy as np
 
 from pytest_kimiperf.errors import ConfigError
-from pytest_kimiperf.numbers import fmt_share
+from pytest_kimiperf.numbers import fmt_share, is_real
 from pytest_kimiperf.roofline.weights import QuantScheme, WeightBytes, tp_collectives_per_token, weight_bytes_per_token
 
-# ---------------------------------------------------------------------------------------------
-# Hardware
-# ---------------------------------------------------------------------------------------------
+# Hardware.
 
 # Peak DRAM bandwidth per device, GB/s (10**9 bytes/s), from NVIDIA's product datasheets.
 # Patterns match the NVML device name lower-cased with the "nvidia " prefix removed; the first
@@ -77,9 +58,7 @@ def _normalize_gpu_name(name: str) -> str:
 
 
 def _check_bandwidth(value: object, *, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-        math.isfinite(value) and value > 0
-    ):
+    if not (is_real(value, finite=True) and value > 0):
         raise ConfigError(
             f"memory bandwidth {value!r} from {where} must be a positive number of GB/s"
         )
@@ -145,9 +124,7 @@ def measure_cpu_copy_bandwidth_gbs(duration_s: float = 0.5, *, buffer_mib: int =
     Counts read + written bytes per copy (2 x buffer) and returns the best copy in
     ``duration_s``: the ceiling, not the average, since neighbours on a shared host only slow it.
     """
-    if isinstance(duration_s, bool) or not isinstance(duration_s, (int, float)) or not (
-        math.isfinite(duration_s) and 0 < duration_s <= 60
-    ):
+    if not (is_real(duration_s, finite=True) and 0 < duration_s <= 60):
         raise ConfigError(f"duration_s must be a number of seconds in (0, 60], got {duration_s!r}")
     if isinstance(buffer_mib, bool) or not isinstance(buffer_mib, int) or buffer_mib < 64:
         # Server L3 caches reach 32-64 MiB per socket; smaller buffers would measure the cache.
@@ -170,9 +147,7 @@ def measure_cpu_copy_bandwidth_gbs(duration_s: float = 0.5, *, buffer_mib: int =
             return best_gbs
 
 
-# ---------------------------------------------------------------------------------------------
-# The estimate
-# ---------------------------------------------------------------------------------------------
+# The estimate.
 
 BOUND_BY_BANDWIDTH = "memory bandwidth"
 BOUND_BY_ALLREDUCE = "allreduce latency"
@@ -184,10 +159,6 @@ def _fmt_rate(tok_s: float) -> str:
     if tok_s >= 10:
         return f"{tok_s:.1f}"
     return f"{tok_s:.2f}"
-
-
-def _fmt_us(us: float) -> str:
-    return f"{us:g}"
 
 
 @dataclass(frozen=True)
@@ -208,11 +179,14 @@ class Roofline:
         """Whether a communication term (tp > 1 and a latency) lowers the ceiling."""
         return self.collectives_per_token > 0 and self.allreduce_latency_us is not None
 
+    @property
+    def comm_term_known(self) -> bool:
+        """Whether the ceiling with communication is known (no collectives, or a latency for them)."""
+        return self.collectives_per_token == 0 or self.allreduce_latency_us is not None
+
     def describe(self, measured_tok_s: float) -> str:
         """One line placing a measured decode rate against the ceilings, naming the binding term."""
-        if isinstance(measured_tok_s, bool) or not isinstance(measured_tok_s, (int, float)) or not (
-            math.isfinite(measured_tok_s) and measured_tok_s > 0
-        ):
+        if not (is_real(measured_tok_s, finite=True) and measured_tok_s > 0):
             raise ConfigError(
                 f"measured decode rate must be a positive number of tok/s, got {measured_tok_s!r}"
             )
@@ -227,7 +201,7 @@ class Roofline:
                 f", {fmt_share(measured_tok_s / self.ceiling_tok_s)} of the "
                 f"{_fmt_rate(self.ceiling_tok_s)} tok/s ceiling with "
                 f"{self.collectives_per_token} collectives x "
-                f"{_fmt_us(self.allreduce_latency_us)} us"
+                f"{self.allreduce_latency_us:g} us"
             )
         elif self.collectives_per_token > 0:
             text += f" ({self.collectives_per_token} collectives not counted: no latency given)"
@@ -249,11 +223,8 @@ def estimate(
     """Decode ceilings for a HF config.json at tensor-parallel size ``tp`` on devices with
     ``bandwidth_gbs`` each; ``allreduce_latency_us`` None leaves the communication term out."""
     bandwidth = _check_bandwidth(bandwidth_gbs, where="estimate(bandwidth_gbs=...)")
-    if allreduce_latency_us is not None and (
-        isinstance(allreduce_latency_us, bool)
-        or not isinstance(allreduce_latency_us, (int, float))
-        or not (math.isfinite(allreduce_latency_us) and allreduce_latency_us >= 0)
-    ):
+    if allreduce_latency_us is not None and not (is_real(allreduce_latency_us, finite=True)
+                                                 and allreduce_latency_us >= 0):
         raise ConfigError(
             f"allreduce_latency_us must be a non-negative number of microseconds or None, "
             f"got {allreduce_latency_us!r}"

@@ -1,23 +1,9 @@
 """The decode ceiling next to the measurement: gather the roofline's inputs for this session and
 place each single-stream decode median against the ceilings ``ceiling.estimate`` computes.
 
-Inputs, each with where it came from (the report names the source, so a guess never passes for
-a measurement):
-
-- the model's ``config.json``: the deployment's ``model_config`` if set, else the tiny model's
-  build directory, a local model directory, or the Hugging Face hub cache for a hub id (found by
-  ``model_config.find_model_config``);
-- memory bandwidth per device: the deployment's ``memory_bandwidth_gbs``, else the GPU's
-  datasheet peak (``ceiling.gpu_bandwidth_gbs`` on the fingerprint's GPU name), else, for a
-  CPU deployment, a copy measured on this host at session end;
-- one decode-sized allreduce's latency: the deployment's ``allreduce_latency_us``, else one
-  ``all_reduce_perf`` run at the decode size where nccl-tests is on PATH (ceiling.py: a few
-  seconds on the GPUs, at session end once the servers are gone), else the default for the
-  fingerprint's interconnect (PCIe, NVLink); a CPU engine at tp > 1 has none (gloo's latency
-  depends on the host), so only the bandwidth ceiling is given there.
-
-A missing input is never an error: the report says the ceiling is unknown and why. Nothing here
-imports pytest.
+Which inputs, in which order, each with its source: docs/explanation/measurement.md, "The decode
+ceiling". A missing input is never an error: the report says the ceiling is unknown and why.
+Nothing here imports pytest.
 """
 
 from __future__ import annotations
@@ -114,9 +100,7 @@ class RooflineReport:
     @property
     def comm_term_known(self) -> bool:
         """Whether the ceiling with communication is known (no collectives, or a latency for them)."""
-        return self.estimate is not None and (
-            self.estimate.collectives_per_token == 0 or self.estimate.allreduce_latency_us is not None
-        )
+        return self.estimate is not None and self.estimate.comm_term_known
 
     @property
     def ceiling_tok_s(self) -> float | None:
@@ -333,12 +317,11 @@ def build_roofline_report(
                                 allreduce_latency_us=latency.value, source=str(lookup.path))
     except ConfigError as exc:
         return unknown(str(exc), bandwidth)
-    comm_known = est.collectives_per_token == 0 or est.allreduce_latency_us is not None
     measurements = tuple(
         DecodeAgainstCeiling(
             res.test, res.profile, median,
             fraction_of_bandwidth_ceiling=median / est.bandwidth_ceiling_tok_s,
-            fraction_of_ceiling=median / est.ceiling_tok_s if comm_known else None,
+            fraction_of_ceiling=median / est.ceiling_tok_s if est.comm_term_known else None,
             boot=res.boot,
         )
         for res, median in decoded
@@ -354,7 +337,7 @@ def build_roofline_report(
     if external:
         notes.append("the server was attached with --kimiperf-server-url: the hardware inputs describe this "
                      "host, which may not be the server's")
-    limit = est.ceiling_tok_s if comm_known else est.bandwidth_ceiling_tok_s
+    limit = est.ceiling_tok_s if est.comm_term_known else est.bandwidth_ceiling_tok_s
     above = [m.profile for m in measurements if m.median_tok_s > limit * 1.02]
     if above:
         notes.append(f"{', '.join(sorted(set(above)))} measured above the ceiling: check the bandwidth, "

@@ -1,13 +1,10 @@
 """Weight accounting: the bytes one decoded token reads, per tensor class, total and per GPU.
 
-A decode step of one stream reads every weight the token touches once: active experts only, one
-embedding row, the whole lm_head. GB means 10**9 bytes, as in vendor datasheets. The model's
-``config.json`` is looked for where the deployment, the tiny model's build, a local model
-directory or the Hugging Face hub cache has it (:func:`find_model_config` says why when none
-does). How many bytes each Linear module takes follows how vLLM loads its checkpoint's format
-(compressed-tensors, GPTQ, AWQ, FP8: which modules a scheme skips, which scales and zero points
-decode reads with the weights), and so do the tensors' shards under tensor parallelism, cited
-where it matters.
+The model's ``config.json`` is looked for where the deployment, the tiny model's build, a local
+model directory or the Hugging Face hub cache has it (:func:`find_model_config` says why when none
+does). The bytes each Linear module takes (which modules a scheme skips, which scales and zero
+points decode reads with the weights) and each tensor's shard under tensor parallelism follow how
+vLLM loads the checkpoint's format (compressed-tensors, GPTQ, AWQ, FP8), cited where it matters.
 """
 
 from __future__ import annotations
@@ -262,10 +259,6 @@ class WeightFormat:
         return math.ceil(n * self.bits / 8)
 
 
-def _dense_format(dtype_bytes: int, label: str) -> WeightFormat:
-    return WeightFormat(label=label, bits=8 * dtype_bytes)
-
-
 @dataclass(frozen=True)
 class QuantRule:
     """One compressed-tensors config group: which Linear modules it targets, in which format."""
@@ -295,7 +288,7 @@ class QuantScheme:
     def unquantized(cls, dtype: str = "bfloat16") -> QuantScheme:
         """Every weight in ``dtype``: the scheme of a checkpoint without quantization_config."""
         nbytes = _dtype_bytes(dtype, where="QuantScheme.unquantized")
-        return cls(method="none", dense=_dense_format(nbytes, dtype))
+        return cls(method="none", dense=WeightFormat(label=dtype, bits=8 * nbytes))
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], *, source: str = "model config") -> QuantScheme:
@@ -304,7 +297,7 @@ class QuantScheme:
         text = text_config(config, source=source)
         dtype_name = first_present(text, config, keys=("torch_dtype", "dtype")) or "bfloat16"
         dense_bytes = _dtype_bytes(dtype_name, where=f"{source} torch_dtype/dtype")
-        dense = _dense_format(dense_bytes, str(dtype_name).removeprefix("torch."))
+        dense = WeightFormat(label=str(dtype_name).removeprefix("torch."), bits=8 * dense_bytes)
         qcfg = first_present(config, text, keys=("quantization_config",))
         if qcfg is None:
             return cls(method="none", dense=dense)
@@ -353,8 +346,6 @@ def _target_matches(target: str, module_name: str) -> bool:
     if target.startswith("re:"):
         return re.match(target[3:], module_name) is not None
     return target == "Linear" or target == module_name
-
-
 
 
 def _compressed_tensors_scheme(
@@ -414,17 +405,12 @@ def _weight_format_from_compressed_tensors(
             group_size=group_size, scale_bytes=scale_bytes, zero_point_bits=zero_point_bits,
         )
     if strategy == "block":
-        block = weights.get("block_structure")
-        if (
-            not isinstance(block, list) or len(block) != 2
-            or not all(isinstance(b, int) and b > 0 for b in block)
-        ):
-            raise ConfigError(
-                f"weights.block_structure in {where} must be [rows, cols], got {block!r}"
-            )
+        block = _block_shape(raw := weights.get("block_structure"))
+        if block is None:
+            raise ConfigError(f"weights.block_structure in {where} must be [rows, cols], got {raw!r}")
         return WeightFormat(
             label=f"{kind}{bits} block{block[0]}x{block[1]}", bits=bits, strategy="block",
-            block=(block[0], block[1]), scale_bytes=scale_bytes, zero_point_bits=zero_point_bits,
+            block=block, scale_bytes=scale_bytes, zero_point_bits=zero_point_bits,
         )
     if strategy in ("channel", "tensor"):
         return WeightFormat(
@@ -435,6 +421,13 @@ def _weight_format_from_compressed_tensors(
         f"unsupported weights.strategy {strategy!r} in {where}; supported: "
         f"{', '.join(_WEIGHT_STRATEGIES)}"
     )
+
+
+def _block_shape(value: object) -> tuple[int, int] | None:
+    """``[rows, cols]`` of positive integers as a tuple; None for anything else."""
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(b, int) and b > 0 for b in value):
+        return value[0], value[1]
+    return None
 
 
 def _skip_list(qcfg: Mapping[str, Any], keys: tuple[str, ...], *, where: str) -> tuple[str, ...]:
@@ -451,13 +444,9 @@ def _skip_list(qcfg: Mapping[str, Any], keys: tuple[str, ...], *, where: str) ->
 def _group_format(bits: int, group_size: int, *, label: str, zero_point_bits: int,
                   index_bytes_per_input: int = 0) -> WeightFormat:
     # GPTQ/AWQ keep fp16 scales; group_size -1 means one scale per output row.
-    if group_size == -1:
-        return WeightFormat(label=label, bits=bits, strategy="channel", scale_bytes=2,
-                            zero_point_bits=zero_point_bits,
-                            index_bytes_per_input=index_bytes_per_input)
-    return WeightFormat(label=label, bits=bits, strategy="group", group_size=group_size,
-                        scale_bytes=2, zero_point_bits=zero_point_bits,
-                        index_bytes_per_input=index_bytes_per_input)
+    strategy, size = ("channel", None) if group_size == -1 else ("group", group_size)
+    return WeightFormat(label=label, bits=bits, strategy=strategy, group_size=size, scale_bytes=2,
+                        zero_point_bits=zero_point_bits, index_bytes_per_input=index_bytes_per_input)
 
 
 def _group_size(value: object, *, where: str) -> int:
@@ -502,19 +491,17 @@ def _awq_scheme(qcfg: Mapping[str, Any], dense: WeightFormat, *, where: str) -> 
 
 
 def _fp8_scheme(qcfg: Mapping[str, Any], dense: WeightFormat, *, where: str) -> QuantScheme:
-    block = qcfg.get("weight_block_size")
     # DeepSeek-V3 style block FP8 stores one fp32 scale (weight_scale_inv) per block; plain FP8
     # one fp32 scale per tensor.
-    if block is None:
+    raw = qcfg.get("weight_block_size")
+    block = _block_shape(raw)
+    if raw is None:
         fmt = WeightFormat(label="fp8 per-tensor", bits=8, strategy="tensor", scale_bytes=4)
-    elif (
-        isinstance(block, list) and len(block) == 2
-        and all(isinstance(b, int) and b > 0 for b in block)
-    ):
-        fmt = WeightFormat(label=f"fp8 block{block[0]}x{block[1]}", bits=8, strategy="block",
-                           block=(block[0], block[1]), scale_bytes=4)
+    elif block is not None:
+        fmt = WeightFormat(label=f"fp8 block{block[0]}x{block[1]}", bits=8, strategy="block", block=block,
+                           scale_bytes=4)
     else:
-        raise ConfigError(f"weight_block_size in {where} must be [rows, cols], got {block!r}")
+        raise ConfigError(f"weight_block_size in {where} must be [rows, cols], got {raw!r}")
     return QuantScheme(
         method="fp8", dense=dense, rules=(QuantRule(("Linear",), fmt),),
         ignore=_skip_list(qcfg, ("ignored_layers", "modules_to_not_convert"), where=where),
@@ -522,9 +509,7 @@ def _fp8_scheme(qcfg: Mapping[str, Any], dense: WeightFormat, *, where: str) -> 
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# The model's tensors, as vLLM shards them
-# ---------------------------------------------------------------------------------------------
+# The model's tensors, as vLLM shards them.
 
 # Breakdown keys, in the order a decoded token meets them.
 TENSOR_CLASSES: tuple[str, ...] = (
@@ -840,9 +825,7 @@ def _add_dense_mlp(out: _TensorList, m: str, hidden: int, inter: int) -> None:
     out.row(f"{m}.down_proj", "dense_mlp", hidden, inter)
 
 
-# ---------------------------------------------------------------------------------------------
-# Bytes per token
-# ---------------------------------------------------------------------------------------------
+# Bytes per token.
 
 
 @dataclass(frozen=True)
