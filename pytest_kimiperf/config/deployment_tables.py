@@ -21,7 +21,6 @@ from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.config.names import check_placeholders, check_safe_name
 from pytest_kimiperf.config.nodes import check_nodes, layout_gpu_count, parse_nodes
 
-__all__ = ["check_tolerances", "resolve_deployments", "select_deployment"]
 
 # What a user deployment without ``extends`` starts from: nothing of another deployment's
 # environment, tolerances, client bounds or floors (a GPU deployment given tiny-cpu's offline

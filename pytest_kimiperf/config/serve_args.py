@@ -34,16 +34,6 @@ from pytest_kimiperf.config.names import did_you_mean
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.paths import default_cache_dir
 
-__all__ = [
-    "OWNED_BY_PLUGIN",
-    "CommandPlan",
-    "Replacement",
-    "ServeOption",
-    "ServeParser",
-    "plan_command",
-    "read_serve_parser",
-    "serve_entry",
-]
 
 # The child's script: vLLM's own serve parser, dumped as data. `vllm serve` and the deprecated
 # `python -m vllm.entrypoints.openai.api_server` both build it with make_arg_parser

@@ -152,9 +152,8 @@ def build_settings(
 ) -> Settings:
     """Validate raw option values into Settings; any bad value raises ConfigError.
 
-    The phases run in this order and each stops at its first bad value, so of several bad values
-    the one named is always the same; the options that depend on no other are checked last, in
-    the order of their fields below.
+    Each phase stops at its first bad value, in this order, so of several bad values the one
+    named is always the same.
     """
     chosen = _deployment_and_profiles(options, rootpath, extra_deployments, extra_profiles, pcie_only)
     deployment = chosen.deployment
@@ -163,7 +162,9 @@ def build_settings(
     profiles, command_plans = _booted_commands(profiles, deployment, server_url)
     server_hardware = _attached_server_hardware(options, server_url, profiles, deployment)
     append_on_pass = _append_on_pass(options, server_url, server_hardware)
-    schedule = _boot_schedule(options, deployment, profiles, server_url, control)
+    boots = _boots(options, profiles, server_url, control)
+    max_boots, max_boots_source, max_boots_from = _max_boots(options, deployment, boots, server_url)
+    boot_order, boot_seed = _boot_order(options), _boot_seed(options)
     missing_baseline, gate = _missing_baseline_policy(options)
     perf_export, export_detailed = _export(
         options.get("perf_export", RawOption(None, "default")),
@@ -172,11 +173,10 @@ def build_settings(
         deployment=deployment, deployments=chosen.deployments, profiles=profiles,
         known_profiles=chosen.known_profiles, profile_warnings=chosen.warnings, control=control,
         command_plans=command_plans, server_url=server_url, server_hardware=server_hardware,
-        boots=schedule.boots, max_boots=schedule.max_boots, max_boots_source=schedule.max_boots_source,
-        max_boots_from=schedule.max_boots_from, boot_order=schedule.boot_order, boot_seed=schedule.boot_seed,
+        boots=boots, max_boots=max_boots, max_boots_source=max_boots_source, max_boots_from=max_boots_from,
+        boot_order=boot_order, boot_seed=boot_seed,
         missing_baseline=missing_baseline, gate=gate, append_on_pass=append_on_pass,
         perf_export=perf_export, perf_export_detailed=export_detailed,
-        # The options that depend on no other, each checked on its own, in this order.
         port=_port(options["port"]),
         nccl_debug=bool(options["nccl_debug"].value),
         update_baselines=bool(options["update_baselines"].value),
@@ -185,8 +185,8 @@ def build_settings(
         perf_json=_path(options["perf_json"], rootpath),
         perf_markdown=_path(options["perf_markdown"], rootpath),
         perf_plots=_path(options["perf_plots"], rootpath),
-        progress_interval_s=_positive_float(options["progress_interval"]),
-        grace_s=_positive_float(options["grace"]),
+        progress_interval_s=_seconds(options["progress_interval"], positive=True),
+        grace_s=_seconds(options["grace"], positive=True),
         api_key=_api_key(options["api_key"]),
         host_wait_s=_seconds(options.get("host_wait", RawOption("600", "default"))),
         host_id=_host_id(options.get("host_id", RawOption(None, "default"))),
@@ -295,26 +295,6 @@ def _append_on_pass(options: Mapping[str, RawOption], server_url: str | None,
             f"append-on-pass with --kimiperf-server-url {server_url}: a baseline must say what it was measured on; "
             "state the attached server's hardware with --kimiperf-server-hardware '8x <GPU>, <interconnect>'")
     return append_on_pass
-
-
-@dataclass(frozen=True)
-class _BootSchedule:
-    """Boots per profile planned up front, the most on demand and what set that most, and their order."""
-
-    boots: int
-    max_boots: int
-    max_boots_source: MaxBootsSource
-    max_boots_from: str
-    boot_order: str
-    boot_seed: int
-
-
-def _boot_schedule(options: Mapping[str, RawOption], deployment: Deployment, profiles: tuple[NcclProfile, ...],
-                   server_url: str | None, control: bool) -> _BootSchedule:
-    """How many times each profile's server boots, and in which order."""
-    boots = _boots(options, profiles, server_url, control)
-    max_boots, max_boots_source, max_boots_from = _max_boots(options, deployment, boots, server_url)
-    return _BootSchedule(boots, max_boots, max_boots_source, max_boots_from, _boot_order(options), _boot_seed(options))
 
 
 def _boots(options: Mapping[str, RawOption], profiles: tuple[NcclProfile, ...], server_url: str | None,
@@ -516,23 +496,13 @@ def _port(opt: RawOption) -> int | None:
     return port
 
 
-def _positive_float(opt: RawOption) -> float:
+def _seconds(opt: RawOption, *, positive: bool = False) -> float:
     try:
         value = float(opt.value)
     except (TypeError, ValueError):
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{opt.value!r} (from {opt.source}) must be a number of seconds > 0")
-    return value
-
-
-def _seconds(opt: RawOption) -> float:
-    try:
-        value = float(opt.value)
-    except (TypeError, ValueError):
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise ConfigError(f"{opt.value!r} (from {opt.source}) must be a number of seconds >= 0")
+    if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+        raise ConfigError(f"{opt.value!r} (from {opt.source}) must be a number of seconds {'>' if positive else '>='} 0")
     return value
 
 

@@ -20,17 +20,6 @@ from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.names import check_safe_name, did_you_mean
 from pytest_kimiperf.config.nccl.values import is_nccl_related
 
-__all__ = [
-    "BUILTIN_PROFILES",
-    "NcclProfile",
-    "describe_args",
-    "describe_env",
-    "inherited_nccl_env",
-    "profile_server_env",
-    "resolve_profiles",
-    "select_profiles",
-]
-
 
 class _FrozenEnv(Mapping[str, str]):
     """A read-only, hashable name -> value mapping, so a profile can be a dict key or set member."""

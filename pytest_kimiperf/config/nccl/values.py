@@ -37,16 +37,6 @@ class NamedEnv(Protocol):
     def env(self) -> Mapping[str, str]: ...
 
 
-__all__ = [
-    "KNOWN_NCCL_VARIABLES",
-    "P2P_LEGACY_LEVELS",
-    "VLLM_COLLECTIVES",
-    "enabled_choices",
-    "enabled_lists",
-    "is_nccl_related",
-    "validate_profile",
-]
-
 # Every variable the NCCL 2.29 user guide documents (env.html, both "System configuration" and
 # "Debugging"), plus a few that NCCL's source reads without documenting them and two that
 # PyTorch reads under an NCCL_ name. Accepted without value checks unless a rule below exists;
