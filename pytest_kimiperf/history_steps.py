@@ -109,8 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _plot(out_dir: Path, path: Path, entry: BaselineEntry, steps: Sequence[HistoryStep]) -> None:
-    from pytest_kimiperf.reports.plots import plot_history
-    from pytest_kimiperf.reports.plots import save_figure, unique_slugs
+    from pytest_kimiperf.reports.plots import plot_history, save_figure, unique_slugs
 
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

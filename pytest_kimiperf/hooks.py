@@ -1,24 +1,10 @@
 """What pytest calls: the plugin's public fixtures, and the session object whose methods are its hooks.
 
-**The fixtures.** ``plugin.py`` imports the fixtures, so pytest registers them with the plugin.
-Like the hooks, they only connect pytest to the modules that do the work: the session object's
-:class:`~pytest_kimiperf.session.PerfSession` (``KimiperfSession.run``; the session object is kept
-in the config's stash), the server manager and the :class:`~pytest_kimiperf.recorder.PerfRecorder`.
-Errors a test should show become ``pytest.fail`` without a traceback, raised ``from None``: the
-error they replace would print its message (and log tail) a second time.
-
-**The session object.** As pytest-xdist's ``DSession`` and junitxml's ``LogXML``:
-``plugin.pytest_configure`` validates the settings, makes the object and registers it; everything
-the run holds lives in it:
-
-- ``run``: the perf tests' resources of this process (session.py: servers, fingerprint, baselines,
-  boots), which the fixtures and the recorder use;
-- ``reporter``: the results and everything written from them (reports/reporter.py; the xdist
-  controller only, made on first use, so a run without perf tests imports no report);
-- ``failed``: each failed test's outcome, and ``decision``: how the run ends (judge/gate.py).
-
-The hooks only connect pytest to those parts. On an xdist worker the controller's hooks (results,
-files, the summary) do nothing: only the controller writes files.
+Both only connect pytest to the modules that do the work. Errors a test should show become
+``pytest.fail`` without a traceback, raised ``from None``: the error they replace would print its
+message (and log tail) a second time. The session object, as pytest-xdist's ``DSession`` and
+junitxml's ``LogXML``, holds everything the run holds; on an xdist worker its controller hooks
+(results, files, the summary) do nothing.
 """
 
 from __future__ import annotations
@@ -51,7 +37,6 @@ if TYPE_CHECKING:
     from pytest_kimiperf.server.process import ServerHandle
 
 
-# The fixtures, and the stash keys they share with the session object.
 _SERVER_FIXTURE = "kimiperf_server"
 _PROFILE_FIXTURE = "kimiperf_profile"
 
@@ -80,7 +65,6 @@ def slot_of(item: pytest.Item) -> BootSlot | None:
 
 
 def _perf_session(config: pytest.Config) -> PerfSession:
-    """The perf tests' resources of this process: the session object's ``run``."""
     return config.stash[SESSION_KEY].run
 
 
@@ -178,8 +162,6 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
                      fail=lambda message: pytest.fail(message, pytrace=False), benchmark=benchmark,
                      window=item.stash.setdefault(_WINDOWS_KEY, []).append))
 
-
-# The session object: the run's state, and pytest's hooks as its methods.
 
 class KimiperfSession:
     """The run's state (settings, servers, results, failures, the decision) and its hooks."""

@@ -34,20 +34,6 @@ _WORKERINPUT_PROGRESS_FILE = "kimiperf_progress_file"
 _GROUPED_DIST_MODES = ("load", "loadgroup")
 
 
-def _write_server_test_ids(directory: Path, worker_id: str, nodeids: Iterable[str]) -> None:
-    """Worker side: record which collected tests need the server."""
-    directory.mkdir(parents=True, exist_ok=True)
-    write_atomically(directory / f"{worker_id}.json", json.dumps(sorted(nodeids)))
-
-
-def _read_server_test_ids(directory: Path) -> frozenset[str]:
-    """Controller side: the union of what the workers recorded."""
-    ids: set[str] = set()
-    for path in directory.glob("*.json"):
-        ids.update(json.loads(path.read_text()))
-    return frozenset(ids)
-
-
 def note_server_tests(config: pytest.Config, nodeids: Iterable[str]) -> bool:
     """Worker side, after collection: record the server tests for the controller's scheduler.
     Returns False when this worker runs on another host (--tx ssh=...): the controller made the
@@ -56,7 +42,8 @@ def note_server_tests(config: pytest.Config, nodeids: Iterable[str]) -> bool:
     if ids_dir and not Path(ids_dir).is_dir():
         return False
     if ids_dir:
-        _write_server_test_ids(Path(ids_dir), config.workerinput["workerid"], nodeids)  # type: ignore[attr-defined]
+        worker_id = config.workerinput["workerid"]  # type: ignore[attr-defined]
+        write_atomically(Path(ids_dir) / f"{worker_id}.json", json.dumps(sorted(nodeids)))
     return True
 
 
@@ -93,8 +80,8 @@ def _make_scheduler(config: pytest.Config, log: Any, ids_dir: Path) -> Any:
         _server_ids: frozenset[str] | None = None
 
         def _split_scope(self, nodeid: str) -> str:
-            if self._server_ids is None:
-                self._server_ids = _read_server_test_ids(ids_dir)
+            if self._server_ids is None:  # the union of what the workers recorded
+                self._server_ids = frozenset(i for p in ids_dir.glob("*.json") for i in json.loads(p.read_text()))
             return _SERVER_SCOPE if nodeid in self._server_ids else nodeid
 
     return ServerGroupScheduling(config, log)

@@ -169,10 +169,7 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
 
             HostBounds.from_mapping({**base.host_bounds, **value}, source=where)  # ConfigError if bad
             fields[key] = MappingProxyType({**base.host_bounds, **value})
-        elif key in ("health_deadline_s", "decode_floor_tok_s", "decode_target_tok_s",
-                     "memory_bandwidth_gbs", "allreduce_latency_us", "boot_spread", "session_spread",
-                     "host_spread", "boot_spread_df", "session_spread_df", "host_spread_df", "spawn_mode_drop",
-                     "spawn_mode_share", "load_s", "gpu_memory_wait_s"):
+        elif _FIELDS[key] == (int, float):
             fields[key] = float(value)
         else:
             fields[key] = value

@@ -260,12 +260,9 @@ def _split(args: Sequence[str], parser: ServeParser | None, *, who: str,
             if bad:
                 raise ConfigError(f"{who}: {base} {bad[0]!r} is not one of {parser.origin}'s choices: "
                                   f"{', '.join(option.choices)}{did_you_mean(bad[0], option.choices)}")
-        if strict and option is not None and option.dest in OWNED_BY_PLUGIN:
-            raise ConfigError(f"{who}: {base} cannot be set by a profile: {OWNED_BY_PLUGIN[option.dest]}")
         dest = option.dest if option is not None else base.lstrip("-").replace("-", "_")
-        if strict and parser is None and base.lstrip("-").replace("-", "_") in OWNED_BY_PLUGIN:
-            raise ConfigError(f"{who}: {base} cannot be set by a profile: "
-                              f"{OWNED_BY_PLUGIN[base.lstrip('-').replace('-', '_')]}")
+        if strict and dest in OWNED_BY_PLUGIN:
+            raise ConfigError(f"{who}: {base} cannot be set by a profile: {OWNED_BY_PLUGIN[dest]}")
         found.append(_Arg(token if not eq else token.split("=", 1)[0], dest, values, i, stop, dotted))
         i = stop
     return found
