@@ -93,9 +93,7 @@ def resolve_deployments(
 
     def build(name: str, chain: tuple[str, ...]) -> Deployment:
         if name in chain:
-            raise ConfigError(
-                f"deployment {name!r} in {source} extends itself: {' -> '.join(chain + (name,))}"
-            )
+            raise ConfigError(f"deployment {name!r} in {source} extends itself: {' -> '.join(chain + (name,))}")
         table = pending.pop(name)
         where = f"{source} [deployments.{name}]"
         check_safe_name("deployment", name, source=where)
@@ -103,9 +101,7 @@ def resolve_deployments(
             raise ConfigError(f"{where} must be a table, got {type(table).__name__}")
         for key, value in table.items():
             if key not in _FIELDS:
-                raise ConfigError(
-                    f"{where}: unknown key {key!r}; allowed keys: {', '.join(sorted(_FIELDS))}"
-                )
+                raise ConfigError(f"{where}: unknown key {key!r}; allowed keys: {', '.join(sorted(_FIELDS))}")
             expected = _FIELDS[key]
             if not isinstance(value, expected) or isinstance(value, bool):
                 raise ConfigError(
@@ -116,10 +112,8 @@ def resolve_deployments(
             if parent_name in pending:
                 build(parent_name, chain + (name,))
             if parent_name not in known:
-                raise ConfigError(
-                    f"{where}: extends unknown deployment {parent_name!r}; "
-                    f"known: {', '.join(sorted(known))}"
-                )
+                raise ConfigError(f"{where}: extends unknown deployment {parent_name!r}; "
+                                  f"known: {', '.join(sorted(known))}")
             base = known[parent_name]
         else:
             if "command" in table and "model" not in table:
@@ -253,10 +247,8 @@ def _check(d: Deployment, where: str) -> None:
     check_nodes(d.nodes, command=d.command, tensor_parallel_size=d.tensor_parallel_size,
                 master_port=d.master_port, where=where)
     if d.decode_target_tok_s < d.decode_floor_tok_s:
-        raise ConfigError(
-            f"{where}: decode_target_tok_s = {d.decode_target_tok_s} is below "
-            f"decode_floor_tok_s = {d.decode_floor_tok_s}; the target must be >= the floor"
-        )
+        raise ConfigError(f"{where}: decode_target_tok_s = {d.decode_target_tok_s} is below "
+                          f"decode_floor_tok_s = {d.decode_floor_tok_s}; the target must be >= the floor")
 
 
 def _string_env(value: Mapping[str, Any], where: str) -> dict[str, str]:

@@ -48,18 +48,14 @@ def parse_base_url(base_url: object, *, source: str = "base_url") -> ServerAddre
         raise ConfigError(f"invalid server URL {base_url!r} (from {source}): {allowed}")
     prefix = parts.path.rstrip("/")
     if prefix.endswith("/v1"):
-        raise ConfigError(
-            f"invalid server URL {base_url!r} (from {source}): drop the trailing /v1, the "
-            f"client adds {ENDPOINT_PATHS['completions']} itself"
-        )
+        raise ConfigError(f"invalid server URL {base_url!r} (from {source}): drop the trailing /v1, the "
+                          f"client adds {ENDPOINT_PATHS['completions']} itself")
     return ServerAddress(parts.hostname, port, prefix, parts.scheme)
 
 
 def check_endpoint(endpoint: object, *, source: str = "endpoint") -> str:
     """Return ``endpoint`` if it is one the client speaks, else raise ConfigError."""
     if not isinstance(endpoint, str) or endpoint not in ENDPOINT_PATHS:
-        raise ConfigError(
-            f"unknown endpoint {endpoint!r} (from {source}); use one of: "
-            f"{', '.join(sorted(ENDPOINT_PATHS))}"
-        )
+        raise ConfigError(f"unknown endpoint {endpoint!r} (from {source}); use one of: "
+                          f"{', '.join(sorted(ENDPOINT_PATHS))}")
     return endpoint
