@@ -1,10 +1,7 @@
 """The user's deployment tables: ``[tool.kimiperf.deployments.NAME]`` read, checked and resolved.
 
-A table (from ``pyproject.toml`` or the ``pytest_kimiperf_add_deployments`` hook) either
-``extends`` another deployment, built-in or the user's, or starts from a bare base with no
-floors and the metrics' own tolerances. Every key's type and every value's range is checked
-here, so a bad table is a usage error naming the table, the key and what is allowed; and
-``--kimiperf-deployment`` picks one of the results.
+Every key's type and every value's range is checked here, so a bad table is a usage error naming
+the table, the key and what is allowed.
 """
 
 from __future__ import annotations
@@ -22,10 +19,8 @@ from pytest_kimiperf.config.names import check_placeholders, check_safe_name
 from pytest_kimiperf.config.nodes import check_nodes, layout_gpu_count, parse_nodes
 
 
-# What a user deployment without ``extends`` starts from: nothing of another deployment's
-# environment, tolerances, client bounds or floors (a GPU deployment given tiny-cpu's offline
-# mode and 25% tolerances would be judged as loosely as the 2-core CPU twin). Tolerances are the
-# metrics' own (3% decode/ITL, 5% TTFT/throughput), no floor, an hour to become ready.
+# What a user deployment without ``extends`` starts from: nothing of another deployment's (a GPU
+# deployment given tiny-cpu's 25% tolerances would be judged as loosely as the 2-core CPU twin).
 _USER_BASE = Deployment(
     name="",
     description="",

@@ -502,7 +502,8 @@ def _seconds(opt: RawOption, *, positive: bool = False) -> float:
     except (TypeError, ValueError):
         value = math.nan
     if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
-        raise ConfigError(f"{opt.value!r} (from {opt.source}) must be a number of seconds {'>' if positive else '>='} 0")
+        bound = ">" if positive else ">="
+        raise ConfigError(f"{opt.value!r} (from {opt.source}) must be a number of seconds {bound} 0")
     return value
 
 
