@@ -1,9 +1,4 @@
-"""The server a run talks to, as the user gives it: its root URL and the endpoint, checked once.
-
-``parse_base_url`` splits ``http(s)://HOST:PORT`` into a :class:`ServerAddress` or raises a
-ConfigError saying what is allowed (the option reader checks ``--kimiperf-server-url`` with it, the
-streaming client connects with it); ``check_endpoint`` accepts the endpoints the client speaks.
-"""
+"""The server a run talks to, as the user gives it: its root URL and the endpoint, checked once."""
 
 from __future__ import annotations
 

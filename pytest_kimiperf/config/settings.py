@@ -28,6 +28,7 @@ from pytest_kimiperf.config.nccl.profiles import NcclProfile, control_profile, r
 from pytest_kimiperf.config.nccl.values import validate_profile
 from pytest_kimiperf.config.nodes import check_nodes
 from pytest_kimiperf.config.serve_args import CommandPlan, plan_command, read_serve_parser, serve_entry
+from pytest_kimiperf.config.server_url import parse_base_url
 
 DEFAULT_DEPLOYMENT = "kimi-k25-int4-tp8"
 DEFAULT_PROFILES = "default"
@@ -77,27 +78,19 @@ class Settings:
     server_hardware: str | None = None
     boots: int = 1
     max_boots: int = 1
-    # Where max_boots comes from: what decides (session.py caps only a deployment's from the
-    # gate's plan), and the words the header says it in.
+    # What set max_boots, and the header's words for it.
     max_boots_source: MaxBootsSource = MaxBootsSource.DEPLOYMENT
     max_boots_from: str = "the deployment's max_boots"
     boot_order: str = "interleaved"
     boot_seed: int = 0
-    # --kimiperf-host-id: this machine's declared name (None: measure/canary.host_identity's own).
+    # Each field below is its option's (config/options.py says what it does).
     host_id: str | None = None
-    # What a perf test without a baseline for this hardware does: warn, or fail (a CI gate).
     missing_baseline: str = "warn"
-    # --kimiperf-gate: missing baselines and changes beyond the tolerance without a verdict fail.
     gate: bool = False
-    # --kimiperf-append-on-pass: the branches on which a passing run appends its boots (empty: off).
     append_on_pass: tuple[str, ...] = ()
-    # The command that records baselines, quoted when a run finds none (None: the run's own).
     record_command: str | None = None
-    # --kimiperf-export DIR: bench-serve result files and requests.jsonl (reports/outputs.py).
     perf_export: Path | None = None
     perf_export_detailed: bool = False
-    # --kimiperf-control: the selected profile's control (config/nccl/profiles.control_profile) is
-    # booted beside it, and is the reference it is judged against in this session.
     control: bool = False
     # Each selected profile's server command against the deployment's (serve_args.CommandPlan):
     # what its args replaced and which parser checked them. Empty when attached.
@@ -476,10 +469,6 @@ def _server_url(opt: RawOption) -> str | None:
     url = str(opt.value).rstrip("/")
     if urlsplit(url).path.endswith("/v1"):
         url = url[: -len("/v1")]
-    # https:// is measured by the httpx client (connection.py), timed in the event loop rather
-    # than by the kernel; each run's notes say so.
-    from pytest_kimiperf.config.server_url import parse_base_url
-
     parse_base_url(url, source=opt.source)  # ConfigError saying what is allowed
     return url
 
