@@ -3,13 +3,9 @@
     python -m pytest_kimiperf.history_steps baselines/<deployment>/<key>.json [more files]
         [--spreads BOOT,SESSION,HOST] [--plot DIR] [--json]
 
-For each entry (test, profile, metric) the steps judge/history.py finds in its boot
-history, as the gate finds them: "decode stepped -4.1% between <date> (<commit>) and <date>
-(<commit>)", and the boots a run is judged against since the last one. The noise the search
-charges is the deployment's declared spreads (a built-in deployment's, else the defaults of a
-deployment table; ``--spreads`` sets them), raised where the history shows more. ``--plot DIR``
-draws each entry's history with its steps (matplotlib); ``--json`` prints the steps as JSON.
-Exit status 0 (whether or not a history stepped), 2 on a bad argument or an unreadable file.
+For each entry (test, profile, metric) the steps judge/history.py finds in its boot history, as the
+gate finds them, at the deployment's declared spreads raised where the history shows more. Exit
+status 0 whether or not a history stepped, 2 on a bad argument or an unreadable file.
 """
 
 from __future__ import annotations
@@ -109,8 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _plot(out_dir: Path, path: Path, entry: BaselineEntry, steps: Sequence[HistoryStep]) -> None:
-    from pytest_kimiperf.reports.plots import plot_history
-    from pytest_kimiperf.reports.plots import save_figure, unique_slugs
+    from pytest_kimiperf.reports.plots import plot_history, save_figure, unique_slugs
 
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

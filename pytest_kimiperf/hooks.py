@@ -1,24 +1,10 @@
 """What pytest calls: the plugin's public fixtures, and the session object whose methods are its hooks.
 
-**The fixtures.** ``plugin.py`` imports the fixtures, so pytest registers them with the plugin.
-Like the hooks, they only connect pytest to the modules that do the work: the session object's
-:class:`~pytest_kimiperf.session.PerfSession` (``KimiperfSession.run``; the session object is kept
-in the config's stash), the server manager and the :class:`~pytest_kimiperf.recorder.PerfRecorder`.
-Errors a test should show become ``pytest.fail`` without a traceback, raised ``from None``: the
-error they replace would print its message (and log tail) a second time.
-
-**The session object.** As pytest-xdist's ``DSession`` and junitxml's ``LogXML``:
-``plugin.pytest_configure`` validates the settings, makes the object and registers it; everything
-the run holds lives in it:
-
-- ``run``: the perf tests' resources of this process (session.py: servers, fingerprint, baselines,
-  boots), which the fixtures and the recorder use;
-- ``reporter``: the results and everything written from them (reports/reporter.py; the xdist
-  controller only, made on first use, so a run without perf tests imports no report);
-- ``failed``: each failed test's outcome, and ``decision``: how the run ends (judge/gate.py).
-
-The hooks only connect pytest to those parts. On an xdist worker the controller's hooks (results,
-files, the summary) do nothing: only the controller writes files.
+Both only connect pytest to the modules that do the work. Errors a test should show become
+``pytest.fail`` without a traceback, raised ``from None``: the error they replace would print its
+message (and log tail) a second time. The session object, as pytest-xdist's ``DSession`` and
+junitxml's ``LogXML``, holds everything the run holds; on an xdist worker its controller hooks
+(results, files, the summary) do nothing.
 """
 
 from __future__ import annotations
@@ -51,7 +37,6 @@ if TYPE_CHECKING:
     from pytest_kimiperf.server.process import ServerHandle
 
 
-# The fixtures, and the stash keys they share with the session object.
 _SERVER_FIXTURE = "kimiperf_server"
 _PROFILE_FIXTURE = "kimiperf_profile"
 
@@ -80,7 +65,6 @@ def slot_of(item: pytest.Item) -> BootSlot | None:
 
 
 def _perf_session(config: pytest.Config) -> PerfSession:
-    """The perf tests' resources of this process: the session object's ``run``."""
     return config.stash[SESSION_KEY].run
 
 
@@ -179,8 +163,6 @@ def perf(request: pytest.FixtureRequest, kimiperf_server: ServerHandle, kimiperf
                      window=item.stash.setdefault(_WINDOWS_KEY, []).append))
 
 
-# The session object: the run's state, and pytest's hooks as its methods.
-
 class KimiperfSession:
     """The run's state (settings, servers, results, failures, the decision) and its hooks."""
 
@@ -219,15 +201,13 @@ class KimiperfSession:
 
     @pytest.hookimpl(trylast=True)
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
-        """The settings in effect: deployment, profiles with their environment, server mode. Last
-        called, so first shown (pytest prints the answers in reverse): before a conftest's lines,
-        as when the hook was the entry point's own."""
+        """The settings in effect. Last called, so first shown (pytest prints the answers in
+        reverse), before a conftest's lines."""
         from pytest_kimiperf.reports.header import settings_lines
 
         lines = settings_lines(self.settings, os.environ)
         if perf_run_requested(read_raw_options(config.getoption, config.getini)) and not self.worker:
-            # The fingerprint probes the GPUs; a run that did not ask for perf settings stays
-            # quiet (if it collects perf tests, the lines come after collection instead).
+            # The fingerprint probes the GPUs: otherwise its lines wait for perf tests to be collected.
             lines.extend(self._fingerprint_lines())
         return lines
 
@@ -244,8 +224,7 @@ class KimiperfSession:
                                  recorded_hosts=loaded.loaded.hosts() if loaded.loaded is not None else ())
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        """Every test that needs the server runs once per selected NCCL profile and boot slot
-        (planned boots always, boots on demand only when an earlier boot asked for them)."""
+        """Every test that needs the server runs once per selected NCCL profile and boot slot."""
         if _SERVER_FIXTURE not in metafunc.fixturenames:
             return
         slots = self.run.schedule()
@@ -253,10 +232,9 @@ class KimiperfSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        """After every plugin's reordering (--ff and --lf reorder in a hook wrapper registered
-        after this plugin, so even a wrapper here runs too early), run each profile's tests
-        together: pytest boots a session fixture again whenever its parameter changes back, and
-        for Kimi each boot is a 36-minute load. First, so an xdist worker reports this order."""
+        """Run each profile's tests together: pytest boots a session fixture again whenever its
+        parameter changes back, a 36-minute load for Kimi. Here, not in a wrapper, because --ff and
+        --lf reorder in a wrapper registered after this plugin; first, so a worker reports this order."""
         run = self.run
         if any(slot_of(item) is not None for item in session.items):
             from pytest_kimiperf.judge.stats import group_by_slot, strip_slot
@@ -272,8 +250,7 @@ class KimiperfSession:
                     reporter.write_line(line)
 
     def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> list[str]:
-        """Under "collected N items": how many of them are boots on demand, which run only when
-        asked for, so the counts at the end add up to the items collected."""
+        """Under "collected N items": how many are boots on demand, so the counts at the end add up."""
         on_demand = [slot for item in items if (slot := slot_of(item)) is not None and slot.boot > self.settings.boots]
         if not on_demand or self.worker:
             return []
@@ -284,9 +261,8 @@ class KimiperfSession:
                 "for is neither run nor reported, and the end says how many"]
 
     def pytest_itemcollected(self, item: pytest.Item) -> None:
-        """Perf tests (those that use the server) carry the ``kimiperf`` marker, so ``-m "not
-        kimiperf"`` runs the rest; with pytest-timeout their timeout covers the test's own call,
-        never the boot in their setup (a Kimi load takes 36 minutes)."""
+        """Perf tests carry the ``kimiperf`` marker (``-m "not kimiperf"`` runs the rest); a
+        pytest-timeout covers their own call, never the boot in their setup."""
         if _SERVER_FIXTURE not in getattr(item, "fixturenames", ()):
             return
         if item.get_closest_marker("kimiperf") is None:
@@ -296,8 +272,8 @@ class KimiperfSession:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        """Under xdist, list the server tests. The hardware is checked by the first selected perf
-        test's setup, so a run that deselects them, or only collects, never depends on it."""
+        """Under xdist, list the server tests. The hardware is checked in the first perf test's
+        setup, so a run that only collects never depends on it."""
         run = self.run
         perf_items = [item for item in items if _SERVER_FIXTURE in getattr(item, "fixturenames", ())]
         run.remote_worker = not xdist_scheduling.note_server_tests(config, (item.nodeid for item in perf_items))
@@ -317,8 +293,7 @@ class KimiperfSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
-        """A boot on demand that no earlier boot asked for does not run at all: no boot, no
-        report (it is not a skipped check, it is a confirmation nobody needed)."""
+        """A boot on demand that no earlier boot asked for does not run at all: no boot, no report."""
         slot = slot_of(item)
         if slot is None or slot.boot == 1:
             return None
@@ -333,8 +308,7 @@ class KimiperfSession:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
-        """After a perf test passed: its warnings become pytest warnings of the plugin's classes
-        (so ``filterwarnings = error::...`` escalates them)."""
+        """A passed perf test's warnings, as the plugin's warning classes ``filterwarnings`` escalates."""
         __tracebackhide__ = True  # an escalated warning reads as its message, not as this hook's code
         outcome = yield
         result = item.stash.get(RESULT_KEY, None) if "perf" in getattr(item, "fixturenames", ()) else None
@@ -352,8 +326,7 @@ class KimiperfSession:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
-        """Attach the test's perf result and, on failure, the server log tail to its report; a
-        perf test's report carries what the session's time account needs of it."""
+        """Attach the test's perf result, its clock facts and, on failure, the server log tail."""
         report = yield
         if report.when == "call" and RESULT_KEY in item.stash:
             report.kimiperf = item.stash[RESULT_KEY].to_json()
@@ -367,8 +340,7 @@ class KimiperfSession:
 
     @pytest.hookimpl(trylast=True)
     def pytest_kimiperf_update_json(self, config: pytest.Config, report: dict[str, Any]) -> None:
-        """The JSON report's deployment carries the resolved command its servers ran (booted
-        servers only: an attached server's command is not known here)."""
+        """The JSON report's deployment carries the resolved command its booted servers ran."""
         if not self.settings.external and isinstance(report.get("deployment"), dict):
             from pytest_kimiperf.config.deployments import describe_command
 
@@ -377,15 +349,13 @@ class KimiperfSession:
     # -- the controller: results, files and the answer -----------------------------------------
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Keep the perf result of each test's call phase, and each failure's outcome. On the
-        process that writes files, as junitxml's LogXML: workers' reports reach it serialized."""
+        """Keep each call's perf result and each failure's outcome, on the process that writes files."""
         if self.worker:
             return
         from pytest_kimiperf.measure.time_account import Window
 
         clock = getattr(report, "kimiperf_clock", None)
-        # A report's start and stop (epoch seconds); where a pytest stamps none, its duration
-        # up to now (on the controller under xdist, when it arrived).
+        # Where a pytest stamps no start and stop, the report's duration up to its arrival.
         stop = getattr(report, "stop", None) or time.time()
         start = getattr(report, "start", None) or stop - report.duration
         self.run.clock().note_report(
@@ -404,8 +374,7 @@ class KimiperfSession:
     @pytest.hookimpl(wrapper=True, optionalhook=True)
     def pytest_benchmark_group_stats(self, config: pytest.Config, benchmarks: list[dict[str, Any]],
                                      group_by: str) -> Generator[None, list[Any], list[Any]]:
-        """The groups pytest-benchmark's table prints, without the kimiperf scenarios' one-round
-        rows (reports/reporter.py says why)."""
+        """pytest-benchmark's table without the scenarios' one-round rows (reports/reporter.py says why)."""
         groups = list((yield))
         if self.worker:
             return groups
@@ -452,15 +421,13 @@ class KimiperfSession:
             return decide_run(int(exitstatus), failed, comparisons=comparisons, control=self.settings.control,
                               errors=errors)
 
-        # Whether it passed, as --kimiperf-append-on-pass asks, before the files: then again with
-        # whatever writing them found.
+        # Decided before the files for --kimiperf-append-on-pass, then again with what writing them found.
         reporter.write(passed=decide([]).passed)
         errors = reporter.errors()
         if (missing := reporter.missing_baseline_warning()) is not None:
             from pytest_kimiperf.warning_types import MissingBaselineWarning
 
-            # One warning for the session, in pytest's warnings summary, located at the baseline file it
-            # did not find; escalated by filterwarnings, it fails the run, not a test.
+            # One warning for the session, at the baseline file; escalated, it fails the run, not a test.
             where = report.baselines_path if report is not None else None
             try:
                 warnings.warn_explicit(MissingBaselineWarning(f"kimiperf: {missing}"), MissingBaselineWarning,
@@ -477,8 +444,7 @@ class KimiperfSession:
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter, exitstatus: int,
                                 config: pytest.Config) -> None:
-        """The answer on one screen: profile comparison, baseline verdicts, floors, where files
-        went. Last, after every other plugin's part, where the eye lands."""
+        """The answer on one screen; last, after every other plugin's part, where the eye lands."""
         if self.worker or not self._has_perf_work():
             return
         self.reporter.write_summary(terminalreporter, decision=self.decision)
@@ -489,8 +455,8 @@ class KimiperfSession:
 
 
 def _clock_facts(item: pytest.Item, when: str) -> dict[str, Any] | None:
-    """A perf test's name without its profile and boot, and its measuring windows (the call's
-    report), as a report carries them to the controller's time account; None for other tests."""
+    """A perf test's name without its slot and its measuring windows, for the controller's time
+    account; None for other tests."""
     slot = slot_of(item)
     if slot is None:
         return None
@@ -512,10 +478,9 @@ def _marker_tolerances(item: pytest.Item) -> dict[str, float]:
 
 
 def _tear_down_to(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """Finish what the item before this unrun one left set up for it (it tore down only to this
-    one's module), or a next item in another module finds it "not torn down properly". As
-    pytest's own runner does, through the SetupState, which has no public handle: the teardown
-    hook would run every plugin's teardown for an item never set up."""
+    """Finish what the item before this unrun one left set up, or a next item in another module
+    finds it "not torn down properly": through the SetupState, as pytest's runner does (the teardown
+    hook would run every plugin's teardown for an item never set up)."""
     call = pytest.CallInfo.from_call(
         lambda: item.session._setupstate.teardown_exact(nextitem), when="teardown")  # noqa: SLF001
     if call.excinfo is not None:  # a module or session fixture's teardown failed: report it here
@@ -525,18 +490,15 @@ def _tear_down_to(item: pytest.Item, nextitem: pytest.Item | None) -> None:
 
 
 class JunitVerdicts:
-    """The session's profile comparisons as the JUnit XML's test-suite properties, one per
-    comparison (``kimiperf_verdict <test>|<metric>|<profile> vs <reference>``: the verdict, as
-    judge/profiles.py decided it for every output). Registered only where ``--junitxml`` is on, on
-    the controller; its session finish runs first, before junitxml writes its file."""
+    """The session's profile comparisons as the JUnit XML's test-suite properties
+    (``kimiperf_verdict <test>|<metric>|<profile> vs <reference>``), on the controller."""
 
     def __init__(self, kimiperf: KimiperfSession) -> None:
         self.kimiperf = kimiperf
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """Hand each comparison's verdict to junitxml (found by what it offers: the plugin object
-        with ``add_global_property``, as the ``record_testsuite_property`` fixture uses it)."""
+        """Hand each verdict to junitxml, found as ``record_testsuite_property`` finds it."""
         if not self.kimiperf._has_perf_work():
             return
         writers = [p for p in session.config.pluginmanager.get_plugins()

@@ -1,14 +1,8 @@
 """What the plugin runs on another node of a deployment, through that node's launch template.
 
-``python -m pytest_kimiperf.node_agent facts`` prints the node's hardware and software facts (the
-fingerprint's, measure/host_facts.py ``probe_host_facts``), ``snapshot --launch-id ID`` its
-host counters and process table with the pids carrying the launch marker (the host watch's two
-ends, measure/hostwatch.py), and ``stop --launch-id ID --grace S`` ends every process of
-that launch there (server/zombies.py) and says what it ended and what survived. Each prints one
-JSON object on its last stdout line, marked (server/agent_wire.py). The same code that reads this machine reads
-the node: nothing is
-reimplemented for the remote side, and the node needs only this package installed at the
-interpreter path the deployment's command names (a fleet's runners share one image).
+``facts``, ``snapshot --launch-id ID`` and ``stop --launch-id ID --grace S``, each printing one
+marked JSON line last (server/agent_wire.py). The same code that reads this machine reads the node,
+so the node needs only this package installed at the interpreter path the deployment's command names.
 """
 
 from __future__ import annotations
@@ -37,8 +31,7 @@ def snapshot(launch_id: str) -> dict[str, Any]:
     import psutil
 
     from pytest_kimiperf.measure.hostwatch import read_host_counters, read_processes
-    from pytest_kimiperf.server.zombies import boot_id
-    from pytest_kimiperf.server.zombies import LAUNCH_ID_ENV
+    from pytest_kimiperf.server.zombies import LAUNCH_ID_ENV, boot_id
 
     cpu, psi, notes = read_host_counters("/proc")
     t_s = time.monotonic()

@@ -1,9 +1,7 @@
 """pytest-kimiperf's entry point: options, settings and the session object.
 
-Settings are validated once in ``pytest_configure`` (bad values are usage errors before anything
-is collected or booted), which then registers the session object, hooks.KimiperfSession: the run's
-state, with pytest's hooks as its methods. The public fixtures are in ``hooks.py`` and registered
-with this module (it imports them). The logic lives in modules that do not import pytest.
+Settings are validated once in ``pytest_configure``, before anything is collected or booted; the
+session object and the fixtures it registers live in ``hooks.py``.
 """
 
 from __future__ import annotations
@@ -37,9 +35,6 @@ from pytest_kimiperf.warning_types import KimiperfDeprecationWarning
 _SESSION_NAME = "kimiperf-session"
 _XDIST_NAME = "kimiperf-xdist-coordinator"
 _JUNIT_NAME = "kimiperf-junit-verdicts"
-
-
-# -- options and configuration -------------------------------------------------------------
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:

@@ -1,12 +1,7 @@
 """What one pytest process holds for its perf tests: servers, fingerprint, baselines, boots.
 
-A :class:`PerfSession` is made once in ``pytest_configure`` from the validated settings and kept
-in the config's stash; the fixtures and hooks in ``plugin.py`` ask it for what they need and it
-builds each part on first use (a run that collects no perf test probes no GPU and starts nothing).
-It does not import pytest: the terminal output the server manager writes to is handed in.
-
-What the session reports at its end is not kept here but in the controller's
-:class:`~pytest_kimiperf.reports.reporter.SessionReporter`, which reads this object's facts.
+Each part is built on first use, so a run that collects no perf test probes no GPU and starts
+nothing. What the session reports at its end is kept in reports/reporter.py's SessionReporter.
 """
 
 from __future__ import annotations
@@ -22,9 +17,8 @@ from pytest_kimiperf.config.settings import MaxBootsSource, Settings
 
 if TYPE_CHECKING:
     from pytest_kimiperf.config.deployments import Deployment
-    from pytest_kimiperf.judge.baselines import LoadedBaselines
+    from pytest_kimiperf.judge.baselines import Fingerprint, LoadedBaselines
     from pytest_kimiperf.judge.stats import BootLedger, BootSlot
-    from pytest_kimiperf.judge.baselines import Fingerprint
     from pytest_kimiperf.judge.noise import BootOrigin
     from pytest_kimiperf.measure.time_account import SessionClock
     from pytest_kimiperf.server.manager import ServerManager, ServerRecord
@@ -33,8 +27,7 @@ if TYPE_CHECKING:
 
 # SIGTERM: a cancelled CI job; SIGHUP: a dropped ssh session during a 36-minute load.
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-# A failed test's report carries this many of its server log's last lines (and the log's path):
-# enough for the engine's last words; -v shows VERBOSE_FAILURE_LOG_LINES.
+# A failed test's report carries this many of its server log's last lines: the engine's last words.
 FAILURE_LOG_LINES = 10
 VERBOSE_FAILURE_LOG_LINES = 50
 
@@ -57,11 +50,8 @@ class PerfSession:
     _host: dict[str, str] | None = None
     _previous_handlers: dict[int, Any] = field(default_factory=dict)
     _clock: SessionClock | None = None
-    # The (test, profile) pairs this process collected (plugin.pytest_collection_finish): the run's
-    # family of baseline comparisons is their stored entries (judge/gate.py).
+    # The (test, profile) pairs this process collected: the run's family of comparisons (judge/gate.py).
     collected: frozenset[tuple[str, str]] = frozenset()
-
-    # -- what the perf tests are judged against ---------------------------------------------
 
     def fingerprint(self) -> Fingerprint:
         """The hardware and software this session measures on (probed once)."""
@@ -93,8 +83,8 @@ class PerfSession:
         return self._baselines
 
     def family(self) -> int | None:
-        """How many baseline comparisons this run makes (None: none), read once the baseline
-        are loaded: every worker collects the same tests, so each counts the same family."""
+        """How many baseline comparisons this run makes (None: none); every worker collects the
+        same tests, so each counts the same family."""
         from pytest_kimiperf.errors import BaselineError
         from pytest_kimiperf.judge.gate import family_size
 
@@ -114,7 +104,7 @@ class PerfSession:
         return self._baselines.path if self._baselines is not None else None
 
     def schedule(self) -> list[BootSlot]:
-        """Every boot slot of the session, in the order the boots happen (judge.boots.schedule)."""
+        """Every boot slot of the session, in the order the boots happen."""
         from pytest_kimiperf.judge.stats import schedule
 
         s = self.settings
@@ -129,16 +119,13 @@ class PerfSession:
         return self._ledger
 
     def clock(self) -> SessionClock:
-        """The notes of where this session's wall clock went, from the pytest process's start
-        (the controller's: under xdist the workers' boots and tests reach it with their records
-        and reports)."""
+        """The notes of where this session's wall clock went, from the pytest process's start (under
+        xdist the workers' boots and tests reach the controller's with their records and reports)."""
         if self._clock is None:
             from pytest_kimiperf.measure.time_account import SessionClock
 
             self._clock = SessionClock(started_at=_process_started_at())
         return self._clock
-
-    # -- the host ---------------------------------------------------------------------------
 
     def hardware_problem(self) -> str | None:
         """Why this host cannot run the deployment (GPUs missing), or None; probed once a run."""
@@ -159,10 +146,9 @@ class PerfSession:
         return self._host
 
     def origin(self) -> BootOrigin:
-        """This session's id, this host's id and its canary (judge/noise.py), taken once,
-        before the first boot while the host is quiet. Under pytest-xdist every worker of the
-        run shares xdist's test-run uid, so they are one session. An attached server's host is
-        not this one: no canary then."""
+        """This session's id, this host's id and its canary, taken before the first boot while the
+        host is quiet. xdist's workers share its test-run uid: one session. An attached server's
+        host is not this one: no canary then."""
         if self._origin is None:
             import os
             import uuid
@@ -203,8 +189,6 @@ class PerfSession:
 
         return topology_warnings(self.settings.deployment, self.settings.profiles, external=self.settings.external)
 
-    # -- servers ----------------------------------------------------------------------------
-
     def server_manager(self, output: Callable[[], TerminalOutput | RelayOutput]) -> ServerManager:
         """The manager of this process's servers, made on first use; ``output`` makes where
         its progress goes. From then on SIGTERM and SIGHUP take Ctrl-C's path."""
@@ -228,9 +212,8 @@ class PerfSession:
 
     def server_log_tail(self, profile: str, *, lines: int = FAILURE_LOG_LINES,
                         failure: str = "") -> tuple[str, str] | None:
-        """The title and tail of ``profile``'s server log, for a failed test's report: the last
-        ``lines`` (10: the engine's last words; ``-v`` asks for more) and the log's path. None
-        where ``failure``, the test's failure text, already quotes as many (a ServerError does)."""
+        """The title and tail of ``profile``'s server log, for a failed test's report; None where
+        ``failure``, the test's failure text, already quotes as many lines (a ServerError does)."""
         rec = self.manager.records.get(profile) if self.manager is not None else None
         if rec is None or rec.log_path is None:
             return None
@@ -238,7 +221,6 @@ class PerfSession:
 
         if lines <= LOG_TAIL_LINES and f"log: {rec.log_path}\n" in failure:
             return None
-
         return f"kimiperf server log, last {lines} lines ({rec.log_path})", tail_lines(rec.log_path, lines)
 
     def weight_cache_facts(self) -> WeightCacheFacts | None:
@@ -297,9 +279,8 @@ def _session_fingerprint(deployment: Deployment) -> Fingerprint:
 
 def with_gate_plan(settings: Settings) -> Settings:
     """A gate's boots on demand capped from the plan: the boots that resolve a change of twice
-    the tolerance of single-stream decode at the deployment's declared boot spread
-    (judge/noise.py), never more than the deployment allows nor fewer than a verdict needs. A
-    run that is no gate, or whose cap was given (--kimiperf-max-boots), keeps its own."""
+    the tolerance of single-stream decode at the declared boot spread, never more than the
+    deployment allows nor fewer than a verdict needs. Only a deployment's own cap is replaced."""
     dep = settings.deployment
     if not settings.gate or settings.max_boots_source is not MaxBootsSource.DEPLOYMENT:
         return settings

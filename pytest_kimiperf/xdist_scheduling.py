@@ -1,15 +1,10 @@
 """pytest-xdist: every test that needs the server goes to one worker, the rest spread out.
 
-One worker must own the servers: each profile boots once, and measurements never overlap,
-while functional tests still run on every worker. xdist's ``xdist_group`` + ``--dist
-loadgroup`` was made for this, but it marks groups by rewriting the private ``Item._nodeid``,
-which pytest 9's ``nodeid`` no longer reads, so the group is lost. Instead each worker writes
-the node ids of its server tests into a directory the controller named, and a scheduler (a
-LoadScopeScheduling whose scope is "the server" for those ids and the test itself for the
-rest) reads them when it forms work units, after every worker has finished collecting.
-
-The coordinator is registered only on the controller and only when xdist is installed; xdist
-itself is imported only when a scheduler is made.
+One worker must own the servers: each profile boots once, and measurements never overlap.
+xdist's ``xdist_group`` marks groups by rewriting the private ``Item._nodeid``, which pytest 9's
+``nodeid`` does not read, so each worker writes the node ids of its server tests into a directory
+the controller named, and a LoadScopeScheduling whose scope is "the server" for those ids reads
+them once every worker has collected.
 """
 
 from __future__ import annotations
@@ -34,29 +29,15 @@ _WORKERINPUT_PROGRESS_FILE = "kimiperf_progress_file"
 _GROUPED_DIST_MODES = ("load", "loadgroup")
 
 
-def _write_server_test_ids(directory: Path, worker_id: str, nodeids: Iterable[str]) -> None:
-    """Worker side: record which collected tests need the server."""
-    directory.mkdir(parents=True, exist_ok=True)
-    write_atomically(directory / f"{worker_id}.json", json.dumps(sorted(nodeids)))
-
-
-def _read_server_test_ids(directory: Path) -> frozenset[str]:
-    """Controller side: the union of what the workers recorded."""
-    ids: set[str] = set()
-    for path in directory.glob("*.json"):
-        ids.update(json.loads(path.read_text()))
-    return frozenset(ids)
-
-
 def note_server_tests(config: pytest.Config, nodeids: Iterable[str]) -> bool:
     """Worker side, after collection: record the server tests for the controller's scheduler.
-    Returns False when this worker runs on another host (--tx ssh=...): the controller made the
-    directory before starting workers, so not seeing it means the tests cannot be placed."""
+    False on another host (--tx ssh=...), which cannot see the directory the controller made."""
     ids_dir = getattr(config, "workerinput", {}).get(_WORKERINPUT_IDS_DIR)
     if ids_dir and not Path(ids_dir).is_dir():
         return False
     if ids_dir:
-        _write_server_test_ids(Path(ids_dir), config.workerinput["workerid"], nodeids)  # type: ignore[attr-defined]
+        worker_id = config.workerinput["workerid"]  # type: ignore[attr-defined]
+        write_atomically(Path(ids_dir) / f"{worker_id}.json", json.dumps(sorted(nodeids)))
     return True
 
 
@@ -93,8 +74,9 @@ def _make_scheduler(config: pytest.Config, log: Any, ids_dir: Path) -> Any:
         _server_ids: frozenset[str] | None = None
 
         def _split_scope(self, nodeid: str) -> str:
-            if self._server_ids is None:
-                self._server_ids = _read_server_test_ids(ids_dir)
+            if self._server_ids is None:  # the union of what the workers recorded
+                recorded = ids_dir.glob("*.json")
+                self._server_ids = frozenset(i for path in recorded for i in json.loads(path.read_text()))
             return _SERVER_SCOPE if nodeid in self._server_ids else nodeid
 
     return ServerGroupScheduling(config, log)
@@ -129,8 +111,7 @@ class XdistCoordinator:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        """Tell each worker where to record its server tests (only when we schedule) and
-        where to write its boot progress."""
+        """Tell each worker where to record its server tests and its boot progress."""
         if self._grouped(node.config):
             node.workerinput[_WORKERINPUT_IDS_DIR] = str(self.ids_dir)
         path = self.ids_dir / "progress.log"

@@ -10,10 +10,6 @@ request's (latency - TTFT) / (output tokens - 1), vLLM's TPOT, with the output t
 re-tokenizing the text (``output_sequence_length``), not the server's usage count; its
 ``inter_chunk_latency`` is the gap between stream chunks, vLLM's ITL; decode tok/s is the median
 of ``output_token_throughput_per_user`` (1 / that ITL, per request). Medians are ``p50``.
-
-The per-request records AIPerf writes beside the summary (``profile_export.jsonl``) are read
-where present and checked against it (read_aiperf_records): a records file of another run, or
-one cut or edited, stops the run from being read.
 """
 
 from __future__ import annotations

@@ -3,17 +3,12 @@
 AIPerf writes them into the artifact directory beside ``profile_export_aiperf.json``; with
 ``--profile-export-prefix NAME`` the two are ``NAME.json`` and ``NAME.jsonl``
 (aiperf/config/artifacts.py). Each line is one request, a ``MetricRecordInfo``
-(aiperf/common/models/record_models.py): ``metadata`` (``benchmark_phase`` ``warmup`` or
-``profiling``, ``was_cancelled``), ``metrics`` (each ``{"value", "unit"}``; a list of values
-for ``inter_chunk_latency``) and ``error`` (null, or the failure's details).
+(aiperf/common/models/record_models.py): ``metadata`` (``benchmark_phase``), ``metrics`` (each
+``{"value", "unit"}``; a list of values for ``inter_chunk_latency``) and ``error``.
 
-The summary's figures are AIPerf's percentiles of these records: over the profiling requests
-without an error, with linear interpolation between order statistics
-(aiperf/metrics/metric_dicts.py ``metric_result_from_array``, numpy's default), the chunk gaps
-of every request pooled. So the records are checked against the summary: every line whole,
-as many good and failed profiling requests as the summary counts, and every figure read from
-the summary recomputed from them. A records file of another run, or one cut or edited, is an
-error naming the file, the line or the field, and the run is not read.
+The summary's figures are numpy's default percentiles of the profiling requests without an error
+(aiperf/metrics/metric_dicts.py ``metric_result_from_array``), so the records are checked against
+them as docs/how-to/compare.md says.
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_kimiperf.compare.runs import ResultFileError, RunFigure
+from pytest_kimiperf.compare.runs import ResultFileError, RunFigure, read_text
 
 _SUMMARY_NAME = "profile_export_aiperf.json"
 _RECORDS_NAME = "profile_export.jsonl"
@@ -67,12 +62,7 @@ def is_records_file(path: Path) -> bool:
 
 def read_records(path: Path) -> AiperfRecords:
     """The file's profiling requests; ResultFileError naming the line and the field of any damage."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ResultFileError(f"{path}: cannot read it: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ResultFileError(f"{path}: not a text file ({exc.reason} at byte {exc.start})") from None
+    lines = read_text(path).splitlines()
     good: list[Mapping[str, tuple[float | list[float], str, int]]] = []
     failed = 0
     for number, line in enumerate(lines, start=1):

@@ -54,14 +54,19 @@ class ToolRun:
     label: str = ""
 
 
-def load_json(path: Path) -> Any:
-    """The file's JSON, or a ResultFileError that says why it is not JSON."""
+def read_text(path: Path) -> str:
+    """The file's text, or a ResultFileError that says why it cannot be read."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ResultFileError(f"{path}: cannot read it: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise ResultFileError(f"{path}: not a text file ({exc.reason} at byte {exc.start})") from None
+
+
+def load_json(path: Path) -> Any:
+    """The file's JSON, or a ResultFileError that says why it is not JSON."""
+    text = read_text(path)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

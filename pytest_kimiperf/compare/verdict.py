@@ -1,16 +1,9 @@
 """Groups of runs judged against the first group: the profile comparison's rule, run by run.
 
-Each group is one configuration (before, after, ...); each run in it is one server boot, so the
-first group is judged against each other one by :func:`judge.profiles.compare_in_session`, the
-rule that judges two NCCL profiles booted in one session: the boot as the unit, the declared
-boot spread as the floor of the measured one, "within" as a TOST at 5% inside the log-symmetric
-band. Where the runs of a group came from one live server (``same_server``) they are not boots:
-the group is one boot, pooled, and one boot can screen a change, never convict it (as an attached
-server without a restart command, judge/gate.py): a change beyond the tolerance is UNRESOLVED.
-
-The exit status is the gate's: 0 passed, 1 a regression (or a run whose failed requests exceed
-the gate's share), :data:`judge.decide.UNRESOLVED_EXIT` when the only findings are changes
-these files cannot convict.
+Each run is one server boot, so the first group is judged against each other one by
+:func:`judge.profiles.compare_in_session`, the rule that judges two NCCL profiles booted in one
+session. Runs of one live server (``same_server``) are not boots: the group is one boot, pooled,
+which can screen a change, never convict it (as an attached server without a restart command).
 """
 
 from __future__ import annotations
@@ -22,11 +15,9 @@ from dataclasses import dataclass, field, replace
 from pytest_kimiperf.compare.runs import ResultFileError, ToolRun
 from pytest_kimiperf.config.deployments import MIN_BOOTS_DIRECTIONAL
 from pytest_kimiperf.config.metric_specs import METRICS, primary_metric
-from pytest_kimiperf.judge.stats import BootSummary, min_samples
-from pytest_kimiperf.judge.gate import MAX_FAILED_FRACTION
+from pytest_kimiperf.judge.gate import MAX_FAILED_FRACTION, UNRESOLVED_EXIT
 from pytest_kimiperf.judge.profiles import InSessionRules, compare_in_session
-from pytest_kimiperf.judge.stats import Comparison, VerdictKind, band_log
-from pytest_kimiperf.judge.gate import UNRESOLVED_EXIT
+from pytest_kimiperf.judge.stats import BootSummary, Comparison, VerdictKind, band_log, min_samples
 
 PASSED_EXIT = 0
 REGRESSION_EXIT = 1  # pytest.ExitCode.TESTS_FAILED, as the gate's run exits for a regression
@@ -42,9 +33,7 @@ class Group:
 
 @dataclass(frozen=True)
 class CompareRules:
-    """What the groups are judged by: the in-session rule's spreads and modes, each metric's
-    tolerance (the metric table's unless given), the metrics to judge (None: every metric the
-    runs report), whether a group's runs came from one live server, and strictness."""
+    """What the groups are judged by (``metrics`` None: every metric the runs report)."""
 
     rules: InSessionRules = InSessionRules()
     tolerances: Mapping[str, float] = field(default_factory=dict)
@@ -53,7 +42,7 @@ class CompareRules:
     strict: bool = False
 
     def tolerance(self, metric: str) -> float:
-        """The metric's tolerance: given, else the metric table's default."""
+        """Given, else the metric table's default."""
         return self.tolerances.get(metric, METRICS[metric].default_tolerance)
 
 

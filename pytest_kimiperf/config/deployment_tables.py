@@ -1,10 +1,7 @@
 """The user's deployment tables: ``[tool.kimiperf.deployments.NAME]`` read, checked and resolved.
 
-A table (from ``pyproject.toml`` or the ``pytest_kimiperf_add_deployments`` hook) either
-``extends`` another deployment, built-in or the user's, or starts from a bare base with no
-floors and the metrics' own tolerances. Every key's type and every value's range is checked
-here, so a bad table is a usage error naming the table, the key and what is allowed; and
-``--kimiperf-deployment`` picks one of the results.
+Every key's type and every value's range is checked here, so a bad table is a usage error naming
+the table, the key and what is allowed.
 """
 
 from __future__ import annotations
@@ -21,12 +18,9 @@ from pytest_kimiperf.config.metric_specs import METRICS
 from pytest_kimiperf.config.names import check_placeholders, check_safe_name
 from pytest_kimiperf.config.nodes import check_nodes, layout_gpu_count, parse_nodes
 
-__all__ = ["check_tolerances", "resolve_deployments", "select_deployment"]
 
-# What a user deployment without ``extends`` starts from: nothing of another deployment's
-# environment, tolerances, client bounds or floors (a GPU deployment given tiny-cpu's offline
-# mode and 25% tolerances would be judged as loosely as the 2-core CPU twin). Tolerances are the
-# metrics' own (3% decode/ITL, 5% TTFT/throughput), no floor, an hour to become ready.
+# What a user deployment without ``extends`` starts from: nothing of another deployment's (a GPU
+# deployment given tiny-cpu's 25% tolerances would be judged as loosely as the 2-core CPU twin).
 _USER_BASE = Deployment(
     name="",
     description="",
@@ -94,9 +88,7 @@ def resolve_deployments(
 
     def build(name: str, chain: tuple[str, ...]) -> Deployment:
         if name in chain:
-            raise ConfigError(
-                f"deployment {name!r} in {source} extends itself: {' -> '.join(chain + (name,))}"
-            )
+            raise ConfigError(f"deployment {name!r} in {source} extends itself: {' -> '.join(chain + (name,))}")
         table = pending.pop(name)
         where = f"{source} [deployments.{name}]"
         check_safe_name("deployment", name, source=where)
@@ -104,9 +96,7 @@ def resolve_deployments(
             raise ConfigError(f"{where} must be a table, got {type(table).__name__}")
         for key, value in table.items():
             if key not in _FIELDS:
-                raise ConfigError(
-                    f"{where}: unknown key {key!r}; allowed keys: {', '.join(sorted(_FIELDS))}"
-                )
+                raise ConfigError(f"{where}: unknown key {key!r}; allowed keys: {', '.join(sorted(_FIELDS))}")
             expected = _FIELDS[key]
             if not isinstance(value, expected) or isinstance(value, bool):
                 raise ConfigError(
@@ -117,10 +107,8 @@ def resolve_deployments(
             if parent_name in pending:
                 build(parent_name, chain + (name,))
             if parent_name not in known:
-                raise ConfigError(
-                    f"{where}: extends unknown deployment {parent_name!r}; "
-                    f"known: {', '.join(sorted(known))}"
-                )
+                raise ConfigError(f"{where}: extends unknown deployment {parent_name!r}; "
+                                  f"known: {', '.join(sorted(known))}")
             base = known[parent_name]
         else:
             if "command" in table and "model" not in table:
@@ -170,10 +158,7 @@ def _apply(base: Deployment, name: str, table: Mapping[str, Any], where: str) ->
 
             HostBounds.from_mapping({**base.host_bounds, **value}, source=where)  # ConfigError if bad
             fields[key] = MappingProxyType({**base.host_bounds, **value})
-        elif key in ("health_deadline_s", "decode_floor_tok_s", "decode_target_tok_s",
-                     "memory_bandwidth_gbs", "allreduce_latency_us", "boot_spread", "session_spread",
-                     "host_spread", "boot_spread_df", "session_spread_df", "host_spread_df", "spawn_mode_drop",
-                     "spawn_mode_share", "load_s", "gpu_memory_wait_s"):
+        elif _FIELDS[key] == (int, float):
             fields[key] = float(value)
         else:
             fields[key] = value
@@ -257,10 +242,8 @@ def _check(d: Deployment, where: str) -> None:
     check_nodes(d.nodes, command=d.command, tensor_parallel_size=d.tensor_parallel_size,
                 master_port=d.master_port, where=where)
     if d.decode_target_tok_s < d.decode_floor_tok_s:
-        raise ConfigError(
-            f"{where}: decode_target_tok_s = {d.decode_target_tok_s} is below "
-            f"decode_floor_tok_s = {d.decode_floor_tok_s}; the target must be >= the floor"
-        )
+        raise ConfigError(f"{where}: decode_target_tok_s = {d.decode_target_tok_s} is below "
+                          f"decode_floor_tok_s = {d.decode_floor_tok_s}; the target must be >= the floor")
 
 
 def _string_env(value: Mapping[str, Any], where: str) -> dict[str, str]:

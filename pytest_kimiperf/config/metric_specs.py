@@ -51,8 +51,7 @@ class MetricSpec:
     default_tolerance: float
     # Prefix vLLM's bench serve uses for summary fields (median_<x>, p99_<x>), or its field name.
     bench_serve_name: str | None = None
-    # Tail metrics: a boot is summarized by this quantile (0.99) of ``base``'s samples instead
-    # of their median (boots.summarize_boot_quantile); None for the median metrics.
+    # Tail metrics: a boot is this quantile of ``base``'s samples, not their median.
     quantile: float | None = None
     base: str | None = None
     sample: SampleKind = SampleKind.REQUEST
@@ -85,10 +84,8 @@ METRICS: dict[str, MetricSpec] = {
             "request_goodput", "request goodput", "req/s", Direction.HIGHER_IS_BETTER, 0.05,
             "request_goodput", sample=SampleKind.GOODPUT,
         ),
-        # The boot's own time, one sample per boot that is not the session's first of the
-        # deployment (that one fills the page and compile caches for all that follow, so its
-        # time is another quantity). A load that got slower after a driver, vLLM or disk change
-        # is a regression like any other (vllm bench startup measures it; this gates it).
+        # One sample per boot but the session's first, which fills the page and compile caches for all
+        # that follow: a load that got slower after a driver, vLLM or disk change is a regression too.
         *(MetricSpec(name, label, "s", Direction.LOWER_IS_BETTER, tol, None, sample=SampleKind.BOOT, boot_phase=phase)
           for name, label, phase, tol in (("boot_ready_s", "seconds to ready", None, 0.10),
                                           ("boot_weights_s", "weight load", "loading weights", 0.15),
@@ -105,11 +102,8 @@ METRICS: dict[str, MetricSpec] = {
 }
 
 
-# The metric whose verdict answers a test's question, by the kind of load the test offers
-# (measure/workload.load_facts "kind"): one stream asks "how fast does it decode?", a closed
-# loop of N streams "how much does it serve?", an open loop at a set rate "how soon does it
-# answer?". A test's other gated metrics are secondary: judged, in the run's family, but not
-# the answer line.
+# The metric whose verdict answers a test's question, by its load: one stream asks "how fast does it
+# decode?", a closed loop "how much does it serve?", an open loop at a set rate "how soon does it answer?".
 PRIMARY_METRICS: dict[str, str] = {
     "single-stream": "decode_tok_s",
     "concurrency": "output_throughput",

@@ -20,10 +20,8 @@ def check_safe_name(kind: str, name: object, *, source: str = "") -> str:
     """Return ``name`` if it can be used as a file-name part, else raise ConfigError."""
     where = f" (from {source})" if source else ""
     if not isinstance(name, str) or not _SAFE_NAME.match(name) or ".." in name:
-        raise ConfigError(
-            f"invalid {kind} name {name!r}{where}: use 1-64 characters of letters, digits, "
-            "'.', '_' and '-', starting with a letter or digit"
-        )
+        raise ConfigError(f"invalid {kind} name {name!r}{where}: use 1-64 characters of letters, digits, "
+                          "'.', '_' and '-', starting with a letter or digit")
     return name
 
 

@@ -1,24 +1,10 @@
 """A deployment that spans nodes: which nodes, how each is started, and each node's command.
 
-The plugin drives vLLM's own multi-node machinery, never one of its own: the multiprocessing
-executor across nodes (vllm/engine/arg_utils.py ``--nnodes``, ``--node-rank``, ``--master-addr``,
-``--master-port``; entrypoints/cli/serve.py ``run_headless``). Node 0, the head, runs the API
-server, the engine core and its local workers; every other node runs ``--headless`` (its workers
-only) and joins the head's torch.distributed store at ``master_addr:master_port``. vLLM splits
-the world (TP x PP x PCP within one data-parallel rank) evenly: ``world_size // nnodes`` ranks a
-node (arg_utils.py, the ``world_size % self.nnodes`` check). Data parallelism across nodes is
-another launch (``--data-parallel-address``, one API server per rank) that this module does not
-drive: ``--data-parallel-size`` above 1 with nodes is a usage error.
-
-A node is started through a launch template, an argument-list prefix: ``[]`` runs the node's
-command on this machine (a loopback "node", what the CPU twin does), ``["ssh", "-tt", "{host}",
-"{command}"]`` hands the command to a remote shell as one quoted string, ``["srun", "--nodes=1",
-"-w", "{host}"]`` receives it as separate arguments. A remote shell does not carry this process's
-environment, so a node started through a template gets the variables that matter (the
-deployment's, the profile's, the node's own and the launch marker) through ``env K=V ...``.
-
-Ray (``--distributed-executor-backend ray``) starts workers through a Ray cluster the plugin does
-not own: it is a usage error here, with the reason (docs/how-to/scaling.md).
+The plugin drives vLLM's own multiprocessing executor across nodes (vllm/engine/arg_utils.py
+``--nnodes``, ``--node-rank``, ``--master-addr``, ``--master-port``; entrypoints/cli/serve.py
+``run_headless``), which gives every node ``world_size // nnodes`` ranks; data parallelism across
+nodes is another launch (one API server per rank) it does not drive. What a user writes and what
+is refused is on docs/how-to/scaling.md.
 """
 
 from __future__ import annotations
@@ -152,8 +138,7 @@ def check_nodes(nodes: Sequence[Node], *, command: Sequence[str], tensor_paralle
         raise ConfigError(f"{where}: --data-parallel-size {sizes['data parallel']} with nodes; the plugin drives "
                           "tensor, pipeline and prefill-context parallelism across nodes (one engine, one API "
                           "server on the head), not data-parallel ranks, which vLLM launches differently")
-    tp_text = flag_value(command, _TP_FLAGS)  # a profile's own size, where one replaced "{tp}"
-    tensor_parallel_size = int(tp_text) if tp_text is not None and tp_text.isdigit() else tensor_parallel_size
+    tensor_parallel_size = _tensor_parallel(command, tensor_parallel_size)
     world = tensor_parallel_size * sizes["pipeline parallel"] * sizes["prefill context parallel"]
     if world % len(nodes):
         raise ConfigError(
@@ -166,12 +151,16 @@ def layout_gpu_count(command: Sequence[str], *, tensor_parallel_size: int, nodes
     """The GPUs one machine of a deployment holds by its parallel layout: tensor x pipeline x
     prefill-context x data parallel ranks (from the command's flags, ``{tp}`` or none being
     ``tensor_parallel_size``), over its ``nodes`` (0 or 1: one machine)."""
-    tp_text = flag_value(command, _TP_FLAGS)
-    tp = int(tp_text) if tp_text is not None and tp_text.isdigit() else tensor_parallel_size
-    world = tp
+    world = _tensor_parallel(command, tensor_parallel_size)
     for flags in (_PP_FLAGS, _PCP_FLAGS, _DP_FLAGS):
         world *= _int_flag(command, flags, where)
     return max(1, world // max(1, nodes))
+
+
+def _tensor_parallel(command: Sequence[str], tensor_parallel_size: int) -> int:
+    """A profile's own size where one replaced ``{tp}``, else the deployment's."""
+    text = flag_value(command, _TP_FLAGS)
+    return int(text) if text is not None and text.isdigit() else tensor_parallel_size
 
 
 def _int_flag(command: Sequence[str], flags: Sequence[str], where: str) -> int:
@@ -213,11 +202,7 @@ def flag_value(argv: Sequence[str], names: Sequence[str]) -> str | None:
 def node_commands(nodes: Sequence[Node], engine_argv: Sequence[str], *, master_port: int,
                   env: Mapping[str, str]) -> list[NodeCommand]:
     """Each node's command, the head first: vLLM's own flags for rank, peers and head address.
-
-    ``engine_argv`` is the deployment's command as one machine would run it (placeholders filled,
-    the profile's arguments applied); ``env`` the variables every node must see (the deployment's
-    and the profile's), to which each node adds its own.
-    """
+    ``env``: the variables every node must see, to which each node adds its own."""
     head = nodes[0]
     argv = list(engine_argv)
     if flag_value(argv, (_EXECUTOR_FLAG,)) is None:
@@ -249,7 +234,3 @@ def launch_argv(command: NodeCommand, marker: Mapping[str, str]) -> list[str]:
         return list(command.argv)
     exported = {**command.exported, **marker}
     return in_template(command.node, ["env", *(f"{k}={v}" for k, v in sorted(exported.items())), *command.argv])
-
-
-__all__ = ["LAUNCH_PLACEHOLDERS", "NODE_FLAGS", "SECRET_NAMES", "Node", "NodeCommand",
-           "check_nodes", "flag_value", "in_template", "launch_argv", "node_commands", "parse_nodes"]

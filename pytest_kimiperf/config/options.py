@@ -1,13 +1,9 @@
 """The plugin's options: one table, shared by the command line and the ini twins.
 
-Precedence, applied by :func:`read_raw_options`: command line > environment variable (where
-one exists) > ini option > default. Validation happens once, in settings.build_settings.
-
-An option given twice with two values in one place (the command line, ``PYTEST_ADDOPTS``, the
-ini file's ``addopts``) is a usage error naming both: argparse would silently keep the last, and
-a wrapper's value replaced by its caller's, or a second profile dropped, is a run nobody asked
-for (a list takes its values comma-separated, once). Given in two places, the later one wins, as
-pytest's own options do (the command line over ``PYTEST_ADDOPTS`` over ``addopts``).
+Precedence: command line > environment variable (where one exists) > ini option > default. An
+option given twice with two values in one place (the command line, ``PYTEST_ADDOPTS``, ``addopts``)
+is a usage error naming both: argparse would silently keep the last, a run nobody asked for. Given
+in two places, the later one wins, as pytest's own options do.
 """
 
 from __future__ import annotations
@@ -26,13 +22,8 @@ from pytest_kimiperf.errors import ConfigError
 
 @dataclass(frozen=True)
 class Option:
-    """One option: its flag, ini twin, environment variable, default and help.
-
-    Every flag is ``--kimiperf-<name>`` and its ini twin ``kimiperf_<name>``; a few carry a short
-    alias (``--deployment``), and old spellings still parse as deprecated aliases that warn once.
-    ``name`` is the key Settings are built from; the argparse ``dest`` carries the plugin's
-    prefix, so a user's conftest may add ``--port`` or ``--grace`` of its own.
-    """
+    """One option: its flag, ini twin, environment variable, default and help. The argparse
+    ``dest`` carries the plugin's prefix, so a user's conftest may add ``--port`` of its own."""
 
     name: str
     flag: str
@@ -54,7 +45,6 @@ class Option:
 
     @property
     def dest(self) -> str:
-        """Where argparse keeps the value: ``kimiperf_<name>``."""
         return f"kimiperf_{self.name}"
 
     @property
@@ -78,7 +68,6 @@ class Option:
 
     @property
     def help_text(self) -> str:
-        """The help with its default: ``... (default: 1)``."""
         return f"{self.help} (default: {self.shown_default})"
 
     @property
@@ -88,10 +77,8 @@ class Option:
         return tuple(f for f in (self.short, *self.deprecated) if f and not f.startswith(OWN_PREFIX))
 
     def flags(self, *, bare: bool) -> list[tuple[str, str | None]]:
-        """(spelling, help) of each flag to register: the prefixed ones (``bare=False``), or the
-        bare ones. All store into the option's one dest, so the last given wins, as argparse's
-        aliases do; :class:`SpelledAction` keeps which spelling gave it. An old spelling has no
-        help (argparse hides it)."""
+        """(spelling, help) of each flag to register, the prefixed ones or the bare ones, all into
+        the option's one dest; an old spelling has no help (argparse hides it)."""
         if bare:
             spellings = list(self.bare_spellings)
         else:
@@ -115,9 +102,8 @@ GIVEN_DEST = "kimiperf__given"
 
 class SpelledAction(argparse.Action):
     """Stores an option's value under its dest (``nargs=0``: a switch, storing ``const``) and
-    notes the spelling that gave it: a source then names what the user typed, and an old
-    spelling is warned of. pytest parses the command line twice into one namespace; the second
-    pass repeats the first, so the last spelling is the same."""
+    notes the spelling that gave it, so a source names what the user typed. pytest parses the
+    command line twice into one namespace; the second pass repeats the first."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
@@ -283,10 +269,9 @@ def read_raw_options(
 
 def script_settings(deployment: str, *, rootpath: Path, profiles: str = "default", source: str = "a script",
                     extra_deployments: Mapping[str, Mapping[str, Any]] | None = None, **given: Any) -> Settings:
-    """Validated settings for a script that drives the plugin's parts outside pytest (ci/'s GPU
-    checks, benchmarks/): every option at its default but the deployment, the profiles and
-    ``given`` (option names as in :data:`OPTIONS`), checked as a run's are. A stand-in settings
-    object would miss every field added since it was written."""
+    """Validated settings for a script that drives the plugin's parts outside pytest (ci/,
+    benchmarks/): every option at its default but the deployment, the profiles and ``given``,
+    checked as a run's are. A stand-in settings object would miss every field added since."""
     raw = {opt.name: RawOption(opt.default, "default") for opt in OPTIONS}
     raw.update({name: RawOption(value, source) for name, value in
                 {"deployment": deployment, "nccl_profiles": profiles, **given}.items()})

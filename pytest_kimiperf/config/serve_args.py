@@ -1,17 +1,11 @@
 """A profile's server arguments, checked against the installed vLLM's own `serve` parser.
 
-A profile may add arguments to the deployment's command (``args = ["--enforce-eager"]``). They
-are checked before any boot against the parser `vllm serve` builds
-(vllm/entrypoints/launchers/cli_args.py ``make_arg_parser``: FrontendArgs and AsyncEngineArgs,
-about 430 option strings in 0.32), read from the vLLM the deployment runs, never from a list
-kept here: a name it does not know is a usage error naming the closest one it does. Building
-that parser imports vLLM (about 8 s on the 2-core CI host, measured), so it is read in a child
-process once per interpreter and vLLM install, and kept in the plugin's cache folder keyed by
-the vLLM version and the parser's source files.
-
-A profile argument the deployment's command already holds replaces it (argparse keeps the last
-value anyway, but a list option such as ``--served-model-name`` would not, and the report must
-say what changed): :func:`plan_command` returns which of the deployment's arguments go.
+The parser (vllm/entrypoints/launchers/cli_args.py ``make_arg_parser``, about 430 option strings in
+0.32) is read from the vLLM the deployment runs, never from a list kept here. Building it imports
+vLLM (about 8 s on the 2-core CI host), so a child process reads it once per interpreter and vLLM
+install into the plugin's cache folder. A profile argument the deployment's command already holds
+replaces it: a list option such as ``--served-model-name`` would not, and the report must say what
+changed.
 """
 
 from __future__ import annotations
@@ -34,16 +28,6 @@ from pytest_kimiperf.config.names import did_you_mean
 from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.paths import default_cache_dir
 
-__all__ = [
-    "OWNED_BY_PLUGIN",
-    "CommandPlan",
-    "Replacement",
-    "ServeOption",
-    "ServeParser",
-    "plan_command",
-    "read_serve_parser",
-    "serve_entry",
-]
 
 # The child's script: vLLM's own serve parser, dumped as data. `vllm serve` and the deprecated
 # `python -m vllm.entrypoints.openai.api_server` both build it with make_arg_parser
@@ -90,9 +74,7 @@ OWNED_BY_PLUGIN: Mapping[str, str] = {
 
 @dataclass(frozen=True)
 class ServeOption:
-    """One option of vLLM's serve parser: its spellings, where argparse stores it, how many
-    values it takes (argparse's ``nargs``: None one, 0 none, '?' optional, '+' one or more) and
-    its choices, if it has any."""
+    """One option of vLLM's serve parser, as argparse holds it."""
 
     names: tuple[str, ...]
     dest: str
@@ -120,12 +102,8 @@ class ServeParser:
 
 
 def serve_entry(command: Sequence[str]) -> int | None:
-    """Where vLLM's serve options begin in a deployment's command, or None when the command
-    is not vLLM's server (a stub, a wrapper script): then nothing is checked against a parser.
-
-    ``PY -m vllm.entrypoints.openai.api_server ...``, ``PY -m vllm.entrypoints.cli.main serve
-    MODEL ...`` (or ``PY -m pytest_kimiperf.server.vllm_cli serve MODEL ...``) and ``vllm serve
-    MODEL ...``; the model positional is skipped."""
+    """Where vLLM's serve options begin in a deployment's command (past the model positional), or
+    None when the command is not vLLM's server: then nothing is checked against a parser."""
     parts = list(command)
     if parts[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]:
         return 3
@@ -163,12 +141,8 @@ def _parser_key(python: str) -> str | None:
 
 @cache
 def read_serve_parser(python: str, cache_dir: Path | None = None) -> ServeParser:
-    """The serve parser of the vLLM that ``python`` imports, once per interpreter and process.
-
-    Kept on disk under the plugin's cache folder while vLLM's version and parser sources stay
-    the same, so later sessions and xdist workers do not import vLLM again. ConfigError when
-    that interpreter cannot build it (no vLLM there): the boot would fail the same way.
-    """
+    """The serve parser of the vLLM that ``python`` imports, kept on disk while vLLM's version and
+    parser sources stay the same; ConfigError where that interpreter cannot build it (no vLLM)."""
     key = _parser_key(python)
     path = (cache_dir or default_cache_dir()) / "serve-parser" / f"{key}.json" if key else None
     if path is not None:
@@ -270,12 +244,9 @@ def _split(args: Sequence[str], parser: ServeParser | None, *, who: str,
             if bad:
                 raise ConfigError(f"{who}: {base} {bad[0]!r} is not one of {parser.origin}'s choices: "
                                   f"{', '.join(option.choices)}{did_you_mean(bad[0], option.choices)}")
-        if strict and option is not None and option.dest in OWNED_BY_PLUGIN:
-            raise ConfigError(f"{who}: {base} cannot be set by a profile: {OWNED_BY_PLUGIN[option.dest]}")
         dest = option.dest if option is not None else base.lstrip("-").replace("-", "_")
-        if strict and parser is None and base.lstrip("-").replace("-", "_") in OWNED_BY_PLUGIN:
-            raise ConfigError(f"{who}: {base} cannot be set by a profile: "
-                              f"{OWNED_BY_PLUGIN[base.lstrip('-').replace('-', '_')]}")
+        if strict and dest in OWNED_BY_PLUGIN:
+            raise ConfigError(f"{who}: {base} cannot be set by a profile: {OWNED_BY_PLUGIN[dest]}")
         found.append(_Arg(token if not eq else token.split("=", 1)[0], dest, values, i, stop, dotted))
         i = stop
     return found
@@ -295,9 +266,8 @@ class Replacement:
 
 @dataclass(frozen=True)
 class CommandPlan:
-    """How one profile's server command differs from the deployment's: which of the
-    deployment's tokens go (by position, the same in the template and the filled-in command),
-    what is appended, what that replaced, and which parser checked it (None: not checked)."""
+    """How one profile's server command differs from the deployment's: the positions of the
+    deployment's tokens that go, what is appended and replaced, and which parser checked it."""
 
     args: tuple[str, ...] = ()
     drop: frozenset[int] = frozenset()
@@ -312,11 +282,8 @@ class CommandPlan:
 
 def plan_command(args: Sequence[str], command: Sequence[str], parser: ServeParser | None, *,
                  who: str) -> CommandPlan:
-    """Check a profile's ``args`` and plan its command from the deployment's ``command``.
-
-    ``parser`` is None when the command is not vLLM's server: the arguments are then passed on
-    unchecked (whoever wrote that command knows what it takes), split only by their dashes.
-    """
+    """Check a profile's ``args`` and plan its command from the deployment's ``command``
+    (``parser`` None: not vLLM's server, the arguments pass unchecked)."""
     if not args:
         return CommandPlan(checked_by=parser.origin if parser is not None else None)
     written = _split(args, parser, who=who, strict=True)

@@ -1,9 +1,4 @@
-"""The server a run talks to, as the user gives it: its root URL and the endpoint, checked once.
-
-``parse_base_url`` splits ``http(s)://HOST:PORT`` into a :class:`ServerAddress` or raises a
-ConfigError saying what is allowed (the option reader checks ``--kimiperf-server-url`` with it, the
-streaming client connects with it); ``check_endpoint`` accepts the endpoints the client speaks.
-"""
+"""The server a run talks to, as the user gives it: its root URL and the endpoint, checked once."""
 
 from __future__ import annotations
 
@@ -48,18 +43,14 @@ def parse_base_url(base_url: object, *, source: str = "base_url") -> ServerAddre
         raise ConfigError(f"invalid server URL {base_url!r} (from {source}): {allowed}")
     prefix = parts.path.rstrip("/")
     if prefix.endswith("/v1"):
-        raise ConfigError(
-            f"invalid server URL {base_url!r} (from {source}): drop the trailing /v1, the "
-            f"client adds {ENDPOINT_PATHS['completions']} itself"
-        )
+        raise ConfigError(f"invalid server URL {base_url!r} (from {source}): drop the trailing /v1, the "
+                          f"client adds {ENDPOINT_PATHS['completions']} itself")
     return ServerAddress(parts.hostname, port, prefix, parts.scheme)
 
 
 def check_endpoint(endpoint: object, *, source: str = "endpoint") -> str:
     """Return ``endpoint`` if it is one the client speaks, else raise ConfigError."""
     if not isinstance(endpoint, str) or endpoint not in ENDPOINT_PATHS:
-        raise ConfigError(
-            f"unknown endpoint {endpoint!r} (from {source}); use one of: "
-            f"{', '.join(sorted(ENDPOINT_PATHS))}"
-        )
+        raise ConfigError(f"unknown endpoint {endpoint!r} (from {source}); use one of: "
+                          f"{', '.join(sorted(ENDPOINT_PATHS))}")
     return endpoint

@@ -28,6 +28,7 @@ from pytest_kimiperf.config.nccl.profiles import NcclProfile, control_profile, r
 from pytest_kimiperf.config.nccl.values import validate_profile
 from pytest_kimiperf.config.nodes import check_nodes
 from pytest_kimiperf.config.serve_args import CommandPlan, plan_command, read_serve_parser, serve_entry
+from pytest_kimiperf.config.server_url import parse_base_url
 
 DEFAULT_DEPLOYMENT = "kimi-k25-int4-tp8"
 DEFAULT_PROFILES = "default"
@@ -77,27 +78,19 @@ class Settings:
     server_hardware: str | None = None
     boots: int = 1
     max_boots: int = 1
-    # Where max_boots comes from: what decides (session.py caps only a deployment's from the
-    # gate's plan), and the words the header says it in.
+    # What set max_boots, and the header's words for it.
     max_boots_source: MaxBootsSource = MaxBootsSource.DEPLOYMENT
     max_boots_from: str = "the deployment's max_boots"
     boot_order: str = "interleaved"
     boot_seed: int = 0
-    # --kimiperf-host-id: this machine's declared name (None: measure/canary.host_identity's own).
+    # Each field below is its option's (config/options.py says what it does).
     host_id: str | None = None
-    # What a perf test without a baseline for this hardware does: warn, or fail (a CI gate).
     missing_baseline: str = "warn"
-    # --kimiperf-gate: missing baselines and changes beyond the tolerance without a verdict fail.
     gate: bool = False
-    # --kimiperf-append-on-pass: the branches on which a passing run appends its boots (empty: off).
     append_on_pass: tuple[str, ...] = ()
-    # The command that records baselines, quoted when a run finds none (None: the run's own).
     record_command: str | None = None
-    # --kimiperf-export DIR: bench-serve result files and requests.jsonl (reports/outputs.py).
     perf_export: Path | None = None
     perf_export_detailed: bool = False
-    # --kimiperf-control: the selected profile's control (config/nccl/profiles.control_profile) is
-    # booted beside it, and is the reference it is judged against in this session.
     control: bool = False
     # Each selected profile's server command against the deployment's (serve_args.CommandPlan):
     # what its args replaced and which parser checked them. Empty when attached.
@@ -152,9 +145,8 @@ def build_settings(
 ) -> Settings:
     """Validate raw option values into Settings; any bad value raises ConfigError.
 
-    The phases run in this order and each stops at its first bad value, so of several bad values
-    the one named is always the same; the options that depend on no other are checked last, in
-    the order of their fields below.
+    Each phase stops at its first bad value, in this order, so of several bad values the one
+    named is always the same.
     """
     chosen = _deployment_and_profiles(options, rootpath, extra_deployments, extra_profiles, pcie_only)
     deployment = chosen.deployment
@@ -163,7 +155,9 @@ def build_settings(
     profiles, command_plans = _booted_commands(profiles, deployment, server_url)
     server_hardware = _attached_server_hardware(options, server_url, profiles, deployment)
     append_on_pass = _append_on_pass(options, server_url, server_hardware)
-    schedule = _boot_schedule(options, deployment, profiles, server_url, control)
+    boots = _boots(options, profiles, server_url, control)
+    max_boots, max_boots_source, max_boots_from = _max_boots(options, deployment, boots, server_url)
+    boot_order, boot_seed = _boot_order(options), _boot_seed(options)
     missing_baseline, gate = _missing_baseline_policy(options)
     perf_export, export_detailed = _export(
         options.get("perf_export", RawOption(None, "default")),
@@ -172,11 +166,10 @@ def build_settings(
         deployment=deployment, deployments=chosen.deployments, profiles=profiles,
         known_profiles=chosen.known_profiles, profile_warnings=chosen.warnings, control=control,
         command_plans=command_plans, server_url=server_url, server_hardware=server_hardware,
-        boots=schedule.boots, max_boots=schedule.max_boots, max_boots_source=schedule.max_boots_source,
-        max_boots_from=schedule.max_boots_from, boot_order=schedule.boot_order, boot_seed=schedule.boot_seed,
+        boots=boots, max_boots=max_boots, max_boots_source=max_boots_source, max_boots_from=max_boots_from,
+        boot_order=boot_order, boot_seed=boot_seed,
         missing_baseline=missing_baseline, gate=gate, append_on_pass=append_on_pass,
         perf_export=perf_export, perf_export_detailed=export_detailed,
-        # The options that depend on no other, each checked on its own, in this order.
         port=_port(options["port"]),
         nccl_debug=bool(options["nccl_debug"].value),
         update_baselines=bool(options["update_baselines"].value),
@@ -185,8 +178,8 @@ def build_settings(
         perf_json=_path(options["perf_json"], rootpath),
         perf_markdown=_path(options["perf_markdown"], rootpath),
         perf_plots=_path(options["perf_plots"], rootpath),
-        progress_interval_s=_positive_float(options["progress_interval"]),
-        grace_s=_positive_float(options["grace"]),
+        progress_interval_s=_seconds(options["progress_interval"], positive=True),
+        grace_s=_seconds(options["grace"], positive=True),
         api_key=_api_key(options["api_key"]),
         host_wait_s=_seconds(options.get("host_wait", RawOption("600", "default"))),
         host_id=_host_id(options.get("host_id", RawOption(None, "default"))),
@@ -295,26 +288,6 @@ def _append_on_pass(options: Mapping[str, RawOption], server_url: str | None,
             f"append-on-pass with --kimiperf-server-url {server_url}: a baseline must say what it was measured on; "
             "state the attached server's hardware with --kimiperf-server-hardware '8x <GPU>, <interconnect>'")
     return append_on_pass
-
-
-@dataclass(frozen=True)
-class _BootSchedule:
-    """Boots per profile planned up front, the most on demand and what set that most, and their order."""
-
-    boots: int
-    max_boots: int
-    max_boots_source: MaxBootsSource
-    max_boots_from: str
-    boot_order: str
-    boot_seed: int
-
-
-def _boot_schedule(options: Mapping[str, RawOption], deployment: Deployment, profiles: tuple[NcclProfile, ...],
-                   server_url: str | None, control: bool) -> _BootSchedule:
-    """How many times each profile's server boots, and in which order."""
-    boots = _boots(options, profiles, server_url, control)
-    max_boots, max_boots_source, max_boots_from = _max_boots(options, deployment, boots, server_url)
-    return _BootSchedule(boots, max_boots, max_boots_source, max_boots_from, _boot_order(options), _boot_seed(options))
 
 
 def _boots(options: Mapping[str, RawOption], profiles: tuple[NcclProfile, ...], server_url: str | None,
@@ -496,10 +469,6 @@ def _server_url(opt: RawOption) -> str | None:
     url = str(opt.value).rstrip("/")
     if urlsplit(url).path.endswith("/v1"):
         url = url[: -len("/v1")]
-    # https:// is measured by the httpx client (connection.py), timed in the event loop rather
-    # than by the kernel; each run's notes say so.
-    from pytest_kimiperf.config.server_url import parse_base_url
-
     parse_base_url(url, source=opt.source)  # ConfigError saying what is allowed
     return url
 
@@ -516,23 +485,14 @@ def _port(opt: RawOption) -> int | None:
     return port
 
 
-def _positive_float(opt: RawOption) -> float:
+def _seconds(opt: RawOption, *, positive: bool = False) -> float:
     try:
         value = float(opt.value)
     except (TypeError, ValueError):
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{opt.value!r} (from {opt.source}) must be a number of seconds > 0")
-    return value
-
-
-def _seconds(opt: RawOption) -> float:
-    try:
-        value = float(opt.value)
-    except (TypeError, ValueError):
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise ConfigError(f"{opt.value!r} (from {opt.source}) must be a number of seconds >= 0")
+    if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+        bound = ">" if positive else ">="
+        raise ConfigError(f"{opt.value!r} (from {opt.source}) must be a number of seconds {bound} 0")
     return value
 
 

@@ -1,36 +1,11 @@
 """What NCCL's ``NCCL_DEBUG=INFO`` logs say it read and ran, under ``--kimiperf-nccl-debug``.
 
-**What NCCL read.** With ``--kimiperf-nccl-debug`` the server gets :func:`nccl_debug_env` on top of
-its profile: INFO level, written to one file per process (``NCCL_DEBUG_FILE``) beside the server
-log. :func:`parse_nccl_env_lines` reads the values NCCL logged, :func:`applied_status` compares them
-with what the profile asked for, and :func:`parse_enabled_matrix` reads the table NCCL prints of
-what it parsed per collective (what ran: the TUNING lines, :func:`parse_tuning_lines`). Sources:
-NCCL's ``src/misc/param.cc`` ``ncclLoadParam`` (the ``"%s set by environment to %lld."`` log line of
-integer parameters), ``src/graph/paths.cc`` ``ncclGetLevel`` (how NCCL_P2P_LEVEL is logged),
-``src/debug.cc`` (where the lines go) and ``src/graph/tuning.cc`` (the matrix).
-
-**What NCCL ran.** The "Enabled NCCL Func/Proto/Algo Matrix" (:func:`parse_enabled_matrix`) is what
-NCCL parsed from NCCL_ALGO / NCCL_PROTO, before it drops what the host cannot run; it says a setting
-was read, not used. What a collective ran is logged by rank 0 under the TUNING subsystem, which
-``--kimiperf-nccl-debug`` turns on (:data:`NCCL_DEBUG_ENV`), one line per collective enqueued:
-
-* NCCL 2.26 and later, ``src/enqueue.cc``: ``INFO(NCCL_TUNING, "%s: %ld Bytes -> Algo %s proto %s
-  channel{Lo..Hi}={%d..%d}", ncclFuncToString(...), bytes, ncclAlgoToString(...),
-  ncclProtoToString(...), ...)`` (v2.26.2-1 line 702, v2.28.9-1 line 741, v2.30.7-1 line 822), the
-  names upper case (``src/collectives.cc``: TREE, RING, COLLNET_DIRECT, COLLNET_CHAIN, NVLS,
-  NVLS_TREE, PAT; LL, LL128, SIMPLE);
-* NCCL 2.21 to 2.25: ``"%s: %ld Bytes -> Algo %d proto %d time %f"`` with the numbers of
-  ``src/include/nccl_common.h`` (NCCL_ALGO_TREE 0 ... NCCL_ALGO_PAT 6; NCCL_PROTO_LL 0, LL128 1,
-  SIMPLE 2); 2.21 has no function name in front;
-* symmetric-memory kernels (2.27+): ``"%s [Symmetric]: %ld Bytes -> Kernel %s nchannels %d
-  nthreads %d"`` (2.28 adds `` nWorks %d``), and the copy engine (2.29+):
-  ``"%s [Copy Engine]: %ld Bytes -> cudaMemcpy%s"``: neither an NCCL_ALGO algorithm.
-
-Under CUDA graphs (vLLM's decode) a collective is enqueued once, at capture, so the lines name
-each captured size once; eager steps log every call. Small all-reduces that vLLM runs on a path
-of its own (its custom all-reduce, FlashInfer, symmetric memory) never reach NCCL and are absent,
-and one rank logs none at all: ``server/allreduce_path.py`` reads which path each boot took, and
-the NCCL check says so beside these lines (``reports/nccl_reach.check_note``).
+What NCCL read: the values it logged (``src/misc/param.cc`` ``ncclLoadParam``, ``src/graph/paths.cc``
+``ncclGetLevel``) and the enabled matrix it parsed from NCCL_ALGO / NCCL_PROTO, which says a setting
+was read, not used. What it ran: rank 0's TUNING lines, one per collective enqueued; under CUDA
+graphs (vLLM's decode) each captured size appears once. Small all-reduces that vLLM runs on a path
+of its own never reach NCCL and are absent: ``server/allreduce_path.py`` reads which path each boot
+took.
 """
 
 from __future__ import annotations
@@ -43,12 +18,8 @@ from types import MappingProxyType
 
 from pytest_kimiperf.config.nccl.values import P2P_LEGACY_LEVELS, enabled_lists, is_nccl_related
 
-# What NCCL read: the debug environment, the values NCCL logged, and the matrix it parsed.
-
-# With --kimiperf-nccl-debug the server gets this on top of its profile: INFO level is what prints the
-# "<VAR> set by environment to <value>" lines (ENV subsystem); NCCL_DEBUG_SUBSYS keeps NCCL's
-# default set (src/debug.cc: NCCL_INIT | NCCL_BOOTSTRAP | NCCL_ENV) and adds TUNING, under which
-# rank 0 logs the algorithm and protocol of each collective it runs (read below).
+# INFO prints the "<VAR> set by environment to <value>" lines; NCCL_DEBUG_SUBSYS keeps NCCL's default
+# set (src/debug.cc: INIT, BOOTSTRAP, ENV) and adds TUNING, under which rank 0 logs what each collective ran.
 NCCL_DEBUG_ENV: Mapping[str, str] = MappingProxyType({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,BOOTSTRAP,ENV,TUNING"})
 
 # "<host>:<pid>:<tid> [<dev>] NCCL INFO <VAR> set by environment to <value>" (debug.cc prefix);
@@ -62,24 +33,16 @@ _INVALID_VALUE = re.compile(
 )
 _INT_WITH_PERIOD = re.compile(r"^(-?[0-9]+)\.$")
 
-# Why files, not the server log: NCCL writes its lines to stdout with one fwrite each and never
-# flushes (src/debug.cc v2.28.9-1 line 34 ``ncclDebugFile = stdout``, line 385 ``fwrite``), so
-# each worker's libc buffers them in 4 KiB blocks. vLLM's workers share one stdout, the server
-# log: blocks of eight ranks interleave mid-line, and a worker that is SIGKILLed loses its last
-# block. With NCCL_DEBUG_FILE set, NCCL opens the file itself and line-buffers it (debug.cc
-# lines 224-263, ``setlinebuf``); ``%h`` and ``%p`` expand to host name and pid, one file per
-# process.
+# Files, not the server log: on stdout NCCL's lines sit in each worker's 4 KiB libc buffer (src/debug.cc
+# v2.28.9-1 lines 34, 385), so eight ranks interleave mid-line and a SIGKILLed worker loses its last
+# block; NCCL line-buffers a NCCL_DEBUG_FILE (lines 224-263), ``%h.%p`` one per process.
 _DEBUG_FILE_SUFFIX = ".nccl"
-
-
-def _debug_files_pattern(server_log: Path) -> str:
-    """NCCL_DEBUG_FILE for a server whose log is ``server_log``: ``<log stem>.nccl.%h.%p``."""
-    return str(server_log.with_name(f"{server_log.stem}{_DEBUG_FILE_SUFFIX}.%h.%p"))
 
 
 def nccl_debug_env(server_log: Path) -> dict[str, str]:
     """What ``--kimiperf-nccl-debug`` adds to a server's environment: INFO level, one file per process."""
-    return {**NCCL_DEBUG_ENV, "NCCL_DEBUG_FILE": _debug_files_pattern(server_log)}
+    pattern = server_log.with_name(f"{server_log.stem}{_DEBUG_FILE_SUFFIX}.%h.%p")
+    return {**NCCL_DEBUG_ENV, "NCCL_DEBUG_FILE": str(pattern)}
 
 
 def debug_files(server_log: Path) -> list[Path]:
@@ -95,13 +58,9 @@ def debug_file_lines(files: Iterable[Path]) -> Iterator[str]:
 
 
 def parse_nccl_env_lines(lines: Iterable[str]) -> dict[str, str]:
-    """Read NCCL's ``NCCL_DEBUG=INFO`` log and return the value NCCL says it took for each variable.
-
-    Integer parameters are logged as ``"%s set by environment to %lld."`` (param.cc), so the
-    trailing period is dropped from integers; string ones (NCCL_PROTO, NCCL_ALGO, ...) are
-    logged verbatim. A value NCCL rejected is reported as the default it fell back to. When
-    ranks disagree, the distinct values are joined with `` | `` in the order seen.
-    """
+    """The value NCCL's log says it took for each variable: a rejected value as the default it fell
+    back to, an integer without the period ``%lld.`` leaves (param.cc); where ranks disagree, the
+    distinct values joined with `` | ``."""
     seen: dict[str, list[str]] = {}
     for raw in lines:
         line = raw.rstrip("\r\n")
@@ -132,12 +91,8 @@ def _same_setting(var: str, wanted: str, logged: str) -> bool:
 
 
 def applied_status(profile_env: Mapping[str, str], seen: Mapping[str, str]) -> dict[str, str]:
-    """Say, per NCCL_*/CUDA_* variable of a profile, whether NCCL's log shows it took effect.
-
-    Each answer is ``"applied"``, ``"not seen in the log"`` or ``"seen with a different value:
-    X"``. "Not seen" is not "ignored": NCCL logs only some variables (CUDA_* never), only
-    at NCCL_DEBUG=INFO, and a CPU engine (gloo) runs no NCCL at all.
-    """
+    """Per NCCL_*/CUDA_* variable of a profile, whether NCCL's log shows it took effect. "Not seen"
+    is not "ignored": NCCL logs only some variables (CUDA_* never), and gloo runs no NCCL at all."""
     status: dict[str, str] = {}
     for var, wanted in profile_env.items():
         if not is_nccl_related(var):
@@ -151,12 +106,8 @@ def applied_status(profile_env: Mapping[str, str], seen: Mapping[str, str]) -> d
     return status
 
 
-# tuning.cc (v2.24.3-1 and later; v2.28.9-1 lines 430-456), on rank 0 when NCCL_ALGO or
-# NCCL_PROTO is set: INFO(NCCL_ENV, "Enabled NCCL Func/Proto/Algo Matrix:%s") where the string is
-# a header row ("     Function | " then "%8s  " per protocol, " | ", "%13s  " per algorithm) and
-# one row per collective ("%13s | ", "%8d  " per protocol, " | ", "%13d  " per algorithm): 1 on,
-# 0 off, 2 for LL128 left to NCCL. It is what parseList made of the variables, before NCCL
-# drops what the host cannot run (NVLS without NVSwitch, CollNet without a plugin).
+# tuning.cc (v2.24.3-1+; v2.28.9-1 lines 430-456), rank 0, when NCCL_ALGO or NCCL_PROTO is set: a header
+# row, then one row per collective of 1 on, 0 off, 2 for LL128 left to NCCL, per protocol and algorithm.
 _MATRIX_START = re.compile(r"NCCL INFO Enabled NCCL Func/Proto/Algo Matrix:\s*$")
 _MATRIX_ROW = re.compile(r"^\s*(?P<name>[A-Za-z]+) \|(?P<protocols>[^|]*)\|(?P<algorithms>.*)$")
 
@@ -205,7 +156,9 @@ def matrix_status(profile_env: Mapping[str, str], matrix: Mapping[str, Mapping[s
     return differences
 
 
-# What NCCL ran: the algorithm and protocol of each collective size, from the TUNING lines.
+# The TUNING line (src/enqueue.cc; v2.28.9-1 line 741): names from 2.26, nccl_common.h's numbers in
+# 2.21-2.25 (no function name in 2.21); symmetric kernels (2.27+) and the copy engine (2.29+) name no
+# NCCL_ALGO algorithm.
 _CHOSEN = re.compile(r"NCCL INFO (?:(?P<func>[A-Za-z]+): )?(?P<bytes>\d+) Bytes -> Algo (?P<algo>\w+) "
                      r"proto (?P<proto>\w+)(?: channel| time|$)")
 _SPECIAL = re.compile(r"NCCL INFO (?P<func>[A-Za-z]+) \[(?P<kind>Symmetric|Copy Engine|Hierarchical CE)\]: "
@@ -295,9 +248,3 @@ def tuning_note(profile_env: Mapping[str, str], lines: Iterable[str]) -> str | N
     if differing:
         return f"what NCCL ran (TUNING, rank 0) differs from the profile: {'; '.join(differing)}"
     return f"what NCCL ran (TUNING, rank 0) is what the profile asks for: {ran}{more}"
-
-__all__ = [
-    "NCCL_DEBUG_ENV", "TuningChoice", "applied_status", "chosen_differently", "debug_file_lines",
-    "debug_files", "describe_bytes", "matrix_status", "nccl_debug_env", "parse_enabled_matrix",
-    "parse_nccl_env_lines", "parse_tuning_lines", "tuning_note",
-]

@@ -20,17 +20,6 @@ from pytest_kimiperf.errors import ConfigError
 from pytest_kimiperf.config.names import check_safe_name, did_you_mean
 from pytest_kimiperf.config.nccl.values import is_nccl_related
 
-__all__ = [
-    "BUILTIN_PROFILES",
-    "NcclProfile",
-    "describe_args",
-    "describe_env",
-    "inherited_nccl_env",
-    "profile_server_env",
-    "resolve_profiles",
-    "select_profiles",
-]
-
 
 class _FrozenEnv(Mapping[str, str]):
     """A read-only, hashable name -> value mapping, so a profile can be a dict key or set member."""
@@ -73,8 +62,7 @@ class NcclProfile:
     control_of: str = ""
 
     def __post_init__(self) -> None:
-        # Freeze whatever mapping the caller passed, so the profile stays hashable and
-        # nobody can change a profile's environment after it was validated.
+        # Hashable, and unchangeable once validated.
         if not isinstance(self.env, _FrozenEnv):
             object.__setattr__(self, "env", _FrozenEnv(self.env))
         object.__setattr__(self, "args", tuple(self.args))
@@ -148,11 +136,6 @@ _PROFILE_TABLE_KEYS = ("description", "env", "args", "extends")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-# --------------------------------------------------------------------------------------------
-# Resolution: built-ins + the user's table
-# --------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class _UserTable:
     name: str
@@ -164,8 +147,7 @@ class _UserTable:
 
 
 def _profile_source(table_source: str, name: str) -> str:
-    # "pyproject.toml [tool.kimiperf.profiles]" -> "pyproject.toml [tool.kimiperf.profiles.NAME]",
-    # the exact TOML header a user would search for.
+    # The exact TOML header a user would search for: [tool.kimiperf.profiles.NAME].
     if table_source.endswith("]"):
         return f"{table_source[:-1]}.{name}]"
     return f"{table_source} profile {name!r}"
@@ -180,16 +162,12 @@ def _read_user_table(name: object, table: object, table_source: str) -> _UserTab
             "every profile; choose another name"
         )
     if not isinstance(table, Mapping):
-        raise ConfigError(
-            f"profile {name!r} (from {where}) must be a table with keys "
-            f"{', '.join(_PROFILE_TABLE_KEYS)}; got {type(table).__name__} {table!r}"
-        )
+        raise ConfigError(f"profile {name!r} (from {where}) must be a table with keys "
+                          f"{', '.join(_PROFILE_TABLE_KEYS)}; got {type(table).__name__} {table!r}")
     for key in table:
         if key not in _PROFILE_TABLE_KEYS:
-            raise ConfigError(
-                f"profile {name!r} (from {where}): unknown key {key!r}; allowed keys: "
-                f"{', '.join(_PROFILE_TABLE_KEYS)}{did_you_mean(str(key), _PROFILE_TABLE_KEYS)}"
-            )
+            raise ConfigError(f"profile {name!r} (from {where}): unknown key {key!r}; allowed keys: "
+                              f"{', '.join(_PROFILE_TABLE_KEYS)}{did_you_mean(str(key), _PROFILE_TABLE_KEYS)}")
     description = table.get("description")
     if description is not None and (not isinstance(description, str) or not description.strip()):
         raise ConfigError(
@@ -197,30 +175,22 @@ def _read_user_table(name: object, table: object, table_source: str) -> _UserTab
         )
     extends = table.get("extends")
     if extends is not None and not isinstance(extends, str):
-        raise ConfigError(
-            f"profile {name!r} (from {where}): extends must be the name of another profile "
-            f"(a string); got {type(extends).__name__} {extends!r}"
-        )
+        raise ConfigError(f"profile {name!r} (from {where}): extends must be the name of another profile "
+                          f"(a string); got {type(extends).__name__} {extends!r}")
     raw_env = table.get("env", {})
     if not isinstance(raw_env, Mapping):
-        raise ConfigError(
-            f"profile {name!r} (from {where}): env must be a table of VARIABLE = value; "
-            f"got {type(raw_env).__name__} {raw_env!r}"
-        )
+        raise ConfigError(f"profile {name!r} (from {where}): env must be a table of VARIABLE = value; "
+                          f"got {type(raw_env).__name__} {raw_env!r}")
     env: dict[str, str] = {}
     for var, value in raw_env.items():
         if not isinstance(var, str) or not _ENV_NAME.match(var):
-            raise ConfigError(
-                f"profile {name!r} (from {where}): {var!r} is not a valid environment variable "
-                "name; use letters, digits and '_', not starting with a digit"
-            )
+            raise ConfigError(f"profile {name!r} (from {where}): {var!r} is not a valid environment variable "
+                              "name; use letters, digits and '_', not starting with a digit")
         # TOML booleans are ints to Python; `true` is never what NCCL reads, so say so.
         if isinstance(value, bool) or not isinstance(value, (str, int)):
-            raise ConfigError(
-                f"profile {name!r} (from {where}): {var} = {value!r} has type "
-                f"{type(value).__name__}; a value must be a string or an integer "
-                "(write 1/0, not true/false)"
-            )
+            raise ConfigError(f"profile {name!r} (from {where}): {var} = {value!r} has type "
+                              f"{type(value).__name__}; a value must be a string or an integer "
+                              "(write 1/0, not true/false)")
         env[var] = str(value)
     return _UserTable(name, description, extends, env, where, _read_args(table.get("args", []), name, where))
 
@@ -228,15 +198,11 @@ def _read_user_table(name: object, table: object, table_source: str) -> _UserTab
 def _read_args(raw: object, name: str, where: str) -> tuple[str, ...]:
     """A table's ``args``: a list of strings (integers allowed for values), never a shell string."""
     if isinstance(raw, str):
-        raise ConfigError(
-            f"profile {name!r} (from {where}): args must be a list of arguments, never a shell "
-            f"string; write {[*shlex.split(raw)]!r} instead of {raw!r}"
-        )
+        raise ConfigError(f"profile {name!r} (from {where}): args must be a list of arguments, never a shell "
+                          f"string; write {[*shlex.split(raw)]!r} instead of {raw!r}")
     if not isinstance(raw, (list, tuple)):
-        raise ConfigError(
-            f"profile {name!r} (from {where}): args must be a list of arguments such as "
-            f"[\"--max-num-batched-tokens\", \"4096\"]; got {type(raw).__name__} {raw!r}"
-        )
+        raise ConfigError(f"profile {name!r} (from {where}): args must be a list of arguments such as "
+                          f"[\"--max-num-batched-tokens\", \"4096\"]; got {type(raw).__name__} {raw!r}")
     args = []
     for item in raw:
         if isinstance(item, bool) or not isinstance(item, (str, int, float)):
@@ -249,21 +215,12 @@ def _read_args(raw: object, name: str, where: str) -> tuple[str, ...]:
 
 
 def resolve_profiles(user_tables: Mapping[str, Mapping[str, object]], source: str) -> dict[str, NcclProfile]:
-    """Return every usable profile: the built-ins, then the user's, with ``extends`` applied.
-
-    ``user_tables`` is the TOML table ``{name: {"description": str, "extends": str,
-    "env": {VAR: str | int}}}``; ``source`` says where it came from, for example
-    ``"pyproject.toml [tool.kimiperf.profiles]"``. A user profile may redefine a built-in name:
-    it replaces the built-in (in place, keeping the built-ins' order) and its ``source`` says so.
-    ``extends`` names a built-in or user profile (chains allowed); the child's env is the
-    parent's with the child's variables on top. A profile without a description is described
-    by its environment. Values are not checked here: see :func:`validate_profile`.
-    """
+    """Every usable profile: the built-ins, then the user's, with ``extends`` applied (a child's
+    env and args on top of its parent's). A user profile of a built-in's name replaces it in
+    place. Values are not checked here: see :func:`validate_profile`."""
     if not isinstance(user_tables, Mapping):
-        raise ConfigError(
-            f"{source} must be a table of profiles ({{name = {{env = {{...}}}}}}); "
-            f"got {type(user_tables).__name__} {user_tables!r}"
-        )
+        raise ConfigError(f"{source} must be a table of profiles ({{name = {{env = {{...}}}}}}); "
+                          f"got {type(user_tables).__name__} {user_tables!r}")
     tables = {}
     for name, table in user_tables.items():
         parsed = _read_user_table(name, table, source)
@@ -285,18 +242,14 @@ def resolve_profiles(user_tables: Mapping[str, Mapping[str, object]], source: st
             parent = table.extends
             if parent in chain:
                 cycle = " -> ".join((*chain[chain.index(parent) :], parent))
-                raise ConfigError(
-                    f"profile {parent!r} (from {tables[parent].source}) has an extends cycle: "
-                    f"{cycle}; a profile cannot extend itself, directly or through others "
-                    "(to change a built-in, redefine it without extends)"
-                )
+                raise ConfigError(f"profile {parent!r} (from {tables[parent].source}) has an extends cycle: "
+                                  f"{cycle}; a profile cannot extend itself, directly or through others "
+                                  "(to change a built-in, redefine it without extends)")
             if parent not in tables and parent not in BUILTIN_PROFILES:
                 known = sorted({*BUILTIN_PROFILES, *tables})
-                raise ConfigError(
-                    f"profile {name!r} (from {table.source}) extends unknown profile {parent!r} "
-                    f"(chain: {' -> '.join((*chain, parent))}){did_you_mean(parent, known)}; "
-                    f"known profiles: {', '.join(known)}"
-                )
+                raise ConfigError(f"profile {name!r} (from {table.source}) extends unknown profile {parent!r} "
+                                  f"(chain: {' -> '.join((*chain, parent))}){did_you_mean(parent, known)}; "
+                                  f"known profiles: {', '.join(known)}")
             parent_profile = resolve(parent, chain)
             parent_env, parent_args = parent_profile.env, parent_profile.args
         env = {**parent_env, **table.env}
@@ -315,11 +268,6 @@ def resolve_profiles(user_tables: Mapping[str, Mapping[str, object]], source: st
     return profiles
 
 
-# --------------------------------------------------------------------------------------------
-# Selection
-# --------------------------------------------------------------------------------------------
-
-
 def _known_listing(known: Mapping[str, NcclProfile]) -> str:
     width = max((len(name) for name in known), default=0)
     lines = [f"  {name.ljust(width)}  {p.description} [{_describe(p.env, p.args)}]" for name, p in known.items()]
@@ -327,28 +275,19 @@ def _known_listing(known: Mapping[str, NcclProfile]) -> str:
 
 
 def select_profiles(spec: str, known: Mapping[str, NcclProfile], *, source: str) -> list[NcclProfile]:
-    """Turn ``--kimiperf-profile`` (``"a,b"`` or ``"all"``) into the profiles to run, in that order.
-
-    A name given twice is an error (it would boot and measure the same server twice);
-    ``all`` means every known profile and cannot be combined with names.
-    """
+    """Turn ``--kimiperf-profile`` (``"a,b"`` or ``"all"``) into the profiles to run, in that order;
+    a name given twice would boot and measure the same server twice."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(
-            f"empty profile selection (from {source}); give comma-separated profile names "
-            f"or 'all'. Known profiles:\n{_known_listing(known)}"
-        )
+        raise ConfigError(f"empty profile selection (from {source}); give comma-separated profile names "
+                          f"or 'all'. Known profiles:\n{_known_listing(known)}")
     names = [part.strip() for part in spec.split(",")]
     if any(not name for name in names):
-        raise ConfigError(
-            f"profile selection {spec!r} (from {source}) has an empty name; use "
-            "comma-separated names such as 'default,ring-ll'"
-        )
+        raise ConfigError(f"profile selection {spec!r} (from {source}) has an empty name; use "
+                          "comma-separated names such as 'default,ring-ll'")
     if "all" in names:
         if len(names) > 1:
-            raise ConfigError(
-                f"profile selection {spec!r} (from {source}) mixes 'all' with names; use "
-                "'all' alone or list the names"
-            )
+            raise ConfigError(f"profile selection {spec!r} (from {source}) mixes 'all' with names; use "
+                              "'all' alone or list the names")
         return list(known.values())
     seen: set[str] = set()
     selected: list[NcclProfile] = []
@@ -359,28 +298,17 @@ def select_profiles(spec: str, known: Mapping[str, NcclProfile], *, source: str)
             )
         seen.add(name)
         if name not in known:
-            raise ConfigError(
-                f"unknown profile {name!r} (from {source}){did_you_mean(name, known)}; "
-                f"known profiles (or 'all'):\n{_known_listing(known)}"
-            )
+            raise ConfigError(f"unknown profile {name!r} (from {source}){did_you_mean(name, known)}; "
+                              f"known profiles (or 'all'):\n{_known_listing(known)}")
         selected.append(known[name])
     return selected
-
-
-# --------------------------------------------------------------------------------------------
-# Server environment and header text
-# --------------------------------------------------------------------------------------------
 
 
 def profile_server_env(
     profile: NcclProfile, base_env: Mapping[str, str]
 ) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
-    """Build the server's environment: ``base_env`` with the profile's variables on top.
-
-    Also returns the shell variables the profile changed, ``name -> (shell value, profile
-    value)``, so the run can say so. A shell variable with the same value as the profile is
-    not reported. Neither ``base_env`` nor ``os.environ`` is modified.
-    """
+    """The server's environment, ``base_env`` with the profile's variables on top, and the shell
+    variables the profile changed, ``name -> (shell value, profile value)``, so the run can say so."""
     env = dict(base_env)
     overridden = {
         var: (env[var], value) for var, value in profile.env.items() if var in env and env[var] != value
@@ -390,11 +318,8 @@ def profile_server_env(
 
 
 def inherited_nccl_env(profile: NcclProfile, base_env: Mapping[str, str]) -> dict[str, str]:
-    """NCCL_*/CUDA_* variables from the shell that reach the server because the profile leaves them.
-
-    They apply to every profile, ``default`` included, so a header that shows only the
-    profile's overrides would hide them.
-    """
+    """NCCL_*/CUDA_* variables from the shell that reach the server because the profile leaves
+    them: a header that shows only the profile's overrides would hide them."""
     return {
         var: value
         for var, value in sorted(base_env.items())

@@ -26,8 +26,7 @@ from pytest_kimiperf.errors import ConfigError
 
 
 class NamedEnv(Protocol):
-    """What a profile check reads of a profile (profiles.NcclProfile is one; no import of it,
-    so profiles.py may import this module)."""
+    """What a profile check reads of a profile (profiles.NcclProfile, which imports this module)."""
 
     @property
     def name(self) -> str: ...
@@ -37,20 +36,8 @@ class NamedEnv(Protocol):
     def env(self) -> Mapping[str, str]: ...
 
 
-__all__ = [
-    "KNOWN_NCCL_VARIABLES",
-    "P2P_LEGACY_LEVELS",
-    "VLLM_COLLECTIVES",
-    "enabled_choices",
-    "enabled_lists",
-    "is_nccl_related",
-    "validate_profile",
-]
-
-# Every variable the NCCL 2.29 user guide documents (env.html, both "System configuration" and
-# "Debugging"), plus a few that NCCL's source reads without documenting them and two that
-# PyTorch reads under an NCCL_ name. Accepted without value checks unless a rule below exists;
-# the list feeds the "did you mean" warning for misspelled names.
+# Every variable the NCCL 2.29 user guide documents (env.html), a few NCCL's source reads undocumented
+# and two PyTorch reads under an NCCL_ name: the names "did you mean" knows.
 # fmt: off
 KNOWN_NCCL_VARIABLES: frozenset[str] = frozenset(
     {
@@ -108,12 +95,9 @@ _NTHREADS = ("64", "128", "256", "512")
 _MAX_MIN_NCHANNELS = 32  # user guide: "up to 32 (2.5 and later)"
 _MAX_CTAS = 64  # user guide: "a positive integer value up to 64 (32 prior to 2.25)"
 
-# Which algorithms NCCL implements for each collective: the `continue` rules at the top of
-# ncclTopoTuneModel, src/graph/tuning.cc (v2.28.9-1 lines 273-277; the same rules since
-# v2.24.3-1 lines 233-236). Tree is an AllReduce algorithm only, so a bare NCCL_ALGO=Tree leaves
-# AllGather with no algorithm and enqueue.cc (v2.28.9-1 lines 1848-1859) fails the call:
-# "no algorithm/protocol available for function AllGather ... NCCL_ALGO was set to Tree",
-# ncclInvalidUsage.
+# Which algorithms NCCL implements for each collective (ncclTopoTuneModel, src/graph/tuning.cc v2.28.9-1
+# lines 273-277, the same since v2.24.3-1): a bare NCCL_ALGO=Tree leaves AllGather with none, and
+# enqueue.cc (lines 1848-1859) fails the call with ncclInvalidUsage.
 _ALGORITHMS_FOR: dict[str, tuple[str, ...]] = {
     "Broadcast": ("Ring",),
     "Reduce": ("Ring",),
@@ -128,12 +112,9 @@ _SIMPLE_ONLY = frozenset({"CollnetDirect", "CollnetChain", "NVLS", "NVLSTree", "
 # needs NVSwitch multicast, CollNet a CollNet plugin (CollnetDirect also NVSwitch), NVLSTree is
 # off on a single node, and PAT runs with one GPU per node only.
 _PCIE_NODE_ALGORITHMS = frozenset({"Tree", "Ring"})
-# The collectives vLLM 0.32 runs on a tensor-parallel CUDA engine through PyNccl: AllReduce for
-# the row-parallel and MoE layers (device_communicators/cuda_communicator.py:432-438; its custom
-# all-reduce is off on more than two PCIe-only GPUs, custom_all_reduce.py:270) and AllGather for
-# the logits (layers/logits_processor.py:124-130: platforms/interface.py:1267 use_all_gather() is
-# True and CUDA keeps it; cuda_communicator.py:470-487). A profile that leaves either with no
-# algorithm crashes the engine at its first forward pass.
+# The collectives vLLM 0.32 runs on a tensor-parallel CUDA engine through PyNccl, AllReduce
+# (device_communicators/cuda_communicator.py:432-438) and AllGather for the logits
+# (layers/logits_processor.py:124-130): leaving either with no algorithm crashes the first forward pass.
 VLLM_COLLECTIVES: tuple[str, ...] = ("AllReduce", "AllGather")
 
 
@@ -156,9 +137,7 @@ class _ListEntry:
 
 
 def _parse_nccl_list(value: str, elements: tuple[str, ...], kind: str) -> list[_ListEntry]:
-    # Mirrors parseList in NCCL's tuning.cc (2.24+): ';' separates entries, only the first may
-    # lack a "function:" prefix, '^' inverts a list, tokens are case-insensitive, and an unknown
-    # token makes NCCL fail (ncclInvalidUsage). Empty tokens are skipped, as strtok does.
+    # Mirrors parseList in NCCL's tuning.cc (2.24+), down to the empty tokens strtok skips.
     if not value.strip():
         raise _Rejection(f"an empty list; before NCCL 2.24 an empty list disables every {kind}")
     by_lower = {e.lower(): e for e in elements}
@@ -228,14 +207,9 @@ def _enabled(entries: list[_ListEntry], elements: tuple[str, ...]) -> dict[str, 
 
 
 def enabled_choices(env: Mapping[str, str], *, pcie_only: bool | None) -> dict[str, list[tuple[str, str]]]:
-    """Per collective, the (algorithm, protocol) pairs NCCL can still choose under ``env``.
-
-    What a profile's NCCL_ALGO and NCCL_PROTO leave on, crossed with what NCCL implements for
-    each collective (``_ALGORITHMS_FOR``, ``_SIMPLE_ONLY``); on a PCIe-only node also what the
-    host offers (``_PCIE_NODE_ALGORITHMS``, and LL128 only where the list forces it: NCCL's own
-    default leaves it off without NVLink, tuning.cc v2.28.9-1 lines 480-491). The values must
-    already be valid lists.
-    """
+    """Per collective, the (algorithm, protocol) pairs NCCL can still choose under ``env`` (valid
+    lists): what the lists leave on, crossed with what NCCL implements and, on a PCIe-only node,
+    what the host offers (LL128 only where forced: tuning.cc v2.28.9-1 lines 480-491)."""
     algos = _enabled(_parse_nccl_list(env["NCCL_ALGO"], _NCCL_ALGORITHMS, "algorithm"), _NCCL_ALGORITHMS) \
         if "NCCL_ALGO" in env else {f: frozenset(_NCCL_ALGORITHMS) for f in _NCCL_FUNCTIONS}
     if "NCCL_PROTO" in env:
@@ -301,16 +275,10 @@ def _check_coverage(who: str, env: Mapping[str, str], pcie_only: bool | None) ->
 
 
 def _nccl_decimal(value: str) -> int:
-    """A positive integer written so that NCCL reads the same number we do.
-
-    Not the package's generic integer rule (``numbers.positive_int``): this one is NCCL's."""
-    # NCCL reads integers with strtoll(base 0): a leading 0 means octal and trailing text is
-    # dropped without a warning ("16M" would be 16), so accept plain decimal only.
+    """A positive integer written so that NCCL's strtoll(base 0) reads the same number we do."""
     if not re.fullmatch(r"[1-9][0-9]*", value):
-        raise _Rejection(
-            "not a positive decimal integer (NCCL parses with strtoll base 0: a leading 0 means "
-            "octal and trailing text is silently dropped)"
-        )
+        raise _Rejection("not a positive decimal integer (NCCL parses with strtoll base 0: a leading 0 means "
+                         "octal and trailing text is silently dropped)")
     return int(value)
 
 
@@ -364,13 +332,8 @@ def _check_value(var: str, value: str) -> None:
 
 
 def validate_profile(profile: NamedEnv, *, pcie_only: bool | None) -> list[str]:
-    """Check a profile's values against NCCL's documented rules; return warnings, raise on errors.
-
-    ``pcie_only`` is True when the GPUs talk over PCIe only (no NVLink), False when NVLink is
-    present, None when unknown (CPU engine, no NVML): hardware-dependent warnings need it.
-    Raises ConfigError naming the profile, the variable, the bad value and what is allowed.
-    Variables outside NCCL_* (VLLM_*, OMP_*, other CUDA_*) are accepted as they are.
-    """
+    """Check a profile's values against NCCL's documented rules; return warnings, raise ConfigError
+    on errors. ``pcie_only``: no NVLink (None: unknown). Variables outside NCCL_* pass as they are."""
     warnings: list[str] = []
     who = f"NCCL profile {profile.name!r} (from {profile.source})"
     env = profile.env
@@ -380,34 +343,24 @@ def validate_profile(profile: NamedEnv, *, pcie_only: bool | None) -> list[str]:
         except _Rejection as exc:
             raise ConfigError(f"{who}: {var}={value!r} is invalid: {exc}") from None
         if var.startswith("NCCL_") and var not in KNOWN_NCCL_VARIABLES:
-            warnings.append(
-                f"{who}: {var} is not an NCCL variable this plugin knows; NCCL ignores unknown "
-                f"names{did_you_mean(var, KNOWN_NCCL_VARIABLES) or ' (no close match)'}"
-            )
+            warnings.append(f"{who}: {var} is not an NCCL variable this plugin knows; NCCL ignores unknown "
+                            f"names{did_you_mean(var, KNOWN_NCCL_VARIABLES) or ' (no close match)'}")
         elif not var.startswith("NCCL_") and var.upper().startswith("NCCL_"):
-            warnings.append(
-                f"{who}: {var} is not read by NCCL: environment names are case-sensitive"
-                f"{did_you_mean(var.upper(), KNOWN_NCCL_VARIABLES)}"
-            )
+            warnings.append(f"{who}: {var} is not read by NCCL: environment names are case-sensitive"
+                            f"{did_you_mean(var.upper(), KNOWN_NCCL_VARIABLES)}")
 
     if "NCCL_BUFFSIZE" in env:
         size = int(env["NCCL_BUFFSIZE"])
         if size & (size - 1):
-            warnings.append(
-                f"{who}: NCCL_BUFFSIZE={size} is not a power of two; NCCL's docs recommend "
-                "powers of 2 (default 4194304)"
-            )
+            warnings.append(f"{who}: NCCL_BUFFSIZE={size} is not a power of two; NCCL's docs recommend "
+                            "powers of 2 (default 4194304)")
     for low, high in (("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS"), ("NCCL_MIN_CTAS", "NCCL_MAX_CTAS")):
         if low in env and high in env and int(env[low]) > int(env[high]):
-            raise ConfigError(
-                f"{who}: {low}={env[low]} is above {high}={env[high]}; the minimum must not "
-                "exceed the maximum"
-            )
+            raise ConfigError(f"{who}: {low}={env[low]} is above {high}={env[high]}; the minimum must not "
+                              "exceed the maximum")
     if env.get("NCCL_P2P_DISABLE") == "1" and "NCCL_P2P_LEVEL" in env:
-        warnings.append(
-            f"{who}: NCCL_P2P_LEVEL={env['NCCL_P2P_LEVEL']} has no effect: NCCL reads "
-            "NCCL_P2P_DISABLE=1 first and then ignores the level"
-        )
+        warnings.append(f"{who}: NCCL_P2P_LEVEL={env['NCCL_P2P_LEVEL']} has no effect: NCCL reads "
+                        "NCCL_P2P_DISABLE=1 first and then ignores the level")
     for var, elements, kind in (
         ("NCCL_PROTO", _NCCL_PROTOCOLS, "protocol"),
         ("NCCL_ALGO", _NCCL_ALGORITHMS, "algorithm"),
@@ -416,19 +369,15 @@ def validate_profile(profile: NamedEnv, *, pcie_only: bool | None) -> list[str]:
             continue
         entries = _parse_nccl_list(env[var], elements, kind)
         if ";" in env[var] or ":" in env[var]:
-            warnings.append(
-                f"{who}: {var}={env[var]!r} uses the per-collective form, which needs NCCL 2.24+; "
-                "older NCCL ignores tokens it does not recognise, so the list may not mean there "
-                "what it means here"
-            )
+            warnings.append(f"{who}: {var}={env[var]!r} uses the per-collective form, which needs NCCL 2.24+; "
+                            "older NCCL ignores tokens it does not recognise, so the list may not mean there "
+                            "what it means here")
         if var == "NCCL_PROTO" and pcie_only:
             forced = _forced_on(entries, "LL128")
             if forced:
                 scope = "every collective" if len(forced) == len(_NCCL_FUNCTIONS) else ", ".join(forced)
-                warnings.append(
-                    f"{who}: NCCL_PROTO={env[var]!r} turns LL128 on ({scope}) on a PCIe-only "
-                    "host; NCCL enables LL128 by itself only where it is supported (NVLink), and "
-                    "its docs warn that enabling it on other platforms can corrupt data"
-                )
+                warnings.append(f"{who}: NCCL_PROTO={env[var]!r} turns LL128 on ({scope}) on a PCIe-only "
+                                "host; NCCL enables LL128 by itself only where it is supported (NVLink), and "
+                                "its docs warn that enabling it on other platforms can corrupt data")
     warnings.extend(_check_coverage(who, env, pcie_only))
     return warnings
