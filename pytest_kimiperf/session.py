@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from pytest_kimiperf.judge.noise import BootOrigin
     from pytest_kimiperf.measure.time_account import SessionClock
     from pytest_kimiperf.server.manager import ServerManager, ServerRecord
-    from pytest_kimiperf.reports.terminal import RelayOutput, TerminalOutput
+    from pytest_kimiperf.server.progress import RelayOutput, TerminalOutput
     from pytest_kimiperf.server.weight_cache import WeightCacheFacts
 
 # SIGTERM: a cancelled CI job; SIGHUP: a dropped ssh session during a 36-minute load.

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from pytest_kimiperf.files import write_atomically
-from pytest_kimiperf.reports.terminal import RelayOutput, RelayTail, TerminalOutput
+from pytest_kimiperf.server.progress import RelayOutput, RelayTail, TerminalOutput
 
 _SERVER_SCOPE = "kimiperf-server"
 _WORKERINPUT_IDS_DIR = "kimiperf_server_ids_dir"

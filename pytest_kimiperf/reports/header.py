@@ -45,16 +45,15 @@ from pytest_kimiperf.config.deployments import Deployment, describe_command
 from pytest_kimiperf.config.metric_specs import Direction, METRICS, metric_spec
 from pytest_kimiperf.config.nccl.profiles import describe_args, describe_env, inherited_nccl_env
 from pytest_kimiperf.config.settings import Settings
-from pytest_kimiperf.judge.baselines import BaselineFile, Fingerprint, HistorySpan, describe
-from pytest_kimiperf.judge.gate import family_critical
-from pytest_kimiperf.judge.noise import design_critical, sessions_of_history, smallest_change
-from pytest_kimiperf.judge.profiles import InSessionRules, control_reach
-from pytest_kimiperf.judge.stats import DETECTION_POWER, GATE_CRITICAL
 from pytest_kimiperf.measure.time_account import PlannedTime
 from pytest_kimiperf.reports.nccl import forecast_line
 from pytest_kimiperf.server.weight_cache import header_lines as weight_cache_lines, profile_cache_reason, why_not_used
 
+# The judge (numpy, scipy) is imported where a plan is worked out, not with the module: the
+# header of a run without perf tests must not load them.
 if TYPE_CHECKING:
+    from pytest_kimiperf.judge.baselines import BaselineFile, Fingerprint, HistorySpan
+    from pytest_kimiperf.judge.profiles import InSessionRules
     from pytest_kimiperf.measure.cgroup_quota import QuotaInForce
 
 
@@ -118,6 +117,12 @@ def planned_time(s: Settings, baseline: BaselineFile | None) -> PlannedTime:
 
 def plan_lines(s: Settings, baseline: BaselineFile | None) -> list[str]:
     """The plan, as printed by ``--kimiperf-plan``."""
+    from pytest_kimiperf.judge.baselines import HistorySpan
+    from pytest_kimiperf.judge.gate import family_critical
+    from pytest_kimiperf.judge.noise import design_critical, smallest_change
+    from pytest_kimiperf.judge.profiles import InSessionRules, control_reach
+    from pytest_kimiperf.judge.stats import DETECTION_POWER, GATE_CRITICAL
+
     dep = s.deployment
     profiles = [p.name for p in s.profiles]
     planned, most = s.boots * len(profiles), s.max_boots * len(profiles)
@@ -187,6 +192,8 @@ def _control_offer(s: Settings, seconds: float | None, tolerance: float, label: 
     """Where the history cannot convict twice the tolerance: what a control booted beside the
     run (--kimiperf-control) would, and what it costs, or what it needs; None where this run
     could not take one (attached, several profiles, a deployment across nodes)."""
+    from pytest_kimiperf.judge.profiles import control_reach
+
     if s.external or len(s.profiles) != 1 or s.deployment.nodes:
         return None
     boots = max(s.boots, 2)
@@ -205,6 +212,9 @@ def history_advice(boot_spread: float, session_spread: float, boots: int, span: 
     """What history would convict twice the tolerance with DETECTION_POWER
     (``power.sessions_of_history``, at the declarations' df), or why none can: this run's own
     session effect."""
+    from pytest_kimiperf.judge.noise import sessions_of_history
+    from pytest_kimiperf.judge.stats import DETECTION_POWER
+
     sessions = sessions_of_history(boot_spread, session_spread, boots, reference_boots=span.boots,
                                    sessions=span.sessions, tolerance=tolerance, goal=2 * tolerance,
                                    boot_df=boot_df, session_df=session_df)
@@ -308,6 +318,8 @@ def fingerprint_lines(fingerprint: Fingerprint, baseline_file: Path, *, deployme
     ``deployment``) the spreads in force over the history that file holds (``span``), which
     host this is (``host``: measure/canary.host_identity) beside those its boots came from, and
     how the client measures on it (``client``: :func:`client_line`)."""
+    from pytest_kimiperf.judge.baselines import describe
+
     lines = [*describe(fingerprint), f"kimiperf: baseline file {baseline_file}"]
     if deployment is not None:
         lines.append(spreads_line(deployment, span))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pytest_kimiperf.reports.terminal import RelayOutput, RelayTail
+from pytest_kimiperf.server.progress import RelayOutput, RelayTail
 from pytest_kimiperf.server.progress import BootProgress, parse_progress, split_log_records
 from tests import helpers
 
