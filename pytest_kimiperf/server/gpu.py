@@ -44,7 +44,6 @@ class GpuProbe:
         return "; ".join(self.notes) if self.notes else f"{self.source} reported 0 GPUs"
 
 
-
 @dataclass(frozen=True)
 class HardwareRequirement:
     """The GPUs a deployment needs; ``gpu_count=0`` means it runs on CPU."""
@@ -56,20 +55,11 @@ class HardwareRequirement:
     def __post_init__(self) -> None:
         if isinstance(self.gpu_count, bool) or not isinstance(self.gpu_count, int) or self.gpu_count < 0:
             raise ConfigError(f"gpu_count must be an integer >= 0, got {self.gpu_count!r}")
-        if self.gpu_name_contains is not None and (
-            not isinstance(self.gpu_name_contains, str) or not self.gpu_name_contains.strip()
-        ):
-            raise ConfigError(
-                f"gpu_name_contains must be a non-empty string or None, got {self.gpu_name_contains!r}"
-            )
-        if self.min_memory_mib is not None and (
-            isinstance(self.min_memory_mib, bool)
-            or not isinstance(self.min_memory_mib, int)
-            or self.min_memory_mib <= 0
-        ):
-            raise ConfigError(
-                f"min_memory_mib must be a positive integer or None, got {self.min_memory_mib!r}"
-            )
+        name, mib = self.gpu_name_contains, self.min_memory_mib
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise ConfigError(f"gpu_name_contains must be a non-empty string or None, got {name!r}")
+        if mib is not None and (isinstance(mib, bool) or not isinstance(mib, int) or mib <= 0):
+            raise ConfigError(f"min_memory_mib must be a positive integer or None, got {mib!r}")
 
     def matches(self, gpu: GpuInfo) -> bool:
         """True if this one GPU is of the kind the deployment needs."""
@@ -85,8 +75,6 @@ class HardwareRequirement:
         if self.min_memory_mib is not None:
             text += f" with at least {self.min_memory_mib} MiB each"
         return text
-
-# --------------------------------------------------------------------------- NVML, else nvidia-smi
 
 
 def _text(value: object) -> str:
@@ -180,7 +168,6 @@ def _run_smi(smi: str, args: Sequence[str], timeout_s: float) -> str:
     return done.stdout
 
 
-
 @dataclass(frozen=True)
 class DriverAnswer(Generic[_T]):
     """What the first source to answer said, and why each source before it did not."""
@@ -224,9 +211,6 @@ def ask_driver(
         return DriverAnswer(value=None, source="none", nvml_notes=tuple(notes), smi_note=str(error),
                             smi_on_path=True)
     return DriverAnswer(value=value, source="nvidia-smi", nvml_notes=tuple(notes), smi_on_path=True)
-
-
-# --------------------------------------------------------------------------- queries
 
 
 def probe_gpus(timeout_s: float = 10.0) -> GpuProbe:

@@ -1,18 +1,14 @@
 """Who holds GPU memory, how much each GPU uses, and waiting until a stopped server's is free.
 
-Two views that fail in different places. Per process (:func:`gpu_memory_by_pid`): NVML's
-process list, read through ``pid_namespace`` so our processes are named in any container; it
-names nothing where the driver's pids cannot be matched, and a driver that converts pids into
-the caller's namespace leaves other containers' processes out (pid_namespace's docstring). Per
-device (:func:`gpu_memory_used_mib`): memory used on each GPU, which no container or driver
-hides. Between boots the second is the one to trust: once our server is gone, each GPU should
-be back to its figure before the first boot (:func:`unexplained_memory`); what is left above it
-is a foreign process or a leak, whatever the driver says about pids.
+Two views that fail in different places. Per process (:func:`gpu_holders`), NVML's list read
+through ``pid_namespace`` names nothing where the driver's pids cannot be matched, and leaves other
+containers' processes out under a driver that converts pids. Per device
+(:func:`gpu_memory_used_mib`) no container or driver hides anything, so between boots each GPU
+must be back to its figure before the first boot (:func:`unexplained_memory`).
 
-A process NVML names without a figure for its memory (``usedGpuMemory`` is
-NVML_VALUE_NOT_AVAILABLE: nvml.h says WDDM always reports it, and some containers do; pynvml
-reads it as None, nvidia-smi prints ``[N/A]``) holds an unknown amount, None here, never 0: a
-0 would read as "holds nothing" and hide it from the device-level accounting that can tell.
+A process NVML names without a figure (``usedGpuMemory`` is NVML_VALUE_NOT_AVAILABLE: nvml.h says
+WDDM always reports it, and some containers do) holds an unknown amount, None here, never 0: a 0
+would hide it from the device-level accounting that can tell.
 """
 
 from __future__ import annotations
@@ -33,9 +29,6 @@ DEVICE_TOLERANCE_MIB = 256
 # Where no process could be named and no figure before the boot is known, memory is taken as
 # freed once every GPU's figure held still this many polls in a row.
 SETTLED_POLLS = 3
-
-
-# --------------------------------------------------------------------------- per process
 
 
 @dataclass(frozen=True)
@@ -59,16 +52,6 @@ def describe_mib(mib: int | None) -> str:
     return f"{mib} MiB" if mib is not None else "memory not reported by NVML"
 
 
-def sum_mib(parts: Iterable[int | None]) -> int | None:
-    """The MiB of several readings of one holder; None (unknown) where any of them is unknown."""
-    total = 0
-    for mib in parts:
-        if mib is None:
-            return None
-        total += mib
-    return total
-
-
 @dataclass(frozen=True)
 class GpuHolders:
     """Who holds memory on each GPU, and how NVML's pids were read here (pid_namespace.py)."""
@@ -90,7 +73,7 @@ class GpuHolders:
         for holder in self.holders:
             if holder.pid is not None:
                 parts.setdefault(holder.pid, []).append(holder.mib)
-        return {pid: sum_mib(mibs) for pid, mibs in parts.items()}
+        return {pid: None if None in mibs else sum(m for m in mibs if m is not None) for pid, mibs in parts.items()}
 
     @property
     def unnamed(self) -> bool:
@@ -157,16 +140,9 @@ def gpu_holders(timeout_s: float = 10.0) -> GpuHolders:
 
 
 def gpu_memory_by_pid(timeout_s: float = 10.0) -> dict[int, int | None]:
-    """Map each pid holding GPU memory to the MiB it holds, summed over GPUs (None where NVML
-    names it without a figure); {} without GPUs.
-
-    NVML's pids are turned into the pids this process sees (pid_namespace.py); a process that
-    cannot be named is left out (the sweep's GPU check then sees nothing, said in its note).
-    """
+    """:meth:`GpuHolders.by_pid` of :func:`gpu_holders`: a process that cannot be named here is
+    left out (the sweep's GPU check then sees nothing, said in the view's note)."""
     return gpu_holders(timeout_s).by_pid()
-
-
-# --------------------------------------------------------------------------- per device
 
 
 def _nvml_memory_used(pynvml: Any) -> dict[int, int]:
@@ -212,9 +188,6 @@ def unexplained_memory(before: Mapping[int, int], now: Mapping[int, int], ours: 
     accounts = [DeviceAccount(index, before[index], now[index], (ours or {}).get(index, 0))
                 for index in sorted(before.keys() & now.keys())]
     return [account for account in accounts if account.unexplained_mib > tolerance_mib]
-
-
-# --------------------------------------------------------------------------- waiting
 
 
 def wait_gpu_memory_freed(
@@ -294,7 +267,6 @@ __all__ = [
     "gpu_memory_by_pid",
     "gpu_memory_used_mib",
     "settle_before_boot",
-    "sum_mib",
     "unexplained_memory",
     "wait_gpu_memory_freed",
 ]

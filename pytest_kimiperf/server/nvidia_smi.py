@@ -8,7 +8,7 @@ tested against real recorded outputs in ``tests/data/gpu``; running the command 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 # The fields the nvidia-smi fallback asks for, in this order.  `pcie.link.*.max` rather than
@@ -89,9 +89,6 @@ class Topology:
         """One phrase for reports: ``NVLink (NV6)`` or ``PCIe only (SYS)``."""
         codes = ",".join(sorted(self.link_codes())) or "single GPU"
         return f"NVLink ({codes})" if self.nvlink else f"PCIe only ({codes})"
-
-
-# --------------------------------------------------------------------------- parsers (pure)
 
 
 def _strip_value(value: str) -> str:
@@ -247,55 +244,42 @@ def _app_field(name: str) -> str:
     return _APP_FIELD_ALIASES.get(name, name)
 
 
-def parse_compute_apps(text: str, fields: Sequence[str] = QUERY_COMPUTE_APPS_FIELDS) -> dict[int, int | None]:
-    """Parse ``nvidia-smi --query-compute-apps`` into {pid: used MiB}, summed over GPUs.
-
-    Accepts ``--format=csv`` (header and units) and ``csv,noheader,nounits``; a header row names
-    the fields.  A pid whose memory reads ``N/A`` on any GPU is kept with None: it holds a
-    context, of a size the driver does not say (0 would read as "holds nothing").
-    """
+def _compute_app_rows(text: str, fields: Sequence[str],
+                      need: tuple[str, ...]) -> Iterator[tuple[dict[str, str], int, int | None]]:
+    """Each row of ``nvidia-smi --query-compute-apps`` (fields as asked, or as a header names them)
+    with its pid and MiB; a memory that reads ``N/A`` is None: the process holds a context of a
+    size the driver does not say (0 would read as "holds nothing")."""
     lines = [line for line in text.splitlines() if line.strip()]
     wanted = [_app_field(name) for name in fields]
     if lines and all(_app_field(token) in _APP_FIELDS_KNOWN for token in lines[0].split(",")):
         wanted, lines = [_app_field(token) for token in lines[0].split(",")], lines[1:]
-    if not {"pid", "used_memory"} <= set(wanted):
-        raise ValueError(f"--query-compute-apps fields {wanted} need pid and used_memory")
-    used: dict[int, int | None] = {}
+    if not set(need) <= set(wanted):
+        raise ValueError(f"--query-compute-apps fields {wanted} need {', '.join(need[:-1])} and {need[-1]}")
     for line in lines:
         if "," not in line:
-            # "No running processes found" and similar messages: not data.
-            continue
+            continue  # "No running processes found" and similar messages: not data
         row = dict(zip(wanted, _split_row(line, wanted, ("process_name",)), strict=True))
         pid = _optional_int(row["pid"], what="--query-compute-apps pid")
         if pid is None:
             raise ValueError(f"--query-compute-apps row without a pid: {line!r}")
-        mib = _optional_int(row["used_memory"], what=f"--query-compute-apps used_memory of pid {pid}")
+        yield row, pid, _optional_int(row["used_memory"], what=f"--query-compute-apps used_memory of pid {pid}")
+
+
+def parse_compute_apps(text: str, fields: Sequence[str] = QUERY_COMPUTE_APPS_FIELDS) -> dict[int, int | None]:
+    """Parse ``nvidia-smi --query-compute-apps`` (``--format=csv`` or ``csv,noheader,nounits``)
+    into {pid: used MiB}, summed over GPUs; None where any GPU's reads ``N/A``."""
+    used: dict[int, int | None] = {}
+    for _row, pid, mib in _compute_app_rows(text, fields, ("pid", "used_memory")):
         so_far = used.get(pid, 0)
         used[pid] = None if mib is None or so_far is None else so_far + mib
     return used
 
 
 def parse_compute_apps_by_gpu(text: str, fields: Sequence[str]) -> list[tuple[str, int, int | None]]:
-    """Parse ``nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory`` (fields as asked, or as
-    a header names them) into ``(gpu uuid, pid, MiB)`` rows, one per process and GPU; a memory that
-    reads ``N/A`` is None (the process holds a context of a size the driver does not say)."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    wanted = [_app_field(name) for name in fields]
-    if lines and all(_app_field(token) in _APP_FIELDS_KNOWN for token in lines[0].split(",")):
-        wanted, lines = [_app_field(token) for token in lines[0].split(",")], lines[1:]
-    if not {"gpu_uuid", "pid", "used_memory"} <= set(wanted):
-        raise ValueError(f"--query-compute-apps fields {wanted} need gpu_uuid, pid and used_memory")
-    rows: list[tuple[str, int, int | None]] = []
-    for line in lines:
-        if "," not in line:
-            continue  # "No running processes found"
-        row = dict(zip(wanted, _split_row(line, wanted, ("process_name",)), strict=True))
-        pid = _optional_int(row["pid"], what="--query-compute-apps pid")
-        if pid is None:
-            raise ValueError(f"--query-compute-apps row without a pid: {line!r}")
-        mib = _optional_int(row["used_memory"], what=f"--query-compute-apps used_memory of pid {pid}")
-        rows.append((_strip_value(row["gpu_uuid"]), pid, mib))
-    return rows
+    """Parse ``nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory`` into ``(gpu uuid, pid,
+    MiB)`` rows, one per process and GPU."""
+    return [(_strip_value(row["gpu_uuid"]), pid, mib)
+            for row, pid, mib in _compute_app_rows(text, fields, ("gpu_uuid", "pid", "used_memory"))]
 
 
 def parse_memory_used_csv(text: str) -> dict[int, int | None]:

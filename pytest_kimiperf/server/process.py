@@ -232,7 +232,7 @@ class ServerProcess:
         self.progress = BootProgress("not started")
         self.popen: subprocess.Popen[bytes] | None = None
         self.record: process_sweep.LaunchRecord | None = None
-        self._held: process_sweep.HeldLaunch | None = None
+        self._held: process_sweep.HeldLock | None = None
         # pytest's end of the launcher's watchdog pipe: closed by the kernel when pytest dies.
         self._watch_fd: int | None = None
         self.started_at: float | None = None

@@ -1,32 +1,12 @@
 """Find and end every process of a server we launched, now or after an earlier run was killed.
 
-The zombie problem: vLLM's API server starts an ``EngineCore`` process and, with tensor
-parallelism, one ``Worker_TP<n>`` process per GPU.  When pytest is SIGKILLed (OOM killer, CI
-cancel, a second Ctrl-C) nothing stops them; they are reparented to init and keep the GPUs'
-memory, so the next run cannot boot.  Each launch is therefore recorded in a state directory
-(one JSON file per launch, :class:`LaunchRecord`) with everything needed to recognise its processes
-later without guessing from names, and without ever touching a process that is not ours:
-
-- the launch's leader (the launcher, see launcher.py) by pid *and* its start time in clock
-  ticks since boot (``/proc/PID/stat`` field 22) *and* the boot (``boot_id``): a pid reused
-  after the leader died, or after a reboot, is another process;
-- ``KIMIPERF_LAUNCH_ID=<uuid>`` in the server's environment, which every child inherits;
-- its process group, trusted only while the recorded leader provably still runs: once every
-  member of a group is gone the kernel hands the number out again, and a later session leader
-  (an ssh shell, tmux, another user's vLLM) would match a bare group id;
-- the host, boot and pid namespace it was launched in: a shared home directory or a container's
-  mounted cache must not make one machine act on another's records;
-- the uid that launched it: a process of another uid is never signalled;
-- the owner's liveness, as an exclusive ``flock`` the owning session holds on the record for the
-  launch's whole life. The kernel drops it when the owner dies, however it dies, so a sweep that
-  can take the lock knows the owner is gone (no pid or clock comparison that a reused pid or a
-  clock step could fool).
-
-Only psutil and /proc are used to look at processes.
-
-**The record.** One JSON file per launch in the state directory (``launch-<id>.json``), written
-atomically by the session that launched the server and read by any later sweep
-(:func:`sweep_stale_launches`).
+When pytest is SIGKILLed, vLLM's ``EngineCore`` and ``Worker_TP<n>`` processes are reparented to
+init and keep the GPUs' memory. Each launch is therefore recorded in a state directory (one JSON
+file, :class:`LaunchRecord`, whose owner holds an exclusive ``flock`` on it for the launch's
+life) with what recognises its processes later without guessing from names and without ever
+touching a process that is not ours: the leader's pid, start ticks and boot, the launch marker in
+the environment, and the host, boot, pid namespace and uid it was made in. Why each of these is
+needed: docs/explanation/reliability.md, "How a launch's processes are recognised".
 """
 
 from __future__ import annotations
@@ -36,6 +16,7 @@ import fcntl
 import json
 import os
 import socket
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -51,12 +32,13 @@ from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.server.agent_wire import agent_payload
 from pytest_kimiperf.server.gpu_memory import gpu_memory_by_pid
 
-# A launch's record on disk: what it started, where, and whether its owner still runs.
 _RECORD_PREFIX = "launch-"
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-
-
-# --------------------------------------------------------------------------- where we are
+LAUNCH_ID_ENV = "KIMIPERF_LAUNCH_ID"
+KILL_WAIT_S = 5.0
+_POLL_S = 0.05
+_MAX_STOP_ROUNDS = 3
+_NEVER: Callable[[], bool] = lambda: False  # noqa: E731 - the default "no escalation asked"
 
 
 def boot_id() -> str:
@@ -264,20 +246,17 @@ def record_for_popen(
     )
 
 
-# --------------------------------------------------------------------------- state files
-
-
 def _record_path(state_dir: Path, launch_id: str) -> Path:
     check_safe_name("launch id", launch_id)
     return Path(state_dir) / f"{_RECORD_PREFIX}{launch_id}.json"
 
 
-class HeldLaunch:
-    """A launch record on disk with its owner's exclusive flock held until :meth:`release`.
+class HeldLock:
+    """An exclusive flock held on the open file ``path`` until :meth:`release`; the kernel drops it
+    when this process dies, however it dies (a launch record's owner lock, the host claim).
 
-    Keep it for the launch's whole life: the lock is how other sessions' sweeps know that the
-    owner still runs. The descriptor is not inherited by the processes this one starts
-    (Python's default), so a server cannot keep its dead owner's lock alive.
+    The descriptor is not inherited by the processes this one starts (Python's default), so a
+    server cannot keep its dead owner's lock alive.
     """
 
     def __init__(self, path: Path, fd: int) -> None:
@@ -285,14 +264,14 @@ class HeldLaunch:
         self._fd: int | None = fd
 
     def release(self) -> None:
-        """Drop the lock (the record file stays unless forgotten)."""
+        """Drop the lock (a launch's record file stays unless forgotten)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
 
-def record_launch(state_dir: str | os.PathLike[str], record: LaunchRecord) -> HeldLaunch:
-    """Write the launch's state file atomically and hold its owner lock.
+def record_launch(state_dir: str | os.PathLike[str], record: LaunchRecord) -> HeldLock:
+    """Write the launch's state file atomically and hold its owner lock for the launch's life.
 
     The lock is taken on the temporary file before it is renamed into place, so no sweep can
     ever see the record without the lock.
@@ -310,7 +289,7 @@ def record_launch(state_dir: str | os.PathLike[str], record: LaunchRecord) -> He
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return HeldLaunch(path, fd)
+    return HeldLock(path, fd)
 
 
 def forget_launch(state_dir: str | os.PathLike[str], launch_id: str) -> None:
@@ -373,17 +352,6 @@ def load_launches(state_dir: str | os.PathLike[str]) -> LoadedLaunches:
             continue
         records.append(record)
     return LoadedLaunches(records=tuple(records), problems=tuple(problems))
-
-
-# Finding and ending a launch's processes, now or in a later sweep.
-LAUNCH_ID_ENV = "KIMIPERF_LAUNCH_ID"
-KILL_WAIT_S = 5.0
-_POLL_S = 0.05
-_MAX_STOP_ROUNDS = 3
-_NEVER: Callable[[], bool] = lambda: False  # noqa: E731 - the default "no escalation asked"
-
-
-# --------------------------------------------------------------------------- finding processes
 
 
 def leader_alive(record: LaunchRecord) -> bool:
@@ -451,9 +419,6 @@ def find_launch_processes(record: LaunchRecord) -> list[psutil.Process]:
         record.launch_id, uid=record.uid if record.uid >= 0 else os.getuid(),
         trusted_pgid=record.pgid if trusted else None, leader=record.pid if trusted else None,
     )
-
-
-# --------------------------------------------------------------------------- ending processes
 
 
 @dataclass(frozen=True)
@@ -587,8 +552,6 @@ _REMOTE_STOP_TIMEOUT_S = 120.0
 
 
 def _run_remote(argv: Sequence[str]) -> str:
-    import subprocess
-
     try:
         done = subprocess.run(list(argv), capture_output=True, text=True, timeout=_REMOTE_STOP_TIMEOUT_S,
                               stdin=subprocess.DEVNULL, check=False)
@@ -606,8 +569,6 @@ def remote_stop(argv: Sequence[str], *, where: str,
     ``run`` returns the agent's answer (agent_wire.py).
     An agent that cannot run or answers nonsense leaves one unverified survivor, so the launch's
     record is kept and the next sweep tries again."""
-    import json
-
     try:
         data = json.loads(run(argv))
         rows = {key: [(int(p["pid"]), str(p["name"]), tuple(p.get("cmdline", ()))) for p in data[key]]
@@ -633,9 +594,6 @@ def stop_launch(record: LaunchRecord, *, grace_s: float = 15.0,
             break
         report = report.merged(terminate_processes(procs, grace_s=grace_s, kill_now=kill_now))
     return report
-
-
-# --------------------------------------------------------------------------- the sweep
 
 
 @dataclass(frozen=True)
@@ -768,7 +726,7 @@ def sweep_stale_launches(
     )
 
 __all__ = [
-    "HeldLaunch", "LAUNCH_ID_ENV", "LaunchPlace", "LaunchRecord", "LoadedLaunches", "ProcessSummary", "SweepReport",
+    "HeldLock", "LAUNCH_ID_ENV", "LaunchPlace", "LaunchRecord", "LoadedLaunches", "ProcessSummary", "SweepReport",
     "SweepAccount", "TerminationReport", "boot_id", "find_launch_processes", "forget_launch", "leader_alive", "load_launches",
     "owner_gone", "pid_namespace", "processes_of", "record_for_popen", "record_launch", "remote_stop",
     "start_ticks", "stop_launch", "sweep_stale_launches", "terminate_processes",
