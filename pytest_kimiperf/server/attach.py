@@ -1,24 +1,13 @@
 """Attaching to a running server (``--kimiperf-server-url``), and restarting it between boots.
 
-:func:`attach_server` checks that the server serves the deployment's model (or, for a deployment
-that names none, takes the one its ``/v1/models`` lists) and returns its handle. An attached run
-measures a server it does not own, so on its own it gets one boot, and one boot can screen a change, never
-convict it (judge/stats.py). A deployment that
-names a ``restart_command`` (an argument list: ``["systemctl", "restart", "vllm"]``, or a script
-that deletes a Kubernetes pod and waits for the next) gives it more: before each boot after the
-first, :func:`restart_server` runs the command, sees the server go down, and waits for it to
-serve its model again, as a boot the plugin started would be waited for.
-
-"Go down" is the proof that a restart happened: a command that returns while the old server
-keeps answering (``kubectl rollout restart`` without waiting, a rolling update behind a load
-balancer) would hand the next boot's measurement to the same server process, and the gate would
-count one boot twice. So the server's ``/health`` is polled while the command runs and after it
-returns; a server that never stopped answering within the deployment's ``health_deadline_s`` is
-an error that says so.
-
-The command's output goes to a temporary file, not a pipe: a script that starts the new server in
-the background (``vllm serve ... &``) leaves it holding whatever it inherited, and a pipe would
-keep :func:`subprocess.run` waiting for that server to exit.
+An attached run measures a server it does not own, so on its own it gets one boot, which can
+screen a change but never convict it (judge/stats.py). A deployment's ``restart_command`` gives it
+more: before each boot after the first, :func:`restart_server` runs it, sees the server go down
+and waits for it to serve its model again. "Go down" is the proof a restart happened: a command
+that returns while the old server keeps answering (``kubectl rollout restart`` without waiting)
+would have the gate count one boot twice. The command's output goes to a temporary file, not a
+pipe, which a server started in the background would hold open, keeping :func:`subprocess.run`
+waiting.
 """
 
 from __future__ import annotations
@@ -162,6 +151,3 @@ def served_model(url: str, headers: Mapping[str, str], *, deployment: str) -> st
                           "(served_model_name): is it a vLLM OpenAI-compatible server, and is it ready?")
     raise ServerError(f"--kimiperf-server-url {url} serves {', '.join(repr(m) for m in served)}; deployment {deployment} "
                       "names none: set served_model_name in its table to the one to measure")
-
-
-__all__: Sequence[str] = ["Restart", "attach_server", "restart_server", "served_model"]

@@ -1,12 +1,9 @@
 """Where one boot's seconds went, phase by phase, read from its whole log once it is ready.
 
-A boot is what a user pays for (a Kimi-K2.5 load is 20-36 minutes), so each one is accounted for
-after it is ready (:func:`account_boot`, :class:`BootAccount`): the phases it passed through with
-their durations, what vLLM itself states about the costly ones (the weights' size and load time,
-whether compilation came from the cache), and which all-reduce path vLLM set up
-(``allreduce_path.py``). The live display (``progress.py``) shows phases as they pass; the account
-keeps them. It reads the whole log, using each line's own timestamp, so a phase that passed between
-two polls of the live display is still counted.
+A boot is what a user pays for (a Kimi-K2.5 load is 20-36 minutes): the account keeps its
+phases, what vLLM states about the costly ones (the weights' size and load time, whether
+compilation came from the cache) and the all-reduce path (``allreduce_path.py``). It reads each
+line's own timestamp, so a phase that passed between two polls of the live display still counts.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """The processes of a deployment that spans nodes: one launch per node, booted, watched and
 stopped as one server.
 
-Each node's command (config/nodes.py) runs as its own ``ServerProcess``: its own launcher,
-log, launch record and marker, so the zombie sweep and the teardown find every node's
-processes as they find a one-machine server's. The head (rank 0) is the one that becomes ready
-(``/health`` and ``/v1/models``); a worker node has no HTTP endpoint, so it is alive while its
-launch runs. A node that exits fails the boot (or the next test) with its name and its log
-tail: vLLM's head does not notice an idle worker node's death until its next collective
-(measured on the CPU twin: the head answered /health until a request failed with "EngineCore
-encountered an issue"), so the node's own exit is the first sign.
-
-A node started through a launch template (ssh, srun) is, on this machine, only the template's
-process; its processes on the node are found and stopped there by the node agent
-(``python -m pytest_kimiperf.node_agent stop``), run through the same template.
+Each node's command (config/nodes.py) runs as its own ``ServerProcess`` (launcher, log, launch
+record, marker), so the sweep and teardown find every node's processes. The head (rank 0) becomes
+ready; a worker node has no endpoint and is alive while its launch runs. A node that exits fails
+the boot (or the next test) with its name and log tail: vLLM's head does not notice an idle
+worker's death until its next collective (measured on the CPU twin). A node behind a launch
+template (ssh, srun) is, here, only the template's process; the node agent (``python -m
+pytest_kimiperf.node_agent stop``) stops its processes there.
 """
 
 from __future__ import annotations
@@ -323,6 +318,3 @@ def node_group(head: ServerProcess, nodes: Sequence[Node], engine_argv: Sequence
             process.node_stop = tuple(stop_argv(node, sys.executable, process.launch_id, process.grace_s))
         launches.append(NodeLaunch(node, command.rank, process))
     return NodeGroup(launches, python=sys.executable)
-
-
-__all__ = ["AgentRunner", "NodeGroup", "NodeLaunch", "agent_argv", "node_group", "run_agent", "stop_argv"]

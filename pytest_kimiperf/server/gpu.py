@@ -351,18 +351,3 @@ def _own_gpus_recipe(deployment: str, gpu: GpuInfo) -> str:
             f"[tool.kimiperf.deployments.{deployment}-{slug}] extends = \"{deployment}\" gpu_name_contains = "
             f"\"{name}\" and run with --kimiperf-deployment {deployment}-{slug} (docs/how-to/own-deployment.md, "
             "\"The same model on other GPUs\": check first that the weights fit).")
-
-
-__all__ = [
-    "DriverAnswer",
-    "GpuProbe",
-    "HardwareRequirement",
-    "ask_driver",
-    "check_hardware",
-    "probe_gpus",
-    "query_gpus",
-    "query_topology",
-    "host_topology",
-    "visible_nvml_indices",
-    "nvml_failures",
-]

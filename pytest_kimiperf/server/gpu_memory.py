@@ -255,18 +255,3 @@ def settle_before_boot(before_mib: Mapping[int, int] | None, *, deadline_s: floa
     if (waited_s := time.monotonic() - started) >= 1.0:
         announce(f"GPU memory back to its figure before the first boot after {waited_s:.1f} s")
     return dict(before_mib)
-
-
-__all__ = [
-    "DEVICE_TOLERANCE_MIB",
-    "DeviceAccount",
-    "GpuHolder",
-    "GpuHolders",
-    "describe_mib",
-    "gpu_holders",
-    "gpu_memory_by_pid",
-    "gpu_memory_used_mib",
-    "settle_before_boot",
-    "unexplained_memory",
-    "wait_gpu_memory_freed",
-]

@@ -2,11 +2,9 @@
 free memory once the sweep has ended what killed runs left, and links that suit the NCCL profiles
 asked for.
 
-Each check takes the deployment and the query that finds the GPU facts (``gpu.probe_gpus``,
-``gpu.query_topology`` by default), and asks it only when the answer matters: never for a
-server we do not boot (``--kimiperf-server-url``, ``external``) nor for a CPU deployment.  Passing a
-query that returns recorded facts makes every rule here testable on a host without GPUs
-(``tests/data/gpu``).
+Each check asks the GPU query it is given (``gpu.probe_gpus`` by default) only when the answer
+matters: never for a server we do not boot nor a CPU deployment; a query of recorded facts makes
+every rule testable without GPUs (``tests/data/gpu``).
 """
 
 from __future__ import annotations
@@ -211,7 +209,3 @@ def topology_warnings(
             # on a PCIe node). Said before any boot, which would fail with ncclInvalidUsage.
             found.append(f"{exc}; this profile's server cannot serve on this host")
     return found
-
-
-__all__ = ["QUERY_TIMEOUT_S", "Shortfall", "await_free_memory", "check_free_memory", "check_weight_cache_fit",
-           "deployment_gpus", "hardware_problem", "memory_shortfalls", "topology_warnings"]

@@ -297,17 +297,3 @@ def parse_memory_used_csv(text: str) -> dict[int, int | None]:
             raise ValueError(f"--query-gpu=index,memory.used row without an index: {line!r}")
         used[index] = _optional_int(values[1], what=f"memory.used of GPU {index}")
     return used
-
-
-__all__ = [
-    "QUERY_COMPUTE_APPS_FIELDS",
-    "QUERY_GPU_FIELDS",
-    "GpuInfo",
-    "Topology",
-    "parse_compute_apps",
-    "parse_compute_apps_by_gpu",
-    "parse_cuda_version",
-    "parse_memory_used_csv",
-    "parse_query_gpu_csv",
-    "parse_topology",
-]

@@ -16,8 +16,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["INIT_PID_NS_INODE", "MAPPED", "SAME", "TRUSTED", "UNMAPPABLE", "PidView", "read_pid_view"]
-
 # The initial PID namespace's inode (PROC_PID_INIT_INO, include/linux/proc_ns.h: 0xEFFFFFFC,
 # fixed since Linux 3.8): /proc/self/ns/pid points at it only outside every container.
 INIT_PID_NS_INODE = 0xEFFFFFFC

@@ -1,12 +1,9 @@
 """One vLLM server process: launch, wait for readiness, notice death, stop without leftovers.
 
-The server runs under a small launcher (launcher.py) in its own session, so the launch's process
-group has a leader that lives exactly as long as the launch, and the launcher stops the whole
-launch within seconds if pytest dies without teardown. Output goes straight into a log file (a
-pipe that nobody drains would block a chatty server), and a ``KIMIPERF_LAUNCH_ID`` marker in the
-environment is inherited by every child: that marker, with the leader's pid, start ticks and
-boot, is how teardown and the next run's zombie sweep find exactly the processes we started and
-nothing else (zombies.py, process_sweep.py).
+The server runs under the launcher (launcher.py) in its own session, output straight into a log
+file (a pipe nobody drains would block a chatty server), with a ``KIMIPERF_LAUNCH_ID`` marker in
+the environment every child inherits: how teardown and the next run's sweep find exactly the
+processes we started (zombies.py).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """What a booting server is doing, live, from vLLM's start-up log: its phase and how far along.
 
-vLLM writes tqdm bars (``Loading safetensors checkpoint shards:  56% Completed | 36/64 [...]``,
-``Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 45%|...``) separated by carriage
-returns, and INFO lines for the other phases. :func:`parse_progress` reads one line,
-:class:`BootTracker` keeps the furthest phase reached and :class:`ProgressDisplay` shows it: a
+vLLM writes tqdm bars separated by carriage returns and INFO lines for the other phases; a
 36-minute load is only bearable when the user sees which phase it is in and how far along. Where
-the lines go (pytest's terminal, or an xdist worker's relay) is ``reports/terminal.py``;
-where the boot's seconds went, once it is ready, is ``boot_account.py``.
+the lines go is ``reports/terminal.py``; where the seconds went, once ready, ``boot_account.py``.
 """
 
 from __future__ import annotations

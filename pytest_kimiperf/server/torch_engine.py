@@ -1,24 +1,13 @@
 """The ``tiny-gpu-torch`` server: an OpenAI-compatible front end over a torch engine, no vLLM.
 
-The plugin's GPU flow (hardware check, sweep, launch, memory-freed wait, NVML telemetry, report)
-must run end to end on a machine that has torch and a GPU but no vLLM, and in CI on the CPU. This
-is the server that lets it: the endpoints and log lines the plugin reads from vLLM 0.32, over a
-seeded tiny model that torch decodes (``torch_model.py``). Like vLLM it is two processes: this
-API server (standard library only: HTTP, tokenizer, metrics) and an engine core child that holds
-the model and its KV cache on the device, so a run killed with its launcher leaves a real orphan
-holding real GPU memory, as vLLM's EngineCore does.
-
-    python -m pytest_kimiperf.server.torch_engine --model kimiperf:tiny-torch --host H --port P
-        --served-model-name NAME [--device auto|cuda|cpu] [--max-model-len N] [--max-num-seqs N]
-        [--gpu-memory-utilization F] [--tensor-parallel-size 1]
-
-Endpoints: ``GET /health``, ``/v1/models``, ``/version``, ``/metrics`` (the ``vllm:`` series
-``measure/server_view.py`` reads, counting what this server did); ``POST /tokenize``,
-``/detokenize`` (vllm/entrypoints/serve/tokenize) and ``/v1/completions`` (streamed as vLLM's
-``completion_stream_generator`` streams: one chunk a token, the usage chunk, ``data: [DONE]``).
-Decoding is greedy whatever ``temperature`` says: a step's cost does not depend on the token it
-picks. The tokenizer is byte-level (a token per UTF-8 byte, BOS 256, EOS 257), so a prompt's
-length in tokens is exact and ``/tokenize`` agrees with what the engine decodes.
+It lets the plugin's GPU flow (hardware check, sweep, launch, memory-freed wait, NVML telemetry,
+report) run end to end where torch and a GPU are but vLLM is not, and in CI on the CPU: vLLM
+0.32's endpoints and log lines over a seeded tiny model (``torch_model.py``). Like vLLM it is two
+processes, this API server (standard library only) and an engine core child that holds the model
+and KV cache, so a run killed with its launcher leaves a real orphan holding real GPU memory.
+Completions stream as vLLM's ``completion_stream_generator`` does; decoding is greedy whatever
+``temperature`` says (a step's cost does not depend on the token it picks); the tokenizer is
+byte-level (BOS 256, EOS 257), so a prompt's length in tokens is exact.
 """
 
 from __future__ import annotations

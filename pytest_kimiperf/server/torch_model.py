@@ -1,21 +1,14 @@
 """The engine core of ``tiny-gpu-torch``: a seeded tiny Llama decoded by torch on CUDA or the CPU.
 
-``torch_engine.py`` (the API server) starts this as its child, as vLLM's API server starts its
-EngineCore, and talks to it over a pipe: requests in, one message of new tokens per step out.
-The model is Llama-shaped (RMSNorm, rotary positions, SwiGLU, untied head; Hugging Face's key
-names in its ``config.json``) with seeded random weights: built on first use into the plugin's
-cache folder with ``torch.save``, made whole or not at all, and loaded from there at every boot.
-Each step prefills the requests just admitted, one at a time within a token budget, then decodes
-every running request in one batch over a KV cache of one slot per sequence: the shape of vLLM's
-continuous batching without its paged blocks. Decoding is greedy.
-
-On CUDA it takes GPU memory as vLLM does: at start at least ``--gpu-memory-utilization`` of the
-device must be free (vLLM's own error otherwise), and the KV cache is given what that share
-leaves after the weights, so NVML, the free-memory check and the memory-freed wait see what a
-vLLM engine would make them see. Like vLLM 0.32's EngineCore, which watches no parent (its
-workers watch it through a death pipe, v1/executor/multiproc_executor.py), it outlives an API
-server killed with SIGKILL and keeps its memory until it is signalled: the leftover the plugin's
-sweep exists for. SIGTERM or SIGINT end it cleanly.
+``torch_engine.py`` starts it as its child, as vLLM's API server starts its EngineCore, over a
+pipe: requests in, one message of new tokens per step out. The Llama-shaped model (Hugging Face's
+key names) has seeded random weights, built on first use into the plugin's cache. Each step
+prefills the requests just admitted within a token budget, then decodes every running request in
+one batch over a KV cache of one slot per sequence. On CUDA it takes memory as vLLM does
+(``--gpu-memory-utilization`` of the device must be free, and the KV cache gets what that share
+leaves), and like vLLM 0.32's EngineCore, which watches no parent (v1/executor/
+multiproc_executor.py), it outlives an API server killed with SIGKILL and keeps its memory until
+signalled: the leftover the plugin's sweep exists for.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """The weight cache: `vllm preload` daemons that hold the weights between engine boots.
 
-Every NCCL profile needs a fresh engine (NCCL reads its environment when the communicators are
-made), and on Kimi-K2.5 an engine's boot is a 20-36 minute load of 547 GB. vLLM 0.32's
-``vllm preload`` starts one daemon per GPU that loads the post-quantized, TP-sharded weights
-once and hands CUDA IPC handles to engines started with ``--load-format ipc_cache``
-(vllm/entrypoints/cli/preload.py, model_executor/model_loader/weight_cache/), so a later
-engine maps the weights instead of reading them.
-
-This module decides whether a deployment can use it and builds the daemons' command line and
-environment and the engine's extra arguments; server_manager.py runs the daemons as a managed
-process (server.py) with the engine's lifecycle guarantees.
+Every NCCL profile needs a fresh engine, and a Kimi-K2.5 boot is a 20-36 minute load of 547 GB.
+vLLM 0.32's ``vllm preload`` starts one daemon per GPU that loads the post-quantized, TP-sharded
+weights once and hands CUDA IPC handles to engines started with ``--load-format ipc_cache``
+(vllm/entrypoints/cli/preload.py), so a later engine maps the weights instead of reading them.
+Here: whether a deployment can use it, the daemons' command and environment and the engine's
+arguments; manager.py runs the daemons as a managed process.
 """
 
 from __future__ import annotations

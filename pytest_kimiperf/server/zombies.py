@@ -724,10 +724,3 @@ def sweep_stale_launches(
         problems=tuple(problems),
         survivor_gpu_memory_mib={pid: mib for pid, mib in gpu_before.items() if pid in survivor_pids},
     )
-
-__all__ = [
-    "HeldLock", "LAUNCH_ID_ENV", "LaunchPlace", "LaunchRecord", "LoadedLaunches", "ProcessSummary", "SweepReport",
-    "SweepAccount", "TerminationReport", "boot_id", "find_launch_processes", "forget_launch", "leader_alive", "load_launches",
-    "owner_gone", "pid_namespace", "processes_of", "record_for_popen", "record_launch", "remote_stop",
-    "start_ticks", "stop_launch", "sweep_stale_launches", "terminate_processes",
-]

@@ -1,16 +1,11 @@
 """Baseline files on disk: ``baselines/<deployment>/<fingerprint key>.json``, end to end.
 
-The values a file holds and how a history grows are the judge's (judge/baselines.py: the entries
-and :class:`~pytest_kimiperf.judge.baselines.LoadedBaselines`); everything about the file itself
-is here, and the judge receives only the typed histories. A file's text is
-written by :func:`dumps_baseline` and checked by :func:`parse_baseline` before anything trusts it
-(a schema 1 file, one run's samples, loads as a history of one boot and is rewritten in the
-current schema on its next update). :func:`load_baselines` reads this fingerprint's file and the
-deployment's others once, for the gate. Writers merge under a file lock and replace the file
-atomically, so parallel pytest-xdist controllers or CI jobs never lose each other's entries and
-a reader never sees half a file.
-
-Merging two runners' versions of one file, and the git merge driver, is ``baseline_merge.py``.
+The values and how a history grows are the judge's (judge/baselines.py); the file is here, and
+the judge receives only typed histories. :func:`parse_baseline` checks a file before anything
+trusts it (a schema 1 file loads as a history of one boot, rewritten in the current schema on
+its next update). Writers merge under a file lock and replace the file atomically, so parallel
+xdist controllers or CI jobs never lose each other's entries; merging two runners' versions
+through git is ``baseline_merge.py``.
 """
 
 from __future__ import annotations
