@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.server.http_json import fetch_served_models
-from pytest_kimiperf.server.process import ServerHandle, check_health, check_ready
+from pytest_kimiperf.server.process import ServerHandle, bearer, check_health, check_ready
 
 _POLL_S = 0.2
 _HEALTH_TIMEOUT_S = 2.0
@@ -113,7 +113,7 @@ def attach_server(settings: Settings, profile: str, *, previous: ServerHandle | 
     url = settings.server_url
     assert url is not None
     deployment = settings.deployment
-    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+    headers = bearer(settings.api_key)
     restart = None
     if previous is not None and deployment.restart_command:
         announce(f"kimiperf: restarting the attached server for another boot: {shlex.join(deployment.restart_command)}")

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import reduce
 from pathlib import Path
 
 from pytest_kimiperf.config.nodes import SECRET_NAMES, Node, in_template, launch_argv, node_commands
@@ -208,9 +209,8 @@ class NodeGroup:
     def ensure_alive(self, *, settle_s: float = _WORKER_EXIT_WAIT_S) -> None:
         """ServerError naming the node (with its log tail) unless every node runs and the head serves.
 
-        A head that stopped serving is often the consequence: its engine died at the first
-        collective after a worker node's death. So, when the head fails, the worker nodes get
-        ``settle_s`` to finish exiting (their launcher first ends what the node left), and the
+        A head that stopped serving is often the consequence of a worker node's death (its engine
+        died at the next collective), so the workers get ``settle_s`` to finish exiting and the
         node that ended first is the message.
         """
         if self.launches[0].exit_code() is None:
@@ -239,12 +239,7 @@ class NodeGroup:
                 reports.append(report)
         if error is not None:
             raise error
-        if not reports:
-            return None
-        total = process_sweep.TerminationReport()
-        for report in reports:
-            total = total.combined(report)
-        return total
+        return reduce(process_sweep.TerminationReport.combined, reports) if reports else None
 
     def _stop_one(self, launch: NodeLaunch) -> process_sweep.TerminationReport | None:
         """One node's stop. Behind a template, the agent stops the launch there first (while the
@@ -284,12 +279,10 @@ class NodeGroup:
 def node_group(head: ServerProcess, nodes: Sequence[Node], engine_argv: Sequence[str], *,
                exported: Mapping[str, str], master_port: int) -> NodeGroup:
     """The group that boots ``nodes`` around ``head`` (the one-machine server the manager built,
-    which becomes node 0): each node's command from vLLM's multi-node flags, each worker node a
-    process of its own with its own log beside the head's.
+    which becomes node 0), each worker node a process of its own with its log beside the head's.
 
-    ``exported``: the variables every node must see (the deployment's and the profile's: a
-    profile's NCCL settings reach every rank); a node started through a template gets them, its
-    own and the launch marker through ``env``, one on this machine through its environment.
+    ``exported``: what every node must see (the deployment's and the profile's variables: a
+    profile's NCCL settings reach every rank).
     """
     # A template's command line is visible in `ps` on both machines: secrets never travel on it.
     # A remote node that needs one (HF_TOKEN to fetch weights) reads it from its own environment.

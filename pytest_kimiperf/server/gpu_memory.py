@@ -107,13 +107,9 @@ def _process_name(pid: int) -> str:
 
 
 def gpu_holders(timeout_s: float = 10.0) -> GpuHolders:
-    """Each GPU's processes and the MiB each holds; empty without GPUs.
-
-    NVML's pids are turned into the pids this process sees (pid_namespace.py); one that cannot be
-    named keeps ``pid=None`` (another container's process, under a driver that reports host pids),
-    and the view's note says why. A host whose nvidia-smi answers nothing raises ServerError: it
-    must not read as "no process holds memory".
-    """
+    """Each GPU's processes and the MiB each holds, by the pids this process sees (``pid=None``
+    where one cannot be named, the view's note saying why); empty without GPUs. A host whose
+    nvidia-smi answers nothing raises ServerError: it must not read as "no process holds memory"."""
 
     def from_smi(smi: str) -> list[tuple[int, int, int | None]]:
         fields = ("gpu_uuid", "pid", "used_memory")
@@ -203,17 +199,13 @@ def wait_gpu_memory_freed(
     ``before_mib`` (each GPU's figure before the first boot), every GPU is back to it; else
     ServerError naming what still holds memory.
 
-    Ended processes keep their GPU memory until the driver tears their CUDA context down, so a
-    new server started at once could fail vLLM's free-memory check. Where the per-process view
-    never named any of ``pids`` (a container whose pids cannot be matched) and no figure before
-    the boot is known, it waits until each GPU's figure held still :data:`SETTLED_POLLS` polls,
-    instead of taking "nothing named" for "freed".
+    Ended processes keep their memory until the driver tears their CUDA context down. Where
+    nothing of ``pids`` was ever named (pids that cannot be matched) and no figure before the
+    boot is known, it waits for each GPU's figure to hold still :data:`SETTLED_POLLS` polls.
     """
     watched = frozenset(int(pid) for pid in pids)
     if deadline_s < 0 or poll_s <= 0:
-        raise ValueError(
-            f"deadline_s must be >= 0 and poll_s > 0, got deadline_s={deadline_s}, poll_s={poll_s}"
-        )
+        raise ValueError(f"deadline_s must be >= 0 and poll_s > 0, got deadline_s={deadline_s}, poll_s={poll_s}")
     end = time.monotonic() + deadline_s
     named_once = False
     history: list[Mapping[int, int]] = []

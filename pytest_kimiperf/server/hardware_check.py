@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from pytest_kimiperf.config.deployments import Deployment
 from pytest_kimiperf.config.nccl.profiles import NcclProfile
@@ -35,12 +36,8 @@ from pytest_kimiperf.server.weight_cache import check_fit, gpu_memory_utilizatio
 QUERY_TIMEOUT_S = 10.0
 
 
-def _probe_host() -> GpuProbe:
-    return probe_gpus(timeout_s=QUERY_TIMEOUT_S)
-
-
-def _host_topology() -> Topology | None:
-    return query_topology(timeout_s=QUERY_TIMEOUT_S)
+_probe_host = partial(probe_gpus, timeout_s=QUERY_TIMEOUT_S)
+_host_topology = partial(query_topology, timeout_s=QUERY_TIMEOUT_S)
 
 
 def deployment_gpus(deployment: Deployment,
@@ -62,11 +59,9 @@ def hardware_problem(
     probe: Callable[[], GpuProbe] = _probe_host,
 ) -> str | None:
     """Why this host cannot run ``deployment`` (GPUs missing or of another kind, or the weight
-    cache would leave an engine no room), in one message; None when it can, when it runs on CPU,
-    or when the server is ``external`` (not ours to boot). Only the GPUs the server can use count.
-    Under ``control`` (--kimiperf-control) no daemon holds the weights. Free memory is not judged
-    here: what holds it may be a killed run's processes, which the sweep ends before the first
-    boot (:func:`await_free_memory`)."""
+    cache would leave an engine no room), in one message; None when it can, on CPU, or for an
+    ``external`` server. Free memory is judged after the sweep (:func:`await_free_memory`): what
+    holds it may be a killed run's processes."""
     if external or not deployment.needs_gpus:
         return None
     found, usable, scope = deployment_gpus(deployment, probe)
@@ -186,10 +181,9 @@ def topology_warnings(
     external: bool = False,
     topology: Callable[[], Topology | None] = _host_topology,
 ) -> list[str]:
-    """The profile warnings that depend on the hardware, which configure-time validation could
-    not know: an explicit LL128 on a host whose GPUs talk over PCIe only, and an algorithm list
-    that leaves a collective vLLM runs nothing this host offers (values.enabled_choices).  No warning where
-    nvidia-smi is absent or cannot answer: the perf tests' own hardware check says so, at setup."""
+    """The profile warnings configure-time validation could not know: an explicit LL128 on a
+    PCIe-only host, and an algorithm list that leaves a collective vLLM runs nothing this host
+    offers (values.enabled_choices). None where nvidia-smi cannot answer (the hardware check says so)."""
     if external or not deployment.needs_gpus:
         return []
     try:

@@ -86,11 +86,8 @@ def profile_cache_reason(profile: str, dests: frozenset[str]) -> str | None:
 
 @dataclass(frozen=True)
 class WeightCachePlan:
-    """Whether the session boots its engines from the weight cache, and how.
-
-    ``fallback_reason`` is the one line the header shows when the deployment asked for the
-    cache ("auto") but loads from disk instead.
-    """
+    """Whether the session boots its engines from the weight cache, and how; ``fallback_reason``
+    is the line the header shows when "auto" loads from disk instead."""
 
     enabled: bool
     fallback_reason: str | None = None
@@ -156,12 +153,9 @@ def quant_reason(*, model: str | None, quantization: str | None) -> str | None:
 
 def why_not_used(*, setting: str, gpu_count: int, command: Sequence[str], model: str | None = None,
                  quantization: str | None = None, nodes: int = 1, control: bool = False) -> str | None:
-    """Why the deployment's engines will load from disk, or None when they boot from the cache.
-
-    Decided before any boot, and before any daemon starts (the header shows it): the setting,
-    the platform, the command, and the model's quantization method. A daemon that still fails
-    to start is a later fallback with the daemons' own error as its reason.
-    """
+    """Why the deployment's engines will load from disk, or None when they boot from the cache:
+    decided before any daemon starts (the header shows it); a daemon that still fails to start is
+    a later fallback with its own error as the reason."""
     if setting == "off":
         return "the deployment sets weight_cache = \"off\""
     if control:
@@ -178,7 +172,7 @@ def why_not_used(*, setting: str, gpu_count: int, command: Sequence[str], model:
         return (f"a deployment across {nodes} nodes: `vllm preload` daemons run on the head only and CUDA "
                 "IPC handles do not cross hosts, so the other nodes' engines would find no cache; "
                 "loading from disk")
-    if not _is_vllm_serve(command):
+    if _serve_at(list(command)) is None:
         return "the command is not `vllm serve`: no `vllm preload` to pair it with"
     return quant_reason(model=model, quantization=quantization)
 
@@ -203,10 +197,6 @@ def _serve_at(command: Sequence[str]) -> int | None:
     if len(command) >= 5 and command[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]:
         return 3
     return None
-
-
-def _is_vllm_serve(command: Sequence[str]) -> bool:
-    return _serve_at(list(command)) is not None
 
 
 def daemon_argv(engine_argv: Sequence[str], plan: WeightCachePlan) -> list[str]:
@@ -295,13 +285,10 @@ def check_fit(fit: MemoryFit) -> None:
         )
 
 
-def _estimate_daemon_gib(_checkpoint_bytes: int, tensor_parallel_size: int) -> float:
-    """Weights per GPU held by the daemons, estimated from the checkpoint's size on disk.
-
-    Post-quantized weights are about the checkpoint's size (INT4 stays INT4); each TP rank
-    holds its shard.
-    """
-    return _checkpoint_bytes / max(1, tensor_parallel_size) / 1024**3
+def _estimate_daemon_gib(checkpoint_bytes: int, tensor_parallel_size: int) -> float:
+    """Weights per GPU held by the daemons: the checkpoint's size (post-quantized weights are
+    about as large; INT4 stays INT4) over the TP ranks."""
+    return checkpoint_bytes / max(1, tensor_parallel_size) / 1024**3
 
 
 def _model_folders(model: str) -> list[Path]:

@@ -97,6 +97,13 @@ def _text_field(data: Mapping[str, object], name: str) -> str:
     return value
 
 
+def _texts_field(data: Mapping[str, object], name: str, default: object = None) -> tuple[str, ...]:
+    value = data.get(name, default)
+    if not isinstance(value, list) or not all(isinstance(arg, str) for arg in value):
+        raise ValueError(f"field {name!r} is {value!r}, expected a list of strings")
+    return tuple(value)
+
+
 def _int_field(data: Mapping[str, object], name: str, *, minimum: int = 1) -> int:
     value = data.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -153,21 +160,15 @@ class LaunchRecord:
         """Rebuild a record from ``to_json`` data; ValueError saying which field is wrong."""
         if not isinstance(data, Mapping):
             raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-        cmdline = data.get("cmdline")
-        if not isinstance(cmdline, list) or not all(isinstance(arg, str) for arg in cmdline):
-            raise ValueError(f"field 'cmdline' is {cmdline!r}, expected a list of strings")
         launch_id = _text_field(data, "launch_id")
         check_safe_name("launch id", launch_id, source="state file")
         place_known = "boot_id" in data
-        node_stop = data.get("node_stop", [])
-        if not isinstance(node_stop, list) or not all(isinstance(arg, str) for arg in node_stop):
-            raise ValueError(f"field 'node_stop' is {node_stop!r}, expected a list of strings")
         return cls(
             launch_id=launch_id,
             pid=_int_field(data, "pid"),
             pgid=_int_field(data, "pgid"),
             create_time=_time_field(data, "create_time"),
-            cmdline=tuple(cmdline),
+            cmdline=_texts_field(data, "cmdline"),
             deployment=_text_field(data, "deployment"),
             profile=_text_field(data, "profile"),
             log_path=_text_field(data, "log_path"),
@@ -179,13 +180,8 @@ class LaunchRecord:
             boot_id=_text_field(data, "boot_id") if place_known else "",
             pid_ns=_text_field(data, "pid_ns") if place_known else "",
             uid=_int_field(data, "uid", minimum=0) if place_known else -1,
-            node_stop=tuple(node_stop),
+            node_stop=_texts_field(data, "node_stop", default=[]),
         )
-
-    @property
-    def place(self) -> LaunchPlace:
-        """Where the launch happened."""
-        return LaunchPlace(host=self.host, boot_id=self.boot_id, pid_ns=self.pid_ns, uid=self.uid)
 
     def foreign_reason(self, here: LaunchPlace) -> str | None:
         """Why this record is not ours to act on from ``here`` (None when it is)."""
@@ -225,7 +221,6 @@ def record_for_popen(
         # It died at once: with start_new_session the group id is the pid, and without start
         # ticks the group is never trusted, so only the marker can find what it started.
         create_time, cmdline, pgid = time.time(), (), pid
-    here = LaunchPlace.here()
     return LaunchRecord(
         launch_id=launch_id,
         pid=pid,
@@ -239,10 +234,7 @@ def record_for_popen(
         owner_pid=owner.pid,
         owner_create_time=owner.create_time(),
         start_ticks=start_ticks(pid) or 0,
-        host=here.host,
-        boot_id=here.boot_id,
-        pid_ns=here.pid_ns,
-        uid=here.uid,
+        **asdict(LaunchPlace.here()),
     )
 
 

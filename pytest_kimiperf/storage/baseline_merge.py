@@ -23,6 +23,7 @@ environment or arguments is a :class:`BaselineConflict` left to a human. Soft fi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -201,18 +202,15 @@ def _raw_schema_version(text: str) -> object:
     return data.get("schema_version") if isinstance(data, dict) else None
 
 
-
 _USAGE = "usage: python -m pytest_kimiperf merge-driver BASE OURS THEIRS PATH  (git's %O %A %B %P)"
 
 
 def _leave_text_conflict(base: str, ours: str, theirs: str, path: str) -> None:
     # git leaves the driver's %A in the work tree, marked unmerged: give the human git's own
     # conflict markers rather than "ours" looking resolved.
-    try:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run(["git", "merge-file", "-L", f"ours:{path}", "-L", f"base:{path}", "-L",
                         f"theirs:{path}", ours, base, theirs], capture_output=True, timeout=60, check=False)
-    except (OSError, subprocess.SubprocessError):
-        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
