@@ -78,12 +78,8 @@ class PhaseTime:
 
 @dataclass(frozen=True)
 class BootAccount:
-    """Where one boot's seconds went.
-
-    ``ordinal`` counts this profile's boots in the session (1 is the first);
-    ``first_of_deployment`` is True for the session's first boot of the deployment, the one
-    that builds the compile cache and warms the page cache for all that follow.
-    """
+    """Where one boot's seconds went; ``first_of_deployment``: the session's first boot of the
+    deployment, which builds the compile cache and warms the page cache for all that follow."""
 
     profile: str
     ordinal: int
@@ -197,13 +193,9 @@ def account_boot(
     log_path: str | None = None,
     environments: dict[str, dict[str, str]] | None = None,
 ) -> BootAccount:
-    """The account of a boot from its log, its local start time and its time to ready.
-
-    Phases run from their opener's timestamp to the next opener's; "process start" runs from
-    the launch to the first opener (Python imports, the platform probe), and the last phase
-    ends at ready. Openers appear at most once each and in log order, not a fixed order (the
-    CPU runner compiles inside its warm-up).
-    """
+    """The account of a boot from its log, its local start time and its time to ready: each phase
+    from its opener's timestamp to the next opener's (in log order: the CPU runner compiles inside
+    its warm-up), "process start" before the first, the last ending at ready."""
     marks: list[tuple[str, float]] = [("process start", 0.0)]
     seen: set[str] = set()
     weights_s = weights_gib = compile_s = warmup_s = None

@@ -148,12 +148,8 @@ class NodeGroup:
             raise
 
     def wait_ready(self, on_progress: ProgressCallback | None = None) -> ServerHandle:
-        """Wait for the head to serve; a worker node that exits meanwhile fails the boot.
-
-        Any exception (a node's death, the deadline, Ctrl-C) stops every node before it
-        propagates, as a one-machine server's wait does. While the head runs, a dead worker is
-        the cause; once the head itself exited, its own error is (with the nodes that died too).
-        """
+        """Wait for the head to serve; a worker node that exits meanwhile fails the boot, and any
+        exception stops every node first, as a one-machine server's wait does."""
         def progress(state: BootProgress, elapsed: float, changed: bool) -> None:
             if self.launches[0].exit_code() is None:
                 self._raise_for_dead_workers("while booting")

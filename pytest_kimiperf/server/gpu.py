@@ -187,11 +187,8 @@ class DriverAnswer(Generic[_T]):
 def ask_driver(
     nvml_query: Callable[[Any], _T], smi_query: Callable[[str], _T]
 ) -> DriverAnswer[_T]:
-    """Ask NVML (``nvml_query(pynvml)``), else nvidia-smi (``smi_query(path_to_nvidia_smi)``).
-
-    An NVML error, or a ``KimiperfError`` from the nvidia-smi query (see ``_run_smi``), becomes a
-    note; any other error is a bug and is raised.  NVML is shut down after every query.
-    """
+    """Ask NVML (``nvml_query(pynvml)``), else nvidia-smi (``smi_query(path_to_nvidia_smi)``); an
+    NVML error or a ``KimiperfError`` from nvidia-smi becomes a note, any other error is raised."""
     notes: list[str] = []
     pynvml = _load_nvml(notes)
     if pynvml is not None:
@@ -214,10 +211,8 @@ def ask_driver(
 
 
 def probe_gpus(timeout_s: float = 10.0) -> GpuProbe:
-    """Find this host's NVIDIA GPUs through NVML, else nvidia-smi, saying why when there are none.
-
-    All host GPUs are reported, whatever CUDA_VISIBLE_DEVICES says (NVML ignores it).
-    """
+    """Find this host's NVIDIA GPUs through NVML, else nvidia-smi, saying why when there are none
+    (every host GPU, whatever CUDA_VISIBLE_DEVICES says: NVML ignores it)."""
 
     def from_smi(smi: str) -> list[GpuInfo]:
         text = _run_smi(
@@ -303,11 +298,8 @@ def check_hardware(
     unavailable_reason: str | None = None,
     scope: str | None = None,
 ) -> None:
-    """Raise HardwareMissingError, in one message, unless ``gpus`` satisfy the deployment's need.
-
-    ``unavailable_reason`` (``GpuProbe.absence_reason()``) explains an empty ``gpus``; ``scope``
-    says which of the host's GPUs ``gpus`` are (those CUDA_VISIBLE_DEVICES leaves this process).
-    """
+    """Raise HardwareMissingError, in one message, unless ``gpus`` satisfy the deployment's need;
+    ``scope`` says which of the host's GPUs ``gpus`` are (what CUDA_VISIBLE_DEVICES leaves)."""
     if req.gpu_count == 0:
         return
     matching = [gpu for gpu in gpus if req.matches(gpu) and not gpu.in_mig_mode]

@@ -104,11 +104,8 @@ def _write_holder(path: Path) -> None:
 def _claim_host(
     state_dir: Path, *, wait_s: float, announce: Callable[[str], None], poll_s: float = 0.25,
 ) -> HeldLock:
-    """Take the host for this session's servers (released, or dropped at death, it hands the host
-    on), waiting up to ``wait_s`` for another session.
-
-    Raises ServerError naming the holder when the wait runs out.
-    """
+    """Take the host for this session's servers, waiting up to ``wait_s`` for another session;
+    ServerError naming the holder when the wait runs out."""
     state_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(state_dir / _LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     start = time.monotonic()
@@ -259,8 +256,7 @@ class ServerManager:
         self._sweep_account: SweepAccount | None = None
         self._pid_view_said = False
         self._used_before_sweep_mib: dict[int, int] = {}
-        # `vllm preload` daemons (weight_cache.py): planned at the first boot, started once,
-        # stopped after the last engine. ``weight_cache_record`` is what the reports say of them.
+        # `vllm preload` daemons: planned at the first boot, stopped after the last engine.
         self.weight_cache: WeightCachePlan | None = None
         self.weight_cache_record: ServerRecord | None = None
         self._daemons: ServerProcess | None = None
@@ -483,11 +479,8 @@ class ServerManager:
         return envs
 
     def _start_weight_cache(self, engine_argv: list[str]) -> None:
-        """Plan the weight cache and, where it works, start the daemons and wait for them.
-
-        A daemon that cannot start is never a failed session: the engines load from disk and
-        the reason is said once (the report carries it as the plan's fallback reason).
-        """
+        """Plan the weight cache and, where it works, start the daemons and wait for them; daemons
+        that cannot start mean disk loads, the reason said once, never a failed session."""
         deployment = self.settings.deployment
         socket_dir = tempfile.mkdtemp(prefix="kimiperf-wc-")  # short: a Unix socket path is <108 bytes
         plan = plan_weight_cache(setting=deployment.weight_cache, gpu_count=deployment.gpu_count,
@@ -578,11 +571,8 @@ class ServerManager:
         return False
 
     def release(self) -> None:
-        """Stop the current server and verify that nothing of it is left.
-
-        The server stays this manager's current one until its stop is verified: a stop that
-        did not finish (an exception, SIGKILL survivors) is tried again by :meth:`close`.
-        """
+        """Stop the current server and verify that nothing of it is left; until then it stays the
+        current one, so :meth:`close` tries an unfinished stop again."""
         server = self._current
         if server is None:
             return
@@ -633,8 +623,6 @@ class ServerManager:
                 "a new server would not fit next to them. They are usually stuck in the driver: "
                 "check `nvidia-smi` and the kernel log, free the GPUs (or reboot), then rerun"
             )
-        # What the ended processes held comes back as the driver tears their contexts down: the
-        # first boot waits for it (_first_boot_memory), with every other GPU fact.
 
     def close(self) -> None:
         """Stop whatever still runs (end of session, interrupt), then let the next session boot."""

@@ -131,13 +131,9 @@ def _gpu_field(name: str) -> str:
 def parse_query_gpu_csv(
     text: str, fields: Sequence[str] = QUERY_GPU_FIELDS, *, cuda_version: str | None = None
 ) -> list[GpuInfo]:
-    """Parse ``nvidia-smi --query-gpu=<fields>`` output into GpuInfo rows.
-
-    Accepts ``--format=csv`` (header and units) and ``csv,noheader,nounits``; a header row, when
-    present, names the fields and overrides ``fields``.  The query must include ``name``,
-    ``memory.total`` and ``driver_version``; ``index``, ``uuid`` and the PCIe link fields are
-    optional (missing index: row order).
-    """
+    """Parse ``nvidia-smi --query-gpu=<fields>`` output (``--format=csv``, whose header names the
+    fields, or ``csv,noheader,nounits``) into GpuInfo rows. ``name``, ``memory.total`` and
+    ``driver_version`` are required; a missing ``index`` is the row order."""
     lines = [line for line in text.splitlines() if line.strip()]
     wanted = [_gpu_field(name) for name in fields]
     if lines:
@@ -181,11 +177,8 @@ def _mig_mode(value: str) -> str | None:
 
 
 def parse_cuda_version(text: str) -> str | None:
-    """Read the CUDA version from plain ``nvidia-smi`` or ``nvidia-smi -q`` output; None if absent.
-
-    ``nvidia-smi -q`` prints ``CUDA Version : Not Found`` when no CUDA driver is visible; that
-    reads as None, not as a version.
-    """
+    """The CUDA version in plain ``nvidia-smi`` or ``nvidia-smi -q`` output; None if absent (or
+    ``Not Found``, which ``-q`` prints when no CUDA driver is visible)."""
     match = _CUDA_VERSION.search(text)
     if match is None:
         return None
@@ -194,12 +187,8 @@ def parse_cuda_version(text: str) -> str | None:
 
 
 def parse_topology(text: str) -> Topology:
-    """Parse ``nvidia-smi topo -m`` into the GPU-to-GPU link matrix.
-
-    Columns are found from the header row (tabs or spaces, leading whitespace or not); NIC rows and
-    columns, CPU/NUMA affinity and the legend are ignored.  An unknown link code raises ValueError
-    rather than being guessed as PCIe.
-    """
+    """Parse ``nvidia-smi topo -m`` into the GPU-to-GPU link matrix (NIC rows and columns, CPU/NUMA
+    affinity and the legend ignored); an unknown link code is a ValueError, never guessed as PCIe."""
     lines = text.splitlines()
     header_at = next(
         (

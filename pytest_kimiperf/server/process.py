@@ -300,11 +300,9 @@ class ServerProcess:
             self._watch_fd = None
 
     def wait_ready(self, on_progress: ProgressCallback | None = None) -> ServerHandle:
-        """Block until the server is ready; fail fast if it dies, stop it past the deadline.
-
-        Any exception on the way (KeyboardInterrupt included) stops the server before it
-        propagates: a half-booted server must never outlive the wait.
-        """
+        """Block until the server is ready; fail fast if it dies, stop it past the deadline. Any
+        exception (KeyboardInterrupt included) stops it first: a half-booted server never outlives
+        the wait."""
         assert self.popen is not None and self.started_at is not None, "start() first"
         tracker = BootTracker()
         self.progress = tracker.current

@@ -63,10 +63,8 @@ def parse_progress(line: str) -> BootProgress | None:
 
 
 def split_log_records(buffer: str) -> tuple[list[str], str]:
-    """Split text read from a log into complete records and the unfinished rest.
-
-    tqdm redraws a bar with ``\\r``; each redraw counts as a record of its own.
-    """
+    """Split text read from a log into complete records (each tqdm redraw, after ``\\r``, one of
+    its own) and the unfinished rest."""
     parts = re.split(r"\r\n|\r|\n", buffer)
     return [p for p in parts[:-1] if p.strip()], parts[-1]
 
@@ -75,11 +73,8 @@ _PHASE_ORDER = {phase: rank for rank, (phase, _) in enumerate(reversed(_PHASE_PA
 
 
 class BootTracker:
-    """Follows a server's log records and keeps the furthest phase reached.
-
-    Phases only move forward: a later line that matches an earlier phase's words (vLLM logs
-    "init engine (profile, ...) took" after profiling) does not move the display back.
-    """
+    """Follows a server's log records and keeps the furthest phase reached: a later line with an
+    earlier phase's words ("init engine (profile, ...) took") does not move the display back."""
 
     def __init__(self) -> None:
         self.current = BootProgress("starting process")
@@ -99,11 +94,8 @@ class BootTracker:
 
 
 class ProgressDisplay:
-    """Shows boot progress without tangling with pytest's own output.
-
-    On a terminal one line is rewritten in place (at most a few times a second); without one
-    (CI logs) a line is written when the phase changes and otherwise every ``interval_s``.
-    """
+    """Shows boot progress: on a terminal one line rewritten in place (a few times a second at
+    most); without one (CI logs) a line when the phase changes, else every ``interval_s``."""
 
     def __init__(
         self,

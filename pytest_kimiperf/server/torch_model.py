@@ -197,11 +197,8 @@ class EngineRequest:
 
 def load(args: argparse.Namespace, log: Any, memory: DeviceMemory | None = None) -> tuple[TinyLlama, dict[str, Any]]:
     """Resolve or build the checkpoint, load it onto the device, size and allocate the KV cache,
-    warm up; log each phase in vLLM's words. What the API server's /metrics reports comes back.
-
-    On CUDA, GPU memory is taken as vLLM takes it, read through ``memory`` (the device's own,
-    :class:`CudaMemory`, unless given): a test gives a stand-in on the CPU, so that this path's
-    checks, sizing and allocation run there too, with only the driver's readings stood in for."""
+    warm up, each phase logged in vLLM's words; returns what /metrics reports. On CUDA memory is
+    read through ``memory`` (a test's stand-in lets this path run on the CPU)."""
     device = pick_device(args.device)
     dtype = torch.bfloat16 if (args.dtype == "bfloat16" or (args.dtype == "auto" and device.type == "cuda")) \
         else torch.float32

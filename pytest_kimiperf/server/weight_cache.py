@@ -95,12 +95,8 @@ class WeightCachePlan:
     health_port: int | None = None
 
     def engine_args(self) -> list[str]:
-        """Arguments added to each engine's command line while the daemons serve.
-
-        ``fallback: true``: a daemon that does not answer, or holds other weights, means a disk
-        load with a warning in the engine's log (ipc_loader.py), which the boot account then
-        shows as a disk load: a slower boot, never a failed one.
-        """
+        """Arguments added to each engine's command line while the daemons serve; with ``fallback``
+        a daemon that does not answer means a disk load (ipc_loader.py), never a failed boot."""
         if not self.enabled:
             return []
         extra = {"socket_dir": self.socket_dir, "fallback": True}
@@ -135,10 +131,8 @@ def _model_config(model: str) -> dict[str, object] | None:
 
 
 def quant_reason(*, model: str | None, quantization: str | None) -> str | None:
-    """Why the daemons cannot serve this model's quantization, or None when they can (or may).
-
-    The model's own config.json decides where it is on this host; otherwise the deployment's
-    declared ``quantization``."""
+    """Why the daemons cannot serve this model's quantization, or None when they can (or may): from
+    the model's config.json where it is on this host, else the deployment's ``quantization``."""
     config = _model_config(model) if model else None
     if config is not None:
         method, source = quant_method_of(config), f"{model}'s config.json"
@@ -200,13 +194,9 @@ def _serve_at(command: Sequence[str]) -> int | None:
 
 
 def daemon_argv(engine_argv: Sequence[str], plan: WeightCachePlan) -> list[str]:
-    """`vllm preload` with the engine's model and engine arguments, in the engine's CLI form.
-
-    The daemons must hold the weights exactly as the engine would build them (the engine
-    checks a fingerprint of model, dtype, quantization and parallel sizes, protocol.py
-    WeightCacheKey), so every engine argument is passed on; only the API server's are left out.
-    Its /health answers 200 once every rank serves (preload.py _HealthState).
-    """
+    """`vllm preload` with every engine argument (the daemons' weights must match the engine's
+    WeightCacheKey, protocol.py), the API server's left out; its /health answers 200 once every rank
+    serves (preload.py _HealthState)."""
     assert plan.enabled and plan.socket_dir is not None and plan.health_port is not None
     at = _serve_at(list(engine_argv))
     assert at is not None, "plan_weight_cache enables the cache for vLLM CLI commands only"
@@ -230,12 +220,9 @@ def daemon_argv(engine_argv: Sequence[str], plan: WeightCachePlan) -> list[str]:
 
 
 def daemon_env(shell_env: Mapping[str, str], deployment_env: Mapping[str, str]) -> dict[str, str]:
-    """The daemons' environment: the shell's and the deployment's, never a profile's.
-
-    A profile's NCCL variables are what the session measures; the daemons form their own NCCL
-    group (preload.py: their own rendezvous port) that no measured request crosses, so the
-    profile's settings have no business there, and the daemons outlive every profile.
-    """
+    """The daemons' environment: the shell's and the deployment's, never a profile's (the daemons
+    form their own NCCL group, preload.py, that no measured request crosses, and outlive every
+    profile)."""
     return {**shell_env, **deployment_env}
 
 
@@ -262,12 +249,9 @@ class MemoryFit:
 
     @property
     def engine_left_gib(self) -> float:
-        """The engine's budget less the mapped weights: what is left for activations and KV.
-
-        In zero-copy mode the engine counts the daemon's weights inside its own
-        ``gpu_memory_utilization`` budget (v1/worker/utils.py:728 request_memory, fed by
-        ipc_loader.py get_external_weight_memory), and fails at boot when nothing is left.
-        """
+        """The engine's budget less the mapped weights, which it counts inside its own
+        ``gpu_memory_utilization`` (v1/worker/utils.py:728 request_memory, fed by ipc_loader.py
+        get_external_weight_memory): what is left for activations and KV."""
         return self.gpu_total_gib * self.gpu_memory_utilization - self.daemon_gib_per_gpu
 
     def describe(self) -> str:

@@ -59,10 +59,7 @@ def pid_namespace(pid: int | str = "self") -> str:
 
 def start_ticks(pid: int) -> int | None:
     """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22); None if gone.
-
-    Exact and monotonic, unlike psutil's create_time (boot time + ticks, in wall-clock seconds,
-    which moves when the clock is stepped).
-    """
+    Exact and monotonic, unlike psutil's create_time, which moves when the clock is stepped."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
@@ -141,9 +138,8 @@ class LaunchRecord:
     boot_id: str = ""
     pid_ns: str = ""
     uid: int = -1
-    # A node of a multi-node deployment started through a launch template (server/cluster.py):
-    # the node agent's command that stops this launch's processes there. Empty for a launch
-    # whose processes all run on this machine.
+    # A node behind a launch template (cluster.py): the node agent's command that stops this
+    # launch's processes there.
     node_stop: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, object]:
@@ -245,11 +241,8 @@ def _record_path(state_dir: Path, launch_id: str) -> Path:
 
 class HeldLock:
     """An exclusive flock held on the open file ``path`` until :meth:`release`; the kernel drops it
-    when this process dies, however it dies (a launch record's owner lock, the host claim).
-
-    The descriptor is not inherited by the processes this one starts (Python's default), so a
-    server cannot keep its dead owner's lock alive.
-    """
+    when this process dies, however it dies (a launch record's owner lock, the host claim). Not
+    inherited by the processes this one starts, so a server cannot keep a dead owner's lock."""
 
     def __init__(self, path: Path, fd: int) -> None:
         self.path = path
@@ -263,11 +256,8 @@ class HeldLock:
 
 
 def record_launch(state_dir: str | os.PathLike[str], record: LaunchRecord) -> HeldLock:
-    """Write the launch's state file atomically and hold its owner lock for the launch's life.
-
-    The lock is taken on the temporary file before it is renamed into place, so no sweep can
-    ever see the record without the lock.
-    """
+    """Write the launch's state file atomically and hold its owner lock for the launch's life
+    (taken on the temporary file before the rename: no sweep sees the record without it)."""
     path = _record_path(Path(state_dir), record.launch_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -292,11 +282,8 @@ def forget_launch(state_dir: str | os.PathLike[str], launch_id: str) -> None:
 
 @contextlib.contextmanager
 def owner_gone(state_dir: str | os.PathLike[str], launch_id: str) -> Iterator[bool]:
-    """Yields whether the launch's owner is gone, holding its record's lock meanwhile if so.
-
-    Holding it while its processes are stopped keeps a second sweeping session off the same
-    record.
-    """
+    """Yields whether the launch's owner is gone, holding its record's lock meanwhile if so (which
+    keeps a second sweeping session off the record while its processes are stopped)."""
     path = _record_path(Path(state_dir), launch_id)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -371,11 +358,9 @@ def _ours(process: psutil.Process, uid: int) -> bool:
 
 def processes_of(launch_id: str, *, uid: int, trusted_pgid: int | None, leader: int | None = None,
                  exclude: Iterable[int] = ()) -> list[psutil.Process]:
-    """Every live process of uid ``uid`` in group ``trusted_pgid`` or carrying the launch marker.
-
-    ``trusted_pgid`` must be None unless the group's leader is known to be the launch's own.
-    Zombies are left out: they hold no memory and no port, and only their parent can reap them.
-    """
+    """Every live process of uid ``uid`` in group ``trusted_pgid`` (None unless its leader is known
+    to be the launch's own) or carrying the launch marker. Zombies are left out: they hold no memory
+    and no port, and only their parent can reap them."""
     skip = {os.getpid(), *exclude}
     found: dict[int, psutil.Process] = {}
     if leader is not None and leader not in skip:
@@ -401,11 +386,7 @@ def processes_of(launch_id: str, *, uid: int, trusted_pgid: int | None, leader: 
 
 def find_launch_processes(record: LaunchRecord) -> list[psutil.Process]:
     """Every live process of this launch: its leader and group while the leader provably runs,
-    and whatever carries its marker.
-
-    Orphans reparented to init (vLLM's EngineCore and Worker_TP* after the API server was
-    SIGKILLed) are found by the group while the launcher leads it, and by the marker after.
-    """
+    and whatever carries its marker (orphans reparented to init, once the launcher is gone)."""
     trusted = leader_alive(record)
     return processes_of(
         record.launch_id, uid=record.uid if record.uid >= 0 else os.getuid(),
@@ -483,10 +464,8 @@ def _wait_gone(
     processes: Sequence[psutil.Process], timeout_s: float, cut_short: Callable[[], bool] = _NEVER,
 ) -> tuple[list[psutil.Process], list[psutil.Process]]:
     """Split into (gone, alive) once all are gone, ``timeout_s`` passed or ``cut_short()`` says so.
-
-    psutil.wait_procs is not used: for a process that is not our child it polls whether the pid
-    exists, and a zombie orphan (gone in every way that matters) still exists until init reaps it.
-    """
+    Not psutil.wait_procs: for a process not our child it polls whether the pid exists, and a
+    zombie orphan (gone in every way that matters) exists until init reaps it."""
     end = time.monotonic() + timeout_s
     alive = list(processes)
     gone: list[psutil.Process] = []
@@ -514,13 +493,9 @@ def _signal(processes: Iterable[psutil.Process], send: Callable[[psutil.Process]
 
 def terminate_processes(procs: Sequence[psutil.Process], *, grace_s: float = 15.0,
                         kill_now: Callable[[], bool] = _NEVER) -> TerminationReport:
-    """SIGTERM each process, wait up to ``grace_s``, SIGKILL what remains, and report.
-
-    ``kill_now`` cuts the grace short (checked every 50 ms): a second Ctrl-C or SIGTERM during
-    teardown means "stop now", never "abandon the stop".
-    Each process is signalled by itself, not through ``killpg``: a group id outlives nothing, and
-    once the group's members are gone the id can belong to someone else's new group.
-    """
+    """SIGTERM each process, wait up to ``grace_s`` (cut short by ``kill_now``: a second signal
+    during teardown means "stop now"), SIGKILL what remains, and report. Each process is signalled
+    by itself, not through ``killpg``: once a group's members are gone its id can be another's."""
     if grace_s < 0:
         raise ValueError(f"grace_s must be >= 0, got {grace_s}")
     summaries = {process.pid: _summary(process) for process in procs}
@@ -556,11 +531,9 @@ def _run_remote(argv: Sequence[str]) -> str:
 
 def remote_stop(argv: Sequence[str], *, where: str,
                 run: Callable[[Sequence[str]], str] = _run_remote) -> TerminationReport:
-    """Run the node agent's stop of a launch on another node (``python -m pytest_kimiperf.node_agent
-    stop``, inside the node's launch template) and read what it ended and what survived there;
-    ``run`` returns the agent's answer (agent_wire.py).
-    An agent that cannot run or answers nonsense leaves one unverified survivor, so the launch's
-    record is kept and the next sweep tries again."""
+    """Run the node agent's stop of a launch on another node (through its launch template) and read
+    what it ended and what survived there. An agent that cannot run or answers nonsense leaves one
+    unverified survivor, so the launch's record is kept and the next sweep tries again."""
     try:
         data = json.loads(run(argv))
         rows = {key: [(int(p["pid"]), str(p["name"]), tuple(p.get("cmdline", ()))) for p in data[key]]
@@ -660,9 +633,8 @@ def sweep_stale_launches(
 ) -> SweepReport:
     """End the servers that earlier, dead pytest runs left behind, and forget their records.
 
-    A launch is left alone when ``is_current`` says it belongs to this session, when its owner
-    still holds the record's lock (another pytest session on this host), and when it was made
-    on another host, boot, pid namespace or by another uid. A record whose processes survive
+    A launch of this session (``is_current``), of a live owner (it holds the record's lock), or of
+    another host, boot, pid namespace or uid is left alone; a record whose processes survive
     SIGKILL is kept so the next sweep tries again.
     """
     here = LaunchPlace.here()

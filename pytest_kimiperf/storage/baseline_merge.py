@@ -111,8 +111,6 @@ def _merge_entry(
     latest = max(sides, key=lambda e: (e.recorded_at, _canonical(entry_json(e))))
     anchor = _merge_histories(base.anchor if base is not None else (), ours.anchor if ours is not None else (),
                              theirs.anchor if theirs is not None else ())[-keep:]
-    # Nights belong to their anchor: where the sides agree on it, the passing runs of both;
-    # where a side recorded anew, none (a deliberate recording starts the drift test afresh).
     nights = _merge_histories(base.nights if base is not None else (), ours.nights, theirs.nights) \
         if ours is not None and theirs is not None and ours.anchor == theirs.anchor else []
     return replace(latest, boots=tuple(boots), anchor=tuple(anchor), nights=tuple(nights))
