@@ -20,6 +20,3 @@ def agent_payload(text: str, *, where: str) -> str:
             return line[len(AGENT_MARK):]
     raise KimiperfError(f"{where}: the node agent printed no answer (a line starting {AGENT_MARK.strip()!r}); "
                         f"it printed: {text.strip()[-300:]!r}")
-
-
-__all__ = ["AGENT_MARK", "agent_payload"]

@@ -22,11 +22,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "CUSTOM_OFF_SWITCH", "AllReducePath", "AllReduceRoute", "BackendOffReason", "DecodeReach", "Disabled",
-    "decode_reach", "predict_reach", "read_all_reduce_path", "switch_for",
-]
-
 # The names vLLM's backend line gives (cuda_communicator.py:296-305), and what turns each off.
 # --disable-custom-all-reduce clears parallel_state._ENABLE_CUSTOM_ALL_REDUCE (v1/worker/
 # gpu_worker.py:1656), which gates CUSTOM and, on ROCm, AITER_CUSTOM and QUICK_REDUCE

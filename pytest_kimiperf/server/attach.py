@@ -1,24 +1,13 @@
 """Attaching to a running server (``--kimiperf-server-url``), and restarting it between boots.
 
-:func:`attach_server` checks that the server serves the deployment's model (or, for a deployment
-that names none, takes the one its ``/v1/models`` lists) and returns its handle. An attached run
-measures a server it does not own, so on its own it gets one boot, and one boot can screen a change, never
-convict it (judge/stats.py). A deployment that
-names a ``restart_command`` (an argument list: ``["systemctl", "restart", "vllm"]``, or a script
-that deletes a Kubernetes pod and waits for the next) gives it more: before each boot after the
-first, :func:`restart_server` runs the command, sees the server go down, and waits for it to
-serve its model again, as a boot the plugin started would be waited for.
-
-"Go down" is the proof that a restart happened: a command that returns while the old server
-keeps answering (``kubectl rollout restart`` without waiting, a rolling update behind a load
-balancer) would hand the next boot's measurement to the same server process, and the gate would
-count one boot twice. So the server's ``/health`` is polled while the command runs and after it
-returns; a server that never stopped answering within the deployment's ``health_deadline_s`` is
-an error that says so.
-
-The command's output goes to a temporary file, not a pipe: a script that starts the new server in
-the background (``vllm serve ... &``) leaves it holding whatever it inherited, and a pipe would
-keep :func:`subprocess.run` waiting for that server to exit.
+An attached run measures a server it does not own, so on its own it gets one boot, which can
+screen a change but never convict it (judge/stats.py). A deployment's ``restart_command`` gives it
+more: before each boot after the first, :func:`restart_server` runs it, sees the server go down
+and waits for it to serve its model again. "Go down" is the proof a restart happened: a command
+that returns while the old server keeps answering (``kubectl rollout restart`` without waiting)
+would have the gate count one boot twice. The command's output goes to a temporary file, not a
+pipe, which a server started in the background would hold open, keeping :func:`subprocess.run`
+waiting.
 """
 
 from __future__ import annotations
@@ -34,7 +23,7 @@ from dataclasses import dataclass
 from pytest_kimiperf.config.settings import Settings
 from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.server.http_json import fetch_served_models
-from pytest_kimiperf.server.process import ServerHandle, check_health, check_ready
+from pytest_kimiperf.server.process import ServerHandle, bearer, check_health, check_ready
 
 _POLL_S = 0.2
 _HEALTH_TIMEOUT_S = 2.0
@@ -124,7 +113,7 @@ def attach_server(settings: Settings, profile: str, *, previous: ServerHandle | 
     url = settings.server_url
     assert url is not None
     deployment = settings.deployment
-    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+    headers = bearer(settings.api_key)
     restart = None
     if previous is not None and deployment.restart_command:
         announce(f"kimiperf: restarting the attached server for another boot: {shlex.join(deployment.restart_command)}")
@@ -162,6 +151,3 @@ def served_model(url: str, headers: Mapping[str, str], *, deployment: str) -> st
                           "(served_model_name): is it a vLLM OpenAI-compatible server, and is it ready?")
     raise ServerError(f"--kimiperf-server-url {url} serves {', '.join(repr(m) for m in served)}; deployment {deployment} "
                       "names none: set served_model_name in its table to the one to measure")
-
-
-__all__: Sequence[str] = ["Restart", "attach_server", "restart_server", "served_model"]

@@ -1,12 +1,9 @@
 """Where one boot's seconds went, phase by phase, read from its whole log once it is ready.
 
-A boot is what a user pays for (a Kimi-K2.5 load is 20-36 minutes), so each one is accounted for
-after it is ready (:func:`account_boot`, :class:`BootAccount`): the phases it passed through with
-their durations, what vLLM itself states about the costly ones (the weights' size and load time,
-whether compilation came from the cache), and which all-reduce path vLLM set up
-(``allreduce_path.py``). The live display (``progress.py``) shows phases as they pass; the account
-keeps them. It reads the whole log, using each line's own timestamp, so a phase that passed between
-two polls of the live display is still counted.
+A boot is what a user pays for (a Kimi-K2.5 load is 20-36 minutes): the account keeps its
+phases, what vLLM states about the costly ones (the weights' size and load time, whether
+compilation came from the cache) and the all-reduce path (``allreduce_path.py``). It reads each
+line's own timestamp, so a phase that passed between two polls of the live display still counts.
 """
 
 from __future__ import annotations
@@ -81,12 +78,8 @@ class PhaseTime:
 
 @dataclass(frozen=True)
 class BootAccount:
-    """Where one boot's seconds went.
-
-    ``ordinal`` counts this profile's boots in the session (1 is the first);
-    ``first_of_deployment`` is True for the session's first boot of the deployment, the one
-    that builds the compile cache and warms the page cache for all that follow.
-    """
+    """Where one boot's seconds went; ``first_of_deployment``: the session's first boot of the
+    deployment, which builds the compile cache and warms the page cache for all that follow."""
 
     profile: str
     ordinal: int
@@ -200,13 +193,9 @@ def account_boot(
     log_path: str | None = None,
     environments: dict[str, dict[str, str]] | None = None,
 ) -> BootAccount:
-    """The account of a boot from its log, its local start time and its time to ready.
-
-    Phases run from their opener's timestamp to the next opener's; "process start" runs from
-    the launch to the first opener (Python imports, the platform probe), and the last phase
-    ends at ready. Openers appear at most once each and in log order, not a fixed order (the
-    CPU runner compiles inside its warm-up).
-    """
+    """The account of a boot from its log, its local start time and its time to ready: each phase
+    from its opener's timestamp to the next opener's (in log order: the CPU runner compiles inside
+    its warm-up), "process start" before the first, the last ending at ready."""
     marks: list[tuple[str, float]] = [("process start", 0.0)]
     seen: set[str] = set()
     weights_s = weights_gib = compile_s = warmup_s = None

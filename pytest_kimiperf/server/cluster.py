@@ -1,18 +1,13 @@
 """The processes of a deployment that spans nodes: one launch per node, booted, watched and
 stopped as one server.
 
-Each node's command (config/nodes.py) runs as its own ``ServerProcess``: its own launcher,
-log, launch record and marker, so the zombie sweep and the teardown find every node's
-processes as they find a one-machine server's. The head (rank 0) is the one that becomes ready
-(``/health`` and ``/v1/models``); a worker node has no HTTP endpoint, so it is alive while its
-launch runs. A node that exits fails the boot (or the next test) with its name and its log
-tail: vLLM's head does not notice an idle worker node's death until its next collective
-(measured on the CPU twin: the head answered /health until a request failed with "EngineCore
-encountered an issue"), so the node's own exit is the first sign.
-
-A node started through a launch template (ssh, srun) is, on this machine, only the template's
-process; its processes on the node are found and stopped there by the node agent
-(``python -m pytest_kimiperf.node_agent stop``), run through the same template.
+Each node's command (config/nodes.py) runs as its own ``ServerProcess`` (launcher, log, launch
+record, marker), so the sweep and teardown find every node's processes. The head (rank 0) becomes
+ready; a worker node has no endpoint and is alive while its launch runs. A node that exits fails
+the boot (or the next test) with its name and log tail: vLLM's head does not notice an idle
+worker's death until its next collective (measured on the CPU twin). A node behind a launch
+template (ssh, srun) is, here, only the template's process; the node agent (``python -m
+pytest_kimiperf.node_agent stop``) stops its processes there.
 """
 
 from __future__ import annotations
@@ -22,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import reduce
 from pathlib import Path
 
 from pytest_kimiperf.config.nodes import SECRET_NAMES, Node, in_template, launch_argv, node_commands
@@ -152,12 +148,8 @@ class NodeGroup:
             raise
 
     def wait_ready(self, on_progress: ProgressCallback | None = None) -> ServerHandle:
-        """Wait for the head to serve; a worker node that exits meanwhile fails the boot.
-
-        Any exception (a node's death, the deadline, Ctrl-C) stops every node before it
-        propagates, as a one-machine server's wait does. While the head runs, a dead worker is
-        the cause; once the head itself exited, its own error is (with the nodes that died too).
-        """
+        """Wait for the head to serve; a worker node that exits meanwhile fails the boot, and any
+        exception stops every node first, as a one-machine server's wait does."""
         def progress(state: BootProgress, elapsed: float, changed: bool) -> None:
             if self.launches[0].exit_code() is None:
                 self._raise_for_dead_workers("while booting")
@@ -213,9 +205,8 @@ class NodeGroup:
     def ensure_alive(self, *, settle_s: float = _WORKER_EXIT_WAIT_S) -> None:
         """ServerError naming the node (with its log tail) unless every node runs and the head serves.
 
-        A head that stopped serving is often the consequence: its engine died at the first
-        collective after a worker node's death. So, when the head fails, the worker nodes get
-        ``settle_s`` to finish exiting (their launcher first ends what the node left), and the
+        A head that stopped serving is often the consequence of a worker node's death (its engine
+        died at the next collective), so the workers get ``settle_s`` to finish exiting and the
         node that ended first is the message.
         """
         if self.launches[0].exit_code() is None:
@@ -244,12 +235,7 @@ class NodeGroup:
                 reports.append(report)
         if error is not None:
             raise error
-        if not reports:
-            return None
-        total = process_sweep.TerminationReport()
-        for report in reports:
-            total = total.combined(report)
-        return total
+        return reduce(process_sweep.TerminationReport.combined, reports) if reports else None
 
     def _stop_one(self, launch: NodeLaunch) -> process_sweep.TerminationReport | None:
         """One node's stop. Behind a template, the agent stops the launch there first (while the
@@ -289,12 +275,10 @@ class NodeGroup:
 def node_group(head: ServerProcess, nodes: Sequence[Node], engine_argv: Sequence[str], *,
                exported: Mapping[str, str], master_port: int) -> NodeGroup:
     """The group that boots ``nodes`` around ``head`` (the one-machine server the manager built,
-    which becomes node 0): each node's command from vLLM's multi-node flags, each worker node a
-    process of its own with its own log beside the head's.
+    which becomes node 0), each worker node a process of its own with its log beside the head's.
 
-    ``exported``: the variables every node must see (the deployment's and the profile's: a
-    profile's NCCL settings reach every rank); a node started through a template gets them, its
-    own and the launch marker through ``env``, one on this machine through its environment.
+    ``exported``: what every node must see (the deployment's and the profile's variables: a
+    profile's NCCL settings reach every rank).
     """
     # A template's command line is visible in `ps` on both machines: secrets never travel on it.
     # A remote node that needs one (HF_TOKEN to fetch weights) reads it from its own environment.
@@ -323,6 +307,3 @@ def node_group(head: ServerProcess, nodes: Sequence[Node], engine_argv: Sequence
             process.node_stop = tuple(stop_argv(node, sys.executable, process.launch_id, process.grace_s))
         launches.append(NodeLaunch(node, command.rank, process))
     return NodeGroup(launches, python=sys.executable)
-
-
-__all__ = ["AgentRunner", "NodeGroup", "NodeLaunch", "agent_argv", "node_group", "run_agent", "stop_argv"]

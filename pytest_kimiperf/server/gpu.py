@@ -44,7 +44,6 @@ class GpuProbe:
         return "; ".join(self.notes) if self.notes else f"{self.source} reported 0 GPUs"
 
 
-
 @dataclass(frozen=True)
 class HardwareRequirement:
     """The GPUs a deployment needs; ``gpu_count=0`` means it runs on CPU."""
@@ -56,20 +55,11 @@ class HardwareRequirement:
     def __post_init__(self) -> None:
         if isinstance(self.gpu_count, bool) or not isinstance(self.gpu_count, int) or self.gpu_count < 0:
             raise ConfigError(f"gpu_count must be an integer >= 0, got {self.gpu_count!r}")
-        if self.gpu_name_contains is not None and (
-            not isinstance(self.gpu_name_contains, str) or not self.gpu_name_contains.strip()
-        ):
-            raise ConfigError(
-                f"gpu_name_contains must be a non-empty string or None, got {self.gpu_name_contains!r}"
-            )
-        if self.min_memory_mib is not None and (
-            isinstance(self.min_memory_mib, bool)
-            or not isinstance(self.min_memory_mib, int)
-            or self.min_memory_mib <= 0
-        ):
-            raise ConfigError(
-                f"min_memory_mib must be a positive integer or None, got {self.min_memory_mib!r}"
-            )
+        name, mib = self.gpu_name_contains, self.min_memory_mib
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise ConfigError(f"gpu_name_contains must be a non-empty string or None, got {name!r}")
+        if mib is not None and (isinstance(mib, bool) or not isinstance(mib, int) or mib <= 0):
+            raise ConfigError(f"min_memory_mib must be a positive integer or None, got {mib!r}")
 
     def matches(self, gpu: GpuInfo) -> bool:
         """True if this one GPU is of the kind the deployment needs."""
@@ -85,8 +75,6 @@ class HardwareRequirement:
         if self.min_memory_mib is not None:
             text += f" with at least {self.min_memory_mib} MiB each"
         return text
-
-# --------------------------------------------------------------------------- NVML, else nvidia-smi
 
 
 def _text(value: object) -> str:
@@ -180,7 +168,6 @@ def _run_smi(smi: str, args: Sequence[str], timeout_s: float) -> str:
     return done.stdout
 
 
-
 @dataclass(frozen=True)
 class DriverAnswer(Generic[_T]):
     """What the first source to answer said, and why each source before it did not."""
@@ -200,11 +187,8 @@ class DriverAnswer(Generic[_T]):
 def ask_driver(
     nvml_query: Callable[[Any], _T], smi_query: Callable[[str], _T]
 ) -> DriverAnswer[_T]:
-    """Ask NVML (``nvml_query(pynvml)``), else nvidia-smi (``smi_query(path_to_nvidia_smi)``).
-
-    An NVML error, or a ``KimiperfError`` from the nvidia-smi query (see ``_run_smi``), becomes a
-    note; any other error is a bug and is raised.  NVML is shut down after every query.
-    """
+    """Ask NVML (``nvml_query(pynvml)``), else nvidia-smi (``smi_query(path_to_nvidia_smi)``); an
+    NVML error or a ``KimiperfError`` from nvidia-smi becomes a note, any other error is raised."""
     notes: list[str] = []
     pynvml = _load_nvml(notes)
     if pynvml is not None:
@@ -226,14 +210,9 @@ def ask_driver(
     return DriverAnswer(value=value, source="nvidia-smi", nvml_notes=tuple(notes), smi_on_path=True)
 
 
-# --------------------------------------------------------------------------- queries
-
-
 def probe_gpus(timeout_s: float = 10.0) -> GpuProbe:
-    """Find this host's NVIDIA GPUs through NVML, else nvidia-smi, saying why when there are none.
-
-    All host GPUs are reported, whatever CUDA_VISIBLE_DEVICES says (NVML ignores it).
-    """
+    """Find this host's NVIDIA GPUs through NVML, else nvidia-smi, saying why when there are none
+    (every host GPU, whatever CUDA_VISIBLE_DEVICES says: NVML ignores it)."""
 
     def from_smi(smi: str) -> list[GpuInfo]:
         text = _run_smi(
@@ -319,11 +298,8 @@ def check_hardware(
     unavailable_reason: str | None = None,
     scope: str | None = None,
 ) -> None:
-    """Raise HardwareMissingError, in one message, unless ``gpus`` satisfy the deployment's need.
-
-    ``unavailable_reason`` (``GpuProbe.absence_reason()``) explains an empty ``gpus``; ``scope``
-    says which of the host's GPUs ``gpus`` are (those CUDA_VISIBLE_DEVICES leaves this process).
-    """
+    """Raise HardwareMissingError, in one message, unless ``gpus`` satisfy the deployment's need;
+    ``scope`` says which of the host's GPUs ``gpus`` are (what CUDA_VISIBLE_DEVICES leaves)."""
     if req.gpu_count == 0:
         return
     matching = [gpu for gpu in gpus if req.matches(gpu) and not gpu.in_mig_mode]
@@ -367,18 +343,3 @@ def _own_gpus_recipe(deployment: str, gpu: GpuInfo) -> str:
             f"[tool.kimiperf.deployments.{deployment}-{slug}] extends = \"{deployment}\" gpu_name_contains = "
             f"\"{name}\" and run with --kimiperf-deployment {deployment}-{slug} (docs/how-to/own-deployment.md, "
             "\"The same model on other GPUs\": check first that the weights fit).")
-
-
-__all__ = [
-    "DriverAnswer",
-    "GpuProbe",
-    "HardwareRequirement",
-    "ask_driver",
-    "check_hardware",
-    "probe_gpus",
-    "query_gpus",
-    "query_topology",
-    "host_topology",
-    "visible_nvml_indices",
-    "nvml_failures",
-]

@@ -1,18 +1,14 @@
 """Who holds GPU memory, how much each GPU uses, and waiting until a stopped server's is free.
 
-Two views that fail in different places. Per process (:func:`gpu_memory_by_pid`): NVML's
-process list, read through ``pid_namespace`` so our processes are named in any container; it
-names nothing where the driver's pids cannot be matched, and a driver that converts pids into
-the caller's namespace leaves other containers' processes out (pid_namespace's docstring). Per
-device (:func:`gpu_memory_used_mib`): memory used on each GPU, which no container or driver
-hides. Between boots the second is the one to trust: once our server is gone, each GPU should
-be back to its figure before the first boot (:func:`unexplained_memory`); what is left above it
-is a foreign process or a leak, whatever the driver says about pids.
+Two views that fail in different places. Per process (:func:`gpu_holders`), NVML's list read
+through ``pid_namespace`` names nothing where the driver's pids cannot be matched, and leaves other
+containers' processes out under a driver that converts pids. Per device
+(:func:`gpu_memory_used_mib`) no container or driver hides anything, so between boots each GPU
+must be back to its figure before the first boot (:func:`unexplained_memory`).
 
-A process NVML names without a figure for its memory (``usedGpuMemory`` is
-NVML_VALUE_NOT_AVAILABLE: nvml.h says WDDM always reports it, and some containers do; pynvml
-reads it as None, nvidia-smi prints ``[N/A]``) holds an unknown amount, None here, never 0: a
-0 would read as "holds nothing" and hide it from the device-level accounting that can tell.
+A process NVML names without a figure (``usedGpuMemory`` is NVML_VALUE_NOT_AVAILABLE: nvml.h says
+WDDM always reports it, and some containers do) holds an unknown amount, None here, never 0: a 0
+would hide it from the device-level accounting that can tell.
 """
 
 from __future__ import annotations
@@ -33,9 +29,6 @@ DEVICE_TOLERANCE_MIB = 256
 # Where no process could be named and no figure before the boot is known, memory is taken as
 # freed once every GPU's figure held still this many polls in a row.
 SETTLED_POLLS = 3
-
-
-# --------------------------------------------------------------------------- per process
 
 
 @dataclass(frozen=True)
@@ -59,16 +52,6 @@ def describe_mib(mib: int | None) -> str:
     return f"{mib} MiB" if mib is not None else "memory not reported by NVML"
 
 
-def sum_mib(parts: Iterable[int | None]) -> int | None:
-    """The MiB of several readings of one holder; None (unknown) where any of them is unknown."""
-    total = 0
-    for mib in parts:
-        if mib is None:
-            return None
-        total += mib
-    return total
-
-
 @dataclass(frozen=True)
 class GpuHolders:
     """Who holds memory on each GPU, and how NVML's pids were read here (pid_namespace.py)."""
@@ -90,7 +73,7 @@ class GpuHolders:
         for holder in self.holders:
             if holder.pid is not None:
                 parts.setdefault(holder.pid, []).append(holder.mib)
-        return {pid: sum_mib(mibs) for pid, mibs in parts.items()}
+        return {pid: None if None in mibs else sum(m for m in mibs if m is not None) for pid, mibs in parts.items()}
 
     @property
     def unnamed(self) -> bool:
@@ -124,13 +107,9 @@ def _process_name(pid: int) -> str:
 
 
 def gpu_holders(timeout_s: float = 10.0) -> GpuHolders:
-    """Each GPU's processes and the MiB each holds; empty without GPUs.
-
-    NVML's pids are turned into the pids this process sees (pid_namespace.py); one that cannot be
-    named keeps ``pid=None`` (another container's process, under a driver that reports host pids),
-    and the view's note says why. A host whose nvidia-smi answers nothing raises ServerError: it
-    must not read as "no process holds memory".
-    """
+    """Each GPU's processes and the MiB each holds, by the pids this process sees (``pid=None``
+    where one cannot be named, the view's note saying why); empty without GPUs. A host whose
+    nvidia-smi answers nothing raises ServerError: it must not read as "no process holds memory"."""
 
     def from_smi(smi: str) -> list[tuple[int, int, int | None]]:
         fields = ("gpu_uuid", "pid", "used_memory")
@@ -157,16 +136,9 @@ def gpu_holders(timeout_s: float = 10.0) -> GpuHolders:
 
 
 def gpu_memory_by_pid(timeout_s: float = 10.0) -> dict[int, int | None]:
-    """Map each pid holding GPU memory to the MiB it holds, summed over GPUs (None where NVML
-    names it without a figure); {} without GPUs.
-
-    NVML's pids are turned into the pids this process sees (pid_namespace.py); a process that
-    cannot be named is left out (the sweep's GPU check then sees nothing, said in its note).
-    """
+    """:meth:`GpuHolders.by_pid` of :func:`gpu_holders`: a process that cannot be named here is
+    left out (the sweep's GPU check then sees nothing, said in the view's note)."""
     return gpu_holders(timeout_s).by_pid()
-
-
-# --------------------------------------------------------------------------- per device
 
 
 def _nvml_memory_used(pynvml: Any) -> dict[int, int]:
@@ -214,9 +186,6 @@ def unexplained_memory(before: Mapping[int, int], now: Mapping[int, int], ours: 
     return [account for account in accounts if account.unexplained_mib > tolerance_mib]
 
 
-# --------------------------------------------------------------------------- waiting
-
-
 def wait_gpu_memory_freed(
     pids: Iterable[int],
     *,
@@ -230,17 +199,13 @@ def wait_gpu_memory_freed(
     ``before_mib`` (each GPU's figure before the first boot), every GPU is back to it; else
     ServerError naming what still holds memory.
 
-    Ended processes keep their GPU memory until the driver tears their CUDA context down, so a
-    new server started at once could fail vLLM's free-memory check. Where the per-process view
-    never named any of ``pids`` (a container whose pids cannot be matched) and no figure before
-    the boot is known, it waits until each GPU's figure held still :data:`SETTLED_POLLS` polls,
-    instead of taking "nothing named" for "freed".
+    Ended processes keep their memory until the driver tears their CUDA context down. Where
+    nothing of ``pids`` was ever named (pids that cannot be matched) and no figure before the
+    boot is known, it waits for each GPU's figure to hold still :data:`SETTLED_POLLS` polls.
     """
     watched = frozenset(int(pid) for pid in pids)
     if deadline_s < 0 or poll_s <= 0:
-        raise ValueError(
-            f"deadline_s must be >= 0 and poll_s > 0, got deadline_s={deadline_s}, poll_s={poll_s}"
-        )
+        raise ValueError(f"deadline_s must be >= 0 and poll_s > 0, got deadline_s={deadline_s}, poll_s={poll_s}")
     end = time.monotonic() + deadline_s
     named_once = False
     history: list[Mapping[int, int]] = []
@@ -282,19 +247,3 @@ def settle_before_boot(before_mib: Mapping[int, int] | None, *, deadline_s: floa
     if (waited_s := time.monotonic() - started) >= 1.0:
         announce(f"GPU memory back to its figure before the first boot after {waited_s:.1f} s")
     return dict(before_mib)
-
-
-__all__ = [
-    "DEVICE_TOLERANCE_MIB",
-    "DeviceAccount",
-    "GpuHolder",
-    "GpuHolders",
-    "describe_mib",
-    "gpu_holders",
-    "gpu_memory_by_pid",
-    "gpu_memory_used_mib",
-    "settle_before_boot",
-    "sum_mib",
-    "unexplained_memory",
-    "wait_gpu_memory_freed",
-]

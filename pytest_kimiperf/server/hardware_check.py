@@ -2,11 +2,9 @@
 free memory once the sweep has ended what killed runs left, and links that suit the NCCL profiles
 asked for.
 
-Each check takes the deployment and the query that finds the GPU facts (``gpu.probe_gpus``,
-``gpu.query_topology`` by default), and asks it only when the answer matters: never for a
-server we do not boot (``--kimiperf-server-url``, ``external``) nor for a CPU deployment.  Passing a
-query that returns recorded facts makes every rule here testable on a host without GPUs
-(``tests/data/gpu``).
+Each check asks the GPU query it is given (``gpu.probe_gpus`` by default) only when the answer
+matters: never for a server we do not boot nor a CPU deployment; a query of recorded facts makes
+every rule testable without GPUs (``tests/data/gpu``).
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from pytest_kimiperf.config.deployments import Deployment
 from pytest_kimiperf.config.nccl.profiles import NcclProfile
@@ -37,12 +36,8 @@ from pytest_kimiperf.server.weight_cache import check_fit, gpu_memory_utilizatio
 QUERY_TIMEOUT_S = 10.0
 
 
-def _probe_host() -> GpuProbe:
-    return probe_gpus(timeout_s=QUERY_TIMEOUT_S)
-
-
-def _host_topology() -> Topology | None:
-    return query_topology(timeout_s=QUERY_TIMEOUT_S)
+_probe_host = partial(probe_gpus, timeout_s=QUERY_TIMEOUT_S)
+_host_topology = partial(query_topology, timeout_s=QUERY_TIMEOUT_S)
 
 
 def deployment_gpus(deployment: Deployment,
@@ -64,11 +59,9 @@ def hardware_problem(
     probe: Callable[[], GpuProbe] = _probe_host,
 ) -> str | None:
     """Why this host cannot run ``deployment`` (GPUs missing or of another kind, or the weight
-    cache would leave an engine no room), in one message; None when it can, when it runs on CPU,
-    or when the server is ``external`` (not ours to boot). Only the GPUs the server can use count.
-    Under ``control`` (--kimiperf-control) no daemon holds the weights. Free memory is not judged
-    here: what holds it may be a killed run's processes, which the sweep ends before the first
-    boot (:func:`await_free_memory`)."""
+    cache would leave an engine no room), in one message; None when it can, on CPU, or for an
+    ``external`` server. Free memory is judged after the sweep (:func:`await_free_memory`): what
+    holds it may be a killed run's processes."""
     if external or not deployment.needs_gpus:
         return None
     found, usable, scope = deployment_gpus(deployment, probe)
@@ -188,10 +181,9 @@ def topology_warnings(
     external: bool = False,
     topology: Callable[[], Topology | None] = _host_topology,
 ) -> list[str]:
-    """The profile warnings that depend on the hardware, which configure-time validation could
-    not know: an explicit LL128 on a host whose GPUs talk over PCIe only, and an algorithm list
-    that leaves a collective vLLM runs nothing this host offers (values.enabled_choices).  No warning where
-    nvidia-smi is absent or cannot answer: the perf tests' own hardware check says so, at setup."""
+    """The profile warnings configure-time validation could not know: an explicit LL128 on a
+    PCIe-only host, and an algorithm list that leaves a collective vLLM runs nothing this host
+    offers (values.enabled_choices). None where nvidia-smi cannot answer (the hardware check says so)."""
     if external or not deployment.needs_gpus:
         return []
     try:
@@ -211,7 +203,3 @@ def topology_warnings(
             # on a PCIe node). Said before any boot, which would fail with ncclInvalidUsage.
             found.append(f"{exc}; this profile's server cannot serve on this host")
     return found
-
-
-__all__ = ["QUERY_TIMEOUT_S", "Shortfall", "await_free_memory", "check_free_memory", "check_weight_cache_fit",
-           "deployment_gpus", "hardware_problem", "memory_shortfalls", "topology_warnings"]

@@ -53,6 +53,3 @@ def fetch_served_models(url: str, headers: Mapping[str, str]) -> list[str]:
         return served_models(resp, f"{url}/v1/models") if resp.status_code == 200 else []
     except (httpx.HTTPError, ServerError):
         return []
-
-
-__all__ = ["fetch_served_models", "json_answer", "served_models"]

@@ -1,18 +1,13 @@
 """The small process between pytest and the server: the server must not outlive its session.
 
-``python -m pytest_kimiperf.server.launcher --watch-fd N --grace S -- COMMAND...`` starts COMMAND as
-its child, in the launcher's own session and process group (so the launch's group has a leader
-that lives exactly as long as the launch), and watches the read end of a pipe whose only write
-end pytest holds. When pytest dies in any way that skips its teardown (SIGKILL, the OOM killer,
-pytest-timeout's ``os._exit``), the kernel closes that write end, the launcher reads EOF, and it
-stops everything the launch owns: SIGTERM, ``S`` seconds of grace, SIGKILL. A watchdog pipe
-rather than ``PR_SET_PDEATHSIG``: the death signal reaches only the direct child (vLLM's
-EngineCore and workers would be orphaned), fires when the *thread* that forked exits, and
-cannot escalate to SIGKILL.
-
-When the server itself exits, the launcher ends what the server left in the group (an
-EngineCore whose API server was SIGKILLed), then exits the way the server did (same code, or
-the same signal), so pytest reports the server's own exit status.
+``python -m pytest_kimiperf.server.launcher --watch-fd N --grace S -- COMMAND...`` starts COMMAND
+as its child in the launcher's own session (so the launch's group has a leader that lives exactly
+as long as the launch), and watches a pipe whose only write end pytest holds. When pytest dies
+without teardown (SIGKILL, the OOM killer, pytest-timeout's ``os._exit``), the launcher reads EOF
+and stops the launch: SIGTERM, ``S`` seconds of grace, SIGKILL. Not ``PR_SET_PDEATHSIG``: it
+reaches only the direct child (vLLM's EngineCore and workers would be orphaned), fires when the
+*thread* that forked exits, and cannot escalate. When the server exits, the launcher ends what it
+left in the group and exits the way the server did, so pytest reports its exit status.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Owns the session's servers: one per NCCL profile, one at a time, always stopped.
 
-The session fixture asks for a profile's server and gives it back; this module sweeps servers
-left by killed earlier runs before launching, builds the server's environment from deployment
-and profile, picks the port, shows boot progress through a callback, and keeps the facts the
-reports need (boot counts and times, leftovers, the environment each server ran with).
-
-**The host claim.** Two sessions that both boot the deployment's servers (8 GPUs each for Kimi, or
-the two cores of a CPU runner) must not run side by side: the second would fail to fit, or both
-would measure a shared machine. CI's concurrency group covers CI jobs only; an engineer at a
-terminal is the common case. So the first session to boot takes an exclusive ``flock`` on
-``host.lock`` in the launch-state directory and holds it until its servers are stopped; the kernel
-drops it if the session dies. A second session waits, saying who holds the host (pid, command, for
-how long), up to a bound, then fails naming the holder.
-
-The lock lives beside the launch records (``$KIMIPERF_STATE_DIR``, else the user's cache), so it
-serializes the sessions of one user; users who share a host's GPUs point ``KIMIPERF_STATE_DIR``
-at one shared directory.
+**The host claim.** Two sessions that both boot the deployment's servers must not run side by
+side: the second would fail to fit, or both would measure a shared machine, and CI's concurrency
+group does not cover an engineer at a terminal. So the first session to boot takes an exclusive
+``flock`` on ``host.lock`` in the launch-state directory until its servers are stopped; a second
+waits, naming the holder, up to ``--kimiperf-host-wait``. The lock serializes one user's sessions;
+users who share a host's GPUs point ``KIMIPERF_STATE_DIR`` at one shared directory.
 """
 
 from __future__ import annotations
@@ -43,7 +33,7 @@ from pytest_kimiperf.errors import ServerError
 from pytest_kimiperf.files import write_atomically
 from pytest_kimiperf.paths import compile_cache_env
 from pytest_kimiperf.server import zombies as process_sweep
-from pytest_kimiperf.server.zombies import SweepAccount
+from pytest_kimiperf.server.zombies import HeldLock, SweepAccount
 from pytest_kimiperf.server.attach import attach_server
 from pytest_kimiperf.server.cluster import NodeGroup, node_group
 from pytest_kimiperf.server.gpu import HardwareRequirement
@@ -111,26 +101,11 @@ def _write_holder(path: Path) -> None:
     write_atomically(path, json.dumps({"pid": os.getpid(), "command": command, "since": time.time()}))
 
 
-class HostClaim:
-    """This session's hold on the host; :meth:`release` (or death) hands it on."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd: int | None = fd
-
-    def release(self) -> None:
-        """Let the next session boot."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
 def _claim_host(
     state_dir: Path, *, wait_s: float, announce: Callable[[str], None], poll_s: float = 0.25,
-) -> HostClaim:
-    """Take the host for this session's servers, waiting up to ``wait_s`` for another session.
-
-    Raises ServerError naming the holder when the wait runs out.
-    """
+) -> HeldLock:
+    """Take the host for this session's servers, waiting up to ``wait_s`` for another session;
+    ServerError naming the holder when the wait runs out."""
     state_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(state_dir / _LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     start = time.monotonic()
@@ -163,10 +138,8 @@ def _claim_host(
         announce(f"kimiperf: the host is free after {time.monotonic() - start:.0f}s of waiting")
     with contextlib.suppress(OSError):
         _write_holder(state_dir / _HOLDER_NAME)
-    return HostClaim(fd)
+    return HeldLock(state_dir / _LOCK_NAME, fd)
 
-
-# The manager: each profile's server launched, watched while it boots, and stopped.
 
 # The daemons' launch record and log name them as this "profile": they serve every profile.
 WEIGHT_CACHE = "weight-cache"
@@ -174,6 +147,14 @@ WEIGHT_CACHE = "weight-cache"
 # Writes one status line to the user (the terminal, or a worker's relay).
 Announce = Callable[[str], None]
 _ProgressSink = Callable[[str, BootProgress, float, bool], None]
+
+
+def _log_text(path: Path) -> str:
+    """A server's log, or "" where it cannot be read (an account then holds the total only)."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 @dataclass(frozen=True)
@@ -265,7 +246,7 @@ class ServerManager:
         self._current: ServerProcess | NodeGroup | None = None
         self._external: ServerHandle | None = None
         self._swept = False
-        self._claim: HostClaim | None = None
+        self._claim: HeldLock | None = None
         # Shared with every ServerProcess: signal handlers escalate stops through it.
         self.control = StopControl()
         self._interrupted = False
@@ -275,8 +256,7 @@ class ServerManager:
         self._sweep_account: SweepAccount | None = None
         self._pid_view_said = False
         self._used_before_sweep_mib: dict[int, int] = {}
-        # `vllm preload` daemons (weight_cache.py): planned at the first boot, started once,
-        # stopped after the last engine. ``weight_cache_record`` is what the reports say of them.
+        # `vllm preload` daemons: planned at the first boot, stopped after the last engine.
         self.weight_cache: WeightCachePlan | None = None
         self.weight_cache_record: ServerRecord | None = None
         self._daemons: ServerProcess | None = None
@@ -481,12 +461,8 @@ class ServerManager:
     def _account(self, rec: ServerRecord, started_wall: datetime, total_s: float) -> BootAccount:
         """The account of the boot that just became ready, from its log."""
         assert rec.log_path is not None
-        try:
-            text = rec.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            text = ""  # the account then holds the total only
         account = account_boot(
-            text, profile=rec.profile, ordinal=rec.boots, first_of_deployment=self._ready_boots == 0,
+            _log_text(rec.log_path), profile=rec.profile, ordinal=rec.boots, first_of_deployment=self._ready_boots == 0,
             started_at=started_wall, total_s=total_s, log_path=str(rec.log_path),
             environments=self._environments(rec),
         )
@@ -503,11 +479,8 @@ class ServerManager:
         return envs
 
     def _start_weight_cache(self, engine_argv: list[str]) -> None:
-        """Plan the weight cache and, where it works, start the daemons and wait for them.
-
-        A daemon that cannot start is never a failed session: the engines load from disk and
-        the reason is said once (the report carries it as the plan's fallback reason).
-        """
+        """Plan the weight cache and, where it works, start the daemons and wait for them; daemons
+        that cannot start mean disk loads, the reason said once, never a failed session."""
         deployment = self.settings.deployment
         socket_dir = tempfile.mkdtemp(prefix="kimiperf-wc-")  # short: a Unix socket path is <108 bytes
         plan = plan_weight_cache(setting=deployment.weight_cache, gpu_count=deployment.gpu_count,
@@ -541,15 +514,14 @@ class ServerManager:
                 raise
             self._daemons = None
             shutil.rmtree(socket_dir, ignore_errors=True)
-            log = rec.log_path.read_text(encoding="utf-8", errors="replace") if rec.log_path.exists() else ""
-            reason = unsupported_reason(log) or str(exc).splitlines()[0]
+            reason = unsupported_reason(_log_text(rec.log_path)) or str(exc).splitlines()[0]
             rec.error = reason
             self.weight_cache = WeightCachePlan(False, f"the weight-cache daemons did not start: {reason}")
             self.announce(f"kimiperf: weight cache off, engines load from disk: {reason}")
             return
         rec.boot_s = daemons.boot_s
         self.weight_cache = plan
-        held = held_gib_per_rank(rec.log_path.read_text(encoding="utf-8", errors="replace"))
+        held = held_gib_per_rank(_log_text(rec.log_path))
         per_gpu = ", ".join(f"rank {r}: {gib:.1f} GiB" for r, gib in sorted(held.items())) or "not stated in its log"
         self.announce(f"kimiperf: weight-cache daemons ready after {daemons.boot_s or 0:.0f}s; they hold {per_gpu}")
 
@@ -560,9 +532,8 @@ class ServerManager:
             return None
         if rec is None or rec.log_path is None:
             return WeightCacheFacts(used=plan.enabled, reason=plan.fallback_reason)
-        log = rec.log_path.read_text(encoding="utf-8", errors="replace") if rec.log_path.exists() else ""
         return WeightCacheFacts(used=plan.enabled, reason=plan.fallback_reason, boot_s=rec.boot_s,
-                                log_path=str(rec.log_path), held_gib_per_rank=held_gib_per_rank(log),
+                                log_path=str(rec.log_path), held_gib_per_rank=held_gib_per_rank(_log_text(rec.log_path)),
                                 env=dict(rec.env), leftovers=tuple(rec.leftovers))
 
     def _stop_weight_cache(self) -> None:
@@ -600,11 +571,8 @@ class ServerManager:
         return False
 
     def release(self) -> None:
-        """Stop the current server and verify that nothing of it is left.
-
-        The server stays this manager's current one until its stop is verified: a stop that
-        did not finish (an exception, SIGKILL survivors) is tried again by :meth:`close`.
-        """
+        """Stop the current server and verify that nothing of it is left; until then it stays the
+        current one, so :meth:`close` tries an unfinished stop again."""
         server = self._current
         if server is None:
             return
@@ -655,8 +623,6 @@ class ServerManager:
                 "a new server would not fit next to them. They are usually stuck in the driver: "
                 "check `nvidia-smi` and the kernel log, free the GPUs (or reboot), then rerun"
             )
-        # What the ended processes held comes back as the driver tears their contexts down: the
-        # first boot waits for it (_first_boot_memory), with every other GPU fact.
 
     def close(self) -> None:
         """Stop whatever still runs (end of session, interrupt), then let the next session boot."""

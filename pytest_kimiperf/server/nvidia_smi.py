@@ -8,7 +8,7 @@ tested against real recorded outputs in ``tests/data/gpu``; running the command 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 # The fields the nvidia-smi fallback asks for, in this order.  `pcie.link.*.max` rather than
@@ -91,9 +91,6 @@ class Topology:
         return f"NVLink ({codes})" if self.nvlink else f"PCIe only ({codes})"
 
 
-# --------------------------------------------------------------------------- parsers (pure)
-
-
 def _strip_value(value: str) -> str:
     return _UNIT_SUFFIX.sub("", value.strip())
 
@@ -134,13 +131,9 @@ def _gpu_field(name: str) -> str:
 def parse_query_gpu_csv(
     text: str, fields: Sequence[str] = QUERY_GPU_FIELDS, *, cuda_version: str | None = None
 ) -> list[GpuInfo]:
-    """Parse ``nvidia-smi --query-gpu=<fields>`` output into GpuInfo rows.
-
-    Accepts ``--format=csv`` (header and units) and ``csv,noheader,nounits``; a header row, when
-    present, names the fields and overrides ``fields``.  The query must include ``name``,
-    ``memory.total`` and ``driver_version``; ``index``, ``uuid`` and the PCIe link fields are
-    optional (missing index: row order).
-    """
+    """Parse ``nvidia-smi --query-gpu=<fields>`` output (``--format=csv``, whose header names the
+    fields, or ``csv,noheader,nounits``) into GpuInfo rows. ``name``, ``memory.total`` and
+    ``driver_version`` are required; a missing ``index`` is the row order."""
     lines = [line for line in text.splitlines() if line.strip()]
     wanted = [_gpu_field(name) for name in fields]
     if lines:
@@ -184,11 +177,8 @@ def _mig_mode(value: str) -> str | None:
 
 
 def parse_cuda_version(text: str) -> str | None:
-    """Read the CUDA version from plain ``nvidia-smi`` or ``nvidia-smi -q`` output; None if absent.
-
-    ``nvidia-smi -q`` prints ``CUDA Version : Not Found`` when no CUDA driver is visible; that
-    reads as None, not as a version.
-    """
+    """The CUDA version in plain ``nvidia-smi`` or ``nvidia-smi -q`` output; None if absent (or
+    ``Not Found``, which ``-q`` prints when no CUDA driver is visible)."""
     match = _CUDA_VERSION.search(text)
     if match is None:
         return None
@@ -197,12 +187,8 @@ def parse_cuda_version(text: str) -> str | None:
 
 
 def parse_topology(text: str) -> Topology:
-    """Parse ``nvidia-smi topo -m`` into the GPU-to-GPU link matrix.
-
-    Columns are found from the header row (tabs or spaces, leading whitespace or not); NIC rows and
-    columns, CPU/NUMA affinity and the legend are ignored.  An unknown link code raises ValueError
-    rather than being guessed as PCIe.
-    """
+    """Parse ``nvidia-smi topo -m`` into the GPU-to-GPU link matrix (NIC rows and columns, CPU/NUMA
+    affinity and the legend ignored); an unknown link code is a ValueError, never guessed as PCIe."""
     lines = text.splitlines()
     header_at = next(
         (
@@ -247,55 +233,42 @@ def _app_field(name: str) -> str:
     return _APP_FIELD_ALIASES.get(name, name)
 
 
-def parse_compute_apps(text: str, fields: Sequence[str] = QUERY_COMPUTE_APPS_FIELDS) -> dict[int, int | None]:
-    """Parse ``nvidia-smi --query-compute-apps`` into {pid: used MiB}, summed over GPUs.
-
-    Accepts ``--format=csv`` (header and units) and ``csv,noheader,nounits``; a header row names
-    the fields.  A pid whose memory reads ``N/A`` on any GPU is kept with None: it holds a
-    context, of a size the driver does not say (0 would read as "holds nothing").
-    """
+def _compute_app_rows(text: str, fields: Sequence[str],
+                      need: tuple[str, ...]) -> Iterator[tuple[dict[str, str], int, int | None]]:
+    """Each row of ``nvidia-smi --query-compute-apps`` (fields as asked, or as a header names them)
+    with its pid and MiB; a memory that reads ``N/A`` is None: the process holds a context of a
+    size the driver does not say (0 would read as "holds nothing")."""
     lines = [line for line in text.splitlines() if line.strip()]
     wanted = [_app_field(name) for name in fields]
     if lines and all(_app_field(token) in _APP_FIELDS_KNOWN for token in lines[0].split(",")):
         wanted, lines = [_app_field(token) for token in lines[0].split(",")], lines[1:]
-    if not {"pid", "used_memory"} <= set(wanted):
-        raise ValueError(f"--query-compute-apps fields {wanted} need pid and used_memory")
-    used: dict[int, int | None] = {}
+    if not set(need) <= set(wanted):
+        raise ValueError(f"--query-compute-apps fields {wanted} need {', '.join(need[:-1])} and {need[-1]}")
     for line in lines:
         if "," not in line:
-            # "No running processes found" and similar messages: not data.
-            continue
+            continue  # "No running processes found" and similar messages: not data
         row = dict(zip(wanted, _split_row(line, wanted, ("process_name",)), strict=True))
         pid = _optional_int(row["pid"], what="--query-compute-apps pid")
         if pid is None:
             raise ValueError(f"--query-compute-apps row without a pid: {line!r}")
-        mib = _optional_int(row["used_memory"], what=f"--query-compute-apps used_memory of pid {pid}")
+        yield row, pid, _optional_int(row["used_memory"], what=f"--query-compute-apps used_memory of pid {pid}")
+
+
+def parse_compute_apps(text: str, fields: Sequence[str] = QUERY_COMPUTE_APPS_FIELDS) -> dict[int, int | None]:
+    """Parse ``nvidia-smi --query-compute-apps`` (``--format=csv`` or ``csv,noheader,nounits``)
+    into {pid: used MiB}, summed over GPUs; None where any GPU's reads ``N/A``."""
+    used: dict[int, int | None] = {}
+    for _row, pid, mib in _compute_app_rows(text, fields, ("pid", "used_memory")):
         so_far = used.get(pid, 0)
         used[pid] = None if mib is None or so_far is None else so_far + mib
     return used
 
 
 def parse_compute_apps_by_gpu(text: str, fields: Sequence[str]) -> list[tuple[str, int, int | None]]:
-    """Parse ``nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory`` (fields as asked, or as
-    a header names them) into ``(gpu uuid, pid, MiB)`` rows, one per process and GPU; a memory that
-    reads ``N/A`` is None (the process holds a context of a size the driver does not say)."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    wanted = [_app_field(name) for name in fields]
-    if lines and all(_app_field(token) in _APP_FIELDS_KNOWN for token in lines[0].split(",")):
-        wanted, lines = [_app_field(token) for token in lines[0].split(",")], lines[1:]
-    if not {"gpu_uuid", "pid", "used_memory"} <= set(wanted):
-        raise ValueError(f"--query-compute-apps fields {wanted} need gpu_uuid, pid and used_memory")
-    rows: list[tuple[str, int, int | None]] = []
-    for line in lines:
-        if "," not in line:
-            continue  # "No running processes found"
-        row = dict(zip(wanted, _split_row(line, wanted, ("process_name",)), strict=True))
-        pid = _optional_int(row["pid"], what="--query-compute-apps pid")
-        if pid is None:
-            raise ValueError(f"--query-compute-apps row without a pid: {line!r}")
-        mib = _optional_int(row["used_memory"], what=f"--query-compute-apps used_memory of pid {pid}")
-        rows.append((_strip_value(row["gpu_uuid"]), pid, mib))
-    return rows
+    """Parse ``nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory`` into ``(gpu uuid, pid,
+    MiB)`` rows, one per process and GPU."""
+    return [(_strip_value(row["gpu_uuid"]), pid, mib)
+            for row, pid, mib in _compute_app_rows(text, fields, ("gpu_uuid", "pid", "used_memory"))]
 
 
 def parse_memory_used_csv(text: str) -> dict[int, int | None]:
@@ -313,17 +286,3 @@ def parse_memory_used_csv(text: str) -> dict[int, int | None]:
             raise ValueError(f"--query-gpu=index,memory.used row without an index: {line!r}")
         used[index] = _optional_int(values[1], what=f"memory.used of GPU {index}")
     return used
-
-
-__all__ = [
-    "QUERY_COMPUTE_APPS_FIELDS",
-    "QUERY_GPU_FIELDS",
-    "GpuInfo",
-    "Topology",
-    "parse_compute_apps",
-    "parse_compute_apps_by_gpu",
-    "parse_cuda_version",
-    "parse_memory_used_csv",
-    "parse_query_gpu_csv",
-    "parse_topology",
-]

@@ -1,27 +1,12 @@
 """Which of this process's pids NVML means: the driver reports the host's, a container sees its own.
 
-NVML names the processes on a GPU by their pid in the host's (the initial) PID namespace; psutil
-and /proc inside a container name them by the container's. Compared as they are, our own eight
-workers would count as foreign GPU processes (every window INVALID) and the zombie sweep's GPU
-check would match nothing. :func:`read_pid_view` says how to translate: not at all in the host's
-namespace; through ``NSpid`` in ``/proc/<pid>/status`` where this /proc is an ancestor
-namespace's (``NSpid`` lists a process's pid in the namespace of the /proc it is read from
-first, then in each nested namespace down to its own; proc(5)); and not at all where the
-container mounted its own /proc, which shows no host pid: then callers turn the GPU-process
-bound off and say so. gVisor's /proc has a pid namespace link but no ``NSpid`` line at all
-(google/gvisor pkg/sentry/fsimpl/proc/task_files.go, ``statusData.Generate``); there the pids
-NVML names are taken as ours only where each one is a process here that holds an NVIDIA device
-open (``/proc/<pid>/fd`` links to ``/dev/nvidia*``), which is what a CUDA process does.
-
-Which pids NVML reports depends on the driver. Up to about 550 it reports host pids
-(NVIDIA/nvidia-docker#1483). The open kernel modules convert each client's pid into the
-caller's namespace and drop the clients it cannot see there (open-gpu-kernel-modules
-``src/nvidia/src/kernel/gpu/gpu_rmapi.c`` ``_gpuConvertPid`` -> ``osFindNsPid`` ->
-``kernel-open/nvidia/os-interface.c`` ``os_find_ns_pid``: ``pid_vnr()``, NV_ERR_OBJECT_NOT_FOUND
-where it is 0, and ``gpuGetProcWithObject`` skips those). So in any container a pid NVML reports
-that is a local process holding ``/dev/nvidia*`` is taken as that process (:data:`TRUSTED`),
-whatever the /proc looks like; what NVML cannot name (another container's processes under such a
-driver) is left to device-level accounting (``gpu.gpu_memory_used_mib``).
+Compared as they are, our own eight workers would count as foreign GPU processes and the zombie
+sweep's GPU check would match nothing. :func:`read_pid_view` says how to translate: not at all in
+the host's namespace; through ``NSpid`` (proc(5)) where this /proc is an ancestor namespace's;
+else a pid NVML reports is taken as ours only where it is a process here holding ``/dev/nvidia*``
+open (:data:`TRUSTED`), and what cannot be named is left to device-level accounting. Which pids
+each driver reports, and gVisor's /proc: docs/explanation/reliability.md, "NVML's pids in a
+container".
 """
 
 from __future__ import annotations
@@ -30,8 +15,6 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-
-__all__ = ["INIT_PID_NS_INODE", "MAPPED", "SAME", "TRUSTED", "UNMAPPABLE", "PidView", "read_pid_view"]
 
 # The initial PID namespace's inode (PROC_PID_INIT_INO, include/linux/proc_ns.h: 0xEFFFFFFC,
 # fixed since Linux 3.8): /proc/self/ns/pid points at it only outside every container.

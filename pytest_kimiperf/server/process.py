@@ -1,12 +1,9 @@
 """One vLLM server process: launch, wait for readiness, notice death, stop without leftovers.
 
-The server runs under a small launcher (launcher.py) in its own session, so the launch's process
-group has a leader that lives exactly as long as the launch, and the launcher stops the whole
-launch within seconds if pytest dies without teardown. Output goes straight into a log file (a
-pipe that nobody drains would block a chatty server), and a ``KIMIPERF_LAUNCH_ID`` marker in the
-environment is inherited by every child: that marker, with the leader's pid, start ticks and
-boot, is how teardown and the next run's zombie sweep find exactly the processes we started and
-nothing else (zombies.py, process_sweep.py).
+The server runs under the launcher (launcher.py) in its own session, output straight into a log
+file (a pipe nobody drains would block a chatty server), with a ``KIMIPERF_LAUNCH_ID`` marker in
+the environment every child inherits: how teardown and the next run's sweep find exactly the
+processes we started (zombies.py).
 """
 
 from __future__ import annotations
@@ -58,13 +55,9 @@ ProgressCallback = Callable[[BootProgress, float, bool], None]
 
 @dataclass
 class StopControl:
-    """Shared between the session's signal handlers and the stops in progress.
-
-    A handler cannot raise into a stop without abandoning it (the old behaviour: a second
-    Ctrl-C during teardown left the server running), so it sets ``kill_now`` instead and the
-    stop, which checks it every 50 ms, skips the rest of the grace and SIGKILLs everything the
-    launch owns.
-    """
+    """Shared between the session's signal handlers and the stops in progress: a handler that
+    raised into a stop would abandon it (the server left running), so it sets ``kill_now`` and the
+    stop, which checks it every 50 ms, SIGKILLs everything the launch owns at once."""
 
     stopping: bool = False
     kill_now: bool = False
@@ -99,7 +92,12 @@ class ServerHandle:
 
     def auth_headers(self) -> dict[str, str]:
         """Headers that authenticate against the server (empty without an API key)."""
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return bearer(self.api_key)
+
+
+def bearer(api_key: str | None) -> dict[str, str]:
+    """The ``Authorization`` header of ``api_key`` (none without one)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def recorded_env(env: Mapping[str, str], always: frozenset[str] = frozenset()) -> dict[str, str]:
@@ -142,29 +140,23 @@ def check_health(base_url: str, headers: Mapping[str, str], timeout_s: float) ->
             health = client.get(f"{base_url}/health")
     except httpx.HTTPError as exc:
         return f"/health not answering ({type(exc).__name__})"
-    if health.status_code != 200:
-        return f"/health answered {health.status_code}"
-    return None
+    return None if health.status_code == 200 else f"/health answered {health.status_code}"
 
 
 def check_ready(base_url: str, model: str, headers: Mapping[str, str], timeout_s: float) -> str | None:
     """None when the server is ready (``/health`` 200 and ``model`` listed), else why not."""
     try:
         with httpx.Client(timeout=timeout_s, headers=dict(headers)) as client:
-            health = client.get(f"{base_url}/health")
-            if health.status_code != 200:
-                return f"/health answered {health.status_code}"
-            models = client.get(f"{base_url}/v1/models")
-            if models.status_code != 200:
-                return f"/v1/models answered {models.status_code}"
-            served = served_models(models, f"{base_url}/v1/models")
+            for path in ("/health", "/v1/models"):
+                answer = client.get(f"{base_url}{path}")
+                if answer.status_code != 200:
+                    return f"{path} answered {answer.status_code}"
+            served = served_models(answer, f"{base_url}/v1/models")
     except httpx.HTTPError as exc:
         return f"not answering ({type(exc).__name__})"
     except ServerError as exc:
         return str(exc)
-    if model not in served:
-        return f"/v1/models lists {served}, not {model!r}"
-    return None
+    return None if model in served else f"/v1/models lists {served}, not {model!r}"
 
 
 def tail_lines(path: Path, n: int = LOG_TAIL_LINES) -> str:
@@ -232,7 +224,7 @@ class ServerProcess:
         self.progress = BootProgress("not started")
         self.popen: subprocess.Popen[bytes] | None = None
         self.record: process_sweep.LaunchRecord | None = None
-        self._held: process_sweep.HeldLaunch | None = None
+        self._held: process_sweep.HeldLock | None = None
         # pytest's end of the launcher's watchdog pipe: closed by the kernel when pytest dies.
         self._watch_fd: int | None = None
         self.started_at: float | None = None
@@ -308,11 +300,9 @@ class ServerProcess:
             self._watch_fd = None
 
     def wait_ready(self, on_progress: ProgressCallback | None = None) -> ServerHandle:
-        """Block until the server is ready; fail fast if it dies, stop it past the deadline.
-
-        Any exception on the way (KeyboardInterrupt included) stops the server before it
-        propagates: a half-booted server must never outlive the wait.
-        """
+        """Block until the server is ready; fail fast if it dies, stop it past the deadline. Any
+        exception (KeyboardInterrupt included) stops it first: a half-booted server never outlives
+        the wait."""
         assert self.popen is not None and self.started_at is not None, "start() first"
         tracker = BootTracker()
         self.progress = tracker.current
@@ -346,7 +336,7 @@ class ServerProcess:
                     if now >= next_http:
                         next_http = now + _HTTP_CHECK_EVERY_S
                         why_not = (check_health(self.base_url, {}, timeout_s=1.0) if self.ready_when_healthy
-                                   else check_ready(self.base_url, self.served_model_name, self._headers(),
+                                   else check_ready(self.base_url, self.served_model_name, bearer(self.api_key),
                                                     timeout_s=1.0)) or ""
                         if not why_not:
                             self.boot_s = self.elapsed_s()
@@ -393,29 +383,21 @@ class ServerProcess:
                 return int(children[0].pid)
         return self.popen.pid
 
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
     # -- during the session ---------------------------------------------------------------
-
-    def is_alive(self) -> bool:
-        """Whether the server's main process still runs."""
-        return self.popen is not None and self.popen.poll() is None
 
     def ensure_alive(self, *, health_timeout_s: float = HEALTH_PROBE_TIMEOUT_S,
                      exit_wait_s: float = _EXIT_WAIT_S) -> None:
         """Raise ServerError with the log tail unless the server still runs and answers /health.
 
-        The process check alone races a server that is dying: its sockets close (the client
-        sees the stream break) a moment before its exit status can be collected. So a running
-        server must also answer ``/health``; one that does not gets ``exit_wait_s`` to finish
-        exiting (reported as a death, with its exit code) before it is reported as wedged.
+        A dying server's sockets close a moment before its exit status can be collected, so one
+        that does not answer gets ``exit_wait_s`` to finish exiting (a death, with its exit code)
+        before it is reported as wedged.
         """
         if self.popen is None:
             raise ServerError(f"the {self.deployment} server ({self.profile}) was never started")
         code = self.popen.poll()
         if code is None:
-            why = check_health(self.base_url, self._headers(), timeout_s=health_timeout_s)
+            why = check_health(self.base_url, bearer(self.api_key), timeout_s=health_timeout_s)
             if why is None:
                 return
             try:
@@ -435,10 +417,8 @@ class ServerProcess:
     def stop(self, *, keep_record: bool = False) -> process_sweep.TerminationReport | None:
         """Stop the whole server (group, descendants, orphans) and verify nothing is left.
 
-        The record (and its owner lock) is kept while anything survives, so a later stop, or the
-        next run's sweep, tries again; ``self.record`` is None only once nothing is left.
-        ``keep_record``: kept even so (what the launch started elsewhere, on a node behind a
-        template, is not verified gone: cluster.py).
+        The record and its owner lock are kept while anything survives (or under ``keep_record``:
+        a node behind a template, cluster.py), so a later stop or the next run's sweep tries again.
         """
         if self.record is None:
             return None

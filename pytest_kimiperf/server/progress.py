@@ -1,12 +1,9 @@
 """What a booting server is doing, live, from vLLM's start-up log: its phase and how far along.
 
-vLLM writes tqdm bars (``Loading safetensors checkpoint shards:  56% Completed | 36/64 [...]``,
-``Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 45%|...``) separated by carriage
-returns, and INFO lines for the other phases. :func:`parse_progress` reads one line,
-:class:`BootTracker` keeps the furthest phase reached and :class:`ProgressDisplay` shows it: a
+vLLM writes tqdm bars separated by carriage returns and INFO lines for the other phases; a
 36-minute load is only bearable when the user sees which phase it is in and how far along. Where
 the lines go (pytest's terminal, or an xdist worker's relay) is here too, at the end; where the
-boot's seconds went, once it is ready, is ``boot_account.py``.
+seconds went, once ready, ``boot_account.py``.
 """
 
 from __future__ import annotations
@@ -71,10 +68,8 @@ def parse_progress(line: str) -> BootProgress | None:
 
 
 def split_log_records(buffer: str) -> tuple[list[str], str]:
-    """Split text read from a log into complete records and the unfinished rest.
-
-    tqdm redraws a bar with ``\\r``; each redraw counts as a record of its own.
-    """
+    """Split text read from a log into complete records (each tqdm redraw, after ``\\r``, one of
+    its own) and the unfinished rest."""
     parts = re.split(r"\r\n|\r|\n", buffer)
     return [p for p in parts[:-1] if p.strip()], parts[-1]
 
@@ -83,11 +78,8 @@ _PHASE_ORDER = {phase: rank for rank, (phase, _) in enumerate(reversed(_PHASE_PA
 
 
 class BootTracker:
-    """Follows a server's log records and keeps the furthest phase reached.
-
-    Phases only move forward: a later line that matches an earlier phase's words (vLLM logs
-    "init engine (profile, ...) took" after profiling) does not move the display back.
-    """
+    """Follows a server's log records and keeps the furthest phase reached: a later line with an
+    earlier phase's words ("init engine (profile, ...) took") does not move the display back."""
 
     def __init__(self) -> None:
         self.current = BootProgress("starting process")
@@ -107,11 +99,8 @@ class BootTracker:
 
 
 class ProgressDisplay:
-    """Shows boot progress without tangling with pytest's own output.
-
-    On a terminal one line is rewritten in place (at most a few times a second); without one
-    (CI logs) a line is written when the phase changes and otherwise every ``interval_s``.
-    """
+    """Shows boot progress: on a terminal one line rewritten in place (a few times a second at
+    most); without one (CI logs) a line when the phase changes, else every ``interval_s``."""
 
     def __init__(
         self,

@@ -1,13 +1,9 @@
 """Builds the tiny random-weight Llama that the ``tiny-cpu`` deployment serves.
 
-No model hub is reachable where the plugin's own tests run, so the model and its tokenizer are
-made locally, deterministically, on first use: a byte-level BPE tokenizer trained with
-``tokenizers`` on a fixed text, and a 2-layer Llama with seeded random weights saved as
-safetensors. The result is cached under a directory named by a hash of everything that
-shapes it, built into a temporary directory and renamed into place under a file lock, so two
-processes (xdist workers) never see a half-written model (``paths.build_once``, as the torch
-engine's checkpoint is).  ``resolve_model_path`` gives the
-server that model's path where a deployment names it (``kimiperf:tiny-llama``).
+No model hub is reachable where the plugin's own tests run, so the model (2 layers, seeded random
+weights) and its byte-level BPE tokenizer are made locally and deterministically on first use,
+cached under a folder named by a hash of everything that shapes them (``paths.build_once``: never
+seen half-written).
 """
 
 from __future__ import annotations

@@ -1,30 +1,20 @@
 """The ``tiny-gpu-torch`` server: an OpenAI-compatible front end over a torch engine, no vLLM.
 
-The plugin's GPU flow (hardware check, sweep, launch, memory-freed wait, NVML telemetry, report)
-must run end to end on a machine that has torch and a GPU but no vLLM, and in CI on the CPU. This
-is the server that lets it: the endpoints and log lines the plugin reads from vLLM 0.32, over a
-seeded tiny model that torch decodes (``torch_model.py``). Like vLLM it is two processes: this
-API server (standard library only: HTTP, tokenizer, metrics) and an engine core child that holds
-the model and its KV cache on the device, so a run killed with its launcher leaves a real orphan
-holding real GPU memory, as vLLM's EngineCore does.
-
-    python -m pytest_kimiperf.server.torch_engine --model kimiperf:tiny-torch --host H --port P
-        --served-model-name NAME [--device auto|cuda|cpu] [--max-model-len N] [--max-num-seqs N]
-        [--gpu-memory-utilization F] [--tensor-parallel-size 1]
-
-Endpoints: ``GET /health``, ``/v1/models``, ``/version``, ``/metrics`` (the ``vllm:`` series
-``measure/server_view.py`` reads, counting what this server did); ``POST /tokenize``,
-``/detokenize`` (vllm/entrypoints/serve/tokenize) and ``/v1/completions`` (streamed as vLLM's
-``completion_stream_generator`` streams: one chunk a token, the usage chunk, ``data: [DONE]``).
-Decoding is greedy whatever ``temperature`` says: a step's cost does not depend on the token it
-picks. The tokenizer is byte-level (a token per UTF-8 byte, BOS 256, EOS 257), so a prompt's
-length in tokens is exact and ``/tokenize`` agrees with what the engine decodes.
+It lets the plugin's GPU flow (hardware check, sweep, launch, memory-freed wait, NVML telemetry,
+report) run end to end where torch and a GPU are but vLLM is not, and in CI on the CPU: vLLM
+0.32's endpoints and log lines over a seeded tiny model (``torch_model.py``). Like vLLM it is two
+processes, this API server (standard library only) and an engine core child that holds the model
+and KV cache, so a run killed with its launcher leaves a real orphan holding real GPU memory.
+Completions stream as vLLM's ``completion_stream_generator`` does; decoding is greedy whatever
+``temperature`` says (a step's cost does not depend on the token it picks); the tokenizer is
+byte-level (BOS 256, EOS 257), so a prompt's length in tokens is exact.
 """
 
 from __future__ import annotations
 
 import argparse
 import codecs
+import contextlib
 import json
 import logging
 import math
@@ -83,7 +73,6 @@ class TinySpec:
     def folder(self, cache_dir: Path | None = None) -> Path:
         """Where the checkpoint of this spec lives (built or not)."""
         return built_model_dir("tiny-torch", self, _RECIPE_VERSION, cache_dir)
-
 
 
 def vllm_logger(who: str) -> logging.Logger:
@@ -250,11 +239,9 @@ class Frontend:
                 "# TYPE vllm:request_success_total counter",
                 *(f'vllm:request_success_total{{engine="0",finished_reason="{reason}",model_name='
                   f'"{self.args.served_model_name}"}} {float(c[reason])}' for reason in ("stop", "length", "abort")),
-                "# TYPE vllm:time_to_first_token_seconds histogram",
-                *self.ttft.lines("vllm:time_to_first_token_seconds", labels),
-                "# TYPE vllm:inter_token_latency_seconds histogram",
-                *self.itl.lines("vllm:inter_token_latency_seconds", labels),
-                *(line for name, hist in (("vllm:request_queue_time_seconds", self.queue_time),
+                *(line for name, hist in (("vllm:time_to_first_token_seconds", self.ttft),
+                                          ("vllm:inter_token_latency_seconds", self.itl),
+                                          ("vllm:request_queue_time_seconds", self.queue_time),
                                           ("vllm:request_prefill_time_seconds", self.prefill_time),
                                           ("vllm:request_decode_time_seconds", self.decode_time),
                                           ("vllm:request_generation_tokens", self.generation_per_request))
@@ -327,12 +314,9 @@ class Handler(BaseHTTPRequestHandler):
                 self._complete(body)
             else:
                 self._json(404, {"detail": "Not Found"})
-        except BadRequest as error:
-            self._json(error.status, {"error": {"message": str(error), "type": error.kind, "param": None,
-                                                "code": error.status}})
-        except (ValueError, TypeError) as error:
-            self._json(400, {"error": {"message": f"invalid request: {error}", "type": "BadRequestError",
-                                       "param": None, "code": 400}})
+        except (BadRequest, ValueError, TypeError) as error:
+            bad = error if isinstance(error, BadRequest) else BadRequest(f"invalid request: {error}")
+            self._json(bad.status, {"error": {"message": str(bad), "type": bad.kind, "param": None, "code": bad.status}})
 
     def _check_model(self, body: dict[str, Any]) -> None:
         model = body.get("model")
@@ -362,12 +346,16 @@ class Handler(BaseHTTPRequestHandler):
         key = uuid.uuid4().hex
         stream = self.frontend.submit(key, ids, max_tokens, min_tokens, bool(body.get("ignore_eos", False)))
         head = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": args.served_model_name}
+
+        def usage(count: int) -> dict[str, int]:
+            return {"prompt_tokens": len(ids), "total_tokens": len(ids) + count, "completion_tokens": count}
+
         try:
             if not body.get("stream"):
                 pieces = list(self._pieces(stream))
-                usage = {"prompt_tokens": len(ids), "total_tokens": len(ids) + len(pieces), "completion_tokens": len(pieces)}
                 self._json(200, {**head, "choices": [{"index": 0, "text": "".join(t for t, _ in pieces), "logprobs": None,
-                                                      "finish_reason": pieces[-1][1], "stop_reason": None}], "usage": usage})
+                                                      "finish_reason": pieces[-1][1], "stop_reason": None}],
+                                 "usage": usage(len(pieces))})
                 return
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
@@ -385,13 +373,10 @@ class Handler(BaseHTTPRequestHandler):
                     "index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None,
                     "prompt_token_ids": None, "token_ids": None}]}
                 if running_usage:
-                    chunk["usage"] = {"prompt_tokens": len(ids), "total_tokens": len(ids) + count,
-                                      "completion_tokens": count}
+                    chunk["usage"] = usage(count)
                 self._event(json.dumps(chunk, separators=(",", ":")))
-            if (body.get("stream_options") or {}).get("include_usage"):
-                self._event(json.dumps({**head, "choices": [], "usage": {
-                    "prompt_tokens": len(ids), "total_tokens": len(ids) + count, "completion_tokens": count}},
-                    separators=(",", ":")))
+            if options.get("include_usage"):
+                self._event(json.dumps({**head, "choices": [], "usage": usage(count)}, separators=(",", ":")))
             self._event("[DONE]")
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
@@ -460,15 +445,11 @@ def _start_engine(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], Co
     return engine, Connection(ours.detach())
 
 
-def _stop(signum: int, frame: object) -> None:
-    raise SystemExit(0)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Boot the engine core, then serve until SIGTERM or SIGINT; 1 when the engine cannot boot."""
     args = parse_args(argv)
     log = vllm_logger("APIServer")
-    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     defaults = _build_parser()
     log.info("non-default args: %s", {k: v for k, v in vars(args).items() if v != defaults.get_default(k)})
     engine, pipe = _start_engine(args)
@@ -496,10 +477,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if frontend is not None:
             frontend.stopping = True
-        try:
+        with contextlib.suppress(OSError):
             pipe.send(("stop",))
-        except OSError:
-            pass
         try:
             engine.wait(timeout=10)
         except subprocess.TimeoutExpired:

@@ -1,21 +1,14 @@
 """The engine core of ``tiny-gpu-torch``: a seeded tiny Llama decoded by torch on CUDA or the CPU.
 
-``torch_engine.py`` (the API server) starts this as its child, as vLLM's API server starts its
-EngineCore, and talks to it over a pipe: requests in, one message of new tokens per step out.
-The model is Llama-shaped (RMSNorm, rotary positions, SwiGLU, untied head; Hugging Face's key
-names in its ``config.json``) with seeded random weights: built on first use into the plugin's
-cache folder with ``torch.save``, made whole or not at all, and loaded from there at every boot.
-Each step prefills the requests just admitted, one at a time within a token budget, then decodes
-every running request in one batch over a KV cache of one slot per sequence: the shape of vLLM's
-continuous batching without its paged blocks. Decoding is greedy.
-
-On CUDA it takes GPU memory as vLLM does: at start at least ``--gpu-memory-utilization`` of the
-device must be free (vLLM's own error otherwise), and the KV cache is given what that share
-leaves after the weights, so NVML, the free-memory check and the memory-freed wait see what a
-vLLM engine would make them see. Like vLLM 0.32's EngineCore, which watches no parent (its
-workers watch it through a death pipe, v1/executor/multiproc_executor.py), it outlives an API
-server killed with SIGKILL and keeps its memory until it is signalled: the leftover the plugin's
-sweep exists for. SIGTERM or SIGINT end it cleanly.
+``torch_engine.py`` starts it as its child, as vLLM's API server starts its EngineCore, over a
+pipe: requests in, one message of new tokens per step out. The Llama-shaped model (Hugging Face's
+key names) has seeded random weights, built on first use into the plugin's cache. Each step
+prefills the requests just admitted within a token budget, then decodes every running request in
+one batch over a KV cache of one slot per sequence. On CUDA it takes memory as vLLM does
+(``--gpu-memory-utilization`` of the device must be free, and the KV cache gets what that share
+leaves), and like vLLM 0.32's EngineCore, which watches no parent (v1/executor/
+multiproc_executor.py), it outlives an API server killed with SIGKILL and keeps its memory until
+signalled: the leftover the plugin's sweep exists for.
 """
 
 from __future__ import annotations
@@ -204,11 +197,8 @@ class EngineRequest:
 
 def load(args: argparse.Namespace, log: Any, memory: DeviceMemory | None = None) -> tuple[TinyLlama, dict[str, Any]]:
     """Resolve or build the checkpoint, load it onto the device, size and allocate the KV cache,
-    warm up; log each phase in vLLM's words. What the API server's /metrics reports comes back.
-
-    On CUDA, GPU memory is taken as vLLM takes it, read through ``memory`` (the device's own,
-    :class:`CudaMemory`, unless given): a test gives a stand-in on the CPU, so that this path's
-    checks, sizing and allocation run there too, with only the driver's readings stood in for."""
+    warm up, each phase logged in vLLM's words; returns what /metrics reports. On CUDA memory is
+    read through ``memory`` (a test's stand-in lets this path run on the CPU)."""
     device = pick_device(args.device)
     dtype = torch.bfloat16 if (args.dtype == "bfloat16" or (args.dtype == "auto" and device.type == "cuda")) \
         else torch.float32

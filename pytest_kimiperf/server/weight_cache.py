@@ -1,15 +1,11 @@
 """The weight cache: `vllm preload` daemons that hold the weights between engine boots.
 
-Every NCCL profile needs a fresh engine (NCCL reads its environment when the communicators are
-made), and on Kimi-K2.5 an engine's boot is a 20-36 minute load of 547 GB. vLLM 0.32's
-``vllm preload`` starts one daemon per GPU that loads the post-quantized, TP-sharded weights
-once and hands CUDA IPC handles to engines started with ``--load-format ipc_cache``
-(vllm/entrypoints/cli/preload.py, model_executor/model_loader/weight_cache/), so a later
-engine maps the weights instead of reading them.
-
-This module decides whether a deployment can use it and builds the daemons' command line and
-environment and the engine's extra arguments; server_manager.py runs the daemons as a managed
-process (server.py) with the engine's lifecycle guarantees.
+Every NCCL profile needs a fresh engine, and a Kimi-K2.5 boot is a 20-36 minute load of 547 GB.
+vLLM 0.32's ``vllm preload`` starts one daemon per GPU that loads the post-quantized, TP-sharded
+weights once and hands CUDA IPC handles to engines started with ``--load-format ipc_cache``
+(vllm/entrypoints/cli/preload.py), so a later engine maps the weights instead of reading them.
+Here: whether a deployment can use it, the daemons' command and environment and the engine's
+arguments; manager.py runs the daemons as a managed process.
 """
 
 from __future__ import annotations
@@ -90,11 +86,8 @@ def profile_cache_reason(profile: str, dests: frozenset[str]) -> str | None:
 
 @dataclass(frozen=True)
 class WeightCachePlan:
-    """Whether the session boots its engines from the weight cache, and how.
-
-    ``fallback_reason`` is the one line the header shows when the deployment asked for the
-    cache ("auto") but loads from disk instead.
-    """
+    """Whether the session boots its engines from the weight cache, and how; ``fallback_reason``
+    is the line the header shows when "auto" loads from disk instead."""
 
     enabled: bool
     fallback_reason: str | None = None
@@ -102,12 +95,8 @@ class WeightCachePlan:
     health_port: int | None = None
 
     def engine_args(self) -> list[str]:
-        """Arguments added to each engine's command line while the daemons serve.
-
-        ``fallback: true``: a daemon that does not answer, or holds other weights, means a disk
-        load with a warning in the engine's log (ipc_loader.py), which the boot account then
-        shows as a disk load: a slower boot, never a failed one.
-        """
+        """Arguments added to each engine's command line while the daemons serve; with ``fallback``
+        a daemon that does not answer means a disk load (ipc_loader.py), never a failed boot."""
         if not self.enabled:
             return []
         extra = {"socket_dir": self.socket_dir, "fallback": True}
@@ -142,10 +131,8 @@ def _model_config(model: str) -> dict[str, object] | None:
 
 
 def quant_reason(*, model: str | None, quantization: str | None) -> str | None:
-    """Why the daemons cannot serve this model's quantization, or None when they can (or may).
-
-    The model's own config.json decides where it is on this host; otherwise the deployment's
-    declared ``quantization``."""
+    """Why the daemons cannot serve this model's quantization, or None when they can (or may): from
+    the model's config.json where it is on this host, else the deployment's ``quantization``."""
     config = _model_config(model) if model else None
     if config is not None:
         method, source = quant_method_of(config), f"{model}'s config.json"
@@ -160,12 +147,9 @@ def quant_reason(*, model: str | None, quantization: str | None) -> str | None:
 
 def why_not_used(*, setting: str, gpu_count: int, command: Sequence[str], model: str | None = None,
                  quantization: str | None = None, nodes: int = 1, control: bool = False) -> str | None:
-    """Why the deployment's engines will load from disk, or None when they boot from the cache.
-
-    Decided before any boot, and before any daemon starts (the header shows it): the setting,
-    the platform, the command, and the model's quantization method. A daemon that still fails
-    to start is a later fallback with the daemons' own error as its reason.
-    """
+    """Why the deployment's engines will load from disk, or None when they boot from the cache:
+    decided before any daemon starts (the header shows it); a daemon that still fails to start is
+    a later fallback with its own error as the reason."""
     if setting == "off":
         return "the deployment sets weight_cache = \"off\""
     if control:
@@ -182,7 +166,7 @@ def why_not_used(*, setting: str, gpu_count: int, command: Sequence[str], model:
         return (f"a deployment across {nodes} nodes: `vllm preload` daemons run on the head only and CUDA "
                 "IPC handles do not cross hosts, so the other nodes' engines would find no cache; "
                 "loading from disk")
-    if not _is_vllm_serve(command):
+    if _serve_at(list(command)) is None:
         return "the command is not `vllm serve`: no `vllm preload` to pair it with"
     return quant_reason(model=model, quantization=quantization)
 
@@ -209,18 +193,10 @@ def _serve_at(command: Sequence[str]) -> int | None:
     return None
 
 
-def _is_vllm_serve(command: Sequence[str]) -> bool:
-    return _serve_at(list(command)) is not None
-
-
 def daemon_argv(engine_argv: Sequence[str], plan: WeightCachePlan) -> list[str]:
-    """`vllm preload` with the engine's model and engine arguments, in the engine's CLI form.
-
-    The daemons must hold the weights exactly as the engine would build them (the engine
-    checks a fingerprint of model, dtype, quantization and parallel sizes, protocol.py
-    WeightCacheKey), so every engine argument is passed on; only the API server's are left out.
-    Its /health answers 200 once every rank serves (preload.py _HealthState).
-    """
+    """`vllm preload` with every engine argument (the daemons' weights must match the engine's
+    WeightCacheKey, protocol.py), the API server's left out; its /health answers 200 once every rank
+    serves (preload.py _HealthState)."""
     assert plan.enabled and plan.socket_dir is not None and plan.health_port is not None
     at = _serve_at(list(engine_argv))
     assert at is not None, "plan_weight_cache enables the cache for vLLM CLI commands only"
@@ -244,12 +220,9 @@ def daemon_argv(engine_argv: Sequence[str], plan: WeightCachePlan) -> list[str]:
 
 
 def daemon_env(shell_env: Mapping[str, str], deployment_env: Mapping[str, str]) -> dict[str, str]:
-    """The daemons' environment: the shell's and the deployment's, never a profile's.
-
-    A profile's NCCL variables are what the session measures; the daemons form their own NCCL
-    group (preload.py: their own rendezvous port) that no measured request crosses, so the
-    profile's settings have no business there, and the daemons outlive every profile.
-    """
+    """The daemons' environment: the shell's and the deployment's, never a profile's (the daemons
+    form their own NCCL group, preload.py, that no measured request crosses, and outlive every
+    profile)."""
     return {**shell_env, **deployment_env}
 
 
@@ -276,12 +249,9 @@ class MemoryFit:
 
     @property
     def engine_left_gib(self) -> float:
-        """The engine's budget less the mapped weights: what is left for activations and KV.
-
-        In zero-copy mode the engine counts the daemon's weights inside its own
-        ``gpu_memory_utilization`` budget (v1/worker/utils.py:728 request_memory, fed by
-        ipc_loader.py get_external_weight_memory), and fails at boot when nothing is left.
-        """
+        """The engine's budget less the mapped weights, which it counts inside its own
+        ``gpu_memory_utilization`` (v1/worker/utils.py:728 request_memory, fed by ipc_loader.py
+        get_external_weight_memory): what is left for activations and KV."""
         return self.gpu_total_gib * self.gpu_memory_utilization - self.daemon_gib_per_gpu
 
     def describe(self) -> str:
@@ -299,13 +269,10 @@ def check_fit(fit: MemoryFit) -> None:
         )
 
 
-def _estimate_daemon_gib(_checkpoint_bytes: int, tensor_parallel_size: int) -> float:
-    """Weights per GPU held by the daemons, estimated from the checkpoint's size on disk.
-
-    Post-quantized weights are about the checkpoint's size (INT4 stays INT4); each TP rank
-    holds its shard.
-    """
-    return _checkpoint_bytes / max(1, tensor_parallel_size) / 1024**3
+def _estimate_daemon_gib(checkpoint_bytes: int, tensor_parallel_size: int) -> float:
+    """Weights per GPU held by the daemons: the checkpoint's size (post-quantized weights are
+    about as large; INT4 stays INT4) over the TP ranks."""
+    return checkpoint_bytes / max(1, tensor_parallel_size) / 1024**3
 
 
 def _model_folders(model: str) -> list[Path]:

@@ -1,32 +1,12 @@
 """Find and end every process of a server we launched, now or after an earlier run was killed.
 
-The zombie problem: vLLM's API server starts an ``EngineCore`` process and, with tensor
-parallelism, one ``Worker_TP<n>`` process per GPU.  When pytest is SIGKILLed (OOM killer, CI
-cancel, a second Ctrl-C) nothing stops them; they are reparented to init and keep the GPUs'
-memory, so the next run cannot boot.  Each launch is therefore recorded in a state directory
-(one JSON file per launch, :class:`LaunchRecord`) with everything needed to recognise its processes
-later without guessing from names, and without ever touching a process that is not ours:
-
-- the launch's leader (the launcher, see launcher.py) by pid *and* its start time in clock
-  ticks since boot (``/proc/PID/stat`` field 22) *and* the boot (``boot_id``): a pid reused
-  after the leader died, or after a reboot, is another process;
-- ``KIMIPERF_LAUNCH_ID=<uuid>`` in the server's environment, which every child inherits;
-- its process group, trusted only while the recorded leader provably still runs: once every
-  member of a group is gone the kernel hands the number out again, and a later session leader
-  (an ssh shell, tmux, another user's vLLM) would match a bare group id;
-- the host, boot and pid namespace it was launched in: a shared home directory or a container's
-  mounted cache must not make one machine act on another's records;
-- the uid that launched it: a process of another uid is never signalled;
-- the owner's liveness, as an exclusive ``flock`` the owning session holds on the record for the
-  launch's whole life. The kernel drops it when the owner dies, however it dies, so a sweep that
-  can take the lock knows the owner is gone (no pid or clock comparison that a reused pid or a
-  clock step could fool).
-
-Only psutil and /proc are used to look at processes.
-
-**The record.** One JSON file per launch in the state directory (``launch-<id>.json``), written
-atomically by the session that launched the server and read by any later sweep
-(:func:`sweep_stale_launches`).
+When pytest is SIGKILLed, vLLM's ``EngineCore`` and ``Worker_TP<n>`` processes are reparented to
+init and keep the GPUs' memory. Each launch is therefore recorded in a state directory (one JSON
+file, :class:`LaunchRecord`, whose owner holds an exclusive ``flock`` on it for the launch's
+life) with what recognises its processes later without guessing from names and without ever
+touching a process that is not ours: the leader's pid, start ticks and boot, the launch marker in
+the environment, and the host, boot, pid namespace and uid it was made in. Why each of these is
+needed: docs/explanation/reliability.md, "How a launch's processes are recognised".
 """
 
 from __future__ import annotations
@@ -36,6 +16,7 @@ import fcntl
 import json
 import os
 import socket
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -51,12 +32,13 @@ from pytest_kimiperf.errors import KimiperfError
 from pytest_kimiperf.server.agent_wire import agent_payload
 from pytest_kimiperf.server.gpu_memory import gpu_memory_by_pid
 
-# A launch's record on disk: what it started, where, and whether its owner still runs.
 _RECORD_PREFIX = "launch-"
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-
-
-# --------------------------------------------------------------------------- where we are
+LAUNCH_ID_ENV = "KIMIPERF_LAUNCH_ID"
+KILL_WAIT_S = 5.0
+_POLL_S = 0.05
+_MAX_STOP_ROUNDS = 3
+_NEVER: Callable[[], bool] = lambda: False  # noqa: E731 - the default "no escalation asked"
 
 
 def boot_id() -> str:
@@ -77,10 +59,7 @@ def pid_namespace(pid: int | str = "self") -> str:
 
 def start_ticks(pid: int) -> int | None:
     """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22); None if gone.
-
-    Exact and monotonic, unlike psutil's create_time (boot time + ticks, in wall-clock seconds,
-    which moves when the clock is stepped).
-    """
+    Exact and monotonic, unlike psutil's create_time, which moves when the clock is stepped."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
@@ -113,6 +92,13 @@ def _text_field(data: Mapping[str, object], name: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"field {name!r} is {value!r}, expected a string")
     return value
+
+
+def _texts_field(data: Mapping[str, object], name: str, default: object = None) -> tuple[str, ...]:
+    value = data.get(name, default)
+    if not isinstance(value, list) or not all(isinstance(arg, str) for arg in value):
+        raise ValueError(f"field {name!r} is {value!r}, expected a list of strings")
+    return tuple(value)
 
 
 def _int_field(data: Mapping[str, object], name: str, *, minimum: int = 1) -> int:
@@ -152,9 +138,8 @@ class LaunchRecord:
     boot_id: str = ""
     pid_ns: str = ""
     uid: int = -1
-    # A node of a multi-node deployment started through a launch template (server/cluster.py):
-    # the node agent's command that stops this launch's processes there. Empty for a launch
-    # whose processes all run on this machine.
+    # A node behind a launch template (cluster.py): the node agent's command that stops this
+    # launch's processes there.
     node_stop: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, object]:
@@ -171,21 +156,15 @@ class LaunchRecord:
         """Rebuild a record from ``to_json`` data; ValueError saying which field is wrong."""
         if not isinstance(data, Mapping):
             raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-        cmdline = data.get("cmdline")
-        if not isinstance(cmdline, list) or not all(isinstance(arg, str) for arg in cmdline):
-            raise ValueError(f"field 'cmdline' is {cmdline!r}, expected a list of strings")
         launch_id = _text_field(data, "launch_id")
         check_safe_name("launch id", launch_id, source="state file")
         place_known = "boot_id" in data
-        node_stop = data.get("node_stop", [])
-        if not isinstance(node_stop, list) or not all(isinstance(arg, str) for arg in node_stop):
-            raise ValueError(f"field 'node_stop' is {node_stop!r}, expected a list of strings")
         return cls(
             launch_id=launch_id,
             pid=_int_field(data, "pid"),
             pgid=_int_field(data, "pgid"),
             create_time=_time_field(data, "create_time"),
-            cmdline=tuple(cmdline),
+            cmdline=_texts_field(data, "cmdline"),
             deployment=_text_field(data, "deployment"),
             profile=_text_field(data, "profile"),
             log_path=_text_field(data, "log_path"),
@@ -197,13 +176,8 @@ class LaunchRecord:
             boot_id=_text_field(data, "boot_id") if place_known else "",
             pid_ns=_text_field(data, "pid_ns") if place_known else "",
             uid=_int_field(data, "uid", minimum=0) if place_known else -1,
-            node_stop=tuple(node_stop),
+            node_stop=_texts_field(data, "node_stop", default=[]),
         )
-
-    @property
-    def place(self) -> LaunchPlace:
-        """Where the launch happened."""
-        return LaunchPlace(host=self.host, boot_id=self.boot_id, pid_ns=self.pid_ns, uid=self.uid)
 
     def foreign_reason(self, here: LaunchPlace) -> str | None:
         """Why this record is not ours to act on from ``here`` (None when it is)."""
@@ -243,7 +217,6 @@ def record_for_popen(
         # It died at once: with start_new_session the group id is the pid, and without start
         # ticks the group is never trusted, so only the marker can find what it started.
         create_time, cmdline, pgid = time.time(), (), pid
-    here = LaunchPlace.here()
     return LaunchRecord(
         launch_id=launch_id,
         pid=pid,
@@ -257,14 +230,8 @@ def record_for_popen(
         owner_pid=owner.pid,
         owner_create_time=owner.create_time(),
         start_ticks=start_ticks(pid) or 0,
-        host=here.host,
-        boot_id=here.boot_id,
-        pid_ns=here.pid_ns,
-        uid=here.uid,
+        **asdict(LaunchPlace.here()),
     )
-
-
-# --------------------------------------------------------------------------- state files
 
 
 def _record_path(state_dir: Path, launch_id: str) -> Path:
@@ -272,31 +239,25 @@ def _record_path(state_dir: Path, launch_id: str) -> Path:
     return Path(state_dir) / f"{_RECORD_PREFIX}{launch_id}.json"
 
 
-class HeldLaunch:
-    """A launch record on disk with its owner's exclusive flock held until :meth:`release`.
-
-    Keep it for the launch's whole life: the lock is how other sessions' sweeps know that the
-    owner still runs. The descriptor is not inherited by the processes this one starts
-    (Python's default), so a server cannot keep its dead owner's lock alive.
-    """
+class HeldLock:
+    """An exclusive flock held on the open file ``path`` until :meth:`release`; the kernel drops it
+    when this process dies, however it dies (a launch record's owner lock, the host claim). Not
+    inherited by the processes this one starts, so a server cannot keep a dead owner's lock."""
 
     def __init__(self, path: Path, fd: int) -> None:
         self.path = path
         self._fd: int | None = fd
 
     def release(self) -> None:
-        """Drop the lock (the record file stays unless forgotten)."""
+        """Drop the lock (a launch's record file stays unless forgotten)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
 
-def record_launch(state_dir: str | os.PathLike[str], record: LaunchRecord) -> HeldLaunch:
-    """Write the launch's state file atomically and hold its owner lock.
-
-    The lock is taken on the temporary file before it is renamed into place, so no sweep can
-    ever see the record without the lock.
-    """
+def record_launch(state_dir: str | os.PathLike[str], record: LaunchRecord) -> HeldLock:
+    """Write the launch's state file atomically and hold its owner lock for the launch's life
+    (taken on the temporary file before the rename: no sweep sees the record without it)."""
     path = _record_path(Path(state_dir), record.launch_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -310,7 +271,7 @@ def record_launch(state_dir: str | os.PathLike[str], record: LaunchRecord) -> He
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return HeldLaunch(path, fd)
+    return HeldLock(path, fd)
 
 
 def forget_launch(state_dir: str | os.PathLike[str], launch_id: str) -> None:
@@ -321,11 +282,8 @@ def forget_launch(state_dir: str | os.PathLike[str], launch_id: str) -> None:
 
 @contextlib.contextmanager
 def owner_gone(state_dir: str | os.PathLike[str], launch_id: str) -> Iterator[bool]:
-    """Yields whether the launch's owner is gone, holding its record's lock meanwhile if so.
-
-    Holding it while its processes are stopped keeps a second sweeping session off the same
-    record.
-    """
+    """Yields whether the launch's owner is gone, holding its record's lock meanwhile if so (which
+    keeps a second sweeping session off the record while its processes are stopped)."""
     path = _record_path(Path(state_dir), launch_id)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -375,17 +333,6 @@ def load_launches(state_dir: str | os.PathLike[str]) -> LoadedLaunches:
     return LoadedLaunches(records=tuple(records), problems=tuple(problems))
 
 
-# Finding and ending a launch's processes, now or in a later sweep.
-LAUNCH_ID_ENV = "KIMIPERF_LAUNCH_ID"
-KILL_WAIT_S = 5.0
-_POLL_S = 0.05
-_MAX_STOP_ROUNDS = 3
-_NEVER: Callable[[], bool] = lambda: False  # noqa: E731 - the default "no escalation asked"
-
-
-# --------------------------------------------------------------------------- finding processes
-
-
 def leader_alive(record: LaunchRecord) -> bool:
     """Whether the launch's recorded leader provably still runs: same boot, pid and start ticks."""
     if not record.start_ticks or not record.boot_id or record.boot_id != boot_id():
@@ -411,11 +358,9 @@ def _ours(process: psutil.Process, uid: int) -> bool:
 
 def processes_of(launch_id: str, *, uid: int, trusted_pgid: int | None, leader: int | None = None,
                  exclude: Iterable[int] = ()) -> list[psutil.Process]:
-    """Every live process of uid ``uid`` in group ``trusted_pgid`` or carrying the launch marker.
-
-    ``trusted_pgid`` must be None unless the group's leader is known to be the launch's own.
-    Zombies are left out: they hold no memory and no port, and only their parent can reap them.
-    """
+    """Every live process of uid ``uid`` in group ``trusted_pgid`` (None unless its leader is known
+    to be the launch's own) or carrying the launch marker. Zombies are left out: they hold no memory
+    and no port, and only their parent can reap them."""
     skip = {os.getpid(), *exclude}
     found: dict[int, psutil.Process] = {}
     if leader is not None and leader not in skip:
@@ -441,19 +386,12 @@ def processes_of(launch_id: str, *, uid: int, trusted_pgid: int | None, leader: 
 
 def find_launch_processes(record: LaunchRecord) -> list[psutil.Process]:
     """Every live process of this launch: its leader and group while the leader provably runs,
-    and whatever carries its marker.
-
-    Orphans reparented to init (vLLM's EngineCore and Worker_TP* after the API server was
-    SIGKILLed) are found by the group while the launcher leads it, and by the marker after.
-    """
+    and whatever carries its marker (orphans reparented to init, once the launcher is gone)."""
     trusted = leader_alive(record)
     return processes_of(
         record.launch_id, uid=record.uid if record.uid >= 0 else os.getuid(),
         trusted_pgid=record.pgid if trusted else None, leader=record.pid if trusted else None,
     )
-
-
-# --------------------------------------------------------------------------- ending processes
 
 
 @dataclass(frozen=True)
@@ -526,10 +464,8 @@ def _wait_gone(
     processes: Sequence[psutil.Process], timeout_s: float, cut_short: Callable[[], bool] = _NEVER,
 ) -> tuple[list[psutil.Process], list[psutil.Process]]:
     """Split into (gone, alive) once all are gone, ``timeout_s`` passed or ``cut_short()`` says so.
-
-    psutil.wait_procs is not used: for a process that is not our child it polls whether the pid
-    exists, and a zombie orphan (gone in every way that matters) still exists until init reaps it.
-    """
+    Not psutil.wait_procs: for a process not our child it polls whether the pid exists, and a
+    zombie orphan (gone in every way that matters) exists until init reaps it."""
     end = time.monotonic() + timeout_s
     alive = list(processes)
     gone: list[psutil.Process] = []
@@ -557,13 +493,9 @@ def _signal(processes: Iterable[psutil.Process], send: Callable[[psutil.Process]
 
 def terminate_processes(procs: Sequence[psutil.Process], *, grace_s: float = 15.0,
                         kill_now: Callable[[], bool] = _NEVER) -> TerminationReport:
-    """SIGTERM each process, wait up to ``grace_s``, SIGKILL what remains, and report.
-
-    ``kill_now`` cuts the grace short (checked every 50 ms): a second Ctrl-C or SIGTERM during
-    teardown means "stop now", never "abandon the stop".
-    Each process is signalled by itself, not through ``killpg``: a group id outlives nothing, and
-    once the group's members are gone the id can belong to someone else's new group.
-    """
+    """SIGTERM each process, wait up to ``grace_s`` (cut short by ``kill_now``: a second signal
+    during teardown means "stop now"), SIGKILL what remains, and report. Each process is signalled
+    by itself, not through ``killpg``: once a group's members are gone its id can be another's."""
     if grace_s < 0:
         raise ValueError(f"grace_s must be >= 0, got {grace_s}")
     summaries = {process.pid: _summary(process) for process in procs}
@@ -587,8 +519,6 @@ _REMOTE_STOP_TIMEOUT_S = 120.0
 
 
 def _run_remote(argv: Sequence[str]) -> str:
-    import subprocess
-
     try:
         done = subprocess.run(list(argv), capture_output=True, text=True, timeout=_REMOTE_STOP_TIMEOUT_S,
                               stdin=subprocess.DEVNULL, check=False)
@@ -601,13 +531,9 @@ def _run_remote(argv: Sequence[str]) -> str:
 
 def remote_stop(argv: Sequence[str], *, where: str,
                 run: Callable[[Sequence[str]], str] = _run_remote) -> TerminationReport:
-    """Run the node agent's stop of a launch on another node (``python -m pytest_kimiperf.node_agent
-    stop``, inside the node's launch template) and read what it ended and what survived there;
-    ``run`` returns the agent's answer (agent_wire.py).
-    An agent that cannot run or answers nonsense leaves one unverified survivor, so the launch's
-    record is kept and the next sweep tries again."""
-    import json
-
+    """Run the node agent's stop of a launch on another node (through its launch template) and read
+    what it ended and what survived there. An agent that cannot run or answers nonsense leaves one
+    unverified survivor, so the launch's record is kept and the next sweep tries again."""
     try:
         data = json.loads(run(argv))
         rows = {key: [(int(p["pid"]), str(p["name"]), tuple(p.get("cmdline", ()))) for p in data[key]]
@@ -633,9 +559,6 @@ def stop_launch(record: LaunchRecord, *, grace_s: float = 15.0,
             break
         report = report.merged(terminate_processes(procs, grace_s=grace_s, kill_now=kill_now))
     return report
-
-
-# --------------------------------------------------------------------------- the sweep
 
 
 @dataclass(frozen=True)
@@ -710,9 +633,8 @@ def sweep_stale_launches(
 ) -> SweepReport:
     """End the servers that earlier, dead pytest runs left behind, and forget their records.
 
-    A launch is left alone when ``is_current`` says it belongs to this session, when its owner
-    still holds the record's lock (another pytest session on this host), and when it was made
-    on another host, boot, pid namespace or by another uid. A record whose processes survive
+    A launch of this session (``is_current``), of a live owner (it holds the record's lock), or of
+    another host, boot, pid namespace or uid is left alone; a record whose processes survive
     SIGKILL is kept so the next sweep tries again.
     """
     here = LaunchPlace.here()
@@ -766,10 +688,3 @@ def sweep_stale_launches(
         problems=tuple(problems),
         survivor_gpu_memory_mib={pid: mib for pid, mib in gpu_before.items() if pid in survivor_pids},
     )
-
-__all__ = [
-    "HeldLaunch", "LAUNCH_ID_ENV", "LaunchPlace", "LaunchRecord", "LoadedLaunches", "ProcessSummary", "SweepReport",
-    "SweepAccount", "TerminationReport", "boot_id", "find_launch_processes", "forget_launch", "leader_alive", "load_launches",
-    "owner_gone", "pid_namespace", "processes_of", "record_for_popen", "record_launch", "remote_stop",
-    "start_ticks", "stop_launch", "sweep_stale_launches", "terminate_processes",
-]

@@ -1,40 +1,29 @@
 """Three-way merge of a baseline file, so a fleet of runners can share one history through git.
 
-Each runner records on its own clone (``--update-baselines``) and pushes. Two runners that
-appended boots to the same entry conflict as text; as histories they do not: the merged history
-is the union of the boots. :func:`merge_baselines` decides that merge; :func:`main` is git's merge
-driver for baseline files (``.gitattributes``: ``baselines/**/*.json merge=kimiperf-baselines``),
-run as ``python -m pytest_kimiperf merge-driver %O %A %B %P`` (``make merge-driver`` configures it
-once per clone), which reads and writes the files and, where a human must decide, leaves git's
-own conflict markers (``git merge-file``).
+Two runners that appended boots to the same entry conflict as text, not as histories: the merged
+history is the union of the boots. :func:`main` is git's merge driver for baseline files
+(``.gitattributes``: ``baselines/**/*.json merge=kimiperf-baselines``; ``make merge-driver``),
+run as ``python -m pytest_kimiperf merge-driver %O %A %B %P``; where a human must decide it
+leaves git's own conflict markers (``git merge-file``). Entry by entry (a missing entry is an
+empty history):
 
-The rules, entry by entry (an entry missing on a side is an empty history there):
+- one side unchanged from the base, or both changed alike: the other side's version whole;
+- otherwise the union of the sides' boots (a boot identified by everything recorded for it, kept
+  once); a base boot missing from either side was removed on purpose (the trim to
+  :data:`HISTORY_BOOTS`, a deleted entry) and stays removed; the sides interleave by
+  ``recorded_at`` (then session, then the boot's JSON), so either merge order gives the same file;
+- the anchor merges alike; the nights since it are the union where both sides share the anchor,
+  none where a side recorded anew;
+- the latest samples, median and IQR come from the side that recorded last.
 
-- an entry one side left as it was in the base takes the other side's version whole, as git
-  does for a text hunk; so does one both sides changed alike;
-- otherwise its history is the union of the two sides' boots, a boot identified by everything
-  recorded for it (median, n, error, time, commit, versions, session, host, canary): a boot on
-  both sides is kept once. A boot of the base missing from either side was removed there on
-  purpose (``append_history``'s trim to :data:`HISTORY_BOOTS`, or an entry deleted to record it
-  anew) and stays removed; boots recorded since on the other side are kept. Each side's order is
-  kept and the two interleave by ``recorded_at`` (then session, then the boot's JSON), so the
-  history stays oldest first as ``update_baseline`` writes it, the last :data:`HISTORY_BOOTS`
-  are kept, and merging either way round (a merge or a rebase) gives the same file;
-- the anchor (the last deliberate recording, judge/history.py) merges as the history does; the
-  nights appended since it are the union of both sides' where the two agree on the anchor, and
-  none where a side recorded anew (a recording starts the drift test afresh);
-- the latest boot's samples, median and IQR come from the side that recorded last.
-
-What is not history is not merged: a different deployment, fingerprint (hard facts), schema
-version, or an entry's unit, direction, profile environment or arguments on the two sides is a
-:class:`BaselineConflict` naming the file and the field, and the driver leaves git's own
-conflict for a human. Soft fingerprint facts (host name, kernel) differ between runners of one
-hardware class by design; the file keeps those of the side that recorded last, as
-``update_baseline`` keeps the last writer's.
+Another deployment, hard fingerprint, schema version, or an entry's unit, direction, profile
+environment or arguments is a :class:`BaselineConflict` left to a human. Soft fingerprint facts
+(host name, kernel) differ between runners by design; the side that recorded last keeps them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -122,8 +111,6 @@ def _merge_entry(
     latest = max(sides, key=lambda e: (e.recorded_at, _canonical(entry_json(e))))
     anchor = _merge_histories(base.anchor if base is not None else (), ours.anchor if ours is not None else (),
                              theirs.anchor if theirs is not None else ())[-keep:]
-    # Nights belong to their anchor: where the sides agree on it, the passing runs of both;
-    # where a side recorded anew, none (a deliberate recording starts the drift test afresh).
     nights = _merge_histories(base.nights if base is not None else (), ours.nights, theirs.nights) \
         if ours is not None and theirs is not None and ours.anchor == theirs.anchor else []
     return replace(latest, boots=tuple(boots), anchor=tuple(anchor), nights=tuple(nights))
@@ -213,18 +200,15 @@ def _raw_schema_version(text: str) -> object:
     return data.get("schema_version") if isinstance(data, dict) else None
 
 
-
 _USAGE = "usage: python -m pytest_kimiperf merge-driver BASE OURS THEIRS PATH  (git's %O %A %B %P)"
 
 
 def _leave_text_conflict(base: str, ours: str, theirs: str, path: str) -> None:
     # git leaves the driver's %A in the work tree, marked unmerged: give the human git's own
     # conflict markers rather than "ours" looking resolved.
-    try:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run(["git", "merge-file", "-L", f"ours:{path}", "-L", f"base:{path}", "-L",
                         f"theirs:{path}", ours, base, theirs], capture_output=True, timeout=60, check=False)
-    except (OSError, subprocess.SubprocessError):
-        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:

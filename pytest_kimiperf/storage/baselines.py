@@ -1,16 +1,11 @@
 """Baseline files on disk: ``baselines/<deployment>/<fingerprint key>.json``, end to end.
 
-The values a file holds and how a history grows are the judge's (judge/baselines.py: the entries
-and :class:`~pytest_kimiperf.judge.baselines.LoadedBaselines`); everything about the file itself
-is here, and the judge receives only the typed histories. A file's text is
-written by :func:`dumps_baseline` and checked by :func:`parse_baseline` before anything trusts it
-(a schema 1 file, one run's samples, loads as a history of one boot and is rewritten in the
-current schema on its next update). :func:`load_baselines` reads this fingerprint's file and the
-deployment's others once, for the gate. Writers merge under a file lock and replace the file
-atomically, so parallel pytest-xdist controllers or CI jobs never lose each other's entries and
-a reader never sees half a file.
-
-Merging two runners' versions of one file, and the git merge driver, is ``baseline_merge.py``.
+The values and how a history grows are the judge's (judge/baselines.py); the file is here, and
+the judge receives only typed histories. :func:`parse_baseline` checks a file before anything
+trusts it (a schema 1 file loads as a history of one boot, rewritten in the current schema on
+its next update). Writers merge under a file lock and replace the file atomically, so parallel
+xdist controllers or CI jobs never lose each other's entries; merging two runners' versions
+through git is ``baseline_merge.py``.
 """
 
 from __future__ import annotations
@@ -135,23 +130,14 @@ def parse_baseline(path: Path, text: str) -> BaselineFile:
         if entry.key != key:
             raise bad(f"entry {key!r} holds test/profile/metric {entry.key!r}")
         entries[key] = entry
-    return BaselineFile(
-        path=path,
-        deployment=deployment,
-        fingerprint=fingerprint,
-        entries=entries,
-    )
+    return BaselineFile(path=path, deployment=deployment, fingerprint=fingerprint, entries=entries)
 
 
 def _parse_entry(raw: object) -> BaselineEntry:
     if not isinstance(raw, dict):
         raise TypeError("not an object")
-    missing = [
-        name
-        for name in ("test", "profile", "metric", "unit", "direction", "samples", "median", "iqr",
-                     "n", "recorded_at", "git_commit", "profile_env")
-        if name not in raw
-    ]
+    missing = [name for name in ("test", "profile", "metric", "unit", "direction", "samples", "median", "iqr",
+                                 "n", "recorded_at", "git_commit", "profile_env") if name not in raw]
     if missing:
         raise KeyError(f"missing {', '.join(missing)}")
     samples = raw["samples"]
@@ -302,13 +288,10 @@ def update_baseline(
     *,
     on_pass: bool = False,
 ) -> BaselineFile:
-    """Merge ``entries`` (the tests that ran) into the baseline file at ``path`` and return the result.
-
-    Entries with the same key have the new boots appended to their history (``on_pass``: by a
-    passing run, :func:`append_history`), all others kept. The read-merge-write happens under a
-    lock on ``<path>.lock`` and the new file replaces the old one atomically, so concurrent
-    writers lose nothing. A corrupt or newer-schema file, or one that belongs to another
-    deployment or fingerprint, is a BaselineError and is left untouched.
+    """Append ``entries``' boots to their histories in the baseline file at ``path`` (``on_pass``: by
+    a passing run, :func:`append_history`), under a lock on ``<path>.lock``, and return the result.
+    A corrupt or newer-schema file, or another deployment's or fingerprint's, is a BaselineError
+    and is left untouched.
     """
     path = Path(path)
     check_safe_name("deployment", deployment)
@@ -369,12 +352,9 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def load_baselines(baselines_dir: Path, deployment: str, fingerprint: Fingerprint) -> LoadedBaselines:
-    """This fingerprint's baseline file and the deployment's files from other hardware, read once.
-
-    A file of this fingerprint that cannot be trusted is kept as its error, raised when the gate
-    asks for it (the perf tests say why); unreadable files of other hardware are skipped (they
-    judge nothing here, and their own hardware reports them).
-    """
+    """This fingerprint's baseline file and the deployment's files from other hardware, read once:
+    an untrusted file of this fingerprint is kept as its error, raised when the gate asks for it;
+    unreadable files of other hardware are skipped (they judge nothing here)."""
     path = baseline_path(baselines_dir, deployment, fingerprint.key)
     try:
         loaded, error = load_baseline(path), None

@@ -13,13 +13,8 @@ from collections.abc import Mapping
 def current_git_commit(repo_dir: str | os.PathLike[str]) -> str | None:
     """The HEAD commit of the git checkout at ``repo_dir``, or None (no git, not a checkout)."""
     try:
-        proc = subprocess.run(
-            ["git", "-C", os.fspath(repo_dir), "rev-parse", "--verify", "-q", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
+        proc = subprocess.run(["git", "-C", os.fspath(repo_dir), "rev-parse", "--verify", "-q", "HEAD"],
+                              capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
     commit = proc.stdout.strip()
