@@ -89,9 +89,8 @@ def outcome_of(result: TestResult) -> PerfOutcome:
 
 
 def decide_test(result: TestResult, *, missing_baseline_fails: bool) -> PerfOutcome:
-    """Finish one judged test boot: under ``--kimiperf-missing-baseline=fail``
-    (``missing_baseline_fails``) the metrics without a baseline here become one more failure of
-    ``result``; then the test's outcome. A result the gate left without failures passes."""
+    """Finish one judged test boot: the metrics without a baseline here become one more failure
+    where ``missing_baseline_fails``; then the test's outcome."""
     missing = missing_baselines(result) if missing_baseline_fails and result.invalid is None else []
     if missing:
         result.failures.append(MissingBaselines(tuple(missing)))
@@ -217,11 +216,9 @@ def sign_p(c: Comparison) -> float:
 
 
 def decide_family(comparisons: Sequence[Comparison], alpha: float = RUN_ALPHA) -> list[Comparison]:
-    """The run's comparisons with their signs decided together: a REGRESSION, an IMPROVEMENT or
-    a change with its size unresolved keeps its sign only where Holm rejects "no change" for it
-    at the run's ``alpha``; one it does not keep says "inconclusive" where its estimate is beyond
-    the tolerance, else "no detectable change". The family is every comparison that compared
-    something."""
+    """The run's comparisons (those that compared something) with their signs decided together:
+    a sign stays only where Holm rejects "no change" at the run's ``alpha``; else "inconclusive"
+    beyond the tolerance, "no detectable change" within it."""
     nothing = (VerdictKind.INSUFFICIENT_SAMPLES, VerdictKind.NOT_COMPARABLE, VerdictKind.NOT_JUDGED)
     judged = [i for i, c in enumerate(comparisons) if c.verdict not in nothing]
     keep = holm([sign_p(comparisons[i]) for i in judged], alpha)
@@ -238,8 +235,7 @@ def decide_family(comparisons: Sequence[Comparison], alpha: float = RUN_ALPHA) -
 
 def family_size(entries: Iterable[tuple[str, str, str]], collected: Iterable[tuple[str, str]]) -> int | None:
     """How many baseline comparisons a run makes: the stored ``(test, profile, metric)`` entries
-    whose test and profile the run collected (a metric without an entry is never compared, so it
-    spends nothing). None where it makes none."""
+    whose test and profile the run collected; None where it makes none."""
     wanted = set(collected)
     m = sum(1 for test, profile, _metric in entries if (test, profile) in wanted)
     return m or None
@@ -481,9 +477,8 @@ def _check_boot(result: TestResult, run: BootRun, rules: GateRules, *, label: st
 
 def _with_this_boot(result: TestResult, earlier: TestBoots,
                     vllm: str = "") -> tuple[TestBoots, dict[str, BootSummary] | None]:
-    """The test's boots so far with this one added (its two clocks too, the engine's named by
-    ``vllm``), and this boot's summaries to record (None, and added nowhere, when it failed for
-    another reason than a verdict: it is no sample of this build)."""
+    """The test's boots so far with this one added, and this boot's summaries to record (None,
+    and added nowhere, when it failed for another reason than a verdict)."""
     current = TestBoots(summaries={k: list(v) for k, v in earlier.summaries.items()}, boots=list(earlier.boots),
                         engine=dict(earlier.engine))
     if result.failures:
@@ -561,9 +556,8 @@ def _changes_so_far(comparisons: Sequence[Comparison]) -> tuple[ChangeSoFar, ...
 
 
 def _left_out(comparison: Comparison, line: BaselineLine, result: TestResult) -> tuple[Comparison, BaselineLine]:
-    """A boot that failed for another reason (the floor, failed requests) is no sample of this
-    build: its figures are shown but not compared, and the line says so instead of calling its
-    samples insufficient."""
+    """A boot that failed for another reason is no sample of this build: shown, not compared, and
+    the line says so instead of calling its samples insufficient."""
     why = LeftOut(result.boot, result.unrecordable)
     if comparison.boots_current == 0:
         comparison = dataclasses.replace(comparison, verdict=VerdictKind.NOT_JUDGED, notes=(why,))

@@ -35,7 +35,6 @@ from pytest_kimiperf.judge.notes import (
 from pytest_kimiperf.numbers import is_real
 
 
-# One boot's figure per metric: its median or tail quantile, and that figure's standard error.
 Samples = Sequence[float] | npt.NDArray[np.floating]
 
 # A tail quantile q needs this many samples beyond it in each boot: n >= 3 / (1 - q), so 30 for
@@ -117,26 +116,21 @@ def _number(value: Any) -> float | None:
 
 @dataclass(frozen=True)
 class BootSummary:
-    """One server boot's figure for one metric: the unit of replication.
-
-    ``median`` is the boot's median; ``se_log`` the standard error of log(median) from the
-    boot's own requests (NaN below two samples); ``n`` how many valid samples it rests on;
-    ``label`` says which boot it was (``ring-ll boot 2``, or a baseline's recording time).
-    """
+    """One server boot's figure for one metric, the unit of replication: its median (or tail
+    quantile), the standard error of its log from the boot's own samples (NaN below two), how many
+    valid samples it rests on, and which boot it was (``ring-ll boot 2``, or a recording time)."""
 
     median: float
     n: int
     se_log: float
     label: str = ""
-    # Samples a boot needs to count: MIN_SAMPLES_PER_BOOT for a median (0 here), more for a tail
-    # (tail_min_samples; ``median`` then holds the boot's quantile), 1 for a boot metric (the
-    # boot's own seconds: one exact figure per boot).
+    # Samples a boot needs to count (:attr:`needed`): 0 for a median's default, more for a tail,
+    # 1 for a boot metric (the boot's own seconds: one exact figure per boot).
     min_n: int = 0
-    # The session and host the boot ran in (judge/noise.py); "" when not known (a boot recorded
-    # before they were stored counts as one unknown session and host).
+    # Where the boot ran and the commit it was recorded at; "" when not known (boots recorded
+    # before they were stored count as one unknown session and host).
     session: str = ""
     host: str = ""
-    # The commit a stored boot was recorded at ("" when not known): where a history stepped.
     commit: str = ""
 
     @property
@@ -599,14 +593,11 @@ class LevelTerm:
 class Comparison:
     """The current boots against the reference boots for one metric, and the verdict.
 
-    ``change`` is ``exp(mean log-median current - mean log-median reference) - 1``: -0.004
-    means 0.4% lower, whatever the metric's direction. ``bound_low``/``bound_high`` are the
-    change :data:`GATE_CRITICAL` standard errors either way (one-sided at ``confidence``; the
-    run's :func:`family_critical` where its size is known): every sign needs one of them beyond
-    zero, a REGRESSION's estimate beyond the tolerance too; ``ci_low``/``ci_high`` the
-    :data:`EQUIVALENCE_CONFIDENCE` interval that decides "within" and shows the estimate.
-    ``mdc`` is the smallest change (as a positive fraction) that this design, with at least
-    :data:`MIN_BOOTS_DIRECTIONAL` boots, reports as a regression with :data:`DETECTION_POWER`.
+    ``change``: -0.004 means 0.4% lower, whatever the metric's direction. ``bound_low`` and
+    ``bound_high``: the change the critical value's standard errors either way (one-sided at
+    ``confidence``), which every sign needs beyond zero; ``ci_low``/``ci_high``: the
+    :data:`EQUIVALENCE_CONFIDENCE` interval that decides "within". ``mdc``: the smallest change
+    this design reports as a regression with :data:`DETECTION_POWER`.
     """
 
     metric: str
@@ -635,13 +626,9 @@ class Comparison:
     notes: tuple[Note, ...] = ()  # what else the verdict rests on (judge/notes.py)
     sessions_current: int = 1
     sessions_reference: int = 1
-    # The levels above the boot that the two sides do not share (judge/noise.py), with the
-    # variance each added to se_log.
     levels: tuple[LevelTerm, ...] = ()
     # The boot spread without this run's boots (the reference's, floored by the declared one)
-    # and its degrees of freedom: the append guard's (judge/history.favourable_bound), so that a
-    # run whose own boots disagree cannot widen the margin in its own favour. NaN where not
-    # computed (the guard then takes ``spread_sd_log``).
+    # and its degrees of freedom, reported beside the pooled one. NaN where not computed.
     reference_spread_sd_log: float = math.nan
     reference_spread_df: float = math.nan
     # What the comparison's own boots measured of each level against its declaration, for the
@@ -799,9 +786,6 @@ def compare_boots(
                                  *((t.plain_var_log if math.isfinite(t.plain_var_log) else t.var_log, t.df)
                                    for t in levels)]), 2)
     t_eq = t_quantile(1.0 - (1.0 - EQUIVALENCE_CONFIDENCE) / 2.0, df)
-    # The gate's rule (GATE_CRITICAL): the estimate beyond the tolerance, and the change
-    # beyond GATE_CRITICAL standard errors of the whole difference (boots and every level the
-    # sides do not share), so that chance alone convicts no metric of a session.
     z_crit = GATE_CRITICAL if critical is None else critical
     crit = critical_at(z_crit, df)
     bound_low, bound_high = math.expm1(d - crit * se), math.expm1(d + crit * se)
@@ -813,7 +797,6 @@ def compare_boots(
     gain_log = d if direction is Direction.HIGHER_IS_BETTER else -d
     worst, best = ((bound_high, bound_low) if direction is Direction.HIGHER_IS_BETTER
                    else (-bound_low, -bound_high))
-    # Minimum detectable change for a design with at least the directional minimum of boots.
     k = max(len(cur), min_boots_directional)
     se_k = math.sqrt(spread.sd_log ** 2 * (1.0 / k + 1.0 / len(ref)) + fixed_var)
     power_z = _z(DETECTION_POWER) if math.isinf(df) else t_quantile(DETECTION_POWER, df)
