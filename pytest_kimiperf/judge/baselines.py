@@ -1,31 +1,17 @@
 """Baselines as values: the machine a measurement was taken on (its fingerprint), the boot
 histories a run is judged against, and how a run's boots join them.
 
-The hardware and software a measurement was taken on, and whether two of them are comparable.
+A :class:`Fingerprint` composes the probes of measure/host_facts.py. *Hard* facts change the speed
+a benchmark can reach (GPU model, count, memory, driver major, CUDA, PCIe, NVLink-or-not; on a CPU
+host the CPU model, usable cores and vector ISA; the vLLM, torch and NCCL versions; the
+deployment): a baseline only compares with a run whose hard facts are equal, and the ``key`` is a
+hash of them. *Soft* facts (host name, full driver build, kernel, Python) only warn.
 
-The facts come from the probes in measure/host_facts.py; this module only composes and compares
-them. A fingerprint has two halves.  *Hard* facts change the speed a benchmark can reach: the GPU model,
-count, memory, driver major, CUDA, PCIe link and NVLink-or-not, on a CPU host the CPU model, the
-cores this process may use and the vector ISA; the vLLM, torch and NCCL versions; the deployment
-(model, revision, quantization, TP).  A baseline only compares with a run whose hard facts are
-equal, and the ``key`` is a hash of them.  *Soft* facts (host name, full driver build, kernel,
-Python) are reported when they differ but do not block a comparison.
-
-Baselines as values: the boot histories a run is judged against, and how a run's boots join them.
-
-A baseline file (``baselines/<deployment>/<fingerprint key>.json``, storage/baselines.py reads and
-writes it) holds, for each ``<test id>|<profile>|<metric>``, a *history*: one summary per server
-boot (median, samples, within-boot error of the median, when, which commit and software) for the
-last :data:`HISTORY_BOOTS` boots, because the boot is the unit the gate judges on (``boots``,
-``stats``); plus the per-request samples of the latest boot for plots. In order:
-
-* the types a file loads into (:class:`BaselineFile` of :class:`BaselineEntry`, each a history of
-  :class:`BaselineBoot`); the judge receives these and never the file's text;
-* a session's boots made into entries and appended to their histories (:func:`make_entry`,
-  :func:`append_history`, :func:`baseline_entries`): ``--update-baselines`` appends the session's
-  boots;
-* :class:`LoadedBaselines`: what the gate judges against, the files as storage/baselines.py read
-  them once.
+A baseline file (``baselines/<deployment>/<fingerprint key>.json``, read and written by
+storage/baselines.py) holds, for each ``<test id>|<profile>|<metric>``, a history of the last
+:data:`HISTORY_BOOTS` boots (:class:`BaselineEntry` of :class:`BaselineBoot`: the boot is the unit
+the gate judges on), plus the latest boot's per-request samples for plots. The judge receives
+these types, never the file's text (:class:`LoadedBaselines`).
 """
 
 from __future__ import annotations
@@ -170,6 +156,8 @@ def version_changes(old: Fingerprint, new: Fingerprint) -> list[str] | None:
     if any(change.split(":", 1)[0] not in VERSION_KEYS for change in hard):
         return None
     return hard
+
+
 NOT_STATED = "not stated (--kimiperf-server-hardware)"
 
 
@@ -186,13 +174,10 @@ def stated_apart(old: Fingerprint, new: Fingerprint) -> str | None:
 
 
 def attached_fingerprint(local: Fingerprint, server: Mapping[str, str], *, stated_hardware: str | None) -> Fingerprint:
-    """The fingerprint of a measurement of an attached server (``--kimiperf-server-url``).
-
-    This host's probes describe the *client*: they move to soft facts (``client.*``). The hard
-    facts are what the server tells (vLLM version, models) and the hardware the user states,
-    since nothing here can see the server's GPUs; unstated, it reads as such, so such a run
-    never compares with (or, see settings, records) a baseline of known hardware.
-    """
+    """The fingerprint of a measurement of an attached server (``--kimiperf-server-url``): this
+    host's probes describe the client and move to soft facts (``client.*``); the hard facts are
+    what the server tells and the hardware the user states (nothing here can see the server's
+    GPUs), so an unstated one never compares with a baseline of known hardware."""
     hard = {name: value for name, value in local.hard.items() if name.startswith("deployment.")}
     hard.update(server)
     hard[ATTACHED_HARDWARE] = stated_hardware or NOT_STATED
@@ -227,17 +212,11 @@ def describe(fp: Fingerprint) -> list[str]:
             f"ISA {hard.get('cpu.isa', 'none')}"
         )
 
-    def section(prefix: str) -> str:
-        items = [
-            (name.removeprefix(prefix), value) for name, value in hard.items() if name.startswith(prefix)
-        ]
-        return ", ".join(f"{name}={value}" for name, value in items) or "none"
-
     return [
         f"kimiperf fingerprint: {fp.key}",
         f"  hardware: {hardware}",
-        f"  software: {section('software.')}",
-        f"  deployment: {section('deployment.')}",
+        f"  software: {_section(hard, 'software.')}",
+        f"  deployment: {_section(hard, 'deployment.')}",
         f"  host: {fp.soft.get('host.name', UNKNOWN)}, kernel {fp.soft.get('os.kernel', UNKNOWN)}, "
         f"python {fp.soft.get('python', UNKNOWN)}",
     ]
@@ -273,19 +252,11 @@ def deployment_facts(deployment: Deployment, *, built_revision: str | None = Non
     }
 
 
-# -- a deployment that spans nodes ---------------------------------------------------------------
-# Each node reports the facts a one-machine fingerprint holds (its GPUs, CPU, software: the node
-# agent's ``facts``, or this machine's for a node that runs here). The deployment's hard facts
-# hold every node's, in the order of their sorted facts, so which host is the head does not
-# matter, and one node that differs (another GPU, driver class or vLLM) makes the key differ:
-# a baseline recorded on eight H100 nodes never judges a run with one A100 among them. The
-# one-machine keys (``gpu.*``, ``cpu.*``, ``software.*``: what the report header and the key's
-# readable class read) are the first node's in that order, except ``gpu.count``, every node's
-# together; node names and host names are soft.
-
-
 def nodes_fingerprint(per_node: Mapping[str, NodeFacts], deployment_facts: Mapping[str, str]) -> Fingerprint:
-    """One fingerprint from each node's (hard, soft) facts, keyed by node name."""
+    """One fingerprint from each node's (hard, soft) facts, keyed by node name. Every node's hard
+    facts count, in the order of their sorted facts (which host is the head does not matter): a
+    baseline of eight H100 nodes never judges a run with one A100 among them. The one-machine keys
+    the header and the key's class read are the first node's, but ``gpu.count`` is all nodes'."""
     ordered = sorted(per_node.items(), key=lambda item: json.dumps(dict(item[1][0]), sort_keys=True))
     hard: dict[str, str] = {"nodes.count": str(len(ordered))}
     soft: dict[str, str] = {}
@@ -293,8 +264,6 @@ def nodes_fingerprint(per_node: Mapping[str, NodeFacts], deployment_facts: Mappi
         hard.update({f"node{k}.{fact}": value for fact, value in node_hard.items()})
         soft.update({f"node{k}.{fact}": value for fact, value in node_soft.items()})
         soft[f"node{k}.name"] = name
-    # The one-machine keys (what describe() and the readable class read) are the first node's;
-    # the GPU count is every node's; the host names are every node's.
     first_hard, first_soft = ordered[0][1]
     hard.update(first_hard)
     hard["gpu.count"] = str(sum(int(h.get("gpu.count", "0")) for _, (h, _) in ordered))
@@ -312,21 +281,6 @@ def collect_nodes_fingerprint(nodes: Sequence[Node], deployment_facts: Mapping[s
     return nodes_fingerprint(per_node, deployment_facts)
 
 
-__all__ = [
-    "ATTACHED_HARDWARE",
-    "VERSION_KEYS",
-    "version_changes",
-    "attached_fingerprint",
-    "Fingerprint",
-    "collect_nodes_fingerprint",
-    "deployment_facts",
-    "describe",
-    "host_fingerprint",
-    "nodes_fingerprint",
-]
-
-
-# What a baseline file holds: its entries and their boot histories.
 _SIGNIFICANT_DIGITS = 6
 _KEY_SEPARATOR = "|"
 
@@ -354,7 +308,6 @@ class BaselineBoot:
                            se_log=math.nan if self.se_log is None else self.se_log, label=self.recorded_at,
                            session=self.origin.session if self.origin else "",
                            host=self.origin.host if self.origin else "", commit=self.git_commit or "")
-
 
 
 @dataclass(frozen=True)
@@ -387,14 +340,12 @@ class BaselineEntry:
     boots: tuple[BaselineBoot, ...] = ()
     # The profile's server arguments (written only when it has some: older files have none).
     profile_args: tuple[str, ...] = ()
-    # The boots of the last deliberate recording (--kimiperf-update-baselines), kept whole
-    # whatever the window keeps, and each passing run appended since (oldest first): what a slow
-    # drift is judged against (judge/history.py). Empty in files written before schema 3.
+    # The last deliberate recording's boots, kept whole whatever the window keeps, and each
+    # passing run appended since: what a slow drift is judged against. Empty before schema 3.
     anchor: tuple[BaselineBoot, ...] = ()
     nights: tuple[AppendedNight, ...] = ()
-    # Not stored: a deliberate recording whose own run judged it a REGRESSION or an improvement
-    # against the history (baseline_entries). It is a new level, so it starts the history anew
-    # (append_history): appended, the next run would be judged against a mix of both levels.
+    # Not stored: a deliberate recording its own run judged a REGRESSION or an improvement. A new
+    # level starts the history anew: appended, the next run would be judged against a mix of both.
     new_level: bool = False
 
     def summaries(self) -> list[BootSummary]:
@@ -472,7 +423,6 @@ def round_figure(value: float) -> float:
     return float(f"{value:.{_SIGNIFICANT_DIGITS}g}")
 
 
-# A session's boots as baseline entries, and the baselines the gate judges against.
 HISTORY_BOOTS = 20
 
 
@@ -493,11 +443,9 @@ def make_entry(
     boot_origins: Sequence[BootOrigin | None] | None = None,
     boot_engines: Sequence[EngineBoot | None] | None = None,
 ) -> BaselineEntry:
-    """Build an entry from raw samples: rounds them and derives median, IQR and n from the rounded ones.
-
-    Non-finite samples (failed requests) are not stored; at least one finite sample is required.
-    ``recorded_at`` defaults to now; it must be timezone-aware and is stored in UTC.
-    """
+    """Build an entry from raw samples, rounded, with median, IQR and n from the rounded ones;
+    non-finite samples (failed requests) are not stored. ``recorded_at`` (default now) must be
+    timezone-aware."""
     entry_key(test, profile, metric)
     values = [float(s) for s in samples]
     finite = [round_figure(v) for v in values if math.isfinite(v)]
@@ -566,16 +514,11 @@ def append_history(old: BaselineEntry | None, new: BaselineEntry, keep: int = HI
                    on_pass: bool = False) -> BaselineEntry:
     """``new``'s boots appended to ``old``'s history (last ``keep`` boots kept).
 
-    A deliberate recording (``--kimiperf-update-baselines``) also sets the anchor the drift test
-    judges against (judge/history.py): its boots, joined to the anchor before it when no passing
-    run was appended in between (several sessions of one recording are one anchor), and no
-    nights. A passing run (``on_pass``, ``--kimiperf-append-on-pass``) keeps the anchor and adds
-    one night; a history written before anchors were kept takes its window as the anchor.
-
-    A history recorded with another profile environment or other profile arguments, unit or
-    direction is another thing: it is replaced, not extended; and so is one that a deliberate
-    recording found changed beyond the tolerance (``new.new_level``: a REGRESSION or an
-    improvement its run judged), which is how a change is accepted.
+    A deliberate recording also sets the drift test's anchor: its boots, joined to the anchor
+    before it when no passing run came in between (several sessions of one recording are one
+    anchor). A passing run (``on_pass``) keeps the anchor and adds one night. A history of another
+    profile environment, arguments, unit or direction, or a ``new.new_level``, is replaced, not
+    extended: that is how a change is accepted.
     """
     if old is None or dict(old.profile_env) != dict(new.profile_env) or (
             old.unit, old.direction, old.profile_args) != (new.unit, new.direction, new.profile_args) or (
@@ -657,11 +600,9 @@ def _reverse(text: str) -> tuple[int, ...]:
 def baseline_entries(
     results: Sequence[TestResult], *, git_commit: str | None, vllm: str = "",
 ) -> tuple[list[BaselineEntry], list[TestResult]]:
-    """Baseline entries for every metric of the tests that ran, every boot of this session
-    appended in order with its two clocks (the engine's figures named by ``vllm``); and the boots
-    not recorded (INVALID, or failed for another reason than a verdict: their ``invalid`` and
-    ``unrecordable`` say why). An entry whose last boot was judged a REGRESSION or an improvement
-    against its history is a ``new_level``."""
+    """Baseline entries for every metric of the tests that ran, every boot of this session in
+    order with its two clocks; and the boots not recorded (their ``invalid`` and ``unrecordable``
+    say why). An entry whose last boot was judged a REGRESSION or an improvement is a ``new_level``."""
     grouped: dict[tuple[str, str, str], list[tuple[TestResult, MetricResult]]] = {}
     skipped: list[TestResult] = []
     for res in sorted(results, key=lambda r: r.boot):

@@ -1,29 +1,11 @@
 """The engine's clock beside the client's: where a change the client saw lives, and the one
 verdict it can change (pure).
 
-The client's clock is the verdict's: it is what users get, and a slower API server is a real
-regression of the build. Each boot also carries the engine's own figures (measure/server_view.py:
-its core's stamps over exactly the measured requests) beside the client's means over the same
-requests (:class:`EngineBoot`). Two things follow from them (docs/explanation/statistics.md,
-"Two clocks"):
-
-* **Where the change lives** (:func:`place`): the client's change is split, in its own unit
-  (milliseconds a token, or to the first token), into the engine's part and the part outside it
-  (client less engine, boot by boot), each with its Welch interval. A part *moved* when its
-  interval lies beyond zero the way the client's comparison claims and it is at least
-  :data:`MATERIAL_SHARE` of the client's change: the engine's alone, outside alone, or both. With
-  no more than :data:`UNPLACED_DF` degrees of freedom (two boots a side give 1-2) nothing is
-  placed: the change is *unplaced*, as it is where neither part moved on its own, or where the
-  client's means over the same requests moved the other way from its comparison. Nothing is
-  placed where the client's comparison claims no direction. The placement explains; it states no
-  sign of its own and decides nothing.
-* **A variant that can only move the engine** (:func:`engine_confirms`): a profile that differs
-  from its reference only in what reaches the engine's workers (NCCL's variables, CUDA's
-  connection count) cannot move the API server or the client. Its comparison keeps the client's
-  sign only where the engine's own figure moved the same way beyond its interval (the boots'
-  spread, floored by :data:`ENGINE_SPREAD_FLOOR`); otherwise the sign is withdrawn and the
-  verdict is INCONCLUSIVE (:func:`on_two_clocks`). That only ever withdraws a sign, so the run's
-  budget for signs holds as it did, and every output reads the one verdict.
+The client's clock is the verdict's (what users get). Beside it, each boot's engine figures
+(:class:`EngineBoot`) say where a change lives (:func:`place`: the engine's part, the part outside
+it, both, or unplaced), which explains and decides nothing; and a profile that can only move the
+engine keeps its sign only where the engine confirms it (:func:`on_two_clocks`), which only ever
+withdraws a sign. The rules and why: docs/explanation/statistics.md, "Two clocks".
 """
 
 from __future__ import annotations
@@ -35,9 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pytest_kimiperf.judge.stats import EngineBoot
 from pytest_kimiperf.judge.notes import Note, note_kind
-from pytest_kimiperf.judge.stats import Comparison, VerdictLeaning, VerdictKind, satterthwaite_df, t_quantile
+from pytest_kimiperf.judge.stats import (
+    Comparison, EngineBoot, VerdictKind, VerdictLeaning, satterthwaite_df, t_quantile,
+)
 from pytest_kimiperf.measure.results import RunSummary
 
 # The client's metric -> the pair of like figures its change is placed with: the client's mean
@@ -206,10 +189,8 @@ def _part(current: Sequence[float], reference: Sequence[float], level: float) ->
 @dataclass(frozen=True)
 class TwoClocks(Note):
     """What the engine's clock says of one comparison: the client's change in milliseconds of
-    ``figure`` ("tpot": a token, "ttft": to the first token), the engine's part and the part
-    outside it with their intervals, where the change lives (``where``, ``why`` when unplaced),
-    the engine's own figure's relative change, and whether it withdrew the comparison's sign
-    (``withdrawn``: a profile that reaches only the engine, whose engine did not confirm it)."""
+    ``figure`` ("tpot", "ttft"), the engine's part and the part outside it, where the change
+    lives, the engine's own relative change, and whether it withdrew the comparison's sign."""
 
     figure: str
     where: ChangeLocation
@@ -245,8 +226,8 @@ def claimed_ms_sign(comparison: Comparison) -> int:
 
 def place(metric: str, comparison: Comparison, current: Sequence[EngineBoot], reference: Sequence[EngineBoot],
           level: float = ENGINE_LEVEL) -> TwoClocks | None:
-    """Where ``comparison``'s change of ``metric`` lives, on the boots' two clocks (the module's rule); None
-    where its metric has no engine figure or no boot a side carries one."""
+    """Where ``comparison``'s change of ``metric`` lives, on the boots' two clocks; None where its
+    metric has no engine figure or no boot a side carries one."""
     figure = FIGURE_OF.get(metric)
     if figure is None:
         return None
@@ -284,8 +265,7 @@ def place(metric: str, comparison: Comparison, current: Sequence[EngineBoot], re
 
 def engine_confirms(metric: str, comparison: Comparison, current: Sequence[EngineBoot], reference: Sequence[EngineBoot]) -> bool:
     """Whether the engine's own figure moved the way ``comparison`` claims beyond its interval
-    (the boots' spread floored by :data:`ENGINE_SPREAD_FLOOR`): what a profile that reaches only
-    the engine needs to keep its sign. False where no boot carries the engine's figure."""
+    (floored by :data:`ENGINE_SPREAD_FLOOR`); False where no boot carries the engine's figure."""
     figure = FIGURE_OF.get(metric)
     sign = claimed_ms_sign(comparison)
     if figure is None or sign == 0:
@@ -298,10 +278,9 @@ def engine_confirms(metric: str, comparison: Comparison, current: Sequence[Engin
 
 def on_two_clocks(metric: str, comparison: Comparison, current: Sequence[EngineBoot], reference: Sequence[EngineBoot], *,
                   engine_only_profile: bool, reference_name: str = "") -> Comparison:
-    """``comparison`` with what the engine's clock says of it (a :class:`TwoClocks` note), and
-    for a profile that reaches only the engine (``engine_only_profile``) whose engine did not
-    confirm its sign, that sign withdrawn: the verdict INCONCLUSIVE. The one place the engine's
-    clock changes a verdict."""
+    """``comparison`` with a :class:`TwoClocks` note, and for an ``engine_only_profile`` whose
+    engine did not confirm its sign, INCONCLUSIVE: the one place the engine's clock changes a
+    verdict."""
     clocks = place(metric, comparison, current, reference)
     if clocks is None:
         return comparison

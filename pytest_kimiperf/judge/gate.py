@@ -1,49 +1,19 @@
 """Where a verdict is decided: floors, SLOs and baselines under one false-alarm budget per run,
 and every reason a run fails or is held back: decided here and nowhere else.
 
-How a test and the run end, from typed facts only:
-
-- :func:`decide_test`: how one test boot ends. :func:`judge` has filled its result
-  with every failure it found (a regression, the floor, an SLO, failed requests, drift, an
-  INVALID measurement, an UNRESOLVED change); this adds the one the gate cannot know, a missing
-  baseline under ``--kimiperf-missing-baseline=fail``, and names the test's :class:`PerfOutcome`.
-- :func:`decide_run`: how the run ends, with its exit status, from what pytest would exit with,
-  each failed test's outcome, the profile comparisons (a REGRESSION against the control under
-  ``--kimiperf-control`` fails the run) and the errors of the reports and baselines.
-
-The reports only say what these decided (reports/terminal.py, reports/answers.py).
+:func:`judge` fills one test boot's result with every failure it finds; :func:`decide_test`
+adds a missing baseline under ``--kimiperf-missing-baseline=fail`` and names the test's
+:class:`PerfOutcome`; :func:`decide_run` gives the run's exit status. The run's family of
+comparisons shares one budget for signs (``stats.family_critical`` per test, :func:`holm` once
+every comparison is in: Holm (1979), Scand. J. Statist. 6). The reports only say what these
+decided.
 
 Exit statuses of their own, where pytest would exit 1 for these failures alone:
-
-- :data:`INVALID_ONLY_EXIT`, 75 (``EX_TEMPFAIL`` in sysexits.h, "a temporary failure ... the user
-  is invited to retry"): every failed test failed on an INVALID measurement (a busy host, or a
-  client-bound load): nothing was learned about the build; rerun on a quiet runner.
-- :data:`UNRESOLVED_EXIT`, 76: every failure was UNRESOLVED (or INVALID, with an UNRESOLVED one
-  among them): a change beyond the tolerance that one boot of an attached server without a
-  ``restart_command`` can never convict. Nothing says the build is slower yet, nor that it is not.
-
-Each such test carries the JUnit property ``kimiperf_outcome`` (``invalid`` or ``unresolved``;
-pytest's junitxml writes ``item.user_properties`` and xdist carries them to the controller with
-the report), which is also how the controller learns a failed test's outcome.
-
-The verdicts themselves, in order:
-
-* the run's family of comparisons (``stats.RUN_ALPHA``, ``stats.family_critical``, :func:`holm`,
-  :func:`decide_family`, :func:`family_size`): one budget for every sign the gated metrics of a
-  run state;
-* the verdict on one test (:func:`judge`, :func:`judge_metric`, :class:`GateRules`, :class:`BootRun`):
-  floors, SLOs and baselines.
-
-* ``stats.family_critical``: the critical value a comparison needs before it states a sign when
-  the run has ``m`` comparisons and each is decided as it comes (Bonferroni over the comparisons
-  and their two sides, Holm's first step): what the gate applies per test when it knows the run's
-  size (``GateRules.family``);
-* :func:`holm`: Holm's step-down procedure over the run's p-values, uniformly more powerful
-  and of the same family-wise level, for a decision taken once every comparison is in
-  (:func:`decide_family`: each sign that Holm does not keep says what is left of it,
-  "inconclusive" or "no detectable change").
-
-Holm (1979), "A simple sequentially rejective multiple test procedure", Scand. J. Statist. 6.
+:data:`INVALID_ONLY_EXIT`, 75 (``EX_TEMPFAIL`` in sysexits.h: every failure an INVALID
+measurement, nothing learned about the build) and :data:`UNRESOLVED_EXIT`, 76 (every failure
+UNRESOLVED, or INVALID with an UNRESOLVED one: a change one boot of an attached server can never
+convict). Each such test carries the JUnit property ``kimiperf_outcome``, which is also how the
+xdist controller learns it.
 
 The method and why: docs/explanation/methods.md, "The gate: the run's family and the verdict".
 """
@@ -119,9 +89,8 @@ def outcome_of(result: TestResult) -> PerfOutcome:
 
 
 def decide_test(result: TestResult, *, missing_baseline_fails: bool) -> PerfOutcome:
-    """Finish one judged test boot: under ``--kimiperf-missing-baseline=fail``
-    (``missing_baseline_fails``) the metrics without a baseline here become one more failure of
-    ``result``; then the test's outcome. A result the gate left without failures passes."""
+    """Finish one judged test boot: the metrics without a baseline here become one more failure
+    where ``missing_baseline_fails``; then the test's outcome."""
     missing = missing_baselines(result) if missing_baseline_fails and result.invalid is None else []
     if missing:
         result.failures.append(MissingBaselines(tuple(missing)))
@@ -206,14 +175,9 @@ def control_regressions(comparisons: Sequence[ProfileComparison], *, control: bo
 
 def decide_run(pytest_status: int, failed: FailedTests, *, comparisons: Sequence[ProfileComparison] = (),
                control: bool = False, errors: Sequence[str] = ()) -> RunDecision:
-    """The run's exit status, from what pytest would exit with (``pytest_status``), the failed
-    tests' outcomes, the profile ``comparisons`` (which fail the run under ``control``) and the
-    ``errors`` of the reports and baselines.
-
-    A control regression or an error fails the run (exit 1), whatever the tests did. Otherwise,
-    where pytest would exit 1: every failure INVALID is :data:`INVALID_ONLY_EXIT`; every failure
-    UNRESOLVED or INVALID, with an UNRESOLVED one, is :data:`UNRESOLVED_EXIT`. Any other status
-    of pytest's (interrupted, a usage error, nothing collected) stands."""
+    """The run's exit status. A control regression (under ``control``) or an error of the reports
+    and baselines fails the run (exit 1), whatever the tests did; else, where pytest would exit 1,
+    the module's own statuses apply; any other status of pytest's stands."""
     regressions = control_regressions(comparisons, control=control)
     invalid, unresolved = failed.tests(PerfOutcome.INVALID), failed.tests(PerfOutcome.UNRESOLVED)
     if regressions or errors:
@@ -227,9 +191,6 @@ def decide_run(pytest_status: int, failed: FailedTests, *, comparisons: Sequence
             status, end = INVALID_ONLY_EXIT, RunEnd.ONLY_INVALID
     return RunDecision(status, end, invalid_tests=invalid, unresolved_tests=unresolved, invalid_causes=failed.causes())
 
-
-# The run's family: one budget for every sign the gated metrics of a run state
-# (stats.RUN_ALPHA, stats.family_critical: the profile comparison shares them).
 
 def holm(p_values: Sequence[float], alpha: float = RUN_ALPHA) -> list[bool]:
     """Which hypotheses Holm's step-down procedure rejects at family-wise level ``alpha``: the
@@ -255,11 +216,9 @@ def sign_p(c: Comparison) -> float:
 
 
 def decide_family(comparisons: Sequence[Comparison], alpha: float = RUN_ALPHA) -> list[Comparison]:
-    """The run's comparisons with their signs decided together: a REGRESSION, an IMPROVEMENT or
-    a change with its size unresolved keeps its sign only where Holm rejects "no change" for it
-    at the run's ``alpha``; one it does not keep says "inconclusive" where its estimate is beyond
-    the tolerance, else "no detectable change". The family is every comparison that compared
-    something."""
+    """The run's comparisons (those that compared something) with their signs decided together:
+    a sign stays only where Holm rejects "no change" at the run's ``alpha``; else "inconclusive"
+    beyond the tolerance, "no detectable change" within it."""
     nothing = (VerdictKind.INSUFFICIENT_SAMPLES, VerdictKind.NOT_COMPARABLE, VerdictKind.NOT_JUDGED)
     judged = [i for i, c in enumerate(comparisons) if c.verdict not in nothing]
     keep = holm([sign_p(comparisons[i]) for i in judged], alpha)
@@ -276,8 +235,7 @@ def decide_family(comparisons: Sequence[Comparison], alpha: float = RUN_ALPHA) -
 
 def family_size(entries: Iterable[tuple[str, str, str]], collected: Iterable[tuple[str, str]]) -> int | None:
     """How many baseline comparisons a run makes: the stored ``(test, profile, metric)`` entries
-    whose test and profile the run collected (a metric without an entry is never compared, so it
-    spends nothing). None where it makes none."""
+    whose test and profile the run collected; None where it makes none."""
     wanted = set(collected)
     m = sum(1 for test, profile, _metric in entries if (test, profile) in wanted)
     return m or None
@@ -302,11 +260,9 @@ def judge_metric(
     histories: int = DEFAULT_HISTORIES,
     engine: Sequence[EngineBoot] = (),
 ) -> tuple[Comparison | None, BaselineLine]:
-    """Compare one metric's boots so far with the baseline's boot history; returns the
-    comparison (if any) and the line about it. ``canary`` is this session's host canary;
-    ``placements`` the boots' spawn modes as the test's metrics placed them together;
-    ``histories`` the run's histories that share its budget for a false step; ``engine`` the
-    current boots' two clocks, set beside the judged history's (judge/engine_clock.py)."""
+    """Compare one metric's boots so far with the baseline's boot history: the comparison (if
+    any) and the line about it. ``placements``: the boots' spawn modes as the test's metrics
+    placed them together; ``histories``: those that share the run's budget for a false step."""
     spreads = (prior_spread if isinstance(prior_spread, Spreads) else Spreads(prior_spread)).of(result.metric)
     spec = metric_spec(result.metric)
     if baselines is None:
@@ -375,14 +331,9 @@ MAX_FAILED_FRACTION = 0.10
 @dataclass(frozen=True)
 class BootRun:
     """One boot's measurement as the gate needs it: plain numbers, no request objects.
-
-    ``samples`` holds the per-request (or per-round) samples of every metric the check names,
-    its SLOs name, and the floor metric when the floor is checked. ``invalid`` says why the run
-    cannot be judged at all (a busy host, no valid request); ``failed_reasons`` counts the failed
-    requests by reason; ``cross_checks`` what the server's own view showed against what the
-    client sent (an unexpected prefix-cache hit), each a warning of the test; ``goodput_samples``
-    the request goodput of each round.
-    """
+    ``samples`` covers every metric the check, its SLOs and the floor name; ``invalid`` says why
+    the run cannot be judged at all; ``cross_checks`` are what the server's own view showed against
+    what the client sent (an unexpected prefix-cache hit), each a warning of the test."""
 
     samples: Mapping[str, Sequence[float]]
     requests: int = 0
@@ -401,16 +352,12 @@ class BootRun:
 class GateRules:
     """What a run is judged against, from the settings and the deployment.
 
-    ``tolerances`` holds the tolerance of every metric judged (marker override, else the
-    deployment's, else the metric's); ``boots`` the planned boots, ``max_boots`` the most boots
-    on demand; ``strict`` makes an inconclusive verdict fail. ``no_more_boots`` names the deployment
-    this run can never boot again (an attached server without a restart_command): a change
-    beyond the tolerance it saw then fails as UNRESOLVED instead of passing with a warning.
-    ``family`` is the number of baseline comparisons the run makes (the baseline file's entries
-    for the tests and profiles it collected): each then needs :func:`family_critical` of the
-    family times its :attr:`looks` standard errors (Bonferroni over both), so the run's
-    false-alarm budget (:data:`RUN_ALPHA`) holds whatever the suite's size and however many
-    boots on demand it books; None keeps stats.GATE_CRITICAL.
+    ``strict`` makes an inconclusive verdict fail. ``no_more_boots``: an attached server without
+    a restart_command, where a change beyond the tolerance fails as UNRESOLVED instead of passing
+    with a warning. ``family``: the run's baseline comparisons; each then needs
+    :func:`family_critical` of the family times its :attr:`looks` standard errors, so the run's
+    :data:`RUN_ALPHA` holds whatever the suite's size and its boots on demand (None:
+    stats.GATE_CRITICAL).
     """
 
     tolerances: Mapping[str, float]
@@ -420,7 +367,7 @@ class GateRules:
     boots: int = 1
     max_boots: int = 1
     strict: bool = False
-    no_more_boots: str | None = None  # the attached deployment this run cannot restart
+    no_more_boots: str | None = None
     family: int | None = None
 
     @property
@@ -450,14 +397,13 @@ class GateRules:
 @dataclass
 class Judgement:
     """What :func:`judge` decided: the filled result, the baseline comparisons, this boot's
-    summaries (and two clocks) to add to the test's boot record (None for a boot that is no sample
-    of this build) and the boot this test asks for next (None when it is settled)."""
+    summaries and two clocks for the test's boot record (None for a boot that is no sample of this
+    build) and the boot this test asks for next (None when it is settled)."""
 
     result: TestResult
     comparisons: list[Comparison]
     recorded: dict[str, BootSummary] | None
     wants_boot: int | None
-    # This boot's two clocks, for the test's boot record (None: the server exported no engine figure).
     engine: EngineBoot | None = None
 
 
@@ -473,14 +419,11 @@ def judge(
     slo: Mapping[str, float] | None = None,
     goodput: Mapping[str, float] | None = None,
 ) -> Judgement:
-    """Judge one boot of one test: validity, failed requests, SLOs, the decode floor, and each
-    metric against its baseline, over this boot and the ``earlier`` boots of the same test and
-    profile. ``result`` carries the test's identity and run facts; a copy is filled and returned.
-
-    A boot that looks worse than the tolerance without a verdict asks for another boot (up to
-    ``rules.max_boots``): the test then passes with a note and the next boot decides. Planned
-    boots are judged after the last of them. Judges against the loaded ``baselines`` (a
-    BaselineError when this fingerprint's file cannot be trusted); changes nothing else.
+    """Judge one boot of one test (validity, failed requests, SLOs, the decode floor, each metric
+    against its baseline) over this boot and the ``earlier`` boots of the same test and profile,
+    in a copy of ``result``. A boot that looks worse than the tolerance without a verdict asks for
+    another boot (up to ``rules.max_boots``) and passes with a note; planned boots are judged after
+    the last of them. A BaselineError when this fingerprint's file cannot be trusted.
     """
     result = dataclasses.replace(result, metrics={}, messages=list(result.messages),
                                  failures=list(result.failures), warnings=list(result.warnings))
@@ -513,7 +456,7 @@ def _check_boot(result: TestResult, run: BootRun, rules: GateRules, *, label: st
     metric, the SLOs and the decode floor."""
     if run.failed_requests:
         total = run.requests
-        reasons = tuple((reason, n) for reason, n in run.failed_reasons.items())
+        reasons = tuple(run.failed_reasons.items())
         if run.failed_requests > MAX_FAILED_FRACTION * total:
             result.failures.append(FailedRequests(run.failed_requests, total, reasons, MAX_FAILED_FRACTION))
         else:
@@ -534,9 +477,8 @@ def _check_boot(result: TestResult, run: BootRun, rules: GateRules, *, label: st
 
 def _with_this_boot(result: TestResult, earlier: TestBoots,
                     vllm: str = "") -> tuple[TestBoots, dict[str, BootSummary] | None]:
-    """The test's boots so far with this one added (its two clocks too, the engine's named by
-    ``vllm``), and this boot's summaries to record (None, and added nowhere, when it failed for
-    another reason than a verdict: it is no sample of this build)."""
+    """The test's boots so far with this one added, and this boot's summaries to record (None,
+    and added nowhere, when it failed for another reason than a verdict)."""
     current = TestBoots(summaries={k: list(v) for k, v in earlier.summaries.items()}, boots=list(earlier.boots),
                         engine=dict(earlier.engine))
     if result.failures:
@@ -614,9 +556,8 @@ def _changes_so_far(comparisons: Sequence[Comparison]) -> tuple[ChangeSoFar, ...
 
 
 def _left_out(comparison: Comparison, line: BaselineLine, result: TestResult) -> tuple[Comparison, BaselineLine]:
-    """A boot that failed for another reason (the floor, failed requests) is no sample of this
-    build: its figures are shown but not compared, and the line says so instead of calling its
-    samples insufficient."""
+    """A boot that failed for another reason is no sample of this build: shown, not compared, and
+    the line says so instead of calling its samples insufficient."""
     why = LeftOut(result.boot, result.unrecordable)
     if comparison.boots_current == 0:
         comparison = dataclasses.replace(comparison, verdict=VerdictKind.NOT_JUDGED, notes=(why,))
@@ -664,7 +605,6 @@ def _verdict_to_result(comparison: Comparison, result: TestResult, *, strict: bo
     if verdict_fails(comparison, strict=strict):
         result.failures.append(VerdictNote(comparison))
         return
-    # Every kind is named (typing.assert_never): a new one fails the type check until it is placed.
     match kind := comparison.verdict:
         case VerdictKind.REGRESSION | VerdictKind.WITHIN_TOLERANCE | VerdictKind.NOT_JUDGED:
             pass  # a regression failed above; the others' baseline lines say them

@@ -1,15 +1,8 @@
 """A run's boots against a metric's baseline history: its steps, the comparison, drift and appending.
 
-In order:
-
-* steps (:func:`find_steps`, :func:`last_segment`, :func:`segment_spreads`): where a history's level
-  moved and stayed, and the segment a run is judged against;
-* the comparison (:func:`compare_with_history`, :func:`against_history`): the one comparison the
-  gate and the simulation make;
-* drift (:func:`drift_of_entry`, :func:`drift_failures`): a slow drift against the history's
-  anchor, the cumulative test append-on-pass needs;
-* appending (:func:`append_refusal`): when a passing run may grow the baseline history itself
-  (``--kimiperf-append-on-pass``).
+In order: steps (:func:`find_steps`), the comparison (:func:`compare_with_history`, the one the gate
+and the simulation make), drift against the history's anchor (:func:`drift_failures`), and when a
+passing run may grow the history itself (:func:`append_refusal`, ``--kimiperf-append-on-pass``).
 
 The method and why: docs/explanation/methods.md,
 "Baseline histories: steps, the comparison, drift and appending".
@@ -31,35 +24,17 @@ from scipy import stats as scipy_stats
 from pytest_kimiperf.config.deployments import Spreads
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
 from pytest_kimiperf.judge.baselines import BaselineEntry, BaselineFile
-from pytest_kimiperf.judge.stats import BootSummary, EngineBoot
-from pytest_kimiperf.judge.noise import canary_shift
 from pytest_kimiperf.judge.engine_clock import FIGURE_OF, place
-from pytest_kimiperf.judge.noise import MIN_UNITS, level_terms, nested_levels, weights_sq
 from pytest_kimiperf.judge.noise import (
-    Modes,
-    align_modes,
-    find_modes,
-    joint_modes,
-    mode_frequency,
-    own_sides,
-    placements_of,
-    split_key,
-    to_sides,
-    unclear_boots,
+    MIN_UNITS, Modes, align_modes, canary_shift, find_modes, joint_modes, level_terms, mode_frequency,
+    nested_levels, own_sides, placements_of, split_key, to_sides, unclear_boots, weights_sq,
 )
 from pytest_kimiperf.judge.notes import Drifted, HistoryModes, HistoryStep, HistorySteps, Note, note_kind
 from pytest_kimiperf.judge.stats import (
-    MIN_BOOTS_DIRECTIONAL,
-    Comparison,
-    VerdictLeaning,
-    VerdictKind,
-    band_log,
-    compare_boots,
-    t_quantile,
+    MIN_BOOTS_DIRECTIONAL, BootSummary, Comparison, EngineBoot, VerdictKind, VerdictLeaning, band_log,
+    compare_boots, t_quantile,
 )
 from pytest_kimiperf.judge.verdicts import BaselineLine, BaselineState, EnvDiff, MetricResult, TestResult
-
-# Steps: where a history's level moved and stayed, found by binary segmentation.
 
 # Each side of a step holds at least this many sessions: one session after a step is an offset
 # of that session as much as a new level, and the gate judges a single slow session itself.
@@ -131,10 +106,8 @@ def _session_key(b: BootSummary, index: int) -> str:
 
 
 def _splits(boots: Sequence[BootSummary], keys: Sequence[str]) -> list[int]:
-    """The candidate steps: between two sessions of one host (a build or a driver changes
-    between sessions, not inside one; where the host changes, the host level explains the
-    difference, and the gate charges it already), with at least :data:`MIN_SEGMENT` sessions
-    on each side (one session's offset is the session level, not a step)."""
+    """The candidate steps: between two sessions of one host, with at least :data:`MIN_SEGMENT`
+    sessions on each side (methods.md, "Steps")."""
     return [k for k in range(1, len(boots)) if keys[k - 1] != keys[k] and boots[k - 1].host == boots[k].host
             and len(set(keys[:k])) >= MIN_SEGMENT and len(set(keys[k:])) >= MIN_SEGMENT]
 
@@ -209,10 +182,7 @@ def find_steps(history: Sequence[BootSummary], *, spreads: Spreads, alpha: float
     per_history = history_alpha(histories, alpha)
     boots = [b for b in history if b.usable]
     if len(boots) < 2 * MIN_SEGMENT or len({b.host for b in boots}) > 1:
-        # A step is a change of one machine's level. Across hosts the host level explains a
-        # difference (the canary a large one), and a history of several hosts of one
-        # fingerprint read as steps in the corpus replay (hosts 3x apart in TTFT): 0.0% -> 4.0%
-        # false alarms. Such a history is judged whole.
+        # Steps on one machine only: across hosts they read 0.0% -> 4.0% false alarms (methods.md).
         return []
     modes = find_modes(boots)
     series = boots
@@ -229,8 +199,8 @@ def find_steps(history: Sequence[BootSummary], *, spreads: Spreads, alpha: float
     if found:
         # The whole history's sessions, each around its segment's level, may stray more than
         # declared: then the steps must stand out from that spread too.
-        shown = _shown_session(series, [i for i, _, _ in found], spreads)
-        if shown > noise.session:
+        shown = _session_around_segments(series, [0, *(i for i, _, _ in found), len(series)], keys, spreads)
+        if shown is not None and shown > noise.session:
             found = _segment(series, keys, 0, Noise(noise.boot, shown, noise.host), per_history, candidates)
     steps = []
     for index, _, z in found:
@@ -254,44 +224,31 @@ def last_segment(history: Sequence[BootSummary], steps: Sequence[HistoryStep]) -
     return boots[len(boots) - steps[-1].boots_after:]
 
 
-def _shown_session(boots: Sequence[BootSummary], cuts: Sequence[int], spreads: Spreads) -> float:
-    """The session spread (log SD) the boots show around their segments' levels (0 below
-    MIN_UNITS sessions)."""
-    edges = [0, *cuts, len(boots)]
+def _session_around_segments(boots: Sequence[BootSummary], edges: Sequence[int], sessions: Sequence[str],
+                             spreads: Spreads) -> float | None:
+    """The session spread (log SD) the boots show around their segments' levels (segment ``i``
+    from ``edges[i]`` to ``edges[i + 1]``; steps fall between sessions, so none is cut); None
+    below MIN_UNITS sessions."""
     groups: dict[str, dict[str, list[float]]] = {}
     for lo, hi in zip(edges, edges[1:]):
         mean = _mean_log(boots[lo:hi])
         for i in range(lo, hi):
-            groups.setdefault(boots[i].host, {}).setdefault(_session_key(boots[i], i), []).append(
-                math.log(boots[i].median) - mean)
+            groups.setdefault(boots[i].host, {}).setdefault(sessions[i], []).append(math.log(boots[i].median) - mean)
     found = nested_levels(groups, boot_var=math.log1p(spreads.boot) ** 2)
-    fitted = len(edges) - 2
+    fitted = len(edges) - 2  # segment means beyond the one a single level has
     if found.sessions < MIN_UNITS or found.session.df <= fitted or not math.isfinite(found.session.sd_log):
-        return 0.0
+        return None
     return found.session.sd_log * math.sqrt(found.session.df / (found.session.df - fitted))
 
 
 def segment_spreads(history: Sequence[BootSummary], steps: Sequence[HistoryStep], spreads: Spreads) -> Spreads:
-    """The spreads a run is judged with against the last segment: the declared ones, the session
-    spread raised to what the whole history shows around its segments' levels. A step moves the
-    level, not the noise: the boots before it still measured how far sessions stray, and the
-    last segment alone (two sessions, say) would forget it."""
+    """The declared spreads, the session spread raised to what the whole history shows around its
+    segments' levels: a step moves the level, not the noise. The host level stays the declared
+    one (steps are found on one host only)."""
     boots = [b for b in history if b.usable]
     edges = [0, *(sum(s.boots_before for s in steps[:i + 1]) for i in range(len(steps))), len(boots)]
-    groups: dict[str, dict[str, list[float]]] = {}
-    for lo, hi in zip(edges, edges[1:]):
-        mean = _mean_log(boots[lo:hi])
-        for b in boots[lo:hi]:
-            # A session cut by no step lies in one segment: steps fall between sessions.
-            groups.setdefault(b.host, {}).setdefault(b.session, []).append(math.log(b.median) - mean)
-    found = nested_levels(groups, boot_var=math.log1p(spreads.boot) ** 2)
-    fitted = len(edges) - 2  # segment means beyond the one a single level has
-    session = spreads.session
-    if found.sessions >= MIN_UNITS and found.session.df > fitted and math.isfinite(found.session.sd_log):
-        scale = math.sqrt(found.session.df / (found.session.df - fitted))
-        session = max(session, math.expm1(found.session.sd_log * scale))
-    # One host (find_steps looks for steps on one machine only): its host level is the declared one.
-    return replace(spreads, session=session)
+    sd = _session_around_segments(boots, edges, [b.session for b in boots], spreads)
+    return replace(spreads, session=spreads.session if sd is None else max(spreads.session, math.expm1(sd)))
 
 
 def _mean_log(boots: Sequence[BootSummary]) -> float:
@@ -302,7 +259,6 @@ def _moved(b: BootSummary, by_log: float) -> BootSummary:
     return replace(b, median=b.median * math.exp(by_log))
 
 
-# The comparison: a run's boots against the history's last segment.
 T = TypeVar("T")
 
 
@@ -313,17 +269,10 @@ def compare_with_history(
     critical: float | None = None, histories: int = DEFAULT_HISTORIES,
 ) -> Comparison:
     """This run's boots of one metric against a baseline history: the one comparison the gate
-    and benchmarks/gate_power.py both make. Modes first (a history whose boots fall into two
-    clusters is judged per mode, modes.align_modes) within the history's last segment when it
-    stepped (:func:`find_steps`), then every level the two sides do not
-    share (levels.level_terms), then the boots (stats.compare_boots). ``segment=False`` judges
-    a stepped history as one pool (benchmarks/gate_power.py measures what segmenting buys);
-    ``steps`` are the history's when the caller found them already (history_steps);
-    ``placements`` each current boot's spawn mode as the test's metrics placed it together
-    (:func:`joint_placements`), in place of this metric's own placing; ``critical`` the
-    standard errors a direction needs (stats.GATE_CRITICAL where None; gate.family_critical
-    for a run of a known size); ``histories`` the run's histories that share the budget for a
-    false step (:func:`history_alpha`)."""
+    and benchmarks/gate_power.py both make (methods.md, "The comparison"). ``segment=False``
+    judges a stepped history as one pool; ``steps``: the history's, where the caller found them
+    already; ``placements``: each current boot's spawn mode as the test's metrics placed it
+    together (:func:`joint_placements`); ``critical``: stats.GATE_CRITICAL where None."""
     if steps is None:
         steps = history_steps(history, spreads=spreads, segment=segment, histories=histories)
     if steps:
@@ -351,19 +300,12 @@ def _judge_modes(current: Sequence[BootSummary], modes: Modes, direction: Direct
                  spreads: Spreads, metric: str, unit: str, comparable: bool,
                  placements: Sequence[str] | None = None, split: str = "",
                  critical: float | None = None) -> Comparison:
-    """Each boot against the mode it clearly belongs to (modes.Modes.mode_of), or the one the
-    test's metrics place it in together (``placements``); a boot that belongs to neither is
-    read against the better mode: the reading least in the build's favour. A direction only
-    where it holds for every assignment of the boots to the modes that is not negligible:
-
-    * REGRESSION when that least favourable reading convicts, and still does with every boot
-      that fits both modes read against the worse one;
-    * IMPROVEMENT only when the run is better even with every boot read against the better mode
-      (a boot between the modes may be a fast spawn made slower: a true -14% with modes 20%
-      apart lies 7% above the slow mode and read there as an improvement);
-    * a run that lands in the worse mode more often than chance allows (modes.mode_frequency,
-      at the gate's own level) is a regression whatever the aligned figures say.
-    Otherwise the least favourable reading's figures, with no direction."""
+    """Each boot against the mode it clearly belongs to, or the one ``placements`` give it; a
+    boot that belongs to neither against the better mode (the reading least in the build's
+    favour). A direction only where every likely assignment of boots to modes holds it: an
+    IMPROVEMENT even with every boot read against the better mode (a true -14% with modes 20%
+    apart lies 7% above the slow mode); a REGRESSION also where the run lands in the worse mode
+    more often than chance allows (:func:`mode_frequency`)."""
     worse = _worse(direction)
     better = "high" if worse == "low" else "low"
     sides = own_sides(current, modes) if placements is None else to_sides(placements, worse=worse)
@@ -411,10 +353,9 @@ def _worse(direction: Direction) -> str:
 
 
 def joint_placements(comparisons: Sequence[Comparison | None]) -> dict[int, tuple[str, ...]]:
-    """Where the metrics of one test place a boot in different spawn modes: the one placement
-    (modes.joint_modes) of each boot, for each comparison (by its index) that placed a boot
-    otherwise on its own and should be judged again with it. Only metrics whose histories split
-    into the same boots (levels.split_key) are taken together: their modes are one spawn mode."""
+    """For each comparison (by index) that placed a boot otherwise on its own, the one placement
+    (noise.joint_modes) the test's metrics agree on. Only metrics whose histories split into the
+    same boots (noise.split_key) are taken together: their modes are one spawn mode."""
     groups: dict[tuple[str, int], list[tuple[int, tuple[str, ...]]]] = {}
     for i, c in enumerate(comparisons):
         note = next((n for n in c.notes if isinstance(n, HistoryModes)), None) if c is not None else None
@@ -452,12 +393,9 @@ def against_history(
     state: BaselineState = BaselineState.JUDGED, placements: Sequence[str] | None = None,
     critical: float | None = None, histories: int = DEFAULT_HISTORIES, engine: Sequence[EngineBoot] = (),
 ) -> tuple[Comparison, BaselineLine]:
-    """One metric's boots against one baseline entry's history, and "not comparable" when the
-    host canary moved from the boots it is judged against (those since the history's last step)
-    or the profile's environment or server arguments differ. The current boots' two clocks
-    (``engine``) beside the judged boots' say where its change lives (judge/engine_clock.py); a
-    history whose boots keep no engine figures is judged on the client's clock alone, and its
-    line says so."""
+    """One metric's boots against one baseline entry's history: "not comparable" when the host
+    canary moved from the judged boots or the profile's environment or server arguments differ;
+    the two clocks (``engine``) beside the judged boots' say where its change lives."""
     summaries = entry.summaries()
     steps = history_steps(summaries, spreads=spreads, histories=histories)
     judged = judged_part(entry.boots, summaries, steps)
@@ -480,8 +418,6 @@ def against_history(
                                     client_clock_only=client_only)
 
 
-# Drift: the appended nights judged together against the anchor.
-
 # One-sided, per metric and night, where the run's family does not set it (the gate passes its
 # critical value, gate.family_critical, so the drift tests share the run's budget): the chance
 # that an undrifted history fails a night.
@@ -492,9 +428,8 @@ MIN_POINTS_MEASURED = 5
 
 @dataclass(frozen=True)
 class Drift:
-    """The cumulative change since the anchor (a fraction; negative is worse, whatever the
-    metric's direction), its bound at :data:`DRIFT_ALPHA` in the build's favour, the nights
-    it rests on and whether it fails."""
+    """The cumulative change since the anchor (negative is worse, whatever the metric's
+    direction), its bound at :data:`DRIFT_ALPHA` in the build's favour, and its nights."""
 
     change: float
     bound: float
@@ -521,10 +456,8 @@ def _point(boots: Sequence[BootSummary], spreads: Spreads) -> tuple[float, float
 
 def drift_of_entry(entry: BaselineEntry, current: Sequence[BootSummary], *, tolerance: float, spreads: Spreads,
                    critical: float | None = None) -> Drift | None:
-    """This run's boots (``current``, one more night) and the nights a history appended since its
-    anchor (``--kimiperf-append-on-pass``), against the anchor; None where no night was appended
-    (the gate against the history's window is then the whole test) or the anchor or this run has
-    no usable boot."""
+    """This run's boots (one more night) and the nights appended since the anchor, against the
+    anchor; None where no night was appended or either end has no usable boot."""
     if not entry.nights or not entry.anchor:
         return None
     anchor = _point(entry.anchor_summaries(), spreads)
@@ -550,9 +483,8 @@ def _line(points: Sequence[tuple[float, float, float]], *, direction: Direction,
     se = math.sqrt(scale / sxx) * span
     gain = cumulative if direction is Direction.HIGHER_IS_BETTER else -cumulative
     z = float(scipy_stats.norm.isf(DRIFT_ALPHA)) if critical is None else critical
-    # The line alone can be pulled by one night: a spike up and back fits a falling line while no
-    # figure was ever worse than the anchor. So the last point itself must also be worse than the
-    # anchor beyond the band (the sign invariant: a history never worse than its anchor never drifts).
+    # The last point itself must be worse than the anchor too: a spike up and back fits a
+    # falling line (the sign invariant: a history never worse than its anchor never drifts).
     last = points[-1][1] - points[0][1]
     last_gain = last if direction is Direction.HIGHER_IS_BETTER else -last
     failed = gain < -band_log(tolerance) and gain + z * se < 0.0 and last_gain < -band_log(tolerance)
@@ -561,10 +493,8 @@ def _line(points: Sequence[tuple[float, float, float]], *, direction: Direction,
 
 def _residual_scale(points: Sequence[tuple[float, float, float]]) -> float:
     """How much the residuals about a weighted line through ``points`` raise the declared
-    variance (at least 1: the declared levels are a floor), from :data:`MIN_POINTS_MEASURED`
-    points on. Measured without the last point, the night being judged: a worse night that
-    widened the bound it is judged by could clear a drift the better night failed, and moving
-    the run's boots the bad way must never give a better verdict."""
+    variance (at least 1), from :data:`MIN_POINTS_MEASURED` points on. The caller leaves out the
+    night judged: a worse night must never widen its own bound."""
     if len(points) < MIN_POINTS_MEASURED:
         return 1.0
     return max(1.0, _fit(points)[2] / (len(points) - 2))
@@ -586,10 +516,9 @@ def _fit(points: Sequence[tuple[float, float, float]]) -> tuple[float, float, fl
 
 def drift_failures(result: TestResult, base_file: BaselineFile, current: Mapping[str, Sequence[BootSummary]], *,
                    spreads: Spreads, critical: float | None) -> list[Drifted]:
-    """Each metric of ``result`` whose history passing runs have grown, judged against its
-    anchor with this run's boots (``current``, by metric) as one more night: the drifts that
-    fail. A metric not comparable to its history (another host canary or profile environment)
-    is not judged; the gate calls this at a test's last boot."""
+    """The drifts that fail: each metric of ``result`` whose history passing runs have grown,
+    judged against its anchor with this run's boots as one more night (a metric not comparable
+    to its history is not judged)."""
     failed = []
     for mres in result.metrics.values():
         entry = base_file.entry(result.test, result.profile, mres.metric)
@@ -603,8 +532,6 @@ def drift_failures(result: TestResult, base_file: BaselineFile, current: Mapping
     return failed
 
 
-# Appending: whether a passing run may grow the history itself.
-
 class AppendWhy(str, enum.Enum):
     """Why a run appended nothing."""
 
@@ -617,11 +544,8 @@ class AppendWhy(str, enum.Enum):
 @note_kind("not-appended")
 @dataclass(frozen=True)
 class NotAppended(Note):
-    """A run with append-on-pass that appended nothing, and why: it failed (``failed`` tests),
-    it ran on another ``branch`` than ``allowed``, a metric was not comparable to its history
-    (``canary_moved``: the host canary moved; else the profile's environment or arguments
-    differ), or a metric looked worse than its tolerance without a verdict (``gain``, the
-    change signed so that negative is worse, against ``tolerance``)."""
+    """A run with append-on-pass that appended nothing, and why (:class:`AppendWhy`; ``gain`` is
+    signed so that negative is worse)."""
 
     why: AppendWhy
     branch: str | None

@@ -72,8 +72,6 @@ def canary_shift(current: Mapping[str, float] | None,
     return CanaryCheck(shifts, moved)
 
 
-# Levels: what each level's spread is, declared and measured, and which ones a comparison carries.
-
 # The step search (history.py) measures the session spread around its segments once the
 # history spans this many sessions; the gate pools any measured df with the declared ones.
 MIN_UNITS = 3
@@ -92,13 +90,11 @@ class Level:
     source: SpreadSource
     low: float = math.nan
     high: float = math.nan
-    # The larger of the declared and the measured SD, not pooled (stats.Spread.plain_sd_log).
-    plain_sd_log: float = math.nan
+    plain_sd_log: float = math.nan  # the larger of declared and measured, not pooled (stats.Spread)
     # The units' mean square before the lower levels' share (``lower_var``) is taken out: what a
-    # test of the level against a declaration reads (judge/noise.py). NaN: not measured.
+    # test of the level against a declaration reads. NaN: not measured.
     mean_square: float = math.nan
     lower_var: float = math.nan
-    # What the units measured against the declaration, where a history level was measured.
     seen: SpreadSeen | None = None
 
     @property
@@ -154,13 +150,10 @@ def _sd(var: float) -> float:
 def nested_levels(groups: Mapping[str, Mapping[str, Sequence[float]]], metric: str = "",
                   request_cv: float = math.nan, *, boot_var: float | None = None) -> Levels:
     """Levels of log-figures ``groups[host][session] = [per-boot log figure, ...]`` by the
-    method of moments (unbalanced nested ANOVA): the boot level from the pooled variance inside
-    sessions; the session level from the spread of session means inside hosts, less what their
-    boots alone explain; the host level likewise from the host means. A level needs two units
-    inside one unit above it; intervals are chi-square intervals of each mean square, less the
-    lower levels' share (a negative estimate reads as 0). ``boot_var`` replaces the measured boot
-    level in that subtraction (the gate's boot spread, the declared one or larger: a history of one boot
-    per session measures no boot level of its own)."""
+    method of moments (unbalanced nested ANOVA): each level from the spread of its units' means
+    inside the unit above, less what the lower levels explain (a negative estimate reads as 0),
+    with chi-square intervals. ``boot_var`` replaces the measured boot level in that subtraction
+    (a history of one boot per session measures none of its own)."""
     ss_w = df_w = 0.0
     session_means: dict[str, list[tuple[float, int]]] = {}
     for host_name, host_sessions in groups.items():
@@ -257,14 +250,9 @@ def history_level(reference: Sequence[BootSummary], name: str, declared: float, 
                   declared_df: float = DEFAULT_LEVEL_SPREAD_DF) -> Level:
     """The ``session`` or ``host`` level as the reference history shows it: the declared spread,
     a prior worth ``declared_df`` degrees of freedom, pooled with what the history's units
-    measure (stats.pooled_variance: df = declared + measured, the declaration a floor the
-    history can raise, never lower). A declaration is not exact: with the session spread taken
-    as known, a 2% session effect declared as 1% gave 17-56% of unchanged sessions a direction
-    (12.5-29% at 10 df: benchmarks/declared_spreads.py); at its df, the comparison's critical value is Student's t
-    (stats.critical_at), so a declaration held loosely widens the interval and the history's
-    own sessions pull the spread toward the truth. ``declared_df`` inf keeps the declaration
-    exact. ``boot_var`` is the boot level's variance the comparison uses, taken out of the
-    spread of the units' means."""
+    measure (stats.pooled_variance). Taken as exact, a 2% session effect declared as 1% gave
+    17-56% of unchanged sessions a direction (12.5-29% at 10 df: benchmarks/declared_spreads.py).
+    ``boot_var``: the boot level's variance, taken out of the spread of the units' means."""
     if name not in ("session", "host"):
         raise ValueError(f"level {name!r}: use 'session' or 'host'")
     groups: dict[str, dict[str, list[float]]] = {}
@@ -295,7 +283,7 @@ def history_level(reference: Sequence[BootSummary], name: str, declared: float, 
 def level_terms(current: Sequence[BootSummary], reference: Sequence[BootSummary], *,
                 spreads: Spreads) -> list[LevelTerm]:
     """The levels above the boot that ``current`` and ``reference`` do not share, as the
-    variance each adds to the difference of their mean log-figures (stats.compare_boots)."""
+    variance each adds to the difference of their mean log-figures."""
     cur = [b for b in current if b.usable]
     ref = [b for b in reference if b.usable]
     if not cur or not ref:
@@ -356,8 +344,7 @@ class Modes:
         return self.low_center if len(self.low) >= len(self.high) else self.high_center
 
     def note(self, **more: object) -> HistoryModes:
-        """What a verdict judged with these modes notes of them (``more``: the run's own boots,
-        :class:`HistoryModes`)."""
+        """What a verdict judged with these modes notes of them (``more``: :class:`HistoryModes`)."""
         return HistoryModes(len(self.low), math.exp(self.low_center), len(self.high), math.exp(self.high_center),
                             **more)  # type: ignore[arg-type]
 
@@ -405,9 +392,8 @@ def find_modes(history: Sequence[BootSummary], *, floor_sd: float = 0.0) -> Mode
 def align_modes(current: Sequence[BootSummary], modes: Modes, *, sides: Sequence[str | None] | None = None,
                 unclear_to: str | None = None) -> tuple[list[BootSummary], list[BootSummary]]:
     """Every boot moved by its mode's offset from the main mode: history boots by their own
-    cluster, current boots by their side (``sides``, one per current boot: ``"low"``, ``"high"``,
-    or None between the modes; default :meth:`Modes.mode_of`); a boot between by ``unclear_to``'s
-    centre when given, else by the centre nearest it."""
+    cluster, current boots by their ``sides`` (default :meth:`Modes.mode_of`); a boot between the
+    modes by ``unclear_to``'s centre when given, else by the nearest."""
     main = modes.main_center
 
     def moved(b: BootSummary, center: float) -> BootSummary:
@@ -441,13 +427,11 @@ def unclear_boots(current: Sequence[BootSummary], modes: Modes, sides: Sequence[
 
 def mode_frequency(current: Sequence[BootSummary], modes: Modes, *, worse: str,
                    sides: Sequence[str | None] | None = None) -> tuple[int, int, float, float]:
-    """How many of the run's clearly placed boots landed in the ``worse`` mode (``"low"`` for a
-    higher-is-better metric), of how many, the history's share of that mode, and the chance of
-    at least that many were the run's boots drawn as the history's were (a binomial tail): a
-    build that lands in the slow mode more often is a regression the alignment cannot show.
-    With 3 boots and a slow mode of 30%, all 3 slow has a chance of 2.7%: a gate run of 2-3
-    boots convicts on it only where the worse mode is rare (3 of 3 needs a mode that holds under
-    8% of the history; 4 of 4, 15%). ``sides`` as :func:`align_modes`."""
+    """How many of the run's clearly placed boots landed in the ``worse`` mode, of how many, the
+    history's share of that mode, and the binomial chance of at least that many: a build that
+    lands in the slow mode more often is a regression the alignment cannot show. With 3 boots
+    and a slow mode of 30%, all 3 slow has a chance of 2.7%: a gate run of 2-3 boots convicts on
+    it only where the worse mode is rare (3 of 3 needs under 8% of the history; 4 of 4, 15%)."""
     placed = [side for b, side in zip(current, _sides(current, modes, sides)) if b.usable and side is not None]
     share = len(modes.low if worse == "low" else modes.high) / (len(modes.low) + len(modes.high))
     hits = sum(1 for m in placed if m == worse)
@@ -478,11 +462,10 @@ def own_sides(current: Sequence[BootSummary], modes: Modes) -> list[str | None]:
 
 
 def split_key(modes: Modes, history: Sequence[BootSummary], *, worse: str) -> str:
-    """Which boots of ``history`` (the one ``modes`` were found in, oldest first) the worse mode
-    holds, as a short digest: two metrics of one test whose histories split alike saw the same
-    spawn modes, so one boot is in one mode for both (history.joint_placements). A boot is
-    known by its recording time, session and host, and its place among the boots that share
-    them (one recording stamps all its boots alike, and writes every metric's in boot order)."""
+    """Which boots of ``history`` the worse mode holds, as a short digest: two metrics of one test
+    whose histories split alike saw the same spawn modes (history.joint_placements). A boot is
+    known by its recording time, session, host and its place among the boots that share them
+    (one recording stamps all its boots alike)."""
     seen: dict[tuple[str, str, str], int] = {}
     keys: dict[int, str] = {}
     for b in history:
@@ -494,12 +477,10 @@ def split_key(modes: Modes, history: Sequence[BootSummary], *, worse: str) -> st
 
 
 def joint_modes(readings: Sequence[Sequence[str]]) -> tuple[str, ...]:
-    """One placement per boot from several metrics' own (each a sequence of :data:`WORSE`,
-    :data:`BETTER`, :data:`BETWEEN`, one per boot): the mode every metric that places the boot
-    clearly agrees on; :data:`BETWEEN` where none places it, or two place it in different modes.
-    A metric the change moved into the middle is so placed by one it left alone; a change the
-    size of the gap, which moves a boot clearly into the other mode in one metric only, makes
-    the boot unclear for all, so it is judged both ways."""
+    """One placement per boot from several metrics' own: the mode every metric that places the
+    boot clearly agrees on; :data:`BETWEEN` where none does, or two disagree (a change the size
+    of the gap, moving a boot into the other mode in one metric only, makes it unclear for all,
+    so it is judged both ways)."""
     joint = []
     for marks in zip(*readings):
         clear = {m for m in marks if m != BETWEEN}
@@ -511,9 +492,8 @@ def joint_modes(readings: Sequence[Sequence[str]]) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class SpreadBeyond(Note):
     """One level whose spread, as ``units`` units on ``df`` degrees of freedom of ``where`` show
-    it, is beyond the ``declared`` one at the run's level: ``measured`` (a fraction), and the
-    chance ``p`` of a spread this wide were the declaration right; the widest of the level's
-    ``flagged`` checks beyond it, of ``checked``."""
+    it, is beyond the ``declared`` one at the run's level; ``p``: the chance of a spread this
+    wide were the declaration right."""
 
     level: str
     measured: float
@@ -552,9 +532,8 @@ def _chi2_sf(x: float, df: float) -> float:
 
 def misdeclared(comparisons: Sequence[tuple[str, Comparison]], *, deployment: str = "",
                 alpha: float = RUN_ALPHA) -> SpreadsMisdeclared | None:
-    """The levels whose spread the run's ``comparisons`` (each with where it was made, as the
-    line names it) show beyond the declared at the run's ``alpha`` over all their checks; None
-    where every check is within it."""
+    """The levels whose spread the run's ``comparisons`` (each with where it was made) show
+    beyond the declared at the run's ``alpha`` over all their checks; None where none do."""
     checks = [(where, seen) for where, c in comparisons for seen in c.spreads_seen if seen.df > 0]
     if not checks:
         return None
@@ -582,14 +561,9 @@ _SCREEN_FRACTION = 1.0
 
 
 def wants_another_boot(c: Comparison, *, screen_fraction: float = _SCREEN_FRACTION) -> bool:
-    """Whether another boot of the current side is worth its cost for this comparison.
-
-    Boots on demand: a run boots once; a comparison asks for another boot while it looks worse
-    than ``screen_fraction`` of the tolerance without a verdict (inconclusive, or a regression
-    that one boot cannot convict). Only the worse side screens: the gate exists to catch
-    regressions, and every extra boot costs a full model load. The caller stops at the
-    deployment's maximum.
-    """
+    """Whether another boot of the current side is worth its cost: the comparison looks worse
+    than ``screen_fraction`` of the tolerance without a verdict. Only the worse side screens:
+    the gate exists to catch regressions, and every extra boot costs a full model load."""
     if c.verdict not in (VerdictKind.INCONCLUSIVE, VerdictKind.CHANGED_SIZE_UNRESOLVED,
                          VerdictKind.NO_DETECTABLE_CHANGE):
         return False
@@ -599,9 +573,8 @@ def wants_another_boot(c: Comparison, *, screen_fraction: float = _SCREEN_FRACTI
 def _allowed_variance(change: float, tolerance: float, *, confidence: float = 0.95,
                      power: float = DETECTION_POWER, critical: float | None = None) -> float:
     """The largest variance of the log difference at which a true ``change`` clears
-    ``tolerance`` at one-sided ``confidence`` with ``power``: the SE may be at most margin / z.
-    With ``critical`` (the gate's rule, stats.GATE_CRITICAL): at which the estimate lands beyond
-    the tolerance and ``critical`` standard errors from no change with ``power``."""
+    ``tolerance`` at one-sided ``confidence`` with ``power``, or by the gate's rule at
+    ``critical`` standard errors where given."""
     z_power = float(scipy_stats.norm.ppf(power))
     size = math.log1p(abs(change))
     if critical is not None:
@@ -615,16 +588,11 @@ def boots_needed(
     power: float = DETECTION_POWER, confidence: float = 0.95, max_boots: int = 10_000,
     fixed_var: float = 0.0, critical: float | None = None,
 ) -> int | None:
-    """Boots per side that resolve a true ``change`` (fraction, e.g. 0.006) at boot ``spread``.
-
-    Two profiles booted alike (``reference_boots=None``): N boots each, so that the one-sided
-    ``confidence`` bound of the difference clears ``tolerance`` (0: "tell them apart") with
-    ``power``. Against a baseline of ``reference_boots``: N boots of the current side. None when
-    no number of boots can do it (the baseline alone is too uncertain): record more baseline
-    boots. Uses the normal quantile: the spread is taken as known. ``fixed_var`` is the variance
-    that no boot of this run shrinks (the session and host levels the sides do not share:
-    judge/noise.py); when it alone fills the room, no number of boots can do it either.
-    ``critical``: the gate's rule instead of ``confidence`` (:func:`_allowed_variance`).
+    """Boots per side that resolve a true ``change`` (fraction, e.g. 0.006) at boot ``spread``:
+    N boots each of two profiles booted alike (``reference_boots=None``), else N boots of the
+    current side against a baseline of ``reference_boots``. The spread is taken as known.
+    ``fixed_var``: the variance no boot of this run shrinks (levels the sides do not share).
+    None when no number of boots can do it (the baseline alone, or ``fixed_var``, fills the room).
     """
     for name, value in (("change", change), ("spread", spread)):
         if not is_real(value) or not math.isfinite(value) or value <= 0:
@@ -651,10 +619,8 @@ def boots_needed(
 def smallest_change(spread: float, boots: int, *, reference_boots: int | None = None, tolerance: float = 0.0,
                     fixed_var: float = 0.0, confidence: float = 0.95, power: float = DETECTION_POWER,
                     critical: float | None = None) -> float:
-    """The smallest true change (fraction) that ``boots`` boots of the current side resolve with
-    ``power``, the inverse of :func:`boots_needed`: against ``reference_boots`` boots of a
-    baseline, or (None) against as many boots of another profile; ``fixed_var`` and ``critical``
-    as there."""
+    """The smallest true change that ``boots`` boots of the current side resolve with ``power``:
+    the inverse of :func:`boots_needed`, its arguments as there."""
     if not is_real(spread) or not math.isfinite(spread) or spread < 0:
         raise ValueError(f"spread={spread!r}: use a fraction >= 0 (0.01 means 1%)")
     if boots < 1 or (reference_boots is not None and reference_boots < 1):
@@ -671,9 +637,8 @@ def smallest_change(spread: float, boots: int, *, reference_boots: int | None = 
 def sessions_for(change: float, spread: float, session_var: float, *, tolerance: float = 0.0,
                  confidence: float = 0.95, boots_per_session: int = MIN_BOOTS_DIRECTIONAL,
                  max_sessions: int = 100) -> int | None:
-    """Sessions per side (each of ``boots_per_session`` boots at boot ``spread``) that resolve a
-    true ``change`` when every session adds its own effect of variance ``session_var``: both
-    sides run that many sessions (the planner's question, before any history exists)."""
+    """Sessions per side (each of ``boots_per_session`` boots) that resolve a true ``change``
+    when every session adds its own effect of variance ``session_var``."""
     return _sessions_to_resolve(_allowed_variance(change, tolerance, confidence=confidence), math.log1p(spread) ** 2,
                                [(session_var, None)], boots_per_session=boots_per_session, reference_boots=None,
                                max_sessions=max_sessions)
@@ -681,11 +646,9 @@ def sessions_for(change: float, spread: float, session_var: float, *, tolerance:
 
 def _sessions_needed(c: Comparison, goal: float, *, boots_per_session: int = MIN_BOOTS_DIRECTIONAL,
                     max_sessions: int = 100) -> int | None:
-    """Sessions of this profile (runs on separate days or hosts, each ``boots_per_session``
-    boots) that resolve a true change ``goal`` when the levels above the boot are what stands
-    in the way: each session re-draws the session (and host) effect, which more boots of one run
-    never do; the baseline history is taken to span at least as many. None when even
-    ``max_sessions`` cannot."""
+    """Sessions of this profile that resolve a true change ``goal`` where the levels above the
+    boot stand in the way (each session re-draws their effects, which more boots of one run never
+    do); the history is taken to span at least as many. None when ``max_sessions`` cannot."""
     # A term holds spread^2 * weight, its weight 1 (this run's one session) + the history's share.
     levels = [(t.var_log / t.weight, max(t.weight - 1.0, 0.0)) for t in c.levels if t.weight > 0]
     return _sessions_to_resolve(_allowed_variance(goal, c.tolerance, critical=critical_of(c)), c.spread_sd_log ** 2, levels,
@@ -695,11 +658,9 @@ def _sessions_needed(c: Comparison, goal: float, *, boots_per_session: int = MIN
 
 def _sessions_to_resolve(allowed: float, boot_var: float, levels: Sequence[tuple[float, float | None]], *,
                         boots_per_session: int, reference_boots: int | None, max_sessions: int) -> int | None:
-    """The one formula behind both questions: the fewest sessions k of this side whose
-    comparison's variance fits in ``allowed``. ``levels`` holds each level's variance and the
-    history's share of it (None: the history runs as many sessions as this side); this side's k
-    sessions carry 1/k of each, and a history spread over at least k sessions at most 1/k.
-    ``reference_boots`` None: the history has as many boots as this side."""
+    """The fewest sessions k of this side whose comparison's variance fits in ``allowed``.
+    ``levels``: each level's variance and the history's share of it (None: the history runs as
+    many sessions as this side, and ``reference_boots`` None as many boots)."""
     for k in range(1, max_sessions + 1):
         fixed = sum(var * (1.0 / k + (1.0 / k if share is None else min(share, 1.0 / k))) for var, share in levels)
         boots = k * boots_per_session
@@ -712,14 +673,11 @@ def _sessions_to_resolve(allowed: float, boot_var: float, levels: Sequence[tuple
 def sessions_of_history(boot_spread: float, session_spread: float, boots: int, *, reference_boots: int,
                         sessions: int, tolerance: float, goal: float, max_sessions: int = 200,
                         boot_df: float = math.inf, session_df: float = math.inf) -> int | None:
-    """The fewest sessions of history (the ``sessions`` recorded, ``reference_boots`` boots over
-    them, grown by one boot a session: a nightly append) at which ``boots`` boots of one new
-    session convict a true ``goal`` beyond ``tolerance`` by the gate's rule with DETECTION_POWER.
-    This run's own session effect is in every comparison, however long the history: None when
-    it alone leaves no room (or ``max_sessions`` cannot). ``boot_df`` and ``session_df``: how
-    sure the declarations are (the deployment's ``*_spread_df``); the gate's critical value is
-    then Student's t at the design's df (:func:`design_critical`), the declared and the
-    history's own together."""
+    """The fewest sessions of history (grown by one boot a session from the ``sessions`` and
+    ``reference_boots`` recorded) at which ``boots`` boots of one new session convict a true
+    ``goal`` beyond ``tolerance`` by the gate's rule with DETECTION_POWER; None when this run's
+    own session effect leaves no room. ``boot_df``, ``session_df``: how sure the declarations are
+    (:func:`design_critical`)."""
     boot_var, session_var = math.log1p(boot_spread) ** 2, math.log1p(session_spread) ** 2
     for k in range(max(sessions, 1), max_sessions + 1):
         reference = reference_boots + k - sessions
@@ -733,16 +691,13 @@ def sessions_of_history(boot_spread: float, session_spread: float, boots: int, *
 
 def design_critical(boot_var: float, boot_df: float, levels: Sequence[tuple[float, float]],
                     z: float = GATE_CRITICAL) -> float:
-    """The gate's critical value ``z`` (in standard errors of a known variance: the run's
-    gate.family_critical, else stats.GATE_CRITICAL) for a planned comparison whose boot part
-    of variance ``boot_var`` rests on ``boot_df`` degrees of freedom and whose ``levels`` are
-    ``(variance, df)``: Student's t at their Satterthwaite df, as stats.compare_boots applies it."""
+    """The gate's critical value ``z`` for a planned comparison of ``(variance, df)`` parts:
+    Student's t at their Satterthwaite df, as stats.compare_boots applies it."""
     return critical_at(z, satterthwaite_df([(boot_var, boot_df), *levels]))
 
 
 def critical_of(c: Comparison) -> float:
-    """The normal critical value the comparison was judged at (its ``confidence``: the run's
-    gate.family_critical where the gate knew the run's size), so the plan promises what the
+    """The normal critical value the comparison was judged at, so the plan promises what the
     same run would convict; stats.GATE_CRITICAL where the comparison states none."""
     if 0.5 < c.confidence < 1.0:
         return float(scipy_stats.norm.ppf(c.confidence))
@@ -750,9 +705,8 @@ def critical_of(c: Comparison) -> float:
 
 
 def plan(c: Comparison, *, target: float | None = None) -> ResolvePlan | None:
-    """What the planner says next to an unresolved or "no detectable change" verdict: in
-    boots of this run, or, where the session and host levels stand in the way, in sessions
-    (reports/sentences.py says it). None where the comparison has no spread to plan with."""
+    """What the planner says next to an unresolved or "no detectable change" verdict: in boots,
+    or in sessions where the levels above the boot stand in the way. None without a spread."""
     if not math.isfinite(c.spread_sd_log) or c.spread_sd_log <= 0:
         return None
     spread = math.expm1(c.spread_sd_log)

@@ -1,17 +1,9 @@
 """Profiles of one session compared with each other, boot against boot, at session end.
 
-Each profile is judged against the reference profile (:func:`compare_in_session`), or a candidate
-against its control (``--kimiperf-control``, :func:`compare_with_control`). The gate against a
-baseline is ``gate``. In order:
-
-* error spending (:func:`spent`, :func:`boundaries`, :class:`SequentialPlan`): the error budget of
-  boots booked on demand, spending functions and their boundaries;
-* the comparison of two profiles measured in one session (:func:`compare_in_session`,
-  :func:`_boots_to_decide`): is one of them really different?
-* the session's comparisons (:func:`compare_with_control`, :func:`compare_profiles`,
-  :func:`profile_comparisons`);
-* boots on demand (:func:`session_plan`, :func:`next_step`, :func:`profiles_to_book`): after each
-  round, stop with a verdict or book one more boot of each side.
+In order: error spending for boots booked on demand (:func:`spent`, :func:`boundaries`), two
+profiles of one session compared (:func:`compare_in_session`), the session's comparisons against
+the reference profile or a control (:func:`profile_comparisons`, ``--kimiperf-control``), and
+after each round, stop or book one more boot a side (:func:`next_step`).
 
 The method and why: docs/explanation/methods.md,
 "Profiles of one session: error spending, two profiles, boots on demand".
@@ -33,28 +25,15 @@ from scipy import stats as scipy_stats
 
 from pytest_kimiperf.config.deployments import Deployment
 from pytest_kimiperf.config.metric_specs import Direction, metric_spec
-from pytest_kimiperf.judge.stats import BootSummary
 from pytest_kimiperf.judge.engine_clock import engine_boot_of, engine_only, on_two_clocks
 from pytest_kimiperf.judge.notes import BootsForWithin, BootsToDecide, DeclaredModes, Note, SpreadSeen, SpreadSource
 from pytest_kimiperf.judge.noise import smallest_change
 from pytest_kimiperf.judge.stats import (
-    DETECTION_POWER,
-    EQUIVALENCE_CONFIDENCE,
-    GATE_CRITICAL,
-    MIN_BOOTS_DIRECTIONAL,
-    RUN_ALPHA,
-    Comparison,
-    VerdictKind,
-    _insufficient_note,
-    band_log,
-    compare_boots,
-    family_critical,
-    satterthwaite_df,
-    t_quantile,
+    DETECTION_POWER, EQUIVALENCE_CONFIDENCE, GATE_CRITICAL, MIN_BOOTS_DIRECTIONAL, RUN_ALPHA, BootSummary, Comparison,
+    VerdictKind, _insufficient_note, band_log, compare_boots, family_critical, satterthwaite_df, t_quantile,
 )
 from pytest_kimiperf.judge.verdicts import MetricResult, TestResult
 
-# Error spending: how much of the budget each look of a comparison may spend.
 OBRIEN_FLEMING = "obrien-fleming"
 POCOCK = "pocock"
 _SPENDING_SHAPES = (OBRIEN_FLEMING, POCOCK)
@@ -158,8 +137,6 @@ class SequentialPlan:
         return boots >= self.cap
 
 
-# Two profiles in one session: the comparison, with spawn modes part of the null.
-
 # One-sided, per metric and direction, at the tolerance's edge: the test is calibrated there, and
 # an inert profile sits far inside the band (25% on the CPU engine, 3% on GPUs, against boot
 # spreads of 10% and 1%), so its false directions come almost only from mode assignments the
@@ -220,11 +197,8 @@ class InSessionRules:
     boot_spread_df: float = 3.0
     modes: SpawnModes = SpawnModes()
     alpha: float = IN_SESSION_ALPHA
-    # Boots booked on demand (:func:`next_step`, :func:`spent`): each look's levels spend part of ``alpha``
-    # and of the TOST's 5%, so that booking until a verdict keeps both rates. None: one look.
-    plan: SequentialPlan | None = None
-    # The comparisons the session's sign budget (stats.RUN_ALPHA) is shared by: every test, metric
-    # and profile it compares (:func:`profile_comparisons` counts them). None: this one alone.
+    plan: SequentialPlan | None = None  # boots on demand; None: one look
+    # The comparisons the session's sign budget (stats.RUN_ALPHA) is shared by. None: this one alone.
     family: int | None = None
     # (metric, boot spread) where the deployment declares a metric its own (``boot_spreads``).
     boot_by_metric: tuple[tuple[str, float], ...] = ()
@@ -262,10 +236,9 @@ class InSessionRules:
 
     @property
     def sign_level(self) -> float:
-        """The one-sided level of a sign at any look: the whole :attr:`sign_alpha` without a plan,
-        with one its share at each look the plan may take (Bonferroni over the looks: a sign is
-        said at whichever look the session stops, and the booking stops on the primary metric
-        alone, so the other metrics' looks are not the ones a spending function plans for)."""
+        """The one-sided level of a sign at any look: :attr:`sign_alpha` split over the looks the
+        plan may take (Bonferroni: the booking stops on the primary metric alone, so the other
+        metrics' looks are not the ones a spending function plans for)."""
         if self.plan is None:
             return self.sign_alpha
         return self.sign_alpha / len(self.plan.looks(self.plan.cap))
@@ -395,7 +368,7 @@ def compare_in_session(
     unit: str = "",
 ) -> Comparison:
     """Decide whether the ``current`` profile's boots differ from the ``reference`` profile's,
-    both measured in this session (see the module docstring for the rules)."""
+    both measured in this session (methods.md, "Two profiles in one session")."""
     direction = Direction(direction)
     if not (math.isfinite(tolerance) and 0.0 < tolerance < 1.0):
         raise ValueError(f"tolerance={tolerance!r}: use a fraction between 0 and 1 (0.03 means 3%)")
@@ -431,10 +404,9 @@ def compare_in_session(
         return min(fit.d - off for off in likely) - t * fit.se, max(fit.d - off for off in likely) + t * fit.se
 
     clo, chi = interval(t_ci)
-    # A sign, with a direction or without, only where the bounds at the session's sign level
-    # (stats.RUN_ALPHA over its comparisons and looks) exclude zero, the modes weighed
-    # as a direction weighs them, on the pooled spread the interval uses (a direction's own test,
-    # each side's own spread at its own few df, comes on top: at 1 df a family's level is out of reach).
+    # A sign only where the bounds at the session's sign level exclude zero, on the pooled spread
+    # (a direction's own test, each side's own spread at its few df, comes on top: at 1 df a
+    # family's level is out of reach).
     sign_level = rules.sign_level
     slo, shi = _sign_bound(fit, sign_level, upper=False), _sign_bound(fit, sign_level, upper=True)
     if enough and p_worse <= alpha and apart_worse and shi < 0.0:
@@ -451,9 +423,8 @@ def compare_in_session(
         verdict = VerdictKind.NO_DETECTABLE_CHANGE
     if verdict is VerdictKind.WITHIN_TOLERANCE:
         clo, chi = interval(t_eq)
-    # Reported on the metric's own scale (change > 0: the current side's figure is higher). The
-    # bounds are the sign's: what every sign, a direction's too, needs clear of zero (far out on
-    # the 1-2 df of two boots a side, where the session's level is small).
+    # Reported on the metric's own scale (change > 0: the current side's figure is higher); the
+    # bounds are the sign's.
     lo, hi = slo, shi
     if sign < 0:
         lo, hi, clo, chi = -hi, -lo, -chi, -clo
@@ -482,9 +453,9 @@ def compare_in_session(
 
 def _boot_seen(cur: Sequence[float], ref: Sequence[float], boots: Sequence[BootSummary],
                rules: InSessionRules) -> tuple[SpreadSeen, ...]:
-    """What the two sides' boots measure of the boot level, each around its own mean, against the
-    declared boot spread (with the boots' own error of the median); nothing where the deployment
-    declares spawn modes (the sides' spread then holds the modes too) or no side has two boots."""
+    """What the two sides' boots measure of the boot level against the declared boot spread;
+    nothing where the deployment declares spawn modes (the sides' spread holds them too) or no
+    side has two boots."""
     df = sum(len(side) - 1 for side in (cur, ref))
     if rules.modes.declared or df <= 0:
         return ()
@@ -513,10 +484,9 @@ def _boots_to_decide(d: float, sd: float, band: float, rules: InSessionRules) ->
 
 
 def _boots_for_within(d: float, sd: float, band: float, rules: InSessionRules) -> int | None:
-    """The boots a side, booked up front (one look, the TOST at 5%), at which a difference ``d``
-    (log) shows "within" the ``band`` with :data:`DETECTION_POWER`, were the true difference
-    ``d`` and the boot spread ``sd``; None when no number up to :data:`MAX_PLANNED_BOOTS` does
-    (or ``d`` lies outside the band). The modes are left out: they can only ask for more."""
+    """The boots a side, booked up front, at which a true difference ``d`` (log) shows "within"
+    the ``band`` with :data:`DETECTION_POWER`; None when no number up to
+    :data:`MAX_PLANNED_BOOTS` does. The modes are left out: they can only ask for more."""
     z_power = float(scipy_stats.norm.ppf(DETECTION_POWER))
     for k in range(MIN_BOOTS_DIRECTIONAL, MAX_PLANNED_BOOTS + 1):
         se = sd * math.sqrt(2.0 / k)
@@ -526,9 +496,8 @@ def _boots_for_within(d: float, sd: float, band: float, rules: InSessionRules) -
 
 
 def smallest_drop(boots: int, tolerance: float, rules: InSessionRules) -> float:
-    """The smallest regression (a positive fraction: 0.3 is 30% slower) that ``boots`` boots a
-    side, at the declared boot spread, convict beyond ``tolerance`` with 90% power, the modes
-    left out: what a candidate against its control (--kimiperf-control) resolves in one session."""
+    """The smallest regression (0.3 is 30% slower) that ``boots`` boots a side convict beyond
+    ``tolerance`` with 90% power, the modes left out."""
     if boots < 1:
         raise ValueError(f"boots={boots!r}: use a count of at least 1")
     reach = _reach(band_log(tolerance), math.log1p(rules.boot_spread) * math.sqrt(2.0 / boots),
@@ -547,15 +516,12 @@ def _mdc(fit: _Fit, band: float, rules: InSessionRules) -> float:
     return math.expm1(_reach(band, fit.se, fit.df, rules))
 
 
-# The session's comparisons: every profile against the reference, or a candidate against its control.
-
 def compare_with_control(current: Sequence[BootSummary], control: Sequence[BootSummary], *, direction: Direction,
                          tolerance: float, rules: InSessionRules, metric: str = "", unit: str = "") -> Comparison:
-    """The candidate's boots against its control's (--kimiperf-control), booted interleaved in one
-    session on one host: the gate's rule (stats.compare_boots, GATE_CRITICAL) with no level above
-    the boot, since the sides share them. Where the deployment declares spawn modes, the profile
-    comparison's rule instead (:func:`compare_in_session`), which weighs every way the boots
-    could have fallen into them: the gate's rule would read a side that landed slow as a change."""
+    """The candidate's boots against its control's (--kimiperf-control), interleaved in one
+    session: the gate's rule with no level above the boot; where the deployment declares spawn
+    modes, :func:`compare_in_session`'s, which weighs them (the gate's rule would read a side that
+    landed slow as a change)."""
     if rules.modes.declared:
         return compare_in_session(current, control, direction=direction, tolerance=tolerance, rules=rules,
                                   metric=metric, unit=unit)
@@ -565,9 +531,8 @@ def compare_with_control(current: Sequence[BootSummary], control: Sequence[BootS
 
 
 def control_reach(boot_spread: float, boots: int, tolerance: float, rules: InSessionRules) -> float:
-    """The regression a candidate against its control (``boots`` each, one session) convicts with
-    DETECTION_POWER, by the rule :func:`compare_with_control` applies: the gate's with no level
-    above the boot; the profile comparison's where the deployment declares spawn modes."""
+    """The regression a candidate against its control (``boots`` each) convicts with
+    DETECTION_POWER, by the rule :func:`compare_with_control` applies."""
     if rules.modes.declared:
         return smallest_drop(boots, tolerance, rules)
     return smallest_change(boot_spread, boots, reference_boots=boots, tolerance=tolerance, critical=GATE_CRITICAL)
@@ -577,10 +542,8 @@ def compare_profiles(
     results: Sequence[TestResult], reference_profile: str, *, rules: InSessionRules = InSessionRules(),
     control: bool = False,
 ) -> list[tuple[str, str, str, Comparison]]:
-    """Each profile against the reference, per test and metric, boot against boot in this
-    session (:func:`compare_in_session`; against a ``control``, :func:`compare_with_control`): (test,
-    metric, profile, comparison). Boots measured on a disturbed host (INVALID) are not samples of
-    either profile and are left out."""
+    """(test, metric, profile, comparison) of each profile against the reference (or a
+    ``control``); INVALID boots are samples of neither profile and are left out."""
     boots: dict[tuple[str, str], dict[str, list[BootSummary]]] = {}
     meta: dict[tuple[str, str], MetricResult] = {}
     for res in results:
@@ -635,12 +598,9 @@ def profile_comparisons(
     results: Sequence[TestResult], reference_profile: str, *, rules: InSessionRules = InSessionRules(),
     control: bool = False,
 ) -> list[ProfileComparison]:
-    """Each profile against the reference, per test and metric; invalid runs are left out.
-
-    A run the client could not trust (``invalid``) measured the client, not NCCL, so comparing it
-    would make a verdict out of noise. Each test is compared on its own so that one test whose
-    samples cannot be compared (a reference median of 0) does not take the others' tables away.
-    """
+    """Each profile against the reference, per test and metric; invalid runs are left out. Each
+    test is compared on its own, so one whose samples cannot be compared (a reference median of 0)
+    does not take the others' tables away."""
     by_test: dict[str, list[TestResult]] = {}
     measured: dict[tuple[str, str], dict[str, list[BootSummary]]] = {}
     for res in results:
@@ -672,9 +632,8 @@ def profile_comparisons(
 
 def _on_two_clocks(metric: str, comparison: Comparison | None, group: Sequence[TestResult], profile: str,
                    reference: str) -> Comparison | None:
-    """The comparison as the engine's clock leaves it (judge/engine_clock.py): with where its
-    change lives, and for a profile that reaches only the engine whose engine did not move, its
-    sign withdrawn. Decided here, once: every output reads the comparison."""
+    """The comparison as the engine's clock leaves it (judge/engine_clock.py), decided here once:
+    every output reads the comparison."""
     if comparison is None:
         return None
 
@@ -689,12 +648,9 @@ def _on_two_clocks(metric: str, comparison: Comparison | None, group: Sequence[T
                          engine_only_profile=only_engine, reference_name=reference)
 
 
-# Boots on demand: after each look, stop with a verdict or book one more boot of each side.
-
 def session_plan(*, profiles: int, boots: int, max_boots: int, control: bool) -> SequentialPlan | None:
-    """The boots on demand of a session's profile comparison: from its planned boots a profile
-    up to its cap (``--kimiperf-max-boots``, else the deployment's ``max_boots``). None where no
-    two profiles are compared, or against a control (--kimiperf-control: the gate's rule)."""
+    """The boots on demand of a session's profile comparison, from its planned boots up to its
+    cap; None where no two profiles are compared, or against a control (the gate's rule)."""
     if profiles < 2 or control:
         return None
     return SequentialPlan(boots, max(max_boots, boots))
@@ -718,9 +674,8 @@ class LookDecision:
 
 
 def next_step(comparison: Comparison, plan: SequentialPlan) -> LookDecision:
-    """After a look (``comparison`` judged at this look's levels, :func:`compare_in_session`
-    with the plan in its rules): stop at a verdict that answers the question or at the cap,
-    otherwise book one more boot of each side."""
+    """After a look: stop at a verdict that answers the question or at the cap, otherwise book
+    one more boot of each side."""
     boots = min(comparison.boots_current, comparison.boots_reference)
     if comparison.verdict in _DECIDED:
         return LookDecision(LookStep.STOP, "decided", boots)
@@ -731,11 +686,9 @@ def next_step(comparison: Comparison, plan: SequentialPlan) -> LookDecision:
 
 def profiles_to_book(boots: Mapping[str, Sequence[BootSummary]], reference: str, *, direction: Direction,
                      tolerance: float, rules: InSessionRules) -> tuple[str, ...]:
-    """One test's profiles that get one more boot after a round: ``boots`` holds each profile's
-    boots of the test's primary metric so far, every profile at the same count (call it when
-    the round is complete). Each profile is judged against ``reference`` at this look
-    (``rules.plan``); an undecided one books a boot of itself and of the reference. None
-    without a plan, or with a profile that has no boot."""
+    """One test's profiles that get one more boot after a complete round (``boots``: each
+    profile's boots of the primary metric so far): an undecided one books a boot of itself and of
+    the reference. None without a plan, or with a profile that has no boot."""
     plan = rules.plan
     ref = boots.get(reference)
     if plan is None or not ref or any(not side for side in boots.values()):

@@ -1,32 +1,12 @@
 """Boots and the statistics behind a verdict: each boot's figure, and is this build's metric
 really different from its baseline?
 
-Boots, the unit of replication: each boot's figure per metric, their schedule, what each test
-measured:
-
-* :class:`BootSummary` (``summarize_metric``, ``summarize_boot``, ``summarize_boot_quantile``):
-  one server boot's figure for one metric, the unit the gate compares. A boot is summarized once
-  per metric: its median, or its quantile for a tail metric, with the standard error of that
-  figure's log from the boot's own samples, and how many samples it rests on (a boot with too
-  few does not count).
-* :func:`schedule` and :class:`BootSlot`: each NCCL profile is booted up to ``max_boots`` times
-  in one session. The first ``boots`` are planned (``--kimiperf-boots``); the rest happen on
-  demand, only for the tests whose comparison asked for another boot
-  (``power.wants_another_boot``). Boots of several profiles run interleaved, A B B A ... (each
-  round reverses the last, so a linear drift over the session falls equally on every profile;
-  Abedi & Brecht, ICPE 2017, randomized multiple interleaved trials), or in a seeded random
-  order per round; never A A B B.
-* :class:`TestBoots` and :class:`BootLedger`: what each test measured under each profile, boot
-  by boot (with each boot's two clocks, :class:`EngineBoot`), and whether it wants another.
-
-The statistics, in order:
-
-* the variance a comparison uses (:class:`Spread`, :func:`pooled_variance`,
-  :func:`estimate_spread`): each declared spread a prior held at its degrees of freedom, pooled
-  with what the boots measure, and the critical values at the resulting df (:func:`critical_at`,
-  :func:`satterthwaite_df`);
-* the comparison itself (:func:`compare_boots`, :class:`Comparison`): the difference of two
-  sides' boots, its interval and the verdict it supports.
+In order: one boot's figure per metric (:class:`BootSummary`, :func:`summarize_metric`), the
+session's boot order (:func:`schedule`: interleaved A B B A ..., so a linear drift over the
+session falls equally on every profile, Abedi & Brecht, ICPE 2017; or seeded random per round;
+never A A B B), what each test measured boot by boot (:class:`BootLedger`), the variance a
+comparison uses (:func:`estimate_spread`, :func:`critical_at`), and the comparison itself
+(:func:`compare_boots`).
 
 The method and why: docs/explanation/methods.md,
 "The statistics: the boot as the unit, the rule, the variance".
@@ -55,7 +35,6 @@ from pytest_kimiperf.judge.notes import (
 from pytest_kimiperf.numbers import is_real
 
 
-# One boot's figure per metric: its median or tail quantile, and that figure's standard error.
 Samples = Sequence[float] | npt.NDArray[np.floating]
 
 # A tail quantile q needs this many samples beyond it in each boot: n >= 3 / (1 - q), so 30 for
@@ -137,26 +116,21 @@ def _number(value: Any) -> float | None:
 
 @dataclass(frozen=True)
 class BootSummary:
-    """One server boot's figure for one metric: the unit of replication.
-
-    ``median`` is the boot's median; ``se_log`` the standard error of log(median) from the
-    boot's own requests (NaN below two samples); ``n`` how many valid samples it rests on;
-    ``label`` says which boot it was (``ring-ll boot 2``, or a baseline's recording time).
-    """
+    """One server boot's figure for one metric, the unit of replication: its median (or tail
+    quantile), the standard error of its log from the boot's own samples (NaN below two), how many
+    valid samples it rests on, and which boot it was (``ring-ll boot 2``, or a recording time)."""
 
     median: float
     n: int
     se_log: float
     label: str = ""
-    # Samples a boot needs to count: MIN_SAMPLES_PER_BOOT for a median (0 here), more for a tail
-    # (tail_min_samples; ``median`` then holds the boot's quantile), 1 for a boot metric (the
-    # boot's own seconds: one exact figure per boot).
+    # Samples a boot needs to count (:attr:`needed`): 0 for a median's default, more for a tail,
+    # 1 for a boot metric (the boot's own seconds: one exact figure per boot).
     min_n: int = 0
-    # The session and host the boot ran in (judge/noise.py); "" when not known (a boot recorded
-    # before they were stored counts as one unknown session and host).
+    # Where the boot ran and the commit it was recorded at; "" when not known (boots recorded
+    # before they were stored count as one unknown session and host).
     session: str = ""
     host: str = ""
-    # The commit a stored boot was recorded at ("" when not known): where a history stepped.
     commit: str = ""
 
     @property
@@ -188,7 +162,7 @@ class BootSummary:
 
 
 def summarize_boot(samples: Samples, label: str = "") -> BootSummary:
-    """Summarize one boot's per-request samples of one metric (non-finite ones dropped)."""
+    """One boot's median of one metric (non-finite samples dropped)."""
     values = _valid_samples("boot", samples)
     positive = values[values > 0]
     if values.size == 0:
@@ -247,7 +221,6 @@ def min_samples(metric: str) -> int:
 
 
 def _valid_samples(side: str, samples: Samples) -> npt.NDArray[np.float64]:
-    """The finite samples of one side as an array; ValueError for non-numbers or negative values."""
     try:
         arr = np.asarray(samples, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -264,7 +237,6 @@ def _valid_samples(side: str, samples: Samples) -> npt.NDArray[np.float64]:
     return finite
 
 
-# The session's boots: their order, and what each test measured on them.
 _BOOT_ID_SEPARATOR = "-boot"
 T = TypeVar("T")
 
@@ -381,8 +353,6 @@ def strip_slot(nodeid: str, slot_id: str) -> str:
     return f"{base}[{rest}]"
 
 
-# The variance: declared spreads as priors, pooled with what the boots measure.
-
 # The declared boot spread's weight as evidence, in degrees of freedom, for the intervals
 # (Student's t): a guess, so "within +/-tol" on one boot a side needs a wide margin. The gate's
 # directional rule takes it as known (GATE_CRITICAL is calibrated with it so).
@@ -408,12 +378,10 @@ class Spread:
 
 
 def pooled_variance(declared_var: float, declared_df: float, sum_sq: float, df: float) -> tuple[float, float]:
-    """A declared variance taken as a prior worth ``declared_df`` degrees of freedom (a scaled
-    inverse chi-square), pooled with a measured sum of squares on ``df``: the variance a
-    comparison uses and its degrees of freedom (declared + measured). The declaration stays a
-    floor: the data can raise the variance, never lower it, so that declaring more df never
-    widens an interval on the same data (the pooled value moves toward the declaration and the
-    df grow). ``declared_df`` inf: the declaration is exact (the rule before declared df)."""
+    """A declared variance as a prior worth ``declared_df`` degrees of freedom, pooled with a
+    measured sum of squares on ``df``: the variance and its df (methods.md, "The variance"). The
+    declaration stays a floor, so declaring more df never widens an interval on the same data;
+    ``declared_df`` inf: the declaration is exact."""
     if math.isinf(declared_df):
         return declared_var, math.inf
     pooled = (declared_df * declared_var + sum_sq) / (declared_df + df)
@@ -425,15 +393,12 @@ def within_sessions(current: Sequence[BootSummary], reference: Sequence[BootSumm
     sides, and its degrees of freedom: what the boots measure of the boot level."""
     sum_sq = 0.0
     df = 0.0
-    for side in (current, reference):
-        sessions: dict[str, list[float]] = {}
-        for b in side:
-            sessions.setdefault(b.session, []).append(math.log(b.median))
-        for logs in sessions.values():
-            if len(logs) >= 2:
-                mean = sum(logs) / len(logs)
-                sum_sq += sum((x - mean) ** 2 for x in logs)
-                df += len(logs) - 1
+    for group in _sessions_of(current, reference):
+        if len(group) >= 2:
+            logs = [math.log(b.median) for b in group]
+            mean = sum(logs) / len(logs)
+            sum_sq += sum((x - mean) ** 2 for x in logs)
+            df += len(logs) - 1
     return sum_sq, df
 
 
@@ -445,9 +410,8 @@ def boot_floor(current: Sequence[BootSummary], reference: Sequence[BootSummary],
 
 
 def _boot_seen(current: Sequence[BootSummary], reference: Sequence[BootSummary], declared: float) -> SpreadSeen | None:
-    """What the boots measure of the boot level (within their sessions) against the ``declared``
-    boot spread, whose floor adds the boots' own error of the median; None where no session has
-    two boots."""
+    """What the boots measure of the boot level against the ``declared`` boot spread; None where
+    no session has two boots."""
     sum_sq, df = within_sessions(current, reference)
     if df <= 0:
         return None
@@ -457,6 +421,7 @@ def _boot_seen(current: Sequence[BootSummary], reference: Sequence[BootSummary],
 
 
 def _sessions_of(current: Sequence[BootSummary], reference: Sequence[BootSummary]) -> list[list[BootSummary]]:
+    """Each side's boots by session, the current side's first."""
     groups: list[list[BootSummary]] = []
     for side in (current, reference):
         sessions: dict[str, list[BootSummary]] = {}
@@ -471,13 +436,10 @@ def estimate_spread(
     prior_df: float = PRIOR_DF,
 ) -> Spread:
     """The boot level: the declared spread (a prior worth ``prior_df`` degrees of freedom)
-    pooled with the spread of per-boot log-medians *within sessions* (boots of one session
-    share its effect, so only their spread around their own session's mean measures the boot
-    level; the session level is judge/noise.py's), where a session has 2+ boots
-    (:func:`pooled_variance`). The declaration is the floor: the boots can raise it, never lower
-    it (a spread measured on 5 degrees of freedom is below the truth more than half the time,
-    and below 0.6 of it one time in eight). Never below the boots' own within-boot error of the
-    median either (a spread smaller than that is chance)."""
+    pooled with the spread of per-boot log-medians *within sessions* (boots of one session share
+    its effect). The declaration is the floor (a spread measured on 5 df is below the truth more
+    than half the time, and below 0.6 of it one time in eight), and so is the boots' own
+    within-boot error of the median (a spread smaller than that is chance)."""
     if not (math.isfinite(prior_sd_log) and prior_sd_log >= 0):
         raise ValueError(f"prior spread {prior_sd_log!r}: use a finite SD of log-medians >= 0 (0.01 means 1%)")
     if math.isnan(prior_df) or prior_df < 1:
@@ -500,10 +462,9 @@ def estimate_spread(
 
 
 def critical_at(z: float, df: float) -> float:
-    """The Student-t critical value at ``df`` degrees of freedom with the one-sided tail of the
-    normal critical value ``z``: a rule stated in standard errors of a known variance (the
-    gate's :data:`GATE_CRITICAL`, a family's) held at its level when the variance is estimated
-    (declared spreads at their df pooled with measured ones). ``df`` inf gives ``z`` back."""
+    """The Student-t critical value at ``df`` with the one-sided tail of the normal critical
+    value ``z``: a rule stated for a known variance held at its level when the variance is
+    estimated. ``df`` inf gives ``z`` back."""
     if math.isinf(df):
         return z
     return _t_isf(_norm_sf(z), df)
@@ -538,7 +499,6 @@ def t_quantile(level: float, df: float) -> float:
     return float(scipy_stats.t.ppf(level, df))
 
 
-# The comparison: the difference of two sides' boots and the verdict it supports.
 EQUIVALENCE_CONFIDENCE = 0.90
 # Power at which the minimum detectable change is quoted ("detects changes of X% or more").
 DETECTION_POWER = 0.90
@@ -579,10 +539,8 @@ class VerdictKind(str, Enum):
 
 
 class VerdictLeaning(int, Enum):
-    """Where a verdict stands on the one scale verdicts are ordered by: the build reads worse,
-    neither way, or better. Every invariant of docs/explanation/statistics.md ("moving every
-    current boot the bad way never gives a better verdict", "swapping the sides swaps better
-    and worse") is stated on this order."""
+    """Where a verdict stands on the one scale verdicts are ordered by: worse, neither, better
+    (the order every invariant of docs/explanation/statistics.md is stated on)."""
 
     WORSE = -1
     NEITHER = 0
@@ -596,8 +554,7 @@ class VerdictLeaning(int, Enum):
 
 def leaning(verdict: VerdictKind) -> VerdictLeaning:
     """The order of verdicts, defined once: REGRESSION < every verdict that claims no direction
-    (within tolerance, no detectable change, changed with its size unresolved, inconclusive, and
-    those that compare nothing) < IMPROVEMENT."""
+    < IMPROVEMENT."""
     match verdict:
         case VerdictKind.REGRESSION:
             return VerdictLeaning.WORSE
@@ -636,14 +593,11 @@ class LevelTerm:
 class Comparison:
     """The current boots against the reference boots for one metric, and the verdict.
 
-    ``change`` is ``exp(mean log-median current - mean log-median reference) - 1``: -0.004
-    means 0.4% lower, whatever the metric's direction. ``bound_low``/``bound_high`` are the
-    change :data:`GATE_CRITICAL` standard errors either way (one-sided at ``confidence``; the
-    run's :func:`family_critical` where its size is known): every sign needs one of them beyond
-    zero, a REGRESSION's estimate beyond the tolerance too; ``ci_low``/``ci_high`` the
-    :data:`EQUIVALENCE_CONFIDENCE` interval that decides "within" and shows the estimate.
-    ``mdc`` is the smallest change (as a positive fraction) that this design, with at least
-    :data:`MIN_BOOTS_DIRECTIONAL` boots, reports as a regression with :data:`DETECTION_POWER`.
+    ``change``: -0.004 means 0.4% lower, whatever the metric's direction. ``bound_low`` and
+    ``bound_high``: the change the critical value's standard errors either way (one-sided at
+    ``confidence``), which every sign needs beyond zero; ``ci_low``/``ci_high``: the
+    :data:`EQUIVALENCE_CONFIDENCE` interval that decides "within". ``mdc``: the smallest change
+    this design reports as a regression with :data:`DETECTION_POWER`.
     """
 
     metric: str
@@ -672,13 +626,9 @@ class Comparison:
     notes: tuple[Note, ...] = ()  # what else the verdict rests on (judge/notes.py)
     sessions_current: int = 1
     sessions_reference: int = 1
-    # The levels above the boot that the two sides do not share (judge/noise.py), with the
-    # variance each added to se_log.
     levels: tuple[LevelTerm, ...] = ()
     # The boot spread without this run's boots (the reference's, floored by the declared one)
-    # and its degrees of freedom: the append guard's (judge/history.favourable_bound), so that a
-    # run whose own boots disagree cannot widen the margin in its own favour. NaN where not
-    # computed (the guard then takes ``spread_sd_log``).
+    # and its degrees of freedom, reported beside the pooled one. NaN where not computed.
     reference_spread_sd_log: float = math.nan
     reference_spread_df: float = math.nan
     # What the comparison's own boots measured of each level against its declaration, for the
@@ -789,19 +739,14 @@ def compare_boots(
     critical: float | None = None,
     prior_spread_df: float = PRIOR_DF,
 ) -> Comparison:
-    """Decide whether the ``current`` boots regressed, improved or held against ``reference``.
+    """Decide whether the ``current`` boots regressed, improved or held against ``reference``
+    (methods.md, "The statistics").
 
-    ``prior_spread`` is the deployment's declared boot-to-boot spread as a fraction (0.01 for
-    1%). Boots with fewer than :data:`MIN_SAMPLES_PER_BOOT` valid samples are left out. With
-    ``comparable=False`` (another fingerprint or profile environment) everything is computed
-    but the verdict is NOT_COMPARABLE, so it is shown and never fails a test. ``levels`` are
-    the levels above the boot that the sides do not share (judge/levels.level_terms): each adds
-    its variance to the difference, which more boots of this session cannot shrink.
-    ``prior_spread_df`` is how sure ``prior_spread`` is (degrees of freedom; inf: exact).
-    ``critical`` (:data:`GATE_CRITICAL` where None) is in standard errors of a known variance;
-    the rule applies it at the difference's effective degrees of freedom (:func:`critical_at`,
-    Satterthwaite over the boot level and every level term), so a declaration held at a few df
-    widens the bounds instead of standing for an exact variance.
+    ``prior_spread``: the declared boot spread as a fraction, held at ``prior_spread_df``.
+    Boots without enough valid samples are left out. ``comparable=False`` computes everything
+    but says NOT_COMPARABLE, so it never fails a test. ``levels``: the levels above the boot the
+    sides do not share (noise.level_terms). ``critical`` (:data:`GATE_CRITICAL` where None) is
+    applied at the difference's Satterthwaite df (:func:`critical_at`).
     """
     direction = Direction(direction)
     _check_unit_interval("tolerance", tolerance)
@@ -841,9 +786,6 @@ def compare_boots(
                                  *((t.plain_var_log if math.isfinite(t.plain_var_log) else t.var_log, t.df)
                                    for t in levels)]), 2)
     t_eq = t_quantile(1.0 - (1.0 - EQUIVALENCE_CONFIDENCE) / 2.0, df)
-    # The gate's rule (GATE_CRITICAL): the estimate beyond the tolerance, and the change
-    # beyond GATE_CRITICAL standard errors of the whole difference (boots and every level the
-    # sides do not share), so that chance alone convicts no metric of a session.
     z_crit = GATE_CRITICAL if critical is None else critical
     crit = critical_at(z_crit, df)
     bound_low, bound_high = math.expm1(d - crit * se), math.expm1(d + crit * se)
@@ -855,7 +797,6 @@ def compare_boots(
     gain_log = d if direction is Direction.HIGHER_IS_BETTER else -d
     worst, best = ((bound_high, bound_low) if direction is Direction.HIGHER_IS_BETTER
                    else (-bound_low, -bound_high))
-    # Minimum detectable change for a design with at least the directional minimum of boots.
     k = max(len(cur), min_boots_directional)
     se_k = math.sqrt(spread.sd_log ** 2 * (1.0 / k + 1.0 / len(ref)) + fixed_var)
     power_z = _z(DETECTION_POWER) if math.isinf(df) else t_quantile(DETECTION_POWER, df)

@@ -21,14 +21,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pytest_kimiperf.judge.stats import BootSummary, summarize_metric
-from pytest_kimiperf.judge.notes import FloorResult
-from pytest_kimiperf.judge.noise import CanaryCheck
-from pytest_kimiperf.judge.noise import BootOrigin
+from pytest_kimiperf.judge.noise import BootOrigin, CanaryCheck
 from pytest_kimiperf.judge.notes import (
-    FloorNote, LeftOut, Note, ResolvePlan, Unresolved, note_from_json, note_kind, notes_from_json,
+    FloorNote, FloorResult, LeftOut, Note, ResolvePlan, Unresolved, note_from_json, note_kind, notes_from_json,
 )
-from pytest_kimiperf.judge.stats import Comparison
+from pytest_kimiperf.judge.stats import BootSummary, Comparison, summarize_metric
 from pytest_kimiperf.measure.results import RunSummary
 
 
@@ -96,22 +93,12 @@ def _canary_from_json(data: Mapping[str, Any]) -> CanaryCheck:
     return CanaryCheck({str(k): float(v) for k, v in data["shifts"].items()}, bool(data["moved"]))
 
 
-def _left_out_from_json(data: Mapping[str, Any]) -> LeftOut:
-    return LeftOut.from_fields(data)
-
-
 @note_kind("baseline")
 @dataclass(frozen=True)
 class BaselineLine(Note):
-    """The gate's line about one metric against its baseline, as facts.
-
-    ``state`` says whether there was a baseline; ``comparison`` is the verdict (None where
-    nothing was compared). The rest is what the line adds: this hardware's key and the other
-    hardware that has baselines (missing); the other file's key with the software versions
-    that differ (judged across versions) or the hard facts that differ (other hardware, shown
-    only); a host canary that moved and a profile environment that differs (not comparable);
-    and why a failed boot was left out. reports/sentences.py says it.
-    """
+    """The gate's line about one metric against its baseline, as facts: whether there was one,
+    the verdict (None where nothing was compared) and what the line adds (the other hardware or
+    versions, a moved canary or another environment, why a failed boot was left out)."""
 
     state: BaselineState
     label: str  # the metric's label (and unit) the line opens with
@@ -133,7 +120,7 @@ class BaselineLine(Note):
 
     decoders: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
         "state": BaselineState, "comparison": Comparison.from_dict, "canary": _canary_from_json,
-        "env": EnvDiff.from_dict, "left_out": _left_out_from_json,
+        "env": EnvDiff.from_dict, "left_out": LeftOut.from_fields,
     }
 
 

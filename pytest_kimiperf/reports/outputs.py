@@ -1,47 +1,24 @@
 """The files a run writes from its session report: JSON, Markdown and exports, one Output each, in the order written.
 
-The machine-readable report (``--kimiperf-json``): every sample, statistic and verdict of the run.
+* The JSON report (``--kimiperf-json``): every sample, statistic and verdict, its schema in
+  ``docs/reference/json-report.md`` (``SCHEMA_VERSION`` changes when a field changes meaning or
+  disappears). It comes last: it records where the others went.
+* The Markdown summary (``--kimiperf-markdown``, and appended to ``$GITHUB_STEP_SUMMARY``, which
+  each step of a GitHub job appends to).
+* The exports (``--kimiperf-export DIR``): per test, profile and boot, one file in the shape of
+  ``vllm bench serve --save-result`` (vllm/benchmarks/serve.py; same field names and units,
+  figures by its ``calculate_metrics`` rules, the per-request arrays kept only with
+  ``--kimiperf-export-detailed``), and ``requests.jsonl``, every measured request, as AIPerf's
+  profile export gives.
 
-The schema is documented in ``docs/reference/json-report.md``; ``SCHEMA_VERSION`` changes whenever a
-field changes meaning or disappears (adding fields does not change it). Run-level figures that
-vLLM's ``bench serve`` also reports keep its field names (``completed``, ``median_ttft_ms``,
-``p99_itl_ms``, ``output_throughput``, ...; see vllm/benchmarks/serve.py), so a dashboard that
-reads bench-serve result files reads each test's ``run`` object unchanged.
-
-The Markdown summary: the terminal's tables as GitHub-flavoured Markdown.
-
-Written to ``--kimiperf-markdown`` and appended to ``$GITHUB_STEP_SUMMARY`` (GitHub Actions shows
-that file on the run's summary page; each step appends to it, so we never overwrite it — see
-GitHub's "Adding a job summary" documentation).
-
-Exports other tools read (``--kimiperf-export DIR``): bench-serve result files and request records.
-
-Per test and profile (and boot), one file in the shape of ``vllm bench serve --save-result``
-(vllm/benchmarks/serve.py: ``result_json`` of ``main`` merged with the ``result`` dict of
-``benchmark``): same top-level field names and units (durations in s, latencies in ms,
-per-request arrays in s), so a dashboard that reads bench serve's files reads ours unchanged.
-With ``--kimiperf-export-detailed`` the per-request arrays (``input_lens``, ``output_lens``,
-``ttfts``, ``itls``, ``start_times``, ``errors``, ...) are kept, as ``--save-detailed`` keeps them.
-
-Beside them, ``requests.jsonl``: one JSON object per measured request of the session (profile,
-boot, test, send time, TTFT, every token chunk's arrival, tokens, status, error), the raw data
-behind every figure, as AIPerf's profile export gives.
-
-The figures are computed here from the request records, by bench serve's rules
-(``calculate_metrics``): every statistic over successful requests, ``itl`` pools every gap of
-every request, a failed request has output length 0, std is the population std. Pure: no pytest.
-
-The files a run writes from its session report: one :class:`Output` each, in the order written.
-
-A new format is its renderer here, one entry in :data:`OUTPUTS`, and its
-option's row (config/options.py). The reporter hands every output the same report; one that
-fails does not stop the others (its error is listed and its place left out); the summary lists
-each written output's place under its label, in this order. The JSON report comes last: it
-records where the others went.
+A new format is its renderer here, one entry in :data:`OUTPUTS`, and its option's row
+(config/options.py). One output that fails does not stop the others: its error is listed and
+its place left out.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -308,9 +285,10 @@ def _profile_tables(report: SessionReport) -> list[str]:
     if not report.compared_profiles():
         return []
     ref = report.reference_profile
+    legend = figure_legend(report.has_tails())
     lines = [
         f"### Profiles vs {_code(ref)}", "",
-        f"{_text(_sentence(figure_legend(report.has_tails())))}; change vs {_code(ref)}: of the boots' "
+        f"{_text(legend[:1].upper() + legend[1:])}; change vs {_code(ref)}: of the boots' "
         f"geometric mean, with its {INTERVAL_LEGEND}; boots are the samples.", "",
     ]
     if (reach := report.what_nccl_reached()) is not None:
@@ -364,10 +342,7 @@ def _baseline_tables(report: SessionReport) -> list[str]:
     where = _code(report.baselines_path) if report.baselines_path else "baselines"
     lines = [f"### Against baselines ({where})", ""]
     compared = [row for row in rows if row.baseline is not None]
-    missing: dict[str, int] = {}
-    for row in rows:
-        if row.baseline is None:
-            missing[row.message] = missing.get(row.message, 0) + 1
+    missing = Counter(row.message for row in rows if row.baseline is None)
     if compared:
         table_rows = []
         for row in compared:
@@ -423,15 +398,11 @@ def _nccl_debug_table(report: SessionReport) -> list[str]:
             rows.append([_code(check.profile), _code(v.variable), _code(v.expected),
                          _code(v.logged) if v.logged is not None else "",
                          f"**{word}**" if v.status == DIFFERENT else word])
-        notes.extend(f"{_code(check.profile)}: {_text(note)}" for note in check.said() if note not in notes)
+        notes.extend(f"{_code(check.profile)}: {_text(note)}" for note in check.said())
     if rows:
         lines += _table(["profile", "variable", "profile value", "NCCL logged", "verdict"], "lllll", rows)
         lines.append("")
-    seen: set[str] = set()
-    for note in notes:
-        if note not in seen:
-            seen.add(note)
-            lines.append(f"- {note}")
+    lines += [f"- {note}" for note in dict.fromkeys(notes)]
     return lines + ([""] if notes else [])
 
 
@@ -523,10 +494,6 @@ def _table(header: Sequence[str], aligns: str, rows: Sequence[Sequence[str]]) ->
 
 def _emphasize(word: str, verdict: VerdictKind) -> str:
     return f"**{word}**" if verdict is VerdictKind.REGRESSION else word
-
-
-def _sentence(text: str) -> str:
-    return text[:1].upper() + text[1:]
 
 
 def _code(text: str) -> str:
@@ -658,12 +625,12 @@ def write_exports(report: SessionReport, out_dir: Path, *, detailed: bool,
             data = bench_serve_result(res, model_id=model, tokenizer_id=tokenizer, date=date,
                                       detailed=detailed)
             path = out_dir / _export_file_name(res)
-            _write(path, json.dumps(data, allow_nan=False) + "\n")
+            write_atomically(path, json.dumps(data, allow_nan=False) + "\n")
             written.append(path)
         lines = [json.dumps(json_safe(line), allow_nan=False)
                  for res in report.results for line in _request_lines(res)]
         path = out_dir / REQUESTS_FILE
-        _write(path, "".join(f"{line}\n" for line in lines))
+        write_atomically(path, "".join(f"{line}\n" for line in lines))
         written.append(path)
     except OSError as exc:
         raise KimiperfError(
@@ -702,10 +669,6 @@ def _stats_ms(stem: str, values_s: Sequence[float]) -> dict[str, float]:
     for q in _EXPORT_PERCENTILES:
         out[f"p{q}_{stem}_ms"] = float(np.percentile(values, q))
     return out
-
-
-def _write(path: Path, text: str) -> None:
-    write_atomically(path, text)
 
 
 GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"

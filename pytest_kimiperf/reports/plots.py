@@ -1,39 +1,18 @@
 """PNG plots: the samples of each test, each comparison's change, and a metric's boot history.
 
-A metric's boot history as a picture: every stored boot, the level of each segment, and its steps.
+``--kimiperf-plots DIR``, per perf test: each metric's samples per boot as a box with the points
+on top (a bimodal or long-tailed profile a median hides), and each profile's inter-token latency
+in run order (stalls and drift); against a baseline, this run's samples beside the baseline's and,
+where the history stepped, the history with its steps (:func:`plot_history`, also drawn by
+``python -m pytest_kimiperf.history_steps --plot DIR``); over concurrency, throughput against
+latency, every boot a point.
 
-Drawn by ``--kimiperf-plots`` for each gated metric whose history stepped (the run was judged
-against its last segment), and by ``python -m pytest_kimiperf.history_steps --plot DIR`` for
-every entry of a baseline file. matplotlib is optional, as for every plot (plots.py).
+A plot of medians invites a by-eye verdict, so every plot that compares profiles carries the
+verdict panel (:func:`draw_changes`): each change with its interval, zero and the tolerance band;
+only a worse or better verdict takes a colour, the rest are grey.
 
-The verdict beside a picture: each comparison's change with its interval, against zero and the
-tolerance.
-
-A plot of medians invites a by-eye verdict: two profiles' points apart read as a difference
-whatever the boots' spread. Every plot that compares profiles therefore carries this panel: one
-row per comparison, the estimate as a dot, the interval the verdict rests on as a bar at its
-level, zero and the tolerance band drawn, and the verdict in words. A row the statistics call
-"no detectable change" (or within tolerance, inconclusive) is grey, its bar across zero: it
-cannot look like a finding. Only a worse or better verdict takes a colour.
-
-PNG plots (``--kimiperf-plots DIR``): where the samples lie, not only their medians.
-
-Two kinds per perf test: for each metric, the per-request (or per-round) samples of every
-profile as a box with the points on top, which shows a bimodal or long-tailed profile that a
-median hides; and for each profile, the inter-token latency of every token gap in the order the
-run produced them, which shows stalls and drift over the run.
-
-Where the run was judged against a baseline, one more per gated metric and profile: this run's
-samples beside the baseline entry's latest samples, with the verdict; and where that history
-stepped, the history with its steps (history_plot.py). And for a test
-parametrized over concurrency, throughput against latency, every boot a point: the picture people
-choose a serving configuration from. Every plot that compares profiles carries the verdict panel
-(plot_changes.py): each change with its interval, so a gap between points is never read as a
-difference the statistics did not find.
-
-matplotlib is optional (``pip install 'pytest-kimiperf[plots]'``). Figures are drawn with
-``matplotlib.figure.Figure`` on the Agg canvas, never through pyplot, so the plugin does not
-change the global backend of a test process that uses pyplot itself.
+matplotlib is optional (``pip install 'pytest-kimiperf[plots]'``); figures are drawn on the Agg
+canvas, never through pyplot, so a test process's own pyplot backend is left alone.
 """
 
 from __future__ import annotations
@@ -488,7 +467,6 @@ def save_figure(fig: Any, path: Path) -> None:
         fig.savefig(path, format="png")
     except OSError as exc:
         raise KimiperfError(f"cannot write plot {path} (from --kimiperf-plots): {exc.strerror or exc}") from None
-
 
 
 def unique_slugs(tests: Sequence[str]) -> dict[str, str]:

@@ -1,53 +1,20 @@
 """The session reporter and the pytest-benchmark bridge: the perf results of a run and everything written from them.
 
-pytest-benchmark bridge: each measured scenario also lands in pytest-benchmark's results.
+The pytest-benchmark bridge: where pytest-benchmark is active (not on an xdist worker, not under
+``--benchmark-disable`` or ``--benchmark-skip``), the first ``perf.measure`` of a test runs as its
+one timed round (:func:`run_timed`: the scenario's wall time), with the LLM figures in
+``benchmark.extra_info`` under vLLM ``bench serve``'s names (:func:`extra_info`) and the
+fingerprint in ``machine_info``. Its table leaves these rows out (:func:`without_scenario_rows`):
+one round reads as "StdDev 0.0000", and a round per request would have it judge the within-boot
+distribution, request by request, the test stats.py rejects (the boot is the unit that varies).
+The gate never depends on any of this.
 
-When pytest-benchmark is active, ``perf.measure`` runs the scenario through its ``benchmark``
-fixture as ``benchmark.pedantic(target, rounds=1, iterations=1)``: one round, one call. The
-round's time is therefore the scenario's wall time as ``perf.measure`` spends it (prompt
-preparation through ``/tokenize``, warm-up requests and every measured round), not a per-request
-figure; the LLM figures pytest-benchmark cannot time go into ``benchmark.extra_info`` under vLLM
-``bench serve``'s names (vllm/benchmarks/serve.py): the median of each per-request metric of
-the metric table (``median_ttft_ms``, ``median_decode_tok_s``, ...), each per-round one
-(``output_throughput``, ...), ``completed`` and ``failed``, plus ``scenario``,
-``profile`` and ``deployment``. ``--benchmark-json``, ``--benchmark-autosave`` and
-``--benchmark-compare`` then carry them, and ``machine_info["kimiperf"]`` carries the hardware
-fingerprint that decides which baselines compare.
-
-**Its table leaves these rows out.** One round per test gives "StdDev 0.0000", "Outliers 0;0"
-and the whole scenario's wall time as "time": a pytest-benchmark user reads that table as the
-distribution of one operation, and it is none. It could not be made one honestly: a round per
-request (or per closed-loop round) would hand pytest-benchmark the within-boot distribution, and
-its table and ``--benchmark-compare-fail`` would judge that across runs request by request, the
-test stats.py rejects (the boot, not the request, is the unit that varies: 20 requests of one
-boot varied by 4% while five boots of the same server spread 18%). So :func:`without_scenario_rows`
-drops them from the groups the table prints (``pytest_benchmark_group_stats``, after its JSON
-and storage were written), and the summary says where they went.
-
-Inactive means: pytest-benchmark not installed or ``-p no:benchmark``; an xdist worker (where
-pytest-benchmark disables itself, since parallel timings are not trustworthy);
-``--benchmark-disable``; and ``--benchmark-skip``, where asking for the fixture would skip the
-perf test itself. Only the first ``perf.measure`` of a test goes through the fixture, which
-pytest-benchmark allows to be used once per test. The regression gate never depends on any of
-this: it judges the samples, with or without pytest-benchmark.
-
-Nothing here imports pytest or pytest-benchmark; the plugin passes in what they provide.
-
-The session reporter: the perf results of a run and everything written from them at its end.
-
-The role pytest's junitxml gives its ``LogXML``: one :class:`SessionReporter`, made in
-``pytest_configure`` on the process that writes files (the xdist controller, or the only
-process) and kept in the stash. ``plugin.py`` forwards it the hooks it needs: each test report's
-perf result (``pytest_runtest_logreport``), the records xdist workers send back, session finish
-(write baselines and reports) and the terminal summary. It does not import pytest.
-
-It owns the results, the workers' server records, the report (built once, at session finish, so
-the summary does not compute the comparisons twice) and the output errors. The facts of the
-run itself (settings, fingerprint, this process's servers) it reads from a :class:`RunFacts`,
-which the plugin's :class:`~pytest_kimiperf.session.PerfSession` is.
-
-One failing output does not stop the others: every error is collected, the rest is still
-written, and the run fails with one message naming all of them.
+The session reporter: the role pytest's junitxml gives its ``LogXML``. One
+:class:`SessionReporter`, made in ``pytest_configure`` on the process that writes files and kept
+in the stash, is forwarded the hooks it needs; it owns the results, the workers' server records,
+the report (built once, at session finish) and the output errors, and reads the run's own facts
+from a :class:`RunFacts`. One failing output does not stop the others. Nothing here imports
+pytest or pytest-benchmark.
 """
 
 from __future__ import annotations
@@ -106,10 +73,7 @@ def _bench_serve_keys() -> tuple[str, ...]:
 
 
 def active_benchmark(config: Any, getfixturevalue: Callable[[str], Any], *, is_worker: bool) -> Any | None:
-    """pytest-benchmark's ``benchmark`` fixture of the current test when it times anything, else None.
-
-    ``config`` is pytest's config and ``getfixturevalue`` the test's ``request.getfixturevalue``.
-    """
+    """pytest-benchmark's ``benchmark`` fixture of the current test when it times anything, else None."""
     if is_worker:
         return None  # pytest-benchmark disables itself on xdist workers
     if not config.pluginmanager.hasplugin(_BENCHMARK_PLUGIN):
@@ -183,7 +147,6 @@ class RunFacts(Protocol):
     def clock(self) -> SessionClock: ...
 
 
-
 class TerminalWriter(Protocol):
     """The part of pytest's terminal reporter the summary writes through."""
 
@@ -210,8 +173,7 @@ class SessionReporter:
     output_errors: list[str] = field(default_factory=list)
     # how pytest was invoked (config.invocation_params.args): the default record command
     invocation: tuple[str, ...] = ()
-    # perf scenarios left out of pytest-benchmark's table (reports/reporter.py)
-    benchmark_rows_hidden: int = 0
+    benchmark_rows_hidden: int = 0  # perf scenarios left out of pytest-benchmark's table
 
     @property
     def settings(self) -> Settings:
@@ -239,8 +201,6 @@ class SessionReporter:
     def add_output_error(self, error: str) -> None:
         """One more line for the summary's error section (it fails the run)."""
         self.output_errors.append(error)
-
-    # -- forwarded hooks ------------------------------------------------------------------------
 
     def add_result(self, data: Mapping[str, Any]) -> None:
         """Keep one perf test's result, as its test report carried it (serialized under xdist)."""
@@ -319,23 +279,16 @@ class SessionReporter:
         except Exception as exc:  # noqa: BLE001 - a raise here would hide pytest's own summary line
             terminal.write_line(f"kimiperf: could not write the perf summary: {type(exc).__name__}: {exc}", red=True)
 
-    # -- the report -------------------------------------------------------------------------------
-
     def build_report(self, *, probe_fingerprint: bool) -> SessionReport:
-        """The session's report (``probe_fingerprint`` may probe GPUs).
-
-        With single-stream decode results it also computes the roofline, which on a CPU deployment
-        measures this host's copy bandwidth (about half a second, after the servers have stopped).
-        """
+        """The session's report (``probe_fingerprint`` may probe GPUs). With single-stream decode
+        results it also computes the roofline, which on a CPU deployment measures this host's copy
+        bandwidth (about half a second, after the servers have stopped)."""
         settings = self.settings
         fingerprint = self.run.known_fingerprint()
         if fingerprint is None and settings.deployment.needs_gpus and decode_results(self.results):
-            # The GPU ceiling needs the GPU's name and interconnect; under xdist only the workers
-            # probed them.
-            probe_fingerprint = True
+            probe_fingerprint = True  # the GPU ceiling needs the GPU's name and interconnect
         if fingerprint is None and probe_fingerprint:
-            # Under xdist the workers probed the hardware; the controller needs it for the baseline
-            # file name and the report, so it probes once itself.
+            # Under xdist only the workers probed the hardware: the controller probes once itself.
             fingerprint = self.run.fingerprint()
         opened = self.run.baselines_path()
         baselines_path: str | None = None
@@ -446,19 +399,16 @@ class SessionReporter:
         for profile in settings.profiles:
             rec = records.get(profile.name)
             seen_env = next((dict(r.server_env) for r in self.results if r.profile == profile.name), {})
+            named = ProfileFacts(name=profile.name, description=profile.description, profile_env=dict(profile.env),
+                                 profile_args=profile.args, replaced_args=_replaced(settings, profile.name))
             if rec is None:
                 # This process never held the server: an xdist worker booted it (its record stays
                 # on that worker) or it never ran. The results still carry the env it ran with.
-                facts.append(ProfileFacts(
-                    name=profile.name, description=profile.description, profile_env=dict(profile.env),
-                    profile_args=profile.args, replaced_args=_replaced(settings, profile.name),
-                    server_env=seen_env, boots=0 if (managed_here or self.worker_records) else None,
-                ))
+                facts.append(dataclasses.replace(
+                    named, server_env=seen_env, boots=0 if (managed_here or self.worker_records) else None))
                 continue
-            facts.append(ProfileFacts(
-                name=profile.name, description=profile.description, profile_env=dict(profile.env),
-                profile_args=profile.args, replaced_args=_replaced(settings, profile.name),
-                server_env=dict(rec.env) or seen_env,
+            facts.append(dataclasses.replace(
+                named, server_env=dict(rec.env) or seen_env,
                 overridden_shell_env=dict(rec.overridden_shell_env),
                 boots=None if settings.external and not settings.deployment.restart_command else rec.boots, boot_s=rec.boot_s,
                 log_path=str(rec.log_path) if rec.log_path else None,

@@ -1,28 +1,14 @@
 """The terminal summary: the session's answer on one screen, as lines for pytest's reporter.
 
-Rendering returns :class:`TerminalLine` objects instead of writing, so the layout is a pure
-function of the report and the verbosity; the session reporter hands the lines to the terminal
-reporter's ``write_sep``/``write_line``, whose markup is dropped where the terminal has no colour.
-Tables keep to :data:`MAX_WIDTH` columns: when the metric names make a row too wide, the metric
-moves to a line of its own above its profiles. What the lines say is gathered in
-:mod:`~pytest_kimiperf.reports.answers`, :mod:`~pytest_kimiperf.reports.answers` and
-:mod:`~pytest_kimiperf.reports.answers`; this module lays it out. It holds, in order:
-
-* the building blocks (:class:`TerminalLine`, :class:`Table`, :func:`wrapped`): a line with its
-  markup, fixed-width tables, wrapping;
-* the first screen (:func:`_answer_section`, :func:`_compact_profile_table`,
-  :func:`_compact_baseline_table`): the answers, then one compact table per comparison;
-* the sections about the run itself, beside its verdicts: what NCCL logged it applied
-  (``--kimiperf-nccl-debug``, :func:`_nccl_debug_lines`), the decode ceiling
-  (:func:`_roofline_lines`), the server's own view next to the client's
-  (:func:`_server_view_section`), the warnings (:func:`_warning_section`), and the servers and
-  files (:func:`servers_and_files`): boots, leftovers, where the reports and baselines went;
-* the summary itself (:func:`render_summary`, :func:`end_line`) and its ``-v`` sections: profile
-  comparisons, baselines, floors, and the ``-q`` verdicts.
+The summary (:func:`render_summary`) returns :class:`TerminalLine` objects instead of writing, so
+the layout is a pure function of the report and the verbosity; what the lines say is gathered in
+:mod:`~pytest_kimiperf.reports.answers`. Tables keep to :data:`MAX_WIDTH` columns: a row too wide
+puts its test or metric on a line of its own above it.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 import math
@@ -32,7 +18,7 @@ from typing import assert_never
 from pytest_kimiperf.judge.gate import RunDecision, RunEnd
 from pytest_kimiperf.judge.notes import FloorResult, HostWatched
 from pytest_kimiperf.judge.profiles import INTERVAL_LEGEND
-from pytest_kimiperf.judge.stats import VerdictKind
+from pytest_kimiperf.judge.stats import Comparison, VerdictKind
 from pytest_kimiperf.measure.invalid_causes import advice_for
 from pytest_kimiperf.measure.time_account import TimeAccount, TimePart
 from pytest_kimiperf.numbers import fmt_change, fmt_ci, fmt_spread, fmt_value
@@ -101,7 +87,6 @@ class Table:
         return (" " * self.indent + "  ".join(parts)).rstrip()
 
 
-
 def _verdict_markup(verdict: str) -> Mapping[str, bool]:
     """A verdict's colour: a regression loud red, a pass green, anything unresolved yellow."""
     if verdict == VerdictKind.REGRESSION.value:
@@ -120,8 +105,6 @@ def plural(count: int, word: str, plural: str | None = None) -> str:
     """``1 metric``, ``3 metrics``; ``plural`` for irregular words (``entries``)."""
     return f"{count} {word if count == 1 else plural or word + 's'}"
 
-
-# The first screen: the answers, then one compact table per comparison.
 
 # Marks the row of a test's primary metric in the compact tables.
 _PRIMARY_MARK = "* "
@@ -157,28 +140,22 @@ def _compact_table(rows: Sequence[CompactRow]) -> list[TerminalLine]:
         metric = f"{_PRIMARY_MARK}{row.metric}" if row.primary else f"{' ' * len(_PRIMARY_MARK)}{row.metric}"
         cells.append((short_test(row.test), [metric, *([row.profile] if several else []), *change, verdict],
                       _row_markup(row)))
+    firsts = [i == 0 or test != cells[i - 1][0] for i, (test, _, _) in enumerate(cells)]  # a test's first row
     table = Table(header, aligns="lllrll" if several else "llrll", indent=2)
-    previous = None
-    for test, text, _ in cells:
-        table.add([test if test != previous else "", *text])
-        previous = test
+    beside = [[test if first else "", *text] for (test, text, _), first in zip(cells, firsts)]
+    for shown in beside:
+        table.add(shown)
     if table.width() <= MAX_WIDTH:
-        lines = [TerminalLine(table.format(header), markup={"bold": True})]
-        previous = None
-        for test, text, markup in cells:
-            lines.append(TerminalLine(table.format([test if test != previous else "", *text]), markup=markup))
-            previous = test
-        return lines
+        return [TerminalLine(table.format(header), markup={"bold": True}),
+                *(TerminalLine(table.format(shown), markup=markup) for shown, (_, _, markup) in zip(beside, cells))]
     # Too wide with the test beside its rows (long profile names): the test heads its rows.
     table = Table(header[1:], aligns="llrll" if several else "lrll", indent=4)
     for _, text, _ in cells:
         table.add(text)
     lines = [TerminalLine(table.format(header[1:]), markup={"bold": True})]
-    previous = None
-    for test, text, markup in cells:
-        if test != previous:
+    for (test, text, markup), first in zip(cells, firsts):
+        if first:
             lines.append(TerminalLine(f"  {test}", markup={"bold": True}))
-            previous = test
         lines.append(TerminalLine(table.format(text), markup=markup))
     return lines
 
@@ -193,9 +170,13 @@ def _primary_legend(rows: Sequence[CompactRow]) -> list[TerminalLine]:
 def _row_markup(row: CompactRow) -> Mapping[str, bool]:
     if row.note or row.comparison is None:
         return _YELLOW
-    if row.in_session and row.comparison.verdict is VerdictKind.REGRESSION:
+    return _comparison_markup(row.comparison, in_session=row.in_session)
+
+
+def _comparison_markup(comparison: Comparison, *, in_session: bool) -> Mapping[str, bool]:
+    if in_session and comparison.verdict is VerdictKind.REGRESSION:
         return _RED  # a slower profile is a finding, not a failed test: red, but not loud
-    return _verdict_markup(row.comparison.verdict.value)
+    return _verdict_markup(comparison.verdict.value)
 
 
 def _compact_profile_table(report: SessionReport) -> list[TerminalLine]:
@@ -229,10 +210,6 @@ def _warning_count(report: SessionReport) -> list[TerminalLine]:
     return [TerminalLine(f"kimiperf: {plural(len(warnings), 'warning')} besides the answers: -v or the Markdown "
                          "summary lists them", markup=_YELLOW)]
 
-
-# The sections about the run itself: NCCL, roofline, the server's view, warnings, servers and files.
-
-# -- --kimiperf-nccl-debug ---------------------------------------------------------------------------
 
 _NCCL_DEBUG_TITLE = "NCCL variables in the server logs (--kimiperf-nccl-debug)"
 
@@ -338,9 +315,7 @@ def _warning_section(report: SessionReport) -> list[TerminalLine]:
         return []
     lines = [TerminalLine("kimiperf: warnings", sep="=")]
     for warning in warnings:
-        wrapped = textwrap.wrap(warning, width=MAX_WIDTH, subsequent_indent="    ",
-                                break_long_words=False, break_on_hyphens=False)
-        lines.extend(TerminalLine(part, markup=_YELLOW) for part in wrapped)
+        lines.extend(wrapped(warning, indent=0, markup=_YELLOW))
     return lines
 
 
@@ -419,7 +394,6 @@ def servers_and_files(report: SessionReport, *, quiet: bool, verbose: bool = Tru
     return out
 
 
-# The summary: the sections in order for the verbosity, and the -v sections of each comparison.
 QUIET = -1
 _VERBOSE = 1
 
@@ -481,8 +455,6 @@ def render_summary(
         lines.append(TerminalLine(end))
     return lines
 
-
-# The time account: where the session's wall clock went, beside the plan.
 
 def time_account_lines(account: TimeAccount, *, quiet: bool) -> list[TerminalLine]:
     """The session's time part by part (a boot's phases and each test's windows beneath), the
@@ -558,18 +530,11 @@ def end_line(decision: RunDecision) -> str | None:
 def _full_sections(report: SessionReport) -> list[TerminalLine]:
     """What ``-v`` adds: every boot's row, the baselines' detail, the floor, the roofline, the
     server's view and the warnings."""
-    lines = []
     profiles = _profile_section(report, verbose=True)
-    lines.extend(profiles)
-    lines.extend(_nccl_debug_lines(report, titled=not profiles, quiet=False))
-    lines.extend(_baseline_section(report, verbose=True))
     floors = _floor_section(report)
-    lines.extend(floors)
-    lines.extend(_roofline_lines(report, titled=not floors))
-    lines.extend(_server_view_section(report))
-    lines.extend(_measured_section(report))
-    lines.extend(_warning_section(report))
-    return lines
+    return [*profiles, *_nccl_debug_lines(report, titled=not profiles, quiet=False),
+            *_baseline_section(report, verbose=True), *floors, *_roofline_lines(report, titled=not floors),
+            *_server_view_section(report), *_measured_section(report), *_warning_section(report)]
 
 
 def _measured_section(report: SessionReport, *, only_lost: bool = False) -> list[TerminalLine]:
@@ -584,9 +549,6 @@ def _measured_section(report: SessionReport, *, only_lost: bool = False) -> list
     for line in counted:
         lines.extend(wrapped(line, indent=0, markup=_YELLOW if "not measured" in line else {}))
     return lines
-
-
-# -- profile comparison -----------------------------------------------------------------------
 
 
 def _profile_section(report: SessionReport, *, verbose: bool) -> list[TerminalLine]:
@@ -642,11 +604,7 @@ def _profile_cells(metric: MetricBlock, cell: ProfileCell, *, first: bool) -> li
 def _cell_markup(cell: ProfileCell) -> Mapping[str, bool]:
     if cell.note:
         return _YELLOW
-    if cell.comparison is None:
-        return {}
-    if cell.comparison.verdict is VerdictKind.REGRESSION:
-        return _RED  # a slower profile is a finding, not a failed test: red, but not loud
-    return _verdict_markup(cell.comparison.verdict.value)
+    return {} if cell.comparison is None else _comparison_markup(cell.comparison, in_session=True)
 
 
 def _cell_details(cell: ProfileCell, reference: str) -> list[str]:
@@ -670,9 +628,6 @@ def _wrap_samples(samples: Sequence[float]) -> list[str]:
     return lines
 
 
-# -- baselines --------------------------------------------------------------------------------
-
-
 def _baseline_section(report: SessionReport, *, verbose: bool) -> list[TerminalLine]:
     rows = report.baseline_rows()
     if not rows:
@@ -680,14 +635,9 @@ def _baseline_section(report: SessionReport, *, verbose: bool) -> list[TerminalL
     where = report.baselines_path or "baselines"
     lines = [TerminalLine(f"kimiperf: against baselines ({where})", sep="=")]
     if all(row.baseline is None for row in rows):
-        # Nothing was compared: one line per reason says it all; a row per metric would only
-        # repeat "no baseline for this hardware" for every test.
-        reasons: dict[str, int] = {}
-        for row in rows:
-            reasons[row.message] = reasons.get(row.message, 0) + 1
-        for reason, count in reasons.items():
-            lines.extend(wrapped(f"{reason} "
-                                 f"({plural(count, 'metric')})", indent=0, markup=_YELLOW))
+        # Nothing was compared: one line per reason, not "no baseline for this hardware" per test.
+        for reason, count in Counter(row.message for row in rows).items():
+            lines.extend(wrapped(f"{reason} ({plural(count, 'metric')})", indent=0, markup=_YELLOW))
         return lines
     header = ["metric", "current", "baseline", "change", "90% CI", "verdict"]
     table = Table(header, aligns="lrrrll", indent=4)
@@ -699,14 +649,12 @@ def _baseline_section(report: SessionReport, *, verbose: bool) -> list[TerminalL
     for (test, profile), group in groups.items():
         lines.append(TerminalLine(f"{test} [{profile}]", markup={"bold": True}))
         if all(row.baseline is None for row in group):
-            lines.extend(wrapped(_shared_message(group), indent=2,
-                                 markup=_YELLOW))
+            lines.extend(wrapped(_shared_message(group), indent=2, markup=_YELLOW))
             continue
         lines.append(TerminalLine(table.format(header), markup={"bold": True}))
         for row in group:
             if row.baseline is None:
-                lines.extend(wrapped(f"{row.heading}: {row.message}",
-                                     indent=4, markup=_YELLOW))
+                lines.extend(wrapped(f"{row.heading}: {row.message}", indent=4, markup=_YELLOW))
                 continue
             lines.append(TerminalLine(table.format(_baseline_cells(row)),
                                       markup=_verdict_markup(row.baseline.verdict.value)))
@@ -746,9 +694,6 @@ def _shared_message(group: Sequence[BaselineRow]) -> str:
     return "; ".join(f"{row.heading}: {row.message}" for row in group)
 
 
-# -- floors -------------------------------------------------------
-
-
 def _floor_section(report: SessionReport) -> list[TerminalLine]:
     floored = report.floor_results()
     if not floored:
@@ -778,9 +723,6 @@ def _floor_section(report: SessionReport) -> list[TerminalLine]:
     return lines
 
 
-# -- -q -----------------------------------------------------------------------------------------
-
-
 def _quiet_verdicts(report: SessionReport) -> list[TerminalLine]:
     ref = report.reference_profile
     verdicts: dict[str, list[TerminalLine]] = {}
@@ -804,10 +746,10 @@ def _quiet_verdicts(report: SessionReport) -> list[TerminalLine]:
                     lines.append(TerminalLine(
                         f"{head}: {fmt_change(c.change)} ({fmt_ci(c.ci_low, c.ci_high)}) {profile_verdict(c)}",
                         markup=_cell_markup(cell)))
-    missing: dict[str, int] = {}
+    missing: Counter[str] = Counter()
     for row in report.baseline_rows():
         if row.baseline is None:
-            missing[row.message] = missing.get(row.message, 0) + 1
+            missing[row.message] += 1
             continue
         _, current, base, change, ci, verdict = _baseline_cells(row)
         verdicts.setdefault(row.test, []).append(TerminalLine(
@@ -829,14 +771,10 @@ def _quiet_verdicts(report: SessionReport) -> list[TerminalLine]:
             lines.append(TerminalLine(test))
             lines.extend(test_lines)
     for reason, count in missing.items():
-        lines.extend(wrapped(f"baselines: {reason} "
-                             f"({plural(count, 'metric')})", indent=0, markup=_YELLOW))
+        lines.extend(wrapped(f"baselines: {reason} ({plural(count, 'metric')})", indent=0, markup=_YELLOW))
     if lines:
         lines.insert(0, TerminalLine("kimiperf", sep="="))
     return lines
-
-
-# -- helpers --------------------------------------------------------------------------------------
 
 
 def _spread(sd_log: object) -> float | None:
